@@ -1,0 +1,4 @@
+"""`python -m podrun` runs the CLI."""
+from podrun.cli.main import entry
+
+entry()

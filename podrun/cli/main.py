@@ -1,0 +1,95 @@
+"""The `podrun` entry point: a click group whose subcommands load lazily, and the one error catch."""
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from podrun import __version__
+
+# name -> "module:attribute"; a command's module is imported only when it runs (or for its --help),
+# so `podrun --help` and `podrun plan` never import torch or paramiko.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "plan": ("podrun.cli.plan_cmd:plan", "Preview a plan: replicas x local batch x GA, placement, estimate."),
+    "launch": ("podrun.cli.launch_cmd:launch", "Launch a recipe or a command on the plan's hosts and supervise it."),
+    "script": ("podrun.cli.script_cmd:script", "Write a batch-scheduler job script (Slurm, PBS, Grid Engine) for a plan."),
+    "submit": ("podrun.cli.submit_cmd:submit", "Write a job script into a run directory and submit it (sbatch / qsub)."),
+    "status": ("podrun.cli.submit_cmd:status", "Show the scheduler state of a submitted run."),
+    "cancel": ("podrun.cli.submit_cmd:cancel", "Cancel a submitted run."),
+    "hosts": ("podrun.cli.hosts_cmd:hosts", "Show the hosts podrun would use and where it found them."),
+    "report": ("podrun.cli.report_cmd:report", "Summarise a run and draw its loss, accuracy and throughput curves."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        return list(COMMANDS)
+
+    def get_command(self, ctx, name):
+        if name not in COMMANDS:
+            return None
+        target, _ = COMMANDS[name]
+        module_name, attr = target.split(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:  # a command whose module is not built yet
+            if exc.name == module_name:
+                return None
+            raise
+        return getattr(module, attr)
+
+    def format_commands(self, ctx, formatter):
+        # help text without importing every command module
+        rows = [(name, help_) for name, (_, help_) in COMMANDS.items()]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="podrun")
+@click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """podrun: plan and launch data- and pipeline-parallel training across hosts."""
+    ctx.ensure_object(dict)
+    ctx.obj["debug"] = debug
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; PodrunError is caught here, once: one paragraph, exit code, no traceback."""
+    from podrun.errors import PodrunError
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    try:
+        cli.main(args=argv, prog_name="podrun", standalone_mode=False)
+    except PodrunError as exc:
+        if debug:
+            import traceback
+
+            traceback.print_exc()
+        from podrun.cli.render import print_error
+
+        print_error(exc)
+        return exc.exit_code
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return 2
+    except click.exceptions.Abort:
+        return 130
+    except KeyboardInterrupt:
+        return 130
+    except SystemExit as exc:  # commands may sys.exit(code) after a launch
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return 0
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

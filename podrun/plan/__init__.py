@@ -1,0 +1,129 @@
+"""The planner, pure: (cluster spec, recipe, overrides) -> Plan. No I/O, no torch."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from podrun.errors import PlanError
+from podrun.plan import lr as lr_rules
+from podrun.plan.decompose import decompose, pipeline_bubble
+from podrun.plan.estimate import estimate
+from podrun.plan.model import Estimate, Placement, Plan
+from podrun.plan.placement import place
+from podrun.specs.cluster import ClusterSpec
+from podrun.specs.recipe import RecipeSpec
+
+__all__ = ["Overrides", "make_plan", "Plan", "Placement", "Estimate"]
+
+
+@dataclass(frozen=True)
+class Overrides:
+    nodes: int | None = None             # use the first N hosts of the cluster
+    global_batch: int | None = None
+    local_batch: int | None = None
+    grad_accum: int | None = None
+    instances_per_host: int | None = None
+    devices_per_host: int | None = None
+
+
+def make_plan(cluster: ClusterSpec, recipe: RecipeSpec | None, ov: Overrides = Overrides()) -> Plan:
+    notes: list[str] = []
+    hosts = cluster.hosts
+    if ov.nodes is not None:
+        if ov.nodes < 1:
+            raise PlanError(f"--nodes must be at least 1, got {ov.nodes}")
+        if ov.nodes > len(hosts):
+            raise PlanError(
+                f"--nodes {ov.nodes} asks for more hosts than cluster '{cluster.name}' has ({len(hosts)})",
+                hint=f"use --nodes {len(hosts)} or fewer, or give the hosts with --hosts/--hostfile",
+            )
+        hosts = hosts[: ov.nodes]
+    dph = ov.devices_per_host or cluster.devices_per_host
+    iph = ov.instances_per_host or cluster.instances_per_host
+    if dph % iph:
+        raise PlanError(
+            f"{dph} devices per host cannot be shared evenly by {iph} instances per host",
+            hint="choose --instances-per-host that divides the devices per host",
+        )
+    devices = len(hosts) * dph
+    instances = len(hosts) * iph
+    dev = cluster.device
+    where = f"cluster {cluster.name}, {len(hosts)} host(s) x {dph} {dev.key}"
+
+    if recipe is None:
+        p, max_local, min_ga = 1, 1, 1
+        target = None
+        local_batch, grad_accum = ov.local_batch or 1, ov.grad_accum or 1
+        if ov.global_batch is not None:
+            target, local_batch, grad_accum = ov.global_batch, ov.local_batch, ov.grad_accum
+    else:
+        p = recipe.lookup("devices_per_replica", dev.key, dev.kind)
+        max_local = recipe.lookup("max_local_batch", dev.key, dev.kind)
+        min_ga = recipe.lookup("min_grad_accum", dev.key, dev.kind) or 1
+        for table, value in (("devices_per_replica", p), ("max_local_batch", max_local)):
+            if value is None:
+                raise PlanError(
+                    f"recipe '{recipe.name}' has no {table} entry for device '{dev.key}'",
+                    hint=f"add '{dev.kind}' or '{dev.key}' under {table} in {recipe.path}/recipe.yaml",
+                )
+        explicit = ov.local_batch is not None and ov.grad_accum is not None and ov.global_batch is None
+        target = None if explicit else (ov.global_batch or recipe.global_batch)
+        local_batch, grad_accum = ov.local_batch, ov.grad_accum
+        if target is not None and ov.global_batch is None:
+            notes.append(f"global batch {target} is the recipe's reference global batch")
+    devices_per_instance = dph // iph
+    if devices_per_instance % p:
+        raise PlanError(
+            f"a replica of {p} devices does not fit in an instance of {devices_per_instance} devices ({where})",
+            hint="replicas must not span instances: use fewer --instances-per-host",
+        )
+    d = decompose(devices=devices, devices_per_replica=p, instances=instances, max_local_batch=max_local,
+                  min_grad_accum=min_ga, global_batch=target, local_batch=local_batch,
+                  grad_accum=grad_accum, where=where)
+    if recipe is not None and ov.local_batch is None:
+        notes.append(f"local batch {d.local_batch}: the largest <= max {max_local} that divides "
+                     f"{d.global_batch // d.replicas} samples per replica" + (f" with GA >= {min_ga}" if min_ga > 1 else ""))
+    bubble = pipeline_bubble(p, d.grad_accum)
+    rpi = d.replicas // instances
+    placement = place(hosts, dph, iph, rpi, p)
+
+    if recipe is None:
+        est = Estimate(0.0, 1.0, 0.0, 0.0, 0.0, 0.0, ("a bare command: no estimate",))
+        return Plan(
+            cluster=cluster.name, recipe="", model="", device_kind=dev.key, hosts=tuple(hosts),
+            devices_per_host=dph, devices=devices, devices_per_replica=p, replicas=d.replicas,
+            instances_per_host=iph, instances=instances, replicas_per_instance=rpi,
+            local_batch=d.local_batch, grad_accum=d.grad_accum, global_batch=d.global_batch,
+            reference_global_batch=d.global_batch, learning_rate=0.0, reference_learning_rate=0.0,
+            lr_rule="none", warmup_epochs=0.0, epochs=0.0, pipeline_bubble=0.0, placement=placement,
+            estimate=est, notes=tuple(notes),
+        )
+
+    lr_spec = recipe.lr
+    lr = lr_rules.scale(lr_spec.base, lr_spec.rule, d.global_batch, lr_spec.reference_batch)
+    warmup = lr_rules.scale(recipe.schedule.warmup_epochs, lr_spec.warmup_rule, d.global_batch, lr_spec.reference_batch)
+    notes.append(lr_rules.describe(lr_spec.rule, lr_spec.base, lr_spec.reference_batch, d.global_batch, lr))
+    if warmup != recipe.schedule.warmup_epochs:
+        notes.append(f"warmup rescaled by the {lr_spec.warmup_rule} rule: {recipe.schedule.warmup_epochs:g} -> {warmup:.4g} epochs")
+    rate = recipe.lookup("throughput", dev.key, dev.kind)
+    if rate is None:
+        raise PlanError(
+            f"recipe '{recipe.name}' has no throughput figure for device '{dev.key}'",
+            hint=f"add throughput.{dev.kind} (images_per_second, source) to {recipe.path}/recipe.yaml",
+        )
+    est = estimate(
+        per_device_rate=rate.images_per_second, rate_source=rate.source, devices_per_replica=p,
+        replicas=d.replicas, replicas_per_host=d.replicas // len(hosts), hosts=len(hosts),
+        local_batch=d.local_batch, grad_accum=d.grad_accum, bubble=bubble, params=recipe.model.params,
+        gradient_bytes=recipe.gradient_bytes, net=cluster.interconnect, epochs=recipe.epochs,
+        train_size=recipe.dataset.train_size,
+    )
+    return Plan(
+        cluster=cluster.name, recipe=recipe.name, model=recipe.model.name, device_kind=dev.key,
+        hosts=tuple(hosts), devices_per_host=dph, devices=devices, devices_per_replica=p,
+        replicas=d.replicas, instances_per_host=iph, instances=instances, replicas_per_instance=rpi,
+        local_batch=d.local_batch, grad_accum=d.grad_accum, global_batch=d.global_batch,
+        reference_global_batch=recipe.global_batch, learning_rate=round(lr, 8),
+        reference_learning_rate=lr_spec.base, lr_rule=lr_spec.rule, warmup_epochs=round(warmup, 6),
+        epochs=recipe.epochs, pipeline_bubble=round(bubble, 6), placement=placement, estimate=est,
+        notes=tuple(notes),
+    )

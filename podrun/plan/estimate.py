@@ -1,0 +1,54 @@
+"""The estimate: throughput from per-device rates and a ring all-reduce cost model, and time to train."""
+from __future__ import annotations
+
+from podrun.plan.model import Estimate
+from podrun.specs.cluster import InterconnectSpec
+
+
+def allreduce_seconds(grad_bytes: float, replicas: int, replicas_per_host: int, hosts: int,
+                      net: InterconnectSpec) -> float:
+    """Hierarchical ring all-reduce: reduce-scatter/all-gather inside a host, ring across hosts.
+
+    inside:  2(d-1)/d x B / bw_intra + 2(d-1) x latency_intra   (d = replicas on a host)
+    across:  2(H-1)/H x B / bw_inter + 2(H-1) x latency_inter   (H hosts; all of a host's shards
+             share its inter-host bandwidth, so the bytes per host are 2(H-1)/H x B)
+    """
+    if replicas <= 1:
+        return 0.0
+    t = 0.0
+    d = replicas_per_host
+    if d > 1:
+        t += 2 * (d - 1) / d * grad_bytes * 8 / (net.intra_host.bandwidth_gbps * 1e9)
+        t += 2 * (d - 1) * net.intra_host.latency_us * 1e-6
+    if hosts > 1:
+        t += 2 * (hosts - 1) / hosts * grad_bytes * 8 / (net.inter_host.bandwidth_gbps * 1e9)
+        t += 2 * (hosts - 1) * net.inter_host.latency_us * 1e-6
+    return t
+
+
+def estimate(*, per_device_rate: float, rate_source: str, devices_per_replica: int, replicas: int,
+             replicas_per_host: int, hosts: int, local_batch: int, grad_accum: int, bubble: float,
+             params: int, gradient_bytes: int, net: InterconnectSpec, epochs: float,
+             train_size: int) -> Estimate:
+    replica_rate = per_device_rate * devices_per_replica * (1.0 - bubble)
+    compute = grad_accum * local_batch / replica_rate
+    comm = allreduce_seconds(params * gradient_bytes, replicas, replicas_per_host, hosts, net)
+    step = compute + comm
+    efficiency = compute / step
+    images_per_second = replicas * local_batch * grad_accum / step
+    hours = epochs * train_size / images_per_second / 3600
+    return Estimate(
+        images_per_second=round(images_per_second, 1),
+        scaling_efficiency=round(efficiency, 4),
+        time_to_train_hours=round(hours, 3),
+        step_seconds=round(step, 6),
+        allreduce_seconds=round(comm, 6),
+        per_replica_images_per_second=round(replica_rate, 2),
+        assumptions=(
+            f"per-device rate {per_device_rate:g} img/s ({rate_source})",
+            f"a replica of {devices_per_replica} device(s) runs at {devices_per_replica} x that rate x (1 - bubble)",
+            f"one all-reduce of {params:,} gradients x {gradient_bytes} bytes per weight update, hierarchical ring, "
+            f"intra-host {net.intra_host.bandwidth_gbps:g} Gb/s, inter-host {net.inter_host.bandwidth_gbps:g} Gb/s",
+            "no overlap of communication with compute; input pipeline, optimiser step and evaluation are free",
+        ),
+    )

@@ -1,0 +1,95 @@
+"""Specs are data: cluster specs and recipes found by name or path, loaded into frozen dataclasses."""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from pathlib import Path
+
+from podrun.errors import SpecError
+from podrun.specs.cluster import ClusterFile, ClusterSpec, DeviceSpec, InterconnectSpec, LinkSpec, resolve
+from podrun.specs.hosts import HostEntry, parse_hostfile, parse_hosts_option
+from podrun.specs.loader import build_dataclass, read_yaml
+from podrun.specs.recipe import RecipeFile, RecipeSpec, validate
+
+__all__ = [
+    "ClusterSpec", "DeviceSpec", "InterconnectSpec", "LinkSpec", "RecipeSpec", "HostEntry",
+    "load_cluster", "load_recipe", "cluster_names", "recipe_names", "parse_hostfile", "parse_hosts_option",
+    "project_root",
+]
+
+
+def project_root() -> Path:
+    """The folder holding cluster_specs/ and recipes/ shipped with podrun (the source checkout)."""
+    return Path(__file__).resolve().parent.parent.parent
+
+
+def _search_dirs(kind: str) -> list[Path]:
+    """cluster_specs/ or recipes/: $PODRUN_<KIND>_PATH entries, then ./<kind>, then podrun's own."""
+    env = os.environ.get("PODRUN_CLUSTER_SPECS_PATH" if kind == "cluster_specs" else "PODRUN_RECIPES_PATH", "")
+    dirs = [Path(p) for p in env.split(os.pathsep) if p]
+    dirs += [Path.cwd() / kind, project_root() / kind]
+    out = []
+    for d in dirs:
+        if d.is_dir() and d.resolve() not in [o.resolve() for o in out]:
+            out.append(d)
+    return out
+
+
+def cluster_names() -> list[str]:
+    return sorted({p.stem for d in _search_dirs("cluster_specs") for p in d.glob("*.yaml")})
+
+
+def recipe_names() -> list[str]:
+    return sorted({p.parent.name for d in _search_dirs("recipes") for p in d.glob("*/recipe.yaml")})
+
+
+def _unknown(kind: str, name: str, names: list[str]) -> SpecError:
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.4)
+    hint = f"did you mean '{close[0]}'? " if close else ""
+    hint += f"known {kind}s: {', '.join(names) or '(none)'}; or give a path to a YAML file"
+    return SpecError(f"unknown {kind} '{name}'", hint=hint)
+
+
+def find_cluster_file(name_or_path: str) -> Path:
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or os.sep in name_or_path:
+        if not p.is_file():
+            raise SpecError(f"cluster spec file {p} does not exist")
+        return p
+    for d in _search_dirs("cluster_specs"):
+        for suffix in (".yaml", ".yml"):
+            if (d / f"{name_or_path}{suffix}").is_file():
+                return d / f"{name_or_path}{suffix}"
+    raise _unknown("cluster", name_or_path, cluster_names())
+
+
+def find_recipe_dir(name_or_path: str) -> Path:
+    p = Path(name_or_path)
+    if p.name == "recipe.yaml":
+        p = p.parent
+    if (p / "recipe.yaml").is_file():
+        return p
+    if os.sep in name_or_path.rstrip(os.sep) or p.exists():
+        if p.is_dir():
+            raise SpecError(f"recipe folder {p} has no recipe.yaml", hint="a recipe is a folder with recipe.yaml and train.py")
+        raise SpecError(f"recipe {p} does not exist", hint=f"known recipes: {', '.join(recipe_names())}")
+    for d in _search_dirs("recipes"):
+        if (d / name_or_path / "recipe.yaml").is_file():
+            return d / name_or_path
+    raise _unknown("recipe", name_or_path, recipe_names())
+
+
+def load_cluster(name_or_path: str) -> ClusterSpec:
+    path = find_cluster_file(name_or_path)
+    data, src = read_yaml(path)
+    return resolve(build_dataclass(ClusterFile, data, (), src), str(path))
+
+
+def load_recipe(name_or_path: str) -> RecipeSpec:
+    folder = find_recipe_dir(name_or_path)
+    path = folder / "recipe.yaml"
+    data, src = read_yaml(path)
+    rf = build_dataclass(RecipeFile, data, (), src)
+    validate(rf, str(path))
+    return RecipeSpec(**{f.name: getattr(rf, f.name) for f in dataclasses.fields(RecipeFile)}, path=str(folder))
