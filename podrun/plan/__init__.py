@@ -70,15 +70,15 @@ def make_plan(cluster: ClusterSpec, recipe: RecipeSpec | None, ov: Overrides = O
         local_batch, grad_accum = ov.local_batch, ov.grad_accum
         if target is not None and ov.global_batch is None:
             notes.append(f"global batch {target} is the recipe's reference global batch")
+    d = decompose(devices=devices, devices_per_replica=p, instances=instances, max_local_batch=max_local,
+                  min_grad_accum=min_ga, global_batch=target, local_batch=local_batch,
+                  grad_accum=grad_accum, where=where)
     devices_per_instance = dph // iph
     if devices_per_instance % p:
         raise PlanError(
             f"a replica of {p} devices does not fit in an instance of {devices_per_instance} devices ({where})",
-            hint="replicas must not span instances: use fewer --instances-per-host",
+            hint="replicas must not span instances: use fewer --instances-per-host, or devices per host that hold whole replicas",
         )
-    d = decompose(devices=devices, devices_per_replica=p, instances=instances, max_local_batch=max_local,
-                  min_grad_accum=min_ga, global_batch=target, local_batch=local_batch,
-                  grad_accum=grad_accum, where=where)
     if recipe is not None and ov.local_batch is None:
         notes.append(f"local batch {d.local_batch}: the largest <= max {max_local} that divides "
                      f"{d.global_batch // d.replicas} samples per replica" + (f" with GA >= {min_ga}" if min_ga > 1 else ""))

@@ -1,0 +1,116 @@
+"""Specs: every shipped spec loads; bad YAML names the file, line and field; host lists parse."""
+import textwrap
+
+import pytest
+
+from podrun.errors import HostError, SpecError
+from podrun.specs import cluster_names, load_cluster, load_recipe, parse_hostfile, parse_hosts_option, recipe_names
+
+GOOD = (load_cluster("ipu-pod16").path)
+
+
+def test_shipped_specs_load():
+    assert {"ipu-pod16", "ipu-pod64", "ipu-pod128", "ipu-pod256", "abci", "dgx-h100", "local"} <= set(cluster_names())
+    assert {"efficientnet_b4", "resnet50", "vit_b16", "resnet18_cifar10"} <= set(recipe_names())
+    for n in cluster_names():
+        load_cluster(n)
+    for n in recipe_names():
+        load_recipe(n)
+
+
+def test_cluster_figures():
+    abci = load_cluster("abci")
+    assert len(abci.hosts) == 1088 and abci.hosts[0] == "g0001" and abci.hosts[-1] == "g1088"
+    assert abci.devices_per_host == 4 and abci.device.model == "v100" and abci.device.memory_gb == 16
+    assert abci.scheduler == "uge" and abci.interconnect.inter_host.bandwidth_gbps == 200
+    for n, h in ((16, 1), (64, 4), (128, 8), (256, 16)):
+        c = load_cluster(f"ipu-pod{n}")
+        assert len(c.hosts) * c.devices_per_host == n and len(c.hosts) == h and c.device.memory_gb == 0.9
+    dgx = load_cluster("dgx-h100")
+    assert dgx.devices_per_host == 8 and dgx.device.memory_gb == 80 and dgx.scheduler == "slurm"
+    import os
+    assert load_cluster("local").devices_per_host == os.cpu_count()
+
+
+def write(tmp_path, text, name="c.yaml"):
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def spec_text(extra=""):
+    return open(GOOD).read() + extra
+
+
+def test_unknown_key_suggests_nearest_and_line(tmp_path):
+    p = write(tmp_path, spec_text().replace("devices_per_host: 16", "devices_per_hots: 16"))
+    with pytest.raises(SpecError) as e:
+        load_cluster(str(p))
+    line = [i for i, l in enumerate(p.read_text().splitlines(), 1) if "devices_per_hots" in l][0]
+    assert f"{p}:{line}" in str(e.value) and "unknown key 'devices_per_hots'" in str(e.value)
+    assert "did you mean 'devices_per_host'" in str(e.value)
+
+
+def test_wrong_type_names_field_and_line(tmp_path):
+    p = write(tmp_path, spec_text().replace("memory_gb: 0.9", "memory_gb: lots"))
+    with pytest.raises(SpecError) as e:
+        load_cluster(str(p))
+    line = [i for i, l in enumerate(p.read_text().splitlines(), 1) if "memory_gb: lots" in l][0]
+    assert f"{p}:{line}" in str(e.value) and "device.memory_gb" in str(e.value) and "a number" in str(e.value)
+
+
+def test_bad_literal(tmp_path):
+    p = write(tmp_path, spec_text().replace("kind: ipu", "kind: tpu"))
+    with pytest.raises(SpecError, match="field 'device.kind' must be 'ipu' \\| 'gpu' \\| 'cpu'"):
+        load_cluster(str(p))
+
+
+def test_malformed_yaml(tmp_path):
+    p = write(tmp_path, "name: x\nhosts: [a, b\n")
+    with pytest.raises(SpecError, match=f"{p}:\\d+: malformed YAML"):
+        load_cluster(str(p))
+
+
+def test_missing_field(tmp_path):
+    p = write(tmp_path, "name: x\nhosts: [a]\n")
+    with pytest.raises(SpecError, match="missing required field 'devices_per_host'"):
+        load_cluster(str(p))
+
+
+def test_unknown_names_suggest():
+    with pytest.raises(SpecError) as e:
+        load_cluster("ipu-pod61")
+    assert "unknown cluster 'ipu-pod61'" in str(e.value) and "did you mean 'ipu-pod64'" in str(e.value)
+    with pytest.raises(SpecError, match="did you mean 'resnet50'"):
+        load_recipe("resnet5O")
+
+
+def test_recipe_bad_value(tmp_path):
+    src = open(load_recipe("resnet50").path + "/recipe.yaml").read()
+    d = tmp_path / "r"
+    d.mkdir()
+    (d / "recipe.yaml").write_text(src.replace("global_batch: 81920", "global_batch: -1"))
+    with pytest.raises(SpecError, match="field 'global_batch' must be at least 1"):
+        load_recipe(str(d))
+    (d / "recipe.yaml").write_text(src.replace("name: lars", "name: adam"))
+    with pytest.raises(SpecError, match="optimizer.name"):
+        load_recipe(str(d))
+
+
+def test_hostfile_formats(tmp_path):
+    p = write(tmp_path, "# comment\nh1 slots=4\nh2 slots=4 max_slots=8\n\n", "hf")
+    assert [(e.name, e.slots) for e in parse_hostfile(p)] == [("h1", 4), ("h2", 4)]
+    p = write(tmp_path, "a\nb\n", "plain")
+    assert [(e.name, e.slots) for e in parse_hostfile(p)] == [("a", None), ("b", None)]
+    assert [(e.name, e.slots) for e in parse_hosts_option("a:2,b:2")] == [("a", 2), ("b", 2)]
+
+
+@pytest.mark.parametrize("text,msg", [("h1 slots=x\n", "slots must be a positive integer"),
+                                      ("h1 cores=4\n", "unknown setting 'cores'"),
+                                      ("h1\nh1\n", "listed twice"), ("\n# nothing\n", "lists no hosts"),
+                                      ("h1 slots\n", "cannot read 'slots'"), ("-oProxy=x\n", "not a valid host name")])
+def test_bad_hostfiles(tmp_path, text, msg):
+    p = write(tmp_path, text, "hf")
+    with pytest.raises(HostError, match=msg) as e:
+        parse_hostfile(p)
+    assert str(p) in str(e.value)
