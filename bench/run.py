@@ -1,0 +1,71 @@
+"""One entry point for the benchmarks: `python -m bench [--quick] [NAME ...]`; prints tables, writes JSON."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import platform
+import pkgutil
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))     # `tests.harness` for the benchmarks that need real hosts
+
+
+def available() -> list[str]:
+    return sorted(m.name[len("bench_"):] for m in pkgutil.iter_modules([str(HERE)]) if m.name.startswith("bench_"))
+
+
+def fmt(v):
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def print_table(rows: list[dict]) -> None:
+    cols = ["benchmark", "subject", "value", "peer", "peer_value", "ratio", "unit", "note"]
+    cells = [[fmt(r.get(c)) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) if cells else len(c) for i, c in enumerate(cols)]
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths)))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    ap.add_argument("names", nargs="*", help=f"benchmarks to run (default all): {', '.join(available())}")
+    ap.add_argument("--quick", action="store_true", help="few repeats, small sizes (seconds; used in CI)")
+    ap.add_argument("--out", default=str(HERE / "out"), help="folder for the JSON results")
+    args = ap.parse_args(argv)
+    names = args.names or available()
+    unknown = sorted(set(names) - set(available()))
+    if unknown:
+        print(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(available())}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    failed = 0
+    for name in names:
+        mod = importlib.import_module(f"bench.bench_{name}")
+        t0 = time.time()
+        try:
+            rows = mod.run(quick=args.quick)
+        except Exception as exc:  # one benchmark failing must not hide the others
+            print(f"[{name}] failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            failed += 1
+            continue
+        print(f"\n== {name} ({time.time() - t0:.1f} s{', quick' if args.quick else ''})")
+        print_table(rows)
+        record = {"benchmark": name, "quick": args.quick, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                  "machine": f"{platform.node()} {platform.machine()} {platform.python_version()}",
+                  "command": "python -m bench " + ("--quick " if args.quick else "") + name, "rows": rows}
+        (out / f"{name}.json").write_text(json.dumps(record, indent=2))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
