@@ -45,12 +45,11 @@ def _node_to_data(node: yaml.Node, keypath: tuple, lines: dict) -> Any:
     return _scalar(node)
 
 
+_CONSTRUCTOR = yaml.constructor.SafeConstructor()
+
+
 def _scalar(node: yaml.ScalarNode) -> Any:
-    loader = yaml.SafeLoader("")
-    try:
-        return loader.construct_object(node, deep=True)
-    finally:
-        loader.dispose()
+    return _CONSTRUCTOR.construct_object(node, deep=True)
 
 
 def read_yaml(path: Path) -> tuple[dict, Source]:
@@ -60,7 +59,7 @@ def read_yaml(path: Path) -> tuple[dict, Source]:
     except OSError as exc:
         raise SpecError(f"cannot read {path}: {exc.strerror}") from None
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = yaml.compose(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         line = f":{mark.line + 1}" if mark else ""
