@@ -1,0 +1,68 @@
+"""The `hosts` command: the hosts podrun would use and where it found them (--hosts, --hostfile, scheduler env, cluster spec)."""
+from __future__ import annotations
+
+import os
+
+import click
+
+from podrun.cli.options import plan_options, pop_plan_options
+
+
+@click.command("hosts")
+@plan_options
+@click.option("--json", "as_json", is_flag=True, help="Print source, scheduler and hosts [{name, slots}] as JSON.")
+def hosts(as_json: bool, **kwargs) -> None:
+    """Show the hosts podrun would use and where it found them.
+
+    \b
+    The first of these wins: --hosts, --hostfile, the scheduler allocation this shell runs in
+    (SLURM_JOB_NODELIST, PBS_NODEFILE, PE_HOSTFILE, SGE_JOB_HOSTLIST), the cluster spec.
+
+    \b
+      podrun hosts                     # inside `salloc -N 4` or a batch job
+      podrun hosts --cluster abci --nodes 4 --json
+    """
+    from podrun.cli.options import resolve_plan_with_source
+    from podrun.jobscript import compress_hostlist, discover
+
+    popts = pop_plan_options(kwargs)
+    for batch_option in ("global_batch", "local_batch", "grad_accum"):
+        popts.pop(batch_option, None)       # hosts do not depend on the batch
+    plan, spec, _, src = resolve_plan_with_source(None, **popts)
+    used = list(dict.fromkeys(plan.hosts))
+    slots = {e.name: e.slots for e in src.hosts}
+    sched_slots: dict[str, int | None] = {}
+    if src.scheduler != "none":
+        found = discover(os.environ)
+        if found is not None and found.scheduler_slots:
+            sched_slots = dict(zip(found.names, found.scheduler_slots))
+    rows = []
+    for name in used:
+        row = {"name": name, "slots": slots.get(name)}
+        if sched_slots:
+            row["scheduler_slots"] = sched_slots.get(name)
+        rows.append(row)
+    if as_json:
+        from podrun.cli.render import print_json
+
+        print_json({
+            "source": src.source,
+            "scheduler": src.scheduler,
+            "cluster": spec.name,
+            "devices_per_host": plan.devices_per_host,
+            "device_kind": plan.device_kind,
+            "nodelist": compress_hostlist(used),
+            "hosts": rows,
+        })
+        return
+    where = src.source + (f" ({src.scheduler} allocation)" if src.scheduler != "none" else "")
+    of = f" of {len(src.hosts)}" if len(used) < len(src.hosts) else ""
+    click.echo(f"{len(used)}{of} host(s) from {where}, {plan.devices_per_host} {plan.device_kind} device(s) each "
+               f"(cluster {spec.name}): {compress_hostlist(used)}")
+    for row in rows:
+        extra = []
+        if row["slots"] is not None:
+            extra.append(f"slots={row['slots']}")
+        if row.get("scheduler_slots") is not None:
+            extra.append(f"scheduler slots={row['scheduler_slots']}")
+        click.echo(f"  {row['name']}" + (f"  {' '.join(extra)}" if extra else ""))

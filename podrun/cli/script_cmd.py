@@ -1,0 +1,143 @@
+"""The `script` command: print or write a Slurm / PBS / Grid Engine batch script that runs a plan."""
+from __future__ import annotations
+
+import os
+
+import click
+
+from podrun.cli.options import plan_options, pop_plan_options
+
+SCHEDULER_CHOICES = ("slurm", "pbs", "uge")
+
+
+class DashDashCommand(click.Command):
+    """Keeps what follows `--` apart: `script RECIPE -- ARGS` and `script -- COMMAND` both work."""
+
+    def parse_args(self, ctx, args):
+        args = list(args)
+        if "--" in args:
+            i = args.index("--")
+            ctx.meta["podrun_dashdash"] = tuple(args[i + 1:])
+            args = args[:i]
+        else:
+            ctx.meta["podrun_dashdash"] = None
+        return super().parse_args(ctx, args)
+
+
+def split_recipe(ctx: click.Context, recipe: str | None, extra: tuple[str, ...]) -> tuple[str | None, tuple[str, ...]]:
+    """(recipe, args): RECIPE [-- ARGS] or -- COMMAND [ARGS]; anything else is a usage error (exit 2)."""
+    dashdash = ctx.meta.get("podrun_dashdash")
+    if extra:
+        raise click.UsageError(f"unexpected argument(s) {' '.join(extra)!r}; put arguments for the recipe after --")
+    if recipe is None and not dashdash:
+        raise click.UsageError("give a RECIPE (a name in recipes/ or a folder), or a command after --")
+    return recipe, tuple(dashdash or ())
+
+
+def parse_env_items(items) -> tuple[tuple[str, str], ...]:
+    from podrun.errors import PodrunError
+
+    env = []
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise PodrunError(f"--env {item!r} is not NAME=VALUE", hint="write e.g. --env NCCL_DEBUG=INFO")
+        env.append((name, value))
+    return tuple(env)
+
+
+@click.command("script", cls=DashDashCommand)
+@click.option("--scheduler", type=click.Choice(SCHEDULER_CHOICES),
+              help="slurm, pbs, or uge (Univa/Altair Grid Engine, as on ABCI); default: the cluster spec's.")
+@plan_options
+@click.option("--time", "time_limit", help="Wall time: HH:MM:SS, D-HH:MM:SS, or 90m / 2h.")
+@click.option("--partition", help="Slurm partition (PBS queue when --queue is not given).")
+@click.option("--queue", help="PBS / Grid Engine queue (Slurm partition when --partition is not given).")
+@click.option("--group", help="Grid Engine group: ABCI's `qsub -g GROUP`.")
+@click.option("--account", help="Account to charge (sbatch --account, qsub -A).")
+@click.option("--job-name", help="Job name (default podrun-<recipe>).")
+@click.option("--module", "modules", multiple=True, help="`module load NAME` before the launch (repeatable).")
+@click.option("--env", "env_items", multiple=True, help="NAME=VALUE exported in the job (repeatable).")
+@click.option("--cpus-per-node", type=int, help="CPUs per node (--cpus-per-task, ncpus=).")
+@click.option("--log-dir", help="Folder for the job's stdout/stderr; it must exist when the job starts.")
+@click.option("--workdir", help="cd here in the job (default: the directory the job is submitted from).")
+@click.option("--transport", help="How podrun launch starts instances in the job (default: srun on Slurm, ssh on PBS/UGE).")
+@click.option("--resource", default="rt_F", show_default=True, help="Grid Engine resource type per node (ABCI rt_F = a full node).")
+@click.option("--directive", "directives", multiple=True, help="Extra directive, e.g. '-l USE_SSH=1' or '--exclusive' (repeatable).")
+@click.option("-o", "--output", "out_path", type=click.Path(dir_okay=False), help="Write the script to FILE instead of stdout.")
+@click.option("--json", "as_json", is_flag=True, help="Print scheduler, path or script text, and the submit command as JSON.")
+@click.argument("recipe", required=False)
+@click.argument("extra", nargs=-1, type=click.UNPROCESSED, metavar="[-- ARGS...]")
+@click.pass_context
+def script(ctx, scheduler, time_limit, partition, queue, group, account, job_name, modules, env_items,
+           cpus_per_node, log_dir, workdir, transport, resource, directives, out_path, as_json, recipe, extra,
+           **kwargs):
+    """Write the batch script that runs RECIPE (or, after --, a COMMAND) with the same plan.
+
+    \b
+      podrun script --scheduler slurm --cluster dgx-h100 --nodes 4 --time 2h resnet50 > job.sh
+      podrun script --scheduler uge --cluster abci --nodes 512 --group gaa50000 --time 1h resnet50 -o job.sh
+      podrun script --scheduler pbs --nodes 2 --devices-per-host 4 -- python train.py
+
+    The body runs `podrun launch` inside the allocation, pinned to the plan shown by `podrun plan`
+    (nodes, devices per host, instances per host, global batch, local batch, GA); it finds its
+    hosts in SLURM_JOB_NODELIST, PBS_NODEFILE, or PE_HOSTFILE / SGE_JOB_HOSTLIST.
+    """
+    from podrun.cli.options import resolve_plan
+    from podrun.jobscript import check_allocation, discover, render, request_from_plan, submit_argv
+
+    recipe, args = split_recipe(ctx, recipe, extra)
+    popts = pop_plan_options(kwargs)
+    plan, spec, _ = resolve_plan(recipe, **popts)
+    check_allocation(plan, discover(os.environ))
+    if scheduler is None:
+        if spec.scheduler not in SCHEDULER_CHOICES:
+            from podrun.errors import PodrunError
+
+            raise PodrunError(f"no --scheduler given and cluster '{spec.name}' names none (scheduler: {spec.scheduler})",
+                              hint="pass --scheduler slurm, pbs or uge")
+        scheduler = spec.scheduler
+    elif spec.scheduler in SCHEDULER_CHOICES and spec.scheduler != scheduler:
+        click.echo(f"note: cluster '{spec.name}' is scheduled by {spec.scheduler}; writing a {scheduler} script "
+                   "as asked", err=True)
+    cluster = popts.get("cluster") or (f"ipu-pod{popts['pod']}" if popts.get("pod") else None)
+    req = request_from_plan(
+        plan, scheduler=scheduler, recipe=recipe, args=args, cluster=cluster, job_name=job_name,
+        time=time_limit, partition=partition, queue=queue, group=group, account=account, log_dir=log_dir,
+        modules=modules, env=parse_env_items(env_items), workdir=workdir, cpus_per_node=cpus_per_node,
+        transport=transport, resource=resource, directives=directives,
+    )
+    text = render(req)
+    if out_path:
+        _write(out_path, text)
+    submit = submit_argv(req, out_path or "JOB_SCRIPT")
+    if as_json:
+        from podrun.cli.render import print_json
+
+        print_json({
+            "scheduler": scheduler,
+            "path": out_path,
+            "script": None if out_path else text,
+            "submit": submit,
+            "job_name": req.job_name,
+            "nodes": req.nodes,
+            "devices_per_node": req.devices_per_node,
+            "device_kind": req.device_kind,
+            "launch": list(req.command),
+        })
+    elif out_path:
+        click.echo(f"wrote {out_path}: {req.nodes} node(s) x {req.devices_per_node} {plan.device_kind}; "
+                   f"submit with: {' '.join(submit)}")
+    else:
+        click.echo(text, nl=False)
+
+
+def _write(path: str, text: str) -> None:
+    from podrun.errors import PodrunError
+
+    try:
+        with open(path, "w") as f:
+            f.write(text)
+        os.chmod(path, 0o755)
+    except OSError as exc:
+        raise PodrunError(f"cannot write the job script to {path}: {exc.strerror or exc}") from None

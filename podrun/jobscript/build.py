@@ -1,0 +1,144 @@
+"""From a plan to a JobRequest: the `podrun launch` argv that reproduces the plan, and allocation checks."""
+from __future__ import annotations
+
+import re
+from typing import Iterable, Mapping, Sequence
+
+from podrun.errors import HostError
+from podrun.jobscript.discover import Discovered
+from podrun.jobscript.request import SCHEDULERS, JobRequest, JobScriptError, validate
+
+__all__ = [
+    "DEFAULT_TRANSPORT", "device_kind_of", "plan_hosts", "launch_argv", "request_from_plan",
+    "plan_comments", "default_job_name", "check_allocation",
+]
+
+# how `podrun launch` starts one instance per node inside each scheduler's allocation
+DEFAULT_TRANSPORT = {"slurm": "srun", "pbs": "ssh", "uge": "ssh"}
+
+
+def device_kind_of(plan) -> str:
+    """'gpu-v100' -> 'gpu', 'ipu-gc200' -> 'ipu', 'cpu' -> 'cpu'."""
+    return plan.device_kind.split("-", 1)[0]
+
+
+def plan_hosts(plan) -> int:
+    """Distinct hosts of the plan (several instances may share one host)."""
+    return len(dict.fromkeys(plan.hosts))
+
+
+def default_job_name(plan) -> str:
+    """podrun-<recipe>, restricted to characters every scheduler accepts in a job name."""
+    base = re.sub(r"[^A-Za-z0-9_.\-]+", "-", str(plan.recipe or "command")).strip("-.") or "command"
+    return f"podrun-{base}"[:64]
+
+
+def launch_argv(plan, *, recipe: str | None, transport: str, cluster: str | None = None,
+                args: Sequence[str] = (), launch_options: Sequence[str] = ()) -> list[str]:
+    """`podrun launch` inside the allocation, pinned to the same plan: the same cluster spec, hosts
+    count, devices per host, instances per host, and (for a recipe) global batch, local batch and GA.
+    The hosts themselves come from the scheduler's env when the job runs."""
+    argv = ["podrun", "launch", "--transport", transport]
+    if cluster:
+        argv += ["--cluster", cluster]
+    argv += [
+        "--nodes", str(plan_hosts(plan)),
+        "--devices-per-host", str(plan.devices_per_host),
+        "--instances-per-host", str(plan.instances_per_host),
+    ]
+    if recipe is not None:
+        argv += [
+            "--global-batch", str(plan.global_batch),
+            "--local-batch", str(plan.local_batch),
+            "--grad-accum", str(plan.grad_accum),
+        ]
+    argv += list(launch_options)
+    if recipe is not None:
+        argv.append(recipe)
+    if args:
+        argv += ["--", *args]
+    return argv
+
+
+def plan_comments(plan) -> tuple[str, ...]:
+    """'# plan: ...' lines written under the directives, so the script says what it will run."""
+    n = plan_hosts(plan)
+    return (
+        f"plan: cluster {plan.cluster}, " + (f"recipe {plan.recipe}" if plan.recipe else "a command")
+        + f", {n} host(s) x {plan.devices_per_host} "
+        f"{plan.device_kind} = {plan.devices} device(s)",
+        f"plan: {plan.replicas} replica(s) x local batch {plan.local_batch} x GA {plan.grad_accum} "
+        f"= global batch {plan.global_batch}; {plan.instances} instance(s), "
+        f"{plan.devices_per_replica} device(s) per replica",
+    )
+
+
+def request_from_plan(
+    plan,
+    *,
+    scheduler: str,
+    recipe: str | None,
+    args: Sequence[str] = (),
+    cluster: str | None = None,
+    job_name: str | None = None,
+    time: int | str | None = None,
+    partition: str | None = None,
+    queue: str | None = None,
+    group: str | None = None,
+    account: str | None = None,
+    log_dir: str | None = None,
+    output: str | None = None,
+    error: str | None = None,
+    modules: Iterable[str] = (),
+    env: Mapping[str, str] | Iterable[tuple[str, str]] = (),
+    workdir: str | None = None,
+    cpus_per_node: int | None = None,
+    transport: str | None = None,
+    resource: str = "rt_F",
+    directives: Iterable[str] = (),
+    launch_options: Sequence[str] = (),
+) -> JobRequest:
+    """The JobRequest for a plan: nodes = the plan's hosts, devices per node = its devices per host,
+    and a body that runs `podrun launch` with the same plan. Validated (JobScriptError on bad values)."""
+    if scheduler not in SCHEDULERS:
+        raise JobScriptError(f"unknown scheduler {scheduler!r}", hint=f"choose one of: {', '.join(SCHEDULERS)}")
+    env_items = tuple(env.items()) if isinstance(env, Mapping) else tuple(env)
+    req = JobRequest(
+        scheduler=scheduler,
+        job_name=job_name or default_job_name(plan),
+        nodes=plan_hosts(plan),
+        devices_per_node=plan.devices_per_host,
+        device_kind=device_kind_of(plan),
+        command=tuple(launch_argv(plan, recipe=recipe, transport=transport or DEFAULT_TRANSPORT[scheduler],
+                                  cluster=cluster, args=args, launch_options=launch_options)),
+        cpus_per_node=cpus_per_node,
+        time_limit=time,
+        partition=partition,
+        queue=queue,
+        group=group,
+        account=account,
+        log_dir=log_dir,
+        output=output,
+        error=error,
+        env=env_items,
+        workdir=workdir,
+        modules=tuple(modules),
+        resource=resource,
+        directives=tuple(directives),
+        comments=plan_comments(plan),
+    )
+    return validate(req)
+
+
+def check_allocation(plan, discovered: Discovered | None) -> None:
+    """A plan needing more hosts than the scheduler allocated is a HostError naming both counts."""
+    if discovered is None:
+        return
+    need, have = plan_hosts(plan), len(discovered.hosts)
+    if need > have:
+        raise HostError(
+            f"the plan needs {need} host(s) but the {discovered.scheduler} allocation "
+            f"({discovered.source}) has {have}: {', '.join(discovered.names[:8])}"
+            + (" ..." if have > 8 else ""),
+            hint=f"ask the scheduler for {need} nodes, or plan for at most {have} with --nodes {have}",
+        )

@@ -1,0 +1,312 @@
+"""Host discovery inside a scheduler allocation: Slurm nodelists, PBS_NODEFILE, PE_HOSTFILE, SGE_JOB_HOSTLIST."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from podrun.errors import HostError
+from podrun.specs.hosts import HostEntry
+
+__all__ = [
+    "Discovered", "HostEntry", "discover", "expand_nodelist", "compress_hostlist",
+    "read_pbs_nodefile", "read_pe_hostfile", "read_sge_hostlist", "MAX_HOSTS",
+]
+
+# a nodelist that expands past this is a typo (g[1-100000000]), not a cluster
+MAX_HOSTS = 100_000
+
+_NAME_CHARS = re.compile(r"^[A-Za-z0-9_.:\-]+$")
+
+
+@dataclass(frozen=True)
+class Discovered:
+    """The hosts a scheduler allocated to this job, and where podrun read them."""
+
+    hosts: tuple[HostEntry, ...]
+    source: str          # the variable read: SLURM_JOB_NODELIST, PBS_NODEFILE, PE_HOSTFILE, SGE_JOB_HOSTLIST
+    scheduler: str       # slurm | pbs | uge
+    path: str | None = None   # the file the variable named (PBS/UGE), None for Slurm
+    # the scheduler's process slots per host (PBS_NODEFILE lines, PE_HOSTFILE slots), for display.
+    # They count CPU cores or MPI ranks, not devices, so hosts[i].slots stays None: the devices per
+    # host come from the cluster spec or --devices-per-host.
+    scheduler_slots: tuple[int | None, ...] = ()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(h.name for h in self.hosts)
+
+    def to_dict(self) -> dict:
+        slots = self.scheduler_slots or (None,) * len(self.hosts)
+        return {
+            "source": self.source,
+            "scheduler": self.scheduler,
+            "path": self.path,
+            "hosts": [{"name": h.name, "slots": h.slots, "scheduler_slots": s} for h, s in zip(self.hosts, slots)],
+        }
+
+
+def _from_counted(entries: tuple[HostEntry, ...], source: str, scheduler: str, path: str) -> Discovered:
+    return Discovered(tuple(HostEntry(e.name, None) for e in entries), source, scheduler, path,
+                      tuple(e.slots for e in entries))
+
+
+# ---------------------------------------------------------------------------------------------
+# Slurm hostlist syntax
+
+
+_ITEMS = re.compile(r"(?:[^,\[\]]+|\[[^\[\],]*(?:,[^\[\],]*)*\])+(?:,|$)")
+
+
+def _split_top(s: str, where: str) -> list[str]:
+    """Split on commas outside brackets; brackets must balance and not nest."""
+    if not s:
+        return [""]
+    parts, pos = [], 0
+    while pos < len(s):                      # fast path: one regex match per item
+        m = _ITEMS.match(s, pos)
+        if not m:
+            break
+        parts.append(m.group().rstrip(",") if m.group().endswith(",") else m.group())
+        pos = m.end()
+    else:
+        if s.endswith(","):
+            parts.append("")
+        return parts
+    return _split_top_slow(s, where)
+
+
+def _split_top_slow(s: str, where: str) -> list[str]:
+    """Character by character, to name the exact problem."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(s):
+        if ch == "[":
+            if depth:
+                raise HostError(f"{where}: nested '[' at position {i + 1} in {s!r}",
+                                hint="Slurm hostlists look like g[0001-0003,0007],h5")
+            depth = 1
+        elif ch == "]":
+            if not depth:
+                raise HostError(f"{where}: ']' without '[' at position {i + 1} in {s!r}",
+                                hint="Slurm hostlists look like g[0001-0003,0007],h5")
+            depth = 0
+        elif ch == "," and not depth:
+            parts.append(s[start:i])
+            start = i + 1
+    if depth:
+        raise HostError(f"{where}: '[' is never closed in {s!r}", hint="Slurm hostlists look like g[0001-0003,0007],h5")
+    parts.append(s[start:])
+    return parts
+
+
+def _expand_range_list(body: str, item: str, where: str) -> list[str]:
+    """'0001-0003,0007' -> ['0001', '0002', '0003', '0007'] (width of the lower bound kept)."""
+    out: list[str] = []
+    for rng in body.split(","):
+        lo, dash, hi = rng.partition("-")
+        if not lo.isdigit() or (dash and not hi.isdigit()) or not lo.isascii() or not hi.isascii():
+            raise HostError(f"{where}: bad range {rng!r} in {item!r}",
+                            hint="a bracket holds numbers and ranges: [1-4,7] or [0001-0003]")
+        if not dash:
+            out.append(lo)
+            continue
+        a, b = int(lo), int(hi)
+        if b < a:
+            raise HostError(f"{where}: range {rng!r} in {item!r} runs backwards", hint=f"write [{hi}-{lo}]")
+        if b - a + 1 + len(out) > MAX_HOSTS:
+            raise HostError(f"{where}: range {rng!r} in {item!r} expands to more than {MAX_HOSTS} hosts")
+        width = len(lo)
+        out.extend(str(n).zfill(width) for n in range(a, b + 1))
+    return out
+
+
+def _expand_item(item: str, where: str) -> list[str]:
+    """One top-level item: literal text and bracket groups; groups multiply, the first varies slowest."""
+    pieces = re.split(r"(\[[^\]]*\])", item)
+    names = [""]
+    for piece in pieces:
+        if not piece:
+            continue
+        if piece.startswith("["):
+            body = piece[1:-1]
+            if not body:
+                raise HostError(f"{where}: empty brackets in {item!r}")
+            choices = _expand_range_list(body, item, where)
+            if len(names) * len(choices) > MAX_HOSTS:
+                raise HostError(f"{where}: {item!r} expands to more than {MAX_HOSTS} hosts")
+            names = [n + c for n in names for c in choices]
+        else:
+            if not _NAME_CHARS.match(piece):
+                bad = next(ch for ch in piece if not _NAME_CHARS.match(ch))
+                raise HostError(f"{where}: character {bad!r} is not allowed in host name {item!r}",
+                                hint="host names are letters, digits, '.', '-', '_'")
+            names = [n + piece for n in names]
+    return names
+
+
+def expand_nodelist(s: str, source: str = "nodelist") -> list[str]:
+    """Expand Slurm's hostlist syntax: 'g[0001-0003,0007],h5' -> g0001 g0002 g0003 g0007 h5.
+
+    Zero padding follows the lower bound; several bracket groups multiply (rack[1-2]-n[01-02]
+    gives rack1-n01, rack1-n02, rack2-n01, rack2-n02); order is never changed and duplicates are
+    kept. Text after the last bracket (gpu[1-2].ib) is accepted too, a superset of what Slurm
+    22.05 itself accepts. A malformed list raises HostError naming ``source`` and the bad part.
+    """
+    text = s.strip()
+    if not text:
+        raise HostError(f"{source} is empty", hint="expected a Slurm hostlist such as g[0001-0003],h5")
+    out: list[str] = []
+    for item in _split_top(text, source):
+        item = item.strip()
+        if not item:
+            raise HostError(f"{source}: empty host name in {s!r}", hint="remove the doubled or trailing comma")
+        out.extend(_expand_item(item, source))
+        if len(out) > MAX_HOSTS:
+            raise HostError(f"{source}: expands to more than {MAX_HOSTS} hosts")
+    return out
+
+
+# only a trailing number is bracketed: Slurm (22.05) rejects text after the last bracket group
+_TAIL_NUM = re.compile(r"^(.*?)([0-9]+)()$")
+
+
+def compress_hostlist(hosts: list[str] | tuple[str, ...]) -> str:
+    """The inverse of expand_nodelist: adjacent hosts differing only in a trailing number of the same
+    width share a bracket group ('g0001,g0002,g0003,h5' -> 'g[0001-0003],h5'). Order is kept, so
+    expand_nodelist(compress_hostlist(x)) == list(x) for any list of plain host names, and the
+    result is a hostlist Slurm itself accepts (scontrol show hostnames)."""
+    groups: list[tuple[str, str, int, list[int]] | str] = []
+    for h in hosts:
+        m = _TAIL_NUM.match(h)
+        if not m:
+            groups.append(h)
+            continue
+        pre, digits, post = m.groups()
+        n, w = int(digits), len(digits)
+        last = groups[-1] if groups else None
+        if (isinstance(last, tuple) and last[0] == pre and last[1] == post and last[2] == w
+                and n > last[3][-1]):
+            last[3].append(n)
+        else:
+            groups.append((pre, post, w, [n]))
+    out = []
+    for g in groups:
+        if isinstance(g, str):
+            out.append(g)
+            continue
+        pre, post, w, nums = g
+        if len(nums) == 1:
+            out.append(f"{pre}{str(nums[0]).zfill(w)}{post}")
+            continue
+        ranges, i = [], 0
+        while i < len(nums):
+            j = i
+            while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
+                j += 1
+            a, b = str(nums[i]).zfill(w), str(nums[j]).zfill(w)
+            ranges.append(a if i == j else f"{a}-{b}")
+            i = j + 1
+        out.append(f"{pre}[{','.join(ranges)}]{post}")
+    return ",".join(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# host files
+
+
+def _read(path: str, what: str) -> str:
+    p = Path(path)
+    try:
+        return p.read_text()
+    except OSError as exc:
+        raise HostError(f"{what}={path}: cannot read it ({exc.strerror or exc})",
+                        hint="run inside the job the scheduler started, or unset the variable") from None
+
+
+def _check(name: str, where: str) -> str:
+    if not _NAME_CHARS.match(name) or name.startswith("-"):
+        raise HostError(f"{where}: {name!r} is not a host name", hint="host names are letters, digits, '.', '-', '_'")
+    return name
+
+
+def read_pbs_nodefile(path: str, source: str = "PBS_NODEFILE") -> tuple[HostEntry, ...]:
+    """PBS_NODEFILE: one line per slot (a host repeats once per MPI process); hosts deduplicated
+    in order of first appearance, slots = the number of lines naming each host."""
+    counts: dict[str, int] = {}
+    for lineno, raw in enumerate(_read(path, source).splitlines(), 1):
+        line = raw.strip()
+        if not line:
+            continue
+        where = f"{source}={path}:{lineno}"
+        if len(line.split()) != 1:
+            raise HostError(f"{where}: expected one host name per line, got {line!r}")
+        name = _check(line, where)
+        counts[name] = counts.get(name, 0) + 1
+    if not counts:
+        raise HostError(f"{source}={path} lists no hosts")
+    return tuple(HostEntry(n, c) for n, c in counts.items())
+
+
+def read_pe_hostfile(path: str, source: str = "PE_HOSTFILE") -> tuple[HostEntry, ...]:
+    """Grid Engine PE_HOSTFILE: 'host slots queue processor-range' per line; a host on several
+    lines (several queues) has its slots added."""
+    counts: dict[str, int] = {}
+    for lineno, raw in enumerate(_read(path, source).splitlines(), 1):
+        line = raw.strip()
+        if not line:
+            continue
+        where = f"{source}={path}:{lineno}"
+        fields = line.split()
+        if len(fields) < 2 or not fields[1].isdigit() or int(fields[1]) < 1:
+            raise HostError(f"{where}: expected 'HOST SLOTS QUEUE PROCESSORS', got {line!r}",
+                            hint="Grid Engine writes e.g. 'g0001.abci.local 40 gpu@g0001 UNDEFINED'")
+        name = _check(fields[0], where)
+        counts[name] = counts.get(name, 0) + int(fields[1])
+    if not counts:
+        raise HostError(f"{source}={path} lists no hosts")
+    return tuple(HostEntry(n, c) for n, c in counts.items())
+
+
+def read_sge_hostlist(path: str, source: str = "SGE_JOB_HOSTLIST") -> tuple[HostEntry, ...]:
+    """ABCI's SGE_JOB_HOSTLIST: a file with one host per line (repeats are dropped, order kept)."""
+    seen: dict[str, None] = {}
+    for lineno, raw in enumerate(_read(path, source).splitlines(), 1):
+        line = raw.strip()
+        if not line:
+            continue
+        where = f"{source}={path}:{lineno}"
+        if len(line.split()) != 1:
+            raise HostError(f"{where}: expected one host name per line, got {line!r}")
+        seen.setdefault(_check(line, where), None)
+    if not seen:
+        raise HostError(f"{source}={path} lists no hosts")
+    return tuple(HostEntry(n, None) for n in seen)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def discover(environ: Mapping[str, str]) -> Discovered | None:
+    """The hosts of the scheduler allocation this process runs in, or None outside one.
+
+    Looked for in this order: SLURM_JOB_NODELIST (or the older SLURM_NODELIST), PBS_NODEFILE,
+    PE_HOSTFILE, SGE_JOB_HOSTLIST. An empty variable counts as unset; a malformed one is a
+    HostError naming it. Host slots are left None (scheduler slots are cores or ranks, not
+    devices); the counted slots are in Discovered.scheduler_slots.
+    """
+    for var in ("SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+        value = environ.get(var, "").strip()
+        if value:
+            names = expand_nodelist(value, var)
+            return Discovered(tuple(HostEntry(n, None) for n in dict.fromkeys(names)), var, "slurm")
+    value = environ.get("PBS_NODEFILE", "").strip()
+    if value:
+        return _from_counted(read_pbs_nodefile(value), "PBS_NODEFILE", "pbs", value)
+    value = environ.get("PE_HOSTFILE", "").strip()
+    if value:
+        return _from_counted(read_pe_hostfile(value), "PE_HOSTFILE", "uge", value)
+    value = environ.get("SGE_JOB_HOSTLIST", "").strip()
+    if value:
+        return Discovered(read_sge_hostlist(value), "SGE_JOB_HOSTLIST", "uge", value)
+    return None

@@ -1,0 +1,192 @@
+"""JobRequest: what a batch job asks the scheduler for and runs; validation and wall-time parsing."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from podrun.errors import PodrunError
+
+SCHEDULERS = ("slurm", "pbs", "uge")
+DEVICE_KINDS = ("gpu", "cpu", "ipu")
+
+# Directive lines (#SBATCH, #PBS, #$) are read by the scheduler, not by a shell, and each scheduler
+# treats quotes differently; so their values are restricted to characters that need no quoting.
+_DIRECTIVE_SAFE = re.compile(r"^[A-Za-z0-9_.,:=+@%/\-]+$")
+# Grid Engine expands these pseudo variables in -o/-e paths
+_UGE_PSEUDO = re.compile(r"\$(JOB_ID|JOB_NAME|HOME|USER|HOSTNAME|TASK_ID)\b")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_MODULE = re.compile(r"^[A-Za-z0-9_.+@/:\-]+$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class JobScriptError(PodrunError):
+    """A job-script value that cannot be written safely (newlines, '#' tricks, bad time)."""
+
+
+def parse_time(value: int | str) -> int:
+    """Wall time in seconds from an int (seconds) or a string: 'HH:MM:SS', 'MM:SS', 'D-HH:MM:SS',
+    'D-HH', or a number with a unit: '90s', '30m', '2h', '1d'. A bare number string is refused
+    (Slurm reads it as minutes, others as seconds)."""
+    if isinstance(value, bool):
+        raise JobScriptError(f"time limit {value!r} is not a duration")
+    if isinstance(value, int):
+        if value <= 0:
+            raise JobScriptError(f"time limit {value} s must be positive")
+        return value
+    s = str(value).strip()
+    hint = "write HH:MM:SS (01:30:00), D-HH:MM:SS (2-00:00:00) or a number with a unit: 90m, 2h, 3600s"
+    m = re.fullmatch(r"(\d+)\s*([smhd])", s)
+    if m:
+        secs = int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    elif re.fullmatch(r"\d+", s):
+        raise JobScriptError(f"time limit {s!r} has no unit", hint=hint)
+    else:
+        m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", s)
+        if not m or (m.group(1) is None and m.group(3) is None):
+            raise JobScriptError(f"time limit {s!r} is not a duration", hint=hint)
+        days = int(m.group(1) or 0)
+        nums = [int(x) for x in m.group(2, 3, 4) if x is not None]
+        if m.group(1) is not None:          # D-HH, D-HH:MM, D-HH:MM:SS
+            h, mi, se = (nums + [0, 0])[:3]
+        elif len(nums) == 2:                # MM:SS
+            h, mi, se = 0, nums[0], nums[1]
+        else:                               # HH:MM:SS
+            h, mi, se = nums
+        if mi >= 60 or se >= 60 or (m.group(1) is not None and h >= 24):
+            raise JobScriptError(f"time limit {s!r}: minutes and seconds must be below 60", hint=hint)
+        secs = days * 86400 + h * 3600 + mi * 60 + se
+    if secs <= 0:
+        raise JobScriptError(f"time limit {s!r} must be positive", hint=hint)
+    return secs
+
+
+def format_time(seconds: int) -> str:
+    """HH:MM:SS with hours past 24 kept in the hours field (Slurm, PBS and Grid Engine all read it)."""
+    h, rest = divmod(int(seconds), 3600)
+    m, s = divmod(rest, 60)
+    return f"{h:02d}:{m:02d}:{s:02d}"
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """One batch job: the allocation asked for and the command run inside it (pure data)."""
+
+    scheduler: str                      # slurm | pbs | uge
+    job_name: str
+    nodes: int
+    devices_per_node: int
+    device_kind: str                    # gpu | cpu | ipu
+    command: tuple[str, ...]            # argv run inside the allocation (podrun launch ...)
+    cpus_per_node: int | None = None
+    time_limit: int | str | None = None  # seconds or HH:MM:SS; None = the scheduler's default
+    partition: str | None = None        # Slurm partition (PBS queue when queue is unset)
+    queue: str | None = None            # PBS / Grid Engine queue (Slurm partition when partition is unset)
+    group: str | None = None            # Grid Engine group: `qsub -g GROUP` (ABCI)
+    account: str | None = None
+    log_dir: str | None = None          # where the scheduler writes stdout/stderr; must exist at start
+    output: str | None = None           # explicit stdout path (wins over log_dir)
+    error: str | None = None            # explicit stderr path (wins over log_dir)
+    env: tuple[tuple[str, str], ...] = ()   # exported before the command, in this order
+    workdir: str | None = None          # cd here; None = the directory the job was submitted from
+    modules: tuple[str, ...] = ()       # `module load NAME` lines
+    resource: str = "rt_F"              # Grid Engine resource type per node (ABCI: rt_F = full node)
+    directives: tuple[str, ...] = ()    # extra raw directive arguments, e.g. "-l USE_SSH=1"
+    comments: tuple[str, ...] = ()      # '# ...' lines under the directives (plan summary)
+
+    def __post_init__(self):
+        if isinstance(self.env, Mapping):
+            object.__setattr__(self, "env", tuple(self.env.items()))
+        for name in ("command", "modules", "directives", "comments"):
+            v = getattr(self, name)
+            if isinstance(v, (list, str)):
+                object.__setattr__(self, name, tuple([v] if isinstance(v, str) else v))
+        object.__setattr__(self, "env", tuple((str(k), str(v)) for k, v in self.env))
+
+    @property
+    def time_seconds(self) -> int | None:
+        return None if self.time_limit is None else parse_time(self.time_limit)
+
+    @property
+    def effective_partition(self) -> str | None:
+        return self.partition or self.queue
+
+    @property
+    def effective_queue(self) -> str | None:
+        return self.queue or self.partition
+
+
+def _no_control(field_: str, value: str) -> None:
+    m = _CONTROL.search(value)
+    if m:
+        what = "a newline" if m.group() in "\r\n" else f"control character {m.group()!r}"
+        raise JobScriptError(f"job script {field_} {value!r} contains {what}",
+                             hint="a value must fit on one line; it could otherwise inject scheduler directives")
+
+
+def check_directive_value(field_: str, value: str, *, uge_pseudo: bool = False) -> str:
+    """A value for a #SBATCH / #PBS / #$ line: one line, no quotes, spaces, '#' or '$'."""
+    _no_control(field_, value)
+    probe = _UGE_PSEUDO.sub("X", value) if uge_pseudo else value
+    if not value or not _DIRECTIVE_SAFE.match(probe) or value.startswith("-"):
+        bad = next((ch for ch in probe if not _DIRECTIVE_SAFE.match(ch)), value[:1])
+        raise JobScriptError(
+            f"job script {field_} {value!r}: {bad!r} cannot go on a scheduler directive line",
+            hint="use letters, digits and _ . , : = + @ % / - (directives are parsed by the scheduler, not a shell)",
+        )
+    return value
+
+
+def validate(req: JobRequest) -> JobRequest:
+    """Check every field; raise JobScriptError (exit 2) naming the field and the bad value."""
+    if req.scheduler not in SCHEDULERS:
+        raise JobScriptError(f"unknown scheduler {req.scheduler!r}", hint=f"choose one of: {', '.join(SCHEDULERS)}")
+    if req.device_kind not in DEVICE_KINDS:
+        raise JobScriptError(f"unknown device kind {req.device_kind!r}", hint=f"one of: {', '.join(DEVICE_KINDS)}")
+    for name in ("nodes", "devices_per_node"):
+        v = getattr(req, name)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise JobScriptError(f"job script {name} must be a positive integer, got {v!r}")
+    if req.cpus_per_node is not None and (not isinstance(req.cpus_per_node, int) or req.cpus_per_node < 1):
+        raise JobScriptError(f"job script cpus_per_node must be a positive integer, got {req.cpus_per_node!r}")
+    if req.time_limit is not None:
+        parse_time(req.time_limit)
+    check_directive_value("job name", req.job_name)
+    if req.scheduler == "uge" and any(ch in req.job_name for ch in "/:@"):
+        raise JobScriptError(f"job script job name {req.job_name!r}: Grid Engine job names may not contain / : @",
+                             hint="use letters, digits, '_', '.', '-'")
+    for name in ("partition", "queue", "group", "account", "resource"):
+        v = getattr(req, name)
+        if v is not None:
+            check_directive_value(name, v)
+    pseudo = req.scheduler == "uge"
+    for name in ("log_dir", "output", "error"):
+        v = getattr(req, name)
+        if v is not None:
+            check_directive_value(name, v, uge_pseudo=pseudo)
+    for d in req.directives:
+        _no_control("directive", d)
+        words = d.split()
+        if not words or not words[0].startswith("-"):
+            raise JobScriptError(f"directive {d!r} must start with an option such as -l or --exclusive")
+        for word in words:
+            if not _DIRECTIVE_SAFE.match(word):
+                check_directive_value("directive", word)
+    if not req.command:
+        raise JobScriptError("job script has no command to run")
+    for arg in req.command:
+        _no_control("command argument", arg)
+    for k, v in req.env:
+        if not _ENV_NAME.match(k):
+            raise JobScriptError(f"job script env name {k!r} is not a shell variable name",
+                                 hint="names are letters, digits and _, not starting with a digit")
+        _no_control(f"env {k}", v)
+    for mod in req.modules:
+        if not _MODULE.match(mod):
+            raise JobScriptError(f"module name {mod!r} is not a module name",
+                                 hint="e.g. --module cuda/12.1 --module openmpi/4.1.5")
+    if req.workdir is not None:
+        _no_control("workdir", req.workdir)
+    for c in req.comments:
+        _no_control("comment", c)
+    return req

@@ -1,0 +1,146 @@
+"""Pure job-script writers: JobRequest -> the text of a Slurm, PBS or Grid Engine (ABCI) batch script."""
+from __future__ import annotations
+
+import shlex
+
+from podrun.jobscript.request import JobRequest, format_time, validate
+
+__all__ = ["render", "render_slurm", "render_pbs", "render_uge", "submit_argv"]
+
+_MODULES_INIT = (
+    "if ! command -v module >/dev/null 2>&1 && [ -f /etc/profile.d/modules.sh ]; then\n"
+    "  . /etc/profile.d/modules.sh\n"
+    "fi"
+)
+
+
+def _q(s: str) -> str:
+    return shlex.quote(s)
+
+
+def _body(req: JobRequest, cd_default: str | None) -> list[str]:
+    """The shell part, shared by every scheduler: strict mode, cd, modules, exports, exec the command."""
+    lines = [""]
+    if req.modules:
+        # module scripts often read unset variables: load them before `set -u`
+        lines += ["set -eo pipefail", _MODULES_INIT]
+        lines += [f"module load {_q(m)}" for m in req.modules]
+        lines += ["set -u"]
+    else:
+        lines += ["set -euo pipefail"]
+    if req.workdir is not None:
+        lines.append(f"cd {_q(req.workdir)}")
+    elif cd_default:
+        lines.append(cd_default)
+    for k, v in req.env:
+        lines.append(f"export {k}={_q(v)}")
+    lines.append("exec " + " ".join(_q(a) for a in req.command))
+    return lines
+
+
+def _comments(req: JobRequest) -> list[str]:
+    return [f"# {c}" if c else "#" for c in req.comments]
+
+
+def render_slurm(req: JobRequest) -> str:
+    validate(req)
+    d = [
+        f"--job-name={req.job_name}",
+        f"--nodes={req.nodes}",
+        "--ntasks-per-node=1",
+    ]
+    if req.device_kind == "gpu":
+        d.append(f"--gpus-per-node={req.devices_per_node}")
+    if req.cpus_per_node is not None:
+        d.append(f"--cpus-per-task={req.cpus_per_node}")
+    if req.time_seconds is not None:
+        d.append(f"--time={format_time(req.time_seconds)}")
+    if req.effective_partition:
+        d.append(f"--partition={req.effective_partition}")
+    if req.account:
+        d.append(f"--account={req.account}")
+    log = req.log_dir.rstrip("/") + "/" if req.log_dir else ""
+    d.append(f"--output={req.output or log + '%x-%j.out'}")
+    d.append(f"--error={req.error or log + '%x-%j.err'}")
+    d.append("--no-requeue")
+    d += list(req.directives)
+    head = ["#!/bin/bash"] + [f"#SBATCH {x}" for x in d]
+    head += _comments(req)
+    head.append("# submit: sbatch SCRIPT; the batch step starts one podrun instance per node through srun")
+    return "\n".join(head + _body(req, None)) + "\n"
+
+
+def render_pbs(req: JobRequest) -> str:
+    validate(req)
+    chunk = f"select={req.nodes}"
+    if req.cpus_per_node is not None:
+        chunk += f":ncpus={req.cpus_per_node}"
+    if req.device_kind == "gpu":
+        chunk += f":ngpus={req.devices_per_node}"
+    chunk += ":mpiprocs=1"
+    d = [f"-N {req.job_name}", "-S /bin/bash", f"-l {chunk}", "-l place=scatter"]
+    if req.time_seconds is not None:
+        d.append(f"-l walltime={format_time(req.time_seconds)}")
+    if req.effective_queue:
+        d.append(f"-q {req.effective_queue}")
+    if req.account:
+        d.append(f"-A {req.account}")
+    log = req.log_dir.rstrip("/") + "/" if req.log_dir else None
+    out, err = req.output or log, req.error or log
+    if out:
+        d.append(f"-o {out}")
+    if err:
+        d.append(f"-e {err}")
+    elif out:
+        d.append("-j oe")
+    d.append("-r n")
+    d += list(req.directives)
+    head = ["#!/bin/bash"] + [f"#PBS {x}" for x in d]
+    head += _comments(req)
+    head.append("# submit: qsub SCRIPT; podrun launch reads the hosts from $PBS_NODEFILE")
+    return "\n".join(head + _body(req, 'cd "$PBS_O_WORKDIR"')) + "\n"
+
+
+def render_uge(req: JobRequest) -> str:
+    validate(req)
+    d = [f"-N {req.job_name}", "-S /bin/bash", "-cwd", f"-l {req.resource}={req.nodes}"]
+    if req.time_seconds is not None:
+        d.append(f"-l h_rt={format_time(req.time_seconds)}")
+    if req.queue:
+        d.append(f"-q {req.queue}")
+    if req.account:
+        d.append(f"-A {req.account}")
+    log = req.log_dir.rstrip("/") + "/" if req.log_dir else None
+    out, err = req.output or log, req.error or log
+    if out:
+        d.append(f"-o {out}")
+    if err:
+        d.append(f"-e {err}")
+    elif out:
+        d.append("-j y")
+    d += list(req.directives)
+    head = ["#!/bin/bash"] + [f"#$ {x}" for x in d]
+    head += _comments(req)
+    if req.resource == "rt_F":
+        head.append(f"# ABCI: rt_F={req.nodes} asks for {req.nodes} full node(s) of 4 V100 each")
+    sub = f"qsub -g {req.group} SCRIPT" if req.group else "qsub -g GROUP SCRIPT"
+    head.append(f"# submit: {sub}; podrun launch reads the hosts from $PE_HOSTFILE / $SGE_JOB_HOSTLIST")
+    return "\n".join(head + _body(req, None)) + "\n"
+
+
+_RENDERERS = {"slurm": render_slurm, "pbs": render_pbs, "uge": render_uge}
+
+
+def render(req: JobRequest) -> str:
+    """The batch script for req.scheduler: deterministic bytes, every shell value quoted."""
+    validate(req)
+    return _RENDERERS[req.scheduler](req)
+
+
+def submit_argv(req: JobRequest, script_path: str) -> list[str]:
+    """The command that submits the script: sbatch PATH, qsub PATH, or qsub -g GROUP PATH (ABCI)."""
+    if req.scheduler == "slurm":
+        return ["sbatch", script_path]
+    if req.scheduler == "uge" and req.group:
+        return ["qsub", "-g", req.group, script_path]
+    return ["qsub", script_path]

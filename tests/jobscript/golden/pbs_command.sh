@@ -1,0 +1,13 @@
+#!/bin/bash
+#PBS -N podrun-command
+#PBS -S /bin/bash
+#PBS -l select=1:mpiprocs=1
+#PBS -l place=scatter
+#PBS -r n
+# plan: cluster local, a command, 1 host(s) x 2 cpu = 2 device(s)
+# plan: 2 replica(s) x local batch 1 x GA 1 = global batch 2; 1 instance(s), 1 device(s) per replica
+# submit: qsub SCRIPT; podrun launch reads the hosts from $PBS_NODEFILE
+
+set -euo pipefail
+cd '/scratch/my run'
+exec podrun launch --transport ssh --nodes 1 --devices-per-host 2 --instances-per-host 1 -- python train.py --note 'it'"'"'s $(not) run'

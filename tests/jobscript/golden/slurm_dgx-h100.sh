@@ -1,0 +1,18 @@
+#!/bin/bash
+#SBATCH --job-name=podrun-resnet50
+#SBATCH --nodes=4
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=8
+#SBATCH --time=02:00:00
+#SBATCH --partition=gpu
+#SBATCH --account=proj01
+#SBATCH --output=%x-%j.out
+#SBATCH --error=%x-%j.err
+#SBATCH --no-requeue
+# plan: cluster dgx-h100, recipe resnet50, 4 host(s) x 8 gpu-h100 = 32 device(s)
+# plan: 32 replica(s) x local batch 256 x GA 10 = global batch 81920; 4 instance(s), 1 device(s) per replica
+# submit: sbatch SCRIPT; the batch step starts one podrun instance per node through srun
+
+set -euo pipefail
+export NCCL_DEBUG=WARN
+exec podrun launch --transport srun --cluster dgx-h100 --nodes 4 --devices-per-host 8 --instances-per-host 1 --global-batch 81920 --local-batch 256 --grad-accum 10 resnet50

@@ -1,0 +1,14 @@
+#!/bin/bash
+#SBATCH --job-name=podrun-resnet18_cifar10
+#SBATCH --nodes=3
+#SBATCH --ntasks-per-node=1
+#SBATCH --time=00:10:00
+#SBATCH --output=%x-%j.out
+#SBATCH --error=%x-%j.err
+#SBATCH --no-requeue
+# plan: cluster local, recipe resnet18_cifar10, 3 host(s) x 2 cpu = 6 device(s)
+# plan: 6 replica(s) x local batch 32 x GA 1 = global batch 192; 3 instance(s), 1 device(s) per replica
+# submit: sbatch SCRIPT; the batch step starts one podrun instance per node through srun
+
+set -euo pipefail
+exec podrun launch --transport srun --cluster local --nodes 3 --devices-per-host 2 --instances-per-host 1 --global-batch 192 --local-batch 32 --grad-accum 1 resnet18_cifar10 -- --epochs 1

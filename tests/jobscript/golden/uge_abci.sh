@@ -1,0 +1,20 @@
+#!/bin/bash
+#$ -N rn50-81920
+#$ -S /bin/bash
+#$ -cwd
+#$ -l rt_F=512
+#$ -l h_rt=01:00:00
+#$ -l USE_SSH=1
+# plan: cluster abci, recipe resnet50, 512 host(s) x 4 gpu-v100 = 2048 device(s)
+# plan: 2048 replica(s) x local batch 40 x GA 1 = global batch 81920; 512 instance(s), 1 device(s) per replica
+# ABCI: rt_F=512 asks for 512 full node(s) of 4 V100 each
+# submit: qsub -g gaa50000 SCRIPT; podrun launch reads the hosts from $PE_HOSTFILE / $SGE_JOB_HOSTLIST
+
+set -eo pipefail
+if ! command -v module >/dev/null 2>&1 && [ -f /etc/profile.d/modules.sh ]; then
+  . /etc/profile.d/modules.sh
+fi
+module load cuda/12.2
+module load hpcx/2.12
+set -u
+exec podrun launch --transport ssh --cluster abci --nodes 512 --devices-per-host 4 --instances-per-host 1 --global-batch 81920 --local-batch 40 --grad-accum 1 resnet50

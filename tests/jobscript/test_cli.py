@@ -1,0 +1,160 @@
+"""`podrun script` and `podrun hosts` through the real entry point: output, files, JSON, exit codes."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def test_script_to_file_is_executable_and_names_the_submit_command(podrun_cli, tmp_path):
+    out_path = tmp_path / "job.sh"
+    code, out, err = podrun_cli("script", "--scheduler", "uge", "--cluster", "abci", "--nodes", "2",
+                                "--group", "gaa50000", "resnet50", "-o", str(out_path))
+    assert code == 0, err
+    assert out_path.read_text().startswith("#!/bin/bash\n#$ -N podrun-resnet50\n")
+    assert out_path.stat().st_mode & stat.S_IXUSR
+    assert f"submit with: qsub -g gaa50000 {out_path}" in out
+
+
+def test_scheduler_defaults_to_the_cluster_spec_and_mismatch_is_noted(podrun_cli):
+    code, out, err = podrun_cli("script", "--cluster", "abci", "--nodes", "2", "resnet50")
+    assert code == 0, err
+    assert "#$ -l rt_F=2" in out and err == ""
+    code, out, err = podrun_cli("script", "--scheduler", "slurm", "--cluster", "abci", "--nodes", "2", "resnet50")
+    assert code == 0 and "#SBATCH --nodes=2" in out
+    assert "cluster 'abci' is scheduled by uge" in err
+
+
+def test_uge_job_names_refuse_grid_engine_separators(podrun_cli):
+    code, _, err = podrun_cli("script", "--cluster", "abci", "--nodes", "1", "--job-name", "a:b", "resnet50")
+    assert code == 2 and "may not contain / : @" in err
+
+
+def test_script_json(podrun_cli, tmp_path):
+    code, out, err = podrun_cli("script", "--scheduler", "slurm", "--cluster", "dgx-h100", "--nodes", "2",
+                                "--json", "resnet50")
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["scheduler"] == "slurm" and d["path"] is None and d["submit"] == ["sbatch", "JOB_SCRIPT"]
+    assert d["script"].startswith("#!/bin/bash\n#SBATCH --job-name=podrun-resnet50\n#SBATCH --nodes=2\n")
+    assert (d["nodes"], d["devices_per_node"], d["device_kind"]) == (2, 8, "gpu")
+    assert d["launch"][:4] == ["podrun", "launch", "--transport", "srun"]
+    p = tmp_path / "j.sh"
+    code, out, _ = podrun_cli("script", "--scheduler", "uge", "--cluster", "abci", "--group", "g1", "--nodes", "1",
+                              "--json", "-o", str(p), "resnet50")
+    d = json.loads(out)
+    assert (d["path"], d["script"], d["submit"]) == (str(p), None, ["qsub", "-g", "g1", str(p)])
+
+
+@pytest.mark.parametrize(
+    "argv, part",
+    [
+        (["--scheduler", "lsf", "resnet50"], "'lsf' is not one of 'slurm', 'pbs', 'uge'"),
+        (["resnet50"], "no --scheduler given and cluster 'local' names none"),
+        (["--scheduler", "slurm"], "give a RECIPE"),
+        (["--scheduler", "slurm", "resnet50", "extra"], "unexpected argument"),
+        (["--scheduler", "slurm", "--job-name", "a b", "resnet50"], "job script job name 'a b'"),
+        (["--scheduler", "slurm", "--partition", "x\n#SBATCH --uid=0", "resnet50"], "newline"),
+        (["--scheduler", "pbs", "--time", "90", "resnet50"], "time limit '90' has no unit"),
+        (["--scheduler", "slurm", "--env", "NOEQUALS", "resnet50"], "is not NAME=VALUE"),
+        (["--scheduler", "slurm", "--module", "x;y", "resnet50"], "not a module name"),
+        (["--scheduler", "slurm", "no_such_recipe"], "unknown recipe"),
+    ],
+)
+def test_bad_input_exits_2_with_one_paragraph(podrun_cli, argv, part):
+    code, out, err = podrun_cli("script", *argv)
+    assert code == 2
+    assert part in err, err
+    assert "Traceback" not in err and out == ""
+
+
+def test_malformed_nodelist_in_the_env_exits_2(podrun_cli, monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "g[0001-0003")
+    for cmd in (["hosts"], ["script", "--scheduler", "slurm", "resnet18_cifar10"]):
+        code, _, err = podrun_cli(*cmd)
+        assert code == 2 and "SLURM_JOB_NODELIST" in err and "never closed" in err, err
+
+
+def test_plan_larger_than_the_allocation_names_both_counts(podrun_cli, monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "g[0001-0002]")
+    code, _, err = podrun_cli("script", "--scheduler", "slurm", "--hosts", "a,b,c", "--global-batch", "96",
+                              "resnet18_cifar10")
+    assert code == 2
+    assert "needs 3 host(s)" in err and "(SLURM_JOB_NODELIST) has 2" in err, err
+    code, _, err = podrun_cli("script", "--scheduler", "slurm", "--cluster", "abci", "--nodes", "3", "resnet50")
+    assert code == 2 and "3 hosts" in err and "only 2" in err, err
+
+
+def test_script_inside_an_allocation_uses_its_hosts(podrun_cli, monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "g[0001-0004]")
+    code, out, err = podrun_cli("script", "--scheduler", "slurm", "--cluster", "abci", "resnet50")
+    assert code == 0, err
+    assert "#SBATCH --nodes=4" in out and "#SBATCH --gpus-per-node=4" in out
+
+
+def test_hosts_json_from_each_source(podrun_cli, monkeypatch, tmp_path):
+    def hosts(*argv):
+        code, out, err = podrun_cli("hosts", "--json", *argv)
+        assert code == 0, err
+        return json.loads(out)
+
+    d = hosts("--cluster", "abci", "--nodes", "3")
+    assert (d["source"], d["scheduler"], d["nodelist"]) == ("cluster spec abci", "none", "g[0001-0003]")
+    assert d["hosts"] == [{"name": f"g000{i}", "slots": None} for i in (1, 2, 3)]
+    assert hosts("--hosts", "h1:4,h2:4")["hosts"] == [{"name": "h1", "slots": 4}, {"name": "h2", "slots": 4}]
+    hf = tmp_path / "hostfile"
+    hf.write_text("n1 slots=2\nn2 slots=2\n")
+    d = hosts("--hostfile", str(hf))
+    assert d["source"] == f"--hostfile {hf}" and [h["name"] for h in d["hosts"]] == ["n1", "n2"]
+
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu[08-10],login")
+    d = hosts()
+    assert (d["source"], d["scheduler"]) == ("SLURM_JOB_NODELIST", "slurm")
+    assert [h["name"] for h in d["hosts"]] == ["gpu08", "gpu09", "gpu10", "login"]
+    assert hosts("--hosts", "x1")["source"] == "--hosts"            # --hosts wins over the allocation
+    monkeypatch.delenv("SLURM_JOB_NODELIST")
+
+    nf = tmp_path / "nodefile"
+    nf.write_text("p1\np1\np2\np2\n")
+    monkeypatch.setenv("PBS_NODEFILE", str(nf))
+    d = hosts("--cluster", "abci")
+    assert (d["source"], d["scheduler"], d["devices_per_host"]) == ("PBS_NODEFILE", "pbs", 4)
+    assert d["hosts"] == [{"name": "p1", "slots": None, "scheduler_slots": 2},
+                          {"name": "p2", "slots": None, "scheduler_slots": 2}]
+    monkeypatch.delenv("PBS_NODEFILE")
+
+    pe = tmp_path / "pe"
+    pe.write_text("g0007 40 gpu@g0007 UNDEFINED\ng0009 40 gpu@g0009 UNDEFINED\n")
+    monkeypatch.setenv("PE_HOSTFILE", str(pe))
+    d = hosts("--cluster", "abci")
+    assert (d["source"], d["scheduler"], d["nodelist"]) == ("PE_HOSTFILE", "uge", "g[0007,0009]")
+
+
+def test_hosts_text(podrun_cli, monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
+    code, out, err = podrun_cli("hosts")
+    assert code == 0, err
+    assert out.splitlines()[0].startswith("2 host(s) from SLURM_JOB_NODELIST (slurm allocation)")
+    assert out.splitlines()[1:] == ["  n1", "  n2"]
+
+
+def test_golden_scripts_pass_bash_syntax_check():
+    files = sorted(GOLDEN.glob("*.sh"))
+    assert len(files) >= 5, "golden files are missing"
+    proc = subprocess.run(["bash", "-n", *map(str, files)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_commands_import_neither_torch_nor_paramiko():
+    code = ("import sys, podrun.cli.script_cmd, podrun.cli.hosts_cmd, podrun.jobscript; "
+            "bad = [m for m in ('torch', 'paramiko') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ})
+    assert proc.returncode == 0, proc.stdout + proc.stderr

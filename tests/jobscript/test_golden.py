@@ -1,0 +1,137 @@
+"""Golden job scripts per scheduler x cluster, and the body's `podrun launch` reproducing the same plan.
+
+Regenerate after an intended change with PODRUN_UPDATE_GOLDEN=1 pytest tests/jobscript/test_golden.py
+and review the diff.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+
+import pytest
+
+from podrun.jobscript import compress_hostlist
+
+GOLDEN = Path(__file__).parent / "golden"
+
+CASES = {
+    "slurm_dgx-h100": ["--scheduler", "slurm", "--cluster", "dgx-h100", "--nodes", "4", "--time", "2h",
+                       "--partition", "gpu", "--account", "proj01", "--env", "NCCL_DEBUG=WARN", "resnet50"],
+    "slurm_local": ["--scheduler", "slurm", "--cluster", "local", "--hosts", "node1,node2,node3",
+                    "--devices-per-host", "2", "--global-batch", "192", "--time", "10m", "resnet18_cifar10", "--", "--epochs", "1"],
+    "slurm_ipu-pod64": ["--scheduler", "slurm", "--pod", "64", "--time", "1-00:00:00", "--partition", "pod64",
+                        "efficientnet_b4"],
+    "pbs_abci": ["--scheduler", "pbs", "--cluster", "abci", "--nodes", "2", "--time", "01:00:00",
+                 "--queue", "gpu", "--cpus-per-node", "40", "--log-dir", "logs", "resnet50"],
+    "uge_abci": ["--scheduler", "uge", "--cluster", "abci", "--nodes", "512", "--group", "gaa50000",
+                 "--time", "1h", "--module", "cuda/12.2", "--module", "hpcx/2.12",
+                 "--directive", "-l USE_SSH=1", "--job-name", "rn50-81920", "resnet50"],
+    "pbs_command": ["--scheduler", "pbs", "--nodes", "1", "--devices-per-host", "2", "--workdir", "/scratch/my run",
+                    "--", "python", "train.py", "--note", "it's $(not) run"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_golden_script(name, podrun_cli):
+    code, out, err = podrun_cli("script", *CASES[name])
+    assert code == 0, err
+    path = GOLDEN / f"{name}.sh"
+    if os.environ.get("PODRUN_UPDATE_GOLDEN"):
+        path.write_text(out)
+    assert path.exists(), f"golden file {path} is missing: run with PODRUN_UPDATE_GOLDEN=1 and review it"
+    assert out == path.read_text(), f"{name}: the script differs from {path}"
+    code2, out2, _ = podrun_cli("script", *CASES[name])
+    assert (code2, out2) == (0, out)               # deterministic
+
+
+def _launch_options(script: str):
+    line = next(line for line in script.splitlines() if line.startswith("exec podrun launch "))
+    argv = shlex.split(line)[3:]
+    opts, positional, dashdash = {}, [], []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, dashdash = argv[:i], argv[i + 1:]
+    it = iter(argv)
+    for a in it:
+        if a.startswith("--"):
+            opts[a[2:].replace("-", "_")] = next(it)
+        else:
+            positional.append(a)
+    return opts, positional, dashdash
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_body_reproduces_the_plan_inside_the_allocation(name, podrun_cli, tmp_path):
+    """Resolve the body's `podrun launch` options with the hosts the scheduler would hand the job
+    (a real SLURM_JOB_NODELIST / PBS_NODEFILE / PE_HOSTFILE): the plan is the one `podrun plan` showed."""
+    from podrun.cli.options import resolve_plan_with_source
+
+    args = CASES[name]
+    code, out, err = podrun_cli("script", *args)
+    assert code == 0, err
+    scheduler = args[args.index("--scheduler") + 1]
+    opts, positional, dashdash = _launch_options(out)
+    assert opts.pop("transport") == {"slurm": "srun", "pbs": "ssh", "uge": "ssh"}[scheduler]
+    recipe = positional[0] if positional else None
+    assert len(positional) <= 1
+    # the plan podrun script planned, as the user asked for it (outside any allocation)
+    kw = {}
+    for key in ("--cluster", "--nodes", "--devices-per-host", "--hosts", "--pod", "--global-batch",
+                "--local-batch", "--grad-accum", "--instances-per-host"):
+        if key in args:
+            value = args[args.index(key) + 1]
+            name = "hosts_opt" if key == "--hosts" else key[2:].replace("-", "_")
+            kw[name] = value if name in ("cluster", "hosts_opt") else int(value)
+    want, *_ = resolve_plan_with_source(recipe, environ={}, **kw)
+    # the hosts the scheduler hands the job: other names than planned, the same count
+    names = [f"c{i:04d}" for i in range(1, len(want.hosts) + 1)]
+    if scheduler == "slurm":
+        environ = {"SLURM_JOB_NODELIST": compress_hostlist(names)}
+    elif scheduler == "pbs":
+        (tmp_path / "nodefile").write_text("".join(f"{n}\n" for n in names))
+        environ = {"PBS_NODEFILE": str(tmp_path / "nodefile")}
+    else:
+        (tmp_path / "pe").write_text("".join(f"{n} 40 gpu@{n} UNDEFINED\n" for n in names))
+        environ = {"PE_HOSTFILE": str(tmp_path / "pe")}
+    launch_kw = {k: int(v) if k != "cluster" else v for k, v in opts.items()}
+    got, _, _, src = resolve_plan_with_source(recipe, environ=environ, **launch_kw)
+    assert src.source in environ
+    assert list(got.hosts) == names
+    for field in ("cluster", "recipe", "device_kind", "devices_per_host", "devices", "devices_per_replica",
+                  "replicas", "instances_per_host", "instances", "local_batch", "grad_accum", "global_batch",
+                  "learning_rate"):
+        assert getattr(got, field) == getattr(want, field), field
+    if "--" in args:
+        assert dashdash == args[args.index("--") + 1:]
+
+
+@pytest.mark.parametrize("name", ["slurm_local", "pbs_command"])
+def test_body_runs_as_a_podrun_launch_dry_run_in_the_allocation(name, podrun_cli, monkeypatch, tmp_path):
+    """The exec line itself, with --dry-run --json added, through the real `podrun launch`: it picks the
+    scheduler's hosts and the planned batch decomposition."""
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    code, out, err = podrun_cli("script", *CASES[name])
+    assert code == 0, err
+    line = next(line for line in out.splitlines() if line.startswith("exec podrun launch "))
+    argv = shlex.split(line)[2:]              # launch ...
+    nodes = int(argv[argv.index("--nodes") + 1])
+    names = [f"c{i:02d}" for i in range(1, nodes + 1)]
+    if name.startswith("slurm"):
+        monkeypatch.setenv("SLURM_JOB_NODELIST", compress_hostlist(names))
+    else:
+        (tmp_path / "nodefile").write_text("".join(f"{n}\n" for n in names))
+        monkeypatch.setenv("PBS_NODEFILE", str(tmp_path / "nodefile"))
+    code, out, err = podrun_cli(argv[0], "--dry-run", "--json", "--runs-dir", str(tmp_path / "runs"), *argv[1:])
+    assert code == 0, err
+    record = json.loads(out)
+    assert record["transport"] == argv[argv.index("--transport") + 1]
+    assert [i["host"] for i in record["instances"]] == names
+    workers = [w for i in record["instances"] for w in i["workers"]]
+    assert len(workers) == nodes * int(argv[argv.index("--devices-per-host") + 1])
+    if "--global-batch" in argv:
+        assert {w["PODRUN_GLOBAL_BATCH"] for w in workers} == {argv[argv.index("--global-batch") + 1]}
+        assert {w["PODRUN_LOCAL_BATCH"] for w in workers} == {argv[argv.index("--local-batch") + 1]}
+        assert {w["PODRUN_GRAD_ACCUM"] for w in workers} == {argv[argv.index("--grad-accum") + 1]}

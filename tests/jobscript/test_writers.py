@@ -1,0 +1,165 @@
+"""The pure writers: hostile values survive quoting (bash -n, shlex, real bash), determinism, refusals."""
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+
+import pytest
+
+from podrun.errors import PodrunError
+from podrun.jobscript import JobRequest, format_time, parse_time, render, submit_argv
+
+HOSTILE = [
+    "two words", "it's", 'say "hi"', "$(touch PWNED)", "`touch PWNED`", "${HOME}", "a;touch PWNED",
+    "x && touch PWNED", "#not-a-comment", "--", "\\", "*", "~", "", "-l rt_F=999", "ünïcödé",
+]
+
+
+def _req(scheduler="slurm", **kw):
+    base = dict(scheduler=scheduler, job_name="podrun-test", nodes=3, devices_per_node=4, device_kind="gpu",
+                command=("podrun", "launch", "recipes/x"))
+    base.update(kw)
+    return JobRequest(**base)
+
+
+def _exec_line(script: str) -> str:
+    lines = [line for line in script.splitlines() if line.startswith("exec ")]
+    assert len(lines) == 1, script
+    return lines[0]
+
+
+@pytest.mark.parametrize("scheduler", ["slurm", "pbs", "uge"])
+def test_hostile_argv_round_trips_through_shlex_and_bash_n(scheduler, tmp_path):
+    argv = ("podrun", "launch", *HOSTILE)
+    env = {"PODRUN_NOTE": "$(touch PWNED) `x` 'q' \"d\"", "EMPTY": ""}
+    script = render(_req(scheduler, command=argv, env=env, workdir="/tmp/dir with 'quote'"))
+    assert shlex.split(_exec_line(script))[1:] == list(argv)
+    path = tmp_path / "job.sh"
+    path.write_text(script)
+    bash = shutil.which("bash")
+    assert bash, "bash is needed to check the scripts' syntax"
+    proc = subprocess.run([bash, "-n", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("scheduler", ["slurm", "pbs", "uge"])
+def test_real_bash_receives_the_exact_argv_and_env(scheduler, tmp_path):
+    """Run the rendered script in bash with printf in podrun's place: every byte arrives as written."""
+    argv = ("printf", "%s\\0", *HOSTILE)
+    env = {"PODRUN_NOTE": "$(touch PWNED) `touch PWNED` 'q' \"d\" $HOME"}
+    work = tmp_path / "work dir $(x)"
+    work.mkdir()
+    script = render(_req(scheduler, command=argv, env=env, workdir=str(work)))
+    path = tmp_path / "job.sh"
+    path.write_text(script)
+    proc = subprocess.run(["bash", str(path)], capture_output=True, cwd=tmp_path, timeout=20)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.decode().split("\0")[:-1] == list(HOSTILE)
+    assert not list(tmp_path.rglob("PWNED")) and not list(work.rglob("PWNED"))
+    # the env value is exported verbatim too
+    script2 = render(_req(scheduler, command=("sh", "-c", 'printf %s "$PODRUN_NOTE"; pwd'), env=env, workdir=str(work)))
+    path.write_text(script2)
+    out = subprocess.run(["bash", str(path)], capture_output=True, text=True, timeout=20).stdout
+    assert out == env["PODRUN_NOTE"] + str(work) + "\n"
+
+
+def test_pbs_default_cd_is_the_submit_directory(tmp_path):
+    path = tmp_path / "job.sh"
+    path.write_text(render(_req("pbs", command=("pwd",))))
+    out = subprocess.run(["bash", str(path)], capture_output=True, text=True, timeout=20,
+                         env={"PBS_O_WORKDIR": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(tmp_path)
+
+
+@pytest.mark.parametrize("scheduler", ["slurm", "pbs", "uge"])
+def test_render_is_deterministic(scheduler):
+    kw = dict(env={"B": "2", "A": "1"}, modules=("cuda/12.1",), time_limit="1-02:03:04", log_dir="logs")
+    a, b = render(_req(scheduler, **kw)), render(_req(scheduler, **kw))
+    assert a == b and a.encode() == b.encode()
+    assert a.endswith("\n") and "\r" not in a
+    # env keeps the order given (exports may refer to nothing, so order is the caller's)
+    assert a.index("export B=2") < a.index("export A=1")
+
+
+@pytest.mark.parametrize(
+    "field, value, part",
+    [
+        ("job_name", "x\n#SBATCH --uid=0", "newline"),
+        ("job_name", "my job", "' '"),
+        ("job_name", "a#b", "'#'"),
+        ("job_name", "-x", "cannot go on a scheduler directive line"),
+        ("partition", "gpu\r", "newline"),
+        ("partition", "a'b", "\"'\""),
+        ("account", "$(id)", "'$'"),
+        ("log_dir", "logs dir", "' '"),
+        ("output", "out`x`.log", "'`'"),
+        ("time_limit", "90", "has no unit"),
+        ("time_limit", "1:70:00", "below 60"),
+        ("time_limit", "soon", "not a duration"),
+        ("time_limit", 0, "must be positive"),
+        ("nodes", 0, "positive integer"),
+        ("device_kind", "tpu", "unknown device kind"),
+        ("scheduler", "lsf", "unknown scheduler"),
+        ("modules", ("cuda; rm -rf /",), "not a module name"),
+        ("env", (("1BAD", "x"),), "not a shell variable name"),
+        ("env", (("OK", "a\nb"),), "newline"),
+        ("command", ("podrun", "a\nb"), "newline"),
+        ("directives", ("--exclusive\n#SBATCH --uid=0",), "newline"),
+        ("directives", ("exclusive",), "must start with an option"),
+        ("directives", ("-l a'b",), "\"'\""),
+    ],
+)
+def test_unsafe_values_are_refused_with_the_field_named(field, value, part):
+    with pytest.raises(PodrunError) as err:
+        render(_req(**{field: value}))
+    assert part in err.value.message, err.value.message
+    assert err.value.exit_code == 2
+
+
+def test_uge_output_may_use_grid_engine_pseudo_variables():
+    text = render(_req("uge", output="logs/$JOB_NAME.o$JOB_ID"))
+    assert "#$ -o logs/$JOB_NAME.o$JOB_ID" in text and "#$ -j y" in text
+    with pytest.raises(PodrunError):
+        render(_req("slurm", output="logs/$JOB_ID"))
+    with pytest.raises(PodrunError):
+        render(_req("uge", output="logs/$(id)"))
+
+
+@pytest.mark.parametrize(
+    "value, seconds",
+    [(3600, 3600), ("01:30:00", 5400), ("90m", 5400), ("2h", 7200), ("45s", 45), ("1d", 86400),
+     ("10:00", 600), ("2-00:00:00", 172800), ("1-12", 129600), ("100:00:00", 360000)],
+)
+def test_parse_time(value, seconds):
+    assert parse_time(value) == seconds
+
+
+def test_format_time_keeps_long_hours():
+    assert format_time(5400) == "01:30:00" and format_time(360000) == "100:00:00"
+
+
+def test_submit_argv():
+    assert submit_argv(_req("slurm"), "job.sh") == ["sbatch", "job.sh"]
+    assert submit_argv(_req("pbs"), "job.sh") == ["qsub", "job.sh"]
+    assert submit_argv(_req("uge", group="gaa50000"), "job.sh") == ["qsub", "-g", "gaa50000", "job.sh"]
+    assert submit_argv(_req("uge"), "job.sh") == ["qsub", "job.sh"]
+
+
+def test_directive_lines_per_scheduler():
+    s = render(_req("slurm", time_limit="2h", partition="gpu", account="proj", cpus_per_node=64))
+    for line in ["#SBATCH --nodes=3", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=4",
+                 "#SBATCH --cpus-per-task=64", "#SBATCH --time=02:00:00", "#SBATCH --partition=gpu",
+                 "#SBATCH --account=proj", "#SBATCH --no-requeue", "#SBATCH --output=%x-%j.out"]:
+        assert line in s.splitlines(), line
+    assert "--gpus-per-node" not in render(_req("slurm", device_kind="ipu"))
+    p = render(_req("pbs", cpus_per_node=40, queue="workq", time_limit="30m", log_dir="logs"))
+    for line in ["#PBS -l select=3:ncpus=40:ngpus=4:mpiprocs=1", "#PBS -l walltime=00:30:00", "#PBS -q workq",
+                 "#PBS -o logs/", "#PBS -e logs/", 'cd "$PBS_O_WORKDIR"']:
+        assert line in p.splitlines(), line
+    assert "ngpus" not in render(_req("pbs", device_kind="cpu"))
+    u = render(_req("uge", time_limit="1h", group="gaa50000"))
+    for line in ["#$ -l rt_F=3", "#$ -l h_rt=01:00:00", "#$ -cwd", "#$ -N podrun-test"]:
+        assert line in u.splitlines(), line
+    assert "qsub -g gaa50000" in u
