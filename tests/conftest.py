@@ -1,0 +1,57 @@
+"""Shared pytest fixtures: real OpenSSH hosts (ssh_hosts, make_ssh_hosts) and a real Slurm (slurm_cluster).
+
+They fail (never skip) with a message naming the missing part. See tests/harness/ for the API.
+"""
+from __future__ import annotations
+
+import pytest
+
+from tests.harness import HarnessError, NetnsHosts
+
+
+def _fail(what: str, err: Exception) -> None:
+    pytest.fail(f"{what} could not be brought up: {err}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def ssh_hosts():
+    """4 OpenSSH hosts h1..h4 in network namespaces, shared by the session: do not break them
+    (use make_ssh_hosts for fault tests)."""
+    try:
+        hosts = NetnsHosts(4)
+    except HarnessError as e:
+        _fail("ssh_hosts (4 OpenSSH hosts in network namespaces)", e)
+    with hosts:
+        yield hosts
+
+
+@pytest.fixture
+def make_ssh_hosts():
+    """Factory: make_ssh_hosts(n=3, name_prefix="h", **kw) -> a fresh NetnsHosts (kw: bashrc=...),
+    closed when the test ends: for tests that break hosts."""
+    made: list[NetnsHosts] = []
+
+    def make(n: int = 3, name_prefix: str = "h", **kw) -> NetnsHosts:
+        try:
+            hosts = NetnsHosts(n, name_prefix, **kw)
+        except HarnessError as e:
+            _fail(f"make_ssh_hosts({n}) (OpenSSH hosts in network namespaces)", e)
+        made.append(hosts)
+        return hosts
+
+    yield make
+    for hosts in reversed(made):
+        hosts.close()
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A real Slurm: slurmctld + slurmd node1..node3 in network namespaces, shared by the session.
+    Pass slurm_cluster.env (it carries SLURM_CONF) to every Slurm command, or use slurm_cluster.run."""
+    from tests.harness.slurm import SlurmCluster
+    try:
+        cluster = SlurmCluster(nodes=3)
+    except HarnessError as e:
+        _fail("slurm_cluster (slurmctld + 3 slurmd in network namespaces)", e)
+    with cluster:
+        yield cluster

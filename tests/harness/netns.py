@@ -1,0 +1,323 @@
+"""NetnsHosts: real OpenSSH hosts, each in its own network + UTS + mount namespace, for tests and benchmarks.
+
+    with NetnsHosts(3) as hosts:
+        subprocess.run(["ssh", "-F", hosts.ssh_config_path, "h1", "hostname"])   # -> h1
+
+What a host is: a network namespace on a private bridge (10.200.<slot>.0/24; the root namespace is
+10.200.<slot>.1 = ``controller_address``, called ``controller`` and by the machine's hostname inside
+the hosts), its own hostname h1..hn, its own /etc/hosts (all hosts + controller) and
+/etc/resolv.conf (127.0.0.1: no DNS query leaves the machine), and an sshd on <address>:22 with
+its own host key. The filesystem is shared: sys.executable and the editable podrun are at the same
+paths on every host.
+
+PATH seen by a remote command over ssh: sshd starts `bash -c CMD` with its compiled-in default
+PATH (/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin), and Debian's bash then sources
+~/.bashrc for ssh commands. The machine's /root/.bashrc (pyenv init: 0.1-0.3 s per command, and
+stalls of many seconds on pyenv's rehash lock when several sessions start at once) is replaced
+inside every host by a bind-mounted one (``bashrc``). By default it puts the directory of
+sys.executable first, so a remote command sees
+    PATH=<dirname(sys.executable)>:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+(`python` and `podrun` are the test session's). NetnsHosts(bashrc="") gives bare hosts where
+`python3` is Debian's /usr/bin/python3 without podrun. Launchers should still run Python by
+absolute path (``hosts.python`` == sys.executable: the filesystem is shared). `exec()` and
+`popen()` (no ssh) keep the caller's environment.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+from .common import (BASE, BASE_TOOLS, Fabric, HarnessError, acquire_slot, check_prerequisites,
+                     pid_from_file, subnet_in_use, tcp_open, wait_for)
+
+SSHD = "/usr/sbin/sshd"
+KIND = "hosts"
+
+
+def _names(slot: int) -> dict:
+    return dict(netns_prefix=f"prh{slot}-", veth_prefix=f"prv{slot}-", bridge=f"prb{slot}",
+                net=f"10.200.{slot}")
+
+
+def _cleanup_slot(slot: int) -> None:
+    n = _names(slot)
+    Fabric.teardown_leftovers(n["netns_prefix"], n["veth_prefix"], n["bridge"])
+    shutil.rmtree(BASE / f"{KIND}-{slot}", ignore_errors=True)
+
+
+class NetnsHosts:
+    """n OpenSSH hosts in network namespaces; a context manager (``close()`` is idempotent).
+
+    Files (all under ``run_dir``): ``key_path`` (client ed25519 key, authorised on every host),
+    ``ssh_config_path`` (Host h1..hn -> HostName <ip>, User root, Port 22, IdentityFile, BatchMode,
+    ConnectTimeout 5, StrictHostKeyChecking yes, UserKnownHostsFile = ``known_hosts_path``),
+    ``known_hosts_path`` (each host's real key under its alias and its IP),
+    ``ssh_config_unknown_path`` (same, but no known hosts: every host key is unknown),
+    ``ssh_config_wrong_host_key_path`` / ``known_hosts_wrong_path`` (a key no host has),
+    ``wrong_key_path`` (a client key no host authorises).
+    """
+
+    def __init__(self, n: int = 4, name_prefix: str = "h", *, bashrc: str | None = None, start: bool = True):
+        if n < 1 or n > 200:
+            raise HarnessError(f"podrun test harness: NetnsHosts(n={n}): n must be 1..200")
+        self.n, self.name_prefix = n, name_prefix
+        if bashrc is None:
+            bashrc = f'export PATH="{os.path.dirname(sys.executable)}:$PATH"\n'
+        self.bashrc = bashrc
+        self._closed = False
+        self._owner = os.getpid()  # a forked child must not tear down its parent's hosts at exit
+        self._lock = None
+        self.fabric: Fabric | None = None
+        self.up_seconds = self.down_seconds = None
+        if start:
+            self.start()
+
+    # ------------------------------------------------------------------ life cycle
+    def start(self) -> "NetnsHosts":
+        t0 = time.monotonic()
+        check_prerequisites(BASE_TOOLS + ((SSHD, "openssh-server"), ("ssh", "openssh-client"),
+                                          ("ssh-keygen", "openssh-client")))
+        self._lock = acquire_slot(KIND, _cleanup_slot, lambda s: not subnet_in_use(f"10.200.{s}"))
+        atexit.register(self.close)
+        try:
+            self.slot = self._lock.slot
+            self.run_dir = BASE / f"{KIND}-{self.slot}"
+            self.run_dir.mkdir(parents=True)
+            os.chmod(self.run_dir, 0o700)
+            names = [f"{self.name_prefix}{i}" for i in range(1, self.n + 1)]
+            binds = []
+            home_bashrc = os.path.expanduser("~root/.bashrc")
+            if os.path.isfile(home_bashrc):
+                (self.run_dir / "bashrc").write_text("# podrun test host: replaces ~/.bashrc inside the host\n"
+                                                     + self.bashrc)
+                binds.append((str(self.run_dir / "bashrc"), home_bashrc))
+            self.fabric = Fabric(**_names(self.slot), names=names, run_dir=self.run_dir, binds=binds)
+            keygen = self._keygen_start(names)
+            self.fabric.up()
+            for p in keygen:
+                if p.wait(timeout=30) != 0:
+                    raise HarnessError(f"podrun test harness: ssh-keygen failed: {p.stderr.read()}")
+            self._write_ssh_files()
+            Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation directory
+            for h in self.hosts:
+                self._start_sshd(h, wait=False)
+            for h in self.hosts:
+                self._wait_sshd(h)
+        except BaseException:
+            self.close()
+            raise
+        self.up_seconds = time.monotonic() - t0
+        return self
+
+    def __enter__(self) -> "NetnsHosts":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Kill everything in the hosts, delete veths, namespaces and bridge, release the slot."""
+        if self._closed or os.getpid() != self._owner:
+            return
+        self._closed = True
+        t0 = time.monotonic()
+        try:
+            if self.fabric is not None:
+                self.fabric.close()
+            if self._lock is not None:
+                shutil.rmtree(BASE / f"{KIND}-{self._lock.slot}", ignore_errors=True)
+        finally:
+            if self._lock is not None:
+                self._lock.release()
+            atexit.unregister(self.close)
+        self.down_seconds = time.monotonic() - t0
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def hosts(self) -> list[str]:
+        return list(self.fabric.nodes)
+
+    @property
+    def addresses(self) -> dict[str, str]:
+        """host name -> IPv4 address."""
+        return {name: n.address for name, n in self.fabric.nodes.items()}
+
+    def address(self, host: str) -> str:
+        return self.fabric.node(host).address
+
+    @property
+    def controller_address(self) -> str:
+        """The bridge address in the root namespace: reachable from every host (MASTER_ADDR candidate)."""
+        return self.fabric.controller_address
+
+    @property
+    def python(self) -> str:
+        """The interpreter to run on hosts (same path on every host: the filesystem is shared)."""
+        return sys.executable
+
+    def ssh_argv(self, host: str, *command: str, config: str | None = None) -> list[str]:
+        """argv of OpenSSH's client running command on host with this harness's config."""
+        return ["ssh", "-F", config or self.ssh_config_path, host, *command]
+
+    # ------------------------------------------------------------------ namespaces
+    def exec(self, host: str, argv: Sequence[str], **kw) -> subprocess.CompletedProcess:
+        """Run argv inside host's net+uts+mount namespaces directly (not over ssh); kw go to subprocess.run
+        (defaults: capture_output=True, text=True, timeout=120, cwd = the caller's cwd)."""
+        return self.fabric.exec(host, argv, **kw)
+
+    def popen(self, host: str, argv: Sequence[str], **kw) -> subprocess.Popen:
+        """Like exec, but starts argv in the background (subprocess.Popen)."""
+        return self.fabric.popen(host, argv, **kw)
+
+    def enter_argv(self, host: str, cwd: str | None = None) -> list[str]:
+        """argv prefix (nsenter ...) that enters host's namespaces."""
+        return self.fabric.enter_argv(host, cwd)
+
+    def pids(self, host: str) -> list[int]:
+        """Pids of every process in host's network namespace (sshd, sessions, workers)."""
+        return self.fabric.pids(host)
+
+    def processes(self, host: str, pattern: str = "") -> list[tuple[int, str]]:
+        """(pid, cmdline) of processes on host whose cmdline matches the regex pattern (orphan checks)."""
+        return self.fabric.processes(host, pattern)
+
+    def sshd_pid(self, host: str) -> int | None:
+        return pid_from_file(self.run_dir / f"sshd-{host}.pid", "sshd")
+
+    # ------------------------------------------------------------------ faults
+    def crash(self, host: str) -> None:
+        """kill -9 everything on host (sshd too): peers get RST at once."""
+        self.fabric.kill_all(host)
+
+    def poweroff(self, host: str) -> None:
+        """Link down, then kill -9 everything: peers see silence, not RST."""
+        self.fabric.link(host, False)
+        self.fabric.kill_all(host)
+
+    def isolate(self, host: str) -> None:
+        """Link down: processes keep running, packets are silently dropped."""
+        self.fabric.link(host, False)
+
+    def heal(self, host: str) -> None:
+        self.fabric.link(host, True)
+
+    def freeze(self, host: str) -> None:
+        """SIGSTOP every process on host (a hung host; the kernel still ACKs TCP)."""
+        self.fabric.kill_all(host, signal.SIGSTOP)
+
+    def thaw(self, host: str) -> None:
+        self.fabric.kill_all(host, signal.SIGCONT)
+
+    def partition(self, group_a: Sequence[str], group_b: Sequence[str]) -> None:
+        """Blackhole routes between every host of group_a and every host of group_b."""
+        self.fabric.partition(group_a, group_b, add=True)
+
+    def unpartition(self, group_a: Sequence[str], group_b: Sequence[str]) -> None:
+        self.fabric.partition(group_a, group_b, add=False)
+
+    def stop_sshd(self, host: str) -> None:
+        """Kill host's sshd listener only (running sessions and processes stay)."""
+        pid = self.sshd_pid(host)
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+            wait_for(lambda: not tcp_open(self.address(host), 22, 0.1) and self.sshd_pid(host) is None,
+                     5, f"sshd on {host} to stop")
+
+    def revive(self, host: str) -> None:
+        """Link up and (re)start sshd on host (after crash, poweroff or stop_sshd)."""
+        self.fabric.link(host, True)
+        if self.sshd_pid(host) is None:
+            self._start_sshd(host)
+
+    # ------------------------------------------------------------------ internals
+    def _keygen_start(self, names: list[str]) -> list[subprocess.Popen]:
+        jobs = [("id_ed25519", "client"), ("wrong_id_ed25519", "not authorised"),
+                ("wrong_hostkey", "no host has this key")]
+        jobs += [(f"hostkey-{h}", h) for h in names]
+        return [subprocess.Popen(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment,
+                                  "-f", str(self.run_dir / f)], stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                for f, comment in jobs]
+
+    def _write_ssh_files(self) -> None:
+        d = self.run_dir
+        self.key_path = str(d / "id_ed25519")
+        self.wrong_key_path = str(d / "wrong_id_ed25519")
+        (d / "authorized_keys").write_text((d / "id_ed25519.pub").read_text())
+        pub = lambda f: " ".join((d / f).read_text().split()[:2])  # noqa: E731
+        self.known_hosts_path = str(d / "known_hosts")
+        Path(self.known_hosts_path).write_text("".join(
+            f"{h},{a} {pub(f'hostkey-{h}.pub')}\n" for h, a in self.addresses.items()))
+        self.known_hosts_wrong_path = str(d / "known_hosts_wrong")
+        Path(self.known_hosts_wrong_path).write_text("".join(
+            f"{h},{a} {pub('wrong_hostkey.pub')}\n" for h, a in self.addresses.items()))
+        self.ssh_config_path = self._ssh_config("ssh_config", self.known_hosts_path)
+        self.ssh_config_unknown_path = self._ssh_config("ssh_config_unknown", "/dev/null")
+        self.ssh_config_wrong_host_key_path = self._ssh_config("ssh_config_wrong_host_key",
+                                                               self.known_hosts_wrong_path)
+        self.sshd_config_path = str(d / "sshd_config")
+        Path(self.sshd_config_path).write_text(f"""\
+AuthorizedKeysFile {d}/authorized_keys
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+UseDNS no
+PrintMotd no
+PrintLastLog no
+MaxStartups 200
+MaxSessions 200
+AcceptEnv *
+Subsystem sftp /usr/lib/openssh/sftp-server
+LogLevel ERROR
+""")
+
+    def _ssh_config(self, name: str, known_hosts: str) -> str:
+        path = self.run_dir / name
+        blocks = [f"Host {h}\n  HostName {a}\n" for h, a in self.addresses.items()]
+        blocks.append(f"""\
+Host *
+  User root
+  Port 22
+  IdentityFile {self.key_path}
+  IdentitiesOnly yes
+  UserKnownHostsFile {known_hosts}
+  GlobalKnownHostsFile /dev/null
+  StrictHostKeyChecking yes
+  CheckHostIP no
+  BatchMode yes
+  ConnectTimeout 5
+  LogLevel ERROR
+""")
+        path.write_text("".join(blocks))
+        return str(path)
+
+    def _start_sshd(self, host: str, wait: bool = True) -> None:
+        d = self.run_dir
+        (d / f"sshd-{host}.pid").unlink(missing_ok=True)
+        cp = self.exec(host, [SSHD, "-f", self.sshd_config_path,
+                              "-o", f"ListenAddress={self.address(host)}",
+                              "-o", f"HostKey={d}/hostkey-{host}",
+                              "-o", f"PidFile={d}/sshd-{host}.pid",
+                              "-E", str(d / f"sshd-{host}.log")], timeout=30)
+        if cp.returncode != 0:
+            raise HarnessError(f"podrun test harness: sshd on {host} failed to start: "
+                               f"{cp.stderr.strip()} (log: {d}/sshd-{host}.log)")
+        if wait:
+            self._wait_sshd(host)
+
+    def _wait_sshd(self, host: str) -> None:
+        a = self.address(host)
+        wait_for(lambda: self.sshd_pid(host) and tcp_open(a, 22), 20, f"sshd on {host} ({a}:22)")
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"slot {getattr(self, 'slot', '?')}"
+        return f"NetnsHosts(n={self.n}, {state})"

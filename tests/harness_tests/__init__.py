@@ -1,0 +1,1 @@
+"""Tests of the real-cluster test harness (tests/harness)."""
