@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     try:
-        cli.main(args=argv, prog_name="podrun", standalone_mode=False)
+        # with standalone_mode=False, click returns ctx.exit(code)'s code instead of raising it
+        rc = cli.main(args=argv, prog_name="podrun", standalone_mode=False)
     except PodrunError as exc:
         if debug:
             import traceback
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except SystemExit as exc:  # commands may sys.exit(code) after a launch
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    return 0
+    return rc if isinstance(rc, int) else 0
 
 
 def entry() -> None:

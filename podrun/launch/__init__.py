@@ -1,0 +1,1 @@
+"""Launch and supervision: requests, transports (local, ssh, mpirun, srun), the instance agent, the supervisor."""

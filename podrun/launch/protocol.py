@@ -1,0 +1,59 @@
+"""The agent's line protocol on stdout: one self-describing line per event, parsed by the supervisor.
+
+Every line the agent writes is ``@podrun <instance> <local_rank|-> <kind> <text>``:
+
+  out / err   a line a worker wrote on its stdout / stderr (text verbatim)
+  ready       the agent is up: text = "<hostname> <agent pid> <workers>"
+  start       a worker was spawned: text = its pid
+  exit        a worker ended: text = "<return code> <unix time>[ teardown]" (negative code = killed by
+              that signal; "teardown" when the agent was already ending its workers)
+  hb          heartbeat, once a second: text = the agent's wall clock
+  note        a message from the agent itself (teardown reasons, spawn errors)
+  done        the agent is about to exit: text = its exit code
+
+Lines that do not start with ``@podrun `` (an ssh banner, mpirun's own messages) are kept as raw
+output of the stream they came on. The supervisor parses this whatever the transport: a local pipe,
+an ssh channel, or the merged stdout of one mpirun/srun process carrying every instance.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PREFIX = "@podrun "
+KINDS = frozenset({"out", "err", "ready", "start", "exit", "hb", "note", "done"})
+
+
+@dataclass(frozen=True)
+class Event:
+    """One parsed protocol line. instance is None for raw (non-protocol) lines."""
+
+    instance: int | None
+    local_rank: int | None
+    kind: str
+    text: str
+
+
+def encode(instance: int, local_rank: int | None, kind: str, text: str = "") -> str:
+    """One protocol line (without the newline); text must not contain a newline."""
+    lr = "-" if local_rank is None else str(local_rank)
+    return f"{PREFIX}{instance} {lr} {kind} {text}"
+
+
+def parse(line: str, stream: str = "out") -> Event:
+    """Parse one line (newline stripped); anything malformed is a raw line of ``stream``."""
+    if line.startswith(PREFIX):
+        parts = line[len(PREFIX):].split(" ", 3)
+        if len(parts) >= 3 and parts[2] in KINDS:
+            try:
+                inst = int(parts[0])
+                lr = None if parts[1] == "-" else int(parts[1])
+            except ValueError:
+                pass
+            else:
+                return Event(inst, lr, parts[2], parts[3] if len(parts) > 3 else "")
+    return Event(None, None, "err" if stream == "err" else "out", line)
+
+
+def exit_code_from_returncode(rc: int) -> int:
+    """Popen-style return code -> shell-style exit code (128+signal for a signal)."""
+    return 128 - rc if rc < 0 else rc

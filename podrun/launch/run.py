@@ -1,0 +1,115 @@
+"""One launch end to end: build the request, preflight, run under the supervisor, restart, write the run dir."""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+from podrun.errors import PodrunError, PreflightError
+from podrun.launch.request import InstanceLaunch, LaunchRequest, SSHOptions
+from podrun.launch.rundir import new_run_id, write_launch_files, write_plan, write_summary
+from podrun.launch.supervisor import Outcome, Supervisor, _describe_code
+from podrun.launch.transport import get_transport
+
+LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "ip6-localhost"}
+
+
+def is_local_host(host: str) -> bool:
+    return host in LOCAL_NAMES or host.startswith("127.") or host == socket.gethostname()
+
+
+def default_transport(plan, cluster=None, scheduler: str = "none") -> str:
+    """local when every host is this machine; srun inside a Slurm allocation; else the spec's, or ssh."""
+    if all(is_local_host(h) for h in plan.hosts):
+        return "local"
+    if scheduler == "slurm":
+        return "srun"
+    spec = getattr(cluster, "transport", None)
+    return spec if spec and spec != "local" else "ssh"
+
+
+def build_request(plan, command, *, transport: str, python: str | None = None, workdir: str | None = None,
+                  master_addr: str | None = None, master_port: int = 29500, grace: float = 5.0,
+                  keepalive: float = 5.0, run_id: str | None = None, runs_dir: str = "runs",
+                  env=(), max_restarts: int = 0, ssh: SSHOptions | None = None) -> LaunchRequest:
+    run_id = run_id or new_run_id()
+    workdir = os.path.abspath(workdir or os.getcwd())
+    run_dir = os.path.join(os.path.abspath(runs_dir), run_id)
+    return LaunchRequest(
+        run_id=run_id, run_dir=run_dir, plan=plan, plan_path=os.path.join(run_dir, "plan.json"),
+        command=tuple(command), python=python or sys.executable, workdir=workdir,
+        master_addr=master_addr or plan.placement[0].host, master_port=master_port, transport=transport,
+        grace=grace, keepalive=keepalive, max_restarts=max_restarts, env=tuple(env),
+        instances=tuple(InstanceLaunch(p.index, p.host) for p in plan.placement),
+        ssh=ssh or SSHOptions(),
+    )
+
+
+def dry_run_record(request: LaunchRequest) -> dict:
+    """What --dry-run prints: per host, the exact command line and the variables each worker gets."""
+    transport = get_transport(request.transport)(request)
+    try:
+        described = transport.describe()
+    finally:
+        transport.close()
+    return {
+        "run_id": request.run_id, "run_dir": request.run_dir, "transport": request.transport,
+        "commands": [{"host": h, "command": c} for h, c in described],
+        "instances": [{"index": i.index, "host": i.host, "workers": request.worker_envs(i.index)}
+                      for i in request.instances],
+    }
+
+
+def execute(request: LaunchRequest, *, preflight: bool = True, sink=None, notice=None,
+            only_output_from: int | None = None) -> tuple[Outcome | None, dict]:
+    """Run the request (with restarts); returns the last outcome and the summary written to summary.json."""
+    from podrun.plan.env import workers_per_instance
+
+    notice = notice or (lambda t: None)
+    Path(request.run_dir).mkdir(parents=True, exist_ok=True)
+    write_plan(request.run_dir, request.plan)
+    cls = get_transport(request.transport)
+    attempts: list[dict] = []
+    base_port = request.master_port
+    req = request
+    while True:
+        transport = cls(req)
+        if preflight and req.restart_count == 0:
+            try:
+                problems = transport.preflight()
+            except BaseException:
+                transport.close()
+                raise
+            if problems:
+                transport.close()
+                summary = {"run_id": req.run_id, "exit_code": 2, "status": "preflight_failed",
+                           "transport": req.transport, "problems": [str(p) for p in problems]}
+                write_summary(req.run_dir, summary)
+                hosts = sorted({p.host for p in problems})
+                raise PreflightError(
+                    f"preflight failed on {len(hosts)} host(s), nothing was started:\n"
+                    + "\n".join(f"  - {p}" for p in problems),
+                    hint="fix the hosts above, or pass --no-preflight to skip these checks")
+        write_launch_files(req, transport.describe(redact=True))
+        sup = Supervisor(req, transport, sink=sink, notice=notice, only_output_from=only_output_from,
+                         workers_per_instance=workers_per_instance(req.plan))
+        try:
+            outcome = sup.run()
+        except PodrunError as exc:        # e.g. an agent that could not be started: nothing is left running
+            write_summary(req.run_dir, {"run_id": req.run_id, "exit_code": exc.exit_code, "status": "start_failed",
+                                        "transport": req.transport, "error": str(exc), "attempts": attempts})
+            raise
+        summary = outcome.summary(req)
+        summary["attempts"] = attempts + [{"restart_count": req.restart_count, "exit_code": outcome.exit_code,
+                                           "status": outcome.status,
+                                           "root_cause": summary["root_cause"]}]
+        attempts = summary["attempts"]
+        write_summary(req.run_dir, summary)
+        if outcome.exit_code == 0 or outcome.status == "interrupted" or req.restart_count >= req.max_restarts:
+            return outcome, summary
+        nxt = req.restart_count + 1
+        cause = outcome.root_cause
+        notice(f"restart {nxt} of {req.max_restarts} after "
+               f"{cause.reason if cause else _describe_code(outcome.exit_code)}; rendezvous port {base_port + nxt}")
+        req = req.for_restart(nxt, base_port + nxt)

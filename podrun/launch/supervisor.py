@@ -1,0 +1,314 @@
+"""The supervisor: runs a transport's agents, parses their protocol, logs, fails fast, detects lost hosts.
+
+Whatever the transport, it reads the agent line protocol from every InstanceHandle, writes
+runs/<id>/instance-<i>.log, sends a heartbeat to every agent each second, and ends the run
+everywhere on the first worker failure, on SIGINT/SIGTERM, or when an instance has been silent for
+``keepalive`` seconds (a lost host). The root cause is the failure with the earliest agent time.
+"""
+from __future__ import annotations
+
+import collections
+import queue
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from podrun.launch import protocol
+from podrun.launch.request import LaunchRequest
+from podrun.launch.transport import InstanceHandle, Transport
+
+LOST_EXIT = 255           # like ssh: the connection to a host was lost
+TAIL = 10
+
+# sink(instance, host, local_rank, stream, text): a worker's line, already filtered for the console
+Sink = Callable[[int | None, str, int | None, str, str], None]
+# notice(text): podrun's own status messages
+Notice = Callable[[str], None]
+
+
+@dataclass
+class InstanceState:
+    index: int
+    host: str
+    status: str = "starting"          # starting|running|ok|failed|terminated|lost
+    exit_code: int | None = None
+    workers: dict[int, int] = field(default_factory=dict)   # local rank -> return code
+    agent_host: str | None = None
+    ready_s: float | None = None
+    ended_s: float | None = None
+    last_seen: float = 0.0
+    tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=TAIL))
+
+
+@dataclass
+class Failure:
+    instance: int | None
+    host: str
+    local_rank: int | None
+    exit_code: int
+    reason: str
+    at: float                          # agent wall time (controller's for lost hosts)
+    last_lines: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        sig = self.exit_code - 128 if 128 < self.exit_code < 160 else None
+        d = {"instance": self.instance, "host": self.host, "local_rank": self.local_rank,
+             "exit_code": self.exit_code, "reason": self.reason, "last_lines": self.last_lines}
+        if sig:
+            try:
+                d["signal"] = signal.Signals(sig).name
+            except ValueError:
+                d["signal"] = sig
+        return d
+
+
+@dataclass
+class Outcome:
+    exit_code: int
+    status: str                        # ok|failed|lost|interrupted
+    root_cause: Failure | None
+    instances: list[InstanceState]
+    started: float
+    ended: float
+    all_ready_s: float | None
+
+    def summary(self, request: LaunchRequest) -> dict:
+        return {
+            "run_id": request.run_id, "exit_code": self.exit_code, "status": self.status,
+            "transport": request.transport, "restart_count": request.restart_count,
+            "command": list(request.command), "master": f"{request.master_addr}:{request.master_port}",
+            "root_cause": self.root_cause.to_dict() if self.root_cause else None,
+            "instances": [{"index": s.index, "host": s.host, "status": s.status, "exit_code": s.exit_code,
+                           "workers": {str(k): protocol.exit_code_from_returncode(v) for k, v in s.workers.items()},
+                           "ready_s": s.ready_s, "ended_s": s.ended_s} for s in self.instances],
+            "timings": {"started": self.started, "ended": self.ended,
+                        "duration_s": round(self.ended - self.started, 3), "all_ready_s": self.all_ready_s},
+        }
+
+
+class Supervisor:
+    def __init__(self, request: LaunchRequest, transport: Transport, *, sink: Sink | None = None,
+                 notice: Notice | None = None, only_output_from: int | None = None, workers_per_instance: int = 1):
+        self.req = request
+        self.transport = transport
+        self.sink = sink or (lambda *a: None)
+        self.notice = _safe(notice or (lambda t: None))
+        self.only = only_output_from
+        self.multi = workers_per_instance > 1
+        self.q: queue.Queue = queue.Queue()
+        self.states = {i.index: InstanceState(i.index, i.host) for i in request.instances}
+        self.logs = {}
+        self.failures: list[Failure] = []
+        self.signalled: int | None = None
+        self.stopping_since: float | None = None
+        self.force = False
+        self.t0 = time.time()
+
+    # -- events ---------------------------------------------------------------------------
+    def _reader(self, h: InstanceHandle) -> None:
+        try:
+            for stream, line in h.lines():
+                self.q.put((h, stream, line))
+        finally:
+            self.q.put((h, None, None))
+
+    def _log(self, index: int | None, text: str) -> None:
+        if index is None:
+            return
+        f = self.logs.get(index)
+        if f is None:
+            f = self.logs[index] = open(Path(self.req.run_dir) / f"instance-{index}.log", "a", buffering=1)
+        f.write(text + "\n")
+
+    def _output(self, idx: int | None, host: str, lr: int | None, stream: str, text: str) -> None:
+        st = self.states.get(idx) if idx is not None else None
+        shown = f"[{lr}] {text}" if self.multi and lr is not None else text
+        self._log(idx, shown)
+        if st is not None:
+            st.tail.append(shown)
+        if self.only is None or idx == self.only or stream == "err" or idx is None:
+            try:
+                self.sink(idx, host, lr, stream, text)
+            except Exception:  # noqa: BLE001 - a closed terminal/pipe must not stop supervision
+                self.sink = lambda *a: None
+
+    def _handle_line(self, h: InstanceHandle, stream: str, line: str) -> None:
+        now = time.monotonic()
+        ev = protocol.parse(line, stream)
+        if ev.instance is None or ev.instance not in self.states:
+            idx = h.instances[0] if len(h.instances) == 1 else None
+            self._output(idx, h.label, None, ev.kind, ev.text)
+            return
+        st = self.states[ev.instance]
+        st.last_seen = now
+        if ev.kind in ("out", "err"):
+            self._output(st.index, st.host, ev.local_rank, ev.kind, ev.text)
+        elif ev.kind == "ready":
+            st.status = "running"
+            st.agent_host = ev.text.split(" ")[0]
+            st.ready_s = round(time.time() - self.t0, 3)
+        elif ev.kind == "exit":
+            parts = ev.text.split()
+            rc, at = int(parts[0]), float(parts[1]) if len(parts) > 1 else time.time()
+            st.workers[ev.local_rank] = rc
+            if rc != 0 and "teardown" not in parts[2:] and self.signalled is None:
+                code = protocol.exit_code_from_returncode(rc)
+                self.failures.append(Failure(st.index, st.host, ev.local_rank, code,
+                                             _describe_code(code), at))
+        elif ev.kind == "note":
+            self._log(st.index, f"# podrun agent: {ev.text}")
+        elif ev.kind == "done":
+            st.exit_code = int(ev.text or 0)
+            st.ended_s = round(time.time() - self.t0, 3)
+            if st.status != "lost":
+                st.status = "ok" if st.exit_code == 0 else ("failed" if any(
+                    f.instance == st.index for f in self.failures) else "terminated")
+
+    def _handle_eof(self, h: InstanceHandle) -> None:
+        rc = h.wait(timeout=2.0)
+        for idx in h.instances:
+            st = self.states[idx]
+            if st.exit_code is None and st.status != "lost":
+                code = LOST_EXIT if rc is None else (protocol.exit_code_from_returncode(rc) or 1)
+                st.exit_code = code
+                st.ended_s = round(time.time() - self.t0, 3)
+                st.status = "terminated" if self.stopping_since else "failed"
+                if self.stopping_since is None and self.signalled is None:
+                    what = ("the connection to it was lost" if code == LOST_EXIT
+                            else f"its agent ended with code {code}")
+                    self.failures.append(Failure(idx, st.host, None, code,
+                                                 f"{what} before it reported (host crashed, sshd or agent killed; "
+                                                 f"see instance-{idx}.log)", time.time()))
+
+    # -- the loop ---------------------------------------------------------------------------
+    def _on_signal(self, signum, frame) -> None:  # noqa: ARG002
+        if self.signalled is None:
+            self.signalled = signum
+        else:
+            self.force = True          # a second Ctrl-C: do not wait for the grace period
+
+    def run(self) -> Outcome:
+        Path(self.req.run_dir).mkdir(parents=True, exist_ok=True)
+        old = {}
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGINT, signal.SIGTERM):
+                old[s] = signal.signal(s, self._on_signal)
+        try:
+            return self._run()
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+            for f in self.logs.values():
+                f.close()
+            self.transport.close()
+
+    def _run(self) -> Outcome:
+        handles = self.transport.start()
+        try:
+            return self._supervise(handles)
+        except BaseException:
+            for h in handles:          # never leave agents behind on an unexpected error
+                h.terminate()
+                h.kill()
+            raise
+
+    def _supervise(self, handles: list[InstanceHandle]) -> Outcome:
+        now = time.monotonic()
+        for st in self.states.values():
+            st.last_seen = now
+        open_handles = set(handles)
+        for h in handles:
+            threading.Thread(target=self._reader, args=(h,), daemon=True).start()
+        lost: set[int] = set()
+        next_hb = 0.0
+        kill_at = None
+        while open_handles:
+            try:
+                h, stream, line = self.q.get(timeout=0.1)
+            except queue.Empty:
+                pass
+            else:
+                if stream is None:
+                    self._handle_eof(h)
+                    open_handles.discard(h)
+                    h.close()
+                else:
+                    self._handle_line(h, stream, line)
+            now = time.monotonic()
+            if now >= next_hb:
+                next_hb = now + 1.0
+                for x in open_handles:
+                    x.heartbeat()
+            for st in self.states.values():
+                if (st.exit_code is None and st.status != "lost"
+                        and now - st.last_seen > self.req.keepalive):
+                    st.status, st.exit_code = "lost", LOST_EXIT
+                    st.ended_s = round(time.time() - self.t0, 3)
+                    lost.add(st.index)
+                    self.notice(f"instance {st.index} on {st.host}: lost (no heartbeat for "
+                                f"{self.req.keepalive:g} s)")
+                    if self.signalled is None:
+                        self.failures.append(Failure(st.index, st.host, None, LOST_EXIT,
+                                                     f"host {st.host} lost: no heartbeat for {self.req.keepalive:g} s "
+                                                     "(link down, sshd gone or machine frozen)", time.time()))
+                    for x in list(open_handles):
+                        if set(x.instances) <= lost:   # nothing more will come from it
+                            x.kill()
+                            x.close()
+                            open_handles.discard(x)
+            if self.stopping_since is None and (self.failures or self.signalled is not None):
+                self.stopping_since = now
+                why = (f"received {signal.Signals(self.signalled).name}" if self.signalled is not None
+                       else self.failures[0].reason + f" (instance {self.failures[0].instance} on {self.failures[0].host})")
+                self.notice(f"ending the run on every host: {why}")
+                for x in open_handles:
+                    x.terminate()
+                kill_at = now + self.req.grace + 3.0
+            if kill_at is not None and self.force:
+                kill_at = now
+            if kill_at is not None and now >= kill_at:
+                for x in list(open_handles):
+                    self.notice(f"{x.label}: the instance agent did not end in time; killing it")
+                    x.kill()
+                    x.close()
+                    self._handle_eof(x)
+                    open_handles.discard(x)
+        return self._outcome()
+
+    def _outcome(self) -> Outcome:
+        ended = time.time()
+        root = min(self.failures, key=lambda f: f.at) if self.failures else None
+        if root is not None:
+            if root.instance is not None:
+                root.last_lines = list(self.states[root.instance].tail)
+            code = root.exit_code
+            status = "lost" if root.exit_code == LOST_EXIT and "lost" in root.reason else "failed"
+        elif self.signalled is not None:
+            code, status = 128 + self.signalled, "interrupted"
+        else:
+            bad = [s for s in self.states.values() if s.exit_code not in (0, None)]
+            code, status = (bad[0].exit_code, "failed") if bad else (0, "ok")
+        ready = [s.ready_s for s in self.states.values()]
+        return Outcome(code, status, root, sorted(self.states.values(), key=lambda s: s.index), self.t0, ended,
+                       max(ready) if ready and None not in ready else None)
+
+
+def _describe_code(code: int) -> str:
+    if 128 < code < 160:
+        try:
+            return f"exited by signal {signal.Signals(code - 128).name} (exit code {code})"
+        except ValueError:
+            pass
+    return f"exited with code {code}"
+
+
+def _safe(f: Notice) -> Notice:
+    def call(text: str) -> None:
+        try:
+            f(text)
+        except Exception:  # noqa: BLE001 - podrun's stderr closed: keep supervising
+            pass
+    return call

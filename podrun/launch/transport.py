@@ -1,0 +1,179 @@
+"""The transport interface: start one instance agent per host (or one merged stream), and the registry.
+
+A transport turns a LaunchRequest (podrun.launch.request) into running instance agents and gives the
+supervisor one InstanceHandle per stream of agent output. The supervisor (podrun.launch.supervisor)
+parses the agent line protocol (podrun.launch.protocol) from every handle, whatever the transport:
+
+- ``local`` / ``ssh``: one handle per instance, each carrying exactly one agent.
+- ``mpirun`` / ``srun`` (``merged = True``): one handle whose output carries every instance; the
+  agents learn their index with ``--index-from-env`` and run with ``--no-stdin-watch``
+  (build the command with ``request.agent_argv(None, stdin_watch=False)``).
+
+Stable interface (engineer F builds mpirun/srun on it):
+
+    cls = get_transport("ssh"); t = cls(request)
+    problems = t.preflight()          # list[Problem]; nothing is started when any
+    handles = t.start()               # list[InstanceHandle]
+    for stream, line in handle.lines(): ...   # ("out"|"err", text without newline) until EOF
+    handle.heartbeat(); handle.poll(); handle.wait(t); handle.terminate(); handle.kill(); handle.close()
+    t.describe(redact=False)      # [(host, exact command line)] for --dry-run / runs/<id>/command
+    t.close()
+"""
+from __future__ import annotations
+
+import importlib
+import queue
+import threading
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, BinaryIO, Iterator
+
+from podrun.errors import LaunchError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from podrun.launch.request import LaunchRequest
+
+# name -> "module:Class", imported only when used (ssh pulls paramiko, mpirun/srun are engineer F's).
+TRANSPORTS: dict[str, str] = {
+    "local": "podrun.launch.transports.local:LocalTransport",
+    "ssh": "podrun.launch.transports.ssh:SSHTransport",
+    "mpirun": "podrun.launch.transports.mpirun:MpirunTransport",
+    "srun": "podrun.launch.transports.srun:SrunTransport",
+}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One preflight failure: the host it concerns, what is wrong, and what to do about it."""
+
+    host: str
+    message: str
+    hint: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.host}: {self.message}" + (f" ({self.hint})" if self.hint else "")
+
+
+class InstanceHandle(ABC):
+    """One stream of agent output (one agent, or every agent for merged transports) and its control."""
+
+    #: a label for messages: the host name, or e.g. "mpirun"
+    label: str = "?"
+    #: the instance indices whose protocol lines this handle carries
+    instances: tuple[int, ...] = ()
+
+    @abstractmethod
+    def lines(self) -> Iterator[tuple[str, str]]:
+        """Yield (stream, line) with stream "out" or "err", newline stripped, until both streams end."""
+
+    @abstractmethod
+    def poll(self) -> int | None:
+        """The exit status of the agent (or mpirun/srun) process once it has ended, else None."""
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            rc = self.poll()
+            if rc is not None or (deadline is not None and time.monotonic() >= deadline):
+                return rc
+            time.sleep(0.02)
+
+    def heartbeat(self) -> None:
+        """Tell the agent its controller is alive (a byte on its stdin); no-op where there is no stdin."""
+
+    @abstractmethod
+    def terminate(self) -> None:
+        """Ask the agent(s) to end their workers: SIGTERM, then SIGKILL after the request's grace."""
+
+    @abstractmethod
+    def kill(self) -> None:
+        """End the agent process (or the connection to it) now; the agent's own watchdog does the rest."""
+
+    def close(self) -> None:
+        """Release pipes / channels. Safe to call more than once."""
+
+
+class Transport(ABC):
+    """Starts the request's instance agents on their hosts."""
+
+    name: str = "?"
+    #: True when start() returns one handle carrying every instance (mpirun, srun)
+    merged: bool = False
+
+    def __init__(self, request: "LaunchRequest"):
+        self.request = request
+
+    def describe(self, redact: bool = False) -> list[tuple[str, str]]:
+        """(host, exact command line) per started process, for --dry-run and runs/<id>/command.
+
+        ``redact``: hide the values of secret-looking --env names (for files written to the run dir).
+        """
+        return [(inst.host, self.request.shell_command(inst.index, redact=redact))
+                for inst in self.request.instances]
+
+    def preflight(self) -> list[Problem]:
+        """Check every host in parallel before anything starts; an empty list means go."""
+        return []
+
+    @abstractmethod
+    def start(self) -> list[InstanceHandle]:
+        """Start the agents; raise LaunchError (naming the host) if one cannot be started."""
+
+    def close(self) -> None:
+        """Release connections. Safe to call more than once."""
+
+
+def get_transport(name: str) -> type[Transport]:
+    """The Transport class registered under ``name`` (imported lazily)."""
+    if name not in TRANSPORTS:
+        raise LaunchError(
+            f"unknown transport {name!r}",
+            hint=f"use one of: {', '.join(TRANSPORTS)}",
+        )
+    module_name, attr = TRANSPORTS[name].split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name == module_name:
+            raise LaunchError(f"transport {name!r} is not available in this build of podrun") from exc
+        raise LaunchError(
+            f"transport {name!r} needs the Python module {exc.name!r}", hint=f"pip install {exc.name}"
+        ) from exc
+    return getattr(module, attr)
+
+
+class StreamMerger:
+    """Reads two binary streams in threads and yields ("out"|"err", line) from both, in arrival order.
+
+    Reusable by any handle over pipes or channel files (local, ssh, mpirun, srun).
+    """
+
+    _END = object()
+
+    def __init__(self, out: BinaryIO | None, err: BinaryIO | None):
+        self._q: queue.Queue = queue.Queue()
+        self._open = 0
+        for stream, f in (("out", out), ("err", err)):
+            if f is not None:
+                self._open += 1
+                threading.Thread(target=self._pump, args=(stream, f), daemon=True).start()
+
+    def _pump(self, stream: str, f: BinaryIO) -> None:
+        try:
+            for raw in iter(f.readline, b""):
+                self._q.put((stream, raw.decode("utf-8", "replace").rstrip("\r\n")))
+        except (OSError, ValueError, EOFError):
+            pass
+        except Exception:  # noqa: BLE001 - a broken channel ends the stream, nothing more
+            pass
+        finally:
+            self._q.put(self._END)
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        while self._open:
+            item = self._q.get()
+            if item is self._END:
+                self._open -= 1
+                continue
+            yield item

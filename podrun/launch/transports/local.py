@@ -1,0 +1,112 @@
+"""The local transport: each instance agent is a subprocess on this machine (the default cluster)."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+
+from podrun.errors import LaunchError
+from podrun.launch.transport import InstanceHandle, Problem, StreamMerger, Transport
+
+
+def _pdeathsig() -> None:
+    from podrun.launch.agent import _pdeathsig as f
+
+    f()
+
+
+class LocalHandle(InstanceHandle):
+    def __init__(self, index: int, host: str, proc: subprocess.Popen):
+        self.label = host
+        self.instances = (index,)
+        self.proc = proc
+        self._merger = StreamMerger(proc.stdout, proc.stderr)
+
+    def lines(self):
+        return iter(self._merger)
+
+    def poll(self):
+        return self.proc.poll()
+
+    def heartbeat(self) -> None:
+        self._write(b".")
+
+    def _write(self, data: bytes) -> None:
+        try:
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            pass
+
+    def terminate(self) -> None:
+        self._write(b"T")
+        if self.proc.poll() is None:
+            try:
+                self.proc.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        # the agent's session: the agent itself (workers die by PDEATHSIG and their own groups)
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def close(self) -> None:
+        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            try:
+                f.close()
+            except (OSError, ValueError):
+                pass
+
+
+class LocalTransport(Transport):
+    name = "local"
+
+    def preflight(self) -> list[Problem]:
+        req = self.request
+        problems = []
+        host = req.instances[0].host if req.instances else "localhost"
+        if not os.path.isdir(req.workdir):
+            problems.append(Problem(host, f"working directory {req.workdir} does not exist",
+                                    "create it or pass --workdir"))
+        if shutil.which(req.python) is None and not os.access(req.python, os.X_OK):
+            problems.append(Problem(host, f"python {req.python} not found", "pass --python PATH"))
+        if not port_free(req.master_port):
+            problems.append(Problem(host, f"rendezvous port {req.master_port} is in use",
+                                    "pass --master-port with a free port"))
+        return problems
+
+    def start(self) -> list[InstanceHandle]:
+        req = self.request
+        env = {**os.environ, **dict(req.env)}
+        handles = []
+        for inst in req.instances:
+            argv = req.agent_argv(inst.index)
+            try:
+                proc = subprocess.Popen(argv, cwd=req.workdir, env=env, stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        start_new_session=True, preexec_fn=_pdeathsig)
+            except OSError as exc:
+                for h in handles:
+                    h.kill()
+                raise LaunchError(f"{inst.host}: cannot start the instance agent with {req.python}: "
+                                  f"{exc.strerror}", hint="pass --python PATH") from None
+            handles.append(LocalHandle(inst.index, inst.host, proc))
+        return handles
+
+
+def port_free(port: int, host: str = "") -> bool:
+    """True when a TCP listener could bind ``port`` (what torch.distributed's store will do)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, port))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()

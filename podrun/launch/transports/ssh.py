@@ -1,0 +1,265 @@
+"""The ssh transport (paramiko, imported only here): one agent per host over an ssh channel, in parallel.
+
+Honours an OpenSSH client config (~/.ssh/config or --ssh-config): HostName, User, Port, IdentityFile,
+IdentitiesOnly, ConnectTimeout, StrictHostKeyChecking, UserKnownHostsFile, GlobalKnownHostsFile.
+Host keys are checked against known_hosts (RejectPolicy) unless the config says
+``StrictHostKeyChecking no`` or the user passed --no-host-key-check. Commands are built with
+shlex.quote only; the user's --env travels in the command line (``env NAME=VALUE``), not AcceptEnv.
+"""
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import queue
+import shlex
+import socket
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import paramiko
+
+import podrun
+from podrun.errors import LaunchError
+from podrun.launch.transport import InstanceHandle, Problem, StreamMerger, Transport
+
+NO_WORKDIR = 97
+
+
+class SSHHandle(InstanceHandle):
+    def __init__(self, index: int, host: str, client: paramiko.SSHClient, chan: paramiko.Channel):
+        self.label = host
+        self.instances = (index,)
+        self.client = client
+        self.chan = chan
+        self._merger = StreamMerger(chan.makefile("rb"), chan.makefile_stderr("rb"))
+        self._out: queue.Queue = queue.Queue()
+        self._dead = False
+        threading.Thread(target=self._writer, daemon=True).start()
+
+    def _writer(self) -> None:
+        # writes happen here so a stalled link never blocks the supervisor
+        while True:
+            data = self._out.get()
+            if data is None:
+                return
+            try:
+                self.chan.sendall(data)
+            except (OSError, EOFError, paramiko.SSHException):
+                return
+
+    def lines(self):
+        return iter(self._merger)
+
+    def poll(self):
+        if self.chan.exit_status_ready():
+            rc = self.chan.recv_exit_status()
+            return 255 if rc == -1 else rc      # -1: the connection ended without an exit status
+        if self._dead or self.chan.closed or not self.client.get_transport() or \
+                not self.client.get_transport().is_active():
+            return 255
+        return None
+
+    def heartbeat(self) -> None:
+        self._out.put(b".")
+
+    def terminate(self) -> None:
+        self._out.put(b"T")
+
+    def kill(self) -> None:
+        """Drop the connection: the agent sees EOF (or, if the link is cut, silence) and ends its workers."""
+        self._dead = True
+        self._out.put(None)
+        try:
+            self.chan.close()
+        except Exception:  # noqa: BLE001
+            pass
+        try:
+            self.client.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def close(self) -> None:
+        self._out.put(None)
+        try:
+            self.chan.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+class SSHTransport(Transport):
+    name = "ssh"
+
+    def __init__(self, request):
+        super().__init__(request)
+        self.opts = request.ssh
+        path = self.opts.config_path or os.path.expanduser("~/.ssh/config")
+        self.config = paramiko.SSHConfig()
+        if self.opts.config_path and not os.path.exists(path):
+            raise LaunchError(f"--ssh-config {path}: no such file")
+        if os.path.exists(path):
+            try:
+                self.config = paramiko.SSHConfig.from_path(path)
+            except Exception as exc:  # noqa: BLE001
+                raise LaunchError(f"ssh config {path}: cannot parse it ({exc})") from None
+        self.clients: dict[str, paramiko.SSHClient] = {}
+        self.host_locks: dict[str, threading.Lock] = {}
+        self.lock = threading.Lock()
+
+    # -- connections -------------------------------------------------------------------
+    def _connect(self, host: str) -> paramiko.SSHClient:
+        with self.lock:
+            host_lock = self.host_locks.setdefault(host, threading.Lock())
+        with host_lock:            # one connection per host, shared by its instances
+            with self.lock:
+                if host in self.clients:
+                    return self.clients[host]
+            return self._open(host)
+
+    def _open(self, host: str) -> paramiko.SSHClient:
+        c = self.config.lookup(host)
+        hostname, port = c.get("hostname", host), int(c.get("port", 22))
+        user = c.get("user") or getpass.getuser()
+        client = paramiko.SSHClient()
+        for key in ("userknownhostsfile", "globalknownhostsfile"):
+            for f in (c.get(key) or ("~/.ssh/known_hosts" if key == "userknownhostsfile" else "")).split():
+                f = os.path.expanduser(f)
+                if f != "/dev/null" and os.path.isfile(f):
+                    client.get_host_keys().load(f)
+        strict = str(c.get("stricthostkeychecking", "yes")).lower()
+        accept = (not self.opts.host_key_check) or strict in ("no", "off", "accept-new")
+        client.set_missing_host_key_policy(paramiko.AutoAddPolicy() if accept else paramiko.RejectPolicy())
+        keys = [os.path.expanduser(k) for k in c.get("identityfile", [])]
+        only = str(c.get("identitiesonly", "no")).lower() == "yes"
+        timeout = float(c.get("connecttimeout", self.opts.connect_timeout))
+        try:
+            client.connect(hostname, port=port, username=user, key_filename=keys or None, timeout=timeout,
+                           banner_timeout=timeout, auth_timeout=timeout, look_for_keys=not only,
+                           allow_agent=not only)
+        except BaseException:
+            client.close()
+            raise
+        t = client.get_transport()
+        t.set_keepalive(max(1, int(self.request.keepalive // 2) or 1))
+        with self.lock:
+            self.clients[host] = client
+        return client
+
+    def _problem(self, host: str, exc: BaseException) -> Problem:
+        c = self.config.lookup(host)
+        where = f"{c.get('user') or getpass.getuser()}@{c.get('hostname', host)}:{c.get('port', 22)}"
+        if isinstance(exc, socket.gaierror):
+            return Problem(host, f"unknown host: {c.get('hostname', host)!r} does not resolve",
+                           "check the host name, or add HostName to the ssh config")
+        if isinstance(exc, paramiko.BadHostKeyException):
+            return Problem(host, f"host key mismatch for {where}: the key does not match known_hosts",
+                           "if the host was reinstalled, update known_hosts (ssh-keygen -R HOST)")
+        if isinstance(exc, paramiko.AuthenticationException):
+            return Problem(host, f"authentication failed for {where}",
+                           "check IdentityFile in the ssh config and the host's authorized_keys")
+        if isinstance(exc, paramiko.SSHException) and "known_hosts" in str(exc):
+            return Problem(host, f"unknown host key for {where} (not in known_hosts)",
+                           f"add it: ssh-keyscan -p {c.get('port', 22)} {c.get('hostname', host)} >> "
+                           "~/.ssh/known_hosts, or pass --no-host-key-check")
+        if isinstance(exc, (socket.timeout, TimeoutError)):
+            return Problem(host, f"unreachable: connecting to {where} timed out", "is the host up and on the network?")
+        if isinstance(exc, (OSError, paramiko.ssh_exception.NoValidConnectionsError)):
+            return Problem(host, f"unreachable: cannot connect to {where} ({exc})",
+                           "is the host up and sshd running? check HostName/Port in the ssh config")
+        return Problem(host, f"ssh to {where} failed: {exc}")
+
+    def _exec(self, host: str, command: str, timeout: float = 30.0) -> tuple[int, str, str]:
+        client = self._connect(host)
+        stdin, stdout, stderr = client.exec_command(command, timeout=timeout)
+        stdin.close()
+        out, err = stdout.read().decode(errors="replace"), stderr.read().decode(errors="replace")
+        return stdout.channel.recv_exit_status(), out, err
+
+    # -- preflight ---------------------------------------------------------------------
+    def _preflight_host(self, host: str) -> list[Problem]:
+        req = self.request
+        try:
+            self._connect(host)
+        except BaseException as exc:  # noqa: BLE001
+            return [self._problem(host, exc)]
+        port = f" --port {req.master_port}" if host == req.master_addr else ""
+        cmd = (f"cd {shlex.quote(req.workdir)} 2>/dev/null || exit {NO_WORKDIR}; "
+               f"exec {shlex.quote(req.python)} -m podrun.launch.probe{port}")
+        try:
+            rc, out, err = self._exec(host, cmd)
+        except (socket.timeout, TimeoutError):
+            return [Problem(host, "the preflight probe (python -m podrun.launch.probe) did not answer in 30 s",
+                            "is the host overloaded, or does a login script (~/.bashrc) hang?")]
+        except BaseException as exc:  # noqa: BLE001
+            return [self._problem(host, exc)]
+        if rc == NO_WORKDIR:
+            return [Problem(host, f"working directory {req.workdir} does not exist",
+                            "create it on the host (or share the filesystem), or pass --workdir")]
+        if rc == 127:
+            return [Problem(host, f"python {req.python} not found", "install it there, or pass --python PATH")]
+        if "No module named" in err and "podrun" in err:
+            return [Problem(host, f"podrun is not installed for {req.python}",
+                            f"pip install podrun=={podrun.__version__} there, or pass --python with a venv that has it")]
+        facts = None
+        for line in out.splitlines():
+            if line.startswith("@podrun-probe "):
+                facts = json.loads(line.split(" ", 1)[1])
+        if rc != 0 or facts is None:
+            tail = (err.strip().splitlines() or ["no output"])[-1]
+            return [Problem(host, f"the preflight probe failed (exit {rc}): {tail}")]
+        problems = []
+        if facts["podrun"] != podrun.__version__:
+            problems.append(Problem(host, f"podrun {facts['podrun']} there, {podrun.__version__} here",
+                                    f"install podrun=={podrun.__version__} on the host"))
+        import platform
+
+        if facts["python"].rsplit(".", 1)[0] != platform.python_version().rsplit(".", 1)[0]:
+            problems.append(Problem(host, f"python {facts['python']} there, {platform.python_version()} here",
+                                    "use the same Python version (--python)"))
+        if facts.get("port_free") is False:
+            problems.append(Problem(host, f"rendezvous port {req.master_port} is in use on the master host",
+                                    "pass --master-port with a free port"))
+        return problems
+
+    def preflight(self) -> list[Problem]:
+        hosts = list(dict.fromkeys(i.host for i in self.request.instances))
+        with ThreadPoolExecutor(max_workers=max(1, min(self.opts.max_concurrency, len(hosts)))) as ex:
+            results = list(ex.map(self._preflight_host, hosts))
+        return [p for r in results for p in r]
+
+    # -- start -------------------------------------------------------------------------
+    def _start_one(self, inst) -> SSHHandle:
+        client = self._connect(inst.host)
+        chan = client.get_transport().open_session(timeout=self.opts.connect_timeout)
+        chan.exec_command(self.request.shell_command(inst.index))
+        return SSHHandle(inst.index, inst.host, client, chan)
+
+    def start(self) -> list[InstanceHandle]:
+        insts = list(self.request.instances)
+        handles: list[SSHHandle | None] = [None] * len(insts)
+        errors: list[Problem] = []
+
+        def one(k: int) -> None:
+            try:
+                handles[k] = self._start_one(insts[k])
+            except BaseException as exc:  # noqa: BLE001
+                errors.append(self._problem(insts[k].host, exc))
+
+        with ThreadPoolExecutor(max_workers=max(1, min(self.opts.max_concurrency, len(insts)))) as ex:
+            list(ex.map(one, range(len(insts))))
+        if errors:
+            for h in handles:
+                if h is not None:
+                    h.kill()
+            raise LaunchError("could not start the instance agents:\n" + "\n".join(f"  - {p}" for p in errors),
+                              hint="the agents that had started were ended")
+        return handles  # type: ignore[return-value]
+
+    def close(self) -> None:
+        with self.lock:
+            clients, self.clients = list(self.clients.values()), {}
+        for c in clients:
+            try:
+                c.close()
+            except Exception:  # noqa: BLE001
+                pass

@@ -1,0 +1,90 @@
+"""Helpers for the launch tests: run podrun as a real process, find processes by a marker, read runs."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+HERE = Path(__file__).parent
+SCRIPTS = HERE / "scripts"
+ALLREDUCE = str(SCRIPTS / "torchrun_allreduce.py")
+PODRUN = [sys.executable, "-m", "podrun"]
+
+
+def marker() -> str:
+    """A unique word to put in a command line, so its processes can be found (and proven gone)."""
+    return "podrun-test-" + uuid.uuid4().hex[:10]
+
+
+def podrun(*args: str, timeout: float = 90, cwd: str | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*PODRUN, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                          env={**os.environ, **(env or {})})
+
+
+def podrun_popen(*args: str, cwd: str | None = None) -> subprocess.Popen:
+    return subprocess.Popen([*PODRUN, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
+
+
+def local_pids(word: str) -> list[int]:
+    """Pids on this machine whose command line contains word (zombies excluded)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == os.getpid():
+            continue
+        try:
+            cmd = Path(f"/proc/{d}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if word in cmd and state != "Z":
+            out.append(int(d))
+    return out
+
+
+def wait_until(pred, timeout: float, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(interval)
+    return pred()
+
+
+def wait_output(proc: subprocess.Popen, text: str, timeout: float) -> str:
+    """Read proc's stdout until a line contains text; returns what was read (fails the test on timeout)."""
+    import select
+
+    seen = ""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r, _, _ = select.select([proc.stdout], [], [], 0.1)
+        if r:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            seen += line
+            if text in line:
+                return seen
+    raise AssertionError(f"no line with {text!r} within {timeout} s; got:\n{seen}")
+
+
+def run_dir(runs: Path) -> Path:
+    dirs = [d for d in runs.iterdir() if d.is_dir()]
+    assert len(dirs) == 1, f"expected one run dir in {runs}, found {dirs}"
+    return dirs[0]
+
+
+def summary(runs: Path) -> dict:
+    return json.loads((run_dir(runs) / "summary.json").read_text())
+
+
+def end(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)

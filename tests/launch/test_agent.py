@@ -1,0 +1,98 @@
+"""The instance agent and its line protocol, as the transports use them (real processes, no mocks)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from podrun.cli.options import resolve_plan
+from podrun.launch import protocol
+from podrun.launch.run import build_request
+from podrun.launch.rundir import write_plan
+from tests.launch.helpers import local_pids, marker, wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_protocol_round_trip_and_raw_lines():
+    line = protocol.encode(3, 1, "out", "hello @podrun 1 2 out x")
+    assert protocol.parse(line) == protocol.Event(3, 1, "out", "hello @podrun 1 2 out x")
+    assert protocol.parse(protocol.encode(0, None, "hb", "1.5")) == protocol.Event(0, None, "hb", "1.5")
+    assert protocol.parse("@podrun x y out z") == protocol.Event(None, None, "out", "@podrun x y out z")
+    assert protocol.parse("mpirun noise", "err") == protocol.Event(None, None, "err", "mpirun noise")
+    assert protocol.exit_code_from_returncode(-9) == 137 and protocol.exit_code_from_returncode(3) == 3
+
+
+def _request(tmp_path, command, **kw):
+    plan, _, _ = resolve_plan(None, devices_per_host=2, instances_per_host=2)   # 2 instances x 1 worker
+    req = build_request(plan, command, transport="local", runs_dir=str(tmp_path / "runs"), run_id="a", **kw)
+    write_plan(req.run_dir, plan)
+    return req
+
+
+def test_index_from_env_for_mpirun_and_srun(tmp_path):
+    """--index-from-env: the rank variable of Open MPI / PMI / Slurm picks the instance and its env."""
+    req = _request(tmp_path, ["sh", "-c", "echo $RANK/$WORLD_SIZE/$PODRUN_INSTANCE_INDEX/$GROUP_RANK"])
+    for var in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
+        cp = subprocess.run(req.agent_argv(None, stdin_watch=False), capture_output=True, text=True, timeout=30,
+                            env={**{k: v for k, v in os.environ.items() if k not in ("OMPI_COMM_WORLD_RANK",
+                                 "PMI_RANK", "SLURM_PROCID", "PMIX_RANK")}, var: "1"}, stdin=subprocess.DEVNULL)
+        assert cp.returncode == 0, cp.stderr
+        events = [protocol.parse(l) for l in cp.stdout.splitlines()]
+        assert protocol.Event(1, 0, "out", "1/2/1/1") in events
+        assert events[-1] == protocol.Event(1, None, "done", "0")
+        assert any(e.kind == "ready" for e in events) and all(e.instance == 1 for e in events)
+
+
+def test_agent_ends_workers_when_stdin_closes(tmp_path):
+    m = marker()
+    req = _request(tmp_path, ["sh", "-c", f"echo up; sleep 60 # {m}"])
+    p = subprocess.Popen(req.agent_argv(0), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert "@podrun 0 - ready" in p.stdout.readline()
+    assert wait_until(lambda: local_pids(m), 10)
+    p.stdin.close()
+    assert p.wait(timeout=10) == 128 + signal.SIGTERM
+    assert "lost the controller (stdin closed)" in p.stdout.read()
+    assert local_pids(m) == []
+
+
+def test_agent_ends_workers_when_stdin_is_silent(tmp_path):
+    """A cut link gives no EOF: silence on stdin for --stdin-timeout seconds ends the workers."""
+    m = marker()
+    req = _request(tmp_path, ["sh", "-c", f"sleep 60 # {m}"], keepalive=1)
+    p = subprocess.Popen(req.agent_argv(0), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    p.stdin.write(".")          # the first heartbeat; from then on, silence counts
+    p.stdin.flush()
+    t0 = time.monotonic()
+    assert p.wait(timeout=10) == 143
+    assert 0.9 < time.monotonic() - t0 < 5
+    assert "no heartbeat on stdin for 1 s" in p.stdout.read()
+    assert local_pids(m) == []
+
+
+def test_workers_die_with_a_killed_agent(tmp_path):
+    """PR_SET_PDEATHSIG: SIGKILL to the agent takes its workers with it."""
+    m = marker()
+    req = _request(tmp_path, ["sh", "-c", f"exec sleep 60 # {m}"])
+    p = subprocess.Popen(req.agent_argv(0), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert wait_until(lambda: local_pids(m), 10)
+    p.kill()
+    p.wait(timeout=5)
+    assert wait_until(lambda: local_pids(m) == [], 5), local_pids(m)
+
+
+def test_agent_forwards_sigint_then_kills_after_grace(tmp_path):
+    m = marker()
+    req = _request(tmp_path, ["sh", "-c", f"trap 'echo got-int; exit 0' INT; echo up; while :; do sleep 0.1; done # {m}"],
+                   grace=1)
+    p = subprocess.Popen(req.agent_argv(0, stdin_watch=False), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         text=True)
+    while "up" not in p.stdout.readline():
+        pass
+    p.send_signal(signal.SIGINT)
+    assert p.wait(timeout=10) == 130
+    assert "got-int" in p.stdout.read()
+    assert wait_until(lambda: local_pids(m) == [], 3)

@@ -1,0 +1,184 @@
+"""podrun launch over ssh on real OpenSSH hosts in network namespaces (tests/harness): contract, faults."""
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.launch.helpers import ALLREDUCE, marker, podrun, podrun_popen, run_dir, summary, wait_output, wait_until
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
+_port = iter(range(29700, 29800))
+
+
+def ssh_args(hosts, tmp_path, *extra, config=None, n=None):
+    names = hosts.hosts[:n] if n else hosts.hosts
+    return ["launch", "--hosts", ",".join(names), "--devices-per-host", "1", "--transport", "ssh",
+            "--ssh-config", config or hosts.ssh_config_path, "--python", hosts.python,
+            "--runs-dir", str(tmp_path / "runs"), "--master-port", str(next(_port)), *extra]
+
+
+def leftovers(hosts, m, names=None):
+    return {h: hosts.processes(h, m) for h in (names or hosts.hosts) if hosts.processes(h, m)}
+
+
+@pytest.mark.torch
+def test_gloo_all_reduce_and_env_contract_across_4_hosts(ssh_hosts, tmp_path):
+    """A torchrun script runs unchanged on 4 hosts: all_reduce = 1+2+3+4; the env contract per host."""
+    dump = tmp_path / "env"
+    dump.mkdir()
+    cp = podrun(*ssh_args(ssh_hosts, tmp_path), "--", sys.executable, ALLREDUCE, "--dump", str(dump))
+    assert cp.returncode == 0, cp.stderr
+    lines = sorted(l for l in cp.stdout.splitlines() if "ALLREDUCE" in l)
+    assert len(lines) == 4, cp.stdout
+    for i, line in enumerate(lines):
+        host = ssh_hosts.hosts[i]
+        assert line.startswith(f"[{i} {host}] ALLREDUCE rank={i} world=4 local_rank=0 host={host} sum=10"), line
+        env = json.loads((dump / f"env-{i}.json").read_text())
+        assert env["RANK"] == str(i) and env["GROUP_RANK"] == str(i) and env["PODRUN_INSTANCE_INDEX"] == str(i)
+        assert env["WORLD_SIZE"] == "4" and env["LOCAL_WORLD_SIZE"] == "1" and env["LOCAL_RANK"] == "0"
+        assert env["MASTER_ADDR"] == ssh_hosts.hosts[0] and env["PODRUN_NUM_INSTANCES"] == "4"
+    rd = run_dir(tmp_path / "runs")
+    for i in range(4):
+        assert f"sum=10" in (rd / f"instance-{i}.log").read_text()
+    s = summary(tmp_path / "runs")
+    assert [x["host"] for x in s["instances"]] == ssh_hosts.hosts and s["exit_code"] == 0
+    assert all(x["status"] == "ok" for x in s["instances"])
+    command = (rd / "command").read_text()
+    assert all(f"# {h}\ncd " in command for h in ssh_hosts.hosts)
+
+
+def test_fail_fast_across_hosts_leaves_nothing_on_any_host(ssh_hosts, tmp_path):
+    """4 hosts x 2 workers; rank 5 (host 3) exits 3: run exits 3, every process on every host gone."""
+    m = marker()
+    t0 = time.monotonic()
+    cp = podrun(*ssh_args(ssh_hosts, tmp_path)[:-2], "--devices-per-host", "2", "--master-port", str(next(_port)),
+                "--", "sh", "-c", f"echo up $RANK; sleep 1; [ $RANK = 5 ] && {{ echo dying >&2; exit 3; }}; sleep 60 # {m}")
+    took = time.monotonic() - t0
+    assert cp.returncode == 3, cp.stderr
+    host = ssh_hosts.hosts[2]
+    assert f"root cause: instance 2 on {host}, local rank 1: exited with code 3" in cp.stderr
+    assert took < 15, took
+    assert wait_until(lambda: not leftovers(ssh_hosts, m), 3), leftovers(ssh_hosts, m)
+    s = summary(tmp_path / "runs")
+    assert s["root_cause"]["host"] == host and s["root_cause"]["exit_code"] == 3
+    assert "dying" in "\n".join(s["root_cause"]["last_lines"])
+
+
+def test_ctrl_c_ends_every_process_on_every_host(ssh_hosts, tmp_path):
+    m = marker()
+    p = podrun_popen(*ssh_args(ssh_hosts, tmp_path), "--", "sh", "-c", f"echo up $RANK; sleep 60 # {m}")
+    try:
+        for _ in range(4):
+            wait_output(p, "up", 30)
+        p.send_signal(signal.SIGINT)
+        p.wait(timeout=20)
+        assert p.returncode == 130
+        assert wait_until(lambda: not leftovers(ssh_hosts, m), 3), leftovers(ssh_hosts, m)
+        assert summary(tmp_path / "runs")["status"] == "interrupted"
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+@pytest.mark.parametrize("fault", ["isolate", "freeze", "crash"])
+def test_lost_host_mid_run_is_detected_and_named(make_ssh_hosts, tmp_path, fault):
+    """Cut h2's link / freeze h2 / kill everything on h2: the run ends within seconds naming h2,
+    the other hosts are cleaned up, and nothing survives on h2 either once it is reachable again."""
+    hosts = make_ssh_hosts(3)
+    m = marker()
+    p = podrun_popen(*ssh_args(hosts, tmp_path), "--keepalive", "3", "--", "sh", "-c", f"echo up $RANK; sleep 60 # {m}")
+    try:
+        for _ in range(3):
+            wait_output(p, "up", 30)
+        t0 = time.monotonic()
+        getattr(hosts, fault)("h2")
+        p.wait(timeout=30)
+        took = time.monotonic() - t0
+        err = p.stderr.read()
+        assert p.returncode == 255, err
+        assert took < 10, took
+        assert "instance 1 on h2" in err and "lost" in err, err
+        assert wait_until(lambda: not leftovers(hosts, m, ["h1", "h3"]), 3), leftovers(hosts, m)
+        if fault == "freeze":
+            hosts.thaw("h2")
+        # on the cut-off host, the agent hears no heartbeat (or EOF) on stdin and ends its workers itself
+        assert wait_until(lambda: not leftovers(hosts, m, ["h2"]), 8), leftovers(hosts, m, ["h2"])
+        s = summary(tmp_path / "runs")
+        assert s["exit_code"] == 255 and s["root_cause"]["host"] == "h2"
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+def test_unreachable_host_at_preflight_starts_nothing(make_ssh_hosts, tmp_path):
+    hosts = make_ssh_hosts(2)
+    hosts.stop_sshd("h2")
+    m = marker()
+    cp = podrun(*ssh_args(hosts, tmp_path), "--", "sh", "-c", f"sleep 30 # {m}")
+    assert cp.returncode == 2, cp.stderr
+    assert "h2: unreachable" in cp.stderr and "h1:" not in cp.stderr and "Traceback" not in cp.stderr
+    assert not leftovers(hosts, m, ["h1"])
+    assert summary(tmp_path / "runs")["status"] == "preflight_failed"
+
+
+def test_wrong_key_fails_preflight_naming_every_host(ssh_hosts, tmp_path):
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(Path(ssh_hosts.ssh_config_path).read_text().replace(ssh_hosts.key_path, ssh_hosts.wrong_key_path))
+    cp = podrun(*ssh_args(ssh_hosts, tmp_path, config=str(cfg), n=2), "--", "true")
+    assert cp.returncode == 2, cp.stderr
+    for h in ssh_hosts.hosts[:2]:
+        assert f"{h}: authentication failed for root@" in cp.stderr
+    assert "IdentityFile" in cp.stderr
+
+
+def test_unknown_and_wrong_host_keys_are_rejected_unless_opted_out(ssh_hosts, tmp_path):
+    cp = podrun(*ssh_args(ssh_hosts, tmp_path, config=ssh_hosts.ssh_config_unknown_path, n=2), "--", "true")
+    assert cp.returncode == 2 and f"{ssh_hosts.hosts[0]}: unknown host key" in cp.stderr, cp.stderr
+    assert "--no-host-key-check" in cp.stderr
+    cp = podrun(*ssh_args(ssh_hosts, tmp_path, config=ssh_hosts.ssh_config_wrong_host_key_path, n=2), "--", "true")
+    assert cp.returncode == 2 and "host key mismatch" in cp.stderr, cp.stderr
+    cp = podrun(*ssh_args(ssh_hosts, tmp_path, "--no-host-key-check", config=ssh_hosts.ssh_config_unknown_path, n=2),
+                "--", "echo", "accepted")
+    assert cp.returncode == 0 and cp.stdout.count("accepted") == 2, cp.stderr
+
+
+def test_busy_rendezvous_port_on_the_master_host(ssh_hosts, tmp_path):
+    port = next(_port)
+    h1 = ssh_hosts.hosts[0]
+    listener = ssh_hosts.popen(h1, [sys.executable, "-c",
+                                    f"import socket,time; s=socket.socket(); s.bind(('', {port})); s.listen(); "
+                                    "print('ok', flush=True); time.sleep(60)"], stdout=__import__("subprocess").PIPE,
+                               text=True)
+    try:
+        assert listener.stdout.readline().strip() == "ok"
+        args = ssh_args(ssh_hosts, tmp_path, n=2)
+        args[args.index("--master-port") + 1] = str(port)
+        cp = podrun(*args, "--", "echo", "never")
+        assert cp.returncode == 2, cp.stderr
+        assert f"{h1}: rendezvous port {port} is in use" in cp.stderr and "never" not in cp.stdout
+    finally:
+        listener.kill()
+        listener.wait()
+
+
+def test_dry_run_over_ssh_connects_to_nothing(tmp_path):
+    cp = podrun("launch", "--hosts", "node1,node2", "--devices-per-host", "1", "--dry-run", "--runs-dir",
+                str(tmp_path / "runs"), "--run-id", "x", "--", "python", "train.py")
+    assert cp.returncode == 0, cp.stderr
+    assert "via ssh" in cp.stdout and "# host node2: runs" in cp.stdout
+    assert "--instance 1 --stdin-timeout 5 -- python train.py" in cp.stdout
+
+
+def test_two_instances_per_host_share_one_connection(ssh_hosts, tmp_path):
+    args = ssh_args(ssh_hosts, tmp_path, n=2)
+    args[args.index("--devices-per-host") + 1] = "2"
+    cp = podrun(*args, "--instances-per-host", "2", "--", "sh", "-c", "echo rank=$RANK group=$GROUP_RANK on $(hostname)")
+    assert cp.returncode == 0, cp.stderr
+    h1, h2 = ssh_hosts.hosts[:2]
+    for i, h in enumerate([h1, h1, h2, h2]):
+        assert f"[{i} {h}] rank={i} group={i} on {h}" in cp.stdout, cp.stdout
