@@ -38,7 +38,7 @@ class LaunchCommand(click.Command):
 @click.option("--dry-run", is_flag=True, help="Print per host the exact commands and env, run nothing.")
 @click.option("--runs-dir", default="runs", show_default=True, help="Where run directories go.")
 @click.option("--run-id", help="Name of the run directory (default: a timestamp).")
-@click.option("--max-concurrency", type=int, default=32, show_default=True, help="Parallel ssh connections.")
+@click.option("--max-concurrency", type=int, default=64, show_default=True, help="SSH handshakes in flight at once (commands over open connections are not limited).")
 @click.option("--keepalive", type=float, default=5.0, show_default=True,
               help="Seconds of silence after which a host is declared lost.")
 @click.option("--no-preflight", is_flag=True, help="Skip the checks on every host before starting.")

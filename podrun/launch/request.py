@@ -31,7 +31,7 @@ class InstanceLaunch:
 class SSHOptions:
     config_path: str | None = None      # --ssh-config, else ~/.ssh/config when it exists
     host_key_check: bool = True         # False: --no-host-key-check
-    max_concurrency: int = 32           # parallel connections
+    max_concurrency: int = 64           # ssh handshakes in flight at once
     connect_timeout: float = 10.0
 
 

@@ -24,6 +24,10 @@ from podrun.errors import LaunchError
 from podrun.launch.transport import InstanceHandle, Problem, StreamMerger, Transport
 
 NO_WORKDIR = 97
+# Threads for commands over established connections (probes, agent starts). Only the ssh
+# handshakes in flight are bounded by --max-concurrency: a remote command that takes a second
+# to start must not hold a handshake slot, or 2048 hosts would take 2048/K seconds.
+MAX_THREADS = 2048
 
 
 class SSHHandle(InstanceHandle):
@@ -105,6 +109,10 @@ class SSHTransport(Transport):
         self.clients: dict[str, paramiko.SSHClient] = {}
         self.host_locks: dict[str, threading.Lock] = {}
         self.lock = threading.Lock()
+        self.handshakes = threading.BoundedSemaphore(max(1, self.opts.max_concurrency))
+
+    def _pool(self, n: int) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(max_workers=max(1, min(MAX_THREADS, n)))
 
     # -- connections -------------------------------------------------------------------
     def _connect(self, host: str) -> paramiko.SSHClient:
@@ -133,9 +141,10 @@ class SSHTransport(Transport):
         only = str(c.get("identitiesonly", "no")).lower() == "yes"
         timeout = float(c.get("connecttimeout", self.opts.connect_timeout))
         try:
-            client.connect(hostname, port=port, username=user, key_filename=keys or None, timeout=timeout,
-                           banner_timeout=timeout, auth_timeout=timeout, look_for_keys=not only,
-                           allow_agent=not only)
+            with self.handshakes:
+                client.connect(hostname, port=port, username=user, key_filename=keys or None, timeout=timeout,
+                               banner_timeout=timeout, auth_timeout=timeout, look_for_keys=not only,
+                               allow_agent=not only)
         except BaseException:
             client.close()
             raise
@@ -223,7 +232,7 @@ class SSHTransport(Transport):
 
     def preflight(self) -> list[Problem]:
         hosts = list(dict.fromkeys(i.host for i in self.request.instances))
-        with ThreadPoolExecutor(max_workers=max(1, min(self.opts.max_concurrency, len(hosts)))) as ex:
+        with self._pool(len(hosts)) as ex:
             results = list(ex.map(self._preflight_host, hosts))
         return [p for r in results for p in r]
 
@@ -245,7 +254,7 @@ class SSHTransport(Transport):
             except BaseException as exc:  # noqa: BLE001
                 errors.append(self._problem(insts[k].host, exc))
 
-        with ThreadPoolExecutor(max_workers=max(1, min(self.opts.max_concurrency, len(insts)))) as ex:
+        with self._pool(len(insts)) as ex:
             list(ex.map(one, range(len(insts))))
         if errors:
             for h in handles:
