@@ -7,6 +7,7 @@ import sys
 import click
 
 from podrun.cli.options import plan_options, pop_plan_options
+from podrun.launch.engines import engine_options, pop_engine_options
 
 COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93")
 
@@ -24,6 +25,7 @@ class LaunchCommand(click.Command):
 @click.command(cls=LaunchCommand, context_settings={
     "ignore_unknown_options": True, "allow_extra_args": True, "allow_interspersed_args": False})
 @plan_options
+@engine_options
 @click.option("--transport", type=click.Choice(["local", "ssh", "mpirun", "srun"]),
               help="How instances start (default: local for this machine, srun in Slurm, else ssh).")
 @click.option("--ssh-config", type=click.Path(dir_okay=False), help="OpenSSH client config (default ~/.ssh/config).")
@@ -61,7 +63,10 @@ def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir
     from podrun.launch.request import SSHOptions, parse_env_options
     from podrun.launch.run import build_request, default_transport, dry_run_record, execute
 
+    from podrun.launch.engines import resolve_engine
+
     plan_kw = pop_plan_options(kw)
+    engine_kw = pop_engine_options(kw)
     args = list(args)
     if not args:
         raise LaunchError("nothing to launch", hint="give a recipe (podrun launch recipes/NAME) or a command after --")
@@ -82,11 +87,26 @@ def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir
         command = [python, script, *command_args]
     else:
         command = command_args
-    name = transport or default_transport(plan, cluster, getattr(src, "scheduler", "none"))
+    engine, engine_transport, poprun_opts, mpi_args = resolve_engine(
+        engine_kw, cluster, only_output_from_instance=only_output_from_instance)
+    if engine == "poprun" and transport:
+        raise LaunchError(f"--engine poprun starts the instances itself; drop --transport {transport}")
+    name = engine_transport or transport or default_transport(plan, cluster, getattr(src, "scheduler", "none"))
     ssh = SSHOptions(config_path=ssh_config, host_key_check=not no_host_key_check, max_concurrency=max_concurrency)
     request = build_request(plan, command, transport=name, python=python, workdir=workdir, master_addr=master_addr,
                             master_port=master_port, grace=grace, keepalive=keepalive, run_id=run_id,
-                            runs_dir=runs_dir, env=env, max_restarts=max_restarts, ssh=ssh)
+                            runs_dir=runs_dir, env=env, max_restarts=max_restarts, ssh=ssh,
+                            mpi_args=mpi_args, poprun=poprun_opts)
+    if engine == "horovod":
+        from podrun.launch.engines.horovod import launch_horovod
+
+        argv, rc = launch_horovod(request, dry_run=dry_run)
+        if dry_run:
+            import shlex
+
+            print_json({"engine": "horovod", "command": argv}) if as_json else print(shlex.join(argv))
+            return
+        sys.exit(rc)
     if dry_run:
         record = dry_run_record(request)
         if as_json:

@@ -54,6 +54,8 @@ class LaunchRequest:
     env: tuple[tuple[str, str], ...] = ()   # --env NAME=VALUE, set for the agent and its workers
     instances: tuple[InstanceLaunch, ...] = ()
     ssh: SSHOptions = field(default_factory=SSHOptions)
+    mpi_args: tuple[str, ...] = ()      # --mpi-args: passed through to mpirun (transport mpirun, engine horovod)
+    poprun: object | None = None        # PoprunOptions for --engine poprun (podrun.launch.engines.poprun)
 
     def instance(self, index: int) -> InstanceLaunch:
         return self.instances[index]

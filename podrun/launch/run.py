@@ -32,7 +32,8 @@ def default_transport(plan, cluster=None, scheduler: str = "none") -> str:
 def build_request(plan, command, *, transport: str, python: str | None = None, workdir: str | None = None,
                   master_addr: str | None = None, master_port: int = 29500, grace: float = 5.0,
                   keepalive: float = 5.0, run_id: str | None = None, runs_dir: str = "runs",
-                  env=(), max_restarts: int = 0, ssh: SSHOptions | None = None) -> LaunchRequest:
+                  env=(), max_restarts: int = 0, ssh: SSHOptions | None = None, mpi_args=(),
+                  poprun=None) -> LaunchRequest:
     run_id = run_id or new_run_id()
     workdir = os.path.abspath(workdir or os.getcwd())
     run_dir = os.path.join(os.path.abspath(runs_dir), run_id)
@@ -42,7 +43,7 @@ def build_request(plan, command, *, transport: str, python: str | None = None, w
         master_addr=master_addr or plan.placement[0].host, master_port=master_port, transport=transport,
         grace=grace, keepalive=keepalive, max_restarts=max_restarts, env=tuple(env),
         instances=tuple(InstanceLaunch(p.index, p.host) for p in plan.placement),
-        ssh=ssh or SSHOptions(),
+        ssh=ssh or SSHOptions(), mpi_args=tuple(mpi_args), poprun=poprun,
     )
 
 

@@ -40,6 +40,7 @@ TRANSPORTS: dict[str, str] = {
     "ssh": "podrun.launch.transports.ssh:SSHTransport",
     "mpirun": "podrun.launch.transports.mpirun:MpirunTransport",
     "srun": "podrun.launch.transports.srun:SrunTransport",
+    "poprun": "podrun.launch.engines.poprun:PoprunTransport",
 }
 
 

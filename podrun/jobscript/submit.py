@@ -1,0 +1,323 @@
+"""Submit, query and cancel batch jobs (sbatch/squeue/scontrol/scancel, qsub/qstat/qdel) through a CommandRunner."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from podrun.errors import HostError, LaunchError, PodrunError
+
+SCHEDULERS = ("slurm", "pbs", "uge")
+# final states: the job will not run again; everything else is pending/running/ending
+FINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+                   "PREEMPTED", "BOOT_FAIL", "DEADLINE", "GONE"})
+
+
+class SchedulerError(PodrunError):
+    """A scheduler command failed or answered something podrun cannot read."""
+
+
+@dataclass(frozen=True)
+class Completed:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+class CommandRunner(Protocol):
+    """Runs one scheduler command; the only side effect of this module."""
+
+    def run(self, argv: list[str], *, cwd: str | None = None, timeout: float = 60.0) -> Completed: ...
+
+
+class SubprocessRunner:
+    """The real runner: subprocess, no shell, text output, a timeout."""
+
+    def __init__(self, env: dict[str, str] | None = None):
+        self.env = env
+
+    def run(self, argv: list[str], *, cwd: str | None = None, timeout: float = 60.0) -> Completed:
+        exe = shutil.which(argv[0], path=(self.env or os.environ).get("PATH"))
+        if exe is None:
+            raise SchedulerError(
+                f"'{argv[0]}' is not on PATH: this host has no {argv[0]} client",
+                hint="run podrun submit on a login node of the cluster, or pick the right --scheduler",
+            )
+        try:
+            p = subprocess.run([exe, *argv[1:]], cwd=cwd, env=self.env, capture_output=True,
+                               text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise SchedulerError(f"'{' '.join(argv)}' did not answer within {timeout:.0f} s") from exc
+        return Completed(tuple(argv), p.returncode, p.stdout, p.stderr)
+
+
+@dataclass(frozen=True)
+class JobState:
+    """What the scheduler says about one job."""
+
+    job_id: str
+    scheduler: str
+    state: str                    # PENDING, RUNNING, COMPLETING, COMPLETED, FAILED, CANCELLED, ..., GONE
+    exit_code: int | None = None  # shell-style (128+signal for a signal); None while running
+    nodes: str | None = None
+    reason: str | None = None
+
+    @property
+    def final(self) -> bool:
+        return self.state in FINAL
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["final"] = self.final
+        return d
+
+
+def _check(c: Completed, what: str) -> str:
+    if c.returncode != 0:
+        msg = (c.stderr or c.stdout).strip().splitlines()
+        raise SchedulerError(
+            f"{what} failed ('{' '.join(c.argv)}' exited {c.returncode}): "
+            + (msg[-1] if msg else "no output"),
+        )
+    return c.stdout
+
+
+class Slurm:
+    name = "slurm"
+
+    def __init__(self, runner: CommandRunner):
+        self.runner = runner
+
+    def submit_argv(self, script: str, *, group: str | None = None) -> list[str]:
+        argv = ["sbatch", "--parsable"]
+        if group:
+            argv += ["--account", group]
+        return argv + [script]
+
+    def submit(self, script: str, *, cwd: str | None = None, group: str | None = None) -> str:
+        out = _check(self.runner.run(self.submit_argv(script, group=group), cwd=cwd), "sbatch")
+        job = out.strip().splitlines()[-1].split(";")[0].strip() if out.strip() else ""
+        if not job.isdigit():
+            raise SchedulerError(f"sbatch --parsable printed no job id: {out.strip()[:200]!r}")
+        return job
+
+    def state(self, job_id: str) -> JobState:
+        c = self.runner.run(["scontrol", "show", "job", "-o", job_id])
+        if c.returncode != 0 or not c.stdout.strip():
+            # purged after MinJobAge (no slurmdbd here): ask squeue, else it is gone
+            q = self.runner.run(["squeue", "-h", "-j", job_id, "-o", "%T %N"])
+            if q.returncode == 0 and q.stdout.strip():
+                st, *rest = q.stdout.split()
+                return JobState(job_id, "slurm", st, None, rest[0] if rest else None)
+            if "invalid job id" in (c.stderr + c.stdout).lower() or c.returncode != 0:
+                return JobState(job_id, "slurm", "GONE", None, None, "the scheduler no longer knows this job")
+        return parse_scontrol(job_id, c.stdout)
+
+    def cancel(self, job_id: str) -> None:
+        _check(self.runner.run(["scancel", job_id]), "scancel")
+
+
+def parse_scontrol(job_id: str, text: str) -> JobState:
+    """One `scontrol show job -o` line -> JobState (ExitCode=code:signal)."""
+    fields = dict(m.groups() for m in re.finditer(r"(\w+)=(\S*)", text))
+    state = fields.get("JobState", "UNKNOWN").upper()
+    exit_code = None
+    if state in FINAL:
+        code, _, sig = fields.get("ExitCode", "0:0").partition(":")
+        code_i, sig_i = int(code or 0), int(sig or 0)
+        exit_code = 128 + sig_i if sig_i else code_i
+        if exit_code == 0 and state != "COMPLETED":
+            exit_code = 1
+    nodes = fields.get("NodeList")
+    return JobState(job_id, "slurm", state, exit_code, None if nodes in (None, "(null)") else nodes,
+                    fields.get("Reason") if fields.get("Reason") not in (None, "None") else None)
+
+
+class Pbs:
+    name = "pbs"
+    _STATES = {"Q": "PENDING", "H": "PENDING", "W": "PENDING", "T": "PENDING", "R": "RUNNING",
+               "B": "RUNNING", "E": "COMPLETING", "X": "COMPLETED", "F": "COMPLETED", "S": "SUSPENDED"}
+
+    def __init__(self, runner: CommandRunner):
+        self.runner = runner
+
+    def submit_argv(self, script: str, *, group: str | None = None) -> list[str]:
+        return ["qsub"] + (["-A", group] if group else []) + [script]
+
+    def submit(self, script: str, *, cwd: str | None = None, group: str | None = None) -> str:
+        out = _check(self.runner.run(self.submit_argv(script, group=group), cwd=cwd), "qsub").strip()
+        if not out:
+            raise SchedulerError("qsub printed no job id")
+        return out.splitlines()[-1].strip()
+
+    def state(self, job_id: str) -> JobState:
+        c = self.runner.run(["qstat", "-x", "-f", job_id])
+        if c.returncode != 0 or not c.stdout.strip():
+            return JobState(job_id, "pbs", "GONE", None, None, "the scheduler no longer knows this job")
+        f = dict(m.groups() for m in re.finditer(r"^\s*([\w.]+) = (.*)$", c.stdout, re.M))
+        state = self._STATES.get(f.get("job_state", "").strip(), "UNKNOWN")
+        code = f.get("Exit_status")
+        exit_code = None
+        if state == "COMPLETED" and code is not None:
+            n = int(code)
+            exit_code = n if n >= 0 else 1          # negative: PBS could not run the job
+            exit_code = exit_code - 128 if exit_code > 256 else exit_code  # 256+sig: killed by a signal
+            state = "COMPLETED" if exit_code == 0 else "FAILED"
+        return JobState(job_id, "pbs", state, exit_code, f.get("exec_host"))
+
+    def cancel(self, job_id: str) -> None:
+        _check(self.runner.run(["qdel", job_id]), "qdel")
+
+
+class Uge:
+    """Univa / Altair Grid Engine as on ABCI: qsub -terse -g GROUP, qstat -j, qacct -j, qdel."""
+
+    name = "uge"
+
+    def __init__(self, runner: CommandRunner):
+        self.runner = runner
+
+    def submit_argv(self, script: str, *, group: str | None = None) -> list[str]:
+        return ["qsub", "-terse"] + (["-g", group] if group else []) + [script]
+
+    def submit(self, script: str, *, cwd: str | None = None, group: str | None = None) -> str:
+        out = _check(self.runner.run(self.submit_argv(script, group=group), cwd=cwd), "qsub").strip()
+        job = out.splitlines()[-1].split(".")[0].strip() if out else ""
+        if not job.isdigit():
+            raise SchedulerError(f"qsub -terse printed no job id: {out[:200]!r}")
+        return job
+
+    def state(self, job_id: str) -> JobState:
+        c = self.runner.run(["qstat", "-j", job_id])
+        if c.returncode == 0 and c.stdout.strip():
+            running = re.search(r"^usage\s", c.stdout, re.M) or "exec_host_list" in c.stdout
+            return JobState(job_id, "uge", "RUNNING" if running else "PENDING")
+        a = self.runner.run(["qacct", "-j", job_id])
+        if a.returncode == 0 and a.stdout.strip():
+            f = dict(m.groups() for m in re.finditer(r"^(\w+)\s+(.*?)\s*$", a.stdout, re.M))
+            code = int((f.get("exit_status") or "0").split()[0])
+            failed = (f.get("failed") or "0").split()[0] != "0"
+            state = "COMPLETED" if code == 0 and not failed else "FAILED"
+            return JobState(job_id, "uge", state, code if code or not failed else 1, f.get("hostname"))
+        return JobState(job_id, "uge", "GONE", None, None, "the scheduler no longer knows this job")
+
+    def cancel(self, job_id: str) -> None:
+        _check(self.runner.run(["qdel", job_id]), "qdel")
+
+
+def client(scheduler: str, runner: CommandRunner | None = None):
+    """The client for ``scheduler`` (slurm | pbs | uge); HostError-style exit 2 for an unknown one."""
+    runner = runner or SubprocessRunner()
+    try:
+        cls = {"slurm": Slurm, "pbs": Pbs, "uge": Uge}[scheduler]
+    except KeyError:
+        raise PodrunError(
+            f"unknown scheduler '{scheduler}'",
+            hint="--scheduler slurm, pbs or uge (Univa/Altair Grid Engine, as on ABCI)",
+        ) from None
+    return cls(runner)
+
+
+def detect_scheduler(env=None) -> str | None:
+    """The scheduler whose client is on PATH: sbatch -> slurm, qsub with qacct -> uge, qsub -> pbs."""
+    path = (env or os.environ).get("PATH")
+    if shutil.which("sbatch", path=path):
+        return "slurm"
+    if shutil.which("qsub", path=path):
+        return "uge" if shutil.which("qacct", path=path) else "pbs"
+    return None
+
+
+def wait(cl, job_id: str, *, poll: float = 0.5, timeout: float | None = None,
+         on_state=None) -> JobState:
+    """Poll until the job reaches a final state (like `sbatch --wait`); returns that state."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    last = None
+    delay = min(0.2, poll)
+    while True:
+        st = cl.state(job_id)
+        if on_state and (last is None or st.state != last.state):
+            on_state(st)
+        last = st
+        if st.final:
+            return st
+        if deadline is not None and time.monotonic() > deadline:
+            raise LaunchError(f"job {job_id} did not end within {timeout:.0f} s (state {st.state})",
+                              exit_code=1)
+        time.sleep(delay)
+        delay = min(poll, delay * 1.5)
+
+
+# ---- the run directory record ------------------------------------------------------------------
+
+JOB_FILE = "job.json"
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """runs/<run-id>/job.json: what was submitted, where, and as which job."""
+
+    run_id: str
+    run_dir: str
+    scheduler: str
+    job_id: str
+    script: str
+    submit_argv: tuple[str, ...]
+    submitted_at: float
+    cluster: str | None = None
+    nodes: int | None = None
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["submit_argv"] = list(self.submit_argv)
+        return d
+
+    def save(self) -> Path:
+        p = Path(self.run_dir) / JOB_FILE
+        tmp = p.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        tmp.replace(p)
+        return p
+
+    @classmethod
+    def load(cls, run_dir: str | os.PathLike) -> "JobRecord":
+        p = Path(run_dir) / JOB_FILE
+        try:
+            d = json.loads(p.read_text())
+            d["submit_argv"] = tuple(d.get("submit_argv", ()))
+            return cls(**d)
+        except FileNotFoundError:
+            raise HostError(f"{p} does not exist: '{run_dir}' is not a submitted run",
+                            hint="pass a run directory written by podrun submit, or a job id") from None
+        except (ValueError, TypeError) as exc:
+            raise HostError(f"{p} is not a job record podrun can read: {exc}") from None
+
+
+def resolve_job(target: str, scheduler: str | None = None) -> tuple[str, str, JobRecord | None]:
+    """RUN_DIR or JOB_ID -> (scheduler, job_id, record or None)."""
+    p = Path(target)
+    if p.is_dir() or (p / JOB_FILE).exists():
+        rec = JobRecord.load(p)
+        return rec.scheduler, rec.job_id, rec
+    if re.fullmatch(r"[0-9]+(\.[\w.-]+)?", target):
+        sched = scheduler or detect_scheduler()
+        if sched is None:
+            raise PodrunError(
+                f"job {target}: no --scheduler given and no scheduler client (sbatch, qsub) on PATH",
+                hint="pass --scheduler slurm|pbs|uge",
+            )
+        return sched, target, None
+    raise HostError(f"'{target}' is neither a run directory with {JOB_FILE} nor a job id",
+                    hint="pass runs/<run-id> as written by podrun submit, or the scheduler's job id")
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + os.urandom(3).hex()

@@ -1,0 +1,90 @@
+"""The horovod engine: detection, and the mpirun command that starts one Horovod rank per worker.
+
+Horovod is never a dependency: horovod 0.28.1 (its last release) does not build against torch 2.13
+as published (its CMake asks for C++14, torch needs C++17). When it is importable, ``--engine
+horovod`` starts the workers as MPI ranks (Horovod's own MPI controller), one per worker.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+from podrun.errors import LaunchError
+
+
+def horovod_available() -> bool:
+    """True when ``import horovod.torch`` would find the package (nothing is imported)."""
+    try:
+        return importlib.util.find_spec("horovod") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def require_horovod() -> None:
+    if not horovod_available():
+        raise LaunchError(
+            "--engine horovod: the horovod package is not importable in this Python",
+            hint="install horovod with torch support (HOROVOD_WITH_PYTORCH=1 pip install horovod; "
+            "0.28.1 needs its CMake C++ standard raised to 17 for torch 2.x), or use --engine torch",
+            exit_code=2,
+        )
+
+
+def horovod_command(plan, worker_command: list[str], *, env_names=(), options=None,
+                    check: bool = True) -> list[str]:
+    """mpirun argv starting one rank per worker of ``plan`` (workers per host = local replicas)."""
+    from podrun.launch.transports.mpirun import MpiOptions, mpirun_command
+
+    if check:
+        require_horovod()
+    per_host = max(p.local_replicas for p in plan.placement) * plan.instances_per_host
+    hosts = []
+    for p in plan.placement:
+        if p.host not in hosts:
+            hosts.append(p.host)
+    return mpirun_command(hosts, per_host, worker_command, env_names=env_names,
+                          options=options or MpiOptions())
+
+
+def horovod_env(request) -> dict[str, str]:
+    """What every Horovod rank gets on top of mpirun's rank variables: the run-wide contract names.
+
+    Per-rank names (RANK, LOCAL_RANK, ...) come from Open MPI (OMPI_COMM_WORLD_*), which
+    podrun.runtime reads; Horovod's MPI controller needs nothing else.
+    """
+    plan = request.plan
+    return {
+        "PODRUN_RUN_ID": request.run_id, "PODRUN_RUN_DIR": request.run_dir, "PODRUN_PLAN": request.plan_path,
+        "PODRUN_NUM_INSTANCES": str(plan.instances), "PODRUN_NUM_REPLICAS": str(plan.replicas),
+        "PODRUN_DEVICES_PER_REPLICA": str(plan.devices_per_replica), "PODRUN_LOCAL_BATCH": str(plan.local_batch),
+        "PODRUN_GRAD_ACCUM": str(plan.grad_accum), "PODRUN_GLOBAL_BATCH": str(plan.global_batch),
+        "MASTER_ADDR": request.master_addr, "MASTER_PORT": str(request.master_port),
+        **dict(request.env),
+    }
+
+
+def launch_horovod(request, *, dry_run: bool = False, check: bool = True) -> tuple[list[str], int | None]:
+    """``--engine horovod``: (the mpirun argv, its exit code; None with dry_run).
+
+    Runs mpirun in its own process group (podrun.launch.engines.run_outer_command): output to the
+    terminal and runs/<id>/horovod.log; Ctrl-C/SIGTERM end every rank; mpirun does the fail-fast.
+    """
+    import os
+    import shlex
+
+    from podrun.launch.engines import run_outer_command
+    from podrun.launch.transports.mpirun import MpiOptions
+
+    env = horovod_env(request)
+    mpi_args = getattr(request, "mpi_args", ()) or ()
+    mpi_args = tuple(shlex.split(mpi_args)) if isinstance(mpi_args, str) else tuple(mpi_args)
+    opts = MpiOptions(mpi_args=mpi_args, ssh_config=request.ssh.config_path)
+    argv = horovod_command(request.plan, ["/bin/sh", "-c", f"cd {shlex.quote(request.workdir)} && exec "
+                                          + shlex.join(list(request.command))],
+                           env_names=sorted(env), options=opts, check=check and not dry_run)
+    if dry_run:
+        return argv, None
+    os.makedirs(request.run_dir, exist_ok=True)
+    full = dict(os.environ)
+    full.update(env)
+    return argv, run_outer_command(argv, env=full, log_path=os.path.join(request.run_dir, "horovod.log"),
+                                   grace=request.grace)

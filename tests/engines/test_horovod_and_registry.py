@@ -1,0 +1,93 @@
+"""Engine registry and the horovod engine (horovod itself is FAKE here: it does not build against torch 2.13)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from podrun.errors import LaunchError, PlanError
+from podrun.launch.engines import check_engine, engine_names, run_outer_command
+from podrun.launch.engines.horovod import horovod_available, horovod_command, require_horovod
+
+
+def local_plan(devices: int):
+    from podrun.cli.options import resolve_plan
+
+    return resolve_plan(None, hosts_opt="localhost", devices_per_host=devices, environ={})[0]
+
+
+def test_engine_registry_names_and_unknown():
+    assert engine_names() == ["torch", "poprun", "horovod"]
+    with pytest.raises(PlanError, match="unknown engine 'deepspeed'") as e:
+        check_engine("deepspeed")
+    assert e.value.exit_code == 2
+
+
+def test_horovod_absent_is_a_clear_error():
+    """This machine has no horovod: --engine horovod says so (exit 2) instead of failing in a worker."""
+    assert not horovod_available()
+    with pytest.raises(LaunchError, match="horovod package is not importable") as e:
+        require_horovod()
+    assert e.value.exit_code == 2
+    assert "horovod" in (e.value.hint or "")
+
+
+def test_fake_horovod_detected_when_importable(tmp_path, monkeypatch):
+    (tmp_path / "horovod").mkdir()
+    (tmp_path / "horovod" / "__init__.py").write_text("# FAKE horovod for the detection contract\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert horovod_available()
+
+
+@pytest.mark.timeout(60)
+def test_fake_horovod_command_runs_one_rank_per_worker_under_real_mpirun(tmp_path):
+    """horovod's launch path is real mpirun with one rank per worker (the FAKE part is only horovod)."""
+    plan = local_plan(2)
+    code = "import os; print('RANKS', os.environ['OMPI_COMM_WORLD_RANK'], os.environ['OMPI_COMM_WORLD_SIZE'])"
+    cmd = horovod_command(plan, [sys.executable, "-c", code], check=False)
+    assert cmd[cmd.index("-np") + 1] == "2" and cmd[cmd.index("--map-by") + 1] == "ppr:2:node"
+    log = tmp_path / "out.log"
+    rc = run_outer_command(cmd, log_path=log)
+    assert rc == 0
+    ranks = sorted(line.split()[1:] for line in log.read_text().splitlines() if line.startswith("RANKS"))
+    assert ranks == [["0", "2"], ["1", "2"]]
+
+
+@pytest.mark.timeout(60)
+def test_run_outer_command_returns_failing_code(tmp_path):
+    assert run_outer_command([sys.executable, "-c", "import sys; sys.exit(7)"]) == 7
+    assert run_outer_command([sys.executable, "-c", "import os,signal; os.kill(os.getpid(), signal.SIGTERM)"]) == 143
+    with pytest.raises(LaunchError):
+        run_outer_command([str(tmp_path / "missing-launcher")])
+
+
+@pytest.mark.timeout(60)
+def test_fake_horovod_launch_exports_run_contract_and_logs(tmp_path):
+    """launch_horovod runs real mpirun (horovod FAKE: check=False); each rank sees the run-wide names."""
+    from podrun.launch.engines.horovod import launch_horovod
+    from podrun.launch.run import build_request
+
+    plan = local_plan(2)
+    code = ("import os,sys; print('HVD', os.environ['OMPI_COMM_WORLD_RANK'], os.environ['PODRUN_RUN_ID'], "
+            "os.environ['PODRUN_NUM_REPLICAS'], os.getcwd()); sys.exit(4 if os.environ['OMPI_COMM_WORLD_RANK']=='1' else 0)")
+    req = build_request(plan, [sys.executable, "-c", code], transport="local", runs_dir=str(tmp_path / "runs"),
+                        run_id="hvd1", workdir=str(tmp_path))
+    argv, rc = launch_horovod(req, dry_run=True)
+    assert rc is None and "-x" in argv and "PODRUN_RUN_ID" in argv
+    argv, rc = launch_horovod(req, check=False)
+    assert rc == 4                                         # mpirun reports the failing rank's code
+    lines = [line.split() for line in (tmp_path / "runs" / "hvd1" / "horovod.log").read_text().splitlines()
+             if line.startswith("HVD")]
+    assert sorted(x[1] for x in lines) == ["0", "1"]
+    assert all(x[2:] == ["hvd1", "2", str(tmp_path)] for x in lines)
+
+
+def test_resolve_engine_defaults_and_poprun_options():
+    from podrun.launch.engines import resolve_engine
+    from podrun.specs import load_cluster
+
+    assert resolve_engine({}, load_cluster("local"))[:2] == ("torch", None)
+    name, transport, popts, _ = resolve_engine({"vipu_partition": "p1", "num_ilds": 2}, load_cluster("ipu-pod64"))
+    assert (name, transport, popts.vipu_partition, popts.num_ilds) == ("poprun", "poprun", "p1", 2)
+    assert resolve_engine({"engine": "horovod", "mpi_args": "--tag-output -x A"})[3] == ("--tag-output", "-x", "A")

