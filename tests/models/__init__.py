@@ -1,0 +1,1 @@
+"""Tests of podrun.models: the model zoo."""
