@@ -1,0 +1,266 @@
+"""Rank information inside a worker: one table per launcher (podrun, torchrun, Slurm, Open MPI, PMI) -> WorkerInfo."""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from typing import Mapping
+
+from podrun.errors import PodrunError
+
+
+class RuntimeEnvError(PodrunError):
+    """The worker's environment is contradictory or malformed (a rank variable that is not a number...)."""
+
+
+# Each source maps WorkerInfo fields to the variable that carries them. The first source whose
+# `marker` variable is present wins; podrun first (it also sets torchrun's names), then torchrun,
+# then Slurm (srun), Open MPI (mpirun), PMI (MPICH / Intel MPI / hydra).
+SOURCES: dict[str, dict[str, str]] = {
+    "podrun": {
+        "marker": "PODRUN_NUM_REPLICAS",
+        "rank": "RANK",
+        "local_rank": "LOCAL_RANK",
+        "world_size": "WORLD_SIZE",
+        "local_world_size": "LOCAL_WORLD_SIZE",
+        "node_rank": "PODRUN_INSTANCE_INDEX",
+        "master_addr": "MASTER_ADDR",
+        "master_port": "MASTER_PORT",
+    },
+    "torchrun": {
+        "marker": "TORCHELASTIC_RUN_ID|LOCAL_WORLD_SIZE|RANK",
+        "rank": "RANK",
+        "local_rank": "LOCAL_RANK",
+        "world_size": "WORLD_SIZE",
+        "local_world_size": "LOCAL_WORLD_SIZE",
+        "node_rank": "GROUP_RANK",
+        "master_addr": "MASTER_ADDR",
+        "master_port": "MASTER_PORT",
+    },
+    "slurm": {
+        "marker": "SLURM_PROCID",
+        "rank": "SLURM_PROCID",
+        "local_rank": "SLURM_LOCALID",
+        "world_size": "SLURM_NTASKS",
+        "local_world_size": "SLURM_NTASKS_PER_NODE|SLURM_TASKS_PER_NODE",
+        "node_rank": "SLURM_NODEID",
+        "master_addr": "MASTER_ADDR",  # else the step's first node (rank 0), else SLURM_LAUNCH_NODE_IPADDR
+        "master_port": "MASTER_PORT",
+    },
+    "openmpi": {
+        "marker": "OMPI_COMM_WORLD_RANK",
+        "rank": "OMPI_COMM_WORLD_RANK",
+        "local_rank": "OMPI_COMM_WORLD_LOCAL_RANK",
+        "world_size": "OMPI_COMM_WORLD_SIZE",
+        "local_world_size": "OMPI_COMM_WORLD_LOCAL_SIZE",
+        "node_rank": "OMPI_COMM_WORLD_NODE_RANK",
+        "master_addr": "MASTER_ADDR",
+        "master_port": "MASTER_PORT",
+    },
+    "pmi": {
+        "marker": "PMI_RANK",
+        "rank": "PMI_RANK",
+        "local_rank": "MPI_LOCALRANKID|PMI_LOCAL_RANK",
+        "world_size": "PMI_SIZE",
+        "local_world_size": "MPI_LOCALNRANKS|PMI_LOCAL_SIZE",
+        "node_rank": "PMI_NODE_RANK",
+        "master_addr": "MASTER_ADDR",
+        "master_port": "MASTER_PORT",
+    },
+}
+
+DEFAULT_MASTER_PORT = 29500
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """Who this worker is, whichever launcher started it."""
+
+    source: str                 # podrun | torchrun | slurm | openmpi | pmi | single
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int              # instance (podrun) / node index
+    master_addr: str
+    master_port: int
+    # popdist-style view; derived from the ranks when podrun did not set them
+    num_instances: int
+    instance_index: int
+    num_replicas: int
+    local_replicas: int
+    replica_offset: int
+    devices_per_replica: int = 1
+    # batch decomposition from the plan, None when not launched by podrun
+    local_batch: int | None = None
+    grad_accum: int | None = None
+    global_batch: int | None = None
+    run_id: str | None = None
+    run_dir: str | None = None
+    plan_path: str | None = None
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _get(env: Mapping[str, str], names: str) -> tuple[str, str] | None:
+    for name in names.split("|"):
+        if env.get(name, "") != "":
+            return name, env[name]
+    return None
+
+
+def _int(env: Mapping[str, str], names: str, default: int | None = None) -> int | None:
+    hit = _get(env, names)
+    if hit is None:
+        return default
+    name, value = hit
+    m = re.match(r"^\s*(\d+)", value)  # SLURM_TASKS_PER_NODE may read "2(x3)"
+    if not m:
+        raise RuntimeEnvError(
+            f"environment variable {name}={value!r} is not a non-negative integer",
+            hint="unset it or fix the launcher that set it",
+        )
+    return int(m.group(1))
+
+
+def detect_source(env: Mapping[str, str]) -> str:
+    for source, table in SOURCES.items():
+        if _get(env, table["marker"]) is not None:
+            return source
+    return "single"
+
+
+def _slurm_first_node(env: Mapping[str, str]) -> str | None:
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if not nodelist:
+        return None
+    try:  # the jobscript engineer's bracket parser, when it exists
+        from podrun.jobscript.discover import expand_nodelist  # type: ignore
+
+        hosts = expand_nodelist(nodelist)
+        return hosts[0] if hosts else None
+    except Exception:  # noqa: BLE001 - fall back to a simple parse of the first entry
+        first = re.split(r",(?![^\[]*\])", nodelist)[0]
+        m = re.match(r"^([^\[]+)\[(\d+)", first)
+        return m.group(1) + m.group(2) if m else first
+
+
+def read_worker_info(env: Mapping[str, str] | None = None) -> WorkerInfo:
+    """Read rank info from the first launcher whose variables are present (see SOURCES)."""
+    env = os.environ if env is None else env
+    source = detect_source(env)
+    if source == "single":
+        rank, local_rank, world, local_world, node_rank = 0, 0, 1, 1, 0
+        master_addr, master_port = env.get("MASTER_ADDR", "127.0.0.1"), _int(env, "MASTER_PORT", DEFAULT_MASTER_PORT)
+    else:
+        t = SOURCES[source]
+        rank = _int(env, t["rank"], 0)
+        world = _int(env, t["world_size"], 1)
+        local_rank = _int(env, t["local_rank"], 0)
+        local_world = _int(env, t["local_world_size"], None)
+        node_rank = _int(env, t["node_rank"], None)
+        if local_world is None:
+            local_world = world if node_rank in (None, 0) and local_rank == rank else 1
+        if node_rank is None:
+            node_rank = rank // max(local_world, 1)
+        addr_hit = _get(env, t["master_addr"])
+        master_addr = addr_hit[1] if addr_hit else None
+        if master_addr is None and source == "slurm":
+            master_addr = _slurm_first_node(env) or env.get("SLURM_LAUNCH_NODE_IPADDR")
+        master_addr = master_addr or "127.0.0.1"
+        master_port = _int(env, t["master_port"], DEFAULT_MASTER_PORT)
+    if not (0 <= rank < world):
+        raise RuntimeEnvError(
+            f"rank {rank} is outside world size {world} (read from the {source} variables)",
+            hint="the launcher's rank and size variables disagree",
+        )
+    # popdist-style view
+    # (podrun's names, else popdist's as poprun sets them, else derived from the ranks)
+    num_instances = _int(env, "PODRUN_NUM_INSTANCES|POPDIST_NUM_INSTANCES", None)
+    if num_instances is None:
+        num_instances = max(1, world // max(local_world, 1))
+    instance_index = _int(env, "PODRUN_INSTANCE_INDEX|POPDIST_INSTANCE_INDEX", node_rank)
+    num_replicas = _int(env, "PODRUN_NUM_REPLICAS|POPDIST_NUM_TOTAL_REPLICAS", world)
+    local_replicas = _int(env, "PODRUN_LOCAL_REPLICAS|POPDIST_NUM_LOCAL_REPLICAS", local_world)
+    replica_offset = _int(env, "PODRUN_REPLICA_OFFSET|POPDIST_REPLICA_INDEX_OFFSET", None)
+    if replica_offset is None:
+        replica_offset = rank - local_rank
+    return WorkerInfo(
+        source=source,
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world,
+        local_world_size=local_world,
+        node_rank=node_rank,
+        master_addr=master_addr,
+        master_port=master_port,
+        num_instances=num_instances,
+        instance_index=instance_index,
+        num_replicas=num_replicas,
+        local_replicas=local_replicas,
+        replica_offset=replica_offset,
+        devices_per_replica=_int(env, "PODRUN_DEVICES_PER_REPLICA|POPDIST_NUM_IPUS_PER_REPLICA", 1),
+        local_batch=_int(env, "PODRUN_LOCAL_BATCH", None),
+        grad_accum=_int(env, "PODRUN_GRAD_ACCUM", None),
+        global_batch=_int(env, "PODRUN_GLOBAL_BATCH", None),
+        run_id=env.get("PODRUN_RUN_ID") or None,
+        run_dir=env.get("PODRUN_RUN_DIR") or None,
+        plan_path=env.get("PODRUN_PLAN") or None,
+    )
+
+
+def read_plan(info: WorkerInfo | None = None) -> dict | None:
+    """The plan.json the launcher wrote (PODRUN_PLAN), as a dict; None when not launched by podrun."""
+    info = info or read_worker_info()
+    if not info.plan_path:
+        return None
+    try:
+        with open(info.plan_path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise RuntimeEnvError(
+            f"PODRUN_PLAN points to {info.plan_path}, which does not exist",
+            hint="the run directory must be visible on every host (shared file system) or copied there",
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise RuntimeEnvError(f"{info.plan_path}: not valid JSON ({exc})") from None
+
+
+# popdist-style queries (getNumInstances, getInstanceIndex, ...), valid under any launcher
+def num_instances() -> int:
+    return read_worker_info().num_instances
+
+
+def instance_index() -> int:
+    return read_worker_info().instance_index
+
+
+def num_total_replicas() -> int:
+    return read_worker_info().num_replicas
+
+
+def num_local_replicas() -> int:
+    return read_worker_info().local_replicas
+
+
+def replica_index_offset() -> int:
+    return read_worker_info().replica_offset
+
+
+def local_batch() -> int | None:
+    return read_worker_info().local_batch
+
+
+def grad_accum() -> int | None:
+    return read_worker_info().grad_accum
+
+
+def global_batch() -> int | None:
+    return read_worker_info().global_batch

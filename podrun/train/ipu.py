@@ -1,0 +1,145 @@
+"""The IPU path of the runner: poptorch drives the instance's replicas, GA and device iterations in one call.
+
+One worker per instance (see podrun.plan.env.workers_per_instance); poptorch.Options carries
+replicationFactor = local replicas, Training.gradientAccumulation = GA and, across instances,
+Distributed.configureProcessId(instance index, instances), as popdist.poptorch.Options would.
+Images reach the device as uint8 and are normalised there (inside the wrapped model).
+Only the poptorch API is used; tests run it against a fake poptorch (poptorch is not on PyPI).
+"""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from podrun.runtime.distributed import Device
+from podrun.runtime.env import WorkerInfo
+from podrun.train import checkpoint as ckpt
+from podrun.train.data import Loader, Shard, load_dataset, steps_per_epoch
+from podrun.train.metrics import MetricsWriter
+from podrun.train.optim import lr_factor, soft_cross_entropy
+
+
+class TrainingWrapper(nn.Module):
+    """uint8 images -> normalise -> model -> (logits, loss): the loss must live inside the IPU graph."""
+
+    def __init__(self, model: nn.Module, mean, std, smoothing: float, half: bool):
+        super().__init__()
+        self.model, self.smoothing, self.half = model, smoothing, half
+        self.register_buffer("mean", torch.tensor(mean).view(1, -1, 1, 1) * 255, persistent=False)
+        self.register_buffer("std", torch.tensor(std).view(1, -1, 1, 1) * 255, persistent=False)
+
+    def forward(self, x, y):
+        import poptorch
+
+        x = (x.float() - self.mean) / self.std
+        if self.half:
+            x = x.half()
+        logits = self.model(x)
+        loss = poptorch.identity_loss(soft_cross_entropy(logits.float(), y, self.smoothing), reduction="mean")
+        return logits, loss
+
+
+def _optimizer(poptorch, params, cfg, lr: float, half: bool):
+    name = cfg.optimizer.lower()
+    kw: dict[str, Any] = {"lr": lr, "weight_decay": cfg.weight_decay}
+    if half:
+        kw["loss_scaling"] = 128.0
+    if name in ("sgd", "lars"):  # poptorch has no LARS: SGD with the same momentum (said in the notes)
+        return poptorch.optim.SGD(params, momentum=cfg.momentum, **kw)
+    if name in ("rmsprop", "rmsprop_tf"):
+        return poptorch.optim.RMSprop(params, alpha=cfg.rho, momentum=cfg.momentum, **kw)
+    return poptorch.optim.AdamW(params, betas=tuple(cfg.betas), **kw)
+
+
+def train_ipu(cfg, info: WorkerInfo, device: Device) -> dict[str, Any]:
+    import poptorch
+
+    from podrun.train.runner import TrainError, _build_model, _resolve_run_dir, decompose
+
+    t0 = time.time()
+    b, a, g = decompose(cfg, info, replicas=info.num_replicas)
+    shard = Shard(local_batch=b, grad_accum=a, replicas=info.num_replicas, replica_offset=info.replica_offset,
+                  local_replicas=info.local_replicas)
+    run_dir = _resolve_run_dir(cfg, info)
+    main = info.instance_index == 0
+    metrics = MetricsWriter(run_dir, enabled=main, console=cfg.console and main, log_every=cfg.log_every)
+    train_ds, _ = load_dataset(cfg.data, image_size=cfg.image_size, num_classes=cfg.num_classes,
+                               synthetic_size=cfg.synthetic_size, seed=cfg.seed)
+    spe = steps_per_epoch(len(train_ds), shard)
+    total = cfg.steps if cfg.steps is not None else int(math.ceil((cfg.epochs or 1) * spe))
+    from podrun.plan.lr import scale
+
+    lr = cfg.lr if cfg.lr is not None else scale(cfg.lr_base, cfg.lr_rule, g, cfg.lr_reference_batch)
+    warmup_epochs = cfg.warmup_epochs if cfg.warmup_epochs is not None else cfg.warmup_base
+    warmup = int(round(warmup_epochs * spe))
+
+    torch.manual_seed(cfg.seed)  # the same on every instance: equal weights without a broadcast
+    model = _build_model(cfg)
+    half = cfg.amp in ("fp16", "auto_fp16", "half")
+    if half:
+        model = model.half()
+    wrapper = TrainingWrapper(model, train_ds.mean, train_ds.std, cfg.label_smoothing, half)
+
+    opts = poptorch.Options()
+    opts.randomSeed(cfg.seed)
+    opts.deviceIterations(1)
+    opts.replicationFactor(info.local_replicas)
+    opts.Training.gradientAccumulation(a)
+    if info.num_instances > 1:
+        opts.Distributed.configureProcessId(info.instance_index, info.num_instances)
+
+    def sched(step: int) -> float:
+        return lr * lr_factor(step, total_steps=total, warmup_steps=warmup, schedule={"polynomial": "poly"}.get(
+            cfg.schedule, cfg.schedule), power=cfg.power, end_factor=cfg.end_factor, gamma=cfg.gamma)
+
+    step = 0
+    ckpt_dir = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else run_dir / "checkpoints"
+    if cfg.resume:
+        found = ckpt.load_latest(ckpt_dir)
+        if found:
+            model.load_state_dict(found[1]["model"])
+            step = found[1]["step"]
+    optimizer = _optimizer(poptorch, wrapper.parameters(), cfg, sched(step), half)
+    tm = poptorch.trainingModel(wrapper, options=opts, optimizer=optimizer)
+    metrics.write({"kind": "run", "event": "start", "step": step, "world_size": info.world_size,
+                   "instances": info.num_instances, "replicas": info.num_replicas, "local_batch": b,
+                   "grad_accum": a, "global_batch": g, "total_steps": total, "device": "ipu", "lr": lr})
+    t_last = time.perf_counter()
+    loader = Loader(train_ds, shard, seed=cfg.seed, start_epoch=step // spe, start_step=step % spe,
+                    prefetch=3 if cfg.prefetch is None else cfg.prefetch)
+    for epoch, _, micro in loader:
+        if step >= total:
+            break
+        # poptorch takes the instance's whole step at once: micro batches x replicas x GA
+        x = torch.cat([m[0] for m in micro])
+        y = torch.cat([m[1] for m in micro])
+        logits, loss = tm(x, y)
+        loss_v = float(torch.as_tensor(loss).float().mean())
+        if not math.isfinite(loss_v):
+            raise TrainError(f"loss became {loss_v} at step {step + 1}", exit_code=1)
+        step += 1
+        optimizer = _optimizer(poptorch, wrapper.parameters(), cfg, sched(step), half)
+        tm.setOptimizer(optimizer)
+        now = time.perf_counter()
+        dt, t_last = now - t_last, now
+        acc = float((torch.as_tensor(logits).argmax(-1) == y[: len(logits)]).float().mean())
+        metrics.write({"kind": "step", "step": step, "epoch": epoch, "loss": loss_v, "accuracy": acc,
+                       "lr": sched(step - 1), "images_per_sec": g / dt,
+                       "images_per_sec_instance": len(y) / dt, "step_seconds": dt})
+        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and main:
+            tm.copyWeightsToHost()
+            ckpt.save({"model": model.state_dict(), "step": step, "global_batch": g}, ckpt_dir, step)
+    tm.copyWeightsToHost()
+    if main and step:
+        ckpt.save({"model": model.state_dict(), "step": step, "global_batch": g}, ckpt_dir, step)
+    tm.detachFromDevice()
+    summary = {"steps": step, "total_steps": total, "global_batch": g, "local_batch": b, "grad_accum": a,
+               "replicas": info.num_replicas, "seconds": time.time() - t0, "run_dir": str(run_dir)}
+    metrics.write({"kind": "run", "event": "end", "step": step, "seconds": summary["seconds"]})
+    metrics.close()
+    return summary

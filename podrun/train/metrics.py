@@ -1,0 +1,83 @@
+"""Metrics: JSON lines per step and per epoch in the run directory, a short live console line, and reading them back."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+METRICS_FILE = "metrics.jsonl"
+
+
+class MetricsWriter:
+    """Appends one JSON object per line (``kind``: step | epoch | eval | run) and flushes each line."""
+
+    def __init__(self, run_dir: str | os.PathLike | None, enabled: bool = True, console: bool = True,
+                 log_every: int = 10, stream=None):
+        self.enabled = enabled and run_dir is not None
+        self.console = console and enabled
+        self.log_every = max(1, log_every)
+        self.stream = stream or sys.stdout
+        self.path = Path(run_dir) / METRICS_FILE if run_dir is not None else None
+        self._f = None
+        if self.enabled:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._f = open(self.path, "a", buffering=1)
+
+    def write(self, record: dict[str, Any]) -> None:
+        record = {"time": round(time.time(), 3), **record}
+        if self._f is not None:
+            self._f.write(json.dumps(record, default=float) + "\n")
+        if self.console:
+            line = format_line(record, self.log_every)
+            if line:
+                print(line, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+
+def format_line(r: dict[str, Any], log_every: int = 1) -> str | None:
+    kind = r.get("kind")
+    if kind == "step":
+        if r["step"] % log_every and r["step"] != 1:
+            return None
+        return (f"step {r['step']:>6}  epoch {r['epoch']:>3}  loss {r['loss']:.4f}  acc {r['accuracy']:.3f}  "
+                f"lr {r['lr']:.4g}  {r['images_per_sec']:.1f} img/s")
+    if kind == "eval":
+        return (f"eval  step {r['step']:>6}  epoch {r['epoch']:>3}  val_loss {r['val_loss']:.4f}  "
+                f"val_acc {r['val_accuracy']:.4f}")
+    if kind == "epoch":
+        return (f"epoch {r['epoch']:>3} done  loss {r['loss']:.4f}  acc {r['accuracy']:.3f}  "
+                f"{r['images_per_sec']:.1f} img/s  {r['seconds']:.1f}s")
+    if kind == "run":
+        return f"run {r.get('event')}: " + ", ".join(f"{k}={v}" for k, v in r.items()
+                                                      if k not in ("kind", "event", "time"))
+    return None
+
+
+def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """Every record, tolerating a torn last line (a worker killed mid-write)."""
+    p = Path(run_dir)
+    p = p if p.is_file() else p / METRICS_FILE
+    out = []
+    with open(p) as f:
+        for line in f:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out
+
+
+def latest_by_step(records: Iterable[dict], kind: str) -> list[dict]:
+    """Records of ``kind``, one per step (the last written wins: a resumed run redoes some steps)."""
+    by = {}
+    for r in records:
+        if r.get("kind") == kind:
+            by[r["step"]] = r
+    return [by[k] for k in sorted(by)]

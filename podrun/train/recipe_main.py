@@ -1,0 +1,137 @@
+"""The shared command line of recipes/*/train.py: arguments + recipe.yaml + plan.json -> TrainConfig -> train()."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any, Sequence
+
+from podrun.errors import PodrunError
+
+
+def parser(recipe_name: str, default_data: str = "synthetic") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=f"{recipe_name}/train.py",
+        description=f"Train the {recipe_name} recipe. Runs standalone, under torchrun, srun, mpirun or podrun launch.")
+    a = p.add_argument
+    a("--data", default=default_data, help="digits | synthetic | a CIFAR-10 folder | an ImageNet-style folder "
+                                          f"(default {default_data})")
+    a("--epochs", type=float, default=None, help="epochs (default: the plan's, else the recipe's)")
+    a("--steps", type=int, default=None, help="stop after this many weight updates")
+    a("--deterministic", action="store_true", help="deterministic algorithms (slower)")
+    a("--seed", type=int, default=0, help="the same on every worker: equal initial weights without a broadcast")
+    a("--checkpoint-every", type=int, default=0, metavar="STEPS", help="checkpoint every N updates (and at the end)")
+    a("--checkpoint-dir", default=None, help="default: <run dir>/checkpoints")
+    a("--no-resume", action="store_true", help="ignore existing checkpoints")
+    a("--run-dir", default=None, help="default: $PODRUN_RUN_DIR, else runs/<recipe>-<time>")
+    a("--amp", default=None, choices=["auto", "off", "bf16", "fp16"],
+      help="mixed precision (default: the recipe's precision on CUDA, off on CPU)")
+    a("--channels-last", action="store_true", help="NHWC memory format (faster convs on GPU)")
+    a("--compile", action="store_true", help="torch.compile the model")
+    a("--fsdp", action="store_true", help="shard parameters, gradients and optimizer state (FSDP) instead of DDP")
+    a("--local-batch", type=int, default=None, help="default: $PODRUN_LOCAL_BATCH, else global / workers")
+    a("--grad-accum", type=int, default=None, help="default: $PODRUN_GRAD_ACCUM, else 1")
+    a("--global-batch", type=int, default=None, help="default: $PODRUN_GLOBAL_BATCH, else the recipe's")
+    a("--lr", type=float, default=None, help="peak learning rate (default: the plan's, else recipe lr scaled by its rule)")
+    a("--warmup-epochs", type=float, default=None)
+    a("--image-size", type=int, default=None, help="default: the recipe's dataset.image_size")
+    a("--norm", choices=["batch", "group"], default=None, help="model normalisation (default: the recipe's)")
+    a("--device", default="auto", choices=["auto", "cpu", "cuda", "ipu"])
+    a("--eval-every", type=int, default=1, metavar="EPOCHS", help="0: only at the end")
+    a("--log-every", type=int, default=10, metavar="STEPS")
+    a("--threads", type=int, default=None, help="CPU threads per worker")
+    a("--synthetic-size", type=int, default=None, help="samples per synthetic epoch (default: 20 global batches)")
+    a("--quiet", action="store_true", help="no console line per step")
+    return p
+
+
+def build_config(recipe, args: argparse.Namespace, plan: dict | None, overrides: dict[str, Any] | None = None):
+    """TrainConfig from the recipe (podrun.specs.RecipeSpec), the plan (dict or None) and the arguments."""
+    from podrun.train.runner import TrainConfig
+
+    ds, opt, sch = recipe.dataset, recipe.optimizer, recipe.schedule
+    from podrun import models
+
+    known = models.options(recipe.model.name)
+    image_size = args.image_size or ds.image_size
+    model_kwargs: dict[str, Any] = {}
+    for key, value in (("norm", recipe.model.norm), ("stem", recipe.model.stem),
+                       ("classifier", recipe.model.classifier), ("norm", args.norm)):
+        if value and key in known and (key != "norm" or value in ("batch", "group")):
+            model_kwargs[key] = value
+    if "image_size" in known:
+        model_kwargs["image_size"] = image_size
+    num_classes = ds.num_classes
+    if args.data == "digits":
+        num_classes = max(num_classes, 10)
+    global_batch = args.global_batch
+    if global_batch is None and args.local_batch is None and not os.environ.get("PODRUN_GLOBAL_BATCH"):
+        global_batch = recipe.global_batch
+    lr, warmup, epochs = args.lr, args.warmup_epochs, args.epochs
+    if plan is not None:
+        lr = plan["learning_rate"] if lr is None else lr
+        warmup = plan["warmup_epochs"] if warmup is None else warmup
+        epochs = plan["epochs"] if epochs is None and args.steps is None else epochs
+    if epochs is None and args.steps is None:
+        epochs = recipe.epochs
+    precision = recipe.precision
+    amp = args.amp or {"fp16": "fp16", "bf16": "bf16", "amp": "auto", "fp32": "off"}[precision]
+    if amp == "fp16" and args.amp is None:
+        amp = "auto_fp16"
+    cfg = TrainConfig(
+        model=recipe.model.name, model_kwargs=model_kwargs, name=recipe.name, data=args.data,
+        image_size=image_size, num_classes=num_classes,
+        synthetic_size=args.synthetic_size or 0, epochs=epochs, steps=args.steps,
+        local_batch=args.local_batch, grad_accum=args.grad_accum, global_batch=global_batch,
+        lr=lr, warmup_epochs=warmup, lr_base=recipe.lr.base, lr_reference_batch=recipe.lr.reference_batch,
+        lr_rule=recipe.lr.rule, warmup_base=sch.warmup_epochs, warmup_rule=recipe.lr.warmup_rule,
+        optimizer=opt.name, momentum=opt.momentum, weight_decay=opt.weight_decay, nesterov=opt.nesterov,
+        eeta=opt.eeta, eps=None if opt.name in ("rmsprop", "sgd", "lars") else opt.eps, betas=tuple(opt.betas),
+        rho=opt.alpha, exclude_bias_and_norm=opt.exclude_bias_and_norm,
+        schedule=sch.name, power=sch.power, end_factor=sch.end_factor, gamma=sch.gamma,
+        step_epochs=(sch.milestones[0] if sch.milestones else None),
+        label_smoothing=recipe.label_smoothing, mixup=recipe.mixup, cutmix=recipe.cutmix,
+        amp=amp, channels_last=args.channels_last, compile=args.compile, fsdp=args.fsdp,
+        deterministic=args.deterministic, seed=args.seed, device=args.device, threads=args.threads,
+        run_dir=args.run_dir, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+        resume=not args.no_resume, eval_every=args.eval_every, log_every=args.log_every, console=not args.quiet,
+    )
+    for k, v in (overrides or {}).items():
+        setattr(cfg, k, v)
+    return cfg
+
+
+def main(recipe_dir: str, argv: Sequence[str] | None = None, default_data: str = "synthetic",
+         overrides: dict[str, Any] | None = None) -> int:
+    """Entry point of a recipe's train.py; PodrunError -> one paragraph on stderr and its exit code."""
+    name = os.path.basename(os.path.abspath(recipe_dir))
+    args = parser(name, default_data).parse_args(argv)
+    try:
+        from podrun.runtime.env import read_plan, read_worker_info
+        from podrun.specs import load_recipe
+        from podrun.train.runner import train
+
+        recipe = load_recipe(recipe_dir)
+        info = read_worker_info()
+        plan = read_plan(info)
+        cfg = build_config(recipe, args, plan, overrides)
+        if cfg.amp == "auto_fp16":  # the recipe's 16-bit precision: fp16 + loss scaling on GPU, off on CPU
+            from podrun.runtime.distributed import select_device
+
+            cfg.amp = "fp16" if select_device(cfg.device, info).kind in ("cuda", "ipu") else "off"
+        if not cfg.synthetic_size:
+            world = info.world_size
+            cfg.synthetic_size = 20 * (cfg.global_batch or (cfg.local_batch or info.local_batch or 8) * world
+                                      * (cfg.grad_accum or info.grad_accum or 1))
+        summary = train(cfg, info)
+    except PodrunError as exc:
+        rank = os.environ.get("RANK", "0")
+        msg = f"{name}/train.py (rank {rank}): error: {exc.message}"
+        if exc.hint:
+            msg += f"\n  hint: {exc.hint}"
+        print(msg, file=sys.stderr, flush=True)
+        return exc.exit_code
+    if summary.get("val_accuracy") is not None and not args.quiet and info.rank == 0:
+        print(f"done: {summary['steps']} steps, val_accuracy {summary['val_accuracy']:.4f}, "
+              f"{summary['seconds']:.1f}s, run dir {summary['run_dir']}", flush=True)
+    return 0

@@ -1,0 +1,161 @@
+"""Proof: kill -9 a 2-worker gloo run mid-training, restart it, and the loss curve continues as if uninterrupted.
+Also: kill -9 during a checkpoint save never corrupts the last good checkpoint."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from podrun.train import checkpoint as ckpt
+from podrun.train.metrics import latest_by_step, read_metrics
+from tests.train.train_procs import start_workers, wait_all
+
+STEPS = 40
+
+
+def _opts(run_dir):
+    return dict(data="digits", image_size=16, num_classes=10, steps=STEPS, global_batch=32, lr=0.1,
+                optimizer="sgd", momentum=0.9, schedule="cosine", warmup_epochs=0.2, deterministic=True,
+                seed=3, eval_every=1, console=False, checkpoint_every=5, run_dir=str(run_dir))
+
+
+def _wait_for_step(run_dir, step: int, procs, timeout: float = 90) -> int:
+    deadline = time.time() + timeout
+    path = run_dir / "metrics.jsonl"
+    while time.time() < deadline:
+        if path.exists():
+            done = [r["step"] for r in read_metrics(run_dir) if r.get("kind") == "step"]
+            if done and max(done) >= step:
+                return max(done)
+        for p in procs:
+            assert p.poll() is None, f"a worker ended before step {step}:\n{p.communicate()[0][-2000:]}"
+        time.sleep(0.01)
+    raise AssertionError(f"step {step} not reached in {timeout}s")
+
+
+@pytest.mark.timeout(240)
+def test_kill9_mid_training_then_resume_continues_the_curve(tmp_path):
+    ref_dir, run_dir = tmp_path / "uninterrupted", tmp_path / "killed"
+    ref = start_workers(2, _opts(ref_dir))
+    victim = start_workers(2, _opts(run_dir))
+    seen = _wait_for_step(run_dir, 12, victim)
+    for p in victim:
+        p.send_signal(signal.SIGKILL)
+    for p in victim:
+        p.wait()
+    assert all(p.returncode == -signal.SIGKILL for p in victim)
+    before = read_metrics(run_dir)
+    assert not any(r.get("event") == "end" for r in before), "the run finished before it was killed"
+    saved = [int(p.name[5:14]) for p in ckpt.list_checkpoints(run_dir / "checkpoints")]
+    assert saved and max(saved) <= seen < STEPS, (saved, seen)
+
+    wait_all(start_workers(2, _opts(run_dir)), timeout=180)   # the restart: same command
+    wait_all(ref, timeout=180)
+
+    records = read_metrics(run_dir)
+    resume = [r for r in records if r.get("event") == "resume"]
+    assert len(resume) == 1 and resume[0]["step"] == max(saved), resume
+    got = [(r["step"], r["loss"], r["lr"]) for r in latest_by_step(records, "step")]
+    want = [(r["step"], r["loss"], r["lr"]) for r in latest_by_step(read_metrics(ref_dir), "step")]
+    assert [s for s, _, _ in got] == list(range(1, STEPS + 1))
+    assert got == pytest.approx(want, rel=1e-6, abs=1e-7)
+    final = {r["step"]: r["val_accuracy"] for r in records if r.get("kind") == "eval"}
+    final_ref = {r["step"]: r["val_accuracy"] for r in read_metrics(ref_dir) if r.get("kind") == "eval"}
+    assert final[STEPS] == pytest.approx(final_ref[STEPS])
+    a = torch.load(ckpt.list_checkpoints(run_dir / "checkpoints")[-1], weights_only=False)
+    b = torch.load(ckpt.list_checkpoints(ref_dir / "checkpoints")[-1], weights_only=False)
+    assert a["step"] == b["step"] == STEPS
+    for k in b["model"]:
+        torch.testing.assert_close(a["model"][k], b["model"][k], rtol=1e-6, atol=1e-7)
+
+
+SAVER = textwrap.dedent("""
+    import sys, torch
+    from podrun.train import checkpoint as ckpt
+    d = sys.argv[1]
+    for step in range(1, 100000):
+        ckpt.save({"step": step, "w": torch.full((4_000_000,), float(step))}, d, step, keep=2)
+""")
+
+
+@pytest.mark.timeout(60)
+def test_kill9_during_save_leaves_a_good_checkpoint(tmp_path):
+    d = tmp_path / "ck"
+    for attempt in range(3):
+        p = subprocess.Popen([sys.executable, "-c", SAVER, str(d)])
+        try:
+            deadline = time.time() + 30
+            # wait until a save is in flight (its temporary file exists) after at least one completed
+            while time.time() < deadline:
+                if ckpt.list_checkpoints(d) and any(f.name.startswith(".ckpt-") for f in d.iterdir()):
+                    break
+                time.sleep(0.002)
+            else:
+                raise AssertionError("never saw a save in flight")
+            os.kill(p.pid, signal.SIGKILL)
+        finally:
+            p.wait()
+        found = ckpt.load_latest(d)
+        assert found is not None
+        path, state = found
+        assert state["step"] == int(path.name[5:14])
+        assert torch.equal(state["w"], torch.full((4_000_000,), float(state["step"])))
+    # leftovers are temporary files only, never a torn ckpt-*.pt
+    for f in ckpt.list_checkpoints(d):
+        torch.load(f, weights_only=False)
+
+
+def _workers_with(seed: str) -> list[int]:
+    """pids of train.py workers (argv[1] is train.py; not the agent, whose command line also names it)."""
+    found = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                argv = open(f"/proc/{d}/cmdline", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            if len(argv) > 1 and argv[1].endswith(b"train.py") and seed.encode() in argv:
+                found.append(int(d))
+    return sorted(found)
+
+
+@pytest.mark.timeout(240)
+def test_podrun_launch_max_restarts_resumes_from_the_checkpoint(tmp_path):
+    """podrun launch --max-restarts 1: kill -9 one worker mid-run; the launcher restarts the run and
+    train.py resumes from the newest checkpoint under the same run directory and finishes."""
+    from pathlib import Path
+
+    seed = str(40000 + os.getpid() % 10000)   # marks this test's workers for pgrep
+    train_args = ["--data", "digits", "--image-size", "8", "--steps", "40", "--checkpoint-every", "5",
+                  "--seed", seed, "--quiet"]
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PODRUN_", "SLURM_", "OMPI_", "PMI_")) and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "podrun", "launch", "--max-restarts", "1", "--global-batch", "32",
+         "--master-port", str(__import__("tests.train.train_procs", fromlist=["free_port"]).free_port()),
+         "--runs-dir", str(tmp_path / "runs"), "--run-id", "mr", str(root / "recipes" / "resnet18_cifar10"),
+         *train_args], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run_dir = tmp_path / "runs" / "mr"
+    try:
+        _wait_for_step(run_dir, 12, [launcher], timeout=120)
+        pids = _workers_with(seed)
+        assert len(pids) == 2, pids
+        os.kill(int(pids[-1]), signal.SIGKILL)
+        out, _ = launcher.communicate(timeout=150)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    assert launcher.returncode == 0, out[-3000:]
+    records = read_metrics(run_dir)
+    resume = [r for r in records if r.get("event") == "resume"]
+    assert len(resume) == 1 and resume[0]["step"] >= 10 and resume[0]["step"] % 5 == 0, out[-2000:]
+    assert [r["step"] for r in latest_by_step(records, "step")] == list(range(1, 41))
+    assert [r for r in records if r.get("event") == "end"][-1]["step"] == 40
