@@ -1,7 +1,6 @@
 """Plan options shared by plan/launch/script/hosts, and resolving them into a Plan (hosts from the right source)."""
 from __future__ import annotations
 
-import functools
 import os
 from dataclasses import dataclass
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from podrun.cli.options import plan_options, pop_plan_options
+from podrun.cli.script_cmd import DashDashCommand, split_recipe
 from podrun.errors import HostError, PodrunError
 
 SCHEDULER_CHOICES = ("slurm", "pbs", "uge")
@@ -46,21 +47,7 @@ def _pick_scheduler(scheduler: str | None) -> str:
     return scheduler
 
 
-class _DashDashCommand(click.Command):
-    """Keeps what follows `--` apart: `submit RECIPE -- ARGS` and `submit -- COMMAND` both work."""
-
-    def parse_args(self, ctx, args):
-        args = list(args)
-        if "--" in args:
-            i = args.index("--")
-            ctx.meta["podrun_dashdash"] = tuple(args[i + 1:])
-            args = args[:i]
-        else:
-            ctx.meta["podrun_dashdash"] = None
-        return super().parse_args(ctx, args)
-
-
-@click.command(cls=_DashDashCommand)
+@click.command(cls=DashDashCommand)
 @_scheduler_option
 @plan_options
 @click.option("--time", "time_limit", help="Wall time: HH:MM:SS, D-HH:MM:SS, or 90m / 2h.")
@@ -95,7 +82,7 @@ def submit(ctx, scheduler, time_limit, partition, queue, group, account, job_nam
 
     scheduler = _pick_scheduler(scheduler)
     popts = pop_plan_options(kwargs)
-    recipe, args = _split_recipe(ctx, recipe, args)
+    recipe, args = split_recipe(ctx, recipe, args)
     explicit_cluster = popts.get("cluster") or popts.get("pod")
     if not explicit_cluster and not popts.get("hosts_opt") and not popts.get("hostfile"):
         # no cluster spec: the cluster is what the scheduler will allocate, --nodes N hosts
@@ -166,20 +153,6 @@ def submit(ctx, scheduler, time_limit, partition, queue, group, account, job_nam
     if st.state == "GONE":
         code = 1
     sys.exit(code)   # main.py turns SystemExit into the exit code (a click Exit would read as 0)
-
-
-def _split_recipe(ctx, recipe, args):
-    """(recipe or None, args after --): `submit RECIPE -- ARGS` or `submit -- COMMAND`."""
-    after = ctx.meta.get("podrun_dashdash")
-    if args:
-        raise click.UsageError(f"unexpected argument(s) {' '.join(args)}: put a command's arguments after --")
-    if after is None:
-        if recipe is None:
-            raise click.UsageError("give a RECIPE, or a command after --")
-        return recipe, ()
-    if recipe is None and not after:
-        raise click.UsageError("nothing to run: give a RECIPE or a command after --")
-    return recipe, tuple(after)
 
 
 def _launch_options(run_id: str, run_dir: Path) -> list[str]:

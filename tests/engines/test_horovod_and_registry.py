@@ -1,7 +1,6 @@
 """Engine registry and the horovod engine (horovod itself is FAKE here: it does not build against torch 2.13)."""
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
