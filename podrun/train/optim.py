@@ -36,31 +36,40 @@ class LARS(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
+            # multi-tensor (foreach) ops: one kernel launch per step per group, not ~10 per parameter
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            grads = [p.grad for p in params]
             lr, mom, wd, eeta = group["lr"], group["momentum"], group["weight_decay"], group["eeta"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                g = p.grad
-                if group["lars"]:
-                    w_norm = torch.linalg.vector_norm(p)
-                    g_norm = torch.linalg.vector_norm(g)
-                    trust = torch.where(
-                        (w_norm > 0) & (g_norm > 0),
-                        eeta * w_norm / (g_norm + wd * w_norm + group["eps"]),
-                        torch.ones_like(w_norm),
-                    )
-                    update = (g + wd * p) * (trust * lr)
-                else:
-                    update = g * lr
-                state = self.state[p]
-                if mom != 0:
-                    buf = state.get("momentum_buffer")
-                    if buf is None:
-                        buf = state["momentum_buffer"] = update.clone()
+            if group["lars"]:
+                w_norm = torch.stack(torch._foreach_norm(params))
+                g_norm = torch.stack(torch._foreach_norm(grads))
+                trust = torch.where((w_norm > 0) & (g_norm > 0),
+                                    eeta * w_norm / (g_norm + wd * w_norm + group["eps"]),
+                                    torch.ones_like(w_norm)) * lr
+                updates = torch._foreach_add(grads, params, alpha=wd) if wd else [g.clone() for g in grads]
+                torch._foreach_mul_(updates, list(trust.unbind(0)))
+            else:
+                updates = torch._foreach_mul(grads, lr)
+            if mom != 0:
+                bufs, fresh = [], []
+                for p, u in zip(params, updates):
+                    state = self.state[p]
+                    if "momentum_buffer" in state:
+                        bufs.append(state["momentum_buffer"])
+                        fresh.append(u)
                     else:
-                        buf.mul_(mom).add_(update)
-                    update = update.add(buf, alpha=mom) if group["nesterov"] else buf
-                p.sub_(update)
+                        state["momentum_buffer"] = u.clone()
+                if bufs:
+                    torch._foreach_mul_(bufs, mom)
+                    torch._foreach_add_(bufs, fresh)
+                all_bufs = [self.state[p]["momentum_buffer"] for p in params]
+                if group["nesterov"]:
+                    torch._foreach_add_(updates, all_bufs, alpha=mom)
+                else:
+                    updates = all_bufs
+            torch._foreach_sub_(params, updates)
         return loss
 
 
