@@ -230,18 +230,26 @@ def _check(name: str, where: str) -> str:
     return name
 
 
+def _lines(path: str, source: str):
+    """(where, line) for each non-blank line of an allocation file; where = 'SOURCE=path:lineno'."""
+    for lineno, raw in enumerate(_read(path, source).splitlines(), 1):
+        line = raw.strip()
+        if line:
+            yield f"{source}={path}:{lineno}", line
+
+
+def _one_host(line: str, where: str) -> str:
+    if len(line.split()) != 1:
+        raise HostError(f"{where}: expected one host name per line, got {line!r}")
+    return _check(line, where)
+
+
 def read_pbs_nodefile(path: str, source: str = "PBS_NODEFILE") -> tuple[HostEntry, ...]:
     """PBS_NODEFILE: one line per slot (a host repeats once per MPI process); hosts deduplicated
     in order of first appearance, slots = the number of lines naming each host."""
     counts: dict[str, int] = {}
-    for lineno, raw in enumerate(_read(path, source).splitlines(), 1):
-        line = raw.strip()
-        if not line:
-            continue
-        where = f"{source}={path}:{lineno}"
-        if len(line.split()) != 1:
-            raise HostError(f"{where}: expected one host name per line, got {line!r}")
-        name = _check(line, where)
+    for where, line in _lines(path, source):
+        name = _one_host(line, where)
         counts[name] = counts.get(name, 0) + 1
     if not counts:
         raise HostError(f"{source}={path} lists no hosts")
@@ -252,11 +260,7 @@ def read_pe_hostfile(path: str, source: str = "PE_HOSTFILE") -> tuple[HostEntry,
     """Grid Engine PE_HOSTFILE: 'host slots queue processor-range' per line; a host on several
     lines (several queues) has its slots added."""
     counts: dict[str, int] = {}
-    for lineno, raw in enumerate(_read(path, source).splitlines(), 1):
-        line = raw.strip()
-        if not line:
-            continue
-        where = f"{source}={path}:{lineno}"
+    for where, line in _lines(path, source):
         fields = line.split()
         if len(fields) < 2 or not fields[1].isdigit() or int(fields[1]) < 1:
             raise HostError(f"{where}: expected 'HOST SLOTS QUEUE PROCESSORS', got {line!r}",
@@ -271,14 +275,8 @@ def read_pe_hostfile(path: str, source: str = "PE_HOSTFILE") -> tuple[HostEntry,
 def read_sge_hostlist(path: str, source: str = "SGE_JOB_HOSTLIST") -> tuple[HostEntry, ...]:
     """ABCI's SGE_JOB_HOSTLIST: a file with one host per line (repeats are dropped, order kept)."""
     seen: dict[str, None] = {}
-    for lineno, raw in enumerate(_read(path, source).splitlines(), 1):
-        line = raw.strip()
-        if not line:
-            continue
-        where = f"{source}={path}:{lineno}"
-        if len(line.split()) != 1:
-            raise HostError(f"{where}: expected one host name per line, got {line!r}")
-        seen.setdefault(_check(line, where), None)
+    for where, line in _lines(path, source):
+        seen.setdefault(_one_host(line, where), None)
     if not seen:
         raise HostError(f"{source}={path} lists no hosts")
     return tuple(HostEntry(n, None) for n in seen)

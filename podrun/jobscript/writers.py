@@ -85,14 +85,7 @@ def render_pbs(req: JobRequest) -> str:
         d.append(f"-q {req.effective_queue}")
     if req.account:
         d.append(f"-A {req.account}")
-    log = req.log_dir.rstrip("/") + "/" if req.log_dir else None
-    out, err = req.output or log, req.error or log
-    if out:
-        d.append(f"-o {out}")
-    if err:
-        d.append(f"-e {err}")
-    elif out:
-        d.append("-j oe")
+    d += _log_directives(req, join="-j oe")
     d.append("-r n")
     d += list(req.directives)
     head = ["#!/bin/bash"] + [f"#PBS {x}" for x in d]
@@ -100,6 +93,18 @@ def render_pbs(req: JobRequest) -> str:
     head.append("# submit: qsub SCRIPT; podrun launch reads the hosts from $PBS_NODEFILE")
     return "\n".join(head + _body(req, 'cd "$PBS_O_WORKDIR"')) + "\n"
 
+
+
+def _log_directives(req: JobRequest, join: str) -> list[str]:
+    """PBS / Grid Engine -o/-e (a log directory gets a trailing /); only -o given: join stderr into it."""
+    log = req.log_dir.rstrip("/") + "/" if req.log_dir else None
+    out, err = req.output or log, req.error or log
+    d = [f"-o {out}"] if out else []
+    if err:
+        d.append(f"-e {err}")
+    elif out:
+        d.append(join)
+    return d
 
 def render_uge(req: JobRequest) -> str:
     validate(req)
@@ -110,14 +115,7 @@ def render_uge(req: JobRequest) -> str:
         d.append(f"-q {req.queue}")
     if req.account:
         d.append(f"-A {req.account}")
-    log = req.log_dir.rstrip("/") + "/" if req.log_dir else None
-    out, err = req.output or log, req.error or log
-    if out:
-        d.append(f"-o {out}")
-    if err:
-        d.append(f"-e {err}")
-    elif out:
-        d.append("-j y")
+    d += _log_directives(req, join="-j y")
     d += list(req.directives)
     head = ["#!/bin/bash"] + [f"#$ {x}" for x in d]
     head += _comments(req)
