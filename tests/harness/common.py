@@ -451,3 +451,50 @@ class Fabric:
             lines.append(f"link del {self.bridge}")
         if lines:
             ip_batch(lines, check=False)
+
+
+class FabricAccess:
+    """What NetnsHosts and SlurmCluster share: the context manager, and per-node access and faults, all
+    through ``self.fabric`` (a Fabric). Subclasses provide ``close()``."""
+
+    fabric: "Fabric"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def exec(self, node: str, argv: Sequence[str], **kw) -> subprocess.CompletedProcess:
+        """Run argv inside node's net+uts+mount namespaces directly (not over ssh or Slurm); kw go to
+        subprocess.run (defaults: capture_output=True, text=True, timeout=120, cwd = the caller's cwd)."""
+        return self.fabric.exec(node, argv, **kw)
+
+    def popen(self, node: str, argv: Sequence[str], **kw) -> subprocess.Popen:
+        """Like exec, but starts argv in the background (subprocess.Popen)."""
+        return self.fabric.popen(node, argv, **kw)
+
+    def pids(self, node: str) -> list[int]:
+        """Pids of every process in node's network namespace."""
+        return self.fabric.pids(node)
+
+    def processes(self, node: str, pattern: str = "") -> list[tuple[int, str]]:
+        """(pid, cmdline) of processes on node whose cmdline matches the regex pattern (orphan checks)."""
+        return self.fabric.processes(node, pattern)
+
+    def crash(self, node: str) -> None:
+        """kill -9 everything on node: peers get RST at once."""
+        self.fabric.kill_all(node)
+
+    def poweroff(self, node: str) -> None:
+        """Link down, then kill -9 everything: peers see silence, not RST."""
+        self.fabric.link(node, False)
+        self.fabric.kill_all(node)
+
+    def isolate(self, node: str) -> None:
+        """Link down: processes keep running, packets are silently dropped."""
+        self.fabric.link(node, False)
+
+    def heal(self, node: str) -> None:
+        self.fabric.link(node, True)
+

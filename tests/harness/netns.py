@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from .common import (BASE, BASE_TOOLS, Fabric, HarnessError, acquire_slot, check_prerequisites,
+from .common import (BASE, BASE_TOOLS, Fabric, FabricAccess, HarnessError, acquire_slot, check_prerequisites,
                      pid_from_file, subnet_in_use, tcp_open, wait_for)
 
 SSHD = "/usr/sbin/sshd"
@@ -52,7 +52,7 @@ def _cleanup_slot(slot: int) -> None:
     shutil.rmtree(BASE / f"{KIND}-{slot}", ignore_errors=True)
 
 
-class NetnsHosts:
+class NetnsHosts(FabricAccess):
     """n OpenSSH hosts in network namespaces; a context manager (``close()`` is idempotent).
 
     Files (all under ``run_dir``): ``key_path`` (client ed25519 key, authorised on every host),
@@ -116,12 +116,6 @@ class NetnsHosts:
         self.up_seconds = time.monotonic() - t0
         return self
 
-    def __enter__(self) -> "NetnsHosts":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
     def close(self) -> None:
         """Kill everything in the hosts, delete veths, namespaces and bridge, release the slot."""
         if self._closed or os.getpid() != self._owner:
@@ -167,46 +161,15 @@ class NetnsHosts:
         return ["ssh", "-F", config or self.ssh_config_path, host, *command]
 
     # ------------------------------------------------------------------ namespaces
-    def exec(self, host: str, argv: Sequence[str], **kw) -> subprocess.CompletedProcess:
-        """Run argv inside host's net+uts+mount namespaces directly (not over ssh); kw go to subprocess.run
-        (defaults: capture_output=True, text=True, timeout=120, cwd = the caller's cwd)."""
-        return self.fabric.exec(host, argv, **kw)
-
-    def popen(self, host: str, argv: Sequence[str], **kw) -> subprocess.Popen:
-        """Like exec, but starts argv in the background (subprocess.Popen)."""
-        return self.fabric.popen(host, argv, **kw)
 
     def enter_argv(self, host: str, cwd: str | None = None) -> list[str]:
         """argv prefix (nsenter ...) that enters host's namespaces."""
         return self.fabric.enter_argv(host, cwd)
 
-    def pids(self, host: str) -> list[int]:
-        """Pids of every process in host's network namespace (sshd, sessions, workers)."""
-        return self.fabric.pids(host)
-
-    def processes(self, host: str, pattern: str = "") -> list[tuple[int, str]]:
-        """(pid, cmdline) of processes on host whose cmdline matches the regex pattern (orphan checks)."""
-        return self.fabric.processes(host, pattern)
-
     def sshd_pid(self, host: str) -> int | None:
         return pid_from_file(self.run_dir / f"sshd-{host}.pid", "sshd")
 
     # ------------------------------------------------------------------ faults
-    def crash(self, host: str) -> None:
-        """kill -9 everything on host (sshd too): peers get RST at once."""
-        self.fabric.kill_all(host)
-
-    def poweroff(self, host: str) -> None:
-        """Link down, then kill -9 everything: peers see silence, not RST."""
-        self.fabric.link(host, False)
-        self.fabric.kill_all(host)
-
-    def isolate(self, host: str) -> None:
-        """Link down: processes keep running, packets are silently dropped."""
-        self.fabric.link(host, False)
-
-    def heal(self, host: str) -> None:
-        self.fabric.link(host, True)
 
     def freeze(self, host: str) -> None:
         """SIGSTOP every process on host (a hung host; the kernel still ACKs TCP)."""

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from .common import (BASE, BASE_TOOLS, Fabric, HarnessError, acquire_slot, check_prerequisites,
+from .common import (BASE, BASE_TOOLS, Fabric, FabricAccess, HarnessError, acquire_slot, check_prerequisites,
                      kill_pids, pid_from_file, port_free, run, subnet_in_use, wait_for)
 
 KIND = "slurm"
@@ -64,7 +64,7 @@ def _usable(slot: int) -> bool:
             and port_free(PORT_BASE + 2 * slot + 1))
 
 
-class SlurmCluster:
+class SlurmCluster(FabricAccess):
     """slurmctld + slurmd node1..nodeN in network namespaces; a context manager (``close()`` is idempotent)."""
 
     def __init__(self, nodes: int = 3, *, cpus_per_node: int | None = None, start: bool = True):
@@ -115,12 +115,6 @@ class SlurmCluster:
             raise
         self.up_seconds = time.monotonic() - t0
         return self
-
-    def __enter__(self) -> "SlurmCluster":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def close(self) -> None:
         """Cancel every job, shut Slurm down, kill leftovers, delete namespaces and bridge, release the slot."""
@@ -214,35 +208,7 @@ class SlurmCluster:
         """scontrol update nodename=NODE state=STATE (down is instant; Slurm itself takes 15-20 s)."""
         self.run(["scontrol", "update", f"nodename={node}", f"state={state}", f"reason={reason}"])
 
-    # ------------------------------------------------------------------ namespaces
-    def exec(self, node: str, argv: Sequence[str], **kw) -> subprocess.CompletedProcess:
-        """Run argv inside node's net+uts+mount namespaces (not through Slurm)."""
-        return self.fabric.exec(node, argv, **kw)
-
-    def popen(self, node: str, argv: Sequence[str], **kw) -> subprocess.Popen:
-        return self.fabric.popen(node, argv, **kw)
-
-    def pids(self, node: str) -> list[int]:
-        return self.fabric.pids(node)
-
-    def processes(self, node: str, pattern: str = "") -> list[tuple[int, str]]:
-        """(pid, cmdline) of processes on node matching the regex (slurmd, slurmstepd, tasks)."""
-        return self.fabric.processes(node, pattern)
-
-    def crash(self, node: str) -> None:
-        """kill -9 everything on node (slurmd, slurmstepd, tasks)."""
-        self.fabric.kill_all(node)
-
-    def poweroff(self, node: str) -> None:
-        """Link down, then kill -9 everything on node: slurmctld hears nothing (15-20 s to notice)."""
-        self.fabric.link(node, False)
-        self.fabric.kill_all(node)
-
-    def isolate(self, node: str) -> None:
-        self.fabric.link(node, False)
-
-    def heal(self, node: str) -> None:
-        self.fabric.link(node, True)
+    # ------------------------------------------------------------------ faults (the rest: FabricAccess)
 
     def revive(self, node: str) -> None:
         """Link up, restart slurmd if it is gone, and resume the node; waits until it is idle."""
