@@ -46,22 +46,32 @@ def parse_env_items(items) -> tuple[tuple[str, str], ...]:
     return tuple(env)
 
 
+def job_options(f):
+    """The job options `script` and `submit` share (wall time, queue, group, account, modules, env ...)."""
+    opts = [
+        click.option("--time", "time_limit", help="Wall time: HH:MM:SS, D-HH:MM:SS, or 90m / 2h."),
+        click.option("--partition", help="Slurm partition (PBS queue when --queue is not given)."),
+        click.option("--queue", help="PBS / Grid Engine queue (Slurm partition when --partition is not given)."),
+        click.option("--group", help="Grid Engine group: ABCI's `qsub -g GROUP`."),
+        click.option("--account", help="Account to charge (sbatch --account, qsub -A)."),
+        click.option("--job-name", help="Job name (default podrun-<recipe>)."),
+        click.option("--module", "modules", multiple=True, help="`module load NAME` before the launch (repeatable)."),
+        click.option("--env", "env_items", multiple=True, help="NAME=VALUE exported in the job (repeatable)."),
+        click.option("--cpus-per-node", type=int, help="CPUs per node (--cpus-per-task, ncpus=)."),
+        click.option("--transport", help="How podrun launch starts instances in the job (default: srun on Slurm, ssh on PBS/UGE)."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
 @click.command("script", cls=DashDashCommand)
 @click.option("--scheduler", type=click.Choice(SCHEDULER_CHOICES),
               help="slurm, pbs, or uge (Univa/Altair Grid Engine, as on ABCI); default: the cluster spec's.")
 @plan_options
-@click.option("--time", "time_limit", help="Wall time: HH:MM:SS, D-HH:MM:SS, or 90m / 2h.")
-@click.option("--partition", help="Slurm partition (PBS queue when --queue is not given).")
-@click.option("--queue", help="PBS / Grid Engine queue (Slurm partition when --partition is not given).")
-@click.option("--group", help="Grid Engine group: ABCI's `qsub -g GROUP`.")
-@click.option("--account", help="Account to charge (sbatch --account, qsub -A).")
-@click.option("--job-name", help="Job name (default podrun-<recipe>).")
-@click.option("--module", "modules", multiple=True, help="`module load NAME` before the launch (repeatable).")
-@click.option("--env", "env_items", multiple=True, help="NAME=VALUE exported in the job (repeatable).")
-@click.option("--cpus-per-node", type=int, help="CPUs per node (--cpus-per-task, ncpus=).")
+@job_options
 @click.option("--log-dir", help="Folder for the job's stdout/stderr; it must exist when the job starts.")
 @click.option("--workdir", help="cd here in the job (default: the directory the job is submitted from).")
-@click.option("--transport", help="How podrun launch starts instances in the job (default: srun on Slurm, ssh on PBS/UGE).")
 @click.option("--resource", default="rt_F", show_default=True, help="Grid Engine resource type per node (ABCI rt_F = a full node).")
 @click.option("--directive", "directives", multiple=True, help="Extra directive, e.g. '-l USE_SSH=1' or '--exclusive' (repeatable).")
 @click.option("-o", "--output", "out_path", type=click.Path(dir_okay=False), help="Write the script to FILE instead of stdout.")

@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from podrun.cli.options import plan_options, pop_plan_options
-from podrun.cli.script_cmd import DashDashCommand, split_recipe
+from podrun.cli.script_cmd import DashDashCommand, job_options, split_recipe
 from podrun.errors import HostError, PodrunError
 
 SCHEDULER_CHOICES = ("slurm", "pbs", "uge")
@@ -50,16 +50,7 @@ def _pick_scheduler(scheduler: str | None) -> str:
 @click.command(cls=DashDashCommand)
 @_scheduler_option
 @plan_options
-@click.option("--time", "time_limit", help="Wall time: HH:MM:SS, D-HH:MM:SS, or 90m / 2h.")
-@click.option("--partition", help="Slurm partition (PBS queue).")
-@click.option("--queue", help="PBS / Grid Engine queue.")
-@click.option("--group", help="Grid Engine group (ABCI: qsub -g GROUP).")
-@click.option("--account", help="Account to charge (sbatch --account, qsub -A).")
-@click.option("--job-name", help="Job name (default podrun-<recipe>).")
-@click.option("--transport", help="How podrun launch starts instances inside the job (default: srun on Slurm, ssh elsewhere).")
-@click.option("--cpus-per-node", type=int, help="CPUs to ask for per node.")
-@click.option("--module", "modules", multiple=True, help="`module load NAME` before the launch (repeatable).")
-@click.option("--env", "env_items", multiple=True, help="NAME=VALUE exported in the job (repeatable).")
+@job_options
 @click.option("--runs-dir", default="runs", show_default=True, help="Where runs/<run-id>/ is made.")
 @click.option("--wait", is_flag=True, help="Block until the job ends; exit with its exit code (like sbatch --wait).")
 @click.option("--poll", type=float, default=1.0, show_default=True, help="Seconds between state queries with --wait.")

@@ -498,3 +498,15 @@ class FabricAccess:
     def heal(self, node: str) -> None:
         self.fabric.link(node, True)
 
+    @property
+    def addresses(self) -> dict[str, str]:
+        """node name -> IPv4 address."""
+        return {name: n.address for name, n in self.fabric.nodes.items()}
+
+    def address(self, node: str) -> str:
+        return self.fabric.node(node).address
+
+    @property
+    def controller_address(self) -> str:
+        """The bridge address in the root namespace: reachable from every node (MASTER_ADDR candidate)."""
+        return self.fabric.controller_address

@@ -139,19 +139,6 @@ class NetnsHosts(FabricAccess):
         return list(self.fabric.nodes)
 
     @property
-    def addresses(self) -> dict[str, str]:
-        """host name -> IPv4 address."""
-        return {name: n.address for name, n in self.fabric.nodes.items()}
-
-    def address(self, host: str) -> str:
-        return self.fabric.node(host).address
-
-    @property
-    def controller_address(self) -> str:
-        """The bridge address in the root namespace: reachable from every host (MASTER_ADDR candidate)."""
-        return self.fabric.controller_address
-
-    @property
     def python(self) -> str:
         """The interpreter to run on hosts (same path on every host: the filesystem is shared)."""
         return sys.executable

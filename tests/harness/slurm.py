@@ -158,18 +158,6 @@ class SlurmCluster(FabricAccess):
         return list(self.fabric.nodes)
 
     @property
-    def addresses(self) -> dict[str, str]:
-        """node name -> IPv4 address."""
-        return {name: n.address for name, n in self.fabric.nodes.items()}
-
-    def address(self, node: str) -> str:
-        return self.fabric.node(node).address
-
-    @property
-    def controller_address(self) -> str:
-        return self.fabric.controller_address
-
-    @property
     def jobs_dir(self) -> Path:
         """A world-writable directory for job output files (removed at close)."""
         return self.run_dir / "jobs"
