@@ -2,7 +2,8 @@
 
 The model (stated in RESULTS.md): an ssh handshake takes HANDSHAKE s and holds one of podrun's
 --max-concurrency slots; opening a channel on an established connection takes RTT s; a remote
-process (the preflight probe, the instance agent) takes START s to start. Only the network and the
+process (the instance agent) takes START s to start; with preflight the agents start held, report,
+and spawn their workers one RTT after the controller's go. Only the network and the
 remote hosts are modelled: the thread pools, the handshake semaphore and the per-host connection
 reuse are podrun's own code (SSHTransport). Peers are computed from the same model:
 a sequential ssh loop, a pdsh-style window of 32 that holds its slot for the whole command, and an
@@ -10,7 +11,6 @@ mpirun-style launch tree of fan-out 32 (one level = handshake + process start).
 """
 from __future__ import annotations
 
-import json
 import math
 import tempfile
 import threading
@@ -40,8 +40,7 @@ def _model_transport(request):
     import podrun
     from podrun.launch.transports.ssh import SSHTransport
 
-    probe = "@podrun-probe " + json.dumps({"podrun": podrun.__version__, "python": platform.python_version(),
-                                           "port_free": True})
+    facts = {"podrun": podrun.__version__, "python": platform.python_version(), "ports": [], "ports_busy": []}
 
     class Client:            # what the rest of the transport needs of a connected client
         def close(self):
@@ -57,18 +56,31 @@ def _model_transport(request):
                 self.clients[host] = Client()
             return self.clients[host]
 
-        def _exec(self, host, command, timeout=30.0):
-            self._connect(host)
-            time.sleep(RTT + START)               # the probe runs remotely; the controller waits for it
-            return 0, probe, ""
-
-        def _start_one(self, inst):
+        def _start_one(self, inst, hold=False):
             self._connect(inst.host)
             time.sleep(RTT)                        # open a channel, exec; the agent starts remotely
-            t = time.perf_counter() + START
-            with self.lock:
-                self.started.append(t)
-            return None
+            up = time.perf_counter() + START
+            if not hold:                           # it spawns its workers as soon as it is up
+                with self.lock:
+                    self.started.append(up)
+            return ModelHandle(self, up)
+
+    class ModelHandle:       # a held agent: reports its facts once up, starts workers one RTT after the go
+        def __init__(self, transport, up):
+            self.transport, self.up = transport, up
+
+        def wait_probe(self, timeout):
+            time.sleep(max(0.0, self.up - time.perf_counter()))
+            return facts
+
+        def go(self):
+            with self.transport.lock:
+                self.transport.started.append(time.perf_counter() + RTT)
+
+        def terminate(self):
+            pass
+
+        kill = close = terminate
 
     return ModelSSHTransport(request)
 

@@ -34,6 +34,9 @@ class LaunchCommand(click.Command):
 @click.option("--workdir", help="Working directory on the hosts (default: the current directory).")
 @click.option("--master-addr", help="Rendezvous address (default: the host of instance 0).")
 @click.option("--master-port", type=int, default=29500, show_default=True, help="Rendezvous port.")
+@click.option("--store-relay/--no-store-relay", default=True, show_default=True,
+              help="Rank 0's agent listens on the rendezvous port from the start and relays it to rank 0's store "
+                   "on the next port (rank 0's MASTER_PORT), so no worker waits in torch's reconnect backoff.")
 @click.option("--grace", type=float, default=5.0, show_default=True, help="Seconds between SIGTERM and SIGKILL.")
 @click.option("--only-output-from-instance", type=int, help="Show stdout of this instance only (errors from all).")
 @click.option("--max-restarts", type=int, default=0, show_default=True, help="Restart the whole run after a failure.")
@@ -49,7 +52,7 @@ class LaunchCommand(click.Command):
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir, master_addr, master_port,
-           grace, only_output_from_instance, max_restarts, dry_run, runs_dir, run_id, max_concurrency,
+           store_relay, grace, only_output_from_instance, max_restarts, dry_run, runs_dir, run_id, max_concurrency,
            keepalive, no_preflight, as_json, env_items, **kw):
     """Launch RECIPE [ARGS...] (its train.py gets ARGS) or -- COMMAND ... on the plan's hosts.
 
@@ -96,7 +99,8 @@ def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir
     request = build_request(plan, command, transport=name, python=python, workdir=workdir, master_addr=master_addr,
                             master_port=master_port, grace=grace, keepalive=keepalive, run_id=run_id,
                             runs_dir=runs_dir, env=env, max_restarts=max_restarts, ssh=ssh,
-                            mpi_args=mpi_args, poprun=poprun_opts)
+                            mpi_args=mpi_args, poprun=poprun_opts, store_relay=store_relay,
+                            preflight=not no_preflight)
     if engine == "horovod":
         from podrun.launch.engines.horovod import launch_horovod
 
@@ -136,7 +140,7 @@ def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir
 
     if only is not None and not 0 <= only < plan.instances:
         raise LaunchError(f"--only-output-from-instance {only}: the plan has instances 0..{plan.instances - 1}")
-    outcome, summary = execute(request, preflight=not no_preflight, sink=sink, notice=notice,
+    outcome, summary = execute(request, sink=sink, notice=notice,
                                only_output_from=only)
     try:
         _print_root_cause(summary, request)

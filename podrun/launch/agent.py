@@ -7,6 +7,9 @@ second, forwards SIGINT/SIGTERM/SIGHUP, and ends every worker (the signal or SIG
 after --grace seconds) when one fails, when it is signalled, when the controller asks (a ``T`` on
 stdin), or when it loses its controller (stdin closed, or silent for --stdin-timeout seconds).
 Exit code: the first failing worker's (128+signal for a signal), 128+signal when signalled, else 0.
+With --hold (the ssh transport's preflight) it first reports its host's facts and starts workers only
+when the controller, having heard from every host, writes ``G``; it exits 0 with nothing started if
+told to stop instead. With --store-relay, the agent of global rank 0 runs podrun.launch.relay.
 """
 from __future__ import annotations
 
@@ -29,14 +32,22 @@ FIRST_HEARTBEAT_S = 60.0   # the first controller heartbeat may wait for the fan
 
 
 def compute_worker_envs(plan, index: int, *, run_id: str, run_dir: str, plan_path: str,
-                        master_addr: str, master_port: int, restart_count: int = 0) -> list[dict[str, str]]:
-    """The variables set for each worker of instance ``index`` (the env contract, DESIGN.md section 5)."""
+                        master_addr: str, master_port: int, restart_count: int = 0,
+                        store_relay: bool = False) -> list[dict[str, str]]:
+    """The variables set for each worker of instance ``index`` (the env contract, DESIGN.md section 5).
+
+    ``store_relay``: the agent of global rank 0 relays ``master_port`` to rank 0's store, which then
+    listens on ``master_port + 1`` (rank 0's MASTER_PORT; every other worker keeps ``master_port``).
+    """
     from podrun.plan.env import worker_env, workers_per_instance
 
     envs = []
     for local_rank in range(workers_per_instance(plan)):
         env = dict(worker_env(plan, index, local_rank, run_id=run_id, run_dir=run_dir, plan_path=plan_path,
                               master_addr=master_addr, master_port=master_port))
+        if store_relay and env["RANK"] == "0":
+            env["MASTER_PORT"] = str(master_port + 1)
+            env["PODRUN_STORE_RELAY"] = str(master_port)
         env["PODRUN_RESTART_COUNT"] = str(restart_count)
         env.setdefault("PYTHONUNBUFFERED", "1")   # so output streams live, line by line
         envs.append({k: str(v) for k, v in env.items()})
@@ -53,7 +64,7 @@ def _pdeathsig() -> None:
 
 class Agent:
     def __init__(self, index: int, command: list[str], envs: list[dict[str, str]], *, grace: float,
-                 stdin_watch: bool, stdin_timeout: float, out=None):
+                 stdin_watch: bool, stdin_timeout: float, out=None, probe: dict | None = None):
         self.index = index
         self.command = command
         self.envs = envs
@@ -71,6 +82,8 @@ class Agent:
         self.procs: list[subprocess.Popen | None] = []
         self.readers: list[list[threading.Thread]] = []
         self.teardown_started = False
+        self.probe = probe           # --hold: facts to report, then wait for the controller's go
+        self.go = threading.Event()
 
     # -- output ---------------------------------------------------------------------------
     def emit(self, local_rank: int | None, kind: str, text: str = "") -> None:
@@ -114,6 +127,8 @@ class Agent:
                 return
             self.last_stdin = time.monotonic()
             self.got_stdin = True
+            if b"G" in data:
+                self.go.set()
             if b"T" in data:
                 self.request_stop("the controller asked to stop")
 
@@ -144,6 +159,16 @@ class Agent:
             self.readers.append(threads)
             self.emit(local_rank, "start", str(p.pid))
 
+    def _held_until_go(self) -> bool:
+        """Report the preflight facts and wait for ``G`` on stdin; False when told to stop (``T``, stdin
+        closed: another host failed its preflight), when signalled, or with no go within FIRST_HEARTBEAT_S."""
+        self.emit(None, "probe", json.dumps(self.probe, separators=(",", ":")))
+        deadline = time.monotonic() + FIRST_HEARTBEAT_S
+        while not self.go.wait(0.005):
+            if self.stop_reason is not None or time.monotonic() > deadline:
+                return False
+        return True
+
     def _signal_all(self, sig: int) -> None:
         for p in self.procs:
             if p is not None:
@@ -159,6 +184,9 @@ class Agent:
         threading.Thread(target=self._heartbeat, daemon=True).start()
         if self.stdin_watch:
             threading.Thread(target=self._watch_stdin, daemon=True).start()
+        if self.probe is not None and not self._held_until_go():
+            self.emit(None, "done", "0")
+            return 0
         self.spawn()
         first_failure: int | None = None
         reaped = [p is None for p in self.procs]
@@ -227,6 +255,11 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--index-from-env", action="store_true")
     ap.add_argument("--stdin-timeout", type=float, default=5.0)
     ap.add_argument("--no-stdin-watch", action="store_true")
+    ap.add_argument("--store-relay", action="store_true",
+                    help="if this instance runs global rank 0: listen on --master-port and relay it to rank 0's "
+                         "store on the next port (podrun.launch.relay)")
+    ap.add_argument("--hold", action="store_true",
+                    help="report preflight facts (a probe line) and start workers only on a G on stdin")
     ap.add_argument("command", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -239,10 +272,42 @@ def main(argv: list[str] | None = None) -> int:
         plan = Plan.from_dict(json.load(f))
     envs = compute_worker_envs(plan, index, run_id=args.run_id, run_dir=args.run_dir, plan_path=args.plan,
                                master_addr=args.master_addr, master_port=args.master_port,
-                               restart_count=args.restart_count)
+                               restart_count=args.restart_count, store_relay=args.store_relay)
+    probe = None
+    if args.hold:
+        from podrun.launch.probe import facts
+
+        rank0 = any(e["RANK"] == "0" for e in envs)
+        ports = [args.master_port] + ([args.master_port + 1] if args.store_relay else []) if rank0 else []
+        probe = facts(ports)
     agent = Agent(index, command, envs, grace=args.grace, stdin_watch=not args.no_stdin_watch,
-                  stdin_timeout=args.stdin_timeout)
-    return agent.run()
+                  stdin_timeout=args.stdin_timeout, probe=probe)
+    busy = bool(probe and probe["ports_busy"])       # the controller will not say go
+    relay = start_relay(agent, args.master_addr, args.master_port) if args.store_relay and not busy else None
+    try:
+        return agent.run()
+    finally:
+        if relay is not None:
+            relay.close()
+
+
+def start_relay(agent: Agent, master_addr: str, master_port: int):
+    """Start the store relay when this agent runs global rank 0 (else None). If the rendezvous port
+    cannot be taken, rank 0 gets it back as its MASTER_PORT and the run goes on without a relay."""
+    rank0 = [e for e in agent.envs if e.get("PODRUN_STORE_RELAY")]
+    if not rank0:
+        return None
+    from podrun.launch.relay import StoreRelay
+
+    try:
+        return StoreRelay(master_port, master_addr, master_port + 1).start()
+    except OSError as exc:
+        for e in rank0:
+            e["MASTER_PORT"] = str(master_port)
+            del e["PODRUN_STORE_RELAY"]
+        agent.emit(None, "note", f"no store relay: cannot listen on port {master_port} ({exc.strerror or exc}); "
+                                 "rank 0 hosts its store there itself")
+        return None
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Preflight probe run on each host (`python -m podrun.launch.probe`): prints one JSON line of facts."""
+"""Preflight facts of a host (podrun and python versions, busy ports): what a held agent reports first;
+`python -m podrun.launch.probe [--port N ...]` prints them as one JSON line."""
 from __future__ import annotations
 
 import json
@@ -19,14 +20,15 @@ def port_free(port: int) -> bool:
         s.close()
 
 
-def facts(port: int | None = None) -> dict:
+def facts(ports: list[int] = ()) -> dict:
+    """podrun and python versions, the hostname, and for each port whether it is free (the busy ones)."""
     import podrun
 
     return {"podrun": podrun.__version__, "python": platform.python_version(), "hostname": socket.gethostname(),
-            "port": port, "port_free": None if port is None else port_free(port)}
+            "ports": list(ports), "ports_busy": [p for p in ports if not port_free(p)]}
 
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    port = int(args[args.index("--port") + 1]) if "--port" in args else None
-    print("@podrun-probe " + json.dumps(facts(port)), flush=True)
+    ports = [int(args[i + 1]) for i, a in enumerate(args) if a == "--port"]
+    print("@podrun-probe " + json.dumps(facts(ports)), flush=True)

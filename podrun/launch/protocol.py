@@ -4,6 +4,8 @@ Every line the agent writes is ``@podrun <instance> <local_rank|-> <kind> <text>
 
   out / err   a line a worker wrote on its stdout / stderr (text verbatim)
   ready       the agent is up: text = "<hostname> <agent pid> <workers>"
+  probe       with --hold: the preflight facts (JSON: podrun and python versions, hostname, busy ports);
+              the agent then waits for a ``G`` on stdin before it starts any worker
   start       a worker was spawned: text = its pid
   exit        a worker ended: text = "<return code> <unix time>[ teardown]" (negative code = killed by
               that signal; "teardown" when the agent was already ending its workers)
@@ -20,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 PREFIX = "@podrun "
-KINDS = frozenset({"out", "err", "ready", "start", "exit", "hb", "note", "done"})
+KINDS = frozenset({"out", "err", "ready", "probe", "start", "exit", "hb", "note", "done"})
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from podrun.plan.model import Plan
 
 AGENT_MODULE = "podrun.launch.agent"
+NO_WORKDIR = 97           # the exit code of a host's command line when the working directory is missing
 SECRET_RE = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIAL", re.IGNORECASE)
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -56,31 +57,42 @@ class LaunchRequest:
     ssh: SSHOptions = field(default_factory=SSHOptions)
     mpi_args: tuple[str, ...] = ()      # --mpi-args: passed through to mpirun (transport mpirun, engine horovod)
     poprun: object | None = None        # PoprunOptions for --engine poprun (podrun.launch.engines.poprun)
+    store_relay: bool = True            # rank 0's agent relays master_port to rank 0's store (podrun.launch.relay)
+    preflight: bool = True              # check every host before anything starts (False: --no-preflight)
 
     def instance(self, index: int) -> InstanceLaunch:
         return self.instances[index]
 
-    def agent_argv(self, index: int | None, *, stdin_watch: bool = True) -> list[str]:
-        """The agent command line; index None means --index-from-env (mpirun/srun ranks)."""
+    def agent_argv(self, index: int | None, *, stdin_watch: bool = True, hold: bool = False) -> list[str]:
+        """The agent command line; index None means --index-from-env (mpirun/srun ranks); ``hold``: the
+        agent reports its preflight facts and starts workers only on a go from the controller."""
         argv = [self.python, "-m", AGENT_MODULE,
                 "--plan", self.plan_path, "--run-id", self.run_id, "--run-dir", self.run_dir,
                 "--master-addr", self.master_addr, "--master-port", str(self.master_port),
                 "--grace", _num(self.grace), "--restart-count", str(self.restart_count)]
         argv += ["--index-from-env"] if index is None else ["--instance", str(index)]
         argv += ["--stdin-timeout", _num(self.keepalive)] if stdin_watch else ["--no-stdin-watch"]
+        argv += ["--store-relay"] if self.store_relay else []
+        argv += ["--hold"] if hold else []
         return argv + ["--", *self.command]
+
+    def rendezvous_ports(self) -> tuple[int, ...]:
+        """The ports the run listens on at the master host: the rendezvous port, and rank 0's own store
+        port behind the store relay."""
+        return (self.master_port, self.master_port + 1) if self.store_relay else (self.master_port,)
 
     def env_prefix(self) -> list[str]:
         """``env NAME=VALUE ...`` for the user's --env (empty when there is none)."""
         return ["env", *(f"{k}={v}" for k, v in self.env)] if self.env else []
 
-    def shell_command(self, index: int | None, *, stdin_watch: bool = True, redact: bool = False) -> str:
+    def shell_command(self, index: int | None, *, stdin_watch: bool = True, redact: bool = False,
+                      hold: bool = False) -> str:
         """The exact shell line a host runs: cd to the workdir, then exec the agent (quoted with shlex)."""
         env = self.env_prefix()
         if redact:
             env = [redact_assignment(a) for a in env]
-        words = env + self.agent_argv(index, stdin_watch=stdin_watch)
-        return f"cd {shlex.quote(self.workdir)} && exec " + " ".join(shlex.quote(w) for w in words)
+        words = env + self.agent_argv(index, stdin_watch=stdin_watch, hold=hold)
+        return f"cd {shlex.quote(self.workdir)} || exit {NO_WORKDIR}; exec " + " ".join(shlex.quote(w) for w in words)
 
     def worker_envs(self, index: int) -> list[dict[str, str]]:
         """The variables the agent of instance ``index`` sets for each of its workers."""
@@ -88,7 +100,8 @@ class LaunchRequest:
 
         return compute_worker_envs(self.plan, index, run_id=self.run_id, run_dir=self.run_dir,
                                    plan_path=self.plan_path, master_addr=self.master_addr,
-                                   master_port=self.master_port, restart_count=self.restart_count)
+                                   master_port=self.master_port, restart_count=self.restart_count,
+                                   store_relay=self.store_relay)
 
     def for_restart(self, restart_count: int, master_port: int) -> "LaunchRequest":
         return replace(self, restart_count=restart_count, master_port=master_port)

@@ -33,7 +33,7 @@ def build_request(plan, command, *, transport: str, python: str | None = None, w
                   master_addr: str | None = None, master_port: int = 29500, grace: float = 5.0,
                   keepalive: float = 5.0, run_id: str | None = None, runs_dir: str = "runs",
                   env=(), max_restarts: int = 0, ssh: SSHOptions | None = None, mpi_args=(),
-                  poprun=None) -> LaunchRequest:
+                  poprun=None, store_relay: bool = True, preflight: bool = True) -> LaunchRequest:
     run_id = run_id or new_run_id()
     workdir = os.path.abspath(workdir or os.getcwd())
     run_dir = os.path.join(os.path.abspath(runs_dir), run_id)
@@ -44,6 +44,8 @@ def build_request(plan, command, *, transport: str, python: str | None = None, w
         grace=grace, keepalive=keepalive, max_restarts=max_restarts, env=tuple(env),
         instances=tuple(InstanceLaunch(p.index, p.host) for p in plan.placement),
         ssh=ssh or SSHOptions(), mpi_args=tuple(mpi_args), poprun=poprun,
+        store_relay=store_relay and transport != "poprun",     # poprun starts no podrun agent
+        preflight=preflight,
     )
 
 
@@ -62,7 +64,7 @@ def dry_run_record(request: LaunchRequest) -> dict:
     }
 
 
-def execute(request: LaunchRequest, *, preflight: bool = True, sink=None, notice=None,
+def execute(request: LaunchRequest, *, sink=None, notice=None,
             only_output_from: int | None = None) -> tuple[Outcome | None, dict]:
     """Run the request (with restarts); returns the last outcome and the summary written to summary.json."""
     from podrun.plan.env import workers_per_instance
@@ -76,7 +78,7 @@ def execute(request: LaunchRequest, *, preflight: bool = True, sink=None, notice
     req = request
     while True:
         transport = cls(req)
-        if preflight and req.restart_count == 0:
+        if req.preflight and req.restart_count == 0:
             try:
                 problems = transport.preflight()
             except BaseException:

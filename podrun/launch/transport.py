@@ -56,6 +56,14 @@ class Problem:
         return f"{self.host}: {self.message}" + (f" ({self.hint})" if self.hint else "")
 
 
+def busy_port_problem(host: str, req: "LaunchRequest", port: int) -> Problem:
+    """A preflight problem for a port of the run that is taken on the master host."""
+    what = "rendezvous port" if port == req.master_port else "port of rank 0's store (behind the store relay)"
+    return Problem(host, f"{what} {port} is in use on the master host",
+                   "pass --master-port with a free port" + ("" if port == req.master_port else
+                                                            " (podrun uses it and the next one)"))
+
+
 class InstanceHandle(ABC):
     """One stream of agent output (one agent, or every agent for merged transports) and its control."""
 
@@ -171,10 +179,16 @@ class StreamMerger:
         finally:
             self._q.put(self._END)
 
-    def __iter__(self) -> Iterator[tuple[str, str]]:
+    def next(self, timeout: float | None = None) -> tuple[str, str] | None:
+        """The next line, or None once both streams have ended; queue.Empty after ``timeout`` seconds."""
         while self._open:
-            item = self._q.get()
+            item = self._q.get(timeout=timeout)
             if item is self._END:
                 self._open -= 1
                 continue
+            return item
+        return None
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        while (item := self.next()) is not None:
             yield item

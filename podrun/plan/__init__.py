@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from podrun.errors import PlanError
 from podrun.plan import lr as lr_rules
@@ -9,8 +10,10 @@ from podrun.plan.decompose import decompose, pipeline_bubble
 from podrun.plan.estimate import estimate
 from podrun.plan.model import Estimate, Placement, Plan
 from podrun.plan.placement import place
-from podrun.specs.cluster import ClusterSpec
-from podrun.specs.recipe import RecipeSpec
+
+if TYPE_CHECKING:  # pragma: no cover - importing podrun.plan.model (the agent does) must not load the specs
+    from podrun.specs.cluster import ClusterSpec
+    from podrun.specs.recipe import RecipeSpec
 
 __all__ = ["Overrides", "make_plan", "Plan", "Placement", "Estimate"]
 

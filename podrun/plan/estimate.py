@@ -1,8 +1,12 @@
 """The estimate: throughput from per-device rates and a ring all-reduce cost model, and time to train."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from podrun.plan.model import Estimate
-from podrun.specs.cluster import InterconnectSpec
+
+if TYPE_CHECKING:  # pragma: no cover - the agent imports the planner's model without the specs
+    from podrun.specs.cluster import InterconnectSpec
 
 
 def allreduce_seconds(grad_bytes: float, replicas: int, replicas_per_host: int, hosts: int,

@@ -145,7 +145,8 @@ def build_optimizer(model: nn.Module, name: str, lr: float, *, momentum: float =
     for g in groups:
         g.pop("lars", None)
     if name == "sgd":
-        return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=nesterov and momentum > 0)
+        kw = {"fused": fused} if fused is not None else {}      # fused: one kernel for the whole step (CUDA)
+        return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=nesterov and momentum > 0, **kw)
     if name in ("rmsprop", "rmsprop_tf"):
         return RMSpropTF(groups, lr=lr, rho=rho, momentum=momentum, eps=1e-3 if eps is None else eps)
     if name == "adamw":

@@ -344,7 +344,7 @@ def _train(cfg: TrainConfig, info: WorkerInfo, device: Device) -> dict[str, Any]
                           momentum=cfg.momentum, weight_decay=cfg.weight_decay, eeta=cfg.eeta, eps=cfg.eps,
                           betas=cfg.betas, rho=cfg.rho, nesterov=cfg.nesterov,
                           exclude_bias_and_norm=cfg.exclude_bias_and_norm,
-                          fused=True if (cfg.optimizer == "adamw" and device.kind == "cuda") else None)
+                          fused=True if (cfg.optimizer in ("sgd", "adamw") and device.kind == "cuda") else None)
     sched = build_scheduler(opt, total_steps=total, warmup_steps=warmup, schedule=_sched_name(cfg.schedule),
                             power=cfg.power, end_factor=cfg.end_factor, gamma=cfg.gamma,
                             step_every=int(cfg.step_epochs * spe) if cfg.step_epochs else None)

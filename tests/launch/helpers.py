@@ -57,20 +57,35 @@ def wait_until(pred, timeout: float, interval: float = 0.05):
 
 
 def wait_output(proc: subprocess.Popen, text: str, timeout: float) -> str:
-    """Read proc's stdout until a line contains text; returns what was read (fails the test on timeout)."""
+    """Read proc's stdout until a line contains text; returns what was read (fails the test on timeout).
+
+    Reads the pipe's fd itself (select + os.read), keeping lines that arrived together for the next call:
+    select() on a buffered file object misses lines already pulled into its buffer."""
     import select
 
+    fd = proc.stdout.fileno()
+    pending: list[str] = proc.__dict__.setdefault("_wait_output_lines", [])
+    partial = proc.__dict__.get("_wait_output_partial", b"")
     seen = ""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        r, _, _ = select.select([proc.stdout], [], [], 0.1)
-        if r:
-            line = proc.stdout.readline()
-            if not line:
-                break
+    while True:
+        while pending:
+            line = pending.pop(0)
             seen += line
             if text in line:
                 return seen
+        if time.monotonic() >= deadline:
+            break
+        r, _, _ = select.select([fd], [], [], 0.1)
+        if not r:
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        partial += chunk
+        *complete, partial = partial.split(b"\n")
+        proc.__dict__["_wait_output_partial"] = partial
+        pending.extend(c.decode(errors="replace") + "\n" for c in complete)
     raise AssertionError(f"no line with {text!r} within {timeout} s; got:\n{seen}")
 
 

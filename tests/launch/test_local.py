@@ -33,7 +33,10 @@ def test_torchrun_script_runs_unchanged_with_gloo_all_reduce_and_env_contract(tm
         env = json.loads((dump / f"env-{r}.json").read_text())
         assert env["RANK"] == str(r) and env["LOCAL_RANK"] == str(r) and env["WORLD_SIZE"] == "3"
         assert env["LOCAL_WORLD_SIZE"] == "3" and env["GROUP_RANK"] == "0"
-        assert env["MASTER_ADDR"] == "localhost" and env["MASTER_PORT"] == "29611"
+        assert env["MASTER_ADDR"] == "localhost"
+        # the store relay: rank 0's store listens on the next port, every other worker dials 29611
+        assert env["MASTER_PORT"] == ("29612" if r == 0 else "29611")
+        assert env.get("PODRUN_STORE_RELAY") == ("29611" if r == 0 else None)
         assert env["PODRUN_NUM_INSTANCES"] == "1" and env["PODRUN_INSTANCE_INDEX"] == "0"
         assert env["PODRUN_NUM_REPLICAS"] == "3" and env["PODRUN_LOCAL_REPLICAS"] == "3"
         assert env["PODRUN_RUN_DIR"] == str(rd) and env["PODRUN_PLAN"] == str(rd / "plan.json")

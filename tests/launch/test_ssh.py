@@ -12,7 +12,7 @@ import pytest
 from tests.launch.helpers import ALLREDUCE, marker, podrun, podrun_popen, run_dir, summary, wait_output, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
-_port = iter(range(29700, 29800))
+_port = iter(range(29700, 29900, 2))     # each run takes P and P+1 (the store relay)
 
 
 def ssh_args(hosts, tmp_path, *extra, config=None, n=None):
@@ -147,6 +147,21 @@ def test_unknown_and_wrong_host_keys_are_rejected_unless_opted_out(ssh_hosts, tm
     assert cp.returncode == 0 and cp.stdout.count("accepted") == 2, cp.stderr
 
 
+def test_missing_workdir_or_python_fails_preflight_on_every_host_and_starts_nothing(ssh_hosts, tmp_path):
+    """The held agents are the probes: a missing working directory or python is named per host, exit 2."""
+    m = marker()
+    cp = podrun(*ssh_args(ssh_hosts, tmp_path, "--workdir", str(tmp_path / "nowhere"), n=2), "--", "sh", "-c",
+                f"sleep 30 # {m}")
+    assert cp.returncode == 2 and "Traceback" not in cp.stderr, cp.stderr
+    for h in ssh_hosts.hosts[:2]:
+        assert f"{h}: working directory {tmp_path / 'nowhere'} does not exist" in cp.stderr, cp.stderr
+    args = ssh_args(ssh_hosts, tmp_path, n=2)
+    args[args.index("--python") + 1] = "/opt/no-such-python"
+    cp = podrun(*args, "--", "sh", "-c", f"sleep 30 # {m}")
+    assert cp.returncode == 2 and "python /opt/no-such-python not found" in cp.stderr, cp.stderr
+    assert not leftovers(ssh_hosts, m, ssh_hosts.hosts[:2])
+
+
 def test_busy_rendezvous_port_on_the_master_host(ssh_hosts, tmp_path):
     port = next(_port)
     h1 = ssh_hosts.hosts[0]
@@ -171,7 +186,8 @@ def test_dry_run_over_ssh_connects_to_nothing(tmp_path):
                 str(tmp_path / "runs"), "--run-id", "x", "--", "python", "train.py")
     assert cp.returncode == 0, cp.stderr
     assert "via ssh" in cp.stdout and "# host node2: runs" in cp.stdout
-    assert "--instance 1 --stdin-timeout 5 -- python train.py" in cp.stdout
+    assert "--instance 1 --stdin-timeout 5 --store-relay --hold -- python train.py" in cp.stdout
+    assert "MASTER_PORT=29501" in cp.stdout and "PODRUN_STORE_RELAY=29500" in cp.stdout   # rank 0, behind the relay
 
 
 def test_two_instances_per_host_share_one_connection(ssh_hosts, tmp_path):

@@ -1,6 +1,7 @@
 """LARS against a hand computation, TF-style RMSProp, the schedules, label smoothing and mixup/cutmix."""
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -70,6 +71,26 @@ def test_build_optimizer_steps(name):
     m(torch.randn(8, 4)).sum().backward()
     opt.step()
     assert not torch.equal(before, m.weight.detach())
+
+
+@pytest.mark.parametrize("name", ["sgd", "adamw"])
+def test_fused_optimizers_match_the_unfused_steps(name):
+    """fused=True (what the runner asks for on CUDA) is the same update as the default path; checked on
+    CPU, where torch also has the fused kernels."""
+    torch.manual_seed(0)
+    a = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3))
+    b = copy.deepcopy(a)
+    oa = build_optimizer(a, name, 0.05, weight_decay=1e-3, nesterov=True)
+    ob = build_optimizer(b, name, 0.05, weight_decay=1e-3, nesterov=True, fused=True)
+    assert ob.defaults.get("fused") is True and not oa.defaults.get("fused")
+    for _ in range(3):
+        x, t = torch.randn(8, 6), torch.randn(8, 3)
+        for m, o in ((a, oa), (b, ob)):
+            (m(x) - t).square().mean().backward()
+            o.step()
+            o.zero_grad(set_to_none=True)
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(pa, pb, rtol=1e-5, atol=1e-6)
 
 
 def test_unknown_optimizer_and_schedule_are_spec_errors():

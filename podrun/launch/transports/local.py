@@ -4,11 +4,11 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 
 from podrun.errors import LaunchError
-from podrun.launch.transport import InstanceHandle, Problem, StreamMerger, Transport
+from podrun.launch.probe import port_free
+from podrun.launch.transport import InstanceHandle, Problem, StreamMerger, Transport, busy_port_problem
 
 
 def _pdeathsig() -> None:
@@ -75,9 +75,9 @@ class LocalTransport(Transport):
                                     "create it or pass --workdir"))
         if shutil.which(req.python) is None and not os.access(req.python, os.X_OK):
             problems.append(Problem(host, f"python {req.python} not found", "pass --python PATH"))
-        if not port_free(req.master_port):
-            problems.append(Problem(host, f"rendezvous port {req.master_port} is in use",
-                                    "pass --master-port with a free port"))
+        for port in req.rendezvous_ports():
+            if not port_free(port):
+                problems.append(busy_port_problem(host, req, port))
         return problems
 
     def start(self) -> list[InstanceHandle]:
@@ -98,15 +98,3 @@ class LocalTransport(Transport):
             handles.append(LocalHandle(inst.index, inst.host, proc))
         return handles
 
-
-def port_free(port: int, host: str = "") -> bool:
-    """True when a TCP listener could bind ``port`` (what torch.distributed's store will do)."""
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind((host, port))
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()

@@ -12,18 +12,20 @@ import getpass
 import json
 import os
 import queue
-import shlex
 import socket
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import paramiko
 
 import podrun
 from podrun.errors import LaunchError
-from podrun.launch.transport import InstanceHandle, Problem, StreamMerger, Transport
+from podrun.launch import protocol
+from podrun.launch.request import NO_WORKDIR
+from podrun.launch.transport import InstanceHandle, Problem, StreamMerger, Transport, busy_port_problem
 
-NO_WORKDIR = 97
+PROBE_TIMEOUT = 30.0      # seconds for a held agent to report its preflight facts
 # Threads for commands over established connections (probes, agent starts). Only the ssh
 # handshakes in flight are bounded by --max-concurrency: a remote command that takes a second
 # to start must not hold a handshake slot, or 2048 hosts would take 2048/K seconds.
@@ -37,9 +39,28 @@ class SSHHandle(InstanceHandle):
         self.client = client
         self.chan = chan
         self._merger = StreamMerger(chan.makefile("rb"), chan.makefile_stderr("rb"))
+        self._early: list[tuple[str, str]] = []     # lines read while waiting for the probe
         self._out: queue.Queue = queue.Queue()
         self._dead = False
         threading.Thread(target=self._writer, daemon=True).start()
+
+    def wait_probe(self, timeout: float) -> dict | None:
+        """A held agent's preflight facts; None if it ended first. queue.Empty after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while True:
+            item = self._merger.next(timeout=max(0.0, deadline - time.monotonic()))
+            if item is None:
+                return None
+            self._early.append(item)
+            ev = protocol.parse(item[1], item[0])
+            if ev.kind == "probe" and ev.instance in self.instances:
+                return json.loads(ev.text)
+
+    def early_errors(self) -> str:
+        return "\n".join(line for stream, line in self._early if stream == "err")
+
+    def go(self) -> None:
+        self._out.put(b"G")
 
     def _writer(self) -> None:
         # writes happen here so a stalled link never blocks the supervisor
@@ -53,7 +74,9 @@ class SSHHandle(InstanceHandle):
                 return
 
     def lines(self):
-        return iter(self._merger)
+        early, self._early = self._early, []
+        yield from early
+        yield from self._merger
 
     def poll(self):
         if self.chan.exit_status_ready():
@@ -110,6 +133,7 @@ class SSHTransport(Transport):
         self.host_locks: dict[str, threading.Lock] = {}
         self.lock = threading.Lock()
         self.handshakes = threading.BoundedSemaphore(max(1, self.opts.max_concurrency))
+        self._held: list[SSHHandle] | None = None
 
     def _pool(self, n: int) -> ThreadPoolExecutor:
         return ThreadPoolExecutor(max_workers=max(1, min(MAX_THREADS, n)))
@@ -177,73 +201,85 @@ class SSHTransport(Transport):
                            "is the host up and sshd running? check HostName/Port in the ssh config")
         return Problem(host, f"ssh to {where} failed: {exc}")
 
-    def _exec(self, host: str, command: str, timeout: float = 30.0) -> tuple[int, str, str]:
-        client = self._connect(host)
-        stdin, stdout, stderr = client.exec_command(command, timeout=timeout)
-        stdin.close()
-        out, err = stdout.read().decode(errors="replace"), stderr.read().decode(errors="replace")
-        return stdout.channel.recv_exit_status(), out, err
-
     # -- preflight ---------------------------------------------------------------------
-    def _preflight_host(self, host: str) -> list[Problem]:
+    # The agents are the probes: each starts held (--hold), reports its host's facts and waits; only when
+    # every host has passed does start() tell them to go. A failure anywhere closes every held agent
+    # before any worker exists. This spares a second remote python start and round trip per host.
+    def _holds(self) -> bool:
+        return self.request.preflight and self.request.restart_count == 0
+
+    def describe(self, redact: bool = False) -> list[tuple[str, str]]:
+        return [(i.host, self.request.shell_command(i.index, redact=redact, hold=self._holds()))
+                for i in self.request.instances]
+
+    def _check_exit(self, host: str, rc: int | None, err: str) -> Problem:
+        """Why an agent ended before reporting its facts."""
         req = self.request
-        try:
-            self._connect(host)
-        except BaseException as exc:  # noqa: BLE001
-            return [self._problem(host, exc)]
-        port = f" --port {req.master_port}" if host == req.master_addr else ""
-        cmd = (f"cd {shlex.quote(req.workdir)} 2>/dev/null || exit {NO_WORKDIR}; "
-               f"exec {shlex.quote(req.python)} -m podrun.launch.probe{port}")
-        try:
-            rc, out, err = self._exec(host, cmd)
-        except (socket.timeout, TimeoutError):
-            return [Problem(host, "the preflight probe (python -m podrun.launch.probe) did not answer in 30 s",
-                            "is the host overloaded, or does a login script (~/.bashrc) hang?")]
-        except BaseException as exc:  # noqa: BLE001
-            return [self._problem(host, exc)]
         if rc == NO_WORKDIR:
-            return [Problem(host, f"working directory {req.workdir} does not exist",
-                            "create it on the host (or share the filesystem), or pass --workdir")]
+            return Problem(host, f"working directory {req.workdir} does not exist",
+                           "create it on the host (or share the filesystem), or pass --workdir")
         if rc == 127:
-            return [Problem(host, f"python {req.python} not found", "install it there, or pass --python PATH")]
+            return Problem(host, f"python {req.python} not found", "install it there, or pass --python PATH")
         if "No module named" in err and "podrun" in err:
-            return [Problem(host, f"podrun is not installed for {req.python}",
-                            f"pip install podrun=={podrun.__version__} there, or pass --python with a venv that has it")]
-        facts = None
-        for line in out.splitlines():
-            if line.startswith("@podrun-probe "):
-                facts = json.loads(line.split(" ", 1)[1])
-        if rc != 0 or facts is None:
-            tail = (err.strip().splitlines() or ["no output"])[-1]
-            return [Problem(host, f"the preflight probe failed (exit {rc}): {tail}")]
+            return Problem(host, f"podrun is not installed for {req.python}",
+                           f"pip install podrun=={podrun.__version__} there, or pass --python with a venv that has it")
+        tail = (err.strip().splitlines() or ["no output"])[-1]
+        return Problem(host, f"the instance agent ended before its preflight report (exit {rc}): {tail}",
+                       f"is podrun=={podrun.__version__} installed there?")
+
+    def _check_facts(self, host: str, facts: dict) -> list[Problem]:
+        import platform
+
         problems = []
         if facts["podrun"] != podrun.__version__:
             problems.append(Problem(host, f"podrun {facts['podrun']} there, {podrun.__version__} here",
                                     f"install podrun=={podrun.__version__} on the host"))
-        import platform
-
         if facts["python"].rsplit(".", 1)[0] != platform.python_version().rsplit(".", 1)[0]:
             problems.append(Problem(host, f"python {facts['python']} there, {platform.python_version()} here",
                                     "use the same Python version (--python)"))
-        if facts.get("port_free") is False:
-            problems.append(Problem(host, f"rendezvous port {req.master_port} is in use on the master host",
-                                    "pass --master-port with a free port"))
+        for port in facts.get("ports_busy", []):
+            problems.append(busy_port_problem(host, self.request, port))
         return problems
 
+    def _preflight_instance(self, inst) -> tuple["SSHHandle | None", list[Problem]]:
+        try:
+            handle = self._start_one(inst, hold=True)
+        except BaseException as exc:  # noqa: BLE001
+            return None, [self._problem(inst.host, exc)]
+        try:
+            facts = handle.wait_probe(PROBE_TIMEOUT)
+        except queue.Empty:
+            return handle, [Problem(inst.host, f"the instance agent did not report in {PROBE_TIMEOUT:g} s",
+                                    "is the host overloaded, or does a login script (~/.bashrc) hang?")]
+        if facts is None:
+            return handle, [self._check_exit(inst.host, handle.wait(2.0), handle.early_errors())]
+        return handle, self._check_facts(inst.host, facts)
+
     def preflight(self) -> list[Problem]:
-        hosts = list(dict.fromkeys(i.host for i in self.request.instances))
-        with self._pool(len(hosts)) as ex:
-            results = list(ex.map(self._preflight_host, hosts))
-        return [p for r in results for p in r]
+        insts = list(self.request.instances)
+        with self._pool(len(insts)) as ex:
+            results = list(ex.map(self._preflight_instance, insts))
+        problems = list(dict.fromkeys(p for _, r in results for p in r))   # once per host, not per instance
+        handles = [h for h, _ in results if h is not None]
+        if problems:
+            _dismiss(handles)
+            return problems
+        self._held = handles
+        return []
 
     # -- start -------------------------------------------------------------------------
-    def _start_one(self, inst) -> SSHHandle:
+    def _start_one(self, inst, hold: bool = False) -> SSHHandle:
         client = self._connect(inst.host)
         chan = client.get_transport().open_session(timeout=self.opts.connect_timeout)
-        chan.exec_command(self.request.shell_command(inst.index))
+        chan.exec_command(self.request.shell_command(inst.index, hold=hold))
         return SSHHandle(inst.index, inst.host, client, chan)
 
     def start(self) -> list[InstanceHandle]:
+        if self._held is not None:     # preflight passed: its agents are waiting for the go
+            held, self._held = self._held, None
+            for h in held:
+                h.go()
+            return held
         insts = list(self.request.instances)
         handles: list[SSHHandle | None] = [None] * len(insts)
         errors: list[Problem] = []
@@ -265,6 +301,8 @@ class SSHTransport(Transport):
         return handles  # type: ignore[return-value]
 
     def close(self) -> None:
+        held, self._held = self._held or [], None
+        _dismiss(held)
         with self.lock:
             clients, self.clients = list(self.clients.values()), {}
         for c in clients:
@@ -272,3 +310,13 @@ class SSHTransport(Transport):
                 c.close()
             except Exception:  # noqa: BLE001
                 pass
+
+
+def _dismiss(handles: list[SSHHandle], timeout: float = 3.0) -> None:
+    """Tell held agents to stop (they have started nothing) and wait, bounded, until they are gone."""
+    for h in handles:
+        h.terminate()
+    deadline = time.monotonic() + timeout
+    for h in handles:
+        h.wait(max(0.0, deadline - time.monotonic()))
+        h.kill()

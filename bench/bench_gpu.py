@@ -1,0 +1,194 @@
+"""GPU training throughput (issue 6): podrun's models and runner against timm's models in a plain AMP loop,
+same device, batch and precision, side by side in one run; MFU for ViT-B/16. Needs a CUDA device and timm.
+
+    python -m bench gpu             # resnet50 and vit_b16 at 224 px, efficientnet_b4 at 320 px
+    python -m bench --quick gpu     # fewer steps
+
+Subjects per model, repeats interleaved (timm, podrun model, podrun runner, timm, ...), img/s from the
+median step time after warm-up:
+- peer: timm.create_model(NAME) in a plain loop: bf16 autocast, SGD with momentum (torch's default
+  foreach path), float32 NCHW input already on the device, no compile (what a hand-written loop does);
+- podrun model, plain loop: podrun.models.build(NAME) in exactly that loop (the models alone);
+- podrun runner: podrun.train.runner.train on synthetic uint8 images (normalised on the device),
+  bf16, channels_last, fused SGD, prefetch thread: what `podrun launch recipes/...` runs; with
+  compile as a fourth subject (torch.compile, default mode).
+MFU: FLOPs of one training step counted by torch.utils.flop_counter on the model itself (forward and
+backward), times steps/s, over the device's dense bf16 peak (PEAK_BF16). Without a CUDA device this
+returns one row that says so: nothing is measured on a CPU here.
+"""
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+# (podrun name, timm name, image size, batch)
+MODELS = (("resnet50", "resnet50", 224, 256), ("efficientnet_b4", "efficientnet_b4", 320, 64),
+          ("vit_b16", "vit_base_patch16_224", 224, 256))
+# Dense bf16 tensor-core peak, FLOP/s: NVIDIA H100 SXM and H200 datasheets give 1,979 TFLOPS with
+# sparsity, i.e. 989 TFLOPS dense; H100 PCIe 1,513 with sparsity (756 dense); A100 312 dense.
+PEAK_BF16 = {"H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12, "A100": 312e12}
+
+
+def peak_for(device_name: str) -> float | None:
+    for key in sorted(PEAK_BF16, key=len, reverse=True):      # "H100 PCIe" before "H100"
+        if key.lower() in device_name.lower():
+            return PEAK_BF16[key]
+    return None
+
+
+def plain_loop(model, batch: int, size: int, steps: int, warmup: int, device: str = "cuda") -> list[float]:
+    """Seconds per step of a hand-written AMP loop (the peer's loop, used for both model families),
+    timed over all steps after warm-up with one synchronisation at each end, so the host queues ahead."""
+    import torch
+    import torch.nn.functional as F
+
+    model = model.to(device).train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(batch, 3, size, size, device=device)
+    y = torch.randint(0, 1000, (batch,), device=device)
+    dtype = torch.bfloat16
+    t = 0.0
+    for i in range(warmup + steps):
+        if i == warmup:
+            _sync(device)
+            t = time.perf_counter()
+        with torch.autocast(device_type=device, dtype=dtype):
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    _sync(device)
+    return [(time.perf_counter() - t) / steps]
+
+
+def runner_steps(name: str, batch: int, size: int, steps: int, warmup: int, run_dir: Path, *,
+                 compile: bool = False, device: str = "cuda") -> list[float]:
+    """Per-step seconds of podrun's runner (its own metrics), as the recipes run it. The runner reads the
+    step's loss on the host every step (its NaN check and metrics), which the plain loop does not."""
+    from podrun.runtime.env import read_worker_info
+    from podrun.train.metrics import read_metrics
+    from podrun.train.runner import TrainConfig, train
+
+    cfg = TrainConfig(model=name, data="synthetic", image_size=size, num_classes=1000, synthetic_size=batch * 4,
+                      steps=warmup + steps, global_batch=batch, lr=0.01, optimizer="sgd", momentum=0.9,
+                      amp="bf16", channels_last=True, compile=compile, device=device, run_dir=str(run_dir),
+                      resume=False, eval_every=0, log_every=1, console=False, checkpoint_every=0)
+    train(cfg, read_worker_info({}))
+    step = [r["step_seconds"] for r in read_metrics(run_dir) if r.get("kind") == "step"]
+    return step[warmup:]
+
+
+def train_flops(model, batch: int, size: int, device: str = "cuda") -> float:
+    """FLOPs of one forward + backward at this batch, as torch's flop counter sees them."""
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = model.to(device).train()
+    x = torch.randn(batch, 3, size, size, device=device)
+    y = torch.randint(0, 1000, (batch,), device=device)
+    with FlopCounterMode(display=False) as counter:
+        with torch.autocast(device_type=device, dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+    model.zero_grad(set_to_none=True)
+    return float(counter.get_total_flops())
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def _free(device: str) -> None:
+    import gc
+
+    gc.collect()
+    if device == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
+
+
+def measure(quick: bool, device: str = "cuda", models=MODELS, compile: bool = True) -> list[dict]:
+    import torch
+
+    from podrun import models as pm
+
+    try:
+        import timm
+    except ImportError:
+        timm = None
+    steps, warmup, repeats = (10, 5, 2) if quick else (30, 10, 3)
+    name_dev = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
+    peak = peak_for(name_dev) if device == "cuda" else None
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for ours, theirs, size, batch in models:
+            subjects = {"podrun model, plain loop": lambda: plain_loop(pm.build(ours, 1000), batch, size, steps,
+                                                                       warmup, device),
+                        "podrun runner": lambda: runner_steps(ours, batch, size, steps, warmup,
+                                                              Path(tempfile.mkdtemp(dir=tmp)), device=device)}
+            if compile:
+                subjects["podrun runner + compile"] = lambda: runner_steps(
+                    ours, batch, size, steps, warmup, Path(tempfile.mkdtemp(dir=tmp)), compile=True, device=device)
+            if timm is not None:
+                subjects = {"timm, plain loop": lambda: plain_loop(timm.create_model(theirs, num_classes=1000),
+                                                                   batch, size, steps, warmup, device), **subjects}
+            ips: dict[str, list[float]] = {k: [] for k in subjects}
+            errors: dict[str, str] = {}
+            for _ in range(repeats):
+                for k, f in subjects.items():
+                    if k in errors:
+                        continue
+                    try:
+                        ips[k].append(batch / statistics.median(f()))
+                    except Exception as exc:  # noqa: BLE001 - e.g. compile unavailable: reported, not fatal
+                        errors[k] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                    _free(device)
+            peer = statistics.median(ips["timm, plain loop"]) if ips.get("timm, plain loop") else None
+            flops = None
+            if ours == "vit_b16":
+                flops = train_flops(pm.build(ours, 1000), batch, size, device) / batch
+                _free(device)
+            for k, vals in ips.items():
+                if k == "timm, plain loop" or not vals:
+                    continue
+                v = statistics.median(vals)
+                note = (f"{name_dev}; bf16; batch {batch} at {size} px; median of {repeats} interleaved repeats "
+                        f"of {steps} steps after {warmup} warm-up")
+                if flops and peak:
+                    note += f"; MFU {v * flops / peak:.1%} ({flops / 1e9:.1f} GFLOP per image fwd+bwd, peak {peak / 1e12:.0f} TFLOP/s)"
+                rows.append({"benchmark": f"GPU train throughput, {ours}", "subject": k, "value": round(v, 1),
+                             "peer": f"timm {theirs}, plain loop" if peer else None,
+                             "peer_value": round(peer, 1) if peer else None,
+                             "ratio": round(v / peer, 3) if peer else None, "unit": "img/s", "note": note})
+            for k, e in errors.items():
+                rows.append({"benchmark": f"GPU train throughput, {ours}", "subject": k, "value": None, "peer": None,
+                             "peer_value": None, "ratio": None, "unit": "img/s", "note": f"failed: {e}"})
+            if timm is None:
+                rows.append({"benchmark": f"GPU train throughput, {ours}", "subject": "timm, plain loop",
+                             "value": None, "peer": None, "peer_value": None, "ratio": None, "unit": "img/s",
+                             "note": "timm is not installed here: no peer"})
+    return rows
+
+
+def run(quick: bool) -> list[dict]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return [{"benchmark": "GPU train throughput", "subject": "podrun vs timm", "value": None, "peer": None,
+                 "peer_value": None, "ratio": None, "unit": "img/s",
+                 "note": "no CUDA device on this machine: not measured (run it on a lent GPU)"}]
+    return measure(quick)
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    print(json.dumps(run(quick="--quick" in sys.argv), indent=1))
