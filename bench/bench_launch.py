@@ -21,6 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = str(ROOT / "tests" / "launch" / "scripts" / "torchrun_allreduce.py")
+SOCKET_SCRIPT = str(ROOT / "bench" / "scripts" / "socket_allreduce.py")
 PODRUN = [sys.executable, "-m", "podrun"]
 
 
@@ -48,6 +49,17 @@ def podrun_allreduce(hosts, names, runs, port) -> float:
         raise AssertionError(f"podrun on {len(names)} hosts did not end within 120 s")
     dt = time.perf_counter() - t0
     assert cp.returncode == 0 and cp.stdout.count("ALLREDUCE") == len(names), cp.stderr[-2000:]
+    return dt
+
+
+def podrun_socket_allreduce(hosts, names, runs, port) -> float:
+    """podrun to a first all_reduce with no torch import (bench/scripts/socket_allreduce.py)."""
+    t0 = time.perf_counter()
+    cp = subprocess.run([*_podrun_args(hosts, names, runs, port), "--", sys.executable, SOCKET_SCRIPT],
+                        capture_output=True, text=True, timeout=60)
+    dt = time.perf_counter() - t0
+    n = len(names)
+    assert cp.returncode == 0 and cp.stdout.count(f"sum={n * (n + 1) // 2}") == n, cp.stderr[-2000:]
     return dt
 
 
@@ -281,7 +293,7 @@ def run(quick: bool) -> list[dict]:
     repeats = 1 if quick else 5
     sizes = (1, 2) if quick else (1, 2, 4, 8)
     rows = []
-    port = 29900 + (os.getpid() % 50) * 2
+    port = 29900 + (os.getpid() % 50) * 200    # each run takes P and P+1 (the store relay)
     with tempfile.TemporaryDirectory() as tmp, NetnsHosts(max(sizes + (4,))) as hosts:
         runs = os.path.join(tmp, "runs")
         times: dict[tuple[str, int], list[float]] = {}
@@ -292,7 +304,7 @@ def run(quick: bool) -> list[dict]:
                 for name, f in (("podrun", lambda: podrun_allreduce(hosts, names, runs, port)),
                                 ("torchrun", lambda: torchrun_allreduce(hosts, names, port)),
                                 ("mpirun", lambda: mpirun_allreduce(hosts, names, port))):
-                    port += 1
+                    port += 2
                     try:
                         times.setdefault((name, n), []).append(f())
                     except AssertionError as exc:   # a peer that fails here is reported, not fatal
@@ -318,8 +330,10 @@ def run(quick: bool) -> list[dict]:
         fan = {}
         for _ in range(2 if quick else repeats):
             for n in (1, 4):
-                port += 1
+                port += 2
                 fan.setdefault(("podrun", n), []).append(podrun_true(hosts, hosts.hosts[:n], runs, port))
+                port += 2
+                fan.setdefault(("socket", n), []).append(podrun_socket_allreduce(hosts, hosts.hosts[:n], runs, port))
                 fan.setdefault(("ssh", n), []).append(ssh_true(hosts, hosts.hosts[:n]))
         rows.append(_row("launch_fanout", "podrun ssh `true`, 4 hosts", fan[("podrun", 4)], "s",
                          "podrun's own cost (CLI start, preflight, fan-out, agents, teardown), no torch",
@@ -327,9 +341,13 @@ def run(quick: bool) -> list[dict]:
         rows.append(_row("launch_fanout", "podrun ssh `true`, 4 hosts", fan[("podrun", 4)], "s",
                          "vs OpenSSH `ssh h true` to the 4 hosts in parallel (no preflight, no agent)",
                          "OpenSSH ssh x4 parallel", fan[("ssh", 4)]))
+        rows.append(_row("launch_scaling", "podrun ssh, all_reduce without torch, 4 hosts", fan[("socket", 4)], "s",
+                         "target: within 1.3x of 1 host; bench/scripts/socket_allreduce.py (rank 0 sums over TCP), "
+                         "so the hosts' shared cores do not hide the launcher's own scaling",
+                         "podrun ssh, all_reduce without torch, 1 host", fan[("socket", 1)]))
         td = []
         for _ in range(1 if quick else repeats):
-            port += 1
+            port += 2
             td.append(teardown(hosts, runs, port, tmp))
         rows.append(_row("teardown", "worker exit 3 -> every process gone, 4 hosts", td, "s",
                          f"median of {len(td)}; `sh -c 'sleep'` workers, podrun only; failing worker's clock to "
@@ -341,7 +359,7 @@ def run(quick: bool) -> list[dict]:
         tdv: dict[str, list] = {"podrun": [], "torchrun": []}
         for _ in range(1 if quick else 4):
             for subject in ("podrun", "torchrun"):
-                port += 1
+                port += 2
                 try:
                     tdv[subject].append(teardown_vs(subject, hosts, tmp, port, td_bound))
                 except AssertionError as exc:
@@ -360,7 +378,7 @@ def run(quick: bool) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(1 if quick else 3):
             for subject in ("podrun", "torchrun"):
-                port += 1
+                port += 2
                 try:
                     dt, gone = lost_host_vs(subject, n_lost, tmp, port, lost_bound, pg_timeout)
                     lost[subject].append(dt)
