@@ -112,7 +112,8 @@ def execute(request: LaunchRequest, *, sink=None, notice=None,
         if outcome.exit_code == 0 or outcome.status == "interrupted" or req.restart_count >= req.max_restarts:
             return outcome, summary
         nxt = req.restart_count + 1
+        port = base_port + nxt * len(req.rendezvous_ports())    # past every port the last attempt used
         cause = outcome.root_cause
         notice(f"restart {nxt} of {req.max_restarts} after "
-               f"{cause.reason if cause else _describe_code(outcome.exit_code)}; rendezvous port {base_port + nxt}")
-        req = req.for_restart(nxt, base_port + nxt)
+               f"{cause.reason if cause else _describe_code(outcome.exit_code)}; rendezvous port {port}")
+        req = req.for_restart(nxt, port)

@@ -146,7 +146,9 @@ def test_max_restarts_restarts_with_new_port_and_count(tmp_path):
                 "--runs-dir", str(tmp_path / "runs"), "--",
                 "sh", "-c", 'echo "try $PODRUN_RESTART_COUNT port $MASTER_PORT"; [ $PODRUN_RESTART_COUNT -ge 1 ]')
     assert cp.returncode == 0, cp.stderr
-    assert "try 0 port 29631" in cp.stdout and "try 1 port 29632" in cp.stdout
+    # attempt 0: relay on 29631, rank 0's store on 29632; attempt 1 moves past both: 29633 and 29634
+    assert "[0:1 localhost] try 0 port 29631" in cp.stdout and "[0:0 localhost] try 0 port 29632" in cp.stdout
+    assert "[0:1 localhost] try 1 port 29633" in cp.stdout and "[0:0 localhost] try 1 port 29634" in cp.stdout
     assert "try 2" not in cp.stdout
     s = summary(tmp_path / "runs")
     assert [a["exit_code"] for a in s["attempts"]] == [1, 0] and s["restart_count"] == 1
