@@ -39,6 +39,7 @@ class _Pipe:
         self.client = client
         self.store: socket.socket | None = None
         self.out = {}              # socket -> bytearray waiting to be written to it
+        self.writing = set()       # sockets registered for EVENT_WRITE too (their output is backed up)
 
     def peer(self, s: socket.socket) -> socket.socket:
         return self.store if s is self.client else self.client
@@ -162,9 +163,11 @@ class StoreRelay:
                 self._drop(p)
                 return False
             del buf[:n]
-        # what could not be written now waits for the socket to be writable (store messages are small)
-        want = selectors.EVENT_READ | (selectors.EVENT_WRITE if buf else 0)
-        self.sel.modify(s, want, p)
+        # what could not be written now waits for the socket to be writable (store messages are small);
+        # the selector is touched only when that changes, not once per message
+        if bool(buf) != (s in p.writing):
+            p.writing.symmetric_difference_update({s})
+            self.sel.modify(s, selectors.EVENT_READ | (selectors.EVENT_WRITE if buf else 0), p)
         return True
 
     def _drop(self, p: _Pipe) -> None:
