@@ -35,6 +35,7 @@ def test_gloo_all_reduce_and_env_contract_across_4_hosts(ssh_hosts, tmp_path):
     assert cp.returncode == 0, cp.stderr
     lines = sorted(l for l in cp.stdout.splitlines() if "ALLREDUCE" in l)
     assert len(lines) == 4, cp.stdout
+    ports, relay = [], []
     for i, line in enumerate(lines):
         host = ssh_hosts.hosts[i]
         assert line.startswith(f"[{i} {host}] ALLREDUCE rank={i} world=4 local_rank=0 host={host} sum=10"), line
@@ -42,6 +43,11 @@ def test_gloo_all_reduce_and_env_contract_across_4_hosts(ssh_hosts, tmp_path):
         assert env["RANK"] == str(i) and env["GROUP_RANK"] == str(i) and env["PODRUN_INSTANCE_INDEX"] == str(i)
         assert env["WORLD_SIZE"] == "4" and env["LOCAL_WORLD_SIZE"] == "1" and env["LOCAL_RANK"] == "0"
         assert env["MASTER_ADDR"] == ssh_hosts.hosts[0] and env["PODRUN_NUM_INSTANCES"] == "4"
+        ports.append(env["MASTER_PORT"])
+        relay.append(env.get("PODRUN_STORE_RELAY"))
+    # the store relay: h1's agent holds the rendezvous port P, rank 0's store is on P+1, h2-h4 dial P
+    p = int(ports[1])
+    assert ports == [str(p + 1), str(p), str(p), str(p)] and relay == [str(p), None, None, None]
     rd = run_dir(tmp_path / "runs")
     for i in range(4):
         assert f"sum=10" in (rd / f"instance-{i}.log").read_text()
