@@ -74,7 +74,7 @@ def runner_steps(name: str, batch: int, size: int, steps: int, warmup: int, run_
     cfg = TrainConfig(model=name, data="synthetic", image_size=size, num_classes=1000, synthetic_size=batch * 4,
                       steps=warmup + steps, global_batch=batch, lr=0.01, optimizer="sgd", momentum=0.9,
                       amp="bf16", channels_last=True, compile=compile, device=device, run_dir=str(run_dir),
-                      resume=False, eval_every=0, log_every=1, console=False, checkpoint_every=0)
+                      resume=False, eval_every=0, console=False, checkpoint_every=0)
     train(cfg, read_worker_info({}))
     step = [r["step_seconds"] for r in read_metrics(run_dir) if r.get("kind") == "step"]
     return step[warmup:]

@@ -85,6 +85,8 @@ class TrainConfig:
     eval_every: int = 1                     # epochs; 0: only at the end
     eval_batch: int = 256
     log_every: int = 10
+    sync_every: int | None = None           # steps whose stats are fetched from the device at once; None:
+                                            # log_every on CUDA (no host sync per step), 1 elsewhere
     console: bool = True
     dist_timeout: float = 120.0
     prefetch: int | None = None            # batches prefetched by a thread; None: 3 on CUDA, 0 on CPU
@@ -405,6 +407,32 @@ def _train(cfg: TrainConfig, info: WorkerInfo, device: Device) -> dict[str, Any]
                                   pin_memory=device.kind == "cuda"))
     wrapped.train()
     t_last = time.perf_counter()
+    sync_every = max(1, cfg.sync_every or (cfg.log_every if device.kind == "cuda" else 1))
+    pending: list[tuple[int, int, float, torch.Tensor]] = []     # (step, epoch, lr, stats on the device)
+
+    def flush() -> None:
+        """Fetch the pending steps' stats in one all-reduce and one copy; check them; write their rows."""
+        nonlocal t_last
+        if not pending:
+            return
+        stats_all = _all_reduce(torch.stack([p[3] for p in pending])).cpu()
+        now = time.perf_counter()
+        dt, t_last = (now - t_last) / len(pending), now        # the interval's steps share its time
+        for (at, ep, lr_at, _), stats in zip(pending, stats_all):
+            loss_g, acc_g = stats[0].item() / stats[2].item(), stats[1].item() / stats[2].item()
+            if not math.isfinite(loss_g):
+                raise TrainError(f"loss became {loss_g} at step {at}",
+                                 hint="lower the learning rate, or use --amp fp16 loss scaling / bf16", exit_code=1)
+            acc["loss"] += stats[0].item()
+            acc["correct"] += stats[1].item()
+            acc["count"] += stats[2].item()
+            acc["seconds"] += dt
+            metrics.write({"kind": "step", "step": at, "epoch": ep, "loss": loss_g, "accuracy": acc_g,
+                           "lr": lr_at, "images_per_sec": g / dt,
+                           "images_per_sec_instance": g / dt * info.local_world_size / world,
+                           "step_seconds": dt})
+        pending.clear()
+
     for epoch, estep, micro in loader_iter:
         if step >= total:
             break
@@ -437,23 +465,12 @@ def _train(cfg: TrainConfig, info: WorkerInfo, device: Device) -> dict[str, Any]
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
             sched.step()
         step += 1
-        stats = _all_reduce(stats_dev).cpu()
-        now = time.perf_counter()
-        dt, t_last = now - t_last, now
-        loss_g, acc_g = stats[0].item() / stats[2].item(), stats[1].item() / stats[2].item()
-        if not math.isfinite(loss_g):
-            raise TrainError(f"loss became {loss_g} at step {step}",
-                             hint="lower the learning rate, or use --amp fp16 loss scaling / bf16", exit_code=1)
-        acc["loss"] += stats[0].item()
-        acc["correct"] += stats[1].item()
-        acc["count"] += stats[2].item()
-        acc["seconds"] += dt
-        metrics.write({"kind": "step", "step": step, "epoch": epoch, "loss": loss_g, "accuracy": acc_g,
-                       "lr": lr_now, "images_per_sec": g / dt,
-                       "images_per_sec_instance": g / dt * info.local_world_size / world,
-                       "step_seconds": dt})
+        pending.append((step, epoch, lr_now, stats_dev))
         end_of_epoch = estep == spe - 1
-        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < total:
+        checkpoint_now = bool(cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < total)
+        if len(pending) >= sync_every or end_of_epoch or checkpoint_now or step >= total:
+            flush()                    # every rank flushes at the same steps: the all-reduce matches
+        if checkpoint_now:
             save_checkpoint(step)
         if end_of_epoch:
             metrics.write({"kind": "epoch", "step": step, "epoch": epoch, "loss": acc["loss"] / acc["count"],
@@ -469,6 +486,7 @@ def _train(cfg: TrainConfig, info: WorkerInfo, device: Device) -> dict[str, Any]
             t_last = time.perf_counter()
         if step >= total:
             break
+    flush()
     if step > 0:
         save_checkpoint(step)
     last_eval = evaluate(eval_model, val_ds, cfg, device, info, amp_dtype, mean, std, fsdp_eval)

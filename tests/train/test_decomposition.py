@@ -43,3 +43,26 @@ def test_same_loss_curve_for_1x4_2x2_4x1(tmp_path):
         for name, t in sd.items():
             torch.testing.assert_close(t, weights[(1, 4)][name], rtol=1e-4, atol=1e-5,
                                        msg=lambda m: f"{key} {name}: {m}")
+
+
+@pytest.mark.timeout(180)
+def test_stats_fetched_every_few_steps_give_the_same_rows(tmp_path):
+    """sync_every (CUDA's default: log_every) fetches the step stats in one all-reduce per interval, so
+    the host does not wait for the device every step. Two gloo workers: the step rows (loss, accuracy, lr),
+    the epoch rows and the checkpoint are those of fetching every step, also across an epoch end and a
+    checkpoint step that fall inside an interval."""
+    base = dict(data="digits", image_size=8, num_classes=10, steps=14, global_batch=128, lr=0.5, optimizer="sgd",
+                momentum=0.9, schedule="cosine", deterministic=True, seed=3, eval_every=0, console=False,
+                resume=False, checkpoint_every=5)
+    runs = {}
+    for k in (1, 4):
+        d = tmp_path / f"sync{k}"
+        wait_all(start_workers(2, {**base, "sync_every": k, "run_dir": str(d)}), timeout=150)
+        runs[k] = [r for r in read_metrics(d) if r.get("kind") in ("step", "epoch")]
+    keys = ("kind", "step", "epoch", "loss", "accuracy", "lr")
+    one, four = ([{k: r.get(k) for k in keys} for r in rows] for rows in (runs[1], runs[4]))
+    assert [r["step"] for r in one if r["kind"] == "step"] == list(range(1, 15))
+    assert len([r for r in one if r["kind"] == "epoch"]) >= 1, "no epoch end inside the run: the test would prove less"
+    assert one == four
+    ck = {k: sorted(p.name for p in (tmp_path / f"sync{k}" / "checkpoints").glob("ckpt-*.pt")) for k in (1, 4)}
+    assert ck[1] == ck[4] and ck[1]
