@@ -6,24 +6,8 @@ against the same store dialled directly, side by side (interleaved), on this mac
 from __future__ import annotations
 
 import datetime
-import socket
 import statistics
 import time
-
-
-def _free_pair() -> int:
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("", 0))
-            p = s.getsockname()[1]
-        try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind(("", p))
-                b.bind(("", p + 1))
-            return p
-        except OSError:
-            continue
-    raise RuntimeError("no two consecutive free ports")
 
 
 def _ops(store, n: int, value: bytes) -> float:
@@ -40,7 +24,9 @@ def run(quick: bool) -> list[dict]:
 
     from podrun.launch.relay import StoreRelay
 
-    p = _free_pair()
+    from tests.launch.helpers import free_port_pair
+
+    p = free_port_pair()
     td = datetime.timedelta(seconds=30)
     master = dist.TCPStore("127.0.0.1", p + 1, 1, True, timeout=td, wait_for_workers=False)
     relay = StoreRelay(p, "127.0.0.1", p + 1).start()
@@ -64,6 +50,7 @@ def run(quick: bool) -> list[dict]:
                                  "thread; it carries only store traffic (gloo and NCCL connect peer to peer)"})
     finally:
         relay.close()
+        del master                     # rank 0's store, kept alive until here
     return rows
 
 

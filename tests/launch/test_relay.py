@@ -15,26 +15,10 @@ import pytest
 from podrun.launch import protocol
 from podrun.launch.agent import Agent, start_relay
 from podrun.launch.relay import StoreRelay
-from tests.launch.helpers import local_pids, marker, podrun, wait_until
+from tests.launch.helpers import free_port_pair, local_pids, marker, podrun, wait_until
 from tests.launch.test_agent import _request
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def _free_pair() -> int:
-    """A port P with P and P+1 free on this machine."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("", 0))
-            p = s.getsockname()[1]
-        try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind(("", p))
-                b.bind(("", p + 1))
-            return p
-        except OSError:
-            continue
-    raise AssertionError("no two consecutive free ports")
 
 
 def _echo_server(port: int, ready: threading.Event, upper: bool = True) -> socket.socket:
@@ -69,7 +53,7 @@ def _recv_exactly(s: socket.socket, n: int) -> bytes:
 def test_relay_accepts_before_the_store_exists_and_joins_when_it_listens():
     """Connections made while nothing listens behind the relay are accepted (no refusal, so no client
     backoff); what they sent is delivered once the server is up, and the answers come back."""
-    p = _free_pair()
+    p = free_port_pair()
     relay = StoreRelay(p, "127.0.0.1", p + 1).start()
     try:
         early = [socket.create_connection(("127.0.0.1", p), timeout=5) for _ in range(3)]
@@ -92,7 +76,7 @@ def test_relay_accepts_before_the_store_exists_and_joins_when_it_listens():
 
 
 def test_relay_passes_large_messages_intact_both_ways():
-    p = _free_pair()
+    p = free_port_pair()
     ready = threading.Event()
     srv = _echo_server(p + 1, ready, upper=False)
     relay = StoreRelay(p, "127.0.0.1", p + 1).start()
@@ -110,7 +94,7 @@ def test_relay_passes_large_messages_intact_both_ways():
 
 
 def test_relay_passes_on_a_close_from_either_side():
-    p = _free_pair()
+    p = free_port_pair()
     srv = socket.create_server(("127.0.0.1", p + 1))
     relay = StoreRelay(p, "127.0.0.1", p + 1).start()
     try:
@@ -135,7 +119,7 @@ def test_tcpstore_clients_reach_rank0_store_through_the_relay_before_it_exists()
     rank 0 (world size 3, waiting for its workers) then sees both and the keys flow every way."""
     import torch.distributed as dist
 
-    p = _free_pair()
+    p = free_port_pair()
     relay = StoreRelay(p, "127.0.0.1", p + 1).start()
     td = datetime.timedelta(seconds=20)
     got, errors = {}, []
@@ -178,7 +162,7 @@ def test_agent_without_the_port_gives_rank0_the_rendezvous_port_back(tmp_path):
 
 
 def test_busy_store_port_fails_preflight_and_no_relay_keeps_one_port(tmp_path):
-    p = _free_pair()
+    p = free_port_pair()
     with socket.create_server(("", p + 1)):
         cp = podrun("launch", "--devices-per-host", "2", "--master-port", str(p), "--runs-dir", str(tmp_path / "r"),
                     "--", "echo", "never")
