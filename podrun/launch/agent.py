@@ -46,7 +46,9 @@ def compute_worker_envs(plan, index: int, *, run_id: str, run_dir: str, plan_pat
         env = dict(worker_env(plan, index, local_rank, run_id=run_id, run_dir=run_dir, plan_path=plan_path,
                               master_addr=master_addr, master_port=master_port))
         if store_relay and env["RANK"] == "0":
-            env["MASTER_PORT"] = str(master_port + 1)
+            from podrun.launch.relay import store_port
+
+            env["MASTER_PORT"] = str(store_port(master_port))
             env["PODRUN_STORE_RELAY"] = str(master_port)
         env["PODRUN_RESTART_COUNT"] = str(restart_count)
         env.setdefault("PYTHONUNBUFFERED", "1")   # so output streams live, line by line
@@ -276,10 +278,10 @@ def main(argv: list[str] | None = None) -> int:
     probe = None
     if args.hold:
         from podrun.launch.probe import facts
+        from podrun.launch.relay import rendezvous_ports
 
         rank0 = any(e["RANK"] == "0" for e in envs)
-        ports = [args.master_port] + ([args.master_port + 1] if args.store_relay else []) if rank0 else []
-        probe = facts(ports)
+        probe = facts(rendezvous_ports(args.master_port, args.store_relay) if rank0 else ())
     agent = Agent(index, command, envs, grace=args.grace, stdin_watch=not args.no_stdin_watch,
                   stdin_timeout=args.stdin_timeout, probe=probe)
     busy = bool(probe and probe["ports_busy"])       # the controller will not say go
@@ -297,10 +299,10 @@ def start_relay(agent: Agent, master_addr: str, master_port: int):
     rank0 = [e for e in agent.envs if e.get("PODRUN_STORE_RELAY")]
     if not rank0:
         return None
-    from podrun.launch.relay import StoreRelay
+    from podrun.launch.relay import StoreRelay, store_port
 
     try:
-        return StoreRelay(master_port, master_addr, master_port + 1).start()
+        return StoreRelay(master_port, master_addr, store_port(master_port)).start()
     except OSError as exc:
         for e in rank0:
             e["MASTER_PORT"] = str(master_port)

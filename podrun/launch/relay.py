@@ -13,6 +13,7 @@ cost no threads. Bytes are passed through unchanged, so it relays any TCP protoc
 """
 from __future__ import annotations
 
+import errno
 import selectors
 import socket
 import threading
@@ -21,13 +22,23 @@ RETRY_S = 0.005           # how often pending connections try the store while it
 CHUNK = 1 << 16
 
 
+def store_port(master_port: int) -> int:
+    """Where rank 0's own store listens behind the relay (rank 0's MASTER_PORT)."""
+    return master_port + 1
+
+
+def rendezvous_ports(master_port: int, store_relay: bool) -> tuple[int, ...]:
+    """The ports a run listens on at the master host: the rendezvous port, and with the relay the store's."""
+    return (master_port, store_port(master_port)) if store_relay else (master_port,)
+
+
 def listen(port: int) -> socket.socket:
     """A listening socket on every address (IPv4 and IPv6 where the host has it), SO_REUSEADDR set."""
     if socket.has_dualstack_ipv6():
         try:
             return socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True, backlog=4096)
         except OSError as exc:
-            if exc.errno == 98:     # EADDRINUSE: no point trying IPv4 alone
+            if exc.errno == errno.EADDRINUSE:     # no point trying IPv4 alone
                 raise
     return socket.create_server(("", port), backlog=4096)
 

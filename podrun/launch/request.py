@@ -77,9 +77,10 @@ class LaunchRequest:
         return argv + ["--", *self.command]
 
     def rendezvous_ports(self) -> tuple[int, ...]:
-        """The ports the run listens on at the master host: the rendezvous port, and rank 0's own store
-        port behind the store relay."""
-        return (self.master_port, self.master_port + 1) if self.store_relay else (self.master_port,)
+        """The ports the run listens on at the master host (podrun.launch.relay.rendezvous_ports)."""
+        from podrun.launch.relay import rendezvous_ports
+
+        return rendezvous_ports(self.master_port, self.store_relay)
 
     def env_prefix(self) -> list[str]:
         """``env NAME=VALUE ...`` for the user's --env (empty when there is none)."""

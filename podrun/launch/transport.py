@@ -118,8 +118,12 @@ class Transport(ABC):
 
         ``redact``: hide the values of secret-looking --env names (for files written to the run dir).
         """
-        return [(inst.host, self.request.shell_command(inst.index, redact=redact))
+        return [(inst.host, self.request.shell_command(inst.index, redact=redact, hold=self.holds()))
                 for inst in self.request.instances]
+
+    def holds(self) -> bool:
+        """Whether this run's agents start held (--hold): they are the preflight probes (ssh)."""
+        return False
 
     def preflight(self) -> list[Problem]:
         """Check every host in parallel before anything starts; an empty list means go."""

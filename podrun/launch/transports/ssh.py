@@ -205,12 +205,8 @@ class SSHTransport(Transport):
     # The agents are the probes: each starts held (--hold), reports its host's facts and waits; only when
     # every host has passed does start() tell them to go. A failure anywhere closes every held agent
     # before any worker exists. This spares a second remote python start and round trip per host.
-    def _holds(self) -> bool:
+    def holds(self) -> bool:
         return self.request.preflight and self.request.restart_count == 0
-
-    def describe(self, redact: bool = False) -> list[tuple[str, str]]:
-        return [(i.host, self.request.shell_command(i.index, redact=redact, hold=self._holds()))
-                for i in self.request.instances]
 
     def _check_exit(self, host: str, rc: int | None, err: str) -> Problem:
         """Why an agent ended before reporting its facts."""
