@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from podrun.cli.options import plan_options, pop_plan_options
-from podrun.cli.script_cmd import DashDashCommand, job_options, split_recipe
+from podrun.cli.script_cmd import DashDashCommand, job_options, parse_env_items, split_recipe
 from podrun.errors import HostError, PodrunError
 
 SCHEDULER_CHOICES = ("slurm", "pbs", "uge")
@@ -87,12 +87,7 @@ def submit(ctx, scheduler, time_limit, partition, queue, group, account, job_nam
     from podrun.cli.options import resolve_plan
 
     plan = resolve_plan(recipe, **popts)[0]
-    env = []
-    for item in env_items:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise PodrunError(f"--env {item!r} is not NAME=VALUE", hint="write e.g. --env NCCL_DEBUG=INFO")
-        env.append((name, value))
+    env = parse_env_items(env_items)
 
     run_id = new_run_id()
     run_dir = (Path(runs_dir) / run_id).resolve()
