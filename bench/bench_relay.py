@@ -24,9 +24,9 @@ def run(quick: bool) -> list[dict]:
 
     from podrun.launch.relay import StoreRelay
 
-    from tests.launch.helpers import free_port_pair
+    from tests.ports import free_port
 
-    p = free_port_pair()
+    p = free_port(2)
     td = datetime.timedelta(seconds=30)
     master = dist.TCPStore("127.0.0.1", p + 1, 1, True, timeout=td, wait_for_workers=False)
     relay = StoreRelay(p, "127.0.0.1", p + 1).start()

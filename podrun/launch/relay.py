@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import selectors
 import socket
+import struct
 import threading
 
 RETRY_S = 0.005           # how often pending connections try the store while it is not yet up
@@ -41,6 +42,26 @@ def listen(port: int) -> socket.socket:
             if exc.errno == errno.EADDRINUSE:     # no point trying IPv4 alone
                 raise
     return socket.create_server(("", port), backlog=4096)
+
+
+def connect(addr: tuple[str, int], timeout: float = 1.0) -> socket.socket:
+    """Connect to ``addr``; a connection that the kernel made to itself counts as refused.
+
+    While nothing listens on a port inside the ephemeral range (net.ipv4.ip_local_port_range), a connect
+    to it from this host can be given that very port as its source, and TCP's simultaneous open then
+    joins the socket to itself: it "connects", its own bytes come back, and it holds the port so the
+    store cannot bind it. Such a socket is reset (no TIME_WAIT left on the port) and the attempt refused.
+    """
+    s = socket.create_connection(addr, timeout=timeout)
+    try:
+        itself = s.getsockname()[:2] == s.getpeername()[:2]
+    except OSError:
+        itself = False
+    if itself:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        s.close()
+        raise ConnectionRefusedError(errno.ECONNREFUSED, f"connected to itself on port {addr[1]}")
+    return s
 
 
 class _Pipe:
@@ -123,13 +144,13 @@ class StoreRelay:
 
     def _join_pending(self) -> None:
         try:
-            s = socket.create_connection(self.target, timeout=1.0)
+            s = connect(self.target)
         except OSError:
             return                 # not listening yet; try again in RETRY_S
         conns = [s]
         for _ in range(len(self.pending) - 1):
             try:
-                conns.append(socket.create_connection(self.target, timeout=1.0))
+                conns.append(connect(self.target))
             except OSError:
                 break
         for s in conns:

@@ -105,19 +105,3 @@ def end(proc: subprocess.Popen) -> None:
         proc.wait(timeout=10)
 
 
-def free_port_pair() -> int:
-    """A port P with P and P+1 both free on this machine (a run with the store relay takes both)."""
-    import socket
-
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("", 0))
-            p = s.getsockname()[1]
-        try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind(("", p))
-                b.bind(("", p + 1))
-            return p
-        except OSError:
-            continue
-    raise AssertionError("no two consecutive free ports")

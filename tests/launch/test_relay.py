@@ -15,8 +15,9 @@ import pytest
 from podrun.launch import protocol
 from podrun.launch.agent import Agent, start_relay
 from podrun.launch.relay import StoreRelay
-from tests.launch.helpers import free_port_pair, local_pids, marker, podrun, wait_until
+from tests.launch.helpers import local_pids, marker, podrun, wait_until
 from tests.launch.test_agent import _request
+from tests.ports import free_port
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -53,7 +54,7 @@ def _recv_exactly(s: socket.socket, n: int) -> bytes:
 def test_relay_accepts_before_the_store_exists_and_joins_when_it_listens():
     """Connections made while nothing listens behind the relay are accepted (no refusal, so no client
     backoff); what they sent is delivered once the server is up, and the answers come back."""
-    p = free_port_pair()
+    p = free_port(2)
     relay = StoreRelay(p, "127.0.0.1", p + 1).start()
     try:
         early = [socket.create_connection(("127.0.0.1", p), timeout=5) for _ in range(3)]
@@ -76,7 +77,7 @@ def test_relay_accepts_before_the_store_exists_and_joins_when_it_listens():
 
 
 def test_relay_passes_large_messages_intact_both_ways():
-    p = free_port_pair()
+    p = free_port(2)
     ready = threading.Event()
     srv = _echo_server(p + 1, ready, upper=False)
     relay = StoreRelay(p, "127.0.0.1", p + 1).start()
@@ -94,7 +95,7 @@ def test_relay_passes_large_messages_intact_both_ways():
 
 
 def test_relay_passes_on_a_close_from_either_side():
-    p = free_port_pair()
+    p = free_port(2)
     srv = socket.create_server(("127.0.0.1", p + 1))
     relay = StoreRelay(p, "127.0.0.1", p + 1).start()
     try:
@@ -113,13 +114,57 @@ def test_relay_passes_on_a_close_from_either_side():
         srv.close()
 
 
+_SELF_CONNECT = r"""
+import socket, sys, time
+from podrun.launch.relay import StoreRelay
+Q = int(sys.argv[1])                       # the store's port, the odd lower end of the ephemeral range
+relay = StoreRelay(Q - 1, "127.0.0.1", Q).start()
+c = socket.create_connection(("127.0.0.1", Q - 1), timeout=5, source_address=("127.0.0.1", Q - 3))
+c.sendall(b"ping")
+time.sleep(0.3)                            # the relay tries the store every few ms meanwhile
+for tries in range(1, 51):
+    try:
+        srv = socket.create_server(("127.0.0.1", Q))
+        break
+    except OSError as exc:
+        err = exc
+        time.sleep(0.002)
+else:
+    sys.exit(f"the store could not bind {Q}: {err}")
+srv.settimeout(5)
+a, _ = srv.accept()
+assert a.recv(4) == b"ping"
+a.sendall(b"PONG")
+c.settimeout(5)
+print("relayed", c.recv(4).decode(), "bind tries", tries, "relayed", relay.relayed)
+"""
+
+
+@pytest.mark.timeout(30)
+def test_relay_does_not_connect_to_itself_while_the_store_port_is_ephemeral(tmp_path):
+    """Regression (a CI failure): the relay connects to rank 0's store port over and over until the store
+    listens. Where that port lies in the kernel's ephemeral range a connect can be given the port itself as
+    its source, and TCP's simultaneous open joins the socket to itself: the relay then held the store's port
+    (the store failed with EADDRINUSE) and echoed the client's bytes back to it. Made certain here in a
+    network namespace of the test's own whose ephemeral range is the store port and one more: every connect
+    before the store is up lands on itself. The relay must refuse those and join the client to the store."""
+    q = 40001
+    cmd = ["unshare", "--net", "sh", "-c",
+           f'ip link set lo up && echo "{q} {q + 1}" > /proc/sys/net/ipv4/ip_local_port_range && '
+           f'exec "$0" -c "$1" {q}', sys.executable, _SELF_CONNECT]
+    cp = subprocess.run(cmd, capture_output=True, text=True, timeout=25, cwd=os.getcwd())
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    words = cp.stdout.split()
+    assert words[:2] == ["relayed", "PONG"] and words[-1] == "1", cp.stdout
+
+
 @pytest.mark.torch
 def test_tcpstore_clients_reach_rank0_store_through_the_relay_before_it_exists():
     """Real torch TCPStores: two clients connect through the relay before rank 0's store is created;
     rank 0 (world size 3, waiting for its workers) then sees both and the keys flow every way."""
     import torch.distributed as dist
 
-    p = free_port_pair()
+    p = free_port(2)
     relay = StoreRelay(p, "127.0.0.1", p + 1).start()
     td = datetime.timedelta(seconds=20)
     got, errors = {}, []
@@ -162,7 +207,7 @@ def test_agent_without_the_port_gives_rank0_the_rendezvous_port_back(tmp_path):
 
 
 def test_busy_store_port_fails_preflight_and_no_relay_keeps_one_port(tmp_path):
-    p = free_port_pair()
+    p = free_port(2)
     with socket.create_server(("", p + 1)):
         cp = podrun("launch", "--devices-per-host", "2", "--master-port", str(p), "--runs-dir", str(tmp_path / "r"),
                     "--", "echo", "never")

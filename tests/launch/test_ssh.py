@@ -50,7 +50,7 @@ def test_gloo_all_reduce_and_env_contract_across_4_hosts(ssh_hosts, tmp_path):
     assert ports == [str(p + 1), str(p), str(p), str(p)] and relay == [str(p), None, None, None]
     rd = run_dir(tmp_path / "runs")
     for i in range(4):
-        assert f"sum=10" in (rd / f"instance-{i}.log").read_text()
+        assert "sum=10" in (rd / f"instance-{i}.log").read_text()
     s = summary(tmp_path / "runs")
     assert [x["host"] for x in s["instances"]] == ssh_hosts.hosts and s["exit_code"] == 0
     assert all(x["status"] == "ok" for x in s["instances"])

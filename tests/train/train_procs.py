@@ -3,19 +3,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from tests.ports import free_port
 
 WORKER = Path(__file__).with_name("worker.py")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def worker_env(rank: int, world: int, port: int, extra: dict | None = None) -> dict:

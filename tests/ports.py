@@ -1,0 +1,37 @@
+"""Free TCP ports for tests, taken below the kernel's ephemeral range so no outgoing connection can hold them."""
+from __future__ import annotations
+
+import random
+import socket
+
+
+def ephemeral_range() -> tuple[int, int]:
+    try:
+        lo, hi = open("/proc/sys/net/ipv4/ip_local_port_range").read().split()
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def free_port(n: int = 1) -> int:
+    """A port P with P .. P+n-1 all free to listen on (a run with the store relay takes P and P+1).
+
+    Chosen below the ephemeral range: there no client socket is given the port as its source, and a
+    connect to it before its server listens cannot be joined to itself (see podrun.launch.relay.connect).
+    """
+    top = min(ephemeral_range()[0], 29400) - n     # above it the tests' fixed ports (29500-29900)
+    for _ in range(200):
+        p = random.randrange(20000, top)
+        socks = []
+        try:
+            for q in range(p, p + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("", q))
+            return p
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise AssertionError(f"no {n} consecutive free ports between 20000 and {top}")
