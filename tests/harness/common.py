@@ -1,6 +1,7 @@
 """Shared plumbing of the harness: prerequisites, slot locks, and Fabric (bridge + namespaces + anchors)."""
 from __future__ import annotations
 
+import atexit
 import errno
 import fcntl
 import os
@@ -454,10 +455,41 @@ class Fabric:
 
 
 class FabricAccess:
-    """What NetnsHosts and SlurmCluster share: the context manager, and per-node access and faults, all
-    through ``self.fabric`` (a Fabric). Subclasses provide ``close()``."""
+    """What NetnsHosts and SlurmCluster share: the life cycle (a slot taken, ``close()`` idempotent and a
+    no-op in a forked child, a context manager), and per-node access and faults, all through
+    ``self.fabric`` (a Fabric). Subclasses call ``_init_life()`` and ``_take_slot()`` and provide
+    ``_teardown()``."""
 
-    fabric: "Fabric"
+    fabric: "Fabric | None"
+
+    def _init_life(self) -> None:
+        self._closed = False
+        self._owner = os.getpid()  # a forked child must not tear down its parent's hosts at exit
+        self._lock: SlotLock | None = None
+        self.fabric = None
+        self.up_seconds = self.down_seconds = None
+
+    def _take_slot(self, kind: str, cleanup: Callable[[int], None], usable: Callable[[int], bool]) -> int:
+        self._lock = acquire_slot(kind, cleanup, usable)
+        atexit.register(self.close)
+        return self._lock.slot
+
+    def _teardown(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Tear everything down (``_teardown``) and release the slot, once."""
+        if self._closed or os.getpid() != self._owner:
+            return
+        self._closed = True
+        t0 = time.monotonic()
+        try:
+            self._teardown()
+        finally:
+            if self._lock is not None:
+                self._lock.release()
+            atexit.unregister(self.close)
+        self.down_seconds = time.monotonic() - t0
 
     def __enter__(self):
         return self

@@ -24,7 +24,6 @@ absolute path (``hosts.python`` == sys.executable: the filesystem is shared). `e
 """
 from __future__ import annotations
 
-import atexit
 import os
 import shutil
 import signal
@@ -34,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from .common import (BASE, BASE_TOOLS, Fabric, FabricAccess, HarnessError, acquire_slot, check_prerequisites,
+from .common import (BASE, BASE_TOOLS, Fabric, FabricAccess, HarnessError, check_prerequisites,
                      pid_from_file, subnet_in_use, tcp_open, wait_for)
 
 SSHD = "/usr/sbin/sshd"
@@ -71,11 +70,7 @@ class NetnsHosts(FabricAccess):
         if bashrc is None:
             bashrc = f'export PATH="{os.path.dirname(sys.executable)}:$PATH"\n'
         self.bashrc = bashrc
-        self._closed = False
-        self._owner = os.getpid()  # a forked child must not tear down its parent's hosts at exit
-        self._lock = None
-        self.fabric: Fabric | None = None
-        self.up_seconds = self.down_seconds = None
+        self._init_life()
         if start:
             self.start()
 
@@ -84,10 +79,8 @@ class NetnsHosts(FabricAccess):
         t0 = time.monotonic()
         check_prerequisites(BASE_TOOLS + ((SSHD, "openssh-server"), ("ssh", "openssh-client"),
                                           ("ssh-keygen", "openssh-client")))
-        self._lock = acquire_slot(KIND, _cleanup_slot, lambda s: not subnet_in_use(f"10.200.{s}"))
-        atexit.register(self.close)
+        self.slot = self._take_slot(KIND, _cleanup_slot, lambda s: not subnet_in_use(f"10.200.{s}"))
         try:
-            self.slot = self._lock.slot
             self.run_dir = BASE / f"{KIND}-{self.slot}"
             self.run_dir.mkdir(parents=True)
             os.chmod(self.run_dir, 0o700)
@@ -116,22 +109,12 @@ class NetnsHosts(FabricAccess):
         self.up_seconds = time.monotonic() - t0
         return self
 
-    def close(self) -> None:
-        """Kill everything in the hosts, delete veths, namespaces and bridge, release the slot."""
-        if self._closed or os.getpid() != self._owner:
-            return
-        self._closed = True
-        t0 = time.monotonic()
-        try:
-            if self.fabric is not None:
-                self.fabric.close()
-            if self._lock is not None:
-                shutil.rmtree(BASE / f"{KIND}-{self._lock.slot}", ignore_errors=True)
-        finally:
-            if self._lock is not None:
-                self._lock.release()
-            atexit.unregister(self.close)
-        self.down_seconds = time.monotonic() - t0
+    def _teardown(self) -> None:
+        """Kill everything in the hosts, delete veths, namespaces and bridge (``close()`` releases the slot)."""
+        if self.fabric is not None:
+            self.fabric.close()
+        if self._lock is not None:
+            shutil.rmtree(BASE / f"{KIND}-{self._lock.slot}", ignore_errors=True)
 
     # ------------------------------------------------------------------ properties
     @property

@@ -17,7 +17,6 @@ every node with sys.executable. Nodes reach each other (gloo: MASTER_ADDR = a no
 """
 from __future__ import annotations
 
-import atexit
 import os
 import re
 import shutil
@@ -26,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from .common import (BASE, BASE_TOOLS, Fabric, FabricAccess, HarnessError, acquire_slot, check_prerequisites,
+from .common import (BASE, BASE_TOOLS, Fabric, FabricAccess, HarnessError, check_prerequisites,
                      kill_pids, pid_from_file, port_free, run, subnet_in_use, wait_for)
 
 KIND = "slurm"
@@ -72,11 +71,7 @@ class SlurmCluster(FabricAccess):
             raise HarnessError(f"podrun test harness: SlurmCluster(nodes={nodes}): nodes must be 1..200")
         self.num_nodes = nodes
         self.cpus_per_node = cpus_per_node or os.cpu_count() or 1
-        self._closed = False
-        self._owner = os.getpid()  # a forked child must not tear down its parent's hosts at exit
-        self._lock = None
-        self.fabric: Fabric | None = None
-        self.up_seconds = self.down_seconds = None
+        self._init_life()
         if start:
             self.start()
 
@@ -84,10 +79,8 @@ class SlurmCluster(FabricAccess):
     def start(self) -> "SlurmCluster":
         t0 = time.monotonic()
         check_prerequisites(BASE_TOOLS + SLURM_TOOLS)
-        self._lock = acquire_slot(KIND, _cleanup_slot, _usable)
-        atexit.register(self.close)
+        self.slot = self._take_slot(KIND, _cleanup_slot, _usable)
         try:
-            self.slot = self._lock.slot
             self.port = PORT_BASE + 2 * self.slot
             self.run_dir = d = BASE / f"{KIND}-{self.slot}"
             for sub in ("munge", "state", "log", "jobs"):
@@ -116,36 +109,26 @@ class SlurmCluster(FabricAccess):
         self.up_seconds = time.monotonic() - t0
         return self
 
-    def close(self) -> None:
-        """Cancel every job, shut Slurm down, kill leftovers, delete namespaces and bridge, release the slot."""
-        if self._closed or os.getpid() != self._owner:
-            return
-        self._closed = True
-        t0 = time.monotonic()
-        try:
-            d = getattr(self, "run_dir", None)
-            if d is not None and (d / "slurm.conf").exists() and self._ctld_pid():
-                jobs = self.run(["squeue", "-h", "-o", "%i"], check=False).stdout.split()
-                if jobs:  # slurmstepd outlives slurmd otherwise
-                    self.run(["scancel", "--full", *jobs], check=False)
-                    deadline = time.monotonic() + 5
-                    while time.monotonic() < deadline and self.run(["squeue", "-h"], check=False).stdout.strip():
-                        time.sleep(0.1)
-                self.run(["scontrol", "shutdown"], check=False)
+    def _teardown(self) -> None:
+        """Cancel every job, shut Slurm down, kill leftovers, delete namespaces and bridge (``close()`` releases the slot)."""
+        d = getattr(self, "run_dir", None)
+        if d is not None and (d / "slurm.conf").exists() and self._ctld_pid():
+            jobs = self.run(["squeue", "-h", "-o", "%i"], check=False).stdout.split()
+            if jobs:  # slurmstepd outlives slurmd otherwise
+                self.run(["scancel", "--full", *jobs], check=False)
                 deadline = time.monotonic() + 5
-                while time.monotonic() < deadline and self._daemon_pids():
-                    time.sleep(0.05)
-            if d is not None:
-                _kill_daemons(d)
-            if self.fabric is not None:
-                self.fabric.close()  # leftover slurmstepd and tasks die with their namespace
-            if d is not None:
-                shutil.rmtree(d, ignore_errors=True)
-        finally:
-            if self._lock is not None:
-                self._lock.release()
-            atexit.unregister(self.close)
-        self.down_seconds = time.monotonic() - t0
+                while time.monotonic() < deadline and self.run(["squeue", "-h"], check=False).stdout.strip():
+                    time.sleep(0.1)
+            self.run(["scontrol", "shutdown"], check=False)
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and self._daemon_pids():
+                time.sleep(0.05)
+        if d is not None:
+            _kill_daemons(d)
+        if self.fabric is not None:
+            self.fabric.close()  # leftover slurmstepd and tasks die with their namespace
+        if d is not None:
+            shutil.rmtree(d, ignore_errors=True)
 
     # ------------------------------------------------------------------ properties
     @property
