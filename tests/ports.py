@@ -2,15 +2,16 @@
 from __future__ import annotations
 
 import random
-import socket
+
+from tests.harness.common import port_free
 
 
-def ephemeral_range() -> tuple[int, int]:
+def ephemeral_low() -> int:
+    """The first port of net.ipv4.ip_local_port_range (Linux's default when it cannot be read)."""
     try:
-        lo, hi = open("/proc/sys/net/ipv4/ip_local_port_range").read().split()
-        return int(lo), int(hi)
-    except (OSError, ValueError):
-        return 32768, 60999
+        return int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def free_port(n: int = 1) -> int:
@@ -19,19 +20,9 @@ def free_port(n: int = 1) -> int:
     Chosen below the ephemeral range: there no client socket is given the port as its source, and a
     connect to it before its server listens cannot be joined to itself (see podrun.launch.relay.connect).
     """
-    top = min(ephemeral_range()[0], 29400) - n     # above it the tests' fixed ports (29500-29900)
+    top = min(ephemeral_low(), 29400) - n     # above it the tests' fixed ports (29500-29900)
     for _ in range(200):
         p = random.randrange(20000, top)
-        socks = []
-        try:
-            for q in range(p, p + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("", q))
+        if all(port_free(q) for q in range(p, p + n)):
             return p
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
     raise AssertionError(f"no {n} consecutive free ports between 20000 and {top}")
