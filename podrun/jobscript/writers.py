@@ -94,7 +94,6 @@ def render_pbs(req: JobRequest) -> str:
     return "\n".join(head + _body(req, 'cd "$PBS_O_WORKDIR"')) + "\n"
 
 
-
 def _log_directives(req: JobRequest, join: str) -> list[str]:
     """PBS / Grid Engine -o/-e (a log directory gets a trailing /); only -o given: join stderr into it."""
     log = req.log_dir.rstrip("/") + "/" if req.log_dir else None
@@ -105,6 +104,7 @@ def _log_directives(req: JobRequest, join: str) -> list[str]:
     elif out:
         d.append(join)
     return d
+
 
 def render_uge(req: JobRequest) -> str:
     validate(req)
