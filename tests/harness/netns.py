@@ -17,7 +17,8 @@ stalls of many seconds on pyenv's rehash lock when several sessions start at onc
 inside every host by a bind-mounted one (``bashrc``). By default it puts the directory of
 sys.executable first, so a remote command sees
     PATH=<dirname(sys.executable)>:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-(`python` and `podrun` are the test session's). NetnsHosts(bashrc="") gives bare hosts where
+(`python` and `podrun` are the test session's), and the test session's PYTHONPATH when it has one
+(a checkout tested beside the installed podrun is the one the hosts import). NetnsHosts(bashrc="") gives bare hosts where
 `python3` is Debian's /usr/bin/python3 without podrun. Launchers should still run Python by
 absolute path (``hosts.python`` == sys.executable: the filesystem is shared). `exec()` and
 `popen()` (no ssh) keep the caller's environment.
@@ -25,6 +26,7 @@ absolute path (``hosts.python`` == sys.executable: the filesystem is shared). `e
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -69,6 +71,8 @@ class NetnsHosts(FabricAccess):
         self.n, self.name_prefix = n, name_prefix
         if bashrc is None:
             bashrc = f'export PATH="{os.path.dirname(sys.executable)}:$PATH"\n'
+            if os.environ.get("PYTHONPATH"):    # a checkout tested beside the installed one: hosts import it too
+                bashrc += f"export PYTHONPATH={shlex.quote(os.environ['PYTHONPATH'])}\n"
         self.bashrc = bashrc
         self._init_life()
         if start:
