@@ -31,13 +31,7 @@ class LazyGroup(click.Group):
             return None
         target, _ = COMMANDS[name]
         module_name, attr = target.split(":")
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:  # a command whose module is not built yet
-            if exc.name == module_name:
-                return None
-            raise
-        return getattr(module, attr)
+        return getattr(importlib.import_module(module_name), attr)
 
     def format_commands(self, ctx, formatter):
         # help text without importing every command module
