@@ -129,3 +129,32 @@ def test_steps_from_metrics(tmp_path):
     assert last_step(tmp_path) == (3, 10.0)
     assert first_step_after(tmp_path, 3.5) == (3, 10.0)
     assert first_step_after(tmp_path, 10.0) == (None, None)
+
+
+def test_policy_spares_are_the_option_then_hosts_left_out():
+    from podrun.launch.elastic import make_policy
+
+    cluster = load_cluster("abci").with_hosts(("a", "b", "c", "d", "e"), 4)
+    ov = Overrides(nodes=3, global_batch=48)
+    plan = make_plan(cluster, R18, ov)
+    pol = make_policy(cluster, R18, ov, plan, 2, "x,y:4", transport="ssh", max_restarts=2)
+    assert pol.spares == ("x", "y", "d", "e") and pol.global_batch == 48 and pol.min_hosts == 2
+    assert pol.cluster.hosts == ("a", "b", "c") and pol.overrides.nodes is None
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--elastic", "2", "--hosts", "a,b,c"], "--elastic 2 re-plans on a restart, and --max-restarts is 0"),
+    (["--elastic", "4", "--max-restarts", "1", "--hosts", "a,b,c"], "the minimum must be between 1 and the plan's 3 hosts"),
+    (["--elastic", "0", "--max-restarts", "1", "--hosts", "a,b,c"], "the minimum must be between 1 and the plan's 3 hosts"),
+    (["--elastic", "2", "--max-restarts", "1", "--hosts", "a,b,c", "--spare-hosts", "b"], "--spare-hosts b is already one"),
+    (["--elastic", "2", "--max-restarts", "1", "--hosts", "a:2,b:2", "--spare-hosts", "c:4"], "the plan needs 2 devices per host"),
+    (["--elastic", "2", "--max-restarts", "1", "--hosts", "a,b,c", "--transport", "mpirun"], "not mpirun"),
+    (["--spare-hosts", "x"], "--spare-hosts takes effect only in an elastic run"),
+])
+def test_launch_refuses_before_starting_anything(args, needle):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "podrun", "launch", *args, "--", "true"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr, r.stderr
