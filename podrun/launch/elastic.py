@@ -89,8 +89,8 @@ def failed_hosts(instances: list[dict], root_cause: dict | None) -> tuple[str, .
     A surviving host's workers also fail when a peer vanishes, so they are never blamed for it.
     """
     lost = []
-    for inst in instances:
-        if inst.get("status") == "lost" or inst.get("exit_code") == LOST_EXIT:
+    for inst in instances:          # 255 with no worker's exit reported: the connection ended first
+        if inst.get("status") == "lost" or (inst.get("exit_code") == LOST_EXIT and not inst.get("workers")):
             if inst["host"] not in lost:
                 lost.append(inst["host"])
     if lost:
