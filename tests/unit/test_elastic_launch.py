@@ -117,9 +117,10 @@ def test_failed_hosts_prefers_lost_instances_over_the_root_cause():
             {"index": 2, "host": "c", "status": "failed", "exit_code": 255}]
     assert failed_hosts(inst, {"host": "a"}) == ("b", "c")
     # a worker that itself exits 255 (its exit was reported) is a failure, not a lost host
+    # (b's worker failed first; a's worker then exited 255 on its own)
     worker_255 = [{"index": 0, "host": "a", "status": "failed", "exit_code": 255, "workers": {"0": 255}},
-                  {"index": 1, "host": "b", "status": "terminated", "exit_code": 143, "workers": {"0": 143}}]
-    assert failed_hosts(worker_255, {"host": "a"}) == ("a",)
+                  {"index": 1, "host": "b", "status": "failed", "exit_code": 1, "workers": {"0": 1}}]
+    assert failed_hosts(worker_255, {"host": "b"}) == ("b",)
     assert failed_hosts(inst[:1], {"host": "a"}) == ("a",)
     assert failed_hosts(inst[:1], None) == ()
 
