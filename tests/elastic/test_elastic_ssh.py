@@ -12,7 +12,7 @@ from tests.launch.helpers import marker, podrun, podrun_popen, run_dir, summary,
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 TRAIN = str(Path(__file__).with_name("train_groupnorm.py"))
-_port = iter(range(29940, 29999, 6))      # each run takes a few ports per attempt
+_port = iter(range(29940, 29999, 6))      # 2 ports per attempt, up to 3 attempts
 
 
 def launch_args(hosts, names, tmp_path, runs, *extra):
