@@ -117,11 +117,10 @@ def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from:
         summary["attempts"] = attempts + [{"restart_count": req.restart_count, "exit_code": outcome.exit_code,
                                            "status": outcome.status,
                                            "root_cause": summary["root_cause"]}]
-        if elastic is not None:
-            summary["attempts"][-1]["plan"] = f"plan-{req.restart_count}.json"
         attempts = summary["attempts"]
         if elastic is not None:
-            _elastic_timings(record, req.run_dir, outcome)
+            attempts[-1]["plan"] = f"plan-{req.restart_count}.json"
+            _elastic_timings(record, req.restart_count, req.run_dir, outcome)
             summary["elastic"] = record
         write_summary(req.run_dir, summary)
         if outcome.exit_code == 0 or outcome.status == "interrupted" or req.restart_count >= req.max_restarts:
@@ -130,7 +129,7 @@ def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from:
         port = base_port + nxt * len(req.rendezvous_ports())    # past every port the last attempt used
         cause = outcome.root_cause
         if elastic is not None:
-            req = _replan(elastic, record, req, summary, outcome, nxt, port, notice)
+            req = _replan(elastic, record, req, summary, outcome, nxt, notice)
             if req is None:
                 write_summary(request.run_dir, summary)
                 return outcome, summary
@@ -139,7 +138,7 @@ def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from:
         req = req.for_restart(nxt, port)
 
 
-def _replan(policy, record: dict, req: LaunchRequest, summary: dict, outcome: Outcome, nxt: int, port: int,
+def _replan(policy, record: dict, req: LaunchRequest, summary: dict, outcome: Outcome, nxt: int,
             notice) -> LaunchRequest | None:
     """The elastic restart step: decide the next plan, record it, write plan-<n>.json and plan.json, and
     return the next request (None: no plan keeps the global batch; the record says why)."""
@@ -169,16 +168,14 @@ def _replan(policy, record: dict, req: LaunchRequest, summary: dict, outcome: Ou
                    master_addr=master)
 
 
-def _elastic_timings(record: dict, run_dir: str, outcome: Outcome) -> None:
+def _elastic_timings(record: dict, restart_count: int, run_dir: str, outcome: Outcome) -> None:
     """After the attempt that followed a re-plan: seconds from the loss to its workers all started, and to
     its first training step (from metrics.jsonl; None when the script logs none)."""
     from podrun.launch.elastic import first_step_after
 
-    if not record["replans"] or record["replans"][-1]["restarted_after_s"] is not None:
+    if not record["replans"] or record["replans"][-1]["restart"] != restart_count:
         return
     last = record["replans"][-1]
-    if last["new"] is None:
-        return
     if outcome.all_ready_s is not None:
         last["restarted_after_s"] = round(outcome.started + outcome.all_ready_s - last["lost_at"], 3)
     _, t = first_step_after(run_dir, outcome.started)

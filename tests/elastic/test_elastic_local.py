@@ -32,6 +32,7 @@ def test_failed_instance_host_is_dropped_and_every_plan_kept(tmp_path):
     assert rp["hosts_lost"] == ["127.0.0.3"] and rp["skipped"] == [
         {"hosts": 3, "reason": "global batch 4 is not a multiple of 3 replicas"}]
     assert (rp["old"]["grad_accum"], rp["new"]["grad_accum"], rp["new"]["global_batch"]) == (1, 2, 4)
+    assert rp["restarted_after_s"] > 0 and rp["training_after_s"] is None and rp["at_step"] is None  # no metrics
     assert s["elastic"]["spares"] == ["127.0.0.4"]       # the healthy host the 2-host plan left out
 
 
