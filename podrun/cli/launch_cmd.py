@@ -40,6 +40,10 @@ class LaunchCommand(click.Command):
 @click.option("--grace", type=float, default=5.0, show_default=True, help="Seconds between SIGTERM and SIGKILL.")
 @click.option("--only-output-from-instance", type=int, help="Show stdout of this instance only (errors from all).")
 @click.option("--max-restarts", type=int, default=0, show_default=True, help="Restart the whole run after a failure.")
+@click.option("--elastic", "elastic_min", type=int, metavar="MIN",
+              help="On a restart, drop the failed host (or take a spare) and re-plan on the hosts left at the same "
+                   "global batch, down to MIN hosts; the run ends when no host count >= MIN keeps it exactly.")
+@click.option("--spare-hosts", metavar="H,...", help="Hosts that take a lost host's place in an --elastic run.")
 @click.option("--dry-run", is_flag=True, help="Print per host the exact commands and env, run nothing.")
 @click.option("--runs-dir", default="runs", show_default=True, help="Where run directories go.")
 @click.option("--run-id", help="Name of the run directory (default: a timestamp).")
@@ -52,8 +56,8 @@ class LaunchCommand(click.Command):
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir, master_addr, master_port,
-           store_relay, grace, only_output_from_instance, max_restarts, dry_run, runs_dir, run_id, max_concurrency,
-           keepalive, no_preflight, as_json, env_items, **kw):
+           store_relay, grace, only_output_from_instance, max_restarts, elastic_min, spare_hosts, dry_run, runs_dir,
+           run_id, max_concurrency, keepalive, no_preflight, as_json, env_items, **kw):
     """Launch RECIPE [ARGS...] (its train.py gets ARGS) or -- COMMAND ... on the plan's hosts.
 
     \b
@@ -61,7 +65,8 @@ def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir
       podrun launch --hosts h1,h2 --devices-per-host 2 -- python train.py --epochs 1
     """
     from podrun.cli.render import print_json
-    from podrun.cli.options import resolve_plan_with_source
+    from podrun.cli.options import resolve_plan_inputs
+    from podrun.plan import make_plan
     from podrun.errors import LaunchError
     from podrun.launch.request import SSHOptions, parse_env_options
     from podrun.launch.run import build_request, default_transport, dry_run_record, execute
@@ -83,7 +88,8 @@ def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir
             raise LaunchError(f"{recipe!r} is not a recipe (a folder with recipe.yaml, or a name in recipes/)",
                               hint=f"to run a command, put it after --: podrun launch [OPTIONS] -- {' '.join(args)}")
     env = parse_env_options(env_items)
-    plan, cluster, rspec, src = resolve_plan_with_source(recipe, **plan_kw)
+    cluster, rspec, src, overrides = resolve_plan_inputs(recipe, **plan_kw)
+    plan = make_plan(cluster, rspec, overrides)
     python = python_ or sys.executable
     if rspec is not None:
         script = os.path.abspath(os.path.join(rspec.path, rspec.train_script))
@@ -101,6 +107,14 @@ def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir
                             runs_dir=runs_dir, env=env, max_restarts=max_restarts, ssh=ssh,
                             mpi_args=mpi_args, poprun=poprun_opts, store_relay=store_relay,
                             preflight=not no_preflight)
+    elastic = None
+    if elastic_min is not None:
+        from podrun.launch.elastic import make_policy
+
+        elastic = make_policy(cluster, rspec, overrides, plan, elastic_min, spare_hosts, transport=name,
+                              max_restarts=max_restarts, engine=None if engine == "torch" else engine)
+    elif spare_hosts is not None:
+        raise LaunchError("--spare-hosts takes effect only in an elastic run", hint="add --elastic MIN")
     if engine == "horovod":
         from podrun.launch.engines.horovod import launch_horovod
 
@@ -140,8 +154,7 @@ def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir
 
     if only is not None and not 0 <= only < plan.instances:
         raise LaunchError(f"--only-output-from-instance {only}: the plan has instances 0..{plan.instances - 1}")
-    outcome, summary = execute(request, sink=sink, notice=notice,
-                               only_output_from=only)
+    outcome, summary = execute(request, sink=sink, notice=notice, only_output_from=only, elastic=elastic)
     try:
         _print_root_cause(summary, request)
         if as_json:

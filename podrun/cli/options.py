@@ -71,11 +71,19 @@ def resolve_plan(recipe: str | None, **options):
     return plan, spec, rspec
 
 
-def resolve_plan_with_source(recipe: str | None, *, pod=None, cluster=None, nodes=None, global_batch=None,
-                 local_batch=None, grad_accum=None, instances_per_host=None, devices_per_host=None,
-                 hosts_opt=None, hostfile=None, environ=None):
+def resolve_plan_with_source(recipe: str | None, **options):
     """Load specs, pick hosts, and plan. Returns (plan, cluster_spec, recipe_spec_or_None, host_source)."""
-    from podrun.plan import Overrides, make_plan
+    from podrun.plan import make_plan
+
+    spec, rspec, src, ov = resolve_plan_inputs(recipe, **options)
+    return make_plan(spec, rspec, ov), spec, rspec, src
+
+
+def resolve_plan_inputs(recipe: str | None, *, pod=None, cluster=None, nodes=None, global_batch=None,
+                        local_batch=None, grad_accum=None, instances_per_host=None, devices_per_host=None,
+                        hosts_opt=None, hostfile=None, environ=None):
+    """Load specs and pick hosts: (cluster_spec with the hosts, recipe_spec_or_None, host_source, Overrides)."""
+    from podrun.plan import Overrides
     from podrun.specs import load_cluster, load_recipe
 
     if pod is not None and cluster is not None:
@@ -110,8 +118,7 @@ def resolve_plan_with_source(recipe: str | None, *, pod=None, cluster=None, node
             )
         spec = spec.with_hosts(hosts, dph)
         devices_per_host = dph
-    plan = make_plan(spec, rspec, Overrides(
+    return spec, rspec, src, Overrides(
         nodes=nodes, global_batch=global_batch, local_batch=local_batch, grad_accum=grad_accum,
         instances_per_host=instances_per_host, devices_per_host=devices_per_host,
-    ))
-    return plan, spec, rspec, src
+    )

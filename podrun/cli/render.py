@@ -22,3 +22,85 @@ def console(stderr: bool = False):
     from rich.console import Console
 
     return Console(stderr=stderr, highlight=False, soft_wrap=True)
+
+
+def _placement_rows(p, limit: int = 8):
+    rows = []
+    for pl in p.placement[:limit]:
+        last = pl.replica_offset + pl.local_replicas - 1
+        devs = f"{pl.devices[0]}-{pl.devices[-1]}" if len(pl.devices) > 1 else str(pl.devices[0])
+        rows.append((str(pl.index), pl.host, f"{pl.replica_offset}-{last}" if last > pl.replica_offset else str(pl.replica_offset), devs))
+    return rows
+
+
+def render_plan(p, host_source: str) -> None:
+    """`podrun plan`: the plan, its placement (first 8 instances), the estimate and the notes."""
+    from rich.table import Table
+
+    out = console()
+    title = f"{p.recipe} on {p.cluster}" if p.recipe else f"command on {p.cluster}"
+    t = Table(title=title, show_header=False, title_justify="left")
+    t.add_column("what", style="bold")
+    t.add_column("value")
+    t.add_row("hosts", f"{len(p.hosts)} ({host_source})")
+    t.add_row("devices", f"{p.devices} = {len(p.hosts)} x {p.devices_per_host} {p.device_kind}")
+    t.add_row("devices per replica", str(p.devices_per_replica))
+    t.add_row("replicas", str(p.replicas))
+    t.add_row("instances", f"{p.instances} ({p.instances_per_host} per host, {p.replicas_per_instance} replicas each)")
+    t.add_row("local batch", str(p.local_batch))
+    t.add_row("GA", str(p.grad_accum))
+    t.add_row("global batch", f"{p.global_batch} = {p.local_batch} x {p.replicas} x {p.grad_accum}")
+    if p.recipe:
+        t.add_row("learning rate", f"{p.learning_rate:.6g} ({p.lr_rule} rule, reference {p.reference_learning_rate:g} "
+                                   f"at global batch {p.lr_reference_batch})")
+        t.add_row("warmup", f"{p.warmup_epochs:g} epochs")
+        t.add_row("pipeline bubble", f"{p.pipeline_bubble:.2%}" if p.devices_per_replica > 1 else "none (1 device per replica)")
+    out.print(t)
+
+    pt = Table(title="placement", title_justify="left")
+    for c in ("instance", "host", "replicas", "devices"):
+        pt.add_column(c)
+    for row in _placement_rows(p):
+        pt.add_row(*row)
+    if len(p.placement) > 8:
+        pt.add_row("...", f"{len(p.placement) - 8} more", "", "")
+    out.print(pt)
+
+    if p.recipe:
+        e = p.estimate
+        et = Table(title="estimate", show_header=False, title_justify="left")
+        et.add_column("what", style="bold")
+        et.add_column("value")
+        et.add_row("throughput", f"{e.images_per_second:,.0f} img/s")
+        et.add_row("scaling efficiency", f"{e.scaling_efficiency:.1%}")
+        et.add_row("step", f"{e.step_seconds * 1000:.1f} ms (all-reduce {e.allreduce_seconds * 1000:.2f} ms)")
+        et.add_row("time to train", f"{e.time_to_train_hours:.2f} h for {p.epochs:g} epochs")
+        out.print(et)
+        out.print("assumptions: " + "; ".join(e.assumptions))
+    for n in p.notes:
+        out.print(f"note: {n}")
+
+
+def render_elastic(table, recipe: str, cluster: str, host_source: str) -> None:
+    """`podrun plan --elastic`: one row per host count, MAX first; infeasible counts with their reason."""
+    from rich.table import Table
+
+    out = console()
+    t = Table(title=f"{recipe or 'command'} on {cluster} ({host_source}): global batch {table.global_batch}, "
+                    f"{table.max_hosts} down to {table.min_hosts} hosts", title_justify="left")
+    for c in ("hosts", "replicas", "local batch", "GA", "global batch", "img/s", "time to train"):
+        t.add_column(c, justify="right")
+    t.add_column("reason it cannot")
+    for r in table.rows:
+        if r.plan is None:
+            t.add_row(str(r.hosts), "-", "-", "-", "-", "-", "-", r.reason)
+            continue
+        p = r.plan
+        ttt = f"{p.estimate.time_to_train_hours:.2f} h" if p.recipe else "-"
+        ips = f"{p.estimate.images_per_second:,.0f}" if p.recipe else "-"
+        t.add_row(str(r.hosts), str(p.replicas), str(p.local_batch), str(p.grad_accum), str(p.global_batch),
+                  ips, ttt, "")
+    out.print(t)
+    ok = sum(1 for r in table.rows if r.plan is not None)
+    out.print(f"{ok} of {len(table.rows)} host counts keep global batch {table.global_batch} exactly "
+              "(local batch x replicas x GA); the learning rate and schedule are the same on each")

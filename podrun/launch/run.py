@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from podrun.errors import PodrunError, PreflightError
@@ -64,14 +65,23 @@ def dry_run_record(request: LaunchRequest) -> dict:
     }
 
 
-def execute(request: LaunchRequest, *, sink=None, notice=None,
-            only_output_from: int | None = None) -> tuple[Outcome | None, dict]:
-    """Run the request (with restarts); returns the last outcome and the summary written to summary.json."""
+def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from: int | None = None,
+            elastic=None) -> tuple[Outcome | None, dict]:
+    """Run the request (with restarts); returns the last outcome and the summary written to summary.json.
+
+    ``elastic`` (a podrun.launch.elastic.ElasticPolicy): each restart first drops the failed hosts,
+    takes spares, and re-plans at the same global batch; no such plan ends the run.
+    """
     from podrun.plan.env import workers_per_instance
 
     notice = notice or (lambda t: None)
     Path(request.run_dir).mkdir(parents=True, exist_ok=True)
     write_plan(request.run_dir, request.plan)
+    record = None
+    if elastic is not None:
+        write_plan(request.run_dir, request.plan, "plan-0.json")
+        record = {"min_hosts": elastic.min_hosts, "global_batch": elastic.global_batch,
+                  "spares": list(elastic.spares), "replans": []}
     cls = get_transport(request.transport)
     attempts: list[dict] = []
     base_port = request.master_port
@@ -108,12 +118,66 @@ def execute(request: LaunchRequest, *, sink=None, notice=None,
                                            "status": outcome.status,
                                            "root_cause": summary["root_cause"]}]
         attempts = summary["attempts"]
+        if elastic is not None:
+            attempts[-1]["plan"] = f"plan-{req.restart_count}.json"
+            _elastic_timings(record, req.restart_count, req.run_dir, outcome)
+            summary["elastic"] = record
         write_summary(req.run_dir, summary)
         if outcome.exit_code == 0 or outcome.status == "interrupted" or req.restart_count >= req.max_restarts:
             return outcome, summary
         nxt = req.restart_count + 1
         port = base_port + nxt * len(req.rendezvous_ports())    # past every port the last attempt used
         cause = outcome.root_cause
+        if elastic is not None:
+            req = _replan(elastic, record, req, summary, outcome, nxt, notice)
+            if req is None:
+                write_summary(request.run_dir, summary)
+                return outcome, summary
         notice(f"restart {nxt} of {req.max_restarts} after "
                f"{cause.reason if cause else _describe_code(outcome.exit_code)}; rendezvous port {port}")
         req = req.for_restart(nxt, port)
+
+
+def _replan(policy, record: dict, req: LaunchRequest, summary: dict, outcome: Outcome, nxt: int,
+            notice) -> LaunchRequest | None:
+    """The elastic restart step: decide the next plan, record it, write plan-<n>.json and plan.json, and
+    return the next request (None: no plan keeps the global batch; the record says why)."""
+    from podrun.launch.elastic import decomposition, describe, failed_hosts, last_step, next_plan
+
+    failed = failed_hosts(summary["instances"], summary["root_cause"])
+    step, _ = last_step(req.run_dir)
+    decision = next_plan(policy, req.plan, failed, tuple(record["spares"]))
+    lost_at = outcome.root_cause.at if outcome.root_cause is not None else outcome.ended
+    record["replans"].append({
+        "restart": nxt, "hosts_lost": list(decision.hosts_lost), "spares_used": list(decision.spares_used),
+        "at_step": step, "lost_at": lost_at, "old": decomposition(req.plan),
+        "new": decomposition(decision.plan) if decision.plan is not None else None,
+        "skipped": [{"hosts": n, "reason": r} for n, r in decision.skipped],
+        "restarted_after_s": None, "training_after_s": None,
+    })
+    notice(describe(decision, req.plan, step, outcome.root_cause.reason if outcome.root_cause is not None else None))
+    if decision.plan is None:
+        record["end"] = decision.reason
+        return None
+    record["spares"] = list(decision.spares_left)
+    write_plan(req.run_dir, decision.plan, f"plan-{nxt}.json")
+    write_plan(req.run_dir, decision.plan)
+    plan = decision.plan
+    master = plan.placement[0].host if req.master_addr == req.plan.placement[0].host else req.master_addr
+    return replace(req, plan=plan, instances=tuple(InstanceLaunch(p.index, p.host) for p in plan.placement),
+                   master_addr=master)
+
+
+def _elastic_timings(record: dict, restart_count: int, run_dir: str, outcome: Outcome) -> None:
+    """After the attempt that followed a re-plan: seconds from the loss to its workers all started, and to
+    its first training step (from metrics.jsonl; None when the script logs none)."""
+    from podrun.launch.elastic import first_step_after
+
+    if not record["replans"] or record["replans"][-1]["restart"] != restart_count:
+        return
+    last = record["replans"][-1]
+    if outcome.all_ready_s is not None:
+        last["restarted_after_s"] = round(outcome.started + outcome.all_ready_s - last["lost_at"], 3)
+    _, t = first_step_after(run_dir, outcome.started)
+    if t is not None:
+        last["training_after_s"] = round(t - last["lost_at"], 3)

@@ -20,10 +20,10 @@ def _write_json(path: Path, obj) -> None:
     os.replace(tmp, path)
 
 
-def write_plan(run_dir: str | Path, plan) -> Path:
+def write_plan(run_dir: str | Path, plan, name: str = "plan.json") -> Path:
     d = Path(run_dir)
     d.mkdir(parents=True, exist_ok=True)
-    p = d / "plan.json"
+    p = d / name
     _write_json(p, plan.to_dict())
     return p
 

@@ -128,5 +128,5 @@ def make_plan(cluster: ClusterSpec, recipe: RecipeSpec | None, ov: Overrides = O
         reference_global_batch=recipe.global_batch, learning_rate=round(lr, 8),
         reference_learning_rate=lr_spec.base, lr_rule=lr_spec.rule, warmup_epochs=round(warmup, 6),
         epochs=recipe.epochs, pipeline_bubble=round(bubble, 6), placement=placement, estimate=est,
-        notes=tuple(notes),
+        notes=tuple(notes), lr_reference_batch=lr_spec.reference_batch,
     )

@@ -56,6 +56,7 @@ class Plan:
     placement: tuple[Placement, ...]
     estimate: Estimate
     notes: tuple[str, ...] = field(default=())   # what the planner decided and why
+    lr_reference_batch: int | None = None        # the batch reference_learning_rate is given for; None: no recipe
 
     def to_dict(self) -> dict:
         d = asdict(self)

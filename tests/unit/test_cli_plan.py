@@ -65,3 +65,11 @@ def test_plan_and_help_never_import_torch_or_paramiko():
             "sys.stderr.write('HEAVY:'+','.join(bad))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "HEAVY:" in r.stderr and r.stderr.split("HEAVY:")[1].strip() == ""
+
+
+def test_lr_label_names_the_rules_reference_batch():
+    """resnet50's LR 0.1 is given at 256 samples (lr.reference_batch), not at the recipe's global batch 81920."""
+    r = run("plan", "--cluster", "abci", "--nodes", "512", "recipes/resnet50", check=True)
+    assert "reference 0.1 at global batch 256)" in r.stdout and "at 81920" not in r.stdout
+    d = json.loads(run("plan", "--cluster", "abci", "--nodes", "512", "recipes/resnet50", "--json", check=True).stdout)
+    assert (d["reference_learning_rate"], d["lr_reference_batch"], d["reference_global_batch"]) == (0.1, 256, 81920)

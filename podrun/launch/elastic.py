@@ -1,0 +1,198 @@
+"""Elastic restarts, pure: after a failure, which hosts go, which spares come in, and the next plan at the same global batch."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from podrun.errors import PlanError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from podrun.plan import Overrides
+    from podrun.plan.model import Plan
+    from podrun.specs.cluster import ClusterSpec
+    from podrun.specs.recipe import RecipeSpec
+
+LOST_EXIT = 255           # the supervisor's code for an instance whose host stopped answering
+
+
+@dataclass(frozen=True)
+class ElasticPolicy:
+    """What a re-plan needs: the plan's inputs, the global batch to keep, the floor on hosts, the spares."""
+
+    cluster: "ClusterSpec"             # the cluster with the run's hosts (its first plan's)
+    recipe: "RecipeSpec | None"
+    overrides: "Overrides"             # as the user gave them; nodes and global batch are set per re-plan
+    global_batch: int                  # the first plan's, kept on every re-plan
+    min_hosts: int
+    spares: tuple[str, ...] = ()       # hosts that take a lost host's place, in order
+
+
+@dataclass(frozen=True)
+class Replan:
+    """The decision: the next plan, or the reason there is none (then the run ends)."""
+
+    plan: "Plan | None"
+    hosts_lost: tuple[str, ...]        # hosts dropped from the run
+    spares_used: tuple[str, ...] = ()  # spares that took their place
+    spares_left: tuple[str, ...] = ()  # spares for a later failure (unused ones, then healthy hosts left out)
+    reason: str | None = None          # why no plan exists (plan None)
+    skipped: tuple[tuple[int, str], ...] = field(default=())   # (host count, reason) tried above the chosen one
+
+
+def make_policy(cluster: "ClusterSpec", recipe: "RecipeSpec | None", ov: "Overrides", plan: "Plan",
+                min_hosts: int, spare_hosts: str | None, *, transport: str, max_restarts: int,
+                engine: str | None = None) -> ElasticPolicy:
+    """The policy of `podrun launch --elastic MIN [--spare-hosts H,...]`, or a LaunchError naming what is wrong.
+
+    Spares are the --spare-hosts, then the hosts of the cluster (or of --hosts/--hostfile/the
+    allocation) that the plan leaves out (--nodes smaller than the hosts given).
+    """
+    from dataclasses import replace
+
+    from podrun.errors import LaunchError
+    from podrun.specs.hosts import parse_hosts_option
+
+    if min_hosts < 1 or min_hosts > len(plan.hosts):
+        raise LaunchError(f"--elastic {min_hosts}: the minimum must be between 1 and the plan's {len(plan.hosts)} hosts",
+                          hint=f"use --elastic {max(1, len(plan.hosts) - 1)} or another count in 1..{len(plan.hosts)}")
+    if max_restarts < 1:
+        raise LaunchError(f"--elastic {min_hosts} re-plans on a restart, and --max-restarts is {max_restarts}",
+                          hint="pass --max-restarts N (N >= 1): each lost host costs one restart")
+    if engine is not None:
+        raise LaunchError(f"--elastic re-plans the instances podrun starts itself; --engine {engine} starts its own",
+                          hint="drop --engine, or drop --elastic")
+    if transport not in ("local", "ssh"):
+        raise LaunchError(f"--elastic works with --transport local or ssh, not {transport}",
+                          hint="a scheduler's allocation (srun) or mpirun fixes the hosts for the whole job")
+    spares: list[str] = []
+    if spare_hosts is not None:
+        for e in parse_hosts_option(spare_hosts):
+            if e.slots is not None and e.slots != plan.devices_per_host:
+                raise LaunchError(f"--spare-hosts {e.name}:{e.slots}: the plan needs {plan.devices_per_host} "
+                                  "devices per host", hint="spares must have the devices of the hosts they replace")
+            if e.name in plan.hosts:
+                raise LaunchError(f"--spare-hosts {e.name} is already one of the plan's hosts",
+                                  hint="a spare is a host the run does not use until another is lost")
+            spares.append(e.name)
+    spares += [h for h in cluster.hosts if h not in plan.hosts and h not in spares]
+    return ElasticPolicy(cluster.with_hosts(plan.hosts, plan.devices_per_host), recipe, replace(ov, nodes=None),
+                         plan.global_batch, min_hosts, tuple(spares))
+
+
+def failed_hosts(instances: list[dict], root_cause: dict | None) -> tuple[str, ...]:
+    """The hosts to drop after a failed attempt, from summary.json's instances and root cause.
+
+    Hosts whose instance was lost (no heartbeat, or the connection ended before it reported) are the
+    failure; only when there is none is it the root cause's host (a worker that failed on its own).
+    A surviving host's workers also fail when a peer vanishes, so they are never blamed for it.
+    """
+    lost = []
+    for inst in instances:          # 255 with no worker's exit reported: the connection ended first
+        if inst.get("status") == "lost" or (inst.get("exit_code") == LOST_EXIT and not inst.get("workers")):
+            if inst["host"] not in lost:
+                lost.append(inst["host"])
+    if lost:
+        return tuple(lost)
+    if root_cause is not None and root_cause.get("host"):
+        return (root_cause["host"],)
+    return ()
+
+
+def next_plan(policy: ElasticPolicy, current: "Plan", failed: tuple[str, ...] | list[str],
+              spares: tuple[str, ...] | None = None) -> Replan:
+    """Drop ``failed`` from ``current``'s hosts, put spares in their places, and plan the largest host
+    count >= ``policy.min_hosts`` that keeps ``policy.global_batch`` exactly.
+
+    ``spares`` (default: the policy's) are the spares still free. Healthy hosts left out by a smaller
+    plan become spares for the next failure.
+    """
+    from podrun.plan.elastic import elastic_table
+
+    spares = tuple(policy.spares if spares is None else spares)
+    gone = tuple(h for h in current.hosts if h in set(failed))
+    free = [s for s in spares if s not in set(failed) and s not in current.hosts]
+    used: list[str] = []
+    hosts: list[str] = []
+    for h in current.hosts:
+        if h not in gone:
+            hosts.append(h)
+        elif free:
+            used.append(free.pop(0))
+            hosts.append(used[-1])
+    g = policy.global_batch
+    if len(hosts) < policy.min_hosts:
+        return Replan(None, gone, tuple(used), tuple(free),
+                      f"{len(hosts)} host(s) left after losing {', '.join(gone) or 'none'}, "
+                      f"fewer than the elastic minimum {policy.min_hosts}")
+    cluster = policy.cluster.with_hosts(tuple(hosts), current.devices_per_host)
+    try:
+        table = elastic_table(cluster, policy.recipe, policy.overrides, policy.min_hosts, len(hosts), global_batch=g)
+    except PlanError as exc:
+        return Replan(None, gone, tuple(used), tuple(free), exc.message)
+    skipped = []
+    for row in table.rows:
+        if row.plan is not None:
+            idle = tuple(hosts[row.hosts:])
+            return Replan(row.plan, gone, tuple(used), tuple(free) + idle, None, tuple(skipped))
+        skipped.append((row.hosts, row.reason))
+    why = "; ".join(f"{n} hosts: {r}" for n, r in skipped)
+    return Replan(None, gone, tuple(used), tuple(free),
+                  f"no host count from {len(hosts)} down to {policy.min_hosts} keeps global batch {g} exactly ({why})",
+                  tuple(skipped))
+
+
+def decomposition(plan: "Plan") -> dict:
+    """The figures of a plan that a re-plan changes, for summary.json and the console."""
+    return {"hosts": list(plan.hosts), "replicas": plan.replicas, "local_batch": plan.local_batch,
+            "grad_accum": plan.grad_accum, "global_batch": plan.global_batch}
+
+
+def describe(replan: Replan, old: "Plan", step: int | None, cause: str | None = None) -> str:
+    """One console line for a re-plan (or for the end of an elastic run)."""
+    lost = ", ".join(replan.hosts_lost) or "no host"
+    what = f"dropping {lost}" + (f" ({cause})" if cause else "")
+    at = f" after step {step}" if step is not None else ""
+    if replan.plan is None:
+        return f"elastic: {what}{at}; the run cannot continue: {replan.reason}"
+    new = replan.plan
+    swap = f", spare {', '.join(replan.spares_used)} in its place" if replan.spares_used else ""
+    return (f"elastic: {what}{at}{swap}; re-planned {len(old.hosts)} -> {len(new.hosts)} hosts: "
+            f"{old.local_batch} x {old.replicas} x GA {old.grad_accum} -> "
+            f"{new.local_batch} x {new.replicas} x GA {new.grad_accum} = global batch {new.global_batch}; "
+            "resuming from the last checkpoint")
+
+
+def last_step(run_dir: str | Path) -> tuple[int | None, float | None]:
+    """(step, time) of the last training step in the run's metrics.jsonl; (None, None) when there is none."""
+    return _scan(run_dir, None, first=False)
+
+
+def first_step_after(run_dir: str | Path, after: float) -> tuple[int | None, float | None]:
+    """(step, time) of the first training step logged after wall time ``after``; (None, None) if none."""
+    return _scan(run_dir, after, first=True)
+
+
+def _scan(run_dir: str | Path, after: float | None, first: bool) -> tuple[int | None, float | None]:
+    from podrun.train.metrics import METRICS_FILE
+
+    path = Path(run_dir) / METRICS_FILE
+    found: tuple[int | None, float | None] = (None, None)
+    try:
+        with open(path) as f:
+            for line in f:
+                try:
+                    r = json.loads(line)
+                except ValueError:
+                    continue
+                if r.get("kind") != "step" or "step" not in r or "time" not in r:
+                    continue
+                if after is not None and r["time"] <= after:
+                    continue
+                found = (int(r["step"]), float(r["time"]))
+                if first:
+                    return found
+    except OSError:
+        pass
+    return found

@@ -1,0 +1,126 @@
+"""Elastic runs on real OpenSSH hosts in network namespaces: a lost host, a spare, a loss below MIN."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.launch.helpers import marker, podrun, podrun_popen, run_dir, summary, wait_output, wait_until
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
+TRAIN = str(Path(__file__).with_name("train_groupnorm.py"))
+_port = iter(range(29940, 29999, 6))      # 2 ports per attempt, up to 3 attempts
+
+
+def launch_args(hosts, names, tmp_path, runs, *extra):
+    return ["launch", "--hosts", ",".join(names), "--devices-per-host", "1", "--transport", "ssh",
+            "--ssh-config", hosts.ssh_config_path, "--python", hosts.python, "--runs-dir", str(tmp_path / runs),
+            "--master-port", str(next(_port)), "--keepalive", "2", *extra]
+
+
+def steps(rd: Path) -> dict[int, dict]:
+    """The last record of each step in metrics.jsonl (a step redone after a resume replaces the first)."""
+    out = {}
+    for line in (rd / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r["kind"] == "step":
+            out[r["step"]] = r
+    return out
+
+
+def wait_step(rd_parent: Path, n: int, timeout: float) -> None:
+    def reached():
+        dirs = [d for d in rd_parent.iterdir()] if rd_parent.exists() else []
+        m = dirs[0] / "metrics.jsonl" if dirs else None
+        return m is not None and m.exists() and any(
+            json.loads(l).get("step", 0) >= n and json.loads(l)["kind"] == "step" for l in m.read_text().splitlines())
+    assert wait_until(reached, timeout, 0.1), f"step {n} not reached within {timeout} s"
+
+
+@pytest.mark.torch
+def test_lost_host_continues_on_3_hosts_with_the_same_global_batch_and_loss_curve(make_ssh_hosts, tmp_path):
+    hosts = make_ssh_hosts(4)
+    train = [sys.executable, TRAIN, "--steps", "30", "--sleep", "0.15"]
+    ref = podrun(*launch_args(hosts, hosts.hosts, tmp_path, "ref", "--global-batch", "12"), "--", *train, timeout=180)
+    assert ref.returncode == 0, ref.stderr
+    reference = steps(run_dir(tmp_path / "ref"))
+    assert sorted(reference) == list(range(1, 31)) and {r["world_size"] for r in reference.values()} == {4}
+
+    p = podrun_popen(*launch_args(hosts, hosts.hosts, tmp_path, "el", "--global-batch", "12", "--elastic", "2",
+                                  "--max-restarts", "2"), "--", *train)
+    try:
+        wait_step(tmp_path / "el", 8, 90)
+        hosts.isolate("h3")
+        lost = time.time()
+        out, err = p.communicate(timeout=180)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, err
+    line = [l for l in err.splitlines() if "elastic:" in l]
+    assert len(line) == 1 and line[0].startswith("podrun: elastic: dropping h3 (host h3 lost"), err
+    assert "re-planned 4 -> 3 hosts: 1 x 4 x GA 3 -> 1 x 3 x GA 4 = global batch 12" in line[0]
+    rd = run_dir(tmp_path / "el")
+    got = steps(rd)
+    assert sorted(got) == list(range(1, 31))
+    assert {got[s]["world_size"] for s in range(1, 8)} == {4} and got[30]["world_size"] == 3
+    for s in range(1, 31):           # the same curve as the run that lost nothing, to float rounding
+        assert got[s]["loss"] == pytest.approx(reference[s]["loss"], rel=1e-5, abs=1e-7), s
+    s = summary(tmp_path / "el")
+    assert s["exit_code"] == 0 and s["status"] == "ok"
+    assert [a["plan"] for a in s["attempts"]] == ["plan-0.json", "plan-1.json"]
+    rp = s["elastic"]["replans"]
+    assert len(rp) == 1 and rp[0]["hosts_lost"] == ["h3"] and rp[0]["at_step"] >= 8
+    assert rp[0]["old"]["hosts"] == hosts.hosts and rp[0]["new"]["hosts"] == ["h1", "h2", "h4"]
+    assert rp[0]["old"]["global_batch"] == rp[0]["new"]["global_batch"] == 12
+    assert rp[0]["training_after_s"] is not None and rp[0]["training_after_s"] > rp[0]["restarted_after_s"] > 0
+    for name, n in (("plan-0.json", 4), ("plan-1.json", 3), ("plan.json", 3)):
+        plan = json.loads((rd / name).read_text())
+        assert len(plan["hosts"]) == n and plan["global_batch"] == 12
+    print(f"loss at {lost:.3f}; elastic record: {json.dumps(rp[0])}")
+
+
+def test_spare_takes_the_lost_hosts_place(make_ssh_hosts, tmp_path):
+    hosts = make_ssh_hosts(4)
+    m = marker()
+    cmd = ["sh", "-c", f'echo "up $RANK of $WORLD_SIZE"; sleep 3 # {m}']
+    p = podrun_popen(*launch_args(hosts, hosts.hosts[:3], tmp_path, "runs", "--elastic", "3", "--spare-hosts", "h4",
+                                  "--max-restarts", "1"), "--", *cmd)
+    try:
+        for _ in range(3):
+            wait_output(p, "up", 60)
+        hosts.isolate("h2")
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, err
+    assert "elastic: dropping h2 (host h2 lost" in err and "spare h4 in its place; re-planned 3 -> 3 hosts" in err, err
+    s = summary(tmp_path / "runs")
+    assert [x["host"] for x in s["instances"]] == ["h1", "h4", "h3"]
+    assert s["elastic"]["replans"][0]["spares_used"] == ["h4"] and s["elastic"]["spares"] == []
+
+
+def test_loss_below_min_ends_the_run_with_its_root_cause(make_ssh_hosts, tmp_path):
+    hosts = make_ssh_hosts(3)
+    m = marker()
+    p = podrun_popen(*launch_args(hosts, hosts.hosts, tmp_path, "runs", "--elastic", "3", "--max-restarts", "2"),
+                     "--", "sh", "-c", f"echo up $RANK; sleep 60 # {m}")
+    try:
+        for _ in range(3):
+            wait_output(p, "up", 60)
+        hosts.isolate("h2")
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 255, err
+    assert ("elastic: dropping h2 (host h2 lost: no heartbeat for 2 s (link down, sshd gone or machine frozen)); "
+            "the run cannot continue: 2 host(s) left after losing h2, fewer than the elastic minimum 3") in err, err
+    assert "root cause: instance 1 on h2" in err
+    s = summary(tmp_path / "runs")
+    assert s["exit_code"] == 255 and s["root_cause"]["host"] == "h2" and len(s["attempts"]) == 1
+    assert s["elastic"]["end"] == "2 host(s) left after losing h2, fewer than the elastic minimum 3"
