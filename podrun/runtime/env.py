@@ -90,6 +90,7 @@ class WorkerInfo:
     run_id: str | None = None
     run_dir: str | None = None
     plan_path: str | None = None
+    restart_count: int = 0      # restarts of the run so far (podrun's or torchrun's count)
 
     @property
     def distributed(self) -> bool:
@@ -207,6 +208,7 @@ def read_worker_info(env: Mapping[str, str] | None = None) -> WorkerInfo:
         run_id=env.get(PODRUN_FIELDS["run_id"]) or None,
         run_dir=env.get(PODRUN_FIELDS["run_dir"]) or None,
         plan_path=env.get(PODRUN_FIELDS["plan_path"]) or None,
+        restart_count=_int(env, f"{PODRUN_FIELDS['restart_count']}|TORCHELASTIC_RESTART_COUNT", 0),
     )
 
 
