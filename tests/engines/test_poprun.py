@@ -57,7 +57,7 @@ def run_supervised(req):
 
 
 def test_fake_poprun_command_flags_pod64_and_pod256():
-    """The contract: the flags poprun users know, with values from the plan (REFERENCE.md)."""
+    """The contract: the flags poprun users know, with values from the plan."""
     p64 = ipu_plan(64)
     cmd = poprun_command(p64, ["python", "train.py"], PoprunOptions(
         vipu_server_host="vipu.example", vipu_partition="part64", vipu_cluster="c1",
