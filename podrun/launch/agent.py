@@ -164,12 +164,13 @@ class Agent:
     # -- lifecycle ------------------------------------------------------------------------
     def spawn(self) -> None:
         base = dict(os.environ)
+        keep_fds = _launcher_fds(base)
         for local_rank, wenv in enumerate(self.envs):
             _fresh_error_file(wenv.get("TORCHELASTIC_ERROR_FILE"))
             try:
                 p = subprocess.Popen(self.command, env={**base, **wenv}, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     start_new_session=True, preexec_fn=_pdeathsig)
+                                     start_new_session=True, preexec_fn=_pdeathsig, pass_fds=keep_fds)
             except OSError as exc:
                 self.emit(local_rank, "err", f"podrun agent: cannot start {self.command[0]!r}: {exc.strerror}")
                 self.procs.append(None)
@@ -266,6 +267,19 @@ class Agent:
             code = 0
         self.emit(None, "done", str(code))
         return code
+
+
+def _launcher_fds(environ) -> tuple[int, ...]:
+    """File descriptors the worker needs to join its launcher's world: MPICH's hydra hands each rank its
+    PMI connection as PMI_FD (Open MPI's PMIx needs only variables)."""
+    fd = environ.get("PMI_FD", "")
+    if not fd.isdigit():
+        return ()
+    try:
+        os.fstat(int(fd))
+    except OSError:
+        return ()
+    return (int(fd),)
 
 
 def _fresh_error_file(path: str | None) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -149,3 +150,22 @@ def test_torchrun_names_and_host_defaults(tmp_path):
     env = req.worker_envs(1)[0]
     assert [env.get(n) for n in names[:-2]] == ["1", "default", "2", "2", "0", "2", "a", error_file]
     assert "OMP_NUM_THREADS" not in env
+
+
+def test_pmi_fd_reaches_the_worker(tmp_path):
+    """MPICH's hydra gives each rank its PMI connection as an inherited descriptor (PMI_FD): under
+    --rank-from-env the worker is the rank, so the agent passes that descriptor on."""
+    r, w = os.pipe()
+    try:
+        req = _request(tmp_path, [sys.executable, "-c", "import os; os.write(int(os.environ['PMI_FD']), b'pmi-ok')"])
+        cp = subprocess.run(req.agent_argv(None, stdin_watch=False, per_worker=True), capture_output=True, text=True,
+                            timeout=30, env=_clean_env(PMI_RANK="1", PMI_FD=str(w)), pass_fds=(w,),
+                            stdin=subprocess.DEVNULL)
+        assert cp.returncode == 0, cp.stdout + cp.stderr
+        os.close(w)
+        w = -1
+        assert os.read(r, 100) == b"pmi-ok"
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)
