@@ -7,7 +7,7 @@ import sys
 import click
 
 from podrun.cli.options import plan_options, pop_plan_options
-from podrun.launch.engines import engine_options, pop_engine_options
+from podrun.cli.engine_options import engine_options, pop_engine_options
 
 COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93")
 
@@ -199,10 +199,23 @@ def _print_root_cause(summary: dict, request) -> None:
         if rc.get("local_rank") is not None:
             where += f", local rank {rc['local_rank']}"
         print(f"podrun: run {request.run_id} failed (exit {code}). root cause: {where}: {rc['reason']}", file=err)
+        error = rc.get("error")
+        if error:
+            print(f"  error (recorded by @record in {error.get('file')}): {error.get('message')}", file=err)
         if rc.get("last_lines"):
-            print(f"  last lines of {request.run_dir}/instance-{rc['instance']}.log:", file=err)
+            whose = "its" if rc.get("local_rank") is not None else "the instance's"
+            print(f"  {whose} last lines (in {request.run_dir}/instance-{rc['instance']}.log):", file=err)
             for line in rc["last_lines"]:
                 print(f"    {line}", file=err)
+        if rc.get("others"):
+            print("  what the other workers said last:", file=err)
+            for o in rc["others"]:
+                who = f"instance {o['instance']} on {o['host']}"
+                if o.get("local_rank") is not None:
+                    who += f", local rank {o['local_rank']}"
+                print(f"    {who}:", file=err)
+                for line in o["last_lines"]:
+                    print(f"      {line}", file=err)
     else:
         print(f"podrun: run {request.run_id} failed (exit {code})", file=err)
     print(f"podrun: logs and summary.json in {request.run_dir}", file=err)

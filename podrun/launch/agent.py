@@ -7,6 +7,8 @@ second, forwards SIGINT/SIGTERM/SIGHUP, and ends every worker (the signal or SIG
 after --grace seconds) when one fails, when it is signalled, when the controller asks (a ``T`` on
 stdin), or when it loses its controller (stdin closed, or silent for --stdin-timeout seconds).
 Exit code: the first failing worker's (128+signal for a signal), 128+signal when signalled, else 0.
+With --rank-from-env (mpirun) the agent runs one worker, the one whose global rank is
+the launcher's rank, so each worker is an MPI rank; its lines then carry that worker's local rank.
 With --hold (the ssh transport's preflight) it first reports its host's facts and starts workers only
 when the controller, having heard from every host, writes ``G``; it exits 0 with nothing started if
 told to stop instead. With --store-relay, the agent of global rank 0 runs podrun.launch.relay.
@@ -28,32 +30,46 @@ from podrun.launch import protocol
 
 INDEX_ENV = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
 PR_SET_PDEATHSIG = 1
+ERROR_TRACEBACK_LINES = 40   # of a worker's @record traceback, sent to the controller
+ERROR_MESSAGE_CHARS = 2000
 FIRST_HEARTBEAT_S = 60.0   # the first controller heartbeat may wait for the fan-out to every other host
 
 
-def compute_worker_envs(plan, index: int, *, run_id: str, run_dir: str, plan_path: str,
-                        master_addr: str, master_port: int, restart_count: int = 0,
-                        store_relay: bool = False) -> list[dict[str, str]]:
-    """The variables set for each worker of instance ``index`` (the env contract, DESIGN.md section 5).
+def worker_envs(plan, index: int, *, run_id: str, run_dir: str, plan_path: str, master_addr: str,
+                master_port: int, restart_count: int = 0, max_restarts: int = 0,
+                store_relay: bool = False) -> list[dict[str, str]]:
+    """The env contract of instance ``index``'s workers on this host (podrun.plan.env.instance_envs),
+    with this host's environment and the cores this agent may use."""
+    from podrun.plan.env import instance_envs
 
-    ``store_relay``: the agent of global rank 0 relays ``master_port`` to rank 0's store, which then
-    listens on ``master_port + 1`` (rank 0's MASTER_PORT; every other worker keeps ``master_port``).
+    return instance_envs(plan, index, run_id=run_id, run_dir=run_dir, plan_path=plan_path,
+                         master_addr=master_addr, master_port=master_port, restart_count=restart_count,
+                         max_restarts=max_restarts, store_relay=store_relay, host_env=os.environ,
+                         cpus=len(os.sched_getaffinity(0)))
+
+
+def read_error_file(path: str) -> dict | None:
+    """What torch's ``@record`` wrote to TORCHELASTIC_ERROR_FILE: {message, traceback, file}, or None.
+
+    The file is JSON, ``{"message": {"message": "Type: text", "extraInfo": {"py_callstack": ...}}}``
+    (or ``{"message": "text"}``); the traceback is cut to its last ERROR_TRACEBACK_LINES lines.
     """
-    from podrun.plan.env import worker_env, workers_per_instance
-
-    envs = []
-    for local_rank in range(workers_per_instance(plan)):
-        env = dict(worker_env(plan, index, local_rank, run_id=run_id, run_dir=run_dir, plan_path=plan_path,
-                              master_addr=master_addr, master_port=master_port))
-        if store_relay and env["RANK"] == "0":
-            from podrun.launch.relay import store_port
-
-            env["MASTER_PORT"] = str(store_port(master_port))
-            env["PODRUN_STORE_RELAY"] = str(master_port)
-        env["PODRUN_RESTART_COUNT"] = str(restart_count)
-        env.setdefault("PYTHONUNBUFFERED", "1")   # so output streams live, line by line
-        envs.append({k: str(v) for k, v in env.items()})
-    return envs
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    msg = data.get("message") if isinstance(data, dict) else None
+    tb = ""
+    if isinstance(msg, dict):
+        extra = msg.get("extraInfo") if isinstance(msg.get("extraInfo"), dict) else {}
+        tb = str(extra.get("py_callstack") or "")
+        msg = msg.get("message")
+    if msg is None:
+        return None
+    lines = tb.rstrip("\n").splitlines()[-ERROR_TRACEBACK_LINES:]
+    return {"message": str(msg)[:ERROR_MESSAGE_CHARS], "traceback": [l[:ERROR_MESSAGE_CHARS] for l in lines],
+            "file": path}
 
 
 def _pdeathsig() -> None:
@@ -66,8 +82,13 @@ def _pdeathsig() -> None:
 
 class Agent:
     def __init__(self, index: int, command: list[str], envs: list[dict[str, str]], *, grace: float,
-                 stdin_watch: bool, stdin_timeout: float, out=None, probe: dict | None = None):
+                 stdin_watch: bool, stdin_timeout: float, out=None, probe: dict | None = None,
+                 local_ranks: list[int] | None = None, agent_rank: int | None = None):
         self.index = index
+        # the workers' local ranks (envs[i] is local rank local_ranks[i]): all of the instance's, or with
+        # --rank-from-env the one worker this agent runs, whose local rank then also tags agent lines
+        self.local_ranks = list(range(len(envs))) if local_ranks is None else list(local_ranks)
+        self.agent_rank = agent_rank
         self.command = command
         self.envs = envs
         self.grace = grace
@@ -89,6 +110,8 @@ class Agent:
 
     # -- output ---------------------------------------------------------------------------
     def emit(self, local_rank: int | None, kind: str, text: str = "") -> None:
+        """One protocol line; ``local_rank`` is the worker's position in ``envs`` (None: the agent's own)."""
+        local_rank = self.agent_rank if local_rank is None else self.local_ranks[local_rank]
         line = (protocol.encode(self.index, local_rank, kind, text) + "\n").encode("utf-8", "replace")
         with self.lock:
             if self.controller_lost:
@@ -141,11 +164,13 @@ class Agent:
     # -- lifecycle ------------------------------------------------------------------------
     def spawn(self) -> None:
         base = dict(os.environ)
+        keep_fds = _launcher_fds(base)
         for local_rank, wenv in enumerate(self.envs):
+            _fresh_error_file(wenv.get("TORCHELASTIC_ERROR_FILE"))
             try:
                 p = subprocess.Popen(self.command, env={**base, **wenv}, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     start_new_session=True, preexec_fn=_pdeathsig)
+                                     start_new_session=True, preexec_fn=_pdeathsig, pass_fds=keep_fds)
             except OSError as exc:
                 self.emit(local_rank, "err", f"podrun agent: cannot start {self.command[0]!r}: {exc.strerror}")
                 self.procs.append(None)
@@ -160,6 +185,12 @@ class Agent:
                 t.start()
             self.readers.append(threads)
             self.emit(local_rank, "start", str(p.pid))
+
+    def _report_error_file(self, pos: int) -> None:
+        """A failed worker's @record error file, if it wrote one, as an ``error`` line (JSON)."""
+        info = read_error_file(self.envs[pos].get("TORCHELASTIC_ERROR_FILE") or "")
+        if info is not None:
+            self.emit(pos, "error", json.dumps(info, separators=(",", ":")))
 
     def _held_until_go(self) -> bool:
         """Report the preflight facts and wait for ``G`` on stdin; False when told to stop (``T``, stdin
@@ -204,6 +235,8 @@ class Agent:
                 for t in self.readers[lr]:
                     t.join(timeout=1.0)
                 tag = " teardown" if self.teardown_started else ""
+                if rc != 0:
+                    self._report_error_file(lr)
                 self.emit(lr, "exit", f"{rc} {time.time():.3f}{tag}")
                 if rc != 0 and first_failure is None and not self.teardown_started:
                     first_failure = rc
@@ -236,11 +269,36 @@ class Agent:
         return code
 
 
-def instance_index_from_env(environ=os.environ) -> int:
+def _launcher_fds(environ) -> tuple[int, ...]:
+    """File descriptors the worker needs to join its launcher's world: MPICH's hydra hands each rank its
+    PMI connection as PMI_FD (Open MPI's PMIx needs only variables)."""
+    fd = environ.get("PMI_FD", "")
+    if not fd.isdigit():
+        return ()
+    try:
+        os.fstat(int(fd))
+    except OSError:
+        return ()
+    return (int(fd),)
+
+
+def _fresh_error_file(path: str | None) -> None:
+    """Make the error file's directory and remove a file a previous attempt left there."""
+    if not path:
+        return
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def instance_index_from_env(environ=os.environ, flag: str = "--index-from-env") -> int:
+    """The launcher's rank of this process (Open MPI, PMIx, PMI, Slurm)."""
     for name in INDEX_ENV:
         if environ.get(name, "").isdigit():
             return int(environ[name])
-    raise SystemExit(f"podrun agent: --index-from-env but none of {', '.join(INDEX_ENV)} is set")
+    raise SystemExit(f"podrun agent: {flag} but none of {', '.join(INDEX_ENV)} is set")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -252,9 +310,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--master-port", type=int, required=True)
     ap.add_argument("--grace", type=float, default=5.0)
     ap.add_argument("--restart-count", type=int, default=0)
+    ap.add_argument("--max-restarts", type=int, default=0)
     g = ap.add_mutually_exclusive_group(required=True)
     g.add_argument("--instance", type=int)
-    g.add_argument("--index-from-env", action="store_true")
+    g.add_argument("--index-from-env", action="store_true", help="the launcher's rank is the instance index")
+    g.add_argument("--rank-from-env", action="store_true",
+                   help="the launcher's rank is a worker's global rank: run that one worker (mpirun: each "
+                        "worker is an MPI rank of one world)")
     ap.add_argument("--stdin-timeout", type=float, default=5.0)
     ap.add_argument("--no-stdin-watch", action="store_true")
     ap.add_argument("--store-relay", action="store_true",
@@ -267,14 +329,27 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         ap.error("no command given after --")
-    index = instance_index_from_env() if args.index_from_env else args.instance
+    from podrun.plan.env import worker_of_rank
     from podrun.plan.model import Plan
 
     with open(args.plan) as f:
         plan = Plan.from_dict(json.load(f))
-    envs = compute_worker_envs(plan, index, run_id=args.run_id, run_dir=args.run_dir, plan_path=args.plan,
-                               master_addr=args.master_addr, master_port=args.master_port,
-                               restart_count=args.restart_count, store_relay=args.store_relay)
+    local_ranks = agent_rank = None
+    if args.rank_from_env:
+        rank = instance_index_from_env(flag="--rank-from-env")
+        try:
+            index, agent_rank = worker_of_rank(plan, rank)
+        except ValueError as exc:
+            raise SystemExit(f"podrun agent: --rank-from-env: {exc}") from None
+        local_ranks = [agent_rank]
+    else:
+        index = instance_index_from_env() if args.index_from_env else args.instance
+    envs = worker_envs(plan, index, run_id=args.run_id, run_dir=args.run_dir, plan_path=args.plan,
+                       master_addr=args.master_addr, master_port=args.master_port,
+                       restart_count=args.restart_count, max_restarts=args.max_restarts,
+                       store_relay=args.store_relay)
+    if local_ranks is not None:
+        envs = [envs[lr] for lr in local_ranks]
     probe = None
     if args.hold:
         from podrun.launch.probe import facts
@@ -283,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         rank0 = any(e["RANK"] == "0" for e in envs)
         probe = facts(rendezvous_ports(args.master_port, args.store_relay) if rank0 else ())
     agent = Agent(index, command, envs, grace=args.grace, stdin_watch=not args.no_stdin_watch,
-                  stdin_timeout=args.stdin_timeout, probe=probe)
+                  stdin_timeout=args.stdin_timeout, probe=probe, local_ranks=local_ranks, agent_rank=agent_rank)
     busy = bool(probe and probe["ports_busy"])       # the controller will not say go
     relay = start_relay(agent, args.master_addr, args.master_port) if args.store_relay and not busy else None
     try:

@@ -1,6 +1,7 @@
 """The agent's line protocol on stdout: one self-describing line per event, parsed by the supervisor.
 
-Every line the agent writes is ``@podrun <instance> <local_rank|-> <kind> <text>``:
+Every line the agent writes is ``@podrun <instance> <local_rank|-> <kind> <text>``; an agent that runs a
+single worker of its instance (--rank-from-env) writes that worker's local rank on its own lines too:
 
   out / err   a line a worker wrote on its stdout / stderr (text verbatim)
   ready       the agent is up: text = "<hostname> <agent pid> <workers>"
@@ -9,6 +10,8 @@ Every line the agent writes is ``@podrun <instance> <local_rank|-> <kind> <text>
   start       a worker was spawned: text = its pid
   exit        a worker ended: text = "<return code> <unix time>[ teardown]" (negative code = killed by
               that signal; "teardown" when the agent was already ending its workers)
+  error       a failed worker's @record error file (torch.distributed.elastic): JSON {message,
+              traceback, file}, sent before its ``exit`` line
   hb          heartbeat, once a second: text = the agent's wall clock
   note        a message from the agent itself (teardown reasons, spawn errors)
   done        the agent is about to exit: text = its exit code
@@ -22,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 PREFIX = "@podrun "
-KINDS = frozenset({"out", "err", "ready", "probe", "start", "exit", "hb", "note", "done"})
+KINDS = frozenset({"out", "err", "ready", "probe", "start", "exit", "error", "hb", "note", "done"})
 
 
 @dataclass(frozen=True)

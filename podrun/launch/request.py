@@ -63,14 +63,20 @@ class LaunchRequest:
     def instance(self, index: int) -> InstanceLaunch:
         return self.instances[index]
 
-    def agent_argv(self, index: int | None, *, stdin_watch: bool = True, hold: bool = False) -> list[str]:
-        """The agent command line; index None means --index-from-env (mpirun/srun ranks); ``hold``: the
-        agent reports its preflight facts and starts workers only on a go from the controller."""
+    def agent_argv(self, index: int | None, *, stdin_watch: bool = True, hold: bool = False,
+                   per_worker: bool = False) -> list[str]:
+        """The agent command line; index None means --index-from-env (mpirun/srun ranks), or with
+        ``per_worker`` --rank-from-env (each launcher rank is one worker); ``hold``: the agent reports
+        its preflight facts and starts workers only on a go from the controller."""
         argv = [self.python, "-m", AGENT_MODULE,
                 "--plan", self.plan_path, "--run-id", self.run_id, "--run-dir", self.run_dir,
                 "--master-addr", self.master_addr, "--master-port", str(self.master_port),
-                "--grace", _num(self.grace), "--restart-count", str(self.restart_count)]
-        argv += ["--index-from-env"] if index is None else ["--instance", str(index)]
+                "--grace", _num(self.grace), "--restart-count", str(self.restart_count),
+                "--max-restarts", str(self.max_restarts)]
+        if index is None:
+            argv += ["--rank-from-env"] if per_worker else ["--index-from-env"]
+        else:
+            argv += ["--instance", str(index)]
         argv += ["--stdin-timeout", _num(self.keepalive)] if stdin_watch else ["--no-stdin-watch"]
         argv += ["--store-relay"] if self.store_relay else []
         argv += ["--hold"] if hold else []
@@ -87,22 +93,24 @@ class LaunchRequest:
         return ["env", *(f"{k}={v}" for k, v in self.env)] if self.env else []
 
     def shell_command(self, index: int | None, *, stdin_watch: bool = True, redact: bool = False,
-                      hold: bool = False) -> str:
+                      hold: bool = False, per_worker: bool = False) -> str:
         """The exact shell line a host runs: cd to the workdir, then exec the agent (quoted with shlex)."""
         env = self.env_prefix()
         if redact:
             env = [redact_assignment(a) for a in env]
-        words = env + self.agent_argv(index, stdin_watch=stdin_watch, hold=hold)
+        words = env + self.agent_argv(index, stdin_watch=stdin_watch, hold=hold, per_worker=per_worker)
         return f"cd {shlex.quote(self.workdir)} || exit {NO_WORKDIR}; exec " + " ".join(shlex.quote(w) for w in words)
 
     def worker_envs(self, index: int) -> list[dict[str, str]]:
-        """The variables the agent of instance ``index`` sets for each of its workers."""
-        from podrun.launch.agent import compute_worker_envs
+        """The variables the agent of instance ``index`` sets for each of its workers
+        (podrun.plan.env.instance_envs; OMP_NUM_THREADS is left to the agent, which knows its host's cores)."""
+        from podrun.plan.env import instance_envs
 
-        return compute_worker_envs(self.plan, index, run_id=self.run_id, run_dir=self.run_dir,
-                                   plan_path=self.plan_path, master_addr=self.master_addr,
-                                   master_port=self.master_port, restart_count=self.restart_count,
-                                   store_relay=self.store_relay)
+        return instance_envs(self.plan, index, run_id=self.run_id, run_dir=self.run_dir,
+                             plan_path=self.plan_path, master_addr=self.master_addr,
+                             master_port=self.master_port, restart_count=self.restart_count,
+                             max_restarts=self.max_restarts, store_relay=self.store_relay,
+                             host_env=dict(self.env))
 
     def for_restart(self, restart_count: int, master_port: int) -> "LaunchRequest":
         return replace(self, restart_count=restart_count, master_port=master_port)

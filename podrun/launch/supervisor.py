@@ -3,11 +3,14 @@
 Whatever the transport, it reads the agent line protocol from every InstanceHandle, writes
 runs/<id>/instance-<i>.log, sends a heartbeat to every agent each second, and ends the run
 everywhere on the first worker failure, on SIGINT/SIGTERM, or when an instance has been silent for
-``keepalive`` seconds (a lost host). The root cause is the failure with the earliest agent time.
+``keepalive`` seconds (a lost host). The root cause is the failure with the earliest agent time; its
+report carries that worker's own last lines (kept per worker, bounded), its @record error if it wrote
+one, and separately the last lines of the others.
 """
 from __future__ import annotations
 
 import collections
+import json
 import queue
 import signal
 import threading
@@ -21,7 +24,9 @@ from podrun.launch.request import LaunchRequest
 from podrun.launch.transport import InstanceHandle, Transport
 
 LOST_EXIT = 255           # like ssh: the connection to a host was lost
-TAIL = 10
+TAIL = 10                 # last lines kept per worker (and per instance) for the root cause
+OTHERS = 3                # other workers whose last lines the root cause shows
+OTHER_TAIL = 5            # lines shown of each of them
 
 # sink(instance, host, local_rank, stream, text): a worker's line, already filtered for the console
 Sink = Callable[[int | None, str, int | None, str, str], None]
@@ -41,6 +46,16 @@ class InstanceState:
     ended_s: float | None = None
     last_seen: float = 0.0
     tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=TAIL))
+    # local rank (None: lines of no worker) -> its last lines, and when it last wrote (a sequence number)
+    worker_tails: dict = field(default_factory=dict)
+    worker_seen: dict = field(default_factory=dict)
+    agents_done: dict = field(default_factory=dict)   # local rank -> done code, with one agent per worker
+
+    def worker_tail(self, local_rank: int | None) -> collections.deque:
+        t = self.worker_tails.get(local_rank)
+        if t is None:
+            t = self.worker_tails[local_rank] = collections.deque(maxlen=TAIL)
+        return t
 
 
 @dataclass
@@ -51,12 +66,15 @@ class Failure:
     exit_code: int
     reason: str
     at: float                          # agent wall time (controller's for lost hosts)
-    last_lines: list[str] = field(default_factory=list)
+    last_lines: list[str] = field(default_factory=list)    # the failing worker's own (its instance's if none)
+    error: dict | None = None          # its @record error file: {message, traceback, file}
+    others: list[dict] = field(default_factory=list)       # [{instance, host, local_rank, last_lines}]
 
     def to_dict(self) -> dict:
         sig = self.exit_code - 128 if 128 < self.exit_code < 160 else None
         d = {"instance": self.instance, "host": self.host, "local_rank": self.local_rank,
-             "exit_code": self.exit_code, "reason": self.reason, "last_lines": self.last_lines}
+             "exit_code": self.exit_code, "reason": self.reason, "last_lines": self.last_lines,
+             "error": self.error, "others": self.others}
         if sig:
             try:
                 d["signal"] = signal.Signals(sig).name
@@ -98,6 +116,9 @@ class Supervisor:
         self.notice = _safe(notice or (lambda t: None))
         self.only = only_output_from
         self.multi = workers_per_instance > 1
+        self.wpi = workers_per_instance
+        self.errors: dict[tuple[int, int | None], dict] = {}   # (instance, local rank) -> @record error
+        self.seq = 0
         self.q: queue.Queue = queue.Queue()
         self.states = {i.index: InstanceState(i.index, i.host) for i in request.instances}
         self.logs = {}
@@ -129,6 +150,9 @@ class Supervisor:
         self._log(idx, shown)
         if st is not None:
             st.tail.append(shown)
+            st.worker_tail(lr).append(text)
+            self.seq += 1
+            st.worker_seen[lr] = self.seq
         if self.only is None or idx == self.only or stream == "err" or idx is None:
             try:
                 self.sink(idx, host, lr, stream, text)
@@ -158,9 +182,22 @@ class Supervisor:
                 code = protocol.exit_code_from_returncode(rc)
                 self.failures.append(Failure(st.index, st.host, ev.local_rank, code,
                                              _describe_code(code), at))
+        elif ev.kind == "error":
+            try:
+                info = json.loads(ev.text)
+            except ValueError:
+                info = None
+            if isinstance(info, dict):
+                self.errors[(st.index, ev.local_rank)] = info
         elif ev.kind == "note":
             self._log(st.index, f"# podrun agent: {ev.text}")
         elif ev.kind == "done":
+            if ev.local_rank is not None:      # one agent per worker (mpirun --rank-from-env)
+                st.agents_done[ev.local_rank] = int(ev.text or 0)
+                if len(st.agents_done) < self.wpi:
+                    return
+                codes = [c for c in st.agents_done.values() if c]
+                ev = protocol.Event(ev.instance, None, ev.kind, str(codes[0] if codes else 0))
             st.exit_code = int(ev.text or 0)
             st.ended_s = round(time.time() - self.t0, 3)
             if st.status != "lost":
@@ -282,8 +319,7 @@ class Supervisor:
         ended = time.time()
         root = min(self.failures, key=lambda f: f.at) if self.failures else None
         if root is not None:
-            if root.instance is not None:
-                root.last_lines = list(self.states[root.instance].tail)
+            self._explain(root)
             code = root.exit_code
             status = "lost" if root.exit_code == LOST_EXIT and "lost" in root.reason else "failed"
         elif self.signalled is not None:
@@ -294,6 +330,30 @@ class Supervisor:
         ready = [s.ready_s for s in self.states.values()]
         return Outcome(code, status, root, sorted(self.states.values(), key=lambda s: s.index), self.t0, ended,
                        max(ready) if ready and None not in ready else None)
+
+
+    def _explain(self, root: Failure) -> None:
+        """The root cause's report: the failing worker's own last lines (its instance's when the failure
+        is no worker's, e.g. a lost host) and its @record error; then the other workers' last lines,
+        failed ones first, then the most recent to write."""
+        if root.instance is None:
+            return
+        st = self.states[root.instance]
+        own = st.worker_tails.get(root.local_rank) if root.local_rank is not None else None
+        root.last_lines = list(own) if own else list(st.tail)
+        root.error = self.errors.get((root.instance, root.local_rank))
+        failed = {(f.instance, f.local_rank): n for n, f in enumerate(sorted(self.failures, key=lambda f: f.at))}
+        cands = []
+        for s in self.states.values():
+            for lr, tail in s.worker_tails.items():
+                key = (s.index, lr)
+                if not tail or key == (root.instance, root.local_rank) or (lr is None and s.index == root.instance
+                                                                          and root.local_rank is None):
+                    continue
+                cands.append((key not in failed, failed.get(key, 0), -s.worker_seen.get(lr, 0), s, lr, tail))
+        cands.sort(key=lambda c: c[:3])
+        root.others = [{"instance": s.index, "host": s.host, "local_rank": lr,
+                        "last_lines": list(tail)[-OTHER_TAIL:]} for *_, s, lr, tail in cands[:OTHERS]]
 
 
 def _describe_code(code: int) -> str:

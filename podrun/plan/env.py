@@ -1,67 +1,205 @@
-"""The env contract (DESIGN.md section 5): what every worker sees, derived purely from the plan."""
+"""The env contract: every variable a worker sees, derived from the plan, and the popdist and horovod views of it.
+
+One home for the names: the agent sets them (``instance_envs``), ``--dry-run`` and env.json print them
+(the same function), the poprun and horovod engines take their views from here, and podrun.runtime
+reads them back through ``PODRUN_FIELDS`` / ``POPDIST_FIELDS``. No torch, no I/O.
+"""
 from __future__ import annotations
 
-from podrun.plan.model import Plan
+import os
+from typing import TYPE_CHECKING, Mapping
 
-# Names podrun sets; podrun.runtime reads the same names.
-PODRUN_NAMES = (
-    "PODRUN_RUN_ID", "PODRUN_RUN_DIR", "PODRUN_NUM_INSTANCES", "PODRUN_INSTANCE_INDEX",
-    "PODRUN_NUM_REPLICAS", "PODRUN_LOCAL_REPLICAS", "PODRUN_REPLICA_OFFSET",
+if TYPE_CHECKING:  # pragma: no cover
+    from podrun.plan.model import Plan
+
+# WorkerInfo field (podrun.runtime) -> the PODRUN_* name that carries it
+PODRUN_FIELDS: dict[str, str] = {
+    "run_id": "PODRUN_RUN_ID",
+    "run_dir": "PODRUN_RUN_DIR",
+    "plan_path": "PODRUN_PLAN",
+    "num_instances": "PODRUN_NUM_INSTANCES",
+    "instance_index": "PODRUN_INSTANCE_INDEX",
+    "num_replicas": "PODRUN_NUM_REPLICAS",
+    "local_replicas": "PODRUN_LOCAL_REPLICAS",
+    "replica_offset": "PODRUN_REPLICA_OFFSET",
+    "devices_per_replica": "PODRUN_DEVICES_PER_REPLICA",
+    "local_batch": "PODRUN_LOCAL_BATCH",
+    "grad_accum": "PODRUN_GRAD_ACCUM",
+    "global_batch": "PODRUN_GLOBAL_BATCH",
+    "restart_count": "PODRUN_RESTART_COUNT",
+}
+PODRUN_NAMES = tuple(PODRUN_FIELDS.values())
+# the variable that tells podrun.runtime a worker was started by podrun
+PODRUN_MARKER = PODRUN_FIELDS["num_replicas"]
+
+# WorkerInfo field -> torchrun's name (torch.distributed.run sets the same ones)
+TORCHRUN_FIELDS: dict[str, str] = {
+    "rank": "RANK",
+    "local_rank": "LOCAL_RANK",
+    "world_size": "WORLD_SIZE",
+    "local_world_size": "LOCAL_WORLD_SIZE",
+    "node_rank": "GROUP_RANK",
+    "master_addr": "MASTER_ADDR",
+    "master_port": "MASTER_PORT",
+}
+# What torchrun's agent sets besides (torch.distributed.elastic LocalElasticAgent): podrun runs one role
+# ("default", torchrun's), so a worker's role rank and role world are its global rank and world size.
+TORCHELASTIC_NAMES = (
+    "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE",
+)
+TORCHRUN_NAMES = tuple(TORCHRUN_FIELDS.values()) + TORCHELASTIC_NAMES
+ROLE_NAME = "default"
+
+# WorkerInfo field -> what popdist reads on IPU (Graphcore's PopDist; poprun sets the same names), so
+# Graphcore example scripts run unchanged. One name per popdist query.
+POPDIST_FIELDS: dict[str, str] = {
+    "num_instances": "POPDIST_NUM_INSTANCES",          # popdist.getNumInstances()
+    "instance_index": "POPDIST_INSTANCE_INDEX",        # popdist.getInstanceIndex()
+    "num_replicas": "POPDIST_NUM_TOTAL_REPLICAS",      # popdist.getNumTotalReplicas()
+    "local_replicas": "POPDIST_NUM_LOCAL_REPLICAS",    # popdist.getNumLocalReplicas()
+    "replica_offset": "POPDIST_REPLICA_INDEX_OFFSET",  # popdist.getReplicaIndexOffset()
+    "devices_per_replica": "POPDIST_NUM_IPUS_PER_REPLICA",  # with the local replicas, getDeviceId()
+}
+POPDIST_NAMES = tuple(POPDIST_FIELDS.values())
+
+# Set only when neither the host nor --env has them: threads per worker (see omp_num_threads), line
+# buffered output so logs stream live, and NCCL's async error handling as torchrun sets it.
+HOST_DEFAULT_NAMES = ("OMP_NUM_THREADS", "PYTHONUNBUFFERED", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+# The rank-0 worker behind the store relay gets the relayed port here (podrun.launch.relay)
+STORE_RELAY_NAME = "PODRUN_STORE_RELAY"
+
+# The same for every worker of a run: what an outer launcher (horovod's mpirun) exports to every rank,
+# whose per-rank names come from the launcher itself
+RUN_WIDE_NAMES = (
+    "PODRUN_RUN_ID", "PODRUN_RUN_DIR", "PODRUN_PLAN", "PODRUN_NUM_INSTANCES", "PODRUN_NUM_REPLICAS",
     "PODRUN_DEVICES_PER_REPLICA", "PODRUN_LOCAL_BATCH", "PODRUN_GRAD_ACCUM", "PODRUN_GLOBAL_BATCH",
-    "PODRUN_PLAN",
-)
-TORCHRUN_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
-# What popdist reads on IPU (Graphcore's PopDist), so example scripts run unchanged.
-POPDIST_NAMES = (
-    "POPDIST_NUM_INSTANCES", "POPDIST_INSTANCE_INDEX", "POPDIST_NUM_TOTAL_REPLICAS",
-    "POPDIST_NUM_LOCAL_REPLICAS", "POPDIST_REPLICA_INDEX_OFFSET", "POPDIST_NUM_IPUS_PER_REPLICA",
+    "PODRUN_RESTART_COUNT", "MASTER_ADDR", "MASTER_PORT", "ROLE_NAME", "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
 )
 
 
-def workers_per_instance(plan: Plan) -> int:
+def is_ipu(plan: "Plan") -> bool:
+    return str(plan.device_kind).startswith("ipu")
+
+
+def workers_per_instance(plan: "Plan") -> int:
     """One worker per local replica on CPU/GPU; one per instance on IPU (poptorch drives its replicas)."""
-    return 1 if plan.device_kind.startswith("ipu") else plan.replicas_per_instance
+    return 1 if is_ipu(plan) else plan.replicas_per_instance
 
 
-def world_size(plan: Plan) -> int:
+def workers_per_host(plan: "Plan") -> int:
+    return plan.instances_per_host * workers_per_instance(plan)
+
+
+def world_size(plan: "Plan") -> int:
     return plan.instances * workers_per_instance(plan)
 
 
-def worker_env(plan: Plan, instance_index: int, local_rank: int, *, run_id: str, run_dir: str,
-               plan_path: str, master_addr: str, master_port: int) -> dict[str, str]:
-    """The complete env contract of one worker (strings only)."""
+def worker_of_rank(plan: "Plan", rank: int) -> tuple[int, int]:
+    """(instance, local rank) of global rank ``rank``: ranks fill an instance before the next."""
+    wpi = workers_per_instance(plan)
+    if not 0 <= rank < world_size(plan):
+        raise ValueError(f"rank {rank} out of range for a world of {world_size(plan)} workers")
+    return rank // wpi, rank % wpi
+
+
+def error_file(run_dir: str, instance_index: int, local_rank: int) -> str:
+    """TORCHELASTIC_ERROR_FILE of one worker: where torch's ``@record`` writes its exception as JSON."""
+    return os.path.join(run_dir, "errors", f"worker-{instance_index}-{local_rank}.json")
+
+
+def omp_num_threads(plan: "Plan", cpus: int) -> int:
+    """OMP_NUM_THREADS when the user did not set it: the host's cores shared by its workers.
+
+    torchrun sets 1 whenever a node runs more than one worker, which leaves cores idle when there are
+    fewer workers than cores (2 GPU workers on a 64-core node); the cores' share agrees with torchrun
+    where torchrun's choice is right (one worker per core: 1; one worker per host: every core) and
+    never oversubscribes the host.
+    """
+    return max(1, cpus // workers_per_host(plan))
+
+
+def popdist_env(plan: "Plan", instance_index: int) -> dict[str, str]:
+    """The POPDIST_* variables instance ``instance_index`` sees (the popdist view of the contract)."""
+    if not 0 <= instance_index < plan.instances:
+        from podrun.errors import PlanError
+
+        raise PlanError(f"instance index {instance_index} is outside the plan's {plan.instances} instances")
+    pl = plan.placement[instance_index]
+    values = {"num_instances": plan.instances, "instance_index": instance_index, "num_replicas": plan.replicas,
+              "local_replicas": pl.local_replicas, "replica_offset": pl.replica_offset,
+              "devices_per_replica": plan.devices_per_replica}
+    return {POPDIST_FIELDS[k]: str(v) for k, v in values.items()}
+
+
+def worker_env(plan: "Plan", instance_index: int, local_rank: int, *, run_id: str, run_dir: str,
+               plan_path: str, master_addr: str, master_port: int, restart_count: int = 0,
+               max_restarts: int = 0) -> dict[str, str]:
+    """The plan's part of one worker's env contract (strings only; no host-dependent defaults)."""
     pl = plan.placement[instance_index]
     wpi = workers_per_instance(plan)
     if not 0 <= local_rank < wpi:
         raise ValueError(f"local_rank {local_rank} out of range for {wpi} workers per instance")
-    env = {
-        "PODRUN_RUN_ID": run_id,
-        "PODRUN_RUN_DIR": run_dir,
-        "PODRUN_NUM_INSTANCES": plan.instances,
-        "PODRUN_INSTANCE_INDEX": instance_index,
-        "PODRUN_NUM_REPLICAS": plan.replicas,
-        "PODRUN_LOCAL_REPLICAS": pl.local_replicas,
-        "PODRUN_REPLICA_OFFSET": pl.replica_offset,
-        "PODRUN_DEVICES_PER_REPLICA": plan.devices_per_replica,
-        "PODRUN_LOCAL_BATCH": plan.local_batch,
-        "PODRUN_GRAD_ACCUM": plan.grad_accum,
-        "PODRUN_GLOBAL_BATCH": plan.global_batch,
-        "PODRUN_PLAN": plan_path,
-        "RANK": instance_index * wpi + local_rank,
-        "LOCAL_RANK": local_rank,
-        "WORLD_SIZE": world_size(plan),
-        "LOCAL_WORLD_SIZE": wpi,
-        "GROUP_RANK": instance_index,
-        "MASTER_ADDR": master_addr,
-        "MASTER_PORT": master_port,
-    }
-    if plan.device_kind.startswith("ipu"):
-        env.update({
-            "POPDIST_NUM_INSTANCES": plan.instances,
-            "POPDIST_INSTANCE_INDEX": instance_index,
-            "POPDIST_NUM_TOTAL_REPLICAS": plan.replicas,
-            "POPDIST_NUM_LOCAL_REPLICAS": pl.local_replicas,
-            "POPDIST_REPLICA_INDEX_OFFSET": pl.replica_offset,
-            "POPDIST_NUM_IPUS_PER_REPLICA": plan.devices_per_replica,
-        })
+    rank = instance_index * wpi + local_rank
+    podrun = {"run_id": run_id, "run_dir": run_dir, "plan_path": plan_path, "num_instances": plan.instances,
+              "instance_index": instance_index, "num_replicas": plan.replicas, "local_replicas": pl.local_replicas,
+              "replica_offset": pl.replica_offset, "devices_per_replica": plan.devices_per_replica,
+              "local_batch": plan.local_batch, "grad_accum": plan.grad_accum, "global_batch": plan.global_batch,
+              "restart_count": restart_count}
+    torchrun = {"rank": rank, "local_rank": local_rank, "world_size": world_size(plan), "local_world_size": wpi,
+                "node_rank": instance_index, "master_addr": master_addr, "master_port": master_port}
+    env: dict[str, object] = {PODRUN_FIELDS[k]: v for k, v in podrun.items()}
+    env.update({TORCHRUN_FIELDS[k]: v for k, v in torchrun.items()})
+    env.update({
+        "ROLE_RANK": rank,
+        "ROLE_NAME": ROLE_NAME,
+        "ROLE_WORLD_SIZE": world_size(plan),
+        "GROUP_WORLD_SIZE": plan.instances,
+        "TORCHELASTIC_RESTART_COUNT": restart_count,
+        "TORCHELASTIC_MAX_RESTARTS": max_restarts,
+        "TORCHELASTIC_RUN_ID": run_id,
+        "TORCHELASTIC_ERROR_FILE": error_file(run_dir, instance_index, local_rank),
+    })
+    if is_ipu(plan):
+        env.update(popdist_env(plan, instance_index))
     return {k: str(v) for k, v in env.items()}
+
+
+def instance_envs(plan: "Plan", instance_index: int, *, run_id: str, run_dir: str, plan_path: str,
+                  master_addr: str, master_port: int, restart_count: int = 0, max_restarts: int = 0,
+                  store_relay: bool = False, host_env: Mapping[str, str] | None = None,
+                  cpus: int | None = None) -> list[dict[str, str]]:
+    """What the agent of instance ``instance_index`` sets for each of its workers, on top of the host's env.
+
+    ``store_relay``: the agent of global rank 0 relays ``master_port`` to rank 0's store, which then
+    listens on the next port (rank 0's MASTER_PORT; every other worker keeps ``master_port``).
+    ``host_env``: the variables the workers inherit (the host's, with --env): the names of
+    HOST_DEFAULT_NAMES set there are left to them. ``cpus``: the cores the agent may use; None (the
+    controller, which does not know a remote host's cores) leaves OMP_NUM_THREADS out.
+    """
+    host_env = {} if host_env is None else host_env
+    defaults = {"PYTHONUNBUFFERED": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+    if cpus is not None:
+        defaults["OMP_NUM_THREADS"] = str(omp_num_threads(plan, cpus))
+    envs = []
+    for local_rank in range(workers_per_instance(plan)):
+        env = worker_env(plan, instance_index, local_rank, run_id=run_id, run_dir=run_dir, plan_path=plan_path,
+                         master_addr=master_addr, master_port=master_port, restart_count=restart_count,
+                         max_restarts=max_restarts)
+        if store_relay and env["RANK"] == "0":
+            from podrun.launch.relay import store_port
+
+            env["MASTER_PORT"] = str(store_port(master_port))
+            env[STORE_RELAY_NAME] = str(master_port)
+        env.update({k: v for k, v in defaults.items() if k not in host_env})
+        envs.append(env)
+    return envs
+
+
+def run_wide_env(plan: "Plan", *, run_id: str, run_dir: str, plan_path: str, master_addr: str,
+                 master_port: int, restart_count: int = 0, max_restarts: int = 0) -> dict[str, str]:
+    """The horovod view: the names that are the same for every worker (RUN_WIDE_NAMES)."""
+    env = worker_env(plan, 0, 0, run_id=run_id, run_dir=run_dir, plan_path=plan_path, master_addr=master_addr,
+                     master_port=master_port, restart_count=restart_count, max_restarts=max_restarts)
+    return {k: env[k] for k in RUN_WIDE_NAMES}

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from podrun.errors import PodrunError
+from podrun.plan.env import PODRUN_FIELDS, PODRUN_MARKER, POPDIST_FIELDS, TORCHRUN_FIELDS
 
 
 class RuntimeEnvError(PodrunError):
@@ -16,27 +17,17 @@ class RuntimeEnvError(PodrunError):
 
 # Each source maps WorkerInfo fields to the variable that carries them. The first source whose
 # `marker` variable is present wins; podrun first (it also sets torchrun's names), then torchrun,
-# then Slurm (srun), Open MPI (mpirun), PMI (MPICH / Intel MPI / hydra).
+# then Slurm (srun), Open MPI (mpirun), PMI (MPICH / Intel MPI / hydra). podrun's and torchrun's
+# names are the env contract's (podrun.plan.env), the one list the launcher sets them from.
 SOURCES: dict[str, dict[str, str]] = {
     "podrun": {
-        "marker": "PODRUN_NUM_REPLICAS",
-        "rank": "RANK",
-        "local_rank": "LOCAL_RANK",
-        "world_size": "WORLD_SIZE",
-        "local_world_size": "LOCAL_WORLD_SIZE",
-        "node_rank": "PODRUN_INSTANCE_INDEX",
-        "master_addr": "MASTER_ADDR",
-        "master_port": "MASTER_PORT",
+        **TORCHRUN_FIELDS,
+        "marker": PODRUN_MARKER,
+        "node_rank": PODRUN_FIELDS["instance_index"],
     },
     "torchrun": {
+        **TORCHRUN_FIELDS,
         "marker": "TORCHELASTIC_RUN_ID|LOCAL_WORLD_SIZE|RANK",
-        "rank": "RANK",
-        "local_rank": "LOCAL_RANK",
-        "world_size": "WORLD_SIZE",
-        "local_world_size": "LOCAL_WORLD_SIZE",
-        "node_rank": "GROUP_RANK",
-        "master_addr": "MASTER_ADDR",
-        "master_port": "MASTER_PORT",
     },
     "slurm": {
         "marker": "SLURM_PROCID",
@@ -99,6 +90,7 @@ class WorkerInfo:
     run_id: str | None = None
     run_dir: str | None = None
     plan_path: str | None = None
+    restart_count: int = 0      # restarts of the run so far (podrun's or torchrun's count)
 
     @property
     def distributed(self) -> bool:
@@ -183,13 +175,16 @@ def read_worker_info(env: Mapping[str, str] | None = None) -> WorkerInfo:
         )
     # popdist-style view
     # (podrun's names, else popdist's as poprun sets them, else derived from the ranks)
-    num_instances = _int(env, "PODRUN_NUM_INSTANCES|POPDIST_NUM_INSTANCES", None)
+    def view(field: str) -> str:
+        return f"{PODRUN_FIELDS[field]}|{POPDIST_FIELDS[field]}"
+
+    num_instances = _int(env, view("num_instances"), None)
     if num_instances is None:
         num_instances = max(1, world // max(local_world, 1))
-    instance_index = _int(env, "PODRUN_INSTANCE_INDEX|POPDIST_INSTANCE_INDEX", node_rank)
-    num_replicas = _int(env, "PODRUN_NUM_REPLICAS|POPDIST_NUM_TOTAL_REPLICAS", world)
-    local_replicas = _int(env, "PODRUN_LOCAL_REPLICAS|POPDIST_NUM_LOCAL_REPLICAS", local_world)
-    replica_offset = _int(env, "PODRUN_REPLICA_OFFSET|POPDIST_REPLICA_INDEX_OFFSET", None)
+    instance_index = _int(env, view("instance_index"), node_rank)
+    num_replicas = _int(env, view("num_replicas"), world)
+    local_replicas = _int(env, view("local_replicas"), local_world)
+    replica_offset = _int(env, view("replica_offset"), None)
     if replica_offset is None:
         replica_offset = rank - local_rank
     return WorkerInfo(
@@ -206,13 +201,14 @@ def read_worker_info(env: Mapping[str, str] | None = None) -> WorkerInfo:
         num_replicas=num_replicas,
         local_replicas=local_replicas,
         replica_offset=replica_offset,
-        devices_per_replica=_int(env, "PODRUN_DEVICES_PER_REPLICA|POPDIST_NUM_IPUS_PER_REPLICA", 1),
-        local_batch=_int(env, "PODRUN_LOCAL_BATCH", None),
-        grad_accum=_int(env, "PODRUN_GRAD_ACCUM", None),
-        global_batch=_int(env, "PODRUN_GLOBAL_BATCH", None),
-        run_id=env.get("PODRUN_RUN_ID") or None,
-        run_dir=env.get("PODRUN_RUN_DIR") or None,
-        plan_path=env.get("PODRUN_PLAN") or None,
+        devices_per_replica=_int(env, view("devices_per_replica"), 1),
+        local_batch=_int(env, PODRUN_FIELDS["local_batch"], None),
+        grad_accum=_int(env, PODRUN_FIELDS["grad_accum"], None),
+        global_batch=_int(env, PODRUN_FIELDS["global_batch"], None),
+        run_id=env.get(PODRUN_FIELDS["run_id"]) or None,
+        run_dir=env.get(PODRUN_FIELDS["run_dir"]) or None,
+        plan_path=env.get(PODRUN_FIELDS["plan_path"]) or None,
+        restart_count=_int(env, f"{PODRUN_FIELDS['restart_count']}|TORCHELASTIC_RESTART_COUNT", 0),
     )
 
 

@@ -90,3 +90,40 @@ def test_resolve_engine_defaults_and_poprun_options():
     name, transport, popts, _ = resolve_engine({"vipu_partition": "p1", "num_ilds": 2}, load_cluster("ipu-pod64"))
     assert (name, transport, popts.vipu_partition, popts.num_ilds) == ("poprun", "poprun", "p1", 2)
     assert resolve_engine({"engine": "horovod", "mpi_args": "--tag-output -x A"})[3] == ("--tag-output", "-x", "A")
+
+
+def test_engine_views_come_from_the_env_contract(tmp_path):
+    """horovod's env is the run-wide part of what the agent gives each worker (one home: podrun.plan.env),
+    and every rank of the run agrees on it."""
+    from podrun.launch.engines.horovod import horovod_env
+    from podrun.launch.run import build_request
+    from podrun.plan.env import RUN_WIDE_NAMES
+
+    req = build_request(local_plan(2), ["true"], transport="local", runs_dir=str(tmp_path / "runs"), run_id="v1",
+                        env=(("EXTRA", "1"),), max_restarts=3)
+    env = horovod_env(req)
+    assert set(env) == set(RUN_WIDE_NAMES) | {"EXTRA"}
+    workers = req.worker_envs(0)
+    for name in RUN_WIDE_NAMES:
+        if name != "MASTER_PORT":          # rank 0's differs behind the store relay
+            assert {w[name] for w in workers} == {env[name]}, name
+    assert env["TORCHELASTIC_MAX_RESTARTS"] == "3" and env["TORCHELASTIC_RUN_ID"] == "v1"
+
+
+def test_engines_and_request_import_neither_click_nor_the_agent():
+    """No click options in the engines package; the launch request computes worker envs without the agent."""
+    code = ("import sys, tempfile\n"
+            "import podrun.launch.engines, podrun.launch.engines.poprun, podrun.launch.engines.horovod\n"
+            "from podrun.cli.options import resolve_plan\n"
+            "from podrun.launch.run import build_request\n"
+            "req = build_request(resolve_plan(None, hosts_opt='localhost', devices_per_host=2, environ={})[0], ['true'],"
+            " transport='local', runs_dir=tempfile.mkdtemp())\n"
+            "assert req.worker_envs(0)[1]['RANK'] == '1'\n"
+            "bad = [m for m in ('podrun.launch.agent', 'torch') if m in sys.modules]\n"
+            "assert not bad, bad\n"
+            "import podrun.launch.engines as e\n"
+            "assert not hasattr(e, 'engine_options') and not hasattr(e, 'pop_engine_options')\n")
+    import subprocess
+
+    cp = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 0, cp.stderr

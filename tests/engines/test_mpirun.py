@@ -1,13 +1,14 @@
 """The mpirun transport on real Open MPI (PyPI wheel) across real OpenSSH hosts in network namespaces."""
 from __future__ import annotations
 
+import json
 import shutil
 import time
 
 import pytest
 
 from podrun.launch.transports.mpirun import MpiOptions, detect_flavour, mpirun_command
-from tests.engines.conftest import ALLREDUCE, podrun, results
+from tests.engines.conftest import ALLREDUCE, HERE, podrun, results
 
 pytestmark = [pytest.mark.cluster, pytest.mark.mpi]
 
@@ -69,6 +70,56 @@ def test_mpirun_transport_env_contract_and_allreduce(ssh_hosts, tmp_path):
     # the exact mpirun line is recorded in the run directory
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert "--map-by ppr:1:node" in (run_dir / "command").read_text()
+
+
+@pytest.mark.timeout(150)
+def test_mpirun_transport_every_worker_is_an_mpi_rank(ssh_hosts, tmp_path):
+    """2 hosts x 2 workers: mpi4py sees one world of 4 in which its MPI rank is podrun's RANK, and an
+    allreduce over COMM_WORLD sums every worker (1+2+3+4); no worker carries its agent's rank variables."""
+    _need_mpirun()
+    hosts = ssh_hosts.hosts[:2]
+    p = podrun(["launch", "--transport", "mpirun", "--hosts", ",".join(hosts), "--devices-per-host", "2",
+                "--ssh-config", str(ssh_hosts.ssh_config_path), "--runs-dir", str(tmp_path / "runs"),
+                "--", ssh_hosts.python, str(HERE / "mpi_allreduce.py")], cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    res = sorted(results(p.stdout), key=lambda r: r["rank"])
+    assert [r["rank"] for r in res] == [0, 1, 2, 3], p.stdout
+    for r in res:
+        assert (r["mpi_size"], r["sum"], r["world"]) == (4, 10, 4), r
+        assert r["mpi_rank"] == r["rank"] and r["ompi_rank"] == str(r["rank"]) and r["ompi_size"] == "4", r
+        assert r["host"] == hosts[r["rank"] // 2] and r["local_rank"] == r["rank"] % 2, r
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    command = (run_dir / "command").read_text()
+    assert "-np 4" in command and "--map-by ppr:2:node" in command and "--rank-from-env" in command
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert [i["status"] for i in s["instances"]] == ["ok", "ok"]
+    assert [i["workers"] for i in s["instances"]] == [{"0": 0, "1": 0}, {"0": 0, "1": 0}]
+
+
+@pytest.mark.timeout(150)
+def test_mpirun_transport_per_worker_ranks_fail_fast(ssh_hosts, tmp_path):
+    """With one agent per worker, a failing worker still ends the run everywhere and is the root cause."""
+    _need_mpirun()
+    hosts = ssh_hosts.hosts[:2]
+    marker = f"mpirankfail{int(time.time() * 1000)}"
+    code = ("import os,sys,time; r=os.environ['RANK']; "
+            f"tag='{marker}'; print('worker', r, flush=True); sys.exit(5) if r == '2' else time.sleep(120)")
+    p = podrun(["launch", "--transport", "mpirun", "--hosts", ",".join(hosts), "--devices-per-host", "2",
+                "--ssh-config", str(ssh_hosts.ssh_config_path), "--runs-dir", str(tmp_path / "runs"),
+                "--grace", "2", "--", ssh_hosts.python, "-c", code], cwd=tmp_path)
+    assert p.returncode == 5, p.stdout + p.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    rc = json.loads((run_dir / "summary.json").read_text())["root_cause"]
+    assert (rc["instance"], rc["local_rank"], rc["exit_code"]) == (1, 0, 5), rc
+    assert rc["last_lines"] == ["worker 2"], rc
+    deadline = time.monotonic() + 10
+    left = {}
+    while time.monotonic() < deadline:
+        left = {h: ssh_hosts.processes(h, marker) for h in hosts}
+        if not any(left.values()):
+            break
+        time.sleep(0.2)
+    assert not any(left.values()), f"orphans left on hosts: {left}"
 
 
 @pytest.mark.timeout(150)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from podrun.errors import PlanError
-from podrun.launch.engines.poprun import (POPDIST_ENV, PoprunOptions, PoprunTransport, popdist_env,
-                                          poprun_command)
+from podrun.launch.engines.poprun import PoprunOptions, PoprunTransport, poprun_command
+from podrun.plan.env import POPDIST_NAMES, popdist_env
 
 FAKE = Path(__file__).resolve().parent / "fake_poprun.py"
 
@@ -57,7 +57,7 @@ def run_supervised(req):
 
 
 def test_fake_poprun_command_flags_pod64_and_pod256():
-    """The contract: the flags poprun users know, with values from the plan (REFERENCE.md)."""
+    """The contract: the flags poprun users know, with values from the plan."""
     p64 = ipu_plan(64)
     cmd = poprun_command(p64, ["python", "train.py"], PoprunOptions(
         vipu_server_host="vipu.example", vipu_partition="part64", vipu_cluster="c1",
@@ -89,15 +89,15 @@ def test_fake_poprun_bad_input_is_plan_error():
 
 
 def test_fake_poprun_popdist_env_names_match_plan_env():
-    """popdist's names, one per popdist query, agree with what the planner's env gives IPU workers."""
+    """popdist's names, one per popdist query, are the view of the contract that IPU workers get."""
     from podrun.plan.env import worker_env
 
     p = ipu_plan(64)
     env = popdist_env(p, 3)
-    assert tuple(env) == POPDIST_ENV
+    assert tuple(env) == POPDIST_NAMES
     assert env["POPDIST_REPLICA_INDEX_OFFSET"] == "24" and env["POPDIST_NUM_LOCAL_REPLICAS"] == "8"
     w = worker_env(p, 3, 0, run_id="r", run_dir="/r", plan_path="/r/plan.json", master_addr="a", master_port=1)
-    assert {k: str(w[k]) for k in POPDIST_ENV} == env
+    assert {k: str(w[k]) for k in POPDIST_NAMES} == env
 
 
 def test_fake_poprun_dry_run_describes_the_poprun_line(tmp_path, fake_poprun_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -96,3 +97,75 @@ def test_agent_forwards_sigint_then_kills_after_grace(tmp_path):
     assert p.wait(timeout=10) == 130
     assert "got-int" in p.stdout.read()
     assert wait_until(lambda: local_pids(m) == [], 3)
+
+
+def _events(cp) -> list[protocol.Event]:
+    return [protocol.parse(line) for line in cp.stdout.splitlines()]
+
+
+def _clean_env(**extra) -> dict[str, str]:
+    drop = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "PMIX_RANK", "OMP_NUM_THREADS",
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+    return {**{k: v for k, v in os.environ.items() if k not in drop}, **extra}
+
+
+def test_rank_from_env_runs_the_one_worker_of_that_rank(tmp_path):
+    """--rank-from-env (mpirun, one MPI rank per worker): rank 3 of 2 instances x 2 workers is instance 1,
+    local rank 1; the agent runs only it and tags its own lines with that local rank."""
+    plan, _, _ = resolve_plan(None, devices_per_host=4, instances_per_host=2)
+    req = build_request(plan, ["sh", "-c", "echo $RANK/$LOCAL_RANK/$PODRUN_INSTANCE_INDEX/$WORLD_SIZE"],
+                        transport="local", runs_dir=str(tmp_path / "runs"), run_id="a")
+    write_plan(req.run_dir, plan)
+    argv = req.agent_argv(None, stdin_watch=False, per_worker=True)
+    assert "--rank-from-env" in argv
+    cp = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=_clean_env(OMPI_COMM_WORLD_RANK="3"),
+                        stdin=subprocess.DEVNULL)
+    assert cp.returncode == 0, cp.stderr
+    events = _events(cp)
+    assert [e for e in events if e.kind == "out"] == [protocol.Event(1, 1, "out", "3/1/1/4")]
+    assert events[0].kind == "ready" and events[0].local_rank == 1 and events[0].text.endswith(" 1")
+    assert events[-1] == protocol.Event(1, 1, "done", "0")
+    bad = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=_clean_env(OMPI_COMM_WORLD_RANK="4"),
+                         stdin=subprocess.DEVNULL)
+    assert bad.returncode != 0 and "rank 4 out of range for a world of 4 workers" in bad.stderr
+
+
+def test_torchrun_names_and_host_defaults(tmp_path):
+    """torchrun's names (role, group world, restarts, run id, error file) and the host defaults: OMP_NUM_THREADS
+    is the agent's cores shared by the host's workers unless the host or --env sets it."""
+    names = ["ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT",
+             "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", "OMP_NUM_THREADS",
+             "TORCH_NCCL_ASYNC_ERROR_HANDLING"]
+    req = _request(tmp_path, ["sh", "-c", "echo " + " ".join(f"${n}" for n in names)], max_restarts=2)
+    cores = len(os.sched_getaffinity(0))
+    for extra, omp, nccl in (({}, str(max(1, cores // 2)), "1"),
+                             ({"OMP_NUM_THREADS": "3", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}, "3", "0")):
+        cp = subprocess.run(req.agent_argv(1, stdin_watch=False), capture_output=True, text=True, timeout=30,
+                            env=_clean_env(**extra), stdin=subprocess.DEVNULL)
+        assert cp.returncode == 0, cp.stderr
+        (out,) = [e.text for e in _events(cp) if e.kind == "out"]
+        error_file = os.path.join(req.run_dir, "errors", "worker-1-0.json")
+        assert out.split(" ") == ["1", "default", "2", "2", "0", "2", "a", error_file, omp, nccl], out
+    # --dry-run / env.json show the same contract, less OMP_NUM_THREADS (each agent counts its host's cores)
+    env = req.worker_envs(1)[0]
+    assert [env.get(n) for n in names[:-2]] == ["1", "default", "2", "2", "0", "2", "a", error_file]
+    assert "OMP_NUM_THREADS" not in env
+
+
+def test_pmi_fd_reaches_the_worker(tmp_path):
+    """MPICH's hydra gives each rank its PMI connection as an inherited descriptor (PMI_FD): under
+    --rank-from-env the worker is the rank, so the agent passes that descriptor on."""
+    r, w = os.pipe()
+    try:
+        req = _request(tmp_path, [sys.executable, "-c", "import os; os.write(int(os.environ['PMI_FD']), b'pmi-ok')"])
+        cp = subprocess.run(req.agent_argv(None, stdin_watch=False, per_worker=True), capture_output=True, text=True,
+                            timeout=30, env=_clean_env(PMI_RANK="1", PMI_FD=str(w)), pass_fds=(w,),
+                            stdin=subprocess.DEVNULL)
+        assert cp.returncode == 0, cp.stdout + cp.stderr
+        os.close(w)
+        w = -1
+        assert os.read(r, 100) == b"pmi-ok"
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)

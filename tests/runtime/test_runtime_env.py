@@ -29,6 +29,8 @@ def test_torchrun_table():
     assert (i.source, i.rank, i.local_rank, i.world_size, i.local_world_size, i.node_rank) == ("torchrun", 5, 1, 8, 4, 1)
     assert (i.master_addr, i.master_port) == ("n0", 1234)
     assert (i.num_instances, i.instance_index, i.num_replicas, i.local_replicas, i.replica_offset) == (2, 1, 8, 4, 4)
+    assert i.restart_count == 0
+    assert read_worker_info({**env, "TORCHELASTIC_RESTART_COUNT": "3"}).restart_count == 3
 
 
 def test_slurm_table_with_first_node_as_master():
@@ -86,7 +88,7 @@ def test_popdist_queries(monkeypatch):
 
 
 def test_contract_of_the_planners_worker_env():
-    """Every worker_env() the planner writes reads back as the same worker (the lead's env contract)."""
+    """Every worker_env() of the env contract (podrun.plan.env) reads back as the same worker."""
     from podrun.plan.env import worker_env, workers_per_instance
     from podrun.plan.model import Estimate, Placement, Plan
 
@@ -101,9 +103,11 @@ def test_contract_of_the_planners_worker_env():
     for inst in range(2):
         for lr in range(workers_per_instance(plan)):
             env = worker_env(plan, inst, lr, run_id="x", run_dir="/r", plan_path="/r/plan.json",
-                             master_addr="h0", master_port=29500)
+                             master_addr="h0", master_port=29500, restart_count=2)
             i = read_worker_info(env)
             assert i.source == "podrun" and i.instance_index == inst and i.local_rank == lr
+            assert (i.run_id, i.run_dir, i.plan_path, i.restart_count) == ("x", "/r", "/r/plan.json", 2)
+            assert (i.local_batch, i.grad_accum, i.global_batch, i.num_instances) == (3, 2, 24, 2)
             assert i.replica_offset + i.local_rank == i.rank   # one worker per replica on CPU
             seen.add(i.rank)
     assert seen == {0, 1, 2, 3}

@@ -32,12 +32,6 @@ def check_engine(name: str) -> str:
     return name
 
 
-def worker_env_names(env: dict[str, str]) -> tuple[str, ...]:
-    """The contract names (PODRUN_*, POPDIST_*, MASTER_*) an outer launcher must export."""
-    keep = ("PODRUN_", "POPDIST_", "MASTER_ADDR", "MASTER_PORT")
-    return tuple(sorted(k for k in env if k.startswith(keep)))
-
-
 def run_outer_command(cmd: list[str], *, env: dict[str, str] | None = None,
                       log_path: str | os.PathLike | None = None, grace: float = 5.0,
                       prefix: str = "") -> int:
@@ -113,38 +107,6 @@ def load(name: str):
     if name == "torch":
         return None
     return importlib.import_module(f"podrun.launch.engines.{name}")
-
-
-def engine_options(f):
-    """click options for `podrun launch` that choose and tune the engine (for the launch command)."""
-    import click
-
-    opts = [
-        click.option("--engine", type=click.Choice(list(ENGINES)), default=None,
-                     help="Who starts the workers: torch (podrun's agents; default), poprun (IPU-PODs), "
-                     "horovod (mpirun, one rank per worker). Default: the cluster spec's."),
-        click.option("--mpi-args", default=None, help="Extra mpirun arguments (quoted as one string), for "
-                     "--transport mpirun and --engine horovod."),
-        click.option("--vipu-server-host", help="poprun: V-IPU controller host."),
-        click.option("--vipu-partition", help="poprun: V-IPU partition."),
-        click.option("--vipu-cluster", help="poprun: V-IPU cluster."),
-        click.option("--num-ilds", type=int, help="poprun: IPU-Link domains (default IPUs / 64 above a POD64)."),
-        click.option("--mpi-global-args", help="poprun: --mpi-global-args."),
-        click.option("--mpi-local-args", help="poprun: --mpi-local-args."),
-        click.option("--print-topology", is_flag=True, help="poprun: --print-topology=yes."),
-        click.option("--offline-mode", is_flag=True, help="poprun: --offline-mode=on (no IPUs attached)."),
-    ]
-    for opt in reversed(opts):
-        f = opt(f)
-    return f
-
-
-ENGINE_OPTION_NAMES = ("engine", "mpi_args", "vipu_server_host", "vipu_partition", "vipu_cluster", "num_ilds",
-                       "mpi_global_args", "mpi_local_args", "print_topology", "offline_mode")
-
-
-def pop_engine_options(kwargs: dict) -> dict:
-    return {k: kwargs.pop(k) for k in ENGINE_OPTION_NAMES if k in kwargs}
 
 
 def resolve_engine(opts: dict, cluster=None, *, only_output_from_instance: int | None = None):

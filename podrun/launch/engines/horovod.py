@@ -46,20 +46,19 @@ def horovod_command(plan, worker_command: list[str], *, env_names=(), options=No
 
 
 def horovod_env(request) -> dict[str, str]:
-    """What every Horovod rank gets on top of mpirun's rank variables: the run-wide contract names.
+    """What every Horovod rank gets on top of mpirun's rank variables: the run-wide part of the contract
+    (podrun.plan.env.run_wide_env) and --env.
 
     Per-rank names (RANK, LOCAL_RANK, ...) come from Open MPI (OMPI_COMM_WORLD_*), which
     podrun.runtime reads; Horovod's MPI controller needs nothing else.
     """
-    plan = request.plan
-    return {
-        "PODRUN_RUN_ID": request.run_id, "PODRUN_RUN_DIR": request.run_dir, "PODRUN_PLAN": request.plan_path,
-        "PODRUN_NUM_INSTANCES": str(plan.instances), "PODRUN_NUM_REPLICAS": str(plan.replicas),
-        "PODRUN_DEVICES_PER_REPLICA": str(plan.devices_per_replica), "PODRUN_LOCAL_BATCH": str(plan.local_batch),
-        "PODRUN_GRAD_ACCUM": str(plan.grad_accum), "PODRUN_GLOBAL_BATCH": str(plan.global_batch),
-        "MASTER_ADDR": request.master_addr, "MASTER_PORT": str(request.master_port),
-        **dict(request.env),
-    }
+    from podrun.plan.env import run_wide_env
+
+    return {**run_wide_env(request.plan, run_id=request.run_id, run_dir=request.run_dir,
+                           plan_path=request.plan_path, master_addr=request.master_addr,
+                           master_port=request.master_port, restart_count=request.restart_count,
+                           max_restarts=request.max_restarts),
+            **dict(request.env)}
 
 
 def launch_horovod(request, *, dry_run: bool = False, check: bool = True) -> tuple[list[str], int | None]:

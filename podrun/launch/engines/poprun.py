@@ -1,4 +1,7 @@
-"""The poprun engine: the poprun command line for an IPU-POD plan, and the popdist env names."""
+"""The poprun engine: the poprun command line for an IPU-POD plan, and poprun as a transport of agents.
+
+poprun sets the popdist names itself; their values for a plan are podrun.plan.env.popdist_env.
+"""
 from __future__ import annotations
 
 import math
@@ -8,33 +11,7 @@ from dataclasses import dataclass, field
 
 from podrun.errors import LaunchError, PlanError
 
-# What popdist reads inside an instance (poprun sets these itself; podrun sets the same names for
-# every engine on IPU plans so Graphcore example scripts run unchanged). One name per popdist query.
-POPDIST_ENV = (
-    "POPDIST_NUM_INSTANCES",         # popdist.getNumInstances()
-    "POPDIST_INSTANCE_INDEX",        # popdist.getInstanceIndex()
-    "POPDIST_NUM_TOTAL_REPLICAS",    # popdist.getNumTotalReplicas()
-    "POPDIST_NUM_LOCAL_REPLICAS",    # popdist.getNumLocalReplicas()
-    "POPDIST_REPLICA_INDEX_OFFSET",  # popdist.getReplicaIndexOffset()
-    "POPDIST_NUM_IPUS_PER_REPLICA",  # popdist.getDeviceId() needs ipus per replica x local replicas
-)
-
-IPUS_PER_ILD = 64  # an IPU-Link domain is one POD64 (REFERENCE.md: POD256 = --num-ilds 4)
-
-
-def popdist_env(plan, instance_index: int) -> dict[str, str]:
-    """The POPDIST_* variables that instance ``instance_index`` of ``plan`` sees."""
-    if not 0 <= instance_index < plan.instances:
-        raise PlanError(f"instance index {instance_index} is outside the plan's {plan.instances} instances")
-    p = plan.placement[instance_index]
-    return {
-        "POPDIST_NUM_INSTANCES": str(plan.instances),
-        "POPDIST_INSTANCE_INDEX": str(instance_index),
-        "POPDIST_NUM_TOTAL_REPLICAS": str(plan.replicas),
-        "POPDIST_NUM_LOCAL_REPLICAS": str(p.local_replicas),
-        "POPDIST_REPLICA_INDEX_OFFSET": str(p.replica_offset),
-        "POPDIST_NUM_IPUS_PER_REPLICA": str(plan.devices_per_replica),
-    }
+IPUS_PER_ILD = 64  # an IPU-Link domain is one POD64 (a POD256 is --num-ilds 4)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,9 @@
-"""The mpirun transport: Open MPI or MPICH starts one rank per host, and each rank is an instance agent."""
+"""The mpirun transport: Open MPI or MPICH starts one rank per worker, each under an agent of its own.
+
+Every worker is an MPI rank of one world, as ``mpirun -np N`` users expect: MPI rank r is global rank r
+(RANK, OMPI_COMM_WORLD_RANK and mpi4py's COMM_WORLD agree), and its agent (``--rank-from-env``) runs
+just that worker with the env contract; an instance is then the agents of its workers.
+"""
 from __future__ import annotations
 
 import os
@@ -135,20 +140,24 @@ def hosts_and_ranks(request) -> tuple[list[str], int]:
     return hosts, k
 
 
-def agent_shell(request, redact: bool = False) -> list[str]:
-    """The per-rank command: a shell that cds to the workdir and execs the agent (--index-from-env)."""
-    return ["/bin/sh", "-c", request.shell_command(None, stdin_watch=False, redact=redact)]
+def agent_shell(request, redact: bool = False, per_worker: bool = False) -> list[str]:
+    """The per-rank command: a shell that cds to the workdir and execs the agent (--index-from-env;
+    with ``per_worker`` --rank-from-env: the rank is one worker)."""
+    return ["/bin/sh", "-c", request.shell_command(None, stdin_watch=False, redact=redact, per_worker=per_worker)]
 
 
 class ProcessHandle(InstanceHandle):
     """One launcher process (mpirun, srun) whose merged output carries every instance."""
 
     def __init__(self, argv: list[str], *, label: str, instances: tuple[int, ...], grace: float,
-                 env: dict[str, str] | None = None, on_kill=None):
+                 env: dict[str, str] | None = None, on_kill=None, local_ranks: tuple[int, ...] | None = None):
+        """``local_ranks``: with one agent per worker, the local ranks each instance's agents report
+        their ``done`` under (else one agent per instance, which reports it under ``-``)."""
         import subprocess
 
         self.label = label
         self.instances = instances
+        self._agents = {(i, lr) for i in instances for lr in (local_ranks if local_ranks else (None,))}
         self.grace = grace
         self._on_kill = on_kill
         try:
@@ -166,12 +175,12 @@ class ProcessHandle(InstanceHandle):
     def lines(self):
         from podrun.launch import protocol
 
-        pending = set(self.instances)
+        pending = set(self._agents)
         for stream, line in self._merger:
             if pending and line.startswith(protocol.PREFIX):
                 ev = protocol.parse(line, stream)
-                if ev.kind == "done" and ev.instance in pending:
-                    pending.discard(ev.instance)
+                if ev.kind == "done" and (ev.instance, ev.local_rank) in pending:
+                    pending.discard((ev.instance, ev.local_rank))
                     if not pending:
                         threading.Thread(target=self._reap_after_done, daemon=True).start()
             yield stream, line
@@ -232,7 +241,8 @@ class ProcessHandle(InstanceHandle):
 
 
 class MpirunTransport(Transport):
-    """One mpirun for the whole run: rank i (OMPI_COMM_WORLD_RANK / PMI_RANK) is instance agent i."""
+    """One mpirun for the whole run: rank r (OMPI_COMM_WORLD_RANK / PMI_RANK) is the agent of the worker
+    of global rank r (``--rank-from-env``), so every worker is a rank of one MPI world."""
 
     name = "mpirun"
     merged = True
@@ -271,9 +281,12 @@ class MpirunTransport(Transport):
         return path
 
     def argv(self, flavour: str | None = None, redact: bool = False) -> list[str]:
+        from podrun.plan.env import workers_per_instance
+
         hosts, k = hosts_and_ranks(self.request)
         names = [k_ for k_, _ in self.request.env]
-        return mpirun_command(hosts, k, agent_shell(self.request, redact), env_names=names,
+        return mpirun_command(hosts, k * workers_per_instance(self.request.plan),
+                              agent_shell(self.request, redact, per_worker=True), env_names=names,
                               options=self.options(), flavour=flavour or self._flavour)
 
     def describe(self, redact: bool = False) -> list[tuple[str, str]]:
@@ -299,8 +312,11 @@ class MpirunTransport(Transport):
         argv = self.argv()
         env = dict(os.environ)
         env.update(dict(self.request.env))
+        from podrun.plan.env import workers_per_instance
+
         h = ProcessHandle(argv, label="mpirun", instances=tuple(i.index for i in self.request.instances),
-                          grace=self.request.grace, env=env)
+                          grace=self.request.grace, env=env,
+                          local_ranks=tuple(range(workers_per_instance(self.request.plan))))
         return [h]
 
 
