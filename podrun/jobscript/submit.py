@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Protocol
 
 from podrun.errors import HostError, LaunchError, PodrunError
-
-SCHEDULERS = ("slurm", "pbs", "uge")
+from podrun.jobscript.request import SCHEDULER_HELP
 # final states: the job will not run again; everything else is pending/running/ending
 FINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                    "PREEMPTED", "BOOT_FAIL", "DEADLINE", "GONE"})
@@ -95,14 +94,9 @@ class Slurm:
     def __init__(self, runner: CommandRunner):
         self.runner = runner
 
-    def submit_argv(self, script: str, *, group: str | None = None) -> list[str]:
-        argv = ["sbatch", "--parsable"]
-        if group:
-            argv += ["--account", group]
-        return argv + [script]
-
-    def submit(self, script: str, *, cwd: str | None = None, group: str | None = None) -> str:
-        out = _check(self.runner.run(self.submit_argv(script, group=group), cwd=cwd), "sbatch")
+    def submit(self, argv: list[str], *, cwd: str | None = None) -> str:
+        """Run the submit command (writers.submit_argv: sbatch --parsable ...); the job id."""
+        out = _check(self.runner.run(argv, cwd=cwd), "sbatch")
         job = out.strip().splitlines()[-1].split(";")[0].strip() if out.strip() else ""
         if not job.isdigit():
             raise SchedulerError(f"sbatch --parsable printed no job id: {out.strip()[:200]!r}")
@@ -148,11 +142,9 @@ class Pbs:
     def __init__(self, runner: CommandRunner):
         self.runner = runner
 
-    def submit_argv(self, script: str, *, group: str | None = None) -> list[str]:
-        return ["qsub"] + (["-A", group] if group else []) + [script]
-
-    def submit(self, script: str, *, cwd: str | None = None, group: str | None = None) -> str:
-        out = _check(self.runner.run(self.submit_argv(script, group=group), cwd=cwd), "qsub").strip()
+    def submit(self, argv: list[str], *, cwd: str | None = None) -> str:
+        """Run the submit command (writers.submit_argv: qsub ...); the job id qsub prints."""
+        out = _check(self.runner.run(argv, cwd=cwd), "qsub").strip()
         if not out:
             raise SchedulerError("qsub printed no job id")
         return out.splitlines()[-1].strip()
@@ -184,11 +176,9 @@ class Uge:
     def __init__(self, runner: CommandRunner):
         self.runner = runner
 
-    def submit_argv(self, script: str, *, group: str | None = None) -> list[str]:
-        return ["qsub", "-terse"] + (["-g", group] if group else []) + [script]
-
-    def submit(self, script: str, *, cwd: str | None = None, group: str | None = None) -> str:
-        out = _check(self.runner.run(self.submit_argv(script, group=group), cwd=cwd), "qsub").strip()
+    def submit(self, argv: list[str], *, cwd: str | None = None) -> str:
+        """Run the submit command (writers.submit_argv: qsub -terse [-g GROUP] ...); the job id."""
+        out = _check(self.runner.run(argv, cwd=cwd), "qsub").strip()
         job = out.splitlines()[-1].split(".")[0].strip() if out else ""
         if not job.isdigit():
             raise SchedulerError(f"qsub -terse printed no job id: {out[:200]!r}")
@@ -218,10 +208,7 @@ def client(scheduler: str, runner: CommandRunner | None = None):
     try:
         cls = {"slurm": Slurm, "pbs": Pbs, "uge": Uge}[scheduler]
     except KeyError:
-        raise PodrunError(
-            f"unknown scheduler '{scheduler}'",
-            hint="--scheduler slurm, pbs or uge (Univa/Altair Grid Engine, as on ABCI)",
-        ) from None
+        raise PodrunError(f"unknown scheduler '{scheduler}'", hint=f"--scheduler {SCHEDULER_HELP}") from None
     return cls(runner)
 
 
@@ -312,12 +299,9 @@ def resolve_job(target: str, scheduler: str | None = None) -> tuple[str, str, Jo
         if sched is None:
             raise PodrunError(
                 f"job {target}: no --scheduler given and no scheduler client (sbatch, qsub) on PATH",
-                hint="pass --scheduler slurm|pbs|uge",
+                hint=f"pass --scheduler {SCHEDULER_HELP}",
             )
         return sched, target, None
     raise HostError(f"'{target}' is neither a run directory with {JOB_FILE} nor a job id",
                     hint="pass runs/<run-id> as written by podrun submit, or the scheduler's job id")
 
-
-def new_run_id() -> str:
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + os.urandom(3).hex()

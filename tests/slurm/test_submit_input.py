@@ -22,7 +22,7 @@ def cli(args, cwd, env=None, timeout=60):
 def test_unknown_scheduler_exit_2(tmp_path):
     p = cli(["submit", "--scheduler", "lsf", "--nodes", "2", "--", "true"], tmp_path)
     assert p.returncode == 2
-    assert "unknown scheduler 'lsf'" in p.stderr and "Traceback" not in p.stderr
+    assert "'lsf' is not one of 'slurm', 'pbs', 'uge'" in p.stderr and "Traceback" not in p.stderr
     assert not (tmp_path / "runs").exists()        # nothing written
 
 
@@ -84,13 +84,13 @@ class RecordingRunner:
 
 def test_sbatch_parsable_contract_and_failure_message(tmp_path):
     r = RecordingRunner({"sbatch": (0, "42;cluster\n")})
-    assert Slurm(r).submit("/x/job.sh") == "42"
+    assert Slurm(r).submit(["sbatch", "--parsable", "/x/job.sh"]) == "42"
     assert r.calls[0] == ["sbatch", "--parsable", "/x/job.sh"]
     from podrun.jobscript.submit import SchedulerError
 
     bad = RecordingRunner({"sbatch": (1, "sbatch: error: Batch job submission failed: Invalid partition")})
     with pytest.raises(SchedulerError, match="Invalid partition"):
-        Slurm(bad).submit("/x/job.sh")
+        Slurm(bad).submit(["sbatch", "--parsable", "/x/job.sh"])
 
 
 def test_job_record_roundtrip(tmp_path):
@@ -114,4 +114,4 @@ def test_pbs_and_uge_state_parsing_contract():
     assert (st.state, st.exit_code) == ("COMPLETED", 0)
     assert r.calls == [["qstat", "-j", "44"], ["qacct", "-j", "44"]]
     u = RecordingRunner({"qsub": (0, "44.1-4:1\n")})
-    assert Uge(u).submit("/j.sh", group="gab50") == "44" and u.calls[0] == ["qsub", "-terse", "-g", "gab50", "/j.sh"]
+    assert Uge(u).submit(["qsub", "-terse", "-g", "gab50", "/j.sh"]) == "44"
