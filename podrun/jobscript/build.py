@@ -132,20 +132,29 @@ def request_from_plan(
     launch_options: Sequence[str] = (),
 ) -> JobRequest:
     """The JobRequest for a plan: nodes = the plan's hosts, devices per node = its devices per host,
-    and a body that runs `PYTHON -m podrun launch` with the same plan (and ``--ssh-config`` when
-    given). Validated (JobScriptError on bad values)."""
+    and a body that runs `PYTHON -m podrun launch` with the same plan (with ``--ssh-config`` when
+    given, and ``--env`` for each of ``env`` unless the transport is srun). Validated (JobScriptError
+    on bad values)."""
     check_scheduler(scheduler)
-    if ssh_config is not None:
-        launch_options = ["--ssh-config", ssh_config, *launch_options]
     env_items = tuple(env.items()) if isinstance(env, Mapping) else tuple(env)
+    transport = transport or DEFAULT_TRANSPORT[scheduler]
+    extra: list[str] = []
+    if ssh_config is not None:
+        extra += ["--ssh-config", ssh_config]
+    if transport != "srun":
+        # the script's exports reach the job's first host only; ssh and mpirun start the other
+        # hosts' workers from a fresh environment, so podrun launch carries them there (srun
+        # propagates the job's environment itself)
+        for k, v in env_items:
+            extra += ["--env", f"{k}={v}"]
+    launch_options = [*extra, *launch_options]
     req = JobRequest(
         scheduler=scheduler,
         job_name=job_name or default_job_name(plan),
         nodes=plan_hosts(plan),
         devices_per_node=plan.devices_per_host,
         device_kind=device_kind_of(plan),
-        command=tuple(launch_argv(plan, python=python, recipe=recipe,
-                                  transport=transport or DEFAULT_TRANSPORT[scheduler],
+        command=tuple(launch_argv(plan, python=python, recipe=recipe, transport=transport,
                                   cluster=cluster, args=args, launch_options=launch_options)),
         cpus_per_node=cpus_per_node,
         time_limit=time,

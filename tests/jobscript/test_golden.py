@@ -32,7 +32,7 @@ CASES = {
     "pbs_command": ["--scheduler", "pbs", "--nodes", "1", "--devices-per-host", "2", "--workdir", "/scratch/my run",
                     "--", "python", "train.py", "--note", "it's $(not) run"],
     "uge_pe": ["--scheduler", "uge", "--nodes", "3", "--pe", "mpi", "--ssh-config", "/home/me/.ssh/cluster",
-               "--queue", "all.q", "--", "python", "train.py"],
+               "--queue", "all.q", "--env", "NCCL_DEBUG=INFO", "--", "python", "train.py"],
 }
 CASES = {name: ["--job-python", PYTHON, *argv] for name, argv in CASES.items()}
 EXEC = f"exec {PYTHON} -m podrun launch "
@@ -81,6 +81,9 @@ def test_body_reproduces_the_plan_inside_the_allocation(name, podrun_cli, tmp_pa
     assert opts.pop("transport") == {"slurm": "srun", "pbs": "ssh", "uge": "ssh"}[scheduler]
     want_ssh_config = args[args.index("--ssh-config") + 1] if "--ssh-config" in args else None
     assert opts.pop("ssh_config", None) == want_ssh_config
+    # --env reaches the workers of every host: as launch --env unless srun carries the job's env there
+    want_env = args[args.index("--env") + 1] if "--env" in args and scheduler != "slurm" else None
+    assert opts.pop("env", None) == want_env
     recipe = positional[0] if positional else None
     assert len(positional) <= 1
     # the plan podrun script planned, as the user asked for it (outside any allocation)

@@ -9,4 +9,5 @@
 # submit: qsub -terse SCRIPT; podrun launch reads the hosts from $PE_HOSTFILE / $SGE_JOB_HOSTLIST
 
 set -euo pipefail
-exec /opt/venv/bin/python3 -m podrun launch --transport ssh --nodes 3 --devices-per-host 1 --instances-per-host 1 --ssh-config /home/me/.ssh/cluster -- python train.py
+export NCCL_DEBUG=INFO
+exec /opt/venv/bin/python3 -m podrun launch --transport ssh --nodes 3 --devices-per-host 1 --instances-per-host 1 --ssh-config /home/me/.ssh/cluster --env NCCL_DEBUG=INFO -- python train.py
