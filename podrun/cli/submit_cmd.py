@@ -178,7 +178,8 @@ def cancel(scheduler, no_wait, timeout, as_json, target):
         st = before
     else:
         cl.cancel(job_id)
-        st = cl.state(job_id) if no_wait else wait_job(cl, job_id, poll=0.5, timeout=timeout)
+        # gone from the queue is ended: a deleted job may never get a final record (a pending one)
+        st = cl.state(job_id) if no_wait else wait_job(cl, job_id, poll=0.5, timeout=timeout, gone_grace=0)
     out = {"job_id": job_id, "scheduler": cl.name, "was": before.state, **st.to_dict()}
     if as_json:
         from podrun.cli.render import print_json

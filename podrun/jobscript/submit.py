@@ -18,6 +18,10 @@ FINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "
                    "PREEMPTED", "BOOT_FAIL", "DEADLINE", "GONE"})
 
 
+# how long wait() keeps asking about a job that left the queue with no final record yet
+GONE_GRACE_S = 30.0
+
+
 class SchedulerError(PodrunError):
     """A scheduler command failed or answered something podrun cannot read."""
 
@@ -169,7 +173,7 @@ class Pbs:
 
 
 class Uge:
-    """Univa / Altair Grid Engine as on ABCI: qsub -terse -g GROUP, qstat -j, qacct -j, qdel."""
+    """Grid Engine (Univa/Altair as on ABCI, Son of Grid Engine): qsub -terse, qstat, qacct -j, qdel."""
 
     name = "uge"
 
@@ -185,21 +189,62 @@ class Uge:
         return job
 
     def state(self, job_id: str) -> JobState:
-        c = self.runner.run(["qstat", "-j", job_id])
-        if c.returncode == 0 and c.stdout.strip():
-            running = re.search(r"^usage\s", c.stdout, re.M) or "exec_host_list" in c.stdout
-            return JobState(job_id, "uge", "RUNNING" if running else "PENDING")
+        """A job the qmaster holds: its `qstat` line (state letters, queue@host); an ended one: its
+        `qacct -j` record (exit_status, failed); neither: GONE."""
+        c = self.runner.run(["qstat"])
+        if c.returncode == 0:
+            found = parse_qstat(job_id, c.stdout)
+            if found is not None:
+                return found
         a = self.runner.run(["qacct", "-j", job_id])
         if a.returncode == 0 and a.stdout.strip():
-            f = dict(m.groups() for m in re.finditer(r"^(\w+)\s+(.*?)\s*$", a.stdout, re.M))
-            code = int((f.get("exit_status") or "0").split()[0])
-            failed = (f.get("failed") or "0").split()[0] != "0"
-            state = "COMPLETED" if code == 0 and not failed else "FAILED"
-            return JobState(job_id, "uge", state, code if code or not failed else 1, f.get("hostname"))
+            return parse_qacct(job_id, a.stdout)
         return JobState(job_id, "uge", "GONE", None, None, "the scheduler no longer knows this job")
 
     def cancel(self, job_id: str) -> None:
         _check(self.runner.run(["qdel", job_id]), "qdel")
+
+
+def parse_qstat(job_id: str, text: str) -> JobState | None:
+    """The job's line of Grid Engine's `qstat` table -> JobState; None when the job is not listed.
+    State letters: qw/hqw pending, r/t running (t: being sent), d deleting, s/S/T suspended, E error."""
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) < 5 or parts[0] != job_id:
+            continue
+        letters = parts[4]
+        queue = next((p for p in parts[5:] if "@" in p), None)
+        host = queue.split("@", 1)[1] if queue else None
+        if "E" in letters:
+            return JobState(job_id, "uge", "PENDING", None, host,
+                            f"Grid Engine error state {letters}: see qstat -j {job_id}")
+        if "d" in letters:
+            state = "COMPLETING"
+        elif "r" in letters or "t" in letters:
+            state = "RUNNING"
+        elif any(ch in letters for ch in "sST"):
+            state = "SUSPENDED"
+        else:
+            state = "PENDING"
+        return JobState(job_id, "uge", state, None, host)
+    return None
+
+
+def parse_qacct(job_id: str, text: str) -> JobState:
+    """An ended job's `qacct -j` record -> JobState: exit_status is the job script's exit code
+    (128+signal when killed, as after qdel); a nonzero ``failed`` (Grid Engine could not run the
+    job, or ended it: "100 : assumedly after job" after qdel or a limit) makes it FAILED."""
+    f = {}
+    for line in text.splitlines():       # the last record wins (qacct lists every run of the id)
+        key, _, value = line.partition(" ")
+        if key and not key.startswith("="):
+            f[key] = value.strip()
+    code = int((f.get("exit_status") or "0").split()[0])
+    failed = f.get("failed") or "0"
+    bad = failed.split()[0] != "0"
+    state = "COMPLETED" if code == 0 and not bad else "FAILED"
+    exit_code = code if code != 0 or not bad else 1
+    return JobState(job_id, "uge", state, exit_code, f.get("hostname"), f"failed {failed}" if bad else None)
 
 
 def client(scheduler: str, runner: CommandRunner | None = None):
@@ -223,18 +268,30 @@ def detect_scheduler(env=None) -> str | None:
 
 
 def wait(cl, job_id: str, *, poll: float = 0.5, timeout: float | None = None,
-         on_state=None) -> JobState:
-    """Poll until the job reaches a final state (like `sbatch --wait`); returns that state."""
+         on_state=None, gone_grace: float = GONE_GRACE_S) -> JobState:
+    """Poll until the job reaches a final state (like `sbatch --wait`); returns that state.
+
+    A job seen alive that then is GONE (neither listed nor accounted) is polled ``gone_grace``
+    seconds more before GONE is final: Grid Engine writes a job's accounting record up to its
+    accounting_flush_time (15 s by default) after the job has left qstat."""
     deadline = None if timeout is None else time.monotonic() + timeout
     last = None
+    seen_alive = False
+    gone_since = None
     delay = min(0.2, poll)
     while True:
         st = cl.state(job_id)
         if on_state and (last is None or st.state != last.state):
             on_state(st)
         last = st
-        if st.final:
+        if st.state == "GONE" and seen_alive:
+            gone_since = time.monotonic() if gone_since is None else gone_since
+            if time.monotonic() - gone_since >= gone_grace:
+                return st
+        elif st.final:
             return st
+        else:
+            seen_alive, gone_since = True, None
         if deadline is not None and time.monotonic() > deadline:
             raise LaunchError(f"job {job_id} did not end within {timeout:.0f} s (state {st.state})",
                               exit_code=1)

@@ -137,3 +137,32 @@ def test_status_of_unknown_job_is_gone(uge_cluster, tmp_path):
     p = podrun(uge_cluster, ["status", "987654", "--scheduler", "uge", "--json"], tmp_path)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["state"] == "GONE"
+
+
+@pytest.mark.timeout(120)
+def test_status_of_pending_and_running_jobs(uge_cluster, tmp_path):
+    """The real qstat: a job that cannot be placed (4 hosts asked of 3) is PENDING; a running one is
+    RUNNING on its master host; podrun cancel ends both."""
+    ge = uge_cluster
+    pending = ge.qsub(["-pe", "podrun", "4", "-o", "/dev/null", "-j", "y", "-b", "y", "/bin/true"])
+    running = ge.qsub(["-pe", "podrun", "1", "-o", "/dev/null", "-j", "y", "-b", "y", "/bin/sleep", "120"])
+
+    def status(job):
+        p = podrun(ge, ["status", job, "--scheduler", "uge", "--json"], tmp_path)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)
+
+    deadline = time.monotonic() + 30
+    while (info := status(running))["state"] != "RUNNING" and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert info["state"] == "RUNNING" and info["nodes"] in ge.nodes, info
+    assert status(pending)["state"] == "PENDING"
+    for job, was in ((pending, "PENDING"), (running, "RUNNING")):
+        t0 = time.monotonic()
+        c = podrun(ge, ["cancel", job, "--scheduler", "uge", "--json"], tmp_path)
+        assert c.returncode == 0, c.stdout + c.stderr
+        out = json.loads(c.stdout)
+        assert out["was"] == was and out["final"], out
+        # a deleted pending job gets no accounting record: cancel must not wait for one
+        assert time.monotonic() - t0 < 20, f"cancel of a {was} job took {time.monotonic() - t0:.1f} s"
+    assert pending not in ge.queued_jobs() and running not in ge.queued_jobs()
