@@ -70,10 +70,13 @@ class GridEngineCluster(NetnsHosts):
             self.cell_dir = self.sge_root / CELL
             self.jobs_dir = self.run_dir / "jobs"
             self._write_cell()
+            self._spool_objects()
             self._start_qmaster()
-            self._configure()
-            for node in self.nodes:
-                self._start_execd(node)
+            # the queue through the qmaster: only it makes the queue's instances on each host
+            queue = self.run_dir / "sge-objects" / "queue"
+            queue.write_text(_queue(self.nodes, self.slots_per_host))
+            self.run(["qconf", "-Aq", str(queue)])
+            self._start_execds(self.nodes)
             wait_for(self._all_up, 60, f"Grid Engine exec hosts {', '.join(self.nodes)} to report "
                                        f"(spool: {self.cell_dir}/spool)", interval=0.2)
         except BaseException:
@@ -207,7 +210,7 @@ scheduler_threads       1
         run(["/usr/lib/gridengine/spooldefaults", "complexes", str(BASE_COMPLEXES)], env=env)
         run(["/usr/lib/gridengine/spooldefaults", "usersets", str(BASE_USERSETS)], env=env)
         run(["/usr/lib/gridengine/spooldefaults", "managers", "root"], env=env)
-        run(["/usr/lib/gridengine/spooldefaults", "adminhosts", self.head], env=env, check=False)
+        (common / "sched_configuration").write_text(_SCHED)
 
     def _start_qmaster(self) -> None:
         cp = self.exec(self.head, ["/usr/sbin/sge_qmaster"], env=self.daemon_env, cwd="/", timeout=30)
@@ -218,50 +221,40 @@ scheduler_threads       1
                  f"sge_qmaster on {self.head} to answer (messages: {self.cell_dir}/spool/qmaster/messages)",
                  interval=0.1)
 
-    def _configure(self) -> None:
-        f = self.run_dir / "sge-objects"
-        f.mkdir()
-        for node in self.nodes:
-            self.run(["qconf", "-ah", node], check=False)
-        self.run(["qconf", "-as", self.head])
-        for node in self.nodes:
-            (f / f"exec-{node}").write_text(f"hostname {node}\nload_scaling NONE\ncomplex_values NONE\n"
-                                            "user_lists NONE\nxuser_lists NONE\nprojects NONE\n"
-                                            "xprojects NONE\nusage_scaling NONE\nreport_variables NONE\n")
-            self.run(["qconf", "-Ae", str(f / f"exec-{node}")])
-        (f / "sched").write_text(self.run(["qconf", "-ssconf"]).stdout
-                                 .replace("schedule_interval                 0:0:15",
-                                          "schedule_interval                 0:0:1"))
-        self.run(["qconf", "-Msconf", str(f / "sched")])
-        (f / "pe").write_text(f"""\
-pe_name            {PE}
-slots              9999
-user_lists         NONE
-xuser_lists        NONE
-start_proc_args    NONE
-stop_proc_args     NONE
-allocation_rule    1
-control_slaves     TRUE
-job_is_first_task  TRUE
-urgency_slots      min
-accounting_summary FALSE
-qsort_args         NONE
-""")
-        self.run(["qconf", "-Ap", str(f / "pe")])
-        self.run(["qconf", "-Ahgrp", str(self._write(f / "hgrp", f"group_name @allhosts\nhostlist "
-                                                                 f"{' '.join(self.nodes)}\n"))])
-        self.run(["qconf", "-Aq", str(self._write(f / "queue", _queue(self.slots_per_host)))])
+    def _spool_objects(self) -> None:
+        """Hosts and the parallel environment, spooled before sge_qmaster starts (one spooldefaults
+        call per kind instead of a qconf round trip per object)."""
+        d = self.run_dir / "sge-objects"
+        nodes = self.nodes
+        objects = {
+            "adminhosts": {n: f"hostname {n}\n" for n in nodes},
+            "submithosts": {self.head: f"hostname {self.head}\n"},
+            "exechosts": {n: f"hostname {n}\nload_scaling NONE\ncomplex_values NONE\nuser_lists NONE\n"
+                             "xuser_lists NONE\nprojects NONE\nxprojects NONE\nusage_scaling NONE\n"
+                             "report_variables NONE\n" for n in nodes},
+            "pes": {PE: _PE},
+        }
+        for kind, files in objects.items():
+            (d / kind).mkdir(parents=True)
+            for name, text in files.items():
+                (d / kind / name).write_text(text)
+            run(["/usr/lib/gridengine/spooldefaults", kind, str(d / kind)], env=self.env)
 
-    @staticmethod
-    def _write(path: Path, text: str) -> Path:
-        path.write_text(text)
-        return path
-
-    def _start_execd(self, node: str) -> None:
-        cp = self.exec(node, ["/usr/sbin/sge_execd"], env=self.daemon_env, cwd="/", timeout=30)
-        if cp.returncode != 0:
-            raise HarnessError(f"podrun test harness: sge_execd on {node} failed to start: "
-                               f"{(cp.stderr or cp.stdout).strip()} (messages: {self.cell_dir}/spool/execd/{node})")
+    def _start_execds(self, nodes: Sequence[str]) -> None:
+        """Start sge_execd on each node at once (each takes about 2 s to register and daemonize)."""
+        procs = {node: self.popen(node, ["/usr/sbin/sge_execd"], env=self.daemon_env, cwd="/",
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True)
+                 for node in nodes}
+        for node, p in procs.items():
+            try:
+                out, _ = p.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out = "no answer in 30 s"
+            if p.returncode != 0:
+                raise HarnessError(f"podrun test harness: sge_execd on {node} failed to start: {out.strip()} "
+                                   f"(messages: {self.cell_dir}/spool/execd/{node}/messages)")
 
     def _qmaster_pid(self) -> int | None:
         return pid_from_file(self.cell_dir / "spool" / "qmaster" / "qmaster.pid", "sge_qmaster")
@@ -284,10 +277,66 @@ qsort_args         NONE
         return f"GridEngineCluster(nodes={self.num_nodes}, {state})"
 
 
-def _queue(slots: int) -> str:
+_PE = f"""\
+pe_name            {PE}
+slots              9999
+user_lists         NONE
+xuser_lists        NONE
+start_proc_args    NONE
+stop_proc_args     NONE
+allocation_rule    1
+control_slaves     TRUE
+job_is_first_task  TRUE
+urgency_slots      min
+accounting_summary FALSE
+qsort_args         NONE
+"""
+
+# Grid Engine's default scheduler configuration, but scheduling every second (default: 15 s)
+_SCHED = """\
+algorithm default
+schedule_interval 0:0:1
+maxujobs 0
+queue_sort_method 0
+job_load_adjustments np_load_avg=0.50
+load_adjustment_decay_time 0:7:30
+load_formula np_load_avg
+schedd_job_info true
+flush_submit_sec 0
+flush_finish_sec 0
+params none
+reprioritize_interval 0:0:0
+halftime 168
+usage_weight_list cpu=1.000000 mem=0.000000 io=0.000000
+compensation_factor 5.000000
+weight_user 0.250000
+weight_project 0.250000
+weight_department 0.250000
+weight_job 0.250000
+weight_tickets_functional 0
+weight_tickets_share 0
+weight_tickets_override 0
+share_override_tickets TRUE
+share_functional_shares TRUE
+max_functional_jobs_to_schedule 200
+report_pjob_tickets TRUE
+max_pending_tasks_per_job 50
+halflife_decay_list none
+policy_hierarchy OFS
+weight_ticket 0.500000
+weight_waiting_time 0.278000
+weight_deadline 3600000.000000
+weight_urgency 0.500000
+weight_priority 0.000000
+max_reservation 0
+default_duration INFINITY
+"""
+
+
+def _queue(nodes: Sequence[str], slots: int) -> str:
     return f"""\
 qname                 {QUEUE}
-hostlist              @allhosts
+hostlist              {' '.join(nodes)}
 seq_no                0
 load_thresholds       NONE
 suspend_thresholds    NONE
