@@ -14,8 +14,8 @@ the machine's Grid Engine configuration (/var/lib/gridengine, /etc/default/gride
 written: the client wrappers in /usr/bin honour SGE_ROOT/SGE_CELL from ``env``.
 
 The cell has one parallel environment ``podrun`` (allocation_rule 1: one slot per host, so a job
-asking ``-pe podrun N`` gets N distinct hosts in PE_HOSTFILE; control_slaves TRUE and
-job_is_first_task TRUE, so ``qrsh -inherit`` works too) and one queue ``all.q`` over every node.
+asking ``-pe podrun N`` gets N distinct hosts in PE_HOSTFILE; control_slaves TRUE,
+job_is_first_task TRUE) and one queue ``all.q`` over every node.
 Jobs of root are allowed (min_uid 0), accounting is flushed at once (``qacct -j`` sees a job as
 soon as it ends), and the scheduler runs every second.
 
@@ -28,7 +28,6 @@ with ``qsub -v`` or `podrun submit --env`. Inside a job, other hosts are reached
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
