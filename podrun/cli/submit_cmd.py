@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import click
@@ -56,65 +55,42 @@ def submit(ctx, scheduler, time_limit, partition, queue, group, account, job_nam
       podrun submit --nodes 3 --wait -- python train.py     # a bare command; exits with the job's code
     """
     from podrun.cli.options import resolve_plan
-    from podrun.jobscript import render, request_from_plan, submit_argv
     from podrun.jobscript.build import allocation_plan_options, launch_cluster
-    from podrun.jobscript.submit import JobRecord, client, wait as wait_job
-    from podrun.launch.rundir import new_run_id
+    from podrun.jobscript.submit import client, exit_code_of, prepare_job, submit_prepared, wait as wait_job
 
     scheduler = _pick_scheduler(scheduler)
     popts = allocation_plan_options(pop_plan_options(kwargs))
     recipe, args = split_recipe(ctx, recipe, args)
     plan = resolve_plan(recipe, **popts)[0]
-
-    run_id = new_run_id()
-    run_dir = (Path(runs_dir) / run_id).resolve()
-    run_dir.mkdir(parents=True, exist_ok=False)
-    req = request_from_plan(
-        plan, scheduler=scheduler, python=job_python or sys.executable, recipe=recipe, args=args,
-        cluster=launch_cluster(popts.get("cluster"), popts.get("pod")),
-        job_name=job_name, time=time_limit, partition=partition, queue=queue, group=group,
-        account=account, log_dir=str(run_dir), env=parse_env_items(env_items), workdir=os.getcwd(),
-        cpus_per_node=cpus_per_node, transport=transport, ssh_config=ssh_config, pe=pe, modules=modules,
-        launch_options=["--runs-dir", str(run_dir.parent), "--run-id", run_id],   # the job's run is this run
+    job = prepare_job(
+        plan, runs_dir=runs_dir, scheduler=scheduler, python=job_python or sys.executable, recipe=recipe,
+        args=args, cluster=launch_cluster(popts.get("cluster"), popts.get("pod")), job_name=job_name,
+        time=time_limit, partition=partition, queue=queue, group=group, account=account,
+        env=parse_env_items(env_items), workdir=os.getcwd(), cpus_per_node=cpus_per_node, transport=transport,
+        ssh_config=ssh_config, pe=pe, modules=modules,
     )
-    script = run_dir / "job.sh"
-    script.write_text(render(req))
-    script.chmod(0o755)
-    (run_dir / "plan.json").write_text(json.dumps(plan.to_dict(), indent=2) + "\n")
-    argv = submit_argv(req, str(script))
     if dry_run:
-        rec = {"run_id": run_id, "run_dir": str(run_dir), "scheduler": scheduler, "script": str(script),
-               "submit_argv": argv, "job_id": None}
-        _emit(rec, as_json, f"would run: {' '.join(argv)}\nscript: {script}")
+        _emit(job.to_dict(), as_json, f"would run: {' '.join(job.submit_argv)}\nscript: {job.script}")
         return
-
     cl = client(scheduler)
-    job_id = cl.submit(argv, cwd=os.getcwd())
-    rec = JobRecord(run_id=run_id, run_dir=str(run_dir), scheduler=scheduler, job_id=job_id,
-                    script=str(script), submit_argv=tuple(argv), submitted_at=time.time(),
-                    cluster=plan.cluster, nodes=req.nodes)
-    rec.save()
+    rec = submit_prepared(job, cl, cwd=os.getcwd(), cluster=plan.cluster)
     if not wait:
-        _emit(rec.to_dict(), as_json, job_id)
+        _emit(rec.to_dict(), as_json, rec.job_id)
         return
     if not as_json:
-        click.echo(job_id)
+        click.echo(rec.job_id)
         sys.stdout.flush()
     try:
-        st = wait_job(cl, job_id, poll=poll)
+        st = wait_job(cl, rec.job_id, poll=poll)
     except KeyboardInterrupt:
-        cl.cancel(job_id)
+        cl.cancel(rec.job_id)
         raise
-    out = {**rec.to_dict(), **{"state": st.state, "exit_code": st.exit_code}}
     if as_json:
         from podrun.cli.render import print_json
-        print_json(out)
+        print_json({**rec.to_dict(), "state": st.state, "exit_code": st.exit_code})
     else:
-        click.echo(f"job {job_id} {st.state} exit code {st.exit_code}", err=True)
-    code = st.exit_code if st.exit_code is not None else 1
-    if st.state == "GONE":
-        code = 1
-    sys.exit(code)   # main.py turns SystemExit into the exit code (a click Exit would read as 0)
+        click.echo(f"job {rec.job_id} {st.state} exit code {st.exit_code}", err=True)
+    sys.exit(exit_code_of(st))   # main.py turns SystemExit into the exit code (a click Exit would read as 0)
 
 
 def _emit(obj: dict, as_json: bool, text: str) -> None:

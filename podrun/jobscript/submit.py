@@ -362,3 +362,59 @@ def resolve_job(target: str, scheduler: str | None = None) -> tuple[str, str, Jo
     raise HostError(f"'{target}' is neither a run directory with {JOB_FILE} nor a job id",
                     hint="pass runs/<run-id> as written by podrun submit, or the scheduler's job id")
 
+
+
+# ---- a submission: the run directory, its script, the scheduler call -----------------------------
+
+@dataclass(frozen=True)
+class PreparedJob:
+    """A run directory holding job.sh and plan.json, and the command that submits job.sh."""
+
+    run_id: str
+    run_dir: Path
+    script: Path
+    submit_argv: tuple[str, ...]
+    request: "object"           # the JobRequest the script was rendered from
+
+    def to_dict(self) -> dict:
+        return {"run_id": self.run_id, "run_dir": str(self.run_dir), "scheduler": self.request.scheduler,
+                "script": str(self.script), "submit_argv": list(self.submit_argv), "job_id": None}
+
+
+def prepare_job(plan, *, runs_dir: str | os.PathLike, **request) -> PreparedJob:
+    """Make runs/<run-id>/ with job.sh (mode 755) and plan.json for ``request_from_plan(plan,
+    **request)``: the scheduler's stdout/stderr go to the run directory and the job's `podrun
+    launch` writes its run into the same directory (--runs-dir/--run-id). The request is built and
+    checked before anything is written: a bad value leaves no directory behind."""
+    from podrun.jobscript.build import request_from_plan
+    from podrun.jobscript.writers import render, submit_argv
+    from podrun.launch.rundir import new_run_id
+
+    run_id = new_run_id()
+    run_dir = (Path(runs_dir) / run_id).resolve()
+    req = request_from_plan(plan, log_dir=str(run_dir),
+                            launch_options=["--runs-dir", str(run_dir.parent), "--run-id", run_id], **request)
+    text = render(req)
+    run_dir.mkdir(parents=True, exist_ok=False)
+    script = run_dir / "job.sh"
+    script.write_text(text)
+    script.chmod(0o755)
+    (run_dir / "plan.json").write_text(json.dumps(plan.to_dict(), indent=2) + "\n")
+    return PreparedJob(run_id, run_dir, script, tuple(submit_argv(req, str(script))), req)
+
+
+def submit_prepared(job: PreparedJob, cl, *, cwd: str, cluster: str | None = None) -> JobRecord:
+    """Submit a prepared job with its client and record runs/<run-id>/job.json."""
+    job_id = cl.submit(list(job.submit_argv), cwd=cwd)
+    rec = JobRecord(run_id=job.run_id, run_dir=str(job.run_dir), scheduler=job.request.scheduler, job_id=job_id,
+                    script=str(job.script), submit_argv=job.submit_argv, submitted_at=time.time(),
+                    cluster=cluster, nodes=job.request.nodes)
+    rec.save()
+    return rec
+
+
+def exit_code_of(st: JobState) -> int:
+    """The exit code `submit --wait` ends with: the job's own, or 1 when there is none (GONE)."""
+    if st.state == "GONE" or st.exit_code is None:
+        return 1
+    return st.exit_code

@@ -171,3 +171,33 @@ def test_wait_gives_a_vanished_job_time_for_its_record():
     assert st.state == "GONE"
     c = SequenceClient(["PENDING", "GONE"])
     assert wait(c, "5", poll=0.01, gone_grace=0.1).state == "GONE" and c.calls > 2
+
+
+def test_bad_job_value_leaves_no_run_directory(tmp_path):
+    """The request is checked before runs/<run-id>/ is made: a refused value writes nothing."""
+    p = cli(["submit", "--scheduler", "slurm", "--nodes", "2", "--job-name", "a b", "--dry-run",
+             "--runs-dir", str(tmp_path / "runs"), "--", "true"], tmp_path)
+    assert p.returncode == 2 and "job name 'a b'" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())
+
+
+def test_submit_plans_the_allocation_not_this_host(tmp_path):
+    """Without a cluster spec the job is --nodes hosts of --devices-per-host workers (default 1): the
+    submitting host's GPUs (a fake nvidia-smi listing 8, named fake: no GPU here) are not the
+    compute nodes' and are not asked."""
+    import json
+    import os
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text("#!/bin/sh\nfor i in 0 1 2 3 4 5 6 7; do echo \"GPU $i: fake\"; done\n")
+    (fake / "nvidia-smi").chmod(0o755)
+    p = cli(["submit", "--scheduler", "pbs", "--nodes", "3", "--dry-run", "--json", "--runs-dir", str(tmp_path / "runs"),
+             "--", "python", "t.py"], tmp_path, env={"PATH": f"{fake}:{os.environ['PATH']}"})
+    assert p.returncode == 0, p.stderr
+    rec = json.loads(p.stdout)
+    script = open(rec["script"]).read()
+    assert "--nodes 3 --devices-per-host 1 " in script, script
+    assert rec["submit_argv"] == ["qsub", rec["script"]] and rec["job_id"] is None
+    plan = json.loads(open(os.path.join(rec["run_dir"], "plan.json")).read())
+    assert plan["devices_per_host"] == 1
