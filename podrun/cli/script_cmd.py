@@ -100,9 +100,10 @@ def script(ctx, scheduler, time_limit, partition, queue, group, account, job_nam
     from podrun.jobscript.build import allocation_plan_options, launch_cluster
 
     recipe, args = split_recipe(ctx, recipe, extra)
-    popts = allocation_plan_options(pop_plan_options(kwargs))
+    found = discover(os.environ)
+    popts = allocation_plan_options(pop_plan_options(kwargs), found)
     plan, spec, _ = resolve_plan(recipe, **popts)
-    check_allocation(plan, discover(os.environ))
+    check_allocation(plan, found)
     if scheduler is None:
         if spec.scheduler not in SCHEDULERS:
             from podrun.errors import PodrunError

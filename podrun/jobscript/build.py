@@ -83,14 +83,17 @@ def launch_cluster(cluster: str | None, pod: int | None) -> str | None:
     return f"ipu-pod{pod}" if pod is not None else None
 
 
-def allocation_plan_options(options: Mapping[str, object]) -> dict:
+def allocation_plan_options(options: Mapping[str, object], discovered: Discovered | None = None) -> dict:
     """Plan options for a job whose hosts are not known yet (no --cluster, --pod, --hosts or
-    --hostfile): the cluster is what the scheduler will allocate, --nodes N hosts (default 1) of
-    --devices-per-host workers each (default 1), planned with placeholder names alloc0..alloc<N-1>
-    that the job replaces with its real hosts. The submitting shell's own allocation variables are
-    not read (``environ`` is empty). Other options are returned unchanged."""
+    --hostfile, and no allocation ``discovered`` around this process): the cluster is what the
+    scheduler will allocate, --nodes N hosts (default 1) of --devices-per-host workers each
+    (default 1), planned with placeholder names alloc0..alloc<N-1> that the job replaces with its
+    real hosts. The shell's own allocation variables are then not read (``environ`` is empty).
+    Otherwise the options are returned unchanged. `podrun submit` passes no ``discovered``: the
+    allocation it runs in (if any) is not the job's."""
     out = dict(options)
-    if out.get("cluster") or out.get("pod") is not None or out.get("hosts_opt") or out.get("hostfile"):
+    if (discovered is not None or out.get("cluster") or out.get("pod") is not None or out.get("hosts_opt")
+            or out.get("hostfile")):
         return out
     n = out.get("nodes")
     n = 1 if n is None else n

@@ -173,3 +173,19 @@ def test_commands_import_neither_torch_nor_paramiko():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           env={**os.environ})
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_script_inside_an_allocation_plans_its_hosts_and_outside_plans_nodes(podrun_cli, monkeypatch):
+    """No cluster named: inside an allocation the script is for its hosts; outside, for --nodes N
+    hosts (default 1) of --devices-per-host workers (default 1) that the scheduler will allocate."""
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "g[0001-0003]")
+    code, out, err = podrun_cli("script", "--scheduler", "slurm", "--json", "--", "python", "t.py")
+    assert code == 0, err
+    assert json.loads(out)["nodes"] == 3
+    monkeypatch.delenv("SLURM_JOB_NODELIST")
+    code, out, err = podrun_cli("script", "--scheduler", "slurm", "--json", "--nodes", "4", "--", "python", "t.py")
+    assert code == 0, err
+    d = json.loads(out)
+    assert (d["nodes"], d["devices_per_node"]) == (4, 1)
+    code, out, err = podrun_cli("script", "--scheduler", "slurm", "--json", "--", "python", "t.py")
+    assert code == 0 and json.loads(out)["nodes"] == 1, err
