@@ -1,4 +1,4 @@
-"""Submit, query and cancel batch jobs (sbatch/squeue/scontrol/scancel, qsub/qstat/qdel) through a CommandRunner."""
+"""Submissions: the run directory and job record of a job, and its scheduler commands (sbatch/squeue/scontrol/scancel, qsub/qstat/qacct/qdel) through a CommandRunner."""
 from __future__ import annotations
 
 import json
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Protocol
 
 from podrun.errors import HostError, LaunchError, PodrunError
-from podrun.jobscript.request import SCHEDULER_HELP
+from podrun.jobscript.request import SCHEDULER_HELP, JobRequest
 # final states: the job will not run again; everything else is pending/running/ending
 FINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                    "PREEMPTED", "BOOT_FAIL", "DEADLINE", "GONE"})
@@ -374,7 +374,7 @@ class PreparedJob:
     run_dir: Path
     script: Path
     submit_argv: tuple[str, ...]
-    request: "object"           # the JobRequest the script was rendered from
+    request: JobRequest         # what the script was rendered from
 
     def to_dict(self) -> dict:
         return {"run_id": self.run_id, "run_dir": str(self.run_dir), "scheduler": self.request.scheduler,
