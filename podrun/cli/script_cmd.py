@@ -59,9 +59,12 @@ def job_options(f):
         click.option("--env", "env_items", multiple=True, help="NAME=VALUE exported in the job (repeatable)."),
         click.option("--cpus-per-node", type=int, help="CPUs per node (--cpus-per-task, ncpus=)."),
         click.option("--transport", help="How podrun launch starts instances in the job (default: srun on Slurm, ssh on PBS/UGE)."),
-        click.option("--ssh-config", help="ssh config file podrun launch uses in the job (--transport ssh; default ~/.ssh/config)."),
-        click.option("--pe", help="Grid Engine parallel environment: `#$ -pe PE NODES` (one slot per host) instead of ABCI's `-l rt_F=NODES`."),
-        click.option("--job-python", help="Interpreter the job runs `-m podrun launch` with (default: this one, sys.executable)."),
+        click.option("--ssh-config",
+                     help="ssh config file podrun launch uses in the job (--transport ssh; default ~/.ssh/config)."),
+        click.option("--pe", help="Grid Engine parallel environment: `#$ -pe PE NODES` (one slot per host) "
+                                  "instead of ABCI's `-l rt_F=NODES`."),
+        click.option("--job-python",
+                     help="Interpreter the job runs `-m podrun launch` with (default: this one, sys.executable)."),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -69,7 +72,8 @@ def job_options(f):
 
 
 @click.command("script", cls=DashDashCommand)
-@click.option("--scheduler", type=click.Choice(SCHEDULERS), help=f"{SCHEDULER_HELP}; default: the cluster spec's.")
+@click.option("--scheduler", type=click.Choice(SCHEDULERS),
+              help=f"{SCHEDULER_HELP}; default: the cluster spec's.")
 @plan_options
 @job_options
 @click.option("--log-dir", help="Folder for the job's stdout/stderr; it must exist when the job starts.")

@@ -1,4 +1,4 @@
-"""Submissions: the run directory and job record of a job, and its scheduler commands (sbatch/squeue/scontrol/scancel, qsub/qstat/qacct/qdel) through a CommandRunner."""
+"""Submissions: a job's run directory and record, and its scheduler commands, run through a CommandRunner."""
 from __future__ import annotations
 
 import json

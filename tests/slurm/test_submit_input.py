@@ -192,8 +192,9 @@ def test_submit_plans_the_allocation_not_this_host(tmp_path):
     fake.mkdir()
     (fake / "nvidia-smi").write_text("#!/bin/sh\nfor i in 0 1 2 3 4 5 6 7; do echo \"GPU $i: fake\"; done\n")
     (fake / "nvidia-smi").chmod(0o755)
-    p = cli(["submit", "--scheduler", "pbs", "--nodes", "3", "--dry-run", "--json", "--runs-dir", str(tmp_path / "runs"),
-             "--", "python", "t.py"], tmp_path, env={"PATH": f"{fake}:{os.environ['PATH']}"})
+    p = cli(["submit", "--scheduler", "pbs", "--nodes", "3", "--dry-run", "--json",
+             "--runs-dir", str(tmp_path / "runs"), "--", "python", "t.py"],
+            tmp_path, env={"PATH": f"{fake}:{os.environ['PATH']}"})
     assert p.returncode == 0, p.stderr
     rec = json.loads(p.stdout)
     script = open(rec["script"]).read()
