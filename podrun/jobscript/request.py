@@ -8,7 +8,6 @@ from typing import Mapping
 from podrun.errors import PodrunError
 
 
-
 @dataclass(frozen=True)
 class Scheduler:
     """One batch scheduler podrun writes scripts for and submits to."""
@@ -16,17 +15,17 @@ class Scheduler:
     name: str           # the --scheduler value
     title: str          # for help and errors
     transport: str      # how `podrun launch` starts one instance per host inside the job
-    hosts_from: str     # where `podrun launch` finds the job's hosts
+    hosts_from: tuple[str, ...]   # the variables `podrun launch` finds the job's hosts in
 
 
 SCHEDULER_TABLE = {
-    "slurm": Scheduler("slurm", "Slurm", "srun", "SLURM_JOB_NODELIST"),
-    "pbs": Scheduler("pbs", "PBS Pro / OpenPBS", "ssh", "PBS_NODEFILE"),
-    "uge": Scheduler("uge", "Grid Engine (Univa/Altair, Son of Grid Engine; ABCI)", "ssh",
-                     "PE_HOSTFILE / SGE_JOB_HOSTLIST"),
+    "slurm": Scheduler("slurm", "Slurm", "srun", ("SLURM_JOB_NODELIST", "SLURM_NODELIST")),
+    "pbs": Scheduler("pbs", "PBS Pro / OpenPBS", "ssh", ("PBS_NODEFILE",)),
+    "uge": Scheduler("uge", "Grid Engine: Univa/Altair or Son of Grid Engine, as on ABCI", "ssh",
+                     ("PE_HOSTFILE", "SGE_JOB_HOSTLIST")),
 }
 SCHEDULERS = tuple(SCHEDULER_TABLE)
-SCHEDULER_HELP = "slurm, pbs, or uge (Grid Engine: Univa/Altair or Son of Grid Engine, as on ABCI)"
+SCHEDULER_HELP = ", ".join(f"{s.name} ({s.title})" for s in SCHEDULER_TABLE.values())
 
 
 def check_scheduler(name: str) -> Scheduler:

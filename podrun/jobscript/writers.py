@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import shlex
 
-from podrun.jobscript.request import JobRequest, format_time, validate
+from podrun.jobscript.request import SCHEDULER_TABLE, JobRequest, format_time, validate
 
 __all__ = ["render", "render_slurm", "render_pbs", "render_uge", "submit_argv"]
 
@@ -90,7 +90,7 @@ def render_pbs(req: JobRequest) -> str:
     d += list(req.directives)
     head = ["#!/bin/bash"] + [f"#PBS {x}" for x in d]
     head += _comments(req)
-    head.append(_submit_comment(req, "podrun launch reads the hosts from $PBS_NODEFILE"))
+    head.append(_submit_comment(req, _reads_hosts(req)))
     return "\n".join(head + _body(req, 'cd "$PBS_O_WORKDIR"')) + "\n"
 
 
@@ -125,7 +125,7 @@ def render_uge(req: JobRequest) -> str:
     head += _comments(req)
     if req.pe is None and req.resource == "rt_F":
         head.append(f"# ABCI: rt_F={req.nodes} asks for {req.nodes} full node(s) of 4 V100 each")
-    head.append(_submit_comment(req, "podrun launch reads the hosts from $PE_HOSTFILE / $SGE_JOB_HOSTLIST"))
+    head.append(_submit_comment(req, _reads_hosts(req)))
     return "\n".join(head + _body(req, None)) + "\n"
 
 
@@ -152,3 +152,8 @@ def submit_argv(req: JobRequest, script_path: str) -> list[str]:
 
 def _submit_comment(req: JobRequest, how: str) -> str:
     return f"# submit: {' '.join(submit_argv(req, 'SCRIPT'))}; {how}"
+
+
+def _reads_hosts(req: JobRequest) -> str:
+    names = " / ".join(f"${v}" for v in SCHEDULER_TABLE[req.scheduler].hosts_from)
+    return f"podrun launch reads the hosts from {names}"
