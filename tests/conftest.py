@@ -1,4 +1,5 @@
-"""Shared pytest fixtures: real OpenSSH hosts (ssh_hosts, make_ssh_hosts) and a real Slurm (slurm_cluster).
+"""Shared pytest fixtures: real OpenSSH hosts (ssh_hosts, make_ssh_hosts), a real Slurm (slurm_cluster) and a
+real Grid Engine (uge_cluster).
 
 They fail (never skip) with a message naming the missing part. See tests/harness/ for the API.
 """
@@ -53,5 +54,19 @@ def slurm_cluster():
         cluster = SlurmCluster(nodes=3)
     except HarnessError as e:
         _fail("slurm_cluster (slurmctld + 3 slurmd in network namespaces)", e)
+    with cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def uge_cluster():
+    """A real Grid Engine cell: sge_qmaster on node1, sge_execd on node1..node3 (OpenSSH hosts in network
+    namespaces), parallel environment "podrun" with one slot per host. Run its clients with uge_cluster.run
+    (on node1, with SGE_ROOT/SGE_CELL/ports) or pass uge_cluster.env to uge_cluster.exec("node1", ...)."""
+    from tests.harness.uge import GridEngineCluster
+    try:
+        cluster = GridEngineCluster(nodes=3)
+    except HarnessError as e:
+        _fail("uge_cluster (sge_qmaster + 3 sge_execd in network namespaces)", e)
     with cluster:
         yield cluster

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import click
 
 from podrun.cli.options import plan_options, pop_plan_options
-
-SCHEDULER_CHOICES = ("slurm", "pbs", "uge")
+from podrun.jobscript.request import SCHEDULER_HELP, SCHEDULERS
 
 
 class DashDashCommand(click.Command):
@@ -59,6 +59,12 @@ def job_options(f):
         click.option("--env", "env_items", multiple=True, help="NAME=VALUE exported in the job (repeatable)."),
         click.option("--cpus-per-node", type=int, help="CPUs per node (--cpus-per-task, ncpus=)."),
         click.option("--transport", help="How podrun launch starts instances in the job (default: srun on Slurm, ssh on PBS/UGE)."),
+        click.option("--ssh-config",
+                     help="ssh config file podrun launch uses in the job (--transport ssh; default ~/.ssh/config)."),
+        click.option("--pe", help="Grid Engine parallel environment: `#$ -pe PE NODES` (one slot per host) "
+                                  "instead of ABCI's `-l rt_F=NODES`."),
+        click.option("--job-python",
+                     help="Interpreter the job runs `-m podrun launch` with (default: this one, sys.executable)."),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -66,8 +72,8 @@ def job_options(f):
 
 
 @click.command("script", cls=DashDashCommand)
-@click.option("--scheduler", type=click.Choice(SCHEDULER_CHOICES),
-              help="slurm, pbs, or uge (Univa/Altair Grid Engine, as on ABCI); default: the cluster spec's.")
+@click.option("--scheduler", type=click.Choice(SCHEDULERS),
+              help=f"{SCHEDULER_HELP}; default: the cluster spec's.")
 @plan_options
 @job_options
 @click.option("--log-dir", help="Folder for the job's stdout/stderr; it must exist when the job starts.")
@@ -80,8 +86,8 @@ def job_options(f):
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED, metavar="[-- ARGS...]")
 @click.pass_context
 def script(ctx, scheduler, time_limit, partition, queue, group, account, job_name, modules, env_items,
-           cpus_per_node, log_dir, workdir, transport, resource, directives, out_path, as_json, recipe, extra,
-           **kwargs):
+           cpus_per_node, log_dir, workdir, transport, ssh_config, pe, job_python, resource, directives, out_path,
+           as_json, recipe, extra, **kwargs):
     """Write the batch script that runs RECIPE (or, after --, a COMMAND) with the same plan.
 
     \b
@@ -89,33 +95,36 @@ def script(ctx, scheduler, time_limit, partition, queue, group, account, job_nam
       podrun script --scheduler uge --cluster abci --nodes 512 --group gaa50000 --time 1h resnet50 -o job.sh
       podrun script --scheduler pbs --nodes 2 --devices-per-host 4 -- python train.py
 
-    The body runs `podrun launch` inside the allocation, pinned to the plan shown by `podrun plan`
+    The body runs `PYTHON -m podrun launch` (this interpreter, or --job-python) inside the allocation, pinned to the plan shown by `podrun plan`
     (nodes, devices per host, instances per host, global batch, local batch, GA); it finds its
     hosts in SLURM_JOB_NODELIST, PBS_NODEFILE, or PE_HOSTFILE / SGE_JOB_HOSTLIST.
     """
     from podrun.cli.options import resolve_plan
     from podrun.jobscript import check_allocation, discover, render, request_from_plan, submit_argv
+    from podrun.jobscript.build import allocation_plan_options, launch_cluster
 
     recipe, args = split_recipe(ctx, recipe, extra)
-    popts = pop_plan_options(kwargs)
+    found = discover(os.environ)
+    popts = allocation_plan_options(pop_plan_options(kwargs), found)
     plan, spec, _ = resolve_plan(recipe, **popts)
-    check_allocation(plan, discover(os.environ))
+    check_allocation(plan, found)
     if scheduler is None:
-        if spec.scheduler not in SCHEDULER_CHOICES:
+        if spec.scheduler not in SCHEDULERS:
             from podrun.errors import PodrunError
 
             raise PodrunError(f"no --scheduler given and cluster '{spec.name}' names none (scheduler: {spec.scheduler})",
-                              hint="pass --scheduler slurm, pbs or uge")
+                              hint=f"pass --scheduler {SCHEDULER_HELP}")
         scheduler = spec.scheduler
-    elif spec.scheduler in SCHEDULER_CHOICES and spec.scheduler != scheduler:
+    elif spec.scheduler in SCHEDULERS and spec.scheduler != scheduler:
         click.echo(f"note: cluster '{spec.name}' is scheduled by {spec.scheduler}; writing a {scheduler} script "
                    "as asked", err=True)
-    cluster = popts.get("cluster") or (f"ipu-pod{popts['pod']}" if popts.get("pod") else None)
+    cluster = launch_cluster(popts.get("cluster"), popts.get("pod"))
     req = request_from_plan(
-        plan, scheduler=scheduler, recipe=recipe, args=args, cluster=cluster, job_name=job_name,
+        plan, scheduler=scheduler, python=job_python or sys.executable, recipe=recipe, args=args,
+        cluster=cluster, job_name=job_name,
         time=time_limit, partition=partition, queue=queue, group=group, account=account, log_dir=log_dir,
         modules=modules, env=parse_env_items(env_items), workdir=workdir, cpus_per_node=cpus_per_node,
-        transport=transport, resource=resource, directives=directives,
+        transport=transport, ssh_config=ssh_config, resource=resource, pe=pe, directives=directives,
     )
     text = render(req)
     if out_path:

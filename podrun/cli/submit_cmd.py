@@ -1,36 +1,22 @@
 """The `submit`, `status` and `cancel` commands: a job script into runs/<run-id>/, sbatch/qsub, squeue/scancel."""
 from __future__ import annotations
 
+import json
 import os
-import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import click
 
 from podrun.cli.options import plan_options, pop_plan_options
 from podrun.cli.script_cmd import DashDashCommand, job_options, parse_env_items, split_recipe
-from podrun.errors import HostError, PodrunError
-
-SCHEDULER_CHOICES = ("slurm", "pbs", "uge")
+from podrun.errors import PodrunError
+from podrun.jobscript.request import SCHEDULER_HELP, SCHEDULERS
 
 
 def _scheduler_option(f):
-    return click.option("--scheduler", help="slurm | pbs | uge (default: the one whose client is on PATH).")(f)
-
-
-def _gpus_found() -> int:
-    """GPUs on this host (nvidia-smi -L), 0 when none or no driver."""
-    exe = shutil.which("nvidia-smi")
-    if not exe:
-        return 0
-    try:
-        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+    return click.option("--scheduler", type=click.Choice(SCHEDULERS),
+                        help=f"{SCHEDULER_HELP} (default: the one whose client is on PATH).")(f)
 
 
 def _pick_scheduler(scheduler: str | None) -> str:
@@ -40,10 +26,7 @@ def _pick_scheduler(scheduler: str | None) -> str:
         scheduler = detect_scheduler()
         if scheduler is None:
             raise PodrunError("no --scheduler given and no scheduler client (sbatch, qsub) on PATH",
-                              hint="pass --scheduler slurm|pbs|uge on a login node of the cluster")
-    if scheduler not in SCHEDULER_CHOICES:
-        raise PodrunError(f"unknown scheduler '{scheduler}'",
-                          hint="--scheduler slurm, pbs or uge (Univa/Altair Grid Engine, as on ABCI)")
+                              hint=f"pass --scheduler {SCHEDULER_HELP}, on a login node of the cluster")
     return scheduler
 
 
@@ -59,100 +42,55 @@ def _pick_scheduler(scheduler: str | None) -> str:
 @click.argument("recipe", required=False)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
-def submit(ctx, scheduler, time_limit, partition, queue, group, account, job_name, transport,
-           cpus_per_node, modules, env_items, runs_dir, wait, poll, dry_run, as_json, recipe, args,
+def submit(ctx, scheduler, time_limit, partition, queue, group, account, job_name, transport, ssh_config, pe,
+           job_python, cpus_per_node, modules, env_items, runs_dir, wait, poll, dry_run, as_json, recipe, args,
            **kwargs):
     """Write the job script for RECIPE (or, after --, a COMMAND) into runs/<run-id>/job.sh and submit it.
+
+    Without --cluster, --pod, --hosts or --hostfile the job is planned for --nodes N hosts (default 1)
+    of --devices-per-host workers each (default 1), the hosts the scheduler will allocate.
 
     \b
       podrun submit --scheduler slurm --nodes 3 recipes/resnet18_cifar10
       podrun submit --nodes 3 --wait -- python train.py     # a bare command; exits with the job's code
     """
-    from podrun.jobscript import request_from_plan, render
-    from podrun.jobscript.submit import JobRecord, client, new_run_id, wait as wait_job
+    from podrun.cli.options import resolve_plan
+    from podrun.jobscript.build import allocation_plan_options, launch_cluster
+    from podrun.jobscript.submit import client, exit_code_of, prepare_job, submit_prepared, wait as wait_job
 
     scheduler = _pick_scheduler(scheduler)
-    popts = pop_plan_options(kwargs)
+    popts = allocation_plan_options(pop_plan_options(kwargs))
     recipe, args = split_recipe(ctx, recipe, args)
-    explicit_cluster = popts.get("cluster") or popts.get("pod")
-    if not explicit_cluster and not popts.get("hosts_opt") and not popts.get("hostfile"):
-        # no cluster spec: the cluster is what the scheduler will allocate, --nodes N hosts
-        n = popts.get("nodes") or 1
-        if n < 1:
-            raise HostError(f"--nodes {n} must be at least 1")
-        if popts.get("devices_per_host") is None:
-            popts["devices_per_host"] = _gpus_found() or 1
-        popts["hosts_opt"] = ",".join(f"alloc{i}" for i in range(n))
-        popts["environ"] = {}       # the allocation is not here yet: do not read SLURM_* of this shell
-    from podrun.cli.options import resolve_plan
-
     plan = resolve_plan(recipe, **popts)[0]
-    env = parse_env_items(env_items)
-
-    run_id = new_run_id()
-    run_dir = (Path(runs_dir) / run_id).resolve()
-    run_dir.mkdir(parents=True, exist_ok=False)
-    launch_options = _launch_options(run_id, run_dir)
-    req = request_from_plan(
-        plan, scheduler=scheduler, recipe=recipe, args=args,
-        cluster=popts.get("cluster") or (f"ipu-pod{popts['pod']}" if popts.get("pod") else None),
-        job_name=job_name, time=time_limit, partition=partition, queue=queue, group=group,
-        account=account, log_dir=str(run_dir), env=env, workdir=os.getcwd(),
-        cpus_per_node=cpus_per_node, transport=transport, modules=modules,
-        launch_options=launch_options,
+    job = prepare_job(
+        plan, runs_dir=runs_dir, scheduler=scheduler, python=job_python or sys.executable, recipe=recipe,
+        args=args, cluster=launch_cluster(popts.get("cluster"), popts.get("pod")), job_name=job_name,
+        time=time_limit, partition=partition, queue=queue, group=group, account=account,
+        env=parse_env_items(env_items), workdir=os.getcwd(), cpus_per_node=cpus_per_node, transport=transport,
+        ssh_config=ssh_config, pe=pe, modules=modules,
     )
-    script = run_dir / "job.sh"
-    script.write_text(render(req))
-    script.chmod(0o755)
-    (run_dir / "plan.json").write_text(__import__("json").dumps(plan.to_dict(), indent=2) + "\n")
-
-    cl = client(scheduler)
-    argv = cl.submit_argv(str(script), group=group if scheduler == "uge" else account)
     if dry_run:
-        rec = {"run_id": run_id, "run_dir": str(run_dir), "scheduler": scheduler, "script": str(script),
-               "submit_argv": argv, "job_id": None}
-        _emit(rec, as_json, f"would run: {' '.join(argv)}\nscript: {script}")
+        _emit(job.to_dict(), as_json, f"would run: {' '.join(job.submit_argv)}\nscript: {job.script}")
         return
-    job_id = cl.submit(str(script), cwd=os.getcwd(), group=group if scheduler == "uge" else account)
-    rec = JobRecord(run_id=run_id, run_dir=str(run_dir), scheduler=scheduler, job_id=job_id,
-                    script=str(script), submit_argv=tuple(argv), submitted_at=time.time(),
-                    cluster=plan.cluster, nodes=req.nodes)
-    rec.save()
+    cl = client(scheduler)
+    rec = submit_prepared(job, cl, cwd=os.getcwd(), cluster=plan.cluster)
     if not wait:
-        _emit(rec.to_dict(), as_json, job_id)
+        _emit(rec.to_dict(), as_json, rec.job_id)
         return
     if not as_json:
-        click.echo(job_id)
+        click.echo(rec.job_id)
         sys.stdout.flush()
     try:
-        st = wait_job(cl, job_id, poll=poll)
+        st = wait_job(cl, rec.job_id, poll=poll)
     except KeyboardInterrupt:
-        cl.cancel(job_id)
+        cl.cancel(rec.job_id)
         raise
-    out = {**rec.to_dict(), **{"state": st.state, "exit_code": st.exit_code}}
     if as_json:
         from podrun.cli.render import print_json
-        print_json(out)
+        print_json({**rec.to_dict(), "state": st.state, "exit_code": st.exit_code})
     else:
-        click.echo(f"job {job_id} {st.state} exit code {st.exit_code}", err=True)
-    code = st.exit_code if st.exit_code is not None else 1
-    if st.state == "GONE":
-        code = 1
-    sys.exit(code)   # main.py turns SystemExit into the exit code (a click Exit would read as 0)
-
-
-def _launch_options(run_id: str, run_dir: Path) -> list[str]:
-    """Extra `podrun launch` options so the job's run lands in the same runs/<run-id>/."""
-    try:
-        from podrun.cli.launch_cmd import launch
-    except ImportError:
-        return []
-    names = {o for p in launch.params for o in getattr(p, "opts", ())}
-    if "--run-dir" in names:
-        return ["--run-dir", str(run_dir)]
-    if "--run-id" in names and "--runs-dir" in names:
-        return ["--runs-dir", str(run_dir.parent), "--run-id", run_id]
-    return []
+        click.echo(f"job {rec.job_id} {st.state} exit code {st.exit_code}", err=True)
+    sys.exit(exit_code_of(st))   # main.py turns SystemExit into the exit code (a click Exit would read as 0)
 
 
 def _emit(obj: dict, as_json: bool, text: str) -> None:
@@ -166,8 +104,6 @@ def _emit(obj: dict, as_json: bool, text: str) -> None:
 def _resolve(target: str, scheduler: str | None):
     from podrun.jobscript.submit import client, resolve_job
 
-    if scheduler is not None and scheduler not in SCHEDULER_CHOICES:
-        _pick_scheduler(scheduler)
     sched, job_id, rec = resolve_job(target, scheduler)
     return client(sched), job_id, rec
 
@@ -184,7 +120,6 @@ def status(scheduler, as_json, target):
     if rec:
         summary = Path(rec.run_dir) / "summary.json"
         if summary.exists():
-            import json
             try:
                 out["summary"] = json.loads(summary.read_text())
             except ValueError:
@@ -219,7 +154,8 @@ def cancel(scheduler, no_wait, timeout, as_json, target):
         st = before
     else:
         cl.cancel(job_id)
-        st = cl.state(job_id) if no_wait else wait_job(cl, job_id, poll=0.5, timeout=timeout)
+        # gone from the queue is ended: a deleted job may never get a final record (a pending one)
+        st = cl.state(job_id) if no_wait else wait_job(cl, job_id, poll=0.5, timeout=timeout, gone_grace=0)
     out = {"job_id": job_id, "scheduler": cl.name, "was": before.state, **st.to_dict()}
     if as_json:
         from podrun.cli.render import print_json

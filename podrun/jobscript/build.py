@@ -6,15 +6,16 @@ from typing import Iterable, Mapping, Sequence
 
 from podrun.errors import HostError
 from podrun.jobscript.discover import Discovered
-from podrun.jobscript.request import SCHEDULERS, JobRequest, JobScriptError, validate
+from podrun.jobscript.request import SCHEDULER_TABLE, JobRequest, check_scheduler, validate
 
 __all__ = [
     "DEFAULT_TRANSPORT", "device_kind_of", "plan_hosts", "launch_argv", "request_from_plan",
-    "plan_comments", "default_job_name", "check_allocation",
+    "plan_comments", "default_job_name", "check_allocation", "allocation_plan_options",
+    "launch_cluster",
 ]
 
 # how `podrun launch` starts one instance per node inside each scheduler's allocation
-DEFAULT_TRANSPORT = {"slurm": "srun", "pbs": "ssh", "uge": "ssh"}
+DEFAULT_TRANSPORT = {name: s.transport for name, s in SCHEDULER_TABLE.items()}
 
 
 def device_kind_of(plan) -> str:
@@ -33,12 +34,14 @@ def default_job_name(plan) -> str:
     return f"podrun-{base}"[:64]
 
 
-def launch_argv(plan, *, recipe: str | None, transport: str, cluster: str | None = None,
+def launch_argv(plan, *, python: str, recipe: str | None, transport: str, cluster: str | None = None,
                 args: Sequence[str] = (), launch_options: Sequence[str] = ()) -> list[str]:
-    """`podrun launch` inside the allocation, pinned to the same plan: the same cluster spec, hosts
-    count, devices per host, instances per host, and (for a recipe) global batch, local batch and GA.
-    The hosts themselves come from the scheduler's env when the job runs."""
-    argv = ["podrun", "launch", "--transport", transport]
+    """`PYTHON -m podrun launch` inside the allocation, pinned to the same plan: the same cluster spec,
+    hosts count, devices per host, instances per host, and (for a recipe) global batch, local batch
+    and GA. PYTHON is the interpreter whose podrun wrote the script (the CLI passes sys.executable),
+    so the job needs no podrun on PATH, nor an activated virtualenv. The hosts themselves come from
+    the scheduler's env when the job runs."""
+    argv = [python, "-m", "podrun", "launch", "--transport", transport]
     if cluster:
         argv += ["--cluster", cluster]
     argv += [
@@ -73,10 +76,41 @@ def plan_comments(plan) -> tuple[str, ...]:
     )
 
 
+def launch_cluster(cluster: str | None, pod: int | None) -> str | None:
+    """The --cluster the job's `podrun launch` is given: the spec named by --cluster or --pod, else none."""
+    if cluster:
+        return cluster
+    return f"ipu-pod{pod}" if pod is not None else None
+
+
+def allocation_plan_options(options: Mapping[str, object], discovered: Discovered | None = None) -> dict:
+    """Plan options for a job whose hosts are not known yet (no --cluster, --pod, --hosts or
+    --hostfile, and no allocation ``discovered`` around this process): the cluster is what the
+    scheduler will allocate, --nodes N hosts (default 1) of --devices-per-host workers each
+    (default 1), planned with placeholder names alloc0..alloc<N-1> that the job replaces with its
+    real hosts. The shell's own allocation variables are then not read (``environ`` is empty).
+    Otherwise the options are returned unchanged. `podrun submit` passes no ``discovered``: the
+    allocation it runs in (if any) is not the job's."""
+    out = dict(options)
+    if (discovered is not None or out.get("cluster") or out.get("pod") is not None or out.get("hosts_opt")
+            or out.get("hostfile")):
+        return out
+    n = out.get("nodes")
+    n = 1 if n is None else n
+    if n < 1:
+        raise HostError(f"--nodes {n} must be at least 1")
+    if out.get("devices_per_host") is None:
+        out["devices_per_host"] = 1
+    out["hosts_opt"] = ",".join(f"alloc{i}" for i in range(n))
+    out["environ"] = {}
+    return out
+
+
 def request_from_plan(
     plan,
     *,
     scheduler: str,
+    python: str,
     recipe: str | None,
     args: Sequence[str] = (),
     cluster: str | None = None,
@@ -95,21 +129,35 @@ def request_from_plan(
     cpus_per_node: int | None = None,
     transport: str | None = None,
     resource: str = "rt_F",
+    pe: str | None = None,
     directives: Iterable[str] = (),
+    ssh_config: str | None = None,
     launch_options: Sequence[str] = (),
 ) -> JobRequest:
     """The JobRequest for a plan: nodes = the plan's hosts, devices per node = its devices per host,
-    and a body that runs `podrun launch` with the same plan. Validated (JobScriptError on bad values)."""
-    if scheduler not in SCHEDULERS:
-        raise JobScriptError(f"unknown scheduler {scheduler!r}", hint=f"choose one of: {', '.join(SCHEDULERS)}")
+    and a body that runs `PYTHON -m podrun launch` with the same plan (with ``--ssh-config`` when
+    given, and ``--env`` for each of ``env`` unless the transport is srun). Validated (JobScriptError
+    on bad values)."""
+    check_scheduler(scheduler)
     env_items = tuple(env.items()) if isinstance(env, Mapping) else tuple(env)
+    transport = transport or DEFAULT_TRANSPORT[scheduler]
+    extra: list[str] = []
+    if ssh_config is not None:
+        extra += ["--ssh-config", ssh_config]
+    if transport != "srun":
+        # the script's exports reach the job's first host only; ssh and mpirun start the other
+        # hosts' workers from a fresh environment, so podrun launch carries them there (srun
+        # propagates the job's environment itself)
+        for k, v in env_items:
+            extra += ["--env", f"{k}={v}"]
+    launch_options = [*extra, *launch_options]
     req = JobRequest(
         scheduler=scheduler,
         job_name=job_name or default_job_name(plan),
         nodes=plan_hosts(plan),
         devices_per_node=plan.devices_per_host,
         device_kind=device_kind_of(plan),
-        command=tuple(launch_argv(plan, recipe=recipe, transport=transport or DEFAULT_TRANSPORT[scheduler],
+        command=tuple(launch_argv(plan, python=python, recipe=recipe, transport=transport,
                                   cluster=cluster, args=args, launch_options=launch_options)),
         cpus_per_node=cpus_per_node,
         time_limit=time,
@@ -124,6 +172,7 @@ def request_from_plan(
         workdir=workdir,
         modules=tuple(modules),
         resource=resource,
+        pe=pe,
         directives=tuple(directives),
         comments=plan_comments(plan),
     )

@@ -1,4 +1,4 @@
-"""JobRequest: what a batch job asks the scheduler for and runs; validation and wall-time parsing."""
+"""JobRequest: what a batch job asks the scheduler for and runs; the scheduler table; validation and wall time."""
 from __future__ import annotations
 
 import re
@@ -7,7 +7,35 @@ from typing import Mapping
 
 from podrun.errors import PodrunError
 
-SCHEDULERS = ("slurm", "pbs", "uge")
+
+@dataclass(frozen=True)
+class Scheduler:
+    """One batch scheduler podrun writes scripts for and submits to."""
+
+    name: str           # the --scheduler value
+    title: str          # for help and errors
+    transport: str      # how `podrun launch` starts one instance per host inside the job
+    hosts_from: tuple[str, ...]   # the variables `podrun launch` finds the job's hosts in
+
+
+SCHEDULER_TABLE = {
+    "slurm": Scheduler("slurm", "Slurm", "srun", ("SLURM_JOB_NODELIST", "SLURM_NODELIST")),
+    "pbs": Scheduler("pbs", "PBS Pro / OpenPBS", "ssh", ("PBS_NODEFILE",)),
+    "uge": Scheduler("uge", "Grid Engine: Univa/Altair or Son of Grid Engine, as on ABCI", "ssh",
+                     ("PE_HOSTFILE", "SGE_JOB_HOSTLIST")),
+}
+SCHEDULERS = tuple(SCHEDULER_TABLE)
+SCHEDULER_HELP = ", ".join(f"{s.name} ({s.title})" for s in SCHEDULER_TABLE.values())
+
+
+def check_scheduler(name: str) -> Scheduler:
+    """The table entry of a --scheduler value; JobScriptError (exit 2) for an unknown one."""
+    try:
+        return SCHEDULER_TABLE[name]
+    except KeyError:
+        raise JobScriptError(f"unknown scheduler {name!r}", hint=f"--scheduler {SCHEDULER_HELP}") from None
+
+
 DEVICE_KINDS = ("gpu", "cpu", "ipu")
 
 # Directive lines (#SBATCH, #PBS, #$) are read by the scheduler, not by a shell, and each scheduler
@@ -91,6 +119,7 @@ class JobRequest:
     workdir: str | None = None          # cd here; None = the directory the job was submitted from
     modules: tuple[str, ...] = ()       # `module load NAME` lines
     resource: str = "rt_F"              # Grid Engine resource type per node (ABCI: rt_F = full node)
+    pe: str | None = None               # Grid Engine parallel environment: `-pe PE NODES` instead of `-l resource`
     directives: tuple[str, ...] = ()    # extra raw directive arguments, e.g. "-l USE_SSH=1"
     comments: tuple[str, ...] = ()      # '# ...' lines under the directives (plan summary)
 
@@ -139,8 +168,7 @@ def check_directive_value(field_: str, value: str, *, uge_pseudo: bool = False) 
 
 def validate(req: JobRequest) -> JobRequest:
     """Check every field; raise JobScriptError (exit 2) naming the field and the bad value."""
-    if req.scheduler not in SCHEDULERS:
-        raise JobScriptError(f"unknown scheduler {req.scheduler!r}", hint=f"choose one of: {', '.join(SCHEDULERS)}")
+    check_scheduler(req.scheduler)
     if req.device_kind not in DEVICE_KINDS:
         raise JobScriptError(f"unknown device kind {req.device_kind!r}", hint=f"one of: {', '.join(DEVICE_KINDS)}")
     for name in ("nodes", "devices_per_node"):
@@ -155,7 +183,13 @@ def validate(req: JobRequest) -> JobRequest:
     if req.scheduler == "uge" and any(ch in req.job_name for ch in "/:@"):
         raise JobScriptError(f"job script job name {req.job_name!r}: Grid Engine job names may not contain / : @",
                              hint="use letters, digits, '_', '.', '-'")
-    for name in ("partition", "queue", "group", "account", "resource"):
+    if req.group is not None and req.scheduler != "uge":
+        raise JobScriptError(f"--group {req.group!r} is Grid Engine's `qsub -g` (ABCI); {req.scheduler} has no groups",
+                             hint="charge a Slurm or PBS account with --account")
+    if req.pe is not None and req.scheduler != "uge":
+        raise JobScriptError(f"--pe {req.pe!r} is a Grid Engine parallel environment; {req.scheduler} has none",
+                             hint="drop --pe, or write a Grid Engine script with --scheduler uge")
+    for name in ("partition", "queue", "group", "account", "resource", "pe"):
         v = getattr(req, name)
         if v is not None:
             check_directive_value(name, v)

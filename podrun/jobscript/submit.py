@@ -1,4 +1,4 @@
-"""Submit, query and cancel batch jobs (sbatch/squeue/scontrol/scancel, qsub/qstat/qdel) through a CommandRunner."""
+"""Submissions: a job's run directory and record, and its scheduler commands, run through a CommandRunner."""
 from __future__ import annotations
 
 import json
@@ -12,11 +12,14 @@ from pathlib import Path
 from typing import Protocol
 
 from podrun.errors import HostError, LaunchError, PodrunError
-
-SCHEDULERS = ("slurm", "pbs", "uge")
+from podrun.jobscript.request import SCHEDULER_HELP, JobRequest
 # final states: the job will not run again; everything else is pending/running/ending
 FINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                    "PREEMPTED", "BOOT_FAIL", "DEADLINE", "GONE"})
+
+
+# how long wait() keeps asking about a job that left the queue with no final record yet
+GONE_GRACE_S = 30.0
 
 
 class SchedulerError(PodrunError):
@@ -95,14 +98,9 @@ class Slurm:
     def __init__(self, runner: CommandRunner):
         self.runner = runner
 
-    def submit_argv(self, script: str, *, group: str | None = None) -> list[str]:
-        argv = ["sbatch", "--parsable"]
-        if group:
-            argv += ["--account", group]
-        return argv + [script]
-
-    def submit(self, script: str, *, cwd: str | None = None, group: str | None = None) -> str:
-        out = _check(self.runner.run(self.submit_argv(script, group=group), cwd=cwd), "sbatch")
+    def submit(self, argv: list[str], *, cwd: str | None = None) -> str:
+        """Run the submit command (writers.submit_argv: sbatch --parsable ...); the job id."""
+        out = _check(self.runner.run(argv, cwd=cwd), "sbatch")
         job = out.strip().splitlines()[-1].split(";")[0].strip() if out.strip() else ""
         if not job.isdigit():
             raise SchedulerError(f"sbatch --parsable printed no job id: {out.strip()[:200]!r}")
@@ -148,11 +146,9 @@ class Pbs:
     def __init__(self, runner: CommandRunner):
         self.runner = runner
 
-    def submit_argv(self, script: str, *, group: str | None = None) -> list[str]:
-        return ["qsub"] + (["-A", group] if group else []) + [script]
-
-    def submit(self, script: str, *, cwd: str | None = None, group: str | None = None) -> str:
-        out = _check(self.runner.run(self.submit_argv(script, group=group), cwd=cwd), "qsub").strip()
+    def submit(self, argv: list[str], *, cwd: str | None = None) -> str:
+        """Run the submit command (writers.submit_argv: qsub ...); the job id qsub prints."""
+        out = _check(self.runner.run(argv, cwd=cwd), "qsub").strip()
         if not out:
             raise SchedulerError("qsub printed no job id")
         return out.splitlines()[-1].strip()
@@ -177,39 +173,78 @@ class Pbs:
 
 
 class Uge:
-    """Univa / Altair Grid Engine as on ABCI: qsub -terse -g GROUP, qstat -j, qacct -j, qdel."""
+    """Grid Engine (Univa/Altair as on ABCI, Son of Grid Engine): qsub -terse, qstat, qacct -j, qdel."""
 
     name = "uge"
 
     def __init__(self, runner: CommandRunner):
         self.runner = runner
 
-    def submit_argv(self, script: str, *, group: str | None = None) -> list[str]:
-        return ["qsub", "-terse"] + (["-g", group] if group else []) + [script]
-
-    def submit(self, script: str, *, cwd: str | None = None, group: str | None = None) -> str:
-        out = _check(self.runner.run(self.submit_argv(script, group=group), cwd=cwd), "qsub").strip()
+    def submit(self, argv: list[str], *, cwd: str | None = None) -> str:
+        """Run the submit command (writers.submit_argv: qsub -terse [-g GROUP] ...); the job id."""
+        out = _check(self.runner.run(argv, cwd=cwd), "qsub").strip()
         job = out.splitlines()[-1].split(".")[0].strip() if out else ""
         if not job.isdigit():
             raise SchedulerError(f"qsub -terse printed no job id: {out[:200]!r}")
         return job
 
     def state(self, job_id: str) -> JobState:
-        c = self.runner.run(["qstat", "-j", job_id])
-        if c.returncode == 0 and c.stdout.strip():
-            running = re.search(r"^usage\s", c.stdout, re.M) or "exec_host_list" in c.stdout
-            return JobState(job_id, "uge", "RUNNING" if running else "PENDING")
+        """A job the qmaster holds: its `qstat` line (state letters, queue@host); an ended one: its
+        `qacct -j` record (exit_status, failed); neither: GONE."""
+        c = self.runner.run(["qstat"])
+        if c.returncode == 0:
+            found = parse_qstat(job_id, c.stdout)
+            if found is not None:
+                return found
         a = self.runner.run(["qacct", "-j", job_id])
         if a.returncode == 0 and a.stdout.strip():
-            f = dict(m.groups() for m in re.finditer(r"^(\w+)\s+(.*?)\s*$", a.stdout, re.M))
-            code = int((f.get("exit_status") or "0").split()[0])
-            failed = (f.get("failed") or "0").split()[0] != "0"
-            state = "COMPLETED" if code == 0 and not failed else "FAILED"
-            return JobState(job_id, "uge", state, code if code or not failed else 1, f.get("hostname"))
+            return parse_qacct(job_id, a.stdout)
         return JobState(job_id, "uge", "GONE", None, None, "the scheduler no longer knows this job")
 
     def cancel(self, job_id: str) -> None:
         _check(self.runner.run(["qdel", job_id]), "qdel")
+
+
+def parse_qstat(job_id: str, text: str) -> JobState | None:
+    """The job's line of Grid Engine's `qstat` table -> JobState; None when the job is not listed.
+    State letters: qw/hqw pending, r/t running (t: being sent), d deleting, s/S/T suspended, E error."""
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) < 5 or parts[0] != job_id:
+            continue
+        letters = parts[4]
+        queue = next((p for p in parts[5:] if "@" in p), None)
+        host = queue.split("@", 1)[1] if queue else None
+        if "E" in letters:
+            return JobState(job_id, "uge", "PENDING", None, host,
+                            f"Grid Engine error state {letters}: see qstat -j {job_id}")
+        if "d" in letters:
+            state = "COMPLETING"
+        elif "r" in letters or "t" in letters:
+            state = "RUNNING"
+        elif any(ch in letters for ch in "sST"):
+            state = "SUSPENDED"
+        else:
+            state = "PENDING"
+        return JobState(job_id, "uge", state, None, host)
+    return None
+
+
+def parse_qacct(job_id: str, text: str) -> JobState:
+    """An ended job's `qacct -j` record -> JobState: exit_status is the job script's exit code
+    (128+signal when killed, as after qdel); a nonzero ``failed`` (Grid Engine could not run the
+    job, or ended it: "100 : assumedly after job" after qdel or a limit) makes it FAILED."""
+    f = {}
+    for line in text.splitlines():       # the last record wins (qacct lists every run of the id)
+        key, _, value = line.partition(" ")
+        if key and not key.startswith("="):
+            f[key] = value.strip()
+    code = int((f.get("exit_status") or "0").split()[0])
+    failed = f.get("failed") or "0"
+    bad = failed.split()[0] != "0"
+    state = "COMPLETED" if code == 0 and not bad else "FAILED"
+    exit_code = code if code != 0 or not bad else 1
+    return JobState(job_id, "uge", state, exit_code, f.get("hostname"), f"failed {failed}" if bad else None)
 
 
 def client(scheduler: str, runner: CommandRunner | None = None):
@@ -218,10 +253,7 @@ def client(scheduler: str, runner: CommandRunner | None = None):
     try:
         cls = {"slurm": Slurm, "pbs": Pbs, "uge": Uge}[scheduler]
     except KeyError:
-        raise PodrunError(
-            f"unknown scheduler '{scheduler}'",
-            hint="--scheduler slurm, pbs or uge (Univa/Altair Grid Engine, as on ABCI)",
-        ) from None
+        raise PodrunError(f"unknown scheduler '{scheduler}'", hint=f"--scheduler {SCHEDULER_HELP}") from None
     return cls(runner)
 
 
@@ -236,18 +268,30 @@ def detect_scheduler(env=None) -> str | None:
 
 
 def wait(cl, job_id: str, *, poll: float = 0.5, timeout: float | None = None,
-         on_state=None) -> JobState:
-    """Poll until the job reaches a final state (like `sbatch --wait`); returns that state."""
+         on_state=None, gone_grace: float = GONE_GRACE_S) -> JobState:
+    """Poll until the job reaches a final state (like `sbatch --wait`); returns that state.
+
+    A job seen alive that then is GONE (neither listed nor accounted) is polled ``gone_grace``
+    seconds more before GONE is final: Grid Engine writes a job's accounting record up to its
+    accounting_flush_time (15 s by default) after the job has left qstat."""
     deadline = None if timeout is None else time.monotonic() + timeout
     last = None
+    seen_alive = False
+    gone_since = None
     delay = min(0.2, poll)
     while True:
         st = cl.state(job_id)
         if on_state and (last is None or st.state != last.state):
             on_state(st)
         last = st
-        if st.final:
+        if st.state == "GONE" and seen_alive:
+            gone_since = time.monotonic() if gone_since is None else gone_since
+            if time.monotonic() - gone_since >= gone_grace:
+                return st
+        elif st.final:
             return st
+        else:
+            seen_alive, gone_since = True, None
         if deadline is not None and time.monotonic() > deadline:
             raise LaunchError(f"job {job_id} did not end within {timeout:.0f} s (state {st.state})",
                               exit_code=1)
@@ -312,12 +356,65 @@ def resolve_job(target: str, scheduler: str | None = None) -> tuple[str, str, Jo
         if sched is None:
             raise PodrunError(
                 f"job {target}: no --scheduler given and no scheduler client (sbatch, qsub) on PATH",
-                hint="pass --scheduler slurm|pbs|uge",
+                hint=f"pass --scheduler {SCHEDULER_HELP}",
             )
         return sched, target, None
     raise HostError(f"'{target}' is neither a run directory with {JOB_FILE} nor a job id",
                     hint="pass runs/<run-id> as written by podrun submit, or the scheduler's job id")
 
 
-def new_run_id() -> str:
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + os.urandom(3).hex()
+
+# ---- a submission: the run directory, its script, the scheduler call -----------------------------
+
+@dataclass(frozen=True)
+class PreparedJob:
+    """A run directory holding job.sh and plan.json, and the command that submits job.sh."""
+
+    run_id: str
+    run_dir: Path
+    script: Path
+    submit_argv: tuple[str, ...]
+    request: JobRequest         # what the script was rendered from
+
+    def to_dict(self) -> dict:
+        return {"run_id": self.run_id, "run_dir": str(self.run_dir), "scheduler": self.request.scheduler,
+                "script": str(self.script), "submit_argv": list(self.submit_argv), "job_id": None}
+
+
+def prepare_job(plan, *, runs_dir: str | os.PathLike, **request) -> PreparedJob:
+    """Make runs/<run-id>/ with job.sh (mode 755) and plan.json for ``request_from_plan(plan,
+    **request)``: the scheduler's stdout/stderr go to the run directory and the job's `podrun
+    launch` writes its run into the same directory (--runs-dir/--run-id). The request is built and
+    checked before anything is written: a bad value leaves no directory behind."""
+    from podrun.jobscript.build import request_from_plan
+    from podrun.jobscript.writers import render, submit_argv
+    from podrun.launch.rundir import new_run_id
+
+    run_id = new_run_id()
+    run_dir = (Path(runs_dir) / run_id).resolve()
+    req = request_from_plan(plan, log_dir=str(run_dir),
+                            launch_options=["--runs-dir", str(run_dir.parent), "--run-id", run_id], **request)
+    text = render(req)
+    run_dir.mkdir(parents=True, exist_ok=False)
+    script = run_dir / "job.sh"
+    script.write_text(text)
+    script.chmod(0o755)
+    (run_dir / "plan.json").write_text(json.dumps(plan.to_dict(), indent=2) + "\n")
+    return PreparedJob(run_id, run_dir, script, tuple(submit_argv(req, str(script))), req)
+
+
+def submit_prepared(job: PreparedJob, cl, *, cwd: str, cluster: str | None = None) -> JobRecord:
+    """Submit a prepared job with its client and record runs/<run-id>/job.json."""
+    job_id = cl.submit(list(job.submit_argv), cwd=cwd)
+    rec = JobRecord(run_id=job.run_id, run_dir=str(job.run_dir), scheduler=job.request.scheduler, job_id=job_id,
+                    script=str(job.script), submit_argv=job.submit_argv, submitted_at=time.time(),
+                    cluster=cluster, nodes=job.request.nodes)
+    rec.save()
+    return rec
+
+
+def exit_code_of(st: JobState) -> int:
+    """The exit code `submit --wait` ends with: the job's own, or 1 when there is none (GONE)."""
+    if st.state == "GONE" or st.exit_code is None:
+        return 1
+    return st.exit_code

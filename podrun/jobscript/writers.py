@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import shlex
 
-from podrun.jobscript.request import JobRequest, format_time, validate
+from podrun.jobscript.request import SCHEDULER_TABLE, JobRequest, format_time, validate
 
 __all__ = ["render", "render_slurm", "render_pbs", "render_uge", "submit_argv"]
 
@@ -66,7 +66,7 @@ def render_slurm(req: JobRequest) -> str:
     d += list(req.directives)
     head = ["#!/bin/bash"] + [f"#SBATCH {x}" for x in d]
     head += _comments(req)
-    head.append("# submit: sbatch SCRIPT; the batch step starts one podrun instance per node through srun")
+    head.append(_submit_comment(req, "the batch step starts one podrun instance per node through srun"))
     return "\n".join(head + _body(req, None)) + "\n"
 
 
@@ -90,7 +90,7 @@ def render_pbs(req: JobRequest) -> str:
     d += list(req.directives)
     head = ["#!/bin/bash"] + [f"#PBS {x}" for x in d]
     head += _comments(req)
-    head.append("# submit: qsub SCRIPT; podrun launch reads the hosts from $PBS_NODEFILE")
+    head.append(_submit_comment(req, _reads_hosts(req)))
     return "\n".join(head + _body(req, 'cd "$PBS_O_WORKDIR"')) + "\n"
 
 
@@ -108,7 +108,11 @@ def _log_directives(req: JobRequest, join: str) -> list[str]:
 
 def render_uge(req: JobRequest) -> str:
     validate(req)
-    d = [f"-N {req.job_name}", "-S /bin/bash", "-cwd", f"-l {req.resource}={req.nodes}"]
+    d = [f"-N {req.job_name}", "-S /bin/bash", "-cwd"]
+    if req.pe is not None:
+        d.append(f"-pe {req.pe} {req.nodes}")
+    else:
+        d.append(f"-l {req.resource}={req.nodes}")
     if req.time_seconds is not None:
         d.append(f"-l h_rt={format_time(req.time_seconds)}")
     if req.queue:
@@ -119,10 +123,9 @@ def render_uge(req: JobRequest) -> str:
     d += list(req.directives)
     head = ["#!/bin/bash"] + [f"#$ {x}" for x in d]
     head += _comments(req)
-    if req.resource == "rt_F":
+    if req.pe is None and req.resource == "rt_F":
         head.append(f"# ABCI: rt_F={req.nodes} asks for {req.nodes} full node(s) of 4 V100 each")
-    sub = f"qsub -g {req.group} SCRIPT" if req.group else "qsub -g GROUP SCRIPT"
-    head.append(f"# submit: {sub}; podrun launch reads the hosts from $PE_HOSTFILE / $SGE_JOB_HOSTLIST")
+    head.append(_submit_comment(req, _reads_hosts(req)))
     return "\n".join(head + _body(req, None)) + "\n"
 
 
@@ -136,9 +139,21 @@ def render(req: JobRequest) -> str:
 
 
 def submit_argv(req: JobRequest, script_path: str) -> list[str]:
-    """The command that submits the script: sbatch PATH, qsub PATH, or qsub -g GROUP PATH (ABCI)."""
+    """The one command that submits the script, printing the job id alone: `sbatch --parsable PATH`,
+    `qsub PATH` (PBS prints the id anyway), `qsub -terse [-g GROUP] PATH` (Grid Engine; ABCI takes the
+    group on the command line only). The account is a directive in the script, not repeated here."""
+    validate(req)
     if req.scheduler == "slurm":
-        return ["sbatch", script_path]
-    if req.scheduler == "uge" and req.group:
-        return ["qsub", "-g", req.group, script_path]
+        return ["sbatch", "--parsable", script_path]
+    if req.scheduler == "uge":
+        return ["qsub", "-terse"] + (["-g", req.group] if req.group is not None else []) + [script_path]
     return ["qsub", script_path]
+
+
+def _submit_comment(req: JobRequest, how: str) -> str:
+    return f"# submit: {' '.join(submit_argv(req, 'SCRIPT'))}; {how}"
+
+
+def _reads_hosts(req: JobRequest) -> str:
+    names = " / ".join(f"${v}" for v in SCHEDULER_TABLE[req.scheduler].hosts_from)
+    return f"podrun launch reads the hosts from {names}"

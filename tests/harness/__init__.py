@@ -1,14 +1,19 @@
-"""Real-cluster test harness: OpenSSH hosts (NetnsHosts) and Slurm (SlurmCluster) in network namespaces."""
+"""Real-cluster test harness: OpenSSH hosts (NetnsHosts), Slurm (SlurmCluster) and Grid Engine
+(GridEngineCluster) in network namespaces."""
 from .common import HarnessError, check_prerequisites
 from .netns import NetnsHosts
 
-__all__ = ["HarnessError", "NetnsHosts", "SlurmCluster", "check_prerequisites", "cleanup_stale"]
+__all__ = ["GridEngineCluster", "HarnessError", "NetnsHosts", "SlurmCluster", "check_prerequisites",
+           "cleanup_stale"]
 
 
-def __getattr__(name):  # SlurmCluster lives in slurm.py; imported lazily
+def __getattr__(name):  # SlurmCluster lives in slurm.py, GridEngineCluster in uge.py; imported lazily
     if name == "SlurmCluster":
         from .slurm import SlurmCluster
         return SlurmCluster
+    if name == "GridEngineCluster":
+        from .uge import GridEngineCluster
+        return GridEngineCluster
     raise AttributeError(name)
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import stat
 import subprocess
 import sys
@@ -20,7 +21,7 @@ def test_script_to_file_is_executable_and_names_the_submit_command(podrun_cli, t
     assert code == 0, err
     assert out_path.read_text().startswith("#!/bin/bash\n#$ -N podrun-resnet50\n")
     assert out_path.stat().st_mode & stat.S_IXUSR
-    assert f"submit with: qsub -g gaa50000 {out_path}" in out
+    assert f"submit with: qsub -terse -g gaa50000 {out_path}" in out
 
 
 def test_scheduler_defaults_to_the_cluster_spec_and_mismatch_is_noted(podrun_cli):
@@ -42,15 +43,27 @@ def test_script_json(podrun_cli, tmp_path):
                                 "--json", "resnet50")
     assert code == 0, err
     d = json.loads(out)
-    assert d["scheduler"] == "slurm" and d["path"] is None and d["submit"] == ["sbatch", "JOB_SCRIPT"]
+    assert d["scheduler"] == "slurm" and d["path"] is None and d["submit"] == ["sbatch", "--parsable", "JOB_SCRIPT"]
     assert d["script"].startswith("#!/bin/bash\n#SBATCH --job-name=podrun-resnet50\n#SBATCH --nodes=2\n")
     assert (d["nodes"], d["devices_per_node"], d["device_kind"]) == (2, 8, "gpu")
-    assert d["launch"][:4] == ["podrun", "launch", "--transport", "srun"]
+    assert d["launch"][:6] == [sys.executable, "-m", "podrun", "launch", "--transport", "srun"]
     p = tmp_path / "j.sh"
     code, out, _ = podrun_cli("script", "--scheduler", "uge", "--cluster", "abci", "--group", "g1", "--nodes", "1",
                               "--json", "-o", str(p), "resnet50")
     d = json.loads(out)
-    assert (d["path"], d["script"], d["submit"]) == (str(p), None, ["qsub", "-g", "g1", str(p)])
+    assert (d["path"], d["script"], d["submit"]) == (str(p), None, ["qsub", "-terse", "-g", "g1", str(p)])
+
+
+def test_job_runs_the_interpreter_that_wrote_it_or_job_python(podrun_cli):
+    """The exec line runs `<interpreter> -m podrun launch`, never a bare `podrun` looked up on PATH."""
+    for sched in ("slurm", "pbs", "uge"):
+        code, out, err = podrun_cli("script", "--scheduler", sched, "--nodes", "2", "--", "python", "t.py")
+        assert code == 0, err
+        assert f"exec {shlex.quote(sys.executable)} -m podrun launch " in out, out
+        code, out, err = podrun_cli("script", "--scheduler", sched, "--nodes", "2", "--job-python",
+                                    "/opt/my venv/bin/python", "--", "python", "t.py")
+        assert code == 0, err
+        assert "exec '/opt/my venv/bin/python' -m podrun launch " in out, out
 
 
 @pytest.mark.parametrize(
@@ -66,6 +79,8 @@ def test_script_json(podrun_cli, tmp_path):
         (["--scheduler", "slurm", "--env", "NOEQUALS", "resnet50"], "is not NAME=VALUE"),
         (["--scheduler", "slurm", "--module", "x;y", "resnet50"], "not a module name"),
         (["--scheduler", "slurm", "no_such_recipe"], "unknown recipe"),
+        (["--scheduler", "slurm", "--group", "g1", "resnet50"], "Grid Engine's `qsub -g`"),
+        (["--scheduler", "pbs", "--pe", "mpi", "resnet50"], "parallel environment"),
     ],
 )
 def test_bad_input_exits_2_with_one_paragraph(podrun_cli, argv, part):
@@ -158,3 +173,19 @@ def test_commands_import_neither_torch_nor_paramiko():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           env={**os.environ})
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_script_inside_an_allocation_plans_its_hosts_and_outside_plans_nodes(podrun_cli, monkeypatch):
+    """No cluster named: inside an allocation the script is for its hosts; outside, for --nodes N
+    hosts (default 1) of --devices-per-host workers (default 1) that the scheduler will allocate."""
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "g[0001-0003]")
+    code, out, err = podrun_cli("script", "--scheduler", "slurm", "--json", "--", "python", "t.py")
+    assert code == 0, err
+    assert json.loads(out)["nodes"] == 3
+    monkeypatch.delenv("SLURM_JOB_NODELIST")
+    code, out, err = podrun_cli("script", "--scheduler", "slurm", "--json", "--nodes", "4", "--", "python", "t.py")
+    assert code == 0, err
+    d = json.loads(out)
+    assert (d["nodes"], d["devices_per_node"]) == (4, 1)
+    code, out, err = podrun_cli("script", "--scheduler", "slurm", "--json", "--", "python", "t.py")
+    assert code == 0 and json.loads(out)["nodes"] == 1, err

@@ -14,6 +14,8 @@ import pytest
 from podrun.jobscript import compress_hostlist
 
 GOLDEN = Path(__file__).parent / "golden"
+# the interpreter is a parameter of the writer: a fixed one keeps the golden files the same on every machine
+PYTHON = "/opt/venv/bin/python3"
 
 CASES = {
     "slurm_dgx-h100": ["--scheduler", "slurm", "--cluster", "dgx-h100", "--nodes", "4", "--time", "2h",
@@ -29,7 +31,11 @@ CASES = {
                  "--directive", "-l USE_SSH=1", "--job-name", "rn50-81920", "resnet50"],
     "pbs_command": ["--scheduler", "pbs", "--nodes", "1", "--devices-per-host", "2", "--workdir", "/scratch/my run",
                     "--", "python", "train.py", "--note", "it's $(not) run"],
+    "uge_pe": ["--scheduler", "uge", "--nodes", "3", "--pe", "mpi", "--ssh-config", "/home/me/.ssh/cluster",
+               "--queue", "all.q", "--env", "NCCL_DEBUG=INFO", "--", "python", "train.py"],
 }
+CASES = {name: ["--job-python", PYTHON, *argv] for name, argv in CASES.items()}
+EXEC = f"exec {PYTHON} -m podrun launch "
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -46,8 +52,8 @@ def test_golden_script(name, podrun_cli):
 
 
 def _launch_options(script: str):
-    line = next(line for line in script.splitlines() if line.startswith("exec podrun launch "))
-    argv = shlex.split(line)[3:]
+    line = next(line for line in script.splitlines() if line.startswith(EXEC))
+    argv = shlex.split(line)[5:]
     opts, positional, dashdash = {}, [], []
     if "--" in argv:
         i = argv.index("--")
@@ -73,6 +79,11 @@ def test_body_reproduces_the_plan_inside_the_allocation(name, podrun_cli, tmp_pa
     scheduler = args[args.index("--scheduler") + 1]
     opts, positional, dashdash = _launch_options(out)
     assert opts.pop("transport") == {"slurm": "srun", "pbs": "ssh", "uge": "ssh"}[scheduler]
+    want_ssh_config = args[args.index("--ssh-config") + 1] if "--ssh-config" in args else None
+    assert opts.pop("ssh_config", None) == want_ssh_config
+    # --env reaches the workers of every host: as launch --env unless srun carries the job's env there
+    want_env = args[args.index("--env") + 1] if "--env" in args and scheduler != "slurm" else None
+    assert opts.pop("env", None) == want_env
     recipe = positional[0] if positional else None
     assert len(positional) <= 1
     # the plan podrun script planned, as the user asked for it (outside any allocation)
@@ -83,7 +94,10 @@ def test_body_reproduces_the_plan_inside_the_allocation(name, podrun_cli, tmp_pa
             value = args[args.index(key) + 1]
             name = "hosts_opt" if key == "--hosts" else key[2:].replace("-", "_")
             kw[name] = value if name in ("cluster", "hosts_opt") else int(value)
-    want, *_ = resolve_plan_with_source(recipe, environ={}, **kw)
+    from podrun.jobscript.build import allocation_plan_options
+
+    kw = {"environ": {}, **allocation_plan_options(kw)}   # no cluster named: N hosts of an allocation to come
+    want, *_ = resolve_plan_with_source(recipe, **kw)
     # the hosts the scheduler hands the job: other names than planned, the same count
     names = [f"c{i:04d}" for i in range(1, len(want.hosts) + 1)]
     if scheduler == "slurm":
@@ -115,8 +129,8 @@ def test_body_runs_as_a_podrun_launch_dry_run_in_the_allocation(name, podrun_cli
     monkeypatch.chdir(tmp_path)
     code, out, err = podrun_cli("script", *CASES[name])
     assert code == 0, err
-    line = next(line for line in out.splitlines() if line.startswith("exec podrun launch "))
-    argv = shlex.split(line)[2:]              # launch ...
+    line = next(line for line in out.splitlines() if line.startswith(EXEC))
+    argv = shlex.split(line)[4:]              # launch ...
     nodes = int(argv[argv.index("--nodes") + 1])
     names = [f"c{i:02d}" for i in range(1, nodes + 1)]
     if name.startswith("slurm"):

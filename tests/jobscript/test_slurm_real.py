@@ -27,7 +27,7 @@ def _request(cluster, job_name, command):
 
     plan = resolve_plan(None, cluster="local", hosts_opt=",".join(cluster.nodes), devices_per_host=1, environ={})[0]
     jobs = str(cluster.jobs_dir)
-    req = request_from_plan(plan, scheduler="slurm", recipe=None, args=("true",), job_name=job_name, time="5m",
+    req = request_from_plan(plan, scheduler="slurm", python=sys.executable, recipe=None, args=("true",), job_name=job_name, time="5m",
                             partition="debug", log_dir=jobs, workdir=jobs,
                             env={"PODRUN_PROBE": "$(touch PWNED) `x` 'q' \"d\""})
     return dataclasses.replace(req, command=tuple(command))

@@ -141,10 +141,35 @@ def test_format_time_keeps_long_hours():
 
 
 def test_submit_argv():
-    assert submit_argv(_req("slurm"), "job.sh") == ["sbatch", "job.sh"]
-    assert submit_argv(_req("pbs"), "job.sh") == ["qsub", "job.sh"]
-    assert submit_argv(_req("uge", group="gaa50000"), "job.sh") == ["qsub", "-g", "gaa50000", "job.sh"]
-    assert submit_argv(_req("uge"), "job.sh") == ["qsub", "job.sh"]
+    """One submit command per scheduler, printing the job id alone; the account stays a directive."""
+    assert submit_argv(_req("slurm", account="proj"), "job.sh") == ["sbatch", "--parsable", "job.sh"]
+    assert submit_argv(_req("pbs", account="proj"), "job.sh") == ["qsub", "job.sh"]
+    assert submit_argv(_req("uge", group="gaa50000"), "job.sh") == ["qsub", "-terse", "-g", "gaa50000", "job.sh"]
+    assert submit_argv(_req("uge"), "job.sh") == ["qsub", "-terse", "job.sh"]
+
+
+@pytest.mark.parametrize("scheduler", ["slurm", "pbs", "uge"])
+def test_submit_comment_is_the_submit_argv(scheduler):
+    req = _req(scheduler, group="g1" if scheduler == "uge" else None)
+    assert f"# submit: {' '.join(submit_argv(req, 'SCRIPT'))}; " in render(req)
+
+
+@pytest.mark.parametrize("scheduler", ["slurm", "pbs"])
+def test_group_and_pe_are_grid_engine_only(scheduler):
+    with pytest.raises(PodrunError, match="qsub -g"):
+        render(_req(scheduler, group="g1"))
+    with pytest.raises(PodrunError, match="parallel environment"):
+        render(_req(scheduler, pe="mpi"))
+
+
+def test_uge_parallel_environment_replaces_the_abci_resource():
+    s = render(_req("uge", pe="podrun")).splitlines()
+    assert "#$ -pe podrun 3" in s and not any(line.startswith("#$ -l rt_F") for line in s)
+    assert not any("ABCI" in line for line in s)
+    s = render(_req("uge")).splitlines()
+    assert "#$ -l rt_F=3" in s and not any(line.startswith("#$ -pe") for line in s)
+    with pytest.raises(PodrunError, match="pe"):
+        render(_req("uge", pe="mpi 4"))
 
 
 def test_directive_lines_per_scheduler():
@@ -162,4 +187,4 @@ def test_directive_lines_per_scheduler():
     u = render(_req("uge", time_limit="1h", group="gaa50000"))
     for line in ["#$ -l rt_F=3", "#$ -l h_rt=01:00:00", "#$ -cwd", "#$ -N podrun-test"]:
         assert line in u.splitlines(), line
-    assert "qsub -g gaa50000" in u
+    assert "qsub -terse -g gaa50000 SCRIPT" in u

@@ -106,6 +106,22 @@ def test_cancel_ends_running_job_everywhere(slurm_cluster, tmp_path):
     assert not any(left.values()), f"left on the nodes after cancel: {left}"
 
 
+@pytest.mark.timeout(120)
+def test_submit_from_an_interpreter_not_on_path(slurm_cluster, tmp_path):
+    """podrun run as `<venv python> -m podrun` with no podrun on PATH (a virtualenv not activated): the
+    job runs that interpreter's podrun on every node instead of exiting 127 on a bare `podrun`."""
+    sl = slurm_cluster
+    bare = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    assert not any(os.access(os.path.join(d, "podrun"), os.X_OK) for d in bare.split(":"))
+    p = podrun(sl, ["submit", "--scheduler", "slurm", "--nodes", "3", "--wait", "--runs-dir", str(tmp_path / "runs"),
+                    "--", sys.executable, ALLREDUCE], cwd=tmp_path, env={"PATH": bare})
+    run_dir = only_run_dir(tmp_path / "runs")
+    assert p.returncode == 0, p.stdout + p.stderr + job_output(run_dir, "err")
+    assert f"exec {sys.executable} -m podrun launch " in (run_dir / "job.sh").read_text()
+    res = results(job_output(run_dir, "out"))
+    assert sorted(r["host"] for r in res) == sl.nodes[:3] and all(r["sum"] == 6.0 for r in res)
+
+
 @pytest.mark.timeout(90)
 def test_plan_larger_than_allocation_exit_2(slurm_cluster, tmp_path):
     """Inside a 2-node allocation, a launch that needs 3 nodes stops with exit 2 and says why."""

@@ -11,8 +11,8 @@
 #SBATCH --no-requeue
 # plan: cluster dgx-h100, recipe resnet50, 4 host(s) x 8 gpu-h100 = 32 device(s)
 # plan: 32 replica(s) x local batch 256 x GA 10 = global batch 81920; 4 instance(s), 1 device(s) per replica
-# submit: sbatch SCRIPT; the batch step starts one podrun instance per node through srun
+# submit: sbatch --parsable SCRIPT; the batch step starts one podrun instance per node through srun
 
 set -euo pipefail
 export NCCL_DEBUG=WARN
-exec podrun launch --transport srun --cluster dgx-h100 --nodes 4 --devices-per-host 8 --instances-per-host 1 --global-batch 81920 --local-batch 256 --grad-accum 10 resnet50
+exec /opt/venv/bin/python3 -m podrun launch --transport srun --cluster dgx-h100 --nodes 4 --devices-per-host 8 --instances-per-host 1 --global-batch 81920 --local-batch 256 --grad-accum 10 resnet50

@@ -9,7 +9,7 @@
 #SBATCH --no-requeue
 # plan: cluster ipu-pod64, recipe efficientnet_b4, 4 host(s) x 16 ipu-gc200 = 64 device(s)
 # plan: 32 replica(s) x local batch 3 x GA 64 = global batch 6144; 4 instance(s), 2 device(s) per replica
-# submit: sbatch SCRIPT; the batch step starts one podrun instance per node through srun
+# submit: sbatch --parsable SCRIPT; the batch step starts one podrun instance per node through srun
 
 set -euo pipefail
-exec podrun launch --transport srun --cluster ipu-pod64 --nodes 4 --devices-per-host 16 --instances-per-host 1 --global-batch 6144 --local-batch 3 --grad-accum 64 efficientnet_b4
+exec /opt/venv/bin/python3 -m podrun launch --transport srun --cluster ipu-pod64 --nodes 4 --devices-per-host 16 --instances-per-host 1 --global-batch 6144 --local-batch 3 --grad-accum 64 efficientnet_b4

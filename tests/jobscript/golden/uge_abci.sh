@@ -8,7 +8,7 @@
 # plan: cluster abci, recipe resnet50, 512 host(s) x 4 gpu-v100 = 2048 device(s)
 # plan: 2048 replica(s) x local batch 40 x GA 1 = global batch 81920; 512 instance(s), 1 device(s) per replica
 # ABCI: rt_F=512 asks for 512 full node(s) of 4 V100 each
-# submit: qsub -g gaa50000 SCRIPT; podrun launch reads the hosts from $PE_HOSTFILE / $SGE_JOB_HOSTLIST
+# submit: qsub -terse -g gaa50000 SCRIPT; podrun launch reads the hosts from $PE_HOSTFILE / $SGE_JOB_HOSTLIST
 
 set -eo pipefail
 if ! command -v module >/dev/null 2>&1 && [ -f /etc/profile.d/modules.sh ]; then
@@ -17,4 +17,4 @@ fi
 module load cuda/12.2
 module load hpcx/2.12
 set -u
-exec podrun launch --transport ssh --cluster abci --nodes 512 --devices-per-host 4 --instances-per-host 1 --global-batch 81920 --local-batch 40 --grad-accum 1 resnet50
+exec /opt/venv/bin/python3 -m podrun launch --transport ssh --cluster abci --nodes 512 --devices-per-host 4 --instances-per-host 1 --global-batch 81920 --local-batch 40 --grad-accum 1 resnet50

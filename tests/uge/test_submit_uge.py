@@ -1,0 +1,169 @@
+"""podrun submit / status / cancel on a real Grid Engine (sge_qmaster + 3 sge_execd in namespaces).
+
+The job runs on the first host of its parallel environment; `podrun launch --transport ssh` in it
+reads PE_HOSTFILE and starts one instance per host over ssh (the harness's keys and known hosts,
+given with --ssh-config). podrun is run as ``<interpreter> -m podrun`` from the head node, with a
+PATH that has no podrun, and the jobs inherit Grid Engine's bare PATH: the job script must name
+the interpreter itself.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.engines.conftest import ALLREDUCE, results
+
+pytestmark = [pytest.mark.uge, pytest.mark.cluster]
+
+BARE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def podrun(ge, args, cwd, timeout=150):
+    """`python -m podrun ARGS` on the head node (the submit host), with no podrun on PATH."""
+    env = {**ge.env, "PATH": BARE_PATH}
+    return ge.exec(ge.head, [sys.executable, "-m", "podrun", *args], cwd=str(cwd), env=env, timeout=timeout,
+                   stdin=subprocess.DEVNULL)
+
+
+def submit_args(ge, tmp_path, *extra):
+    args = ["submit", "--scheduler", "uge", "--pe", "podrun", "--nodes", "3", "--runs-dir", str(tmp_path / "runs"),
+            "--ssh-config", ge.ssh_config_path]
+    if os.environ.get("PYTHONPATH"):      # a checkout tested beside the installed podrun: the job imports it too
+        args += ["--env", f"PYTHONPATH={os.environ['PYTHONPATH']}"]
+    return args + list(extra)
+
+
+def only_run_dir(runs: Path) -> Path:
+    (d,) = [p for p in runs.iterdir() if p.is_dir()]
+    return d
+
+
+def job_output(run_dir: Path, stream: str) -> str:
+    """The job's stdout (stream "o") or stderr ("e"): Grid Engine writes JOBNAME.oJOBID / .eJOBID."""
+    return "".join(p.read_text() for p in sorted(run_dir.glob(f"*.{stream}[0-9]*")))
+
+
+def test_bare_path_has_no_podrun():
+    assert not any(os.access(os.path.join(d, "podrun"), os.X_OK) for d in BARE_PATH.split(":"))
+
+
+@pytest.mark.timeout(180)
+def test_submit_three_hosts_allreduce_through_pe_hostfile(uge_cluster, tmp_path):
+    """submit --wait: one instance per host from PE_HOSTFILE, a gloo all_reduce across the 3 hosts."""
+    ge = uge_cluster
+    p = podrun(ge, submit_args(ge, tmp_path, "--wait", "--", sys.executable, ALLREDUCE), tmp_path)
+    run_dir = only_run_dir(tmp_path / "runs")
+    assert p.returncode == 0, p.stdout + p.stderr + job_output(run_dir, "e")
+    rec = json.loads((run_dir / "job.json").read_text())
+    assert p.stdout.split()[0] == rec["job_id"] and rec["scheduler"] == "uge" and rec["nodes"] == 3
+    assert rec["submit_argv"][:2] == ["qsub", "-terse"]
+    script = (run_dir / "job.sh").read_text()
+    assert "#$ -pe podrun 3" in script and f"exec {sys.executable} -m podrun launch --transport ssh" in script
+    acct = ge.accounting(rec["job_id"])
+    assert acct["granted_pe"] == "podrun" and acct["slots"] == "3" and acct["exit_status"] == "0", acct
+    res = sorted(results(job_output(run_dir, "o")), key=lambda r: r["rank"])
+    assert sorted(r["host"] for r in res) == ge.nodes, job_output(run_dir, "o") + job_output(run_dir, "e")
+    assert res[0]["host"] == acct["hostname"]           # rank 0 on the job's first host (the master task)
+    assert all(r["sum"] == 6.0 and r["world"] == 3 for r in res)
+    assert all(r["env"]["PODRUN_RUN_DIR"] == str(run_dir) for r in res)   # the job's run is the submit's run
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["exit_code"] == 0 and summary["transport"] == "ssh"
+    st = podrun(ge, ["status", str(run_dir), "--json"], tmp_path)
+    assert st.returncode == 0, st.stderr
+    info = json.loads(st.stdout)
+    assert info["state"] == "COMPLETED" and info["exit_code"] == 0 and info["summary"]["status"] == "ok"
+
+
+@pytest.mark.timeout(180)
+def test_submit_wait_returns_failing_worker_exit_code(uge_cluster, tmp_path):
+    """The worker of rank 1 exits 3 on another host: the job's exit status is 3 and --wait exits 3."""
+    ge = uge_cluster
+    p = podrun(ge, submit_args(ge, tmp_path, "--wait", "--env", "FAIL_RANK=1", "--env", "FAIL_CODE=3",
+                               "--", sys.executable, ALLREDUCE), tmp_path)
+    run_dir = only_run_dir(tmp_path / "runs")
+    err = job_output(run_dir, "e")
+    assert p.returncode == 3, p.stdout + p.stderr + err
+    job = json.loads((run_dir / "job.json").read_text())["job_id"]
+    acct = ge.accounting(job)
+    assert acct["exit_status"] == "3", acct
+    assert "root cause: instance 1 on " in err, err
+    st = podrun(ge, ["status", job, "--scheduler", "uge", "--json"], tmp_path)
+    assert st.returncode == 0, st.stderr
+    assert json.loads(st.stdout)["state"] == "FAILED" and json.loads(st.stdout)["exit_code"] == 3
+
+
+@pytest.mark.timeout(180)
+def test_cancel_ends_running_job_everywhere(uge_cluster, tmp_path):
+    """podrun cancel (qdel) on a running 3-host job: the job ends and nothing of it is left on any host."""
+    ge = uge_cluster
+    marker = f"podruncancel{os.getpid()}x{int(time.time())}"
+    code = f"import time; tag='{marker}'; time.sleep(300)"
+    p = podrun(ge, submit_args(ge, tmp_path, "--json", "--", sys.executable, "-c", code), tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rec = json.loads(p.stdout)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if all(ge.processes(n, marker) for n in ge.nodes):
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail(f"workers never started on every host: { {n: ge.processes(n, marker) for n in ge.nodes} }\n"
+                    + job_output(Path(rec["run_dir"]), "e"))
+    st = podrun(ge, ["status", rec["run_dir"]], tmp_path)
+    assert st.returncode == 0 and "RUNNING" in st.stdout, st.stdout + st.stderr
+    c = podrun(ge, ["cancel", rec["run_dir"], "--json"], tmp_path)
+    assert c.returncode == 0, c.stdout + c.stderr
+    out = json.loads(c.stdout)
+    # qacct: exit_status 137 and failed "100 : assumedly after job" (FAILED); GONE if the record lags
+    assert out["was"] == "RUNNING" and out["final"] and out["state"] in ("FAILED", "GONE"), out
+    deadline = time.monotonic() + 20
+    left = {}
+    while time.monotonic() < deadline:
+        left = {n: ge.processes(n, f"{marker}|podrun.launch.agent|podrun launch|sge_shepherd") for n in ge.nodes}
+        if not any(left.values()):
+            break
+        time.sleep(0.2)
+    assert not any(left.values()), f"left on the hosts after cancel: {left}"
+    assert rec["job_id"] not in ge.queued_jobs()
+
+
+@pytest.mark.timeout(60)
+def test_status_of_unknown_job_is_gone(uge_cluster, tmp_path):
+    p = podrun(uge_cluster, ["status", "987654", "--scheduler", "uge", "--json"], tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["state"] == "GONE"
+
+
+@pytest.mark.timeout(120)
+def test_status_of_pending_and_running_jobs(uge_cluster, tmp_path):
+    """The real qstat: a job that cannot be placed (4 hosts asked of 3) is PENDING; a running one is
+    RUNNING on its master host; podrun cancel ends both."""
+    ge = uge_cluster
+    pending = ge.qsub(["-pe", "podrun", "4", "-o", "/dev/null", "-j", "y", "-b", "y", "/bin/true"])
+    running = ge.qsub(["-pe", "podrun", "1", "-o", "/dev/null", "-j", "y", "-b", "y", "/bin/sleep", "120"])
+
+    def status(job):
+        p = podrun(ge, ["status", job, "--scheduler", "uge", "--json"], tmp_path)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)
+
+    deadline = time.monotonic() + 30
+    while (info := status(running))["state"] != "RUNNING" and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert info["state"] == "RUNNING" and info["nodes"] in ge.nodes, info
+    assert status(pending)["state"] == "PENDING"
+    for job, was in ((pending, "PENDING"), (running, "RUNNING")):
+        t0 = time.monotonic()
+        c = podrun(ge, ["cancel", job, "--scheduler", "uge", "--json"], tmp_path)
+        assert c.returncode == 0, c.stdout + c.stderr
+        out = json.loads(c.stdout)
+        assert out["was"] == was and out["final"], out
+        # a deleted pending job gets no accounting record: cancel must not wait for one
+        assert time.monotonic() - t0 < 20, f"cancel of a {was} job took {time.monotonic() - t0:.1f} s"
+    assert pending not in ge.queued_jobs() and running not in ge.queued_jobs()
