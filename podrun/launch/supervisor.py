@@ -1,9 +1,12 @@
 """The supervisor: runs a transport's agents, parses their protocol, logs, fails fast, detects lost hosts.
 
-Whatever the transport, it reads the agent line protocol from every InstanceHandle, writes
-runs/<id>/instance-<i>.log, sends a heartbeat to every agent each second, and ends the run
-everywhere on the first worker failure, on SIGINT/SIGTERM, or when an instance has been silent for
-``keepalive`` seconds (a lost host). The root cause is the failure with the earliest agent time.
+Whatever the transport, it reads the agent line protocol from every InstanceHandle through bounded
+queues, writes runs/<id>/instance-<i>.log as lines come (a log that cannot be written, e.g. on a full
+disk, is reported once and the run goes on with the console only), sends a heartbeat to every agent
+each second, and ends the run everywhere on the first worker failure, on SIGINT/SIGTERM/SIGHUP, when
+an instance has been silent for ``keepalive`` seconds (a lost host), or when workers are still running
+``straggler_timeout`` seconds after one exited 0 (stragglers, named by rank). The root cause is the
+failure with the earliest agent time.
 """
 from __future__ import annotations
 
@@ -17,10 +20,14 @@ from pathlib import Path
 from typing import Callable
 
 from podrun.launch import protocol
-from podrun.launch.request import LaunchRequest
+from podrun.launch.request import LaunchRequest, redact_argv
+from podrun.launch.rundir import private_open
 from podrun.launch.transport import InstanceHandle, Transport
 
 LOST_EXIT = 255           # like ssh: the connection to a host was lost
+STRAGGLER_EXIT = 124      # like timeout(1): workers still running past --straggler-timeout
+QUEUED = 256              # protocol lines waiting for the supervisor (bounded: memory stays flat)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)   # SIGHUP: terminal closed, ssh dropped
 TAIL = 10
 
 # sink(instance, host, local_rank, stream, text): a worker's line, already filtered for the console
@@ -79,7 +86,7 @@ class Outcome:
         return {
             "run_id": request.run_id, "exit_code": self.exit_code, "status": self.status,
             "transport": request.transport, "restart_count": request.restart_count,
-            "command": list(request.command), "master": f"{request.master_addr}:{request.master_port}",
+            "command": redact_argv(request.command), "master": f"{request.master_addr}:{request.master_port}",
             "root_cause": self.root_cause.to_dict() if self.root_cause else None,
             "instances": [{"index": s.index, "host": s.host, "status": s.status, "exit_code": s.exit_code,
                            "workers": {str(k): protocol.exit_code_from_returncode(v) for k, v in s.workers.items()},
@@ -98,7 +105,9 @@ class Supervisor:
         self.notice = _safe(notice or (lambda t: None))
         self.only = only_output_from
         self.multi = workers_per_instance > 1
-        self.q: queue.Queue = queue.Queue()
+        self.q: queue.Queue = queue.Queue(maxsize=QUEUED)
+        self.workers_per_instance = workers_per_instance
+        self.first_ok: tuple[float, int, int | None] | None = None   # (monotonic, instance, local rank)
         self.states = {i.index: InstanceState(i.index, i.host) for i in request.instances}
         self.logs = {}
         self.failures: list[Failure] = []
@@ -118,10 +127,20 @@ class Supervisor:
     def _log(self, index: int | None, text: str) -> None:
         if index is None:
             return
-        f = self.logs.get(index)
-        if f is None:
-            f = self.logs[index] = open(Path(self.req.run_dir) / f"instance-{index}.log", "a", buffering=1)
-        f.write(text + "\n")
+        f = self.logs.get(index, False)
+        if f is None:                  # this log failed before: the console has the output
+            return
+        path = Path(self.req.run_dir) / f"instance-{index}.log"
+        try:
+            if f is False:
+                f = self.logs[index] = open(path, "a", buffering=1, opener=private_open)
+            f.write(text + "\n")
+        except OSError as exc:
+            self.logs[index] = None
+            if f:
+                _close_quietly(f)
+            self.notice(f"cannot write {path}: {exc.strerror or exc}; instance {index}'s output goes on "
+                        "to the console only")
 
     def _output(self, idx: int | None, host: str, lr: int | None, stream: str, text: str) -> None:
         st = self.states.get(idx) if idx is not None else None
@@ -154,6 +173,8 @@ class Supervisor:
             parts = ev.text.split()
             rc, at = int(parts[0]), float(parts[1]) if len(parts) > 1 else time.time()
             st.workers[ev.local_rank] = rc
+            if rc == 0 and self.first_ok is None:
+                self.first_ok = (now, st.index, ev.local_rank)
             if rc != 0 and "teardown" not in parts[2:] and self.signalled is None:
                 code = protocol.exit_code_from_returncode(rc)
                 self.failures.append(Failure(st.index, st.host, ev.local_rank, code,
@@ -194,7 +215,7 @@ class Supervisor:
         Path(self.req.run_dir).mkdir(parents=True, exist_ok=True)
         old = {}
         if threading.current_thread() is threading.main_thread():
-            for s in (signal.SIGINT, signal.SIGTERM):
+            for s in STOP_SIGNALS:
                 old[s] = signal.signal(s, self._on_signal)
         try:
             return self._run()
@@ -202,7 +223,8 @@ class Supervisor:
             for s, h in old.items():
                 signal.signal(s, h)
             for f in self.logs.values():
-                f.close()
+                if f:
+                    _close_quietly(f)
             self.transport.close()
 
     def _run(self) -> Outcome:
@@ -259,6 +281,9 @@ class Supervisor:
                             x.kill()
                             x.close()
                             open_handles.discard(x)
+            if (self.req.straggler_timeout is not None and self.first_ok is not None and self.stopping_since is None
+                    and not self.failures and now - self.first_ok[0] >= self.req.straggler_timeout):
+                self._stragglers()
             if self.stopping_since is None and (self.failures or self.signalled is not None):
                 self.stopping_since = now
                 why = (f"received {signal.Signals(self.signalled).name}" if self.signalled is not None
@@ -277,6 +302,33 @@ class Supervisor:
                     self._handle_eof(x)
                     open_handles.discard(x)
         return self._outcome()
+
+    def _stragglers(self) -> None:
+        """Workers still running ``straggler_timeout`` s after the first one exited 0: a failure naming them."""
+        hung = []
+        for st in sorted(self.states.values(), key=lambda s: s.index):
+            if st.exit_code is not None:
+                continue
+            envs = None
+            for lr in range(self.workers_per_instance):
+                if lr not in st.workers:
+                    if envs is None:
+                        envs = self.req.worker_envs(st.index)
+                    hung.append((st, lr, envs[lr].get("RANK", "?") if lr < len(envs) else "?"))
+        if not hung:
+            return
+        _, inst, lr = self.first_ok
+        first = self._rank(inst, lr)
+        ranks = ", ".join(r for _, _, r in hung)
+        st, lr, _ = hung[0]
+        self.failures.append(Failure(
+            st.index, st.host, lr, STRAGGLER_EXIT,
+            f"rank{'s' if len(hung) > 1 else ''} {ranks} still running {self.req.straggler_timeout:g} s after "
+            f"rank {first} exited 0 (--straggler-timeout): hung or stragglers", time.time()))
+
+    def _rank(self, instance: int, local_rank: int | None) -> str:
+        envs = self.req.worker_envs(instance)
+        return envs[local_rank].get("RANK", "?") if local_rank is not None and local_rank < len(envs) else "?"
 
     def _outcome(self) -> Outcome:
         ended = time.time()
@@ -303,6 +355,13 @@ def _describe_code(code: int) -> str:
         except ValueError:
             pass
     return f"exited with code {code}"
+
+
+def _close_quietly(f) -> None:
+    try:
+        f.close()
+    except OSError:            # e.g. the last buffered line on a full disk
+        pass
 
 
 def _safe(f: Notice) -> Notice:
