@@ -108,6 +108,10 @@ class Supervisor:
         self.q: queue.Queue = queue.Queue(maxsize=QUEUED)
         self.workers_per_instance = workers_per_instance
         self.first_ok: tuple[float, int, int | None] | None = None   # (monotonic, instance, local rank)
+        self.heard: dict[int, float] = {}        # instance -> when its reader last got a line from it
+        self.behind: dict[InstanceHandle, bool] = {}   # handle -> its reader waits on the full queue
+        self.hb_handles: tuple[InstanceHandle, ...] = ()
+        self.done = threading.Event()
         self.states = {i.index: InstanceState(i.index, i.host) for i in request.instances}
         self.logs = {}
         self.failures: list[Failure] = []
@@ -118,11 +122,28 @@ class Supervisor:
 
     # -- events ---------------------------------------------------------------------------
     def _reader(self, h: InstanceHandle) -> None:
+        """Move h's lines to the supervisor's bounded queue, noting when each instance was last heard from
+        (a slow console or disk holds the supervisor back, not the host) and when it is waiting on a full
+        queue (then silence says nothing about the host)."""
         try:
             for stream, line in h.lines():
+                if line.startswith(protocol.PREFIX):
+                    ev = protocol.parse(line, stream)
+                    if ev.instance is not None:
+                        self.heard[ev.instance] = time.monotonic()
+                self.behind[h] = True
                 self.q.put((h, stream, line))
+                self.behind[h] = False
         finally:
+            self.behind[h] = True       # its end is queued: nothing more to hear
             self.q.put((h, None, None))
+
+    def _heartbeats(self) -> None:
+        """A byte to every open agent each second, from its own thread: the agents keep their controller
+        even while the supervisor waits on a slow console."""
+        while not self.done.wait(1.0):
+            for h in self.hb_handles:
+                h.heartbeat()
 
     def _log(self, index: int | None, text: str) -> None:
         if index is None:
@@ -242,12 +263,21 @@ class Supervisor:
         for st in self.states.values():
             st.last_seen = now
         open_handles = set(handles)
+        carrier = {i: h for h in handles for i in h.instances}
         for h in handles:
             threading.Thread(target=self._reader, args=(h,), daemon=True).start()
+        self.hb_handles = tuple(open_handles)
+        threading.Thread(target=self._heartbeats, daemon=True).start()
+        try:
+            return self._loop(open_handles, carrier)
+        finally:
+            self.done.set()
+
+    def _loop(self, open_handles: set, carrier: dict) -> Outcome:
         lost: set[int] = set()
-        next_hb = 0.0
         kill_at = None
         while open_handles:
+            self.hb_handles = tuple(open_handles)
             try:
                 h, stream, line = self.q.get(timeout=0.1)
             except queue.Empty:
@@ -260,13 +290,10 @@ class Supervisor:
                 else:
                     self._handle_line(h, stream, line)
             now = time.monotonic()
-            if now >= next_hb:
-                next_hb = now + 1.0
-                for x in open_handles:
-                    x.heartbeat()
             for st in self.states.values():
-                if (st.exit_code is None and st.status != "lost"
-                        and now - st.last_seen > self.req.keepalive):
+                seen = max(st.last_seen, self.heard.get(st.index, 0.0))
+                if (st.exit_code is None and st.status != "lost" and now - seen > self.req.keepalive
+                        and not self.behind.get(carrier.get(st.index))):
                     st.status, st.exit_code = "lost", LOST_EXIT
                     st.ended_s = round(time.time() - self.t0, 3)
                     lost.add(st.index)
