@@ -47,6 +47,7 @@ class LaunchCommand(click.Command):
 @click.option("--keepalive", type=float, default=5.0, show_default=True,
               help="Seconds of silence after which a host is declared lost.")
 @click.option("--straggler-timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              callback=lambda ctx, p, v: _finite(p, v),
               help="Once a worker has exited 0, the others have this long to end; then they are ended and the run "
                    "fails (exit 124) naming the ranks still running. Default: no bound.")
 @click.option("--no-preflight", is_flag=True, help="Skip the checks on every host before starting.")
@@ -154,6 +155,15 @@ def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir
     except OSError:                  # a closed pipe (`| head`) or terminal (SIGHUP): the run dir has everything
         pass
     sys.exit(summary["exit_code"])   # main.py turns SystemExit into the exit code
+
+
+def _finite(param, value):
+    """A float option's value, refused (exit 2) when it is NaN or infinite."""
+    import math
+
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a number of seconds", param=param)
+    return value
 
 
 def _refuse_own_options_after_recipe(ctx, recipe: str, args: list[str]) -> None:

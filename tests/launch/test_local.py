@@ -243,3 +243,25 @@ def test_recipe_runs_its_train_py_with_unknown_options_passed_through(tmp_path, 
     assert cp.stdout.count("args=['--data', 'digits'] lb=8 ga=2") == 2, cp.stdout
     cmd = (run_dir(tmp_path / "runs") / "command").read_text()
     assert f"-- {sys.executable} {d / 'train.py'} --data digits" in cmd
+
+
+@pytest.mark.parametrize("after", [["--dry-run"], ["--data", "digits", "--global-batch=16"], ["--json"]])
+def test_podrun_options_after_the_recipe_stop_with_a_hint(tmp_path, after):
+    """`podrun launch RECIPE --dry-run` would hand --dry-run to train.py and start a real run: exit 2 instead."""
+    d = _recipe(tmp_path)
+    cp = podrun("launch", "--devices-per-host", "2", "--global-batch", "32", "--runs-dir", str(tmp_path / "runs"),
+                str(d), *after)
+    assert cp.returncode == 2, cp.stdout + cp.stderr
+    name = after[-1].split("=")[0]
+    assert f"{after[-1]!r} comes after the recipe" in cp.stderr and "an option of podrun launch" in cp.stderr
+    assert "put podrun's options before the recipe, or after -- to pass them to train.py on purpose" in \
+        cp.stderr.replace(f" (podrun launch {name} ... {d})", ""), cp.stderr
+    assert "args=" not in cp.stdout and not (tmp_path / "runs").exists()
+
+
+def test_podrun_options_after_dashdash_go_to_train_py_on_purpose(tmp_path):
+    d = _recipe(tmp_path)
+    cp = podrun("launch", "--devices-per-host", "2", "--global-batch", "32", "--runs-dir", str(tmp_path / "runs"),
+                str(d), "--", "--dry-run")
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout.count("args=['--dry-run'] lb=8 ga=2") == 2, cp.stdout
