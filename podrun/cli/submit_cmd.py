@@ -103,7 +103,7 @@ def submit(ctx, scheduler, time_limit, partition, queue, group, account, job_nam
     )
     script = run_dir / "job.sh"
     script.write_text(render(req))
-    script.chmod(0o755)
+    script.chmod(0o600 if env else 0o755)    # private: it holds the --env values (secrets)
     (run_dir / "plan.json").write_text(__import__("json").dumps(plan.to_dict(), indent=2) + "\n")
 
     cl = client(scheduler)
