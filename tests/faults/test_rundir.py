@@ -151,3 +151,20 @@ def test_job_script_holding_env_is_private(tmp_path):
     cp = podrun(*base, "-o", str(without))
     assert cp.returncode == 0, cp.stderr
     assert oct(without.stat().st_mode & 0o777) == "0o755"
+
+
+def test_redaction_rules_hide_secrets_and_keep_the_rest():
+    from podrun.launch.request import redact, redact_argv
+
+    env = redact({"DB_PASS": "a", "GITHUB_PAT": "b", "AUTH": "c", "MY_API_KEY": "d", "OAUTH_CLIENT": "e",
+                  "PATH": "/usr/bin", "GIT_AUTHOR_NAME": "me", "PASSTHROUGH": "1", "NCCL_DEBUG": "INFO",
+                  "MASTER_ADDR": "h1", "DATABASE_URL": "postgres://u:pw@h/db", "PLAIN_URL": "https://h/x?a=b",
+                  "GIT_URL": "ssh://git@github.com/x"})
+    assert [k for k, v in env.items() if v == "<redacted>"] == ["DB_PASS", "GITHUB_PAT", "AUTH", "MY_API_KEY",
+                                                                  "OAUTH_CLIENT"]
+    assert env["DATABASE_URL"] == "postgres://u:<redacted>@h/db" and env["PLAIN_URL"] == "https://h/x?a=b"
+    assert env["GIT_URL"] == "ssh://git@github.com/x" and env["PASSTHROUGH"] == "1"
+    assert redact_argv(["train.py", "--auth-token", "t", "--epochs", "3", "--hf_token=x", "--lr", "-1",
+                        "--password", "--verbose"]) == [
+        "train.py", "--auth-token", "<redacted>", "--epochs", "3", "--hf_token=<redacted>", "--lr", "-1",
+        "--password", "--verbose"]
