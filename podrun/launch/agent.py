@@ -304,6 +304,9 @@ class Agent:
         left = end_descendants()           # then whatever escaped them (setsid daemons, orphans)
         if left:
             self.emit(None, "note", f"ended {left} leftover process(es) the workers left behind")
+        deadline = time.monotonic() + 5.0  # every writer is gone: the pipes end, the last lines get out
+        for t in (t for ts in self.readers for t in ts):
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
         if first_failure is not None:
             code = protocol.exit_code_from_returncode(first_failure)
         elif self.signalled is not None:
