@@ -50,6 +50,10 @@ class LaunchCommand(click.Command):
 @click.option("--max-concurrency", type=int, default=64, show_default=True, help="SSH handshakes in flight at once (commands over open connections are not limited).")
 @click.option("--keepalive", type=float, default=5.0, show_default=True,
               help="Seconds of silence after which a host is declared lost.")
+@click.option("--straggler-timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              callback=lambda ctx, p, v: _finite(p, v),
+              help="Once a worker has exited 0, the others have this long to end; then they are ended and the run "
+                   "fails (exit 124) naming the ranks still running. Default: no bound.")
 @click.option("--no-preflight", is_flag=True, help="Skip the checks on every host before starting.")
 @click.option("--json", "as_json", is_flag=True, help="Print a summary JSON on stdout at the end (output goes to stderr).")
 @click.option("--env", "env_items", multiple=True, metavar="NAME=VALUE", help="Set a variable for every worker (repeatable).")
@@ -57,7 +61,7 @@ class LaunchCommand(click.Command):
 @click.pass_context
 def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir, master_addr, master_port,
            store_relay, grace, only_output_from_instance, max_restarts, elastic_min, spare_hosts, dry_run, runs_dir,
-           run_id, max_concurrency, keepalive, no_preflight, as_json, env_items, **kw):
+           run_id, max_concurrency, keepalive, straggler_timeout, no_preflight, as_json, env_items, **kw):
     """Launch RECIPE [ARGS...] (its train.py gets ARGS) or -- COMMAND ... on the plan's hosts.
 
     \b
@@ -84,6 +88,8 @@ def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir
         recipe, command_args = args[0], args[1:]
         if command_args[:1] == ["--"]:
             command_args = command_args[1:]
+        else:
+            _refuse_own_options_after_recipe(ctx, recipe, command_args)
         if not _looks_like_recipe(recipe):
             raise LaunchError(f"{recipe!r} is not a recipe (a folder with recipe.yaml, or a name in recipes/)",
                               hint=f"to run a command, put it after --: podrun launch [OPTIONS] -- {' '.join(args)}")
@@ -106,7 +112,7 @@ def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir
                             master_port=master_port, grace=grace, keepalive=keepalive, run_id=run_id,
                             runs_dir=runs_dir, env=env, max_restarts=max_restarts, ssh=ssh,
                             mpi_args=mpi_args, poprun=poprun_opts, store_relay=store_relay,
-                            preflight=not no_preflight)
+                            preflight=not no_preflight, straggler_timeout=straggler_timeout)
     elastic = None
     if elastic_min is not None:
         from podrun.launch.elastic import make_policy
@@ -159,9 +165,37 @@ def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir
         _print_root_cause(summary, request)
         if as_json:
             print_json(summary)
-    except BrokenPipeError:          # e.g. `podrun launch ... | head`: the run dir has everything
+    except OSError:                  # a closed pipe (`| head`) or terminal (SIGHUP): the run dir has everything
         pass
     sys.exit(summary["exit_code"])   # main.py turns SystemExit into the exit code
+
+
+def _finite(param, value):
+    """A float option's value, refused (exit 2) when it is NaN or infinite."""
+    import math
+
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a number of seconds", param=param)
+    return value
+
+
+def _refuse_own_options_after_recipe(ctx, recipe: str, args: list[str]) -> None:
+    """Arguments after the recipe go to its train.py; one that is an option of podrun launch was most likely
+    meant for podrun (`recipes/x --dry-run` would otherwise start a real run): stop, unless a ``--`` before it
+    says it is for train.py."""
+    from podrun.errors import LaunchError
+
+    own = {o for p in ctx.command.params for o in (*p.opts, *p.secondary_opts) if o.startswith("-")}
+    for arg in args:
+        if arg == "--":
+            return
+        name = arg.split("=", 1)[0]
+        if name in own:
+            raise LaunchError(
+                f"{arg!r} comes after the recipe {recipe!r}, so it would go to train.py, but it is an option of "
+                "podrun launch",
+                hint=f"put podrun's options before the recipe (podrun launch {name} ... {recipe}), or after -- to "
+                     f"pass them to train.py on purpose (podrun launch {recipe} -- {arg})")
 
 
 def _looks_like_recipe(arg: str) -> bool:

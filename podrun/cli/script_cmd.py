@@ -128,7 +128,7 @@ def script(ctx, scheduler, time_limit, partition, queue, group, account, job_nam
     )
     text = render(req)
     if out_path:
-        _write(out_path, text)
+        _write(out_path, text, private=bool(env_items))
     submit = submit_argv(req, out_path or "JOB_SCRIPT")
     if as_json:
         from podrun.cli.render import print_json
@@ -151,12 +151,12 @@ def script(ctx, scheduler, time_limit, partition, queue, group, account, job_nam
         click.echo(text, nl=False)
 
 
-def _write(path: str, text: str) -> None:
+def _write(path: str, text: str, private: bool = False) -> None:
     from podrun.errors import PodrunError
 
     try:
         with open(path, "w") as f:
             f.write(text)
-        os.chmod(path, 0o755)
+        os.chmod(path, 0o600 if private else 0o755)    # private: it holds the --env values (secrets)
     except OSError as exc:
         raise PodrunError(f"cannot write the job script to {path}: {exc.strerror or exc}") from None

@@ -382,7 +382,7 @@ class PreparedJob:
 
 
 def prepare_job(plan, *, runs_dir: str | os.PathLike, **request) -> PreparedJob:
-    """Make runs/<run-id>/ with job.sh (mode 755) and plan.json for ``request_from_plan(plan,
+    """Make runs/<run-id>/ with job.sh (mode 755, 600 when it holds --env values) and plan.json for ``request_from_plan(plan,
     **request)``: the scheduler's stdout/stderr go to the run directory and the job's `podrun
     launch` writes its run into the same directory (--runs-dir/--run-id). The request is built and
     checked before anything is written: a bad value leaves no directory behind."""
@@ -398,7 +398,7 @@ def prepare_job(plan, *, runs_dir: str | os.PathLike, **request) -> PreparedJob:
     run_dir.mkdir(parents=True, exist_ok=False)
     script = run_dir / "job.sh"
     script.write_text(text)
-    script.chmod(0o755)
+    script.chmod(0o600 if req.env else 0o755)    # private: it holds the --env values (secrets)
     (run_dir / "plan.json").write_text(json.dumps(plan.to_dict(), indent=2) + "\n")
     return PreparedJob(run_id, run_dir, script, tuple(submit_argv(req, str(script))), req)
 

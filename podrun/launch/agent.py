@@ -1,11 +1,15 @@
 """The instance agent (`python -m podrun.launch.agent`): spawns an instance's workers and supervises them.
 
 One agent runs per instance, started by a transport. It sets the env contract for each local worker,
-starts each worker in its own process group with PR_SET_PDEATHSIG (nothing outlives the agent),
-streams their output as protocol lines (podrun.launch.protocol) on stdout, sends a heartbeat every
-second, forwards SIGINT/SIGTERM/SIGHUP, and ends every worker (the signal or SIGTERM, then SIGKILL
-after --grace seconds) when one fails, when it is signalled, when the controller asks (a ``T`` on
-stdin), or when it loses its controller (stdin closed, or silent for --stdin-timeout seconds).
+starts each worker in its own process group with PR_SET_PDEATHSIG, streams their output as protocol
+lines (podrun.launch.protocol, lines cut at protocol.MAX_LINE bytes so memory stays bounded) on
+stdout, sends a heartbeat every second, forwards SIGINT/SIGTERM/SIGHUP, and ends every worker (the
+signal or SIGTERM, then SIGKILL after --grace seconds) when one fails, when it is signalled, when the
+controller asks (a ``T`` on stdin), or when it loses its controller (stdin closed, or silent for
+--stdin-timeout seconds). The agent is a child subreaper (PR_SET_CHILD_SUBREAPER): whatever its
+workers leave behind (a daemon started with setsid, a child of a killed shell) becomes its child, and
+when the run ends it kills the workers' process groups and then every remaining descendant, so
+nothing outlives the run, whether it succeeded or not.
 Exit code: the first failing worker's (128+signal for a signal), 128+signal when signalled, else 0.
 With --rank-from-env (mpirun) the agent runs one worker, the one whose global rank is
 the launcher's rank, so each worker is an MPI rank; its lines then carry that worker's local rank.
@@ -32,6 +36,7 @@ INDEX_ENV = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
 PR_SET_PDEATHSIG = 1
 ERROR_TRACEBACK_LINES = 40   # of a worker's @record traceback, sent to the controller
 ERROR_MESSAGE_CHARS = 2000
+PR_SET_CHILD_SUBREAPER = 36
 FIRST_HEARTBEAT_S = 60.0   # the first controller heartbeat may wait for the fan-out to every other host
 
 
@@ -72,12 +77,66 @@ def read_error_file(path: str) -> dict | None:
             "file": path}
 
 
-def _pdeathsig() -> None:
-    """In the child before exec: die with SIGKILL when the agent dies."""
+def _prctl(option: int, arg: int) -> bool:
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        return ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0) == 0
     except Exception:  # noqa: BLE001 - not Linux: the process group teardown still applies
-        pass
+        return False
+
+
+def _pdeathsig(sig: int = signal.SIGKILL) -> None:
+    """In the child before exec: get ``sig`` when the parent dies (workers: SIGKILL when the agent dies)."""
+    _prctl(PR_SET_PDEATHSIG, int(sig))
+
+
+def _children(pid: int) -> list[tuple[int, str]]:
+    """(pid, state) of the live processes whose parent is ``pid``, from /proc."""
+    out = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return out
+    for d in names:
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 1 and int(fields[1]) == pid:
+            out.append((int(d), fields[0].decode()))
+    return out
+
+
+def _reap(pid: int) -> bool:
+    """Collect ``pid`` if it has ended; True when it is gone."""
+    try:
+        return os.waitpid(pid, os.WNOHANG)[0] == pid
+    except ChildProcessError:
+        return True
+
+
+def end_descendants(timeout: float = 5.0) -> int:
+    """Kill every child of this process (and, as a subreaper, every orphan that reparents to it) until
+    none is left or ``timeout`` passes; returns how many were killed."""
+    me, killed = os.getpid(), set()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        kids = _children(me)
+        if not kids:
+            break
+        for pid, state in kids:
+            if state != "Z":
+                for kill in (os.killpg, os.kill):
+                    try:
+                        kill(pid, signal.SIGKILL)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+                killed.add(pid)
+            _reap(pid)
+        time.sleep(0.01)
+    return len(killed)
 
 
 class Agent:
@@ -107,6 +166,7 @@ class Agent:
         self.teardown_started = False
         self.probe = probe           # --hold: facts to report, then wait for the controller's go
         self.go = threading.Event()
+        self.subreaper = False       # PR_SET_CHILD_SUBREAPER took effect (Linux)
 
     # -- output ---------------------------------------------------------------------------
     def emit(self, local_rank: int | None, kind: str, text: str = "") -> None:
@@ -131,8 +191,8 @@ class Agent:
     # -- threads --------------------------------------------------------------------------
     def _pump(self, local_rank: int, kind: str, f) -> None:
         try:
-            for raw in iter(f.readline, b""):
-                self.emit(local_rank, kind, raw.decode("utf-8", "replace").rstrip("\r\n"))
+            for raw in protocol.bounded_lines(f):
+                self.emit(local_rank, kind, raw.decode("utf-8", "replace"))
         except (OSError, ValueError):
             pass
 
@@ -210,7 +270,22 @@ class Agent:
                 except (ProcessLookupError, PermissionError):
                     pass
 
+    def _reap_orphans(self) -> None:
+        """Collect ended orphans that reparented to this subreaper (never a worker: Popen owns those)."""
+        workers = {p.pid for p in self.procs if p is not None}
+        for pid, state in _children(os.getpid()):
+            if state == "Z" and pid not in workers:
+                _reap(pid)
+
     def run(self) -> int:
+        try:
+            return self._run()
+        finally:                                # also on an unexpected error: nothing outlives the agent
+            self._signal_all(signal.SIGKILL)
+            end_descendants()
+
+    def _run(self) -> int:
+        self.subreaper = _prctl(PR_SET_CHILD_SUBREAPER, 1)
         for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(s, self._on_signal)
         self.emit(None, "ready", f"{socket.gethostname()} {os.getpid()} {len(self.envs)}")
@@ -224,6 +299,7 @@ class Agent:
         first_failure: int | None = None
         reaped = [p is None for p in self.procs]
         kill_at: float | None = None
+        next_reap = time.monotonic() + 1.0
         while not all(reaped):
             for lr, p in enumerate(self.procs):
                 if reaped[lr] or p is None:
@@ -253,8 +329,17 @@ class Agent:
             if kill_at is not None and time.monotonic() >= kill_at:
                 self._signal_all(signal.SIGKILL)
                 kill_at = time.monotonic() + 1.0
+            if self.subreaper and time.monotonic() >= next_reap:
+                next_reap = time.monotonic() + 1.0
+                self._reap_orphans()
             time.sleep(0.02)
         self._signal_all(signal.SIGKILL)   # leftovers in the workers' process groups
+        left = end_descendants()           # then whatever escaped them (setsid daemons, orphans)
+        if left:
+            self.emit(None, "note", f"ended {left} leftover process(es) the workers left behind")
+        deadline = time.monotonic() + 5.0  # every writer is gone: the pipes end, the last lines get out
+        for t in (t for ts in self.readers for t in ts):
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
         if first_failure is not None:
             code = protocol.exit_code_from_returncode(first_failure)
         elif self.signalled is not None:

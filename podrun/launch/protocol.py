@@ -16,6 +16,10 @@ single worker of its instance (--rank-from-env) writes that worker's local rank 
   note        a message from the agent itself (teardown reasons, spawn errors)
   done        the agent is about to exit: text = its exit code
 
+A worker's line longer than MAX_LINE bytes is cut there (the agent holds at most that much of a
+line): the cut part ends with CUT_MARK, and when the line finally ends a second line says how many
+bytes were dropped. Readers of agent output cut at READ_LIMIT, enough for any protocol line.
+
 Lines that do not start with ``@podrun `` (an ssh banner, mpirun's own messages) are kept as raw
 output of the stream they came on. The supervisor parses this whatever the transport: a local pipe,
 an ssh channel, or the merged stdout of one mpirun/srun process carrying every instance.
@@ -25,6 +29,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 PREFIX = "@podrun "
+MAX_LINE = 64 * 1024           # bytes of one worker line the agent holds and forwards
+READ_LIMIT = 4 * MAX_LINE + 1024   # a protocol line: prefix + a cut line after decoding (U+FFFD is 3 bytes)
+CUT_MARK = " [podrun: line longer than {limit} bytes cut here; the rest up to its newline is dropped]"
 KINDS = frozenset({"out", "err", "ready", "probe", "start", "exit", "error", "hb", "note", "done"})
 
 
@@ -57,6 +64,30 @@ def parse(line: str, stream: str = "out") -> Event:
             else:
                 return Event(inst, lr, parts[2], parts[3] if len(parts) > 3 else "")
     return Event(None, None, "err" if stream == "err" else "out", line)
+
+
+def bounded_lines(f, limit: int = MAX_LINE):
+    """Yield the lines of binary file ``f`` (``\r\n``/``\n`` stripped), holding at most ``limit`` bytes
+    of one in memory. A longer line is yielded cut at ``limit`` bytes with CUT_MARK as soon as that much
+    has arrived; its rest is read and dropped, and a line saying how many bytes were dropped follows."""
+    while True:
+        raw = f.readline(limit)
+        if not raw:
+            return
+        if raw.endswith(b"\n") or len(raw) < limit:
+            yield raw.rstrip(b"\n").rstrip(b"\r")
+            continue
+        yield raw + CUT_MARK.format(limit=limit).encode()
+        dropped = 0
+        while True:
+            more = f.readline(limit)
+            if not more:
+                break
+            if more.endswith(b"\n"):
+                dropped += len(more) - 1
+                break
+            dropped += len(more)
+        yield f"[podrun: dropped {dropped} more bytes of the line cut above]".encode()
 
 
 def exit_code_from_returncode(rc: int) -> int:

@@ -8,8 +8,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from podrun.errors import PodrunError, PreflightError
-from podrun.launch.request import InstanceLaunch, LaunchRequest, SSHOptions
-from podrun.launch.rundir import new_run_id, write_launch_files, write_plan, write_summary
+from podrun.launch.request import InstanceLaunch, LaunchRequest, SSHOptions, redact
+from podrun.launch.rundir import (check_run_id, create_run_dir, new_run_id, write_launch_files, write_plan,
+                                  write_summary)
 from podrun.launch.supervisor import Outcome, Supervisor, _describe_code
 from podrun.launch.transport import get_transport
 
@@ -34,8 +35,9 @@ def build_request(plan, command, *, transport: str, python: str | None = None, w
                   master_addr: str | None = None, master_port: int = 29500, grace: float = 5.0,
                   keepalive: float = 5.0, run_id: str | None = None, runs_dir: str = "runs",
                   env=(), max_restarts: int = 0, ssh: SSHOptions | None = None, mpi_args=(),
-                  poprun=None, store_relay: bool = True, preflight: bool = True) -> LaunchRequest:
-    run_id = run_id or new_run_id()
+                  poprun=None, store_relay: bool = True, preflight: bool = True,
+                  straggler_timeout: float | None = None) -> LaunchRequest:
+    run_id = new_run_id() if run_id is None else check_run_id(run_id)
     workdir = os.path.abspath(workdir or os.getcwd())
     run_dir = os.path.join(os.path.abspath(runs_dir), run_id)
     return LaunchRequest(
@@ -46,21 +48,22 @@ def build_request(plan, command, *, transport: str, python: str | None = None, w
         instances=tuple(InstanceLaunch(p.index, p.host) for p in plan.placement),
         ssh=ssh or SSHOptions(), mpi_args=tuple(mpi_args), poprun=poprun,
         store_relay=store_relay and transport != "poprun",     # poprun starts no podrun agent
-        preflight=preflight,
+        preflight=preflight, straggler_timeout=straggler_timeout,
     )
 
 
 def dry_run_record(request: LaunchRequest) -> dict:
-    """What --dry-run prints: per host, the exact command line and the variables each worker gets."""
+    """What --dry-run prints: per host, the exact command line and the variables each worker gets, with
+    secrets redacted as in the run directory (podrun.launch.request.redact)."""
     transport = get_transport(request.transport)(request)
     try:
-        described = transport.describe()
+        described = transport.describe(redact=True)
     finally:
         transport.close()
     return {
         "run_id": request.run_id, "run_dir": request.run_dir, "transport": request.transport,
         "commands": [{"host": h, "command": c} for h, c in described],
-        "instances": [{"index": i.index, "host": i.host, "workers": request.worker_envs(i.index)}
+        "instances": [{"index": i.index, "host": i.host, "workers": [redact(e) for e in request.worker_envs(i.index)]}
                       for i in request.instances],
     }
 
@@ -75,11 +78,11 @@ def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from:
     from podrun.plan.env import workers_per_instance
 
     notice = notice or (lambda t: None)
-    Path(request.run_dir).mkdir(parents=True, exist_ok=True)
-    write_plan(request.run_dir, request.plan)
+    create_run_dir(request.run_dir)
+    _before_start(request.run_dir, write_plan, request.run_dir, request.plan)
     record = None
     if elastic is not None:
-        write_plan(request.run_dir, request.plan, "plan-0.json")
+        _before_start(request.run_dir, write_plan, request.run_dir, request.plan, "plan-0.json")
         record = {"min_hosts": elastic.min_hosts, "global_batch": elastic.global_batch,
                   "spares": list(elastic.spares), "replans": []}
     cls = get_transport(request.transport)
@@ -98,20 +101,25 @@ def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from:
                 transport.close()
                 summary = {"run_id": req.run_id, "exit_code": 2, "status": "preflight_failed",
                            "transport": req.transport, "problems": [str(p) for p in problems]}
-                write_summary(req.run_dir, summary)
+                _record(write_summary, notice, req.run_dir, summary)
                 hosts = sorted({p.host for p in problems})
                 raise PreflightError(
                     f"preflight failed on {len(hosts)} host(s), nothing was started:\n"
                     + "\n".join(f"  - {p}" for p in problems),
                     hint="fix the hosts above, or pass --no-preflight to skip these checks")
-        write_launch_files(req, transport.describe(redact=True))
+        try:
+            _before_start(req.run_dir, write_launch_files, req, transport.describe(redact=True))
+        except BaseException:
+            transport.close()
+            raise
         sup = Supervisor(req, transport, sink=sink, notice=notice, only_output_from=only_output_from,
                          workers_per_instance=workers_per_instance(req.plan))
         try:
             outcome = sup.run()
         except PodrunError as exc:        # e.g. an agent that could not be started: nothing is left running
-            write_summary(req.run_dir, {"run_id": req.run_id, "exit_code": exc.exit_code, "status": "start_failed",
-                                        "transport": req.transport, "error": str(exc), "attempts": attempts})
+            _record(write_summary, notice, req.run_dir,
+                    {"run_id": req.run_id, "exit_code": exc.exit_code, "status": "start_failed",
+                     "transport": req.transport, "error": str(exc), "attempts": attempts})
             raise
         summary = outcome.summary(req)
         summary["attempts"] = attempts + [{"restart_count": req.restart_count, "exit_code": outcome.exit_code,
@@ -122,7 +130,7 @@ def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from:
             attempts[-1]["plan"] = f"plan-{req.restart_count}.json"
             _elastic_timings(record, req.restart_count, req.run_dir, outcome)
             summary["elastic"] = record
-        write_summary(req.run_dir, summary)
+        _record(write_summary, notice, req.run_dir, summary)
         if outcome.exit_code == 0 or outcome.status == "interrupted" or req.restart_count >= req.max_restarts:
             return outcome, summary
         nxt = req.restart_count + 1
@@ -131,7 +139,7 @@ def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from:
         if elastic is not None:
             req = _replan(elastic, record, req, summary, outcome, nxt, notice)
             if req is None:
-                write_summary(request.run_dir, summary)
+                _record(write_summary, notice, request.run_dir, summary)
                 return outcome, summary
         notice(f"restart {nxt} of {req.max_restarts} after "
                f"{cause.reason if cause else _describe_code(outcome.exit_code)}; rendezvous port {port}")
@@ -181,3 +189,24 @@ def _elastic_timings(record: dict, restart_count: int, run_dir: str, outcome: Ou
     _, t = first_step_after(run_dir, outcome.started)
     if t is not None:
         last["training_after_s"] = round(t - last["lost_at"], 3)
+
+
+def _before_start(run_dir: str, write, *args) -> None:
+    """A run-dir write before anything runs: failing, it stops the launch (exit 2, nothing started)."""
+    from podrun.errors import LaunchError
+
+    try:
+        write(*args)
+    except OSError as exc:
+        raise LaunchError(f"cannot write the run directory {run_dir}: "
+                          f"{exc.strerror or exc}; nothing was started",
+                          hint="free space there, or pass --runs-dir with a writable directory") from None
+
+
+def _record(write, notice, run_dir, summary: dict) -> None:
+    """Write summary.json; on a full or failing disk say so and go on (the outcome is on the console)."""
+    try:
+        write(run_dir, summary)
+    except OSError as exc:
+        notice(f"cannot write {Path(run_dir) / 'summary.json'}: {exc.strerror or exc}; the outcome below "
+               "is on the console only")

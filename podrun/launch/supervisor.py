@@ -1,9 +1,12 @@
 """The supervisor: runs a transport's agents, parses their protocol, logs, fails fast, detects lost hosts.
 
-Whatever the transport, it reads the agent line protocol from every InstanceHandle, writes
-runs/<id>/instance-<i>.log, sends a heartbeat to every agent each second, and ends the run
-everywhere on the first worker failure, on SIGINT/SIGTERM, or when an instance has been silent for
-``keepalive`` seconds (a lost host). The root cause is the failure with the earliest agent time; its
+Whatever the transport, it reads the agent line protocol from every InstanceHandle through bounded
+queues, writes runs/<id>/instance-<i>.log as lines come (a log that cannot be written, e.g. on a full
+disk, is reported once and the run goes on with the console only), sends a heartbeat to every agent
+each second, and ends the run everywhere on the first worker failure, on SIGINT/SIGTERM/SIGHUP, when
+an instance has been silent for ``keepalive`` seconds (a lost host), or when workers are still running
+``straggler_timeout`` seconds after one exited 0 (stragglers, named by rank). The root cause is the
+failure with the earliest agent time; its
 report carries that worker's own last lines (kept per worker, bounded), its @record error if it wrote
 one, and separately the last lines of the others.
 """
@@ -20,13 +23,17 @@ from pathlib import Path
 from typing import Callable
 
 from podrun.launch import protocol
-from podrun.launch.request import LaunchRequest
+from podrun.launch.request import LaunchRequest, redact_argv
+from podrun.launch.rundir import private_open
 from podrun.launch.transport import InstanceHandle, Transport
 
 LOST_EXIT = 255           # like ssh: the connection to a host was lost
 TAIL = 10                 # last lines kept per worker (and per instance) for the root cause
 OTHERS = 3                # other workers whose last lines the root cause shows
 OTHER_TAIL = 5            # lines shown of each of them
+STRAGGLER_EXIT = 124      # like timeout(1): workers still running past --straggler-timeout
+QUEUED = 256              # protocol lines waiting for the supervisor (bounded: memory stays flat)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)   # SIGHUP: terminal closed, ssh dropped
 
 # sink(instance, host, local_rank, stream, text): a worker's line, already filtered for the console
 Sink = Callable[[int | None, str, int | None, str, str], None]
@@ -97,7 +104,7 @@ class Outcome:
         return {
             "run_id": request.run_id, "exit_code": self.exit_code, "status": self.status,
             "transport": request.transport, "restart_count": request.restart_count,
-            "command": list(request.command), "master": f"{request.master_addr}:{request.master_port}",
+            "command": redact_argv(request.command), "master": f"{request.master_addr}:{request.master_port}",
             "root_cause": self.root_cause.to_dict() if self.root_cause else None,
             "instances": [{"index": s.index, "host": s.host, "status": s.status, "exit_code": s.exit_code,
                            "workers": {str(k): protocol.exit_code_from_returncode(v) for k, v in s.workers.items()},
@@ -119,7 +126,12 @@ class Supervisor:
         self.wpi = workers_per_instance
         self.errors: dict[tuple[int, int | None], dict] = {}   # (instance, local rank) -> @record error
         self.seq = 0
-        self.q: queue.Queue = queue.Queue()
+        self.q: queue.Queue = queue.Queue(maxsize=QUEUED)
+        self.first_ok: tuple[float, int, int | None] | None = None   # (monotonic, instance, local rank)
+        self.heard: dict[int, float] = {}        # instance -> when its reader last got a line from it
+        self.behind: dict[InstanceHandle, bool] = {}   # handle -> its reader waits on the full queue
+        self.hb_handles: tuple[InstanceHandle, ...] = ()
+        self.done = threading.Event()
         self.states = {i.index: InstanceState(i.index, i.host) for i in request.instances}
         self.logs = {}
         self.failures: list[Failure] = []
@@ -130,19 +142,46 @@ class Supervisor:
 
     # -- events ---------------------------------------------------------------------------
     def _reader(self, h: InstanceHandle) -> None:
+        """Move h's lines to the supervisor's bounded queue, noting when each instance was last heard from
+        (a slow console or disk holds the supervisor back, not the host) and when it is waiting on a full
+        queue (then silence says nothing about the host)."""
         try:
             for stream, line in h.lines():
+                if line.startswith(protocol.PREFIX):
+                    ev = protocol.parse(line, stream)
+                    if ev.instance is not None:
+                        self.heard[ev.instance] = time.monotonic()
+                self.behind[h] = True
                 self.q.put((h, stream, line))
+                self.behind[h] = False
         finally:
+            self.behind[h] = True       # its end is queued: nothing more to hear
             self.q.put((h, None, None))
+
+    def _heartbeats(self) -> None:
+        """A byte to every open agent each second, from its own thread: the agents keep their controller
+        even while the supervisor waits on a slow console."""
+        while not self.done.wait(1.0):
+            for h in self.hb_handles:
+                h.heartbeat()
 
     def _log(self, index: int | None, text: str) -> None:
         if index is None:
             return
-        f = self.logs.get(index)
-        if f is None:
-            f = self.logs[index] = open(Path(self.req.run_dir) / f"instance-{index}.log", "a", buffering=1)
-        f.write(text + "\n")
+        f = self.logs.get(index, False)
+        if f is None:                  # this log failed before: the console has the output
+            return
+        path = Path(self.req.run_dir) / f"instance-{index}.log"
+        try:
+            if f is False:
+                f = self.logs[index] = open(path, "a", buffering=1, opener=private_open)
+            f.write(text + "\n")
+        except OSError as exc:
+            self.logs[index] = None
+            if f:
+                _close_quietly(f)
+            self.notice(f"cannot write {path}: {exc.strerror or exc}; instance {index}'s output goes on "
+                        "to the console only")
 
     def _output(self, idx: int | None, host: str, lr: int | None, stream: str, text: str) -> None:
         st = self.states.get(idx) if idx is not None else None
@@ -178,6 +217,8 @@ class Supervisor:
             parts = ev.text.split()
             rc, at = int(parts[0]), float(parts[1]) if len(parts) > 1 else time.time()
             st.workers[ev.local_rank] = rc
+            if rc == 0 and self.first_ok is None:
+                self.first_ok = (now, st.index, ev.local_rank)
             if rc != 0 and "teardown" not in parts[2:] and self.signalled is None:
                 code = protocol.exit_code_from_returncode(rc)
                 self.failures.append(Failure(st.index, st.host, ev.local_rank, code,
@@ -231,7 +272,7 @@ class Supervisor:
         Path(self.req.run_dir).mkdir(parents=True, exist_ok=True)
         old = {}
         if threading.current_thread() is threading.main_thread():
-            for s in (signal.SIGINT, signal.SIGTERM):
+            for s in STOP_SIGNALS:
                 old[s] = signal.signal(s, self._on_signal)
         try:
             return self._run()
@@ -239,7 +280,8 @@ class Supervisor:
             for s, h in old.items():
                 signal.signal(s, h)
             for f in self.logs.values():
-                f.close()
+                if f:
+                    _close_quietly(f)
             self.transport.close()
 
     def _run(self) -> Outcome:
@@ -257,12 +299,21 @@ class Supervisor:
         for st in self.states.values():
             st.last_seen = now
         open_handles = set(handles)
+        carrier = {i: h for h in handles for i in h.instances}
         for h in handles:
             threading.Thread(target=self._reader, args=(h,), daemon=True).start()
+        self.hb_handles = tuple(open_handles)
+        threading.Thread(target=self._heartbeats, daemon=True).start()
+        try:
+            return self._loop(open_handles, carrier)
+        finally:
+            self.done.set()
+
+    def _loop(self, open_handles: set, carrier: dict) -> Outcome:
         lost: set[int] = set()
-        next_hb = 0.0
         kill_at = None
         while open_handles:
+            self.hb_handles = tuple(open_handles)
             try:
                 h, stream, line = self.q.get(timeout=0.1)
             except queue.Empty:
@@ -275,13 +326,10 @@ class Supervisor:
                 else:
                     self._handle_line(h, stream, line)
             now = time.monotonic()
-            if now >= next_hb:
-                next_hb = now + 1.0
-                for x in open_handles:
-                    x.heartbeat()
             for st in self.states.values():
-                if (st.exit_code is None and st.status != "lost"
-                        and now - st.last_seen > self.req.keepalive):
+                seen = max(st.last_seen, self.heard.get(st.index, 0.0))
+                if (st.exit_code is None and st.status != "lost" and now - seen > self.req.keepalive
+                        and not self.behind.get(carrier.get(st.index))):
                     st.status, st.exit_code = "lost", LOST_EXIT
                     st.ended_s = round(time.time() - self.t0, 3)
                     lost.add(st.index)
@@ -296,6 +344,9 @@ class Supervisor:
                             x.kill()
                             x.close()
                             open_handles.discard(x)
+            if (self.req.straggler_timeout is not None and self.first_ok is not None and self.stopping_since is None
+                    and not self.failures and now - self.first_ok[0] >= self.req.straggler_timeout):
+                self._stragglers()
             if self.stopping_since is None and (self.failures or self.signalled is not None):
                 self.stopping_since = now
                 why = (f"received {signal.Signals(self.signalled).name}" if self.signalled is not None
@@ -314,6 +365,33 @@ class Supervisor:
                     self._handle_eof(x)
                     open_handles.discard(x)
         return self._outcome()
+
+    def _stragglers(self) -> None:
+        """Workers still running ``straggler_timeout`` s after the first one exited 0: a failure naming them."""
+        hung = []
+        for st in sorted(self.states.values(), key=lambda s: s.index):
+            if st.exit_code is not None:
+                continue
+            envs = None
+            for lr in range(self.wpi):
+                if lr not in st.workers:
+                    if envs is None:
+                        envs = self.req.worker_envs(st.index)
+                    hung.append((st, lr, envs[lr].get("RANK", "?") if lr < len(envs) else "?"))
+        if not hung:
+            return
+        _, inst, lr = self.first_ok
+        first = self._rank(inst, lr)
+        ranks = ", ".join(r for _, _, r in hung)
+        st, lr, _ = hung[0]
+        self.failures.append(Failure(
+            st.index, st.host, lr, STRAGGLER_EXIT,
+            f"rank{'s' if len(hung) > 1 else ''} {ranks} still running {self.req.straggler_timeout:g} s after "
+            f"rank {first} exited 0 (--straggler-timeout): hung or stragglers", time.time()))
+
+    def _rank(self, instance: int, local_rank: int | None) -> str:
+        envs = self.req.worker_envs(instance)
+        return envs[local_rank].get("RANK", "?") if local_rank is not None and local_rank < len(envs) else "?"
 
     def _outcome(self) -> Outcome:
         ended = time.time()
@@ -363,6 +441,13 @@ def _describe_code(code: int) -> str:
         except ValueError:
             pass
     return f"exited with code {code}"
+
+
+def _close_quietly(f) -> None:
+    try:
+        f.close()
+    except OSError:            # e.g. the last buffered line on a full disk
+        pass
 
 
 def _safe(f: Notice) -> Notice:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO, Iterator
 
 from podrun.errors import LaunchError
+from podrun.launch.protocol import READ_LIMIT, bounded_lines
 
 if TYPE_CHECKING:  # pragma: no cover
     from podrun.launch.request import LaunchRequest
@@ -159,13 +160,16 @@ def get_transport(name: str) -> type[Transport]:
 class StreamMerger:
     """Reads two binary streams in threads and yields ("out"|"err", line) from both, in arrival order.
 
-    Reusable by any handle over pipes or channel files (local, ssh, mpirun, srun).
+    Reusable by any handle over pipes or channel files (local, ssh, mpirun, srun). Memory is bounded:
+    lines are cut at protocol.READ_LIMIT bytes and at most QUEUED lines wait to be consumed (the
+    readers then block, and so, through the pipe or the channel's window, does the agent).
     """
 
     _END = object()
+    QUEUED = 64
 
     def __init__(self, out: BinaryIO | None, err: BinaryIO | None):
-        self._q: queue.Queue = queue.Queue()
+        self._q: queue.Queue = queue.Queue(maxsize=self.QUEUED)
         self._open = 0
         for stream, f in (("out", out), ("err", err)):
             if f is not None:
@@ -174,8 +178,8 @@ class StreamMerger:
 
     def _pump(self, stream: str, f: BinaryIO) -> None:
         try:
-            for raw in iter(f.readline, b""):
-                self._q.put((stream, raw.decode("utf-8", "replace").rstrip("\r\n")))
+            for raw in bounded_lines(f, READ_LIMIT):
+                self._q.put((stream, raw.decode("utf-8", "replace")))
         except (OSError, ValueError, EOFError):
             pass
         except Exception:  # noqa: BLE001 - a broken channel ends the stream, nothing more

@@ -107,24 +107,25 @@ def test_worker_ignoring_sigterm_is_killed_after_grace(tmp_path):
 
 
 def test_dry_run_prints_exactly_what_runs(tmp_path):
+    """--dry-run prints the command line each host runs and each worker's env, secrets redacted as in the
+    run directory (the real run writes the same command line to runs/<id>/command)."""
     cp = podrun("launch", "--devices-per-host", "2", "--dry-run", "--json", "--run-id", "dry", "--runs-dir",
                 str(tmp_path / "runs"), "--env", "MY_TOKEN=s3cret", "--", "echo", "hi there")
     assert cp.returncode == 0, cp.stderr
     rec = json.loads(cp.stdout)
     cmd = rec["commands"][0]["command"]
-    assert cmd.startswith("cd ") and "env MY_TOKEN=s3cret" in cmd and "-m podrun.launch.agent" in cmd
+    assert cmd.startswith("cd ") and "env 'MY_TOKEN=<redacted>'" in cmd and "-m podrun.launch.agent" in cmd
     assert cmd.endswith("-- echo 'hi there'")
     assert [w["RANK"] for w in rec["instances"][0]["workers"]] == ["0", "1"]
     assert not (tmp_path / "runs").exists()          # nothing written, nothing started
     text = podrun("launch", "--devices-per-host", "2", "--dry-run", "--run-id", "dry", "--runs-dir",
                   str(tmp_path / "runs"), "--env", "MY_TOKEN=s3cret", "--", "echo", "hi there").stdout
-    assert cmd in text and "LOCAL_RANK=1" in text
-    # the real run writes the same command, with the secret redacted
+    assert cmd in text and "LOCAL_RANK=1" in text and "s3cret" not in text + cp.stdout
     cp = podrun("launch", "--devices-per-host", "2", "--run-id", "dry", "--runs-dir", str(tmp_path / "runs"),
                 "--env", "MY_TOKEN=s3cret", "--", "echo", "hi there")
     assert cp.returncode == 0, cp.stderr
     written = (tmp_path / "runs" / "dry" / "command").read_text()
-    assert cmd.replace("MY_TOKEN=s3cret", "'MY_TOKEN=<redacted>'") in written
+    assert cmd in written
     env = json.loads((tmp_path / "runs" / "dry" / "env.json").read_text())
     assert env["instances"][0]["agent_env"] == {"MY_TOKEN": "<redacted>"}
     assert "s3cret" not in (tmp_path / "runs" / "dry" / "env.json").read_text() + written
@@ -242,3 +243,25 @@ def test_recipe_runs_its_train_py_with_unknown_options_passed_through(tmp_path, 
     assert cp.stdout.count("args=['--data', 'digits'] lb=8 ga=2") == 2, cp.stdout
     cmd = (run_dir(tmp_path / "runs") / "command").read_text()
     assert f"-- {sys.executable} {d / 'train.py'} --data digits" in cmd
+
+
+@pytest.mark.parametrize("after", [["--dry-run"], ["--data", "digits", "--global-batch=16"], ["--json"]])
+def test_podrun_options_after_the_recipe_stop_with_a_hint(tmp_path, after):
+    """`podrun launch RECIPE --dry-run` would hand --dry-run to train.py and start a real run: exit 2 instead."""
+    d = _recipe(tmp_path)
+    cp = podrun("launch", "--devices-per-host", "2", "--global-batch", "32", "--runs-dir", str(tmp_path / "runs"),
+                str(d), *after)
+    assert cp.returncode == 2, cp.stdout + cp.stderr
+    name = after[-1].split("=")[0]
+    assert f"{after[-1]!r} comes after the recipe" in cp.stderr and "an option of podrun launch" in cp.stderr
+    assert "put podrun's options before the recipe, or after -- to pass them to train.py on purpose" in \
+        cp.stderr.replace(f" (podrun launch {name} ... {d})", ""), cp.stderr
+    assert "args=" not in cp.stdout and not (tmp_path / "runs").exists()
+
+
+def test_podrun_options_after_dashdash_go_to_train_py_on_purpose(tmp_path):
+    d = _recipe(tmp_path)
+    cp = podrun("launch", "--devices-per-host", "2", "--global-batch", "32", "--runs-dir", str(tmp_path / "runs"),
+                str(d), "--", "--dry-run")
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout.count("args=['--dry-run'] lb=8 ga=2") == 2, cp.stdout

@@ -204,3 +204,75 @@ def test_two_instances_per_host_share_one_connection(ssh_hosts, tmp_path):
     h1, h2 = ssh_hosts.hosts[:2]
     for i, h in enumerate([h1, h1, h2, h2]):
         assert f"[{i} {h}] rank={i} group={i} on {h}" in cp.stdout, cp.stdout
+
+
+def _config(hosts, tmp_path, name, **opts) -> str:
+    """The harness's ssh config with some options changed (opts: config keyword -> value; None drops it)."""
+    text = Path(hosts.ssh_config_path).read_text()
+    lines = []
+    for line in text.splitlines():
+        key = line.strip().split(" ", 1)[0]
+        if key in opts:
+            if opts[key] is not None:
+                lines.append(f"  {key} {opts.pop(key)}")
+            continue
+        lines.append(line)
+    lines += [f"  {k} {v}" for k, v in opts.items() if v is not None]
+    p = tmp_path / name
+    p.write_text("\n".join(lines) + "\n")
+    return str(p)
+
+
+def test_accept_new_saves_unknown_host_keys_and_refuses_a_changed_one_later(ssh_hosts, tmp_path):
+    """StrictHostKeyChecking accept-new, as OpenSSH: the first run saves each host's key to the
+    UserKnownHostsFile, a later run with a changed key in that file is refused."""
+    known = tmp_path / "ssh" / "known_hosts"          # its folder does not exist yet either
+    cfg = _config(ssh_hosts, tmp_path, "cfg", StrictHostKeyChecking="accept-new", UserKnownHostsFile=str(known))
+    cp = podrun(*ssh_args(ssh_hosts, tmp_path, config=cfg, n=2), "--", "echo", "accepted")
+    assert cp.returncode == 0 and cp.stdout.count("accepted") == 2, cp.stderr
+    saved = known.read_text().splitlines()
+    real = Path(ssh_hosts.known_hosts_path).read_text()
+    for h in ssh_hosts.hosts[:2]:
+        key = " ".join(next(l for l in real.splitlines() if l.startswith(f"{h},")).split()[1:3])
+        assert f"{ssh_hosts.address(h)} {key}" in saved, (h, saved)
+    assert oct(known.stat().st_mode & 0o777) == "0o600"
+    cp = podrun(*ssh_args(ssh_hosts, tmp_path, config=cfg, n=2), "--", "echo", "again")
+    assert cp.returncode == 0 and cp.stdout.count("again") == 2, cp.stderr
+    assert known.read_text().splitlines() == saved           # known now: nothing appended
+    wrong = Path(ssh_hosts.known_hosts_wrong_path).read_text().split("\n")[0].split()[1:3]
+    known.write_text("".join(f"{line.split()[0]} {' '.join(wrong)}\n" for line in saved))
+    cp = podrun(*ssh_args(ssh_hosts, tmp_path, config=cfg, n=2), "--", "echo", "changed")
+    assert cp.returncode == 2 and "host key mismatch" in cp.stderr and "changed" not in cp.stdout, cp.stderr
+
+
+def test_global_known_hosts_file_is_read_by_default(ssh_hosts, tmp_path, monkeypatch):
+    """With no GlobalKnownHostsFile in the config, the system's known hosts (OpenSSH's default files) count."""
+    from podrun.launch.transports import ssh as ssh_transport
+
+    cfg = _config(ssh_hosts, tmp_path, "cfg", UserKnownHostsFile="/dev/null", GlobalKnownHostsFile=None)
+    import paramiko
+
+    c = paramiko.SSHConfig.from_path(cfg).lookup(ssh_hosts.hosts[0])
+    assert ssh_transport.known_hosts_files(c)[1] == ["/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2"]
+    # the same lookup with the system file put elsewhere (the machine's /etc/ssh is not the test's to write)
+    monkeypatch.setattr(ssh_transport, "GLOBAL_KNOWN_HOSTS", ssh_hosts.known_hosts_path)
+    from podrun.cli.options import resolve_plan
+    from podrun.launch.run import build_request
+    from podrun.launch.request import SSHOptions
+
+    plan, _, _ = resolve_plan(None, hosts_opt=ssh_hosts.hosts[0], devices_per_host=1)
+    req = build_request(plan, ["true"], transport="ssh", runs_dir=str(tmp_path / "runs"),
+                        ssh=SSHOptions(config_path=cfg))
+    t = ssh_transport.SSHTransport(req)
+    try:
+        client = t._connect(ssh_hosts.hosts[0])
+        assert client.get_transport().is_active()
+    finally:
+        t.close()
+    monkeypatch.setattr(ssh_transport, "GLOBAL_KNOWN_HOSTS", "/dev/null")
+    t = ssh_transport.SSHTransport(req)
+    try:
+        with pytest.raises(paramiko.SSHException, match="known_hosts"):
+            t._connect(ssh_hosts.hosts[0])
+    finally:
+        t.close()

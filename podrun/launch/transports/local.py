@@ -1,4 +1,8 @@
-"""The local transport: each instance agent is a subprocess on this machine (the default cluster)."""
+"""The local transport: each instance agent is a subprocess on this machine (the default cluster).
+
+An agent notices its controller's death two ways: its stdin closes, and PR_SET_PDEATHSIG sends it
+SIGTERM (not SIGKILL: it must live to end its workers and whatever they left behind).
+"""
 from __future__ import annotations
 
 import os
@@ -14,7 +18,7 @@ from podrun.launch.transport import InstanceHandle, Problem, StreamMerger, Trans
 def _pdeathsig() -> None:
     from podrun.launch.agent import _pdeathsig as f
 
-    f()
+    f(signal.SIGTERM)
 
 
 class LocalHandle(InstanceHandle):
@@ -49,7 +53,8 @@ class LocalHandle(InstanceHandle):
                 pass
 
     def kill(self) -> None:
-        # the agent's session: the agent itself (workers die by PDEATHSIG and their own groups)
+        # the agent's session: the agent itself (workers die by PDEATHSIG; what they left behind reparents
+        # to init once the agent is gone, so kill is the last resort after terminate and the grace period)
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):

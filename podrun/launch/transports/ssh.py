@@ -2,8 +2,12 @@
 
 Honours an OpenSSH client config (~/.ssh/config or --ssh-config): HostName, User, Port, IdentityFile,
 IdentitiesOnly, ConnectTimeout, StrictHostKeyChecking, UserKnownHostsFile, GlobalKnownHostsFile.
-Host keys are checked against known_hosts (RejectPolicy) unless the config says
-``StrictHostKeyChecking no`` or the user passed --no-host-key-check. Commands are built with
+Host keys are checked as OpenSSH checks them: against the UserKnownHostsFile(s) (default
+~/.ssh/known_hosts, ~/.ssh/known_hosts2) and the GlobalKnownHostsFile(s) (default
+/etc/ssh/ssh_known_hosts, /etc/ssh/ssh_known_hosts2); an unknown host is refused unless the config says
+``StrictHostKeyChecking accept-new`` (or ``no``), which accepts it and appends its key to the first
+UserKnownHostsFile, so that a changed key is refused later; a changed key is always refused.
+--no-host-key-check accepts unknown hosts and saves nothing. Commands are built with
 shlex.quote only; the user's --env travels in the command line (``env NAME=VALUE``), not AcceptEnv.
 """
 from __future__ import annotations
@@ -30,6 +34,41 @@ PROBE_TIMEOUT = 30.0      # seconds for a held agent to report its preflight fac
 # handshakes in flight are bounded by --max-concurrency: a remote command that takes a second
 # to start must not hold a handshake slot, or 2048 hosts would take 2048/K seconds.
 MAX_THREADS = 2048
+USER_KNOWN_HOSTS = "~/.ssh/known_hosts ~/.ssh/known_hosts2"              # OpenSSH's defaults
+GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2"
+
+
+def known_hosts_files(c: dict) -> tuple[list[str], list[str]]:
+    """(user files, global files) of an ssh config lookup, OpenSSH's defaults where it names none."""
+    def files(key: str, default: str) -> list[str]:
+        value = c.get(key) or default
+        words = value.split() if isinstance(value, str) else [w for v in value for w in v.split()]
+        return [os.path.expanduser(w) for w in words]
+
+    return files("userknownhostsfile", USER_KNOWN_HOSTS), files("globalknownhostsfile", GLOBAL_KNOWN_HOSTS)
+
+
+class AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
+    """``StrictHostKeyChecking accept-new``: a host with no key in known_hosts is accepted and its key is
+    appended to ``path`` (a changed key never reaches a policy: paramiko refuses it first)."""
+
+    _lock = threading.Lock()
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def missing_host_key(self, client, hostname, key) -> None:
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        if self.path == "/dev/null":
+            return
+        line = f"{hostname} {key.get_name()} {key.get_base64()}\n".encode()
+        with self._lock:
+            os.makedirs(os.path.dirname(self.path) or ".", mode=0o700, exist_ok=True)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, line)      # one write with O_APPEND: lines of concurrent writers do not mix
+            finally:
+                os.close(fd)
 
 
 class SSHHandle(InstanceHandle):
@@ -153,14 +192,21 @@ class SSHTransport(Transport):
         hostname, port = c.get("hostname", host), int(c.get("port", 22))
         user = c.get("user") or getpass.getuser()
         client = paramiko.SSHClient()
-        for key in ("userknownhostsfile", "globalknownhostsfile"):
-            for f in (c.get(key) or ("~/.ssh/known_hosts" if key == "userknownhostsfile" else "")).split():
-                f = os.path.expanduser(f)
-                if f != "/dev/null" and os.path.isfile(f):
-                    client.get_host_keys().load(f)
+        user_files, global_files = known_hosts_files(c)
+        for f in global_files:
+            if f != "/dev/null" and os.path.isfile(f):
+                client.load_system_host_keys(f)
+        for f in user_files:
+            if f != "/dev/null" and os.path.isfile(f):
+                client.get_host_keys().load(f)
         strict = str(c.get("stricthostkeychecking", "yes")).lower()
-        accept = (not self.opts.host_key_check) or strict in ("no", "off", "accept-new")
-        client.set_missing_host_key_policy(paramiko.AutoAddPolicy() if accept else paramiko.RejectPolicy())
+        if not self.opts.host_key_check:
+            policy: paramiko.MissingHostKeyPolicy = paramiko.AutoAddPolicy()   # accepted, not saved
+        elif strict in ("no", "off", "accept-new"):
+            policy = AcceptNewPolicy(user_files[0] if user_files else "/dev/null")
+        else:
+            policy = paramiko.RejectPolicy()
+        client.set_missing_host_key_policy(policy)
         keys = [os.path.expanduser(k) for k in c.get("identityfile", [])]
         only = str(c.get("identitiesonly", "no")).lower() == "yes"
         timeout = float(c.get("connecttimeout", self.opts.connect_timeout))

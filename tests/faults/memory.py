@@ -1,0 +1,85 @@
+"""Peak memory of a launcher and its agent while a worker writes a lot of output (shared by the test and
+bench/bench_output.py): the worker (scripts/output.py) waits at the end, so VmHWM can be read live."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+OUTPUT = str(Path(__file__).parent / "scripts" / "output.py")
+PODRUN = [sys.executable, "-m", "podrun"]
+
+
+def vm_hwm_mb(pid: int) -> float:
+    """Peak resident memory of a live process in MB (VmHWM)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmHWM for pid {pid}")
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                stat = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(stat[1]) == pid:
+                out.append(int(d))
+    return out
+
+
+def _tail_has(path: Path, text: bytes) -> bool:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - 256))
+            return text in f.read()
+    except OSError:
+        return False
+
+
+CONSOLE_MB_S = 50        # the pace at which the "terminal" reads podrun's stdout
+
+
+def _slow_console(fd: int) -> None:
+    """Read podrun's stdout as a terminal would, slower than podrun can produce it (so nothing but
+    podrun's own bounds keeps its memory flat)."""
+    while chunk := os.read(fd, 1 << 20):
+        time.sleep(len(chunk) / (CONSOLE_MB_S * 2**20))
+
+
+def podrun_output(tmp: Path, mb: int, mode: str, port: int, timeout: float = 600) -> dict:
+    """Run `podrun launch` with one worker writing ``mb`` MB, its stdout read at CONSOLE_MB_S; returns wall
+    seconds until every byte was logged, and the peak RSS (MB) of podrun and of its agent."""
+    import threading
+
+    go = tmp / f"go-{mode}-{mb}"
+    runs = tmp / f"runs-{mode}-{mb}"
+    t0 = time.perf_counter()
+    p = subprocess.Popen([*PODRUN, "launch", "--devices-per-host", "1", "--runs-dir", str(runs), "--master-port",
+                          str(port), "--run-id", "out", "--", sys.executable, OUTPUT, str(mb), mode, str(go)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    threading.Thread(target=_slow_console, args=(p.stdout.fileno(),), daemon=True).start()
+    try:
+        log = runs / "out" / "instance-0.log"
+        while not _tail_has(log, b"output-end\n"):
+            if p.poll() is not None or time.perf_counter() - t0 > timeout:
+                raise AssertionError(f"podrun ended or took over {timeout} s: {p.stderr.read().decode()[-2000:]}")
+            time.sleep(0.02)
+        wall = time.perf_counter() - t0
+        agents = [c for c in _children(p.pid) if b"podrun.launch.agent" in Path(f"/proc/{c}/cmdline").read_bytes()]
+        assert len(agents) == 1, agents
+        rss = {"wall_s": wall, "podrun_mb": vm_hwm_mb(p.pid), "agent_mb": vm_hwm_mb(agents[0])}
+        go.touch()
+        assert p.wait(timeout=60) == 0, p.stderr.read().decode()[-2000:]
+        rss["log"] = log
+        return rss
+    finally:
+        go.touch()
+        if p.poll() is None:
+            p.kill()
+            p.wait()

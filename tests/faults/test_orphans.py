@@ -1,0 +1,110 @@
+"""Nothing outlives a run: kill -9 of podrun, setsid daemons and orphans of the workers, locally and over ssh."""
+from __future__ import annotations
+
+import signal
+import sys
+
+import pytest
+
+from tests.launch.helpers import local_pids, marker, podrun, podrun_popen, wait_output, wait_until
+from tests.ports import free_port
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def grandchild(m: str) -> str:
+    """A shell line starting a process that is not the worker itself (its cmdline carries the marker m)."""
+    return f"{sys.executable} -c 'import time; time.sleep(300)' {m}"
+
+
+def sleepers(m: str) -> list[int]:
+    """The pids of grandchild(m) processes (the shells that start them carry m too, quoted)."""
+    return local_pids(f"time.sleep(300) {m}")
+
+
+def test_kill_9_of_podrun_leaves_no_worker_descendant(tmp_path):
+    """The issue's case: `sh -c 'sleep; true'` workers (the sleep is a grandchild), podrun killed with -9."""
+    m = marker()
+    p = podrun_popen("launch", "--hosts", "localhost", "--devices-per-host", "2", "--grace", "1",
+                     "--master-port", str(free_port(2)), "--runs-dir", str(tmp_path / "runs"), "--",
+                     "sh", "-c", f"echo up; {grandchild(m)}; true")
+    try:
+        wait_output(p, "up", 30)
+        wait_output(p, "up", 30)
+        assert wait_until(lambda: len(sleepers(m)) == 2, 10), local_pids(m)
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=10)
+        assert wait_until(lambda: local_pids(m) == [], 10), local_pids(m)
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+def test_daemons_of_a_successful_run_are_ended(tmp_path):
+    """A worker starts a setsid daemon and a double-forked one, then exits 0: neither outlives the run."""
+    m = marker()
+    cp = podrun("launch", "--devices-per-host", "2", "--master-port", str(free_port(2)),
+                "--runs-dir", str(tmp_path / "runs"), "--", "sh", "-c",
+                f"setsid {grandchild(m)} >/dev/null 2>&1 & ( {grandchild(m)} >/dev/null 2>&1 & ); sleep 0.5; echo ok")
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout.count("ok") == 2
+    assert wait_until(lambda: local_pids(m) == [], 5), local_pids(m)
+
+
+def test_sigterm_of_the_local_agent_ends_the_daemons(tmp_path):
+    """The agent, signalled directly (as on a controller's death), ends the daemons it had adopted."""
+    m = marker()
+    p = podrun_popen("launch", "--devices-per-host", "1", "--grace", "1", "--master-port", str(free_port(2)),
+                     "--runs-dir", str(tmp_path / "runs"), "--", "sh", "-c",
+                     f"setsid {grandchild(m)} >/dev/null 2>&1 & echo up; sleep 300")
+    try:
+        wait_output(p, "up", 30)
+        assert wait_until(lambda: len(sleepers(m)) == 1, 10), local_pids(m)
+        agents = local_pids("podrun.launch.agent")
+        agents = [a for a in agents if str(tmp_path) in open(f"/proc/{a}/cmdline").read()]
+        assert len(agents) == 1, agents
+        import os
+
+        os.kill(agents[0], signal.SIGTERM)
+        p.wait(timeout=15)
+        assert wait_until(lambda: local_pids(m) == [], 5), local_pids(m)
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+@pytest.mark.cluster
+def test_kill_9_of_podrun_over_ssh_leaves_nothing_on_any_host(ssh_hosts, tmp_path):
+    """kill -9 of the controller: each remote agent sees its channel close and ends its workers, their
+    grandchildren and their setsid daemons, on every host."""
+    m = marker()
+    names = ssh_hosts.hosts[:2]
+    p = podrun_popen("launch", "--hosts", ",".join(names), "--devices-per-host", "2", "--transport", "ssh",
+                     "--ssh-config", ssh_hosts.ssh_config_path, "--python", ssh_hosts.python, "--grace", "1",
+                     "--runs-dir", str(tmp_path / "runs"), "--master-port", str(free_port(2)), "--",
+                     "sh", "-c", f"setsid {grandchild(m)} >/dev/null 2>&1 & echo up; {grandchild(m)}; true")
+    left = lambda: {h: ssh_hosts.processes(h, m) for h in names if ssh_hosts.processes(h, m)}  # noqa: E731
+    try:
+        for _ in range(4):
+            wait_output(p, "up", 60)
+        assert wait_until(lambda: all(len(ssh_hosts.processes(h, rf"time\.sleep\(300\) {m}")) == 4 for h in names),
+                          10), left()
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=10)
+        assert wait_until(lambda: not left(), 15), left()
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+@pytest.mark.cluster
+def test_setsid_daemon_over_ssh_is_ended_after_a_successful_run(ssh_hosts, tmp_path):
+    m = marker()
+    names = ssh_hosts.hosts[:2]
+    cp = podrun("launch", "--hosts", ",".join(names), "--devices-per-host", "1", "--transport", "ssh",
+                "--ssh-config", ssh_hosts.ssh_config_path, "--python", ssh_hosts.python,
+                "--runs-dir", str(tmp_path / "runs"), "--master-port", str(free_port(2)), "--",
+                "sh", "-c", f"setsid {grandchild(m)} >/dev/null 2>&1 & sleep 0.5; echo ok")
+    assert cp.returncode == 0, cp.stderr
+    left = lambda: {h: ssh_hosts.processes(h, m) for h in names if ssh_hosts.processes(h, m)}  # noqa: E731
+    assert wait_until(lambda: not left(), 5), left()

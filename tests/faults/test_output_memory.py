@@ -1,0 +1,47 @@
+"""podrun and its agent keep memory bounded whatever a worker writes: many lines, or one huge line."""
+from __future__ import annotations
+
+import pytest
+
+from tests.faults.memory import podrun_output
+from tests.ports import free_port
+
+pytestmark = pytest.mark.timeout(300)
+BOUND_MB = 100
+
+
+@pytest.mark.parametrize("mode", ["lines", "oneline"])
+def test_peak_memory_stays_under_100_mb_for_100_mb_of_output(tmp_path, mode):
+    r = podrun_output(tmp_path, 100, mode, free_port(2))
+    assert r["podrun_mb"] < BOUND_MB and r["agent_mb"] < BOUND_MB, r
+    log = r["log"].read_text()
+    if mode == "oneline":      # cut at 64 KiB, and said so, with the count of what was dropped
+        first, second = log.splitlines()[:2]
+        assert first.startswith("y" * 65536 + " [podrun: line longer than 65536 bytes cut here")
+        assert second == f"[podrun: dropped {100 * 2**20 - 65536} more bytes of the line cut above]"
+    else:
+        assert log.count("x" * 1023 + "\n") == 100 * 1024     # every line, whole
+
+
+def test_a_paused_console_holds_the_workers_back_but_loses_no_host(tmp_path):
+    """Nobody reads podrun's stdout for longer than --keepalive (a terminal paused with Ctrl-S, a stuck
+    pager) while a worker writes: the run waits, then finishes with every line; no host is called lost
+    and no agent thinks its controller gone."""
+    import subprocess
+    import sys
+    import time
+
+    from tests.launch.helpers import PODRUN
+
+    p = subprocess.Popen([*PODRUN, "launch", "--devices-per-host", "1", "--keepalive", "2", "--master-port",
+                          str(free_port(2)), "--runs-dir", str(tmp_path / "runs"), "--", sys.executable, "-c",
+                          "import sys\nfor i in range(20000): print('line', i, 'x' * 500)\nprint('last line')"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        time.sleep(8)                    # 4 x --keepalive with the console paused
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, err.decode()
+    assert b"lost" not in err and out.count(b"x" * 500 + b"\n") == 20000 and out.endswith(b"last line\n")
