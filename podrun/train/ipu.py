@@ -22,6 +22,8 @@ from podrun.train.config import TrainError, decompose, sched_name, write_config
 from podrun.train.data import Loader, Shard, load_dataset, steps_per_epoch
 from podrun.train.metrics import MetricsWriter
 from podrun.train.optim import lr_factor, soft_cross_entropy
+from podrun.train.save import FORMAT, resume_step
+from podrun.train.setup import build_model, checkpoint_dir, resolve_run_dir
 
 
 class TrainingWrapper(nn.Module):
@@ -58,9 +60,6 @@ def _optimizer(poptorch, params, cfg, lr: float, half: bool):
 
 def train_ipu(cfg, info: WorkerInfo, device: Device) -> dict[str, Any]:
     import poptorch
-
-    from podrun.train.save import FORMAT, resume_step
-    from podrun.train.setup import build_model, checkpoint_dir, resolve_run_dir
 
     t0 = time.time()
     b, a, g = decompose(cfg, info, replicas=info.num_replicas)

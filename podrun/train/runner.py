@@ -12,7 +12,7 @@ __all__ = ["TrainConfig", "TrainError", "config_dict", "decompose", "train"]
 
 def train(cfg: TrainConfig, info: WorkerInfo | None = None) -> dict[str, Any]:
     """Train to cfg.steps / cfg.epochs; returns the summary (also written to <run_dir>/train_summary.json)."""
-    from podrun.train import loop, save, setup
+    from podrun.train import setup
 
     info = info or read_worker_info()
     device = select_device(cfg.device, info)
@@ -24,10 +24,18 @@ def train(cfg: TrainConfig, info: WorkerInfo | None = None) -> dict[str, Any]:
     setup.setup_determinism(cfg)
     init_distributed(info=info, device=device, timeout=cfg.dist_timeout)
     try:
-        s = setup.prepare(cfg, info, device)
-        step, acc, resumed_from = save.restore(s)
-        if s.rank == 0:
-            write_config(s.run_dir, cfg, {**s.resolved(), "resumed_from": resumed_from, "resumed_at_step": step})
-        return loop.run(s, step, acc, resumed_from)
+        return _train(cfg, info, device)
     finally:
         destroy_distributed()
+
+
+def _train(cfg: TrainConfig, info: WorkerInfo, device) -> dict[str, Any]:
+    """setup -> resume -> loop. Its own frame, so that the session (the DDP/FSDP wrappers and their
+    reducers) is freed before the process group is destroyed: freed after it, gloo's destructors can hang."""
+    from podrun.train import loop, save, setup
+
+    s = setup.prepare(cfg, info, device)
+    step, acc, resumed_from = save.restore(s)
+    if s.rank == 0:
+        write_config(s.run_dir, cfg, {**s.resolved(), "resumed_from": resumed_from, "resumed_at_step": step})
+    return loop.run(s, step, acc, resumed_from)

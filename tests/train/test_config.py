@@ -66,3 +66,41 @@ def test_no_import_circle_and_config_without_torch():
     out = subprocess.run([sys.executable, "-c", "import sys, podrun.train.config; print('torch' in sys.modules)"],
                          capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stdout + out.stderr
+
+
+TEARDOWN = '''
+import gc, json, sys
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+sys.path.insert(0, sys.argv[2])
+from tests.train.worker import tiny_gn_net
+from podrun.train import TrainConfig, train
+
+destroy, alive = dist.destroy_process_group, []
+
+def spy(*args, **kwargs):  # how many DDP wrappers still exist when the process group goes
+    alive.append(sum(isinstance(o, DistributedDataParallel) for o in gc.get_objects()))
+    return destroy(*args, **kwargs)
+
+dist.destroy_process_group = spy
+torch.set_num_threads(1)
+train(TrainConfig(model=tiny_gn_net, **json.loads(sys.argv[1])))
+print("ALIVE", alive, flush=True)
+'''
+
+
+def test_the_ddp_wrapper_is_freed_before_the_process_group_is_destroyed(tmp_path):
+    """Freed after it, gloo's destructors hung rank 0 at exit (seen on a resumed 3-worker run)."""
+    from pathlib import Path
+
+    from tests.train.train_procs import start_workers, wait_all
+
+    script = tmp_path / "teardown.py"
+    script.write_text(TEARDOWN)
+    opts = dict(data="synthetic", synthetic_size=16, image_size=8, num_classes=10, steps=2, global_batch=4,
+                eval_every=0, console=False, run_dir=str(tmp_path / "run"))
+    root = str(Path(__file__).resolve().parents[2])
+    outs = wait_all(start_workers(2, {}, script=script, argv=[json.dumps(opts), root]), timeout=240)
+    assert all("ALIVE [0]" in out for out in outs), outs
