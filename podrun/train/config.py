@@ -90,7 +90,9 @@ def decompose(cfg: TrainConfig, info: WorkerInfo, replicas: int) -> tuple[int, i
     g = cfg.global_batch if cfg.global_batch is not None else info.global_batch
     for what, v in (("local batch", b), ("GA", a), ("global batch", g)):
         if v is not None and v < 1:
-            raise TrainError(f"{what} {v} must be at least 1")
+            raise TrainError(f"{what} {v} must be at least 1",
+                             hint="it comes from the script's arguments, else PODRUN_LOCAL_BATCH / PODRUN_GRAD_ACCUM / "
+                                  "PODRUN_GLOBAL_BATCH")
     if b is None and a is None:
         a = 1
     if b is None:
