@@ -1,4 +1,4 @@
-"""`podrun report RUN_DIR`: print a run's training summary and draw its loss, accuracy and throughput curves."""
+"""`podrun report RUN_DIR`: a training run's summary and curves, or what a plain command's run recorded."""
 from __future__ import annotations
 
 import click
@@ -11,18 +11,32 @@ import click
               help="PNG to draw the curves to (default: RUN_DIR/report.png).")
 @click.option("--no-plot", is_flag=True, help="Print the summary only.")
 def report(run_dir: str, as_json: bool, output: str | None, no_plot: bool) -> None:
-    """Summarise a run and draw its loss, accuracy and throughput curves."""
+    """Summarise a run: training curves and figures, or a plain command's plan, attempts, exit codes and root cause."""
     from pathlib import Path
 
     from podrun.cli.render import console, print_json
-    from podrun.train.report import load, plot, summarize
+    from podrun.train.report import launch_summary, plot, read_run, summarize, summarize_command
 
-    records = load(run_dir)
-    summary = summarize(records)
+    run = read_run(run_dir)
+    notes = list(run.problems)
+    if run.skipped:
+        notes.append(f"skipped {run.skipped} unreadable line(s) of {run.metrics_file} "
+                     "(not UTF-8, not JSON, or fields of the wrong type)")
+    if not run.trained:
+        if run.metrics_file is not None:
+            notes.append(f"{run.metrics_file} records no training step")
+        _command(run, summarize_command(run), notes, as_json)
+        return
+    summary = {"kind": "training", **summarize(run.records)}
+    launched = launch_summary(run.launch)
+    if launched is not None:
+        summary["launch"] = launched
     if not no_plot:
         base = Path(run_dir)
         target = Path(output) if output else (base if base.is_dir() else base.parent) / "report.png"
-        summary["plot"] = str(plot(records, target, title=str(run_dir)))
+        summary["plot"] = str(plot(run.records, target, title=str(run_dir)))
+    summary["skipped_lines"] = run.skipped
+    summary["notes"] = notes
     if as_json:
         print_json(summary)
         return
@@ -40,5 +54,64 @@ def report(run_dir: str, as_json: bool, output: str | None, no_plot: bool) -> No
                 f"(best {summary['best_val_accuracy']:.4f}), loss {summary['final_val_loss']:.4f}")
     c.print(f"  throughput {summary['images_per_sec_median']:.1f} img/s total (median), "
             f"{summary['images_per_sec_instance_median']:.1f} per instance; {summary['train_seconds']:.1f}s training")
+    if launched is not None:
+        c.print(f"  launch: {launched['status']}, exit {launched['exit_code']}, "
+                f"{_seconds(launched['duration_s'])}", markup=False)
     if "plot" in summary:
         c.print(f"  curves: {summary['plot']}")
+    for note in notes:
+        c.print(f"  note: {note}", markup=False)
+
+
+def _seconds(v) -> str:
+    return f"{v:.1f}s" if isinstance(v, (int, float)) and not isinstance(v, bool) else "duration unknown"
+
+
+def _command(run, s: dict, notes: list[str], as_json: bool) -> None:
+    """Print what a run without training steps recorded."""
+    import shlex
+
+    from podrun.cli.render import console, print_json
+
+    s["skipped_lines"] = run.skipped
+    s["notes"] = notes
+    if as_json:
+        print_json(s)
+        return
+    c = console()
+
+    def say(text: str) -> None:  # the values are the run's own: no rich markup
+        c.print(text, markup=False, highlight=False, soft_wrap=True)
+
+    cmd = shlex.join(str(x) for x in s["command"]) if isinstance(s["command"], list) else s["command"]
+    say(f"{run.path}: run {s['run_id']} of a command (no training metrics): {s['status']}, "
+        f"exit code {s['exit_code']}, {s['restarts'] if s['restarts'] is not None else 0} restart(s)")
+    if cmd:
+        say(f"  command: {cmd} (transport {s['transport']})")
+    if s["plan"]:
+        p = s["plan"]
+        hosts = p.get("hosts")
+        say(f"  plan: {len(hosts) if isinstance(hosts, list) else '?'} host(s), {p.get('instances')} instance(s), "
+            f"{p.get('replicas')} replicas; local batch {p.get('local_batch')} x GA {p.get('grad_accum')} -> "
+            f"global batch {p.get('global_batch')}")
+    for a in s["attempts"]:
+        say(f"  attempt {a['restart_count']}: {a['status']}, exit code {a['exit_code']}"
+            + (f" ({a['root_cause']})" if a["root_cause"] else ""))
+    rc = s["root_cause"]
+    if rc:
+        say(f"  root cause: instance {rc.get('instance')} on {rc.get('host')}, local rank {rc.get('local_rank')}: "
+            f"{rc.get('reason')}")
+        for line in (rc.get("last_lines") or [])[-5:]:
+            say(f"    {line}")
+    if s.get("error"):
+        say(f"  error: {s['error']}")
+    for problem in s.get("problems") or []:
+        say(f"  preflight: {problem}")
+    if s["duration_s"] is not None:
+        ready = f", all instances ready after {_seconds(s['all_ready_s'])}" if s["all_ready_s"] is not None else ""
+        say(f"  duration {_seconds(s['duration_s'])}{ready}")
+    for i in s["instances"]:
+        say(f"  instance {i['index']} on {i['host']}: {i['status']}, exit code {i['exit_code']}, "
+            f"ready {_seconds(i['ready_s'])}, ended {_seconds(i['ended_s'])}")
+    for note in notes:
+        say(f"  note: {note}")

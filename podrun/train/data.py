@@ -7,7 +7,9 @@ decomposition. Epoch e shuffles the dataset with a permutation seeded by (seed, 
 takes the global batch ``perm[s*G:(s+1)*G]`` (G = local batch x replicas x GA). Replica r takes the
 contiguous slice ``[r*b*a, (r+1)*b*a)`` of it (disjoint shards) and feeds it as ``a`` micro batches
 of ``b``. With a mean loss per micro batch, gradients divided by GA and averaged over replicas, the
-update is the mean gradient over the same G samples: identical for 1x4, 2x2, 4x1.
+update is the mean gradient over the same G samples: identical for 1x4, 2x2, 4x1. A position is
+counted in global samples (``position``), so a run resumed on another split of the same G continues
+the same sequence of global batches.
 """
 from __future__ import annotations
 
@@ -297,11 +299,24 @@ def steps_per_epoch(n: int, shard: Shard) -> int:
 
 
 def epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
+    """The order of epoch ``epoch``: a function of the seed and the epoch only, never of the decomposition."""
     return np.random.default_rng([seed, 7919, epoch]).permutation(n)
 
 
+def position(samples: int, global_batch: int, n: int) -> tuple[int, int]:
+    """(epoch, update step within it) after ``samples`` training samples; an epoch holds n // G global batches."""
+    if samples % global_batch:
+        raise ValueError(f"{samples} samples is not on a boundary of global batch {global_batch}")
+    step, per_epoch = samples // global_batch, n // global_batch
+    return step // per_epoch, step % per_epoch
+
+
 def step_indices(perm: np.ndarray, step: int, shard: Shard) -> list[np.ndarray]:
-    """This worker's micro batches of update ``step``: a list of GA arrays, each local_batch x local_replicas."""
+    """This worker's micro batches of update ``step``: a list of GA arrays, each local_batch x local_replicas.
+
+    The fixed layout: global batch ``perm[step*G:(step+1)*G]``; replica r's part starts at r*b*a, and its
+    micro step j takes ``[r*b*a + j*b, r*b*a + (j+1)*b)`` of the global batch.
+    """
     g = perm[step * shard.global_batch:(step + 1) * shard.global_batch]
     b, a = shard.local_batch, shard.grad_accum
     mine = [g[(shard.replica_offset + k) * b * a:(shard.replica_offset + k + 1) * b * a]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,9 +18,12 @@ from torch import nn
 from podrun.runtime.distributed import Device
 from podrun.runtime.env import WorkerInfo
 from podrun.train import checkpoint as ckpt
+from podrun.train.config import TrainError, decompose, sched_name, write_config
 from podrun.train.data import Loader, Shard, load_dataset, steps_per_epoch
 from podrun.train.metrics import MetricsWriter
 from podrun.train.optim import lr_factor, soft_cross_entropy
+from podrun.train.save import FORMAT, resume_step
+from podrun.train.setup import build_model, checkpoint_dir, resolve_run_dir
 
 
 class TrainingWrapper(nn.Module):
@@ -59,13 +61,11 @@ def _optimizer(poptorch, params, cfg, lr: float, half: bool):
 def train_ipu(cfg, info: WorkerInfo, device: Device) -> dict[str, Any]:
     import poptorch
 
-    from podrun.train.runner import TrainError, _build_model, _resolve_run_dir, decompose
-
     t0 = time.time()
     b, a, g = decompose(cfg, info, replicas=info.num_replicas)
     shard = Shard(local_batch=b, grad_accum=a, replicas=info.num_replicas, replica_offset=info.replica_offset,
                   local_replicas=info.local_replicas)
-    run_dir = _resolve_run_dir(cfg, info)
+    run_dir = resolve_run_dir(cfg, info)
     main = info.instance_index == 0
     metrics = MetricsWriter(run_dir, enabled=main, console=cfg.console and main, log_every=cfg.log_every)
     train_ds, _ = load_dataset(cfg.data, image_size=cfg.image_size, num_classes=cfg.num_classes,
@@ -79,7 +79,7 @@ def train_ipu(cfg, info: WorkerInfo, device: Device) -> dict[str, Any]:
     warmup = int(round(warmup_epochs * spe))
 
     torch.manual_seed(cfg.seed)  # the same on every instance: equal weights without a broadcast
-    model = _build_model(cfg)
+    model = build_model(cfg)
     half = cfg.amp in ("fp16", "auto_fp16", "half")
     if half:
         model = model.half()
@@ -94,16 +94,28 @@ def train_ipu(cfg, info: WorkerInfo, device: Device) -> dict[str, Any]:
         opts.Distributed.configureProcessId(info.instance_index, info.num_instances)
 
     def sched(step: int) -> float:
-        return lr * lr_factor(step, total_steps=total, warmup_steps=warmup, schedule={"polynomial": "poly"}.get(
-            cfg.schedule, cfg.schedule), power=cfg.power, end_factor=cfg.end_factor, gamma=cfg.gamma)
+        return lr * lr_factor(step, total_steps=total, warmup_steps=warmup, schedule=sched_name(cfg.schedule),
+                              power=cfg.power, end_factor=cfg.end_factor, gamma=cfg.gamma)
 
     step = 0
-    ckpt_dir = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else run_dir / "checkpoints"
+    ckpt_dir = checkpoint_dir(cfg, run_dir)
     if cfg.resume:
         found = ckpt.load_latest(ckpt_dir)
         if found:
+            step = resume_step(found[0], found[1], global_batch=g, seed=cfg.seed, train_size=len(train_ds))
             model.load_state_dict(found[1]["model"])
-            step = found[1]["step"]
+
+    def state(at: int) -> dict:
+        return {"format": FORMAT, "model": model.state_dict(), "samples": at * g, "step": at, "global_batch": g,
+                "seed": cfg.seed, "train_size": len(train_ds), "steps_per_epoch": spe}
+
+    if main:
+        write_config(run_dir, cfg, {"world_size": info.world_size, "instances": info.num_instances,
+                                    "replicas": info.num_replicas, "local_batch": b, "grad_accum": a,
+                                    "global_batch": g, "steps_per_epoch": spe, "total_steps": total, "lr": lr,
+                                    "warmup_steps": warmup, "device": "ipu", "train_size": len(train_ds),
+                                    "run_dir": str(run_dir), "checkpoint_dir": str(ckpt_dir),
+                                    "resumed_at_step": step})
     optimizer = _optimizer(poptorch, wrapper.parameters(), cfg, sched(step), half)
     tm = poptorch.trainingModel(wrapper, options=opts, optimizer=optimizer)
     metrics.write({"kind": "run", "event": "start", "step": step, "world_size": info.world_size,
@@ -131,12 +143,12 @@ def train_ipu(cfg, info: WorkerInfo, device: Device) -> dict[str, Any]:
         metrics.write({"kind": "step", "step": step, "epoch": epoch, "loss": loss_v, "accuracy": acc,
                        "lr": sched(step - 1), "images_per_sec": g / dt,
                        "images_per_sec_instance": len(y) / dt, "step_seconds": dt})
-        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and main:
+        if cfg.checkpoint_every > 0 and step % cfg.checkpoint_every == 0 and main:
             tm.copyWeightsToHost()
-            ckpt.save({"model": model.state_dict(), "step": step, "global_batch": g}, ckpt_dir, step)
+            ckpt.save(state(step), ckpt_dir, step)
     tm.copyWeightsToHost()
-    if main and step:
-        ckpt.save({"model": model.state_dict(), "step": step, "global_batch": g}, ckpt_dir, step)
+    if main and step > 0:
+        ckpt.save(state(step), ckpt_dir, step)
     tm.detachFromDevice()
     summary = {"steps": step, "total_steps": total, "global_batch": g, "local_batch": b, "grad_accum": a,
                "replicas": info.num_replicas, "seconds": time.time() - t0, "run_dir": str(run_dir)}

@@ -61,17 +61,57 @@ def format_line(r: dict[str, Any], log_every: int = 1) -> str | None:
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
-    """Every record, tolerating a torn last line (a worker killed mid-write)."""
+    """Every record, tolerating a torn last line (a worker killed mid-write) and any other unreadable line."""
+    return read_metrics_counted(run_dir)[0]
+
+
+def read_metrics_counted(run_dir: str | os.PathLike) -> tuple[list[dict[str, Any]], int]:
+    """(records, lines skipped): a line that is not UTF-8, not a JSON object, or a record whose fields have the
+    wrong types (see ``well_formed``) is skipped and counted, never raised."""
     p = Path(run_dir)
     p = p if p.is_file() else p / METRICS_FILE
-    out = []
-    with open(p) as f:
-        for line in f:
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
+    out, skipped = [], 0
+    with open(p, "rb") as f:
+        for raw in f:
+            if not raw.strip():
                 continue
-    return out
+            try:
+                record = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError, RecursionError):
+                skipped += 1
+                continue
+            if isinstance(record, dict) and well_formed(record):
+                out.append(record)
+            else:
+                skipped += 1
+    return out, skipped
+
+
+def _integer(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+_FIELDS = {      # the numeric fields a reader relies on, per kind
+    "step": ("step", "epoch", "loss", "accuracy", "images_per_sec"),
+    "eval": ("step", "val_loss", "val_accuracy"),
+    "epoch": ("step", "epoch"),
+}
+
+
+def well_formed(r: dict[str, Any]) -> bool:
+    """A record a reader can use: ``kind`` a string; for the known kinds, numeric fields numbers and ``step`` an
+    integer (records of other kinds are kept for their readers)."""
+    kind = r.get("kind")
+    if kind == "run":
+        return isinstance(r.get("event"), str) and ("step" not in r or _integer(r["step"]))
+    if kind not in _FIELDS:
+        return isinstance(kind, str)
+    return all(_number(r.get(k)) for k in _FIELDS[kind]) and _integer(r["step"]) and \
+        all(_number(r[k]) for k in ("images_per_sec_instance", "step_seconds") if k in r)
 
 
 def latest_by_step(records: Iterable[dict], kind: str) -> list[dict]:

@@ -47,7 +47,7 @@ def parser(recipe_name: str, default_data: str = "synthetic") -> argparse.Argume
 
 def build_config(recipe, args: argparse.Namespace, plan: dict | None, overrides: dict[str, Any] | None = None):
     """TrainConfig from the recipe (podrun.specs.RecipeSpec), the plan (dict or None) and the arguments."""
-    from podrun.train.runner import TrainConfig
+    from podrun.train.config import TrainConfig
 
     ds, opt, sch = recipe.dataset, recipe.optimizer, recipe.schedule
     from podrun import models

@@ -1,26 +1,89 @@
-"""Summarise a run's metrics.jsonl and draw its loss, accuracy and throughput curves (matplotlib Agg, lazily)."""
+"""Summarise a run directory: a training run's metrics.jsonl (and its curves, matplotlib Agg, lazily), or what a
+plain command's run has (plan.json, summary.json: attempts, exit codes, root cause, durations)."""
 from __future__ import annotations
 
+import json
 import statistics
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from podrun.errors import PodrunError
-from podrun.train.metrics import METRICS_FILE, latest_by_step, read_metrics
+from podrun.train.metrics import METRICS_FILE, latest_by_step, read_metrics_counted
+
+SUMMARY_FILE = "summary.json"      # written by podrun launch / submit (podrun.launch.rundir)
+PLAN_FILE = "plan.json"
+
+
+@dataclass
+class RunRecord:
+    """What a run directory holds that a report can use."""
+
+    path: Path                                        # the run directory
+    records: list[dict] = field(default_factory=list)  # metrics.jsonl's readable records
+    skipped: int = 0                                  # metrics.jsonl lines that could not be read
+    metrics_file: Path | None = None                  # None: the run has no metrics.jsonl
+    launch: dict | None = None                        # summary.json
+    plan: dict | None = None                          # plan.json
+    problems: list[str] = field(default_factory=list)  # files present but unreadable
+
+    @property
+    def trained(self) -> bool:
+        return any(r.get("kind") == "step" for r in self.records)
+
+
+def _read_json(path: Path, problems: list[str]) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        problems.append(f"{path}: unreadable ({type(exc).__name__})")
+        return None
+    if not isinstance(data, dict):
+        problems.append(f"{path}: not a JSON object")
+        return None
+    return data
+
+
+def read_run(run_dir: str | Path) -> RunRecord:
+    """Read RUN_DIR (or a metrics.jsonl file); exit 2 with a clear message when nothing in it can be reported."""
+    p = Path(run_dir)
+    if not p.exists():
+        raise PodrunError(f"{p}: no such run directory", hint="pass a run directory, e.g. runs/<run-id>")
+    base = p.parent if p.is_file() else p
+    run = RunRecord(path=base)
+    f = p if p.is_file() else p / METRICS_FILE
+    if f.is_file():
+        run.metrics_file = f
+        try:
+            run.records, run.skipped = read_metrics_counted(f)
+        except OSError as exc:
+            raise PodrunError(f"{f}: cannot be read ({exc.strerror or exc})") from None
+    if not p.is_file():
+        run.launch = _read_json(base / SUMMARY_FILE, run.problems)
+        run.plan = _read_json(base / PLAN_FILE, run.problems)
+    if run.trained or run.launch is not None or run.plan is not None:
+        return run
+    if run.metrics_file is None:
+        raise PodrunError(
+            f"{p}: no {METRICS_FILE}, {SUMMARY_FILE} or {PLAN_FILE} in this run directory"
+            + (f" ({'; '.join(run.problems)})" if run.problems else ""),
+            hint="metrics are written by the recipes' train.py (podrun.train), summary.json and plan.json by "
+                 "podrun launch; did the run start?")
+    if run.skipped:
+        raise PodrunError(f"{f}: none of its lines could be read ({run.skipped} skipped: not UTF-8, not JSON, "
+                          "or fields of the wrong type), and no training step is left to report",
+                          hint="the file is damaged; the checkpoints, if any, are not affected")
+    raise PodrunError(f"{f}: no training steps recorded yet")
 
 
 def load(run_dir: str | Path) -> list[dict]:
-    p = Path(run_dir)
-    f = p if p.is_file() else p / METRICS_FILE
-    if not p.exists():
-        raise PodrunError(f"{p}: no such run directory", hint="pass a run directory, e.g. runs/<run-id>")
-    if not f.is_file():
-        raise PodrunError(f"{p}: no {METRICS_FILE} in this run directory",
-                          hint="metrics are written by the recipes' train.py (podrun.train); did the run start?")
-    records = read_metrics(f)
-    if not any(r.get("kind") == "step" for r in records):
-        raise PodrunError(f"{f}: no training steps recorded yet")
-    return records
+    """The readable metrics records of a training run (an error when it recorded no step)."""
+    run = read_run(run_dir)
+    if not run.trained:
+        raise PodrunError(f"{run.metrics_file or run.path / METRICS_FILE}: no training steps recorded")
+    return run.records
 
 
 def summarize(records: list[dict]) -> dict[str, Any]:
@@ -58,6 +121,63 @@ def summarize(records: list[dict]) -> dict[str, Any]:
     return out
 
 
+def _get(d: Any, *keys: str) -> Any:
+    for k in keys:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(k)
+    return d
+
+
+def _cause(c: Any) -> dict | None:
+    if not isinstance(c, dict):
+        return None
+    keep = ("instance", "host", "local_rank", "exit_code", "reason", "last_lines")
+    return {k: c[k] for k in keep if k in c}
+
+
+def summarize_command(run: RunRecord) -> dict[str, Any]:
+    """A run without training steps (a plain command, or a training that never reached step 1): what podrun
+    recorded of it, from plan.json and summary.json."""
+    s, plan = run.launch or {}, run.plan or {}
+    attempts = s.get("attempts") if isinstance(s.get("attempts"), list) else []
+    instances = s.get("instances") if isinstance(s.get("instances"), list) else []
+    out: dict[str, Any] = {
+        "kind": "command",
+        "run_dir": str(run.path),
+        "run_id": s.get("run_id"),
+        "status": s.get("status") if run.launch is not None else "unknown (no summary.json: still running, "
+                                                                     "or podrun itself was ended)",
+        "exit_code": s.get("exit_code"),
+        "transport": s.get("transport"),
+        "command": s.get("command"),
+        "restarts": s.get("restart_count"),
+        "plan": {k: plan.get(k) for k in ("cluster", "hosts", "devices", "replicas", "instances", "local_batch",
+                                          "grad_accum", "global_batch") if k in plan} or None,
+        "attempts": [{"restart_count": a.get("restart_count"), "exit_code": a.get("exit_code"),
+                      "status": a.get("status"), "root_cause": _get(a, "root_cause", "reason")}
+                     for a in attempts if isinstance(a, dict)],
+        "root_cause": _cause(s.get("root_cause")),
+        "duration_s": _get(s, "timings", "duration_s"),
+        "all_ready_s": _get(s, "timings", "all_ready_s"),
+        "instances": [{k: i.get(k) for k in ("index", "host", "status", "exit_code", "ready_s", "ended_s")}
+                      for i in instances if isinstance(i, dict)],
+    }
+    if s.get("error") is not None:
+        out["error"] = s.get("error")
+    if s.get("problems") is not None:
+        out["problems"] = s.get("problems")
+    return out
+
+
+def launch_summary(launch: dict | None) -> dict[str, Any] | None:
+    """The launcher's view of a training run (status, exit code, restarts, duration), when podrun launched it."""
+    if launch is None:
+        return None
+    return {"status": launch.get("status"), "exit_code": launch.get("exit_code"),
+            "restarts": launch.get("restart_count"), "duration_s": _get(launch, "timings", "duration_s")}
+
+
 def plot(records: list[dict], path: str | Path, title: str = "") -> Path:
     import matplotlib
 
@@ -87,7 +207,7 @@ def plot(records: list[dict], path: str | Path, title: str = "") -> Path:
     ax[2].set_title("images/s")
     ax[2].legend()
     for r in records:
-        if r.get("kind") == "run" and r.get("event") == "resume":
+        if r.get("kind") == "run" and r.get("event") == "resume" and "step" in r:
             for a in ax:
                 a.axvline(r["step"], color="grey", ls=":", lw=1)
     if title:

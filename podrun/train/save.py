@@ -1,0 +1,98 @@
+"""What a checkpoint holds (the position in global samples, not per-rank steps) and the resume: find, check, restore.
+
+The position is ``samples``, the number of training samples consumed (update steps x global batch).
+Since the data order is a function of the seed and the epoch only (podrun.train.data), a position on
+a global-batch boundary names the next global batch whatever the replicas x local batch x GA split
+that resumes it. A checkpoint that cannot continue the same sequence (another global batch, seed or
+training set, or a position off a global-batch boundary) is refused with ResumeError (exit 2).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from podrun.train import checkpoint as ckpt
+from podrun.train.setup import Session, all_reduce
+
+FORMAT = 2      # 1: "step" and "global_batch" only; 2: adds samples, seed, train_size, steps_per_epoch
+
+
+class ResumeError(ckpt.CheckpointError):
+    """A checkpoint this run cannot continue exactly (another global batch, seed or data set, or an odd position)."""
+
+
+def new_accumulators() -> dict[str, float]:
+    """The running sums of an epoch's step rows (kept in the checkpoint so an epoch row survives a resume)."""
+    return {"loss": 0.0, "correct": 0.0, "count": 0.0, "seconds": 0.0}
+
+
+def position_of(state: dict[str, Any]) -> tuple[int, int | None]:
+    """(samples consumed, global batch) of a checkpoint; format 1 files give them as step x global batch."""
+    g = state.get("global_batch")
+    if "samples" in state:
+        return int(state["samples"]), g
+    return int(state["step"]) * int(g if g is not None else 0), g
+
+
+def resume_step(path: Path | str, state: dict[str, Any], *, global_batch: int, seed: int, train_size: int) -> int:
+    """The update step to continue from, after checking this run continues the checkpoint's sequence of global batches."""
+    samples, saved_g = position_of(state)
+    hint = ("resume with the global batch, seed and data the checkpoint was written with (replicas, local "
+            "batch and GA may change), or start over with --no-resume or a new --checkpoint-dir")
+    if saved_g != global_batch:
+        raise ResumeError(f"{path}: saved at global batch {saved_g} after {samples} samples; this run uses "
+                          f"global batch {global_batch}, so its global batches and learning-rate schedule "
+                          "would not continue the saved run's", hint=hint)
+    if samples % global_batch:
+        raise ResumeError(f"{path}: position {samples} samples is not on a boundary of global batch "
+                          f"{global_batch}; the next global batch cannot be continued exactly", hint=hint)
+    for key, now, what in (("seed", seed, "seed"), ("train_size", train_size, "training set size")):
+        if key in state and state[key] != now:
+            raise ResumeError(f"{path}: saved with {what} {state[key]}, this run has {now}; the data order "
+                              "(a function of the seed and the epoch) would differ", hint=hint)
+    return samples // global_batch
+
+
+def agree_on_checkpoint(s: Session, found: tuple[Path, dict] | None) -> None:
+    """Every worker must have found the same checkpoint (a directory not shared between hosts otherwise)."""
+    mark = torch.tensor([position_of(found[1])[0] if found else -1], dtype=torch.float64)
+    on = dist.is_initialized()
+    hi = all_reduce(mark.clone(), dist.ReduceOp.MAX if on else None)
+    lo = all_reduce(mark.clone(), dist.ReduceOp.MIN if on else None)
+    if hi.item() != lo.item():
+        raise ckpt.CheckpointError(
+            f"workers found different checkpoints in {s.ckpt_dir} (samples {lo.item():.0f}..{hi.item():.0f})",
+            hint="the checkpoint directory must be shared by every host", exit_code=1)
+
+
+def restore(s: Session) -> tuple[int, dict[str, float], str | None]:
+    """(step, epoch accumulators, path resumed from) from the newest good checkpoint, or a fresh start."""
+    acc = new_accumulators()
+    if not s.cfg.resume:
+        return 0, acc, None
+    found = ckpt.load_latest(s.ckpt_dir, map_location=s.device.torch_device if s.device.kind == "cuda" else "cpu")
+    agree_on_checkpoint(s, found)
+    if not found:
+        return 0, acc, None
+    path, state = found
+    step = resume_step(path, state, global_batch=s.global_batch, seed=s.cfg.seed, train_size=len(s.train_ds))
+    s.unwrap.load(state["model"], s.opt, state["optimizer"])
+    s.sched.load_state_dict(state["scheduler"])
+    if state.get("scaler"):
+        s.scaler.load_state_dict(state["scaler"])
+    ckpt.set_rng_state(state["rng"])
+    return step, state.get("epoch_acc", acc), str(path)
+
+
+def save(s: Session, step: int, acc: dict[str, float]) -> None:
+    """Checkpoint after ``step`` updates (a collective under FSDP: every rank calls it; rank 0 writes)."""
+    model_state, opt_state = s.unwrap.state_dict(), s.unwrap.optim_state_dict(s.opt)
+    if s.rank == 0:
+        ckpt.save({"format": FORMAT, "model": model_state, "optimizer": opt_state,
+                   "scheduler": s.sched.state_dict(), "scaler": s.scaler.state_dict() if s.use_scaler else None,
+                   "samples": step * s.global_batch, "step": step, "global_batch": s.global_batch,
+                   "seed": s.cfg.seed, "train_size": len(s.train_ds), "steps_per_epoch": s.steps_per_epoch,
+                   "rng": ckpt.rng_state(), "epoch_acc": dict(acc)}, s.ckpt_dir, step)

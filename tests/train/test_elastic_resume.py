@@ -1,0 +1,110 @@
+"""Proof: a checkpoint holds the position in global samples and the data order is a function of the seed and the
+epoch only, so a run killed on 4 replicas and resumed on 3 (same global batch, another local batch) trains exactly
+as a run that stayed on 4. Real processes, real torch.distributed gloo on loopback, a GroupNorm model."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from podrun.train import checkpoint as ckpt
+from podrun.train.metrics import latest_by_step, read_metrics
+from tests.train.train_procs import start_workers, wait_all
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = 40
+GLOBAL = 24          # divisible by 4, 3 and 2 replicas
+
+
+def _opts(run_dir, **kw):
+    return dict(data="digits", image_size=8, num_classes=10, steps=STEPS, global_batch=GLOBAL, lr=0.2,
+                optimizer="sgd", momentum=0.9, weight_decay=1e-4, schedule="cosine", warmup_epochs=0.05,
+                deterministic=True, seed=11, eval_every=0, console=False, checkpoint_every=5,
+                run_dir=str(run_dir), **kw)
+
+
+def _wait_for_step(run_dir, step: int, procs, timeout: float = 120) -> int:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if (run_dir / "metrics.jsonl").exists():
+            done = [r["step"] for r in read_metrics(run_dir) if r.get("kind") == "step"]
+            if done and max(done) >= step:
+                return max(done)
+        for p in procs:
+            assert p.poll() is None, f"a worker ended before step {step}:\n{p.communicate()[0][-2000:]}"
+        time.sleep(0.01)
+    raise AssertionError(f"step {step} not reached in {timeout}s")
+
+
+@pytest.mark.timeout(420)
+def test_killed_on_4_replicas_resumed_on_3_continues_the_same_curve(tmp_path):
+    ref_dir, run_dir = tmp_path / "stays-on-4", tmp_path / "4-then-3"
+    first = start_workers(4, _opts(run_dir))
+    seen = _wait_for_step(run_dir, 12, first)
+    for p in first:
+        p.send_signal(signal.SIGKILL)
+    for p in first:
+        p.wait()
+    assert not any(r.get("event") == "end" for r in read_metrics(run_dir)), "the run finished before it was killed"
+    saved = ckpt.list_checkpoints(run_dir / "checkpoints")
+    state = torch.load(saved[-1], weights_only=False)
+    # the position is in global samples, on a global-batch boundary
+    assert state["samples"] == state["step"] * GLOBAL and 5 <= state["step"] <= seen < STEPS, (state["step"], seen)
+    assert state["global_batch"] == GLOBAL
+
+    wait_all(start_workers(3, _opts(run_dir)), timeout=300)          # the same run on 3 replicas
+    wait_all(start_workers(4, _opts(ref_dir)), timeout=300)
+
+    records = read_metrics(run_dir)
+    resume = [r for r in records if r.get("event") == "resume"]
+    assert len(resume) == 1, resume
+    assert (resume[0]["step"], resume[0]["samples"]) == (state["step"], state["samples"])
+    assert (resume[0]["world_size"], resume[0]["local_batch"], resume[0]["grad_accum"]) == (3, 8, 1)
+    start = [r for r in records if r.get("event") == "start"][0]
+    assert (start["world_size"], start["local_batch"]) == (4, 6)
+
+    got = [(r["step"], r["loss"], r["accuracy"], r["lr"]) for r in latest_by_step(records, "step")]
+    want = [(r["step"], r["loss"], r["accuracy"], r["lr"]) for r in latest_by_step(read_metrics(ref_dir), "step")]
+    assert [row[0] for row in got] == list(range(1, STEPS + 1))
+    losses = [row[1] for row in want]
+    assert max(losses) - min(losses) > 0.05, f"the loss curve is flat, the test would prove nothing: {losses}"
+    for g, w in zip(got, want):
+        assert g == pytest.approx(w, rel=1e-5, abs=1e-7), f"step {g[0]}: 4->3 {g} vs stays on 4 {w}"
+    a = torch.load(ckpt.list_checkpoints(run_dir / "checkpoints")[-1], weights_only=False)
+    b = torch.load(ckpt.list_checkpoints(ref_dir / "checkpoints")[-1], weights_only=False)
+    assert a["samples"] == b["samples"] == STEPS * GLOBAL
+    for k in b["model"]:
+        torch.testing.assert_close(a["model"][k], b["model"][k], rtol=1e-5, atol=1e-6)
+
+
+def _env():
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PODRUN_", "SLURM_", "OMPI_", "PMI_", "POPDIST_"))
+           and k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+@pytest.mark.timeout(180)
+def test_resume_with_another_global_batch_is_refused_exit_2(tmp_path):
+    """train.py resumed onto a decomposition that cannot continue the sequence: one paragraph, exit 2."""
+    train_py = ROOT / "recipes" / "resnet18_cifar10" / "train.py"
+    common = ["--data", "digits", "--image-size", "8", "--steps", "2", "--run-dir", str(tmp_path / "r"), "--quiet",
+              "--eval-every", "0"]
+    first = subprocess.run([sys.executable, str(train_py), *common, "--global-batch", "16"], env=_env(),
+                           capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stdout + first.stderr
+    again = subprocess.run([sys.executable, str(train_py), *common, "--global-batch", "32", "--steps", "4"],
+                           env=_env(), capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2, again.stdout + again.stderr
+    assert "Traceback" not in again.stderr
+    assert "saved at global batch 16 after 32 samples" in again.stderr and "uses global batch 32" in again.stderr
+    assert "hint:" in again.stderr and "--no-resume" in again.stderr
+    # nothing was trained or rewritten by the refused attempt
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path / "r" / "checkpoints")] == ["ckpt-000000002.pt"]

@@ -1,0 +1,132 @@
+"""`podrun report` on what a run directory really holds: a plain command's run (no metrics.jsonl), and a
+metrics.jsonl with non-UTF-8 bytes or broken lines (skipped and counted, never a traceback)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from podrun.train.metrics import MetricsWriter
+from tests.ports import free_port
+
+
+def _env():
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PODRUN_", "SLURM_", "OMPI_", "PMI_", "POPDIST_"))
+           and k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    return env
+
+
+def _podrun(*args, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "podrun", *args], env=_env(), cwd=cwd, capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def plain_run(tmp_path_factory) -> Path:
+    """A real `podrun launch` of a plain command on this machine: 2 workers that exit 3, one restart."""
+    tmp = tmp_path_factory.mktemp("plain")
+    out = _podrun("launch", "--hosts", "localhost", "--devices-per-host", "2", "--max-restarts", "1",
+                  "--master-port", str(free_port(2)), "--runs-dir", str(tmp / "runs"), "--run-id", "plain",
+                  "--", "sh", "-c", "echo hello from $RANK; exit 3", cwd=tmp)
+    assert out.returncode == 3, out.stdout + out.stderr
+    run = tmp / "runs" / "plain"
+    assert (run / "summary.json").is_file() and not (run / "metrics.jsonl").exists()
+    return run
+
+
+def test_report_of_a_plain_command_summarises_the_run(plain_run):
+    out = _podrun("report", str(plain_run))
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = out.stdout
+    assert "run plain of a command (no training metrics): failed, exit code 3, 1 restart(s)" in text
+    assert "command: sh -c 'echo hello from $RANK; exit 3' (transport local)" in text
+    assert "plan: 1 host(s), 1 instance(s), 2 replicas" in text
+    assert "attempt 0: failed, exit code 3 (exited with code 3)" in text
+    assert "attempt 1: failed, exit code 3 (exited with code 3)" in text
+    assert "root cause: instance 0 on localhost, local rank" in text and "hello from" in text
+    assert "duration " in text and "instance 0 on localhost: failed, exit code 3" in text
+
+    js = _podrun("report", str(plain_run), "--json")
+    assert js.returncode == 0, js.stderr
+    s = json.loads(js.stdout)
+    assert s["kind"] == "command" and s["exit_code"] == 3 and s["restarts"] == 1
+    assert [(a["restart_count"], a["exit_code"]) for a in s["attempts"]] == [(0, 3), (1, 3)]
+    assert s["root_cause"]["exit_code"] == 3 and s["plan"]["replicas"] == 2
+    assert isinstance(s["duration_s"], float) and s["duration_s"] > 0
+    assert not (plain_run / "report.png").exists()
+
+
+def _training_metrics(run_dir: Path, steps: int = 5) -> None:
+    """metrics.jsonl as the runner writes it (its own writer), for a short run."""
+    w = MetricsWriter(run_dir, console=False)
+    w.write({"kind": "run", "event": "start", "step": 0, "world_size": 2, "instances": 1, "local_batch": 4,
+             "grad_accum": 1, "global_batch": 8, "total_steps": steps, "device": "cpu"})
+    for s in range(1, steps + 1):
+        w.write({"kind": "step", "step": s, "epoch": 0, "loss": 2.0 / s, "accuracy": 0.1 * s, "lr": 0.1,
+                 "images_per_sec": 100.0, "images_per_sec_instance": 100.0, "step_seconds": 0.08})
+    w.write({"kind": "eval", "step": steps, "epoch": 0, "val_loss": 0.5, "val_accuracy": 0.8, "val_samples": 10})
+    w.write({"kind": "run", "event": "end", "step": steps})
+    w.close()
+
+
+BROKEN = [b"\xff\xfe\x00 not utf-8 \xc3\x28\n",
+          b'{"kind": "step", "step": "three", "epoch": 0, "loss": 1.0, "accuracy": 0.5, "images_per_sec": 1}\n',
+          b'{"kind": "eval", "step": 2, "val_loss": null, "val_accuracy": 0.5}\n',
+          b"[1, 2, 3]\n",
+          b'{"kind": "step", "step": 9, "epo']          # torn last line
+
+
+def test_report_skips_unreadable_metrics_lines_and_says_how_many(tmp_path):
+    run = tmp_path / "run"
+    _training_metrics(run)
+    with open(run / "metrics.jsonl", "ab") as f:
+        f.write(b"".join(BROKEN[:-1]))
+        f.write(b'{"kind": "step", "step": 6, "epoch": 0, "loss": 0.3, "accuracy": 0.7, "lr": 0.1, '
+                b'"images_per_sec": 100.0, "step_seconds": 0.08}\n')
+        f.write(BROKEN[-1])
+    out = _podrun("report", str(run), "--no-plot")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr
+    assert "6/5 steps" in out.stdout
+    assert "note: skipped 5 unreadable line(s) of" in out.stdout
+    js = json.loads(_podrun("report", str(run), "--no-plot", "--json").stdout)
+    assert js["kind"] == "training" and js["skipped_lines"] == 5 and js["steps"] == 6
+    assert js["final_val_accuracy"] == 0.8
+
+
+def test_report_of_metrics_with_nothing_readable_is_exit_2(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_bytes(b"".join(BROKEN))
+    out = _podrun("report", str(run))
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr
+    assert "metrics.jsonl: none of its lines could be read (5 skipped" in out.stderr
+
+
+def test_report_of_a_command_run_with_broken_metrics_reports_the_run(tmp_path, plain_run):
+    """A training that never wrote a readable step, launched by podrun: the launcher's record is still reported."""
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("summary.json", "plan.json"):
+        (run / name).write_bytes((plain_run / name).read_bytes())
+    (run / "metrics.jsonl").write_bytes(BROKEN[0])
+    out = _podrun("report", str(run))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "exit code 3" in out.stdout and "note: skipped 1 unreadable line(s)" in out.stdout
+    assert "records no training step" in out.stdout
+
+
+def test_report_names_an_unreadable_summary(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_bytes(b"\xff{not json")
+    out = _podrun("report", str(run))
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr
+    assert "summary.json: unreadable (UnicodeDecodeError)" in out.stderr
