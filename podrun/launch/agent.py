@@ -372,7 +372,7 @@ def _fresh_error_file(path: str | None) -> None:
     if not path:
         return
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)   # private, as the run dir (rundir.DIR_MODE)
         os.unlink(path)
     except OSError:
         pass

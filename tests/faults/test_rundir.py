@@ -83,10 +83,10 @@ def test_run_id_that_is_not_a_plain_name_is_refused(tmp_path, run_id):
 def test_reused_run_id_is_refused_and_the_old_run_kept(tmp_path):
     runs = tmp_path / "runs"
     assert launch(runs, "--run-id", "r1", "--", "echo", "first").returncode == 0
-    before = {f.name: f.read_bytes() for f in (runs / "r1").iterdir()}
+    before = {f.name: f.read_bytes() for f in (runs / "r1").iterdir() if f.is_file()}
     cp = launch(runs, "--run-id", "r1", "--", "echo", "second")
     assert cp.returncode == 2 and "run id 'r1' is taken" in cp.stderr and "second" not in cp.stdout, cp.stderr
-    assert {f.name: f.read_bytes() for f in (runs / "r1").iterdir()} == before
+    assert {f.name: f.read_bytes() for f in (runs / "r1").iterdir() if f.is_file()} == before
     # a directory `podrun submit` prepared (job script, plan) is what the job's launch fills in
     (runs / "r2").mkdir()
     (runs / "r2" / "job.sh").write_text("#!/bin/sh\n")
@@ -117,7 +117,7 @@ def test_secrets_are_redacted_by_name_and_by_shape_in_the_run_record_and_dry_run
     cp = launch(runs, "--run-id", "r", *env, *cmd)
     assert cp.returncode == 0 and "ran" in cp.stdout, cp.stderr
     d = runs / "r"
-    written = {f.name: f.read_text() for f in d.iterdir()}
+    written = {f.name: f.read_text() for f in d.iterdir() if f.is_file()}
     for where, text in [("dry-run", dry.stdout), ("dry-run --json", dry_json.stdout), *written.items()]:
         leaked = [s for s in HIDDEN if s in text]
         assert not leaked, (where, leaked)
@@ -136,8 +136,8 @@ def test_run_dir_is_private(tmp_path):
     assert launch(runs, "--run-id", "p", "--env", "HF_TOKEN=x", "--", "echo", "hi").returncode == 0
     d = runs / "p"
     assert oct(d.stat().st_mode & 0o777) == "0o700"
-    for f in d.iterdir():
-        assert oct(f.stat().st_mode & 0o777) == "0o600", f
+    for f in d.rglob("*"):       # errors/ (TORCHELASTIC_ERROR_FILE's folder) is a directory: 0700 too
+        assert oct(f.stat().st_mode & 0o777) == ("0o700" if f.is_dir() else "0o600"), f
     assert {f.name for f in d.iterdir()} >= {"plan.json", "command", "env.json", "instance-0.log", "summary.json"}
 
 

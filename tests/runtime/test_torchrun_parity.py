@@ -51,7 +51,7 @@ def test_env_under_podrun_matches_torchrun(tmp_path):
     n = world_size(plan)
     base = _base_env()
     port = free_port(2)
-    tr_dir, pr_dir = tmp_path / "torchrun", tmp_path / "podrun"
+    tr_dir, pr_dir = tmp_path / "torchrun-env", tmp_path / "podrun-env"   # no folder named podrun in the cwd
     tr_dir.mkdir()
     pr_dir.mkdir()
     tr = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(n),
