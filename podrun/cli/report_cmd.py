@@ -15,7 +15,7 @@ def report(run_dir: str, as_json: bool, output: str | None, no_plot: bool) -> No
     from pathlib import Path
 
     from podrun.cli.render import console, print_json
-    from podrun.train.report import launch_summary, plot, read_run, summarize, summarize_command
+    from podrun.train.report import launch_summary, plot, read_run, replans, summarize, summarize_command
 
     run = read_run(run_dir)
     notes = list(run.problems)
@@ -31,10 +31,11 @@ def report(run_dir: str, as_json: bool, output: str | None, no_plot: bool) -> No
     launched = launch_summary(run.launch)
     if launched is not None:
         summary["launch"] = launched
+    summary["replans"] = replans(run.launch)
     if not no_plot:
         base = Path(run_dir)
         target = Path(output) if output else (base if base.is_dir() else base.parent) / "report.png"
-        summary["plot"] = str(plot(run.records, target, title=str(run_dir)))
+        summary["plot"] = str(plot(run.records, target, title=str(run_dir), replanned=summary["replans"]))
     summary["skipped_lines"] = run.skipped
     summary["notes"] = notes
     if as_json:
@@ -57,10 +58,23 @@ def report(run_dir: str, as_json: bool, output: str | None, no_plot: bool) -> No
     if launched is not None:
         c.print(f"  launch: {launched['status']}, exit {launched['exit_code']}, "
                 f"{_seconds(launched['duration_s'])}", markup=False)
+    for r in summary["replans"]:
+        c.print(f"  {_replan_line(r)}", markup=False)
     if "plot" in summary:
         c.print(f"  curves: {summary['plot']}")
     for note in notes:
         c.print(f"  note: {note}", markup=False)
+
+
+def _replan_line(r: dict) -> str:
+    """One elastic re-plan: where, what was lost, the decomposition before and after, time to train again."""
+    from podrun.train.report import describe_replan
+
+    at = f" after step {r['step']}" if r["step"] is not None else ""
+    after = f"; training again {_seconds(r['training_after_s'])} after the loss" \
+        if r["training_after_s"] is not None else ""
+    return (f"re-plan{at}: lost {', '.join(r['hosts_lost']) or 'no host'}, {describe_replan(r)}, "
+            f"global batch {r['new'].get('global_batch')}{after}")
 
 
 def _seconds(v) -> str:
@@ -113,5 +127,7 @@ def _command(run, s: dict, notes: list[str], as_json: bool) -> None:
     for i in s["instances"]:
         say(f"  instance {i['index']} on {i['host']}: {i['status']}, exit code {i['exit_code']}, "
             f"ready {_seconds(i['ready_s'])}, ended {_seconds(i['ended_s'])}")
+    for r in s["replans"]:
+        say(f"  {_replan_line(r)}")
     for note in notes:
         say(f"  note: {note}")

@@ -180,7 +180,7 @@ def _scan(run_dir: str | Path, after: float | None, first: bool) -> tuple[int | 
     path = Path(run_dir) / METRICS_FILE
     found: tuple[int | None, float | None] = (None, None)
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8", errors="replace") as f:   # a bad byte spoils one line, not the scan
             for line in f:
                 try:
                     r = json.loads(line)

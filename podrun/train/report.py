@@ -162,6 +162,7 @@ def summarize_command(run: RunRecord) -> dict[str, Any]:
         "all_ready_s": _get(s, "timings", "all_ready_s"),
         "instances": [{k: i.get(k) for k in ("index", "host", "status", "exit_code", "ready_s", "ended_s")}
                       for i in instances if isinstance(i, dict)],
+        "replans": replans(run.launch),
     }
     if s.get("error") is not None:
         out["error"] = s.get("error")
@@ -178,7 +179,27 @@ def launch_summary(launch: dict | None) -> dict[str, Any] | None:
             "restarts": launch.get("restart_count"), "duration_s": _get(launch, "timings", "duration_s")}
 
 
-def plot(records: list[dict], path: str | Path, title: str = "") -> Path:
+def replans(launch: dict | None) -> list[dict]:
+    """The elastic re-plans summary.json records: step, hosts before and after, decomposition before and after."""
+    out = []
+    for r in _get(launch, "elastic", "replans") or []:
+        old, new = r.get("old") or {}, r.get("new")
+        if not isinstance(new, dict):
+            continue
+        out.append({"step": r.get("at_step"), "hosts_lost": r.get("hosts_lost") or [],
+                    "old": old, "new": new, "training_after_s": r.get("training_after_s")})
+    return out
+
+
+def describe_replan(r: dict) -> str:
+    """'4 -> 3 hosts (GA 3 -> 4)': one re-plan in a few words, for the curves and the summary."""
+    old, new = r["old"], r["new"]
+    hosts = f"{len(old.get('hosts') or [])} -> {len(new.get('hosts') or [])} hosts"
+    return f"{hosts} (local batch {old.get('local_batch')} x GA {old.get('grad_accum')} -> " \
+           f"{new.get('local_batch')} x GA {new.get('grad_accum')})"
+
+
+def plot(records: list[dict], path: str | Path, title: str = "", replanned: list[dict] = ()) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -210,6 +231,13 @@ def plot(records: list[dict], path: str | Path, title: str = "") -> Path:
         if r.get("kind") == "run" and r.get("event") == "resume" and "step" in r:
             for a in ax:
                 a.axvline(r["step"], color="grey", ls=":", lw=1)
+    for r in replanned:               # an elastic re-plan: a red line where the lost host's step ended
+        if isinstance(r["step"], int):
+            for a in ax:
+                a.axvline(r["step"], color="tab:red", ls="--", lw=1)
+            hosts = f"{len(r['old'].get('hosts') or [])} -> {len(r['new'].get('hosts') or [])} hosts"
+            ax[0].annotate(f" re-plan: {hosts}", (r["step"], 1), xycoords=("data", "axes fraction"),
+                           va="top", ha="left", fontsize=8, color="tab:red")
     if title:
         fig.suptitle(title)
     fig.tight_layout()

@@ -34,6 +34,12 @@ def test_failed_instance_host_is_dropped_and_every_plan_kept(tmp_path):
     assert (rp["old"]["grad_accum"], rp["new"]["grad_accum"], rp["new"]["global_batch"]) == (1, 2, 4)
     assert rp["restarted_after_s"] > 0 and rp["training_after_s"] is None and rp["at_step"] is None  # no metrics
     assert s["elastic"]["spares"] == ["127.0.0.4"]       # the healthy host the 2-host plan left out
+    # podrun report says it too, for a plain command's run
+    rep = podrun("report", str(rd))
+    assert rep.returncode == 0, rep.stderr
+    assert "re-plan: lost 127.0.0.3, 4 -> 2 hosts (local batch 1 x GA 1 -> 1 x GA 2), global batch 4" in rep.stdout
+    rep = json.loads(podrun("report", "--json", str(rd)).stdout)
+    assert [(r["hosts_lost"], r["new"]["grad_accum"]) for r in rep["replans"]] == [(["127.0.0.3"], 2)]
 
 
 def test_no_exact_plan_ends_with_the_failures_code(tmp_path):

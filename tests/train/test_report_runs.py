@@ -130,3 +130,28 @@ def test_report_names_an_unreadable_summary(tmp_path):
     assert out.returncode == 2, out.stdout + out.stderr
     assert "Traceback" not in out.stderr
     assert "summary.json: unreadable (UnicodeDecodeError)" in out.stderr
+
+
+def test_report_marks_an_elastic_replan_on_the_curves(tmp_path):
+    """A training run that lost a host: the re-plan summary.json records is in the report and on the curves."""
+    run = tmp_path / "run"
+    _training_metrics(run, steps=8)
+    replan = {"restart": 1, "hosts_lost": ["h3"], "spares_used": [], "at_step": 4, "lost_at": 1.0,
+              "old": {"hosts": ["h1", "h2", "h3", "h4"], "replicas": 4, "local_batch": 1, "grad_accum": 3,
+                      "global_batch": 12},
+              "new": {"hosts": ["h1", "h2", "h4"], "replicas": 3, "local_batch": 1, "grad_accum": 4,
+                      "global_batch": 12},
+              "skipped": [], "restarted_after_s": 1.0, "training_after_s": 12.5}
+    (run / "summary.json").write_text(json.dumps({"run_id": "r", "status": "ok", "exit_code": 0,
+                                                  "elastic": {"min_hosts": 3, "replans": [replan]}}))
+    out = _podrun("report", str(run), "-o", str(tmp_path / "curves.png"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert ("re-plan after step 4: lost h3, 4 -> 3 hosts (local batch 1 x GA 3 -> 1 x GA 4), global batch 12; "
+            "training again 12.5s after the loss") in out.stdout
+    (run / "summary.json").write_text(json.dumps({"run_id": "r", "status": "ok", "exit_code": 0}))
+    plain = _podrun("report", str(run), "-o", str(tmp_path / "plain.png"))
+    assert plain.returncode == 0 and "re-plan" not in plain.stdout
+    # the marked picture differs from the unmarked one (the red line and its label are drawn)
+    assert (tmp_path / "curves.png").read_bytes() != (tmp_path / "plain.png").read_bytes()
+    js = json.loads(_podrun("report", str(run), "--no-plot", "--json").stdout)
+    assert js["replans"] == []
