@@ -1,0 +1,273 @@
+"""Elastic recovery on real OpenSSH hosts (tests.harness.NetnsHosts), podrun vs torchrun side by side (issue 11):
+4 fresh hosts per run, bench/scripts/elastic_train.py (GroupNorm, gloo, checkpoint every step) started at
+1 x 4 x GA 6 = global batch 24 under `podrun launch --elastic 3` and under torchrun `--nnodes 3:4` (c10d
+rendezvous, started over ssh on each host); once it trains on 4 hosts, h3's link is cut (isolate). Measured
+the same way for both: wall time from the cut to the first optimizer step completed by a worker started after
+the cut, as logged by the script (steps.log), and the global batch before and after. podrun's breakdown comes
+from its summary.json (elastic record). Full: 3 interleaved repeats; quick: one podrun run, torchrun skipped."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.bench_launch import PODRUN, ROOT, _kill, _row, _sweep
+
+SCRIPT = str(ROOT / "bench" / "scripts" / "elastic_train.py")
+HOSTS, MIN_HOSTS, CUT = 4, 3, "h3"
+LOCAL_BATCH, GRAD_ACCUM = 1, 6                     # both launchers start at 1 x 4 x GA 6 = 24
+GLOBAL_BATCH = LOCAL_BATCH * HOSTS * GRAD_ACCUM
+PG_TIMEOUT = 10.0                                  # init_process_group(timeout=...) in the script, both launchers
+KEEPALIVE = 2.0                                    # podrun --keepalive
+# torchrun's c10d rendezvous: a node is dead after keep_alive_interval x keep_alive_max_attempt = 2 s without a
+# heartbeat (default 5 x 3 = 15 s); a round closes 1 s after MIN nodes joined (last_call, default 30 s).
+RDZV_CONF = ("join_timeout=120,last_call_timeout=1,close_timeout=10,heartbeat=2,"
+             "keep_alive_interval=1,keep_alive_max_attempt=2")
+MAX_RESTARTS = 3
+STEPS_BEFORE_CUT = 4                               # steps on 4 hosts before the cut
+STEPS_AFTER = 3                                    # steps after the resume before the stop file
+
+
+def _steps(d: Path) -> list[dict]:
+    try:
+        text = (d / "steps.log").read_text()
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:          # a line being written
+            pass
+    return out
+
+
+def _events(d: Path) -> list[dict]:
+    try:
+        return [json.loads(l) for l in (d / "events.log").read_text().splitlines() if l.strip()]
+    except (OSError, ValueError):
+        return []
+
+
+class _Elastic:
+    """One elastic run of SCRIPT under `subject` on 4 fresh hosts; start, cut h3, wait for the resume, stop."""
+
+    def __init__(self, subject: str, hosts, tmp: str, port: int):
+        self.subject, self.hosts, self.names = subject, hosts, hosts.hosts
+        self.marker = f"bench-elastic-{subject}-{port}"
+        self.dir = Path(tmp) / self.marker
+        self.dir.mkdir(parents=True)
+        self.logs = {}
+        script = [SCRIPT, "--dir", str(self.dir), "--batch", str(LOCAL_BATCH),
+                  "--grad-accum", str(GRAD_ACCUM), "--pg-timeout", str(PG_TIMEOUT), "--marker", self.marker]
+        if subject == "podrun":
+            self.runs = self.dir / "runs"
+            argv = [*PODRUN, "launch", "--hosts", ",".join(self.names), "--devices-per-host", "1",
+                    "--transport", "ssh", "--ssh-config", hosts.ssh_config_path, "--python", hosts.python,
+                    "--runs-dir", str(self.runs), "--run-id", "run", "--master-port", str(port),
+                    "--keepalive", str(KEEPALIVE), "--global-batch", str(GLOBAL_BATCH), "--local-batch",
+                    str(LOCAL_BATCH), "--elastic", str(MIN_HOSTS), "--max-restarts", str(MAX_RESTARTS),
+                    "--", hosts.python, *script]
+            self.command = argv
+            self.procs = {"controller": self._popen("controller", argv)}
+        else:
+            cmd = (f"cd {shlex.quote(str(ROOT))} && exec {shlex.quote(hosts.python)} -m torch.distributed.run "
+                   f"--nnodes {MIN_HOSTS}:{HOSTS} --nproc-per-node 1 --max-restarts {MAX_RESTARTS} "
+                   f"--rdzv-backend c10d --rdzv-endpoint {self.names[0]}:{port} --rdzv-id {self.marker} "
+                   f"--rdzv-conf {RDZV_CONF} " + " ".join(shlex.quote(w) for w in script))
+            self.command = cmd
+            self.procs = {h: self._popen(h, hosts.ssh_argv(h, cmd)) for h in self.names}
+
+    def _popen(self, key, argv):
+        self.logs[key] = open(self.dir / f"{key}.log", "w")
+        return subprocess.Popen(argv, stdout=self.logs[key], stderr=subprocess.STDOUT)
+
+    def log_text(self, key) -> str:
+        self.logs[key].flush()
+        return (self.dir / f"{key}.log").read_text(errors="replace")
+
+    def reason(self) -> str:
+        """The lines of the launchers' logs that say why a run did not go on (for the note)."""
+        keys = ["controller"] if self.subject == "podrun" else [h for h in self.names if h != CUT]
+        seen = []
+        for k in keys:
+            for line in self.log_text(k).splitlines():
+                if any(w in line for w in ("Error", "error", "failed", "lost", "elastic:", "Timeout", "timed out")):
+                    line = line.strip()[:240]
+                    if line not in seen:
+                        seen.append(f"[{k}] {line}")
+        errs = [f"rank {ev['rank']}: {ev['error'][:160]}" for ev in _events(self.dir)]
+        return " | ".join((seen[-4:] + errs[:2])) or "no error in the logs"
+
+    def alive(self) -> bool:
+        keys = ["controller"] if self.subject == "podrun" else [h for h in self.names if h != CUT]
+        return any(self.procs[k].poll() is None for k in keys)
+
+    def wait_steps(self, pred, bound: float, what: str):
+        deadline = time.time() + bound
+        while True:
+            steps = _steps(self.dir)
+            hit = pred(steps)
+            if hit:
+                return hit
+            if time.time() > deadline:
+                raise TimeoutError(f"{self.subject}: {what} not within {bound:.0f} s")
+            if not self.alive():
+                raise RuntimeError(f"{self.subject}: launcher(s) ended before {what}")
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        _kill(self.procs.values())
+        _sweep(self.hosts, self.names, self.marker)
+        for f in self.logs.values():
+            f.close()
+
+
+def elastic_run(subject: str, tmp: str, port: int, start_bound: float = 180, resume_bound: float = 120) -> dict:
+    """One run on 4 fresh hosts: the figures of the resume (or, where there was none, why)."""
+    from tests.harness import NetnsHosts
+
+    with NetnsHosts(HOSTS) as hosts:
+        r = _Elastic(subject, hosts, tmp, port)
+        out: dict = {"subject": subject, "command": r.command}
+        try:
+            r.wait_steps(lambda s: sum(1 for x in s if x["world"] == HOSTS) >= STEPS_BEFORE_CUT, start_bound,
+                         f"{STEPS_BEFORE_CUT} steps on {HOSTS} hosts")
+            before = [x for x in _steps(r.dir) if x["world"] == HOSTS][-1]
+            t_cut = time.time()
+            hosts.isolate(CUT)
+            out.update(cut=t_cut, global_batch_before=before["global_batch"], world_before=before["world"])
+            try:
+                first = r.wait_steps(lambda s: next((x for x in s if x["proc_start"] > t_cut), None),
+                                     resume_bound, "a step by a worker started after the cut")
+            except (TimeoutError, RuntimeError) as exc:
+                out.update(resumed_s=None, why=f"{exc}: {r.reason()}")
+                return out
+            errors = [ev["t"] for ev in _events(r.dir) if ev["event"] == "error" and ev["t"] > t_cut]
+            out.update(resumed_s=first["t"] - t_cut, first_step=first["step"], world_after=first["world"],
+                       global_batch_after=first["global_batch"], proc_start_s=first["proc_start"] - t_cut,
+                       init_done_s=first["init_done"] - t_cut, ready_s=first["ready"] - t_cut,
+                       worker_error_s=(min(errors) - t_cut) if errors else None)
+            r.wait_steps(lambda s: sum(1 for x in s if x["proc_start"] > t_cut) >= STEPS_AFTER, 60,
+                         f"{STEPS_AFTER} steps after the resume")
+            (r.dir / "stop").touch()
+            keys = ["controller"] if subject == "podrun" else [h for h in r.names if h != CUT]
+            deadline = time.time() + 60
+            while any(r.procs[k].poll() is None for k in keys) and time.time() < deadline:
+                time.sleep(0.05)
+            out["exit_codes"] = {k: r.procs[k].poll() for k in keys}
+            out["global_batches"] = sorted({x["global_batch"] for x in _steps(r.dir)})
+            if subject == "podrun":
+                s = json.loads((r.runs / "run" / "summary.json").read_text())
+                rp = s["elastic"]["replans"][0]
+                out.update(podrun_exit=s["exit_code"], hosts_lost=rp["hosts_lost"], old=rp["old"], new=rp["new"],
+                           detected_s=rp["lost_at"] - t_cut, restarted_after_s=rp["restarted_after_s"],
+                           training_after_s=rp["training_after_s"])
+            return out
+        finally:
+            r.close()
+
+
+def _med(vs):
+    vs = [v for v in vs if v is not None]
+    return statistics.median(vs) if vs else None
+
+
+def run(quick: bool) -> list[dict]:
+    repeats = 1 if quick else 3
+    subjects = ("podrun",) if quick else ("podrun", "torchrun")
+    port = 29400 + (os.getpid() % 40) * 10
+    results: dict[str, list[dict]] = {s: [] for s in subjects}
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(repeats):
+            for subject in subjects:
+                port += 10
+                try:
+                    results[subject].append(elastic_run(subject, tmp, port))
+                except (TimeoutError, RuntimeError) as exc:     # no run to measure: reported, not fatal
+                    results[subject].append({"subject": subject, "resumed_s": None, "why": str(exc)})
+    return rows(results, quick)
+
+
+def _fmt(vs) -> str:
+    return ", ".join("-" if v is None else f"{v:.1f}" for v in vs)
+
+
+def rows(results: dict[str, list[dict]], quick: bool) -> list[dict]:
+    p = results["podrun"]
+    t = results.get("torchrun", [])
+    setup = (f"4 fresh namespace hosts, h3 isolated after {STEPS_BEFORE_CUT} steps at 1 x 4 x GA 6 = {GLOBAL_BATCH}; "
+             f"bench/scripts/elastic_train.py; pg timeout {PG_TIMEOUT:.0f} s both; podrun --keepalive {KEEPALIVE:.0f} "
+             f"--elastic {MIN_HOSTS} --global-batch {GLOBAL_BATCH} --local-batch {LOCAL_BATCH}; ")
+    peer = None if quick else f"torchrun --nnodes {MIN_HOSTS}:{HOSTS} c10d over ssh"
+    pv = [x["resumed_s"] for x in p]
+    tv = [x["resumed_s"] for x in t]
+    note = setup + f"cut -> first step by a restarted worker (script's clock); runs: podrun [{_fmt(pv)}]"
+    if quick:
+        note += "; torchrun skipped in --quick (a run takes a minute; full mode runs it)"
+    else:
+        note += f", torchrun [{_fmt(tv)}] (rdzv-conf {RDZV_CONF})"
+    fails = [f"{x['subject']}: {x['why']}" for x in p + t if x.get("resumed_s") is None]
+    if fails:
+        note += "; did not resume: " + " || ".join(fails)
+    out = [_row_opt("elastic_resume", f"podrun --elastic {MIN_HOSTS}: link cut -> training again, 4 -> 3 hosts",
+                    pv, "s", note, peer, tv)]
+    gb = lambda xs: sorted({g for x in xs for g in x.get("global_batches", [])})   # noqa: E731
+    out.append({"benchmark": "elastic_global_batch", "subject": "podrun: global batch before -> after",
+                "value": _med([x.get("global_batch_after") for x in p]), "peer": peer,
+                "peer_value": _med([x.get("global_batch_after") for x in t]) if t else None,
+                "ratio": None, "unit": "samples",
+                "note": f"start {GLOBAL_BATCH} on 4 hosts for both; global batches seen in the runs: podrun {gb(p)}"
+                        + ("" if quick else f", torchrun {gb(t)} (it keeps the per-worker batch 1 x GA 6)")})
+    ok = [x for x in p if x.get("detected_s") is not None]
+    if ok:
+        det = _med([x["detected_s"] for x in ok])
+        rst = _med([x["restarted_after_s"] for x in ok])
+        trn = _med([x["training_after_s"] for x in ok])
+        out.append({"benchmark": "elastic_breakdown", "subject": "podrun: cut -> lost declared (keepalive)",
+                    "value": round(det, 3), "peer": None, "peer_value": None, "ratio": None, "unit": "s",
+                    "note": f"median of {len(ok)}; then summary.json's restarted_after_s {rst:.2f} s (every worker "
+                            f"of the 3-host attempt started) and training_after_s {trn:.2f} s (first step in "
+                            f"metrics.jsonl), both from the loss being declared; cut -> first step = "
+                            f"{det + trn:.2f} s"})
+    tok = [x for x in t if x.get("worker_error_s") is not None and x.get("resumed_s") is not None]
+    if tok:
+        out.append({"benchmark": "elastic_breakdown", "subject": "torchrun: cut -> first worker's collective fails",
+                    "value": round(_med([x["worker_error_s"] for x in tok]), 3), "peer": None, "peer_value": None,
+                    "ratio": None, "unit": "s",
+                    "note": f"median of {len(tok)}; its detection is the pg timeout ({PG_TIMEOUT:.0f} s); then "
+                            f"new rank 0 started at {_med([x['proc_start_s'] for x in tok]):.1f} s, joined gloo at "
+                            f"{_med([x['init_done_s'] for x in tok]):.1f} s after the cut"})
+    for x in p + t:          # the raw records, for RESULTS.md
+        print(json.dumps({k: v for k, v in x.items() if k != "command"}), file=sys.stderr)
+    return out
+
+
+def _row_opt(benchmark, subject, values, unit, note, peer, peer_values) -> dict:
+    """_row over runs that may not have resumed (None): the median of those that did; the note lists every run."""
+    v = [x for x in values if x is not None] or [math.nan]
+    pv = [x for x in peer_values if x is not None] if peer_values else None
+    row = _row(benchmark, subject, v, unit, note, peer, pv or None)
+    if peer is not None and not pv:
+        row["note"] += "; torchrun resumed in none of its runs"
+    return row
+
+
+if __name__ == "__main__":
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))    # run the finally blocks: kill, sweep, close hosts
+    sys.path.insert(0, str(ROOT))
+    if len(sys.argv) > 1 and sys.argv[1] in ("podrun", "torchrun"):
+        print(json.dumps(elastic_run(sys.argv[1], tempfile.mkdtemp(prefix="bel-"), 29400 + os.getpid() % 400), default=str,
+                         indent=1))
+    else:
+        for r in run(quick="--quick" in sys.argv):
+            print(r)
