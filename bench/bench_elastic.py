@@ -26,10 +26,10 @@ LOCAL_BATCH, GRAD_ACCUM = 1, 6                     # both launchers start at 1 x
 GLOBAL_BATCH = LOCAL_BATCH * HOSTS * GRAD_ACCUM
 PG_TIMEOUT = 10.0                                  # init_process_group(timeout=...) in the script, both launchers
 KEEPALIVE = 2.0                                    # podrun --keepalive
-# torchrun's c10d rendezvous: a node is dead after keep_alive_interval x keep_alive_max_attempt = 2 s without a
-# heartbeat (default 5 x 3 = 15 s); a round closes 1 s after MIN nodes joined (last_call, default 30 s).
-RDZV_CONF = ("join_timeout=120,last_call_timeout=1,close_timeout=10,heartbeat=2,"
-             "keep_alive_interval=1,keep_alive_max_attempt=2")
+# torchrun's c10d rendezvous: a node is dead after keep_alive_interval x keep_alive_max_attempt = 3 s without a
+# heartbeat (default 5 x 3 = 15 s); a round closes 2 s after MIN nodes joined (last_call, default 30 s).
+RDZV_CONF = ("join_timeout=120,last_call_timeout=2,close_timeout=10,heartbeat=2,"
+             "keep_alive_interval=1,keep_alive_max_attempt=3")
 MAX_RESTARTS = 3
 STEPS_BEFORE_CUT = 4                               # steps on 4 hosts before the cut
 STEPS_AFTER = 3                                    # steps after the resume before the stop file
@@ -59,8 +59,8 @@ def _events(d: Path) -> list[dict]:
 class _Elastic:
     """One elastic run of SCRIPT under `subject` on 4 fresh hosts; start, cut h3, wait for the resume, stop."""
 
-    def __init__(self, subject: str, hosts, tmp: str, port: int):
-        self.subject, self.hosts, self.names = subject, hosts, hosts.hosts
+    def __init__(self, subject: str, hosts, tmp: str, port: int, cut: str):
+        self.subject, self.hosts, self.names, self.cut = subject, hosts, hosts.hosts, cut
         self.marker = f"bench-elastic-{subject}-{port}"
         self.dir = Path(tmp) / self.marker
         self.dir.mkdir(parents=True)
@@ -78,7 +78,7 @@ class _Elastic:
             self.command = argv
             self.procs = {"controller": self._popen("controller", argv)}
         else:
-            cmd = (f"cd {shlex.quote(str(ROOT))} && exec {shlex.quote(hosts.python)} -m torch.distributed.run "
+            cmd = (f"cd {shlex.quote(str(ROOT))} && LOGLEVEL=INFO exec {shlex.quote(hosts.python)} -m torch.distributed.run "
                    f"--nnodes {MIN_HOSTS}:{HOSTS} --nproc-per-node 1 --max-restarts {MAX_RESTARTS} "
                    f"--rdzv-backend c10d --rdzv-endpoint {self.names[0]}:{port} --rdzv-id {self.marker} "
                    f"--rdzv-conf {RDZV_CONF} " + " ".join(shlex.quote(w) for w in script))
@@ -95,9 +95,8 @@ class _Elastic:
 
     def reason(self) -> str:
         """The lines of the launchers' logs that say why a run did not go on (for the note)."""
-        keys = ["controller"] if self.subject == "podrun" else [h for h in self.names if h != CUT]
         seen = []
-        for k in keys:
+        for k in self.launchers():
             for line in self.log_text(k).splitlines():
                 if any(w in line for w in ("Error", "error", "failed", "lost", "elastic:", "Timeout", "timed out")):
                     line = line.strip()[:240]
@@ -106,9 +105,13 @@ class _Elastic:
         errs = [f"rank {ev['rank']}: {ev['error'][:160]}" for ev in _events(self.dir)]
         return " | ".join((seen[-4:] + errs[:2])) or "no error in the logs"
 
+    def launchers(self) -> list[str]:
+        """podrun's controller, or the torchrun agents on the hosts that were not cut (the cut host's ssh
+        session never returns)."""
+        return ["controller"] if self.subject == "podrun" else [h for h in self.names if h != self.cut]
+
     def alive(self) -> bool:
-        keys = ["controller"] if self.subject == "podrun" else [h for h in self.names if h != CUT]
-        return any(self.procs[k].poll() is None for k in keys)
+        return any(self.procs[k].poll() is None for k in self.launchers())
 
     def wait_steps(self, pred, bound: float, what: str):
         deadline = time.time() + bound
@@ -130,19 +133,20 @@ class _Elastic:
             f.close()
 
 
-def elastic_run(subject: str, tmp: str, port: int, start_bound: float = 180, resume_bound: float = 120) -> dict:
-    """One run on 4 fresh hosts: the figures of the resume (or, where there was none, why)."""
+def elastic_run(subject: str, tmp: str, port: int, cut: str = CUT, start_bound: float = 180,
+                resume_bound: float = 120) -> dict:
+    """One run on 4 fresh hosts, `cut` isolated once it trains: the figures of the resume (or why there was none)."""
     from tests.harness import NetnsHosts
 
     with NetnsHosts(HOSTS) as hosts:
-        r = _Elastic(subject, hosts, tmp, port)
-        out: dict = {"subject": subject, "command": r.command}
+        r = _Elastic(subject, hosts, tmp, port, cut)
+        out: dict = {"subject": subject, "cut_host": cut, "command": r.command}
         try:
             r.wait_steps(lambda s: sum(1 for x in s if x["world"] == HOSTS) >= STEPS_BEFORE_CUT, start_bound,
                          f"{STEPS_BEFORE_CUT} steps on {HOSTS} hosts")
             before = [x for x in _steps(r.dir) if x["world"] == HOSTS][-1]
             t_cut = time.time()
-            hosts.isolate(CUT)
+            hosts.isolate(cut)
             out.update(cut=t_cut, global_batch_before=before["global_batch"], world_before=before["world"])
             try:
                 first = r.wait_steps(lambda s: next((x for x in s if x["proc_start"] > t_cut), None),
@@ -158,7 +162,7 @@ def elastic_run(subject: str, tmp: str, port: int, start_bound: float = 180, res
             r.wait_steps(lambda s: sum(1 for x in s if x["proc_start"] > t_cut) >= STEPS_AFTER, 60,
                          f"{STEPS_AFTER} steps after the resume")
             (r.dir / "stop").touch()
-            keys = ["controller"] if subject == "podrun" else [h for h in r.names if h != CUT]
+            keys = r.launchers()
             deadline = time.time() + 60
             while any(r.procs[k].poll() is None for k in keys) and time.time() < deadline:
                 time.sleep(0.05)
@@ -166,7 +170,10 @@ def elastic_run(subject: str, tmp: str, port: int, start_bound: float = 180, res
             out["global_batches"] = sorted({x["global_batch"] for x in _steps(r.dir)})
             if subject == "podrun":
                 s = json.loads((r.runs / "run" / "summary.json").read_text())
-                rp = s["elastic"]["replans"][0]
+                rp = s.get("elastic", {}).get("replans", [{}])[0]
+                if rp.get("lost_at") is None or rp.get("training_after_s") is None:
+                    out["why"] = f"summary.json without the re-plan's timings: {s.get('elastic')}"
+                    return out
                 out.update(podrun_exit=s["exit_code"], hosts_lost=rp["hosts_lost"], old=rp["old"], new=rp["new"],
                            detected_s=rp["lost_at"] - t_cut, restarted_after_s=rp["restarted_after_s"],
                            training_after_s=rp["training_after_s"])
@@ -181,18 +188,22 @@ def _med(vs):
 
 
 def run(quick: bool) -> list[dict]:
-    repeats = 1 if quick else 3
-    subjects = ("podrun",) if quick else ("podrun", "torchrun")
+    """Full: 3 interleaved repeats (podrun, torchrun, ...) cutting h3, then one of each cutting h1 (podrun's
+    master host and torchrun's rendezvous endpoint). Quick: one podrun run cutting h3, torchrun skipped."""
+    plan = [(s, CUT) for _ in range(1 if quick else 3) for s in (("podrun",) if quick else ("podrun", "torchrun"))]
+    if not quick:
+        plan += [("podrun", "h1"), ("torchrun", "h1")]
     port = 29400 + (os.getpid() % 40) * 10
-    results: dict[str, list[dict]] = {s: [] for s in subjects}
+    results: dict[tuple[str, str], list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for _ in range(repeats):
-            for subject in subjects:
-                port += 10
-                try:
-                    results[subject].append(elastic_run(subject, tmp, port))
-                except (TimeoutError, RuntimeError) as exc:     # no run to measure: reported, not fatal
-                    results[subject].append({"subject": subject, "resumed_s": None, "why": str(exc)})
+        for subject, cut in plan:
+            port += 10
+            try:
+                res = elastic_run(subject, tmp, port, cut, resume_bound=120 if cut == CUT else 90)
+            except (TimeoutError, RuntimeError) as exc:     # no run to measure: reported, not fatal
+                res = {"subject": subject, "cut_host": cut, "resumed_s": None, "why": str(exc)}
+            results.setdefault((subject, cut), []).append(res)
+            print(json.dumps({k: v for k, v in res.items() if k != "command"}), file=sys.stderr)
     return rows(results, quick)
 
 
@@ -200,53 +211,74 @@ def _fmt(vs) -> str:
     return ", ".join("-" if v is None else f"{v:.1f}" for v in vs)
 
 
-def rows(results: dict[str, list[dict]], quick: bool) -> list[dict]:
-    p = results["podrun"]
-    t = results.get("torchrun", [])
-    setup = (f"4 fresh namespace hosts, h3 isolated after {STEPS_BEFORE_CUT} steps at 1 x 4 x GA 6 = {GLOBAL_BATCH}; "
-             f"bench/scripts/elastic_train.py; pg timeout {PG_TIMEOUT:.0f} s both; podrun --keepalive {KEEPALIVE:.0f} "
-             f"--elastic {MIN_HOSTS} --global-batch {GLOBAL_BATCH} --local-batch {LOCAL_BATCH}; ")
+def _why(xs) -> str:
+    return " || ".join(f"{x['subject']}: {x['why'][:400]}" for x in xs if x.get("resumed_s") is None)
+
+
+def _steps_note(xs) -> str:
+    """The script's clock for the resumed rank 0, medians: process started, joined gloo, model ready."""
+    ok = [x for x in xs if x.get("resumed_s") is not None]
+    if not ok:
+        return "no resume"
+    return (f"new rank 0 process started {_med([x['proc_start_s'] for x in ok]):.1f} s, joined gloo "
+            f"{_med([x['init_done_s'] for x in ok]):.1f} s, model+optimizer+checkpoint ready "
+            f"{_med([x['ready_s'] for x in ok]):.1f} s, first step {_med([x['resumed_s'] for x in ok]):.1f} s "
+            "after the cut")
+
+
+def rows(results: dict[tuple[str, str], list[dict]], quick: bool) -> list[dict]:
+    p, t = results.get(("podrun", CUT), []), results.get(("torchrun", CUT), [])
     peer = None if quick else f"torchrun --nnodes {MIN_HOSTS}:{HOSTS} c10d over ssh"
-    pv = [x["resumed_s"] for x in p]
-    tv = [x["resumed_s"] for x in t]
-    note = setup + f"cut -> first step by a restarted worker (script's clock); runs: podrun [{_fmt(pv)}]"
-    if quick:
-        note += "; torchrun skipped in --quick (a run takes a minute; full mode runs it)"
-    else:
-        note += f", torchrun [{_fmt(tv)}] (rdzv-conf {RDZV_CONF})"
-    fails = [f"{x['subject']}: {x['why']}" for x in p + t if x.get("resumed_s") is None]
-    if fails:
-        note += "; did not resume: " + " || ".join(fails)
-    out = [_row_opt("elastic_resume", f"podrun --elastic {MIN_HOSTS}: link cut -> training again, 4 -> 3 hosts",
+    setup = (f"4 fresh namespace hosts, {{cut}} isolated after {STEPS_BEFORE_CUT} steps at 1 x 4 x GA 6 = "
+             f"{GLOBAL_BATCH}; bench/scripts/elastic_train.py, pg timeout {PG_TIMEOUT:.0f} s for both; podrun "
+             f"--keepalive {KEEPALIVE:.0f} --elastic {MIN_HOSTS} --global-batch {GLOBAL_BATCH} --local-batch "
+             f"{LOCAL_BATCH} --max-restarts {MAX_RESTARTS}; torchrun --max-restarts {MAX_RESTARTS} --rdzv-conf "
+             f"{RDZV_CONF}; cut -> first step by a worker started after the cut (script's clock)")
+    pv, tv = [x["resumed_s"] for x in p], [x["resumed_s"] for x in t]
+    note = setup.format(cut=CUT) + f"; runs: podrun [{_fmt(pv)}]"
+    note += "; torchrun skipped in --quick (a run of it takes 1.5 min here; full mode runs it)" if quick \
+        else f", torchrun [{_fmt(tv)}]"
+    if _why(p + t):
+        note += "; did not resume: " + _why(p + t)
+    out = [_row_opt("elastic_resume", f"podrun --elastic {MIN_HOSTS}: {CUT} cut -> training again, 4 -> 3 hosts",
                     pv, "s", note, peer, tv)]
-    gb = lambda xs: sorted({g for x in xs for g in x.get("global_batches", [])})   # noqa: E731
-    out.append({"benchmark": "elastic_global_batch", "subject": "podrun: global batch before -> after",
+
+    def gb(xs):
+        return sorted({g for x in xs for g in x.get("global_batches", [])})
+
+    out.append({"benchmark": "elastic_global_batch", "subject": "podrun: global batch after the resume",
                 "value": _med([x.get("global_batch_after") for x in p]), "peer": peer,
                 "peer_value": _med([x.get("global_batch_after") for x in t]) if t else None,
                 "ratio": None, "unit": "samples",
-                "note": f"start {GLOBAL_BATCH} on 4 hosts for both; global batches seen in the runs: podrun {gb(p)}"
-                        + ("" if quick else f", torchrun {gb(t)} (it keeps the per-worker batch 1 x GA 6)")})
+                "note": f"both start at {GLOBAL_BATCH} on 4 hosts; every global batch logged in the runs: podrun "
+                        f"{gb(p)} (re-planned 1 x 3 x GA 8)"
+                        + ("" if quick else f", torchrun {gb(t)} (its workers keep 1 x GA 6, so 1 x 3 x GA 6)")})
     ok = [x for x in p if x.get("detected_s") is not None]
     if ok:
-        det = _med([x["detected_s"] for x in ok])
-        rst = _med([x["restarted_after_s"] for x in ok])
-        trn = _med([x["training_after_s"] for x in ok])
-        out.append({"benchmark": "elastic_breakdown", "subject": "podrun: cut -> lost declared (keepalive)",
+        det, rst, trn = (_med([x[k] for x in ok]) for k in ("detected_s", "restarted_after_s", "training_after_s"))
+        out.append({"benchmark": "elastic_breakdown", "subject": "podrun: cut -> lost declared (--keepalive 2)",
                     "value": round(det, 3), "peer": None, "peer_value": None, "ratio": None, "unit": "s",
-                    "note": f"median of {len(ok)}; then summary.json's restarted_after_s {rst:.2f} s (every worker "
-                            f"of the 3-host attempt started) and training_after_s {trn:.2f} s (first step in "
-                            f"metrics.jsonl), both from the loss being declared; cut -> first step = "
-                            f"{det + trn:.2f} s"})
+                    "note": f"median of {len(ok)}; summary.json from the loss declared: restarted_after_s "
+                            f"{rst:.2f} s (every worker of the 3-host attempt started), training_after_s {trn:.2f} s "
+                            f"(first step in metrics.jsonl), so cut -> first step {det + trn:.2f} s; script: {_steps_note(ok)}"})
     tok = [x for x in t if x.get("worker_error_s") is not None and x.get("resumed_s") is not None]
     if tok:
         out.append({"benchmark": "elastic_breakdown", "subject": "torchrun: cut -> first worker's collective fails",
                     "value": round(_med([x["worker_error_s"] for x in tok]), 3), "peer": None, "peer_value": None,
                     "ratio": None, "unit": "s",
-                    "note": f"median of {len(tok)}; its detection is the pg timeout ({PG_TIMEOUT:.0f} s); then "
-                            f"new rank 0 started at {_med([x['proc_start_s'] for x in tok]):.1f} s, joined gloo at "
-                            f"{_med([x['init_done_s'] for x in tok]):.1f} s after the cut"})
-    for x in p + t:          # the raw records, for RESULTS.md
-        print(json.dumps({k: v for k, v in x.items() if k != "command"}), file=sys.stderr)
+                    "note": f"median of {len(tok)}; its detection is the gloo timeout ({PG_TIMEOUT:.0f} s), the "
+                            f"rendezvous then waits for the dead node's heartbeat to expire and the last call; "
+                            f"script: {_steps_note(tok)}"})
+    pm, tm = results.get(("podrun", "h1"), []), results.get(("torchrun", "h1"), [])
+    if pm or tm:
+        note = setup.format(cut="h1 (podrun's master host, torchrun's --rdzv-endpoint)") + \
+            f"; one run each: podrun [{_fmt([x['resumed_s'] for x in pm])}], torchrun " \
+            f"[{_fmt([x['resumed_s'] for x in tm])}]; global batch after: podrun " \
+            f"{[x.get('global_batch_after') for x in pm]}, torchrun {[x.get('global_batch_after') for x in tm]}"
+        if _why(pm + tm):
+            note += "; did not resume: " + _why(pm + tm)
+        out.append(_row_opt("elastic_resume_master", f"podrun --elastic {MIN_HOSTS}: h1 cut -> training again",
+                            [x["resumed_s"] for x in pm], "s", note, peer, [x["resumed_s"] for x in tm]))
     return out
 
 
@@ -266,8 +298,9 @@ if __name__ == "__main__":
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))    # run the finally blocks: kill, sweep, close hosts
     sys.path.insert(0, str(ROOT))
     if len(sys.argv) > 1 and sys.argv[1] in ("podrun", "torchrun"):
-        print(json.dumps(elastic_run(sys.argv[1], tempfile.mkdtemp(prefix="bel-"), 29400 + os.getpid() % 400), default=str,
-                         indent=1))
+        cut = sys.argv[2] if len(sys.argv) > 2 else CUT         # one run, its files kept: `podrun|torchrun [HOST]`
+        print(json.dumps(elastic_run(sys.argv[1], tempfile.mkdtemp(prefix="bel-"), 29400 + os.getpid() % 400, cut),
+                         default=str, indent=1))
     else:
         for r in run(quick="--quick" in sys.argv):
             print(r)
