@@ -24,7 +24,7 @@ SCRIPT = str(ROOT / "bench" / "scripts" / "elastic_train.py")
 HOSTS, MIN_HOSTS, CUT = 4, 3, "h3"
 LOCAL_BATCH, GRAD_ACCUM = 1, 6                     # both launchers start at 1 x 4 x GA 6 = 24
 GLOBAL_BATCH = LOCAL_BATCH * HOSTS * GRAD_ACCUM
-PG_TIMEOUT = 10.0                                  # init_process_group(timeout=...) in the script, both launchers
+PG_TIMEOUT = 10.0                                  # the script's training collectives (new_group(timeout=...)), both
 KEEPALIVE = 2.0                                    # podrun --keepalive
 # torchrun's c10d rendezvous: a node is dead after keep_alive_interval x keep_alive_max_attempt = 3 s without a
 # heartbeat (default 5 x 3 = 15 s); a round closes 2 s after MIN nodes joined (last_call, default 30 s).
@@ -105,6 +105,16 @@ class _Elastic:
         errs = [f"rank {ev['rank']}: {ev['error'][:160]}" for ev in _events(self.dir)]
         return " | ".join((seen[-4:] + errs[:2])) or "no error in the logs"
 
+    def timeline(self) -> list[str]:
+        """The launchers' lines that mark the recovery (failure seen, rendezvous, restart), for the record."""
+        keys = ("FAILED", "Rendezvous complete", "Rendezvous'ing", "Error", "error:", "elastic:", "lost", "restart ")
+        out = []
+        for k in self.launchers():
+            for line in self.log_text(k).splitlines():
+                if any(w in line for w in keys) and "hostname of the client socket" not in line:
+                    out.append(f"[{k}] {line.strip()[:220]}")
+        return out[:40]
+
     def launchers(self) -> list[str]:
         """podrun's controller, or the torchrun agents on the hosts that were not cut (the cut host's ssh
         session never returns)."""
@@ -179,6 +189,7 @@ def elastic_run(subject: str, tmp: str, port: int, cut: str = CUT, start_bound: 
                            training_after_s=rp["training_after_s"])
             return out
         finally:
+            out["log"] = r.timeline()
             r.close()
 
 
@@ -230,7 +241,7 @@ def rows(results: dict[tuple[str, str], list[dict]], quick: bool) -> list[dict]:
     p, t = results.get(("podrun", CUT), []), results.get(("torchrun", CUT), [])
     peer = None if quick else f"torchrun --nnodes {MIN_HOSTS}:{HOSTS} c10d over ssh"
     setup = (f"4 fresh namespace hosts, {{cut}} isolated after {STEPS_BEFORE_CUT} steps at 1 x 4 x GA 6 = "
-             f"{GLOBAL_BATCH}; bench/scripts/elastic_train.py, pg timeout {PG_TIMEOUT:.0f} s for both; podrun "
+             f"{GLOBAL_BATCH}; bench/scripts/elastic_train.py, training collectives time out after {PG_TIMEOUT:.0f} s for both (init 60 s); podrun "
              f"--keepalive {KEEPALIVE:.0f} --elastic {MIN_HOSTS} --global-batch {GLOBAL_BATCH} --local-batch "
              f"{LOCAL_BATCH} --max-restarts {MAX_RESTARTS}; torchrun --max-restarts {MAX_RESTARTS} --rdzv-conf "
              f"{RDZV_CONF}; cut -> first step by a worker started after the cut (script's clock)")

@@ -4,7 +4,11 @@ Rank and world come from the env (RANK, WORLD_SIZE, MASTER_ADDR/PORT: init_proce
 The split of a step: under podrun the local batch and GA are PODRUN_LOCAL_BATCH / PODRUN_GRAD_ACCUM
 (podrun re-plans them so that the global batch stays); under torchrun they are the fixed
 `--batch` / `--grad-accum` (what torchrun users do), so the global batch is batch x world x GA and
-changes with the world. The collectives time out after `--pg-timeout` s (gloo's default is 30 min).
+changes with the world. The training collectives time out after `--pg-timeout` s (gloo's default is
+30 min): they run in a group made with that timeout right after init_process_group, whose own timeout
+(`--init-timeout`) bounds how long the first rank waits for the last to arrive (with a 10 s init
+timeout, workers that import torch a few seconds later than their peers on a loaded machine fail gloo's
+connectFullMesh with "Connection refused", which costs a restart).
 
 Rank 0 checkpoints after every step into `--dir` (atomically: step and position in global samples,
 model, optimizer) and every process resumes from it; the data order is a function of the seed and
@@ -29,6 +33,7 @@ p.add_argument("--dir", required=True, help="checkpoint, steps.log, events.log, 
 p.add_argument("--batch", type=int, default=2, help="per-worker batch when the launcher gives none")
 p.add_argument("--grad-accum", type=int, default=3, help="GA when the launcher gives none")
 p.add_argument("--pg-timeout", type=float, default=10.0, help="seconds before a collective with a silent peer fails")
+p.add_argument("--init-timeout", type=float, default=60.0, help="seconds init waits for every rank to arrive")
 p.add_argument("--sleep", type=float, default=0.2, help="seconds of 'work' after each step")
 p.add_argument("--steps", type=int, default=5000, help="upper bound on steps")
 p.add_argument("--samples", type=int, default=480)
@@ -50,7 +55,8 @@ import torch.distributed as dist  # noqa: E402
 e = os.environ
 rank, world = int(e["RANK"]), int(e["WORLD_SIZE"])
 try:
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.pg_timeout))
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.init_timeout))
+    group = dist.new_group(timeout=datetime.timedelta(seconds=args.pg_timeout))
 except Exception as exc:
     append("events.log", {"event": "init_error", "rank": rank, "t": time.time(), "error": str(exc)[:300]})
     raise
@@ -98,8 +104,8 @@ try:
         if rank == 0 and os.path.exists(os.path.join(args.dir, "stop")):
             vec[1] = 1
         for prm in model.parameters():
-            dist.all_reduce(prm.grad)
-        dist.all_reduce(vec)
+            dist.all_reduce(prm.grad, group=group)
+        dist.all_reduce(vec, group=group)
         opt.step()
         step, pos = step + 1, pos + G
         if rank == 0:
@@ -116,7 +122,7 @@ try:
         if vec[1] > 0:
             break
         time.sleep(args.sleep)
-    dist.barrier()
+    dist.barrier(group=group)
 except Exception as exc:    # a collective with a lost peer: record when this rank saw it, then fail
     append("events.log", {"event": "error", "rank": rank, "t": time.time(), "step": step, "error": str(exc)[:300]})
     raise
