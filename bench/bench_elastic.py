@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shlex
 import statistics
 import subprocess
@@ -94,16 +95,18 @@ class _Elastic:
         return (self.dir / f"{key}.log").read_text(errors="replace")
 
     def reason(self) -> str:
-        """The lines of the launchers' logs that say why a run did not go on (for the note)."""
-        seen = []
+        """The launchers' lines that say why a run did not go on (for the note), each message once."""
+        keys = ("connectFullMesh", "RendezvousClosedError", "attempts left", "DistStoreError", "timed out after",
+                "Timed out waiting", "elastic:", "lost (", "exhausted")
+        seen: list[str] = []
         for k in self.launchers():
             for line in self.log_text(k).splitlines():
-                if any(w in line for w in ("Error", "error", "failed", "lost", "elastic:", "Timeout", "timed out")):
-                    line = line.strip()[:240]
-                    if line not in seen:
-                        seen.append(f"[{k}] {line}")
-        errs = [f"rank {ev['rank']}: {ev['error'][:160]}" for ev in _events(self.dir)]
-        return " | ".join((seen[-4:] + errs[:2])) or "no error in the logs"
+                if any(w in line for w in keys) and "hostname of the client socket" not in line:
+                    msg = re.sub(r"^\S*\[?[IWE]\d{4} [\d:.]+ \d+ [^\]]*\]\s*", "", line.strip())
+                    msg = re.sub(r"(port|:)\d+|fd=\d+|\[[0-9a-f:]+\]|\d+\.\d+\.\d+\.\d+", "", msg)[:200]
+                    if msg not in seen:
+                        seen.append(msg)
+        return " | ".join(seen[:6]) or "no error in the launchers' logs"
 
     def timeline(self) -> list[str]:
         """The launchers' lines that mark the recovery (failure seen, rendezvous, restart), for the record."""
