@@ -64,7 +64,7 @@ def _events(d: Path) -> list[dict]:
 class _Elastic:
     """One elastic run of SCRIPT under `subject` on 4 fresh hosts; start, cut h3, wait for the resume, stop."""
 
-    def __init__(self, subject: str, hosts, tmp: str, port: int, cut: str):
+    def __init__(self, subject: str, hosts, tmp: str, port: int, cut: str, rdzv_conf: str = RDZV_CONF):
         self.subject, self.hosts, self.names, self.cut = subject, hosts, hosts.hosts, cut
         self.marker = f"bench-elastic-{subject}-{port}"
         self.dir = Path(tmp) / self.marker
@@ -86,7 +86,7 @@ class _Elastic:
             cmd = (f"cd {shlex.quote(str(ROOT))} && LOGLEVEL=INFO exec {shlex.quote(hosts.python)} -m torch.distributed.run "
                    f"--nnodes {MIN_HOSTS}:{HOSTS} --nproc-per-node 1 --max-restarts {MAX_RESTARTS} "
                    f"--rdzv-backend c10d --rdzv-endpoint {self.names[0]}:{port} --rdzv-id {self.marker} "
-                   f"--rdzv-conf {RDZV_CONF} " + " ".join(shlex.quote(w) for w in script))
+                   f"--rdzv-conf {shlex.quote(rdzv_conf)} " + " ".join(shlex.quote(w) for w in script))
             self.command = cmd
             self.procs = {h: self._popen(h, hosts.ssh_argv(h, cmd)) for h in self.names}
 
@@ -151,12 +151,12 @@ class _Elastic:
 
 
 def elastic_run(subject: str, tmp: str, port: int, cut: str = CUT, start_bound: float = 180,
-                resume_bound: float = 120) -> dict:
+                resume_bound: float = 120, rdzv_conf: str = RDZV_CONF) -> dict:
     """One run on 4 fresh hosts, `cut` isolated once it trains: the figures of the resume (or why there was none)."""
     from tests.harness import NetnsHosts
 
     with NetnsHosts(HOSTS) as hosts:
-        r = _Elastic(subject, hosts, tmp, port, cut)
+        r = _Elastic(subject, hosts, tmp, port, cut, rdzv_conf)
         out: dict = {"subject": subject, "cut_host": cut, "command": r.command}
         try:
             r.wait_steps(lambda s: sum(1 for x in s if x["world"] == HOSTS) >= STEPS_BEFORE_CUT, start_bound,
@@ -323,9 +323,11 @@ if __name__ == "__main__":
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))    # run the finally blocks: kill, sweep, close hosts
     sys.path.insert(0, str(ROOT))
     if len(sys.argv) > 1 and sys.argv[1] in ("podrun", "torchrun"):
-        cut = sys.argv[2] if len(sys.argv) > 2 else CUT         # one run, its files kept: `podrun|torchrun [HOST]`
-        print(json.dumps(elastic_run(sys.argv[1], tempfile.mkdtemp(prefix="bel-"), 29400 + os.getpid() % 400, cut),
-                         default=str, indent=1))
+        # one run, its files kept: `podrun|torchrun [HOST [RDZV_CONF]]` (RDZV_CONF "" = torchrun's defaults)
+        cut = sys.argv[2] if len(sys.argv) > 2 else CUT
+        conf = sys.argv[3] if len(sys.argv) > 3 else RDZV_CONF
+        print(json.dumps(elastic_run(sys.argv[1], tempfile.mkdtemp(prefix="bel-"), 29400 + os.getpid() % 400, cut,
+                                     rdzv_conf=conf), default=str, indent=1))
     else:
         for r in run(quick="--quick" in sys.argv):
             print(r)
