@@ -1,0 +1,129 @@
+"""A GroupNorm regression for bench/bench_elastic.py that runs unchanged under podrun and torchrun.
+
+Rank and world come from the env (RANK, WORLD_SIZE, MASTER_ADDR/PORT: init_process_group's env://).
+The split of a step: under podrun the local batch and GA are PODRUN_LOCAL_BATCH / PODRUN_GRAD_ACCUM
+(podrun re-plans them so that the global batch stays); under torchrun they are the fixed
+`--batch` / `--grad-accum` (what torchrun users do), so the global batch is batch x world x GA and
+changes with the world. The training collectives time out after `--pg-timeout` s (gloo's default is
+30 min): they run in a group made with that timeout right after init_process_group, whose own timeout
+(`--init-timeout`) bounds how long the first rank waits for the last to arrive (with a 10 s init
+timeout, workers that import torch a few seconds later than their peers on a loaded machine fail gloo's
+connectFullMesh with "Connection refused", which costs a restart).
+
+Rank 0 checkpoints after every step into `--dir` (atomically: step and position in global samples,
+model, optimizer) and every process resumes from it; the data order is a function of the seed and
+the epoch only. Rank 0 appends one JSON line per step to `<dir>/steps.log` with its wall time, the
+world, the decomposition and the wall time its own process started (so a controller tells the steps
+of a restarted attempt from those of the first); any rank whose collective fails appends the error
+with its time to `<dir>/events.log`. Under podrun it also writes the run's metrics.jsonl, from which
+podrun's summary.json takes training_after_s. The run ends at the first step after `<dir>/stop`
+appears (rank 0 reads it and shares it in the step's all_reduce, so every rank stops at the same step).
+"""
+import time
+
+PROC_START = time.time()
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+
+p = argparse.ArgumentParser()
+p.add_argument("--dir", required=True, help="checkpoint, steps.log, events.log, stop file")
+p.add_argument("--batch", type=int, default=2, help="per-worker batch when the launcher gives none")
+p.add_argument("--grad-accum", type=int, default=3, help="GA when the launcher gives none")
+p.add_argument("--pg-timeout", type=float, default=10.0, help="seconds before a collective with a silent peer fails")
+p.add_argument("--init-timeout", type=float, default=60.0, help="seconds init waits for every rank to arrive")
+p.add_argument("--sleep", type=float, default=0.2, help="seconds of 'work' after each step")
+p.add_argument("--steps", type=int, default=5000, help="upper bound on steps")
+p.add_argument("--samples", type=int, default=480)
+p.add_argument("--marker", default="", help="ignored: names the run's processes for the controller")
+args = p.parse_args()
+
+
+def append(name: str, record: dict) -> None:
+    fd = os.open(os.path.join(args.dir, name), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(record) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+e = os.environ
+rank, world = int(e["RANK"]), int(e["WORLD_SIZE"])
+try:
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.init_timeout))
+    group = dist.new_group(timeout=datetime.timedelta(seconds=args.pg_timeout))
+except Exception as exc:
+    append("events.log", {"event": "init_error", "rank": rank, "t": time.time(), "error": str(exc)[:300]})
+    raise
+INIT_DONE = time.time()
+if "PODRUN_LOCAL_BATCH" in e:
+    launcher, b, a = "podrun", int(e["PODRUN_LOCAL_BATCH"]), int(e["PODRUN_GRAD_ACCUM"])
+else:
+    launcher, b, a = "other", args.batch, args.grad_accum
+R, G = world, b * world * a
+if launcher == "podrun":
+    assert G == int(e["PODRUN_GLOBAL_BATCH"]), (b, world, a, e["PODRUN_GLOBAL_BATCH"])
+ckpt = os.path.join(args.dir, "ckpt.pt")
+metrics = os.path.join(e["PODRUN_RUN_DIR"], "metrics.jsonl") if launcher == "podrun" and rank == 0 else None
+
+gen = torch.Generator().manual_seed(0)
+X = torch.randn(args.samples, 4, 6, generator=gen)
+Y = X.sum(dim=(1, 2)).tanh().unsqueeze(1) + 0.1 * torch.randn(args.samples, 1, generator=gen)
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Conv1d(4, 8, 3), torch.nn.GroupNorm(2, 8), torch.nn.ReLU(),
+                            torch.nn.Flatten(), torch.nn.Linear(32, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+step, pos = 0, 0
+if os.path.exists(ckpt):
+    state = torch.load(ckpt)
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    step, pos = state["step"], state["pos"]
+READY = time.time()                         # model, optimizer (torch.optim imports torch._dynamo) and checkpoint
+
+
+def order(epoch: int) -> torch.Tensor:
+    return torch.randperm(args.samples, generator=torch.Generator().manual_seed(1000 + epoch))
+
+
+try:
+    while step < args.steps:
+        idx = torch.stack([order((pos + i) // args.samples)[(pos + i) % args.samples] for i in range(G)])
+        opt.zero_grad()
+        vec = torch.zeros(2)                # [loss summed over the global batch, stop flag]
+        for k in range(a):                  # micro step k: replica `rank` takes b samples of it
+            mine = idx[k * R * b + rank * b: k * R * b + (rank + 1) * b]
+            loss = ((model(X[mine]) - Y[mine]) ** 2).sum() / G
+            loss.backward()
+            vec[0] += loss.detach()
+        if rank == 0 and os.path.exists(os.path.join(args.dir, "stop")):
+            vec[1] = 1
+        for prm in model.parameters():
+            dist.all_reduce(prm.grad, group=group)
+        dist.all_reduce(vec, group=group)
+        opt.step()
+        step, pos = step + 1, pos + G
+        if rank == 0:
+            t = time.time()
+            tmp = ckpt + ".tmp"
+            torch.save({"step": step, "pos": pos, "model": model.state_dict(), "opt": opt.state_dict()}, tmp)
+            os.replace(tmp, ckpt)
+            append("steps.log", {"step": step, "t": t, "loss": round(vec[0].item(), 6), "world": world,
+                                 "local_batch": b, "grad_accum": a, "global_batch": G, "launcher": launcher,
+                                 "proc_start": PROC_START, "init_done": INIT_DONE, "ready": READY})
+            if metrics is not None:
+                with open(metrics, "a") as f:
+                    f.write(json.dumps({"kind": "step", "step": step, "loss": vec[0].item(), "time": t}) + "\n")
+        if vec[1] > 0:
+            break
+        time.sleep(args.sleep)
+    dist.barrier(group=group)
+except Exception as exc:    # a collective with a lost peer: record when this rank saw it, then fail
+    append("events.log", {"event": "error", "rank": rank, "t": time.time(), "step": step, "error": str(exc)[:300]})
+    raise
+dist.destroy_process_group()
