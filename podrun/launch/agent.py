@@ -9,7 +9,8 @@ stdin), or when it loses its controller (stdin closed, or silent for --stdin-tim
 Exit code: the first failing worker's (128+signal for a signal), 128+signal when signalled, else 0.
 With --hold (the ssh transport's preflight) it first reports its host's facts and starts workers only
 when the controller, having heard from every host, writes ``G``; it exits 0 with nothing started if
-told to stop instead. With --store-relay, the agent of global rank 0 runs podrun.launch.relay.
+told to stop instead. With --store-relay, the agent of global rank 0 holds --master-port from its start
+and serves the run's TCPStore on it (podrun.launch.agent_store).
 """
 from __future__ import annotations
 
@@ -36,8 +37,8 @@ def compute_worker_envs(plan, index: int, *, run_id: str, run_dir: str, plan_pat
                         store_relay: bool = False) -> list[dict[str, str]]:
     """The variables set for each worker of instance ``index`` (the env contract, DESIGN.md section 5).
 
-    ``store_relay``: the agent of global rank 0 relays ``master_port`` to rank 0's store, which then
-    listens on ``master_port + 1`` (rank 0's MASTER_PORT; every other worker keeps ``master_port``).
+    ``store_relay``: the agent of global rank 0 hosts the store on ``master_port`` (podrun.launch.agent_store),
+    so every worker, rank 0 included, is a client of it (TORCHELASTIC_USE_AGENT_STORE=True, as under torchrun).
     """
     from podrun.plan.env import worker_env, workers_per_instance
 
@@ -45,11 +46,8 @@ def compute_worker_envs(plan, index: int, *, run_id: str, run_dir: str, plan_pat
     for local_rank in range(workers_per_instance(plan)):
         env = dict(worker_env(plan, index, local_rank, run_id=run_id, run_dir=run_dir, plan_path=plan_path,
                               master_addr=master_addr, master_port=master_port))
-        if store_relay and env["RANK"] == "0":
-            from podrun.launch.relay import store_port
-
-            env["MASTER_PORT"] = str(store_port(master_port))
-            env["PODRUN_STORE_RELAY"] = str(master_port)
+        if store_relay:
+            env["TORCHELASTIC_USE_AGENT_STORE"] = "True"    # podrun.launch.agent_store.ENV
         env["PODRUN_RESTART_COUNT"] = str(restart_count)
         env.setdefault("PYTHONUNBUFFERED", "1")   # so output streams live, line by line
         envs.append({k: str(v) for k, v in env.items()})
@@ -258,8 +256,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stdin-timeout", type=float, default=5.0)
     ap.add_argument("--no-stdin-watch", action="store_true")
     ap.add_argument("--store-relay", action="store_true",
-                    help="if this instance runs global rank 0: listen on --master-port and relay it to rank 0's "
-                         "store on the next port (podrun.launch.relay)")
+                    help="if this instance runs global rank 0: hold --master-port from the start and serve the "
+                         "run's TCPStore on it (podrun.launch.agent_store)")
+    ap.add_argument("--listen-fd", type=int,
+                    help="with --store-relay: the listening socket on --master-port, inherited from the controller")
     ap.add_argument("--hold", action="store_true",
                     help="report preflight facts (a probe line) and start workers only on a G on stdin")
     ap.add_argument("command", nargs=argparse.REMAINDER)
@@ -275,42 +275,28 @@ def main(argv: list[str] | None = None) -> int:
     envs = compute_worker_envs(plan, index, run_id=args.run_id, run_dir=args.run_dir, plan_path=args.plan,
                                master_addr=args.master_addr, master_port=args.master_port,
                                restart_count=args.restart_count, store_relay=args.store_relay)
+    rank0 = any(e["RANK"] == "0" for e in envs)
+    store = None
+    if args.store_relay and rank0:
+        from podrun.launch.agent_store import AgentStore
+
+        store = AgentStore.open(args.master_port, args.listen_fd)    # reserve the port now, before any report
     probe = None
     if args.hold:
-        from podrun.launch.probe import facts
-        from podrun.launch.relay import rendezvous_ports
+        from podrun.launch.probe import facts, port_free
 
-        rank0 = any(e["RANK"] == "0" for e in envs)
-        probe = facts(rendezvous_ports(args.master_port, args.store_relay) if rank0 else ())
+        ports = [args.master_port] if rank0 else []
+        busy = ([] if store.error is None else ports) if store is not None else [p for p in ports if not port_free(p)]
+        probe = facts(ports, busy)
     agent = Agent(index, command, envs, grace=args.grace, stdin_watch=not args.no_stdin_watch,
                   stdin_timeout=args.stdin_timeout, probe=probe)
-    busy = bool(probe and probe["ports_busy"])       # the controller will not say go
-    relay = start_relay(agent, args.master_addr, args.master_port) if args.store_relay and not busy else None
+    if store is not None and not (probe and probe["ports_busy"]):    # busy: the controller will not say go
+        store.start(agent.envs, lambda text: agent.emit(None, "note", text))
     try:
         return agent.run()
     finally:
-        if relay is not None:
-            relay.close()
-
-
-def start_relay(agent: Agent, master_addr: str, master_port: int):
-    """Start the store relay when this agent runs global rank 0 (else None). If the rendezvous port
-    cannot be taken, rank 0 gets it back as its MASTER_PORT and the run goes on without a relay."""
-    rank0 = [e for e in agent.envs if e.get("PODRUN_STORE_RELAY")]
-    if not rank0:
-        return None
-    from podrun.launch.relay import StoreRelay, store_port
-
-    try:
-        return StoreRelay(master_port, master_addr, store_port(master_port)).start()
-    except OSError as exc:
-        for e in rank0:
-            e["MASTER_PORT"] = str(master_port)
-            del e["PODRUN_STORE_RELAY"]
-        agent.emit(None, "note", f"no store relay: cannot listen on port {master_port} ({exc.strerror or exc}); "
-                                 "rank 0 hosts its store there itself")
-        return None
-
+        if store is not None:
+            store.close()
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -18,10 +18,11 @@ def port_free(port: int) -> bool:
         s.close()
 
 
-def facts(ports=()) -> dict:
-    """podrun and python versions, the hostname, and for each port whether it is free (the busy ones)."""
+def facts(ports=(), busy=None) -> dict:
+    """podrun and python versions, the hostname, the run's ports on this host and the busy ones among them
+    (``busy``: as the caller found them binding the ports it holds; else each port is tried here)."""
     import podrun
 
+    ports = list(ports)
     return {"podrun": podrun.__version__, "python": platform.python_version(), "hostname": socket.gethostname(),
-            "ports": list(ports), "ports_busy": [p for p in ports if not port_free(p)]}
-
+            "ports": ports, "ports_busy": list(busy) if busy is not None else [p for p in ports if not port_free(p)]}
