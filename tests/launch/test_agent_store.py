@@ -349,3 +349,44 @@ def test_held_agent_starts_its_workers_on_go(tmp_path):
     p.stdin.flush()
     assert p.wait(timeout=10) == 128 + 15
     assert wait_until(lambda: local_pids(m) == [], 5)
+
+
+def test_agent_without_torch_elsewhere_lets_the_port_go_before_its_workers_start(tmp_path):
+    """The agent's own fallback (on a host elsewhere nothing checks its python first): a --store-relay agent
+    whose python has no torch holds the port until it knows, then lets it go and takes
+    TORCHELASTIC_USE_AGENT_STORE off its workers before they start, so rank 0 can bind the port."""
+    py = _python_without_torch(tmp_path)
+    p = free_port()
+    req = _request(tmp_path, ["sh", "-c", f'echo "store=${{{ENV}:-none}}"; exec {sys.executable} -c '
+                              f'"import socket; socket.create_server((\'\', {p})); print(\'bound\')"'],
+                   master_port=p, python=py)
+    argv = req.agent_argv(0, stdin_watch=False)
+    assert "--store-relay" in argv
+    cp = subprocess.run(argv, capture_output=True, text=True, timeout=60, env={**os.environ, **_ROOT_ON_PATH})
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    out = [protocol.parse(l).text for l in cp.stdout.splitlines() if protocol.parse(l).kind == "out"]
+    assert out == ["store=none", "bound"], cp.stdout
+
+
+@pytest.mark.cluster
+@pytest.mark.torch
+def test_ssh_hosts_share_one_port_per_attempt_and_restart_on_the_next(ssh_hosts, tmp_path):
+    """2 namespace hosts x 2 workers over ssh: every worker of an attempt sees the same MASTER_PORT (the
+    master agent on h1 serves the store); rank 3 fails attempt 0 before the rendezvous, attempt 1 meets on
+    the next port and its torchrun script's all_reduce completes on all 4 workers."""
+    dump = tmp_path / "env"
+    dump.mkdir()
+    p = free_port(2)
+    names = ssh_hosts.hosts[:2]
+    cp = podrun("launch", "--hosts", ",".join(names), "--devices-per-host", "2", "--transport", "ssh",
+                "--ssh-config", ssh_hosts.ssh_config_path, "--python", ssh_hosts.python, "--runs-dir",
+                str(tmp_path / "runs"), "--master-port", str(p), "--max-restarts", "1", "--", "sh", "-c",
+                f'echo "try $PODRUN_RESTART_COUNT port $MASTER_PORT store ${ENV}"; '
+                f'if [ $PODRUN_RESTART_COUNT = 0 ] && [ $RANK = 3 ]; then exit 3; fi; '
+                f'exec {sys.executable} {ALLREDUCE} --dump {dump}', timeout=150)
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    tries = [l.split("] ", 1)[1] for l in cp.stdout.splitlines() if "] try 1 " in l]
+    assert tries == [f"try 1 port {p + 1} store True"] * 4, cp.stdout
+    assert cp.stdout.count("sum=10 restart=1") == 4, cp.stdout
+    envs = [json.loads((dump / f"env-{r}.json").read_text()) for r in range(4)]
+    assert {e["MASTER_PORT"] for e in envs} == {str(p + 1)} and {e["MASTER_ADDR"] for e in envs} == {names[0]}
