@@ -54,14 +54,19 @@ sys.stdin.read()                      # serve until the agent closes our stdin (
 
 
 def listen(port: int) -> socket.socket:
-    """A listening socket on every address (IPv4 and IPv6 where the host has it); port 0: the kernel picks."""
+    """A listening socket on every address (IPv4 and IPv6 where the host has it); port 0: the kernel picks.
+    TCP_NODELAY is set on it, so the store's accepted connections have it (Linux passes it on at accept)."""
+    sock = None
     if socket.has_dualstack_ipv6():
         try:
-            return socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True, backlog=4096)
+            sock = socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True, backlog=4096)
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:     # no point trying IPv4 alone
                 raise
-    return socket.create_server(("", port), backlog=4096)
+    if sock is None:
+        sock = socket.create_server(("", port), backlog=4096)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
 
 
 def torch_available(python: str | None = None) -> bool:

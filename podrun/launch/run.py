@@ -74,10 +74,11 @@ def hold_port(request: LaunchRequest):
     With the agent store the socket is kept for the whole run and handed to rank 0's agent (reserved from
     the check on: another run cannot take it in between); port 0 is the port the kernel gave. Without it
     (--no-agent-store, or a --python without torch) rank 0 binds the port itself, so port 0 is only picked
-    here (and let go). Elsewhere: (request, None).
+    here, below the ephemeral range (podrun.launch.probe.pick_free_port), and let go. Elsewhere: (request, None).
     Raises OSError when the port is taken.
     """
-    from podrun.launch.agent_store import listen, reserve, torch_available
+    from podrun.launch.agent_store import reserve, torch_available
+    from podrun.launch.probe import pick_free_port
 
     if request.transport != "local":
         return request, None
@@ -87,8 +88,7 @@ def hold_port(request: LaunchRequest):
         sock = reserve(request.master_port)
         return replace(request, master_port=sock.getsockname()[1], listen_fd=sock.fileno()), sock
     if request.master_port == 0:
-        with listen(0) as sock:
-            return replace(request, master_port=sock.getsockname()[1]), None
+        return replace(request, master_port=pick_free_port()), None
     return request, None
 
 

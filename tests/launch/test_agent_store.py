@@ -15,6 +15,7 @@ import pytest
 
 from podrun.launch import protocol
 from podrun.launch.agent_store import ENV, StoreHost, listen
+from podrun.launch.probe import ephemeral_low
 from tests.launch.helpers import ALLREDUCE, local_pids, marker, podrun, podrun_popen, run_dir, summary, wait_until
 from tests.launch.test_agent import _request
 from tests.ports import free_port
@@ -144,6 +145,12 @@ def test_no_agent_store_gives_rank0_the_port_to_host_itself(tmp_path):
                 f'echo "port=$MASTER_PORT store=${{{ENV}:-none}}"; exec {sys.executable} {script}')
     assert cp.returncode == 0, cp.stderr
     assert cp.stdout.count(f"port={p} store=none") == 2 and cp.stdout.count("sum=3") == 2, cp.stdout
+    cp = podrun("launch", "--devices-per-host", "2", "--master-port", "0", "--no-agent-store", "--runs-dir",
+                str(tmp_path / "r"), "--", "sh", "-c", f'echo "port=$MASTER_PORT"; exec {sys.executable} {script}')
+    assert cp.returncode == 0, cp.stderr
+    ports = {l.split("port=")[1] for l in cp.stdout.splitlines() if "port=" in l}
+    assert len(ports) == 1 and 0 < int(ports.pop()) < ephemeral_low(), cp.stdout    # picked below the range
+    assert cp.stdout.count("sum=3") == 2, cp.stdout
 
 
 def test_agent_without_torch_lets_the_port_go_before_its_workers_start(tmp_path):
