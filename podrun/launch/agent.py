@@ -283,11 +283,11 @@ def main(argv: list[str] | None = None) -> int:
         store = AgentStore.open(args.master_port, args.listen_fd)    # reserve the port now, before any report
     probe = None
     if args.hold:
-        from podrun.launch.probe import facts, port_free
+        from podrun.launch.probe import facts
 
         ports = [args.master_port] if rank0 else []
-        busy = ([] if store.error is None else ports) if store is not None else [p for p in ports if not port_free(p)]
-        probe = facts(ports, busy)
+        # the agent store's port is busy when it could not be bound; else (no agent store) facts() tries it
+        probe = facts(ports, None if store is None else ports if store.error is not None else [])
     agent = Agent(index, command, envs, grace=args.grace, stdin_watch=not args.no_stdin_watch,
                   stdin_timeout=args.stdin_timeout, probe=probe)
     if store is not None and not (probe and probe["ports_busy"]):    # busy: the controller will not say go
@@ -297,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if store is not None:
             store.close()
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -147,7 +147,7 @@ class AgentStore:
         try:
             sock = listen(port)
         except OSError as exc:
-            return cls(port, None, exc.strerror or str(exc))
+            return cls(port, None, os.strerror(exc.errno) if exc.errno else str(exc))
         return cls(sock.getsockname()[1], sock, None)
 
     def start(self, envs: list[dict[str, str]], note) -> None:

@@ -397,3 +397,18 @@ def test_ssh_hosts_share_one_port_per_attempt_and_restart_on_the_next(ssh_hosts,
     assert cp.stdout.count("sum=10 restart=1") == 4, cp.stdout
     envs = [json.loads((dump / f"env-{r}.json").read_text()) for r in range(4)]
     assert {e["MASTER_PORT"] for e in envs} == {str(p + 1)} and {e["MASTER_ADDR"] for e in envs} == {names[0]}
+
+
+def test_agent_that_cannot_take_the_port_says_so_and_leaves_rank0_to_host_itself(tmp_path):
+    """Without a preflight (mpirun, srun, restarts) nothing checked the port: an agent that cannot bind it
+    says why in a note, and its workers get no TORCHELASTIC_USE_AGENT_STORE (rank 0 then hosts the store,
+    and fails on the busy port with torch's own error, as without podrun)."""
+    with socket.create_server(("", 0)) as taken:
+        p = taken.getsockname()[1]
+        req = _request(tmp_path, ["sh", "-c", f'echo "store=${{{ENV}:-none}} port=$MASTER_PORT"'], master_port=p)
+        cp = subprocess.run(req.agent_argv(0, stdin_watch=False), capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    events = [protocol.parse(l) for l in cp.stdout.splitlines()]
+    assert [e.text for e in events if e.kind == "out"] == [f"store=none port={p}"]
+    assert [e.text for e in events if e.kind == "note"] == [
+        f"cannot listen on port {p} (Address already in use): rank 0 hosts its store there itself"]
