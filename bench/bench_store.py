@@ -9,7 +9,7 @@
   PODRUN_BASELINE=DIR (a checkout of the podrun with the store
   relay) also vs the relay it replaced, in front of the same store.
 
-    python -m bench relay
+    python -m bench store
 """
 from __future__ import annotations
 
