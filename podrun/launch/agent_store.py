@@ -74,7 +74,8 @@ def torch_available(python: str | None = None) -> bool:
     if python is None or os.path.realpath(python) == os.path.realpath(sys.executable):
         return importlib.util.find_spec("torch") is not None
     try:
-        return subprocess.run([python, "-c", "import importlib.util,sys; sys.exit(not importlib.util.find_spec('torch'))"],
+        probe = "import importlib.util,sys; sys.exit(not importlib.util.find_spec('torch'))"
+        return subprocess.run([python, "-c", probe],
                               stdin=subprocess.DEVNULL, capture_output=True, timeout=30).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False

@@ -64,7 +64,8 @@ def rendezvous_port(master_port: int | None, transport: str) -> int:
     if master_port == 0 and transport != "local":
         raise LaunchError(f"--master-port 0 (podrun picks a free port) needs the master host to be this machine; "
                           f"with --transport {transport} it is a host elsewhere",
-                          hint=f"give a port free on the master host, e.g. --master-port {MULTI_HOST_PORT} (the default there)")
+                          hint=f"give a port free on the master host, e.g. --master-port {MULTI_HOST_PORT} "
+                               "(the default there)")
     return master_port
 
 

@@ -110,7 +110,8 @@ def _python_without_torch(tmp_path) -> str:
     d = tmp_path / "venv-no-torch"
     venv.create(d, with_pip=False, system_site_packages=False)
     py = str(d / "bin" / "python")
-    cp = subprocess.run([py, "-c", "import podrun.launch.agent\ntry:\n import torch\nexcept ImportError: print('none')"],
+    check = "import podrun.launch.agent\ntry:\n import torch\nexcept ImportError: print('none')"
+    cp = subprocess.run([py, "-c", check],
                         capture_output=True, text=True, env={**os.environ, **_ROOT_ON_PATH})
     assert cp.stdout.strip() == "none", cp.stderr
     return py

@@ -119,7 +119,8 @@ def test_dry_run_prints_exactly_what_runs(tmp_path):
     assert [w["RANK"] for w in rec["instances"][0]["workers"]] == ["0", "1"]
     assert not (tmp_path / "runs").exists()          # nothing written, nothing started
     text = podrun("launch", "--devices-per-host", "2", "--dry-run", "--run-id", "dry", "--runs-dir",
-                  str(tmp_path / "runs"), "--env", "MY_TOKEN=s3cret", "--master-port", port, "--", "echo", "hi there").stdout
+                  str(tmp_path / "runs"), "--env", "MY_TOKEN=s3cret", "--master-port", port, "--", "echo",
+                  "hi there").stdout
     assert cmd in text and "LOCAL_RANK=1" in text
     # the real run writes the same command, with the secret redacted
     cp = podrun("launch", "--devices-per-host", "2", "--run-id", "dry", "--runs-dir", str(tmp_path / "runs"),
@@ -148,7 +149,8 @@ def test_only_output_from_instance_keeps_errors_from_all(tmp_path):
 def test_max_restarts_restarts_with_count_on_the_held_port(tmp_path):
     cp = podrun("launch", "--devices-per-host", "2", "--max-restarts", "2", "--master-port", "29631",
                 "--runs-dir", str(tmp_path / "runs"), "--",
-                "sh", "-c", 'echo "try $PODRUN_RESTART_COUNT port $MASTER_PORT"; sleep 0.3; [ $PODRUN_RESTART_COUNT -ge 1 ]')
+                "sh", "-c",
+                'echo "try $PODRUN_RESTART_COUNT port $MASTER_PORT"; sleep 0.3; [ $PODRUN_RESTART_COUNT -ge 1 ]')
     assert cp.returncode == 0, cp.stderr
     # the controller holds 29631 for the whole run: every attempt serves a fresh store on it
     assert "[0:1 localhost] try 0 port 29631" in cp.stdout and "[0:0 localhost] try 0 port 29631" in cp.stdout
