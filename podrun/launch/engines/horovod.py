@@ -51,13 +51,16 @@ def horovod_env(request) -> dict[str, str]:
     Per-rank names (RANK, LOCAL_RANK, ...) come from Open MPI (OMPI_COMM_WORLD_*), which
     podrun.runtime reads; Horovod's MPI controller needs nothing else.
     """
+    from podrun.launch.probe import pick_free_port
+
     plan = request.plan
+    port = request.master_port if request.master_port != 0 else pick_free_port()   # 0: podrun picks one
     return {
         "PODRUN_RUN_ID": request.run_id, "PODRUN_RUN_DIR": request.run_dir, "PODRUN_PLAN": request.plan_path,
         "PODRUN_NUM_INSTANCES": str(plan.instances), "PODRUN_NUM_REPLICAS": str(plan.replicas),
         "PODRUN_DEVICES_PER_REPLICA": str(plan.devices_per_replica), "PODRUN_LOCAL_BATCH": str(plan.local_batch),
         "PODRUN_GRAD_ACCUM": str(plan.grad_accum), "PODRUN_GLOBAL_BATCH": str(plan.global_batch),
-        "MASTER_ADDR": request.master_addr, "MASTER_PORT": str(request.master_port),
+        "MASTER_ADDR": request.master_addr, "MASTER_PORT": str(port),
         **dict(request.env),
     }
 
