@@ -4,7 +4,10 @@
 - teardown after a worker fails, 4 hosts: podrun vs torchrun, same gloo workload, from the failing worker's
   own clock to the launcher(s) gone and no process of the run left on any host (polled on the hosts);
 - detection of a lost host, 4 fresh hosts (quick: 2), h2's link cut mid-run: podrun vs torchrun, from the cut
-  to the launcher ending the run; every run bounded, runs past the bound reported as such.
+  to the launcher ending the run; every run bounded, runs past the bound reported as such;
+- with PODRUN_BASELINE=DIR (a checkout of an earlier podrun, e.g. `git archive COMMIT | tar -x -C DIR`): this
+  podrun vs that one, launch to first all_reduce on 1, 2, 4 hosts and `true` on 1 and 4 hosts, the baseline's
+  controller and agents importing DIR (PYTHONPATH, and `--env PYTHONPATH=DIR` for the agents).
 Repeats are interleaved (podrun, peer, podrun, ...) so the noise of a shared 2-core machine hits both alike."""
 from __future__ import annotations
 
@@ -39,11 +42,19 @@ def _podrun_args(hosts, names, runs, port, *extra):
             "--master-port", str(port), *extra]
 
 
-def podrun_allreduce(hosts, names, runs, port) -> float:
+def _baseline(base: str | None) -> tuple[list[str], dict | None]:
+    """Extra launch options and the controller's env to run the podrun checkout at ``base`` (None: this one)."""
+    if base is None:
+        return [], None
+    return ["--env", f"PYTHONPATH={base}"], {**os.environ, "PYTHONPATH": base}
+
+
+def podrun_allreduce(hosts, names, runs, port, base=None) -> float:
+    extra, env = _baseline(base)
     t0 = time.perf_counter()
     try:
-        cp = subprocess.run([*_podrun_args(hosts, names, runs, port), "--", sys.executable, SCRIPT],
-                            capture_output=True, text=True, timeout=120)
+        cp = subprocess.run([*_podrun_args(hosts, names, runs, port, *extra), "--", sys.executable, SCRIPT],
+                            capture_output=True, text=True, timeout=120, env=env)
     except subprocess.TimeoutExpired:
         _sweep(hosts, names, re.escape(SCRIPT))
         raise AssertionError(f"podrun on {len(names)} hosts did not end within 120 s")
@@ -53,9 +64,11 @@ def podrun_allreduce(hosts, names, runs, port) -> float:
 
 
 def podrun_socket_allreduce(hosts, names, runs, port) -> float:
-    """podrun to a first all_reduce with no torch import (bench/scripts/socket_allreduce.py)."""
+    """podrun to a first all_reduce with no torch import (bench/scripts/socket_allreduce.py, whose rank 0 serves
+    MASTER_PORT itself: --no-agent-store, so no store is hosted there)."""
     t0 = time.perf_counter()
-    cp = subprocess.run([*_podrun_args(hosts, names, runs, port), "--", sys.executable, SOCKET_SCRIPT],
+    cp = subprocess.run([*_podrun_args(hosts, names, runs, port, "--no-agent-store"), "--", sys.executable,
+                         SOCKET_SCRIPT],
                         capture_output=True, text=True, timeout=60)
     dt = time.perf_counter() - t0
     n = len(names)
@@ -63,11 +76,12 @@ def podrun_socket_allreduce(hosts, names, runs, port) -> float:
     return dt
 
 
-def podrun_true(hosts, names, runs, port) -> float:
-    """podrun's own cost: preflight + fan-out + agents + `true` + teardown, no torch import."""
+def podrun_true(hosts, names, runs, port, base=None) -> float:
+    """podrun's own cost: preflight + fan-out + agents + `true` + teardown, no torch import in the workers."""
+    extra, env = _baseline(base)
     t0 = time.perf_counter()
-    cp = subprocess.run([*_podrun_args(hosts, names, runs, port), "--", "true"], capture_output=True, text=True,
-                        timeout=60)
+    cp = subprocess.run([*_podrun_args(hosts, names, runs, port, *extra), "--", "true"], capture_output=True,
+                        text=True, timeout=60, env=env)
     dt = time.perf_counter() - t0
     assert cp.returncode == 0, cp.stderr[-2000:]
     return dt
@@ -293,7 +307,7 @@ def run(quick: bool) -> list[dict]:
     repeats = 1 if quick else 5
     sizes = (1, 2) if quick else (1, 2, 4, 8)
     rows = []
-    port = 29900 + (os.getpid() % 50) * 200    # each run takes P and P+1 (the store relay)
+    port = 29900 + (os.getpid() % 50) * 200    # each run takes P (P+1 too for a baseline with the store relay)
     with tempfile.TemporaryDirectory() as tmp, NetnsHosts(max(sizes + (4,))) as hosts:
         runs = os.path.join(tmp, "runs")
         times: dict[tuple[str, int], list[float]] = {}
@@ -369,6 +383,10 @@ def run(quick: bool) -> list[dict]:
                             "gloo all_reduce every 0.1 s, rank 2 exits 3 at step 5; from its own clock to the "
                             "launcher(s) exited and no process of the run left on any host (polled on the hosts)",
                             failures))
+        base = os.environ.get("PODRUN_BASELINE")
+        if base:
+            rows += _vs_baseline(hosts, runs, base, repeats, port)
+            port += 200
     # Lost host, podrun vs torchrun: fresh hosts per run, h2's link cut (isolate) once every rank is up.
     n_lost = 2 if quick else 4
     lost_bound = 30.0 if quick else 75.0
@@ -393,6 +411,30 @@ def run(quick: bool) -> list[dict]:
                         f"torchrun on the reachable hosts exited (the ssh session to the cut host never returns); "
                         f"cut host's own processes gone by then: podrun {cut_gone['podrun']}/{len(lost['podrun'])}, "
                         f"torchrun {cut_gone['torchrun']}/{len(lost['torchrun'])}", failures))
+    return rows
+
+
+def _vs_baseline(hosts, runs, base, repeats, port) -> list[dict]:
+    """This podrun against the checkout at ``base``, interleaved on the same hosts."""
+    times: dict[tuple[str, str, int], list[float]] = {}
+    label = {None: "this podrun", base: f"baseline podrun ({base})"}
+    for _ in range(repeats):
+        for n in (1, 2, 4):
+            for b in (None, base):
+                port += 2
+                times.setdefault(("allreduce", label[b], n), []).append(
+                    podrun_allreduce(hosts, hosts.hosts[:n], runs, port, b))
+        for n in (1, 4):
+            for b in (None, base):
+                port += 2
+                times.setdefault(("true", label[b], n), []).append(podrun_true(hosts, hosts.hosts[:n], runs, port, b))
+    rows = []
+    for what, sizes, note in (("allreduce", (1, 2, 4), "torch workers: init_process_group(gloo) + all_reduce + exit"),
+                              ("true", (1, 4), "`true` workers (no torch in the workers)")):
+        for n in sizes:
+            rows.append(_row("launch_vs_baseline", f"{label[None]}, {what}, {n} host(s)",
+                             times[(what, label[None], n)], "s", f"median of {repeats}, interleaved; {note}",
+                             f"{label[base]}, {what}, {n} host(s)", times[(what, label[base], n)]))
     return rows
 
 

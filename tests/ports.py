@@ -15,10 +15,11 @@ def ephemeral_low() -> int:
 
 
 def free_port(n: int = 1) -> int:
-    """A port P with P .. P+n-1 all free to listen on (a run with the store relay takes P and P+1).
+    """A port P with P .. P+n-1 all free to listen on (a test that runs two launches side by side, or a
+    restart that moves to the next port, takes more than one).
 
     Chosen below the ephemeral range: there no client socket is given the port as its source, and a
-    connect to it before its server listens cannot be joined to itself (see podrun.launch.relay.connect).
+    connect to it before its server listens cannot be joined to itself (see podrun.launch.probe.pick_free_port).
     """
     top = min(ephemeral_low(), 29400) - n     # above it the tests' fixed ports (29500-29900)
     for _ in range(200):

@@ -33,10 +33,14 @@ class LaunchCommand(click.Command):
 @click.option("--python", "python_", help="Python on the hosts (default: this one, sys.executable).")
 @click.option("--workdir", help="Working directory on the hosts (default: the current directory).")
 @click.option("--master-addr", help="Rendezvous address (default: the host of instance 0).")
-@click.option("--master-port", type=int, default=29500, show_default=True, help="Rendezvous port.")
-@click.option("--store-relay/--no-store-relay", default=True, show_default=True,
-              help="Rank 0's agent listens on the rendezvous port from the start and relays it to rank 0's store "
-                   "on the next port (rank 0's MASTER_PORT), so no worker waits in torch's reconnect backoff.")
+@click.option("--master-port", type=int, default=None,
+              help="Rendezvous port, every worker's MASTER_PORT. 0: podrun picks a free port (the default on this "
+                   "machine, like torchrun --standalone); with hosts elsewhere the default is 29500.")
+@click.option("--agent-store/--no-agent-store", "--store-relay/--no-store-relay", "store_relay", default=True,
+              show_default=True,
+              help="Rank 0's agent holds the rendezvous port from the start and serves torch's TCPStore on it "
+                   "(TORCHELASTIC_USE_AGENT_STORE=True, as under torchrun), so no worker waits in torch's reconnect "
+                   "backoff. Off: rank 0 hosts the store itself (for programs that serve their own MASTER_PORT).")
 @click.option("--grace", type=float, default=5.0, show_default=True, help="Seconds between SIGTERM and SIGKILL.")
 @click.option("--only-output-from-instance", type=int, help="Show stdout of this instance only (errors from all).")
 @click.option("--max-restarts", type=int, default=0, show_default=True, help="Restart the whole run after a failure.")

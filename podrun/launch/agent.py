@@ -15,7 +15,8 @@ With --rank-from-env (mpirun) the agent runs one worker, the one whose global ra
 the launcher's rank, so each worker is an MPI rank; its lines then carry that worker's local rank.
 With --hold (the ssh transport's preflight) it first reports its host's facts and starts workers only
 when the controller, having heard from every host, writes ``G``; it exits 0 with nothing started if
-told to stop instead. With --store-relay, the agent of global rank 0 runs podrun.launch.relay.
+told to stop instead. With --store-relay, the agent of global rank 0 holds --master-port from its start
+and serves the run's TCPStore on it (podrun.launch.agent_store).
 """
 from __future__ import annotations
 
@@ -405,8 +406,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stdin-timeout", type=float, default=5.0)
     ap.add_argument("--no-stdin-watch", action="store_true")
     ap.add_argument("--store-relay", action="store_true",
-                    help="if this instance runs global rank 0: listen on --master-port and relay it to rank 0's "
-                         "store on the next port (podrun.launch.relay)")
+                    help="if this instance runs global rank 0: hold --master-port from the start and serve the "
+                         "run's TCPStore on it (podrun.launch.agent_store)")
+    ap.add_argument("--listen-fd", type=int,
+                    help="with --store-relay: the listening socket on --master-port, inherited from the controller")
     ap.add_argument("--hold", action="store_true",
                     help="report preflight facts (a probe line) and start workers only on a G on stdin")
     ap.add_argument("command", nargs=argparse.REMAINDER)
@@ -435,41 +438,28 @@ def main(argv: list[str] | None = None) -> int:
                        store_relay=args.store_relay)
     if local_ranks is not None:
         envs = [envs[lr] for lr in local_ranks]
+    rank0 = any(e["RANK"] == "0" for e in envs)
+    store = None
+    if args.store_relay and rank0:
+        from podrun.launch.agent_store import AgentStore
+
+        store = AgentStore.open(args.master_port, args.listen_fd)    # reserve the port now, before any report
     probe = None
     if args.hold:
         from podrun.launch.probe import facts
-        from podrun.launch.relay import rendezvous_ports
 
-        rank0 = any(e["RANK"] == "0" for e in envs)
-        probe = facts(rendezvous_ports(args.master_port, args.store_relay) if rank0 else ())
+        ports = [args.master_port] if rank0 else []
+        # the agent store's port is busy when it could not be bound; else (no agent store) facts() tries it
+        probe = facts(ports, None if store is None else ports if store.error is not None else [])
     agent = Agent(index, command, envs, grace=args.grace, stdin_watch=not args.no_stdin_watch,
                   stdin_timeout=args.stdin_timeout, probe=probe, local_ranks=local_ranks, agent_rank=agent_rank)
-    busy = bool(probe and probe["ports_busy"])       # the controller will not say go
-    relay = start_relay(agent, args.master_addr, args.master_port) if args.store_relay and not busy else None
+    if store is not None and not (probe and probe["ports_busy"]):    # busy: the controller will not say go
+        store.start(agent.envs, lambda text: agent.emit(None, "note", text))
     try:
         return agent.run()
     finally:
-        if relay is not None:
-            relay.close()
-
-
-def start_relay(agent: Agent, master_addr: str, master_port: int):
-    """Start the store relay when this agent runs global rank 0 (else None). If the rendezvous port
-    cannot be taken, rank 0 gets it back as its MASTER_PORT and the run goes on without a relay."""
-    rank0 = [e for e in agent.envs if e.get("PODRUN_STORE_RELAY")]
-    if not rank0:
-        return None
-    from podrun.launch.relay import StoreRelay, store_port
-
-    try:
-        return StoreRelay(master_port, master_addr, store_port(master_port)).start()
-    except OSError as exc:
-        for e in rank0:
-            e["MASTER_PORT"] = str(master_port)
-            del e["PODRUN_STORE_RELAY"]
-        agent.emit(None, "note", f"no store relay: cannot listen on port {master_port} ({exc.strerror or exc}); "
-                                 "rank 0 hosts its store there itself")
-        return None
+        if store is not None:
+            store.close()
 
 
 if __name__ == "__main__":

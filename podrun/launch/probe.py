@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import platform
+import random
 import socket
+
+PICK_FROM = 10000          # the lowest port pick_free_port tries
 
 
 def port_free(port: int) -> bool:
@@ -18,10 +21,31 @@ def port_free(port: int) -> bool:
         s.close()
 
 
-def facts(ports=()) -> dict:
-    """podrun and python versions, the hostname, and for each port whether it is free (the busy ones)."""
+def ephemeral_low() -> int:
+    """The first port of net.ipv4.ip_local_port_range (Linux's default when it cannot be read)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def pick_free_port() -> int:
+    """A port free now, below the ephemeral range: one that nothing will hold, so the program that binds it
+    later (with a window in between) cannot lose it to a client socket's source port."""
+    top = ephemeral_low()
+    for _ in range(200):
+        port = random.randrange(PICK_FROM, top)
+        if port_free(port):
+            return port
+    raise OSError(f"no free port found between {PICK_FROM} and {top}")
+
+
+def facts(ports=(), busy=None) -> dict:
+    """podrun and python versions, the hostname, the run's ports on this host and the busy ones among them
+    (``busy``: as the caller found them binding the ports it holds; else each port is tried here)."""
     import podrun
 
+    ports = list(ports)
     return {"podrun": podrun.__version__, "python": platform.python_version(), "hostname": socket.gethostname(),
-            "ports": list(ports), "ports_busy": [p for p in ports if not port_free(p)]}
-
+            "ports": ports, "ports_busy": list(busy) if busy is not None else [p for p in ports if not port_free(p)]}

@@ -70,7 +70,8 @@ class LaunchRequest:
     ssh: SSHOptions = field(default_factory=SSHOptions)
     mpi_args: tuple[str, ...] = ()      # --mpi-args: passed through to mpirun (transport mpirun, engine horovod)
     poprun: object | None = None        # PoprunOptions for --engine poprun (podrun.launch.engines.poprun)
-    store_relay: bool = True            # rank 0's agent relays master_port to rank 0's store (podrun.launch.relay)
+    store_relay: bool = True            # rank 0's agent serves the store on master_port (podrun.launch.agent_store)
+    listen_fd: int | None = None        # the controller's socket on master_port, for a local rank 0 agent to serve on
     preflight: bool = True              # check every host before anything starts (False: --no-preflight)
     straggler_timeout: float | None = None  # seconds the others get after a worker exits 0 (None: no bound)
 
@@ -93,14 +94,18 @@ class LaunchRequest:
             argv += ["--instance", str(index)]
         argv += ["--stdin-timeout", _num(self.keepalive)] if stdin_watch else ["--no-stdin-watch"]
         argv += ["--store-relay"] if self.store_relay else []
+        argv += ["--listen-fd", str(self.listen_fd)] if self.listen_fd is not None and index == 0 else []
         argv += ["--hold"] if hold else []
         return argv + ["--", *self.command]
 
     def rendezvous_ports(self) -> tuple[int, ...]:
-        """The ports the run listens on at the master host (podrun.launch.relay.rendezvous_ports)."""
-        from podrun.launch.relay import rendezvous_ports
+        """The ports a preflight must find free on the master host: the rendezvous port, unless the
+        controller already holds it (``listen_fd``)."""
+        return () if self.listen_fd is not None else (self.master_port,)
 
-        return rendezvous_ports(self.master_port, self.store_relay)
+    def pass_fds(self, index: int) -> tuple[int, ...]:
+        """The controller's file descriptors that the agent of instance ``index`` inherits (see ``listen_fd``)."""
+        return (self.listen_fd,) if self.listen_fd is not None and index == 0 else ()
 
     def env_prefix(self) -> list[str]:
         """``env NAME=VALUE ...`` for the user's --env (empty when there is none)."""

@@ -1,19 +1,21 @@
 """One launch end to end: build the request, preflight, run under the supervisor, restart, write the run dir."""
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import sys
 from dataclasses import replace
 from pathlib import Path
 
-from podrun.errors import PodrunError, PreflightError
+from podrun.errors import LaunchError, PodrunError, PreflightError
 from podrun.launch.request import InstanceLaunch, LaunchRequest, SSHOptions, redact
 from podrun.launch.rundir import (check_run_id, create_run_dir, new_run_id, write_launch_files, write_plan,
                                   write_summary)
 from podrun.launch.supervisor import Outcome, Supervisor, _describe_code
-from podrun.launch.transport import get_transport
+from podrun.launch.transport import busy_port_problem, get_transport
 
+MULTI_HOST_PORT = 29500   # the default --master-port when the master host is elsewhere (0, "pick", on this machine)
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "ip6-localhost"}
 
 
@@ -32,12 +34,13 @@ def default_transport(plan, cluster=None, scheduler: str = "none") -> str:
 
 
 def build_request(plan, command, *, transport: str, python: str | None = None, workdir: str | None = None,
-                  master_addr: str | None = None, master_port: int = 29500, grace: float = 5.0,
+                  master_addr: str | None = None, master_port: int | None = None, grace: float = 5.0,
                   keepalive: float = 5.0, run_id: str | None = None, runs_dir: str = "runs",
                   env=(), max_restarts: int = 0, ssh: SSHOptions | None = None, mpi_args=(),
                   poprun=None, store_relay: bool = True, preflight: bool = True,
                   straggler_timeout: float | None = None) -> LaunchRequest:
     run_id = new_run_id() if run_id is None else check_run_id(run_id)
+    master_port = rendezvous_port(master_port, transport)
     workdir = os.path.abspath(workdir or os.getcwd())
     run_dir = os.path.join(os.path.abspath(runs_dir), run_id)
     return LaunchRequest(
@@ -50,6 +53,55 @@ def build_request(plan, command, *, transport: str, python: str | None = None, w
         store_relay=store_relay and transport != "poprun",     # poprun starts no podrun agent
         preflight=preflight, straggler_timeout=straggler_timeout,
     )
+
+
+def rendezvous_port(master_port: int | None, transport: str) -> int:
+    """The --master-port to use: None gives 0 (podrun picks a free port at launch) with the local transport,
+    else MULTI_HOST_PORT; 0 is refused where the master host is elsewhere (podrun cannot pick a port there)."""
+    if master_port is None:
+        return 0 if transport == "local" else MULTI_HOST_PORT
+    if not 0 <= master_port <= 65535:
+        raise LaunchError(f"--master-port {master_port} is not a TCP port",
+                          hint="give 1..65535, or 0 to let podrun pick a free port (runs on this machine)")
+    if master_port == 0 and transport != "local":
+        raise LaunchError(f"--master-port 0 (podrun picks a free port) needs the master host to be this machine; "
+                          f"with --transport {transport} it is a host elsewhere",
+                          hint=f"give a port free on the master host, e.g. --master-port {MULTI_HOST_PORT} "
+                               "(the default there)")
+    return master_port
+
+
+def hold_port(request: LaunchRequest):
+    """On this machine, take the rendezvous port now: (the request on the port taken, the held socket or None).
+
+    With the agent store the socket is kept for the whole run and handed to rank 0's agent (reserved from
+    the check on: another run cannot take it in between); port 0 is the port the kernel gave. Without it
+    (--no-agent-store, or a --python without torch) rank 0 binds the port itself, so port 0 is only picked
+    here, below the ephemeral range (podrun.launch.probe.pick_free_port), and let go. Elsewhere: (request, None).
+    Raises OSError when the port is taken.
+    """
+    from podrun.launch.agent_store import reserve, torch_available
+    from podrun.launch.probe import pick_free_port
+
+    if request.transport != "local":
+        return request, None
+    if request.store_relay and not torch_available(request.python):
+        request = replace(request, store_relay=False)      # nothing here could serve the store
+    if request.store_relay:
+        sock = reserve(request.master_port)
+        return replace(request, master_port=sock.getsockname()[1], listen_fd=sock.fileno()), sock
+    if request.master_port == 0:
+        return replace(request, master_port=pick_free_port()), None
+    return request, None
+
+
+def _preflight_failed(req: LaunchRequest, problems, notice,
+                      hint: str = "fix the hosts above, or pass --no-preflight to skip these checks") -> PreflightError:
+    _record(write_summary, notice, req.run_dir, {"run_id": req.run_id, "exit_code": 2, "status": "preflight_failed",
+                                                 "transport": req.transport, "problems": [str(p) for p in problems]})
+    hosts = sorted({p.host for p in problems})
+    return PreflightError(f"preflight failed on {len(hosts)} host(s), nothing was started:\n"
+                          + "\n".join(f"  - {p}" for p in problems), hint=hint)
 
 
 def dry_run_record(request: LaunchRequest) -> dict:
@@ -75,8 +127,6 @@ def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from:
     ``elastic`` (a podrun.launch.elastic.ElasticPolicy): each restart first drops the failed hosts,
     takes spares, and re-plans at the same global batch; no such plan ends the run.
     """
-    from podrun.plan.env import workers_per_instance
-
     notice = notice or (lambda t: None)
     create_run_dir(request.run_dir)
     _before_start(request.run_dir, write_plan, request.run_dir, request.plan)
@@ -86,9 +136,29 @@ def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from:
         record = {"min_hosts": elastic.min_hosts, "global_batch": elastic.global_batch,
                   "spares": list(elastic.spares), "replans": []}
     cls = get_transport(request.transport)
+    try:
+        req, held = hold_port(request)
+    except OSError as exc:
+        host = request.instances[0].host if request.instances else "localhost"
+        problem = busy_port_problem(host, request, request.master_port)
+        raise _preflight_failed(request, [problem if exc.errno == errno.EADDRINUSE else
+                                          replace(problem, message=f"cannot listen on rendezvous port "
+                                                                   f"{request.master_port}: {exc.strerror or exc}")],
+                                notice, hint="podrun holds the rendezvous port for the whole run, so it must be free")
+    try:
+        return _attempts(cls, req, sink=sink, notice=notice, only_output_from=only_output_from, elastic=elastic,
+                         record=record)
+    finally:
+        if held is not None:
+            held.close()
+
+
+def _attempts(cls, req: LaunchRequest, *, sink, notice, only_output_from, elastic,
+              record: dict | None) -> tuple[Outcome | None, dict]:
+    from podrun.plan.env import workers_per_instance
+
     attempts: list[dict] = []
-    base_port = request.master_port
-    req = request
+    base_port = req.master_port
     while True:
         transport = cls(req)
         if req.preflight and req.restart_count == 0:
@@ -99,14 +169,7 @@ def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from:
                 raise
             if problems:
                 transport.close()
-                summary = {"run_id": req.run_id, "exit_code": 2, "status": "preflight_failed",
-                           "transport": req.transport, "problems": [str(p) for p in problems]}
-                _record(write_summary, notice, req.run_dir, summary)
-                hosts = sorted({p.host for p in problems})
-                raise PreflightError(
-                    f"preflight failed on {len(hosts)} host(s), nothing was started:\n"
-                    + "\n".join(f"  - {p}" for p in problems),
-                    hint="fix the hosts above, or pass --no-preflight to skip these checks")
+                raise _preflight_failed(req, problems, notice)
         try:
             _before_start(req.run_dir, write_launch_files, req, transport.describe(redact=True))
         except BaseException:
@@ -134,13 +197,16 @@ def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from:
         if outcome.exit_code == 0 or outcome.status == "interrupted" or req.restart_count >= req.max_restarts:
             return outcome, summary
         nxt = req.restart_count + 1
-        port = base_port + nxt * len(req.rendezvous_ports())    # past every port the last attempt used
+        # a port the controller holds serves every attempt (each gets a fresh store on it); else each attempt
+        # moves one port past the last one's, whose store may not be gone yet
+        port = req.master_port if req.listen_fd is not None else base_port + nxt
         cause = outcome.root_cause
         if elastic is not None:
-            req = _replan(elastic, record, req, summary, outcome, nxt, notice)
-            if req is None:
-                _record(write_summary, notice, request.run_dir, summary)
+            nxt_req = _replan(elastic, record, req, summary, outcome, nxt, notice)
+            if nxt_req is None:
+                _record(write_summary, notice, req.run_dir, summary)     # with the record's end
                 return outcome, summary
+            req = nxt_req
         notice(f"restart {nxt} of {req.max_restarts} after "
                f"{cause.reason if cause else _describe_code(outcome.exit_code)}; rendezvous port {port}")
         req = req.for_restart(nxt, port)

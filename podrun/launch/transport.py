@@ -58,11 +58,9 @@ class Problem:
 
 
 def busy_port_problem(host: str, req: "LaunchRequest", port: int) -> Problem:
-    """A preflight problem for a port of the run that is taken on the master host."""
-    what = "rendezvous port" if port == req.master_port else "port of rank 0's store (behind the store relay)"
-    return Problem(host, f"{what} {port} is in use on the master host",
-                   "pass --master-port with a free port" + ("" if port == req.master_port else
-                                                            " (podrun uses it and the next one)"))
+    """A preflight problem for the run's rendezvous port, taken on the master host."""
+    return Problem(host, f"rendezvous port {port} is in use on the master host",
+                   "pass --master-port with a free port" + (" (0: podrun picks one)" if req.transport == "local" else ""))
 
 
 class InstanceHandle(ABC):

@@ -66,8 +66,8 @@ POPDIST_NAMES = tuple(POPDIST_FIELDS.values())
 # Set only when neither the host nor --env has them: threads per worker (see omp_num_threads), line
 # buffered output so logs stream live, and NCCL's async error handling as torchrun sets it.
 HOST_DEFAULT_NAMES = ("OMP_NUM_THREADS", "PYTHONUNBUFFERED", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
-# The rank-0 worker behind the store relay gets the relayed port here (podrun.launch.relay)
-STORE_RELAY_NAME = "PODRUN_STORE_RELAY"
+# Every worker is a client of the store that rank 0's agent hosts (podrun.launch.agent_store), as under torchrun
+AGENT_STORE_NAME = "TORCHELASTIC_USE_AGENT_STORE"
 
 # The same for every worker of a run: what an outer launcher (horovod's mpirun) exports to every rank,
 # whose per-rank names come from the launcher itself
@@ -172,8 +172,8 @@ def instance_envs(plan: "Plan", instance_index: int, *, run_id: str, run_dir: st
                   cpus: int | None = None) -> list[dict[str, str]]:
     """What the agent of instance ``instance_index`` sets for each of its workers, on top of the host's env.
 
-    ``store_relay``: the agent of global rank 0 relays ``master_port`` to rank 0's store, which then
-    listens on the next port (rank 0's MASTER_PORT; every other worker keeps ``master_port``).
+    ``store_relay``: the agent of global rank 0 hosts the store on ``master_port`` (podrun.launch.agent_store),
+    so every worker, rank 0 included, is a client of it (TORCHELASTIC_USE_AGENT_STORE=True, as under torchrun).
     ``host_env``: the variables the workers inherit (the host's, with --env): the names of
     HOST_DEFAULT_NAMES set there are left to them. ``cpus``: the cores the agent may use; None (the
     controller, which does not know a remote host's cores) leaves OMP_NUM_THREADS out.
@@ -187,11 +187,8 @@ def instance_envs(plan: "Plan", instance_index: int, *, run_id: str, run_dir: st
         env = worker_env(plan, instance_index, local_rank, run_id=run_id, run_dir=run_dir, plan_path=plan_path,
                          master_addr=master_addr, master_port=master_port, restart_count=restart_count,
                          max_restarts=max_restarts)
-        if store_relay and env["RANK"] == "0":
-            from podrun.launch.relay import store_port
-
-            env["MASTER_PORT"] = str(store_port(master_port))
-            env[STORE_RELAY_NAME] = str(master_port)
+        if store_relay:
+            env[AGENT_STORE_NAME] = "True"
         env.update({k: v for k, v in defaults.items() if k not in host_env})
         envs.append(env)
     return envs

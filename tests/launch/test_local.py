@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import sys
 import time
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.ports import free_port
 from tests.launch.helpers import (ALLREDUCE, local_pids, marker, podrun, podrun_popen, run_dir, summary,
                                   wait_output, wait_until)
 
@@ -34,9 +36,8 @@ def test_torchrun_script_runs_unchanged_with_gloo_all_reduce_and_env_contract(tm
         assert env["RANK"] == str(r) and env["LOCAL_RANK"] == str(r) and env["WORLD_SIZE"] == "3"
         assert env["LOCAL_WORLD_SIZE"] == "3" and env["GROUP_RANK"] == "0"
         assert env["MASTER_ADDR"] == "localhost"
-        # the store relay: rank 0's store listens on the next port, every other worker dials 29611
-        assert env["MASTER_PORT"] == ("29612" if r == 0 else "29611")
-        assert env.get("PODRUN_STORE_RELAY") == ("29611" if r == 0 else None)
+        # the agent store: every worker, rank 0 included, dials the store that rank 0's agent serves on 29611
+        assert env["MASTER_PORT"] == "29611" and env["TORCHELASTIC_USE_AGENT_STORE"] == "True"
         assert env["PODRUN_NUM_INSTANCES"] == "1" and env["PODRUN_INSTANCE_INDEX"] == "0"
         assert env["PODRUN_NUM_REPLICAS"] == "3" and env["PODRUN_LOCAL_REPLICAS"] == "3"
         assert env["PODRUN_RUN_DIR"] == str(rd) and env["PODRUN_PLAN"] == str(rd / "plan.json")
@@ -109,8 +110,9 @@ def test_worker_ignoring_sigterm_is_killed_after_grace(tmp_path):
 def test_dry_run_prints_exactly_what_runs(tmp_path):
     """--dry-run prints the command line each host runs and each worker's env, secrets redacted as in the
     run directory (the real run writes the same command line to runs/<id>/command)."""
+    port = str(free_port())      # the default, 0, is picked at launch: a dry run shows 0
     cp = podrun("launch", "--devices-per-host", "2", "--dry-run", "--json", "--run-id", "dry", "--runs-dir",
-                str(tmp_path / "runs"), "--env", "MY_TOKEN=s3cret", "--", "echo", "hi there")
+                str(tmp_path / "runs"), "--env", "MY_TOKEN=s3cret", "--master-port", port, "--", "echo", "hi there")
     assert cp.returncode == 0, cp.stderr
     rec = json.loads(cp.stdout)
     cmd = rec["commands"][0]["command"]
@@ -119,13 +121,16 @@ def test_dry_run_prints_exactly_what_runs(tmp_path):
     assert [w["RANK"] for w in rec["instances"][0]["workers"]] == ["0", "1"]
     assert not (tmp_path / "runs").exists()          # nothing written, nothing started
     text = podrun("launch", "--devices-per-host", "2", "--dry-run", "--run-id", "dry", "--runs-dir",
-                  str(tmp_path / "runs"), "--env", "MY_TOKEN=s3cret", "--", "echo", "hi there").stdout
+                  str(tmp_path / "runs"), "--env", "MY_TOKEN=s3cret", "--master-port", port, "--", "echo",
+                  "hi there").stdout
     assert cmd in text and "LOCAL_RANK=1" in text and "s3cret" not in text + cp.stdout
     cp = podrun("launch", "--devices-per-host", "2", "--run-id", "dry", "--runs-dir", str(tmp_path / "runs"),
-                "--env", "MY_TOKEN=s3cret", "--", "echo", "hi there")
+                "--env", "MY_TOKEN=s3cret", "--master-port", port, "--", "echo", "hi there")
     assert cp.returncode == 0, cp.stderr
     written = (tmp_path / "runs" / "dry" / "command").read_text()
-    assert cmd in written
+    # the one addition at launch: rank 0's agent inherits the controller's socket on the port
+    assert "--store-relay --listen-fd " in written
+    assert cmd in re.sub(r" --listen-fd \d+", "", written)
     env = json.loads((tmp_path / "runs" / "dry" / "env.json").read_text())
     assert env["instances"][0]["agent_env"] == {"MY_TOKEN": "<redacted>"}
     assert "s3cret" not in (tmp_path / "runs" / "dry" / "env.json").read_text() + written
@@ -142,14 +147,15 @@ def test_only_output_from_instance_keeps_errors_from_all(tmp_path):
     assert "out-1" in (run_dir(tmp_path / "runs") / "instance-1.log").read_text()
 
 
-def test_max_restarts_restarts_with_new_port_and_count(tmp_path):
+def test_max_restarts_restarts_with_count_on_the_held_port(tmp_path):
     cp = podrun("launch", "--devices-per-host", "2", "--max-restarts", "2", "--master-port", "29631",
                 "--runs-dir", str(tmp_path / "runs"), "--",
-                "sh", "-c", 'echo "try $PODRUN_RESTART_COUNT port $MASTER_PORT"; [ $PODRUN_RESTART_COUNT -ge 1 ]')
+                "sh", "-c",
+                'echo "try $PODRUN_RESTART_COUNT port $MASTER_PORT"; sleep 0.3; [ $PODRUN_RESTART_COUNT -ge 1 ]')
     assert cp.returncode == 0, cp.stderr
-    # attempt 0: relay on 29631, rank 0's store on 29632; attempt 1 moves past both: 29633 and 29634
-    assert "[0:1 localhost] try 0 port 29631" in cp.stdout and "[0:0 localhost] try 0 port 29632" in cp.stdout
-    assert "[0:1 localhost] try 1 port 29633" in cp.stdout and "[0:0 localhost] try 1 port 29634" in cp.stdout
+    # the controller holds 29631 for the whole run: every attempt serves a fresh store on it
+    assert "[0:1 localhost] try 0 port 29631" in cp.stdout and "[0:0 localhost] try 0 port 29631" in cp.stdout
+    assert "[0:1 localhost] try 1 port 29631" in cp.stdout and "[0:0 localhost] try 1 port 29631" in cp.stdout
     assert "try 2" not in cp.stdout
     s = summary(tmp_path / "runs")
     assert [a["exit_code"] for a in s["attempts"]] == [1, 0] and s["restart_count"] == 1

@@ -12,7 +12,7 @@ import pytest
 from tests.launch.helpers import ALLREDUCE, marker, podrun, podrun_popen, run_dir, summary, wait_output, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
-_port = iter(range(29700, 29900, 2))     # each run takes P and P+1 (the store relay)
+_port = iter(range(29700, 29900, 2))
 
 
 def ssh_args(hosts, tmp_path, *extra, config=None, n=None):
@@ -35,7 +35,7 @@ def test_gloo_all_reduce_and_env_contract_across_4_hosts(ssh_hosts, tmp_path):
     assert cp.returncode == 0, cp.stderr
     lines = sorted(l for l in cp.stdout.splitlines() if "ALLREDUCE" in l)
     assert len(lines) == 4, cp.stdout
-    ports, relay = [], []
+    ports, store = [], []
     for i, line in enumerate(lines):
         host = ssh_hosts.hosts[i]
         assert line.startswith(f"[{i} {host}] ALLREDUCE rank={i} world=4 local_rank=0 host={host} sum=10"), line
@@ -44,10 +44,9 @@ def test_gloo_all_reduce_and_env_contract_across_4_hosts(ssh_hosts, tmp_path):
         assert env["WORLD_SIZE"] == "4" and env["LOCAL_WORLD_SIZE"] == "1" and env["LOCAL_RANK"] == "0"
         assert env["MASTER_ADDR"] == ssh_hosts.hosts[0] and env["PODRUN_NUM_INSTANCES"] == "4"
         ports.append(env["MASTER_PORT"])
-        relay.append(env.get("PODRUN_STORE_RELAY"))
-    # the store relay: h1's agent holds the rendezvous port P, rank 0's store is on P+1, h2-h4 dial P
-    p = int(ports[1])
-    assert ports == [str(p + 1), str(p), str(p), str(p)] and relay == [str(p), None, None, None]
+        store.append(env.get("TORCHELASTIC_USE_AGENT_STORE"))
+    # the agent store: h1's agent holds the rendezvous port and serves the store; every worker dials it
+    assert len(set(ports)) == 1 and store == ["True"] * 4
     rd = run_dir(tmp_path / "runs")
     for i in range(4):
         assert "sum=10" in (rd / f"instance-{i}.log").read_text()
@@ -193,7 +192,7 @@ def test_dry_run_over_ssh_connects_to_nothing(tmp_path):
     assert cp.returncode == 0, cp.stderr
     assert "via ssh" in cp.stdout and "# host node2: runs" in cp.stdout
     assert "--instance 1 --stdin-timeout 5 --store-relay --hold -- python train.py" in cp.stdout
-    assert "MASTER_PORT=29501" in cp.stdout and "PODRUN_STORE_RELAY=29500" in cp.stdout   # rank 0, behind the relay
+    assert "MASTER_PORT=29500" in cp.stdout and "MASTER_PORT=29501" not in cp.stdout    # every worker, rank 0 too
 
 
 def test_two_instances_per_host_share_one_connection(ssh_hosts, tmp_path):

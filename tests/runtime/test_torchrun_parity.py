@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from podrun.plan.env import STORE_RELAY_NAME, TORCHRUN_NAMES, world_size
+from podrun.plan.env import TORCHRUN_NAMES, world_size
 from tests.launch.helpers import podrun, run_dir
 from tests.ports import free_port
 
@@ -23,13 +23,11 @@ DIFFER = {
     "TORCHELASTIC_RUN_ID": "torchrun's --rdzv-id ('none' for its static rendezvous); podrun's is the run id",
     "TORCHELASTIC_ERROR_FILE": "each launcher's own per-worker file: torchrun's in a temporary directory, "
                                "podrun's in the run directory",
-    "TORCHELASTIC_USE_AGENT_STORE": "who hosts the TCPStore: torchrun's agent (True); podrun's rank 0 "
-                                    "when the name is not set",
     "TORCHELASTIC_SIGNALS_TO_HANDLE": "torchrun's own --signals-to-handle, left in its environment for its "
                                       "agent and inherited by the workers; no worker reads it",
 }
 # of those, the ones podrun need not set (its rendezvous decides the first; no worker reads the second)
-OPTIONAL_UNDER_PODRUN = {"TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_SIGNALS_TO_HANDLE"}
+OPTIONAL_UNDER_PODRUN = {"TORCHELASTIC_SIGNALS_TO_HANDLE"}
 
 
 def _base_env() -> dict[str, str]:
@@ -79,10 +77,6 @@ def test_env_under_podrun_matches_torchrun(tmp_path):
                 continue
             assert k in p, f"rank {rank}: podrun does not set {k} (torchrun: {t[k]!r})"
             if k in DIFFER:
-                continue
-            if k == "MASTER_PORT" and STORE_RELAY_NAME in p:
-                # behind the store relay rank 0 dials its store's port (docs/launch.md)
-                assert p[STORE_RELAY_NAME] == t[k], rank
                 continue
             if k == "OMP_NUM_THREADS" and len(os.sched_getaffinity(0)) != n:
                 continue       # podrun shares the agent's cores (checked below); equal to torchrun's 1 when n == cores

@@ -52,11 +52,13 @@ def horovod_env(request) -> dict[str, str]:
     Per-rank names (RANK, LOCAL_RANK, ...) come from Open MPI (OMPI_COMM_WORLD_*), which
     podrun.runtime reads; Horovod's MPI controller needs nothing else.
     """
+    from podrun.launch.probe import pick_free_port
     from podrun.plan.env import run_wide_env
 
+    port = request.master_port if request.master_port != 0 else pick_free_port()   # 0: podrun picks one
     return {**run_wide_env(request.plan, run_id=request.run_id, run_dir=request.run_dir,
                            plan_path=request.plan_path, master_addr=request.master_addr,
-                           master_port=request.master_port, restart_count=request.restart_count,
+                           master_port=port, restart_count=request.restart_count,
                            max_restarts=request.max_restarts),
             **dict(request.env)}
 

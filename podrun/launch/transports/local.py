@@ -94,7 +94,8 @@ class LocalTransport(Transport):
             try:
                 proc = subprocess.Popen(argv, cwd=req.workdir, env=env, stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        start_new_session=True, preexec_fn=_pdeathsig)
+                                        start_new_session=True, preexec_fn=_pdeathsig,
+                                        pass_fds=req.pass_fds(inst.index))
             except OSError as exc:
                 for h in handles:
                     h.kill()

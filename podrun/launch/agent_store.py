@@ -1,0 +1,181 @@
+"""The agent store: rank 0's agent holds MASTER_PORT from its first moment and serves torch's TCPStore on it.
+
+torch's ``env://`` and ``tcp://`` rendezvous connect every worker to a TCPStore on MASTER_ADDR:MASTER_PORT.
+Without podrun, rank 0 creates that store once its ``import torch`` is done, and a worker that gets there
+first is refused and retries with exponential backoff and jitter (a few ms early can cost a second). Under
+torchrun the agent hosts the store and every worker, rank 0 included, is a client
+(``TORCHELASTIC_USE_AGENT_STORE=True``, read by ``torch.distributed.rendezvous._create_c10d_store``).
+
+podrun does the same, without importing torch in the agent:
+
+- The agent of global rank 0 binds and listens on MASTER_PORT at once, before any worker exists (with the
+  ssh preflight: while it is held; on this machine the controller binds it and hands the socket over), so
+  the port is reserved from the moment it is checked, and a connect to it always succeeds: early clients
+  wait in the kernel's accept queue, their bytes unread, instead of being refused.
+- A child of the agent (``StoreHost``, the agent's python) imports torch and creates the TCPStore on that
+  very socket (``master_listen_fd``). Workers talk to the store directly: nothing relays their bytes.
+- Every worker sees the same MASTER_PORT and TORCHELASTIC_USE_AGENT_STORE=True, as under torchrun.
+
+When the master host's python (--python) has no torch (a run of plain commands), nothing hosts a store:
+on this machine the controller does not hold the port, elsewhere the agent lets it go before its workers
+start, and rank 0 gets no TORCHELASTIC_USE_AGENT_STORE, so a rank 0 that does use torch (from another
+python) hosts the store itself, as without podrun.
+"""
+from __future__ import annotations
+
+import errno
+import importlib.util
+import os
+import socket
+import subprocess
+import sys
+import threading
+
+from podrun.plan.env import AGENT_STORE_NAME as ENV    # the name podrun.plan.env sets for every worker
+
+# The store host: argv = listening fd, its port. Prints "up" once the store serves, else "failed: ...".
+_HOST = r"""
+import datetime, sys
+fd, port = int(sys.argv[1]), int(sys.argv[2])
+try:
+    from torch.distributed import TCPStore
+    kw = dict(world_size=None, is_master=True, timeout=datetime.timedelta(seconds=300), wait_for_workers=False,
+              master_listen_fd=fd)
+    try:
+        store = TCPStore("127.0.0.1", port, use_libuv=True, **kw)
+    except Exception:                 # a torch whose libuv server cannot adopt a socket: the classic one can
+        store = TCPStore("127.0.0.1", port, use_libuv=False, **kw)
+except BaseException as exc:
+    print(f"failed: {type(exc).__name__}: {exc}".splitlines()[0], flush=True)
+    sys.exit(3)
+print("up", flush=True)
+sys.stdin.read()                      # serve until the agent closes our stdin (or dies: PDEATHSIG)
+"""
+
+
+def listen(port: int) -> socket.socket:
+    """A listening socket on every address (IPv4 and IPv6 where the host has it); port 0: the kernel picks.
+    TCP_NODELAY is set on it, so the store's accepted connections have it (Linux passes it on at accept)."""
+    sock = None
+    if socket.has_dualstack_ipv6():
+        try:
+            sock = socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True, backlog=4096)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:     # no point trying IPv4 alone
+                raise
+    if sock is None:
+        sock = socket.create_server(("", port), backlog=4096)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def torch_available(python: str | None = None) -> bool:
+    """Whether ``python`` (default: this one) can import torch, found without importing it."""
+    if python is None or os.path.realpath(python) == os.path.realpath(sys.executable):
+        return importlib.util.find_spec("torch") is not None
+    try:
+        probe = "import importlib.util,sys; sys.exit(not importlib.util.find_spec('torch'))"
+        return subprocess.run([python, "-c", probe],
+                              stdin=subprocess.DEVNULL, capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+class StoreHost:
+    """The child process that serves the TCPStore on ``sock``; ``state`` is "starting", "up" or "failed: ..."."""
+
+    def __init__(self, sock: socket.socket, on_failure=None, python: str = sys.executable):
+        from podrun.launch.agent import _pdeathsig
+
+        self.sock = sock
+        self.state = "starting"
+        self.up = threading.Event()
+        self._on_failure = on_failure
+        fd = sock.fileno()
+        self.proc = subprocess.Popen([python, "-c", _HOST, str(fd), str(sock.getsockname()[1])],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     pass_fds=(fd,), start_new_session=True, preexec_fn=_pdeathsig)
+        threading.Thread(target=self._watch, name="podrun-store-host", daemon=True).start()
+
+    def _watch(self) -> None:
+        lines = []
+        for raw in iter(self.proc.stdout.readline, b""):
+            line = raw.decode("utf-8", "replace").strip()
+            if line == "up":
+                self.state = "up"
+                self.up.set()
+            elif line:
+                lines.append(line)
+        if self.state != "up":
+            failed = [l for l in lines if l.startswith("failed: ")]
+            self.state = failed[-1] if failed else f"failed: exit {self.proc.wait()} ({(lines or ['no output'])[-1]})"
+            self.up.set()
+            if self._on_failure is not None:
+                self._on_failure(self.state)
+
+    def close(self) -> None:
+        try:
+            self.proc.kill()
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+
+
+class AgentStore:
+    """What the agent of global rank 0 holds: the listening socket on MASTER_PORT and the store host.
+
+    ``open`` binds at once (or adopts the controller's socket, ``listen_fd``); ``error`` says why it could
+    not. ``start`` then starts the store host, or, without torch or without the port, takes
+    TORCHELASTIC_USE_AGENT_STORE off the agent's workers so that rank 0 hosts the store itself.
+    """
+
+    def __init__(self, port: int, sock: socket.socket | None, error: str | None):
+        self.port = port
+        self.sock = sock
+        self.error = error
+        self.host: StoreHost | None = None
+
+    @classmethod
+    def open(cls, port: int, listen_fd: int | None = None) -> "AgentStore":
+        if listen_fd is not None:
+            sock = socket.socket(fileno=listen_fd)
+            return cls(sock.getsockname()[1], sock, None)
+        try:
+            sock = listen(port)
+        except OSError as exc:
+            return cls(port, None, os.strerror(exc.errno) if exc.errno else str(exc))
+        return cls(sock.getsockname()[1], sock, None)
+
+    def start(self, envs: list[dict[str, str]], note) -> None:
+        """Serve the store, or fall back to rank 0 hosting it (``note``: the agent's message line)."""
+        if self.sock is not None and torch_available():
+            self.host = StoreHost(self.sock, on_failure=lambda why: note(
+                f"cannot host the store on port {self.port}: {why[len('failed: '):]}"))
+            return
+        if self.sock is None:
+            note(f"cannot listen on port {self.port} ({self.error}): rank 0 hosts its store there itself")
+        self.release()
+        for e in envs:
+            e.pop(ENV, None)
+
+    def release(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+    def close(self) -> None:
+        if self.host is not None:
+            self.host.close()
+        self.release()
+
+
+def reserve(port: int) -> socket.socket:
+    """The controller's hold on a port of this machine (0: a free one), handed to rank 0's local agent."""
+    sock = listen(port)
+    os.set_inheritable(sock.fileno(), False)   # passed on explicitly (pass_fds), to the agent only
+    return sock
