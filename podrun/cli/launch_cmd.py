@@ -6,6 +6,8 @@ import sys
 
 import click
 
+from podrun.cli import types as t
+
 from podrun.cli.options import plan_options, pop_plan_options
 from podrun.launch.engines import engine_options, pop_engine_options
 
@@ -33,18 +35,18 @@ class LaunchCommand(click.Command):
 @click.option("--python", "python_", help="Python on the hosts (default: this one, sys.executable).")
 @click.option("--workdir", help="Working directory on the hosts (default: the current directory).")
 @click.option("--master-addr", help="Rendezvous address (default: the host of instance 0).")
-@click.option("--master-port", type=int, default=29500, show_default=True, help="Rendezvous port.")
+@click.option("--master-port", type=t.PORT, default=29500, show_default=True, help="Rendezvous port.")
 @click.option("--store-relay/--no-store-relay", default=True, show_default=True,
               help="Rank 0's agent listens on the rendezvous port from the start and relays it to rank 0's store "
                    "on the next port (rank 0's MASTER_PORT), so no worker waits in torch's reconnect backoff.")
-@click.option("--grace", type=float, default=5.0, show_default=True, help="Seconds between SIGTERM and SIGKILL.")
-@click.option("--only-output-from-instance", type=int, help="Show stdout of this instance only (errors from all).")
-@click.option("--max-restarts", type=int, default=0, show_default=True, help="Restart the whole run after a failure.")
+@click.option("--grace", type=t.GRACE, default=5.0, show_default=True, help="Seconds between SIGTERM and SIGKILL.")
+@click.option("--only-output-from-instance", type=t.INSTANCE_INDEX, help="Show stdout of this instance only (errors from all).")
+@click.option("--max-restarts", type=t.RESTARTS, default=0, show_default=True, help="Restart the whole run after a failure.")
 @click.option("--dry-run", is_flag=True, help="Print per host the exact commands and env, run nothing.")
 @click.option("--runs-dir", default="runs", show_default=True, help="Where run directories go.")
 @click.option("--run-id", help="Name of the run directory (default: a timestamp).")
-@click.option("--max-concurrency", type=int, default=64, show_default=True, help="SSH handshakes in flight at once (commands over open connections are not limited).")
-@click.option("--keepalive", type=float, default=5.0, show_default=True,
+@click.option("--max-concurrency", type=t.CONCURRENCY, default=64, show_default=True, help="SSH handshakes in flight at once (commands over open connections are not limited).")
+@click.option("--keepalive", type=t.KEEPALIVE, default=5.0, show_default=True,
               help="Seconds of silence after which a host is declared lost.")
 @click.option("--no-preflight", is_flag=True, help="Skip the checks on every host before starting.")
 @click.option("--json", "as_json", is_flag=True, help="Print a summary JSON on stdout at the end (output goes to stderr).")

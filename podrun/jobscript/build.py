@@ -5,7 +5,7 @@ import re
 from typing import Iterable, Mapping, Sequence
 
 from podrun.errors import HostError
-from podrun.jobscript.discover import Discovered
+from podrun.specs.allocation import Discovered
 from podrun.jobscript.request import SCHEDULERS, JobRequest, JobScriptError, validate
 
 __all__ = [

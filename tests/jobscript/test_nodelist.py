@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from podrun.errors import HostError, PodrunError
-from podrun.jobscript import compress_hostlist, expand_nodelist
+from podrun.specs.allocation import compress_hostlist, expand_nodelist
 
 
 @pytest.mark.parametrize(
@@ -98,7 +98,7 @@ def test_plain_names_joined_by_commas_expand_to_themselves(names):
 @settings(max_examples=300, deadline=None)
 @given(st.text(alphabet="ab1[],-", max_size=14))
 def test_fast_split_agrees_with_the_character_scanner(text):
-    from podrun.jobscript.discover import _split_top, _split_top_slow
+    from podrun.specs.allocation import _split_top, _split_top_slow
 
     def outcome(fn):
         try:
