@@ -134,7 +134,7 @@ def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir
             who += f":{local_rank}"
         prefix = f"[{who} {host}]"
         if tty:
-            prefix = f"\x1b[{COLOURS[(index or 0) % len(COLOURS)]}m{prefix}\x1b[0m"
+            prefix = f"\x1b[{COLOURS[(0 if index is None else index) % len(COLOURS)]}m{prefix}\x1b[0m"
         print(f"{prefix} {text}", file=sys.stderr if stream == "err" else out, flush=True)
 
     def notice(text):

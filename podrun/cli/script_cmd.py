@@ -112,7 +112,7 @@ def script(ctx, scheduler, time_limit, partition, queue, group, account, job_nam
     elif spec.scheduler in SCHEDULER_CHOICES and spec.scheduler != scheduler:
         click.echo(f"note: cluster '{spec.name}' is scheduled by {spec.scheduler}; writing a {scheduler} script "
                    "as asked", err=True)
-    cluster = popts.get("cluster") or (f"ipu-pod{popts['pod']}" if popts.get("pod") else None)
+    cluster = popts.get("cluster") or (f"ipu-pod{popts['pod']}" if popts.get("pod") is not None else None)
     req = request_from_plan(
         plan, scheduler=scheduler, recipe=recipe, args=args, cluster=cluster, job_name=job_name,
         time=time_limit, partition=partition, queue=queue, group=group, account=account, log_dir=log_dir,

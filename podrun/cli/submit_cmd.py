@@ -76,14 +76,14 @@ def submit(ctx, scheduler, time_limit, partition, queue, group, account, job_nam
     scheduler = _pick_scheduler(scheduler)
     popts = pop_plan_options(kwargs)
     recipe, args = split_recipe(ctx, recipe, args)
-    explicit_cluster = popts.get("cluster") or popts.get("pod")
-    if not explicit_cluster and not popts.get("hosts_opt") and not popts.get("hostfile"):
+    explicit_cluster = popts.get("cluster") is not None or popts.get("pod") is not None
+    if not explicit_cluster and popts.get("hosts_opt") is None and popts.get("hostfile") is None:
         # no cluster spec: the cluster is what the scheduler will allocate, --nodes N hosts
-        n = popts.get("nodes") or 1
+        n = 1 if popts.get("nodes") is None else popts["nodes"]
         if n < 1:
             raise HostError(f"--nodes {n} must be at least 1")
         if popts.get("devices_per_host") is None:
-            popts["devices_per_host"] = _gpus_found() or 1
+            popts["devices_per_host"] = max(1, _gpus_found())     # no GPU: one CPU worker
         popts["hosts_opt"] = ",".join(f"alloc{i}" for i in range(n))
         popts["environ"] = {}       # the allocation is not here yet: do not read SLURM_* of this shell
     from podrun.cli.options import resolve_plan
@@ -97,7 +97,7 @@ def submit(ctx, scheduler, time_limit, partition, queue, group, account, job_nam
     launch_options = _launch_options(run_id, run_dir)
     req = request_from_plan(
         plan, scheduler=scheduler, recipe=recipe, args=args,
-        cluster=popts.get("cluster") or (f"ipu-pod{popts['pod']}" if popts.get("pod") else None),
+        cluster=popts.get("cluster") or (f"ipu-pod{popts['pod']}" if popts.get("pod") is not None else None),
         job_name=job_name, time=time_limit, partition=partition, queue=queue, group=group,
         account=account, log_dir=str(run_dir), env=env, workdir=os.getcwd(),
         cpus_per_node=cpus_per_node, transport=transport, modules=modules,

@@ -71,7 +71,7 @@ def train_ipu(cfg, info: WorkerInfo, device: Device) -> dict[str, Any]:
     train_ds, _ = load_dataset(cfg.data, image_size=cfg.image_size, num_classes=cfg.num_classes,
                                synthetic_size=cfg.synthetic_size, seed=cfg.seed)
     spe = steps_per_epoch(len(train_ds), shard)
-    total = cfg.steps if cfg.steps is not None else int(math.ceil((cfg.epochs or 1) * spe))
+    total = cfg.steps if cfg.steps is not None else int(math.ceil((1 if cfg.epochs is None else cfg.epochs) * spe))
     from podrun.plan.lr import scale
 
     lr = cfg.lr if cfg.lr is not None else scale(cfg.lr_base, cfg.lr_rule, g, cfg.lr_reference_batch)
@@ -131,11 +131,11 @@ def train_ipu(cfg, info: WorkerInfo, device: Device) -> dict[str, Any]:
         metrics.write({"kind": "step", "step": step, "epoch": epoch, "loss": loss_v, "accuracy": acc,
                        "lr": sched(step - 1), "images_per_sec": g / dt,
                        "images_per_sec_instance": len(y) / dt, "step_seconds": dt})
-        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and main:
+        if cfg.checkpoint_every > 0 and step % cfg.checkpoint_every == 0 and main:
             tm.copyWeightsToHost()
             ckpt.save({"model": model.state_dict(), "step": step, "global_batch": g}, ckpt_dir, step)
     tm.copyWeightsToHost()
-    if main and step:
+    if main and step > 0:
         ckpt.save({"model": model.state_dict(), "step": step, "global_batch": g}, ckpt_dir, step)
     tm.detachFromDevice()
     summary = {"steps": step, "total_steps": total, "global_batch": g, "local_batch": b, "grad_accum": a,

@@ -125,7 +125,7 @@ def _threads(cfg: TrainConfig, info: WorkerInfo, device: Device) -> None:
     n = cfg.threads
     if n is None and "OMP_NUM_THREADS" not in os.environ:
         n = max(1, (os.cpu_count() or 1) // max(1, info.local_world_size))
-    if n:
+    if n is not None and n >= 1:
         torch.set_num_threads(n)
 
 
@@ -407,7 +407,7 @@ def _train(cfg: TrainConfig, info: WorkerInfo, device: Device) -> dict[str, Any]
                                   pin_memory=device.kind == "cuda"))
     wrapped.train()
     t_last = time.perf_counter()
-    sync_every = max(1, cfg.sync_every or (cfg.log_every if device.kind == "cuda" else 1))
+    sync_every = max(1, cfg.sync_every if cfg.sync_every is not None else (cfg.log_every if device.kind == "cuda" else 1))
     pending: list[tuple[int, int, float, torch.Tensor]] = []     # (step, epoch, lr, stats on the device)
 
     def flush() -> None:
@@ -467,7 +467,7 @@ def _train(cfg: TrainConfig, info: WorkerInfo, device: Device) -> dict[str, Any]
         step += 1
         pending.append((step, epoch, lr_now, stats_dev))
         end_of_epoch = estep == spe - 1
-        checkpoint_now = bool(cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < total)
+        checkpoint_now = cfg.checkpoint_every > 0 and step % cfg.checkpoint_every == 0 and step < total
         if len(pending) >= sync_every or end_of_epoch or checkpoint_now or step >= total:
             flush()                    # every rank flushes at the same steps: the all-reduce matches
         if checkpoint_now:
@@ -479,7 +479,7 @@ def _train(cfg: TrainConfig, info: WorkerInfo, device: Device) -> dict[str, Any]
                            "images_per_sec_instance": acc["count"] / max(acc["seconds"], 1e-9)
                            * info.local_world_size / world})
             acc = {"loss": 0.0, "correct": 0.0, "count": 0.0, "seconds": 0.0}
-            if cfg.eval_every and (epoch + 1) % cfg.eval_every == 0 and step < total:
+            if cfg.eval_every > 0 and (epoch + 1) % cfg.eval_every == 0 and step < total:
                 last_eval = evaluate(eval_model, val_ds, cfg, device, info, amp_dtype, mean, std, fsdp_eval)
                 metrics.write({"kind": "eval", "step": step, "epoch": epoch, **last_eval})
                 wrapped.train()
