@@ -171,6 +171,16 @@ def _type_name(tp) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
+def _shape_fits(tp, value: Any) -> bool:
+    """Whether ``value`` has the shape of type ``tp``: a mapping, a list, or a scalar."""
+    origin = get_origin(tp)
+    if dataclasses.is_dataclass(tp) or origin is dict:
+        return isinstance(value, dict)
+    if origin in (tuple, list):
+        return isinstance(value, list)
+    return not isinstance(value, (dict, list))
+
+
 def convert(tp, value: Any, keypath: tuple, src: Source) -> Any:
     """Convert plain YAML data to type ``tp`` (dataclass, Literal, tuple, dict, scalar) or raise SpecError."""
 
@@ -197,6 +207,9 @@ def convert(tp, value: Any, keypath: tuple, src: Source) -> Any:
         args = get_args(tp)
         if value is None and type(None) in args:
             return None
+        shaped = [a for a in args if a is not type(None) and _shape_fits(a, value)]
+        if len(shaped) == 1:             # one arm has the value's shape: its own error names the field inside
+            return convert(shaped[0], value, keypath, src)
         for arg in args:
             if arg is type(None):
                 continue
