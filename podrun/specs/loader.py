@@ -27,10 +27,24 @@ class Bound:
 
     def problem(self, v) -> str | None:
         if self.low is not None and (v < self.low or (self.low_open and v == self.low)):
-            return f"must be {'more than' if self.low_open else 'at least'} {self.low:g}"
+            return f"must be {'more than' if self.low_open else 'at least'} {_num(self.low)}"
         if self.high is not None and v > self.high:
-            return f"must be at most {self.high:g}"
+            return f"must be at most {_num(self.high)}"
         return None
+
+
+def _num(x: float) -> str:
+    """A bound or value as written: integers in full, other numbers short."""
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e16 else f"{x:g}"
+
+
+def _shown(value: Any) -> str:
+    """repr of a YAML value, cut to one line's worth."""
+    try:
+        shown = repr(value)
+    except ValueError:                   # an int too long to print
+        shown = f"<{type(value).__name__}>"
+    return shown if len(shown) <= 60 else shown[:57] + "..."
 
 
 def bound(low: float | None = None, high: float | None = None, *, above: float | None = None,
@@ -94,10 +108,14 @@ _CONSTRUCTOR = yaml.constructor.SafeConstructor()
 
 def _scalar(node: yaml.ScalarNode) -> Any:
     try:
-        return _CONSTRUCTOR.construct_object(node, deep=True)
+        value = _CONSTRUCTOR.construct_object(node, deep=True)
     except (yaml.YAMLError, ValueError, TypeError, OverflowError) as exc:
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0][:120]
         raise SpecError(f"line {node.start_mark.line + 1}: cannot read {node.value[:40]!r}: {problem}") from None
+    if isinstance(value, int) and value.bit_length() > 256:
+        raise SpecError(f"line {node.start_mark.line + 1}: cannot read {node.value[:40]!r}...: "
+                        f"an integer of {value.bit_length()} bits is no spec value")
+    return value
 
 
 def _check_structure(text: str, path: Path) -> None:
@@ -186,8 +204,7 @@ def convert(tp, value: Any, keypath: tuple, src: Source) -> Any:
 
     def fail(expected: str) -> typing.NoReturn:
         field = ".".join(str(k) for k in keypath) or "(top level)"
-        shown = repr(value)
-        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        shown = _shown(value)
         raise SpecError(
             f"{src.where(keypath)}: field '{field}' must be {expected}, got {shown}",
         )
@@ -298,5 +315,5 @@ def _check_bound(b: Bound, value: Any, keypath: tuple, src: Source) -> None:
     problem = b.problem(value)
     if problem:
         field = ".".join(str(k) for k in keypath)
-        raise SpecError(f"{src.where(keypath)}: field '{field}' {problem}, got {value:g}"
+        raise SpecError(f"{src.where(keypath)}: field '{field}' {problem}, got {_num(value)}"
                         + (f" ({b.why})" if b.why else ""))
