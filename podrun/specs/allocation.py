@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Mapping
 
 from podrun.errors import HostError
-from podrun.specs.hosts import MAX_HOSTS, HOST_NAME_RULE, HostEntry, check_name, parse_hostfile, parse_hosts_option, read_text, iter_lines
+from podrun.specs.hosts import (
+    HOST_NAME_RULE, HostEntry, check_name, iter_lines, parse_hostfile, parse_hosts_option, read_text,
+)
+from podrun.specs.limits import MAX_HOSTS
 
 __all__ = [
     "Discovered", "HostEntry", "discover", "expand_nodelist", "compress_hostlist",

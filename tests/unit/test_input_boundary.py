@@ -3,7 +3,6 @@ in the library (discovered once), zero as a value, and the host counts named for
 from __future__ import annotations
 
 import math
-import textwrap
 
 import click
 import pytest
