@@ -8,7 +8,7 @@ from typing import Mapping
 
 from podrun.errors import HostError
 from podrun.specs.hosts import (
-    HOST_NAME_RULE, HostEntry, check_name, iter_lines, parse_hostfile, parse_hosts_option, read_text,
+    HOST_NAME_RULE, HostEntry, check_name, iter_lines, parse_hostfile, parse_hosts_option, read_text, shown_path,
 )
 from podrun.specs.limits import MAX_HOSTS
 
@@ -237,7 +237,7 @@ def compress_hostlist(hosts: list[str] | tuple[str, ...]) -> str:
 
 def _read(path: str, what: str) -> str:
     try:
-        return read_text(path, f"{what}={path}")
+        return read_text(path, f"{what}={shown_path(path)}")
     except HostError as exc:
         raise HostError(exc.message, hint=exc.hint or "run inside the job the scheduler started, or unset the variable") from None
 
@@ -247,7 +247,7 @@ def _lines(path: str, source: str):
     for lineno, raw in iter_lines(_read(path, source)):
         line = raw.strip()
         if line:
-            yield f"{source}={path}:{lineno}", line
+            yield f"{source}={shown_path(path)}:{lineno}", line
 
 
 def _one_host(line: str, where: str) -> str:
@@ -258,7 +258,7 @@ def _one_host(line: str, where: str) -> str:
 
 def _bounded(hosts: dict, source: str, path: str) -> None:
     if len(hosts) > MAX_HOSTS:
-        raise HostError(f"{source}={path} lists more than {MAX_HOSTS} hosts")
+        raise HostError(f"{source}={shown_path(path)} lists more than {MAX_HOSTS} hosts")
 
 
 def read_pbs_nodefile(path: str, source: str = "PBS_NODEFILE") -> tuple[HostEntry, ...]:
@@ -270,7 +270,7 @@ def read_pbs_nodefile(path: str, source: str = "PBS_NODEFILE") -> tuple[HostEntr
         counts[name] = counts.get(name, 0) + 1
         _bounded(counts, source, path)
     if not counts:
-        raise HostError(f"{source}={path} lists no hosts")
+        raise HostError(f"{source}={shown_path(path)} lists no hosts")
     return tuple(HostEntry(n, c) for n, c in counts.items())
 
 
@@ -288,7 +288,7 @@ def read_pe_hostfile(path: str, source: str = "PE_HOSTFILE") -> tuple[HostEntry,
         counts[name] = counts.get(name, 0) + int(fields[1])
         _bounded(counts, source, path)
     if not counts:
-        raise HostError(f"{source}={path} lists no hosts")
+        raise HostError(f"{source}={shown_path(path)} lists no hosts")
     return tuple(HostEntry(n, c) for n, c in counts.items())
 
 
@@ -299,7 +299,7 @@ def read_sge_hostlist(path: str, source: str = "SGE_JOB_HOSTLIST") -> tuple[Host
         seen.setdefault(_one_host(line, where), None)
         _bounded(seen, source, path)
     if not seen:
-        raise HostError(f"{source}={path} lists no hosts")
+        raise HostError(f"{source}={shown_path(path)} lists no hosts")
     return tuple(HostEntry(n, None) for n in seen)
 
 

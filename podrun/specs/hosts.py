@@ -34,14 +34,22 @@ def check_name(name: str, where: str) -> str:
     return name
 
 
+def shown_path(path: str | Path, limit: int = 160) -> str:
+    """A user-given path or name for a message: quoted when odd, cut in the middle when long."""
+    text = str(path)
+    if len(text) > limit:
+        text = text[: limit // 2] + "..." + text[-limit // 4:]
+    return repr(text) if not text.isprintable() or " " in text or not text else text
+
+
 def read_text(path: str | Path, what: str) -> str:
     """A host file's text: bounded in size, UTF-8, no control characters; HostError naming ``what``."""
     p = Path(path)
     try:
         with open(p, "rb") as f:
             data = f.read(MAX_HOSTFILE_BYTES + 1)
-    except OSError as exc:
-        raise HostError(f"{what}: cannot read it ({exc.strerror or exc})") from None
+    except (OSError, ValueError) as exc:
+        raise HostError(f"{what}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
     if len(data) > MAX_HOSTFILE_BYTES:
         raise HostError(f"{what}: larger than {MAX_HOSTFILE_BYTES // (1024 * 1024)} MiB, not a host list")
     try:
@@ -83,13 +91,13 @@ def parse_hosts_option(value: str) -> tuple[HostEntry, ...]:
 def parse_hostfile(path: str | Path) -> tuple[HostEntry, ...]:
     """Open MPI / DeepSpeed hostfiles (`h1 slots=4`, `h1 slots=4 max_slots=8`) and plain one-per-line."""
     p = Path(path)
-    text = read_text(p, f"hostfile {p}")
+    text = read_text(p, f"hostfile {shown_path(p)}")
     entries = []
     for lineno, raw in iter_lines(text):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
-        where = f"hostfile {p}:{lineno}"
+        where = f"hostfile {shown_path(p)}:{lineno}"
         name, *rest = line.split()
         slots = None
         for item in rest:
@@ -104,10 +112,10 @@ def parse_hostfile(path: str | Path) -> tuple[HostEntry, ...]:
                 raise HostError(f"{where}: unknown setting {key[:80]!r}", hint="only slots=N (and max_slots=N) are understood")
         entries.append(HostEntry(check_name(name, where), slots))
         if len(entries) > MAX_HOSTS:
-            raise HostError(f"hostfile {p}: lists more than {MAX_HOSTS} hosts")
+            raise HostError(f"hostfile {shown_path(p)}: lists more than {MAX_HOSTS} hosts")
     if not entries:
-        raise HostError(f"hostfile {p}: lists no hosts")
-    return _no_duplicates(entries, f"hostfile {p}")
+        raise HostError(f"hostfile {shown_path(p)}: lists no hosts")
+    return _no_duplicates(entries, f"hostfile {shown_path(p)}")
 
 
 # slots count devices or processes on one host

@@ -140,8 +140,8 @@ def read_yaml(path: Path) -> tuple[dict, Source]:
     try:
         with open(path, "rb") as f:
             raw = f.read(MAX_SPEC_BYTES + 1)
-    except OSError as exc:
-        raise SpecError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except (OSError, ValueError) as exc:
+        raise SpecError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
     if len(raw) > MAX_SPEC_BYTES:
         raise SpecError(f"{path}: larger than {MAX_SPEC_BYTES // 1024} KiB; a spec is a few KiB of YAML")
     try:

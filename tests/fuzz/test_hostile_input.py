@@ -274,6 +274,30 @@ def test_launch_numbers(options):
         check_contract(argv, *run_cli(argv))
 
 
+# argv and the environment are C strings: they cannot hold NUL, so the paths here do not either
+paths = st.one_of(
+    st.sampled_from(["a" * 300, "a" * 5000, "a/" * 3000, "", ".", "/", "/dev/null", "/proc/self/mem",
+                     "-x", "../../../../etc/passwd", "recipes/resnet50/" + "a" * 300, "c.yaml", "/etc"]),
+    st.text(max_size=60).filter(lambda t: "\x00" not in t),
+)
+
+
+@FUZZ
+@given(paths, st.sampled_from(["cluster", "recipe", "hostfile", "pe"]))
+def test_odd_paths(path, where):
+    """Names and paths that the file system refuses (too long, NUL, a directory, a device)."""
+    env = None
+    if where == "cluster":
+        argv = ["plan", "--cluster", path, str(ROOT / "recipes" / "resnet50")]
+    elif where == "recipe":
+        argv = ["plan", "--pod", "16", path]
+    elif where == "hostfile":
+        argv = ["hosts", "--hostfile", path]
+    else:
+        argv, env = ["hosts"], {"PE_HOSTFILE": path}
+    check_contract(argv, *run_cli(argv, env), env=env)
+
+
 # --- the exact inputs of the hostile-input report, each a regression test -------------------------
 
 
@@ -392,6 +416,16 @@ def test_nodelist_regressions(env, fragment):
 @pytest.mark.parametrize("value", ["$(touch x)", "a b", "-n1", "h[1-2]"])
 def test_hosts_option_refuses_bad_names(value):
     expect_error(["hosts", "--hosts", value], "--hosts", "not a valid host name")
+
+
+@pytest.mark.parametrize("argv", [
+    ["plan", "--cluster", "a" * 5000, "resnet50"], ["plan", "--pod", "16", "recipes/resnet50/" + "a" * 300],
+    ["plan", "--pod", "16", "a" * 5000], ["hosts", "--cluster", "a/" * 3000], ["hosts", "--hostfile", "a" * 5000],
+])
+def test_paths_the_file_system_refuses(argv):
+    """`File name too long` and embedded NUL were tracebacks; the path is cut in the message."""
+    err = expect_error(argv)
+    assert len(err) < 600, err
 
 
 def test_non_utf8_allocation_files(tmp_path):
