@@ -13,7 +13,6 @@ import contextlib
 import io
 import os
 import random
-import resource
 import signal
 import subprocess
 import sys
@@ -438,29 +437,47 @@ def test_non_utf8_allocation_files(tmp_path):
 # --- real processes: the bombs that hung or ate memory, measured -----------------------------------
 
 
+# Peak RSS of a child is at least the RSS of the process it was forked from (Linux keeps the
+# high-water mark across exec), and this test process is large. So a small interpreter (-S, no site)
+# forks podrun, waits for it with os.wait4 and reports its peak RSS and exit code on stdout. The
+# address-space limit keeps a regression from taking the test machine with it.
+_WRAPPER = """
+import os, resource, signal, sys
+pid = os.fork()
+if pid == 0:
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.execv(sys.executable, [sys.executable, "-m", "podrun", *sys.argv[2:]])
+signal.signal(signal.SIGALRM, lambda *a: os.kill(pid, signal.SIGKILL))
+signal.alarm(int(sys.argv[1]))
+_, status, usage = os.wait4(pid, 0)
+print(usage.ru_maxrss, os.waitstatus_to_exitcode(status))
+"""
+
+
 def _measured(argv: list[str], env: dict | None = None) -> tuple[int, str, float, float]:
-    """(exit code, stderr, seconds, peak RSS MB) of `python -m podrun ARGV` (RSS from os.wait4)."""
+    """(exit code, stderr, seconds, peak RSS MB) of `python -m podrun ARGV` in a real process."""
     full_env = {k: v for k, v in os.environ.items() if k not in _SCHEDULER_VARS}
     full_env.update(env or {})
-
-    def limit():   # a regression must not take the test machine with it
-        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
-
     with tempfile.TemporaryFile() as err:
         t0 = time.monotonic()
-        p = subprocess.Popen([sys.executable, "-m", "podrun", *argv], stdout=subprocess.DEVNULL, stderr=err,
-                             env=full_env, preexec_fn=limit, start_new_session=True)
-        timer = threading.Timer(TIME_LIMIT_S * 3, lambda: os.killpg(p.pid, signal.SIGKILL))
+        p = subprocess.Popen([sys.executable, "-S", "-c", _WRAPPER, str(int(TIME_LIMIT_S * 3)), *argv],
+                             stdout=subprocess.PIPE, stderr=err,
+                             env=full_env, start_new_session=True)
+        timer = threading.Timer(TIME_LIMIT_S * 4, lambda: os.killpg(p.pid, signal.SIGKILL))
         timer.start()
         try:
-            _, status, usage = os.wait4(p.pid, 0)
+            out, _ = p.communicate()
         finally:
             timer.cancel()
-        p.returncode = os.waitstatus_to_exitcode(status)
         seconds = time.monotonic() - t0
         err.seek(0)
         text = err.read().decode(errors="replace")
-    return p.returncode, text, seconds, usage.ru_maxrss / 1024
+    fields = out.split()
+    if len(fields) != 2:
+        return -9, text + "\n(killed after the time limit)", seconds, float("nan")
+    return int(fields[1]), text, seconds, int(fields[0]) / 1024
 
 
 BOMBS = {
