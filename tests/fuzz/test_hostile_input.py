@@ -5,12 +5,13 @@ message, never a traceback, under 10 s and 500 MB.
 The in-process cases call podrun's own entry (podrun.cli.main.main, the function the `podrun`
 script runs) so that many hundreds of inputs fit in about a minute; the bombs that once hung or ate
 memory run as real subprocesses whose wall time and peak RSS (os.wait4) are measured.
-PODRUN_FUZZ_EXAMPLES raises the examples per property (default 40) for a longer hunt.
+PODRUN_FUZZ_EXAMPLES sets the examples per property (default 100, about a minute on a loaded CI machine).
 """
 from __future__ import annotations
 
 import contextlib
 import io
+import math
 import os
 import random
 import signal
@@ -31,7 +32,7 @@ from podrun.cli.main import main
 from podrun.specs import project_root
 
 ROOT = project_root()
-EXAMPLES = int(os.environ.get("PODRUN_FUZZ_EXAMPLES", "40"))
+EXAMPLES = int(os.environ.get("PODRUN_FUZZ_EXAMPLES", "100"))
 TIME_LIMIT_S = 10.0
 RSS_LIMIT_MB = 500
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
@@ -41,18 +42,34 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
 _SCHEDULER_VARS = ("SLURM_JOB_NODELIST", "SLURM_NODELIST", "PBS_NODEFILE", "PE_HOSTFILE", "SGE_JOB_HOSTLIST")
 
 
+class TookTooLong(BaseException):
+    """Raised in the CLI by a timer at TIME_LIMIT_S, so that a hang fails the test instead of CI."""
+
+
+def _too_long(signum, frame):
+    raise TookTooLong()
+
+
 def run_cli(argv: list[str], env: dict[str, str] | None = None) -> tuple[int, str, str, float]:
     """podrun's entry in this process: (exit code, stdout, stderr, seconds). An exception escaping
     main() is a violation of the contract and fails the test with the input."""
     out, err = io.StringIO(), io.StringIO()
     clean = {k: v for k, v in os.environ.items() if k not in _SCHEDULER_VARS}
     t0 = time.monotonic()
-    with mock.patch.dict(os.environ, {**clean, **(env or {})}, clear=True), \
-            contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            rc = main(argv)
-        except BaseException as exc:  # noqa: BLE001 - anything escaping main is the defect under test
-            raise AssertionError(f"podrun {argv} (env {env}) raised {type(exc).__name__}: {exc}") from exc
+    old = signal.signal(signal.SIGALRM, _too_long)
+    signal.setitimer(signal.ITIMER_REAL, TIME_LIMIT_S)
+    try:
+        with mock.patch.dict(os.environ, {**clean, **(env or {})}, clear=True), \
+                contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                rc = main(argv)
+            except TookTooLong:
+                raise AssertionError(f"podrun {argv} (env {env}) ran past {TIME_LIMIT_S:g} s") from None
+            except BaseException as exc:  # noqa: BLE001 - anything escaping main is the defect under test
+                raise AssertionError(f"podrun {argv} (env {env}) raised {type(exc).__name__}: {exc}") from exc
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
     return rc, out.getvalue(), err.getvalue(), time.monotonic() - t0
 
 
@@ -259,7 +276,35 @@ def test_plan_numbers(options, recipe, base):
     argv = ["plan", *base, str(ROOT / "recipes" / recipe), "--json"]
     for opt, value in options:
         argv += [opt, value]
-    check_contract(argv, *run_cli(argv))
+    rc, out, err, seconds = run_cli(argv)
+    check_contract(argv, rc, out, err, seconds)
+    if rc == 0:                          # a plan was made: it must be the one asked for, and sane
+        import json
+
+        plan = json.loads(out)
+        given = dict(options)            # the last value of an option wins, as in click
+        for opt, key in (("--global-batch", "global_batch"), ("--local-batch", "local_batch"),
+                         ("--grad-accum", "grad_accum"), ("--instances-per-host", "instances_per_host"),
+                         ("--devices-per-host", "devices_per_host")):
+            if opt in given:
+                assert plan[key] == int(given[opt]), f"{argv}: {key} {plan[key]} but {opt} {given[opt]}"
+        if "--nodes" in given:
+            assert len(plan["hosts"]) == int(given["--nodes"]), argv
+        for key in ("replicas", "local_batch", "grad_accum", "instances_per_host", "devices_per_host",
+                    "replicas_per_instance"):
+            assert 1 <= plan[key] <= 2 ** 24, f"{argv}: {key} {plan[key]}"
+        assert plan["replicas"] * plan["local_batch"] * plan["grad_accum"] == plan["global_batch"], argv
+
+
+# documented ranges of the launch options (docs/cluster-specs.md): a value accepted must be in them
+LAUNCH_RANGES = {
+    "--master-port": lambda v: 0 <= int(v) <= 65535,
+    "--grace": lambda v: math.isfinite(float(v)) and 0 <= float(v) <= 7 * 24 * 3600,
+    "--keepalive": lambda v: math.isfinite(float(v)) and 0 < float(v) <= 7 * 24 * 3600,
+    "--max-restarts": lambda v: 0 <= int(v) <= 1000,
+    "--max-concurrency": lambda v: 1 <= int(v),
+    "--only-output-from-instance": lambda v: 0 <= int(v),
+}
 
 
 @FUZZ
@@ -270,7 +315,11 @@ def test_launch_numbers(options):
         for opt, value in options:
             argv += [opt, value]
         argv += ["--", "true"]
-        check_contract(argv, *run_cli(argv))
+        rc, out, err, seconds = run_cli(argv)
+        check_contract(argv, rc, out, err, seconds)
+        if rc == 0:
+            for opt, value in dict(options).items():      # the last value of an option wins
+                assert LAUNCH_RANGES[opt](value), f"{argv}: {opt} {value!r} accepted"
 
 
 # argv and the environment are C strings: they cannot hold NUL, so the paths here do not either
