@@ -48,7 +48,7 @@ def _unknown(kind: str, name: str, names: list[str]) -> SpecError:
     close = difflib.get_close_matches(name[:200], names, n=1, cutoff=0.4)
     hint = f"did you mean '{close[0]}'? " if close else ""
     hint += f"known {kind}s: {', '.join(names) or '(none)'}; or give a path to a YAML file"
-    return SpecError(f"unknown {kind} {shown_path(name)}", hint=hint)
+    return SpecError(f"unknown {kind} '{shown_path(name)}'", hint=hint)
 
 
 def _probe(check, path: Path) -> bool:

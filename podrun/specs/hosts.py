@@ -39,7 +39,7 @@ def shown_path(path: str | Path, limit: int = 160) -> str:
     text = str(path)
     if len(text) > limit:
         text = text[: limit // 2] + "..." + text[-limit // 4:]
-    return repr(text) if not text.isprintable() or " " in text or not text else text
+    return text if text.isprintable() else repr(text)[1:-1]
 
 
 def read_text(path: str | Path, what: str) -> str:
