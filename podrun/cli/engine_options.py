@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import click
 
+from podrun.cli import types as t
 from podrun.launch.engines import ENGINES
 
 
@@ -17,7 +18,7 @@ def engine_options(f):
         click.option("--vipu-server-host", help="poprun: V-IPU controller host."),
         click.option("--vipu-partition", help="poprun: V-IPU partition."),
         click.option("--vipu-cluster", help="poprun: V-IPU cluster."),
-        click.option("--num-ilds", type=int, help="poprun: IPU-Link domains (default IPUs / 64 above a POD64)."),
+        click.option("--num-ilds", type=t.NUM_ILDS, help="poprun: IPU-Link domains (default IPUs / 64 above a POD64)."),
         click.option("--mpi-global-args", help="poprun: --mpi-global-args."),
         click.option("--mpi-local-args", help="poprun: --mpi-local-args."),
         click.option("--print-topology", is_flag=True, help="poprun: --print-topology=yes."),

@@ -1,8 +1,6 @@
 """The `hosts` command: the hosts podrun would use and where it found them (--hosts, --hostfile, scheduler env, cluster spec)."""
 from __future__ import annotations
 
-import os
-
 import click
 
 from podrun.cli.options import plan_options, pop_plan_options
@@ -23,7 +21,7 @@ def hosts(as_json: bool, **kwargs) -> None:
       podrun hosts --cluster abci --nodes 4 --json
     """
     from podrun.cli.options import resolve_plan_with_source
-    from podrun.jobscript import compress_hostlist, discover
+    from podrun.specs.allocation import compress_hostlist
 
     popts = pop_plan_options(kwargs)
     for batch_option in ("global_batch", "local_batch", "grad_accum"):
@@ -32,10 +30,9 @@ def hosts(as_json: bool, **kwargs) -> None:
     used = list(dict.fromkeys(plan.hosts))
     slots = {e.name: e.slots for e in src.hosts}
     sched_slots: dict[str, int | None] = {}
-    if src.scheduler != "none":
-        found = discover(os.environ)
-        if found is not None and found.scheduler_slots:
-            sched_slots = dict(zip(found.names, found.scheduler_slots))
+    found = src.discovered
+    if found is not None and found.scheduler_slots:
+        sched_slots = dict(zip(found.names, found.scheduler_slots))
     rows = []
     for name in used:
         row = {"name": name, "slots": slots.get(name)}

@@ -6,6 +6,8 @@ import sys
 
 import click
 
+from podrun.cli import types as t
+
 from podrun.cli.options import plan_options, pop_plan_options
 from podrun.cli.engine_options import engine_options, pop_engine_options
 
@@ -33,7 +35,7 @@ class LaunchCommand(click.Command):
 @click.option("--python", "python_", help="Python on the hosts (default: this one, sys.executable).")
 @click.option("--workdir", help="Working directory on the hosts (default: the current directory).")
 @click.option("--master-addr", help="Rendezvous address (default: the host of instance 0).")
-@click.option("--master-port", type=int, default=None,
+@click.option("--master-port", type=t.PORT, default=None,
               help="Rendezvous port, every worker's MASTER_PORT. 0: podrun picks a free port (the default on this "
                    "machine, like torchrun --standalone); with hosts elsewhere the default is 29500.")
 @click.option("--agent-store/--no-agent-store", "--store-relay/--no-store-relay", "store_relay", default=True,
@@ -41,20 +43,20 @@ class LaunchCommand(click.Command):
               help="Rank 0's agent holds the rendezvous port from the start and serves torch's TCPStore on it "
                    "(TORCHELASTIC_USE_AGENT_STORE=True, as under torchrun), so no worker waits in torch's reconnect "
                    "backoff. Off: rank 0 hosts the store itself (for programs that serve their own MASTER_PORT).")
-@click.option("--grace", type=float, default=5.0, show_default=True, help="Seconds between SIGTERM and SIGKILL.")
-@click.option("--only-output-from-instance", type=int, help="Show stdout of this instance only (errors from all).")
-@click.option("--max-restarts", type=int, default=0, show_default=True, help="Restart the whole run after a failure.")
-@click.option("--elastic", "elastic_min", type=int, metavar="MIN",
+@click.option("--grace", type=t.GRACE, default=5.0, show_default=True, help="Seconds between SIGTERM and SIGKILL.")
+@click.option("--only-output-from-instance", type=t.INSTANCE_INDEX, help="Show stdout of this instance only (errors from all).")
+@click.option("--max-restarts", type=t.RESTARTS, default=0, show_default=True, help="Restart the whole run after a failure.")
+@click.option("--elastic", "elastic_min", type=t.NODES, metavar="MIN",
               help="On a restart, drop the failed host (or take a spare) and re-plan on the hosts left at the same "
                    "global batch, down to MIN hosts; the run ends when no host count >= MIN keeps it exactly.")
 @click.option("--spare-hosts", metavar="H,...", help="Hosts that take a lost host's place in an --elastic run.")
 @click.option("--dry-run", is_flag=True, help="Print per host the exact commands and env, run nothing.")
 @click.option("--runs-dir", default="runs", show_default=True, help="Where run directories go.")
 @click.option("--run-id", help="Name of the run directory (default: a timestamp).")
-@click.option("--max-concurrency", type=int, default=64, show_default=True, help="SSH handshakes in flight at once (commands over open connections are not limited).")
-@click.option("--keepalive", type=float, default=5.0, show_default=True,
+@click.option("--max-concurrency", type=t.CONCURRENCY, default=64, show_default=True, help="SSH handshakes in flight at once (commands over open connections are not limited).")
+@click.option("--keepalive", type=t.KEEPALIVE, default=5.0, show_default=True,
               help="Seconds of silence after which a host is declared lost.")
-@click.option("--straggler-timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+@click.option("--straggler-timeout", type=t.STRAGGLER, metavar="SECONDS",
               callback=lambda ctx, p, v: _finite(p, v),
               help="Once a worker has exited 0, the others have this long to end; then they are ended and the run "
                    "fails (exit 124) naming the ranks still running. Default: no bound.")
@@ -156,7 +158,7 @@ def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir
             who += f":{local_rank}"
         prefix = f"[{who} {host}]"
         if tty:
-            prefix = f"\x1b[{COLOURS[(index or 0) % len(COLOURS)]}m{prefix}\x1b[0m"
+            prefix = f"\x1b[{COLOURS[(0 if index is None else index) % len(COLOURS)]}m{prefix}\x1b[0m"
         print(f"{prefix} {text}", file=sys.stderr if stream == "err" else out, flush=True)
 
     def notice(text):

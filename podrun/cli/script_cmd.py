@@ -6,6 +6,8 @@ import sys
 
 import click
 
+from podrun.cli import types as t
+
 from podrun.cli.options import plan_options, pop_plan_options
 from podrun.jobscript.request import SCHEDULER_HELP, SCHEDULERS
 
@@ -57,7 +59,7 @@ def job_options(f):
         click.option("--job-name", help="Job name (default podrun-<recipe>)."),
         click.option("--module", "modules", multiple=True, help="`module load NAME` before the launch (repeatable)."),
         click.option("--env", "env_items", multiple=True, help="NAME=VALUE exported in the job (repeatable)."),
-        click.option("--cpus-per-node", type=int, help="CPUs per node (--cpus-per-task, ncpus=)."),
+        click.option("--cpus-per-node", type=t.CPUS, help="CPUs per node (--cpus-per-task, ncpus=)."),
         click.option("--transport", help="How podrun launch starts instances in the job (default: srun on Slurm, ssh on PBS/UGE)."),
         click.option("--ssh-config",
                      help="ssh config file podrun launch uses in the job (--transport ssh; default ~/.ssh/config)."),

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import click
 
+from podrun.cli import types as t
+
 from podrun.cli.options import plan_options, pop_plan_options
 from podrun.cli.script_cmd import DashDashCommand, job_options, parse_env_items, split_recipe
 from podrun.errors import PodrunError
@@ -36,7 +38,7 @@ def _pick_scheduler(scheduler: str | None) -> str:
 @job_options
 @click.option("--runs-dir", default="runs", show_default=True, help="Where runs/<run-id>/ is made.")
 @click.option("--wait", is_flag=True, help="Block until the job ends; exit with its exit code (like sbatch --wait).")
-@click.option("--poll", type=float, default=1.0, show_default=True, help="Seconds between state queries with --wait.")
+@click.option("--poll", type=t.POLL, default=1.0, show_default=True, help="Seconds between state queries with --wait.")
 @click.option("--dry-run", is_flag=True, help="Write the script and print the submit command; submit nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the job record as JSON.")
 @click.argument("recipe", required=False)
@@ -141,7 +143,7 @@ def status(scheduler, as_json, target):
 @click.command()
 @_scheduler_option
 @click.option("--no-wait", is_flag=True, help="Return right after scancel/qdel instead of waiting for the job to end.")
-@click.option("--timeout", type=float, default=60.0, show_default=True, help="Seconds to wait for the job to end.")
+@click.option("--timeout", type=t.TIMEOUT, default=60.0, show_default=True, help="Seconds to wait for the job to end.")
 @click.option("--json", "as_json", is_flag=True, help="Print the final state as JSON.")
 @click.argument("target", metavar="RUN_DIR|JOB_ID")
 def cancel(scheduler, no_wait, timeout, as_json, target):

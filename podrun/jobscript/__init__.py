@@ -5,7 +5,7 @@ from podrun.jobscript.build import (
     DEFAULT_TRANSPORT, allocation_plan_options, check_allocation, default_job_name, device_kind_of, launch_argv,
     launch_cluster, plan_comments, plan_hosts, request_from_plan,
 )
-from podrun.jobscript.discover import (
+from podrun.specs.allocation import (
     Discovered, HostEntry, compress_hostlist, discover, expand_nodelist, read_pbs_nodefile,
     read_pe_hostfile, read_sge_hostlist,
 )

@@ -5,8 +5,8 @@ import re
 from typing import Iterable, Mapping, Sequence
 
 from podrun.errors import HostError
-from podrun.jobscript.discover import Discovered
 from podrun.jobscript.request import SCHEDULER_TABLE, JobRequest, check_scheduler, validate
+from podrun.specs.allocation import Discovered
 
 __all__ = [
     "DEFAULT_TRANSPORT", "device_kind_of", "plan_hosts", "launch_argv", "request_from_plan",

@@ -40,8 +40,11 @@ def make_plan(cluster: ClusterSpec, recipe: RecipeSpec | None, ov: Overrides = O
                 hint=f"use --nodes {len(hosts)} or fewer, or give the hosts with --hosts/--hostfile",
             )
         hosts = hosts[: ov.nodes]
-    dph = ov.devices_per_host or cluster.devices_per_host
-    iph = ov.instances_per_host or cluster.instances_per_host
+    dph = cluster.devices_per_host if ov.devices_per_host is None else ov.devices_per_host
+    iph = cluster.instances_per_host if ov.instances_per_host is None else ov.instances_per_host
+    for name, v in (("--devices-per-host", dph), ("--instances-per-host", iph)):
+        if v < 1:
+            raise PlanError(f"{name} must be at least 1, got {v}")
     if dph % iph:
         raise PlanError(
             f"{dph} devices per host cannot be shared evenly by {iph} instances per host",
@@ -55,13 +58,15 @@ def make_plan(cluster: ClusterSpec, recipe: RecipeSpec | None, ov: Overrides = O
     if recipe is None:
         p, max_local, min_ga = 1, 1, 1
         target = None
-        local_batch, grad_accum = ov.local_batch or 1, ov.grad_accum or 1
+        local_batch = 1 if ov.local_batch is None else ov.local_batch
+        grad_accum = 1 if ov.grad_accum is None else ov.grad_accum
         if ov.global_batch is not None:
             target, local_batch, grad_accum = ov.global_batch, ov.local_batch, ov.grad_accum
     else:
         p = recipe.lookup("devices_per_replica", dev.key, dev.kind)
         max_local = recipe.lookup("max_local_batch", dev.key, dev.kind)
-        min_ga = recipe.lookup("min_grad_accum", dev.key, dev.kind) or 1
+        min_ga = recipe.lookup("min_grad_accum", dev.key, dev.kind)
+        min_ga = 1 if min_ga is None else min_ga
         for table, value in (("devices_per_replica", p), ("max_local_batch", max_local)):
             if value is None:
                 raise PlanError(
@@ -69,13 +74,14 @@ def make_plan(cluster: ClusterSpec, recipe: RecipeSpec | None, ov: Overrides = O
                     hint=f"add '{dev.kind}' or '{dev.key}' under {table} in {recipe.path}/recipe.yaml",
                 )
         explicit = ov.local_batch is not None and ov.grad_accum is not None and ov.global_batch is None
-        target = None if explicit else (ov.global_batch or recipe.global_batch)
+        target = None if explicit else (recipe.global_batch if ov.global_batch is None else ov.global_batch)
         local_batch, grad_accum = ov.local_batch, ov.grad_accum
         if target is not None and ov.global_batch is None:
             notes.append(f"global batch {target} is the recipe's reference global batch")
     d = decompose(devices=devices, devices_per_replica=p, instances=instances, max_local_batch=max_local,
                   min_grad_accum=min_ga, global_batch=target, local_batch=local_batch,
-                  grad_accum=grad_accum, where=where)
+                  grad_accum=grad_accum, where=where, devices_per_host=dph, instances_per_host=iph,
+                  max_hosts=len(cluster.hosts))
     devices_per_instance = dph // iph
     if devices_per_instance % p:
         raise PlanError(

@@ -1,6 +1,7 @@
 """Decomposition: replicas x local batch x GA = global batch exactly, or a PlanError naming the nearest fits."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from podrun.errors import PlanError
@@ -40,26 +41,57 @@ def feasible(g: int, replicas: int, max_local: int, min_ga: int,
             return None
         b = per_replica // grad_accum
         return Decomposition(replicas, b, grad_accum) if 1 <= b <= max_local else None
-    for b in range(min(max_local, per_replica), 0, -1):
-        if per_replica % b == 0 and per_replica // b >= min_ga:
-            return Decomposition(replicas, b, per_replica // b)
-    return None
+    b = _largest_divisor(per_replica, min(max_local, per_replica // min_ga))
+    return None if b is None else Decomposition(replicas, b, per_replica // b)
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of n >= 1, ascending (trial division up to sqrt(n))."""
+    small, large = [], []
+    for i in range(1, math.isqrt(n) + 1):
+        if n % i == 0:
+            small.append(i)
+            if i != n // i:
+                large.append(n // i)
+    return small + large[::-1]
+
+
+def _largest_divisor(n: int, cap: int) -> int | None:
+    """The largest divisor of n that is at most cap, or None."""
+    if cap < 1:
+        return None
+    if cap >= n:
+        return n
+    best = None
+    for i in range(1, math.isqrt(n) + 1):
+        if n % i == 0:
+            if i <= cap and (best is None or i > best):
+                best = i
+            j = n // i
+            if j <= cap and (best is None or j > best):
+                best = j
+    return best
+
+
+_WALK = 20_000      # step-sized tries in each direction when looking for the nearest feasible batch
 
 
 def _nearest(g: int, replicas: int, max_local: int, min_ga: int, local_batch, grad_accum):
     """Nearest feasible global batches below and above g (None where there is none)."""
-    step = replicas * (local_batch or 1) * (grad_accum or 1)
+    step = replicas * (1 if local_batch is None else local_batch) * (1 if grad_accum is None else grad_accum)
+    # no batch below replicas x min GA x (local batch or 1) can be reached
+    k_min = -(-replicas * min_ga * (1 if local_batch is None else local_batch) // step)
     below = above = None
     k = g // step
-    for _ in range(100_000):                    # bounded: step-sized walk down
-        if k < 1:
+    for _ in range(_WALK):                      # bounded: step-sized walk down
+        if k < max(1, k_min):
             break
         if k * step != g and feasible(k * step, replicas, max_local, min_ga, local_batch, grad_accum):
             below = k * step
             break
         k -= 1
-    k = g // step + 1
-    for _ in range(100_000):
+    k = max(g // step + 1, k_min)
+    for _ in range(_WALK):
         if feasible(k * step, replicas, max_local, min_ga, local_batch, grad_accum):
             above = k * step
             break
@@ -74,10 +106,13 @@ def _describe(g: int, replicas: int, max_local: int, min_ga: int, local_batch, g
 
 def decompose(*, devices: int, devices_per_replica: int, instances: int, max_local_batch: int,
               min_grad_accum: int = 1, global_batch: int | None, local_batch: int | None = None,
-              grad_accum: int | None = None, where: str = "") -> Decomposition:
+              grad_accum: int | None = None, where: str = "", devices_per_host: int | None = None,
+              instances_per_host: int = 1, max_hosts: int = 0) -> Decomposition:
     """Choose replicas, local batch and GA with local_batch x replicas x GA == global_batch exactly.
 
     ``global_batch`` None means: the product of the given local batch and GA (both required then).
+    With ``devices_per_host`` and ``max_hosts``, an unreachable batch also names the host counts
+    (at most ``max_hosts``) that reach it.
     """
     ctx = f" ({where})" if where else ""
     if devices % devices_per_replica:
@@ -114,13 +149,46 @@ def decompose(*, devices: int, devices_per_replica: int, instances: int, max_loc
         return d
     below, above = _nearest(global_batch, replicas, max_local_batch, min_grad_accum, local_batch, grad_accum)
     fixed = ", ".join(f"{n} {v}" for n, v in (("local batch", local_batch), ("GA", grad_accum)) if v is not None)
-    options = [_describe(x, replicas, max_local_batch, min_grad_accum, local_batch, grad_accum) for x in (below, above) if x]
+    options = [_describe(x, replicas, max_local_batch, min_grad_accum, local_batch, grad_accum)
+               for x in (below, above) if x is not None]
+    counts = [] if devices_per_host is None else host_counts(
+        global_batch, max_hosts=max_hosts, devices_per_host=devices_per_host,
+        devices_per_replica=devices_per_replica, instances_per_host=instances_per_host,
+        max_local_batch=max_local_batch, min_grad_accum=min_grad_accum, local_batch=local_batch,
+        grad_accum=grad_accum)
+    reach = ""
+    if counts:
+        reach = (f"; {global_batch} is reached on " + ", ".join(f"--nodes {n}" for n in counts)
+                 + f" (of {max_hosts} hosts)")
     raise PlanError(
         f"global batch {global_batch} cannot be reached exactly with {replicas} replicas"
         + (f" and {fixed}" if fixed else "")
         + f" (max local batch {max_local_batch}, min GA {min_grad_accum}){ctx}; "
-        + ("nearest feasible: " + (f"{below} below" if below else "none below")
-           + ", " + (f"{above} above" if above else "none above")),
-        hint="podrun never changes the global batch by itself; pass " + " or ".join(options) if options
+        + ("nearest feasible: " + (f"{below} below" if below is not None else "none below")
+           + ", " + (f"{above} above" if above is not None else "none above")) + reach,
+        hint=("podrun never changes the global batch by itself; pass "
+              + " or ".join(([f"--nodes {counts[0]}"] if counts else []) + options)) if options or counts
         else "change --nodes or the overrides",
     )
+
+
+def host_counts(g: int, *, max_hosts: int, devices_per_host: int, devices_per_replica: int,
+                instances_per_host: int, max_local_batch: int, min_grad_accum: int,
+                local_batch: int | None, grad_accum: int | None, limit: int = 3) -> list[int]:
+    """The largest host counts (at most ``limit`` of them, each <= max_hosts) on which global batch g
+    can be reached exactly; found through the replica counts that divide g, not by trying every count."""
+    out = []
+    for replicas in reversed(divisors(g)):
+        devices = replicas * devices_per_replica
+        if devices % devices_per_host:
+            continue
+        n = devices // devices_per_host
+        if n < 1 or n > max_hosts or replicas % (n * instances_per_host):
+            continue
+        if (devices_per_host // instances_per_host) % devices_per_replica:
+            continue
+        if feasible(g, replicas, max_local_batch, min_grad_accum, local_batch, grad_accum):
+            out.append(n)
+            if len(out) == limit:
+                break
+    return out

@@ -130,18 +130,12 @@ def detect_source(env: Mapping[str, str]) -> str:
 
 
 def _slurm_first_node(env: Mapping[str, str]) -> str | None:
-    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
-    if not nodelist:
-        return None
-    try:  # the jobscript engineer's bracket parser, when it exists
-        from podrun.jobscript.discover import expand_nodelist  # type: ignore
+    from podrun.specs.allocation import expand_nodelist
 
-        hosts = expand_nodelist(nodelist)
-        return hosts[0] if hosts else None
-    except Exception:  # noqa: BLE001 - fall back to a simple parse of the first entry
-        first = re.split(r",(?![^\[]*\])", nodelist)[0]
-        m = re.match(r"^([^\[]+)\[(\d+)", first)
-        return m.group(1) + m.group(2) if m else first
+    for var in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+        if env.get(var):
+            return expand_nodelist(env[var], var)[0]
+    return None
 
 
 def read_worker_info(env: Mapping[str, str] | None = None) -> WorkerInfo:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from podrun.errors import SpecError
 from podrun.specs.cluster import ClusterFile, ClusterSpec, DeviceSpec, InterconnectSpec, LinkSpec, resolve
-from podrun.specs.hosts import HostEntry, parse_hostfile, parse_hosts_option
+from podrun.specs.hosts import HostEntry, parse_hostfile, parse_hosts_option, shown_path
 from podrun.specs.loader import build_dataclass, read_yaml
 from podrun.specs.recipe import RecipeFile, RecipeSpec, validate
 
@@ -45,37 +45,53 @@ def recipe_names() -> list[str]:
 
 
 def _unknown(kind: str, name: str, names: list[str]) -> SpecError:
-    close = difflib.get_close_matches(name, names, n=1, cutoff=0.4)
+    close = difflib.get_close_matches(name[:200], names, n=1, cutoff=0.4)
     hint = f"did you mean '{close[0]}'? " if close else ""
     hint += f"known {kind}s: {', '.join(names) or '(none)'}; or give a path to a YAML file"
-    return SpecError(f"unknown {kind} '{name}'", hint=hint)
+    return SpecError(f"unknown {kind} '{shown_path(name)}'", hint=hint)
+
+
+def _probe(check, path: Path) -> bool:
+    """path.is_file() and friends, False for a path the system cannot even look up (too long, NUL)."""
+    try:
+        return check(path)
+    except (OSError, ValueError):
+        return False
+
+
+def _check_name(kind: str, name_or_path: str) -> None:
+    if not name_or_path or len(name_or_path) > 4096 or "\0" in name_or_path:
+        raise SpecError(f"{kind} {shown_path(name_or_path)}: not a name or path podrun can look up",
+                        hint="give a name in the search path or a path of at most 4096 characters")
 
 
 def find_cluster_file(name_or_path: str) -> Path:
+    _check_name("cluster spec", name_or_path)
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") or os.sep in name_or_path:
-        if not p.is_file():
-            raise SpecError(f"cluster spec file {p} does not exist")
+        if not _probe(Path.is_file, p):
+            raise SpecError(f"cluster spec file {shown_path(p)} does not exist")
         return p
     for d in _search_dirs("cluster_specs"):
         for suffix in (".yaml", ".yml"):
-            if (d / f"{name_or_path}{suffix}").is_file():
+            if _probe(Path.is_file, d / f"{name_or_path}{suffix}"):
                 return d / f"{name_or_path}{suffix}"
     raise _unknown("cluster", name_or_path, cluster_names())
 
 
 def find_recipe_dir(name_or_path: str) -> Path:
+    _check_name("recipe", name_or_path)
     p = Path(name_or_path)
     if p.name == "recipe.yaml":
         p = p.parent
-    if (p / "recipe.yaml").is_file():
+    if _probe(Path.is_file, p / "recipe.yaml"):
         return p
-    if os.sep in name_or_path.rstrip(os.sep) or p.exists():
-        if p.is_dir():
-            raise SpecError(f"recipe folder {p} has no recipe.yaml", hint="a recipe is a folder with recipe.yaml and train.py")
-        raise SpecError(f"recipe {p} does not exist", hint=f"known recipes: {', '.join(recipe_names())}")
+    if os.sep in name_or_path.rstrip(os.sep) or _probe(Path.exists, p):
+        if _probe(Path.is_dir, p):
+            raise SpecError(f"recipe folder {shown_path(p)} has no recipe.yaml", hint="a recipe is a folder with recipe.yaml and train.py")
+        raise SpecError(f"recipe {shown_path(p)} does not exist", hint=f"known recipes: {', '.join(recipe_names())}")
     for d in _search_dirs("recipes"):
-        if (d / name_or_path / "recipe.yaml").is_file():
+        if _probe(Path.is_file, d / name_or_path / "recipe.yaml"):
             return d / name_or_path
     raise _unknown("recipe", name_or_path, recipe_names())
 

@@ -2,17 +2,22 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+import re
+import string
+from dataclasses import dataclass, field, replace
 from typing import Literal, Union
 
-from podrun.errors import SpecError
+from podrun.errors import HostError, SpecError
+from podrun.specs.hosts import MAX_HOST_NAME, check_name
+from podrun.specs.limits import MAX_HOSTS, MAX_PER_HOST
+from podrun.specs.loader import bound
 
 
 @dataclass(frozen=True)
 class DeviceSpec:
     kind: Literal["ipu", "gpu", "cpu"]
     model: str                       # gc200, v100, h100, cpu ...
-    memory_gb: float                 # per device (IPU: on-chip SRAM)
+    memory_gb: float = field(metadata=bound(0, 1e6, why="GB per device; 0 when it does not matter (CPU)"))
 
     @property
     def key(self) -> str:
@@ -23,8 +28,9 @@ class DeviceSpec:
 @dataclass(frozen=True)
 class LinkSpec:
     name: str
-    bandwidth_gbps: float            # usable all-reduce bandwidth, Gbit/s per device (intra) or per host (inter)
-    latency_us: float
+    # usable all-reduce bandwidth, Gbit/s per device (intra) or per host (inter)
+    bandwidth_gbps: float = field(metadata=bound(0.001, 1e6, why="Gbit/s: the estimate divides by it; from 1 Mbit/s to 1 Pbit/s"))
+    latency_us: float = field(metadata=bound(0, 1e9, why="microseconds per message, up to 1000 s"))
     source: str = ""
 
 
@@ -38,9 +44,9 @@ class InterconnectSpec:
 class HostPattern:
     """A regular naming scheme: count hosts named pattern.format(i=start..start+count-1)."""
 
-    count: int
+    count: int = field(metadata=bound(1, MAX_HOSTS, why=f"a cluster has at least one host and at most {MAX_HOSTS}"))
     pattern: str = "host{i}"
-    start: int = 0
+    start: int = field(default=0, metadata=bound(0, 10 ** 9, why="the first host number"))
 
 
 @dataclass(frozen=True)
@@ -49,14 +55,15 @@ class ClusterFile:
 
     name: str
     hosts: Union[tuple[str, ...], HostPattern]
-    devices_per_host: Union[int, Literal["auto"]]
+    devices_per_host: Union[int, Literal["auto"]] = field(
+        metadata=bound(1, MAX_PER_HOST, why="devices on each host, or 'auto' for this machine's cores"))
     device: DeviceSpec
     interconnect: InterconnectSpec
     description: str = ""
     scheduler: Literal["none", "slurm", "pbs", "uge", "vipu"] = "none"
     transport: Literal["local", "ssh", "mpirun", "srun"] = "ssh"
     engine: Literal["torch", "poprun"] = "torch"
-    instances_per_host: int = 1
+    instances_per_host: int = field(default=1, metadata=bound(1, MAX_PER_HOST, why="instances podrun starts on each host"))
     sources: tuple[str, ...] = ()
 
 
@@ -78,29 +85,59 @@ class ClusterSpec:
     sources: tuple[str, ...]
 
     def with_hosts(self, hosts: tuple[str, ...], devices_per_host: int | None = None) -> "ClusterSpec":
-        return replace(self, hosts=tuple(hosts), devices_per_host=devices_per_host or self.devices_per_host)
+        return replace(self, hosts=tuple(hosts), devices_per_host=self.devices_per_host if devices_per_host is None else devices_per_host)
+
+
+# the format spec of {i} in a host pattern: fill/align, zero, width (two digits at most), 'd'
+_INDEX_SPEC = re.compile(r"(?:.?[<>^=])?0?[0-9]{0,2}d?")
+
+
+def _check_pattern(pattern: str, path: str) -> None:
+    """A host pattern uses {i} with a short integer format, so that no name is built that could not be one."""
+    def bad(why: str):
+        raise SpecError(f"{path}: field 'hosts.pattern' {pattern[:60]!r} {why}", hint="use e.g. 'g{i:04d}' or 'host{i}'")
+
+    if len(pattern) > MAX_HOST_NAME:
+        bad(f"is longer than a host name ({MAX_HOST_NAME} characters)")
+    try:
+        parts = list(string.Formatter().parse(pattern))
+    except ValueError as exc:
+        bad(f"is not a valid pattern ({exc})")
+    fields = [(name, spec, conv) for _, name, spec, conv in parts if name is not None]
+    if not fields:
+        bad("has no {i}: every host would get the same name")
+    for name, spec, conv in fields:
+        if name != "i" or conv is not None or not _INDEX_SPEC.fullmatch(spec or ""):
+            bad(f"may hold only {{i}} with an integer format such as {{i:04d}}, found {{{name}{'!' + conv if conv else ''}"
+                f"{':' + spec if spec else ''}}}")
+
+
+def _pattern_hosts(p: HostPattern, path: str) -> tuple[str, ...]:
+    _check_pattern(p.pattern, path)
+    try:
+        hosts = tuple(p.pattern.format(i=i) for i in range(p.start, p.start + p.count))
+    except (KeyError, IndexError, ValueError) as exc:
+        raise SpecError(f"{path}: field 'hosts.pattern' {p.pattern!r} is not a valid pattern ({exc}); use {{i}} or {{i:04d}}") from None
+    return hosts
 
 
 def resolve(spec: ClusterFile, path: str) -> ClusterSpec:
     if isinstance(spec.hosts, HostPattern):
-        p = spec.hosts
-        if p.count < 1:
-            raise SpecError(f"{path}: field 'hosts.count' must be at least 1, got {p.count}")
-        try:
-            hosts = tuple(p.pattern.format(i=i) for i in range(p.start, p.start + p.count))
-        except (KeyError, IndexError, ValueError) as exc:
-            raise SpecError(f"{path}: field 'hosts.pattern' {p.pattern!r} is not a valid pattern ({exc}); use {{i}} or {{i:04d}}") from None
+        hosts = _pattern_hosts(spec.hosts, path)
     else:
         hosts = spec.hosts
+        if len(hosts) > MAX_HOSTS:
+            raise SpecError(f"{path}: field 'hosts' lists {len(hosts)} hosts, more than {MAX_HOSTS}")
     if not hosts:
         raise SpecError(f"{path}: field 'hosts' is empty")
+    for i, h in enumerate(hosts):
+        try:
+            check_name(h, f"{path}: field 'hosts'" + ("" if isinstance(spec.hosts, HostPattern) else f" item {i}"))
+        except HostError as exc:
+            raise SpecError(exc.message, hint=exc.hint) from None
     if len(set(hosts)) != len(hosts):
         raise SpecError(f"{path}: field 'hosts' lists a host twice")
     dph = (os.cpu_count() or 1) if spec.devices_per_host == "auto" else spec.devices_per_host
-    if dph < 1:
-        raise SpecError(f"{path}: field 'devices_per_host' must be at least 1, got {dph}")
-    if spec.instances_per_host < 1:
-        raise SpecError(f"{path}: field 'instances_per_host' must be at least 1")
     return ClusterSpec(
         name=spec.name, path=path, description=spec.description, hosts=hosts, devices_per_host=dph,
         device=spec.device, interconnect=spec.interconnect, scheduler=spec.scheduler,

@@ -1,4 +1,4 @@
-"""Host lists given by the user: --hosts h1,h2 and hostfiles (Open MPI / DeepSpeed `host slots=N`, or plain)."""
+"""Host names and the host lists given by the user: the one host-name rule, --hosts h1,h2 and hostfiles."""
 from __future__ import annotations
 
 import re
@@ -6,8 +6,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from podrun.errors import HostError
+from podrun.specs.limits import MAX_HOSTS, MAX_PER_HOST
 
-_HOSTNAME = re.compile(r"^[A-Za-z0-9_.:\-\[\]]+$")
+# A host name, an IPv4 or an IPv6 address: letters, digits, '-', '.', '_' and ':' (IPv6), no
+# leading '-' (it would read as an option to mpirun, srun or ssh), at most 253 characters (DNS).
+MAX_HOST_NAME = 253
+_HOSTNAME = re.compile(r"[A-Za-z0-9_.:\-]+")
+HOST_NAME_RULE = (f"a host name is letters, digits, '.', '-', '_' (':' in an IPv6 address), "
+                  f"does not start with '-', and has at most {MAX_HOST_NAME} characters")
+
+# Files podrun reads host names from are small; a bigger one is not a host list.
+MAX_HOSTFILE_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -17,17 +26,63 @@ class HostEntry:
 
 
 def check_name(name: str, where: str) -> str:
-    if not name or not _HOSTNAME.match(name) or name.startswith("-"):
-        raise HostError(f"{where}: '{name}' is not a valid host name", hint="host names are letters, digits, '.', '-', '_' (or an IP address)")
+    """The one host-name check: every host name podrun reads passes here (or HostError naming ``where``)."""
+    if not isinstance(name, str) or not name or len(name) > MAX_HOST_NAME or name.startswith("-") \
+            or not _HOSTNAME.fullmatch(name):
+        shown = repr(name) if len(repr(name)) <= 80 else repr(name)[:77] + "..."
+        raise HostError(f"{where}: {shown} is not a valid host name", hint=HOST_NAME_RULE)
     return name
+
+
+def shown_path(path: str | Path, limit: int = 160) -> str:
+    """A user-given path or name for a message: quoted when odd, cut in the middle when long."""
+    text = str(path)
+    if len(text) > limit:
+        text = text[: limit // 2] + "..." + text[-limit // 4:]
+    return text if text.isprintable() else repr(text)[1:-1]
+
+
+def read_text(path: str | Path, what: str) -> str:
+    """A host file's text: bounded in size, UTF-8, no control characters; HostError naming ``what``."""
+    p = Path(path)
+    try:
+        with open(p, "rb") as f:
+            data = f.read(MAX_HOSTFILE_BYTES + 1)
+    except (OSError, ValueError) as exc:
+        raise HostError(f"{what}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
+    if len(data) > MAX_HOSTFILE_BYTES:
+        raise HostError(f"{what}: larger than {MAX_HOSTFILE_BYTES // (1024 * 1024)} MiB, not a host list")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise HostError(f"{what}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})",
+                        hint="a host list is plain text, one host per line") from None
+    m = _CONTROL.search(text)
+    if m:
+        raise HostError(f"{what}:{text.count(chr(10), 0, m.start()) + 1}: control character {m.group()!r} in a host list",
+                        hint="a host list is plain text, one host per line")
+    return text
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def iter_lines(text: str):
+    """(lineno, line) of ``text`` without building a list of every line at once."""
+    for lineno, m in enumerate(re.finditer(r"[^\n]*\n|[^\n]+$", text), 1):
+        yield lineno, m.group().rstrip("\r\n")
 
 
 def parse_hosts_option(value: str) -> tuple[HostEntry, ...]:
     """`--hosts h1,h2` or `h1:4,h2:4` (name:slots, as in Horovod's -H)."""
+    parts = [p.strip() for p in value.split(",")]
+    if len(parts) > MAX_HOSTS:
+        raise HostError(f"--hosts lists {len(parts)} hosts, more than {MAX_HOSTS}")
     entries = []
-    for part in [p.strip() for p in value.split(",")]:
+    for part in parts:
         if not part:
-            raise HostError(f"--hosts {value!r}: empty host name", hint="give hosts as h1,h2,h3")
+            raise HostError(f"--hosts {value[:80]!r}: empty host name", hint="give hosts as h1,h2,h3")
         name, _, slots = part.partition(":") if part.count(":") == 1 else (part, "", "")
         entries.append(HostEntry(check_name(name, "--hosts"), _slots(slots, "--hosts", part) if slots else None))
     return _no_duplicates(entries, "--hosts")
@@ -36,35 +91,40 @@ def parse_hosts_option(value: str) -> tuple[HostEntry, ...]:
 def parse_hostfile(path: str | Path) -> tuple[HostEntry, ...]:
     """Open MPI / DeepSpeed hostfiles (`h1 slots=4`, `h1 slots=4 max_slots=8`) and plain one-per-line."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise HostError(f"hostfile {p}: cannot read it ({exc.strerror})") from None
+    text = read_text(p, f"hostfile {shown_path(p)}")
     entries = []
-    for lineno, raw in enumerate(text.splitlines(), 1):
+    for lineno, raw in iter_lines(text):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
-        where = f"hostfile {p}:{lineno}"
+        where = f"hostfile {shown_path(p)}:{lineno}"
         name, *rest = line.split()
         slots = None
         for item in rest:
             key, eq, val = item.partition("=")
             if not eq:
-                raise HostError(f"{where}: cannot read {item!r}", hint="write 'HOST' or 'HOST slots=N' per line")
+                raise HostError(f"{where}: cannot read {item[:80]!r}", hint="write 'HOST' or 'HOST slots=N' per line")
             if key == "slots":
                 slots = _slots(val, where, item)
-            elif key not in ("max_slots", "max-slots"):
-                raise HostError(f"{where}: unknown setting {key!r}", hint="only slots=N (and max_slots=N) are understood")
+            elif key in ("max_slots", "max-slots"):
+                _slots(val, where, item)
+            else:
+                raise HostError(f"{where}: unknown setting {key[:80]!r}", hint="only slots=N (and max_slots=N) are understood")
         entries.append(HostEntry(check_name(name, where), slots))
+        if len(entries) > MAX_HOSTS:
+            raise HostError(f"hostfile {shown_path(p)}: lists more than {MAX_HOSTS} hosts")
     if not entries:
-        raise HostError(f"hostfile {p}: lists no hosts")
-    return _no_duplicates(entries, f"hostfile {p}")
+        raise HostError(f"hostfile {shown_path(p)}: lists no hosts")
+    return _no_duplicates(entries, f"hostfile {shown_path(p)}")
+
+
+# slots count devices or processes on one host
+MAX_SLOTS = MAX_PER_HOST
 
 
 def _slots(val: str, where: str, item: str) -> int:
-    if not val.isdigit() or int(val) < 1:
-        raise HostError(f"{where}: slots must be a positive integer, got {item!r}")
+    if not (val.isascii() and val.isdigit()) or len(val) > 6 or not 1 <= int(val) <= MAX_SLOTS:
+        raise HostError(f"{where}: slots must be an integer from 1 to {MAX_SLOTS}, got {item[:80]!r}")
     return int(val)
 
 

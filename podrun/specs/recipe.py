@@ -5,12 +5,18 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 from podrun.errors import SpecError
+from podrun.specs.limits import MAX_BATCH, MAX_SPEC_INT
+from podrun.specs.loader import bound
+
+_BATCH = bound(1, MAX_BATCH, why=f"samples: at least 1; more than {MAX_BATCH} (2**24) is a typo")
+_FRACTION = bound(0, 1, why="a fraction")
+_DECAY = bound(0, 0.999999, why="a decay factor below 1")
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     name: str                        # podrun.models.build name
-    params: int                      # parameter count (for gradient bytes in the estimate)
+    params: int = field(metadata=bound(1, MAX_SPEC_INT, why="the parameter count"))   # gradient bytes in the estimate
     norm: Optional[str] = None       # batch | group
     stem: Optional[str] = None       # imagenet | cifar
     classifier: Optional[str] = None  # token | pooled (ViT)
@@ -19,16 +25,16 @@ class ModelSpec:
 @dataclass(frozen=True)
 class DatasetSpec:
     name: str
-    train_size: int
-    val_size: int
-    image_size: int
-    num_classes: int
+    train_size: int = field(metadata=bound(1, MAX_SPEC_INT, why="samples in one epoch"))
+    val_size: int = field(metadata=bound(0, MAX_SPEC_INT, why="validation samples; 0 for none"))
+    image_size: int = field(metadata=bound(1, 65536, why="pixels per side"))
+    num_classes: int = field(metadata=bound(1, 10 ** 8, why="at least one class"))
 
 
 @dataclass(frozen=True)
 class LRSpec:
-    base: float                      # learning rate at reference_batch
-    reference_batch: int
+    base: float = field(metadata=bound(above=0, high=1e6, why="the learning rate at reference_batch"))
+    reference_batch: int = field(metadata=_BATCH)
     rule: Literal["linear", "sqrt", "none"] = "linear"
     warmup_rule: Literal["linear", "sqrt", "none"] = "none"   # how warmup epochs scale with batch
 
@@ -36,29 +42,30 @@ class LRSpec:
 @dataclass(frozen=True)
 class OptimizerSpec:
     name: Literal["lars", "sgd", "rmsprop", "adamw"]
-    momentum: float = 0.9
-    weight_decay: float = 0.0
+    momentum: float = field(default=0.9, metadata=_DECAY)
+    weight_decay: float = field(default=0.0, metadata=bound(0, 1e3, why="an L2 factor"))
     nesterov: bool = False
-    eeta: float = 0.001              # LARS trust coefficient
+    eeta: float = field(default=0.001, metadata=bound(above=0, high=1e3, why="the LARS trust coefficient"))
     exclude_bias_and_norm: bool = True
-    eps: float = 1e-8
-    alpha: float = 0.9               # RMSProp decay
-    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = field(default=1e-8, metadata=bound(above=0, high=1, why="a small constant that keeps a division finite"))
+    alpha: float = field(default=0.9, metadata=_DECAY)               # RMSProp decay
+    betas: tuple[float, float] = field(default=(0.9, 0.999), metadata=_DECAY)
 
 
 @dataclass(frozen=True)
 class ScheduleSpec:
     name: Literal["polynomial", "cosine", "step", "constant"]
-    warmup_epochs: float = 0.0
-    power: float = 2.0               # polynomial
-    end_factor: float = 0.0          # final lr as a fraction of peak
-    milestones: tuple[float, ...] = ()   # step: epochs
-    gamma: float = 0.1               # step
+    warmup_epochs: float = field(default=0.0, metadata=bound(0, 1e6, why="epochs; 0 for no warmup"))
+    power: float = field(default=2.0, metadata=bound(0, 1e3, why="the polynomial's exponent"))
+    end_factor: float = field(default=0.0, metadata=_FRACTION)          # final lr as a fraction of peak
+    milestones: tuple[float, ...] = field(default=(), metadata=bound(0, 1e6, why="epochs"))   # step
+    gamma: float = field(default=0.1, metadata=bound(above=0, high=1e3, why="the factor at each milestone"))
 
 
 @dataclass(frozen=True)
 class Throughput:
-    images_per_second: float         # per device, at max local batch, steady state
+    # per device, at max local batch, steady state
+    images_per_second: float = field(metadata=bound(0.001, 1e9, why="images per second per device; the estimate divides by it"))
     source: str                      # where the figure comes from, or 'measured here' / 'assumed'
 
 
@@ -69,21 +76,21 @@ class RecipeFile:
     name: str
     model: ModelSpec
     dataset: DatasetSpec
-    devices_per_replica: dict[str, int]
-    max_local_batch: dict[str, int]
-    global_batch: int
+    devices_per_replica: dict[str, int] = field(metadata=bound(1, MAX_BATCH, why="devices that hold one replica"))
+    max_local_batch: dict[str, int] = field(metadata=_BATCH)
+    global_batch: int = field(metadata=_BATCH)
     lr: LRSpec
     optimizer: OptimizerSpec
     schedule: ScheduleSpec
-    epochs: float
+    epochs: float = field(metadata=bound(above=0, high=1e6, why="passes over the training set"))
     throughput: dict[str, Throughput]
     description: str = ""
-    min_grad_accum: dict[str, int] = field(default_factory=dict)
+    min_grad_accum: dict[str, int] = field(default_factory=dict, metadata=bound(1, MAX_BATCH, why="micro batches per update"))
     precision: Literal["fp32", "fp16", "bf16", "amp"] = "fp32"
     gradient_bytes: int = 4          # bytes per gradient element on the wire (2 for fp16 comms)
-    label_smoothing: float = 0.0
-    mixup: float = 0.0
-    cutmix: float = 0.0
+    label_smoothing: float = field(default=0.0, metadata=_FRACTION)
+    mixup: float = field(default=0.0, metadata=bound(0, 1e3, why="the Beta distribution's alpha; 0 for off"))
+    cutmix: float = field(default=0.0, metadata=bound(0, 1e3, why="the Beta distribution's alpha; 0 for off"))
     train_script: str = "train.py"
     reference_results: dict[str, str] = field(default_factory=dict)
     sources: tuple[str, ...] = ()
@@ -107,18 +114,6 @@ def validate(r: RecipeFile, path: str) -> None:
     def bad(field_: str, msg: str):
         raise SpecError(f"{path}: field '{field_}' {msg}")
 
-    for table in ("devices_per_replica", "max_local_batch", "min_grad_accum"):
-        for k, v in getattr(r, table).items():
-            if v < 1:
-                bad(f"{table}.{k}", f"must be at least 1, got {v}")
-    if r.global_batch < 1:
-        bad("global_batch", f"must be at least 1, got {r.global_batch}")
-    if r.lr.reference_batch < 1:
-        bad("lr.reference_batch", "must be at least 1")
-    if r.epochs <= 0:
-        bad("epochs", "must be positive")
+    # numeric ranges are checked by the loader (field metadata); what remains is a choice
     if r.gradient_bytes not in (1, 2, 4, 8):
         bad("gradient_bytes", "must be 1, 2, 4 or 8")
-    for k, t in r.throughput.items():
-        if t.images_per_second <= 0:
-            bad(f"throughput.{k}.images_per_second", "must be positive")

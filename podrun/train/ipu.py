@@ -71,7 +71,7 @@ def train_ipu(cfg, info: WorkerInfo, device: Device) -> dict[str, Any]:
     train_ds, _ = load_dataset(cfg.data, image_size=cfg.image_size, num_classes=cfg.num_classes,
                                synthetic_size=cfg.synthetic_size, seed=cfg.seed)
     spe = steps_per_epoch(len(train_ds), shard)
-    total = cfg.steps if cfg.steps is not None else int(math.ceil((cfg.epochs or 1) * spe))
+    total = cfg.steps if cfg.steps is not None else int(math.ceil((1 if cfg.epochs is None else cfg.epochs) * spe))
     from podrun.plan.lr import scale
 
     lr = cfg.lr if cfg.lr is not None else scale(cfg.lr_base, cfg.lr_rule, g, cfg.lr_reference_batch)

@@ -141,7 +141,7 @@ def build_optimizer(model: nn.Module, name: str, lr: float, *, momentum: float =
     groups = param_groups_for(model, weight_decay, exclude_bias_and_norm)
     if name == "lars":
         return LARS(groups, lr=lr, momentum=momentum, weight_decay=weight_decay, eeta=eeta,
-                    eps=eps or 0.0, nesterov=nesterov)
+                    eps=0.0 if eps is None else eps, nesterov=nesterov)
     for g in groups:
         g.pop("lars", None)
     if name == "sgd":

@@ -81,7 +81,7 @@ def build_config(recipe, args: argparse.Namespace, plan: dict | None, overrides:
     cfg = TrainConfig(
         model=recipe.model.name, model_kwargs=model_kwargs, name=recipe.name, data=args.data,
         image_size=image_size, num_classes=num_classes,
-        synthetic_size=args.synthetic_size or 0, epochs=epochs, steps=args.steps,
+        synthetic_size=0 if args.synthetic_size is None else args.synthetic_size, epochs=epochs, steps=args.steps,
         local_batch=args.local_batch, grad_accum=args.grad_accum, global_batch=global_batch,
         lr=lr, warmup_epochs=warmup, lr_base=recipe.lr.base, lr_reference_batch=recipe.lr.reference_batch,
         lr_rule=recipe.lr.rule, warmup_base=sch.warmup_epochs, warmup_rule=recipe.lr.warmup_rule,
@@ -119,10 +119,11 @@ def main(recipe_dir: str, argv: Sequence[str] | None = None, default_data: str =
             from podrun.runtime.distributed import select_device
 
             cfg.amp = "fp16" if select_device(cfg.device, info).kind in ("cuda", "ipu") else "off"
-        if not cfg.synthetic_size:
+        if cfg.synthetic_size == 0:      # 0: twenty global batches
             world = info.world_size
-            cfg.synthetic_size = 20 * (cfg.global_batch or (cfg.local_batch or info.local_batch or 8) * world
-                                      * (cfg.grad_accum or info.grad_accum or 1))
+            first = lambda *vs: next(v for v in vs if v is not None)  # noqa: E731 - 0 is a value, None is absent
+            cfg.synthetic_size = 20 * first(cfg.global_batch, first(cfg.local_batch, info.local_batch, 8) * world
+                                            * first(cfg.grad_accum, info.grad_accum, 1))
         summary = train(cfg, info)
     except PodrunError as exc:
         rank = os.environ.get("RANK", "0")

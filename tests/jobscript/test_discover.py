@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from podrun.errors import HostError
-from podrun.jobscript import (
+from podrun.specs.allocation import (
     HostEntry, discover, read_pbs_nodefile, read_pe_hostfile, read_sge_hostlist,
 )
 
@@ -35,7 +35,7 @@ def test_sge_job_hostlist_one_host_per_line(tmp_path):
         (read_pe_hostfile, "g0001\n", ":1: expected"),
         (read_pbs_nodefile, "n01\nn02 n03\n", ":2: expected one host name per line"),
         (read_pbs_nodefile, "\n\n", "lists no hosts"),
-        (read_sge_hostlist, "g0001\n`reboot`\n", ":2: '`reboot`' is not a host name"),
+        (read_sge_hostlist, "g0001\n`reboot`\n", ":2: '`reboot`' is not a valid host name"),
     ],
 )
 def test_malformed_files_name_the_file_line_and_part(tmp_path, reader, text, part):

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from podrun.errors import HostError, PodrunError
-from podrun.jobscript import compress_hostlist, expand_nodelist
+from podrun.specs.allocation import compress_hostlist, expand_nodelist
 
 
 @pytest.mark.parametrize(
@@ -98,7 +98,7 @@ def test_plain_names_joined_by_commas_expand_to_themselves(names):
 @settings(max_examples=300, deadline=None)
 @given(st.text(alphabet="ab1[],-", max_size=14))
 def test_fast_split_agrees_with_the_character_scanner(text):
-    from podrun.jobscript.discover import _split_top, _split_top_slow
+    from podrun.specs.allocation import _split_top, _split_top_slow
 
     def outcome(fn):
         try:
@@ -107,3 +107,56 @@ def test_fast_split_agrees_with_the_character_scanner(text):
             return ("error", e.message)
 
     assert outcome(_split_top) == outcome(_split_top_slow)
+
+
+# --- hostile nodelists: refused where they enter, with the variable named ---------------------------
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("-n[1-2]", "not a valid host name"),                  # would read as an option to srun/mpirun
+    ("n[1-" + "9" * 5000 + "]", "more than 18 digits"),   # once: int() digit limit, a traceback
+    ("$(touch x)", "not allowed"),
+    ("a b", "not allowed"),
+    ("g[1-100000000]", "more than 100000 hosts"),
+    ("r[1-400]n[1-400]", "more than 100000 hosts"),
+    ("x" * 300, "not a valid host name"),                  # longer than a DNS name
+])
+def test_hostile_nodelists_are_refused(text, fragment):
+    with pytest.raises(HostError) as err:
+        expand_nodelist(text, "SLURM_JOB_NODELIST")
+    assert "SLURM_JOB_NODELIST" in err.value.message and fragment in err.value.message
+    assert len(err.value.message) < 300                    # one paragraph, the input cut
+
+
+def test_the_worker_runtime_uses_the_one_parser():
+    """runtime/env.py found MASTER_ADDR with its own fallback parse; now a malformed list is an error."""
+    from podrun.runtime.env import _slurm_first_node
+
+    assert _slurm_first_node({"SLURM_JOB_NODELIST": "gpu[07-08]"}) == "gpu07"
+    assert _slurm_first_node({"SLURM_STEP_NODELIST": "rack[2-3]-n[01-02]"}) == "rack2-n01"
+    assert _slurm_first_node({}) is None
+    with pytest.raises(HostError, match="SLURM_JOB_NODELIST"):
+        _slurm_first_node({"SLURM_JOB_NODELIST": "-x[1-2]"})
+
+
+def test_srun_transport_uses_the_one_parser():
+    from podrun.launch.transports.srun import allocation_hosts
+
+    assert allocation_hosts({"SLURM_JOB_NODELIST": "n[1-2]"}) == ["n1", "n2"]
+    with pytest.raises(HostError):
+        allocation_hosts({"SLURM_JOB_NODELIST": "n[1-2],$(id)"})
+
+
+def test_one_nodelist_parser_in_the_package():
+    """No module but podrun.specs.allocation parses bracket ranges; podrun.jobscript.discover is gone."""
+    import importlib.util
+    import pathlib
+    import re
+
+    import podrun
+
+    assert importlib.util.find_spec("podrun.jobscript.discover") is None
+    root = pathlib.Path(podrun.__file__).parent
+    parsers = [p.relative_to(root).as_posix() for p in root.rglob("*.py")
+               if re.search(r"\\\[\(\\d\+\)|_expand_range_list|def expand_nodelist", p.read_text())]
+    assert parsers == ["specs/allocation.py"], parsers

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from podrun.jobscript import compress_hostlist, expand_nodelist
+from podrun.specs.allocation import compress_hostlist, expand_nodelist
 
 
 

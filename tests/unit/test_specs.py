@@ -105,7 +105,7 @@ def test_hostfile_formats(tmp_path):
     assert [(e.name, e.slots) for e in parse_hosts_option("a:2,b:2")] == [("a", 2), ("b", 2)]
 
 
-@pytest.mark.parametrize("text,msg", [("h1 slots=x\n", "slots must be a positive integer"),
+@pytest.mark.parametrize("text,msg", [("h1 slots=x\n", "slots must be an integer from 1 to"),
                                       ("h1 cores=4\n", "unknown setting 'cores'"),
                                       ("h1\nh1\n", "listed twice"), ("\n# nothing\n", "lists no hosts"),
                                       ("h1 slots\n", "cannot read 'slots'"), ("-oProxy=x\n", "not a valid host name")])

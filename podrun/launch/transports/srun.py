@@ -16,7 +16,7 @@ def allocation_hosts(env=None) -> list[str] | None:
     nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
     if not nodelist:
         return None
-    from podrun.jobscript.discover import expand_nodelist
+    from podrun.specs.allocation import expand_nodelist
 
     return expand_nodelist(nodelist, "SLURM_JOB_NODELIST")
 

@@ -219,7 +219,7 @@ class SSHTransport(Transport):
             client.close()
             raise
         t = client.get_transport()
-        t.set_keepalive(max(1, int(self.request.keepalive // 2) or 1))
+        t.set_keepalive(max(1, int(self.request.keepalive // 2)))
         with self.lock:
             self.clients[host] = client
         return client

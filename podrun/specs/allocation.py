@@ -1,21 +1,28 @@
-"""Host discovery inside a scheduler allocation: Slurm nodelists, PBS_NODEFILE, PE_HOSTFILE, SGE_JOB_HOSTLIST."""
+"""Where a run's hosts come from: --hosts, --hostfile, the scheduler allocation (Slurm nodelists,
+PBS_NODEFILE, PE_HOSTFILE, SGE_JOB_HOSTLIST), else the cluster spec; the one Slurm nodelist parser."""
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Mapping
 
 from podrun.errors import HostError
-from podrun.specs.hosts import HostEntry
+from podrun.specs.hosts import (
+    HOST_NAME_RULE, HostEntry, check_name, iter_lines, parse_hostfile, parse_hosts_option, read_text, shown_path,
+)
+from podrun.specs.limits import MAX_HOSTS
 
 __all__ = [
     "Discovered", "HostEntry", "discover", "expand_nodelist", "compress_hostlist",
-    "read_pbs_nodefile", "read_pe_hostfile", "read_sge_hostlist", "MAX_HOSTS",
+    "read_pbs_nodefile", "read_pe_hostfile", "read_sge_hostlist", "MAX_HOSTS", "HostSource", "host_source",
+    "hosts_for_cluster",
 ]
 
-# a nodelist that expands past this is a typo (g[1-100000000]), not a cluster
-MAX_HOSTS = 100_000
+# digits in one bound of a nodelist range: 18 holds any real node number and stays far from the
+# interpreter's limit on int() of long digit strings
+MAX_RANGE_DIGITS = 18
+# a nodelist longer than this is not one a scheduler wrote
+MAX_NODELIST_CHARS = 1024 * 1024
 
 _NAME_CHARS = re.compile(r"^[A-Za-z0-9_.:\-]+$")
 
@@ -106,8 +113,11 @@ def _expand_range_list(body: str, item: str, where: str) -> list[str]:
     for rng in body.split(","):
         lo, dash, hi = rng.partition("-")
         if not lo.isdigit() or (dash and not hi.isdigit()) or not lo.isascii() or not hi.isascii():
-            raise HostError(f"{where}: bad range {rng!r} in {item!r}",
+            raise HostError(f"{where}: bad range {_short(rng)} in {_short(item)}",
                             hint="a bracket holds numbers and ranges: [1-4,7] or [0001-0003]")
+        if len(lo) > MAX_RANGE_DIGITS or len(hi) > MAX_RANGE_DIGITS:
+            raise HostError(f"{where}: a number in {_short(item)} has more than {MAX_RANGE_DIGITS} digits",
+                            hint="node numbers are short: g[0001-0128]")
         if not dash:
             out.append(lo)
             continue
@@ -139,10 +149,18 @@ def _expand_item(item: str, where: str) -> list[str]:
         else:
             if not _NAME_CHARS.match(piece):
                 bad = next(ch for ch in piece if not _NAME_CHARS.match(ch))
-                raise HostError(f"{where}: character {bad!r} is not allowed in host name {item!r}",
-                                hint="host names are letters, digits, '.', '-', '_'")
+                raise HostError(f"{where}: character {bad!r} is not allowed in host name {_short(item)}",
+                                hint=HOST_NAME_RULE)
             names = [n + piece for n in names]
+    for name in names:
+        check_name(name, where)
     return names
+
+
+def _short(text: str, limit: int = 80) -> str:
+    """repr of user text, cut so that an error stays one paragraph."""
+    r = repr(text)
+    return r if len(r) <= limit else r[: limit - 3] + "..."
 
 
 def expand_nodelist(s: str, source: str = "nodelist") -> list[str]:
@@ -156,11 +174,13 @@ def expand_nodelist(s: str, source: str = "nodelist") -> list[str]:
     text = s.strip()
     if not text:
         raise HostError(f"{source} is empty", hint="expected a Slurm hostlist such as g[0001-0003],h5")
+    if len(text) > MAX_NODELIST_CHARS:
+        raise HostError(f"{source}: {len(text)} characters, longer than any nodelist a scheduler writes")
     out: list[str] = []
     for item in _split_top(text, source):
         item = item.strip()
         if not item:
-            raise HostError(f"{source}: empty host name in {s!r}", hint="remove the doubled or trailing comma")
+            raise HostError(f"{source}: empty host name in {_short(s)}", hint="remove the doubled or trailing comma")
         out.extend(_expand_item(item, source))
         if len(out) > MAX_HOSTS:
             raise HostError(f"{source}: expands to more than {MAX_HOSTS} hosts")
@@ -216,32 +236,29 @@ def compress_hostlist(hosts: list[str] | tuple[str, ...]) -> str:
 
 
 def _read(path: str, what: str) -> str:
-    p = Path(path)
     try:
-        return p.read_text()
-    except OSError as exc:
-        raise HostError(f"{what}={path}: cannot read it ({exc.strerror or exc})",
-                        hint="run inside the job the scheduler started, or unset the variable") from None
-
-
-def _check(name: str, where: str) -> str:
-    if not _NAME_CHARS.match(name) or name.startswith("-"):
-        raise HostError(f"{where}: {name!r} is not a host name", hint="host names are letters, digits, '.', '-', '_'")
-    return name
+        return read_text(path, f"{what}={shown_path(path)}")
+    except HostError as exc:
+        raise HostError(exc.message, hint=exc.hint or "run inside the job the scheduler started, or unset the variable") from None
 
 
 def _lines(path: str, source: str):
     """(where, line) for each non-blank line of an allocation file; where = 'SOURCE=path:lineno'."""
-    for lineno, raw in enumerate(_read(path, source).splitlines(), 1):
+    for lineno, raw in iter_lines(_read(path, source)):
         line = raw.strip()
         if line:
-            yield f"{source}={path}:{lineno}", line
+            yield f"{source}={shown_path(path)}:{lineno}", line
 
 
 def _one_host(line: str, where: str) -> str:
     if len(line.split()) != 1:
-        raise HostError(f"{where}: expected one host name per line, got {line!r}")
-    return _check(line, where)
+        raise HostError(f"{where}: expected one host name per line, got {_short(line)}")
+    return check_name(line, where)
+
+
+def _bounded(hosts: dict, source: str, path: str) -> None:
+    if len(hosts) > MAX_HOSTS:
+        raise HostError(f"{source}={shown_path(path)} lists more than {MAX_HOSTS} hosts")
 
 
 def read_pbs_nodefile(path: str, source: str = "PBS_NODEFILE") -> tuple[HostEntry, ...]:
@@ -251,8 +268,9 @@ def read_pbs_nodefile(path: str, source: str = "PBS_NODEFILE") -> tuple[HostEntr
     for where, line in _lines(path, source):
         name = _one_host(line, where)
         counts[name] = counts.get(name, 0) + 1
+        _bounded(counts, source, path)
     if not counts:
-        raise HostError(f"{source}={path} lists no hosts")
+        raise HostError(f"{source}={shown_path(path)} lists no hosts")
     return tuple(HostEntry(n, c) for n, c in counts.items())
 
 
@@ -262,13 +280,15 @@ def read_pe_hostfile(path: str, source: str = "PE_HOSTFILE") -> tuple[HostEntry,
     counts: dict[str, int] = {}
     for where, line in _lines(path, source):
         fields = line.split()
-        if len(fields) < 2 or not fields[1].isdigit() or int(fields[1]) < 1:
-            raise HostError(f"{where}: expected 'HOST SLOTS QUEUE PROCESSORS', got {line!r}",
+        if len(fields) < 2 or not (fields[1].isascii() and fields[1].isdigit()) or len(fields[1]) > 9 \
+                or int(fields[1]) < 1:
+            raise HostError(f"{where}: expected 'HOST SLOTS QUEUE PROCESSORS', got {_short(line)}",
                             hint="Grid Engine writes e.g. 'g0001.abci.local 40 gpu@g0001 UNDEFINED'")
-        name = _check(fields[0], where)
+        name = check_name(fields[0], where)
         counts[name] = counts.get(name, 0) + int(fields[1])
+        _bounded(counts, source, path)
     if not counts:
-        raise HostError(f"{source}={path} lists no hosts")
+        raise HostError(f"{source}={shown_path(path)} lists no hosts")
     return tuple(HostEntry(n, c) for n, c in counts.items())
 
 
@@ -277,8 +297,9 @@ def read_sge_hostlist(path: str, source: str = "SGE_JOB_HOSTLIST") -> tuple[Host
     seen: dict[str, None] = {}
     for where, line in _lines(path, source):
         seen.setdefault(_one_host(line, where), None)
+        _bounded(seen, source, path)
     if not seen:
-        raise HostError(f"{source}={path} lists no hosts")
+        raise HostError(f"{source}={shown_path(path)} lists no hosts")
     return tuple(HostEntry(n, None) for n in seen)
 
 
@@ -308,3 +329,74 @@ def discover(environ: Mapping[str, str]) -> Discovered | None:
     if value:
         return Discovered(read_sge_hostlist(value), "SGE_JOB_HOSTLIST", "uge", value)
     return None
+
+
+# ---------------------------------------------------------------------------------------------
+# host resolution: which source wins, and the cluster spec with those hosts
+
+
+@dataclass(frozen=True)
+class HostSource:
+    """The hosts of a run and where they were found."""
+
+    hosts: tuple[HostEntry, ...]
+    source: str             # "--hosts", "--hostfile FILE", "SLURM_JOB_NODELIST", "cluster spec NAME"
+    scheduler: str = "none"
+    discovered: Discovered | None = None    # the allocation, when the hosts came from one
+
+    @property
+    def explicit(self) -> bool:
+        """True unless the hosts are the cluster spec's own."""
+        return not self.source.startswith("cluster spec ")
+
+
+def host_source(cluster, hosts_opt: str | None = None, hostfile: str | None = None,
+                environ: Mapping[str, str] | None = None) -> HostSource:
+    """Where the hosts come from: --hosts, --hostfile, the scheduler's allocation, else the cluster spec.
+
+    The allocation is discovered here, once per command; callers read it from HostSource.discovered.
+    """
+    if hosts_opt is not None and hostfile is not None:
+        raise HostError("give either --hosts or --hostfile, not both")
+    if hosts_opt is not None:
+        return HostSource(parse_hosts_option(hosts_opt), "--hosts")
+    if hostfile is not None:
+        return HostSource(parse_hostfile(hostfile), f"--hostfile {hostfile}")
+    import os
+
+    found = discover(os.environ if environ is None else environ)
+    if found is not None:
+        return HostSource(found.hosts, found.source, found.scheduler, found)
+    return HostSource(tuple(HostEntry(h) for h in cluster.hosts), f"cluster spec {cluster.name}")
+
+
+def hosts_for_cluster(spec, src: HostSource, *, devices_per_host: int | None, nodes: int | None,
+                      spec_named: bool):
+    """The cluster spec with the hosts of ``src`` and the devices per host they imply.
+
+    Returns (spec, devices_per_host or None). A hostfile's or --hosts' slots give the devices per
+    host when no cluster spec was named (``spec_named`` False) and --devices-per-host is not given;
+    otherwise they must agree with it.
+    """
+    if not src.explicit:
+        return spec, devices_per_host
+    slots = {e.slots for e in src.hosts if e.slots is not None}
+    if len(slots) > 1:
+        raise HostError(f"{src.source}: hosts have different slot counts {sorted(slots)}",
+                        hint="podrun places the same number of devices on every host")
+    dph = spec.devices_per_host if devices_per_host is None else devices_per_host
+    if slots and devices_per_host is None and not spec_named:
+        dph = slots.pop()          # an allocation or hostfile with no cluster spec: trust its slots
+    elif slots and slots != {dph}:
+        raise HostError(
+            f"{src.source} gives {sorted(slots)[0]} slots per host but the plan needs {dph} devices per host "
+            f"(cluster {spec.name})",
+            hint="fix the slots in the hostfile, or pass --devices-per-host to match it",
+        )
+    hosts = tuple(e.name for e in src.hosts)
+    if nodes is not None and nodes > len(hosts):
+        raise HostError(
+            f"the plan asks for {nodes} hosts but {src.source} gives only {len(hosts)}",
+            hint=f"use --nodes {len(hosts)} or fewer",
+        )
+    return spec.with_hosts(hosts, dph), dph

@@ -1,0 +1,92 @@
+"""click parameter types for numbers: each checks a range at the option and says why a value is refused."""
+from __future__ import annotations
+
+import math
+import re
+
+import click
+
+from podrun.specs.limits import MAX_BATCH, MAX_HOSTS, MAX_PER_HOST, MAX_RESTARTS, MAX_SECONDS
+
+_INT = re.compile(r"[+-]?[0-9]{1,40}")
+
+
+class BoundedInt(click.ParamType):
+    """An integer in [minimum, maximum]; ``why`` says what the bounds mean."""
+
+    name = "integer"
+
+    def __init__(self, minimum: int, maximum: int, why: str):
+        self.minimum, self.maximum, self.why = minimum, maximum, why
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) and not isinstance(value, bool):
+            n = value
+        else:
+            text = str(value).strip()
+            if not _INT.fullmatch(text):
+                self.fail(f"{_short(value)} is not an integer ({self.why})", param, ctx)
+            n = int(text)
+        if not self.minimum <= n <= self.maximum:
+            self.fail(f"{n if abs(n) < 10 ** 12 else f'{n:.3g}'} is outside {self.minimum}..{self.maximum}: "
+                      f"{self.why}", param, ctx)
+        return n
+
+    def __repr__(self) -> str:
+        return f"BoundedInt({self.minimum}, {self.maximum})"
+
+
+class Seconds(click.ParamType):
+    """A finite duration in seconds, >= 0 (or > 0 with ``positive``), at most ``maximum``."""
+
+    name = "seconds"
+
+    def __init__(self, why: str, *, positive: bool = False, maximum: float = MAX_SECONDS):
+        self.why, self.positive, self.maximum = why, positive, maximum
+
+    def convert(self, value, param, ctx):
+        try:
+            x = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{_short(value)} is not a number of seconds ({self.why})", param, ctx)
+        low = "more than 0" if self.positive else "at least 0"
+        if not math.isfinite(x) or x < 0 or (self.positive and x == 0) or x > self.maximum:
+            self.fail(f"{_short(value)} seconds: must be finite, {low} and at most {self.maximum:g} ({self.why})",
+                      param, ctx)
+        return x
+
+    def __repr__(self) -> str:
+        return "Seconds()"
+
+
+def _short(value) -> str:
+    r = repr(value)
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
+def positive_int(why: str, maximum: int) -> BoundedInt:
+    return BoundedInt(1, maximum, why)
+
+
+def non_negative_int(why: str, maximum: int) -> BoundedInt:
+    return BoundedInt(0, maximum, why)
+
+
+# --- the option types podrun's commands share -------------------------------------------------
+
+PORT = BoundedInt(0, 65535, "a TCP port is 1..65535; 0 means podrun picks a free port")
+POD_SIZE = BoundedInt(1, 256, "IPU-PODs come in 16, 64, 128 and 256 IPUs")
+NODES = positive_int(f"a plan needs at least one host, and at most {MAX_HOSTS}", MAX_HOSTS)
+BATCH = positive_int(f"a batch holds at least one sample; more than {MAX_BATCH} (2**24) is a typo", MAX_BATCH)
+GRAD_ACCUM = positive_int(f"GA counts micro batches per weight update, at least 1, at most {MAX_BATCH}", MAX_BATCH)
+PER_HOST = positive_int(f"a host runs at least one, and at most {MAX_PER_HOST}", MAX_PER_HOST)
+INSTANCE_INDEX = non_negative_int("instances are numbered from 0", MAX_HOSTS * MAX_PER_HOST)
+RESTARTS = non_negative_int(f"0 means no restart; at most {MAX_RESTARTS}", MAX_RESTARTS)
+CONCURRENCY = positive_int(f"at least one handshake must be in flight; at most {MAX_HOSTS}", MAX_HOSTS)
+CPUS = positive_int("a node has at least one CPU", 1 << 20)
+GRACE = Seconds("seconds between SIGTERM and SIGKILL; 0 kills at once")
+KEEPALIVE = Seconds("seconds without a heartbeat before a host counts as lost", positive=True)
+POLL = Seconds("seconds between scheduler queries; 0 would query without pause", positive=True)
+TIMEOUT = Seconds("seconds to wait; 0 does not wait")
+NUM_ILDS = positive_int("an IPU-POD has at least one IPU-Link domain", 1024)
+STRAGGLER = Seconds("seconds the other workers may run on after one exited 0", positive=True)
