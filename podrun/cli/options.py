@@ -57,8 +57,9 @@ def resolve_plan_with_source(recipe: str | None, **options):
 
 def resolve_plan_inputs(recipe: str | None, *, pod=None, cluster=None, nodes=None, global_batch=None,
                         local_batch=None, grad_accum=None, instances_per_host=None, devices_per_host=None,
-                        hosts_opt=None, hostfile=None, environ=None):
-    """Load specs and pick hosts: (cluster_spec with the hosts, recipe_spec_or_None, host_source, Overrides)."""
+                        hosts_opt=None, hostfile=None, environ=None, discovered=None):
+    """Load specs and pick hosts: (cluster_spec with the hosts, recipe_spec_or_None, host_source, Overrides).
+    ``discovered``: the allocation, when the caller has already looked for it (no second look)."""
     from podrun.plan import Overrides
     from podrun.specs import load_cluster, load_recipe
     from podrun.specs.allocation import host_source, hosts_for_cluster
@@ -71,7 +72,7 @@ def resolve_plan_inputs(recipe: str | None, *, pod=None, cluster=None, nodes=Non
         cluster = f"ipu-pod{pod}"
     spec = load_cluster("local" if cluster is None else cluster)
     rspec = load_recipe(recipe) if recipe is not None else None
-    src = host_source(spec, hosts_opt, hostfile, environ)
+    src = host_source(spec, hosts_opt, hostfile, environ, discovered)
     spec, devices_per_host = hosts_for_cluster(spec, src, devices_per_host=devices_per_host, nodes=nodes,
                                                spec_named=cluster is not None)
     return spec, rspec, src, Overrides(

@@ -106,9 +106,9 @@ def script(ctx, scheduler, time_limit, partition, queue, group, account, job_nam
     from podrun.jobscript.build import allocation_plan_options, launch_cluster
 
     recipe, args = split_recipe(ctx, recipe, extra)
-    found = discover(os.environ)
+    found = discover(os.environ)          # once: the plan's hosts and the allocation check both use it
     popts = allocation_plan_options(pop_plan_options(kwargs), found)
-    plan, spec, _ = resolve_plan(recipe, **popts)
+    plan, spec, _ = resolve_plan(recipe, **popts, discovered=found)
     check_allocation(plan, found)
     if scheduler is None:
         if spec.scheduler not in SCHEDULERS:

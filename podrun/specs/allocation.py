@@ -351,10 +351,11 @@ class HostSource:
 
 
 def host_source(cluster, hosts_opt: str | None = None, hostfile: str | None = None,
-                environ: Mapping[str, str] | None = None) -> HostSource:
+                environ: Mapping[str, str] | None = None, discovered: Discovered | None = None) -> HostSource:
     """Where the hosts come from: --hosts, --hostfile, the scheduler's allocation, else the cluster spec.
 
-    The allocation is discovered here, once per command; callers read it from HostSource.discovered.
+    The allocation is discovered here, once per command (or given as ``discovered`` by a caller that
+    already looked); callers read it from HostSource.discovered.
     """
     if hosts_opt is not None and hostfile is not None:
         raise HostError("give either --hosts or --hostfile, not both")
@@ -364,7 +365,7 @@ def host_source(cluster, hosts_opt: str | None = None, hostfile: str | None = No
         return HostSource(parse_hostfile(hostfile), f"--hostfile {hostfile}")
     import os
 
-    found = discover(os.environ if environ is None else environ)
+    found = discovered if discovered is not None else discover(os.environ if environ is None else environ)
     if found is not None:
         return HostSource(found.hosts, found.source, found.scheduler, found)
     return HostSource(tuple(HostEntry(h) for h in cluster.hosts), f"cluster spec {cluster.name}")

@@ -332,3 +332,22 @@ def test_hostfile_with_control_characters_and_too_many_hosts(tmp_path):
     f.write_text("h1 slots=99999999999999\n")
     with pytest.raises(HostError, match="slots must be an integer from 1 to 4096"):
         parse_hostfile(f)
+
+
+def test_script_discovers_the_allocation_once(monkeypatch, capsys):
+    """`podrun script` inside an allocation plans on it and checks it against the plan from one discovery."""
+    import podrun.jobscript as jobscript
+    import podrun.specs.allocation as allocation
+    from podrun.cli.main import main
+
+    for var in ("SLURM_NODELIST", "PBS_NODEFILE", "PE_HOSTFILE", "SGE_JOB_HOSTLIST"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
+    calls = []
+    real = allocation.discover
+    counting = lambda environ: calls.append(1) or real(environ)  # noqa: E731
+    monkeypatch.setattr(allocation, "discover", counting)
+    monkeypatch.setattr(jobscript, "discover", counting)         # the name `podrun script` imports
+    assert main(["script", "--scheduler", "slurm", "--cluster", "dgx-h100", "--", "python", "train.py"]) == 0
+    assert "--nodes=2" in capsys.readouterr().out
+    assert len(calls) == 1
