@@ -38,7 +38,7 @@ class LaunchCommand(click.Command):
 @click.option("--master-port", type=t.PORT, default=None,
               help="Rendezvous port, every worker's MASTER_PORT. 0: podrun picks a free port (the default on this "
                    "machine, like torchrun --standalone); with hosts elsewhere the default is 29500.")
-@click.option("--agent-store/--no-agent-store", "--store-relay/--no-store-relay", "store_relay", default=True,
+@click.option("--agent-store/--no-agent-store", "--store-relay/--no-store-relay", "agent_store", default=True,
               show_default=True,
               help="Rank 0's agent holds the rendezvous port from the start and serves torch's TCPStore on it "
                    "(TORCHELASTIC_USE_AGENT_STORE=True, as under torchrun), so no worker waits in torch's reconnect "
@@ -66,7 +66,7 @@ class LaunchCommand(click.Command):
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir, master_addr, master_port,
-           store_relay, grace, only_output_from_instance, max_restarts, elastic_min, spare_hosts, dry_run, runs_dir,
+           agent_store, grace, only_output_from_instance, max_restarts, elastic_min, spare_hosts, dry_run, runs_dir,
            run_id, max_concurrency, keepalive, straggler_timeout, no_preflight, as_json, env_items, **kw):
     """Launch RECIPE [ARGS...] (its train.py gets ARGS) or -- COMMAND ... on the plan's hosts.
 
@@ -117,7 +117,7 @@ def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir
     request = build_request(plan, command, transport=name, python=python, workdir=workdir, master_addr=master_addr,
                             master_port=master_port, grace=grace, keepalive=keepalive, run_id=run_id,
                             runs_dir=runs_dir, env=env, max_restarts=max_restarts, ssh=ssh,
-                            mpi_args=mpi_args, poprun=poprun_opts, store_relay=store_relay,
+                            mpi_args=mpi_args, poprun=poprun_opts, agent_store=agent_store,
                             preflight=not no_preflight, straggler_timeout=straggler_timeout)
     elastic = None
     if elastic_min is not None:

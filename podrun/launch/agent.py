@@ -15,7 +15,7 @@ With --rank-from-env (mpirun) the agent runs one worker, the one whose global ra
 the launcher's rank, so each worker is an MPI rank; its lines then carry that worker's local rank.
 With --hold (the ssh transport's preflight) it first reports its host's facts and starts workers only
 when the controller, having heard from every host, writes ``G``; it exits 0 with nothing started if
-told to stop instead. With --store-relay, the agent of global rank 0 holds --master-port from its start
+told to stop instead. With --agent-store, the agent of global rank 0 holds --master-port from its start
 and serves the run's TCPStore on it (podrun.launch.agent_store).
 """
 from __future__ import annotations
@@ -43,14 +43,14 @@ FIRST_HEARTBEAT_S = 60.0   # the first controller heartbeat may wait for the fan
 
 def worker_envs(plan, index: int, *, run_id: str, run_dir: str, plan_path: str, master_addr: str,
                 master_port: int, restart_count: int = 0, max_restarts: int = 0,
-                store_relay: bool = False) -> list[dict[str, str]]:
+                agent_store: bool = False) -> list[dict[str, str]]:
     """The env contract of instance ``index``'s workers on this host (podrun.plan.env.instance_envs),
     with this host's environment and the cores this agent may use."""
     from podrun.plan.env import instance_envs
 
     return instance_envs(plan, index, run_id=run_id, run_dir=run_dir, plan_path=plan_path,
                          master_addr=master_addr, master_port=master_port, restart_count=restart_count,
-                         max_restarts=max_restarts, store_relay=store_relay, host_env=os.environ,
+                         max_restarts=max_restarts, agent_store=agent_store, host_env=os.environ,
                          cpus=len(os.sched_getaffinity(0)))
 
 
@@ -405,11 +405,11 @@ def main(argv: list[str] | None = None) -> int:
                         "worker is an MPI rank of one world)")
     ap.add_argument("--stdin-timeout", type=float, default=5.0)
     ap.add_argument("--no-stdin-watch", action="store_true")
-    ap.add_argument("--store-relay", action="store_true",
+    ap.add_argument("--agent-store", action="store_true",
                     help="if this instance runs global rank 0: hold --master-port from the start and serve the "
                          "run's TCPStore on it (podrun.launch.agent_store)")
     ap.add_argument("--listen-fd", type=int,
-                    help="with --store-relay: the listening socket on --master-port, inherited from the controller")
+                    help="with --agent-store: the listening socket on --master-port, inherited from the controller")
     ap.add_argument("--hold", action="store_true",
                     help="report preflight facts (a probe line) and start workers only on a G on stdin")
     ap.add_argument("command", nargs=argparse.REMAINDER)
@@ -435,12 +435,12 @@ def main(argv: list[str] | None = None) -> int:
     envs = worker_envs(plan, index, run_id=args.run_id, run_dir=args.run_dir, plan_path=args.plan,
                        master_addr=args.master_addr, master_port=args.master_port,
                        restart_count=args.restart_count, max_restarts=args.max_restarts,
-                       store_relay=args.store_relay)
+                       agent_store=args.agent_store)
     if local_ranks is not None:
         envs = [envs[lr] for lr in local_ranks]
     rank0 = any(e["RANK"] == "0" for e in envs)
     store = None
-    if args.store_relay and rank0:
+    if args.agent_store and rank0:
         from podrun.launch.agent_store import AgentStore
 
         store = AgentStore.open(args.master_port, args.listen_fd)    # reserve the port now, before any report

@@ -70,7 +70,7 @@ class LaunchRequest:
     ssh: SSHOptions = field(default_factory=SSHOptions)
     mpi_args: tuple[str, ...] = ()      # --mpi-args: passed through to mpirun (transport mpirun, engine horovod)
     poprun: object | None = None        # PoprunOptions for --engine poprun (podrun.launch.engines.poprun)
-    store_relay: bool = True            # rank 0's agent serves the store on master_port (podrun.launch.agent_store)
+    agent_store: bool = True            # rank 0's agent serves the store on master_port (podrun.launch.agent_store)
     listen_fd: int | None = None        # the controller's socket on master_port, for a local rank 0 agent to serve on
     preflight: bool = True              # check every host before anything starts (False: --no-preflight)
     straggler_timeout: float | None = None  # seconds the others get after a worker exits 0 (None: no bound)
@@ -93,7 +93,7 @@ class LaunchRequest:
         else:
             argv += ["--instance", str(index)]
         argv += ["--stdin-timeout", _num(self.keepalive)] if stdin_watch else ["--no-stdin-watch"]
-        argv += ["--store-relay"] if self.store_relay else []
+        argv += ["--agent-store"] if self.agent_store else []
         argv += ["--listen-fd", str(self.listen_fd)] if self.listen_fd is not None and index == 0 else []
         argv += ["--hold"] if hold else []
         return argv + ["--", *self.command]
@@ -131,7 +131,7 @@ class LaunchRequest:
         return instance_envs(self.plan, index, run_id=self.run_id, run_dir=self.run_dir,
                              plan_path=self.plan_path, master_addr=self.master_addr,
                              master_port=self.master_port, restart_count=self.restart_count,
-                             max_restarts=self.max_restarts, store_relay=self.store_relay,
+                             max_restarts=self.max_restarts, agent_store=self.agent_store,
                              host_env=dict(self.env))
 
     def for_restart(self, restart_count: int, master_port: int) -> "LaunchRequest":

@@ -37,7 +37,7 @@ def build_request(plan, command, *, transport: str, python: str | None = None, w
                   master_addr: str | None = None, master_port: int | None = None, grace: float = 5.0,
                   keepalive: float = 5.0, run_id: str | None = None, runs_dir: str = "runs",
                   env=(), max_restarts: int = 0, ssh: SSHOptions | None = None, mpi_args=(),
-                  poprun=None, store_relay: bool = True, preflight: bool = True,
+                  poprun=None, agent_store: bool = True, preflight: bool = True,
                   straggler_timeout: float | None = None) -> LaunchRequest:
     run_id = new_run_id() if run_id is None else check_run_id(run_id)
     master_port = rendezvous_port(master_port, transport)
@@ -50,7 +50,7 @@ def build_request(plan, command, *, transport: str, python: str | None = None, w
         grace=grace, keepalive=keepalive, max_restarts=max_restarts, env=tuple(env),
         instances=tuple(InstanceLaunch(p.index, p.host) for p in plan.placement),
         ssh=ssh or SSHOptions(), mpi_args=tuple(mpi_args), poprun=poprun,
-        store_relay=store_relay and transport != "poprun",     # poprun starts no podrun agent
+        agent_store=agent_store and transport != "poprun",     # poprun starts no podrun agent
         preflight=preflight, straggler_timeout=straggler_timeout,
     )
 
@@ -85,9 +85,9 @@ def hold_port(request: LaunchRequest):
 
     if request.transport != "local":
         return request, None
-    if request.store_relay and not torch_available(request.python):
-        request = replace(request, store_relay=False)      # nothing here could serve the store
-    if request.store_relay:
+    if request.agent_store and not torch_available(request.python):
+        request = replace(request, agent_store=False)      # nothing here could serve the store
+    if request.agent_store:
         sock = reserve(request.master_port)
         return replace(request, master_port=sock.getsockname()[1], listen_fd=sock.fileno()), sock
     if request.master_port == 0:

@@ -9,7 +9,7 @@ parses the agent line protocol (podrun.launch.protocol) from every handle, whate
   agents learn their index with ``--index-from-env`` and run with ``--no-stdin-watch``
   (build the command with ``request.agent_argv(None, stdin_watch=False)``).
 
-Stable interface (engineer F builds mpirun/srun on it):
+The interface every transport implements:
 
     cls = get_transport("ssh"); t = cls(request)
     problems = t.preflight()          # list[Problem]; nothing is started when any
@@ -35,7 +35,7 @@ from podrun.launch.protocol import READ_LIMIT, bounded_lines
 if TYPE_CHECKING:  # pragma: no cover
     from podrun.launch.request import LaunchRequest
 
-# name -> "module:Class", imported only when used (ssh pulls paramiko, mpirun/srun are engineer F's).
+# name -> "module:Class", imported only when used (ssh pulls paramiko).
 TRANSPORTS: dict[str, str] = {
     "local": "podrun.launch.transports.local:LocalTransport",
     "ssh": "podrun.launch.transports.ssh:SSHTransport",
@@ -146,9 +146,7 @@ def get_transport(name: str) -> type[Transport]:
     module_name, attr = TRANSPORTS[name].split(":")
     try:
         module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name == module_name:
-            raise LaunchError(f"transport {name!r} is not available in this build of podrun") from exc
+    except ModuleNotFoundError as exc:       # a dependency of the transport (paramiko for ssh)
         raise LaunchError(
             f"transport {name!r} needs the Python module {exc.name!r}", hint=f"pip install {exc.name}"
         ) from exc

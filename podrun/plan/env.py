@@ -168,11 +168,11 @@ def worker_env(plan: "Plan", instance_index: int, local_rank: int, *, run_id: st
 
 def instance_envs(plan: "Plan", instance_index: int, *, run_id: str, run_dir: str, plan_path: str,
                   master_addr: str, master_port: int, restart_count: int = 0, max_restarts: int = 0,
-                  store_relay: bool = False, host_env: Mapping[str, str] | None = None,
+                  agent_store: bool = False, host_env: Mapping[str, str] | None = None,
                   cpus: int | None = None) -> list[dict[str, str]]:
     """What the agent of instance ``instance_index`` sets for each of its workers, on top of the host's env.
 
-    ``store_relay``: the agent of global rank 0 hosts the store on ``master_port`` (podrun.launch.agent_store),
+    ``agent_store``: the agent of global rank 0 hosts the store on ``master_port`` (podrun.launch.agent_store),
     so every worker, rank 0 included, is a client of it (TORCHELASTIC_USE_AGENT_STORE=True, as under torchrun).
     ``host_env``: the variables the workers inherit (the host's, with --env): the names of
     HOST_DEFAULT_NAMES set there are left to them. ``cpus``: the cores the agent may use; None (the
@@ -187,7 +187,7 @@ def instance_envs(plan: "Plan", instance_index: int, *, run_id: str, run_dir: st
         env = worker_env(plan, instance_index, local_rank, run_id=run_id, run_dir=run_dir, plan_path=plan_path,
                          master_addr=master_addr, master_port=master_port, restart_count=restart_count,
                          max_restarts=max_restarts)
-        if store_relay:
+        if agent_store:
             env[AGENT_STORE_NAME] = "True"
         env.update({k: v for k, v in defaults.items() if k not in host_env})
         envs.append(env)

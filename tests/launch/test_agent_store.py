@@ -360,7 +360,7 @@ def test_held_agent_starts_its_workers_on_go(tmp_path):
 
 
 def test_agent_without_torch_elsewhere_lets_the_port_go_before_its_workers_start(tmp_path):
-    """The agent's own fallback (on a host elsewhere nothing checks its python first): a --store-relay agent
+    """The agent's own fallback (on a host elsewhere nothing checks its python first): a --agent-store agent
     whose python has no torch holds the port until it knows, then lets it go and takes
     TORCHELASTIC_USE_AGENT_STORE off its workers before they start, so rank 0 can bind the port."""
     py = _python_without_torch(tmp_path)
@@ -369,7 +369,7 @@ def test_agent_without_torch_elsewhere_lets_the_port_go_before_its_workers_start
                               f'"import socket; socket.create_server((\'\', {p})); print(\'bound\')"'],
                    master_port=p, python=py)
     argv = req.agent_argv(0, stdin_watch=False)
-    assert "--store-relay" in argv
+    assert "--agent-store" in argv
     cp = subprocess.run(argv, capture_output=True, text=True, timeout=60, env={**os.environ, **_ROOT_ON_PATH})
     assert cp.returncode == 0, cp.stdout + cp.stderr
     out = [protocol.parse(l).text for l in cp.stdout.splitlines() if protocol.parse(l).kind == "out"]

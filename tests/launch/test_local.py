@@ -129,7 +129,7 @@ def test_dry_run_prints_exactly_what_runs(tmp_path):
     assert cp.returncode == 0, cp.stderr
     written = (tmp_path / "runs" / "dry" / "command").read_text()
     # the one addition at launch: rank 0's agent inherits the controller's socket on the port
-    assert "--store-relay --listen-fd " in written
+    assert "--agent-store --listen-fd " in written
     assert cmd in re.sub(r" --listen-fd \d+", "", written)
     env = json.loads((tmp_path / "runs" / "dry" / "env.json").read_text())
     assert env["instances"][0]["agent_env"] == {"MY_TOKEN": "<redacted>"}
