@@ -1,7 +1,6 @@
 """Elastic restarts, pure: after a failure, which hosts go, which spares come in, and the next plan at the same global batch."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -175,24 +174,19 @@ def first_step_after(run_dir: str | Path, after: float) -> tuple[int | None, flo
 
 
 def _scan(run_dir: str | Path, after: float | None, first: bool) -> tuple[int | None, float | None]:
-    from podrun.train.metrics import METRICS_FILE
+    from podrun.train.metrics import iter_metrics     # torch-free; a bad line spoils that line, not the scan
 
-    path = Path(run_dir) / METRICS_FILE
     found: tuple[int | None, float | None] = (None, None)
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:   # a bad byte spoils one line, not the scan
-            for line in f:
-                try:
-                    r = json.loads(line)
-                except ValueError:
-                    continue
-                if r.get("kind") != "step" or "step" not in r or "time" not in r:
-                    continue
-                if after is not None and r["time"] <= after:
-                    continue
-                found = (int(r["step"]), float(r["time"]))
-                if first:
-                    return found
+        for r in iter_metrics(run_dir):
+            if r is None or r.get("kind") != "step":
+                continue
+            step, t = r.get("step"), r.get("time")
+            if type(step) is not int or type(t) not in (int, float) or (after is not None and t <= after):
+                continue
+            found = (step, float(t))
+            if first:
+                return found
     except OSError:
         pass
     return found

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from podrun.errors import HostError
 from podrun.specs.limits import MAX_HOSTS, MAX_PER_HOST
+from podrun.specs.textfile import read_bounded_text
 
 # A host name, an IPv4 or an IPv6 address: letters, digits, '-', '.', '_' and ':' (IPv6), no
 # leading '-' (it would read as an option to mpirun, srun or ssh), at most 253 characters (DNS).
@@ -44,20 +45,8 @@ def shown_path(path: str | Path, limit: int = 160) -> str:
 
 def read_text(path: str | Path, what: str) -> str:
     """A host file's text: bounded in size, UTF-8, no control characters; HostError naming ``what``."""
-    p = Path(path)
-    try:
-        with open(p, "rb") as f:
-            data = f.read(MAX_HOSTFILE_BYTES + 1)
-    except (OSError, ValueError) as exc:
-        raise HostError(f"{what}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
-    if len(data) > MAX_HOSTFILE_BYTES:
-        raise HostError(f"{what}: larger than {MAX_HOSTFILE_BYTES // (1024 * 1024)} MiB, not a host list")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise HostError(f"{what}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})",
-                        hint="a host list is plain text, one host per line") from None
+    text = read_bounded_text(path, what=what, limit=MAX_HOSTFILE_BYTES, error=HostError, too_big="not a host list",
+                             not_utf8_hint="a host list is plain text, one host per line")
     m = _CONTROL.search(text)
     if m:
         raise HostError(f"{what}:{text.count(chr(10), 0, m.start()) + 1}: control character {m.group()!r} in a host list",

@@ -14,6 +14,7 @@ import yaml
 
 from podrun.errors import SpecError
 from podrun.specs.limits import MAX_SPEC_BYTES, MAX_SPEC_INT, MAX_YAML_DEPTH, MAX_YAML_NODES
+from podrun.specs.textfile import read_bounded_text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,19 +138,8 @@ def _check_structure(text: str, path: Path) -> None:
 
 def read_yaml(path: Path) -> tuple[dict, Source]:
     """Parse a YAML file into plain data plus a line table; syntax errors name file:line."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_SPEC_BYTES + 1)
-    except (OSError, ValueError) as exc:
-        raise SpecError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
-    if len(raw) > MAX_SPEC_BYTES:
-        raise SpecError(f"{path}: larger than {MAX_SPEC_BYTES // 1024} KiB; a spec is a few KiB of YAML")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise SpecError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})",
-                        hint="save the file as UTF-8") from None
+    text = read_bounded_text(path, what=str(path), limit=MAX_SPEC_BYTES, error=SpecError,
+                             too_big="a spec is a few KiB of YAML", not_utf8_hint="save the file as UTF-8")
     try:
         _check_structure(text, path)
         node = yaml.compose(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
@@ -257,7 +247,7 @@ def convert(tp, value: Any, keypath: tuple, src: Source) -> Any:
         if isinstance(value, bool) or not isinstance(value, int):
             fail("an integer")
         if abs(value) > MAX_SPEC_INT:
-            fail(f"an integer of at most 2**53 (a spec's numbers are counts and sizes)")
+            fail("an integer of at most 2**53 (a spec's numbers are counts and sizes)")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):

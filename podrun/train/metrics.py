@@ -6,7 +6,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -68,9 +68,21 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
 def read_metrics_counted(run_dir: str | os.PathLike) -> tuple[list[dict[str, Any]], int]:
     """(records, lines skipped): a line that is not UTF-8, not a JSON object, or a record whose fields have the
     wrong types (see ``well_formed``) is skipped and counted, never raised."""
+    out, skipped = [], 0
+    for record in iter_metrics(run_dir):
+        if record is not None and well_formed(record):
+            out.append(record)
+        else:
+            skipped += 1
+    return out, skipped
+
+
+def iter_metrics(run_dir: str | os.PathLike) -> Iterator[dict[str, Any] | None]:
+    """The run's lines one at a time (``run_dir`` or the file itself) as JSON objects, None for a line that is
+    not UTF-8 or not a JSON object (fields are not checked: see ``well_formed``); blank lines are passed over.
+    OSError if the file cannot be opened."""
     p = Path(run_dir)
     p = p if p.is_file() else p / METRICS_FILE
-    out, skipped = [], 0
     with open(p, "rb") as f:
         for raw in f:
             if not raw.strip():
@@ -78,13 +90,9 @@ def read_metrics_counted(run_dir: str | os.PathLike) -> tuple[list[dict[str, Any
             try:
                 record = json.loads(raw.decode("utf-8"))
             except (UnicodeDecodeError, ValueError, RecursionError):
-                skipped += 1
+                yield None
                 continue
-            if isinstance(record, dict) and well_formed(record):
-                out.append(record)
-            else:
-                skipped += 1
-    return out, skipped
+            yield record if isinstance(record, dict) else None
 
 
 def _integer(v: Any) -> bool:

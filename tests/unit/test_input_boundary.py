@@ -168,7 +168,7 @@ def test_hosts_list_names_are_checked(tmp_path):
     (b"? [a]\n: 1\n", "a key must be a plain name"),
     (b"name: 0x" + b"f" * 5000 + b"\n", "is no spec value"),
     (b"name: 1" + b"0" * 5000 + b"\n", "cannot read"),
-    (b"name: x\n" + b"#" * (2 << 20), "larger than 1024 KiB"),
+    (b"name: x\n" + b"#" * (2 << 20), "larger than 1 MiB"),
 ])
 def test_yaml_that_is_not_a_spec(tmp_path, raw, fragment):
     p = cluster_file(tmp_path, raw=raw)
