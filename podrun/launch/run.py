@@ -106,7 +106,8 @@ def _preflight_failed(req: LaunchRequest, problems, notice,
 
 def dry_run_record(request: LaunchRequest) -> dict:
     """What --dry-run prints: per host, the exact command line and the variables each worker gets, with
-    secrets redacted as in the run directory (podrun.launch.request.redact)."""
+    secrets redacted as in the run directory (podrun.launch.request.redact). ``master_port`` 0 means the
+    port is picked on this machine when the run starts (``hold_port``), and every worker gets that one."""
     transport = get_transport(request.transport)(request)
     try:
         described = transport.describe(redact=True)
@@ -114,6 +115,7 @@ def dry_run_record(request: LaunchRequest) -> dict:
         transport.close()
     return {
         "run_id": request.run_id, "run_dir": request.run_dir, "transport": request.transport,
+        "master_addr": request.master_addr, "master_port": request.master_port,
         "commands": [{"host": h, "command": c} for h, c in described],
         "instances": [{"index": i.index, "host": i.host, "workers": [redact(e) for e in request.worker_envs(i.index)]}
                       for i in request.instances],

@@ -135,6 +135,19 @@ def test_dry_run_prints_exactly_what_runs(tmp_path):
     assert env["instances"][0]["agent_env"] == {"MY_TOKEN": "<redacted>"}
     assert "s3cret" not in (tmp_path / "runs" / "dry" / "env.json").read_text() + written
 
+def test_dry_run_says_when_the_port_is_picked_at_launch(tmp_path):
+    """The default port on this machine is 0 (picked when the run starts): the dry run says so above the env
+    that shows MASTER_PORT=0, and says nothing of it when a port is given."""
+    picked = podrun("launch", "--dry-run", "--runs-dir", str(tmp_path / "runs"), "--", "true")
+    assert picked.returncode == 0, picked.stderr
+    assert "MASTER_PORT=0" in picked.stdout
+    assert "# MASTER_PORT 0 below: podrun picks a free port on localhost when the run starts" in picked.stdout
+    assert json.loads(podrun("launch", "--dry-run", "--json", "--runs-dir", str(tmp_path / "runs"), "--",
+                             "true").stdout)["master_port"] == 0
+    fixed = podrun("launch", "--dry-run", "--master-port", "29555", "--runs-dir", str(tmp_path / "runs"), "--", "true")
+    assert "MASTER_PORT=29555" in fixed.stdout and "picks a free port" not in fixed.stdout
+
+
 
 def test_only_output_from_instance_keeps_errors_from_all(tmp_path):
     """2 instances on this host: stdout of instance 1 is hidden (but logged), its stderr is shown."""
