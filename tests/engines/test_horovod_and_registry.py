@@ -68,8 +68,17 @@ def test_fake_horovod_launch_exports_run_contract_and_logs(tmp_path):
     from podrun.launch.run import build_request
 
     plan = local_plan(2)
-    code = ("import os,sys; print('HVD', os.environ['OMPI_COMM_WORLD_RANK'], os.environ['PODRUN_RUN_ID'], "
-            "os.environ['PODRUN_NUM_REPLICAS'], os.getcwd()); sys.exit(4 if os.environ['OMPI_COMM_WORLD_RANK']=='1' else 0)")
+    # rank 1 fails only once rank 0 has said its line (the marker file): mpirun ends every rank at the first
+    # failure, so a rank 1 that failed first would take rank 0 down before it printed
+    said = tmp_path / "rank0-said"
+    code = ("import os,sys,time; r = os.environ['OMPI_COMM_WORLD_RANK']; "
+            "print('HVD', r, os.environ['PODRUN_RUN_ID'], os.environ['PODRUN_NUM_REPLICAS'], os.getcwd(), flush=True); "
+            f"m = {str(said)!r}\n"
+            "if r == '0': open(m, 'w').close()\n"
+            "else:\n"
+            "    t = time.monotonic()\n"
+            "    while not os.path.exists(m) and time.monotonic() - t < 30: time.sleep(0.02)\n"
+            "    sys.exit(4)")
     req = build_request(plan, [sys.executable, "-c", code], transport="local", runs_dir=str(tmp_path / "runs"),
                         run_id="hvd1", workdir=str(tmp_path))
     argv, rc = launch_horovod(req, dry_run=True)
