@@ -14,10 +14,15 @@ FAIL_ON_4 = ('import os, sys; e = os.environ; print("rank", e["RANK"], "of", e["
              'sys.exit(3 if e["PODRUN_NUM_INSTANCES"] == "4" and e["PODRUN_INSTANCE_INDEX"] == "2" else 0)')
 
 
+def launch_fail_on_4(tmp_path, min_hosts: int):
+    """FAIL_ON_4 on the 4 loopback hosts with --elastic MIN_HOSTS and two restarts."""
+    return podrun("launch", "--hosts", HOSTS, "--devices-per-host", "1", "--elastic", str(min_hosts),
+                  "--max-restarts", "2", "--master-port", str(free_port(6)), "--runs-dir", str(tmp_path / "runs"),
+                  "--", sys.executable, "-c", FAIL_ON_4)
+
+
 def test_failed_instance_host_is_dropped_and_every_plan_kept(tmp_path):
-    cp = podrun("launch", "--hosts", HOSTS, "--devices-per-host", "1", "--elastic", "2", "--max-restarts", "2",
-                "--master-port", str(free_port(6)),
-                "--runs-dir", str(tmp_path / "runs"), "--", sys.executable, "-c", FAIL_ON_4)
+    cp = launch_fail_on_4(tmp_path, min_hosts=2)
     assert cp.returncode == 0, cp.stderr
     assert ("podrun: elastic: dropping 127.0.0.3 (exited with code 3); re-planned 4 -> 2 hosts: "
             "1 x 4 x GA 1 -> 1 x 2 x GA 2 = global batch 4; resuming from the last checkpoint") in cp.stderr
@@ -43,9 +48,7 @@ def test_failed_instance_host_is_dropped_and_every_plan_kept(tmp_path):
 
 
 def test_no_exact_plan_ends_with_the_failures_code(tmp_path):
-    cp = podrun("launch", "--hosts", HOSTS, "--devices-per-host", "1", "--elastic", "3", "--max-restarts", "2",
-                "--master-port", str(free_port(6)),
-                "--runs-dir", str(tmp_path / "runs"), "--", sys.executable, "-c", FAIL_ON_4)
+    cp = launch_fail_on_4(tmp_path, min_hosts=3)
     assert cp.returncode == 3, cp.stderr
     assert ("the run cannot continue: no host count from 3 down to 3 keeps global batch 4 exactly "
             "(3 hosts: global batch 4 is not a multiple of 3 replicas)") in cp.stderr

@@ -40,6 +40,18 @@ def wait_step(rd_parent: Path, n: int, timeout: float) -> None:
     assert wait_until(reached, timeout, 0.1), f"step {n} not reached within {timeout} s"
 
 
+def cut_when_up(p, hosts, victim: str, instances: int, timeout: float) -> str:
+    """Once ``instances`` workers said "up", cut ``victim``'s link; podrun's stderr when it has ended."""
+    try:
+        for _ in range(instances):
+            wait_output(p, "up", 60)
+        hosts.isolate(victim)
+        return p.communicate(timeout=timeout)[1]
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
 @pytest.mark.torch
 def test_lost_host_continues_on_3_hosts_with_the_same_global_batch_and_loss_curve(make_ssh_hosts, tmp_path):
     hosts = make_ssh_hosts(4)
@@ -89,14 +101,7 @@ def test_spare_takes_the_lost_hosts_place(make_ssh_hosts, tmp_path):
     cmd = ["sh", "-c", f'echo "up $RANK of $WORLD_SIZE"; sleep 3 # {m}']
     p = podrun_popen(*launch_args(hosts, hosts.hosts[:3], tmp_path, "runs", "--elastic", "3", "--spare-hosts", "h4",
                                   "--max-restarts", "1"), "--", *cmd)
-    try:
-        for _ in range(3):
-            wait_output(p, "up", 60)
-        hosts.isolate("h2")
-        out, err = p.communicate(timeout=120)
-    finally:
-        if p.poll() is None:
-            p.kill()
+    err = cut_when_up(p, hosts, "h2", instances=3, timeout=120)
     assert p.returncode == 0, err
     assert "elastic: dropping h2 (host h2 lost" in err and "spare h4 in its place; re-planned 3 -> 3 hosts" in err, err
     s = summary(tmp_path / "runs")
@@ -109,14 +114,7 @@ def test_loss_below_min_ends_the_run_with_its_root_cause(make_ssh_hosts, tmp_pat
     m = marker()
     p = podrun_popen(*launch_args(hosts, hosts.hosts, tmp_path, "runs", "--elastic", "3", "--max-restarts", "2"),
                      "--", "sh", "-c", f"echo up $RANK; sleep 60 # {m}")
-    try:
-        for _ in range(3):
-            wait_output(p, "up", 60)
-        hosts.isolate("h2")
-        out, err = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
+    err = cut_when_up(p, hosts, "h2", instances=3, timeout=60)
     assert p.returncode == 255, err
     assert ("elastic: dropping h2 (host h2 lost: no heartbeat for 2 s (link down, sshd gone or machine frozen)); "
             "the run cannot continue: 2 host(s) left after losing h2, fewer than the elastic minimum 3") in err, err

@@ -29,6 +29,25 @@ def results(text: str) -> list[dict]:
     return out
 
 
+def only_run_dir(runs: Path) -> Path:
+    """The one run directory under ``runs``."""
+    (d,) = [p for p in runs.iterdir() if p.is_dir()]
+    return d
+
+
+def assert_allreduce_job_done(run_dir: Path, res: list[dict], transport: str,
+                              status: subprocess.CompletedProcess) -> None:
+    """A submitted 3-rank ALLREDUCE job finished well: every rank summed 6 in a world of 3 inside the submit's
+    run, summary.json says exit 0 over ``transport``, and ``status`` (`podrun status RUN --json`) says COMPLETED."""
+    assert all(r["sum"] == 6.0 and r["world"] == 3 for r in res), res
+    assert all(r["env"]["PODRUN_RUN_DIR"] == str(run_dir) for r in res)   # the job's run is the submit's run
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["exit_code"] == 0 and summary["transport"] == transport
+    assert status.returncode == 0, status.stderr
+    info = json.loads(status.stdout)
+    assert info["state"] == "COMPLETED" and info["exit_code"] == 0 and info["summary"]["status"] == "ok"
+
+
 @pytest.fixture
 def allreduce_script() -> str:
     return ALLREDUCE

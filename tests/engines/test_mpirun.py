@@ -112,14 +112,19 @@ def test_mpirun_transport_per_worker_ranks_fail_fast(ssh_hosts, tmp_path):
     rc = json.loads((run_dir / "summary.json").read_text())["root_cause"]
     assert (rc["instance"], rc["local_rank"], rc["exit_code"]) == (1, 0, 5), rc
     assert rc["last_lines"] == ["worker 2"], rc
-    deadline = time.monotonic() + 10
+    _assert_nothing_left(ssh_hosts, hosts, marker)
+
+
+def _assert_nothing_left(ssh_hosts, hosts, marker: str, within: float = 10) -> None:
+    """No process whose command line holds ``marker`` on any of ``hosts`` within ``within`` seconds."""
+    deadline = time.monotonic() + within
     left = {}
     while time.monotonic() < deadline:
         left = {h: ssh_hosts.processes(h, marker) for h in hosts}
         if not any(left.values()):
-            break
+            return
         time.sleep(0.2)
-    assert not any(left.values()), f"orphans left on hosts: {left}"
+    raise AssertionError(f"orphans left on hosts: {left}")
 
 
 @pytest.mark.timeout(150)
@@ -138,14 +143,7 @@ def test_mpirun_transport_fail_fast(ssh_hosts, tmp_path):
     assert p.returncode == 3, p.stdout + p.stderr
     assert elapsed < 60, f"fail-fast took {elapsed:.1f} s"
     assert "instance 1" in p.stderr and "h2" in p.stderr, p.stderr
-    deadline = time.monotonic() + 10
-    left = {}
-    while time.monotonic() < deadline:
-        left = {h: ssh_hosts.processes(h, marker) for h in hosts}
-        if not any(left.values()):
-            break
-        time.sleep(0.2)
-    assert not any(left.values()), f"orphans left on hosts: {left}"
+    _assert_nothing_left(ssh_hosts, hosts, marker)
 
 
 @pytest.mark.timeout(90)

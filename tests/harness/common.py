@@ -477,6 +477,17 @@ class FabricAccess:
     def _teardown(self) -> None:
         raise NotImplementedError
 
+    def _bring_up(self, steps: Callable[[], None], since: float):
+        """Run ``steps`` (the daemons, files and checks of a start); on any failure tear down what they left
+        and re-raise. ``up_seconds`` counts from ``since``."""
+        try:
+            steps()
+        except BaseException:
+            self.close()
+            raise
+        self.up_seconds = time.monotonic() - since
+        return self
+
     def close(self) -> None:
         """Tear everything down (``_teardown``) and release the slot, once."""
         if self._closed or os.getpid() != self._owner:

@@ -84,34 +84,32 @@ class NetnsHosts(FabricAccess):
         check_prerequisites(BASE_TOOLS + ((SSHD, "openssh-server"), ("ssh", "openssh-client"),
                                           ("ssh-keygen", "openssh-client")))
         self.slot = self._take_slot(KIND, _cleanup_slot, lambda s: not subnet_in_use(f"10.200.{s}"))
-        try:
-            self.run_dir = BASE / f"{KIND}-{self.slot}"
-            self.run_dir.mkdir(parents=True)
-            os.chmod(self.run_dir, 0o700)
-            names = [f"{self.name_prefix}{i}" for i in range(1, self.n + 1)]
-            binds = []
-            home_bashrc = os.path.expanduser("~root/.bashrc")
-            if os.path.isfile(home_bashrc):
-                (self.run_dir / "bashrc").write_text("# podrun test host: replaces ~/.bashrc inside the host\n"
-                                                     + self.bashrc)
-                binds.append((str(self.run_dir / "bashrc"), home_bashrc))
-            self.fabric = Fabric(**_names(self.slot), names=names, run_dir=self.run_dir, binds=binds)
-            keygen = self._keygen_start(names)
-            self.fabric.up()
-            for p in keygen:
-                if p.wait(timeout=30) != 0:
-                    raise HarnessError(f"podrun test harness: ssh-keygen failed: {p.stderr.read()}")
-            self._write_ssh_files()
-            Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation directory
-            for h in self.hosts:
-                self._start_sshd(h, wait=False)
-            for h in self.hosts:
-                self._wait_sshd(h)
-        except BaseException:
-            self.close()
-            raise
-        self.up_seconds = time.monotonic() - t0
-        return self
+        return self._bring_up(self._start_hosts, since=t0)
+
+    def _start_hosts(self) -> None:
+        """The namespaces, keys and ssh files, then every sshd, waited for."""
+        self.run_dir = BASE / f"{KIND}-{self.slot}"
+        self.run_dir.mkdir(parents=True)
+        os.chmod(self.run_dir, 0o700)
+        names = [f"{self.name_prefix}{i}" for i in range(1, self.n + 1)]
+        binds = []
+        home_bashrc = os.path.expanduser("~root/.bashrc")
+        if os.path.isfile(home_bashrc):
+            (self.run_dir / "bashrc").write_text("# podrun test host: replaces ~/.bashrc inside the host\n"
+                                                 + self.bashrc)
+            binds.append((str(self.run_dir / "bashrc"), home_bashrc))
+        self.fabric = Fabric(**_names(self.slot), names=names, run_dir=self.run_dir, binds=binds)
+        keygen = self._keygen_start(names)
+        self.fabric.up()
+        for p in keygen:
+            if p.wait(timeout=30) != 0:
+                raise HarnessError(f"podrun test harness: ssh-keygen failed: {p.stderr.read()}")
+        self._write_ssh_files()
+        Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation directory
+        for h in self.hosts:
+            self._start_sshd(h, wait=False)
+        for h in self.hosts:
+            self._wait_sshd(h)
 
     def _teardown(self) -> None:
         """Kill everything in the hosts, delete veths, namespaces and bridge (``close()`` releases the slot)."""

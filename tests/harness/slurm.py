@@ -80,34 +80,32 @@ class SlurmCluster(FabricAccess):
         t0 = time.monotonic()
         check_prerequisites(BASE_TOOLS + SLURM_TOOLS)
         self.slot = self._take_slot(KIND, _cleanup_slot, _usable)
-        try:
-            self.port = PORT_BASE + 2 * self.slot
-            self.run_dir = d = BASE / f"{KIND}-{self.slot}"
-            for sub in ("munge", "state", "log", "jobs"):
-                (d / sub).mkdir(parents=True)
-            os.chmod(d, 0o755)
-            os.chmod(d / "munge", 0o755)  # munged: the socket dir must be searchable by all
-            os.chmod(d / "jobs", 0o777)
-            self.slurm_conf = str(d / "slurm.conf")
-            self.fabric = Fabric(**_names(self.slot), names=[f"node{i}" for i in range(1, self.num_nodes + 1)],
-                                 run_dir=d)
-            run(["mungekey", "-c", "-k", str(d / "munge" / "key")])
-            os.chmod(d / "munge" / "key", 0o600)
-            run([shutil.which("munged") or "/usr/sbin/munged", "-S", str(d / "munge" / "sock"),
-                 f"--key-file={d}/munge/key", f"--pid-file={d}/munge/pid", f"--log-file={d}/munge/log",
-                 f"--seed-file={d}/munge/seed"])
-            self._write_conf()
-            self.fabric.up()
-            run(["slurmctld"], env=self.env)
-            for node in self.nodes:
-                self._start_slurmd(node)
-            wait_for(self._all_idle, 30, f"Slurm nodes {', '.join(self.nodes)} to be idle "
-                                         f"(logs: {d}/log)", interval=0.05)
-        except BaseException:
-            self.close()
-            raise
-        self.up_seconds = time.monotonic() - t0
-        return self
+        return self._bring_up(self._start_cluster, since=t0)
+
+    def _start_cluster(self) -> None:
+        """munged, slurm.conf, the fabric, slurmctld and every slurmd, waited for until idle."""
+        self.port = PORT_BASE + 2 * self.slot
+        self.run_dir = d = BASE / f"{KIND}-{self.slot}"
+        for sub in ("munge", "state", "log", "jobs"):
+            (d / sub).mkdir(parents=True)
+        os.chmod(d, 0o755)
+        os.chmod(d / "munge", 0o755)  # munged: the socket dir must be searchable by all
+        os.chmod(d / "jobs", 0o777)
+        self.slurm_conf = str(d / "slurm.conf")
+        self.fabric = Fabric(**_names(self.slot), names=[f"node{i}" for i in range(1, self.num_nodes + 1)],
+                             run_dir=d)
+        run(["mungekey", "-c", "-k", str(d / "munge" / "key")])
+        os.chmod(d / "munge" / "key", 0o600)
+        run([shutil.which("munged") or "/usr/sbin/munged", "-S", str(d / "munge" / "sock"),
+             f"--key-file={d}/munge/key", f"--pid-file={d}/munge/pid", f"--log-file={d}/munge/log",
+             f"--seed-file={d}/munge/seed"])
+        self._write_conf()
+        self.fabric.up()
+        run(["slurmctld"], env=self.env)
+        for node in self.nodes:
+            self._start_slurmd(node)
+        wait_for(self._all_idle, 30, f"Slurm nodes {', '.join(self.nodes)} to be idle "
+                                     f"(logs: {d}/log)", interval=0.05)
 
     def _teardown(self) -> None:
         """Cancel every job, shut Slurm down, kill leftovers, delete namespaces and bridge (``close()`` releases the slot)."""

@@ -64,25 +64,23 @@ class GridEngineCluster(NetnsHosts):
         t0 = time.monotonic()
         check_prerequisites(UGE_TOOLS)
         super().start()
-        try:
-            self.sge_root = self.run_dir / "sge"
-            self.cell_dir = self.sge_root / CELL
-            self.jobs_dir = self.run_dir / "jobs"
-            self._write_cell()
-            self._spool_objects()
-            self._start_qmaster()
-            # the queue through the qmaster: only it makes the queue's instances on each host
-            queue = self.run_dir / "sge-objects" / "queue"
-            queue.write_text(_queue(self.nodes, self.slots_per_host))
-            self.run(["qconf", "-Aq", str(queue)])
-            self._start_execds(self.nodes)
-            wait_for(self._all_up, 60, f"Grid Engine exec hosts {', '.join(self.nodes)} to report "
-                                       f"(spool: {self.cell_dir}/spool)", interval=0.2)
-        except BaseException:
-            self.close()
-            raise
-        self.up_seconds = time.monotonic() - t0
-        return self
+        return self._bring_up(self._start_cell, since=t0)
+
+    def _start_cell(self) -> None:
+        """The cell files, sge_qmaster, the queue and every sge_execd, waited for until they report."""
+        self.sge_root = self.run_dir / "sge"
+        self.cell_dir = self.sge_root / CELL
+        self.jobs_dir = self.run_dir / "jobs"
+        self._write_cell()
+        self._spool_objects()
+        self._start_qmaster()
+        # the queue through the qmaster: only it makes the queue's instances on each host
+        queue = self.run_dir / "sge-objects" / "queue"
+        queue.write_text(_queue(self.nodes, self.slots_per_host))
+        self.run(["qconf", "-Aq", str(queue)])
+        self._start_execds(self.nodes)
+        wait_for(self._all_up, 60, f"Grid Engine exec hosts {', '.join(self.nodes)} to report "
+                                   f"(spool: {self.cell_dir}/spool)", interval=0.2)
 
     def _teardown(self) -> None:
         """Delete every job, stop the daemons; the namespaces (and all they hold) go with NetnsHosts."""

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from podrun.plan.env import TORCHRUN_NAMES, world_size
-from tests.launch.helpers import podrun, run_dir
+from tests.launch.helpers import run_dir
 from tests.ports import free_port
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(240)]

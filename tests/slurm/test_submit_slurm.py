@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.engines.conftest import ALLREDUCE, results
+from tests.engines.conftest import ALLREDUCE, assert_allreduce_job_done, only_run_dir, results
 
 pytestmark = [pytest.mark.slurm, pytest.mark.cluster]
 
@@ -20,11 +20,6 @@ def podrun(sl, args, cwd, timeout=120, env=None):
     e.update(env or {})
     return subprocess.run([sys.executable, "-m", "podrun", *args], cwd=cwd, env=e, capture_output=True,
                           text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-
-
-def only_run_dir(runs: Path) -> Path:
-    (d,) = [p for p in runs.iterdir() if p.is_dir()]
-    return d
 
 
 def job_output(run_dir: Path, ext: str) -> str:
@@ -45,14 +40,7 @@ def test_submit_three_nodes_srun_allreduce(slurm_cluster, tmp_path):
     assert "#SBATCH --nodes=3" in script and "--transport srun" in script
     res = sorted(results(job_output(run_dir, "out")), key=lambda r: r["rank"])
     assert [r["host"] for r in res] == sl.nodes[:3], job_output(run_dir, "out") + job_output(run_dir, "err")
-    assert all(r["sum"] == 6.0 and r["world"] == 3 for r in res)
-    assert all(r["env"]["PODRUN_RUN_DIR"] == str(run_dir) for r in res)   # the job's run is the submit's run
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["exit_code"] == 0 and summary["transport"] == "srun"
-    st = podrun(sl, ["status", str(run_dir), "--json"], cwd=tmp_path)
-    assert st.returncode == 0, st.stderr
-    info = json.loads(st.stdout)
-    assert info["state"] == "COMPLETED" and info["exit_code"] == 0 and info["summary"]["status"] == "ok"
+    assert_allreduce_job_done(run_dir, res, "srun", podrun(sl, ["status", str(run_dir), "--json"], cwd=tmp_path))
 
 
 @pytest.mark.timeout(120)

@@ -3,11 +3,9 @@ epoch only, so a run killed on 4 replicas and resumed on 3 (same global batch, a
 as a run that stayed on 4. Real processes, real torch.distributed gloo on loopback, a GroupNorm model."""
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +13,7 @@ import torch
 
 from podrun.train import checkpoint as ckpt
 from podrun.train.metrics import latest_by_step, read_metrics
-from tests.train.train_procs import start_workers, wait_all
+from tests.train.train_procs import outside_env, start_workers, wait_all, wait_for_step
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 40
@@ -29,24 +27,11 @@ def _opts(run_dir, **kw):
                 run_dir=str(run_dir), **kw)
 
 
-def _wait_for_step(run_dir, step: int, procs, timeout: float = 120) -> int:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if (run_dir / "metrics.jsonl").exists():
-            done = [r["step"] for r in read_metrics(run_dir) if r.get("kind") == "step"]
-            if done and max(done) >= step:
-                return max(done)
-        for p in procs:
-            assert p.poll() is None, f"a worker ended before step {step}:\n{p.communicate()[0][-2000:]}"
-        time.sleep(0.01)
-    raise AssertionError(f"step {step} not reached in {timeout}s")
-
-
 @pytest.mark.timeout(420)
 def test_killed_on_4_replicas_resumed_on_3_continues_the_same_curve(tmp_path):
     ref_dir, run_dir = tmp_path / "stays-on-4", tmp_path / "4-then-3"
     first = start_workers(4, _opts(run_dir))
-    seen = _wait_for_step(run_dir, 12, first)
+    seen = wait_for_step(run_dir, 12, first)
     for p in first:
         p.send_signal(signal.SIGKILL)
     for p in first:
@@ -83,25 +68,17 @@ def test_killed_on_4_replicas_resumed_on_3_continues_the_same_curve(tmp_path):
         torch.testing.assert_close(a["model"][k], b["model"][k], rtol=1e-5, atol=1e-6)
 
 
-def _env():
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PODRUN_", "SLURM_", "OMPI_", "PMI_", "POPDIST_"))
-           and k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    env["OMP_NUM_THREADS"] = "1"
-    return env
-
-
 @pytest.mark.timeout(180)
 def test_resume_with_another_global_batch_is_refused_exit_2(tmp_path):
     """train.py resumed onto a decomposition that cannot continue the sequence: one paragraph, exit 2."""
     train_py = ROOT / "recipes" / "resnet18_cifar10" / "train.py"
     common = ["--data", "digits", "--image-size", "8", "--steps", "2", "--run-dir", str(tmp_path / "r"), "--quiet",
               "--eval-every", "0"]
-    first = subprocess.run([sys.executable, str(train_py), *common, "--global-batch", "16"], env=_env(),
+    first = subprocess.run([sys.executable, str(train_py), *common, "--global-batch", "16"], env=outside_env(OMP_NUM_THREADS="1"),
                            capture_output=True, text=True, timeout=120)
     assert first.returncode == 0, first.stdout + first.stderr
     again = subprocess.run([sys.executable, str(train_py), *common, "--global-batch", "32", "--steps", "4"],
-                           env=_env(), capture_output=True, text=True, timeout=120)
+                           env=outside_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=120)
     assert again.returncode == 2, again.stdout + again.stderr
     assert "Traceback" not in again.stderr
     assert "saved at global batch 16 after 32 samples" in again.stderr and "uses global batch 32" in again.stderr

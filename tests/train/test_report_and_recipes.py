@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,16 +9,10 @@ from pathlib import Path
 import pytest
 
 from podrun.cli.main import main as podrun_main
+from tests.train.train_procs import outside_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
-
-def _env():
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PODRUN_", "SLURM_", "OMPI_", "PMI_", "POPDIST_"))
-           and k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    env["OMP_NUM_THREADS"] = "1"
-    return env
 
 
 @pytest.mark.timeout(120)
@@ -29,7 +22,8 @@ def test_every_recipe_train_py_runs_and_report_draws_it(tmp_path, capsys):
         args = ["--data", "synthetic", "--image-size", "32", "--global-batch", "2", "--steps", "2",
                 "--synthetic-size", "8", "--run-dir", str(tmp_path / recipe), "--quiet"]
         procs[recipe] = subprocess.Popen([sys.executable, str(ROOT / "recipes" / recipe / "train.py"), *args],
-                                         env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                         env=outside_env(OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, text=True)
     for recipe, p in procs.items():
         out, _ = p.communicate(timeout=110)
         assert p.returncode == 0, f"{recipe}/train.py exited {p.returncode}:\n{out[-3000:]}"
@@ -65,6 +59,6 @@ def test_report_errors(tmp_path, capsys):
 def test_bad_data_path_is_one_paragraph_exit_2(tmp_path):
     out = subprocess.run([sys.executable, str(ROOT / "recipes" / "resnet18_cifar10" / "train.py"),
                           "--data", str(tmp_path / "missing"), "--run-dir", str(tmp_path / "r")],
-                         env=_env(), capture_output=True, text=True, timeout=60)
+                         env=outside_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "dataset path does not exist" in out.stderr and "Traceback" not in out.stderr

@@ -3,7 +3,6 @@ metrics.jsonl with non-UTF-8 bytes or broken lines (skipped and counted, never a
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,17 +11,12 @@ import pytest
 
 from podrun.train.metrics import MetricsWriter
 from tests.ports import free_port
+from tests.train.train_procs import outside_env
 
-
-def _env():
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PODRUN_", "SLURM_", "OMPI_", "PMI_", "POPDIST_"))
-           and k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    return env
 
 
 def _podrun(*args, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "podrun", *args], env=_env(), cwd=cwd, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "podrun", *args], env=outside_env(), cwd=cwd, capture_output=True,
                           text=True, timeout=120)
 
 

@@ -14,7 +14,7 @@ import torch
 
 from podrun.train import checkpoint as ckpt
 from podrun.train.metrics import latest_by_step, read_metrics
-from tests.train.train_procs import start_workers, wait_all
+from tests.train.train_procs import start_workers, wait_all, wait_for_step
 
 STEPS = 40
 
@@ -25,26 +25,12 @@ def _opts(run_dir):
                 seed=3, eval_every=1, console=False, checkpoint_every=5, run_dir=str(run_dir))
 
 
-def _wait_for_step(run_dir, step: int, procs, timeout: float = 90) -> int:
-    deadline = time.time() + timeout
-    path = run_dir / "metrics.jsonl"
-    while time.time() < deadline:
-        if path.exists():
-            done = [r["step"] for r in read_metrics(run_dir) if r.get("kind") == "step"]
-            if done and max(done) >= step:
-                return max(done)
-        for p in procs:
-            assert p.poll() is None, f"a worker ended before step {step}:\n{p.communicate()[0][-2000:]}"
-        time.sleep(0.01)
-    raise AssertionError(f"step {step} not reached in {timeout}s")
-
-
 @pytest.mark.timeout(240)
 def test_kill9_mid_training_then_resume_continues_the_curve(tmp_path):
     ref_dir, run_dir = tmp_path / "uninterrupted", tmp_path / "killed"
     ref = start_workers(2, _opts(ref_dir))
     victim = start_workers(2, _opts(run_dir))
-    seen = _wait_for_step(run_dir, 12, victim)
+    seen = wait_for_step(run_dir, 12, victim)
     for p in victim:
         p.send_signal(signal.SIGKILL)
     for p in victim:
@@ -144,7 +130,7 @@ def test_podrun_launch_max_restarts_resumes_from_the_checkpoint(tmp_path):
          *train_args], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     run_dir = tmp_path / "runs" / "mr"
     try:
-        _wait_for_step(run_dir, 12, [launcher], timeout=120)
+        wait_for_step(run_dir, 12, [launcher], timeout=120)
         pids = _workers_with(seed)
         assert len(pids) == 2, pids
         os.kill(int(pids[-1]), signal.SIGKILL)

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from tests.ports import free_port
@@ -12,11 +13,19 @@ from tests.ports import free_port
 WORKER = Path(__file__).with_name("worker.py")
 
 
+LAUNCHER_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def outside_env(**extra: str) -> dict:
+    """This test's environment without what any launcher sets (podrun, Slurm, MPI, PopDist, torchrun)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PODRUN_", "SLURM_", "OMPI_", "PMI_", "POPDIST_")) and k not in LAUNCHER_NAMES}
+    env.update(extra)
+    return env
+
+
 def worker_env(rank: int, world: int, port: int, extra: dict | None = None) -> dict:
-    env = dict(os.environ)
-    for k in list(env):
-        if k.startswith(("PODRUN_", "SLURM_", "OMPI_", "PMI_")) or k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
-            env.pop(k)
+    env = outside_env()
     env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
                GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
                PYTHONUNBUFFERED="1")
@@ -52,3 +61,19 @@ def wait_all(procs: list[subprocess.Popen], timeout: float = 120) -> list[str]:
 def run_workers(world: int, opts: dict, timeout: float = 120, **kw) -> list[str]:
     return wait_all(start_workers(world, opts, **kw), timeout)
 
+
+
+def wait_for_step(run_dir: Path, step: int, procs: list[subprocess.Popen], timeout: float = 120) -> int:
+    """The highest step in ``run_dir``'s metrics once it is >= ``step``; fails if a worker ends first."""
+    from podrun.train.metrics import read_metrics
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if (run_dir / "metrics.jsonl").exists():
+            done = [r["step"] for r in read_metrics(run_dir) if r.get("kind") == "step"]
+            if done and max(done) >= step:
+                return max(done)
+        for p in procs:
+            assert p.poll() is None, f"a worker ended before step {step}:\n{p.communicate()[0][-2000:]}"
+        time.sleep(0.01)
+    raise AssertionError(f"step {step} not reached in {timeout}s")

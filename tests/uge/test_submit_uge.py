@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.engines.conftest import ALLREDUCE, results
+from tests.engines.conftest import ALLREDUCE, assert_allreduce_job_done, only_run_dir, results
 
 pytestmark = [pytest.mark.uge, pytest.mark.cluster]
 
@@ -37,11 +37,6 @@ def submit_args(ge, tmp_path, *extra):
     if os.environ.get("PYTHONPATH"):      # a checkout tested beside the installed podrun: the job imports it too
         args += ["--env", f"PYTHONPATH={os.environ['PYTHONPATH']}"]
     return args + list(extra)
-
-
-def only_run_dir(runs: Path) -> Path:
-    (d,) = [p for p in runs.iterdir() if p.is_dir()]
-    return d
 
 
 def job_output(run_dir: Path, stream: str) -> str:
@@ -70,14 +65,7 @@ def test_submit_three_hosts_allreduce_through_pe_hostfile(uge_cluster, tmp_path)
     res = sorted(results(job_output(run_dir, "o")), key=lambda r: r["rank"])
     assert sorted(r["host"] for r in res) == ge.nodes, job_output(run_dir, "o") + job_output(run_dir, "e")
     assert res[0]["host"] == acct["hostname"]           # rank 0 on the job's first host (the master task)
-    assert all(r["sum"] == 6.0 and r["world"] == 3 for r in res)
-    assert all(r["env"]["PODRUN_RUN_DIR"] == str(run_dir) for r in res)   # the job's run is the submit's run
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["exit_code"] == 0 and summary["transport"] == "ssh"
-    st = podrun(ge, ["status", str(run_dir), "--json"], tmp_path)
-    assert st.returncode == 0, st.stderr
-    info = json.loads(st.stdout)
-    assert info["state"] == "COMPLETED" and info["exit_code"] == 0 and info["summary"]["status"] == "ok"
+    assert_allreduce_job_done(run_dir, res, "ssh", podrun(ge, ["status", str(run_dir), "--json"], tmp_path))
 
 
 @pytest.mark.timeout(180)
