@@ -74,6 +74,12 @@ class LaunchRequest:
     listen_fd: int | None = None        # the controller's socket on master_port, for a local rank 0 agent to serve on
     preflight: bool = True              # check every host before anything starts (False: --no-preflight)
     straggler_timeout: float | None = None  # seconds the others get after a worker exits 0 (None: no bound)
+    replanned: bool = False             # an elastic re-plan made this attempt's hosts (podrun.launch.elastic)
+
+    def checks_hosts(self) -> bool:
+        """Whether this attempt checks its hosts before any worker starts: the first attempt, and every
+        attempt on a re-planned set of hosts (a spare is first contacted there); never with --no-preflight."""
+        return self.preflight and (self.restart_count == 0 or self.replanned)
 
     def instance(self, index: int) -> InstanceLaunch:
         return self.instances[index]

@@ -96,9 +96,13 @@ def hold_port(request: LaunchRequest):
 
 
 def _preflight_failed(req: LaunchRequest, problems, notice,
-                      hint: str = "fix the hosts above, or pass --no-preflight to skip these checks") -> PreflightError:
+                      hint: str = "fix the hosts above, or pass --no-preflight to skip these checks",
+                      earlier: dict | None = None) -> PreflightError:
+    """The error for a failed check, after writing summary.json (with ``earlier``: the attempts before it and
+    the elastic record, when a restart's check failed)."""
     _record(write_summary, notice, req.run_dir, {"run_id": req.run_id, "exit_code": 2, "status": "preflight_failed",
-                                                 "transport": req.transport, "problems": [str(p) for p in problems]})
+                                                 "transport": req.transport, "problems": [str(p) for p in problems],
+                                                 **(earlier or {})})
     hosts = sorted({p.host for p in problems})
     return PreflightError(f"preflight failed on {len(hosts)} host(s), nothing was started:\n"
                           + "\n".join(f"  - {p}" for p in problems), hint=hint)
@@ -161,9 +165,10 @@ def _attempts(cls, req: LaunchRequest, *, sink, notice, only_output_from, elasti
 
     attempts: list[dict] = []
     base_port = req.master_port
+    outcome, summary = None, {}
     while True:
         transport = cls(req)
-        if req.preflight and req.restart_count == 0:
+        if req.checks_hosts():
             try:
                 problems = transport.preflight()
             except BaseException:
@@ -171,7 +176,20 @@ def _attempts(cls, req: LaunchRequest, *, sink, notice, only_output_from, elasti
                 raise
             if problems:
                 transport.close()
-                raise _preflight_failed(req, problems, notice)
+                bad = tuple(dict.fromkeys(p.host for p in problems if p.host in req.plan.hosts))
+                if outcome is None or elastic is None or req.transport == "local" or not bad:
+                    # the first attempt, or problems of this machine's (local) rather than of a host's
+                    raise _preflight_failed(req, problems, notice, earlier=None if outcome is None else {
+                        "attempts": attempts, **({} if record is None else {"elastic": record})})
+                # a re-planned attempt: hosts that fail the check (a spare that is down) go as a lost host
+                # does, and the run re-plans again without them; nothing has started
+                nxt_req = _replan(elastic, record, req, summary, outcome, req.restart_count, notice,
+                                  failed=bad, problems=problems)
+                _record(write_summary, notice, req.run_dir, summary)
+                if nxt_req is None:
+                    return outcome, summary
+                req = nxt_req
+                continue
         try:
             _before_start(req.run_dir, write_launch_files, req, transport.describe(redact=True))
         except BaseException:
@@ -215,23 +233,33 @@ def _attempts(cls, req: LaunchRequest, *, sink, notice, only_output_from, elasti
 
 
 def _replan(policy, record: dict, req: LaunchRequest, summary: dict, outcome: Outcome, nxt: int,
-            notice) -> LaunchRequest | None:
+            notice, failed: tuple[str, ...] | None = None, problems=()) -> LaunchRequest | None:
     """The elastic restart step: decide the next plan, record it, write plan-<n>.json and plan.json, and
-    return the next request (None: no plan keeps the global batch; the record says why)."""
+    return the next request (None: no plan keeps the global batch; the record says why).
+
+    ``failed`` and ``problems``: the hosts of a re-planned attempt that failed its check before it started
+    (and why); they are dropped from ``req.plan`` as a lost host is, timed from the same loss.
+    """
     from podrun.launch.elastic import decomposition, describe, failed_hosts, last_step, next_plan
 
-    failed = failed_hosts(summary["instances"], summary["root_cause"])
+    if failed is None:
+        failed = failed_hosts(summary["instances"], summary["root_cause"])
+        lost_at = outcome.root_cause.at if outcome.root_cause is not None else outcome.ended
+        cause = outcome.root_cause.reason if outcome.root_cause is not None else None
+    else:
+        lost_at = record["replans"][-1]["lost_at"]
+        cause = "; ".join(p.message for p in problems)
     step, _ = last_step(req.run_dir)
     decision = next_plan(policy, req.plan, failed, tuple(record["spares"]))
-    lost_at = outcome.root_cause.at if outcome.root_cause is not None else outcome.ended
     record["replans"].append({
         "restart": nxt, "hosts_lost": list(decision.hosts_lost), "spares_used": list(decision.spares_used),
         "at_step": step, "lost_at": lost_at, "old": decomposition(req.plan),
         "new": decomposition(decision.plan) if decision.plan is not None else None,
         "skipped": [{"hosts": n, "reason": r} for n, r in decision.skipped],
+        "preflight": [str(p) for p in problems],
         "restarted_after_s": None, "training_after_s": None,
     })
-    notice(describe(decision, req.plan, step, outcome.root_cause.reason if outcome.root_cause is not None else None))
+    notice(describe(decision, req.plan, step, cause))
     if decision.plan is None:
         record["end"] = decision.reason
         return None
@@ -241,7 +269,7 @@ def _replan(policy, record: dict, req: LaunchRequest, summary: dict, outcome: Ou
     plan = decision.plan
     master = plan.placement[0].host if req.master_addr == req.plan.placement[0].host else req.master_addr
     return replace(req, plan=plan, instances=tuple(InstanceLaunch(p.index, p.host) for p in plan.placement),
-                   master_addr=master)
+                   master_addr=master, replanned=True)
 
 
 def _elastic_timings(record: dict, restart_count: int, run_dir: str, outcome: Outcome) -> None:

@@ -122,3 +122,31 @@ def test_loss_below_min_ends_the_run_with_its_root_cause(make_ssh_hosts, tmp_pat
     s = summary(tmp_path / "runs")
     assert s["exit_code"] == 255 and s["root_cause"]["host"] == "h2" and len(s["attempts"]) == 1
     assert s["elastic"]["end"] == "2 host(s) left after losing h2, fewer than the elastic minimum 3"
+
+
+def test_a_spare_that_cannot_be_reached_is_dropped_and_the_run_goes_on(make_ssh_hosts, tmp_path):
+    """The re-planned attempt checks its hosts first: spare h4 (sshd gone) fails that check, so it is dropped
+    as a lost host is and the run re-plans again, 3 -> 2 hosts at the same global batch, with no restart spent."""
+    hosts = make_ssh_hosts(4)
+    hosts.stop_sshd("h4")
+    m = marker()
+    cmd = ["sh", "-c", f'echo "up $RANK of $WORLD_SIZE"; sleep 3 # {m}']
+    p = podrun_popen(*launch_args(hosts, hosts.hosts[:3], tmp_path, "runs", "--global-batch", "12", "--elastic", "2",
+                                  "--spare-hosts", "h4", "--max-restarts", "1"), "--", *cmd)
+    err = cut_when_up(p, hosts, "h2", instances=3, timeout=120)
+    assert p.returncode == 0, err
+    said = [line for line in err.splitlines() if "elastic:" in line]
+    assert len(said) == 2, err
+    assert "dropping h2 (host h2 lost" in said[0] and "spare h4 in its place; re-planned 3 -> 3 hosts" in said[0], err
+    assert said[1].startswith("podrun: elastic: dropping h4 (unreachable: cannot connect to"), err
+    assert "re-planned 3 -> 2 hosts: 1 x 3 x GA 4 -> 1 x 2 x GA 6 = global batch 12" in said[1], err
+    s = summary(tmp_path / "runs")
+    assert s["exit_code"] == 0 and [x["host"] for x in s["instances"]] == ["h1", "h3"]
+    assert len(s["attempts"]) == 2                         # the failed check started nothing and spent no restart
+    rp = s["elastic"]["replans"]
+    assert [r["hosts_lost"] for r in rp] == [["h2"], ["h4"]] and [r["restart"] for r in rp] == [1, 1]
+    assert rp[0]["preflight"] == [] and len(rp[1]["preflight"]) == 1 and rp[1]["preflight"][0].startswith("h4: ")
+    assert rp[1]["old"]["hosts"] == ["h1", "h4", "h3"] and rp[1]["new"]["hosts"] == ["h1", "h3"]
+    assert rp[1]["lost_at"] == rp[0]["lost_at"] and rp[1]["restarted_after_s"] > 0   # timed from h2's loss
+    plan = json.loads((run_dir(tmp_path / "runs") / "plan-1.json").read_text())
+    assert plan["hosts"] == ["h1", "h3"] and plan["global_batch"] == 12

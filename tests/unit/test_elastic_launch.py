@@ -163,3 +163,19 @@ def test_launch_refuses_before_starting_anything(args, needle):
     r = subprocess.run([sys.executable, "-m", "podrun", "launch", *args, "--", "true"], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_replanned_attempt_checks_its_hosts_again(tmp_path):
+    """Preflight runs on the first attempt and on every re-planned one (spares are first contacted there),
+    not on a plain restart of the same hosts, and never with --no-preflight."""
+    from dataclasses import replace
+
+    from podrun.cli.options import resolve_plan
+    from podrun.launch.run import build_request
+
+    plan = resolve_plan(None, hosts_opt="localhost", devices_per_host=1, environ={})[0]
+    req = build_request(plan, ["true"], transport="local", runs_dir=str(tmp_path))
+    assert req.checks_hosts() and not req.for_restart(1, 0).checks_hosts()
+    assert replace(req, replanned=True).for_restart(2, 0).checks_hosts()
+    assert not replace(req, replanned=True, preflight=False).for_restart(1, 0).checks_hosts()
+    assert not replace(req, preflight=False).checks_hosts()

@@ -252,7 +252,7 @@ class SSHTransport(Transport):
     # every host has passed does start() tell them to go. A failure anywhere closes every held agent
     # before any worker exists. This spares a second remote python start and round trip per host.
     def holds(self) -> bool:
-        return self.request.preflight and self.request.restart_count == 0
+        return self.request.checks_hosts()
 
     def _check_exit(self, host: str, rc: int | None, err: str) -> Problem:
         """Why an agent ended before reporting its facts."""
