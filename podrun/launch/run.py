@@ -177,7 +177,7 @@ def _attempts(cls, req: LaunchRequest, *, sink, notice, only_output_from, elasti
             if problems:
                 transport.close()
                 bad = tuple(dict.fromkeys(p.host for p in problems if p.host in req.plan.hosts))
-                if outcome is None or elastic is None or req.transport == "local" or not bad:
+                if outcome is None or req.transport == "local" or not bad:   # else re-planned: elastic is set
                     # the first attempt, or problems of this machine's (local) rather than of a host's
                     raise _preflight_failed(req, problems, notice, earlier=None if outcome is None else {
                         "attempts": attempts, **({} if record is None else {"elastic": record})})

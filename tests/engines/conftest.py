@@ -29,12 +29,6 @@ def results(text: str) -> list[dict]:
     return out
 
 
-def only_run_dir(runs: Path) -> Path:
-    """The one run directory under ``runs``."""
-    (d,) = [p for p in runs.iterdir() if p.is_dir()]
-    return d
-
-
 def assert_allreduce_job_done(run_dir: Path, res: list[dict], transport: str,
                               status: subprocess.CompletedProcess) -> None:
     """A submitted 3-rank ALLREDUCE job finished well: every rank summed 6 in a world of 3 inside the submit's

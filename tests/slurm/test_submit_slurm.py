@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.engines.conftest import ALLREDUCE, assert_allreduce_job_done, only_run_dir, results
+from tests.engines.conftest import ALLREDUCE, assert_allreduce_job_done, results
+from tests.launch.helpers import run_dir as only_run_dir      # these tests name their run dir run_dir
 
 pytestmark = [pytest.mark.slurm, pytest.mark.cluster]
 
