@@ -13,6 +13,7 @@ the same sequence of global batches.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import pickle
 import queue
@@ -356,23 +357,28 @@ class Loader:
         stop = threading.Event()
         END = object()
 
+        def offer(item) -> bool:
+            """Put item unless the consumer has stopped (then False): a full queue never blocks the thread."""
+            while not stop.is_set():
+                try:
+                    q.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
         def work():
             try:
                 for item in self._produce():
-                    while not stop.is_set():
-                        try:
-                            q.put(item, timeout=0.1)
-                            break
-                        except queue.Full:
-                            continue
-                    if stop.is_set():
+                    if not offer(item):
                         return
-                q.put(END)
+                offer(END)
             except BaseException as exc:  # surfaced in the consumer
-                q.put(exc)
+                offer(exc)
 
         t = threading.Thread(target=work, name="podrun-prefetch", daemon=True)
         t.start()
+        _PREFETCHERS[t] = stop
         try:
             while True:
                 item = q.get()
@@ -382,7 +388,23 @@ class Loader:
                     raise item
                 yield item
         finally:
+            # joined, not left running: a daemon thread still inside torch when the interpreter exits
+            # aborts the process ("terminate called without an active exception", exit -6)
             stop.set()
+            t.join()
+            _PREFETCHERS.pop(t, None)
+
+
+# prefetch threads still running -> their stop events; an iterator kept alive by a traceback until the
+# interpreter exits is stopped here, before finalisation, for the same reason as in Loader.__iter__
+_PREFETCHERS: dict[threading.Thread, threading.Event] = {}
+
+
+@atexit.register
+def _stop_prefetchers() -> None:
+    for t, stop in list(_PREFETCHERS.items()):
+        stop.set()
+        t.join()
 
 
 def eval_batches(dataset: ImageDataset, batch: int, rank: int, world: int):

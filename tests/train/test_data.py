@@ -121,3 +121,54 @@ def test_loader_prefetch_resumes_mid_epoch():
     late = [(e, s, m[0][1].tolist()) for e, s, m in Loader(train, shard, seed=1, start_epoch=1, start_step=2, epochs=2)]
     assert [(e, s) for e, s, _ in full][:7] == [(0, 0), (0, 1), (0, 2), (0, 3), (0, 4), (0, 5), (1, 0)]
     assert late == full[8:]
+
+
+class _SlowSplit:
+    """A split whose batches take a while: the prefetch thread is busy producing when the consumer stops."""
+
+    def __init__(self, n: int, seconds: float):
+        self.n, self.seconds = n, seconds
+
+    def __len__(self):
+        return self.n
+
+    def batch(self, ix, epoch, train=True):
+        import time
+
+        time.sleep(self.seconds)
+        return torch.zeros(len(ix), 3, 2, 2, dtype=torch.uint8), torch.zeros(len(ix), dtype=torch.long)
+
+
+def _prefetchers():
+    import threading
+
+    return [t for t in threading.enumerate() if t.name == "podrun-prefetch"]
+
+
+@pytest.mark.parametrize("taken", [0, 1, 3])
+def test_a_closed_loader_leaves_no_prefetch_thread_running(taken):
+    """The prefetch thread is joined when the loader's iterator is closed, even while it is producing a batch
+    or waiting on a full queue. Left running, a daemon thread inside torch when the interpreter exits aborted
+    the worker after its last step ("terminate called without an active exception", exit -6)."""
+    assert _prefetchers() == []
+    shard = Shard(local_batch=1, grad_accum=1, replicas=1, replica_offset=0, local_replicas=1)
+    it = iter(Loader(_SlowSplit(64, 0.3), shard, seed=0, prefetch=1))
+    for _ in range(taken + 1):
+        next(it)
+    it.close()
+    assert _prefetchers() == [], "the prefetch thread outlived its loader"
+
+
+def test_a_loader_still_held_at_exit_is_stopped_before_the_interpreter_finalises():
+    """An iterator kept alive past its loop (by a traceback, or a variable until exit) is stopped by the
+    atexit hook that runs before finalisation."""
+    from podrun.train import data
+
+    shard = Shard(local_batch=1, grad_accum=1, replicas=1, replica_offset=0, local_replicas=1)
+    it = iter(Loader(_SlowSplit(64, 0.3), shard, seed=0, prefetch=1))
+    next(it)
+    assert len(_prefetchers()) == 1
+    data._stop_prefetchers()
+    assert _prefetchers() == [], "the atexit hook left the prefetch thread running"
+    it.close()
+    assert data._PREFETCHERS == {}
