@@ -106,6 +106,10 @@ def newest_run(runs_dir: str | Path) -> Path:
     return d / best[1]
 
 
+def _count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def pointers(run_dir: str | Path) -> str:
     """The run's last console line's tail: where the kept checkpoints are (from the run's end record, when
     it trained) and the command that reports it."""
@@ -115,13 +119,14 @@ def pointers(run_dir: str | Path) -> str:
     end = end_record(run_dir) or {}
     names, where = end.get("checkpoints"), end.get("checkpoint_dir")
     if isinstance(names, list) and isinstance(where, str):
-        keep = end.get("keep_checkpoints")
+        keep, size = end.get("keep_checkpoints"), end.get("checkpoint_bytes")
+        why = [f"{size / 1e6:.1f} MB"] if _count(size) and names else []
+        why += [f"--keep-checkpoints {keep}"] if _count(keep) else []
+        why_s = f" ({', '.join(why)})" if why else ""
         if names:
-            size = end.get("checkpoint_bytes")
-            mb = f"{size / 1e6:.1f} MB, " if isinstance(size, int) and not isinstance(size, bool) else ""
-            out.append(f"{len(names)} checkpoint(s) ({mb}--keep-checkpoints {keep}) in {where}: {', '.join(names)}")
+            out.append(f"{len(names)} checkpoint(s){why_s} in {where}: {', '.join(map(str, names))}")
         else:
-            out.append(f"no checkpoint kept (--keep-checkpoints {keep})")
+            out.append(f"no checkpoint kept{why_s}")
     out.append(f"report: podrun report {shlex.quote(str(run_dir))}")
     return "; ".join(out)
 

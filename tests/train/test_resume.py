@@ -114,12 +114,13 @@ def _workers_with(seed: str) -> list[int]:
 @pytest.mark.timeout(240)
 def test_podrun_launch_max_restarts_resumes_from_the_checkpoint(tmp_path):
     """podrun launch --max-restarts 1: kill -9 one worker mid-run; the launcher restarts the run and
-    train.py resumes from the newest checkpoint under the same run directory and finishes."""
+    train.py resumes from the newest checkpoint under the same run directory and finishes. Under
+    --keep-checkpoints 1 the one checkpoint left is always the newest, so the resume finds it."""
     from pathlib import Path
 
     seed = str(40000 + os.getpid() % 10000)   # marks this test's workers for pgrep
     train_args = ["--data", "digits", "--image-size", "8", "--steps", "40", "--checkpoint-every", "5",
-                  "--seed", seed, "--quiet"]
+                  "--keep-checkpoints", "1", "--seed", seed, "--quiet"]
     root = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PODRUN_", "SLURM_", "OMPI_", "PMI_")) and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
@@ -145,3 +146,5 @@ def test_podrun_launch_max_restarts_resumes_from_the_checkpoint(tmp_path):
     assert len(resume) == 1 and resume[0]["step"] >= 10 and resume[0]["step"] % 5 == 0, out[-2000:]
     assert [r["step"] for r in latest_by_step(records, "step")] == list(range(1, 41))
     assert [r for r in records if r.get("event") == "end"][-1]["step"] == 40
+    assert [p.name for p in ckpt.list_checkpoints(run_dir / "checkpoints")] == ["ckpt-000000040.pt"]
+    assert out.strip().splitlines()[-1].endswith(f"ckpt-000000040.pt; report: podrun report {run_dir}"), out[-1000:]
