@@ -1,4 +1,5 @@
-"""Metrics: JSON lines per step and per epoch in the run directory, a short live console line, and reading them back."""
+"""Metrics: JSON lines per step and per epoch in the run directory, a short live console line, and the one reader
+of them (torch-free: the launcher's elastic scan, its last line and podrun report read through it)."""
 from __future__ import annotations
 
 import json
@@ -69,12 +70,42 @@ def read_metrics_counted(run_dir: str | os.PathLike) -> tuple[list[dict[str, Any
     """(records, lines skipped): a line that is not UTF-8, not a JSON object, or a record whose fields have the
     wrong types (see ``well_formed``) is skipped and counted, never raised."""
     out, skipped = [], 0
-    for record in iter_metrics(run_dir):
-        if record is not None and well_formed(record):
+    for record in iter_records(run_dir):
+        if record is not None:
             out.append(record)
         else:
             skipped += 1
     return out, skipped
+
+
+def iter_records(run_dir: str | os.PathLike) -> Iterator[dict[str, Any] | None]:
+    """The run's records one at a time, None for a line a reader must skip (not UTF-8, not a JSON object, or
+    not ``well_formed``). OSError if the file cannot be opened."""
+    for record in iter_metrics(run_dir):
+        yield record if record is not None and well_formed(record) else None
+
+
+def step_times(run_dir: str | os.PathLike) -> Iterator[tuple[int, float]]:
+    """(step, wall time) of each readable training step record, in file order; none when there is no file."""
+    try:
+        for r in iter_records(run_dir):
+            if r is not None and r["kind"] == "step" and "time" in r:
+                yield r["step"], float(r["time"])
+    except OSError:
+        return
+
+
+def end_record(run_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """The last readable ``run``/``end`` record (where the kept checkpoints are, among others); None when the
+    run wrote none or has no metrics file."""
+    found = None
+    try:
+        for r in iter_records(run_dir):
+            if r is not None and r["kind"] == "run" and r["event"] == "end":
+                found = r
+    except OSError:
+        return None
+    return found
 
 
 def iter_metrics(run_dir: str | os.PathLike) -> Iterator[dict[str, Any] | None]:
@@ -111,9 +142,11 @@ _FIELDS = {      # the numeric fields a reader relies on, per kind
 
 
 def well_formed(r: dict[str, Any]) -> bool:
-    """A record a reader can use: ``kind`` a string; for the known kinds, numeric fields numbers and ``step`` an
-    integer (records of other kinds are kept for their readers)."""
+    """A record a reader can use: ``kind`` a string, ``time`` (when given) a number; for the known kinds, numeric
+    fields numbers and ``step`` an integer (records of other kinds are kept for their readers)."""
     kind = r.get("kind")
+    if "time" in r and not _number(r["time"]):
+        return False
     if kind == "run":
         return isinstance(r.get("event"), str) and ("step" not in r or _integer(r["step"]))
     if kind not in _FIELDS:
