@@ -261,7 +261,7 @@ def figure(records: list[dict], title: str = "", replanned: list[dict] = ()):
     """The curves as a matplotlib Figure (Agg): loss, accuracy, images/s.
 
     Loss: the y axis fits the training curve; an evaluation loss above it (an early, untrained one) is drawn
-    at the top edge as a triangle with its value. Images/s: the warm-up steps are left out, and the per
+    at the top edge as a triangle with its value, and the evaluation line is broken there. Images/s: the warm-up steps are left out, and the per
     instance line is drawn only when it differs from the total (more than one instance)."""
     import matplotlib
 
@@ -277,11 +277,12 @@ def figure(records: list[dict], title: str = "", replanned: list[dict] = ()):
     if evals:
         top = max(losses) * 1.1
         ex, ev = [r["step"] for r in evals], [r["val_loss"] for r in evals]
-        ax[0].plot(ex, [min(v, top) for v in ev], "o-", color="tab:orange", label="val loss")
+        ax[0].plot(ex, [v if v <= top else float("nan") for v in ev], "o-", color="tab:orange", label="val loss")
         over = [(x, v) for x, v in zip(ex, ev) if v > top]
-        if over:
+        if over:                      # off the axis: a triangle on the top edge, the line broken there
             ax[0].set_ylim(top=top)
-            ax[0].plot([x for x, _ in over], [top] * len(over), "^", color="tab:orange", ms=9, clip_on=False)
+            ax[0].plot([x for x, _ in over], [top] * len(over), "^", color="tab:orange", ms=9, clip_on=False,
+                       label="_val loss off the axis")
             for x, v in over:
                 ax[0].annotate(f"val loss {v:.2f} (off the axis)", (x, top), xytext=(8, -2),
                                textcoords="offset points", va="top", fontsize=8, color="tab:orange")

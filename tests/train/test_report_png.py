@@ -3,6 +3,8 @@ for one instance, a training loss curve not squashed by an early evaluation loss
 leaves out the warm-up steps."""
 from __future__ import annotations
 
+import math
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -66,7 +68,9 @@ def test_first_eval_loss_does_not_squash_the_training_curve(drawn):
     texts = [t.get_text() for t in loss.texts]
     assert any(f"{FIRST_VAL_LOSS:.2f}" in t for t in texts), texts   # the clipped value is written out
     val = next(ln for ln in loss.get_lines() if ln.get_label() == "val loss")
-    assert max(val.get_ydata()) <= top and list(val.get_xdata()) == [20, 40]
+    assert list(val.get_xdata()) == [20, 40] and math.isnan(val.get_ydata()[0]) and val.get_ydata()[1] == 0.05
+    edge = next(ln for ln in loss.get_lines() if ln.get_marker() == "^")   # the off-axis value on the top edge
+    assert list(edge.get_xdata()) == [20] and list(edge.get_ydata()) == [top]
 
 
 def test_throughput_axis_leaves_out_the_warm_up_steps(drawn):
