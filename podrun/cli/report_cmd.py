@@ -27,7 +27,8 @@ def report(run_dir: str | None, runs_dir: str, as_json: bool, output: str | None
     notes = list(run.problems)
     if run.skipped:
         notes.append(f"skipped {run.skipped} unreadable line(s) of {run.metrics_file} "
-                     "(not UTF-8, not JSON, or fields of the wrong type)")
+                     "(not UTF-8, not JSON, fields of the wrong type, or a record without the fields the "
+                     "report draws)")
     if not run.trained:
         if run.metrics_file is not None:
             notes.append(f"{run.metrics_file} records no training step")

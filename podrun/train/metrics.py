@@ -134,16 +134,19 @@ def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-_FIELDS = {      # the numeric fields a reader relies on, per kind
+_FIELDS = {      # the numeric fields the runner writes, per kind (``step`` an integer)
     "step": ("step", "epoch", "loss", "accuracy", "images_per_sec"),
     "eval": ("step", "val_loss", "val_accuracy"),
     "epoch": ("step", "epoch"),
 }
+_OPTIONAL = ("images_per_sec_instance", "step_seconds", "seconds", "lr")   # numbers too, when present
 
 
 def well_formed(r: dict[str, Any]) -> bool:
-    """A record a reader can use: ``kind`` a string, ``time`` (when given) a number; for the known kinds, numeric
-    fields numbers and ``step`` an integer (records of other kinds are kept for their readers)."""
+    """A record a reader can use: ``kind`` a string, ``time`` (when given) a number; for the known kinds
+    ``step`` an integer and every numeric field that is present a number (records of other kinds are kept for
+    their readers). A script's own minimal step records (``step`` and ``time``) are well formed; ``complete``
+    says whether a record has every field the runner writes."""
     kind = r.get("kind")
     if "time" in r and not _number(r["time"]):
         return False
@@ -151,8 +154,12 @@ def well_formed(r: dict[str, Any]) -> bool:
         return isinstance(r.get("event"), str) and ("step" not in r or _integer(r["step"]))
     if kind not in _FIELDS:
         return isinstance(kind, str)
-    return all(_number(r.get(k)) for k in _FIELDS[kind]) and _integer(r["step"]) and \
-        all(_number(r[k]) for k in ("images_per_sec_instance", "step_seconds") if k in r)
+    return _integer(r.get("step")) and all(_number(r[k]) for k in (*_FIELDS[kind], *_OPTIONAL) if k in r)
+
+
+def complete(r: dict[str, Any]) -> bool:
+    """A well-formed record with every field the runner writes for its kind (what the report's curves need)."""
+    return all(k in r for k in _FIELDS.get(r.get("kind"), ()))
 
 
 def latest_by_step(records: Iterable[dict], kind: str) -> list[dict]:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from podrun.errors import PodrunError
-from podrun.train.metrics import METRICS_FILE, end_record, latest_by_step, read_metrics_counted
+from podrun.train.metrics import METRICS_FILE, complete, end_record, latest_by_step, read_metrics_counted
 
 SUMMARY_FILE = "summary.json"      # written by podrun launch / submit (podrun.launch.rundir)
 PLAN_FILE = "plan.json"
@@ -21,7 +21,7 @@ class RunRecord:
 
     path: Path                                        # the run directory
     records: list[dict] = field(default_factory=list)  # metrics.jsonl's readable records
-    skipped: int = 0                                  # metrics.jsonl lines that could not be read
+    skipped: int = 0                                  # metrics.jsonl lines unreadable or without the fields drawn
     metrics_file: Path | None = None                  # None: the run has no metrics.jsonl
     launch: dict | None = None                        # summary.json
     plan: dict | None = None                          # plan.json
@@ -57,9 +57,11 @@ def read_run(run_dir: str | Path) -> RunRecord:
     if f.is_file():
         run.metrics_file = f
         try:
-            run.records, run.skipped = read_metrics_counted(f)
+            records, run.skipped = read_metrics_counted(f)
         except OSError as exc:
             raise PodrunError(f"{f}: cannot be read ({exc.strerror or exc})") from None
+        run.records = [r for r in records if complete(r)]       # the curves need every field the runner writes
+        run.skipped += len(records) - len(run.records)
     if not p.is_file():
         run.launch = _read_json(base / SUMMARY_FILE, run.problems)
         run.plan = _read_json(base / PLAN_FILE, run.problems)
@@ -73,7 +75,7 @@ def read_run(run_dir: str | Path) -> RunRecord:
                  "podrun launch; did the run start?")
     if run.skipped:
         raise PodrunError(f"{f}: none of its lines could be read ({run.skipped} skipped: not UTF-8, not JSON, "
-                          "or fields of the wrong type), and no training step is left to report",
+                          "fields of the wrong type, or records without the fields the report draws), and no training step is left to report",
                           hint="the file is damaged; the checkpoints, if any, are not affected")
     raise PodrunError(f"{f}: no training steps recorded yet")
 

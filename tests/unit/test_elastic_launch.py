@@ -126,11 +126,9 @@ def test_failed_hosts_prefers_lost_instances_over_the_root_cause():
 
 
 def test_steps_from_metrics(tmp_path):
-    def step(n: int, t: float) -> dict:       # a step record with the fields the runner writes
-        return {"kind": "step", "step": n, "time": t, "epoch": 0, "loss": 1.0, "accuracy": 0.5, "images_per_sec": 9}
-
-    rows = [{"kind": "run", "event": "start", "time": 1.0}, step(1, 2.0), step(2, 3.0),
-            {"kind": "run", "event": "resume", "time": 9.0}, step(3, 10.0)]
+    rows = [{"kind": "run", "event": "start", "time": 1.0}, {"kind": "step", "step": 1, "time": 2.0},
+            {"kind": "step", "step": 2, "time": 3.0}, {"kind": "run", "event": "resume", "time": 9.0},
+            {"kind": "step", "step": 3, "time": 10.0}]
     assert last_step(tmp_path) == (None, None)
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\nnot json\n")
     assert last_step(tmp_path) == (3, 10.0)

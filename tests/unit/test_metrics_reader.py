@@ -18,22 +18,26 @@ def _step(n: int, t: float, **bad) -> str:
 
 LINES = [json.dumps({"kind": "run", "event": "start", "time": 1.0, "step": 0}),
          _step(1, 2.0), _step(2, 3.0), _step(3, 4.0),
-         _step(4, 5.0, loss="nan"),              # a number written as a string: not a readable step
+         _step(4, 5.0, loss="nan"),              # a number written as a string: no reader uses it
          _step(5, 6.0, time="late"),             # a time that is not a number
-         json.dumps({"kind": "run", "event": "end", "time": 7.0, "step": 3, "checkpoints": ["ckpt-000000003.pt"],
+         json.dumps({"kind": "step", "step": 6, "time": 6.5}),   # a script's own minimal step record
+         json.dumps({"kind": "run", "event": "end", "time": 7.0, "step": 6, "checkpoints": ["ckpt-000000003.pt"],
                      "checkpoint_dir": "c"}),
-         '{"kind": "step", "step": 6, "ti']     # torn last line
+         '{"kind": "step", "step": 7, "ti']     # torn last line
 
 
-def test_elastic_scan_and_report_agree_on_the_last_step(tmp_path):
+def test_elastic_scan_and_report_read_the_same_records(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("\n".join(LINES) + "\n")
     records, skipped = read_metrics_counted(tmp_path)
     assert skipped == 3
-    assert summarize(read_run(tmp_path).records)["steps"] == 3
-    assert last_step(tmp_path) == (3, 4.0)              # the scan skips what the report skips
+    steps = [(r["step"], r["time"]) for r in records if r["kind"] == "step"]
+    assert steps == [(1, 2.0), (2, 3.0), (3, 4.0), (6, 6.5)]
+    assert list(step_times(tmp_path)) == steps           # the scan skips what the report skips
+    assert last_step(tmp_path) == (6, 6.5)
     assert first_step_after(tmp_path, 3.5) == (3, 4.0)
-    assert first_step_after(tmp_path, 4.0) == (None, None)
-    assert list(step_times(tmp_path)) == [(r["step"], r["time"]) for r in records if r["kind"] == "step"]
+    assert first_step_after(tmp_path, 6.5) == (None, None)
+    run = read_run(tmp_path)            # the report draws the runner's complete records only
+    assert summarize(run.records)["steps"] == 3 and run.skipped == 4
     assert end_record(tmp_path)["checkpoints"] == ["ckpt-000000003.pt"]
     assert end_record(tmp_path / "absent") is None and last_step(tmp_path / "absent") == (None, None)
 
@@ -45,5 +49,5 @@ def test_the_elastic_scan_imports_no_torch(tmp_path):
             "print([m for m in ('torch', 'numpy', 'matplotlib') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.splitlines() == ["(3, 4.0) 1 checkpoint(s) in c: ckpt-000000003.pt; "
+    assert out.stdout.splitlines() == ["(6, 6.5) 1 checkpoint(s) in c: ckpt-000000003.pt; "
                                        f"report: podrun report {tmp_path}", "[]"]
