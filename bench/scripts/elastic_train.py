@@ -1,4 +1,5 @@
-"""A GroupNorm regression for bench/bench_elastic.py that runs unchanged under podrun and torchrun.
+"""A GroupNorm regression (tests/elastic/groupnorm.py) for bench/bench_elastic.py that runs unchanged under podrun
+and torchrun.
 
 Rank and world come from the env (RANK, WORLD_SIZE, MASTER_ADDR/PORT: init_process_group's env://).
 The split of a step: under podrun the local batch and GA are PODRUN_LOCAL_BATCH / PODRUN_GRAD_ACCUM
@@ -49,8 +50,13 @@ def append(name: str, record: dict) -> None:
         os.close(fd)
 
 
+import sys  # noqa: E402
+
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from tests.elastic import groupnorm  # noqa: E402  (the model and data the elastic tests train)
 
 e = os.environ
 rank, world = int(e["RANK"]), int(e["WORLD_SIZE"])
@@ -71,12 +77,8 @@ if launcher == "podrun":
 ckpt = os.path.join(args.dir, "ckpt.pt")
 metrics = os.path.join(e["PODRUN_RUN_DIR"], "metrics.jsonl") if launcher == "podrun" and rank == 0 else None
 
-gen = torch.Generator().manual_seed(0)
-X = torch.randn(args.samples, 4, 6, generator=gen)
-Y = X.sum(dim=(1, 2)).tanh().unsqueeze(1) + 0.1 * torch.randn(args.samples, 1, generator=gen)
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Conv1d(4, 8, 3), torch.nn.GroupNorm(2, 8), torch.nn.ReLU(),
-                            torch.nn.Flatten(), torch.nn.Linear(32, 1))
+X, Y = groupnorm.data(args.samples)
+model = groupnorm.model()
 opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
 step, pos = 0, 0
 if os.path.exists(ckpt):
@@ -87,18 +89,13 @@ if os.path.exists(ckpt):
 READY = time.time()                         # model, optimizer (torch.optim imports torch._dynamo) and checkpoint
 
 
-def order(epoch: int) -> torch.Tensor:
-    return torch.randperm(args.samples, generator=torch.Generator().manual_seed(1000 + epoch))
-
-
 try:
     while step < args.steps:
-        idx = torch.stack([order((pos + i) // args.samples)[(pos + i) % args.samples] for i in range(G)])
+        idx = groupnorm.global_batch(pos, G, args.samples)
         opt.zero_grad()
         vec = torch.zeros(2)                # [loss summed over the global batch, stop flag]
         for k in range(a):                  # micro step k: replica `rank` takes b samples of it
-            mine = idx[k * R * b + rank * b: k * R * b + (rank + 1) * b]
-            loss = ((model(X[mine]) - Y[mine]) ** 2).sum() / G
+            loss = groupnorm.micro_loss(model, X, Y, idx, micro=k, replicas=R, local_batch=b, replica=rank)
             loss.backward()
             vec[0] += loss.detach()
         if rank == 0 and os.path.exists(os.path.join(args.dir, "stop")):

@@ -230,12 +230,15 @@ def _print_root_cause(summary: dict, request) -> None:
     rc = summary.get("root_cause")
     code = summary["exit_code"]
     err = sys.stderr
+    from podrun.train.report import pointers      # torch-free: checkpoints kept, `podrun report RUN_DIR`
+
     if summary["status"] == "ok":
-        print(f"podrun: run {request.run_id} finished: exit 0; logs in {request.run_dir}", file=err)
+        print(f"podrun: run {request.run_id} finished: exit 0; logs in {request.run_dir}; "
+              f"{pointers(request.run_dir)}", file=err)
         return
     if summary["status"] == "interrupted":
         print(f"podrun: run {request.run_id} interrupted (exit {code}); every instance ended; "
-              f"logs in {request.run_dir}", file=err)
+              f"logs in {request.run_dir}; {pointers(request.run_dir)}", file=err)
         return
     if rc:
         where = f"instance {rc['instance']} on {rc['host']}"
@@ -261,4 +264,4 @@ def _print_root_cause(summary: dict, request) -> None:
                     print(f"      {line}", file=err)
     else:
         print(f"podrun: run {request.run_id} failed (exit {code})", file=err)
-    print(f"podrun: logs and summary.json in {request.run_dir}", file=err)
+    print(f"podrun: logs and summary.json in {request.run_dir}; {pointers(request.run_dir)}", file=err)

@@ -1,33 +1,40 @@
-"""`podrun report RUN_DIR`: a training run's summary and curves, or what a plain command's run recorded."""
+"""`podrun report [RUN_DIR]`: a training run's summary and curves, or what a plain command's run recorded."""
 from __future__ import annotations
 
 import click
 
 
 @click.command("report")
-@click.argument("run_dir", type=click.Path())
+@click.argument("run_dir", type=click.Path(), required=False)
+@click.option("--runs-dir", default="runs", show_default=True,
+              help="Where to find the newest run when RUN_DIR is left out.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="PNG to draw the curves to (default: RUN_DIR/report.png).")
 @click.option("--no-plot", is_flag=True, help="Print the summary only.")
-def report(run_dir: str, as_json: bool, output: str | None, no_plot: bool) -> None:
-    """Summarise a run: training curves and figures, or a plain command's plan, attempts, exit codes and root cause."""
+def report(run_dir: str | None, runs_dir: str, as_json: bool, output: str | None, no_plot: bool) -> None:
+    """Summarise a run (RUN_DIR, else the newest run in --runs-dir): training curves and figures, or a plain
+    command's plan, attempts, exit codes and root cause."""
     from pathlib import Path
 
     from podrun.cli.render import console, print_json
-    from podrun.train.report import launch_summary, plot, read_run, replans, summarize, summarize_command
+    from podrun.train.report import (launch_summary, newest_run, plot, read_run, replans, summarize,
+                                     summarize_command)
 
+    if run_dir is None:
+        run_dir = str(newest_run(runs_dir))
     run = read_run(run_dir)
     notes = list(run.problems)
     if run.skipped:
         notes.append(f"skipped {run.skipped} unreadable line(s) of {run.metrics_file} "
-                     "(not UTF-8, not JSON, or fields of the wrong type)")
+                     "(not UTF-8, not JSON, fields of the wrong type, or a record without the fields the "
+                     "report draws)")
     if not run.trained:
         if run.metrics_file is not None:
             notes.append(f"{run.metrics_file} records no training step")
         _command(run, summarize_command(run), notes, as_json)
         return
-    summary = {"kind": "training", **summarize(run.records)}
+    summary = {"kind": "training", "run_dir": str(run_dir), **summarize(run.records)}
     launched = launch_summary(run.launch)
     if launched is not None:
         summary["launch"] = launched

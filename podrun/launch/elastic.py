@@ -174,19 +174,13 @@ def first_step_after(run_dir: str | Path, after: float) -> tuple[int | None, flo
 
 
 def _scan(run_dir: str | Path, after: float | None, first: bool) -> tuple[int | None, float | None]:
-    from podrun.train.metrics import iter_metrics     # torch-free; a bad line spoils that line, not the scan
+    from podrun.train.metrics import step_times     # torch-free: the one reader of metrics.jsonl
 
     found: tuple[int | None, float | None] = (None, None)
-    try:
-        for r in iter_metrics(run_dir):
-            if r is None or r.get("kind") != "step":
-                continue
-            step, t = r.get("step"), r.get("time")
-            if type(step) is not int or type(t) not in (int, float) or (after is not None and t <= after):
-                continue
-            found = (step, float(t))
-            if first:
-                return found
-    except OSError:
-        pass
+    for step, t in step_times(run_dir):
+        if after is not None and t <= after:
+            continue
+        found = (step, t)
+        if first:
+            return found
     return found

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from podrun.errors import PodrunError
+from podrun.train.config import TrainConfig
 
 _NAME = re.compile(r"^ckpt-(\d{9})\.pt$")
 
@@ -38,8 +39,19 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save(state: dict[str, Any], directory: str | os.PathLike, step: int, keep: int = 2) -> Path:
-    """Write ``state`` as checkpoint ``step`` atomically; a crash at any point leaves the older ones intact."""
+def check_keep(keep: int) -> int:
+    """``keep`` if it is a count of checkpoints to keep (0 included); else a CheckpointError (exit 2)."""
+    if not isinstance(keep, int) or isinstance(keep, bool) or keep < 0:
+        raise CheckpointError(f"--keep-checkpoints {keep!r}: must be a whole number >= 0",
+                              hint=f"N keeps the newest N checkpoints (default {TrainConfig.keep_checkpoints}); "
+                                   "0 removes them all when the run finishes")
+    return keep
+
+
+def save(state: dict[str, Any], directory: str | os.PathLike, step: int, keep: int) -> Path:
+    """Write ``state`` as checkpoint ``step`` atomically, then remove all but the newest ``keep`` (at least the
+    newest one: a restart resumes from it); a crash at any point leaves the older ones intact."""
+    check_keep(keep)
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     final = path_for(d, step)
@@ -64,12 +76,34 @@ def save(state: dict[str, Any], directory: str | os.PathLike, step: int, keep: i
     finally:
         if tmp.exists():
             tmp.unlink()
-    for old in list_checkpoints(d)[:-keep] if keep > 0 else []:
+    prune(d, max(keep, 1))
+    return final
+
+
+def prune(directory: str | os.PathLike, keep: int) -> list[Path]:
+    """Remove all complete checkpoints but the newest ``keep`` (by step); returns the ones left, oldest first."""
+    found = list_checkpoints(directory)
+    cut = len(found) - keep if keep < len(found) else 0
+    for old in found[:cut]:
         try:
             old.unlink()
         except FileNotFoundError:
             pass
-    return final
+    return found[cut:]
+
+
+def finish(directory: str | os.PathLike, keep: int) -> dict[str, Any]:
+    """At the end of a finished run, keep the newest ``keep`` checkpoints (none for 0); returns where they are,
+    for the run's end record: checkpoint_dir, checkpoints (names, oldest first), checkpoint_bytes, keep_checkpoints."""
+    left = prune(directory, check_keep(keep))
+    size = 0
+    for p in left:
+        try:
+            size += p.stat().st_size
+        except FileNotFoundError:
+            pass
+    return {"checkpoint_dir": str(directory), "checkpoints": [p.name for p in left], "checkpoint_bytes": size,
+            "keep_checkpoints": keep}
 
 
 def list_checkpoints(directory: str | os.PathLike) -> list[Path]:

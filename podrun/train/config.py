@@ -72,6 +72,7 @@ class TrainConfig:
     run_dir: str | None = None              # None: PODRUN_RUN_DIR, else runs/<name>-<time>
     checkpoint_dir: str | None = None       # None: <run_dir>/checkpoints
     checkpoint_every: int = 0               # update steps; 0: only at the end
+    keep_checkpoints: int = 2               # the newest N are kept; 0: none once the run finishes
     resume: bool = True
     eval_every: int = 1                     # epochs; 0: only at the end
     eval_batch: int = 256

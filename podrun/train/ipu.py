@@ -99,6 +99,7 @@ def train_ipu(cfg, info: WorkerInfo, device: Device) -> dict[str, Any]:
 
     step = 0
     ckpt_dir = checkpoint_dir(cfg, run_dir)
+    ckpt.check_keep(cfg.keep_checkpoints)
     if cfg.resume:
         found = ckpt.load_latest(ckpt_dir)
         if found:
@@ -145,13 +146,14 @@ def train_ipu(cfg, info: WorkerInfo, device: Device) -> dict[str, Any]:
                        "images_per_sec_instance": len(y) / dt, "step_seconds": dt})
         if cfg.checkpoint_every > 0 and step % cfg.checkpoint_every == 0 and main:
             tm.copyWeightsToHost()
-            ckpt.save(state(step), ckpt_dir, step)
+            ckpt.save(state(step), ckpt_dir, step, cfg.keep_checkpoints)
     tm.copyWeightsToHost()
-    if main and step > 0:
-        ckpt.save(state(step), ckpt_dir, step)
+    if main and step > 0 and cfg.keep_checkpoints > 0:
+        ckpt.save(state(step), ckpt_dir, step, cfg.keep_checkpoints)
+    kept = ckpt.finish(ckpt_dir, cfg.keep_checkpoints) if main else {}
     tm.detachFromDevice()
     summary = {"steps": step, "total_steps": total, "global_batch": g, "local_batch": b, "grad_accum": a,
                "replicas": info.num_replicas, "seconds": time.time() - t0, "run_dir": str(run_dir)}
-    metrics.write({"kind": "run", "event": "end", "step": step, "seconds": summary["seconds"]})
+    metrics.write({"kind": "run", "event": "end", "step": step, "seconds": summary["seconds"], **kept})
     metrics.close()
     return summary

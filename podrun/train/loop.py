@@ -126,15 +126,16 @@ def run(s: Session, step: int, acc: dict[str, float], resumed_from: str | None) 
         if step >= total:
             break
     flush()
-    if step > 0:
-        save.save(s, step, acc)
+    save.final(s, step, acc)
     last_eval = evaluate(s.eval_model, s.val_ds, cfg, device, info, amp_dtype, mean, std, s.use_fsdp)
     metrics.write({"kind": "eval", "step": step, "epoch": (step - 1) // spe if step else 0, **last_eval})
     summary = {"steps": step, "total_steps": total, "global_batch": g, "local_batch": s.local_batch,
                "grad_accum": a, "world_size": world, "seconds": time.time() - s.t_start, "run_dir": str(s.run_dir),
                "resumed_from": resumed_from, **last_eval}
-    metrics.write({"kind": "run", "event": "end", "step": step, **{k: v for k, v in summary.items()
-                                                                      if k in ("val_accuracy", "val_loss", "seconds")}})
+    kept = save.finish(s)              # where the kept checkpoints are, in the end record and the summary
+    summary.update(kept)
+    metrics.write({"kind": "run", "event": "end", "step": step, **kept,
+                   **{k: v for k, v in summary.items() if k in ("val_accuracy", "val_loss", "seconds")}})
     metrics.close()
     if rank == 0:
         (s.run_dir / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -1,4 +1,5 @@
-"""Metrics: JSON lines per step and per epoch in the run directory, a short live console line, and reading them back."""
+"""Metrics: JSON lines per step and per epoch in the run directory, a short live console line, and the one reader
+of them (torch-free: the launcher's elastic scan, its last line and podrun report read through it)."""
 from __future__ import annotations
 
 import json
@@ -69,12 +70,42 @@ def read_metrics_counted(run_dir: str | os.PathLike) -> tuple[list[dict[str, Any
     """(records, lines skipped): a line that is not UTF-8, not a JSON object, or a record whose fields have the
     wrong types (see ``well_formed``) is skipped and counted, never raised."""
     out, skipped = [], 0
-    for record in iter_metrics(run_dir):
-        if record is not None and well_formed(record):
+    for record in iter_records(run_dir):
+        if record is not None:
             out.append(record)
         else:
             skipped += 1
     return out, skipped
+
+
+def iter_records(run_dir: str | os.PathLike) -> Iterator[dict[str, Any] | None]:
+    """The run's records one at a time, None for a line a reader must skip (not UTF-8, not a JSON object, or
+    not ``well_formed``). OSError if the file cannot be opened."""
+    for record in iter_metrics(run_dir):
+        yield record if record is not None and well_formed(record) else None
+
+
+def step_times(run_dir: str | os.PathLike) -> Iterator[tuple[int, float]]:
+    """(step, wall time) of each readable training step record, in file order; none when there is no file."""
+    try:
+        for r in iter_records(run_dir):
+            if r is not None and r["kind"] == "step" and "time" in r:
+                yield r["step"], float(r["time"])
+    except OSError:
+        return
+
+
+def end_record(run_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """The last readable ``run``/``end`` record (where the kept checkpoints are, among others); None when the
+    run wrote none or has no metrics file."""
+    found = None
+    try:
+        for r in iter_records(run_dir):
+            if r is not None and r["kind"] == "run" and r["event"] == "end":
+                found = r
+    except OSError:
+        return None
+    return found
 
 
 def iter_metrics(run_dir: str | os.PathLike) -> Iterator[dict[str, Any] | None]:
@@ -103,23 +134,32 @@ def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-_FIELDS = {      # the numeric fields a reader relies on, per kind
+_FIELDS = {      # the numeric fields the runner writes, per kind (``step`` an integer)
     "step": ("step", "epoch", "loss", "accuracy", "images_per_sec"),
     "eval": ("step", "val_loss", "val_accuracy"),
     "epoch": ("step", "epoch"),
 }
+_OPTIONAL = ("images_per_sec_instance", "step_seconds", "seconds", "lr")   # numbers too, when present
 
 
 def well_formed(r: dict[str, Any]) -> bool:
-    """A record a reader can use: ``kind`` a string; for the known kinds, numeric fields numbers and ``step`` an
-    integer (records of other kinds are kept for their readers)."""
+    """A record a reader can use: ``kind`` a string, ``time`` (when given) a number; for the known kinds
+    ``step`` an integer and every numeric field that is present a number (records of other kinds are kept for
+    their readers). A script's own minimal step records (``step`` and ``time``) are well formed; ``complete``
+    says whether a record has every field the runner writes."""
     kind = r.get("kind")
+    if "time" in r and not _number(r["time"]):
+        return False
     if kind == "run":
         return isinstance(r.get("event"), str) and ("step" not in r or _integer(r["step"]))
     if kind not in _FIELDS:
         return isinstance(kind, str)
-    return all(_number(r.get(k)) for k in _FIELDS[kind]) and _integer(r["step"]) and \
-        all(_number(r[k]) for k in ("images_per_sec_instance", "step_seconds") if k in r)
+    return _integer(r.get("step")) and all(_number(r[k]) for k in (*_FIELDS[kind], *_OPTIONAL) if k in r)
+
+
+def complete(r: dict[str, Any]) -> bool:
+    """A well-formed record with every field the runner writes for its kind (what the report's curves need)."""
+    return all(k in r for k in _FIELDS.get(r.get("kind"), ()))
 
 
 def latest_by_step(records: Iterable[dict], kind: str) -> list[dict]:

@@ -7,6 +7,7 @@ import sys
 from typing import Any, Sequence
 
 from podrun.errors import PodrunError
+from podrun.train.config import TrainConfig
 
 
 def parser(recipe_name: str, default_data: str = "synthetic") -> argparse.ArgumentParser:
@@ -22,6 +23,8 @@ def parser(recipe_name: str, default_data: str = "synthetic") -> argparse.Argume
     a("--seed", type=int, default=0, help="the same on every worker: equal initial weights without a broadcast")
     a("--checkpoint-every", type=int, default=0, metavar="STEPS", help="checkpoint every N updates (and at the end)")
     a("--checkpoint-dir", default=None, help="default: <run dir>/checkpoints")
+    a("--keep-checkpoints", type=int, default=TrainConfig.keep_checkpoints, metavar="N",
+      help=f"keep the newest N checkpoints (default {TrainConfig.keep_checkpoints}); 0: none once the run finishes")
     a("--no-resume", action="store_true", help="ignore existing checkpoints")
     a("--run-dir", default=None, help="default: $PODRUN_RUN_DIR, else runs/<recipe>-<time>")
     a("--amp", default=None, choices=["auto", "off", "bf16", "fp16"],
@@ -47,8 +50,6 @@ def parser(recipe_name: str, default_data: str = "synthetic") -> argparse.Argume
 
 def build_config(recipe, args: argparse.Namespace, plan: dict | None, overrides: dict[str, Any] | None = None):
     """TrainConfig from the recipe (podrun.specs.RecipeSpec), the plan (dict or None) and the arguments."""
-    from podrun.train.config import TrainConfig
-
     ds, opt, sch = recipe.dataset, recipe.optimizer, recipe.schedule
     from podrun import models
 
@@ -94,7 +95,8 @@ def build_config(recipe, args: argparse.Namespace, plan: dict | None, overrides:
         amp=amp, channels_last=args.channels_last, compile=args.compile, fsdp=args.fsdp,
         deterministic=args.deterministic, seed=args.seed, device=args.device, threads=args.threads,
         run_dir=args.run_dir, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-        resume=not args.no_resume, eval_every=args.eval_every, log_every=args.log_every, console=not args.quiet,
+        keep_checkpoints=args.keep_checkpoints, resume=not args.no_resume, eval_every=args.eval_every,
+        log_every=args.log_every, console=not args.quiet,
     )
     for k, v in (overrides or {}).items():
         setattr(cfg, k, v)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from podrun.errors import PodrunError
-from podrun.train.metrics import METRICS_FILE, latest_by_step, read_metrics_counted
+from podrun.train.metrics import METRICS_FILE, complete, end_record, latest_by_step, read_metrics_counted
 
 SUMMARY_FILE = "summary.json"      # written by podrun launch / submit (podrun.launch.rundir)
 PLAN_FILE = "plan.json"
@@ -21,7 +21,7 @@ class RunRecord:
 
     path: Path                                        # the run directory
     records: list[dict] = field(default_factory=list)  # metrics.jsonl's readable records
-    skipped: int = 0                                  # metrics.jsonl lines that could not be read
+    skipped: int = 0                                  # metrics.jsonl lines unreadable or without the fields drawn
     metrics_file: Path | None = None                  # None: the run has no metrics.jsonl
     launch: dict | None = None                        # summary.json
     plan: dict | None = None                          # plan.json
@@ -57,9 +57,11 @@ def read_run(run_dir: str | Path) -> RunRecord:
     if f.is_file():
         run.metrics_file = f
         try:
-            run.records, run.skipped = read_metrics_counted(f)
+            records, run.skipped = read_metrics_counted(f)
         except OSError as exc:
             raise PodrunError(f"{f}: cannot be read ({exc.strerror or exc})") from None
+        run.records = [r for r in records if complete(r)]       # the curves need every field the runner writes
+        run.skipped += len(records) - len(run.records)
     if not p.is_file():
         run.launch = _read_json(base / SUMMARY_FILE, run.problems)
         run.plan = _read_json(base / PLAN_FILE, run.problems)
@@ -73,9 +75,62 @@ def read_run(run_dir: str | Path) -> RunRecord:
                  "podrun launch; did the run start?")
     if run.skipped:
         raise PodrunError(f"{f}: none of its lines could be read ({run.skipped} skipped: not UTF-8, not JSON, "
-                          "or fields of the wrong type), and no training step is left to report",
+                          "fields of the wrong type, or records without the fields the report draws), and no training step is left to report",
                           hint="the file is damaged; the checkpoints, if any, are not affected")
     raise PodrunError(f"{f}: no training steps recorded yet")
+
+
+RUN_FILES = (METRICS_FILE, SUMMARY_FILE, PLAN_FILE, "command", "instance-0.log")   # what makes a directory a run
+
+
+def newest_run(runs_dir: str | Path) -> Path:
+    """The run directory in ``runs_dir`` written to last (its newest metrics.jsonl, summary.json, plan.json,
+    command or instance-0.log), or a PodrunError (exit 2) when it holds none."""
+    d = Path(runs_dir)
+    if not d.is_dir():
+        raise PodrunError(f"--runs-dir {d}: no such directory, so there is no newest run to report",
+                          hint="pass a run directory (podrun report runs/<run-id>), or --runs-dir where "
+                               "podrun launch wrote its runs")
+    best: tuple[float, str] | None = None
+    for sub in d.iterdir():
+        times = []
+        for name in RUN_FILES:
+            try:
+                times.append((sub / name).stat().st_mtime)
+            except OSError:       # absent, or not a directory
+                pass
+        if times and (best is None or (max(times), sub.name) > best):
+            best = (max(times), sub.name)
+    if best is None:
+        raise PodrunError(f"--runs-dir {d}: holds no run (no directory with {', '.join(RUN_FILES)})",
+                          hint="pass a run directory (podrun report runs/<run-id>), or --runs-dir where "
+                               "podrun launch wrote its runs")
+    return d / best[1]
+
+
+def _count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def pointers(run_dir: str | Path) -> str:
+    """The run's last console line's tail: where the kept checkpoints are (from the run's end record, when
+    it trained) and the command that reports it."""
+    import shlex
+
+    out = []
+    end = end_record(run_dir) or {}
+    names, where = end.get("checkpoints"), end.get("checkpoint_dir")
+    if isinstance(names, list) and isinstance(where, str):
+        keep, size = end.get("keep_checkpoints"), end.get("checkpoint_bytes")
+        why = [f"{size / 1e6:.1f} MB"] if _count(size) and names else []
+        why += [f"--keep-checkpoints {keep}"] if _count(keep) else []
+        why_s = f" ({', '.join(why)})" if why else ""
+        if names:
+            out.append(f"{len(names)} checkpoint(s){why_s} in {where}: {', '.join(map(str, names))}")
+        else:
+            out.append(f"no checkpoint kept{why_s}")
+    out.append(f"report: podrun report {shlex.quote(str(run_dir))}")
+    return "; ".join(out)
 
 
 def load(run_dir: str | Path) -> list[dict]:
@@ -86,14 +141,19 @@ def load(run_dir: str | Path) -> list[dict]:
     return run.records
 
 
+def warmup_steps(n: int) -> int:
+    """How many of a run's first ``n`` step records are warm-up, left out of throughput figures and curves:
+    a tenth, at least 1, never all."""
+    return min(n - 1, max(1, n // 10))
+
+
 def summarize(records: list[dict]) -> dict[str, Any]:
     steps = latest_by_step(records, "step")
     evals = latest_by_step(records, "eval")
     starts = [r for r in records if r.get("kind") == "run" and r.get("event") in ("start", "resume")]
     ends = [r for r in records if r.get("kind") == "run" and r.get("event") == "end"]
     first = starts[0] if starts else {}
-    skip = min(len(steps) - 1, max(1, len(steps) // 10))  # drop warm-up steps
-    steady = steps[skip:] or steps
+    steady = steps[warmup_steps(len(steps)):]
     tail = steps[-min(len(steps), 10):]
     out: dict[str, Any] = {
         "steps": steps[-1]["step"],
@@ -199,7 +259,12 @@ def describe_replan(r: dict) -> str:
            f"{new.get('local_batch')} x GA {new.get('grad_accum')})"
 
 
-def plot(records: list[dict], path: str | Path, title: str = "", replanned: list[dict] = ()) -> Path:
+def figure(records: list[dict], title: str = "", replanned: list[dict] = ()):
+    """The curves as a matplotlib Figure (Agg): loss, accuracy, images/s.
+
+    Loss: the y axis fits the training curve; an evaluation loss above it (an early, untrained one) is drawn
+    at the top edge as a triangle with its value, and the evaluation line is broken there. Images/s: the warm-up steps are left out, and the per
+    instance line is drawn only when it differs from the total (more than one instance)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -209,9 +274,20 @@ def plot(records: list[dict], path: str | Path, title: str = "", replanned: list
     evals = latest_by_step(records, "eval")
     xs = [r["step"] for r in steps]
     fig, ax = plt.subplots(1, 3, figsize=(15, 4))
-    ax[0].plot(xs, [r["loss"] for r in steps], label="train loss")
+    losses = [r["loss"] for r in steps]
+    ax[0].plot(xs, losses, label="train loss")
     if evals:
-        ax[0].plot([r["step"] for r in evals], [r["val_loss"] for r in evals], "o-", label="val loss")
+        top = max(losses) * 1.1
+        ex, ev = [r["step"] for r in evals], [r["val_loss"] for r in evals]
+        ax[0].plot(ex, [v if v <= top else float("nan") for v in ev], "o-", color="tab:orange", label="val loss")
+        over = [(x, v) for x, v in zip(ex, ev) if v > top]
+        if over:                      # off the axis: a triangle on the top edge, the line broken there
+            ax[0].set_ylim(top=top)
+            ax[0].plot([x for x, _ in over], [top] * len(over), "^", color="tab:orange", ms=9, clip_on=False,
+                       label="_val loss off the axis")
+            for x, v in over:
+                ax[0].annotate(f"val loss {v:.2f} (off the axis)", (x, top), xytext=(8, -2),
+                               textcoords="offset points", va="top", fontsize=8, color="tab:orange")
     ax[0].set_xlabel("step")
     ax[0].set_title("loss")
     ax[0].legend()
@@ -222,10 +298,18 @@ def plot(records: list[dict], path: str | Path, title: str = "", replanned: list
     ax[1].set_xlabel("step")
     ax[1].set_title("accuracy")
     ax[1].legend()
-    ax[2].plot(xs, [r["images_per_sec"] for r in steps], label="total")
-    ax[2].plot(xs, [r.get("images_per_sec_instance", 0) for r in steps], label="per instance")
+    skip = warmup_steps(len(steps))
+    steady = steps[skip:]
+    sx = [r["step"] for r in steady]
+    total = [r["images_per_sec"] for r in steady]
+    per = [r.get("images_per_sec_instance", t) for r, t in zip(steady, total)]
+    if any(abs(p - t) > 1e-9 * t for p, t in zip(per, total)):
+        ax[2].plot(sx, total, label="total")
+        ax[2].plot(sx, per, label="per instance")
+    else:
+        ax[2].plot(sx, total, label="total (1 instance)")
     ax[2].set_xlabel("step")
-    ax[2].set_title("images/s")
+    ax[2].set_title(f"images/s (after {skip} warm-up step{'s' if skip != 1 else ''})")
     ax[2].legend()
     for r in records:
         if r.get("kind") == "run" and r.get("event") == "resume" and "step" in r:
@@ -241,6 +325,14 @@ def plot(records: list[dict], path: str | Path, title: str = "", replanned: list
     if title:
         fig.suptitle(title)
     fig.tight_layout()
+    return fig
+
+
+def plot(records: list[dict], path: str | Path, title: str = "", replanned: list[dict] = ()) -> Path:
+    """Draw the curves (``figure``) to the PNG ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(records, title, replanned)
     path = Path(path)
     fig.savefig(path, dpi=90)
     plt.close(fig)

@@ -71,6 +71,7 @@ def agree_on_checkpoint(s: Session, found: tuple[Path, dict] | None) -> None:
 def restore(s: Session) -> tuple[int, dict[str, float], str | None]:
     """(step, epoch accumulators, path resumed from) from the newest good checkpoint, or a fresh start."""
     acc = new_accumulators()
+    ckpt.check_keep(s.cfg.keep_checkpoints)
     if not s.cfg.resume:
         return 0, acc, None
     found = ckpt.load_latest(s.ckpt_dir, map_location=s.device.torch_device if s.device.kind == "cuda" else "cpu")
@@ -95,4 +96,16 @@ def save(s: Session, step: int, acc: dict[str, float]) -> None:
                    "scheduler": s.sched.state_dict(), "scaler": s.scaler.state_dict() if s.use_scaler else None,
                    "samples": step * s.global_batch, "step": step, "global_batch": s.global_batch,
                    "seed": s.cfg.seed, "train_size": len(s.train_ds), "steps_per_epoch": s.steps_per_epoch,
-                   "rng": ckpt.rng_state(), "epoch_acc": dict(acc)}, s.ckpt_dir, step)
+                   "rng": ckpt.rng_state(), "epoch_acc": dict(acc)}, s.ckpt_dir, step, s.cfg.keep_checkpoints)
+
+
+def final(s: Session, step: int, acc: dict[str, float]) -> None:
+    """The checkpoint at the end of the training loop; none under --keep-checkpoints 0, which keeps none."""
+    if step > 0 and s.cfg.keep_checkpoints > 0:
+        save(s, step, acc)
+
+
+def finish(s: Session) -> dict[str, Any]:
+    """After the last evaluation (every rank is past training): rank 0 keeps the newest --keep-checkpoints
+    checkpoints and says where they are (the run's end record); {} on the other ranks."""
+    return ckpt.finish(s.ckpt_dir, s.cfg.keep_checkpoints) if s.rank == 0 else {}

@@ -1,4 +1,4 @@
-"""A tiny deterministic GroupNorm regression trained with gloo, for the elastic tests.
+"""A tiny deterministic GroupNorm regression (tests/elastic/groupnorm.py) trained with gloo, for the elastic tests.
 
 The global batch at step s is the samples at global positions [s*G, (s+1)*G) of a fixed data set in
 an order that depends only on the seed and the epoch; each replica takes its share of every micro
@@ -10,10 +10,14 @@ metrics.jsonl; a restart resumes from the checkpoint.
 import argparse
 import json
 import os
+import sys
 import time
 
 import torch
 import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from tests.elastic import groupnorm  # noqa: E402  (the repository root, whatever the caller's cwd)
 
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=40)
@@ -30,13 +34,8 @@ assert R == world and b * R * a == G, (b, R, a, G)
 run_dir = e["PODRUN_RUN_DIR"]
 ckpt = os.path.join(run_dir, "ckpt.pt")
 
-gen = torch.Generator().manual_seed(0)
-X = torch.randn(args.samples, 4, 6, generator=gen)
-Y = X.sum(dim=(1, 2)).tanh().unsqueeze(1) + 0.1 * torch.randn(args.samples, 1, generator=gen)
-
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Conv1d(4, 8, 3), torch.nn.GroupNorm(2, 8), torch.nn.ReLU(),
-                            torch.nn.Flatten(), torch.nn.Linear(32, 1))
+X, Y = groupnorm.data(args.samples)
+model = groupnorm.model()
 opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 step = 0
 if os.path.exists(ckpt):
@@ -47,23 +46,17 @@ if os.path.exists(ckpt):
     step = state["step"]
 
 
-def order(epoch):
-    return torch.randperm(args.samples, generator=torch.Generator().manual_seed(1000 + epoch))
-
-
 metrics = open(os.path.join(run_dir, "metrics.jsonl"), "a") if rank == 0 else None
 if rank == 0:
     metrics.write(json.dumps({"kind": "run", "event": "resume" if step else "start", "step": step,
                               "world_size": world, "time": time.time()}) + "\n")
     metrics.flush()
 while step < args.steps:
-    pos = step * G
-    idx = torch.cat([order((pos + i) // args.samples)[(pos + i) % args.samples].view(1) for i in range(G)])
+    idx = groupnorm.global_batch(step * G, G, args.samples)
     opt.zero_grad()
     loss_sum = torch.zeros(1)
     for k in range(a):                     # micro step k: replica r takes b samples of it
-        mine = idx[k * R * b + r * b: k * R * b + (r + 1) * b]
-        loss = ((model(X[mine]) - Y[mine]) ** 2).sum() / G
+        loss = groupnorm.micro_loss(model, X, Y, idx, micro=k, replicas=R, local_batch=b, replica=r)
         loss.backward()
         loss_sum += loss.detach()
     for prm in model.parameters():

@@ -3,7 +3,6 @@ epoch only, so a run killed on 4 replicas and resumed on 3 (same global batch, a
 as a run that stayed on 4. Real processes, real torch.distributed gloo on loopback, a GroupNorm model."""
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ import torch
 
 from podrun.train import checkpoint as ckpt
 from podrun.train.metrics import latest_by_step, read_metrics
-from tests.train.train_procs import outside_env, start_workers, wait_all, wait_for_step
+from tests.train.train_procs import assert_same_final_weights, kill_mid_run, outside_env, start_workers, wait_all
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 40
@@ -30,13 +29,7 @@ def _opts(run_dir, **kw):
 @pytest.mark.timeout(420)
 def test_killed_on_4_replicas_resumed_on_3_continues_the_same_curve(tmp_path):
     ref_dir, run_dir = tmp_path / "stays-on-4", tmp_path / "4-then-3"
-    first = start_workers(4, _opts(run_dir))
-    seen = wait_for_step(run_dir, 12, first)
-    for p in first:
-        p.send_signal(signal.SIGKILL)
-    for p in first:
-        p.wait()
-    assert not any(r.get("event") == "end" for r in read_metrics(run_dir)), "the run finished before it was killed"
+    seen = kill_mid_run(4, _opts(run_dir), run_dir, 12)
     saved = ckpt.list_checkpoints(run_dir / "checkpoints")
     state = torch.load(saved[-1], weights_only=False)
     # the position is in global samples, on a global-batch boundary
@@ -61,11 +54,8 @@ def test_killed_on_4_replicas_resumed_on_3_continues_the_same_curve(tmp_path):
     assert max(losses) - min(losses) > 0.05, f"the loss curve is flat, the test would prove nothing: {losses}"
     for g, w in zip(got, want):
         assert g == pytest.approx(w, rel=1e-5, abs=1e-7), f"step {g[0]}: 4->3 {g} vs stays on 4 {w}"
-    a = torch.load(ckpt.list_checkpoints(run_dir / "checkpoints")[-1], weights_only=False)
-    b = torch.load(ckpt.list_checkpoints(ref_dir / "checkpoints")[-1], weights_only=False)
+    a, b = assert_same_final_weights(run_dir, ref_dir, rtol=1e-5, atol=1e-6)
     assert a["samples"] == b["samples"] == STEPS * GLOBAL
-    for k in b["model"]:
-        torch.testing.assert_close(a["model"][k], b["model"][k], rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.timeout(180)

@@ -14,7 +14,8 @@ import torch
 
 from podrun.train import checkpoint as ckpt
 from podrun.train.metrics import latest_by_step, read_metrics
-from tests.train.train_procs import start_workers, wait_all, wait_for_step
+from tests.train.train_procs import (assert_same_final_weights, kill_mid_run, start_workers, wait_all,
+                                    wait_for_step)
 
 STEPS = 40
 
@@ -29,15 +30,7 @@ def _opts(run_dir):
 def test_kill9_mid_training_then_resume_continues_the_curve(tmp_path):
     ref_dir, run_dir = tmp_path / "uninterrupted", tmp_path / "killed"
     ref = start_workers(2, _opts(ref_dir))
-    victim = start_workers(2, _opts(run_dir))
-    seen = wait_for_step(run_dir, 12, victim)
-    for p in victim:
-        p.send_signal(signal.SIGKILL)
-    for p in victim:
-        p.wait()
-    assert all(p.returncode == -signal.SIGKILL for p in victim)
-    before = read_metrics(run_dir)
-    assert not any(r.get("event") == "end" for r in before), "the run finished before it was killed"
+    seen = kill_mid_run(2, _opts(run_dir), run_dir, 12)
     saved = [int(p.name[5:14]) for p in ckpt.list_checkpoints(run_dir / "checkpoints")]
     assert saved and max(saved) <= seen < STEPS, (saved, seen)
 
@@ -54,11 +47,8 @@ def test_kill9_mid_training_then_resume_continues_the_curve(tmp_path):
     final = {r["step"]: r["val_accuracy"] for r in records if r.get("kind") == "eval"}
     final_ref = {r["step"]: r["val_accuracy"] for r in read_metrics(ref_dir) if r.get("kind") == "eval"}
     assert final[STEPS] == pytest.approx(final_ref[STEPS])
-    a = torch.load(ckpt.list_checkpoints(run_dir / "checkpoints")[-1], weights_only=False)
-    b = torch.load(ckpt.list_checkpoints(ref_dir / "checkpoints")[-1], weights_only=False)
+    a, b = assert_same_final_weights(run_dir, ref_dir, rtol=1e-6, atol=1e-7)
     assert a["step"] == b["step"] == STEPS
-    for k in b["model"]:
-        torch.testing.assert_close(a["model"][k], b["model"][k], rtol=1e-6, atol=1e-7)
 
 
 SAVER = textwrap.dedent("""
@@ -114,12 +104,13 @@ def _workers_with(seed: str) -> list[int]:
 @pytest.mark.timeout(240)
 def test_podrun_launch_max_restarts_resumes_from_the_checkpoint(tmp_path):
     """podrun launch --max-restarts 1: kill -9 one worker mid-run; the launcher restarts the run and
-    train.py resumes from the newest checkpoint under the same run directory and finishes."""
+    train.py resumes from the newest checkpoint under the same run directory and finishes. Under
+    --keep-checkpoints 1 the one checkpoint left is always the newest, so the resume finds it."""
     from pathlib import Path
 
     seed = str(40000 + os.getpid() % 10000)   # marks this test's workers for pgrep
     train_args = ["--data", "digits", "--image-size", "8", "--steps", "40", "--checkpoint-every", "5",
-                  "--seed", seed, "--quiet"]
+                  "--keep-checkpoints", "1", "--seed", seed, "--quiet"]
     root = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PODRUN_", "SLURM_", "OMPI_", "PMI_")) and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
@@ -145,3 +136,5 @@ def test_podrun_launch_max_restarts_resumes_from_the_checkpoint(tmp_path):
     assert len(resume) == 1 and resume[0]["step"] >= 10 and resume[0]["step"] % 5 == 0, out[-2000:]
     assert [r["step"] for r in latest_by_step(records, "step")] == list(range(1, 41))
     assert [r for r in records if r.get("event") == "end"][-1]["step"] == 40
+    assert [p.name for p in ckpt.list_checkpoints(run_dir / "checkpoints")] == ["ckpt-000000040.pt"]
+    assert out.strip().splitlines()[-1].endswith(f"ckpt-000000040.pt; report: podrun report {run_dir}"), out[-1000:]

@@ -77,3 +77,34 @@ def wait_for_step(run_dir: Path, step: int, procs: list[subprocess.Popen], timeo
             assert p.poll() is None, f"a worker ended before step {step}:\n{p.communicate()[0][-2000:]}"
         time.sleep(0.01)
     raise AssertionError(f"step {step} not reached in {timeout}s")
+
+
+def kill_mid_run(world: int, opts: dict, run_dir: Path, step: int) -> int:
+    """Start ``world`` workers on ``opts``, kill -9 every one once ``run_dir`` logged ``step``, and check they
+    died of it before the run ended; returns the highest step logged."""
+    import signal
+
+    from podrun.train.metrics import read_metrics
+
+    victims = start_workers(world, opts)
+    seen = wait_for_step(run_dir, step, victims)
+    for p in victims:
+        p.send_signal(signal.SIGKILL)
+    for p in victims:
+        p.wait()
+    assert all(p.returncode == -signal.SIGKILL for p in victims)
+    assert not any(r.get("event") == "end" for r in read_metrics(run_dir)), "the run finished before it was killed"
+    return seen
+
+
+def assert_same_final_weights(run_dir: Path, ref_dir: Path, rtol: float, atol: float) -> tuple[dict, dict]:
+    """The newest checkpoints of two runs hold the same model weights; returns both states."""
+    import torch
+
+    from podrun.train import checkpoint as ckpt
+
+    a = torch.load(ckpt.list_checkpoints(run_dir / "checkpoints")[-1], weights_only=False)
+    b = torch.load(ckpt.list_checkpoints(ref_dir / "checkpoints")[-1], weights_only=False)
+    for k in b["model"]:
+        torch.testing.assert_close(a["model"][k], b["model"][k], rtol=rtol, atol=atol)
+    return a, b

@@ -1,0 +1,53 @@
+"""One torch-free reader of metrics.jsonl: the launcher's elastic scan (podrun.launch.elastic) and podrun report
+(podrun.train.report) see the same training steps in the same file, and the scan imports no torch."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from podrun.launch.elastic import first_step_after, last_step
+from podrun.train.metrics import end_record, read_metrics_counted, step_times
+from podrun.train.report import read_run, summarize
+
+
+def _step(n: int, t: float, **bad) -> str:
+    return json.dumps({"kind": "step", "step": n, "time": t, "epoch": 0, "loss": 1.0 / n, "accuracy": 0.5,
+                       "images_per_sec": 100.0, **bad})
+
+
+LINES = [json.dumps({"kind": "run", "event": "start", "time": 1.0, "step": 0}),
+         _step(1, 2.0), _step(2, 3.0), _step(3, 4.0),
+         _step(4, 5.0, loss="nan"),              # a number written as a string: no reader uses it
+         _step(5, 6.0, time="late"),             # a time that is not a number
+         json.dumps({"kind": "step", "step": 6, "time": 6.5}),   # a script's own minimal step record
+         json.dumps({"kind": "run", "event": "end", "time": 7.0, "step": 6, "checkpoints": ["ckpt-000000003.pt"],
+                     "checkpoint_dir": "c"}),
+         '{"kind": "step", "step": 7, "ti']     # torn last line
+
+
+def test_elastic_scan_and_report_read_the_same_records(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text("\n".join(LINES) + "\n")
+    records, skipped = read_metrics_counted(tmp_path)
+    assert skipped == 3
+    steps = [(r["step"], r["time"]) for r in records if r["kind"] == "step"]
+    assert steps == [(1, 2.0), (2, 3.0), (3, 4.0), (6, 6.5)]
+    assert list(step_times(tmp_path)) == steps           # the scan skips what the report skips
+    assert last_step(tmp_path) == (6, 6.5)
+    assert first_step_after(tmp_path, 3.5) == (3, 4.0)
+    assert first_step_after(tmp_path, 6.5) == (None, None)
+    run = read_run(tmp_path)            # the report draws the runner's complete records only
+    assert summarize(run.records)["steps"] == 3 and run.skipped == 4
+    assert end_record(tmp_path)["checkpoints"] == ["ckpt-000000003.pt"]
+    assert end_record(tmp_path / "absent") is None and last_step(tmp_path / "absent") == (None, None)
+
+
+def test_the_elastic_scan_imports_no_torch(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text("\n".join(LINES) + "\n")
+    code = ("import sys; from podrun.launch.elastic import last_step; from podrun.train.report import pointers; "
+            f"print(last_step({str(tmp_path)!r}), pointers({str(tmp_path)!r})); "
+            "print([m for m in ('torch', 'numpy', 'matplotlib') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["(6, 6.5) 1 checkpoint(s) in c: ckpt-000000003.pt; "
+                                       f"report: podrun report {tmp_path}", "[]"]
