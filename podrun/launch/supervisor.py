@@ -130,6 +130,7 @@ class Supervisor:
         self.watch = watch or watching.WatchOptions(hang_timeout=None)
         self.progress = progress
         self.last_progress = time.monotonic()
+        self.started = False                     # some worker made progress in this attempt
         self.step_times: list[float] = []       # recent step_seconds reported by any worker (auto window)
         self.phases: dict[tuple[int, int | None], str] = {}   # (instance, local rank) -> last reported phase
         self.dump: dict | None = None            # the stack collection in flight
@@ -229,7 +230,7 @@ class Supervisor:
         if ev.kind in ("out", "err"):
             self._output(st.index, st.host, ev.local_rank, ev.kind, ev.text)
             if ev.local_rank is not None:
-                self.last_progress = now
+                self.last_progress, self.started = now, True
         elif ev.kind == "prog":
             self._progress(st, ev.local_rank, ev.text, now)
         elif ev.kind == "stack":
@@ -246,6 +247,7 @@ class Supervisor:
             parts = ev.text.split()
             rc, at = int(parts[0]), float(parts[1]) if len(parts) > 1 else time.time()
             st.workers[ev.local_rank] = rc
+            self.last_progress = now             # a worker ending is news; the others get a new window
             if rc == 0 and self.first_ok is None:
                 self.first_ok = (now, st.index, ev.local_rank)
             if rc != 0 and "teardown" not in parts[2:] and self.signalled is None:
@@ -423,7 +425,7 @@ class Supervisor:
             return
         if not isinstance(rec, dict) or lr is None:
             return
-        self.last_progress = now
+        self.last_progress, self.started = now, True
         self.phases[(st.index, lr)] = str(rec.get("phase", "train"))
         dt = rec.get("step_seconds")
         if isinstance(dt, (int, float)) and dt > 0:
@@ -444,7 +446,7 @@ class Supervisor:
 
     def window(self) -> float | None:
         """The hang window now (None: hangs are not watched)."""
-        return self.watch.window(self.step_times)
+        return self.watch.window(self.step_times, self.started)
 
     def _watch(self, now: float) -> None:
         """Start a dump on a hang or on a control-socket request; finish one that is complete or overdue."""

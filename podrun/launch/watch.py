@@ -23,6 +23,7 @@ AUTO_FLOOR_S = 120.0           # --hang-timeout auto: never less than this
 AUTO_STEPS = 20                # ... and this many times the median of the last AUTO_WINDOW step times
 AUTO_WINDOW = 20
 AUTO_NO_STEPS_S = 600.0        # --hang-timeout auto before any step was reported (plain scripts, start-up)
+STARTUP_S = 60.0               # until the first progress of an attempt the window is at least this (imports)
 DUMP_WAIT_S = 5.0              # how long the controller waits for every worker's stacks
 SHOWN_FRAMES = 4               # frames of a stack on the console (the files have them all)
 
@@ -38,12 +39,13 @@ class WatchOptions:
     on_hang: str = "end"              # "end": dump the stacks, then end the run; "dump": dump and go on
     progress: bool = True             # forward the workers' progress reports to the console
 
-    def window(self, step_times: list[float]) -> float | None:
-        """The hang window in seconds now, given the recent step times (seconds) reported by the runtime."""
+    def window(self, step_times: list[float], started: bool = True) -> float | None:
+        """The hang window in seconds now, given the recent step times (seconds) reported by the runtime;
+        before the first progress (``started`` False: imports, rendezvous) at least STARTUP_S."""
         if self.hang_timeout is None:
             return None
         if self.hang_timeout != "auto":
-            return float(self.hang_timeout)
+            return float(self.hang_timeout) if started else max(float(self.hang_timeout), STARTUP_S)
         if not step_times:
             return AUTO_NO_STEPS_S
         recent = sorted(step_times[-AUTO_WINDOW:])
@@ -147,13 +149,31 @@ def merge(workers: list[WorkerStack]) -> list[Group]:
     return sorted(groups, key=lambda g: (in_collective(g.workers[0]), len(g.ranks), g.ranks[0]))
 
 
+def library(f: Frame) -> bool:
+    """A frame of Python's own library or an installed package (not the user's code)."""
+    return f.file.startswith("<") or "site-packages" in f.file or "dist-packages" in f.file or \
+        f"{os.sep}lib{os.sep}python" in f.file
+
+
 def describe(frames: tuple[Frame, ...], limit: int = SHOWN_FRAMES) -> str:
-    """"time.sleep <- hang.py:12 <- hang.py:30": the innermost function, then where each caller stands."""
+    """"all_reduce (distributed_c10d.py:3252) <- ... <- train.py:88": the innermost function and where it
+    stands, then the callers in the user's code (library frames between them shown as "...")."""
     if not frames:
         return "(no Python frame)"
-    parts = [f"{frames[0].func} ({frames[0].where()})"] + [f.where() for f in frames[1:limit]]
-    more = len(frames) - limit
-    return " <- ".join(parts) + (f" <- ... {more} more" if more > 0 else "")
+    parts = [f"{frames[0].func} ({frames[0].where()})"]
+    skipped = False
+    for f in frames[1:]:
+        if library(f):
+            skipped = True
+            continue
+        if len(parts) >= limit:
+            parts.append("...")
+            break
+        if skipped:
+            parts.append("...")
+            skipped = False
+        parts.append(f.where())
+    return " <- ".join(parts)
 
 
 def rank_ranges(ranks) -> str:

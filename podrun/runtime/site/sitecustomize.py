@@ -3,12 +3,13 @@
 When PODRUN_STACK_DIR is set, every Python process of the worker registers faulthandler on
 PODRUN_STACK_SIGNAL (all threads, chained to a Python handler already there), dumping into
 <dir>/<pid>.txt, and writes <dir>/<pid>.main with its main thread's id; the agent signals only
-processes that wrote that file, so a process without the handler is never sent the signal. Then the
+processes that wrote that file, so a process without the handler is never sent the signal. A process
+forked from one (a DataLoader worker) registers again under its own pid. Then the
 next sitecustomize on sys.path, if any, runs as it would have. Imports nothing beyond the stdlib.
 """
 
 
-def _install():
+def _install(first=True):
     import os
 
     where = os.environ.get("PODRUN_STACK_DIR")
@@ -29,6 +30,8 @@ def _install():
     globals()["_podrun_stack_file"] = f       # the handler writes to its fd for the process's life
     with open(os.path.join(where, f"{pid}.main"), "w", encoding="utf-8") as m:
         m.write(f"{threading.main_thread().ident:#018x}\n")
+    if first:
+        os.register_at_fork(after_in_child=lambda: _install(False))
 
 
 def _chain():

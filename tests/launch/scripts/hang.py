@@ -24,7 +24,7 @@ class Stuck(torch.utils.data.Dataset):
         return 1000
 
     def __getitem__(self, i):
-        if i >= 4:
+        if i >= 5:   # the rank gets items 0-4 (steps 0-4), then waits at step 5
             time.sleep(3600)  # STALL-loader
         return torch.zeros(1)
 
@@ -52,6 +52,7 @@ def main():
     ap.add_argument("--odd", type=int, default=1)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--every", type=float, default=0.05)
+    ap.add_argument("--tag", default="", help="ignored: a marker for the test to find the processes by")
     args = ap.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -59,6 +60,7 @@ def main():
     if args.mode == "loader" and rank == args.odd:
         loader = iter(torch.utils.data.DataLoader(Stuck(), batch_size=1, num_workers=1))
     for step in range(args.steps):
+        time.sleep(args.every)
         if rank == args.odd and step == args.stop:
             if args.mode == "sleep":
                 time.sleep(3600)  # STALL-sleep
@@ -73,7 +75,6 @@ def main():
         t = torch.ones(1)
         dist.all_reduce(t)  # STALL-others
         print(f"step {step} rank {rank} sum {int(t.item())}", flush=True)
-        time.sleep(args.every)
     dist.destroy_process_group()
 
 
