@@ -413,7 +413,8 @@ class Supervisor:
                     x.close()
                     self._handle_eof(x)
                     open_handles.discard(x)
-        if self.dump is not None:
+        if self.dump is not None:             # the run ended meanwhile: answer who asked, blame no one
+            self.dump["reason"] = "request"
             self._finish_dump()
         return self._outcome()
 
