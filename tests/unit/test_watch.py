@@ -154,3 +154,30 @@ def test_a_bad_hang_timeout_is_refused_naming_the_option(value, tmp_path):
                          str(tmp_path), "--", "true"], capture_output=True, text=True, timeout=60)
     assert cp.returncode == 2, cp.stderr
     assert "--hang-timeout" in cp.stderr and "Traceback" not in cp.stderr
+
+
+def test_podrun_stack_with_no_running_launch_is_one_paragraph_exit_2(tmp_path):
+    runs = tmp_path / "runs"
+    (runs / "ended").mkdir(parents=True)
+    none = subprocess.run([sys.executable, "-m", "podrun", "stack", "--runs-dir", str(runs)],
+                          capture_output=True, text=True, timeout=60)
+    assert none.returncode == 2 and "no running launch in" in none.stderr and "Traceback" not in none.stderr
+    ended = subprocess.run([sys.executable, "-m", "podrun", "stack", "--runs-dir", str(runs), "ended"],
+                           capture_output=True, text=True, timeout=60)
+    assert ended.returncode == 2 and "run ended is not running" in ended.stderr, ended.stderr
+    missing = subprocess.run([sys.executable, "-m", "podrun", "stack", str(tmp_path / "nope")],
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "no such run directory" in missing.stderr, missing.stderr
+
+
+def test_the_control_socket_answers_and_is_private(tmp_path):
+    """A long run-dir path (longer than a unix socket address) still works: bound through /proc/self/fd."""
+    run = tmp_path / ("x" * 120)
+    run.mkdir()
+    server = watch.serve(str(run), lambda req: {"echo": req})
+    try:
+        assert watch.ask(str(run), {"ask": "ping"}) == {"echo": {"ask": "ping"}}
+        assert (run / watch.SOCKET_NAME).stat().st_mode & 0o777 == 0o600
+    finally:
+        watch.stop(server)
+    assert not (run / watch.SOCKET_NAME).exists()
