@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import select
+import signal
 import statistics
 import subprocess
 import sys
@@ -57,11 +58,14 @@ def stall_to_stacks(tmp: Path, launcher: str) -> float | None:
                 "--hang-timeout", str(WINDOW), "--", sys.executable, HANG, "--mode", "sleep"]
     else:
         argv = [*_torchrun(), "--standalone", "--nproc-per-node", "2", HANG, "--mode", "sleep"]
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp)
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp, start_new_session=True)
     try:
         seen = _lines_until(p, ["step 4 rank 1", "odd ranks first"], 120 + CAP_S)
     finally:
-        p.kill()
+        try:
+            os.killpg(p.pid, signal.SIGKILL)      # torchrun's workers too: they are in its session
+        except ProcessLookupError:
+            pass
         p.wait()
     if "step 4 rank 1" not in seen or "odd ranks first" not in seen:
         return None

@@ -18,8 +18,9 @@ when the controller, having heard from every host, writes ``G``; it exits 0 with
 told to stop instead. Each worker gets a progress pipe (PODRUN_PROGRESS_FD, podrun.runtime.progress) whose
 records the agent relays as ``prog`` lines, and podrun's sitecustomize first on its PYTHONPATH
 (podrun/runtime/site), which registers faulthandler on STACK_SIGNAL in each of its Python processes; an
-``S`` on stdin makes the agent signal those processes and relay their stacks as ``stack`` lines, while
-the workers go on. With --agent-store, the agent of global rank 0 holds --master-port from its start
+``S`` on stdin (or, with --no-stdin-watch under mpirun/srun, a new token in the run dir's stacks-request
+file, checked each second) makes the agent signal those processes and relay their stacks as ``stack``
+lines, while the workers go on. With --agent-store, the agent of global rank 0 holds --master-port from its start
 and serves the run's TCPStore on it (podrun.launch.agent_store).
 """
 from __future__ import annotations
@@ -155,8 +156,10 @@ def end_descendants(timeout: float = 5.0) -> int:
 class Agent:
     def __init__(self, index: int, command: list[str], envs: list[dict[str, str]], *, grace: float,
                  stdin_watch: bool, stdin_timeout: float, out=None, probe: dict | None = None,
-                 local_ranks: list[int] | None = None, agent_rank: int | None = None):
+                 local_ranks: list[int] | None = None, agent_rank: int | None = None,
+                 run_dir: str | None = None):
         self.index = index
+        self.run_dir = run_dir       # without a stdin watch: where the controller's stacks-request appears
         # the workers' local ranks (envs[i] is local rank local_ranks[i]): all of the instance's, or with
         # --rank-from-env the one worker this agent runs, whose local rank then also tags agent lines
         self.local_ranks = list(range(len(envs))) if local_ranks is None else list(local_ranks)
@@ -266,8 +269,17 @@ class Agent:
                 f"no stack written within {STACK_WAIT_S:g} s"}
 
     def _heartbeat(self) -> None:
+        from podrun.launch.watch import read_request
+
+        watch_file = not self.stdin_watch and self.run_dir is not None
+        token = read_request(self.run_dir) if watch_file else ""
         while True:
             self.emit(None, "hb", f"{time.time():.3f}")
+            if watch_file:
+                now = read_request(self.run_dir)
+                if now != token:
+                    token = now
+                    self.dumps.release()
             time.sleep(1.0)
 
     def _watch_stdin(self) -> None:
@@ -579,7 +591,8 @@ def main(argv: list[str] | None = None) -> int:
         # the agent store's port is busy when it could not be bound; else (no agent store) facts() tries it
         probe = facts(ports, None if store is None else ports if store.error is not None else [])
     agent = Agent(index, command, envs, grace=args.grace, stdin_watch=not args.no_stdin_watch,
-                  stdin_timeout=args.stdin_timeout, probe=probe, local_ranks=local_ranks, agent_rank=agent_rank)
+                  stdin_timeout=args.stdin_timeout, probe=probe, local_ranks=local_ranks, agent_rank=agent_rank,
+                  run_dir=args.run_dir)
     if store is not None and not (probe and probe["ports_busy"]):    # busy: the controller will not say go
         store.start(agent.envs, lambda text: agent.emit(None, "note", text))
     try:

@@ -485,6 +485,11 @@ class Supervisor:
                 h.request_stacks()
             except Exception:  # noqa: BLE001 - a broken link shows as a worker without stacks
                 pass
+        if self.transport.merged:        # mpirun/srun agents have no stdin: they watch the run dir
+            try:
+                watching.write_request(self.req.run_dir)
+            except OSError as exc:
+                self.notice(f"cannot ask the mpirun/srun agents for stacks: {exc.strerror or exc}")
 
     def _finish_dump(self) -> None:
         d, self.dump = self.dump, None
@@ -495,7 +500,7 @@ class Supervisor:
             rank = self._rank_int(inst, lr)
             if rec is None:
                 workers.append(watching.WorkerStack(rank, inst, lr, st.host, (), "its agent sent no stacks in time "
-                                                    "(mpirun/srun agents cannot be asked, or the host is cut off)"))
+                                                    "(host cut off, or under mpirun/srun a run dir it does not share)"))
                 continue
             procs = tuple(watching.ProcessStack(int(p.get("pid", 0)), watching.parse_dump(str(p.get("text", "")),
                                                                                            p.get("main")))

