@@ -73,9 +73,13 @@ def stall_to_stacks(tmp: Path, launcher: str) -> float | None:
 
 
 def step_ms(tmp: Path, launcher: str, steps: int) -> float:
-    if launcher == "podrun":
+    """The median step time (ms) of STEP under ``launcher``: "podrun" (reports each step, --hang-timeout 30),
+    "podrun-unwatched" (no reports, --hang-timeout off) or "torchrun"."""
+    if launcher.startswith("podrun"):
+        watched = launcher == "podrun"
         argv = [sys.executable, "-m", "podrun", "launch", "--devices-per-host", "2", "--runs-dir", str(tmp / "runs"),
-                "--hang-timeout", "30", "--", sys.executable, STEP, str(steps), "4096"]
+                "--hang-timeout", "30" if watched else "off", "--", sys.executable, STEP, str(steps), "4096",
+                "1" if watched else "0"]
     else:
         argv = [*_torchrun(), "--standalone", "--nproc-per-node", "2", STEP, str(steps), "4096"]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=tmp)
@@ -88,7 +92,7 @@ def step_ms(tmp: Path, launcher: str, steps: int) -> float:
 def _row(subject, value, unit, peer, peer_value, note):
     return {"benchmark": "hang", "subject": subject, "value": None if value is None else round(value, 3),
             "peer": peer, "peer_value": None if peer_value is None else round(peer_value, 3),
-            "ratio": None if not peer_value or value is None else round(value / peer_value, 3), "unit": unit,
+            "ratio": None if peer_value is None or peer_value == 0 or value is None else round(value / peer_value, 3), "unit": unit,
             "note": note}
 
 
@@ -107,14 +111,19 @@ def run(quick: bool) -> list[dict]:
                          "s", "torchrun", tr,
                          f"2 ranks, rank 1 sleeps at step 5; median of {repeats}; torchrun: "
                          + ("none within " if tr is None else "") + f"{CAP_S:g} s (it waits for gloo's timeout)"))
-        pm, tm = [], []
+        pm, um, tm = [], [], []
         for k in range(repeats):
             (tmp / f"s{k}").mkdir()
             pm.append(step_ms(tmp / f"s{k}", "podrun", steps))
+            um.append(step_ms(tmp / f"s{k}", "podrun-unwatched", steps))
             tm.append(step_ms(tmp / f"s{k}", "torchrun", steps))
-        rows.append(_row("step time with the watch on", statistics.median(pm), "ms", "torchrun", statistics.median(tm),
-                         f"2 ranks, {steps} steps of 4 matmuls 256x256 + all_reduce 4096 floats, a runtime report "
-                         f"each step; median step, median of {repeats} interleaved runs"))
+        runs = "; ".join(f"{a:.2f}/{b:.2f}/{c:.2f}" for a, b, c in zip(pm, um, tm))
+        what = (f"2 ranks, {steps} steps of 4 matmuls 256x256 + all_reduce 4096 floats; median step, median of "
+                f"{repeats} interleaved runs (watched/unwatched/torchrun ms: {runs})")
+        rows.append(_row("step time, watched (a report each step)", statistics.median(pm), "ms",
+                         "podrun unwatched (no report, --hang-timeout off)", statistics.median(um), what))
+        rows.append(_row("step time, watched (a report each step)", statistics.median(pm), "ms", "torchrun",
+                         statistics.median(tm), what))
     return rows
 
 

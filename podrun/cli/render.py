@@ -136,7 +136,8 @@ def progress_text(rec: dict, elapsed: float, rate_s: float | None) -> str:
     parts = []
     step, total = rec.get("step"), rec.get("total")
     if step is not None:
-        parts.append(f"step {step}/{total} ({step / total:.0%})" if total else f"step {step}")
+        parts.append(f"step {step}/{total} ({step / total:.0%})" if total is not None and total > 0
+                     else f"step {step}")
     if rec.get("epoch") is not None:
         parts.append(f"epoch {rec['epoch']}")
     if rec.get("loss") is not None:
@@ -147,7 +148,7 @@ def progress_text(rec: dict, elapsed: float, rate_s: float | None) -> str:
     if phase != "train":
         parts.append(phase)
     parts.append(f"{human_seconds(elapsed)} elapsed")
-    if rate_s is not None and step is not None and total:
+    if rate_s is not None and step is not None and total is not None and total > 0:
         parts.append(f"{human_seconds(max(total - step, 0) * rate_s)} left")
     return " · ".join(parts)
 
