@@ -181,3 +181,39 @@ def test_the_control_socket_answers_and_is_private(tmp_path):
     finally:
         watch.stop(server)
     assert not (run / watch.SOCKET_NAME).exists()
+
+
+def test_the_worker_hook_dumps_on_the_signal_keeps_running_and_chains_the_users_sitecustomize(tmp_path):
+    """podrun's sitecustomize (what the agent puts first on a worker's PYTHONPATH): the user's own
+    sitecustomize still runs; the process registers (<pid>.main), dumps every thread on the signal into
+    <pid>.txt, and goes on running."""
+    import signal
+    import time
+
+    from podrun.launch.agent import SITE_DIR, STACK_SIGNAL
+
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "sitecustomize.py").write_text("print('USER SITE', flush=True)\n")
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    code = "import time\nprint('up', flush=True)\nwhile True:\n    time.sleep(0.05)  # HERE\n"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SITE_DIR, str(user)]), "PODRUN_STACK_DIR": str(stacks),
+           "PODRUN_STACK_SIGNAL": str(STACK_SIGNAL)}
+    p = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "USER SITE"
+        assert p.stdout.readline().strip() == "up"
+        main = (stacks / f"{p.pid}.main").read_text().strip()
+        deadline = time.monotonic() + 20           # it may still stand on the print: ask until it is in the loop
+        while time.monotonic() < deadline and "line 4" not in (stacks / f"{p.pid}.txt").read_text():
+            os.kill(p.pid, STACK_SIGNAL)
+            time.sleep(0.3)
+        text = (stacks / f"{p.pid}.txt").read_text()
+        threads = watch.parse_dump(text, main)
+        assert threads[0].main and threads[0].frames[0].line == 4, text
+        time.sleep(0.3)
+        assert p.poll() is None                    # the dump did not end it
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=10)
