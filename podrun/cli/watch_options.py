@@ -8,10 +8,12 @@ import sys
 
 import click
 
-HANG_TIMEOUT_HELP = ("Seconds without progress from any rank (a runtime report, or any output line of a plain "
-                     "script) before the run counts as hung: podrun shows every rank's stack, then does what "
-                     "--on-hang says. auto (the default): 20 x the median step time with a floor of 120 s once the "
-                     "runtime reports steps, 600 s before; off: never.")
+from podrun.launch.watch import AUTO_FLOOR_S, AUTO_NO_STEPS_S, AUTO_STEPS, HANG_EXIT
+
+HANG_TIMEOUT_HELP = (f"Seconds without progress from any rank (a runtime report, or any output line of a plain "
+                     f"script) before the run counts as hung: podrun shows every rank's stack, then does what "
+                     f"--on-hang says. auto (the default): {AUTO_STEPS} x the median step time with a floor of "
+                     f"{AUTO_FLOOR_S:g} s once the runtime reports steps, {AUTO_NO_STEPS_S:g} s before; off: never.")
 
 
 class HangTimeout(click.ParamType):
@@ -39,8 +41,8 @@ def watch_options(f):
     @click.option("--hang-timeout", type=HangTimeout(), default="auto", show_default=True, metavar="SECONDS|auto|off",
                   help=HANG_TIMEOUT_HELP)
     @click.option("--on-hang", type=click.Choice(["end", "dump"]), default="end", show_default=True,
-                  help="On a hang: end (show every rank's stack, then end the run, exit 125) or dump (show them "
-                       "and let the run go on; they are shown again after another silent window).")
+                  help=f"On a hang: end (show every rank's stack, then end the run, exit {HANG_EXIT}) or dump (show "
+                       "them and let the run go on; they are shown again after another silent window).")
     @functools.wraps(f)
     def wrapper(*args, **kw):
         return f(*args, **kw)
