@@ -70,3 +70,20 @@ def uge_cluster():
         _fail("uge_cluster (sge_qmaster + 3 sge_execd in network namespaces)", e)
     with cluster:
         yield cluster
+
+
+def _hypothesis_seed_line(config) -> str:
+    seed = config.getoption("hypothesis_seed", None)
+    if seed is None:
+        return ("hypothesis: random examples, a new set each run (.ci/run fixes a seed: "
+                "PYTEST_ADDOPTS=--hypothesis-seed=N)")
+    return (f"hypothesis seed {seed}: replay with PYTEST_ADDOPTS=--hypothesis-seed={seed} "
+            f"python3 -m pytest -q tests/fuzz (docs/test-harness.md)")
+
+
+def pytest_report_header(config):
+    return _hypothesis_seed_line(config)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    terminalreporter.write_line(_hypothesis_seed_line(config))

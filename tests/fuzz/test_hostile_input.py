@@ -10,6 +10,7 @@ PODRUN_FUZZ_EXAMPLES sets the examples per property (default 100, about a minute
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import math
 import os
@@ -21,6 +22,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from types import MappingProxyType
 from unittest import mock
 
 import pytest
@@ -86,15 +88,18 @@ def check_contract(argv, rc, out, err, seconds, env=None) -> None:
 
 # --- values that broke the contract before, and random ones ---------------------------------------
 
-HOSTILE_SCALARS = [
+# A tuple, and drawn through a deep copy: the mutations put a drawn value into a document and may change it
+# in place later, so a draw must never be the constant itself (tests/fuzz/test_strategies.py).
+HOSTILE_SCALARS = (
     0, -1, 1, -(2 ** 63), 2 ** 63, 10 ** 29, 10 ** 400, 1e308, -1e308, 1e-308, float("nan"), float("inf"),
     float("-inf"), "", " ", "a b", "$(touch x)", "`reboot`", "-n[1-2]", "-oProxyCommand=x", "auto",
     "x" * 300, "h{i:>300000000}", "h{i}{j}", "{0}", "\x00", "\x1b[31m", "caf\u00e9", None, True, False,
     [], {}, [1, [2]], {"a": 1}, ["a", "a"],
-]
+)
 
+hostile_scalars = st.sampled_from(HOSTILE_SCALARS).map(copy.deepcopy)
 hostile = st.one_of(
-    st.sampled_from(HOSTILE_SCALARS),
+    hostile_scalars,
     st.integers(),
     st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=40),
@@ -177,8 +182,9 @@ def mutated_yaml(draw, base_text: str) -> bytes:
     return raw
 
 
-CLUSTER_TEXTS = {p.stem: p.read_text() for p in sorted((ROOT / "cluster_specs").glob("*.yaml"))}
-RECIPE_TEXTS = {p.parent.name: p.read_text() for p in sorted((ROOT / "recipes").glob("*/recipe.yaml"))}
+CLUSTER_TEXTS = MappingProxyType({p.stem: p.read_text() for p in sorted((ROOT / "cluster_specs").glob("*.yaml"))})
+RECIPE_TEXTS = MappingProxyType({p.parent.name: p.read_text()
+                                 for p in sorted((ROOT / "recipes").glob("*/recipe.yaml"))})
 
 
 @FUZZ
@@ -256,10 +262,10 @@ def test_allocation_files(lines, junk, var):
         check_contract(argv, *run_cli(argv, env), env=env)
 
 
-PLAN_NUMBERS = ["--nodes", "--global-batch", "--local-batch", "--grad-accum", "--instances-per-host",
-                "--devices-per-host", "--pod"]
-LAUNCH_NUMBERS = ["--master-port", "--grace", "--keepalive", "--max-restarts", "--max-concurrency",
-                  "--only-output-from-instance"]
+PLAN_NUMBERS = ("--nodes", "--global-batch", "--local-batch", "--grad-accum", "--instances-per-host",
+                "--devices-per-host", "--pod")
+LAUNCH_NUMBERS = ("--master-port", "--grace", "--keepalive", "--max-restarts", "--max-concurrency",
+                  "--only-output-from-instance")
 numbers = st.one_of(
     st.sampled_from(["0", "-1", "-5", "1", "2", "3", "70000", "65536", "nan", "inf", "-inf", "1e308", "10" + "0" * 29,
                      str(2 ** 63), "1.5", "0x10", "", " ", "1_000", "٣", "9" * 5000]),
@@ -271,7 +277,7 @@ numbers = st.one_of(
 @FUZZ
 @given(st.lists(st.tuples(st.sampled_from(PLAN_NUMBERS), numbers), min_size=1, max_size=3),
        st.sampled_from(["efficientnet_b4", "resnet50", "vit_b16", "resnet18_cifar10"]),
-       st.sampled_from([["--pod", "16"], ["--cluster", "abci"], ["--cluster", "dgx-h100"], []]))
+       st.sampled_from([("--pod", "16"), ("--cluster", "abci"), ("--cluster", "dgx-h100"), ()]))
 def test_plan_numbers(options, recipe, base):
     argv = ["plan", *base, str(ROOT / "recipes" / recipe), "--json"]
     for opt, value in options:
@@ -297,14 +303,14 @@ def test_plan_numbers(options, recipe, base):
 
 
 # documented ranges of the launch options (docs/cluster-specs.md): a value accepted must be in them
-LAUNCH_RANGES = {
+LAUNCH_RANGES = MappingProxyType({
     "--master-port": lambda v: 0 <= int(v) <= 65535,
     "--grace": lambda v: math.isfinite(float(v)) and 0 <= float(v) <= 7 * 24 * 3600,
     "--keepalive": lambda v: math.isfinite(float(v)) and 0 < float(v) <= 7 * 24 * 3600,
     "--max-restarts": lambda v: 0 <= int(v) <= 1000,
     "--max-concurrency": lambda v: 1 <= int(v),
     "--only-output-from-instance": lambda v: 0 <= int(v),
-}
+})
 
 
 @FUZZ
@@ -529,14 +535,14 @@ def _measured(argv: list[str], env: dict | None = None) -> tuple[int, str, float
     return int(fields[1]), text, seconds, int(fields[0]) / 1024
 
 
-BOMBS = {
+BOMBS = MappingProxyType({
     "alias bomb": ("c.yaml", alias_bomb() + CLUSTER_TEXTS["local"]),
     "hosts.count 10**7": ("c.yaml", CLUSTER_TEXTS["ipu-pod16"].replace("count: 1", "count: 10000000")),
     "hosts.count 10**29": ("c.yaml", CLUSTER_TEXTS["ipu-pod16"].replace("count: 1", "count: " + "1" + "0" * 29)),
     "pattern width": ("c.yaml", CLUSTER_TEXTS["ipu-pod16"].replace('"pod16-host{i}"', '"h{i:>300000000}"')),
     "deep nesting": ("c.yaml", deep_nesting(200_000)),
     "large file": ("c.yaml", "name: x\n" + "#" * (64 << 20)),
-}
+})
 
 
 @pytest.mark.parametrize("name", sorted(BOMBS))
