@@ -62,8 +62,13 @@ def stall_to_stacks(tmp: Path, launcher: str) -> float | None:
     try:
         seen = _lines_until(p, ["step 4 rank 1", "odd ranks first"], 120 + CAP_S)
     finally:
+        p.terminate()                     # torchrun ends its workers (in sessions of their own) on SIGTERM
         try:
-            os.killpg(p.pid, signal.SIGKILL)      # torchrun's workers too: they are in its session
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         p.wait()
