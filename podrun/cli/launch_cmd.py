@@ -10,6 +10,7 @@ from podrun.cli import types as t
 
 from podrun.cli.options import plan_options, pop_plan_options
 from podrun.cli.engine_options import engine_options, pop_engine_options
+from podrun.cli.watch_options import pop_watch_options, watch_options
 
 COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93")
 
@@ -28,6 +29,7 @@ class LaunchCommand(click.Command):
     "ignore_unknown_options": True, "allow_extra_args": True, "allow_interspersed_args": False})
 @plan_options
 @engine_options
+@watch_options
 @click.option("--transport", type=click.Choice(["local", "ssh", "mpirun", "srun"]),
               help="How instances start (default: local for this machine, srun in Slurm, else ssh).")
 @click.option("--ssh-config", type=click.Path(dir_okay=False), help="OpenSSH client config (default ~/.ssh/config).")
@@ -85,6 +87,7 @@ def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir
 
     plan_kw = pop_plan_options(kw)
     engine_kw = pop_engine_options(kw)
+    watch = pop_watch_options(kw)
     args = list(args)
     if not args:
         raise LaunchError("nothing to launch", hint="give a recipe (podrun launch recipes/NAME) or a command after --")
@@ -159,14 +162,22 @@ def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir
         prefix = f"[{who} {host}]"
         if tty:
             prefix = f"\x1b[{COLOURS[(0 if index is None else index) % len(COLOURS)]}m{prefix}\x1b[0m"
-        print(f"{prefix} {text}", file=sys.stderr if stream == "err" else out, flush=True)
+        print(f"{prefix} {text}", file=sys.stderr if stream == "err" or as_json else sys.stdout, flush=True)
 
     def notice(text):
         print(f"podrun: {text}", file=sys.stderr, flush=True)
 
     if only is not None and not 0 <= only < plan.instances:
         raise LaunchError(f"--only-output-from-instance {only}: the plan has instances 0..{plan.instances - 1}")
-    outcome, summary = execute(request, sink=sink, notice=notice, only_output_from=only, elastic=elastic)
+    from podrun.cli.render import ProgressView
+    from podrun.cli.watch_options import live_console
+
+    view = ProgressView(live_console(as_json))
+    try:
+        outcome, summary = execute(request, sink=sink, notice=notice, only_output_from=only, elastic=elastic,
+                                   watch=watch, progress=view)
+    finally:
+        view.close()
     try:
         _print_root_cause(summary, request)
         if as_json:

@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("podrun.cli.submit_cmd:status", "Show the scheduler state of a submitted run."),
     "cancel": ("podrun.cli.submit_cmd:cancel", "Cancel a submitted run."),
     "hosts": ("podrun.cli.hosts_cmd:hosts", "Show the hosts podrun would use and where it found them."),
+    "stack": ("podrun.cli.stack_cmd:stack", "Show every rank's stack of a running launch, merged, without stopping it."),
     "report": ("podrun.cli.report_cmd:report", "Summarise a run and draw its loss, accuracy and throughput curves."),
 }
 

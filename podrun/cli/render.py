@@ -104,3 +104,124 @@ def render_elastic(table, recipe: str, cluster: str, host_source: str) -> None:
     ok = sum(1 for r in table.rows if r.plan is not None)
     out.print(f"{ok} of {len(table.rows)} host counts keep global batch {table.global_batch} exactly "
               "(local batch x replicas x GA); the learning rate and schedule are the same on each")
+
+
+# -- numbers for people, and the launch console's progress view -------------------------------------
+
+def human_seconds(x: float) -> str:
+    """35.557 -> "35.6 s"; 130 -> "2 min 10 s"; 7500 -> "2 h 05 min"."""
+    if x != x or x < 0:
+        return "?"
+    if x < 60:
+        return f"{x:.1f} s" if x < 9.95 or x != int(x) else f"{x:.0f} s"
+    if x < 3600:
+        m, s = divmod(int(round(x)), 60)
+        return f"{m} min {s} s" if s else f"{m} min"
+    h, m = divmod(int(round(x / 60)), 60)
+    return f"{h} h {m:02d} min"
+
+
+def human_number(x: float) -> str:
+    """2345.678 -> "2,346"; 12.345 -> "12.3"; 0.012345 -> "0.0123": three significant digits or whole."""
+    if x != x:
+        return "nan"
+    if abs(x) >= 100:
+        return f"{x:,.0f}"
+    return f"{x:.3g}"
+
+
+def progress_text(rec: dict, elapsed: float, rate_s: float | None) -> str:
+    """One progress line from a runtime report: step of total, epoch, loss, img/s, elapsed, time left.
+    ``rate_s``: seconds per step over the run so far (None: not known yet)."""
+    parts = []
+    step, total = rec.get("step"), rec.get("total")
+    if step is not None:
+        parts.append(f"step {step}/{total} ({step / total:.0%})" if total is not None and total > 0
+                     else f"step {step}")
+    if rec.get("epoch") is not None:
+        parts.append(f"epoch {rec['epoch']}")
+    if rec.get("loss") is not None:
+        parts.append(f"loss {human_number(float(rec['loss']))}")
+    if rec.get("samples_per_sec") is not None:
+        parts.append(f"{human_number(float(rec['samples_per_sec']))} img/s")
+    phase = rec.get("phase", "train")
+    if phase != "train":
+        parts.append(phase)
+    parts.append(f"{human_seconds(elapsed)} elapsed")
+    if rate_s is not None and step is not None and total is not None and total > 0:
+        parts.append(f"{human_seconds(max(total - step, 0) * rate_s)} left")
+    return " · ".join(parts)
+
+
+class ProgressView:
+    """The run's progress on the console, one line per run (the lowest rank that reports speaks for it):
+    a live rich line on a terminal (``live``), else a plain line every PLAIN_EVERY_S seconds, on a new
+    epoch or phase, and at the last step. ``close`` prints the end line (rounded)."""
+
+    PLAIN_EVERY_S = 10.0
+    LIVE_EVERY_S = 0.2
+
+    def __init__(self, live: bool, clock=None):
+        import time
+
+        self.clock = clock or time.monotonic
+        self.t0 = self.clock()
+        self.live = None
+        self.rank: int | None = None
+        self.first: tuple[float, int] | None = None     # (time, step) of the first report with a step
+        self.last: dict | None = None
+        self.shown_at = -1e9
+        self.shown: tuple | None = None
+        if live:
+            from rich.live import Live
+
+            self.live = Live(console=console(stderr=True), auto_refresh=False, transient=True,
+                             redirect_stdout=True, redirect_stderr=True)
+            self.live.start()
+
+    def __call__(self, rank: int, host: str, rec: dict) -> None:  # noqa: ARG002 - the Progress callback
+        if self.rank is not None and rank > self.rank:
+            return
+        self.rank = rank
+        now = self.clock()
+        step = rec.get("step")
+        if step is not None and self.first is None:
+            self.first = (now, step)
+        merged = dict(self.last or {})
+        merged.update(rec)
+        if "step" in rec and "phase" not in rec:
+            merged["phase"] = "train"
+        self.last = merged
+        text = progress_text(merged, now - self.t0, self._rate(now, merged))
+        if self.live is not None:
+            if now - self.shown_at >= self.LIVE_EVERY_S or merged.get("step") == merged.get("total"):
+                from rich.text import Text
+
+                self.live.update(Text(text, style="bold"), refresh=True)
+                self.shown_at = now
+            return
+        key = (merged.get("epoch"), merged.get("phase"))
+        last_step = step is not None and step == merged.get("total")
+        if now - self.shown_at >= self.PLAIN_EVERY_S or key != self.shown or last_step:
+            print(f"podrun: progress: {text}", file=sys.stderr, flush=True)
+            self.shown_at, self.shown = now, key
+
+    def _rate(self, now: float, rec: dict) -> float | None:
+        if self.first is None or rec.get("step") is None or rec["step"] <= self.first[1]:
+            return None
+        return (now - self.first[0]) / (rec["step"] - self.first[1])
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+        rec = self.last
+        if rec is None or rec.get("step") is None:
+            return
+        now = self.clock()
+        parts = [f"{rec['step']} steps in {human_seconds(now - self.t0)}"]
+        if rec.get("samples_per_sec") is not None:
+            parts.append(f"{human_number(float(rec['samples_per_sec']))} img/s")
+        if rec.get("loss") is not None:
+            parts.append(f"last loss {human_number(float(rec['loss']))}")
+        print("podrun: " + ", ".join(parts), file=sys.stderr, flush=True)

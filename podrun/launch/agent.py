@@ -15,7 +15,12 @@ With --rank-from-env (mpirun) the agent runs one worker, the one whose global ra
 the launcher's rank, so each worker is an MPI rank; its lines then carry that worker's local rank.
 With --hold (the ssh transport's preflight) it first reports its host's facts and starts workers only
 when the controller, having heard from every host, writes ``G``; it exits 0 with nothing started if
-told to stop instead. With --agent-store, the agent of global rank 0 holds --master-port from its start
+told to stop instead. Each worker gets a progress pipe (PODRUN_PROGRESS_FD, podrun.runtime.progress) whose
+records the agent relays as ``prog`` lines, and podrun's sitecustomize first on its PYTHONPATH
+(podrun/runtime/site), which registers faulthandler on STACK_SIGNAL in each of its Python processes; an
+``S`` on stdin (or, with --no-stdin-watch under mpirun/srun, a new token in the run dir's stacks-request
+file, checked each second) makes the agent signal those processes and relay their stacks as ``stack``
+lines, while the workers go on. With --agent-store, the agent of global rank 0 holds --master-port from its start
 and serves the run's TCPStore on it (podrun.launch.agent_store).
 """
 from __future__ import annotations
@@ -24,14 +29,17 @@ import argparse
 import ctypes
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
 from podrun.launch import protocol
+from podrun.runtime.progress import FD_ENV as PROGRESS_ENV
 
 INDEX_ENV = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
 PR_SET_PDEATHSIG = 1
@@ -39,6 +47,11 @@ ERROR_TRACEBACK_LINES = 40   # of a worker's @record traceback, sent to the cont
 ERROR_MESSAGE_CHARS = 2000
 PR_SET_CHILD_SUBREAPER = 36
 FIRST_HEARTBEAT_S = 60.0   # the first controller heartbeat may wait for the fan-out to every other host
+STACK_SIGNAL = int(signal.SIGRTMIN) + 4   # faulthandler's dump signal in workers (podrun/runtime/site)
+SITE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime", "site")
+STACK_WAIT_S = 2.0         # how long one process may take to write its stacks
+STACK_TEXT = 48 * 1024     # characters of one process's dump relayed (a stack line stays under READ_LIMIT)
+STACK_PROCS = 4            # Python processes of one worker whose stacks are relayed (the worker's own first)
 
 
 def worker_envs(plan, index: int, *, run_id: str, run_dir: str, plan_path: str, master_addr: str,
@@ -143,8 +156,10 @@ def end_descendants(timeout: float = 5.0) -> int:
 class Agent:
     def __init__(self, index: int, command: list[str], envs: list[dict[str, str]], *, grace: float,
                  stdin_watch: bool, stdin_timeout: float, out=None, probe: dict | None = None,
-                 local_ranks: list[int] | None = None, agent_rank: int | None = None):
+                 local_ranks: list[int] | None = None, agent_rank: int | None = None,
+                 run_dir: str | None = None):
         self.index = index
+        self.run_dir = run_dir       # without a stdin watch: where the controller's stacks-request appears
         # the workers' local ranks (envs[i] is local rank local_ranks[i]): all of the instance's, or with
         # --rank-from-env the one worker this agent runs, whose local rank then also tags agent lines
         self.local_ranks = list(range(len(envs))) if local_ranks is None else list(local_ranks)
@@ -168,6 +183,8 @@ class Agent:
         self.probe = probe           # --hold: facts to report, then wait for the controller's go
         self.go = threading.Event()
         self.subreaper = False       # PR_SET_CHILD_SUBREAPER took effect (Linux)
+        self.stack_root: str | None = None   # per worker w<n>/: the pid files of its faulthandler dumps
+        self.dumps = threading.Semaphore(0)  # one release per ``S`` on stdin
 
     # -- output ---------------------------------------------------------------------------
     def emit(self, local_rank: int | None, kind: str, text: str = "") -> None:
@@ -197,9 +214,72 @@ class Agent:
         except (OSError, ValueError):
             pass
 
+    def _pump_progress(self, local_rank: int, fd: int) -> None:
+        """Relay a worker's progress records (JSON lines on its PODRUN_PROGRESS_FD pipe) as ``prog`` lines."""
+        try:
+            with os.fdopen(fd, "rb") as f:
+                for raw in protocol.bounded_lines(f, 4096):
+                    text = raw.decode("utf-8", "replace").strip()
+                    if text.startswith("{"):
+                        self.emit(local_rank, "prog", text)
+        except (OSError, ValueError):
+            pass
+
+    def _dump_loop(self) -> None:
+        while True:
+            self.dumps.acquire()
+            if self.stack_root is None:
+                continue
+            for pos, p in enumerate(self.procs):
+                if p is not None and p.poll() is None:
+                    self.emit(pos, "stack", json.dumps(self.worker_stacks(pos, p.pid), separators=(",", ":")))
+
+    def worker_stacks(self, pos: int, worker_pid: int) -> dict:
+        """Signal each registered Python process of worker ``pos`` and read what faulthandler wrote:
+        {"procs": [{"pid", "main", "text"}], "problem": why there is none}."""
+        where = os.path.join(self.stack_root, f"w{pos}")
+        try:
+            pids = sorted(int(n[:-5]) for n in os.listdir(where) if n.endswith(".main") and n[:-5].isdigit())
+        except OSError:
+            pids = []
+        pids = [p for p in pids if _alive(p)]
+        pids.sort(key=lambda p: (p != worker_pid, p))
+        if not pids:
+            return {"procs": [], "problem": "no Python process of this worker registered for stacks (not Python, "
+                                            "or started with -I/-S so podrun's sitecustomize did not run)"}
+        sent = []
+        for pid in pids[:STACK_PROCS]:
+            txt = os.path.join(where, f"{pid}.txt")
+            try:
+                os.truncate(txt, 0)
+                os.kill(pid, STACK_SIGNAL)
+            except OSError:
+                continue
+            sent.append((pid, txt))
+        procs = []
+        for pid, txt in sent:
+            text = _settled(txt, STACK_WAIT_S)
+            try:
+                with open(os.path.join(where, f"{pid}.main"), encoding="utf-8") as f:
+                    main = f.read().strip()
+            except OSError:
+                main = ""
+            procs.append({"pid": pid, "main": main, "text": text[-STACK_TEXT:]})
+        return {"procs": procs, "problem": None if any(p["text"] for p in procs) else
+                f"no stack written within {STACK_WAIT_S:g} s"}
+
     def _heartbeat(self) -> None:
+        from podrun.launch.watch import read_request
+
+        watch_file = not self.stdin_watch and self.run_dir is not None
+        token = read_request(self.run_dir) if watch_file else ""
         while True:
             self.emit(None, "hb", f"{time.time():.3f}")
+            if watch_file:
+                now = read_request(self.run_dir)
+                if now != token:
+                    token = now
+                    self.dumps.release()
             time.sleep(1.0)
 
     def _watch_stdin(self) -> None:
@@ -217,6 +297,8 @@ class Agent:
                 self.go.set()
             if b"T" in data:
                 self.request_stop("the controller asked to stop")
+            for _ in range(data.count(b"S")):
+                self.dumps.release()
 
     def _on_signal(self, signum, frame) -> None:  # noqa: ARG002
         self.signalled = signum
@@ -226,22 +308,38 @@ class Agent:
     def spawn(self) -> None:
         base = dict(os.environ)
         keep_fds = _launcher_fds(base)
+        try:
+            self.stack_root = tempfile.mkdtemp(prefix="podrun-stacks-")
+        except OSError:
+            self.stack_root = None
         for local_rank, wenv in enumerate(self.envs):
             _fresh_error_file(wenv.get("TORCHELASTIC_ERROR_FILE"))
+            env = {**base, **wenv}
+            r, w = os.pipe()
+            env[PROGRESS_ENV] = str(w)
+            if self.stack_root is not None:
+                where = os.path.join(self.stack_root, f"w{local_rank}")
+                os.mkdir(where, 0o700)
+                env.update(PODRUN_STACK_DIR=where, PODRUN_STACK_SIGNAL=str(STACK_SIGNAL),
+                           PYTHONPATH=os.pathsep.join(x for x in (SITE_DIR, env.get("PYTHONPATH")) if x))
             try:
-                p = subprocess.Popen(self.command, env={**base, **wenv}, stdin=subprocess.DEVNULL,
+                p = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     start_new_session=True, preexec_fn=_pdeathsig, pass_fds=keep_fds)
+                                     start_new_session=True, preexec_fn=_pdeathsig, pass_fds=(*keep_fds, w))
             except OSError as exc:
+                os.close(r)
+                os.close(w)
                 self.emit(local_rank, "err", f"podrun agent: cannot start {self.command[0]!r}: {exc.strerror}")
                 self.procs.append(None)
                 self.readers.append([])
                 self.emit(local_rank, "exit", f"{127 if isinstance(exc, FileNotFoundError) else 126} {time.time():.3f}")
                 self.request_stop(f"local rank {local_rank} could not start")
                 continue
+            os.close(w)
             self.procs.append(p)
             threads = [threading.Thread(target=self._pump, args=(local_rank, k, f), daemon=True)
                        for k, f in (("out", p.stdout), ("err", p.stderr))]
+            threading.Thread(target=self._pump_progress, args=(local_rank, r), daemon=True).start()
             for t in threads:
                 t.start()
             self.readers.append(threads)
@@ -284,6 +382,8 @@ class Agent:
         finally:                                # also on an unexpected error: nothing outlives the agent
             self._signal_all(signal.SIGKILL)
             end_descendants()
+            if self.stack_root is not None:
+                shutil.rmtree(self.stack_root, ignore_errors=True)
 
     def _run(self) -> int:
         self.subreaper = _prctl(PR_SET_CHILD_SUBREAPER, 1)
@@ -293,6 +393,7 @@ class Agent:
         threading.Thread(target=self._heartbeat, daemon=True).start()
         if self.stdin_watch:
             threading.Thread(target=self._watch_stdin, daemon=True).start()
+        threading.Thread(target=self._dump_loop, daemon=True).start()
         if self.probe is not None and not self._held_until_go():
             self.emit(None, "done", "0")
             return 0
@@ -353,6 +454,44 @@ class Agent:
             code = 0
         self.emit(None, "done", str(code))
         return code
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:                                       # an ended child not yet reaped is no one to ask
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _settled(path: str, timeout: float) -> str:
+    """The text of ``path`` once something was written to it and it stopped growing (or at ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    last, still = -1, 0
+    while time.monotonic() < deadline:
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            size = 0
+        if size > 0 and size == last:
+            still += 1
+            if still >= 3:
+                break
+        else:
+            still = 0
+        last = size
+        time.sleep(0.03)
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
 
 
 def _launcher_fds(environ) -> tuple[int, ...]:
@@ -452,7 +591,8 @@ def main(argv: list[str] | None = None) -> int:
         # the agent store's port is busy when it could not be bound; else (no agent store) facts() tries it
         probe = facts(ports, None if store is None else ports if store.error is not None else [])
     agent = Agent(index, command, envs, grace=args.grace, stdin_watch=not args.no_stdin_watch,
-                  stdin_timeout=args.stdin_timeout, probe=probe, local_ranks=local_ranks, agent_rank=agent_rank)
+                  stdin_timeout=args.stdin_timeout, probe=probe, local_ranks=local_ranks, agent_rank=agent_rank,
+                  run_dir=args.run_dir)
     if store is not None and not (probe and probe["ports_busy"]):    # busy: the controller will not say go
         store.start(agent.envs, lambda text: agent.emit(None, "note", text))
     try:

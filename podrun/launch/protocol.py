@@ -12,6 +12,10 @@ single worker of its instance (--rank-from-env) writes that worker's local rank 
               that signal; "teardown" when the agent was already ending its workers)
   error       a failed worker's @record error file (torch.distributed.elastic): JSON {message,
               traceback, file}, sent before its ``exit`` line
+  prog        a worker's progress report (podrun.runtime.progress): JSON {phase, step, total, epoch, loss,
+              samples_per_sec, step_seconds}, the fields it gave
+  stack       on an ``S`` from the controller, one running worker's stacks: JSON {procs: [{pid, main
+              (its main thread's id), text (what faulthandler wrote)}], problem (why there is none)}
   hb          heartbeat, once a second: text = the agent's wall clock
   note        a message from the agent itself (teardown reasons, spawn errors)
   done        the agent is about to exit: text = its exit code
@@ -32,7 +36,7 @@ PREFIX = "@podrun "
 MAX_LINE = 64 * 1024           # bytes of one worker line the agent holds and forwards
 READ_LIMIT = 4 * MAX_LINE + 1024   # a protocol line: prefix + a cut line after decoding (U+FFFD is 3 bytes)
 CUT_MARK = " [podrun: line longer than {limit} bytes cut here; the rest up to its newline is dropped]"
-KINDS = frozenset({"out", "err", "ready", "probe", "start", "exit", "error", "hb", "note", "done"})
+KINDS = frozenset({"out", "err", "ready", "probe", "start", "exit", "error", "prog", "stack", "hb", "note", "done"})
 
 
 @dataclass(frozen=True)

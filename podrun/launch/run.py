@@ -127,11 +127,12 @@ def dry_run_record(request: LaunchRequest) -> dict:
 
 
 def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from: int | None = None,
-            elastic=None) -> tuple[Outcome | None, dict]:
+            elastic=None, watch=None, progress=None) -> tuple[Outcome | None, dict]:
     """Run the request (with restarts); returns the last outcome and the summary written to summary.json.
 
     ``elastic`` (a podrun.launch.elastic.ElasticPolicy): each restart first drops the failed hosts,
-    takes spares, and re-plans at the same global batch; no such plan ends the run.
+    takes spares, and re-plans at the same global batch; no such plan ends the run. ``watch`` (a
+    podrun.launch.watch.WatchOptions) and ``progress`` go to the Supervisor.
     """
     notice = notice or (lambda t: None)
     create_run_dir(request.run_dir)
@@ -153,14 +154,14 @@ def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from:
                                 notice, hint="podrun holds the rendezvous port for the whole run, so it must be free")
     try:
         return _attempts(cls, req, sink=sink, notice=notice, only_output_from=only_output_from, elastic=elastic,
-                         record=record)
+                         record=record, watch=watch, progress=progress)
     finally:
         if held is not None:
             held.close()
 
 
 def _attempts(cls, req: LaunchRequest, *, sink, notice, only_output_from, elastic,
-              record: dict | None) -> tuple[Outcome | None, dict]:
+              record: dict | None, watch=None, progress=None) -> tuple[Outcome | None, dict]:
     from podrun.plan.env import workers_per_instance
 
     attempts: list[dict] = []
@@ -196,7 +197,7 @@ def _attempts(cls, req: LaunchRequest, *, sink, notice, only_output_from, elasti
             transport.close()
             raise
         sup = Supervisor(req, transport, sink=sink, notice=notice, only_output_from=only_output_from,
-                         workers_per_instance=workers_per_instance(req.plan))
+                         workers_per_instance=workers_per_instance(req.plan), watch=watch, progress=progress)
         try:
             outcome = sup.run()
         except PodrunError as exc:        # e.g. an agent that could not be started: nothing is left running

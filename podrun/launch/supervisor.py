@@ -5,7 +5,11 @@ queues, writes runs/<id>/instance-<i>.log as lines come (a log that cannot be wr
 disk, is reported once and the run goes on with the console only), sends a heartbeat to every agent
 each second, and ends the run everywhere on the first worker failure, on SIGINT/SIGTERM/SIGHUP, when
 an instance has been silent for ``keepalive`` seconds (a lost host), or when workers are still running
-``straggler_timeout`` seconds after one exited 0 (stragglers, named by rank). The root cause is the
+``straggler_timeout`` seconds after one exited 0 (stragglers, named by rank), or when no worker made
+progress (an output line, or a ``prog`` report outside eval/checkpoint) for the hang window
+(podrun.launch.watch.WatchOptions): then it first asks every agent for its workers' stacks (``S``), writes
+them to runs/<id>/stacks/ and shows them merged. ``podrun stack`` asks for the same view through the run's
+control socket at any time. The root cause is the
 failure with the earliest agent time; its
 report carries that worker's own last lines (kept per worker, bounded), its @record error if it wrote
 one, and separately the last lines of the others.
@@ -22,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from podrun.launch import protocol
+from podrun.launch import protocol, watch as watching
 from podrun.launch.request import LaunchRequest, redact_argv
 from podrun.launch.rundir import private_open
 from podrun.launch.transport import InstanceHandle, Transport
@@ -39,6 +43,8 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)   # SIGHUP: termin
 Sink = Callable[[int | None, str, int | None, str, str], None]
 # notice(text): podrun's own status messages
 Notice = Callable[[str], None]
+# progress(rank, host, record): a worker's progress report (podrun.runtime.progress), for the console
+Progress = Callable[[int, str, dict], None]
 
 
 @dataclass
@@ -99,6 +105,7 @@ class Outcome:
     started: float
     ended: float
     all_ready_s: float | None
+    hang: dict | None = None           # the hang that ended (or was dumped in) the run: window, merged stacks
 
     def summary(self, request: LaunchRequest) -> dict:
         return {
@@ -111,13 +118,26 @@ class Outcome:
                            "ready_s": s.ready_s, "ended_s": s.ended_s} for s in self.instances],
             "timings": {"started": self.started, "ended": self.ended,
                         "duration_s": round(self.ended - self.started, 3), "all_ready_s": self.all_ready_s},
+            "hang": self.hang,
         }
 
 
 class Supervisor:
     def __init__(self, request: LaunchRequest, transport: Transport, *, sink: Sink | None = None,
-                 notice: Notice | None = None, only_output_from: int | None = None, workers_per_instance: int = 1):
+                 notice: Notice | None = None, only_output_from: int | None = None, workers_per_instance: int = 1,
+                 watch: watching.WatchOptions | None = None, progress: Progress | None = None):
         self.req = request
+        self.watch = watch or watching.WatchOptions(hang_timeout=None)
+        self.progress = progress
+        self.last_progress = time.monotonic()
+        self.started = False                     # some worker made progress in this attempt
+        self.step_times: list[float] = []       # recent step_seconds reported by any worker (auto window)
+        self.phases: dict[tuple[int, int | None], str] = {}   # (instance, local rank) -> last reported phase
+        self.dump: dict | None = None            # the stack collection in flight
+        self.asks: queue.Queue = queue.Queue()   # control-socket requests: (done event, reply holder)
+        self.handles: tuple[InstanceHandle, ...] = ()
+        self.hang: dict | None = None
+        self.rank_of: dict[tuple[int, int], int] = {}
         self.transport = transport
         self.sink = sink or (lambda *a: None)
         self.notice = _safe(notice or (lambda t: None))
@@ -209,6 +229,16 @@ class Supervisor:
         st.last_seen = now
         if ev.kind in ("out", "err"):
             self._output(st.index, st.host, ev.local_rank, ev.kind, ev.text)
+            if ev.local_rank is not None:
+                self.last_progress, self.started = now, True
+        elif ev.kind == "prog":
+            self._progress(st, ev.local_rank, ev.text, now)
+        elif ev.kind == "stack":
+            if self.dump is not None and ev.local_rank is not None:
+                try:
+                    self.dump["got"][(st.index, ev.local_rank)] = json.loads(ev.text)
+                except ValueError:
+                    pass
         elif ev.kind == "ready":
             st.status = "running"
             st.agent_host = ev.text.split(" ")[0]
@@ -217,6 +247,7 @@ class Supervisor:
             parts = ev.text.split()
             rc, at = int(parts[0]), float(parts[1]) if len(parts) > 1 else time.time()
             st.workers[ev.local_rank] = rc
+            self.last_progress = now             # a worker ending is news; the others get a new window
             if rc == 0 and self.first_ok is None:
                 self.first_ok = (now, st.index, ev.local_rank)
             if rc != 0 and "teardown" not in parts[2:] and self.signalled is None:
@@ -285,6 +316,23 @@ class Supervisor:
             self.transport.close()
 
     def _run(self) -> Outcome:
+        try:
+            server = watching.serve(self.req.run_dir, self._control)
+        except OSError as exc:
+            server = None
+            self.notice(f"cannot listen on {Path(self.req.run_dir) / watching.SOCKET_NAME}: {exc.strerror or exc}; "
+                        "podrun stack cannot reach this run")
+        try:
+            return self._run_started()
+        finally:
+            watching.stop(server)
+
+    def _control(self, request: dict) -> dict:
+        if request.get("ask") == "stacks":
+            return self.request_stacks()
+        return {"error": f"unknown request {request.get('ask')!r}"}
+
+    def _run_started(self) -> Outcome:
         handles = self.transport.start()
         try:
             return self._supervise(handles)
@@ -313,7 +361,7 @@ class Supervisor:
         lost: set[int] = set()
         kill_at = None
         while open_handles:
-            self.hb_handles = tuple(open_handles)
+            self.hb_handles = self.handles = tuple(open_handles)
             try:
                 h, stream, line = self.q.get(timeout=0.1)
             except queue.Empty:
@@ -344,6 +392,7 @@ class Supervisor:
                             x.kill()
                             x.close()
                             open_handles.discard(x)
+            self._watch(now)
             if (self.req.straggler_timeout is not None and self.first_ok is not None and self.stopping_since is None
                     and not self.failures and now - self.first_ok[0] >= self.req.straggler_timeout):
                 self._stragglers()
@@ -364,7 +413,150 @@ class Supervisor:
                     x.close()
                     self._handle_eof(x)
                     open_handles.discard(x)
+        if self.dump is not None:             # the run ended meanwhile: answer who asked, blame no one
+            self.dump["reason"] = "request"
+            self._finish_dump()
         return self._outcome()
+
+    # -- progress, hangs and stacks ------------------------------------------------------------
+    def _progress(self, st: InstanceState, lr: int | None, text: str, now: float) -> None:
+        try:
+            rec = json.loads(text)
+        except ValueError:
+            return
+        if not isinstance(rec, dict) or lr is None:
+            return
+        self.last_progress, self.started = now, True
+        self.phases[(st.index, lr)] = str(rec.get("phase", "train"))
+        dt = rec.get("step_seconds")
+        if isinstance(dt, (int, float)) and dt > 0:
+            self.step_times.append(float(dt))
+            del self.step_times[:-watching.AUTO_WINDOW]
+        if self.progress is not None:
+            try:
+                self.progress(self._rank_int(st.index, lr), st.host, rec)
+            except Exception:  # noqa: BLE001 - a closed terminal must not stop supervision
+                self.progress = None
+
+    def _rank_int(self, instance: int, lr: int) -> int:
+        key = (instance, lr)
+        if key not in self.rank_of:
+            r = self._rank(instance, lr)
+            self.rank_of[key] = int(r) if r.isdigit() else -1
+        return self.rank_of[key]
+
+    def window(self) -> float | None:
+        """The hang window now (None: hangs are not watched)."""
+        return self.watch.window(self.step_times, self.started)
+
+    def _watch(self, now: float) -> None:
+        """Start a dump on a hang or on a control-socket request; finish one that is complete or overdue."""
+        while True:
+            try:
+                ask = self.asks.get_nowait()
+            except queue.Empty:
+                break
+            if self.dump is None:
+                self._start_dump("request", now)
+            self.dump["asks"].append(ask)
+        if self.dump is not None:
+            if set(self.dump["want"]) <= set(self.dump["got"]) or now >= self.dump["deadline"]:
+                self._finish_dump()
+            return
+        win = self.window()
+        if win is None or self.stopping_since is not None or now - self.last_progress <= win:
+            return
+        if any(self.phases.get(k, "train") != "train" for k in self._running()):
+            return                      # eval or checkpoint: the runtime said what it is doing
+        self._start_dump("hang", now, win)
+
+    def _running(self) -> list[tuple[int, int]]:
+        return [(st.index, lr) for st in self.states.values() if st.exit_code is None and st.status == "running"
+                for lr in range(self.wpi) if lr not in st.workers]
+
+    def _start_dump(self, reason: str, now: float, window: float | None = None) -> None:
+        self.dump = {"reason": reason, "window": window, "want": self._running(), "got": {},
+                     "deadline": now + watching.DUMP_WAIT_S, "asks": [], "silent_s": now - self.last_progress}
+        if reason == "hang":
+            self.notice(f"no progress from any rank for {window:g} s (--hang-timeout); collecting every "
+                        "worker's stacks")
+        for h in self.handles:
+            try:
+                h.request_stacks()
+            except Exception:  # noqa: BLE001 - a broken link shows as a worker without stacks
+                pass
+        if self.transport.merged:        # mpirun/srun agents have no stdin: they watch the run dir
+            try:
+                watching.write_request(self.req.run_dir)
+            except OSError as exc:
+                self.notice(f"cannot ask the mpirun/srun agents for stacks: {exc.strerror or exc}")
+
+    def _finish_dump(self) -> None:
+        d, self.dump = self.dump, None
+        workers = []
+        for inst, lr in d["want"]:
+            st = self.states[inst]
+            rec = d["got"].get((inst, lr))
+            rank = self._rank_int(inst, lr)
+            if rec is None:
+                workers.append(watching.WorkerStack(rank, inst, lr, st.host, (), "its agent sent no stacks in time "
+                                                    "(host cut off, or under mpirun/srun a run dir it does not share)"))
+                continue
+            procs = tuple(watching.ProcessStack(int(p.get("pid", 0)), watching.parse_dump(str(p.get("text", "")),
+                                                                                           p.get("main")))
+                          for p in rec.get("procs", ()) if isinstance(p, dict))
+            procs = tuple(p for p in procs if p.threads)
+            workers.append(watching.WorkerStack(rank, inst, lr, st.host, procs,
+                                                None if procs else rec.get("problem") or "no stack"))
+        groups = watching.merge(workers)
+        lines = watching.render_lines(groups)
+        self._write_stacks(workers, lines)
+        reply = {"run_id": self.req.run_id, "ranks": len(workers), "groups": watching.to_json(groups),
+                 "lines": lines, "stacks_dir": str(Path(self.req.run_dir) / watching.STACKS_DIR)}
+        for done, holder in d["asks"]:
+            holder.append(reply)
+            done.set()
+        if d["reason"] != "hang":
+            return
+        self.notice(f"the stacks of {len(workers)} worker(s), odd ranks first "
+                    f"(every thread in {Path(self.req.run_dir) / watching.STACKS_DIR}/rank-N.txt):\n  "
+                    + "\n  ".join(lines))
+        self.hang = {"window_s": d["window"], "silent_s": round(d["silent_s"], 3), "on_hang": self.watch.on_hang,
+                     "groups": [{"ranks": list(g.ranks), "hosts": sorted({w.host for w in g.workers}),
+                                 "stack": g.workers[0].processes[0].main_frames()[0].where()
+                                 if g.workers[0].processes and g.workers[0].processes[0].main_frames() else None,
+                                 "summary": watching.describe(g.workers[0].processes[0].main_frames())
+                                 if g.workers[0].processes else g.workers[0].problem} for g in groups]}
+        if self.watch.on_hang == "end" and groups and self.signalled is None:
+            odd = groups[0].workers[0]
+            what = (watching.describe(odd.processes[0].main_frames()) if odd.processes else odd.problem)
+            odd_label = "the odd rank out" if len(groups) > 1 else "every rank"
+            self.failures.append(Failure(
+                odd.instance, odd.host, odd.local_rank, watching.HANG_EXIT,
+                f"hung: no progress from any rank for {d['window']:g} s (--hang-timeout); {odd_label}: "
+                f"rank {odd.rank} on {odd.host} in {what}", time.time()))
+        else:
+            self.last_progress = time.monotonic()    # dump again after another silent window
+
+    def _write_stacks(self, workers: list, lines: list[str]) -> None:
+        where = Path(self.req.run_dir) / watching.STACKS_DIR
+        try:
+            where.mkdir(mode=0o700, exist_ok=True)
+            for w in workers:
+                with open(where / f"rank-{w.rank}.txt", "w", opener=private_open) as f:
+                    f.write(watching.stack_file_text(w))
+            with open(where / "merged.txt", "w", opener=private_open) as f:
+                f.write("\n".join(lines) + "\n")
+        except OSError as exc:
+            self.notice(f"cannot write the stacks to {where}: {exc.strerror or exc}")
+
+    def request_stacks(self, timeout: float = watching.DUMP_WAIT_S * 3) -> dict:
+        """From another thread (the control socket): the merged stacks of the running workers, now."""
+        done, holder = threading.Event(), []
+        self.asks.put((done, holder))
+        if not done.wait(timeout) or not holder:
+            return {"error": "the run did not answer in time (it may be ending)"}
+        return holder[0]
 
     def _stragglers(self) -> None:
         """Workers still running ``straggler_timeout`` s after the first one exited 0: a failure naming them."""
@@ -405,9 +597,11 @@ class Supervisor:
         else:
             bad = [s for s in self.states.values() if s.exit_code not in (0, None)]
             code, status = (bad[0].exit_code, "failed") if bad else (0, "ok")
+        if root is not None and root.exit_code == watching.HANG_EXIT and root.reason.startswith("hung"):
+            status = "hung"
         ready = [s.ready_s for s in self.states.values()]
         return Outcome(code, status, root, sorted(self.states.values(), key=lambda s: s.index), self.t0, ended,
-                       max(ready) if ready and None not in ready else None)
+                       max(ready) if ready and None not in ready else None, self.hang)
 
 
     def _explain(self, root: Failure) -> None:

@@ -15,7 +15,7 @@ The interface every transport implements:
     problems = t.preflight()          # list[Problem]; nothing is started when any
     handles = t.start()               # list[InstanceHandle]
     for stream, line in handle.lines(): ...   # ("out"|"err", text without newline) until EOF
-    handle.heartbeat(); handle.poll(); handle.wait(t); handle.terminate(); handle.kill(); handle.close()
+    handle.heartbeat(); handle.request_stacks(); handle.poll(); handle.wait(t); handle.terminate(); handle.kill(); handle.close()
     t.describe(redact=False)      # [(host, exact command line)] for --dry-run / runs/<id>/command
     t.close()
 """
@@ -89,6 +89,10 @@ class InstanceHandle(ABC):
 
     def heartbeat(self) -> None:
         """Tell the agent its controller is alive (a byte on its stdin); no-op where there is no stdin."""
+
+    def request_stacks(self) -> None:
+        """Ask the agent for its workers' stacks (an ``S`` on its stdin; they come back as ``stack`` lines);
+        no-op where there is no stdin (mpirun, srun)."""
 
     @abstractmethod
     def terminate(self) -> None:

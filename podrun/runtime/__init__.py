@@ -1,6 +1,8 @@
 """Inside a worker: read the env contract from any launcher, choose the device, join torch.distributed."""
 from __future__ import annotations
 
+from podrun.runtime.progress import phase, report
+
 from podrun.runtime.env import (
     SOURCES,
     RuntimeEnvError,
@@ -28,6 +30,7 @@ def __getattr__(name):  # torch-touching helpers load lazily
 
 
 __all__ = [
+    "report", "phase",
     "SOURCES", "RuntimeEnvError", "WorkerInfo", "detect_source", "read_worker_info", "read_plan",
     "num_instances", "instance_index", "num_total_replicas", "num_local_replicas",
     "replica_index_offset", "local_batch", "grad_accum", "global_batch",

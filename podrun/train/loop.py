@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from podrun.runtime import progress
 from podrun.runtime.distributed import Device
 from podrun.runtime.env import WorkerInfo
 from podrun.train import save
@@ -68,6 +69,7 @@ def run(s: Session, step: int, acc: dict[str, float], resumed_from: str | None) 
                            "lr": lr_at, "images_per_sec": g / dt,
                            "images_per_sec_instance": g / dt * info.local_world_size / world,
                            "step_seconds": dt})
+            progress.report(step=at, total=total, epoch=ep, loss=loss_g, samples_per_sec=g / dt, step_seconds=dt)
         pending.clear()
 
     for epoch, estep, micro in loader_iter:
@@ -110,6 +112,7 @@ def run(s: Session, step: int, acc: dict[str, float], resumed_from: str | None) 
         if len(pending) >= sync_every or end_of_epoch or checkpoint_now or step >= total:
             flush()                    # every rank flushes at the same steps: the all-reduce matches
         if checkpoint_now:
+            progress.phase("checkpoint")      # podrun does not read a long write as a hang
             save.save(s, step, acc)
         if end_of_epoch:
             metrics.write({"kind": "epoch", "step": step, "epoch": epoch, "loss": acc["loss"] / acc["count"],
@@ -119,6 +122,7 @@ def run(s: Session, step: int, acc: dict[str, float], resumed_from: str | None) 
                            * info.local_world_size / world})
             acc = save.new_accumulators()
             if cfg.eval_every > 0 and (epoch + 1) % cfg.eval_every == 0 and step < total:
+                progress.phase("eval")
                 last_eval = evaluate(s.eval_model, s.val_ds, cfg, device, info, amp_dtype, mean, std, s.use_fsdp)
                 metrics.write({"kind": "eval", "step": step, "epoch": epoch, **last_eval})
                 wrapped.train()
@@ -126,7 +130,10 @@ def run(s: Session, step: int, acc: dict[str, float], resumed_from: str | None) 
         if step >= total:
             break
     flush()
+    if step > 0:
+        progress.phase("checkpoint")
     save.final(s, step, acc)
+    progress.phase("eval")
     last_eval = evaluate(s.eval_model, s.val_ds, cfg, device, info, amp_dtype, mean, std, s.use_fsdp)
     metrics.write({"kind": "eval", "step": step, "epoch": (step - 1) // spe if step else 0, **last_eval})
     summary = {"steps": step, "total_steps": total, "global_batch": g, "local_batch": s.local_batch,

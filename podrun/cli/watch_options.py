@@ -1,0 +1,63 @@
+"""`podrun launch`'s watch options (--hang-timeout, --on-hang) and the console's progress view they come with."""
+from __future__ import annotations
+
+import functools
+import math
+import os
+import sys
+
+import click
+
+from podrun.launch.watch import AUTO_FLOOR_S, AUTO_NO_STEPS_S, AUTO_STEPS, HANG_EXIT
+
+HANG_TIMEOUT_HELP = (f"Seconds without progress from any rank (a runtime report, or any output line of a plain "
+                     f"script) before the run counts as hung: podrun shows every rank's stack, then does what "
+                     f"--on-hang says. auto (the default): {AUTO_STEPS} x the median step time with a floor of "
+                     f"{AUTO_FLOOR_S:g} s once the runtime reports steps, {AUTO_NO_STEPS_S:g} s before; off: never.")
+
+
+class HangTimeout(click.ParamType):
+    """auto, off, or a finite number of seconds > 0."""
+
+    name = "seconds|auto|off"
+
+    def convert(self, value, param, ctx):
+        if value in ("auto", "off") or value is None:
+            return None if value == "off" else value
+        if isinstance(value, (int, float)):
+            x = float(value)
+        else:
+            try:
+                x = float(str(value))
+            except ValueError:
+                self.fail(f"{value!r} is not a number of seconds, auto or off", param, ctx)
+        if not math.isfinite(x) or x <= 0:
+            self.fail(f"{value!r}: give seconds more than 0, auto or off", param, ctx)
+        return x
+
+
+def watch_options(f):
+    """The decorator block that adds the watch options to `podrun launch`."""
+    @click.option("--hang-timeout", type=HangTimeout(), default="auto", show_default=True, metavar="SECONDS|auto|off",
+                  help=HANG_TIMEOUT_HELP)
+    @click.option("--on-hang", type=click.Choice(["end", "dump"]), default="end", show_default=True,
+                  help=f"On a hang: end (show every rank's stack, then end the run, exit {HANG_EXIT}) or dump (show "
+                       "them and let the run go on; they are shown again after another silent window).")
+    @functools.wraps(f)
+    def wrapper(*args, **kw):
+        return f(*args, **kw)
+    return wrapper
+
+
+def pop_watch_options(kw: dict):
+    """The WatchOptions from the launch command's keyword arguments (removed from ``kw``)."""
+    from podrun.launch.watch import WatchOptions
+
+    return WatchOptions(hang_timeout=kw.pop("hang_timeout"), on_hang=kw.pop("on_hang"))
+
+
+def live_console(as_json: bool) -> bool:
+    """Whether the progress view is a live line (rich on a terminal) rather than plain periodic lines."""
+    stream = sys.stderr
+    return (not as_json and stream.isatty() and sys.stdout.isatty() and "NO_COLOR" not in os.environ
+            and not os.environ.get("CI") and os.environ.get("TERM") != "dumb")

