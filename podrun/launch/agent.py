@@ -21,7 +21,6 @@ and serves the run's TCPStore on it (podrun.launch.agent_store).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import signal
@@ -32,12 +31,11 @@ import threading
 import time
 
 from podrun.launch import protocol
+from podrun.launch.proctl import PR_SET_CHILD_SUBREAPER, pdeathsig as _pdeathsig, prctl as _prctl
 
 INDEX_ENV = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
-PR_SET_PDEATHSIG = 1
 ERROR_TRACEBACK_LINES = 40   # of a worker's @record traceback, sent to the controller
 ERROR_MESSAGE_CHARS = 2000
-PR_SET_CHILD_SUBREAPER = 36
 FIRST_HEARTBEAT_S = 60.0   # the first controller heartbeat may wait for the fan-out to every other host
 
 
@@ -76,18 +74,6 @@ def read_error_file(path: str) -> dict | None:
     lines = tb.rstrip("\n").splitlines()[-ERROR_TRACEBACK_LINES:]
     return {"message": str(msg)[:ERROR_MESSAGE_CHARS], "traceback": [l[:ERROR_MESSAGE_CHARS] for l in lines],
             "file": path}
-
-
-def _prctl(option: int, arg: int) -> bool:
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0) == 0
-    except Exception:  # noqa: BLE001 - not Linux: the process group teardown still applies
-        return False
-
-
-def _pdeathsig(sig: int = signal.SIGKILL) -> None:
-    """In the child before exec: get ``sig`` when the parent dies (workers: SIGKILL when the agent dies)."""
-    _prctl(PR_SET_PDEATHSIG, int(sig))
 
 
 def _children(pid: int) -> list[tuple[int, str]]:

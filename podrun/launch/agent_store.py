@@ -85,7 +85,7 @@ class StoreHost:
     """The child process that serves the TCPStore on ``sock``; ``state`` is "starting", "up" or "failed: ..."."""
 
     def __init__(self, sock: socket.socket, on_failure=None, python: str = sys.executable):
-        from podrun.launch.agent import _pdeathsig
+        from podrun.launch.proctl import pdeathsig
 
         self.sock = sock
         self.state = "starting"
@@ -94,7 +94,7 @@ class StoreHost:
         fd = sock.fileno()
         self.proc = subprocess.Popen([python, "-c", _HOST, str(fd), str(sock.getsockname()[1])],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     pass_fds=(fd,), start_new_session=True, preexec_fn=_pdeathsig)
+                                     pass_fds=(fd,), start_new_session=True, preexec_fn=pdeathsig)
         threading.Thread(target=self._watch, name="podrun-store-host", daemon=True).start()
 
     def _watch(self) -> None:
