@@ -205,6 +205,7 @@ def _attempts(cls, req: LaunchRequest, *, sink, notice, only_output_from, elasti
                      "transport": req.transport, "error": str(exc), "attempts": attempts})
             raise
         summary = outcome.summary(req)
+        summary["max_restarts"] = req.max_restarts      # --max-restarts, or an elastic run's default
         summary["attempts"] = attempts + [{"restart_count": req.restart_count, "exit_code": outcome.exit_code,
                                            "status": outcome.status,
                                            "root_cause": summary["root_cause"]}]

@@ -3,14 +3,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from typing import Any, Sequence
 
 from podrun.errors import PodrunError
 
 
-def parser(recipe_name: str, default_data: str = "synthetic") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+def parser(recipe_name: str, default_data: str = "synthetic", cls=argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p = cls(
         prog=f"{recipe_name}/train.py",
         description=f"Train the {recipe_name} recipe. Runs standalone, under torchrun, srun, mpirun or podrun launch.")
     a = p.add_argument
@@ -43,6 +44,29 @@ def parser(recipe_name: str, default_data: str = "synthetic") -> argparse.Argume
     a("--synthetic-size", type=int, default=None, help="samples per synthetic epoch (default: 20 global batches)")
     a("--quiet", action="store_true", help="no console line per step")
     return p
+
+
+class _Refusal(argparse.ArgumentParser):
+    """The recipe parser, raising instead of printing its usage and exiting."""
+
+    def error(self, message):
+        raise _ArgsError(message)
+
+
+class _ArgsError(Exception):
+    pass
+
+
+def check_args(recipe_name: str, argv: Sequence[str], script: str) -> None:
+    """Parse a recipe's arguments as its train.py will (on the controller, before anything starts): a
+    SpecError (exit 2) naming the recipe and what is wrong, instead of every rank printing its usage."""
+    try:
+        parser(recipe_name, cls=_Refusal).parse_args(list(argv))
+    except _ArgsError as exc:
+        from podrun.errors import SpecError
+
+        raise SpecError(f"{recipe_name}/train.py would refuse its arguments ({shlex.join(argv) or 'none'}): {exc}",
+                        hint=f"python {script} --help lists its options") from None
 
 
 def build_config(recipe, args: argparse.Namespace, plan: dict | None, overrides: dict[str, Any] | None = None):
