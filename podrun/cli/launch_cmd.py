@@ -14,14 +14,41 @@ from podrun.cli.engine_options import engine_options, pop_engine_options
 COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93")
 
 
+# --help's sections, in order; an option not named here is listed under the last one
+HELP_SECTIONS = (
+    ("Common options", ("module", "no_python", "pod", "cluster", "nodes", "hosts_opt", "hostfile", "devices_per_host",
+                        "instances_per_host", "global_batch", "local_batch", "grad_accum", "elastic_min",
+                        "max_restarts", "spare_hosts", "dry_run", "as_json", "env_items", "run_id", "runs_dir")),
+    ("torchrun's options (docs/launch.md)", ("nproc_per_node", "nnodes", "standalone", "rdzv_endpoint", "rdzv_id",
+                                             "node_rank", "log_dir", "redirects", "tee")),
+    ("Transports", ("transport", "ssh_config", "no_host_key_check", "python_", "workdir", "master_addr",
+                    "master_port", "agent_store", "max_concurrency", "keepalive", "no_preflight")),
+    ("Engines (poprun, horovod)", ("engine", "mpi_args", "vipu_server_host", "vipu_partition", "vipu_cluster",
+                                   "num_ilds", "mpi_global_args", "mpi_local_args", "print_topology", "offline_mode")),
+    ("Advanced", ()),
+)
+
+
 class LaunchCommand(click.Command):
-    """Records whether the user wrote ``-- TARGET`` (click drops a leading ``--``)."""
+    """Records whether the user wrote ``-- TARGET`` (click drops a leading ``--``); --help in sections."""
 
     def parse_args(self, ctx, args):
         raw = args.count("--")
         rest = super().parse_args(ctx, list(args))
         ctx.meta["podrun.dashdash"] = raw > list(ctx.params.get("args") or ()).count("--")
         return rest
+
+    def format_options(self, ctx, formatter):
+        rows: dict[str, list] = {title: [] for title, _ in HELP_SECTIONS}
+        section = {name: title for title, names in HELP_SECTIONS for name in names}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None:
+                rows[section.get(param.name, HELP_SECTIONS[-1][0])].append(record)
+        for title, _ in HELP_SECTIONS:
+            if rows[title]:
+                with formatter.section(title):
+                    formatter.write_dl(rows[title])
 
 
 def torchrun_options(f):
@@ -142,12 +169,17 @@ def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir
             print_json({"engine": "horovod", "command": argv}) if as_json else print(shlex.join(argv))
             return
         sys.exit(rc)
+    notes = [*prepared.notes, *([prepared.long_run] if prepared.long_run else [])]
     if dry_run:
-        record = {**dry_run_record(request), "max_restarts": request.max_restarts, "notes": list(prepared.notes)}
+        record = {**dry_run_record(request), "max_restarts": request.max_restarts, "notes": notes}
         print_json(record) if as_json else _print_dry_run(record)
         return
-    for note in prepared.notes:
+    for note in notes:
         print(f"podrun: {note}", file=sys.stderr, flush=True)
+    if prepared.long_run and sys.stdin.isatty() and sys.stderr.isatty() and not click.confirm(
+            "podrun: start it anyway?", default=False, err=True):
+        print("podrun: not started", file=sys.stderr)
+        sys.exit(1)
     out = sys.stderr if as_json else sys.stdout
     outcome, summary = execute(request, sink=_sink(request.plan, out), notice=_notice,
                                only_output_from=only_output_from_instance, elastic=prepared.elastic)

@@ -71,7 +71,7 @@ def listen(port: int) -> socket.socket:
 
 def torch_available(python: str | None = None) -> bool:
     """Whether ``python`` (default: this one) can import torch, found without importing it."""
-    if python is None or os.path.realpath(python) == os.path.realpath(sys.executable):
+    if python is None or os.path.abspath(python) == os.path.abspath(sys.executable):   # venvs share one realpath
         return importlib.util.find_spec("torch") is not None
     try:
         probe = "import importlib.util,sys; sys.exit(not importlib.util.find_spec('torch'))"

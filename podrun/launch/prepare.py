@@ -11,6 +11,7 @@ from podrun.launch.torchrun_args import (COMMAND, RECIPE, SCRIPT, LaunchOptions,
                                          classify, command_hint, reconcile)
 
 DEFAULT_RUNS_DIR = "runs"
+LONG_RUN_HOURS = 1.0        # a recipe run estimated longer than this is announced before it starts
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,7 @@ class Prepared:
     engine: str                         # torch | poprun | horovod
     elastic: object | None = None       # podrun.launch.elastic.ElasticPolicy
     notes: tuple[str, ...] = ()         # what podrun decided for the user, said before the run and in --dry-run
+    long_run: str | None = None         # the estimate of a run longer than LONG_RUN_HOURS, said before it starts
 
 
 def prepare_launch(args, *, dashdash: bool, module: bool, no_python: bool, torchrun: TorchrunOptions,
@@ -47,12 +49,15 @@ def prepare_launch(args, *, dashdash: bool, module: bool, no_python: bool, torch
     check_nproc_kind(torchrun, cluster.device.kind, cluster.name)
     plan = make_plan(cluster, rspec, overrides)
     python = python or sys.executable
-    recipe_script = None
+    recipe_script, recipe_args, long_run = None, None, None
     if rspec is not None:
-        from podrun.train.recipe_main import check_args
+        from podrun.train import recipe_main
 
         recipe_script = os.path.abspath(os.path.join(rspec.path, rspec.train_script))
-        check_args(os.path.basename(os.path.abspath(rspec.path)), target.args, os.path.relpath(recipe_script))
+        recipe_main.check_args(os.path.basename(os.path.abspath(rspec.path)), target.args,
+                               os.path.relpath(recipe_script))
+        recipe_args = recipe_main.parse_known(target.args, recipe_main.default_data(recipe_script))
+        long_run = recipe_main.long_run(target.args, recipe_args, plan, LONG_RUN_HOURS)
     engine, engine_transport, poprun_opts, mpi_args = resolve_engine(
         engine_kw, cluster, only_output_from_instance=only_output_from_instance)
     if engine == "poprun" and transport:
@@ -60,6 +65,8 @@ def prepare_launch(args, *, dashdash: bool, module: bool, no_python: bool, torch
     name = engine_transport or transport or default_transport(plan, cluster, getattr(src, "scheduler", "none"))
     if name == "local":
         check_local_target(target, os.path.abspath(workdir or os.getcwd()))
+        if recipe_args is not None and preflight:
+            check_recipe_modules(python, target, recipe_args)
     notes: list[str] = []
     elastic = None
     max_restarts = opts.max_restarts
@@ -85,7 +92,8 @@ def prepare_launch(args, *, dashdash: bool, module: bool, no_python: bool, torch
                             max_restarts=0 if max_restarts is None else max_restarts, ssh=ssh, mpi_args=mpi_args,
                             poprun=poprun_opts, agent_store=agent_store, preflight=preflight,
                             straggler_timeout=straggler_timeout)
-    return Prepared(request=request, target=target, engine=engine, elastic=elastic, notes=tuple(notes))
+    return Prepared(request=request, target=target, engine=engine, elastic=elastic, notes=tuple(notes),
+                    long_run=long_run)
 
 
 def check_local_target(target: Target, workdir: str) -> None:
@@ -99,6 +107,22 @@ def check_local_target(target: Target, workdir: str) -> None:
                                is_file=os.path.isfile)
         if problem is not None:
             raise problem
+
+
+def check_recipe_modules(python: str, target: Target, recipe_args, host: str = "localhost") -> None:
+    """The recipe's imports (podrun.train.recipe_main.needed_modules) must be there for --python on this machine,
+    before anything starts: one paragraph and exit 2 naming the install command, not a traceback per rank."""
+    from podrun.errors import PreflightError
+    from podrun.launch.probe import missing_modules
+    from podrun.train.recipe_main import needed_modules
+
+    missing = missing_modules(python, needed_modules(recipe_args))
+    if missing:
+        raise PreflightError(
+            f"preflight: {host}: {python} cannot import {', '.join(missing)}, which the recipe {target.name} needs "
+            "on every worker; nothing was started",
+            hint=f"install podrun's training extra for that python: {python} -m pip install 'podrun[train]' "
+                 "(from a checkout: pip install -e '.[train]'), or give --python a python that has it")
 
 
 def refuse_own_options_after_recipe(target: Target, args, own: set[str]) -> None:

@@ -1,6 +1,7 @@
 """Preflight facts of a host (podrun and python versions, busy ports): what a held agent reports first."""
 from __future__ import annotations
 
+import os
 import platform
 import random
 import socket
@@ -39,6 +40,29 @@ def pick_free_port() -> int:
         if port_free(port):
             return port
     raise OSError(f"no free port found between {PICK_FROM} and {top}")
+
+
+def missing_modules(python: str, modules) -> list[str]:
+    """The ``modules`` that ``python`` cannot import, found without importing them (importlib.util.find_spec);
+    all of them when ``python`` cannot be run."""
+    import subprocess
+    import sys
+
+    modules = list(modules)
+    if os.path.abspath(python) == os.path.abspath(sys.executable):   # not realpath: venvs link one interpreter
+        import importlib.util
+
+        return [m for m in modules if importlib.util.find_spec(m) is None]
+    code = ("import importlib.util,sys; print(' '.join(m for m in sys.argv[1:] "
+            "if importlib.util.find_spec(m) is None))")
+    try:
+        cp = subprocess.run([python, "-c", code, *modules], stdin=subprocess.DEVNULL, capture_output=True,
+                            text=True, timeout=60, env={**os.environ, "PYTHONSAFEPATH": "1"})
+    except (OSError, subprocess.TimeoutExpired):
+        return modules
+    if cp.returncode != 0:
+        return modules
+    return cp.stdout.split()
 
 
 def facts(ports=(), busy=None) -> dict:

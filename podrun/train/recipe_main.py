@@ -69,6 +69,54 @@ def check_args(recipe_name: str, argv: Sequence[str], script: str) -> None:
                         hint=f"python {script} --help lists its options") from None
 
 
+def default_data(script: str) -> str:
+    """The ``default_data`` a recipe's train.py passes to main(), read from its source without running it."""
+    import ast
+
+    try:
+        with open(script, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return "synthetic"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.keyword) and node.arg == "default_data" and isinstance(node.value, ast.Constant):
+            return str(node.value.value)
+    return "synthetic"
+
+
+def parse_known(argv: Sequence[str], default: str = "synthetic") -> argparse.Namespace:
+    """A recipe's arguments as its train.py reads them (unknown ones ignored; check_args refuses those)."""
+    return parser("recipe", default).parse_known_args(list(argv))[0]
+
+
+def needed_modules(args: argparse.Namespace) -> list[str]:
+    """What a recipe's train.py imports on every worker: podrun's own yaml, the ``train`` extra's torch and
+    numpy, and scikit-learn for ``--data digits``."""
+    return ["yaml", "torch", "numpy"] + (["sklearn"] if args.data == "digits" else [])
+
+
+def long_run(argv: Sequence[str], args: argparse.Namespace, plan, threshold_hours: float) -> str | None:
+    """What to say before a run the planner estimates longer than ``threshold_hours`` (None: shorter, or no
+    estimate applies: the offline digits set is small whatever the recipe). ``argv``: the recipe's arguments,
+    ``args`` as parsed (parse_known), ``plan``: the run's Plan."""
+    est = plan.estimate
+    if args.data == "digits" or est.images_per_second <= 0:
+        return None
+    if args.steps is not None:
+        hours, what = args.steps * est.step_seconds / 3600, f"{args.steps} steps"
+    else:
+        epochs = args.epochs if args.epochs is not None else plan.epochs
+        hours, what = est.time_to_train_hours * epochs / plan.epochs if plan.epochs else 0.0, f"{epochs:g} epochs"
+    if hours <= threshold_hours:
+        return None
+    given = any(a == "--data" or a.startswith("--data=") for a in argv)
+    data = f"--data {args.data}" if given else f"{args.data} data (no --data given)"
+    return (f"the planner estimates {hours:,.2f} h for {what} of {plan.recipe} on cluster {plan.cluster} "
+            f"({est.images_per_second:,.0f} img/s, {est.step_seconds:,.1f} s per step of global batch "
+            f"{plan.global_batch}), on {data}; for a short run give --steps N or --epochs E after the recipe, "
+            "and --global-batch B before it for shorter steps")
+
+
 def build_config(recipe, args: argparse.Namespace, plan: dict | None, overrides: dict[str, Any] | None = None):
     """TrainConfig from the recipe (podrun.specs.RecipeSpec), the plan (dict or None) and the arguments."""
     from podrun.train.config import TrainConfig
