@@ -54,10 +54,12 @@ def prepare_launch(args, *, dashdash: bool, module: bool, no_python: bool, torch
         from podrun.train import recipe_main
 
         recipe_script = os.path.abspath(os.path.join(rspec.path, rspec.train_script))
-        recipe_main.check_args(os.path.basename(os.path.abspath(rspec.path)), target.args,
-                               os.path.relpath(recipe_script))
-        recipe_args = recipe_main.parse_known(target.args, recipe_main.default_data(recipe_script))
-        long_run = recipe_main.long_run(target.args, recipe_args, plan, LONG_RUN_HOURS)
+        default_data = recipe_main.default_data(recipe_script)
+        if default_data is not None:        # its train.py runs podrun's recipe parser: podrun knows its arguments
+            recipe_main.check_args(os.path.basename(os.path.abspath(rspec.path)), target.args,
+                                   os.path.relpath(recipe_script))
+            recipe_args = recipe_main.parse_known(target.args, default_data)
+            long_run = recipe_main.long_run(target.args, recipe_args, plan, LONG_RUN_HOURS)
     engine, engine_transport, poprun_opts, mpi_args = resolve_engine(
         engine_kw, cluster, only_output_from_instance=only_output_from_instance)
     if engine == "poprun" and transport:

@@ -7,6 +7,7 @@ from typing import Callable
 
 from podrun.errors import LaunchError
 
+COMMAND_NOT_FOUND = 127           # the shell's exit code for a command it cannot find, kept for one found missing early
 RDZV_DEFAULT_PORT = 29400          # torchrun's port for an --rdzv-endpoint given without one
 RECIPE, SCRIPT, MODULE, COMMAND = "recipe", "script", "module", "command"
 
@@ -83,9 +84,10 @@ def command_hint(program: str, workdir: str, *, on_path: Callable[[str], bool],
                if _looks_python(program) else f"-- ./{program}")
         return LaunchError(f"cannot start {program!r}: it is not on PATH, and a command after -- runs as the "
                            f"shell would run it; the file {here} is in the working directory",
-                           hint=f"write {how}")
+                           hint=f"write {how}", exit_code=COMMAND_NOT_FOUND)
     return LaunchError(f"cannot start {program!r}: no such command on PATH",
-                       hint="give its path (./NAME or /path/NAME), or a script: podrun launch train.py")
+                       hint="give its path (./NAME or /path/NAME), or a script: podrun launch train.py",
+                       exit_code=COMMAND_NOT_FOUND)
 
 
 def _looks_python(program: str) -> bool:

@@ -69,15 +69,20 @@ def check_args(recipe_name: str, argv: Sequence[str], script: str) -> None:
                         hint=f"python {script} --help lists its options") from None
 
 
-def default_data(script: str) -> str:
-    """The ``default_data`` a recipe's train.py passes to main(), read from its source without running it."""
+def default_data(script: str) -> str | None:
+    """For a recipe's train.py that runs this module's main(): the ``default_data`` it passes (read from its
+    source without running it; "synthetic" when it passes none). None for a train.py with a parser of its own."""
     import ast
 
     try:
         with open(script, encoding="utf-8") as f:
             tree = ast.parse(f.read())
     except (OSError, SyntaxError, ValueError):
-        return "synthetic"
+        return None
+    shared = any(isinstance(n, ast.ImportFrom) and n.module == __name__ or
+                 isinstance(n, ast.Import) and any(a.name == __name__ for a in n.names) for n in ast.walk(tree))
+    if not shared:
+        return None
     for node in ast.walk(tree):
         if isinstance(node, ast.keyword) and node.arg == "default_data" and isinstance(node.value, ast.Constant):
             return str(node.value.value)
