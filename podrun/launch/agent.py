@@ -398,6 +398,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --agent-store: the listening socket on --master-port, inherited from the controller")
     ap.add_argument("--hold", action="store_true",
                     help="report preflight facts (a probe line) and start workers only on a G on stdin")
+    ap.add_argument("--needs", default="", metavar="MOD,...",
+                    help="with --hold: report which of these modules this python cannot import")
     ap.add_argument("command", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -436,7 +438,8 @@ def main(argv: list[str] | None = None) -> int:
 
         ports = [args.master_port] if rank0 else []
         # the agent store's port is busy when it could not be bound; else (no agent store) facts() tries it
-        probe = facts(ports, None if store is None else ports if store.error is not None else [])
+        probe = facts(ports, None if store is None else ports if store.error is not None else [],
+                      needs=[m for m in args.needs.split(",") if m])
     agent = Agent(index, command, envs, grace=args.grace, stdin_watch=not args.no_stdin_watch,
                   stdin_timeout=args.stdin_timeout, probe=probe, local_ranks=local_ranks, agent_rank=agent_rank)
     if store is not None and not (probe and probe["ports_busy"]):    # busy: the controller will not say go

@@ -70,6 +70,11 @@ def prepare_launch(args, *, dashdash: bool, module: bool, no_python: bool, torch
         if recipe_args is not None and preflight:
             check_recipe_modules(python, target, recipe_args)
     notes: list[str] = []
+    needs: tuple[str, ...] = ()
+    if recipe_args is not None and preflight:
+        from podrun.train.recipe_main import needed_modules
+
+        needs = tuple(needed_modules(recipe_args))      # checked by every held agent (ssh) before anything starts
     elastic = None
     max_restarts = opts.max_restarts
     if opts.elastic_min is not None:
@@ -93,7 +98,7 @@ def prepare_launch(args, *, dashdash: bool, module: bool, no_python: bool, torch
                             runs_dir=opts.runs_dir if opts.runs_dir is not None else DEFAULT_RUNS_DIR, env=env,
                             max_restarts=0 if max_restarts is None else max_restarts, ssh=ssh, mpi_args=mpi_args,
                             poprun=poprun_opts, agent_store=agent_store, preflight=preflight,
-                            straggler_timeout=straggler_timeout)
+                            straggler_timeout=straggler_timeout, needs=needs)
     return Prepared(request=request, target=target, engine=engine, elastic=elastic, notes=tuple(notes),
                     long_run=long_run)
 
@@ -115,16 +120,13 @@ def check_recipe_modules(python: str, target: Target, recipe_args, host: str = "
     """The recipe's imports (podrun.train.recipe_main.needed_modules) must be there for --python on this machine,
     before anything starts: one paragraph and exit 2 naming the install command, not a traceback per rank."""
     from podrun.errors import PreflightError
-    from podrun.launch.probe import missing_modules
+    from podrun.launch.probe import missing_modules, missing_text
     from podrun.train.recipe_main import needed_modules
 
     missing = missing_modules(python, needed_modules(recipe_args))
     if missing:
-        raise PreflightError(
-            f"preflight: {host}: {python} cannot import {', '.join(missing)}, which the recipe {target.name} needs "
-            "on every worker; nothing was started",
-            hint=f"install podrun's training extra for that python: {python} -m pip install 'podrun[train]' "
-                 "(from a checkout: pip install -e '.[train]'), or give --python a python that has it")
+        problem, hint = missing_text(python, missing, f"the recipe {target.name}")
+        raise PreflightError(f"preflight: {host}: {problem}; nothing was started", hint=hint)
 
 
 def refuse_own_options_after_recipe(target: Target, args, own: set[str]) -> None:

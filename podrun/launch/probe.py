@@ -65,11 +65,22 @@ def missing_modules(python: str, modules) -> list[str]:
     return cp.stdout.split()
 
 
-def facts(ports=(), busy=None) -> dict:
+def facts(ports=(), busy=None, needs=()) -> dict:
     """podrun and python versions, the hostname, the run's ports on this host and the busy ones among them
-    (``busy``: as the caller found them binding the ports it holds; else each port is tried here)."""
+    (``busy``: as the caller found them binding the ports it holds; else each port is tried here), and the
+    modules among ``needs`` that this python cannot import."""
+    import sys
+
     import podrun
 
     ports = list(ports)
     return {"podrun": podrun.__version__, "python": platform.python_version(), "hostname": socket.gethostname(),
-            "ports": ports, "ports_busy": list(busy) if busy is not None else [p for p in ports if not port_free(p)]}
+            "ports": ports, "ports_busy": list(busy) if busy is not None else [p for p in ports if not port_free(p)],
+            "missing": missing_modules(sys.executable, needs) if needs else []}
+
+
+def missing_text(python: str, missing, what: str) -> tuple[str, str]:
+    """(problem, hint) for a --python that cannot import ``missing``, which ``what`` needs on every worker."""
+    return (f"{python} cannot import {', '.join(missing)}, which {what} needs on every worker",
+            f"install podrun's training extra for that python: {python} -m pip install 'podrun[train]' "
+            "(from a checkout: pip install -e '.[train]'), or give --python a python that has it")
