@@ -70,6 +70,14 @@ def prepare_launch(args, *, dashdash: bool, module: bool, no_python: bool, torch
         if recipe_args is not None and preflight:
             check_recipe_modules(python, target, recipe_args)
     notes: list[str] = []
+    if name == "ssh":
+        from podrun.launch.run import is_local_host
+
+        here = [h for h in dict.fromkeys(plan.hosts) if is_local_host(h)]
+        if here:
+            notes.append(f"{', '.join(here)} is this machine: in a run with other hosts podrun reaches it over ssh "
+                         "like the others (one transport per run: the same preflight, keepalive and teardown "
+                         "everywhere), so it needs sshd and its host key in known_hosts")
     needs: tuple[str, ...] = ()
     if recipe_args is not None and preflight:
         from podrun.train.recipe_main import needed_modules

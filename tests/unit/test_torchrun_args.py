@@ -222,3 +222,14 @@ def test_cli_elastic_without_max_restarts_gets_one_per_host(capsys, monkeypatch,
     rc, out, err = _launch(capsys, monkeypatch, tmp_path, "--dry-run", "--hosts", "localhost,127.0.0.1",
                            "--devices-per-host", "1", "--elastic", "1", "--max-restarts", "5", "--", "true")
     assert rc == 0 and "--max-restarts 5" in out and "one per host" not in out, out
+
+
+def test_cli_this_machine_among_other_hosts_is_reached_over_ssh_and_said(capsys, monkeypatch, tmp_path):
+    """Issue 17 item 10, decided: with other hosts, this machine's instance goes over ssh too; the run says so."""
+    rc, out, err = _launch(capsys, monkeypatch, tmp_path, "--dry-run", "--hosts", "localhost,h2", "--devices-per-host",
+                           "1", "--", "true")
+    assert rc == 0, err
+    assert " via ssh," in out and "# localhost is this machine: in a run with other hosts podrun reaches it over ssh" in out
+    rc, out, err = _launch(capsys, monkeypatch, tmp_path, "--dry-run", "--hosts", "localhost", "--devices-per-host",
+                           "1", "--", "true")
+    assert rc == 0 and " via local," in out and "is this machine" not in out, out
