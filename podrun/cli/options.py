@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from podrun.cli import types as t
-from podrun.errors import PlanError
+from podrun.plan.inputs import POD_SIZES, resolve_plan_inputs  # noqa: F401 - the commands' one entry
 
 
 BATCH_OPTION_NAMES = ("global_batch", "local_batch", "grad_accum")
@@ -38,7 +38,6 @@ def plan_options(f, *, batch: bool = True):
 PLAN_OPTION_NAMES = ("pod", "cluster", "nodes", "global_batch", "local_batch", "grad_accum",
                      "instances_per_host", "devices_per_host", "hosts_opt", "hostfile")
 
-POD_SIZES = (16, 64, 128, 256)
 
 
 def pop_plan_options(kwargs: dict) -> dict:
@@ -62,29 +61,3 @@ def resolve_plan_with_source(recipe: str | None, **options):
 
     spec, rspec, src, ov = resolve_plan_inputs(recipe, **options)
     return make_plan(spec, rspec, ov), spec, rspec, src
-
-
-def resolve_plan_inputs(recipe: str | None, *, pod=None, cluster=None, nodes=None, global_batch=None,
-                        local_batch=None, grad_accum=None, instances_per_host=None, devices_per_host=None,
-                        hosts_opt=None, hostfile=None, environ=None, discovered=None):
-    """Load specs and pick hosts: (cluster_spec with the hosts, recipe_spec_or_None, host_source, Overrides).
-    ``discovered``: the allocation, when the caller has already looked for it (no second look)."""
-    from podrun.plan import Overrides
-    from podrun.specs import load_cluster, load_recipe
-    from podrun.specs.allocation import host_source, hosts_for_cluster
-
-    if pod is not None and cluster is not None:
-        raise PlanError("give either --pod or --cluster, not both")
-    if pod is not None:
-        if pod not in POD_SIZES:
-            raise PlanError(f"--pod {pod}: IPU-PODs come in 16, 64, 128 and 256 IPUs", hint="use --pod 16|64|128|256 or --cluster")
-        cluster = f"ipu-pod{pod}"
-    spec = load_cluster("local" if cluster is None else cluster)
-    rspec = load_recipe(recipe) if recipe is not None else None
-    src = host_source(spec, hosts_opt, hostfile, environ, discovered)
-    spec, devices_per_host = hosts_for_cluster(spec, src, devices_per_host=devices_per_host, nodes=nodes,
-                                               spec_named=cluster is not None)
-    return spec, rspec, src, Overrides(
-        nodes=nodes, global_batch=global_batch, local_batch=local_batch, grad_accum=grad_accum,
-        instances_per_host=instances_per_host, devices_per_host=devices_per_host,
-    )

@@ -31,11 +31,14 @@ def prepare_launch(args, *, dashdash: bool, module: bool, no_python: bool, torch
                    transport: str | None, ssh, python: str | None, workdir: str | None, agent_store: bool,
                    grace: float, keepalive: float, only_output_from_instance: int | None, spare_hosts: str | None,
                    straggler_timeout: float | None, preflight: bool, env_items) -> Prepared:
-    from podrun.cli.options import resolve_plan_inputs
+    """Everything `podrun launch` decides before it prints or runs: the target (podrun.launch.torchrun_args),
+    torchrun's options reconciled with podrun's, the plan, the checks of this machine, the request, the elastic
+    policy and what to say first; a PodrunError (exit 2) for anything wrong, before anything starts."""
     from podrun.launch.engines import resolve_engine
     from podrun.launch.request import parse_env_options
     from podrun.launch.run import build_request, default_transport
     from podrun.plan import make_plan
+    from podrun.plan.inputs import resolve_plan_inputs
 
     target = classify(args, dashdash=dashdash, module=module, no_python=no_python,
                       is_recipe_dir=lambda p: os.path.isfile(os.path.join(p, "recipe.yaml")),

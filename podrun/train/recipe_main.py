@@ -111,7 +111,8 @@ def long_run(argv: Sequence[str], args: argparse.Namespace, plan, threshold_hour
         hours, what = args.steps * est.step_seconds / 3600, f"{args.steps} steps"
     else:
         epochs = args.epochs if args.epochs is not None else plan.epochs
-        hours, what = est.time_to_train_hours * epochs / plan.epochs if plan.epochs else 0.0, f"{epochs:g} epochs"
+        hours = est.time_to_train_hours * epochs / plan.epochs if plan.epochs > 0 else 0.0
+        what = f"{epochs:g} epochs"
     if hours <= threshold_hours:
         return None
     given = any(a == "--data" or a.startswith("--data=") for a in argv)
