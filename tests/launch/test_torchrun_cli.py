@@ -102,21 +102,26 @@ def test_rendezvous_run_id_log_dir_and_module_rows(tmp_path):
     assert any(p.name.startswith("job7") for p in (tmp_path / "trlogs").iterdir())
 
 
-def test_standalone_and_nproc_cpu_rows(tmp_path):
-    """--standalone --nproc-per-node cpu under both: one node, one worker per core of this machine, a free port."""
-    tr_dir, pr_dir = tmp_path / "tr", tmp_path / "pr"
-    tr_dir.mkdir()
-    pr_dir.mkdir()
+def test_standalone_nproc_auto_cpu_streams_and_no_python_rows(tmp_path):
+    """torchrun --standalone --nproc-per-node cpu against podrun --standalone --nproc-per-node auto --tee 3
+    --redirects 0 and podrun --nproc-per-node cpu --no-python PYTHON SCRIPT: one node, one worker per core of this
+    machine (torchrun's auto is cpu without an accelerator), the same ranks; podrun's port is picked for the run."""
     dump = str(ROOT / "tests" / "runtime" / "env_dump.py")
+    dirs = {k: tmp_path / k for k in ("tr", "auto", "cpu")}
+    for d in dirs.values():
+        d.mkdir()
     tr = torchrun("--standalone", "--nproc-per-node", "cpu", dump, cwd=tmp_path,
-                  env=_base_env(ENV_DUMP_DIR=str(tr_dir)))
+                  env=_base_env(ENV_DUMP_DIR=str(dirs["tr"])))
     assert tr.returncode == 0, tr.stdout + tr.stderr
-    n = len(list(tr_dir.glob("*.json")))
+    n = len(list(dirs["tr"].glob("*.json")))
     assert n == (os.cpu_count() or 1)
-    pr = podrun("--runs-dir", str(tmp_path / "runs"), "--standalone", "--nproc-per-node", "cpu", dump, cwd=tmp_path,
-                env=_base_env(ENV_DUMP_DIR=str(pr_dir)))
-    assert pr.returncode == 0, pr.stdout + pr.stderr
-    for t, p in zip(_dumps(tr_dir, n), _dumps(pr_dir, n)):
-        for k in SAME:
-            assert p[k] == t[k], (k, t[k], p[k])
-        assert p["MASTER_PORT"] != "0" and p["MASTER_PORT"] != "29500"      # a port picked for the run
+    runs = {"auto": ["--standalone", "--nproc-per-node", "auto", "--tee", "3", "--redirects", "0", dump],
+            "cpu": ["--nproc-per-node", "cpu", "--no-python", sys.executable, dump]}
+    for name, args in runs.items():
+        pr = podrun("--runs-dir", str(tmp_path / f"runs-{name}"), *args, cwd=tmp_path,
+                    env=_base_env(ENV_DUMP_DIR=str(dirs[name])))
+        assert pr.returncode == 0, pr.stdout + pr.stderr
+        for t, p in zip(_dumps(dirs["tr"], n), _dumps(dirs[name], n)):
+            for k in SAME:
+                assert p[k] == t[k], (name, k, t[k], p[k])
+            assert p["MASTER_PORT"] not in ("0", "29500"), p["MASTER_PORT"]      # a port picked for the run
