@@ -99,6 +99,7 @@ def test_rendezvous_run_id_log_dir_and_module_rows(tmp_path):
         assert t["TORCHELASTIC_RUN_ID"] == p["TORCHELASTIC_RUN_ID"] == "job7"
         assert t["TORCHELASTIC_MAX_RESTARTS"] == "1"
     assert (tmp_path / "prlogs" / "job7" / "instance-0.log").is_file()
+    assert json.loads((tmp_path / "prlogs" / "job7" / "summary.json").read_text())["max_restarts"] == 1
     assert any(p.name.startswith("job7") for p in (tmp_path / "trlogs").iterdir())
 
 
