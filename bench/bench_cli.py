@@ -54,7 +54,8 @@ def run(quick: bool) -> list[dict]:
 def _vs_baseline(base: str, repeats: int) -> list[dict]:
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     trees = {"this podrun": here, f"baseline podrun ({base})": base}
-    commands = {"plan --pod 256 efficientnet_b4": ["plan", "--pod", "256", "efficientnet_b4"], "--help": ["--help"]}
+    commands = {"plan --pod 256 efficientnet_b4": ["plan", "--pod", "256", "efficientnet_b4"], "--help": ["--help"],
+                "launch --dry-run -- true": ["launch", "--dry-run", "--", "true"]}
     envs = {name: dict(os.environ, PYTHONPATH=tree) for name, tree in trees.items()}
     times = {(t, c): [] for t in trees for c in commands}
     for t in trees:

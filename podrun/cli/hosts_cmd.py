@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import click
 
-from podrun.cli.options import plan_options, pop_plan_options
+from podrun.cli.options import host_options, pop_plan_options
 
 
 @click.command("hosts")
-@plan_options
+@host_options
 @click.option("--json", "as_json", is_flag=True, help="Print source, scheduler and hosts [{name, slots}] as JSON.")
 def hosts(as_json: bool, **kwargs) -> None:
     """Show the hosts podrun would use and where it found them.
@@ -24,8 +24,6 @@ def hosts(as_json: bool, **kwargs) -> None:
     from podrun.specs.allocation import compress_hostlist
 
     popts = pop_plan_options(kwargs)
-    for batch_option in ("global_batch", "local_batch", "grad_accum"):
-        popts.pop(batch_option, None)       # hosts do not depend on the batch
     plan, spec, _, src = resolve_plan_with_source(None, **popts)
     used = list(dict.fromkeys(plan.hosts))
     slots = {e.name: e.slots for e in src.hosts}

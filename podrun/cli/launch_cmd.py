@@ -15,8 +15,24 @@ from podrun.cli.watch_options import pop_watch_options, watch_options
 COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93")
 
 
+# --help's sections, in order; an option not named here is listed under the last one
+HELP_SECTIONS = (
+    ("Common options", ("module", "no_python", "pod", "cluster", "nodes", "hosts_opt", "hostfile", "devices_per_host",
+                        "instances_per_host", "global_batch", "local_batch", "grad_accum", "elastic_min",
+                        "max_restarts", "spare_hosts", "dry_run", "as_json", "env_items", "run_id", "runs_dir")),
+    ("torchrun's options (docs/launch.md)", ("nproc_per_node", "nnodes", "standalone", "rdzv_endpoint", "rdzv_id",
+                                             "node_rank", "log_dir", "redirects", "tee")),
+    ("When a run hangs (docs/hangs.md)", ("hang_timeout", "on_hang")),
+    ("Transports", ("transport", "ssh_config", "no_host_key_check", "python_", "workdir", "master_addr",
+                    "master_port", "agent_store", "max_concurrency", "keepalive", "no_preflight")),
+    ("Engines (poprun, horovod)", ("engine", "mpi_args", "vipu_server_host", "vipu_partition", "vipu_cluster",
+                                   "num_ilds", "mpi_global_args", "mpi_local_args", "print_topology", "offline_mode")),
+    ("Advanced", ()),
+)
+
+
 class LaunchCommand(click.Command):
-    """Records whether the user wrote ``-- COMMAND`` (click drops a leading ``--``)."""
+    """Records whether the user wrote ``-- TARGET`` (click drops a leading ``--``); --help in sections."""
 
     def parse_args(self, ctx, args):
         raw = args.count("--")
@@ -24,10 +40,56 @@ class LaunchCommand(click.Command):
         ctx.meta["podrun.dashdash"] = raw > list(ctx.params.get("args") or ()).count("--")
         return rest
 
+    def format_options(self, ctx, formatter):
+        rows: dict[str, list] = {title: [] for title, _ in HELP_SECTIONS}
+        section = {name: title for title, names in HELP_SECTIONS for name in names}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None:
+                rows[section.get(param.name, HELP_SECTIONS[-1][0])].append(record)
+        for title, _ in HELP_SECTIONS:
+            if rows[title]:
+                with formatter.section(title):
+                    formatter.write_dl(rows[title])
+
+
+def torchrun_options(f):
+    """torchrun's options, spelled as torchrun spells them (both - and _), mapped by podrun.launch.torchrun_args."""
+    opts = [
+        click.option("--nproc-per-node", "--nproc_per_node", "nproc_per_node", metavar="N|auto|cpu|gpu",
+                     help="torchrun's: workers per host (podrun's --devices-per-host; auto: the cluster's).",),
+        click.option("--nnodes", metavar="N|MIN:MAX", help="torchrun's: hosts (--nodes N); MIN:MAX: --nodes MAX "
+                     "--elastic MIN."),
+        click.option("--standalone", is_flag=True, help="torchrun's: one host, a free rendezvous port (--nodes 1 "
+                     "--master-port 0)."),
+        click.option("--rdzv-endpoint", "--rdzv_endpoint", "rdzv_endpoint", metavar="HOST[:PORT]",
+                     help="torchrun's: --master-addr HOST --master-port PORT (default port 29400)."),
+        click.option("--rdzv-id", "--rdzv_id", "rdzv_id", metavar="ID", help="torchrun's: --run-id ID."),
+        click.option("--node-rank", "--node_rank", "node_rank", type=int, metavar="N",
+                     help="torchrun's; refused: podrun places every host's instance itself."),
+        click.option("--log-dir", "--log_dir", "log_dir", metavar="DIR", help="torchrun's: --runs-dir DIR."),
+        click.option("-r", "--redirects", metavar="0", help="torchrun's: 0 only (podrun always shows output and "
+                     "logs it in the run directory)."),
+        click.option("-t", "--tee", metavar="0-3", help="torchrun's: accepted; podrun always writes both streams to "
+                     "the console and the run directory."),
+        click.option("-m", "--module", "module", is_flag=True, help="Run the target as a Python module "
+                     "(--python -m MODULE ARGS), as torchrun's -m."),
+        click.option("--no-python", "--no_python", "no_python", is_flag=True,
+                     help="Run the target as a command, not with --python (as torchrun's --no-python)."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+TORCHRUN_OPTION_NAMES = ("nproc_per_node", "nnodes", "standalone", "rdzv_endpoint", "rdzv_id", "node_rank", "log_dir",
+                         "redirects", "tee")
+
 
 @click.command(cls=LaunchCommand, context_settings={
     "ignore_unknown_options": True, "allow_extra_args": True, "allow_interspersed_args": False})
 @plan_options
+@torchrun_options
 @engine_options
 @watch_options
 @click.option("--transport", type=click.Choice(["local", "ssh", "mpirun", "srun"]),
@@ -36,8 +98,8 @@ class LaunchCommand(click.Command):
 @click.option("--no-host-key-check", is_flag=True, help="Accept unknown host keys (explicit opt-out of known_hosts).")
 @click.option("--python", "python_", help="Python on the hosts (default: this one, sys.executable).")
 @click.option("--workdir", help="Working directory on the hosts (default: the current directory).")
-@click.option("--master-addr", help="Rendezvous address (default: the host of instance 0).")
-@click.option("--master-port", type=t.PORT, default=None,
+@click.option("--master-addr", "--master_addr", "master_addr", help="Rendezvous address (default: the host of instance 0).")
+@click.option("--master-port", "--master_port", "master_port", type=t.PORT, default=None,
               help="Rendezvous port, every worker's MASTER_PORT. 0: podrun picks a free port (the default on this "
                    "machine, like torchrun --standalone); with hosts elsewhere the default is 29500.")
 @click.option("--agent-store/--no-agent-store", "--store-relay/--no-store-relay", "agent_store", default=True,
@@ -47,13 +109,14 @@ class LaunchCommand(click.Command):
                    "backoff. Off: rank 0 hosts the store itself (for programs that serve their own MASTER_PORT).")
 @click.option("--grace", type=t.GRACE, default=5.0, show_default=True, help="Seconds between SIGTERM and SIGKILL.")
 @click.option("--only-output-from-instance", type=t.INSTANCE_INDEX, help="Show stdout of this instance only (errors from all).")
-@click.option("--max-restarts", type=t.RESTARTS, default=0, show_default=True, help="Restart the whole run after a failure.")
+@click.option("--max-restarts", "--max_restarts", "max_restarts", type=t.RESTARTS, default=None,
+              help="Restart the whole run after a failure (default 0; with --elastic one per host it can lose).")
 @click.option("--elastic", "elastic_min", type=t.NODES, metavar="MIN",
               help="On a restart, drop the failed host (or take a spare) and re-plan on the hosts left at the same "
                    "global batch, down to MIN hosts; the run ends when no host count >= MIN keeps it exactly.")
 @click.option("--spare-hosts", metavar="H,...", help="Hosts that take a lost host's place in an --elastic run.")
 @click.option("--dry-run", is_flag=True, help="Print per host the exact commands and env, run nothing.")
-@click.option("--runs-dir", default="runs", show_default=True, help="Where run directories go.")
+@click.option("--runs-dir", default=None, help="Where run directories go (default: runs).")
 @click.option("--run-id", help="Name of the run directory (default: a timestamp).")
 @click.option("--max-concurrency", type=t.CONCURRENCY, default=64, show_default=True, help="SSH handshakes in flight at once (commands over open connections are not limited).")
 @click.option("--keepalive", type=t.KEEPALIVE, default=5.0, show_default=True,
@@ -69,68 +132,38 @@ class LaunchCommand(click.Command):
 @click.pass_context
 def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir, master_addr, master_port,
            agent_store, grace, only_output_from_instance, max_restarts, elastic_min, spare_hosts, dry_run, runs_dir,
-           run_id, max_concurrency, keepalive, straggler_timeout, no_preflight, as_json, env_items, **kw):
-    """Launch RECIPE [ARGS...] (its train.py gets ARGS) or -- COMMAND ... on the plan's hosts.
+           run_id, max_concurrency, keepalive, straggler_timeout, no_preflight, as_json, env_items, module,
+           no_python, **kw):
+    """Launch RECIPE [ARGS...], SCRIPT.py [ARGS...], -m MODULE [ARGS...] or -- COMMAND ... on the plan's hosts.
 
     \b
       podrun launch recipes/resnet18_cifar10 --data digits
-      podrun launch --hosts h1,h2 --devices-per-host 2 -- python train.py --epochs 1
+      podrun launch --nproc-per-node 2 train.py --epochs 1        # as torchrun
+      podrun launch --hosts h1,h2 --devices-per-host 2 -- ./run.sh --epochs 1
     """
     from podrun.cli.render import print_json
-    from podrun.cli.options import resolve_plan_inputs
-    from podrun.plan import make_plan
-    from podrun.errors import LaunchError
-    from podrun.launch.request import SSHOptions, parse_env_options
-    from podrun.launch.run import build_request, default_transport, dry_run_record, execute
+    from podrun.launch.prepare import prepare_launch
+    from podrun.launch.request import SSHOptions
+    from podrun.launch.run import dry_run_record, execute
+    from podrun.launch.torchrun_args import LaunchOptions, TorchrunOptions
 
-    from podrun.launch.engines import resolve_engine
-
-    plan_kw = pop_plan_options(kw)
-    engine_kw = pop_engine_options(kw)
+    plan_kw, engine_kw = pop_plan_options(kw), pop_engine_options(kw)
     watch = pop_watch_options(kw)
-    args = list(args)
-    if not args:
-        raise LaunchError("nothing to launch", hint="give a recipe (podrun launch recipes/NAME) or a command after --")
-    if ctx.meta.get("podrun.dashdash"):
-        recipe, command_args = None, args
-    else:
-        recipe, command_args = args[0], args[1:]
-        if command_args[:1] == ["--"]:
-            command_args = command_args[1:]
-        else:
-            _refuse_own_options_after_recipe(ctx, recipe, command_args)
-        if not _looks_like_recipe(recipe):
-            raise LaunchError(f"{recipe!r} is not a recipe (a folder with recipe.yaml, or a name in recipes/)",
-                              hint=f"to run a command, put it after --: podrun launch [OPTIONS] -- {' '.join(args)}")
-    env = parse_env_options(env_items)
-    cluster, rspec, src, overrides = resolve_plan_inputs(recipe, **plan_kw)
-    plan = make_plan(cluster, rspec, overrides)
-    python = python_ or sys.executable
-    if rspec is not None:
-        script = os.path.abspath(os.path.join(rspec.path, rspec.train_script))
-        command = [python, script, *command_args]
-    else:
-        command = command_args
-    engine, engine_transport, poprun_opts, mpi_args = resolve_engine(
-        engine_kw, cluster, only_output_from_instance=only_output_from_instance)
-    if engine == "poprun" and transport:
-        raise LaunchError(f"--engine poprun starts the instances itself; drop --transport {transport}")
-    name = engine_transport or transport or default_transport(plan, cluster, getattr(src, "scheduler", "none"))
-    ssh = SSHOptions(config_path=ssh_config, host_key_check=not no_host_key_check, max_concurrency=max_concurrency)
-    request = build_request(plan, command, transport=name, python=python, workdir=workdir, master_addr=master_addr,
-                            master_port=master_port, grace=grace, keepalive=keepalive, run_id=run_id,
-                            runs_dir=runs_dir, env=env, max_restarts=max_restarts, ssh=ssh,
-                            mpi_args=mpi_args, poprun=poprun_opts, agent_store=agent_store,
-                            preflight=not no_preflight, straggler_timeout=straggler_timeout)
-    elastic = None
-    if elastic_min is not None:
-        from podrun.launch.elastic import make_policy
-
-        elastic = make_policy(cluster, rspec, overrides, plan, elastic_min, spare_hosts, transport=name,
-                              max_restarts=max_restarts, engine=None if engine == "torch" else engine)
-    elif spare_hosts is not None:
-        raise LaunchError("--spare-hosts takes effect only in an elastic run", hint="add --elastic MIN")
-    if engine == "horovod":
+    torchrun = TorchrunOptions(**{k: kw.pop(k) for k in TORCHRUN_OPTION_NAMES})
+    own = LaunchOptions(devices_per_host=plan_kw.pop("devices_per_host"), nodes=plan_kw.pop("nodes"),
+                        elastic_min=elastic_min, max_restarts=max_restarts, master_addr=master_addr,
+                        master_port=master_port, run_id=run_id, runs_dir=runs_dir)
+    names = {o for p in ctx.command.params for o in (*p.opts, *p.secondary_opts) if o.startswith("-")}
+    prepared = prepare_launch(
+        list(args), dashdash=bool(ctx.meta.get("podrun.dashdash")), module=module, no_python=no_python,
+        torchrun=torchrun, own=own, own_option_names=names, plan_kw=plan_kw, engine_kw=engine_kw,
+        transport=transport, ssh=SSHOptions(config_path=ssh_config, host_key_check=not no_host_key_check,
+                                            max_concurrency=max_concurrency),
+        python=python_, workdir=workdir, agent_store=agent_store, grace=grace, keepalive=keepalive,
+        only_output_from_instance=only_output_from_instance, spare_hosts=spare_hosts,
+        straggler_timeout=straggler_timeout, preflight=not no_preflight, env_items=env_items)
+    request = prepared.request
+    if prepared.engine == "horovod":
         from podrun.launch.engines.horovod import launch_horovod
 
         argv, rc = launch_horovod(request, dry_run=dry_run)
@@ -140,41 +173,24 @@ def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir
             print_json({"engine": "horovod", "command": argv}) if as_json else print(shlex.join(argv))
             return
         sys.exit(rc)
+    notes = [*prepared.notes, *([prepared.long_run] if prepared.long_run else [])]
     if dry_run:
-        record = dry_run_record(request)
-        if as_json:
-            print_json(record)
-        else:
-            _print_dry_run(record)
+        record = {**dry_run_record(request), "max_restarts": request.max_restarts, "notes": notes}
+        print_json(record) if as_json else _print_dry_run(record)
         return
-    out = sys.stderr if as_json else sys.stdout
-    tty = out.isatty() and "NO_COLOR" not in os.environ
-    only = only_output_from_instance
-
-    from podrun.plan.env import workers_per_instance
-
-    multi = workers_per_instance(plan) > 1
-
-    def sink(index, host, local_rank, stream, text):
-        who = "?" if index is None else str(index)
-        if local_rank is not None and multi:
-            who += f":{local_rank}"
-        prefix = f"[{who} {host}]"
-        if tty:
-            prefix = f"\x1b[{COLOURS[(0 if index is None else index) % len(COLOURS)]}m{prefix}\x1b[0m"
-        print(f"{prefix} {text}", file=sys.stderr if stream == "err" or as_json else sys.stdout, flush=True)
-
-    def notice(text):
-        print(f"podrun: {text}", file=sys.stderr, flush=True)
-
-    if only is not None and not 0 <= only < plan.instances:
-        raise LaunchError(f"--only-output-from-instance {only}: the plan has instances 0..{plan.instances - 1}")
+    for note in notes:
+        print(f"podrun: {note}", file=sys.stderr, flush=True)
+    if prepared.long_run and sys.stdin.isatty() and sys.stderr.isatty() and not click.confirm(
+            "podrun: start it anyway?", default=False, err=True):
+        print("podrun: not started", file=sys.stderr)
+        sys.exit(1)
     from podrun.cli.render import ProgressView
     from podrun.cli.watch_options import live_console
 
     view = ProgressView(live_console(as_json))
     try:
-        outcome, summary = execute(request, sink=sink, notice=notice, only_output_from=only, elastic=elastic,
+        outcome, summary = execute(request, sink=_sink(request.plan, as_json), notice=_notice,
+                                   only_output_from=only_output_from_instance, elastic=prepared.elastic,
                                    watch=watch, progress=view)
     finally:
         view.close()
@@ -187,6 +203,30 @@ def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir
     sys.exit(summary["exit_code"])   # main.py turns SystemExit into the exit code
 
 
+def _sink(plan, as_json: bool):
+    """The console writer of workers' lines: ``[instance host]`` (``[instance:local_rank host]``), coloured on a tty.
+    The stream is looked up at each line (stderr with --json), so that a live progress line can redirect it."""
+    from podrun.plan.env import workers_per_instance
+
+    tty = (sys.stderr if as_json else sys.stdout).isatty() and "NO_COLOR" not in os.environ
+    multi = workers_per_instance(plan) > 1
+
+    def sink(index, host, local_rank, stream, text):
+        who = "?" if index is None else str(index)
+        if local_rank is not None and multi:
+            who += f":{local_rank}"
+        prefix = f"[{who} {host}]"
+        if tty:
+            prefix = f"\x1b[{COLOURS[(0 if index is None else index) % len(COLOURS)]}m{prefix}\x1b[0m"
+        print(f"{prefix} {text}", file=sys.stderr if stream == "err" or as_json else sys.stdout, flush=True)
+
+    return sink
+
+
+def _notice(text):
+    print(f"podrun: {text}", file=sys.stderr, flush=True)
+
+
 def _finite(param, value):
     """A float option's value, refused (exit 2) when it is NaN or infinite."""
     import math
@@ -196,35 +236,11 @@ def _finite(param, value):
     return value
 
 
-def _refuse_own_options_after_recipe(ctx, recipe: str, args: list[str]) -> None:
-    """Arguments after the recipe go to its train.py; one that is an option of podrun launch was most likely
-    meant for podrun (`recipes/x --dry-run` would otherwise start a real run): stop, unless a ``--`` before it
-    says it is for train.py."""
-    from podrun.errors import LaunchError
-
-    own = {o for p in ctx.command.params for o in (*p.opts, *p.secondary_opts) if o.startswith("-")}
-    for arg in args:
-        if arg == "--":
-            return
-        name = arg.split("=", 1)[0]
-        if name in own:
-            raise LaunchError(
-                f"{arg!r} comes after the recipe {recipe!r}, so it would go to train.py, but it is an option of "
-                "podrun launch",
-                hint=f"put podrun's options before the recipe (podrun launch {name} ... {recipe}), or after -- to "
-                     f"pass them to train.py on purpose (podrun launch {recipe} -- {arg})")
-
-
-def _looks_like_recipe(arg: str) -> bool:
-    """A folder with recipe.yaml, or a bare name (load_recipe looks it up in recipes/ and explains misses)."""
-    if os.path.isdir(arg):
-        return os.path.exists(os.path.join(arg, "recipe.yaml"))
-    return os.sep not in arg and not arg.endswith(".py") and not os.path.exists(arg)
-
-
 def _print_dry_run(record: dict) -> None:
     print(f"# podrun launch --dry-run: run {record['run_id']} via {record['transport']}, "
-          f"run dir {record['run_dir']}")
+          f"run dir {record['run_dir']}, --max-restarts {record['max_restarts']}")
+    for note in record["notes"]:
+        print(f"# {note}")
     if record["master_port"] == 0:
         print(f"# MASTER_PORT 0 below: podrun picks a free port on {record['master_addr']} when the run starts, and "
               "every worker gets that port (--master-port N fixes one)")

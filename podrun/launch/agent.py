@@ -26,7 +26,6 @@ and serves the run's TCPStore on it (podrun.launch.agent_store).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import shutil
@@ -39,13 +38,12 @@ import threading
 import time
 
 from podrun.launch import protocol
+from podrun.launch.proctl import PR_SET_CHILD_SUBREAPER, pdeathsig as _pdeathsig, prctl as _prctl
 from podrun.runtime.progress import FD_ENV as PROGRESS_ENV
 
 INDEX_ENV = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
-PR_SET_PDEATHSIG = 1
 ERROR_TRACEBACK_LINES = 40   # of a worker's @record traceback, sent to the controller
 ERROR_MESSAGE_CHARS = 2000
-PR_SET_CHILD_SUBREAPER = 36
 FIRST_HEARTBEAT_S = 60.0   # the first controller heartbeat may wait for the fan-out to every other host
 STACK_SIGNAL = int(signal.SIGRTMIN) + 4   # faulthandler's dump signal in workers (podrun/runtime/site)
 SITE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime", "site")
@@ -89,18 +87,6 @@ def read_error_file(path: str) -> dict | None:
     lines = tb.rstrip("\n").splitlines()[-ERROR_TRACEBACK_LINES:]
     return {"message": str(msg)[:ERROR_MESSAGE_CHARS], "traceback": [l[:ERROR_MESSAGE_CHARS] for l in lines],
             "file": path}
-
-
-def _prctl(option: int, arg: int) -> bool:
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0) == 0
-    except Exception:  # noqa: BLE001 - not Linux: the process group teardown still applies
-        return False
-
-
-def _pdeathsig(sig: int = signal.SIGKILL) -> None:
-    """In the child before exec: get ``sig`` when the parent dies (workers: SIGKILL when the agent dies)."""
-    _prctl(PR_SET_PDEATHSIG, int(sig))
 
 
 def _children(pid: int) -> list[tuple[int, str]]:
@@ -551,6 +537,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --agent-store: the listening socket on --master-port, inherited from the controller")
     ap.add_argument("--hold", action="store_true",
                     help="report preflight facts (a probe line) and start workers only on a G on stdin")
+    ap.add_argument("--needs", default="", metavar="MOD,...",
+                    help="with --hold: report which of these modules this python cannot import")
     ap.add_argument("command", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -589,7 +577,8 @@ def main(argv: list[str] | None = None) -> int:
 
         ports = [args.master_port] if rank0 else []
         # the agent store's port is busy when it could not be bound; else (no agent store) facts() tries it
-        probe = facts(ports, None if store is None else ports if store.error is not None else [])
+        probe = facts(ports, None if store is None else ports if store.error is not None else [],
+                      needs=[m for m in args.needs.split(",") if m])
     agent = Agent(index, command, envs, grace=args.grace, stdin_watch=not args.no_stdin_watch,
                   stdin_timeout=args.stdin_timeout, probe=probe, local_ranks=local_ranks, agent_rank=agent_rank,
                   run_dir=args.run_dir)

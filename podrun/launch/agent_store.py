@@ -71,7 +71,7 @@ def listen(port: int) -> socket.socket:
 
 def torch_available(python: str | None = None) -> bool:
     """Whether ``python`` (default: this one) can import torch, found without importing it."""
-    if python is None or os.path.realpath(python) == os.path.realpath(sys.executable):
+    if python is None or os.path.abspath(python) == os.path.abspath(sys.executable):   # venvs share one realpath
         return importlib.util.find_spec("torch") is not None
     try:
         probe = "import importlib.util,sys; sys.exit(not importlib.util.find_spec('torch'))"
@@ -85,7 +85,7 @@ class StoreHost:
     """The child process that serves the TCPStore on ``sock``; ``state`` is "starting", "up" or "failed: ..."."""
 
     def __init__(self, sock: socket.socket, on_failure=None, python: str = sys.executable):
-        from podrun.launch.agent import _pdeathsig
+        from podrun.launch.proctl import pdeathsig
 
         self.sock = sock
         self.state = "starting"
@@ -94,7 +94,7 @@ class StoreHost:
         fd = sock.fileno()
         self.proc = subprocess.Popen([python, "-c", _HOST, str(fd), str(sock.getsockname()[1])],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     pass_fds=(fd,), start_new_session=True, preexec_fn=_pdeathsig)
+                                     pass_fds=(fd,), start_new_session=True, preexec_fn=pdeathsig)
         threading.Thread(target=self._watch, name="podrun-store-host", daemon=True).start()
 
     def _watch(self) -> None:

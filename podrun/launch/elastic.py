@@ -41,7 +41,7 @@ class Replan:
 
 
 def make_policy(cluster: "ClusterSpec", recipe: "RecipeSpec | None", ov: "Overrides", plan: "Plan",
-                min_hosts: int, spare_hosts: str | None, *, transport: str, max_restarts: int,
+                min_hosts: int, spare_hosts: str | None, *, transport: str, max_restarts: int | None,
                 engine: str | None = None) -> ElasticPolicy:
     """The policy of `podrun launch --elastic MIN [--spare-hosts H,...]`, or a LaunchError naming what is wrong.
 
@@ -56,7 +56,7 @@ def make_policy(cluster: "ClusterSpec", recipe: "RecipeSpec | None", ov: "Overri
     if min_hosts < 1 or min_hosts > len(plan.hosts):
         raise LaunchError(f"--elastic {min_hosts}: the minimum must be between 1 and the plan's {len(plan.hosts)} hosts",
                           hint=f"use --elastic {max(1, len(plan.hosts) - 1)} or another count in 1..{len(plan.hosts)}")
-    if max_restarts < 1:
+    if max_restarts is not None and max_restarts < 1:
         raise LaunchError(f"--elastic {min_hosts} re-plans on a restart, and --max-restarts is {max_restarts}",
                           hint="pass --max-restarts N (N >= 1): each lost host costs one restart")
     if engine is not None:
@@ -78,6 +78,20 @@ def make_policy(cluster: "ClusterSpec", recipe: "RecipeSpec | None", ov: "Overri
     spares += [h for h in cluster.hosts if h not in plan.hosts and h not in spares]
     return ElasticPolicy(cluster.with_hosts(plan.hosts, plan.devices_per_host), recipe, replace(ov, nodes=None),
                          plan.global_batch, min_hosts, tuple(spares))
+
+
+def default_restarts(policy: ElasticPolicy, plan: "Plan") -> int:
+    """The restarts an elastic run gets when --max-restarts is not given: one per host it can lose, the plan's
+    hosts and the spares down to the minimum; a LaunchError when that is none."""
+    from podrun.errors import LaunchError
+
+    n = len(plan.hosts) + len(policy.spares) - policy.min_hosts
+    if n < 1:
+        raise LaunchError(f"--elastic {policy.min_hosts} on {len(plan.hosts)} host(s) with no spare: the run can lose "
+                          "no host, so an elastic restart has nothing to re-plan on",
+                          hint=f"lower the minimum (--elastic {max(1, len(plan.hosts) - 1)}), add --spare-hosts, or drop "
+                               "--elastic and give --max-restarts N to restart on the same hosts")
+    return n
 
 
 def failed_hosts(instances: list[dict], root_cause: dict | None) -> tuple[str, ...]:

@@ -75,6 +75,7 @@ class LaunchRequest:
     preflight: bool = True              # check every host before anything starts (False: --no-preflight)
     straggler_timeout: float | None = None  # seconds the others get after a worker exits 0 (None: no bound)
     replanned: bool = False             # an elastic re-plan made this attempt's hosts (podrun.launch.elastic)
+    needs: tuple[str, ...] = ()         # modules every worker imports; a held agent reports those it lacks
 
     def checks_hosts(self) -> bool:
         """Whether this attempt checks its hosts before any worker starts: the first attempt, and every
@@ -102,6 +103,7 @@ class LaunchRequest:
         argv += ["--agent-store"] if self.agent_store else []
         argv += ["--listen-fd", str(self.listen_fd)] if self.listen_fd is not None and index == 0 else []
         argv += ["--hold"] if hold else []
+        argv += ["--needs", ",".join(self.needs)] if hold and self.needs else []
         return argv + ["--", *self.command]
 
     def rendezvous_ports(self) -> tuple[int, ...]:

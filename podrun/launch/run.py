@@ -38,7 +38,7 @@ def build_request(plan, command, *, transport: str, python: str | None = None, w
                   keepalive: float = 5.0, run_id: str | None = None, runs_dir: str = "runs",
                   env=(), max_restarts: int = 0, ssh: SSHOptions | None = None, mpi_args=(),
                   poprun=None, agent_store: bool = True, preflight: bool = True,
-                  straggler_timeout: float | None = None) -> LaunchRequest:
+                  straggler_timeout: float | None = None, needs=()) -> LaunchRequest:
     run_id = new_run_id() if run_id is None else check_run_id(run_id)
     master_port = rendezvous_port(master_port, transport)
     workdir = os.path.abspath(workdir or os.getcwd())
@@ -51,7 +51,7 @@ def build_request(plan, command, *, transport: str, python: str | None = None, w
         instances=tuple(InstanceLaunch(p.index, p.host) for p in plan.placement),
         ssh=ssh or SSHOptions(), mpi_args=tuple(mpi_args), poprun=poprun,
         agent_store=agent_store and transport != "poprun",     # poprun starts no podrun agent
-        preflight=preflight, straggler_timeout=straggler_timeout,
+        preflight=preflight, straggler_timeout=straggler_timeout, needs=tuple(needs),
     )
 
 
@@ -206,6 +206,7 @@ def _attempts(cls, req: LaunchRequest, *, sink, notice, only_output_from, elasti
                      "transport": req.transport, "error": str(exc), "attempts": attempts})
             raise
         summary = outcome.summary(req)
+        summary["max_restarts"] = req.max_restarts      # --max-restarts, or an elastic run's default
         summary["attempts"] = attempts + [{"restart_count": req.restart_count, "exit_code": outcome.exit_code,
                                            "status": outcome.status,
                                            "root_cause": summary["root_cause"]}]

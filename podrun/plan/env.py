@@ -65,7 +65,10 @@ POPDIST_NAMES = tuple(POPDIST_FIELDS.values())
 
 # Set only when neither the host nor --env has them: threads per worker (see omp_num_threads), line
 # buffered output so logs stream live, and NCCL's async error handling as torchrun sets it.
-HOST_DEFAULT_NAMES = ("OMP_NUM_THREADS", "PYTHONUNBUFFERED", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+HOST_DEFAULT_NAMES = ("OMP_NUM_THREADS", "PYTHONUNBUFFERED", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+                      "TORCHELASTIC_SIGNALS_TO_HANDLE")
+# The signals the agent forwards to its workers (podrun.launch.agent), in torchrun's variable for its own list
+SIGNALS_HANDLED = "SIGTERM,SIGINT,SIGHUP"
 # Every worker is a client of the store that rank 0's agent hosts (podrun.launch.agent_store), as under torchrun
 AGENT_STORE_NAME = "TORCHELASTIC_USE_AGENT_STORE"
 
@@ -179,7 +182,8 @@ def instance_envs(plan: "Plan", instance_index: int, *, run_id: str, run_dir: st
     controller, which does not know a remote host's cores) leaves OMP_NUM_THREADS out.
     """
     host_env = {} if host_env is None else host_env
-    defaults = {"PYTHONUNBUFFERED": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+    defaults = {"PYTHONUNBUFFERED": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+                "TORCHELASTIC_SIGNALS_TO_HANDLE": SIGNALS_HANDLED}
     if cpus is not None:
         defaults["OMP_NUM_THREADS"] = str(omp_num_threads(plan, cpus))
     envs = []

@@ -89,11 +89,28 @@ def find_recipe_dir(name_or_path: str) -> Path:
     if os.sep in name_or_path.rstrip(os.sep) or _probe(Path.exists, p):
         if _probe(Path.is_dir, p):
             raise SpecError(f"recipe folder {shown_path(p)} has no recipe.yaml", hint="a recipe is a folder with recipe.yaml and train.py")
-        raise SpecError(f"recipe {shown_path(p)} does not exist", hint=f"known recipes: {', '.join(recipe_names())}")
+        raise SpecError(f"recipe {shown_path(p)} does not exist", hint=_recipe_path_hint(p))
     for d in _search_dirs("recipes"):
         if _probe(Path.is_file, d / name_or_path / "recipe.yaml"):
             return d / name_or_path
     raise _unknown("recipe", name_or_path, recipe_names())
+
+
+def _recipe_path_hint(p: Path) -> str:
+    """For a recipe path that does not exist: the nearest recipe folder next to it (or a known recipe's name),
+    as the name form's did-you-mean, then the known recipes."""
+    here = []
+    if _probe(Path.is_dir, p.parent):
+        try:
+            here = sorted(d.name for d in p.parent.iterdir() if _probe(Path.is_file, d / "recipe.yaml"))
+        except OSError:
+            here = []
+    close = difflib.get_close_matches(p.name[:200], here, n=1, cutoff=0.4)
+    hint = f"did you mean '{shown_path(p.parent / close[0])}'? " if close else ""
+    if not close:
+        close = difflib.get_close_matches(p.name[:200], recipe_names(), n=1, cutoff=0.4)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+    return hint + f"known recipes: {', '.join(recipe_names())}"
 
 
 def load_cluster(name_or_path: str) -> ClusterSpec:

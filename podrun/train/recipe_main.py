@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from typing import Any, Sequence
 
@@ -10,8 +11,8 @@ from podrun.errors import PodrunError
 from podrun.train.config import TrainConfig
 
 
-def parser(recipe_name: str, default_data: str = "synthetic") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+def parser(recipe_name: str, default_data: str = "synthetic", cls=argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p = cls(
         prog=f"{recipe_name}/train.py",
         description=f"Train the {recipe_name} recipe. Runs standalone, under torchrun, srun, mpirun or podrun launch.")
     a = p.add_argument
@@ -46,6 +47,83 @@ def parser(recipe_name: str, default_data: str = "synthetic") -> argparse.Argume
     a("--synthetic-size", type=int, default=None, help="samples per synthetic epoch (default: 20 global batches)")
     a("--quiet", action="store_true", help="no console line per step")
     return p
+
+
+class _Refusal(argparse.ArgumentParser):
+    """The recipe parser, raising instead of printing its usage and exiting."""
+
+    def error(self, message):
+        raise _ArgsError(message)
+
+
+class _ArgsError(Exception):
+    pass
+
+
+def check_args(recipe_name: str, argv: Sequence[str], script: str) -> None:
+    """Parse a recipe's arguments as its train.py will (on the controller, before anything starts): a
+    SpecError (exit 2) naming the recipe and what is wrong, instead of every rank printing its usage."""
+    try:
+        parser(recipe_name, cls=_Refusal).parse_args(list(argv))
+    except _ArgsError as exc:
+        from podrun.errors import SpecError
+
+        raise SpecError(f"{recipe_name}/train.py would refuse its arguments ({shlex.join(argv) or 'none'}): {exc}",
+                        hint=f"python {script} --help lists its options") from None
+
+
+def default_data(script: str) -> str | None:
+    """For a recipe's train.py that runs this module's main(): the ``default_data`` it passes (read from its
+    source without running it; "synthetic" when it passes none). None for a train.py with a parser of its own."""
+    import ast
+
+    try:
+        with open(script, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    shared = any(isinstance(n, ast.ImportFrom) and n.module == __name__ or
+                 isinstance(n, ast.Import) and any(a.name == __name__ for a in n.names) for n in ast.walk(tree))
+    if not shared:
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.keyword) and node.arg == "default_data" and isinstance(node.value, ast.Constant):
+            return str(node.value.value)
+    return "synthetic"
+
+
+def parse_known(argv: Sequence[str], default: str = "synthetic") -> argparse.Namespace:
+    """A recipe's arguments as its train.py reads them (unknown ones ignored; check_args refuses those)."""
+    return parser("recipe", default).parse_known_args(list(argv))[0]
+
+
+def needed_modules(args: argparse.Namespace) -> list[str]:
+    """What a recipe's train.py imports on every worker: podrun's own yaml, the ``train`` extra's torch and
+    numpy, and scikit-learn for ``--data digits``."""
+    return ["yaml", "torch", "numpy"] + (["sklearn"] if args.data == "digits" else [])
+
+
+def long_run(argv: Sequence[str], args: argparse.Namespace, plan, threshold_hours: float) -> str | None:
+    """What to say before a run the planner estimates longer than ``threshold_hours`` (None: shorter, or no
+    estimate applies: the offline digits set is small whatever the recipe). ``argv``: the recipe's arguments,
+    ``args`` as parsed (parse_known), ``plan``: the run's Plan."""
+    est = plan.estimate
+    if args.data == "digits" or est.images_per_second <= 0:
+        return None
+    if args.steps is not None:
+        hours, what = args.steps * est.step_seconds / 3600, f"{args.steps} steps"
+    else:
+        epochs = args.epochs if args.epochs is not None else plan.epochs
+        hours = est.time_to_train_hours * epochs / plan.epochs if plan.epochs > 0 else 0.0
+        what = f"{epochs:g} epochs"
+    if hours <= threshold_hours:
+        return None
+    given = any(a == "--data" or a.startswith("--data=") for a in argv)
+    data = f"--data {args.data}" if given else f"{args.data} data (no --data given)"
+    return (f"the planner estimates {hours:,.2f} h for {what} of {plan.recipe} on cluster {plan.cluster} "
+            f"({est.images_per_second:,.0f} img/s, {est.step_seconds:,.1f} s per step of global batch "
+            f"{plan.global_batch}), on {data}; for a short run give --steps N or --epochs E after the recipe, "
+            "and --global-batch B before it for shorter steps")
 
 
 def build_config(recipe, args: argparse.Namespace, plan: dict | None, overrides: dict[str, Any] | None = None):

@@ -217,7 +217,7 @@ def test_busy_port_fails_preflight(tmp_path):
 
 @pytest.mark.parametrize("args,needle", [
     (["--", ], "nothing to launch"),
-    (["not-a-recipe.py", "--x"], "is not a recipe"),
+    (["not-a-script.py", "--x"], "script not-a-script.py does not exist in the working directory"),
     (["--env", "BAD", "--", "true"], "--env 'BAD' is not NAME=VALUE"),
     (["--transport", "carrier-pigeon", "--", "true"], "carrier-pigeon"),
     (["--workdir", "/nonexistent/dir", "--", "true"], "working directory /nonexistent/dir does not exist"),

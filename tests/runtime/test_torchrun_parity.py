@@ -23,11 +23,11 @@ DIFFER = {
     "TORCHELASTIC_RUN_ID": "torchrun's --rdzv-id ('none' for its static rendezvous); podrun's is the run id",
     "TORCHELASTIC_ERROR_FILE": "each launcher's own per-worker file: torchrun's in a temporary directory, "
                                "podrun's in the run directory",
-    "TORCHELASTIC_SIGNALS_TO_HANDLE": "torchrun's own --signals-to-handle, left in its environment for its "
-                                      "agent and inherited by the workers; no worker reads it",
+    "TORCHELASTIC_SIGNALS_TO_HANDLE": "the signals each launcher's agent forwards: torchrun's --signals-to-handle "
+                                      "(SIGQUIT too), podrun's agent's SIGTERM,SIGINT,SIGHUP",
 }
-# of those, the ones podrun need not set (its rendezvous decides the first; no worker reads the second)
-OPTIONAL_UNDER_PODRUN = {"TORCHELASTIC_SIGNALS_TO_HANDLE"}
+# of those, the ones podrun need not set (none: a worker sees every name torchrun sets)
+OPTIONAL_UNDER_PODRUN: frozenset[str] = frozenset()
 
 
 def _base_env() -> dict[str, str]:

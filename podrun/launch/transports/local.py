@@ -16,9 +16,9 @@ from podrun.launch.transport import InstanceHandle, Problem, StreamMerger, Trans
 
 
 def _pdeathsig() -> None:
-    from podrun.launch.agent import _pdeathsig as f
+    from podrun.launch.proctl import pdeathsig
 
-    f(signal.SIGTERM)
+    pdeathsig(signal.SIGTERM)
 
 
 class LocalHandle(InstanceHandle):

@@ -284,6 +284,10 @@ class SSHTransport(Transport):
                                     "use the same Python version (--python)"))
         for port in facts.get("ports_busy", []):
             problems.append(busy_port_problem(host, self.request, port))
+        if facts.get("missing"):
+            from podrun.launch.probe import missing_text
+
+            problems.append(Problem(host, *missing_text(self.request.python, facts["missing"], "the recipe")))
         return problems
 
     def _preflight_instance(self, inst) -> tuple["SSHHandle | None", list[Problem]]:

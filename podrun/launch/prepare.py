@@ -1,0 +1,156 @@
+"""From `podrun launch`'s parsed options to what runs: the target, the plan, the LaunchRequest and the elastic policy."""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+
+from podrun.errors import LaunchError
+from podrun.launch.torchrun_args import (COMMAND, RECIPE, SCRIPT, LaunchOptions, Target, TorchrunOptions, check_nproc_kind,
+                                         classify, command_hint, reconcile)
+
+DEFAULT_RUNS_DIR = "runs"
+LONG_RUN_HOURS = 1.0        # a recipe run estimated longer than this is announced before it starts
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A launch ready to print (--dry-run) or run."""
+
+    request: object                     # podrun.launch.request.LaunchRequest
+    target: Target
+    engine: str                         # torch | poprun | horovod
+    elastic: object | None = None       # podrun.launch.elastic.ElasticPolicy
+    notes: tuple[str, ...] = ()         # what podrun decided for the user, said before the run and in --dry-run
+    long_run: str | None = None         # the estimate of a run longer than LONG_RUN_HOURS, said before it starts
+
+
+def prepare_launch(args, *, dashdash: bool, module: bool, no_python: bool, torchrun: TorchrunOptions,
+                   own: LaunchOptions, own_option_names: set[str], plan_kw: dict, engine_kw: dict,
+                   transport: str | None, ssh, python: str | None, workdir: str | None, agent_store: bool,
+                   grace: float, keepalive: float, only_output_from_instance: int | None, spare_hosts: str | None,
+                   straggler_timeout: float | None, preflight: bool, env_items) -> Prepared:
+    """Everything `podrun launch` decides before it prints or runs: the target (podrun.launch.torchrun_args),
+    torchrun's options reconciled with podrun's, the plan, the checks of this machine, the request, the elastic
+    policy and what to say first; a PodrunError (exit 2) for anything wrong, before anything starts."""
+    from podrun.launch.engines import resolve_engine
+    from podrun.launch.request import parse_env_options
+    from podrun.launch.run import build_request, default_transport
+    from podrun.plan import make_plan
+    from podrun.plan.inputs import resolve_plan_inputs
+
+    target = classify(args, dashdash=dashdash, module=module, no_python=no_python,
+                      is_recipe_dir=lambda p: os.path.isfile(os.path.join(p, "recipe.yaml")),
+                      is_file=os.path.isfile)
+    if target.kind == RECIPE and not dashdash:
+        refuse_own_options_after_recipe(target, args[1:], own_option_names)
+    opts = reconcile(torchrun, own, cpu_count=os.cpu_count() or 1)
+    env = parse_env_options(env_items)
+    plan_kw = {**plan_kw, "nodes": opts.nodes, "devices_per_host": opts.devices_per_host}
+    cluster, rspec, src, overrides = resolve_plan_inputs(target.name if target.kind == RECIPE else None, **plan_kw)
+    check_nproc_kind(torchrun, cluster.device.kind, cluster.name)
+    plan = make_plan(cluster, rspec, overrides)
+    python = python or sys.executable
+    recipe_script, recipe_args, long_run = None, None, None
+    if rspec is not None:
+        from podrun.train import recipe_main
+
+        recipe_script = os.path.abspath(os.path.join(rspec.path, rspec.train_script))
+        default_data = recipe_main.default_data(recipe_script)
+        if default_data is not None:        # its train.py runs podrun's recipe parser: podrun knows its arguments
+            recipe_main.check_args(os.path.basename(os.path.abspath(rspec.path)), target.args,
+                                   os.path.relpath(recipe_script))
+            recipe_args = recipe_main.parse_known(target.args, default_data)
+            long_run = recipe_main.long_run(target.args, recipe_args, plan, LONG_RUN_HOURS)
+    engine, engine_transport, poprun_opts, mpi_args = resolve_engine(
+        engine_kw, cluster, only_output_from_instance=only_output_from_instance)
+    if engine == "poprun" and transport:
+        raise LaunchError(f"--engine poprun starts the instances itself; drop --transport {transport}")
+    name = engine_transport or transport or default_transport(plan, cluster, getattr(src, "scheduler", "none"))
+    if name == "local":
+        check_local_target(target, os.path.abspath(workdir or os.getcwd()))
+        if recipe_args is not None and preflight:
+            check_recipe_modules(python, target, recipe_args)
+    notes: list[str] = []
+    if name == "ssh":
+        from podrun.launch.run import is_local_host
+
+        here = [h for h in dict.fromkeys(plan.hosts) if is_local_host(h)]
+        if here:
+            notes.append(f"{', '.join(here)} is this machine: in a run with other hosts podrun reaches it over ssh "
+                         "like the others (one transport per run: the same preflight, keepalive and teardown "
+                         "everywhere), so it needs sshd and its host key in known_hosts")
+    needs: tuple[str, ...] = ()
+    if recipe_args is not None and preflight:
+        from podrun.train.recipe_main import needed_modules
+
+        needs = tuple(needed_modules(recipe_args))      # checked by every held agent (ssh) before anything starts
+    elastic = None
+    max_restarts = opts.max_restarts
+    if opts.elastic_min is not None:
+        from podrun.launch.elastic import default_restarts, make_policy
+
+        elastic = make_policy(cluster, rspec, overrides, plan, opts.elastic_min, spare_hosts, transport=name,
+                              max_restarts=max_restarts, engine=None if engine == "torch" else engine)
+        if max_restarts is None:
+            max_restarts = default_restarts(elastic, plan)
+            notes.append(f"--elastic {opts.elastic_min} without --max-restarts: {max_restarts} restart(s), one per "
+                         f"host the run can lose ({len(plan.hosts)} host(s) + {len(elastic.spares)} spare(s) - "
+                         f"minimum {opts.elastic_min}); --max-restarts N sets another count")
+    elif spare_hosts is not None:
+        raise LaunchError("--spare-hosts takes effect only in an elastic run", hint="add --elastic MIN")
+    if only_output_from_instance is not None and not 0 <= only_output_from_instance < plan.instances:
+        raise LaunchError(f"--only-output-from-instance {only_output_from_instance}: the plan has instances "
+                          f"0..{plan.instances - 1}")
+    request = build_request(plan, target.worker_command(python, recipe_script), transport=name, python=python,
+                            workdir=workdir, master_addr=opts.master_addr, master_port=opts.master_port,
+                            grace=grace, keepalive=keepalive, run_id=opts.run_id,
+                            runs_dir=opts.runs_dir if opts.runs_dir is not None else DEFAULT_RUNS_DIR, env=env,
+                            max_restarts=0 if max_restarts is None else max_restarts, ssh=ssh, mpi_args=mpi_args,
+                            poprun=poprun_opts, agent_store=agent_store, preflight=preflight,
+                            straggler_timeout=straggler_timeout, needs=needs)
+    return Prepared(request=request, target=target, engine=engine, elastic=elastic, notes=tuple(notes),
+                    long_run=long_run)
+
+
+def check_local_target(target: Target, workdir: str) -> None:
+    """On this machine, a script must exist in the working directory and a command's program must be found,
+    before any worker starts (else every worker fails alike: exit 2 or 127 on every rank)."""
+    if target.kind == SCRIPT and not os.path.isfile(os.path.join(workdir, target.name)):
+        raise LaunchError(f"script {target.name} does not exist in the working directory {workdir}",
+                          hint="give the script's path (relative to --workdir, or absolute)")
+    if target.kind == COMMAND:
+        problem = command_hint(target.name, workdir, on_path=lambda p: shutil.which(p) is not None,
+                               is_file=os.path.isfile)
+        if problem is not None:
+            raise problem
+
+
+def check_recipe_modules(python: str, target: Target, recipe_args, host: str = "localhost") -> None:
+    """The recipe's imports (podrun.train.recipe_main.needed_modules) must be there for --python on this machine,
+    before anything starts: one paragraph and exit 2 naming the install command, not a traceback per rank."""
+    from podrun.errors import PreflightError
+    from podrun.launch.probe import missing_modules, missing_text
+    from podrun.train.recipe_main import needed_modules
+
+    missing = missing_modules(python, needed_modules(recipe_args))
+    if missing:
+        problem, hint = missing_text(python, missing, f"the recipe {target.name}")
+        raise PreflightError(f"preflight: {host}: {problem}; nothing was started", hint=hint)
+
+
+def refuse_own_options_after_recipe(target: Target, args, own: set[str]) -> None:
+    """Arguments after the recipe go to its train.py; one that is an option of podrun launch was most likely
+    meant for podrun (`recipes/x --dry-run` would otherwise start a real run): stop, unless a ``--`` before it
+    says it is for train.py."""
+    for arg in args:
+        if arg == "--":
+            return
+        name = arg.split("=", 1)[0]
+        if name in own:
+            raise LaunchError(
+                f"{arg!r} comes after the recipe {target.name!r}, so it would go to train.py, but it is an option "
+                "of podrun launch",
+                hint=f"put podrun's options before the recipe (podrun launch {name} ... {target.name}), or after -- "
+                     f"to pass them to train.py on purpose (podrun launch {target.name} -- {arg})")

@@ -1,0 +1,128 @@
+"""torchrun's command line under `podrun launch`, against real torchrun on the same script: the canonical DDP
+script of docs/launch.md gives the same output and torch variables, and torchrun's options mean the same
+workers, ranks and env (the table in docs/launch.md)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from podrun.plan.env import TORCHRUN_NAMES
+from tests.ports import free_port
+
+pytestmark = [pytest.mark.torch, pytest.mark.timeout(300)]
+
+ROOT = Path(__file__).resolve().parents[2]
+PREFIX = re.compile(r"^\[\d+(:\d+)? [^\]]+\] ")       # podrun's [instance:local_rank host] on each worker line
+
+
+def _canonical_script() -> str:
+    """The DDP script as docs/launch.md shows it (the test runs what the docs show)."""
+    text = (ROOT / "docs" / "launch.md").read_text(encoding="utf-8")
+    after = text[text.index("**The canonical DDP script.**"):]
+    return after[after.index("```python\n") + len("```python\n"):after.index("\n```", after.index("```python"))] + "\n"
+
+
+def _base_env(**extra) -> dict[str, str]:
+    """This environment less any launcher's variables, so each launcher's own are what the workers see."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in TORCHRUN_NAMES and not k.startswith(("PODRUN_", "TORCHELASTIC_"))
+           and k not in ("OMP_NUM_THREADS", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "PYTHONUNBUFFERED")}
+    return {**env, **extra}
+
+
+def _run(argv, cwd, env, timeout=240) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
+def torchrun(*args, cwd, env):
+    return _run([sys.executable, "-m", "torch.distributed.run", *args], cwd, env)
+
+
+def podrun(*args, cwd, env):
+    return _run([sys.executable, "-m", "podrun", "launch", *args], cwd, env)
+
+
+def test_canonical_ddp_script_same_output_and_env_keys_as_torchrun(tmp_path):
+    """`podrun launch --nproc-per-node 2 ddp.py` and `torchrun --nproc-per-node 2 ddp.py`: the same lines
+    (podrun's [instance:rank host] prefix taken off), which include each rank's sorted torch variable names."""
+    (tmp_path / "ddp.py").write_text(_canonical_script())
+    env = _base_env()
+    # a free port, not torchrun's 29500, which other runs on this machine may hold; the names are compared
+    tr = torchrun("--master-port", str(free_port(2)), "--nproc-per-node", "2", "ddp.py", cwd=tmp_path, env=env)
+    assert tr.returncode == 0, tr.stdout + tr.stderr
+    pr = podrun("--runs-dir", str(tmp_path / "runs"), "--nproc-per-node", "2", "ddp.py", cwd=tmp_path, env=env)
+    assert pr.returncode == 0, pr.stdout + pr.stderr
+    tr_lines = sorted(tr.stdout.splitlines())
+    pr_lines = sorted(PREFIX.sub("", line) for line in pr.stdout.splitlines())
+    assert len(tr_lines) == 4 and any("launcher set" in line and "TORCHELASTIC_RUN_ID" in line for line in tr_lines)
+    assert pr_lines == tr_lines
+
+
+def _dumps(d: Path, n: int) -> list[dict[str, str]]:
+    files = sorted(d.glob("*.json"), key=lambda p: int(p.stem))
+    assert [int(p.stem) for p in files] == list(range(n)), files
+    return [json.loads(p.read_text()) for p in files]
+
+
+SAME = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+        "ROLE_WORLD_SIZE", "TORCHELASTIC_MAX_RESTARTS")
+
+
+def test_rendezvous_run_id_log_dir_and_module_rows(tmp_path):
+    """--nnodes 1 --nproc-per-node 2 --rdzv-endpoint 127.0.0.1:P --rdzv-id ID --max-restarts 1 --log-dir D -m MODULE,
+    under both: the same workers and ranks, MASTER_ADDR/MASTER_PORT from the endpoint, TORCHELASTIC_RUN_ID the
+    id, the restarts; podrun's logs under D/ID."""
+    tr_dir, pr_dir = tmp_path / "tr", tmp_path / "pr"
+    tr_dir.mkdir()
+    pr_dir.mkdir()
+    port = free_port(2)
+    common = ["--nnodes", "1", "--nproc-per-node", "2", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "job7",
+              "--max-restarts", "1"]
+    env = _base_env(PYTHONPATH=str(ROOT))
+    tr = torchrun(*common, "--log-dir", str(tmp_path / "trlogs"), "-m", "tests.runtime.env_dump", cwd=tmp_path,
+                  env={**env, "ENV_DUMP_DIR": str(tr_dir)})
+    assert tr.returncode == 0, tr.stdout + tr.stderr
+    pr = podrun(*common, "--log-dir", str(tmp_path / "prlogs"), "-m", "tests.runtime.env_dump", cwd=tmp_path,
+                env={**env, "ENV_DUMP_DIR": str(pr_dir)})
+    assert pr.returncode == 0, pr.stdout + pr.stderr
+    for t, p in zip(_dumps(tr_dir, 2), _dumps(pr_dir, 2)):
+        for k in SAME:
+            assert p[k] == t[k], (k, t[k], p[k])
+        assert (t["MASTER_ADDR"], t["MASTER_PORT"]) == (p["MASTER_ADDR"], p["MASTER_PORT"]) == ("127.0.0.1", str(port))
+        assert t["TORCHELASTIC_RUN_ID"] == p["TORCHELASTIC_RUN_ID"] == "job7"
+        assert t["TORCHELASTIC_MAX_RESTARTS"] == "1"
+    assert (tmp_path / "prlogs" / "job7" / "instance-0.log").is_file()
+    assert json.loads((tmp_path / "prlogs" / "job7" / "summary.json").read_text())["max_restarts"] == 1
+    assert any(p.name.startswith("job7") for p in (tmp_path / "trlogs").iterdir())
+
+
+def test_standalone_nproc_auto_cpu_streams_and_no_python_rows(tmp_path):
+    """torchrun --standalone --nproc-per-node cpu against podrun --standalone --nproc-per-node auto --tee 3
+    --redirects 0 and podrun --nproc-per-node cpu --no-python PYTHON SCRIPT: one node, one worker per core of this
+    machine (torchrun's auto is cpu without an accelerator), the same ranks; podrun's port is picked for the run."""
+    dump = str(ROOT / "tests" / "runtime" / "env_dump.py")
+    dirs = {k: tmp_path / k for k in ("tr", "auto", "cpu")}
+    for d in dirs.values():
+        d.mkdir()
+    tr = torchrun("--standalone", "--nproc-per-node", "cpu", dump, cwd=tmp_path,
+                  env=_base_env(ENV_DUMP_DIR=str(dirs["tr"])))
+    assert tr.returncode == 0, tr.stdout + tr.stderr
+    n = len(list(dirs["tr"].glob("*.json")))
+    assert n == (os.cpu_count() or 1)
+    runs = {"auto": ["--standalone", "--nproc-per-node", "auto", "--tee", "3", "--redirects", "0", dump],
+            "cpu": ["--nproc-per-node", "cpu", "--no-python", sys.executable, dump]}
+    for name, args in runs.items():
+        pr = podrun("--runs-dir", str(tmp_path / f"runs-{name}"), *args, cwd=tmp_path,
+                    env=_base_env(ENV_DUMP_DIR=str(dirs[name])))
+        assert pr.returncode == 0, pr.stdout + pr.stderr
+        for t, p in zip(_dumps(dirs["tr"], n), _dumps(dirs[name], n)):
+            for k in SAME:
+                assert p[k] == t[k], (name, k, t[k], p[k])
+            assert p["MASTER_PORT"] not in ("0", "29500"), p["MASTER_PORT"]      # a port picked for the run

@@ -1,0 +1,108 @@
+"""Issue 17's first hour at the door of `podrun launch`: a long run is announced (and asked about on a terminal),
+a python without the recipe's packages is refused before anything starts, --help is in sections and
+`podrun hosts` shows only the options it uses."""
+from __future__ import annotations
+
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from podrun.cli.main import cli, main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _launch(capsys, tmp_path, *argv):
+    rc = main(["launch", "--runs-dir", str(tmp_path / "runs"), *argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_a_long_run_is_announced_with_how_to_make_it_short(capsys, tmp_path):
+    rc, out, err = _launch(capsys, tmp_path, "--dry-run", str(ROOT / "recipes" / "resnet50"))
+    assert rc == 0, err
+    (line,) = [l for l in out.splitlines() if "the planner estimates" in l]
+    assert "2,001.83 h for 90 epochs of resnet50 on cluster local" in line
+    assert "synthetic data (no --data given)" in line and "--steps N or --epochs E" in line and "--global-batch" in line
+    for short in (["--global-batch", "32", str(ROOT / "recipes" / "resnet50"), "--steps", "20"],
+                  [str(ROOT / "recipes" / "resnet18_cifar10"), "--data", "digits"]):
+        rc, out, err = _launch(capsys, tmp_path, "--dry-run", *short)
+        assert rc == 0 and "the planner estimates" not in out, out
+
+
+def _pty_run(argv, answer: bytes, cwd, timeout=120.0) -> tuple[int, str]:
+    """Run argv with stdin, stdout and stderr on a terminal; answer the first question; (exit code, what it showed)."""
+    leader, follower = pty.openpty()
+    p = subprocess.Popen(argv, stdin=follower, stdout=follower, stderr=follower, cwd=cwd, close_fds=True)
+    os.close(follower)
+    seen, answered, end = b"", False, time.monotonic() + timeout
+    try:
+        while time.monotonic() < end:
+            ready, _, _ = select.select([leader], [], [], 1.0)
+            if ready:
+                try:
+                    chunk = os.read(leader, 4096)
+                except OSError:       # the child closed the terminal
+                    break
+                if not chunk:
+                    break
+                seen += chunk
+                if not answered and b"start it anyway?" in seen:
+                    os.write(leader, answer)
+                    answered = True
+            elif p.poll() is not None:
+                break
+        return p.wait(timeout=max(1.0, end - time.monotonic())), seen.decode(errors="replace")
+    finally:
+        if p.poll() is None:
+            p.kill()
+        os.close(leader)
+
+
+def test_a_long_run_on_a_terminal_asks_and_no_means_not_started(tmp_path):
+    rc, shown = _pty_run([sys.executable, "-m", "podrun", "launch", "--runs-dir", str(tmp_path / "runs"),
+                          str(ROOT / "recipes" / "resnet50")], b"n\n", cwd=tmp_path)
+    assert "the planner estimates 2,001.83 h" in shown and "start it anyway?" in shown, shown
+    assert rc == 1 and "not started" in shown, shown
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_python_without_torch_is_refused_before_anything_starts(tmp_path, capsys):
+    """A real fresh interpreter (a venv without system site-packages) that finds podrun but not torch."""
+    venv = tmp_path / "fresh"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    (site,) = venv.glob("lib/python3*/site-packages")
+    (site / "podrun-checkout.pth").write_text(str(ROOT) + "\n")
+    python = str(venv / "bin" / "python")
+    assert subprocess.run([python, "-c", "import podrun"], timeout=60).returncode == 0
+    rc, out, err = _launch(capsys, tmp_path, "--python", python, str(ROOT / "recipes" / "resnet18_cifar10"),
+                           "--data", "digits")
+    assert rc == 2, err
+    assert err.startswith("podrun: error: preflight: localhost: ") and python in err and "torch" in err, err
+    assert "pip install 'podrun[train]'" in err and "Traceback" not in err and len(err.splitlines()) == 2, err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_launch_help_is_in_sections_common_first():
+    ctx = click.Context(cli.get_command(click.Context(cli), "launch"), info_name="launch")
+    text = ctx.get_help()
+    heads = [text.index(h) for h in ("Common options:", "torchrun's options", "Transports:", "Engines (poprun",
+                                     "Advanced:")]
+    assert heads == sorted(heads), heads
+    common = text[heads[0]:heads[1]]
+    for opt in ("--cluster", "--hosts", "--global-batch", "--elastic", "--dry-run"):
+        assert opt in common, opt
+    assert "--vipu-partition" in text[heads[3]:heads[4]] and "--ssh-config" in text[heads[2]:heads[3]]
+
+
+def test_hosts_help_shows_no_batch_options():
+    for name, has_batch in (("hosts", False), ("plan", True), ("launch", True)):
+        opts = {o for p in cli.get_command(click.Context(cli), name).params for o in p.opts}
+        assert ({"--global-batch", "--local-batch", "--grad-accum"} <= opts) == has_batch, name
+        assert "--hosts" in opts and "--nodes" in opts

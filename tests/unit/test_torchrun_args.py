@@ -1,0 +1,235 @@
+"""The torchrun mapping (podrun.launch.torchrun_args), pure: targets, torchrun's options onto podrun's, refusals;
+and `podrun launch` refusing bad input with one paragraph and exit 2 before anything starts."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+from podrun.cli.main import main
+from podrun.errors import LaunchError
+from podrun.launch.torchrun_args import (COMMAND, MODULE, RECIPE, SCRIPT, LaunchOptions, Target, TorchrunOptions,
+                                         check_nproc_kind, classify, command_hint, parse_endpoint, recipe_args,
+                                         reconcile)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _classify(args, *, dashdash=False, recipes=(), files=(), **kw):
+    return classify(args, dashdash=dashdash, is_recipe_dir=lambda p: p in recipes, is_file=lambda p: p in files, **kw)
+
+
+@pytest.mark.parametrize("args,dashdash,kw,expect", [
+    (["train.py", "--epochs", "3"], False, {}, Target(SCRIPT, "train.py", ("--epochs", "3"))),
+    (["train.py", "--epochs", "3"], True, {}, Target(SCRIPT, "train.py", ("--epochs", "3"))),
+    (["run"], False, {"files": ("run",)}, Target(SCRIPT, "run")),                     # an existing file: python
+    (["./run.sh", "x"], True, {"files": ("./run.sh",)}, Target(COMMAND, "./run.sh", ("x",))),
+    (["python", "t.py"], True, {}, Target(COMMAND, "python", ("t.py",))),
+    (["pkg.train", "--x"], False, {"module": True}, Target(MODULE, "pkg.train", ("--x",))),
+    (["pkg.train"], True, {"module": True}, Target(MODULE, "pkg.train")),
+    (["train.py"], False, {"no_python": True}, Target(COMMAND, "train.py")),
+    (["recipes/r", "--data", "digits", "--", "--steps", "30"], False, {"recipes": ("recipes/r",)},
+     Target(RECIPE, "recipes/r", ("--data", "digits", "--steps", "30"))),
+    (["recipes/r", "--", "--steps", "3"], False, {"recipes": ("recipes/r",)}, Target(RECIPE, "recipes/r", ("--steps", "3"))),
+    (["recipes/resnet5"], False, {}, Target(RECIPE, "recipes/resnet5")),             # a miss: the loader explains
+])
+def test_classify_reads_the_target_as_torchrun_does(args, dashdash, kw, expect):
+    assert _classify(args, dashdash=dashdash, **kw) == expect
+
+
+def test_worker_commands():
+    py = "/venv/bin/python"
+    assert Target(SCRIPT, "t.py", ("-a",)).worker_command(py) == [py, "t.py", "-a"]
+    assert Target(MODULE, "m", ("-a",)).worker_command(py) == [py, "-m", "m", "-a"]
+    assert Target(COMMAND, "./x", ("-a",)).worker_command(py) == ["./x", "-a"]
+    assert Target(RECIPE, "r", ("-a",)).worker_command(py, "/abs/r/train.py") == [py, "/abs/r/train.py", "-a"]
+
+
+def test_recipe_args_takes_out_one_dashdash_wherever_it_stands():
+    assert recipe_args(("--data", "digits", "--", "--steps", "30")) == ("--data", "digits", "--steps", "30")
+    assert recipe_args(("--", "--data", "x")) == ("--data", "x")
+    assert recipe_args(("--data", "x")) == ("--data", "x")
+
+
+def test_nothing_and_contradictions_are_refused():
+    with pytest.raises(LaunchError, match="nothing to launch"):
+        _classify([])
+    with pytest.raises(LaunchError, match="contradict"):
+        _classify(["m"], module=True, no_python=True)
+
+
+def test_command_hint_names_the_file_in_the_working_directory(tmp_path):
+    (tmp_path / "run.sh").write_text("echo hi\n")
+    (tmp_path / "train.py").write_text("")
+    files = {str(tmp_path / "run.sh"), str(tmp_path / "train.py")}
+    err = command_hint("run.sh", str(tmp_path), on_path=lambda p: False, is_file=lambda p: p in files)
+    assert err is not None and str(tmp_path / "run.sh") in err.message and "-- ./run.sh" in err.hint
+    err = command_hint("train.py", str(tmp_path), on_path=lambda p: False, is_file=lambda p: p in files)
+    assert "podrun launch train.py" in err.hint
+    assert "no such command" in command_hint("nope", str(tmp_path), on_path=lambda p: False,
+                                             is_file=lambda p: False).message
+    assert command_hint("sh", str(tmp_path), on_path=lambda p: True, is_file=lambda p: False) is None
+    assert command_hint("./run.sh", str(tmp_path), on_path=lambda p: False, is_file=lambda p: False) is None
+
+
+# --- the table in docs/launch.md, row by row ----------------------------------------------------
+
+@pytest.mark.parametrize("tr,expect", [
+    (TorchrunOptions(nproc_per_node="2"), LaunchOptions(devices_per_host=2)),
+    (TorchrunOptions(nproc_per_node="auto"), LaunchOptions()),
+    (TorchrunOptions(nproc_per_node="cpu"), LaunchOptions(devices_per_host=7)),
+    (TorchrunOptions(nproc_per_node="gpu"), LaunchOptions()),
+    (TorchrunOptions(nnodes="3"), LaunchOptions(nodes=3)),
+    (TorchrunOptions(nnodes="2:4"), LaunchOptions(nodes=4, elastic_min=2)),
+    (TorchrunOptions(nnodes="2:2"), LaunchOptions(nodes=2)),
+    (TorchrunOptions(standalone=True), LaunchOptions(nodes=1, master_port=0)),
+    (TorchrunOptions(rdzv_endpoint="node1:1234"), LaunchOptions(master_addr="node1", master_port=1234)),
+    (TorchrunOptions(rdzv_endpoint="node1"), LaunchOptions(master_addr="node1", master_port=29400)),
+    (TorchrunOptions(rdzv_endpoint="[fd00::1]:7"), LaunchOptions(master_addr="fd00::1", master_port=7)),
+    (TorchrunOptions(rdzv_id="job7"), LaunchOptions(run_id="job7")),
+    (TorchrunOptions(log_dir="/tmp/logs"), LaunchOptions(runs_dir="/tmp/logs")),
+    (TorchrunOptions(tee="3"), LaunchOptions()),
+    (TorchrunOptions(tee="0:3,1:1"), LaunchOptions()),
+    (TorchrunOptions(redirects="0"), LaunchOptions()),
+])
+def test_each_torchrun_option_maps_to_podruns(tr, expect):
+    assert reconcile(tr, LaunchOptions(), cpu_count=7) == expect
+
+
+def test_podruns_own_options_pass_through_and_must_agree():
+    own = LaunchOptions(devices_per_host=2, nodes=1, max_restarts=3, master_port=5)
+    assert reconcile(TorchrunOptions(nproc_per_node="2", nnodes="1"), own, cpu_count=4) == own
+    for tr, words in ((TorchrunOptions(nproc_per_node="4"), "--devices-per-host 2"),
+                      (TorchrunOptions(nnodes="2"), "--nodes 1"),
+                      (TorchrunOptions(rdzv_endpoint="h:6"), "--master-port 5")):
+        with pytest.raises(LaunchError, match=words):
+            reconcile(tr, own, cpu_count=4)
+
+
+@pytest.mark.parametrize("tr,words", [
+    (TorchrunOptions(node_rank=1), "podrun places the instances itself"),
+    (TorchrunOptions(redirects="3"), "no mode that takes output off the console"),
+    (TorchrunOptions(tee="7"), "not a stream choice"),
+    (TorchrunOptions(nproc_per_node="many"), "not a number of workers"),
+    (TorchrunOptions(nproc_per_node="0"), "at least one worker"),
+    (TorchrunOptions(nnodes="1:2:3"), "neither N nor MIN:MAX"),
+    (TorchrunOptions(nnodes="3:2"), "MIN <= MAX"),
+    (TorchrunOptions(standalone=True, nnodes="2"), "--standalone runs one node"),
+    (TorchrunOptions(standalone=True, rdzv_endpoint="h:1"), "drop --rdzv-endpoint"),
+    (TorchrunOptions(rdzv_endpoint="h:port"), "not a TCP port"),
+    (TorchrunOptions(rdzv_endpoint=":5"), "names no host"),
+])
+def test_options_podrun_has_no_meaning_for_are_refused_saying_why(tr, words):
+    with pytest.raises(LaunchError, match=words):
+        reconcile(tr, LaunchOptions(), cpu_count=4)
+
+
+def test_nproc_gpu_needs_gpus():
+    check_nproc_kind(TorchrunOptions(nproc_per_node="gpu"), "gpu", "dgx-h100")
+    check_nproc_kind(TorchrunOptions(nproc_per_node="auto"), "cpu", "local")
+    with pytest.raises(LaunchError, match="cluster 'local' has cpu devices"):
+        check_nproc_kind(TorchrunOptions(nproc_per_node="gpu"), "cpu", "local")
+
+
+def test_parse_endpoint():
+    assert parse_endpoint("10.0.0.1:29500") == ("10.0.0.1", 29500)
+    assert parse_endpoint("[::1]") == ("::1", 29400)
+
+
+# --- the command line: one paragraph and exit 2, before anything starts ------------------------
+
+def _launch(capsys, monkeypatch, tmp_path, *argv):
+    monkeypatch.chdir(tmp_path)
+    rc = main(["launch", "--runs-dir", str(tmp_path / "runs"), *argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--nproc-per-node", "2", "--node-rank", "1", "t.py"], "podrun places the instances itself"),
+    (["--nproc_per_node", "2", "--redirects", "3", "t.py"], "off the console"),
+    (["--nproc-per-node", "gpu", "t.py"], "cluster 'local' has cpu devices"),
+    (["--nnodes", "2", "--nodes", "3", "t.py"], "--nnodes 2 means --nodes 2"),
+    (["missing.py"], "script missing.py does not exist in the working directory"),
+    (["--", "t.sh"], "the file"),
+])
+def test_cli_refuses_with_one_paragraph(capsys, monkeypatch, tmp_path, argv, words):
+    (tmp_path / "t.py").write_text("print('hi')\n")
+    (tmp_path / "t.sh").write_text("echo hi\n")
+    rc, out, err = _launch(capsys, monkeypatch, tmp_path, *argv)
+    assert rc == (127 if argv[0] == "--" else 2), err      # a command not found: the shell's 127
+    assert words in err and "Traceback" not in err and err.startswith("podrun: error:"), err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_cli_script_and_module_dry_run(capsys, monkeypatch, tmp_path):
+    """`podrun launch --cluster local train.py --epochs 3` (issue 17's first line): --python runs the script with
+    its arguments, with or without --; `-m` runs a module; --nproc-per-node 2 gives 2 workers."""
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    for argv in (["--cluster", "local", "--nproc-per-node", "2", "train.py", "--epochs", "3"],
+                 ["--nproc-per-node", "2", "--", "train.py", "--epochs", "3"]):
+        rc, out, err = _launch(capsys, monkeypatch, tmp_path, "--dry-run", "--json", *argv)
+        assert rc == 0, err
+        rec = json.loads(out)
+        assert rec["commands"][0]["command"].endswith(f"-- {sys.executable} train.py --epochs 3")
+        assert [w["LOCAL_RANK"] for w in rec["instances"][0]["workers"]] == ["0", "1"]
+        assert rec["instances"][0]["workers"][1]["WORLD_SIZE"] == "2"
+    rc, out, err = _launch(capsys, monkeypatch, tmp_path, "--dry-run", "--json", "-m", "json.tool", "--x")
+    assert rc == 0, err
+    assert json.loads(out)["commands"][0]["command"].endswith(f"-- {sys.executable} -m json.tool --x")
+
+
+def test_cli_recipe_arguments_are_parsed_before_anything_starts(capsys, monkeypatch, tmp_path):
+    """Issue 17 item 13: `--` among a recipe's arguments is taken out; a typo is one message and exit 2."""
+    recipe = os.path.join(ROOT, "recipes", "resnet18_cifar10")
+    rc, out, err = _launch(capsys, monkeypatch, tmp_path, "--dry-run", "--json", recipe, "--data", "digits", "--",
+                           "--steps", "30")
+    assert rc == 0, err
+    command = json.loads(out)["commands"][0]["command"]
+    assert command.endswith("train.py --data digits --steps 30"), command
+    rc, out, err = _launch(capsys, monkeypatch, tmp_path, recipe, "--data", "digits", "--", "--stepz", "30")
+    assert rc == 2 and "resnet18_cifar10/train.py would refuse" in err and "--stepz" in err, err
+    assert err.count("usage:") == 0 and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("typo,suggestion", [("recipes/resnet5", "recipes/resnet50"),
+                                             ("recipes/resnet18_cifar1", "recipes/resnet18_cifar10"),
+                                             ("resnet5", "resnet50")])
+def test_cli_recipe_typos_get_did_you_mean_in_both_forms(capsys, monkeypatch, tmp_path, typo, suggestion):
+    """Issue 17 item 8: the path form gets the name form's did-you-mean, and no hint to use --."""
+    monkeypatch.chdir(ROOT)
+    rc = main(["launch", "--runs-dir", str(tmp_path / "runs"), typo])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"did you mean '{suggestion}'" in err and "podrun launch [OPTIONS] --" not in err, err
+
+
+def test_cli_elastic_without_max_restarts_gets_one_per_host(capsys, monkeypatch, tmp_path):
+    """Issue 17 item 3: --elastic MIN alone runs, with one restart per host it can lose, said in the dry run."""
+    rc, out, err = _launch(capsys, monkeypatch, tmp_path, "--dry-run", "--hosts", "localhost,127.0.0.1,127.0.0.2",
+                           "--devices-per-host", "1", "--elastic", "1", "--", "true")
+    assert rc == 0, err
+    assert "--max-restarts 2" in out and "2 restart(s), one per host the run can lose" in out, out
+    rc, out, err = _launch(capsys, monkeypatch, tmp_path, "--dry-run", "--json", "--nnodes", "2:3", "--hosts",
+                           "localhost,127.0.0.1,127.0.0.2", "--devices-per-host", "1", "--", "true")
+    assert rc == 0, err
+    rec = json.loads(out)
+    assert rec["max_restarts"] == 1 and "--elastic 2 without --max-restarts" in rec["notes"][0]
+    rc, out, err = _launch(capsys, monkeypatch, tmp_path, "--dry-run", "--hosts", "localhost,127.0.0.1",
+                           "--devices-per-host", "1", "--elastic", "2", "--", "true")
+    assert rc == 2 and "can lose no host" in err, err
+    rc, out, err = _launch(capsys, monkeypatch, tmp_path, "--dry-run", "--hosts", "localhost,127.0.0.1",
+                           "--devices-per-host", "1", "--elastic", "1", "--max-restarts", "5", "--", "true")
+    assert rc == 0 and "--max-restarts 5" in out and "one per host" not in out, out
+
+
+def test_cli_this_machine_among_other_hosts_is_reached_over_ssh_and_said(capsys, monkeypatch, tmp_path):
+    """Issue 17 item 10, decided: with other hosts, this machine's instance goes over ssh too; the run says so."""
+    rc, out, err = _launch(capsys, monkeypatch, tmp_path, "--dry-run", "--hosts", "localhost,h2", "--devices-per-host",
+                           "1", "--", "true")
+    assert rc == 0, err
+    assert " via ssh," in out and "# localhost is this machine: in a run with other hosts podrun reaches it over ssh" in out
+    rc, out, err = _launch(capsys, monkeypatch, tmp_path, "--dry-run", "--hosts", "localhost", "--devices-per-host",
+                           "1", "--", "true")
+    assert rc == 0 and " via local," in out and "is this machine" not in out, out
