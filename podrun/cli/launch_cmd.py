@@ -10,6 +10,7 @@ from podrun.cli import types as t
 
 from podrun.cli.options import plan_options, pop_plan_options
 from podrun.cli.engine_options import engine_options, pop_engine_options
+from podrun.cli.network_options import network_options, pop_network_options
 
 COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93")
 
@@ -28,6 +29,7 @@ class LaunchCommand(click.Command):
     "ignore_unknown_options": True, "allow_extra_args": True, "allow_interspersed_args": False})
 @plan_options
 @engine_options
+@network_options
 @click.option("--transport", type=click.Choice(["local", "ssh", "mpirun", "srun"]),
               help="How instances start (default: local for this machine, srun in Slurm, else ssh).")
 @click.option("--ssh-config", type=click.Path(dir_okay=False), help="OpenSSH client config (default ~/.ssh/config).")
@@ -85,6 +87,7 @@ def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir
 
     plan_kw = pop_plan_options(kw)
     engine_kw = pop_engine_options(kw)
+    net_kw = pop_network_options(kw)
     args = list(args)
     if not args:
         raise LaunchError("nothing to launch", hint="give a recipe (podrun launch recipes/NAME) or a command after --")
@@ -113,7 +116,8 @@ def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir
     if engine == "poprun" and transport:
         raise LaunchError(f"--engine poprun starts the instances itself; drop --transport {transport}")
     name = engine_transport or transport or default_transport(plan, cluster, getattr(src, "scheduler", "none"))
-    ssh = SSHOptions(config_path=ssh_config, host_key_check=not no_host_key_check, max_concurrency=max_concurrency)
+    ssh = SSHOptions(config_path=ssh_config, host_key_check=not no_host_key_check, max_concurrency=max_concurrency,
+                     client=net_kw["ssh_client"])
     request = build_request(plan, command, transport=name, python=python, workdir=workdir, master_addr=master_addr,
                             master_port=master_port, grace=grace, keepalive=keepalive, run_id=run_id,
                             runs_dir=runs_dir, env=env, max_restarts=max_restarts, ssh=ssh,

@@ -47,6 +47,7 @@ class SSHOptions:
     host_key_check: bool = True         # False: --no-host-key-check
     max_concurrency: int = 64           # ssh handshakes in flight at once
     connect_timeout: float = 10.0
+    client: str = "auto"                # --ssh-client: openssh (the system's ssh), paramiko, or auto
 
 
 @dataclass(frozen=True)

@@ -35,11 +35,13 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from .common import (BASE, BASE_TOOLS, Fabric, FabricAccess, HarnessError, check_prerequisites,
+from .common import (BASE, BASE_TOOLS, Fabric, FabricAccess, HarnessError, check_prerequisites, ip_batch,
                      pid_from_file, subnet_in_use, tcp_open, wait_for)
 
 SSHD = "/usr/sbin/sshd"
 KIND = "hosts"
+BASTION = "bastion"                  # the gateway's name in the bastion topology
+DEBIAN_OWN_NAME_ADDRESS = "127.0.1.1"   # what Debian's installer maps the machine's own name to
 
 
 def _names(slot: int) -> dict:
@@ -65,10 +67,15 @@ class NetnsHosts(FabricAccess):
     ``wrong_key_path`` (a client key no host authorises).
     """
 
-    def __init__(self, n: int = 4, name_prefix: str = "h", *, bashrc: str | None = None, start: bool = True):
+    def __init__(self, n: int = 4, name_prefix: str = "h", *, bashrc: str | None = None, start: bool = True,
+                 bastion: bool = False, loopback_hostname: bool = False):
         if n < 1 or n > 200:
             raise HarnessError(f"podrun test harness: NetnsHosts(n={n}): n must be 1..200")
         self.n, self.name_prefix = n, name_prefix
+        # topologies (docs/test-harness.md): a gateway that alone is reachable from the controller, and
+        # Debian's /etc/hosts (a host's own name -> 127.0.1.1)
+        self.bastion = BASTION if bastion else None
+        self.loopback_hostname = loopback_hostname
         if bashrc is None:
             bashrc = f'export PATH="{os.path.dirname(sys.executable)}:$PATH"\n'
             if os.environ.get("PYTHONPATH"):    # a checkout tested beside the installed one: hosts import it too
@@ -91,25 +98,34 @@ class NetnsHosts(FabricAccess):
         self.run_dir = BASE / f"{KIND}-{self.slot}"
         self.run_dir.mkdir(parents=True)
         os.chmod(self.run_dir, 0o700)
-        names = [f"{self.name_prefix}{i}" for i in range(1, self.n + 1)]
+        names = [f"{self.name_prefix}{i}" for i in range(1, self.n + 1)] + ([self.bastion] if self.bastion else [])
         binds = []
         home_bashrc = os.path.expanduser("~root/.bashrc")
         if os.path.isfile(home_bashrc):
             (self.run_dir / "bashrc").write_text("# podrun test host: replaces ~/.bashrc inside the host\n"
                                                  + self.bashrc)
             binds.append((str(self.run_dir / "bashrc"), home_bashrc))
-        self.fabric = Fabric(**_names(self.slot), names=names, run_dir=self.run_dir, binds=binds)
+        self.fabric = Fabric(**_names(self.slot), names=names, run_dir=self.run_dir, binds=binds,
+                             own_name_address=DEBIAN_OWN_NAME_ADDRESS if self.loopback_hostname else None)
         keygen = self._keygen_start(names)
         self.fabric.up()
+        if self.bastion:
+            self._wall_off()
         for p in keygen:
             if p.wait(timeout=30) != 0:
                 raise HarnessError(f"podrun test harness: ssh-keygen failed: {p.stderr.read()}")
         self._write_ssh_files()
         Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation directory
-        for h in self.hosts:
+        for h in self.fabric.nodes:
             self._start_sshd(h, wait=False)
-        for h in self.hosts:
+        for h in self.fabric.nodes:
             self._wait_sshd(h)
+
+    def _wall_off(self) -> None:
+        """Bastion topology: no compute host has a route back to the controller (an ``unreachable`` route to
+        its address), so only the bastion can talk to them; they still reach each other and the bastion."""
+        for h in self.hosts:
+            ip_batch([f"route add unreachable {self.controller_address}/32"], netns=self.fabric.node(h).netns)
 
     def _teardown(self) -> None:
         """Kill everything in the hosts, delete veths, namespaces and bridge (``close()`` releases the slot)."""
@@ -121,7 +137,8 @@ class NetnsHosts(FabricAccess):
     # ------------------------------------------------------------------ properties
     @property
     def hosts(self) -> list[str]:
-        return list(self.fabric.nodes)
+        """The compute hosts h1..hn (not the bastion)."""
+        return [h for h in self.fabric.nodes if h != self.bastion]
 
     @property
     def python(self) -> str:
@@ -217,7 +234,9 @@ LogLevel ERROR
 
     def _ssh_config(self, name: str, known_hosts: str) -> str:
         path = self.run_dir / name
-        blocks = [f"Host {h}\n  HostName {a}\n" for h, a in self.addresses.items()]
+        jump = f"  ProxyJump {self.bastion}\n" if self.bastion else ""
+        blocks = [f"Host {h}\n  HostName {a}\n" + (jump if h != self.bastion else "")
+                  for h, a in self.addresses.items()]
         blocks.append(f"""\
 Host *
   User root
@@ -251,6 +270,11 @@ Host *
 
     def _wait_sshd(self, host: str) -> None:
         a = self.address(host)
+        if self.bastion and host != self.bastion:       # walled off from here: ask from the bastion
+            probe = [sys.executable, "-c", f"import socket; socket.create_connection(({a!r}, 22), 0.2).close()"]
+            wait_for(lambda: self.sshd_pid(host) and self.exec(self.bastion, probe, timeout=10).returncode == 0,
+                     20, f"sshd on {host} ({a}:22, from {self.bastion})")
+            return
         wait_for(lambda: self.sshd_pid(host) and tcp_open(a, 22), 20, f"sshd on {host} ({a}:22)")
 
     def __repr__(self) -> str:
