@@ -218,6 +218,7 @@ def _looks_like_recipe(arg: str) -> bool:
 def _print_dry_run(record: dict) -> None:
     print(f"# podrun launch --dry-run: run {record['run_id']} via {record['transport']}, "
           f"run dir {record['run_dir']}")
+    print(f"# MASTER_ADDR {record['master_addr']}: {record['master_addr_source']}")
     if record["master_port"] == 0:
         print(f"# MASTER_PORT 0 below: podrun picks a free port on {record['master_addr']} when the run starts, and "
               "every worker gets that port (--master-port N fixes one)")

@@ -120,10 +120,23 @@ def dry_run_record(request: LaunchRequest) -> dict:
     return {
         "run_id": request.run_id, "run_dir": request.run_dir, "transport": request.transport,
         "master_addr": request.master_addr, "master_port": request.master_port,
+        "master_addr_source": master_addr_source(request),
         "commands": [{"host": h, "command": c} for h, c in described],
         "instances": [{"index": i.index, "host": i.host, "workers": [redact(e) for e in request.worker_envs(i.index)]}
                       for i in request.instances],
     }
+
+
+def master_addr_source(request: LaunchRequest) -> str:
+    """Where MASTER_ADDR comes from, in words (for --dry-run)."""
+    first = request.instances[0].host if request.instances else ""
+    if request.master_addr != first:
+        return "--master-addr"
+    hosts = {i.host for i in request.instances}
+    where = (" each host resolves it (preflight checks that none but the master host finds it on loopback); on a "
+             "host whose own name resolves to loopback only (Debian's 127.0.1.1), the agent sets GLOO_SOCKET_IFNAME "
+             "to the interface on the route to it") if len(hosts) > 1 else ""
+    return f"the host of instance 0 ({first});" + where if where else f"the host of instance 0 ({first})"
 
 
 def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from: int | None = None,

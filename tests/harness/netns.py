@@ -68,7 +68,7 @@ class NetnsHosts(FabricAccess):
     """
 
     def __init__(self, n: int = 4, name_prefix: str = "h", *, bashrc: str | None = None, start: bool = True,
-                 bastion: bool = False, loopback_hostname: bool = False):
+                 bastion: bool = False, loopback_hostname: bool = False, ca: bool = False):
         if n < 1 or n > 200:
             raise HarnessError(f"podrun test harness: NetnsHosts(n={n}): n must be 1..200")
         self.n, self.name_prefix = n, name_prefix
@@ -76,6 +76,8 @@ class NetnsHosts(FabricAccess):
         # Debian's /etc/hosts (a host's own name -> 127.0.1.1)
         self.bastion = BASTION if bastion else None
         self.loopback_hostname = loopback_hostname
+        self.ca = ca       # certificate authorities for users and hosts, and an agent-only key
+        self._agents: list[int] = []      # ssh-agent pids (ssh_agent())
         if bashrc is None:
             bashrc = f'export PATH="{os.path.dirname(sys.executable)}:$PATH"\n'
             if os.environ.get("PYTHONPATH"):    # a checkout tested beside the installed one: hosts import it too
@@ -115,6 +117,8 @@ class NetnsHosts(FabricAccess):
             if p.wait(timeout=30) != 0:
                 raise HarnessError(f"podrun test harness: ssh-keygen failed: {p.stderr.read()}")
         self._write_ssh_files()
+        if self.ca:
+            self._write_ca_files()
         Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation directory
         for h in self.fabric.nodes:
             self._start_sshd(h, wait=False)
@@ -129,6 +133,11 @@ class NetnsHosts(FabricAccess):
 
     def _teardown(self) -> None:
         """Kill everything in the hosts, delete veths, namespaces and bridge (``close()`` releases the slot)."""
+        for pid in self._agents:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         if self.fabric is not None:
             self.fabric.close()
         if self._lock is not None:
@@ -232,7 +241,68 @@ Subsystem sftp /usr/lib/openssh/sftp-server
 LogLevel ERROR
 """)
 
-    def _ssh_config(self, name: str, known_hosts: str) -> str:
+    def _write_ca_files(self) -> None:
+        """The certificate topology: a user CA the hosts trust (TrustedUserCAKeys) and a client key that only
+        its certificate gets in (``ca_key_path``, certificate ``ca_key_path + "-cert.pub"`` beside it); a host CA
+        that signed every host key (each sshd presents its HostCertificate) with a known_hosts of one
+        ``@cert-authority`` line (``known_hosts_ca_path``) and ``ssh_config_ca_path`` using both; and
+        ``agent_key_path``, a key encrypted with ``agent_passphrase`` that the hosts accept, for ssh-agent tests
+        (``ssh_config_agent_path``: no IdentityFile; the key comes from the agent)."""
+        d = self.run_dir
+        jobs = [("user_ca", "user CA", ""), ("host_ca", "host CA", ""), ("ca_id_ed25519", "needs its certificate", ""),
+                ("agent_id_ed25519", "encrypted, for the agent", self.agent_passphrase)]
+        procs = [subprocess.Popen(["ssh-keygen", "-q", "-t", "ed25519", "-N", pw, "-C", c, "-f", str(d / f)],
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                 for f, c, pw in jobs]
+        for p in procs:
+            if p.wait(timeout=30) != 0:
+                raise HarnessError(f"podrun test harness: ssh-keygen failed: {p.stderr.read()}")
+        sign = [["ssh-keygen", "-q", "-s", str(d / "user_ca"), "-I", "podrun-test-user", "-n", "root", "-V", "-5m:+1d",
+                 str(d / "ca_id_ed25519.pub")]]
+        sign += [["ssh-keygen", "-q", "-s", str(d / "host_ca"), "-I", f"host-{h}", "-h", "-n", f"{h},{a}",
+                  "-V", "-5m:+1d", str(d / f"hostkey-{h}.pub")] for h, a in self.addresses.items()]
+        for argv in sign:
+            subprocess.run(argv, check=True, capture_output=True, timeout=30)
+        self.ca_key_path = str(d / "ca_id_ed25519")
+        self.agent_key_path = str(d / "agent_id_ed25519")
+        with open(d / "authorized_keys", "a") as f:
+            f.write((d / "agent_id_ed25519.pub").read_text())
+        with open(self.sshd_config_path, "a") as f:
+            f.write(f"TrustedUserCAKeys {d}/user_ca.pub\n")
+        self.known_hosts_ca_path = str(d / "known_hosts_ca")
+        Path(self.known_hosts_ca_path).write_text(f"@cert-authority * {(d / 'host_ca.pub').read_text().strip()}\n")
+        self.ssh_config_ca_path = self._ssh_config("ssh_config_ca", self.known_hosts_ca_path,
+                                                   identity=self.ca_key_path)
+        self.ssh_config_agent_path = self._ssh_config("ssh_config_agent", self.known_hosts_path, identity=None)
+
+    agent_passphrase = "podrun-test-passphrase"
+
+    def ssh_agent(self) -> str:
+        """Start an ssh-agent (in the root namespace, ended by ``close()``) holding ``agent_key_path``, its
+        passphrase given through SSH_ASKPASS; returns the agent's socket path (for SSH_AUTH_SOCK or
+        IdentityAgent). Needs ``ca=True``."""
+        d = self.run_dir
+        sock = str(d / f"agent-{len(self._agents)}.sock")
+        cp = subprocess.run(["ssh-agent", "-a", sock], capture_output=True, text=True, timeout=30)
+        if cp.returncode != 0:
+            raise HarnessError(f"podrun test harness: ssh-agent failed: {cp.stderr.strip()}")
+        pid = int(cp.stdout.split("SSH_AGENT_PID=", 1)[1].split(";", 1)[0])
+        self._agents.append(pid)
+        askpass = d / "askpass"
+        askpass.write_text(f"#!/bin/sh\necho {shlex.quote(self.agent_passphrase)}\n")
+        askpass.chmod(0o700)
+        env = {**os.environ, "SSH_AUTH_SOCK": sock, "SSH_ASKPASS": str(askpass), "SSH_ASKPASS_REQUIRE": "force",
+               "DISPLAY": ":0"}
+        cp = subprocess.run(["ssh-add", self.agent_key_path], env=env, capture_output=True, text=True,
+                            stdin=subprocess.DEVNULL, timeout=30)
+        if cp.returncode != 0:
+            raise HarnessError(f"podrun test harness: ssh-add failed: {cp.stderr.strip()}")
+        return sock
+
+    def _ssh_config(self, name: str, known_hosts: str, identity: str | None = "") -> str:
+        """An ssh config for every host; ``identity``: the IdentityFile ("" = ``key_path``, None = none:
+        keys come from the agent)."""
+        identity = self.key_path if identity == "" else identity
         path = self.run_dir / name
         jump = f"  ProxyJump {self.bastion}\n" if self.bastion else ""
         blocks = [f"Host {h}\n  HostName {a}\n" + (jump if h != self.bastion else "")
@@ -241,8 +311,7 @@ LogLevel ERROR
 Host *
   User root
   Port 22
-  IdentityFile {self.key_path}
-  IdentitiesOnly yes
+{f"  IdentityFile {identity}{chr(10)}  IdentitiesOnly yes" if identity else "  IdentitiesOnly no"}
   UserKnownHostsFile {known_hosts}
   GlobalKnownHostsFile /dev/null
   StrictHostKeyChecking yes
@@ -260,6 +329,7 @@ Host *
         cp = self.exec(host, [SSHD, "-f", self.sshd_config_path,
                               "-o", f"ListenAddress={self.address(host)}",
                               "-o", f"HostKey={d}/hostkey-{host}",
+                              *(["-o", f"HostCertificate={d}/hostkey-{host}-cert.pub"] if self.ca else []),
                               "-o", f"PidFile={d}/sshd-{host}.pid",
                               "-E", str(d / f"sshd-{host}.log")], timeout=30)
         if cp.returncode != 0:

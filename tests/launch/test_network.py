@@ -126,3 +126,40 @@ def test_unreachable_compute_host_behind_the_bastion_fails_preflight_naming_it(m
     assert cp.returncode == 2, cp.stderr
     assert "h2: unreachable: cannot connect to root@" in cp.stderr and "via bastion" in cp.stderr, cp.stderr
     assert "h1:" not in cp.stderr and "Traceback" not in cp.stderr
+
+
+# -- A2: authentication as OpenSSH does it ---------------------------------------------------------------
+
+def test_user_and_host_certificates_signed_by_cas_the_hosts_and_known_hosts_trust(make_ssh_hosts, tmp_path):
+    """The hosts trust a user CA (TrustedUserCAKeys) and present host certificates; the client key is
+    accepted only with its certificate beside it (id-cert.pub), and known_hosts holds one @cert-authority
+    line, no host key. The OpenSSH client launches; paramiko, which checks neither, is refused at preflight."""
+    hosts = make_ssh_hosts(2, ca=True)
+    args = net_args(hosts, tmp_path)
+    args[args.index("--ssh-config") + 1] = hosts.ssh_config_ca_path
+    cp = podrun(*args, "--", "sh", "-c", "echo certified on $(hostname)")
+    assert cp.returncode == 0, cp.stderr
+    assert "[0 h1] certified on h1" in cp.stdout and "[1 h2] certified on h2" in cp.stdout, cp.stdout
+    args[args.index("--ssh-client") + 1] = "paramiko"
+    cp = podrun(*args, "--", "true")
+    assert cp.returncode == 2 and "h1: " in cp.stderr and "Traceback" not in cp.stderr, cp.stderr
+
+
+def test_encrypted_key_held_by_ssh_agent_through_identity_agent(make_ssh_hosts, tmp_path, monkeypatch):
+    """The only key the hosts accept (besides the harness's own, which this config does not name) is
+    encrypted and held by an ssh-agent; the config names the agent with IdentityAgent and SSH_AUTH_SOCK is
+    unset. Without the agent's key the same config fails preflight naming authentication."""
+    hosts = make_ssh_hosts(2, ca=True)
+    sock = hosts.ssh_agent()
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    cfg = tmp_path / "ssh_config"
+    text = open(hosts.ssh_config_agent_path).read()
+    cfg.write_text(text.replace("Host *\n", f"Host *\n  IdentityAgent {sock}\n"))
+    args = net_args(hosts, tmp_path)
+    args[args.index("--ssh-config") + 1] = str(cfg)
+    cp = podrun(*args, "--", "sh", "-c", "echo agent key on $(hostname)")
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout.count("agent key on") == 2, cp.stdout
+    cfg.write_text(text.replace("Host *\n", "Host *\n  IdentityAgent none\n"))
+    cp = podrun(*args, "--", "true")
+    assert cp.returncode == 2 and "h1: authentication failed for root@" in cp.stderr, cp.stderr
