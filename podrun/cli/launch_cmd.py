@@ -122,7 +122,8 @@ def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir
                             master_port=master_port, grace=grace, keepalive=keepalive, run_id=run_id,
                             runs_dir=runs_dir, env=env, max_restarts=max_restarts, ssh=ssh,
                             mpi_args=mpi_args, poprun=poprun_opts, agent_store=agent_store,
-                            preflight=not no_preflight, straggler_timeout=straggler_timeout)
+                            preflight=not no_preflight, straggler_timeout=straggler_timeout,
+                            data_interface=net_kw["data_interface"] or getattr(cluster, "data_interface", "") or None)
     elastic = None
     if elastic_min is not None:
         from podrun.launch.elastic import make_policy

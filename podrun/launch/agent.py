@@ -455,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
         ports = [args.master_port] if rank0 else []
         # the agent store's port is busy when it could not be bound; else (no agent store) facts() tries it
         probe = facts(ports, None if store is None else ports if store.error is not None else [],
-                      master_addr=args.master_addr)
+                      master_addr=args.master_addr, master_port=None if rank0 else args.master_port)
     agent = Agent(index, command, envs, grace=args.grace, stdin_watch=not args.no_stdin_watch,
                   stdin_timeout=args.stdin_timeout, probe=probe, local_ranks=local_ranks, agent_rank=agent_rank)
     if store is not None and not (probe and probe["ports_busy"]):    # busy: the controller will not say go

@@ -45,18 +45,43 @@ def pick_free_port() -> int:
     raise OSError(f"no free port found between {PICK_FROM} and {top}")
 
 
-def facts(ports=(), busy=None, master_addr: str | None = None) -> dict:
+REACH_TIMEOUT = 3.0       # seconds a worker host's probe waits for the master's TCP answer
+
+
+def facts(ports=(), busy=None, master_addr: str | None = None, master_port: int | None = None) -> dict:
     """podrun and python versions, the hostname, the run's ports on this host and the busy ones among them
-    (``busy``: as the caller found them binding the ports it holds; else each port is tried here), and the
-    addresses ``master_addr`` resolves to here (``master_resolves``; [] when it does not resolve)."""
+    (``busy``: as the caller found them binding the ports it holds; else each port is tried here), the
+    addresses ``master_addr`` resolves to here (``master_resolves``; [] when it does not resolve), the
+    interfaces with an IPv4 address (``interfaces``), and with ``master_port`` (a worker host) whether the
+    master answers there (``master_reach``, see reach)."""
     import podrun
 
     ports = list(ports)
     out = {"podrun": podrun.__version__, "python": platform.python_version(), "hostname": socket.gethostname(),
-           "ports": ports, "ports_busy": list(busy) if busy is not None else [p for p in ports if not port_free(p)]}
+           "ports": ports, "ports_busy": list(busy) if busy is not None else [p for p in ports if not port_free(p)],
+           "interfaces": sorted(interface_addresses())}
     if master_addr is not None:
         out["master_resolves"] = resolve(master_addr)
+        if master_port is not None:
+            out["master_reach"] = reach(master_addr, master_port)
     return out
+
+
+def reach(addr: str, port: int, timeout: float = REACH_TIMEOUT) -> dict:
+    """Whether ``addr`` answers TCP on ``port`` from here: {"ok": bool, "via": interface, "error": text}. A
+    refused connection counts as reached (the host answered; rank 0's store may not listen yet); a timeout,
+    no route or an unreachable network does not."""
+    src = route_source(addr) if ":" not in addr else None
+    via = (interface_of(src) if src else None) or "?"
+    try:
+        with socket.create_connection((addr, port), timeout=timeout):
+            pass
+    except ConnectionRefusedError:
+        pass
+    except OSError as exc:
+        why = "timed out" if isinstance(exc, (socket.timeout, TimeoutError)) else (exc.strerror or str(exc))
+        return {"ok": False, "via": via, "error": why}
+    return {"ok": True, "via": via, "error": ""}
 
 
 def resolve(name: str) -> list[str]:

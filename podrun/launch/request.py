@@ -76,6 +76,8 @@ class LaunchRequest:
     preflight: bool = True              # check every host before anything starts (False: --no-preflight)
     straggler_timeout: float | None = None  # seconds the others get after a worker exits 0 (None: no bound)
     replanned: bool = False             # an elastic re-plan made this attempt's hosts (podrun.launch.elastic)
+    data_interface: str | None = None   # --data-interface: the workers' network (gloo, NCCL, MASTER_ADDR)
+    master_from_interface: bool = False  # MASTER_ADDR is the master host's address on data_interface (asked at launch)
 
     def checks_hosts(self) -> bool:
         """Whether this attempt checks its hosts before any worker starts: the first attempt, and every

@@ -14,6 +14,7 @@ from podrun.launch.rundir import (check_run_id, create_run_dir, new_run_id, writ
                                   write_summary)
 from podrun.launch.supervisor import Outcome, Supervisor, _describe_code
 from podrun.launch.transport import busy_port_problem, get_transport
+from podrun.plan.env import data_interface_env
 
 MULTI_HOST_PORT = 29500   # the default --master-port when the master host is elsewhere (0, "pick", on this machine)
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "ip6-localhost"}
@@ -38,7 +39,7 @@ def build_request(plan, command, *, transport: str, python: str | None = None, w
                   keepalive: float = 5.0, run_id: str | None = None, runs_dir: str = "runs",
                   env=(), max_restarts: int = 0, ssh: SSHOptions | None = None, mpi_args=(),
                   poprun=None, agent_store: bool = True, preflight: bool = True,
-                  straggler_timeout: float | None = None) -> LaunchRequest:
+                  straggler_timeout: float | None = None, data_interface: str | None = None) -> LaunchRequest:
     run_id = new_run_id() if run_id is None else check_run_id(run_id)
     master_port = rendezvous_port(master_port, transport)
     workdir = os.path.abspath(workdir or os.getcwd())
@@ -47,11 +48,12 @@ def build_request(plan, command, *, transport: str, python: str | None = None, w
         run_id=run_id, run_dir=run_dir, plan=plan, plan_path=os.path.join(run_dir, "plan.json"),
         command=tuple(command), python=python or sys.executable, workdir=workdir,
         master_addr=master_addr or plan.placement[0].host, master_port=master_port, transport=transport,
-        grace=grace, keepalive=keepalive, max_restarts=max_restarts, env=tuple(env),
+        grace=grace, keepalive=keepalive, max_restarts=max_restarts,
+        env=data_interface_env(data_interface) + tuple(env),      # the user's --env wins (it comes later)
         instances=tuple(InstanceLaunch(p.index, p.host) for p in plan.placement),
         ssh=ssh or SSHOptions(), mpi_args=tuple(mpi_args), poprun=poprun,
         agent_store=agent_store and transport != "poprun",     # poprun starts no podrun agent
-        preflight=preflight, straggler_timeout=straggler_timeout,
+        preflight=preflight, straggler_timeout=straggler_timeout, data_interface=data_interface,
     )
 
 
@@ -132,11 +134,28 @@ def master_addr_source(request: LaunchRequest) -> str:
     first = request.instances[0].host if request.instances else ""
     if request.master_addr != first:
         return "--master-addr"
+    if request.data_interface is not None and request.transport == "ssh":
+        return (f"{first}'s address on {request.data_interface} (--data-interface), asked from {first} when the run "
+                f"starts; GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME are {request.data_interface} on every host")
     hosts = {i.host for i in request.instances}
     where = (" each host resolves it (preflight checks that none but the master host finds it on loopback); on a "
              "host whose own name resolves to loopback only (Debian's 127.0.1.1), the agent sets GLOO_SOCKET_IFNAME "
              "to the interface on the route to it") if len(hosts) > 1 else ""
     return f"the host of instance 0 ({first});" + where if where else f"the host of instance 0 ({first})"
+
+
+def master_on_data_interface(cls, request: LaunchRequest) -> LaunchRequest:
+    """With --data-interface over ssh and no --master-addr: MASTER_ADDR becomes the master host's address on
+    that interface (asked from the host), so the store, gloo and NCCL all use the data network."""
+    first = request.instances[0].host if request.instances else ""
+    if request.data_interface is None or request.transport != "ssh" or request.master_addr != first:
+        return request
+    transport = cls(request)
+    try:
+        addr = transport.interface_address(first, request.data_interface)
+    finally:
+        transport.close()
+    return replace(request, master_addr=addr, master_from_interface=True)
 
 
 def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from: int | None = None,
@@ -155,6 +174,7 @@ def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from:
         record = {"min_hosts": elastic.min_hosts, "global_batch": elastic.global_batch,
                   "spares": list(elastic.spares), "replans": []}
     cls = get_transport(request.transport)
+    request = master_on_data_interface(cls, request)
     try:
         req, held = hold_port(request)
     except OSError as exc:
@@ -280,7 +300,8 @@ def _replan(policy, record: dict, req: LaunchRequest, summary: dict, outcome: Ou
     write_plan(req.run_dir, decision.plan, f"plan-{nxt}.json")
     write_plan(req.run_dir, decision.plan)
     plan = decision.plan
-    master = plan.placement[0].host if req.master_addr == req.plan.placement[0].host else req.master_addr
+    derived = req.master_addr == req.plan.placement[0].host or req.master_from_interface
+    master = plan.placement[0].host if derived else req.master_addr
     return replace(req, plan=plan, instances=tuple(InstanceLaunch(p.index, p.host) for p in plan.placement),
                    master_addr=master, replanned=True)
 

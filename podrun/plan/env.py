@@ -67,6 +67,16 @@ POPDIST_NAMES = tuple(POPDIST_FIELDS.values())
 # buffered output so logs stream live, NCCL's async error handling as torchrun sets it, and gloo's interface
 # where the host's own name resolves to loopback (podrun.launch.probe.gloo_interface).
 HOST_DEFAULT_NAMES = ("OMP_NUM_THREADS", "PYTHONUNBUFFERED", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "GLOO_SOCKET_IFNAME")
+# What --data-interface NAME (or a cluster spec's data_interface) sets for every worker: the interface gloo
+# and NCCL open their sockets on
+DATA_INTERFACE_NAMES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
+def data_interface_env(name: str | None) -> tuple[tuple[str, str], ...]:
+    """(NAME, interface) pairs for --data-interface; () without one."""
+    return () if name is None else tuple((n, name) for n in DATA_INTERFACE_NAMES)
+
+
 # Every worker is a client of the store that rank 0's agent hosts (podrun.launch.agent_store), as under torchrun
 AGENT_STORE_NAME = "TORCHELASTIC_USE_AGENT_STORE"
 

@@ -49,9 +49,16 @@ def _names(slot: int) -> dict:
                 net=f"10.200.{slot}")
 
 
+def _data_names(slot: int) -> dict:
+    """The second (data) network of the two-network topology: its bridge, veths and subnet."""
+    return dict(bridge=f"prd{slot}", veth_prefix=f"prw{slot}-", net=f"10.203.{slot}")
+
+
 def _cleanup_slot(slot: int) -> None:
     n = _names(slot)
     Fabric.teardown_leftovers(n["netns_prefix"], n["veth_prefix"], n["bridge"])
+    d = _data_names(slot)
+    Fabric.teardown_leftovers("-", d["veth_prefix"], d["bridge"])
     shutil.rmtree(BASE / f"{KIND}-{slot}", ignore_errors=True)
 
 
@@ -68,7 +75,8 @@ class NetnsHosts(FabricAccess):
     """
 
     def __init__(self, n: int = 4, name_prefix: str = "h", *, bashrc: str | None = None, start: bool = True,
-                 bastion: bool = False, loopback_hostname: bool = False, ca: bool = False):
+                 bastion: bool = False, loopback_hostname: bool = False, ca: bool = False,
+                 data_network: bool = False):
         if n < 1 or n > 200:
             raise HarnessError(f"podrun test harness: NetnsHosts(n={n}): n must be 1..200")
         self.n, self.name_prefix = n, name_prefix
@@ -78,6 +86,8 @@ class NetnsHosts(FabricAccess):
         self.loopback_hostname = loopback_hostname
         self.ca = ca       # certificate authorities for users and hosts, and an agent-only key
         self._agents: list[int] = []      # ssh-agent pids (ssh_agent())
+        self.data_network = data_network  # a second network (eth1) the hosts share and the controller is not on
+        self.data_addresses: dict[str, str] = {}
         if bashrc is None:
             bashrc = f'export PATH="{os.path.dirname(sys.executable)}:$PATH"\n'
             if os.environ.get("PYTHONPATH"):    # a checkout tested beside the installed one: hosts import it too
@@ -113,6 +123,8 @@ class NetnsHosts(FabricAccess):
         self.fabric.up()
         if self.bastion:
             self._wall_off()
+        if self.data_network:
+            self._data_up()
         for p in keygen:
             if p.wait(timeout=30) != 0:
                 raise HarnessError(f"podrun test harness: ssh-keygen failed: {p.stderr.read()}")
@@ -124,6 +136,26 @@ class NetnsHosts(FabricAccess):
             self._start_sshd(h, wait=False)
         for h in self.fabric.nodes:
             self._wait_sshd(h)
+
+    def _data_up(self) -> None:
+        """Two-network topology: a second bridge (no address in the root namespace) and an ``eth1`` in every
+        host on 10.203.<slot>.0/24 (``data_addresses``). Names and ssh stay on the first (management) network."""
+        d = _data_names(self.slot)
+        lines = [f"link add {d['bridge']} type bridge", f"link set {d['bridge']} up"]
+        for i, h in enumerate(self.hosts, start=1):
+            ns = self.fabric.node(h).netns
+            lines += [f"link add {d['veth_prefix']}{i} type veth peer name eth1 netns {ns}",
+                      f"link set {d['veth_prefix']}{i} master {d['bridge']} up"]
+        ip_batch(lines)
+        for i, h in enumerate(self.hosts, start=1):
+            self.data_addresses[h] = f"{d['net']}.{i + 1}"
+            ip_batch([f"addr add {self.data_addresses[h]}/24 dev eth1", "link set eth1 up"],
+                     netns=self.fabric.node(h).netns)
+
+    def data_link(self, host: str, up: bool) -> None:
+        """Bring host's data-network link (its root-side veth) down or up; the management network stays."""
+        i = self.hosts.index(host) + 1
+        ip_batch([f"link set {_data_names(self.slot)['veth_prefix']}{i} {'up' if up else 'down'}"])
 
     def _wall_off(self) -> None:
         """Bastion topology: no compute host has a route back to the controller (an ``unreachable`` route to
@@ -140,6 +172,9 @@ class NetnsHosts(FabricAccess):
                 pass
         if self.fabric is not None:
             self.fabric.close()
+        if self.data_network and self._lock is not None:
+            d = _data_names(self._lock.slot)
+            Fabric.teardown_leftovers("-", d["veth_prefix"], d["bridge"])
         if self._lock is not None:
             shutil.rmtree(BASE / f"{KIND}-{self._lock.slot}", ignore_errors=True)
 

@@ -163,3 +163,43 @@ def test_encrypted_key_held_by_ssh_agent_through_identity_agent(make_ssh_hosts, 
     cfg.write_text(text.replace("Host *\n", "Host *\n  IdentityAgent none\n"))
     cp = podrun(*args, "--", "true")
     assert cp.returncode == 2 and "h1: authentication failed for root@" in cp.stderr, cp.stderr
+
+
+# -- B5: multi-homed hosts: management network for ssh, data network for collectives -------------------
+
+@pytest.mark.torch
+def test_data_interface_puts_the_master_address_and_gloo_on_the_data_network(make_ssh_hosts, tmp_path):
+    """Two networks: ssh over the management one (eth0), the hosts also share a data one (eth1) the
+    controller is not on. --data-interface eth1: MASTER_ADDR is h1's eth1 address, GLOO_SOCKET_IFNAME and
+    NCCL_SOCKET_IFNAME are eth1 on every worker, and the all-reduce completes."""
+    hosts = make_ssh_hosts(2, data_network=True)
+    dump = tmp_path / "env"
+    dump.mkdir()
+    cp = podrun(*net_args(hosts, tmp_path, "--data-interface", "eth1"), "--", sys.executable, ALLREDUCE,
+                "--dump", str(dump), timeout=120)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert cp.stdout.count("sum=3") == 2, cp.stdout
+    for rank in (0, 1):
+        env = json.loads((dump / f"env-{rank}.json").read_text())
+        assert env["MASTER_ADDR"] == hosts.data_addresses["h1"], env["MASTER_ADDR"]
+        assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "eth1"
+
+
+def test_a_worker_that_cannot_reach_rank_0_on_the_data_network_fails_preflight_in_seconds(make_ssh_hosts, tmp_path):
+    """h2's data link is down (its management link, and so ssh, is up): preflight fails within seconds naming
+    h2, h1, the address and eth1, exit 2, nothing started. An interface no host has is named per host."""
+    hosts = make_ssh_hosts(2, data_network=True)
+    hosts.data_link("h2", False)
+    m = marker()
+    t0 = time.monotonic()
+    cp = podrun(*net_args(hosts, tmp_path, "--data-interface", "eth1"), "--", "sh", "-c", f"sleep 30 # {m}")
+    took = time.monotonic() - t0
+    assert cp.returncode == 2, cp.stdout + cp.stderr
+    want = f"h2: h2 cannot reach rank 0 on h1 at {hosts.data_addresses['h1']}:"
+    assert want in cp.stderr and "over eth1 (from interface eth1:" in cp.stderr, cp.stderr
+    assert "- h1:" not in cp.stderr and "Traceback" not in cp.stderr
+    assert took < 30, took
+    assert not leftovers(hosts, m)
+    cp = podrun(*net_args(hosts, tmp_path, "--data-interface", "ib0"), "--", "true")
+    assert cp.returncode == 2 and "h1: no interface ib0 with an IPv4 address on the master host h1" in cp.stderr, cp.stderr
+    assert "eth0, eth1, lo" in cp.stderr and "Traceback" not in cp.stderr

@@ -130,6 +130,11 @@ class OpenSSHTransport(HeldAgentTransport):
             argv += ["-o", f"ConnectTimeout={int(self.opts.connect_timeout)}"]
         return argv + ["--", host, command]
 
+    def run_command(self, host: str, command: str, timeout: float) -> tuple[int, str, str]:
+        cp = subprocess.run(self.host_argv(host, command), stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                            timeout=timeout)
+        return cp.returncode, cp.stdout, cp.stderr
+
     # -- start ---------------------------------------------------------------------------
     def _start_one(self, inst, hold: bool = False) -> OpenSSHHandle:
         s = self.settings(inst.host)

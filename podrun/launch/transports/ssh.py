@@ -223,6 +223,12 @@ class SSHTransport(HeldAgentTransport):
                            "is the host up and sshd running? check HostName/Port in the ssh config")
         return Problem(host, f"ssh to {where} failed: {exc}")
 
+    def run_command(self, host: str, command: str, timeout: float) -> tuple[int, str, str]:
+        client = self._connect(host)
+        _, out, err = client.exec_command(command, timeout=timeout)
+        rc = out.channel.recv_exit_status()
+        return rc, out.read().decode(errors="replace"), err.read().decode(errors="replace")
+
     # -- start -------------------------------------------------------------------------
     def _start_one(self, inst, hold: bool = False) -> SSHHandle:
         client = self._connect(inst.host)

@@ -57,14 +57,33 @@ class HeldProbe:
         yield from self._merger
 
 
-def master_address_problems(request, facts: dict[str, dict]) -> list[Problem]:
-    """MASTER_ADDR as every host resolves it (facts[host]["master_resolves"]): a host other than the master
-    host that finds it on loopback, or cannot resolve it, would wait for rank 0 on itself until a timeout."""
+def network_problems(request, facts: dict[str, dict]) -> list[Problem]:
+    """The network as the hosts found it: MASTER_ADDR as every host resolves it (a host other than the master
+    host that finds it on loopback, or cannot resolve it, would wait for rank 0 on itself until a timeout),
+    whether it answers from every worker host, and the --data-interface on every host."""
     master_host = request.instances[0].host if request.instances else ""
     addr = request.master_addr
     seen = {h: f.get("master_resolves") for h, f in facts.items() if "master_resolves" in f}
     elsewhere = sorted({a for h, r in seen.items() for a in (r or []) if not _loopback(a)})
     problems = []
+    ifname = request.data_interface
+    for host, f in facts.items():
+        if ifname is not None and "interfaces" in f and ifname not in f["interfaces"]:
+            problems.append(Problem(host, f"no interface {ifname} with an IPv4 address on {host} (--data-interface); "
+                                          f"it has {', '.join(f['interfaces']) or 'none'}",
+                                    "name the interface of the network the hosts share (ip -br addr on the host)"))
+    if problems:
+        return problems
+    for host, f in facts.items():
+        r = f.get("master_reach")
+        if host != master_host and r is not None and not r["ok"]:
+            over = f" over {ifname}" if ifname is not None else ""
+            problems.append(Problem(host, f"{host} cannot reach rank 0 on {master_host} at {addr}:{request.master_port}"
+                                          f"{over} (from interface {r['via']}: {r['error']})",
+                                    "the workers there would wait for it until the collective timeout; check the "
+                                    "network between the two hosts, --data-interface or --master-addr"))
+    if problems:
+        return problems
     for host, resolved in seen.items():
         if host == master_host:
             continue
@@ -105,6 +124,33 @@ class HeldAgentTransport(Transport):
 
     def holds(self) -> bool:
         return self.request.checks_hosts()
+
+    def run_command(self, host: str, command: str, timeout: float) -> tuple[int, str, str]:
+        """Run one shell command on ``host``: (exit code, stdout, stderr)."""
+        raise NotImplementedError
+
+    def interface_address(self, host: str, ifname: str) -> str:
+        """``host``'s IPv4 address on interface ``ifname`` (one remote Python start); PreflightError when the
+        host cannot be asked or has no such interface."""
+        import shlex
+
+        from podrun.errors import PreflightError
+
+        code = (f"from podrun.launch.probe import interface_addresses as a; "
+                f"print(a().get({ifname!r}, ''), ' '.join(sorted(a())))")
+        try:
+            rc, out, err = self.run_command(host, shlex.join([self.request.python, "-c", code]), PROBE_TIMEOUT)
+        except BaseException as exc:  # noqa: BLE001
+            raise PreflightError(f"preflight failed, nothing was started:\n  - {self._problem(host, exc)}") from None
+        if rc != 0:
+            raise PreflightError(f"preflight failed, nothing was started:\n  - {self._check_exit(host, rc, err)}")
+        words = out.split("\n")[0].split(" ", 1)
+        if not words[0]:
+            have = ", ".join(words[1].split()) if len(words) > 1 else ""
+            raise PreflightError(f"preflight failed, nothing was started:\n  - {host}: no interface {ifname} with an "
+                                 f"IPv4 address on the master host {host} (--data-interface); it has {have or 'none'}",
+                                 hint="name the interface of the network the hosts share (ip -br addr on the host)")
+        return words[0]
 
     def _exit_problem(self, host: str, rc: int | None, err: str) -> Problem:
         """Why an agent ended before reporting its facts (a subclass first checks for its client's errors)."""
@@ -162,7 +208,7 @@ class HeldAgentTransport(Transport):
         problems = list(dict.fromkeys(p for _, r, _ in results for p in r))   # once per host, not per instance
         if not problems:
             facts = {inst.host: f for inst, (_, _, f) in zip(insts, results) if f is not None}
-            problems = master_address_problems(self.request, facts)
+            problems = network_problems(self.request, facts)
         handles = [h for h, _, _ in results if h is not None]
         if problems:
             _dismiss(handles)
