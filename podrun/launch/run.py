@@ -41,6 +41,10 @@ def build_request(plan, command, *, transport: str, python: str | None = None, w
                   poprun=None, agent_store: bool = True, preflight: bool = True,
                   straggler_timeout: float | None = None, data_interface: str | None = None) -> LaunchRequest:
     run_id = new_run_id() if run_id is None else check_run_id(run_id)
+    if master_addr is not None:
+        from podrun.specs.hosts import check_name
+
+        check_name(master_addr, "--master-addr")      # the one host-name rule: no brackets, no port
     master_port = rendezvous_port(master_port, transport)
     workdir = os.path.abspath(workdir or os.getcwd())
     run_dir = os.path.join(os.path.abspath(runs_dir), run_id)

@@ -76,7 +76,7 @@ class NetnsHosts(FabricAccess):
 
     def __init__(self, n: int = 4, name_prefix: str = "h", *, bashrc: str | None = None, start: bool = True,
                  bastion: bool = False, loopback_hostname: bool = False, ca: bool = False,
-                 data_network: bool = False):
+                 data_network: bool = False, ipv6: bool = False):
         if n < 1 or n > 200:
             raise HarnessError(f"podrun test harness: NetnsHosts(n={n}): n must be 1..200")
         self.n, self.name_prefix = n, name_prefix
@@ -88,6 +88,8 @@ class NetnsHosts(FabricAccess):
         self._agents: list[int] = []      # ssh-agent pids (ssh_agent())
         self.data_network = data_network  # a second network (eth1) the hosts share and the controller is not on
         self.data_addresses: dict[str, str] = {}
+        self.ipv6 = ipv6                  # every host also gets an IPv6 address (``addresses6``), sshd listens on it
+        self.addresses6: dict[str, str] = {}
         if bashrc is None:
             bashrc = f'export PATH="{os.path.dirname(sys.executable)}:$PATH"\n'
             if os.environ.get("PYTHONPATH"):    # a checkout tested beside the installed one: hosts import it too
@@ -125,6 +127,8 @@ class NetnsHosts(FabricAccess):
             self._wall_off()
         if self.data_network:
             self._data_up()
+        if self.ipv6:
+            self._ipv6_up()
         for p in keygen:
             if p.wait(timeout=30) != 0:
                 raise HarnessError(f"podrun test harness: ssh-keygen failed: {p.stderr.read()}")
@@ -151,6 +155,15 @@ class NetnsHosts(FabricAccess):
             self.data_addresses[h] = f"{d['net']}.{i + 1}"
             ip_batch([f"addr add {self.data_addresses[h]}/24 dev eth1", "link set eth1 up"],
                      netns=self.fabric.node(h).netns)
+
+    def _ipv6_up(self) -> None:
+        """IPv6 on the management network: fd00:200:<slot>::1/64 on the bridge, ::<i+1> on each host's eth0
+        (no duplicate address detection, so they are usable at once). known_hosts lists these addresses too."""
+        net = f"fd00:200:{self.slot}::"
+        ip_batch([f"addr add {net}1/64 dev {self.fabric.bridge} nodad"])
+        for i, h in enumerate(self.fabric.nodes, start=1):
+            self.addresses6[h] = f"{net}{i + 1}"
+            ip_batch([f"addr add {self.addresses6[h]}/64 dev eth0 nodad"], netns=self.fabric.node(h).netns)
 
     def data_link(self, host: str, up: bool) -> None:
         """Bring host's data-network link (its root-side veth) down or up; the management network stays."""
@@ -250,7 +263,8 @@ class NetnsHosts(FabricAccess):
         pub = lambda f: " ".join((d / f).read_text().split()[:2])  # noqa: E731
         self.known_hosts_path = str(d / "known_hosts")
         Path(self.known_hosts_path).write_text("".join(
-            f"{h},{a} {pub(f'hostkey-{h}.pub')}\n" for h, a in self.addresses.items()))
+            f"{h},{a}{',' + self.addresses6[h] if h in self.addresses6 else ''} {pub(f'hostkey-{h}.pub')}\n"
+            for h, a in self.addresses.items()))
         self.known_hosts_wrong_path = str(d / "known_hosts_wrong")
         Path(self.known_hosts_wrong_path).write_text("".join(
             f"{h},{a} {pub('wrong_hostkey.pub')}\n" for h, a in self.addresses.items()))
@@ -363,6 +377,7 @@ Host *
         (d / f"sshd-{host}.pid").unlink(missing_ok=True)
         cp = self.exec(host, [SSHD, "-f", self.sshd_config_path,
                               "-o", f"ListenAddress={self.address(host)}",
+                              *(["-o", f"ListenAddress={self.addresses6[host]}"] if host in self.addresses6 else []),
                               "-o", f"HostKey={d}/hostkey-{host}",
                               *(["-o", f"HostCertificate={d}/hostkey-{host}-cert.pub"] if self.ca else []),
                               "-o", f"PidFile={d}/sshd-{host}.pid",

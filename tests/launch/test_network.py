@@ -203,3 +203,22 @@ def test_a_worker_that_cannot_reach_rank_0_on_the_data_network_fails_preflight_i
     cp = podrun(*net_args(hosts, tmp_path, "--data-interface", "ib0"), "--", "true")
     assert cp.returncode == 2 and "h1: no interface ib0 with an IPv4 address on the master host h1" in cp.stderr, cp.stderr
     assert "eth0, eth1, lo" in cp.stderr and "Traceback" not in cp.stderr
+
+
+# -- B6: IPv6 addresses ------------------------------------------------------------------------------------
+
+@pytest.mark.torch
+def test_ipv6_addresses_as_hosts_and_master_addr(make_ssh_hosts, tmp_path):
+    """Hosts given by their IPv6 addresses (sshd listens there, known_hosts lists them): ssh, preflight
+    (resolution, reachability of rank 0), the store and the all-reduce work; MASTER_ADDR is the IPv6
+    address of instance 0's host, unbracketed, as torch expects it."""
+    hosts = make_ssh_hosts(2, ipv6=True)
+    v6 = [hosts.addresses6[h] for h in hosts.hosts]
+    dump = tmp_path / "env"
+    dump.mkdir()
+    args = net_args(hosts, tmp_path)
+    args[args.index("--hosts") + 1] = ",".join(v6)
+    cp = podrun(*args, "--", sys.executable, ALLREDUCE, "--dump", str(dump), timeout=120)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert f"[0 {v6[0]}] ALLREDUCE rank=0 world=2 local_rank=0 host=h1 sum=3" in cp.stdout, cp.stdout
+    assert json.loads((dump / "env-1.json").read_text())["MASTER_ADDR"] == v6[0]
