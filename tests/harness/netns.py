@@ -72,6 +72,11 @@ class NetnsHosts(FabricAccess):
     ``ssh_config_unknown_path`` (same, but no known hosts: every host key is unknown),
     ``ssh_config_wrong_host_key_path`` / ``known_hosts_wrong_path`` (a key no host has),
     ``wrong_key_path`` (a client key no host authorises).
+
+    Topologies (docs/test-harness.md): ``bastion=True`` (a gateway host that alone is reachable from the
+    controller; the config gives the others ProxyJump), ``loopback_hostname=True`` (Debian's
+    ``127.0.1.1 HOSTNAME``), ``ca=True`` (user and host certificate authorities, an agent-only key),
+    ``data_network=True`` (a second network, eth1), ``ipv6=True`` (IPv6 addresses on eth0).
     """
 
     def __init__(self, n: int = 4, name_prefix: str = "h", *, bashrc: str | None = None, start: bool = True,
