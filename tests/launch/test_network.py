@@ -222,3 +222,50 @@ def test_ipv6_addresses_as_hosts_and_master_addr(make_ssh_hosts, tmp_path):
     assert cp.returncode == 0, cp.stdout + cp.stderr
     assert f"[0 {v6[0]}] ALLREDUCE rank=0 world=2 local_rank=0 host=h1 sum=3" in cp.stdout, cp.stdout
     assert json.loads((dump / "env-1.json").read_text())["MASTER_ADDR"] == v6[0]
+
+
+def test_elastic_spare_takes_a_lost_hosts_place_through_the_bastion(make_ssh_hosts, tmp_path):
+    """--elastic through the bastion: h2 is cut off, spare h4 (also behind the bastion) takes its place and
+    the run ends 0 on h1, h4, h3."""
+    hosts = make_ssh_hosts(4, bastion=True)
+    m = marker()
+    args = net_args(hosts, tmp_path, "--keepalive", "2", "--elastic", "3", "--spare-hosts", "h4", "--max-restarts", "1")
+    args[args.index("--hosts") + 1] = "h1,h2,h3"
+    p = podrun_popen(*args, "--", "sh", "-c", f'echo "up $RANK of $WORLD_SIZE"; sleep 3 # {m}')
+    try:
+        for _ in range(3):
+            wait_output(p, "up", 60)
+        hosts.isolate("h2")
+        err = p.communicate(timeout=120)[1]
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, err
+    assert "elastic: dropping h2 (host h2 lost" in err and "spare h4 in its place" in err, err
+    assert [x["host"] for x in summary(tmp_path / "runs")["instances"]] == ["h1", "h4", "h3"]
+
+
+def test_include_match_exec_negated_patterns_and_proxycommand_tokens(make_ssh_hosts, tmp_path):
+    """The ssh config as users write it: the main file only Includes another; ``Match host h* exec`` gives
+    the compute hosts a ProxyCommand with %h %p %r tokens (through the bastion); ``Host * !bastion``
+    carries their known_hosts. OpenSSH applies all of it; podrun launches through it."""
+    hosts = make_ssh_hosts(2, bastion=True)
+    base = open(hosts.ssh_config_path).read()
+    blocks = base.split("Host ")
+    common = "Host " + blocks[-1]                              # the "Host *" block: user, key, known hosts...
+    addrs = "".join(f"Host {h}\n  HostName {hosts.address(h)}\n" for h in [*hosts.hosts, hosts.bastion])
+    sub = tmp_path / "sub.conf"
+    sub.write_text(
+        addrs
+        + f'Match host {",".join(hosts.address(h) for h in hosts.hosts)} exec "test -r {sub}"\n'
+        + f"  ProxyCommand ssh -F {tmp_path / 'main.conf'} -l %r -W %h:%p {hosts.bastion}\n"
+        + f"Host * !{hosts.bastion}\n  ConnectTimeout 7\n"
+        + common)
+    main = tmp_path / "main.conf"
+    main.write_text(f"Include {sub}\n")
+    args = net_args(hosts, tmp_path)
+    args[args.index("--ssh-config") + 1] = str(main)
+    cp = podrun(*args, "--", "sh", "-c", "echo via $(echo $SSH_CONNECTION | cut -d' ' -f1) on $(hostname)")
+    assert cp.returncode == 0, cp.stderr
+    for i, h in enumerate(hosts.hosts):
+        assert f"[{i} {h}] via {hosts.address(hosts.bastion)} on {h}" in cp.stdout, cp.stdout
