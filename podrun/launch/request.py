@@ -77,7 +77,9 @@ class LaunchRequest:
     straggler_timeout: float | None = None  # seconds the others get after a worker exits 0 (None: no bound)
     replanned: bool = False             # an elastic re-plan made this attempt's hosts (podrun.launch.elastic)
     data_interface: str | None = None   # --data-interface: the workers' network (gloo, NCCL, MASTER_ADDR)
-    master_from_interface: bool = False  # MASTER_ADDR is the master host's address on data_interface (asked at launch)
+    # what MASTER_ADDR was derived from when no --master-addr was given: "" (the host of instance 0 as written),
+    # "ssh" (its HostName in the ssh config, an IP address), "data-interface" (its address there, asked at launch)
+    master_derived: str = ""
 
     def checks_hosts(self) -> bool:
         """Whether this attempt checks its hosts before any worker starts: the first attempt, and every

@@ -118,6 +118,7 @@ def dry_run_record(request: LaunchRequest) -> dict:
     """What --dry-run prints: per host, the exact command line and the variables each worker gets, with
     secrets redacted as in the run directory (podrun.launch.request.redact). ``master_port`` 0 means the
     port is picked on this machine when the run starts (``hold_port``), and every worker gets that one."""
+    request = choose_master(get_transport(request.transport), request, ask_hosts=False)
     transport = get_transport(request.transport)(request)
     try:
         described = transport.describe(redact=True)
@@ -136,6 +137,9 @@ def dry_run_record(request: LaunchRequest) -> dict:
 def master_addr_source(request: LaunchRequest) -> str:
     """Where MASTER_ADDR comes from, in words (for --dry-run)."""
     first = request.instances[0].host if request.instances else ""
+    if request.master_derived == "ssh":
+        return (f"the address podrun's ssh reaches {first} by (its HostName in the ssh config); preflight checks "
+                "that every other host reaches it")
     if request.master_addr != first:
         return "--master-addr"
     if request.data_interface is not None and request.transport == "ssh":
@@ -148,18 +152,25 @@ def master_addr_source(request: LaunchRequest) -> str:
     return f"the host of instance 0 ({first});" + where if where else f"the host of instance 0 ({first})"
 
 
-def master_on_data_interface(cls, request: LaunchRequest) -> LaunchRequest:
-    """With --data-interface over ssh and no --master-addr: MASTER_ADDR becomes the master host's address on
-    that interface (asked from the host), so the store, gloo and NCCL all use the data network."""
+def choose_master(cls, request: LaunchRequest, *, ask_hosts: bool = True) -> LaunchRequest:
+    """MASTER_ADDR over ssh when no --master-addr was given: with --data-interface, the master host's address on
+    that interface (asked from the host; skipped when not ``ask_hosts``, as in --dry-run); else the address
+    podrun's ssh reaches the master host by, when the ssh config's HostName for it is an IP address (not
+    loopback); else the host's name as written, which every host resolves (preflight checks it)."""
     first = request.instances[0].host if request.instances else ""
-    if request.data_interface is None or request.transport != "ssh" or request.master_addr != first:
+    if request.transport != "ssh" or request.master_addr != first or request.master_derived:
+        return request
+    if request.data_interface is not None and not ask_hosts:
         return request
     transport = cls(request)
     try:
-        addr = transport.interface_address(first, request.data_interface)
+        if request.data_interface is not None:
+            return replace(request, master_addr=transport.interface_address(first, request.data_interface),
+                           master_derived="data-interface")
+        addr = transport.reached_by(first)
     finally:
         transport.close()
-    return replace(request, master_addr=addr, master_from_interface=True)
+    return request if addr is None else replace(request, master_addr=addr, master_derived="ssh")
 
 
 def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from: int | None = None,
@@ -178,7 +189,7 @@ def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from:
         record = {"min_hosts": elastic.min_hosts, "global_batch": elastic.global_batch,
                   "spares": list(elastic.spares), "replans": []}
     cls = get_transport(request.transport)
-    request = master_on_data_interface(cls, request)
+    request = choose_master(cls, request)
     try:
         req, held = hold_port(request)
     except OSError as exc:
@@ -304,10 +315,11 @@ def _replan(policy, record: dict, req: LaunchRequest, summary: dict, outcome: Ou
     write_plan(req.run_dir, decision.plan, f"plan-{nxt}.json")
     write_plan(req.run_dir, decision.plan)
     plan = decision.plan
-    derived = req.master_addr == req.plan.placement[0].host or req.master_from_interface
+    derived = req.master_addr == req.plan.placement[0].host or req.master_derived
     master = plan.placement[0].host if derived else req.master_addr
-    return replace(req, plan=plan, instances=tuple(InstanceLaunch(p.index, p.host) for p in plan.placement),
-                   master_addr=master, replanned=True)
+    new = replace(req, plan=plan, instances=tuple(InstanceLaunch(p.index, p.host) for p in plan.placement),
+                  master_addr=master, replanned=True, master_derived="")
+    return choose_master(get_transport(new.transport), new, ask_hosts=False) if derived else new
 
 
 def _elastic_timings(record: dict, restart_count: int, run_dir: str, outcome: Outcome) -> None:

@@ -45,7 +45,8 @@ def test_gloo_all_reduce_and_env_contract_across_4_hosts(ssh_hosts, tmp_path):
         env = json.loads((dump / f"env-{i}.json").read_text())
         assert env["RANK"] == str(i) and env["GROUP_RANK"] == str(i) and env["PODRUN_INSTANCE_INDEX"] == str(i)
         assert env["WORLD_SIZE"] == "4" and env["LOCAL_WORLD_SIZE"] == "1" and env["LOCAL_RANK"] == "0"
-        assert env["MASTER_ADDR"] == ssh_hosts.hosts[0] and env["PODRUN_NUM_INSTANCES"] == "4"
+        # the address podrun's ssh reaches h1 by (the harness's config gives each host HostName <ip>)
+        assert env["MASTER_ADDR"] == ssh_hosts.address(ssh_hosts.hosts[0]) and env["PODRUN_NUM_INSTANCES"] == "4"
         ports.append(env["MASTER_PORT"])
         store.append(env.get("TORCHELASTIC_USE_AGENT_STORE"))
     # the agent store: h1's agent holds the rendezvous port and serves the store; every worker dials it

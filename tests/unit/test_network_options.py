@@ -65,3 +65,19 @@ def test_ipv6_addresses_in_brackets_are_refused_with_the_way_to_write_them(tmp_p
 def test_ssh_client_choice_is_checked():
     cp = run("launch", "--hosts", "n1,n2", "--ssh-client", "putty", "--dry-run", "--", "true")
     assert cp.returncode == 2 and "--ssh-client" in cp.stderr and "'putty' is not one of" in cp.stderr
+
+
+def test_master_addr_is_the_address_ssh_reaches_the_master_by_when_the_config_gives_one(tmp_path):
+    """An ssh config whose HostName for n1 is an IP address: MASTER_ADDR is that address and --dry-run says
+    why; a HostName that is a name (or none) leaves MASTER_ADDR the host as written."""
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text("Host n1\n  HostName 192.0.2.10\nHost n2\n  HostName n2.example\n")
+    base = ["launch", "--devices-per-host", "1", "--dry-run", "--runs-dir", str(tmp_path / "runs"),
+            "--ssh-config", str(cfg)]
+    for client in ("openssh", "paramiko"):
+        cp = run(*base, "--hosts", "n1,n2", "--ssh-client", client, "--", "true")
+        assert cp.returncode == 0, cp.stderr
+        assert "# MASTER_ADDR 192.0.2.10: the address podrun's ssh reaches n1 by (its HostName" in cp.stdout
+        assert cp.stdout.count("MASTER_ADDR=192.0.2.10") == 2 and "--master-addr 192.0.2.10" in cp.stdout
+        cp = run(*base, "--hosts", "n2,n1", "--ssh-client", client, "--", "true")
+        assert "MASTER_ADDR=n2" in cp.stdout and "# MASTER_ADDR n2: the host of instance 0" in cp.stdout

@@ -19,7 +19,7 @@ import subprocess
 import threading
 
 from podrun.launch.transport import InstanceHandle, Problem, StreamMerger
-from podrun.launch.transports.ssh_common import HeldAgentTransport, HeldProbe
+from podrun.launch.transports.ssh_common import HeldAgentTransport, HeldProbe, ip_hostname
 
 SSH = "ssh"
 
@@ -129,6 +129,9 @@ class OpenSSHTransport(HeldAgentTransport):
         if s.get("connecttimeout", "none") == "none":
             argv += ["-o", f"ConnectTimeout={int(self.opts.connect_timeout)}"]
         return argv + ["--", host, command]
+
+    def reached_by(self, host: str) -> str | None:
+        return ip_hostname(self.settings(host).get("hostname", ""))
 
     def run_command(self, host: str, command: str, timeout: float) -> tuple[int, str, str]:
         cp = subprocess.run(self.host_argv(host, command), stdin=subprocess.DEVNULL, capture_output=True, text=True,

@@ -24,7 +24,7 @@ import paramiko
 
 from podrun.errors import LaunchError
 from podrun.launch.transport import InstanceHandle, Problem, StreamMerger
-from podrun.launch.transports.ssh_common import HeldAgentTransport, HeldProbe
+from podrun.launch.transports.ssh_common import HeldAgentTransport, HeldProbe, ip_hostname
 USER_KNOWN_HOSTS = "~/.ssh/known_hosts ~/.ssh/known_hosts2"              # OpenSSH's defaults
 GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2"
 
@@ -222,6 +222,9 @@ class SSHTransport(HeldAgentTransport):
             return Problem(host, f"unreachable: cannot connect to {where} ({exc})",
                            "is the host up and sshd running? check HostName/Port in the ssh config")
         return Problem(host, f"ssh to {where} failed: {exc}")
+
+    def reached_by(self, host: str) -> str | None:
+        return ip_hostname(str(self.config.lookup(host).get("hostname", "")))
 
     def run_command(self, host: str, command: str, timeout: float) -> tuple[int, str, str]:
         client = self._connect(host)

@@ -102,6 +102,17 @@ def network_problems(request, facts: dict[str, dict]) -> list[Problem]:
     return problems
 
 
+def ip_hostname(hostname: str) -> str | None:
+    """``hostname`` when it is an IP address that is not loopback (what MASTER_ADDR can be), else None."""
+    import ipaddress
+
+    try:
+        ip = ipaddress.ip_address(hostname)
+    except ValueError:
+        return None
+    return None if ip.is_loopback or ip.is_unspecified else str(ip)
+
+
 def _loopback(addr: str) -> bool:
     return addr.startswith("127.") or addr == "::1"
 
@@ -127,6 +138,10 @@ class HeldAgentTransport(Transport):
 
     def run_command(self, host: str, command: str, timeout: float) -> tuple[int, str, str]:
         """Run one shell command on ``host``: (exit code, stdout, stderr)."""
+        raise NotImplementedError
+
+    def reached_by(self, host: str) -> str | None:
+        """The IP address the ssh config sends ``host``'s connection to (its HostName), when it is one."""
         raise NotImplementedError
 
     def interface_address(self, host: str, ifname: str) -> str:
