@@ -59,6 +59,7 @@ def _cleanup_slot(slot: int) -> None:
     Fabric.teardown_leftovers(n["netns_prefix"], n["veth_prefix"], n["bridge"])
     d = _data_names(slot)
     Fabric.teardown_leftovers("-", d["veth_prefix"], d["bridge"])
+    ip_batch([f"route del unreachable {d['net']}.0/24"], check=False)
     shutil.rmtree(BASE / f"{KIND}-{slot}", ignore_errors=True)
 
 
@@ -147,10 +148,14 @@ class NetnsHosts(FabricAccess):
             self._wait_sshd(h)
 
     def _data_up(self) -> None:
-        """Two-network topology: a second bridge (no address in the root namespace) and an ``eth1`` in every
-        host on 10.203.<slot>.0/24 (``data_addresses``). Names and ssh stay on the first (management) network."""
+        """Two-network topology: a second bridge (no address in the root namespace, which gets an ``unreachable``
+        route for the subnet so nothing it sends there leaves the machine by its default route) and an ``eth1``
+        in every host on 10.203.<slot>.0/24 (``data_addresses``). Names and ssh stay on the first (management)
+        network."""
         d = _data_names(self.slot)
-        lines = [f"link add {d['bridge']} type bridge", f"link set {d['bridge']} up"]
+        # the root namespace's default route would send the data subnet off the machine: refuse it here
+        lines = [f"route add unreachable {d['net']}.0/24", f"link add {d['bridge']} type bridge",
+                 f"link set {d['bridge']} up"]
         for i, h in enumerate(self.hosts, start=1):
             ns = self.fabric.node(h).netns
             lines += [f"link add {d['veth_prefix']}{i} type veth peer name eth1 netns {ns}",
@@ -193,6 +198,7 @@ class NetnsHosts(FabricAccess):
         if self.data_network and self._lock is not None:
             d = _data_names(self._lock.slot)
             Fabric.teardown_leftovers("-", d["veth_prefix"], d["bridge"])
+            ip_batch([f"route del unreachable {d['net']}.0/24"], check=False)
         if self._lock is not None:
             shutil.rmtree(BASE / f"{KIND}-{self._lock.slot}", ignore_errors=True)
 
