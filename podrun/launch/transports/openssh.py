@@ -67,11 +67,11 @@ class OpenSSHHandle(HeldProbe, InstanceHandle):
             pass
 
     def close(self) -> None:
-        for f in (self.proc.stdin,):
-            try:
-                f.close()
-            except (OSError, ValueError):
-                pass
+        """Close the agent's stdin (its output pipes belong to the stream readers until they end)."""
+        try:
+            self.proc.stdin.close()
+        except (OSError, ValueError):
+            pass
 
 
 class OpenSSHTransport(HeldAgentTransport):
