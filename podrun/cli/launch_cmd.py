@@ -11,6 +11,7 @@ from podrun.cli import types as t
 from podrun.cli.options import plan_options, pop_plan_options
 from podrun.cli.engine_options import engine_options, pop_engine_options
 from podrun.cli.watch_options import pop_watch_options, watch_options
+from podrun.cli.network_options import network_options, pop_network_options
 
 COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93")
 
@@ -23,8 +24,8 @@ HELP_SECTIONS = (
     ("torchrun's options (docs/launch.md)", ("nproc_per_node", "nnodes", "standalone", "rdzv_endpoint", "rdzv_id",
                                              "node_rank", "log_dir", "redirects", "tee")),
     ("When a run hangs (docs/hangs.md)", ("hang_timeout", "on_hang")),
-    ("Transports", ("transport", "ssh_config", "no_host_key_check", "python_", "workdir", "master_addr",
-                    "master_port", "agent_store", "max_concurrency", "keepalive", "no_preflight")),
+    ("Transports", ("transport", "ssh_client", "data_interface", "ssh_config", "no_host_key_check", "python_",
+                    "workdir", "master_addr", "master_port", "agent_store", "max_concurrency", "keepalive", "no_preflight")),
     ("Engines (poprun, horovod)", ("engine", "mpi_args", "vipu_server_host", "vipu_partition", "vipu_cluster",
                                    "num_ilds", "mpi_global_args", "mpi_local_args", "print_topology", "offline_mode")),
     ("Advanced", ()),
@@ -92,6 +93,7 @@ TORCHRUN_OPTION_NAMES = ("nproc_per_node", "nnodes", "standalone", "rdzv_endpoin
 @torchrun_options
 @engine_options
 @watch_options
+@network_options
 @click.option("--transport", type=click.Choice(["local", "ssh", "mpirun", "srun"]),
               help="How instances start (default: local for this machine, srun in Slurm, else ssh).")
 @click.option("--ssh-config", type=click.Path(dir_okay=False), help="OpenSSH client config (default ~/.ssh/config).")
@@ -149,6 +151,7 @@ def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir
 
     plan_kw, engine_kw = pop_plan_options(kw), pop_engine_options(kw)
     watch = pop_watch_options(kw)
+    net_kw = pop_network_options(kw)
     torchrun = TorchrunOptions(**{k: kw.pop(k) for k in TORCHRUN_OPTION_NAMES})
     own = LaunchOptions(devices_per_host=plan_kw.pop("devices_per_host"), nodes=plan_kw.pop("nodes"),
                         elastic_min=elastic_min, max_restarts=max_restarts, master_addr=master_addr,
@@ -158,10 +161,11 @@ def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir
         list(args), dashdash=bool(ctx.meta.get("podrun.dashdash")), module=module, no_python=no_python,
         torchrun=torchrun, own=own, own_option_names=names, plan_kw=plan_kw, engine_kw=engine_kw,
         transport=transport, ssh=SSHOptions(config_path=ssh_config, host_key_check=not no_host_key_check,
-                                            max_concurrency=max_concurrency),
+                                            max_concurrency=max_concurrency, client=net_kw["ssh_client"]),
         python=python_, workdir=workdir, agent_store=agent_store, grace=grace, keepalive=keepalive,
         only_output_from_instance=only_output_from_instance, spare_hosts=spare_hosts,
-        straggler_timeout=straggler_timeout, preflight=not no_preflight, env_items=env_items)
+        straggler_timeout=straggler_timeout, preflight=not no_preflight, env_items=env_items,
+        data_interface=net_kw["data_interface"])
     request = prepared.request
     if prepared.engine == "horovod":
         from podrun.launch.engines.horovod import launch_horovod
@@ -241,6 +245,7 @@ def _print_dry_run(record: dict) -> None:
           f"run dir {record['run_dir']}, --max-restarts {record['max_restarts']}")
     for note in record["notes"]:
         print(f"# {note}")
+    print(f"# MASTER_ADDR {record['master_addr']}: {record['master_addr_source']}")
     if record["master_port"] == 0:
         print(f"# MASTER_PORT 0 below: podrun picks a free port on {record['master_addr']} when the run starts, and "
               "every worker gets that port (--master-port N fixes one)")

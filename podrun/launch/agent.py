@@ -56,13 +56,17 @@ def worker_envs(plan, index: int, *, run_id: str, run_dir: str, plan_path: str, 
                 master_port: int, restart_count: int = 0, max_restarts: int = 0,
                 agent_store: bool = False) -> list[dict[str, str]]:
     """The env contract of instance ``index``'s workers on this host (podrun.plan.env.instance_envs),
-    with this host's environment and the cores this agent may use."""
+    with this host's environment, the cores this agent may use and, in a run over several hosts, gloo's
+    interface where this host's name resolves to loopback (podrun.launch.probe.gloo_interface)."""
+    from podrun.launch.probe import gloo_interface
     from podrun.plan.env import instance_envs
 
+    several = len({p.host for p in plan.placement}) > 1
     return instance_envs(plan, index, run_id=run_id, run_dir=run_dir, plan_path=plan_path,
                          master_addr=master_addr, master_port=master_port, restart_count=restart_count,
                          max_restarts=max_restarts, agent_store=agent_store, host_env=os.environ,
-                         cpus=len(os.sched_getaffinity(0)))
+                         cpus=len(os.sched_getaffinity(0)),
+                         gloo_ifname=gloo_interface(master_addr) if several else None)
 
 
 def read_error_file(path: str) -> dict | None:
@@ -578,7 +582,8 @@ def main(argv: list[str] | None = None) -> int:
         ports = [args.master_port] if rank0 else []
         # the agent store's port is busy when it could not be bound; else (no agent store) facts() tries it
         probe = facts(ports, None if store is None else ports if store.error is not None else [],
-                      needs=[m for m in args.needs.split(",") if m])
+                      needs=[m for m in args.needs.split(",") if m],
+                      master_addr=args.master_addr, master_port=None if rank0 else args.master_port)
     agent = Agent(index, command, envs, grace=args.grace, stdin_watch=not args.no_stdin_watch,
                   stdin_timeout=args.stdin_timeout, probe=probe, local_ranks=local_ranks, agent_rank=agent_rank,
                   run_dir=args.run_dir)

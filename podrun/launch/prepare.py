@@ -30,7 +30,8 @@ def prepare_launch(args, *, dashdash: bool, module: bool, no_python: bool, torch
                    own: LaunchOptions, own_option_names: set[str], plan_kw: dict, engine_kw: dict,
                    transport: str | None, ssh, python: str | None, workdir: str | None, agent_store: bool,
                    grace: float, keepalive: float, only_output_from_instance: int | None, spare_hosts: str | None,
-                   straggler_timeout: float | None, preflight: bool, env_items) -> Prepared:
+                   straggler_timeout: float | None, preflight: bool, env_items,
+                   data_interface: str | None = None) -> Prepared:
     """Everything `podrun launch` decides before it prints or runs: the target (podrun.launch.torchrun_args),
     torchrun's options reconciled with podrun's, the plan, the checks of this machine, the request, the elastic
     policy and what to say first; a PodrunError (exit 2) for anything wrong, before anything starts."""
@@ -109,7 +110,9 @@ def prepare_launch(args, *, dashdash: bool, module: bool, no_python: bool, torch
                             runs_dir=opts.runs_dir if opts.runs_dir is not None else DEFAULT_RUNS_DIR, env=env,
                             max_restarts=0 if max_restarts is None else max_restarts, ssh=ssh, mpi_args=mpi_args,
                             poprun=poprun_opts, agent_store=agent_store, preflight=preflight,
-                            straggler_timeout=straggler_timeout, needs=needs)
+                            straggler_timeout=straggler_timeout, needs=needs,
+                            data_interface=(data_interface if data_interface is not None
+                                            else cluster.data_interface or None))
     return Prepared(request=request, target=target, engine=engine, elastic=elastic, notes=tuple(notes),
                     long_run=long_run)
 

@@ -1,10 +1,13 @@
-"""Preflight facts of a host (podrun and python versions, busy ports): what a held agent reports first."""
+"""Preflight facts of a host (podrun and python versions, busy ports, how MASTER_ADDR resolves there) and the
+host's network interfaces (which one reaches the master): what a held agent reports first and uses."""
 from __future__ import annotations
 
+import fcntl
 import os
 import platform
 import random
 import socket
+import struct
 
 PICK_FROM = 10000          # the lowest port pick_free_port tries
 
@@ -65,22 +68,128 @@ def missing_modules(python: str, modules) -> list[str]:
     return cp.stdout.split()
 
 
-def facts(ports=(), busy=None, needs=()) -> dict:
-    """podrun and python versions, the hostname, the run's ports on this host and the busy ones among them
-    (``busy``: as the caller found them binding the ports it holds; else each port is tried here), and the
-    modules among ``needs`` that this python cannot import."""
-    import sys
-
-    import podrun
-
-    ports = list(ports)
-    return {"podrun": podrun.__version__, "python": platform.python_version(), "hostname": socket.gethostname(),
-            "ports": ports, "ports_busy": list(busy) if busy is not None else [p for p in ports if not port_free(p)],
-            "missing": missing_modules(sys.executable, needs) if needs else []}
-
-
 def missing_text(python: str, missing, what: str) -> tuple[str, str]:
     """(problem, hint) for a --python that cannot import ``missing``, which ``what`` needs on every worker."""
     return (f"{python} cannot import {', '.join(missing)}, which {what} needs on every worker",
             f"install podrun's training extra for that python: {python} -m pip install 'podrun[train]' "
             "(from a checkout: pip install -e '.[train]'), or give --python a python that has it")
+REACH_TIMEOUT = 3.0       # seconds a worker host's probe waits for the master's TCP answer
+
+
+def facts(ports=(), busy=None, needs=(), master_addr: str | None = None, master_port: int | None = None) -> dict:
+    """podrun and python versions, the hostname, the run's ports on this host and the busy ones among them
+    (``busy``: as the caller found them binding the ports it holds; else each port is tried here), the
+    modules among ``needs`` that this python cannot import (``missing``), the addresses ``master_addr``
+    resolves to here (``master_resolves``; [] when it does not resolve), the interfaces with an IPv4 address
+    (``interfaces``), and with ``master_port`` (a worker host) whether the master answers there
+    (``master_reach``, see reach)."""
+    import sys
+
+    import podrun
+
+    ports = list(ports)
+    out = {"podrun": podrun.__version__, "python": platform.python_version(), "hostname": socket.gethostname(),
+           "ports": ports, "ports_busy": list(busy) if busy is not None else [p for p in ports if not port_free(p)],
+           "missing": missing_modules(sys.executable, needs) if needs else [],
+           "interfaces": sorted(interface_addresses())}
+    if master_addr is not None:
+        out["master_resolves"] = resolve(master_addr)
+        if master_port is not None:
+            out["master_reach"] = reach(master_addr, master_port)
+    return out
+
+
+def reach(addr: str, port: int, timeout: float = REACH_TIMEOUT) -> dict:
+    """Whether ``addr`` answers TCP on ``port`` from here: {"ok": bool, "via": interface, "error": text}. A
+    refused connection counts as reached (the host answered; rank 0's store may not listen yet); a timeout,
+    no route or an unreachable network does not."""
+    src = route_source(addr) if ":" not in addr else None
+    via = (interface_of(src) if src else None) or "?"
+    try:
+        with socket.create_connection((addr, port), timeout=timeout):
+            pass
+    except ConnectionRefusedError:
+        pass
+    except OSError as exc:
+        why = "timed out" if isinstance(exc, (socket.timeout, TimeoutError)) else (exc.strerror or str(exc))
+        return {"ok": False, "via": via, "error": why}
+    return {"ok": True, "via": via, "error": ""}
+
+
+def resolve(name: str) -> list[str]:
+    """The addresses ``name`` resolves to on this host, in the resolver's order; [] when it does not."""
+    try:
+        infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError, OSError):
+        return []
+    return list(dict.fromkeys(str(i[4][0]) for i in infos))
+
+
+def is_loopback(addr: str) -> bool:
+    return addr.startswith("127.") or addr == "::1"
+
+
+SIOCGIFADDR = 0x8915
+
+
+def interface_addresses() -> dict[str, str]:
+    """interface name -> its (primary) IPv4 address, for every interface that has one."""
+    out = {}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                raw = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue
+            out[name] = socket.inet_ntoa(raw[20:24])
+    return out
+
+
+def route_source(addr: str) -> str | None:
+    """The local IPv4 address the kernel would send from to reach ``addr`` (a route lookup: a UDP socket is
+    connected, nothing is sent); None when there is no route."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((addr, 9))
+            return s.getsockname()[0]
+    except OSError:
+        return None
+
+
+def interface_of(addr: str) -> str | None:
+    """The interface that holds the local IPv4 address ``addr``."""
+    for name, a in interface_addresses().items():
+        if a == addr:
+            return name
+    return None
+
+
+def gloo_interface(master_addr: str, hostname: str | None = None) -> str | None:
+    """The interface gloo must bind on this host, when its own default would be loopback; else None.
+
+    gloo (torch's ProcessGroupGloo) binds to the address the machine's hostname resolves to and tells the
+    other ranks that address. Where the hostname maps to loopback (Debian's and Ubuntu's ``127.0.1.1
+    HOSTNAME`` line in /etc/hosts) every rank there would advertise 127.0.1.1 and the other hosts would
+    wait on themselves. Then: the interface on the route to MASTER_ADDR; on the master host itself (where
+    MASTER_ADDR may be this host's loopback name) the one the ssh connection came in on (SSH_CONNECTION),
+    else the first interface with a non-loopback address.
+    """
+    own = resolve(hostname or socket.gethostname())
+    if own and not all(is_loopback(a) for a in own):
+        return None
+    for target in resolve(master_addr):
+        if is_loopback(target) or ":" in target:
+            continue
+        src = route_source(target)
+        name = interface_of(src) if src else None
+        if name is not None and not is_loopback(src):
+            return name
+    server = (os.environ.get("SSH_CONNECTION") or "").split()
+    if len(server) == 4 and not is_loopback(server[2]):
+        name = interface_of(server[2])
+        if name is not None:
+            return name
+    for name, a in interface_addresses().items():
+        if not is_loopback(a):
+            return name
+    return None

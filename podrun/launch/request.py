@@ -47,6 +47,7 @@ class SSHOptions:
     host_key_check: bool = True         # False: --no-host-key-check
     max_concurrency: int = 64           # ssh handshakes in flight at once
     connect_timeout: float = 10.0
+    client: str = "auto"                # --ssh-client: openssh (the system's ssh), paramiko, or auto
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,10 @@ class LaunchRequest:
     straggler_timeout: float | None = None  # seconds the others get after a worker exits 0 (None: no bound)
     replanned: bool = False             # an elastic re-plan made this attempt's hosts (podrun.launch.elastic)
     needs: tuple[str, ...] = ()         # modules every worker imports; a held agent reports those it lacks
+    data_interface: str | None = None   # --data-interface: the workers' network (gloo, NCCL, MASTER_ADDR)
+    # what MASTER_ADDR was derived from when no --master-addr was given: "" (the host of instance 0 as written),
+    # "ssh" (its HostName in the ssh config, an IP address), "data-interface" (its address there, asked at launch)
+    master_derived: str = ""
 
     def checks_hosts(self) -> bool:
         """Whether this attempt checks its hosts before any worker starts: the first attempt, and every

@@ -14,6 +14,7 @@ from podrun.launch.rundir import (check_run_id, create_run_dir, new_run_id, writ
                                   write_summary)
 from podrun.launch.supervisor import Outcome, Supervisor, _describe_code
 from podrun.launch.transport import busy_port_problem, get_transport
+from podrun.plan.env import data_interface_env
 
 MULTI_HOST_PORT = 29500   # the default --master-port when the master host is elsewhere (0, "pick", on this machine)
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "ip6-localhost"}
@@ -38,8 +39,13 @@ def build_request(plan, command, *, transport: str, python: str | None = None, w
                   keepalive: float = 5.0, run_id: str | None = None, runs_dir: str = "runs",
                   env=(), max_restarts: int = 0, ssh: SSHOptions | None = None, mpi_args=(),
                   poprun=None, agent_store: bool = True, preflight: bool = True,
-                  straggler_timeout: float | None = None, needs=()) -> LaunchRequest:
+                  straggler_timeout: float | None = None, needs=(),
+                  data_interface: str | None = None) -> LaunchRequest:
     run_id = new_run_id() if run_id is None else check_run_id(run_id)
+    if master_addr is not None:
+        from podrun.specs.hosts import check_name
+
+        check_name(master_addr, "--master-addr")      # the one host-name rule: no brackets, no port
     master_port = rendezvous_port(master_port, transport)
     workdir = os.path.abspath(workdir or os.getcwd())
     run_dir = os.path.join(os.path.abspath(runs_dir), run_id)
@@ -47,11 +53,12 @@ def build_request(plan, command, *, transport: str, python: str | None = None, w
         run_id=run_id, run_dir=run_dir, plan=plan, plan_path=os.path.join(run_dir, "plan.json"),
         command=tuple(command), python=python or sys.executable, workdir=workdir,
         master_addr=master_addr or plan.placement[0].host, master_port=master_port, transport=transport,
-        grace=grace, keepalive=keepalive, max_restarts=max_restarts, env=tuple(env),
+        grace=grace, keepalive=keepalive, max_restarts=max_restarts,
+        env=data_interface_env(data_interface) + tuple(env),      # the user's --env wins (it comes later)
         instances=tuple(InstanceLaunch(p.index, p.host) for p in plan.placement),
         ssh=ssh or SSHOptions(), mpi_args=tuple(mpi_args), poprun=poprun,
         agent_store=agent_store and transport != "poprun",     # poprun starts no podrun agent
-        preflight=preflight, straggler_timeout=straggler_timeout, needs=tuple(needs),
+        preflight=preflight, straggler_timeout=straggler_timeout, needs=tuple(needs), data_interface=data_interface,
     )
 
 
@@ -112,6 +119,7 @@ def dry_run_record(request: LaunchRequest) -> dict:
     """What --dry-run prints: per host, the exact command line and the variables each worker gets, with
     secrets redacted as in the run directory (podrun.launch.request.redact). ``master_port`` 0 means the
     port is picked on this machine when the run starts (``hold_port``), and every worker gets that one."""
+    request = choose_master(get_transport(request.transport), request, ask_hosts=False)
     transport = get_transport(request.transport)(request)
     try:
         described = transport.describe(redact=True)
@@ -120,10 +128,50 @@ def dry_run_record(request: LaunchRequest) -> dict:
     return {
         "run_id": request.run_id, "run_dir": request.run_dir, "transport": request.transport,
         "master_addr": request.master_addr, "master_port": request.master_port,
+        "master_addr_source": master_addr_source(request),
         "commands": [{"host": h, "command": c} for h, c in described],
         "instances": [{"index": i.index, "host": i.host, "workers": [redact(e) for e in request.worker_envs(i.index)]}
                       for i in request.instances],
     }
+
+
+def master_addr_source(request: LaunchRequest) -> str:
+    """Where MASTER_ADDR comes from, in words (for --dry-run)."""
+    first = request.instances[0].host if request.instances else ""
+    if request.master_derived == "ssh":
+        return (f"the address podrun's ssh reaches {first} by (its HostName in the ssh config); preflight checks "
+                "that every other host reaches it")
+    if request.master_addr != first:
+        return "--master-addr"
+    if request.data_interface is not None and request.transport == "ssh":
+        return (f"{first}'s address on {request.data_interface} (--data-interface), asked from {first} when the run "
+                f"starts; GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME are {request.data_interface} on every host")
+    hosts = {i.host for i in request.instances}
+    where = (" each host resolves it (preflight checks that none but the master host finds it on loopback); on a "
+             "host whose own name resolves to loopback only (Debian's 127.0.1.1), the agent sets GLOO_SOCKET_IFNAME "
+             "to the interface on the route to it") if len(hosts) > 1 else ""
+    return f"the host of instance 0 ({first});" + where if where else f"the host of instance 0 ({first})"
+
+
+def choose_master(cls, request: LaunchRequest, *, ask_hosts: bool = True) -> LaunchRequest:
+    """MASTER_ADDR over ssh when no --master-addr was given: with --data-interface, the master host's address on
+    that interface (asked from the host; skipped when not ``ask_hosts``, as in --dry-run); else the address
+    podrun's ssh reaches the master host by, when the ssh config's HostName for it is an IP address (not
+    loopback); else the host's name as written, which every host resolves (preflight checks it)."""
+    first = request.instances[0].host if request.instances else ""
+    if request.transport != "ssh" or request.master_addr != first or request.master_derived:
+        return request
+    if request.data_interface is not None and not ask_hosts:
+        return request
+    transport = cls(request)
+    try:
+        if request.data_interface is not None:
+            return replace(request, master_addr=transport.interface_address(first, request.data_interface),
+                           master_derived="data-interface")
+        addr = transport.reached_by(first)
+    finally:
+        transport.close()
+    return request if addr is None else replace(request, master_addr=addr, master_derived="ssh")
 
 
 def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from: int | None = None,
@@ -143,6 +191,7 @@ def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from:
         record = {"min_hosts": elastic.min_hosts, "global_batch": elastic.global_batch,
                   "spares": list(elastic.spares), "replans": []}
     cls = get_transport(request.transport)
+    request = choose_master(cls, request)
     try:
         req, held = hold_port(request)
     except OSError as exc:
@@ -269,9 +318,11 @@ def _replan(policy, record: dict, req: LaunchRequest, summary: dict, outcome: Ou
     write_plan(req.run_dir, decision.plan, f"plan-{nxt}.json")
     write_plan(req.run_dir, decision.plan)
     plan = decision.plan
-    master = plan.placement[0].host if req.master_addr == req.plan.placement[0].host else req.master_addr
-    return replace(req, plan=plan, instances=tuple(InstanceLaunch(p.index, p.host) for p in plan.placement),
-                   master_addr=master, replanned=True)
+    derived = req.master_addr == req.plan.placement[0].host or req.master_derived
+    master = plan.placement[0].host if derived else req.master_addr
+    new = replace(req, plan=plan, instances=tuple(InstanceLaunch(p.index, p.host) for p in plan.placement),
+                  master_addr=master, replanned=True, master_derived="")
+    return choose_master(get_transport(new.transport), new, ask_hosts=False) if derived else new
 
 
 def _elastic_timings(record: dict, restart_count: int, run_dir: str, outcome: Outcome) -> None:

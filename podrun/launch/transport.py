@@ -35,10 +35,10 @@ from podrun.launch.protocol import READ_LIMIT, bounded_lines
 if TYPE_CHECKING:  # pragma: no cover
     from podrun.launch.request import LaunchRequest
 
-# name -> "module:Class", imported only when used (ssh pulls paramiko).
+# name -> "module:Class" (or a factory taking the request), imported only when used (ssh may pull paramiko).
 TRANSPORTS: dict[str, str] = {
     "local": "podrun.launch.transports.local:LocalTransport",
-    "ssh": "podrun.launch.transports.ssh:SSHTransport",
+    "ssh": "podrun.launch.transports.ssh_common:ssh_transport",
     "mpirun": "podrun.launch.transports.mpirun:MpirunTransport",
     "srun": "podrun.launch.transports.srun:SrunTransport",
     "poprun": "podrun.launch.engines.poprun:PoprunTransport",

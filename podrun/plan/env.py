@@ -64,11 +64,23 @@ POPDIST_FIELDS: dict[str, str] = {
 POPDIST_NAMES = tuple(POPDIST_FIELDS.values())
 
 # Set only when neither the host nor --env has them: threads per worker (see omp_num_threads), line
-# buffered output so logs stream live, and NCCL's async error handling as torchrun sets it.
+# buffered output so logs stream live, NCCL's async error handling as torchrun sets it, torchrun's list of
+# forwarded signals, and gloo's interface where the host's own name resolves to loopback
+# (podrun.launch.probe.gloo_interface).
 HOST_DEFAULT_NAMES = ("OMP_NUM_THREADS", "PYTHONUNBUFFERED", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
-                      "TORCHELASTIC_SIGNALS_TO_HANDLE")
+                      "TORCHELASTIC_SIGNALS_TO_HANDLE", "GLOO_SOCKET_IFNAME")
 # The signals the agent forwards to its workers (podrun.launch.agent), in torchrun's variable for its own list
 SIGNALS_HANDLED = "SIGTERM,SIGINT,SIGHUP"
+# What --data-interface NAME (or a cluster spec's data_interface) sets for every worker: the interface gloo
+# and NCCL open their sockets on
+DATA_INTERFACE_NAMES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
+def data_interface_env(name: str | None) -> tuple[tuple[str, str], ...]:
+    """(NAME, interface) pairs for --data-interface; () without one."""
+    return () if name is None else tuple((n, name) for n in DATA_INTERFACE_NAMES)
+
+
 # Every worker is a client of the store that rank 0's agent hosts (podrun.launch.agent_store), as under torchrun
 AGENT_STORE_NAME = "TORCHELASTIC_USE_AGENT_STORE"
 
@@ -172,20 +184,23 @@ def worker_env(plan: "Plan", instance_index: int, local_rank: int, *, run_id: st
 def instance_envs(plan: "Plan", instance_index: int, *, run_id: str, run_dir: str, plan_path: str,
                   master_addr: str, master_port: int, restart_count: int = 0, max_restarts: int = 0,
                   agent_store: bool = False, host_env: Mapping[str, str] | None = None,
-                  cpus: int | None = None) -> list[dict[str, str]]:
+                  cpus: int | None = None, gloo_ifname: str | None = None) -> list[dict[str, str]]:
     """What the agent of instance ``instance_index`` sets for each of its workers, on top of the host's env.
 
     ``agent_store``: the agent of global rank 0 hosts the store on ``master_port`` (podrun.launch.agent_store),
     so every worker, rank 0 included, is a client of it (TORCHELASTIC_USE_AGENT_STORE=True, as under torchrun).
     ``host_env``: the variables the workers inherit (the host's, with --env): the names of
     HOST_DEFAULT_NAMES set there are left to them. ``cpus``: the cores the agent may use; None (the
-    controller, which does not know a remote host's cores) leaves OMP_NUM_THREADS out.
+    controller, which does not know a remote host's cores) leaves OMP_NUM_THREADS out. ``gloo_ifname``: the
+    interface gloo must bind on this host (the agent's finding; None: gloo's own choice stands).
     """
     host_env = {} if host_env is None else host_env
     defaults = {"PYTHONUNBUFFERED": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
                 "TORCHELASTIC_SIGNALS_TO_HANDLE": SIGNALS_HANDLED}
     if cpus is not None:
         defaults["OMP_NUM_THREADS"] = str(omp_num_threads(plan, cpus))
+    if gloo_ifname is not None:
+        defaults["GLOO_SOCKET_IFNAME"] = gloo_ifname
     envs = []
     for local_rank in range(workers_per_instance(plan)):
         env = worker_env(plan, instance_index, local_rank, run_id=run_id, run_dir=run_dir, plan_path=plan_path,

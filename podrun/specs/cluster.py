@@ -65,6 +65,11 @@ class ClusterFile:
     engine: Literal["torch", "poprun"] = "torch"
     instances_per_host: int = field(default=1, metadata=bound(1, MAX_PER_HOST, why="instances podrun starts on each host"))
     sources: tuple[str, ...] = ()
+    data_interface: str = ""
+
+
+# A Linux network interface name (IFNAMSIZ: at most 15 bytes; no '/', no whitespace), for data_interface
+IFNAME_RE = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,7 @@ class ClusterSpec:
     engine: str
     instances_per_host: int
     sources: tuple[str, ...]
+    data_interface: str = ""     # the interface of the network the hosts share for collectives ("" = none given)
 
     def with_hosts(self, hosts: tuple[str, ...], devices_per_host: int | None = None) -> "ClusterSpec":
         return replace(self, hosts=tuple(hosts), devices_per_host=self.devices_per_host if devices_per_host is None else devices_per_host)
@@ -138,9 +144,12 @@ def resolve(spec: ClusterFile, path: str) -> ClusterSpec:
     if len(set(hosts)) != len(hosts):
         raise SpecError(f"{path}: field 'hosts' lists a host twice")
     dph = (os.cpu_count() or 1) if spec.devices_per_host == "auto" else spec.devices_per_host
+    if spec.data_interface and not IFNAME_RE.fullmatch(spec.data_interface):
+        raise SpecError(f"{path}: field 'data_interface' {spec.data_interface[:40]!r} is not a network interface name",
+                        hint="give the name `ip -br addr` shows on the hosts, e.g. ib0 or eth1 (at most 15 characters)")
     return ClusterSpec(
         name=spec.name, path=path, description=spec.description, hosts=hosts, devices_per_host=dph,
         device=spec.device, interconnect=spec.interconnect, scheduler=spec.scheduler,
         transport=spec.transport, engine=spec.engine, instances_per_host=spec.instances_per_host,
-        sources=spec.sources,
+        sources=spec.sources, data_interface=spec.data_interface,
     )

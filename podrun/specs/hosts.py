@@ -28,6 +28,9 @@ class HostEntry:
 
 def check_name(name: str, where: str) -> str:
     """The one host-name check: every host name podrun reads passes here (or HostError naming ``where``)."""
+    if isinstance(name, str) and name.startswith("[") and len(name) <= MAX_HOST_NAME:
+        raise HostError(f"{where}: {name!r}: write an IPv6 address without brackets or a port (e.g. fd00::2)",
+                        hint="the ssh port comes from the ssh config (Port), the rendezvous port from --master-port")
     if not isinstance(name, str) or not name or len(name) > MAX_HOST_NAME or name.startswith("-") \
             or not _HOSTNAME.fullmatch(name):
         shown = repr(name) if len(repr(name)) <= 80 else repr(name)[:77] + "..."

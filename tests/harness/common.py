@@ -274,7 +274,7 @@ class Fabric:
 
     def __init__(self, *, netns_prefix: str, veth_prefix: str, bridge: str, net: str,
                  names: Sequence[str], run_dir: Path, extra_hosts: Sequence[str] = (),
-                 binds: Sequence[tuple[str, str]] = ()):
+                 binds: Sequence[tuple[str, str]] = (), own_name_address: str | None = None):
         self.netns_prefix, self.veth_prefix, self.bridge, self.net = netns_prefix, veth_prefix, bridge, net
         self.run_dir = run_dir
         self.controller_address = f"{net}.1"
@@ -285,6 +285,8 @@ class Fabric:
         self.resolv_file = run_dir / "resolv.conf"
         self._extra_hosts = list(extra_hosts)
         self._binds = list(binds)  # (source file, target file) bind-mounted inside every node
+        # Debian's /etc/hosts: a node's own name maps to this address (127.0.1.1) in its own hosts file only
+        self.own_name_address = own_name_address
 
     # -- naming helpers for stale cleanup
     @staticmethod
@@ -324,6 +326,10 @@ class Fabric:
         lines += [f"{n.address} {n.name}" for n in self.nodes.values()]
         lines += self._extra_hosts
         self.hosts_file.write_text("\n".join(lines) + "\n")
+        if self.own_name_address is not None:
+            for n in self.nodes.values():
+                own = [f"{self.own_name_address} {n.name}"] + [x for x in lines if x != f"{n.address} {n.name}"]
+                self._hosts_file(n).write_text("\n".join(own) + "\n")
         self.resolv_file.write_text("nameserver 127.0.0.1\n")  # no DNS query ever leaves the machine
         root = [f"link add {self.bridge} type bridge",
                 f"addr add {self.controller_address}/24 dev {self.bridge}",
@@ -345,8 +351,12 @@ class Fabric:
         for n in self.nodes.values():
             self._wait_anchor(n)
 
+    def _hosts_file(self, n: Node) -> Path:
+        """The /etc/hosts a node sees: the shared one, or its own (``own_name_address``)."""
+        return self.hosts_file if self.own_name_address is None else self.run_dir / f"etc-hosts-{n.name}"
+
     def _start_anchor(self, n: Node, wait: bool = True) -> None:
-        binds = [(self.hosts_file, "/etc/hosts"), (self.resolv_file, "/etc/resolv.conf")] + self._binds
+        binds = [(self._hosts_file(n), "/etc/hosts"), (self.resolv_file, "/etc/resolv.conf")] + self._binds
         script = (f"hostname {n.name} && "
                   + "".join(f"mount --bind {src} {dst} && " for src, dst in binds)
                   + "echo ready && exec sleep infinity")

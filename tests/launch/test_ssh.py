@@ -15,10 +15,13 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 _port = iter(range(29700, 29900, 2))
 
 
-def ssh_args(hosts, tmp_path, *extra, config=None, n=None):
+CLIENTS = pytest.mark.parametrize("client", ["openssh", "paramiko"])   # both clients of the ssh transport
+
+
+def ssh_args(hosts, tmp_path, *extra, config=None, n=None, client="auto"):
     names = hosts.hosts[:n] if n else hosts.hosts
     return ["launch", "--hosts", ",".join(names), "--devices-per-host", "1", "--transport", "ssh",
-            "--ssh-config", config or hosts.ssh_config_path, "--python", hosts.python,
+            "--ssh-config", config or hosts.ssh_config_path, "--ssh-client", client, "--python", hosts.python,
             "--runs-dir", str(tmp_path / "runs"), "--master-port", str(next(_port)), *extra]
 
 
@@ -42,7 +45,8 @@ def test_gloo_all_reduce_and_env_contract_across_4_hosts(ssh_hosts, tmp_path):
         env = json.loads((dump / f"env-{i}.json").read_text())
         assert env["RANK"] == str(i) and env["GROUP_RANK"] == str(i) and env["PODRUN_INSTANCE_INDEX"] == str(i)
         assert env["WORLD_SIZE"] == "4" and env["LOCAL_WORLD_SIZE"] == "1" and env["LOCAL_RANK"] == "0"
-        assert env["MASTER_ADDR"] == ssh_hosts.hosts[0] and env["PODRUN_NUM_INSTANCES"] == "4"
+        # the address podrun's ssh reaches h1 by (the harness's config gives each host HostName <ip>)
+        assert env["MASTER_ADDR"] == ssh_hosts.address(ssh_hosts.hosts[0]) and env["PODRUN_NUM_INSTANCES"] == "4"
         ports.append(env["MASTER_PORT"])
         store.append(env.get("TORCHELASTIC_USE_AGENT_STORE"))
     # the agent store: h1's agent holds the rendezvous port and serves the store; every worker dials it
@@ -57,11 +61,12 @@ def test_gloo_all_reduce_and_env_contract_across_4_hosts(ssh_hosts, tmp_path):
     assert all(f"# {h}\ncd " in command for h in ssh_hosts.hosts)
 
 
-def test_fail_fast_across_hosts_leaves_nothing_on_any_host(ssh_hosts, tmp_path):
+@CLIENTS
+def test_fail_fast_across_hosts_leaves_nothing_on_any_host(ssh_hosts, tmp_path, client):
     """4 hosts x 2 workers; rank 5 (host 3) exits 3: run exits 3, every process on every host gone."""
     m = marker()
     t0 = time.monotonic()
-    cp = podrun(*ssh_args(ssh_hosts, tmp_path)[:-2], "--devices-per-host", "2", "--master-port", str(next(_port)),
+    cp = podrun(*ssh_args(ssh_hosts, tmp_path, client=client)[:-2], "--devices-per-host", "2", "--master-port", str(next(_port)),
                 "--", "sh", "-c", f"echo up $RANK; sleep 1; [ $RANK = 5 ] && {{ echo dying >&2; exit 3; }}; sleep 60 # {m}")
     took = time.monotonic() - t0
     assert cp.returncode == 3, cp.stderr
@@ -90,13 +95,14 @@ def test_ctrl_c_ends_every_process_on_every_host(ssh_hosts, tmp_path):
             p.kill()
 
 
-@pytest.mark.parametrize("fault", ["isolate", "freeze", "crash"])
-def test_lost_host_mid_run_is_detected_and_named(make_ssh_hosts, tmp_path, fault):
+@pytest.mark.parametrize("fault,client", [("isolate", "openssh"), ("freeze", "openssh"), ("crash", "openssh"),
+                                          ("isolate", "paramiko"), ("crash", "paramiko")])
+def test_lost_host_mid_run_is_detected_and_named(make_ssh_hosts, tmp_path, fault, client):
     """Cut h2's link / freeze h2 / kill everything on h2: the run ends within seconds naming h2,
     the other hosts are cleaned up, and nothing survives on h2 either once it is reachable again."""
     hosts = make_ssh_hosts(3)
     m = marker()
-    p = podrun_popen(*ssh_args(hosts, tmp_path), "--keepalive", "3", "--", "sh", "-c", f"echo up $RANK; sleep 60 # {m}")
+    p = podrun_popen(*ssh_args(hosts, tmp_path, client=client), "--keepalive", "3", "--", "sh", "-c", f"echo up $RANK; sleep 60 # {m}")
     try:
         for _ in range(3):
             wait_output(p, "up", 30)
@@ -120,35 +126,40 @@ def test_lost_host_mid_run_is_detected_and_named(make_ssh_hosts, tmp_path, fault
             p.kill()
 
 
-def test_unreachable_host_at_preflight_starts_nothing(make_ssh_hosts, tmp_path):
+@CLIENTS
+def test_unreachable_host_at_preflight_starts_nothing(make_ssh_hosts, tmp_path, client):
     hosts = make_ssh_hosts(2)
     hosts.stop_sshd("h2")
     m = marker()
-    cp = podrun(*ssh_args(hosts, tmp_path), "--", "sh", "-c", f"sleep 30 # {m}")
+    cp = podrun(*ssh_args(hosts, tmp_path, client=client), "--", "sh", "-c", f"sleep 30 # {m}")
     assert cp.returncode == 2, cp.stderr
     assert "h2: unreachable" in cp.stderr and "h1:" not in cp.stderr and "Traceback" not in cp.stderr
     assert not leftovers(hosts, m, ["h1"])
     assert summary(tmp_path / "runs")["status"] == "preflight_failed"
 
 
-def test_wrong_key_fails_preflight_naming_every_host(ssh_hosts, tmp_path):
+@CLIENTS
+def test_wrong_key_fails_preflight_naming_every_host(ssh_hosts, tmp_path, client):
     cfg = tmp_path / "ssh_config"
     cfg.write_text(Path(ssh_hosts.ssh_config_path).read_text().replace(ssh_hosts.key_path, ssh_hosts.wrong_key_path))
-    cp = podrun(*ssh_args(ssh_hosts, tmp_path, config=str(cfg), n=2), "--", "true")
+    cp = podrun(*ssh_args(ssh_hosts, tmp_path, config=str(cfg), n=2, client=client), "--", "true")
     assert cp.returncode == 2, cp.stderr
     for h in ssh_hosts.hosts[:2]:
         assert f"{h}: authentication failed for root@" in cp.stderr
     assert "IdentityFile" in cp.stderr
 
 
-def test_unknown_and_wrong_host_keys_are_rejected_unless_opted_out(ssh_hosts, tmp_path):
-    cp = podrun(*ssh_args(ssh_hosts, tmp_path, config=ssh_hosts.ssh_config_unknown_path, n=2), "--", "true")
+@CLIENTS
+def test_unknown_and_wrong_host_keys_are_rejected_unless_opted_out(ssh_hosts, tmp_path, client):
+    cp = podrun(*ssh_args(ssh_hosts, tmp_path, config=ssh_hosts.ssh_config_unknown_path, n=2, client=client),
+                "--", "true")
     assert cp.returncode == 2 and f"{ssh_hosts.hosts[0]}: unknown host key" in cp.stderr, cp.stderr
     assert "--no-host-key-check" in cp.stderr
-    cp = podrun(*ssh_args(ssh_hosts, tmp_path, config=ssh_hosts.ssh_config_wrong_host_key_path, n=2), "--", "true")
+    cp = podrun(*ssh_args(ssh_hosts, tmp_path, config=ssh_hosts.ssh_config_wrong_host_key_path, n=2, client=client),
+                "--", "true")
     assert cp.returncode == 2 and "host key mismatch" in cp.stderr, cp.stderr
-    cp = podrun(*ssh_args(ssh_hosts, tmp_path, "--no-host-key-check", config=ssh_hosts.ssh_config_unknown_path, n=2),
-                "--", "echo", "accepted")
+    cp = podrun(*ssh_args(ssh_hosts, tmp_path, "--no-host-key-check", config=ssh_hosts.ssh_config_unknown_path, n=2,
+                          client=client), "--", "echo", "accepted")
     assert cp.returncode == 0 and cp.stdout.count("accepted") == 2, cp.stderr
 
 
@@ -222,25 +233,30 @@ def _config(hosts, tmp_path, name, **opts) -> str:
     return str(p)
 
 
-def test_accept_new_saves_unknown_host_keys_and_refuses_a_changed_one_later(ssh_hosts, tmp_path):
+@CLIENTS
+def test_accept_new_saves_unknown_host_keys_and_refuses_a_changed_one_later(ssh_hosts, tmp_path, client):
     """StrictHostKeyChecking accept-new, as OpenSSH: the first run saves each host's key to the
-    UserKnownHostsFile, a later run with a changed key in that file is refused."""
-    known = tmp_path / "ssh" / "known_hosts"          # its folder does not exist yet either
+    UserKnownHostsFile, a later run with a changed key in that file is refused. (paramiko also creates the
+    file's folder; OpenSSH's client does not, so there it exists.)"""
+    known = tmp_path / "ssh" / "known_hosts"
+    if client == "openssh":
+        known.parent.mkdir(mode=0o700)
     cfg = _config(ssh_hosts, tmp_path, "cfg", StrictHostKeyChecking="accept-new", UserKnownHostsFile=str(known))
-    cp = podrun(*ssh_args(ssh_hosts, tmp_path, config=cfg, n=2), "--", "echo", "accepted")
+    cp = podrun(*ssh_args(ssh_hosts, tmp_path, config=cfg, n=2, client=client), "--", "echo", "accepted")
     assert cp.returncode == 0 and cp.stdout.count("accepted") == 2, cp.stderr
     saved = known.read_text().splitlines()
     real = Path(ssh_hosts.known_hosts_path).read_text()
     for h in ssh_hosts.hosts[:2]:
         key = " ".join(next(l for l in real.splitlines() if l.startswith(f"{h},")).split()[1:3])
         assert f"{ssh_hosts.address(h)} {key}" in saved, (h, saved)
-    assert oct(known.stat().st_mode & 0o777) == "0o600"
-    cp = podrun(*ssh_args(ssh_hosts, tmp_path, config=cfg, n=2), "--", "echo", "again")
+    if client == "paramiko":        # OpenSSH's client writes it with the user's umask
+        assert oct(known.stat().st_mode & 0o777) == "0o600"
+    cp = podrun(*ssh_args(ssh_hosts, tmp_path, config=cfg, n=2, client=client), "--", "echo", "again")
     assert cp.returncode == 0 and cp.stdout.count("again") == 2, cp.stderr
     assert known.read_text().splitlines() == saved           # known now: nothing appended
     wrong = Path(ssh_hosts.known_hosts_wrong_path).read_text().split("\n")[0].split()[1:3]
     known.write_text("".join(f"{line.split()[0]} {' '.join(wrong)}\n" for line in saved))
-    cp = podrun(*ssh_args(ssh_hosts, tmp_path, config=cfg, n=2), "--", "echo", "changed")
+    cp = podrun(*ssh_args(ssh_hosts, tmp_path, config=cfg, n=2, client=client), "--", "echo", "changed")
     assert cp.returncode == 2 and "host key mismatch" in cp.stderr and "changed" not in cp.stdout, cp.stderr
 
 

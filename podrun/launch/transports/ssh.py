@@ -1,39 +1,30 @@
-"""The ssh transport (paramiko, imported only here): one agent per host over an ssh channel, in parallel.
+"""The ssh transport's paramiko client (imported only here): one agent per host over an ssh channel, in parallel.
 
-Honours an OpenSSH client config (~/.ssh/config or --ssh-config): HostName, User, Port, IdentityFile,
+Used where there is no OpenSSH client (``ssh`` on PATH) or with --ssh-client paramiko; otherwise
+podrun.launch.transports.openssh runs the system's ``ssh``. Honours an OpenSSH client config (~/.ssh/config or --ssh-config): HostName, User, Port, IdentityFile,
 IdentitiesOnly, ConnectTimeout, StrictHostKeyChecking, UserKnownHostsFile, GlobalKnownHostsFile.
 Host keys are checked as OpenSSH checks them: against the UserKnownHostsFile(s) (default
 ~/.ssh/known_hosts, ~/.ssh/known_hosts2) and the GlobalKnownHostsFile(s) (default
 /etc/ssh/ssh_known_hosts, /etc/ssh/ssh_known_hosts2); an unknown host is refused unless the config says
 ``StrictHostKeyChecking accept-new`` (or ``no``), which accepts it and appends its key to the first
 UserKnownHostsFile, so that a changed key is refused later; a changed key is always refused.
---no-host-key-check accepts unknown hosts and saves nothing. Commands are built with
+--no-host-key-check accepts unknown hosts and saves nothing. ProxyJump and ProxyCommand are refused
+(per host, at preflight): they need the OpenSSH client. Commands are built with
 shlex.quote only; the user's --env travels in the command line (``env NAME=VALUE``), not AcceptEnv.
 """
 from __future__ import annotations
 
 import getpass
-import json
 import os
 import queue
 import socket
 import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
 
 import paramiko
 
-import podrun
 from podrun.errors import LaunchError
-from podrun.launch import protocol
-from podrun.launch.request import NO_WORKDIR
-from podrun.launch.transport import InstanceHandle, Problem, StreamMerger, Transport, busy_port_problem
-
-PROBE_TIMEOUT = 30.0      # seconds for a held agent to report its preflight facts
-# Threads for commands over established connections (probes, agent starts). Only the ssh
-# handshakes in flight are bounded by --max-concurrency: a remote command that takes a second
-# to start must not hold a handshake slot, or 2048 hosts would take 2048/K seconds.
-MAX_THREADS = 2048
+from podrun.launch.transport import InstanceHandle, Problem, StreamMerger
+from podrun.launch.transports.ssh_common import HeldAgentTransport, HeldProbe, ip_hostname
 USER_KNOWN_HOSTS = "~/.ssh/known_hosts ~/.ssh/known_hosts2"              # OpenSSH's defaults
 GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2"
 
@@ -46,6 +37,10 @@ def known_hosts_files(c: dict) -> tuple[list[str], list[str]]:
         return [os.path.expanduser(w) for w in words]
 
     return files("userknownhostsfile", USER_KNOWN_HOSTS), files("globalknownhostsfile", GLOBAL_KNOWN_HOSTS)
+
+
+class ProxyUnsupported(Exception):
+    """The ssh config asks for a ProxyJump/ProxyCommand (the directive's name in args[0])."""
 
 
 class AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
@@ -71,32 +66,16 @@ class AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
                 os.close(fd)
 
 
-class SSHHandle(InstanceHandle):
+class SSHHandle(HeldProbe, InstanceHandle):
     def __init__(self, index: int, host: str, client: paramiko.SSHClient, chan: paramiko.Channel):
         self.label = host
         self.instances = (index,)
         self.client = client
         self.chan = chan
-        self._merger = StreamMerger(chan.makefile("rb"), chan.makefile_stderr("rb"))
-        self._early: list[tuple[str, str]] = []     # lines read while waiting for the probe
+        self._init_probe(StreamMerger(chan.makefile("rb"), chan.makefile_stderr("rb")))
         self._out: queue.Queue = queue.Queue()
         self._dead = False
         threading.Thread(target=self._writer, daemon=True).start()
-
-    def wait_probe(self, timeout: float) -> dict | None:
-        """A held agent's preflight facts; None if it ended first. queue.Empty after ``timeout`` s."""
-        deadline = time.monotonic() + timeout
-        while True:
-            item = self._merger.next(timeout=max(0.0, deadline - time.monotonic()))
-            if item is None:
-                return None
-            self._early.append(item)
-            ev = protocol.parse(item[1], item[0])
-            if ev.kind == "probe" and ev.instance in self.instances:
-                return json.loads(ev.text)
-
-    def early_errors(self) -> str:
-        return "\n".join(line for stream, line in self._early if stream == "err")
 
     def go(self) -> None:
         self._out.put(b"G")
@@ -111,11 +90,6 @@ class SSHHandle(InstanceHandle):
                 self.chan.sendall(data)
             except (OSError, EOFError, paramiko.SSHException):
                 return
-
-    def lines(self):
-        early, self._early = self._early, []
-        yield from early
-        yield from self._merger
 
     def poll(self):
         if self.chan.exit_status_ready():
@@ -156,7 +130,7 @@ class SSHHandle(InstanceHandle):
             pass
 
 
-class SSHTransport(Transport):
+class SSHTransport(HeldAgentTransport):
     name = "ssh"
 
     def __init__(self, request):
@@ -175,10 +149,6 @@ class SSHTransport(Transport):
         self.host_locks: dict[str, threading.Lock] = {}
         self.lock = threading.Lock()
         self.handshakes = threading.BoundedSemaphore(max(1, self.opts.max_concurrency))
-        self._held: list[SSHHandle] | None = None
-
-    def _pool(self, n: int) -> ThreadPoolExecutor:
-        return ThreadPoolExecutor(max_workers=max(1, min(MAX_THREADS, n)))
 
     # -- connections -------------------------------------------------------------------
     def _connect(self, host: str) -> paramiko.SSHClient:
@@ -192,6 +162,9 @@ class SSHTransport(Transport):
 
     def _open(self, host: str) -> paramiko.SSHClient:
         c = self.config.lookup(host)
+        for key in ("proxyjump", "proxycommand"):
+            if str(c.get(key, "none")).lower() != "none":
+                raise ProxyUnsupported(key)
         hostname, port = c.get("hostname", host), int(c.get("port", 22))
         user = c.get("user") or getpass.getuser()
         client = paramiko.SSHClient()
@@ -230,6 +203,9 @@ class SSHTransport(Transport):
     def _problem(self, host: str, exc: BaseException) -> Problem:
         c = self.config.lookup(host)
         where = f"{c.get('user') or getpass.getuser()}@{c.get('hostname', host)}:{c.get('port', 22)}"
+        if isinstance(exc, ProxyUnsupported):
+            return Problem(host, f"the ssh config gives {host} a {exc.args[0]}, which the paramiko ssh client "
+                                 "does not follow", "install the OpenSSH client (ssh) or drop --ssh-client paramiko")
         if isinstance(exc, socket.gaierror):
             return Problem(host, f"unknown host: {c.get('hostname', host)!r} does not resolve",
                            "check the host name, or add HostName to the ssh config")
@@ -250,71 +226,14 @@ class SSHTransport(Transport):
                            "is the host up and sshd running? check HostName/Port in the ssh config")
         return Problem(host, f"ssh to {where} failed: {exc}")
 
-    # -- preflight ---------------------------------------------------------------------
-    # The agents are the probes: each starts held (--hold), reports its host's facts and waits; only when
-    # every host has passed does start() tell them to go. A failure anywhere closes every held agent
-    # before any worker exists. This spares a second remote python start and round trip per host.
-    def holds(self) -> bool:
-        return self.request.checks_hosts()
+    def reached_by(self, host: str) -> str | None:
+        return ip_hostname(str(self.config.lookup(host).get("hostname", "")))
 
-    def _check_exit(self, host: str, rc: int | None, err: str) -> Problem:
-        """Why an agent ended before reporting its facts."""
-        req = self.request
-        if rc == NO_WORKDIR:
-            return Problem(host, f"working directory {req.workdir} does not exist",
-                           "create it on the host (or share the filesystem), or pass --workdir")
-        if rc == 127:
-            return Problem(host, f"python {req.python} not found", "install it there, or pass --python PATH")
-        if "No module named" in err and "podrun" in err:
-            return Problem(host, f"podrun is not installed for {req.python}",
-                           f"pip install podrun=={podrun.__version__} there, or pass --python with a venv that has it")
-        tail = (err.strip().splitlines() or ["no output"])[-1]
-        return Problem(host, f"the instance agent ended before its preflight report (exit {rc}): {tail}",
-                       f"is podrun=={podrun.__version__} installed there?")
-
-    def _check_facts(self, host: str, facts: dict) -> list[Problem]:
-        import platform
-
-        problems = []
-        if facts["podrun"] != podrun.__version__:
-            problems.append(Problem(host, f"podrun {facts['podrun']} there, {podrun.__version__} here",
-                                    f"install podrun=={podrun.__version__} on the host"))
-        if facts["python"].rsplit(".", 1)[0] != platform.python_version().rsplit(".", 1)[0]:
-            problems.append(Problem(host, f"python {facts['python']} there, {platform.python_version()} here",
-                                    "use the same Python version (--python)"))
-        for port in facts.get("ports_busy", []):
-            problems.append(busy_port_problem(host, self.request, port))
-        if facts.get("missing"):
-            from podrun.launch.probe import missing_text
-
-            problems.append(Problem(host, *missing_text(self.request.python, facts["missing"], "the recipe")))
-        return problems
-
-    def _preflight_instance(self, inst) -> tuple["SSHHandle | None", list[Problem]]:
-        try:
-            handle = self._start_one(inst, hold=True)
-        except BaseException as exc:  # noqa: BLE001
-            return None, [self._problem(inst.host, exc)]
-        try:
-            facts = handle.wait_probe(PROBE_TIMEOUT)
-        except queue.Empty:
-            return handle, [Problem(inst.host, f"the instance agent did not report in {PROBE_TIMEOUT:g} s",
-                                    "is the host overloaded, or does a login script (~/.bashrc) hang?")]
-        if facts is None:
-            return handle, [self._check_exit(inst.host, handle.wait(2.0), handle.early_errors())]
-        return handle, self._check_facts(inst.host, facts)
-
-    def preflight(self) -> list[Problem]:
-        insts = list(self.request.instances)
-        with self._pool(len(insts)) as ex:
-            results = list(ex.map(self._preflight_instance, insts))
-        problems = list(dict.fromkeys(p for _, r in results for p in r))   # once per host, not per instance
-        handles = [h for h, _ in results if h is not None]
-        if problems:
-            _dismiss(handles)
-            return problems
-        self._held = handles
-        return []
+    def run_command(self, host: str, command: str, timeout: float) -> tuple[int, str, str]:
+        client = self._connect(host)
+        _, out, err = client.exec_command(command, timeout=timeout)
+        rc = out.channel.recv_exit_status()
+        return rc, out.read().decode(errors="replace"), err.read().decode(errors="replace")
 
     # -- start -------------------------------------------------------------------------
     def _start_one(self, inst, hold: bool = False) -> SSHHandle:
@@ -323,35 +242,8 @@ class SSHTransport(Transport):
         chan.exec_command(self.request.shell_command(inst.index, hold=hold))
         return SSHHandle(inst.index, inst.host, client, chan)
 
-    def start(self) -> list[InstanceHandle]:
-        if self._held is not None:     # preflight passed: its agents are waiting for the go
-            held, self._held = self._held, None
-            for h in held:
-                h.go()
-            return held
-        insts = list(self.request.instances)
-        handles: list[SSHHandle | None] = [None] * len(insts)
-        errors: list[Problem] = []
-
-        def one(k: int) -> None:
-            try:
-                handles[k] = self._start_one(insts[k])
-            except BaseException as exc:  # noqa: BLE001
-                errors.append(self._problem(insts[k].host, exc))
-
-        with self._pool(len(insts)) as ex:
-            list(ex.map(one, range(len(insts))))
-        if errors:
-            for h in handles:
-                if h is not None:
-                    h.kill()
-            raise LaunchError("could not start the instance agents:\n" + "\n".join(f"  - {p}" for p in errors),
-                              hint="the agents that had started were ended")
-        return handles  # type: ignore[return-value]
-
     def close(self) -> None:
-        held, self._held = self._held or [], None
-        _dismiss(held)
+        super().close()
         with self.lock:
             clients, self.clients = list(self.clients.values()), {}
         for c in clients:
@@ -360,12 +252,3 @@ class SSHTransport(Transport):
             except Exception:  # noqa: BLE001
                 pass
 
-
-def _dismiss(handles: list[SSHHandle], timeout: float = 3.0) -> None:
-    """Tell held agents to stop (they have started nothing) and wait, bounded, until they are gone."""
-    for h in handles:
-        h.terminate()
-    deadline = time.monotonic() + timeout
-    for h in handles:
-        h.wait(max(0.0, deadline - time.monotonic()))
-        h.kill()

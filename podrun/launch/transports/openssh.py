@@ -1,0 +1,227 @@
+"""The ssh transport's OpenSSH client: one ``ssh -T HOST 'cd WORKDIR; exec AGENT'`` subprocess per instance.
+
+The agent protocol travels over the ssh process's stdin/stdout/stderr, as over the local transport's pipes.
+The system's ``ssh`` reads the user's config (~/.ssh/config or --ssh-config) itself, so every ssh_config
+directive works as it does for ``ssh HOST``: ProxyJump/ProxyCommand, Include, Match, CertificateFile,
+IdentityAgent/SSH_AUTH_SOCK, @cert-authority lines in known_hosts, ControlMaster. podrun adds on the
+command line only what it must decide: ``-T`` (no tty), ``BatchMode yes`` (never a prompt),
+``ServerAliveInterval``/``ServerAliveCountMax`` from --keepalive, ``ConnectTimeout`` where the config sets
+none, and with --no-host-key-check ``StrictHostKeyChecking no`` with /dev/null known-hosts files.
+Host keys are then checked by OpenSSH itself. ``ssh -G HOST`` (config only, no connection) gives the
+user, address and port that messages name.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import threading
+
+from podrun.launch.transport import InstanceHandle, Problem, StreamMerger
+from podrun.launch.transports.ssh_common import HeldAgentTransport, HeldProbe, ip_hostname
+
+SSH = "ssh"
+
+
+def ssh_binary() -> str | None:
+    """The OpenSSH client on PATH, or None."""
+    return shutil.which(SSH)
+
+
+class OpenSSHHandle(HeldProbe, InstanceHandle):
+    def __init__(self, index: int, host: str, proc: subprocess.Popen):
+        self.label = host
+        self.instances = (index,)
+        self.proc = proc
+        self._init_probe(StreamMerger(proc.stdout, proc.stderr))
+        self._wlock = threading.Lock()
+        self.slot_held = False
+
+    def _write(self, data: bytes) -> None:
+        with self._wlock:
+            try:
+                self.proc.stdin.write(data)
+                self.proc.stdin.flush()
+            except (BrokenPipeError, OSError, ValueError):
+                pass
+
+    def go(self) -> None:
+        self._write(b"G")
+
+    def heartbeat(self) -> None:
+        self._write(b".")
+
+    def request_stacks(self) -> None:
+        self._write(b"S")
+
+    def terminate(self) -> None:
+        self._write(b"T")
+
+    def poll(self):
+        return self.proc.poll()
+
+    def kill(self) -> None:
+        """End the ssh client: the connection closes, the agent sees EOF (or, if the link is cut, silence)
+        and ends its workers."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def close(self) -> None:
+        """Close the agent's stdin (its output pipes belong to the stream readers until they end)."""
+        try:
+            self.proc.stdin.close()
+        except (OSError, ValueError):
+            pass
+
+
+class OpenSSHTransport(HeldAgentTransport):
+    name = "ssh"
+
+    def __init__(self, request):
+        super().__init__(request)
+        from podrun.errors import LaunchError
+
+        self.opts = request.ssh
+        self.ssh = ssh_binary()
+        if self.ssh is None:
+            raise LaunchError("--ssh-client openssh: no ssh client on PATH",
+                              hint="install openssh-client, or pass --ssh-client paramiko")
+        if self.opts.config_path and not os.path.exists(self.opts.config_path):
+            raise LaunchError(f"--ssh-config {self.opts.config_path}: no such file")
+        self.handshakes = threading.BoundedSemaphore(max(1, self.opts.max_concurrency))
+        self._settings: dict[str, dict[str, str]] = {}
+        self._lock = threading.Lock()
+
+    # -- the ssh command line ------------------------------------------------------------
+    def base_argv(self) -> list[str]:
+        """``ssh`` and the options podrun decides, before the host."""
+        argv = [self.ssh, "-T", "-o", "BatchMode=yes"]
+        if self.opts.config_path:
+            argv += ["-F", self.opts.config_path]
+        alive = max(1, int(self.request.keepalive // 2))
+        argv += ["-o", f"ServerAliveInterval={alive}", "-o", "ServerAliveCountMax=3"]
+        if not self.opts.host_key_check:
+            argv += ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+                     "-o", "GlobalKnownHostsFile=/dev/null"]
+        return argv
+
+    def settings(self, host: str) -> dict[str, str]:
+        """The config OpenSSH applies to ``host`` (``ssh -G``: lower-case keys, first value of each)."""
+        with self._lock:
+            if host in self._settings:
+                return self._settings[host]
+        cp = subprocess.run(self.base_argv() + ["-G", "--", host], capture_output=True, text=True, timeout=30)
+        out: dict[str, str] = {}
+        if cp.returncode == 0:
+            for line in cp.stdout.splitlines():
+                key, _, value = line.partition(" ")
+                out.setdefault(key.lower(), value)
+        else:
+            out["error"] = (cp.stderr.strip().splitlines() or ["ssh -G failed"])[-1]
+        with self._lock:
+            self._settings[host] = out
+        return out
+
+    def host_argv(self, host: str, command: str) -> list[str]:
+        """The exact ssh command line that runs ``command`` on ``host``."""
+        argv = self.base_argv()
+        s = self.settings(host)
+        if s.get("connecttimeout", "none") == "none":
+            argv += ["-o", f"ConnectTimeout={int(self.opts.connect_timeout)}"]
+        return argv + ["--", host, command]
+
+    def reached_by(self, host: str) -> str | None:
+        return ip_hostname(self.settings(host).get("hostname", ""))
+
+    def run_command(self, host: str, command: str, timeout: float) -> tuple[int, str, str]:
+        cp = subprocess.run(self.host_argv(host, command), stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                            timeout=timeout)
+        return cp.returncode, cp.stdout, cp.stderr
+
+    # -- start ---------------------------------------------------------------------------
+    def _start_one(self, inst, hold: bool = False) -> OpenSSHHandle:
+        s = self.settings(inst.host)
+        if "error" in s:
+            raise SSHConfigError(s["error"])
+        argv = self.host_argv(inst.host, self.request.shell_command(inst.index, hold=hold))
+        if hold:
+            self.handshakes.acquire()     # freed when the held agent has reported (or ended)
+        # no PR_SET_PDEATHSIG: it fires when the forking thread (a pool thread) ends, not the controller. If the
+        # controller dies, ssh's stdin closes; the agent reads EOF and ends its workers, then ssh exits.
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True)
+        except BaseException:
+            if hold:
+                self.handshakes.release()
+            raise
+        handle = OpenSSHHandle(inst.index, inst.host, proc)
+        handle.slot_held = hold
+        return handle
+
+    def _probed(self, handle) -> None:
+        if handle is not None and handle.slot_held:
+            handle.slot_held = False
+            self.handshakes.release()
+
+    # -- problems ------------------------------------------------------------------------
+    def _where(self, host: str) -> str:
+        s = self.settings(host)
+        where = f"{s.get('user', '?')}@{s.get('hostname', host)}:{s.get('port', '22')}"
+        jump = s.get("proxyjump", "none")
+        return where if jump == "none" else f"{where} via {jump}"
+
+    def _problem(self, host: str, exc: BaseException) -> Problem:
+        if isinstance(exc, SSHConfigError):
+            return Problem(host, f"the ssh config cannot be read for {host}: {exc}", "check --ssh-config")
+        return Problem(host, f"cannot run ssh for {host}: {exc}", "is the OpenSSH client installed?")
+
+    def _check_exit(self, host: str, rc: int | None, err: str) -> Problem:
+        if rc == 255:
+            p = self._ssh_error(host, err)
+            if p is not None:
+                return p
+        return self._exit_problem(host, rc, err)
+
+    def _ssh_error(self, host: str, err: str) -> Problem | None:
+        """OpenSSH's own failure (exit 255 and its message on stderr) as a Problem naming the host."""
+        where = self._where(host)
+        s = self.settings(host)
+        low = err.lower()
+        if "could not resolve hostname" in low:
+            return Problem(host, f"unknown host: {s.get('hostname', host)!r} does not resolve ({_last(err)})",
+                           "check the host name, or add HostName to the ssh config")
+        if "remote host identification has changed" in low or "host key for" in low and "has changed" in low:
+            return Problem(host, f"host key mismatch for {where}: the key does not match known_hosts",
+                           "if the host was reinstalled, update known_hosts (ssh-keygen -R HOST)")
+        if "host key verification failed" in low or "no such host key" in low or "host key is known" in low:
+            return Problem(host, f"unknown host key for {where} (not in known_hosts)",
+                           f"add it: ssh-keyscan -p {s.get('port', '22')} {s.get('hostname', host)} >> "
+                           "~/.ssh/known_hosts, or pass --no-host-key-check")
+        if "permission denied" in low:
+            return Problem(host, f"authentication failed for {where} ({_last(err)})",
+                           "check IdentityFile/CertificateFile in the ssh config, the ssh agent (SSH_AUTH_SOCK), "
+                           "and the host's authorized_keys")
+        if "timed out" in low:
+            return Problem(host, f"unreachable: connecting to {where} timed out ({_last(err)})",
+                           "is the host up and on the network?")
+        if any(w in low for w in ("connection refused", "no route to host", "network is unreachable",
+                                  "connection closed by", "connection reset", "closed by remote host",
+                                  "ssh_exchange_identification", "kex_exchange_identification")):
+            return Problem(host, f"unreachable: cannot connect to {where} ({_last(err)})",
+                           "is the host up and sshd running? check HostName/Port/ProxyJump in the ssh config")
+        if err.strip():
+            return Problem(host, f"ssh to {where} failed: {_last(err)}")
+        return None
+
+
+class SSHConfigError(Exception):
+    """``ssh -G HOST`` refused the config (its message in args[0])."""
+
+
+def _last(err: str) -> str:
+    lines = [ln.strip() for ln in err.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else "no message"

@@ -1,0 +1,292 @@
+"""What the two ssh transports share (OpenSSH client, paramiko): held-agent preflight, start, cross-host checks.
+
+The agents are the probes: each starts held (--hold), reports its host's facts and waits; only when every
+host has passed does start() tell them to go. A failure anywhere closes every held agent before any worker
+exists. This spares a second remote python start and round trip per host. A subclass provides
+``_start_one(inst, hold)`` (a handle with ``wait_probe``/``early_errors``/``go``) and ``_problem(host, exc)``.
+"""
+from __future__ import annotations
+
+import json
+import platform
+import queue
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import podrun
+from podrun.errors import LaunchError
+from podrun.launch import protocol
+from podrun.launch.request import NO_WORKDIR
+from podrun.launch.transport import InstanceHandle, Problem, StreamMerger, Transport, busy_port_problem
+
+PROBE_TIMEOUT = 30.0      # seconds for a held agent to report its preflight facts
+# Threads for commands over established connections (probes, agent starts). Only the ssh
+# handshakes in flight are bounded by --max-concurrency: a remote command that takes a second
+# to start must not hold a handshake slot, or 2048 hosts would take 2048/K seconds.
+MAX_THREADS = 2048
+
+
+class HeldProbe:
+    """The part of a handle that reads a held agent's preflight report before the run's lines."""
+
+    instances: tuple[int, ...] = ()
+    _merger: StreamMerger
+
+    def _init_probe(self, merger: StreamMerger) -> None:
+        self._merger = merger
+        self._early: list[tuple[str, str]] = []     # lines read while waiting for the probe
+
+    def wait_probe(self, timeout: float) -> dict | None:
+        """A held agent's preflight facts; None if it ended first. queue.Empty after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while True:
+            item = self._merger.next(timeout=max(0.0, deadline - time.monotonic()))
+            if item is None:
+                return None
+            self._early.append(item)
+            ev = protocol.parse(item[1], item[0])
+            if ev.kind == "probe" and ev.instance in self.instances:
+                return json.loads(ev.text)
+
+    def early_errors(self) -> str:
+        return "\n".join(line for stream, line in self._early if stream == "err")
+
+    def lines(self):
+        early, self._early = self._early, []
+        yield from early
+        yield from self._merger
+
+
+def network_problems(request, facts: dict[str, dict]) -> list[Problem]:
+    """The network as the hosts found it: MASTER_ADDR as every host resolves it (a host other than the master
+    host that finds it on loopback, or cannot resolve it, would wait for rank 0 on itself until a timeout),
+    whether it answers from every worker host, and the --data-interface on every host."""
+    master_host = request.instances[0].host if request.instances else ""
+    addr = request.master_addr
+    seen = {h: f.get("master_resolves") for h, f in facts.items() if "master_resolves" in f}
+    elsewhere = sorted({a for h, r in seen.items() for a in (r or []) if not _loopback(a)})
+    problems = []
+    ifname = request.data_interface
+    for host, f in facts.items():
+        if ifname is not None and "interfaces" in f and ifname not in f["interfaces"]:
+            problems.append(Problem(host, f"no interface {ifname} with an IPv4 address on {host} (--data-interface); "
+                                          f"it has {', '.join(f['interfaces']) or 'none'}",
+                                    "name the interface of the network the hosts share (ip -br addr on the host)"))
+    if problems:
+        return problems
+    for host, f in facts.items():
+        r = f.get("master_reach")
+        if host != master_host and r is not None and not r["ok"]:
+            over = f" over {ifname}" if ifname is not None else ""
+            problems.append(Problem(host, f"{host} cannot reach rank 0 on {master_host} at {addr}:{request.master_port}"
+                                          f"{over} (from interface {r['via']}: {r['error']})",
+                                    "the workers there would wait for it until the collective timeout; check the "
+                                    "network between the two hosts, --data-interface or --master-addr"))
+    if problems:
+        return problems
+    for host, resolved in seen.items():
+        if host == master_host:
+            continue
+        if not resolved:
+            problems.append(Problem(host, f"MASTER_ADDR {addr} does not resolve on {host}; workers there cannot "
+                                          f"reach rank 0 on {master_host}",
+                                    "pass --master-addr with an address every host reaches (an IP), or add the "
+                                    "name to that host's /etc/hosts or DNS"))
+        elif all(_loopback(a) for a in resolved):
+            where = f" and to {', '.join(elsewhere)} elsewhere" if elsewhere else ""
+            problems.append(Problem(host, f"MASTER_ADDR {addr} resolves to {', '.join(resolved)} (loopback) on "
+                                          f"{host}{where}; workers there would wait for rank 0 on {host} itself, "
+                                          f"not on {master_host}",
+                                    "pass --master-addr with an address of the master host that every host "
+                                    "reaches, or fix that host's /etc/hosts"))
+    return problems
+
+
+def ip_hostname(hostname: str) -> str | None:
+    """``hostname`` when it is an IP address that is not loopback (what MASTER_ADDR can be), else None."""
+    import ipaddress
+
+    try:
+        ip = ipaddress.ip_address(hostname)
+    except ValueError:
+        return None
+    return None if ip.is_loopback or ip.is_unspecified else str(ip)
+
+
+def _loopback(addr: str) -> bool:
+    return addr.startswith("127.") or addr == "::1"
+
+
+class HeldAgentTransport(Transport):
+    """Preflight through held agents, then start: the logic of both ssh transports."""
+
+    def __init__(self, request):
+        super().__init__(request)
+        self._held: list | None = None
+
+    def _pool(self, n: int) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(max_workers=max(1, min(MAX_THREADS, n)))
+
+    def _start_one(self, inst, hold: bool = False):
+        raise NotImplementedError
+
+    def _problem(self, host: str, exc: BaseException) -> Problem:
+        raise NotImplementedError
+
+    def holds(self) -> bool:
+        return self.request.checks_hosts()
+
+    def run_command(self, host: str, command: str, timeout: float) -> tuple[int, str, str]:
+        """Run one shell command on ``host``: (exit code, stdout, stderr)."""
+        raise NotImplementedError
+
+    def reached_by(self, host: str) -> str | None:
+        """The IP address the ssh config sends ``host``'s connection to (its HostName), when it is one."""
+        raise NotImplementedError
+
+    def interface_address(self, host: str, ifname: str) -> str:
+        """``host``'s IPv4 address on interface ``ifname`` (one remote Python start); PreflightError when the
+        host cannot be asked or has no such interface."""
+        import shlex
+
+        from podrun.errors import PreflightError
+
+        code = (f"from podrun.launch.probe import interface_addresses as a; "
+                f"print(a().get({ifname!r}, ''), ' '.join(sorted(a())))")
+        try:
+            rc, out, err = self.run_command(host, shlex.join([self.request.python, "-c", code]), PROBE_TIMEOUT)
+        except BaseException as exc:  # noqa: BLE001
+            raise PreflightError(f"preflight failed, nothing was started:\n  - {self._problem(host, exc)}") from None
+        if rc != 0:
+            raise PreflightError(f"preflight failed, nothing was started:\n  - {self._check_exit(host, rc, err)}")
+        words = out.split("\n")[0].split(" ", 1)
+        if not words[0]:
+            have = ", ".join(words[1].split()) if len(words) > 1 else ""
+            raise PreflightError(f"preflight failed, nothing was started:\n  - {host}: no interface {ifname} with an "
+                                 f"IPv4 address on the master host {host} (--data-interface); it has {have or 'none'}",
+                                 hint="name the interface of the network the hosts share (ip -br addr on the host)")
+        return words[0]
+
+    def _exit_problem(self, host: str, rc: int | None, err: str) -> Problem:
+        """Why an agent ended before reporting its facts (a subclass first checks for its client's errors)."""
+        req = self.request
+        if rc == NO_WORKDIR:
+            return Problem(host, f"working directory {req.workdir} does not exist",
+                           "create it on the host (or share the filesystem), or pass --workdir")
+        if rc == 127:
+            return Problem(host, f"python {req.python} not found", "install it there, or pass --python PATH")
+        if "No module named" in err and "podrun" in err:
+            return Problem(host, f"podrun is not installed for {req.python}",
+                           f"pip install podrun=={podrun.__version__} there, or pass --python with a venv that has it")
+        tail = (err.strip().splitlines() or ["no output"])[-1]
+        return Problem(host, f"the instance agent ended before its preflight report (exit {rc}): {tail}",
+                       f"is podrun=={podrun.__version__} installed there?")
+
+    def _check_exit(self, host: str, rc: int | None, err: str) -> Problem:
+        return self._exit_problem(host, rc, err)
+
+    def _check_facts(self, host: str, facts: dict) -> list[Problem]:
+        problems = []
+        if facts["podrun"] != podrun.__version__:
+            problems.append(Problem(host, f"podrun {facts['podrun']} there, {podrun.__version__} here",
+                                    f"install podrun=={podrun.__version__} on the host"))
+        if facts["python"].rsplit(".", 1)[0] != platform.python_version().rsplit(".", 1)[0]:
+            problems.append(Problem(host, f"python {facts['python']} there, {platform.python_version()} here",
+                                    "use the same Python version (--python)"))
+        for port in facts.get("ports_busy", []):
+            problems.append(busy_port_problem(host, self.request, port))
+        if facts.get("missing"):
+            from podrun.launch.probe import missing_text
+
+            problems.append(Problem(host, *missing_text(self.request.python, facts["missing"], "the recipe")))
+        return problems
+
+    def _preflight_instance(self, inst) -> tuple[object, list[Problem], dict | None]:
+        try:
+            handle = self._start_one(inst, hold=True)
+        except BaseException as exc:  # noqa: BLE001
+            return None, [self._problem(inst.host, exc)], None
+        try:
+            facts = handle.wait_probe(PROBE_TIMEOUT)
+        except queue.Empty:
+            return handle, [Problem(inst.host, f"the instance agent did not report in {PROBE_TIMEOUT:g} s",
+                                    "is the host overloaded, or does a login script (~/.bashrc) hang?")], None
+        finally:
+            self._probed(handle)
+        if facts is None:
+            return handle, [self._check_exit(inst.host, handle.wait(2.0), handle.early_errors())], None
+        return handle, self._check_facts(inst.host, facts), facts
+
+    def _probed(self, handle) -> None:
+        """A held agent has reported (or failed to): a subclass may free a handshake slot here."""
+
+    def preflight(self) -> list[Problem]:
+        insts = list(self.request.instances)
+        with self._pool(len(insts)) as ex:
+            results = list(ex.map(self._preflight_instance, insts))
+        problems = list(dict.fromkeys(p for _, r, _ in results for p in r))   # once per host, not per instance
+        if not problems:
+            facts = {inst.host: f for inst, (_, _, f) in zip(insts, results) if f is not None}
+            problems = network_problems(self.request, facts)
+        handles = [h for h, _, _ in results if h is not None]
+        if problems:
+            _dismiss(handles)
+            return problems
+        self._held = handles
+        return []
+
+    def start(self) -> list[InstanceHandle]:
+        if self._held is not None:     # preflight passed: its agents are waiting for the go
+            held, self._held = self._held, None
+            for h in held:
+                h.go()
+            return held
+        insts = list(self.request.instances)
+        handles: list = [None] * len(insts)
+        errors: list[Problem] = []
+
+        def one(k: int) -> None:
+            try:
+                handles[k] = self._start_one(insts[k])
+            except BaseException as exc:  # noqa: BLE001
+                errors.append(self._problem(insts[k].host, exc))
+
+        with self._pool(len(insts)) as ex:
+            list(ex.map(one, range(len(insts))))
+        if errors:
+            for h in handles:
+                if h is not None:
+                    h.kill()
+            raise LaunchError("could not start the instance agents:\n" + "\n".join(f"  - {p}" for p in errors),
+                              hint="the agents that had started were ended")
+        return handles
+
+    def close(self) -> None:
+        held, self._held = self._held or [], None
+        _dismiss(held)
+
+
+def _dismiss(handles: list, timeout: float = 3.0) -> None:
+    """Tell held agents to stop (they have started nothing) and wait, bounded, until they are gone."""
+    for h in handles:
+        h.terminate()
+    deadline = time.monotonic() + timeout
+    for h in handles:
+        h.wait(max(0.0, deadline - time.monotonic()))
+        h.kill()
+
+
+SSH_CLIENTS = ("auto", "openssh", "paramiko")
+
+
+def ssh_transport(request) -> HeldAgentTransport:
+    """The ssh transport for ``request.ssh.client``: ``openssh`` (the system's ssh), ``paramiko``, or ``auto``
+    (OpenSSH's client when ``ssh`` is on PATH, as mpirun, pdsh and Ansible use it; else paramiko)."""
+    from podrun.launch.transports.openssh import OpenSSHTransport, ssh_binary
+
+    client = request.ssh.client
+    if client == "openssh" or (client == "auto" and ssh_binary() is not None):
+        return OpenSSHTransport(request)
+    from podrun.launch.transports.ssh import SSHTransport
+
+    return SSHTransport(request)
