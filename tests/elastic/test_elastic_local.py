@@ -56,3 +56,28 @@ def test_no_exact_plan_ends_with_the_failures_code(tmp_path):
     assert s["status"] == "failed" and s["root_cause"]["host"] == "127.0.0.3" and len(s["attempts"]) == 1
     assert s["elastic"]["end"].startswith("no host count from 3 down to 3")
     assert not (run_dir(tmp_path / "runs") / "plan-1.json").exists()
+
+
+# instance 2 hangs at step 2 while the run has 3 instances (the others then wait in all_reduce); on 2 it finishes
+HANG_ON_3 = ('import os, sys, time, torch, torch.distributed as dist; dist.init_process_group("gloo"); '
+             'e = os.environ; hang = e["PODRUN_NUM_INSTANCES"] == "3" and e["PODRUN_INSTANCE_INDEX"] == "2"\n'
+             'for step in range(4):\n'
+             '    if hang and step == 2: time.sleep(3600)\n'
+             '    t = torch.ones(1); dist.all_reduce(t); print("step", step, "world", int(t.item()), flush=True)\n'
+             'dist.barrier(); dist.destroy_process_group()\n')
+
+
+def test_a_hung_host_is_dropped_like_a_lost_one(tmp_path):
+    """In an elastic run, a hang (no progress from any rank for --hang-timeout) ends the attempt with the hung
+    rank's host as the failure: it is dropped, the run re-plans on the others at the same global batch and
+    finishes there."""
+    cp = podrun("launch", "--hosts", "localhost,127.0.0.2,127.0.0.3", "--devices-per-host", "1",
+                "--global-batch", "6", "--elastic", "2", "--hang-timeout", "4", "--master-port", str(free_port(6)),
+                "--runs-dir", str(tmp_path / "runs"), "--", sys.executable, "-c", HANG_ON_3, timeout=240)
+    assert cp.returncode == 0, cp.stderr
+    assert "no progress from any rank for 4 s" in cp.stderr, cp.stderr
+    assert "podrun: elastic: dropping 127.0.0.3" in cp.stderr and "re-planned 3 -> 2 hosts" in cp.stderr, cp.stderr
+    assert "step 3 world 2" in cp.stdout, cp.stdout
+    s = summary(tmp_path / "runs")
+    assert s["exit_code"] == 0 and len(s["attempts"]) == 2
+    assert s["elastic"]["replans"][0]["hosts_lost"] == ["127.0.0.3"]
