@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import os
+import pty
+import select
 import signal
 import subprocess
 import sys
@@ -105,3 +107,34 @@ def end(proc: subprocess.Popen) -> None:
         proc.wait(timeout=10)
 
 
+
+
+def run_on_terminal(argv: list[str], *, env: dict | None = None, cwd=None, timeout: float = 120.0,
+                    answer: tuple[bytes, bytes] | None = None) -> tuple[int, str]:
+    """Run argv with stdin, stdout and stderr on a real pseudo-terminal; (exit code, everything it showed).
+    answer=(question, reply): write reply once the question has been shown."""
+    leader, follower = pty.openpty()
+    p = subprocess.Popen(argv, stdin=follower, stdout=follower, stderr=follower, env=env, cwd=cwd, close_fds=True)
+    os.close(follower)
+    seen, answered, end = b"", answer is None, time.monotonic() + timeout
+    try:
+        while time.monotonic() < end:
+            ready, _, _ = select.select([leader], [], [], 0.2)
+            if ready:
+                try:
+                    chunk = os.read(leader, 65536)
+                except OSError:       # EIO: every writer closed the terminal
+                    break
+                if not chunk:
+                    break
+                seen += chunk
+                if not answered and answer[0] in seen:
+                    os.write(leader, answer[1])
+                    answered = True
+            elif p.poll() is not None:
+                break
+        return p.wait(timeout=max(30.0, end - time.monotonic())), seen.decode(errors="replace")
+    finally:
+        if p.poll() is None:
+            p.kill()
+        os.close(leader)

@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import pty
 import re
-import select
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.launch.helpers import PODRUN, SCRIPTS, podrun
+from tests.launch.helpers import PODRUN, SCRIPTS, podrun, run_on_terminal
 
 pytestmark = pytest.mark.timeout(150)
 PROGRESS = str(SCRIPTS / "progress.py")
@@ -55,30 +51,7 @@ def test_json_gives_plain_lines_on_stderr_and_the_summary_on_stdout(tmp_path):
 
 def _run_in_pty(args: list[str], env: dict, timeout: float) -> tuple[int, str]:
     """Run podrun with stdout and stderr on a real pseudo-terminal; (exit code, everything it wrote)."""
-    master, slave = pty.openpty()
-    p = subprocess.Popen([*PODRUN, *args], stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True)
-    os.close(slave)
-    chunks = []
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            r, _, _ = select.select([master], [], [], 0.2)
-            if r:
-                try:
-                    data = os.read(master, 65536)
-                except OSError:       # EIO: every writer closed the terminal
-                    break
-                if not data:
-                    break
-                chunks.append(data)
-            elif p.poll() is not None:
-                break
-        rc = p.wait(timeout=30)
-    finally:
-        if p.poll() is None:
-            p.kill()
-        os.close(master)
-    return rc, b"".join(chunks).decode(errors="replace")
+    return run_on_terminal([*PODRUN, *args], env=env, timeout=timeout)
 
 
 def test_a_live_progress_line_on_a_terminal_and_the_rounded_end_line(tmp_path):

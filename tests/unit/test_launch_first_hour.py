@@ -3,17 +3,14 @@ a python without the recipe's packages is refused before anything starts, --help
 `podrun hosts` shows only the options it uses."""
 from __future__ import annotations
 
-import os
-import pty
-import select
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import click
 
 from podrun.cli.main import cli, main
+from tests.launch.helpers import run_on_terminal
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,32 +34,8 @@ def test_a_long_run_is_announced_with_how_to_make_it_short(capsys, tmp_path):
 
 
 def _pty_run(argv, answer: bytes, cwd, timeout=120.0) -> tuple[int, str]:
-    """Run argv with stdin, stdout and stderr on a terminal; answer the first question; (exit code, what it showed)."""
-    leader, follower = pty.openpty()
-    p = subprocess.Popen(argv, stdin=follower, stdout=follower, stderr=follower, cwd=cwd, close_fds=True)
-    os.close(follower)
-    seen, answered, end = b"", False, time.monotonic() + timeout
-    try:
-        while time.monotonic() < end:
-            ready, _, _ = select.select([leader], [], [], 1.0)
-            if ready:
-                try:
-                    chunk = os.read(leader, 4096)
-                except OSError:       # the child closed the terminal
-                    break
-                if not chunk:
-                    break
-                seen += chunk
-                if not answered and b"start it anyway?" in seen:
-                    os.write(leader, answer)
-                    answered = True
-            elif p.poll() is not None:
-                break
-        return p.wait(timeout=max(1.0, end - time.monotonic())), seen.decode(errors="replace")
-    finally:
-        if p.poll() is None:
-            p.kill()
-        os.close(leader)
+    """Run argv on a terminal and answer podrun's question; (exit code, what it showed)."""
+    return run_on_terminal(argv, cwd=cwd, timeout=timeout, answer=(b"start it anyway?", answer))
 
 
 def test_a_long_run_on_a_terminal_asks_and_no_means_not_started(tmp_path):
