@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from podrun.human import human_seconds
 from podrun.launch import protocol, watch as watching
 from podrun.launch.request import LaunchRequest, redact_argv
 from podrun.launch.rundir import private_open
@@ -478,7 +479,7 @@ class Supervisor:
         self.dump = {"reason": reason, "window": window, "want": self._running(), "got": {},
                      "deadline": now + watching.DUMP_WAIT_S, "asks": [], "silent_s": now - self.last_progress}
         if reason == "hang":
-            self.notice(f"no progress from any rank for {window:g} s (--hang-timeout); collecting every "
+            self.notice(f"no progress from any rank for {human_seconds(window)} (--hang-timeout); collecting every "
                         "worker's stacks")
         for h in self.handles:
             try:
@@ -533,7 +534,7 @@ class Supervisor:
             odd_label = "the odd rank out" if len(groups) > 1 else "every rank"
             self.failures.append(Failure(
                 odd.instance, odd.host, odd.local_rank, watching.HANG_EXIT,
-                f"hung: no progress from any rank for {d['window']:g} s (--hang-timeout); {odd_label}: "
+                f"hung: no progress from any rank for {human_seconds(d['window'])} (--hang-timeout); {odd_label}: "
                 f"rank {odd.rank} on {odd.host} in {what}", time.time()))
         else:
             self.last_progress = time.monotonic()    # dump again after another silent window
