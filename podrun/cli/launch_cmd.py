@@ -10,7 +10,7 @@ from podrun.cli import types as t
 
 from podrun.cli.options import plan_options, pop_plan_options
 from podrun.cli.engine_options import engine_options, pop_engine_options
-from podrun.cli.watch_options import pop_watch_options, watch_options
+from podrun.cli.watch_options import pop_watch_options, watch_for, watch_options
 
 COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93")
 
@@ -104,6 +104,7 @@ def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir
                               hint=f"to run a command, put it after --: podrun launch [OPTIONS] -- {' '.join(args)}")
     env = parse_env_options(env_items)
     cluster, rspec, src, overrides = resolve_plan_inputs(recipe, **plan_kw)
+    watch = watch_for(watch, rspec, cluster)
     plan = make_plan(cluster, rspec, overrides)
     python = python_ or sys.executable
     if rspec is not None:

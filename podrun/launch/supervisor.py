@@ -491,8 +491,8 @@ class Supervisor:
         self.dump = {"reason": reason, "window": window, "want": self._running(), "got": {},
                      "deadline": now + watching.DUMP_WAIT_S, "asks": [], "silent_s": now - self.last_progress}
         if reason == "hang":
-            self.notice(f"no progress from any rank for {human_seconds(window)} (--hang-timeout); collecting every "
-                        "worker's stacks")
+            self.notice(f"no progress from any rank for {human_seconds(window)} ({self.watch.source}); "
+                        "collecting every worker's stacks")
         for h in self.handles:
             try:
                 h.request_stacks()
@@ -546,8 +546,8 @@ class Supervisor:
             odd_label = "the odd rank out" if len(groups) > 1 else "every rank"
             self.failures.append(Failure(
                 odd.instance, odd.host, odd.local_rank, watching.HANG_EXIT,
-                f"hung: no progress from any rank for {human_seconds(d['window'])} (--hang-timeout); {odd_label}: "
-                f"rank {odd.rank} on {odd.host} in {what}", time.time()))
+                f"hung: no progress from any rank for {human_seconds(d['window'])} ({self.watch.source}); "
+                f"{odd_label}: rank {odd.rank} on {odd.host} in {what}", time.time()))
         else:
             self.last_progress = time.monotonic()    # dump again after another silent window
 

@@ -39,6 +39,7 @@ class WatchOptions:
     hang_timeout: float | str | None = "auto"
     on_hang: str = "end"              # "end": dump the stacks, then end the run; "dump": dump and go on
     progress: bool = True             # forward the workers' progress reports to the console
+    source: str = "--hang-timeout"    # where hang_timeout came from (the option, a recipe's or cluster's field)
 
     def window(self, step_times: list[float], started: bool = True) -> float | None:
         """The hang window in seconds now, given the recent step times (seconds) reported by the runtime;

@@ -11,6 +11,7 @@ from podrun.errors import HostError, SpecError
 from podrun.specs.hosts import MAX_HOST_NAME, check_name
 from podrun.specs.limits import MAX_HOSTS, MAX_PER_HOST
 from podrun.specs.loader import bound
+from podrun.specs.recipe import HANG_TIMEOUT
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,8 @@ class ClusterFile:
     engine: Literal["torch", "poprun"] = "torch"
     instances_per_host: int = field(default=1, metadata=bound(1, MAX_PER_HOST, why="instances podrun starts on each host"))
     sources: tuple[str, ...] = ()
+    # `podrun launch`'s default --hang-timeout on this cluster (None: auto); a recipe's own wins
+    hang_timeout: Union[float, Literal["auto", "off", False], None] = field(default=None, metadata=HANG_TIMEOUT)
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,7 @@ class ClusterSpec:
     engine: str
     instances_per_host: int
     sources: tuple[str, ...]
+    hang_timeout: float | str | None = None
 
     def with_hosts(self, hosts: tuple[str, ...], devices_per_host: int | None = None) -> "ClusterSpec":
         return replace(self, hosts=tuple(hosts), devices_per_host=self.devices_per_host if devices_per_host is None else devices_per_host)
@@ -142,5 +146,5 @@ def resolve(spec: ClusterFile, path: str) -> ClusterSpec:
         name=spec.name, path=path, description=spec.description, hosts=hosts, devices_per_host=dph,
         device=spec.device, interconnect=spec.interconnect, scheduler=spec.scheduler,
         transport=spec.transport, engine=spec.engine, instances_per_host=spec.instances_per_host,
-        sources=spec.sources,
+        sources=spec.sources, hang_timeout=spec.hang_timeout,
     )
