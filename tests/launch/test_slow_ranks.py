@@ -65,3 +65,18 @@ def test_the_recipe_runner_reports_busy_time_and_a_slow_rank_is_named(tmp_path):
     s = summary(runs)
     assert [(r["rank"], r["host"]) for r in s["slow_ranks"]] == [(1, "localhost")], s["slow_ranks"]
     assert s["slow_ranks"][0]["busy_s"] >= 0.3 > s["slow_ranks"][0]["others_median_s"]    # 2 forwards x 0.15 s
+
+
+@pytest.mark.cluster
+def test_a_slow_rank_on_another_host_is_named_with_that_host(ssh_hosts, tmp_path):
+    """3 real OpenSSH hosts (one rank each): rank 2's data step takes 0.3 s more; podrun names rank 2 on h3."""
+    names = ssh_hosts.hosts[:3]
+    runs = tmp_path / "runs"
+    cp = podrun("launch", "--hosts", ",".join(names), "--devices-per-host", "1", "--transport", "ssh",
+                "--ssh-config", ssh_hosts.ssh_config_path, "--python", ssh_hosts.python, "--runs-dir", str(runs),
+                "--master-port", "29961", "--", sys.executable, SLOW, str(STEPS), "0.1", "2", "0.3", timeout=150)
+    assert cp.returncode == 0, cp.stderr
+    assert re.search(rf"^podrun: rank 2 on {names[2]} is slow: busy", cp.stderr, re.M), cp.stderr
+    assert " is slow:" not in cp.stderr.replace(f"rank 2 on {names[2]} is slow:", ""), cp.stderr
+    s = summary(runs)
+    assert [(r["rank"], r["host"]) for r in s["slow_ranks"]] == [(2, names[2])], s["slow_ranks"]
