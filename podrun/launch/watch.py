@@ -97,8 +97,8 @@ class SlowRanks:
             if mine < SLOW_CLEAR * rest:
                 rec["until_step"] = step
                 del self.slow[rank]
-            else:
-                rec["max_ratio"] = round(max(rec["max_ratio"], mine / rest if rest > 0 else rec["max_ratio"]), 3)
+            elif rest > 0 and (rec["max_ratio"] is None or mine / rest > rec["max_ratio"]):
+                rec["max_ratio"] = round(mine / rest, 3)
             return None
         if mine >= SLOW_FACTOR * rest and mine - rest >= SLOW_MIN_GAP_S:
             rec = {"rank": rank, "host": host, "busy_s": round(mine, 6), "others_median_s": round(rest, 6),

@@ -252,3 +252,15 @@ def test_slow_ranks_ignore_tiny_gaps():
     w = SlowRanks()
     assert all(w.add(r, "h", 0.0002 if r == 0 else 0.0001, s) is None
                for s in range(2 * SLOW_WINDOW) for r in range(3))
+
+
+def test_slow_ranks_when_the_others_report_no_busy_time():
+    """Others at 0 s (nothing measured before their last bucket): the slow rank is named without a ratio, and
+    later reports keep it named without error."""
+    from podrun.launch.watch import SLOW_WINDOW, SlowRanks, slow_rank_line
+
+    w = SlowRanks()
+    named = [w.add(r, f"h{r}", 0.5 if r == 1 else 0.0, s) for s in range(3 * SLOW_WINDOW) for r in range(3)]
+    recs = [x for x in named if x is not None]
+    assert [x["rank"] for x in recs] == [1] and recs[0]["ratio"] is None and recs[0]["max_ratio"] is None
+    assert slow_rank_line(recs[0]).startswith("rank 1 on h1 is slow: busy 0.5 s per step against a median of 0 s")
