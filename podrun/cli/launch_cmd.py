@@ -10,7 +10,7 @@ from podrun.cli import types as t
 
 from podrun.cli.options import plan_options, pop_plan_options
 from podrun.cli.engine_options import engine_options, pop_engine_options
-from podrun.cli.watch_options import pop_watch_options, watch_options
+from podrun.cli.watch_options import pop_watch_options, watch_for, watch_options
 from podrun.cli.network_options import network_options, pop_network_options
 
 COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93")
@@ -167,6 +167,7 @@ def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir
         straggler_timeout=straggler_timeout, preflight=not no_preflight, env_items=env_items,
         data_interface=net_kw["data_interface"])
     request = prepared.request
+    watch = watch_for(watch, prepared.recipe, prepared.cluster)
     if prepared.engine == "horovod":
         from podrun.launch.engines.horovod import launch_horovod
 

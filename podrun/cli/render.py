@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import sys
 
+from podrun.human import human_number, human_seconds  # noqa: F401 - the renderers' and tests' names
+
 
 def print_error(exc) -> None:
     """One paragraph on stderr: 'podrun: error: ...' then the hint."""
@@ -107,28 +109,6 @@ def render_elastic(table, recipe: str, cluster: str, host_source: str) -> None:
 
 
 # -- numbers for people, and the launch console's progress view -------------------------------------
-
-def human_seconds(x: float) -> str:
-    """35.557 -> "35.6 s"; 130 -> "2 min 10 s"; 7500 -> "2 h 05 min"."""
-    if x != x or x < 0:
-        return "?"
-    if x < 60:
-        return f"{x:.1f} s" if x < 9.95 or x != int(x) else f"{x:.0f} s"
-    if x < 3600:
-        m, s = divmod(int(round(x)), 60)
-        return f"{m} min {s} s" if s else f"{m} min"
-    h, m = divmod(int(round(x / 60)), 60)
-    return f"{h} h {m:02d} min"
-
-
-def human_number(x: float) -> str:
-    """2345.678 -> "2,346"; 12.345 -> "12.3"; 0.012345 -> "0.0123": three significant digits or whole."""
-    if x != x:
-        return "nan"
-    if abs(x) >= 100:
-        return f"{x:,.0f}"
-    return f"{x:.3g}"
-
 
 def progress_text(rec: dict, elapsed: float, rate_s: float | None) -> str:
     """One progress line from a runtime report: step of total, epoch, loss, img/s, elapsed, time left.

@@ -13,17 +13,18 @@ from podrun.launch.watch import AUTO_FLOOR_S, AUTO_NO_STEPS_S, AUTO_STEPS, HANG_
 HANG_TIMEOUT_HELP = (f"Seconds without progress from any rank (a runtime report, or any output line of a plain "
                      f"script) before the run counts as hung: podrun shows every rank's stack, then does what "
                      f"--on-hang says. auto (the default): {AUTO_STEPS} x the median step time with a floor of "
-                     f"{AUTO_FLOOR_S:g} s once the runtime reports steps, {AUTO_NO_STEPS_S:g} s before; off: never.")
+                     f"{AUTO_FLOOR_S:g} s once the runtime reports steps, {AUTO_NO_STEPS_S:g} s before; off: never. "
+                     f"Not given: the recipe's hang_timeout, else the cluster spec's, else auto.")
 
 
 class HangTimeout(click.ParamType):
-    """auto, off, or a finite number of seconds > 0."""
+    """auto, off, or a finite number of seconds > 0 (the words as given)."""
 
     name = "seconds|auto|off"
 
     def convert(self, value, param, ctx):
         if value in ("auto", "off") or value is None:
-            return None if value == "off" else value
+            return value
         if isinstance(value, (int, float)):
             x = float(value)
         else:
@@ -38,7 +39,7 @@ class HangTimeout(click.ParamType):
 
 def watch_options(f):
     """The decorator block that adds the watch options to `podrun launch`."""
-    @click.option("--hang-timeout", type=HangTimeout(), default="auto", show_default=True, metavar="SECONDS|auto|off",
+    @click.option("--hang-timeout", type=HangTimeout(), default=None, metavar="SECONDS|auto|off",
                   help=HANG_TIMEOUT_HELP)
     @click.option("--on-hang", type=click.Choice(["end", "dump"]), default="end", show_default=True,
                   help=f"On a hang: end (show every rank's stack, then end the run, exit {HANG_EXIT}) or dump (show "
@@ -49,11 +50,24 @@ def watch_options(f):
     return wrapper
 
 
-def pop_watch_options(kw: dict):
-    """The WatchOptions from the launch command's keyword arguments (removed from ``kw``)."""
+def pop_watch_options(kw: dict) -> dict:
+    """The watch options as given on the command line (removed from ``kw``; hang_timeout None: not given)."""
+    return {"hang_timeout": kw.pop("hang_timeout"), "on_hang": kw.pop("on_hang")}
+
+
+def watch_for(given: dict, recipe=None, cluster=None):
+    """The run's WatchOptions: --hang-timeout when given, else the recipe's hang_timeout, else the cluster
+    spec's, else auto; the window's notices name where it came from."""
     from podrun.launch.watch import WatchOptions
 
-    return WatchOptions(hang_timeout=kw.pop("hang_timeout"), on_hang=kw.pop("on_hang"))
+    choices = [(given["hang_timeout"], "--hang-timeout")]
+    if recipe is not None:
+        choices.append((recipe.hang_timeout, f"hang_timeout in {os.path.join(recipe.path, 'recipe.yaml')}"))
+    if cluster is not None:
+        choices.append((cluster.hang_timeout, f"hang_timeout in {cluster.path}"))
+    value, source = next(((v, s) for v, s in choices if v is not None), ("auto", "--hang-timeout"))
+    off = value is False or value == "off"        # YAML reads a bare off as false
+    return WatchOptions(hang_timeout=None if off else value, on_hang=given["on_hang"], source=source)
 
 
 def live_console(as_json: bool) -> bool:

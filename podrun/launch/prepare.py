@@ -24,6 +24,8 @@ class Prepared:
     elastic: object | None = None       # podrun.launch.elastic.ElasticPolicy
     notes: tuple[str, ...] = ()         # what podrun decided for the user, said before the run and in --dry-run
     long_run: str | None = None         # the estimate of a run longer than LONG_RUN_HOURS, said before it starts
+    cluster: object | None = None       # podrun.specs.ClusterSpec the plan was made on
+    recipe: object | None = None        # podrun.specs.RecipeSpec, None for a script or command
 
 
 def prepare_launch(args, *, dashdash: bool, module: bool, no_python: bool, torchrun: TorchrunOptions,
@@ -114,7 +116,7 @@ def prepare_launch(args, *, dashdash: bool, module: bool, no_python: bool, torch
                             data_interface=(data_interface if data_interface is not None
                                             else cluster.data_interface or None))
     return Prepared(request=request, target=target, engine=engine, elastic=elastic, notes=tuple(notes),
-                    long_run=long_run)
+                    long_run=long_run, cluster=cluster, recipe=rspec)
 
 
 def check_local_target(target: Target, workdir: str) -> None:

@@ -8,9 +8,10 @@ an instance has been silent for ``keepalive`` seconds (a lost host), or when wor
 ``straggler_timeout`` seconds after one exited 0 (stragglers, named by rank), or when no worker made
 progress (an output line, or a ``prog`` report outside eval/checkpoint) for the hang window
 (podrun.launch.watch.WatchOptions): then it first asks every agent for its workers' stacks (``S``), writes
-them to runs/<id>/stacks/ and shows them merged. ``podrun stack`` asks for the same view through the run's
-control socket at any time. The root cause is the
-failure with the earliest agent time; its
+them to runs/<id>/stacks/ and shows them merged. A rank whose reported busy time stays well above the
+others' is named once (podrun.launch.watch.SlowRanks) and listed in summary.json's ``slow_ranks``.
+``podrun stack`` asks for the same view through the run's control socket at any time. The root cause is
+the failure with the earliest agent time; its
 report carries that worker's own last lines (kept per worker, bounded), its @record error if it wrote
 one, and separately the last lines of the others.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 import queue
 import signal
 import threading
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from podrun.human import human_seconds
 from podrun.launch import protocol, watch as watching
 from podrun.launch.request import LaunchRequest, redact_argv
 from podrun.launch.rundir import private_open
@@ -106,6 +109,7 @@ class Outcome:
     ended: float
     all_ready_s: float | None
     hang: dict | None = None           # the hang that ended (or was dumped in) the run: window, merged stacks
+    slow_ranks: list = field(default_factory=list)   # ranks named slow (podrun.launch.watch.SlowRanks records)
 
     def summary(self, request: LaunchRequest) -> dict:
         return {
@@ -119,6 +123,7 @@ class Outcome:
             "timings": {"started": self.started, "ended": self.ended,
                         "duration_s": round(self.ended - self.started, 3), "all_ready_s": self.all_ready_s},
             "hang": self.hang,
+            "slow_ranks": self.slow_ranks,
         }
 
 
@@ -132,6 +137,7 @@ class Supervisor:
         self.last_progress = time.monotonic()
         self.started = False                     # some worker made progress in this attempt
         self.step_times: list[float] = []       # recent step_seconds reported by any worker (auto window)
+        self.slow = watching.SlowRanks()         # each rank's recent busy_seconds: names a slow rank
         self.phases: dict[tuple[int, int | None], str] = {}   # (instance, local rank) -> last reported phase
         self.dump: dict | None = None            # the stack collection in flight
         self.asks: queue.Queue = queue.Queue()   # control-socket requests: (done event, reply holder)
@@ -432,6 +438,13 @@ class Supervisor:
         if isinstance(dt, (int, float)) and dt > 0:
             self.step_times.append(float(dt))
             del self.step_times[:-watching.AUTO_WINDOW]
+        busy = rec.get("busy_seconds")
+        if isinstance(busy, (int, float)) and not isinstance(busy, bool) and math.isfinite(busy) and busy >= 0:
+            rank = self._rank_int(st.index, lr)
+            step = rec.get("step")
+            named = self.slow.add(rank, st.host, float(busy), step if isinstance(step, int) else None)
+            if named is not None:
+                self.notice(watching.slow_rank_line(named))
         if self.progress is not None:
             try:
                 self.progress(self._rank_int(st.index, lr), st.host, rec)
@@ -478,8 +491,8 @@ class Supervisor:
         self.dump = {"reason": reason, "window": window, "want": self._running(), "got": {},
                      "deadline": now + watching.DUMP_WAIT_S, "asks": [], "silent_s": now - self.last_progress}
         if reason == "hang":
-            self.notice(f"no progress from any rank for {window:g} s (--hang-timeout); collecting every "
-                        "worker's stacks")
+            self.notice(f"no progress from any rank for {human_seconds(window)} ({self.watch.source}); "
+                        "collecting every worker's stacks")
         for h in self.handles:
             try:
                 h.request_stacks()
@@ -533,8 +546,8 @@ class Supervisor:
             odd_label = "the odd rank out" if len(groups) > 1 else "every rank"
             self.failures.append(Failure(
                 odd.instance, odd.host, odd.local_rank, watching.HANG_EXIT,
-                f"hung: no progress from any rank for {d['window']:g} s (--hang-timeout); {odd_label}: "
-                f"rank {odd.rank} on {odd.host} in {what}", time.time()))
+                f"hung: no progress from any rank for {human_seconds(d['window'])} ({self.watch.source}); "
+                f"{odd_label}: rank {odd.rank} on {odd.host} in {what}", time.time()))
         else:
             self.last_progress = time.monotonic()    # dump again after another silent window
 
@@ -601,7 +614,8 @@ class Supervisor:
             status = "hung"
         ready = [s.ready_s for s in self.states.values()]
         return Outcome(code, status, root, sorted(self.states.values(), key=lambda s: s.index), self.t0, ended,
-                       max(ready) if ready and None not in ready else None, self.hang)
+                       max(ready) if ready and None not in ready else None, self.hang,
+                       [dict(r) for r in self.slow.records])
 
 
     def _explain(self, root: Failure) -> None:

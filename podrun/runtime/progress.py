@@ -16,7 +16,7 @@ import time
 FD_ENV = "PODRUN_PROGRESS_FD"
 MIN_INTERVAL_S = 0.25
 PHASES = ("train", "eval", "checkpoint", "setup")   # a phase other than "train" does not read as a hang
-FIELDS = ("step", "total", "epoch", "loss", "samples_per_sec", "step_seconds")
+FIELDS = ("step", "total", "epoch", "loss", "samples_per_sec", "step_seconds", "busy_seconds")
 
 _state = {"fd": None, "checked": False, "last": 0.0, "phase": None}
 
@@ -37,9 +37,11 @@ def _fd() -> int | None:
 
 def report(step: int | None = None, total: int | None = None, *, epoch: int | None = None,
            loss: float | None = None, samples_per_sec: float | None = None, step_seconds: float | None = None,
-           phase: str = "train", force: bool = False) -> bool:
+           busy_seconds: float | None = None, phase: str = "train", force: bool = False) -> bool:
     """Tell podrun this worker made progress; returns whether a record was sent (False outside podrun,
-    when merged with the next one, or when the agent's pipe is full)."""
+    when merged with the next one, or when the agent's pipe is full). ``busy_seconds``: this rank's own work
+    in its last step, without the time it waited for the other ranks (podrun names a rank whose busy time
+    stays well above the others')."""
     fd = _fd()
     if fd is None:
         return False
@@ -51,7 +53,7 @@ def report(step: int | None = None, total: int | None = None, *, epoch: int | No
             and now - _state["last"] < MIN_INTERVAL_S):
         return False
     rec = {"phase": phase}
-    for name, value in zip(FIELDS, (step, total, epoch, loss, samples_per_sec, step_seconds)):
+    for name, value in zip(FIELDS, (step, total, epoch, loss, samples_per_sec, step_seconds, busy_seconds)):
         if value is not None:
             rec[name] = value
     data = (json.dumps(rec, separators=(",", ":"), default=float) + "\n").encode()

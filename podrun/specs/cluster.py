@@ -11,6 +11,7 @@ from podrun.errors import HostError, SpecError
 from podrun.specs.hosts import MAX_HOST_NAME, check_name
 from podrun.specs.limits import MAX_HOSTS, MAX_PER_HOST
 from podrun.specs.loader import bound
+from podrun.specs.recipe import HANG_TIMEOUT
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,8 @@ class ClusterFile:
     instances_per_host: int = field(default=1, metadata=bound(1, MAX_PER_HOST, why="instances podrun starts on each host"))
     sources: tuple[str, ...] = ()
     data_interface: str = ""
+    # `podrun launch`'s default --hang-timeout on this cluster (None: auto); a recipe's own wins
+    hang_timeout: Union[float, Literal["auto", "off", False], None] = field(default=None, metadata=HANG_TIMEOUT)
 
 
 # A Linux network interface name (IFNAMSIZ: at most 15 bytes; no '/', no whitespace), for data_interface
@@ -89,6 +92,7 @@ class ClusterSpec:
     instances_per_host: int
     sources: tuple[str, ...]
     data_interface: str = ""     # the interface of the network the hosts share for collectives ("" = none given)
+    hang_timeout: float | str | None = None
 
     def with_hosts(self, hosts: tuple[str, ...], devices_per_host: int | None = None) -> "ClusterSpec":
         return replace(self, hosts=tuple(hosts), devices_per_host=self.devices_per_host if devices_per_host is None else devices_per_host)
@@ -151,5 +155,5 @@ def resolve(spec: ClusterFile, path: str) -> ClusterSpec:
         name=spec.name, path=path, description=spec.description, hosts=hosts, devices_per_host=dph,
         device=spec.device, interconnect=spec.interconnect, scheduler=spec.scheduler,
         transport=spec.transport, engine=spec.engine, instances_per_host=spec.instances_per_host,
-        sources=spec.sources, data_interface=spec.data_interface,
+        sources=spec.sources, data_interface=spec.data_interface, hang_timeout=spec.hang_timeout,
     )

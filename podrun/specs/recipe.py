@@ -2,15 +2,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 from podrun.errors import SpecError
-from podrun.specs.limits import MAX_BATCH, MAX_SPEC_INT
+from podrun.specs.limits import MAX_BATCH, MAX_SECONDS, MAX_SPEC_INT
 from podrun.specs.loader import bound
 
 _BATCH = bound(1, MAX_BATCH, why=f"samples: at least 1; more than {MAX_BATCH} (2**24) is a typo")
 _FRACTION = bound(0, 1, why="a fraction")
 _DECAY = bound(0, 0.999999, why="a decay factor below 1")
+HANG_TIMEOUT = bound(above=0, high=MAX_SECONDS, why="seconds without progress from any rank before the run counts "
+                     "as hung (at most a week), or auto, or off")
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,8 @@ class RecipeFile:
     train_script: str = "train.py"
     reference_results: dict[str, str] = field(default_factory=dict)
     sources: tuple[str, ...] = ()
+    # `podrun launch`'s default --hang-timeout for this recipe (None: the cluster's, else auto; YAML's bare off is False)
+    hang_timeout: Union[float, Literal["auto", "off", False], None] = field(default=None, metadata=HANG_TIMEOUT)
 
 
 @dataclass(frozen=True)

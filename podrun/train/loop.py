@@ -14,6 +14,7 @@ from podrun.runtime import progress
 from podrun.runtime.distributed import Device
 from podrun.runtime.env import WorkerInfo
 from podrun.train import save
+from podrun.train.busy import BusyClock
 from podrun.train.config import TrainConfig, TrainError
 from podrun.train.data import Loader, eval_batches, normalize, position
 from podrun.train.optim import mix_batch, soft_cross_entropy
@@ -46,7 +47,8 @@ def run(s: Session, step: int, acc: dict[str, float], resumed_from: str | None) 
     t_last = time.perf_counter()
     sync_every = max(1, cfg.sync_every if cfg.sync_every is not None else
                      (cfg.log_every if device.kind == "cuda" else 1))
-    pending: list[tuple[int, int, float, torch.Tensor]] = []     # (step, epoch, lr, stats on the device)
+    pending: list[tuple[int, int, float, torch.Tensor, float | None]] = []   # (step, epoch, lr, stats on the device,
+    busy = BusyClock(wrapped)                                                #  this rank's busy seconds)
 
     def flush() -> None:
         """Fetch the pending steps' stats in one all-reduce and one copy; check them; write their rows."""
@@ -54,9 +56,11 @@ def run(s: Session, step: int, acc: dict[str, float], resumed_from: str | None) 
         if not pending:
             return
         stats_all = all_reduce(torch.stack([p[3] for p in pending])).cpu()
+        mine = [p[4] for p in pending if p[4] is not None]
+        busy_s = sum(mine) / len(mine) if mine else None     # this rank's own, for podrun's slow-rank watch
         now = time.perf_counter()
         dt, t_last = (now - t_last) / len(pending), now        # the interval's steps share its time
-        for (at, ep, lr_at, _), stats in zip(pending, stats_all):
+        for (at, ep, lr_at, _, _), stats in zip(pending, stats_all):
             loss_g, acc_g = stats[0].item() / stats[2].item(), stats[1].item() / stats[2].item()
             if not math.isfinite(loss_g):
                 raise TrainError(f"loss became {loss_g} at step {at}",
@@ -69,9 +73,11 @@ def run(s: Session, step: int, acc: dict[str, float], resumed_from: str | None) 
                            "lr": lr_at, "images_per_sec": g / dt,
                            "images_per_sec_instance": g / dt * info.local_world_size / world,
                            "step_seconds": dt})
-            progress.report(step=at, total=total, epoch=ep, loss=loss_g, samples_per_sec=g / dt, step_seconds=dt)
+            progress.report(step=at, total=total, epoch=ep, loss=loss_g, samples_per_sec=g / dt, step_seconds=dt,
+                            busy_seconds=busy_s)
         pending.clear()
 
+    busy.start()                       # the step's start: before its batch is fetched
     for epoch, estep, micro in loader_iter:
         if step >= total:
             break
@@ -106,7 +112,7 @@ def run(s: Session, step: int, acc: dict[str, float], resumed_from: str | None) 
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
             sched.step()
         step += 1
-        pending.append((step, epoch, lr_now, stats_dev))
+        pending.append((step, epoch, lr_now, stats_dev, busy.seconds()))
         end_of_epoch = estep == spe - 1
         checkpoint_now = cfg.checkpoint_every > 0 and step % cfg.checkpoint_every == 0 and step < total
         if len(pending) >= sync_every or end_of_epoch or checkpoint_now or step >= total:
@@ -129,6 +135,7 @@ def run(s: Session, step: int, acc: dict[str, float], resumed_from: str | None) 
             t_last = time.perf_counter()
         if step >= total:
             break
+        busy.start()
     flush()
     if step > 0:
         progress.phase("checkpoint")

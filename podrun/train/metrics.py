@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from podrun.human import human_number, human_seconds, human_value
+
 METRICS_FILE = "metrics.jsonl"
 
 
@@ -48,15 +50,15 @@ def format_line(r: dict[str, Any], log_every: int = 1) -> str | None:
         if r["step"] % log_every and r["step"] != 1:
             return None
         return (f"step {r['step']:>6}  epoch {r['epoch']:>3}  loss {r['loss']:.4f}  acc {r['accuracy']:.3f}  "
-                f"lr {r['lr']:.4g}  {r['images_per_sec']:.1f} img/s")
+                f"lr {r['lr']:.4g}  {human_number(r['images_per_sec'])} img/s")
     if kind == "eval":
         return (f"eval  step {r['step']:>6}  epoch {r['epoch']:>3}  val_loss {r['val_loss']:.4f}  "
                 f"val_acc {r['val_accuracy']:.4f}")
     if kind == "epoch":
         return (f"epoch {r['epoch']:>3} done  loss {r['loss']:.4f}  acc {r['accuracy']:.3f}  "
-                f"{r['images_per_sec']:.1f} img/s  {r['seconds']:.1f}s")
+                f"{human_number(r['images_per_sec'])} img/s  {human_seconds(r['seconds'])}")
     if kind == "run":
-        return f"run {r.get('event')}: " + ", ".join(f"{k}={v}" for k, v in r.items()
+        return f"run {r.get('event')}: " + ", ".join(f"{k}={human_value(k, v)}" for k, v in r.items()
                                                       if k not in ("kind", "event", "time"))
     return None
 

@@ -75,7 +75,7 @@ def test_a_stalled_rank_is_found_its_stack_shown_and_the_run_ended(tmp_path, mod
             p.kill()
     assert p.returncode == HANG_EXIT, err
     assert took < WINDOW + 15, took          # the window, the stack collection (<= 5 s), the teardown
-    assert f"no progress from any rank for {WINDOW:g} s" in err
+    assert f"no progress from any rank for {WINDOW:.1f} s (--hang-timeout)" in err
     rd = run_dir(tmp_path / "runs")
     odd, other = main_frames(rd / "stacks" / "rank-1.txt"), main_frames(rd / "stacks" / "rank-0.txt")
     assert any(f.startswith(f"hang.py:{line_of(odd_tag)} ") for f in odd), odd
@@ -227,3 +227,19 @@ def test_a_stalled_rank_under_mpirun_is_found_through_the_run_dir(ssh_hosts, tmp
     rd = run_dir(tmp_path / "runs")
     assert any(f.startswith(f"hang.py:{line_of('STALL-sleep')} ") for f in main_frames(rd / "stacks" / "rank-1.txt"))
     assert any(f.startswith(f"hang.py:{line_of('STALL-others')} ") for f in main_frames(rd / "stacks" / "rank-0.txt"))
+
+
+@pytest.mark.torch
+def test_the_cluster_specs_hang_timeout_is_the_default_window(tmp_path):
+    """No --hang-timeout: a cluster spec's `hang_timeout: 4` is the window (not auto's 600 s before any step
+    time), and the notice names where it came from."""
+    spec = tmp_path / "local-hang.yaml"
+    spec.write_text((Path(__file__).resolve().parents[2] / "cluster_specs" / "local.yaml").read_text()
+                    + f"\nhang_timeout: {WINDOW}\n")
+    m = marker()
+    cp = podrun("launch", "--cluster", str(spec), "--devices-per-host", "2", "--runs-dir", str(tmp_path / "runs"),
+                "--", sys.executable, HANG, "--mode", "sleep", "--tag", m, timeout=120)
+    assert cp.returncode == HANG_EXIT, cp.stderr
+    assert f"no progress from any rank for {WINDOW:.1f} s (hang_timeout in {spec})" in cp.stderr, cp.stderr
+    assert summary(tmp_path / "runs")["hang"]["window_s"] == WINDOW
+    assert wait_until(lambda: local_pids(m) == [], 10), local_pids(m)

@@ -51,3 +51,27 @@ def test_the_elastic_scan_imports_no_torch(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["(6, 6.5) 1 checkpoint(s) in c: ckpt-000000003.pt; "
                                        f"report: podrun report {tmp_path}", "[]"]
+
+
+def test_the_runners_console_lines_round_numbers_and_the_file_keeps_them_whole(tmp_path):
+    """The runner's console: `seconds=15.3 s`, not `seconds=15.251590013504028`; metrics.jsonl keeps every digit."""
+    import io
+
+    from podrun.train.metrics import MetricsWriter
+
+    out = io.StringIO()
+    w = MetricsWriter(tmp_path, stream=out, log_every=1)
+    w.write({"kind": "step", "step": 1, "epoch": 0, "loss": 2.3, "accuracy": 0.1, "lr": 0.1,
+             "images_per_sec": 1234.5678901})
+    w.write({"kind": "epoch", "step": 1, "epoch": 0, "loss": 2.3, "accuracy": 0.1, "seconds": 15.251590013504028,
+             "images_per_sec": 98.7654321})
+    w.write({"kind": "run", "event": "end", "step": 1, "seconds": 15.251590013504028,
+             "val_accuracy": 0.123456789, "val_loss": 2.302585092994046, "checkpoints": ["ckpt-000000001.pt"]})
+    w.close()
+    text = out.getvalue()
+    assert "1,235 img/s" in text and "98.8 img/s  15.3 s" in text, text
+    assert ("run end: step=1, seconds=15.3 s, val_accuracy=0.123, val_loss=2.3, "
+            "checkpoints=['ckpt-000000001.pt']") in text, text
+    assert "15.251590013504028" not in text and "0.123456789" not in text
+    kept = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert kept[2]["seconds"] == 15.251590013504028 and kept[1]["images_per_sec"] == 98.7654321

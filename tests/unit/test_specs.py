@@ -1,4 +1,6 @@
 """Specs: every shipped spec loads; bad YAML names the file, line and field; host lists parse."""
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -114,3 +116,56 @@ def test_bad_hostfiles(tmp_path, text, msg):
     with pytest.raises(HostError, match=msg) as e:
         parse_hostfile(p)
     assert str(p) in str(e.value)
+
+
+@pytest.mark.parametrize("value,loaded", [("300", 300.0), ("2.5", 2.5), ("auto", "auto"), ("off", False),
+                                          ('"off"', "off")])
+def test_hang_timeout_in_a_cluster_spec_and_a_recipe(tmp_path, value, loaded):
+    """hang_timeout: seconds, auto or off (YAML reads a bare off as false; podrun launch reads both as off)."""
+    assert load_cluster(str(write(tmp_path, spec_text(f"\nhang_timeout: {value}\n")))).hang_timeout == loaded
+    d = tmp_path / "r"
+    d.mkdir()
+    src = open(load_recipe("resnet18_cifar10").path + "/recipe.yaml").read()
+    (d / "recipe.yaml").write_text(src + f"\nhang_timeout: {value}\n")
+    assert load_recipe(str(d)).hang_timeout == loaded
+    assert load_cluster("local").hang_timeout is None and load_recipe("resnet18_cifar10").hang_timeout is None
+
+
+@pytest.mark.parametrize("value,words", [("0", "more than 0"), ("-5", "more than 0"), ("1000000", "at most"),
+                                         ("soon", "'auto' | 'off'"), (".nan", "got nan")])
+def test_a_bad_hang_timeout_names_the_file_line_and_field(tmp_path, value, words):
+    p = write(tmp_path, spec_text(f"\nhang_timeout: {value}\n"))
+    with pytest.raises(SpecError) as e:
+        load_cluster(str(p))
+    line = len(p.read_text().splitlines())
+    assert f"{p}:{line}: field 'hang_timeout'" in str(e.value) and words in str(e.value), str(e.value)
+    cp = subprocess.run([sys.executable, "-m", "podrun", "launch", "--cluster", str(p), "--dry-run", "--", "true"],
+                        capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 2 and "field 'hang_timeout'" in cp.stderr and "Traceback" not in cp.stderr, cp.stderr
+
+
+def test_hang_timeout_precedence_cli_recipe_cluster_auto(tmp_path):
+    """podrun launch's window: --hang-timeout, else the recipe's hang_timeout, else the cluster's, else auto;
+    off (as the option's word or YAML's false) turns the watch off; the notices name the source."""
+    from podrun.cli.watch_options import watch_for
+
+    cluster = load_cluster(str(write(tmp_path, spec_text("\nhang_timeout: 300\n"))))
+    d = tmp_path / "r"
+    d.mkdir()
+    src = open(load_recipe("resnet18_cifar10").path + "/recipe.yaml").read()
+    (d / "recipe.yaml").write_text(src + "\nhang_timeout: 900\n")
+    recipe = load_recipe(str(d))
+    plain = load_recipe("resnet18_cifar10")
+    given = {"hang_timeout": None, "on_hang": "end"}
+    w = watch_for({"hang_timeout": 60.0, "on_hang": "dump"}, recipe, cluster)
+    assert (w.hang_timeout, w.source, w.on_hang) == (60.0, "--hang-timeout", "dump")
+    w = watch_for(given, recipe, cluster)
+    assert (w.hang_timeout, w.source) == (900.0, f"hang_timeout in {d / 'recipe.yaml'}")
+    w = watch_for(given, plain, cluster)
+    assert (w.hang_timeout, w.source) == (300.0, f"hang_timeout in {cluster.path}")
+    w = watch_for(given, None, load_cluster("local"))
+    assert (w.hang_timeout, w.source) == ("auto", "--hang-timeout")
+    assert watch_for({"hang_timeout": "off", "on_hang": "end"}, recipe, cluster).hang_timeout is None
+    off = load_cluster(str(write(tmp_path, spec_text("\nhang_timeout: off\n"), "off.yaml")))
+    assert watch_for(given, plain, off).hang_timeout is None
+    assert watch_for({"hang_timeout": "auto", "on_hang": "end"}, recipe, off).hang_timeout == "auto"

@@ -217,3 +217,50 @@ def test_the_worker_hook_dumps_on_the_signal_keeps_running_and_chains_the_users_
     finally:
         p.send_signal(signal.SIGKILL)
         p.wait(timeout=10)
+
+
+def test_slow_ranks_rule_names_a_steady_straggler_once_and_never_flaps_on_spikes():
+    """The pure rule: a few slow steps (under half the window) name nobody; a rank slow in most of its last
+    SLOW_WINDOW reports is named once, with its host; it is named again only after it recovered."""
+    from podrun.launch.watch import SLOW_WINDOW, SlowRanks
+
+    w = SlowRanks()
+    named = []
+    for step in range(1, 3 * SLOW_WINDOW):
+        for rank in range(4):
+            spike = rank == 1 and step % 3 == 0          # rank 1: every third step 5x: noise, not a straggler
+            busy = 0.5 if spike else 0.1
+            if rank == 3 and step > SLOW_WINDOW:
+                busy = 0.2                               # rank 3: steadily 2x from here on
+            rec = w.add(rank, f"h{rank + 1}", busy, step)
+            if rec is not None:
+                named.append((step, rec["rank"], rec["host"]))
+    assert [(r, h) for _, r, h in named] == [(3, "h4")], named
+    assert SLOW_WINDOW < named[0][0] <= 2 * SLOW_WINDOW            # once most of its window is slow
+    for step in range(3 * SLOW_WINDOW, 5 * SLOW_WINDOW):             # rank 3 recovers: cleared, not named
+        for rank in range(4):
+            assert w.add(rank, f"h{rank + 1}", 0.1, step) is None
+    assert w.records[0]["until_step"] is not None and not w.slow
+    again = [w.add(3, "h4", 0.3, s) for s in range(5 * SLOW_WINDOW, 6 * SLOW_WINDOW)]
+    assert sum(r is not None for r in again) == 1 and len(w.records) == 2
+
+
+def test_slow_ranks_ignore_tiny_gaps():
+    """Busy times of microseconds: a 2x ratio inside timer noise (under SLOW_MIN_GAP_S) names nobody."""
+    from podrun.launch.watch import SLOW_WINDOW, SlowRanks
+
+    w = SlowRanks()
+    assert all(w.add(r, "h", 0.0002 if r == 0 else 0.0001, s) is None
+               for s in range(2 * SLOW_WINDOW) for r in range(3))
+
+
+def test_slow_ranks_when_the_others_report_no_busy_time():
+    """Others at 0 s (nothing measured before their last bucket): the slow rank is named without a ratio, and
+    later reports keep it named without error."""
+    from podrun.launch.watch import SLOW_WINDOW, SlowRanks, slow_rank_line
+
+    w = SlowRanks()
+    named = [w.add(r, f"h{r}", 0.5 if r == 1 else 0.0, s) for s in range(3 * SLOW_WINDOW) for r in range(3)]
+    recs = [x for x in named if x is not None]
+    assert [x["rank"] for x in recs] == [1] and recs[0]["ratio"] is None and recs[0]["max_ratio"] is None
+    assert slow_rank_line(recs[0]).startswith("rank 1 on h1 is slow: busy 0.5 s per step against a median of 0 s")

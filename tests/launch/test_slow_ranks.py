@@ -1,0 +1,82 @@
+"""Slow ranks (issue 20 item 5): a rank whose own busy time per step (podrun.train.busy: its work before the
+gradient all-reduce, not the wall step time every DDP rank shares) stays well above the others' is named on
+the console and in summary.json with its host; even ranks name none. Real processes, real DDP over gloo."""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from podrun.launch.watch import SLOW_FACTOR, SLOW_WINDOW
+from tests.launch.helpers import SCRIPTS, podrun, summary
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.torch]
+SLOW = str(SCRIPTS / "slow_rank.py")
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = SLOW_WINDOW + 8
+
+
+def _launch(tmp_path, base: float, slow_rank: int, extra: float):
+    runs = tmp_path / "runs"
+    cp = podrun("launch", "--devices-per-host", "3", "--runs-dir", str(runs), "--",
+                sys.executable, SLOW, str(STEPS), str(base), str(slow_rank), str(extra), timeout=150)
+    assert cp.returncode == 0, cp.stderr
+    return cp, summary(runs)
+
+
+def test_a_rank_with_a_slow_data_step_is_named_with_its_host(tmp_path):
+    """Rank 2's data step takes 0.3 s more: every rank's wall step time is the same (DDP), its busy time is
+    not; podrun names rank 2 on localhost once, with its busy time against the others' median."""
+    cp, s = _launch(tmp_path, 0.1, 2, 0.3)
+    named = [l for l in cp.stderr.splitlines() if re.match(r"podrun: rank \d+ on \S+ is slow:", l)]
+    assert len(named) == 1, cp.stderr
+    m = re.match(r"podrun: rank 2 on localhost is slow: busy ([0-9.]+) s per step against a median of ([0-9.]+) s "
+                 r"on the other ranks \(([0-9.]+)x\)", named[0])
+    assert m, named[0]
+    assert float(m[1]) >= 0.35 and float(m[2]) < 0.3 and float(m[3]) >= SLOW_FACTOR, named[0]
+    assert not re.search(r"\d+\.\d{4,}", named[0]), named[0]          # rounded for people
+    assert [(r["rank"], r["host"]) for r in s["slow_ranks"]] == [(2, "localhost")], s["slow_ranks"]
+    rec = s["slow_ranks"][0]
+    assert rec["busy_s"] >= 0.35 and rec["others_median_s"] < 0.3 and rec["ratio"] >= SLOW_FACTOR
+    assert rec["steps"] == SLOW_WINDOW and rec["from_step"] >= SLOW_WINDOW and rec["until_step"] is None
+
+
+def test_even_ranks_name_none(tmp_path):
+    """Every rank's data step takes the same 0.3 s: no rank is named, summary.json's slow_ranks is empty."""
+    cp, s = _launch(tmp_path, 0.3, -1, 0.0)
+    assert " is slow:" not in cp.stderr, cp.stderr
+    assert s["slow_ranks"] == []
+
+
+def test_the_recipe_runner_reports_busy_time_and_a_slow_rank_is_named(tmp_path):
+    """The real training loop (podrun.train, GA 2 with no_sync, DDP over gloo, 3 ranks): rank 1's forward
+    passes take 0.15 s more; podrun names rank 1 on localhost from the runner's own busy-time reports."""
+    opts = dict(data="digits", image_size=8, num_classes=10, steps=STEPS + 4, global_batch=6, grad_accum=2,
+                lr=0.1, optimizer="sgd", eval_every=0, console=False, resume=False, checkpoint_every=0, seed=3)
+    runs = tmp_path / "runs"
+    cp = podrun("launch", "--devices-per-host", "3", "--global-batch", "6", "--grad-accum", "2",
+                "--runs-dir", str(runs), "--", sys.executable, str(SCRIPTS / "slow_recipe.py"), json.dumps(opts),
+                "1", "0.15", timeout=170, env={"PYTHONPATH": str(ROOT)})
+    assert cp.returncode == 0, cp.stderr
+    assert re.search(r"^podrun: rank 1 on localhost is slow: busy [0-9.]+ s per step", cp.stderr, re.M), cp.stderr
+    s = summary(runs)
+    assert [(r["rank"], r["host"]) for r in s["slow_ranks"]] == [(1, "localhost")], s["slow_ranks"]
+    assert s["slow_ranks"][0]["busy_s"] >= 0.3 > s["slow_ranks"][0]["others_median_s"]    # 2 forwards x 0.15 s
+
+
+@pytest.mark.cluster
+def test_a_slow_rank_on_another_host_is_named_with_that_host(ssh_hosts, tmp_path):
+    """3 real OpenSSH hosts (one rank each): rank 2's data step takes 0.3 s more; podrun names rank 2 on h3."""
+    names = ssh_hosts.hosts[:3]
+    runs = tmp_path / "runs"
+    cp = podrun("launch", "--hosts", ",".join(names), "--devices-per-host", "1", "--transport", "ssh",
+                "--ssh-config", ssh_hosts.ssh_config_path, "--python", ssh_hosts.python, "--runs-dir", str(runs),
+                "--master-port", "29961", "--", sys.executable, SLOW, str(STEPS), "0.1", "2", "0.3", timeout=150)
+    assert cp.returncode == 0, cp.stderr
+    assert re.search(rf"^podrun: rank 2 on {names[2]} is slow: busy", cp.stderr, re.M), cp.stderr
+    assert " is slow:" not in cp.stderr.replace(f"rank 2 on {names[2]} is slow:", ""), cp.stderr
+    s = summary(runs)
+    assert [(r["rank"], r["host"]) for r in s["slow_ranks"]] == [(2, names[2])], s["slow_ranks"]
