@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -86,6 +87,33 @@ def test_launch_through_a_bastion_with_proxyjump(make_ssh_hosts, tmp_path):
     cp = podrun(*net_args(hosts, tmp_path, client="paramiko"), "--", "true")
     assert cp.returncode == 2, cp.stderr
     assert "h1: the ssh config gives h1 a proxyjump, which the paramiko ssh client does not follow" in cp.stderr
+    assert "Traceback" not in cp.stderr
+
+
+def test_proxyjump_chains_and_proxyjump_none_as_openssh_reads_them(make_ssh_hosts, tmp_path):
+    """ProxyJump with a list of hops, and ProxyJump none. h2 is walled off from the bastion too, so only the
+    chain bastion,h1 reaches it: with that chain the run spans h1 and h2 (a gloo all-reduce), without it h2
+    fails preflight. A Host block whose first ProxyJump is none is tried directly, and the compute host,
+    which cannot answer the controller, fails preflight naming it."""
+    hosts = make_ssh_hosts(3, bastion=True)
+    hosts.partition(["bastion"], ["h2"])
+    text = Path(hosts.ssh_config_path).read_text()
+    chain = tmp_path / "chain_config"
+    chain.write_text(text.replace("Host h2\n", "Host h2\n  ProxyJump bastion,h1\n", 1))
+    args = net_args(hosts, tmp_path, n=2)
+    args[args.index("--ssh-config") + 1] = str(chain)
+    cp = podrun(*args, "--", sys.executable, ALLREDUCE, timeout=120)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert "[1 h2] ALLREDUCE rank=1 world=2 local_rank=0 host=h2 sum=3" in cp.stdout, cp.stdout
+    cp = podrun(*net_args(hosts, tmp_path, n=2), "--", "true", timeout=120)
+    assert cp.returncode == 2 and "h2: " in cp.stderr and "h1: " not in cp.stderr, cp.stderr
+    none = tmp_path / "none_config"
+    none.write_text(text.replace("Host h3\n", "Host h3\n  ProxyJump none\n", 1))
+    args = net_args(hosts, tmp_path)
+    args[args.index("--ssh-config") + 1] = str(none)
+    args[args.index("--hosts") + 1] = "h1,h3"
+    cp = podrun(*args, "--", "true", timeout=120)
+    assert cp.returncode == 2 and "h3: " in cp.stderr and "h1: " not in cp.stderr, cp.stderr
     assert "Traceback" not in cp.stderr
 
 
