@@ -1,5 +1,6 @@
 """One rank of a 2-rank DDP loop over gloo (argv: MODE STEPS, MODE "hook": podrun.train.busy's clock on, "plain":
 DDP's built-in all-reduce); rank 0 prints the median step in ms and the median busy time."""
+import gc
 import statistics
 import sys
 import time
@@ -34,4 +35,6 @@ for i in range(steps):
 if dist.get_rank() == 0:
     print(f"STEP_MS {statistics.median(times) * 1e3:.4f} BUSY_MS "
           f"{statistics.median(busy) * 1e3 if busy else float('nan'):.4f}", flush=True)
+del model, opt, clock    # DDP's gloo work freed before the group (else gloo can abort at exit)
+gc.collect()
 dist.destroy_process_group()

@@ -19,6 +19,8 @@ pytestmark = [pytest.mark.torch, pytest.mark.timeout(300)]
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = re.compile(r"^\[\d+(:\d+)? [^\]]+\] ")       # podrun's [instance:local_rank host] on each worker line
+# the canonical script's two lines per rank (variable names are upper case, so a following "rank" ends a record)
+RECORD = re.compile(r"rank \d+/\d+ local \d+: weights sum [0-9.]+\d|rank \d+: launcher set [A-Z0-9_ ]*[A-Z0-9_]")
 
 
 def _canonical_script() -> str:
@@ -59,7 +61,9 @@ def test_canonical_ddp_script_same_output_and_env_keys_as_torchrun(tmp_path):
     assert tr.returncode == 0, tr.stdout + tr.stderr
     pr = podrun("--runs-dir", str(tmp_path / "runs"), "--nproc-per-node", "2", "ddp.py", cwd=tmp_path, env=env)
     assert pr.returncode == 0, pr.stdout + pr.stderr
-    tr_lines = sorted(tr.stdout.splitlines())
+    # torchrun's workers share one pipe, so one rank's line can be split by another's ("...11.715523rank 1/2
+    # ...", then an empty line): its lines are read back as records; podrun's must be whole lines already
+    tr_lines = sorted(RECORD.findall(tr.stdout))
     pr_lines = sorted(PREFIX.sub("", line) for line in pr.stdout.splitlines())
     assert len(tr_lines) == 4 and any("launcher set" in line and "TORCHELASTIC_RUN_ID" in line for line in tr_lines)
     assert pr_lines == tr_lines

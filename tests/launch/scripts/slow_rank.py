@@ -1,6 +1,7 @@
 """A recipe-style DDP loop over gloo that reports each step's busy time (podrun.train.busy) through podrun.runtime:
 every rank's data step takes BASE seconds, rank SLOW_RANK's SLOW_EXTRA more (argv: STEPS BASE SLOW_RANK SLOW_EXTRA;
 SLOW_RANK -1: no slow rank)."""
+import gc
 import sys
 import time
 
@@ -30,5 +31,7 @@ for step in range(1, steps + 1):
     opt.zero_grad()
     runtime.report(step=step, total=steps, loss=loss.item(), step_seconds=time.perf_counter() - t + base,
                    busy_seconds=busy)
+del model, opt, clock    # DDP's gloo work freed before the group (else gloo can abort at exit)
+gc.collect()
 dist.destroy_process_group()
 print(f"rank {rank} done", flush=True)
