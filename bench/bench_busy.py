@@ -1,6 +1,6 @@
-"""Slow ranks (issue 20): the cost of the busy clock (podrun.train.busy: a Python DDP communication hook that notes
-when the last gradient bucket is ready, then runs DDP's own all-reduce) on the step time, against DDP's built-in
-all-reduce on the same loop, interleaved; and how much of the step the busy time covers."""
+"""Slow ranks (issue 20): the cost of the busy clock (podrun.train.busy: a post-accumulate-grad hook per parameter
+that notes when the last gradient is ready; DDP's own all-reduce untouched) on the step time, against DDP with no
+hook on the same loop, interleaved; and how much of the step the busy time covers."""
 from __future__ import annotations
 
 import os
