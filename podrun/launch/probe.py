@@ -80,8 +80,8 @@ def facts(ports=(), busy=None, needs=(), master_addr: str | None = None, master_
     """podrun and python versions, the hostname, the run's ports on this host and the busy ones among them
     (``busy``: as the caller found them binding the ports it holds; else each port is tried here), the
     modules among ``needs`` that this python cannot import (``missing``), the addresses ``master_addr``
-    resolves to here (``master_resolves``; [] when it does not resolve), the interfaces with an IPv4 address
-    (``interfaces``), and with ``master_port`` (a worker host) whether the master answers there
+    resolves to here (``master_resolves``; [] when it does not resolve), the interfaces with an IPv4 or a global
+    IPv6 address (``interfaces``), and with ``master_port`` (a worker host) whether the master answers there
     (``master_reach``, see reach)."""
     import sys
 
@@ -91,7 +91,7 @@ def facts(ports=(), busy=None, needs=(), master_addr: str | None = None, master_
     out = {"podrun": podrun.__version__, "python": platform.python_version(), "hostname": socket.gethostname(),
            "ports": ports, "ports_busy": list(busy) if busy is not None else [p for p in ports if not port_free(p)],
            "missing": missing_modules(sys.executable, needs) if needs else [],
-           "interfaces": sorted(interface_addresses())}
+           "interfaces": sorted(set(interface_addresses()) | set(interface_addresses6()))}
     if master_addr is not None:
         out["master_resolves"] = resolve(master_addr)
         if master_port is not None:
@@ -103,7 +103,7 @@ def reach(addr: str, port: int, timeout: float = REACH_TIMEOUT) -> dict:
     """Whether ``addr`` answers TCP on ``port`` from here: {"ok": bool, "via": interface, "error": text}. A
     refused connection counts as reached (the host answered; rank 0's store may not listen yet); a timeout,
     no route or an unreachable network does not."""
-    src = route_source(addr) if ":" not in addr else None
+    src = route_source(addr)
     via = (interface_of(src) if src else None) or "?"
     try:
         with socket.create_connection((addr, port), timeout=timeout):
@@ -129,6 +129,10 @@ def is_loopback(addr: str) -> bool:
     return addr.startswith("127.") or addr == "::1"
 
 
+def is_ipv6(addr: str) -> bool:
+    return ":" in addr
+
+
 SIOCGIFADDR = 0x8915
 
 
@@ -145,11 +149,54 @@ def interface_addresses() -> dict[str, str]:
     return out
 
 
-def route_source(addr: str) -> str | None:
-    """The local IPv4 address the kernel would send from to reach ``addr`` (a route lookup: a UDP socket is
-    connected, nothing is sent); None when there is no route."""
+IF_INET6 = "/proc/net/if_inet6"     # Linux: address, index, prefix length, scope, flags, name per line
+IPV6_SCOPE_GLOBAL = 0x00
+IFA_F_UNUSABLE = 0x40 | 0x08         # IFA_F_TENTATIVE, IFA_F_DADFAILED: not yet (or never) usable
+
+
+def ipv6_addresses() -> list[tuple[str, str]]:
+    """(interface, address) for every usable global-scope IPv6 address of this host (link-local and loopback
+    left out: another host cannot reach them by address alone), as the kernel lists them; [] without IPv6."""
+    out = []
     try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        with open(IF_INET6) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        words = line.split()
+        if len(words) != 6 or len(words[0]) != 32:
+            continue
+        try:
+            scope, flags = int(words[3], 16), int(words[4], 16)
+            addr = socket.inet_ntop(socket.AF_INET6, bytes.fromhex(words[0]))
+        except ValueError:
+            continue
+        if scope == IPV6_SCOPE_GLOBAL and not flags & IFA_F_UNUSABLE:
+            out.append((words[5], addr))
+    return out
+
+
+def interface_addresses6() -> dict[str, str]:
+    """interface name -> one global IPv6 address of it, for every interface that has one."""
+    out: dict[str, str] = {}
+    for name, addr in ipv6_addresses():
+        out.setdefault(name, addr)
+    return out
+
+
+def interface_address(name: str) -> str | None:
+    """The address podrun gives for interface ``name`` (--data-interface): its IPv4 address, else (an IPv6-only
+    network) its global IPv6 address; None when it has neither."""
+    return interface_addresses().get(name) or interface_addresses6().get(name)
+
+
+def route_source(addr: str) -> str | None:
+    """The local address (IPv4 or IPv6, as ``addr`` is) the kernel would send from to reach ``addr`` (a route
+    lookup: a UDP socket is connected, nothing is sent); None when there is no route."""
+    family = socket.AF_INET6 if is_ipv6(addr) else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
             s.connect((addr, 9))
             return s.getsockname()[0]
     except OSError:
@@ -157,7 +204,13 @@ def route_source(addr: str) -> str | None:
 
 
 def interface_of(addr: str) -> str | None:
-    """The interface that holds the local IPv4 address ``addr``."""
+    """The interface that holds the local address ``addr`` (IPv4, or a global IPv6 one)."""
+    if is_ipv6(addr):
+        want = socket.inet_pton(socket.AF_INET6, addr.split("%", 1)[0])
+        for name, a in ipv6_addresses():
+            if socket.inet_pton(socket.AF_INET6, a) == want:
+                return name
+        return None
     for name, a in interface_addresses().items():
         if a == addr:
             return name
@@ -178,7 +231,7 @@ def gloo_interface(master_addr: str, hostname: str | None = None) -> str | None:
     if own and not all(is_loopback(a) for a in own):
         return None
     for target in resolve(master_addr):
-        if is_loopback(target) or ":" in target:
+        if is_loopback(target):
             continue
         src = route_source(target)
         name = interface_of(src) if src else None
@@ -189,7 +242,7 @@ def gloo_interface(master_addr: str, hostname: str | None = None) -> str | None:
         name = interface_of(server[2])
         if name is not None:
             return name
-    for name, a in interface_addresses().items():
+    for name, a in [*interface_addresses().items(), *interface_addresses6().items()]:
         if not is_loopback(a):
             return name
     return None

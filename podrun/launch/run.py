@@ -138,6 +138,9 @@ def dry_run_record(request: LaunchRequest) -> dict:
 def master_addr_source(request: LaunchRequest) -> str:
     """Where MASTER_ADDR comes from, in words (for --dry-run)."""
     first = request.instances[0].host if request.instances else ""
+    if request.master_derived == "ssh" and request.master_addr == first:
+        return (f"the host of instance 0 ({first}), an IP address; preflight checks that every other host "
+                "reaches it")
     if request.master_derived == "ssh":
         return (f"the address podrun's ssh reaches {first} by (its HostName in the ssh config); preflight checks "
                 "that every other host reaches it")

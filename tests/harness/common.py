@@ -181,6 +181,11 @@ def port_free(port: int) -> bool:
         s.close()
 
 
+def host_prefix(addr: str) -> str:
+    """The one-address route prefix of an IPv4 or IPv6 address (a.b.c.d/32, x::y/128)."""
+    return f"{addr}/128" if ":" in addr else f"{addr}/32"
+
+
 def tcp_open(addr: str, port: int, timeout: float = 0.2) -> bool:
     try:
         with socket.create_connection((addr, port), timeout=timeout):
@@ -274,13 +279,17 @@ class Fabric:
 
     def __init__(self, *, netns_prefix: str, veth_prefix: str, bridge: str, net: str,
                  names: Sequence[str], run_dir: Path, extra_hosts: Sequence[str] = (),
-                 binds: Sequence[tuple[str, str]] = (), own_name_address: str | None = None):
+                 binds: Sequence[tuple[str, str]] = (), own_name_address: str | None = None,
+                 net6: str | None = None):
         self.netns_prefix, self.veth_prefix, self.bridge, self.net = netns_prefix, veth_prefix, bridge, net
         self.run_dir = run_dir
-        self.controller_address = f"{net}.1"
+        # net6 ("fd00:201:7::"): IPv6 only, <net6>1/64 on the bridge and <net6><i+1>/64 on node i; no IPv4 anywhere
+        self.net6 = net6
+        self.controller_address = f"{net6}1" if net6 else f"{net}.1"
         self.nodes: dict[str, Node] = {}
         for i, name in enumerate(names, start=1):
-            self.nodes[name] = Node(name, f"{net}.{i + 1}", f"{netns_prefix}{name}", f"{veth_prefix}{i}")
+            addr = f"{net6}{i + 1}" if net6 else f"{net}.{i + 1}"
+            self.nodes[name] = Node(name, addr, f"{netns_prefix}{name}", f"{veth_prefix}{i}")
         self.hosts_file = run_dir / "etc-hosts"
         self.resolv_file = run_dir / "resolv.conf"
         self._extra_hosts = list(extra_hosts)
@@ -331,8 +340,9 @@ class Fabric:
                 own = [f"{self.own_name_address} {n.name}"] + [x for x in lines if x != f"{n.address} {n.name}"]
                 self._hosts_file(n).write_text("\n".join(own) + "\n")
         self.resolv_file.write_text("nameserver 127.0.0.1\n")  # no DNS query ever leaves the machine
+        plen = "64 nodad" if self.net6 else "24"    # IPv6: no duplicate address detection, usable at once
         root = [f"link add {self.bridge} type bridge",
-                f"addr add {self.controller_address}/24 dev {self.bridge}",
+                f"addr add {self.controller_address}/{plen} dev {self.bridge}",
                 f"link set {self.bridge} up"]
         root += [f"netns add {n.netns}" for n in self.nodes.values()]
         root += [f"link add {n.veth} type veth peer name eth0 netns {n.netns}" for n in self.nodes.values()]
@@ -342,8 +352,10 @@ class Fabric:
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for n in self.nodes.values()]
         for n, p in zip(self.nodes.values(), procs):
-            _, err = p.communicate(f"addr add {n.address}/24 dev eth0\nlink set eth0 up\nlink set lo up\n",
-                                   timeout=30)
+            # IPv6 only: anything outside the test's own subnet is refused inside the node, of either family
+            walls = "route add unreachable default\nroute add unreachable ::/0\n" if self.net6 else ""
+            _, err = p.communicate(f"addr add {n.address}/{plen} dev eth0\nlink set eth0 up\nlink set lo up\n"
+                                   + walls, timeout=30)
             if p.returncode != 0:
                 raise HarnessError(f"podrun test harness: configuring {n.netns} failed: {err.strip()}")
         for n in self.nodes.values():
@@ -440,9 +452,9 @@ class Fabric:
         op = "add" if add else "del"
         for a in group_a:
             for b in group_b:
-                run(["ip", "-n", self.node(a).netns, "route", op, "blackhole", f"{self.node(b).address}/32"],
+                run(["ip", "-n", self.node(a).netns, "route", op, "blackhole", host_prefix(self.node(b).address)],
                     check=add)
-                run(["ip", "-n", self.node(b).netns, "route", op, "blackhole", f"{self.node(a).address}/32"],
+                run(["ip", "-n", self.node(b).netns, "route", op, "blackhole", host_prefix(self.node(a).address)],
                     check=add)
 
     # -- teardown

@@ -25,6 +25,7 @@ absolute path (``hosts.python`` == sys.executable: the filesystem is shared). `e
 """
 from __future__ import annotations
 
+import ipaddress
 import os
 import shlex
 import shutil
@@ -35,8 +36,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from .common import (BASE, BASE_TOOLS, Fabric, FabricAccess, HarnessError, check_prerequisites, ip_batch,
-                     pid_from_file, subnet_in_use, tcp_open, wait_for)
+from .common import (BASE, BASE_TOOLS, Fabric, FabricAccess, HarnessError, check_prerequisites, host_prefix,
+                     ip_batch, pid_from_file, subnet_in_use, tcp_open, wait_for)
 
 SSHD = "/usr/sbin/sshd"
 KIND = "hosts"
@@ -49,6 +50,11 @@ def _names(slot: int) -> dict:
                 net=f"10.200.{slot}")
 
 
+def _net6(slot: int) -> str:
+    """The IPv6 subnet of a slot (ipv6 and ipv6_only topologies): <net6>/64 on the bridge, inside <net6>/48."""
+    return str(ipaddress.IPv6Address(f"fd00:200:{slot}::"))   # canonical (slot 0: fd00:200::), as ssh writes it
+
+
 def _data_names(slot: int) -> dict:
     """The second (data) network of the two-network topology: its bridge, veths and subnet."""
     return dict(bridge=f"prd{slot}", veth_prefix=f"prw{slot}-", net=f"10.203.{slot}")
@@ -59,7 +65,7 @@ def _cleanup_slot(slot: int) -> None:
     Fabric.teardown_leftovers(n["netns_prefix"], n["veth_prefix"], n["bridge"])
     d = _data_names(slot)
     Fabric.teardown_leftovers("-", d["veth_prefix"], d["bridge"])
-    ip_batch([f"route del unreachable {d['net']}.0/24"], check=False)
+    ip_batch([f"route del unreachable {d['net']}.0/24", f"route del unreachable {_net6(slot)}/48"], check=False)
     shutil.rmtree(BASE / f"{KIND}-{slot}", ignore_errors=True)
 
 
@@ -77,12 +83,13 @@ class NetnsHosts(FabricAccess):
     Topologies (docs/test-harness.md): ``bastion=True`` (a gateway host that alone is reachable from the
     controller; the config gives the others ProxyJump), ``loopback_hostname=True`` (Debian's
     ``127.0.1.1 HOSTNAME``), ``ca=True`` (user and host certificate authorities, an agent-only key),
-    ``data_network=True`` (a second network, eth1), ``ipv6=True`` (IPv6 addresses on eth0).
+    ``data_network=True`` (a second network, eth1), ``ipv6=True`` (IPv6 addresses on eth0), ``ipv6_only=True``
+    (IPv6 addresses only: ``addresses`` are IPv6, names resolve to them, ssh goes over IPv6).
     """
 
     def __init__(self, n: int = 4, name_prefix: str = "h", *, bashrc: str | None = None, start: bool = True,
                  bastion: bool = False, loopback_hostname: bool = False, ca: bool = False,
-                 data_network: bool = False, ipv6: bool = False):
+                 data_network: bool = False, ipv6: bool = False, ipv6_only: bool = False):
         if n < 1 or n > 200:
             raise HarnessError(f"podrun test harness: NetnsHosts(n={n}): n must be 1..200")
         self.n, self.name_prefix = n, name_prefix
@@ -96,6 +103,11 @@ class NetnsHosts(FabricAccess):
         self.data_addresses: dict[str, str] = {}
         self.ipv6 = ipv6                  # every host also gets an IPv6 address (``addresses6``), sshd listens on it
         self.addresses6: dict[str, str] = {}
+        # hosts with no IPv4 but loopback: every address of the fabric is IPv6 (``addresses``, /etc/hosts, ssh)
+        self.ipv6_only = ipv6_only
+        if ipv6_only and (ipv6 or data_network):
+            raise HarnessError("podrun test harness: ipv6_only=True takes neither ipv6=True (dual stack) nor "
+                               "data_network=True (an IPv4 network)")
         if bashrc is None:
             bashrc = f'export PATH="{os.path.dirname(sys.executable)}:$PATH"\n'
             if os.environ.get("PYTHONPATH"):    # a checkout tested beside the installed one: hosts import it too
@@ -126,8 +138,12 @@ class NetnsHosts(FabricAccess):
                                                  + self.bashrc)
             binds.append((str(self.run_dir / "bashrc"), home_bashrc))
         self.fabric = Fabric(**_names(self.slot), names=names, run_dir=self.run_dir, binds=binds,
-                             own_name_address=DEBIAN_OWN_NAME_ADDRESS if self.loopback_hostname else None)
+                             own_name_address=DEBIAN_OWN_NAME_ADDRESS if self.loopback_hostname else None,
+                             net6=_net6(self.slot) if self.ipv6_only else None)
         keygen = self._keygen_start(names)
+        if self.ipv6 or self.ipv6_only:
+            # the slot's whole IPv6 prefix stays on this machine: what is not on the bridge is refused here
+            ip_batch([f"route add unreachable {_net6(self.slot)}/48"])
         self.fabric.up()
         if self.bastion:
             self._wall_off()
@@ -169,7 +185,7 @@ class NetnsHosts(FabricAccess):
     def _ipv6_up(self) -> None:
         """IPv6 on the management network: fd00:200:<slot>::1/64 on the bridge, ::<i+1> on each host's eth0
         (no duplicate address detection, so they are usable at once). known_hosts lists these addresses too."""
-        net = f"fd00:200:{self.slot}::"
+        net = _net6(self.slot)
         ip_batch([f"addr add {net}1/64 dev {self.fabric.bridge} nodad"])
         for i, h in enumerate(self.fabric.nodes, start=1):
             self.addresses6[h] = f"{net}{i + 1}"
@@ -184,7 +200,7 @@ class NetnsHosts(FabricAccess):
         """Bastion topology: no compute host has a route back to the controller (an ``unreachable`` route to
         its address), so only the bastion can talk to them; they still reach each other and the bastion."""
         for h in self.hosts:
-            ip_batch([f"route add unreachable {self.controller_address}/32"], netns=self.fabric.node(h).netns)
+            ip_batch([f"route add unreachable {host_prefix(self.controller_address)}"], netns=self.fabric.node(h).netns)
 
     def _teardown(self) -> None:
         """Kill everything in the hosts, delete veths, namespaces and bridge (``close()`` releases the slot)."""
@@ -199,6 +215,8 @@ class NetnsHosts(FabricAccess):
             d = _data_names(self._lock.slot)
             Fabric.teardown_leftovers("-", d["veth_prefix"], d["bridge"])
             ip_batch([f"route del unreachable {d['net']}.0/24"], check=False)
+        if (self.ipv6 or self.ipv6_only) and self._lock is not None:
+            ip_batch([f"route del unreachable {_net6(self._lock.slot)}/48"], check=False)
         if self._lock is not None:
             shutil.rmtree(BASE / f"{KIND}-{self._lock.slot}", ignore_errors=True)
 

@@ -80,3 +80,26 @@ def test_ipv6_addresses_answer_ssh():
     with NetnsHosts(1, ipv6=True) as hosts:
         a = hosts.addresses6["h1"]
         assert ssh(hosts.ssh_config_path, a, "hostname").stdout == "h1\n"
+
+
+def test_ipv6_only_hosts_have_no_ipv4_answer_ssh_over_ipv6_and_refuse_other_subnets():
+    """ipv6_only=True: the hosts' addresses, names and ssh are IPv6; a host has no IPv4 address but loopback and
+    no route out (an address of another subnet, of either family, is refused at once, nothing is sent), and the
+    controller refuses the slot's /48 beyond the bridge's /64 instead of sending it along its default route."""
+    with NetnsHosts(2, ipv6_only=True) as hosts:
+        a1, a2 = hosts.address("h1"), hosts.address("h2")
+        assert a1.startswith("fd00:200:") and ":" in a2
+        assert ssh(hosts.ssh_config_path, "h1", "hostname").stdout == "h1\n"
+        assert ssh(hosts.ssh_config_path, "h2", "echo $SSH_CONNECTION").stdout.split()[2] == a2
+        assert hosts.exec("h1", ["ip", "-4", "-o", "addr", "show", "scope", "global"]).stdout == ""
+        assert hosts.exec("h1", ["getent", "ahosts", "h2"]).stdout.split()[0] == a2
+        assert connects(hosts, "h1", a2)
+        for family, other in (("-6", "fd00:999::1"), ("-4", "10.99.0.1")):
+            assert "unreachable default" in hosts.exec("h1", ["ip", family, "route", "show"]).stdout
+            cp = hosts.exec("h1", ["ip", family, "route", "get", other])
+            assert cp.returncode != 0 and "No route to host" in cp.stderr, cp.stderr
+        beyond = a1.rsplit("::", 1)[0] + ":1::1"             # in the slot's /48, outside the bridge's /64
+        cp = subprocess.run(["ip", "-6", "route", "get", beyond], capture_output=True, text=True)
+        assert cp.returncode != 0 or cp.stdout.startswith("unreachable"), cp.stdout
+    cp = subprocess.run(["ip", "-6", "route", "show", "type", "unreachable"], capture_output=True, text=True)
+    assert f"{a1.rsplit('::', 1)[0]}::/48" not in cp.stdout       # removed at teardown

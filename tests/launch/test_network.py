@@ -229,7 +229,7 @@ def test_a_worker_that_cannot_reach_rank_0_on_the_data_network_fails_preflight_i
     assert took < 30, took
     assert not leftovers(hosts, m)
     cp = podrun(*net_args(hosts, tmp_path, "--data-interface", "ib0"), "--", "true")
-    assert cp.returncode == 2 and "h1: no interface ib0 with an IPv4 address on the master host h1" in cp.stderr, cp.stderr
+    assert cp.returncode == 2 and "h1: no interface ib0 with an IPv4 or global IPv6 address on the master host h1" in cp.stderr, cp.stderr
     assert "eth0, eth1, lo" in cp.stderr and "Traceback" not in cp.stderr
 
 

@@ -69,8 +69,8 @@ def network_problems(request, facts: dict[str, dict]) -> list[Problem]:
     ifname = request.data_interface
     for host, f in facts.items():
         if ifname is not None and "interfaces" in f and ifname not in f["interfaces"]:
-            problems.append(Problem(host, f"no interface {ifname} with an IPv4 address on {host} (--data-interface); "
-                                          f"it has {', '.join(f['interfaces']) or 'none'}",
+            problems.append(Problem(host, f"no interface {ifname} with an IPv4 or global IPv6 address on {host} "
+                                          f"(--data-interface); it has {', '.join(f['interfaces']) or 'none'}",
                                     "name the interface of the network the hosts share (ip -br addr on the host)"))
     if problems:
         return problems
@@ -145,14 +145,14 @@ class HeldAgentTransport(Transport):
         raise NotImplementedError
 
     def interface_address(self, host: str, ifname: str) -> str:
-        """``host``'s IPv4 address on interface ``ifname`` (one remote Python start); PreflightError when the
-        host cannot be asked or has no such interface."""
+        """``host``'s address on interface ``ifname``, IPv4 or else global IPv6 (podrun.launch.probe.interface_address;
+        one remote Python start); PreflightError when the host cannot be asked or has no such interface."""
         import shlex
 
         from podrun.errors import PreflightError
 
-        code = (f"from podrun.launch.probe import interface_addresses as a; "
-                f"print(a().get({ifname!r}, ''), ' '.join(sorted(a())))")
+        code = (f"from podrun.launch.probe import interface_address as i, interface_addresses as a, "
+                f"interface_addresses6 as b; print(i({ifname!r}) or '', ' '.join(sorted(set(a()) | set(b()))))")
         try:
             rc, out, err = self.run_command(host, shlex.join([self.request.python, "-c", code]), PROBE_TIMEOUT)
         except BaseException as exc:  # noqa: BLE001
@@ -163,7 +163,8 @@ class HeldAgentTransport(Transport):
         if not words[0]:
             have = ", ".join(words[1].split()) if len(words) > 1 else ""
             raise PreflightError(f"preflight failed, nothing was started:\n  - {host}: no interface {ifname} with an "
-                                 f"IPv4 address on the master host {host} (--data-interface); it has {have or 'none'}",
+                                 f"IPv4 or global IPv6 address on the master host {host} (--data-interface); "
+                                 f"it has {have or 'none'}",
                                  hint="name the interface of the network the hosts share (ip -br addr on the host)")
         return words[0]
 
