@@ -103,7 +103,8 @@ def reach(addr: str, port: int, timeout: float = REACH_TIMEOUT) -> dict:
     """Whether ``addr`` answers TCP on ``port`` from here: {"ok": bool, "via": interface, "error": text}. A
     refused connection counts as reached (the host answered; rank 0's store may not listen yet); a timeout,
     no route or an unreachable network does not."""
-    src = route_source(addr)
+    targets = resolve(addr)             # a name: the route to the address it resolves to first, of either family
+    src = route_source(targets[0]) if targets else None
     via = (interface_of(src) if src else None) or "?"
     try:
         with socket.create_connection((addr, port), timeout=timeout):

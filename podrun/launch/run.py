@@ -148,7 +148,8 @@ def master_addr_source(request: LaunchRequest) -> str:
         return "--master-addr"
     if request.data_interface is not None and request.transport == "ssh":
         return (f"{first}'s address on {request.data_interface} (--data-interface), asked from {first} when the run "
-                f"starts; GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME are {request.data_interface} on every host")
+                f"starts (an --elastic re-plan that moves instance 0 asks its new host the same way); "
+                f"GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME are {request.data_interface} on every host")
     hosts = {i.host for i in request.instances}
     where = (" each host resolves it (preflight checks that none but the master host finds it on loopback); on a "
              "host whose own name resolves to loopback only (Debian's 127.0.1.1), the agent sets GLOO_SOCKET_IFNAME "
@@ -325,7 +326,15 @@ def _replan(policy, record: dict, req: LaunchRequest, summary: dict, outcome: Ou
     master = plan.placement[0].host if derived else req.master_addr
     new = replace(req, plan=plan, instances=tuple(InstanceLaunch(p.index, p.host) for p in plan.placement),
                   master_addr=master, replanned=True, master_derived="")
-    return choose_master(get_transport(new.transport), new, ask_hosts=False) if derived else new
+    if not derived:
+        return new
+    try:       # with --data-interface the new master host is asked for its address there, as at the start
+        return choose_master(get_transport(new.transport), new)
+    except PreflightError as exc:
+        # it cannot be asked (or lacks the interface): the attempt's preflight names it and drops it as a lost host
+        why = exc.message.split("\n  - ", 1)[-1]
+        notice(f"elastic: cannot ask {master} for its address on {req.data_interface} ({why}); its preflight decides")
+        return new
 
 
 def _elastic_timings(record: dict, restart_count: int, run_dir: str, outcome: Outcome) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch.helpers import ALLREDUCE, marker, podrun, podrun_popen, summary, wait_output, wait_until
+from tests.launch.helpers import ALLREDUCE, marker, podrun, podrun_popen, run_dir, summary, wait_output, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 _port = iter(range(29900, 30100, 2))
@@ -297,3 +297,80 @@ def test_include_match_exec_negated_patterns_and_proxycommand_tokens(make_ssh_ho
     assert cp.returncode == 0, cp.stderr
     for i, h in enumerate(hosts.hosts):
         assert f"[{i} {h}] via {hosts.address(hosts.bastion)} on {h}" in cp.stdout, cp.stdout
+
+
+@pytest.mark.torch
+def test_elastic_replan_that_moves_the_master_asks_the_new_master_for_its_data_address(make_ssh_hosts, tmp_path):
+    """Two networks, --data-interface eth1, --elastic with spare h3; the management network does not join h2 and
+    h3 (a blackhole between their eth0 addresses), so only eth1 carries their traffic. h1, instance 0's host, is
+    cut mid-run: the re-plan puts h3 in its place as instance 0, and the next attempt's MASTER_ADDR is h3's eth1
+    address (asked from h3, as at the start), in env.json and in the workers' env; its all-reduce completes over
+    eth1 and the run ends 0. With h3's name as MASTER_ADDR, h2 could not reach rank 0 and the run would end."""
+    hosts = make_ssh_hosts(3, data_network=True)
+    hosts.partition(["h2"], ["h3"])
+    dump = tmp_path / "env"
+    dump.mkdir()
+    m = marker()
+    script = (f'if [ "$PODRUN_RESTART_COUNT" = 0 ]; then echo "up $RANK at $MASTER_ADDR"; exec sleep 60; fi; '
+              f'exec "$0" {ALLREDUCE} --dump {dump} # {m}')
+    args = net_args(hosts, tmp_path, "--data-interface", "eth1", "--keepalive", "2", "--elastic", "2",
+                    "--spare-hosts", "h3", "--max-restarts", "1")
+    args[args.index("--hosts") + 1] = "h1,h2"
+    cp = podrun(*args, "--dry-run", "--", "sh", "-c", script, sys.executable)
+    assert cp.returncode == 0, cp.stderr
+    assert "# MASTER_ADDR h1: h1's address on eth1 (--data-interface), asked from h1 when the run starts (an --elastic " \
+           "re-plan that moves instance 0 asks its new host the same way)" in cp.stdout, cp.stdout
+    p = podrun_popen(*args, "--", "sh", "-c", script, sys.executable)
+    try:
+        for _ in range(2):
+            assert f"at {hosts.data_addresses['h1']}" in wait_output(p, "up", 60)
+        hosts.isolate("h1")
+        out, err = p.communicate(timeout=150)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, out + err
+    assert "elastic: dropping h1 (host h1 lost" in err and "spare h3 in its place" in err, err
+    assert "[0 h3] ALLREDUCE rank=0 world=2 local_rank=0 host=h3 sum=3 restart=1" in out, out
+    rd = run_dir(tmp_path / "runs")
+    assert [x["host"] for x in summary(tmp_path / "runs")["instances"]] == ["h3", "h2"]
+    assert json.loads((rd / "plan-1.json").read_text())["placement"][0]["host"] == "h3"
+    recorded = json.loads((rd / "env.json").read_text())
+    assert recorded["restart_count"] == 1
+    assert [i["workers"][0]["MASTER_ADDR"] for i in recorded["instances"]] == [hosts.data_addresses["h3"]] * 2
+    for rank in (0, 1):
+        env = json.loads((dump / f"env-{rank}.json").read_text())
+        assert env["MASTER_ADDR"] == hosts.data_addresses["h3"] and env["GLOO_SOCKET_IFNAME"] == "eth1", env
+
+
+def test_elastic_new_master_that_cannot_be_asked_its_data_address_is_dropped_for_the_next_spare(make_ssh_hosts,
+                                                                                               tmp_path):
+    """--data-interface eth1, spares h3 (its sshd gone) and h4. h1, instance 0's host, is cut: spare h3 would be
+    the new instance 0 but cannot be asked for its eth1 address; podrun says so, h3 fails the re-planned
+    attempt's check and is dropped, spare h4 takes its place and is asked: MASTER_ADDR is h4's eth1 address."""
+    hosts = make_ssh_hosts(4, data_network=True)
+    hosts.stop_sshd("h3")
+    m = marker()
+    script = f'echo "up $RANK at $MASTER_ADDR restart $PODRUN_RESTART_COUNT"; sleep 2 # {m}'
+    args = net_args(hosts, tmp_path, "--data-interface", "eth1", "--keepalive", "2", "--elastic", "2",
+                    "--spare-hosts", "h3,h4", "--max-restarts", "1")
+    args[args.index("--hosts") + 1] = "h1,h2"
+    p = podrun_popen(*args, "--", "sh", "-c", script)
+    try:
+        for _ in range(2):
+            wait_output(p, "restart 0", 60)
+        hosts.isolate("h1")
+        out, err = p.communicate(timeout=150)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, out + err
+    said = [line for line in err.splitlines() if "elastic:" in line]
+    assert len(said) == 3, err
+    assert "dropping h1 (host h1 lost" in said[0] and "spare h3 in its place" in said[0], err
+    assert said[1].startswith("podrun: elastic: cannot ask h3 for its address on eth1 (h3: ") and \
+        said[1].endswith("; its preflight decides"), err
+    assert "dropping h3 (" in said[2] and "spare h4 in its place" in said[2], err
+    want = hosts.data_addresses["h4"]
+    assert f"[0 h4] up 0 at {want} restart 1" in out and f"[1 h2] up 1 at {want} restart 1" in out, out
+    assert [x["host"] for x in summary(tmp_path / "runs")["instances"]] == ["h4", "h2"]
