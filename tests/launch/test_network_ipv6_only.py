@@ -13,9 +13,9 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 _port = iter(range(30100, 30200, 2))
 
 
-def v6_args(hosts, tmp_path, *extra, hosts_arg=None):
-    return ["launch", "--hosts", hosts_arg or ",".join(hosts.hosts), "--devices-per-host", "1",
-            "--transport", "ssh", "--ssh-config", hosts.ssh_config_path, "--python", hosts.python,
+def v6_args(hosts, tmp_path, *extra, hosts_arg=None, client="openssh"):
+    return ["launch", "--hosts", hosts_arg or ",".join(hosts.hosts), "--devices-per-host", "1", "--transport", "ssh",
+            "--ssh-config", hosts.ssh_config_path, "--ssh-client", client, "--python", hosts.python,
             "--runs-dir", str(tmp_path / "runs"), *extra]
 
 
@@ -56,11 +56,11 @@ def test_gloo_all_reduce_on_ipv6_only_hosts_given_by_address(make_ssh_hosts, tmp
 
 @pytest.mark.torch
 def test_data_interface_on_ipv6_only_hosts_gives_the_ipv6_address(make_ssh_hosts, tmp_path):
-    """--data-interface eth0 on IPv6-only hosts: the master host's address on eth0 is its IPv6 one, which becomes
-    MASTER_ADDR (--dry-run says it is asked from the host), GLOO_SOCKET_IFNAME is eth0 everywhere and gloo binds
-    eth0's global IPv6 address (not its link-local one): the all-reduce completes."""
+    """--data-interface eth0 on IPv6-only hosts, through the paramiko client: the master host's address on eth0 is
+    its IPv6 one, which becomes MASTER_ADDR (--dry-run says it is asked from the host), GLOO_SOCKET_IFNAME is eth0
+    everywhere and gloo binds eth0's global IPv6 address (not its link-local one): the all-reduce completes."""
     hosts = make_ssh_hosts(2, ipv6_only=True)
-    args = v6_args(hosts, tmp_path, "--data-interface", "eth0", "--master-port", str(next(_port)))
+    args = v6_args(hosts, tmp_path, "--data-interface", "eth0", "--master-port", str(next(_port)), client="paramiko")
     cp = podrun(*args, "--dry-run", "--", "true")
     assert cp.returncode == 0 and "h1's address on eth0 (--data-interface), asked from h1" in cp.stdout, cp.stdout
     dump = tmp_path / "env"
