@@ -283,7 +283,7 @@ class Fabric:
                  net6: str | None = None):
         self.netns_prefix, self.veth_prefix, self.bridge, self.net = netns_prefix, veth_prefix, bridge, net
         self.run_dir = run_dir
-        # net6 ("fd00:201:7::"): IPv6 only, <net6>1/64 on the bridge and <net6><i+1>/64 on node i; no IPv4 anywhere
+        # net6 ("fd00:200:7::"): IPv6 only, <net6>1/64 on the bridge and <net6><i+1>/64 on node i; no IPv4 but loopback
         self.net6 = net6
         self.controller_address = f"{net6}1" if net6 else f"{net}.1"
         self.nodes: dict[str, Node] = {}

@@ -1,0 +1,98 @@
+"""IPv6-only hosts and the data-interface question (issue 18, B5/B6): what each costs against its peer.
+
+- ``podrun launch`` of a 2-host gloo all-reduce (tests/launch/scripts/torchrun_allreduce.py) on IPv6-only
+  namespace hosts (NetnsHosts(ipv6_only=True): ssh, store and gloo over IPv6) against the same launch on IPv4
+  hosts (NetnsHosts(2)), both up at once and interleaved round by round.
+- The question an elastic re-plan asks a new master host with --data-interface (its address on the interface:
+  ``interface_address``, one remote Python start over ssh) against a bare ``ssh HOST true`` to the same host
+  with the same config, interleaved, on the two-network topology (NetnsHosts(2, data_network=True)).
+Wall time, medians.
+"""
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ALLREDUCE = str(Path(__file__).resolve().parent.parent / "tests" / "launch" / "scripts" / "torchrun_allreduce.py")
+
+
+def _wall(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _launch(hosts, tmp: str, port: int):
+    argv = [sys.executable, "-m", "podrun", "launch", "--hosts", ",".join(hosts.hosts), "--devices-per-host", "1",
+            "--transport", "ssh", "--ssh-config", hosts.ssh_config_path, "--python", hosts.python,
+            "--runs-dir", f"{tmp}/runs", "--master-port", str(port), "--", sys.executable, ALLREDUCE]
+
+    def go():
+        cp = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        if cp.returncode != 0 or cp.stdout.count("sum=3") != 2:
+            raise RuntimeError(f"launch on {hosts!r} failed ({cp.returncode}): {(cp.stderr or cp.stdout)[-800:]}")
+    return go
+
+
+def _row(subject, walls, peer, peer_walls, rounds, unit="s wall (median)"):
+    w, pw = statistics.median(walls), statistics.median(peer_walls)
+    return {"benchmark": "addresses", "subject": subject, "value": round(w, 3), "peer": peer,
+            "peer_value": round(pw, 3), "ratio": round(w / pw, 3), "unit": unit,
+            "note": f"{rounds} interleaved rounds after one warm-up"}
+
+
+def run(quick: bool) -> list[dict]:
+    from podrun.launch.request import SSHOptions
+    from podrun.launch.run import build_request
+    from podrun.launch.transport import get_transport
+    from podrun.cli.options import resolve_plan
+    from tests.harness import NetnsHosts
+
+    rounds = 3 if quick else 7
+    rows = []
+    with NetnsHosts(2, ipv6_only=True) as v6, NetnsHosts(2) as v4, tempfile.TemporaryDirectory() as tmp:
+        subjects = {"v6": _launch(v6, tmp, 29660), "v4": _launch(v4, tmp, 29670)}
+        for fn in subjects.values():
+            fn()
+        res = {k: [] for k in subjects}
+        for _ in range(rounds):
+            for k, fn in subjects.items():
+                res[k].append(_wall(fn))
+        rows.append(_row("podrun launch, 2-host gloo all-reduce, IPv6-only hosts", res["v6"],
+                         "the same on IPv4 hosts", res["v4"], rounds))
+    with NetnsHosts(2, data_network=True) as hosts:
+        plan = resolve_plan(None, hosts_opt=",".join(hosts.hosts), devices_per_host=1, environ={})[0]
+        req = build_request(plan, ["true"], transport="ssh", python=hosts.python, data_interface="eth1",
+                            runs_dir=f"{tempfile.gettempdir()}/bench-addresses-runs",
+                            ssh=SSHOptions(config_path=hosts.ssh_config_path, client="openssh"))
+        transport = get_transport("ssh")(req)
+        want = hosts.data_addresses["h2"]
+
+        def ask():
+            got = transport.interface_address("h2", "eth1")
+            if got != want:
+                raise RuntimeError(f"h2's eth1 address: {got}, expected {want}")
+
+        def bare():
+            subprocess.run(["ssh", "-F", hosts.ssh_config_path, "h2", "true"], check=True, capture_output=True,
+                           timeout=60)
+        try:
+            ask(), bare()
+            walls = {"ask": [], "bare": []}
+            for _ in range(rounds * 2):
+                walls["ask"].append(_wall(ask))
+                walls["bare"].append(_wall(bare))
+        finally:
+            transport.close()
+        rows.append(_row("the new master's address on --data-interface (re-plan or start)", walls["ask"],
+                         "ssh HOST true", walls["bare"], rounds * 2))
+    return rows
+
+
+if __name__ == "__main__":
+    for r in run(quick="--quick" in sys.argv):
+        print(r)
