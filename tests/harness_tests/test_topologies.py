@@ -2,6 +2,7 @@
 tests rely on, checked with plain OpenSSH and sockets."""
 from __future__ import annotations
 
+import ipaddress
 import os
 import subprocess
 import sys
@@ -98,8 +99,9 @@ def test_ipv6_only_hosts_have_no_ipv4_answer_ssh_over_ipv6_and_refuse_other_subn
             assert "unreachable default" in hosts.exec("h1", ["ip", family, "route", "show"]).stdout
             cp = hosts.exec("h1", ["ip", family, "route", "get", other])
             assert cp.returncode != 0 and "No route to host" in cp.stderr, cp.stderr
-        beyond = a1.rsplit("::", 1)[0] + ":1::1"             # in the slot's /48, outside the bridge's /64
+        bridge = ipaddress.IPv6Network(f"{a1}/64", strict=False)
+        beyond = str(bridge.network_address + (1 << 64) + 1)  # the next /64: in the slot's /48, off the bridge
         cp = subprocess.run(["ip", "-6", "route", "get", beyond], capture_output=True, text=True)
         assert cp.returncode != 0 or cp.stdout.startswith("unreachable"), cp.stdout
     cp = subprocess.run(["ip", "-6", "route", "show", "type", "unreachable"], capture_output=True, text=True)
-    assert f"{a1.rsplit('::', 1)[0]}::/48" not in cp.stdout       # removed at teardown
+    assert str(ipaddress.IPv6Network(f"{a1}/48", strict=False)) not in cp.stdout     # removed at teardown
