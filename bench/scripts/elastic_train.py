@@ -13,9 +13,12 @@ connectFullMesh with "Connection refused", which costs a restart).
 
 Rank 0 checkpoints after every step into `--dir` (atomically: step and position in global samples,
 model, optimizer) and every process resumes from it; the data order is a function of the seed and
-the epoch only. Rank 0 appends one JSON line per step to `<dir>/steps.log` with its wall time, the
-world, the decomposition and the wall time its own process started (so a controller tells the steps
-of a restarted attempt from those of the first); any rank whose collective fails appends the error
+the epoch only. With `--ckpt flash` (under dlrover-run) the same state goes through DLRover's flash
+checkpoint instead: to the agent's shared memory every step, to disk every `--disk-every` steps, and a
+restarted process loads it from memory when its host holds it. Rank 0 appends one JSON line per step to
+`<dir>/steps.log` with its wall time, the loss, the world, the decomposition and its own clock: when the
+process started, joined gloo, built the model and optimizer, and restored the checkpoint (so a controller
+tells the steps of a restarted attempt from those of the first and splits its start); any rank whose collective fails appends the error
 with its time to `<dir>/events.log`. Under podrun it also writes the run's metrics.jsonl, from which
 podrun's summary.json takes training_after_s. The run ends at the first step after `<dir>/stop`
 appears (rank 0 reads it and shares it in the step's all_reduce, so every rank stops at the same step).
