@@ -400,7 +400,8 @@ def _fmt(vs) -> str:
 
 
 def _why(xs) -> str:
-    return " || ".join(f"{x['subject']}: {x['why'][:400]}" for x in xs if x.get("resumed_s") is None)
+    return " || ".join(x["why"][:400] if x["why"].startswith(x["subject"]) else f"{x['subject']}: {x['why'][:400]}"
+                       for x in xs if x.get("resumed_s") is None)
 
 
 def facts(xs: list[dict]) -> str:
@@ -416,7 +417,7 @@ def facts(xs: list[dict]) -> str:
             f"{restarted}; updates done again {[x.get('redone') for x in ok]}; global batch "
             f"{ok[0]['global_batch_before']} -> {sorted({x['global_batch_after'] for x in ok})}; per-step losses "
             f"equal a run without the failure: {'yes' if all(eq) else 'no' if not any(eq) else 'in some runs'}"
-            f" (max rel diff {max(rel):.1e}; {ok[0].get('losses_note', '')})")
+            f" (max rel diff over the runs {max(rel):.1e}; first run: {ok[0].get('losses_note', '')})")
     if len(ok) < len(xs):
         text += f"; did not resume: {_why(xs)}"
     return text
