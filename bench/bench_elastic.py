@@ -417,7 +417,8 @@ def facts(xs: list[dict]) -> str:
             f"{restarted}; updates done again {[x.get('redone') for x in ok]}; global batch "
             f"{ok[0]['global_batch_before']} -> {sorted({x['global_batch_after'] for x in ok})}; per-step losses "
             f"equal a run without the failure: {'yes' if all(eq) else 'no' if not any(eq) else 'in some runs'}"
-            f" (max rel diff over the runs {max(rel):.1e}; first run: {ok[0].get('losses_note', '')})")
+            f" (max rel diff over the runs {max(rel, default=math.nan):.1e}; first run: "
+            f"{ok[0].get('losses_note', '')})")
     if len(ok) < len(xs):
         text += f"; did not resume: {_why(xs)}"
     return text
