@@ -13,9 +13,12 @@ connectFullMesh with "Connection refused", which costs a restart).
 
 Rank 0 checkpoints after every step into `--dir` (atomically: step and position in global samples,
 model, optimizer) and every process resumes from it; the data order is a function of the seed and
-the epoch only. Rank 0 appends one JSON line per step to `<dir>/steps.log` with its wall time, the
-world, the decomposition and the wall time its own process started (so a controller tells the steps
-of a restarted attempt from those of the first); any rank whose collective fails appends the error
+the epoch only. With `--ckpt flash` (under dlrover-run) the same state goes through DLRover's flash
+checkpoint instead: to the agent's shared memory every step, to disk every `--disk-every` steps, and a
+restarted process loads it from memory when its host holds it. Rank 0 appends one JSON line per step to
+`<dir>/steps.log` with its wall time, the loss, the world, the decomposition and its own clock: when the
+process started, joined gloo, built the model and optimizer, and restored the checkpoint (so a controller
+tells the steps of a restarted attempt from those of the first and splits its start); any rank whose collective fails appends the error
 with its time to `<dir>/events.log`. Under podrun it also writes the run's metrics.jsonl, from which
 podrun's summary.json takes training_after_s. The run ends at the first step after `<dir>/stop`
 appears (rank 0 reads it and shares it in the step's all_reduce, so every rank stops at the same step).
@@ -39,6 +42,10 @@ p.add_argument("--sleep", type=float, default=0.2, help="seconds of 'work' after
 p.add_argument("--steps", type=int, default=5000, help="upper bound on steps")
 p.add_argument("--samples", type=int, default=480)
 p.add_argument("--marker", default="", help="ignored: names the run's processes for the controller")
+p.add_argument("--ckpt", choices=("torch", "flash"), default="torch",
+               help="torch: rank 0 torch.save()s every step; flash: DLRover's flash checkpoint (DdpCheckpointer: "
+                    "shared memory every step, disk every --disk-every steps), for dlrover-run")
+p.add_argument("--disk-every", type=int, default=10, help="with --ckpt flash: steps between disk checkpoints")
 args = p.parse_args()
 
 
@@ -80,13 +87,21 @@ metrics = os.path.join(e["PODRUN_RUN_DIR"], "metrics.jsonl") if launcher == "pod
 X, Y = groupnorm.data(args.samples)
 model = groupnorm.model()
 opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+BUILT = time.time()                         # model and optimizer (torch.optim imports torch._dynamo)
 step, pos = 0, 0
-if os.path.exists(ckpt):
-    state = torch.load(ckpt)
+if args.ckpt == "flash":
+    from dlrover.trainer.torch.flash_checkpoint.ddp import DdpCheckpointer, StorageType
+
+    flash = DdpCheckpointer(os.path.join(args.dir, "flash"))
+    state = flash.load_checkpoint() or None
+    state = state.get("model_states", state) if state else None
+else:
+    state = torch.load(ckpt) if os.path.exists(ckpt) else None
+if state:
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["opt"])
     step, pos = state["step"], state["pos"]
-READY = time.time()                         # model, optimizer (torch.optim imports torch._dynamo) and checkpoint
+READY = time.time()                         # the checkpoint restored
 
 
 try:
@@ -105,14 +120,19 @@ try:
         dist.all_reduce(vec, group=group)
         opt.step()
         step, pos = step + 1, pos + G
+        t = time.time()
+        if args.ckpt == "flash":             # every rank calls it; the engine saves rank 0's copy per node
+            state = {"step": step, "pos": pos, "model": model.state_dict(), "opt": opt.state_dict()}
+            flash.save_checkpoint(step, state, os.path.join(args.dir, "flash", f"{step}.pt"),
+                                  storage_type=StorageType.DISK if step % args.disk_every == 0 else StorageType.MEMORY)
         if rank == 0:
-            t = time.time()
-            tmp = ckpt + ".tmp"
-            torch.save({"step": step, "pos": pos, "model": model.state_dict(), "opt": opt.state_dict()}, tmp)
-            os.replace(tmp, ckpt)
-            append("steps.log", {"step": step, "t": t, "loss": round(vec[0].item(), 6), "world": world,
+            if args.ckpt == "torch":
+                tmp = ckpt + ".tmp"
+                torch.save({"step": step, "pos": pos, "model": model.state_dict(), "opt": opt.state_dict()}, tmp)
+                os.replace(tmp, ckpt)
+            append("steps.log", {"step": step, "t": t, "loss": vec[0].item(), "world": world,
                                  "local_batch": b, "grad_accum": a, "global_batch": G, "launcher": launcher,
-                                 "proc_start": PROC_START, "init_done": INIT_DONE, "ready": READY})
+                                 "proc_start": PROC_START, "init_done": INIT_DONE, "built": BUILT, "ready": READY})
             if metrics is not None:
                 with open(metrics, "a") as f:
                     f.write(json.dumps({"kind": "step", "step": step, "loss": vec[0].item(), "time": t}) + "\n")
