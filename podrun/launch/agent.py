@@ -318,9 +318,10 @@ class Agent:
                            PYTHONPATH=os.pathsep.join(x for x in (SITE_DIR, env.get("PYTHONPATH")) if x))
             p = self._spawn_warm(local_rank, env, w) if self.warm is not None else None
             try:
-                p = p or subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     start_new_session=True, preexec_fn=_pdeathsig, pass_fds=(*keep_fds, w))
+                if p is None:
+                    p = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         start_new_session=True, preexec_fn=_pdeathsig, pass_fds=(*keep_fds, w))
             except OSError as exc:
                 os.close(r)
                 os.close(w)
@@ -347,8 +348,17 @@ class Agent:
         from podrun.launch import zygote
 
         run_dir, host, _ = self.warm
-        p = zygote.spawn(run_dir, host, self.command, env, os.getcwd(), progress_fd)
-        if p is not None:
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        p = zygote.spawn(run_dir, host, self.command, {k: v for k, v in env.items() if k != PROGRESS_ENV},
+                         os.getcwd(), {1: out_w, 2: err_w, PROGRESS_ENV: progress_fd})
+        os.close(out_w)
+        os.close(err_w)
+        if p is None:
+            os.close(out_r)
+            os.close(err_r)
+        else:
+            p.stdout, p.stderr = os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb")
             self.emit(local_rank, "note", f"warm start: local rank {self.local_ranks[local_rank]} forked by the "
                                           f"zygote (pid {p.zygote_pid}) as pid {p.pid}")
         return p
@@ -632,7 +642,8 @@ def main(argv: list[str] | None = None) -> int:
                   warm=(args.run_dir, plan.placement[index].host, args.restart_count < args.max_restarts)
                   if args.warm else None)
     if store is not None and not (probe and probe["ports_busy"]):    # busy: the controller will not say go
-        store.start(agent.envs, lambda text: agent.emit(None, "note", text))
+        store.start(agent.envs, lambda text: agent.emit(None, "note", text),
+                    warm=agent.warm[:2] if agent.warm is not None else None)
     try:
         return agent.run()
     finally:

@@ -26,6 +26,7 @@ import signal
 import socket
 import struct
 import sys
+import threading
 import time
 
 DIR_NAME = "zygote"
@@ -37,6 +38,8 @@ PRELOAD = ("torch", "torch.distributed", "torch.nn", "torch.optim", "numpy", "po
 WARM_ENV = "PODRUN_WARM"        # in a worker the zygote forked: the zygote's pid
 LEASE = struct.pack("!I", 0)    # a request of length 0: hold this connection while the agent lives
 MAX_REQUEST = 16 * 1024 * 1024
+MAX_FDS = 8
+HIGH_FD = 256            # a forked process gets the fds it is told of by name at or above this number
 SITE_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime", "site",
                          "sitecustomize.py")
 
@@ -55,8 +58,8 @@ def end(run_dir: str) -> None:
 
 
 def warm_target(command, python: str = sys.executable) -> tuple[str, str, list[str], bool] | None:
-    """("script"|"module", path or module, args, unbuffered) when ``command`` runs ``python`` (this
-    interpreter, the same path) on a script or a module; None when a zygote cannot run it."""
+    """("script"|"module"|"code", path, module or code, args, unbuffered) when ``command`` runs ``python``
+    (this interpreter, the same path) on a script, a module or ``-c`` code; None when a zygote cannot run it."""
     if len(command) < 2:
         return None
     exe = shutil.which(command[0]) if os.sep not in command[0] else command[0]
@@ -70,8 +73,8 @@ def warm_target(command, python: str = sys.executable) -> tuple[str, str, list[s
     rest, unbuffered = list(command[1:]), False
     while rest and rest[0] == "-u":
         rest, unbuffered = rest[1:], True
-    if len(rest) >= 2 and rest[0] == "-m":
-        return "module", rest[1], rest[2:], unbuffered
+    if len(rest) >= 2 and rest[0] in ("-m", "-c"):
+        return "module" if rest[0] == "-m" else "code", rest[1], rest[2:], unbuffered
     if rest and not rest[0].startswith("-"):
         return "script", rest[0], rest[1:], unbuffered
     return None
@@ -101,51 +104,77 @@ def _connect(path: str) -> socket.socket | None:
 
 # -- the agent's side ---------------------------------------------------------------------------------
 class WarmProc:
-    """A worker the zygote forked, as the agent sees it: what it uses of Popen (pid, stdout, stderr, poll,
-    returncode). Its exit code comes from the zygote; a zygote that died took the worker with it (SIGKILL)."""
+    """A process the zygote forked, as its agent sees it: what the agent uses of Popen (pid, stdin, stdout,
+    stderr, poll, wait, kill, returncode). Its exit code comes from the zygote; a zygote that died took the
+    process with it (SIGKILL)."""
 
-    def __init__(self, conn: socket.socket, pid: int, zygote_pid: int, stdout, stderr):
+    def __init__(self, conn: socket.socket, pid: int, zygote_pid: int, rest: bytes = b""):
         self.conn, self.pid, self.zygote_pid = conn, pid, zygote_pid
-        self.stdout, self.stderr = stdout, stderr
+        self.stdin = self.stdout = self.stderr = None
         self.returncode: int | None = None
-        self._buf = b""
+        self._buf = rest
+        self._lock = threading.Lock()
         conn.setblocking(False)
 
     def poll(self) -> int | None:
-        if self.returncode is not None:
-            return self.returncode
-        try:
-            data = self.conn.recv(256)
-        except BlockingIOError:
-            return None
-        except OSError:
-            data = b""
-        if not data:
-            self.returncode = -int(signal.SIGKILL)
-        else:
-            self._buf += data
+        with self._lock:
+            return self._poll()
+
+    def _poll(self) -> int | None:
+        while self.returncode is None:
             m = re.search(rb"exit (-?\d+)\n", self._buf)
-            if m is None:
+            if m is not None:
+                self._ended(int(m[1]))
+                break
+            try:
+                data = self.conn.recv(256)
+            except BlockingIOError:
                 return None
-            self.returncode = int(m[1])
-        self.conn.close()
+            except OSError:
+                data = b""
+            if not data:
+                self._ended(-int(signal.SIGKILL))
+            self._buf += data
         return self.returncode
 
+    def _ended(self, code: int) -> None:
+        self.returncode = code
+        self.conn.close()
 
-def spawn(run_dir: str, host: str, command, env: dict[str, str], cwd: str, progress_fd: int) -> WarmProc | None:
-    """Ask this host's zygote to fork a worker running ``command``; None when it cannot (no zygote, another
-    interpreter, a command that is not a Python script or module): the agent then starts it as usual."""
+    def wait(self, timeout: float | None = None) -> int:
+        import subprocess
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"zygote worker {self.pid}", timeout)
+            select.select([self.conn], [], [], 0.1)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def spawn(run_dir: str, host: str, command, env: dict[str, str], cwd: str, fds: dict) -> WarmProc | None:
+    """Ask this host's zygote to fork a process running ``command``; None when it cannot (no zygote, another
+    interpreter, a command that is not a Python script, module or ``-c``): the caller then starts it as usual.
+
+    ``fds``: what the process gets of the caller's file descriptors, {target: fd}; a target is 0, 1 or 2, or
+    the name of a variable that tells the process the number it has there (stdin is /dev/null unless given).
+    """
     target = warm_target(command)
     if target is None:
         return None
     conn = _connect(socket_path(run_dir, host))
     if conn is None:
         return None
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    body = json.dumps({"target": target, "env": env, "cwd": cwd}).encode()
+    body = json.dumps({"target": target, "env": env, "cwd": cwd, "fds": list(fds)}).encode()
     try:
-        socket.send_fds(conn, [struct.pack("!I", len(body)) + body], [out_w, err_w, progress_fd])
+        socket.send_fds(conn, [struct.pack("!I", len(body)) + body], list(fds.values()))
         reply = b""
         while b"\n" not in reply:
             data = conn.recv(256)
@@ -156,15 +185,9 @@ def spawn(run_dir: str, host: str, command, env: dict[str, str], cwd: str, progr
         if m is None:
             raise OSError(f"the zygote answered {reply[:200]!r}")
     except OSError:
-        conn.close()                                 # the zygote kills a child it forked for this request
-        for fd in (out_r, out_w, err_r, err_w):
-            os.close(fd)
+        conn.close()                                 # the zygote kills a process it forked for this request
         return None
-    os.close(out_w)
-    os.close(err_w)
-    proc = WarmProc(conn, int(m[1]), int(m[2]), os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb"))
-    proc._buf = reply[m.end():]
-    return proc
+    return WarmProc(conn, int(m[1]), int(m[2]), reply[m.end():])
 
 
 def start(run_dir: str, host: str, idle: float = IDLE_S) -> None:
@@ -207,21 +230,28 @@ def hold(run_dir: str, host: str, wait: float) -> socket.socket | None:
 # -- the zygote ---------------------------------------------------------------------------------------
 def _recv_request(conn: socket.socket) -> tuple[dict | None, list[int]]:
     """One request: (None, []) for a lease; raises OSError/ValueError on a malformed one."""
-    data, fds, _flags, _addr = socket.recv_fds(conn, 65536, 3)
+    data, fds, _flags, _addr = socket.recv_fds(conn, 65536, MAX_FDS)
     if len(data) < 4:
         raise ValueError("short request")
     (n,) = struct.unpack("!I", data[:4])
     if n == 0:
         return None, fds
-    if n > MAX_REQUEST or len(fds) != 3:
-        raise ValueError("bad request")
+    if n > MAX_REQUEST:
+        for fd in fds:
+            os.close(fd)
+        raise ValueError("request too large")
     body = data[4:]
     while len(body) < n:
         more = conn.recv(min(1 << 20, n - len(body)))
         if not more:
             raise ValueError("request cut short")
         body += more
-    return json.loads(body), fds
+    req = json.loads(body)
+    if len(req.get("fds", ())) != len(fds):
+        for fd in fds:
+            os.close(fd)
+        raise ValueError("file descriptors missing")
+    return req, fds
 
 
 def _stdio(unbuffered: bool) -> None:
@@ -238,26 +268,31 @@ def _stdio(unbuffered: bool) -> None:
 
 def _child(req: dict, fds: list[int], zygote_pid: int) -> int:
     """In the forked worker: become the worker, run the script; returns its exit code."""
+    import fcntl
     import runpy
     import traceback
 
     from podrun.launch.proctl import pdeathsig
-    from podrun.runtime.progress import FD_ENV
 
     os.setsid()
     pdeathsig(signal.SIGKILL)
     if os.getppid() != zygote_pid:
         return 128 + int(signal.SIGKILL)
     kind, target, args, unbuffered = req["target"]
-    out, err, prog = fds
+    env = dict(req["env"], **{WARM_ENV: str(zygote_pid)})
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, HIGH_FD) for fd in fds]
+    for fd in fds:
+        os.close(fd)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
-    os.dup2(out, 1)
-    os.dup2(err, 2)
-    for fd in (null, out, err):
-        os.close(fd)
-    os.set_inheritable(prog, True)
-    env = dict(req["env"], **{FD_ENV: str(prog), WARM_ENV: str(zygote_pid)})
+    os.close(null)
+    for where, fd in zip(req["fds"], high):
+        if isinstance(where, int):
+            os.dup2(fd, where)
+            os.close(fd)
+        else:
+            os.set_inheritable(fd, True)
+            env[where] = str(fd)
     unbuffered = unbuffered or bool(env.get("PYTHONUNBUFFERED"))
     _stdio(unbuffered)
     os.environ.clear()
@@ -266,7 +301,7 @@ def _child(req: dict, fds: list[int], zygote_pid: int) -> int:
     for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
         signal.signal(s, signal.SIG_DFL)
     extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
-    first = os.getcwd() if kind == "module" else os.path.dirname(os.path.abspath(target))
+    first = os.path.dirname(os.path.abspath(target)) if kind == "script" else os.getcwd()
     sys.path[:] = [first, *extra, *sys.path[1:]]
     if env.get("PODRUN_STACK_DIR") and os.path.exists(SITE_FILE):
         globals()["_stack_site"] = runpy.run_path(SITE_FILE, run_name="podrun_stack_site")
@@ -279,6 +314,9 @@ def _child(req: dict, fds: list[int], zygote_pid: int) -> int:
         if kind == "module":
             sys.argv = [target, *args]
             runpy.run_module(target, run_name="__main__", alter_sys=True)
+        elif kind == "code":
+            sys.argv = ["-c", *args]
+            exec(compile(target, "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
         else:
             sys.argv = [target, *args]
             runpy.run_path(target, run_name="__main__")
@@ -316,6 +354,26 @@ def _finish(code: int) -> None:
         os._exit(code)
 
 
+def _warm_up() -> None:
+    """What torch imports on first use rather than at import: an optimizer's first construction (torch._dynamo,
+    sympy: seconds) and a checkpoint's save and load. Starts no thread."""
+    import io
+
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    try:
+        p = torch.zeros(1, requires_grad=True)
+        for opt in (torch.optim.SGD, torch.optim.AdamW):
+            opt([p], lr=0.1)
+        buf = io.BytesIO()
+        torch.save({"p": p.detach()}, buf)
+        buf.seek(0)
+        torch.load(buf)
+    except Exception as exc:  # noqa: BLE001 - the worker does it itself then
+        print(f"podrun zygote: warm-up: {exc}", file=sys.stderr, flush=True)
+
+
 def serve(path: str, idle: float) -> int:
     import fcntl
 
@@ -329,6 +387,7 @@ def serve(path: str, idle: float) -> int:
             __import__(name)
         except Exception as exc:  # noqa: BLE001 - a module missing here is imported by the worker itself
             print(f"podrun zygote: cannot preload {name}: {exc}", file=sys.stderr, flush=True)
+    _warm_up()
     try:
         os.unlink(path)
     except FileNotFoundError:

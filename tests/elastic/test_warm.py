@@ -61,6 +61,7 @@ def test_elastic_restart_forks_workers_from_the_zygote_with_the_same_losses(make
     logs = {i: (rd / f"instance-{i}.log").read_text() for i in range(3)}
     for i, text in logs.items():     # every worker of the re-planned attempt was forked by its host's zygote
         assert re.search(r"# podrun agent: warm start: local rank 0 forked by the zygote \(pid \d+\)", text), (i, text)
+    assert re.search(r"# podrun agent: warm start: the store host forked by the zygote", logs[0]), logs[0]
     got = steps(rd)
     assert sorted(got) == list(range(1, 25)) and got[24]["world_size"] == 3
     for s in range(1, 25):
