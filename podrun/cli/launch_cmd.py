@@ -20,7 +20,7 @@ COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93")
 HELP_SECTIONS = (
     ("Common options", ("module", "no_python", "pod", "cluster", "nodes", "hosts_opt", "hostfile", "devices_per_host",
                         "instances_per_host", "global_batch", "local_batch", "grad_accum", "elastic_min",
-                        "max_restarts", "spare_hosts", "dry_run", "as_json", "env_items", "run_id", "runs_dir")),
+                        "max_restarts", "spare_hosts", "warm", "dry_run", "as_json", "env_items", "run_id", "runs_dir")),
     ("torchrun's options (docs/launch.md)", ("nproc_per_node", "nnodes", "standalone", "rdzv_endpoint", "rdzv_id",
                                              "node_rank", "log_dir", "redirects", "tee")),
     ("When a run hangs (docs/hangs.md)", ("hang_timeout", "on_hang")),

@@ -9,7 +9,9 @@ controller asks (a ``T`` on stdin), or when it loses its controller (stdin close
 --stdin-timeout seconds). The agent is a child subreaper (PR_SET_CHILD_SUBREAPER): whatever its
 workers leave behind (a daemon started with setsid, a child of a killed shell) becomes its child, and
 when the run ends it kills the workers' process groups and then every remaining descendant, so
-nothing outlives the run, whether it succeeded or not.
+nothing outlives the run, whether it succeeded or not. With --warm it forks the workers (and rank 0's store
+host) from this host's zygote when one runs (podrun.launch.zygote), and otherwise starts them as usual and
+then starts the zygote for the attempts that may follow.
 Exit code: the first failing worker's (128+signal for a signal), 128+signal when signalled, else 0.
 With --rank-from-env (mpirun) the agent runs one worker, the one whose global rank is
 the launcher's rank, so each worker is an MPI rank; its lines then carry that worker's local rank.
@@ -370,7 +372,7 @@ class Agent:
 
         run_dir, host, start = self.warm
         self.lease = zygote.hold(run_dir, host, 0.0)
-        if self.lease is not None or not start:
+        if self.lease is not None or not start or zygote.warm_target(self.command) is None:
             return
         if self.subreaper:
             _prctl(PR_SET_CHILD_SUBREAPER, 0)

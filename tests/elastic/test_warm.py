@@ -3,6 +3,7 @@ re-planned workers are forked by each host's zygote, a zygote killed mid-run (th
 and runs that leave no zygote behind."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -119,3 +120,33 @@ def test_no_warm_starts_no_zygote(make_ssh_hosts, tmp_path):
     assert all(x["warm"] == "-" for x in probes(run_dir(tmp_path / "runs")))
     assert "--warm" not in (run_dir(tmp_path / "runs") / "command").read_text()
     assert not (run_dir(tmp_path / "runs") / "zygote").exists() and not zygotes(tmp_path)
+
+
+@pytest.mark.torch
+def test_podrun_stack_shows_a_warm_workers_stack(tmp_path):
+    """The stack-dump signal reaches a worker the zygote forked (its handler registered after the fork)."""
+    runs = tmp_path / "runs"
+    p = podrun_popen("launch", "--devices-per-host", "1", "--runs-dir", str(runs), "--max-restarts", "1",
+                     "--hang-timeout", "off", "--", sys.executable, PROBE, str(tmp_path), "--wait-done")
+    try:
+        sock = wait_until(lambda: next(runs.glob("*/zygote/localhost.sock"), None), 90)
+        assert sock is not None, "the zygote never listened"
+        rd = sock.parent.parent
+        (tmp_path / "go").touch()
+        assert wait_until(lambda: any(x["attempt"] == 1 for x in probes(rd)), 60), probes(rd)
+        warm = next(x for x in probes(rd) if x["attempt"] == 1)
+        assert warm["warm"] != "-" and warm["ppid"] == int(warm["warm"]), warm
+        cp = podrun("stack", "--runs-dir", str(runs), "--json", timeout=60)
+        assert cp.returncode == 0, cp.stderr
+        workers = [w for g in json.loads(cp.stdout)["groups"] for w in g["workers"]]
+        assert len(workers) == 1 and workers[0]["processes"][0]["pid"] == warm["pid"], workers
+        main = workers[0]["processes"][0]["threads"][0]
+        loop = next(n for n, t in enumerate(Path(PROBE).read_text().splitlines(), 1) if t.endswith("# WARM-LOOP"))
+        assert main["main"] and any(f["file"] == PROBE and f["line"] == loop for f in main["frames"]), main
+        (tmp_path / "done").touch()
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, err
+    assert wait_until(lambda: not zygotes(tmp_path), 15), zygotes(tmp_path)

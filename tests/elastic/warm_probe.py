@@ -19,3 +19,5 @@ if attempt == "0":
     while not os.path.exists(os.path.join(d, "go")):
         time.sleep(0.05)
     sys.exit(3)
+while "--wait-done" in sys.argv and not os.path.exists(os.path.join(d, "done")):
+    time.sleep(0.05)  # WARM-LOOP
