@@ -5,7 +5,8 @@ first step of the re-planned attempt, with `podrun launch --elastic` (warm by de
 start phases logged) at 1 x 4 x GA 6 = 24; after 4 steps h3's link is cut. The breakdown of each restart
 comes from summary.json (lost_at: the loss declared; restarted_after_s: every worker of the next attempt
 started) and from the new rank 0's own clock: process created (from /proc), first line of the script, torch
-imported, gloo joined, model + optimizer + checkpoint ready, first step. Full: 3 pairs; quick: 1 pair.
+imported, gloo joined, model + optimizer + checkpoint ready, first step. Also the first attempt's launch to
+first step (what the zygotes' start costs it). Full: 3 pairs; quick: 1 pair.
 `python -m bench.bench_warm warm|cold`: one run, its files kept in /tmp/bwarm-*."""
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ def restart_run(mode: str, tmp: str, port: int) -> dict:
                 "--max-restarts", "2", "--warm" if mode == "warm" else "--no-warm", "--", hosts.python, SCRIPT,
                 "--dir", str(d), "--batch", str(LOCAL_BATCH), "--pg-timeout", f"{PG_TIMEOUT:g}", "--marker", marker]
         log = open(d / "controller.log", "w")
+        t_launch = time.time()
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         out: dict = {"mode": mode, "command": argv}
         try:
@@ -60,6 +62,7 @@ def restart_run(mode: str, tmp: str, port: int) -> dict:
                     out["why"] = f"no {STEPS_BEFORE_CUT} steps on {HOSTS} hosts"
                     return out
                 time.sleep(0.05)
+            out["first_attempt_s"] = round(next(x["t"] for x in _steps(d) if x["world"] == HOSTS) - t_launch, 3)
             if mode == "warm":     # the zygotes the first attempt started must be up for the restart to use them
                 socks = [d / "runs" / "run" / "zygote" / f"{h}.sock" for h in hosts.hosts]
                 while not all(s.exists() for s in socks) and time.time() < deadline:
@@ -129,6 +132,10 @@ def run(quick: bool) -> list[dict]:
                  "peer": "podrun --no-warm", "peer_value": None, "ratio": None, "unit": "s", "note": note}]
     rows = [_row("warm_restart", "podrun --warm: loss declared -> first step", [x["first_step"] for x in ok["warm"]],
                  "s", note, "podrun --no-warm", [x["first_step"] for x in ok["cold"]])]
+    first = [[x["first_attempt_s"] for x in ok[m]] for m in ("warm", "cold")]
+    rows.append(_row("warm_first_attempt", "podrun --warm: launch -> first step (first attempt, zygotes starting)",
+                     first[0], "s", "the zygotes import torch while the first attempt's workers start (same runs); "
+                                    f"runs: warm {first[0]}, cold {first[1]}", "podrun --no-warm", first[1]))
     for m in ("cold", "warm"):
         parts = ", ".join(f"{k} {_med(ok[m], k):.2f}" for k in PHASES)
         rows.append({"benchmark": "warm_restart_phases", "subject": f"podrun {'--warm' if m == 'warm' else '--no-warm'}",

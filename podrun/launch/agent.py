@@ -641,7 +641,7 @@ def main(argv: list[str] | None = None) -> int:
     agent = Agent(index, command, envs, grace=args.grace, stdin_watch=not args.no_stdin_watch,
                   stdin_timeout=args.stdin_timeout, probe=probe, local_ranks=local_ranks, agent_rank=agent_rank,
                   run_dir=args.run_dir,
-                  warm=(args.run_dir, plan.placement[index].host, args.restart_count < args.max_restarts)
+                  warm=(args.run_dir, socket.gethostname(), args.restart_count < args.max_restarts)
                   if args.warm else None)
     if store is not None and not (probe and probe["ports_busy"]):    # busy: the controller will not say go
         store.start(agent.envs, lambda text: agent.emit(None, "note", text),

@@ -1,18 +1,20 @@
 """The warm process (zygote): one per host of a run that can restart; it imports torch and podrun's runner once and forks later attempts' workers.
 
 The first attempt's agent on a host starts it detached (``python -m podrun.launch.zygote``), after its own
-workers. It takes a lock (one per host), imports PRELOAD with no thread of its own started, and then
-listens on a unix socket (0600) in the run directory, ``<run_dir>/zygote/<host>.sock`` (directory 0700).
-A later attempt's agent sends it one request per worker: the argv (``PY SCRIPT ...`` or ``PY -m MODULE
-...`` of the zygote's own interpreter), the env and the working directory, with the worker's stdout,
-stderr and progress pipe as SCM_RIGHTS file descriptors. The zygote forks; the child starts a session,
-gets SIGKILL when the zygote dies, takes the pipes as fds 1 and 2, the env, the cwd, the worker's
-PYTHONPATH and its stack-dump handler (podrun/runtime/site), sets torch's threads from OMP_NUM_THREADS
-and runs the script as ``__main__``. The zygote answers ``pid N`` and, when the child ends, ``exit RC``
-(Popen's code: negative for a signal); when the agent's connection closes first it kills the child's
-process group. The agent holds a lease connection for its life. The zygote ends when its socket file
-is removed or replaced (the controller removes the directory when the run ends), or when it had no
-connection and no child for --idle seconds. An agent that cannot reach it starts its workers as usual.
+workers. It takes a lock (one per host), imports PRELOAD and warms up what torch imports on first use, with
+no thread of its own started (at SCHED_IDLE when it may switch back afterwards), and then listens on a unix
+socket (0600) in the run directory, ``<run_dir>/zygote/<hostname>.sock`` (directory 0700). A later
+attempt's agent sends it one request per process to fork (each worker, and rank 0's store host): the argv
+(``PY SCRIPT ...``, ``PY -m MODULE ...`` or ``PY -c CODE ...`` of the zygote's own interpreter), the env,
+the working directory, and file descriptors as SCM_RIGHTS (the worker's stdout, stderr and progress pipe),
+each for fd 0, 1 or 2 or for a variable that names its number. The child starts a session, gets SIGKILL
+when the zygote dies, takes the descriptors, the env, the cwd, the PYTHONPATH and the stack-dump handler
+(podrun/runtime/site), sets torch's threads from OMP_NUM_THREADS and runs the script as ``__main__``.
+The zygote answers ``pid N Z`` and, when the child ends, ``exit RC`` (Popen's code: negative for a
+signal); when the agent's connection closes first it kills the child's process group. Each agent holds
+a lease connection for its life. The zygote ends when its socket file is removed or replaced (the
+controller removes the directory when the run ends), or after --idle seconds with no connection and no
+child. An agent that cannot reach it starts its processes as usual.
 """
 from __future__ import annotations
 
@@ -354,6 +356,24 @@ def _finish(code: int) -> None:
         os._exit(code)
 
 
+def _idle_class() -> bool:
+    """Import at SCHED_IDLE (CPU only when the first attempt's workers leave some) when this process may
+    switch back to SCHED_OTHER afterwards (root, CAP_SYS_NICE, RLIMIT_NICE), as tried in a throwaway child;
+    True when it switched."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+            os._exit(0)
+        except BaseException:  # noqa: BLE001 - not allowed here
+            os._exit(1)
+    if os.waitpid(pid, 0)[1] != 0:
+        return False
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    return True
+
+
 def _warm_up() -> None:
     """What torch imports on first use rather than at import: an optimizer's first construction (torch._dynamo,
     sympy: seconds) and a checkpoint's save and load. Starts no thread."""
@@ -382,12 +402,15 @@ def serve(path: str, idle: float) -> int:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         return 0                                     # this host has its zygote already
+    idle_class = _idle_class()
     for name in PRELOAD:
         try:
             __import__(name)
         except Exception as exc:  # noqa: BLE001 - a module missing here is imported by the worker itself
             print(f"podrun zygote: cannot preload {name}: {exc}", file=sys.stderr, flush=True)
     _warm_up()
+    if idle_class:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))   # what the forked workers inherit
     try:
         os.unlink(path)
     except FileNotFoundError:
@@ -435,6 +458,10 @@ def serve(path: str, idle: float) -> int:
                     code = 1
                     try:
                         code = _child(req, fds, me)
+                    except BaseException:  # noqa: BLE001 - becoming the worker failed (a missing cwd): say why
+                        import traceback
+
+                        traceback.print_exc()
                     finally:
                         _finish(code)
                 for fd in fds:

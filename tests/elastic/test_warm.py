@@ -129,7 +129,7 @@ def test_podrun_stack_shows_a_warm_workers_stack(tmp_path):
     p = podrun_popen("launch", "--devices-per-host", "1", "--runs-dir", str(runs), "--max-restarts", "1",
                      "--hang-timeout", "off", "--", sys.executable, PROBE, str(tmp_path), "--wait-done")
     try:
-        sock = wait_until(lambda: next(runs.glob("*/zygote/localhost.sock"), None), 90)
+        sock = wait_until(lambda: next(runs.glob("*/zygote/*.sock"), None), 90)
         assert sock is not None, "the zygote never listened"
         rd = sock.parent.parent
         (tmp_path / "go").touch()
