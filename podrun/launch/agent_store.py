@@ -33,10 +33,11 @@ import threading
 
 from podrun.plan.env import AGENT_STORE_NAME as ENV    # the name podrun.plan.env sets for every worker
 
+FD_ENV = "PODRUN_STORE_FD"   # in a store host a zygote forked: the number its listening socket has there
 # The store host: argv = listening fd, its port. Prints "up" once the store serves, else "failed: ...".
 _HOST = r"""
 import datetime, os, sys
-fd, port = int(os.environ.get("PODRUN_STORE_FD") or sys.argv[1]), int(sys.argv[2])
+fd, port = int(os.environ.get("FD_ENV") or sys.argv[1]), int(sys.argv[2])
 try:
     from torch.distributed import TCPStore
     kw = dict(world_size=None, is_master=True, timeout=datetime.timedelta(seconds=300), wait_for_workers=False,
@@ -50,7 +51,7 @@ except BaseException as exc:
     sys.exit(3)
 print("up", flush=True)
 sys.stdin.read()                      # serve until the agent closes our stdin (or dies: PDEATHSIG)
-"""
+""".replace("FD_ENV", FD_ENV)
 
 
 def listen(port: int) -> socket.socket:
@@ -110,7 +111,7 @@ class StoreHost:
         in_r, in_w = os.pipe()
         out_r, out_w = os.pipe()
         proc = zygote.spawn(*warm, argv, dict(os.environ), os.getcwd(),
-                            {0: in_r, 1: out_w, 2: out_w, "PODRUN_STORE_FD": fd})
+                            {0: in_r, 1: out_w, 2: out_w, FD_ENV: fd})
         os.close(in_r)
         os.close(out_w)
         if proc is None:
