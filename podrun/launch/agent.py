@@ -382,8 +382,8 @@ class Agent:
             if self.subreaper:
                 _prctl(PR_SET_CHILD_SUBREAPER, 1)
 
-        def lease():
-            self.lease = zygote.hold(run_dir, host, FIRST_HEARTBEAT_S)
+        def lease():       # however long its imports take under load (a daemon thread: it ends with the agent)
+            self.lease = zygote.hold(run_dir, host, float("inf"))
         threading.Thread(target=lease, daemon=True).start()
 
     def _report_error_file(self, pos: int) -> None:

@@ -214,7 +214,8 @@ def start(run_dir: str, host: str, idle: float = IDLE_S) -> None:
 
 
 def hold(run_dir: str, host: str, wait: float) -> socket.socket | None:
-    """A lease on this host's zygote (kept while the agent lives), trying for ``wait`` seconds while it starts."""
+    """A lease on this host's zygote (kept while the agent lives), trying for ``wait`` seconds (inf: as long as
+    the caller lives) while it starts."""
     deadline = time.monotonic() + wait
     while True:
         conn = _connect(socket_path(run_dir, host))
