@@ -20,7 +20,7 @@ COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93")
 HELP_SECTIONS = (
     ("Common options", ("module", "no_python", "pod", "cluster", "nodes", "hosts_opt", "hostfile", "devices_per_host",
                         "instances_per_host", "global_batch", "local_batch", "grad_accum", "elastic_min",
-                        "max_restarts", "spare_hosts", "dry_run", "as_json", "env_items", "run_id", "runs_dir")),
+                        "max_restarts", "spare_hosts", "warm", "dry_run", "as_json", "env_items", "run_id", "runs_dir")),
     ("torchrun's options (docs/launch.md)", ("nproc_per_node", "nnodes", "standalone", "rdzv_endpoint", "rdzv_id",
                                              "node_rank", "log_dir", "redirects", "tee")),
     ("When a run hangs (docs/hangs.md)", ("hang_timeout", "on_hang")),
@@ -128,13 +128,17 @@ TORCHRUN_OPTION_NAMES = ("nproc_per_node", "nnodes", "standalone", "rdzv_endpoin
               help="Once a worker has exited 0, the others have this long to end; then they are ended and the run "
                    "fails (exit 124) naming the ranks still running. Default: no bound.")
 @click.option("--no-preflight", is_flag=True, help="Skip the checks on every host before starting.")
+@click.option("--warm/--no-warm", default=True, show_default=True,
+              help="In a run that can restart (--max-restarts > 0, --elastic) over local or ssh: a zygote per host, "
+                   "started by the first attempt, that has torch imported and forks later attempts' workers, so a "
+                   "restart skips the interpreter start and torch import (docs/elastic.md).")
 @click.option("--json", "as_json", is_flag=True, help="Print a summary JSON on stdout at the end (output goes to stderr).")
 @click.option("--env", "env_items", multiple=True, metavar="NAME=VALUE", help="Set a variable for every worker (repeatable).")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir, master_addr, master_port,
            agent_store, grace, only_output_from_instance, max_restarts, elastic_min, spare_hosts, dry_run, runs_dir,
-           run_id, max_concurrency, keepalive, straggler_timeout, no_preflight, as_json, env_items, module,
+           run_id, max_concurrency, keepalive, straggler_timeout, no_preflight, warm, as_json, env_items, module,
            no_python, **kw):
     """Launch RECIPE [ARGS...], SCRIPT.py [ARGS...], -m MODULE [ARGS...] or -- COMMAND ... on the plan's hosts.
 
@@ -165,7 +169,7 @@ def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir
         python=python_, workdir=workdir, agent_store=agent_store, grace=grace, keepalive=keepalive,
         only_output_from_instance=only_output_from_instance, spare_hosts=spare_hosts,
         straggler_timeout=straggler_timeout, preflight=not no_preflight, env_items=env_items,
-        data_interface=net_kw["data_interface"])
+        data_interface=net_kw["data_interface"], warm=warm)
     request = prepared.request
     watch = watch_for(watch, prepared.recipe, prepared.cluster)
     if prepared.engine == "horovod":

@@ -9,7 +9,9 @@ controller asks (a ``T`` on stdin), or when it loses its controller (stdin close
 --stdin-timeout seconds). The agent is a child subreaper (PR_SET_CHILD_SUBREAPER): whatever its
 workers leave behind (a daemon started with setsid, a child of a killed shell) becomes its child, and
 when the run ends it kills the workers' process groups and then every remaining descendant, so
-nothing outlives the run, whether it succeeded or not.
+nothing outlives the run, whether it succeeded or not. With --warm it forks the workers (and rank 0's store
+host) from this host's zygote when one runs (podrun.launch.zygote), and otherwise starts them as usual and
+then starts the zygote for the attempts that may follow.
 Exit code: the first failing worker's (128+signal for a signal), 128+signal when signalled, else 0.
 With --rank-from-env (mpirun) the agent runs one worker, the one whose global rank is
 the launcher's rank, so each worker is an MPI rank; its lines then carry that worker's local rank.
@@ -147,8 +149,12 @@ class Agent:
     def __init__(self, index: int, command: list[str], envs: list[dict[str, str]], *, grace: float,
                  stdin_watch: bool, stdin_timeout: float, out=None, probe: dict | None = None,
                  local_ranks: list[int] | None = None, agent_rank: int | None = None,
-                 run_dir: str | None = None):
+                 run_dir: str | None = None, warm: tuple[str, str, bool] | None = None):
         self.index = index
+        # (run dir, host, start one): fork workers from this host's zygote (podrun.launch.zygote) when it is
+        # there; start it for the next attempt when it is not and one may follow
+        self.warm = warm
+        self.lease = None
         self.run_dir = run_dir       # without a stdin watch: where the controller's stacks-request appears
         # the workers' local ranks (envs[i] is local rank local_ranks[i]): all of the instance's, or with
         # --rank-from-env the one worker this agent runs, whose local rank then also tags agent lines
@@ -312,10 +318,12 @@ class Agent:
                 os.mkdir(where, 0o700)
                 env.update(PODRUN_STACK_DIR=where, PODRUN_STACK_SIGNAL=str(STACK_SIGNAL),
                            PYTHONPATH=os.pathsep.join(x for x in (SITE_DIR, env.get("PYTHONPATH")) if x))
+            p = self._spawn_warm(local_rank, env, w) if self.warm is not None else None
             try:
-                p = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     start_new_session=True, preexec_fn=_pdeathsig, pass_fds=(*keep_fds, w))
+                if p is None:
+                    p = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         start_new_session=True, preexec_fn=_pdeathsig, pass_fds=(*keep_fds, w))
             except OSError as exc:
                 os.close(r)
                 os.close(w)
@@ -334,6 +342,49 @@ class Agent:
                 t.start()
             self.readers.append(threads)
             self.emit(local_rank, "start", str(p.pid))
+        if self.warm is not None:
+            self._keep_zygote()
+
+    def _spawn_warm(self, local_rank: int, env: dict[str, str], progress_fd: int):
+        """The worker forked by this host's zygote, or None (no zygote: the caller starts it as usual)."""
+        from podrun.launch import zygote
+
+        run_dir, host, _ = self.warm
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        p = zygote.spawn(run_dir, host, self.command, {k: v for k, v in env.items() if k != PROGRESS_ENV},
+                         os.getcwd(), {1: out_w, 2: err_w, PROGRESS_ENV: progress_fd})
+        os.close(out_w)
+        os.close(err_w)
+        if p is None:
+            os.close(out_r)
+            os.close(err_r)
+        else:
+            p.stdout, p.stderr = os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb")
+            self.emit(local_rank, "note", f"warm start: local rank {self.local_ranks[local_rank]} forked by the "
+                                          f"zygote (pid {p.zygote_pid}) as pid {p.pid}")
+        return p
+
+    def _keep_zygote(self) -> None:
+        """Hold a lease on this host's zygote for the agent's life; start the zygote first when it is not
+        there and another attempt may follow (outside this subreaper's tree: it outlives the agent)."""
+        from podrun.launch import zygote
+
+        run_dir, host, start = self.warm
+        self.lease = zygote.hold(run_dir, host, 0.0)
+        if self.lease is not None or not start or zygote.warm_target(self.command) is None:
+            return
+        if self.subreaper:
+            _prctl(PR_SET_CHILD_SUBREAPER, 0)
+        try:
+            zygote.start(run_dir, host)
+        finally:
+            if self.subreaper:
+                _prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+        def lease():       # however long its imports take under load (a daemon thread: it ends with the agent)
+            self.lease = zygote.hold(run_dir, host, float("inf"))
+        threading.Thread(target=lease, daemon=True).start()
 
     def _report_error_file(self, pos: int) -> None:
         """A failed worker's @record error file, if it wrote one, as an ``error`` line (JSON)."""
@@ -543,6 +594,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="report preflight facts (a probe line) and start workers only on a G on stdin")
     ap.add_argument("--needs", default="", metavar="MOD,...",
                     help="with --hold: report which of these modules this python cannot import")
+    ap.add_argument("--warm", action="store_true",
+                    help="fork workers from this host's zygote when it runs (podrun.launch.zygote); start it when "
+                         "it does not and --restart-count is below --max-restarts")
     ap.add_argument("command", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -586,9 +640,12 @@ def main(argv: list[str] | None = None) -> int:
                       master_addr=args.master_addr, master_port=None if rank0 else args.master_port)
     agent = Agent(index, command, envs, grace=args.grace, stdin_watch=not args.no_stdin_watch,
                   stdin_timeout=args.stdin_timeout, probe=probe, local_ranks=local_ranks, agent_rank=agent_rank,
-                  run_dir=args.run_dir)
+                  run_dir=args.run_dir,
+                  warm=(args.run_dir, socket.gethostname(), args.restart_count < args.max_restarts)
+                  if args.warm else None)
     if store is not None and not (probe and probe["ports_busy"]):    # busy: the controller will not say go
-        store.start(agent.envs, lambda text: agent.emit(None, "note", text))
+        store.start(agent.envs, lambda text: agent.emit(None, "note", text),
+                    warm=agent.warm[:2] if agent.warm is not None else None)
     try:
         return agent.run()
     finally:

@@ -33,10 +33,11 @@ import threading
 
 from podrun.plan.env import AGENT_STORE_NAME as ENV    # the name podrun.plan.env sets for every worker
 
+FD_ENV = "PODRUN_STORE_FD"   # in a store host a zygote forked: the number its listening socket has there
 # The store host: argv = listening fd, its port. Prints "up" once the store serves, else "failed: ...".
 _HOST = r"""
-import datetime, sys
-fd, port = int(sys.argv[1]), int(sys.argv[2])
+import datetime, os, sys
+fd, port = int(os.environ.get("FD_ENV") or sys.argv[1]), int(sys.argv[2])
 try:
     from torch.distributed import TCPStore
     kw = dict(world_size=None, is_master=True, timeout=datetime.timedelta(seconds=300), wait_for_workers=False,
@@ -50,7 +51,7 @@ except BaseException as exc:
     sys.exit(3)
 print("up", flush=True)
 sys.stdin.read()                      # serve until the agent closes our stdin (or dies: PDEATHSIG)
-"""
+""".replace("FD_ENV", FD_ENV)
 
 
 def listen(port: int) -> socket.socket:
@@ -84,7 +85,8 @@ def torch_available(python: str | None = None) -> bool:
 class StoreHost:
     """The child process that serves the TCPStore on ``sock``; ``state`` is "starting", "up" or "failed: ..."."""
 
-    def __init__(self, sock: socket.socket, on_failure=None, python: str = sys.executable):
+    def __init__(self, sock: socket.socket, on_failure=None, python: str = sys.executable,
+                 warm: tuple[str, str] | None = None):
         from podrun.launch.proctl import pdeathsig
 
         self.sock = sock
@@ -92,10 +94,32 @@ class StoreHost:
         self.up = threading.Event()
         self._on_failure = on_failure
         fd = sock.fileno()
-        self.proc = subprocess.Popen([python, "-c", _HOST, str(fd), str(sock.getsockname()[1])],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     pass_fds=(fd,), start_new_session=True, preexec_fn=pdeathsig)
+        argv = [python, "-c", _HOST, str(fd), str(sock.getsockname()[1])]
+        self.proc = self._forked(warm, argv, fd) if warm is not None else None
+        if self.proc is None:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, pass_fds=(fd,), start_new_session=True,
+                                         preexec_fn=pdeathsig)
         threading.Thread(target=self._watch, name="podrun-store-host", daemon=True).start()
+
+    @staticmethod
+    def _forked(warm: tuple[str, str], argv: list[str], fd: int):
+        """The store host forked by this host's zygote (torch already imported; podrun.launch.zygote), with
+        the same pipes as a started one; None when there is no zygote."""
+        from podrun.launch import zygote
+
+        in_r, in_w = os.pipe()
+        out_r, out_w = os.pipe()
+        proc = zygote.spawn(*warm, argv, dict(os.environ), os.getcwd(),
+                            {0: in_r, 1: out_w, 2: out_w, FD_ENV: fd})
+        os.close(in_r)
+        os.close(out_w)
+        if proc is None:
+            os.close(in_w)
+            os.close(out_r)
+            return None
+        proc.stdin, proc.stdout = os.fdopen(in_w, "wb"), os.fdopen(out_r, "rb")
+        return proc
 
     def _watch(self) -> None:
         lines = []
@@ -151,11 +175,15 @@ class AgentStore:
             return cls(port, None, os.strerror(exc.errno) if exc.errno else str(exc))
         return cls(sock.getsockname()[1], sock, None)
 
-    def start(self, envs: list[dict[str, str]], note) -> None:
-        """Serve the store, or fall back to rank 0 hosting it (``note``: the agent's message line)."""
+    def start(self, envs: list[dict[str, str]], note, warm: tuple[str, str] | None = None) -> None:
+        """Serve the store, or fall back to rank 0 hosting it (``note``: the agent's message line); ``warm``
+        (run dir, host): fork the store host from that host's zygote when it runs."""
         if self.sock is not None and torch_available():
             self.host = StoreHost(self.sock, on_failure=lambda why: note(
-                f"cannot host the store on port {self.port}: {why[len('failed: '):]}"))
+                f"cannot host the store on port {self.port}: {why[len('failed: '):]}"), warm=warm)
+            zygote_pid = getattr(self.host.proc, "zygote_pid", None)
+            if zygote_pid is not None:
+                note(f"warm start: the store host forked by the zygote (pid {zygote_pid}) as pid {self.host.proc.pid}")
             return
         if self.sock is None:
             note(f"cannot listen on port {self.port} ({self.error}): rank 0 hosts its store there itself")

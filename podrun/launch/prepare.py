@@ -4,13 +4,14 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from podrun.errors import LaunchError
 from podrun.launch.torchrun_args import (COMMAND, RECIPE, SCRIPT, LaunchOptions, Target, TorchrunOptions, check_nproc_kind,
                                          classify, command_hint, reconcile)
 
 DEFAULT_RUNS_DIR = "runs"
+WARM_TRANSPORTS = ("local", "ssh")   # whose agents start each instance themselves (--warm applies)
 LONG_RUN_HOURS = 1.0        # a recipe run estimated longer than this is announced before it starts
 
 
@@ -33,7 +34,7 @@ def prepare_launch(args, *, dashdash: bool, module: bool, no_python: bool, torch
                    transport: str | None, ssh, python: str | None, workdir: str | None, agent_store: bool,
                    grace: float, keepalive: float, only_output_from_instance: int | None, spare_hosts: str | None,
                    straggler_timeout: float | None, preflight: bool, env_items,
-                   data_interface: str | None = None) -> Prepared:
+                   data_interface: str | None = None, warm: bool = True) -> Prepared:
     """Everything `podrun launch` decides before it prints or runs: the target (podrun.launch.torchrun_args),
     torchrun's options reconciled with podrun's, the plan, the checks of this machine, the request, the elastic
     policy and what to say first; a PodrunError (exit 2) for anything wrong, before anything starts."""
@@ -115,6 +116,8 @@ def prepare_launch(args, *, dashdash: bool, module: bool, no_python: bool, torch
                             straggler_timeout=straggler_timeout, needs=needs,
                             data_interface=(data_interface if data_interface is not None
                                             else cluster.data_interface or None))
+    if warm and request.max_restarts > 0 and name in WARM_TRANSPORTS:
+        request = replace(request, warm=True)
     return Prepared(request=request, target=target, engine=engine, elastic=elastic, notes=tuple(notes),
                     long_run=long_run, cluster=cluster, recipe=rspec)
 

@@ -81,6 +81,7 @@ class LaunchRequest:
     # what MASTER_ADDR was derived from when no --master-addr was given: "" (the host of instance 0 as written),
     # "ssh" (its HostName in the ssh config, an IP address), "data-interface" (its address there, asked at launch)
     master_derived: str = ""
+    warm: bool = False                  # agents fork restarted workers from a zygote per host (podrun.launch.zygote)
 
     def checks_hosts(self) -> bool:
         """Whether this attempt checks its hosts before any worker starts: the first attempt, and every
@@ -107,6 +108,7 @@ class LaunchRequest:
         argv += ["--stdin-timeout", _num(self.keepalive)] if stdin_watch else ["--no-stdin-watch"]
         argv += ["--agent-store"] if self.agent_store else []
         argv += ["--listen-fd", str(self.listen_fd)] if self.listen_fd is not None and index == 0 else []
+        argv += ["--warm"] if self.warm and index is not None else []
         argv += ["--hold"] if hold else []
         argv += ["--needs", ",".join(self.needs)] if hold and self.needs else []
         return argv + ["--", *self.command]

@@ -211,6 +211,10 @@ def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from:
     finally:
         if held is not None:
             held.close()
+        if request.warm:
+            from podrun.launch.zygote import end
+
+            end(request.run_dir)          # every host's zygote sees its socket gone and ends
 
 
 def _attempts(cls, req: LaunchRequest, *, sink, notice, only_output_from, elastic,

@@ -1,0 +1,536 @@
+"""The warm process (zygote): one per host of a run that can restart; it imports torch and podrun's runner once and forks later attempts' workers.
+
+The first attempt's agent on a host starts it detached (``python -m podrun.launch.zygote``), after its own
+workers. It takes a lock (one per host), imports PRELOAD and warms up what torch imports on first use, with
+no thread of its own started (at SCHED_IDLE when it may switch back afterwards), and then listens on a unix
+socket (0600) in the run directory, ``<run_dir>/zygote/<hostname>.sock`` (directory 0700). A later
+attempt's agent sends it one request per process to fork (each worker, and rank 0's store host): the argv
+(``PY SCRIPT ...``, ``PY -m MODULE ...`` or ``PY -c CODE ...`` of the zygote's own interpreter), the env,
+the working directory, and file descriptors as SCM_RIGHTS (the worker's stdout, stderr and progress pipe),
+each for fd 0, 1 or 2 or for a variable that names its number. The child starts a session, gets SIGKILL
+when the zygote dies, takes the descriptors, the env, the cwd, the PYTHONPATH and the stack-dump handler
+(podrun/runtime/site), sets torch's threads from OMP_NUM_THREADS and runs the script as ``__main__``.
+The zygote answers ``pid N Z`` and, when the child ends, ``exit RC`` (Popen's code: negative for a
+signal); when the agent's connection closes first it kills the child's process group. Each agent holds
+a lease connection for its life. The zygote ends when its socket file is removed or replaced (the
+controller removes the directory when the run ends), or after --idle seconds with no connection and no
+child. An agent that cannot reach it starts its processes as usual.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import select
+import shutil
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+
+DIR_NAME = "zygote"
+IDLE_S = 60.0           # seconds with no agent connected and no worker alive before the zygote ends
+CONNECT_S = 2.0         # an agent's bound on reaching the zygote and hearing the forked pid
+PRELOAD = ("torch", "torch.distributed", "torch.nn", "torch.optim", "numpy", "podrun.runtime.distributed",
+           "podrun.train.runner", "podrun.train.loop", "podrun.train.data", "podrun.train.recipe_main",
+           "podrun.models")
+WARM_ENV = "PODRUN_WARM"        # in a worker the zygote forked: the zygote's pid
+LEASE = struct.pack("!I", 0)    # a request of length 0: hold this connection while the agent lives
+MAX_REQUEST = 16 * 1024 * 1024
+MAX_FDS = 8
+HIGH_FD = 256            # a forked process gets the fds it is told of by name at or above this number
+SITE_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime", "site",
+                         "sitecustomize.py")
+
+
+def zygote_dir(run_dir: str) -> str:
+    return os.path.join(run_dir, DIR_NAME)
+
+
+def socket_path(run_dir: str, host: str) -> str:
+    return os.path.join(zygote_dir(run_dir), re.sub(r"[^A-Za-z0-9._-]", "_", host) + ".sock")
+
+
+def end(run_dir: str) -> None:
+    """Remove the run's zygote directory: every zygote of the run sees its socket gone and ends."""
+    shutil.rmtree(zygote_dir(run_dir), ignore_errors=True)
+
+
+def warm_target(command, python: str = sys.executable) -> tuple[str, str, list[str], bool] | None:
+    """("script"|"module"|"code", path, module or code, args, unbuffered) when ``command`` runs ``python``
+    (this interpreter, the same path) on a script, a module or ``-c`` code; None when a zygote cannot run it."""
+    if len(command) < 2:
+        return None
+    exe = shutil.which(command[0]) if os.sep not in command[0] else command[0]
+    if exe is None or os.path.dirname(os.path.abspath(exe)) != os.path.dirname(os.path.abspath(python)):
+        return None
+    try:
+        if os.path.realpath(exe) != os.path.realpath(python):
+            return None
+    except OSError:
+        return None
+    rest, unbuffered = list(command[1:]), False
+    while rest and rest[0] == "-u":
+        rest, unbuffered = rest[1:], True
+    if len(rest) >= 2 and rest[0] in ("-m", "-c"):
+        return "module" if rest[0] == "-m" else "code", rest[1], rest[2:], unbuffered
+    if rest and not rest[0].startswith("-"):
+        return "script", rest[0], rest[1:], unbuffered
+    return None
+
+
+def _short(path: str) -> tuple[str, int]:
+    """An address for ``path`` short enough for sun_path (108 bytes): through an O_PATH fd of its directory."""
+    fd = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY)
+    return f"/proc/self/fd/{fd}/{os.path.basename(path)}", fd
+
+
+def _connect(path: str) -> socket.socket | None:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(CONNECT_S)
+    fd = None
+    try:
+        addr, fd = _short(path)
+        s.connect(addr)
+        return s
+    except OSError:
+        s.close()
+        return None
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+# -- the agent's side ---------------------------------------------------------------------------------
+class WarmProc:
+    """A process the zygote forked, as its agent sees it: what the agent uses of Popen (pid, stdin, stdout,
+    stderr, poll, wait, kill, returncode). Its exit code comes from the zygote; a zygote that died took the
+    process with it (SIGKILL)."""
+
+    def __init__(self, conn: socket.socket, pid: int, zygote_pid: int, rest: bytes = b""):
+        self.conn, self.pid, self.zygote_pid = conn, pid, zygote_pid
+        self.stdin = self.stdout = self.stderr = None
+        self.returncode: int | None = None
+        self._buf = rest
+        self._lock = threading.Lock()
+        conn.setblocking(False)
+
+    def poll(self) -> int | None:
+        with self._lock:
+            return self._poll()
+
+    def _poll(self) -> int | None:
+        while self.returncode is None:
+            m = re.search(rb"exit (-?\d+)\n", self._buf)
+            if m is not None:
+                self._ended(int(m[1]))
+                break
+            try:
+                data = self.conn.recv(256)
+            except BlockingIOError:
+                return None
+            except OSError:
+                data = b""
+            if not data:
+                self._ended(-int(signal.SIGKILL))
+            self._buf += data
+        return self.returncode
+
+    def _ended(self, code: int) -> None:
+        self.returncode = code
+        self.conn.close()
+
+    def wait(self, timeout: float | None = None) -> int:
+        import subprocess
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"zygote worker {self.pid}", timeout)
+            select.select([self.conn], [], [], 0.1)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def spawn(run_dir: str, host: str, command, env: dict[str, str], cwd: str, fds: dict) -> WarmProc | None:
+    """Ask this host's zygote to fork a process running ``command``; None when it cannot (no zygote, another
+    interpreter, a command that is not a Python script, module or ``-c``): the caller then starts it as usual.
+
+    ``fds``: what the process gets of the caller's file descriptors, {target: fd}; a target is 0, 1 or 2, or
+    the name of a variable that tells the process the number it has there (stdin is /dev/null unless given).
+    """
+    target = warm_target(command)
+    if target is None:
+        return None
+    conn = _connect(socket_path(run_dir, host))
+    if conn is None:
+        return None
+    body = json.dumps({"target": target, "env": env, "cwd": cwd, "fds": list(fds)}).encode()
+    try:
+        socket.send_fds(conn, [struct.pack("!I", len(body)) + body], list(fds.values()))
+        reply = b""
+        while b"\n" not in reply:
+            data = conn.recv(256)
+            if not data:
+                break
+            reply += data
+        m = re.match(rb"pid (\d+) (\d+)\n", reply)
+        if m is None:
+            raise OSError(f"the zygote answered {reply[:200]!r}")
+    except OSError:
+        conn.close()                                 # the zygote kills a process it forked for this request
+        return None
+    return WarmProc(conn, int(m[1]), int(m[2]), reply[m.end():])
+
+
+def start(run_dir: str, host: str, idle: float = IDLE_S) -> None:
+    """Start this host's zygote, detached (it forks away and the first process exits): the caller must not
+    be a child subreaper while this runs, or the zygote would stay its descendant."""
+    import subprocess
+
+    path = socket_path(run_dir, host)
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        log = open(path[:-5] + ".log", "ab")
+    except OSError:
+        return
+    try:
+        subprocess.run([sys.executable, "-m", "podrun.launch.zygote", "--socket", path, "--idle", str(idle)],
+                       stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, timeout=30,
+                       check=False)
+    except (OSError, subprocess.SubprocessError):
+        pass
+    finally:
+        log.close()
+
+
+def hold(run_dir: str, host: str, wait: float) -> socket.socket | None:
+    """A lease on this host's zygote (kept while the agent lives), trying for ``wait`` seconds (inf: as long as
+    the caller lives) while it starts."""
+    deadline = time.monotonic() + wait
+    while True:
+        conn = _connect(socket_path(run_dir, host))
+        if conn is not None:
+            try:
+                conn.sendall(LEASE)
+                return conn
+            except OSError:
+                conn.close()
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.25)
+
+
+# -- the zygote ---------------------------------------------------------------------------------------
+def _recv_request(conn: socket.socket) -> tuple[dict | None, list[int]]:
+    """One request: (None, []) for a lease; raises OSError/ValueError on a malformed one."""
+    data, fds, _flags, _addr = socket.recv_fds(conn, 65536, MAX_FDS)
+    if len(data) < 4:
+        raise ValueError("short request")
+    (n,) = struct.unpack("!I", data[:4])
+    if n == 0:
+        return None, fds
+    if n > MAX_REQUEST:
+        for fd in fds:
+            os.close(fd)
+        raise ValueError("request too large")
+    body = data[4:]
+    while len(body) < n:
+        more = conn.recv(min(1 << 20, n - len(body)))
+        if not more:
+            raise ValueError("request cut short")
+        body += more
+    req = json.loads(body)
+    if len(req.get("fds", ())) != len(fds):
+        for fd in fds:
+            os.close(fd)
+        raise ValueError("file descriptors missing")
+    return req, fds
+
+
+def _stdio(unbuffered: bool) -> None:
+    import io
+
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        raw = io.FileIO(fd, "w", closefd=False)
+        f = io.TextIOWrapper(raw if unbuffered else io.BufferedWriter(raw), encoding="utf-8",
+                             errors="backslashreplace" if fd == 2 else "strict",
+                             line_buffering=fd == 2, write_through=unbuffered)
+        setattr(sys, name, f)
+        setattr(sys, f"__{name}__", f)
+
+
+def _child(req: dict, fds: list[int], zygote_pid: int) -> int:
+    """In the forked worker: become the worker, run the script; returns its exit code."""
+    import fcntl
+    import runpy
+    import traceback
+
+    from podrun.launch.proctl import pdeathsig
+
+    os.setsid()
+    pdeathsig(signal.SIGKILL)
+    if os.getppid() != zygote_pid:
+        return 128 + int(signal.SIGKILL)
+    kind, target, args, unbuffered = req["target"]
+    env = dict(req["env"], **{WARM_ENV: str(zygote_pid)})
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, HIGH_FD) for fd in fds]
+    for fd in fds:
+        os.close(fd)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    for where, fd in zip(req["fds"], high):
+        if isinstance(where, int):
+            os.dup2(fd, where)
+            os.close(fd)
+        else:
+            os.set_inheritable(fd, True)
+            env[where] = str(fd)
+    unbuffered = unbuffered or bool(env.get("PYTHONUNBUFFERED"))
+    _stdio(unbuffered)
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(req["cwd"])
+    for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
+        signal.signal(s, signal.SIG_DFL)
+    extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+    first = os.path.dirname(os.path.abspath(target)) if kind == "script" else os.getcwd()
+    sys.path[:] = [first, *extra, *sys.path[1:]]
+    if env.get("PODRUN_STACK_DIR") and os.path.exists(SITE_FILE):
+        globals()["_stack_site"] = runpy.run_path(SITE_FILE, run_name="podrun_stack_site")
+    torch = sys.modules.get("torch")
+    threads = env.get("OMP_NUM_THREADS", "")
+    if torch is not None and threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
+    code = 0
+    try:
+        if kind == "module":
+            sys.argv = [target, *args]
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        elif kind == "code":
+            sys.argv = ["-c", *args]
+            exec(compile(target, "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+        else:
+            sys.argv = [target, *args]
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit as exc:
+        if exc.code is None:
+            code = 0
+        elif isinstance(exc.code, int):
+            code = exc.code & 0xFF
+        else:
+            print(exc.code, file=sys.stderr)
+            code = 1
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        code = 128 + int(signal.SIGINT)
+    except BaseException:  # noqa: BLE001 - the worker's uncaught error, printed as python would
+        traceback.print_exc()
+        code = 1
+    return code
+
+
+def _finish(code: int) -> None:
+    """End a forked worker as the interpreter would: its threads joined, atexit run, output flushed."""
+    import atexit
+    import threading
+
+    try:
+        threading._shutdown()  # type: ignore[attr-defined]
+        atexit._run_exitfuncs()
+    finally:
+        for f in (sys.stdout, sys.stderr):
+            try:
+                f.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+
+
+def _idle_class() -> bool:
+    """Import at SCHED_IDLE (CPU only when the first attempt's workers leave some) when this process may
+    switch back to SCHED_OTHER afterwards (root, CAP_SYS_NICE, RLIMIT_NICE), as tried in a throwaway child;
+    True when it switched."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+            os._exit(0)
+        except BaseException:  # noqa: BLE001 - not allowed here
+            os._exit(1)
+    if os.waitpid(pid, 0)[1] != 0:
+        return False
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    return True
+
+
+def _warm_up() -> None:
+    """What torch imports on first use rather than at import: an optimizer's first construction (torch._dynamo,
+    sympy: seconds) and a checkpoint's save and load. Starts no thread."""
+    import io
+
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    try:
+        p = torch.zeros(1, requires_grad=True)
+        for opt in (torch.optim.SGD, torch.optim.AdamW):
+            opt([p], lr=0.1)
+        buf = io.BytesIO()
+        torch.save({"p": p.detach()}, buf)
+        buf.seek(0)
+        torch.load(buf)
+    except Exception as exc:  # noqa: BLE001 - the worker does it itself then
+        print(f"podrun zygote: warm-up: {exc}", file=sys.stderr, flush=True)
+
+
+def serve(path: str, idle: float) -> int:
+    import fcntl
+
+    lock = os.open(path[:-5] + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return 0                                     # this host has its zygote already
+    idle_class = _idle_class()
+    for name in PRELOAD:
+        try:
+            __import__(name)
+        except Exception as exc:  # noqa: BLE001 - a module missing here is imported by the worker itself
+            print(f"podrun zygote: cannot preload {name}: {exc}", file=sys.stderr, flush=True)
+    _warm_up()
+    if idle_class:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))   # what the forked workers inherit
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    addr, dfd = _short(path)
+    old = os.umask(0o177)
+    try:
+        listener.bind(addr)
+    finally:
+        os.umask(old)
+        os.close(dfd)
+    listener.listen(64)
+    inode = os.stat(path).st_ino
+    me = os.getpid()
+    conns: dict[int, socket.socket] = {}       # fd -> connection (a lease, or a worker's)
+    kids: dict[int, socket.socket | None] = {}  # pid -> its agent's connection
+    of_conn: dict[int, int] = {}               # connection fd -> the pid forked for it
+    busy = time.monotonic()
+    print(f"podrun zygote {me}: ready on {path}", file=sys.stderr, flush=True)
+    while True:
+        ready, _, _ = select.select([listener, *conns.values()], [], [], 0.25)
+        for s in ready:
+            if s is listener:
+                try:
+                    c, _ = listener.accept()
+                except OSError:
+                    continue
+                c.settimeout(CONNECT_S)
+                try:
+                    req, fds = _recv_request(c)
+                except (OSError, ValueError):
+                    c.close()
+                    continue
+                if req is None:
+                    conns[c.fileno()] = c
+                    continue
+                pid = os.fork()
+                if pid == 0:
+                    listener.close()
+                    for o in conns.values():
+                        o.close()
+                    c.close()
+                    os.close(lock)
+                    code = 1
+                    try:
+                        code = _child(req, fds, me)
+                    except BaseException:  # noqa: BLE001 - becoming the worker failed (a missing cwd): say why
+                        import traceback
+
+                        traceback.print_exc()
+                    finally:
+                        _finish(code)
+                for fd in fds:
+                    os.close(fd)
+                try:
+                    c.sendall(f"pid {pid} {me}\n".encode())
+                except OSError:
+                    pass
+                conns[c.fileno()] = c
+                kids[pid] = c
+                of_conn[c.fileno()] = pid
+            else:                                    # a connection readable: its agent closed it (or wrote)
+                try:
+                    data = s.recv(256)
+                except OSError:
+                    data = b""
+                if data:
+                    continue
+                fd = s.fileno()
+                del conns[fd]
+                pid = of_conn.pop(fd, None)
+                if pid is not None and kids.get(pid) is s:
+                    kids[pid] = None
+                    try:
+                        os.killpg(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+                s.close()
+        while kids:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            c = kids.pop(pid, None)
+            if c is not None:
+                try:
+                    c.sendall(f"exit {-os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)}\n"
+                              .encode())
+                except OSError:
+                    pass
+        if conns or kids:
+            busy = time.monotonic()
+        try:
+            gone = os.stat(path).st_ino != inode
+        except OSError:
+            gone = True
+        if gone or time.monotonic() - busy > idle:
+            for pid in kids:
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            print(f"podrun zygote {me}: ending ({'socket removed' if gone else f'idle {idle:g} s'})",
+                  file=sys.stderr, flush=True)
+            return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m podrun.launch.zygote", description=__doc__.splitlines()[0])
+    ap.add_argument("--socket", required=True, help="the unix socket to listen on: <run_dir>/zygote/<host>.sock")
+    ap.add_argument("--idle", type=float, default=IDLE_S, help="end after this many seconds with no agent")
+    args = ap.parse_args(argv)
+    if os.fork() != 0:                                # detach: the starting agent waits only for this exit
+        os._exit(0)
+    return serve(args.socket, args.idle)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

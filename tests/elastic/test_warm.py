@@ -1,0 +1,152 @@
+"""Warm restarts (podrun.launch.zygote) on real OpenSSH hosts in network namespaces: an elastic run whose
+re-planned workers are forked by each host's zygote, a zygote killed mid-run (the next attempt starts cold),
+and runs that leave no zygote behind."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.elastic.test_elastic_ssh import launch_args, steps, wait_step
+from tests.launch.helpers import local_pids, podrun, podrun_popen, run_dir, summary, wait_until
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
+HERE = Path(__file__).parent
+TRAIN = str(HERE / "train_groupnorm.py")
+PROBE = str(HERE / "warm_probe.py")
+ZYGOTE = "podrun.launch.zygote"
+
+
+def zygotes(where: Path) -> list[int]:
+    """Pids of the zygotes serving run directories under ``where`` (every namespace host shares this pid space)."""
+    return [p for p in local_pids(ZYGOTE) if str(where) in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")]
+
+
+def probes(rd: Path) -> list[dict]:
+    out = []
+    for log in sorted(rd.glob("instance-*.log")):
+        for m in re.finditer(r"probe (\S+) attempt (\d+) pid (\d+) ppid (\d+) warm (\S+)", log.read_text()):
+            out.append({"host": m[1], "attempt": int(m[2]), "pid": int(m[3]), "ppid": int(m[4]), "warm": m[5]})
+    return out
+
+
+@pytest.mark.torch
+def test_elastic_restart_forks_workers_from_the_zygote_with_the_same_losses(make_ssh_hosts, tmp_path):
+    hosts = make_ssh_hosts(4)
+    train = [sys.executable, TRAIN, "--steps", "24", "--sleep", "0.15"]
+    ref = podrun(*launch_args(hosts, hosts.hosts, tmp_path, "ref", "--global-batch", "12"), "--", *train, timeout=180)
+    assert ref.returncode == 0, ref.stderr
+    reference = steps(run_dir(tmp_path / "ref"))
+    # a run that cannot restart starts no zygote
+    assert not (run_dir(tmp_path / "ref") / "zygote").exists()
+    assert "warm start" not in (run_dir(tmp_path / "ref") / "instance-0.log").read_text()
+
+    p = podrun_popen(*launch_args(hosts, hosts.hosts, tmp_path, "el", "--global-batch", "12", "--elastic", "2",
+                                  "--max-restarts", "2"), "--", *train)
+    try:
+        wait_step(tmp_path / "el", 8, 120)
+        assert wait_until(lambda: len(zygotes(tmp_path / "el")) == 4, 60), "no zygote on every host"
+        hosts.isolate("h3")
+        _, err = p.communicate(timeout=200)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, err
+    assert "re-planned 4 -> 3 hosts: 1 x 4 x GA 3 -> 1 x 3 x GA 4 = global batch 12" in err, err
+    rd = run_dir(tmp_path / "el")
+    logs = {i: (rd / f"instance-{i}.log").read_text() for i in range(3)}
+    for i, text in logs.items():     # every worker of the re-planned attempt was forked by its host's zygote
+        assert re.search(r"# podrun agent: warm start: local rank 0 forked by the zygote \(pid \d+\)", text), (i, text)
+    assert re.search(r"# podrun agent: warm start: the store host forked by the zygote", logs[0]), logs[0]
+    got = steps(rd)
+    assert sorted(got) == list(range(1, 25)) and got[24]["world_size"] == 3
+    for s in range(1, 25):
+        assert got[s]["loss"] == pytest.approx(reference[s]["loss"], rel=1e-5, abs=1e-7), s
+    rp = summary(tmp_path / "el")["elastic"]["replans"]
+    assert len(rp) == 1 and rp[0]["hosts_lost"] == ["h3"]
+    # the run is over: its zygotes (h3's too, behind its cut link) end with it
+    assert wait_until(lambda: not zygotes(tmp_path / "el"), 15), zygotes(tmp_path / "el")
+    assert not (rd / "zygote").exists()
+    print(f"elastic record: {rp[0]}")
+
+
+@pytest.mark.torch
+def test_a_killed_zygote_makes_the_next_attempt_start_cold(make_ssh_hosts, tmp_path):
+    hosts = make_ssh_hosts(2)
+    p = podrun_popen(*launch_args(hosts, hosts.hosts, tmp_path, "runs", "--max-restarts", "1"),
+                     "--", sys.executable, PROBE, str(tmp_path))
+    try:
+        rd = wait_until(lambda: next((tmp_path / "runs").glob("*/zygote/h2.sock"), None), 90)
+        assert rd is not None, "h2's zygote never listened"
+        rd = rd.parent.parent
+        assert wait_until(lambda: (rd / "zygote" / "h1.sock").exists(), 60), "h1's zygote never listened"
+        h1 = [z for z in zygotes(tmp_path) if "h1.sock" in Path(f"/proc/{z}/cmdline").read_text()]
+        assert len(h1) == 1, h1
+        os.kill(h1[0], signal.SIGKILL)
+        (tmp_path / "go").touch()
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, err
+    assert "restart 1 of 1" in err
+    by = {(x["host"], x["attempt"]): x for x in probes(rd)}
+    assert set(by) == {("h1", 0), ("h2", 0), ("h1", 1), ("h2", 1)}, by
+    assert by[("h1", 0)]["warm"] == by[("h2", 0)]["warm"] == "-"          # the first attempt starts cold
+    assert by[("h1", 1)]["warm"] == "-"                                    # its zygote was killed: cold again
+    assert by[("h2", 1)]["warm"] != "-" and by[("h2", 1)]["ppid"] == int(by[("h2", 1)]["warm"])
+    assert summary(tmp_path / "runs")["exit_code"] == 0
+    assert wait_until(lambda: not zygotes(tmp_path), 15), zygotes(tmp_path)
+
+
+def test_no_warm_starts_no_zygote(make_ssh_hosts, tmp_path):
+    hosts = make_ssh_hosts(2)
+    p = podrun_popen(*launch_args(hosts, hosts.hosts, tmp_path, "runs", "--max-restarts", "1", "--no-warm"),
+                     "--", sys.executable, PROBE, str(tmp_path))
+    try:
+        assert wait_until(lambda: len(probes(run_dir(tmp_path / "runs"))) == 2 if list((tmp_path / "runs").glob("*"))
+                          else False, 90), "the first attempt did not start"
+        (tmp_path / "go").touch()
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, err
+    assert all(x["warm"] == "-" for x in probes(run_dir(tmp_path / "runs")))
+    assert "--warm" not in (run_dir(tmp_path / "runs") / "command").read_text()
+    assert not (run_dir(tmp_path / "runs") / "zygote").exists() and not zygotes(tmp_path)
+
+
+@pytest.mark.torch
+def test_podrun_stack_shows_a_warm_workers_stack(tmp_path):
+    """The stack-dump signal reaches a worker the zygote forked (its handler registered after the fork)."""
+    runs = tmp_path / "runs"
+    p = podrun_popen("launch", "--devices-per-host", "1", "--runs-dir", str(runs), "--max-restarts", "1",
+                     "--hang-timeout", "off", "--", sys.executable, PROBE, str(tmp_path), "--wait-done")
+    try:
+        sock = wait_until(lambda: next(runs.glob("*/zygote/*.sock"), None), 90)
+        assert sock is not None, "the zygote never listened"
+        rd = sock.parent.parent
+        (tmp_path / "go").touch()
+        assert wait_until(lambda: any(x["attempt"] == 1 for x in probes(rd)), 60), probes(rd)
+        warm = next(x for x in probes(rd) if x["attempt"] == 1)
+        assert warm["warm"] != "-" and warm["ppid"] == int(warm["warm"]), warm
+        cp = podrun("stack", "--runs-dir", str(runs), "--json", timeout=60)
+        assert cp.returncode == 0, cp.stderr
+        workers = [w for g in json.loads(cp.stdout)["groups"] for w in g["workers"]]
+        assert len(workers) == 1 and workers[0]["processes"][0]["pid"] == warm["pid"], workers
+        main = workers[0]["processes"][0]["threads"][0]
+        loop = next(n for n, t in enumerate(Path(PROBE).read_text().splitlines(), 1) if t.endswith("# WARM-LOOP"))
+        assert main["main"] and any(f["file"] == PROBE and f["line"] == loop for f in main["frames"]), main
+        (tmp_path / "done").touch()
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, err
+    assert wait_until(lambda: not zygotes(tmp_path), 15), zygotes(tmp_path)
