@@ -204,6 +204,8 @@ def recover(writer: Writer | None, newer_than: int, restart_count: int = 0) -> R
     import torch
     import torch.distributed as dist
 
+    if writer is not None:
+        writer.wait()                # a write still running counts once it is complete
     mine = [s for s, _ in held(writer.dir)] if writer is not None else []
     mine = (mine + [-1] * SLOTS)[:SLOTS]
     on = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
