@@ -210,9 +210,11 @@ def recover(writer: Writer | None, newer_than: int, restart_count: int = 0) -> R
     mine = (mine + [-1] * SLOTS)[:SLOTS]
     on = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
     rank = dist.get_rank() if on else 0
+    # NCCL moves device tensors only; gloo host ones
+    dev = f"cuda:{torch.cuda.current_device()}" if on and dist.get_backend() == "nccl" else "cpu"
     if on:
-        mark = torch.tensor(mine, dtype=torch.int64)
-        table = [torch.zeros(SLOTS, dtype=torch.int64) for _ in range(dist.get_world_size())]
+        mark = torch.tensor(mine, dtype=torch.int64, device=dev)
+        table = [torch.zeros(SLOTS, dtype=torch.int64, device=dev) for _ in range(dist.get_world_size())]
         dist.all_gather(table, mark)
         steps = [t.tolist() for t in table]
     else:
@@ -233,17 +235,17 @@ def recover(writer: Writer | None, newer_than: int, restart_count: int = 0) -> R
     data = writer.read(newest) if rank in holders else None
     if on and lacking:
         if rank == src:
-            size = torch.tensor([len(data)], dtype=torch.int64)
-            payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            size = torch.tensor([len(data)], dtype=torch.int64, device=dev)
+            payload = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(dev)
             for r in lacking:
                 dist.send(size, dst=r)
                 dist.send(payload, dst=r)
         elif rank in lacking:
-            size = torch.zeros(1, dtype=torch.int64)
+            size = torch.zeros(1, dtype=torch.int64, device=dev)
             dist.recv(size, src=src)
-            payload = torch.empty(int(size.item()), dtype=torch.uint8)
+            payload = torch.empty(int(size.item()), dtype=torch.uint8, device=dev)
             dist.recv(payload, src=src)
-            data = payload.numpy().tobytes()
+            data = payload.cpu().numpy().tobytes()
             if writer is not None:
                 writer.put(newest, data)   # a second failure before the next update finds it here too
     state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
