@@ -74,14 +74,19 @@ def report(run_dir: str | None, runs_dir: str, as_json: bool, output: str | None
 
 
 def _replan_line(r: dict) -> str:
-    """One elastic re-plan: where, what was lost, the decomposition before and after, time to train again."""
+    """One elastic re-plan: where, what was lost, the decomposition before and after, where the next attempt
+    resumed from, time to train again."""
     from podrun.train.report import describe_replan
 
     at = f" after step {r['step']}" if r["step"] is not None else ""
     after = f"; training again {_seconds(r['training_after_s'])} after the loss" \
         if r["training_after_s"] is not None else ""
+    res = r.get("resumed_from") or {}
+    src = {"snapshot": f"the snapshot of step {res.get('step')} (rank {res.get('from_rank')})",
+           "checkpoint": f"the checkpoint of step {res.get('step')}"}.get(res.get("source"))
+    resumed = f"; resumed from {src}" if src else ""
     return (f"re-plan{at}: lost {', '.join(r['hosts_lost']) or 'no host'}, {describe_replan(r)}, "
-            f"global batch {r['new'].get('global_batch')}{after}")
+            f"global batch {r['new'].get('global_batch')}{resumed}{after}")
 
 
 def _seconds(v) -> str:

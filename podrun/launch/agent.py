@@ -418,13 +418,21 @@ class Agent:
                 _reap(pid)
 
     def run(self) -> int:
+        code: int | None = None
         try:
-            return self._run()
+            code = self._run()
+            return code
         finally:                                # also on an unexpected error: nothing outlives the agent
             self._signal_all(signal.SIGKILL)
             end_descendants()
             if self.stack_root is not None:
                 shutil.rmtree(self.stack_root, ignore_errors=True)
+            if self.procs:                      # workers ran: their snapshots go when no restart can use them
+                from podrun.runtime.snapshot import drop_when_done
+
+                ended = (self.signalled in (signal.SIGINT, signal.SIGTERM)
+                         or (self.stop_reason or "").startswith("lost the controller"))
+                drop_when_done(self.envs, code, ended)
 
     def _run(self) -> int:
         self.subreaper = _prctl(PR_SET_CHILD_SUBREAPER, 1)

@@ -174,7 +174,7 @@ def describe(replan: Replan, old: "Plan", step: int | None, cause: str | None = 
     return (f"elastic: {what}{at}{swap}; re-planned {len(old.hosts)} -> {len(new.hosts)} hosts: "
             f"{old.local_batch} x {old.replicas} x GA {old.grad_accum} -> "
             f"{new.local_batch} x {new.replicas} x GA {new.grad_accum} = global batch {new.global_batch}; "
-            "resuming from the last checkpoint")
+            "resuming from the newest snapshot a survivor holds, else the last checkpoint")
 
 
 def last_step(run_dir: str | Path) -> tuple[int | None, float | None]:
@@ -185,6 +185,13 @@ def last_step(run_dir: str | Path) -> tuple[int | None, float | None]:
 def first_step_after(run_dir: str | Path, after: float) -> tuple[int | None, float | None]:
     """(step, time) of the first training step logged after wall time ``after``; (None, None) if none."""
     return _scan(run_dir, after, first=True)
+
+
+def resumed_after(run_dir: str | Path, after: float) -> dict | None:
+    """Where the attempt started after wall time ``after`` resumed from (its metrics.jsonl resume record)."""
+    from podrun.train.metrics import resume_after     # torch-free: the one reader of metrics.jsonl
+
+    return resume_after(run_dir, after)
 
 
 def _scan(run_dir: str | Path, after: float | None, first: bool) -> tuple[int | None, float | None]:

@@ -316,7 +316,7 @@ def _replan(policy, record: dict, req: LaunchRequest, summary: dict, outcome: Ou
         "new": decomposition(decision.plan) if decision.plan is not None else None,
         "skipped": [{"hosts": n, "reason": r} for n, r in decision.skipped],
         "preflight": [str(p) for p in problems],
-        "restarted_after_s": None, "training_after_s": None,
+        "restarted_after_s": None, "training_after_s": None, "resumed_from": None,
     })
     notice(describe(decision, req.plan, step, cause))
     if decision.plan is None:
@@ -344,13 +344,14 @@ def _replan(policy, record: dict, req: LaunchRequest, summary: dict, outcome: Ou
 def _elastic_timings(record: dict, restart_count: int, run_dir: str, outcome: Outcome) -> None:
     """After the attempt that followed a re-plan: seconds from the loss to its workers all started, and to
     its first training step (from metrics.jsonl; None when the script logs none)."""
-    from podrun.launch.elastic import first_step_after
+    from podrun.launch.elastic import first_step_after, resumed_after
 
     if not record["replans"] or record["replans"][-1]["restart"] != restart_count:
         return
     last = record["replans"][-1]
     if outcome.all_ready_s is not None:
         last["restarted_after_s"] = round(outcome.started + outcome.all_ready_s - last["lost_at"], 3)
+    last["resumed_from"] = resumed_after(run_dir, outcome.started)
     _, t = first_step_after(run_dir, outcome.started)
     if t is not None:
         last["training_after_s"] = round(t - last["lost_at"], 3)

@@ -27,6 +27,7 @@ PODRUN_FIELDS: dict[str, str] = {
     "grad_accum": "PODRUN_GRAD_ACCUM",
     "global_batch": "PODRUN_GLOBAL_BATCH",
     "restart_count": "PODRUN_RESTART_COUNT",
+    "snapshot_dir": "PODRUN_SNAPSHOT_DIR",
 }
 PODRUN_NAMES = tuple(PODRUN_FIELDS.values())
 # the variable that tells podrun.runtime a worker was started by podrun
@@ -92,6 +93,17 @@ RUN_WIDE_NAMES = (
     "PODRUN_RESTART_COUNT", "MASTER_ADDR", "MASTER_PORT", "ROLE_NAME", "TORCHELASTIC_RESTART_COUNT",
     "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
 )
+
+
+# Where a host's in-memory snapshots of the training state live (podrun.runtime.snapshot): shared memory,
+# one directory per run and host, so that hosts sharing one file system (namespaces, one machine) keep apart
+SNAPSHOT_ROOT = "/dev/shm"
+
+
+def snapshot_dir(run_id: str, host: str) -> str:
+    """PODRUN_SNAPSHOT_DIR of the workers on ``host``: keyed by the host, not the instance index (an index moves
+    to another host after a re-plan; the snapshots stay where they were written)."""
+    return os.path.join(SNAPSHOT_ROOT, f"podrun-{run_id}", host)
 
 
 def is_ipu(plan: "Plan") -> bool:
@@ -161,7 +173,7 @@ def worker_env(plan: "Plan", instance_index: int, local_rank: int, *, run_id: st
               "instance_index": instance_index, "num_replicas": plan.replicas, "local_replicas": pl.local_replicas,
               "replica_offset": pl.replica_offset, "devices_per_replica": plan.devices_per_replica,
               "local_batch": plan.local_batch, "grad_accum": plan.grad_accum, "global_batch": plan.global_batch,
-              "restart_count": restart_count}
+              "restart_count": restart_count, "snapshot_dir": snapshot_dir(run_id, pl.host)}
     torchrun = {"rank": rank, "local_rank": local_rank, "world_size": world_size(plan), "local_world_size": wpi,
                 "node_rank": instance_index, "master_addr": master_addr, "master_port": master_port}
     env: dict[str, object] = {PODRUN_FIELDS[k]: v for k, v in podrun.items()}

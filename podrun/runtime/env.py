@@ -91,6 +91,7 @@ class WorkerInfo:
     run_dir: str | None = None
     plan_path: str | None = None
     restart_count: int = 0      # restarts of the run so far (podrun's or torchrun's count)
+    snapshot_dir: str | None = None   # this host's in-memory snapshots (podrun.runtime.snapshot); None: none kept
 
     @property
     def distributed(self) -> bool:
@@ -203,6 +204,7 @@ def read_worker_info(env: Mapping[str, str] | None = None) -> WorkerInfo:
         run_dir=env.get(PODRUN_FIELDS["run_dir"]) or None,
         plan_path=env.get(PODRUN_FIELDS["plan_path"]) or None,
         restart_count=_int(env, f"{PODRUN_FIELDS['restart_count']}|TORCHELASTIC_RESTART_COUNT", 0),
+        snapshot_dir=env.get(PODRUN_FIELDS["snapshot_dir"]) or None,
     )
 
 

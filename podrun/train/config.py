@@ -74,6 +74,7 @@ class TrainConfig:
     checkpoint_every: int = 0               # update steps; 0: only at the end
     keep_checkpoints: int = 2               # the newest N are kept; 0: none once the run finishes
     resume: bool = True
+    snapshots: bool = True                  # an in-memory snapshot after every update (PODRUN_SNAPSHOT_DIR)
     eval_every: int = 1                     # epochs; 0: only at the end
     eval_batch: int = 256
     log_every: int = 10

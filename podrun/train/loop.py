@@ -21,20 +21,31 @@ from podrun.train.optim import mix_batch, soft_cross_entropy
 from podrun.train.setup import Session, all_reduce, no_sync
 
 
-def run(s: Session, step: int, acc: dict[str, float], resumed_from: str | None) -> dict[str, Any]:
-    """Train from update ``step`` to s.total; returns the summary (also written to <run_dir>/train_summary.json)."""
+def resumed_from(origin: dict[str, Any] | None, step: int) -> str | None:
+    """What the run record, config.json and the summary say the attempt resumed from: a checkpoint's path, or
+    ``snapshot of update N (rank r)``; None for a fresh start."""
+    if origin is None:
+        return None
+    return origin.get("path") or f"snapshot of update {step} (rank {origin['from_rank']})"
+
+
+def run(s: Session, step: int, acc: dict[str, float], origin: dict[str, Any] | None, writer=None) -> dict[str, Any]:
+    """Train from update ``step`` to s.total; returns the summary (also written to <run_dir>/train_summary.json).
+    ``origin``: where it resumed from (save.restore); ``writer``: the host's snapshot writer, given the state after
+    every update."""
     cfg, info, device, metrics = s.cfg, s.info, s.device, s.metrics
     world, rank, a, g, spe, total = s.world, s.rank, s.grad_accum, s.global_batch, s.steps_per_epoch, s.total
     wrapped, fwd, opt, sched, scaler = s.wrapped, s.fwd, s.opt, s.sched, s.scaler
     amp_dtype = s.amp_dtype
     mean, std = s.train_ds.mean, s.train_ds.std
-    metrics.write({"kind": "run", "event": "resume" if resumed_from else "start", "step": step,
+    resumed = resumed_from(origin, step)
+    metrics.write({"kind": "run", "event": "resume" if origin else "start", "step": step, **(origin or {}),
                    "samples": step * g, "world_size": world, "instances": info.num_instances,
                    "local_batch": s.local_batch, "grad_accum": a, "global_batch": g, "steps_per_epoch": spe,
                    "total_steps": total, "device": device.kind,
                    "amp": str(amp_dtype).replace("torch.", "") if amp_dtype else "off", "lr": s.lr,
                    "warmup_steps": s.warmup, "dataset": s.train_ds.name, "train_size": len(s.train_ds),
-                   "resumed_from": resumed_from})
+                   "resumed_from": resumed})
     last_eval: dict[str, Any] = {}
     if step >= total:
         loader_iter = iter(())
@@ -133,6 +144,8 @@ def run(s: Session, step: int, acc: dict[str, float], resumed_from: str | None) 
                 metrics.write({"kind": "eval", "step": step, "epoch": epoch, **last_eval})
                 wrapped.train()
             t_last = time.perf_counter()
+        if writer is not None and step < total:
+            save.snapshot(s, writer, step, acc)     # in the background; the next optimizer step waits for it
         if step >= total:
             break
         busy.start()
@@ -145,7 +158,7 @@ def run(s: Session, step: int, acc: dict[str, float], resumed_from: str | None) 
     metrics.write({"kind": "eval", "step": step, "epoch": (step - 1) // spe if step else 0, **last_eval})
     summary = {"steps": step, "total_steps": total, "global_batch": g, "local_batch": s.local_batch,
                "grad_accum": a, "world_size": world, "seconds": time.time() - s.t_start, "run_dir": str(s.run_dir),
-               "resumed_from": resumed_from, **last_eval}
+               "resumed_from": resumed, **last_eval}
     kept = save.finish(s)              # where the kept checkpoints are, in the end record and the summary
     summary.update(kept)
     metrics.write({"kind": "run", "event": "end", "step": step, **kept,

@@ -97,6 +97,21 @@ def step_times(run_dir: str | os.PathLike) -> Iterator[tuple[int, float]]:
         return
 
 
+def resume_after(run_dir: str | os.PathLike, after: float) -> dict[str, Any] | None:
+    """Where the first attempt started after wall time ``after`` resumed from, from its ``run``/``resume`` record:
+    {"step", "source" ("snapshot" | "checkpoint"), "from_rank" (a snapshot's)}; None when it wrote none."""
+    try:
+        for r in iter_records(run_dir):
+            if (r is not None and r["kind"] == "run" and r["event"] in ("resume", "start")
+                    and float(r.get("time", 0)) > after):
+                if r["event"] == "start":
+                    return {"step": 0, "source": None, "from_rank": None}
+                return {"step": r.get("step"), "source": r.get("source"), "from_rank": r.get("from_rank")}
+    except OSError:
+        return None
+    return None
+
+
 def end_record(run_dir: str | os.PathLike) -> dict[str, Any] | None:
     """The last readable ``run``/``end`` record (where the kept checkpoints are, among others); None when the
     run wrote none or has no metrics file."""

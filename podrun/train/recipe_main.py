@@ -26,7 +26,9 @@ def parser(recipe_name: str, default_data: str = "synthetic", cls=argparse.Argum
     a("--checkpoint-dir", default=None, help="default: <run dir>/checkpoints")
     a("--keep-checkpoints", type=int, default=TrainConfig.keep_checkpoints, metavar="N",
       help=f"keep the newest N checkpoints (default {TrainConfig.keep_checkpoints}); 0: none once the run finishes")
-    a("--no-resume", action="store_true", help="ignore existing checkpoints")
+    a("--no-resume", action="store_true", help="ignore existing checkpoints and snapshots")
+    a("--no-snapshots", action="store_true",
+      help="keep no in-memory snapshot after each update (under podrun launch a restart then resumes from disk)")
     a("--run-dir", default=None, help="default: $PODRUN_RUN_DIR, else runs/<recipe>-<time>")
     a("--amp", default=None, choices=["auto", "off", "bf16", "fp16"],
       help="mixed precision (default: the recipe's precision on CUDA, off on CPU)")
@@ -173,7 +175,8 @@ def build_config(recipe, args: argparse.Namespace, plan: dict | None, overrides:
         amp=amp, channels_last=args.channels_last, compile=args.compile, fsdp=args.fsdp,
         deterministic=args.deterministic, seed=args.seed, device=args.device, threads=args.threads,
         run_dir=args.run_dir, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-        keep_checkpoints=args.keep_checkpoints, resume=not args.no_resume, eval_every=args.eval_every,
+        keep_checkpoints=args.keep_checkpoints, resume=not args.no_resume, snapshots=not args.no_snapshots,
+        eval_every=args.eval_every,
         log_every=args.log_every, console=not args.quiet,
     )
     for k, v in (overrides or {}).items():

@@ -247,7 +247,8 @@ def replans(launch: dict | None) -> list[dict]:
         if not isinstance(new, dict):
             continue
         out.append({"step": r.get("at_step"), "hosts_lost": r.get("hosts_lost") or [],
-                    "old": old, "new": new, "training_after_s": r.get("training_after_s")})
+                    "old": old, "new": new, "training_after_s": r.get("training_after_s"),
+                    "resumed_from": r.get("resumed_from") if isinstance(r.get("resumed_from"), dict) else None})
     return out
 
 

@@ -35,7 +35,13 @@ def _train(cfg: TrainConfig, info: WorkerInfo, device) -> dict[str, Any]:
     from podrun.train import loop, save, setup
 
     s = setup.prepare(cfg, info, device)
-    step, acc, resumed_from = save.restore(s)
-    if s.rank == 0:
-        write_config(s.run_dir, cfg, {**s.resolved(), "resumed_from": resumed_from, "resumed_at_step": step})
-    return loop.run(s, step, acc, resumed_from)
+    writer = save.snapshot_writer(s)
+    try:
+        step, acc, origin = save.restore(s, writer)
+        if s.rank == 0:
+            write_config(s.run_dir, cfg, {**s.resolved(), "resumed_from": loop.resumed_from(origin, step),
+                                          "resumed_at_step": step})
+        return loop.run(s, step, acc, origin, writer)
+    finally:
+        if writer is not None:
+            writer.close()

@@ -1,4 +1,5 @@
-"""What a checkpoint holds (the position in global samples, not per-rank steps) and the resume: find, check, restore.
+"""What a checkpoint holds (the position in global samples, not per-rank steps) and the resume: find, check, restore
+(from the newest in-memory snapshot a rank holds when it is newer than the disk checkpoint).
 
 The position is ``samples``, the number of training samples consumed (update steps x global batch).
 Since the data order is a function of the seed and the epoch only (podrun.train.data), a position on
@@ -68,35 +69,73 @@ def agree_on_checkpoint(s: Session, found: tuple[Path, dict] | None) -> None:
             hint="the checkpoint directory must be shared by every host", exit_code=1)
 
 
-def restore(s: Session) -> tuple[int, dict[str, float], str | None]:
-    """(step, epoch accumulators, path resumed from) from the newest good checkpoint, or a fresh start."""
+def snapshot_writer(s: Session):
+    """This host's snapshot writer (podrun.runtime.snapshot), or None: no PODRUN_SNAPSHOT_DIR, --no-snapshots,
+    or FSDP (each rank holds a shard; a full state dict per update would be a collective)."""
+    if not s.info.snapshot_dir or not s.cfg.snapshots or s.use_fsdp:
+        return None
+    from podrun.runtime.snapshot import Writer
+
+    return Writer(s.info.snapshot_dir, writes=s.info.local_rank == 0)    # one writer per host
+
+
+def restore(s: Session, writer=None) -> tuple[int, dict[str, float], dict[str, Any] | None]:
+    """(step, epoch accumulators, where it resumed from) from the newest in-memory snapshot any rank holds when it
+    is newer than the newest good checkpoint, else that checkpoint, else a fresh start (None). Where: ``source``
+    "snapshot" or "checkpoint", ``path`` (the checkpoint's), ``from_rank`` and ``fetched_by`` (a snapshot's)."""
     acc = new_accumulators()
     ckpt.check_keep(s.cfg.keep_checkpoints)
     if not s.cfg.resume:
         return 0, acc, None
     found = ckpt.load_latest(s.ckpt_dir, map_location=s.device.torch_device if s.device.kind == "cuda" else "cpu")
     agree_on_checkpoint(s, found)
+    check = dict(global_batch=s.global_batch, seed=s.cfg.seed, train_size=len(s.train_ds))
+    disk = resume_step(found[0], found[1], **check) if found else -1
+    if writer is not None:
+        from podrun.runtime.snapshot import recover
+
+        got = recover(writer, disk, s.info.restart_count)
+        if got is not None:
+            step = resume_step(f"the snapshot of update {got.step} (rank {got.from_rank})", got.state, **check)
+            _load(s, got.state)
+            return step, got.state.get("epoch_acc", acc), {"source": "snapshot", "from_rank": got.from_rank,
+                                                           "fetched_by": list(got.fetched_by)}
     if not found:
         return 0, acc, None
     path, state = found
-    step = resume_step(path, state, global_batch=s.global_batch, seed=s.cfg.seed, train_size=len(s.train_ds))
+    _load(s, state)
+    return disk, state.get("epoch_acc", acc), {"source": "checkpoint", "path": str(path)}
+
+
+def _load(s: Session, state: dict[str, Any]) -> None:
     s.unwrap.load(state["model"], s.opt, state["optimizer"])
     s.sched.load_state_dict(state["scheduler"])
     if state.get("scaler"):
         s.scaler.load_state_dict(state["scaler"])
     ckpt.set_rng_state(state["rng"])
-    return step, state.get("epoch_acc", acc), str(path)
+
+
+def state(s: Session, step: int, acc: dict[str, float], model_state: dict, opt_state: dict) -> dict[str, Any]:
+    """What a checkpoint and a snapshot hold after ``step`` updates."""
+    return {"format": FORMAT, "model": model_state, "optimizer": opt_state,
+            "scheduler": s.sched.state_dict(), "scaler": s.scaler.state_dict() if s.use_scaler else None,
+            "samples": step * s.global_batch, "step": step, "global_batch": s.global_batch,
+            "seed": s.cfg.seed, "train_size": len(s.train_ds), "steps_per_epoch": s.steps_per_epoch,
+            "rng": ckpt.rng_state(), "epoch_acc": dict(acc)}
 
 
 def save(s: Session, step: int, acc: dict[str, float]) -> None:
     """Checkpoint after ``step`` updates (a collective under FSDP: every rank calls it; rank 0 writes)."""
     model_state, opt_state = s.unwrap.state_dict(), s.unwrap.optim_state_dict(s.opt)
     if s.rank == 0:
-        ckpt.save({"format": FORMAT, "model": model_state, "optimizer": opt_state,
-                   "scheduler": s.sched.state_dict(), "scaler": s.scaler.state_dict() if s.use_scaler else None,
-                   "samples": step * s.global_batch, "step": step, "global_batch": s.global_batch,
-                   "seed": s.cfg.seed, "train_size": len(s.train_ds), "steps_per_epoch": s.steps_per_epoch,
-                   "rng": ckpt.rng_state(), "epoch_acc": dict(acc)}, s.ckpt_dir, step, s.cfg.keep_checkpoints)
+        ckpt.save(state(s, step, acc, model_state, opt_state), s.ckpt_dir, step, s.cfg.keep_checkpoints)
+
+
+def snapshot(s: Session, writer, step: int, acc: dict[str, float]) -> None:
+    """Hand the state after ``step`` updates to this host's snapshot writer (a background write, DDP only)."""
+    from podrun.runtime.snapshot import freeze
+
+    writer.submit(step, state(s, step, acc, freeze(s.core), s.opt.state_dict()))
 
 
 def final(s: Session, step: int, acc: dict[str, float]) -> None:

@@ -25,7 +25,7 @@ def test_failed_instance_host_is_dropped_and_every_plan_kept(tmp_path):
     cp = launch_fail_on_4(tmp_path, min_hosts=2)
     assert cp.returncode == 0, cp.stderr
     assert ("podrun: elastic: dropping 127.0.0.3 (exited with code 3); re-planned 4 -> 2 hosts: "
-            "1 x 4 x GA 1 -> 1 x 2 x GA 2 = global batch 4; resuming from the last checkpoint") in cp.stderr
+            "1 x 4 x GA 1 -> 1 x 2 x GA 2 = global batch 4; resuming from the newest snapshot a survivor holds, else the last checkpoint") in cp.stderr
     assert "rank 1 of 2 GA 2 G 4" in cp.stdout
     rd = run_dir(tmp_path / "runs")
     plans = {n: json.loads((rd / n).read_text()) for n in ("plan-0.json", "plan-1.json", "plan.json")}

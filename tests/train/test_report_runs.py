@@ -149,3 +149,23 @@ def test_report_marks_an_elastic_replan_on_the_curves(tmp_path):
     assert (tmp_path / "curves.png").read_bytes() != (tmp_path / "plain.png").read_bytes()
     js = json.loads(_podrun("report", str(run), "--no-plot", "--json").stdout)
     assert js["replans"] == []
+
+
+def test_report_says_where_a_replan_resumed_from(tmp_path):
+    """summary.json's re-plan entry names the snapshot (or checkpoint) the next attempt resumed from: the report
+    line and its --json say it."""
+    run = tmp_path / "run"
+    _training_metrics(run, steps=8)
+    replan = {"restart": 1, "hosts_lost": ["h1"], "spares_used": [], "at_step": 5, "lost_at": 1.0,
+              "old": {"hosts": ["h1", "h2"], "replicas": 2, "local_batch": 2, "grad_accum": 1, "global_batch": 4},
+              "new": {"hosts": ["h2", "h3"], "replicas": 2, "local_batch": 2, "grad_accum": 1, "global_batch": 4},
+              "skipped": [], "restarted_after_s": 1.0, "training_after_s": 3.0,
+              "resumed_from": {"step": 5, "source": "snapshot", "from_rank": 1}}
+    (run / "summary.json").write_text(json.dumps({"run_id": "r", "status": "ok", "exit_code": 0,
+                                                  "elastic": {"min_hosts": 2, "replans": [replan]}}))
+    out = _podrun("report", str(run), "--no-plot")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert ("global batch 4; resumed from the snapshot of step 5 (rank 1); training again 3.0s after the loss"
+            in out.stdout), out.stdout
+    js = json.loads(_podrun("report", str(run), "--no-plot", "--json").stdout)
+    assert js["replans"][0]["resumed_from"] == {"step": 5, "source": "snapshot", "from_rank": 1}

@@ -66,7 +66,7 @@ def test_describe_a_replan():
     r = next_plan(policy(8), cur, ["pod256-host3"])
     assert describe(r, cur, None) == (
         "elastic: dropping pod256-host3; re-planned 16 -> 12 hosts: 3 x 128 x GA 16 -> 2 x 96 x GA 32 = global batch 6144;"
-        " resuming from the last checkpoint")
+        " resuming from the newest snapshot a survivor holds, else the last checkpoint")
 
 
 def test_failure_not_on_a_host_of_the_plan_keeps_the_plan():

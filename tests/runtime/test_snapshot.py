@@ -1,0 +1,125 @@
+"""The snapshot slots (podrun.runtime.snapshot) in one process: header last, two slots, the optimizer step waits
+for the background write, buffers copied at the call, the directory in the env contract and its removal."""
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+from podrun.plan.env import PODRUN_FIELDS
+from podrun.runtime import snapshot
+
+
+@pytest.fixture
+def host_dir():
+    d = Path("/dev/shm") / f"podrun-test-{uuid.uuid4().hex[:12]}" / "h1"
+    yield d
+    snapshot.remove(d)
+
+
+def test_a_slot_counts_only_with_its_header_and_the_size_it_names(host_dir):
+    w = snapshot.Writer(host_dir)
+    for step in (1, 2, 3):
+        w.submit(step, {"x": torch.full((1000,), float(step))})
+    w.close()
+    assert snapshot.held(host_dir) == [(3, 0), (2, 1)]       # two slots: the last two updates
+    (host_dir / "slot-0.pt").write_bytes(b"torn")             # a data file cut short: that slot no longer counts
+    assert snapshot.held(host_dir) == [(2, 1)]
+    (host_dir / "slot-1.json").unlink()                       # no header: not complete
+    assert snapshot.held(host_dir) == []
+    got = snapshot.recover(snapshot.Writer(host_dir), -1)
+    assert got is None
+
+
+def test_recover_single_process_returns_the_newest_state_newer_than_the_checkpoint(host_dir):
+    w = snapshot.Writer(host_dir)
+    w.submit(4, {"w": torch.arange(3.0), "note": "four"})
+    w.submit(5, {"w": torch.arange(3.0) + 5, "note": "five"})
+    got = snapshot.recover(w, newer_than=4)
+    assert (got.step, got.from_rank, got.fetched_by, got.state["note"]) == (5, 0, (), "five")
+    assert torch.equal(got.state["w"], torch.arange(3.0) + 5)
+    assert snapshot.recover(w, newer_than=5) is None          # the disk checkpoint is as new: it is the resume
+    w.close()
+
+
+class _SlowToPickle:
+    """Pickled in 0.5 s: the write is still running when the next optimizer step starts."""
+
+    def __reduce__(self):
+        import time
+
+        time.sleep(0.5)
+        return (str, ("slow",))
+
+
+def test_the_next_optimizer_step_waits_for_the_write_and_buffers_are_copied_at_the_call(host_dir):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.BatchNorm1d(1024))
+    opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    w = snapshot.Writer(host_dir)
+    for step in (1, 2):
+        model(torch.randn(16, 1024)).square().sum().backward()
+        opt.step()
+        opt.zero_grad()
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    w.submit(2, {"slow": _SlowToPickle(), "model": snapshot.freeze(model), "opt": opt.state_dict()})
+    model(torch.randn(16, 1024)).square().sum().backward()     # a forward changes BatchNorm's running stats
+    opt.step()                                                # and this step the weights: after the write
+    w.close()
+    got = snapshot.recover(w, -1)
+    assert got.step == 2
+    for k, v in want.items():
+        assert torch.equal(got.state["model"][k], v), k
+    assert not torch.equal(got.state["model"]["0.weight"], model.state_dict()["0.weight"])
+
+
+def test_test_knob_stops_a_host_writing_after_a_step(host_dir, monkeypatch):
+    """PODRUN_TEST_SNAPSHOT_UNTIL (a test knob) names hosts by their directory."""
+    monkeypatch.setenv(snapshot.TEST_UNTIL_ENV, "h0=9,h1=2")
+    w = snapshot.Writer(host_dir)
+    for step in (1, 2, 3, 4):
+        w.submit(step, {"s": step})
+    w.close()
+    assert [s for s, _ in snapshot.held(host_dir)] == [2, 1]
+
+
+def test_the_env_contract_names_a_directory_per_run_and_host():
+    from podrun.plan import Overrides, make_plan
+    from podrun.plan.env import worker_env
+    from podrun.specs import load_cluster
+
+    plan = make_plan(load_cluster("local").with_hosts(("a", "b"), 1), None, Overrides(global_batch=8))
+    envs = [worker_env(plan, i, 0, run_id="r1", run_dir="/x", plan_path="/x/plan.json", master_addr="a",
+                       master_port=1) for i in (0, 1)]
+    assert [e[PODRUN_FIELDS["snapshot_dir"]] for e in envs] == ["/dev/shm/podrun-r1/a", "/dev/shm/podrun-r1/b"]
+
+
+@pytest.mark.parametrize("code,ended,restart,most,removed", [
+    (0, False, 0, 2, True),       # the workers finished
+    (1, False, 0, 2, False),      # a failure a restart will resume from
+    (1, True, 0, 2, True),        # the run is being ended (signal, or the controller lost)
+    (1, False, 2, 2, True),       # the last restart's failure: nothing will read it
+])
+def test_the_agent_drops_snapshots_only_when_no_restart_will_read_them(host_dir, code, ended, restart, most, removed):
+    w = snapshot.Writer(host_dir)
+    w.submit(1, {"s": 1})
+    w.close()
+    env = {PODRUN_FIELDS["snapshot_dir"]: str(host_dir), PODRUN_FIELDS["restart_count"]: str(restart),
+           "TORCHELASTIC_MAX_RESTARTS": str(most)}
+    snapshot.drop_when_done([env], code, ended)
+    assert host_dir.exists() is not removed
+    assert host_dir.parent.exists() is not removed             # the run's directory goes with its last host
+
+
+def test_the_user_api_plan_reads_the_env_contract(monkeypatch):
+    from podrun.runtime import elastic
+
+    for k, v in {"PODRUN_NUM_REPLICAS": "3", "RANK": "2", "WORLD_SIZE": "3", "LOCAL_RANK": "0",
+                 "PODRUN_REPLICA_OFFSET": "2", "PODRUN_LOCAL_BATCH": "1", "PODRUN_GRAD_ACCUM": "4",
+                 "PODRUN_GLOBAL_BATCH": "12", "PODRUN_RESTART_COUNT": "1"}.items():
+        monkeypatch.setenv(k, v)
+    p = elastic.plan()
+    assert (p.rank, p.world_size, p.replica, p.replicas, p.local_batch, p.grad_accum, p.global_batch,
+            p.restart_count) == (2, 3, 2, 3, 1, 4, 12, 1)

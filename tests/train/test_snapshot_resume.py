@@ -1,0 +1,86 @@
+"""The runner's in-memory snapshots: 4 real gloo workers (one snapshot directory each, as on 4 hosts) killed
+mid-run and resumed on 3, one of them a spare with no snapshot, continue from the step they were killed at
+(the disk checkpoint interval is far larger) with the loss curve of a run that was never killed."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from podrun.runtime import snapshot
+from podrun.train.metrics import latest_by_step, read_metrics
+from tests.ports import free_port
+from tests.train.train_procs import WORKER, wait_all, wait_for_step, worker_env
+
+STEPS, GLOBAL = 30, 24
+
+
+def _opts(run_dir, **kw):
+    return dict(data="digits", image_size=8, num_classes=10, steps=STEPS, global_batch=GLOBAL, lr=0.2,
+                optimizer="sgd", momentum=0.9, weight_decay=1e-4, schedule="cosine", warmup_epochs=0.05,
+                deterministic=True, seed=11, eval_every=0, console=False, checkpoint_every=100,
+                run_dir=str(run_dir), **kw)
+
+
+def _start(dirs: list[Path | None], opts: dict, restart: int = 0) -> list[subprocess.Popen]:
+    """One worker per entry of ``dirs``, each alone on its host (local rank 0, its host's snapshot writer) with
+    that PODRUN_SNAPSHOT_DIR (None: none)."""
+    import json
+
+    port = free_port()
+    procs = []
+    for r, d in enumerate(dirs):
+        extra = {"PODRUN_RESTART_COUNT": str(restart), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                 "GROUP_RANK": str(r)}
+        if d is not None:
+            extra["PODRUN_SNAPSHOT_DIR"] = str(d)
+        procs.append(subprocess.Popen([sys.executable, str(WORKER), json.dumps(opts)],
+                                      env=worker_env(r, len(dirs), port, extra),
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    return procs
+
+
+@pytest.fixture
+def shm():
+    root = Path("/dev/shm") / f"podrun-test-{uuid.uuid4().hex[:12]}"
+    yield root
+    for d in list(root.iterdir()) if root.exists() else []:
+        snapshot.remove(d)
+
+
+@pytest.mark.timeout(420)
+def test_killed_on_4_resumed_on_3_with_a_spare_from_the_snapshots(tmp_path, shm):
+    run_dir, ref_dir = tmp_path / "4-then-3", tmp_path / "stays-on-4"
+    hosts = [shm / f"h{i}" for i in range(1, 6)]
+    victims = _start(hosts[:4], _opts(run_dir))
+    wait_for_step(run_dir, 12, victims, timeout=300)
+    for p in victims:
+        p.send_signal(signal.SIGKILL)
+    for p in victims:
+        p.wait()
+    logged = max(r["step"] for r in read_metrics(run_dir) if r.get("kind") == "step")
+    assert logged < STEPS and not (run_dir / "checkpoints").exists()        # no disk checkpoint to resume from
+    held = [snapshot.held(h) for h in hosts[:4]]
+    assert all(held) and all(h[0][0] >= logged - 2 for h in held), held     # the last updates, on every host
+
+    # h3 is gone, h5 (a spare, no snapshot) takes the third rank
+    out = wait_all(_start([hosts[0], hosts[1], hosts[4]], _opts(run_dir), restart=1), timeout=300)
+    wait_all(_start([None] * 4, _opts(ref_dir)), timeout=300)
+
+    records = read_metrics(run_dir)
+    [resume] = [r for r in records if r.get("event") == "resume"]
+    assert resume["source"] == "snapshot" and resume["step"] in (logged - 1, logged), (resume, logged)
+    assert resume["from_rank"] == 0 and resume["fetched_by"] == [2], resume
+    assert resume["resumed_from"] == f"snapshot of update {resume['step']} (rank 0)"
+    assert (resume["world_size"], resume["local_batch"]) == (3, 8)
+    assert snapshot.held(hosts[4])[0][0] >= resume["step"], out              # the spare holds it now
+
+    got = [(r["step"], r["loss"], r["accuracy"], r["lr"]) for r in latest_by_step(records, "step")]
+    want = [(r["step"], r["loss"], r["accuracy"], r["lr"]) for r in latest_by_step(read_metrics(ref_dir), "step")]
+    assert [row[0] for row in got] == list(range(1, STEPS + 1))
+    for g, w in zip(got, want):
+        assert g == pytest.approx(w, rel=1e-5, abs=1e-7), f"step {g[0]}: 4->3 {g} vs stays on 4 {w}"
