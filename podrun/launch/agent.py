@@ -146,8 +146,7 @@ def end_descendants(timeout: float = 5.0) -> int:
 class Agent:
     def __init__(self, index: int, command: list[str], envs: list[dict[str, str]], *, grace: float,
                  stdin_watch: bool, stdin_timeout: float, heartbeat: float = HEARTBEAT_S, out=None,
-                 probe: dict | None = None,
-                 local_ranks: list[int] | None = None, agent_rank: int | None = None,
+                 probe: dict | None = None, local_ranks: list[int] | None = None, agent_rank: int | None = None,
                  run_dir: str | None = None):
         self.index = index
         self.run_dir = run_dir       # without a stdin watch: where the controller's stacks-request appears
@@ -534,7 +533,8 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--rank-from-env", action="store_true",
                    help="the launcher's rank is a worker's global rank: run that one worker (mpirun: each "
                         "worker is an MPI rank of one world)")
-    ap.add_argument("--heartbeat", type=float, default=HEARTBEAT_S, help="seconds between heartbeats to the controller")
+    ap.add_argument("--heartbeat", type=float, default=HEARTBEAT_S,
+                    help="seconds between heartbeats to the controller")
     ap.add_argument("--stdin-timeout", type=float, default=HEARTBEAT_S * HEARTBEAT_MISSES,
                     help="seconds of silence on stdin (no controller heartbeat) after which the workers are ended")
     ap.add_argument("--no-stdin-watch", action="store_true")
@@ -589,8 +589,8 @@ def main(argv: list[str] | None = None) -> int:
                       needs=[m for m in args.needs.split(",") if m],
                       master_addr=args.master_addr, master_port=None if rank0 else args.master_port)
     agent = Agent(index, command, envs, grace=args.grace, stdin_watch=not args.no_stdin_watch,
-                  stdin_timeout=args.stdin_timeout, heartbeat=args.heartbeat, probe=probe, local_ranks=local_ranks, agent_rank=agent_rank,
-                  run_dir=args.run_dir)
+                  stdin_timeout=args.stdin_timeout, heartbeat=args.heartbeat, probe=probe, local_ranks=local_ranks,
+                  agent_rank=agent_rank, run_dir=args.run_dir)
     if store is not None and not (probe and probe["ports_busy"]):    # busy: the controller will not say go
         store.start(agent.envs, lambda text: agent.emit(None, "note", text))
     try:

@@ -18,7 +18,7 @@ HEARTBEAT_MISSES = 4       # heartbeats missed in a row before a host is lost: t
 # Before the first line of the other side, the allowance is at least this: an agent may wait for the controller's
 # fan-out to every other host, and an agent's python may start slowly on a loaded host.
 FIRST_HEARTBEAT_S = 60.0
-MIN_HEARTBEAT_S = 0.01     # a shorter period costs CPU on every host and finds nothing sooner (the checks run every 0.1 s)
+MIN_HEARTBEAT_S = 0.01     # shorter costs CPU on every host and finds nothing sooner (the checks run every 0.1 s)
 MAX_MISSES = 10 ** 6
 
 
@@ -62,7 +62,8 @@ def _checked(live: Liveness, where: str) -> Liveness:
 
     if live.period < MIN_HEARTBEAT_S:
         raise LaunchError(f"a heartbeat every {live.period:g} s ({where}) is more often than every "
-                          f"{MIN_HEARTBEAT_S:g} s", hint="give a longer --heartbeat or --keepalive (default 0.5 s x 4 = 2 s)")
+                          f"{MIN_HEARTBEAT_S:g} s",
+                          hint="give a longer --heartbeat or --keepalive (default 0.5 s x 4 = 2 s)")
     return live
 
 

@@ -31,7 +31,8 @@ def test_the_bound_is_the_period_times_the_misses(given, period, bound):
 
 
 @pytest.mark.parametrize("given,words", [
-    ({"keepalive": 3.0, "heartbeat": 0.5, "misses": 5}, "--keepalive 3 disagrees with --heartbeat 0.5 x --heartbeat-misses 5"),
+    ({"keepalive": 3.0, "heartbeat": 0.5, "misses": 5},
+     "--keepalive 3 disagrees with --heartbeat 0.5 x --heartbeat-misses 5"),
     ({"keepalive": 1.0, "heartbeat": 2.0}, "--keepalive 1 is shorter than --heartbeat 2"),
     ({"keepalive": 0.02}, "a heartbeat every 0.005 s (--keepalive) is more often than every 0.01 s"),
     ({"spec_heartbeat": 0.001}, "heartbeat and heartbeat_misses in the cluster spec"),
