@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.torch, pytest.mark.timeout(int(LO
 def launch_args(hosts, tmp_path, *extra):
     return ["launch", "--hosts", ",".join(hosts.hosts), "--devices-per-host", "1", "--transport", "ssh",
             "--ssh-config", hosts.ssh_config_path, "--python", hosts.python, "--runs-dir", str(tmp_path / "runs"),
-            "--master-port", str(free_port()), *extra]
+            "--master-port", str(free_port(2)), *extra]
 
 
 class Lines:
@@ -73,7 +73,7 @@ def test_workers_stuck_in_an_all_reduce_with_a_cut_host_are_ended_by_podrun(make
     p = podrun_popen(*launch_args(hosts, tmp_path), "--", sys.executable, LOOP, "--seconds", "300", m)
     lines = Lines(p)
     try:
-        assert wait_until(lambda: lines.count(lambda l: " up " in f" {l.split('] ', 1)[-1]} ") == 3, 90), \
+        assert wait_until(lambda: lines.count(lambda l: l.endswith(("] up 0", "] up 1", "] up 2"))) == 3, 90), \
             lines.text("out") + lines.text("err")
         assert all(hosts.processes(h, m) for h in hosts.hosts)
         cut = time.monotonic()
@@ -100,6 +100,38 @@ def test_workers_stuck_in_an_all_reduce_with_a_cut_host_are_ended_by_podrun(make
     assert gaps["h2"] > 2.0 and gaps["h1"] < 2.0 and gaps["h3"] < 2.0, gaps
     print(f"lost declared {lost[0] - cut:.2f} s after the cut; survivors' workers gone after {survivors_gone:.2f} s; "
           f"podrun exited after {exited:.2f} s; max heartbeat gaps {gaps}")
+
+
+def test_an_elastic_run_ends_the_survivors_blocked_workers_at_once_and_goes_on(make_ssh_hosts, tmp_path):
+    """The same cut in an --elastic run: the workers blocked in the all-reduce on h1 and h3 are gone within 15 s
+    of the cut (not at gloo's timeout), and the run re-plans to 2 hosts and ends 0."""
+    hosts = make_ssh_hosts(3)
+    m = marker()
+    p = podrun_popen(*launch_args(hosts, tmp_path, "--elastic", "2", "--global-batch", "6"), "--", sys.executable, LOOP,
+                     "--seconds", "300", m)
+    lines = Lines(p)
+    try:
+        assert wait_until(lambda: lines.count(lambda l: l.endswith(("] up 0", "] up 1", "] up 2"))) == 3, 90), \
+            lines.text("out") + lines.text("err")
+        first = {pid for h in ("h1", "h3") for pid, _ in hosts.processes(h, m)}
+        assert first
+        cut = time.monotonic()
+        hosts.isolate("h2")
+        lost = lines.wait(lambda l: "instance 1 on h2: lost" in l, 30)
+        assert lost is not None, lines.text("err")
+        ended = wait_until(lambda: not first & {pid for h in ("h1", "h3") for pid, _ in hosts.processes(h, m)}, 30, 0.1)
+        gone = time.monotonic() - cut
+        p.wait(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    err = lines.text("err")
+    assert ended and gone < 15, (lost[0] - cut, gone)
+    assert p.returncode == 0, err
+    assert "elastic: dropping h2 (host h2 lost: no heartbeat for 2 s" in err and "re-planned 3 -> 2 hosts" in err, err
+    assert lines.count(lambda l: "done " in l and "world 2" in l) == 2, lines.text("out")
+    print(f"elastic: lost declared {lost[0] - cut:.2f} s after the cut; the survivors' blocked workers gone after "
+          f"{gone:.2f} s")
 
 
 def test_no_false_loss_under_a_load_of_twice_the_cores(make_ssh_hosts, tmp_path):
