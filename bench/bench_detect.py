@@ -1,5 +1,7 @@
-"""Lost-host detection (issue 19 item 3): a cut link -> the run ended, podrun's default liveness against the
-former default (5 s of silence) and torchrun, interleaved on fresh namespace hosts."""
+"""Lost-host detection (issue 19 item 3): a cut link to the run's end, podrun against --keepalive 5 and torchrun.
+
+Interleaved on fresh namespace hosts: podrun's default liveness, podrun with 5 s of silence, torchrun's defaults.
+"""
 from __future__ import annotations
 
 import tempfile
