@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from podrun.launch.liveness import Liveness
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = str(ROOT / "tests" / "launch" / "scripts" / "torchrun_allreduce.py")
 SOCKET_SCRIPT = str(ROOT / "bench" / "scripts" / "socket_allreduce.py")
@@ -203,7 +205,8 @@ class _Run:
     """One run of WORKLOAD under podrun or torchrun on `names`: start, wait for every rank's first
     all_reduce, then poll the launcher(s) and the hosts; everything bounded, everything ours killed."""
 
-    def __init__(self, subject, hosts, names, tmp, port, marker, *, fail_rank=-1, fail_step=0, timeout=30.0):
+    def __init__(self, subject, hosts, names, tmp, port, marker, *, fail_rank=-1, fail_step=0, timeout=30.0,
+                 extra=()):
         self.subject, self.hosts, self.names, self.marker = subject, hosts, names, marker
         self.dir = Path(tmp) / marker
         self.dir.mkdir(parents=True)
@@ -215,7 +218,7 @@ class _Run:
                 "--fail-step", str(fail_step), "--timeout", str(timeout), "--marker", marker]
         self.log = open(self.dir / "log", "w")
         if subject == "podrun":
-            argv = [*_podrun_args(hosts, names, str(Path(tmp) / "runs"), port, "--run-id", marker), "--",
+            argv = [*_podrun_args(hosts, names, str(Path(tmp) / "runs"), port, "--run-id", marker, *extra), "--",
                     hosts.python, *args]
             self.procs = {"controller": subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)}
         else:
@@ -266,15 +269,16 @@ def teardown_vs(subject, hosts, tmp, port, bound) -> float | None:
         r.close()
 
 
-def lost_host_vs(subject, n, tmp, port, bound, timeout) -> tuple[float | None, bool]:
+def lost_host_vs(subject, n, tmp, port, bound, timeout, extra=()) -> tuple[float | None, bool]:
     """n fresh hosts, WORKLOAD running; cut h2's link: seconds from the cut until the launcher has ended the
     run (podrun: its exit; torchrun: every torchrun on the reachable hosts exited, as seen by their ssh
-    clients), None past `bound`; and whether the cut host's own processes of the run were gone by then."""
+    clients), None past `bound`; and whether the cut host's own processes of the run were gone by then.
+    ``extra``: more podrun launch options."""
     from tests.harness import NetnsHosts
 
     with NetnsHosts(n) as hosts:
         names, cut = hosts.hosts, hosts.hosts[1]
-        r = _Run(subject, hosts, names, tmp, port, f"bench-lost-{subject}-{port}", timeout=timeout)
+        r = _Run(subject, hosts, names, tmp, port, f"bench-lost-{subject}-{port}", timeout=timeout, extra=extra)
         try:
             r.wait_up(90)
             time.sleep(0.3)
@@ -403,7 +407,8 @@ def run(quick: bool) -> list[dict]:
                     cut_gone[subject] += gone
                 except AssertionError as exc:
                     failures.setdefault(f"lost host {subject}", []).append(str(exc)[:300])
-    rows.append(_vs_row("lost_host_vs_torchrun", f"podrun: link cut -> run ended, {n_lost} hosts (keepalive 5 s)",
+    rows.append(_vs_row("lost_host_vs_torchrun", f"podrun: link cut -> run ended, {n_lost} hosts (default liveness, "
+                        f"{Liveness().describe()})",
                         lost, f"torchrun c10d over ssh (defaults), {n_lost} hosts", lost_bound,
                         f"h2 isolated (veth down) mid-run; gloo all_reduce every 0.1 s, process-group timeout "
                         f"{pg_timeout:.0f} s (torchrun ends only when that collective times out: its rendezvous "

@@ -25,7 +25,8 @@ HELP_SECTIONS = (
                                              "node_rank", "log_dir", "redirects", "tee")),
     ("When a run hangs (docs/hangs.md)", ("hang_timeout", "on_hang")),
     ("Transports", ("transport", "ssh_client", "data_interface", "ssh_config", "no_host_key_check", "python_",
-                    "workdir", "master_addr", "master_port", "agent_store", "max_concurrency", "keepalive", "no_preflight")),
+                    "workdir", "master_addr", "master_port", "agent_store", "max_concurrency", "heartbeat", "heartbeat_misses", "keepalive",
+                    "no_preflight")),
     ("Engines (poprun, horovod)", ("engine", "mpi_args", "vipu_server_host", "vipu_partition", "vipu_cluster",
                                    "num_ilds", "mpi_global_args", "mpi_local_args", "print_topology", "offline_mode")),
     ("Advanced", ()),
@@ -121,8 +122,16 @@ TORCHRUN_OPTION_NAMES = ("nproc_per_node", "nnodes", "standalone", "rdzv_endpoin
 @click.option("--runs-dir", default=None, help="Where run directories go (default: runs).")
 @click.option("--run-id", help="Name of the run directory (default: a timestamp).")
 @click.option("--max-concurrency", type=t.CONCURRENCY, default=64, show_default=True, help="SSH handshakes in flight at once (commands over open connections are not limited).")
-@click.option("--keepalive", type=t.KEEPALIVE, default=5.0, show_default=True,
-              help="Seconds of silence after which a host is declared lost.")
+@click.option("--heartbeat", type=t.HEARTBEAT, default=None, metavar="SECONDS",
+              help="Seconds between heartbeats, both ways: the controller to each agent and each agent to the "
+                   "controller (default 0.5; the cluster spec's heartbeat).")
+@click.option("--heartbeat-misses", type=t.MISSES, default=None, metavar="N",
+              help="Heartbeats missed in a row before a host is declared lost, and before an agent ends its workers "
+                   "for want of its controller (default 4; the cluster spec's heartbeat_misses). The bound is "
+                   "--heartbeat x N: 2 s by default.")
+@click.option("--keepalive", type=t.KEEPALIVE, default=None, metavar="SECONDS",
+              help="The bound itself: seconds of silence after which a host is declared lost (--heartbeat x "
+                   "--heartbeat-misses; alone it means 4 missed heartbeats of SECONDS/4).")
 @click.option("--straggler-timeout", type=t.STRAGGLER, metavar="SECONDS",
               callback=lambda ctx, p, v: _finite(p, v),
               help="Once a worker has exited 0, the others have this long to end; then they are ended and the run "
@@ -138,7 +147,8 @@ TORCHRUN_OPTION_NAMES = ("nproc_per_node", "nnodes", "standalone", "rdzv_endpoin
 @click.pass_context
 def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir, master_addr, master_port,
            agent_store, grace, only_output_from_instance, max_restarts, elastic_min, spare_hosts, dry_run, runs_dir,
-           run_id, max_concurrency, keepalive, straggler_timeout, no_preflight, warm, as_json, env_items, module,
+           run_id, max_concurrency, heartbeat, heartbeat_misses, keepalive, straggler_timeout, no_preflight, warm,
+           as_json, env_items, module,
            no_python, **kw):
     """Launch RECIPE [ARGS...], SCRIPT.py [ARGS...], -m MODULE [ARGS...] or -- COMMAND ... on the plan's hosts.
 
@@ -166,8 +176,8 @@ def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir
         torchrun=torchrun, own=own, own_option_names=names, plan_kw=plan_kw, engine_kw=engine_kw,
         transport=transport, ssh=SSHOptions(config_path=ssh_config, host_key_check=not no_host_key_check,
                                             max_concurrency=max_concurrency, client=net_kw["ssh_client"]),
-        python=python_, workdir=workdir, agent_store=agent_store, grace=grace, keepalive=keepalive,
-        only_output_from_instance=only_output_from_instance, spare_hosts=spare_hosts,
+        python=python_, workdir=workdir, agent_store=agent_store, grace=grace,
+        liveness_opts=(heartbeat, heartbeat_misses, keepalive), only_output_from_instance=only_output_from_instance, spare_hosts=spare_hosts,
         straggler_timeout=straggler_timeout, preflight=not no_preflight, env_items=env_items,
         data_interface=net_kw["data_interface"], warm=warm)
     request = prepared.request
@@ -251,6 +261,9 @@ def _print_dry_run(record: dict) -> None:
     for note in record["notes"]:
         print(f"# {note}")
     print(f"# MASTER_ADDR {record['master_addr']}: {record['master_addr_source']}")
+    hb = record["heartbeat"]
+    print(f"# heartbeat every {hb['period_s']:g} s both ways; a host silent for {hb['bound_s']:g} s "
+          f"({hb['misses']:g} missed) is lost, and an agent whose controller is silent that long ends its workers")
     if record["master_port"] == 0:
         print(f"# MASTER_PORT 0 below: podrun picks a free port on {record['master_addr']} when the run starts, and "
               "every worker gets that port (--master-port N fixes one)")

@@ -86,6 +86,8 @@ CONCURRENCY = positive_int(f"at least one handshake must be in flight; at most {
 CPUS = positive_int("a node has at least one CPU", 1 << 20)
 GRACE = Seconds("seconds between SIGTERM and SIGKILL; 0 kills at once")
 KEEPALIVE = Seconds("seconds without a heartbeat before a host counts as lost", positive=True)
+HEARTBEAT = Seconds("seconds between two heartbeats, both ways", positive=True)
+MISSES = positive_int("heartbeats missed in a row before a host counts as lost; at least 1", 10 ** 6)
 POLL = Seconds("seconds between scheduler queries; 0 would query without pause", positive=True)
 TIMEOUT = Seconds("seconds to wait; 0 does not wait")
 NUM_ILDS = positive_int("an IPU-POD has at least one IPU-Link domain", 1024)

@@ -3,7 +3,7 @@
 One agent runs per instance, started by a transport. It sets the env contract for each local worker,
 starts each worker in its own process group with PR_SET_PDEATHSIG, streams their output as protocol
 lines (podrun.launch.protocol, lines cut at protocol.MAX_LINE bytes so memory stays bounded) on
-stdout, sends a heartbeat every second, forwards SIGINT/SIGTERM/SIGHUP, and ends every worker (the
+stdout, sends a heartbeat every --heartbeat seconds, forwards SIGINT/SIGTERM/SIGHUP, and ends every worker (the
 signal or SIGTERM, then SIGKILL after --grace seconds) when one fails, when it is signalled, when the
 controller asks (a ``T`` on stdin), or when it loses its controller (stdin closed, or silent for
 --stdin-timeout seconds). The agent is a child subreaper (PR_SET_CHILD_SUBREAPER): whatever its
@@ -40,13 +40,13 @@ import threading
 import time
 
 from podrun.launch import protocol
+from podrun.launch.liveness import FIRST_HEARTBEAT_S, HEARTBEAT_MISSES, HEARTBEAT_S
 from podrun.launch.proctl import PR_SET_CHILD_SUBREAPER, pdeathsig as _pdeathsig, prctl as _prctl
 from podrun.runtime.progress import FD_ENV as PROGRESS_ENV
 
 INDEX_ENV = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
 ERROR_TRACEBACK_LINES = 40   # of a worker's @record traceback, sent to the controller
 ERROR_MESSAGE_CHARS = 2000
-FIRST_HEARTBEAT_S = 60.0   # the first controller heartbeat may wait for the fan-out to every other host
 STACK_SIGNAL = int(signal.SIGRTMIN) + 4   # faulthandler's dump signal in workers (podrun/runtime/site)
 SITE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime", "site")
 STACK_WAIT_S = 2.0         # how long one process may take to write its stacks
@@ -147,8 +147,8 @@ def end_descendants(timeout: float = 5.0) -> int:
 
 class Agent:
     def __init__(self, index: int, command: list[str], envs: list[dict[str, str]], *, grace: float,
-                 stdin_watch: bool, stdin_timeout: float, out=None, probe: dict | None = None,
-                 local_ranks: list[int] | None = None, agent_rank: int | None = None,
+                 stdin_watch: bool, stdin_timeout: float, heartbeat: float = HEARTBEAT_S, out=None,
+                 probe: dict | None = None, local_ranks: list[int] | None = None, agent_rank: int | None = None,
                  run_dir: str | None = None, warm: tuple[str, str, bool] | None = None):
         self.index = index
         # (run dir, host, start one): fork workers from this host's zygote (podrun.launch.zygote) when it is
@@ -165,6 +165,7 @@ class Agent:
         self.grace = grace
         self.stdin_watch = stdin_watch
         self.stdin_timeout = stdin_timeout
+        self.heartbeat = heartbeat   # seconds between this agent's heartbeats to the controller
         self.out = out if out is not None else sys.stdout.buffer
         self.lock = threading.Lock()
         self.stop_reason: str | None = None
@@ -276,7 +277,7 @@ class Agent:
                 if now != token:
                     token = now
                     self.dumps.release()
-            time.sleep(1.0)
+            time.sleep(self.heartbeat)
 
     def _watch_stdin(self) -> None:
         while True:
@@ -591,7 +592,10 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--rank-from-env", action="store_true",
                    help="the launcher's rank is a worker's global rank: run that one worker (mpirun: each "
                         "worker is an MPI rank of one world)")
-    ap.add_argument("--stdin-timeout", type=float, default=5.0)
+    ap.add_argument("--heartbeat", type=float, default=HEARTBEAT_S,
+                    help="seconds between heartbeats to the controller")
+    ap.add_argument("--stdin-timeout", type=float, default=HEARTBEAT_S * HEARTBEAT_MISSES,
+                    help="seconds of silence on stdin (no controller heartbeat) after which the workers are ended")
     ap.add_argument("--no-stdin-watch", action="store_true")
     ap.add_argument("--agent-store", action="store_true",
                     help="if this instance runs global rank 0: hold --master-port from the start and serve the "
@@ -647,8 +651,8 @@ def main(argv: list[str] | None = None) -> int:
                       needs=[m for m in args.needs.split(",") if m],
                       master_addr=args.master_addr, master_port=None if rank0 else args.master_port)
     agent = Agent(index, command, envs, grace=args.grace, stdin_watch=not args.no_stdin_watch,
-                  stdin_timeout=args.stdin_timeout, probe=probe, local_ranks=local_ranks, agent_rank=agent_rank,
-                  run_dir=args.run_dir,
+                  stdin_timeout=args.stdin_timeout, heartbeat=args.heartbeat, probe=probe, local_ranks=local_ranks,
+                  agent_rank=agent_rank, run_dir=args.run_dir,
                   warm=(args.run_dir, socket.gethostname(), args.restart_count < args.max_restarts)
                   if args.warm else None)
     if store is not None and not (probe and probe["ports_busy"]):    # busy: the controller will not say go

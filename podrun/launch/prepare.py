@@ -32,13 +32,14 @@ class Prepared:
 def prepare_launch(args, *, dashdash: bool, module: bool, no_python: bool, torchrun: TorchrunOptions,
                    own: LaunchOptions, own_option_names: set[str], plan_kw: dict, engine_kw: dict,
                    transport: str | None, ssh, python: str | None, workdir: str | None, agent_store: bool,
-                   grace: float, keepalive: float, only_output_from_instance: int | None, spare_hosts: str | None,
+                   grace: float, liveness_opts: tuple, only_output_from_instance: int | None, spare_hosts: str | None,
                    straggler_timeout: float | None, preflight: bool, env_items,
                    data_interface: str | None = None, warm: bool = True) -> Prepared:
     """Everything `podrun launch` decides before it prints or runs: the target (podrun.launch.torchrun_args),
     torchrun's options reconciled with podrun's, the plan, the checks of this machine, the request, the elastic
     policy and what to say first; a PodrunError (exit 2) for anything wrong, before anything starts."""
     from podrun.launch.engines import resolve_engine
+    from podrun.launch.liveness import settings
     from podrun.launch.request import parse_env_options
     from podrun.launch.run import build_request, default_transport
     from podrun.plan import make_plan
@@ -90,6 +91,8 @@ def prepare_launch(args, *, dashdash: bool, module: bool, no_python: bool, torch
         from podrun.train.recipe_main import needed_modules
 
         needs = tuple(needed_modules(recipe_args))      # checked by every held agent (ssh) before anything starts
+    liveness = settings(*liveness_opts, spec_heartbeat=cluster.heartbeat, spec_misses=cluster.heartbeat_misses,
+                        spec_source=cluster.path)
     elastic = None
     max_restarts = opts.max_restarts
     if opts.elastic_min is not None:
@@ -109,7 +112,7 @@ def prepare_launch(args, *, dashdash: bool, module: bool, no_python: bool, torch
                           f"0..{plan.instances - 1}")
     request = build_request(plan, target.worker_command(python, recipe_script), transport=name, python=python,
                             workdir=workdir, master_addr=opts.master_addr, master_port=opts.master_port,
-                            grace=grace, keepalive=keepalive, run_id=opts.run_id,
+                            grace=grace, liveness=liveness, run_id=opts.run_id,
                             runs_dir=opts.runs_dir if opts.runs_dir is not None else DEFAULT_RUNS_DIR, env=env,
                             max_restarts=0 if max_restarts is None else max_restarts, ssh=ssh, mpi_args=mpi_args,
                             poprun=poprun_opts, agent_store=agent_store, preflight=preflight,

@@ -11,6 +11,8 @@ import shlex
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from podrun.launch.liveness import HEARTBEAT_MISSES, HEARTBEAT_S, Liveness
+
 if TYPE_CHECKING:  # pragma: no cover
     from podrun.plan.model import Plan
 
@@ -63,7 +65,8 @@ class LaunchRequest:
     master_port: int
     transport: str = "local"
     grace: float = 5.0
-    keepalive: float = 5.0
+    heartbeat: float = HEARTBEAT_S      # seconds between heartbeats, both ways (podrun.launch.liveness)
+    keepalive: float = HEARTBEAT_S * HEARTBEAT_MISSES   # seconds of silence after which a host is lost, both ways
     restart_count: int = 0
     max_restarts: int = 0
     env: tuple[tuple[str, str], ...] = ()   # --env NAME=VALUE, set for the agent and its workers
@@ -88,6 +91,10 @@ class LaunchRequest:
         attempt on a re-planned set of hosts (a spare is first contacted there); never with --no-preflight."""
         return self.preflight and (self.restart_count == 0 or self.replanned)
 
+    @property
+    def liveness(self) -> Liveness:
+        return Liveness(self.heartbeat, self.keepalive)
+
     def instance(self, index: int) -> InstanceLaunch:
         return self.instances[index]
 
@@ -100,7 +107,7 @@ class LaunchRequest:
                 "--plan", self.plan_path, "--run-id", self.run_id, "--run-dir", self.run_dir,
                 "--master-addr", self.master_addr, "--master-port", str(self.master_port),
                 "--grace", _num(self.grace), "--restart-count", str(self.restart_count),
-                "--max-restarts", str(self.max_restarts)]
+                "--max-restarts", str(self.max_restarts), "--heartbeat", _num(self.heartbeat)]
         if index is None:
             argv += ["--rank-from-env"] if per_worker else ["--index-from-env"]
         else:

@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from podrun.errors import LaunchError, PodrunError, PreflightError
+from podrun.launch.liveness import Liveness
 from podrun.launch.request import InstanceLaunch, LaunchRequest, SSHOptions, redact
 from podrun.launch.rundir import (check_run_id, create_run_dir, new_run_id, write_launch_files, write_plan,
                                   write_summary)
@@ -36,7 +37,7 @@ def default_transport(plan, cluster=None, scheduler: str = "none") -> str:
 
 def build_request(plan, command, *, transport: str, python: str | None = None, workdir: str | None = None,
                   master_addr: str | None = None, master_port: int | None = None, grace: float = 5.0,
-                  keepalive: float = 5.0, run_id: str | None = None, runs_dir: str = "runs",
+                  liveness: Liveness = Liveness(), run_id: str | None = None, runs_dir: str = "runs",
                   env=(), max_restarts: int = 0, ssh: SSHOptions | None = None, mpi_args=(),
                   poprun=None, agent_store: bool = True, preflight: bool = True,
                   straggler_timeout: float | None = None, needs=(),
@@ -53,7 +54,7 @@ def build_request(plan, command, *, transport: str, python: str | None = None, w
         run_id=run_id, run_dir=run_dir, plan=plan, plan_path=os.path.join(run_dir, "plan.json"),
         command=tuple(command), python=python or sys.executable, workdir=workdir,
         master_addr=master_addr or plan.placement[0].host, master_port=master_port, transport=transport,
-        grace=grace, keepalive=keepalive, max_restarts=max_restarts,
+        grace=grace, heartbeat=liveness.period, keepalive=liveness.bound, max_restarts=max_restarts,
         env=data_interface_env(data_interface) + tuple(env),      # the user's --env wins (it comes later)
         instances=tuple(InstanceLaunch(p.index, p.host) for p in plan.placement),
         ssh=ssh or SSHOptions(), mpi_args=tuple(mpi_args), poprun=poprun,
@@ -129,6 +130,7 @@ def dry_run_record(request: LaunchRequest) -> dict:
         "run_id": request.run_id, "run_dir": request.run_dir, "transport": request.transport,
         "master_addr": request.master_addr, "master_port": request.master_port,
         "master_addr_source": master_addr_source(request),
+        "heartbeat": request.liveness.to_dict(),
         "commands": [{"host": h, "command": c} for h, c in described],
         "instances": [{"index": i.index, "host": i.host, "workers": [redact(e) for e in request.worker_envs(i.index)]}
                       for i in request.instances],

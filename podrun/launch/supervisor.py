@@ -3,8 +3,9 @@
 Whatever the transport, it reads the agent line protocol from every InstanceHandle through bounded
 queues, writes runs/<id>/instance-<i>.log as lines come (a log that cannot be written, e.g. on a full
 disk, is reported once and the run goes on with the console only), sends a heartbeat to every agent
-each second, and ends the run everywhere on the first worker failure, on SIGINT/SIGTERM/SIGHUP, when
-an instance has been silent for ``keepalive`` seconds (a lost host), or when workers are still running
+each ``heartbeat`` seconds, and ends the run everywhere on the first worker failure, on SIGINT/SIGTERM/SIGHUP,
+when an instance has been silent for ``keepalive`` seconds, the liveness bound (podrun.launch.liveness: a lost
+host; summary.json gives each instance's largest silence), or when workers are still running
 ``straggler_timeout`` seconds after one exited 0 (stragglers, named by rank), or when no worker made
 progress (an output line, or a ``prog`` report outside eval/checkpoint) for the hang window
 (podrun.launch.watch.WatchOptions): then it first asks every agent for its workers' stacks (``S``), writes
@@ -30,6 +31,7 @@ from typing import Callable
 
 from podrun.human import human_seconds
 from podrun.launch import protocol, watch as watching
+from podrun.launch.liveness import FIRST_HEARTBEAT_S, Hearing
 from podrun.launch.request import LaunchRequest, redact_argv
 from podrun.launch.rundir import private_open
 from podrun.launch.transport import InstanceHandle, Transport
@@ -61,6 +63,7 @@ class InstanceState:
     ready_s: float | None = None
     ended_s: float | None = None
     last_seen: float = 0.0
+    max_gap_s: float | None = None      # the largest silence between two of its lines (the loss's, if lost)
     tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=TAIL))
     # local rank (None: lines of no worker) -> its last lines, and when it last wrote (a sequence number)
     worker_tails: dict = field(default_factory=dict)
@@ -119,7 +122,9 @@ class Outcome:
             "root_cause": self.root_cause.to_dict() if self.root_cause else None,
             "instances": [{"index": s.index, "host": s.host, "status": s.status, "exit_code": s.exit_code,
                            "workers": {str(k): protocol.exit_code_from_returncode(v) for k, v in s.workers.items()},
-                           "ready_s": s.ready_s, "ended_s": s.ended_s} for s in self.instances],
+                           "ready_s": s.ready_s, "ended_s": s.ended_s, "max_heartbeat_gap_s": s.max_gap_s}
+                          for s in self.instances],
+            "heartbeat": request.liveness.to_dict(),
             "timings": {"started": self.started, "ended": self.ended,
                         "duration_s": round(self.ended - self.started, 3), "all_ready_s": self.all_ready_s},
             "hang": self.hang,
@@ -154,8 +159,8 @@ class Supervisor:
         self.seq = 0
         self.q: queue.Queue = queue.Queue(maxsize=QUEUED)
         self.first_ok: tuple[float, int, int | None] | None = None   # (monotonic, instance, local rank)
-        self.heard: dict[int, float] = {}        # instance -> when its reader last got a line from it
-        self.behind: dict[InstanceHandle, bool] = {}   # handle -> its reader waits on the full queue
+        self.hearing = Hearing()                 # when each instance was last heard, less the controller's own waits
+        self.lost_silence: dict[int, float] = {}  # instance -> its silence when it was declared lost
         self.hb_handles: tuple[InstanceHandle, ...] = ()
         self.done = threading.Event()
         self.states = {i.index: InstanceState(i.index, i.host) for i in request.instances}
@@ -169,25 +174,25 @@ class Supervisor:
     # -- events ---------------------------------------------------------------------------
     def _reader(self, h: InstanceHandle) -> None:
         """Move h's lines to the supervisor's bounded queue, noting when each instance was last heard from
-        (a slow console or disk holds the supervisor back, not the host) and when it is waiting on a full
-        queue (then silence says nothing about the host)."""
+        and how long the reader waited on a full queue (a slow console or disk holds the supervisor back,
+        not the host: that wait does not count as the host's silence)."""
         try:
             for stream, line in h.lines():
                 if line.startswith(protocol.PREFIX):
                     ev = protocol.parse(line, stream)
                     if ev.instance is not None:
-                        self.heard[ev.instance] = time.monotonic()
-                self.behind[h] = True
+                        self.hearing.heard(h, ev.instance)
+                self.hearing.wait_begins(h)
                 self.q.put((h, stream, line))
-                self.behind[h] = False
+                self.hearing.wait_ends(h)
         finally:
-            self.behind[h] = True       # its end is queued: nothing more to hear
+            self.hearing.end(h)         # its end is queued: nothing more to hear
             self.q.put((h, None, None))
 
     def _heartbeats(self) -> None:
-        """A byte to every open agent each second, from its own thread: the agents keep their controller
-        even while the supervisor waits on a slow console."""
-        while not self.done.wait(1.0):
+        """A byte to every open agent each heartbeat period, from its own thread: the agents keep their
+        controller even while the supervisor waits on a slow console."""
+        while not self.done.wait(self.req.heartbeat):
             for h in self.hb_handles:
                 h.heartbeat()
 
@@ -381,17 +386,29 @@ class Supervisor:
                     self._handle_line(h, stream, line)
             now = time.monotonic()
             for st in self.states.values():
-                seen = max(st.last_seen, self.heard.get(st.index, 0.0))
-                if (st.exit_code is None and st.status != "lost" and now - seen > self.req.keepalive
-                        and not self.behind.get(carrier.get(st.index))):
+                if st.exit_code is not None or st.status == "lost":
+                    continue
+                silent = self.hearing.silence(st.index, carrier.get(st.index))
+                heard = silent is not None
+                if not heard:            # not heard yet: its agent may still be starting (the fan-out, a slow python)
+                    silent, limit = now - st.last_seen, max(self.req.keepalive, FIRST_HEARTBEAT_S)
+                else:
+                    limit = self.req.keepalive
+                if silent > limit:
                     st.status, st.exit_code = "lost", LOST_EXIT
                     st.ended_s = round(time.time() - self.t0, 3)
                     lost.add(st.index)
-                    self.notice(f"instance {st.index} on {st.host}: lost (no heartbeat for "
-                                f"{self.req.keepalive:g} s)")
+                    if heard:
+                        self.lost_silence[st.index] = silent
+                        why = f"no heartbeat for {self.req.keepalive:g} s"
+                        self.notice(f"instance {st.index} on {st.host}: lost (no heartbeat for "
+                                    f"{self.req.liveness.describe()})")
+                    else:
+                        why = f"its agent sent nothing in the first {limit:g} s"
+                        self.notice(f"instance {st.index} on {st.host}: lost ({why})")
                     if self.signalled is None:
                         self.failures.append(Failure(st.index, st.host, None, LOST_EXIT,
-                                                     f"host {st.host} lost: no heartbeat for {self.req.keepalive:g} s "
+                                                     f"host {st.host} lost: {why} "
                                                      "(link down, sshd gone or machine frozen)", time.time()))
                     for x in list(open_handles):
                         if set(x.instances) <= lost:   # nothing more will come from it
@@ -613,6 +630,9 @@ class Supervisor:
         if root is not None and root.exit_code == watching.HANG_EXIT and root.reason.startswith("hung"):
             status = "hung"
         ready = [s.ready_s for s in self.states.values()]
+        for s in self.states.values():
+            gaps = [g for g in (self.hearing.max_gap(s.index), self.lost_silence.get(s.index)) if g is not None]
+            s.max_gap_s = round(max(gaps), 3) if gaps else None
         return Outcome(code, status, root, sorted(self.states.values(), key=lambda s: s.index), self.t0, ended,
                        max(ready) if ready and None not in ready else None, self.hang,
                        [dict(r) for r in self.slow.records])

@@ -5,11 +5,11 @@ import os
 import re
 import string
 from dataclasses import dataclass, field, replace
-from typing import Literal, Union
+from typing import Literal, Optional, Union
 
 from podrun.errors import HostError, SpecError
 from podrun.specs.hosts import MAX_HOST_NAME, check_name
-from podrun.specs.limits import MAX_HOSTS, MAX_PER_HOST
+from podrun.specs.limits import MAX_HOSTS, MAX_PER_HOST, MAX_SECONDS
 from podrun.specs.loader import bound
 from podrun.specs.recipe import HANG_TIMEOUT
 
@@ -69,6 +69,11 @@ class ClusterFile:
     data_interface: str = ""
     # `podrun launch`'s default --hang-timeout on this cluster (None: auto); a recipe's own wins
     hang_timeout: Union[float, Literal["auto", "off", False], None] = field(default=None, metadata=HANG_TIMEOUT)
+    # `podrun launch`'s liveness on this cluster when none of --heartbeat, --heartbeat-misses, --keepalive is given
+    heartbeat: Optional[float] = field(default=None, metadata=bound(
+        above=0, high=MAX_SECONDS, why="seconds between two heartbeats, both ways (above 0, at most a week)"))
+    heartbeat_misses: Optional[int] = field(default=None, metadata=bound(
+        1, 10 ** 6, why="heartbeats missed in a row before a host is lost, at least 1"))
 
 
 # A Linux network interface name (IFNAMSIZ: at most 15 bytes; no '/', no whitespace), for data_interface
@@ -93,6 +98,8 @@ class ClusterSpec:
     sources: tuple[str, ...]
     data_interface: str = ""     # the interface of the network the hosts share for collectives ("" = none given)
     hang_timeout: float | str | None = None
+    heartbeat: float | None = None
+    heartbeat_misses: int | None = None
 
     def with_hosts(self, hosts: tuple[str, ...], devices_per_host: int | None = None) -> "ClusterSpec":
         return replace(self, hosts=tuple(hosts), devices_per_host=self.devices_per_host if devices_per_host is None else devices_per_host)
@@ -156,4 +163,5 @@ def resolve(spec: ClusterFile, path: str) -> ClusterSpec:
         device=spec.device, interconnect=spec.interconnect, scheduler=spec.scheduler,
         transport=spec.transport, engine=spec.engine, instances_per_host=spec.instances_per_host,
         sources=spec.sources, data_interface=spec.data_interface, hang_timeout=spec.hang_timeout,
+        heartbeat=spec.heartbeat, heartbeat_misses=spec.heartbeat_misses,
     )

@@ -11,6 +11,7 @@ import pytest
 
 from podrun.cli.options import resolve_plan
 from podrun.launch import protocol
+from podrun.launch.liveness import Liveness
 from podrun.launch.run import build_request
 from podrun.launch.rundir import write_plan
 from tests.launch.helpers import local_pids, marker, wait_until
@@ -63,7 +64,7 @@ def test_agent_ends_workers_when_stdin_closes(tmp_path):
 def test_agent_ends_workers_when_stdin_is_silent(tmp_path):
     """A cut link gives no EOF: silence on stdin for --stdin-timeout seconds ends the workers."""
     m = marker()
-    req = _request(tmp_path, ["sh", "-c", f"sleep 60 # {m}"], keepalive=1)
+    req = _request(tmp_path, ["sh", "-c", f"sleep 60 # {m}"], liveness=Liveness(0.25, 1.0))
     p = subprocess.Popen(req.agent_argv(0), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     p.stdin.write(".")          # the first heartbeat; from then on, silence counts
     p.stdin.flush()
@@ -71,6 +72,26 @@ def test_agent_ends_workers_when_stdin_is_silent(tmp_path):
     assert p.wait(timeout=10) == 143
     assert 0.9 < time.monotonic() - t0 < 5
     assert "no heartbeat on stdin for 1 s" in p.stdout.read()
+    assert local_pids(m) == []
+
+
+def test_agent_heartbeats_at_the_period_it_is_given(tmp_path):
+    """--heartbeat 0.1: the agent's hb lines (each stamped with its wall clock) come ten a second."""
+    m = marker()
+    req = _request(tmp_path, ["sh", "-c", f"sleep 60 # {m}"], liveness=Liveness(0.1, 30.0))
+    assert "--heartbeat 0.1 " in " ".join(req.agent_argv(0))
+    p = subprocess.Popen(req.agent_argv(0), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        stamps = []
+        while len(stamps) < 11:
+            ev = protocol.parse(p.stdout.readline())
+            if ev.kind == "hb":
+                stamps.append(float(ev.text))
+        gaps = sorted(b - a for a, b in zip(stamps, stamps[1:]))
+        assert gaps[len(gaps) // 2] < 0.3, gaps      # the median; a period of 1 s would give ~1.0
+    finally:
+        p.stdin.close()
+        p.wait(timeout=10)
     assert local_pids(m) == []
 
 

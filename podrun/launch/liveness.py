@@ -1,0 +1,156 @@
+"""Liveness: the heartbeat period and detection bound of a run, and how long each instance has been silent.
+
+The bound is the heartbeat period x the misses tolerated (default 0.5 s x 4 = 2 s); ``--keepalive``
+names the bound itself. ``settings`` turns the options (and a cluster spec's fields) into a Liveness.
+``Hearing`` is what the supervisor's reader threads tell it: when each instance was last heard from,
+with the time a reader spent waiting on the controller's own full queue taken out (a slow console or
+disk holds the controller back, not the host), and the largest gap between two lines of each instance.
+"""
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass
+
+HEARTBEAT_S = 0.5          # the default heartbeat period, both ways (controller -> agent, agent -> controller)
+HEARTBEAT_MISSES = 4       # heartbeats missed in a row before a host is lost: the default bound is 2 s
+# Before the first line of the other side, the allowance is at least this: an agent may wait for the controller's
+# fan-out to every other host, and an agent's python may start slowly on a loaded host.
+FIRST_HEARTBEAT_S = 60.0
+MIN_HEARTBEAT_S = 0.01     # shorter costs CPU on every host and finds nothing sooner (the checks run every 0.1 s)
+MAX_MISSES = 10 ** 6
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """The heartbeat period and the silence (seconds) after which a host is lost, both ways."""
+
+    period: float = HEARTBEAT_S
+    bound: float = HEARTBEAT_S * HEARTBEAT_MISSES
+
+    @property
+    def misses(self) -> float:
+        return self.bound / self.period
+
+    def describe(self) -> str:
+        """``2 s (4 missed heartbeats of 0.5 s)``: the bound and how it is made."""
+        return f"{self.bound:g} s ({self.misses:g} missed heartbeats of {self.period:g} s)"
+
+    def to_dict(self) -> dict:
+        m = round(self.misses, 6)
+        return {"period_s": self.period, "misses": int(m) if m.is_integer() else m, "bound_s": self.bound}
+
+
+def settings(heartbeat: float | None = None, misses: int | None = None, keepalive: float | None = None, *,
+             spec_heartbeat: float | None = None, spec_misses: int | None = None,
+             spec_source: str = "the cluster spec") -> Liveness:
+    """The run's Liveness from --heartbeat, --heartbeat-misses and --keepalive (None: not given), falling back
+    to a cluster spec's ``heartbeat`` and ``heartbeat_misses``, then to 0.5 s x 4.
+
+    bound = period x misses: any two of the three give the third; with one, misses is 4 unless given, then
+    the period is 0.5 s unless given. --keepalive S alone is therefore 4 misses of S/4 s. All three given
+    must agree. A LaunchError (exit 2) names the options that cannot hold together."""
+    return _checked(_given(heartbeat, misses, keepalive, spec_heartbeat, spec_misses),
+                    ", ".join(n for n, v in (("--heartbeat", heartbeat), ("--heartbeat-misses", misses),
+                                             ("--keepalive", keepalive)) if v is not None)
+                    or f"heartbeat and heartbeat_misses in {spec_source}")
+
+
+def _checked(live: Liveness, where: str) -> Liveness:
+    from podrun.errors import LaunchError
+
+    if live.period < MIN_HEARTBEAT_S:
+        raise LaunchError(f"a heartbeat every {live.period:g} s ({where}) is more often than every "
+                          f"{MIN_HEARTBEAT_S:g} s",
+                          hint="give a longer --heartbeat or --keepalive (default 0.5 s x 4 = 2 s)")
+    return live
+
+
+def _given(heartbeat, misses, keepalive, spec_heartbeat, spec_misses) -> Liveness:
+    from podrun.errors import LaunchError
+
+    for name, value in (("--heartbeat", heartbeat), ("--keepalive", keepalive)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise LaunchError(f"{name} {value:g} is not a number of seconds above 0")
+    if misses is not None and not 1 <= misses <= MAX_MISSES:
+        raise LaunchError(f"--heartbeat-misses {misses} is outside 1..{MAX_MISSES}")
+    if keepalive is not None:
+        if heartbeat is not None and misses is not None:
+            if not math.isclose(heartbeat * misses, keepalive, rel_tol=1e-9):
+                raise LaunchError(f"--keepalive {keepalive:g} disagrees with --heartbeat {heartbeat:g} x "
+                                  f"--heartbeat-misses {misses} = {heartbeat * misses:g} s",
+                                  hint="give two of the three (the bound is the period x the misses)")
+            return Liveness(heartbeat, keepalive)
+        if heartbeat is not None:
+            if keepalive < heartbeat:
+                raise LaunchError(f"--keepalive {keepalive:g} is shorter than --heartbeat {heartbeat:g}: every host "
+                                  "would be lost between two heartbeats",
+                                  hint="give a --keepalive of at least the heartbeat period (a few periods)")
+            return Liveness(heartbeat, keepalive)
+        return Liveness(keepalive / (misses if misses is not None else HEARTBEAT_MISSES), keepalive)
+    if heartbeat is None and misses is None:
+        heartbeat, misses = spec_heartbeat, spec_misses
+    period = heartbeat if heartbeat is not None else HEARTBEAT_S
+    count = misses if misses is not None else HEARTBEAT_MISSES
+    return Liveness(period, period * count)
+
+
+class Hearing:
+    """What the reader threads heard, per instance; thread-safe. ``key`` names a reader (one per handle)."""
+
+    def __init__(self, clock=time.monotonic):
+        self.clock = clock
+        self.lock = threading.Lock()
+        self.waited: dict[object, float] = {}        # reader -> seconds it spent waiting on the full queue
+        self.waiting: dict[object, float] = {}       # reader -> since when it waits now
+        self.ended: set = set()                      # readers whose stream ended (their end is queued)
+        self.last: dict[int, tuple[float, object, float]] = {}   # instance -> (when, reader, its waited then)
+        self.gap: dict[int, float] = {}             # instance -> the largest silence between two of its lines
+
+    def _waited(self, key, now: float) -> float:
+        since = self.waiting.get(key)
+        return self.waited.get(key, 0.0) + (now - since if since is not None else 0.0)
+
+    def _silence(self, instance: int, now: float) -> float | None:
+        got = self.last.get(instance)
+        if got is None:
+            return None
+        when, key, waited = got
+        return max(0.0, now - when - (self._waited(key, now) - waited))
+
+    def heard(self, key, instance: int) -> None:
+        """A line of ``instance`` came from reader ``key``."""
+        with self.lock:
+            now = self.clock()
+            gap = self._silence(instance, now)
+            if gap is not None and gap > self.gap.get(instance, 0.0):
+                self.gap[instance] = gap
+            self.last[instance] = (now, key, self._waited(key, now))
+
+    def wait_begins(self, key) -> None:
+        with self.lock:
+            self.waiting[key] = self.clock()
+
+    def wait_ends(self, key) -> None:
+        with self.lock:
+            since = self.waiting.pop(key, None)
+            if since is not None:
+                self.waited[key] = self.waited.get(key, 0.0) + self.clock() - since
+
+    def end(self, key) -> None:
+        with self.lock:
+            self.ended.add(key)
+
+    def silence(self, instance: int, key) -> float | None:
+        """Seconds since ``instance`` was last heard, less the time its reader waited on the controller since;
+        None when it was never heard, 0.0 when its reader ``key`` has ended (the end says the rest)."""
+        with self.lock:
+            if key in self.ended:
+                return 0.0
+            return self._silence(instance, self.clock())
+
+    def max_gap(self, instance: int) -> float | None:
+        """The largest silence between two lines of ``instance`` so far (None: fewer than two lines)."""
+        with self.lock:
+            return self.gap.get(instance)

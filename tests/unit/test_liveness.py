@@ -1,0 +1,117 @@
+"""The liveness settings (--heartbeat, --heartbeat-misses, --keepalive, the cluster spec's fields) and Hearing."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from podrun.errors import LaunchError
+from podrun.launch.liveness import Hearing, Liveness, settings
+
+
+@pytest.mark.parametrize("given,period,bound", [
+    ({}, 0.5, 2.0),                                           # the default: 0.5 s x 4
+    ({"heartbeat": 0.25}, 0.25, 1.0),                         # misses stay 4
+    ({"misses": 10}, 0.5, 5.0),                               # the period stays 0.5 s
+    ({"heartbeat": 1.0, "misses": 3}, 1.0, 3.0),
+    ({"keepalive": 5.0}, 1.25, 5.0),                          # the bound itself: 4 misses of 5/4 s
+    ({"keepalive": 3.0, "misses": 6}, 0.5, 3.0),
+    ({"keepalive": 3.0, "heartbeat": 0.5}, 0.5, 3.0),
+    ({"keepalive": 3.0, "heartbeat": 0.5, "misses": 6}, 0.5, 3.0),
+    ({"spec_heartbeat": 0.2, "spec_misses": 5}, 0.2, 1.0),    # the cluster spec's, when no option is given
+    ({"spec_heartbeat": 0.2, "spec_misses": 5, "keepalive": 4.0}, 1.0, 4.0),   # any option: the spec's are ignored
+    ({"spec_misses": 8}, 0.5, 4.0),
+])
+def test_the_bound_is_the_period_times_the_misses(given, period, bound):
+    live = settings(**given)
+    assert (live.period, live.bound) == pytest.approx((period, bound))
+    assert live.misses == pytest.approx(bound / period)
+
+
+@pytest.mark.parametrize("given,words", [
+    ({"keepalive": 3.0, "heartbeat": 0.5, "misses": 5},
+     "--keepalive 3 disagrees with --heartbeat 0.5 x --heartbeat-misses 5"),
+    ({"keepalive": 1.0, "heartbeat": 2.0}, "--keepalive 1 is shorter than --heartbeat 2"),
+    ({"keepalive": 0.02}, "a heartbeat every 0.005 s (--keepalive) is more often than every 0.01 s"),
+    ({"spec_heartbeat": 0.001}, "heartbeat and heartbeat_misses in the cluster spec"),
+    ({"misses": 0}, "--heartbeat-misses 0 is outside 1..1000000"),
+])
+def test_settings_that_cannot_hold_together_are_refused_naming_the_options(given, words):
+    with pytest.raises(LaunchError) as e:
+        settings(**given)
+    assert words in str(e.value), str(e.value)
+
+
+def test_the_bound_is_described_as_it_is_made():
+    assert Liveness().describe() == "2 s (4 missed heartbeats of 0.5 s)"
+    assert Liveness(0.5, 2.0).to_dict() == {"period_s": 0.5, "misses": 4, "bound_s": 2.0}
+
+
+class Clock:
+    """A clock the test moves by hand (Hearing's arithmetic, without sleeping)."""
+
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_silence_leaves_out_the_time_a_reader_waited_on_the_controller():
+    clock = Clock()
+    h = Hearing(clock)
+    assert h.silence(0, "r") is None and h.max_gap(0) is None
+    h.heard("r", 0)
+    clock.t += 0.5
+    h.heard("r", 0)
+    assert h.max_gap(0) == pytest.approx(0.5)
+    clock.t += 0.4
+    h.wait_begins("r")            # the controller's queue is full: the reader waits 3 s
+    clock.t += 3.0
+    assert h.silence(0, "r") == pytest.approx(0.4)
+    h.wait_ends("r")
+    clock.t += 0.2
+    assert h.silence(0, "r") == pytest.approx(0.6)
+    h.heard("r", 0)
+    assert h.max_gap(0) == pytest.approx(0.6)      # 3.6 s between the lines, 3 s of them the controller's
+    clock.t += 2.5
+    assert h.silence(0, "r") == pytest.approx(2.5)
+    h.end("r")
+    assert h.silence(0, "r") == 0.0                # its end is queued: EOF says the rest
+
+
+def test_one_reader_for_several_instances_counts_each_instances_own_silence():
+    """mpirun/srun: one stream carries every instance; a line of one is no news of another."""
+    clock = Clock()
+    h = Hearing(clock)
+    h.heard("m", 0)
+    h.heard("m", 1)
+    for _ in range(5):
+        clock.t += 0.5
+        h.heard("m", 0)
+    assert h.silence(0, "m") == 0.0 and h.silence(1, "m") == pytest.approx(2.5)
+
+
+def test_a_cluster_spec_sets_the_heartbeat_and_dry_run_shows_it(tmp_path):
+    from podrun.specs import load_cluster
+    from tests.unit.test_specs import write
+
+    local = open(load_cluster("local").path).read()
+    p = write(tmp_path, local + "\nheartbeat: 0.25\nheartbeat_misses: 8\n")
+    base = [sys.executable, "-m", "podrun", "launch", "--cluster", str(p), "--nodes", "1", "--dry-run"]
+    cp = subprocess.run([*base, "--json", "--", "true"], capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 0, cp.stderr
+    rec = json.loads(cp.stdout)
+    assert rec["heartbeat"] == {"period_s": 0.25, "misses": 8, "bound_s": 2.0}
+    assert "--heartbeat 0.25 --instance 0 --stdin-timeout 2 " in rec["commands"][0]["command"]
+    cp = subprocess.run([*base, "--heartbeat-misses", "2", "--", "true"], capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 0, cp.stderr
+    assert "# heartbeat every 0.5 s both ways; a host silent for 1 s (2 missed) is lost" in cp.stdout, cp.stdout
+    p = write(tmp_path, local + "\nheartbeat_misses: 0\n", "bad.yaml")
+    cp = subprocess.run([*base[:4], "--cluster", str(p), "--dry-run", "--", "true"], capture_output=True, text=True,
+                        timeout=60)
+    line = len(p.read_text().splitlines())
+    assert cp.returncode == 2 and f"{p}:{line}: field 'heartbeat_misses' must be at least 1" in cp.stderr, cp.stderr
+    assert "Traceback" not in cp.stderr
