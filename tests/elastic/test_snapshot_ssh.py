@@ -63,6 +63,20 @@ def finish(p, timeout: float = 240) -> str:
             p.kill()
 
 
+def cut_run(hosts, names, tmp_path, port: int, cut: str, *extra, at_step: int = 8,
+            train_extra=()) -> tuple[Path, str]:
+    """Launch, cut host ``cut`` once step ``at_step`` is logged, and wait for the run's end, which must be
+    exit 0: (the run dir, podrun's stderr)."""
+    p = launch(hosts, names, tmp_path, port, *extra, train_extra=train_extra)
+    try:
+        wait_step(tmp_path / "runs", at_step, 120)
+        hosts.isolate(cut)
+    finally:
+        err = finish(p)
+    assert p.returncode == 0, err
+    return run_dir(tmp_path / "runs"), err
+
+
 def check_curve(rd: Path) -> dict[int, dict]:
     """Every step 1..STEPS logged, each loss that of the run that lost nothing (rel 1e-5)."""
     got, ref = steps(rd), reference_losses()
@@ -89,15 +103,8 @@ def shm_gone(rd: Path) -> None:
 
 def test_lost_host_resumes_from_the_snapshot_with_no_step_replayed(make_ssh_hosts, tmp_path):
     hosts = make_ssh_hosts(4)
-    p = launch(hosts, hosts.hosts, tmp_path, 29700, "--elastic", "2", "--max-restarts", "2")
-    try:
-        wait_step(tmp_path / "runs", 8, 120)
-        hosts.isolate("h3")
-    finally:
-        err = finish(p)
-    assert p.returncode == 0, err
+    rd, err = cut_run(hosts, hosts.hosts, tmp_path, 29700, "h3", "--elastic", "2", "--max-restarts", "2")
     assert "re-planned 4 -> 3 hosts: 1 x 4 x GA 3 -> 1 x 3 x GA 4 = global batch 12" in err, err
-    rd = run_dir(tmp_path / "runs")
     got = check_curve(rd)
     assert got[STEPS]["world_size"] == 3
     [rp] = summary(tmp_path / "runs")["elastic"]["replans"]
@@ -109,16 +116,9 @@ def test_lost_host_resumes_from_the_snapshot_with_no_step_replayed(make_ssh_host
 
 def test_a_spare_receives_the_snapshot_over_the_network(make_ssh_hosts, tmp_path):
     hosts = make_ssh_hosts(4)
-    p = launch(hosts, hosts.hosts[:3], tmp_path, 29706, "--elastic", "3", "--spare-hosts", "h4",
-               "--max-restarts", "1")
-    try:
-        wait_step(tmp_path / "runs", 8, 120)
-        hosts.isolate("h2")
-    finally:
-        err = finish(p)
-    assert p.returncode == 0, err
+    rd, err = cut_run(hosts, hosts.hosts[:3], tmp_path, 29706, "h2", "--elastic", "3", "--spare-hosts", "h4",
+                      "--max-restarts", "1")
     assert "spare h4 in its place; re-planned 3 -> 3 hosts" in err, err
-    rd = run_dir(tmp_path / "runs")
     check_curve(rd)
     s = summary(tmp_path / "runs")
     assert [x["host"] for x in s["instances"]] == ["h1", "h4", "h3"]
@@ -130,14 +130,7 @@ def test_a_spare_receives_the_snapshot_over_the_network(make_ssh_hosts, tmp_path
 
 def test_master_host_cut_resumes_from_the_survivors_snapshot(make_ssh_hosts, tmp_path):
     hosts = make_ssh_hosts(4)
-    p = launch(hosts, hosts.hosts, tmp_path, 29712, "--elastic", "2", "--max-restarts", "1")
-    try:
-        wait_step(tmp_path / "runs", 8, 120)
-        hosts.isolate("h1")
-    finally:
-        err = finish(p)
-    assert p.returncode == 0, err
-    rd = run_dir(tmp_path / "runs")
+    rd, err = cut_run(hosts, hosts.hosts, tmp_path, 29712, "h1", "--elastic", "2", "--max-restarts", "1")
     check_curve(rd)
     s = summary(tmp_path / "runs")
     rp = s["elastic"]["replans"][0]
@@ -152,15 +145,8 @@ def test_newest_snapshots_only_copy_lost_falls_back_to_the_next_complete_one(mak
     only h3 holds the newer ones; h3 is cut, and the run resumes from update 5, the newest a survivor holds
     (not from scratch, and not from disk: the checkpoint interval is 100)."""
     hosts = make_ssh_hosts(4)
-    p = launch(hosts, hosts.hosts, tmp_path, 29718, "--elastic", "2", "--max-restarts", "1",
-               "--env", "PODRUN_TEST_SNAPSHOT_UNTIL=h1=5,h2=5,h4=5")
-    try:
-        wait_step(tmp_path / "runs", 9, 120)
-        hosts.isolate("h3")
-    finally:
-        err = finish(p)
-    assert p.returncode == 0, err
-    rd = run_dir(tmp_path / "runs")
+    rd, _ = cut_run(hosts, hosts.hosts, tmp_path, 29718, "h3", "--elastic", "2", "--max-restarts", "1",
+                    "--env", "PODRUN_TEST_SNAPSHOT_UNTIL=h1=5,h2=5,h4=5", at_step=9)
     check_curve(rd)
     [rp] = summary(tmp_path / "runs")["elastic"]["replans"]
     [res] = resumes(rd)
@@ -173,15 +159,9 @@ def test_no_snapshot_left_on_a_survivor_falls_back_to_the_disk_checkpoint(make_s
     """With the test knob PODRUN_TEST_SNAPSHOT_UNTIL at 0 on h1, h2 and h4 (they write none) and h3 cut, the run
     resumes from the disk checkpoint (every 4 updates here)."""
     hosts = make_ssh_hosts(4)
-    p = launch(hosts, hosts.hosts, tmp_path, 29724, "--elastic", "2", "--max-restarts", "1",
-               "--env", "PODRUN_TEST_SNAPSHOT_UNTIL=h1=0,h2=0,h4=0", train_extra=("--checkpoint-every", "4"))
-    try:
-        wait_step(tmp_path / "runs", 9, 120)
-        hosts.isolate("h3")
-    finally:
-        err = finish(p)
-    assert p.returncode == 0, err
-    rd = run_dir(tmp_path / "runs")
+    rd, _ = cut_run(hosts, hosts.hosts, tmp_path, 29724, "h3", "--elastic", "2", "--max-restarts", "1",
+                    "--env", "PODRUN_TEST_SNAPSHOT_UNTIL=h1=0,h2=0,h4=0", at_step=9,
+                    train_extra=("--checkpoint-every", "4"))
     check_curve(rd)
     [rp] = summary(tmp_path / "runs")["elastic"]["replans"]
     [res] = resumes(rd)
