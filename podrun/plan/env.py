@@ -173,7 +173,9 @@ def worker_env(plan: "Plan", instance_index: int, local_rank: int, *, run_id: st
               "instance_index": instance_index, "num_replicas": plan.replicas, "local_replicas": pl.local_replicas,
               "replica_offset": pl.replica_offset, "devices_per_replica": plan.devices_per_replica,
               "local_batch": plan.local_batch, "grad_accum": plan.grad_accum, "global_batch": plan.global_batch,
-              "restart_count": restart_count, "snapshot_dir": snapshot_dir(run_id, pl.host)}
+              "restart_count": restart_count}
+    if max_restarts > 0:          # snapshots only where a restart may read them: they cost a write per update
+        podrun["snapshot_dir"] = snapshot_dir(run_id, pl.host)
     torchrun = {"rank": rank, "local_rank": local_rank, "world_size": world_size(plan), "local_world_size": wpi,
                 "node_rank": instance_index, "master_addr": master_addr, "master_port": master_port}
     env: dict[str, object] = {PODRUN_FIELDS[k]: v for k, v in podrun.items()}

@@ -136,9 +136,13 @@ class Writer:
         import torch
 
         try:
-            with open(_data(self.dir, k), "wb") as f:
+            path = _data(self.dir, k)
+            # over the slot's old bytes (its header is gone): tmpfs reuses the pages instead of freeing and
+            # zero-filling them again (61 -> 48 ms for the resnet18 state here)
+            with open(path, "r+b" if path.exists() else "wb") as f:
                 torch.save(state, f)
                 size = f.tell()
+                f.truncate()
             self._commit(k, step, size)
         except Exception as exc:  # noqa: BLE001 - any failure turns snapshots off, training goes on
             self.error = f"{type(exc).__name__}: {exc}"

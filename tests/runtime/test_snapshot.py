@@ -85,15 +85,20 @@ def test_test_knob_stops_a_host_writing_after_a_step(host_dir, monkeypatch):
     assert [s for s, _ in snapshot.held(host_dir)] == [2, 1]
 
 
-def test_the_env_contract_names_a_directory_per_run_and_host():
+def test_the_env_contract_names_a_directory_per_run_and_host_when_a_restart_can_read_it():
+    """A run that can restart gets a snapshot directory per run and host; a run that cannot gets none (a
+    snapshot no restart reads would only cost a write per update)."""
     from podrun.plan import Overrides, make_plan
     from podrun.plan.env import worker_env
     from podrun.specs import load_cluster
 
     plan = make_plan(load_cluster("local").with_hosts(("a", "b"), 1), None, Overrides(global_batch=8))
-    envs = [worker_env(plan, i, 0, run_id="r1", run_dir="/x", plan_path="/x/plan.json", master_addr="a",
-                       master_port=1) for i in (0, 1)]
-    assert [e[PODRUN_FIELDS["snapshot_dir"]] for e in envs] == ["/dev/shm/podrun-r1/a", "/dev/shm/podrun-r1/b"]
+
+    def envs(max_restarts):
+        return [worker_env(plan, i, 0, run_id="r1", run_dir="/x", plan_path="/x/plan.json", master_addr="a",
+                           master_port=1, max_restarts=max_restarts) for i in (0, 1)]
+    assert [e[PODRUN_FIELDS["snapshot_dir"]] for e in envs(1)] == ["/dev/shm/podrun-r1/a", "/dev/shm/podrun-r1/b"]
+    assert all(PODRUN_FIELDS["snapshot_dir"] not in e for e in envs(0))
 
 
 @pytest.mark.parametrize("code,ended,restart,most,removed", [
