@@ -1,6 +1,7 @@
 """The entry every recipe calls: ``train(TrainConfig)`` picks the device, then runs the IPU path or setup -> resume -> loop."""
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 from podrun.runtime.distributed import destroy_distributed, init_distributed, select_device
@@ -26,6 +27,9 @@ def train(cfg: TrainConfig, info: WorkerInfo | None = None) -> dict[str, Any]:
     try:
         return _train(cfg, info, device)
     finally:
+        # what _train built is freed on its return, but a wrapper caught in a reference cycle (hooks that hold
+        # their module) lives until a collection: gloo work still alive at destroy aborts the worker at exit
+        gc.collect()
         destroy_distributed()
 
 
