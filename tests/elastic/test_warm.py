@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.elastic.test_elastic_ssh import launch_args, steps, wait_step
-from tests.launch.helpers import local_pids, podrun, podrun_popen, run_dir, summary, wait_until
+from tests.launch.helpers import end, local_pids, podrun, podrun_popen, run_dir, summary, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 HERE = Path(__file__).parent
@@ -54,8 +54,7 @@ def test_elastic_restart_forks_workers_from_the_zygote_with_the_same_losses(make
         hosts.isolate("h3")
         _, err = p.communicate(timeout=200)
     finally:
-        if p.poll() is None:
-            p.kill()
+        end(p)
     assert p.returncode == 0, err
     assert "re-planned 4 -> 3 hosts: 1 x 4 x GA 3 -> 1 x 3 x GA 4 = global batch 12" in err, err
     rd = run_dir(tmp_path / "el")
@@ -91,8 +90,7 @@ def test_a_killed_zygote_makes_the_next_attempt_start_cold(make_ssh_hosts, tmp_p
         (tmp_path / "go").touch()
         _, err = p.communicate(timeout=120)
     finally:
-        if p.poll() is None:
-            p.kill()
+        end(p)
     assert p.returncode == 0, err
     assert "restart 1 of 1" in err
     by = {(x["host"], x["attempt"]): x for x in probes(rd)}
@@ -114,8 +112,7 @@ def test_no_warm_starts_no_zygote(make_ssh_hosts, tmp_path):
         (tmp_path / "go").touch()
         _, err = p.communicate(timeout=120)
     finally:
-        if p.poll() is None:
-            p.kill()
+        end(p)
     assert p.returncode == 0, err
     assert all(x["warm"] == "-" for x in probes(run_dir(tmp_path / "runs")))
     assert "--warm" not in (run_dir(tmp_path / "runs") / "command").read_text()
@@ -146,7 +143,6 @@ def test_podrun_stack_shows_a_warm_workers_stack(tmp_path):
         (tmp_path / "done").touch()
         _, err = p.communicate(timeout=60)
     finally:
-        if p.poll() is None:
-            p.kill()
+        end(p)
     assert p.returncode == 0, err
     assert wait_until(lambda: not zygotes(tmp_path), 15), zygotes(tmp_path)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch.helpers import marker, podrun_popen, summary, wait_until
+from tests.launch.helpers import end, marker, podrun_popen, summary, wait_until
 from tests.ports import free_port
 
 LOAD_S = float(os.environ.get("PODRUN_LOAD_TEST_S", "45"))
@@ -85,8 +85,7 @@ def test_workers_stuck_in_an_all_reduce_with_a_cut_host_are_ended_by_podrun(make
         p.wait(timeout=30)
         exited = time.monotonic() - cut
     finally:
-        if p.poll() is None:
-            p.kill()
+        end(p)
     err = lines.text("err")
     assert p.returncode == 255, err
     assert ended, {h: hosts.processes(h, m) for h in ("h1", "h3")}
@@ -123,8 +122,7 @@ def test_an_elastic_run_ends_the_survivors_blocked_workers_at_once_and_goes_on(m
         gone = time.monotonic() - cut
         p.wait(timeout=120)
     finally:
-        if p.poll() is None:
-            p.kill()
+        end(p)
     err = lines.text("err")
     assert ended and gone < 15, (lost[0] - cut, gone)
     assert p.returncode == 0, err
