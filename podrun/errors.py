@@ -39,4 +39,9 @@ class LaunchError(PodrunError):
 
 
 class PreflightError(LaunchError):
-    """Preflight found problems on one or more hosts; nothing was started."""
+    """Preflight found problems on one or more hosts; nothing was started. ``problems`` holds one line per problem
+    (each naming its host); the message lists them under ``headline``."""
+
+    def __init__(self, problems, hint: str | None = None, *, headline: str = "preflight failed, nothing was started"):
+        self.problems = tuple(str(p) for p in problems)
+        super().__init__(f"{headline}:\n" + "\n".join(f"  - {p}" for p in self.problems), hint)

@@ -28,6 +28,7 @@ and serves the run's TCPStore on it (podrun.launch.agent_store).
 from __future__ import annotations
 
 import argparse
+import enum
 import json
 import os
 import shutil
@@ -38,6 +39,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 
 from podrun.launch import protocol
 from podrun.launch.liveness import FIRST_HEARTBEAT_S, HEARTBEAT_MISSES, HEARTBEAT_S
@@ -145,6 +147,24 @@ def end_descendants(timeout: float = 5.0) -> int:
     return len(killed)
 
 
+class StopKind(enum.Enum):
+    """Why an agent ends its workers: what it decides on (whether snapshots outlive it) reads this, not the text."""
+
+    CONTROLLER_LOST = "controller-lost"     # stdout or stdin closed, or no heartbeat on stdin: the run is over here
+    CONTROLLER_ASKED = "controller-asked"   # a T on stdin
+    SIGNALLED = "signalled"                 # SIGTERM, SIGINT or SIGHUP to the agent
+    WORKER_FAILED = "worker-failed"         # a worker exited non-zero
+    SPAWN_FAILED = "spawn-failed"           # a worker could not start
+
+
+@dataclass(frozen=True)
+class Stop:
+    """The first reason to end this agent's workers, and the line the agent says about it."""
+
+    kind: StopKind
+    message: str
+
+
 class Agent:
     def __init__(self, index: int, command: list[str], envs: list[dict[str, str]], *, grace: float,
                  stdin_watch: bool, stdin_timeout: float, heartbeat: float = HEARTBEAT_S, out=None,
@@ -168,7 +188,7 @@ class Agent:
         self.heartbeat = heartbeat   # seconds between this agent's heartbeats to the controller
         self.out = out if out is not None else sys.stdout.buffer
         self.lock = threading.Lock()
-        self.stop_reason: str | None = None
+        self.stop: Stop | None = None
         self.stop_signal = signal.SIGTERM
         self.signalled: int | None = None
         self.controller_lost = False
@@ -196,12 +216,18 @@ class Agent:
                 self.out.flush()
             except (BrokenPipeError, OSError, ValueError):
                 self.controller_lost = True
-                self.request_stop("lost the controller (stdout closed)")
+                self.request_stop(StopKind.CONTROLLER_LOST, "lost the controller (stdout closed)")
 
-    def request_stop(self, reason: str, sig: int = signal.SIGTERM) -> None:
-        if self.stop_reason is None:
-            self.stop_reason = reason
+    def request_stop(self, kind: StopKind, message: str, sig: int = signal.SIGTERM) -> None:
+        if self.stop is None:
+            self.stop = Stop(kind, message)
             self.stop_signal = sig
+
+    def run_over(self) -> bool:
+        """Whether the run ends here for this host: the agent got SIGINT or SIGTERM, or lost its controller
+        (which then drops this host); a restart may still come after any other stop."""
+        return (self.signalled in (signal.SIGINT, signal.SIGTERM)
+                or (self.stop is not None and self.stop.kind is StopKind.CONTROLLER_LOST))
 
     # -- threads --------------------------------------------------------------------------
     def _pump(self, local_rank: int, kind: str, f) -> None:
@@ -286,20 +312,20 @@ class Agent:
             except OSError:
                 data = b""
             if not data:
-                self.request_stop("lost the controller (stdin closed)")
+                self.request_stop(StopKind.CONTROLLER_LOST, "lost the controller (stdin closed)")
                 return
             self.last_stdin = time.monotonic()
             self.got_stdin = True
             if b"G" in data:
                 self.go.set()
             if b"T" in data:
-                self.request_stop("the controller asked to stop")
+                self.request_stop(StopKind.CONTROLLER_ASKED, "the controller asked to stop")
             for _ in range(data.count(b"S")):
                 self.dumps.release()
 
     def _on_signal(self, signum, frame) -> None:  # noqa: ARG002
         self.signalled = signum
-        self.request_stop(f"received {signal.Signals(signum).name}", signum)
+        self.request_stop(StopKind.SIGNALLED, f"received {signal.Signals(signum).name}", signum)
 
     # -- lifecycle ------------------------------------------------------------------------
     def spawn(self) -> None:
@@ -332,7 +358,7 @@ class Agent:
                 self.procs.append(None)
                 self.readers.append([])
                 self.emit(local_rank, "exit", f"{127 if isinstance(exc, FileNotFoundError) else 126} {time.time():.3f}")
-                self.request_stop(f"local rank {local_rank} could not start")
+                self.request_stop(StopKind.SPAWN_FAILED, f"local rank {local_rank} could not start")
                 continue
             os.close(w)
             self.procs.append(p)
@@ -399,7 +425,7 @@ class Agent:
         self.emit(None, "probe", json.dumps(self.probe, separators=(",", ":")))
         deadline = time.monotonic() + FIRST_HEARTBEAT_S
         while not self.go.wait(0.005):
-            if self.stop_reason is not None or time.monotonic() > deadline:
+            if self.stop is not None or time.monotonic() > deadline:
                 return False
         return True
 
@@ -431,9 +457,7 @@ class Agent:
             if self.procs:                      # workers ran: their snapshots go when no restart can use them
                 from podrun.runtime.snapshot import drop_when_done
 
-                ended = (self.signalled in (signal.SIGINT, signal.SIGTERM)
-                         or (self.stop_reason or "").startswith("lost the controller"))
-                drop_when_done(self.envs, code, ended)
+                drop_when_done(self.envs, code, self.run_over())
 
     def _run(self) -> int:
         self.subreaper = _prctl(PR_SET_CHILD_SUBREAPER, 1)
@@ -468,14 +492,16 @@ class Agent:
                 self.emit(lr, "exit", f"{rc} {time.time():.3f}{tag}")
                 if rc != 0 and first_failure is None and not self.teardown_started:
                     first_failure = rc
-                    self.request_stop(f"local rank {lr} exited with {protocol.exit_code_from_returncode(rc)}")
+                    self.request_stop(StopKind.WORKER_FAILED,
+                                      f"local rank {lr} exited with {protocol.exit_code_from_returncode(rc)}")
             limit = self.stdin_timeout if self.got_stdin else max(self.stdin_timeout, FIRST_HEARTBEAT_S)
             if self.stdin_watch and self.stdin_timeout > 0 and time.monotonic() - self.last_stdin > limit:
-                self.request_stop(f"lost the controller (no heartbeat on stdin for {limit:g} s)")
-            if self.stop_reason is not None and not self.teardown_started:
+                self.request_stop(StopKind.CONTROLLER_LOST,
+                                  f"lost the controller (no heartbeat on stdin for {limit:g} s)")
+            if self.stop is not None and not self.teardown_started:
                 self.teardown_started = True
                 if not all(reaped):
-                    self.emit(None, "note", f"ending workers: {self.stop_reason}")
+                    self.emit(None, "note", f"ending workers: {self.stop.message}")
                 self._signal_all(self.stop_signal)
                 kill_at = time.monotonic() + self.grace
             if kill_at is not None and time.monotonic() >= kill_at:

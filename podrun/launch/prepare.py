@@ -148,7 +148,7 @@ def check_recipe_modules(python: str, target: Target, recipe_args, host: str = "
     missing = missing_modules(python, needed_modules(recipe_args))
     if missing:
         problem, hint = missing_text(python, missing, f"the recipe {target.name}")
-        raise PreflightError(f"preflight: {host}: {problem}; nothing was started", hint=hint)
+        raise PreflightError([f"{host}: {problem}"], hint)
 
 
 def refuse_own_options_after_recipe(target: Target, args, own: set[str]) -> None:

@@ -14,7 +14,7 @@ from podrun.launch.request import InstanceLaunch, LaunchRequest, SSHOptions, red
 from podrun.launch.rundir import (check_run_id, create_run_dir, new_run_id, write_launch_files, write_plan,
                                   write_summary)
 from podrun.launch.supervisor import Outcome, Supervisor, _describe_code
-from podrun.launch.transport import busy_port_problem, get_transport
+from podrun.launch.transport import TransportFactory, busy_port_problem, get_transport
 from podrun.plan.env import data_interface_env
 
 MULTI_HOST_PORT = 29500   # the default --master-port when the master host is elsewhere (0, "pick", on this machine)
@@ -112,8 +112,7 @@ def _preflight_failed(req: LaunchRequest, problems, notice,
                                                  "transport": req.transport, "problems": [str(p) for p in problems],
                                                  **(earlier or {})})
     hosts = sorted({p.host for p in problems})
-    return PreflightError(f"preflight failed on {len(hosts)} host(s), nothing was started:\n"
-                          + "\n".join(f"  - {p}" for p in problems), hint=hint)
+    return PreflightError(problems, hint, headline=f"preflight failed on {len(hosts)} host(s), nothing was started")
 
 
 def dry_run_record(request: LaunchRequest) -> dict:
@@ -159,7 +158,7 @@ def master_addr_source(request: LaunchRequest) -> str:
     return f"the host of instance 0 ({first});" + where if where else f"the host of instance 0 ({first})"
 
 
-def choose_master(cls, request: LaunchRequest, *, ask_hosts: bool = True) -> LaunchRequest:
+def choose_master(make: TransportFactory, request: LaunchRequest, *, ask_hosts: bool = True) -> LaunchRequest:
     """MASTER_ADDR over ssh when no --master-addr was given: with --data-interface, the master host's address on
     that interface (asked from the host; skipped when not ``ask_hosts``, as in --dry-run); else the address
     podrun's ssh reaches the master host by, when the ssh config's HostName for it is an IP address (not
@@ -169,7 +168,7 @@ def choose_master(cls, request: LaunchRequest, *, ask_hosts: bool = True) -> Lau
         return request
     if request.data_interface is not None and not ask_hosts:
         return request
-    transport = cls(request)
+    transport = make(request)
     try:
         if request.data_interface is not None:
             return replace(request, master_addr=transport.interface_address(first, request.data_interface),
@@ -196,8 +195,8 @@ def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from:
         _before_start(request.run_dir, write_plan, request.run_dir, request.plan, "plan-0.json")
         record = {"min_hosts": elastic.min_hosts, "global_batch": elastic.global_batch,
                   "spares": list(elastic.spares), "replans": []}
-    cls = get_transport(request.transport)
-    request = choose_master(cls, request)
+    make = get_transport(request.transport)
+    request = choose_master(make, request)
     try:
         req, held = hold_port(request)
     except OSError as exc:
@@ -208,7 +207,7 @@ def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from:
                                                                    f"{request.master_port}: {exc.strerror or exc}")],
                                 notice, hint="podrun holds the rendezvous port for the whole run, so it must be free")
     try:
-        return _attempts(cls, req, sink=sink, notice=notice, only_output_from=only_output_from, elastic=elastic,
+        return _attempts(make, req, sink=sink, notice=notice, only_output_from=only_output_from, elastic=elastic,
                          record=record, watch=watch, progress=progress)
     finally:
         if held is not None:
@@ -219,7 +218,7 @@ def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from:
             end(request.run_dir)          # every host's zygote sees its socket gone and ends
 
 
-def _attempts(cls, req: LaunchRequest, *, sink, notice, only_output_from, elastic,
+def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_output_from, elastic,
               record: dict | None, watch=None, progress=None) -> tuple[Outcome | None, dict]:
     from podrun.plan.env import workers_per_instance
 
@@ -227,7 +226,7 @@ def _attempts(cls, req: LaunchRequest, *, sink, notice, only_output_from, elasti
     base_port = req.master_port
     outcome, summary = None, {}
     while True:
-        transport = cls(req)
+        transport = make(req)
         if req.checks_hosts():
             try:
                 problems = transport.preflight()
@@ -338,7 +337,7 @@ def _replan(policy, record: dict, req: LaunchRequest, summary: dict, outcome: Ou
         return choose_master(get_transport(new.transport), new)
     except PreflightError as exc:
         # it cannot be asked (or lacks the interface): the attempt's preflight names it and drops it as a lost host
-        why = exc.message.split("\n  - ", 1)[-1]
+        why = "; ".join(exc.problems)
         notice(f"elastic: cannot ask {master} for its address on {req.data_interface} ({why}); its preflight decides")
         return new
 

@@ -19,6 +19,7 @@ one, and separately the last lines of the others.
 from __future__ import annotations
 
 import collections
+import enum
 import json
 import math
 import queue
@@ -77,13 +78,29 @@ class InstanceState:
         return t
 
 
+class FailureKind(str, enum.Enum):
+    """What went wrong, as a value: the run's status and every decision on a failure read this, never the text."""
+
+    EXITED = "exited"              # a worker exited non-zero
+    AGENT_ENDED = "agent-ended"    # an instance's agent ended before it reported its workers' exits
+    LOST = "lost"                  # a host stopped answering (no heartbeat, or its connection dropped)
+    HUNG = "hung"                  # no rank made progress for the hang window (--on-hang end)
+    STRAGGLERS = "stragglers"      # workers still running --straggler-timeout after one exited 0
+
+    @property
+    def status(self) -> str:
+        """The run's status when a failure of this kind is its root cause."""
+        return {FailureKind.LOST: "lost", FailureKind.HUNG: "hung"}.get(self, "failed")
+
+
 @dataclass
 class Failure:
     instance: int | None
     host: str
     local_rank: int | None
     exit_code: int
-    reason: str
+    kind: FailureKind
+    reason: str                        # the message, made from the facts where the failure was seen
     at: float                          # agent wall time (controller's for lost hosts)
     last_lines: list[str] = field(default_factory=list)    # the failing worker's own (its instance's if none)
     error: dict | None = None          # its @record error file: {message, traceback, file}
@@ -92,7 +109,7 @@ class Failure:
     def to_dict(self) -> dict:
         sig = self.exit_code - 128 if 128 < self.exit_code < 160 else None
         d = {"instance": self.instance, "host": self.host, "local_rank": self.local_rank,
-             "exit_code": self.exit_code, "reason": self.reason, "last_lines": self.last_lines,
+             "exit_code": self.exit_code, "kind": self.kind.value, "reason": self.reason, "last_lines": self.last_lines,
              "error": self.error, "others": self.others}
         if sig:
             try:
@@ -263,7 +280,7 @@ class Supervisor:
                 self.first_ok = (now, st.index, ev.local_rank)
             if rc != 0 and "teardown" not in parts[2:] and self.signalled is None:
                 code = protocol.exit_code_from_returncode(rc)
-                self.failures.append(Failure(st.index, st.host, ev.local_rank, code,
+                self.failures.append(Failure(st.index, st.host, ev.local_rank, code, FailureKind.EXITED,
                                              _describe_code(code), at))
         elif ev.kind == "error":
             try:
@@ -299,7 +316,8 @@ class Supervisor:
                 if self.stopping_since is None and self.signalled is None:
                     what = ("the connection to it was lost" if code == LOST_EXIT
                             else f"its agent ended with code {code}")
-                    self.failures.append(Failure(idx, st.host, None, code,
+                    kind = FailureKind.LOST if code == LOST_EXIT else FailureKind.AGENT_ENDED
+                    self.failures.append(Failure(idx, st.host, None, code, kind,
                                                  f"{what} before it reported (host crashed, sshd or agent killed; "
                                                  f"see instance-{idx}.log)", time.time()))
 
@@ -407,7 +425,7 @@ class Supervisor:
                         why = f"its agent sent nothing in the first {limit:g} s"
                         self.notice(f"instance {st.index} on {st.host}: lost ({why})")
                     if self.signalled is None:
-                        self.failures.append(Failure(st.index, st.host, None, LOST_EXIT,
+                        self.failures.append(Failure(st.index, st.host, None, LOST_EXIT, FailureKind.LOST,
                                                      f"host {st.host} lost: {why} "
                                                      "(link down, sshd gone or machine frozen)", time.time()))
                     for x in list(open_handles):
@@ -562,7 +580,7 @@ class Supervisor:
             what = (watching.describe(odd.processes[0].main_frames()) if odd.processes else odd.problem)
             odd_label = "the odd rank out" if len(groups) > 1 else "every rank"
             self.failures.append(Failure(
-                odd.instance, odd.host, odd.local_rank, watching.HANG_EXIT,
+                odd.instance, odd.host, odd.local_rank, watching.HANG_EXIT, FailureKind.HUNG,
                 f"hung: no progress from any rank for {human_seconds(d['window'])} ({self.watch.source}); "
                 f"{odd_label}: rank {odd.rank} on {odd.host} in {what}", time.time()))
         else:
@@ -607,7 +625,7 @@ class Supervisor:
         ranks = ", ".join(r for _, _, r in hung)
         st, lr, _ = hung[0]
         self.failures.append(Failure(
-            st.index, st.host, lr, STRAGGLER_EXIT,
+            st.index, st.host, lr, STRAGGLER_EXIT, FailureKind.STRAGGLERS,
             f"rank{'s' if len(hung) > 1 else ''} {ranks} still running {self.req.straggler_timeout:g} s after "
             f"rank {first} exited 0 (--straggler-timeout): hung or stragglers", time.time()))
 
@@ -620,15 +638,12 @@ class Supervisor:
         root = min(self.failures, key=lambda f: f.at) if self.failures else None
         if root is not None:
             self._explain(root)
-            code = root.exit_code
-            status = "lost" if root.exit_code == LOST_EXIT and "lost" in root.reason else "failed"
+            code, status = root.exit_code, root.kind.status
         elif self.signalled is not None:
             code, status = 128 + self.signalled, "interrupted"
         else:
             bad = [s for s in self.states.values() if s.exit_code not in (0, None)]
             code, status = (bad[0].exit_code, "failed") if bad else (0, "ok")
-        if root is not None and root.exit_code == watching.HANG_EXIT and root.reason.startswith("hung"):
-            status = "hung"
         ready = [s.ready_s for s in self.states.values()]
         for s in self.states.values():
             gaps = [g for g in (self.hearing.max_gap(s.index), self.lost_silence.get(s.index)) if g is not None]

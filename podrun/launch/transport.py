@@ -11,7 +11,7 @@ parses the agent line protocol (podrun.launch.protocol) from every handle, whate
 
 The interface every transport implements:
 
-    cls = get_transport("ssh"); t = cls(request)
+    make = get_transport("ssh"); t = make(request)   # a class, or a factory that picks one (ssh: the client)
     problems = t.preflight()          # list[Problem]; nothing is started when any
     handles = t.start()               # list[InstanceHandle]
     for stream, line in handle.lines(): ...   # ("out"|"err", text without newline) until EOF
@@ -27,7 +27,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, BinaryIO, Iterator
+from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator
 
 from podrun.errors import LaunchError
 from podrun.launch.protocol import READ_LIMIT, bounded_lines
@@ -38,7 +38,7 @@ if TYPE_CHECKING:  # pragma: no cover
 # name -> "module:Class" (or a factory taking the request), imported only when used (ssh may pull paramiko).
 TRANSPORTS: dict[str, str] = {
     "local": "podrun.launch.transports.local:LocalTransport",
-    "ssh": "podrun.launch.transports.ssh_common:ssh_transport",
+    "ssh": "podrun.launch.transports.ssh_client:ssh_transport",
     "mpirun": "podrun.launch.transports.mpirun:MpirunTransport",
     "srun": "podrun.launch.transports.srun:SrunTransport",
     "poprun": "podrun.launch.engines.poprun:PoprunTransport",
@@ -140,8 +140,12 @@ class Transport(ABC):
         """Release connections. Safe to call more than once."""
 
 
-def get_transport(name: str) -> type[Transport]:
-    """The Transport class registered under ``name`` (imported lazily)."""
+TransportFactory = Callable[["LaunchRequest"], "Transport"]   # a Transport class, or a function choosing one
+
+
+def get_transport(name: str) -> TransportFactory:
+    """What makes the transport registered under ``name`` from a request (imported lazily): its class, or for ssh
+    the function that picks the client's class."""
     if name not in TRANSPORTS:
         raise LaunchError(
             f"unknown transport {name!r}",

@@ -57,8 +57,9 @@ def test_a_python_without_torch_is_refused_before_anything_starts(tmp_path, caps
     rc, out, err = _launch(capsys, tmp_path, "--python", python, str(ROOT / "recipes" / "resnet18_cifar10"),
                            "--data", "digits")
     assert rc == 2, err
-    assert err.startswith("podrun: error: preflight: localhost: ") and python in err and "torch" in err, err
-    assert "pip install 'podrun[train]'" in err and "Traceback" not in err and len(err.splitlines()) == 2, err
+    assert err.startswith("podrun: error: preflight failed, nothing was started:\n  - localhost: "), err
+    assert python in err and "torch" in err, err
+    assert "pip install 'podrun[train]'" in err and "Traceback" not in err and len(err.splitlines()) == 3, err
     assert not (tmp_path / "runs").exists()
 
 

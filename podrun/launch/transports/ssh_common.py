@@ -156,15 +156,14 @@ class HeldAgentTransport(Transport):
         try:
             rc, out, err = self.run_command(host, shlex.join([self.request.python, "-c", code]), PROBE_TIMEOUT)
         except BaseException as exc:  # noqa: BLE001
-            raise PreflightError(f"preflight failed, nothing was started:\n  - {self._problem(host, exc)}") from None
+            raise PreflightError([self._problem(host, exc)]) from None
         if rc != 0:
-            raise PreflightError(f"preflight failed, nothing was started:\n  - {self._check_exit(host, rc, err)}")
+            raise PreflightError([self._check_exit(host, rc, err)])
         words = out.split("\n")[0].split(" ", 1)
         if not words[0]:
             have = ", ".join(words[1].split()) if len(words) > 1 else ""
-            raise PreflightError(f"preflight failed, nothing was started:\n  - {host}: no interface {ifname} with an "
-                                 f"IPv4 or global IPv6 address on the master host {host} (--data-interface); "
-                                 f"it has {have or 'none'}",
+            raise PreflightError([f"{host}: no interface {ifname} with an IPv4 or global IPv6 address on the master "
+                                  f"host {host} (--data-interface); it has {have or 'none'}"],
                                  hint="name the interface of the network the hosts share (ip -br addr on the host)")
         return words[0]
 
@@ -275,19 +274,3 @@ def _dismiss(handles: list, timeout: float = 3.0) -> None:
     for h in handles:
         h.wait(max(0.0, deadline - time.monotonic()))
         h.kill()
-
-
-SSH_CLIENTS = ("auto", "openssh", "paramiko")
-
-
-def ssh_transport(request) -> HeldAgentTransport:
-    """The ssh transport for ``request.ssh.client``: ``openssh`` (the system's ssh), ``paramiko``, or ``auto``
-    (OpenSSH's client when ``ssh`` is on PATH, as mpirun, pdsh and Ansible use it; else paramiko)."""
-    from podrun.launch.transports.openssh import OpenSSHTransport, ssh_binary
-
-    client = request.ssh.client
-    if client == "openssh" or (client == "auto" and ssh_binary() is not None):
-        return OpenSSHTransport(request)
-    from podrun.launch.transports.ssh import SSHTransport
-
-    return SSHTransport(request)
