@@ -7,7 +7,7 @@ from __future__ import annotations
 import tempfile
 
 from bench.bench_launch import _row, lost_host_vs
-from podrun.launch.liveness import Liveness, settings
+from podrun.wire.liveness import Liveness, settings
 from tests.ports import free_port
 
 OLD = ("--keepalive", "5")       # the former default: a heartbeat every second, 5 s of silence

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from podrun.launch.liveness import Liveness
+from podrun.wire.liveness import Liveness
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = str(ROOT / "tests" / "launch" / "scripts" / "torchrun_allreduce.py")

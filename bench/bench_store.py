@@ -1,4 +1,4 @@
-"""The agent store (podrun.launch.agent_store) on this machine's loopback, each figure against its peer:
+"""The agent store (podrun.host.store) on this machine's loopback, each figure against its peer:
 
 - early clients: torch TCPStore clients that connect before the store exists (their `import torch` done);
   seconds from the store serving to every client done, when the port is held from the start (the agent
@@ -60,7 +60,7 @@ def _store_on(sock):
     """Serve a store on ``sock`` like the agent does; returns (time it serves, close)."""
     from torch.distributed import TCPStore
 
-    from podrun.launch.agent_store import StoreHost
+    from podrun.host.store import StoreHost
 
     host = StoreHost(sock)
     assert host.up.wait(60) and host.state == "up", host.state
@@ -98,7 +98,8 @@ def _baseline_relay(base: str):
 def run(quick: bool) -> list[dict]:
     import torch.distributed as dist
 
-    from podrun.launch.agent_store import listen, StoreHost
+    from podrun.host.store import StoreHost
+    from podrun.wire.probe import listen
 
     from tests.ports import free_port
 

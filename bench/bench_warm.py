@@ -1,4 +1,4 @@
-"""Warm restarts (podrun.launch.zygote) vs cold ones, side by side: the time from a lost host declared to the
+"""Warm restarts (podrun.host.zygote) vs cold ones, side by side: the time from a lost host declared to the
 first step of the re-planned attempt, with `podrun launch --elastic` (warm by default) and the same with
 `--no-warm`, interleaved (cold, warm, cold, warm, ...), each on 4 fresh namespace hosts
 (tests.harness.NetnsHosts) with bench/scripts/warm_phases.py (bench/scripts/elastic_train.py with its

@@ -19,7 +19,7 @@ def free_port(n: int = 1) -> int:
     restart that moves to the next port, takes more than one).
 
     Chosen below the ephemeral range: there no client socket is given the port as its source, and a
-    connect to it before its server listens cannot be joined to itself (see podrun.launch.probe.pick_free_port).
+    connect to it before its server listens cannot be joined to itself (see podrun.wire.probe.pick_free_port).
     """
     top = min(ephemeral_low(), 29400) - n     # above it the tests' fixed ports (29500-29900)
     for _ in range(200):

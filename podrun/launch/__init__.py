@@ -1,1 +1,1 @@
-"""Launch and supervision: requests, transports (local, ssh, mpirun, srun), the instance agent, the supervisor."""
+"""The controller's side of a launch: requests, preflight, transports (local, ssh, mpirun, srun), engines, the supervisor, the run directory."""

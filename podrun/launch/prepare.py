@@ -39,7 +39,7 @@ def prepare_launch(args, *, dashdash: bool, module: bool, no_python: bool, torch
     torchrun's options reconciled with podrun's, the plan, the checks of this machine, the request, the elastic
     policy and what to say first; a PodrunError (exit 2) for anything wrong, before anything starts."""
     from podrun.launch.engines import resolve_engine
-    from podrun.launch.liveness import settings
+    from podrun.wire.liveness import settings
     from podrun.launch.request import parse_env_options
     from podrun.launch.run import build_request, default_transport
     from podrun.plan import make_plan
@@ -142,7 +142,7 @@ def check_recipe_modules(python: str, target: Target, recipe_args, host: str = "
     """The recipe's imports (podrun.train.recipe_main.needed_modules) must be there for --python on this machine,
     before anything starts: one paragraph and exit 2 naming the install command, not a traceback per rank."""
     from podrun.errors import PreflightError
-    from podrun.launch.probe import missing_modules, missing_text
+    from podrun.wire.probe import missing_modules, missing_text
     from podrun.train.recipe_main import needed_modules
 
     missing = missing_modules(python, needed_modules(recipe_args))

@@ -11,12 +11,12 @@ import shlex
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from podrun.launch.liveness import HEARTBEAT_MISSES, HEARTBEAT_S, Liveness
+from podrun.wire.liveness import HEARTBEAT_MISSES, HEARTBEAT_S, Liveness
 
 if TYPE_CHECKING:  # pragma: no cover
     from podrun.plan.model import Plan
 
-AGENT_MODULE = "podrun.launch.agent"
+AGENT_MODULE = "podrun.host.agent"
 NO_WORKDIR = 97           # the exit code of a host's command line when the working directory is missing
 # Redaction (the one home: run records, --dry-run, summaries). A value is hidden when its name looks
 # secret, and, whatever its name, the parts of it that look like credentials are hidden.
@@ -65,7 +65,7 @@ class LaunchRequest:
     master_port: int
     transport: str = "local"
     grace: float = 5.0
-    heartbeat: float = HEARTBEAT_S      # seconds between heartbeats, both ways (podrun.launch.liveness)
+    heartbeat: float = HEARTBEAT_S      # seconds between heartbeats, both ways (podrun.wire.liveness)
     keepalive: float = HEARTBEAT_S * HEARTBEAT_MISSES   # seconds of silence after which a host is lost, both ways
     restart_count: int = 0
     max_restarts: int = 0
@@ -74,7 +74,7 @@ class LaunchRequest:
     ssh: SSHOptions = field(default_factory=SSHOptions)
     mpi_args: tuple[str, ...] = ()      # --mpi-args: passed through to mpirun (transport mpirun, engine horovod)
     poprun: object | None = None        # PoprunOptions for --engine poprun (podrun.launch.engines.poprun)
-    agent_store: bool = True            # rank 0's agent serves the store on master_port (podrun.launch.agent_store)
+    agent_store: bool = True            # rank 0's agent serves the store on master_port (podrun.host.store)
     listen_fd: int | None = None        # the controller's socket on master_port, for a local rank 0 agent to serve on
     preflight: bool = True              # check every host before anything starts (False: --no-preflight)
     straggler_timeout: float | None = None  # seconds the others get after a worker exits 0 (None: no bound)
@@ -84,7 +84,7 @@ class LaunchRequest:
     # what MASTER_ADDR was derived from when no --master-addr was given: "" (the host of instance 0 as written),
     # "ssh" (its HostName in the ssh config, an IP address), "data-interface" (its address there, asked at launch)
     master_derived: str = ""
-    warm: bool = False                  # agents fork restarted workers from a zygote per host (podrun.launch.zygote)
+    warm: bool = False                  # agents fork restarted workers from a zygote per host (podrun.host.zygote)
 
     def checks_hosts(self) -> bool:
         """Whether this attempt checks its hosts before any worker starts: the first attempt, and every

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import socket
 import sys
 from dataclasses import replace
 from pathlib import Path
 
 from podrun.errors import LaunchError, PodrunError, PreflightError
-from podrun.launch.liveness import Liveness
+from podrun.wire.liveness import Liveness
 from podrun.launch.request import InstanceLaunch, LaunchRequest, SSHOptions, redact
 from podrun.launch.rundir import (check_run_id, create_run_dir, new_run_id, write_launch_files, write_plan,
                                   write_summary)
@@ -85,11 +86,10 @@ def hold_port(request: LaunchRequest):
     With the agent store the socket is kept for the whole run and handed to rank 0's agent (reserved from
     the check on: another run cannot take it in between); port 0 is the port the kernel gave. Without it
     (--no-agent-store, or a --python without torch) rank 0 binds the port itself, so port 0 is only picked
-    here, below the ephemeral range (podrun.launch.probe.pick_free_port), and let go. Elsewhere: (request, None).
+    here, below the ephemeral range (podrun.wire.probe.pick_free_port), and let go. Elsewhere: (request, None).
     Raises OSError when the port is taken.
     """
-    from podrun.launch.agent_store import reserve, torch_available
-    from podrun.launch.probe import pick_free_port
+    from podrun.wire.probe import pick_free_port, reserve, torch_available
 
     if request.transport != "local":
         return request, None
@@ -213,9 +213,9 @@ def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from:
         if held is not None:
             held.close()
         if request.warm:
-            from podrun.launch.zygote import end
+            from podrun.wire.protocol import ZYGOTE_DIR
 
-            end(request.run_dir)          # every host's zygote sees its socket gone and ends
+            shutil.rmtree(os.path.join(request.run_dir, ZYGOTE_DIR), ignore_errors=True)   # every zygote ends
 
 
 def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_output_from, elastic,

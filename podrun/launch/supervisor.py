@@ -4,7 +4,7 @@ Whatever the transport, it reads the agent line protocol from every InstanceHand
 queues, writes runs/<id>/instance-<i>.log as lines come (a log that cannot be written, e.g. on a full
 disk, is reported once and the run goes on with the console only), sends a heartbeat to every agent
 each ``heartbeat`` seconds, and ends the run everywhere on the first worker failure, on SIGINT/SIGTERM/SIGHUP,
-when an instance has been silent for ``keepalive`` seconds, the liveness bound (podrun.launch.liveness: a lost
+when an instance has been silent for ``keepalive`` seconds, the liveness bound (podrun.wire.liveness: a lost
 host; summary.json gives each instance's largest silence), or when workers are still running
 ``straggler_timeout`` seconds after one exited 0 (stragglers, named by rank), or when no worker made
 progress (an output line, or a ``prog`` report outside eval/checkpoint) for the hang window
@@ -31,8 +31,9 @@ from pathlib import Path
 from typing import Callable
 
 from podrun.human import human_seconds
-from podrun.launch import protocol, watch as watching
-from podrun.launch.liveness import FIRST_HEARTBEAT_S, Hearing
+from podrun.wire import protocol
+from podrun.launch import watch as watching
+from podrun.wire.liveness import FIRST_HEARTBEAT_S, Hearing
 from podrun.launch.request import LaunchRequest, redact_argv
 from podrun.launch.rundir import private_open
 from podrun.launch.transport import InstanceHandle, Transport
@@ -535,7 +536,7 @@ class Supervisor:
                 pass
         if self.transport.merged:        # mpirun/srun agents have no stdin: they watch the run dir
             try:
-                watching.write_request(self.req.run_dir)
+                protocol.write_request(self.req.run_dir)
             except OSError as exc:
                 self.notice(f"cannot ask the mpirun/srun agents for stacks: {exc.strerror or exc}")
 

@@ -2,7 +2,7 @@
 
 A transport turns a LaunchRequest (podrun.launch.request) into running instance agents and gives the
 supervisor one InstanceHandle per stream of agent output. The supervisor (podrun.launch.supervisor)
-parses the agent line protocol (podrun.launch.protocol) from every handle, whatever the transport:
+parses the agent line protocol (podrun.wire.protocol) from every handle, whatever the transport:
 
 - ``local`` / ``ssh``: one handle per instance, each carrying exactly one agent.
 - ``mpirun`` / ``srun`` (``merged = True``): one handle whose output carries every instance; the
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator
 
 from podrun.errors import LaunchError
-from podrun.launch.protocol import READ_LIMIT, bounded_lines
+from podrun.wire.protocol import READ_LIMIT, bounded_lines
 
 if TYPE_CHECKING:  # pragma: no cover
     from podrun.launch.request import LaunchRequest

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 
 SOCKET_NAME = "control.sock"
 STACKS_DIR = "stacks"
-REQUEST_FILE = "stacks-request"   # in the run dir: agents with no stdin (mpirun, srun) watch it for a new token
 HANG_EXIT = 125                # the run was ended because no rank made progress for --hang-timeout seconds
 AUTO_FLOOR_S = 120.0           # --hang-timeout auto: never less than this
 AUTO_STEPS = 20                # ... and this many times the median of the last AUTO_WINDOW step times
@@ -299,27 +298,6 @@ def to_json(groups: list[Group]) -> list[dict]:
 
 
 # -- the control socket ----------------------------------------------------------------------
-
-def write_request(run_dir: str) -> None:
-    """Ask the agents that have no stdin (mpirun, srun: they share the run dir) for stacks: a new token in
-    <run_dir>/stacks-request, written whole (rename)."""
-    import time
-
-    path = os.path.join(run_dir, REQUEST_FILE)
-    tmp = f"{path}.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(f"{time.time_ns()}\n")
-    os.replace(tmp, path)
-
-
-def read_request(run_dir: str) -> str:
-    """The current token of <run_dir>/stacks-request ("" when there is none)."""
-    try:
-        with open(os.path.join(run_dir, REQUEST_FILE), encoding="utf-8") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
 
 def _dir_fd(run_dir: str) -> int:
     return os.open(run_dir, os.O_PATH | os.O_DIRECTORY)

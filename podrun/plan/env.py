@@ -67,10 +67,10 @@ POPDIST_NAMES = tuple(POPDIST_FIELDS.values())
 # Set only when neither the host nor --env has them: threads per worker (see omp_num_threads), line
 # buffered output so logs stream live, NCCL's async error handling as torchrun sets it, torchrun's list of
 # forwarded signals, and gloo's interface where the host's own name resolves to loopback
-# (podrun.launch.probe.gloo_interface).
+# (podrun.wire.probe.gloo_interface).
 HOST_DEFAULT_NAMES = ("OMP_NUM_THREADS", "PYTHONUNBUFFERED", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
                       "TORCHELASTIC_SIGNALS_TO_HANDLE", "GLOO_SOCKET_IFNAME")
-# The signals the agent forwards to its workers (podrun.launch.agent), in torchrun's variable for its own list
+# The signals the agent forwards to its workers (podrun.host.agent), in torchrun's variable for its own list
 SIGNALS_HANDLED = "SIGTERM,SIGINT,SIGHUP"
 # What --data-interface NAME (or a cluster spec's data_interface) sets for every worker: the interface gloo
 # and NCCL open their sockets on
@@ -82,7 +82,7 @@ def data_interface_env(name: str | None) -> tuple[tuple[str, str], ...]:
     return () if name is None else tuple((n, name) for n in DATA_INTERFACE_NAMES)
 
 
-# Every worker is a client of the store that rank 0's agent hosts (podrun.launch.agent_store), as under torchrun
+# Every worker is a client of the store that rank 0's agent hosts (podrun.host.store), as under torchrun
 AGENT_STORE_NAME = "TORCHELASTIC_USE_AGENT_STORE"
 
 # The same for every worker of a run: what an outer launcher (horovod's mpirun) exports to every rank,
@@ -201,7 +201,7 @@ def instance_envs(plan: "Plan", instance_index: int, *, run_id: str, run_dir: st
                   cpus: int | None = None, gloo_ifname: str | None = None) -> list[dict[str, str]]:
     """What the agent of instance ``instance_index`` sets for each of its workers, on top of the host's env.
 
-    ``agent_store``: the agent of global rank 0 hosts the store on ``master_port`` (podrun.launch.agent_store),
+    ``agent_store``: the agent of global rank 0 hosts the store on ``master_port`` (podrun.host.store),
     so every worker, rank 0 included, is a client of it (TORCHELASTIC_USE_AGENT_STORE=True, as under torchrun).
     ``host_env``: the variables the workers inherit (the host's, with --env): the names of
     HOST_DEFAULT_NAMES set there are left to them. ``cpus``: the cores the agent may use; None (the

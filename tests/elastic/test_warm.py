@@ -1,4 +1,4 @@
-"""Warm restarts (podrun.launch.zygote) on real OpenSSH hosts in network namespaces: an elastic run whose
+"""Warm restarts (podrun.host.zygote) on real OpenSSH hosts in network namespaces: an elastic run whose
 re-planned workers are forked by each host's zygote, a zygote killed mid-run (the next attempt starts cold),
 and runs that leave no zygote behind."""
 from __future__ import annotations
@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 HERE = Path(__file__).parent
 TRAIN = str(HERE / "train_groupnorm.py")
 PROBE = str(HERE / "warm_probe.py")
-ZYGOTE = "podrun.launch.zygote"
+ZYGOTE = "podrun.host.zygote"
 
 
 def zygotes(where: Path) -> list[int]:

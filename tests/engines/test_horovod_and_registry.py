@@ -128,7 +128,7 @@ def test_engines_and_request_import_neither_click_nor_the_agent():
             "req = build_request(resolve_plan(None, hosts_opt='localhost', devices_per_host=2, environ={})[0], ['true'],"
             " transport='local', runs_dir=tempfile.mkdtemp())\n"
             "assert req.worker_envs(0)[1]['RANK'] == '1'\n"
-            "bad = [m for m in ('podrun.launch.agent', 'torch') if m in sys.modules]\n"
+            "bad = [m for m in ('podrun.host.agent', 'torch') if m in sys.modules]\n"
             "assert not bad, bad\n"
             "import podrun.launch.engines as e\n"
             "assert not hasattr(e, 'engine_options') and not hasattr(e, 'pop_engine_options')\n")

@@ -106,7 +106,7 @@ def test_fake_poprun_dry_run_describes_the_poprun_line(tmp_path, fake_poprun_pat
     ((label, line),) = t.describe()
     assert label == "poprun"
     assert line.startswith("poprun --num-instances=4 --num-replicas=32 --ipus-per-replica=2")
-    assert "podrun.launch.agent" in line and "--index-from-env" in line and "--no-stdin-watch" in line
+    assert "podrun.host.agent" in line and "--index-from-env" in line and "--no-stdin-watch" in line
     assert t.preflight() == []
 
 

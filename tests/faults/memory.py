@@ -71,7 +71,7 @@ def podrun_output(tmp: Path, mb: int, mode: str, port: int, timeout: float = 600
                 raise AssertionError(f"podrun ended or took over {timeout} s: {p.stderr.read().decode()[-2000:]}")
             time.sleep(0.02)
         wall = time.perf_counter() - t0
-        agents = [c for c in _children(p.pid) if b"podrun.launch.agent" in Path(f"/proc/{c}/cmdline").read_bytes()]
+        agents = [c for c in _children(p.pid) if b"podrun.host.agent" in Path(f"/proc/{c}/cmdline").read_bytes()]
         assert len(agents) == 1, agents
         rss = {"wall_s": wall, "podrun_mb": vm_hwm_mb(p.pid), "agent_mb": vm_hwm_mb(agents[0])}
         go.touch()

@@ -60,7 +60,7 @@ def test_sigterm_of_the_local_agent_ends_the_daemons(tmp_path):
     try:
         wait_output(p, "up", 30)
         assert wait_until(lambda: len(sleepers(m)) == 1, 10), local_pids(m)
-        agents = local_pids("podrun.launch.agent")
+        agents = local_pids("podrun.host.agent")
         agents = [a for a in agents if str(tmp_path) in open(f"/proc/{a}/cmdline").read()]
         assert len(agents) == 1, agents
         import os

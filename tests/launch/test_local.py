@@ -116,7 +116,7 @@ def test_dry_run_prints_exactly_what_runs(tmp_path):
     assert cp.returncode == 0, cp.stderr
     rec = json.loads(cp.stdout)
     cmd = rec["commands"][0]["command"]
-    assert cmd.startswith("cd ") and "env 'MY_TOKEN=<redacted>'" in cmd and "-m podrun.launch.agent" in cmd
+    assert cmd.startswith("cd ") and "env 'MY_TOKEN=<redacted>'" in cmd and "-m podrun.host.agent" in cmd
     assert cmd.endswith("-- echo 'hi there'")
     assert [w["RANK"] for w in rec["instances"][0]["workers"]] == ["0", "1"]
     assert not (tmp_path / "runs").exists()          # nothing written, nothing started

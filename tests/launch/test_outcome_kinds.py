@@ -9,7 +9,7 @@ import sys
 import textwrap
 
 from podrun.errors import PreflightError
-from podrun.launch.agent import Agent, StopKind
+from podrun.host.agent import Agent, StopKind
 from podrun.launch.supervisor import FailureKind
 from tests.launch.helpers import run_dir
 from tests.ports import free_port

@@ -88,7 +88,7 @@ def test_cancel_ends_running_job_everywhere(slurm_cluster, tmp_path):
     deadline = time.monotonic() + 15
     left = {}
     while time.monotonic() < deadline:
-        left = {n: sl.processes(n, f"{marker}|podrun.launch.agent|slurmstepd") for n in nodes}
+        left = {n: sl.processes(n, f"{marker}|podrun.host.agent|slurmstepd") for n in nodes}
         if not any(left.values()):
             break
         time.sleep(0.2)

@@ -114,7 +114,7 @@ def test_cancel_ends_running_job_everywhere(uge_cluster, tmp_path):
     deadline = time.monotonic() + 20
     left = {}
     while time.monotonic() < deadline:
-        left = {n: ge.processes(n, f"{marker}|podrun.launch.agent|podrun launch|sge_shepherd") for n in ge.nodes}
+        left = {n: ge.processes(n, f"{marker}|podrun.host.agent|podrun launch|sge_shepherd") for n in ge.nodes}
         if not any(left.values()):
             break
         time.sleep(0.2)

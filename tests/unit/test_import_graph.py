@@ -1,5 +1,5 @@
 """The launch modules' imports (read from their source, function-level imports included) form no circle between
-the agent and the store it hosts: both take the process controls from podrun.launch.proctl."""
+the agent and the store it hosts: both take the process controls from podrun.wire.proctl."""
 from __future__ import annotations
 
 import ast
@@ -22,13 +22,50 @@ def imports_of(module: str, root: Path = PKG.parent) -> set[str]:
 
 
 def test_agent_and_agent_store_import_no_circle():
-    assert "podrun.launch.agent_store" in imports_of("podrun.launch.agent")
-    assert "podrun.launch.agent" not in imports_of("podrun.launch.agent_store")
-    assert "podrun.launch.agent" not in imports_of("podrun.launch.transports.local")
+    assert "podrun.host.store" in imports_of("podrun.host.agent")
+    assert "podrun.host.agent" not in imports_of("podrun.host.store")
+    assert "podrun.host.agent" not in imports_of("podrun.launch.transports.local")
 
 
 def test_the_check_sees_an_import_inside_a_function(tmp_path):
     """The check can fail: a function-level import is found."""
     (tmp_path / "podrun").mkdir()
-    (tmp_path / "podrun" / "m.py").write_text("def f():\n    from podrun.launch.agent import x\n")
-    assert "podrun.launch.agent" in imports_of("podrun.m", tmp_path)
+    (tmp_path / "podrun" / "m.py").write_text("def f():\n    from podrun.host.agent import x\n")
+    assert "podrun.host.agent" in imports_of("podrun.m", tmp_path)
+
+
+def modules_under(folder: str, root: Path = PKG.parent) -> list[str]:
+    return sorted(str(p.relative_to(root).with_suffix("")).replace("/", ".") for p in (root / folder).rglob("*.py"))
+
+
+def crossings(root: Path = PKG.parent) -> list[str]:
+    """Imports across the process boundary: host code (podrun.host) importing the controller's (podrun.launch) or
+    the reverse, and the shared ground (podrun.wire) importing either side. The two sides meet in podrun.wire."""
+    banned = {"podrun/host": ("podrun.launch",), "podrun/launch": ("podrun.host",),
+              "podrun/wire": ("podrun.launch", "podrun.host")}
+    out = []
+    for folder, prefixes in banned.items():
+        for mod in modules_under(folder, root):
+            out += [f"{mod} imports {m}" for m in sorted(imports_of(mod, root))
+                    if any(m == p or m.startswith(p + ".") for p in prefixes)]
+    return out
+
+
+def test_the_controller_and_the_host_meet_only_in_the_shared_ground():
+    assert crossings() == []
+
+
+def test_the_boundary_check_finds_a_crossing(tmp_path):
+    """The check can fail: an agent-side module that reaches into the controller is named."""
+    for folder in ("host", "launch", "wire"):
+        (tmp_path / "podrun" / folder).mkdir(parents=True)
+    (tmp_path / "podrun" / "host" / "agent.py").write_text("def f():\n    from podrun.launch.watch import x\n")
+    (tmp_path / "podrun" / "launch" / "run.py").write_text("from podrun.wire import protocol\n")
+    assert crossings(tmp_path) == ["podrun.host.agent imports podrun.launch.watch",
+                                   "podrun.host.agent imports podrun.launch.watch.x"]
+
+
+def test_the_ssh_transports_import_no_circle():
+    """ssh_common holds what both ssh clients share; the choice between them lives apart (ssh_client)."""
+    common = imports_of("podrun.launch.transports.ssh_common")
+    assert not {"podrun.launch.transports.openssh", "podrun.launch.transports.ssh"} & common

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from podrun.errors import LaunchError
-from podrun.launch.liveness import Hearing, Liveness, settings
+from podrun.wire.liveness import Hearing, Liveness, settings
 
 
 @pytest.mark.parametrize("given,period,bound", [

@@ -52,7 +52,7 @@ def horovod_env(request) -> dict[str, str]:
     Per-rank names (RANK, LOCAL_RANK, ...) come from Open MPI (OMPI_COMM_WORLD_*), which
     podrun.runtime reads; Horovod's MPI controller needs nothing else.
     """
-    from podrun.launch.probe import pick_free_port
+    from podrun.wire.probe import pick_free_port
     from podrun.plan.env import run_wide_env
 
     port = request.master_port if request.master_port != 0 else pick_free_port()   # 0: podrun picks one

@@ -11,12 +11,12 @@ import signal
 import subprocess
 
 from podrun.errors import LaunchError
-from podrun.launch.probe import port_free
+from podrun.wire.probe import port_free
 from podrun.launch.transport import InstanceHandle, Problem, StreamMerger, Transport, busy_port_problem
 
 
 def _pdeathsig() -> None:
-    from podrun.launch.proctl import pdeathsig
+    from podrun.wire.proctl import pdeathsig
 
     pdeathsig(signal.SIGTERM)
 

@@ -173,7 +173,7 @@ class ProcessHandle(InstanceHandle):
     linger = 1.0
 
     def lines(self):
-        from podrun.launch import protocol
+        from podrun.wire import protocol
 
         pending = set(self._agents)
         for stream, line in self._merger:

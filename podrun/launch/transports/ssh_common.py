@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import podrun
 from podrun.errors import LaunchError
-from podrun.launch import protocol
+from podrun.wire import protocol
 from podrun.launch.request import NO_WORKDIR
 from podrun.launch.transport import InstanceHandle, Problem, StreamMerger, Transport, busy_port_problem
 
@@ -145,13 +145,13 @@ class HeldAgentTransport(Transport):
         raise NotImplementedError
 
     def interface_address(self, host: str, ifname: str) -> str:
-        """``host``'s address on interface ``ifname``, IPv4 or else global IPv6 (podrun.launch.probe.interface_address;
+        """``host``'s address on interface ``ifname``, IPv4 or else global IPv6 (podrun.wire.probe.interface_address;
         one remote Python start); PreflightError when the host cannot be asked or has no such interface."""
         import shlex
 
         from podrun.errors import PreflightError
 
-        code = (f"from podrun.launch.probe import interface_address as i, interface_addresses as a, "
+        code = (f"from podrun.wire.probe import interface_address as i, interface_addresses as a, "
                 f"interface_addresses6 as b; print(i({ifname!r}) or '', ' '.join(sorted(set(a()) | set(b()))))")
         try:
             rc, out, err = self.run_command(host, shlex.join([self.request.python, "-c", code]), PROBE_TIMEOUT)
@@ -196,7 +196,7 @@ class HeldAgentTransport(Transport):
         for port in facts.get("ports_busy", []):
             problems.append(busy_port_problem(host, self.request, port))
         if facts.get("missing"):
-            from podrun.launch.probe import missing_text
+            from podrun.wire.probe import missing_text
 
             problems.append(Problem(host, *missing_text(self.request.python, facts["missing"], "the recipe")))
         return problems

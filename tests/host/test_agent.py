@@ -10,8 +10,8 @@ import time
 import pytest
 
 from podrun.cli.options import resolve_plan
-from podrun.launch import protocol
-from podrun.launch.liveness import Liveness
+from podrun.wire import protocol
+from podrun.wire.liveness import Liveness
 from podrun.launch.run import build_request
 from podrun.launch.rundir import write_plan
 from tests.launch.helpers import local_pids, marker, wait_until

@@ -1,6 +1,6 @@
 """The warm process (zygote): one per host of a run that can restart; it imports torch and podrun's runner once and forks later attempts' workers.
 
-The first attempt's agent on a host starts it detached (``python -m podrun.launch.zygote``), after its own
+The first attempt's agent on a host starts it detached (``python -m podrun.host.zygote``), after its own
 workers. It takes a lock (one per host), imports PRELOAD and warms up what torch imports on first use, with
 no thread of its own started (at SCHED_IDLE when it may switch back afterwards), and then listens on a unix
 socket (0600) in the run directory, ``<run_dir>/zygote/<hostname>.sock`` (directory 0700). A later
@@ -31,7 +31,8 @@ import sys
 import threading
 import time
 
-DIR_NAME = "zygote"
+from podrun.wire.protocol import ZYGOTE_DIR
+
 IDLE_S = 60.0           # seconds with no agent connected and no worker alive before the zygote ends
 CONNECT_S = 2.0         # an agent's bound on reaching the zygote and hearing the forked pid
 PRELOAD = ("torch", "torch.distributed", "torch.nn", "torch.optim", "numpy", "podrun.runtime.distributed",
@@ -47,7 +48,7 @@ SITE_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file_
 
 
 def zygote_dir(run_dir: str) -> str:
-    return os.path.join(run_dir, DIR_NAME)
+    return os.path.join(run_dir, ZYGOTE_DIR)
 
 
 def socket_path(run_dir: str, host: str) -> str:
@@ -204,7 +205,7 @@ def start(run_dir: str, host: str, idle: float = IDLE_S) -> None:
     except OSError:
         return
     try:
-        subprocess.run([sys.executable, "-m", "podrun.launch.zygote", "--socket", path, "--idle", str(idle)],
+        subprocess.run([sys.executable, "-m", "podrun.host.zygote", "--socket", path, "--idle", str(idle)],
                        stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, timeout=30,
                        check=False)
     except (OSError, subprocess.SubprocessError):
@@ -275,7 +276,7 @@ def _child(req: dict, fds: list[int], zygote_pid: int) -> int:
     import runpy
     import traceback
 
-    from podrun.launch.proctl import pdeathsig
+    from podrun.wire.proctl import pdeathsig
 
     os.setsid()
     pdeathsig(signal.SIGKILL)
@@ -523,7 +524,7 @@ def serve(path: str, idle: float) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m podrun.launch.zygote", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m podrun.host.zygote", description=__doc__.splitlines()[0])
     ap.add_argument("--socket", required=True, help="the unix socket to listen on: <run_dir>/zygote/<host>.sock")
     ap.add_argument("--idle", type=float, default=IDLE_S, help="end after this many seconds with no agent")
     args = ap.parse_args(argv)

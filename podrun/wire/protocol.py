@@ -30,6 +30,7 @@ an ssh channel, or the merged stdout of one mpirun/srun process carrying every i
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 PREFIX = "@podrun "
@@ -97,3 +98,30 @@ def bounded_lines(f, limit: int = MAX_LINE):
 def exit_code_from_returncode(rc: int) -> int:
     """Popen-style return code -> shell-style exit code (128+signal for a signal)."""
     return 128 - rc if rc < 0 else rc
+
+
+# -- the run directory's messages to agents that have no stdin (mpirun, srun: they share the run dir) --
+
+REQUEST_FILE = "stacks-request"   # in the run dir: such agents watch it for a new token (a stacks request)
+ZYGOTE_DIR = "zygote"             # in the run dir: the zygotes' sockets; removing it ends every zygote of the run
+
+
+def write_request(run_dir: str) -> None:
+    """Ask the agents that have no stdin (mpirun, srun: they share the run dir) for stacks: a new token in
+    <run_dir>/stacks-request, written whole (rename)."""
+    import time
+
+    path = os.path.join(run_dir, REQUEST_FILE)
+    tmp = f"{path}.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(f"{time.time_ns()}\n")
+    os.replace(tmp, path)
+
+
+def read_request(run_dir: str) -> str:
+    """The current token of <run_dir>/stacks-request ("" when there is none)."""
+    try:
+        with open(os.path.join(run_dir, REQUEST_FILE), encoding="utf-8") as f:
+            return f.read().strip()
+    except OSError:
+        return ""

@@ -1,8 +1,8 @@
-"""The instance agent (`python -m podrun.launch.agent`): spawns an instance's workers and supervises them.
+"""The instance agent (`python -m podrun.host.agent`): spawns an instance's workers and supervises them.
 
 One agent runs per instance, started by a transport. It sets the env contract for each local worker,
 starts each worker in its own process group with PR_SET_PDEATHSIG, streams their output as protocol
-lines (podrun.launch.protocol, lines cut at protocol.MAX_LINE bytes so memory stays bounded) on
+lines (podrun.wire.protocol, lines cut at protocol.MAX_LINE bytes so memory stays bounded) on
 stdout, sends a heartbeat every --heartbeat seconds, forwards SIGINT/SIGTERM/SIGHUP, and ends every worker (the
 signal or SIGTERM, then SIGKILL after --grace seconds) when one fails, when it is signalled, when the
 controller asks (a ``T`` on stdin), or when it loses its controller (stdin closed, or silent for
@@ -10,7 +10,7 @@ controller asks (a ``T`` on stdin), or when it loses its controller (stdin close
 workers leave behind (a daemon started with setsid, a child of a killed shell) becomes its child, and
 when the run ends it kills the workers' process groups and then every remaining descendant, so
 nothing outlives the run, whether it succeeded or not. With --warm it forks the workers (and rank 0's store
-host) from this host's zygote when one runs (podrun.launch.zygote), and otherwise starts them as usual and
+host) from this host's zygote when one runs (podrun.host.zygote), and otherwise starts them as usual and
 then starts the zygote for the attempts that may follow.
 Exit code: the first failing worker's (128+signal for a signal), 128+signal when signalled, else 0.
 With --rank-from-env (mpirun) the agent runs one worker, the one whose global rank is
@@ -23,7 +23,7 @@ records the agent relays as ``prog`` lines, and podrun's sitecustomize first on 
 ``S`` on stdin (or, with --no-stdin-watch under mpirun/srun, a new token in the run dir's stacks-request
 file, checked each second) makes the agent signal those processes and relay their stacks as ``stack``
 lines, while the workers go on. With --agent-store, the agent of global rank 0 holds --master-port from its start
-and serves the run's TCPStore on it (podrun.launch.agent_store).
+and serves the run's TCPStore on it (podrun.host.store).
 """
 from __future__ import annotations
 
@@ -41,9 +41,9 @@ import threading
 import time
 from dataclasses import dataclass
 
-from podrun.launch import protocol
-from podrun.launch.liveness import FIRST_HEARTBEAT_S, HEARTBEAT_MISSES, HEARTBEAT_S
-from podrun.launch.proctl import PR_SET_CHILD_SUBREAPER, pdeathsig as _pdeathsig, prctl as _prctl
+from podrun.wire import protocol
+from podrun.wire.liveness import FIRST_HEARTBEAT_S, HEARTBEAT_MISSES, HEARTBEAT_S
+from podrun.wire.proctl import PR_SET_CHILD_SUBREAPER, pdeathsig as _pdeathsig, prctl as _prctl
 from podrun.runtime.progress import FD_ENV as PROGRESS_ENV
 
 INDEX_ENV = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
@@ -61,8 +61,8 @@ def worker_envs(plan, index: int, *, run_id: str, run_dir: str, plan_path: str, 
                 agent_store: bool = False) -> list[dict[str, str]]:
     """The env contract of instance ``index``'s workers on this host (podrun.plan.env.instance_envs),
     with this host's environment, the cores this agent may use and, in a run over several hosts, gloo's
-    interface where this host's name resolves to loopback (podrun.launch.probe.gloo_interface)."""
-    from podrun.launch.probe import gloo_interface
+    interface where this host's name resolves to loopback (podrun.wire.probe.gloo_interface)."""
+    from podrun.wire.probe import gloo_interface
     from podrun.plan.env import instance_envs
 
     several = len({p.host for p in plan.placement}) > 1
@@ -171,7 +171,7 @@ class Agent:
                  probe: dict | None = None, local_ranks: list[int] | None = None, agent_rank: int | None = None,
                  run_dir: str | None = None, warm: tuple[str, str, bool] | None = None):
         self.index = index
-        # (run dir, host, start one): fork workers from this host's zygote (podrun.launch.zygote) when it is
+        # (run dir, host, start one): fork workers from this host's zygote (podrun.host.zygote) when it is
         # there; start it for the next attempt when it is not and one may follow
         self.warm = warm
         self.lease = None
@@ -292,7 +292,7 @@ class Agent:
                 f"no stack written within {STACK_WAIT_S:g} s"}
 
     def _heartbeat(self) -> None:
-        from podrun.launch.watch import read_request
+        from podrun.wire.protocol import read_request
 
         watch_file = not self.stdin_watch and self.run_dir is not None
         token = read_request(self.run_dir) if watch_file else ""
@@ -374,7 +374,7 @@ class Agent:
 
     def _spawn_warm(self, local_rank: int, env: dict[str, str], progress_fd: int):
         """The worker forked by this host's zygote, or None (no zygote: the caller starts it as usual)."""
-        from podrun.launch import zygote
+        from podrun.host import zygote
 
         run_dir, host, _ = self.warm
         out_r, out_w = os.pipe()
@@ -395,7 +395,7 @@ class Agent:
     def _keep_zygote(self) -> None:
         """Hold a lease on this host's zygote for the agent's life; start the zygote first when it is not
         there and another attempt may follow (outside this subreaper's tree: it outlives the agent)."""
-        from podrun.launch import zygote
+        from podrun.host import zygote
 
         run_dir, host, start = self.warm
         self.lease = zygote.hold(run_dir, host, 0.0)
@@ -603,7 +603,7 @@ def instance_index_from_env(environ=os.environ, flag: str = "--index-from-env") 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m podrun.launch.agent", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m podrun.host.agent", description=__doc__.splitlines()[0])
     ap.add_argument("--plan", required=True)
     ap.add_argument("--run-id", required=True)
     ap.add_argument("--run-dir", required=True)
@@ -625,7 +625,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-stdin-watch", action="store_true")
     ap.add_argument("--agent-store", action="store_true",
                     help="if this instance runs global rank 0: hold --master-port from the start and serve the "
-                         "run's TCPStore on it (podrun.launch.agent_store)")
+                         "run's TCPStore on it (podrun.host.store)")
     ap.add_argument("--listen-fd", type=int,
                     help="with --agent-store: the listening socket on --master-port, inherited from the controller")
     ap.add_argument("--hold", action="store_true",
@@ -633,7 +633,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--needs", default="", metavar="MOD,...",
                     help="with --hold: report which of these modules this python cannot import")
     ap.add_argument("--warm", action="store_true",
-                    help="fork workers from this host's zygote when it runs (podrun.launch.zygote); start it when "
+                    help="fork workers from this host's zygote when it runs (podrun.host.zygote); start it when "
                          "it does not and --restart-count is below --max-restarts")
     ap.add_argument("command", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
@@ -664,12 +664,12 @@ def main(argv: list[str] | None = None) -> int:
     rank0 = any(e["RANK"] == "0" for e in envs)
     store = None
     if args.agent_store and rank0:
-        from podrun.launch.agent_store import AgentStore
+        from podrun.host.store import AgentStore
 
         store = AgentStore.open(args.master_port, args.listen_fd)    # reserve the port now, before any report
     probe = None
     if args.hold:
-        from podrun.launch.probe import facts
+        from podrun.wire.probe import facts
 
         ports = [args.master_port] if rank0 else []
         # the agent store's port is busy when it could not be bound; else (no agent store) facts() tries it

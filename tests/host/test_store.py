@@ -1,4 +1,4 @@
-"""Rendezvous ports and the agent store (podrun.launch.agent_store), and the held agent (--hold): real sockets,
+"""Rendezvous ports and the agent store (podrun.host.store), and the held agent (--hold): real sockets,
 real torch TCPStores, real agents, real concurrent launches."""
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from podrun.launch import protocol
-from podrun.launch.agent_store import ENV, StoreHost, listen
-from podrun.launch.probe import ephemeral_low
+from podrun.wire import protocol
+from podrun.host.store import ENV, StoreHost
+from podrun.wire.probe import listen
+from podrun.wire.probe import ephemeral_low
 from tests.launch.helpers import ALLREDUCE, local_pids, marker, podrun, podrun_popen, run_dir, summary, wait_until
-from tests.launch.test_agent import _request
+from tests.host.test_agent import _request
 from tests.ports import free_port
 
 pytestmark = pytest.mark.timeout(120)
@@ -110,7 +111,7 @@ def _python_without_torch(tmp_path) -> str:
     d = tmp_path / "venv-no-torch"
     venv.create(d, with_pip=False, system_site_packages=False)
     py = str(d / "bin" / "python")
-    check = "import podrun.launch.agent\ntry:\n import torch\nexcept ImportError: print('none')"
+    check = "import podrun.host.agent\ntry:\n import torch\nexcept ImportError: print('none')"
     cp = subprocess.run([py, "-c", check],
                         capture_output=True, text=True, env={**os.environ, **_ROOT_ON_PATH})
     assert cp.stdout.strip() == "none", cp.stderr

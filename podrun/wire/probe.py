@@ -1,13 +1,17 @@
-"""Preflight facts of a host (podrun and python versions, busy ports, how MASTER_ADDR resolves there) and the
-host's network interfaces (which one reaches the master): what a held agent reports first and uses."""
+"""A machine's facts and ports: preflight facts (podrun and python versions, busy ports, how MASTER_ADDR resolves),
+its network interfaces (which one reaches the master), and the listening sockets a port is held by."""
 from __future__ import annotations
 
+import errno
 import fcntl
+import importlib.util
 import os
 import platform
 import random
 import socket
 import struct
+import subprocess
+import sys
 
 PICK_FROM = 10000          # the lowest port pick_free_port tries
 
@@ -247,3 +251,38 @@ def gloo_interface(master_addr: str, hostname: str | None = None) -> str | None:
         if not is_loopback(a):
             return name
     return None
+
+
+def listen(port: int) -> socket.socket:
+    """A listening socket on every address (IPv4 and IPv6 where the host has it); port 0: the kernel picks.
+    TCP_NODELAY is set on it, so the store's accepted connections have it (Linux passes it on at accept)."""
+    sock = None
+    if socket.has_dualstack_ipv6():
+        try:
+            sock = socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True, backlog=4096)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:     # no point trying IPv4 alone
+                raise
+    if sock is None:
+        sock = socket.create_server(("", port), backlog=4096)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def torch_available(python: str | None = None) -> bool:
+    """Whether ``python`` (default: this one) can import torch, found without importing it."""
+    if python is None or os.path.abspath(python) == os.path.abspath(sys.executable):   # venvs share one realpath
+        return importlib.util.find_spec("torch") is not None
+    try:
+        probe = "import importlib.util,sys; sys.exit(not importlib.util.find_spec('torch'))"
+        return subprocess.run([python, "-c", probe],
+                              stdin=subprocess.DEVNULL, capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def reserve(port: int) -> socket.socket:
+    """The controller's hold on a port of this machine (0: a free one), handed to rank 0's local agent."""
+    sock = listen(port)
+    os.set_inheritable(sock.fileno(), False)   # passed on explicitly (pass_fds), to the agent only
+    return sock

@@ -23,14 +23,13 @@ python) hosts the store itself, as without podrun.
 """
 from __future__ import annotations
 
-import errno
-import importlib.util
 import os
 import socket
 import subprocess
 import sys
 import threading
 
+from podrun.wire.probe import listen, torch_available
 from podrun.plan.env import AGENT_STORE_NAME as ENV    # the name podrun.plan.env sets for every worker
 
 FD_ENV = "PODRUN_STORE_FD"   # in a store host a zygote forked: the number its listening socket has there
@@ -54,40 +53,12 @@ sys.stdin.read()                      # serve until the agent closes our stdin (
 """.replace("FD_ENV", FD_ENV)
 
 
-def listen(port: int) -> socket.socket:
-    """A listening socket on every address (IPv4 and IPv6 where the host has it); port 0: the kernel picks.
-    TCP_NODELAY is set on it, so the store's accepted connections have it (Linux passes it on at accept)."""
-    sock = None
-    if socket.has_dualstack_ipv6():
-        try:
-            sock = socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True, backlog=4096)
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:     # no point trying IPv4 alone
-                raise
-    if sock is None:
-        sock = socket.create_server(("", port), backlog=4096)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock
-
-
-def torch_available(python: str | None = None) -> bool:
-    """Whether ``python`` (default: this one) can import torch, found without importing it."""
-    if python is None or os.path.abspath(python) == os.path.abspath(sys.executable):   # venvs share one realpath
-        return importlib.util.find_spec("torch") is not None
-    try:
-        probe = "import importlib.util,sys; sys.exit(not importlib.util.find_spec('torch'))"
-        return subprocess.run([python, "-c", probe],
-                              stdin=subprocess.DEVNULL, capture_output=True, timeout=30).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
 class StoreHost:
     """The child process that serves the TCPStore on ``sock``; ``state`` is "starting", "up" or "failed: ..."."""
 
     def __init__(self, sock: socket.socket, on_failure=None, python: str = sys.executable,
                  warm: tuple[str, str] | None = None):
-        from podrun.launch.proctl import pdeathsig
+        from podrun.wire.proctl import pdeathsig
 
         self.sock = sock
         self.state = "starting"
@@ -104,9 +75,9 @@ class StoreHost:
 
     @staticmethod
     def _forked(warm: tuple[str, str], argv: list[str], fd: int):
-        """The store host forked by this host's zygote (torch already imported; podrun.launch.zygote), with
+        """The store host forked by this host's zygote (torch already imported; podrun.host.zygote), with
         the same pipes as a started one; None when there is no zygote."""
-        from podrun.launch import zygote
+        from podrun.host import zygote
 
         in_r, in_w = os.pipe()
         out_r, out_w = os.pipe()
@@ -202,8 +173,3 @@ class AgentStore:
         self.release()
 
 
-def reserve(port: int) -> socket.socket:
-    """The controller's hold on a port of this machine (0: a free one), handed to rank 0's local agent."""
-    sock = listen(port)
-    os.set_inheritable(sock.fileno(), False)   # passed on explicitly (pass_fds), to the agent only
-    return sock

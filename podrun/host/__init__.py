@@ -1,0 +1,1 @@
+"""What runs on a host: the instance agent, its store, the zygote."""
