@@ -150,6 +150,22 @@ class Outcome:
         }
 
 
+@dataclass
+class StackCollection:
+    """One collection of every running worker's stacks in flight: on a hang, or asked over the control socket."""
+
+    reason: str                                    # "hang" | "request"
+    window: float | None                           # the hang window that ran out (None for a request)
+    want: list[tuple[int, int]]                    # (instance, local rank) of each worker running when it began
+    deadline: float                                # monotonic time after which it ends with what it has
+    silent_s: float                                # seconds without progress when it began
+    got: dict = field(default_factory=dict)        # (instance, local rank) -> the agent's stack record
+    asks: list = field(default_factory=list)       # (event, holder) of each control-socket request it answers
+
+    def complete(self, now: float) -> bool:
+        return set(self.want) <= set(self.got) or now >= self.deadline
+
+
 class Supervisor:
     def __init__(self, request: LaunchRequest, transport: Transport, *, sink: Sink | None = None,
                  notice: Notice | None = None, only_output_from: int | None = None, workers_per_instance: int = 1,
@@ -162,7 +178,7 @@ class Supervisor:
         self.step_times: list[float] = []       # recent step_seconds reported by any worker (auto window)
         self.slow = watching.SlowRanks()         # each rank's recent busy_seconds: names a slow rank
         self.phases: dict[tuple[int, int | None], str] = {}   # (instance, local rank) -> last reported phase
-        self.dump: dict | None = None            # the stack collection in flight
+        self.dump: StackCollection | None = None  # the stack collection in flight
         self.asks: queue.Queue = queue.Queue()   # control-socket requests: (done event, reply holder)
         self.handles: tuple[InstanceHandle, ...] = ()
         self.hang: dict | None = None
@@ -265,7 +281,7 @@ class Supervisor:
         elif ev.kind == "stack":
             if self.dump is not None and ev.local_rank is not None:
                 try:
-                    self.dump["got"][(st.index, ev.local_rank)] = json.loads(ev.text)
+                    self.dump.got[(st.index, ev.local_rank)] = json.loads(ev.text)
                 except ValueError:
                     pass
         elif ev.kind == "ready":
@@ -456,7 +472,7 @@ class Supervisor:
                     self._handle_eof(x)
                     open_handles.discard(x)
         if self.dump is not None:             # the run ended meanwhile: answer who asked, blame no one
-            self.dump["reason"] = "request"
+            self.dump.reason = "request"
             self._finish_dump()
         return self._outcome()
 
@@ -507,9 +523,9 @@ class Supervisor:
                 break
             if self.dump is None:
                 self._start_dump("request", now)
-            self.dump["asks"].append(ask)
+            self.dump.asks.append(ask)
         if self.dump is not None:
-            if set(self.dump["want"]) <= set(self.dump["got"]) or now >= self.dump["deadline"]:
+            if self.dump.complete(now):
                 self._finish_dump()
             return
         win = self.window()
@@ -524,8 +540,8 @@ class Supervisor:
                 for lr in range(self.wpi) if lr not in st.workers]
 
     def _start_dump(self, reason: str, now: float, window: float | None = None) -> None:
-        self.dump = {"reason": reason, "window": window, "want": self._running(), "got": {},
-                     "deadline": now + watching.DUMP_WAIT_S, "asks": [], "silent_s": now - self.last_progress}
+        self.dump = StackCollection(reason, window, self._running(), now + watching.DUMP_WAIT_S,
+                                    now - self.last_progress)
         if reason == "hang":
             self.notice(f"no progress from any rank for {human_seconds(window)} ({self.watch.source}); "
                         "collecting every worker's stacks")
@@ -543,9 +559,9 @@ class Supervisor:
     def _finish_dump(self) -> None:
         d, self.dump = self.dump, None
         workers = []
-        for inst, lr in d["want"]:
+        for inst, lr in d.want:
             st = self.states[inst]
-            rec = d["got"].get((inst, lr))
+            rec = d.got.get((inst, lr))
             rank = self._rank_int(inst, lr)
             if rec is None:
                 workers.append(watching.WorkerStack(rank, inst, lr, st.host, (), "its agent sent no stacks in time "
@@ -562,15 +578,15 @@ class Supervisor:
         self._write_stacks(workers, lines)
         reply = {"run_id": self.req.run_id, "ranks": len(workers), "groups": watching.to_json(groups),
                  "lines": lines, "stacks_dir": str(Path(self.req.run_dir) / watching.STACKS_DIR)}
-        for done, holder in d["asks"]:
+        for done, holder in d.asks:
             holder.append(reply)
             done.set()
-        if d["reason"] != "hang":
+        if d.reason != "hang":
             return
         self.notice(f"the stacks of {len(workers)} worker(s), odd ranks first "
                     f"(every thread in {Path(self.req.run_dir) / watching.STACKS_DIR}/rank-N.txt):\n  "
                     + "\n  ".join(lines))
-        self.hang = {"window_s": d["window"], "silent_s": round(d["silent_s"], 3), "on_hang": self.watch.on_hang,
+        self.hang = {"window_s": d.window, "silent_s": round(d.silent_s, 3), "on_hang": self.watch.on_hang,
                      "groups": [{"ranks": list(g.ranks), "hosts": sorted({w.host for w in g.workers}),
                                  "stack": g.workers[0].processes[0].main_frames()[0].where()
                                  if g.workers[0].processes and g.workers[0].processes[0].main_frames() else None,
@@ -582,7 +598,7 @@ class Supervisor:
             odd_label = "the odd rank out" if len(groups) > 1 else "every rank"
             self.failures.append(Failure(
                 odd.instance, odd.host, odd.local_rank, watching.HANG_EXIT, FailureKind.HUNG,
-                f"hung: no progress from any rank for {human_seconds(d['window'])} ({self.watch.source}); "
+                f"hung: no progress from any rank for {human_seconds(d.window)} ({self.watch.source}); "
                 f"{odd_label}: rank {odd.rank} on {odd.host} in {what}", time.time()))
         else:
             self.last_progress = time.monotonic()    # dump again after another silent window
