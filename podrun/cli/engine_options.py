@@ -28,10 +28,3 @@ def engine_options(f):
         f = opt(f)
     return f
 
-
-ENGINE_OPTION_NAMES = ("engine", "mpi_args", "vipu_server_host", "vipu_partition", "vipu_cluster", "num_ilds",
-                       "mpi_global_args", "mpi_local_args", "print_topology", "offline_mode")
-
-
-def pop_engine_options(kwargs: dict) -> dict:
-    return {k: kwargs.pop(k) for k in ENGINE_OPTION_NAMES if k in kwargs}

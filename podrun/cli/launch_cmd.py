@@ -8,29 +8,39 @@ import click
 
 from podrun.cli import types as t
 
-from podrun.cli.options import plan_options, pop_plan_options
-from podrun.cli.engine_options import engine_options, pop_engine_options
-from podrun.cli.watch_options import pop_watch_options, watch_for, watch_options
-from podrun.cli.network_options import network_options, pop_network_options
+from podrun.cli.engine_options import engine_options
+from podrun.cli.network_options import network_options
+from podrun.cli.options import PLAN_OPTION_NAMES, plan_options
+from podrun.cli.watch_options import watch_for, watch_options
 
 COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93")
 
 
-# --help's sections, in order; an option not named here is listed under the last one
-HELP_SECTIONS = (
-    ("Common options", ("module", "no_python", "pod", "cluster", "nodes", "hosts_opt", "hostfile", "devices_per_host",
-                        "instances_per_host", "global_batch", "local_batch", "grad_accum", "elastic_min",
-                        "max_restarts", "spare_hosts", "warm", "dry_run", "as_json", "env_items", "run_id", "runs_dir")),
-    ("torchrun's options (docs/launch.md)", ("nproc_per_node", "nnodes", "standalone", "rdzv_endpoint", "rdzv_id",
-                                             "node_rank", "log_dir", "redirects", "tee")),
-    ("When a run hangs (docs/hangs.md)", ("hang_timeout", "on_hang")),
-    ("Transports", ("transport", "ssh_client", "data_interface", "ssh_config", "no_host_key_check", "python_",
-                    "workdir", "master_addr", "master_port", "agent_store", "max_concurrency", "heartbeat", "heartbeat_misses", "keepalive",
-                    "no_preflight")),
-    ("Engines (poprun, horovod)", ("engine", "mpi_args", "vipu_server_host", "vipu_partition", "vipu_cluster",
-                                   "num_ilds", "mpi_global_args", "mpi_local_args", "print_topology", "offline_mode")),
-    ("Advanced", ()),
-)
+# --help's sections, in order: every option of `podrun launch` is declared inside one (``section``), which both
+# titles it in --help and says which part of LaunchOptions it fills
+COMMON, TORCHRUN, RESTARTS, HANGS, TRANSPORTS, ENGINES, OUTPUT = (
+    "Common options", "torchrun's options (docs/launch.md)", "Restarts and elastic runs (docs/elastic.md)",
+    "When a run hangs (docs/hangs.md)", "Transports", "Engines (poprun, horovod)", "Output and the run directory")
+SECTIONS = (COMMON, TORCHRUN, RESTARTS, HANGS, TRANSPORTS, ENGINES, OUTPUT)
+SECTION_ATTR = "podrun_section"
+
+
+def section(title: str, *decorators):
+    """Apply click option decorators (single options, or blocks such as plan_options) and title every option
+    they add with ``title``."""
+    def apply(f):
+        for deco in reversed(decorators):
+            before = len(getattr(f, "__click_params__", ()))
+            f = deco(f)
+            for param in f.__click_params__[before:]:
+                setattr(param, SECTION_ATTR, title)
+        return f
+    return apply
+
+
+def in_section(ctx, title: str, kw: dict) -> dict:
+    """The values of the options titled ``title``, by name."""
+    return {p.name: kw[p.name] for p in ctx.command.params if getattr(p, SECTION_ATTR, None) == title}
 
 
 class LaunchCommand(click.Command):
@@ -43,13 +53,12 @@ class LaunchCommand(click.Command):
         return rest
 
     def format_options(self, ctx, formatter):
-        rows: dict[str, list] = {title: [] for title, _ in HELP_SECTIONS}
-        section = {name: title for title, names in HELP_SECTIONS for name in names}
+        rows: dict[str, list] = {title: [] for title in SECTIONS}
         for param in self.get_params(ctx):
             record = param.get_help_record(ctx)
             if record is not None:
-                rows[section.get(param.name, HELP_SECTIONS[-1][0])].append(record)
-        for title, _ in HELP_SECTIONS:
+                rows[getattr(param, SECTION_ATTR, COMMON)].append(record)     # --help itself: untitled
+        for title in SECTIONS:
             if rows[title]:
                 with formatter.section(title):
                     formatter.write_dl(rows[title])
@@ -74,82 +83,88 @@ def torchrun_options(f):
                      "logs it in the run directory)."),
         click.option("-t", "--tee", metavar="0-3", help="torchrun's: accepted; podrun always writes both streams to "
                      "the console and the run directory."),
-        click.option("-m", "--module", "module", is_flag=True, help="Run the target as a Python module "
-                     "(--python -m MODULE ARGS), as torchrun's -m."),
-        click.option("--no-python", "--no_python", "no_python", is_flag=True,
-                     help="Run the target as a command, not with --python (as torchrun's --no-python)."),
     ]
     for opt in reversed(opts):
         f = opt(f)
     return f
 
 
-TORCHRUN_OPTION_NAMES = ("nproc_per_node", "nnodes", "standalone", "rdzv_endpoint", "rdzv_id", "node_rank", "log_dir",
-                         "redirects", "tee")
-
-
 @click.command(cls=LaunchCommand, context_settings={
     "ignore_unknown_options": True, "allow_extra_args": True, "allow_interspersed_args": False})
-@plan_options
-@torchrun_options
-@engine_options
-@watch_options
-@network_options
-@click.option("--transport", type=click.Choice(["local", "ssh", "mpirun", "srun"]),
-              help="How instances start (default: local for this machine, srun in Slurm, else ssh).")
-@click.option("--ssh-config", type=click.Path(dir_okay=False), help="OpenSSH client config (default ~/.ssh/config).")
-@click.option("--no-host-key-check", is_flag=True, help="Accept unknown host keys (explicit opt-out of known_hosts).")
-@click.option("--python", "python_", help="Python on the hosts (default: this one, sys.executable).")
-@click.option("--workdir", help="Working directory on the hosts (default: the current directory).")
-@click.option("--master-addr", "--master_addr", "master_addr", help="Rendezvous address (default: the host of instance 0).")
-@click.option("--master-port", "--master_port", "master_port", type=t.PORT, default=None,
-              help="Rendezvous port, every worker's MASTER_PORT. 0: podrun picks a free port (the default on this "
-                   "machine, like torchrun --standalone); with hosts elsewhere the default is 29500.")
-@click.option("--agent-store/--no-agent-store", "--store-relay/--no-store-relay", "agent_store", default=True,
-              show_default=True,
-              help="Rank 0's agent holds the rendezvous port from the start and serves torch's TCPStore on it "
-                   "(TORCHELASTIC_USE_AGENT_STORE=True, as under torchrun), so no worker waits in torch's reconnect "
-                   "backoff. Off: rank 0 hosts the store itself (for programs that serve their own MASTER_PORT).")
-@click.option("--grace", type=t.GRACE, default=5.0, show_default=True, help="Seconds between SIGTERM and SIGKILL.")
-@click.option("--only-output-from-instance", type=t.INSTANCE_INDEX, help="Show stdout of this instance only (errors from all).")
-@click.option("--max-restarts", "--max_restarts", "max_restarts", type=t.RESTARTS, default=None,
-              help="Restart the whole run after a failure (default 0; with --elastic one per host it can lose).")
-@click.option("--elastic", "elastic_min", type=t.NODES, metavar="MIN",
-              help="On a restart, drop the failed host (or take a spare) and re-plan on the hosts left at the same "
-                   "global batch, down to MIN hosts; the run ends when no host count >= MIN keeps it exactly.")
-@click.option("--spare-hosts", metavar="H,...", help="Hosts that take a lost host's place in an --elastic run.")
-@click.option("--dry-run", is_flag=True, help="Print per host the exact commands and env, run nothing.")
-@click.option("--runs-dir", default=None, help="Where run directories go (default: runs).")
-@click.option("--run-id", help="Name of the run directory (default: a timestamp).")
-@click.option("--max-concurrency", type=t.CONCURRENCY, default=64, show_default=True, help="SSH handshakes in flight at once (commands over open connections are not limited).")
-@click.option("--heartbeat", type=t.HEARTBEAT, default=None, metavar="SECONDS",
-              help="Seconds between heartbeats, both ways: the controller to each agent and each agent to the "
-                   "controller (default 0.5; the cluster spec's heartbeat).")
-@click.option("--heartbeat-misses", type=t.MISSES, default=None, metavar="N",
-              help="Heartbeats missed in a row before a host is declared lost, and before an agent ends its workers "
-                   "for want of its controller (default 4; the cluster spec's heartbeat_misses). The bound is "
-                   "--heartbeat x N: 2 s by default.")
-@click.option("--keepalive", type=t.KEEPALIVE, default=None, metavar="SECONDS",
-              help="The bound itself: seconds of silence after which a host is declared lost (--heartbeat x "
-                   "--heartbeat-misses; alone it means 4 missed heartbeats of SECONDS/4).")
-@click.option("--straggler-timeout", type=t.STRAGGLER, metavar="SECONDS",
-              callback=lambda ctx, p, v: _finite(p, v),
-              help="Once a worker has exited 0, the others have this long to end; then they are ended and the run "
-                   "fails (exit 124) naming the ranks still running. Default: no bound.")
-@click.option("--no-preflight", is_flag=True, help="Skip the checks on every host before starting.")
-@click.option("--warm/--no-warm", default=True, show_default=True,
-              help="In a run that can restart (--max-restarts > 0, --elastic) over local or ssh: a zygote per host, "
-                   "started by the first attempt, that has torch imported and forks later attempts' workers, so a "
-                   "restart skips the interpreter start and torch import (docs/elastic.md).")
-@click.option("--json", "as_json", is_flag=True, help="Print a summary JSON on stdout at the end (output goes to stderr).")
-@click.option("--env", "env_items", multiple=True, metavar="NAME=VALUE", help="Set a variable for every worker (repeatable).")
+@section(COMMON, plan_options,
+         click.option("-m", "--module", "module", is_flag=True, help="Run the target as a Python module "
+                      "(--python -m MODULE ARGS), as torchrun's -m."),
+         click.option("--no-python", "--no_python", "no_python", is_flag=True,
+                      help="Run the target as a command, not with --python (as torchrun's --no-python)."),
+         click.option("--env", "env_items", multiple=True, metavar="NAME=VALUE",
+                      help="Set a variable for every worker (repeatable)."))
+@section(TORCHRUN, torchrun_options)
+@section(RESTARTS,
+         click.option("--max-restarts", "--max_restarts", "max_restarts", type=t.RESTARTS, default=None,
+                      help="Restart the whole run after a failure (default 0; with --elastic one per host it can "
+                           "lose)."),
+         click.option("--elastic", "elastic_min", type=t.NODES, metavar="MIN",
+                      help="On a restart, drop the failed host (or take a spare) and re-plan on the hosts left at the "
+                           "same global batch, down to MIN hosts; the run ends when no host count >= MIN keeps it "
+                           "exactly."),
+         click.option("--spare-hosts", metavar="H,...", help="Hosts that take a lost host's place in an --elastic run."),
+         click.option("--warm/--no-warm", default=True, show_default=True,
+                      help="In a run that can restart (--max-restarts > 0, --elastic) over local or ssh: a zygote per "
+                           "host, started by the first attempt, that has torch imported and forks later attempts' "
+                           "workers, so a restart skips the interpreter start and torch import (docs/elastic.md)."))
+@section(HANGS, watch_options,
+         click.option("--straggler-timeout", type=t.STRAGGLER, metavar="SECONDS",
+                      callback=lambda ctx, p, v: _finite(p, v),
+                      help="Once a worker has exited 0, the others have this long to end; then they are ended and "
+                           "the run fails (exit 124) naming the ranks still running. Default: no bound."))
+@section(TRANSPORTS,
+         click.option("--transport", type=click.Choice(["local", "ssh", "mpirun", "srun"]),
+                      help="How instances start (default: local for this machine, srun in Slurm, else ssh)."),
+         network_options,
+         click.option("--ssh-config", type=click.Path(dir_okay=False),
+                      help="OpenSSH client config (default ~/.ssh/config)."),
+         click.option("--no-host-key-check", is_flag=True,
+                      help="Accept unknown host keys (explicit opt-out of known_hosts)."),
+         click.option("--python", "python_", help="Python on the hosts (default: this one, sys.executable)."),
+         click.option("--workdir", help="Working directory on the hosts (default: the current directory)."),
+         click.option("--master-addr", "--master_addr", "master_addr",
+                      help="Rendezvous address (default: the host of instance 0)."),
+         click.option("--master-port", "--master_port", "master_port", type=t.PORT, default=None,
+                      help="Rendezvous port, every worker's MASTER_PORT. 0: podrun picks a free port (the default on "
+                           "this machine, like torchrun --standalone); with hosts elsewhere the default is 29500."),
+         click.option("--agent-store/--no-agent-store", "--store-relay/--no-store-relay", "agent_store", default=True,
+                      show_default=True,
+                      help="Rank 0's agent holds the rendezvous port from the start and serves torch's TCPStore on "
+                           "it (TORCHELASTIC_USE_AGENT_STORE=True, as under torchrun), so no worker waits in torch's "
+                           "reconnect backoff. Off: rank 0 hosts the store itself (for programs that serve their own "
+                           "MASTER_PORT)."),
+         click.option("--max-concurrency", type=t.CONCURRENCY, default=64, show_default=True,
+                      help="SSH handshakes in flight at once (commands over open connections are not limited)."),
+         click.option("--heartbeat", type=t.HEARTBEAT, default=None, metavar="SECONDS",
+                      help="Seconds between heartbeats, both ways: the controller to each agent and each agent to "
+                           "the controller (default 0.5; the cluster spec's heartbeat)."),
+         click.option("--heartbeat-misses", type=t.MISSES, default=None, metavar="N",
+                      help="Heartbeats missed in a row before a host is declared lost, and before an agent ends its "
+                           "workers for want of its controller (default 4; the cluster spec's heartbeat_misses). The "
+                           "bound is --heartbeat x N: 2 s by default."),
+         click.option("--keepalive", type=t.KEEPALIVE, default=None, metavar="SECONDS",
+                      help="The bound itself: seconds of silence after which a host is declared lost (--heartbeat x "
+                           "--heartbeat-misses; alone it means 4 missed heartbeats of SECONDS/4)."),
+         click.option("--grace", type=t.GRACE, default=5.0, show_default=True,
+                      help="Seconds between SIGTERM and SIGKILL."),
+         click.option("--no-preflight", is_flag=True, help="Skip the checks on every host before starting."))
+@section(ENGINES, engine_options)
+@section(OUTPUT,
+         click.option("--dry-run", is_flag=True, help="Print per host the exact commands and env, run nothing."),
+         click.option("--json", "as_json", is_flag=True,
+                      help="Print a summary JSON on stdout at the end (output goes to stderr)."),
+         click.option("--only-output-from-instance", type=t.INSTANCE_INDEX,
+                      help="Show stdout of this instance only (errors from all)."),
+         click.option("--runs-dir", default=None, help="Where run directories go (default: runs)."),
+         click.option("--run-id", help="Name of the run directory (default: a timestamp)."))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
-def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir, master_addr, master_port,
-           agent_store, grace, only_output_from_instance, max_restarts, elastic_min, spare_hosts, dry_run, runs_dir,
-           run_id, max_concurrency, heartbeat, heartbeat_misses, keepalive, straggler_timeout, no_preflight, warm,
-           as_json, env_items, module,
-           no_python, **kw):
+def launch(ctx, args, **kw):
     """Launch RECIPE [ARGS...], SCRIPT.py [ARGS...], -m MODULE [ARGS...] or -- COMMAND ... on the plan's hosts.
 
     \b
@@ -159,43 +174,26 @@ def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir
     """
     from podrun.cli.render import print_json
     from podrun.launch.prepare import prepare_launch
-    from podrun.launch.request import SSHOptions
     from podrun.launch.run import dry_run_record, execute
-    from podrun.launch.torchrun_args import LaunchOptions, TorchrunOptions
 
-    plan_kw, engine_kw = pop_plan_options(kw), pop_engine_options(kw)
-    watch = pop_watch_options(kw)
-    net_kw = pop_network_options(kw)
-    torchrun = TorchrunOptions(**{k: kw.pop(k) for k in TORCHRUN_OPTION_NAMES})
-    own = LaunchOptions(devices_per_host=plan_kw.pop("devices_per_host"), nodes=plan_kw.pop("nodes"),
-                        elastic_min=elastic_min, max_restarts=max_restarts, master_addr=master_addr,
-                        master_port=master_port, run_id=run_id, runs_dir=runs_dir)
-    names = {o for p in ctx.command.params for o in (*p.opts, *p.secondary_opts) if o.startswith("-")}
-    prepared = prepare_launch(
-        list(args), dashdash=bool(ctx.meta.get("podrun.dashdash")), module=module, no_python=no_python,
-        torchrun=torchrun, own=own, own_option_names=names, plan_kw=plan_kw, engine_kw=engine_kw,
-        transport=transport, ssh=SSHOptions(config_path=ssh_config, host_key_check=not no_host_key_check,
-                                            max_concurrency=max_concurrency, client=net_kw["ssh_client"]),
-        python=python_, workdir=workdir, agent_store=agent_store, grace=grace,
-        liveness_opts=(heartbeat, heartbeat_misses, keepalive), only_output_from_instance=only_output_from_instance, spare_hosts=spare_hosts,
-        straggler_timeout=straggler_timeout, preflight=not no_preflight, env_items=env_items,
-        data_interface=net_kw["data_interface"], warm=warm)
-    request = prepared.request
-    watch = watch_for(watch, prepared.recipe, prepared.cluster)
+    opts = launch_options(ctx, tuple(args), kw)
+    prepared = prepare_launch(opts)
+    request, out = prepared.request, opts.output
+    watch = watch_for(opts.hangs, prepared.recipe, prepared.cluster)
     if prepared.engine == "horovod":
         from podrun.launch.engines.horovod import launch_horovod
 
-        argv, rc = launch_horovod(request, dry_run=dry_run)
-        if dry_run:
+        argv, rc = launch_horovod(request, dry_run=out.dry_run)
+        if out.dry_run:
             import shlex
 
-            print_json({"engine": "horovod", "command": argv}) if as_json else print(shlex.join(argv))
+            print_json({"engine": "horovod", "command": argv}) if out.as_json else print(shlex.join(argv))
             return
         sys.exit(rc)
     notes = [*prepared.notes, *([prepared.long_run] if prepared.long_run else [])]
-    if dry_run:
+    if out.dry_run:
         record = {**dry_run_record(request), "max_restarts": request.max_restarts, "notes": notes}
-        print_json(record) if as_json else _print_dry_run(record)
+        print_json(record) if out.as_json else _print_dry_run(record)
         return
     for note in notes:
         print(f"podrun: {note}", file=sys.stderr, flush=True)
@@ -206,20 +204,51 @@ def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir
     from podrun.cli.render import ProgressView
     from podrun.cli.watch_options import live_console
 
-    view = ProgressView(live_console(as_json))
+    view = ProgressView(live_console(out.as_json))
     try:
-        outcome, summary = execute(request, sink=_sink(request.plan, as_json), notice=_notice,
-                                   only_output_from=only_output_from_instance, elastic=prepared.elastic,
+        outcome, summary = execute(request, sink=_sink(request.plan, out.as_json), notice=_notice,
+                                   only_output_from=out.only_output_from_instance, elastic=prepared.elastic,
                                    watch=watch, progress=view)
     finally:
         view.close()
     try:
         _print_root_cause(summary, request)
-        if as_json:
+        if out.as_json:
             print_json(summary)
     except OSError:                  # a closed pipe (`| head`) or terminal (SIGHUP): the run dir has everything
         pass
     sys.exit(summary["exit_code"])   # main.py turns SystemExit into the exit code
+
+
+def launch_options(ctx, args: tuple[str, ...], kw: dict):
+    """LaunchOptions from the parsed command line: each section's values into its part, once."""
+    from podrun.launch.options import LaunchOptions, OutputOptions, RestartOptions, TargetOptions, TransportOptions
+    from podrun.launch.request import SSHOptions
+    from podrun.launch.torchrun_args import TorchrunOptions
+
+    common, tr = in_section(ctx, COMMON, kw), in_section(ctx, TORCHRUN, kw)
+    hangs, net = in_section(ctx, HANGS, kw), in_section(ctx, TRANSPORTS, kw)
+    names = frozenset(o for p in ctx.command.params for o in (*p.opts, *p.secondary_opts) if o.startswith("-"))
+    return LaunchOptions(
+        target=TargetOptions(args=args, dashdash=bool(ctx.meta.get("podrun.dashdash")), module=common.pop("module"),
+                             no_python=common.pop("no_python"), option_names=names),
+        torchrun=TorchrunOptions(**tr),
+        plan={k: common[k] for k in PLAN_OPTION_NAMES if k in common},
+        engine=in_section(ctx, ENGINES, kw),
+        hangs={k: hangs[k] for k in ("hang_timeout", "on_hang")},
+        transports=TransportOptions(
+            transport=net["transport"],
+            ssh=SSHOptions(config_path=net["ssh_config"], host_key_check=not net["no_host_key_check"],
+                           max_concurrency=net["max_concurrency"], client=net["ssh_client"]),
+            python=net["python_"], workdir=net["workdir"], master_addr=net["master_addr"],
+            master_port=net["master_port"], agent_store=net["agent_store"], data_interface=net["data_interface"],
+            preflight=not net["no_preflight"], grace=net["grace"], heartbeat=net["heartbeat"],
+            heartbeat_misses=net["heartbeat_misses"], keepalive=net["keepalive"],
+            env_items=tuple(common["env_items"])),
+        restarts=RestartOptions(straggler_timeout=hangs["straggler_timeout"],
+                                **in_section(ctx, RESTARTS, kw)),
+        output=OutputOptions(**in_section(ctx, OUTPUT, kw)),
+    )
 
 
 def _sink(plan, as_json: bool):

@@ -36,9 +36,3 @@ def network_options(f):
         f = opt(f)
     return f
 
-
-NETWORK_OPTION_NAMES = ("ssh_client", "data_interface")
-
-
-def pop_network_options(kwargs: dict) -> dict:
-    return {k: kwargs.pop(k) for k in NETWORK_OPTION_NAMES if k in kwargs}

@@ -50,11 +50,6 @@ def watch_options(f):
     return wrapper
 
 
-def pop_watch_options(kw: dict) -> dict:
-    """The watch options as given on the command line (removed from ``kw``; hang_timeout None: not given)."""
-    return {"hang_timeout": kw.pop("hang_timeout"), "on_hang": kw.pop("on_hang")}
-
-
 def watch_for(given: dict, recipe=None, cluster=None):
     """The run's WatchOptions: --hang-timeout when given, else the recipe's hang_timeout, else the cluster
     spec's, else auto; the window's notices name where it came from."""

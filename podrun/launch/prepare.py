@@ -5,10 +5,14 @@ import os
 import shutil
 import sys
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from podrun.errors import LaunchError
-from podrun.launch.torchrun_args import (COMMAND, RECIPE, SCRIPT, LaunchOptions, Target, TorchrunOptions, check_nproc_kind,
-                                         classify, command_hint, reconcile)
+from podrun.launch.torchrun_args import (COMMAND, RECIPE, SCRIPT, OwnOptions, Target, check_nproc_kind, classify,
+                                         command_hint, reconcile)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from podrun.launch.options import LaunchOptions
 
 DEFAULT_RUNS_DIR = "runs"
 WARM_TRANSPORTS = ("local", "ssh")   # whose agents start each instance themselves (--warm applies)
@@ -29,15 +33,11 @@ class Prepared:
     recipe: object | None = None        # podrun.specs.RecipeSpec, None for a script or command
 
 
-def prepare_launch(args, *, dashdash: bool, module: bool, no_python: bool, torchrun: TorchrunOptions,
-                   own: LaunchOptions, own_option_names: set[str], plan_kw: dict, engine_kw: dict,
-                   transport: str | None, ssh, python: str | None, workdir: str | None, agent_store: bool,
-                   grace: float, liveness_opts: tuple, only_output_from_instance: int | None, spare_hosts: str | None,
-                   straggler_timeout: float | None, preflight: bool, env_items,
-                   data_interface: str | None = None, warm: bool = True) -> Prepared:
+def prepare_launch(opts: "LaunchOptions") -> Prepared:
     """Everything `podrun launch` decides before it prints or runs: the target (podrun.launch.torchrun_args),
     torchrun's options reconciled with podrun's, the plan, the checks of this machine, the request, the elastic
     policy and what to say first; a PodrunError (exit 2) for anything wrong, before anything starts."""
+    tg, net, rs, out = opts.target, opts.transports, opts.restarts, opts.output
     from podrun.launch.engines import resolve_engine
     from podrun.wire.liveness import settings
     from podrun.launch.request import parse_env_options
@@ -45,18 +45,22 @@ def prepare_launch(args, *, dashdash: bool, module: bool, no_python: bool, torch
     from podrun.plan import make_plan
     from podrun.plan.inputs import resolve_plan_inputs
 
-    target = classify(args, dashdash=dashdash, module=module, no_python=no_python,
+    target = classify(list(tg.args), dashdash=tg.dashdash, module=tg.module, no_python=tg.no_python,
                       is_recipe_dir=lambda p: os.path.isfile(os.path.join(p, "recipe.yaml")),
                       is_file=os.path.isfile)
-    if target.kind == RECIPE and not dashdash:
-        refuse_own_options_after_recipe(target, args[1:], own_option_names)
-    opts = reconcile(torchrun, own, cpu_count=os.cpu_count() or 1)
-    env = parse_env_options(env_items)
-    plan_kw = {**plan_kw, "nodes": opts.nodes, "devices_per_host": opts.devices_per_host}
+    if target.kind == RECIPE and not tg.dashdash:
+        refuse_own_options_after_recipe(target, list(tg.args[1:]), tg.option_names)
+    plan_kw = dict(opts.plan)
+    own = OwnOptions(devices_per_host=plan_kw.get("devices_per_host"), nodes=plan_kw.get("nodes"),
+                     elastic_min=rs.elastic_min, max_restarts=rs.max_restarts, master_addr=net.master_addr,
+                     master_port=net.master_port, run_id=out.run_id, runs_dir=out.runs_dir)
+    mapped = reconcile(opts.torchrun, own, cpu_count=os.cpu_count() or 1)
+    env = parse_env_options(net.env_items)
+    plan_kw.update(nodes=mapped.nodes, devices_per_host=mapped.devices_per_host)
     cluster, rspec, src, overrides = resolve_plan_inputs(target.name if target.kind == RECIPE else None, **plan_kw)
-    check_nproc_kind(torchrun, cluster.device.kind, cluster.name)
+    check_nproc_kind(opts.torchrun, cluster.device.kind, cluster.name)
     plan = make_plan(cluster, rspec, overrides)
-    python = python or sys.executable
+    python = net.python or sys.executable
     recipe_script, recipe_args, long_run = None, None, None
     if rspec is not None:
         from podrun.train import recipe_main
@@ -69,13 +73,13 @@ def prepare_launch(args, *, dashdash: bool, module: bool, no_python: bool, torch
             recipe_args = recipe_main.parse_known(target.args, default_data)
             long_run = recipe_main.long_run(target.args, recipe_args, plan, LONG_RUN_HOURS)
     engine, engine_transport, poprun_opts, mpi_args = resolve_engine(
-        engine_kw, cluster, only_output_from_instance=only_output_from_instance)
-    if engine == "poprun" and transport:
-        raise LaunchError(f"--engine poprun starts the instances itself; drop --transport {transport}")
-    name = engine_transport or transport or default_transport(plan, cluster, getattr(src, "scheduler", "none"))
+        dict(opts.engine), cluster, only_output_from_instance=out.only_output_from_instance)
+    if engine == "poprun" and net.transport:
+        raise LaunchError(f"--engine poprun starts the instances itself; drop --transport {net.transport}")
+    name = engine_transport or net.transport or default_transport(plan, cluster, getattr(src, "scheduler", "none"))
     if name == "local":
-        check_local_target(target, os.path.abspath(workdir or os.getcwd()))
-        if recipe_args is not None and preflight:
+        check_local_target(target, os.path.abspath(net.workdir or os.getcwd()))
+        if recipe_args is not None and net.preflight:
             check_recipe_modules(python, target, recipe_args)
     notes: list[str] = []
     if name == "ssh":
@@ -87,39 +91,39 @@ def prepare_launch(args, *, dashdash: bool, module: bool, no_python: bool, torch
                          "like the others (one transport per run: the same preflight, keepalive and teardown "
                          "everywhere), so it needs sshd and its host key in known_hosts")
     needs: tuple[str, ...] = ()
-    if recipe_args is not None and preflight:
+    if recipe_args is not None and net.preflight:
         from podrun.train.recipe_main import needed_modules
 
         needs = tuple(needed_modules(recipe_args))      # checked by every held agent (ssh) before anything starts
-    liveness = settings(*liveness_opts, spec_heartbeat=cluster.heartbeat, spec_misses=cluster.heartbeat_misses,
+    liveness = settings(net.heartbeat, net.heartbeat_misses, net.keepalive, spec_heartbeat=cluster.heartbeat, spec_misses=cluster.heartbeat_misses,
                         spec_source=cluster.path)
     elastic = None
-    max_restarts = opts.max_restarts
-    if opts.elastic_min is not None:
+    max_restarts = mapped.max_restarts
+    if mapped.elastic_min is not None:
         from podrun.launch.elastic import default_restarts, make_policy
 
-        elastic = make_policy(cluster, rspec, overrides, plan, opts.elastic_min, spare_hosts, transport=name,
+        elastic = make_policy(cluster, rspec, overrides, plan, mapped.elastic_min, rs.spare_hosts, transport=name,
                               max_restarts=max_restarts, engine=None if engine == "torch" else engine)
         if max_restarts is None:
             max_restarts = default_restarts(elastic, plan)
-            notes.append(f"--elastic {opts.elastic_min} without --max-restarts: {max_restarts} restart(s), one per "
+            notes.append(f"--elastic {mapped.elastic_min} without --max-restarts: {max_restarts} restart(s), one per "
                          f"host the run can lose ({len(plan.hosts)} host(s) + {len(elastic.spares)} spare(s) - "
-                         f"minimum {opts.elastic_min}); --max-restarts N sets another count")
-    elif spare_hosts is not None:
+                         f"minimum {mapped.elastic_min}); --max-restarts N sets another count")
+    elif rs.spare_hosts is not None:
         raise LaunchError("--spare-hosts takes effect only in an elastic run", hint="add --elastic MIN")
-    if only_output_from_instance is not None and not 0 <= only_output_from_instance < plan.instances:
-        raise LaunchError(f"--only-output-from-instance {only_output_from_instance}: the plan has instances "
+    if out.only_output_from_instance is not None and not 0 <= out.only_output_from_instance < plan.instances:
+        raise LaunchError(f"--only-output-from-instance {out.only_output_from_instance}: the plan has instances "
                           f"0..{plan.instances - 1}")
     request = build_request(plan, target.worker_command(python, recipe_script), transport=name, python=python,
-                            workdir=workdir, master_addr=opts.master_addr, master_port=opts.master_port,
-                            grace=grace, liveness=liveness, run_id=opts.run_id,
-                            runs_dir=opts.runs_dir if opts.runs_dir is not None else DEFAULT_RUNS_DIR, env=env,
-                            max_restarts=0 if max_restarts is None else max_restarts, ssh=ssh, mpi_args=mpi_args,
-                            poprun=poprun_opts, agent_store=agent_store, preflight=preflight,
-                            straggler_timeout=straggler_timeout, needs=needs,
-                            data_interface=(data_interface if data_interface is not None
+                            workdir=net.workdir, master_addr=mapped.master_addr, master_port=mapped.master_port,
+                            grace=net.grace, liveness=liveness, run_id=mapped.run_id,
+                            runs_dir=mapped.runs_dir if mapped.runs_dir is not None else DEFAULT_RUNS_DIR, env=env,
+                            max_restarts=0 if max_restarts is None else max_restarts, ssh=net.ssh, mpi_args=mpi_args,
+                            poprun=poprun_opts, agent_store=net.agent_store, preflight=net.preflight,
+                            straggler_timeout=rs.straggler_timeout, needs=needs,
+                            data_interface=(net.data_interface if net.data_interface is not None
                                             else cluster.data_interface or None))
-    if warm and request.max_restarts > 0 and name in WARM_TRANSPORTS:
+    if rs.warm and request.max_restarts > 0 and name in WARM_TRANSPORTS:
         request = replace(request, warm=True)
     return Prepared(request=request, target=target, engine=engine, elastic=elastic, notes=tuple(notes),
                     long_run=long_run, cluster=cluster, recipe=rspec)

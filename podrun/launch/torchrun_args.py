@@ -112,7 +112,7 @@ class TorchrunOptions:
 
 
 @dataclass(frozen=True)
-class LaunchOptions:
+class OwnOptions:
     """podrun launch's own options that torchrun's map onto (None: not given)."""
 
     devices_per_host: int | None = None
@@ -125,7 +125,7 @@ class LaunchOptions:
     runs_dir: str | None = None
 
 
-def reconcile(tr: TorchrunOptions, own: LaunchOptions, *, cpu_count: int) -> LaunchOptions:
+def reconcile(tr: TorchrunOptions, own: OwnOptions, *, cpu_count: int) -> OwnOptions:
     """podrun's options with torchrun's mapped in (the table in docs/launch.md). A torchrun option and
     podrun's own option of the same meaning must agree; one podrun has no meaning for is refused, saying why."""
     out = own
@@ -170,7 +170,7 @@ def reconcile(tr: TorchrunOptions, own: LaunchOptions, *, cpu_count: int) -> Lau
     return out
 
 
-def _set(out: LaunchOptions, field: str, value, theirs: str, ours: str) -> LaunchOptions:
+def _set(out: OwnOptions, field: str, value, theirs: str, ours: str) -> OwnOptions:
     have = getattr(out, field)
     if have is not None and have != value:
         raise LaunchError(f"{theirs} means {ours} {value}, and {ours} {have} is given too",

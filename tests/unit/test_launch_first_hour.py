@@ -66,13 +66,15 @@ def test_a_python_without_torch_is_refused_before_anything_starts(tmp_path, caps
 def test_launch_help_is_in_sections_common_first():
     ctx = click.Context(cli.get_command(click.Context(cli), "launch"), info_name="launch")
     text = ctx.get_help()
-    heads = [text.index(h) for h in ("Common options:", "torchrun's options", "Transports:", "Engines (poprun",
-                                     "Advanced:")]
+    heads = [text.index(h) for h in ("Common options:", "torchrun's options", "Restarts and elastic runs",
+                                     "When a run hangs", "Transports:", "Engines (poprun", "Output and the run")]
     assert heads == sorted(heads), heads
     common = text[heads[0]:heads[1]]
-    for opt in ("--cluster", "--hosts", "--global-batch", "--elastic", "--dry-run"):
+    for opt in ("--cluster", "--hosts", "--global-batch", "--env"):
         assert opt in common, opt
-    assert "--vipu-partition" in text[heads[3]:heads[4]] and "--ssh-config" in text[heads[2]:heads[3]]
+    assert "--elastic" in text[heads[2]:heads[3]] and "--straggler-timeout" in text[heads[3]:heads[4]]
+    assert "--ssh-config" in text[heads[4]:heads[5]] and "--vipu-partition" in text[heads[5]:heads[6]]
+    assert "--dry-run" in text[heads[6]:]
 
 
 def test_hosts_help_shows_no_batch_options():

@@ -10,7 +10,7 @@ import pytest
 
 from podrun.cli.main import main
 from podrun.errors import LaunchError
-from podrun.launch.torchrun_args import (COMMAND, MODULE, RECIPE, SCRIPT, LaunchOptions, Target, TorchrunOptions,
+from podrun.launch.torchrun_args import (COMMAND, MODULE, RECIPE, SCRIPT, OwnOptions, Target, TorchrunOptions,
                                          check_nproc_kind, classify, command_hint, parse_endpoint, recipe_args,
                                          reconcile)
 
@@ -77,29 +77,29 @@ def test_command_hint_names_the_file_in_the_working_directory(tmp_path):
 # --- the table in docs/launch.md, row by row ----------------------------------------------------
 
 @pytest.mark.parametrize("tr,expect", [
-    (TorchrunOptions(nproc_per_node="2"), LaunchOptions(devices_per_host=2)),
-    (TorchrunOptions(nproc_per_node="auto"), LaunchOptions()),
-    (TorchrunOptions(nproc_per_node="cpu"), LaunchOptions(devices_per_host=7)),
-    (TorchrunOptions(nproc_per_node="gpu"), LaunchOptions()),
-    (TorchrunOptions(nnodes="3"), LaunchOptions(nodes=3)),
-    (TorchrunOptions(nnodes="2:4"), LaunchOptions(nodes=4, elastic_min=2)),
-    (TorchrunOptions(nnodes="2:2"), LaunchOptions(nodes=2)),
-    (TorchrunOptions(standalone=True), LaunchOptions(nodes=1, master_port=0)),
-    (TorchrunOptions(rdzv_endpoint="node1:1234"), LaunchOptions(master_addr="node1", master_port=1234)),
-    (TorchrunOptions(rdzv_endpoint="node1"), LaunchOptions(master_addr="node1", master_port=29400)),
-    (TorchrunOptions(rdzv_endpoint="[fd00::1]:7"), LaunchOptions(master_addr="fd00::1", master_port=7)),
-    (TorchrunOptions(rdzv_id="job7"), LaunchOptions(run_id="job7")),
-    (TorchrunOptions(log_dir="/tmp/logs"), LaunchOptions(runs_dir="/tmp/logs")),
-    (TorchrunOptions(tee="3"), LaunchOptions()),
-    (TorchrunOptions(tee="0:3,1:1"), LaunchOptions()),
-    (TorchrunOptions(redirects="0"), LaunchOptions()),
+    (TorchrunOptions(nproc_per_node="2"), OwnOptions(devices_per_host=2)),
+    (TorchrunOptions(nproc_per_node="auto"), OwnOptions()),
+    (TorchrunOptions(nproc_per_node="cpu"), OwnOptions(devices_per_host=7)),
+    (TorchrunOptions(nproc_per_node="gpu"), OwnOptions()),
+    (TorchrunOptions(nnodes="3"), OwnOptions(nodes=3)),
+    (TorchrunOptions(nnodes="2:4"), OwnOptions(nodes=4, elastic_min=2)),
+    (TorchrunOptions(nnodes="2:2"), OwnOptions(nodes=2)),
+    (TorchrunOptions(standalone=True), OwnOptions(nodes=1, master_port=0)),
+    (TorchrunOptions(rdzv_endpoint="node1:1234"), OwnOptions(master_addr="node1", master_port=1234)),
+    (TorchrunOptions(rdzv_endpoint="node1"), OwnOptions(master_addr="node1", master_port=29400)),
+    (TorchrunOptions(rdzv_endpoint="[fd00::1]:7"), OwnOptions(master_addr="fd00::1", master_port=7)),
+    (TorchrunOptions(rdzv_id="job7"), OwnOptions(run_id="job7")),
+    (TorchrunOptions(log_dir="/tmp/logs"), OwnOptions(runs_dir="/tmp/logs")),
+    (TorchrunOptions(tee="3"), OwnOptions()),
+    (TorchrunOptions(tee="0:3,1:1"), OwnOptions()),
+    (TorchrunOptions(redirects="0"), OwnOptions()),
 ])
 def test_each_torchrun_option_maps_to_podruns(tr, expect):
-    assert reconcile(tr, LaunchOptions(), cpu_count=7) == expect
+    assert reconcile(tr, OwnOptions(), cpu_count=7) == expect
 
 
 def test_podruns_own_options_pass_through_and_must_agree():
-    own = LaunchOptions(devices_per_host=2, nodes=1, max_restarts=3, master_port=5)
+    own = OwnOptions(devices_per_host=2, nodes=1, max_restarts=3, master_port=5)
     assert reconcile(TorchrunOptions(nproc_per_node="2", nnodes="1"), own, cpu_count=4) == own
     for tr, words in ((TorchrunOptions(nproc_per_node="4"), "--devices-per-host 2"),
                       (TorchrunOptions(nnodes="2"), "--nodes 1"),
@@ -123,7 +123,7 @@ def test_podruns_own_options_pass_through_and_must_agree():
 ])
 def test_options_podrun_has_no_meaning_for_are_refused_saying_why(tr, words):
     with pytest.raises(LaunchError, match=words):
-        reconcile(tr, LaunchOptions(), cpu_count=4)
+        reconcile(tr, OwnOptions(), cpu_count=4)
 
 
 def test_nproc_gpu_needs_gpus():

@@ -1,0 +1,76 @@
+"""`podrun launch`'s options as one frozen object, grouped by concern: the CLI builds it once and passes it whole."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from podrun.launch.request import SSHOptions
+from podrun.launch.torchrun_args import TorchrunOptions
+
+
+@dataclass(frozen=True)
+class TargetOptions:
+    """What the workers run: the arguments after the options, and how to read them."""
+
+    args: tuple[str, ...] = ()
+    dashdash: bool = False                      # the user wrote ``-- TARGET``: a command, never a recipe
+    module: bool = False                        # -m: the target is a Python module
+    no_python: bool = False                     # --no-python: the target is a command
+    option_names: frozenset[str] = frozenset()  # podrun launch's own spellings (a recipe's arguments must not be one)
+
+
+@dataclass(frozen=True)
+class TransportOptions:
+    """How podrun reaches the hosts and what it sets up there."""
+
+    transport: str | None = None                # None: local here, srun in Slurm, else ssh
+    ssh: SSHOptions = field(default_factory=SSHOptions)
+    python: str | None = None                   # None: the controller's sys.executable
+    workdir: str | None = None                  # None: the current directory
+    master_addr: str | None = None
+    master_port: int | None = None
+    agent_store: bool = True
+    data_interface: str | None = None           # None: the cluster spec's
+    preflight: bool = True
+    grace: float = 5.0
+    heartbeat: float | None = None              # None: the cluster spec's (podrun.wire.liveness.settings)
+    heartbeat_misses: int | None = None
+    keepalive: float | None = None
+    env_items: tuple[str, ...] = ()             # --env NAME=VALUE, as typed
+
+
+@dataclass(frozen=True)
+class RestartOptions:
+    """What happens after a failure: restarts, the elastic re-plan, warm workers, stragglers."""
+
+    max_restarts: int | None = None             # None: 0, or one per host an --elastic run can lose
+    elastic_min: int | None = None
+    spare_hosts: str | None = None
+    warm: bool = True
+    straggler_timeout: float | None = None
+
+
+@dataclass(frozen=True)
+class OutputOptions:
+    """What podrun shows and where it keeps the run."""
+
+    only_output_from_instance: int | None = None
+    dry_run: bool = False
+    as_json: bool = False
+    run_id: str | None = None
+    runs_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """Everything `podrun launch` was told, by concern; ``plan``, ``engine`` and ``hangs`` are the shared option
+    sets of podrun.cli (the plan's, the engine's, the hang watch's) by option name."""
+
+    target: TargetOptions = field(default_factory=TargetOptions)
+    torchrun: TorchrunOptions = field(default_factory=TorchrunOptions)
+    plan: Mapping[str, Any] = field(default_factory=dict)
+    engine: Mapping[str, Any] = field(default_factory=dict)
+    hangs: Mapping[str, Any] = field(default_factory=dict)
+    transports: TransportOptions = field(default_factory=TransportOptions)
+    restarts: RestartOptions = field(default_factory=RestartOptions)
+    output: OutputOptions = field(default_factory=OutputOptions)
