@@ -312,7 +312,7 @@ class Agent:
         from podrun.runtime.snapshot import prepare_dirs
 
         for problem in prepare_dirs(self.envs):      # private snapshot directories, made before any worker runs
-            self.emit(None, "note", problem)
+            self.emit(None, "err", problem)
         for local_rank, wenv in enumerate(self.envs):
             _fresh_error_file(wenv.get("TORCHELASTIC_ERROR_FILE"))
             env = {**base, **wenv}
