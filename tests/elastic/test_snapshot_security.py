@@ -163,3 +163,33 @@ def test_a_slot_changed_between_attempts_is_refused_by_its_hmac_and_the_checkpoi
     for s in slots:
         assert f"snapshot slot {s} " in second.stderr and "does not match its HMAC" in second.stderr, second.stderr
     assert "restored 1 from checkpoint" in second.stdout, (second.stdout, second.stderr)
+
+
+def test_the_run_key_reaches_the_workers_and_no_record_or_dry_run_shows_it(tmp_path):
+    """One key per run, the same on every attempt, in every worker's environment; the run directory's files and
+    --dry-run show its name with <redacted>, never its value."""
+    seen = tmp_path / "keys"
+    code = ("import os, sys; e = os.environ; "
+            f"open({str(seen)!r}, 'a').write(e['PODRUN_SNAPSHOT_KEY'] + ' ' + e['PODRUN_SNAPSHOT_DIR'] + '\\n'); "
+            "sys.exit(3 if e['PODRUN_RESTART_COUNT'] == '0' else 0)")
+    args = ["launch", "--hosts", "localhost,127.0.0.2", "--devices-per-host", "1", "--max-restarts", "1",
+            "--runs-dir", str(tmp_path / "runs"), "--master-port", str(free_port(6)), "--", sys.executable, "-c", code]
+    cp = podrun(*args, timeout=240)
+    assert cp.returncode == 0, cp.stderr
+    lines = seen.read_text().split("\n")[:-1]
+    assert len(lines) == 4, lines                         # 2 hosts x 2 attempts
+    keys = {ln.split()[0] for ln in lines}
+    assert len(keys) == 1 and len(next(iter(keys))) == 64, keys
+    key = keys.pop()
+    run = next((tmp_path / "runs").iterdir())
+    for f in run.rglob("*"):
+        if f.is_file():
+            assert key not in f.read_text(errors="replace"), f
+    assert "PODRUN_SNAPSHOT_KEY" in (run / "env.json").read_text()
+    assert key not in cp.stdout + cp.stderr
+    dry = podrun(*args[:1], "--dry-run", *args[1:], timeout=120)
+    assert dry.returncode == 0, dry.stderr
+    assert "PODRUN_SNAPSHOT_KEY=<redacted>" in dry.stdout or '"PODRUN_SNAPSHOT_KEY": "<redacted>"' in dry.stdout, \
+        dry.stdout
+    assert not any(len(w) == 64 and all(c in "0123456789abcdef" for c in w)
+                   for w in dry.stdout.replace("=", " ").replace('"', " ").split()), dry.stdout
