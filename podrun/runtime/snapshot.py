@@ -42,8 +42,16 @@ TEST_HOLD_ENV = "PODRUN_TEST_RECOVERY_HOLD_S"
 _NOFOLLOW = os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 
-class SnapshotDirError(PodrunError):
+class SnapshotError(PodrunError):
+    """A snapshot that cannot be used: its directory, a missing key, a transfer or a state that does not check."""
+
+
+class SnapshotDirError(SnapshotError):
     """A snapshot directory podrun will not use: a link, not a directory, another user's, or open to others."""
+
+
+class SnapshotKeyError(SnapshotError):
+    """No snapshot key in the environment: no snapshots."""
 
 
 def _owner(uid: int) -> str:
@@ -273,7 +281,13 @@ class Writer:
         if not self.writes or self.error is not None or (self._last is not None and step > self._last):
             return
         k, self._next = self._next, (self._next + 1) % SLOTS
-        self._uncommit(k)                                     # the slot stops counting before it changes
+        try:
+            self._uncommit(k)                                 # the slot stops counting before it changes
+        except (SnapshotDirError, OSError) as exc:            # the directory was changed under the run
+            self.error = _one_line(exc)
+            print(f"podrun: snapshots in {self.dir} turned off: {self.error}", file=sys.stderr, flush=True)
+            self.error += " (reported)"
+            return
         self._copy_done = threading.Event()
         self._thread = threading.Thread(target=self._write, args=(k, step, state), name="podrun-snapshot",
                                         daemon=True)
@@ -368,9 +382,8 @@ class Writer:
             self.error = f"{type(exc).__name__}: {exc}"
 
     def verified(self) -> list[int]:
-        """The steps of this host's complete snapshots, newest first, down to and including the newest whose HMAC
-        matches (its bytes are kept for ``read``); a slot whose HMAC does not match is refused with one line on
-        stderr and counts as absent."""
+        """[step] of this host's newest complete snapshot whose HMAC matches (its bytes kept for ``read``), or [];
+        a newer slot whose HMAC does not match is refused with one line on stderr naming it and counts as absent."""
         self.wait()
         self._verified = None
         try:
@@ -418,10 +431,6 @@ def _digest(key: bytes, step: int, kind: str, data) -> str:
     mac = _mac(key, step, kind, len(data))
     mac.update(data)
     return mac.hexdigest()
-
-
-class SnapshotKeyError(PodrunError):
-    """No snapshot key in the environment: no snapshots."""
 
 
 def open_writer(directory: str | os.PathLike | None, writes: bool) -> "Writer | None":
@@ -501,7 +510,7 @@ def recover(writer: Writer | None, newer_than: int, restart_count: int = 0) -> R
             kind, digest, data = KINDS[got[0]], got[1:33].hex(), got[33:]
             key = writer.key if writer is not None else os.environ.get(SNAPSHOT_KEY_NAME, "").encode()
             if not hmac.compare_digest(_digest(key, newest, kind, data), digest):
-                raise SnapshotDirError(f"the snapshot of update {newest} received from rank {src} does not match "
+                raise SnapshotError(f"the snapshot of update {newest} received from rank {src} does not match "
                                        "its HMAC under this run's key")
             if writer is not None:
                 writer.put(newest, data, kind, digest)   # a second failure before the next update finds it here too
@@ -519,7 +528,7 @@ def _load(kind: str, data: bytes, what: str) -> dict[str, Any]:
     try:
         return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:   # noqa: BLE001 - weights_only refuses a type: say which, on every rank alike
-        raise SnapshotDirError(f"{what} holds what torch.load(weights_only=True) refuses: {exc}".splitlines()[0],
+        raise SnapshotError(f"{what} holds what torch.load(weights_only=True) refuses: {exc}".splitlines()[0],
                                hint="keep tensors, numbers, strings, None and lists, tuples and dicts of them in "
                                     "the state given to podrun.runtime.elastic.snapshot") from None
 

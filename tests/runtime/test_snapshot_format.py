@@ -155,7 +155,7 @@ def test_a_state_the_raw_format_cannot_express_falls_back_to_torch_save_read_wit
     w = snapshot.Writer(host_dir)
     w.submit(2, {"x": _Opaque()})                             # weights_only refuses it: said, not unpickled
     w.close()
-    with pytest.raises(snapshot.SnapshotDirError, match="weights_only=True"):
+    with pytest.raises(snapshot.SnapshotError, match="weights_only=True"):
         snapshot.recover(w, -1)
 
 
