@@ -28,9 +28,15 @@ def _steps(steps: int, batch: int, size: int, run_dir: Path, snapshot_dir: str |
 
 
 def run(quick: bool) -> list[dict]:
+    import os
+    import secrets
+
     import torch
 
+    from podrun.plan.env import SNAPSHOT_KEY_NAME
     from podrun.runtime import snapshot
+
+    os.environ.setdefault(SNAPSHOT_KEY_NAME, secrets.token_hex(32))     # as podrun launch gives every worker
 
     steps, batch, size = (10, 32, 16) if quick else (30, 64, 16)
     repeats = 2 if quick else 4
@@ -42,7 +48,7 @@ def run(quick: bool) -> list[dict]:
             for i in range(repeats):     # interleaved, so load from other processes hits both alike
                 on.append(statistics.median(_steps(steps, batch, size, Path(d) / f"on{i}", str(shm))[2:]))
                 off.append(statistics.median(_steps(steps, batch, size, Path(d) / f"off{i}", None)[2:]))
-            size_mb = max(p.stat().st_size for p in shm.glob("slot-*.pt")) / 1e6
+            size_mb = max(p.stat().st_size for p in shm.glob("slot-*.bin")) / 1e6
             from podrun.models import build
 
             model = build("resnet18", 10, stem="cifar", norm="batch")

@@ -335,6 +335,10 @@ class Agent:
             self.stack_root = tempfile.mkdtemp(prefix="podrun-stacks-")
         except OSError:
             self.stack_root = None
+        from podrun.runtime.snapshot import prepare_dirs
+
+        for problem in prepare_dirs(self.envs):      # private snapshot directories, made before any worker runs
+            self.emit(None, "err", problem)
         for local_rank, wenv in enumerate(self.envs):
             _fresh_error_file(wenv.get("TORCHELASTIC_ERROR_FILE"))
             env = {**base, **wenv}

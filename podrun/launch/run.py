@@ -16,7 +16,7 @@ from podrun.launch.rundir import (check_run_id, create_run_dir, new_run_id, writ
                                   write_summary)
 from podrun.launch.supervisor import Outcome, Supervisor, _describe_code
 from podrun.launch.transport import TransportFactory, busy_port_problem, get_transport
-from podrun.plan.env import data_interface_env
+from podrun.plan.env import SNAPSHOT_KEY_NAME, data_interface_env
 
 MULTI_HOST_PORT = 29500   # the default --master-port when the master host is elsewhere (0, "pick", on this machine)
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "ip6-localhost"}
@@ -34,6 +34,14 @@ def default_transport(plan, cluster=None, scheduler: str = "none") -> str:
         return "srun"
     spec = getattr(cluster, "transport", None)
     return spec if spec and spec != "local" else "ssh"
+
+
+def snapshot_key_env(max_restarts: int) -> tuple[tuple[str, str], ...]:
+    """The run's secret snapshot key as an --env pair, made once per run (restarts and re-plans keep the request's
+    env); () for a run that cannot restart, which keeps no snapshot."""
+    import secrets
+
+    return ((SNAPSHOT_KEY_NAME, secrets.token_hex(32)),) if max_restarts > 0 else ()
 
 
 def build_request(plan, command, *, transport: str, python: str | None = None, workdir: str | None = None,
@@ -56,7 +64,8 @@ def build_request(plan, command, *, transport: str, python: str | None = None, w
         command=tuple(command), python=python or sys.executable, workdir=workdir,
         master_addr=master_addr or plan.placement[0].host, master_port=master_port, transport=transport,
         grace=grace, heartbeat=liveness.period, keepalive=liveness.bound, max_restarts=max_restarts,
-        env=data_interface_env(data_interface) + tuple(env),      # the user's --env wins (it comes later)
+        # the run's snapshot key (podrun.runtime.snapshot) where a restart may read snapshots; --env wins (later)
+        env=data_interface_env(data_interface) + snapshot_key_env(max_restarts) + tuple(env),
         instances=tuple(InstanceLaunch(p.index, p.host) for p in plan.placement),
         ssh=ssh or SSHOptions(), mpi_args=tuple(mpi_args), poprun=poprun,
         agent_store=agent_store and transport != "poprun",     # poprun starts no podrun agent

@@ -6,6 +6,8 @@ reads them back through ``PODRUN_FIELDS`` / ``POPDIST_FIELDS``. No torch, no I/O
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 from typing import TYPE_CHECKING, Mapping
 
@@ -98,12 +100,18 @@ RUN_WIDE_NAMES = (
 # Where a host's in-memory snapshots of the training state live (podrun.runtime.snapshot): shared memory,
 # one directory per run and host, so that hosts sharing one file system (namespaces, one machine) keep apart
 SNAPSHOT_ROOT = "/dev/shm"
+# The run's secret (made once per run by the controller, podrun.launch.run.build_request, and passed to the agents
+# and workers among the --env pairs): the slots' HMAC key and the source of the directory's unguessable part. No
+# key, no snapshots. Its name matches the redaction by name (podrun.launch.request.secret_name).
+SNAPSHOT_KEY_NAME = "PODRUN_SNAPSHOT_KEY"
 
 
-def snapshot_dir(run_id: str, host: str) -> str:
+def snapshot_dir(run_id: str, host: str, key: str) -> str:
     """PODRUN_SNAPSHOT_DIR of the workers on ``host``: keyed by the host, not the instance index (an index moves
-    to another host after a re-plan; the snapshots stay where they were written)."""
-    return os.path.join(SNAPSHOT_ROOT, f"podrun-{run_id}", host)
+    to another host after a re-plan; the snapshots stay where they were written). The run's directory carries a
+    tag derived from the run's key, so another user cannot name it in advance."""
+    tag = hmac.new(key.encode(), b"podrun snapshot directory\0" + run_id.encode(), hashlib.sha256).hexdigest()[:32]
+    return os.path.join(SNAPSHOT_ROOT, f"podrun-{run_id}-{tag}", host)
 
 
 def is_ipu(plan: "Plan") -> bool:
@@ -162,8 +170,9 @@ def popdist_env(plan: "Plan", instance_index: int) -> dict[str, str]:
 
 def worker_env(plan: "Plan", instance_index: int, local_rank: int, *, run_id: str, run_dir: str,
                plan_path: str, master_addr: str, master_port: int, restart_count: int = 0,
-               max_restarts: int = 0) -> dict[str, str]:
-    """The plan's part of one worker's env contract (strings only; no host-dependent defaults)."""
+               max_restarts: int = 0, snapshot_key: str | None = None) -> dict[str, str]:
+    """The plan's part of one worker's env contract (strings only; no host-dependent defaults). ``snapshot_key``:
+    the run's SNAPSHOT_KEY_NAME, without which the workers keep no snapshot."""
     pl = plan.placement[instance_index]
     wpi = workers_per_instance(plan)
     if not 0 <= local_rank < wpi:
@@ -174,8 +183,8 @@ def worker_env(plan: "Plan", instance_index: int, local_rank: int, *, run_id: st
               "replica_offset": pl.replica_offset, "devices_per_replica": plan.devices_per_replica,
               "local_batch": plan.local_batch, "grad_accum": plan.grad_accum, "global_batch": plan.global_batch,
               "restart_count": restart_count}
-    if max_restarts > 0:          # snapshots only where a restart may read them: they cost a write per update
-        podrun["snapshot_dir"] = snapshot_dir(run_id, pl.host)
+    if max_restarts > 0 and snapshot_key:   # only where a restart may read them: they cost a write per update
+        podrun["snapshot_dir"] = snapshot_dir(run_id, pl.host, snapshot_key)
     torchrun = {"rank": rank, "local_rank": local_rank, "world_size": world_size(plan), "local_world_size": wpi,
                 "node_rank": instance_index, "master_addr": master_addr, "master_port": master_port}
     env: dict[str, object] = {PODRUN_FIELDS[k]: v for k, v in podrun.items()}
@@ -204,7 +213,7 @@ def instance_envs(plan: "Plan", instance_index: int, *, run_id: str, run_dir: st
     ``agent_store``: the agent of global rank 0 hosts the store on ``master_port`` (podrun.host.store),
     so every worker, rank 0 included, is a client of it (TORCHELASTIC_USE_AGENT_STORE=True, as under torchrun).
     ``host_env``: the variables the workers inherit (the host's, with --env): the names of
-    HOST_DEFAULT_NAMES set there are left to them. ``cpus``: the cores the agent may use; None (the
+    HOST_DEFAULT_NAMES set there are left to them; its SNAPSHOT_KEY_NAME names the snapshot directory. ``cpus``: the cores the agent may use; None (the
     controller, which does not know a remote host's cores) leaves OMP_NUM_THREADS out. ``gloo_ifname``: the
     interface gloo must bind on this host (the agent's finding; None: gloo's own choice stands).
     """
@@ -219,7 +228,7 @@ def instance_envs(plan: "Plan", instance_index: int, *, run_id: str, run_dir: st
     for local_rank in range(workers_per_instance(plan)):
         env = worker_env(plan, instance_index, local_rank, run_id=run_id, run_dir=run_dir, plan_path=plan_path,
                          master_addr=master_addr, master_port=master_port, restart_count=restart_count,
-                         max_restarts=max_restarts)
+                         max_restarts=max_restarts, snapshot_key=host_env.get(SNAPSHOT_KEY_NAME))
         if agent_store:
             env[AGENT_STORE_NAME] = "True"
         env.update({k: v for k, v in defaults.items() if k not in host_env})

@@ -15,7 +15,10 @@
 taken as their state dicts; the next optimizer step waits for the copy). ``restore`` agrees with every rank on
 the newest snapshot any of them holds and sends it to the ranks that do not hold it; None when there is none
 (or none newer than ``newer_than``, a disk checkpoint's step). Outside podrun launch (no PODRUN_SNAPSHOT_DIR)
-``snapshot`` does nothing and ``restore`` returns None. torch is imported only when these are called.
+``snapshot`` does nothing and ``restore`` returns None. The state is kept in podrun's raw format (tensors, numpy
+arrays, numbers, strings, bools, None, bytes, and lists, tuples and dicts with int or str keys of them: nothing is
+unpickled on restore); a state holding anything else is written with torch.save and read back with
+``torch.load(weights_only=True)``, which refuses most other types. torch is imported only when these are called.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from typing import Any
 
 from podrun.runtime.env import read_worker_info
 
-_writer = None      # this process's snapshot writer, made by the first snapshot or restore
+_writer = None      # this process's snapshot writer, made by the first snapshot or restore (False: none, said why)
 
 
 @dataclass(frozen=True)
@@ -55,10 +58,12 @@ def _get_writer():
         info = read_worker_info()
         if not info.snapshot_dir:
             return None
-        from podrun.runtime.snapshot import Writer
+        from podrun.runtime.snapshot import open_writer
 
-        _writer = Writer(info.snapshot_dir, writes=info.local_rank == 0)     # one writer per host
-    return _writer
+        _writer = open_writer(info.snapshot_dir, writes=info.local_rank == 0)     # one writer per host
+        if _writer is None:     # said why (no key, or a directory podrun will not use): no snapshots, once
+            _writer = False
+    return _writer or None
 
 
 def _plain(state: dict[str, Any]) -> dict[str, Any]:
@@ -108,5 +113,5 @@ def restore(newer_than: int = -1) -> Restored | None:
 
 def close() -> None:
     """Wait for the last snapshot write (at the end of training; restore and snapshot need no close)."""
-    if _writer is not None:
+    if _writer:
         _writer.close()

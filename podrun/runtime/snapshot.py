@@ -3,64 +3,198 @@
 After a restart the ranks agree on the newest snapshot any of them holds and the lowest rank holding it
 sends it to the ranks that do not.
 
-A slot is ``slot-<k>.pt`` (the state, torch.save) and ``slot-<k>.json`` (its header: step and size),
-the header written last and removed first: a slot counts only when its header names a data file of the
-size it says. The writer alternates the slots, so a host holds its last two updates. torch is imported
-only by the functions that need it (the agent removes a finished run's directory without it).
+A slot is ``slot-<k>.bin`` (the state: podrun.runtime.rawstate, or for a state that format cannot express
+torch.save, read back with ``weights_only=True``) and ``slot-<k>.json`` (its header: step, size, kind and the
+HMAC-SHA256 of all of it under the run's key), the header written last and removed first: a slot counts only when
+its header names a data file of the size it says, and is read only when its HMAC matches. The writer alternates
+the slots, so a host holds its last two updates. The run's directory (``/dev/shm/podrun-<run id>-<tag>``) and the
+host's in it are made exclusively, 0700, and checked with lstat before each use (a real directory, this user's,
+open to nobody else); the files are 0600 and opened without following links. torch is imported only by the
+functions that need it (the agent makes and removes the directories without it).
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import io
 import json
 import os
-import shutil
+import stat
+import sys
 import threading
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from podrun.errors import PodrunError
+from podrun.plan.env import SNAPSHOT_KEY_NAME
+
 SLOTS = 2
+RAW, TORCH = "raw", "torch"      # a slot's kind: podrun.runtime.rawstate, or torch.save (weights_only=True)
+KINDS = (RAW, TORCH)
 # Test knob, for the fallback tests only: "HOST=STEP,..." makes the named hosts write no snapshot after STEP
 # (0: none at all), so that the newest snapshot has a single holder. Unset in every real run.
 TEST_UNTIL_ENV = "PODRUN_TEST_SNAPSHOT_UNTIL"
 # Test knob: seconds every rank waits between agreeing and the transfer on restart 1 (a second failure then
 # falls inside the recovery), after rank 0 printed "snapshot recovery: holding". Unset in every real run.
 TEST_HOLD_ENV = "PODRUN_TEST_RECOVERY_HOLD_S"
+_NOFOLLOW = os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+class SnapshotError(PodrunError):
+    """A snapshot that cannot be used: its directory, a missing key, a transfer or a state that does not check."""
+
+
+class SnapshotDirError(SnapshotError):
+    """A snapshot directory podrun will not use: a link, not a directory, another user's, or open to others."""
+
+
+class SnapshotKeyError(SnapshotError):
+    """No snapshot key in the environment: no snapshots."""
+
+
+def _owner(uid: int) -> str:
+    try:
+        import pwd
+
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
+def check_private(path: str | os.PathLike) -> None:
+    """Refuse (SnapshotDirError, one line naming the path and its owner) unless ``path`` is, by lstat, a real
+    directory owned by this user with no group or other permission bits."""
+    st = os.lstat(path)
+    me = os.geteuid()
+    if stat.S_ISLNK(st.st_mode):
+        problem = "is a symbolic link"
+    elif not stat.S_ISDIR(st.st_mode):
+        problem = "is not a directory"
+    elif st.st_uid != me:
+        problem = f"belongs to another user, not to {_owner(me)}"
+    elif st.st_mode & 0o077:
+        problem = f"is open to other users (mode {stat.S_IMODE(st.st_mode):04o}, not 0700)"
+    else:
+        return
+    raise SnapshotDirError(f"snapshot directory {path} {problem}; owner {_owner(st.st_uid)}: podrun will not use it",
+                           hint="remove it (a run's directory is made afresh, private, by its first attempt)")
+
+
+def make_private(path: str | os.PathLike) -> None:
+    """Make ``path`` exclusively (0700), or find it made (another host's agent or worker on this machine, or an
+    earlier attempt of the run); either way check it (check_private)."""
+    try:
+        os.mkdir(path, 0o700)
+        os.chmod(path, 0o700, follow_symlinks=False)     # whatever the umask
+    except FileExistsError:
+        pass
+    check_private(path)
+
+
+def open_dir(directory: str | os.PathLike) -> Path:
+    """The host's snapshot directory, made or found, with the run's directory above it, both checked."""
+    d = Path(directory)
+    make_private(d.parent)
+    make_private(d)
+    return d
+
+
+def prepare_dirs(envs: list[dict[str, str]]) -> list[str]:
+    """The agent's start (torch-free): make or check the snapshot directory of each worker env before any worker
+    starts; where one cannot be used its PODRUN_SNAPSHOT_DIR is dropped (those workers keep no snapshot, a restart
+    resumes from the disk checkpoint). The lines saying why, one per directory."""
+    from podrun.plan.env import PODRUN_FIELDS
+
+    name, problems = PODRUN_FIELDS["snapshot_dir"], {}
+    for env in envs:
+        d = env.get(name)
+        if not d:
+            continue
+        if d not in problems:
+            try:
+                open_dir(d)
+                problems[d] = None
+            except (SnapshotDirError, OSError) as exc:
+                problems[d] = f"podrun agent: snapshots off on this host: {_one_line(exc)}"
+        if problems[d] is not None:
+            del env[name]
+    return [p for p in problems.values() if p is not None]
+
+
+def _one_line(exc: BaseException) -> str:
+    return exc.message if isinstance(exc, PodrunError) else f"{type(exc).__name__}: {exc}"
 
 
 def _data(d: Path, k: int) -> Path:
-    return d / f"slot-{k}.pt"
+    return d / f"slot-{k}.bin"
 
 
 def _header(d: Path, k: int) -> Path:
     return d / f"slot-{k}.json"
 
 
+def _read_small(path: Path, limit: int = 1 << 16) -> bytes:
+    fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+    with os.fdopen(fd, "rb") as f:
+        return f.read(limit)
+
+
+def _listed(d: Path) -> list[tuple[int, int, dict]]:
+    """(step, slot, header) of the slots whose header names a data file of its size, newest first."""
+    out = []
+    for k in range(SLOTS):
+        try:
+            h = json.loads(_read_small(_header(d, k)))
+            st = os.lstat(_data(d, k))
+            if stat.S_ISREG(st.st_mode) and st.st_size == h["bytes"] and type(h["step"]) is int:
+                out.append((h["step"], k, h))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return sorted(out, key=lambda x: (x[0], x[1]), reverse=True)
+
+
 def held(directory: str | os.PathLike | None) -> list[tuple[int, int]]:
     """(step, slot) of this host's complete snapshots, newest first; [] without a directory."""
     if not directory:
         return []
-    d, out = Path(directory), []
-    for k in range(SLOTS):
-        try:
-            h = json.loads(_header(d, k).read_text())
-            if _data(d, k).stat().st_size == h["bytes"]:
-                out.append((int(h["step"]), k))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    return sorted(out, reverse=True)
+    return [(s, k) for s, k, _ in _listed(Path(directory))]
+
+
+def _mac(key: bytes, step: int, kind: str, size: int):
+    return hmac.new(key, f"podrun snapshot\0{step}\0{kind}\0{size}\0".encode(), hashlib.sha256)
+
+
+def _remove_tree(d: Path) -> None:
+    """Remove directory ``d`` and its files when it is this user's real directory; never through a link, never
+    another user's file (those are left, and so is the directory holding them)."""
+    try:
+        check_private(d)
+    except (SnapshotDirError, OSError):
+        return
+    try:
+        with os.scandir(d) as it:
+            for e in it:
+                st = e.stat(follow_symlinks=False)
+                if st.st_uid == os.geteuid() and not stat.S_ISDIR(st.st_mode):
+                    os.unlink(e.path)       # a link is removed itself, not what it names
+        os.rmdir(d)
+    except OSError:
+        pass
 
 
 def remove(directory: str | os.PathLike | None) -> None:
-    """Remove a host's snapshot directory, and the run's directory above it once no host's is left."""
+    """Remove a host's snapshot directory, and the run's directory above it once no host's is left (only this
+    user's real directories and files; links are not followed)."""
     if not directory:
         return
     d = Path(directory)
-    shutil.rmtree(d, ignore_errors=True)
+    _remove_tree(d)
     try:
-        d.parent.rmdir()
-    except OSError:
+        check_private(d.parent)
+        os.rmdir(d.parent)
+    except (SnapshotDirError, OSError):
         pass
 
 
@@ -94,25 +228,45 @@ _hooked = False
 
 
 def _before_step(*_args) -> None:
-    """Optimizer step pre-hook: no write may still read the weights the step is about to change."""
+    """Optimizer step pre-hook: no write may still read the weights the step is about to change (its HMAC, computed
+    from the slot's own bytes, may go on)."""
     for w in list(_writers):
-        w.wait()
+        w.copied()
+
+
+def _background() -> None:
+    """Lower the calling thread's scheduling priority (Linux: per thread), so that hashing a slot yields the cores
+    to the training's own threads."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):
+        pass
 
 
 class Writer:
     """One host's snapshot writer. ``submit`` returns at once; the copy runs on a thread that every optimizer's
-    next step waits for (a global step pre-hook). A write that fails (shared memory full) turns snapshots off
-    for this process, with one line on stderr."""
+    next step waits for (a global step pre-hook); the same thread then computes the slot's HMAC from the copy, at
+    the lowest priority, and commits the header (the next ``submit`` waits for that). A write that fails (shared memory full) turns snapshots off
+    for this process, with one line on stderr. ``key``: the run's (SNAPSHOT_KEY_NAME); the directory is made or
+    checked (open_dir): SnapshotDirError when it cannot be used, SnapshotKeyError without a key."""
 
-    def __init__(self, directory: str | os.PathLike, writes: bool = True):
+    def __init__(self, directory: str | os.PathLike, writes: bool = True, key: str | None = None):
         global _hooked
         from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+        key = os.environ.get(SNAPSHOT_KEY_NAME) if key is None else key
+        if not key:
+            raise SnapshotKeyError(f"no {SNAPSHOT_KEY_NAME} in the environment (podrun launch sets it in a run "
+                                   "that can restart): snapshots off")
+        self.key = key.encode()
         self.writes = writes               # False: this rank reads its host's snapshots, another rank writes them
-        self.dir = Path(directory)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir = open_dir(directory)
         self._thread: threading.Thread | None = None
+        self._copy_done = threading.Event()
+        self._copy_done.set()
         self.error: str | None = None
+        self._fallback_said = False
+        self._verified: tuple[int, str, bytes, str] | None = None   # (step, kind, data, HMAC) of the newest good slot
         self._last = _until(self.dir)
         newest = held(self.dir)
         self._next = (newest[0][1] + 1) % SLOTS if newest else 0
@@ -127,51 +281,137 @@ class Writer:
         if not self.writes or self.error is not None or (self._last is not None and step > self._last):
             return
         k, self._next = self._next, (self._next + 1) % SLOTS
-        _header(self.dir, k).unlink(missing_ok=True)          # the slot stops counting before it changes
+        try:
+            self._uncommit(k)                                 # the slot stops counting before it changes
+        except (SnapshotDirError, OSError) as exc:            # the directory was changed under the run
+            self.error = _one_line(exc)
+            print(f"podrun: snapshots in {self.dir} turned off: {self.error}", file=sys.stderr, flush=True)
+            self.error += " (reported)"
+            return
+        self._copy_done = threading.Event()
         self._thread = threading.Thread(target=self._write, args=(k, step, state), name="podrun-snapshot",
                                         daemon=True)
         self._thread.start()
 
-    def _write(self, k: int, step: int, state: dict[str, Any]) -> None:
-        import torch
+    def _uncommit(self, k: int) -> None:
+        check_private(self.dir)
+        _header(self.dir, k).unlink(missing_ok=True)
+        self._verified = None
+
+    def _open_data(self, k: int):
+        """The slot's data file for writing over its old bytes (tmpfs reuses the pages instead of freeing and
+        zero-filling them again), or a new one (0600); never through a link."""
+        path = _data(self.dir, k)
+        try:
+            fd = os.open(path, os.O_RDWR | _NOFOLLOW)
+        except FileNotFoundError:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            os.close(fd)
+            raise SnapshotDirError(f"snapshot slot {path} is not this user's private file; owner {_owner(st.st_uid)}")
+        return os.fdopen(fd, "r+b")
+
+    def _encode(self, state: dict[str, Any]):
+        """(kind, the bytes in order, size): the raw format, or torch.save for a state it cannot express."""
+        from podrun.runtime import rawstate
 
         try:
-            path = _data(self.dir, k)
-            # over the slot's old bytes (its header is gone): tmpfs reuses the pages instead of freeing and
-            # zero-filling them again (61 -> 48 ms for the resnet18 state here)
-            with open(path, "r+b" if path.exists() else "wb") as f:
-                torch.save(state, f)
-                size = f.tell()
-                f.truncate()
-            self._commit(k, step, size)
+            head, blobs, size = rawstate.layout(state)
+            return RAW, rawstate.pieces(head, blobs), size
+        except rawstate.Unsupported as exc:
+            import torch
+
+            if not self._fallback_said:
+                self._fallback_said = True
+                print(f"podrun: the snapshot state holds {exc}, which the raw format cannot express: written with "
+                      "torch.save and read back with torch.load(weights_only=True)", file=sys.stderr, flush=True)
+            buf = io.BytesIO()
+            torch.save(state, buf)
+            data = buf.getbuffer()
+            return TORCH, [data], data.nbytes
+
+    def _write(self, k: int, step: int, state: dict[str, Any]) -> None:
+        import mmap
+
+        try:
+            kind, pieces, size = self._encode(state)
+            mac = _mac(self.key, step, kind, size)
+            with self._open_data(k) as f:
+                for piece in pieces:
+                    f.write(piece)
+                f.truncate(size)
+                f.flush()
+                del pieces
+                self._copy_done.set()          # the state is copied: the next optimizer step may change it
+                _background()
+                flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)     # one fault for all its pages
+                with mmap.mmap(f.fileno(), size, flags=flags, prot=mmap.PROT_READ) as m:
+                    mac.update(m)
+            self._commit(k, step, size, kind, mac.hexdigest())
         except Exception as exc:  # noqa: BLE001 - any failure turns snapshots off, training goes on
             self.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self._copy_done.set()
 
-    def _commit(self, k: int, step: int, size: int) -> None:
+    def copied(self) -> None:
+        """Wait until the write in progress no longer reads the state it was given."""
+        self._copy_done.wait()
+
+    def _commit(self, k: int, step: int, size: int, kind: str, digest: str) -> None:
         tmp = self.dir / f".slot-{k}.json.tmp"
-        tmp.write_text(json.dumps({"step": step, "bytes": size}))
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps({"step": step, "bytes": size, "kind": kind, "hmac": digest}))
         os.replace(tmp, _header(self.dir, k))
 
-    def put(self, step: int, data: bytes) -> None:
-        """Hold ``data`` (a snapshot received from another rank) as update ``step``, now."""
+    def put(self, step: int, data: bytes, kind: str, digest: str) -> None:
+        """Hold ``data`` (a snapshot received from another rank, its HMAC checked) as update ``step``, now."""
         self.wait()
         if not self.writes or self.error is not None:
             return
         k, self._next = self._next, (self._next + 1) % SLOTS
-        _header(self.dir, k).unlink(missing_ok=True)
         try:
-            _data(self.dir, k).write_bytes(data)
-            self._commit(k, step, len(data))
-        except OSError as exc:
+            self._uncommit(k)
+            with self._open_data(k) as f:
+                f.write(data)
+                f.truncate(len(data))
+            self._commit(k, step, len(data), kind, digest)
+        except (OSError, SnapshotDirError) as exc:
             self.error = f"{type(exc).__name__}: {exc}"
 
-    def read(self, step: int) -> bytes | None:
-        """The bytes of this host's complete snapshot of ``step``; None when it holds none."""
+    def verified(self) -> list[int]:
+        """[step] of this host's newest complete snapshot whose HMAC matches (its bytes kept for ``read``), or [];
+        a newer slot whose HMAC does not match is refused with one line on stderr naming it and counts as absent."""
         self.wait()
-        for s, k in held(self.dir):
-            if s == step:
-                return _data(self.dir, k).read_bytes()
-        return None
+        self._verified = None
+        try:
+            check_private(self.dir)
+        except (SnapshotDirError, OSError) as exc:
+            print(f"podrun: snapshots ignored: {_one_line(exc)}", file=sys.stderr, flush=True)
+            return []
+        for step, k, h in _listed(self.dir):
+            path = _data(self.dir, k)
+            try:
+                fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+                with os.fdopen(fd, "rb") as f:
+                    data = f.read()
+            except OSError:
+                continue
+            kind, want = h.get("kind"), h.get("hmac")
+            if (kind in KINDS and isinstance(want, str) and len(data) == h["bytes"]
+                    and hmac.compare_digest(_digest(self.key, step, kind, data), want)):
+                self._verified = (step, kind, data, want)
+                return [step]
+            print(f"podrun: snapshot slot {path} (update {step}) does not match its HMAC under this run's key: "
+                  "refused, treated as absent", file=sys.stderr, flush=True)
+        return []
+
+    def read(self, step: int) -> tuple[str, bytes, str] | None:
+        """(kind, bytes, HMAC) of this host's verified snapshot of ``step`` (``verified`` found it); None otherwise."""
+        v = self._verified
+        return v[1:] if v is not None and v[0] == step else None
 
     def wait(self) -> None:
         t = self._thread
@@ -179,14 +419,32 @@ class Writer:
             t.join()
             self._thread = None
             if self.error is not None:
-                import sys
-
                 print(f"podrun: snapshots in {self.dir} turned off: {self.error}", file=sys.stderr, flush=True)
                 self.error = self.error + " (reported)"
 
     def close(self) -> None:
         self.wait()
         _writers.discard(self)
+
+
+def _digest(key: bytes, step: int, kind: str, data) -> str:
+    mac = _mac(key, step, kind, len(data))
+    mac.update(data)
+    return mac.hexdigest()
+
+
+def open_writer(directory: str | os.PathLike | None, writes: bool) -> "Writer | None":
+    """This host's writer for a worker, or None (no directory: none kept; no key or a directory podrun will not
+    use: one line on stderr, snapshots off, a restart resumes from the disk checkpoint)."""
+    if not directory:
+        return None
+    try:
+        return Writer(directory, writes=writes)
+    except (SnapshotDirError, SnapshotKeyError) as exc:
+        print(f"podrun: snapshots off: {_one_line(exc)}", file=sys.stderr, flush=True)
+    except OSError as exc:
+        print(f"podrun: snapshots off: {directory}: {exc.strerror or exc}", file=sys.stderr, flush=True)
+    return None
 
 
 @dataclass(frozen=True)
@@ -208,9 +466,7 @@ def recover(writer: Writer | None, newer_than: int, restart_count: int = 0) -> R
     import torch
     import torch.distributed as dist
 
-    if writer is not None:
-        writer.wait()                # a write still running counts once it is complete
-    mine = [s for s, _ in held(writer.dir)] if writer is not None else []
+    mine = writer.verified() if writer is not None else []   # waits for a write still running
     mine = (mine + [-1] * SLOTS)[:SLOTS]
     on = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
     rank = dist.get_rank() if on else 0
@@ -236,11 +492,12 @@ def recover(writer: Writer | None, newer_than: int, restart_count: int = 0) -> R
         import time
 
         time.sleep(float(hold))
-    data = writer.read(newest) if rank in holders else None
+    kind, data, digest = writer.read(newest) if rank in holders else (None, None, None)
     if on and lacking:
-        if rank == src:
-            size = torch.tensor([len(data)], dtype=torch.int64, device=dev)
-            payload = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(dev)
+        if rank == src:        # the slot's bytes, after its kind and HMAC (the receiver checks it with its key)
+            head = bytes([KINDS.index(kind)]) + bytes.fromhex(digest)
+            payload = torch.frombuffer(bytearray(head + data), dtype=torch.uint8).to(dev)
+            size = torch.tensor([payload.numel()], dtype=torch.int64, device=dev)
             for r in lacking:
                 dist.send(size, dst=r)
                 dist.send(payload, dst=r)
@@ -249,11 +506,31 @@ def recover(writer: Writer | None, newer_than: int, restart_count: int = 0) -> R
             dist.recv(size, src=src)
             payload = torch.empty(int(size.item()), dtype=torch.uint8, device=dev)
             dist.recv(payload, src=src)
-            data = payload.cpu().numpy().tobytes()
+            got = payload.cpu().numpy().tobytes()
+            kind, digest, data = KINDS[got[0]], got[1:33].hex(), got[33:]
+            key = writer.key if writer is not None else os.environ.get(SNAPSHOT_KEY_NAME, "").encode()
+            if not hmac.compare_digest(_digest(key, newest, kind, data), digest):
+                raise SnapshotError(f"the snapshot of update {newest} received from rank {src} does not match "
+                                       "its HMAC under this run's key")
             if writer is not None:
-                writer.put(newest, data)   # a second failure before the next update finds it here too
-    state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
-    return Recovered(newest, state, src, lacking)
+                writer.put(newest, data, kind, digest)   # a second failure before the next update finds it here too
+    return Recovered(newest, _load(kind, data, f"the snapshot of update {newest} (rank {src})"), src, lacking)
+
+
+def _load(kind: str, data: bytes, what: str) -> dict[str, Any]:
+    """A slot's state, without unpickling anything but what torch.load(weights_only=True) allows."""
+    import torch
+
+    from podrun.runtime import rawstate
+
+    if kind == RAW:
+        return rawstate.load(data)
+    try:
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:   # noqa: BLE001 - weights_only refuses a type: say which, on every rank alike
+        raise SnapshotError(f"{what} holds what torch.load(weights_only=True) refuses: {exc}".splitlines()[0],
+                               hint="keep tensors, numbers, strings, None and lists, tuples and dicts of them in "
+                                    "the state given to podrun.runtime.elastic.snapshot") from None
 
 
 def freeze(module) -> dict[str, Any]:

@@ -71,12 +71,13 @@ def agree_on_checkpoint(s: Session, found: tuple[Path, dict] | None) -> None:
 
 def snapshot_writer(s: Session):
     """This host's snapshot writer (podrun.runtime.snapshot), or None: no PODRUN_SNAPSHOT_DIR, --no-snapshots,
-    or FSDP (each rank holds a shard; a full state dict per update would be a collective)."""
+    or FSDP (each rank holds a shard; a full state dict per update would be a collective); also None, said in one
+    line, without the run's key or where the directory is not this user's private one."""
     if not s.info.snapshot_dir or not s.cfg.snapshots or s.use_fsdp:
         return None
-    from podrun.runtime.snapshot import Writer
+    from podrun.runtime.snapshot import open_writer
 
-    return Writer(s.info.snapshot_dir, writes=s.info.local_rank == 0)    # one writer per host
+    return open_writer(s.info.snapshot_dir, writes=s.info.local_rank == 0)    # one writer per host
 
 
 def restore(s: Session, writer=None) -> tuple[int, dict[str, float], dict[str, Any] | None]:

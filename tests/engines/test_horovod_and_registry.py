@@ -106,12 +106,12 @@ def test_engine_views_come_from_the_env_contract(tmp_path):
     and every rank of the run agrees on it."""
     from podrun.launch.engines.horovod import horovod_env
     from podrun.launch.run import build_request
-    from podrun.plan.env import RUN_WIDE_NAMES
+    from podrun.plan.env import RUN_WIDE_NAMES, SNAPSHOT_KEY_NAME
 
     req = build_request(local_plan(2), ["true"], transport="local", runs_dir=str(tmp_path / "runs"), run_id="v1",
                         env=(("EXTRA", "1"),), max_restarts=3)
     env = horovod_env(req)
-    assert set(env) == set(RUN_WIDE_NAMES) | {"EXTRA"}
+    assert set(env) == set(RUN_WIDE_NAMES) | {"EXTRA", SNAPSHOT_KEY_NAME}      # the run's key: an --env pair
     workers = req.worker_envs(0)
     for name in RUN_WIDE_NAMES:
         if name != "MASTER_PORT":          # rank 0's differs behind the store relay

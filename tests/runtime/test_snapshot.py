@@ -2,18 +2,20 @@
 for the background write, buffers copied at the call, the directory in the env contract and its removal."""
 from __future__ import annotations
 
+import os
 import uuid
 from pathlib import Path
 
 import pytest
 import torch
 
-from podrun.plan.env import PODRUN_FIELDS
+from podrun.plan.env import PODRUN_FIELDS, SNAPSHOT_KEY_NAME
 from podrun.runtime import snapshot
 
 
 @pytest.fixture
-def host_dir():
+def host_dir(monkeypatch):
+    monkeypatch.setenv(SNAPSHOT_KEY_NAME, uuid.uuid4().hex)
     d = Path("/dev/shm") / f"podrun-test-{uuid.uuid4().hex[:12]}" / "h1"
     yield d
     snapshot.remove(d)
@@ -25,7 +27,7 @@ def test_a_slot_counts_only_with_its_header_and_the_size_it_names(host_dir):
         w.submit(step, {"x": torch.full((1000,), float(step))})
     w.close()
     assert snapshot.held(host_dir) == [(3, 0), (2, 1)]       # two slots: the last two updates
-    (host_dir / "slot-0.pt").write_bytes(b"torn")             # a data file cut short: that slot no longer counts
+    (host_dir / "slot-0.bin").write_bytes(b"torn")             # a data file cut short: that slot no longer counts
     assert snapshot.held(host_dir) == [(2, 1)]
     (host_dir / "slot-1.json").unlink()                       # no header: not complete
     assert snapshot.held(host_dir) == []
@@ -44,17 +46,17 @@ def test_recover_single_process_returns_the_newest_state_newer_than_the_checkpoi
     w.close()
 
 
-class _SlowToPickle:
-    """Pickled in 0.5 s: the write is still running when the next optimizer step starts."""
+def test_the_next_optimizer_step_waits_for_the_write_and_buffers_are_copied_at_the_call(host_dir, monkeypatch):
+    from podrun.runtime import rawstate
 
-    def __reduce__(self):
+    laid_out = rawstate.layout
+
+    def slow_layout(state):      # 0.5 s: the write is still running when the next optimizer step starts
         import time
 
         time.sleep(0.5)
-        return (str, ("slow",))
-
-
-def test_the_next_optimizer_step_waits_for_the_write_and_buffers_are_copied_at_the_call(host_dir):
+        return laid_out(state)
+    monkeypatch.setattr(rawstate, "layout", slow_layout)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.BatchNorm1d(1024))
     opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
@@ -64,7 +66,7 @@ def test_the_next_optimizer_step_waits_for_the_write_and_buffers_are_copied_at_t
         opt.step()
         opt.zero_grad()
     want = {k: v.clone() for k, v in model.state_dict().items()}
-    w.submit(2, {"slow": _SlowToPickle(), "model": snapshot.freeze(model), "opt": opt.state_dict()})
+    w.submit(2, {"model": snapshot.freeze(model), "opt": opt.state_dict()})
     model(torch.randn(16, 1024)).square().sum().backward()     # a forward changes BatchNorm's running stats
     opt.step()                                                # and this step the weights: after the write
     w.close()
@@ -94,11 +96,16 @@ def test_the_env_contract_names_a_directory_per_run_and_host_when_a_restart_can_
 
     plan = make_plan(load_cluster("local").with_hosts(("a", "b"), 1), None, Overrides(global_batch=8))
 
-    def envs(max_restarts):
+    def envs(max_restarts, key="k1"):
         return [worker_env(plan, i, 0, run_id="r1", run_dir="/x", plan_path="/x/plan.json", master_addr="a",
-                           master_port=1, max_restarts=max_restarts) for i in (0, 1)]
-    assert [e[PODRUN_FIELDS["snapshot_dir"]] for e in envs(1)] == ["/dev/shm/podrun-r1/a", "/dev/shm/podrun-r1/b"]
+                           master_port=1, max_restarts=max_restarts, snapshot_key=key) for i in (0, 1)]
+    got = [e[PODRUN_FIELDS["snapshot_dir"]] for e in envs(1)]
+    run_dir = os.path.dirname(got[0])
+    assert got == [f"{run_dir}/a", f"{run_dir}/b"] and run_dir.startswith("/dev/shm/podrun-r1-")
+    assert len(os.path.basename(run_dir)) == len("podrun-r1-") + 32          # the key's tag: 128 bits
+    assert os.path.dirname(envs(1, "k2")[0][PODRUN_FIELDS["snapshot_dir"]]) != run_dir   # another key, elsewhere
     assert all(PODRUN_FIELDS["snapshot_dir"] not in e for e in envs(0))
+    assert all(PODRUN_FIELDS["snapshot_dir"] not in e for e in envs(1, None))   # no key: no snapshots
 
 
 @pytest.mark.parametrize("code,ended,restart,most,removed", [

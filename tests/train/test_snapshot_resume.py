@@ -17,6 +17,7 @@ from tests.ports import free_port
 from tests.train.train_procs import WORKER, wait_all, wait_for_step, worker_env
 
 STEPS, GLOBAL = 30, 24
+KEY = uuid.uuid4().hex      # the run's snapshot key (podrun launch makes one per run)
 
 
 def _opts(run_dir, **kw):
@@ -37,7 +38,7 @@ def _start(dirs: list[Path | None], opts: dict, restart: int = 0) -> list[subpro
         extra = {"PODRUN_RESTART_COUNT": str(restart), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
                  "GROUP_RANK": str(r)}
         if d is not None:
-            extra["PODRUN_SNAPSHOT_DIR"] = str(d)
+            extra.update(PODRUN_SNAPSHOT_DIR=str(d), PODRUN_SNAPSHOT_KEY=KEY)
         procs.append(subprocess.Popen([sys.executable, str(WORKER), json.dumps(opts)],
                                       env=worker_env(r, len(dirs), port, extra),
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
