@@ -269,6 +269,10 @@ def _print_dry_run(record: dict) -> None:
               "every worker gets that port (--master-port N fixes one)")
     for c in record["commands"]:
         print(f"\n# host {c['host']}: runs\n{c['command']}")
+    if record["agent_env"]:
+        print(f"\n# every agent's --env (on top of the host's; its workers inherit it), through {record['agent_env_route']}")
+        for k, v in record["agent_env"].items():
+            print(f"{k}={v}")
     for inst in record["instances"]:
         for lr, env in enumerate(inst["workers"]):
             print(f"\n# instance {inst['index']} on {inst['host']}, worker {lr}: env (on top of the host's)")
