@@ -216,3 +216,22 @@ def assert_env_off_argv(watch: ArgvWatch, secrets: dict[str, str], saw: list[dic
     keys = {got.get(SNAPSHOT_KEY) for got in saw} - {None}
     leaked = watch.holding([*secrets.values(), *keys])
     assert watch.scans > 10 and not leaked, "\n".join(leaked)
+
+
+def run_and_watch(args: list[str], secrets: dict[str, str], dump: Path, workers: int, cwd=None) -> None:
+    """Run `podrun launch ARGS --env NAME... -- env_until.py`, the values only in podrun's environment; while every
+    worker waits, with the whole run up, assert what assert_env_off_argv says; then let the workers end."""
+    env_args = [a for name in secrets for a in ("--env", name)]
+    watch = ArgvWatch().start()
+    p = subprocess.Popen([*PODRUN, "launch", *args, *env_args, "--", sys.executable, ENV_UNTIL, str(dump),
+                          *secrets, SNAPSHOT_KEY], env={**os.environ, **secrets}, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, cwd=cwd)
+    try:
+        saw = worker_saw(dump, workers, 90, p)
+        watch.scan()
+    finally:
+        (dump / "go").touch()
+        out, err = p.communicate(timeout=90)
+        watch.stop()
+    assert p.returncode == 0, out + err
+    assert_env_off_argv(watch, secrets, saw)

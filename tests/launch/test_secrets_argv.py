@@ -3,15 +3,10 @@ sshd hosts in network namespaces) no process on the machine has an --env value i
 has it in its environment. mpirun and srun: tests/engines/test_mpirun.py, tests/slurm/test_submit_slurm.py."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 
 from tests.harness.netns import default_bashrc
-from tests.launch.helpers import (ENV_UNTIL, PODRUN, SNAPSHOT_KEY, ArgvWatch, assert_env_off_argv, secret_values,
-                                  worker_saw)
+from tests.launch.helpers import run_and_watch, secret_values
 from tests.ports import free_port
 
 # a login script that takes a moment (as pyenv's init does): the host's `bash -c '<shell line>'` stays in the
@@ -19,31 +14,12 @@ from tests.ports import free_port
 SLOW_LOGIN = "sleep 0.5\n"
 
 
-def _run_and_watch(args: list[str], secrets: dict[str, str], dump, workers: int) -> None:
-    """Run `podrun launch ARGS --env NAME... -- env_until.py`, the values only in podrun's environment; while every
-    worker waits, with the whole run up, assert what assert_env_off_argv says; then let the workers end."""
-    env_args = [a for name in secrets for a in ("--env", name)]
-    watch = ArgvWatch().start()
-    p = subprocess.Popen([*PODRUN, "launch", *args, *env_args, "--", sys.executable, ENV_UNTIL, str(dump),
-                          *secrets, SNAPSHOT_KEY], env={**os.environ, **secrets}, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    try:
-        saw = worker_saw(dump, workers, 90, p)
-        watch.scan()
-    finally:
-        (dump / "go").touch()
-        out, err = p.communicate(timeout=90)
-        watch.stop()
-    assert p.returncode == 0, err
-    assert_env_off_argv(watch, secrets, saw)
-
-
 @pytest.mark.timeout(150)
 def test_env_values_are_on_no_command_line_local(tmp_path):
     """Local: 2 workers under one agent get --env NAME (podrun's own value) in their environment; no argv holds it."""
     dump = tmp_path / "dump"
     dump.mkdir()
-    _run_and_watch(["--devices-per-host", "2", "--runs-dir", str(tmp_path / "runs"), "--master-port",
+    run_and_watch(["--devices-per-host", "2", "--runs-dir", str(tmp_path / "runs"), "--master-port",
                     str(free_port())], secret_values(), dump, 2)
 
 
@@ -56,7 +32,7 @@ def test_env_values_are_on_no_command_line_over_ssh(make_ssh_hosts, tmp_path, cl
     hosts = make_ssh_hosts(2, bashrc=default_bashrc() + SLOW_LOGIN)
     dump = tmp_path / "dump"
     dump.mkdir()
-    _run_and_watch(["--hosts", ",".join(hosts.hosts), "--devices-per-host", "1", "--transport", "ssh",
+    run_and_watch(["--hosts", ",".join(hosts.hosts), "--devices-per-host", "1", "--transport", "ssh",
                     "--ssh-config", str(hosts.ssh_config_path), "--ssh-client", client, "--python", hosts.python,
                     "--runs-dir", str(tmp_path / "runs"), "--master-port", str(free_port())],
                    secret_values(), dump, 2)
