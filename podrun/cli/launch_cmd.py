@@ -270,7 +270,8 @@ def _print_dry_run(record: dict) -> None:
     for c in record["commands"]:
         print(f"\n# host {c['host']}: runs\n{c['command']}")
     if record["agent_env"]:
-        print(f"\n# every agent's --env (on top of the host's; its workers inherit it), through {record['agent_env_route']}")
+        print("\n# every agent's --env (on top of the host's; its workers inherit it), through "
+              + record["agent_env_route"])
         for k, v in record["agent_env"].items():
             print(f"{k}={v}")
     for inst in record["instances"]:

@@ -136,8 +136,8 @@ def request_from_plan(
 ) -> JobRequest:
     """The JobRequest for a plan: nodes = the plan's hosts, devices per node = its devices per host,
     and a body that runs `PYTHON -m podrun launch` with the same plan (with ``--ssh-config`` when
-    given, and ``--env NAME`` for each of ``env`` unless the transport is srun: the script exports the value). Validated (JobScriptError
-    on bad values)."""
+    given, and ``--env NAME`` for each of ``env`` unless the transport is srun: the script exports the value).
+    Validated (JobScriptError on bad values)."""
     check_scheduler(scheduler)
     env_items = tuple(env.items()) if isinstance(env, Mapping) else tuple(env)
     transport = transport or DEFAULT_TRANSPORT[scheduler]

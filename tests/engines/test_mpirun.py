@@ -111,7 +111,8 @@ def test_mpirun_transport_keeps_env_values_off_every_command_line(ssh_hosts, tmp
                   secret_values(), dump, 2, cwd=tmp_path)
     (run_dir,) = (tmp_path / "runs").iterdir()
     command = (run_dir / "command").read_text()
-    assert "-x HF_TOKEN -x PODRUN_TEST_PLAIN" in command and "--env HF_TOKEN PODRUN_TEST_PLAIN: through mpirun" in command
+    assert "-x HF_TOKEN -x PODRUN_TEST_PLAIN" in command
+    assert "--env HF_TOKEN PODRUN_TEST_PLAIN: through mpirun" in command
 
 
 @pytest.mark.timeout(150)
