@@ -142,7 +142,9 @@ TORCHRUN_OPTION_NAMES = ("nproc_per_node", "nnodes", "standalone", "rdzv_endpoin
                    "started by the first attempt, that has torch imported and forks later attempts' workers, so a "
                    "restart skips the interpreter start and torch import (docs/elastic.md).")
 @click.option("--json", "as_json", is_flag=True, help="Print a summary JSON on stdout at the end (output goes to stderr).")
-@click.option("--env", "env_items", multiple=True, metavar="NAME=VALUE", help="Set a variable for every worker (repeatable).")
+@click.option("--env", "env_items", multiple=True, metavar="NAME[=VALUE]",
+              help="Set a variable for every worker (repeatable); NAME alone passes podrun's own value. Values never "
+                   "go on a command line (the agents get them over stdin or the launcher's environment).")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir, master_addr, master_port,
