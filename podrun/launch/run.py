@@ -119,8 +119,8 @@ def _preflight_failed(req: LaunchRequest, problems, notice,
 def dry_run_record(request: LaunchRequest) -> dict:
     """What --dry-run prints: per host, the exact command line (it holds no --env value), the --env every agent
     gets and how, and the variables each worker gets, with secrets redacted as in the run directory
-    (podrun.launch.request.redact). ``master_port`` 0 means the
-    port is picked on this machine when the run starts (``hold_port``), and every worker gets that one."""
+    (podrun.launch.request.redact). ``master_port`` 0 means the port is picked on this machine when the run
+    starts (``hold_port``), and every worker gets that one."""
     request = choose_master(get_transport(request.transport), request, ask_hosts=False)
     transport = get_transport(request.transport)(request)
     try:

@@ -136,7 +136,7 @@ class Transport(ABC):
             return "the first message on each agent's stdin (--env-stdin), never on a command line"
         if self.merged:
             return (f"{self.name}'s own environment, passed on to every agent; its command line carries the "
-                    "names only")
+                    "names at most")
         return "the agent's environment, set by the controller that starts it; never on a command line"
 
     def holds(self) -> bool:
