@@ -96,8 +96,10 @@ def torchrun_options(f):
                       "(--python -m MODULE ARGS), as torchrun's -m."),
          click.option("--no-python", "--no_python", "no_python", is_flag=True,
                       help="Run the target as a command, not with --python (as torchrun's --no-python)."),
-         click.option("--env", "env_items", multiple=True, metavar="NAME=VALUE",
-                      help="Set a variable for every worker (repeatable)."))
+         click.option("--env", "env_items", multiple=True, metavar="NAME[=VALUE]",
+                      help="Set a variable for every worker (repeatable); NAME alone passes podrun's own value. "
+                           "Values never go on a command line (the agents get them over stdin or the launcher's "
+                           "environment)."))
 @section(TORCHRUN, torchrun_options)
 @section(RESTARTS,
          click.option("--max-restarts", "--max_restarts", "max_restarts", type=t.RESTARTS, default=None,
@@ -298,6 +300,11 @@ def _print_dry_run(record: dict) -> None:
               "every worker gets that port (--master-port N fixes one)")
     for c in record["commands"]:
         print(f"\n# host {c['host']}: runs\n{c['command']}")
+    if record["agent_env"]:
+        print("\n# every agent's --env (on top of the host's; its workers inherit it), through "
+              + record["agent_env_route"])
+        for k, v in record["agent_env"].items():
+            print(f"{k}={v}")
     for inst in record["instances"]:
         for lr, env in enumerate(inst["workers"]):
             print(f"\n# instance {inst['index']} on {inst['host']}, worker {lr}: env (on top of the host's)")

@@ -24,6 +24,9 @@ records the agent relays as ``prog`` lines, and podrun's sitecustomize first on 
 file, checked each second) makes the agent signal those processes and relay their stacks as ``stack``
 lines, while the workers go on. With --agent-store, the agent of global rank 0 holds --master-port from its start
 and serves the run's TCPStore on it (podrun.host.store).
+With --env-stdin the agent first reads the run's --env from its stdin (podrun.wire.envchannel: one framed
+message, before any other byte the controller writes) and sets it on its own environment, which its workers
+inherit, as they would inherit values put before the agent on a command line.
 """
 from __future__ import annotations
 
@@ -639,8 +642,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warm", action="store_true",
                     help="fork workers from this host's zygote when it runs (podrun.host.zygote); start it when "
                          "it does not and --restart-count is below --max-restarts")
+    ap.add_argument("--env-stdin", action="store_true",
+                    help="read the run's --env first from stdin (podrun.wire.envchannel) and set it for the workers")
     ap.add_argument("command", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
+    if args.env_stdin:
+        from podrun.wire.envchannel import EnvMessageError, read as read_env
+
+        try:
+            os.environ.update(read_env(0, FIRST_HEARTBEAT_S))
+        except (EnvMessageError, OSError) as exc:
+            raise SystemExit(f"podrun agent: --env-stdin: {exc}") from None
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         ap.error("no command given after --")

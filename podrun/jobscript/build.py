@@ -136,8 +136,8 @@ def request_from_plan(
 ) -> JobRequest:
     """The JobRequest for a plan: nodes = the plan's hosts, devices per node = its devices per host,
     and a body that runs `PYTHON -m podrun launch` with the same plan (with ``--ssh-config`` when
-    given, and ``--env`` for each of ``env`` unless the transport is srun). Validated (JobScriptError
-    on bad values)."""
+    given, and ``--env NAME`` for each of ``env`` unless the transport is srun: the script exports the value).
+    Validated (JobScriptError on bad values)."""
     check_scheduler(scheduler)
     env_items = tuple(env.items()) if isinstance(env, Mapping) else tuple(env)
     transport = transport or DEFAULT_TRANSPORT[scheduler]
@@ -147,9 +147,10 @@ def request_from_plan(
     if transport != "srun":
         # the script's exports reach the job's first host only; ssh and mpirun start the other
         # hosts' workers from a fresh environment, so podrun launch carries them there (srun
-        # propagates the job's environment itself)
-        for k, v in env_items:
-            extra += ["--env", f"{k}={v}"]
+        # propagates the job's environment itself). By name only: podrun launch takes each value from
+        # its environment (the export above it), so no value is on its command line while the job runs
+        for k, _ in env_items:
+            extra += ["--env", k]
     launch_options = [*extra, *launch_options]
     req = JobRequest(
         scheduler=scheduler,

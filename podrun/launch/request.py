@@ -2,7 +2,9 @@
 
 What --dry-run prints is produced from this object by the same functions that the transports use
 to run it: ``shell_command(i)`` is the exact command line each host runs, ``worker_envs(i)`` the
-exact variables the agent sets for each worker on top of the host's environment.
+exact variables the agent sets for each worker on top of the host's environment. ``env`` (--env) is never
+part of a command line: it reaches the agents over their stdin (``--env-stdin``, podrun.wire.envchannel) or
+in their launcher's environment (only the names on its command line).
 """
 from __future__ import annotations
 
@@ -69,7 +71,7 @@ class LaunchRequest:
     keepalive: float = HEARTBEAT_S * HEARTBEAT_MISSES   # seconds of silence after which a host is lost, both ways
     restart_count: int = 0
     max_restarts: int = 0
-    env: tuple[tuple[str, str], ...] = ()   # --env NAME=VALUE, set for the agent and its workers
+    env: tuple[tuple[str, str], ...] = ()   # --env NAME=VALUE, set for the agent and its workers (never on argv)
     instances: tuple[InstanceLaunch, ...] = ()
     ssh: SSHOptions = field(default_factory=SSHOptions)
     mpi_args: tuple[str, ...] = ()      # --mpi-args: passed through to mpirun (transport mpirun, engine horovod)
@@ -99,10 +101,11 @@ class LaunchRequest:
         return self.instances[index]
 
     def agent_argv(self, index: int | None, *, stdin_watch: bool = True, hold: bool = False,
-                   per_worker: bool = False) -> list[str]:
+                   per_worker: bool = False, env_stdin: bool = False) -> list[str]:
         """The agent command line; index None means --index-from-env (mpirun/srun ranks), or with
         ``per_worker`` --rank-from-env (each launcher rank is one worker); ``hold``: the agent reports
-        its preflight facts and starts workers only on a go from the controller."""
+        its preflight facts and starts workers only on a go from the controller; ``env_stdin``: the
+        transport writes ``env_message()`` first on the agent's stdin (--env-stdin, when there is an env)."""
         argv = [self.python, "-m", AGENT_MODULE,
                 "--plan", self.plan_path, "--run-id", self.run_id, "--run-dir", self.run_dir,
                 "--master-addr", self.master_addr, "--master-port", str(self.master_port),
@@ -118,6 +121,7 @@ class LaunchRequest:
         argv += ["--warm"] if self.warm and index is not None else []
         argv += ["--hold"] if hold else []
         argv += ["--needs", ",".join(self.needs)] if hold and self.needs else []
+        argv += ["--env-stdin"] if env_stdin and self.env else []
         return argv + ["--", *self.command]
 
     def rendezvous_ports(self) -> tuple[int, ...]:
@@ -129,21 +133,27 @@ class LaunchRequest:
         """The controller's file descriptors that the agent of instance ``index`` inherits (see ``listen_fd``)."""
         return (self.listen_fd,) if self.listen_fd is not None and index == 0 else ()
 
-    def env_prefix(self) -> list[str]:
-        """``env NAME=VALUE ...`` for the user's --env (empty when there is none)."""
-        return ["env", *(f"{k}={v}" for k, v in self.env)] if self.env else []
+    def env_names(self) -> list[str]:
+        """The names of --env, in order (what a launcher's command line may carry: ``-x NAME``)."""
+        return [k for k, _ in self.env]
+
+    def env_message(self) -> bytes:
+        """What the controller writes first on the stdin of an agent started with ``--env-stdin``."""
+        from podrun.wire.envchannel import encode
+
+        return encode(self.env)
 
     def shell_command(self, index: int | None, *, stdin_watch: bool = True, redact: bool = False,
-                      hold: bool = False, per_worker: bool = False) -> str:
-        """The exact shell line a host runs: cd to the workdir, then exec the agent (quoted with shlex)."""
-        env = self.env_prefix()
-        argv = self.agent_argv(index, stdin_watch=stdin_watch, hold=hold, per_worker=per_worker)
+                      hold: bool = False, per_worker: bool = False, env_stdin: bool = False) -> str:
+        """The exact shell line a host runs: cd to the workdir, then exec the agent (quoted with shlex).
+        It holds no --env value: ``env_stdin`` adds --env-stdin (the values follow on the agent's stdin);
+        without it they come in the environment of whatever runs the line (mpirun, srun, poprun)."""
+        argv = self.agent_argv(index, stdin_watch=stdin_watch, hold=hold, per_worker=per_worker,
+                               env_stdin=env_stdin)
         if redact:
-            env = [redact_assignment(a) for a in env]
             cut = len(argv) - len(self.command)
             argv = argv[:cut] + redact_argv(argv[cut:])
-        words = env + argv
-        return f"cd {shlex.quote(self.workdir)} || exit {NO_WORKDIR}; exec " + " ".join(shlex.quote(w) for w in words)
+        return f"cd {shlex.quote(self.workdir)} || exit {NO_WORKDIR}; exec " + " ".join(shlex.quote(w) for w in argv)
 
     def worker_envs(self, index: int) -> list[dict[str, str]]:
         """The variables the agent of instance ``index`` sets for each of its workers
@@ -220,15 +230,26 @@ def redact_argv(argv) -> list[str]:
     return out
 
 
-def parse_env_options(items: tuple[str, ...] | list[str]) -> tuple[tuple[str, str], ...]:
-    """--env NAME=VALUE items -> pairs; a malformed one is a LaunchError naming it."""
+def parse_env_options(items: tuple[str, ...] | list[str], environ=None) -> tuple[tuple[str, str], ...]:
+    """--env NAME=VALUE items -> pairs; a bare ``--env NAME`` takes NAME's value from ``environ`` (podrun's own
+    environment), so that a secret need not be typed on podrun's command line. A malformed item, or a bare
+    name that is not set, is a LaunchError naming it."""
+    import os
+
     from podrun.errors import LaunchError
 
+    environ = os.environ if environ is None else environ
     out = []
     for item in items:
         name, sep, value = item.partition("=")
-        if not sep or not ENV_NAME_RE.match(name):
-            raise LaunchError(f"--env {item!r} is not NAME=VALUE",
-                              hint="write e.g. --env NCCL_DEBUG=INFO (a name of letters, digits and _)")
+        if not ENV_NAME_RE.match(name):
+            raise LaunchError(f"--env {item!r} is not NAME=VALUE nor NAME",
+                              hint="write e.g. --env NCCL_DEBUG=INFO, or --env HF_TOKEN to pass podrun's own "
+                                   "HF_TOKEN (a name of letters, digits and _)")
+        if not sep:
+            if name not in environ:
+                raise LaunchError(f"--env {name}: {name} is not set in podrun's environment",
+                                  hint=f"export {name} before podrun launch, or write --env {name}=VALUE")
+            value = environ[name]
         out.append((name, value))
     return tuple(out)

@@ -125,13 +125,15 @@ def _preflight_failed(req: LaunchRequest, problems, notice,
 
 
 def dry_run_record(request: LaunchRequest) -> dict:
-    """What --dry-run prints: per host, the exact command line and the variables each worker gets, with
-    secrets redacted as in the run directory (podrun.launch.request.redact). ``master_port`` 0 means the
-    port is picked on this machine when the run starts (``hold_port``), and every worker gets that one."""
+    """What --dry-run prints: per host, the exact command line (it holds no --env value), the --env every agent
+    gets and how, and the variables each worker gets, with secrets redacted as in the run directory
+    (podrun.launch.request.redact). ``master_port`` 0 means the port is picked on this machine when the run
+    starts (``hold_port``), and every worker gets that one."""
     request = choose_master(get_transport(request.transport), request, ask_hosts=False)
     transport = get_transport(request.transport)(request)
     try:
         described = transport.describe(redact=True)
+        route = transport.env_route()
     finally:
         transport.close()
     return {
@@ -140,6 +142,7 @@ def dry_run_record(request: LaunchRequest) -> dict:
         "master_addr_source": master_addr_source(request),
         "heartbeat": request.liveness.to_dict(),
         "commands": [{"host": h, "command": c} for h, c in described],
+        "agent_env": redact(dict(request.env)), "agent_env_route": route,
         "instances": [{"index": i.index, "host": i.host, "workers": [redact(e) for e in request.worker_envs(i.index)]}
                       for i in request.instances],
     }
@@ -259,7 +262,8 @@ def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_
                 req = nxt_req
                 continue
         try:
-            _before_start(req.run_dir, write_launch_files, req, transport.describe(redact=True))
+            _before_start(req.run_dir, write_launch_files, req, transport.describe(redact=True),
+                          transport.env_route())
         except BaseException:
             transport.close()
             raise

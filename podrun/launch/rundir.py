@@ -99,10 +99,13 @@ def env_record(request: LaunchRequest) -> dict:
     }
 
 
-def write_launch_files(request: LaunchRequest, described: list[tuple[str, str]]) -> None:
-    """command and env.json for this attempt (rewritten on each restart)."""
+def write_launch_files(request: LaunchRequest, described: list[tuple[str, str]], env_route: str = "") -> None:
+    """command and env.json for this attempt (rewritten on each restart). The command lines hold no --env
+    value; ``command`` names the --env and how it reaches the agents (``env_route``), env.json holds it redacted."""
     d = Path(request.run_dir)
     lines = [f"# podrun run {request.run_id} (transport {request.transport}, restart {request.restart_count})"]
+    if request.env:
+        lines.append(f"# --env {' '.join(request.env_names())}: through {env_route} (redacted in env.json)")
     lines += [f"# {host}\n{cmd}" for host, cmd in described]
     _write_text(d / "command", "\n".join(lines) + "\n")
     _write_json(d / "env.json", env_record(request))

@@ -112,6 +112,10 @@ class Transport(ABC):
     name: str = "?"
     #: True when start() returns one handle carrying every instance (mpirun, srun)
     merged: bool = False
+    #: True when each agent gets the run's --env as the first message on its private stdin (--env-stdin,
+    #: podrun.wire.envchannel); else the values travel in the environment of the process that starts the
+    #: agents (local: the agent's own; mpirun, srun, poprun: the launcher's, with only the names on its argv)
+    env_stdin: bool = False
 
     def __init__(self, request: "LaunchRequest"):
         self.request = request
@@ -119,10 +123,21 @@ class Transport(ABC):
     def describe(self, redact: bool = False) -> list[tuple[str, str]]:
         """(host, exact command line) per started process, for --dry-run and runs/<id>/command.
 
-        ``redact``: hide the values of secret-looking --env names (for files written to the run dir).
+        ``redact``: hide secret-looking words of the worker command (for files written to the run dir).
+        No --env value is ever part of a command line (see ``env_stdin``).
         """
-        return [(inst.host, self.request.shell_command(inst.index, redact=redact, hold=self.holds()))
+        return [(inst.host, self.request.shell_command(inst.index, redact=redact, hold=self.holds(),
+                                                       env_stdin=self.env_stdin))
                 for inst in self.request.instances]
+
+    def env_route(self) -> str:
+        """How the agents get the run's --env, in words (for --dry-run and runs/<id>/command)."""
+        if self.env_stdin:
+            return "the first message on each agent's stdin (--env-stdin), never on a command line"
+        if self.merged:
+            return (f"{self.name}'s own environment, passed on to every agent; its command line carries the "
+                    "names at most")
+        return "the agent's environment, set by the controller that starts it; never on a command line"
 
     def holds(self) -> bool:
         """Whether this run's agents start held (--hold): they are the preflight probes (ssh)."""

@@ -9,6 +9,7 @@ import pytest
 
 from podrun.launch.transports.mpirun import MpiOptions, detect_flavour, mpirun_command
 from tests.engines.conftest import ALLREDUCE, HERE, podrun, results
+from tests.launch.helpers import run_and_watch, secret_values
 
 pytestmark = [pytest.mark.cluster, pytest.mark.mpi]
 
@@ -94,6 +95,24 @@ def test_mpirun_transport_every_worker_is_an_mpi_rank(ssh_hosts, tmp_path):
     s = json.loads((run_dir / "summary.json").read_text())
     assert [i["status"] for i in s["instances"]] == ["ok", "ok"]
     assert [i["workers"] for i in s["instances"]] == [{"0": 0, "1": 0}, {"0": 0, "1": 0}]
+
+
+@pytest.mark.timeout(150)
+def test_mpirun_transport_keeps_env_values_off_every_command_line(ssh_hosts, tmp_path):
+    """2 hosts through one real mpirun: the --env values reach every rank, the remote ones too, in mpirun's
+    environment (``-x NAME`` on its command line); no argv on the machine (mpirun, its ssh to the hosts, the
+    daemons there, the ranks' shells and agents, the workers) holds one."""
+    _need_mpirun()
+    hosts = ssh_hosts.hosts[:2]
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    run_and_watch(["--transport", "mpirun", "--hosts", ",".join(hosts), "--devices-per-host", "1",
+                   "--ssh-config", str(ssh_hosts.ssh_config_path), "--runs-dir", str(tmp_path / "runs")],
+                  secret_values(), dump, 2, cwd=tmp_path)
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    command = (run_dir / "command").read_text()
+    assert "-x HF_TOKEN -x PODRUN_TEST_PLAIN" in command
+    assert "--env HF_TOKEN PODRUN_TEST_PLAIN: through mpirun" in command
 
 
 @pytest.mark.timeout(150)

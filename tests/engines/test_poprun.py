@@ -110,6 +110,20 @@ def test_fake_poprun_dry_run_describes_the_poprun_line(tmp_path, fake_poprun_pat
     assert t.preflight() == []
 
 
+def test_fake_poprun_line_names_the_env_and_holds_no_value(tmp_path, fake_poprun_path):
+    """--env with the FAKE poprun: its line exports the names to every instance (-x NAME in --mpi-local-args) and
+    holds no value; the values are in poprun's environment, and every instance's agent has them."""
+    code = "import os; print('GOT', os.environ['MY_PLAIN'])"
+    req = make_request(ipu_plan(64), tmp_path, [sys.executable, "-c", code], env=(("MY_PLAIN", "S3CRET-plain-value"),))
+    t = PoprunTransport(req, PoprunOptions(mpi_local_args="-x LD_LIBRARY_PATH"))
+    ((_, line),) = t.describe()
+    assert "'--mpi-local-args=-x LD_LIBRARY_PATH -x MY_PLAIN'" in line and "S3CRET" not in line
+    outcome, lines = run_supervised(req)
+    assert outcome.exit_code == 0, lines
+    assert "S3CRET" not in json.dumps(json.loads((tmp_path / "poprun-argv.json").read_text())["argv"])
+    assert sum(text == "GOT S3CRET-plain-value" for _, _, text in lines) == req.plan.instances, lines
+
+
 def test_fake_poprun_missing_is_a_preflight_problem(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     req = make_request(ipu_plan(16), tmp_path, ["true"])

@@ -69,6 +69,15 @@ def _cleanup_slot(slot: int) -> None:
     shutil.rmtree(BASE / f"{KIND}-{slot}", ignore_errors=True)
 
 
+def default_bashrc() -> str:
+    """The hosts' ~/.bashrc unless one is given: this session's python first on PATH, and its PYTHONPATH (a
+    checkout tested beside the installed one: the hosts import it too)."""
+    bashrc = f'export PATH="{os.path.dirname(sys.executable)}:$PATH"\n'
+    if os.environ.get("PYTHONPATH"):
+        bashrc += f"export PYTHONPATH={shlex.quote(os.environ['PYTHONPATH'])}\n"
+    return bashrc
+
+
 class NetnsHosts(FabricAccess):
     """n OpenSSH hosts in network namespaces; a context manager (``close()`` is idempotent).
 
@@ -108,11 +117,7 @@ class NetnsHosts(FabricAccess):
         if ipv6_only and (ipv6 or data_network):
             raise HarnessError("podrun test harness: ipv6_only=True takes neither ipv6=True (dual stack) nor "
                                "data_network=True (an IPv4 network)")
-        if bashrc is None:
-            bashrc = f'export PATH="{os.path.dirname(sys.executable)}:$PATH"\n'
-            if os.environ.get("PYTHONPATH"):    # a checkout tested beside the installed one: hosts import it too
-                bashrc += f"export PYTHONPATH={shlex.quote(os.environ['PYTHONPATH'])}\n"
-        self.bashrc = bashrc
+        self.bashrc = default_bashrc() if bashrc is None else bashrc
         self._init_life()
         if start:
             self.start()

@@ -190,3 +190,60 @@ def test_pmi_fd_reaches_the_worker(tmp_path):
         os.close(r)
         if w >= 0:
             os.close(w)
+
+
+def test_env_message_frames_values_that_hold_the_control_letters():
+    """The env message on a real pipe: values holding every stdin token (. S T G), a newline and non-ASCII come back
+    whole, and the controller's bytes that follow it stay in the pipe for the stdin watch."""
+    from podrun.wire.envchannel import EnvMessageError, encode, read
+
+    pairs = [("HF_TOKEN", "hf_" + "x" * 30), ("ODD", ".STG\n.é S T G"), ("EMPTY", "")]
+    r, w = os.pipe()
+    try:
+        os.write(w, encode(pairs) + b".SG")
+        assert read(r, 5.0) == pairs
+        assert os.read(r, 16) == b".SG"
+        for bad, why in [(b".", "does not start with an env message"), (b"PODRUN-ENV x\n", "is not a number"),
+                         (b"PODRUN-ENV 3\n[1]", "not a JSON list")]:
+            os.write(w, bad)
+            with pytest.raises(EnvMessageError, match=why):
+                read(r, 1.0)
+        with pytest.raises(EnvMessageError, match="no env message on stdin within"):
+            read(r, 0.2)
+    finally:
+        os.close(w)
+        os.close(r)
+
+
+def test_held_agent_reads_its_env_from_stdin_before_the_probe_and_the_go(tmp_path):
+    """--env-stdin with --hold (the ssh transports' start): the agent takes the message, reports its probe, starts
+    its worker only on G, and the worker has the values; the command line holds none of them."""
+    req = _request(tmp_path, [sys.executable, "-c", "import os; print('GOT', os.environ['HF_TOKEN'], "
+                                                    "os.environ['PODRUN_TEST_PLAIN'])"],
+                   env=(("HF_TOKEN", "hf_" + "a" * 30), ("PODRUN_TEST_PLAIN", "S3CRET-T.G")))
+    argv = req.agent_argv(0, hold=True, env_stdin=True)
+    assert "--env-stdin" in argv and not any("S3CRET" in a or "hf_a" in a for a in argv)
+    assert "S3CRET" not in req.shell_command(0, hold=True, env_stdin=True)
+    p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=False,
+                         env={k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "PODRUN_TEST_PLAIN")})
+    p.stdin.write(req.env_message() + b".")
+    p.stdin.flush()
+    lines = []
+    while not any(b" probe " in l for l in lines):
+        lines.append(p.stdout.readline())
+        assert lines[-1], lines
+    assert not any(b" start " in l for l in lines)     # held: nothing runs before the go
+    p.stdin.write(b"G.")
+    p.stdin.flush()
+    out = p.stdout.read().decode()
+    p.stdin.close()
+    assert p.wait(timeout=30) == 0, out
+    assert f"GOT {'hf_' + 'a' * 30} S3CRET-T.G" in out
+
+
+def test_agent_without_its_env_message_ends_with_a_message(tmp_path):
+    """--env-stdin and stdin closed before the message: exit with one line saying so, nothing started."""
+    req = _request(tmp_path, ["true"], env=(("A", "1"),))
+    cp = subprocess.run(req.agent_argv(0, env_stdin=True), input=b"", capture_output=True, timeout=30)
+    assert cp.returncode == 1 and b"podrun agent: --env-stdin: stdin closed before the env message" in cp.stderr
+    assert b"Traceback" not in cp.stderr and b" start " not in cp.stdout

@@ -138,3 +138,100 @@ def run_on_terminal(argv: list[str], *, env: dict | None = None, cwd=None, timeo
         if p.poll() is None:
             p.kill()
         os.close(leader)
+
+
+ENV_UNTIL = str(SCRIPTS / "env_until.py")
+SNAPSHOT_KEY = "PODRUN_SNAPSHOT_KEY"
+
+
+def secret_values() -> dict[str, str]:
+    """--env values for the secrets tests, new for each test: a Hugging Face-shaped token and a plain value."""
+    return {"HF_TOKEN": "hf_" + uuid.uuid4().hex[:30], "PODRUN_TEST_PLAIN": "S3CRET-" + uuid.uuid4().hex}
+
+
+class ArgvWatch:
+    """Reads /proc/*/cmdline of every process on this machine, again and again in a thread, from ``start()`` to
+    ``stop()``, and keeps each distinct (pid, command line) seen. The namespace hosts of tests/harness (network,
+    UTS and mount namespaces) and the Slurm nodes share this machine's PID namespace: their processes are here too,
+    the remote shells and agents as well as the ssh clients, launchers and workers."""
+
+    def __init__(self):
+        import threading
+
+        self.seen: set[tuple[int, bytes]] = set()
+        self.scans = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def scan(self) -> None:
+        me = os.getpid()
+        for d in os.listdir("/proc"):
+            if not d.isdigit() or int(d) == me:
+                continue
+            try:
+                with open(f"/proc/{d}/cmdline", "rb") as f:
+                    cmd = f.read()
+            except OSError:
+                continue
+            if cmd:
+                self.seen.add((int(d), cmd))
+        self.scans += 1
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.002):     # a pause, for the other tests' CPU
+            self.scan()
+
+    def start(self) -> "ArgvWatch":
+        self.scan()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        self.scan()
+
+    def holding(self, values) -> list[str]:
+        """The command lines seen that hold any of ``values`` (NULs shown as spaces)."""
+        vals = [v.encode() for v in values if v]
+        return sorted({f"pid {pid}: " + cmd.replace(b"\0", b" ").decode(errors="replace")
+                       for pid, cmd in self.seen if any(v in cmd for v in vals)})
+
+
+def worker_saw(dump: Path, n: int, timeout: float, proc: subprocess.Popen | None = None) -> list[dict]:
+    """The env dumps of ``n`` env_until.py workers (ranks 0..n-1), waited for (not past the end of ``proc``)."""
+    files = [dump / f"{r}.json" for r in range(n)]
+    wait_until(lambda: all(f.exists() for f in files) or (proc is not None and proc.poll() is not None), timeout)
+    if not all(f.exists() for f in files):
+        err = proc.stderr.read() if proc is not None and proc.poll() is not None else ""
+        raise AssertionError(f"the workers did not all write their env: {sorted(p.name for p in dump.iterdir())} {err}")
+    return [json.loads(f.read_text()) for f in files]
+
+
+def assert_env_off_argv(watch: ArgvWatch, secrets: dict[str, str], saw: list[dict]) -> None:
+    """Every worker saw each --env value (and the run's snapshot key, when it has one), and no command line
+    on the machine held any of them."""
+    for got in saw:
+        assert {k: got.get(k) for k in secrets} == secrets, got
+    keys = {got.get(SNAPSHOT_KEY) for got in saw} - {None}
+    leaked = watch.holding([*secrets.values(), *keys])
+    assert watch.scans > 10 and not leaked, "\n".join(leaked)
+
+
+def run_and_watch(args: list[str], secrets: dict[str, str], dump: Path, workers: int, cwd=None) -> None:
+    """Run `podrun launch ARGS --env NAME... -- env_until.py`, the values only in podrun's environment; while every
+    worker waits, with the whole run up, assert what assert_env_off_argv says; then let the workers end."""
+    env_args = [a for name in secrets for a in ("--env", name)]
+    watch = ArgvWatch().start()
+    p = subprocess.Popen([*PODRUN, "launch", *args, *env_args, "--", sys.executable, ENV_UNTIL, str(dump),
+                          *secrets, SNAPSHOT_KEY], env={**os.environ, **secrets}, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, cwd=cwd)
+    try:
+        saw = worker_saw(dump, workers, 90, p)
+        watch.scan()
+    finally:
+        (dump / "go").touch()
+        out, err = p.communicate(timeout=90)
+        watch.stop()
+    assert p.returncode == 0, out + err
+    assert_env_off_argv(watch, secrets, saw)

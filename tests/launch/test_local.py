@@ -108,15 +108,17 @@ def test_worker_ignoring_sigterm_is_killed_after_grace(tmp_path):
 
 
 def test_dry_run_prints_exactly_what_runs(tmp_path):
-    """--dry-run prints the command line each host runs and each worker's env, secrets redacted as in the
-    run directory (the real run writes the same command line to runs/<id>/command)."""
+    """--dry-run prints the command line each host runs (no --env value in it: the local agent gets the --env in
+    its environment), the --env apart, and each worker's env, secrets redacted as in the run directory (the real
+    run writes the same command line to runs/<id>/command)."""
     port = str(free_port())      # the default, 0, is picked at launch: a dry run shows 0
     cp = podrun("launch", "--devices-per-host", "2", "--dry-run", "--json", "--run-id", "dry", "--runs-dir",
                 str(tmp_path / "runs"), "--env", "MY_TOKEN=s3cret", "--master-port", port, "--", "echo", "hi there")
     assert cp.returncode == 0, cp.stderr
     rec = json.loads(cp.stdout)
     cmd = rec["commands"][0]["command"]
-    assert cmd.startswith("cd ") and "env 'MY_TOKEN=<redacted>'" in cmd and "-m podrun.host.agent" in cmd
+    assert cmd.startswith("cd ") and "MY_TOKEN" not in cmd and "-m podrun.host.agent" in cmd
+    assert "--env-stdin" not in cmd and rec["agent_env"] == {"MY_TOKEN": "<redacted>"}
     assert cmd.endswith("-- echo 'hi there'")
     assert [w["RANK"] for w in rec["instances"][0]["workers"]] == ["0", "1"]
     assert not (tmp_path / "runs").exists()          # nothing written, nothing started
@@ -124,6 +126,8 @@ def test_dry_run_prints_exactly_what_runs(tmp_path):
                   str(tmp_path / "runs"), "--env", "MY_TOKEN=s3cret", "--master-port", port, "--", "echo",
                   "hi there").stdout
     assert cmd in text and "LOCAL_RANK=1" in text and "s3cret" not in text + cp.stdout
+    assert "\n# every agent's --env (on top of the host's; its workers inherit it), through the agent's environment" \
+           in text and "\nMY_TOKEN=<redacted>\n" in text
     cp = podrun("launch", "--devices-per-host", "2", "--run-id", "dry", "--runs-dir", str(tmp_path / "runs"),
                 "--env", "MY_TOKEN=s3cret", "--master-port", port, "--", "echo", "hi there")
     assert cp.returncode == 0, cp.stderr
@@ -218,7 +222,9 @@ def test_busy_port_fails_preflight(tmp_path):
 @pytest.mark.parametrize("args,needle", [
     (["--", ], "nothing to launch"),
     (["not-a-script.py", "--x"], "script not-a-script.py does not exist in the working directory"),
-    (["--env", "BAD", "--", "true"], "--env 'BAD' is not NAME=VALUE"),
+    (["--env", "PODRUN_TEST_UNSET_NAME", "--", "true"], "--env PODRUN_TEST_UNSET_NAME: PODRUN_TEST_UNSET_NAME is "
+                                                          "not set in podrun's environment"),
+    (["--env", "1BAD=x", "--", "true"], "--env '1BAD=x' is not NAME=VALUE nor NAME"),
     (["--transport", "carrier-pigeon", "--", "true"], "carrier-pigeon"),
     (["--workdir", "/nonexistent/dir", "--", "true"], "working directory /nonexistent/dir does not exist"),
     (["--only-output-from-instance", "7", "--", "true"], "--only-output-from-instance 7"),

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.engines.conftest import ALLREDUCE, assert_allreduce_job_done, results
+from tests.launch.helpers import ENV_UNTIL, SNAPSHOT_KEY, ArgvWatch, assert_env_off_argv, secret_values, worker_saw
 from tests.launch.helpers import run_dir as only_run_dir      # these tests name their run dir run_dir
 
 pytestmark = [pytest.mark.slurm, pytest.mark.cluster]
@@ -122,6 +123,30 @@ def test_plan_larger_than_allocation_exit_2(slurm_cluster, tmp_path):
     text = out.read_text()
     assert info["ExitCode"] == "2:0", text
     assert "3 host" in text and "2" in text and "Traceback" not in text, text
+
+
+@pytest.mark.timeout(150)
+def test_srun_transport_keeps_env_values_off_every_command_line(slurm_cluster, tmp_path):
+    """Inside a 2-node allocation, `podrun launch --transport srun --env NAME` (the value in the job's environment):
+    srun carries the values to both nodes in its environment; no argv on the machine (podrun, srun, the step's
+    shells and agents on the nodes, the workers) holds one, and both workers have them."""
+    sl = slurm_cluster
+    secrets = secret_values()
+    dump, out = tmp_path / "dump", tmp_path / "job.out"
+    dump.mkdir()
+    launch = [sys.executable, "-m", "podrun", "launch", "--transport", "srun", "--nodes", "2", "--devices-per-host",
+              "1", "--runs-dir", str(tmp_path / "runs"), *(a for n in secrets for a in ("--env", n)), "--",
+              sys.executable, ENV_UNTIL, str(dump), *secrets, SNAPSHOT_KEY]
+    watch = ArgvWatch().start()
+    job = sl.sbatch(["-N2", f"--output={out}", f"--chdir={tmp_path}", "--wrap", " ".join(launch)], env=secrets)
+    try:
+        saw = worker_saw(dump, 2, 90)
+    finally:
+        (dump / "go").touch()
+        info = sl.wait_job(job, timeout=90)
+        watch.stop()
+    assert info["ExitCode"] == "0:0", out.read_text()
+    assert_env_off_argv(watch, secrets, saw)
 
 
 @pytest.mark.timeout(60)

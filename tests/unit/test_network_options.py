@@ -20,12 +20,14 @@ def test_data_interface_sets_both_socket_names_and_dry_run_says_where_master_add
     cp = run("launch", "--hosts", "n1,n2", "--devices-per-host", "1", "--data-interface", "ib0", "--dry-run",
              "--runs-dir", str(tmp_path), "--", "true")
     assert cp.returncode == 0, cp.stderr
-    assert "exec env GLOO_SOCKET_IFNAME=ib0 NCCL_SOCKET_IFNAME=ib0 " in cp.stdout
+    # set for every agent through its stdin (--env-stdin), as --env is: never on the host's command line
+    assert "\nGLOO_SOCKET_IFNAME=ib0\nNCCL_SOCKET_IFNAME=ib0\n" in cp.stdout and " --env-stdin -- true" in cp.stdout
     assert "# MASTER_ADDR n1: n1's address on ib0 (--data-interface), asked from n1 when the run starts" in cp.stdout
     cp = run("launch", "--hosts", "n1,n2", "--devices-per-host", "1", "--dry-run", "--runs-dir", str(tmp_path),
              "--", "true")
     assert "# MASTER_ADDR n1: the host of instance 0 (n1); each host resolves it" in cp.stdout
-    assert "GLOO_SOCKET_IFNAME" in cp.stdout and "exec env" not in cp.stdout    # the note only, not set
+    assert "GLOO_SOCKET_IFNAME" in cp.stdout and "--env-stdin" not in cp.stdout    # the note only, not set
+    assert "every agent's --env" not in cp.stdout
 
 
 @pytest.mark.parametrize("bad", ["a b", "eth0/1", "x" * 16, ""])
@@ -49,7 +51,7 @@ def test_cluster_spec_data_interface_is_checked_and_given_to_the_launch(tmp_path
     cp = run("launch", "--cluster", str(good), "--hosts", "n1,n2", "--devices-per-host", "1", "--dry-run",
              "--runs-dir", str(tmp_path / "runs"), "--", "true")
     assert cp.returncode == 0, cp.stderr
-    assert "GLOO_SOCKET_IFNAME=ib0 NCCL_SOCKET_IFNAME=ib0" in cp.stdout
+    assert "\nGLOO_SOCKET_IFNAME=ib0\nNCCL_SOCKET_IFNAME=ib0\n" in cp.stdout
 
 
 @pytest.mark.parametrize("opt,value", [("--hosts", "[fd00::2]:22,[fd00::3]:22"), ("--master-addr", "[fd00::2]")])

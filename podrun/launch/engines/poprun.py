@@ -148,9 +148,15 @@ class PoprunTransport(Transport):
         self.options = options or getattr(request, "poprun", None) or PoprunOptions()
 
     def argv(self, redact: bool = False) -> list[str]:
+        """poprun's argv; the --env values are in poprun's environment (``start``), their names exported to
+        every instance with ``-x NAME`` in --mpi-local-args."""
+        from dataclasses import replace
+
         from podrun.launch.transports.mpirun import agent_shell
 
-        return poprun_command(self.request.plan, agent_shell(self.request, redact), self.options)
+        names = tuple(dict.fromkeys((*self.options.export_env, *self.request.env_names())))
+        return poprun_command(self.request.plan, agent_shell(self.request, redact),
+                              replace(self.options, export_env=names))
 
     def describe(self, redact: bool = False) -> list[tuple[str, str]]:
         return [("poprun", render(self.argv(redact=redact)))]

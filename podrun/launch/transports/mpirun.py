@@ -284,7 +284,7 @@ class MpirunTransport(Transport):
         from podrun.plan.env import workers_per_instance
 
         hosts, k = hosts_and_ranks(self.request)
-        names = [k_ for k_, _ in self.request.env]
+        names = self.request.env_names()
         return mpirun_command(hosts, k * workers_per_instance(self.request.plan),
                               agent_shell(self.request, redact, per_worker=True), env_names=names,
                               options=self.options(), flavour=flavour or self._flavour)

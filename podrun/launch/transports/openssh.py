@@ -146,7 +146,7 @@ class OpenSSHTransport(HeldAgentTransport):
         s = self.settings(inst.host)
         if "error" in s:
             raise SSHConfigError(s["error"])
-        argv = self.host_argv(inst.host, self.request.shell_command(inst.index, hold=hold))
+        argv = self.host_argv(inst.host, self.request.shell_command(inst.index, hold=hold, env_stdin=True))
         if hold:
             self.handshakes.acquire()     # freed when the held agent has reported (or ended)
         # no PR_SET_PDEATHSIG: it fires when the forking thread (a pool thread) ends, not the controller. If the
@@ -160,6 +160,8 @@ class OpenSSHTransport(HeldAgentTransport):
             raise
         handle = OpenSSHHandle(inst.index, inst.host, proc)
         handle.slot_held = hold
+        if self.request.env:
+            handle._write(self.request.env_message())   # the first bytes on the agent's stdin (--env-stdin)
         return handle
 
     def _probed(self, handle) -> None:

@@ -10,7 +10,8 @@ Host keys are checked as OpenSSH checks them: against the UserKnownHostsFile(s) 
 UserKnownHostsFile, so that a changed key is refused later; a changed key is always refused.
 --no-host-key-check accepts unknown hosts and saves nothing. ProxyJump and ProxyCommand are refused
 (per host, at preflight): they need the OpenSSH client. Commands are built with
-shlex.quote only; the user's --env travels in the command line (``env NAME=VALUE``), not AcceptEnv.
+shlex.quote only; the user's --env travels as the first message on the agent's stdin (--env-stdin,
+podrun.wire.envchannel), neither in the command line nor by AcceptEnv.
 """
 from __future__ import annotations
 
@@ -79,6 +80,9 @@ class SSHHandle(HeldProbe, InstanceHandle):
 
     def go(self) -> None:
         self._out.put(b"G")
+
+    def _write(self, data: bytes) -> None:
+        self._out.put(data)
 
     def _writer(self) -> None:
         # writes happen here so a stalled link never blocks the supervisor
@@ -239,8 +243,11 @@ class SSHTransport(HeldAgentTransport):
     def _start_one(self, inst, hold: bool = False) -> SSHHandle:
         client = self._connect(inst.host)
         chan = client.get_transport().open_session(timeout=self.opts.connect_timeout)
-        chan.exec_command(self.request.shell_command(inst.index, hold=hold))
-        return SSHHandle(inst.index, inst.host, client, chan)
+        chan.exec_command(self.request.shell_command(inst.index, hold=hold, env_stdin=True))
+        handle = SSHHandle(inst.index, inst.host, client, chan)
+        if self.request.env:
+            handle._write(self.request.env_message())   # the first bytes on the agent's stdin (--env-stdin)
+        return handle
 
     def close(self) -> None:
         super().close()

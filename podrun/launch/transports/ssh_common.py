@@ -118,7 +118,10 @@ def _loopback(addr: str) -> bool:
 
 
 class HeldAgentTransport(Transport):
-    """Preflight through held agents, then start: the logic of both ssh transports."""
+    """Preflight through held agents, then start: the logic of both ssh transports. A subclass's ``_start_one``
+    starts the agent with --env-stdin (``env_stdin``) and writes ``request.env_message()`` before any other byte."""
+
+    env_stdin = True
 
     def __init__(self, request):
         super().__init__(request)

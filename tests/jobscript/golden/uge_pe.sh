@@ -10,4 +10,4 @@
 
 set -euo pipefail
 export NCCL_DEBUG=INFO
-exec /opt/venv/bin/python3 -m podrun launch --transport ssh --nodes 3 --devices-per-host 1 --instances-per-host 1 --ssh-config /home/me/.ssh/cluster --env NCCL_DEBUG=INFO -- python train.py
+exec /opt/venv/bin/python3 -m podrun launch --transport ssh --nodes 3 --devices-per-host 1 --instances-per-host 1 --ssh-config /home/me/.ssh/cluster --env NCCL_DEBUG -- python train.py
