@@ -2,6 +2,7 @@
 for the background write, buffers copied at the call, the directory in the env contract and its removal."""
 from __future__ import annotations
 
+import threading
 import uuid
 from pathlib import Path
 
@@ -44,14 +45,17 @@ def test_recover_single_process_returns_the_newest_state_newer_than_the_checkpoi
     w.close()
 
 
-class _SlowToPickle:
-    """Pickled in 0.5 s: the write is still running when the next optimizer step starts."""
+class _HeldPickle:
+    """Pickled only once the test lets it go: the write is still running when the next optimizer step starts
+    (``started`` says the write has begun, ``release`` ends it)."""
+
+    def __init__(self):
+        self.started, self.release = threading.Event(), threading.Event()
 
     def __reduce__(self):
-        import time
-
-        time.sleep(0.5)
-        return (str, ("slow",))
+        self.started.set()
+        assert self.release.wait(60), "the test never let the write go on"
+        return (str, ("held",))
 
 
 def test_the_next_optimizer_step_waits_for_the_write_and_buffers_are_copied_at_the_call(host_dir):
@@ -64,12 +68,22 @@ def test_the_next_optimizer_step_waits_for_the_write_and_buffers_are_copied_at_t
         opt.step()
         opt.zero_grad()
     want = {k: v.clone() for k, v in model.state_dict().items()}
-    w.submit(2, {"slow": _SlowToPickle(), "model": snapshot.freeze(model), "opt": opt.state_dict()})
+    held = _HeldPickle()
+    w.submit(2, {"held": held, "model": snapshot.freeze(model), "opt": opt.state_dict()})
+    assert held.started.wait(60)                              # the write is running, stopped before "model"
     model(torch.randn(16, 1024)).square().sum().backward()     # a forward changes BatchNorm's running stats
-    opt.step()                                                # and this step the weights: after the write
+    stepped = threading.Event()
+    stepper = threading.Thread(target=lambda: (opt.step(), stepped.set()))   # and this step the weights
+    stepper.start()
+    try:
+        assert not stepped.wait(0.5), "the optimizer step did not wait for the write"
+    finally:
+        held.release.set()
+        stepper.join(60)
+    assert stepped.is_set()
     w.close()
     got = snapshot.recover(w, -1)
-    assert got.step == 2
+    assert got.step == 2 and got.state["held"] == "held"
     for k, v in want.items():
         assert torch.equal(got.state["model"][k], v), k
     assert not torch.equal(got.state["model"]["0.weight"], model.state_dict()["0.weight"])
