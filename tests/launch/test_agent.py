@@ -90,7 +90,9 @@ def test_agent_heartbeats_at_the_period_it_is_given(tmp_path):
             if ev.kind == "hb":
                 stamps.append(float(ev.text))
         gaps = sorted(b - a for a, b in zip(stamps, stamps[1:]))
-        assert gaps[len(gaps) // 2] < 0.3, gaps      # the median; a period of 1 s would give ~1.0
+        # the shortest gap: a loaded machine delays some beats (longer gaps), it cannot make a 0.5 s or 1 s
+        # period give a gap under 0.3 s
+        assert gaps[0] < 0.3, gaps
     finally:
         p.stdin.close()
         p.wait(timeout=10)
