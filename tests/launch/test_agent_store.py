@@ -289,14 +289,17 @@ def test_a_second_run_on_the_same_port_is_refused_at_once_and_the_first_goes_on(
     whatever A's workers are doing; A ends normally."""
     p = free_port()
     m = marker()
+    go = tmp_path / "go"           # A's workers go on only once B has been refused
     a = podrun_popen("launch", "--devices-per-host", "2", "--master-port", str(p), "--runs-dir", str(tmp_path / "a"),
-                     "--", "sh", "-c", f"sleep 3; echo done-$RANK # {m}")
+                     "--", "sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done; echo done-$RANK # {m}")
     assert wait_until(lambda: len(local_pids(m)) >= 2, 20)
     cp = podrun("launch", "--devices-per-host", "1", "--master-port", str(p), "--runs-dir", str(tmp_path / "b"),
                 "--", "echo", "never")
     assert cp.returncode == 2 and "never" not in cp.stdout, cp.stderr
     assert f"rendezvous port {p} is in use" in cp.stderr and "Traceback" not in cp.stderr
-    oa, ea = a.communicate(timeout=30)
+    assert a.poll() is None                            # A was running all along
+    go.touch()
+    oa, ea = a.communicate(timeout=60)
     assert a.returncode == 0 and oa.count("done-") == 2, ea
 
 
