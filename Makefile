@@ -7,9 +7,10 @@ install:
 test:
 	python3 -m pytest -q
 
-# every benchmark, full size (minutes); figures go to bench/out/*.json and bench/RESULTS.md by hand
+# every benchmark, full size (minutes); the JSON goes to bench/out/ and, kept, to bench/results/ (the file a
+# table in bench/RESULTS.md names)
 bench:
-	python3 -m bench
+	python3 -m bench --keep
 
 # the same in seconds
 bench-quick:

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"      # the JSON behind bench/RESULTS.md's figures (--keep)
 sys.path.insert(0, str(HERE.parent))     # `tests.harness` for the benchmarks that need real hosts
 
 
@@ -40,6 +41,9 @@ def main(argv=None) -> int:
     ap.add_argument("names", nargs="*", help=f"benchmarks to run (default all): {', '.join(available())}")
     ap.add_argument("--quick", action="store_true", help="few repeats, small sizes (seconds; used in CI)")
     ap.add_argument("--out", default=str(HERE / "out"), help="folder for the JSON results")
+    ap.add_argument("--keep", action="store_true",
+                    help="also write the JSON to bench/results/NAME-YYYYMMDD-HHMM.json, the file a figure in "
+                         "bench/RESULTS.md names (committed; tests/unit/test_bench_results.py checks the figures)")
     args = ap.parse_args(argv)
     names = args.names or available()
     unknown = sorted(set(names) - set(available()))
@@ -64,6 +68,11 @@ def main(argv=None) -> int:
                   "machine": f"{platform.node()} {platform.machine()} {platform.python_version()}",
                   "command": "python -m bench " + ("--quick " if args.quick else "") + name, "rows": rows}
         (out / f"{name}.json").write_text(json.dumps(record, indent=2))
+        if args.keep:
+            RESULTS.mkdir(exist_ok=True)
+            kept = RESULTS / f"{name}-{time.strftime('%Y%m%d-%H%M', time.gmtime())}.json"
+            kept.write_text(json.dumps(record, indent=1) + "\n")
+            print(f"kept: {kept.relative_to(HERE.parent)}")
     return 1 if failed else 0
 
 

@@ -98,7 +98,8 @@ def test_lost_host_continues_on_3_hosts_with_the_same_global_batch_and_loss_curv
 def test_spare_takes_the_lost_hosts_place(make_ssh_hosts, tmp_path):
     hosts = make_ssh_hosts(4)
     m = marker()
-    cmd = ["sh", "-c", f'echo "up $RANK of $WORLD_SIZE"; sleep 3 # {m}']
+    # the first attempt waits until podrun ends it (the cut), the re-planned one ends at once
+    cmd = ["sh", "-c", f'echo "up $RANK of $WORLD_SIZE"; [ "$PODRUN_RESTART_COUNT" != 0 ] || sleep 600 # {m}']
     p = podrun_popen(*launch_args(hosts, hosts.hosts[:3], tmp_path, "runs", "--elastic", "3", "--spare-hosts", "h4",
                                   "--max-restarts", "1"), "--", *cmd)
     err = cut_when_up(p, hosts, "h2", instances=3, timeout=120)
@@ -130,7 +131,7 @@ def test_a_spare_that_cannot_be_reached_is_dropped_and_the_run_goes_on(make_ssh_
     hosts = make_ssh_hosts(4)
     hosts.stop_sshd("h4")
     m = marker()
-    cmd = ["sh", "-c", f'echo "up $RANK of $WORLD_SIZE"; sleep 3 # {m}']
+    cmd = ["sh", "-c", f'echo "up $RANK of $WORLD_SIZE"; [ "$PODRUN_RESTART_COUNT" != 0 ] || sleep 600 # {m}']
     p = podrun_popen(*launch_args(hosts, hosts.hosts[:3], tmp_path, "runs", "--global-batch", "12", "--elastic", "2",
                                   "--spare-hosts", "h4", "--max-restarts", "1"), "--", *cmd)
     err = cut_when_up(p, hosts, "h2", instances=3, timeout=120)

@@ -1,6 +1,7 @@
 """Engine registry and the horovod engine (horovod itself is FAKE here: it does not build against torch 2.13)."""
 from __future__ import annotations
 
+import subprocess
 import sys
 
 import pytest
@@ -23,13 +24,22 @@ def test_engine_registry_names_and_unknown():
     assert e.value.exit_code == 2
 
 
-def test_horovod_absent_is_a_clear_error():
-    """This machine has no horovod: --engine horovod says so (exit 2) instead of failing in a worker."""
-    assert not horovod_available()
+def test_horovod_detected_or_refused_clearly():
+    """With horovod importable (checked by importing it in a fresh Python), --engine horovod is accepted
+    and builds its mpirun command; without it, it says so (exit 2) instead of failing in a worker."""
+    present = subprocess.run([sys.executable, "-c", "import horovod"], capture_output=True).returncode == 0
+    assert horovod_available() == present
+    if present:
+        require_horovod()
+        cmd = horovod_command(local_plan(2), [sys.executable, "-c", "pass"])
+        assert cmd[cmd.index("-np") + 1] == "2"
+        return
     with pytest.raises(LaunchError, match="horovod package is not importable") as e:
         require_horovod()
     assert e.value.exit_code == 2
     assert "horovod" in (e.value.hint or "")
+    with pytest.raises(LaunchError, match="horovod package is not importable"):
+        horovod_command(local_plan(2), [sys.executable, "-c", "pass"])
 
 
 def test_fake_horovod_detected_when_importable(tmp_path, monkeypatch):

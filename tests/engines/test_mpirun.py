@@ -122,7 +122,7 @@ def test_mpirun_transport_per_worker_ranks_fail_fast(ssh_hosts, tmp_path):
     hosts = ssh_hosts.hosts[:2]
     marker = f"mpirankfail{int(time.time() * 1000)}"
     code = ("import os,sys,time; r=os.environ['RANK']; "
-            f"tag='{marker}'; print('worker', r, flush=True); sys.exit(5) if r == '2' else time.sleep(120)")
+            f"tag='{marker}'; print('worker', r, flush=True); sys.exit(5) if r == '2' else time.sleep(3600)")
     p = podrun(["launch", "--transport", "mpirun", "--hosts", ",".join(hosts), "--devices-per-host", "2",
                 "--ssh-config", str(ssh_hosts.ssh_config_path), "--runs-dir", str(tmp_path / "runs"),
                 "--grace", "2", "--", ssh_hosts.python, "-c", code], cwd=tmp_path)
@@ -148,19 +148,17 @@ def _assert_nothing_left(ssh_hosts, hosts, marker: str, within: float = 10) -> N
 
 @pytest.mark.timeout(150)
 def test_mpirun_transport_fail_fast(ssh_hosts, tmp_path):
-    """A worker exits 3: podrun exits 3 soon, names the instance, and nothing is left on any host."""
+    """A worker exits 3: podrun exits 3, names the instance, and nothing is left on any host (the others
+    sleep an hour: the run ending at all, within the test's timeout, is the fail-fast)."""
     _need_mpirun()
     hosts = ssh_hosts.hosts[:3]
     marker = f"mpifailfast{int(time.time() * 1000)}"
     code = ("import os,sys,time; r=os.environ['RANK']; "
-            f"tag='{marker}'; sys.exit(3) if r == '1' else time.sleep(120)")
-    t0 = time.monotonic()
+            f"tag='{marker}'; sys.exit(3) if r == '1' else time.sleep(3600)")
     p = podrun(["launch", "--transport", "mpirun", "--hosts", ",".join(hosts), "--devices-per-host", "1",
                 "--ssh-config", str(ssh_hosts.ssh_config_path), "--runs-dir", str(tmp_path / "runs"),
                 "--grace", "2", "--", ssh_hosts.python, "-c", code], cwd=tmp_path)
-    elapsed = time.monotonic() - t0
     assert p.returncode == 3, p.stdout + p.stderr
-    assert elapsed < 60, f"fail-fast took {elapsed:.1f} s"
     assert "instance 1" in p.stderr and "h2" in p.stderr, p.stderr
     _assert_nothing_left(ssh_hosts, hosts, marker)
 

@@ -17,6 +17,17 @@ def grandchild(m: str) -> str:
     return f"{sys.executable} -c 'import time; time.sleep(300)' {m}"
 
 
+def daemon(m: str, flag: str) -> str:
+    """A shell line starting a process that says it started (it creates ``flag``), then sleeps; its cmdline
+    carries the marker m."""
+    return f"{sys.executable} -c 'import pathlib, sys, time; pathlib.Path(sys.argv[1]).touch(); time.sleep(300)' {flag} {m}"
+
+
+def started(flags: str) -> str:
+    """A shell line that waits until every file in ``flags`` (a shell word list) exists."""
+    return f"for f in {flags}; do while [ ! -e $f ]; do sleep 0.05; done; done"
+
+
 def sleepers(m: str) -> list[int]:
     """The pids of grandchild(m) processes (the shells that start them carry m too, quoted)."""
     return local_pids(f"time.sleep(300) {m}")
@@ -41,13 +52,17 @@ def test_kill_9_of_podrun_leaves_no_worker_descendant(tmp_path):
 
 
 def test_daemons_of_a_successful_run_are_ended(tmp_path):
-    """A worker starts a setsid daemon and a double-forked one, then exits 0: neither outlives the run."""
+    """A worker starts a setsid daemon and a double-forked one, waits until both run, then exits 0: neither
+    outlives the run."""
     m = marker()
+    a, b = f"{tmp_path}/setsid-$RANK", f"{tmp_path}/forked-$RANK"
     cp = podrun("launch", "--devices-per-host", "2", "--master-port", str(free_port(2)),
                 "--runs-dir", str(tmp_path / "runs"), "--", "sh", "-c",
-                f"setsid {grandchild(m)} >/dev/null 2>&1 & ( {grandchild(m)} >/dev/null 2>&1 & ); sleep 0.5; echo ok")
+                f"setsid {daemon(m, a)} >/dev/null 2>&1 & ( {daemon(m, b)} >/dev/null 2>&1 & ); "
+                f"{started(f'{a} {b}')}; echo ok")
     assert cp.returncode == 0, cp.stderr
     assert cp.stdout.count("ok") == 2
+    assert len(list(tmp_path.glob("setsid-*")) + list(tmp_path.glob("forked-*"))) == 4   # all four daemons ran
     assert wait_until(lambda: local_pids(m) == [], 5), local_pids(m)
 
 
@@ -104,7 +119,9 @@ def test_setsid_daemon_over_ssh_is_ended_after_a_successful_run(ssh_hosts, tmp_p
     cp = podrun("launch", "--hosts", ",".join(names), "--devices-per-host", "1", "--transport", "ssh",
                 "--ssh-config", ssh_hosts.ssh_config_path, "--python", ssh_hosts.python,
                 "--runs-dir", str(tmp_path / "runs"), "--master-port", str(free_port(2)), "--",
-                "sh", "-c", f"setsid {grandchild(m)} >/dev/null 2>&1 & sleep 0.5; echo ok")
+                "sh", "-c", f"setsid {daemon(m, f'{tmp_path}/setsid-$RANK')} >/dev/null 2>&1 & "
+                f"{started(f'{tmp_path}/setsid-$RANK')}; echo ok")
     assert cp.returncode == 0, cp.stderr
+    assert len(list(tmp_path.glob("setsid-*"))) == 2           # the daemon ran on both hosts
     left = lambda: {h: ssh_hosts.processes(h, m) for h in names if ssh_hosts.processes(h, m)}  # noqa: E731
     assert wait_until(lambda: not left(), 5), left()

@@ -23,23 +23,45 @@ def test_peak_memory_stays_under_100_mb_for_100_mb_of_output(tmp_path, mode):
         assert log.count("x" * 1023 + "\n") == 100 * 1024     # every line, whole
 
 
+def _blocked_writing(pid: int) -> bool:
+    """The process sleeps in the kernel's pipe write (its reader reads nothing)."""
+    try:
+        return "pipe_write" in open(f"/proc/{pid}/wchan").read()
+    except OSError:
+        return False
+
+
 def test_a_paused_console_holds_the_workers_back_but_loses_no_host(tmp_path):
     """Nobody reads podrun's stdout for longer than --keepalive (a terminal paused with Ctrl-S, a stuck
     pager) while a worker writes: the run waits, then finishes with every line; no host is called lost
-    and no agent thinks its controller gone."""
+    and no agent thinks its controller gone. The pause is counted from the moment podrun and the worker
+    both block writing (the console full), and the worker is still held back when it ends."""
     import subprocess
     import sys
     import time
 
-    from tests.launch.helpers import PODRUN
+    from tests.launch.helpers import PODRUN, local_pids, marker, wait_until
 
-    p = subprocess.Popen([*PODRUN, "launch", "--devices-per-host", "1", "--keepalive", "2", "--master-port",
-                          str(free_port(2)), "--runs-dir", str(tmp_path / "runs"), "--", sys.executable, "-c",
-                          "import sys\nfor i in range(20000): print('line', i, 'x' * 500)\nprint('last line')"],
+    keepalive, m = 2.0, marker()
+    p = subprocess.Popen([*PODRUN, "launch", "--devices-per-host", "1", "--keepalive", str(keepalive),
+                          "--master-port", str(free_port(2)), "--runs-dir", str(tmp_path / "runs"), "--",
+                          sys.executable, "-c",
+                          "import sys\nfor i in range(20000): print('line', i, 'x' * 500)\nprint('last line')", m],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def worker():
+        for pid in local_pids(m):
+            if open(f"/proc/{pid}/cmdline", "rb").read().startswith(sys.executable.encode() + b"\0-c\0"):
+                return pid
+        return None
+
     try:
-        time.sleep(8)                    # 4 x --keepalive with the console paused
-        out, err = p.communicate(timeout=60)
+        assert wait_until(lambda: (w := worker()) and _blocked_writing(w) and _blocked_writing(p.pid), 120), \
+            (p.poll(), worker())
+        w = worker()
+        time.sleep(4 * keepalive)        # the pause itself: 4 x --keepalive with the console full
+        assert w in local_pids(m) and _blocked_writing(w), "the worker was not held back for the whole pause"
+        out, err = p.communicate(timeout=120)
     finally:
         if p.poll() is None:
             p.kill()

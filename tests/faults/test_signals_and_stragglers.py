@@ -3,7 +3,6 @@ hangs after another rank finished (--straggler-timeout), named by rank."""
 from __future__ import annotations
 
 import signal
-import time
 
 import pytest
 
@@ -36,15 +35,14 @@ def test_sighup_ends_the_run_like_sigterm_with_a_message_and_summary(tmp_path):
 def test_straggler_timeout_ends_the_run_naming_the_hung_ranks(tmp_path):
     """Rank 0 exits 0, ranks 1 and 2 hang: 2 s later they are ended and the run fails with 124 naming them."""
     m = marker()
-    t0 = time.monotonic()
     cp = podrun("launch", "--devices-per-host", "3", "--straggler-timeout", "2", "--grace", "1",
                 "--master-port", str(free_port(2)), "--runs-dir", str(tmp_path / "runs"), "--",
                 "sh", "-c", f"[ $RANK = 0 ] && exit 0; sleep 60 # {m}")
-    took = time.monotonic() - t0
     assert cp.returncode == 124, cp.stderr
     assert "ranks 1, 2 still running 2 s after rank 0 exited 0 (--straggler-timeout)" in cp.stderr, cp.stderr
-    assert took < 20, took
     s = summary(tmp_path / "runs")
+    # ended by podrun (a signal), not by the end of their 60 s sleep
+    assert all(s["instances"][0]["workers"][r] > 128 for r in ("1", "2")), s["instances"]
     assert s["status"] == "failed" and s["root_cause"]["local_rank"] == 1 and s["root_cause"]["exit_code"] == 124
     assert local_pids(m) == []
 

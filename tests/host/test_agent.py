@@ -66,11 +66,13 @@ def test_agent_ends_workers_when_stdin_is_silent(tmp_path):
     m = marker()
     req = _request(tmp_path, ["sh", "-c", f"sleep 60 # {m}"], liveness=Liveness(0.25, 1.0))
     p = subprocess.Popen(req.agent_argv(0), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert "@podrun 0 - ready" in p.stdout.readline()
+    assert wait_until(lambda: local_pids(m), 10)     # the workers are up: the timeout has something to end
     p.stdin.write(".")          # the first heartbeat; from then on, silence counts
     p.stdin.flush()
     t0 = time.monotonic()
-    assert p.wait(timeout=10) == 143
-    assert 0.9 < time.monotonic() - t0 < 5
+    assert p.wait(timeout=60) == 143                 # a hang guard, not a promise: a loaded machine is slow
+    assert time.monotonic() - t0 > 0.9               # never before the second of silence it was given
     assert "no heartbeat on stdin for 1 s" in p.stdout.read()
     assert local_pids(m) == []
 
@@ -88,7 +90,9 @@ def test_agent_heartbeats_at_the_period_it_is_given(tmp_path):
             if ev.kind == "hb":
                 stamps.append(float(ev.text))
         gaps = sorted(b - a for a, b in zip(stamps, stamps[1:]))
-        assert gaps[len(gaps) // 2] < 0.3, gaps      # the median; a period of 1 s would give ~1.0
+        # the shortest gap: a loaded machine delays some beats (longer gaps), it cannot make a 0.5 s or 1 s
+        # period give a gap under 0.3 s
+        assert gaps[0] < 0.3, gaps
     finally:
         p.stdin.close()
         p.wait(timeout=10)

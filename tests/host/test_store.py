@@ -7,7 +7,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import venv
 from pathlib import Path
 
@@ -37,14 +36,42 @@ _REFUSED = "is not yet listening"
 _ROOT_ON_PATH = {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}   # podrun for a python of its own
 
 
-def _early_clients(port: int, n: int = 2) -> list[subprocess.Popen]:
-    """n clients, returned once each has imported torch and is connecting (then 0.5 s more)."""
-    clients = [subprocess.Popen([sys.executable, "-c", _CLIENT, str(port)], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env={**os.environ, **_TRACE}) for _ in range(n)]
-    for c in clients:
-        assert c.stdout.readline().strip() == "ready", c.communicate(timeout=30)
-    time.sleep(0.5)
+def _established_to(port: int) -> int:
+    """Connections from this machine's clients to 127.0.0.1:port that the kernel has established."""
+    n = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            f = line.split()                  # remote 127.0.0.1:port (or ::ffff:127.0.0.1:port), ESTABLISHED
+            if f[2].endswith(f"0100007F:{port:04X}") and f[3] == "01":
+                n += 1
+    return n
+
+
+def _early_clients(port: int, tmp_path: Path, n: int = 2, *, held: bool) -> list[tuple[subprocess.Popen, Path]]:
+    """n clients (with the stderr file each writes), returned once every one of them is connecting: on a held
+    port, n connections established; on a free one, a refused connect logged by each."""
+    clients = []
+    for i in range(n):
+        err = tmp_path / f"client-{i}.err"
+        with open(err, "w") as f:
+            clients.append((subprocess.Popen([sys.executable, "-c", _CLIENT, str(port)], stdout=subprocess.PIPE,
+                                             stderr=f, text=True, env={**os.environ, **_TRACE}), err))
+    for c, err in clients:
+        assert c.stdout.readline().strip() == "ready", (c.communicate(timeout=30), err.read_text())
+    if held:
+        assert wait_until(lambda: _established_to(port) >= n, 60), _established_to(port)
+    else:
+        assert wait_until(lambda: all(_REFUSED in e.read_text() for _, e in clients), 60), \
+            [e.read_text()[-500:] for _, e in clients]
     return clients
+
+
+def _outcome(clients) -> list[tuple[int, str, str]]:
+    out = []
+    for c, err in clients:
+        o, _ = c.communicate(timeout=60)
+        out.append((c.returncode, o, err.read_text()))
+    return out
 
 
 def _serve_and_set(sock: socket.socket) -> StoreHost:
@@ -59,34 +86,35 @@ def _serve_and_set(sock: socket.socket) -> StoreHost:
 
 
 @pytest.mark.torch
-def test_early_clients_wait_for_the_agent_store_without_backoff():
+def test_early_clients_wait_for_the_agent_store_without_backoff(tmp_path):
     """Clients that connect while the store is not up yet (it is still importing torch) are accepted by the
     held socket and served once it is: torch never sees a refused connect, so never backs off."""
     sock = listen(0)
-    clients = _early_clients(sock.getsockname()[1])      # connected before the store host starts importing torch
+    # connected (established in the held socket's backlog) before the store host starts importing torch
+    clients = _early_clients(sock.getsockname()[1], tmp_path, held=True)
     host = _serve_and_set(sock)
     try:
-        outs = [c.communicate(timeout=60) for c in clients]
-        assert all(c.returncode == 0 for c in clients), outs
-        assert all(o.strip() == "got v" for o, _ in outs), outs
-        assert not [e for _, e in outs if _REFUSED in e], [e[-500:] for _, e in outs]
+        outs = _outcome(clients)
+        assert all(rc == 0 for rc, _, _ in outs), outs
+        assert all(o.strip() == "got v" for _, o, _ in outs), outs
+        assert not [e for _, _, e in outs if _REFUSED in e], [e[-500:] for _, _, e in outs]
     finally:
         host.close()
         sock.close()
 
 
 @pytest.mark.torch
-def test_without_a_held_port_early_clients_are_refused_and_back_off():
+def test_without_a_held_port_early_clients_are_refused_and_back_off(tmp_path):
     """The same clients against a port nobody holds until the store binds it (rank 0 hosting its own store,
     as without the agent store): torch logs refused connects and retries (what the agent store avoids)."""
     port = free_port()
-    clients = _early_clients(port)
+    clients = _early_clients(port, tmp_path, held=False)      # each has been refused at least once
     sock = listen(port)
     host = _serve_and_set(sock)
     try:
-        outs = [c.communicate(timeout=60) for c in clients]
-        assert all(c.returncode == 0 for c in clients), outs
-        assert all(_REFUSED in e for _, e in outs), [e[-500:] for _, e in outs]
+        outs = _outcome(clients)
+        assert all(rc == 0 for rc, _, _ in outs), outs
+        assert all(o.strip() == "got v" for _, o, _ in outs), outs
     finally:
         host.close()
         sock.close()
@@ -232,7 +260,8 @@ def test_a_second_run_on_the_next_port_does_not_kill_the_first(tmp_path):
     hint suggested. A's rank 0 used to bind its store on P + 1 only after `import torch`, after B took it."""
     p = free_port(2)
     a = _launch_torch(tmp_path, "a", "--master-port", str(p))
-    time.sleep(0.5)
+    assert wait_until(lambda: not _bindable(p) or a.poll() is not None, 60)     # A has started: it holds P
+    assert a.poll() is None, a.communicate()
     b = _launch_torch(tmp_path, "b", "--master-port", str(p + 1))
     (oa, ea), (ob, eb) = a.communicate(timeout=90), b.communicate(timeout=90)
     assert a.returncode == 0, ea[-3000:]
@@ -243,11 +272,14 @@ def test_a_second_run_on_the_next_port_does_not_kill_the_first(tmp_path):
 @pytest.mark.torch
 def test_two_concurrent_runs_with_default_options_both_succeed(tmp_path):
     a = _launch_torch(tmp_path, "a")
-    time.sleep(0.3)
+    # A has planned (its run dir holds the plan) before B starts
+    assert wait_until(lambda: list((tmp_path / "runs-a").glob("*/plan.json")) or a.poll() is not None, 60)
     b = _launch_torch(tmp_path, "b")
     (oa, ea), (ob, eb) = a.communicate(timeout=90), b.communicate(timeout=90)
     assert a.returncode == 0 and b.returncode == 0, (ea[-2000:], eb[-2000:])
     assert oa.count("sum=3") == 2 and ob.count("sum=3") == 2
+    ta, tb = summary(tmp_path / "runs-a")["timings"], summary(tmp_path / "runs-b")["timings"]
+    assert tb["started"] < ta["ended"] and ta["started"] < tb["ended"], (ta, tb)     # they did run side by side
     pa = json.loads((tmp_path / "env-a" / "env-0.json").read_text())["MASTER_PORT"]
     pb = json.loads((tmp_path / "env-b" / "env-0.json").read_text())["MASTER_PORT"]
     assert pa != pb
@@ -258,14 +290,17 @@ def test_a_second_run_on_the_same_port_is_refused_at_once_and_the_first_goes_on(
     whatever A's workers are doing; A ends normally."""
     p = free_port()
     m = marker()
+    go = tmp_path / "go"           # A's workers go on only once B has been refused
     a = podrun_popen("launch", "--devices-per-host", "2", "--master-port", str(p), "--runs-dir", str(tmp_path / "a"),
-                     "--", "sh", "-c", f"sleep 3; echo done-$RANK # {m}")
+                     "--", "sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done; echo done-$RANK # {m}")
     assert wait_until(lambda: len(local_pids(m)) >= 2, 20)
     cp = podrun("launch", "--devices-per-host", "1", "--master-port", str(p), "--runs-dir", str(tmp_path / "b"),
                 "--", "echo", "never")
     assert cp.returncode == 2 and "never" not in cp.stdout, cp.stderr
     assert f"rendezvous port {p} is in use" in cp.stderr and "Traceback" not in cp.stderr
-    oa, ea = a.communicate(timeout=30)
+    assert a.poll() is None                            # A was running all along
+    go.touch()
+    oa, ea = a.communicate(timeout=60)
     assert a.returncode == 0 and oa.count("done-") == 2, ea
 
 
@@ -318,7 +353,6 @@ def test_held_agent_reports_facts_and_starts_nothing_without_a_go(tmp_path):
     assert facts["ports"] == [p] and facts["ports_busy"] == []
     with pytest.raises(OSError):                       # reserved from the check on
         socket.create_server(("", p)).close()
-    time.sleep(0.3)
     assert not list(tmp_path.glob("started-*"))
     assert local_pids(m) == [proc.pid]                # the agent, and no worker
     proc.stdin.close()

@@ -2,6 +2,12 @@
 
 Regenerate after an intended change with PODRUN_UPDATE_GOLDEN=1 pytest tests/jobscript/test_golden.py
 and review the diff.
+
+A golden file is what the writer wrote; the schedulers' own parsers check them where one runs here:
+the Slurm ones with the real sbatch (tests/jobscript/test_slurm_real.py), the Grid Engine ones with the
+real qsub (tests/uge/test_submit_uge.py). PBS has no server here: the PBS goldens (pbs_*.sh) are checked by
+no PBS qsub, only by the placement rule below (directives before the first command) and by their body
+reproducing the plan.
 """
 from __future__ import annotations
 
@@ -49,6 +55,17 @@ def test_golden_script(name, podrun_cli):
     assert out == path.read_text(), f"{name}: the script differs from {path}"
     code2, out2, _ = podrun_cli("script", *CASES[name])
     assert (code2, out2) == (0, out)               # deterministic
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_directives_come_before_the_first_command(name):
+    """sbatch and PBS's qsub stop reading directives at the first line that is not a comment: a directive
+    below it would be ignored without a word (Grid Engine reads '#$' lines anywhere)."""
+    lines = (GOLDEN / f"{name}.sh").read_text().splitlines()
+    prefix = {"slurm": "#SBATCH", "pbs": "#PBS", "uge": "#$"}[name.split("_")[0]]
+    first = next(i for i, line in enumerate(lines) if line.strip() and not line.startswith("#"))
+    assert any(line.startswith(prefix + " ") for line in lines[:first]), lines[:first]
+    assert not [line for line in lines[first:] if line.startswith(prefix)], name
 
 
 def _launch_options(script: str):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -67,14 +66,11 @@ def test_a_stalled_rank_is_found_its_stack_shown_and_the_run_ended(tmp_path, mod
                      "--hang-timeout", str(WINDOW), "--", sys.executable, HANG, "--mode", mode, "--tag", m)
     try:
         wait_output(p, "step 4 rank 1", 90)
-        stalled = time.monotonic()
-        out, err = p.communicate(timeout=90)
-        took = time.monotonic() - stalled
+        out, err = p.communicate(timeout=120)     # a hang guard: the stalled rank waits an hour
     finally:
         if p.poll() is None:
             p.kill()
     assert p.returncode == HANG_EXIT, err
-    assert took < WINDOW + 15, took          # the window, the stack collection (<= 5 s), the teardown
     assert f"no progress from any rank for {WINDOW:.1f} s (--hang-timeout)" in err
     rd = run_dir(tmp_path / "runs")
     odd, other = main_frames(rd / "stacks" / "rank-1.txt"), main_frames(rd / "stacks" / "rank-0.txt")
@@ -94,6 +90,7 @@ def test_a_stalled_rank_is_found_its_stack_shown_and_the_run_ended(tmp_path, mod
     s = summary(tmp_path / "runs")
     assert s["status"] == "hung" and s["exit_code"] == HANG_EXIT
     assert s["hang"]["window_s"] == WINDOW and {r for g in s["hang"]["groups"] for r in g["ranks"]} == {0, 1}
+    assert s["hang"]["silent_s"] >= WINDOW, s["hang"]        # never declared before the window had passed
     assert wait_until(lambda: local_pids(m) == [], 10), local_pids(m)
 
 
@@ -109,37 +106,46 @@ def test_a_slow_but_moving_run_is_never_declared_hung(tmp_path):
     assert not (run_dir(tmp_path / "runs") / "stacks").exists()
 
 
-def test_a_checkpoint_phase_reported_through_the_runtime_is_not_a_hang(tmp_path):
-    """A worker that says (podrun.runtime.phase) it writes a checkpoint may be silent past the window."""
+@pytest.mark.parametrize("phase", [True, False])
+def test_a_checkpoint_phase_reported_through_the_runtime_is_not_a_hang(tmp_path, phase):
+    """A worker that says (podrun.runtime.phase) it writes a checkpoint may be silent past the window; the
+    same silence without the phase is a hang (so the silence did outlast the window the watch keeps)."""
     script = tmp_path / "ckpt.py"
     script.write_text("import time\nfrom podrun import runtime\n"
                       "runtime.report(step=1, total=2)\nprint('step 1', flush=True)\n"
-                      "runtime.phase('checkpoint')\ntime.sleep(6)\n"
+                      + ("runtime.phase('checkpoint')\n" if phase else "") + "time.sleep(6)\n"
                       "runtime.report(step=2, total=2)\nprint('step 2', flush=True)\n")
     cp = podrun("launch", "--devices-per-host", "1", "--runs-dir", str(tmp_path / "runs"),
-                "--hang-timeout", "2", "--", sys.executable, str(script), timeout=60)
-    assert cp.returncode == 0, cp.stderr
-    assert "no progress" not in cp.stderr
+                "--hang-timeout", "2", "--", sys.executable, str(script), timeout=90)
+    if phase:
+        assert cp.returncode == 0, cp.stderr
+        assert "no progress" not in cp.stderr
+    else:
+        assert cp.returncode == HANG_EXIT, cp.stderr
+        assert "no progress from any rank for 2.0 s" in cp.stderr
 
 
 def test_on_hang_dump_shows_the_stacks_and_lets_the_run_go_on(tmp_path):
-    """--on-hang dump: the stacks are shown, the run is not ended (it finishes by itself, exit 0)."""
+    """--on-hang dump: the stacks are shown, the run is not ended (it finishes by itself, exit 0). The worker
+    stays silent until its stack has been written (stacks/rank-0.txt), so the dump cannot miss it."""
     script = tmp_path / "pause.py"
-    script.write_text("import time\nprint('before', flush=True)\ntime.sleep(5)  # PAUSE\nprint('after', flush=True)\n")
+    script.write_text("import os, time\nprint('before', flush=True)\n"
+                      "p, t = os.path.join(os.environ['PODRUN_RUN_DIR'], 'stacks', 'rank-0.txt'), time.monotonic()\n"
+                      "while not os.path.exists(p) and time.monotonic() - t < 120: time.sleep(0.05)  # PAUSE\n"
+                      "print('after' if os.path.exists(p) else 'no stack written', flush=True)\n")
     cp = podrun("launch", "--devices-per-host", "1", "--runs-dir", str(tmp_path / "runs"),
-                "--hang-timeout", "2", "--on-hang", "dump", "--", sys.executable, str(script), timeout=60)
+                "--hang-timeout", "2", "--on-hang", "dump", "--", sys.executable, str(script), timeout=180)
     assert cp.returncode == 0, cp.stderr
-    assert "rank 0: <module> (pause.py:3)" in cp.stderr
-    assert "after" in cp.stdout
+    assert "rank 0: <module> (pause.py:4)" in cp.stderr
+    assert "after" in cp.stdout, cp.stdout
     s = summary(tmp_path / "runs")
     assert s["status"] == "ok" and s["hang"]["on_hang"] == "dump"
 
 
 def _stack_while_running(p, tmp_path, runs, ranks, hosts):
+    """`podrun stack` on the live run (hang.py --until RELEASE: it goes on until this releases it)."""
     wait_output(p, "step 3 rank", 120)
-    t0 = time.monotonic()
     cp = podrun("stack", "--runs-dir", str(runs), "--json", timeout=60)
-    took = time.monotonic() - t0
     assert cp.returncode == 0, cp.stderr
     reply = json.loads(cp.stdout)
     workers = [w for g in reply["groups"] for w in g["workers"]]
@@ -150,14 +156,15 @@ def _stack_while_running(p, tmp_path, runs, ranks, hosts):
         assert main["main"] and any(f["file"] == HANG for f in main["frames"]), main
     text = podrun("stack", "--runs-dir", str(runs), timeout=60)
     assert text.returncode == 0 and "odd ranks first" in text.stdout and "hang.py" in text.stdout, text
-    return took
+    (tmp_path / "release").touch()
 
 
 @pytest.mark.torch
 def test_podrun_stack_shows_a_live_local_run_which_goes_on(tmp_path):
     runs = tmp_path / "runs"
     p = podrun_popen("launch", "--devices-per-host", "2", "--runs-dir", str(runs), "--hang-timeout", "off",
-                     "--", sys.executable, HANG, "--mode", "slow", "--steps", "40", "--every", "0.2")
+                     "--", sys.executable, HANG, "--mode", "slow", "--steps", "40", "--every", "0.2",
+                     "--until", str(tmp_path / "release"))
     try:
         _stack_while_running(p, tmp_path, runs, 2, ["localhost"])
         out, err = p.communicate(timeout=90)
@@ -179,7 +186,7 @@ def test_podrun_stack_over_ssh_shows_every_rank_and_the_run_goes_on(ssh_hosts, t
     args = ssh_args(ssh_hosts, tmp_path, n=3)
     args[args.index("--devices-per-host") + 1] = "2"
     p = podrun_popen(*args, "--hang-timeout", "off", "--", sys.executable, HANG, "--mode", "slow",
-                     "--steps", "40", "--every", "0.25")
+                     "--steps", "40", "--every", "0.25", "--until", str(tmp_path / "release"))
     try:
         _stack_while_running(p, tmp_path, runs, 6, names)
         out, err = p.communicate(timeout=120)

@@ -5,7 +5,6 @@ import json
 import re
 import signal
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,8 @@ def test_torchrun_script_runs_unchanged_with_gloo_all_reduce_and_env_contract(tm
     """3 local workers: a torchrun-style script's all_reduce gives 1+2+3; every contract variable is set."""
     dump = tmp_path / "env"
     dump.mkdir()
-    cp = podrun("launch", "--devices-per-host", "3", "--runs-dir", str(tmp_path / "runs"), "--master-port", "29611",
+    port = free_port()
+    cp = podrun("launch", "--devices-per-host", "3", "--runs-dir", str(tmp_path / "runs"), "--master-port", str(port),
                 "--", sys.executable, ALLREDUCE, "--dump", str(dump))
     assert cp.returncode == 0, cp.stderr
     lines = sorted(l for l in cp.stdout.splitlines() if "ALLREDUCE" in l)
@@ -36,8 +36,8 @@ def test_torchrun_script_runs_unchanged_with_gloo_all_reduce_and_env_contract(tm
         assert env["RANK"] == str(r) and env["LOCAL_RANK"] == str(r) and env["WORLD_SIZE"] == "3"
         assert env["LOCAL_WORLD_SIZE"] == "3" and env["GROUP_RANK"] == "0"
         assert env["MASTER_ADDR"] == "localhost"
-        # the agent store: every worker, rank 0 included, dials the store that rank 0's agent serves on 29611
-        assert env["MASTER_PORT"] == "29611" and env["TORCHELASTIC_USE_AGENT_STORE"] == "True"
+        # the agent store: every worker, rank 0 included, dials the store that rank 0's agent serves on the port
+        assert env["MASTER_PORT"] == str(port) and env["TORCHELASTIC_USE_AGENT_STORE"] == "True"
         assert env["PODRUN_NUM_INSTANCES"] == "1" and env["PODRUN_INSTANCE_INDEX"] == "0"
         assert env["PODRUN_NUM_REPLICAS"] == "3" and env["PODRUN_LOCAL_REPLICAS"] == "3"
         assert env["PODRUN_RUN_DIR"] == str(rd) and env["PODRUN_PLAN"] == str(rd / "plan.json")
@@ -56,12 +56,9 @@ def test_torchrun_script_runs_unchanged_with_gloo_all_reduce_and_env_contract(tm
 def test_fail_fast_exit_code_root_cause_and_no_orphans(tmp_path):
     """One worker exits 3: the run exits 3 at once, names the worker, and no process is left."""
     m = marker()
-    t0 = time.monotonic()
     cp = podrun("launch", "--devices-per-host", "3", "--runs-dir", str(tmp_path / "runs"), "--",
                 "sh", "-c", f"echo started $RANK; sleep 0.5; [ $RANK = 1 ] && {{ echo boom >&2; exit 3; }}; sleep 60 # {m}")
-    took = time.monotonic() - t0
     assert cp.returncode == 3, cp.stderr
-    assert took < 20, took
     assert "root cause: instance 0 on localhost, local rank 1: exited with code 3" in cp.stderr
     assert "boom" in cp.stderr          # stderr of the failing worker, and the log tail
     assert local_pids(m) == []
@@ -69,7 +66,8 @@ def test_fail_fast_exit_code_root_cause_and_no_orphans(tmp_path):
     assert s["exit_code"] == 3 and s["status"] == "failed"
     assert s["root_cause"]["local_rank"] == 1 and s["root_cause"]["exit_code"] == 3
     assert any("boom" in l for l in s["root_cause"]["last_lines"])
-    assert s["instances"][0]["workers"]["0"] == 128 + signal.SIGTERM
+    # "at once": the other ranks were ended by podrun's SIGTERM, not by the end of their 60 s sleep
+    assert s["instances"][0]["workers"]["0"] == s["instances"][0]["workers"]["2"] == 128 + signal.SIGTERM
 
 
 def test_signal_exit_code_is_128_plus_signal(tmp_path):
@@ -99,11 +97,11 @@ def test_ctrl_c_or_sigterm_ends_everything(tmp_path, sig, code):
 
 def test_worker_ignoring_sigterm_is_killed_after_grace(tmp_path):
     m = marker()
-    t0 = time.monotonic()
     cp = podrun("launch", "--devices-per-host", "2", "--grace", "1", "--runs-dir", str(tmp_path / "runs"), "--",
                 "sh", "-c", f"trap '' TERM; [ $RANK = 1 ] && sleep 0.3 && exit 4; sleep 30 # {m}")
     assert cp.returncode == 4, cp.stderr
-    assert time.monotonic() - t0 < 10
+    # killed after the grace (SIGKILL), not ended by its own 30 s sleep
+    assert summary(tmp_path / "runs")["instances"][0]["workers"]["0"] == 128 + signal.SIGKILL
     assert local_pids(m) == []
 
 
@@ -165,14 +163,16 @@ def test_only_output_from_instance_keeps_errors_from_all(tmp_path):
 
 
 def test_max_restarts_restarts_with_count_on_the_held_port(tmp_path):
-    cp = podrun("launch", "--devices-per-host", "2", "--max-restarts", "2", "--master-port", "29631",
+    port = free_port()
+    cp = podrun("launch", "--devices-per-host", "2", "--max-restarts", "2", "--master-port", str(port),
                 "--runs-dir", str(tmp_path / "runs"), "--",
                 "sh", "-c",
                 'echo "try $PODRUN_RESTART_COUNT port $MASTER_PORT"; sleep 0.3; [ $PODRUN_RESTART_COUNT -ge 1 ]')
     assert cp.returncode == 0, cp.stderr
-    # the controller holds 29631 for the whole run: every attempt serves a fresh store on it
-    assert "[0:1 localhost] try 0 port 29631" in cp.stdout and "[0:0 localhost] try 0 port 29631" in cp.stdout
-    assert "[0:1 localhost] try 1 port 29631" in cp.stdout and "[0:0 localhost] try 1 port 29631" in cp.stdout
+    # the controller holds the port for the whole run: every attempt serves a fresh store on it
+    for attempt in (0, 1):
+        for rank in (0, 1):
+            assert f"[0:{rank} localhost] try {attempt} port {port}" in cp.stdout, cp.stdout
     assert "try 2" not in cp.stdout
     s = summary(tmp_path / "runs")
     assert [a["exit_code"] for a in s["attempts"]] == [1, 0] and s["restart_count"] == 1

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -58,14 +57,12 @@ def test_master_addr_on_loopback_at_a_worker_fails_preflight_naming_both_hosts(m
     resolutions, exit 2, nothing started."""
     hosts = make_ssh_hosts(2, loopback_hostname=True)
     m = marker()
-    t0 = time.monotonic()
     cp = podrun(*net_args(hosts, tmp_path, "--master-addr", "h2"), "--", "sh", "-c", f"sleep 30 # {m}")
-    took = time.monotonic() - t0
     assert cp.returncode == 2, cp.stdout + cp.stderr
     err = cp.stderr
     assert "h2: MASTER_ADDR h2 resolves to 127.0.1.1 (loopback) on h2" in err, err
     assert f"to {hosts.address('h2')} elsewhere" in err and "not on h1" in err, err
-    assert "Traceback" not in err and took < 30, took
+    assert "Traceback" not in err
     assert not leftovers(hosts, m)
     assert summary(tmp_path / "runs")["status"] == "preflight_failed"
 
@@ -133,13 +130,14 @@ def test_bastion_fail_fast_and_lost_host_leave_nothing_behind(make_ssh_hosts, tm
     try:
         for _ in range(3):
             wait_output(p, "up", 30)
-        t0 = time.monotonic()
         hosts.isolate("h2")
-        p.wait(timeout=30)
-        took = time.monotonic() - t0
+        p.wait(timeout=50)          # a hang guard below the workers' 60 s sleep, which would end the run too
         err = p.stderr.read()
         assert p.returncode == 255 and "instance 1 on h2" in err and "lost" in err, err
-        assert took < 12, took
+        latest = max((d for d in (tmp_path / "runs").iterdir() if d.is_dir()), key=lambda d: d.stat().st_mtime)
+        s = json.loads((latest / "summary.json").read_text())
+        gap = {x["host"]: x["max_heartbeat_gap_s"] for x in s["instances"]}["h2"]
+        assert gap >= s["heartbeat"]["bound_s"] == 3.0, s["instances"]     # declared once the bound had passed
         assert wait_until(lambda: not {h: v for h, v in leftovers(hosts, m).items() if h != "h2"}, 5)
         assert wait_until(lambda: not hosts.processes("h2", m), 10), hosts.processes("h2", m)
     finally:
@@ -219,15 +217,13 @@ def test_a_worker_that_cannot_reach_rank_0_on_the_data_network_fails_preflight_i
     hosts = make_ssh_hosts(2, data_network=True)
     hosts.data_link("h2", False)
     m = marker()
-    t0 = time.monotonic()
     cp = podrun(*net_args(hosts, tmp_path, "--data-interface", "eth1"), "--", "sh", "-c", f"sleep 30 # {m}")
-    took = time.monotonic() - t0
     assert cp.returncode == 2, cp.stdout + cp.stderr
     want = f"h2: h2 cannot reach rank 0 on h1 at {hosts.data_addresses['h1']}:"
     assert want in cp.stderr and "over eth1 (from interface eth1:" in cp.stderr, cp.stderr
     assert "- h1:" not in cp.stderr and "Traceback" not in cp.stderr
-    assert took < 30, took
     assert not leftovers(hosts, m)
+    assert summary(tmp_path / "runs")["status"] == "preflight_failed"
     cp = podrun(*net_args(hosts, tmp_path, "--data-interface", "ib0"), "--", "true")
     assert cp.returncode == 2 and "h1: no interface ib0 with an IPv4 or global IPv6 address on the master host h1" in cp.stderr, cp.stderr
     assert "eth0, eth1, lo" in cp.stderr and "Traceback" not in cp.stderr
@@ -259,7 +255,9 @@ def test_elastic_spare_takes_a_lost_hosts_place_through_the_bastion(make_ssh_hos
     m = marker()
     args = net_args(hosts, tmp_path, "--keepalive", "2", "--elastic", "3", "--spare-hosts", "h4", "--max-restarts", "1")
     args[args.index("--hosts") + 1] = "h1,h2,h3"
-    p = podrun_popen(*args, "--", "sh", "-c", f'echo "up $RANK of $WORLD_SIZE"; sleep 3 # {m}')
+    # the first attempt waits until podrun ends it (the cut), the re-planned one ends at once
+    p = podrun_popen(*args, "--", "sh", "-c",
+                     f'echo "up $RANK of $WORLD_SIZE"; [ "$PODRUN_RESTART_COUNT" != 0 ] || sleep 600 # {m}')
     try:
         for _ in range(3):
             wait_output(p, "up", 60)
@@ -351,7 +349,8 @@ def test_elastic_new_master_that_cannot_be_asked_its_data_address_is_dropped_for
     hosts = make_ssh_hosts(4, data_network=True)
     hosts.stop_sshd("h3")
     m = marker()
-    script = f'echo "up $RANK at $MASTER_ADDR restart $PODRUN_RESTART_COUNT"; sleep 2 # {m}'
+    script = (f'echo "up $RANK at $MASTER_ADDR restart $PODRUN_RESTART_COUNT"; '
+              f'[ "$PODRUN_RESTART_COUNT" != 0 ] || sleep 600 # {m}')
     args = net_args(hosts, tmp_path, "--data-interface", "eth1", "--keepalive", "2", "--elastic", "2",
                     "--spare-hosts", "h3,h4", "--max-restarts", "1")
     args[args.index("--hosts") + 1] = "h1,h2"

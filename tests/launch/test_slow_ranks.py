@@ -12,6 +12,7 @@ import pytest
 
 from podrun.launch.watch import SLOW_FACTOR, SLOW_WINDOW
 from tests.launch.helpers import SCRIPTS, podrun, summary
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.torch]
 SLOW = str(SCRIPTS / "slow_rank.py")
@@ -28,19 +29,24 @@ def _launch(tmp_path, base: float, slow_rank: int, extra: float):
 
 
 def test_a_rank_with_a_slow_data_step_is_named_with_its_host(tmp_path):
-    """Rank 2's data step takes 0.3 s more: every rank's wall step time is the same (DDP), its busy time is
-    not; podrun names rank 2 on localhost once, with its busy time against the others' median."""
-    cp, s = _launch(tmp_path, 0.1, 2, 0.3)
+    """Rank 2's data step takes 0.5 s more: every rank's wall step time is the same (DDP), its busy time is
+    not; podrun names rank 2 on localhost once, with its busy time against the others' median. Only what
+    the sleeps guarantee is bounded (busy at least the sleep); the others' busy time, which a loaded machine
+    stretches, is checked only through the rule's own ratio."""
+    cp, s = _launch(tmp_path, 0.1, 2, 0.5)
     named = [l for l in cp.stderr.splitlines() if re.match(r"podrun: rank \d+ on \S+ is slow:", l)]
     assert len(named) == 1, cp.stderr
     m = re.match(r"podrun: rank 2 on localhost is slow: busy ([0-9.]+) s per step against a median of ([0-9.]+) s "
                  r"on the other ranks \(([0-9.]+)x\)", named[0])
     assert m, named[0]
-    assert float(m[1]) >= 0.35 and float(m[2]) < 0.3 and float(m[3]) >= SLOW_FACTOR, named[0]
+    busy, median, ratio = float(m[1]), float(m[2]), float(m[3])
+    assert busy >= 0.6 and median >= 0.1 and ratio >= SLOW_FACTOR, named[0]
+    assert ratio == pytest.approx(busy / median, rel=0.1), named[0]
     assert not re.search(r"\d+\.\d{4,}", named[0]), named[0]          # rounded for people
     assert [(r["rank"], r["host"]) for r in s["slow_ranks"]] == [(2, "localhost")], s["slow_ranks"]
     rec = s["slow_ranks"][0]
-    assert rec["busy_s"] >= 0.35 and rec["others_median_s"] < 0.3 and rec["ratio"] >= SLOW_FACTOR
+    assert rec["busy_s"] >= 0.6 and rec["others_median_s"] >= 0.1 and rec["ratio"] >= SLOW_FACTOR
+    assert rec["ratio"] == pytest.approx(rec["busy_s"] / rec["others_median_s"], rel=0.01)
     assert rec["steps"] == SLOW_WINDOW and rec["from_step"] >= SLOW_WINDOW and rec["until_step"] is None
 
 
@@ -53,28 +59,30 @@ def test_even_ranks_name_none(tmp_path):
 
 def test_the_recipe_runner_reports_busy_time_and_a_slow_rank_is_named(tmp_path):
     """The real training loop (podrun.train, GA 2 with no_sync, DDP over gloo, 3 ranks): rank 1's forward
-    passes take 0.15 s more; podrun names rank 1 on localhost from the runner's own busy-time reports."""
+    passes take 0.4 s more; podrun names rank 1 on localhost from the runner's own busy-time reports."""
     opts = dict(data="digits", image_size=8, num_classes=10, steps=STEPS + 4, global_batch=6, grad_accum=2,
                 lr=0.1, optimizer="sgd", eval_every=0, console=False, resume=False, checkpoint_every=0, seed=3)
     runs = tmp_path / "runs"
     cp = podrun("launch", "--devices-per-host", "3", "--global-batch", "6", "--grad-accum", "2",
                 "--runs-dir", str(runs), "--", sys.executable, str(SCRIPTS / "slow_recipe.py"), json.dumps(opts),
-                "1", "0.15", timeout=170, env={"PYTHONPATH": str(ROOT)})
+                "1", "0.4", timeout=170, env={"PYTHONPATH": str(ROOT)})
     assert cp.returncode == 0, cp.stderr
     assert re.search(r"^podrun: rank 1 on localhost is slow: busy [0-9.]+ s per step", cp.stderr, re.M), cp.stderr
     s = summary(runs)
     assert [(r["rank"], r["host"]) for r in s["slow_ranks"]] == [(1, "localhost")], s["slow_ranks"]
-    assert s["slow_ranks"][0]["busy_s"] >= 0.3 > s["slow_ranks"][0]["others_median_s"]    # 2 forwards x 0.15 s
+    rec = s["slow_ranks"][0]
+    assert rec["busy_s"] >= 0.8 and rec["ratio"] >= SLOW_FACTOR, rec     # 2 forwards x 0.4 s at least
 
 
 @pytest.mark.cluster
 def test_a_slow_rank_on_another_host_is_named_with_that_host(ssh_hosts, tmp_path):
-    """3 real OpenSSH hosts (one rank each): rank 2's data step takes 0.3 s more; podrun names rank 2 on h3."""
+    """3 real OpenSSH hosts (one rank each): rank 2's data step takes 0.5 s more; podrun names rank 2 on h3."""
     names = ssh_hosts.hosts[:3]
     runs = tmp_path / "runs"
     cp = podrun("launch", "--hosts", ",".join(names), "--devices-per-host", "1", "--transport", "ssh",
                 "--ssh-config", ssh_hosts.ssh_config_path, "--python", ssh_hosts.python, "--runs-dir", str(runs),
-                "--master-port", "29961", "--", sys.executable, SLOW, str(STEPS), "0.1", "2", "0.3", timeout=150)
+                "--master-port", str(free_port()), "--", sys.executable, SLOW, str(STEPS), "0.1", "2", "0.5",
+                timeout=150)
     assert cp.returncode == 0, cp.stderr
     assert re.search(rf"^podrun: rank 2 on {names[2]} is slow: busy", cp.stderr, re.M), cp.stderr
     assert " is slow:" not in cp.stderr.replace(f"rank 2 on {names[2]} is slow:", ""), cp.stderr

@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import signal
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -65,14 +64,15 @@ def test_gloo_all_reduce_and_env_contract_across_4_hosts(ssh_hosts, tmp_path):
 def test_fail_fast_across_hosts_leaves_nothing_on_any_host(ssh_hosts, tmp_path, client):
     """4 hosts x 2 workers; rank 5 (host 3) exits 3: run exits 3, every process on every host gone."""
     m = marker()
-    t0 = time.monotonic()
     cp = podrun(*ssh_args(ssh_hosts, tmp_path, client=client)[:-2], "--devices-per-host", "2", "--master-port", str(next(_port)),
                 "--", "sh", "-c", f"echo up $RANK; sleep 1; [ $RANK = 5 ] && {{ echo dying >&2; exit 3; }}; sleep 60 # {m}")
-    took = time.monotonic() - t0
     assert cp.returncode == 3, cp.stderr
     host = ssh_hosts.hosts[2]
     assert f"root cause: instance 2 on {host}, local rank 1: exited with code 3" in cp.stderr
-    assert took < 15, took
+    # fail fast: the other ranks were ended by podrun (a signal), not by the end of their 60 s sleep
+    s = summary(tmp_path / "runs")
+    ended = {(i["index"], r): c for i in s["instances"] for r, c in (i.get("workers") or {}).items()}
+    assert ended[(2, "1")] == 3 and all(c > 128 for k, c in ended.items() if k != (2, "1")), ended
     assert wait_until(lambda: not leftovers(ssh_hosts, m), 3), leftovers(ssh_hosts, m)
     s = summary(tmp_path / "runs")
     assert s["root_cause"]["host"] == host and s["root_cause"]["exit_code"] == 3
@@ -106,13 +106,10 @@ def test_lost_host_mid_run_is_detected_and_named(make_ssh_hosts, tmp_path, fault
     try:
         for _ in range(3):
             wait_output(p, "up", 30)
-        t0 = time.monotonic()
         getattr(hosts, fault)("h2")
-        p.wait(timeout=30)
-        took = time.monotonic() - t0
+        p.wait(timeout=50)          # a hang guard below the workers' 60 s sleep, which would end the run too
         err = p.stderr.read()
         assert p.returncode == 255, err
-        assert took < 10, took
         assert "instance 1 on h2" in err and "lost" in err, err
         assert wait_until(lambda: not leftovers(hosts, m, ["h1", "h3"]), 3), leftovers(hosts, m)
         if fault == "freeze":
@@ -121,6 +118,9 @@ def test_lost_host_mid_run_is_detected_and_named(make_ssh_hosts, tmp_path, fault
         assert wait_until(lambda: not leftovers(hosts, m, ["h2"]), 8), leftovers(hosts, m, ["h2"])
         s = summary(tmp_path / "runs")
         assert s["exit_code"] == 255 and s["root_cause"]["host"] == "h2"
+        if fault != "crash":        # silence, not an EOF: declared only once the --keepalive bound had passed
+            gap = {x["host"]: x["max_heartbeat_gap_s"] for x in s["instances"]}["h2"]
+            assert gap >= s["heartbeat"]["bound_s"] == 3.0, s["instances"]
     finally:
         if p.poll() is None:
             p.kill()

@@ -3,6 +3,7 @@ for the background write, buffers copied at the call, the directory in the env c
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 from pathlib import Path
 
@@ -50,13 +51,13 @@ def test_the_next_optimizer_step_waits_for_the_write_and_buffers_are_copied_at_t
     from podrun.runtime import rawstate
 
     laid_out = rawstate.layout
+    started, release = threading.Event(), threading.Event()
 
-    def slow_layout(state):      # 0.5 s: the write is still running when the next optimizer step starts
-        import time
-
-        time.sleep(0.5)
+    def held_layout(state):      # the write is still running when the next optimizer step starts, until released
+        started.set()
+        assert release.wait(60), "the test never let the write go on"
         return laid_out(state)
-    monkeypatch.setattr(rawstate, "layout", slow_layout)
+    monkeypatch.setattr(rawstate, "layout", held_layout)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.BatchNorm1d(1024))
     opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
@@ -67,8 +68,17 @@ def test_the_next_optimizer_step_waits_for_the_write_and_buffers_are_copied_at_t
         opt.zero_grad()
     want = {k: v.clone() for k, v in model.state_dict().items()}
     w.submit(2, {"model": snapshot.freeze(model), "opt": opt.state_dict()})
+    assert started.wait(60)                                   # the write is running
     model(torch.randn(16, 1024)).square().sum().backward()     # a forward changes BatchNorm's running stats
-    opt.step()                                                # and this step the weights: after the write
+    stepped = threading.Event()
+    stepper = threading.Thread(target=lambda: (opt.step(), stepped.set()))   # and this step the weights
+    stepper.start()
+    try:
+        assert not stepped.wait(0.5), "the optimizer step did not wait for the write"
+    finally:
+        release.set()
+        stepper.join(60)
+    assert stepped.is_set()
     w.close()
     got = snapshot.recover(w, -1)
     assert got.step == 2

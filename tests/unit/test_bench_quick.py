@@ -1,4 +1,5 @@
 """The pure benchmarks run in quick mode and give finite ratios against their peers (no timing asserted)."""
+import importlib.util
 import json
 import math
 import subprocess
@@ -23,9 +24,14 @@ def test_bench_unknown_name_exit_2(tmp_path):
     assert r.returncode == 2 and "unknown benchmark" in r.stderr
 
 
-def test_bench_gpu_loops_run_on_cpu_and_say_what_is_missing():
+def _has_timm() -> bool:
+    return importlib.util.find_spec("timm") is not None
+
+
+def test_bench_gpu_loops_run_on_cpu_with_or_without_timm():
     """bench_gpu's code paths (plain AMP loop, the runner, the FLOP count) on CPU with a tiny model, so a
-    session with a GPU only has to run it. Here there is no CUDA and no timm: the rows say so."""
+    session with a GPU only has to run it. With timm the peer is measured and every row has a ratio to
+    it; without timm a row says it is not installed and no ratio is made up."""
     import bench.bench_gpu as g
 
     assert g.peak_for("NVIDIA H100 80GB HBM3") == 989e12 and g.peak_for("NVIDIA H100 PCIe") == 756e12
@@ -35,6 +41,35 @@ def test_bench_gpu_loops_run_on_cpu_and_say_what_is_missing():
     assert set(measured) == {"podrun model, plain loop", "podrun runner"}, rows
     assert all(r["value"] > 0 and r["unit"] == "img/s" for r in measured.values())
     missing = [r for r in rows if r["value"] is None]
-    assert missing and all("timm is not installed" in r["note"] for r in missing)
+    if _has_timm():
+        assert not missing, rows
+        for r in measured.values():
+            assert r["peer"] == "timm resnet18, plain loop" and r["peer_value"] > 0
+            assert math.isclose(r["ratio"], r["value"] / r["peer_value"], rel_tol=0.05)
+    else:
+        assert [r["subject"] for r in missing] == ["timm, plain loop"], rows
+        assert "timm is not installed" in missing[0]["note"]
+        assert all(r["peer"] is None and r["ratio"] is None for r in measured.values())
     assert g.train_flops(__import__("podrun.models", fromlist=["build"]).build("resnet18", 1000), 2, 32, "cpu") > 1e7
-    assert g.run(True)[0]["note"].startswith("no CUDA device")
+
+
+def test_bench_gpu_runs_where_cuda_is_and_says_so_where_not(monkeypatch):
+    """Without a CUDA device the bench says so in its one row. With one, the loops run on it (the tiny
+    model, one repeat of the quick mode) and ``run`` hands over to the full measurement, which is
+    replaced here by a FAKE that records the call: the full one takes minutes and is the bench itself."""
+    import torch
+
+    import bench.bench_gpu as g
+
+    if not torch.cuda.is_available():
+        rows = g.run(True)
+        assert len(rows) == 1 and rows[0]["value"] is None
+        assert rows[0]["note"].startswith("no CUDA device")
+        return
+    rows = g.measure(True, device="cuda", models=(("resnet18", "resnet18", 32, 4),), compile=False)
+    measured = [r for r in rows if r["value"] is not None]
+    assert {r["subject"] for r in measured} >= {"podrun model, plain loop", "podrun runner"}, rows
+    assert all(r["value"] > 0 and torch.cuda.get_device_name(0) in r["note"] for r in measured)
+    calls = []
+    monkeypatch.setattr(g, "measure", lambda quick: calls.append(quick) or [])
+    assert g.run(True) == [] and calls == [True]

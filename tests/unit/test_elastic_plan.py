@@ -11,6 +11,7 @@ from podrun.errors import PlanError
 from podrun.plan import Overrides, make_plan
 from podrun.plan.elastic import elastic_table, parse_range
 from podrun.specs import load_cluster, load_recipe
+from tests.unit.plan_oracle import brute_force
 
 PODRUN = [sys.executable, "-m", "podrun"]
 
@@ -68,31 +69,51 @@ def test_bare_command_pins_the_batch_of_the_full_plan():
 # -- properties ---------------------------------------------------------------------------------
 
 @settings(max_examples=150, deadline=None)
-@given(hosts=st.integers(1, 12), dph=st.sampled_from([1, 2, 4, 8]), g=st.integers(1, 4096),
-       lb=st.one_of(st.none(), st.integers(1, 8)), min_hosts=st.integers(1, 12), which=st.integers(0, 2))
-def test_every_feasible_row_multiplies_out_to_one_global_batch(hosts, dph, g, lb, min_hosts, which):
+@given(hosts=st.integers(1, 12), dph=st.sampled_from([1, 2, 4, 8]), min_hosts=st.integers(1, 12),
+       which=st.integers(0, 2), data=st.data())
+def test_each_row_is_feasible_exactly_when_a_decomposition_exists(hosts, dph, min_hosts, which, data):
+    """Every row against a brute-force search, in both directions: a row the planner wrongly refuses
+    fails here as much as a row that misses the global batch."""
     recipe, base = [("efficientnet_b4", "ipu-pod16"), ("resnet50", "abci"), ("resnet18_cifar10", "local")][which]
     cluster = load_cluster(base).with_hosts(tuple(f"h{i}" for i in range(hosts)), dph)
+    rec = load_recipe(recipe)
+    dev = cluster.device
+    p = rec.lookup("devices_per_replica", dev.key, dev.kind)
+    max_local = rec.lookup("max_local_batch", dev.key, dev.kind)
+    min_ga = rec.lookup("min_grad_accum", dev.key, dev.kind) or 1
+    iph = cluster.instances_per_host
+    # half the draws build g from a decomposition on one of the host counts, so that feasible rows are common
+    n0 = data.draw(st.integers(1, hosts), label="n0")
+    if data.draw(st.booleans(), label="built") and (n0 * dph) % p == 0:
+        b = data.draw(st.integers(1, max_local + 1), label="b")
+        g = n0 * dph // p * b * data.draw(st.sampled_from([max(1, min_ga - 1), min_ga, min_ga + 1, 2 * min_ga + 3]), label="a")
+        lb = data.draw(st.sampled_from([None, b]), label="lb")
+    else:
+        g = data.draw(st.integers(1, 4096), label="g")
+        lb = data.draw(st.one_of(st.none(), st.integers(1, 8)), label="lb")
+    ov = Overrides(global_batch=g, local_batch=lb)
     if min_hosts > hosts:
-        with pytest.raises(PlanError):
-            elastic_table(cluster, load_recipe(recipe), Overrides(global_batch=g, local_batch=lb), min_hosts)
+        with pytest.raises(PlanError) as e:
+            elastic_table(cluster, rec, ov, min_hosts)
+        assert e.value.exit_code == 2
         return
-    try:
-        t = elastic_table(cluster, load_recipe(recipe), Overrides(global_batch=g, local_batch=lb), min_hosts)
-    except PlanError as exc:         # e.g. a local batch above the recipe's maximum: the plan itself is invalid
-        assert exc.exit_code == 2
-        return
+    t = elastic_table(cluster, rec, ov, min_hosts)
     assert t.global_batch == g
     assert [r.hosts for r in t.rows] == list(range(hosts, min_hosts - 1, -1))
     for r in t.rows:
+        found = [] if (dph // iph) % p else brute_force(
+            devices=r.hosts * dph, devices_per_replica=p, instances=r.hosts * iph, max_local=max_local,
+            min_ga=min_ga, g=g, lb=lb, ga=None)
+        assert r.feasible == bool(found), (r.hosts, g, lb, found, r.reason)
         d = r.to_dict()
         if r.feasible:
-            p = r.plan
-            assert p.local_batch * p.replicas * p.grad_accum == g == p.global_batch == d["global_batch"]
-            assert len(p.hosts) == r.hosts and r.reason is None
+            p_ = r.plan
+            assert p_.local_batch * p_.replicas * p_.grad_accum == g == p_.global_batch == d["global_batch"]
+            assert (p_.local_batch, p_.grad_accum) in found
+            assert len(p_.hosts) == r.hosts and r.reason is None
             assert {"hosts", "replicas", "local_batch", "grad_accum", "global_batch"} <= set(d)
             if lb is not None:
-                assert p.local_batch == lb
+                assert p_.local_batch == lb
         else:
             assert r.reason and d["reason"] == r.reason and d["hosts"] == r.hosts
     assert len({r.plan.learning_rate for r in t.rows if r.feasible}) <= 1

@@ -8,6 +8,7 @@ from podrun.plan.decompose import decompose, feasible, pipeline_bubble
 from podrun.plan.env import POPDIST_NAMES, PODRUN_NAMES, TORCHRUN_NAMES, worker_env, workers_per_instance
 from podrun.plan.model import Plan
 from podrun.specs import load_cluster, load_recipe
+from tests.unit.plan_oracle import brute_force
 
 
 @pytest.mark.parametrize("pod,replicas,ga,instances", [(16, 8, 256, 1), (64, 32, 64, 4), (128, 64, 32, 8), (256, 128, 16, 16)])
@@ -103,38 +104,75 @@ sizes = st.integers(min_value=1, max_value=64)
 
 @settings(max_examples=400, deadline=None)
 @given(hosts=st.integers(1, 32), dph=st.sampled_from([1, 2, 4, 8, 16]), p=st.sampled_from([1, 2, 4]),
-       max_local=st.integers(1, 64), min_ga=st.integers(1, 8), g=st.integers(1, 20000),
-       lb=st.one_of(st.none(), sizes), ga=st.one_of(st.none(), sizes))
-def test_every_plan_multiplies_out_and_respects_constraints(hosts, dph, p, max_local, min_ga, g, lb, ga):
+       max_local=st.integers(1, 64), min_ga=st.integers(1, 8), data=st.data())
+def test_planner_succeeds_exactly_when_a_decomposition_exists(hosts, dph, p, max_local, min_ga, data):
+    """Both directions: a refusal is checked against a brute-force search as much as a plan is, so a
+    planner that wrongly refused a reachable global batch fails here."""
+    # half the draws build g from a decomposition near the limits (local batch up to max_local + 1, GA from
+    # min_ga - 1), so that the edges of feasibility are drawn often, not only by chance
+    if data.draw(st.booleans(), label="built") and (hosts * dph) % p == 0:
+        b = data.draw(st.integers(1, max_local + 1), label="b")
+        a = data.draw(st.integers(max(1, min_ga - 1), min_ga + 8), label="a")
+        g = hosts * dph // p * b * a
+        lb = data.draw(st.sampled_from([None, b, max(1, b - 1)]), label="lb")
+        ga = data.draw(st.sampled_from([None, a, a + 1]), label="ga")
+    else:
+        g = data.draw(st.integers(1, 20000), label="g")
+        lb = data.draw(st.one_of(st.none(), sizes), label="lb")
+        ga = data.draw(st.one_of(st.none(), sizes), label="ga")
+    found = brute_force(devices=hosts * dph, devices_per_replica=p, instances=hosts, max_local=max_local,
+                        min_ga=min_ga, g=g, lb=lb, ga=ga)
     try:
         d = decompose(devices=hosts * dph, devices_per_replica=p, instances=hosts, max_local_batch=max_local,
                       min_grad_accum=min_ga, global_batch=g, local_batch=lb, grad_accum=ga)
     except PlanError as exc:
+        assert not found, f"refused {g} though {found[-1]} (local batch, GA) meets it: {exc}"
         assert exc.exit_code == 2 and str(exc)
         return
+    assert found, f"planned {d} though no decomposition meets {g}"
     assert d.local_batch * d.replicas * d.grad_accum == g
     assert d.replicas * p == hosts * dph and d.replicas % hosts == 0
     assert 1 <= d.local_batch <= max_local and d.grad_accum >= min_ga
+    assert (d.local_batch, d.grad_accum) in found
     if lb is not None:
         assert d.local_batch == lb
     if ga is not None:
         assert d.grad_accum == ga
     if lb is None and ga is None:   # the largest local batch that works
-        for b in range(d.local_batch + 1, max_local + 1):
-            assert not ((g // d.replicas) % b == 0 and (g // d.replicas) // b >= min_ga)
+        assert d.local_batch == max(b for b, _ in found)
+
+
+@settings(max_examples=300, deadline=None)
+@given(replicas=st.integers(1, 256), max_local=st.integers(1, 32), min_ga=st.integers(1, 4), g=st.integers(1, 50000))
+def test_feasible_agrees_with_brute_force(replicas, max_local, min_ga, g):
+    """The planner's own oracle (used for the neighbours it offers) against the brute-force one."""
+    d = feasible(g, replicas, max_local, min_ga, None, None)
+    found = brute_force(devices=replicas, devices_per_replica=1, instances=1, max_local=max_local,
+                        min_ga=min_ga, g=g, lb=None, ga=None)
+    assert (d is None) == (not found)
+    if d is not None:
+        assert (d.local_batch, d.grad_accum) == max(found)
 
 
 @settings(max_examples=300, deadline=None)
 @given(replicas=st.integers(1, 256), max_local=st.integers(1, 32), g=st.integers(1, 50000))
 def test_infeasible_error_offers_feasible_neighbours(replicas, max_local, g):
-    if feasible(g, replicas, max_local, 1, None, None):
+    def reachable(n):
+        return bool(brute_force(devices=replicas, devices_per_replica=1, instances=1, max_local=max_local,
+                                min_ga=1, g=n, lb=None, ga=None))
+
+    if reachable(g):
+        decompose(devices=replicas, devices_per_replica=1, instances=1, max_local_batch=max_local,
+                  min_grad_accum=1, global_batch=g)
         return
     with pytest.raises(PlanError) as e:
         decompose(devices=replicas, devices_per_replica=1, instances=1, max_local_batch=max_local,
                   min_grad_accum=1, global_batch=g)
     import re
-    for n in re.findall(r"--global-batch (\d+)", e.value.hint or ""):
-        assert feasible(int(n), replicas, max_local, 1, None, None) is not None
+    offered = [int(n) for n in re.findall(r"--global-batch (\d+)", e.value.hint or "")]
+    assert offered, e.value.hint
+    for n in offered:
+        assert reachable(n)
 
 
 @given(p=st.integers(1, 8), ga=st.integers(1, 512))

@@ -6,6 +6,8 @@ Each step prints a line and does one all_reduce; rank --odd stalls at --stop:
   skip       the rank skips one all_reduce (the others wait in theirs; it waits in the next barrier)
   loader     a DataLoader worker process is stuck, and the rank waits for its batch
   slow       no stall: every step takes --every seconds (slow but moving)
+With --until FILE the loop goes on past --steps until FILE exists (seen by any rank), so that a test can look
+at a live run without racing its end.
 Lines marked "# STALL-<mode>" are where each mode stops; the tests look those lines up.
 """
 from __future__ import annotations
@@ -52,6 +54,7 @@ def main():
     ap.add_argument("--odd", type=int, default=1)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--every", type=float, default=0.05)
+    ap.add_argument("--until", default=None, help="go on past --steps until this file exists")
     ap.add_argument("--tag", default="", help="ignored: a marker for the test to find the processes by")
     args = ap.parse_args()
     dist.init_process_group("gloo")
@@ -59,7 +62,9 @@ def main():
     loader = None
     if args.mode == "loader" and rank == args.odd:
         loader = iter(torch.utils.data.DataLoader(Stuck(), batch_size=1, num_workers=1))
-    for step in range(args.steps):
+    step = -1
+    while True:
+        step += 1
         time.sleep(args.every)
         if rank == args.odd and step == args.stop:
             if args.mode == "sleep":
@@ -72,9 +77,11 @@ def main():
                 pass
         if loader is not None:
             next(loader)  # STALL-loader-rank
-        t = torch.ones(1)
+        t = torch.tensor([1.0, float(args.until is not None and os.path.exists(args.until))])
         dist.all_reduce(t)  # STALL-others
-        print(f"step {step} rank {rank} sum {int(t.item())}", flush=True)
+        print(f"step {step} rank {rank} sum {int(t[0].item())}", flush=True)
+        if step + 1 >= args.steps and (args.until is None or t[1].item() > 0):
+            break
     dist.destroy_process_group()
 
 
