@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch.helpers import marker, podrun, podrun_popen, run_dir, summary, wait_output, wait_until
+from tests.launch.helpers import end, marker, podrun, podrun_popen, run_dir, summary, wait_output, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 TRAIN = str(Path(__file__).with_name("train_groupnorm.py"))
@@ -48,8 +48,7 @@ def cut_when_up(p, hosts, victim: str, instances: int, timeout: float) -> str:
         hosts.isolate(victim)
         return p.communicate(timeout=timeout)[1]
     finally:
-        if p.poll() is None:
-            p.kill()
+        end(p)
 
 
 @pytest.mark.torch
@@ -69,8 +68,7 @@ def test_lost_host_continues_on_3_hosts_with_the_same_global_batch_and_loss_curv
         lost = time.time()
         out, err = p.communicate(timeout=180)
     finally:
-        if p.poll() is None:
-            p.kill()
+        end(p)
     assert p.returncode == 0, err
     line = [l for l in err.splitlines() if "elastic:" in l]
     assert len(line) == 1 and line[0].startswith("podrun: elastic: dropping h3 (host h3 lost"), err

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.elastic.test_elastic_ssh import TRAIN, steps, wait_step
-from tests.launch.helpers import podrun_popen, run_dir, summary, wait_output, wait_until
+from tests.launch.helpers import end, podrun_popen, run_dir, summary, wait_output, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.torch, pytest.mark.timeout(300)]
 STEPS, G = 24, 12
@@ -59,8 +59,7 @@ def finish(p, timeout: float = 240) -> str:
     try:
         return p.communicate(timeout=timeout)[1]
     finally:
-        if p.poll() is None:
-            p.kill()
+        end(p)
 
 
 def cut_run(hosts, names, tmp_path, port: int, cut: str, *extra, at_step: int = 8,

@@ -147,8 +147,7 @@ def test_no_false_loss_under_a_load_of_twice_the_cores(make_ssh_hosts, tmp_path)
         try:
             p.wait(timeout=LOAD_S + 200)
         finally:
-            if p.poll() is None:
-                p.kill()
+            end(p)
     finally:
         for b in busy:
             b.kill()

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tests.launch.helpers import local_pids, marker, podrun, podrun_popen, wait_output, wait_until
+from tests.launch.helpers import end, local_pids, marker, podrun, podrun_popen, wait_output, wait_until
 from tests.ports import free_port
 
 pytestmark = pytest.mark.timeout(120)
@@ -47,8 +47,7 @@ def test_kill_9_of_podrun_leaves_no_worker_descendant(tmp_path):
         p.wait(timeout=10)
         assert wait_until(lambda: local_pids(m) == [], 10), local_pids(m)
     finally:
-        if p.poll() is None:
-            p.kill()
+        end(p)
 
 
 def test_daemons_of_a_successful_run_are_ended(tmp_path):
@@ -84,8 +83,7 @@ def test_sigterm_of_the_local_agent_ends_the_daemons(tmp_path):
         p.wait(timeout=15)
         assert wait_until(lambda: local_pids(m) == [], 5), local_pids(m)
     finally:
-        if p.poll() is None:
-            p.kill()
+        end(p)
 
 
 @pytest.mark.cluster
@@ -108,8 +106,7 @@ def test_kill_9_of_podrun_over_ssh_leaves_nothing_on_any_host(ssh_hosts, tmp_pat
         p.wait(timeout=10)
         assert wait_until(lambda: not left(), 15), left()
     finally:
-        if p.poll() is None:
-            p.kill()
+        end(p)
 
 
 @pytest.mark.cluster

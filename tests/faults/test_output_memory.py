@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from tests.faults.memory import podrun_output
+from tests.launch.helpers import end
 from tests.ports import free_port
 
 pytestmark = pytest.mark.timeout(300)
@@ -63,7 +64,6 @@ def test_a_paused_console_holds_the_workers_back_but_loses_no_host(tmp_path):
         assert w in local_pids(m) and _blocked_writing(w), "the worker was not held back for the whole pause"
         out, err = p.communicate(timeout=120)
     finally:
-        if p.poll() is None:
-            p.kill()
+        end(p)
     assert p.returncode == 0, err.decode()
     assert b"lost" not in err and out.count(b"x" * 500 + b"\n") == 20000 and out.endswith(b"last line\n")

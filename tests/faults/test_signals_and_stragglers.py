@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from tests.launch.helpers import local_pids, marker, podrun, podrun_popen, summary, wait_output, wait_until
+from tests.launch.helpers import end, local_pids, marker, podrun, podrun_popen, summary, wait_output, wait_until
 from tests.ports import free_port
 
 pytestmark = pytest.mark.timeout(120)
@@ -28,8 +28,7 @@ def test_sighup_ends_the_run_like_sigterm_with_a_message_and_summary(tmp_path):
         assert s["status"] == "interrupted" and s["exit_code"] == 129
         assert wait_until(lambda: local_pids(m) == [], 5), local_pids(m)
     finally:
-        if p.poll() is None:
-            p.kill()
+        end(p)
 
 
 def test_straggler_timeout_ends_the_run_naming_the_hung_ranks(tmp_path):

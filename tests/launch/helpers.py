@@ -102,6 +102,7 @@ def summary(runs: Path) -> dict:
 
 
 def end(proc: subprocess.Popen) -> None:
+    """End a podrun (or any process) a test started, if it is still running: the one teardown of the tests' runs."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch.helpers import (SCRIPTS, local_pids, marker, podrun, podrun_popen, run_dir, summary,
-                                  wait_output, wait_until)
+from tests.launch.helpers import (SCRIPTS, end, local_pids, marker, podrun, podrun_popen, run_dir, summary, wait_output, wait_until)
 
 pytestmark = pytest.mark.timeout(150)
 HANG = str(SCRIPTS / "hang.py")
@@ -68,8 +67,7 @@ def test_a_stalled_rank_is_found_its_stack_shown_and_the_run_ended(tmp_path, mod
         wait_output(p, "step 4 rank 1", 90)
         out, err = p.communicate(timeout=120)     # a hang guard: the stalled rank waits an hour
     finally:
-        if p.poll() is None:
-            p.kill()
+        end(p)
     assert p.returncode == HANG_EXIT, err
     assert f"no progress from any rank for {WINDOW:.1f} s (--hang-timeout)" in err
     rd = run_dir(tmp_path / "runs")
@@ -169,8 +167,7 @@ def test_podrun_stack_shows_a_live_local_run_which_goes_on(tmp_path):
         _stack_while_running(p, tmp_path, runs, 2, ["localhost"])
         out, err = p.communicate(timeout=90)
     finally:
-        if p.poll() is None:
-            p.kill()
+        end(p)
     assert p.returncode == 0, err
     assert "step 39 rank 0" in out and "step 39 rank 1" in out
 
@@ -191,8 +188,7 @@ def test_podrun_stack_over_ssh_shows_every_rank_and_the_run_goes_on(ssh_hosts, t
         _stack_while_running(p, tmp_path, runs, 6, names)
         out, err = p.communicate(timeout=120)
     finally:
-        if p.poll() is None:
-            p.kill()
+        end(p)
     assert p.returncode == 0, err
     assert all(f"step 39 rank {r}" in out for r in range(6)), out[-2000:]
 

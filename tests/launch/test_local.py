@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.ports import free_port
-from tests.launch.helpers import (ALLREDUCE, local_pids, marker, podrun, podrun_popen, run_dir, summary,
-                                  wait_output, wait_until)
+from tests.launch.helpers import (ALLREDUCE, end, local_pids, marker, podrun, podrun_popen, run_dir, summary, wait_output, wait_until)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -91,8 +90,7 @@ def test_ctrl_c_or_sigterm_ends_everything(tmp_path, sig, code):
         assert wait_until(lambda: local_pids(m) == [], 5), local_pids(m)
         assert summary(tmp_path / "runs")["status"] == "interrupted"
     finally:
-        if p.poll() is None:
-            p.kill()
+        end(p)
 
 
 def test_worker_ignoring_sigterm_is_killed_after_grace(tmp_path):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch.helpers import ALLREDUCE, marker, podrun, podrun_popen, run_dir, summary, wait_output, wait_until
+from tests.launch.helpers import ALLREDUCE, end, marker, podrun, podrun_popen, run_dir, summary, wait_output, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 _port = iter(range(29900, 30100, 2))
@@ -141,8 +141,7 @@ def test_bastion_fail_fast_and_lost_host_leave_nothing_behind(make_ssh_hosts, tm
         assert wait_until(lambda: not {h: v for h, v in leftovers(hosts, m).items() if h != "h2"}, 5)
         assert wait_until(lambda: not hosts.processes("h2", m), 10), hosts.processes("h2", m)
     finally:
-        if p.poll() is None:
-            p.kill()
+        end(p)
 
 
 def test_unreachable_compute_host_behind_the_bastion_fails_preflight_naming_it(make_ssh_hosts, tmp_path):
@@ -264,8 +263,7 @@ def test_elastic_spare_takes_a_lost_hosts_place_through_the_bastion(make_ssh_hos
         hosts.isolate("h2")
         err = p.communicate(timeout=120)[1]
     finally:
-        if p.poll() is None:
-            p.kill()
+        end(p)
     assert p.returncode == 0, err
     assert "elastic: dropping h2 (host h2 lost" in err and "spare h4 in its place" in err, err
     assert [x["host"] for x in summary(tmp_path / "runs")["instances"]] == ["h1", "h4", "h3"]
@@ -325,8 +323,7 @@ def test_elastic_replan_that_moves_the_master_asks_the_new_master_for_its_data_a
         hosts.isolate("h1")
         out, err = p.communicate(timeout=150)
     finally:
-        if p.poll() is None:
-            p.kill()
+        end(p)
     assert p.returncode == 0, out + err
     assert "elastic: dropping h1 (host h1 lost" in err and "spare h3 in its place" in err, err
     assert "[0 h3] ALLREDUCE rank=0 world=2 local_rank=0 host=h3 sum=3 restart=1" in out, out
@@ -361,8 +358,7 @@ def test_elastic_new_master_that_cannot_be_asked_its_data_address_is_dropped_for
         hosts.isolate("h1")
         out, err = p.communicate(timeout=150)
     finally:
-        if p.poll() is None:
-            p.kill()
+        end(p)
     assert p.returncode == 0, out + err
     said = [line for line in err.splitlines() if "elastic:" in line]
     assert len(said) == 3, err

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch.helpers import ALLREDUCE, marker, podrun, podrun_popen, run_dir, summary, wait_output, wait_until
+from tests.launch.helpers import ALLREDUCE, end, marker, podrun, podrun_popen, run_dir, summary, wait_output, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 _port = iter(range(29700, 29900, 2))
@@ -91,8 +91,7 @@ def test_ctrl_c_ends_every_process_on_every_host(ssh_hosts, tmp_path):
         assert wait_until(lambda: not leftovers(ssh_hosts, m), 3), leftovers(ssh_hosts, m)
         assert summary(tmp_path / "runs")["status"] == "interrupted"
     finally:
-        if p.poll() is None:
-            p.kill()
+        end(p)
 
 
 @pytest.mark.parametrize("fault,client", [("isolate", "openssh"), ("freeze", "openssh"), ("crash", "openssh"),
@@ -122,8 +121,7 @@ def test_lost_host_mid_run_is_detected_and_named(make_ssh_hosts, tmp_path, fault
             gap = {x["host"]: x["max_heartbeat_gap_s"] for x in s["instances"]}["h2"]
             assert gap >= s["heartbeat"]["bound_s"] == 3.0, s["instances"]
     finally:
-        if p.poll() is None:
-            p.kill()
+        end(p)
 
 
 @CLIENTS
