@@ -10,12 +10,13 @@ Wall time, medians.
 """
 from __future__ import annotations
 
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench.rows import row
 
 ALLREDUCE = str(Path(__file__).resolve().parent.parent / "tests" / "launch" / "scripts" / "torchrun_allreduce.py")
 
@@ -39,10 +40,7 @@ def _launch(hosts, tmp: str, port: int):
 
 
 def _row(subject, walls, peer, peer_walls, rounds, unit="s wall (median)"):
-    w, pw = statistics.median(walls), statistics.median(peer_walls)
-    return {"benchmark": "addresses", "subject": subject, "value": round(w, 3), "peer": peer,
-            "peer_value": round(pw, 3), "ratio": round(w / pw, 3), "unit": unit,
-            "note": f"{rounds} interleaved rounds after one warm-up"}
+    return row("addresses", subject, walls, unit, f"{rounds} interleaved rounds after one warm-up", peer, peer_walls)
 
 
 def run(quick: bool) -> list[dict]:

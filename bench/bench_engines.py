@@ -9,6 +9,8 @@ import sys
 import tempfile
 import time
 
+from bench.rows import row
+
 
 def _time(argv, *, env=None, cwd=None, timeout=30.0) -> float | None:
     """Seconds argv took, or None when it hung past ``timeout`` (its process group is then killed)."""
@@ -45,9 +47,7 @@ def _interleaved(subjects: dict, repeats: int, **kw) -> tuple[dict[str, float], 
 
 
 def _row(bench, subject, value, peer, peer_value, note):
-    return {"benchmark": bench, "subject": subject, "value": round(value, 3), "peer": peer,
-            "peer_value": round(peer_value, 3), "ratio": round(value / peer_value, 3), "unit": "s (median)",
-            "note": note}
+    return row(bench, subject, value, "s (median)", note, peer, peer_value)
 
 
 def bench_slurm(repeats: int) -> list[dict]:

@@ -15,6 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.rows import row
+
 ROOT = Path(__file__).resolve().parents[1]
 HANG = str(ROOT / "tests" / "launch" / "scripts" / "hang.py")
 STEP = str(ROOT / "bench" / "scripts" / "step_time.py")
@@ -95,10 +97,7 @@ def step_ms(tmp: Path, launcher: str, steps: int) -> float:
 
 
 def _row(subject, value, unit, peer, peer_value, note):
-    return {"benchmark": "hang", "subject": subject, "value": None if value is None else round(value, 3),
-            "peer": peer, "peer_value": None if peer_value is None else round(peer_value, 3),
-            "ratio": None if peer_value is None or peer_value == 0 or value is None else round(value / peer_value, 3), "unit": unit,
-            "note": note}
+    return row("hang", subject, value, unit, note, peer, peer_value)
 
 
 def run(quick: bool) -> list[dict]:

@@ -1,17 +1,14 @@
 """Test-harness costs: NetnsHosts / SlurmCluster up and down, ssh round trips, a 3-node Slurm job."""
 from __future__ import annotations
 
-import statistics
 import subprocess
 import time
 
+from bench.rows import row
+
 
 def _row(benchmark, subject, values, unit, note, peer=None, peer_values=None):
-    v = statistics.median(values)
-    pv = statistics.median(peer_values) if peer_values else None
-    return {"benchmark": benchmark, "subject": subject, "value": round(v, 4), "peer": peer,
-            "peer_value": None if pv is None else round(pv, 4),
-            "ratio": None if pv is None else round(v / pv, 3), "unit": unit, "note": note}
+    return row(benchmark, subject, values, unit, note, peer, peer_values, digits=4)
 
 
 def run(quick: bool) -> list[dict]:

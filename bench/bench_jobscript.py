@@ -9,6 +9,8 @@ import subprocess
 import tempfile
 import time
 
+from bench.rows import row
+
 
 def _median_us(fn, repeats: int, inner: int) -> float:
     times = []
@@ -29,10 +31,7 @@ def _abci_like_nodelist() -> tuple[str, list[str]]:
 
 
 def _row(benchmark, subject, value, peer, peer_value, unit, note):
-    ratio = (value / peer_value) if (peer_value and value) else None
-    return {"benchmark": benchmark, "subject": subject, "value": round(value, 3), "peer": peer,
-            "peer_value": None if peer_value is None else round(peer_value, 3),
-            "ratio": None if ratio is None else round(ratio, 3), "unit": unit, "note": note}
+    return row(benchmark, subject, value, unit, note, peer, peer_value)
 
 
 def run(quick: bool = True) -> list[dict]:

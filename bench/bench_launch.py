@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.rows import row
 from podrun.wire.liveness import Liveness
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,11 +32,7 @@ PODRUN = [sys.executable, "-m", "podrun"]
 
 
 def _row(benchmark, subject, values, unit, note, peer=None, peer_values=None):
-    v = statistics.median(values)
-    pv = statistics.median(peer_values) if peer_values else None
-    return {"benchmark": benchmark, "subject": subject, "value": round(v, 4), "peer": peer,
-            "peer_value": None if pv is None else round(pv, 4),
-            "ratio": None if not pv else round(v / pv, 3), "unit": unit, "note": note}
+    return row(benchmark, subject, values, unit, note, peer, peer_values, digits=4)
 
 
 def _podrun_args(hosts, names, runs, port, *extra):

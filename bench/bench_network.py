@@ -23,6 +23,8 @@ import sys
 import tempfile
 import time
 
+from bench.rows import row
+
 PARAMIKO_TRUE = r"""
 import sys, threading, paramiko
 cfg = paramiko.SSHConfig.from_path(sys.argv[1])
@@ -94,15 +96,10 @@ def _tools(hosts, tmp: str) -> dict[str, list[str] | tuple]:
 
 
 def _row(subject, n, topo, walls, cpus, peer=None, peer_walls=None, peer_cpus=None, rounds=0):
-    w, c = statistics.median(walls), statistics.median(cpus) / n
-    row = {"benchmark": "network", "subject": f"{subject}, {n} hosts {topo}", "value": round(w, 3),
-           "peer": peer, "peer_value": None, "ratio": None, "unit": "s wall (median)",
-           "note": f"{rounds} interleaved rounds; controller CPU {c * 1000:.0f} ms/host"}
+    note = f"{rounds} interleaved rounds; controller CPU {statistics.median(cpus) / n * 1000:.0f} ms/host"
     if peer_walls:
-        pw, pc = statistics.median(peer_walls), statistics.median(peer_cpus) / n
-        row.update(peer_value=round(pw, 3), ratio=round(w / pw, 3))
-        row["note"] += f" vs {pc * 1000:.0f} ms/host"
-    return row
+        note += f" vs {statistics.median(peer_cpus) / n * 1000:.0f} ms/host"
+    return row("network", f"{subject}, {n} hosts {topo}", walls, "s wall (median)", note, peer, peer_walls or None)
 
 
 def run(quick: bool) -> list[dict]:

@@ -20,6 +20,7 @@ import threading
 import time
 from pathlib import Path
 
+from bench.rows import row
 from tests.faults.memory import OUTPUT, _slow_console, podrun_output, vm_hwm_mb
 from tests.ports import free_port
 
@@ -69,9 +70,7 @@ def bare_output(tmp: Path, mb: int, mode: str, k: int) -> float:
 
 
 def _row(subject, value, unit, peer, peer_value, note):
-    return {"benchmark": "worker output", "subject": subject, "value": round(value, 3), "peer": peer,
-            "peer_value": None if peer_value is None else round(peer_value, 3),
-            "ratio": None if not peer_value else round(value / peer_value, 3), "unit": unit, "note": note}
+    return row("worker output", subject, value, unit, note, peer, peer_value)
 
 
 def run(quick: bool) -> list[dict]:

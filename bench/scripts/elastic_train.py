@@ -27,34 +27,20 @@ import time
 
 PROC_START = time.time()
 
-import argparse  # noqa: E402
 import datetime  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 
-p = argparse.ArgumentParser()
-p.add_argument("--dir", required=True, help="checkpoint, steps.log, events.log, stop file")
-p.add_argument("--batch", type=int, default=2, help="per-worker batch when the launcher gives none")
-p.add_argument("--grad-accum", type=int, default=3, help="GA when the launcher gives none")
-p.add_argument("--pg-timeout", type=float, default=10.0, help="seconds before a collective with a silent peer fails")
+from train_args import appender, parser  # noqa: E402 - beside this script
+
+p = parser(batch=2, grad_accum=3, pg_timeout=10.0, dir_help="checkpoint, steps.log, events.log, stop file")
 p.add_argument("--init-timeout", type=float, default=60.0, help="seconds init waits for every rank to arrive")
-p.add_argument("--sleep", type=float, default=0.2, help="seconds of 'work' after each step")
-p.add_argument("--steps", type=int, default=5000, help="upper bound on steps")
-p.add_argument("--samples", type=int, default=480)
-p.add_argument("--marker", default="", help="ignored: names the run's processes for the controller")
 p.add_argument("--ckpt", choices=("torch", "flash"), default="torch",
                help="torch: rank 0 torch.save()s every step; flash: DLRover's flash checkpoint (DdpCheckpointer: "
                     "shared memory every step, disk every --disk-every steps), for dlrover-run")
 p.add_argument("--disk-every", type=int, default=10, help="with --ckpt flash: steps between disk checkpoints")
 args = p.parse_args()
-
-
-def append(name: str, record: dict) -> None:
-    fd = os.open(os.path.join(args.dir, name), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (json.dumps(record) + "\n").encode())
-    finally:
-        os.close(fd)
+append = appender(args.dir)
 
 
 import sys  # noqa: E402

@@ -21,31 +21,16 @@ import time
 
 PROC_START = time.time()
 
-import argparse  # noqa: E402
-import json  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 from datetime import timedelta  # noqa: E402
 
-p = argparse.ArgumentParser()
-p.add_argument("--dir", required=True, help="steps.log, events.log, stop file")
-p.add_argument("--batch", type=int, default=1, help="per-group local batch")
-p.add_argument("--grad-accum", type=int, default=6)
+from train_args import appender, parser  # noqa: E402 - beside this script
+
+p = parser(batch=1, grad_accum=6, pg_timeout=5.0, dir_help="steps.log, events.log, stop file")
 p.add_argument("--min-replicas", type=int, default=1, help="the Manager's min_replica_size")
-p.add_argument("--pg-timeout", type=float, default=5.0, help="ProcessGroupGloo timeout (train_ddp.py: 5 s on CPU)")
-p.add_argument("--sleep", type=float, default=0.2, help="seconds of 'work' after each step")
-p.add_argument("--steps", type=int, default=5000)
-p.add_argument("--samples", type=int, default=480)
-p.add_argument("--marker", default="", help="ignored: names the run's processes for the controller")
 args = p.parse_args()
-
-
-def append(name: str, record: dict) -> None:
-    fd = os.open(os.path.join(args.dir, name), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (json.dumps(record) + "\n").encode())
-    finally:
-        os.close(fd)
+append = appender(args.dir)
 
 
 import torch  # noqa: E402

@@ -1,0 +1,25 @@
+"""One row of a benchmark table: a subject's figure beside its peer's, their ratio, the unit and a note."""
+from __future__ import annotations
+
+import statistics
+
+
+def _figure(value, digits: int):
+    """A number, or the median of a list of runs, rounded; None (nothing measured) stays None."""
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        if not value:
+            return None
+        value = statistics.median(value)
+    return round(float(value), digits)
+
+
+def row(benchmark: str, subject: str, value, unit: str, note: str, peer: str | None = None, peer_value=None,
+        *, digits: int = 3) -> dict:
+    """The table row every benchmark writes; ``value`` and ``peer_value`` are numbers or lists of runs (their median).
+    The ratio is value / peer_value, None when either is missing or the peer's is 0."""
+    v, pv = _figure(value, digits), _figure(peer_value, digits)
+    ratio = None if v is None or pv is None or pv == 0 else round(v / pv, 3)
+    return {"benchmark": benchmark, "subject": subject, "value": v, "peer": peer, "peer_value": pv, "ratio": ratio,
+            "unit": unit, "note": note}
