@@ -46,7 +46,7 @@ def _row(subject, walls, peer, peer_walls, rounds, unit="s wall (median)"):
 def run(quick: bool) -> list[dict]:
     from podrun.launch.request import SSHOptions
     from podrun.launch.run import build_request
-    from podrun.launch.transport import get_transport
+    from podrun.launch.transports.base import get_transport
     from podrun.cli.options import resolve_plan
     from tests.harness import NetnsHosts
 

@@ -33,7 +33,7 @@ def run(quick: bool) -> list[dict]:
 
     import torch
 
-    from podrun.plan.env import SNAPSHOT_KEY_NAME
+    from podrun.plan.worker_env import SNAPSHOT_KEY_NAME
     from podrun.runtime import snapshot
 
     os.environ.setdefault(SNAPSHOT_KEY_NAME, secrets.token_hex(32))     # as podrun launch gives every worker

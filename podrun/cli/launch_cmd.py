@@ -256,7 +256,7 @@ def launch_options(ctx, args: tuple[str, ...], kw: dict):
 def _sink(plan, as_json: bool):
     """The console writer of workers' lines: ``[instance host]`` (``[instance:local_rank host]``), coloured on a tty.
     The stream is looked up at each line (stderr with --json), so that a live progress line can redirect it."""
-    from podrun.plan.env import workers_per_instance
+    from podrun.plan.worker_env import workers_per_instance
 
     tty = (sys.stderr if as_json else sys.stdout).isatty() and "NO_COLOR" not in os.environ
     multi = workers_per_instance(plan) > 1

@@ -25,7 +25,7 @@ def plan(recipe: str, elastic: str | None, as_json: bool, **kwargs) -> None:
 
     options = pop_plan_options(kwargs)
     if elastic is not None:
-        from podrun.plan.elastic import elastic_table, parse_range
+        from podrun.plan.elastic_table import elastic_table, parse_range
 
         lo, hi = parse_range(elastic)
         cluster, rspec, src, ov = resolve_plan_inputs(recipe, **options)

@@ -9,7 +9,7 @@ import click
 from podrun.cli import types as t
 
 from podrun.cli.options import plan_options, pop_plan_options
-from podrun.jobscript.request import SCHEDULER_HELP, SCHEDULERS
+from podrun.jobscript.job import SCHEDULER_HELP, SCHEDULERS
 
 
 class DashDashCommand(click.Command):

@@ -13,7 +13,7 @@ from podrun.cli import types as t
 from podrun.cli.options import plan_options, pop_plan_options
 from podrun.cli.script_cmd import DashDashCommand, job_options, parse_env_items, split_recipe
 from podrun.errors import PodrunError
-from podrun.jobscript.request import SCHEDULER_HELP, SCHEDULERS
+from podrun.jobscript.job import SCHEDULER_HELP, SCHEDULERS
 
 
 def _scheduler_option(f):

@@ -30,7 +30,7 @@ import sys
 import threading
 
 from podrun.wire.probe import listen, torch_available
-from podrun.plan.env import AGENT_STORE_NAME as ENV    # the name podrun.plan.env sets for every worker
+from podrun.plan.worker_env import AGENT_STORE_NAME as ENV    # the name podrun.plan.worker_env sets for every worker
 
 FD_ENV = "PODRUN_STORE_FD"   # in a store host a zygote forked: the number its listening socket has there
 # The store host: argv = listening fd, its port. Prints "up" once the store serves, else "failed: ...".

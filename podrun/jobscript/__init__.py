@@ -9,7 +9,7 @@ from podrun.specs.allocation import (
     Discovered, HostEntry, compress_hostlist, discover, expand_nodelist, read_pbs_nodefile,
     read_pe_hostfile, read_sge_hostlist,
 )
-from podrun.jobscript.request import (
+from podrun.jobscript.job import (
     SCHEDULER_TABLE, SCHEDULERS, JobRequest, JobScriptError, Scheduler, check_scheduler, format_time, parse_time,
     validate,
 )

@@ -5,7 +5,7 @@ import re
 from typing import Iterable, Mapping, Sequence
 
 from podrun.errors import HostError
-from podrun.jobscript.request import SCHEDULER_TABLE, JobRequest, check_scheduler, validate
+from podrun.jobscript.job import SCHEDULER_TABLE, JobRequest, check_scheduler, validate
 from podrun.specs.allocation import Discovered
 
 __all__ = [

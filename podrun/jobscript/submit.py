@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Protocol
 
 from podrun.errors import HostError, LaunchError, PodrunError
-from podrun.jobscript.request import SCHEDULER_HELP, JobRequest
+from podrun.jobscript.job import SCHEDULER_HELP, JobRequest
 # final states: the job will not run again; everything else is pending/running/ending
 FINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                    "PREEMPTED", "BOOT_FAIL", "DEADLINE", "GONE"})

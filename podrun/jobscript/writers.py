@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import shlex
 
-from podrun.jobscript.request import SCHEDULER_TABLE, JobRequest, format_time, validate
+from podrun.jobscript.job import SCHEDULER_TABLE, JobRequest, format_time, validate
 
 __all__ = ["render", "render_slurm", "render_pbs", "render_uge", "submit_argv"]
 

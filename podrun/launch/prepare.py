@@ -26,7 +26,7 @@ class Prepared:
     request: object                     # podrun.launch.request.LaunchRequest
     target: Target
     engine: str                         # torch | poprun | horovod
-    elastic: object | None = None       # podrun.launch.elastic.ElasticPolicy
+    elastic: object | None = None       # podrun.launch.replan.ElasticPolicy
     notes: tuple[str, ...] = ()         # what podrun decided for the user, said before the run and in --dry-run
     long_run: str | None = None         # the estimate of a run longer than LONG_RUN_HOURS, said before it starts
     cluster: object | None = None       # podrun.specs.ClusterSpec the plan was made on
@@ -100,7 +100,7 @@ def prepare_launch(opts: "LaunchOptions") -> Prepared:
     elastic = None
     max_restarts = mapped.max_restarts
     if mapped.elastic_min is not None:
-        from podrun.launch.elastic import default_restarts, make_policy
+        from podrun.launch.replan import default_restarts, make_policy
 
         elastic = make_policy(cluster, rspec, overrides, plan, mapped.elastic_min, rs.spare_hosts, transport=name,
                               max_restarts=max_restarts, engine=None if engine == "torch" else engine)

@@ -15,8 +15,8 @@ from podrun.launch.request import InstanceLaunch, LaunchRequest, SSHOptions, red
 from podrun.launch.rundir import (check_run_id, create_run_dir, new_run_id, write_launch_files, write_plan,
                                   write_summary)
 from podrun.launch.supervisor import Outcome, Supervisor, _describe_code
-from podrun.launch.transport import TransportFactory, busy_port_problem, get_transport
-from podrun.plan.env import SNAPSHOT_KEY_NAME, data_interface_env
+from podrun.launch.transports.base import TransportFactory, busy_port_problem, get_transport
+from podrun.plan.worker_env import SNAPSHOT_KEY_NAME, data_interface_env
 
 MULTI_HOST_PORT = 29500   # the default --master-port when the master host is elsewhere (0, "pick", on this machine)
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "ip6-localhost"}
@@ -195,7 +195,7 @@ def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from:
             elastic=None, watch=None, progress=None) -> tuple[Outcome | None, dict]:
     """Run the request (with restarts); returns the last outcome and the summary written to summary.json.
 
-    ``elastic`` (a podrun.launch.elastic.ElasticPolicy): each restart first drops the failed hosts,
+    ``elastic`` (a podrun.launch.replan.ElasticPolicy): each restart first drops the failed hosts,
     takes spares, and re-plans at the same global batch; no such plan ends the run. ``watch`` (a
     podrun.launch.watch.WatchOptions) and ``progress`` go to the Supervisor.
     """
@@ -232,7 +232,7 @@ def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from:
 
 def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_output_from, elastic,
               record: dict | None, watch=None, progress=None) -> tuple[Outcome | None, dict]:
-    from podrun.plan.env import workers_per_instance
+    from podrun.plan.worker_env import workers_per_instance
 
     attempts: list[dict] = []
     base_port = req.master_port
@@ -313,7 +313,7 @@ def _replan(policy, record: dict, req: LaunchRequest, summary: dict, outcome: Ou
     ``failed`` and ``problems``: the hosts of a re-planned attempt that failed its check before it started
     (and why); they are dropped from ``req.plan`` as a lost host is, timed from the same loss.
     """
-    from podrun.launch.elastic import decomposition, describe, failed_hosts, last_step, next_plan
+    from podrun.launch.replan import decomposition, describe, failed_hosts, last_step, next_plan
 
     if failed is None:
         failed = failed_hosts(summary["instances"], summary["root_cause"])
@@ -358,7 +358,7 @@ def _replan(policy, record: dict, req: LaunchRequest, summary: dict, outcome: Ou
 def _elastic_timings(record: dict, restart_count: int, run_dir: str, outcome: Outcome) -> None:
     """After the attempt that followed a re-plan: seconds from the loss to its workers all started, and to
     its first training step (from metrics.jsonl; None when the script logs none)."""
-    from podrun.launch.elastic import first_step_after, resumed_after
+    from podrun.launch.replan import first_step_after, resumed_after
 
     if not record["replans"] or record["replans"][-1]["restart"] != restart_count:
         return

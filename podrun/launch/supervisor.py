@@ -36,7 +36,7 @@ from podrun.launch import watch as watching
 from podrun.wire.liveness import FIRST_HEARTBEAT_S, Hearing
 from podrun.launch.request import LaunchRequest, redact_argv
 from podrun.launch.rundir import private_open
-from podrun.launch.transport import InstanceHandle, Transport
+from podrun.launch.transports.base import InstanceHandle, Transport
 
 LOST_EXIT = 255           # like ssh: the connection to a host was lost
 TAIL = 10                 # last lines kept per worker (and per instance) for the root cause

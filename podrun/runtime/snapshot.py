@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from podrun.errors import PodrunError
-from podrun.plan.env import SNAPSHOT_KEY_NAME
+from podrun.plan.worker_env import SNAPSHOT_KEY_NAME
 
 SLOTS = 2
 RAW, TORCH = "raw", "torch"      # a slot's kind: podrun.runtime.rawstate, or torch.save (weights_only=True)
@@ -105,7 +105,7 @@ def prepare_dirs(envs: list[dict[str, str]]) -> list[str]:
     """The agent's start (torch-free): make or check the snapshot directory of each worker env before any worker
     starts; where one cannot be used its PODRUN_SNAPSHOT_DIR is dropped (those workers keep no snapshot, a restart
     resumes from the disk checkpoint). The lines saying why, one per directory."""
-    from podrun.plan.env import PODRUN_FIELDS
+    from podrun.plan.worker_env import PODRUN_FIELDS
 
     name, problems = PODRUN_FIELDS["snapshot_dir"], {}
     for env in envs:
@@ -203,7 +203,7 @@ def drop_when_done(envs: list[dict[str, str]], code: int | None, ended: bool) ->
     the workers all succeeded (code 0), the run is being ended (``ended``: the agent got SIGINT or SIGTERM, or
     lost its controller, which then drops this host), or this was the attempt with the last restart
     (PODRUN_RESTART_COUNT >= TORCHELASTIC_MAX_RESTARTS)."""
-    from podrun.plan.env import PODRUN_FIELDS
+    from podrun.plan.worker_env import PODRUN_FIELDS
 
     for env in envs:
         try:

@@ -1,6 +1,6 @@
 """The IPU path of the runner: poptorch drives the instance's replicas, GA and device iterations in one call.
 
-One worker per instance (see podrun.plan.env.workers_per_instance); poptorch.Options carries
+One worker per instance (see podrun.plan.worker_env.workers_per_instance); poptorch.Options carries
 replicationFactor = local replicas, Training.gradientAccumulation = GA and, across instances,
 Distributed.configureProcessId(instance index, instances), as popdist.poptorch.Options would.
 Images reach the device as uint8 and are normalised there (inside the wrapped model).

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from podrun.plan.env import SNAPSHOT_KEY_NAME
+from podrun.plan.worker_env import SNAPSHOT_KEY_NAME
 from podrun.runtime import rawstate, snapshot
 
 

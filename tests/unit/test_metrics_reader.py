@@ -1,4 +1,4 @@
-"""One torch-free reader of metrics.jsonl: the launcher's elastic scan (podrun.launch.elastic) and podrun report
+"""One torch-free reader of metrics.jsonl: the launcher's elastic scan (podrun.launch.replan) and podrun report
 (podrun.train.report) see the same training steps in the same file, and the scan imports no torch."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from podrun.launch.elastic import first_step_after, last_step
+from podrun.launch.replan import first_step_after, last_step
 from podrun.train.metrics import end_record, read_metrics_counted, step_times
 from podrun.train.report import read_run, summarize
 
@@ -44,7 +44,7 @@ def test_elastic_scan_and_report_read_the_same_records(tmp_path):
 
 def test_the_elastic_scan_imports_no_torch(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("\n".join(LINES) + "\n")
-    code = ("import sys; from podrun.launch.elastic import last_step; from podrun.train.report import pointers; "
+    code = ("import sys; from podrun.launch.replan import last_step; from podrun.train.report import pointers; "
             f"print(last_step({str(tmp_path)!r}), pointers({str(tmp_path)!r})); "
             "print([m for m in ('torch', 'numpy', 'matplotlib') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

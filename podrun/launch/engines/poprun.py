@@ -1,6 +1,6 @@
 """The poprun engine: the poprun command line for an IPU-POD plan, and poprun as a transport of agents.
 
-poprun sets the popdist names itself; their values for a plan are podrun.plan.env.popdist_env.
+poprun sets the popdist names itself; their values for a plan are podrun.plan.worker_env.popdist_env.
 """
 from __future__ import annotations
 
@@ -129,7 +129,7 @@ def render(cmd: list[str]) -> str:
 
 # ---- as a transport: poprun starts the instance agents --------------------------------------------
 
-from podrun.launch.transport import InstanceHandle, Problem, Transport  # noqa: E402
+from podrun.launch.transports.base import InstanceHandle, Problem, Transport  # noqa: E402
 
 
 class PoprunTransport(Transport):

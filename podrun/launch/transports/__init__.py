@@ -1,1 +1,1 @@
-"""Transport implementations; loaded lazily by name through podrun.launch.transport.TRANSPORTS."""
+"""Transport implementations; loaded lazily by name through podrun.launch.transports.base.TRANSPORTS."""

@@ -12,7 +12,7 @@ import subprocess
 
 from podrun.errors import LaunchError
 from podrun.wire.probe import port_free
-from podrun.launch.transport import InstanceHandle, Problem, StreamMerger, Transport, busy_port_problem
+from podrun.launch.transports.base import InstanceHandle, Problem, StreamMerger, Transport, busy_port_problem
 
 
 def _pdeathsig() -> None:

@@ -113,7 +113,7 @@ import shlex  # noqa: E402
 import signal  # noqa: E402
 import threading  # noqa: E402
 
-from podrun.launch.transport import InstanceHandle, Problem, StreamMerger, Transport  # noqa: E402
+from podrun.launch.transports.base import InstanceHandle, Problem, StreamMerger, Transport  # noqa: E402
 
 
 def hosts_and_ranks(request) -> tuple[list[str], int]:
@@ -281,7 +281,7 @@ class MpirunTransport(Transport):
         return path
 
     def argv(self, flavour: str | None = None, redact: bool = False) -> list[str]:
-        from podrun.plan.env import workers_per_instance
+        from podrun.plan.worker_env import workers_per_instance
 
         hosts, k = hosts_and_ranks(self.request)
         names = self.request.env_names()
@@ -312,7 +312,7 @@ class MpirunTransport(Transport):
         argv = self.argv()
         env = dict(os.environ)
         env.update(dict(self.request.env))
-        from podrun.plan.env import workers_per_instance
+        from podrun.plan.worker_env import workers_per_instance
 
         h = ProcessHandle(argv, label="mpirun", instances=tuple(i.index for i in self.request.instances),
                           grace=self.request.grace, env=env,

@@ -18,7 +18,7 @@ import signal
 import subprocess
 import threading
 
-from podrun.launch.transport import InstanceHandle, Problem, StreamMerger
+from podrun.launch.transports.base import InstanceHandle, Problem, StreamMerger
 from podrun.launch.transports.ssh_common import HeldAgentTransport, HeldProbe, ip_hostname
 
 SSH = "ssh"

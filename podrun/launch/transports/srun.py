@@ -6,7 +6,7 @@ import shlex
 import subprocess
 
 from podrun.errors import HostError, LaunchError
-from podrun.launch.transport import InstanceHandle, Problem, Transport
+from podrun.launch.transports.base import InstanceHandle, Problem, Transport
 from podrun.launch.transports.mpirun import ProcessHandle, agent_shell, hosts_and_ranks
 
 

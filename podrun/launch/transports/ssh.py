@@ -24,7 +24,7 @@ import threading
 import paramiko
 
 from podrun.errors import LaunchError
-from podrun.launch.transport import InstanceHandle, Problem, StreamMerger
+from podrun.launch.transports.base import InstanceHandle, Problem, StreamMerger
 from podrun.launch.transports.ssh_common import HeldAgentTransport, HeldProbe, ip_hostname
 USER_KNOWN_HOSTS = "~/.ssh/known_hosts ~/.ssh/known_hosts2"              # OpenSSH's defaults
 GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2"

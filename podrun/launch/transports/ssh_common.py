@@ -17,7 +17,7 @@ import podrun
 from podrun.errors import LaunchError
 from podrun.wire import protocol
 from podrun.launch.request import NO_WORKDIR
-from podrun.launch.transport import InstanceHandle, Problem, StreamMerger, Transport, busy_port_problem
+from podrun.launch.transports.base import InstanceHandle, Problem, StreamMerger, Transport, busy_port_problem
 
 PROBE_TIMEOUT = 30.0      # seconds for a held agent to report its preflight facts
 # Threads for commands over established connections (probes, agent starts). Only the ssh

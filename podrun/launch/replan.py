@@ -121,7 +121,7 @@ def next_plan(policy: ElasticPolicy, current: "Plan", failed: tuple[str, ...] | 
     ``spares`` (default: the policy's) are the spares still free. Healthy hosts left out by a smaller
     plan become spares for the next failure.
     """
-    from podrun.plan.elastic import elastic_table
+    from podrun.plan.elastic_table import elastic_table
 
     spares = tuple(policy.spares if spares is None else spares)
     gone = tuple(h for h in current.hosts if h in set(failed))
