@@ -243,7 +243,9 @@ def _sink(plan, as_json: bool):
 
 
 def _notice(text):
-    print(f"podrun: {text}", file=sys.stderr, flush=True)
+    from podrun.redaction import shown
+
+    print(f"podrun: {shown(text)}", file=sys.stderr, flush=True)
 
 
 def _finite(param, value):
@@ -277,10 +279,23 @@ def _print_dry_run(record: dict) -> None:
 
 
 def _print_root_cause(summary: dict, request) -> None:
+    """The run's end on stderr, from the (redacted) summary; every line through podrun.redaction.shown."""
+    from podrun.redaction import shown
+    from podrun.train.report import pointers      # torch-free: checkpoints kept, `podrun report RUN_DIR`
+
     rc = summary.get("root_cause")
     code = summary["exit_code"]
-    err = sys.stderr
-    from podrun.train.report import pointers      # torch-free: checkpoints kept, `podrun report RUN_DIR`
+
+    class _Err:                  # print(..., file=err) writes each line redacted, controls escaped
+        @staticmethod
+        def write(text):
+            sys.stderr.write(shown(text))
+
+        @staticmethod
+        def flush():
+            sys.stderr.flush()
+
+    err = _Err()
 
     if summary["status"] == "ok":
         print(f"podrun: run {request.run_id} finished: exit 0; logs in {request.run_dir}; "

@@ -75,6 +75,9 @@ def prepare_launch(args, *, dashdash: bool, module: bool, no_python: bool, torch
     name = engine_transport or transport or default_transport(plan, cluster, getattr(src, "scheduler", "none"))
     if name == "local":
         check_local_target(target, os.path.abspath(workdir or os.getcwd()))
+        check_local_interface(data_interface if data_interface is not None else cluster.data_interface or None,
+                              "--data-interface" if data_interface is not None else
+                              f"data_interface in {cluster.path}")
         if recipe_args is not None and preflight:
             check_recipe_modules(python, target, recipe_args)
     notes: list[str] = []
@@ -136,6 +139,26 @@ def check_local_target(target: Target, workdir: str) -> None:
                                is_file=os.path.isfile)
         if problem is not None:
             raise problem
+
+
+def check_local_interface(ifname: str | None, where: str) -> None:
+    """On this machine, the workers' network interface (GLOO_SOCKET_IFNAME) must exist and have an address,
+    before any worker starts (else each fails inside gloo)."""
+    if ifname is None:
+        return
+    import socket
+
+    from podrun.errors import PreflightError
+    from podrun.launch.probe import interface_address
+
+    if interface_address(ifname) is not None:
+        return
+    names = sorted(n for _, n in socket.if_nameindex())
+    have = "exists but has no address" if ifname in names else "does not exist"
+    raise PreflightError(f"preflight: localhost: the interface {ifname} ({where}) {have} on this machine; "
+                         "nothing was started",
+                         hint=f"this machine's interfaces: {', '.join(names)}; give one of them, or leave "
+                              "--data-interface out")
 
 
 def check_recipe_modules(python: str, target: Target, recipe_args, host: str = "localhost") -> None:

@@ -29,11 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from podrun.errors import PodrunError
 from podrun.human import human_seconds
 from podrun.launch import protocol, watch as watching
 from podrun.launch.liveness import FIRST_HEARTBEAT_S, Hearing
-from podrun.launch.request import LaunchRequest, redact_argv
-from podrun.launch.rundir import private_open
+from podrun.launch.request import LaunchRequest
+from podrun.launch.rundir import private_open, private_subdir
+from podrun.redaction import redact_argv, redact_record, redact_text
 from podrun.launch.transport import InstanceHandle, Transport
 
 LOST_EXIT = 255           # like ssh: the connection to a host was lost
@@ -115,7 +117,9 @@ class Outcome:
     slow_ranks: list = field(default_factory=list)   # ranks named slow (podrun.launch.watch.SlowRanks records)
 
     def summary(self, request: LaunchRequest) -> dict:
-        return {
+        """The attempt's record, redacted (podrun.redaction): summary.json, --json and the console's root cause
+        are made from it."""
+        return redact_record({
             "run_id": request.run_id, "exit_code": self.exit_code, "status": self.status,
             "transport": request.transport, "restart_count": request.restart_count,
             "command": redact_argv(request.command), "master": f"{request.master_addr}:{request.master_port}",
@@ -129,7 +133,7 @@ class Outcome:
                         "duration_s": round(self.ended - self.started, 3), "all_ready_s": self.all_ready_s},
             "hang": self.hang,
             "slow_ranks": self.slow_ranks,
-        }
+        })
 
 
 class Supervisor:
@@ -273,7 +277,7 @@ class Supervisor:
             if isinstance(info, dict):
                 self.errors[(st.index, ev.local_rank)] = info
         elif ev.kind == "note":
-            self._log(st.index, f"# podrun agent: {ev.text}")
+            self._log(st.index, f"# podrun agent: {redact_text(ev.text)}")
         elif ev.kind == "done":
             if ev.local_rank is not None:      # one agent per worker (mpirun --rank-from-env)
                 st.agents_done[ev.local_rank] = int(ev.text or 0)
@@ -336,9 +340,11 @@ class Supervisor:
         try:
             return self._run_started()
         finally:
-            watching.stop(server)
+            watching.stop(self.req.run_dir, server)
 
-    def _control(self, request: dict) -> dict:
+    def _control(self, request) -> dict:
+        if not isinstance(request, dict):
+            return {"error": "a request is a JSON object"}
         if request.get("ask") == "stacks":
             return self.request_stacks()
         return {"error": f"unknown request {request.get('ask')!r}"}
@@ -541,8 +547,8 @@ class Supervisor:
         groups = watching.merge(workers)
         lines = watching.render_lines(groups)
         self._write_stacks(workers, lines)
-        reply = {"run_id": self.req.run_id, "ranks": len(workers), "groups": watching.to_json(groups),
-                 "lines": lines, "stacks_dir": str(Path(self.req.run_dir) / watching.STACKS_DIR)}
+        reply = redact_record({"run_id": self.req.run_id, "ranks": len(workers), "groups": watching.to_json(groups),
+                               "lines": lines, "stacks_dir": str(Path(self.req.run_dir) / watching.STACKS_DIR)})
         for done, holder in d["asks"]:
             holder.append(reply)
             done.set()
@@ -571,14 +577,16 @@ class Supervisor:
     def _write_stacks(self, workers: list, lines: list[str]) -> None:
         where = Path(self.req.run_dir) / watching.STACKS_DIR
         try:
-            where.mkdir(mode=0o700, exist_ok=True)
+            private_subdir(self.req.run_dir, watching.STACKS_DIR, "stacks directory")
             for w in workers:
                 with open(where / f"rank-{w.rank}.txt", "w", opener=private_open) as f:
-                    f.write(watching.stack_file_text(w))
+                    f.write(redact_text(watching.stack_file_text(w)))
             with open(where / "merged.txt", "w", opener=private_open) as f:
-                f.write("\n".join(lines) + "\n")
+                f.write(redact_text("\n".join(lines) + "\n"))
         except OSError as exc:
             self.notice(f"cannot write the stacks to {where}: {exc.strerror or exc}")
+        except PodrunError as exc:
+            self.notice(f"not writing the stacks: {exc.message}")
 
     def request_stacks(self, timeout: float = watching.DUMP_WAIT_S * 3) -> dict:
         """From another thread (the control socket): the merged stacks of the running workers, now."""

@@ -4,8 +4,10 @@ Pure parts: ``parse_dump`` reads what faulthandler wrote, ``merge`` groups ident
 by rank (the odd ranks out first), ``describe`` turns a group into "time.sleep <- hang.py:12". The
 control socket (``serve`` / ``ask``) is how ``podrun stack`` reaches a running controller: a unix
 socket ``control.sock`` in the run directory, mode 0600, one JSON request and one JSON reply per
-connection. It is bound and reached through /proc/self/fd/<dir fd>/ so a long run-dir path still
-fits a socket address.
+connection, bound private and reached as podrun.launch.unixsock says (long paths, 0600 from the start, lstat
+checks). Beside it ``control.pid`` (0600) names the controller (this machine's boot id and its pid): a socket
+that refuses connections and whose controller is dead on this machine, or that has no such record, is a
+dead run's and is removed (``remove_if_stale``), never trusted.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import threading
 from dataclasses import dataclass, field
 
 SOCKET_NAME = "control.sock"
+OWNER_NAME = "control.pid"     # "<boot id> <pid>" of the controller listening on SOCKET_NAME
 STACKS_DIR = "stacks"
 REQUEST_FILE = "stacks-request"   # in the run dir: agents with no stdin (mpirun, srun) watch it for a new token
 HANG_EXIT = 125                # the run was ended because no rank made progress for --hang-timeout seconds
@@ -321,27 +324,79 @@ def read_request(run_dir: str) -> str:
         return ""
 
 
-def _dir_fd(run_dir: str) -> int:
-    return os.open(run_dir, os.O_PATH | os.O_DIRECTORY)
-
-
-def serve(run_dir: str, handle) -> tuple[socket.socket, int]:
-    """Listen on <run_dir>/control.sock (0600); each connection's JSON request goes to ``handle(request)``,
-    whose dict is the reply. Returns (listening socket, dir fd); close both with ``stop``."""
-    fd = _dir_fd(run_dir)
-    path = f"/proc/self/fd/{fd}/{SOCKET_NAME}"
+def _boot_id() -> str:
     try:
-        os.unlink(path)
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
+
+
+def owner_alive(run_dir: str) -> bool | None:
+    """Whether the controller named in <run_dir>/control.pid lives: None when that is not known here (no
+    record, or one of another machine), else True or False."""
+    try:
+        with open(os.path.join(run_dir, OWNER_NAME), encoding="ascii", errors="replace") as f:
+            boot, pid = f.read().split()
+        pid_n = int(pid)
+    except (OSError, ValueError):
+        return None
+    if boot != _boot_id() or pid_n <= 0:
+        return None
+    try:
+        os.kill(pid_n, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:                              # killed but not yet collected by its parent: dead all the same
+        with open(f"/proc/{pid_n}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
+
+
+def remove_if_stale(run_dir: str) -> bool:
+    """Remove <run_dir>/control.sock (and control.pid) when it is a dead run's: no one listens on it, and its
+    controller is dead on this machine or unrecorded; True when removed. A socket whose controller runs on
+    another machine (a shared filesystem) is left alone."""
+    from podrun.launch import unixsock
+
+    path = os.path.join(run_dir, SOCKET_NAME)
+    if not os.path.lexists(path) or owner_alive(run_dir) or not unixsock.stale(path):
+        return False
+    if owner_alive(run_dir) is None and os.path.lexists(os.path.join(run_dir, OWNER_NAME)):
+        return False                              # recorded by a controller on another machine
+    removed = unixsock.remove_stale(path)
+    if removed:
+        try:
+            os.unlink(os.path.join(run_dir, OWNER_NAME))
+        except OSError:
+            pass
+    return removed
+
+
+def claim(run_dir: str) -> None:
+    """Record this process as the run's controller in <run_dir>/control.pid (new, 0600), for the run's life."""
+    from podrun.launch.rundir import new_private_open
+
+    with open(os.path.join(run_dir, OWNER_NAME), "w", encoding="ascii", opener=new_private_open) as f:
+        f.write(f"{_boot_id()} {os.getpid()}\n")
+
+
+def release(run_dir: str) -> None:
+    try:
+        os.unlink(os.path.join(run_dir, OWNER_NAME))
     except OSError:
         pass
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old = os.umask(0o177)
-    try:
-        s.bind(path)
-    finally:
-        os.umask(old)
-    os.chmod(path, 0o600)
-    s.listen(8)
+
+
+def serve(run_dir: str, handle) -> socket.socket:
+    """Listen on <run_dir>/control.sock (0600); each connection's JSON request goes to ``handle(request)``,
+    whose dict is the reply. Returns the listening socket; close it with ``stop``."""
+    from podrun.launch import unixsock
+
+    s = unixsock.bind(os.path.join(run_dir, SOCKET_NAME), 8)
 
     def one(conn):
         with conn:
@@ -370,35 +425,35 @@ def serve(run_dir: str, handle) -> tuple[socket.socket, int]:
             threading.Thread(target=one, args=(conn,), daemon=True).start()
 
     threading.Thread(target=accept, daemon=True).start()
-    return s, fd
+    return s
 
 
-def stop(server: tuple[socket.socket, int] | None) -> None:
+def stop(run_dir: str, server: socket.socket | None) -> None:
     if server is None:
         return
-    s, fd = server
     try:
-        os.unlink(f"/proc/self/fd/{fd}/{SOCKET_NAME}")
+        os.unlink(os.path.join(run_dir, SOCKET_NAME))
     except OSError:
         pass
-    s.close()
-    os.close(fd)
+    server.close()
 
 
-def ask(run_dir: str, request: dict, timeout: float = DUMP_WAIT_S * 4) -> dict:
-    """Send ``request`` to the controller of the run in ``run_dir``; its reply. OSError when none listens."""
-    fd = _dir_fd(run_dir)
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(timeout)
-            s.connect(f"/proc/self/fd/{fd}/{SOCKET_NAME}")
-            s.sendall(json.dumps(request).encode() + b"\n")
-            data = b""
-            while True:
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
-    finally:
-        os.close(fd)
+MAX_REPLY = 64 * 1024 * 1024     # bytes of a control-socket reply read at most
+
+
+def ask(run_dir: str, request: dict, timeout: float = DUMP_WAIT_S * 4):
+    """Send ``request`` to the controller of the run in ``run_dir``; its reply (parsed JSON, any shape: the
+    caller checks it). OSError when none listens, ValueError for a reply that is not JSON."""
+    from podrun.launch import unixsock
+
+    with unixsock.connect(os.path.join(run_dir, SOCKET_NAME), timeout) as s:
+        s.sendall(json.dumps(request).encode() + b"\n")
+        data = b""
+        while len(data) <= MAX_REPLY:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    if len(data) > MAX_REPLY:
+        raise ValueError(f"a reply longer than {MAX_REPLY} bytes")
     return json.loads(data)

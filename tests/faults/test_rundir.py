@@ -20,7 +20,7 @@ def small_disk(tmp_path):
     """A 64 KiB tmpfs, mounted for the test and unmounted after it."""
     mnt = tmp_path / "small"
     mnt.mkdir()
-    cp = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True, text=True)
+    cp = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs", str(mnt)], capture_output=True, text=True)
     if cp.returncode != 0:
         pytest.fail(f"a 64 KiB tmpfs is needed (mount -t tmpfs, as root): {cp.stderr.strip()}", pytrace=False)
     try:

@@ -179,7 +179,7 @@ def test_the_control_socket_answers_and_is_private(tmp_path):
         assert watch.ask(str(run), {"ask": "ping"}) == {"echo": {"ask": "ping"}}
         assert (run / watch.SOCKET_NAME).stat().st_mode & 0o777 == 0o600
     finally:
-        watch.stop(server)
+        watch.stop(str(run), server)
     assert not (run / watch.SOCKET_NAME).exists()
 
 
