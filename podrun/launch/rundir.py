@@ -18,6 +18,9 @@ from podrun.redaction import redact, redact_record
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # files a launch writes: finding one means the run id was used by an earlier launch
 LAUNCH_FILES = ("command", "env.json", "summary.json", "instance-0.log")
+# directories the run's processes write into (stacks, torch's error files, the zygotes' sockets): when a
+# prepared run directory has one already, it must be private as the run directory is
+RUN_SUBDIRS = ("stacks", "errors", "zygote")
 DIR_MODE = 0o700
 FILE_MODE = 0o600
 
@@ -97,11 +100,44 @@ def private_subdir(parent, name: str, what: str) -> Path:
     return d
 
 
+def ancestor_problem(path) -> str | None:
+    """Why another user could swap a directory on the way to ``path`` (None: no one but this user and root can):
+    a symbolic link of another user, or a directory of another user, or one that others may write without the
+    sticky bit (/tmp has it: there others cannot rename what is not theirs)."""
+    me = os.geteuid()
+    cur = "/"
+    for part in Path(path).parts[1:]:
+        cur = os.path.join(cur, part)
+        try:
+            st = os.lstat(cur)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            return f"cannot check {cur}: {exc.strerror or exc}"
+        if stat.S_ISLNK(st.st_mode):
+            if st.st_uid not in (0, me):
+                return f"{cur} is a symbolic link of {_owner(st.st_uid)}"
+            problem = ancestor_problem(os.path.realpath(cur))
+            if problem is not None:
+                return problem
+            continue
+        if st.st_uid not in (0, me):
+            return f"{cur} belongs to {_owner(st.st_uid)}"
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            return f"{cur} (owner {_owner(st.st_uid)}) may be written by others (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
 def make_runs_dir(runs_dir) -> Path:
-    """--runs-dir: each directory podrun makes on the way is made by this user and checked (lstat) right after;
-    the runs dir itself (made or found) must be this user's, a real directory no one else may write
-    (others may read it)."""
+    """--runs-dir: no other user can swap a directory on the way (ancestor_problem); each directory podrun makes
+    on the way is made by this user and checked (lstat) right after; the runs dir itself (made or found) must be
+    this user's, a real directory no one else may write (others may read it)."""
     d = Path(os.path.abspath(runs_dir))
+    problem = ancestor_problem(d.parent)
+    if problem is not None:
+        raise LaunchError(f"refusing the --runs-dir {d}: {problem}",
+                          hint="put the runs where only you (and root) can change the path: your home, or a "
+                               "directory of yours in /tmp")
     missing = []
     p = d
     while not os.path.lexists(p) and p != p.parent:
@@ -138,6 +174,9 @@ def create_run_dir(run_dir: str | Path) -> Path:
                               hint="pass another --run-id, or leave it out for a fresh one")
         os.chmod(d, DIR_MODE, follow_symlinks=False)
         check_dir(d, "run directory")
+        for name in RUN_SUBDIRS:
+            if os.path.lexists(d / name):
+                check_dir(d / name, f"{name} directory of the run")
     except OSError as exc:
         raise _cannot("create the run directory", d, exc) from None
     return d
