@@ -121,6 +121,8 @@ def ancestor_problem(path) -> str | None:
             if problem is not None:
                 return problem
             continue
+        if not stat.S_ISDIR(st.st_mode):
+            return None                  # not a directory: making the runs dir below it fails, and says so
         if st.st_uid not in (0, me):
             return f"{cur} belongs to {_owner(st.st_uid)}"
         if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
@@ -206,6 +208,7 @@ def _write_json(path: Path, obj) -> None:
 
 def write_plan(run_dir: str | Path, plan, name: str = "plan.json") -> Path:
     d = Path(run_dir)
+    d.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)     # a launch made and checked it already
     p = d / name
     _write_json(p, plan.to_dict())
     return p

@@ -308,9 +308,11 @@ def write_request(run_dir: str) -> None:
     <run_dir>/stacks-request, written whole (rename)."""
     import time
 
+    from podrun.launch.rundir import new_private_open
+
     path = os.path.join(run_dir, REQUEST_FILE)
     tmp = f"{path}.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with open(tmp, "w", encoding="utf-8", opener=new_private_open) as f:
         f.write(f"{time.time_ns()}\n")
     os.replace(tmp, path)
 
