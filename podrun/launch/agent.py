@@ -217,7 +217,7 @@ class Agent:
         self.zygote_told = True
         from podrun.launch import zygote
 
-        zygote.quit(*self.warm[:2])
+        zygote.quit_host(*self.warm[:2])
 
     # -- threads --------------------------------------------------------------------------
     def _pump(self, local_rank: int, kind: str, f) -> None:

@@ -101,7 +101,7 @@ def _connect(path: str) -> socket.socket | None:
         return None
 
 
-def quit(run_dir: str, host: str) -> None:
+def quit_host(run_dir: str, host: str) -> None:
     """Tell this host's zygote to end now (its forked processes die with it)."""
     conn = _connect(socket_path(run_dir, host))
     if conn is not None:
@@ -454,10 +454,11 @@ def _clean_up(path: str, inode: int) -> None:
         remove_if_stale(run_dir)
 
 
-def _start_watcher(path: str) -> None:
+def _start_watcher(path: str, lock: int) -> None:
     me = os.getpid()
     if os.fork() == 0:
         try:
+            os.close(lock)                   # the zygote's lock stays the zygote's alone
             os.setpgid(0, 0)
             _watch(me, path)
         finally:
@@ -480,7 +481,7 @@ def serve(path: str, idle: float) -> int:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         return 0                                     # this host has its zygote already
-    _start_watcher(path)
+    _start_watcher(path, lock)
     idle_class = _idle_class()
     for name in PRELOAD:
         try:
