@@ -46,6 +46,7 @@ WARM_ENV = "PODRUN_WARM"        # in a worker the zygote forked: the zygote's pi
 LEASE = struct.pack("!I", 0)    # a request of length 0: hold this connection while the agent lives
 QUIT = struct.pack("!I", 0xFFFFFFFF)   # end now: the agent's controller is gone, no attempt will follow
 WATCH_S = 0.2           # how often the watcher checks the controller and the zygote
+QUIT_SETTLE_S = 0.5     # after a QUIT, how long the zygote waits to see its controller dead before cleaning up
 MAX_REQUEST = 16 * 1024 * 1024
 MAX_FDS = 8
 HIGH_FD = 256            # a forked process gets the fds it is told of by name at or above this number
@@ -437,11 +438,15 @@ def _watch(zygote: int, path: str) -> None:
         time.sleep(WATCH_S)
 
 
-def _clean_up(path: str, inode: int) -> None:
+def _clean_up(path: str, inode: int, settle: float = 0.0) -> None:
     """A zygote's end: its socket and lock go; when the run's controller is dead on this machine, the run's
-    zygote directory and its stale control socket go too (no attempt will follow)."""
+    zygote directory and its stale control socket go too (no attempt will follow). ``settle``: seconds to wait
+    for a controller said to be dead to be seen dead (an agent's QUIT can come while it is still exiting)."""
     from podrun.launch.watch import owner_alive, remove_if_stale
 
+    deadline = time.monotonic() + settle
+    while owner_alive(os.path.dirname(os.path.dirname(path))) and time.monotonic() < deadline:
+        time.sleep(0.01)
     try:
         if os.lstat(path).st_ino == inode:
             os.unlink(path)
@@ -530,7 +535,8 @@ def serve(path: str, idle: float) -> int:
                         except OSError:
                             pass
                     print(f"podrun zygote {me}: ending (an agent lost its controller)", file=sys.stderr, flush=True)
-                    _clean_up(path, inode)
+                    listener.close()
+                    _clean_up(path, inode, settle=QUIT_SETTLE_S)
                     return 0
                 pid = os.fork()
                 if pid == 0:
