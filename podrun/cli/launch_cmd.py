@@ -274,7 +274,9 @@ def _sink(plan, as_json: bool):
 
 
 def _notice(text):
-    print(f"podrun: {text}", file=sys.stderr, flush=True)
+    from podrun.redaction import shown
+
+    print(f"podrun: {shown(text)}", file=sys.stderr, flush=True)
 
 
 def _finite(param, value):
@@ -313,41 +315,46 @@ def _print_dry_run(record: dict) -> None:
 
 
 def _print_root_cause(summary: dict, request) -> None:
-    rc = summary.get("root_cause")
-    code = summary["exit_code"]
-    err = sys.stderr
+    """The run's end on stderr, from the (redacted) summary; every line through podrun.redaction.shown."""
+    from podrun.redaction import shown
     from podrun.train.report import pointers      # torch-free: checkpoints kept, `podrun report RUN_DIR`
 
+    rc = summary.get("root_cause")
+    code = summary["exit_code"]
+
+    def say(text: str) -> None:
+        print(shown(text), file=sys.stderr)
+
     if summary["status"] == "ok":
-        print(f"podrun: run {request.run_id} finished: exit 0; logs in {request.run_dir}; "
-              f"{pointers(request.run_dir)}", file=err)
+        say(f"podrun: run {request.run_id} finished: exit 0; logs in {request.run_dir}; "
+            f"{pointers(request.run_dir)}")
         return
     if summary["status"] == "interrupted":
-        print(f"podrun: run {request.run_id} interrupted (exit {code}); every instance ended; "
-              f"logs in {request.run_dir}; {pointers(request.run_dir)}", file=err)
+        say(f"podrun: run {request.run_id} interrupted (exit {code}); every instance ended; "
+            f"logs in {request.run_dir}; {pointers(request.run_dir)}")
         return
     if rc:
         where = f"instance {rc['instance']} on {rc['host']}"
         if rc.get("local_rank") is not None:
             where += f", local rank {rc['local_rank']}"
-        print(f"podrun: run {request.run_id} failed (exit {code}). root cause: {where}: {rc['reason']}", file=err)
+        say(f"podrun: run {request.run_id} failed (exit {code}). root cause: {where}: {rc['reason']}")
         error = rc.get("error")
         if error:
-            print(f"  error (recorded by @record in {error.get('file')}): {error.get('message')}", file=err)
+            say(f"  error (recorded by @record in {error.get('file')}): {error.get('message')}")
         if rc.get("last_lines"):
             whose = "its" if rc.get("local_rank") is not None else "the instance's"
-            print(f"  {whose} last lines (in {request.run_dir}/instance-{rc['instance']}.log):", file=err)
+            say(f"  {whose} last lines (in {request.run_dir}/instance-{rc['instance']}.log):")
             for line in rc["last_lines"]:
-                print(f"    {line}", file=err)
+                say(f"    {line}")
         if rc.get("others"):
-            print("  what the other workers said last:", file=err)
+            say("  what the other workers said last:")
             for o in rc["others"]:
                 who = f"instance {o['instance']} on {o['host']}"
                 if o.get("local_rank") is not None:
                     who += f", local rank {o['local_rank']}"
-                print(f"    {who}:", file=err)
+                say(f"    {who}:")
                 for line in o["last_lines"]:
-                    print(f"      {line}", file=err)
+                    say(f"      {line}")
     else:
-        print(f"podrun: run {request.run_id} failed (exit {code})", file=err)
-    print(f"podrun: logs and summary.json in {request.run_dir}; {pointers(request.run_dir)}", file=err)
+        say(f"podrun: run {request.run_id} failed (exit {code})")
+    say(f"podrun: logs and summary.json in {request.run_dir}; {pointers(request.run_dir)}")

@@ -8,11 +8,14 @@ from podrun.human import human_number, human_seconds  # noqa: F401 - the rendere
 
 
 def print_error(exc) -> None:
-    """One paragraph on stderr: 'podrun: error: ...' then the hint."""
+    """One paragraph on stderr: 'podrun: error: ...' then the hint; secrets redacted, control characters
+    escaped (podrun.redaction.shown): a message may quote a worker's line or a name the user gave."""
+    from podrun.redaction import shown
+
     msg = f"podrun: error: {exc.message}"
     if getattr(exc, "hint", None):
         msg += f"\n  hint: {exc.hint}"
-    print(msg, file=sys.stderr)
+    print(shown(msg), file=sys.stderr)
 
 
 def print_json(obj) -> None:

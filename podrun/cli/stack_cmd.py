@@ -18,34 +18,82 @@ def stack(run: str | None, runs_dir: str, as_json: bool) -> None:
 
     from podrun.cli.render import print_json
     from podrun.errors import LaunchError
-    from podrun.launch.watch import SOCKET_NAME, ask
+    from podrun.launch.rundir import check_run_id
+    from podrun.wire.owner import SOCKET_NAME, remove_if_stale
+    from podrun.launch.control import ask
+    from podrun.redaction import escape_controls as esc, redact_record
+
+    def live(d: Path) -> bool:
+        try:
+            return os.path.lexists(d / SOCKET_NAME) and not remove_if_stale(str(d))
+        except OSError:
+            return False
 
     if run is None:
         base = Path(runs_dir)
-        live = sorted((d for d in base.glob("*") if (d / SOCKET_NAME).exists()),
-                      key=lambda d: d.stat().st_mtime) if base.is_dir() else []
-        if not live:
-            raise LaunchError(f"no running launch in {base} (no run directory there has a {SOCKET_NAME})",
+        try:
+            found = [d for d in base.glob("*") if live(d)] if base.is_dir() else []
+            found.sort(key=lambda d: d.stat().st_mtime)
+        except OSError as exc:
+            raise LaunchError(f"cannot read --runs-dir {esc(str(base))}: {exc.strerror or exc}") from None
+        if not found:
+            raise LaunchError(f"no running launch in {esc(str(base))} (no run directory there has a live "
+                              f"{SOCKET_NAME})",
                               hint="give the run: podrun stack RUN_DIR, or --runs-dir where it runs")
-        target = live[-1]
+        target = found[-1]
     else:
-        target = Path(run) if os.sep in run or Path(run).is_dir() else Path(runs_dir) / run
-    if not target.is_dir():
-        raise LaunchError(f"{target}: no such run directory", hint="give a run directory or a run id in --runs-dir")
+        if os.sep not in run:
+            check_run_id(run, "RUN")             # a plain name: a run id in --runs-dir (at most 128 characters)
+        target = Path(run) if os.sep in run or os.path.isdir(run) else Path(runs_dir) / run
+    try:
+        is_dir = target.is_dir()
+    except OSError as exc:
+        raise LaunchError(f"{esc(str(target))[:300]}: {exc.strerror or exc}",
+                          hint="give a run directory or a run id in --runs-dir") from None
+    if not is_dir:
+        raise LaunchError(f"{esc(str(target))}: no such run directory",
+                          hint="give a run directory or a run id in --runs-dir")
+    name = esc(target.name)
+    not_running = LaunchError(f"run {name} is not running: no podrun launch listens on {esc(str(target / SOCKET_NAME))}",
+                              hint="podrun stack works while podrun launch runs; an ended run's last stacks (if it "
+                                   "hung) are in its stacks/ directory")
+    if remove_if_stale(str(target)):
+        raise not_running
     try:
         reply = ask(str(target), {"ask": "stacks"})
     except (OSError, ValueError) as exc:
-        gone = isinstance(exc, OSError) and exc.errno in (errno.ENOENT, errno.ECONNREFUSED)
-        raise LaunchError(f"run {target.name} is not running: no podrun launch listens on {target / SOCKET_NAME}"
-                          if gone else f"cannot ask run {target.name} for its stacks: {exc}",
-                          hint="podrun stack works while podrun launch runs; an ended run's last stacks (if it "
-                               "hung) are in its stacks/ directory") from None
-    if "error" in reply:
-        raise LaunchError(f"run {target.name}: {reply['error']}")
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOENT, errno.ECONNREFUSED, errno.ENAMETOOLONG):
+            raise not_running from None
+        raise LaunchError(f"cannot ask run {name} for its stacks: {esc(str(exc))[:300]}",
+                          hint="podrun stack works while podrun launch runs") from None
+    if isinstance(reply, dict) and "error" in reply:
+        raise LaunchError(f"run {name}: {esc(str(reply['error']))[:300]}")
+    problem = reply_problem(reply)
+    if problem is not None:
+        raise LaunchError(f"run {name}: the control socket {esc(str(target / SOCKET_NAME))} answered {problem}",
+                          hint="is a podrun launch of this version listening there?")
+    reply = redact_record(reply)
     if as_json:
         print_json(reply)
         return
-    print(f"run {reply['run_id']}: the stacks of {reply['ranks']} worker(s), odd ranks first "
-          f"(every thread in {reply['stacks_dir']}/rank-N.txt)")
+    print(f"run {esc(str(reply['run_id']))}: the stacks of {reply['ranks']} worker(s), odd ranks first "
+          f"(every thread in {esc(str(reply['stacks_dir']))}/rank-N.txt)")
     for line in reply["lines"]:
-        print(f"  {line}")
+        print(f"  {esc(line)}")
+
+
+def reply_problem(reply) -> str | None:
+    """What is wrong with a control-socket reply (None: a reply `podrun stack` can show)."""
+    if not isinstance(reply, dict):
+        return f"{type(reply).__name__}, not a JSON object"
+    ranks = reply.get("ranks")
+    if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 0:
+        return "no count of ranks"
+    lines = reply.get("lines")
+    if not isinstance(lines, list) or not all(isinstance(x, str) for x in lines):
+        return "no lines of stacks"
+    if not isinstance(reply.get("run_id"), str) or not isinstance(reply.get("stacks_dir"), str):
+        return "no run id or stacks directory"
+    if not isinstance(reply.get("groups", []), list):
+        return "groups that are not a list"
+    return None

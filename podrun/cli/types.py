@@ -9,6 +9,18 @@ import click
 from podrun.specs.limits import MAX_BATCH, MAX_HOSTS, MAX_PER_HOST, MAX_RESTARTS, MAX_SECONDS
 
 _INT = re.compile(r"[+-]?[0-9]{1,40}")
+# a decimal number in ASCII (float() alone also takes other scripts' digits, '1_000', 'nan' and 'inf')
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
+def ascii_number(value) -> float | None:
+    """``value`` as a float when it is a decimal number written in ASCII digits (or already a number); else None."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    text = str(value).strip()
+    if len(text) > 64 or not _NUMBER.fullmatch(text):
+        return None
+    return float(text)
 
 
 class BoundedInt(click.ParamType):
@@ -45,9 +57,8 @@ class Seconds(click.ParamType):
         self.why, self.positive, self.maximum = why, positive, maximum
 
     def convert(self, value, param, ctx):
-        try:
-            x = float(value)
-        except (TypeError, ValueError):
+        x = ascii_number(value)
+        if x is None:
             self.fail(f"{_short(value)} is not a number of seconds ({self.why})", param, ctx)
         low = "more than 0" if self.positive else "at least 0"
         if not math.isfinite(x) or x < 0 or (self.positive and x == 0) or x > self.maximum:

@@ -8,7 +8,8 @@ import sys
 
 import click
 
-from podrun.launch.watch import AUTO_FLOOR_S, AUTO_NO_STEPS_S, AUTO_STEPS, HANG_EXIT
+from podrun.launch.hangs import AUTO_FLOOR_S, AUTO_NO_STEPS_S, AUTO_STEPS, HANG_EXIT
+from podrun.specs.limits import MAX_SECONDS, MIN_HANG_S
 
 HANG_TIMEOUT_HELP = (f"Seconds without progress from any rank (a runtime report, or any output line of a plain "
                      f"script) before the run counts as hung: podrun shows every rank's stack, then does what "
@@ -17,23 +18,26 @@ HANG_TIMEOUT_HELP = (f"Seconds without progress from any rank (a runtime report,
                      f"Not given: the recipe's hang_timeout, else the cluster spec's, else auto.")
 
 
+HANG_MIN_S = MIN_HANG_S         # as the cluster spec's and the recipe's hang_timeout
+HANG_MAX_S = MAX_SECONDS        # a week
+
+
 class HangTimeout(click.ParamType):
-    """auto, off, or a finite number of seconds > 0 (the words as given)."""
+    """auto, off, or seconds in HANG_MIN_S..HANG_MAX_S written in ASCII digits (the words as given)."""
 
     name = "seconds|auto|off"
 
     def convert(self, value, param, ctx):
+        from podrun.cli.types import ascii_number
+
         if value in ("auto", "off") or value is None:
             return value
-        if isinstance(value, (int, float)):
-            x = float(value)
-        else:
-            try:
-                x = float(str(value))
-            except ValueError:
-                self.fail(f"{value!r} is not a number of seconds, auto or off", param, ctx)
-        if not math.isfinite(x) or x <= 0:
-            self.fail(f"{value!r}: give seconds more than 0, auto or off", param, ctx)
+        x = ascii_number(value)
+        if x is None:
+            self.fail(f"{str(value)[:40]!r} is not a number of seconds, auto or off", param, ctx)
+        if not math.isfinite(x) or not HANG_MIN_S <= x <= HANG_MAX_S:
+            self.fail(f"{str(value)[:40]!r}: give seconds from {HANG_MIN_S:g} to {HANG_MAX_S:g} (a week), auto or off",
+                      param, ctx)
         return x
 
 
@@ -53,7 +57,7 @@ def watch_options(f):
 def watch_for(given: dict, recipe=None, cluster=None):
     """The run's WatchOptions: --hang-timeout when given, else the recipe's hang_timeout, else the cluster
     spec's, else auto; the window's notices name where it came from."""
-    from podrun.launch.watch import WatchOptions
+    from podrun.launch.hangs import WatchOptions
 
     choices = [(given["hang_timeout"], "--hang-timeout")]
     if recipe is not None:

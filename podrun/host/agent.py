@@ -11,7 +11,10 @@ workers leave behind (a daemon started with setsid, a child of a killed shell) b
 when the run ends it kills the workers' process groups and then every remaining descendant, so
 nothing outlives the run, whether it succeeded or not. With --warm it forks the workers (and rank 0's store
 host) from this host's zygote when one runs (podrun.host.zygote), and otherwise starts them as usual and
-then starts the zygote for the attempts that may follow.
+then starts the zygote for the attempts that may follow; when it loses its controller (stdin closed or
+silent, or reparented: the controller died) it tells the zygote to end at once. The agent runs under umask
+077: whatever its workers write (torch's error files, metrics, checkpoints, snapshots) is private to the user
+(0600 files, 0700 directories), as the run directory is.
 Exit code: the first failing worker's (128+signal for a signal), 128+signal when signalled, else 0.
 With --rank-from-env (mpirun) the agent runs one worker, the one whose global rank is
 the launcher's rank, so each worker is an MPI rank; its lines then carry that worker's local rank.
@@ -46,7 +49,7 @@ from dataclasses import dataclass
 
 from podrun.wire import protocol
 from podrun.wire.liveness import FIRST_HEARTBEAT_S, HEARTBEAT_MISSES, HEARTBEAT_S
-from podrun.wire.proctl import PR_SET_CHILD_SUBREAPER, pdeathsig as _pdeathsig, prctl as _prctl
+from podrun.wire.proctl import PR_SET_CHILD_SUBREAPER, die_with_parent, prctl as _prctl
 from podrun.runtime.progress import FD_ENV as PROGRESS_ENV
 
 INDEX_ENV = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
@@ -205,6 +208,8 @@ class Agent:
         self.subreaper = False       # PR_SET_CHILD_SUBREAPER took effect (Linux)
         self.stack_root: str | None = None   # per worker w<n>/: the pid files of its faulthandler dumps
         self.dumps = threading.Semaphore(0)  # one release per ``S`` on stdin
+        self.parent = os.getppid()   # the controller (local) or the shell ssh started: gone when it changes
+        self.zygote_told = False
 
     # -- output ---------------------------------------------------------------------------
     def emit(self, local_rank: int | None, kind: str, text: str = "") -> None:
@@ -222,6 +227,8 @@ class Agent:
                 self.request_stop(StopKind.CONTROLLER_LOST, "lost the controller (stdout closed)")
 
     def request_stop(self, kind: StopKind, message: str, sig: int = signal.SIGTERM) -> None:
+        if kind is StopKind.CONTROLLER_LOST or os.getppid() != self.parent:
+            self._controller_gone()
         if self.stop is None:
             self.stop = Stop(kind, message)
             self.stop_signal = sig
@@ -231,6 +238,15 @@ class Agent:
         (which then drops this host); a restart may still come after any other stop."""
         return (self.signalled in (signal.SIGINT, signal.SIGTERM)
                 or (self.stop is not None and self.stop.kind is StopKind.CONTROLLER_LOST))
+
+    def _controller_gone(self) -> None:
+        """No attempt will follow: this host's zygote ends now, with the processes it forked."""
+        if self.warm is None or self.zygote_told:
+            return
+        self.zygote_told = True
+        from podrun.host import zygote
+
+        zygote.quit_host(*self.warm[:2])
 
     # -- threads --------------------------------------------------------------------------
     def _pump(self, local_rank: int, kind: str, f) -> None:
@@ -357,7 +373,7 @@ class Agent:
                 if p is None:
                     p = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL,
                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                         start_new_session=True, preexec_fn=_pdeathsig, pass_fds=(*keep_fds, w))
+                                         start_new_session=True, preexec_fn=die_with_parent(), pass_fds=(*keep_fds, w))
             except OSError as exc:
                 os.close(r)
                 os.close(w)
@@ -646,6 +662,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="read the run's --env first from stdin (podrun.wire.envchannel) and set it for the workers")
     ap.add_argument("command", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
+    os.umask(0o077)                    # the workers' files are private, as the run directory's
     if args.env_stdin:
         from podrun.wire.envchannel import EnvMessageError, read as read_env
 

@@ -58,7 +58,7 @@ class StoreHost:
 
     def __init__(self, sock: socket.socket, on_failure=None, python: str = sys.executable,
                  warm: tuple[str, str] | None = None):
-        from podrun.wire.proctl import pdeathsig
+        from podrun.wire.proctl import die_with_parent
 
         self.sock = sock
         self.state = "starting"
@@ -70,7 +70,7 @@ class StoreHost:
         if self.proc is None:
             self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=subprocess.STDOUT, pass_fds=(fd,), start_new_session=True,
-                                         preexec_fn=pdeathsig)
+                                         preexec_fn=die_with_parent())
         threading.Thread(target=self._watch, name="podrun-store-host", daemon=True).start()
 
     @staticmethod

@@ -13,8 +13,13 @@ when the zygote dies, takes the descriptors, the env, the cwd, the PYTHONPATH an
 The zygote answers ``pid N Z`` and, when the child ends, ``exit RC`` (Popen's code: negative for a
 signal); when the agent's connection closes first it kills the child's process group. Each agent holds
 a lease connection for its life. The zygote ends when its socket file is removed or replaced (the
-controller removes the directory when the run ends), or after --idle seconds with no connection and no
-child. An agent that cannot reach it starts its processes as usual.
+controller removes the directory when the run ends), when an agent that lost its controller says QUIT, or
+after --idle seconds with no connection and no child. Before its imports it forks a watcher (no torch, no
+thread) that gets SIGKILL with it and, when the run's controller dies on this machine (its control.pid names a
+dead process: podrun.wire.owner.owner_alive), kills the zygote (whose forked processes die with it) within
+WATCH_S and removes the run's zygote directory and stale control socket. The directory and the socket are
+private (podrun.wire.unixsock: 0700 and 0600, checked with lstat). An agent that cannot reach it starts its
+processes as usual.
 """
 from __future__ import annotations
 
@@ -40,6 +45,9 @@ PRELOAD = ("torch", "torch.distributed", "torch.nn", "torch.optim", "numpy", "po
            "podrun.models")
 WARM_ENV = "PODRUN_WARM"        # in a worker the zygote forked: the zygote's pid
 LEASE = struct.pack("!I", 0)    # a request of length 0: hold this connection while the agent lives
+QUIT = struct.pack("!I", 0xFFFFFFFF)   # end now: the agent's controller is gone, no attempt will follow
+WATCH_S = 0.2           # how often the watcher checks the controller and the zygote
+QUIT_SETTLE_S = 0.5     # after a QUIT, how long the zygote waits to see its controller dead before cleaning up
 MAX_REQUEST = 16 * 1024 * 1024
 MAX_FDS = 8
 HIGH_FD = 256            # a forked process gets the fds it is told of by name at or above this number
@@ -83,26 +91,27 @@ def warm_target(command, python: str = sys.executable) -> tuple[str, str, list[s
     return None
 
 
-def _short(path: str) -> tuple[str, int]:
-    """An address for ``path`` short enough for sun_path (108 bytes): through an O_PATH fd of its directory."""
-    fd = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY)
-    return f"/proc/self/fd/{fd}/{os.path.basename(path)}", fd
-
-
 def _connect(path: str) -> socket.socket | None:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(CONNECT_S)
-    fd = None
-    try:
-        addr, fd = _short(path)
-        s.connect(addr)
-        return s
-    except OSError:
-        s.close()
+    """A connection to the zygote at ``path``; None when none listens or the socket is not this user's own."""
+    from podrun.wire import unixsock
+
+    if unixsock.dir_ok(os.path.dirname(path)) is not None or not unixsock.socket_ok(path):
         return None
-    finally:
-        if fd is not None:
-            os.close(fd)
+    try:
+        return unixsock.connect(path, CONNECT_S)
+    except OSError:
+        return None
+
+
+def quit_host(run_dir: str, host: str) -> None:
+    """Tell this host's zygote to end now (its forked processes die with it)."""
+    conn = _connect(socket_path(run_dir, host))
+    if conn is not None:
+        try:
+            conn.sendall(QUIT)
+        except OSError:
+            pass
+        conn.close()
 
 
 # -- the agent's side ---------------------------------------------------------------------------------
@@ -198,10 +207,20 @@ def start(run_dir: str, host: str, idle: float = IDLE_S) -> None:
     be a child subreaper while this runs, or the zygote would stay its descendant."""
     import subprocess
 
+    from podrun.wire.unixsock import dir_ok
+
     path = socket_path(run_dir, host)
     try:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        log = open(path[:-5] + ".log", "ab")
+        os.mkdir(os.path.dirname(path), 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return
+    if dir_ok(os.path.dirname(path)) is not None:
+        return                                       # not a private directory of this user: no zygote
+    try:
+        log = os.fdopen(os.open(path[:-5] + ".log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+                                | os.O_CLOEXEC, 0o600), "ab")
     except OSError:
         return
     try:
@@ -240,6 +259,10 @@ def _recv_request(conn: socket.socket) -> tuple[dict | None, list[int]]:
     (n,) = struct.unpack("!I", data[:4])
     if n == 0:
         return None, fds
+    if data[:4] == QUIT:
+        for fd in fds:
+            os.close(fd)
+        return {"quit": True}, []
     if n > MAX_REQUEST:
         for fd in fds:
             os.close(fd)
@@ -396,14 +419,75 @@ def _warm_up() -> None:
         print(f"podrun zygote: warm-up: {exc}", file=sys.stderr, flush=True)
 
 
+def _watch(zygote: int, path: str) -> None:
+    """The watcher (a child forked before the imports): SIGKILL with the zygote; when the run's controller is
+    dead on this machine, kill the zygote and remove the run's zygote directory and stale control socket."""
+    from podrun.wire.proctl import die_with_parent
+    from podrun.wire.owner import owner_alive, remove_if_stale
+
+    die_with_parent(signal.SIGKILL, zygote)()
+    run_dir = os.path.dirname(os.path.dirname(path))
+    while os.getppid() == zygote:
+        if owner_alive(run_dir) is False:
+            try:
+                os.kill(zygote, signal.SIGKILL)
+            except OSError:
+                pass
+            shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+            remove_if_stale(run_dir)
+            return
+        time.sleep(WATCH_S)
+
+
+def _clean_up(path: str, inode: int, settle: float = 0.0) -> None:
+    """A zygote's end: its socket and lock go; when the run's controller is dead on this machine, the run's
+    zygote directory and its stale control socket go too (no attempt will follow). ``settle``: seconds to wait
+    for a controller said to be dead to be seen dead (an agent's QUIT can come while it is still exiting)."""
+    from podrun.wire.owner import owner_alive, remove_if_stale
+
+    deadline = time.monotonic() + settle
+    while owner_alive(os.path.dirname(os.path.dirname(path))) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    try:
+        if os.lstat(path).st_ino == inode:
+            os.unlink(path)
+            os.unlink(path[:-5] + ".lock")
+    except OSError:
+        pass
+    run_dir = os.path.dirname(os.path.dirname(path))
+    if owner_alive(run_dir) is False:
+        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+        remove_if_stale(run_dir)
+
+
+def _start_watcher(path: str, lock: int) -> None:
+    me = os.getpid()
+    if os.fork() == 0:
+        try:
+            os.close(lock)                   # the zygote's lock stays the zygote's alone
+            os.setpgid(0, 0)
+            _watch(me, path)
+        finally:
+            os._exit(0)
+
+
 def serve(path: str, idle: float) -> int:
     import fcntl
 
-    lock = os.open(path[:-5] + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    from podrun.wire import unixsock
+
+    if unixsock.dir_ok(os.path.dirname(path)) is not None:
+        print(f"podrun zygote: {unixsock.dir_ok(os.path.dirname(path))}", file=sys.stderr, flush=True)
+        return 1
+    try:
+        lock = os.open(path[:-5] + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return 1
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         return 0                                     # this host has its zygote already
+    _start_watcher(path, lock)
     idle_class = _idle_class()
     for name in PRELOAD:
         try:
@@ -413,20 +497,14 @@ def serve(path: str, idle: float) -> int:
     _warm_up()
     if idle_class:
         os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))   # what the forked workers inherit
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    addr, dfd = _short(path)
-    old = os.umask(0o177)
-    try:
-        listener.bind(addr)
-    finally:
-        os.umask(old)
-        os.close(dfd)
-    listener.listen(64)
-    inode = os.stat(path).st_ino
+    try:                                             # under the lock: a socket here is a dead zygote's
+        if os.path.lexists(path):
+            os.unlink(path)
+        listener = unixsock.bind(path)
+    except OSError as exc:
+        print(f"podrun zygote: cannot listen on {path}: {exc.strerror or exc}", file=sys.stderr, flush=True)
+        return 1
+    inode = os.lstat(path).st_ino
     me = os.getpid()
     conns: dict[int, socket.socket] = {}       # fd -> connection (a lease, or a worker's)
     kids: dict[int, socket.socket | None] = {}  # pid -> its agent's connection
@@ -450,6 +528,17 @@ def serve(path: str, idle: float) -> int:
                 if req is None:
                     conns[c.fileno()] = c
                     continue
+                if req.get("quit"):
+                    c.close()
+                    for pid in kids:
+                        try:
+                            os.killpg(pid, signal.SIGKILL)
+                        except OSError:
+                            pass
+                    print(f"podrun zygote {me}: ending (an agent lost its controller)", file=sys.stderr, flush=True)
+                    listener.close()
+                    _clean_up(path, inode, settle=QUIT_SETTLE_S)
+                    return 0
                 pid = os.fork()
                 if pid == 0:
                     listener.close()
@@ -509,7 +598,7 @@ def serve(path: str, idle: float) -> int:
         if conns or kids:
             busy = time.monotonic()
         try:
-            gone = os.stat(path).st_ino != inode
+            gone = os.lstat(path).st_ino != inode
         except OSError:
             gone = True
         if gone or time.monotonic() - busy > idle:
@@ -520,6 +609,8 @@ def serve(path: str, idle: float) -> int:
                     pass
             print(f"podrun zygote {me}: ending ({'socket removed' if gone else f'idle {idle:g} s'})",
                   file=sys.stderr, flush=True)
+            if not gone:
+                _clean_up(path, inode)
             return 0
 
 
@@ -530,7 +621,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if os.fork() != 0:                                # detach: the starting agent waits only for this exit
         os._exit(0)
-    return serve(args.socket, args.idle)
+    code = serve(args.socket, args.idle)
+    sys.stderr.flush()
+    os._exit(code)                    # at once: no interpreter teardown of the preloaded modules (seconds)
 
 
 if __name__ == "__main__":

@@ -79,6 +79,9 @@ def prepare_launch(opts: "LaunchOptions") -> Prepared:
     name = engine_transport or net.transport or default_transport(plan, cluster, getattr(src, "scheduler", "none"))
     if name == "local":
         check_local_target(target, os.path.abspath(net.workdir or os.getcwd()))
+        check_local_interface(net.data_interface if net.data_interface is not None else cluster.data_interface or None,
+                              "--data-interface" if net.data_interface is not None else
+                              f"data_interface in {cluster.path}")
         if recipe_args is not None and net.preflight:
             check_recipe_modules(python, target, recipe_args)
     notes: list[str] = []
@@ -140,6 +143,26 @@ def check_local_target(target: Target, workdir: str) -> None:
                                is_file=os.path.isfile)
         if problem is not None:
             raise problem
+
+
+def check_local_interface(ifname: str | None, where: str) -> None:
+    """On this machine, the workers' network interface (GLOO_SOCKET_IFNAME) must exist and have an address,
+    before any worker starts (else each fails inside gloo)."""
+    if ifname is None:
+        return
+    import socket
+
+    from podrun.errors import PreflightError
+    from podrun.wire.probe import interface_address
+
+    if interface_address(ifname) is not None:
+        return
+    names = sorted(n for _, n in socket.if_nameindex())
+    have = "exists but has no address" if ifname in names else "does not exist"
+    raise PreflightError(f"preflight: localhost: the interface {ifname} ({where}) {have} on this machine; "
+                         "nothing was started",
+                         hint=f"this machine's interfaces: {', '.join(names)}; give one of them, or leave "
+                              "--data-interface out")
 
 
 def check_recipe_modules(python: str, target: Target, recipe_args, host: str = "localhost") -> None:

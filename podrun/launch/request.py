@@ -8,11 +8,11 @@ in their launcher's environment (only the names on its command line).
 """
 from __future__ import annotations
 
-import re
 import shlex
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from podrun.redaction import ENV_NAME_RE, redact_argv
 from podrun.wire.liveness import HEARTBEAT_MISSES, HEARTBEAT_S, Liveness
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -20,21 +20,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 AGENT_MODULE = "podrun.host.agent"
 NO_WORKDIR = 97           # the exit code of a host's command line when the working directory is missing
-# Redaction (the one home: run records, --dry-run, summaries). A value is hidden when its name looks
-# secret, and, whatever its name, the parts of it that look like credentials are hidden.
-REDACTED = "<redacted>"
-SECRET_RE = re.compile(   # a substring of the name (case-insensitive)
-    r"TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|KEY|CREDENTIAL|PRIVATE|SIGNATURE|COOKIE|DSN", re.IGNORECASE)
-SECRET_WORD_RE = re.compile(  # a whole word of the name (words split at _ - .)
-    r"(?:^|[_.-])(?:PASS|PWD|PW|PAT|AUTH|OAUTH|AUTHORIZATION|BEARER|APIKEY|SALT)(?:$|[_.-])", re.IGNORECASE)
-URL_PASSWORD_RE = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^:/?#@\s]*:)[^@/?#\s]+(?=@)")
-URL_USER_RE = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://)[^:/?#@\s]+(?=@)")
-TOKEN_SHAPE_RE = re.compile(   # well-known token formats (GitHub, GitLab, Hugging Face, OpenAI, Slack, AWS, JWT)
-    r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|glpat-[A-Za-z0-9_-]{20,}|hf_[A-Za-z0-9]{20,}"
-    r"|sk-[A-Za-z0-9_-]{20,}|xox[abposr]-[A-Za-z0-9-]{10,}|AKIA[0-9A-Z]{16}"
-    r"|eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,})")
-KEYLIKE_USER_RE = re.compile(r"^[A-Za-z0-9]{16,}$")   # a DSN's key in the user part (Sentry: https://KEY@host/1)
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @dataclass(frozen=True)
@@ -172,62 +157,6 @@ class LaunchRequest:
 
 def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else str(x)
-
-
-def secret_name(name: str) -> bool:
-    """Whether a variable or option name looks like it holds a secret (DB_PASS, GITHUB_PAT, HF_TOKEN, AUTH)."""
-    name = name.lstrip("-")
-    return bool(SECRET_RE.search(name) or SECRET_WORD_RE.search(name))
-
-
-def redact_text(text: str) -> str:
-    """``text`` with credential-shaped parts hidden: URL passwords (scheme://user:PW@host), key-like URL
-    users (DSNs: https://KEY@host), and well-known token formats (ghp_..., hf_..., AKIA..., JWTs)."""
-    text = URL_PASSWORD_RE.sub(lambda m: m["head"] + REDACTED, text)
-    text = URL_USER_RE.sub(lambda m: m["head"] + (REDACTED if KEYLIKE_USER_RE.match(m[0][len(m["head"]):])
-                                                  else m[0][len(m["head"]):]), text)
-    return TOKEN_SHAPE_RE.sub(REDACTED, text)
-
-
-def redact_value(name: str, value: str) -> str:
-    return REDACTED if secret_name(name) else redact_text(value)
-
-
-def redact(env: dict[str, str]) -> dict[str, str]:
-    """A copy of ``env`` with secrets hidden, by name and by value shape (redact_value)."""
-    return {k: redact_value(k, v) for k, v in env.items()}
-
-
-def redact_assignment(word: str) -> str:
-    """NAME=VALUE with VALUE redacted as redact_value would; any other word as redact_text."""
-    name, sep, value = word.partition("=")
-    if sep and ENV_NAME_RE.match(name):
-        return f"{name}={redact_value(name, value)}"
-    return redact_text(word)
-
-
-def redact_argv(argv) -> list[str]:
-    """A command line with secrets hidden: ``--token=V`` / ``--password V`` (options with secret names),
-    NAME=VALUE words, and credential-shaped text anywhere."""
-    out: list[str] = []
-    hide_next = False
-    for word in argv:
-        if hide_next and not word.startswith("-"):
-            out.append(REDACTED)
-            hide_next = False
-            continue
-        hide_next = False
-        if word.startswith("-") and len(word) > 1:
-            opt, sep, value = word.partition("=")
-            if secret_name(opt):
-                if sep:
-                    out.append(f"{opt}={REDACTED}")
-                else:
-                    out.append(word)
-                    hide_next = True
-                continue
-        out.append(redact_assignment(word))
-    return out
 
 
 def parse_env_options(items: tuple[str, ...] | list[str], environ=None) -> tuple[tuple[str, str], ...]:

@@ -11,12 +11,13 @@ from pathlib import Path
 
 from podrun.errors import LaunchError, PodrunError, PreflightError
 from podrun.wire.liveness import Liveness
-from podrun.launch.request import InstanceLaunch, LaunchRequest, SSHOptions, redact
+from podrun.launch.request import InstanceLaunch, LaunchRequest, SSHOptions
 from podrun.launch.rundir import (check_run_id, create_run_dir, new_run_id, write_launch_files, write_plan,
                                   write_summary)
 from podrun.launch.supervisor import Outcome, Supervisor, _describe_code
 from podrun.launch.transports.base import TransportFactory, busy_port_problem, get_transport
 from podrun.plan.worker_env import SNAPSHOT_KEY_NAME, data_interface_env
+from podrun.redaction import redact
 
 MULTI_HOST_PORT = 29500   # the default --master-port when the master host is elsewhere (0, "pick", on this machine)
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "ip6-localhost"}
@@ -127,7 +128,7 @@ def _preflight_failed(req: LaunchRequest, problems, notice,
 def dry_run_record(request: LaunchRequest) -> dict:
     """What --dry-run prints: per host, the exact command line (it holds no --env value), the --env every agent
     gets and how, and the variables each worker gets, with secrets redacted as in the run directory
-    (podrun.launch.request.redact). ``master_port`` 0 means the port is picked on this machine when the run
+    (podrun.redaction). ``master_port`` 0 means the port is picked on this machine when the run
     starts (``hold_port``), and every worker gets that one."""
     request = choose_master(get_transport(request.transport), request, ask_hosts=False)
     transport = get_transport(request.transport)(request)
@@ -197,10 +198,22 @@ def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from:
 
     ``elastic`` (a podrun.launch.replan.ElasticPolicy): each restart first drops the failed hosts,
     takes spares, and re-plans at the same global batch; no such plan ends the run. ``watch`` (a
-    podrun.launch.watch.WatchOptions) and ``progress`` go to the Supervisor.
+    podrun.launch.hangs.WatchOptions) and ``progress`` go to the Supervisor.
     """
+    from podrun.launch.control import claim, release
+
     notice = notice or (lambda t: None)
     create_run_dir(request.run_dir)
+    _before_start(request.run_dir, claim, request.run_dir)
+    try:
+        return _execute(request, sink=sink, notice=notice, only_output_from=only_output_from, elastic=elastic,
+                        watch=watch, progress=progress)
+    finally:
+        release(request.run_dir)
+
+
+def _execute(request: LaunchRequest, *, sink, notice, only_output_from, elastic, watch,
+             progress) -> tuple[Outcome | None, dict]:
     _before_start(request.run_dir, write_plan, request.run_dir, request.plan)
     record = None
     if elastic is not None:

@@ -8,9 +8,9 @@ when an instance has been silent for ``keepalive`` seconds, the liveness bound (
 host; summary.json gives each instance's largest silence), or when workers are still running
 ``straggler_timeout`` seconds after one exited 0 (stragglers, named by rank), or when no worker made
 progress (an output line, or a ``prog`` report outside eval/checkpoint) for the hang window
-(podrun.launch.watch.WatchOptions): then it first asks every agent for its workers' stacks (``S``), writes
+(podrun.launch.hangs.WatchOptions): then it first asks every agent for its workers' stacks (``S``), writes
 them to runs/<id>/stacks/ and shows them merged. A rank whose reported busy time stays well above the
-others' is named once (podrun.launch.watch.SlowRanks) and listed in summary.json's ``slow_ranks``.
+others' is named once (podrun.launch.slow_ranks.SlowRanks) and listed in summary.json's ``slow_ranks``.
 ``podrun stack`` asks for the same view through the run's control socket at any time. The root cause is
 the failure with the earliest agent time; its
 report carries that worker's own last lines (kept per worker, bounded), its @record error if it wrote
@@ -30,13 +30,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from podrun.errors import PodrunError
 from podrun.human import human_seconds
-from podrun.wire import protocol
-from podrun.launch import watch as watching
-from podrun.wire.liveness import FIRST_HEARTBEAT_S, Hearing
-from podrun.launch.request import LaunchRequest, redact_argv
-from podrun.launch.rundir import private_open
+from podrun.launch import control, hangs, slow_ranks, stacks
+from podrun.launch.request import LaunchRequest
+from podrun.launch.rundir import private_open, private_subdir
 from podrun.launch.transports.base import InstanceHandle, Transport
+from podrun.redaction import redact_argv, redact_record, redact_text
+from podrun.wire import owner, protocol
+from podrun.wire.liveness import FIRST_HEARTBEAT_S, Hearing
 
 LOST_EXIT = 255           # like ssh: the connection to a host was lost
 TAIL = 10                 # last lines kept per worker (and per instance) for the root cause
@@ -130,10 +132,12 @@ class Outcome:
     ended: float
     all_ready_s: float | None
     hang: dict | None = None           # the hang that ended (or was dumped in) the run: window, merged stacks
-    slow_ranks: list = field(default_factory=list)   # ranks named slow (podrun.launch.watch.SlowRanks records)
+    slow_ranks: list = field(default_factory=list)   # ranks named slow (podrun.launch.slow_ranks.SlowRanks records)
 
     def summary(self, request: LaunchRequest) -> dict:
-        return {
+        """The attempt's record, redacted (podrun.redaction): summary.json, --json and the console's root cause
+        are made from it."""
+        return redact_record({
             "run_id": request.run_id, "exit_code": self.exit_code, "status": self.status,
             "transport": request.transport, "restart_count": request.restart_count,
             "command": redact_argv(request.command), "master": f"{request.master_addr}:{request.master_port}",
@@ -147,38 +151,22 @@ class Outcome:
                         "duration_s": round(self.ended - self.started, 3), "all_ready_s": self.all_ready_s},
             "hang": self.hang,
             "slow_ranks": self.slow_ranks,
-        }
-
-
-@dataclass
-class StackCollection:
-    """One collection of every running worker's stacks in flight: on a hang, or asked over the control socket."""
-
-    reason: str                                    # "hang" | "request"
-    window: float | None                           # the hang window that ran out (None for a request)
-    want: list[tuple[int, int]]                    # (instance, local rank) of each worker running when it began
-    deadline: float                                # monotonic time after which it ends with what it has
-    silent_s: float                                # seconds without progress when it began
-    got: dict = field(default_factory=dict)        # (instance, local rank) -> the agent's stack record
-    asks: list = field(default_factory=list)       # (event, holder) of each control-socket request it answers
-
-    def complete(self, now: float) -> bool:
-        return set(self.want) <= set(self.got) or now >= self.deadline
+        })
 
 
 class Supervisor:
     def __init__(self, request: LaunchRequest, transport: Transport, *, sink: Sink | None = None,
                  notice: Notice | None = None, only_output_from: int | None = None, workers_per_instance: int = 1,
-                 watch: watching.WatchOptions | None = None, progress: Progress | None = None):
+                 watch: hangs.WatchOptions | None = None, progress: Progress | None = None):
         self.req = request
-        self.watch = watch or watching.WatchOptions(hang_timeout=None)
+        self.watch = watch or hangs.WatchOptions(hang_timeout=None)
         self.progress = progress
         self.last_progress = time.monotonic()
         self.started = False                     # some worker made progress in this attempt
         self.step_times: list[float] = []       # recent step_seconds reported by any worker (auto window)
-        self.slow = watching.SlowRanks()         # each rank's recent busy_seconds: names a slow rank
+        self.slow = slow_ranks.SlowRanks()         # each rank's recent busy_seconds: names a slow rank
         self.phases: dict[tuple[int, int | None], str] = {}   # (instance, local rank) -> last reported phase
-        self.dump: StackCollection | None = None  # the stack collection in flight
+        self.dump: stacks.StackCollection | None = None  # the stack collection in flight
         self.asks: queue.Queue = queue.Queue()   # control-socket requests: (done event, reply holder)
         self.handles: tuple[InstanceHandle, ...] = ()
         self.hang: dict | None = None
@@ -307,7 +295,7 @@ class Supervisor:
             if isinstance(info, dict):
                 self.errors[(st.index, ev.local_rank)] = info
         elif ev.kind == "note":
-            self._log(st.index, f"# podrun agent: {ev.text}")
+            self._log(st.index, f"# podrun agent: {redact_text(ev.text)}")
         elif ev.kind == "done":
             if ev.local_rank is not None:      # one agent per worker (mpirun --rank-from-env)
                 st.agents_done[ev.local_rank] = int(ev.text or 0)
@@ -363,17 +351,19 @@ class Supervisor:
 
     def _run(self) -> Outcome:
         try:
-            server = watching.serve(self.req.run_dir, self._control)
+            server = control.serve(self.req.run_dir, self._control)
         except OSError as exc:
             server = None
-            self.notice(f"cannot listen on {Path(self.req.run_dir) / watching.SOCKET_NAME}: {exc.strerror or exc}; "
+            self.notice(f"cannot listen on {Path(self.req.run_dir) / owner.SOCKET_NAME}: {exc.strerror or exc}; "
                         "podrun stack cannot reach this run")
         try:
             return self._run_started()
         finally:
-            watching.stop(server)
+            control.stop(self.req.run_dir, server)
 
-    def _control(self, request: dict) -> dict:
+    def _control(self, request) -> dict:
+        if not isinstance(request, dict):
+            return {"error": "a request is a JSON object"}
         if request.get("ask") == "stacks":
             return self.request_stacks()
         return {"error": f"unknown request {request.get('ask')!r}"}
@@ -489,14 +479,14 @@ class Supervisor:
         dt = rec.get("step_seconds")
         if isinstance(dt, (int, float)) and dt > 0:
             self.step_times.append(float(dt))
-            del self.step_times[:-watching.AUTO_WINDOW]
+            del self.step_times[:-hangs.AUTO_WINDOW]
         busy = rec.get("busy_seconds")
         if isinstance(busy, (int, float)) and not isinstance(busy, bool) and math.isfinite(busy) and busy >= 0:
             rank = self._rank_int(st.index, lr)
             step = rec.get("step")
             named = self.slow.add(rank, st.host, float(busy), step if isinstance(step, int) else None)
             if named is not None:
-                self.notice(watching.slow_rank_line(named))
+                self.notice(slow_ranks.slow_rank_line(named))
         if self.progress is not None:
             try:
                 self.progress(self._rank_int(st.index, lr), st.host, rec)
@@ -540,7 +530,7 @@ class Supervisor:
                 for lr in range(self.wpi) if lr not in st.workers]
 
     def _start_dump(self, reason: str, now: float, window: float | None = None) -> None:
-        self.dump = StackCollection(reason, window, self._running(), now + watching.DUMP_WAIT_S,
+        self.dump = stacks.StackCollection(reason, window, self._running(), now + stacks.DUMP_WAIT_S,
                                     now - self.last_progress)
         if reason == "hang":
             self.notice(f"no progress from any rank for {human_seconds(window)} ({self.watch.source}); "
@@ -564,58 +554,60 @@ class Supervisor:
             rec = d.got.get((inst, lr))
             rank = self._rank_int(inst, lr)
             if rec is None:
-                workers.append(watching.WorkerStack(rank, inst, lr, st.host, (), "its agent sent no stacks in time "
+                workers.append(stacks.WorkerStack(rank, inst, lr, st.host, (), "its agent sent no stacks in time "
                                                     "(host cut off, or under mpirun/srun a run dir it does not share)"))
                 continue
-            procs = tuple(watching.ProcessStack(int(p.get("pid", 0)), watching.parse_dump(str(p.get("text", "")),
+            procs = tuple(stacks.ProcessStack(int(p.get("pid", 0)), stacks.parse_dump(str(p.get("text", "")),
                                                                                            p.get("main")))
                           for p in rec.get("procs", ()) if isinstance(p, dict))
             procs = tuple(p for p in procs if p.threads)
-            workers.append(watching.WorkerStack(rank, inst, lr, st.host, procs,
+            workers.append(stacks.WorkerStack(rank, inst, lr, st.host, procs,
                                                 None if procs else rec.get("problem") or "no stack"))
-        groups = watching.merge(workers)
-        lines = watching.render_lines(groups)
+        groups = stacks.merge(workers)
+        lines = stacks.render_lines(groups)
         self._write_stacks(workers, lines)
-        reply = {"run_id": self.req.run_id, "ranks": len(workers), "groups": watching.to_json(groups),
-                 "lines": lines, "stacks_dir": str(Path(self.req.run_dir) / watching.STACKS_DIR)}
+        reply = redact_record({"run_id": self.req.run_id, "ranks": len(workers), "groups": stacks.to_json(groups),
+                               "lines": lines, "stacks_dir": str(Path(self.req.run_dir) / stacks.STACKS_DIR)})
         for done, holder in d.asks:
             holder.append(reply)
             done.set()
         if d.reason != "hang":
             return
         self.notice(f"the stacks of {len(workers)} worker(s), odd ranks first "
-                    f"(every thread in {Path(self.req.run_dir) / watching.STACKS_DIR}/rank-N.txt):\n  "
+                    f"(every thread in {Path(self.req.run_dir) / stacks.STACKS_DIR}/rank-N.txt):\n  "
                     + "\n  ".join(lines))
         self.hang = {"window_s": d.window, "silent_s": round(d.silent_s, 3), "on_hang": self.watch.on_hang,
                      "groups": [{"ranks": list(g.ranks), "hosts": sorted({w.host for w in g.workers}),
                                  "stack": g.workers[0].processes[0].main_frames()[0].where()
                                  if g.workers[0].processes and g.workers[0].processes[0].main_frames() else None,
-                                 "summary": watching.describe(g.workers[0].processes[0].main_frames())
+                                 "summary": stacks.describe(g.workers[0].processes[0].main_frames())
                                  if g.workers[0].processes else g.workers[0].problem} for g in groups]}
         if self.watch.on_hang == "end" and groups and self.signalled is None:
             odd = groups[0].workers[0]
-            what = (watching.describe(odd.processes[0].main_frames()) if odd.processes else odd.problem)
+            what = (stacks.describe(odd.processes[0].main_frames()) if odd.processes else odd.problem)
             odd_label = "the odd rank out" if len(groups) > 1 else "every rank"
             self.failures.append(Failure(
-                odd.instance, odd.host, odd.local_rank, watching.HANG_EXIT, FailureKind.HUNG,
+                odd.instance, odd.host, odd.local_rank, hangs.HANG_EXIT, FailureKind.HUNG,
                 f"hung: no progress from any rank for {human_seconds(d.window)} ({self.watch.source}); "
                 f"{odd_label}: rank {odd.rank} on {odd.host} in {what}", time.time()))
         else:
             self.last_progress = time.monotonic()    # dump again after another silent window
 
     def _write_stacks(self, workers: list, lines: list[str]) -> None:
-        where = Path(self.req.run_dir) / watching.STACKS_DIR
+        where = Path(self.req.run_dir) / stacks.STACKS_DIR
         try:
-            where.mkdir(mode=0o700, exist_ok=True)
+            private_subdir(self.req.run_dir, stacks.STACKS_DIR, "stacks directory")
             for w in workers:
                 with open(where / f"rank-{w.rank}.txt", "w", opener=private_open) as f:
-                    f.write(watching.stack_file_text(w))
+                    f.write(redact_text(stacks.stack_file_text(w)))
             with open(where / "merged.txt", "w", opener=private_open) as f:
-                f.write("\n".join(lines) + "\n")
+                f.write(redact_text("\n".join(lines) + "\n"))
         except OSError as exc:
             self.notice(f"cannot write the stacks to {where}: {exc.strerror or exc}")
+        except PodrunError as exc:
+            self.notice(f"not writing the stacks: {exc.message}")
 
-    def request_stacks(self, timeout: float = watching.DUMP_WAIT_S * 3) -> dict:
+    def request_stacks(self, timeout: float = stacks.DUMP_WAIT_S * 3) -> dict:
         """From another thread (the control socket): the merged stacks of the running workers, now."""
         done, holder = threading.Event(), []
         self.asks.put((done, holder))

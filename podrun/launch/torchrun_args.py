@@ -182,13 +182,15 @@ def _nproc(value: str, cpu_count: int) -> int | None:
     """--nproc-per-node: N workers; auto: the cluster spec's devices (this machine: one worker per core, as
     torchrun's auto without an accelerator); cpu: this machine's cores, as torchrun counts them; gpu: the
     cluster spec's devices, which must be GPUs (check_nproc_kind)."""
+    from podrun.specs.limits import MAX_PER_HOST
+
     text = value.strip()
-    if text.isdigit():
-        n = int(text)
-        if n < 1:
-            raise LaunchError(f"--nproc-per-node {value}: a node runs at least one worker",
-                              hint="give N >= 1, or auto, cpu or gpu")
-        return n
+    if text.isascii() and text.isdigit():
+        if len(text) > 12 or not 1 <= int(text) <= MAX_PER_HOST:
+            raise LaunchError(f"--nproc-per-node {text[:20]}{'...' if len(text) > 20 else ''}: a node runs at least "
+                              f"one worker and at most {MAX_PER_HOST}",
+                              hint=f"give N in 1..{MAX_PER_HOST}, or auto, cpu or gpu")
+        return int(text)
     if text in ("auto", "gpu"):
         return None
     if text == "cpu":
@@ -208,7 +210,7 @@ def check_nproc_kind(tr: TorchrunOptions, device_kind: str, cluster_name: str) -
 def _nnodes(value: str) -> tuple[int, int]:
     parts = value.split(":")
     try:
-        if len(parts) not in (1, 2):
+        if len(parts) not in (1, 2) or not all(p.strip().isascii() for p in parts):
             raise ValueError
         low, high = int(parts[0]), int(parts[-1])
     except ValueError:
@@ -234,9 +236,13 @@ def parse_endpoint(value: str) -> tuple[str, int]:
         host, port_text = text, None
     if not host:
         raise LaunchError(f"--rdzv-endpoint {value!r} names no host", hint="e.g. --rdzv-endpoint node1:29400")
+    if ":" in host and not text.startswith("["):
+        raise LaunchError(f"--rdzv-endpoint {value!r} is not one HOST:PORT",
+                          hint="give one host and one port, e.g. --rdzv-endpoint node1:29400 (an IPv6 address in "
+                               "brackets: [fd00::1]:29400)")
     if port_text is None:
         return host, RDZV_DEFAULT_PORT
-    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+    if not (port_text.isascii() and port_text.isdigit()) or len(port_text) > 5 or not 1 <= int(port_text) <= 65535:
         raise LaunchError(f"--rdzv-endpoint {value!r}: {port_text!r} is not a TCP port",
                           hint="give a port in 1..65535, e.g. --rdzv-endpoint node1:29400")
     return host, int(port_text)
@@ -250,4 +256,4 @@ def _check_streams(option: str, value: str) -> None:
         for p in parts)
     if not ok:
         raise LaunchError(f"{option} {value!r} is not a stream choice",
-                          hint=f"torchrun's form: 0 none, 1 stdout, 2 stderr, 3 both, or per local rank (0:3,1:1)")
+                          hint="torchrun's form: 0 none, 1 stdout, 2 stderr, 3 both, or per local rank (0:3,1:1)")

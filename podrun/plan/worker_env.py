@@ -102,7 +102,7 @@ RUN_WIDE_NAMES = (
 SNAPSHOT_ROOT = "/dev/shm"
 # The run's secret (made once per run by the controller, podrun.launch.run.build_request, and passed to the agents
 # and workers among the --env pairs): the slots' HMAC key and the source of the directory's unguessable part. No
-# key, no snapshots. Its name matches the redaction by name (podrun.launch.request.secret_name).
+# key, no snapshots. Its name matches the redaction by name (podrun.redaction.secret_name).
 SNAPSHOT_KEY_NAME = "PODRUN_SNAPSHOT_KEY"
 
 

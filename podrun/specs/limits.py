@@ -27,3 +27,7 @@ MAX_YAML_NODES = 200_000
 # Restarts of a whole run, and seconds for any duration option (a day is more than any grace).
 MAX_RESTARTS = 1000
 MAX_SECONDS = 7 * 24 * 3600.0
+
+# The shortest hang window (--hang-timeout, hang_timeout in a spec or recipe): a shorter one ends a healthy
+# run as hung between two of its lines.
+MIN_HANG_S = 1.0

@@ -5,14 +5,14 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional, Union
 
 from podrun.errors import SpecError
-from podrun.specs.limits import MAX_BATCH, MAX_SECONDS, MAX_SPEC_INT
+from podrun.specs.limits import MAX_BATCH, MAX_SECONDS, MAX_SPEC_INT, MIN_HANG_S
 from podrun.specs.loader import bound
 
 _BATCH = bound(1, MAX_BATCH, why=f"samples: at least 1; more than {MAX_BATCH} (2**24) is a typo")
 _FRACTION = bound(0, 1, why="a fraction")
 _DECAY = bound(0, 0.999999, why="a decay factor below 1")
-HANG_TIMEOUT = bound(above=0, high=MAX_SECONDS, why="seconds without progress from any rank before the run counts "
-                     "as hung (at most a week), or auto, or off")
+HANG_TIMEOUT = bound(MIN_HANG_S, MAX_SECONDS, why="seconds without progress from any rank before the run counts "
+                     f"as hung (at least {MIN_HANG_S:g}, at most a week), or auto, or off")
 
 
 @dataclass(frozen=True)

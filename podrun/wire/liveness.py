@@ -59,7 +59,13 @@ def settings(heartbeat: float | None = None, misses: int | None = None, keepaliv
 
 def _checked(live: Liveness, where: str) -> Liveness:
     from podrun.errors import LaunchError
+    from podrun.specs.limits import MAX_SECONDS
 
+    if not live.bound <= MAX_SECONDS:
+        raise LaunchError(f"a host lost after {live.bound:g} s of silence ({where}: {live.describe()}) is more than "
+                          f"a week ({MAX_SECONDS:g} s)",
+                          hint="give a shorter --heartbeat, fewer --heartbeat-misses or a shorter --keepalive "
+                               "(default 0.5 s x 4 = 2 s)")
     if live.period < MIN_HEARTBEAT_S:
         raise LaunchError(f"a heartbeat every {live.period:g} s ({where}) is more often than every "
                           f"{MIN_HEARTBEAT_S:g} s",

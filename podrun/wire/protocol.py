@@ -108,12 +108,13 @@ ZYGOTE_DIR = "zygote"             # in the run dir: the zygotes' sockets; removi
 
 def write_request(run_dir: str) -> None:
     """Ask the agents that have no stdin (mpirun, srun: they share the run dir) for stacks: a new token in
-    <run_dir>/stacks-request, written whole (rename)."""
+    <run_dir>/stacks-request, written whole (a new private file, then a rename)."""
     import time
 
     path = os.path.join(run_dir, REQUEST_FILE)
     tmp = f"{path}.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with open(fd, "w", encoding="utf-8") as f:
         f.write(f"{time.time_ns()}\n")
     os.replace(tmp, path)
 

@@ -22,9 +22,20 @@ PROBE = str(HERE / "warm_probe.py")
 ZYGOTE = "podrun.host.zygote"
 
 
-def zygotes(where: Path) -> list[int]:
-    """Pids of the zygotes serving run directories under ``where`` (every namespace host shares this pid space)."""
-    return [p for p in local_pids(ZYGOTE) if str(where) in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")]
+def zygotes(where: Path, watchers: bool = False) -> list[int]:
+    """Pids of the zygotes serving run directories under ``where`` (every namespace host shares this pid space);
+    each zygote's watcher (a fork of it, the same command line, its child) is left out unless ``watchers``."""
+    found = [p for p in local_pids(ZYGOTE)
+             if str(where) in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")]
+    if watchers:
+        return found
+
+    def parent(pid: int) -> int:
+        try:
+            return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            return 0
+    return [p for p in found if parent(p) not in found]
 
 
 def probes(rd: Path) -> list[dict]:
@@ -69,7 +80,7 @@ def test_elastic_restart_forks_workers_from_the_zygote_with_the_same_losses(make
     rp = summary(tmp_path / "el")["elastic"]["replans"]
     assert len(rp) == 1 and rp[0]["hosts_lost"] == ["h3"]
     # the run is over: its zygotes (h3's too, behind its cut link) end with it
-    assert wait_until(lambda: not zygotes(tmp_path / "el"), 15), zygotes(tmp_path / "el")
+    assert wait_until(lambda: not zygotes(tmp_path / "el", watchers=True), 15), zygotes(tmp_path / "el", True)
     assert not (rd / "zygote").exists()
     print(f"elastic record: {rp[0]}")
 
@@ -99,7 +110,7 @@ def test_a_killed_zygote_makes_the_next_attempt_start_cold(make_ssh_hosts, tmp_p
     assert by[("h1", 1)]["warm"] == "-"                                    # its zygote was killed: cold again
     assert by[("h2", 1)]["warm"] != "-" and by[("h2", 1)]["ppid"] == int(by[("h2", 1)]["warm"])
     assert summary(tmp_path / "runs")["exit_code"] == 0
-    assert wait_until(lambda: not zygotes(tmp_path), 15), zygotes(tmp_path)
+    assert wait_until(lambda: not zygotes(tmp_path, watchers=True), 15), zygotes(tmp_path, watchers=True)
 
 
 def test_no_warm_starts_no_zygote(make_ssh_hosts, tmp_path):
@@ -116,7 +127,7 @@ def test_no_warm_starts_no_zygote(make_ssh_hosts, tmp_path):
     assert p.returncode == 0, err
     assert all(x["warm"] == "-" for x in probes(run_dir(tmp_path / "runs")))
     assert "--warm" not in (run_dir(tmp_path / "runs") / "command").read_text()
-    assert not (run_dir(tmp_path / "runs") / "zygote").exists() and not zygotes(tmp_path)
+    assert not (run_dir(tmp_path / "runs") / "zygote").exists() and not zygotes(tmp_path, watchers=True)
 
 
 @pytest.mark.torch
@@ -145,4 +156,4 @@ def test_podrun_stack_shows_a_warm_workers_stack(tmp_path):
     finally:
         end(p)
     assert p.returncode == 0, err
-    assert wait_until(lambda: not zygotes(tmp_path), 15), zygotes(tmp_path)
+    assert wait_until(lambda: not zygotes(tmp_path, watchers=True), 15), zygotes(tmp_path, watchers=True)

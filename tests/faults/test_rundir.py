@@ -20,7 +20,7 @@ def small_disk(tmp_path):
     """A 64 KiB tmpfs, mounted for the test and unmounted after it."""
     mnt = tmp_path / "small"
     mnt.mkdir()
-    cp = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True, text=True)
+    cp = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs", str(mnt)], capture_output=True, text=True)
     if cp.returncode != 0:
         pytest.fail(f"a 64 KiB tmpfs is needed (mount -t tmpfs, as root): {cp.stderr.strip()}", pytrace=False)
     try:
@@ -154,7 +154,7 @@ def test_job_script_holding_env_is_private(tmp_path):
 
 
 def test_redaction_rules_hide_secrets_and_keep_the_rest():
-    from podrun.launch.request import redact, redact_argv
+    from podrun.redaction import redact, redact_argv
 
     env = redact({"DB_PASS": "a", "GITHUB_PAT": "b", "AUTH": "c", "MY_API_KEY": "d", "OAUTH_CLIENT": "e",
                   "PATH": "/usr/bin", "GIT_AUTHOR_NAME": "me", "PASSTHROUGH": "1", "NCCL_DEBUG": "INFO",
@@ -168,3 +168,22 @@ def test_redaction_rules_hide_secrets_and_keep_the_rest():
                         "--password", "--verbose"]) == [
         "train.py", "--auth-token", "<redacted>", "--epochs", "3", "--hf_token=<redacted>", "--lr", "-1",
         "--password", "--verbose"]
+
+
+def test_redact_record_hides_secrets_in_every_string_and_under_secret_keys():
+    """summary.json, --json and control-socket replies pass through redact_record: nested strings are redacted
+    by shape, a value under a secret-looking key is hidden, numbers and structure stay."""
+    from podrun.redaction import escape_controls, redact_record, shown
+
+    token = "hf_" + "a1" * 12
+    rec = {"root_cause": {"error": {"message": f"RuntimeError: bad {token}"}, "exit_code": 1,
+                          "last_lines": ["ok", "fetch https://u:pw-9@h/x"], "others": [{"last_lines": [token]}]},
+           "api_key": "plain", "steps": [1, 2.5, None, True]}
+    out = redact_record(rec)
+    assert out["root_cause"]["error"]["message"] == "RuntimeError: bad <redacted>"
+    assert out["root_cause"]["last_lines"] == ["ok", "fetch https://u:<redacted>@h/x"]
+    assert out["root_cause"]["others"][0]["last_lines"] == ["<redacted>"] and out["api_key"] == "<redacted>"
+    assert out["steps"] == [1, 2.5, None, True] and out["root_cause"]["exit_code"] == 1
+    assert rec["root_cause"]["last_lines"][1].endswith("pw-9@h/x")          # the input is left as it was
+    assert escape_controls("a\x1b[2J\tb\nc\r\x07\x9b") == "a\\x1b[2J\tb\nc\\x0d\\x07\\x9b"
+    assert shown(f"\x1b]0;{token}\x07") == "\\x1b]0;<redacted>\\x07"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from podrun.launch.watch import SLOW_FACTOR, SLOW_WINDOW
+from podrun.launch.slow_ranks import SLOW_FACTOR, SLOW_WINDOW
 from tests.launch.helpers import SCRIPTS, podrun, summary
 from tests.ports import free_port
 

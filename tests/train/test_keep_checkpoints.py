@@ -89,7 +89,7 @@ def test_launch_keep_0_and_the_last_line_then_report_with_no_argument(tmp_path):
     run1 = tmp_path / "runs" / "one"
     assert _steps(run1 / "checkpoints") == [6]
     last1 = one.stderr.strip().splitlines()[-1]
-    assert f"1 checkpoint(s) (" in last1 and f"--keep-checkpoints 1) in {run1 / 'checkpoints'}: ckpt-000000006.pt" \
+    assert "1 checkpoint(s) (" in last1 and f"--keep-checkpoints 1) in {run1 / 'checkpoints'}: ckpt-000000006.pt" \
         in last1, last1
     assert last1.endswith(f"report: podrun report {run1}"), last1
     end = end_record(run1)

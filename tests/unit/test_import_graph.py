@@ -59,10 +59,10 @@ def test_the_boundary_check_finds_a_crossing(tmp_path):
     """The check can fail: an agent-side module that reaches into the controller is named."""
     for folder in ("host", "launch", "wire"):
         (tmp_path / "podrun" / folder).mkdir(parents=True)
-    (tmp_path / "podrun" / "host" / "agent.py").write_text("def f():\n    from podrun.launch.watch import x\n")
+    (tmp_path / "podrun" / "host" / "agent.py").write_text("def f():\n    from podrun.launch.stacks import x\n")
     (tmp_path / "podrun" / "launch" / "run.py").write_text("from podrun.wire import protocol\n")
-    assert crossings(tmp_path) == ["podrun.host.agent imports podrun.launch.watch",
-                                   "podrun.host.agent imports podrun.launch.watch.x"]
+    assert crossings(tmp_path) == ["podrun.host.agent imports podrun.launch.stacks",
+                                   "podrun.host.agent imports podrun.launch.stacks.x"]
 
 
 def test_the_ssh_transports_import_no_circle():

@@ -131,8 +131,8 @@ def test_hang_timeout_in_a_cluster_spec_and_a_recipe(tmp_path, value, loaded):
     assert load_cluster("local").hang_timeout is None and load_recipe("resnet18_cifar10").hang_timeout is None
 
 
-@pytest.mark.parametrize("value,words", [("0", "more than 0"), ("-5", "more than 0"), ("1000000", "at most"),
-                                         ("soon", "'auto' | 'off'"), (".nan", "got nan")])
+@pytest.mark.parametrize("value,words", [("0", "at least 1"), ("-5", "at least 1"), ("0.5", "at least 1"),
+                                         ("1000000", "at most"), ("soon", "'auto' | 'off'"), (".nan", "got nan")])
 def test_a_bad_hang_timeout_names_the_file_line_and_field(tmp_path, value, words):
     p = write(tmp_path, spec_text(f"\nhang_timeout: {value}\n"))
     with pytest.raises(SpecError) as e:

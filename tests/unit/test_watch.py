@@ -10,8 +10,12 @@ import sys
 import pytest
 
 from podrun.cli.render import ProgressView, human_number, human_seconds, progress_text
-from podrun.launch import watch
-from podrun.launch.watch import Frame, ProcessStack, Thread, WorkerStack, WatchOptions
+from podrun.launch import control
+from podrun.launch import hangs
+from podrun.wire import owner
+from podrun.launch import stacks
+from podrun.launch.stacks import Frame, ProcessStack, Thread, WorkerStack
+from podrun.launch.hangs import WatchOptions
 
 TORCH = "/usr/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
 DUMP = """Thread 0x00007f0c3eada6c0 (most recent call first):
@@ -27,19 +31,19 @@ Current thread 0x00007f0c3f83cb80 (most recent call first):
 
 
 def test_a_dump_is_parsed_with_the_main_thread_first():
-    threads = watch.parse_dump(DUMP, "0x00007f0c3f83cb80")
+    threads = stacks.parse_dump(DUMP, "0x00007f0c3f83cb80")
     assert [t.ident for t in threads] == ["0x00007f0c3f83cb80", "0x00007f0c3eada6c0"]
     assert threads[0].main and not threads[1].main
     assert threads[0].frames[0] == Frame(TORCH, 3252, "all_reduce")
     assert threads[0].frames[2].where() == "train.py:88"
     # the main thread by its id even when another thread caught the signal
-    other = watch.parse_dump(DUMP, "0x00007f0c3eada6c0")
+    other = stacks.parse_dump(DUMP, "0x00007f0c3eada6c0")
     assert other[0].ident == "0x00007f0c3eada6c0" and other[0].main
 
 
 def test_only_the_newest_of_two_dumps_counts():
     second = DUMP.replace("line 88 in step", "line 90 in step")
-    threads = watch.parse_dump(DUMP + second, "0x00007f0c3f83cb80")
+    threads = stacks.parse_dump(DUMP + second, "0x00007f0c3f83cb80")
     assert len(threads) == 2 and threads[0].frames[2].line == 90
 
 
@@ -51,9 +55,9 @@ def test_identical_stacks_are_grouped_and_the_odd_rank_out_leads():
     waiting = [Frame(TORCH, 3252, "all_reduce"), Frame("/work/train.py", 88, "step")]
     sleeping = [Frame("/work/train.py", 40, "load"), Frame("/work/train.py", 88, "step")]
     workers = [_worker(r, waiting) for r in (0, 2, 3, 4, 5, 6, 7)] + [_worker(1, sleeping, "h9")]
-    groups = watch.merge(workers)
+    groups = stacks.merge(workers)
     assert [g.ranks for g in groups] == [(1,), (0, 2, 3, 4, 5, 6, 7)]
-    lines = watch.render_lines(groups)
+    lines = stacks.render_lines(groups)
     assert lines[0] == "rank 1: load (train.py:40) <- train.py:88"
     assert lines[1] == "    on h9 (pid 101)"
     assert lines[2] == "ranks 0, 2-7: all_reduce (distributed_c10d.py:3252) <- train.py:88"
@@ -62,29 +66,29 @@ def test_identical_stacks_are_grouped_and_the_odd_rank_out_leads():
 def test_a_rank_outside_torch_distributed_leads_even_when_groups_are_the_same_size():
     waiting = [Frame(TORCH, 3252, "all_reduce")]
     workers = [_worker(0, waiting), _worker(1, [Frame("/work/hang.py", 64, "main")])]
-    assert [g.ranks for g in watch.merge(workers)] == [(1,), (0,)]
+    assert [g.ranks for g in stacks.merge(workers)] == [(1,), (0,)]
 
 
 def test_describe_shows_the_users_callers_and_elides_library_frames():
     frames = (Frame("/usr/lib/python3.11/selectors.py", 415, "select"),
               Frame("/usr/lib/python3.11/multiprocessing/connection.py", 947, "wait"),
               Frame("/work/hang.py", 72, "main"), Frame("/work/hang.py", 81, "<module>"))
-    assert watch.describe(frames) == "select (selectors.py:415) <- ... <- hang.py:72 <- hang.py:81"
-    assert watch.describe(()) == "(no Python frame)"
+    assert stacks.describe(frames) == "select (selectors.py:415) <- ... <- hang.py:72 <- hang.py:81"
+    assert stacks.describe(()) == "(no Python frame)"
 
 
 def test_rank_ranges():
-    assert watch.rank_ranges([7, 0, 2, 3, 4]) == "0, 2-4, 7"
-    assert watch.rank_ranges([5]) == "5"
+    assert stacks.rank_ranges([7, 0, 2, 3, 4]) == "0, 2-4, 7"
+    assert stacks.rank_ranges([5]) == "5"
 
 
 def test_the_auto_window_follows_the_step_time_above_its_floor():
     auto = WatchOptions()
-    assert auto.window([]) == watch.AUTO_NO_STEPS_S
-    assert auto.window([0.1] * 5) == watch.AUTO_FLOOR_S
-    assert auto.window([10.0] * 5) == watch.AUTO_STEPS * 10.0
+    assert auto.window([]) == hangs.AUTO_NO_STEPS_S
+    assert auto.window([0.1] * 5) == hangs.AUTO_FLOOR_S
+    assert auto.window([10.0] * 5) == hangs.AUTO_STEPS * 10.0
     fixed = WatchOptions(hang_timeout=4.0)
-    assert fixed.window([]) == 4.0 and fixed.window([], started=False) == watch.STARTUP_S
+    assert fixed.window([]) == 4.0 and fixed.window([], started=False) == hangs.STARTUP_S
     assert WatchOptions(hang_timeout=None).window([1.0]) is None
 
 
@@ -174,13 +178,13 @@ def test_the_control_socket_answers_and_is_private(tmp_path):
     """A long run-dir path (longer than a unix socket address) still works: bound through /proc/self/fd."""
     run = tmp_path / ("x" * 120)
     run.mkdir()
-    server = watch.serve(str(run), lambda req: {"echo": req})
+    server = control.serve(str(run), lambda req: {"echo": req})
     try:
-        assert watch.ask(str(run), {"ask": "ping"}) == {"echo": {"ask": "ping"}}
-        assert (run / watch.SOCKET_NAME).stat().st_mode & 0o777 == 0o600
+        assert control.ask(str(run), {"ask": "ping"}) == {"echo": {"ask": "ping"}}
+        assert (run / owner.SOCKET_NAME).stat().st_mode & 0o777 == 0o600
     finally:
-        watch.stop(server)
-    assert not (run / watch.SOCKET_NAME).exists()
+        control.stop(str(run), server)
+    assert not (run / owner.SOCKET_NAME).exists()
 
 
 def test_the_worker_hook_dumps_on_the_signal_keeps_running_and_chains_the_users_sitecustomize(tmp_path):
@@ -210,7 +214,7 @@ def test_the_worker_hook_dumps_on_the_signal_keeps_running_and_chains_the_users_
             os.kill(p.pid, STACK_SIGNAL)
             time.sleep(0.3)
         text = (stacks / f"{p.pid}.txt").read_text()
-        threads = watch.parse_dump(text, main)
+        threads = stacks.parse_dump(text, main)
         assert threads[0].main and threads[0].frames[0].line == 4, text
         # the dump did not end it: it answers another one, and is still there after it
         size = (stacks / f"{p.pid}.txt").stat().st_size
@@ -227,7 +231,7 @@ def test_the_worker_hook_dumps_on_the_signal_keeps_running_and_chains_the_users_
 def test_slow_ranks_rule_names_a_steady_straggler_once_and_never_flaps_on_spikes():
     """The pure rule: a few slow steps (under half the window) name nobody; a rank slow in most of its last
     SLOW_WINDOW reports is named once, with its host; it is named again only after it recovered."""
-    from podrun.launch.watch import SLOW_WINDOW, SlowRanks
+    from podrun.launch.slow_ranks import SLOW_WINDOW, SlowRanks
 
     w = SlowRanks()
     named = []
@@ -252,7 +256,7 @@ def test_slow_ranks_rule_names_a_steady_straggler_once_and_never_flaps_on_spikes
 
 def test_slow_ranks_ignore_tiny_gaps():
     """Busy times of microseconds: a 2x ratio inside timer noise (under SLOW_MIN_GAP_S) names nobody."""
-    from podrun.launch.watch import SLOW_WINDOW, SlowRanks
+    from podrun.launch.slow_ranks import SLOW_WINDOW, SlowRanks
 
     w = SlowRanks()
     assert all(w.add(r, "h", 0.0002 if r == 0 else 0.0001, s) is None
@@ -262,7 +266,7 @@ def test_slow_ranks_ignore_tiny_gaps():
 def test_slow_ranks_when_the_others_report_no_busy_time():
     """Others at 0 s (nothing measured before their last bucket): the slow rank is named without a ratio, and
     later reports keep it named without error."""
-    from podrun.launch.watch import SLOW_WINDOW, SlowRanks, slow_rank_line
+    from podrun.launch.slow_ranks import SLOW_WINDOW, SlowRanks, slow_rank_line
 
     w = SlowRanks()
     named = [w.add(r, f"h{r}", 0.5 if r == 1 else 0.0, s) for s in range(3 * SLOW_WINDOW) for r in range(3)]

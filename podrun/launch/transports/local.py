@@ -15,10 +15,11 @@ from podrun.wire.probe import port_free
 from podrun.launch.transports.base import InstanceHandle, Problem, StreamMerger, Transport, busy_port_problem
 
 
-def _pdeathsig() -> None:
-    from podrun.wire.proctl import pdeathsig
+def _pdeathsig():
+    """The agent's preexec_fn: SIGTERM when this controller dies, also when it died before prctl."""
+    from podrun.wire.proctl import die_with_parent
 
-    pdeathsig(signal.SIGTERM)
+    return die_with_parent(signal.SIGTERM)
 
 
 class LocalHandle(InstanceHandle):
@@ -97,7 +98,7 @@ class LocalTransport(Transport):
             try:
                 proc = subprocess.Popen(argv, cwd=req.workdir, env=env, stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        start_new_session=True, preexec_fn=_pdeathsig,
+                                        start_new_session=True, preexec_fn=_pdeathsig(),
                                         pass_fds=req.pass_fds(inst.index))
             except OSError as exc:
                 for h in handles:

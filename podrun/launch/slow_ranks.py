@@ -1,0 +1,68 @@
+"""Slow ranks: a rank whose reported busy time stays well above the others' is named once (the straggler a hang
+often starts as)."""
+from __future__ import annotations
+
+
+SLOW_FACTOR = 1.5              # a rank is slow when its busy time stays at least this times the others' median
+SLOW_CLEAR = 1.25              # ... and no longer slow once back under this (no flapping at the edge)
+SLOW_WINDOW = 10               # busy times kept per rank; the rule compares medians over them
+SLOW_MIN_GAP_S = 0.005         # and at least this many seconds apart (timer noise on tiny steps)
+
+
+class SlowRanks:
+    """The slow-rank watch (pure): each rank's last SLOW_WINDOW busy times (its own work per step, without the
+    wait for the others: podrun.train.busy); a rank whose median stays at least SLOW_FACTOR x the median of
+    the other ranks' medians (and SLOW_MIN_GAP_S above it) is named once, and can be named again only after
+    its median fell back under SLOW_CLEAR x. A median over SLOW_WINDOW reports ignores a few slow steps
+    (a checkpoint, a page fault, a noisy neighbour): the rank must be slow in most of its last reports."""
+
+    def __init__(self, window: int = SLOW_WINDOW):
+        self.window = window
+        self.busy: dict[int, list[float]] = {}
+        self.hosts: dict[int, str] = {}
+        self.slow: dict[int, dict] = {}        # rank -> its record while it is slow
+        self.records: list[dict] = []          # every rank named, in order (summary.json's slow_ranks)
+
+    @staticmethod
+    def _median(xs: list[float]) -> float:
+        ys = sorted(xs)
+        n = len(ys)
+        return ys[n // 2] if n % 2 else (ys[n // 2 - 1] + ys[n // 2]) / 2
+
+    def add(self, rank: int, host: str, busy_s: float, step: int | None = None) -> dict | None:
+        """One busy time of ``rank``; the rank's new record when this makes it slow, else None."""
+        xs = self.busy.setdefault(rank, [])
+        xs.append(float(busy_s))
+        del xs[:-self.window]
+        self.hosts[rank] = host
+        if len(xs) < self.window:
+            return None
+        others = [self._median(v) for r, v in self.busy.items() if r != rank and len(v) >= self.window]
+        if not others:
+            return None
+        mine, rest = self._median(xs), self._median(others)
+        if rank in self.slow:
+            rec = self.slow[rank]
+            if mine < SLOW_CLEAR * rest:
+                rec["until_step"] = step
+                del self.slow[rank]
+            elif rest > 0 and (rec["max_ratio"] is None or mine / rest > rec["max_ratio"]):
+                rec["max_ratio"] = round(mine / rest, 3)
+            return None
+        if mine >= SLOW_FACTOR * rest and mine - rest >= SLOW_MIN_GAP_S:
+            rec = {"rank": rank, "host": host, "busy_s": round(mine, 6), "others_median_s": round(rest, 6),
+                   "ratio": round(mine / rest, 3) if rest > 0 else None, "steps": self.window, "from_step": step,
+                   "until_step": None}
+            rec["max_ratio"] = rec["ratio"]
+            self.slow[rank] = rec
+            self.records.append(rec)
+            return rec
+        return None
+
+
+def slow_rank_line(rec: dict) -> str:
+    """The console line for a rank named slow (numbers rounded)."""
+    ratio = f" ({rec['ratio']:.1f}x)" if rec.get("ratio") is not None else ""
+    return (f"rank {rec['rank']} on {rec['host']} is slow: busy {rec['busy_s']:.3g} s per step against a median of "
+            f"{rec['others_median_s']:.3g} s on the other ranks{ratio}, over its last {rec['steps']} reports "
+            f"(a straggler holds every rank back; a hang often starts as one)")

@@ -1,0 +1,61 @@
+"""Who owns a run's control socket: ``control.pid`` names the controller (boot id and pid); a socket whose controller
+is dead on this machine, or unrecorded, and on which no one listens is a dead run's and is removed, never trusted.
+The controller writes the record (podrun.launch.claim); the controller and a host's zygote read it."""
+from __future__ import annotations
+
+import os
+
+SOCKET_NAME = "control.sock"   # in the run dir: the controller's control socket (podrun stack)
+OWNER_NAME = "control.pid"     # in the run dir: "<boot id> <pid>" of the controller listening on SOCKET_NAME
+
+
+def boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
+
+
+def owner_alive(run_dir: str) -> bool | None:
+    """Whether the controller named in <run_dir>/control.pid lives: None when that is not known here (no
+    record, or one of another machine), else True or False."""
+    try:
+        with open(os.path.join(run_dir, OWNER_NAME), encoding="ascii", errors="replace") as f:
+            boot, pid = f.read().split()
+        pid_n = int(pid)
+    except (OSError, ValueError):
+        return None
+    if boot != boot_id() or pid_n <= 0:
+        return None
+    try:
+        os.kill(pid_n, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:                              # killed but not yet collected by its parent: dead all the same
+        with open(f"/proc/{pid_n}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
+
+
+def remove_if_stale(run_dir: str) -> bool:
+    """Remove <run_dir>/control.sock (and control.pid) when it is a dead run's: no one listens on it, and its
+    controller is dead on this machine or unrecorded; True when removed. A socket whose controller runs on
+    another machine (a shared filesystem) is left alone."""
+    from podrun.wire import unixsock
+
+    path = os.path.join(run_dir, SOCKET_NAME)
+    if not os.path.lexists(path) or owner_alive(run_dir) or not unixsock.stale(path):
+        return False
+    if owner_alive(run_dir) is None and os.path.lexists(os.path.join(run_dir, OWNER_NAME)):
+        return False                              # recorded by a controller on another machine
+    removed = unixsock.remove_stale(path)
+    if removed:
+        try:
+            os.unlink(os.path.join(run_dir, OWNER_NAME))
+        except OSError:
+            pass
+    return removed

@@ -1,0 +1,188 @@
+"""A second local user on a shared node, as the attacker (real processes; the second user is `nobody`, reached
+with setpriv): directories it made in the run's way are refused, a killed controller leaves no zygote, agent
+or socket behind, and what podrun writes out of a run holds no secret a worker printed."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.launch.helpers import local_pids, marker, podrun, podrun_popen, wait_until
+from tests.ports import free_port
+
+pytestmark = pytest.mark.timeout(180)
+NOBODY = 65534
+
+
+def as_nobody(script: str) -> None:
+    """Run a shell script as the other user (uid/gid 65534, no groups), umask 0 as a careless or hostile one."""
+    cp = subprocess.run(["setpriv", "--reuid", str(NOBODY), "--regid", str(NOBODY), "--clear-groups",
+                         "sh", "-c", f"umask 0; {script}"], capture_output=True, text=True, timeout=30)
+    assert cp.returncode == 0, cp.stderr
+
+
+@pytest.fixture
+def shared():
+    """A directory both users may create in, as /tmp is (1777), outside pytest's private tmp_path."""
+    d = Path(tempfile.mkdtemp(prefix="podrun-shared-", dir="/tmp"))
+    os.chmod(d, 0o1777)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def launch(runs, *args):
+    return podrun("launch", "--devices-per-host", "1", "--master-port", str(free_port(2)), "--runs-dir", str(runs),
+                  *args, timeout=120)
+
+
+def refused(cp, path: Path, owner: str = "nobody") -> None:
+    assert cp.returncode == 2, cp.stdout + cp.stderr
+    assert "Traceback" not in cp.stderr and "ran" not in cp.stdout, cp.stderr
+    first = cp.stderr.splitlines()[0]
+    assert str(path) in first and owner in first, cp.stderr
+
+
+def test_a_runs_dir_the_other_user_made_is_refused(shared):
+    runs = shared / "runs"
+    as_nobody(f"mkdir -m 777 {runs}")
+    cp = launch(runs, "--run-id", "r1", "--", "echo", "ran")
+    refused(cp, runs)
+    assert os.listdir(runs) == []
+
+
+def test_a_run_dir_the_other_user_made_is_refused_and_nothing_is_written_into_it(shared):
+    runs = shared / "runs"
+    runs.mkdir(mode=0o777)
+    os.chmod(runs, 0o777)
+    as_nobody(f"mkdir -m 777 {runs}/r1 {runs}/r1/stacks")
+    os.chmod(runs, 0o755)                 # the runs dir is this user's again; the run dir inside is not
+    cp = launch(runs, "--run-id", "r1", "--", "echo", "ran")
+    refused(cp, runs / "r1")
+    assert sorted(os.listdir(runs / "r1")) == ["stacks"] and os.listdir(runs / "r1" / "stacks") == []
+
+
+def test_a_stacks_dir_the_other_user_made_in_a_prepared_run_dir_is_refused(shared):
+    runs = shared / "runs"
+    runs.mkdir()
+    (runs / "r1").mkdir(mode=0o777)
+    os.chmod(runs / "r1", 0o777)          # a run directory prepared (as `podrun submit` does), open for a while
+    as_nobody(f"mkdir -m 777 {runs}/r1/stacks")
+    os.chmod(runs / "r1", 0o755)
+    cp = launch(runs, "--run-id", "r1", "--", "echo", "ran")
+    refused(cp, runs / "r1" / "stacks")
+    assert os.listdir(runs / "r1" / "stacks") == [] and not (runs / "r1" / "summary.json").exists()
+
+
+def test_a_symlinked_run_dir_is_refused(shared):
+    runs = shared / "runs"
+    runs.mkdir(mode=0o777)
+    os.chmod(runs, 0o777)
+    as_nobody(f"mkdir -m 777 {shared}/theirs && ln -s {shared}/theirs {runs}/r1")
+    os.chmod(runs, 0o755)
+    cp = launch(runs, "--run-id", "r1", "--", "echo", "ran")
+    refused(cp, runs / "r1")
+    assert "symbolic link" in cp.stderr and os.listdir(shared / "theirs") == []
+
+
+def test_a_parent_of_the_runs_dir_the_other_user_swapped_for_a_link_is_refused(shared):
+    """The parents podrun makes for --runs-dir are checked as it makes them: one that is there already as the
+    other user's link is refused, and nothing lands where it points."""
+    as_nobody(f"mkdir -m 777 {shared}/theirs && ln -s {shared}/theirs {shared}/a")
+    cp = launch(shared / "a" / "b" / "runs", "--run-id", "r1", "--", "echo", "ran")
+    assert cp.returncode == 2 and "Traceback" not in cp.stderr, cp.stderr
+    assert os.listdir(shared / "theirs") == []
+
+
+def test_every_file_of_a_run_is_private_whoever_writes_it(tmp_path):
+    """torch's @record error file (written by the worker, not by podrun), the logs, the records: 0600 files and
+    0700 directories, though this user's umask is 022."""
+    runs = tmp_path / "runs"
+    os.umask(0o022)
+    cp = launch(runs, "--run-id", "p", "--", sys.executable, str(FAILING), "--no-secret")
+    assert cp.returncode == 1, cp.stderr
+    d = runs / "p"
+    assert (d / "errors" / "worker-0-0.json").is_file(), sorted(str(p) for p in d.rglob("*"))
+    modes = {str(p.relative_to(d)): oct(stat.S_IMODE(p.lstat().st_mode)) for p in d.rglob("*")}
+    assert all(m == ("0o700" if (d / p).is_dir() else "0o600") for p, m in modes.items()), modes
+    assert oct(stat.S_IMODE(d.stat().st_mode)) == "0o700"
+
+
+FAILING = Path(__file__).parent / "scripts" / "leaky.py"
+TOKEN = "hf_" + "Q7" * 15
+PASSWORD = "pw-" + "z9" * 8
+
+
+def test_a_workers_secrets_stay_out_of_the_summary_the_json_and_the_root_cause(tmp_path):
+    runs = tmp_path / "runs"
+    console = launch(runs, "--run-id", "c", "--", sys.executable, str(FAILING))
+    as_json = launch(runs, "--run-id", "j", "--json", "--", sys.executable, str(FAILING))
+    assert console.returncode == 1 and as_json.returncode == 1, console.stderr + as_json.stderr
+    assert TOKEN in console.stdout + console.stderr      # the worker's own output streams as it was written
+    cause = console.stderr[console.stderr.index("podrun: run c failed"):]
+    summary = json.loads(as_json.stdout)
+    assert summary["root_cause"]["error"]["message"].startswith("RuntimeError: failed with <redacted>")
+    assert "<redacted>" in "".join(summary["root_cause"]["last_lines"])
+    for where, text in (("console root cause", cause), ("--json", as_json.stdout),
+                        ("summary.json", (runs / "c" / "summary.json").read_text()),
+                        ("summary.json (--json run)", (runs / "j" / "summary.json").read_text())):
+        assert TOKEN not in text and PASSWORD not in text, (where, text)
+    assert "last lines" in cause and "<redacted>" in cause, cause
+
+
+def test_kill_9_of_the_controller_ends_the_zygote_and_the_agents_within_2_s(tmp_path):
+    """A --warm run that can restart: its controller killed with -9 while the zygote serves; the zygote, its
+    watcher and the agent are gone within the promised 2 s, and nothing of the run listens any more."""
+    m = marker()
+    runs = tmp_path / "runs"
+    p = podrun_popen("launch", "--devices-per-host", "2", "--runs-dir", str(runs), "--max-restarts", "1",
+                     "--hang-timeout", "off", "--master-port", str(free_port(2)), "--",
+                     sys.executable, "-c", "import time; print('up', flush=True); time.sleep(300)", m)
+    try:
+        sock = wait_until(lambda: next(runs.glob("*/zygote/*.sock"), None), 120)
+        assert sock is not None, "the zygote never listened"
+        rd = sock.parent.parent
+        ours = wait_until(lambda: local_pids(str(rd)) if len(local_pids(str(rd))) >= 3 else None, 30)
+        assert ours, local_pids(str(rd))        # the agent and the zygote (and its watcher)
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=10)
+        gone = wait_until(lambda: not local_pids(str(rd)) and not local_pids(m), 2.0, 0.02)
+        assert gone, (local_pids(str(rd)), local_pids(m))
+        assert wait_until(lambda: not (rd / "zygote").exists() and not (rd / "control.sock").exists(), 5), \
+            sorted(os.listdir(rd))
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+def test_a_stale_control_socket_is_not_trusted_and_is_removed(tmp_path):
+    """kill -9 of a controller (no zygote to clean up after it) leaves control.sock: `podrun stack` says the run
+    is not running and removes it, and picks no dead run when asked for the newest."""
+    m = marker()
+    runs = tmp_path / "runs"
+    p = podrun_popen("launch", "--devices-per-host", "1", "--runs-dir", str(runs), "--run-id", "dead",
+                     "--hang-timeout", "off", "--master-port", str(free_port(2)), "--",
+                     sys.executable, "-c", "import time; print('up', flush=True); time.sleep(300)", m)
+    try:
+        assert wait_until(lambda: (runs / "dead" / "control.sock").exists() and local_pids(m), 60)
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=10)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert wait_until(lambda: not local_pids(m), 10)
+    assert (runs / "dead" / "control.sock").exists()
+    newest = podrun("stack", "--runs-dir", str(runs), timeout=60)
+    assert newest.returncode == 2 and "no running launch" in newest.stderr, newest.stderr
+    assert not (runs / "dead" / "control.sock").exists()
+    named = podrun("stack", "--runs-dir", str(runs), "dead", timeout=60)
+    assert named.returncode == 2 and "is not running" in named.stderr and "Traceback" not in named.stderr
