@@ -43,5 +43,7 @@ class PreflightError(LaunchError):
     (each naming its host); the message lists them under ``headline``."""
 
     def __init__(self, problems, hint: str | None = None, *, headline: str = "preflight failed, nothing was started"):
+        if isinstance(problems, str):
+            raise TypeError("PreflightError takes a list of problems, not one string")
         self.problems = tuple(str(p) for p in problems)
         super().__init__(f"{headline}:\n" + "\n".join(f"  - {p}" for p in self.problems), hint)

@@ -159,8 +159,7 @@ def check_local_interface(ifname: str | None, where: str) -> None:
         return
     names = sorted(n for _, n in socket.if_nameindex())
     have = "exists but has no address" if ifname in names else "does not exist"
-    raise PreflightError(f"preflight: localhost: the interface {ifname} ({where}) {have} on this machine; "
-                         "nothing was started",
+    raise PreflightError([f"localhost: the interface {ifname} ({where}) {have} on this machine"],
                          hint=f"this machine's interfaces: {', '.join(names)}; give one of them, or leave "
                               "--data-interface out")
 

@@ -10,12 +10,10 @@ import sys
 import pytest
 
 from podrun.cli.render import ProgressView, human_number, human_seconds, progress_text
-from podrun.launch import control
-from podrun.launch import hangs
-from podrun.wire import owner
-from podrun.launch import stacks
-from podrun.launch.stacks import Frame, ProcessStack, Thread, WorkerStack
+from podrun.launch import control, hangs, stacks
 from podrun.launch.hangs import WatchOptions
+from podrun.launch.stacks import Frame, ProcessStack, Thread, WorkerStack
+from podrun.wire import owner
 
 TORCH = "/usr/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
 DUMP = """Thread 0x00007f0c3eada6c0 (most recent call first):
@@ -199,30 +197,30 @@ def test_the_worker_hook_dumps_on_the_signal_keeps_running_and_chains_the_users_
     user = tmp_path / "user"
     user.mkdir()
     (user / "sitecustomize.py").write_text("print('USER SITE', flush=True)\n")
-    stacks = tmp_path / "stacks"
-    stacks.mkdir()
+    stack_dir = tmp_path / "stacks"
+    stack_dir.mkdir()
     code = "import time\nprint('up', flush=True)\nwhile True:\n    time.sleep(0.05)  # HERE\n"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SITE_DIR, str(user)]), "PODRUN_STACK_DIR": str(stacks),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SITE_DIR, str(user)]), "PODRUN_STACK_DIR": str(stack_dir),
            "PODRUN_STACK_SIGNAL": str(STACK_SIGNAL)}
     p = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline().strip() == "USER SITE"
         assert p.stdout.readline().strip() == "up"
-        main = (stacks / f"{p.pid}.main").read_text().strip()
+        main = (stack_dir / f"{p.pid}.main").read_text().strip()
         deadline = time.monotonic() + 20           # it may still stand on the print: ask until it is in the loop
-        while time.monotonic() < deadline and "line 4" not in (stacks / f"{p.pid}.txt").read_text():
+        while time.monotonic() < deadline and "line 4" not in (stack_dir / f"{p.pid}.txt").read_text():
             os.kill(p.pid, STACK_SIGNAL)
             time.sleep(0.3)
-        text = (stacks / f"{p.pid}.txt").read_text()
+        text = (stack_dir / f"{p.pid}.txt").read_text()
         threads = stacks.parse_dump(text, main)
         assert threads[0].main and threads[0].frames[0].line == 4, text
         # the dump did not end it: it answers another one, and is still there after it
-        size = (stacks / f"{p.pid}.txt").stat().st_size
+        size = (stack_dir / f"{p.pid}.txt").stat().st_size
         os.kill(p.pid, STACK_SIGNAL)
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and (stacks / f"{p.pid}.txt").stat().st_size == size and p.poll() is None:
+        while time.monotonic() < deadline and (stack_dir / f"{p.pid}.txt").stat().st_size == size and p.poll() is None:
             time.sleep(0.05)
-        assert (stacks / f"{p.pid}.txt").stat().st_size > size and p.poll() is None
+        assert (stack_dir / f"{p.pid}.txt").stat().st_size > size and p.poll() is None
     finally:
         p.send_signal(signal.SIGKILL)
         p.wait(timeout=10)
