@@ -88,11 +88,27 @@ def test_command_hint_names_the_file_in_the_working_directory(tmp_path):
     (TorchrunOptions(rdzv_endpoint="node1:1234"), OwnOptions(master_addr="node1", master_port=1234)),
     (TorchrunOptions(rdzv_endpoint="node1"), OwnOptions(master_addr="node1", master_port=29400)),
     (TorchrunOptions(rdzv_endpoint="[fd00::1]:7"), OwnOptions(master_addr="fd00::1", master_port=7)),
-    (TorchrunOptions(rdzv_id="job7"), OwnOptions(run_id="job7")),
+    (TorchrunOptions(rdzv_id="job7"), OwnOptions(rdzv_id="job7")),           # not the run directory's name
     (TorchrunOptions(log_dir="/tmp/logs"), OwnOptions(runs_dir="/tmp/logs")),
     (TorchrunOptions(tee="3"), OwnOptions()),
     (TorchrunOptions(tee="0:3,1:1"), OwnOptions()),
     (TorchrunOptions(redirects="0"), OwnOptions()),
+    (TorchrunOptions(rdzv_backend="c10d", rdzv_endpoint="h:5"), OwnOptions(master_addr="h", master_port=5)),
+    (TorchrunOptions(rdzv_backend="static"), OwnOptions()),
+    (TorchrunOptions(rdzv_conf="keep_alive_interval=2,keep_alive_max_attempt=5"),
+     OwnOptions(heartbeat=2.0, heartbeat_misses=5)),
+    (TorchrunOptions(rdzv_conf="join_timeout=900,last_call_timeout=1,close_timeout=5,read_timeout=60,"
+                               "heartbeat_timeout=5,timeout=30,store_type=tcp"), OwnOptions()),
+    (TorchrunOptions(monitor_interval="0.5"), OwnOptions()),
+    (TorchrunOptions(start_method="fork"), OwnOptions()),
+    (TorchrunOptions(event_log_handler="null"), OwnOptions()),
+    (TorchrunOptions(role="trainer"), OwnOptions(role="trainer")),
+    (TorchrunOptions(run_path=True), OwnOptions()),
+    (TorchrunOptions(local_ranks_filter="0,2"), OwnOptions(local_ranks=frozenset({0, 2}))),
+    (TorchrunOptions(duplicate_stdout_filters=""), OwnOptions()),
+    (TorchrunOptions(signals_to_handle="SIGTERM,SIGINT"), OwnOptions()),
+    (TorchrunOptions(shutdown_timeout="30"), OwnOptions(grace=30.0)),
+    (TorchrunOptions(standalone=True, rdzv_id="x"), OwnOptions(nodes=1, master_port=0)),   # torchrun's own id
 ])
 def test_each_torchrun_option_maps_to_podruns(tr, expect):
     assert reconcile(tr, OwnOptions(), cpu_count=7) == expect
@@ -109,7 +125,7 @@ def test_podruns_own_options_pass_through_and_must_agree():
 
 
 @pytest.mark.parametrize("tr,words", [
-    (TorchrunOptions(node_rank=1), "podrun places the instances itself"),
+    (TorchrunOptions(node_rank="1"), "podrun places the instances itself"),
     (TorchrunOptions(redirects="3"), "no mode that takes output off the console"),
     (TorchrunOptions(tee="7"), "not a stream choice"),
     (TorchrunOptions(nproc_per_node="many"), "not a number of workers"),
@@ -120,10 +136,45 @@ def test_podruns_own_options_pass_through_and_must_agree():
     (TorchrunOptions(standalone=True, rdzv_endpoint="h:1"), "drop --rdzv-endpoint"),
     (TorchrunOptions(rdzv_endpoint="h:port"), "not a TCP port"),
     (TorchrunOptions(rdzv_endpoint=":5"), "names no host"),
+    (TorchrunOptions(rdzv_conf="keep_alive_interval=x"), "not a number above 0"),
+    (TorchrunOptions(rdzv_conf="join_timeout"), "not KEY=VALUE"),
+    (TorchrunOptions(monitor_interval="soon"), "not a number of seconds"),
+    (TorchrunOptions(start_method="thread"), "start methods are spawn, fork, forkserver"),
+    (TorchrunOptions(local_ranks_filter="0,a"), "not a list of local ranks"),
+    (TorchrunOptions(signals_to_handle="SIGFOO"), "'SIGFOO' is not a signal"),
+    (TorchrunOptions(shutdown_timeout="1.5"), "whole number"),
 ])
 def test_options_podrun_has_no_meaning_for_are_refused_saying_why(tr, words):
     with pytest.raises(LaunchError, match=words):
         reconcile(tr, OwnOptions(), cpu_count=4)
+
+
+@pytest.mark.parametrize("tr,option", [
+    (TorchrunOptions(node_rank="1"), "--node-rank 1"),
+    (TorchrunOptions(redirects="3"), "--redirects 3"),
+    (TorchrunOptions(rdzv_backend="etcd-v2"), "--rdzv-backend etcd-v2"),
+    (TorchrunOptions(rdzv_conf="is_host=1"), "--rdzv-conf is_host=1"),
+    (TorchrunOptions(rdzv_conf="rank=0"), "--rdzv-conf rank=0"),
+    (TorchrunOptions(rdzv_conf="store_type=file"), "--rdzv-conf store_type=file"),
+    (TorchrunOptions(rdzv_conf="jion_timeout=5"), "--rdzv-conf jion_timeout=5"),
+    (TorchrunOptions(event_log_handler="console"), "--event-log-handler console"),
+    (TorchrunOptions(duplicate_stdout_filters="apple"), "--duplicate-stdout-filters apple"),
+    (TorchrunOptions(duplicate_stderr_filters="apple"), "--duplicate-stderr-filters apple"),
+    (TorchrunOptions(local_addr="10.0.0.1"), "--local-addr 10.0.0.1"),
+    (TorchrunOptions(logs_specs="mine"), "--logs-specs mine"),
+    (TorchrunOptions(numa_binding="node"), "--numa-binding node"),
+    (TorchrunOptions(virtual_local_rank=True), "--virtual-local-rank"),
+    (TorchrunOptions(signals_to_handle="SIGTERM,SIGUSR1"), "--signals-to-handle SIGTERM,SIGUSR1"),
+    (TorchrunOptions(node_rank="0", spelled={"node_rank": "PET_NODE_RANK"}), "PET_NODE_RANK=0"),
+    (TorchrunOptions(numa_binding="node", spelled={"numa_binding": "--numa_binding"}), "--numa_binding node"),
+])
+def test_unsupported_options_get_the_one_line(tr, option):
+    """torchrun's option podrun has no meaning for: "torchrun's --X is not supported by podrun: WHY, use WHAT",
+    naming the option as the user gave it (spelling, or its PET_ variable)."""
+    with pytest.raises(LaunchError) as err:
+        reconcile(tr, OwnOptions(), cpu_count=4)
+    assert err.value.message.startswith(f"torchrun's {option} is not supported by podrun: "), err.value.message
+    assert ", use " in err.value.message and err.value.hint is None and err.value.exit_code == 2
 
 
 def test_nproc_gpu_needs_gpus():
