@@ -255,7 +255,7 @@ def launch(ctx, args, **kw):
 
     view = ProgressView(live_console(out.as_json))
     try:
-        outcome, summary = execute(request, sink=_sink(request.plan, out.as_json), notice=_notice,
+        outcome, summary = execute(request, sink=_sink(request.plan, out.as_json, prepared.local_ranks), notice=_notice,
                                    only_output_from=out.only_output_from_instance, elastic=prepared.elastic,
                                    watch=watch, progress=view)
     finally:
@@ -313,15 +313,19 @@ def launch_options(ctx, args: tuple[str, ...], kw: dict, environ=None):
     )
 
 
-def _sink(plan, as_json: bool):
+def _sink(plan, as_json: bool, local_ranks: frozenset[int] | None = None):
     """The console writer of workers' lines: ``[instance host]`` (``[instance:local_rank host]``), coloured on a tty.
-    The stream is looked up at each line (stderr with --json), so that a live progress line can redirect it."""
+    The stream is looked up at each line (stderr with --json), so that a live progress line can redirect it.
+    ``local_ranks`` (--local-ranks-filter): only those local ranks' lines, both streams, as torchrun's filter (the
+    run directory's logs keep every line)."""
     from podrun.plan.env import workers_per_instance
 
     tty = (sys.stderr if as_json else sys.stdout).isatty() and "NO_COLOR" not in os.environ
     multi = workers_per_instance(plan) > 1
 
     def sink(index, host, local_rank, stream, text):
+        if local_ranks is not None and index is not None and (local_rank or 0) not in local_ranks:
+            return
         who = "?" if index is None else str(index)
         if local_rank is not None and multi:
             who += f":{local_rank}"

@@ -574,18 +574,18 @@ def parse_endpoint(value: str, option: str = "--rdzv-endpoint") -> tuple[str, in
         host, sep, rest = text[1:].partition("]")
         port_text = rest[1:] if rest.startswith(":") else None
         if not sep or (rest and port_text is None):
-            raise LaunchError(f"{option} {value!r} is not HOST:PORT", hint="e.g. --rdzv-endpoint [fd00::1]:29400")
+            raise LaunchError(f"{option} {value!r} is not HOST:PORT", hint=f"e.g. {option} [fd00::1]:29400")
     elif text.count(":") == 1:
         host, port_text = text.split(":")
     else:
         host, port_text = text, None
     if not host:
-        raise LaunchError(f"{option} {value!r} names no host", hint="e.g. --rdzv-endpoint node1:29400")
+        raise LaunchError(f"{option} {value!r} names no host", hint=f"e.g. {option} node1:29400")
     if port_text is None:
         return host, RDZV_DEFAULT_PORT
     if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
         raise LaunchError(f"{option} {value!r}: {port_text!r} is not a TCP port",
-                          hint="give a port in 1..65535, e.g. --rdzv-endpoint node1:29400")
+                          hint=f"give a port in 1..65535, e.g. {option} node1:29400")
     return host, int(port_text)
 
 
