@@ -110,7 +110,7 @@ def torchrun_options(f):
             "(--heartbeat-misses); the timeouts are taken; is_host and rank are refused."),
         _tr("--max-restarts", type=t.RESTARTS, default=None,
             help="Restart the whole run after a failure (default 0; with --elastic one per host it can lose)."),
-        _tr("--monitor-interval", metavar="SECONDS", help="Taken: podrun's agent watches its workers every 0.02 s."),
+        _tr("--monitor-interval", metavar="SECONDS", help="Taken: podrun's agent notices a worker's end within a few hundredths of a second."),
         _tr("--start-method", metavar="spawn|fork|forkserver",
             help="Taken: workers are new processes, as torchrun's for a script (--warm forks restarts)."),
         _tr("--event-log-handler", metavar="null", help="null only (the run directory records the events)."),

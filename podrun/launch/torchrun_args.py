@@ -1,6 +1,7 @@
 """torchrun's command line in podrun's words, pure: what to launch (recipe, script, module, command) and torchrun's options mapped onto podrun launch's own."""
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
@@ -285,7 +286,7 @@ def reconcile(tr: TorchrunOptions, own: OwnOptions, *, cpu_count: int, pet_own: 
             "one podrun launch (not one per node) naming the hosts with --hosts h1,h2 or --hostfile")
     if tr.nproc_per_node is not None:
         out = _set(out, "devices_per_host", _nproc(tr, cpu_count), tr, "nproc_per_node", "--devices-per-host")
-    if tr.nnodes is not None:
+    if tr.nnodes is not None and not (tr.from_env("nnodes") and out.nodes is not None):
         low, high = _nnodes(tr)
         out = _set(out, "nodes", high, tr, "nnodes", "--nodes")
         if low != high:
@@ -455,7 +456,7 @@ def _seconds(tr: TorchrunOptions, name: str, *, integer: bool = False):
     value = getattr(tr, name)
     try:
         number = int(value) if integer else float(value)
-        if not (number > 0 if not integer else number >= 0) or number != number or number in (float("inf"),):
+        if not math.isfinite(number) or number < 0 or (number == 0 and not integer):
             raise ValueError
     except ValueError:
         raise LaunchError(f"{tr.said(name, value)} is not a number of seconds"
