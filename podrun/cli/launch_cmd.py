@@ -17,12 +17,16 @@ COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93")
 
 
 # --help's sections, in order: every option of `podrun launch` is declared inside one (``section``), which both
-# titles it in --help and says which part of LaunchOptions it fills
-COMMON, TORCHRUN, RESTARTS, HANGS, TRANSPORTS, ENGINES, OUTPUT = (
-    "Common options", "torchrun's options (docs/launch.md)", "Restarts and elastic runs (docs/elastic.md)",
-    "When a run hangs (docs/hangs.md)", "Transports", "Engines (poprun, horovod)", "Output and the run directory")
-SECTIONS = (COMMON, TORCHRUN, RESTARTS, HANGS, TRANSPORTS, ENGINES, OUTPUT)
+# titles it in --help and says which part of LaunchOptions it fills. torchrun's come first: a torchrun command
+# line is podrun launch's first use.
+TORCHRUN, COMMON, RESTARTS, HANGS, TRANSPORTS, ENGINES, OUTPUT = (
+    "torchrun's options (docs/launch.md)", "The plan: cluster, hosts, batch",
+    "Restarts and elastic runs (docs/elastic.md)", "When a run hangs (docs/hangs.md)", "Transports",
+    "Engines (poprun, horovod)", "Output and the run directory")
+SECTIONS = (TORCHRUN, COMMON, RESTARTS, HANGS, TRANSPORTS, ENGINES, OUTPUT)
 SECTION_ATTR = "podrun_section"
+# torchrun's options that are podrun's own too (declared in the torchrun section, filling other parts)
+TORCHRUN_OWN = ("module", "no_python", "run_path", "max_restarts", "master_addr", "master_port")
 
 
 def section(title: str, *decorators):
@@ -44,12 +48,21 @@ def in_section(ctx, title: str, kw: dict) -> dict:
 
 
 class LaunchCommand(click.Command):
-    """Records whether the user wrote ``-- TARGET`` (click drops a leading ``--``); --help in sections."""
+    """Records whether the user wrote ``-- TARGET`` (click drops a leading ``--``) and how each option was spelled
+    (``--nproc_per_node`` or ``--nproc-per-node``, for messages in the user's words); --help in sections."""
 
     def parse_args(self, ctx, args):
-        raw = args.count("--")
+        raw = list(args)
         rest = super().parse_args(ctx, list(args))
-        ctx.meta["podrun.dashdash"] = raw > list(ctx.params.get("args") or ()).count("--")
+        target = list(ctx.params.get("args") or ())
+        ctx.meta["podrun.dashdash"] = raw.count("--") > target.count("--")
+        names = {o: p.name for p in self.params for o in (*p.opts, *p.secondary_opts) if o.startswith("-")}
+        spelled = {}
+        for word in raw[:len(raw) - len(target)]:
+            name = word.split("=", 1)[0]
+            if name in names:
+                spelled[names[name]] = name
+        ctx.meta["podrun.spelled"] = spelled
         return rest
 
     def format_options(self, ctx, formatter):
@@ -64,25 +77,69 @@ class LaunchCommand(click.Command):
                     formatter.write_dl(rows[title])
 
 
+def _tr(*names, **kw):
+    """One of torchrun's options, spelled as torchrun spells it (both - and _); its parameter is torchrun's dest."""
+    dest = names[-1].lstrip("-").replace("-", "_")
+    spellings = [n for n in names]
+    for n in names:
+        if n.startswith("--") and "-" in n[2:]:
+            spellings.append("--" + n[2:].replace("-", "_"))
+    return click.option(*dict.fromkeys(spellings), dest, **kw)
+
+
 def torchrun_options(f):
-    """torchrun's options, spelled as torchrun spells them (both - and _), mapped by podrun.launch.torchrun_args."""
+    """torchrun 2.x's options, spelled as torchrun spells them, each mapped or refused by
+    podrun.launch.torchrun_args (the table in docs/launch.md); each is read from PET_<NAME> when not given."""
+
+    refused = "refused, saying what to use"
     opts = [
-        click.option("--nproc-per-node", "--nproc_per_node", "nproc_per_node", metavar="N|auto|cpu|gpu",
-                     help="torchrun's: workers per host (podrun's --devices-per-host; auto: the cluster's).",),
-        click.option("--nnodes", metavar="N|MIN:MAX", help="torchrun's: hosts (--nodes N); MIN:MAX: --nodes MAX "
-                     "--elastic MIN."),
-        click.option("--standalone", is_flag=True, help="torchrun's: one host, a free rendezvous port (--nodes 1 "
-                     "--master-port 0)."),
-        click.option("--rdzv-endpoint", "--rdzv_endpoint", "rdzv_endpoint", metavar="HOST[:PORT]",
-                     help="torchrun's: --master-addr HOST --master-port PORT (default port 29400)."),
-        click.option("--rdzv-id", "--rdzv_id", "rdzv_id", metavar="ID", help="torchrun's: --run-id ID."),
-        click.option("--node-rank", "--node_rank", "node_rank", type=int, metavar="N",
-                     help="torchrun's; refused: podrun places every host's instance itself."),
-        click.option("--log-dir", "--log_dir", "log_dir", metavar="DIR", help="torchrun's: --runs-dir DIR."),
-        click.option("-r", "--redirects", metavar="0", help="torchrun's: 0 only (podrun always shows output and "
-                     "logs it in the run directory)."),
-        click.option("-t", "--tee", metavar="0-3", help="torchrun's: accepted; podrun always writes both streams to "
-                     "the console and the run directory."),
+        _tr("--nproc-per-node", metavar="N|auto|cpu|gpu",
+            help="Workers per host (podrun's --devices-per-host). Left out: the plan's, here one worker per core "
+                 "(torchrun: 1)."),
+        _tr("--nnodes", metavar="N|MIN:MAX", help="Hosts (--nodes N); MIN:MAX: --nodes MAX --elastic MIN."),
+        _tr("--standalone", is_flag=True,
+            help="One host, a free rendezvous port (--nodes 1 --master-port 0)."),
+        _tr("--rdzv-backend", metavar="c10d|static", help="c10d or static: the same here, podrun's rendezvous (a "
+            "TCP store on instance 0's agent); others are refused."),
+        _tr("--rdzv-endpoint", metavar="HOST[:PORT]",
+            help="--master-addr HOST --master-port PORT (default port 29400)."),
+        _tr("--rdzv-id", metavar="ID", help="Every worker's TORCHELASTIC_RUN_ID; the run directory is ID-TIMESTAMP "
+            "(as torchrun's log dir)."),
+        _tr("--rdzv-conf", metavar="K=V,...", help="keep_alive_interval (--heartbeat), keep_alive_max_attempt "
+            "(--heartbeat-misses); the timeouts are taken; is_host and rank are refused."),
+        _tr("--max-restarts", type=t.RESTARTS, default=None,
+            help="Restart the whole run after a failure (default 0; with --elastic one per host it can lose)."),
+        _tr("--monitor-interval", metavar="SECONDS", help="Taken: podrun's agent notices a worker's end within a few hundredths of a second."),
+        _tr("--start-method", metavar="spawn|fork|forkserver",
+            help="Taken: workers are new processes, as torchrun's for a script (--warm forks restarts)."),
+        _tr("--event-log-handler", metavar="null", help="null only (the run directory records the events)."),
+        _tr("--role", metavar="NAME", help="Every worker's ROLE_NAME (default: default)."),
+        _tr("-m", "--module", is_flag=True,
+            help="Run the target as a Python module (--python -m MODULE ARGS)."),
+        _tr("--no-python", is_flag=True,
+            help="Run the target as a command, not with --python."),
+        _tr("--run-path", is_flag=True, help="Run the target as a Python file (--python PATH ARGS)."),
+        _tr("--log-dir", metavar="DIR", help="--runs-dir DIR."),
+        _tr("-r", "--redirects", metavar="0", help="0 only (podrun always shows output and logs it in the run "
+            "directory)."),
+        _tr("-t", "--tee", metavar="0-3", help="Taken: podrun always writes both streams to the console and the run "
+            "directory."),
+        _tr("--local-ranks-filter", metavar="R,...", help="Show only these local ranks' output on the console (the "
+            "run directory keeps all)."),
+        _tr("--duplicate-stdout-filters", metavar="F,...", help="Refused unless empty (grep instance-N.log)."),
+        _tr("--duplicate-stderr-filters", metavar="F,...", help="Refused unless empty (grep instance-N.log)."),
+        _tr("--node-rank", metavar="N", help=f"{refused.capitalize()}: podrun places every host's instance itself."),
+        _tr("--master-addr", help="Rendezvous address (default: the host of instance 0)."),
+        _tr("--master-port", type=t.PORT, default=None,
+            help="Rendezvous port, every worker's MASTER_PORT. 0: podrun picks a free port (the default on this "
+                 "machine, like torchrun --standalone); with hosts elsewhere the default is 29500."),
+        _tr("--local-addr", metavar="ADDR", help=f"{refused.capitalize()} (--master-addr, --data-interface)."),
+        _tr("--logs-specs", metavar="NAME", help=f"{refused.capitalize()} (--runs-dir)."),
+        _tr("--numa-binding", metavar="MODE", help=f"{refused.capitalize()}."),
+        _tr("--signals-to-handle", metavar="SIG,...", help="Taken when within the signals podrun's agent forwards "
+            "(SIGTERM,SIGINT,SIGHUP)."),
+        _tr("--shutdown-timeout", metavar="SECONDS", help="--grace SECONDS."),
+        _tr("--virtual-local-rank", is_flag=True, help=f"{refused.capitalize()}."),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -91,20 +148,13 @@ def torchrun_options(f):
 
 @click.command(cls=LaunchCommand, context_settings={
     "ignore_unknown_options": True, "allow_extra_args": True, "allow_interspersed_args": False})
+@section(TORCHRUN, torchrun_options)
 @section(COMMON, plan_options,
-         click.option("-m", "--module", "module", is_flag=True, help="Run the target as a Python module "
-                      "(--python -m MODULE ARGS), as torchrun's -m."),
-         click.option("--no-python", "--no_python", "no_python", is_flag=True,
-                      help="Run the target as a command, not with --python (as torchrun's --no-python)."),
          click.option("--env", "env_items", multiple=True, metavar="NAME[=VALUE]",
                       help="Set a variable for every worker (repeatable); NAME alone passes podrun's own value. "
                            "Values never go on a command line (the agents get them over stdin or the launcher's "
                            "environment)."))
-@section(TORCHRUN, torchrun_options)
 @section(RESTARTS,
-         click.option("--max-restarts", "--max_restarts", "max_restarts", type=t.RESTARTS, default=None,
-                      help="Restart the whole run after a failure (default 0; with --elastic one per host it can "
-                           "lose)."),
          click.option("--elastic", "elastic_min", type=t.NODES, metavar="MIN",
                       help="On a restart, drop the failed host (or take a spare) and re-plan on the hosts left at the "
                            "same global batch, down to MIN hosts; the run ends when no host count >= MIN keeps it "
@@ -129,11 +179,6 @@ def torchrun_options(f):
                       help="Accept unknown host keys (explicit opt-out of known_hosts)."),
          click.option("--python", "python_", help="Python on the hosts (default: this one, sys.executable)."),
          click.option("--workdir", help="Working directory on the hosts (default: the current directory)."),
-         click.option("--master-addr", "--master_addr", "master_addr",
-                      help="Rendezvous address (default: the host of instance 0)."),
-         click.option("--master-port", "--master_port", "master_port", type=t.PORT, default=None,
-                      help="Rendezvous port, every worker's MASTER_PORT. 0: podrun picks a free port (the default on "
-                           "this machine, like torchrun --standalone); with hosts elsewhere the default is 29500."),
          click.option("--agent-store/--no-agent-store", "--store-relay/--no-store-relay", "agent_store", default=True,
                       show_default=True,
                       help="Rank 0's agent holds the rendezvous port from the start and serves torch's TCPStore on "
@@ -152,8 +197,8 @@ def torchrun_options(f):
          click.option("--keepalive", type=t.KEEPALIVE, default=None, metavar="SECONDS",
                       help="The bound itself: seconds of silence after which a host is declared lost (--heartbeat x "
                            "--heartbeat-misses; alone it means 4 missed heartbeats of SECONDS/4)."),
-         click.option("--grace", type=t.GRACE, default=5.0, show_default=True,
-                      help="Seconds between SIGTERM and SIGKILL."),
+         click.option("--grace", type=t.GRACE, default=None,
+                      help="Seconds between SIGTERM and SIGKILL (default 5; torchrun's --shutdown-timeout)."),
          click.option("--no-preflight", is_flag=True, help="Skip the checks on every host before starting."))
 @section(ENGINES, engine_options)
 @section(OUTPUT,
@@ -164,14 +209,17 @@ def torchrun_options(f):
                       help="Show stdout of this instance only (errors from all)."),
          click.option("--runs-dir", default=None, help="Where run directories go (default: runs)."),
          click.option("--run-id", help="Name of the run directory (default: a timestamp)."))
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED,
+                metavar="SCRIPT.py [ARGS]... | -m MODULE [ARGS]... | RECIPE [ARGS]... | -- COMMAND [ARGS]...")
 @click.pass_context
 def launch(ctx, args, **kw):
-    """Launch RECIPE [ARGS...], SCRIPT.py [ARGS...], -m MODULE [ARGS...] or -- COMMAND ... on the plan's hosts.
+    """Launch SCRIPT.py as torchrun would (or -m MODULE, --no-python COMMAND), a podrun RECIPE, or -- COMMAND,
+    on the plan's hosts; torchrun's options are taken as torchrun's (and from PET_ variables).
 
     \b
-      podrun launch recipes/resnet18_cifar10 --data digits
       podrun launch --nproc-per-node 2 train.py --epochs 1        # as torchrun
+      podrun launch --hosts h1,h2 --nproc-per-node 2 train.py     # two hosts, one command
+      podrun launch recipes/resnet18_cifar10 --data digits        # a recipe: podrun plans the batch
       podrun launch --hosts h1,h2 --devices-per-host 2 -- ./run.sh --epochs 1
     """
     from podrun.cli.render import print_json
@@ -208,7 +256,7 @@ def launch(ctx, args, **kw):
 
     view = ProgressView(live_console(out.as_json))
     try:
-        outcome, summary = execute(request, sink=_sink(request.plan, out.as_json), notice=_notice,
+        outcome, summary = execute(request, sink=_sink(request.plan, out.as_json, prepared.local_ranks), notice=_notice,
                                    only_output_from=out.only_output_from_instance, elastic=prepared.elastic,
                                    watch=watch, progress=view)
     finally:
@@ -222,19 +270,32 @@ def launch(ctx, args, **kw):
     sys.exit(summary["exit_code"])   # main.py turns SystemExit into the exit code
 
 
-def launch_options(ctx, args: tuple[str, ...], kw: dict):
-    """LaunchOptions from the parsed command line: each section's values into its part, once."""
+def launch_options(ctx, args: tuple[str, ...], kw: dict, environ=None):
+    """LaunchOptions from the parsed command line and torchrun's PET_ variables (``environ``, default os.environ;
+    a flag wins over its PET_ variable): each section's values into its part, once."""
+    from click.core import ParameterSource
+
     from podrun.launch.options import LaunchOptions, OutputOptions, RestartOptions, TargetOptions, TransportOptions
     from podrun.launch.request import SSHOptions
-    from podrun.launch.torchrun_args import TorchrunOptions
+    from podrun.launch.torchrun_args import TorchrunOptions, pet_name, pet_own_options, pet_values
 
     common, tr = in_section(ctx, COMMON, kw), in_section(ctx, TORCHRUN, kw)
     hangs, net = in_section(ctx, HANGS, kw), in_section(ctx, TRANSPORTS, kw)
+    given = {p.name for p in ctx.command.params if ctx.get_parameter_source(p.name) == ParameterSource.COMMANDLINE}
+    pet = pet_values(os.environ if environ is None else environ, given)
+    spelled = {**{name: pet_name(name) for name in pet}, **ctx.meta.get("podrun.spelled", {})}
+    own = {k: tr.pop(k) for k in TORCHRUN_OWN}
+    for name in ("module", "no_python", "run_path"):
+        own[name] = bool(own[name] or pet.pop(name, False))
+    pet_own = pet_own_options({k: pet.pop(k) for k in ("max_restarts", "master_addr", "master_port") if k in pet},
+                              spelled)
+    tr.update({k: v for k, v in pet.items() if tr.get(k) in (None, False)})
     names = frozenset(o for p in ctx.command.params for o in (*p.opts, *p.secondary_opts) if o.startswith("-"))
     return LaunchOptions(
-        target=TargetOptions(args=args, dashdash=bool(ctx.meta.get("podrun.dashdash")), module=common.pop("module"),
-                             no_python=common.pop("no_python"), option_names=names),
-        torchrun=TorchrunOptions(**tr),
+        target=TargetOptions(args=args, dashdash=bool(ctx.meta.get("podrun.dashdash")), module=own["module"],
+                             no_python=own["no_python"], run_path=own["run_path"], option_names=names),
+        torchrun=TorchrunOptions(**tr, spelled=spelled),
+        pet_own=pet_own,
         plan={k: common[k] for k in PLAN_OPTION_NAMES if k in common},
         engine=in_section(ctx, ENGINES, kw),
         hangs={k: hangs[k] for k in ("hang_timeout", "on_hang")},
@@ -242,26 +303,30 @@ def launch_options(ctx, args: tuple[str, ...], kw: dict):
             transport=net["transport"],
             ssh=SSHOptions(config_path=net["ssh_config"], host_key_check=not net["no_host_key_check"],
                            max_concurrency=net["max_concurrency"], client=net["ssh_client"]),
-            python=net["python_"], workdir=net["workdir"], master_addr=net["master_addr"],
-            master_port=net["master_port"], agent_store=net["agent_store"], data_interface=net["data_interface"],
-            preflight=not net["no_preflight"], grace=net["grace"], heartbeat=net["heartbeat"],
-            heartbeat_misses=net["heartbeat_misses"], keepalive=net["keepalive"],
+            python=net["python_"], workdir=net["workdir"], master_addr=own["master_addr"],
+            master_port=own["master_port"], agent_store=net["agent_store"], data_interface=net["data_interface"],
+            preflight=not net["no_preflight"], grace=net["grace"],
+            heartbeat=net["heartbeat"], heartbeat_misses=net["heartbeat_misses"], keepalive=net["keepalive"],
             env_items=tuple(common["env_items"])),
-        restarts=RestartOptions(straggler_timeout=hangs["straggler_timeout"],
+        restarts=RestartOptions(straggler_timeout=hangs["straggler_timeout"], max_restarts=own["max_restarts"],
                                 **in_section(ctx, RESTARTS, kw)),
         output=OutputOptions(**in_section(ctx, OUTPUT, kw)),
     )
 
 
-def _sink(plan, as_json: bool):
+def _sink(plan, as_json: bool, local_ranks: frozenset[int] | None = None):
     """The console writer of workers' lines: ``[instance host]`` (``[instance:local_rank host]``), coloured on a tty.
-    The stream is looked up at each line (stderr with --json), so that a live progress line can redirect it."""
+    The stream is looked up at each line (stderr with --json), so that a live progress line can redirect it.
+    ``local_ranks`` (--local-ranks-filter): only those local ranks' lines, both streams, as torchrun's filter (the
+    run directory's logs keep every line)."""
     from podrun.plan.worker_env import workers_per_instance
 
     tty = (sys.stderr if as_json else sys.stdout).isatty() and "NO_COLOR" not in os.environ
     multi = workers_per_instance(plan) > 1
 
     def sink(index, host, local_rank, stream, text):
+        if local_ranks is not None and index is not None and (local_rank or 0) not in local_ranks:
+            return
         who = "?" if index is None else str(index)
         if local_rank is not None and multi:
             who += f":{local_rank}"

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from podrun.launch.request import SSHOptions
-from podrun.launch.torchrun_args import TorchrunOptions
+from podrun.launch.torchrun_args import OwnOptions, TorchrunOptions
 
 
 @dataclass(frozen=True)
@@ -16,6 +16,7 @@ class TargetOptions:
     dashdash: bool = False                      # the user wrote ``-- TARGET``: a command, never a recipe
     module: bool = False                        # -m: the target is a Python module
     no_python: bool = False                     # --no-python: the target is a command
+    run_path: bool = False                      # --run-path: the target is a Python file, whatever it is named
     option_names: frozenset[str] = frozenset()  # podrun launch's own spellings (a recipe's arguments must not be one)
 
 
@@ -32,7 +33,7 @@ class TransportOptions:
     agent_store: bool = True
     data_interface: str | None = None           # None: the cluster spec's
     preflight: bool = True
-    grace: float = 5.0
+    grace: float | None = None                  # None: 5 s, or torchrun's --shutdown-timeout
     heartbeat: float | None = None              # None: the cluster spec's (podrun.wire.liveness.settings)
     heartbeat_misses: int | None = None
     keepalive: float | None = None
@@ -68,6 +69,7 @@ class LaunchOptions:
 
     target: TargetOptions = field(default_factory=TargetOptions)
     torchrun: TorchrunOptions = field(default_factory=TorchrunOptions)
+    pet_own: OwnOptions = field(default_factory=OwnOptions)   # podrun's own options that torchrun reads from PET_
     plan: Mapping[str, Any] = field(default_factory=dict)
     engine: Mapping[str, Any] = field(default_factory=dict)
     hangs: Mapping[str, Any] = field(default_factory=dict)

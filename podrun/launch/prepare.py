@@ -7,9 +7,10 @@ import sys
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from podrun.errors import LaunchError
+from podrun.errors import LaunchError, PodrunError
 from podrun.launch.torchrun_args import (COMMAND, RECIPE, SCRIPT, OwnOptions, Target, check_nproc_kind, classify,
                                          command_hint, reconcile)
+from podrun.plan.worker_env import RDZV_ID_ENV, ROLE_ENV
 
 if TYPE_CHECKING:  # pragma: no cover
     from podrun.launch.options import LaunchOptions
@@ -17,6 +18,7 @@ if TYPE_CHECKING:  # pragma: no cover
 DEFAULT_RUNS_DIR = "runs"
 WARM_TRANSPORTS = ("local", "ssh")   # whose agents start each instance themselves (--warm applies)
 LONG_RUN_HOURS = 1.0        # a recipe run estimated longer than this is announced before it starts
+GRACE_S = 5.0               # seconds between SIGTERM and SIGKILL without --grace or --shutdown-timeout
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,7 @@ class Prepared:
     elastic: object | None = None       # podrun.launch.replan.ElasticPolicy
     notes: tuple[str, ...] = ()         # what podrun decided for the user, said before the run and in --dry-run
     long_run: str | None = None         # the estimate of a run longer than LONG_RUN_HOURS, said before it starts
+    local_ranks: frozenset[int] | None = None   # --local-ranks-filter: the local ranks the console shows
     cluster: object | None = None       # podrun.specs.ClusterSpec the plan was made on
     recipe: object | None = None        # podrun.specs.RecipeSpec, None for a script or command
 
@@ -36,8 +39,29 @@ class Prepared:
 def prepare_launch(opts: "LaunchOptions") -> Prepared:
     """Everything `podrun launch` decides before it prints or runs: the target (podrun.launch.torchrun_args),
     torchrun's options reconciled with podrun's, the plan, the checks of this machine, the request, the elastic
-    policy and what to say first; a PodrunError (exit 2) for anything wrong, before anything starts."""
+    policy and what to say first; a PodrunError (exit 2) for anything wrong, before anything starts, in the
+    user's words (a podrun option that a torchrun option set is named as the user wrote it)."""
     tg, net, rs, out = opts.target, opts.transports, opts.restarts, opts.output
+    target = classify(list(tg.args), dashdash=tg.dashdash, module=tg.module, no_python=tg.no_python,
+                      run_path=tg.run_path, is_recipe_dir=lambda p: os.path.isfile(os.path.join(p, "recipe.yaml")),
+                      is_file=os.path.isfile, option_names=tg.option_names)
+    if target.kind == RECIPE and not tg.dashdash:
+        refuse_own_options_after_recipe(target, list(tg.args[1:]), tg.option_names)
+    plan_kw = dict(opts.plan)
+    own = OwnOptions(devices_per_host=plan_kw.get("devices_per_host"), nodes=plan_kw.get("nodes"),
+                     elastic_min=rs.elastic_min, max_restarts=rs.max_restarts, master_addr=net.master_addr,
+                     master_port=net.master_port, run_id=out.run_id, runs_dir=out.runs_dir, grace=net.grace,
+                     heartbeat=net.heartbeat, heartbeat_misses=net.heartbeat_misses)
+    mapped = reconcile(opts.torchrun, own, cpu_count=os.cpu_count() or 1, pet_own=opts.pet_own)
+    try:
+        return _prepare(opts, target, mapped)
+    except PodrunError as exc:
+        raise mapped.in_user_words(exc) from None
+
+
+def _prepare(opts: "LaunchOptions", target: Target, mapped: OwnOptions) -> Prepared:
+    """prepare_launch's part after torchrun's options are mapped (``mapped``)."""
+    net, rs, out = opts.transports, opts.restarts, opts.output
     from podrun.launch.engines import resolve_engine
     from podrun.wire.liveness import settings
     from podrun.launch.request import parse_env_options
@@ -45,17 +69,8 @@ def prepare_launch(opts: "LaunchOptions") -> Prepared:
     from podrun.plan import make_plan
     from podrun.plan.inputs import resolve_plan_inputs
 
-    target = classify(list(tg.args), dashdash=tg.dashdash, module=tg.module, no_python=tg.no_python,
-                      is_recipe_dir=lambda p: os.path.isfile(os.path.join(p, "recipe.yaml")),
-                      is_file=os.path.isfile)
-    if target.kind == RECIPE and not tg.dashdash:
-        refuse_own_options_after_recipe(target, list(tg.args[1:]), tg.option_names)
     plan_kw = dict(opts.plan)
-    own = OwnOptions(devices_per_host=plan_kw.get("devices_per_host"), nodes=plan_kw.get("nodes"),
-                     elastic_min=rs.elastic_min, max_restarts=rs.max_restarts, master_addr=net.master_addr,
-                     master_port=net.master_port, run_id=out.run_id, runs_dir=out.runs_dir)
-    mapped = reconcile(opts.torchrun, own, cpu_count=os.cpu_count() or 1)
-    env = parse_env_options(net.env_items)
+    env = parse_env_options(net.env_items) + launch_names(mapped)
     plan_kw.update(nodes=mapped.nodes, devices_per_host=mapped.devices_per_host)
     cluster, rspec, src, overrides = resolve_plan_inputs(target.name if target.kind == RECIPE else None, **plan_kw)
     check_nproc_kind(opts.torchrun, cluster.device.kind, cluster.name)
@@ -98,7 +113,7 @@ def prepare_launch(opts: "LaunchOptions") -> Prepared:
         from podrun.train.recipe_main import needed_modules
 
         needs = tuple(needed_modules(recipe_args))      # checked by every held agent (ssh) before anything starts
-    liveness = settings(net.heartbeat, net.heartbeat_misses, net.keepalive, spec_heartbeat=cluster.heartbeat, spec_misses=cluster.heartbeat_misses,
+    liveness = settings(mapped.heartbeat, mapped.heartbeat_misses, net.keepalive, spec_heartbeat=cluster.heartbeat, spec_misses=cluster.heartbeat_misses,
                         spec_source=cluster.path)
     elastic = None
     max_restarts = mapped.max_restarts
@@ -119,7 +134,8 @@ def prepare_launch(opts: "LaunchOptions") -> Prepared:
                           f"0..{plan.instances - 1}")
     request = build_request(plan, target.worker_command(python, recipe_script), transport=name, python=python,
                             workdir=net.workdir, master_addr=mapped.master_addr, master_port=mapped.master_port,
-                            grace=net.grace, liveness=liveness, run_id=mapped.run_id,
+                            grace=mapped.grace if mapped.grace is not None else GRACE_S, liveness=liveness,
+                            run_id=run_dir_name(mapped),
                             runs_dir=mapped.runs_dir if mapped.runs_dir is not None else DEFAULT_RUNS_DIR, env=env,
                             max_restarts=0 if max_restarts is None else max_restarts, ssh=net.ssh, mpi_args=mpi_args,
                             poprun=poprun_opts, agent_store=net.agent_store, preflight=net.preflight,
@@ -129,7 +145,29 @@ def prepare_launch(opts: "LaunchOptions") -> Prepared:
     if rs.warm and request.max_restarts > 0 and name in WARM_TRANSPORTS:
         request = replace(request, warm=True)
     return Prepared(request=request, target=target, engine=engine, elastic=elastic, notes=tuple(notes),
-                    long_run=long_run, cluster=cluster, recipe=rspec)
+                    long_run=long_run, cluster=cluster, recipe=rspec, local_ranks=mapped.local_ranks)
+
+
+def launch_names(mapped: OwnOptions) -> tuple[tuple[str, str], ...]:
+    """The launch's variables that carry --rdzv-id and --role to every agent, which sets the workers'
+    TORCHELASTIC_RUN_ID and ROLE_NAME from them (podrun.plan.worker_env.launch_overrides)."""
+    return tuple((name, value) for name, value in ((RDZV_ID_ENV, mapped.rdzv_id), (ROLE_ENV, mapped.role))
+                 if value is not None)
+
+
+def run_dir_name(mapped: OwnOptions) -> str | None:
+    """The run directory's name: --run-id; with torchrun's --rdzv-id ID alone, ID-TIMESTAMP (torchrun's log dir
+    is ID_RANDOM), so that one rendezvous id can name many runs; else None (a timestamp)."""
+    if mapped.run_id is not None or mapped.rdzv_id is None:
+        return mapped.run_id
+    import re
+
+    from podrun.launch.rundir import new_run_id
+
+    stem = re.sub(r"[^A-Za-z0-9._-]", "_", mapped.rdzv_id)[:64]
+    if not stem[:1].isalnum():
+        stem = "rdzv" + stem
+    return f"{stem}-{new_run_id()}"
 
 
 def check_local_target(target: Target, workdir: str) -> None:

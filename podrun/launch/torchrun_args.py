@@ -1,9 +1,10 @@
 """torchrun's command line in podrun's words, pure: what to launch (recipe, script, module, command) and torchrun's options mapped onto podrun launch's own."""
 from __future__ import annotations
 
+import math
 import os
-from dataclasses import dataclass, replace
-from typing import Callable
+from dataclasses import dataclass, field, replace
+from typing import Callable, Mapping
 
 from podrun.errors import LaunchError
 
@@ -32,10 +33,14 @@ class Target:
 
 
 def classify(args: list[str] | tuple[str, ...], *, dashdash: bool, module: bool = False, no_python: bool = False,
-             is_recipe_dir: Callable[[str], bool], is_file: Callable[[str], bool]) -> Target:
+             run_path: bool = False, is_recipe_dir: Callable[[str], bool], is_file: Callable[[str], bool],
+             option_names: frozenset[str] = frozenset()) -> Target:
     """The target of `podrun launch [OPTIONS] [--] TARGET ARGS...`, as torchrun reads its TRAINING_SCRIPT.
 
-    ``dashdash``: the user wrote ``--`` before the target. ``module``: -m/--module; ``no_python``: --no-python.
+    ``dashdash``: the user wrote ``--`` before the target. ``module``: -m/--module; ``no_python``: --no-python;
+    ``run_path``: --run-path (the target is a Python file, whatever -m or --no-python say, as under torchrun).
+    Without ``--``, a target that starts with ``-`` is an option podrun does not know (``option_names``: those
+    it knows, for the did-you-mean), never a recipe, script, module or command.
     A folder with recipe.yaml is a recipe; with -m the target is a module; with --no-python a command; a path
     ending in .py is a script, with or without ``--``; without ``--`` an existing file is a script and anything
     else a recipe name or path (the recipe loader explains a miss); after ``--`` anything else is a command.
@@ -46,6 +51,17 @@ def classify(args: list[str] | tuple[str, ...], *, dashdash: bool, module: bool 
                           hint="give a recipe (podrun launch recipes/NAME), a script (podrun launch train.py), "
                                "a module (podrun launch -m pkg.train) or a command after -- "
                                "(podrun launch -- ./run.sh)")
+    first = args[0]
+    if not dashdash and first.startswith("-") and first != "-":
+        import difflib
+
+        name = first.split("=", 1)[0]
+        close = difflib.get_close_matches(name, sorted(option_names), n=1, cutoff=0.75)
+        raise LaunchError(f"no such option: {name} (neither podrun launch's nor torchrun's)",
+                          hint=(f"did you mean {close[0]}? " if close else "")
+                          + "podrun launch --help lists them; an argument meant for the script goes after it")
+    if run_path:
+        return Target(SCRIPT, first, tuple(args[1:]))
     if module and no_python:
         raise LaunchError("-m/--module and --no-python contradict each other (a module needs Python)",
                           hint="drop one: -m runs `python -m MODULE`, --no-python runs the target as a command")
@@ -96,24 +112,114 @@ def _looks_python(program: str) -> bool:
 
 # --- torchrun's options --------------------------------------------------------------------------
 
+# torchrun's options that podrun takes with a meaning of its own or none needed (the table in docs/launch.md)
+RDZV_BACKENDS = ("c10d", "static")
+START_METHODS = ("spawn", "fork", "forkserver")
+NUMA_MODES = ("node", "socket", "exclusive", "core-complex")
+# torchrun's options read from PET_<NAME> when not given (torch.distributed.argparse_util env/check_env): every
+# one but --logs-specs and --numa-binding; the flags take 0 or 1. The names are the click parameters' names.
+PET_VALUES = ("nnodes", "nproc_per_node", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf",
+              "max_restarts", "monitor_interval", "start_method", "event_log_handler", "role", "log_dir", "redirects",
+              "tee", "local_ranks_filter", "duplicate_stdout_filters", "duplicate_stderr_filters", "node_rank",
+              "master_addr", "master_port", "local_addr", "signals_to_handle", "shutdown_timeout")
+PET_FLAGS = ("standalone", "module", "no_python", "run_path", "virtual_local_rank")
+
+
+def pet_name(name: str) -> str:
+    """torchrun's variable for an option: PET_ and the option's name in capitals (nproc_per_node: PET_NPROC_PER_NODE)."""
+    return f"PET_{name.upper()}"
+
+
+def pet_values(environ, given) -> dict[str, object]:
+    """torchrun's options read from PET_<NAME> (``environ``) for those not on the command line (``given``: the
+    parameter names given there): flag > PET_ > default, as torchrun reads them. A flag's variable must be an
+    integer (torchrun's bool(int(...))); an empty variable counts as not set."""
+    out: dict[str, object] = {}
+    for name in (*PET_VALUES, *PET_FLAGS):
+        var = pet_name(name)
+        text = environ.get(var)
+        if name in given or text is None or text == "":
+            continue
+        if name in PET_FLAGS:
+            try:
+                out[name] = int(text) != 0
+            except ValueError:
+                raise LaunchError(f"{var}={text!r} is not 0 or 1 (torchrun's --{name.replace('_', '-')} from the "
+                                  "environment)", hint=f"set {var}=1 or {var}=0, or unset it") from None
+        else:
+            out[name] = text
+    return out
+
+
+def pet_own_options(pet: Mapping[str, str], spelled: Mapping[str, str]) -> "OwnOptions":
+    """podrun's own options that torchrun reads from PET_ too (--max-restarts, --master-addr, --master-port)."""
+    out = {}
+    for name, text in pet.items():
+        if name == "master_addr":
+            out[name] = text
+            continue
+        try:
+            number = int(text)
+            if number < 0 or (name == "master_port" and number > 65535):
+                raise ValueError
+        except ValueError:
+            what = "a TCP port" if name == "master_port" else "a number of restarts"
+            raise LaunchError(f"{spelled.get(name, pet_name(name))}={text!r} is not {what}",
+                              hint=f"fix or unset {pet_name(name)} (torchrun's --{name.replace('_', '-')} from the "
+                                   "environment)") from None
+        out[name] = number
+    return OwnOptions(**out)
+
+
 @dataclass(frozen=True)
 class TorchrunOptions:
-    """torchrun's options as given on podrun launch's command line (None: not given)."""
+    """torchrun's options as given on podrun launch's command line or in PET_ variables (None: not given).
+    ``spelled``: how the user wrote each given option, by parameter name (``--nproc_per_node``,
+    ``PET_NPROC_PER_NODE``), for messages in the user's words; podrun's own options are there too."""
 
     nproc_per_node: str | None = None   # N | auto | cpu | gpu
     nnodes: str | None = None           # N | MIN:MAX
     standalone: bool = False
     rdzv_endpoint: str | None = None    # HOST[:PORT]
     rdzv_id: str | None = None
-    node_rank: int | None = None
+    node_rank: str | None = None
     log_dir: str | None = None
     redirects: str | None = None
     tee: str | None = None
+    rdzv_backend: str | None = None     # c10d | static
+    rdzv_conf: str | None = None        # KEY=VALUE,...
+    monitor_interval: str | None = None
+    start_method: str | None = None
+    event_log_handler: str | None = None
+    role: str | None = None
+    run_path: bool = False
+    local_ranks_filter: str | None = None
+    duplicate_stdout_filters: str | None = None
+    duplicate_stderr_filters: str | None = None
+    local_addr: str | None = None
+    logs_specs: str | None = None
+    numa_binding: str | None = None
+    signals_to_handle: str | None = None
+    shutdown_timeout: str | None = None
+    virtual_local_rank: bool = False
+    spelled: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    def said(self, name: str, value: object = None) -> str:
+        """The option ``name`` as the user gave it: ``--nproc_per_node 2``, ``PET_NPROC_PER_NODE=2``, ``--standalone``
+        (``value`` None: the spelling alone)."""
+        how = self.spelled.get(name) or "--" + name.replace("_", "-")
+        if value is None or value is True:
+            return f"{how}=1" if how.startswith("PET_") and value is True else how
+        return f"{how}={value}" if how.startswith("PET_") else f"{how} {value}"
+
+    def from_env(self, name: str) -> bool:
+        return self.spelled.get(name, "").startswith("PET_")
 
 
 @dataclass(frozen=True)
 class OwnOptions:
-    """podrun launch's own options that torchrun's map onto (None: not given)."""
+    """podrun launch's own options that torchrun's map onto (None: not given). ``words``: (podrun's option, its
+    value, what the user wrote) for each mapped value, so that a later error speaks in the user's words."""
 
     devices_per_host: int | None = None
     nodes: int | None = None
@@ -123,79 +229,318 @@ class OwnOptions:
     master_port: int | None = None
     run_id: str | None = None
     runs_dir: str | None = None
+    grace: float | None = None
+    heartbeat: float | None = None
+    heartbeat_misses: int | None = None
+    local_ranks: frozenset[int] | None = None   # --local-ranks-filter: the console shows these local ranks only
+    rdzv_id: str | None = None                  # every worker's TORCHELASTIC_RUN_ID (None: the run id)
+    role: str | None = None                     # every worker's ROLE_NAME (None: torchrun's "default")
+    words: tuple[tuple[str, str, str], ...] = field(default=(), compare=False)
+
+    def in_user_words(self, exc):
+        """``exc`` (a PodrunError) with podrun's option names replaced by what the user wrote: ``--nodes 2`` by
+        ``--nnodes 1:2``, a bare ``--nodes`` by ``--nnodes``."""
+        if not self.words:
+            return exc
+        import re
+
+        def fix(text):
+            if text is None:
+                return None
+            first: dict[str, str] = {}
+            for ours, value, theirs in self.words:
+                first.setdefault(theirs, ours)
+            for ours, value, theirs in self.words:
+                text = text.replace(f"{ours} {value}", theirs)
+                name = theirs.split("=")[0].split(" ")[0]
+                if name.startswith("-") and first[theirs] == ours:     # a bare name: the option it maps onto first
+                    text = re.sub(re.escape(ours) + r"(?![\w-])", name, text)
+            return text
+
+        new = type(exc).__new__(type(exc))
+        new.__dict__.update(exc.__dict__)
+        new.message, new.hint = fix(exc.message), fix(exc.hint)
+        new.args = (new.message,)
+        return new
 
 
-def reconcile(tr: TorchrunOptions, own: OwnOptions, *, cpu_count: int) -> OwnOptions:
+def not_supported(option: str, why: str, use: str) -> LaunchError:
+    """torchrun's option podrun does not take: one line, exit 2."""
+    return LaunchError(f"torchrun's {option} is not supported by podrun: {why}, use {use}")
+
+
+def reconcile(tr: TorchrunOptions, own: OwnOptions, *, cpu_count: int, pet_own: OwnOptions = OwnOptions()
+              ) -> OwnOptions:
     """podrun's options with torchrun's mapped in (the table in docs/launch.md). A torchrun option and
-    podrun's own option of the same meaning must agree; one podrun has no meaning for is refused, saying why."""
+    podrun's own option of the same meaning must agree, unless the torchrun one came from a PET_ variable (then
+    the command line wins, as under torchrun); one podrun has no meaning for is refused, saying why.
+    ``pet_own``: podrun's own options that torchrun also has, read from PET_ (--max-restarts, --master-addr,
+    --master-port): they fill what is still unset at the end."""
     out = own
+    _refuse_unsupported(tr)
     if tr.node_rank is not None:
-        raise LaunchError(
-            f"--node-rank {tr.node_rank}: podrun places the instances itself; one podrun launch on one machine "
-            "starts every host's instance and gives each its GROUP_RANK",
-            hint="run podrun launch once (not once per node), naming the hosts with --hosts h1,h2 or --hostfile")
+        raise not_supported(
+            tr.said("node_rank", tr.node_rank),
+            "podrun places the instances itself; one podrun launch on one machine starts every host's instance and "
+            "gives each its GROUP_RANK",
+            "one podrun launch (not one per node) naming the hosts with --hosts h1,h2 or --hostfile")
     if tr.nproc_per_node is not None:
-        out = _set(out, "devices_per_host", _nproc(tr.nproc_per_node, cpu_count),
-                   f"--nproc-per-node {tr.nproc_per_node}", "--devices-per-host")
-    if tr.nnodes is not None:
-        low, high = _nnodes(tr.nnodes)
-        out = _set(out, "nodes", high, f"--nnodes {tr.nnodes}", "--nodes")
+        out = _set(out, "devices_per_host", _nproc(tr, cpu_count), tr, "nproc_per_node", "--devices-per-host")
+    if tr.nnodes is not None and not (tr.from_env("nnodes") and out.nodes is not None):
+        low, high = _nnodes(tr)
+        out = _set(out, "nodes", high, tr, "nnodes", "--nodes")
         if low != high:
-            out = _set(out, "elastic_min", low, f"--nnodes {tr.nnodes}", "--elastic")
+            out = _set(out, "elastic_min", low, tr, "nnodes", "--elastic")
+    backend = _backend(tr)
     if tr.standalone:
         if out.nodes is not None and out.nodes != 1:
-            raise LaunchError(f"--standalone runs one node, and --nnodes/--nodes asks for {out.nodes}",
-                              hint="drop --standalone to run on several hosts")
-        if tr.rdzv_endpoint is not None:
-            raise LaunchError("--standalone picks its own rendezvous port on this machine; drop --rdzv-endpoint",
-                              hint="or drop --standalone and keep --rdzv-endpoint")
-        out = replace(out, nodes=1)
-        out = _set(out, "master_port", 0, "--standalone", "--master-port")
-    if tr.rdzv_endpoint is not None:
-        host, port = parse_endpoint(tr.rdzv_endpoint)
-        out = _set(out, "master_addr", host, f"--rdzv-endpoint {tr.rdzv_endpoint}", "--master-addr")
-        out = _set(out, "master_port", port, f"--rdzv-endpoint {tr.rdzv_endpoint}", "--master-port")
-    if tr.rdzv_id is not None:
-        out = _set(out, "run_id", tr.rdzv_id, f"--rdzv-id {tr.rdzv_id}", "--run-id")
+            raise LaunchError(f"{tr.said('standalone', True)} runs one node, and {_own_said(tr, out, 'nodes')} "
+                              f"asks for {out.nodes}", hint=f"drop {tr.said('standalone')} to run on several hosts")
+        if tr.rdzv_endpoint is not None and not tr.from_env("rdzv_endpoint"):
+            raise LaunchError(f"{tr.said('standalone', True)} picks its own rendezvous port on this machine, and "
+                              f"{tr.said('rdzv_endpoint', tr.rdzv_endpoint)} names one",
+                              hint=f"drop {tr.said('rdzv_endpoint')} (torchrun ignores it with --standalone), or "
+                                   f"drop {tr.said('standalone')} to meet at {tr.rdzv_endpoint}")
+        if own.master_port is not None and own.master_port != 0:
+            raise LaunchError(f"{tr.said('standalone', True)} picks a free rendezvous port on this machine, and "
+                              f"{tr.said('master_port', own.master_port)} names one",
+                              hint=f"drop {tr.said('master_port')} (torchrun ignores it with --standalone), or drop "
+                                   f"{tr.said('standalone')} to use port {own.master_port}")
+        said = tr.said("standalone", True)
+        out = replace(out, nodes=1, master_port=0,
+                      words=(*out.words, ("--nodes", "1", said), ("--master-port", "0", said)))
+    if tr.rdzv_endpoint is not None and not tr.standalone:
+        host, port = parse_endpoint(tr.rdzv_endpoint, tr.said("rdzv_endpoint"))
+        out = _set(out, "master_addr", host, tr, "rdzv_endpoint", "--master-addr")
+        out = _set(out, "master_port", port, tr, "rdzv_endpoint", "--master-port")
+    if tr.rdzv_id is not None and not tr.standalone:    # --standalone: torchrun's own id, here the run id
+        out = replace(out, rdzv_id=tr.rdzv_id)
     if tr.log_dir is not None:
-        out = _set(out, "runs_dir", tr.log_dir, f"--log-dir {tr.log_dir}", "--runs-dir")
+        out = _set(out, "runs_dir", tr.log_dir, tr, "log_dir", "--runs-dir")
     if tr.redirects is not None and tr.redirects != "0":
-        raise LaunchError(
-            f"--redirects {tr.redirects}: podrun shows every worker's output on the console and also writes it to "
-            "the run directory (instance-N.log); it has no mode that takes output off the console",
-            hint="drop --redirects (podrun's logs are already in the run directory), or send the console to "
-                 "/dev/null; --only-output-from-instance N shows stdout of one instance only")
+        raise not_supported(
+            tr.said("redirects", tr.redirects),
+            "podrun shows every worker's output on the console and also writes it to the run directory "
+            "(instance-N.log); it has no mode that takes output off the console",
+            "--local-ranks-filter or --only-output-from-instance N to show less, or send the console to /dev/null")
     if tr.tee is not None:
-        _check_streams("--tee", tr.tee)
+        _check_streams(tr.said("tee"), tr.tee)
+    if tr.rdzv_conf is not None:
+        out = _rdzv_conf(tr, out, backend)
+    if tr.monitor_interval is not None:
+        _seconds(tr, "monitor_interval")
+    if tr.start_method is not None and tr.start_method not in START_METHODS:
+        raise LaunchError(f"{tr.said('start_method', tr.start_method)}: torchrun's start methods are "
+                          f"{', '.join(START_METHODS)}")
+    if tr.role is not None:
+        if not tr.role:
+            raise LaunchError(f"{tr.said('role', repr(tr.role))} names no role")
+        out = replace(out, role=tr.role)
+    if tr.local_ranks_filter is not None:
+        out = replace(out, local_ranks=_local_ranks(tr))
+    if tr.signals_to_handle is not None:
+        _check_signals(tr)
+    if tr.shutdown_timeout is not None:
+        out = _set(out, "grace", float(_seconds(tr, "shutdown_timeout", integer=True)), tr, "shutdown_timeout",
+                   "--grace")
+    for name, value in (("max_restarts", pet_own.max_restarts), ("master_addr", pet_own.master_addr),
+                        ("master_port", pet_own.master_port)):
+        if value is not None and getattr(out, name) is None:
+            out = replace(out, **{name: value})
     return out
 
 
-def _set(out: OwnOptions, field: str, value, theirs: str, ours: str) -> OwnOptions:
-    have = getattr(out, field)
+def _refuse_unsupported(tr: TorchrunOptions) -> None:
+    """torchrun's options podrun has no meaning for, each with why and what to use instead."""
+    if tr.event_log_handler is not None and tr.event_log_handler != "null":
+        raise not_supported(tr.said("event_log_handler", tr.event_log_handler),
+                            "podrun records a run's events in its run directory, not through torchrun's event "
+                            "handlers", "the run directory's summary.json and instance-N.log "
+                                        "(--event-log-handler null is taken)")
+    for name in ("duplicate_stdout_filters", "duplicate_stderr_filters"):
+        value = getattr(tr, name)
+        if value is not None and value != "":
+            raise not_supported(tr.said(name, value), "podrun writes every line of every worker to the run "
+                                "directory (instance-N.log) and duplicates none to another file",
+                                "grep on runs/RUN_ID/instance-N.log")
+    if tr.local_addr is not None:
+        raise not_supported(tr.said("local_addr", tr.local_addr),
+                            "one podrun launch starts every host, each reached by its name in --hosts, and the "
+                            "workers meet at --master-addr", "--master-addr ADDR (instance 0's address) or "
+                            "--data-interface IFACE (the network the workers use)")
+    if tr.logs_specs is not None:
+        raise not_supported(tr.said("logs_specs", tr.logs_specs),
+                            "podrun's logs are the run directory's files, not a torchrun.logs_specs plugin",
+                            "--runs-dir DIR (logs in DIR/RUN_ID/instance-N.log)")
+    if tr.numa_binding is not None:
+        raise not_supported(tr.said("numa_binding", tr.numa_binding),
+                            "podrun does not bind workers to CPUs", "a command that binds them: podrun launch -- "
+                            "numactl --cpunodebind=0 python train.py")
+    if tr.virtual_local_rank:
+        raise not_supported(tr.said("virtual_local_rank", True),
+                            "podrun gives each worker its LOCAL_RANK and leaves CUDA_VISIBLE_DEVICES as the host "
+                            "has it", "LOCAL_RANK as the device index (torch.cuda.set_device(LOCAL_RANK))")
+
+
+def _backend(tr: TorchrunOptions) -> str | None:
+    if tr.rdzv_backend is None:
+        return None
+    if tr.rdzv_backend not in RDZV_BACKENDS:
+        raise not_supported(tr.said("rdzv_backend", tr.rdzv_backend),
+                            "podrun's workers meet at a TCP store that instance 0's agent serves (what c10d does), "
+                            "not at another rendezvous service",
+                            "--rdzv-backend c10d (or leave it out) with --rdzv-endpoint HOST:PORT")
+    return tr.rdzv_backend
+
+
+# --rdzv-conf's keys (torch.distributed.elastic.rendezvous: c10d's dynamic rendezvous and its store, static's):
+# podrun's option, or None for a key that is taken and means nothing more under podrun (why), or a refusal
+RDZV_CONF_HEARTBEAT = {"keep_alive_interval": ("heartbeat", "--heartbeat", float),
+                       "keep_alive_max_attempt": ("heartbeat_misses", "--heartbeat-misses", int)}
+RDZV_CONF_TAKEN = {
+    "join_timeout": "podrun starts every host itself and waits for none to join",
+    "timeout": "podrun starts every host itself and waits for none to join",
+    "last_call_timeout": "podrun starts exactly the plan's hosts, with no last call for more",
+    "close_timeout": "podrun ends every host's agent itself",
+    "heartbeat_timeout": "a heartbeat is a line on the agent's connection, bounded by --keepalive",
+    "read_timeout": "podrun's agents are told the rendezvous by the controller, not by reading the store",
+    "store_type": "tcp only",
+}
+RDZV_CONF_REFUSED = {
+    "is_host": ("the store is always served by instance 0's agent, at --master-addr",
+                "--master-addr to say where instance 0 runs, or --no-agent-store for rank 0 to host it"),
+    "rank": ("podrun places the instances itself", "one podrun launch naming the hosts with --hosts"),
+}
+
+
+def _rdzv_conf(tr: TorchrunOptions, out: OwnOptions, backend: str | None) -> OwnOptions:
+    said = tr.said("rdzv_conf", tr.rdzv_conf)
+    for item in (p.strip() for p in tr.rdzv_conf.split(",")):
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key:
+            raise LaunchError(f"{said}: {item!r} is not KEY=VALUE", hint="torchrun's form: key1=value1,key2=value2")
+        if key in RDZV_CONF_REFUSED:
+            why, use = RDZV_CONF_REFUSED[key]
+            raise not_supported(f"{tr.said('rdzv_conf')} {key}={value}", why, use)
+        if key == "store_type" and value.lower() != "tcp":
+            raise not_supported(f"{tr.said('rdzv_conf')} store_type={value}",
+                                "the store is a TCP store on instance 0's agent", "store_type=tcp or leave it out")
+        if key in RDZV_CONF_HEARTBEAT:
+            field_name, ours, kind = RDZV_CONF_HEARTBEAT[key]
+            try:
+                number = kind(value)
+                if not number > 0:
+                    raise ValueError
+            except ValueError:
+                raise LaunchError(f"{said}: {key}={value!r} is not a number above 0") from None
+            out = _set_words(out, field_name, number, f"{tr.said('rdzv_conf')} {key}={value}", ours)
+        elif key in RDZV_CONF_TAKEN:
+            if key != "store_type":
+                try:
+                    if not float(value) > 0:
+                        raise ValueError
+                except ValueError:
+                    raise LaunchError(f"{said}: {key}={value!r} is not a number of seconds above 0") from None
+        else:
+            known = ", ".join(sorted((*RDZV_CONF_HEARTBEAT, *RDZV_CONF_TAKEN, *RDZV_CONF_REFUSED)))
+            raise not_supported(f"{tr.said('rdzv_conf')} {key}={value}",
+                                f"{key!r} is none of the keys torchrun's {backend or 'c10d'} rendezvous reads",
+                                f"one of {known}")
+    return out
+
+
+def _seconds(tr: TorchrunOptions, name: str, *, integer: bool = False):
+    value = getattr(tr, name)
+    try:
+        number = int(value) if integer else float(value)
+        if not math.isfinite(number) or number < 0 or (number == 0 and not integer):
+            raise ValueError
+    except ValueError:
+        raise LaunchError(f"{tr.said(name, value)} is not a number of seconds"
+                          + (" (torchrun takes a whole number)" if integer else "")) from None
+    return number
+
+
+def _local_ranks(tr: TorchrunOptions) -> frozenset[int]:
+    try:
+        ranks = frozenset(int(p) for p in tr.local_ranks_filter.split(","))
+        if any(r < 0 for r in ranks):
+            raise ValueError
+    except ValueError:
+        raise LaunchError(f"{tr.said('local_ranks_filter', tr.local_ranks_filter)} is not a list of local ranks",
+                          hint="torchrun's form: comma-separated local ranks, e.g. --local-ranks-filter 0,1") from None
+    return ranks
+
+
+def _check_signals(tr: TorchrunOptions) -> None:
+    """--signals-to-handle: podrun's agent forwards its own set (podrun.plan.worker_env.SIGNALS_HANDLED); a list naming
+    a signal outside it is refused, a valid list within it is taken."""
+    import signal
+
+    from podrun.plan.worker_env import SIGNALS_HANDLED
+
+    handled = set(SIGNALS_HANDLED.split(","))
+    names = [p.strip() for p in tr.signals_to_handle.split(",") if p.strip()]
+    for name in names:
+        if not hasattr(signal, name) or not name.startswith("SIG"):
+            raise LaunchError(f"{tr.said('signals_to_handle', tr.signals_to_handle)}: {name!r} is not a signal",
+                              hint="torchrun's form: SIGTERM,SIGINT,...")
+    extra = [n for n in names if n not in handled]
+    if extra:
+        raise not_supported(tr.said("signals_to_handle", tr.signals_to_handle),
+                            f"podrun's agent forwards {SIGNALS_HANDLED} to the workers and no other signal "
+                            f"({', '.join(extra)})", f"a list within {SIGNALS_HANDLED}, or leave it out")
+
+
+def _own_said(tr: TorchrunOptions, out: OwnOptions, field_name: str) -> str:
+    for ours, value, theirs in out.words:
+        if ours == "--" + field_name.replace("_", "-"):
+            return theirs
+    return tr.said(field_name, getattr(out, field_name))
+
+
+def _set(out: OwnOptions, field_name: str, value, tr: TorchrunOptions, name: str, ours: str) -> OwnOptions:
+    """``out`` with podrun's ``field_name`` set from torchrun's option ``name``; podrun's own option given too must
+    agree, unless torchrun's came from a PET_ variable (the command line wins)."""
+    have = getattr(out, field_name)
+    if have is not None and tr.from_env(name):
+        return out
+    return _set_words(out, field_name, value, tr.said(name, getattr(tr, name)), ours,
+                      tr.said(field_name, have) if have is not None else None)
+
+
+def _set_words(out: OwnOptions, field_name: str, value, theirs: str, ours: str, have_said: str | None = None
+               ) -> OwnOptions:
+    have = getattr(out, field_name)
     if have is not None and have != value:
-        raise LaunchError(f"{theirs} means {ours} {value}, and {ours} {have} is given too",
-                          hint=f"give one of them ({theirs} is torchrun's spelling of podrun's {ours})")
-    return replace(out, **{field: value})
+        raise LaunchError(f"{theirs} means {ours} {value}, and {have_said or f'{ours} {have}'} is given too",
+                          hint=f"give one of them ({theirs.split(' ')[0].split('=')[0]} is torchrun's spelling of "
+                               f"podrun's {ours})")
+    return replace(out, **{field_name: value}, words=(*out.words, (ours, str(value), theirs)))
 
 
-def _nproc(value: str, cpu_count: int) -> int | None:
+def _nproc(tr: TorchrunOptions, cpu_count: int) -> int | None:
     """--nproc-per-node: N workers; auto: the cluster spec's devices (this machine: one worker per core, as
     torchrun's auto without an accelerator); cpu: this machine's cores, as torchrun counts them; gpu: the
     cluster spec's devices, which must be GPUs (check_nproc_kind)."""
     from podrun.specs.limits import MAX_PER_HOST
 
+    value = tr.nproc_per_node
     text = value.strip()
     if text.isascii() and text.isdigit():
         if len(text) > 12 or not 1 <= int(text) <= MAX_PER_HOST:
-            raise LaunchError(f"--nproc-per-node {text[:20]}{'...' if len(text) > 20 else ''}: a node runs at least "
-                              f"one worker and at most {MAX_PER_HOST}",
+            raise LaunchError(f"{tr.said('nproc_per_node', text[:20] + ('...' if len(text) > 20 else ''))}: a node "
+                              f"runs at least one worker and at most {MAX_PER_HOST}",
                               hint=f"give N in 1..{MAX_PER_HOST}, or auto, cpu or gpu")
         return int(text)
     if text in ("auto", "gpu"):
         return None
     if text == "cpu":
         return cpu_count
-    raise LaunchError(f"--nproc-per-node {value!r} is not a number of workers",
+    raise LaunchError(f"{tr.said('nproc_per_node', repr(value))} is not a number of workers",
                       hint="give N (workers per host), auto (the cluster's devices per host), cpu (this machine's "
                            "cores) or gpu (the cluster's GPUs per host)")
 
@@ -203,48 +548,51 @@ def _nproc(value: str, cpu_count: int) -> int | None:
 def check_nproc_kind(tr: TorchrunOptions, device_kind: str, cluster_name: str) -> None:
     """--nproc-per-node gpu on a cluster whose devices are not GPUs is refused, as torchrun refuses it without CUDA."""
     if tr.nproc_per_node is not None and tr.nproc_per_node.strip() == "gpu" and device_kind != "gpu":
-        raise LaunchError(f"--nproc-per-node gpu: cluster {cluster_name!r} has {device_kind} devices, not GPUs",
+        raise LaunchError(f"{tr.said('nproc_per_node', 'gpu')}: cluster {cluster_name!r} has {device_kind} devices, "
+                          "not GPUs",
                           hint="use --nproc-per-node auto (the cluster's devices) or N, or a GPU cluster (--cluster)")
 
 
-def _nnodes(value: str) -> tuple[int, int]:
+def _nnodes(tr: TorchrunOptions) -> tuple[int, int]:
+    value, said = tr.nnodes, tr.said("nnodes", tr.nnodes)
     parts = value.split(":")
     try:
         if len(parts) not in (1, 2) or not all(p.strip().isascii() for p in parts):
             raise ValueError
         low, high = int(parts[0]), int(parts[-1])
     except ValueError:
-        raise LaunchError(f"--nnodes {value!r} is neither N nor MIN:MAX",
+        raise LaunchError(f"{tr.said('nnodes', repr(value))} is neither N nor MIN:MAX",
                           hint="e.g. --nnodes 2 (two hosts) or --nnodes 1:2 (elastic: start on 2, go on down to 1)"
                           ) from None
     if low < 1 or high < low:
-        raise LaunchError(f"--nnodes {value}: need 1 <= MIN <= MAX", hint="e.g. --nnodes 1:2")
+        raise LaunchError(f"{said}: need 1 <= MIN <= MAX", hint="e.g. --nnodes 1:2")
     return low, high
 
 
-def parse_endpoint(value: str) -> tuple[str, int]:
-    """HOST[:PORT] ([V6]:PORT for IPv6) -> (host, port); no port: torchrun's 29400."""
+def parse_endpoint(value: str, option: str = "--rdzv-endpoint") -> tuple[str, int]:
+    """HOST[:PORT] ([V6]:PORT for IPv6) -> (host, port); no port: torchrun's 29400 (``option``: as the user
+    wrote it, for the error)."""
     text = value.strip()
     if text.startswith("["):
         host, sep, rest = text[1:].partition("]")
         port_text = rest[1:] if rest.startswith(":") else None
         if not sep or (rest and port_text is None):
-            raise LaunchError(f"--rdzv-endpoint {value!r} is not HOST:PORT", hint="e.g. --rdzv-endpoint [fd00::1]:29400")
+            raise LaunchError(f"{option} {value!r} is not HOST:PORT", hint=f"e.g. {option} [fd00::1]:29400")
     elif text.count(":") == 1:
         host, port_text = text.split(":")
     else:
         host, port_text = text, None
     if not host:
-        raise LaunchError(f"--rdzv-endpoint {value!r} names no host", hint="e.g. --rdzv-endpoint node1:29400")
+        raise LaunchError(f"{option} {value!r} names no host", hint=f"e.g. {option} node1:29400")
     if ":" in host and not text.startswith("["):
-        raise LaunchError(f"--rdzv-endpoint {value!r} is not one HOST:PORT",
-                          hint="give one host and one port, e.g. --rdzv-endpoint node1:29400 (an IPv6 address in "
+        raise LaunchError(f"{option} {value!r} is not one HOST:PORT",
+                          hint=f"give one host and one port, e.g. {option} node1:29400 (an IPv6 address in "
                                "brackets: [fd00::1]:29400)")
     if port_text is None:
         return host, RDZV_DEFAULT_PORT
     if not (port_text.isascii() and port_text.isdigit()) or len(port_text) > 5 or not 1 <= int(port_text) <= 65535:
-        raise LaunchError(f"--rdzv-endpoint {value!r}: {port_text!r} is not a TCP port",
-                          hint="give a port in 1..65535, e.g. --rdzv-endpoint node1:29400")
+        raise LaunchError(f"{option} {value!r}: {port_text!r} is not a TCP port",
+                          hint=f"give a port in 1..65535, e.g. {option} node1:29400")
     return host, int(port_text)
 
 

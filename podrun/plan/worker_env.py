@@ -204,6 +204,21 @@ def worker_env(plan: "Plan", instance_index: int, local_rank: int, *, run_id: st
     return {k: str(v) for k, v in env.items()}
 
 
+# What the launch sets for every agent (podrun launch's --rdzv-id and --role, podrun.launch.prepare.launch_names)
+# and the workers' names they give: TORCHELASTIC_RUN_ID is the rendezvous id (torchrun's), not the run id
+RDZV_ID_ENV, ROLE_ENV = "PODRUN_RDZV_ID", "PODRUN_ROLE"
+LAUNCH_OVERRIDES = {RDZV_ID_ENV: "TORCHELASTIC_RUN_ID", ROLE_ENV: "ROLE_NAME"}
+
+
+def launch_overrides(env: dict[str, str], launch_env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with TORCHELASTIC_RUN_ID and ROLE_NAME set from the launch's variables (LAUNCH_OVERRIDES) found in
+    ``launch_env``."""
+    for src, name in LAUNCH_OVERRIDES.items():
+        if src in launch_env and name in env:
+            env[name] = launch_env[src]
+    return env
+
+
 def instance_envs(plan: "Plan", instance_index: int, *, run_id: str, run_dir: str, plan_path: str,
                   master_addr: str, master_port: int, restart_count: int = 0, max_restarts: int = 0,
                   agent_store: bool = False, host_env: Mapping[str, str] | None = None,
@@ -232,13 +247,15 @@ def instance_envs(plan: "Plan", instance_index: int, *, run_id: str, run_dir: st
         if agent_store:
             env[AGENT_STORE_NAME] = "True"
         env.update({k: v for k, v in defaults.items() if k not in host_env})
-        envs.append(env)
+        envs.append(launch_overrides(env, host_env))
     return envs
 
 
 def run_wide_env(plan: "Plan", *, run_id: str, run_dir: str, plan_path: str, master_addr: str,
-                 master_port: int, restart_count: int = 0, max_restarts: int = 0) -> dict[str, str]:
-    """The horovod view: the names that are the same for every worker (RUN_WIDE_NAMES)."""
+                 master_port: int, restart_count: int = 0, max_restarts: int = 0,
+                 launch_env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The horovod view: the names that are the same for every worker (RUN_WIDE_NAMES); ``launch_env``: the
+    launch's variables (--env, LAUNCH_OVERRIDES)."""
     env = worker_env(plan, 0, 0, run_id=run_id, run_dir=run_dir, plan_path=plan_path, master_addr=master_addr,
                      master_port=master_port, restart_count=restart_count, max_restarts=max_restarts)
-    return {k: env[k] for k in RUN_WIDE_NAMES}
+    return launch_overrides({k: env[k] for k in RUN_WIDE_NAMES}, launch_env or {})

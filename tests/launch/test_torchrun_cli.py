@@ -82,7 +82,7 @@ SAME = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "G
 def test_rendezvous_run_id_log_dir_and_module_rows(tmp_path):
     """--nnodes 1 --nproc-per-node 2 --rdzv-endpoint 127.0.0.1:P --rdzv-id ID --max-restarts 1 --log-dir D -m MODULE,
     under both: the same workers and ranks, MASTER_ADDR/MASTER_PORT from the endpoint, TORCHELASTIC_RUN_ID the
-    id, the restarts; podrun's logs under D/ID."""
+    id, the restarts; podrun's logs under D/ID-TIMESTAMP, as torchrun's under D/ID_RANDOM."""
     tr_dir, pr_dir = tmp_path / "tr", tmp_path / "pr"
     tr_dir.mkdir()
     pr_dir.mkdir()
@@ -102,8 +102,9 @@ def test_rendezvous_run_id_log_dir_and_module_rows(tmp_path):
         assert (t["MASTER_ADDR"], t["MASTER_PORT"]) == (p["MASTER_ADDR"], p["MASTER_PORT"]) == ("127.0.0.1", str(port))
         assert t["TORCHELASTIC_RUN_ID"] == p["TORCHELASTIC_RUN_ID"] == "job7"
         assert t["TORCHELASTIC_MAX_RESTARTS"] == "1"
-    assert (tmp_path / "prlogs" / "job7" / "instance-0.log").is_file()
-    assert json.loads((tmp_path / "prlogs" / "job7" / "summary.json").read_text())["max_restarts"] == 1
+    (run_dir,) = (tmp_path / "prlogs").iterdir()
+    assert run_dir.name.startswith("job7-") and (run_dir / "instance-0.log").is_file()
+    assert json.loads((run_dir / "summary.json").read_text())["max_restarts"] == 1
     assert any(p.name.startswith("job7") for p in (tmp_path / "trlogs").iterdir())
 
 
@@ -130,3 +131,96 @@ def test_standalone_nproc_auto_cpu_streams_and_no_python_rows(tmp_path):
             for k in SAME:
                 assert p[k] == t[k], (name, k, t[k], p[k])
             assert p["MASTER_PORT"] not in ("0", "29500"), p["MASTER_PORT"]      # a port picked for the run
+
+
+TUTORIAL = ROOT / "tests" / "launch" / "scripts" / "ddp_tutorial"
+# the tutorial's two kinds of line: "[GPU0] Epoch 0 | Batchsize: 32 | Steps: 32" and "Epoch 0 | Training snapshot
+# saved at snapshot.pt" (torchrun's workers share one pipe: its lines are read back as records)
+TUTORIAL_RECORD = re.compile(r"\[GPU\d+\] Epoch \d+ \| Batchsize: \d+ \| Steps: \d+|Epoch \d+ \| Training snapshot "
+                             r"saved at snapshot\.pt")
+
+
+def _tutorial_dir(path: Path) -> Path:
+    path.mkdir()
+    for name in ("multinode.py", "datautils.py"):
+        (path / name).write_text((TUTORIAL / name).read_text())
+    return path
+
+
+def test_ddp_tutorial_multinode_command_runs_as_under_torchrun_and_its_rdzv_id_twice(tmp_path):
+    """The DDP tutorial's command (pytorch/examples distributed/ddp-tutorial-series, multinode.py on CPU: see the
+    fixture's header), `--nnodes=1 --nproc_per_node=2 --rdzv_id=456 --rdzv_backend=c10d --rdzv_endpoint=localhost:P
+    multinode.py 2 1`, under torchrun and podrun: the same lines. Run again with the same --rdzv_id it runs again
+    (a rendezvous id is not a run directory's name): two run directories 456-..."""
+    tr_dir, pr_dir = _tutorial_dir(tmp_path / "tr"), _tutorial_dir(tmp_path / "pr")
+    runs = tmp_path / "runs"
+
+    def args():
+        return ["--nnodes=1", "--nproc_per_node=2", "--rdzv_id=456", "--rdzv_backend=c10d",
+                f"--rdzv_endpoint=localhost:{free_port(2)}", "multinode.py", "2", "1"]
+
+    env = _base_env()
+    tr = torchrun(*args(), cwd=tr_dir, env=env)
+    assert tr.returncode == 0, tr.stdout + tr.stderr
+    pr = podrun("--runs-dir", str(runs), *args(), cwd=pr_dir, env=env)
+    assert pr.returncode == 0, pr.stdout + pr.stderr
+    tr_lines = sorted(TUTORIAL_RECORD.findall(tr.stdout))
+    pr_lines = sorted(PREFIX.sub("", line) for line in pr.stdout.splitlines())
+    assert len(tr_lines) == 6 and "[GPU1] Epoch 1 | Batchsize: 32 | Steps: 32" in tr_lines, tr_lines
+    assert pr_lines == tr_lines
+    again = podrun("--runs-dir", str(runs), *args(), cwd=pr_dir, env=env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "Resuming training from snapshot at Epoch 1" in again.stdout
+    dirs = sorted(p.name for p in runs.iterdir())
+    assert len(dirs) == 2 and all(d.startswith("456-") for d in dirs), dirs
+
+
+def test_pet_variables_rdzv_backend_role_and_rdzv_id_as_torchrun(tmp_path):
+    """torchrun reads each option from PET_<NAME>, a flag winning over its variable. PET_NPROC_PER_NODE=1 with
+    --standalone: one worker under both. PET_NPROC_PER_NODE=3 PET_ROLE=trainer PET_MAX_RESTARTS=1 with
+    --nproc_per_node 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:P --rdzv-id 456: two workers, ROLE_NAME
+    trainer, one restart, TORCHELASTIC_RUN_ID 456, MASTER_ADDR the endpoint's host, under both."""
+    dump = str(ROOT / "tests" / "runtime" / "env_dump.py")
+    cases = {
+        "one": ({"PET_NPROC_PER_NODE": "1"}, ["--standalone"]),
+        "two": ({"PET_NPROC_PER_NODE": "3", "PET_ROLE": "trainer", "PET_MAX_RESTARTS": "1"},
+                ["--nproc_per_node", "2", "--rdzv-backend", "c10d", "--rdzv-id", "456"]),
+    }
+    for name, (pet, args) in cases.items():
+        out = {}
+        for who, run in (("tr", torchrun), ("pr", podrun)):
+            d = tmp_path / f"{name}-{who}"
+            d.mkdir()
+            extra = [] if name == "one" else ["--rdzv-endpoint", f"127.0.0.1:{free_port(2)}"]
+            pre = ["--runs-dir", str(tmp_path / "runs")] if who == "pr" else []
+            res = run(*pre, *args, *extra, dump, cwd=tmp_path, env=_base_env(ENV_DUMP_DIR=str(d), **pet))
+            assert res.returncode == 0, (name, who, res.stdout + res.stderr)
+            out[who] = _dumps(d, 1 if name == "one" else 2)
+        for t, p in zip(out["tr"], out["pr"]):
+            for k in (*SAME, "ROLE_NAME"):
+                assert p[k] == t[k], (name, k, t[k], p[k])
+            if name == "two":
+                assert t["ROLE_NAME"] == "trainer" and t["TORCHELASTIC_MAX_RESTARTS"] == "1"
+                assert p["TORCHELASTIC_RUN_ID"] == t["TORCHELASTIC_RUN_ID"] == "456"
+                # torchrun's c10d gives the workers another free port on the endpoint's host; podrun's workers
+                # meet at the endpoint itself (docs/launch.md)
+                assert p["MASTER_ADDR"] == "127.0.0.1"
+
+
+def test_run_path_and_local_ranks_filter_as_torchrun(tmp_path):
+    """`--nproc-per-node 3 --local-ranks-filter 0,2 --run-path /abs/lr.py`: the console shows local ranks 0 and 2,
+    both streams, under both; podrun's run directory keeps rank 1's lines."""
+    script = tmp_path / "lr.py"
+    script.write_text("import os, sys\nprint('out', os.environ['LOCAL_RANK'], flush=True)\n"
+                      "print('err', os.environ['LOCAL_RANK'], file=sys.stderr, flush=True)\n")
+    args = ["--nproc-per-node", "3", "--local-ranks-filter", "0,2", "--run-path", str(script)]
+    tr = torchrun("--master-port", str(free_port(2)), *args, cwd=tmp_path, env=_base_env())
+    assert tr.returncode == 0, tr.stdout + tr.stderr
+    pr = podrun("--runs-dir", str(tmp_path / "runs"), "--run-id", "r", *args, cwd=tmp_path, env=_base_env())
+    assert pr.returncode == 0, pr.stdout + pr.stderr
+    shown = re.compile(r"^(?:out|err) \d$", re.M)
+    tr_lines = sorted(shown.findall(tr.stdout + tr.stderr))
+    pr_lines = sorted(shown.findall("\n".join(PREFIX.sub("", line) for line in (pr.stdout + pr.stderr).splitlines())))
+    assert tr_lines == ["err 0", "err 2", "out 0", "out 2"]
+    assert pr_lines == tr_lines
+    assert "out 1" in (tmp_path / "runs" / "r" / "instance-0.log").read_text()

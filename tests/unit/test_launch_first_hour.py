@@ -3,6 +3,7 @@ a python without the recipe's packages is refused before anything starts, --help
 `podrun hosts` shows only the options it uses."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -63,15 +64,29 @@ def test_a_python_without_torch_is_refused_before_anything_starts(tmp_path, caps
     assert not (tmp_path / "runs").exists()
 
 
-def test_launch_help_is_in_sections_common_first():
+def test_launch_help_opens_with_torchrun_and_keeps_its_options_together():
+    """--help for a torchrun user: the usage line and the description open with a script, torchrun's section comes
+    first and holds all of torchrun's options (--master-addr/--master-port and --max-restarts too), and
+    --nproc-per-node says what leaving it out means."""
     ctx = click.Context(cli.get_command(click.Context(cli), "launch"), info_name="launch")
     text = ctx.get_help()
-    heads = [text.index(h) for h in ("Common options:", "torchrun's options", "Restarts and elastic runs",
-                                     "When a run hangs", "Transports:", "Engines (poprun", "Output and the run")]
+    usage, description = text.splitlines()[0], text.split("\n\n")[1]
+    assert usage.startswith("Usage: launch [OPTIONS] SCRIPT.py"), usage
+    assert description.lstrip().startswith("Launch SCRIPT.py as torchrun would"), description
+    heads = [text.index(h) for h in ("torchrun's options", "The plan: cluster, hosts, batch:",
+                                     "Restarts and elastic runs", "When a run hangs", "Transports:", "Engines (poprun",
+                                     "Output and the run")]
     assert heads == sorted(heads), heads
-    common = text[heads[0]:heads[1]]
+    torchrun, plan = text[heads[0]:heads[1]], text[heads[1]:heads[2]]
+    for opt in ("--nproc-per-node", "--nnodes", "--rdzv-backend", "--rdzv-conf", "--master-addr", "--master-port",
+                "--max-restarts", "--max_restarts", "-m, --module", "--no-python", "--run-path", "--local-ranks-filter",
+                "--signals-to-handle", "--shutdown-timeout", "--numa-binding"):
+        assert opt in torchrun, opt
+    rest = text[heads[1]:]
+    assert not re.search(r"^ +(--master-addr|--master-port|--max-restarts|-m, --module|--no-python)", rest, re.M)
+    assert "one worker per core (torchrun: 1)" in " ".join(torchrun.split())
     for opt in ("--cluster", "--hosts", "--global-batch", "--env"):
-        assert opt in common, opt
+        assert opt in plan, opt
     assert "--elastic" in text[heads[2]:heads[3]] and "--straggler-timeout" in text[heads[3]:heads[4]]
     assert "--ssh-config" in text[heads[4]:heads[5]] and "--vipu-partition" in text[heads[5]:heads[6]]
     assert "--dry-run" in text[heads[6]:]

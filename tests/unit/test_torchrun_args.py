@@ -88,11 +88,27 @@ def test_command_hint_names_the_file_in_the_working_directory(tmp_path):
     (TorchrunOptions(rdzv_endpoint="node1:1234"), OwnOptions(master_addr="node1", master_port=1234)),
     (TorchrunOptions(rdzv_endpoint="node1"), OwnOptions(master_addr="node1", master_port=29400)),
     (TorchrunOptions(rdzv_endpoint="[fd00::1]:7"), OwnOptions(master_addr="fd00::1", master_port=7)),
-    (TorchrunOptions(rdzv_id="job7"), OwnOptions(run_id="job7")),
+    (TorchrunOptions(rdzv_id="job7"), OwnOptions(rdzv_id="job7")),           # not the run directory's name
     (TorchrunOptions(log_dir="/tmp/logs"), OwnOptions(runs_dir="/tmp/logs")),
     (TorchrunOptions(tee="3"), OwnOptions()),
     (TorchrunOptions(tee="0:3,1:1"), OwnOptions()),
     (TorchrunOptions(redirects="0"), OwnOptions()),
+    (TorchrunOptions(rdzv_backend="c10d", rdzv_endpoint="h:5"), OwnOptions(master_addr="h", master_port=5)),
+    (TorchrunOptions(rdzv_backend="static"), OwnOptions()),
+    (TorchrunOptions(rdzv_conf="keep_alive_interval=2,keep_alive_max_attempt=5"),
+     OwnOptions(heartbeat=2.0, heartbeat_misses=5)),
+    (TorchrunOptions(rdzv_conf="join_timeout=900,last_call_timeout=1,close_timeout=5,read_timeout=60,"
+                               "heartbeat_timeout=5,timeout=30,store_type=tcp"), OwnOptions()),
+    (TorchrunOptions(monitor_interval="0.5"), OwnOptions()),
+    (TorchrunOptions(start_method="fork"), OwnOptions()),
+    (TorchrunOptions(event_log_handler="null"), OwnOptions()),
+    (TorchrunOptions(role="trainer"), OwnOptions(role="trainer")),
+    (TorchrunOptions(run_path=True), OwnOptions()),
+    (TorchrunOptions(local_ranks_filter="0,2"), OwnOptions(local_ranks=frozenset({0, 2}))),
+    (TorchrunOptions(duplicate_stdout_filters=""), OwnOptions()),
+    (TorchrunOptions(signals_to_handle="SIGTERM,SIGINT"), OwnOptions()),
+    (TorchrunOptions(shutdown_timeout="30"), OwnOptions(grace=30.0)),
+    (TorchrunOptions(standalone=True, rdzv_id="x"), OwnOptions(nodes=1, master_port=0)),   # torchrun's own id
 ])
 def test_each_torchrun_option_maps_to_podruns(tr, expect):
     assert reconcile(tr, OwnOptions(), cpu_count=7) == expect
@@ -109,7 +125,7 @@ def test_podruns_own_options_pass_through_and_must_agree():
 
 
 @pytest.mark.parametrize("tr,words", [
-    (TorchrunOptions(node_rank=1), "podrun places the instances itself"),
+    (TorchrunOptions(node_rank="1"), "podrun places the instances itself"),
     (TorchrunOptions(redirects="3"), "no mode that takes output off the console"),
     (TorchrunOptions(tee="7"), "not a stream choice"),
     (TorchrunOptions(nproc_per_node="many"), "not a number of workers"),
@@ -120,10 +136,45 @@ def test_podruns_own_options_pass_through_and_must_agree():
     (TorchrunOptions(standalone=True, rdzv_endpoint="h:1"), "drop --rdzv-endpoint"),
     (TorchrunOptions(rdzv_endpoint="h:port"), "not a TCP port"),
     (TorchrunOptions(rdzv_endpoint=":5"), "names no host"),
+    (TorchrunOptions(rdzv_conf="keep_alive_interval=x"), "not a number above 0"),
+    (TorchrunOptions(rdzv_conf="join_timeout"), "not KEY=VALUE"),
+    (TorchrunOptions(monitor_interval="soon"), "not a number of seconds"),
+    (TorchrunOptions(start_method="thread"), "start methods are spawn, fork, forkserver"),
+    (TorchrunOptions(local_ranks_filter="0,a"), "not a list of local ranks"),
+    (TorchrunOptions(signals_to_handle="SIGFOO"), "'SIGFOO' is not a signal"),
+    (TorchrunOptions(shutdown_timeout="1.5"), "whole number"),
 ])
 def test_options_podrun_has_no_meaning_for_are_refused_saying_why(tr, words):
     with pytest.raises(LaunchError, match=words):
         reconcile(tr, OwnOptions(), cpu_count=4)
+
+
+@pytest.mark.parametrize("tr,option", [
+    (TorchrunOptions(node_rank="1"), "--node-rank 1"),
+    (TorchrunOptions(redirects="3"), "--redirects 3"),
+    (TorchrunOptions(rdzv_backend="etcd-v2"), "--rdzv-backend etcd-v2"),
+    (TorchrunOptions(rdzv_conf="is_host=1"), "--rdzv-conf is_host=1"),
+    (TorchrunOptions(rdzv_conf="rank=0"), "--rdzv-conf rank=0"),
+    (TorchrunOptions(rdzv_conf="store_type=file"), "--rdzv-conf store_type=file"),
+    (TorchrunOptions(rdzv_conf="jion_timeout=5"), "--rdzv-conf jion_timeout=5"),
+    (TorchrunOptions(event_log_handler="console"), "--event-log-handler console"),
+    (TorchrunOptions(duplicate_stdout_filters="apple"), "--duplicate-stdout-filters apple"),
+    (TorchrunOptions(duplicate_stderr_filters="apple"), "--duplicate-stderr-filters apple"),
+    (TorchrunOptions(local_addr="10.0.0.1"), "--local-addr 10.0.0.1"),
+    (TorchrunOptions(logs_specs="mine"), "--logs-specs mine"),
+    (TorchrunOptions(numa_binding="node"), "--numa-binding node"),
+    (TorchrunOptions(virtual_local_rank=True), "--virtual-local-rank"),
+    (TorchrunOptions(signals_to_handle="SIGTERM,SIGUSR1"), "--signals-to-handle SIGTERM,SIGUSR1"),
+    (TorchrunOptions(node_rank="0", spelled={"node_rank": "PET_NODE_RANK"}), "PET_NODE_RANK=0"),
+    (TorchrunOptions(numa_binding="node", spelled={"numa_binding": "--numa_binding"}), "--numa_binding node"),
+])
+def test_unsupported_options_get_the_one_line(tr, option):
+    """torchrun's option podrun has no meaning for: "torchrun's --X is not supported by podrun: WHY, use WHAT",
+    naming the option as the user gave it (spelling, or its PET_ variable)."""
+    with pytest.raises(LaunchError) as err:
+        reconcile(tr, OwnOptions(), cpu_count=4)
+    assert err.value.message.startswith(f"torchrun's {option} is not supported by podrun: "), err.value.message
+    assert ", use " in err.value.message and err.value.hint is None and err.value.exit_code == 2
 
 
 def test_nproc_gpu_needs_gpus():
@@ -233,3 +284,160 @@ def test_cli_this_machine_among_other_hosts_is_reached_over_ssh_and_said(capsys,
     rc, out, err = _launch(capsys, monkeypatch, tmp_path, "--dry-run", "--hosts", "localhost", "--devices-per-host",
                            "1", "--", "true")
     assert rc == 0 and " via local," in out and "is this machine" not in out, out
+
+
+# --- every option of torchrun's own parser, one by one -------------------------------------------
+
+# a value torchrun takes for each of its options (by its dest); a new torchrun option fails the test until added
+SAMPLES = {"nnodes": "1", "nproc_per_node": "2", "rdzv_backend": "c10d", "rdzv_endpoint": "127.0.0.1:29400",
+           "rdzv_id": "456", "rdzv_conf": "join_timeout=900", "max_restarts": "1", "monitor_interval": "0.5",
+           "start_method": "spawn", "event_log_handler": "null", "role": "trainer", "log_dir": "logs",
+           "redirects": "0", "tee": "3", "local_ranks_filter": "0", "duplicate_stdout_filters": "apple",
+           "duplicate_stderr_filters": "apple", "node_rank": "1", "master_addr": "127.0.0.1", "master_port": "29555",
+           "local_addr": "127.0.0.1", "logs_specs": "mine", "numa_binding": "node",
+           "signals_to_handle": "SIGTERM,SIGINT,SIGHUP", "shutdown_timeout": "10"}
+FLAGS = ("standalone", "module", "no_python", "run_path", "virtual_local_rank")
+
+
+def _torchrun_options():
+    """(option string, dest, takes a value) for every option of the installed torchrun's parser, every spelling."""
+    pytest.importorskip("torch")
+    from torch.distributed.run import get_args_parser
+
+    out = []
+    for action in get_args_parser()._actions:
+        if action.dest in ("help", "training_script", "training_script_args"):
+            continue
+        for opt in action.option_strings:
+            out.append((opt, action.dest, action.nargs != 0))
+    return out
+
+
+@pytest.mark.torch
+def test_every_torchrun_option_is_taken_with_its_meaning_or_refused_in_one_line(capsys, monkeypatch, tmp_path):
+    """`podrun launch --dry-run OPTION [VALUE] -m json.tool --x` for each option (each spelling) of the installed
+    torchrun: a dry run whose target is the module json.tool (nothing after an option is ever read as the target),
+    or exit 2 with "torchrun's OPTION ... is not supported by podrun: ..., use ...", naming it as typed."""
+    options = _torchrun_options()
+    (tmp_path / "x.py").write_text("print('hi')\n")
+    assert {dest for _, dest, _ in options} == set(SAMPLES) | set(FLAGS)
+    refused = set()
+    for opt, dest, takes in options:
+        argv = [opt, SAMPLES[dest]] if takes else [opt]
+        target = {"module": ["json", "--x"], "no_python": ["true", "--x"], "run_path": ["x.py", "--x"]}.get(
+            dest, ["-m", "json.tool", "--x"])
+        monkeypatch.chdir(tmp_path)
+        rc = main(["launch", "--dry-run", "--json", *argv, *target])
+        out, err = capsys.readouterr()
+        if rc == 2:
+            assert err.startswith(f"podrun: error: torchrun's {' '.join(argv)} is not supported by podrun: "), err
+            assert ", use " in err and len(err.strip().splitlines()) == 1, err
+            refused.add(dest)
+            continue
+        assert rc == 0, (opt, err)
+        command = json.loads(out)["commands"][0]["command"]
+        expect = {"no_python": "-- true --x", "run_path": f"-- {sys.executable} x.py --x",
+                  "module": f"-- {sys.executable} -m json --x"}.get(dest, f"-- {sys.executable} -m json.tool --x")
+        assert command.endswith(expect), (opt, command)
+    assert refused == {"duplicate_stdout_filters", "duplicate_stderr_filters", "node_rank", "local_addr",
+                       "logs_specs", "numa_binding", "virtual_local_rank"}
+
+
+@pytest.mark.parametrize("argv,command", [
+    (["--monitor-interval", "5", "-m", "pkg"], "-m pkg"), (["-m", "--monitor_interval", "5", "pkg"], "-m pkg"),
+    (["--no-python", "--rdzv-conf", "join_timeout=1", "true"], "-- true"), (["--foo", "-m", "pkg"], None),
+    (["-m", "--foo", "pkg"], None), (["--no-python", "--foo", "true"], None), (["--rdzv_backend=etcd", "t.py"], None),
+    (["--bogus=1", "t.py"], None)])
+def test_no_option_is_read_as_a_recipe_module_or_command(capsys, monkeypatch, tmp_path, argv, command):
+    """An option podrun does not know is "no such option" (a torchrun one it does not take, its one line): never
+    "unknown recipe", a module of that name, or a command."""
+    rc, out, err = _launch(capsys, monkeypatch, tmp_path, "--dry-run", "--json", *argv)
+    if command is not None:
+        assert rc == 0, err
+        assert json.loads(out)["commands"][0]["command"].endswith(command)
+        return
+    assert rc == 2 and ("no such option" in err or "is not supported by podrun" in err), err
+    assert "recipe" not in err and "Traceback" not in err, err
+
+
+def test_unknown_option_gets_a_did_you_mean(capsys, monkeypatch, tmp_path):
+    rc, out, err = _launch(capsys, monkeypatch, tmp_path, "--nproc-per-nod", "2", "t.py")
+    assert rc == 2 and "no such option: --nproc-per-nod" in err and "did you mean --nproc-per-node?" in err, err
+
+
+# --- PET_ variables: flag > PET_ > default ------------------------------------------------------
+
+def _dry(capsys, monkeypatch, tmp_path, *argv, **pet):
+    for k in [k for k in os.environ if k.startswith("PET_")]:
+        monkeypatch.delenv(k)
+    for k, v in pet.items():
+        monkeypatch.setenv(k, v)
+    (tmp_path / "x.py").write_text("print('hi')\n")
+    rc, out, err = _launch(capsys, monkeypatch, tmp_path, "--dry-run", "--json", *argv, "x.py")
+    return rc, (json.loads(out) if rc == 0 else None), err
+
+
+def test_pet_variables_are_torchruns_options_below_the_flags(capsys, monkeypatch, tmp_path):
+    rc, rec, err = _dry(capsys, monkeypatch, tmp_path, "--standalone", PET_NPROC_PER_NODE="1")
+    assert rc == 0 and len(rec["instances"][0]["workers"]) == 1, err
+    rc, rec, err = _dry(capsys, monkeypatch, tmp_path, "--nproc_per_node", "2", PET_NPROC_PER_NODE="3")
+    assert len(rec["instances"][0]["workers"]) == 2                   # the flag wins
+    rc, rec, err = _dry(capsys, monkeypatch, tmp_path, "--devices-per-host", "2", PET_NPROC_PER_NODE="3")
+    assert len(rec["instances"][0]["workers"]) == 2                   # podrun's own flag wins too
+    rc, rec, err = _dry(capsys, monkeypatch, tmp_path, PET_NPROC_PER_NODE="2", PET_STANDALONE="1", PET_ROLE="tr",
+                        PET_MAX_RESTARTS="2", PET_RDZV_ID="job", PET_MASTER_PORT="29555")
+    worker = rec["instances"][0]["workers"][1]
+    assert (worker["WORLD_SIZE"], worker["ROLE_NAME"], rec["max_restarts"]) == ("2", "tr", 2)
+    assert rec["master_port"] == 0                                    # --standalone (from PET_) picks the port
+    rc, rec, err = _dry(capsys, monkeypatch, tmp_path, PET_RDZV_ID="job", PET_MASTER_PORT="29555")
+    assert rec["instances"][0]["workers"][0]["TORCHELASTIC_RUN_ID"] == "job" and rec["master_port"] == 29555
+    assert rec["run_id"].startswith("job-")
+
+
+@pytest.mark.parametrize("pet,words", [
+    ({"PET_STANDALONE": "yes"}, "PET_STANDALONE='yes' is not 0 or 1"),
+    ({"PET_MASTER_PORT": "x"}, "PET_MASTER_PORT='x' is not a TCP port"),
+    ({"PET_NPROC_PER_NODE": "0"}, "PET_NPROC_PER_NODE=0: a node runs at least one worker"),
+    ({"PET_NNODES": "1:2"}, "PET_NNODES=1:2 asks for more hosts than cluster 'local' has (1)"),
+    ({"PET_NODE_RANK": "0"}, "torchrun's PET_NODE_RANK=0 is not supported by podrun"),
+])
+def test_pet_variables_are_named_in_errors(capsys, monkeypatch, tmp_path, pet, words):
+    rc, rec, err = _dry(capsys, monkeypatch, tmp_path, **pet)
+    assert rc == 2 and words in err, err
+
+
+# --- the rendezvous id is not the run directory's name ------------------------------------------
+
+def test_rdzv_id_names_the_workers_rendezvous_not_the_run_directory(capsys, monkeypatch, tmp_path):
+    """--rdzv-id 456: every worker's TORCHELASTIC_RUN_ID is 456, the run directory is 456-TIMESTAMP, and a
+    second launch with the same id gets a directory of its own; --run-id names the directory and leaves the
+    rendezvous id to --rdzv-id."""
+    rc, rec, err = _dry(capsys, monkeypatch, tmp_path, "--rdzv-id", "456", "--role", "trainer")
+    assert rc == 0, err
+    assert rec["run_id"].startswith("456-") and rec["run_dir"].endswith("/" + rec["run_id"])
+    assert {w["TORCHELASTIC_RUN_ID"] for w in rec["instances"][0]["workers"]} == {"456"}
+    assert {w["ROLE_NAME"] for w in rec["instances"][0]["workers"]} == {"trainer"}
+    assert {w["PODRUN_RUN_ID"] for w in rec["instances"][0]["workers"]} == {rec["run_id"]}
+    rc, rec, err = _dry(capsys, monkeypatch, tmp_path, "--rdzv-id", "a/b", "--run-id", "mine")
+    assert rec["run_id"] == "mine" and rec["instances"][0]["workers"][0]["TORCHELASTIC_RUN_ID"] == "a/b"
+    rc, rec, err = _dry(capsys, monkeypatch, tmp_path, "--rdzv-id", "../x")
+    assert rc == 0 and "/" not in rec["run_id"] and rec["run_id"].startswith("rdzv.._x-"), rec["run_id"]
+
+
+# --- errors in the user's words ------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv,said,not_said", [
+    (["--nnodes", "1:2"], "--nnodes 1:2 asks for more hosts than cluster 'local' has (1)", "--nodes 2"),
+    (["--nnodes", "2"], "hint: use --nnodes 1 or fewer", "--nodes"),
+    (["--standalone", "--master_port", "1234"], "--standalone picks a free rendezvous port on this machine, and "
+     "--master_port 1234 names one", "podrun's"),
+    (["--nproc_per_node", "0"], "--nproc_per_node 0: a node runs at least one worker", "--nproc-per-node"),
+    (["--nproc_per_node", "3", "--devices-per-host", "2"], "--nproc_per_node 3 means --devices-per-host 3",
+     "--nproc-per-node"),
+    (["--rdzv_endpoint", "h:port"], "--rdzv_endpoint 'h:port'", "--rdzv-endpoint"),
+    (["--standalone", "--hosts", "localhost", "--transport", "ssh"], "--standalone (podrun picks a free port)",
+     "--master-port 0"),
+])
+def test_errors_name_the_options_as_the_user_wrote_them(capsys, monkeypatch, tmp_path, argv, said, not_said):
+    rc, rec, err = _dry(capsys, monkeypatch, tmp_path, *argv)
+    assert rc == 2 and said in err and not_said not in err, err

@@ -59,7 +59,7 @@ def horovod_env(request) -> dict[str, str]:
     return {**run_wide_env(request.plan, run_id=request.run_id, run_dir=request.run_dir,
                            plan_path=request.plan_path, master_addr=request.master_addr,
                            master_port=port, restart_count=request.restart_count,
-                           max_restarts=request.max_restarts),
+                           max_restarts=request.max_restarts, launch_env=dict(request.env)),
             **dict(request.env)}
 
 
