@@ -38,6 +38,7 @@ class LaunchCommand(click.Command):
 
     def parse_args(self, ctx, args):
         raw = args.count("--")
+        ctx.meta["podrun.argv"] = list(args)
         rest = super().parse_args(ctx, list(args))
         ctx.meta["podrun.dashdash"] = raw > list(ctx.params.get("args") or ()).count("--")
         return rest
@@ -121,6 +122,9 @@ TORCHRUN_OPTION_NAMES = ("nproc_per_node", "nnodes", "standalone", "rdzv_endpoin
 @click.option("--dry-run", is_flag=True, help="Print per host the exact commands and env, run nothing.")
 @click.option("--runs-dir", default=None, help="Where run directories go (default: runs).")
 @click.option("--run-id", help="Name of the run directory (default: a timestamp).")
+@click.option("--resume", "resume_run", metavar="RUN",
+              help="Run RUN (a run id under --runs-dir, or a run directory) again with its own recorded arguments, "
+                   "into its own directory, from its newest good state (as `podrun resume RUN`).")
 @click.option("--max-concurrency", type=t.CONCURRENCY, default=64, show_default=True, help="SSH handshakes in flight at once (commands over open connections are not limited).")
 @click.option("--heartbeat", type=t.HEARTBEAT, default=None, metavar="SECONDS",
               help="Seconds between heartbeats, both ways: the controller to each agent and each agent to the "
@@ -149,7 +153,7 @@ def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir
            agent_store, grace, only_output_from_instance, max_restarts, elastic_min, spare_hosts, dry_run, runs_dir,
            run_id, max_concurrency, heartbeat, heartbeat_misses, keepalive, straggler_timeout, no_preflight, warm,
            as_json, env_items, module,
-           no_python, **kw):
+           no_python, resume_run, **kw):
     """Launch RECIPE [ARGS...], SCRIPT.py [ARGS...], -m MODULE [ARGS...] or -- COMMAND ... on the plan's hosts.
 
     \b
@@ -163,6 +167,10 @@ def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir
     from podrun.launch.run import dry_run_record, execute
     from podrun.launch.torchrun_args import LaunchOptions, TorchrunOptions
 
+    if resume_run is not None:
+        _resume(ctx, resume_run, runs_dir, dry_run)
+        return
+    resuming = (ctx.obj or {}).get("podrun.resume") if isinstance(ctx.obj, dict) else None
     plan_kw, engine_kw = pop_plan_options(kw), pop_engine_options(kw)
     watch = pop_watch_options(kw)
     net_kw = pop_network_options(kw)
@@ -208,9 +216,12 @@ def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir
 
     view = ProgressView(live_console(as_json))
     try:
+        from podrun.launch.resume import record
+
         outcome, summary = execute(request, sink=_sink(request.plan, as_json), notice=_notice,
                                    only_output_from=only_output_from_instance, elastic=prepared.elastic,
-                                   watch=watch, progress=view)
+                                   watch=watch, progress=view, resuming=resuming is not None,
+                                   launch_record=record(ctx.meta.get("podrun.argv", []), os.getcwd()))
     finally:
         view.close()
     try:
@@ -220,6 +231,48 @@ def launch(ctx, args, transport, ssh_config, no_host_key_check, python_, workdir
     except OSError:                  # a closed pipe (`| head`) or terminal (SIGHUP): the run dir has everything
         pass
     sys.exit(summary["exit_code"])   # main.py turns SystemExit into the exit code
+
+
+def _resume(ctx, run: str, runs_dir: str | None, dry_run: bool) -> None:
+    """`podrun launch --resume RUN`: the run's recorded `podrun launch` arguments, run again in its working
+    directory into its own run directory (any other arguments given are refused)."""
+    from podrun.launch.resume import relaunch
+
+    given = [a for a in ctx.meta.get("podrun.argv", []) if a not in ("--resume", run) and not a.startswith("--resume=")]
+    extra = [a for a in given if a not in ("--runs-dir", runs_dir, "--dry-run") and not a.startswith("--runs-dir=")]
+    if extra:
+        raise click.UsageError(f"--resume runs the run's own recorded arguments; these cannot be added: "
+                               f"{' '.join(extra)}")
+    argv, cwd, run_dir = relaunch(run, runs_dir)
+    _notice(f"resuming run {run_dir.name} in {cwd}: podrun launch {' '.join(argv[4:])}")
+    try:
+        os.chdir(cwd)
+    except OSError as exc:
+        from podrun.errors import LaunchError
+
+        raise LaunchError(f"cannot enter the run's working directory {cwd}: {exc.strerror or exc}") from None
+    obj = dict(ctx.obj) if isinstance(ctx.obj, dict) else {}
+    obj["podrun.resume"] = str(run_dir)
+    rc = launch.main(args=(["--dry-run"] if dry_run else []) + argv, prog_name="podrun launch",
+                     standalone_mode=False, obj=obj)
+    sys.exit(rc if isinstance(rc, int) else 0)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("run")
+@click.option("--runs-dir", default=None, help="Where run directories are (default: runs).")
+@click.option("--dry-run", is_flag=True, help="Print the commands the resume would run, run nothing.")
+def resume(run, runs_dir, dry_run):
+    """Resume RUN (a run id under --runs-dir, or a run directory) from its newest good state.
+
+    Runs the run's own recorded `podrun launch` arguments again, in the directory it was launched from,
+    into the same run directory (its attempts are recorded with the earlier ones); refused while another
+    process holds the run.
+    """
+    argv = ["--resume", run] + (["--runs-dir", runs_dir] if runs_dir is not None else []) + \
+        (["--dry-run"] if dry_run else [])
+    rc = launch.main(args=argv, prog_name="podrun launch", standalone_mode=False)
+    sys.exit(rc if isinstance(rc, int) else 0)
 
 
 def _sink(plan, as_json: bool):

@@ -431,8 +431,12 @@ class Agent:
             if self.procs:                      # workers ran: their snapshots go when no restart can use them
                 from podrun.runtime.snapshot import drop_when_done
 
+                # ended for good: signalled before anything else stopped it (a signal that follows a worker's
+                # failure or the controller's T is the teardown before a restart), or its controller is gone
+                why = self.stop_reason or ""
                 ended = (self.signalled in (signal.SIGINT, signal.SIGTERM)
-                         or (self.stop_reason or "").startswith("lost the controller"))
+                         and why in (f"received {signal.Signals(s).name}" for s in (signal.SIGINT, signal.SIGTERM))
+                         or why.startswith("lost the controller"))
                 drop_when_done(self.envs, code, ended)
 
     def _run(self) -> int:

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import socket
+import stat
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -181,7 +183,8 @@ def choose_master(cls, request: LaunchRequest, *, ask_hosts: bool = True) -> Lau
 
 
 def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from: int | None = None,
-            elastic=None, watch=None, progress=None) -> tuple[Outcome | None, dict]:
+            elastic=None, watch=None, progress=None, resuming: bool = False,
+            launch_record: dict | None = None) -> tuple[Outcome | None, dict]:
     """Run the request (with restarts); returns the last outcome and the summary written to summary.json.
 
     ``elastic`` (a podrun.launch.elastic.ElasticPolicy): each restart first drops the failed hosts,
@@ -189,7 +192,30 @@ def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from:
     podrun.launch.watch.WatchOptions) and ``progress`` go to the Supervisor.
     """
     notice = notice or (lambda t: None)
-    create_run_dir(request.run_dir)
+    create_run_dir(request.run_dir, reuse=resuming)
+    from podrun.train.lock import LAUNCH_LOCK, DirLock
+
+    held_run = DirLock(request.run_dir, request.run_id, "run directory", LAUNCH_LOCK).acquire()
+    try:
+        return _execute(request, sink=sink, notice=notice, only_output_from=only_output_from, elastic=elastic,
+                        watch=watch, progress=progress, resuming=resuming, launch_record=launch_record)
+    finally:
+        held_run.release()
+
+
+def _execute(request: LaunchRequest, *, sink, notice, only_output_from, elastic, watch, progress, resuming: bool,
+             launch_record: dict | None) -> tuple[Outcome | None, dict]:
+    """execute(), the run directory made and held."""
+    earlier: list[dict] = []
+    if resuming:
+        from podrun.launch.resume import check_free
+
+        check_free(Path(request.run_dir), launch=False)     # no train.py of the run still writes it
+        earlier = _earlier_attempts(request.run_dir)
+    elif launch_record is not None:
+        from podrun.launch.resume import LAUNCH_RECORD
+
+        _before_start(request.run_dir, _write_record, Path(request.run_dir) / LAUNCH_RECORD, launch_record)
     _before_start(request.run_dir, write_plan, request.run_dir, request.plan)
     record = None
     if elastic is not None:
@@ -209,7 +235,7 @@ def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from:
                                 notice, hint="podrun holds the rendezvous port for the whole run, so it must be free")
     try:
         return _attempts(cls, req, sink=sink, notice=notice, only_output_from=only_output_from, elastic=elastic,
-                         record=record, watch=watch, progress=progress)
+                         record=record, watch=watch, progress=progress, earlier=earlier)
     finally:
         if held is not None:
             held.close()
@@ -217,13 +243,51 @@ def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from:
             from podrun.launch.zygote import end
 
             end(request.run_dir)          # every host's zygote sees its socket gone and ends
+        if request.transport == "local":
+            _drop_local_snapshots(request)
+
+
+def _drop_local_snapshots(request: LaunchRequest) -> None:
+    """After the last attempt of a run on this machine: its snapshots, which an agent keeps when its teardown
+    may precede a restart, are read by no one now."""
+    from podrun.plan.env import snapshot_dir
+    from podrun.runtime.snapshot import remove
+
+    for host in dict.fromkeys(inst.host for inst in request.instances):
+        d = snapshot_dir(request.run_id, host)
+        try:
+            if stat.S_ISDIR(os.lstat(d).st_mode):
+                remove(d)
+        except OSError:
+            pass
+
+
+def _write_record(path: Path, data: dict) -> None:
+    from podrun.launch.rundir import private_open
+
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", opener=private_open) as f:
+        f.write(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def _earlier_attempts(run_dir: str) -> list[dict]:
+    """The attempts of a run's earlier launches (its summary.json), each with ``launch``: 0 for the first launch,
+    1 for the first resume..."""
+    try:
+        data = json.loads((Path(run_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return []
+    found = data.get("attempts") if isinstance(data, dict) else None
+    return [{"launch": 0, **a} for a in found if isinstance(a, dict)] if isinstance(found, list) else []
 
 
 def _attempts(cls, req: LaunchRequest, *, sink, notice, only_output_from, elastic,
-              record: dict | None, watch=None, progress=None) -> tuple[Outcome | None, dict]:
+              record: dict | None, watch=None, progress=None, earlier: list[dict] = ()) -> tuple[Outcome | None, dict]:
     from podrun.plan.env import workers_per_instance
 
-    attempts: list[dict] = []
+    attempts: list[dict] = list(earlier)
+    launch_no = 1 + max((a["launch"] for a in earlier if isinstance(a.get("launch"), int)), default=-1)
     base_port = req.master_port
     outcome, summary = None, {}
     while True:
@@ -266,7 +330,8 @@ def _attempts(cls, req: LaunchRequest, *, sink, notice, only_output_from, elasti
             raise
         summary = outcome.summary(req)
         summary["max_restarts"] = req.max_restarts      # --max-restarts, or an elastic run's default
-        summary["attempts"] = attempts + [{"restart_count": req.restart_count, "exit_code": outcome.exit_code,
+        summary["attempts"] = attempts + [{"launch": launch_no, "restart_count": req.restart_count,
+                                           "exit_code": outcome.exit_code,
                                            "status": outcome.status,
                                            "root_cause": summary["root_cause"]}]
         attempts = summary["attempts"]

@@ -1,9 +1,16 @@
-"""Atomic checkpoints: write to a temporary file, fsync, os.replace; find and load the newest good one."""
+"""Checkpoint files: written whole with a digest of their bytes (fsync, os.replace), one writer per directory (a
+lock), verified on load; the newest good one found, the bad ones named."""
 from __future__ import annotations
 
+import errno
+import hashlib
+import io
 import os
 import random
 import re
+import shutil
+import socket
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +19,16 @@ import torch
 
 from podrun.errors import PodrunError
 from podrun.train.config import TrainConfig
+from podrun.train.lock import DirLock, writer_alive
 
 _NAME = re.compile(r"^ckpt-(\d{9})\.pt$")
+_TMP = re.compile(r"^\.ckpt-\d{9}\.pt\.tmp-(?:(?P<host>.+)-)?(?P<pid>\d+)$")
+# The digest travels inside the file as its zip comment (torch.save writes a zip archive; torch.load and any zip
+# reader pass the comment over): ``podrun-sha256:<hex>`` of the archive as torch.save wrote it (comment length 0).
+_MARK = b"podrun-sha256:"
+_COMMENT = len(_MARK) + 64
+_EOCD = 22                      # the zip end-of-central-directory record, without its comment
+_EOCD_SIG = b"PK\x05\x06"
 
 
 class CheckpointError(PodrunError):
@@ -25,7 +40,11 @@ def path_for(directory: str | os.PathLike, step: int) -> Path:
 
 
 def rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Every generator's state, as values torch.load(weights_only=True) reads (numpy's key array as a tensor)."""
+    kind, key, pos, has_gauss, cached = np.random.get_state()
+    state = {"python": random.getstate(),
+             "numpy": (kind, torch.from_numpy(key.astype(np.int64)), int(pos), int(has_gauss), float(cached)),
+             "torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -33,7 +52,9 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    kind, key, pos, has_gauss, cached = state["numpy"]
+    key = key.numpy() if isinstance(key, torch.Tensor) else np.asarray(key)
+    np.random.set_state((kind, key.astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -48,20 +69,114 @@ def check_keep(keep: int) -> int:
     return keep
 
 
+def encode(state: dict[str, Any]) -> bytes:
+    """``state`` as torch.save writes it, with the sha256 of those bytes as the archive's comment."""
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    data = buf.getbuffer()
+    if len(data) < _EOCD or bytes(data[-_EOCD:-_EOCD + 4]) != _EOCD_SIG or bytes(data[-2:]) != b"\0\0":
+        raise CheckpointError("torch.save wrote no zip archive ending in an empty comment: cannot add the digest")
+    digest = hashlib.sha256(data).hexdigest().encode()
+    out = bytearray(data[:-2])
+    out += struct.pack("<H", _COMMENT) + _MARK + digest
+    return bytes(out)
+
+
+def verify(data: bytes) -> tuple[bytes | None, str | None]:
+    """(the archive as torch.save wrote it, None) when ``data`` carries a digest its bytes match; else (None, why)."""
+    n = len(data)
+    if n == 0:
+        return None, "empty (0 bytes)"
+    tail = _EOCD + _COMMENT
+    if n < tail or data[-_COMMENT:-64] != _MARK:
+        return None, f"no digest at its end ({n:,} bytes: truncated, or not written by podrun)"
+    eocd = data[-tail:-_COMMENT]
+    if eocd[:4] != _EOCD_SIG or struct.unpack("<H", eocd[20:22])[0] != _COMMENT:
+        return None, f"its end is damaged ({n:,} bytes)"
+    body = data[:-_COMMENT - 2] + b"\0\0"
+    want = data[-64:].decode("ascii", "replace")
+    got = hashlib.sha256(body).hexdigest()
+    if got != want:
+        return None, f"digest mismatch: its bytes changed after it was written (sha256 {got[:12]}.., recorded {want[:12]}..)"
+    return body, None
+
+
+def decode(path: Path, map_location="cpu") -> tuple[dict | None, str | None]:
+    """(state, None) for a checkpoint whose digest matches and that loads (weights_only); else (None, why)."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        return None, f"unreadable: {exc.strerror or exc}"
+    body, why = verify(data)
+    if body is None:
+        return None, why
+    try:
+        state = torch.load(io.BytesIO(body), map_location=map_location, weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any failure makes the file unusable; the message says which
+        return None, f"does not load: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    if not isinstance(state, dict):
+        return None, "does not hold a state dictionary"
+    return state, None
+
+
+def _tmp_name(final: Path) -> Path:
+    return final.with_name(f".{final.name}.tmp-{socket.gethostname()}-{os.getpid()}")
+
+
+def remove_dead_temps(directory: str | os.PathLike) -> list[Path]:
+    """Remove the temporary files of writers that are dead (this host's, by pid); another host's or a live
+    writer's stay. Returns those removed."""
+    d, gone = Path(directory), []
+    try:
+        names = list(d.iterdir())
+    except OSError:
+        return gone
+    for p in names:
+        m = _TMP.match(p.name)
+        if m is None or writer_alive(m.group("host"), int(m.group("pid"))):
+            continue
+        try:
+            p.unlink()
+            gone.append(p)
+        except FileNotFoundError:
+            pass
+    return gone
+
+
+def free_bytes(directory: str | os.PathLike) -> int:
+    return shutil.disk_usage(directory).free
+
+
+def no_space(path: Path, needed: int, free: int | None) -> CheckpointError:
+    room = f"{free:,} bytes free" if free is not None else "free space unknown"
+    return CheckpointError(
+        f"no space left on the device of {path.parent} for checkpoint {path.name}: it needs {needed:,} bytes, "
+        f"{room}; the older checkpoints are intact",
+        hint="free space there, lower --keep-checkpoints, or pass --checkpoint-dir on a larger disk, then "
+             "resume (podrun resume RUN, or the same command)", exit_code=1)
+
+
 def save(state: dict[str, Any], directory: str | os.PathLike, step: int, keep: int) -> Path:
-    """Write ``state`` as checkpoint ``step`` atomically, then remove all but the newest ``keep`` (at least the
-    newest one: a restart resumes from it); a crash at any point leaves the older ones intact."""
+    """Write ``state`` as checkpoint ``step`` with its digest, atomically, then remove all but the newest ``keep``
+    (at least the newest one: a restart resumes from it); a crash at any point leaves the older ones intact.
+    ENOSPC (checked before the write against its size, and during it) is a CheckpointError naming the path,
+    the bytes needed and free."""
     check_keep(keep)
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     final = path_for(d, step)
-    for stale in d.glob(".ckpt-*.tmp-*"):  # left by a saver killed mid-write (one saver per directory)
-        if not stale.name.endswith(f"-{os.getpid()}"):
-            stale.unlink(missing_ok=True)
-    tmp = d / f".{final.name}.tmp-{os.getpid()}"
+    remove_dead_temps(d)
+    data = encode(state)
+    try:
+        free = free_bytes(d)
+    except OSError:
+        free = None
+    if free is not None and free < len(data):
+        raise no_space(final, len(data), free)
+    tmp = _tmp_name(final)
     try:
         with open(tmp, "wb") as f:
-            torch.save(state, f)
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, final)
@@ -73,6 +188,16 @@ def save(state: dict[str, Any], directory: str | os.PathLike, step: int, keep: i
                 os.close(fd)
         except OSError:
             pass
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            tmp.unlink(missing_ok=True)
+            try:
+                free = free_bytes(d)
+            except OSError:
+                free = None
+            raise no_space(final, len(data), free) from None
+        raise CheckpointError(f"cannot write checkpoint {final}: {exc.strerror or exc}",
+                              hint="check that --checkpoint-dir is writable and its disk healthy", exit_code=1) from None
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -114,15 +239,28 @@ def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
     return sorted((p for p in d.iterdir() if _NAME.match(p.name)), key=lambda p: int(_NAME.match(p.name).group(1)))
 
 
-def load_latest(directory: str | os.PathLike, map_location="cpu") -> tuple[Path, dict] | None:
-    """The newest checkpoint that loads; an unreadable newest one (e.g. a disk error) falls back to older ones."""
-    errors = []
+def newest_good(directory: str | os.PathLike, map_location="cpu") -> tuple[tuple[Path, dict] | None, list[tuple[Path, str]]]:
+    """(the newest checkpoint whose digest matches and that loads, or None; the newer ones passed over, each with
+    why, newest first)."""
+    bad: list[tuple[Path, str]] = []
     for p in reversed(list_checkpoints(directory)):
-        try:
-            return p, torch.load(p, map_location=map_location, weights_only=False)
-        except Exception as exc:  # noqa: BLE001 - report every unreadable file if none loads
-            errors.append(f"{p.name}: {type(exc).__name__}: {exc}")
-    if errors:
-        raise CheckpointError(f"{directory}: no checkpoint could be read ({'; '.join(errors)})",
-                              hint="remove the unreadable files to start from scratch")
-    return None
+        state, why = decode(p, map_location)
+        if state is not None:
+            return (p, state), bad
+        bad.append((p, why))
+    return None, bad
+
+
+def none_good(directory: str | os.PathLike, bad: list[tuple[Path, str]]) -> CheckpointError:
+    listed = "; ".join(f"{p.name}: {why}" for p, why in bad)
+    return CheckpointError(f"{directory}: no checkpoint is good, so the run cannot resume ({listed})",
+                           hint="restore a good copy, or start over with --no-resume (or a new --checkpoint-dir)")
+
+
+def load_latest(directory: str | os.PathLike, map_location="cpu") -> tuple[Path, dict] | None:
+    """The newest good checkpoint; None when there is none; a CheckpointError (exit 2) naming each file and why
+    when there are checkpoints but none is good."""
+    found, bad = newest_good(directory, map_location)
+    if found is None and bad:
+        raise none_good(directory, bad)
+    return found

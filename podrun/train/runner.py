@@ -42,6 +42,7 @@ def _train(cfg: TrainConfig, info: WorkerInfo, device) -> dict[str, Any]:
     writer = save.snapshot_writer(s)
     try:
         step, acc, origin = save.restore(s, writer)
+        save.check_room(s, step)
         if s.rank == 0:
             write_config(s.run_dir, cfg, {**s.resolved(), "resumed_from": loop.resumed_from(origin, step),
                                           "resumed_at_step": step})
@@ -49,3 +50,5 @@ def _train(cfg: TrainConfig, info: WorkerInfo, device) -> dict[str, Any]:
     finally:
         if writer is not None:
             writer.close()
+        for held in s.locks:
+            held.release()
