@@ -335,13 +335,15 @@ def _print_root_cause(summary: dict, request) -> None:
     err = sys.stderr
     from podrun.train.report import pointers      # torch-free: checkpoints kept, `podrun report RUN_DIR`
 
+    missing = summary.get("not_written") or []
+    unwritten = f"; NOT written: {', '.join(missing)}" if missing else ""
     if summary["status"] == "ok":
-        print(f"podrun: run {request.run_id} finished: exit 0; logs in {request.run_dir}; "
+        print(f"podrun: run {request.run_id} finished: exit 0; logs in {request.run_dir}{unwritten}; "
               f"{pointers(request.run_dir)}", file=err)
         return
     if summary["status"] == "interrupted":
         print(f"podrun: run {request.run_id} interrupted (exit {code}); every instance ended; "
-              f"logs in {request.run_dir}; {pointers(request.run_dir)}", file=err)
+              f"logs in {request.run_dir}{unwritten}; {pointers(request.run_dir)}", file=err)
         return
     if rc:
         where = f"instance {rc['instance']} on {rc['host']}"
@@ -367,4 +369,5 @@ def _print_root_cause(summary: dict, request) -> None:
                     print(f"      {line}", file=err)
     else:
         print(f"podrun: run {request.run_id} failed (exit {code})", file=err)
-    print(f"podrun: logs and summary.json in {request.run_dir}; {pointers(request.run_dir)}", file=err)
+    where = f"logs in {request.run_dir}{unwritten}" if missing else f"logs and summary.json in {request.run_dir}"
+    print(f"podrun: {where}; {pointers(request.run_dir)}", file=err)

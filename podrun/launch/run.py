@@ -440,6 +440,8 @@ def _record(write, notice, run_dir, summary: dict) -> None:
     """Write summary.json; on a full or failing disk say so and go on (the outcome is on the console)."""
     try:
         write(run_dir, summary)
+        summary.pop("not_written", None)
     except OSError as exc:
         notice(f"cannot write {Path(run_dir) / 'summary.json'}: {exc.strerror or exc}; the outcome below "
                "is on the console only")
+        summary["not_written"] = [f"summary.json ({exc.strerror or exc})"]

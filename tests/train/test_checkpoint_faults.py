@@ -226,3 +226,27 @@ def test_a_torn_metrics_line_does_not_swallow_the_next_record(tmp_path):
     assert skipped == 1                                   # the torn line alone
     assert [r["step"] for r in records if r.get("event") == "resume"] == [4]
     assert [r["step"] for r in records if r.get("kind") == "step"] == list(range(1, 9))
+
+
+FILL = textwrap.dedent("""
+    import os
+    with open(os.path.join(os.environ["PODRUN_RUN_DIR"], "fill"), "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"x" * 4096)
+        except OSError as exc:
+            print("filled:", exc.strerror, flush=True)
+""")
+
+
+@pytest.mark.timeout(300)
+def test_the_last_line_says_summary_json_was_not_written(tmp_path, small_disk):
+    """A command that fills the run directory's disk: podrun's last line says summary.json was not written
+    instead of naming it as written."""
+    runs = small_disk("runs", "size=256k,mode=0700")
+    r = subprocess.run([sys.executable, "-m", "podrun", "launch", "--runs-dir", str(runs), "--run-id", "full",
+                        "--", sys.executable, "-c", FILL], env=outside_env(), capture_output=True, text=True,
+                       timeout=240, cwd=tmp_path)
+    last = r.stderr.strip().splitlines()[-1]
+    assert "NOT written: summary.json (No space left on device)" in last, r.stderr[-3000:]
+    assert not (runs / "full" / "summary.json").exists()
