@@ -69,36 +69,59 @@ def check_keep(keep: int) -> int:
     return keep
 
 
+class _Digesting:
+    """A binary file torch.save writes through: the bytes go on to ``f`` and into a sha256; the last ones are
+    kept (the archive's end record, whose comment length ``seal`` sets)."""
+
+    def __init__(self, f):
+        self.f, self.sha, self.n, self.tail = f, hashlib.sha256(), 0, b""
+
+    def write(self, b) -> int:
+        b = bytes(b) if not isinstance(b, bytes) else b
+        self.f.write(b)
+        self.sha.update(b)
+        self.n += len(b)
+        self.tail = (self.tail + b[-_EOCD:])[-_EOCD:]
+        return len(b)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+    def seal(self) -> int:
+        """Give the archive its digest as its comment; returns the file's size."""
+        if self.n < _EOCD or self.tail[:4] != _EOCD_SIG or self.tail[-2:] != b"\0\0":
+            raise CheckpointError("torch.save wrote no zip archive ending in an empty comment: cannot add the digest")
+        self.f.seek(self.n - 2)
+        self.f.write(struct.pack("<H", _COMMENT) + _MARK + self.sha.hexdigest().encode())
+        return self.n + _COMMENT
+
+
 def encode(state: dict[str, Any]) -> bytes:
-    """``state`` as torch.save writes it, with the sha256 of those bytes as the archive's comment."""
+    """``state`` as a checkpoint file holds it: torch.save's archive with its sha256 as the archive's comment."""
     buf = io.BytesIO()
-    torch.save(state, buf)
-    data = buf.getbuffer()
-    if len(data) < _EOCD or bytes(data[-_EOCD:-_EOCD + 4]) != _EOCD_SIG or bytes(data[-2:]) != b"\0\0":
-        raise CheckpointError("torch.save wrote no zip archive ending in an empty comment: cannot add the digest")
-    digest = hashlib.sha256(data).hexdigest().encode()
-    out = bytearray(data[:-2])
-    out += struct.pack("<H", _COMMENT) + _MARK + digest
-    return bytes(out)
+    w = _Digesting(buf)
+    torch.save(state, w)
+    w.seal()
+    return buf.getvalue()
 
 
-def verify(data: bytes) -> tuple[bytes | None, str | None]:
-    """(the archive as torch.save wrote it, None) when ``data`` carries a digest its bytes match; else (None, why)."""
+def verify(data: bytes) -> str | None:
+    """None when ``data`` carries a digest its bytes match; else why not."""
     n = len(data)
     if n == 0:
-        return None, "empty (0 bytes)"
+        return "empty (0 bytes)"
     tail = _EOCD + _COMMENT
     if n < tail or data[-_COMMENT:-64] != _MARK:
-        return None, f"no digest at its end ({n:,} bytes: truncated, or not written by podrun)"
+        return f"no digest at its end ({n:,} bytes: truncated, or not written by podrun)"
     eocd = data[-tail:-_COMMENT]
     if eocd[:4] != _EOCD_SIG or struct.unpack("<H", eocd[20:22])[0] != _COMMENT:
-        return None, f"its end is damaged ({n:,} bytes)"
-    body = data[:-_COMMENT - 2] + b"\0\0"
-    want = data[-64:].decode("ascii", "replace")
-    got = hashlib.sha256(body).hexdigest()
+        return f"its end is damaged ({n:,} bytes)"
+    sha = hashlib.sha256(memoryview(data)[:-_COMMENT - 2])
+    sha.update(b"\0\0")                    # the comment length as torch.save wrote it
+    want, got = data[-64:].decode("ascii", "replace"), sha.hexdigest()
     if got != want:
-        return None, f"digest mismatch: its bytes changed after it was written (sha256 {got[:12]}.., recorded {want[:12]}..)"
-    return body, None
+        return f"digest mismatch: its bytes changed after it was written (sha256 {got[:12]}.., recorded {want[:12]}..)"
+    return None
 
 
 def decode(path: Path, map_location="cpu") -> tuple[dict | None, str | None]:
@@ -107,11 +130,11 @@ def decode(path: Path, map_location="cpu") -> tuple[dict | None, str | None]:
         data = path.read_bytes()
     except OSError as exc:
         return None, f"unreadable: {exc.strerror or exc}"
-    body, why = verify(data)
-    if body is None:
+    why = verify(data)
+    if why is not None:
         return None, why
     try:
-        state = torch.load(io.BytesIO(body), map_location=map_location, weights_only=True)
+        state = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any failure makes the file unusable; the message says which
         return None, f"does not load: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     if not isinstance(state, dict):
@@ -147,36 +170,52 @@ def free_bytes(directory: str | os.PathLike) -> int:
     return shutil.disk_usage(directory).free
 
 
-def no_space(path: Path, needed: int, free: int | None) -> CheckpointError:
+def no_space(path: Path, needed: int, free: int | None, exact: bool = True) -> CheckpointError:
+    """The one paragraph of a full disk: the path, the bytes needed (``exact`` False: at least those, written
+    when the disk refused more) and free."""
     room = f"{free:,} bytes free" if free is not None else "free space unknown"
+    need = f"{needed:,} bytes" if exact else f"more than {needed:,} bytes"
     return CheckpointError(
-        f"no space left on the device of {path.parent} for checkpoint {path.name}: it needs {needed:,} bytes, "
+        f"no space left on the device of {path.parent} for checkpoint {path.name}: it needs {need}, "
         f"{room}; the older checkpoints are intact",
         hint="free space there, lower --keep-checkpoints, or pass --checkpoint-dir on a larger disk, then "
              "resume (podrun resume RUN, or the same command)", exit_code=1)
 
 
 def save(state: dict[str, Any], directory: str | os.PathLike, step: int, keep: int) -> Path:
-    """Write ``state`` as checkpoint ``step`` with its digest, atomically, then remove all but the newest ``keep``
-    (at least the newest one: a restart resumes from it); a crash at any point leaves the older ones intact.
-    ENOSPC (checked before the write against its size, and during it) is a CheckpointError naming the path,
-    the bytes needed and free."""
+    """Write ``state`` as checkpoint ``step`` with its digest (computed as it is written), atomically, then remove
+    all but the newest ``keep`` (at least the newest one: a restart resumes from it); a crash at any point leaves
+    the older ones intact. ENOSPC (checked before the write against the newest checkpoint's size, and during
+    it) is a CheckpointError naming the path, the bytes needed and free."""
     check_keep(keep)
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     final = path_for(d, step)
     remove_dead_temps(d)
-    data = encode(state)
+    older = list_checkpoints(d)
+    try:    # the newest checkpoint's size: what this one needs, about (a state's size changes little)
+        needed = older[-1].stat().st_size if older else None
+    except OSError:
+        needed = None
     try:
         free = free_bytes(d)
     except OSError:
         free = None
-    if free is not None and free < len(data):
-        raise no_space(final, len(data), free)
+    if needed is not None and free is not None and free < needed:
+        raise no_space(final, needed, free)
     tmp = _tmp_name(final)
+    w = None
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
+        with open(tmp, "w+b") as f:
+            w = _Digesting(f)
+            try:
+                torch.save(state, w)
+            except RuntimeError as exc:     # torch's zip writer turns a failed write into this; the cause says
+                cause = exc.__cause__ or exc.__context__
+                if isinstance(cause, OSError):
+                    raise cause from None
+                raise
+            w.seal()
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, final)
@@ -189,13 +228,14 @@ def save(state: dict[str, Any], directory: str | os.PathLike, step: int, keep: i
         except OSError:
             pass
     except OSError as exc:
+        tmp.unlink(missing_ok=True)
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            tmp.unlink(missing_ok=True)
             try:
                 free = free_bytes(d)
             except OSError:
                 free = None
-            raise no_space(final, len(data), free) from None
+            raise no_space(final, needed if needed is not None else (w.n if w is not None else 0), free,
+                           exact=needed is not None) from None
         raise CheckpointError(f"cannot write checkpoint {final}: {exc.strerror or exc}",
                               hint="check that --checkpoint-dir is writable and its disk healthy", exit_code=1) from None
     finally:
