@@ -250,3 +250,18 @@ def test_the_last_line_says_summary_json_was_not_written(tmp_path, small_disk):
     last = r.stderr.strip().splitlines()[-1]
     assert "NOT written: summary.json (No space left on device)" in last, r.stderr[-3000:]
     assert not (runs / "full" / "summary.json").exists()
+
+
+def test_a_disk_that_fills_during_the_write_is_named_and_leaves_no_temp_file(tmp_path, small_disk):
+    """No older checkpoint to size it by: the write itself meets ENOSPC (torch's zip writer would say
+    `enforce fail ... unexpected pos`); the error names the path, the bytes written when it failed and free."""
+    import torch
+
+    disk = small_disk("fills", "size=64k,mode=0700")
+    with pytest.raises(ckpt.CheckpointError) as got:
+        ckpt.save({"w": torch.zeros(100_000)}, disk, 3, keep=2)
+    msg = got.value.message
+    assert msg.startswith(f"no space left on the device of {disk} for checkpoint ckpt-000000003.pt: it needs "
+                          "more than "), msg
+    assert "bytes free" in msg and got.value.exit_code == 1
+    assert [f.name for f in disk.iterdir()] == []
