@@ -73,7 +73,7 @@ def holder(directory: str | os.PathLike, name: str = WRITER_LOCK) -> dict | None
 
 
 def describe(who: dict | None) -> str:
-    if not who:
+    if not who or not isinstance(who, dict):
         return "another process"
     return f"run {who.get('run', '?')} on host {who.get('host', '?')} (pid {who.get('pid', '?')})"
 
@@ -86,9 +86,10 @@ class DirLock:
         self.dir, self.run, self.what, self.name = Path(directory), run, what, name
         self.fd: int | None = None
 
-    def acquire(self) -> "DirLock":
+    def acquire(self, same_run_wait: float = 0.0) -> "DirLock":
         """Take the lock; LockError (exit 2) naming the run and host that hold it, or why the directory cannot
-        hold a lock file (missing, read-only)."""
+        hold a lock file (missing, read-only). ``same_run_wait``: seconds to wait while the holder is this same
+        run (an earlier attempt of it still ending, e.g. on a host just lost) before refusing."""
         path = self.dir / self.name
         try:
             fd = _open(path)
@@ -96,16 +97,22 @@ class DirLock:
             raise LockError(f"{self.what} {self.dir} cannot be written: {exc.strerror or exc} (creating {path})",
                             hint="pass a directory that exists and is writable (a read-only mount or a full "
                                  "disk is found here, before any training)") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        deadline = time.monotonic() + same_run_wait
+        while True:
             try:
-                who = json.loads(os.pread(fd, 4096, 0) or b"{}")
-            except ValueError:
-                who = {}
-            os.close(fd)
-            raise LockError(f"{self.what} {self.dir} is in use by {describe(who)}: one writer at a time",
-                            hint="wait for that run to end (or end it), or use another directory") from None
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                try:
+                    who = json.loads(os.pread(fd, 4096, 0) or b"{}")
+                except ValueError:
+                    who = {}
+                if isinstance(who, dict) and who.get("run") == self.run and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                    continue
+                os.close(fd)
+                raise LockError(f"{self.what} {self.dir} is in use by {describe(who)}: one writer at a time",
+                                hint="wait for that run to end (or end it), or use another directory") from None
         mine = json.dumps({"run": self.run, "host": socket.gethostname(), "pid": os.getpid(),
                            "since": round(time.time(), 3)}).encode()
         try:

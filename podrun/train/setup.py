@@ -119,6 +119,9 @@ def checkpoint_dir(cfg: TrainConfig, run_dir: Path) -> Path:
     return Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else run_dir / "checkpoints"
 
 
+SAME_RUN_WAIT_S = 60.0      # how long a restart waits for its run's earlier attempt to let go of its directories
+
+
 def claim_dirs(cfg: TrainConfig, info: WorkerInfo, run_dir: Path, ckpt_dir: Path) -> list:
     """Rank 0, before any training: the run directory and the checkpoint directory made (a --checkpoint-dir
     whose parent is missing is refused), locked for this process (one writer each: a second is refused naming
@@ -138,7 +141,10 @@ def claim_dirs(cfg: TrainConfig, info: WorkerInfo, run_dir: Path, ckpt_dir: Path
             except OSError as exc:
                 raise lock.LockError(f"run directory {run_dir} cannot be made: {exc.strerror or exc}",
                                      hint="pass --run-dir on a writable disk") from None
-            held.append(lock.DirLock(run_dir, run, "run directory").acquire())
+            # a restart may start while the attempt before it still ends (a lost host's worker is ended by its
+            # agent within the liveness bound and the grace period): wait for it, never for another run
+            wait = SAME_RUN_WAIT_S if info.restart_count > 0 else 0.0
+            held.append(lock.DirLock(run_dir, run, "run directory").acquire(wait))
             if cfg.checkpoint_dir and not ckpt_dir.exists() and not ckpt_dir.parent.is_dir():
                 raise lock.LockError(f"--checkpoint-dir {ckpt_dir}: neither it nor its parent "
                                      f"{ckpt_dir.parent} exists",
@@ -149,7 +155,7 @@ def claim_dirs(cfg: TrainConfig, info: WorkerInfo, run_dir: Path, ckpt_dir: Path
                 raise lock.LockError(f"checkpoint directory {ckpt_dir} cannot be made: {exc.strerror or exc}",
                                      hint="pass --checkpoint-dir with a writable directory") from None
             if ckpt_dir.resolve() != run_dir.resolve():
-                held.append(lock.DirLock(ckpt_dir, run, "checkpoint directory").acquire())
+                held.append(lock.DirLock(ckpt_dir, run, "checkpoint directory").acquire(wait))
             from podrun.train.checkpoint import remove_dead_temps
 
             for p in remove_dead_temps(ckpt_dir):

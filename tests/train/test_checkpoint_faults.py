@@ -265,3 +265,31 @@ def test_a_disk_that_fills_during_the_write_is_named_and_leaves_no_temp_file(tmp
                           "more than "), msg
     assert "bytes free" in msg and got.value.exit_code == 1
     assert [f.name for f in disk.iterdir()] == []
+
+
+@pytest.mark.timeout(180)
+def test_a_restart_waits_for_its_own_runs_earlier_attempt_never_for_another_run(tmp_path):
+    """A process holding the run directory for run "x" is killed -9 a second after a restart of "x" began
+    waiting: the restart then gets the lock (the kernel released it); run "y" is refused at once."""
+    from podrun.train.lock import DirLock, LockError
+
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import time
+        from podrun.train.lock import DirLock
+        DirLock({str(tmp_path)!r}, "x", "run directory").acquire()
+        print("held", flush=True)
+        time.sleep(600)
+    """)], env=outside_env(), stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(LockError, match=f"in use by run x on host {HOST} \\(pid {holder.pid}\\)"):
+            DirLock(tmp_path, "y", "run directory").acquire(same_run_wait=3600)   # waiting would hit the timeout
+        import threading
+
+        threading.Timer(1.0, holder.kill).start()
+        got = DirLock(tmp_path, "x", "run directory").acquire(same_run_wait=60)
+        assert holder.poll() is not None or holder.wait(5) is not None
+        got.release()
+    finally:
+        holder.kill()
+        holder.wait()
