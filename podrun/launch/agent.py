@@ -171,6 +171,7 @@ class Agent:
         self.stop_reason: str | None = None
         self.stop_signal = signal.SIGTERM
         self.signalled: int | None = None
+        self.worker_failed = False          # a worker failed before any teardown began
         self.controller_lost = False
         self.last_stdin = time.monotonic()
         self.got_stdin = False       # before the first heartbeat: the controller may still be starting others
@@ -432,9 +433,10 @@ class Agent:
                 from podrun.runtime.snapshot import drop_when_done
 
                 # ended for good: signalled before anything else stopped it (a signal that follows a worker's
-                # failure or the controller's T is the teardown before a restart), or its controller is gone
+                # failure, even one that raced its exit line, or the controller's T is the teardown before a
+                # restart), or its controller is gone
                 why = self.stop_reason or ""
-                ended = (self.signalled in (signal.SIGINT, signal.SIGTERM)
+                ended = (self.signalled in (signal.SIGINT, signal.SIGTERM) and not self.worker_failed
                          and why in (f"received {signal.Signals(s).name}" for s in (signal.SIGINT, signal.SIGTERM))
                          or why.startswith("lost the controller"))
                 drop_when_done(self.envs, code, ended)
@@ -472,6 +474,7 @@ class Agent:
                 self.emit(lr, "exit", f"{rc} {time.time():.3f}{tag}")
                 if rc != 0 and first_failure is None and not self.teardown_started:
                     first_failure = rc
+                    self.worker_failed = True       # its teardown may precede a restart: snapshots stay
                     self.request_stop(f"local rank {lr} exited with {protocol.exit_code_from_returncode(rc)}")
             limit = self.stdin_timeout if self.got_stdin else max(self.stdin_timeout, FIRST_HEARTBEAT_S)
             if self.stdin_watch and self.stdin_timeout > 0 and time.monotonic() - self.last_stdin > limit:
