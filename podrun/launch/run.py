@@ -214,8 +214,9 @@ def _execute(request: LaunchRequest, *, sink, notice, only_output_from, elastic,
         earlier = _earlier_attempts(request.run_dir)
     elif launch_record is not None:
         from podrun.launch.resume import LAUNCH_RECORD
+        from podrun.launch.rundir import _write_json
 
-        _before_start(request.run_dir, _write_record, Path(request.run_dir) / LAUNCH_RECORD, launch_record)
+        _before_start(request.run_dir, _write_json, Path(request.run_dir) / LAUNCH_RECORD, launch_record)
     _before_start(request.run_dir, write_plan, request.run_dir, request.plan)
     record = None
     if elastic is not None:
@@ -260,15 +261,6 @@ def _drop_local_snapshots(request: LaunchRequest) -> None:
                 remove(d)
         except OSError:
             pass
-
-
-def _write_record(path: Path, data: dict) -> None:
-    from podrun.launch.rundir import private_open
-
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", opener=private_open) as f:
-        f.write(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
 
 
 def _earlier_attempts(run_dir: str) -> list[dict]:

@@ -197,10 +197,12 @@ def check_room(s: Session, step: int) -> None:
         except OSError:
             free = None
         if free is not None and free < size:
-            err = ckpt.no_space(ckpt.path_for(s.ckpt_dir, step + 1), size, free)
+            every = s.cfg.checkpoint_every
+            first = min((step // every + 1) * every, s.total) if every > 0 else s.total
+            err = ckpt.no_space(ckpt.path_for(s.ckpt_dir, first), size, free)
             refusal = ckpt.CheckpointError(err.message.replace("; the older checkpoints are intact", "")
                                            + "; refused before training", hint=err.hint, exit_code=2)
-    if dist.is_initialized():
+    if dist.is_available() and dist.is_initialized():
         flag = all_reduce(torch.tensor([0.0 if refusal is None else 1.0]), dist.ReduceOp.MAX)
         if refusal is None and flag.item() > 0:
             raise ckpt.CheckpointError("rank 0 found no room for a checkpoint (its message says how much)")
