@@ -53,6 +53,7 @@ class LaunchCommand(click.Command):
 
     def parse_args(self, ctx, args):
         raw = list(args)
+        ctx.meta["podrun.argv"] = list(args)
         rest = super().parse_args(ctx, list(args))
         target = list(ctx.params.get("args") or ())
         ctx.meta["podrun.dashdash"] = raw.count("--") > target.count("--")
@@ -155,6 +156,9 @@ def torchrun_options(f):
                            "Values never go on a command line (the agents get them over stdin or the launcher's "
                            "environment)."))
 @section(RESTARTS,
+         click.option("--resume", "resume_run", metavar="RUN",
+                      help="Run RUN (a run id under --runs-dir, or a run directory) again with its own recorded "
+                           "arguments, into its own directory, from its newest good state (as `podrun resume RUN`)."),
          click.option("--elastic", "elastic_min", type=t.NODES, metavar="MIN",
                       help="On a restart, drop the failed host (or take a spare) and re-plan on the hosts left at the "
                            "same global batch, down to MIN hosts; the run ends when no host count >= MIN keeps it "
@@ -226,6 +230,10 @@ def launch(ctx, args, **kw):
     from podrun.launch.prepare import prepare_launch
     from podrun.launch.run import dry_run_record, execute
 
+    if kw["resume_run"] is not None:
+        _resume(ctx, kw["resume_run"], kw["runs_dir"], kw["dry_run"])
+        return
+    resuming = (ctx.obj or {}).get("podrun.resume") if isinstance(ctx.obj, dict) else None
     opts = launch_options(ctx, tuple(args), kw)
     prepared = prepare_launch(opts)
     request, out = prepared.request, opts.output
@@ -256,9 +264,12 @@ def launch(ctx, args, **kw):
 
     view = ProgressView(live_console(out.as_json))
     try:
+        from podrun.launch.resume import record
+
         outcome, summary = execute(request, sink=_sink(request.plan, out.as_json, prepared.local_ranks), notice=_notice,
                                    only_output_from=out.only_output_from_instance, elastic=prepared.elastic,
-                                   watch=watch, progress=view)
+                                   watch=watch, progress=view, resuming=resuming is not None,
+                                   launch_record=record(ctx.meta.get("podrun.argv", []), os.getcwd()))
     finally:
         view.close()
     try:
@@ -312,6 +323,48 @@ def launch_options(ctx, args: tuple[str, ...], kw: dict, environ=None):
                                 **in_section(ctx, RESTARTS, kw)),
         output=OutputOptions(**in_section(ctx, OUTPUT, kw)),
     )
+
+
+def _resume(ctx, run: str, runs_dir: str | None, dry_run: bool) -> None:
+    """`podrun launch --resume RUN`: the run's recorded `podrun launch` arguments, run again in its working
+    directory into its own run directory (any other arguments given are refused)."""
+    from podrun.launch.resume import relaunch
+
+    given = [a for a in ctx.meta.get("podrun.argv", []) if a not in ("--resume", run) and not a.startswith("--resume=")]
+    extra = [a for a in given if a not in ("--runs-dir", runs_dir, "--dry-run") and not a.startswith("--runs-dir=")]
+    if extra:
+        raise click.UsageError(f"--resume runs the run's own recorded arguments; these cannot be added: "
+                               f"{' '.join(extra)}")
+    argv, cwd, run_dir = relaunch(run, runs_dir)
+    _notice(f"resuming run {run_dir.name} in {cwd}: podrun launch {' '.join(argv[4:])}")
+    try:
+        os.chdir(cwd)
+    except OSError as exc:
+        from podrun.errors import LaunchError
+
+        raise LaunchError(f"cannot enter the run's working directory {cwd}: {exc.strerror or exc}") from None
+    obj = dict(ctx.obj) if isinstance(ctx.obj, dict) else {}
+    obj["podrun.resume"] = str(run_dir)
+    rc = launch.main(args=(["--dry-run"] if dry_run else []) + argv, prog_name="podrun launch",
+                     standalone_mode=False, obj=obj)
+    sys.exit(rc if isinstance(rc, int) else 0)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("run")
+@click.option("--runs-dir", default=None, help="Where run directories are (default: runs).")
+@click.option("--dry-run", is_flag=True, help="Print the commands the resume would run, run nothing.")
+def resume(run, runs_dir, dry_run):
+    """Resume RUN (a run id under --runs-dir, or a run directory) from its newest good state.
+
+    Runs the run's own recorded `podrun launch` arguments again, in the directory it was launched from,
+    into the same run directory (its attempts are recorded with the earlier ones); refused while another
+    process holds the run.
+    """
+    argv = ["--resume", run] + (["--runs-dir", runs_dir] if runs_dir is not None else []) + \
+        (["--dry-run"] if dry_run else [])
+    rc = launch.main(args=argv, prog_name="podrun launch", standalone_mode=False)
+    sys.exit(rc if isinstance(rc, int) else 0)
 
 
 def _sink(plan, as_json: bool, local_ranks: frozenset[int] | None = None):
@@ -386,17 +439,19 @@ def _print_root_cause(summary: dict, request) -> None:
 
     rc = summary.get("root_cause")
     code = summary["exit_code"]
+    missing = summary.get("not_written") or []
+    unwritten = f"; NOT written: {', '.join(missing)}" if missing else ""
 
     def say(text: str) -> None:
         print(shown(text), file=sys.stderr)
 
     if summary["status"] == "ok":
-        say(f"podrun: run {request.run_id} finished: exit 0; logs in {request.run_dir}; "
+        say(f"podrun: run {request.run_id} finished: exit 0; logs in {request.run_dir}{unwritten}; "
             f"{pointers(request.run_dir)}")
         return
     if summary["status"] == "interrupted":
         say(f"podrun: run {request.run_id} interrupted (exit {code}); every instance ended; "
-            f"logs in {request.run_dir}; {pointers(request.run_dir)}")
+            f"logs in {request.run_dir}{unwritten}; {pointers(request.run_dir)}")
         return
     if rc:
         where = f"instance {rc['instance']} on {rc['host']}"
@@ -422,4 +477,5 @@ def _print_root_cause(summary: dict, request) -> None:
                     say(f"      {line}")
     else:
         say(f"podrun: run {request.run_id} failed (exit {code})")
-    say(f"podrun: logs and summary.json in {request.run_dir}; {pointers(request.run_dir)}")
+    where = f"logs in {request.run_dir}{unwritten}" if missing else f"logs and summary.json in {request.run_dir}"
+    say(f"podrun: {where}; {pointers(request.run_dir)}")

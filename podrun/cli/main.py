@@ -13,6 +13,7 @@ from podrun import __version__
 COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("podrun.cli.plan_cmd:plan", "Preview a plan: replicas x local batch x GA, placement, estimate."),
     "launch": ("podrun.cli.launch_cmd:launch", "Launch a script (as torchrun would), a recipe or a command on the plan's hosts and supervise it."),
+    "resume": ("podrun.cli.launch_cmd:resume", "Resume a run by name from its newest good state (its own command again)."),
     "script": ("podrun.cli.script_cmd:script", "Write a batch-scheduler job script (Slurm, PBS, Grid Engine) for a plan."),
     "submit": ("podrun.cli.submit_cmd:submit", "Write a job script into a run directory and submit it (sbatch / qsub)."),
     "status": ("podrun.cli.submit_cmd:status", "Show the scheduler state of a submitted run."),

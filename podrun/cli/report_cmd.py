@@ -18,7 +18,7 @@ def report(run_dir: str | None, runs_dir: str, as_json: bool, output: str | None
     from pathlib import Path
 
     from podrun.cli.render import console, print_json
-    from podrun.train.report import (launch_summary, newest_run, plot, read_run, replans, summarize,
+    from podrun.train.report import (launch_summary, newest_run, plot, read_run, replans, resumes, summarize,
                                      summarize_command)
 
     if run_dir is None:
@@ -39,6 +39,7 @@ def report(run_dir: str | None, runs_dir: str, as_json: bool, output: str | None
     if launched is not None:
         summary["launch"] = launched
     summary["replans"] = replans(run.launch)
+    summary["resumes"] = resumes(run.records)
     if not no_plot:
         base = Path(run_dir)
         target = Path(output) if output else (base if base.is_dir() else base.parent) / "report.png"
@@ -65,12 +66,26 @@ def report(run_dir: str | None, runs_dir: str, as_json: bool, output: str | None
     if launched is not None:
         c.print(f"  launch: {launched['status']}, exit {launched['exit_code']}, "
                 f"{_seconds(launched['duration_s'])}", markup=False)
+        for a in launched["attempts"]:
+            c.print(f"  {_attempt_line(a)}", markup=False)
+    for r in summary["resumes"]:
+        where = r["resumed_from"] or r["source"]
+        c.print(f"  resumed at step {r['step']} from {where}" + (f" ({r['why']})" if r["why"] else ""), markup=False)
+        for x in r["rejected"]:
+            c.print(f"    passed over {x.get('path')}: {x.get('why')}", markup=False)
     for r in summary["replans"]:
         c.print(f"  {_replan_line(r)}", markup=False)
     if "plot" in summary:
         c.print(f"  curves: {summary['plot']}")
     for note in notes:
         c.print(f"  note: {note}", markup=False)
+
+
+def _attempt_line(a: dict) -> str:
+    """One attempt: ``attempt N`` (a restart count) of the first launch, ``resume L attempt N`` of a later one."""
+    launch = a.get("launch")
+    who = f"attempt {a['restart_count']}" if launch in (0, None) else f"resume {launch} attempt {a['restart_count']}"
+    return f"{who}: {a['status']}, exit code {a['exit_code']}" + (f" ({a['root_cause']})" if a["root_cause"] else "")
 
 
 def _replan_line(r: dict) -> str:
@@ -121,8 +136,7 @@ def _command(run, s: dict, notes: list[str], as_json: bool) -> None:
             f"{p.get('replicas')} replicas; local batch {p.get('local_batch')} x GA {p.get('grad_accum')} -> "
             f"global batch {p.get('global_batch')}")
     for a in s["attempts"]:
-        say(f"  attempt {a['restart_count']}: {a['status']}, exit code {a['exit_code']}"
-            + (f" ({a['root_cause']})" if a["root_cause"] else ""))
+        say(f"  {_attempt_line(a)}")
     rc = s["root_cause"]
     if rc:
         say(f"  root cause: instance {rc.get('instance')} on {rc.get('host')}, local rank {rc.get('local_rank')}: "

@@ -197,6 +197,7 @@ class Agent:
         self.stop: Stop | None = None
         self.stop_signal = signal.SIGTERM
         self.signalled: int | None = None
+        self.worker_failed = False          # a worker failed before any teardown began
         self.controller_lost = False
         self.last_stdin = time.monotonic()
         self.got_stdin = False       # before the first heartbeat: the controller may still be starting others
@@ -234,10 +235,16 @@ class Agent:
             self.stop_signal = sig
 
     def run_over(self) -> bool:
-        """Whether the run ends here for this host: the agent got SIGINT or SIGTERM, or lost its controller
-        (which then drops this host); a restart may still come after any other stop."""
-        return (self.signalled in (signal.SIGINT, signal.SIGTERM)
-                or (self.stop is not None and self.stop.kind is StopKind.CONTROLLER_LOST))
+        """Whether the run ends here for this host: the agent lost its controller (which then drops this host), or
+        was sent SIGINT or SIGTERM before anything else stopped it and no worker had failed. A signal after a
+        worker's failure (even one that raced its exit line), or the controller's T, is the teardown before a
+        restart, which reads this host's snapshots."""
+        if self.stop is None:
+            return False
+        if self.stop.kind is StopKind.CONTROLLER_LOST:
+            return True
+        return (self.stop.kind is StopKind.SIGNALLED and self.stop_signal in (signal.SIGINT, signal.SIGTERM)
+                and not self.worker_failed)
 
     def _controller_gone(self) -> None:
         """No attempt will follow: this host's zygote ends now, with the processes it forked."""
@@ -515,6 +522,7 @@ class Agent:
                 self.emit(lr, "exit", f"{rc} {time.time():.3f}{tag}")
                 if rc != 0 and first_failure is None and not self.teardown_started:
                     first_failure = rc
+                    self.worker_failed = True       # its teardown may precede a restart: snapshots stay
                     self.request_stop(StopKind.WORKER_FAILED,
                                       f"local rank {lr} exited with {protocol.exit_code_from_returncode(rc)}")
             limit = self.stdin_timeout if self.got_stdin else max(self.stdin_timeout, FIRST_HEARTBEAT_S)

@@ -42,8 +42,9 @@ class TransportOptions:
 
 @dataclass(frozen=True)
 class RestartOptions:
-    """What happens after a failure: restarts, the elastic re-plan, warm workers, stragglers."""
+    """What happens after a failure: restarts, the elastic re-plan, warm workers, stragglers; a resume by name."""
 
+    resume_run: str | None = None               # --resume RUN: RUN's recorded arguments again (handled by the CLI)
     max_restarts: int | None = None             # None: 0, or one per host an --elastic run can lose
     elastic_min: int | None = None
     spare_hosts: str | None = None

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import socket
+import stat
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -16,7 +18,7 @@ from podrun.launch.rundir import (check_run_id, create_run_dir, new_run_id, writ
                                   write_summary)
 from podrun.launch.supervisor import Outcome, Supervisor, _describe_code
 from podrun.launch.transports.base import TransportFactory, busy_port_problem, get_transport
-from podrun.plan.worker_env import SNAPSHOT_KEY_NAME, data_interface_env
+from podrun.plan.worker_env import SNAPSHOT_KEY_NAME, data_interface_env, snapshot_dir
 from podrun.redaction import redact
 
 MULTI_HOST_PORT = 29500   # the default --master-port when the master host is elsewhere (0, "pick", on this machine)
@@ -193,7 +195,8 @@ def choose_master(make: TransportFactory, request: LaunchRequest, *, ask_hosts: 
 
 
 def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from: int | None = None,
-            elastic=None, watch=None, progress=None) -> tuple[Outcome | None, dict]:
+            elastic=None, watch=None, progress=None, resuming: bool = False,
+            launch_record: dict | None = None) -> tuple[Outcome | None, dict]:
     """Run the request (with restarts); returns the last outcome and the summary written to summary.json.
 
     ``elastic`` (a podrun.launch.replan.ElasticPolicy): each restart first drops the failed hosts,
@@ -203,17 +206,35 @@ def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from:
     from podrun.launch.control import claim, release
 
     notice = notice or (lambda t: None)
-    create_run_dir(request.run_dir)
-    _before_start(request.run_dir, claim, request.run_dir)
+    create_run_dir(request.run_dir, reuse=resuming)
+    from podrun.train.lock import LAUNCH_LOCK, DirLock
+
+    held_run = DirLock(request.run_dir, request.run_id, "run directory", LAUNCH_LOCK).acquire()
     try:
-        return _execute(request, sink=sink, notice=notice, only_output_from=only_output_from, elastic=elastic,
-                        watch=watch, progress=progress)
+        _before_start(request.run_dir, claim, request.run_dir)
+        try:
+            return _execute(request, sink=sink, notice=notice, only_output_from=only_output_from, elastic=elastic,
+                            watch=watch, progress=progress, resuming=resuming, launch_record=launch_record)
+        finally:
+            release(request.run_dir)
     finally:
-        release(request.run_dir)
+        held_run.release()
 
 
-def _execute(request: LaunchRequest, *, sink, notice, only_output_from, elastic, watch,
-             progress) -> tuple[Outcome | None, dict]:
+def _execute(request: LaunchRequest, *, sink, notice, only_output_from, elastic, watch, progress, resuming: bool,
+             launch_record: dict | None) -> tuple[Outcome | None, dict]:
+    """execute(), the run directory made and held."""
+    earlier: list[dict] = []
+    if resuming:
+        from podrun.launch.resume import check_free
+
+        check_free(Path(request.run_dir), launch=False)     # no train.py of the run still writes it
+        earlier = _earlier_attempts(request.run_dir)
+    elif launch_record is not None:
+        from podrun.launch.resume import LAUNCH_RECORD
+        from podrun.launch.rundir import _write_json
+
+        _before_start(request.run_dir, _write_json, Path(request.run_dir) / LAUNCH_RECORD, launch_record)
     _before_start(request.run_dir, write_plan, request.run_dir, request.plan)
     record = None
     if elastic is not None:
@@ -233,7 +254,7 @@ def _execute(request: LaunchRequest, *, sink, notice, only_output_from, elastic,
                                 notice, hint="podrun holds the rendezvous port for the whole run, so it must be free")
     try:
         return _attempts(make, req, sink=sink, notice=notice, only_output_from=only_output_from, elastic=elastic,
-                         record=record, watch=watch, progress=progress)
+                         record=record, watch=watch, progress=progress, earlier=earlier)
     finally:
         if held is not None:
             held.close()
@@ -241,13 +262,44 @@ def _execute(request: LaunchRequest, *, sink, notice, only_output_from, elastic,
             from podrun.wire.protocol import ZYGOTE_DIR
 
             shutil.rmtree(os.path.join(request.run_dir, ZYGOTE_DIR), ignore_errors=True)   # every zygote ends
+        if request.transport == "local":
+            _drop_local_snapshots(request)
+
+
+def _drop_local_snapshots(request: LaunchRequest) -> None:
+    """After the last attempt of a run on this machine: its snapshots, which an agent keeps when its teardown
+    may precede a restart, are read by no one now."""
+    from podrun.runtime.snapshot import remove
+
+    key = dict(request.env).get(SNAPSHOT_KEY_NAME)
+    if key is None:
+        return
+    for host in dict.fromkeys(inst.host for inst in request.instances):
+        d = snapshot_dir(request.run_id, host, key)
+        try:
+            if stat.S_ISDIR(os.lstat(d).st_mode):
+                remove(d)
+        except OSError:
+            pass
+
+
+def _earlier_attempts(run_dir: str) -> list[dict]:
+    """The attempts of a run's earlier launches (its summary.json), each with ``launch``: 0 for the first launch,
+    1 for the first resume..."""
+    try:
+        data = json.loads((Path(run_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return []
+    found = data.get("attempts") if isinstance(data, dict) else None
+    return [{"launch": 0, **a} for a in found if isinstance(a, dict)] if isinstance(found, list) else []
 
 
 def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_output_from, elastic,
-              record: dict | None, watch=None, progress=None) -> tuple[Outcome | None, dict]:
+              record: dict | None, watch=None, progress=None, earlier: list[dict] = ()) -> tuple[Outcome | None, dict]:
     from podrun.plan.worker_env import workers_per_instance
 
-    attempts: list[dict] = []
+    attempts: list[dict] = list(earlier)
+    launch_no = 1 + max((a["launch"] for a in earlier if isinstance(a.get("launch"), int)), default=-1)
     base_port = req.master_port
     outcome, summary = None, {}
     while True:
@@ -291,7 +343,8 @@ def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_
             raise
         summary = outcome.summary(req)
         summary["max_restarts"] = req.max_restarts      # --max-restarts, or an elastic run's default
-        summary["attempts"] = attempts + [{"restart_count": req.restart_count, "exit_code": outcome.exit_code,
+        summary["attempts"] = attempts + [{"launch": launch_no, "restart_count": req.restart_count,
+                                           "exit_code": outcome.exit_code,
                                            "status": outcome.status,
                                            "root_cause": summary["root_cause"]}]
         attempts = summary["attempts"]
@@ -400,6 +453,8 @@ def _record(write, notice, run_dir, summary: dict) -> None:
     """Write summary.json; on a full or failing disk say so and go on (the outcome is on the console)."""
     try:
         write(run_dir, summary)
+        summary.pop("not_written", None)
     except OSError as exc:
         notice(f"cannot write {Path(run_dir) / 'summary.json'}: {exc.strerror or exc}; the outcome below "
                "is on the console only")
+        summary["not_written"] = [f"summary.json ({exc.strerror or exc})"]

@@ -160,9 +160,10 @@ def _cannot(what: str, path, exc: OSError) -> LaunchError:
                        hint="pass --runs-dir with a writable directory (is the disk full or read-only?)")
 
 
-def create_run_dir(run_dir: str | Path) -> Path:
+def create_run_dir(run_dir: str | Path, reuse: bool = False) -> Path:
     """Make the run directory (0700), refusing one an earlier launch wrote: a reused run id would append to
-    its logs and overwrite its summary. A directory `podrun submit` prepared (job.sh, plan.json) is fine."""
+    its logs and overwrite its summary. A directory `podrun submit` prepared (job.sh, plan.json) is fine, and
+    so is an earlier launch's under ``reuse`` (`podrun resume`)."""
     d = Path(run_dir)
     try:
         make_runs_dir(d.parent)
@@ -171,7 +172,7 @@ def create_run_dir(run_dir: str | Path) -> Path:
         except FileExistsError:
             check_dir(d, "run directory", shared_read=True)     # a directory `podrun submit` prepared
         used = [f for f in LAUNCH_FILES if os.path.lexists(d / f)]
-        if used:
+        if used and not reuse:
             raise LaunchError(f"run id {d.name!r} is taken: {d} holds an earlier run ({', '.join(used)})",
                               hint="pass another --run-id, or leave it out for a fresh one")
         os.chmod(d, DIR_MODE, follow_symlinks=False)

@@ -200,8 +200,9 @@ def remove(directory: str | os.PathLike | None) -> None:
 
 def drop_when_done(envs: list[dict[str, str]], code: int | None, ended: bool) -> None:
     """The agent's end (torch-free): remove its workers' snapshot directories when no restart will read them:
-    the workers all succeeded (code 0), the run is being ended (``ended``: the agent got SIGINT or SIGTERM, or
-    lost its controller, which then drops this host), or this was the attempt with the last restart
+    the workers all succeeded (code 0), the run is being ended (``ended``: the agent got SIGINT or SIGTERM before
+    any other reason to stop, or lost its controller, which then drops this host; a signal after a worker's
+    failure is the teardown before a restart, which reads them), or this was the attempt with the last restart
     (PODRUN_RESTART_COUNT >= TORCHELASTIC_MAX_RESTARTS)."""
     from podrun.plan.worker_env import PODRUN_FIELDS
 

@@ -1,9 +1,16 @@
-"""Atomic checkpoints: write to a temporary file, fsync, os.replace; find and load the newest good one."""
+"""Checkpoint files: written whole with a digest of their bytes (fsync, os.replace), one writer per directory (a
+lock), verified on load; the newest good one found, the bad ones named."""
 from __future__ import annotations
 
+import errno
+import hashlib
+import io
 import os
 import random
 import re
+import shutil
+import socket
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +19,16 @@ import torch
 
 from podrun.errors import PodrunError
 from podrun.train.config import TrainConfig
+from podrun.train.lock import writer_alive
 
 _NAME = re.compile(r"^ckpt-(\d{9})\.pt$")
+_TMP = re.compile(r"^\.ckpt-\d{9}\.pt\.tmp-(?:(?P<host>.+)-)?(?P<pid>\d+)$")
+# The digest travels inside the file as its zip comment (torch.save writes a zip archive; torch.load and any zip
+# reader pass the comment over): ``podrun-sha256:<hex>`` of the archive as torch.save wrote it (comment length 0).
+_MARK = b"podrun-sha256:"
+_COMMENT = len(_MARK) + 64
+_EOCD = 22                      # the zip end-of-central-directory record, without its comment
+_EOCD_SIG = b"PK\x05\x06"
 
 
 class CheckpointError(PodrunError):
@@ -25,7 +40,11 @@ def path_for(directory: str | os.PathLike, step: int) -> Path:
 
 
 def rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Every generator's state, as values torch.load(weights_only=True) reads (numpy's key array as a tensor)."""
+    kind, key, pos, has_gauss, cached = np.random.get_state()
+    state = {"python": random.getstate(),
+             "numpy": (kind, torch.from_numpy(key.astype(np.int64)), int(pos), int(has_gauss), float(cached)),
+             "torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -33,7 +52,9 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    kind, key, pos, has_gauss, cached = state["numpy"]
+    key = key.numpy() if isinstance(key, torch.Tensor) else np.asarray(key)
+    np.random.set_state((kind, key.astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -48,20 +69,153 @@ def check_keep(keep: int) -> int:
     return keep
 
 
+class _Digesting:
+    """A binary file torch.save writes through: the bytes go on to ``f`` and into a sha256; the last ones are
+    kept (the archive's end record, whose comment length ``seal`` sets)."""
+
+    def __init__(self, f):
+        self.f, self.sha, self.n, self.tail = f, hashlib.sha256(), 0, b""
+
+    def write(self, b) -> int:
+        b = bytes(b) if not isinstance(b, bytes) else b
+        self.f.write(b)
+        self.sha.update(b)
+        self.n += len(b)
+        self.tail = (self.tail + b[-_EOCD:])[-_EOCD:]
+        return len(b)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+    def seal(self) -> int:
+        """Give the archive its digest as its comment; returns the file's size."""
+        if self.n < _EOCD or self.tail[:4] != _EOCD_SIG or self.tail[-2:] != b"\0\0":
+            raise CheckpointError("torch.save wrote no zip archive ending in an empty comment: cannot add the digest")
+        self.f.seek(self.n - 2)
+        self.f.write(struct.pack("<H", _COMMENT) + _MARK + self.sha.hexdigest().encode())
+        return self.n + _COMMENT
+
+
+def encode(state: dict[str, Any]) -> bytes:
+    """``state`` as a checkpoint file holds it: torch.save's archive with its sha256 as the archive's comment."""
+    buf = io.BytesIO()
+    w = _Digesting(buf)
+    torch.save(state, w)
+    w.seal()
+    return buf.getvalue()
+
+
+def verify(data: bytes) -> str | None:
+    """None when ``data`` carries a digest its bytes match; else why not."""
+    n = len(data)
+    if n == 0:
+        return "empty (0 bytes)"
+    tail = _EOCD + _COMMENT
+    if n < tail or data[-_COMMENT:-64] != _MARK:
+        return f"no digest at its end ({n:,} bytes: truncated, or not written by podrun)"
+    eocd = data[-tail:-_COMMENT]
+    if eocd[:4] != _EOCD_SIG or struct.unpack("<H", eocd[20:22])[0] != _COMMENT:
+        return f"its end is damaged ({n:,} bytes)"
+    sha = hashlib.sha256(memoryview(data)[:-_COMMENT - 2])
+    sha.update(b"\0\0")                    # the comment length as torch.save wrote it
+    want, got = data[-64:].decode("ascii", "replace"), sha.hexdigest()
+    if got != want:
+        return f"digest mismatch: its bytes changed after it was written (sha256 {got[:12]}.., recorded {want[:12]}..)"
+    return None
+
+
+def decode(path: Path, map_location="cpu") -> tuple[dict | None, str | None]:
+    """(state, None) for a checkpoint whose digest matches and that loads (weights_only); else (None, why)."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        return None, f"unreadable: {exc.strerror or exc}"
+    why = verify(data)
+    if why is not None:
+        return None, why
+    try:
+        state = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any failure makes the file unusable; the message says which
+        return None, f"does not load: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    if not isinstance(state, dict):
+        return None, "does not hold a state dictionary"
+    return state, None
+
+
+def _tmp_name(final: Path) -> Path:
+    return final.with_name(f".{final.name}.tmp-{socket.gethostname()}-{os.getpid()}")
+
+
+def remove_dead_temps(directory: str | os.PathLike) -> list[Path]:
+    """Remove the temporary files of writers that are dead (this host's, by pid); another host's or a live
+    writer's stay. Returns those removed."""
+    d, gone = Path(directory), []
+    try:
+        names = list(d.iterdir())
+    except OSError:
+        return gone
+    for p in names:
+        m = _TMP.match(p.name)
+        if m is None or writer_alive(m.group("host"), int(m.group("pid"))):
+            continue
+        try:
+            p.unlink()
+            gone.append(p)
+        except FileNotFoundError:
+            pass
+    return gone
+
+
+def free_bytes(directory: str | os.PathLike) -> int:
+    return shutil.disk_usage(directory).free
+
+
+def no_space(path: Path, needed: int, free: int | None, exact: bool = True) -> CheckpointError:
+    """The one paragraph of a full disk: the path, the bytes needed (``exact`` False: at least those, written
+    when the disk refused more) and free."""
+    room = f"{free:,} bytes free" if free is not None else "free space unknown"
+    need = f"{needed:,} bytes" if exact else f"more than {needed:,} bytes"
+    return CheckpointError(
+        f"no space left on the device of {path.parent} for checkpoint {path.name}: it needs {need}, "
+        f"{room}; the older checkpoints are intact",
+        hint="free space there, lower --keep-checkpoints, or pass --checkpoint-dir on a larger disk, then "
+             "resume (podrun resume RUN, or the same command)", exit_code=1)
+
+
 def save(state: dict[str, Any], directory: str | os.PathLike, step: int, keep: int) -> Path:
-    """Write ``state`` as checkpoint ``step`` atomically, then remove all but the newest ``keep`` (at least the
-    newest one: a restart resumes from it); a crash at any point leaves the older ones intact."""
+    """Write ``state`` as checkpoint ``step`` with its digest (computed as it is written), atomically, then remove
+    all but the newest ``keep`` (at least the newest one: a restart resumes from it); a crash at any point leaves
+    the older ones intact. ENOSPC (checked before the write against the newest checkpoint's size, and during
+    it) is a CheckpointError naming the path, the bytes needed and free."""
     check_keep(keep)
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     final = path_for(d, step)
-    for stale in d.glob(".ckpt-*.tmp-*"):  # left by a saver killed mid-write (one saver per directory)
-        if not stale.name.endswith(f"-{os.getpid()}"):
-            stale.unlink(missing_ok=True)
-    tmp = d / f".{final.name}.tmp-{os.getpid()}"
+    remove_dead_temps(d)
+    older = list_checkpoints(d)
+    try:    # the newest checkpoint's size: what this one needs, about (a state's size changes little)
+        needed = older[-1].stat().st_size if older else None
+    except OSError:
+        needed = None
     try:
-        with open(tmp, "wb") as f:
-            torch.save(state, f)
+        free = free_bytes(d)
+    except OSError:
+        free = None
+    if needed is not None and free is not None and free < needed:
+        raise no_space(final, needed, free)
+    tmp = _tmp_name(final)
+    w = None
+    try:
+        with open(tmp, "w+b") as f:
+            w = _Digesting(f)
+            try:
+                torch.save(state, w)
+            except RuntimeError as exc:     # torch's zip writer turns a failed write into this; the cause says
+                cause = exc.__cause__ or exc.__context__
+                if isinstance(cause, OSError):
+                    raise cause from None
+                raise
+            w.seal()
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, final)
@@ -73,6 +227,17 @@ def save(state: dict[str, Any], directory: str | os.PathLike, step: int, keep: i
                 os.close(fd)
         except OSError:
             pass
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            try:
+                free = free_bytes(d)
+            except OSError:
+                free = None
+            raise no_space(final, needed if needed is not None else (w.n if w is not None else 0), free,
+                           exact=needed is not None) from None
+        raise CheckpointError(f"cannot write checkpoint {final}: {exc.strerror or exc}",
+                              hint="check that --checkpoint-dir is writable and its disk healthy", exit_code=1) from None
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -114,15 +279,28 @@ def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
     return sorted((p for p in d.iterdir() if _NAME.match(p.name)), key=lambda p: int(_NAME.match(p.name).group(1)))
 
 
-def load_latest(directory: str | os.PathLike, map_location="cpu") -> tuple[Path, dict] | None:
-    """The newest checkpoint that loads; an unreadable newest one (e.g. a disk error) falls back to older ones."""
-    errors = []
+def newest_good(directory: str | os.PathLike, map_location="cpu") -> tuple[tuple[Path, dict] | None, list[tuple[Path, str]]]:
+    """(the newest checkpoint whose digest matches and that loads, or None; the newer ones passed over, each with
+    why, newest first)."""
+    bad: list[tuple[Path, str]] = []
     for p in reversed(list_checkpoints(directory)):
-        try:
-            return p, torch.load(p, map_location=map_location, weights_only=False)
-        except Exception as exc:  # noqa: BLE001 - report every unreadable file if none loads
-            errors.append(f"{p.name}: {type(exc).__name__}: {exc}")
-    if errors:
-        raise CheckpointError(f"{directory}: no checkpoint could be read ({'; '.join(errors)})",
-                              hint="remove the unreadable files to start from scratch")
-    return None
+        state, why = decode(p, map_location)
+        if state is not None:
+            return (p, state), bad
+        bad.append((p, why))
+    return None, bad
+
+
+def none_good(directory: str | os.PathLike, bad: list[tuple[Path, str]]) -> CheckpointError:
+    listed = "; ".join(f"{p.name}: {why}" for p, why in bad)
+    return CheckpointError(f"{directory}: no checkpoint is good, so the run cannot resume ({listed})",
+                           hint="restore a good copy, or start over with --no-resume (or a new --checkpoint-dir)")
+
+
+def load_latest(directory: str | os.PathLike, map_location="cpu") -> tuple[Path, dict] | None:
+    """The newest good checkpoint; None when there is none; a CheckpointError (exit 2) naming each file and why
+    when there are checkpoints but none is good."""
+    found, bad = newest_good(directory, map_location)
+    if found is None and bad:
+        raise none_good(directory, bad)
+    return found

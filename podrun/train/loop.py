@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import time
 import warnings
 from typing import Any
@@ -164,8 +165,20 @@ def run(s: Session, step: int, acc: dict[str, float], origin: dict[str, Any] | N
     metrics.write({"kind": "run", "event": "end", "step": step, **kept,
                    **{k: v for k, v in summary.items() if k in ("val_accuracy", "val_loss", "seconds")}})
     metrics.close()
+    unwritten = [f"{metrics.lost} metrics record(s) ({metrics.error})"] if metrics.lost else []
     if rank == 0:
-        (s.run_dir / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        path = s.run_dir / "train_summary.json"
+        try:
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(json.dumps(summary, indent=2) + "\n")
+            os.replace(tmp, path)
+        except OSError as exc:
+            unwritten.append(f"{path.name} ({exc.strerror or exc})")
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
+    summary["not_written"] = unwritten
     return summary
 
 

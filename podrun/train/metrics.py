@@ -15,7 +15,10 @@ METRICS_FILE = "metrics.jsonl"
 
 
 class MetricsWriter:
-    """Appends one JSON object per line (``kind``: step | epoch | eval | run) and flushes each line."""
+    """Appends one JSON object per line (``kind``: step | epoch | eval | run), each in one write. A line torn by
+    a failed write (a full disk) or by a writer killed mid-line is ended before the next record, so the next
+    one starts on a fresh line; a record that cannot be written is counted (``lost``) and said once on stderr,
+    and training goes on."""
 
     def __init__(self, run_dir: str | os.PathLike | None, enabled: bool = True, console: bool = True,
                  log_every: int = 10, stream=None):
@@ -24,24 +27,54 @@ class MetricsWriter:
         self.log_every = max(1, log_every)
         self.stream = stream or sys.stdout
         self.path = Path(run_dir) / METRICS_FILE if run_dir is not None else None
-        self._f = None
+        self._fd: int | None = None
+        self.lost = 0                   # records not written (the disk refused them)
+        self.error: str | None = None   # why the first of them was not
+        self._check_end = True          # the file may end in a torn line: look before the next write
         if self.enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._f = open(self.path, "a", buffering=1)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0),
+                               0o644)
+
+    def _torn(self) -> bool:
+        """Whether the file ends inside a line."""
+        size = os.fstat(self._fd).st_size
+        if size == 0:
+            return False
+        with open(self.path, "rb") as f:
+            f.seek(size - 1)
+            return f.read(1) != b"\n"
 
     def write(self, record: dict[str, Any]) -> None:
         record = {"time": round(time.time(), 3), **record}
-        if self._f is not None:
-            self._f.write(json.dumps(record, default=float) + "\n")
+        if self._fd is not None:
+            line = (json.dumps(record, default=float) + "\n").encode()
+            try:
+                if self._check_end and self._torn():
+                    line = b"\n" + line
+                self._check_end = False
+                done = 0
+                while done < len(line):
+                    done += os.write(self._fd, line[done:])
+            except OSError as exc:
+                self._check_end = True
+                self.lost += 1
+                if self.error is None:
+                    self.error = exc.strerror or str(exc)
+                    print(f"podrun: cannot append to {self.path}: {self.error}; training goes on, the records "
+                          "that cannot be written are counted and lost", file=sys.stderr, flush=True)
         if self.console:
             line = format_line(record, self.log_every)
             if line:
                 print(line, file=self.stream, flush=True)
 
     def close(self) -> None:
-        if self._f is not None:
-            self._f.close()
-            self._f = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+            if self.lost:
+                print(f"podrun: {self.lost} metrics record(s) not written to {self.path} ({self.error})",
+                      file=sys.stderr, flush=True)
 
 
 def format_line(r: dict[str, Any], log_every: int = 1) -> str | None:

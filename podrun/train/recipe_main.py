@@ -215,7 +215,14 @@ def main(recipe_dir: str, argv: Sequence[str] | None = None, default_data: str =
             msg += f"\n  hint: {exc.hint}"
         print(msg, file=sys.stderr, flush=True)
         return exc.exit_code
+    missing = summary.get("not_written") or []
+    if missing and info.rank == 0:
+        print(f"{name}/train.py: not written in {summary['run_dir']}: {'; '.join(missing)}", file=sys.stderr,
+              flush=True)
     if summary.get("val_accuracy") is not None and not args.quiet and info.rank == 0:
+        kept = summary.get("checkpoints")
+        where = f", {len(kept)} checkpoint(s) in {summary.get('checkpoint_dir')}" if kept else ""
         print(f"done: {summary['steps']} steps, val_accuracy {summary['val_accuracy']:.4f}, "
-              f"{summary['seconds']:.1f}s, run dir {summary['run_dir']}", flush=True)
+              f"{summary['seconds']:.1f}s, run dir {summary['run_dir']}{where}"
+              f"{'; NOT written: ' + '; '.join(missing) if missing else ''}", flush=True)
     return 0

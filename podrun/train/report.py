@@ -214,9 +214,7 @@ def summarize_command(run: RunRecord) -> dict[str, Any]:
         "restarts": s.get("restart_count"),
         "plan": {k: plan.get(k) for k in ("cluster", "hosts", "devices", "replicas", "instances", "local_batch",
                                           "grad_accum", "global_batch") if k in plan} or None,
-        "attempts": [{"restart_count": a.get("restart_count"), "exit_code": a.get("exit_code"),
-                      "status": a.get("status"), "root_cause": _get(a, "root_cause", "reason")}
-                     for a in attempts if isinstance(a, dict)],
+        "attempts": attempt_rows(attempts),
         "root_cause": _cause(s.get("root_cause")),
         "duration_s": _get(s, "timings", "duration_s"),
         "all_ready_s": _get(s, "timings", "all_ready_s"),
@@ -231,12 +229,33 @@ def summarize_command(run: RunRecord) -> dict[str, Any]:
     return out
 
 
+def attempt_rows(attempts: Any) -> list[dict[str, Any]]:
+    """summary.json's attempts, every launch's (``launch``: 0 the first, 1 its first `podrun resume`, ...)."""
+    return [{"launch": a.get("launch", 0), "restart_count": a.get("restart_count"), "exit_code": a.get("exit_code"),
+             "status": a.get("status"), "root_cause": _get(a, "root_cause", "reason")}
+            for a in (attempts if isinstance(attempts, list) else []) if isinstance(a, dict)]
+
+
+def resumes(records: list[dict]) -> list[dict[str, Any]]:
+    """Each resume of a training run: the step, where from and why, and the newer checkpoints passed over."""
+    out = []
+    for r in records:
+        if r.get("kind") == "run" and r.get("event") == "resume":
+            rejected = r.get("rejected") if isinstance(r.get("rejected"), list) else []
+            out.append({"step": r.get("step"), "source": r.get("source"), "resumed_from": r.get("resumed_from"),
+                        "why": r.get("why"),
+                        "rejected": [x for x in rejected if isinstance(x, dict)]})
+    return out
+
+
 def launch_summary(launch: dict | None) -> dict[str, Any] | None:
-    """The launcher's view of a training run (status, exit code, restarts, duration), when podrun launched it."""
+    """The launcher's view of a training run (status, exit code, restarts, duration, every attempt), when podrun
+    launched it."""
     if launch is None:
         return None
     return {"status": launch.get("status"), "exit_code": launch.get("exit_code"),
-            "restarts": launch.get("restart_count"), "duration_s": _get(launch, "timings", "duration_s")}
+            "restarts": launch.get("restart_count"), "duration_s": _get(launch, "timings", "duration_s"),
+            "attempts": attempt_rows(launch.get("attempts"))}
 
 
 def replans(launch: dict | None) -> list[dict]:

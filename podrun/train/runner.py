@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gc
+import sys
 from typing import Any
 
 from podrun.runtime.distributed import destroy_distributed, init_distributed, select_device
@@ -42,10 +43,17 @@ def _train(cfg: TrainConfig, info: WorkerInfo, device) -> dict[str, Any]:
     writer = save.snapshot_writer(s)
     try:
         step, acc, origin = save.restore(s, writer)
+        save.check_room(s, step)
         if s.rank == 0:
-            write_config(s.run_dir, cfg, {**s.resolved(), "resumed_from": loop.resumed_from(origin, step),
-                                          "resumed_at_step": step})
+            try:
+                write_config(s.run_dir, cfg, {**s.resolved(), "resumed_from": loop.resumed_from(origin, step),
+                                              "resumed_at_step": step})
+            except OSError as exc:        # a record of the run, not its state: training goes on
+                print(f"podrun: cannot write {s.run_dir / 'config.json'}: {exc.strerror or exc}; training goes on",
+                      file=sys.stderr, flush=True)
         return loop.run(s, step, acc, origin, writer)
     finally:
         if writer is not None:
             writer.close()
+        for held in s.locks:
+            held.release()

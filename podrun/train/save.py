@@ -9,6 +9,7 @@ training set, or a position off a global-batch boundary) is refused with ResumeE
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -83,12 +84,18 @@ def snapshot_writer(s: Session):
 def restore(s: Session, writer=None) -> tuple[int, dict[str, float], dict[str, Any] | None]:
     """(step, epoch accumulators, where it resumed from) from the newest in-memory snapshot any rank holds when it
     is newer than the newest good checkpoint, else that checkpoint, else a fresh start (None). Where: ``source``
-    "snapshot" or "checkpoint", ``path`` (the checkpoint's), ``from_rank`` and ``fetched_by`` (a snapshot's)."""
+    "snapshot" or "checkpoint", ``path`` (the checkpoint's), ``from_rank`` and ``fetched_by`` (a snapshot's),
+    ``why`` (the choice, in words) and ``rejected`` (newer checkpoints passed over: path and why). Checkpoints
+    that exist but none of which is good: a CheckpointError (exit 2) naming each and why."""
     acc = new_accumulators()
     ckpt.check_keep(s.cfg.keep_checkpoints)
     if not s.cfg.resume:
         return 0, acc, None
-    found = ckpt.load_latest(s.ckpt_dir, map_location=s.device.torch_device if s.device.kind == "cuda" else "cpu")
+    found, bad = ckpt.newest_good(s.ckpt_dir, map_location=s.device.torch_device if s.device.kind == "cuda" else "cpu")
+    rejected = [{"path": str(p), "why": why} for p, why in bad]
+    if s.rank == 0:
+        for p, why in bad:
+            print(f"podrun: checkpoint {p} passed over: {why}", file=sys.stderr, flush=True)
     agree_on_checkpoint(s, found)
     check = dict(global_batch=s.global_batch, seed=s.cfg.seed, train_size=len(s.train_ds))
     disk = resume_step(found[0], found[1], **check) if found else -1
@@ -99,13 +106,22 @@ def restore(s: Session, writer=None) -> tuple[int, dict[str, float], dict[str, A
         if got is not None:
             step = resume_step(f"the snapshot of update {got.step} (rank {got.from_rank})", got.state, **check)
             _load(s, got.state)
-            return step, got.state.get("epoch_acc", acc), {"source": "snapshot", "from_rank": got.from_rank,
-                                                           "fetched_by": list(got.fetched_by)}
+            newest = f"the newest good checkpoint's (update {disk})" if found else "any checkpoint's (none is good)"
+            return step, got.state.get("epoch_acc", acc), {
+                "source": "snapshot", "from_rank": got.from_rank, "fetched_by": list(got.fetched_by),
+                "why": f"the snapshot of update {got.step} is newer than {newest}", "rejected": rejected}
     if not found:
+        if bad:
+            raise ckpt.none_good(s.ckpt_dir, bad)
         return 0, acc, None
     path, state = found
     _load(s, state)
-    return disk, state.get("epoch_acc", acc), {"source": "checkpoint", "path": str(path)}
+    why = f"the newest good checkpoint (update {disk})"
+    why += "; no snapshot is newer" if writer is not None else "; no snapshots in this run"
+    if bad:
+        why += f"; {len(bad)} newer one(s) passed over"
+    return disk, state.get("epoch_acc", acc), {"source": "checkpoint", "path": str(path), "why": why,
+                                               "rejected": rejected}
 
 
 def _load(s: Session, state: dict[str, Any]) -> None:
@@ -123,6 +139,76 @@ def state(s: Session, step: int, acc: dict[str, float], model_state: dict, opt_s
             "samples": step * s.global_batch, "step": step, "global_batch": s.global_batch,
             "seed": s.cfg.seed, "train_size": len(s.train_ds), "steps_per_epoch": s.steps_per_epoch,
             "rng": ckpt.rng_state(), "epoch_acc": dict(acc)}
+
+
+class _Counter:
+    """A file-like object that only counts the bytes written to it."""
+
+    def __init__(self):
+        self.n = 0
+
+    def write(self, b) -> int:
+        self.n += len(b)
+        return len(b)
+
+    def flush(self) -> None:
+        pass
+
+
+def optimizer_slots(cfg) -> int:
+    """Tensors of the weights' size the optimizer keeps per parameter once it has stepped (momentum, moments)."""
+    name = str(cfg.optimizer).lower()
+    if name == "adamw":
+        return 2
+    if name == "rmsprop":
+        return 2 if cfg.momentum != 0 else 1
+    if name in ("sgd", "lars"):
+        return 1 if cfg.momentum != 0 else 0
+    return 2
+
+
+def checkpoint_bytes(s: Session, step: int = 0) -> int:
+    """About the size of one checkpoint of this run: the state as it is now (serialised to a counter), plus the
+    optimizer's per-parameter tensors it does not hold before its first step (under FSDP, where the full state
+    is a collective: the weights and those tensors only)."""
+    params = sum(p.numel() * p.element_size() for p in s.core.parameters())
+    slots = 0 if len(s.opt.state) > 0 else optimizer_slots(s.cfg)
+    if s.use_fsdp:
+        return params * (1 + optimizer_slots(s.cfg))
+    counter = _Counter()
+    torch.save(state(s, step, new_accumulators(), s.unwrap.state_dict(), s.unwrap.optim_state_dict(s.opt)), counter)
+    return counter.n + params * slots
+
+
+def check_room(s: Session, step: int) -> None:
+    """Before training, when the run will write a checkpoint: the checkpoint directory has room for one more
+    (rank 0 looks; every rank calls it and ends with it); else a CheckpointError (exit 2) naming it, the bytes
+    needed and free."""
+    refusal = None
+    if s.rank == 0 and step < s.total and (s.cfg.checkpoint_every > 0 or s.cfg.keep_checkpoints > 0):
+        newest = ckpt.list_checkpoints(s.ckpt_dir)
+        size = checkpoint_bytes(s, step)
+        if newest:
+            try:
+                size = max(size, newest[-1].stat().st_size)
+            except OSError:
+                pass
+        try:
+            free = ckpt.free_bytes(s.ckpt_dir)
+        except OSError:
+            free = None
+        if free is not None and free < size:
+            every = s.cfg.checkpoint_every
+            first = min((step // every + 1) * every, s.total) if every > 0 else s.total
+            err = ckpt.no_space(ckpt.path_for(s.ckpt_dir, first), size, free)
+            refusal = ckpt.CheckpointError(err.message.replace("; the older checkpoints are intact", "")
+                                           + "; refused before training", hint=err.hint, exit_code=2)
+    if dist.is_available() and dist.is_initialized():
+        flag = all_reduce(torch.tensor([0.0 if refusal is None else 1.0]), dist.ReduceOp.MAX)
+        if refusal is None and flag.item() > 0:
+            raise ckpt.CheckpointError("rank 0 found no room for a checkpoint (its message says how much)")
+    if refusal is not None:
+        raise refusal
 
 
 def save(s: Session, step: int, acc: dict[str, float]) -> None:

@@ -6,7 +6,7 @@ import math
 import os
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +117,63 @@ def resolve_run_dir(cfg: TrainConfig, info: WorkerInfo) -> Path:
 
 def checkpoint_dir(cfg: TrainConfig, run_dir: Path) -> Path:
     return Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else run_dir / "checkpoints"
+
+
+SAME_RUN_WAIT_S = 60.0      # how long a restart waits for its run's earlier attempt to let go of its directories
+
+
+def claim_dirs(cfg: TrainConfig, info: WorkerInfo, run_dir: Path, ckpt_dir: Path) -> list:
+    """Rank 0, before any training: the run directory and the checkpoint directory made (a --checkpoint-dir
+    whose parent is missing is refused), locked for this process (one writer each: a second is refused naming
+    the run and host holding it) and so known writable; the temporary files of dead writers removed. Every rank
+    calls it (it agrees on the outcome: a refusal on rank 0 ends every rank with exit 2). Returns the locks."""
+    from podrun.train import lock
+    from podrun.train.checkpoint import check_keep
+
+    check_keep(cfg.keep_checkpoints)          # every rank: a bad count is refused before anything is made
+    refusal: Exception | None = None
+    held: list = []
+    if info.rank == 0:
+        run = info.run_id or run_dir.name
+        try:
+            try:
+                run_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise lock.LockError(f"run directory {run_dir} cannot be made: {exc.strerror or exc}",
+                                     hint="pass --run-dir on a writable disk") from None
+            # a restart may start while the attempt before it still ends (a lost host's worker is ended by its
+            # agent within the liveness bound and the grace period): wait for it, never for another run
+            wait = SAME_RUN_WAIT_S if info.restart_count > 0 else 0.0
+            held.append(lock.DirLock(run_dir, run, "run directory").acquire(wait))
+            if cfg.checkpoint_dir and not ckpt_dir.exists() and not ckpt_dir.parent.is_dir():
+                raise lock.LockError(f"--checkpoint-dir {ckpt_dir}: neither it nor its parent "
+                                     f"{ckpt_dir.parent} exists",
+                                     hint="pass an existing directory (or one inside an existing one)")
+            try:
+                ckpt_dir.mkdir(parents=not cfg.checkpoint_dir, exist_ok=True)
+            except OSError as exc:
+                raise lock.LockError(f"checkpoint directory {ckpt_dir} cannot be made: {exc.strerror or exc}",
+                                     hint="pass --checkpoint-dir with a writable directory") from None
+            if ckpt_dir.resolve() != run_dir.resolve():
+                held.append(lock.DirLock(ckpt_dir, run, "checkpoint directory").acquire(wait))
+            from podrun.train.checkpoint import remove_dead_temps
+
+            for p in remove_dead_temps(ckpt_dir):
+                print(f"podrun: removed {p.name}, the partial checkpoint of a writer that died", flush=True)
+        except Exception as exc:  # noqa: BLE001 - raised below, after every rank heard of it
+            refusal = exc
+            for h in held:
+                h.release()
+            held = []
+    if dist.is_available() and dist.is_initialized():
+        flag = torch.tensor([1.0 if refusal is not None else 0.0])
+        all_reduce(flag, dist.ReduceOp.MAX)
+        if refusal is None and flag.item() > 0:
+            raise TrainError("rank 0 refused the run directory or checkpoint directory (its message says why)",
+                             exit_code=2)
+    if refusal is not None:
+        raise refusal
+    return held
 
 
 def schedule_lengths(cfg: TrainConfig, spe: int, global_batch: int) -> tuple[int, float, int]:
@@ -231,6 +288,7 @@ class Session:
     use_fsdp: bool
     unwrap: Unwrap
     t_start: float
+    locks: list = field(default_factory=list)      # rank 0's locks on the run and checkpoint directories
 
     @property
     def rank(self) -> int:
@@ -258,6 +316,7 @@ def prepare(cfg: TrainConfig, info: WorkerInfo, device: Device) -> Session:
     b, a, g = decompose(cfg, info, replicas=world)
     shard = Shard(local_batch=b, grad_accum=a, replicas=world, replica_offset=rank)
     run_dir = resolve_run_dir(cfg, info)
+    locks = claim_dirs(cfg, info, run_dir, checkpoint_dir(cfg, run_dir))
     metrics = MetricsWriter(run_dir, enabled=rank == 0, console=cfg.console and rank == 0, log_every=cfg.log_every)
 
     train_ds, val_ds = load_dataset(cfg.data, image_size=cfg.image_size, num_classes=cfg.num_classes,
@@ -302,4 +361,4 @@ def prepare(cfg: TrainConfig, info: WorkerInfo, device: Device) -> Session:
                    wrapped=wrapped, fwd=torch.compile(wrapped) if cfg.compile else wrapped,
                    eval_model=wrapped if use_fsdp else core, opt=opt, sched=sched, scaler=scaler,
                    amp_dtype=amp_dtype, use_scaler=use_scaler, use_fsdp=use_fsdp,
-                   unwrap=Unwrap(core, wrapped, use_fsdp), t_start=t_start)
+                   unwrap=Unwrap(core, wrapped, use_fsdp), t_start=t_start, locks=locks)

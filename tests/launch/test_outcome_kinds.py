@@ -51,8 +51,12 @@ def test_an_agent_decides_on_the_kind_of_its_stop_not_its_words():
     failed.request_stop(StopKind.WORKER_FAILED, "lost the controller, said a confused worker")
     assert not failed.run_over()
     signalled = agent()
-    signalled.signalled = signal.SIGTERM
+    signalled.request_stop(StopKind.SIGNALLED, "a word that says nothing", signal.SIGTERM)
     assert signalled.run_over()
+    after_failure = agent()                    # the teardown that follows a worker's failure: a restart may come
+    after_failure.worker_failed = True
+    after_failure.request_stop(StopKind.SIGNALLED, "received SIGTERM", signal.SIGTERM)
+    assert not after_failure.run_over()
 
 
 def test_a_preflight_failure_carries_its_problems_apart_from_its_wording():

@@ -102,13 +102,15 @@ def _workers_with(seed: str) -> list[int]:
 
 
 @pytest.mark.timeout(240)
-def test_podrun_launch_max_restarts_resumes_from_the_checkpoint(tmp_path):
+def test_podrun_launch_max_restarts_resumes_from_the_newest_snapshot(tmp_path):
     """podrun launch --max-restarts 1: kill -9 one worker mid-run; the launcher restarts the run and
-    train.py resumes from the newest checkpoint under the same run directory and finishes. Under
-    --keep-checkpoints 1 the one checkpoint left is always the newest, so the resume finds it."""
+    train.py resumes from the newest snapshot (newer than the newest checkpoint: the agent's teardown after the
+    failure keeps them for the restart) under the same run directory and finishes. Under --keep-checkpoints 1
+    the one checkpoint left at the end is the final one."""
     from pathlib import Path
 
     seed = str(40000 + os.getpid() % 10000)   # marks this test's workers for pgrep
+    run_id = f"mr-{os.getpid()}"                # its snapshots' directory in /dev/shm is this test's alone
     train_args = ["--data", "digits", "--image-size", "8", "--steps", "40", "--checkpoint-every", "5",
                   "--keep-checkpoints", "1", "--seed", seed, "--quiet"]
     root = Path(__file__).resolve().parents[2]
@@ -117,9 +119,9 @@ def test_podrun_launch_max_restarts_resumes_from_the_checkpoint(tmp_path):
     launcher = subprocess.Popen(
         [sys.executable, "-m", "podrun", "launch", "--max-restarts", "1", "--global-batch", "32",
          "--master-port", str(__import__("tests.ports", fromlist=["free_port"]).free_port(2)),
-         "--runs-dir", str(tmp_path / "runs"), "--run-id", "mr", str(root / "recipes" / "resnet18_cifar10"),
+         "--runs-dir", str(tmp_path / "runs"), "--run-id", run_id, str(root / "recipes" / "resnet18_cifar10"),
          *train_args], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    run_dir = tmp_path / "runs" / "mr"
+    run_dir = tmp_path / "runs" / run_id
     try:
         wait_for_step(run_dir, 12, [launcher], timeout=120)
         pids = _workers_with(seed)
@@ -133,7 +135,12 @@ def test_podrun_launch_max_restarts_resumes_from_the_checkpoint(tmp_path):
     assert launcher.returncode == 0, out[-3000:]
     records = read_metrics(run_dir)
     resume = [r for r in records if r.get("event") == "resume"]
-    assert len(resume) == 1 and resume[0]["step"] >= 10 and resume[0]["step"] % 5 == 0, out[-2000:]
+    # the snapshots of the last updates outlive the agent's teardown: the restart resumes from the newest one
+    # (that of step 12, or of 11 when 12's was still being written at the kill), past the newest checkpoint
+    # (10: a multiple of 5), and its record says so and why
+    assert len(resume) == 1 and resume[0]["step"] >= 11, out[-2000:]
+    assert resume[0]["source"] == "snapshot" and "newer than the newest good checkpoint" in resume[0]["why"], resume
+    assert not Path(f"/dev/shm/podrun-{run_id}").exists()          # read by the restart, dropped at the end
     assert [r["step"] for r in latest_by_step(records, "step")] == list(range(1, 41))
     assert [r for r in records if r.get("event") == "end"][-1]["step"] == 40
     assert [p.name for p in ckpt.list_checkpoints(run_dir / "checkpoints")] == ["ckpt-000000040.pt"]

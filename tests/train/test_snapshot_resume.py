@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from podrun.runtime import snapshot
+from podrun.train import checkpoint as ckpt
 from podrun.train.metrics import latest_by_step, read_metrics
 from tests.ports import free_port
 from tests.train.train_procs import WORKER, wait_all, wait_for_step, worker_env
@@ -64,7 +65,7 @@ def test_killed_on_4_resumed_on_3_with_a_spare_from_the_snapshots(tmp_path, shm)
     for p in victims:
         p.wait()
     logged = max(r["step"] for r in read_metrics(run_dir) if r.get("kind") == "step")
-    assert logged < STEPS and not (run_dir / "checkpoints").exists()        # no disk checkpoint to resume from
+    assert logged < STEPS and not ckpt.list_checkpoints(run_dir / "checkpoints")   # no disk checkpoint to resume from
     held = [snapshot.held(h) for h in hosts[:4]]
     assert all(held) and all(h[0][0] >= logged - 2 for h in held), held     # the last updates, on every host
 

@@ -1,0 +1,85 @@
+"""`podrun resume RUN`: the launch record a run keeps (launch.json: its own podrun launch arguments and working
+directory, secrets redacted) and the arguments that launch it again into the same run directory."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from podrun.errors import LaunchError
+
+LAUNCH_RECORD = "launch.json"
+
+
+def record(argv: list[str], cwd: str) -> dict:
+    """What launch.json holds: the arguments as given to `podrun launch` (secrets redacted), where it ran."""
+    from podrun.launch.request import redact_argv
+
+    shown = redact_argv(argv)
+    return {"argv": shown, "cwd": cwd, "redacted": [i for i, (a, b) in enumerate(zip(argv, shown)) if a != b]}
+
+
+def find_run(run: str, runs_dir: str | None) -> Path:
+    """The run directory of RUN: a path to one, or a run id under ``runs_dir`` (default: runs)."""
+    from podrun.launch.prepare import DEFAULT_RUNS_DIR
+
+    p = Path(run)
+    if (p / LAUNCH_RECORD).is_file() or os.sep in run:
+        return p
+    return Path(runs_dir if runs_dir is not None else DEFAULT_RUNS_DIR) / run
+
+
+def _earlier(run_dir: Path) -> dict:
+    try:
+        data = json.loads((run_dir / LAUNCH_RECORD).read_text())
+    except FileNotFoundError:
+        raise LaunchError(f"{run_dir}: no {LAUNCH_RECORD}: not a run `podrun launch` started (or started before "
+                          "launches were recorded), so there is no command to run again",
+                          hint="pass the run id or directory of a run podrun launch started") from None
+    except (OSError, ValueError) as exc:
+        raise LaunchError(f"{run_dir / LAUNCH_RECORD}: unreadable ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("argv"), list) or not isinstance(data.get("cwd"), str):
+        raise LaunchError(f"{run_dir / LAUNCH_RECORD}: not a launch record (argv, cwd)")
+    return data
+
+
+def check_free(run_dir: Path, launch: bool = True) -> None:
+    """LockError (exit 2) when a live process holds the run directory: a launch (``launch``: looked at too) or a
+    train.py writing it."""
+    from podrun.train.lock import LAUNCH_LOCK, WRITER_LOCK, LockError, describe, holder
+
+    for name, what in ((LAUNCH_LOCK, "a launch"), (WRITER_LOCK, "a training process"))[0 if launch else 1:]:
+        who = holder(run_dir, name)
+        if who is not None:
+            raise LockError(f"run directory {run_dir} is held by {what}: {describe(who)}; it cannot be resumed "
+                            "while that runs", hint="wait for it to end (or end it), then resume")
+
+
+def relaunch(run: str, runs_dir: str | None) -> tuple[list[str], str, Path]:
+    """(the `podrun launch` arguments that run RUN again into its own directory, the directory to run them in,
+    the run directory). Refused (exit 2) while another process holds the run, when it has no launch record,
+    or when a redacted secret of its arguments cannot be filled in from this environment."""
+    from podrun.launch.request import REDACTED
+
+    run_dir = find_run(run, runs_dir)
+    if not run_dir.is_dir():
+        raise LaunchError(f"{run_dir}: no such run directory", hint="pass a run id (under --runs-dir) or a run directory")
+    check_free(run_dir)
+    data = _earlier(run_dir)
+    argv = [str(a) for a in data["argv"]]
+    missing = []
+    for i in data.get("redacted") or []:
+        if not isinstance(i, int) or not 0 <= i < len(argv):
+            continue
+        name, sep, value = argv[i].partition("=")
+        if sep and value == REDACTED and name.isidentifier() and name in os.environ:
+            argv[i] = f"{name}={os.environ[name]}"
+        else:
+            missing.append(argv[i])
+    if missing:
+        raise LaunchError(f"{run_dir / LAUNCH_RECORD}: the run's arguments held secrets that were not recorded "
+                          f"({', '.join(missing)})",
+                          hint="export each NAME=<redacted> variable's value in this shell, then resume")
+    argv = [a for a in argv if a != "--no-resume"]        # a resume continues from the newest good state
+    runs = str(run_dir.resolve().parent)
+    return ["--run-id", run_dir.name, "--runs-dir", runs, *argv], data["cwd"], run_dir

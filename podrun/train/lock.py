@@ -1,0 +1,133 @@
+"""One writer per directory: an advisory lock (fcntl.flock) on a file inside it, released by the kernel when its
+holder dies; the file names the run, host and pid that hold it. torch-free (the CLI checks a run's locks)."""
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import socket
+import stat
+import time
+from pathlib import Path
+
+from podrun.errors import PodrunError
+
+WRITER_LOCK = ".podrun-writer.lock"     # held by the process writing a run dir's metrics or a checkpoint dir
+LAUNCH_LOCK = ".podrun-launch.lock"     # held by the controller of a launch (and of a resume) of a run
+
+
+class LockError(PodrunError):
+    """Another live process holds the directory (exit 2); or the directory cannot hold a lock file."""
+
+
+def writer_alive(host: str | None, pid: int) -> bool:
+    """Whether the process ``pid`` on ``host`` (None: this host) may still run; another host's is assumed alive."""
+    if host is not None and host != socket.gethostname():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _open(path: Path) -> int:
+    """The lock file, opened without following a link; made private (0600) when new; a regular file or refused."""
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags, 0o600)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    return fd
+
+
+def holder(directory: str | os.PathLike, name: str = WRITER_LOCK) -> dict | None:
+    """Who holds ``directory``'s lock ({"run", "host", "pid", "since"}; {} when it wrote nothing yet), or None
+    when no live process holds it (or there is no lock file)."""
+    path = Path(directory) / name
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                return json.loads(os.pread(fd, 4096, 0) or b"{}")
+            except ValueError:
+                return {}
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def describe(who: dict | None) -> str:
+    if not who or not isinstance(who, dict):
+        return "another process"
+    return f"run {who.get('run', '?')} on host {who.get('host', '?')} (pid {who.get('pid', '?')})"
+
+
+class DirLock:
+    """An exclusive lock on ``directory`` (the file ``name`` inside it) for as long as the process holds this
+    object (or until ``release``)."""
+
+    def __init__(self, directory: str | os.PathLike, run: str, what: str, name: str = WRITER_LOCK):
+        self.dir, self.run, self.what, self.name = Path(directory), run, what, name
+        self.fd: int | None = None
+
+    def acquire(self, same_run_wait: float = 0.0) -> "DirLock":
+        """Take the lock; LockError (exit 2) naming the run and host that hold it, or why the directory cannot
+        hold a lock file (missing, read-only). ``same_run_wait``: seconds to wait while the holder is this same
+        run (an earlier attempt of it still ending, e.g. on a host just lost) before refusing."""
+        path = self.dir / self.name
+        try:
+            fd = _open(path)
+        except OSError as exc:
+            raise LockError(f"{self.what} {self.dir} cannot be written: {exc.strerror or exc} (creating {path})",
+                            hint="pass a directory that exists and is writable (a read-only mount or a full "
+                                 "disk is found here, before any training)") from None
+        deadline = time.monotonic() + same_run_wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                try:
+                    who = json.loads(os.pread(fd, 4096, 0) or b"{}")
+                except ValueError:
+                    who = {}
+                if isinstance(who, dict) and who.get("run") == self.run and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                    continue
+                os.close(fd)
+                raise LockError(f"{self.what} {self.dir} is in use by {describe(who)}: one writer at a time",
+                                hint="wait for that run to end (or end it), or use another directory") from None
+        mine = json.dumps({"run": self.run, "host": socket.gethostname(), "pid": os.getpid(),
+                           "since": round(time.time(), 3)}).encode()
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, mine, 0)
+        except OSError:
+            pass                         # the lock holds; only its description is missing
+        self.fd = fd
+        return self
+
+    def release(self) -> None:
+        if self.fd is not None:
+            try:
+                os.ftruncate(self.fd, 0)
+            except OSError:
+                pass
+            os.close(self.fd)            # closing the last descriptor drops the lock
+            self.fd = None
