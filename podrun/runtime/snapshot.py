@@ -223,7 +223,7 @@ def _until(directory: Path) -> int | None:
     return None
 
 
-_writers: "weakref.WeakSet[Writer]" = weakref.WeakSet()
+_writers: weakref.WeakSet[Writer] = weakref.WeakSet()
 _hooked = False
 
 
@@ -433,7 +433,7 @@ def _digest(key: bytes, step: int, kind: str, data) -> str:
     return mac.hexdigest()
 
 
-def open_writer(directory: str | os.PathLike | None, writes: bool) -> "Writer | None":
+def open_writer(directory: str | os.PathLike | None, writes: bool) -> Writer | None:
     """This host's writer for a worker, or None (no directory: none kept; no key or a directory podrun will not
     use: one line on stderr, snapshots off, a restart resumes from the disk checkpoint)."""
     if not directory:
