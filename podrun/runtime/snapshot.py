@@ -94,10 +94,17 @@ def make_private(path: str | os.PathLike) -> None:
 
 
 def open_dir(directory: str | os.PathLike) -> Path:
-    """The host's snapshot directory, made or found, with the run's directory above it, both checked."""
+    """The host's snapshot directory, made or found, with the run's directory above it, both checked (again when
+    another host's agent on this machine removed the run's directory, then empty, in between)."""
     d = Path(directory)
-    make_private(d.parent)
-    make_private(d)
+    for attempt in range(3):
+        make_private(d.parent)
+        try:
+            make_private(d)
+            return d
+        except FileNotFoundError:
+            if attempt == 2:
+                raise
     return d
 
 
