@@ -228,8 +228,9 @@ def instance_envs(plan: "Plan", instance_index: int, *, run_id: str, run_dir: st
     ``agent_store``: the agent of global rank 0 hosts the store on ``master_port`` (podrun.host.store),
     so every worker, rank 0 included, is a client of it (TORCHELASTIC_USE_AGENT_STORE=True, as under torchrun).
     ``host_env``: the variables the workers inherit (the host's, with --env): the names of
-    HOST_DEFAULT_NAMES set there are left to them; its SNAPSHOT_KEY_NAME names the snapshot directory. ``cpus``: the cores the agent may use; None (the
-    controller, which does not know a remote host's cores) leaves OMP_NUM_THREADS out. ``gloo_ifname``: the
+    HOST_DEFAULT_NAMES set there are left to them; its SNAPSHOT_KEY_NAME names the snapshot directory. ``cpus``:
+    the cores the agent may use; None (the controller, which does not know a remote host's cores) leaves
+    OMP_NUM_THREADS out. ``gloo_ifname``: the
     interface gloo must bind on this host (the agent's finding; None: gloo's own choice stands).
     """
     host_env = {} if host_env is None else host_env

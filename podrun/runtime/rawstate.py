@@ -16,7 +16,8 @@ import json
 import math
 import struct
 from collections import OrderedDict
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 MAGIC = b"podrun-raw-state 1\n"
 ALIGN = 64

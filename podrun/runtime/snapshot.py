@@ -94,10 +94,17 @@ def make_private(path: str | os.PathLike) -> None:
 
 
 def open_dir(directory: str | os.PathLike) -> Path:
-    """The host's snapshot directory, made or found, with the run's directory above it, both checked."""
+    """The host's snapshot directory, made or found, with the run's directory above it, both checked (again when
+    another host's agent on this machine removed the run's directory, then empty, in between)."""
     d = Path(directory)
-    make_private(d.parent)
-    make_private(d)
+    for attempt in range(3):
+        make_private(d.parent)
+        try:
+            make_private(d)
+            return d
+        except FileNotFoundError:
+            if attempt == 2:
+                raise
     return d
 
 
@@ -224,30 +231,21 @@ def _until(directory: Path) -> int | None:
     return None
 
 
-_writers: "weakref.WeakSet[Writer]" = weakref.WeakSet()
+_writers: weakref.WeakSet[Writer] = weakref.WeakSet()
 _hooked = False
 
 
 def _before_step(*_args) -> None:
-    """Optimizer step pre-hook: no write may still read the weights the step is about to change (its HMAC, computed
-    from the slot's own bytes, may go on)."""
+    """Optimizer step pre-hook: no write may still read the weights the step is about to change (and every slot
+    written before it is complete: its header committed)."""
     for w in list(_writers):
-        w.copied()
-
-
-def _background() -> None:
-    """Lower the calling thread's scheduling priority (Linux: per thread), so that hashing a slot yields the cores
-    to the training's own threads."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except (AttributeError, OSError):
-        pass
+        w.wait()
 
 
 class Writer:
     """One host's snapshot writer. ``submit`` returns at once; the copy runs on a thread that every optimizer's
-    next step waits for (a global step pre-hook); the same thread then computes the slot's HMAC from the copy, at
-    the lowest priority, and commits the header (the next ``submit`` waits for that). A write that fails (shared memory full) turns snapshots off
+    next step waits for (a global step pre-hook); the same thread computes the slot's HMAC as it copies and
+    commits the header. A write that fails (shared memory full) turns snapshots off
     for this process, with one line on stderr. ``key``: the run's (SNAPSHOT_KEY_NAME); the directory is made or
     checked (open_dir): SnapshotDirError when it cannot be used, SnapshotKeyError without a key."""
 
@@ -263,8 +261,6 @@ class Writer:
         self.writes = writes               # False: this rank reads its host's snapshots, another rank writes them
         self.dir = open_dir(directory)
         self._thread: threading.Thread | None = None
-        self._copy_done = threading.Event()
-        self._copy_done.set()
         self.error: str | None = None
         self._fallback_said = False
         self._verified: tuple[int, str, bytes, str] | None = None   # (step, kind, data, HMAC) of the newest good slot
@@ -289,7 +285,6 @@ class Writer:
             print(f"podrun: snapshots in {self.dir} turned off: {self.error}", file=sys.stderr, flush=True)
             self.error += " (reported)"
             return
-        self._copy_done = threading.Event()
         self._thread = threading.Thread(target=self._write, args=(k, step, state), name="podrun-snapshot",
                                         daemon=True)
         self._thread.start()
@@ -333,31 +328,17 @@ class Writer:
             return TORCH, [data], data.nbytes
 
     def _write(self, k: int, step: int, state: dict[str, Any]) -> None:
-        import mmap
-
         try:
             kind, pieces, size = self._encode(state)
             mac = _mac(self.key, step, kind, size)
             with self._open_data(k) as f:
-                for piece in pieces:
+                for piece in pieces:       # one pass over each tensor's bytes: the copy and the HMAC
                     f.write(piece)
+                    mac.update(piece)
                 f.truncate(size)
-                f.flush()
-                del pieces
-                self._copy_done.set()          # the state is copied: the next optimizer step may change it
-                _background()
-                flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)     # one fault for all its pages
-                with mmap.mmap(f.fileno(), size, flags=flags, prot=mmap.PROT_READ) as m:
-                    mac.update(m)
             self._commit(k, step, size, kind, mac.hexdigest())
         except Exception as exc:  # noqa: BLE001 - any failure turns snapshots off, training goes on
             self.error = f"{type(exc).__name__}: {exc}"
-        finally:
-            self._copy_done.set()
-
-    def copied(self) -> None:
-        """Wait until the write in progress no longer reads the state it was given."""
-        self._copy_done.wait()
 
     def _commit(self, k: int, step: int, size: int, kind: str, digest: str) -> None:
         tmp = self.dir / f".slot-{k}.json.tmp"
@@ -434,7 +415,7 @@ def _digest(key: bytes, step: int, kind: str, data) -> str:
     return mac.hexdigest()
 
 
-def open_writer(directory: str | os.PathLike | None, writes: bool) -> "Writer | None":
+def open_writer(directory: str | os.PathLike | None, writes: bool) -> Writer | None:
     """This host's writer for a worker, or None (no directory: none kept; no key or a directory podrun will not
     use: one line on stderr, snapshots off, a restart resumes from the disk checkpoint)."""
     if not directory:

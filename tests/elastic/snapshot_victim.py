@@ -11,11 +11,14 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from podrun.runtime import elastic  # noqa: E402
+from podrun.runtime import elastic
 
 p = elastic.plan()
 ckpt = os.path.join(os.environ["PODRUN_RUN_DIR"], "ckpt.json")
-disk = json.load(open(ckpt))["step"] if os.path.exists(ckpt) else -1
+disk = -1
+if os.path.exists(ckpt):
+    with open(ckpt) as f:
+        disk = json.load(f)["step"]
 got = elastic.restore(newer_than=disk)
 if got is not None:
     print(f"restored {got.step} from snapshot", flush=True)
