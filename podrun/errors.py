@@ -27,7 +27,13 @@ class SpecError(PodrunError):
 
 
 class PlanError(PodrunError):
-    """A decomposition that cannot be made (devices, batch, overrides)."""
+    """A decomposition that cannot be made (devices, batch, overrides). ``reason``: why, in a few words without
+    the cluster or the alternatives (a table row); the message by default."""
+
+    def __init__(self, message: str, hint: str | None = None, *, exit_code: int | None = None,
+                 reason: str | None = None):
+        super().__init__(message, hint, exit_code=exit_code)
+        self.reason = message if reason is None else reason
 
 
 class HostError(PodrunError):

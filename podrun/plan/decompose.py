@@ -116,28 +116,32 @@ def decompose(*, devices: int, devices_per_replica: int, instances: int, max_loc
     """
     ctx = f" ({where})" if where else ""
     if devices % devices_per_replica:
+        why = f"{devices} devices cannot be split into replicas of {devices_per_replica} devices"
         raise PlanError(
-            f"{devices} devices cannot be split into replicas of {devices_per_replica} devices{ctx}",
+            why + ctx, reason=why,
             hint=f"use a device count that is a multiple of {devices_per_replica} (--nodes) or a recipe "
                  f"with another devices_per_replica",
         )
     replicas = devices // devices_per_replica
     if replicas % instances:
+        why = f"{replicas} replicas cannot be shared evenly by {instances} instances"
         raise PlanError(
-            f"{replicas} replicas cannot be shared evenly by {instances} instances{ctx}",
+            why + ctx, reason=why,
             hint="change --instances-per-host or --nodes so that instances divide the replicas",
         )
     for name, v in (("--local-batch", local_batch), ("--grad-accum", grad_accum), ("--global-batch", global_batch)):
         if v is not None and v < 1:
             raise PlanError(f"{name} must be at least 1, got {v}")
     if local_batch is not None and local_batch > max_local_batch:
+        why = f"local batch {local_batch} exceeds the recipe's max local batch {max_local_batch} for this device"
         raise PlanError(
-            f"local batch {local_batch} exceeds the recipe's max local batch {max_local_batch} for this device{ctx}",
+            why + ctx, reason=why,
             hint="lower --local-batch, or raise max_local_batch in the recipe if the device memory allows",
         )
     if grad_accum is not None and grad_accum < min_grad_accum:
+        why = f"GA {grad_accum} is below the recipe's minimum GA {min_grad_accum} for this device"
         raise PlanError(
-            f"GA {grad_accum} is below the recipe's minimum GA {min_grad_accum} for this device{ctx}",
+            why + ctx, reason=why,
             hint=f"pipelines need GA >= {min_grad_accum} to keep the bubble small; pass --grad-accum {min_grad_accum} or more",
         )
     if global_batch is None:
@@ -160,15 +164,16 @@ def decompose(*, devices: int, devices_per_replica: int, instances: int, max_loc
     if counts:
         reach = (f"; {global_batch} is reached on " + ", ".join(f"--nodes {n}" for n in counts)
                  + f" (of {max_hosts} hosts)")
+    reason = (f"global batch {global_batch} cannot be reached exactly with {replicas} replicas"
+              + (f" and {fixed}" if fixed else "") + f" (max local batch {max_local_batch}, min GA {min_grad_accum})")
     raise PlanError(
-        f"global batch {global_batch} cannot be reached exactly with {replicas} replicas"
-        + (f" and {fixed}" if fixed else "")
-        + f" (max local batch {max_local_batch}, min GA {min_grad_accum}){ctx}; "
+        f"{reason}{ctx}; "
         + ("nearest feasible: " + (f"{below} below" if below is not None else "none below")
            + ", " + (f"{above} above" if above is not None else "none above")) + reach,
         hint=("podrun never changes the global batch by itself; pass "
               + " or ".join(([f"--nodes {counts[0]}"] if counts else []) + options)) if options or counts
         else "change --nodes or the overrides",
+        reason=reason,
     )
 
 

@@ -1,7 +1,6 @@
 """Elastic tables, pure: the decomposition of one fixed global batch on every host count from MAX down to MIN."""
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -114,5 +113,4 @@ def _reason(cluster: ClusterSpec, recipe: RecipeSpec | None, ov: Overrides, g: i
         replicas = n * dph // p
         if g % replicas:
             return f"global batch {g} is not a multiple of {replicas} replicas"
-    msg = re.sub(r" \(cluster [^()]*host\(s\) x [^()]*\)", "", exc.message)
-    return msg.split("; nearest feasible", 1)[0]
+    return exc.reason

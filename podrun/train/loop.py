@@ -7,7 +7,8 @@ import math
 import os
 import time
 import warnings
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Iterator
 
 import torch
 
@@ -30,146 +31,196 @@ def resumed_from(origin: dict[str, Any] | None, step: int) -> str | None:
     return origin.get("path") or f"snapshot of update {step} (rank {origin['from_rank']})"
 
 
+@dataclass
+class Pending:
+    """An update whose loss and accuracy are still on the device: fetched with the others in one all-reduce."""
+
+    step: int
+    epoch: int
+    lr: float
+    stats: torch.Tensor             # (loss sum, correct, count) over this rank's micro batches, on the device
+    busy_s: float | None            # this rank's busy seconds for the update (podrun's slow-rank watch)
+
+
 def run(s: Session, step: int, acc: dict[str, float], origin: dict[str, Any] | None, writer=None) -> dict[str, Any]:
     """Train from update ``step`` to s.total; returns the summary (also written to <run_dir>/train_summary.json).
     ``origin``: where it resumed from (save.restore); ``writer``: the host's snapshot writer, given the state after
     every update."""
-    cfg, info, device, metrics = s.cfg, s.info, s.device, s.metrics
-    world, rank, a, g, spe, total = s.world, s.rank, s.grad_accum, s.global_batch, s.steps_per_epoch, s.total
-    wrapped, fwd, opt, sched, scaler = s.wrapped, s.fwd, s.opt, s.sched, s.scaler
-    amp_dtype = s.amp_dtype
-    mean, std = s.train_ds.mean, s.train_ds.std
+    cfg, device = s.cfg, s.device
     resumed = resumed_from(origin, step)
-    metrics.write({"kind": "run", "event": "resume" if origin else "start", "step": step, **(origin or {}),
-                   "samples": step * g, "world_size": world, "instances": info.num_instances,
-                   "local_batch": s.local_batch, "grad_accum": a, "global_batch": g, "steps_per_epoch": spe,
-                   "total_steps": total, "device": device.kind,
-                   "amp": str(amp_dtype).replace("torch.", "") if amp_dtype else "off", "lr": s.lr,
-                   "warmup_steps": s.warmup, "dataset": s.train_ds.name, "train_size": len(s.train_ds),
-                   "resumed_from": resumed})
-    last_eval: dict[str, Any] = {}
-    if step >= total:
-        loader_iter = iter(())
-    else:
-        start_epoch, start_step = position(step * g, g, len(s.train_ds))
-        loader_iter = iter(Loader(s.train_ds, s.shard, seed=cfg.seed, start_epoch=start_epoch, start_step=start_step,
-                                  prefetch=cfg.prefetch if cfg.prefetch is not None else (3 if device.kind == "cuda" else 0),
-                                  pin_memory=device.kind == "cuda"))
-    wrapped.train()
-    t_last = time.perf_counter()
+    _record_start(s, step, origin, resumed)
+    loader_iter = iter(()) if step >= s.total else _loader(s, step)
+    s.wrapped.train()
     sync_every = max(1, cfg.sync_every if cfg.sync_every is not None else
                      (cfg.log_every if device.kind == "cuda" else 1))
-    pending: list[tuple[int, int, float, torch.Tensor, float | None]] = []   # (step, epoch, lr, stats on the device,
-    busy = BusyClock(wrapped)                                                #  this rank's busy seconds)
-
-    def flush() -> None:
-        """Fetch the pending steps' stats in one all-reduce and one copy; check them; write their rows."""
-        nonlocal t_last
-        if not pending:
-            return
-        stats_all = all_reduce(torch.stack([p[3] for p in pending])).cpu()
-        mine = [p[4] for p in pending if p[4] is not None]
-        busy_s = sum(mine) / len(mine) if mine else None     # this rank's own, for podrun's slow-rank watch
-        now = time.perf_counter()
-        dt, t_last = (now - t_last) / len(pending), now        # the interval's steps share its time
-        for (at, ep, lr_at, _, _), stats in zip(pending, stats_all):
-            loss_g, acc_g = stats[0].item() / stats[2].item(), stats[1].item() / stats[2].item()
-            if not math.isfinite(loss_g):
-                raise TrainError(f"loss became {loss_g} at step {at}",
-                                 hint="lower the learning rate, or use --amp fp16 loss scaling / bf16", exit_code=1)
-            acc["loss"] += stats[0].item()
-            acc["correct"] += stats[1].item()
-            acc["count"] += stats[2].item()
-            acc["seconds"] += dt
-            metrics.write({"kind": "step", "step": at, "epoch": ep, "loss": loss_g, "accuracy": acc_g,
-                           "lr": lr_at, "images_per_sec": g / dt,
-                           "images_per_sec_instance": g / dt * info.local_world_size / world,
-                           "step_seconds": dt})
-            progress.report(step=at, total=total, epoch=ep, loss=loss_g, samples_per_sec=g / dt, step_seconds=dt,
-                            busy_seconds=busy_s)
-        pending.clear()
-
+    rows = StepRows(s, acc)
+    busy = BusyClock(s.wrapped)
     busy.start()                       # the step's start: before its batch is fetched
     for epoch, estep, micro in loader_iter:
-        if step >= total:
+        if step >= s.total:
             break
-        stats_dev = torch.zeros(3, dtype=torch.float64, device=device.torch_device)  # no sync per micro step
-        for j, (x, y) in enumerate(micro):
-            x = normalize(x.to(device.torch_device, non_blocking=True), mean, std,
-                          channels_last=cfg.channels_last)
-            y = y.to(device.torch_device, non_blocking=True)
-            target = y
-            if cfg.mixup > 0 or cfg.cutmix > 0:
-                gen = torch.Generator().manual_seed(hash((cfg.seed, step, rank, j)) & 0x7FFFFFFF)
-                x, target = mix_batch(x, y, cfg.num_classes, gen, cfg.mixup, cfg.cutmix)
-            sync = j == a - 1 or world == 1
-            ctx = contextlib.nullcontext() if sync else no_sync(wrapped, s.use_fsdp)
-            with ctx:
-                with torch.autocast(device.kind if device.kind == "cuda" else "cpu", dtype=amp_dtype or torch.bfloat16,
-                                    enabled=amp_dtype is not None):
-                    logits = fwd(x)
-                    loss = soft_cross_entropy(logits, target, cfg.label_smoothing)
-                # a mean over the local batch, divided by GA, averaged over replicas by DDP: the mean
-                # over the global batch, whatever replicas x local batch x GA make it up
-                scaler.scale(loss / a).backward()
-            with torch.no_grad():
-                stats_dev[0] += loss.detach().double() * len(y)
-                stats_dev[1] += (logits.argmax(-1) == y).sum()
-                stats_dev[2] += len(y)
-        scaler.step(opt)
-        scaler.update()
-        opt.zero_grad(set_to_none=True)
-        lr_now = opt.param_groups[0]["lr"]
-        with warnings.catch_warnings():  # fp16: the scaler skips steps with inf grads; expected
-            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
-            sched.step()
+        stats = _accumulate(s, micro, step)
+        lr_now = _update(s)
         step += 1
-        pending.append((step, epoch, lr_now, stats_dev, busy.seconds()))
-        end_of_epoch = estep == spe - 1
-        checkpoint_now = cfg.checkpoint_every > 0 and step % cfg.checkpoint_every == 0 and step < total
-        if len(pending) >= sync_every or end_of_epoch or checkpoint_now or step >= total:
-            flush()                    # every rank flushes at the same steps: the all-reduce matches
+        rows.pending.append(Pending(step, epoch, lr_now, stats, busy.seconds()))
+        end_of_epoch = estep == s.steps_per_epoch - 1
+        checkpoint_now = cfg.checkpoint_every > 0 and step % cfg.checkpoint_every == 0 and step < s.total
+        if len(rows.pending) >= sync_every or end_of_epoch or checkpoint_now or step >= s.total:
+            rows.flush()               # every rank flushes at the same steps: the all-reduce matches
         if checkpoint_now:
             progress.phase("checkpoint")      # podrun does not read a long write as a hang
-            save.save(s, step, acc)
+            save.save(s, step, rows.acc)
         if end_of_epoch:
-            metrics.write({"kind": "epoch", "step": step, "epoch": epoch, "loss": acc["loss"] / acc["count"],
-                           "accuracy": acc["correct"] / acc["count"], "seconds": acc["seconds"],
-                           "images_per_sec": acc["count"] / max(acc["seconds"], 1e-9),
-                           "images_per_sec_instance": acc["count"] / max(acc["seconds"], 1e-9)
-                           * info.local_world_size / world})
-            acc = save.new_accumulators()
-            if cfg.eval_every > 0 and (epoch + 1) % cfg.eval_every == 0 and step < total:
-                progress.phase("eval")
-                last_eval = evaluate(s.eval_model, s.val_ds, cfg, device, info, amp_dtype, mean, std, s.use_fsdp)
-                metrics.write({"kind": "eval", "step": step, "epoch": epoch, **last_eval})
-                wrapped.train()
-            t_last = time.perf_counter()
-        if writer is not None and step < total:
-            save.snapshot(s, writer, step, acc)     # in the background; the next optimizer step waits for it
-        if step >= total:
+            rows.end_epoch(step, epoch)
+        if writer is not None and step < s.total:
+            save.snapshot(s, writer, step, rows.acc)     # in the background; the next optimizer step waits for it
+        if step >= s.total:
             break
         busy.start()
-    flush()
+    rows.flush()
+    return _finish(s, step, rows.acc, resumed)
+
+
+def _record_start(s: Session, step: int, origin: dict[str, Any] | None, resumed: str | None) -> None:
+    """The run record that opens the attempt's metrics: where it starts and the decomposition it runs."""
+    s.metrics.write({"kind": "run", "event": "resume" if origin else "start", "step": step, **(origin or {}),
+                     "samples": step * s.global_batch, "world_size": s.world, "instances": s.info.num_instances,
+                     "local_batch": s.local_batch, "grad_accum": s.grad_accum, "global_batch": s.global_batch,
+                     "steps_per_epoch": s.steps_per_epoch, "total_steps": s.total, "device": s.device.kind,
+                     "amp": str(s.amp_dtype).replace("torch.", "") if s.amp_dtype else "off", "lr": s.lr,
+                     "warmup_steps": s.warmup, "dataset": s.train_ds.name, "train_size": len(s.train_ds),
+                     "resumed_from": resumed})
+
+
+def _loader(s: Session, step: int) -> Iterator:
+    """The training batches from update ``step`` on: the data order is a function of the seed and the epoch."""
+    cfg, cuda = s.cfg, s.device.kind == "cuda"
+    start_epoch, start_step = position(step * s.global_batch, s.global_batch, len(s.train_ds))
+    return iter(Loader(s.train_ds, s.shard, seed=cfg.seed, start_epoch=start_epoch, start_step=start_step,
+                       prefetch=cfg.prefetch if cfg.prefetch is not None else (3 if cuda else 0), pin_memory=cuda))
+
+
+def _accumulate(s: Session, micro, step: int) -> torch.Tensor:
+    """Forward and backward over one update's GA micro batches (gradients synced on the last one only); returns
+    this rank's (loss sum, correct, count), kept on the device (no sync per micro step)."""
+    cfg, device, mean, std = s.cfg, s.device, s.train_ds.mean, s.train_ds.std
+    stats = torch.zeros(3, dtype=torch.float64, device=device.torch_device)
+    for j, (x, y) in enumerate(micro):
+        x = normalize(x.to(device.torch_device, non_blocking=True), mean, std, channels_last=cfg.channels_last)
+        y = y.to(device.torch_device, non_blocking=True)
+        target = y
+        if cfg.mixup > 0 or cfg.cutmix > 0:
+            gen = torch.Generator().manual_seed(hash((cfg.seed, step, s.rank, j)) & 0x7FFFFFFF)
+            x, target = mix_batch(x, y, cfg.num_classes, gen, cfg.mixup, cfg.cutmix)
+        sync = j == s.grad_accum - 1 or s.world == 1
+        ctx = contextlib.nullcontext() if sync else no_sync(s.wrapped, s.use_fsdp)
+        with ctx:
+            with torch.autocast(device.kind if device.kind == "cuda" else "cpu", dtype=s.amp_dtype or torch.bfloat16,
+                                enabled=s.amp_dtype is not None):
+                logits = s.fwd(x)
+                loss = soft_cross_entropy(logits, target, cfg.label_smoothing)
+            # a mean over the local batch, divided by GA, averaged over replicas by DDP: the mean
+            # over the global batch, whatever replicas x local batch x GA make it up
+            s.scaler.scale(loss / s.grad_accum).backward()
+        with torch.no_grad():
+            stats[0] += loss.detach().double() * len(y)
+            stats[1] += (logits.argmax(-1) == y).sum()
+            stats[2] += len(y)
+    return stats
+
+
+def _update(s: Session) -> float:
+    """The optimizer step and the schedule's; returns the learning rate the step used."""
+    s.scaler.step(s.opt)
+    s.scaler.update()
+    s.opt.zero_grad(set_to_none=True)
+    lr_now = s.opt.param_groups[0]["lr"]
+    with warnings.catch_warnings():  # fp16: the scaler skips steps with inf grads; expected
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
+        s.sched.step()
+    return lr_now
+
+
+class StepRows:
+    """The step and epoch rows of metrics.jsonl: the pending updates' stats fetched at once, checked, summed into
+    the epoch's accumulators (``acc``, kept in the checkpoint so an epoch row survives a resume)."""
+
+    def __init__(self, s: Session, acc: dict[str, float]):
+        self.s, self.acc = s, acc
+        self.pending: list[Pending] = []
+        self.t_last = time.perf_counter()
+
+    def flush(self) -> None:
+        """Fetch the pending steps' stats in one all-reduce and one copy; check them; write their rows."""
+        if not self.pending:
+            return
+        s, g = self.s, self.s.global_batch
+        stats_all = all_reduce(torch.stack([p.stats for p in self.pending])).cpu()
+        mine = [p.busy_s for p in self.pending if p.busy_s is not None]
+        busy_s = sum(mine) / len(mine) if mine else None     # this rank's own, for podrun's slow-rank watch
+        now = time.perf_counter()
+        dt, self.t_last = (now - self.t_last) / len(self.pending), now   # the interval's steps share its time
+        for p, stats in zip(self.pending, stats_all):
+            loss_g, acc_g = stats[0].item() / stats[2].item(), stats[1].item() / stats[2].item()
+            if not math.isfinite(loss_g):
+                raise TrainError(f"loss became {loss_g} at step {p.step}",
+                                 hint="lower the learning rate, or use --amp fp16 loss scaling / bf16", exit_code=1)
+            self.acc["loss"] += stats[0].item()
+            self.acc["correct"] += stats[1].item()
+            self.acc["count"] += stats[2].item()
+            self.acc["seconds"] += dt
+            s.metrics.write({"kind": "step", "step": p.step, "epoch": p.epoch, "loss": loss_g, "accuracy": acc_g,
+                             "lr": p.lr, "images_per_sec": g / dt,
+                             "images_per_sec_instance": g / dt * s.info.local_world_size / s.world,
+                             "step_seconds": dt})
+            progress.report(step=p.step, total=s.total, epoch=p.epoch, loss=loss_g, samples_per_sec=g / dt,
+                            step_seconds=dt, busy_seconds=busy_s)
+        self.pending.clear()
+
+    def end_epoch(self, step: int, epoch: int) -> None:
+        """The epoch's row, fresh accumulators, and the evaluation every --eval-every epochs (not after the last
+        update: the final evaluation follows it)."""
+        s, acc = self.s, self.acc
+        rate = acc["count"] / max(acc["seconds"], 1e-9)
+        s.metrics.write({"kind": "epoch", "step": step, "epoch": epoch, "loss": acc["loss"] / acc["count"],
+                         "accuracy": acc["correct"] / acc["count"], "seconds": acc["seconds"],
+                         "images_per_sec": rate, "images_per_sec_instance": rate * s.info.local_world_size / s.world})
+        self.acc = save.new_accumulators()
+        if s.cfg.eval_every > 0 and (epoch + 1) % s.cfg.eval_every == 0 and step < s.total:
+            progress.phase("eval")
+            s.metrics.write({"kind": "eval", "step": step, "epoch": epoch, **_evaluate(s)})
+            s.wrapped.train()
+        self.t_last = time.perf_counter()
+
+
+def _evaluate(s: Session) -> dict[str, Any]:
+    return evaluate(s.eval_model, s.val_ds, s.cfg, s.device, s.info, s.amp_dtype, s.train_ds.mean, s.train_ds.std,
+                    s.use_fsdp)
+
+
+def _finish(s: Session, step: int, acc: dict[str, float], resumed: str | None) -> dict[str, Any]:
+    """After the last update: the final checkpoint and evaluation, the end record, and the summary (rank 0 writes
+    train_summary.json); the summary's ``not_written`` says what could not be written."""
     if step > 0:
         progress.phase("checkpoint")
     save.final(s, step, acc)
     progress.phase("eval")
-    last_eval = evaluate(s.eval_model, s.val_ds, cfg, device, info, amp_dtype, mean, std, s.use_fsdp)
-    metrics.write({"kind": "eval", "step": step, "epoch": (step - 1) // spe if step else 0, **last_eval})
-    summary = {"steps": step, "total_steps": total, "global_batch": g, "local_batch": s.local_batch,
-               "grad_accum": a, "world_size": world, "seconds": time.time() - s.t_start, "run_dir": str(s.run_dir),
-               "resumed_from": resumed, **last_eval}
+    last_eval = _evaluate(s)
+    s.metrics.write({"kind": "eval", "step": step, "epoch": (step - 1) // s.steps_per_epoch if step else 0,
+                     **last_eval})
+    summary = {"steps": step, "total_steps": s.total, "global_batch": s.global_batch, "local_batch": s.local_batch,
+               "grad_accum": s.grad_accum, "world_size": s.world, "seconds": time.time() - s.t_start,
+               "run_dir": str(s.run_dir), "resumed_from": resumed, **last_eval}
     kept = save.finish(s)              # where the kept checkpoints are, in the end record and the summary
     summary.update(kept)
-    metrics.write({"kind": "run", "event": "end", "step": step, **kept,
-                   **{k: v for k, v in summary.items() if k in ("val_accuracy", "val_loss", "seconds")}})
-    metrics.close()
-    unwritten = [f"{metrics.lost} metrics record(s) ({metrics.error})"] if metrics.lost else []
-    if rank == 0:
+    s.metrics.write({"kind": "run", "event": "end", "step": step, **kept,
+                     **{k: v for k, v in summary.items() if k in ("val_accuracy", "val_loss", "seconds")}})
+    s.metrics.close()
+    unwritten = [f"{s.metrics.lost} metrics record(s) ({s.metrics.error})"] if s.metrics.lost else []
+    if s.rank == 0:
         path = s.run_dir / "train_summary.json"
+        tmp = path.with_name(path.name + ".tmp")
         try:
-            tmp = path.with_name(path.name + ".tmp")
             tmp.write_text(json.dumps(summary, indent=2) + "\n")
             os.replace(tmp, path)
         except OSError as exc:
