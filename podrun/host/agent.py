@@ -131,26 +131,38 @@ def _reap(pid: int) -> bool:
         return True
 
 
-def end_descendants(timeout: float = 5.0) -> int:
-    """Kill every child of this process (and, as a subreaper, every orphan that reparents to it) until
-    none is left or ``timeout`` passes; returns how many were killed."""
-    me, killed = os.getpid(), set()
+def _describe(pid: int) -> str:
+    """``pid N (command line)`` of a live process, its command line cut at 300 characters."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+    except OSError:
+        cmd = ""
+    return f"pid {pid} ({cmd[:300] or '?'})"
+
+
+def end_descendants(timeout: float = 5.0, spare: frozenset[int] = frozenset()) -> list[str]:
+    """Kill every child of this process (and, as a subreaper, every orphan that reparents to it) but the
+    ``spare`` ones (the agent's own helpers, ended by their owners) until none is left or ``timeout``
+    passes; returns each killed process as ``pid N (command line)``."""
+    me, killed = os.getpid(), {}
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        kids = _children(me)
+        kids = [(pid, state) for pid, state in _children(me) if pid not in spare]
         if not kids:
             break
         for pid, state in kids:
             if state != "Z":
+                if pid not in killed:
+                    killed[pid] = _describe(pid)
                 for kill in (os.killpg, os.kill):
                     try:
                         kill(pid, signal.SIGKILL)
                     except (ProcessLookupError, PermissionError):
                         pass
-                killed.add(pid)
             _reap(pid)
         time.sleep(0.01)
-    return len(killed)
+    return list(killed.values())
 
 
 class StopKind(enum.Enum):
@@ -211,6 +223,7 @@ class Agent:
         self.dumps = threading.Semaphore(0)  # one release per ``S`` on stdin
         self.parent = os.getppid()   # the controller (local) or the shell ssh started: gone when it changes
         self.zygote_told = False
+        self.helpers: list = []      # callables giving the pid of one of the agent's own children (or None)
 
     # -- output ---------------------------------------------------------------------------
     def emit(self, local_rank: int | None, kind: str, text: str = "") -> None:
@@ -467,6 +480,10 @@ class Agent:
                 except (ProcessLookupError, PermissionError):
                     pass
 
+    def own(self) -> frozenset[int]:
+        """The pids of the agent's own helpers among its children (the store host): no worker left them."""
+        return frozenset(pid for pid in (h() for h in self.helpers) if pid is not None)
+
     def _reap_orphans(self) -> None:
         """Collect ended orphans that reparented to this subreaper (never a worker: Popen owns those)."""
         workers = {p.pid for p in self.procs if p is not None}
@@ -481,7 +498,7 @@ class Agent:
             return code
         finally:                                # also on an unexpected error: nothing outlives the agent
             self._signal_all(signal.SIGKILL)
-            end_descendants()
+            end_descendants(spare=self.own())
             if self.stack_root is not None:
                 shutil.rmtree(self.stack_root, ignore_errors=True)
             if self.procs:                      # workers ran: their snapshots go when no restart can use them
@@ -543,9 +560,10 @@ class Agent:
                 self._reap_orphans()
             time.sleep(0.02)
         self._signal_all(signal.SIGKILL)   # leftovers in the workers' process groups
-        left = end_descendants()           # then whatever escaped them (setsid daemons, orphans)
+        left = end_descendants(spare=self.own())   # then whatever escaped them (setsid daemons, orphans)
         if left:
-            self.emit(None, "note", f"ended {left} leftover process(es) the workers left behind")
+            self.emit(None, "note", f"ended {len(left)} leftover process(es) the workers left behind: "
+                                    + ", ".join(left))
         deadline = time.monotonic() + 5.0  # every writer is gone: the pipes end, the last lines get out
         for t in (t for ts in self.readers for t in ts):
             t.join(timeout=max(0.0, deadline - time.monotonic()))
@@ -725,6 +743,7 @@ def main(argv: list[str] | None = None) -> int:
     if store is not None and not (probe and probe["ports_busy"]):    # busy: the controller will not say go
         store.start(agent.envs, lambda text: agent.emit(None, "note", text),
                     warm=agent.warm[:2] if agent.warm is not None else None)
+        agent.helpers.append(store.pid)
     try:
         return agent.run()
     finally:
