@@ -187,7 +187,8 @@ class Agent:
     def __init__(self, index: int, command: list[str], envs: list[dict[str, str]], *, grace: float,
                  stdin_watch: bool, stdin_timeout: float, heartbeat: float = HEARTBEAT_S, out=None,
                  probe: dict | None = None, local_ranks: list[int] | None = None, agent_rank: int | None = None,
-                 run_dir: str | None = None, warm: tuple[str, str, bool] | None = None):
+                 run_dir: str | None = None, warm: tuple[str, str, bool] | None = None,
+                 worker_stdin: int | None = None):
         self.index = index
         # (run dir, host, start one): fork workers from this host's zygote (podrun.host.zygote) when it is
         # there; start it for the next attempt when it is not and one may follow
@@ -223,6 +224,7 @@ class Agent:
         self.dumps = threading.Semaphore(0)  # one release per ``S`` on stdin
         self.parent = os.getppid()   # the controller (local) or the shell ssh started: gone when it changes
         self.zygote_told = False
+        self.worker_stdin = worker_stdin  # what local rank 0 reads as stdin (else /dev/null, as the others)
         self.helpers: list = []      # callables giving the pid of one of the agent's own children (or None)
 
     # -- output ---------------------------------------------------------------------------
@@ -331,10 +333,11 @@ class Agent:
                 f"no stack written within {STACK_WAIT_S:g} s"}
 
     def _heartbeat(self) -> None:
-        from podrun.wire.protocol import read_request
+        from podrun.wire.protocol import read_request, read_stop
 
         watch_file = not self.stdin_watch and self.run_dir is not None
         token = read_request(self.run_dir) if watch_file else ""
+        stop_token = read_stop(self.run_dir)[0] if watch_file else ""
         while True:
             self.emit(None, "hb", f"{time.time():.3f}")
             if watch_file:
@@ -342,6 +345,11 @@ class Agent:
                 if now != token:
                     token = now
                     self.dumps.release()
+                now, sig = read_stop(self.run_dir)
+                if now != stop_token and sig is not None:
+                    stop_token = now
+                    self.request_stop(StopKind.CONTROLLER_ASKED, f"the controller relayed {signal.Signals(sig).name}",
+                                      sig)
             time.sleep(self.heartbeat)
 
     def _watch_stdin(self) -> None:
@@ -357,8 +365,12 @@ class Agent:
             self.got_stdin = True
             if b"G" in data:
                 self.go.set()
-            if b"T" in data:
-                self.request_stop(StopKind.CONTROLLER_ASKED, "the controller asked to stop")
+            stops = sorted((data.index(tok), tok) for tok in protocol.STOP_TOKENS if tok in data)
+            if stops:                                        # the first in the stream wins
+                tok = stops[0][1]
+                name = protocol.STOP_TOKENS[tok]
+                self.request_stop(StopKind.CONTROLLER_ASKED, "the controller asked to stop" if tok == b"T"
+                                  else f"the controller relayed {name}", getattr(signal, name))
             for _ in range(data.count(b"S")):
                 self.dumps.release()
 
@@ -388,10 +400,11 @@ class Agent:
                 os.mkdir(where, 0o700)
                 env.update(PODRUN_STACK_DIR=where, PODRUN_STACK_SIGNAL=str(STACK_SIGNAL),
                            PYTHONPATH=os.pathsep.join(x for x in (SITE_DIR, env.get("PYTHONPATH")) if x))
-            p = self._spawn_warm(local_rank, env, w) if self.warm is not None else None
+            stdin = self.worker_stdin if self.local_ranks[local_rank] == 0 else None
+            p = self._spawn_warm(local_rank, env, w, stdin) if self.warm is not None else None
             try:
                 if p is None:
-                    p = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL,
+                    p = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL if stdin is None else stdin,
                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                          start_new_session=True, preexec_fn=die_with_parent(), pass_fds=(*keep_fds, w))
             except OSError as exc:
@@ -412,18 +425,23 @@ class Agent:
                 t.start()
             self.readers.append(threads)
             self.emit(local_rank, "start", str(p.pid))
+        if self.worker_stdin is not None:     # the worker holds it: its end of input is the terminal's
+            os.close(self.worker_stdin)
+            self.worker_stdin = None
         if self.warm is not None:
             self._keep_zygote()
 
-    def _spawn_warm(self, local_rank: int, env: dict[str, str], progress_fd: int):
-        """The worker forked by this host's zygote, or None (no zygote: the caller starts it as usual)."""
+    def _spawn_warm(self, local_rank: int, env: dict[str, str], progress_fd: int, stdin: int | None = None):
+        """The worker forked by this host's zygote, or None (no zygote: the caller starts it as usual);
+        ``stdin``: the descriptor it reads as stdin (else the zygote's choice)."""
         from podrun.host import zygote
 
         run_dir, host, _ = self.warm
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         p = zygote.spawn(run_dir, host, self.command, {k: v for k, v in env.items() if k != PROGRESS_ENV},
-                         os.getcwd(), {1: out_w, 2: err_w, PROGRESS_ENV: progress_fd})
+                         os.getcwd(), {1: out_w, 2: err_w, PROGRESS_ENV: progress_fd,
+                                       **({} if stdin is None else {0: stdin})})
         os.close(out_w)
         os.close(err_w)
         if p is None:
@@ -522,6 +540,7 @@ class Agent:
         first_failure: int | None = None
         reaped = [p is None for p in self.procs]
         kill_at: float | None = None
+        term_at: float | None = None
         next_reap = time.monotonic() + 1.0
         while not all(reaped):
             for lr, p in enumerate(self.procs):
@@ -551,7 +570,14 @@ class Agent:
                 if not all(reaped):
                     self.emit(None, "note", f"ending workers: {self.stop.message}")
                 self._signal_all(self.stop_signal)
-                kill_at = time.monotonic() + self.grace
+                if self.stop_signal != signal.SIGTERM:   # SIGINT or SIGHUP first: SIGTERM for what ignores it
+                    term_at = time.monotonic() + self.grace
+                    kill_at = term_at + protocol.TERM_TO_KILL_S
+                else:
+                    kill_at = time.monotonic() + self.grace
+            if term_at is not None and time.monotonic() >= term_at:
+                term_at = None
+                self._signal_all(signal.SIGTERM)
             if kill_at is not None and time.monotonic() >= kill_at:
                 self._signal_all(signal.SIGKILL)
                 kill_at = time.monotonic() + 1.0
@@ -686,6 +712,9 @@ def main(argv: list[str] | None = None) -> int:
                          "it does not and --restart-count is below --max-restarts")
     ap.add_argument("--env-stdin", action="store_true",
                     help="read the run's --env first from stdin (podrun.wire.envchannel) and set it for the workers")
+    ap.add_argument("--worker-stdin-fd", type=int, metavar="FD",
+                    help="an inherited descriptor that local rank 0 reads as its stdin (the local transport's copy "
+                         "of podrun's stdin); every other worker reads /dev/null")
     ap.add_argument("command", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
     os.umask(0o077)                    # the workers' files are private, as the run directory's
@@ -737,7 +766,7 @@ def main(argv: list[str] | None = None) -> int:
                       master_addr=args.master_addr, master_port=None if rank0 else args.master_port)
     agent = Agent(index, command, envs, grace=args.grace, stdin_watch=not args.no_stdin_watch,
                   stdin_timeout=args.stdin_timeout, heartbeat=args.heartbeat, probe=probe, local_ranks=local_ranks,
-                  agent_rank=agent_rank, run_dir=args.run_dir,
+                  agent_rank=agent_rank, run_dir=args.run_dir, worker_stdin=args.worker_stdin_fd,
                   warm=(args.run_dir, socket.gethostname(), args.restart_count < args.max_restarts)
                   if args.warm else None)
     if store is not None and not (probe and probe["ports_busy"]):    # busy: the controller will not say go
