@@ -28,7 +28,9 @@ def _interrupt(argv: list[str], out: Path, ranks: int, cwd=None) -> tuple[int, s
     p = subprocess.Popen([*argv, SAVE, str(out)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, cwd=cwd)
     try:
-        seen = "".join(wait_output(p, f"up {r}", 120) for r in range(ranks))
+        seen = ""
+        while not all(f"up {r}" in seen for r in range(ranks)):   # in any order
+            seen += wait_output(p, "up ", 120)
         p.send_signal(signal.SIGINT)
         rest, _ = p.communicate(timeout=60)
         return p.returncode, seen + rest

@@ -146,21 +146,15 @@ def agent_shell(request, redact: bool = False, per_worker: bool = False) -> list
     return ["/bin/sh", "-c", request.shell_command(None, stdin_watch=False, redact=redact, per_worker=per_worker)]
 
 
-#: the signals Open MPI's mpirun always passes on to every rank as they are (prte's ess_base_forward_signals);
-#: MPICH's mpiexec ends the ranks its own way, so only SIGTERM is sent to it and the others go through the run dir
-OPENMPI_FORWARDS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
-
-
 class ProcessHandle(InstanceHandle):
     """One launcher process (mpirun, srun) whose merged output carries every instance."""
 
     def __init__(self, argv: list[str], *, label: str, instances: tuple[int, ...], grace: float,
                  env: dict[str, str] | None = None, on_kill=None, local_ranks: tuple[int, ...] | None = None,
-                 run_dir: str | None = None, forwards: frozenset[int] = frozenset({signal.SIGTERM})):
+                 run_dir: str | None = None):
         """``local_ranks``: with one agent per worker, the local ranks each instance's agents report
-        their ``done`` under (else one agent per instance, which reports it under ``-``). ``forwards``: the
-        signals the launcher passes on to every rank as they are; another one is asked for through
-        ``run_dir`` (podrun.wire.protocol.write_stop)."""
+        their ``done`` under (else one agent per instance, which reports it under ``-``). ``run_dir``: where
+        the agents read a stop with another signal than SIGTERM (podrun.wire.protocol.write_stop)."""
         import subprocess
 
         self.label = label
@@ -168,7 +162,6 @@ class ProcessHandle(InstanceHandle):
         self._agents = {(i, lr) for i in instances for lr in (local_ranks if local_ranks else (None,))}
         self.grace = grace
         self.run_dir = run_dir
-        self.forwards = forwards
         self._on_kill = on_kill
         try:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -216,16 +209,18 @@ class ProcessHandle(InstanceHandle):
             pass
 
     def terminate(self, sig: int = signal.SIGTERM) -> None:
-        """``sig`` to the launcher when it forwards that signal to every rank as it is (``forwards``), else
-        the request in the run dir that the agents read each heartbeat; SIGKILL after grace + TERM_TO_KILL_S + 3 s."""
+        """SIGTERM to the launcher (it forwards it to every rank); another signal (podrun's SIGINT, SIGHUP)
+        as the run dir's stop request, which the agents read each heartbeat and pass on to their workers as it
+        is: Open MPI's mpirun and srun end their ranks at once on a SIGINT instead of passing it on. SIGKILL
+        after grace + TERM_TO_KILL_S + 3 s."""
         if self.proc.poll() is not None or self._term_sent:
             return
         self._term_sent = True
         from podrun.wire import protocol
 
-        if sig in self.forwards or self.run_dir is None:
+        if sig == signal.SIGTERM or self.run_dir is None:
             try:
-                self.proc.send_signal(sig if sig in self.forwards else signal.SIGTERM)
+                self.proc.send_signal(signal.SIGTERM)
             except ProcessLookupError:
                 return
         else:
@@ -339,8 +334,7 @@ class MpirunTransport(Transport):
         h = ProcessHandle(argv, label="mpirun", instances=tuple(i.index for i in self.request.instances),
                           grace=self.request.grace, env=env,
                           local_ranks=tuple(range(workers_per_instance(self.request.plan))),
-                          run_dir=self.request.run_dir, forwards=OPENMPI_FORWARDS if (self._flavour or self.options().flavour or "openmpi") == "openmpi"
-                          else frozenset({signal.SIGTERM}))
+                          run_dir=self.request.run_dir)
         return [h]
 
 

@@ -98,7 +98,6 @@ class SrunTransport(Transport):
                      "SLURM_DISTRIBUTION", "SLURM_NNODES", "SLURM_CPUS_PER_TASK"):
             env.pop(name, None)
         try:
-            # srun passes SIGTERM on to its tasks; a single SIGINT only makes it report their state
             return [ProcessHandle(self.argv(), label="srun", grace=self.request.grace, env=env,
                                   run_dir=self.request.run_dir,
                                   instances=tuple(i.index for i in self.request.instances),
