@@ -84,20 +84,23 @@ def test_sigint_reaches_the_workers_through_mpirun_as_sigint(ssh_hosts, tmp_path
     assert _saved(tmp_path / "out") == {"saved-0": "SIGINT ", "saved-1": "SIGINT "}, text
 
 
-def test_a_worker_that_ignores_sigint_gets_sigterm_after_grace(tmp_path):
-    """SIGINT first; what is still running --grace seconds later gets SIGTERM (a shell's background job ignores
-    SIGINT), and the run ends without waiting for SIGKILL."""
+def test_a_worker_that_outlives_sigint_gets_sigterm_after_grace(tmp_path):
+    """SIGINT first; what is still running --grace seconds later (a worker that handles SIGINT and goes on, or a
+    shell's background job, which ignores it) gets SIGTERM, and the run ends without waiting for SIGKILL."""
     m = marker()
     p = subprocess.Popen([*PODRUN, "launch", "--devices-per-host", "1", "--grace", "1", "--master-port",
                           str(free_port(2)), "--runs-dir", str(tmp_path / "runs"), "--", "sh", "-c",
-                          f"trap '' INT; trap 'echo got-term; exit 143' TERM; echo up; "
-                          f"while :; do sleep 0.1; done # {m}"],
+                          "trap 'echo got-int $(date +%s.%N)' INT; trap 'echo got-term $(date +%s.%N); exit 143' TERM; "
+                          f"echo up; while :; do sleep 0.1; done # {m}"],
                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_output(p, "up", 60)
         p.send_signal(signal.SIGINT)
         out, _ = p.communicate(timeout=30)
-        assert "got-term" in out and p.returncode == 130, out
+        assert p.returncode == 130, out
+        got = {w[0]: float(w[1]) for w in (l.split()[-2:] for l in out.splitlines() if " got-" in l)}
+        assert set(got) == {"got-int", "got-term"}, out
+        assert got["got-term"] - got["got-int"] >= 0.9, out      # --grace 1 between them
         assert wait_until(lambda: local_pids(m) == [], 5), local_pids(m)
     finally:
         end(p)
