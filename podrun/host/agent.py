@@ -57,6 +57,7 @@ ERROR_TRACEBACK_LINES = 40   # of a worker's @record traceback, sent to the cont
 ERROR_MESSAGE_CHARS = 2000
 STACK_SIGNAL = int(signal.SIGRTMIN) + 4   # faulthandler's dump signal in workers (podrun/runtime/site)
 SITE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime", "site")
+HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)   # the agent's own: it ends its workers with the one it got
 STACK_WAIT_S = 2.0         # how long one process may take to write its stacks
 STACK_TEXT = 48 * 1024     # characters of one process's dump relayed (a stack line stays under READ_LIMIT)
 STACK_PROCS = 4            # Python processes of one worker whose stacks are relayed (the worker's own first)
@@ -526,7 +527,7 @@ class Agent:
 
     def _run(self) -> int:
         self.subreaper = _prctl(PR_SET_CHILD_SUBREAPER, 1)
-        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for s in HANDLED:
             signal.signal(s, self._on_signal)
         self.emit(None, "ready", f"{socket.gethostname()} {os.getpid()} {len(self.envs)}")
         threading.Thread(target=self._heartbeat, daemon=True).start()

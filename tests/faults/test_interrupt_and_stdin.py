@@ -106,6 +106,18 @@ def test_a_worker_that_outlives_sigint_gets_sigterm_after_grace(tmp_path):
         end(p)
 
 
+def test_signals_to_handle_names_the_signals_podrun_passes_on():
+    """TORCHELASTIC_SIGNALS_TO_HANDLE is what the controller handles, what it relays to the agents and what
+    an agent handles itself."""
+    from podrun.host import agent
+    from podrun.launch.supervisor import STOP_SIGNALS
+    from podrun.plan.worker_env import SIGNALS_HANDLED
+    from podrun.wire.protocol import STOP_TOKENS
+
+    names = set(SIGNALS_HANDLED.split(","))
+    assert names == {s.name for s in STOP_SIGNALS} == set(STOP_TOKENS.values()) == {s.name for s in agent.HANDLED}
+
+
 DBG = 'x = 41\nbreakpoint()\nprint("after", x, flush=True)\n'
 
 
