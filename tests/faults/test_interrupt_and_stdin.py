@@ -141,3 +141,28 @@ def test_only_local_rank_0_reads_the_launchers_stdin(tmp_path):
                         input="hello\n", capture_output=True, text=True, timeout=120)
     assert cp.returncode == 0, cp.stderr
     assert "rank 0 read 'hello\\n'" in cp.stdout and "rank 1 read ''" in cp.stdout, cp.stdout
+
+
+@pytest.mark.slurm
+@pytest.mark.cluster
+@pytest.mark.timeout(180)
+def test_sigint_reaches_the_workers_through_srun_as_sigint(slurm_cluster, tmp_path):
+    """Inside a 2-node allocation, SIGINT to `podrun launch --transport srun`: both workers run their
+    KeyboardInterrupt handler (srun itself, on one SIGINT, only reports its tasks' state)."""
+    sl = slurm_cluster
+    out, log = tmp_path / "out", tmp_path / "job.out"
+    out.mkdir()
+    m = marker()
+    launch = [sys.executable, "-m", "podrun", "launch", "--transport", "srun", "--nodes", "2", "--devices-per-host",
+              "1", "--runs-dir", str(tmp_path / "runs"), "--run-id", m, "--", sys.executable, SAVE, str(out)]
+    job = sl.sbatch(["-N2", f"--output={log}", f"--chdir={tmp_path}", "--wrap", " ".join(launch)])
+    try:
+        assert wait_until(lambda: log.exists() and all(f"up {r}" in log.read_text() for r in (0, 1)), 120), \
+            log.read_text() if log.exists() else "no output"
+        pids = [p for p in local_pids(m) if "podrun launch" in Path(f"/proc/{p}/cmdline").read_text().replace("\0", " ")]
+        assert len(pids) == 1, pids
+        os.kill(pids[0], signal.SIGINT)
+        assert wait_until(lambda: len(_saved(out)) == 2, 30), log.read_text()
+    finally:
+        sl.wait_job(job, timeout=90)
+    assert _saved(out) == {"saved-0": "SIGINT ", "saved-1": "SIGINT "}, log.read_text()
