@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib
 import queue
+import signal
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -95,7 +96,7 @@ class InstanceHandle(ABC):
         no-op where there is no stdin (mpirun, srun)."""
 
     @abstractmethod
-    def terminate(self, sig: int = 15) -> None:
+    def terminate(self, sig: int = signal.SIGTERM) -> None:
         """Ask the agent(s) to end their workers with ``sig`` first (SIGTERM, or the SIGINT/SIGHUP podrun
         received, which the agents follow with SIGTERM after the request's grace), then SIGKILL."""
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import getpass
 import os
 import queue
+import signal
 import socket
 import threading
 
@@ -111,7 +112,7 @@ class SSHHandle(HeldProbe, InstanceHandle):
     def request_stacks(self) -> None:
         self._out.put(b"S")
 
-    def terminate(self, sig: int = 15) -> None:
+    def terminate(self, sig: int = signal.SIGTERM) -> None:
         self._out.put(protocol.stop_token(sig))
 
     def kill(self) -> None:
