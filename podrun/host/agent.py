@@ -57,6 +57,7 @@ ERROR_TRACEBACK_LINES = 40   # of a worker's @record traceback, sent to the cont
 ERROR_MESSAGE_CHARS = 2000
 STACK_SIGNAL = int(signal.SIGRTMIN) + 4   # faulthandler's dump signal in workers (podrun/runtime/site)
 SITE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime", "site")
+HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)   # the agent's own: it ends its workers with the one it got
 STACK_WAIT_S = 2.0         # how long one process may take to write its stacks
 STACK_TEXT = 48 * 1024     # characters of one process's dump relayed (a stack line stays under READ_LIMIT)
 STACK_PROCS = 4            # Python processes of one worker whose stacks are relayed (the worker's own first)
@@ -131,26 +132,38 @@ def _reap(pid: int) -> bool:
         return True
 
 
-def end_descendants(timeout: float = 5.0) -> int:
-    """Kill every child of this process (and, as a subreaper, every orphan that reparents to it) until
-    none is left or ``timeout`` passes; returns how many were killed."""
-    me, killed = os.getpid(), set()
+def _describe(pid: int) -> str:
+    """``pid N (command line)`` of a live process, its command line cut at 300 characters."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+    except OSError:
+        cmd = ""
+    return f"pid {pid} ({cmd[:300] or '?'})"
+
+
+def end_descendants(timeout: float = 5.0, spare: frozenset[int] = frozenset()) -> list[str]:
+    """Kill every child of this process (and, as a subreaper, every orphan that reparents to it) but the
+    ``spare`` ones (the agent's own helpers, ended by their owners) until none is left or ``timeout``
+    passes; returns each killed process as ``pid N (command line)``."""
+    me, killed = os.getpid(), {}
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        kids = _children(me)
+        kids = [(pid, state) for pid, state in _children(me) if pid not in spare]
         if not kids:
             break
         for pid, state in kids:
             if state != "Z":
+                if pid not in killed:
+                    killed[pid] = _describe(pid)
                 for kill in (os.killpg, os.kill):
                     try:
                         kill(pid, signal.SIGKILL)
                     except (ProcessLookupError, PermissionError):
                         pass
-                killed.add(pid)
             _reap(pid)
         time.sleep(0.01)
-    return len(killed)
+    return list(killed.values())
 
 
 class StopKind(enum.Enum):
@@ -175,7 +188,8 @@ class Agent:
     def __init__(self, index: int, command: list[str], envs: list[dict[str, str]], *, grace: float,
                  stdin_watch: bool, stdin_timeout: float, heartbeat: float = HEARTBEAT_S, out=None,
                  probe: dict | None = None, local_ranks: list[int] | None = None, agent_rank: int | None = None,
-                 run_dir: str | None = None, warm: tuple[str, str, bool] | None = None):
+                 run_dir: str | None = None, warm: tuple[str, str, bool] | None = None,
+                 worker_stdin: int | None = None):
         self.index = index
         # (run dir, host, start one): fork workers from this host's zygote (podrun.host.zygote) when it is
         # there; start it for the next attempt when it is not and one may follow
@@ -211,6 +225,8 @@ class Agent:
         self.dumps = threading.Semaphore(0)  # one release per ``S`` on stdin
         self.parent = os.getppid()   # the controller (local) or the shell ssh started: gone when it changes
         self.zygote_told = False
+        self.worker_stdin = worker_stdin  # what local rank 0 reads as stdin (else /dev/null, as the others)
+        self.helpers: list = []      # callables giving the pid of one of the agent's own children (or None)
 
     # -- output ---------------------------------------------------------------------------
     def emit(self, local_rank: int | None, kind: str, text: str = "") -> None:
@@ -318,10 +334,11 @@ class Agent:
                 f"no stack written within {STACK_WAIT_S:g} s"}
 
     def _heartbeat(self) -> None:
-        from podrun.wire.protocol import read_request
+        from podrun.wire.protocol import read_request, read_stop
 
         watch_file = not self.stdin_watch and self.run_dir is not None
         token = read_request(self.run_dir) if watch_file else ""
+        stop_token = read_stop(self.run_dir)[0] if watch_file else ""
         while True:
             self.emit(None, "hb", f"{time.time():.3f}")
             if watch_file:
@@ -329,6 +346,11 @@ class Agent:
                 if now != token:
                     token = now
                     self.dumps.release()
+                now, sig = read_stop(self.run_dir)
+                if now != stop_token and sig is not None:
+                    stop_token = now
+                    self.request_stop(StopKind.CONTROLLER_ASKED, f"the controller relayed {signal.Signals(sig).name}",
+                                      sig)
             time.sleep(self.heartbeat)
 
     def _watch_stdin(self) -> None:
@@ -344,8 +366,12 @@ class Agent:
             self.got_stdin = True
             if b"G" in data:
                 self.go.set()
-            if b"T" in data:
-                self.request_stop(StopKind.CONTROLLER_ASKED, "the controller asked to stop")
+            stops = sorted((data.index(tok), tok) for tok in protocol.STOP_TOKENS if tok in data)
+            if stops:                                        # the first in the stream wins
+                tok = stops[0][1]
+                name = protocol.STOP_TOKENS[tok]
+                self.request_stop(StopKind.CONTROLLER_ASKED, "the controller asked to stop" if tok == b"T"
+                                  else f"the controller relayed {name}", getattr(signal, name))
             for _ in range(data.count(b"S")):
                 self.dumps.release()
 
@@ -375,10 +401,11 @@ class Agent:
                 os.mkdir(where, 0o700)
                 env.update(PODRUN_STACK_DIR=where, PODRUN_STACK_SIGNAL=str(STACK_SIGNAL),
                            PYTHONPATH=os.pathsep.join(x for x in (SITE_DIR, env.get("PYTHONPATH")) if x))
-            p = self._spawn_warm(local_rank, env, w) if self.warm is not None else None
+            stdin = self.worker_stdin if self.local_ranks[local_rank] == 0 else None
+            p = self._spawn_warm(local_rank, env, w, stdin) if self.warm is not None else None
             try:
                 if p is None:
-                    p = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL,
+                    p = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL if stdin is None else stdin,
                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                          start_new_session=True, preexec_fn=die_with_parent(), pass_fds=(*keep_fds, w))
             except OSError as exc:
@@ -399,18 +426,23 @@ class Agent:
                 t.start()
             self.readers.append(threads)
             self.emit(local_rank, "start", str(p.pid))
+        if self.worker_stdin is not None:     # the worker holds it: its end of input is the terminal's
+            os.close(self.worker_stdin)
+            self.worker_stdin = None
         if self.warm is not None:
             self._keep_zygote()
 
-    def _spawn_warm(self, local_rank: int, env: dict[str, str], progress_fd: int):
-        """The worker forked by this host's zygote, or None (no zygote: the caller starts it as usual)."""
+    def _spawn_warm(self, local_rank: int, env: dict[str, str], progress_fd: int, stdin: int | None = None):
+        """The worker forked by this host's zygote, or None (no zygote: the caller starts it as usual);
+        ``stdin``: the descriptor it reads as stdin (else the zygote's choice)."""
         from podrun.host import zygote
 
         run_dir, host, _ = self.warm
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         p = zygote.spawn(run_dir, host, self.command, {k: v for k, v in env.items() if k != PROGRESS_ENV},
-                         os.getcwd(), {1: out_w, 2: err_w, PROGRESS_ENV: progress_fd})
+                         os.getcwd(), {1: out_w, 2: err_w, PROGRESS_ENV: progress_fd,
+                                       **({} if stdin is None else {0: stdin})})
         os.close(out_w)
         os.close(err_w)
         if p is None:
@@ -467,6 +499,10 @@ class Agent:
                 except (ProcessLookupError, PermissionError):
                     pass
 
+    def own(self) -> frozenset[int]:
+        """The pids of the agent's own helpers among its children (the store host): no worker left them."""
+        return frozenset(pid for pid in (h() for h in self.helpers) if pid is not None)
+
     def _reap_orphans(self) -> None:
         """Collect ended orphans that reparented to this subreaper (never a worker: Popen owns those)."""
         workers = {p.pid for p in self.procs if p is not None}
@@ -481,7 +517,7 @@ class Agent:
             return code
         finally:                                # also on an unexpected error: nothing outlives the agent
             self._signal_all(signal.SIGKILL)
-            end_descendants()
+            end_descendants(spare=self.own())
             if self.stack_root is not None:
                 shutil.rmtree(self.stack_root, ignore_errors=True)
             if self.procs:                      # workers ran: their snapshots go when no restart can use them
@@ -491,7 +527,7 @@ class Agent:
 
     def _run(self) -> int:
         self.subreaper = _prctl(PR_SET_CHILD_SUBREAPER, 1)
-        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for s in HANDLED:
             signal.signal(s, self._on_signal)
         self.emit(None, "ready", f"{socket.gethostname()} {os.getpid()} {len(self.envs)}")
         threading.Thread(target=self._heartbeat, daemon=True).start()
@@ -505,6 +541,7 @@ class Agent:
         first_failure: int | None = None
         reaped = [p is None for p in self.procs]
         kill_at: float | None = None
+        term_at: float | None = None
         next_reap = time.monotonic() + 1.0
         while not all(reaped):
             for lr, p in enumerate(self.procs):
@@ -534,7 +571,14 @@ class Agent:
                 if not all(reaped):
                     self.emit(None, "note", f"ending workers: {self.stop.message}")
                 self._signal_all(self.stop_signal)
-                kill_at = time.monotonic() + self.grace
+                if self.stop_signal != signal.SIGTERM:   # SIGINT or SIGHUP first: SIGTERM for what ignores it
+                    term_at = time.monotonic() + self.grace
+                    kill_at = term_at + protocol.TERM_TO_KILL_S
+                else:
+                    kill_at = time.monotonic() + self.grace
+            if term_at is not None and time.monotonic() >= term_at:
+                term_at = None
+                self._signal_all(signal.SIGTERM)
             if kill_at is not None and time.monotonic() >= kill_at:
                 self._signal_all(signal.SIGKILL)
                 kill_at = time.monotonic() + 1.0
@@ -543,9 +587,10 @@ class Agent:
                 self._reap_orphans()
             time.sleep(0.02)
         self._signal_all(signal.SIGKILL)   # leftovers in the workers' process groups
-        left = end_descendants()           # then whatever escaped them (setsid daemons, orphans)
+        left = end_descendants(spare=self.own())   # then whatever escaped them (setsid daemons, orphans)
         if left:
-            self.emit(None, "note", f"ended {left} leftover process(es) the workers left behind")
+            self.emit(None, "note", f"ended {len(left)} leftover process(es) the workers left behind: "
+                                    + ", ".join(left))
         deadline = time.monotonic() + 5.0  # every writer is gone: the pipes end, the last lines get out
         for t in (t for ts in self.readers for t in ts):
             t.join(timeout=max(0.0, deadline - time.monotonic()))
@@ -668,6 +713,9 @@ def main(argv: list[str] | None = None) -> int:
                          "it does not and --restart-count is below --max-restarts")
     ap.add_argument("--env-stdin", action="store_true",
                     help="read the run's --env first from stdin (podrun.wire.envchannel) and set it for the workers")
+    ap.add_argument("--worker-stdin-fd", type=int, metavar="FD",
+                    help="an inherited descriptor that local rank 0 reads as its stdin (the local transport's copy "
+                         "of podrun's stdin); every other worker reads /dev/null")
     ap.add_argument("command", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
     os.umask(0o077)                    # the workers' files are private, as the run directory's
@@ -719,12 +767,13 @@ def main(argv: list[str] | None = None) -> int:
                       master_addr=args.master_addr, master_port=None if rank0 else args.master_port)
     agent = Agent(index, command, envs, grace=args.grace, stdin_watch=not args.no_stdin_watch,
                   stdin_timeout=args.stdin_timeout, heartbeat=args.heartbeat, probe=probe, local_ranks=local_ranks,
-                  agent_rank=agent_rank, run_dir=args.run_dir,
+                  agent_rank=agent_rank, run_dir=args.run_dir, worker_stdin=args.worker_stdin_fd,
                   warm=(args.run_dir, socket.gethostname(), args.restart_count < args.max_restarts)
                   if args.warm else None)
     if store is not None and not (probe and probe["ports_busy"]):    # busy: the controller will not say go
         store.start(agent.envs, lambda text: agent.emit(None, "note", text),
                     warm=agent.warm[:2] if agent.warm is not None else None)
+        agent.helpers.append(store.pid)
     try:
         return agent.run()
     finally:

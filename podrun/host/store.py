@@ -62,6 +62,7 @@ class StoreHost:
 
         self.sock = sock
         self.state = "starting"
+        self.closing = False          # the agent ends it: its exit is no failure to report
         self.up = threading.Event()
         self._on_failure = on_failure
         fd = sock.fileno()
@@ -105,10 +106,11 @@ class StoreHost:
             failed = [l for l in lines if l.startswith("failed: ")]
             self.state = failed[-1] if failed else f"failed: exit {self.proc.wait()} ({(lines or ['no output'])[-1]})"
             self.up.set()
-            if self._on_failure is not None:
+            if self._on_failure is not None and not self.closing:
                 self._on_failure(self.state)
 
     def close(self) -> None:
+        self.closing = True
         try:
             self.proc.kill()
         except ProcessLookupError:
@@ -161,6 +163,12 @@ class AgentStore:
         self.release()
         for e in envs:
             e.pop(ENV, None)
+
+    def pid(self) -> int | None:
+        """The store host's pid while it is the agent's child (a zygote's fork is not), else None."""
+        if self.host is None or getattr(self.host.proc, "zygote_pid", None) is not None:
+            return None
+        return self.host.proc.pid
 
     def release(self) -> None:
         if self.sock is not None:

@@ -86,11 +86,13 @@ class LaunchRequest:
         return self.instances[index]
 
     def agent_argv(self, index: int | None, *, stdin_watch: bool = True, hold: bool = False,
-                   per_worker: bool = False, env_stdin: bool = False) -> list[str]:
+                   per_worker: bool = False, env_stdin: bool = False, worker_stdin_fd: int | None = None) -> list[str]:
         """The agent command line; index None means --index-from-env (mpirun/srun ranks), or with
         ``per_worker`` --rank-from-env (each launcher rank is one worker); ``hold``: the agent reports
         its preflight facts and starts workers only on a go from the controller; ``env_stdin``: the
-        transport writes ``env_message()`` first on the agent's stdin (--env-stdin, when there is an env)."""
+        transport writes ``env_message()`` first on the agent's stdin (--env-stdin, when there is an env);
+        ``worker_stdin_fd``: the agent's inherited descriptor that its local rank 0 reads as stdin (the local
+        transport's copy of podrun's own stdin)."""
         argv = [self.python, "-m", AGENT_MODULE,
                 "--plan", self.plan_path, "--run-id", self.run_id, "--run-dir", self.run_dir,
                 "--master-addr", self.master_addr, "--master-port", str(self.master_port),
@@ -107,6 +109,7 @@ class LaunchRequest:
         argv += ["--hold"] if hold else []
         argv += ["--needs", ",".join(self.needs)] if hold and self.needs else []
         argv += ["--env-stdin"] if env_stdin and self.env else []
+        argv += ["--worker-stdin-fd", str(worker_stdin_fd)] if worker_stdin_fd is not None else []
         return argv + ["--", *self.command]
 
     def rendezvous_ports(self) -> tuple[int, ...]:

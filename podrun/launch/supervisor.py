@@ -449,9 +449,10 @@ class Supervisor:
                 why = (f"received {signal.Signals(self.signalled).name}" if self.signalled is not None
                        else self.failures[0].reason + f" (instance {self.failures[0].instance} on {self.failures[0].host})")
                 self.notice(f"ending the run on every host: {why}")
+                first = self.signalled if self.signalled is not None else signal.SIGTERM
                 for x in open_handles:
-                    x.terminate()
-                kill_at = now + self.req.grace + 3.0
+                    x.terminate(first)       # podrun's SIGINT or SIGHUP goes on as it is, as torchrun's does
+                kill_at = now + self.req.grace + protocol.TERM_TO_KILL_S + 3.0
             if kill_at is not None and self.force:
                 kill_at = now
             if kill_at is not None and now >= kill_at:

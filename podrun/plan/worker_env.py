@@ -72,7 +72,8 @@ POPDIST_NAMES = tuple(POPDIST_FIELDS.values())
 # (podrun.wire.probe.gloo_interface).
 HOST_DEFAULT_NAMES = ("OMP_NUM_THREADS", "PYTHONUNBUFFERED", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
                       "TORCHELASTIC_SIGNALS_TO_HANDLE", "GLOO_SOCKET_IFNAME")
-# The signals the agent forwards to its workers (podrun.host.agent), in torchrun's variable for its own list
+# The signals podrun handles and passes on to the workers as they are (podrun.launch.supervisor.STOP_SIGNALS,
+# podrun.wire.protocol.STOP_TOKENS, the agent's own handlers), in torchrun's variable for its own list
 SIGNALS_HANDLED = "SIGTERM,SIGINT,SIGHUP"
 # What --data-interface NAME (or a cluster spec's data_interface) sets for every worker: the interface gloo
 # and NCCL open their sockets on

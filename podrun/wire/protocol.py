@@ -103,6 +103,7 @@ def exit_code_from_returncode(rc: int) -> int:
 # -- the run directory's messages to agents that have no stdin (mpirun, srun: they share the run dir) --
 
 REQUEST_FILE = "stacks-request"   # in the run dir: such agents watch it for a new token (a stacks request)
+STOP_FILE = "stop-request"        # in the run dir: the signal such agents end their workers with (a name)
 ZYGOTE_DIR = "zygote"             # in the run dir: the zygotes' sockets; removing it ends every zygote of the run
 
 
@@ -126,3 +127,51 @@ def read_request(run_dir: str) -> str:
             return f.read().strip()
     except OSError:
         return ""
+
+
+# -- how the controller asks an agent to end its workers with a signal ------------------------------
+
+#: the controller's byte on an agent's stdin that ends its workers, by the signal they get first: T is the
+#: controller's own teardown (SIGTERM; also a SIGTERM podrun received), I and H relay podrun's SIGINT
+#: (Ctrl-C) and SIGHUP, as torchrun passes on the signal it received
+STOP_TOKENS = {b"T": "SIGTERM", b"I": "SIGINT", b"H": "SIGHUP"}
+#: after a SIGINT or SIGHUP stop the agent sends SIGTERM at --grace (for what ignores the first signal) and
+#: SIGKILL this many seconds later; after a SIGTERM stop, SIGKILL at --grace
+TERM_TO_KILL_S = 1.0
+
+
+def stop_token(sig: int) -> bytes:
+    """The stdin byte asking an agent to end its workers with ``sig`` first (T for any other signal)."""
+    import signal
+
+    name = signal.Signals(sig).name
+    return next((tok for tok, n in STOP_TOKENS.items() if n == name), b"T")
+
+
+def write_stop(run_dir: str, sig: int) -> None:
+    """Ask the agents that have no stdin (mpirun, srun) to end their workers with ``sig`` first: its name and
+    a new token in <run_dir>/stop-request, written whole (a new private file, then a rename); an agent acts on
+    a token it did not see at its start (an earlier attempt's request in the same run dir is no request)."""
+    import signal
+    import time
+
+    path = os.path.join(run_dir, STOP_FILE)
+    tmp = f"{path}.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with open(fd, "w", encoding="utf-8") as f:
+        f.write(f"{signal.Signals(sig).name} {time.time_ns()}\n")
+    os.replace(tmp, path)
+
+
+def read_stop(run_dir: str) -> tuple[str, int | None]:
+    """(the token of <run_dir>/stop-request, "" when there is none; the signal it names, one of STOP_TOKENS',
+    else None)."""
+    import signal
+
+    try:
+        with open(os.path.join(run_dir, STOP_FILE), encoding="utf-8") as f:
+            text = f.read().strip()
+    except OSError:
+        return "", None
+    name = text.partition(" ")[0]
+    return text, int(getattr(signal, name)) if name in STOP_TOKENS.values() else None

@@ -122,3 +122,38 @@ def test_setsid_daemon_over_ssh_is_ended_after_a_successful_run(ssh_hosts, tmp_p
     assert len(list(tmp_path.glob("setsid-*"))) == 2           # the daemon ran on both hosts
     left = lambda: {h: ssh_hosts.processes(h, m) for h in names if ssh_hosts.processes(h, m)}  # noqa: E731
     assert wait_until(lambda: not left(), 5), left()
+
+
+def _instance_log(runs) -> str:
+    logs = list(runs.glob("*/instance-0.log"))
+    assert len(logs) == 1, logs
+    return logs[0].read_text()
+
+
+def test_a_plain_run_logs_no_leftover_nor_store_note(tmp_path):
+    """podrun's own store host is no leftover of the workers, and ending it is no failure to host the store:
+    a plain 2-worker run (short, so the store host may still be importing torch when it ends) says neither."""
+    for i in range(3):
+        runs = tmp_path / f"runs{i}"
+        cp = podrun("launch", "--devices-per-host", "2", "--master-port", str(free_port(2)),
+                    "--runs-dir", str(runs), "--", "sh", "-c", "echo ok")
+        assert cp.returncode == 0, cp.stderr
+        log = _instance_log(runs)
+        assert "ok" in log, log
+        assert "leftover" not in log and "leftover" not in cp.stderr, log
+        assert "cannot host the store" not in log and "cannot host the store" not in cp.stderr, log
+
+
+def test_a_real_leftover_is_named_in_the_note(tmp_path):
+    """A worker that leaves a setsid daemon behind: the note names that process (pid and command line)."""
+    m = marker()
+    flag = f"{tmp_path}/daemon-up"
+    cp = podrun("launch", "--devices-per-host", "2", "--master-port", str(free_port(2)),
+                "--runs-dir", str(tmp_path / "runs"), "--", "sh", "-c",
+                f"if [ $RANK = 0 ]; then setsid {daemon(m, flag)} >/dev/null 2>&1 & {started(flag)}; fi; echo ok")
+    assert cp.returncode == 0, cp.stderr
+    log = _instance_log(tmp_path / "runs")
+    notes = [l for l in log.splitlines() if "leftover" in l]
+    assert len(notes) == 1 and "ended 1 leftover process(es) the workers left behind: pid " in notes[0], log
+    assert m in notes[0] and "time.sleep(300)" in notes[0], notes
+    assert wait_until(lambda: local_pids(m) == [], 5), local_pids(m)

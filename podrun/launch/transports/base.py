@@ -15,7 +15,7 @@ The interface every transport implements:
     problems = t.preflight()          # list[Problem]; nothing is started when any
     handles = t.start()               # list[InstanceHandle]
     for stream, line in handle.lines(): ...   # ("out"|"err", text without newline) until EOF
-    handle.heartbeat(); handle.request_stacks(); handle.poll(); handle.wait(t); handle.terminate(); handle.kill(); handle.close()
+    handle.heartbeat(); handle.request_stacks(); handle.poll(); handle.wait(t); handle.terminate(sig); handle.kill(); handle.close()
     t.describe(redact=False)      # [(host, exact command line)] for --dry-run / runs/<id>/command
     t.close()
 """
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib
 import queue
+import signal
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -95,8 +96,9 @@ class InstanceHandle(ABC):
         no-op where there is no stdin (mpirun, srun)."""
 
     @abstractmethod
-    def terminate(self) -> None:
-        """Ask the agent(s) to end their workers: SIGTERM, then SIGKILL after the request's grace."""
+    def terminate(self, sig: int = signal.SIGTERM) -> None:
+        """Ask the agent(s) to end their workers with ``sig`` first (SIGTERM, or the SIGINT/SIGHUP podrun
+        received, which the agents follow with SIGTERM after the request's grace), then SIGKILL."""
 
     @abstractmethod
     def kill(self) -> None:

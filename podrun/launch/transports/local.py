@@ -11,6 +11,7 @@ import signal
 import subprocess
 
 from podrun.errors import LaunchError
+from podrun.wire import protocol
 from podrun.wire.probe import port_free
 from podrun.launch.transports.base import InstanceHandle, Problem, StreamMerger, Transport, busy_port_problem
 
@@ -20,6 +21,15 @@ def _pdeathsig():
     from podrun.wire.proctl import die_with_parent
 
     return die_with_parent(signal.SIGTERM)
+
+
+def _terminal_copy() -> int | None:
+    """A copy of podrun's own stdin for the worker of global rank 0 (as torchrun's workers inherit its
+    stdin: ``breakpoint()`` and ``input()`` read the terminal or the pipe); None when podrun has no stdin."""
+    try:
+        return os.dup(0)
+    except OSError:
+        return None
 
 
 class LocalHandle(InstanceHandle):
@@ -48,11 +58,11 @@ class LocalHandle(InstanceHandle):
         except (BrokenPipeError, OSError, ValueError):
             pass
 
-    def terminate(self) -> None:
-        self._write(b"T")
+    def terminate(self, sig: int = signal.SIGTERM) -> None:
+        self._write(protocol.stop_token(sig))
         if self.proc.poll() is None:
             try:
-                self.proc.send_signal(signal.SIGTERM)
+                self.proc.send_signal(sig)
             except ProcessLookupError:
                 pass
 
@@ -94,17 +104,21 @@ class LocalTransport(Transport):
         env = {**os.environ, **dict(req.env)}
         handles = []
         for inst in req.instances:
-            argv = req.agent_argv(inst.index)
+            stdin_fd = _terminal_copy() if inst.index == 0 else None   # the instance of global rank 0
+            argv = req.agent_argv(inst.index, worker_stdin_fd=stdin_fd)
             try:
                 proc = subprocess.Popen(argv, cwd=req.workdir, env=env, stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         start_new_session=True, preexec_fn=_pdeathsig(),
-                                        pass_fds=req.pass_fds(inst.index))
+                                        pass_fds=(*req.pass_fds(inst.index), *(() if stdin_fd is None else (stdin_fd,))))
             except OSError as exc:
                 for h in handles:
                     h.kill()
                 raise LaunchError(f"{inst.host}: cannot start the instance agent with {req.python}: "
                                   f"{exc.strerror}", hint="pass --python PATH") from None
+            finally:
+                if stdin_fd is not None:
+                    os.close(stdin_fd)
             handles.append(LocalHandle(inst.index, inst.host, proc))
         return handles
 

@@ -150,15 +150,18 @@ class ProcessHandle(InstanceHandle):
     """One launcher process (mpirun, srun) whose merged output carries every instance."""
 
     def __init__(self, argv: list[str], *, label: str, instances: tuple[int, ...], grace: float,
-                 env: dict[str, str] | None = None, on_kill=None, local_ranks: tuple[int, ...] | None = None):
+                 env: dict[str, str] | None = None, on_kill=None, local_ranks: tuple[int, ...] | None = None,
+                 run_dir: str | None = None):
         """``local_ranks``: with one agent per worker, the local ranks each instance's agents report
-        their ``done`` under (else one agent per instance, which reports it under ``-``)."""
+        their ``done`` under (else one agent per instance, which reports it under ``-``). ``run_dir``: where
+        the agents read a stop with another signal than SIGTERM (podrun.wire.protocol.write_stop)."""
         import subprocess
 
         self.label = label
         self.instances = instances
         self._agents = {(i, lr) for i in instances for lr in (local_ranks if local_ranks else (None,))}
         self.grace = grace
+        self.run_dir = run_dir
         self._on_kill = on_kill
         try:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -205,19 +208,33 @@ class ProcessHandle(InstanceHandle):
         except (ProcessLookupError, PermissionError):
             pass
 
-    def terminate(self) -> None:
-        """SIGTERM to the launcher (it forwards to every rank); SIGKILL after grace + 3 s."""
+    def terminate(self, sig: int = signal.SIGTERM) -> None:
+        """SIGTERM to the launcher (it forwards it to every rank); another signal (podrun's SIGINT, SIGHUP)
+        as the run dir's stop request, which the agents read each heartbeat and pass on to their workers as it
+        is: Open MPI's mpirun and srun end their ranks at once on a SIGINT instead of passing it on. SIGKILL
+        after grace + TERM_TO_KILL_S + 3 s."""
         if self.proc.poll() is not None or self._term_sent:
             return
         self._term_sent = True
-        try:
-            self.proc.send_signal(signal.SIGTERM)
-        except ProcessLookupError:
-            return
+        from podrun.wire import protocol
+
+        if sig == signal.SIGTERM or self.run_dir is None:
+            try:
+                self.proc.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                return
+        else:
+            try:
+                protocol.write_stop(self.run_dir, sig)
+            except OSError:
+                try:
+                    self.proc.send_signal(signal.SIGTERM)
+                except ProcessLookupError:
+                    return
 
         def later():
             try:
-                self.proc.wait(self.grace + 3.0)
+                self.proc.wait(self.grace + protocol.TERM_TO_KILL_S + 3.0)
             except Exception:  # noqa: BLE001 - still running: kill
                 self.kill()
 
@@ -316,7 +333,8 @@ class MpirunTransport(Transport):
 
         h = ProcessHandle(argv, label="mpirun", instances=tuple(i.index for i in self.request.instances),
                           grace=self.request.grace, env=env,
-                          local_ranks=tuple(range(workers_per_instance(self.request.plan))))
+                          local_ranks=tuple(range(workers_per_instance(self.request.plan))),
+                          run_dir=self.request.run_dir)
         return [h]
 
 

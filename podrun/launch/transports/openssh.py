@@ -18,6 +18,7 @@ import signal
 import subprocess
 import threading
 
+from podrun.wire import protocol
 from podrun.launch.transports.base import InstanceHandle, Problem, StreamMerger
 from podrun.launch.transports.ssh_common import HeldAgentTransport, HeldProbe, ip_hostname
 
@@ -55,8 +56,8 @@ class OpenSSHHandle(HeldProbe, InstanceHandle):
     def request_stacks(self) -> None:
         self._write(b"S")
 
-    def terminate(self) -> None:
-        self._write(b"T")
+    def terminate(self, sig: int = signal.SIGTERM) -> None:
+        self._write(protocol.stop_token(sig))
 
     def poll(self):
         return self.proc.poll()

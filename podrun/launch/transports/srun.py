@@ -99,6 +99,7 @@ class SrunTransport(Transport):
             env.pop(name, None)
         try:
             return [ProcessHandle(self.argv(), label="srun", grace=self.request.grace, env=env,
+                                  run_dir=self.request.run_dir,
                                   instances=tuple(i.index for i in self.request.instances),
                                   on_kill=self._cancel_step)]
         except LaunchError:

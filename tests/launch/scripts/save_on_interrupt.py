@@ -1,0 +1,20 @@
+"""A training loop's Ctrl-C handler: ``except KeyboardInterrupt`` writes <dir>/saved-<RANK> (the signal each
+rank got first, by name) and exits 0; every rank prints ``up <RANK>`` once its handler is in place."""
+import os
+import signal
+import sys
+import time
+
+out = sys.argv[1]
+got = []
+for s in (signal.SIGTERM, signal.SIGHUP):
+    signal.signal(s, lambda n, f: (got.append(signal.Signals(n).name), sys.exit(128 + n)))
+print(f"up {os.environ['RANK']}", flush=True)
+try:
+    while True:
+        time.sleep(0.05)
+except KeyboardInterrupt:
+    time.sleep(0.5)        # a save that takes a while: nothing else may end the process meanwhile
+    with open(os.path.join(out, f"saved-{os.environ['RANK']}"), "w") as f:
+        f.write("SIGINT " + " ".join(got))
+    print(f"saved {os.environ['RANK']}", flush=True)
