@@ -59,7 +59,7 @@ def relaunch(run: str, runs_dir: str | None) -> tuple[list[str], str, Path]:
     """(the `podrun launch` arguments that run RUN again into its own directory, the directory to run them in,
     the run directory). Refused (exit 2) while another process holds the run, when it has no launch record,
     or when a redacted secret of its arguments cannot be filled in from this environment."""
-    from podrun.launch.request import REDACTED
+    from podrun.redaction import REDACTED
 
     run_dir = find_run(run, runs_dir)
     if not run_dir.is_dir():

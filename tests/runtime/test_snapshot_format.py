@@ -78,8 +78,9 @@ def test_the_recipe_state_round_trips_exactly_through_a_slot_without_pickle(host
     state = _recipe_state()
     state["extra"] = {"bf16": torch.randn(5, 3).to(torch.bfloat16), "t": (1, [2, (3,)], None, True, "s"),
                       0: float("inf"), "od": collections.OrderedDict(b=1, a=2), "empty": torch.zeros(0, 4),
-                      "strided": torch.arange(12.0).reshape(3, 4).t(), "big": 2 ** 70, "raw": b"\x00\xff"}
-    assert isinstance(state["rng"]["python"], tuple) and isinstance(state["rng"]["numpy"][1], np.ndarray)
+                      "strided": torch.arange(12.0).reshape(3, 4).t(), "big": 2 ** 70, "raw": b"\x00\xff",
+                      "numpy_key": np.random.get_state()[1], "nd": np.arange(6, dtype=np.int16).reshape(2, 3)}
+    assert isinstance(state["rng"]["python"], tuple) and isinstance(state["extra"]["numpy_key"], np.ndarray)
 
     def no_pickle(*a, **k):
         raise AssertionError("unpickled")
@@ -92,9 +93,10 @@ def test_the_recipe_state_round_trips_exactly_through_a_slot_without_pickle(host
     assert got.step == 3
     _same(state, got.state)
     assert any(type(k) is int for k in got.state["optimizer"]["state"])     # int keys stay ints
-    random.setstate(got.state["rng"]["python"])                              # and the states are usable as such
-    np.random.set_state(got.state["rng"]["numpy"])
-    torch.set_rng_state(got.state["rng"]["torch"])
+    from podrun.train import checkpoint as ckpt
+
+    ckpt.set_rng_state(got.state["rng"])                                     # and the states are usable as such
+    np.random.set_state(("MT19937", got.state["extra"]["numpy_key"], 0))
 
 
 def test_slots_are_private_files_in_private_directories(host_dir):
