@@ -472,6 +472,9 @@ class Agent:
                 env.update(PODRUN_STACK_DIR=where, PODRUN_STACK_SIGNAL=str(STACK_SIGNAL),
                            PYTHONPATH=os.pathsep.join(x for x in (SITE_DIR, env.get("PYTHONPATH")) if x))
             streams, ends = _output_sockets()
+            # the largest write one message takes (the kernel refuses more with EMSGSIZE): Python workers write
+            # more in pieces (podrun's sitecustomize)
+            env["PODRUN_OUTPUT_CHUNK"] = str(ends[0].getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) // 2)
             p = self._spawn_warm(local_rank, env, w, ends) if self.warm is not None else None
             try:
                 if p is None:

@@ -57,3 +57,22 @@ def test_stdout_and_stderr_lines_keep_each_ranks_order_over_many_runs(tmp_path):
             if got != want:
                 bad.append(f"run {run}, {where}: {got[:12]}...")
     assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("unbuffered", [False, True])
+def test_a_python_worker_writes_more_than_one_message_holds_in_one_write(tmp_path, unbuffered):
+    """A worker's stdout and stderr take one write as one message (at most half the socket's send buffer):
+    a Python worker writing 20 MB in one call (buffered, and with -u) still writes it, in pieces (podrun's
+    sitecustomize), and the run goes on: the line is cut as any long line is, the next lines follow."""
+    script = tmp_path / "big.py"
+    script.write_text("import sys\nsys.stdout.write('z' * 20_000_000 + '\\n'); sys.stdout.flush()\n"
+                      "print('after', flush=True)\nsys.stderr.write('e' * 20_000_000 + '\\n')\nprint('end')\n")
+    cp = subprocess.run([*PODRUN, "launch", "--devices-per-host", "1", "--runs-dir", str(tmp_path / "runs"), "--",
+                         sys.executable, *(["-u"] if unbuffered else []), str(script)], capture_output=True,
+                        text=True, timeout=120, env={**os.environ, "PYTHONUNBUFFERED": "1" if unbuffered else ""})
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    assert "Message too long" not in cp.stderr
+    log = [line for line in (run_dir(tmp_path / "runs") / "instance-0.log").read_text().splitlines()
+           if not line.startswith("# podrun agent:")]         # the worker's lines, not the agent's notes
+    assert [line[:3] for line in log] == ["zzz", "[po", "aft", "eee", "[po", "end"], [line[:40] for line in log]
+    assert log[1] == log[4] == f"[podrun: dropped {20_000_000 - 65536} more bytes of the line cut above]"
