@@ -661,7 +661,10 @@ class Agent:
 
 _STAMP_ROOM = socket.CMSG_SPACE(16)      # one struct timespec
 _SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)   # Linux's value; Python does not name it
-_WRITE_BUF = 4 * 1024 * 1024             # SO_SNDBUF asked for a worker's output (the kernel caps it at wmem_max)
+# SO_SNDBUF asked for each of a worker's output streams: Linux's default net.core.wmem_max, which the kernel
+# doubles; one write is one message of at most about that (~416 KiB), and at most that much waits unread, so a
+# worker is held back by a slow reader as by a pipe, and what it wrote before it exited is relayed in moments
+_WRITE_BUF = 212992
 
 
 def _output_sockets() -> tuple[list[tuple[str, socket.socket]], tuple[socket.socket, socket.socket]]:
