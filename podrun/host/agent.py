@@ -2,8 +2,9 @@
 
 One agent runs per instance, started by a transport. It sets the env contract for each local worker,
 starts each worker in its own process group with PR_SET_PDEATHSIG, streams their output as protocol
-lines (podrun.wire.protocol, lines cut at protocol.MAX_LINE bytes so memory stays bounded) on
-stdout, sends a heartbeat every --heartbeat seconds, forwards SIGINT/SIGTERM/SIGHUP, and ends every worker (the
+lines (podrun.wire.protocol, lines cut at protocol.MAX_LINE bytes so memory stays bounded; each worker's
+stdout and stderr are SOCK_SEQPACKET sockets whose messages the kernel stamps, read by one thread that keeps
+the order they were written in) on stdout, sends a heartbeat every --heartbeat seconds, forwards SIGINT/SIGTERM/SIGHUP, and ends every worker (the
 signal or SIGTERM, then SIGKILL after --grace seconds) when one fails, when it is signalled, when the
 controller asks (a ``T`` on stdin), or when it loses its controller (stdin closed, or silent for
 --stdin-timeout seconds). The agent is a child subreaper (PR_SET_CHILD_SUBREAPER): whatever its
@@ -25,7 +26,8 @@ records the agent relays as ``prog`` lines, and podrun's sitecustomize first on 
 (podrun/runtime/site), which registers faulthandler on STACK_SIGNAL in each of its Python processes; an
 ``S`` on stdin (or, with --no-stdin-watch under mpirun/srun, a new token in the run dir's stacks-request
 file, checked each second) makes the agent signal those processes and relay their stacks as ``stack``
-lines, while the workers go on. With --agent-store, the agent of global rank 0 holds --master-port from its start
+lines, with the CPU time of each worker's process tree read just before (the controller tells a busy silent
+script from a stuck one by two of them), while the workers go on. With --agent-store, the agent of global rank 0 holds --master-port from its start
 and serves the run's TCPStore on it (podrun.host.store).
 With --env-stdin the agent first reads the run's --env from its stdin (podrun.wire.envchannel: one framed
 message, before any other byte the controller writes) and sets it on its own environment, which its workers

@@ -8,8 +8,9 @@ when an instance has been silent for ``keepalive`` seconds, the liveness bound (
 host; summary.json gives each instance's largest silence), or when workers are still running
 ``straggler_timeout`` seconds after one exited 0 (stragglers, named by rank), or when no worker made
 progress (an output line, or a ``prog`` report outside eval/checkpoint) for the hang window
-(podrun.launch.hangs.WatchOptions): then it first asks every agent for its workers' stacks (``S``), writes
-them to runs/<id>/stacks/ and shows them merged. A rank whose reported busy time stays well above the
+(podrun.launch.hangs.WatchOptions) and, for a plain script that reports nothing through the runtime, no rank
+moved between two samples of its stack and CPU time taken as the window ends (hangs.busy_ranks): then it
+first asks every agent for its workers' stacks (``S``), writes them to runs/<id>/stacks/ and shows them merged. A rank whose reported busy time stays well above the
 others' is named once (podrun.launch.slow_ranks.SlowRanks) and listed in summary.json's ``slow_ranks``.
 ``podrun stack`` asks for the same view through the run's control socket at any time. The root cause is
 the failure with the earliest agent time; its

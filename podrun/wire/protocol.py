@@ -3,7 +3,8 @@
 Every line the agent writes is ``@podrun <instance> <local_rank|-> <kind> <text>``; an agent that runs a
 single worker of its instance (--rank-from-env) writes that worker's local rank on its own lines too:
 
-  out / err   a line a worker wrote on its stdout / stderr (text verbatim)
+  out / err   a line a worker wrote on its stdout / stderr (text verbatim); one worker's lines of both
+              kinds come in the order it wrote them
   ready       the agent is up: text = "<hostname> <agent pid> <workers>"
   probe       with --hold: the preflight facts (JSON: podrun and python versions, hostname, busy ports);
               the agent then waits for a ``G`` on stdin before it starts any worker
@@ -15,7 +16,8 @@ single worker of its instance (--rank-from-env) writes that worker's local rank 
   prog        a worker's progress report (podrun.runtime.progress): JSON {phase, step, total, epoch, loss,
               samples_per_sec, step_seconds}, the fields it gave
   stack       on an ``S`` from the controller, one running worker's stacks: JSON {procs: [{pid, main
-              (its main thread's id), text (what faulthandler wrote)}], problem (why there is none)}
+              (its main thread's id), text (what faulthandler wrote)}], problem (why there is none), cpu
+              (CPU seconds of its process tree, read before the dump), at (the agent's monotonic clock then)}
   hb          heartbeat, once a second: text = the agent's wall clock
   note        a message from the agent itself (teardown reasons, spawn errors)
   done        the agent is about to exit: text = its exit code
