@@ -1,4 +1,4 @@
-"""The hang window: --hang-timeout and --on-hang, and the window they give from the step times the runtime reports."""
+"""The hang window (--hang-timeout, --on-hang, from the runtime's step times) and a plain script's busy-or-stuck judgement."""
 from __future__ import annotations
 
 from dataclasses import dataclass
