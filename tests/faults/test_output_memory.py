@@ -28,7 +28,8 @@ def _blocked_writing(pid: int) -> bool:
     """The process sleeps in the kernel's write (its reader reads nothing): a pipe's (podrun's stdout), or
     the agent's output socket of a worker (a full send buffer or a full receive queue)."""
     try:
-        return open(f"/proc/{pid}/wchan").read() in ("pipe_write", "sock_alloc_send_pskb", "unix_wait_for_peer")
+        wchan = open(f"/proc/{pid}/wchan").read()
+        return any(w in wchan for w in ("pipe_write", "sock_alloc_send_pskb", "unix_wait_for_peer"))
     except OSError:
         return False
 
