@@ -342,7 +342,8 @@ class Agent:
                         order += 1
                         new.append((_stamp(anc), order, kind, bytes(buf[:n])))
                 merged = sorted(held + new)
-                last_old = max((i for i, m in enumerate(merged) if m in held), default=-1) if held else -1
+                old = {m[1] for m in held}
+                last_old = max((i for i, m in enumerate(merged) if m[1] in old), default=-1)
                 if not socks:                             # nothing more can come: all of it, in order
                     last_old = len(merged) - 1
                 for _, _, kind, data in merged[:last_old + 1]:
