@@ -2,8 +2,9 @@
 
 One agent runs per instance, started by a transport. It sets the env contract for each local worker,
 starts each worker in its own process group with PR_SET_PDEATHSIG, streams their output as protocol
-lines (podrun.wire.protocol, lines cut at protocol.MAX_LINE bytes so memory stays bounded) on
-stdout, sends a heartbeat every --heartbeat seconds, forwards SIGINT/SIGTERM/SIGHUP, and ends every worker (the
+lines (podrun.wire.protocol, lines cut at protocol.MAX_LINE bytes so memory stays bounded; each worker's
+stdout and stderr are SOCK_SEQPACKET sockets whose messages the kernel stamps, read by one thread that keeps
+the order they were written in) on stdout, sends a heartbeat every --heartbeat seconds, forwards SIGINT/SIGTERM/SIGHUP, and ends every worker (the
 signal or SIGTERM, then SIGKILL after --grace seconds) when one fails, when it is signalled, when the
 controller asks (a ``T`` on stdin), or when it loses its controller (stdin closed, or silent for
 --stdin-timeout seconds). The agent is a child subreaper (PR_SET_CHILD_SUBREAPER): whatever its
@@ -25,7 +26,8 @@ records the agent relays as ``prog`` lines, and podrun's sitecustomize first on 
 (podrun/runtime/site), which registers faulthandler on STACK_SIGNAL in each of its Python processes; an
 ``S`` on stdin (or, with --no-stdin-watch under mpirun/srun, a new token in the run dir's stacks-request
 file, checked each second) makes the agent signal those processes and relay their stacks as ``stack``
-lines, while the workers go on. With --agent-store, the agent of global rank 0 holds --master-port from its start
+lines, with the CPU time of each worker's process tree read just before (the controller tells a busy silent
+script from a stuck one by two of them), while the workers go on. With --agent-store, the agent of global rank 0 holds --master-port from its start
 and serves the run's TCPStore on it (podrun.host.store).
 With --env-stdin the agent first reads the run's --env from its stdin (podrun.wire.envchannel: one framed
 message, before any other byte the controller writes) and sets it on its own environment, which its workers
@@ -36,10 +38,13 @@ from __future__ import annotations
 import argparse
 import enum
 import json
+import mmap
 import os
+import select
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -121,6 +126,45 @@ def _children(pid: int) -> list[tuple[int, str]]:
             continue
         if len(fields) > 1 and int(fields[1]) == pid:
             out.append((int(d), fields[0].decode()))
+    return out
+
+
+def tree_cpu(roots: list[int]) -> dict[int, float]:
+    """CPU seconds (user + system, every thread, and the reaped children's) of each root's process tree:
+    the process and all its live descendants, read from /proc in one pass."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parent, used = {}, {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return {}
+    for d in names:
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 14:      # after the name: state ppid ... utime(12) stime(13) cutime(14) cstime(15)
+            parent[int(d)] = int(fields[1])
+            used[int(d)] = sum(int(x) for x in fields[11:15]) / tick
+    kids: dict[int, list[int]] = {}
+    for pid, pp in parent.items():
+        kids.setdefault(pp, []).append(pid)
+    out = {}
+    for root in roots:
+        if root not in used:
+            continue
+        total, todo, seen = 0.0, [root], {root}
+        while todo:
+            pid = todo.pop()
+            total += used.get(pid, 0.0)
+            for k in kids.get(pid, ()):
+                if k not in seen:
+                    seen.add(k)
+                    todo.append(k)
+        out[root] = round(total, 3)
     return out
 
 
@@ -272,12 +316,64 @@ class Agent:
         zygote.quit_host(*self.warm[:2])
 
     # -- threads --------------------------------------------------------------------------
-    def _pump(self, local_rank: int, kind: str, f) -> None:
-        try:
-            for raw in protocol.bounded_lines(f):
+    def _pump(self, local_rank: int, streams: list[tuple[str, socket.socket]]) -> None:
+        """Relay a worker's stdout and stderr as ``out``/``err`` lines in the order it wrote them.
+
+        Each stream is a SOCK_SEQPACKET socket whose every write is one message stamped by the kernel when
+        it was sent (SO_TIMESTAMPNS); one thread reads both and emits in stamp order. A message read in one
+        pass may be preceded (in stamp order) by one of the other stream that arrives in the next pass only
+        if the writer's sendmsg was in flight across the first; so a pass emits what earlier passes read,
+        merged with this pass's messages stamped before the last of them, and holds the rest one more pass."""
+        socks = {s.fileno(): (kind, s) for kind, s in streams}
+        lines = {kind: protocol.LineAssembler() for kind, _ in streams}
+        room = max(s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) for _, s in streams)
+        buf = mmap.mmap(-1, max(room, _WRITE_BUF * 2))    # untouched pages cost nothing
+        poller = select.poll()
+        for fd in socks:
+            poller.register(fd, select.POLLIN)
+        held: list[tuple[int, int, str, bytes]] = []       # read in an earlier pass: (stamp, order, kind, data)
+        order = 0
+
+        def emit(kind: str, data: bytes) -> None:
+            for raw in lines[kind].feed(data):
                 self.emit(local_rank, kind, raw.decode("utf-8", "replace"))
+
+        try:
+            while socks or held:
+                poller.poll(0 if held else None)
+                new = []
+                for fd, (kind, s) in list(socks.items()):
+                    while True:
+                        try:
+                            n, anc, _, _ = s.recvmsg_into([buf], _STAMP_ROOM, socket.MSG_DONTWAIT)
+                        except (BlockingIOError, InterruptedError):
+                            break
+                        except OSError:
+                            n, anc = 0, []
+                        if n == 0 and not anc:            # every copy of the write end is closed
+                            poller.unregister(fd)
+                            s.close()
+                            del socks[fd]
+                            break
+                        order += 1
+                        new.append((_stamp(anc), order, kind, bytes(buf[:n])))
+                merged = sorted(held + new)
+                old = {m[1] for m in held}
+                last_old = max((i for i, m in enumerate(merged) if m[1] in old), default=-1)
+                if not socks:                             # nothing more can come: all of it, in order
+                    last_old = len(merged) - 1
+                for _, _, kind, data in merged[:last_old + 1]:
+                    emit(kind, data)
+                held = merged[last_old + 1:]
+            for kind in lines:
+                for raw in lines[kind].end():
+                    self.emit(local_rank, kind, raw.decode("utf-8", "replace"))
         except (OSError, ValueError):
             pass
+        finally:
+            buf.close()
+            for _, s in socks.values():
+                s.close()
 
     def _pump_progress(self, local_rank: int, fd: int) -> None:
         """Relay a worker's progress records (JSON lines on its PODRUN_PROGRESS_FD pipe) as ``prog`` lines."""
@@ -295,9 +391,12 @@ class Agent:
             self.dumps.acquire()
             if self.stack_root is None:
                 continue
-            for pos, p in enumerate(self.procs):
-                if p is not None and p.poll() is None:
-                    self.emit(pos, "stack", json.dumps(self.worker_stacks(pos, p.pid), separators=(",", ":")))
+            live = [(pos, p) for pos, p in enumerate(self.procs) if p is not None and p.poll() is None]
+            at = time.monotonic()            # every worker's CPU time first, before any dump costs it some
+            cpu = tree_cpu([p.pid for _, p in live])
+            for pos, p in live:
+                rec = {**self.worker_stacks(pos, p.pid), "cpu": cpu.get(p.pid), "at": round(at, 3)}
+                self.emit(pos, "stack", json.dumps(rec, separators=(",", ":")))
 
     def worker_stacks(self, pos: int, worker_pid: int) -> dict:
         """Signal each registered Python process of worker ``pos`` and read what faulthandler wrote:
@@ -401,16 +500,22 @@ class Agent:
                 os.mkdir(where, 0o700)
                 env.update(PODRUN_STACK_DIR=where, PODRUN_STACK_SIGNAL=str(STACK_SIGNAL),
                            PYTHONPATH=os.pathsep.join(x for x in (SITE_DIR, env.get("PYTHONPATH")) if x))
+            streams, ends = _output_sockets()
+            # the largest write one message takes (the kernel refuses more with EMSGSIZE): Python workers write
+            # more in pieces (podrun's sitecustomize)
+            env["PODRUN_OUTPUT_CHUNK"] = str(ends[0].getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) // 2)
             stdin = self.worker_stdin if self.local_ranks[local_rank] == 0 else None
-            p = self._spawn_warm(local_rank, env, w, stdin) if self.warm is not None else None
+            p = self._spawn_warm(local_rank, env, w, ends, stdin) if self.warm is not None else None
             try:
                 if p is None:
                     p = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL if stdin is None else stdin,
-                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         stdout=ends[0].fileno(), stderr=ends[1].fileno(),
                                          start_new_session=True, preexec_fn=die_with_parent(), pass_fds=(*keep_fds, w))
             except OSError as exc:
                 os.close(r)
                 os.close(w)
+                for s in (*ends, *(s for _, s in streams)):
+                    s.close()
                 self.emit(local_rank, "err", f"podrun agent: cannot start {self.command[0]!r}: {exc.strerror}")
                 self.procs.append(None)
                 self.readers.append([])
@@ -418,9 +523,10 @@ class Agent:
                 self.request_stop(StopKind.SPAWN_FAILED, f"local rank {local_rank} could not start")
                 continue
             os.close(w)
+            for s in ends:                  # the worker holds the write ends now: their end is its output's
+                s.close()
             self.procs.append(p)
-            threads = [threading.Thread(target=self._pump, args=(local_rank, k, f), daemon=True)
-                       for k, f in (("out", p.stdout), ("err", p.stderr))]
+            threads = [threading.Thread(target=self._pump, args=(local_rank, streams), daemon=True)]
             threading.Thread(target=self._pump_progress, args=(local_rank, r), daemon=True).start()
             for t in threads:
                 t.start()
@@ -432,24 +538,17 @@ class Agent:
         if self.warm is not None:
             self._keep_zygote()
 
-    def _spawn_warm(self, local_rank: int, env: dict[str, str], progress_fd: int, stdin: int | None = None):
-        """The worker forked by this host's zygote, or None (no zygote: the caller starts it as usual);
-        ``stdin``: the descriptor it reads as stdin (else the zygote's choice)."""
+    def _spawn_warm(self, local_rank: int, env: dict[str, str], progress_fd: int, ends, stdin: int | None = None):
+        """The worker forked by this host's zygote, or None (no zygote: the caller starts it as usual); it
+        writes its stdout and stderr to ``ends``, the write ends of the agent's output sockets, and reads
+        ``stdin`` (a descriptor; else the zygote's choice)."""
         from podrun.host import zygote
 
         run_dir, host, _ = self.warm
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
         p = zygote.spawn(run_dir, host, self.command, {k: v for k, v in env.items() if k != PROGRESS_ENV},
-                         os.getcwd(), {1: out_w, 2: err_w, PROGRESS_ENV: progress_fd,
+                         os.getcwd(), {1: ends[0].fileno(), 2: ends[1].fileno(), PROGRESS_ENV: progress_fd,
                                        **({} if stdin is None else {0: stdin})})
-        os.close(out_w)
-        os.close(err_w)
-        if p is None:
-            os.close(out_r)
-            os.close(err_r)
-        else:
-            p.stdout, p.stderr = os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb")
+        if p is not None:
             self.emit(local_rank, "note", f"warm start: local rank {self.local_ranks[local_rank]} forked by the "
                                           f"zygote (pid {p.zygote_pid}) as pid {p.pid}")
         return p
@@ -606,6 +705,40 @@ class Agent:
             code = 0
         self.emit(None, "done", str(code))
         return code
+
+
+_STAMP_ROOM = socket.CMSG_SPACE(16)      # one struct timespec
+_SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)   # Linux's value; Python does not name it
+# SO_SNDBUF asked for each of a worker's output streams: Linux's default net.core.wmem_max, which the kernel
+# doubles; one write is one message of at most about that (~416 KiB), and at most that much waits unread, so a
+# worker is held back by a slow reader as by a pipe, and what it wrote before it exited is relayed in moments
+_WRITE_BUF = 212992
+
+
+def _output_sockets() -> tuple[list[tuple[str, socket.socket]], tuple[socket.socket, socket.socket]]:
+    """A worker's stdout and stderr: per stream a SOCK_SEQPACKET pair whose read end stamps each message
+    (SO_TIMESTAMPNS), so that one reader can put both streams back in the order they were written.
+    Returns ([("out", read end), ("err", read end)], (stdout's write end, stderr's write end))."""
+    reads, writes = [], []
+    for kind in ("out", "err"):
+        r, w = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        r.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+        w.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _WRITE_BUF)   # the largest single write it takes
+        r.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _WRITE_BUF)
+        r.shutdown(socket.SHUT_WR)
+        w.shutdown(socket.SHUT_RD)
+        reads.append((kind, r))
+        writes.append(w)
+    return reads, (writes[0], writes[1])
+
+
+def _stamp(anc) -> int:
+    """The kernel's send time (ns) of a message, from its SCM_TIMESTAMPNS; now when it has none."""
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(data) >= 16:
+            sec, nsec = struct.unpack("@ll", data[:16])
+            return sec * 1_000_000_000 + nsec
+    return time.time_ns()
 
 
 def _alive(pid: int) -> bool:

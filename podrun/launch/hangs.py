@@ -1,4 +1,4 @@
-"""The hang window: --hang-timeout and --on-hang, and the window they give from the step times the runtime reports."""
+"""The hang window (--hang-timeout, --on-hang, from the runtime's step times) and a plain script's busy-or-stuck judgement."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,3 +31,49 @@ class WatchOptions:
             return AUTO_NO_STEPS_S
         recent = sorted(step_times[-AUTO_WINDOW:])
         return max(AUTO_FLOOR_S, AUTO_STEPS * recent[len(recent) // 2])
+
+
+# -- stuck or busy: a plain script (no step times from the runtime) is judged by two samples of every rank --
+PROBE_GAP_S = 1.0              # the first sample is taken this long before the window ends (at most half of it)
+CPU_FLOOR_S = 0.03             # CPU seconds a rank must use between the samples to count as busy ...
+CPU_SHARE = 0.05               # ... and at least this share of the time between them
+
+
+def probe_gap(window: float) -> float:
+    """Seconds before the window ends at which a plain script's first sample is taken."""
+    return min(PROBE_GAP_S, window / 2)
+
+
+@dataclass(frozen=True)
+class RankSample:
+    """One rank seen once: its main thread's stack (None: no stack), whether that waits inside
+    torch.distributed, and the CPU time of its process tree with the agent's clock when it was read."""
+
+    stack: tuple | None
+    waiting: bool
+    cpu_s: float | None
+    at: float | None
+
+    def busy_since(self, before: "RankSample") -> str | None:
+        """Why this rank moved since ``before`` ("its stack changed", "used 0.8 s of CPU in 1.0 s"), or None.
+        A rank waiting in a collective is judged by its stack only (NCCL and some gloo paths spin the CPU)."""
+        if self.stack is not None and before.stack is not None and self.stack != before.stack:
+            return "its stack changed"
+        if self.waiting or None in (self.cpu_s, before.cpu_s, self.at, before.at):
+            return None
+        used, dt = self.cpu_s - before.cpu_s, self.at - before.at
+        if dt > 0 and used > max(CPU_FLOOR_S, CPU_SHARE * dt):
+            return f"used {used:.2f} s of CPU in {dt:.1f} s"
+        return None
+
+
+def busy_ranks(before: dict, after: dict) -> dict:
+    """The ranks (keys of both samples) that moved between two samples -> why; empty: every rank is still,
+    the run is stuck. A rank seen only once gives no evidence either way."""
+    out = {}
+    for key, a in after.items():
+        b = before.get(key)
+        why = a.busy_since(b) if b is not None else None
+        if why is not None:
+            out[key] = why
+    return out

@@ -198,13 +198,14 @@ def to_json(groups: list[Group]) -> list[dict]:
 class StackCollection:
     """One collection of every running worker's stacks in flight: on a hang, or asked over the control socket."""
 
-    reason: str                                    # "hang" | "request"
+    reason: str                                    # "hang" | "probe" (a plain script's first sample) | "request"
     window: float | None                           # the hang window that ran out (None for a request)
     want: list[tuple[int, int]]                    # (instance, local rank) of each worker running when it began
     deadline: float                                # monotonic time after which it ends with what it has
     silent_s: float                                # seconds without progress when it began
     got: dict = field(default_factory=dict)        # (instance, local rank) -> the agent's stack record
     asks: list = field(default_factory=list)       # (event, holder) of each control-socket request it answers
+    progress_at: float = 0.0                       # the supervisor's last progress when it began
 
     def complete(self, now: float) -> bool:
         return set(self.want) <= set(self.got) or now >= self.deadline

@@ -8,8 +8,9 @@ when an instance has been silent for ``keepalive`` seconds, the liveness bound (
 host; summary.json gives each instance's largest silence), or when workers are still running
 ``straggler_timeout`` seconds after one exited 0 (stragglers, named by rank), or when no worker made
 progress (an output line, or a ``prog`` report outside eval/checkpoint) for the hang window
-(podrun.launch.hangs.WatchOptions): then it first asks every agent for its workers' stacks (``S``), writes
-them to runs/<id>/stacks/ and shows them merged. A rank whose reported busy time stays well above the
+(podrun.launch.hangs.WatchOptions) and, for a plain script that reports nothing through the runtime, no rank
+moved between two samples of its stack and CPU time taken as the window ends (hangs.busy_ranks): then it
+first asks every agent for its workers' stacks (``S``), writes them to runs/<id>/stacks/ and shows them merged. A rank whose reported busy time stays well above the
 others' is named once (podrun.launch.slow_ranks.SlowRanks) and listed in summary.json's ``slow_ranks``.
 ``podrun stack`` asks for the same view through the run's control socket at any time. The root cause is
 the failure with the earliest agent time; its
@@ -167,6 +168,11 @@ class Supervisor:
         self.slow = slow_ranks.SlowRanks()         # each rank's recent busy_seconds: names a slow rank
         self.phases: dict[tuple[int, int | None], str] = {}   # (instance, local rank) -> last reported phase
         self.dump: stacks.StackCollection | None = None  # the stack collection in flight
+        self.reported = False                    # a worker reported through podrun's runtime in this attempt
+        # a plain script's first sample of a silence: (last_progress it was taken in, {(instance, lr): RankSample})
+        self.sample: tuple[float, dict] | None = None
+        self.busy_reset: float | None = None     # the new window the last busy verdict opened (its last_progress)
+        self.quiet_from = 0.0                    # the last real progress before busy verdicts' new windows
         self.asks: queue.Queue = queue.Queue()   # control-socket requests: (done event, reply holder)
         self.handles: tuple[InstanceHandle, ...] = ()
         self.hang: dict | None = None
@@ -475,7 +481,7 @@ class Supervisor:
             return
         if not isinstance(rec, dict) or lr is None:
             return
-        self.last_progress, self.started = now, True
+        self.last_progress, self.started, self.reported = now, True, True
         self.phases[(st.index, lr)] = str(rec.get("phase", "train"))
         dt = rec.get("step_seconds")
         if isinstance(dt, (int, float)) and dt > 0:
@@ -520,11 +526,23 @@ class Supervisor:
                 self._finish_dump()
             return
         win = self.window()
-        if win is None or self.stopping_since is not None or now - self.last_progress <= win:
+        if win is None or self.stopping_since is not None:
             return
-        if any(self.phases.get(k, "train") != "train" for k in self._running()):
-            return                      # eval or checkpoint: the runtime said what it is doing
-        self._start_dump("hang", now, win)
+        silent = now - self.last_progress
+        if self.reported:               # the runtime's step reports set the window: silence past it is a hang
+            if silent <= win:
+                return
+            if any(self.phases.get(k, "train") != "train" for k in self._running()):
+                return                  # eval or checkpoint: the runtime said what it is doing
+            self._start_dump("hang", now, win)
+            return
+        # a plain script: silence is judged by two samples of every rank's stack and CPU time, the first
+        # taken just before the window ends, the second when it ends (hangs.busy_ranks)
+        fresh = self.sample is not None and self.sample[0] == self.last_progress
+        if not fresh and silent > win - hangs.probe_gap(win):
+            self._start_dump("probe", now, win)
+        elif fresh and silent > win:
+            self._start_dump("hang", now, win)
 
     def _running(self) -> list[tuple[int, int]]:
         return [(st.index, lr) for st in self.states.values() if st.exit_code is None and st.status == "running"
@@ -533,9 +551,10 @@ class Supervisor:
     def _start_dump(self, reason: str, now: float, window: float | None = None) -> None:
         self.dump = stacks.StackCollection(reason, window, self._running(), now + stacks.DUMP_WAIT_S,
                                     now - self.last_progress)
-        if reason == "hang":
+        if reason == "hang" and self.reported:     # a plain script's is said once the samples say stuck
             self.notice(f"no progress from any rank for {human_seconds(window)} ({self.watch.source}); "
                         "collecting every worker's stacks")
+        self.dump.progress_at = self.last_progress
         for h in self.handles:
             try:
                 h.request_stacks()
@@ -566,7 +585,9 @@ class Supervisor:
                                                 None if procs else rec.get("problem") or "no stack"))
         groups = stacks.merge(workers)
         lines = stacks.render_lines(groups)
-        self._write_stacks(workers, lines)
+        busy = self._judge(d, workers)
+        if d.asks or (d.reason == "hang" and not busy):
+            self._write_stacks(workers, lines)
         reply = redact_record({"run_id": self.req.run_id, "ranks": len(workers), "groups": stacks.to_json(groups),
                                "lines": lines, "stacks_dir": str(Path(self.req.run_dir) / stacks.STACKS_DIR)})
         for done, holder in d.asks:
@@ -574,10 +595,25 @@ class Supervisor:
             done.set()
         if d.reason != "hang":
             return
+        if busy:
+            if self.busy_reset != d.progress_at:     # real progress since the last verdict: a new silence
+                self.quiet_from = d.progress_at
+            self.last_progress = self.busy_reset = time.monotonic()   # a new window, a new first sample in it
+            why = "; ".join(f"rank {self._rank_int(*k)} {w}" for k, w in sorted(busy.items())[:4])
+            self.notice(f"no output from any rank for {human_seconds(self.last_progress - self.quiet_from)} "
+                        f"(window {human_seconds(d.window)}, {self.watch.source}), but {len(busy)} rank(s) moved "
+                        f"({why}{'; ...' if len(busy) > 4 else ''}): busy, not hung; watching on")
+            return
+        if not self.reported:
+            self.notice(f"no progress from any rank for {human_seconds(d.window)} ({self.watch.source}), and "
+                        "no rank moved between two samples of its stack and CPU time; collecting every "
+                        "worker's stacks")
         self.notice(f"the stacks of {len(workers)} worker(s), odd ranks first "
                     f"(every thread in {Path(self.req.run_dir) / stacks.STACKS_DIR}/rank-N.txt):\n  "
                     + "\n  ".join(lines))
         self.hang = {"window_s": d.window, "silent_s": round(d.silent_s, 3), "on_hang": self.watch.on_hang,
+                     "found_s": round(time.monotonic() - d.progress_at, 3),
+                     "judged_by": "progress reports" if self.reported else "stack and CPU samples",
                      "groups": [{"ranks": list(g.ranks), "hosts": sorted({w.host for w in g.workers}),
                                  "stack": g.workers[0].processes[0].main_frames()[0].where()
                                  if g.workers[0].processes and g.workers[0].processes[0].main_frames() else None,
@@ -593,6 +629,26 @@ class Supervisor:
                 f"{odd_label}: rank {odd.rank} on {odd.host} in {what}", time.time()))
         else:
             self.last_progress = time.monotonic()    # dump again after another silent window
+
+    def _judge(self, d: stacks.StackCollection, workers: list) -> dict:
+        """For a plain script's collection: keep a first sample ("probe"), or compare the second ("hang") with
+        it; returns the busy ranks ((instance, local rank) -> why), empty when stuck or not judged here."""
+        if self.reported or d.reason not in ("probe", "hang"):
+            return {}
+        now = {}
+        for w in workers:
+            rec = d.got.get((w.instance, w.local_rank)) or {}
+            cpu, at = rec.get("cpu"), rec.get("at")
+            now[(w.instance, w.local_rank)] = hangs.RankSample(
+                w.key() if w.processes else None, stacks.in_collective(w),
+                float(cpu) if isinstance(cpu, (int, float)) and not isinstance(cpu, bool) else None,
+                float(at) if isinstance(at, (int, float)) and not isinstance(at, bool) else None)
+        if d.reason == "probe":
+            self.sample = (d.progress_at, now)
+            return {}
+        before = self.sample[1] if self.sample is not None and self.sample[0] == d.progress_at else {}
+        self.sample = None
+        return hangs.busy_ranks(before, now)
 
     def _write_stacks(self, workers: list, lines: list[str]) -> None:
         where = Path(self.req.run_dir) / stacks.STACKS_DIR

@@ -3,7 +3,8 @@
 Every line the agent writes is ``@podrun <instance> <local_rank|-> <kind> <text>``; an agent that runs a
 single worker of its instance (--rank-from-env) writes that worker's local rank on its own lines too:
 
-  out / err   a line a worker wrote on its stdout / stderr (text verbatim)
+  out / err   a line a worker wrote on its stdout / stderr (text verbatim); one worker's lines of both
+              kinds come in the order it wrote them
   ready       the agent is up: text = "<hostname> <agent pid> <workers>"
   probe       with --hold: the preflight facts (JSON: podrun and python versions, hostname, busy ports);
               the agent then waits for a ``G`` on stdin before it starts any worker
@@ -15,7 +16,8 @@ single worker of its instance (--rank-from-env) writes that worker's local rank 
   prog        a worker's progress report (podrun.runtime.progress): JSON {phase, step, total, epoch, loss,
               samples_per_sec, step_seconds}, the fields it gave
   stack       on an ``S`` from the controller, one running worker's stacks: JSON {procs: [{pid, main
-              (its main thread's id), text (what faulthandler wrote)}], problem (why there is none)}
+              (its main thread's id), text (what faulthandler wrote)}], problem (why there is none), cpu
+              (CPU seconds of its process tree, read before the dump), at (the agent's monotonic clock then)}
   hb          heartbeat, once a second: text = the agent's wall clock
   note        a message from the agent itself (teardown reasons, spawn errors)
   done        the agent is about to exit: text = its exit code
@@ -93,6 +95,54 @@ def bounded_lines(f, limit: int = MAX_LINE):
                 break
             dropped += len(more)
         yield f"[podrun: dropped {dropped} more bytes of the line cut above]".encode()
+
+
+class LineAssembler:
+    """The lines of a stream fed in chunks (a worker's datagrams), cut as ``bounded_lines`` cuts them: at most
+    ``limit`` bytes of one line are held; a longer one is yielded cut with CUT_MARK, and when it ends a line
+    says how many bytes were dropped. ``feed`` returns the lines a chunk completed, ``end`` the last partial."""
+
+    def __init__(self, limit: int = MAX_LINE):
+        self.limit = limit
+        self.buf = bytearray()
+        self.dropping: int | None = None     # bytes dropped of the line cut above, until its newline
+
+    def _dropped(self) -> bytes:
+        n, self.dropping = self.dropping, None
+        return f"[podrun: dropped {n} more bytes of the line cut above]".encode()
+
+    def feed(self, data: bytes) -> list[bytes]:
+        out: list[bytes] = []
+        start = 0
+        while start < len(data):
+            nl = data.find(b"\n", start)
+            stop = len(data) if nl < 0 else nl
+            piece = data[start:stop]
+            start = len(data) if nl < 0 else nl + 1
+            if self.dropping is not None:
+                self.dropping += len(piece)
+            elif len(self.buf) + len(piece) >= self.limit:
+                whole = bytes(self.buf) + piece
+                self.buf.clear()
+                out.append(whole[:self.limit] + CUT_MARK.format(limit=self.limit).encode())
+                self.dropping = len(whole) - self.limit
+            elif nl >= 0:
+                out.append((bytes(self.buf) + piece).rstrip(b"\r"))
+                self.buf.clear()
+            else:
+                self.buf += piece
+            if nl >= 0 and self.dropping is not None:
+                out.append(self._dropped())
+        return out
+
+    def end(self) -> list[bytes]:
+        if self.dropping is not None:
+            return [self._dropped()]
+        if self.buf:
+            line = bytes(self.buf).rstrip(b"\r")
+            self.buf.clear()
+            return [line]
+        return []
 
 
 def exit_code_from_returncode(rc: int) -> int:

@@ -89,7 +89,33 @@ def test_a_stalled_rank_is_found_its_stack_shown_and_the_run_ended(tmp_path, mod
     assert s["status"] == "hung" and s["exit_code"] == HANG_EXIT
     assert s["hang"]["window_s"] == WINDOW and {r for g in s["hang"]["groups"] for r in g["ranks"]} == {0, 1}
     assert s["hang"]["silent_s"] >= WINDOW, s["hang"]        # never declared before the window had passed
+    # a plain script: judged stuck by two samples of every rank's stack and CPU time, within window + 2 s
+    assert s["hang"]["judged_by"] == "stack and CPU samples" and s["hang"]["found_s"] <= WINDOW + 2, s["hang"]
+    assert "busy, not hung" not in err
     assert wait_until(lambda: local_pids(m) == [], 10), local_pids(m)
+
+
+SILENT = str(SCRIPTS / "silent.py")
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("mode", ["busy", "idle"])
+def test_a_healthy_silent_plain_script_is_never_ended(tmp_path, mode):
+    """A plain script (nothing reported through podrun's runtime) silent for 4 windows: every rank computing
+    (busy), or rank 0 computing while rank 1 sits in an I/O wait rank 0 does not wait for (idle). podrun
+    samples every rank's stack and CPU time at each window, finds a rank moving, says so and lets the run
+    finish: exit 0, every rank's last line, no hang record, no stacks written."""
+    window = 3.0
+    cp = podrun("launch", "--devices-per-host", "2", "--runs-dir", str(tmp_path / "runs"),
+                "--hang-timeout", str(window), "--", sys.executable, SILENT, "--mode", mode,
+                "--seconds", str(4 * window), timeout=150)
+    assert cp.returncode == 0, cp.stderr
+    assert "done rank 0 sum 2" in cp.stdout and "done rank 1 sum 2" in cp.stdout, cp.stdout
+    assert "busy, not hung" in cp.stderr and "no progress from any rank" not in cp.stderr, cp.stderr
+    assert "rank 0 used" in cp.stderr, cp.stderr           # the computing rank, by its CPU time
+    s = summary(tmp_path / "runs")
+    assert s["status"] == "ok" and s["hang"] is None, s
+    assert not (run_dir(tmp_path / "runs") / "stacks").exists()
 
 
 @pytest.mark.torch

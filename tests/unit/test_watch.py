@@ -271,3 +271,38 @@ def test_slow_ranks_when_the_others_report_no_busy_time():
     recs = [x for x in named if x is not None]
     assert [x["rank"] for x in recs] == [1] and recs[0]["ratio"] is None and recs[0]["max_ratio"] is None
     assert slow_rank_line(recs[0]).startswith("rank 1 on h1 is slow: busy 0.5 s per step against a median of 0 s")
+
+
+def test_busy_or_stuck_is_told_by_stack_and_cpu_time():
+    """hangs.busy_ranks: a rank moved when its main stack changed, or (outside a collective) it used CPU;
+    a rank waiting in a collective is judged by its stack only; a rank seen once is no evidence."""
+    S = hangs.RankSample
+    still, other = (("a.py", 1, "f"),), (("a.py", 2, "f"),)
+    before = {(0, 0): S(still, False, 1.0, 10.0), (0, 1): S(still, True, 5.0, 10.0), (0, 2): S(None, False, 0.0, 10.0)}
+    assert hangs.busy_ranks(before, {(0, 0): S(still, False, 1.01, 11.0), (0, 1): S(still, True, 9.0, 11.0),
+                                     (0, 2): S(None, False, 0.0, 11.0), (0, 3): S(other, False, 50.0, 11.0)}) == {}
+    busy = hangs.busy_ranks(before, {(0, 0): S(still, False, 1.9, 11.0), (0, 1): S(other, True, 5.0, 11.0),
+                                     (0, 2): S(None, False, 0.5, 11.0)})
+    assert busy == {(0, 0): "used 0.90 s of CPU in 1.0 s", (0, 1): "its stack changed",
+                    (0, 2): "used 0.50 s of CPU in 1.0 s"}
+    assert hangs.probe_gap(600) == 1.0 and hangs.probe_gap(1) == 0.5
+
+
+def test_line_assembler_cuts_as_bounded_lines_does():
+    """The agent's per-message line assembler yields exactly what bounded_lines yields from the same bytes,
+    however they are split into messages."""
+    import io
+    import random
+
+    from podrun.wire.protocol import LineAssembler, bounded_lines
+
+    rnd = random.Random(7)
+    for _ in range(2000):
+        limit = rnd.choice([4, 8, 16])
+        data = bytes(rnd.choice(b"ab\n\r") for _ in range(rnd.randint(0, 80)))
+        a, got, i = LineAssembler(limit), [], 0
+        while i < len(data):
+            j = i + rnd.randint(0, 10)
+            got += a.feed(data[i:j])
+            i = j
+        assert got + a.end() == list(bounded_lines(io.BytesIO(data), limit)), (limit, data)

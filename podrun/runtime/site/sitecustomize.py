@@ -34,6 +34,48 @@ def _install(first=True):
         os.register_at_fork(after_in_child=lambda: _install(False))
 
 
+def _chunk_output():
+    """With PODRUN_OUTPUT_CHUNK (the agent's output sockets take one write of at most that many bytes as one
+    message), sys.stdout and sys.stderr write larger data in pieces of that size, as a pipe would take it."""
+    import io
+    import os
+    import sys
+
+    chunk = os.environ.get("PODRUN_OUTPUT_CHUNK", "")
+    if not chunk.isdigit() or int(chunk) <= 0:
+        return
+    limit = int(chunk)
+
+    class ChunkedFileIO(io.FileIO):
+        def write(self, b):
+            view, done = memoryview(b).cast("B"), 0
+            while done < len(view):
+                n = super().write(view[done:done + limit])
+                if n is None:           # non-blocking and full: what was written so far
+                    break
+                done += n
+            return done
+
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        old = getattr(sys, name, None)
+        buffered = isinstance(getattr(old, "buffer", None), io.BufferedWriter)
+        if not isinstance(old, io.TextIOWrapper) or not (buffered or isinstance(old.buffer, io.FileIO)):
+            continue
+        try:
+            if old.fileno() != fd:
+                continue
+            old.flush()
+            raw = ChunkedFileIO(fd, "wb", closefd=False)          # python -u: the raw file is the buffer
+            new = io.TextIOWrapper(io.BufferedWriter(raw) if buffered else raw,
+                                   encoding=old.encoding, errors=old.errors, line_buffering=old.line_buffering,
+                                   write_through=old.write_through)
+        except (OSError, ValueError):
+            continue
+        if getattr(sys, f"__{name}__", None) is old:
+            setattr(sys, f"__{name}__", new)
+        setattr(sys, name, new)
+
+
 def _chain():
     """Import the sitecustomize this one hides (the next one on sys.path), as site would have."""
     import importlib
@@ -58,5 +100,9 @@ def _chain():
 try:
     _install()
 except Exception:  # noqa: BLE001 - never stop the user's program from starting
+    pass
+try:
+    _chunk_output()
+except Exception:  # noqa: BLE001
     pass
 _chain()
