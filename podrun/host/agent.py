@@ -54,7 +54,7 @@ from dataclasses import dataclass
 
 from podrun.wire import protocol
 from podrun.wire.liveness import FIRST_HEARTBEAT_S, HEARTBEAT_MISSES, HEARTBEAT_S
-from podrun.wire.proctl import PR_SET_CHILD_SUBREAPER, die_with_parent, prctl as _prctl
+from podrun.wire.proctl import PR_SET_CHILD_SUBREAPER, die_with_parent, pid_alive, prctl as _prctl, proc_stats
 from podrun.runtime.progress import FD_ENV as PROGRESS_ENV
 
 INDEX_ENV = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
@@ -111,22 +111,7 @@ def read_error_file(path: str) -> dict | None:
 
 def _children(pid: int) -> list[tuple[int, str]]:
     """(pid, state) of the live processes whose parent is ``pid``, from /proc."""
-    out = []
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return out
-    for d in names:
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 1 and int(fields[1]) == pid:
-            out.append((int(d), fields[0].decode()))
-    return out
+    return [(p, fields[0].decode()) for p, fields in proc_stats() if len(fields) > 1 and int(fields[1]) == pid]
 
 
 def tree_cpu(roots: list[int]) -> dict[int, float]:
@@ -134,21 +119,10 @@ def tree_cpu(roots: list[int]) -> dict[int, float]:
     the process and all its live descendants, read from /proc in one pass."""
     tick = os.sysconf("SC_CLK_TCK")
     parent, used = {}, {}
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return {}
-    for d in names:
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
+    for pid, fields in proc_stats():
         if len(fields) > 14:      # after the name: state ppid ... utime(12) stime(13) cutime(14) cstime(15)
-            parent[int(d)] = int(fields[1])
-            used[int(d)] = sum(int(x) for x in fields[11:15]) / tick
+            parent[pid] = int(fields[1])
+            used[pid] = sum(int(x) for x in fields[11:15]) / tick
     kids: dict[int, list[int]] = {}
     for pid, pp in parent.items():
         kids.setdefault(pp, []).append(pid)
@@ -406,7 +380,7 @@ class Agent:
             pids = sorted(int(n[:-5]) for n in os.listdir(where) if n.endswith(".main") and n[:-5].isdigit())
         except OSError:
             pids = []
-        pids = [p for p in pids if _alive(p)]
+        pids = [p for p in pids if pid_alive(p)]
         pids.sort(key=lambda p: (p != worker_pid, p))
         if not pids:
             return {"procs": [], "problem": "no Python process of this worker registered for stacks (not Python, "
@@ -739,20 +713,6 @@ def _stamp(anc) -> int:
             sec, nsec = struct.unpack("@ll", data[:16])
             return sec * 1_000_000_000 + nsec
     return time.time_ns()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:                                       # an ended child not yet reaped is no one to ask
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return True
 
 
 def _settled(path: str, timeout: float) -> str:

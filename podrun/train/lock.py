@@ -25,13 +25,9 @@ def writer_alive(host: str | None, pid: int) -> bool:
     """Whether the process ``pid`` on ``host`` (None: this host) may still run; another host's is assumed alive."""
     if host is not None and host != socket.gethostname():
         return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    from podrun.wire.proctl import pid_alive
+
+    return pid_alive(pid)
 
 
 def _open(path: Path) -> int:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+from podrun.wire.proctl import pid_alive
+
 SOCKET_NAME = "control.sock"   # in the run dir: the controller's control socket (podrun stack)
 OWNER_NAME = "control.pid"     # in the run dir: "<boot id> <pid>" of the controller listening on SOCKET_NAME
 
@@ -28,17 +30,7 @@ def owner_alive(run_dir: str) -> bool | None:
         return None
     if boot != boot_id() or pid_n <= 0:
         return None
-    try:
-        os.kill(pid_n, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:                              # killed but not yet collected by its parent: dead all the same
-        with open(f"/proc/{pid_n}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return True
+    return pid_alive(pid_n)
 
 
 def remove_if_stale(run_dir: str) -> bool:

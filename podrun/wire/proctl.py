@@ -1,8 +1,10 @@
-"""Linux process controls the agent, the store host and the local transport share: parent-death signal, child subreaper."""
+"""Linux process controls both sides share: parent-death signal, child subreaper, whether a pid lives, /proc's stat lines."""
 from __future__ import annotations
 
 import ctypes
+import os
 import signal
+from typing import Iterator
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -25,8 +27,6 @@ def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None):
     """A ``preexec_fn`` (call it in the parent: it notes the parent's pid now): in the child, get ``sig`` when
     the parent dies, and get it at once when the parent died before prctl took effect (the child was then
     already reparented, and no death would ever be signalled)."""
-    import os
-
     parent = os.getpid() if parent is None else parent
 
     def preexec() -> None:
@@ -34,3 +34,37 @@ def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None):
         if os.getppid() != parent:
             os.kill(os.getpid(), int(sig))
     return preexec
+
+
+def proc_stats() -> Iterator[tuple[int, list[bytes]]]:
+    """(pid, the fields of /proc/<pid>/stat after the command name: state, ppid, ...) of every process, those
+    gone meanwhile left out."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return
+    for d in names:
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        yield int(d), fields
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this machine runs: one that ended but is not yet reaped (a zombie) does not;
+    one of another user that exists does."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True

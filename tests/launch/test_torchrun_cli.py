@@ -142,14 +142,13 @@ TUTORIAL_RECORD = re.compile(r"\[GPU\d+\] Epoch \d+ \| Batchsize: \d+ \| Steps: 
 
 def _tutorial_dir(path: Path) -> Path:
     path.mkdir()
-    for name in ("multinode.py", "datautils.py"):
-        (path / name).write_text((TUTORIAL / name).read_text())
+    (path / "multinode.py").write_text((TUTORIAL / "multinode.py").read_text())
     return path
 
 
 def test_ddp_tutorial_multinode_command_runs_as_under_torchrun_and_its_rdzv_id_twice(tmp_path):
-    """The DDP tutorial's command (pytorch/examples distributed/ddp-tutorial-series, multinode.py on CPU: see the
-    fixture's header), `--nnodes=1 --nproc_per_node=2 --rdzv_id=456 --rdzv_backend=c10d --rdzv_endpoint=localhost:P
+    """The DDP tutorial's command (pytorch/examples distributed/ddp-tutorial-series; multinode.py here is a CPU
+    stand-in with the tutorial's command line and lines, see its docstring), `--nnodes=1 --nproc_per_node=2 --rdzv_id=456 --rdzv_backend=c10d --rdzv_endpoint=localhost:P
     multinode.py 2 1`, under torchrun and podrun: the same lines. Run again with the same --rdzv_id it runs again
     (a rendezvous id is not a run directory's name): two run directories 456-..."""
     tr_dir, pr_dir = _tutorial_dir(tmp_path / "tr"), _tutorial_dir(tmp_path / "pr")

@@ -1,113 +1,54 @@
-# pytorch/examples, distributed/ddp-tutorial-series/multinode.py at commit 77f55b912142e11fcfdf5b530231fb9c52f181e8
-# (BSD 3-Clause License, Copyright (c) 2017, Pytorch contributors), run by tests/launch/test_torchrun_cli.py as the
-# tutorial runs it. Changed only where it needs a GPU, to run on CPU: gloo instead of nccl, no cuda device, DDP
-# without device_ids, the snapshot loaded to the CPU, no pinned memory; every printed line is the tutorial's.
-import torch
-import torch.nn.functional as F
-from torch.utils.data import Dataset, DataLoader
-from datautils import MyTrainDataset
-
-import torch.multiprocessing as mp
-from torch.utils.data.distributed import DistributedSampler
-from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.distributed import init_process_group, destroy_process_group
+"""A stand-in for the DDP tutorial's multinode.py (pytorch/examples, distributed/ddp-tutorial-series), written for
+these tests from the tutorial's documented behaviour: the same command line (`multinode.py TOTAL_EPOCHS SAVE_EVERY
+[--batch_size N]`), the same two kinds of line ("[GPU<rank>] Epoch E | Batchsize: B | Steps: S" each epoch on every
+rank, "Epoch E | Training snapshot saved at snapshot.pt" from rank 0), the same resume from snapshot.pt, on CPU
+(gloo): a linear model over 2048 random samples of 20 features, each rank its DistributedSampler share."""
+import argparse
 import os
 
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
 
-def ddp_setup():
-    init_process_group(backend="gloo")
-
-class Trainer:
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        train_data: DataLoader,
-        optimizer: torch.optim.Optimizer,
-        save_every: int,
-        snapshot_path: str,
-    ) -> None:
-        self.local_rank = int(os.environ["LOCAL_RANK"])
-        self.global_rank = int(os.environ["RANK"])
-        self.model = model
-        self.train_data = train_data
-        self.optimizer = optimizer
-        self.save_every = save_every
-        self.epochs_run = 0
-        self.snapshot_path = snapshot_path
-        if os.path.exists(snapshot_path):
-            print("Loading snapshot")
-            self._load_snapshot(snapshot_path)
-
-        self.model = DDP(self.model)
-
-    def _load_snapshot(self, snapshot_path):
-        loc = "cpu"
-        snapshot = torch.load(snapshot_path, map_location=loc)
-        self.model.load_state_dict(snapshot["MODEL_STATE"])
-        self.epochs_run = snapshot["EPOCHS_RUN"]
-        print(f"Resuming training from snapshot at Epoch {self.epochs_run}")
-
-    def _run_batch(self, source, targets):
-        self.optimizer.zero_grad()
-        output = self.model(source)
-        loss = F.cross_entropy(output, targets)
-        loss.backward()
-        self.optimizer.step()
-
-    def _run_epoch(self, epoch):
-        b_sz = len(next(iter(self.train_data))[0])
-        print(f"[GPU{self.global_rank}] Epoch {epoch} | Batchsize: {b_sz} | Steps: {len(self.train_data)}")
-        self.train_data.sampler.set_epoch(epoch)
-        for source, targets in self.train_data:
-            self._run_batch(source, targets)
-
-    def _save_snapshot(self, epoch):
-        snapshot = {
-            "MODEL_STATE": self.model.module.state_dict(),
-            "EPOCHS_RUN": epoch,
-        }
-        torch.save(snapshot, self.snapshot_path)
-        print(f"Epoch {epoch} | Training snapshot saved at {self.snapshot_path}")
-
-    def train(self, max_epochs: int):
-        for epoch in range(self.epochs_run, max_epochs):
-            self._run_epoch(epoch)
-            if self.global_rank == 0 and epoch % self.save_every == 0:
-                self._save_snapshot(epoch)
+SNAPSHOT = "snapshot.pt"
+SAMPLES, FEATURES = 2048, 20
 
 
-def load_train_objs():
-    train_set = MyTrainDataset(2048)  # load your dataset
-    model = torch.nn.Linear(20, 1)  # load your model
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    return train_set, model, optimizer
+def main() -> None:
+    ap = argparse.ArgumentParser(description="the DDP tutorial's multinode training job, on CPU")
+    ap.add_argument("total_epochs", type=int)
+    ap.add_argument("save_every", type=int)
+    ap.add_argument("--batch_size", type=int, default=32)
+    args = ap.parse_args()
 
-
-def prepare_dataloader(dataset: Dataset, batch_size: int):
-    return DataLoader(
-        dataset,
-        batch_size=batch_size,
-        pin_memory=False,
-        shuffle=False,
-        sampler=DistributedSampler(dataset)
-    )
-
-
-def main(save_every: int, total_epochs: int, batch_size: int, snapshot_path: str = "snapshot.pt"):
-    ddp_setup()
-    dataset, model, optimizer = load_train_objs()
-    train_data = prepare_dataloader(dataset, batch_size)
-    trainer = Trainer(model, train_data, optimizer, save_every, snapshot_path)
-    trainer.train(total_epochs)
-    destroy_process_group()
+    dist.init_process_group("gloo")
+    rank = int(os.environ["RANK"])
+    data = TensorDataset(torch.rand(SAMPLES, FEATURES), torch.rand(SAMPLES, 1))
+    loader = DataLoader(data, batch_size=args.batch_size, sampler=DistributedSampler(data))
+    net = torch.nn.Linear(FEATURES, 1)
+    first = 0
+    if os.path.exists(SNAPSHOT):
+        print("Loading snapshot")
+        saved = torch.load(SNAPSHOT, map_location="cpu", weights_only=True)
+        net.load_state_dict(saved["MODEL_STATE"])
+        first = saved["EPOCHS_RUN"]
+        print(f"Resuming training from snapshot at Epoch {first}")
+    model = DistributedDataParallel(net)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    for epoch in range(first, args.total_epochs):
+        print(f"[GPU{rank}] Epoch {epoch} | Batchsize: {args.batch_size} | Steps: {len(loader)}")
+        loader.sampler.set_epoch(epoch)
+        for x, y in loader:
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+        if rank == 0 and epoch % args.save_every == 0:
+            torch.save({"MODEL_STATE": net.state_dict(), "EPOCHS_RUN": epoch}, SNAPSHOT)
+            print(f"Epoch {epoch} | Training snapshot saved at {SNAPSHOT}")
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    import argparse
-    parser = argparse.ArgumentParser(description='simple distributed training job')
-    parser.add_argument('total_epochs', type=int, help='Total epochs to train the model')
-    parser.add_argument('save_every', type=int, help='How often to save a snapshot')
-    parser.add_argument('--batch_size', default=32, type=int, help='Input batch size on each device (default: 32)')
-    args = parser.parse_args()
-
-    main(args.save_every, args.total_epochs, args.batch_size)
+    main()
