@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from podrun.errors import LaunchError, PodrunError
+from podrun.launch.rundir import DEFAULT_RUNS_DIR
 from podrun.launch.torchrun_args import (COMMAND, RECIPE, SCRIPT, OwnOptions, Target, check_nproc_kind, classify,
                                          command_hint, reconcile)
 from podrun.plan.worker_env import RDZV_ID_ENV, ROLE_ENV
@@ -15,7 +16,6 @@ from podrun.plan.worker_env import RDZV_ID_ENV, ROLE_ENV
 if TYPE_CHECKING:  # pragma: no cover
     from podrun.launch.options import LaunchOptions
 
-DEFAULT_RUNS_DIR = "runs"
 WARM_TRANSPORTS = ("local", "ssh")   # whose agents start each instance themselves (--warm applies)
 LONG_RUN_HOURS = 1.0        # a recipe run estimated longer than this is announced before it starts
 GRACE_S = 5.0               # seconds between SIGTERM and SIGKILL without --grace or --shutdown-timeout

@@ -13,7 +13,7 @@ LAUNCH_RECORD = "launch.json"
 
 def record(argv: list[str], cwd: str) -> dict:
     """What launch.json holds: the arguments as given to `podrun launch` (secrets redacted), where it ran."""
-    from podrun.launch.request import redact_argv
+    from podrun.redaction import redact_argv
 
     shown = redact_argv(argv)
     return {"argv": shown, "cwd": cwd, "redacted": [i for i, (a, b) in enumerate(zip(argv, shown)) if a != b]}
@@ -21,7 +21,7 @@ def record(argv: list[str], cwd: str) -> dict:
 
 def find_run(run: str, runs_dir: str | None) -> Path:
     """The run directory of RUN: a path to one, or a run id under ``runs_dir`` (default: runs)."""
-    from podrun.launch.prepare import DEFAULT_RUNS_DIR
+    from podrun.launch.rundir import DEFAULT_RUNS_DIR
 
     p = Path(run)
     if (p / LAUNCH_RECORD).is_file() or os.sep in run:

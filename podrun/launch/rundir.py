@@ -15,6 +15,7 @@ from podrun.errors import LaunchError
 from podrun.launch.request import LaunchRequest
 from podrun.redaction import redact, redact_record
 
+DEFAULT_RUNS_DIR = "runs"      # where run directories go without --runs-dir
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # files a launch writes: finding one means the run id was used by an earlier launch
 LAUNCH_FILES = ("command", "env.json", "summary.json", "instance-0.log")
