@@ -316,8 +316,13 @@ class Agent:
             while socks or held:
                 poller.poll(0 if held else None)
                 new = []
+                capped = []                               # last stamps of streams left unread past a pass's share
                 for fd, (kind, s) in list(socks.items()):
+                    got = 0
                     while True:
+                        if got >= room:                   # a pass takes at most a receive buffer of each stream:
+                            capped.append(new[-1][0])     # memory stays bounded however fast the worker writes
+                            break
                         try:
                             n, anc, _, _ = s.recvmsg_into([buf], _STAMP_ROOM, socket.MSG_DONTWAIT)
                         except (BlockingIOError, InterruptedError):
@@ -330,12 +335,16 @@ class Agent:
                             del socks[fd]
                             break
                         order += 1
+                        got += n
                         new.append((_stamp(anc), order, kind, bytes(buf[:n])))
                 merged = sorted(held + new)
                 old = {m[1] for m in held}
                 last_old = max((i for i, m in enumerate(merged) if m[1] in old), default=-1)
                 if not socks:                             # nothing more can come: all of it, in order
                     last_old = len(merged) - 1
+                if capped:                                # a stream's unread messages may precede later stamps
+                    last_old = min(last_old, max((i for i, m in enumerate(merged) if m[0] <= min(capped)),
+                                                 default=-1))
                 for _, _, kind, data in merged[:last_old + 1]:
                     emit(kind, data)
                 held = merged[last_old + 1:]
