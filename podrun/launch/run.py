@@ -16,7 +16,8 @@ from podrun.wire.liveness import Liveness
 from podrun.launch.request import InstanceLaunch, LaunchRequest, SSHOptions
 from podrun.launch.rundir import (check_run_id, create_run_dir, new_run_id, write_launch_files, write_plan,
                                   write_summary)
-from podrun.launch.supervisor import Outcome, Supervisor, _describe_code
+from podrun.launch.outcome import Outcome, describe_code
+from podrun.launch.supervisor import Supervisor
 from podrun.launch.transports.base import TransportFactory, busy_port_problem, get_transport
 from podrun.plan.worker_env import SNAPSHOT_KEY_NAME, data_interface_env, snapshot_dir
 from podrun.redaction import redact
@@ -367,7 +368,7 @@ def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_
                 return outcome, summary
             req = nxt_req
         notice(f"restart {nxt} of {req.max_restarts} after "
-               f"{cause.reason if cause else _describe_code(outcome.exit_code)}; rendezvous port {port}")
+               f"{cause.reason if cause else describe_code(outcome.exit_code)}; rendezvous port {port}")
         req = req.for_restart(nxt, port)
 
 
