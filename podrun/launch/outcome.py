@@ -120,3 +120,28 @@ def describe_code(code: int) -> str:
         except ValueError:
             pass
     return f"exited with code {code}"
+
+
+def explain(root: Failure, states: dict[int, InstanceState], failures: list[Failure],
+            errors: dict[tuple[int, int | None], dict]) -> None:
+    """The root cause's report: the failing worker's own last lines (its instance's when the failure
+    is no worker's, e.g. a lost host) and its @record error; then the other workers' last lines,
+    failed ones first, then the most recent to write."""
+    if root.instance is None:
+        return
+    st = states[root.instance]
+    own = st.worker_tails.get(root.local_rank) if root.local_rank is not None else None
+    root.last_lines = list(own) if own else list(st.tail)
+    root.error = errors.get((root.instance, root.local_rank))
+    failed = {(f.instance, f.local_rank): n for n, f in enumerate(sorted(failures, key=lambda f: f.at))}
+    cands = []
+    for s in states.values():
+        for lr, tail in s.worker_tails.items():
+            key = (s.index, lr)
+            if not tail or key == (root.instance, root.local_rank) or (lr is None and s.index == root.instance
+                                                                      and root.local_rank is None):
+                continue
+            cands.append((key not in failed, failed.get(key, 0), -s.worker_seen.get(lr, 0), s, lr, tail))
+    cands.sort(key=lambda c: c[:3])
+    root.others = [{"instance": s.index, "host": s.host, "local_rank": lr,
+                    "last_lines": list(tail)[-OTHER_TAIL:]} for *_, s, lr, tail in cands[:OTHERS]]

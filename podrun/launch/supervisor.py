@@ -31,7 +31,7 @@ from typing import Callable
 from podrun.errors import PodrunError
 from podrun.human import human_seconds
 from podrun.launch import control, hangs, slow_ranks, stacks
-from podrun.launch.outcome import OTHER_TAIL, OTHERS, Failure, FailureKind, InstanceState, Outcome
+from podrun.launch.outcome import Failure, FailureKind, InstanceState, Outcome, explain
 from podrun.launch.outcome import describe_code as _describe_code   # the wording of an exit, looked up at each
 from podrun.launch.request import LaunchRequest
 from podrun.launch.rundir import private_open, private_subdir
@@ -601,7 +601,7 @@ class Supervisor:
         ended = time.time()
         root = min(self.failures, key=lambda f: f.at) if self.failures else None
         if root is not None:
-            self._explain(root)
+            explain(root, self.states, self.failures, self.errors)
             code, status = root.exit_code, root.kind.status
         elif self.signalled is not None:
             code, status = 128 + self.signalled, "interrupted"
@@ -615,30 +615,6 @@ class Supervisor:
         return Outcome(code, status, root, sorted(self.states.values(), key=lambda s: s.index), self.t0, ended,
                        max(ready) if ready and None not in ready else None, self.hang,
                        [dict(r) for r in self.slow.records])
-
-
-    def _explain(self, root: Failure) -> None:
-        """The root cause's report: the failing worker's own last lines (its instance's when the failure
-        is no worker's, e.g. a lost host) and its @record error; then the other workers' last lines,
-        failed ones first, then the most recent to write."""
-        if root.instance is None:
-            return
-        st = self.states[root.instance]
-        own = st.worker_tails.get(root.local_rank) if root.local_rank is not None else None
-        root.last_lines = list(own) if own else list(st.tail)
-        root.error = self.errors.get((root.instance, root.local_rank))
-        failed = {(f.instance, f.local_rank): n for n, f in enumerate(sorted(self.failures, key=lambda f: f.at))}
-        cands = []
-        for s in self.states.values():
-            for lr, tail in s.worker_tails.items():
-                key = (s.index, lr)
-                if not tail or key == (root.instance, root.local_rank) or (lr is None and s.index == root.instance
-                                                                          and root.local_rank is None):
-                    continue
-                cands.append((key not in failed, failed.get(key, 0), -s.worker_seen.get(lr, 0), s, lr, tail))
-        cands.sort(key=lambda c: c[:3])
-        root.others = [{"instance": s.index, "host": s.host, "local_rank": lr,
-                        "last_lines": list(tail)[-OTHER_TAIL:]} for *_, s, lr, tail in cands[:OTHERS]]
 
 
 def _close_quietly(f) -> None:
