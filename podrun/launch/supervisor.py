@@ -31,6 +31,7 @@ from typing import Callable
 from podrun.errors import PodrunError
 from podrun.human import human_seconds
 from podrun.launch import control, hangs, slow_ranks, stacks
+from podrun.launch.instance_logs import InstanceLogs
 from podrun.launch.outcome import Failure, FailureKind, InstanceState, Outcome, explain
 from podrun.launch.outcome import describe_code as _describe_code   # the wording of an exit, looked up at each
 from podrun.launch.request import LaunchRequest
@@ -78,6 +79,7 @@ class Supervisor:
         self.transport = transport
         self.sink = sink or (lambda *a: None)
         self.notice = _safe(notice or (lambda t: None))
+        self.logs = InstanceLogs(request.run_dir, self.notice)
         self.only = only_output_from
         self.multi = workers_per_instance > 1
         self.wpi = workers_per_instance
@@ -90,7 +92,6 @@ class Supervisor:
         self.hb_handles: tuple[InstanceHandle, ...] = ()
         self.done = threading.Event()
         self.states = {i.index: InstanceState(i.index, i.host) for i in request.instances}
-        self.logs = {}
         self.failures: list[Failure] = []
         self.signalled: int | None = None
         self.stopping_since: float | None = None
@@ -122,28 +123,10 @@ class Supervisor:
             for h in self.hb_handles:
                 h.heartbeat()
 
-    def _log(self, index: int | None, text: str) -> None:
-        if index is None:
-            return
-        f = self.logs.get(index, False)
-        if f is None:                  # this log failed before: the console has the output
-            return
-        path = Path(self.req.run_dir) / f"instance-{index}.log"
-        try:
-            if f is False:
-                f = self.logs[index] = open(path, "a", buffering=1, opener=private_open)
-            f.write(text + "\n")
-        except OSError as exc:
-            self.logs[index] = None
-            if f:
-                _close_quietly(f)
-            self.notice(f"cannot write {path}: {exc.strerror or exc}; instance {index}'s output goes on "
-                        "to the console only")
-
     def _output(self, idx: int | None, host: str, lr: int | None, stream: str, text: str) -> None:
         st = self.states.get(idx) if idx is not None else None
         shown = f"[{lr}] {text}" if self.multi and lr is not None else text
-        self._log(idx, shown)
+        self.logs.write(idx, shown)
         if st is not None:
             st.tail.append(shown)
             st.worker_tail(lr).append(text)
@@ -199,7 +182,7 @@ class Supervisor:
             if isinstance(info, dict):
                 self.errors[(st.index, ev.local_rank)] = info
         elif ev.kind == "note":
-            self._log(st.index, f"# podrun agent: {redact_text(ev.text)}")
+            self.logs.write(st.index, f"# podrun agent: {redact_text(ev.text)}")
         elif ev.kind == "done":
             if ev.local_rank is not None:      # one agent per worker (mpirun --rank-from-env)
                 st.agents_done[ev.local_rank] = int(ev.text or 0)
@@ -248,9 +231,7 @@ class Supervisor:
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
-            for f in self.logs.values():
-                if f:
-                    _close_quietly(f)
+            self.logs.close()
             self.transport.close()
 
     def _run(self) -> Outcome:
@@ -615,13 +596,6 @@ class Supervisor:
         return Outcome(code, status, root, sorted(self.states.values(), key=lambda s: s.index), self.t0, ended,
                        max(ready) if ready and None not in ready else None, self.hang,
                        [dict(r) for r in self.slow.records])
-
-
-def _close_quietly(f) -> None:
-    try:
-        f.close()
-    except OSError:            # e.g. the last buffered line on a full disk
-        pass
 
 
 def _safe(f: Notice) -> Notice:
