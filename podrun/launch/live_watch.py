@@ -1,0 +1,246 @@
+"""The supervisor's watch of a live run: progress reports, the hang window, stack collections, slow ranks."""
+from __future__ import annotations
+
+import json
+import math
+import queue
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from podrun.errors import PodrunError
+from podrun.human import human_seconds
+from podrun.launch import hangs, slow_ranks, stacks
+from podrun.launch.outcome import Failure, FailureKind, InstanceState
+from podrun.launch.rundir import private_open, private_subdir
+from podrun.launch.transports.base import InstanceHandle
+from podrun.redaction import redact_record, redact_text
+from podrun.wire import protocol
+
+# progress(rank, host, record): a worker's progress report (podrun.runtime.progress), for the console
+Progress = Callable[[int, str, dict], None]
+
+
+class LiveWatch:
+    """The Supervisor's part that watches progress and hangs and collects stacks. Besides its own state (made by
+    ``watch_init``) it reads the Supervisor's request (``req``), ``transport``, ``states``, ``wpi``, ``notice``,
+    ``signalled``, ``stopping_since`` and ``_rank``, and adds a hang that ends the run to its ``failures``."""
+
+    def watch_init(self, watch: hangs.WatchOptions | None, progress: Progress | None) -> None:
+        self.watch = watch or hangs.WatchOptions(hang_timeout=None)
+        self.progress = progress
+        self.last_progress = time.monotonic()
+        self.started = False                     # some worker made progress in this attempt
+        self.step_times: list[float] = []       # recent step_seconds reported by any worker (auto window)
+        self.slow = slow_ranks.SlowRanks()         # each rank's recent busy_seconds: names a slow rank
+        self.phases: dict[tuple[int, int | None], str] = {}   # (instance, local rank) -> last reported phase
+        self.dump: stacks.StackCollection | None = None  # the stack collection in flight
+        self.reported = False                    # a worker reported through podrun's runtime in this attempt
+        # a plain script's first sample of a silence: (last_progress it was taken in, {(instance, lr): RankSample})
+        self.sample: tuple[float, dict] | None = None
+        self.busy_reset: float | None = None     # the new window the last busy verdict opened (its last_progress)
+        self.quiet_from = 0.0                    # the last real progress before busy verdicts' new windows
+        self.asks: queue.Queue = queue.Queue()   # control-socket requests: (done event, reply holder)
+        self.handles: tuple[InstanceHandle, ...] = ()
+        self.hang: dict | None = None
+        self.rank_of: dict[tuple[int, int], int] = {}
+
+    # -- progress, hangs and stacks ------------------------------------------------------------
+    def _progress(self, st: InstanceState, lr: int | None, text: str, now: float) -> None:
+        try:
+            rec = json.loads(text)
+        except ValueError:
+            return
+        if not isinstance(rec, dict) or lr is None:
+            return
+        self.last_progress, self.started, self.reported = now, True, True
+        self.phases[(st.index, lr)] = str(rec.get("phase", "train"))
+        dt = rec.get("step_seconds")
+        if isinstance(dt, (int, float)) and dt > 0:
+            self.step_times.append(float(dt))
+            del self.step_times[:-hangs.AUTO_WINDOW]
+        busy = rec.get("busy_seconds")
+        if isinstance(busy, (int, float)) and not isinstance(busy, bool) and math.isfinite(busy) and busy >= 0:
+            rank = self._rank_int(st.index, lr)
+            step = rec.get("step")
+            named = self.slow.add(rank, st.host, float(busy), step if isinstance(step, int) else None)
+            if named is not None:
+                self.notice(slow_ranks.slow_rank_line(named))
+        if self.progress is not None:
+            try:
+                self.progress(self._rank_int(st.index, lr), st.host, rec)
+            except Exception:  # noqa: BLE001 - a closed terminal must not stop supervision
+                self.progress = None
+
+    def _rank_int(self, instance: int, lr: int) -> int:
+        key = (instance, lr)
+        if key not in self.rank_of:
+            r = self._rank(instance, lr)
+            self.rank_of[key] = int(r) if r.isdigit() else -1
+        return self.rank_of[key]
+
+    def window(self) -> float | None:
+        """The hang window now (None: hangs are not watched)."""
+        return self.watch.window(self.step_times, self.started)
+
+    def _watch(self, now: float) -> None:
+        """Start a dump on a hang or on a control-socket request; finish one that is complete or overdue."""
+        while True:
+            try:
+                ask = self.asks.get_nowait()
+            except queue.Empty:
+                break
+            if self.dump is None:
+                self._start_dump("request", now)
+            self.dump.asks.append(ask)
+        if self.dump is not None:
+            if self.dump.complete(now):
+                self._finish_dump()
+            return
+        win = self.window()
+        if win is None or self.stopping_since is not None:
+            return
+        silent = now - self.last_progress
+        if self.reported:               # the runtime's step reports set the window: silence past it is a hang
+            if silent <= win:
+                return
+            if any(self.phases.get(k, "train") != "train" for k in self._running()):
+                return                  # eval or checkpoint: the runtime said what it is doing
+            self._start_dump("hang", now, win)
+            return
+        # a plain script: silence is judged by two samples of every rank's stack and CPU time, the first
+        # taken just before the window ends, the second when it ends (hangs.busy_ranks)
+        fresh = self.sample is not None and self.sample[0] == self.last_progress
+        if not fresh and silent > win - hangs.probe_gap(win):
+            self._start_dump("probe", now, win)
+        elif fresh and silent > win:
+            self._start_dump("hang", now, win)
+
+    def _running(self) -> list[tuple[int, int]]:
+        return [(st.index, lr) for st in self.states.values() if st.exit_code is None and st.status == "running"
+                for lr in range(self.wpi) if lr not in st.workers]
+
+    def _start_dump(self, reason: str, now: float, window: float | None = None) -> None:
+        self.dump = stacks.StackCollection(reason, window, self._running(), now + stacks.DUMP_WAIT_S,
+                                    now - self.last_progress)
+        if reason == "hang" and self.reported:     # a plain script's is said once the samples say stuck
+            self.notice(f"no progress from any rank for {human_seconds(window)} ({self.watch.source}); "
+                        "collecting every worker's stacks")
+        self.dump.progress_at = self.last_progress
+        for h in self.handles:
+            try:
+                h.request_stacks()
+            except Exception:  # noqa: BLE001 - a broken link shows as a worker without stacks
+                pass
+        if self.transport.merged:        # mpirun/srun agents have no stdin: they watch the run dir
+            try:
+                protocol.write_request(self.req.run_dir)
+            except OSError as exc:
+                self.notice(f"cannot ask the mpirun/srun agents for stacks: {exc.strerror or exc}")
+
+    def _finish_dump(self) -> None:
+        d, self.dump = self.dump, None
+        workers = []
+        for inst, lr in d.want:
+            st = self.states[inst]
+            rec = d.got.get((inst, lr))
+            rank = self._rank_int(inst, lr)
+            if rec is None:
+                workers.append(stacks.WorkerStack(rank, inst, lr, st.host, (), "its agent sent no stacks in time "
+                                                    "(host cut off, or under mpirun/srun a run dir it does not share)"))
+                continue
+            procs = tuple(stacks.ProcessStack(int(p.get("pid", 0)), stacks.parse_dump(str(p.get("text", "")),
+                                                                                           p.get("main")))
+                          for p in rec.get("procs", ()) if isinstance(p, dict))
+            procs = tuple(p for p in procs if p.threads)
+            workers.append(stacks.WorkerStack(rank, inst, lr, st.host, procs,
+                                                None if procs else rec.get("problem") or "no stack"))
+        groups = stacks.merge(workers)
+        lines = stacks.render_lines(groups)
+        busy = self._judge(d, workers)
+        if d.asks or (d.reason == "hang" and not busy):
+            self._write_stacks(workers, lines)
+        reply = redact_record({"run_id": self.req.run_id, "ranks": len(workers), "groups": stacks.to_json(groups),
+                               "lines": lines, "stacks_dir": str(Path(self.req.run_dir) / stacks.STACKS_DIR)})
+        for done, holder in d.asks:
+            holder.append(reply)
+            done.set()
+        if d.reason != "hang":
+            return
+        if busy:
+            if self.busy_reset != d.progress_at:     # real progress since the last verdict: a new silence
+                self.quiet_from = d.progress_at
+            self.last_progress = self.busy_reset = time.monotonic()   # a new window, a new first sample in it
+            why = "; ".join(f"rank {self._rank_int(*k)} {w}" for k, w in sorted(busy.items())[:4])
+            self.notice(f"no output from any rank for {human_seconds(self.last_progress - self.quiet_from)} "
+                        f"(window {human_seconds(d.window)}, {self.watch.source}), but {len(busy)} rank(s) moved "
+                        f"({why}{'; ...' if len(busy) > 4 else ''}): busy, not hung; watching on")
+            return
+        if not self.reported:
+            self.notice(f"no progress from any rank for {human_seconds(d.window)} ({self.watch.source}), and "
+                        "no rank moved between two samples of its stack and CPU time; collecting every "
+                        "worker's stacks")
+        self.notice(f"the stacks of {len(workers)} worker(s), odd ranks first "
+                    f"(every thread in {Path(self.req.run_dir) / stacks.STACKS_DIR}/rank-N.txt):\n  "
+                    + "\n  ".join(lines))
+        self.hang = {"window_s": d.window, "silent_s": round(d.silent_s, 3), "on_hang": self.watch.on_hang,
+                     "found_s": round(time.monotonic() - d.progress_at, 3),
+                     "judged_by": "progress reports" if self.reported else "stack and CPU samples",
+                     "groups": [{"ranks": list(g.ranks), "hosts": sorted({w.host for w in g.workers}),
+                                 "stack": g.workers[0].processes[0].main_frames()[0].where()
+                                 if g.workers[0].processes and g.workers[0].processes[0].main_frames() else None,
+                                 "summary": stacks.describe(g.workers[0].processes[0].main_frames())
+                                 if g.workers[0].processes else g.workers[0].problem} for g in groups]}
+        if self.watch.on_hang == "end" and groups and self.signalled is None:
+            odd = groups[0].workers[0]
+            what = (stacks.describe(odd.processes[0].main_frames()) if odd.processes else odd.problem)
+            odd_label = "the odd rank out" if len(groups) > 1 else "every rank"
+            self.failures.append(Failure(
+                odd.instance, odd.host, odd.local_rank, hangs.HANG_EXIT, FailureKind.HUNG,
+                f"hung: no progress from any rank for {human_seconds(d.window)} ({self.watch.source}); "
+                f"{odd_label}: rank {odd.rank} on {odd.host} in {what}", time.time()))
+        else:
+            self.last_progress = time.monotonic()    # dump again after another silent window
+
+    def _judge(self, d: stacks.StackCollection, workers: list) -> dict:
+        """For a plain script's collection: keep a first sample ("probe"), or compare the second ("hang") with
+        it; returns the busy ranks ((instance, local rank) -> why), empty when stuck or not judged here."""
+        if self.reported or d.reason not in ("probe", "hang"):
+            return {}
+        now = {}
+        for w in workers:
+            rec = d.got.get((w.instance, w.local_rank)) or {}
+            cpu, at = rec.get("cpu"), rec.get("at")
+            now[(w.instance, w.local_rank)] = hangs.RankSample(
+                w.key() if w.processes else None, stacks.in_collective(w),
+                float(cpu) if isinstance(cpu, (int, float)) and not isinstance(cpu, bool) else None,
+                float(at) if isinstance(at, (int, float)) and not isinstance(at, bool) else None)
+        if d.reason == "probe":
+            self.sample = (d.progress_at, now)
+            return {}
+        before = self.sample[1] if self.sample is not None and self.sample[0] == d.progress_at else {}
+        self.sample = None
+        return hangs.busy_ranks(before, now)
+
+    def _write_stacks(self, workers: list, lines: list[str]) -> None:
+        where = Path(self.req.run_dir) / stacks.STACKS_DIR
+        try:
+            private_subdir(self.req.run_dir, stacks.STACKS_DIR, "stacks directory")
+            for w in workers:
+                with open(where / f"rank-{w.rank}.txt", "w", opener=private_open) as f:
+                    f.write(redact_text(stacks.stack_file_text(w)))
+            with open(where / "merged.txt", "w", opener=private_open) as f:
+                f.write(redact_text("\n".join(lines) + "\n"))
+        except OSError as exc:
+            self.notice(f"cannot write the stacks to {where}: {exc.strerror or exc}")
+        except PodrunError as exc:
+            self.notice(f"not writing the stacks: {exc.message}")
+
+    def request_stacks(self, timeout: float = stacks.DUMP_WAIT_S * 3) -> dict:
+        """From another thread (the control socket): the merged stacks of the running workers, now."""
+        done, holder = threading.Event(), []
+        self.asks.put((done, holder))
+        if not done.wait(timeout) or not holder:
+            return {"error": "the run did not answer in time (it may be ending)"}
+        return holder[0]
