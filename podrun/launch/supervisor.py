@@ -1,21 +1,15 @@
-"""The supervisor: runs a transport's agents, parses their protocol, logs, fails fast, detects lost hosts.
+"""The supervisor: runs a transport's agents, parses their protocol, fails fast, detects lost hosts.
 
 Whatever the transport, it reads the agent line protocol from every InstanceHandle through bounded
-queues, writes runs/<id>/instance-<i>.log as lines come (a log that cannot be written, e.g. on a full
-disk, is reported once and the run goes on with the console only), sends a heartbeat to every agent
-each ``heartbeat`` seconds, and ends the run everywhere on the first worker failure, on SIGINT/SIGTERM/SIGHUP,
-when an instance has been silent for ``keepalive`` seconds, the liveness bound (podrun.wire.liveness: a lost
-host; summary.json gives each instance's largest silence), or when workers are still running
-``straggler_timeout`` seconds after one exited 0 (stragglers, named by rank), or when no worker made
-progress (an output line, or a ``prog`` report outside eval/checkpoint) for the hang window
-(podrun.launch.hangs.WatchOptions) and, for a plain script that reports nothing through the runtime, no rank
-moved between two samples of its stack and CPU time taken as the window ends (hangs.busy_ranks): then it
-first asks every agent for its workers' stacks (``S``), writes them to runs/<id>/stacks/ and shows them merged. A rank whose reported busy time stays well above the
-others' is named once (podrun.launch.slow_ranks.SlowRanks) and listed in summary.json's ``slow_ranks``.
-``podrun stack`` asks for the same view through the run's control socket at any time. The root cause is
-the failure with the earliest agent time; its
-report carries that worker's own last lines (kept per worker, bounded), its @record error if it wrote
-one, and separately the last lines of the others.
+queues, writes each instance's lines to its log (podrun.launch.instance_logs) as they come, sends a heartbeat
+to every agent each ``heartbeat`` seconds, and ends the run everywhere on the first worker failure, on
+SIGINT/SIGTERM/SIGHUP, when an instance has been silent for ``keepalive`` seconds, the liveness bound
+(podrun.wire.liveness: a lost host; summary.json gives each instance's largest silence), when workers are still
+running ``straggler_timeout`` seconds after one exited 0 (stragglers, named by rank), or on a hang found by its
+watch of the live run (podrun.launch.live_watch: progress, the hang window, stacks, slow ranks, ``podrun stack``).
+The root cause is the failure with the earliest agent time; its report (podrun.launch.outcome.explain) carries
+that worker's own last lines (kept per worker, bounded), its @record error if it wrote one, and separately the
+last lines of the others.
 """
 from __future__ import annotations
 
