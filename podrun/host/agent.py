@@ -37,14 +37,12 @@ from __future__ import annotations
 
 import argparse
 import enum
+import functools
 import json
-import mmap
 import os
-import select
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -52,6 +50,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from podrun.host import output
 from podrun.wire import protocol
 from podrun.wire.liveness import FIRST_HEARTBEAT_S, HEARTBEAT_MISSES, HEARTBEAT_S
 from podrun.wire.proctl import PR_SET_CHILD_SUBREAPER, die_with_parent, pid_alive, prctl as _prctl, proc_stats
@@ -290,85 +289,6 @@ class Agent:
         zygote.quit_host(*self.warm[:2])
 
     # -- threads --------------------------------------------------------------------------
-    def _pump(self, local_rank: int, streams: list[tuple[str, socket.socket]]) -> None:
-        """Relay a worker's stdout and stderr as ``out``/``err`` lines in the order it wrote them.
-
-        Each stream is a SOCK_SEQPACKET socket whose every write is one message stamped by the kernel when
-        it was sent (SO_TIMESTAMPNS); one thread reads both and emits in stamp order. A message read in one
-        pass may be preceded (in stamp order) by one of the other stream that arrives in the next pass only
-        if the writer's sendmsg was in flight across the first; so a pass emits what earlier passes read,
-        merged with this pass's messages stamped before the last of them, and holds the rest one more pass."""
-        socks = {s.fileno(): (kind, s) for kind, s in streams}
-        lines = {kind: protocol.LineAssembler() for kind, _ in streams}
-        room = max(s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) for _, s in streams)
-        buf = mmap.mmap(-1, max(room, _WRITE_BUF * 2))    # untouched pages cost nothing
-        poller = select.poll()
-        for fd in socks:
-            poller.register(fd, select.POLLIN)
-        held: list[tuple[int, int, str, bytes]] = []       # read in an earlier pass: (stamp, order, kind, data)
-        order = 0
-
-        def emit(kind: str, data: bytes) -> None:
-            for raw in lines[kind].feed(data):
-                self.emit(local_rank, kind, raw.decode("utf-8", "replace"))
-
-        try:
-            while socks or held:
-                poller.poll(0 if held else None)
-                new = []
-                capped = []                               # last stamps of streams left unread past a pass's share
-                for fd, (kind, s) in list(socks.items()):
-                    got = 0
-                    while True:
-                        if got >= room:                   # a pass takes at most a receive buffer of each stream:
-                            capped.append(new[-1][0])     # memory stays bounded however fast the worker writes
-                            break
-                        try:
-                            n, anc, _, _ = s.recvmsg_into([buf], _STAMP_ROOM, socket.MSG_DONTWAIT)
-                        except (BlockingIOError, InterruptedError):
-                            break
-                        except OSError:
-                            n, anc = 0, []
-                        if n == 0 and not anc:            # every copy of the write end is closed
-                            poller.unregister(fd)
-                            s.close()
-                            del socks[fd]
-                            break
-                        order += 1
-                        got += n
-                        new.append((_stamp(anc), order, kind, bytes(buf[:n])))
-                merged = sorted(held + new)
-                old = {m[1] for m in held}
-                last_old = max((i for i, m in enumerate(merged) if m[1] in old), default=-1)
-                if not socks:                             # nothing more can come: all of it, in order
-                    last_old = len(merged) - 1
-                if capped:                                # a stream's unread messages may precede later stamps
-                    last_old = min(last_old, max((i for i, m in enumerate(merged) if m[0] <= min(capped)),
-                                                 default=-1))
-                for _, _, kind, data in merged[:last_old + 1]:
-                    emit(kind, data)
-                held = merged[last_old + 1:]
-            for kind in lines:
-                for raw in lines[kind].end():
-                    self.emit(local_rank, kind, raw.decode("utf-8", "replace"))
-        except (OSError, ValueError):
-            pass
-        finally:
-            buf.close()
-            for _, s in socks.values():
-                s.close()
-
-    def _pump_progress(self, local_rank: int, fd: int) -> None:
-        """Relay a worker's progress records (JSON lines on its PODRUN_PROGRESS_FD pipe) as ``prog`` lines."""
-        try:
-            with os.fdopen(fd, "rb") as f:
-                for raw in protocol.bounded_lines(f, 4096):
-                    text = raw.decode("utf-8", "replace").strip()
-                    if text.startswith("{"):
-                        self.emit(local_rank, "prog", text)
-        except (OSError, ValueError):
-            pass
-
     def _dump_loop(self) -> None:
         while True:
             self.dumps.acquire()
@@ -483,7 +403,7 @@ class Agent:
                 os.mkdir(where, 0o700)
                 env.update(PODRUN_STACK_DIR=where, PODRUN_STACK_SIGNAL=str(STACK_SIGNAL),
                            PYTHONPATH=os.pathsep.join(x for x in (SITE_DIR, env.get("PYTHONPATH")) if x))
-            streams, ends = _output_sockets()
+            streams, ends = output.output_sockets()
             # the largest write one message takes (the kernel refuses more with EMSGSIZE): Python workers write
             # more in pieces (podrun's sitecustomize)
             env["PODRUN_OUTPUT_CHUNK"] = str(ends[0].getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) // 2)
@@ -509,8 +429,9 @@ class Agent:
             for s in ends:                  # the worker holds the write ends now: their end is its output's
                 s.close()
             self.procs.append(p)
-            threads = [threading.Thread(target=self._pump, args=(local_rank, streams), daemon=True)]
-            threading.Thread(target=self._pump_progress, args=(local_rank, r), daemon=True).start()
+            emit = functools.partial(self.emit, local_rank)
+            threads = [threading.Thread(target=output.pump, args=(streams, emit), daemon=True)]
+            threading.Thread(target=output.pump_progress, args=(r, emit), daemon=True).start()
             for t in threads:
                 t.start()
             self.readers.append(threads)
@@ -688,40 +609,6 @@ class Agent:
             code = 0
         self.emit(None, "done", str(code))
         return code
-
-
-_STAMP_ROOM = socket.CMSG_SPACE(16)      # one struct timespec
-_SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)   # Linux's value; Python does not name it
-# SO_SNDBUF asked for each of a worker's output streams: Linux's default net.core.wmem_max, which the kernel
-# doubles; one write is one message of at most about that (~416 KiB), and at most that much waits unread, so a
-# worker is held back by a slow reader as by a pipe, and what it wrote before it exited is relayed in moments
-_WRITE_BUF = 212992
-
-
-def _output_sockets() -> tuple[list[tuple[str, socket.socket]], tuple[socket.socket, socket.socket]]:
-    """A worker's stdout and stderr: per stream a SOCK_SEQPACKET pair whose read end stamps each message
-    (SO_TIMESTAMPNS), so that one reader can put both streams back in the order they were written.
-    Returns ([("out", read end), ("err", read end)], (stdout's write end, stderr's write end))."""
-    reads, writes = [], []
-    for kind in ("out", "err"):
-        r, w = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        r.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
-        w.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _WRITE_BUF)   # the largest single write it takes
-        r.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _WRITE_BUF)
-        r.shutdown(socket.SHUT_WR)
-        w.shutdown(socket.SHUT_RD)
-        reads.append((kind, r))
-        writes.append(w)
-    return reads, (writes[0], writes[1])
-
-
-def _stamp(anc) -> int:
-    """The kernel's send time (ns) of a message, from its SCM_TIMESTAMPNS; now when it has none."""
-    for level, kind, data in anc:
-        if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(data) >= 16:
-            sec, nsec = struct.unpack("@ll", data[:16])
-            return sec * 1_000_000_000 + nsec
-    return time.time_ns()
 
 
 def _settled(path: str, timeout: float) -> str:
