@@ -51,9 +51,10 @@ import time
 from dataclasses import dataclass
 
 from podrun.host import output
+from podrun.host.proctree import end_descendants, reap_orphans, tree_cpu
 from podrun.wire import protocol
 from podrun.wire.liveness import FIRST_HEARTBEAT_S, HEARTBEAT_MISSES, HEARTBEAT_S
-from podrun.wire.proctl import PR_SET_CHILD_SUBREAPER, die_with_parent, pid_alive, prctl as _prctl, proc_stats
+from podrun.wire.proctl import PR_SET_CHILD_SUBREAPER, die_with_parent, pid_alive, prctl as _prctl
 from podrun.runtime.progress import FD_ENV as PROGRESS_ENV
 
 INDEX_ENV = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
@@ -106,81 +107,6 @@ def read_error_file(path: str) -> dict | None:
     lines = tb.rstrip("\n").splitlines()[-ERROR_TRACEBACK_LINES:]
     return {"message": str(msg)[:ERROR_MESSAGE_CHARS], "traceback": [l[:ERROR_MESSAGE_CHARS] for l in lines],
             "file": path}
-
-
-def _children(pid: int) -> list[tuple[int, str]]:
-    """(pid, state) of the live processes whose parent is ``pid``, from /proc."""
-    return [(p, fields[0].decode()) for p, fields in proc_stats() if len(fields) > 1 and int(fields[1]) == pid]
-
-
-def tree_cpu(roots: list[int]) -> dict[int, float]:
-    """CPU seconds (user + system, every thread, and the reaped children's) of each root's process tree:
-    the process and all its live descendants, read from /proc in one pass."""
-    tick = os.sysconf("SC_CLK_TCK")
-    parent, used = {}, {}
-    for pid, fields in proc_stats():
-        if len(fields) > 14:      # after the name: state ppid ... utime(12) stime(13) cutime(14) cstime(15)
-            parent[pid] = int(fields[1])
-            used[pid] = sum(int(x) for x in fields[11:15]) / tick
-    kids: dict[int, list[int]] = {}
-    for pid, pp in parent.items():
-        kids.setdefault(pp, []).append(pid)
-    out = {}
-    for root in roots:
-        if root not in used:
-            continue
-        total, todo, seen = 0.0, [root], {root}
-        while todo:
-            pid = todo.pop()
-            total += used.get(pid, 0.0)
-            for k in kids.get(pid, ()):
-                if k not in seen:
-                    seen.add(k)
-                    todo.append(k)
-        out[root] = round(total, 3)
-    return out
-
-
-def _reap(pid: int) -> bool:
-    """Collect ``pid`` if it has ended; True when it is gone."""
-    try:
-        return os.waitpid(pid, os.WNOHANG)[0] == pid
-    except ChildProcessError:
-        return True
-
-
-def _describe(pid: int) -> str:
-    """``pid N (command line)`` of a live process, its command line cut at 300 characters."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmd = f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
-    except OSError:
-        cmd = ""
-    return f"pid {pid} ({cmd[:300] or '?'})"
-
-
-def end_descendants(timeout: float = 5.0, spare: frozenset[int] = frozenset()) -> list[str]:
-    """Kill every child of this process (and, as a subreaper, every orphan that reparents to it) but the
-    ``spare`` ones (the agent's own helpers, ended by their owners) until none is left or ``timeout``
-    passes; returns each killed process as ``pid N (command line)``."""
-    me, killed = os.getpid(), {}
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        kids = [(pid, state) for pid, state in _children(me) if pid not in spare]
-        if not kids:
-            break
-        for pid, state in kids:
-            if state != "Z":
-                if pid not in killed:
-                    killed[pid] = _describe(pid)
-                for kill in (os.killpg, os.kill):
-                    try:
-                        kill(pid, signal.SIGKILL)
-                    except (ProcessLookupError, PermissionError):
-                        pass
-            _reap(pid)
-        time.sleep(0.01)
-    return list(killed.values())
 
 
 class StopKind(enum.Enum):
@@ -506,12 +432,6 @@ class Agent:
         """The pids of the agent's own helpers among its children (the store host): no worker left them."""
         return frozenset(pid for pid in (h() for h in self.helpers) if pid is not None)
 
-    def _reap_orphans(self) -> None:
-        """Collect ended orphans that reparented to this subreaper (never a worker: Popen owns those)."""
-        workers = {p.pid for p in self.procs if p is not None}
-        for pid, state in _children(os.getpid()):
-            if state == "Z" and pid not in workers:
-                _reap(pid)
 
     def run(self) -> int:
         code: int | None = None
@@ -587,7 +507,7 @@ class Agent:
                 kill_at = time.monotonic() + 1.0
             if self.subreaper and time.monotonic() >= next_reap:
                 next_reap = time.monotonic() + 1.0
-                self._reap_orphans()
+                reap_orphans({p.pid for p in self.procs if p is not None})
             time.sleep(0.02)
         self._signal_all(signal.SIGKILL)   # leftovers in the workers' process groups
         left = end_descendants(spare=self.own())   # then whatever escaped them (setsid daemons, orphans)

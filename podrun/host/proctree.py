@@ -1,0 +1,90 @@
+"""The agent's process tree, read from /proc: its children, each worker tree's CPU time, the ending of every descendant."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from podrun.wire.proctl import proc_stats
+
+
+def _children(pid: int) -> list[tuple[int, str]]:
+    """(pid, state) of the live processes whose parent is ``pid``, from /proc."""
+    return [(p, fields[0].decode()) for p, fields in proc_stats() if len(fields) > 1 and int(fields[1]) == pid]
+
+
+def tree_cpu(roots: list[int]) -> dict[int, float]:
+    """CPU seconds (user + system, every thread, and the reaped children's) of each root's process tree:
+    the process and all its live descendants, read from /proc in one pass."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parent, used = {}, {}
+    for pid, fields in proc_stats():
+        if len(fields) > 14:      # after the name: state ppid ... utime(12) stime(13) cutime(14) cstime(15)
+            parent[pid] = int(fields[1])
+            used[pid] = sum(int(x) for x in fields[11:15]) / tick
+    kids: dict[int, list[int]] = {}
+    for pid, pp in parent.items():
+        kids.setdefault(pp, []).append(pid)
+    out = {}
+    for root in roots:
+        if root not in used:
+            continue
+        total, todo, seen = 0.0, [root], {root}
+        while todo:
+            pid = todo.pop()
+            total += used.get(pid, 0.0)
+            for k in kids.get(pid, ()):
+                if k not in seen:
+                    seen.add(k)
+                    todo.append(k)
+        out[root] = round(total, 3)
+    return out
+
+
+def _reap(pid: int) -> bool:
+    """Collect ``pid`` if it has ended; True when it is gone."""
+    try:
+        return os.waitpid(pid, os.WNOHANG)[0] == pid
+    except ChildProcessError:
+        return True
+
+
+def _describe(pid: int) -> str:
+    """``pid N (command line)`` of a live process, its command line cut at 300 characters."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+    except OSError:
+        cmd = ""
+    return f"pid {pid} ({cmd[:300] or '?'})"
+
+
+def end_descendants(timeout: float = 5.0, spare: frozenset[int] = frozenset()) -> list[str]:
+    """Kill every child of this process (and, as a subreaper, every orphan that reparents to it) but the
+    ``spare`` ones (the agent's own helpers, ended by their owners) until none is left or ``timeout``
+    passes; returns each killed process as ``pid N (command line)``."""
+    me, killed = os.getpid(), {}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        kids = [(pid, state) for pid, state in _children(me) if pid not in spare]
+        if not kids:
+            break
+        for pid, state in kids:
+            if state != "Z":
+                if pid not in killed:
+                    killed[pid] = _describe(pid)
+                for kill in (os.killpg, os.kill):
+                    try:
+                        kill(pid, signal.SIGKILL)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+            _reap(pid)
+        time.sleep(0.01)
+    return list(killed.values())
+
+
+def reap_orphans(workers: set[int]) -> None:
+    """Collect ended orphans that reparented to this subreaper (never one of ``workers``: Popen owns those)."""
+    for pid, state in _children(os.getpid()):
+        if state == "Z" and pid not in workers:
+            _reap(pid)
