@@ -53,56 +53,14 @@ from dataclasses import dataclass
 from podrun.host import output
 from podrun.host.proctree import end_descendants, reap_orphans, tree_cpu
 from podrun.host.stackdump import SITE_DIR, STACK_SIGNAL, worker_stacks
+from podrun.host.workers import fresh_error_file, launcher_fds, read_error_file, worker_envs
 from podrun.wire import protocol
 from podrun.wire.liveness import FIRST_HEARTBEAT_S, HEARTBEAT_MISSES, HEARTBEAT_S
 from podrun.wire.proctl import PR_SET_CHILD_SUBREAPER, die_with_parent, prctl as _prctl
 from podrun.runtime.progress import FD_ENV as PROGRESS_ENV
 
 INDEX_ENV = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
-ERROR_TRACEBACK_LINES = 40   # of a worker's @record traceback, sent to the controller
-ERROR_MESSAGE_CHARS = 2000
 HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)   # the agent's own: it ends its workers with the one it got
-
-
-def worker_envs(plan, index: int, *, run_id: str, run_dir: str, plan_path: str, master_addr: str,
-                master_port: int, restart_count: int = 0, max_restarts: int = 0,
-                agent_store: bool = False) -> list[dict[str, str]]:
-    """The env contract of instance ``index``'s workers on this host (podrun.plan.worker_env.instance_envs),
-    with this host's environment, the cores this agent may use and, in a run over several hosts, gloo's
-    interface where this host's name resolves to loopback (podrun.wire.probe.gloo_interface)."""
-    from podrun.wire.probe import gloo_interface
-    from podrun.plan.worker_env import instance_envs
-
-    several = len({p.host for p in plan.placement}) > 1
-    return instance_envs(plan, index, run_id=run_id, run_dir=run_dir, plan_path=plan_path,
-                         master_addr=master_addr, master_port=master_port, restart_count=restart_count,
-                         max_restarts=max_restarts, agent_store=agent_store, host_env=os.environ,
-                         cpus=len(os.sched_getaffinity(0)),
-                         gloo_ifname=gloo_interface(master_addr) if several else None)
-
-
-def read_error_file(path: str) -> dict | None:
-    """What torch's ``@record`` wrote to TORCHELASTIC_ERROR_FILE: {message, traceback, file}, or None.
-
-    The file is JSON, ``{"message": {"message": "Type: text", "extraInfo": {"py_callstack": ...}}}``
-    (or ``{"message": "text"}``); the traceback is cut to its last ERROR_TRACEBACK_LINES lines.
-    """
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return None
-    msg = data.get("message") if isinstance(data, dict) else None
-    tb = ""
-    if isinstance(msg, dict):
-        extra = msg.get("extraInfo") if isinstance(msg.get("extraInfo"), dict) else {}
-        tb = str(extra.get("py_callstack") or "")
-        msg = msg.get("message")
-    if msg is None:
-        return None
-    lines = tb.rstrip("\n").splitlines()[-ERROR_TRACEBACK_LINES:]
-    return {"message": str(msg)[:ERROR_MESSAGE_CHARS], "traceback": [l[:ERROR_MESSAGE_CHARS] for l in lines],
-            "file": path}
 
 
 class StopKind(enum.Enum):
@@ -272,7 +230,7 @@ class Agent:
     # -- lifecycle ------------------------------------------------------------------------
     def spawn(self) -> None:
         base = dict(os.environ)
-        keep_fds = _launcher_fds(base)
+        keep_fds = launcher_fds(base)
         try:
             self.stack_root = tempfile.mkdtemp(prefix="podrun-stacks-")
         except OSError:
@@ -282,53 +240,58 @@ class Agent:
         for problem in prepare_dirs(self.envs):      # private snapshot directories, made before any worker runs
             self.emit(None, "err", problem)
         for local_rank, wenv in enumerate(self.envs):
-            _fresh_error_file(wenv.get("TORCHELASTIC_ERROR_FILE"))
-            env = {**base, **wenv}
-            r, w = os.pipe()
-            env[PROGRESS_ENV] = str(w)
-            if self.stack_root is not None:
-                where = os.path.join(self.stack_root, f"w{local_rank}")
-                os.mkdir(where, 0o700)
-                env.update(PODRUN_STACK_DIR=where, PODRUN_STACK_SIGNAL=str(STACK_SIGNAL),
-                           PYTHONPATH=os.pathsep.join(x for x in (SITE_DIR, env.get("PYTHONPATH")) if x))
-            streams, ends = output.output_sockets()
-            # the largest write one message takes (the kernel refuses more with EMSGSIZE): Python workers write
-            # more in pieces (podrun's sitecustomize)
-            env["PODRUN_OUTPUT_CHUNK"] = str(ends[0].getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) // 2)
-            stdin = self.worker_stdin if self.local_ranks[local_rank] == 0 else None
-            p = self._spawn_warm(local_rank, env, w, ends, stdin) if self.warm is not None else None
-            try:
-                if p is None:
-                    p = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL if stdin is None else stdin,
-                                         stdout=ends[0].fileno(), stderr=ends[1].fileno(),
-                                         start_new_session=True, preexec_fn=die_with_parent(), pass_fds=(*keep_fds, w))
-            except OSError as exc:
-                os.close(r)
-                os.close(w)
-                for s in (*ends, *(s for _, s in streams)):
-                    s.close()
-                self.emit(local_rank, "err", f"podrun agent: cannot start {self.command[0]!r}: {exc.strerror}")
-                self.procs.append(None)
-                self.readers.append([])
-                self.emit(local_rank, "exit", f"{127 if isinstance(exc, FileNotFoundError) else 126} {time.time():.3f}")
-                self.request_stop(StopKind.SPAWN_FAILED, f"local rank {local_rank} could not start")
-                continue
-            os.close(w)
-            for s in ends:                  # the worker holds the write ends now: their end is its output's
-                s.close()
-            self.procs.append(p)
-            emit = functools.partial(self.emit, local_rank)
-            threads = [threading.Thread(target=output.pump, args=(streams, emit), daemon=True)]
-            threading.Thread(target=output.pump_progress, args=(r, emit), daemon=True).start()
-            for t in threads:
-                t.start()
-            self.readers.append(threads)
-            self.emit(local_rank, "start", str(p.pid))
+            fresh_error_file(wenv.get("TORCHELASTIC_ERROR_FILE"))
+            self._spawn_one(local_rank, {**base, **wenv}, keep_fds)
         if self.worker_stdin is not None:     # the worker holds it: its end of input is the terminal's
             os.close(self.worker_stdin)
             self.worker_stdin = None
         if self.warm is not None:
             self._keep_zygote()
+
+    def _spawn_one(self, local_rank: int, env: dict[str, str], keep_fds: tuple[int, ...]) -> None:
+        """Start the worker at ``local_rank`` (its environment ``env``, this host's and its contract), with its
+        output sockets and progress pipe relayed by threads of their own; a worker that cannot start is
+        reported as exited 127 (not found) or 126 and stops the others."""
+        r, w = os.pipe()
+        env[PROGRESS_ENV] = str(w)
+        if self.stack_root is not None:
+            where = os.path.join(self.stack_root, f"w{local_rank}")
+            os.mkdir(where, 0o700)
+            env.update(PODRUN_STACK_DIR=where, PODRUN_STACK_SIGNAL=str(STACK_SIGNAL),
+                       PYTHONPATH=os.pathsep.join(x for x in (SITE_DIR, env.get("PYTHONPATH")) if x))
+        streams, ends = output.output_sockets()
+        # the largest write one message takes (the kernel refuses more with EMSGSIZE): Python workers write
+        # more in pieces (podrun's sitecustomize)
+        env["PODRUN_OUTPUT_CHUNK"] = str(ends[0].getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) // 2)
+        stdin = self.worker_stdin if self.local_ranks[local_rank] == 0 else None
+        p = self._spawn_warm(local_rank, env, w, ends, stdin) if self.warm is not None else None
+        try:
+            if p is None:
+                p = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL if stdin is None else stdin,
+                                     stdout=ends[0].fileno(), stderr=ends[1].fileno(),
+                                     start_new_session=True, preexec_fn=die_with_parent(), pass_fds=(*keep_fds, w))
+        except OSError as exc:
+            os.close(r)
+            os.close(w)
+            for s in (*ends, *(s for _, s in streams)):
+                s.close()
+            self.emit(local_rank, "err", f"podrun agent: cannot start {self.command[0]!r}: {exc.strerror}")
+            self.procs.append(None)
+            self.readers.append([])
+            self.emit(local_rank, "exit", f"{127 if isinstance(exc, FileNotFoundError) else 126} {time.time():.3f}")
+            self.request_stop(StopKind.SPAWN_FAILED, f"local rank {local_rank} could not start")
+            return
+        os.close(w)
+        for s in ends:                  # the worker holds the write ends now: their end is its output's
+            s.close()
+        self.procs.append(p)
+        emit = functools.partial(self.emit, local_rank)
+        threads = [threading.Thread(target=output.pump, args=(streams, emit), daemon=True)]
+        threading.Thread(target=output.pump_progress, args=(r, emit), daemon=True).start()
+        for t in threads:
+            t.start()
+        self.readers.append(threads)
+        self.emit(local_rank, "start", str(p.pid))
 
     def _spawn_warm(self, local_rank: int, env: dict[str, str], progress_fd: int, ends, stdin: int | None = None):
         """The worker forked by this host's zygote, or None (no zygote: the caller starts it as usual); it
@@ -491,30 +454,6 @@ class Agent:
             code = 0
         self.emit(None, "done", str(code))
         return code
-
-
-def _launcher_fds(environ) -> tuple[int, ...]:
-    """File descriptors the worker needs to join its launcher's world: MPICH's hydra hands each rank its
-    PMI connection as PMI_FD (Open MPI's PMIx needs only variables)."""
-    fd = environ.get("PMI_FD", "")
-    if not fd.isdigit():
-        return ()
-    try:
-        os.fstat(int(fd))
-    except OSError:
-        return ()
-    return (int(fd),)
-
-
-def _fresh_error_file(path: str | None) -> None:
-    """Make the error file's directory and remove a file a previous attempt left there."""
-    if not path:
-        return
-    try:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)   # private, as the run dir (rundir.DIR_MODE)
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 def instance_index_from_env(environ=os.environ, flag: str = "--index-from-env") -> int:
