@@ -36,7 +36,6 @@ inherit, as they would inherit values put before the agent on a command line.
 from __future__ import annotations
 
 import argparse
-import enum
 import functools
 import json
 import os
@@ -48,11 +47,12 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
 
 from podrun.host import output
+from podrun.host.link import ControllerLink
 from podrun.host.proctree import end_descendants, reap_orphans, tree_cpu
 from podrun.host.stackdump import SITE_DIR, STACK_SIGNAL, worker_stacks
+from podrun.host.stop import Stop, StopKind
 from podrun.host.workers import fresh_error_file, launcher_fds, read_error_file, worker_envs
 from podrun.wire import protocol
 from podrun.wire.liveness import FIRST_HEARTBEAT_S, HEARTBEAT_MISSES, HEARTBEAT_S
@@ -63,25 +63,7 @@ INDEX_ENV = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
 HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)   # the agent's own: it ends its workers with the one it got
 
 
-class StopKind(enum.Enum):
-    """Why an agent ends its workers: what it decides on (whether snapshots outlive it) reads this, not the text."""
-
-    CONTROLLER_LOST = "controller-lost"     # stdout or stdin closed, or no heartbeat on stdin: the run is over here
-    CONTROLLER_ASKED = "controller-asked"   # a T on stdin
-    SIGNALLED = "signalled"                 # SIGTERM, SIGINT or SIGHUP to the agent
-    WORKER_FAILED = "worker-failed"         # a worker exited non-zero
-    SPAWN_FAILED = "spawn-failed"           # a worker could not start
-
-
-@dataclass(frozen=True)
-class Stop:
-    """The first reason to end this agent's workers, and the line the agent says about it."""
-
-    kind: StopKind
-    message: str
-
-
-class Agent:
+class Agent(ControllerLink):
     def __init__(self, index: int, command: list[str], envs: list[dict[str, str]], *, grace: float,
                  stdin_watch: bool, stdin_timeout: float, heartbeat: float = HEARTBEAT_S, out=None,
                  probe: dict | None = None, local_ranks: list[int] | None = None, agent_rank: int | None = None,
@@ -100,45 +82,21 @@ class Agent:
         self.command = command
         self.envs = envs
         self.grace = grace
-        self.stdin_watch = stdin_watch
-        self.stdin_timeout = stdin_timeout
-        self.heartbeat = heartbeat   # seconds between this agent's heartbeats to the controller
-        self.out = out if out is not None else sys.stdout.buffer
-        self.lock = threading.Lock()
+        self.link_init(out, heartbeat, stdin_watch, stdin_timeout)
         self.stop: Stop | None = None
         self.stop_signal = signal.SIGTERM
         self.signalled: int | None = None
         self.worker_failed = False          # a worker failed before any teardown began
-        self.controller_lost = False
-        self.last_stdin = time.monotonic()
-        self.got_stdin = False       # before the first heartbeat: the controller may still be starting others
         self.procs: list[subprocess.Popen | None] = []
         self.readers: list[list[threading.Thread]] = []
         self.teardown_started = False
         self.probe = probe           # --hold: facts to report, then wait for the controller's go
-        self.go = threading.Event()
         self.subreaper = False       # PR_SET_CHILD_SUBREAPER took effect (Linux)
         self.stack_root: str | None = None   # per worker w<n>/: the pid files of its faulthandler dumps
-        self.dumps = threading.Semaphore(0)  # one release per ``S`` on stdin
         self.parent = os.getppid()   # the controller (local) or the shell ssh started: gone when it changes
         self.zygote_told = False
         self.worker_stdin = worker_stdin  # what local rank 0 reads as stdin (else /dev/null, as the others)
         self.helpers: list = []      # callables giving the pid of one of the agent's own children (or None)
-
-    # -- output ---------------------------------------------------------------------------
-    def emit(self, local_rank: int | None, kind: str, text: str = "") -> None:
-        """One protocol line; ``local_rank`` is the worker's position in ``envs`` (None: the agent's own)."""
-        local_rank = self.agent_rank if local_rank is None else self.local_ranks[local_rank]
-        line = (protocol.encode(self.index, local_rank, kind, text) + "\n").encode("utf-8", "replace")
-        with self.lock:
-            if self.controller_lost:
-                return
-            try:
-                self.out.write(line)
-                self.out.flush()
-            except (BrokenPipeError, OSError, ValueError):
-                self.controller_lost = True
-                self.request_stop(StopKind.CONTROLLER_LOST, "lost the controller (stdout closed)")
 
     def request_stop(self, kind: StopKind, message: str, sig: int = signal.SIGTERM) -> None:
         if kind is StopKind.CONTROLLER_LOST or os.getppid() != self.parent:
@@ -178,50 +136,9 @@ class Agent:
             at = time.monotonic()            # every worker's CPU time first, before any dump costs it some
             cpu = tree_cpu([p.pid for _, p in live])
             for pos, p in live:
-                rec = {**worker_stacks(os.path.join(self.stack_root, f"w{pos}"), p.pid), "cpu": cpu.get(p.pid), "at": round(at, 3)}
+                where = os.path.join(self.stack_root, f"w{pos}")
+                rec = {**worker_stacks(where, p.pid), "cpu": cpu.get(p.pid), "at": round(at, 3)}
                 self.emit(pos, "stack", json.dumps(rec, separators=(",", ":")))
-
-    def _heartbeat(self) -> None:
-        from podrun.wire.protocol import read_request, read_stop
-
-        watch_file = not self.stdin_watch and self.run_dir is not None
-        token = read_request(self.run_dir) if watch_file else ""
-        stop_token = read_stop(self.run_dir)[0] if watch_file else ""
-        while True:
-            self.emit(None, "hb", f"{time.time():.3f}")
-            if watch_file:
-                now = read_request(self.run_dir)
-                if now != token:
-                    token = now
-                    self.dumps.release()
-                now, sig = read_stop(self.run_dir)
-                if now != stop_token and sig is not None:
-                    stop_token = now
-                    self.request_stop(StopKind.CONTROLLER_ASKED, f"the controller relayed {signal.Signals(sig).name}",
-                                      sig)
-            time.sleep(self.heartbeat)
-
-    def _watch_stdin(self) -> None:
-        while True:
-            try:
-                data = os.read(0, 256)
-            except OSError:
-                data = b""
-            if not data:
-                self.request_stop(StopKind.CONTROLLER_LOST, "lost the controller (stdin closed)")
-                return
-            self.last_stdin = time.monotonic()
-            self.got_stdin = True
-            if b"G" in data:
-                self.go.set()
-            stops = sorted((data.index(tok), tok) for tok in protocol.STOP_TOKENS if tok in data)
-            if stops:                                        # the first in the stream wins
-                tok = stops[0][1]
-                name = protocol.STOP_TOKENS[tok]
-                self.request_stop(StopKind.CONTROLLER_ASKED, "the controller asked to stop" if tok == b"T"
-                                  else f"the controller relayed {name}", getattr(signal, name))
-            for _ in range(data.count(b"S")):
-                self.dumps.release()
 
     def _on_signal(self, signum, frame) -> None:  # noqa: ARG002
         self.signalled = signum
@@ -335,16 +252,6 @@ class Agent:
         if info is not None:
             self.emit(pos, "error", json.dumps(info, separators=(",", ":")))
 
-    def _held_until_go(self) -> bool:
-        """Report the preflight facts and wait for ``G`` on stdin; False when told to stop (``T``, stdin
-        closed: another host failed its preflight), when signalled, or with no go within FIRST_HEARTBEAT_S."""
-        self.emit(None, "probe", json.dumps(self.probe, separators=(",", ":")))
-        deadline = time.monotonic() + FIRST_HEARTBEAT_S
-        while not self.go.wait(0.005):
-            if self.stop is not None or time.monotonic() > deadline:
-                return False
-        return True
-
     def _signal_all(self, sig: int) -> None:
         for p in self.procs:
             if p is not None:
@@ -410,10 +317,7 @@ class Agent:
                     self.worker_failed = True       # its teardown may precede a restart: snapshots stay
                     self.request_stop(StopKind.WORKER_FAILED,
                                       f"local rank {lr} exited with {protocol.exit_code_from_returncode(rc)}")
-            limit = self.stdin_timeout if self.got_stdin else max(self.stdin_timeout, FIRST_HEARTBEAT_S)
-            if self.stdin_watch and self.stdin_timeout > 0 and time.monotonic() - self.last_stdin > limit:
-                self.request_stop(StopKind.CONTROLLER_LOST,
-                                  f"lost the controller (no heartbeat on stdin for {limit:g} s)")
+            self._check_stdin_silence()
             if self.stop is not None and not self.teardown_started:
                 self.teardown_started = True
                 if not all(reaped):

@@ -1,0 +1,104 @@
+"""The agent's link to its controller: protocol lines out, heartbeats both ways, the stdin tokens and request files."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+from podrun.host.stop import StopKind
+from podrun.wire import protocol
+from podrun.wire.liveness import FIRST_HEARTBEAT_S
+
+
+class ControllerLink:
+    """The Agent's part that talks with its controller. Besides its own state (made by ``link_init``) it reads the
+    Agent's ``index``, ``local_ranks``, ``agent_rank``, ``run_dir``, ``probe`` and ``stop``, and asks the Agent to
+    stop through its ``request_stop``."""
+
+    def link_init(self, out, heartbeat: float, stdin_watch: bool, stdin_timeout: float) -> None:
+        self.stdin_watch = stdin_watch
+        self.stdin_timeout = stdin_timeout
+        self.heartbeat = heartbeat   # seconds between this agent's heartbeats to the controller
+        self.out = out if out is not None else sys.stdout.buffer
+        self.lock = threading.Lock()
+        self.controller_lost = False
+        self.last_stdin = time.monotonic()
+        self.got_stdin = False       # before the first heartbeat: the controller may still be starting others
+        self.go = threading.Event()
+        self.dumps = threading.Semaphore(0)  # one release per ``S`` on stdin
+
+    def emit(self, local_rank: int | None, kind: str, text: str = "") -> None:
+        """One protocol line; ``local_rank`` is the worker's position in ``envs`` (None: the agent's own)."""
+        local_rank = self.agent_rank if local_rank is None else self.local_ranks[local_rank]
+        line = (protocol.encode(self.index, local_rank, kind, text) + "\n").encode("utf-8", "replace")
+        with self.lock:
+            if self.controller_lost:
+                return
+            try:
+                self.out.write(line)
+                self.out.flush()
+            except (BrokenPipeError, OSError, ValueError):
+                self.controller_lost = True
+                self.request_stop(StopKind.CONTROLLER_LOST, "lost the controller (stdout closed)")
+
+    def _heartbeat(self) -> None:
+        from podrun.wire.protocol import read_request, read_stop
+
+        watch_file = not self.stdin_watch and self.run_dir is not None
+        token = read_request(self.run_dir) if watch_file else ""
+        stop_token = read_stop(self.run_dir)[0] if watch_file else ""
+        while True:
+            self.emit(None, "hb", f"{time.time():.3f}")
+            if watch_file:
+                now = read_request(self.run_dir)
+                if now != token:
+                    token = now
+                    self.dumps.release()
+                now, sig = read_stop(self.run_dir)
+                if now != stop_token and sig is not None:
+                    stop_token = now
+                    self.request_stop(StopKind.CONTROLLER_ASKED, f"the controller relayed {signal.Signals(sig).name}",
+                                      sig)
+            time.sleep(self.heartbeat)
+
+    def _watch_stdin(self) -> None:
+        while True:
+            try:
+                data = os.read(0, 256)
+            except OSError:
+                data = b""
+            if not data:
+                self.request_stop(StopKind.CONTROLLER_LOST, "lost the controller (stdin closed)")
+                return
+            self.last_stdin = time.monotonic()
+            self.got_stdin = True
+            if b"G" in data:
+                self.go.set()
+            stops = sorted((data.index(tok), tok) for tok in protocol.STOP_TOKENS if tok in data)
+            if stops:                                        # the first in the stream wins
+                tok = stops[0][1]
+                name = protocol.STOP_TOKENS[tok]
+                self.request_stop(StopKind.CONTROLLER_ASKED, "the controller asked to stop" if tok == b"T"
+                                  else f"the controller relayed {name}", getattr(signal, name))
+            for _ in range(data.count(b"S")):
+                self.dumps.release()
+
+    def _check_stdin_silence(self) -> None:
+        """Stop when the controller's heartbeats on stdin stopped coming (a longer bound before the first)."""
+        limit = self.stdin_timeout if self.got_stdin else max(self.stdin_timeout, FIRST_HEARTBEAT_S)
+        if self.stdin_watch and self.stdin_timeout > 0 and time.monotonic() - self.last_stdin > limit:
+            self.request_stop(StopKind.CONTROLLER_LOST,
+                              f"lost the controller (no heartbeat on stdin for {limit:g} s)")
+
+    def _held_until_go(self) -> bool:
+        """Report the preflight facts and wait for ``G`` on stdin; False when told to stop (``T``, stdin
+        closed: another host failed its preflight), when signalled, or with no go within FIRST_HEARTBEAT_S."""
+        self.emit(None, "probe", json.dumps(self.probe, separators=(",", ":")))
+        deadline = time.monotonic() + FIRST_HEARTBEAT_S
+        while not self.go.wait(0.005):
+            if self.stop is not None or time.monotonic() > deadline:
+                return False
+        return True

@@ -1,0 +1,23 @@
+"""Why an agent ends its workers, as a value (StopKind), with the line it says about it."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class StopKind(enum.Enum):
+    """Why an agent ends its workers: what it decides on (whether snapshots outlive it) reads this, not the text."""
+
+    CONTROLLER_LOST = "controller-lost"     # stdout or stdin closed, or no heartbeat on stdin: the run is over here
+    CONTROLLER_ASKED = "controller-asked"   # a T on stdin
+    SIGNALLED = "signalled"                 # SIGTERM, SIGINT or SIGHUP to the agent
+    WORKER_FAILED = "worker-failed"         # a worker exited non-zero
+    SPAWN_FAILED = "spawn-failed"           # a worker could not start
+
+
+@dataclass(frozen=True)
+class Stop:
+    """The first reason to end this agent's workers, and the line the agent says about it."""
+
+    kind: StopKind
+    message: str
