@@ -87,6 +87,7 @@ class Agent(ControllerLink):
         self.stop_signal = signal.SIGTERM
         self.signalled: int | None = None
         self.worker_failed = False          # a worker failed before any teardown began
+        self.first_failure: int | None = None   # the return code of the first worker to fail (before a teardown)
         self.procs: list[subprocess.Popen | None] = []
         self.readers: list[list[threading.Thread]] = []
         self.teardown_started = False
@@ -293,41 +294,24 @@ class Agent(ControllerLink):
             self.emit(None, "done", "0")
             return 0
         self.spawn()
-        first_failure: int | None = None
+        self._supervise_workers()
+        self._end_leftovers()
+        code = self._exit_code()
+        self.emit(None, "done", str(code))
+        return code
+
+    def _supervise_workers(self) -> None:
+        """Until every worker is reaped: report each exit, end them all once a stop is asked (its signal, then
+        SIGTERM after --grace where that was another, then SIGKILL), and collect orphans that reparent here."""
         reaped = [p is None for p in self.procs]
         kill_at: float | None = None
         term_at: float | None = None
         next_reap = time.monotonic() + 1.0
         while not all(reaped):
-            for lr, p in enumerate(self.procs):
-                if reaped[lr] or p is None:
-                    continue
-                rc = p.poll()
-                if rc is None:
-                    continue
-                reaped[lr] = True
-                for t in self.readers[lr]:
-                    t.join(timeout=1.0)
-                tag = " teardown" if self.teardown_started else ""
-                if rc != 0:
-                    self._report_error_file(lr)
-                self.emit(lr, "exit", f"{rc} {time.time():.3f}{tag}")
-                if rc != 0 and first_failure is None and not self.teardown_started:
-                    first_failure = rc
-                    self.worker_failed = True       # its teardown may precede a restart: snapshots stay
-                    self.request_stop(StopKind.WORKER_FAILED,
-                                      f"local rank {lr} exited with {protocol.exit_code_from_returncode(rc)}")
+            self._reap_exited(reaped)
             self._check_stdin_silence()
             if self.stop is not None and not self.teardown_started:
-                self.teardown_started = True
-                if not all(reaped):
-                    self.emit(None, "note", f"ending workers: {self.stop.message}")
-                self._signal_all(self.stop_signal)
-                if self.stop_signal != signal.SIGTERM:   # SIGINT or SIGHUP first: SIGTERM for what ignores it
-                    term_at = time.monotonic() + self.grace
-                    kill_at = term_at + protocol.TERM_TO_KILL_S
-                else:
-                    kill_at = time.monotonic() + self.grace
+                term_at, kill_at = self._begin_teardown(all(reaped))
             if term_at is not None and time.monotonic() >= term_at:
                 term_at = None
                 self._signal_all(signal.SIGTERM)
@@ -338,6 +322,43 @@ class Agent(ControllerLink):
                 next_reap = time.monotonic() + 1.0
                 reap_orphans({p.pid for p in self.procs if p is not None})
             time.sleep(0.02)
+
+    def _reap_exited(self, reaped: list[bool]) -> None:
+        """Report each worker that exited since the last look (its @record error first when it failed); the first
+        to fail before any teardown asks every other to stop."""
+        for lr, p in enumerate(self.procs):
+            if reaped[lr] or p is None:
+                continue
+            rc = p.poll()
+            if rc is None:
+                continue
+            reaped[lr] = True
+            for t in self.readers[lr]:
+                t.join(timeout=1.0)
+            tag = " teardown" if self.teardown_started else ""
+            if rc != 0:
+                self._report_error_file(lr)
+            self.emit(lr, "exit", f"{rc} {time.time():.3f}{tag}")
+            if rc != 0 and self.first_failure is None and not self.teardown_started:
+                self.first_failure = rc
+                self.worker_failed = True       # its teardown may precede a restart: snapshots stay
+                self.request_stop(StopKind.WORKER_FAILED,
+                                  f"local rank {lr} exited with {protocol.exit_code_from_returncode(rc)}")
+
+    def _begin_teardown(self, all_reaped: bool) -> tuple[float | None, float]:
+        """Signal every worker with the stop's signal; returns when to send SIGTERM (None: no need) and SIGKILL."""
+        self.teardown_started = True
+        if not all_reaped:
+            self.emit(None, "note", f"ending workers: {self.stop.message}")
+        self._signal_all(self.stop_signal)
+        if self.stop_signal != signal.SIGTERM:   # SIGINT or SIGHUP first: SIGTERM for what ignores it
+            term_at = time.monotonic() + self.grace
+            return term_at, term_at + protocol.TERM_TO_KILL_S
+        return None, time.monotonic() + self.grace
+
+    def _end_leftovers(self) -> None:
+        """Once every worker is reaped: kill what is left of their process groups and whatever escaped them, then
+        let the last lines out."""
         self._signal_all(signal.SIGKILL)   # leftovers in the workers' process groups
         left = end_descendants(spare=self.own())   # then whatever escaped them (setsid daemons, orphans)
         if left:
@@ -346,18 +367,19 @@ class Agent(ControllerLink):
         deadline = time.monotonic() + 5.0  # every writer is gone: the pipes end, the last lines get out
         for t in (t for ts in self.readers for t in ts):
             t.join(timeout=max(0.0, deadline - time.monotonic()))
-        if first_failure is not None:
-            code = protocol.exit_code_from_returncode(first_failure)
-        elif self.signalled is not None:
-            code = 128 + self.signalled
-        elif any(p is None for p in self.procs):
-            code = 127
-        elif any(p is not None and p.returncode != 0 for p in self.procs):
-            code = 128 + int(self.stop_signal)   # workers ended by the teardown the controller asked for
-        else:
-            code = 0
-        self.emit(None, "done", str(code))
-        return code
+
+    def _exit_code(self) -> int:
+        """The first failing worker's code, 128+signal when signalled, 127 when a worker could not start, else the
+        teardown's 128+signal when workers were ended by it, else 0."""
+        if self.first_failure is not None:
+            return protocol.exit_code_from_returncode(self.first_failure)
+        if self.signalled is not None:
+            return 128 + self.signalled
+        if any(p is None for p in self.procs):
+            return 127
+        if any(p is not None and p.returncode != 0 for p in self.procs):
+            return 128 + int(self.stop_signal)   # workers ended by the teardown the controller asked for
+        return 0
 
 
 def instance_index_from_env(environ=os.environ, flag: str = "--index-from-env") -> int:
