@@ -35,7 +35,6 @@ inherit, as they would inherit values put before the agent on a command line.
 """
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import os
@@ -48,18 +47,17 @@ import tempfile
 import threading
 import time
 
-from podrun.host import output
+from podrun.host import agent_args, output
 from podrun.host.link import ControllerLink
 from podrun.host.proctree import end_descendants, reap_orphans, tree_cpu
 from podrun.host.stackdump import SITE_DIR, STACK_SIGNAL, worker_stacks
 from podrun.host.stop import Stop, StopKind
-from podrun.host.workers import fresh_error_file, launcher_fds, read_error_file, worker_envs
+from podrun.host.workers import fresh_error_file, launcher_fds, read_error_file
 from podrun.wire import protocol
-from podrun.wire.liveness import FIRST_HEARTBEAT_S, HEARTBEAT_MISSES, HEARTBEAT_S
+from podrun.wire.liveness import HEARTBEAT_S
 from podrun.wire.proctl import PR_SET_CHILD_SUBREAPER, die_with_parent, prctl as _prctl
 from podrun.runtime.progress import FD_ENV as PROGRESS_ENV
 
-INDEX_ENV = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
 HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)   # the agent's own: it ends its workers with the one it got
 
 
@@ -382,101 +380,23 @@ class Agent(ControllerLink):
         return 0
 
 
-def instance_index_from_env(environ=os.environ, flag: str = "--index-from-env") -> int:
-    """The launcher's rank of this process (Open MPI, PMIx, PMI, Slurm)."""
-    for name in INDEX_ENV:
-        if environ.get(name, "").isdigit():
-            return int(environ[name])
-    raise SystemExit(f"podrun agent: {flag} but none of {', '.join(INDEX_ENV)} is set")
-
-
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m podrun.host.agent", description=__doc__.splitlines()[0])
-    ap.add_argument("--plan", required=True)
-    ap.add_argument("--run-id", required=True)
-    ap.add_argument("--run-dir", required=True)
-    ap.add_argument("--master-addr", required=True)
-    ap.add_argument("--master-port", type=int, required=True)
-    ap.add_argument("--grace", type=float, default=5.0)
-    ap.add_argument("--restart-count", type=int, default=0)
-    ap.add_argument("--max-restarts", type=int, default=0)
-    g = ap.add_mutually_exclusive_group(required=True)
-    g.add_argument("--instance", type=int)
-    g.add_argument("--index-from-env", action="store_true", help="the launcher's rank is the instance index")
-    g.add_argument("--rank-from-env", action="store_true",
-                   help="the launcher's rank is a worker's global rank: run that one worker (mpirun: each "
-                        "worker is an MPI rank of one world)")
-    ap.add_argument("--heartbeat", type=float, default=HEARTBEAT_S,
-                    help="seconds between heartbeats to the controller")
-    ap.add_argument("--stdin-timeout", type=float, default=HEARTBEAT_S * HEARTBEAT_MISSES,
-                    help="seconds of silence on stdin (no controller heartbeat) after which the workers are ended")
-    ap.add_argument("--no-stdin-watch", action="store_true")
-    ap.add_argument("--agent-store", action="store_true",
-                    help="if this instance runs global rank 0: hold --master-port from the start and serve the "
-                         "run's TCPStore on it (podrun.host.store)")
-    ap.add_argument("--listen-fd", type=int,
-                    help="with --agent-store: the listening socket on --master-port, inherited from the controller")
-    ap.add_argument("--hold", action="store_true",
-                    help="report preflight facts (a probe line) and start workers only on a G on stdin")
-    ap.add_argument("--needs", default="", metavar="MOD,...",
-                    help="with --hold: report which of these modules this python cannot import")
-    ap.add_argument("--warm", action="store_true",
-                    help="fork workers from this host's zygote when it runs (podrun.host.zygote); start it when "
-                         "it does not and --restart-count is below --max-restarts")
-    ap.add_argument("--env-stdin", action="store_true",
-                    help="read the run's --env first from stdin (podrun.wire.envchannel) and set it for the workers")
-    ap.add_argument("--worker-stdin-fd", type=int, metavar="FD",
-                    help="an inherited descriptor that local rank 0 reads as its stdin (the local transport's copy "
-                         "of podrun's stdin); every other worker reads /dev/null")
-    ap.add_argument("command", nargs=argparse.REMAINDER)
+    ap = agent_args.parser(__doc__.splitlines()[0])
     args = ap.parse_args(argv)
     os.umask(0o077)                    # the workers' files are private, as the run directory's
     if args.env_stdin:
-        from podrun.wire.envchannel import EnvMessageError, read as read_env
-
-        try:
-            os.environ.update(read_env(0, FIRST_HEARTBEAT_S))
-        except (EnvMessageError, OSError) as exc:
-            raise SystemExit(f"podrun agent: --env-stdin: {exc}") from None
+        agent_args.read_env_stdin()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         ap.error("no command given after --")
-    from podrun.plan.worker_env import worker_of_rank
-    from podrun.plan.model import Plan
-
-    with open(args.plan) as f:
-        plan = Plan.from_dict(json.load(f))
-    local_ranks = agent_rank = None
-    if args.rank_from_env:
-        rank = instance_index_from_env(flag="--rank-from-env")
-        try:
-            index, agent_rank = worker_of_rank(plan, rank)
-        except ValueError as exc:
-            raise SystemExit(f"podrun agent: --rank-from-env: {exc}") from None
-        local_ranks = [agent_rank]
-    else:
-        index = instance_index_from_env() if args.index_from_env else args.instance
-    envs = worker_envs(plan, index, run_id=args.run_id, run_dir=args.run_dir, plan_path=args.plan,
-                       master_addr=args.master_addr, master_port=args.master_port,
-                       restart_count=args.restart_count, max_restarts=args.max_restarts,
-                       agent_store=args.agent_store)
-    if local_ranks is not None:
-        envs = [envs[lr] for lr in local_ranks]
+    index, local_ranks, agent_rank, envs = agent_args.instance_workers(args)
     rank0 = any(e["RANK"] == "0" for e in envs)
     store = None
     if args.agent_store and rank0:
         from podrun.host.store import AgentStore
 
         store = AgentStore.open(args.master_port, args.listen_fd)    # reserve the port now, before any report
-    probe = None
-    if args.hold:
-        from podrun.wire.probe import facts
-
-        ports = [args.master_port] if rank0 else []
-        # the agent store's port is busy when it could not be bound; else (no agent store) facts() tries it
-        probe = facts(ports, None if store is None else ports if store.error is not None else [],
-                      needs=[m for m in args.needs.split(",") if m],
-                      master_addr=args.master_addr, master_port=None if rank0 else args.master_port)
+    probe = _probe(args, rank0, store) if args.hold else None
     agent = Agent(index, command, envs, grace=args.grace, stdin_watch=not args.no_stdin_watch,
                   stdin_timeout=args.stdin_timeout, heartbeat=args.heartbeat, probe=probe, local_ranks=local_ranks,
                   agent_rank=agent_rank, run_dir=args.run_dir, worker_stdin=args.worker_stdin_fd,
@@ -491,6 +411,17 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if store is not None:
             store.close()
+
+
+def _probe(args, rank0: bool, store) -> dict:
+    """--hold: this host's facts for the controller's preflight (podrun.wire.probe.facts)."""
+    from podrun.wire.probe import facts
+
+    ports = [args.master_port] if rank0 else []
+    # the agent store's port is busy when it could not be bound; else (no agent store) facts() tries it
+    return facts(ports, None if store is None else ports if store.error is not None else [],
+                 needs=[m for m in args.needs.split(",") if m],
+                 master_addr=args.master_addr, master_port=None if rank0 else args.master_port)
 
 
 if __name__ == "__main__":
