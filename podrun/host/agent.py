@@ -121,9 +121,9 @@ class Agent(ControllerLink):
         if self.warm is None or self.zygote_told:
             return
         self.zygote_told = True
-        from podrun.host import zygote
+        from podrun.host import zygote_client
 
-        zygote.quit_host(*self.warm[:2])
+        zygote_client.quit_host(*self.warm[:2])
 
     # -- threads --------------------------------------------------------------------------
     def _dump_loop(self) -> None:
@@ -213,12 +213,12 @@ class Agent(ControllerLink):
         """The worker forked by this host's zygote, or None (no zygote: the caller starts it as usual); it
         writes its stdout and stderr to ``ends``, the write ends of the agent's output sockets, and reads
         ``stdin`` (a descriptor; else the zygote's choice)."""
-        from podrun.host import zygote
+        from podrun.host import zygote_client
 
         run_dir, host, _ = self.warm
-        p = zygote.spawn(run_dir, host, self.command, {k: v for k, v in env.items() if k != PROGRESS_ENV},
-                         os.getcwd(), {1: ends[0].fileno(), 2: ends[1].fileno(), PROGRESS_ENV: progress_fd,
-                                       **({} if stdin is None else {0: stdin})})
+        p = zygote_client.spawn(run_dir, host, self.command, {k: v for k, v in env.items() if k != PROGRESS_ENV},
+                                os.getcwd(), {1: ends[0].fileno(), 2: ends[1].fileno(), PROGRESS_ENV: progress_fd,
+                                              **({} if stdin is None else {0: stdin})})
         if p is not None:
             self.emit(local_rank, "note", f"warm start: local rank {self.local_ranks[local_rank]} forked by the "
                                           f"zygote (pid {p.zygote_pid}) as pid {p.pid}")
@@ -227,22 +227,22 @@ class Agent(ControllerLink):
     def _keep_zygote(self) -> None:
         """Hold a lease on this host's zygote for the agent's life; start the zygote first when it is not
         there and another attempt may follow (outside this subreaper's tree: it outlives the agent)."""
-        from podrun.host import zygote
+        from podrun.host import zygote_client
 
         run_dir, host, start = self.warm
-        self.lease = zygote.hold(run_dir, host, 0.0)
-        if self.lease is not None or not start or zygote.warm_target(self.command) is None:
+        self.lease = zygote_client.hold(run_dir, host, 0.0)
+        if self.lease is not None or not start or zygote_client.warm_target(self.command) is None:
             return
         if self.subreaper:
             _prctl(PR_SET_CHILD_SUBREAPER, 0)
         try:
-            zygote.start(run_dir, host)
+            zygote_client.start(run_dir, host)
         finally:
             if self.subreaper:
                 _prctl(PR_SET_CHILD_SUBREAPER, 1)
 
         def lease():       # however long its imports take under load (a daemon thread: it ends with the agent)
-            self.lease = zygote.hold(run_dir, host, float("inf"))
+            self.lease = zygote_client.hold(run_dir, host, float("inf"))
         threading.Thread(target=lease, daemon=True).start()
 
     def _report_error_file(self, pos: int) -> None:

@@ -1,4 +1,4 @@
-"""A worker's output on its agent: stamped stdout/stderr sockets, relayed as lines in the order written, and its progress pipe."""
+"""A worker's output on its agent: stamped stdout/stderr sockets relayed in the order written, its progress pipe."""
 from __future__ import annotations
 
 import mmap

@@ -1,4 +1,4 @@
-"""The agent's process tree, read from /proc: its children, each worker tree's CPU time, the ending of every descendant."""
+"""The agent's process tree, read from /proc: its children, a worker tree's CPU time, ending every descendant."""
 from __future__ import annotations
 
 import os

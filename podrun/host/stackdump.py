@@ -1,4 +1,4 @@
-"""Workers' stacks on their agent: the dump signal, podrun's sitecustomize, and reading what each Python process wrote."""
+"""Workers' stacks on their agent: the dump signal, podrun's sitecustomize, reading what each process wrote."""
 from __future__ import annotations
 
 import os

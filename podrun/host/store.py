@@ -78,12 +78,12 @@ class StoreHost:
     def _forked(warm: tuple[str, str], argv: list[str], fd: int):
         """The store host forked by this host's zygote (torch already imported; podrun.host.zygote), with
         the same pipes as a started one; None when there is no zygote."""
-        from podrun.host import zygote
+        from podrun.host import zygote_client
 
         in_r, in_w = os.pipe()
         out_r, out_w = os.pipe()
-        proc = zygote.spawn(*warm, argv, dict(os.environ), os.getcwd(),
-                            {0: in_r, 1: out_w, 2: out_w, FD_ENV: fd})
+        proc = zygote_client.spawn(*warm, argv, dict(os.environ), os.getcwd(),
+                                   {0: in_r, 1: out_w, 2: out_w, FD_ENV: fd})
         os.close(in_r)
         os.close(out_w)
         if proc is None:

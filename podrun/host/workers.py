@@ -1,4 +1,4 @@
-"""An instance's workers on its agent: their environment on this host, what they inherit, and a failed one's @record error."""
+"""An instance's workers on its agent: their environment here, what they inherit, a failed one's @record error."""
 from __future__ import annotations
 
 import json

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import select
 import shutil
 import signal
@@ -36,16 +35,12 @@ import sys
 import threading
 import time
 
-from podrun.wire.protocol import ZYGOTE_DIR
+from podrun.host.zygote_client import CONNECT_S, IDLE_S, QUIT
 
-IDLE_S = 60.0           # seconds with no agent connected and no worker alive before the zygote ends
-CONNECT_S = 2.0         # an agent's bound on reaching the zygote and hearing the forked pid
 PRELOAD = ("torch", "torch.distributed", "torch.nn", "torch.optim", "numpy", "podrun.runtime.distributed",
            "podrun.train.runner", "podrun.train.loop", "podrun.train.data", "podrun.train.recipe_main",
            "podrun.models")
 WARM_ENV = "PODRUN_WARM"        # in a worker the zygote forked: the zygote's pid
-LEASE = struct.pack("!I", 0)    # a request of length 0: hold this connection while the agent lives
-QUIT = struct.pack("!I", 0xFFFFFFFF)   # end now: the agent's controller is gone, no attempt will follow
 WATCH_S = 0.2           # how often the watcher checks the controller and the zygote
 QUIT_SETTLE_S = 0.5     # after a QUIT, how long the zygote waits to see its controller dead before cleaning up
 MAX_REQUEST = 16 * 1024 * 1024
@@ -55,202 +50,6 @@ SITE_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file_
                          "sitecustomize.py")
 
 
-def zygote_dir(run_dir: str) -> str:
-    return os.path.join(run_dir, ZYGOTE_DIR)
-
-
-def socket_path(run_dir: str, host: str) -> str:
-    return os.path.join(zygote_dir(run_dir), re.sub(r"[^A-Za-z0-9._-]", "_", host) + ".sock")
-
-
-def end(run_dir: str) -> None:
-    """Remove the run's zygote directory: every zygote of the run sees its socket gone and ends."""
-    shutil.rmtree(zygote_dir(run_dir), ignore_errors=True)
-
-
-def warm_target(command, python: str = sys.executable) -> tuple[str, str, list[str], bool] | None:
-    """("script"|"module"|"code", path, module or code, args, unbuffered) when ``command`` runs ``python``
-    (this interpreter, the same path) on a script, a module or ``-c`` code; None when a zygote cannot run it."""
-    if len(command) < 2:
-        return None
-    exe = shutil.which(command[0]) if os.sep not in command[0] else command[0]
-    if exe is None or os.path.dirname(os.path.abspath(exe)) != os.path.dirname(os.path.abspath(python)):
-        return None
-    try:
-        if os.path.realpath(exe) != os.path.realpath(python):
-            return None
-    except OSError:
-        return None
-    rest, unbuffered = list(command[1:]), False
-    while rest and rest[0] == "-u":
-        rest, unbuffered = rest[1:], True
-    if len(rest) >= 2 and rest[0] in ("-m", "-c"):
-        return "module" if rest[0] == "-m" else "code", rest[1], rest[2:], unbuffered
-    if rest and not rest[0].startswith("-"):
-        return "script", rest[0], rest[1:], unbuffered
-    return None
-
-
-def _connect(path: str) -> socket.socket | None:
-    """A connection to the zygote at ``path``; None when none listens or the socket is not this user's own."""
-    from podrun.wire import unixsock
-
-    if unixsock.dir_ok(os.path.dirname(path)) is not None or not unixsock.socket_ok(path):
-        return None
-    try:
-        return unixsock.connect(path, CONNECT_S)
-    except OSError:
-        return None
-
-
-def quit_host(run_dir: str, host: str) -> None:
-    """Tell this host's zygote to end now (its forked processes die with it)."""
-    conn = _connect(socket_path(run_dir, host))
-    if conn is not None:
-        try:
-            conn.sendall(QUIT)
-        except OSError:
-            pass
-        conn.close()
-
-
-# -- the agent's side ---------------------------------------------------------------------------------
-class WarmProc:
-    """A process the zygote forked, as its agent sees it: what the agent uses of Popen (pid, stdin, stdout,
-    stderr, poll, wait, kill, returncode). Its exit code comes from the zygote; a zygote that died took the
-    process with it (SIGKILL)."""
-
-    def __init__(self, conn: socket.socket, pid: int, zygote_pid: int, rest: bytes = b""):
-        self.conn, self.pid, self.zygote_pid = conn, pid, zygote_pid
-        self.stdin = self.stdout = self.stderr = None
-        self.returncode: int | None = None
-        self._buf = rest
-        self._lock = threading.Lock()
-        conn.setblocking(False)
-
-    def poll(self) -> int | None:
-        with self._lock:
-            return self._poll()
-
-    def _poll(self) -> int | None:
-        while self.returncode is None:
-            m = re.search(rb"exit (-?\d+)\n", self._buf)
-            if m is not None:
-                self._ended(int(m[1]))
-                break
-            try:
-                data = self.conn.recv(256)
-            except BlockingIOError:
-                return None
-            except OSError:
-                data = b""
-            if not data:
-                self._ended(-int(signal.SIGKILL))
-            self._buf += data
-        return self.returncode
-
-    def _ended(self, code: int) -> None:
-        self.returncode = code
-        self.conn.close()
-
-    def wait(self, timeout: float | None = None) -> int:
-        import subprocess
-
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(f"zygote worker {self.pid}", timeout)
-            select.select([self.conn], [], [], 0.1)
-        return self.returncode
-
-    def kill(self) -> None:
-        if self.poll() is None:
-            try:
-                os.killpg(self.pid, signal.SIGKILL)
-            except OSError:
-                pass
-
-
-def spawn(run_dir: str, host: str, command, env: dict[str, str], cwd: str, fds: dict) -> WarmProc | None:
-    """Ask this host's zygote to fork a process running ``command``; None when it cannot (no zygote, another
-    interpreter, a command that is not a Python script, module or ``-c``): the caller then starts it as usual.
-
-    ``fds``: what the process gets of the caller's file descriptors, {target: fd}; a target is 0, 1 or 2, or
-    the name of a variable that tells the process the number it has there (stdin is /dev/null unless given).
-    """
-    target = warm_target(command)
-    if target is None:
-        return None
-    conn = _connect(socket_path(run_dir, host))
-    if conn is None:
-        return None
-    body = json.dumps({"target": target, "env": env, "cwd": cwd, "fds": list(fds)}).encode()
-    try:
-        socket.send_fds(conn, [struct.pack("!I", len(body)) + body], list(fds.values()))
-        reply = b""
-        while b"\n" not in reply:
-            data = conn.recv(256)
-            if not data:
-                break
-            reply += data
-        m = re.match(rb"pid (\d+) (\d+)\n", reply)
-        if m is None:
-            raise OSError(f"the zygote answered {reply[:200]!r}")
-    except OSError:
-        conn.close()                                 # the zygote kills a process it forked for this request
-        return None
-    return WarmProc(conn, int(m[1]), int(m[2]), reply[m.end():])
-
-
-def start(run_dir: str, host: str, idle: float = IDLE_S) -> None:
-    """Start this host's zygote, detached (it forks away and the first process exits): the caller must not
-    be a child subreaper while this runs, or the zygote would stay its descendant."""
-    import subprocess
-
-    from podrun.wire.unixsock import dir_ok
-
-    path = socket_path(run_dir, host)
-    try:
-        os.mkdir(os.path.dirname(path), 0o700)
-    except FileExistsError:
-        pass
-    except OSError:
-        return
-    if dir_ok(os.path.dirname(path)) is not None:
-        return                                       # not a private directory of this user: no zygote
-    try:
-        log = os.fdopen(os.open(path[:-5] + ".log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
-                                | os.O_CLOEXEC, 0o600), "ab")
-    except OSError:
-        return
-    try:
-        subprocess.run([sys.executable, "-m", "podrun.host.zygote", "--socket", path, "--idle", str(idle)],
-                       stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, timeout=30,
-                       check=False)
-    except (OSError, subprocess.SubprocessError):
-        pass
-    finally:
-        log.close()
-
-
-def hold(run_dir: str, host: str, wait: float) -> socket.socket | None:
-    """A lease on this host's zygote (kept while the agent lives), trying for ``wait`` seconds (inf: as long as
-    the caller lives) while it starts."""
-    deadline = time.monotonic() + wait
-    while True:
-        conn = _connect(socket_path(run_dir, host))
-        if conn is not None:
-            try:
-                conn.sendall(LEASE)
-                return conn
-            except OSError:
-                conn.close()
-        if time.monotonic() > deadline:
-            return None
-        time.sleep(0.25)
-
-
-# -- the zygote ---------------------------------------------------------------------------------------
 def _recv_request(conn: socket.socket) -> tuple[dict | None, list[int]]:
     """One request: (None, []) for a lease; raises OSError/ValueError on a malformed one."""
     data, fds, _flags, _addr = socket.recv_fds(conn, 65536, MAX_FDS)
@@ -367,7 +166,6 @@ def _child(req: dict, fds: list[int], zygote_pid: int) -> int:
 def _finish(code: int) -> None:
     """End a forked worker as the interpreter would: its threads joined, atexit run, output flushed."""
     import atexit
-    import threading
 
     try:
         threading._shutdown()  # type: ignore[attr-defined]

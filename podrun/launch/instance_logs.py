@@ -1,4 +1,4 @@
-"""runs/<id>/instance-<i>.log: each instance's output written as it comes, a log that cannot be written given up once."""
+"""runs/<id>/instance-<i>.log: each instance's output written as it comes; a log that cannot be written is given up."""
 from __future__ import annotations
 
 from pathlib import Path
