@@ -286,6 +286,19 @@ def serve(path: str, idle: float) -> int:
     except OSError:
         return 0                                     # this host has its zygote already
     _start_watcher(path, lock)
+    _preload()
+    try:                                             # under the lock: a socket here is a dead zygote's
+        if os.path.lexists(path):
+            os.unlink(path)
+        listener = unixsock.bind(path)
+    except OSError as exc:
+        print(f"podrun zygote: cannot listen on {path}: {exc.strerror or exc}", file=sys.stderr, flush=True)
+        return 1
+    return _Server(path, listener, lock, idle).run()
+
+
+def _preload() -> None:
+    """Import PRELOAD and warm up what torch imports on first use (at SCHED_IDLE where it may switch back)."""
     idle_class = _idle_class()
     for name in PRELOAD:
         try:
@@ -295,121 +308,141 @@ def serve(path: str, idle: float) -> int:
     _warm_up()
     if idle_class:
         os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))   # what the forked workers inherit
-    try:                                             # under the lock: a socket here is a dead zygote's
-        if os.path.lexists(path):
-            os.unlink(path)
-        listener = unixsock.bind(path)
-    except OSError as exc:
-        print(f"podrun zygote: cannot listen on {path}: {exc.strerror or exc}", file=sys.stderr, flush=True)
-        return 1
-    inode = os.lstat(path).st_ino
-    me = os.getpid()
-    conns: dict[int, socket.socket] = {}       # fd -> connection (a lease, or a worker's)
-    kids: dict[int, socket.socket | None] = {}  # pid -> its agent's connection
-    of_conn: dict[int, int] = {}               # connection fd -> the pid forked for it
-    busy = time.monotonic()
-    print(f"podrun zygote {me}: ready on {path}", file=sys.stderr, flush=True)
-    while True:
-        ready, _, _ = select.select([listener, *conns.values()], [], [], 0.25)
-        for s in ready:
-            if s is listener:
-                try:
-                    c, _ = listener.accept()
-                except OSError:
-                    continue
-                c.settimeout(CONNECT_S)
-                try:
-                    req, fds = _recv_request(c)
-                except (OSError, ValueError):
-                    c.close()
-                    continue
-                if req is None:
-                    conns[c.fileno()] = c
-                    continue
-                if req.get("quit"):
-                    c.close()
-                    for pid in kids:
-                        try:
-                            os.killpg(pid, signal.SIGKILL)
-                        except OSError:
-                            pass
-                    print(f"podrun zygote {me}: ending (an agent lost its controller)", file=sys.stderr, flush=True)
-                    listener.close()
-                    _clean_up(path, inode, settle=QUIT_SETTLE_S)
-                    return 0
-                pid = os.fork()
-                if pid == 0:
-                    listener.close()
-                    for o in conns.values():
-                        o.close()
-                    c.close()
-                    os.close(lock)
-                    code = 1
-                    try:
-                        code = _child(req, fds, me)
-                    except BaseException:  # noqa: BLE001 - becoming the worker failed (a missing cwd): say why
-                        import traceback
 
-                        traceback.print_exc()
-                    finally:
-                        _finish(code)
-                for fd in fds:
-                    os.close(fd)
-                try:
-                    c.sendall(f"pid {pid} {me}\n".encode())
-                except OSError:
-                    pass
-                conns[c.fileno()] = c
-                kids[pid] = c
-                of_conn[c.fileno()] = pid
-            else:                                    # a connection readable: its agent closed it (or wrote)
-                try:
-                    data = s.recv(256)
-                except OSError:
-                    data = b""
-                if data:
-                    continue
-                fd = s.fileno()
-                del conns[fd]
-                pid = of_conn.pop(fd, None)
-                if pid is not None and kids.get(pid) is s:
-                    kids[pid] = None
-                    try:
-                        os.killpg(pid, signal.SIGKILL)
-                    except OSError:
-                        pass
-                s.close()
-        while kids:
+
+class _Server:
+    """The zygote's loop on its listening socket: leases, fork requests, QUIT; each forked process's exit told to
+    its agent, and killed when its agent's connection closes first; the end when the socket goes or at idle."""
+
+    def __init__(self, path: str, listener: socket.socket, lock: int, idle: float):
+        self.path, self.listener, self.lock, self.idle = path, listener, lock, idle
+        self.inode = os.lstat(path).st_ino
+        self.me = os.getpid()
+        self.conns: dict[int, socket.socket] = {}       # fd -> connection (a lease, or a worker's)
+        self.kids: dict[int, socket.socket | None] = {}  # pid -> its agent's connection
+        self.of_conn: dict[int, int] = {}               # connection fd -> the pid forked for it
+
+    def run(self) -> int:
+        busy = time.monotonic()
+        print(f"podrun zygote {self.me}: ready on {self.path}", file=sys.stderr, flush=True)
+        while True:
+            ready, _, _ = select.select([self.listener, *self.conns.values()], [], [], 0.25)
+            for s in ready:
+                if s is self.listener:
+                    if self._accept():
+                        return 0
+                else:
+                    self._readable(s)
+            self._reap()
+            if self.conns or self.kids:
+                busy = time.monotonic()
+            try:
+                gone = os.lstat(self.path).st_ino != self.inode
+            except OSError:
+                gone = True
+            if gone or time.monotonic() - busy > self.idle:
+                self._kill_all()
+                print(f"podrun zygote {self.me}: ending ({'socket removed' if gone else f'idle {self.idle:g} s'})",
+                      file=sys.stderr, flush=True)
+                if not gone:
+                    _clean_up(self.path, self.inode)
+                return 0
+
+    def _accept(self) -> bool:
+        """Take one connection: a lease is kept, a fork request forked; True on QUIT (the zygote has ended)."""
+        try:
+            c, _ = self.listener.accept()
+        except OSError:
+            return False
+        c.settimeout(CONNECT_S)
+        try:
+            req, fds = _recv_request(c)
+        except (OSError, ValueError):
+            c.close()
+            return False
+        if req is None:
+            self.conns[c.fileno()] = c
+            return False
+        if req.get("quit"):
+            c.close()
+            self._kill_all()
+            print(f"podrun zygote {self.me}: ending (an agent lost its controller)", file=sys.stderr, flush=True)
+            self.listener.close()
+            _clean_up(self.path, self.inode, settle=QUIT_SETTLE_S)
+            return True
+        self._fork(c, req, fds)
+        return False
+
+    def _fork(self, c: socket.socket, req: dict, fds: list[int]) -> None:
+        """Fork the requested process; its pid (and the zygote's) to the agent on ``c``."""
+        pid = os.fork()
+        if pid == 0:
+            self.listener.close()
+            for o in self.conns.values():
+                o.close()
+            c.close()
+            os.close(self.lock)
+            code = 1
+            try:
+                code = _child(req, fds, self.me)
+            except BaseException:  # noqa: BLE001 - becoming the worker failed (a missing cwd): say why
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                _finish(code)
+        for fd in fds:
+            os.close(fd)
+        try:
+            c.sendall(f"pid {pid} {self.me}\n".encode())
+        except OSError:
+            pass
+        self.conns[c.fileno()] = c
+        self.kids[pid] = c
+        self.of_conn[c.fileno()] = pid
+
+    def _readable(self, s: socket.socket) -> None:
+        """A connection readable: its agent closed it (its forked process is killed) or wrote (ignored)."""
+        try:
+            data = s.recv(256)
+        except OSError:
+            data = b""
+        if data:
+            return
+        fd = s.fileno()
+        del self.conns[fd]
+        pid = self.of_conn.pop(fd, None)
+        if pid is not None and self.kids.get(pid) is s:
+            self.kids[pid] = None
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        s.close()
+
+    def _reap(self) -> None:
+        """Collect the forked processes that ended; each one's exit (Popen's code) to its agent."""
+        while self.kids:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 break
             if pid == 0:
                 break
-            c = kids.pop(pid, None)
+            c = self.kids.pop(pid, None)
             if c is not None:
                 try:
                     c.sendall(f"exit {-os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)}\n"
                               .encode())
                 except OSError:
                     pass
-        if conns or kids:
-            busy = time.monotonic()
-        try:
-            gone = os.lstat(path).st_ino != inode
-        except OSError:
-            gone = True
-        if gone or time.monotonic() - busy > idle:
-            for pid in kids:
-                try:
-                    os.killpg(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-            print(f"podrun zygote {me}: ending ({'socket removed' if gone else f'idle {idle:g} s'})",
-                  file=sys.stderr, flush=True)
-            if not gone:
-                _clean_up(path, inode)
-            return 0
+
+    def _kill_all(self) -> None:
+        for pid in self.kids:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
 
 
 def main(argv: list[str] | None = None) -> int:
