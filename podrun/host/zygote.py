@@ -19,7 +19,8 @@ thread) that gets SIGKILL with it and, when the run's controller dies on this ma
 dead process: podrun.wire.owner.owner_alive), kills the zygote (whose forked processes die with it) within
 WATCH_S and removes the run's zygote directory and stale control socket. The directory and the socket are
 private (podrun.wire.unixsock: 0700 and 0600, checked with lstat). An agent that cannot reach it starts its
-processes as usual.
+processes as usual. The agent's side is podrun.host.zygote_client; what a forked process does to become the
+worker is podrun.host.zygote_child.
 """
 from __future__ import annotations
 
@@ -32,22 +33,18 @@ import signal
 import socket
 import struct
 import sys
-import threading
 import time
 
+from podrun.host.zygote_child import become_worker, finish
 from podrun.host.zygote_client import CONNECT_S, IDLE_S, QUIT
 
 PRELOAD = ("torch", "torch.distributed", "torch.nn", "torch.optim", "numpy", "podrun.runtime.distributed",
            "podrun.train.runner", "podrun.train.loop", "podrun.train.data", "podrun.train.recipe_main",
            "podrun.models")
-WARM_ENV = "PODRUN_WARM"        # in a worker the zygote forked: the zygote's pid
 WATCH_S = 0.2           # how often the watcher checks the controller and the zygote
 QUIT_SETTLE_S = 0.5     # after a QUIT, how long the zygote waits to see its controller dead before cleaning up
 MAX_REQUEST = 16 * 1024 * 1024
 MAX_FDS = 8
-HIGH_FD = 256            # a forked process gets the fds it is told of by name at or above this number
-SITE_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime", "site",
-                         "sitecustomize.py")
 
 
 def _recv_request(conn: socket.socket) -> tuple[dict | None, list[int]]:
@@ -78,105 +75,6 @@ def _recv_request(conn: socket.socket) -> tuple[dict | None, list[int]]:
             os.close(fd)
         raise ValueError("file descriptors missing")
     return req, fds
-
-
-def _stdio(unbuffered: bool) -> None:
-    import io
-
-    for fd, name in ((1, "stdout"), (2, "stderr")):
-        raw = io.FileIO(fd, "w", closefd=False)
-        f = io.TextIOWrapper(raw if unbuffered else io.BufferedWriter(raw), encoding="utf-8",
-                             errors="backslashreplace" if fd == 2 else "strict",
-                             line_buffering=fd == 2, write_through=unbuffered)
-        setattr(sys, name, f)
-        setattr(sys, f"__{name}__", f)
-
-
-def _child(req: dict, fds: list[int], zygote_pid: int) -> int:
-    """In the forked worker: become the worker, run the script; returns its exit code."""
-    import fcntl
-    import runpy
-    import traceback
-
-    from podrun.wire.proctl import pdeathsig
-
-    os.setsid()
-    pdeathsig(signal.SIGKILL)
-    if os.getppid() != zygote_pid:
-        return 128 + int(signal.SIGKILL)
-    kind, target, args, unbuffered = req["target"]
-    env = dict(req["env"], **{WARM_ENV: str(zygote_pid)})
-    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, HIGH_FD) for fd in fds]
-    for fd in fds:
-        os.close(fd)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    for where, fd in zip(req["fds"], high):
-        if isinstance(where, int):
-            os.dup2(fd, where)
-            os.close(fd)
-        else:
-            os.set_inheritable(fd, True)
-            env[where] = str(fd)
-    unbuffered = unbuffered or bool(env.get("PYTHONUNBUFFERED"))
-    _stdio(unbuffered)
-    os.environ.clear()
-    os.environ.update(env)
-    os.chdir(req["cwd"])
-    for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
-        signal.signal(s, signal.SIG_DFL)
-    extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
-    first = os.path.dirname(os.path.abspath(target)) if kind == "script" else os.getcwd()
-    sys.path[:] = [first, *extra, *sys.path[1:]]
-    if env.get("PODRUN_STACK_DIR") and os.path.exists(SITE_FILE):
-        globals()["_stack_site"] = runpy.run_path(SITE_FILE, run_name="podrun_stack_site")
-    torch = sys.modules.get("torch")
-    threads = env.get("OMP_NUM_THREADS", "")
-    if torch is not None and threads.isdigit() and int(threads) > 0:
-        torch.set_num_threads(int(threads))
-    code = 0
-    try:
-        if kind == "module":
-            sys.argv = [target, *args]
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
-        elif kind == "code":
-            sys.argv = ["-c", *args]
-            exec(compile(target, "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
-        else:
-            sys.argv = [target, *args]
-            runpy.run_path(target, run_name="__main__")
-    except SystemExit as exc:
-        if exc.code is None:
-            code = 0
-        elif isinstance(exc.code, int):
-            code = exc.code & 0xFF
-        else:
-            print(exc.code, file=sys.stderr)
-            code = 1
-    except KeyboardInterrupt:
-        traceback.print_exc()
-        code = 128 + int(signal.SIGINT)
-    except BaseException:  # noqa: BLE001 - the worker's uncaught error, printed as python would
-        traceback.print_exc()
-        code = 1
-    return code
-
-
-def _finish(code: int) -> None:
-    """End a forked worker as the interpreter would: its threads joined, atexit run, output flushed."""
-    import atexit
-
-    try:
-        threading._shutdown()  # type: ignore[attr-defined]
-        atexit._run_exitfuncs()
-    finally:
-        for f in (sys.stdout, sys.stderr):
-            try:
-                f.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(code)
 
 
 def _idle_class() -> bool:
@@ -384,13 +282,13 @@ class _Server:
             os.close(self.lock)
             code = 1
             try:
-                code = _child(req, fds, self.me)
+                code = become_worker(req, fds, self.me)
             except BaseException:  # noqa: BLE001 - becoming the worker failed (a missing cwd): say why
                 import traceback
 
                 traceback.print_exc()
             finally:
-                _finish(code)
+                finish(code)
         for fd in fds:
             os.close(fd)
         try:

@@ -1,0 +1,125 @@
+"""In a process the zygote forked: becoming the worker (its descriptors, env, cwd, stdio) and running it as __main__."""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+WARM_ENV = "PODRUN_WARM"        # in a worker the zygote forked: the zygote's pid
+HIGH_FD = 256            # a forked process gets the fds it is told of by name at or above this number
+SITE_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime", "site",
+                         "sitecustomize.py")
+
+
+def _stdio(unbuffered: bool) -> None:
+    import io
+
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        raw = io.FileIO(fd, "w", closefd=False)
+        f = io.TextIOWrapper(raw if unbuffered else io.BufferedWriter(raw), encoding="utf-8",
+                             errors="backslashreplace" if fd == 2 else "strict",
+                             line_buffering=fd == 2, write_through=unbuffered)
+        setattr(sys, name, f)
+        setattr(sys, f"__{name}__", f)
+
+
+def become_worker(req: dict, fds: list[int], zygote_pid: int) -> int:
+    """In the forked worker: become the worker, run the script; returns its exit code."""
+    import runpy
+
+    from podrun.wire.proctl import pdeathsig
+
+    os.setsid()
+    pdeathsig(signal.SIGKILL)
+    if os.getppid() != zygote_pid:
+        return 128 + int(signal.SIGKILL)
+    kind, target, args, unbuffered = req["target"]
+    env = dict(req["env"], **{WARM_ENV: str(zygote_pid)})
+    _take_fds(req["fds"], fds, env)
+    unbuffered = unbuffered or bool(env.get("PYTHONUNBUFFERED"))
+    _stdio(unbuffered)
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(req["cwd"])
+    for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
+        signal.signal(s, signal.SIG_DFL)
+    extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+    first = os.path.dirname(os.path.abspath(target)) if kind == "script" else os.getcwd()
+    sys.path[:] = [first, *extra, *sys.path[1:]]
+    if env.get("PODRUN_STACK_DIR") and os.path.exists(SITE_FILE):
+        globals()["_stack_site"] = runpy.run_path(SITE_FILE, run_name="podrun_stack_site")
+    torch = sys.modules.get("torch")
+    threads = env.get("OMP_NUM_THREADS", "")
+    if torch is not None and threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
+    return _run_target(kind, target, args)
+
+
+def _take_fds(targets: list, fds: list[int], env: dict[str, str]) -> None:
+    """Put each descriptor the agent sent where it is told (fd 0, 1 or 2, or a variable naming its number, set in
+    ``env``), moved at or above HIGH_FD first; stdin is /dev/null unless given."""
+    import fcntl
+
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, HIGH_FD) for fd in fds]
+    for fd in fds:
+        os.close(fd)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    for where, fd in zip(targets, high):
+        if isinstance(where, int):
+            os.dup2(fd, where)
+            os.close(fd)
+        else:
+            os.set_inheritable(fd, True)
+            env[where] = str(fd)
+
+
+def _run_target(kind: str, target: str, args: list[str]) -> int:
+    """Run the script, module or ``-c`` code as ``__main__``; its exit code, as python's own."""
+    import runpy
+    import traceback
+
+    code = 0
+    try:
+        if kind == "module":
+            sys.argv = [target, *args]
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        elif kind == "code":
+            sys.argv = ["-c", *args]
+            exec(compile(target, "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+        else:
+            sys.argv = [target, *args]
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit as exc:
+        if exc.code is None:
+            code = 0
+        elif isinstance(exc.code, int):
+            code = exc.code & 0xFF
+        else:
+            print(exc.code, file=sys.stderr)
+            code = 1
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        code = 128 + int(signal.SIGINT)
+    except BaseException:  # noqa: BLE001 - the worker's uncaught error, printed as python would
+        traceback.print_exc()
+        code = 1
+    return code
+
+
+def finish(code: int) -> None:
+    """End a forked worker as the interpreter would: its threads joined, atexit run, output flushed."""
+    import atexit
+    import threading
+
+    try:
+        threading._shutdown()  # type: ignore[attr-defined]
+        atexit._run_exitfuncs()
+    finally:
+        for f in (sys.stdout, sys.stderr):
+            try:
+                f.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
