@@ -44,6 +44,7 @@ def _row(subject, walls, peer, peer_walls, rounds, unit="s wall (median)"):
 
 
 def run(quick: bool) -> list[dict]:
+    from podrun.launch.options import LaunchOptions, TransportOptions
     from podrun.launch.request import SSHOptions
     from podrun.launch.run import build_request
     from podrun.launch.transports.base import get_transport
@@ -64,9 +65,10 @@ def run(quick: bool) -> list[dict]:
                          "the same on IPv4 hosts", res["v4"], rounds))
     with NetnsHosts(2, data_network=True) as hosts:
         plan = resolve_plan(None, hosts_opt=",".join(hosts.hosts), devices_per_host=1, environ={})[0]
-        req = build_request(plan, ["true"], transport="ssh", python=hosts.python, data_interface="eth1",
+        ssh = SSHOptions(config_path=hosts.ssh_config_path, client="openssh")
+        req = build_request(plan, ["true"], transport="ssh", data_interface="eth1",
                             runs_dir=f"{tempfile.gettempdir()}/bench-addresses-runs",
-                            ssh=SSHOptions(config_path=hosts.ssh_config_path, client="openssh"))
+                            options=LaunchOptions(transports=TransportOptions(python=hosts.python, ssh=ssh)))
         transport = get_transport("ssh")(req)
         want = hosts.data_addresses["h2"]
 

@@ -1,6 +1,7 @@
 """`podrun launch`'s options as one frozen object, grouped by concern: the CLI builds it once and passes it whole."""
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -38,6 +39,11 @@ class TransportOptions:
     heartbeat_misses: int | None = None
     keepalive: float | None = None
     env_items: tuple[str, ...] = ()             # --env NAME=VALUE, as typed
+
+    @property
+    def host_python(self) -> str:
+        """The python the hosts run: --python, else the controller's own interpreter."""
+        return self.python or sys.executable
 
 
 @dataclass(frozen=True)

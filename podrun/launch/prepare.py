@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -75,7 +74,7 @@ def _prepare(opts: "LaunchOptions", target: Target, mapped: OwnOptions) -> Prepa
     cluster, rspec, src, overrides = resolve_plan_inputs(target.name if target.kind == RECIPE else None, **plan_kw)
     check_nproc_kind(opts.torchrun, cluster.device.kind, cluster.name)
     plan = make_plan(cluster, rspec, overrides)
-    python = net.python or sys.executable
+    python = net.host_python
     recipe_script, recipe_args, long_run = None, None, None
     if rspec is not None:
         from podrun.train import recipe_main
@@ -132,14 +131,13 @@ def _prepare(opts: "LaunchOptions", target: Target, mapped: OwnOptions) -> Prepa
     if out.only_output_from_instance is not None and not 0 <= out.only_output_from_instance < plan.instances:
         raise LaunchError(f"--only-output-from-instance {out.only_output_from_instance}: the plan has instances "
                           f"0..{plan.instances - 1}")
-    request = build_request(plan, target.worker_command(python, recipe_script), transport=name, python=python,
-                            workdir=net.workdir, master_addr=mapped.master_addr, master_port=mapped.master_port,
+    request = build_request(plan, target.worker_command(python, recipe_script), transport=name, options=opts,
+                            master_addr=mapped.master_addr, master_port=mapped.master_port,
                             grace=mapped.grace if mapped.grace is not None else GRACE_S, liveness=liveness,
                             run_id=run_dir_name(mapped),
                             runs_dir=mapped.runs_dir if mapped.runs_dir is not None else DEFAULT_RUNS_DIR, env=env,
-                            max_restarts=0 if max_restarts is None else max_restarts, ssh=net.ssh, mpi_args=mpi_args,
-                            poprun=poprun_opts, agent_store=net.agent_store, preflight=net.preflight,
-                            straggler_timeout=rs.straggler_timeout, needs=needs,
+                            max_restarts=0 if max_restarts is None else max_restarts, mpi_args=mpi_args,
+                            poprun=poprun_opts, needs=needs,
                             data_interface=(net.data_interface if net.data_interface is not None
                                             else cluster.data_interface or None))
     if rs.warm and request.max_restarts > 0 and name in WARM_TRANSPORTS:

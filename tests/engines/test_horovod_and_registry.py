@@ -75,6 +75,7 @@ def test_run_outer_command_returns_failing_code(tmp_path):
 def test_fake_horovod_launch_exports_run_contract_and_logs(tmp_path):
     """launch_horovod runs real mpirun (horovod FAKE: check=False); each rank sees the run-wide names."""
     from podrun.launch.engines.horovod import launch_horovod
+    from podrun.launch.options import LaunchOptions, TransportOptions
     from podrun.launch.run import build_request
 
     plan = local_plan(2)
@@ -90,7 +91,7 @@ def test_fake_horovod_launch_exports_run_contract_and_logs(tmp_path):
             "    while not os.path.exists(m) and time.monotonic() - t < 30: time.sleep(0.02)\n"
             "    sys.exit(4)")
     req = build_request(plan, [sys.executable, "-c", code], transport="local", runs_dir=str(tmp_path / "runs"),
-                        run_id="hvd1", workdir=str(tmp_path))
+                        run_id="hvd1", options=LaunchOptions(transports=TransportOptions(workdir=str(tmp_path))))
     argv, rc = launch_horovod(req, dry_run=True)
     assert rc is None and "-x" in argv and "PODRUN_RUN_ID" in argv
     argv, rc = launch_horovod(req, check=False)

@@ -270,12 +270,13 @@ def test_global_known_hosts_file_is_read_by_default(ssh_hosts, tmp_path, monkeyp
     # the same lookup with the system file put elsewhere (the machine's /etc/ssh is not the test's to write)
     monkeypatch.setattr(ssh_transport, "GLOBAL_KNOWN_HOSTS", ssh_hosts.known_hosts_path)
     from podrun.cli.options import resolve_plan
+    from podrun.launch.options import LaunchOptions, TransportOptions
     from podrun.launch.run import build_request
     from podrun.launch.request import SSHOptions
 
     plan, _, _ = resolve_plan(None, hosts_opt=ssh_hosts.hosts[0], devices_per_host=1)
     req = build_request(plan, ["true"], transport="ssh", runs_dir=str(tmp_path / "runs"),
-                        ssh=SSHOptions(config_path=cfg))
+                        options=LaunchOptions(transports=TransportOptions(ssh=SSHOptions(config_path=cfg))))
     t = ssh_transport.SSHTransport(req)
     try:
         client = t._connect(ssh_hosts.hosts[0])
