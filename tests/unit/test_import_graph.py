@@ -69,3 +69,14 @@ def test_the_ssh_transports_import_no_circle():
     """ssh_common holds what both ssh clients share; the choice between them lives apart (ssh_client)."""
     common = imports_of("podrun.launch.transports.ssh_common")
     assert not {"podrun.launch.transports.openssh", "podrun.launch.transports.ssh"} & common
+
+
+def test_the_agent_and_the_supervisor_parts_import_no_circle():
+    """The modules the agent and the supervisor are made of never import them back, and the agent's side of the
+    zygote imports neither the zygote's server nor what runs in its forks."""
+    for mod in modules_under("podrun/host"):
+        if mod != "podrun.host.agent":
+            assert "podrun.host.agent" not in imports_of(mod), mod
+    for mod in ("podrun.launch.live_watch", "podrun.launch.outcome", "podrun.launch.instance_logs"):
+        assert "podrun.launch.supervisor" not in imports_of(mod), mod
+    assert not {"podrun.host.zygote", "podrun.host.zygote_child"} & imports_of("podrun.host.zygote_client")
