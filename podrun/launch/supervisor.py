@@ -44,6 +44,8 @@ Notice = Callable[[str], None]
 
 
 class Supervisor(LiveWatch):
+    """One attempt's agents, from their start to the Outcome (the module says how); LiveWatch watches the run."""
+
     def __init__(self, request: LaunchRequest, transport: Transport, *, sink: Sink | None = None,
                  notice: Notice | None = None, only_output_from: int | None = None, workers_per_instance: int = 1,
                  watch: hangs.WatchOptions | None = None, progress: Progress | None = None):
