@@ -14,6 +14,7 @@ import pytest
 
 from podrun.wire import protocol
 from podrun.host.store import ENV, StoreHost
+from podrun.launch.options import LaunchOptions, TransportOptions
 from podrun.wire.probe import listen
 from podrun.wire.probe import ephemeral_low
 from tests.launch.helpers import ALLREDUCE, local_pids, marker, podrun, podrun_popen, run_dir, summary, wait_until
@@ -402,7 +403,7 @@ def test_agent_without_torch_elsewhere_lets_the_port_go_before_its_workers_start
     p = free_port()
     req = _request(tmp_path, ["sh", "-c", f'echo "store=${{{ENV}:-none}}"; exec {sys.executable} -c '
                               f'"import socket; socket.create_server((\'\', {p})); print(\'bound\')"'],
-                   master_port=p, python=py)
+                   master_port=p, options=LaunchOptions(transports=TransportOptions(python=py)))
     argv = req.agent_argv(0, stdin_watch=False)
     assert "--agent-store" in argv
     cp = subprocess.run(argv, capture_output=True, text=True, timeout=60, env={**os.environ, **_ROOT_ON_PATH})
