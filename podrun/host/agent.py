@@ -52,20 +52,18 @@ import threading
 import time
 from dataclasses import dataclass
 
+from podrun.host import stackdump
+from podrun.host.stackdump import STACK_SIGNAL
 from podrun.wire import protocol
 from podrun.wire.liveness import FIRST_HEARTBEAT_S, HEARTBEAT_MISSES, HEARTBEAT_S
-from podrun.wire.proctl import PR_SET_CHILD_SUBREAPER, die_with_parent, pid_alive, prctl as _prctl, proc_stats
+from podrun.wire.proctl import PR_SET_CHILD_SUBREAPER, die_with_parent, prctl as _prctl, proc_stats
 from podrun.runtime.progress import FD_ENV as PROGRESS_ENV
 
 INDEX_ENV = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
 ERROR_TRACEBACK_LINES = 40   # of a worker's @record traceback, sent to the controller
 ERROR_MESSAGE_CHARS = 2000
-STACK_SIGNAL = int(signal.SIGRTMIN) + 4   # faulthandler's dump signal in workers (podrun/runtime/site)
 SITE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime", "site")
 HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)   # the agent's own: it ends its workers with the one it got
-STACK_WAIT_S = 2.0         # how long one process may take to write its stacks
-STACK_TEXT = 48 * 1024     # characters of one process's dump relayed (a stack line stays under READ_LIMIT)
-STACK_PROCS = 4            # Python processes of one worker whose stacks are relayed (the worker's own first)
 
 
 def worker_envs(plan, index: int, *, run_id: str, run_dir: str, plan_path: str, master_addr: str,
@@ -377,43 +375,10 @@ class Agent:
             live = [(pos, p) for pos, p in enumerate(self.procs) if p is not None and p.poll() is None]
             at = time.monotonic()            # every worker's CPU time first, before any dump costs it some
             cpu = tree_cpu([p.pid for _, p in live])
+            got = stackdump.collect(self.stack_root, [(pos, p.pid) for pos, p in live])
             for pos, p in live:
-                rec = {**self.worker_stacks(pos, p.pid), "cpu": cpu.get(p.pid), "at": round(at, 3)}
+                rec = {**got[pos], "cpu": cpu.get(p.pid), "at": round(at, 3)}
                 self.emit(pos, "stack", json.dumps(rec, separators=(",", ":")))
-
-    def worker_stacks(self, pos: int, worker_pid: int) -> dict:
-        """Signal each registered Python process of worker ``pos`` and read what faulthandler wrote:
-        {"procs": [{"pid", "main", "text"}], "problem": why there is none}."""
-        where = os.path.join(self.stack_root, f"w{pos}")
-        try:
-            pids = sorted(int(n[:-5]) for n in os.listdir(where) if n.endswith(".main") and n[:-5].isdigit())
-        except OSError:
-            pids = []
-        pids = [p for p in pids if pid_alive(p)]
-        pids.sort(key=lambda p: (p != worker_pid, p))
-        if not pids:
-            return {"procs": [], "problem": "no Python process of this worker registered for stacks (not Python, "
-                                            "or started with -I/-S so podrun's sitecustomize did not run)"}
-        sent = []
-        for pid in pids[:STACK_PROCS]:
-            txt = os.path.join(where, f"{pid}.txt")
-            try:
-                os.truncate(txt, 0)
-                os.kill(pid, STACK_SIGNAL)
-            except OSError:
-                continue
-            sent.append((pid, txt))
-        procs = []
-        for pid, txt in sent:
-            text = _settled(txt, STACK_WAIT_S)
-            try:
-                with open(os.path.join(where, f"{pid}.main"), encoding="utf-8") as f:
-                    main = f.read().strip()
-            except OSError:
-                main = ""
-            procs.append({"pid": pid, "main": main, "text": text[-STACK_TEXT:]})
-        return {"procs": procs, "problem": None if any(p["text"] for p in procs) else
-                f"no stack written within {STACK_WAIT_S:g} s"}
 
     def _heartbeat(self) -> None:
         from podrun.wire.protocol import read_request, read_stop
@@ -626,19 +591,18 @@ class Agent:
         term_at: float | None = None
         next_reap = time.monotonic() + 1.0
         while not all(reaped):
-            for lr, p in enumerate(self.procs):
-                if reaped[lr] or p is None:
-                    continue
-                rc = p.poll()
-                if rc is None:
-                    continue
-                reaped[lr] = True
+            exited = []                        # every worker ended now, stamped when reaped (one pass, before
+            for lr, p in enumerate(self.procs):  # any wait for a worker's last lines delays the others' stamps)
+                if not reaped[lr] and p is not None and p.poll() is not None:
+                    reaped[lr] = True
+                    exited.append((lr, p.returncode, time.time()))
+            for lr, rc, ended in exited:
                 for t in self.readers[lr]:
                     t.join(timeout=1.0)
                 tag = " teardown" if self.teardown_started else ""
                 if rc != 0:
                     self._report_error_file(lr)
-                self.emit(lr, "exit", f"{rc} {time.time():.3f}{tag}")
+                self.emit(lr, "exit", f"{rc} {ended:.3f}{tag}")
                 if rc != 0 and first_failure is None and not self.teardown_started:
                     first_failure = rc
                     self.worker_failed = True       # its teardown may precede a restart: snapshots stay
@@ -722,30 +686,6 @@ def _stamp(anc) -> int:
             sec, nsec = struct.unpack("@ll", data[:16])
             return sec * 1_000_000_000 + nsec
     return time.time_ns()
-
-
-def _settled(path: str, timeout: float) -> str:
-    """The text of ``path`` once something was written to it and it stopped growing (or at ``timeout``)."""
-    deadline = time.monotonic() + timeout
-    last, still = -1, 0
-    while time.monotonic() < deadline:
-        try:
-            size = os.path.getsize(path)
-        except OSError:
-            size = 0
-        if size > 0 and size == last:
-            still += 1
-            if still >= 3:
-                break
-        else:
-            still = 0
-        last = size
-        time.sleep(0.03)
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read()
-    except OSError:
-        return ""
 
 
 def _launcher_fds(environ) -> tuple[int, ...]:
