@@ -466,6 +466,9 @@ def _print_root_cause(summary: dict, request) -> None:
             say(f"  {whose} last lines (in {request.run_dir}/instance-{rc['instance']}.log):")
             for line in rc["last_lines"]:
                 say(f"    {line}")
+        if rc.get("followers"):
+            from podrun.launch.followers import line
+            say(f"  {line(rc['followers'])}")
         if rc.get("others"):
             say("  what the other workers said last:")
             for o in rc["others"]:

@@ -33,7 +33,7 @@ from typing import Callable
 
 from podrun.errors import PodrunError
 from podrun.human import human_seconds
-from podrun.launch import control, hangs, slow_ranks, stacks
+from podrun.launch import control, followers, hangs, slow_ranks, stacks
 from podrun.launch.request import LaunchRequest
 from podrun.launch.rundir import private_open, private_subdir
 from podrun.launch.transports.base import InstanceHandle, Transport
@@ -109,12 +109,13 @@ class Failure:
     last_lines: list[str] = field(default_factory=list)    # the failing worker's own (its instance's if none)
     error: dict | None = None          # its @record error file: {message, traceback, file}
     others: list[dict] = field(default_factory=list)       # [{instance, host, local_rank, last_lines}]
+    followers: dict | None = None      # the other workers that ended non-zero (podrun.launch.followers)
 
     def to_dict(self) -> dict:
         sig = self.exit_code - 128 if 128 < self.exit_code < 160 else None
         d = {"instance": self.instance, "host": self.host, "local_rank": self.local_rank,
              "exit_code": self.exit_code, "kind": self.kind.value, "reason": self.reason, "last_lines": self.last_lines,
-             "error": self.error, "others": self.others}
+             "error": self.error, "others": self.others, "followers": self.followers}
         if sig:
             try:
                 d["signal"] = signal.Signals(sig).name
@@ -741,6 +742,10 @@ class Supervisor:
         cands.sort(key=lambda c: c[:3])
         root.others = [{"instance": s.index, "host": s.host, "local_rank": lr,
                         "last_lines": list(tail)[-OTHER_TAIL:]} for *_, s, lr, tail in cands[:OTHERS]]
+        root.followers = followers.summarise([
+            (self._rank_int(s.index, lr), s.host, protocol.exit_code_from_returncode(rc))
+            for s in self.states.values() for lr, rc in s.workers.items()
+            if rc != 0 and (s.index, lr) != (root.instance, root.local_rank)])
 
 
 def _describe_code(code: int) -> str:
