@@ -39,7 +39,7 @@ from podrun.launch.rundir import private_open, private_subdir
 from podrun.launch.transports.base import InstanceHandle, Transport
 from podrun.redaction import redact_argv, redact_record, redact_text
 from podrun.wire import owner, protocol
-from podrun.wire.liveness import FIRST_HEARTBEAT_S, Hearing
+from podrun.wire.liveness import FIRST_HEARTBEAT_S, Every, Hearing, scan_every
 
 LOST_EXIT = 255           # like ssh: the connection to a host was lost
 TAIL = 10                 # last lines kept per worker (and per instance) for the root cause
@@ -403,6 +403,7 @@ class Supervisor:
     def _loop(self, open_handles: set, carrier: dict) -> Outcome:
         lost: set[int] = set()
         kill_at = None
+        scan = Every(scan_every(self.req.liveness))
         while open_handles:
             self.hb_handles = self.handles = tuple(open_handles)
             try:
@@ -417,7 +418,7 @@ class Supervisor:
                 else:
                     self._handle_line(h, stream, line)
             now = time.monotonic()
-            for st in self.states.values():
+            for st in (self.states.values() if scan.due(now) else ()):   # not once per line: O(hosts) each
                 if st.exit_code is not None or st.status == "lost":
                     continue
                 silent = self.hearing.silence(st.index, carrier.get(st.index))
