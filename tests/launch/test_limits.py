@@ -30,7 +30,7 @@ def test_too_few_open_files_for_256_local_workers_is_refused_before_anything_sta
                             sys.executable, "-c", f"import time; time.sleep(30)  # {m}"])
     assert cp.returncode == 2, cp.stderr[-2000:]
     err = cp.stderr
-    assert "RLIMIT_NOFILE is 200 (hard limit 200)" in err and "ulimit -n 1056" in err, err
+    assert "RLIMIT_NOFILE is 200 (hard limit 200)" in err and "ulimit -n 1048" in err, err
     assert "256 worker(s) here" in err and "Traceback" not in err, err
     assert len([l for l in err.splitlines() if l.startswith("podrun: error:")]) == 1, err
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
@@ -39,15 +39,15 @@ def test_too_few_open_files_for_256_local_workers_is_refused_before_anything_sta
 
 @pytest.mark.cluster
 def test_too_few_open_files_for_the_hosts_over_ssh_is_one_paragraph_naming_ulimit(ssh_hosts, tmp_path):
-    """4 ssh hosts under ulimit -n 40: one error naming RLIMIT_NOFILE and `ulimit -n`, exit 2, no host touched
+    """4 ssh hosts under ulimit -n 20: one error naming RLIMIT_NOFILE and `ulimit -n`, exit 2, no host touched
     (today: a preflight failure per host blaming the OpenSSH client install)."""
     from tests.launch.test_ssh import leftovers, ssh_args
 
     m = marker()
-    cp = limited(40, 40, [*ssh_args(ssh_hosts, tmp_path), "--", ssh_hosts.python, "-c",
+    cp = limited(20, 20, [*ssh_args(ssh_hosts, tmp_path), "--", ssh_hosts.python, "-c",
                           f"print('ran')  # {m}"])
     assert cp.returncode == 2, cp.stderr[-2000:]
-    assert "RLIMIT_NOFILE is 40 (hard limit 40)" in cp.stderr and "`ulimit -n " in cp.stderr, cp.stderr
+    assert "RLIMIT_NOFILE is 20 (hard limit 20)" in cp.stderr and "`ulimit -n " in cp.stderr, cp.stderr
     assert "4 host(s) x" in cp.stderr and "OpenSSH client installed" not in cp.stderr, cp.stderr
     assert "Traceback" not in cp.stderr and "ran" not in cp.stdout
     assert wait_until(lambda: not leftovers(ssh_hosts, m), 5)
