@@ -15,7 +15,8 @@ others' is named once (podrun.launch.slow_ranks.SlowRanks) and listed in summary
 ``podrun stack`` asks for the same view through the run's control socket at any time. The root cause is
 the failure with the earliest agent time; its
 report carries that worker's own last lines (kept per worker, bounded), its @record error if it wrote
-one, and separately the last lines of the others.
+one, separately the last lines of the others, and the workers that ended after it in one summary
+(podrun.launch.followers).
 """
 from __future__ import annotations
 

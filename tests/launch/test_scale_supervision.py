@@ -48,6 +48,8 @@ def test_one_hung_rank_of_256_on_4_hosts_is_found_within_the_window_and_shown_in
     assert f"the odd rank out: rank 200 on {host}" in block, block
     s = summary(tmp_path / "runs")
     assert s["hang"]["found_s"] <= WINDOW + 2, s["hang"]
+    print(f"hang at rank 200 of {RANKS}: found {s['hang']['found_s']} s after the last progress (window {WINDOW} s), "
+          f"report {len(report)} lines")
     assert [g["ranks"] for g in s["hang"]["groups"]] == [[200], [r for r in range(RANKS) if r != 200]]
     assert len(list((run_dir(tmp_path / "runs") / "stacks").glob("rank-*.txt"))) == RANKS
     assert wait_until(lambda: not leftovers(ssh_hosts, m, ssh_hosts.hosts[:4]), 20)
