@@ -3,7 +3,7 @@
 hang: rank ODD stalls in stall(), every other rank waits in wait_for_peer(); wait: every rank waits in
 wait_for_peer() until DIR/release exists; fail: once every rank is up, rank ODD says three lines and exits 3, and
 every other rank, once rank ODD's process has ended (its pid in DIR/pid), says its peer is gone
-and exits 1 (as ranks do when the socket of a peer of their collective closes); progress: STEPS reports through podrun.runtime (ODD is the number of steps)."""
+and exits 1 half a second later (as ranks do when the socket of a peer of their collective closes); progress: STEPS reports through podrun.runtime (ODD is the number of steps)."""
 import os
 import sys
 import time
@@ -54,6 +54,7 @@ elif mode == "fail":
             break
         time.sleep(0.05)
     print(f"rank {rank}: peer {odd} is gone", file=sys.stderr, flush=True)
+    time.sleep(0.5)                              # its error handling and teardown (a torch rank's take longer)
     sys.exit(1)
 elif mode == "progress":
     from podrun import runtime
