@@ -50,7 +50,8 @@ import time
 from podrun.host import agent_args, output
 from podrun.host.link import ControllerLink
 from podrun.host.proctree import end_descendants, reap_orphans, tree_cpu
-from podrun.host.stackdump import SITE_DIR, STACK_SIGNAL, worker_stacks
+from podrun.host import stackdump
+from podrun.host.stackdump import SITE_DIR, STACK_SIGNAL
 from podrun.host.stop import Stop, StopKind
 from podrun.host.workers import fresh_error_file, launcher_fds, read_error_file
 from podrun.wire import protocol
@@ -136,9 +137,9 @@ class Agent(ControllerLink):
             live = [(pos, p) for pos, p in enumerate(self.procs) if p is not None and p.poll() is None]
             at = time.monotonic()            # every worker's CPU time first, before any dump costs it some
             cpu = tree_cpu([p.pid for _, p in live])
+            got = stackdump.collect(self.stack_root, [(pos, p.pid) for pos, p in live])
             for pos, p in live:
-                where = os.path.join(self.stack_root, f"w{pos}")
-                rec = {**worker_stacks(where, p.pid), "cpu": cpu.get(p.pid), "at": round(at, 3)}
+                rec = {**got[pos], "cpu": cpu.get(p.pid), "at": round(at, 3)}
                 self.emit(pos, "stack", json.dumps(rec, separators=(",", ":")))
 
     def _on_signal(self, signum, frame) -> None:  # noqa: ARG002
@@ -326,19 +327,18 @@ class Agent(ControllerLink):
     def _reap_exited(self, reaped: list[bool]) -> None:
         """Report each worker that exited since the last look (its @record error first when it failed); the first
         to fail before any teardown asks every other to stop."""
-        for lr, p in enumerate(self.procs):
-            if reaped[lr] or p is None:
-                continue
-            rc = p.poll()
-            if rc is None:
-                continue
-            reaped[lr] = True
+        exited = []                            # every worker ended now, stamped when reaped (one pass, before
+        for lr, p in enumerate(self.procs):    # any wait for a worker's last lines delays the others' stamps)
+            if not reaped[lr] and p is not None and p.poll() is not None:
+                reaped[lr] = True
+                exited.append((lr, p.returncode, time.time()))
+        for lr, rc, ended in exited:
             for t in self.readers[lr]:
                 t.join(timeout=1.0)
             tag = " teardown" if self.teardown_started else ""
             if rc != 0:
                 self._report_error_file(lr)
-            self.emit(lr, "exit", f"{rc} {time.time():.3f}{tag}")
+            self.emit(lr, "exit", f"{rc} {ended:.3f}{tag}")
             if rc != 0 and self.first_failure is None and not self.teardown_started:
                 self.first_failure = rc
                 self.worker_failed = True       # its teardown may precede a restart: snapshots stay

@@ -1,4 +1,4 @@
-"""Workers' stacks on their agent: the dump signal, podrun's sitecustomize, reading what each process wrote."""
+"""An agent's collection of its workers' faulthandler dumps: every registered process signalled first, then every dump read together."""
 from __future__ import annotations
 
 import os
@@ -9,65 +9,89 @@ from podrun.wire.proctl import pid_alive
 
 STACK_SIGNAL = int(signal.SIGRTMIN) + 4   # faulthandler's dump signal in workers (podrun/runtime/site)
 SITE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime", "site")
-STACK_WAIT_S = 2.0         # how long one process may take to write its stacks
+STACK_WAIT_S = 2.0         # how long the workers may take to write their stacks (all of them, together)
 STACK_TEXT = 48 * 1024     # characters of one process's dump relayed (a stack line stays under READ_LIMIT)
 STACK_PROCS = 4            # Python processes of one worker whose stacks are relayed (the worker's own first)
+POLL_S = 0.03              # how often the dump files are looked at
+STILL_POLLS = 3            # a dump is whole once its file kept its size (above 0) this many looks in a row
+
+NOT_REGISTERED = ("no Python process of this worker registered for stacks (not Python, "
+                  "or started with -I/-S so podrun's sitecustomize did not run)")
 
 
-def worker_stacks(where: str, worker_pid: int) -> dict:
-    """Signal each Python process of a worker registered in ``where`` (its directory under the agent's stack
-    root, PODRUN_STACK_DIR) and read what faulthandler wrote:
-    {"procs": [{"pid", "main", "text"}], "problem": why there is none}."""
+def _registered(where: str, worker_pid: int) -> list[int]:
+    """The live processes of one worker that registered for stacks under ``where``, the worker's own first."""
     try:
         pids = sorted(int(n[:-5]) for n in os.listdir(where) if n.endswith(".main") and n[:-5].isdigit())
     except OSError:
         pids = []
     pids = [p for p in pids if pid_alive(p)]
     pids.sort(key=lambda p: (p != worker_pid, p))
-    if not pids:
-        return {"procs": [], "problem": "no Python process of this worker registered for stacks (not Python, "
-                                        "or started with -I/-S so podrun's sitecustomize did not run)"}
-    sent = []
-    for pid in pids[:STACK_PROCS]:
-        txt = os.path.join(where, f"{pid}.txt")
-        try:
-            os.truncate(txt, 0)
-            os.kill(pid, STACK_SIGNAL)
-        except OSError:
+    return pids[:STACK_PROCS]
+
+
+def collect(root: str, workers: list[tuple[int, int]], wait: float = STACK_WAIT_S) -> dict[int, dict]:
+    """Each worker ``(pos, pid)``'s stacks -> {pos: {"procs": [{"pid", "main", "text"}], "problem": why there
+    is none}}. Every registered process of every worker is signalled before any dump is read, and the dumps are
+    read together within ``wait`` seconds in all: the time taken does not grow with the number of workers."""
+    out: dict[int, dict] = {}
+    sent: dict[int, list[tuple[int, str, str]]] = {}
+    for pos, worker_pid in workers:
+        where = os.path.join(root, f"w{pos}")
+        pids = _registered(where, worker_pid)
+        if not pids:
+            out[pos] = {"procs": [], "problem": NOT_REGISTERED}
             continue
-        sent.append((pid, txt))
-    procs = []
-    for pid, txt in sent:
-        text = _settled(txt, STACK_WAIT_S)
-        try:
-            with open(os.path.join(where, f"{pid}.main"), encoding="utf-8") as f:
-                main = f.read().strip()
-        except OSError:
-            main = ""
-        procs.append({"pid": pid, "main": main, "text": text[-STACK_TEXT:]})
-    return {"procs": procs, "problem": None if any(p["text"] for p in procs) else
-            f"no stack written within {STACK_WAIT_S:g} s"}
+        sent[pos] = []
+        for pid in pids:
+            txt = os.path.join(where, f"{pid}.txt")
+            try:
+                os.truncate(txt, 0)
+                os.kill(pid, STACK_SIGNAL)
+            except OSError:
+                continue
+            sent[pos].append((pid, txt, os.path.join(where, f"{pid}.main")))
+    texts = _settled([txt for files in sent.values() for _, txt, _ in files], wait)
+    for pos, files in sent.items():
+        procs = []
+        for pid, txt, main_file in files:
+            try:
+                with open(main_file, encoding="utf-8") as f:
+                    main = f.read().strip()
+            except OSError:
+                main = ""
+            procs.append({"pid": pid, "main": main, "text": texts.get(txt, "")[-STACK_TEXT:]})
+        out[pos] = {"procs": procs, "problem": None if any(p["text"] for p in procs) else
+                    f"no stack written within {wait:g} s"}
+    return out
 
 
-def _settled(path: str, timeout: float) -> str:
-    """The text of ``path`` once something was written to it and it stopped growing (or at ``timeout``)."""
+def _settled(paths: list[str], timeout: float) -> dict[str, str]:
+    """The text of each file once something was written to it and it stopped growing (or at ``timeout``)."""
     deadline = time.monotonic() + timeout
-    last, still = -1, 0
-    while time.monotonic() < deadline:
+    last = {p: -1 for p in paths}
+    still = {p: 0 for p in paths}
+    pending = set(paths)
+    while pending and time.monotonic() < deadline:
+        for p in list(pending):
+            try:
+                size = os.path.getsize(p)
+            except OSError:
+                size = 0
+            if size > 0 and size == last[p]:
+                still[p] += 1
+                if still[p] >= STILL_POLLS:
+                    pending.discard(p)
+            else:
+                still[p] = 0
+            last[p] = size
+        if pending:
+            time.sleep(POLL_S)
+    texts = {}
+    for p in paths:
         try:
-            size = os.path.getsize(path)
+            with open(p, encoding="utf-8", errors="replace") as f:
+                texts[p] = f.read()
         except OSError:
-            size = 0
-        if size > 0 and size == last:
-            still += 1
-            if still >= 3:
-                break
-        else:
-            still = 0
-        last = size
-        time.sleep(0.03)
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read()
-    except OSError:
-        return ""
+            texts[p] = ""
+    return texts

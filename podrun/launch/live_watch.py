@@ -84,9 +84,11 @@ class LiveWatch:
 
     def _rank_int(self, instance: int, lr: int) -> int:
         key = (instance, lr)
-        if key not in self.rank_of:
-            r = self._rank(instance, lr)
-            self.rank_of[key] = int(r) if r.isdigit() else -1
+        if key not in self.rank_of:        # every worker of the instance at once: its envs are made whole
+            for pos, env in enumerate(self.req.worker_envs(instance)):
+                r = env.get("RANK", "?")
+                self.rank_of[(instance, pos)] = int(r) if r.isdigit() else -1
+            self.rank_of.setdefault(key, -1)
         return self.rank_of[key]
 
     def window(self) -> float | None:

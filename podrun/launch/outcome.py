@@ -67,12 +67,13 @@ class Failure:
     last_lines: list[str] = field(default_factory=list)    # the failing worker's own (its instance's if none)
     error: dict | None = None          # its @record error file: {message, traceback, file}
     others: list[dict] = field(default_factory=list)       # [{instance, host, local_rank, last_lines}]
+    followers: dict | None = None      # the other workers that ended non-zero (podrun.launch.followers)
 
     def to_dict(self) -> dict:
         sig = self.exit_code - 128 if 128 < self.exit_code < 160 else None
         d = {"instance": self.instance, "host": self.host, "local_rank": self.local_rank,
              "exit_code": self.exit_code, "kind": self.kind.value, "reason": self.reason, "last_lines": self.last_lines,
-             "error": self.error, "others": self.others}
+             "error": self.error, "others": self.others, "followers": self.followers}
         if sig:
             try:
                 d["signal"] = signal.Signals(sig).name

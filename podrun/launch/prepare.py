@@ -113,7 +113,7 @@ def _prepare(opts: "LaunchOptions", target: Target, mapped: OwnOptions) -> Prepa
 
         needs = tuple(needed_modules(recipe_args))      # checked by every held agent (ssh) before anything starts
     liveness = settings(mapped.heartbeat, mapped.heartbeat_misses, net.keepalive, spec_heartbeat=cluster.heartbeat, spec_misses=cluster.heartbeat_misses,
-                        spec_source=cluster.path)
+                        spec_source=cluster.path, hosts=len(set(plan.hosts)))
     elastic = None
     max_restarts = mapped.max_restarts
     if mapped.elastic_min is not None:

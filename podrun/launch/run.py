@@ -12,6 +12,7 @@ from pathlib import Path
 
 from podrun.errors import LaunchError, PodrunError, PreflightError
 from podrun.wire.liveness import Liveness
+from podrun.launch import limits
 from podrun.launch.options import LaunchOptions
 from podrun.launch.request import InstanceLaunch, LaunchRequest
 from podrun.launch.rundir import (check_run_id, create_run_dir, new_run_id, write_launch_files, write_plan,
@@ -211,6 +212,7 @@ def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from:
     from podrun.launch.control import claim, release
 
     notice = notice or (lambda t: None)
+    limits.ensure(*limits.run_size(request), notice)
     create_run_dir(request.run_dir, reuse=resuming)
     from podrun.train.lock import LAUNCH_LOCK, DirLock
 

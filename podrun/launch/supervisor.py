@@ -9,7 +9,7 @@ running ``straggler_timeout`` seconds after one exited 0 (stragglers, named by r
 watch of the live run (podrun.launch.live_watch: progress, the hang window, stacks, slow ranks, ``podrun stack``).
 The root cause is the failure with the earliest agent time; its report (podrun.launch.outcome.explain) carries
 that worker's own last lines (kept per worker, bounded), its @record error if it wrote one, and separately the
-last lines of the others.
+last lines of the others, and the workers that ended after it in one summary (podrun.launch.followers).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from podrun.launch import control, hangs
+from podrun.launch import control, followers, hangs
 from podrun.launch.instance_logs import InstanceLogs
 from podrun.launch.live_watch import LiveWatch, Progress
 from podrun.launch.outcome import Failure, FailureKind, InstanceState, Outcome, explain
@@ -30,7 +30,7 @@ from podrun.launch.request import LaunchRequest
 from podrun.launch.transports.base import InstanceHandle, Transport
 from podrun.redaction import redact_text
 from podrun.wire import owner, protocol
-from podrun.wire.liveness import FIRST_HEARTBEAT_S, Hearing
+from podrun.wire.liveness import FIRST_HEARTBEAT_S, Every, Hearing, scan_every
 
 LOST_EXIT = 255           # like ssh: the connection to a host was lost
 STRAGGLER_EXIT = 124      # like timeout(1): workers still running past --straggler-timeout
@@ -256,6 +256,7 @@ class Supervisor(LiveWatch):
     def _loop(self, open_handles: set, carrier: dict) -> Outcome:
         lost: set[int] = set()
         kill_at = None
+        scan = Every(scan_every(self.req.liveness))
         while open_handles:
             self.hb_handles = self.handles = tuple(open_handles)
             try:
@@ -270,7 +271,7 @@ class Supervisor(LiveWatch):
                 else:
                     self._handle_line(h, stream, line)
             now = time.monotonic()
-            for st in self.states.values():
+            for st in (self.states.values() if scan.due(now) else ()):   # not once per line: O(hosts) each
                 if st.exit_code is not None or st.status == "lost":
                     continue
                 silent = self.hearing.silence(st.index, carrier.get(st.index))
@@ -359,6 +360,10 @@ class Supervisor(LiveWatch):
         root = min(self.failures, key=lambda f: f.at) if self.failures else None
         if root is not None:
             explain(root, self.states, self.failures, self.errors)
+            root.followers = followers.summarise([
+                (self._rank_int(s.index, lr), s.host, protocol.exit_code_from_returncode(rc))
+                for s in self.states.values() for lr, rc in s.workers.items()
+                if rc != 0 and (s.index, lr) != (root.instance, root.local_rank)])
             code, status = root.exit_code, root.kind.status
         elif self.signalled is not None:
             code, status = 128 + self.signalled, "interrupted"

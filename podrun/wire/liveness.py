@@ -1,7 +1,8 @@
 """Liveness: the heartbeat period and detection bound of a run, and how long each instance has been silent.
 
-The bound is the heartbeat period x the misses tolerated (default 0.5 s x 4 = 2 s); ``--keepalive``
-names the bound itself. ``settings`` turns the options (and a cluster spec's fields) into a Liveness.
+The bound is the heartbeat period x the misses tolerated (default 0.5 s x 4 = 2 s up to 16 hosts; beyond, the
+default period grows with the host count, ``default_period``, so that the controller hears a flat 32 heartbeats a
+second whatever the size of the run, up to 5 s at 160 hosts); ``--keepalive`` names the bound itself. ``settings`` turns the options (and a cluster spec's fields) into a Liveness.
 ``Hearing`` is what the supervisor's reader threads tell it: when each instance was last heard from,
 with the time a reader spent waiting on the controller's own full queue taken out (a slow console or
 disk holds the controller back, not the host), and the largest gap between two lines of each instance.
@@ -20,6 +21,36 @@ HEARTBEAT_MISSES = 4       # heartbeats missed in a row before a host is lost: t
 FIRST_HEARTBEAT_S = 60.0
 MIN_HEARTBEAT_S = 0.01     # shorter costs CPU on every host and finds nothing sooner (the checks run every 0.1 s)
 MAX_MISSES = 10 ** 6
+FLAT_HOSTS = 16            # up to this many hosts the default period is HEARTBEAT_S; beyond, it grows with them ...
+MAX_DEFAULT_HEARTBEAT_S = 5.0   # ... up to this (a default bound of 20 s): detection stays far below a collective's timeout
+SCAN_SHARE = 5             # the controller looks at every host's silence each period / SCAN_SHARE (at most every 0.1 s)
+
+
+def default_period(hosts: int) -> float:
+    """The heartbeat period when no option or cluster spec gives one: HEARTBEAT_S up to FLAT_HOSTS hosts, then
+    HEARTBEAT_S x hosts / FLAT_HOSTS (the controller hears FLAT_HOSTS / HEARTBEAT_S = 32 heartbeats a second
+    whatever the size of the run), at most MAX_DEFAULT_HEARTBEAT_S."""
+    return min(MAX_DEFAULT_HEARTBEAT_S, HEARTBEAT_S * max(1.0, hosts / FLAT_HOSTS))
+
+
+class Every:
+    """Whether a periodic duty is due: ``due(now)`` is true at most once per ``seconds``."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.next = 0.0
+
+    def due(self, now: float) -> bool:
+        if now < self.next:
+            return False
+        self.next = now + self.seconds
+        return True
+
+
+def scan_every(live: "Liveness") -> float:
+    """How often the controller looks at every host's silence: a fifth of the period, at least 0.1 s (the lines
+    that come between cost nothing per host)."""
+    return max(0.1, live.period / SCAN_SHARE)
 
 
 @dataclass(frozen=True)
@@ -44,14 +75,15 @@ class Liveness:
 
 def settings(heartbeat: float | None = None, misses: int | None = None, keepalive: float | None = None, *,
              spec_heartbeat: float | None = None, spec_misses: int | None = None,
-             spec_source: str = "the cluster spec") -> Liveness:
+             spec_source: str = "the cluster spec", hosts: int = 1) -> Liveness:
     """The run's Liveness from --heartbeat, --heartbeat-misses and --keepalive (None: not given), falling back
-    to a cluster spec's ``heartbeat`` and ``heartbeat_misses``, then to 0.5 s x 4.
+    to a cluster spec's ``heartbeat`` and ``heartbeat_misses``, then to default_period(hosts) x 4 (0.5 s x 4 up
+    to 16 hosts).
 
     bound = period x misses: any two of the three give the third; with one, misses is 4 unless given, then
     the period is 0.5 s unless given. --keepalive S alone is therefore 4 misses of S/4 s. All three given
     must agree. A LaunchError (exit 2) names the options that cannot hold together."""
-    return _checked(_given(heartbeat, misses, keepalive, spec_heartbeat, spec_misses),
+    return _checked(_given(heartbeat, misses, keepalive, spec_heartbeat, spec_misses, default_period(hosts)),
                     ", ".join(n for n, v in (("--heartbeat", heartbeat), ("--heartbeat-misses", misses),
                                              ("--keepalive", keepalive)) if v is not None)
                     or f"heartbeat and heartbeat_misses in {spec_source}")
@@ -73,7 +105,7 @@ def _checked(live: Liveness, where: str) -> Liveness:
     return live
 
 
-def _given(heartbeat, misses, keepalive, spec_heartbeat, spec_misses) -> Liveness:
+def _given(heartbeat, misses, keepalive, spec_heartbeat, spec_misses, period_default=HEARTBEAT_S) -> Liveness:
     from podrun.errors import LaunchError
 
     for name, value in (("--heartbeat", heartbeat), ("--keepalive", keepalive)):
@@ -97,7 +129,7 @@ def _given(heartbeat, misses, keepalive, spec_heartbeat, spec_misses) -> Livenes
         return Liveness(keepalive / (misses if misses is not None else HEARTBEAT_MISSES), keepalive)
     if heartbeat is None and misses is None:
         heartbeat, misses = spec_heartbeat, spec_misses
-    period = heartbeat if heartbeat is not None else HEARTBEAT_S
+    period = heartbeat if heartbeat is not None else period_default
     count = misses if misses is not None else HEARTBEAT_MISSES
     return Liveness(period, period * count)
 

@@ -115,3 +115,39 @@ def test_a_cluster_spec_sets_the_heartbeat_and_dry_run_shows_it(tmp_path):
     line = len(p.read_text().splitlines())
     assert cp.returncode == 2 and f"{p}:{line}: field 'heartbeat_misses' must be at least 1" in cp.stderr, cp.stderr
     assert "Traceback" not in cp.stderr
+
+
+@pytest.mark.parametrize("hosts,period", [(1, 0.5), (16, 0.5), (17, 0.53125), (32, 1.0), (64, 2.0), (160, 5.0),
+                                          (512, 5.0)])
+def test_the_default_period_grows_with_the_hosts_beyond_16_up_to_5_s(hosts, period):
+    """The controller hears 32 heartbeats a second at most (16 hosts x 2) until the period reaches 5 s."""
+    from podrun.wire.liveness import default_period
+
+    assert default_period(hosts) == pytest.approx(period)
+    live = settings(hosts=hosts)
+    assert (live.period, live.bound) == pytest.approx((period, 4 * period))
+
+
+@pytest.mark.parametrize("given,period,bound", [
+    ({"keepalive": 2.0}, 0.5, 2.0),                 # an explicit bound wins: 4 misses of 0.5 s
+    ({"heartbeat": 0.5}, 0.5, 2.0),
+    ({"misses": 6}, 2.0, 12.0),                     # the period follows the hosts, the misses are the option's
+    ({"spec_heartbeat": 0.25, "spec_misses": 4}, 0.25, 1.0),   # a cluster spec's period wins too
+])
+def test_what_is_given_wins_over_the_period_the_host_count_gives(given, period, bound):
+    live = settings(**given, hosts=64)
+    assert (live.period, live.bound) == pytest.approx((period, bound))
+
+
+def test_dry_run_of_64_hosts_gives_every_agent_the_longer_period():
+    hosts = ",".join(f"n{i}" for i in range(64))
+    base = [sys.executable, "-m", "podrun", "launch", "--transport", "ssh", "--hosts", hosts, "--devices-per-host", "1",
+            "--dry-run", "--json"]
+    cp = subprocess.run([*base, "--", "true"], capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 0, cp.stderr
+    rec = json.loads(cp.stdout)
+    assert rec["heartbeat"] == {"period_s": 2.0, "misses": 4, "bound_s": 8.0}
+    assert all("--heartbeat 2 --instance" in c["command"] and "--stdin-timeout 8 " in c["command"]
+               for c in rec["commands"])
+    cp = subprocess.run([*base, "--keepalive", "2", "--", "true"], capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 0 and json.loads(cp.stdout)["heartbeat"]["period_s"] == 0.5, cp.stderr
