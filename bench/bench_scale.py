@@ -448,7 +448,7 @@ def rows_from(data: dict, rounds: int) -> list[dict]:
 def run(quick: bool) -> list[dict]:
     sizes = (4, 8) if quick else (8, 16, 32, 64)
     rounds = 1
-    data = collect(sizes, (1, 4), rounds, teardown_bound=5.0 if quick else 10.0)
+    data = collect(sizes, (1, 4), rounds, teardown_bound=5.0)
     rows = rows_from(data, rounds)
     rows.append({"benchmark": "scale raw", "subject": "per run figures", "value": None, "peer": None,
                  "peer_value": None, "ratio": None, "unit": "-",
