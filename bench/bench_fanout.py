@@ -29,6 +29,7 @@ HANDSHAKE, RTT, START = 0.050, 0.001, 1.0
 RESULTS = Path(__file__).resolve().parent / "results"
 TIME_SCALE = 10.0          # the measured model's sleeps run this much faster; its results are scaled back
 PROJECT = ((512, 4), (2048, 1))   # (hosts, workers per host) the measured model projects: ABCI's 512 x 4
+TREE_RADIX = 64            # Open MPI's daemons: each level of its launch tree starts up to this many
 
 
 def _request(hosts: int, tmp: str):
@@ -55,28 +56,35 @@ def _fit(points):
     return my - slope * mx, slope
 
 
-def latest_scale(path: str | None = None) -> Path | None:
-    """The scale run the model takes its figures from: ``path``, or the newest kept bench/results/scale-*.json."""
-    if path is not None:
-        return Path(path)
-    found = sorted(RESULTS.glob("scale-*.json"))
-    return found[-1] if found else None
+def scale_runs() -> list[Path]:
+    """The kept scale runs (bench/results/scale-*.json), newest first: each subject's figures come from the newest
+    that measured it at two sizes or more."""
+    return sorted(RESULTS.glob("scale-*.json"), reverse=True)
+
+
+def _raw(path: Path) -> list[dict]:
+    record = json.loads(path.read_text())
+    return next((r["raw"] for r in record["rows"] if r.get("benchmark") == "scale raw"), [])
 
 
 def measured(path: Path, subject: str = "podrun ssh (OpenSSH)", per_host: int = 4) -> dict | None:
-    """Per-host costs of ``subject`` at ``per_host`` workers a host, fitted over the scale run's sizes:
-    cpu_s/host and cpu_fixed_s (controller CPU at every rank running), up_s/host and up_fixed_s (launch to
-    every rank running), heartbeat CPU s per host per s (the idle window); None when the run has no such runs."""
-    record = json.loads(path.read_text())
-    raw = next((r["raw"] for r in record["rows"] if r.get("benchmark") == "scale raw"), [])
-    runs = [(e["hosts"], f) for e in raw if e["subject"] == subject and e["per_host"] == per_host for f in e["runs"]]
-    if len({n for n, _ in runs}) < 2:
+    """Per-host costs of ``subject`` at ``per_host`` workers a host, fitted over the scale run's sizes (least
+    squares): cpu_per_host_s and cpu_fixed_s (the launcher's CPU at every rank running), heartbeat_cpu_per_host
+    (CPU s per host per s over the idle window), start_s (launch to every rank running at the smallest size less
+    that size's per-host CPU: what the launch costs besides the controller's serial work, at least 0), and
+    up_largest_s (the median at the largest size); None when the run has fewer than two sizes of it."""
+    runs = [(e["hosts"], f) for e in _raw(path) if e["subject"] == subject and e["per_host"] == per_host
+            for f in e["runs"]]
+    sizes = sorted({n for n, _ in runs})
+    if len(sizes) < 2:
         return None
     cpu0, cpu = _fit([(n, f["cpu_up_s"]) for n, f in runs])
-    up0, up = _fit([(n, f["up_s"]) for n, f in runs])
     _, idle = _fit([(n, f["idle_cpu_frac"]) for n, f in runs])
-    return {"subject": subject, "per_host": per_host, "sizes": sorted({n for n, _ in runs}), "cpu_per_host_s": cpu,
-            "cpu_fixed_s": cpu0, "up_per_host_s": up, "up_fixed_s": up0, "heartbeat_cpu_per_host": idle,
+    first = [f["up_s"] for n, f in runs if n == sizes[0]]
+    last = [f["up_s"] for n, f in runs if n == sizes[-1]]
+    start = max(0.0, sorted(first)[len(first) // 2] - cpu * sizes[0])
+    return {"subject": subject, "per_host": per_host, "sizes": sizes, "cpu_per_host_s": cpu, "cpu_fixed_s": cpu0,
+            "heartbeat_cpu_per_host": idle, "start_s": start, "up_largest_s": sorted(last)[len(last) // 2],
             "file": path.name}
 
 
@@ -142,7 +150,7 @@ def _model_transport(request, cost: dict | None = None):
 
 def simulate(hosts: int, preflight: bool, cost: dict | None = None) -> float:
     """Seconds from start to every modelled agent's workers started; ``cost`` ({"cpu": s per host, "start": s}):
-    the measured model, its sleeps TIME_SCALE times faster, the result scaled back."""
+    the measured model, its sleeps TIME_SCALE times faster, the result as run (``measured_model`` scales it back)."""
     with tempfile.TemporaryDirectory() as tmp:
         t = _model_transport(_request(hosts, tmp), cost)
         t0 = time.perf_counter()
@@ -150,34 +158,61 @@ def simulate(hosts: int, preflight: bool, cost: dict | None = None) -> float:
             problems = t.preflight()
             assert not problems, problems[:3]
         t.start()
-        return (max(t.started) - t0) * (1.0 if cost is None else TIME_SCALE)
+        return max(t.started) - t0
 
 
-def projected(fit: dict, mpirun: dict | None) -> list[dict]:
-    """The measured model at PROJECT's sizes, beside mpirun's own line at the same size, and where one core
-    saturates."""
+def measured_model(hosts: int, cost: dict) -> float:
+    """The measured model with preflight, in the figures' own time: the sleeps' share scaled back by TIME_SCALE,
+    podrun's own threads and pools (the same run with no sleep) counted once."""
+    own = simulate(hosts, preflight=True, cost={"cpu": 0.0, "start": 0.0})
+    run = simulate(hosts, preflight=True, cost=cost)
+    return own + max(0.0, run - own) * TIME_SCALE
+
+
+def tree_levels(hosts: int, radix: int = TREE_RADIX) -> int:
+    return max(1, math.ceil(math.log(hosts, radix) - 1e-9))
+
+
+def _newest(paths: list[Path], subject: str, k: int) -> dict | None:
+    return next((f for f in (measured(p, subject, k) for p in paths) if f is not None), None)
+
+
+def projected(paths: list[Path], subject: str, peer: str = "mpirun (Open MPI) tree") -> list[dict]:
+    """The measured model of ``subject`` at PROJECT's sizes (each from the fit at its workers per host), beside
+    ``peer``'s tree launch scaled from its largest measured size by tree levels, and where one core saturates."""
     rows = []
-    note = (f"fitted from bench/results/{fit['file']} ({fit['subject']}, {fit['per_host']} per host, sizes "
-            f"{'/'.join(map(str, fit['sizes']))}): controller CPU {fit['cpu_per_host_s'] * 1000:.1f} ms/host on "
-            f"one core, fixed part {fit['up_fixed_s']:.2f} s")
     for hosts, k in PROJECT:
-        sim = simulate(hosts, preflight=True, cost={"cpu": fit["cpu_per_host_s"], "start": fit["up_fixed_s"]})
-        peer = None if mpirun is None else mpirun["up_fixed_s"] + mpirun["up_per_host_s"] * hosts
+        fit, peer_fit = _newest(paths, subject, k), _newest(paths, peer, k)
+        if fit is None:
+            continue
+        sim = measured_model(hosts, {"cpu": max(0.0, fit["cpu_per_host_s"]), "start": fit["start_s"]})
+        peer_s = None
+        if peer_fit is not None:
+            peer_s = peer_fit["up_largest_s"] * tree_levels(hosts) / tree_levels(peer_fit["sizes"][-1])
         rows.append({"benchmark": "projected launch from measured costs", "subject":
-                     f"podrun ssh preflight + start, {hosts} hosts x {k}", "value": round(sim, 3),
-                     "peer": None if peer is None else f"mpirun tree, line fitted at {hosts} hosts",
-                     "peer_value": None if peer is None else round(peer, 3),
-                     "ratio": None if peer is None else round(sim / peer, 3), "unit": "s", "note": note})
-    hb = fit["heartbeat_cpu_per_host"]
-    rows.append({"benchmark": "projected controller saturation", "subject": "hosts at which heartbeats fill one core",
-                 "value": round(1.0 / hb) if hb > 0 else None, "peer": None, "peer_value": None, "ratio": None,
-                 "unit": "hosts", "note": f"heartbeat CPU {hb * 100 * 100:.3f} % of a core per 100 hosts "
-                 f"({hb * 1e6:.0f} us per host per s), fitted from bench/results/{fit['file']}"})
-    rows.append({"benchmark": "projected controller saturation", "subject": "hosts per second one core can launch",
-                 "value": round(1.0 / fit["cpu_per_host_s"], 1) if fit["cpu_per_host_s"] > 0 else None,
-                 "peer": None, "peer_value": None, "ratio": None, "unit": "hosts/s",
-                 "note": f"1 / controller CPU per host at launch ({fit['cpu_per_host_s'] * 1000:.1f} ms); at 512 "
-                 f"hosts {fit['cpu_fixed_s'] + fit['cpu_per_host_s'] * 512:.1f} s of one core"})
+                     f"{subject} preflight + start, {hosts} hosts x {k}", "value": round(sim, 3),
+                     "peer": None if peer_s is None else f"{peer}, {hosts} hosts x {k}",
+                     "peer_value": None if peer_s is None else round(peer_s, 3),
+                     "ratio": None if peer_s is None else round(sim / peer_s, 3), "unit": "s",
+                     "note": f"fitted from bench/results/{fit['file']} ({k} per host, sizes "
+                             f"{'/'.join(map(str, fit['sizes']))}): controller CPU {fit['cpu_per_host_s'] * 1000:.1f} "
+                             f"ms/host spent on one core, the rest {fit['start_s']:.2f} s; the peer: its "
+                             f"{peer_fit['sizes'][-1] if peer_fit else '-'}-host median x tree levels (radix "
+                             f"{TREE_RADIX})"})
+        if k != PROJECT[0][1]:
+            continue
+        hb, cpu = fit["heartbeat_cpu_per_host"], fit["cpu_per_host_s"]
+        rows.append({"benchmark": "projected controller saturation",
+                     "subject": f"{subject}: hosts whose heartbeats fill one core",
+                     "value": round(1.0 / hb) if hb > 0 else None, "peer": None, "peer_value": None, "ratio": None,
+                     "unit": "hosts", "note": f"steady state {hb * 100 * 100:.3f} % of a core per 100 hosts "
+                     f"({hb * 1e6:.0f} us of CPU per host per s), fitted from bench/results/{fit['file']}"})
+        rows.append({"benchmark": "projected controller saturation",
+                     "subject": f"{subject}: hosts one core launches per second",
+                     "value": round(1.0 / cpu, 1) if cpu > 0 else None, "peer": None, "peer_value": None,
+                     "ratio": None, "unit": "hosts/s",
+                     "note": f"1 / controller CPU per host at launch ({cpu * 1000:.1f} ms); 512 hosts: "
+                     f"{fit['cpu_fixed_s'] + cpu * 512:.1f} s of one core"})
     return rows
 
 
@@ -199,10 +234,10 @@ def run(quick: bool) -> list[dict]:
         rows.append({"benchmark": f"simulated fan-out, {h} hosts", "subject": "podrun ssh preflight + start",
                      "value": round(full, 3), "peer": None, "peer_value": None, "ratio": None, "unit": "s",
                      "note": f"handshake {HANDSHAKE * 1000:g} ms, process start {START:g} s, threads {threading.active_count()}"})
-    path = latest_scale()
-    if path is not None:
-        for subject in ("podrun ssh (OpenSSH)", "podrun ssh (paramiko)"):
-            fit = measured(path, subject)
-            if fit is not None:
-                rows += projected(fit, measured(path, "mpirun (Open MPI) tree"))
+    paths = scale_runs()
+    if paths:
+        for subject, peer in (("podrun ssh (OpenSSH)", "mpirun (Open MPI) tree"),
+                              ("podrun ssh (paramiko)", "mpirun (Open MPI) tree"),
+                              ("podrun ssh (OpenSSH), kex curve25519", "mpirun (Open MPI) tree, kex curve25519")):
+            rows += projected(paths, subject, peer)
     return rows

@@ -333,12 +333,16 @@ def _gloo(hosts, cfg, tmp, n: int, port: int) -> dict:
 # ----------------------------------------------------------------------------------------------- the bench
 
 SUBJECTS = ("podrun ssh (OpenSSH)", "podrun ssh (paramiko)", "podrun mpirun", "podrun srun",
-            "mpirun (Open MPI) tree", "srun", "pdsh", "clush", "torchrun via pdsh")
+            "mpirun (Open MPI) tree", "srun", "pdsh", "clush", "torchrun via pdsh",
+            "podrun ssh (OpenSSH), kex curve25519", "mpirun (Open MPI) tree, kex curve25519")
+DEFAULT_SUBJECTS = SUBJECTS[:9]
+KEX = "curve25519-sha256"      # the ", kex curve25519" subjects' ssh config sets KexAlgorithms to this alone
 PEER_OF = {"podrun ssh (OpenSSH)": "mpirun (Open MPI) tree", "podrun ssh (paramiko)": "mpirun (Open MPI) tree",
-           "podrun mpirun": "mpirun (Open MPI) tree", "podrun srun": "srun"}
+           "podrun mpirun": "mpirun (Open MPI) tree", "podrun srun": "srun",
+           "podrun ssh (OpenSSH), kex curve25519": "mpirun (Open MPI) tree, kex curve25519"}
 
 
-def collect(sizes, wpps, rounds: int, subjects=SUBJECTS, teardown_bound: float = 10.0) -> dict:
+def collect(sizes, wpps, rounds: int, subjects=DEFAULT_SUBJECTS, teardown_bound: float = 10.0) -> dict:
     """{(subject, n, k): [figures of each run]} and the gloo run; every host and node torn down after."""
     from tests.harness import NetnsHosts, SlurmCluster
 
@@ -351,7 +355,11 @@ def collect(sizes, wpps, rounds: int, subjects=SUBJECTS, teardown_bound: float =
         os.chmod(tmp, 0o755)
         cfg = f"{tmp}/ssh_config"
         with open(hosts.ssh_config_path) as f, open(cfg, "w") as out:
-            out.write(f.read().replace("ConnectTimeout 5", "ConnectTimeout 60"))
+            text = f.read().replace("ConnectTimeout 5", "ConnectTimeout 60")
+            out.write(text)
+        kex = f"{tmp}/ssh_config_kex"       # the first value ssh finds wins: this Host * block comes first
+        with open(kex, "w") as out:
+            out.write(f"Host *\n  KexAlgorithms {KEX}\n" + text)
         starters = {
             "podrun ssh (OpenSSH)": lambda r: _podrun(r, hosts, cfg, tmp, "ssh", "--ssh-client", "openssh"),
             "podrun ssh (paramiko)": lambda r: _podrun(r, hosts, cfg, tmp, "ssh", "--ssh-client", "paramiko"),
@@ -362,6 +370,9 @@ def collect(sizes, wpps, rounds: int, subjects=SUBJECTS, teardown_bound: float =
             "pdsh": lambda r: _pdsh(r, hosts, cfg, _fan_line(r, hosts, r.worker())),
             "clush": lambda r: _clush(r, hosts, cfg),
             "torchrun via pdsh": lambda r: _torchrun(r, hosts, cfg),
+            "podrun ssh (OpenSSH), kex curve25519": lambda r: _podrun(r, hosts, kex, tmp, "ssh", "--ssh-client",
+                                                                       "openssh"),
+            "mpirun (Open MPI) tree, kex curve25519": lambda r: _mpirun(r, hosts, kex),
         }
         for _ in range(rounds):
             for n in sizes:
@@ -445,11 +456,28 @@ def rows_from(data: dict, rounds: int) -> list[dict]:
     return rows
 
 
+def _knobs(quick: bool) -> tuple[tuple[int, ...], tuple[int, ...], int, tuple[str, ...]]:
+    """Sizes, workers per host, rounds and subjects; PODRUN_SCALE_SIZES=64, PODRUN_SCALE_PER_HOST=4,
+    PODRUN_SCALE_ROUNDS=3 and PODRUN_SCALE_SUBJECTS='podrun ssh (OpenSSH),mpirun (Open MPI) tree' narrow a run
+    to the figures it repeats (the JSON's first row says what was run)."""
+    env = os.environ
+    ints = lambda name, default: tuple(int(x) for x in env[name].split(",")) if env.get(name) else default  # noqa: E731
+    subjects = tuple(x.strip() for x in env["PODRUN_SCALE_SUBJECTS"].split(",")) \
+        if env.get("PODRUN_SCALE_SUBJECTS") else DEFAULT_SUBJECTS
+    unknown = [x for x in subjects if x not in SUBJECTS]
+    if unknown:
+        raise ValueError(f"PODRUN_SCALE_SUBJECTS: unknown {unknown}; known: {', '.join(SUBJECTS)}")
+    return (ints("PODRUN_SCALE_SIZES", (4, 8) if quick else (8, 16, 32, 64)), ints("PODRUN_SCALE_PER_HOST", (1, 4)),
+            ints("PODRUN_SCALE_ROUNDS", (1,))[0], subjects)
+
+
 def run(quick: bool) -> list[dict]:
-    sizes = (4, 8) if quick else (8, 16, 32, 64)
-    rounds = 1
-    data = collect(sizes, (1, 4), rounds, teardown_bound=5.0)
-    rows = rows_from(data, rounds)
+    sizes, wpps, rounds, subjects = _knobs(quick)
+    data = collect(sizes, wpps, rounds, subjects=subjects, teardown_bound=5.0)
+    rows = [row("scale settings", "sizes / per host / rounds", rounds, "rounds",
+                f"hosts {'/'.join(map(str, sizes))}; workers per host {'/'.join(map(str, wpps))}; subjects "
+                f"{', '.join(subjects)}; load average at the end {os.getloadavg()[0]:.1f}")]
+    rows += rows_from(data, rounds)
     rows.append({"benchmark": "scale raw", "subject": "per run figures", "value": None, "peer": None,
                  "peer_value": None, "ratio": None, "unit": "-",
                  "note": "", "raw": [{"subject": s, "hosts": n, "per_host": k, "runs": v}
