@@ -458,11 +458,11 @@ def rows_from(data: dict, rounds: int) -> list[dict]:
 
 def _knobs(quick: bool) -> tuple[tuple[int, ...], tuple[int, ...], int, tuple[str, ...]]:
     """Sizes, workers per host, rounds and subjects; PODRUN_SCALE_SIZES=64, PODRUN_SCALE_PER_HOST=4,
-    PODRUN_SCALE_ROUNDS=3 and PODRUN_SCALE_SUBJECTS='podrun ssh (OpenSSH),mpirun (Open MPI) tree' narrow a run
+    PODRUN_SCALE_ROUNDS=3 and PODRUN_SCALE_SUBJECTS='podrun ssh (OpenSSH);mpirun (Open MPI) tree' narrow a run
     to the figures it repeats (the JSON's first row says what was run)."""
     env = os.environ
     ints = lambda name, default: tuple(int(x) for x in env[name].split(",")) if env.get(name) else default  # noqa: E731
-    subjects = tuple(x.strip() for x in env["PODRUN_SCALE_SUBJECTS"].split(",")) \
+    subjects = tuple(x.strip() for x in env["PODRUN_SCALE_SUBJECTS"].split(";")) \
         if env.get("PODRUN_SCALE_SUBJECTS") else DEFAULT_SUBJECTS
     unknown = [x for x in subjects if x not in SUBJECTS]
     if unknown:
