@@ -11,10 +11,10 @@ mpirun-style launch tree of fan-out 32 (one level = handshake + process start).
 
 With a scale run kept (bench/results/scale-*.json, `python -m bench --keep scale`), the constants are that run's
 measured figures instead (``measured()``): the controller's CPU per host at launch (a least-squares line over
-the run's sizes) is spent on one controller core per handshake (a lock: the core is the bound, not the slots),
-START is the line's fixed part (CLI, plan, the remote Python start), and the heartbeat cost per host per
-second gives where one controller core saturates in the steady state. The model's sleeps run TIME_SCALE times
-faster than the figures they stand for, and the results are scaled back.
+the run's sizes) is spent on one controller core, host after host; the rest of the launch (CLI, plan, the
+remote Python start) is paid once, the hosts starting in parallel; podrun's own thread pools at the size are
+run for real (the modelled transport with no sleep). The heartbeat cost per host per second gives where one
+controller core saturates in the steady state.
 """
 from __future__ import annotations
 
@@ -27,7 +27,6 @@ from pathlib import Path
 
 HANDSHAKE, RTT, START = 0.050, 0.001, 1.0
 RESULTS = Path(__file__).resolve().parent / "results"
-TIME_SCALE = 10.0          # the measured model's sleeps run this much faster; its results are scaled back
 PROJECT = ((512, 4), (2048, 1))   # (hosts, workers per host) the measured model projects: ABCI's 512 x 4
 TREE_RADIX = 64            # Open MPI's daemons: each level of its launch tree starts up to this many
 
@@ -100,9 +99,9 @@ def _model_transport(request, cost: dict | None = None):
         def close(self):
             pass
 
-    handshake = HANDSHAKE if cost is None else cost["cpu"] / TIME_SCALE
-    start = START if cost is None else cost["start"] / TIME_SCALE
-    rtt = RTT if cost is None else RTT / TIME_SCALE
+    handshake = HANDSHAKE if cost is None else cost["cpu"]
+    start = START if cost is None else cost["start"]
+    rtt = RTT if cost is None else 0.0
     core = threading.Lock() if cost is not None else None     # the controller core the measured CPU is spent on
 
     class ModelSSHTransport(SSHTransport):
@@ -150,7 +149,7 @@ def _model_transport(request, cost: dict | None = None):
 
 def simulate(hosts: int, preflight: bool, cost: dict | None = None) -> float:
     """Seconds from start to every modelled agent's workers started; ``cost`` ({"cpu": s per host, "start": s}):
-    the measured model, its sleeps TIME_SCALE times faster, the result as run (``measured_model`` scales it back)."""
+    the model's constants instead of HANDSHAKE and START, the handshakes' sleeps on one lock (one core)."""
     with tempfile.TemporaryDirectory() as tmp:
         t = _model_transport(_request(hosts, tmp), cost)
         t0 = time.perf_counter()
@@ -162,11 +161,11 @@ def simulate(hosts: int, preflight: bool, cost: dict | None = None) -> float:
 
 
 def measured_model(hosts: int, cost: dict) -> float:
-    """The measured model with preflight, in the figures' own time: the sleeps' share scaled back by TIME_SCALE,
-    podrun's own threads and pools (the same run with no sleep) counted once."""
+    """The measured model with preflight: podrun's own threads and pools at this size (the modelled transport
+    with no sleep, run here), plus the controller's CPU for every host spent on one core, plus the rest of the
+    launch (the remote start, once: the hosts start in parallel)."""
     own = simulate(hosts, preflight=True, cost={"cpu": 0.0, "start": 0.0})
-    run = simulate(hosts, preflight=True, cost=cost)
-    return own + max(0.0, run - own) * TIME_SCALE
+    return own + cost["cpu"] * hosts + cost["start"]
 
 
 def tree_levels(hosts: int, radix: int = TREE_RADIX) -> int:
