@@ -243,11 +243,16 @@ class Run:
 
 # ----------------------------------------------------------------------------------------------- subjects
 
+def _launch_args() -> list[str]:
+    """More `podrun launch` options for every podrun subject (PODRUN_SCALE_LAUNCH_ARGS, e.g. '--keepalive 10')."""
+    return shlex.split(os.environ.get("PODRUN_SCALE_LAUNCH_ARGS", ""))
+
+
 def _podrun(r: Run, hosts, cfg: str, tmp: str, transport: str, *extra) -> None:
     names = hosts.hosts[:r.n]
     r.popen([sys.executable, "-m", "podrun", "launch", "--hosts", ",".join(names), "--devices-per-host", str(r.k),
              "--transport", transport, "--ssh-config", cfg, "--python", hosts.python, "--runs-dir", f"{tmp}/runs",
-             "--run-id", r.marker, "--master-port", str(r.port), *extra, "--", *r.worker()])
+             "--run-id", r.marker, "--master-port", str(r.port), *extra, *_launch_args(), "--", *r.worker()])
     r.runs = Path(tmp) / "runs" / r.marker
 
 
@@ -292,7 +297,7 @@ def _slurm_podrun(r: Run, sl, tmp: str) -> None:
     r._sl = sl
     argv = [sys.executable, "-m", "podrun", "launch", "--transport", "srun", "--nodes", str(r.n),
             "--devices-per-host", str(r.k), "--runs-dir", f"{tmp}/runs", "--run-id", r.marker,
-            "--master-port", str(r.port), "--", *r.worker()]
+            "--master-port", str(r.port), *_launch_args(), "--", *r.worker()]
     r.sbatch(sl, shlex.join(argv), "podrun launch")
     r.runs = Path(tmp) / "runs" / r.marker
 
@@ -476,7 +481,8 @@ def run(quick: bool) -> list[dict]:
     data = collect(sizes, wpps, rounds, subjects=subjects, teardown_bound=5.0)
     rows = [row("scale settings", "sizes / per host / rounds", rounds, "rounds",
                 f"hosts {'/'.join(map(str, sizes))}; workers per host {'/'.join(map(str, wpps))}; subjects "
-                f"{', '.join(subjects)}; load average at the end {os.getloadavg()[0]:.1f}")]
+                f"{', '.join(subjects)}; podrun launch options {' '.join(_launch_args()) or 'none added'}; load "
+                f"average at the end {os.getloadavg()[0]:.1f}")]
     rows += rows_from(data, rounds)
     rows.append({"benchmark": "scale raw", "subject": "per run figures", "value": None, "peer": None,
                  "peer_value": None, "ratio": None, "unit": "-",
