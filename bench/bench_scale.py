@@ -16,7 +16,11 @@ every descendant, living or reaped, read from /proc) at every rank running and o
 the largest heartbeat gap (podrun's summary.json); teardown: SIGTERM to the launcher (a user's Ctrl-C, a
 scheduler's kill) -> launcher gone and no process of the run on any host; leftovers past the bound (then killed).
 The launcher of an sbatch subject is the process inside the job (podrun's controller, or srun).
-One gloo run (torch workers, podrun ssh) at 16 hosts (quick: 4) shows the collectives are real.
+One gloo run (torch workers, podrun ssh) at min(16, the largest size) hosts shows the collectives are real.
+Two more subjects are left out unless named: podrun ssh and mpirun's tree with an ssh config whose
+KexAlgorithms is curve25519-sha256 (", kex curve25519"). PODRUN_SCALE_SIZES, PODRUN_SCALE_PER_HOST,
+PODRUN_SCALE_ROUNDS, PODRUN_SCALE_SUBJECTS (;-separated) and PODRUN_SCALE_LAUNCH_ARGS narrow or change a run
+(``_knobs``); the JSON's first row says what was run. Peers: bench/install_scale_peers.sh (pdsh, clush).
 """
 from __future__ import annotations
 
