@@ -8,15 +8,27 @@ remote hosts are modelled: the thread pools, the handshake semaphore and the per
 reuse are podrun's own code (SSHTransport). Peers are computed from the same model:
 a sequential ssh loop, a pdsh-style window of 32 that holds its slot for the whole command, and an
 mpirun-style launch tree of fan-out 32 (one level = handshake + process start).
+
+With a scale run kept (bench/results/scale-*.json, `python -m bench --keep scale`), the constants are that run's
+measured figures instead (``measured()``): the controller's CPU per host at launch (a least-squares line over
+the run's sizes) is spent on one controller core, host after host; the rest of the launch (CLI, plan, the
+remote Python start) is paid once, the hosts starting in parallel; podrun's own thread pools at the size are
+run for real (the modelled transport with no sleep). The heartbeat cost per host per second gives where one
+controller core saturates in the steady state.
 """
 from __future__ import annotations
 
+import json
 import math
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 HANDSHAKE, RTT, START = 0.050, 0.001, 1.0
+RESULTS = Path(__file__).resolve().parent / "results"
+PROJECT = ((512, 4), (2048, 1))   # (hosts, workers per host) the measured model projects: ABCI's 512 x 4
+TREE_RADIX = 64            # Open MPI's daemons: each level of its launch tree starts up to this many
 
 
 def _request(hosts: int, tmp: str):
@@ -34,7 +46,48 @@ def _request(hosts: int, tmp: str):
                          ssh=SSHOptions(config_path=cfg))
 
 
-def _model_transport(request):
+def _fit(points):
+    """Least-squares line (intercept, slope) through [(x, y), ...]."""
+    n = len(points)
+    mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    slope = sum((x - mx) * (y - my) for x, y in points) / sxx if sxx > 0 else 0.0
+    return my - slope * mx, slope
+
+
+def scale_runs() -> list[Path]:
+    """The kept scale runs (bench/results/scale-*.json), newest first: each subject's figures come from the newest
+    that measured it at two sizes or more."""
+    return sorted(RESULTS.glob("scale-*.json"), reverse=True)
+
+
+def _raw(path: Path) -> list[dict]:
+    record = json.loads(path.read_text())
+    return next((r["raw"] for r in record["rows"] if r.get("benchmark") == "scale raw"), [])
+
+
+def measured(path: Path, subject: str = "podrun ssh (OpenSSH)", per_host: int = 4) -> dict | None:
+    """Per-host costs of ``subject`` at ``per_host`` workers a host, fitted over the scale run's sizes (least
+    squares): cpu_per_host_s and cpu_fixed_s (the launcher's CPU at every rank running), heartbeat_cpu_per_host
+    (CPU s per host per s over the idle window), start_s (launch to every rank running at the smallest size less
+    that size's per-host CPU: what the launch costs besides the controller's serial work, at least 0), and
+    up_largest_s (the median at the largest size); None when the run has fewer than two sizes of it."""
+    runs = [(e["hosts"], f) for e in _raw(path) if e["subject"] == subject and e["per_host"] == per_host
+            for f in e["runs"]]
+    sizes = sorted({n for n, _ in runs})
+    if len(sizes) < 2:
+        return None
+    cpu0, cpu = _fit([(n, f["cpu_up_s"]) for n, f in runs])
+    _, idle = _fit([(n, f["idle_cpu_frac"]) for n, f in runs])
+    first = [f["up_s"] for n, f in runs if n == sizes[0]]
+    last = [f["up_s"] for n, f in runs if n == sizes[-1]]
+    start = max(0.0, sorted(first)[len(first) // 2] - cpu * sizes[0])
+    return {"subject": subject, "per_host": per_host, "sizes": sizes, "cpu_per_host_s": cpu, "cpu_fixed_s": cpu0,
+            "heartbeat_cpu_per_host": idle, "start_s": start, "up_largest_s": sorted(last)[len(last) // 2],
+            "file": path.name}
+
+
+def _model_transport(request, cost: dict | None = None):
     import platform
 
     import podrun
@@ -46,20 +99,29 @@ def _model_transport(request):
         def close(self):
             pass
 
+    handshake = HANDSHAKE if cost is None else cost["cpu"]
+    start = START if cost is None else cost["start"]
+    rtt = RTT if cost is None else 0.0
+    core = threading.Lock() if cost is not None else None     # the controller core the measured CPU is spent on
+
     class ModelSSHTransport(SSHTransport):
         started: list[float] = []
 
         def _open(self, host):
             with self.handshakes:                 # the real bound on handshakes in flight
-                time.sleep(HANDSHAKE)
+                if core is None:
+                    time.sleep(handshake)
+                else:
+                    with core:
+                        time.sleep(handshake)
             with self.lock:
                 self.clients[host] = Client()
             return self.clients[host]
 
         def _start_one(self, inst, hold=False):
             self._connect(inst.host)
-            time.sleep(RTT)                        # open a channel, exec; the agent starts remotely
-            up = time.perf_counter() + START
+            time.sleep(rtt)                        # open a channel, exec; the agent starts remotely
+            up = time.perf_counter() + start
             if not hold:                           # it spawns its workers as soon as it is up
                 with self.lock:
                     self.started.append(up)
@@ -75,7 +137,7 @@ def _model_transport(request):
 
         def go(self):
             with self.transport.lock:
-                self.transport.started.append(time.perf_counter() + RTT)
+                self.transport.started.append(time.perf_counter() + rtt)
 
         def terminate(self):
             pass
@@ -85,15 +147,72 @@ def _model_transport(request):
     return ModelSSHTransport(request)
 
 
-def simulate(hosts: int, preflight: bool) -> float:
+def simulate(hosts: int, preflight: bool, cost: dict | None = None) -> float:
+    """Seconds from start to every modelled agent's workers started; ``cost`` ({"cpu": s per host, "start": s}):
+    the model's constants instead of HANDSHAKE and START, the handshakes' sleeps on one lock (one core)."""
     with tempfile.TemporaryDirectory() as tmp:
-        t = _model_transport(_request(hosts, tmp))
+        t = _model_transport(_request(hosts, tmp), cost)
         t0 = time.perf_counter()
         if preflight:
             problems = t.preflight()
             assert not problems, problems[:3]
         t.start()
         return max(t.started) - t0
+
+
+def measured_model(hosts: int, cost: dict) -> float:
+    """The measured model with preflight: podrun's own threads and pools at this size (the modelled transport
+    with no sleep, run here), plus the controller's CPU for every host spent on one core, plus the rest of the
+    launch (the remote start, once: the hosts start in parallel)."""
+    own = simulate(hosts, preflight=True, cost={"cpu": 0.0, "start": 0.0})
+    return own + cost["cpu"] * hosts + cost["start"]
+
+
+def tree_levels(hosts: int, radix: int = TREE_RADIX) -> int:
+    return max(1, math.ceil(math.log(hosts, radix) - 1e-9))
+
+
+def _newest(paths: list[Path], subject: str, k: int) -> dict | None:
+    return next((f for f in (measured(p, subject, k) for p in paths) if f is not None), None)
+
+
+def projected(paths: list[Path], subject: str, peer: str = "mpirun (Open MPI) tree") -> list[dict]:
+    """The measured model of ``subject`` at PROJECT's sizes (each from the fit at its workers per host), beside
+    ``peer``'s tree launch scaled from its largest measured size by tree levels, and where one core saturates."""
+    rows = []
+    for hosts, k in PROJECT:
+        fit, peer_fit = _newest(paths, subject, k), _newest(paths, peer, k)
+        if fit is None:
+            continue
+        sim = measured_model(hosts, {"cpu": max(0.0, fit["cpu_per_host_s"]), "start": fit["start_s"]})
+        peer_s = None
+        if peer_fit is not None:
+            peer_s = peer_fit["up_largest_s"] * tree_levels(hosts) / tree_levels(peer_fit["sizes"][-1])
+        rows.append({"benchmark": "projected launch from measured costs", "subject":
+                     f"{subject} preflight + start, {hosts} hosts x {k}", "value": round(sim, 3),
+                     "peer": None if peer_s is None else f"{peer}, {hosts} hosts x {k}",
+                     "peer_value": None if peer_s is None else round(peer_s, 3),
+                     "ratio": None if peer_s is None else round(sim / peer_s, 3), "unit": "s",
+                     "note": f"fitted from bench/results/{fit['file']} ({k} per host, sizes "
+                             f"{'/'.join(map(str, fit['sizes']))}): controller CPU {fit['cpu_per_host_s'] * 1000:.1f} "
+                             f"ms/host spent on one core, the rest {fit['start_s']:.2f} s; the peer: its "
+                             f"{peer_fit['sizes'][-1] if peer_fit else '-'}-host median x tree levels (radix "
+                             f"{TREE_RADIX})"})
+        if k != PROJECT[0][1]:
+            continue
+        hb, cpu = fit["heartbeat_cpu_per_host"], fit["cpu_per_host_s"]
+        rows.append({"benchmark": "projected controller saturation",
+                     "subject": f"{subject}: hosts whose heartbeats fill one core",
+                     "value": round(1.0 / hb) if hb > 0 else None, "peer": None, "peer_value": None, "ratio": None,
+                     "unit": "hosts", "note": f"steady state {hb * 100 * 100:.3f} % of a core per 100 hosts "
+                     f"({hb * 1e6:.0f} us of CPU per host per s), fitted from bench/results/{fit['file']}"})
+        rows.append({"benchmark": "projected controller saturation",
+                     "subject": f"{subject}: hosts one core launches per second",
+                     "value": round(1.0 / cpu, 1) if cpu > 0 else None, "peer": None, "peer_value": None,
+                     "ratio": None, "unit": "hosts/s",
+                     "note": f"1 / controller CPU per host at launch ({cpu * 1000:.1f} ms); 512 hosts: "
+                     f"{fit['cpu_fixed_s'] + cpu * 512:.1f} s of one core"})
+    return rows
 
 
 def run(quick: bool) -> list[dict]:
@@ -114,4 +233,10 @@ def run(quick: bool) -> list[dict]:
         rows.append({"benchmark": f"simulated fan-out, {h} hosts", "subject": "podrun ssh preflight + start",
                      "value": round(full, 3), "peer": None, "peer_value": None, "ratio": None, "unit": "s",
                      "note": f"handshake {HANDSHAKE * 1000:g} ms, process start {START:g} s, threads {threading.active_count()}"})
+    paths = scale_runs()
+    if paths:
+        for subject, peer in (("podrun ssh (OpenSSH)", "mpirun (Open MPI) tree"),
+                              ("podrun ssh (paramiko)", "mpirun (Open MPI) tree"),
+                              ("podrun ssh (OpenSSH), kex curve25519", "mpirun (Open MPI) tree, kex curve25519")):
+            rows += projected(paths, subject, peer)
     return rows

@@ -102,10 +102,14 @@ class SlurmCluster(FabricAccess):
         self._write_conf()
         self.fabric.up()
         run(["slurmctld"], env=self.env)
-        for node in self.nodes:
-            self._start_slurmd(node)
-        wait_for(self._all_idle, 30, f"Slurm nodes {', '.join(self.nodes)} to be idle "
-                                     f"(logs: {d}/log)", interval=0.05)
+        starts = {node: self.popen(node, ["slurmd", "-N", node], env=self.env, cwd="/", stdin=subprocess.DEVNULL,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                  for node in self.nodes}       # all at once: one after the other is seconds per 10 nodes
+        for node, p in starts.items():
+            self._started_slurmd(node, p)
+        # registering takes slurmctld about 0.5 s per 10 nodes on a loaded machine
+        wait_for(self._all_idle, 30 + self.num_nodes, f"Slurm nodes {', '.join(self.nodes)} to be idle "
+                                                      f"(logs: {d}/log)", interval=0.05)
 
     def _teardown(self) -> None:
         """Cancel every job, shut Slurm down, kill leftovers, delete namespaces and bridge (``close()`` releases the slot)."""
@@ -219,6 +223,8 @@ KillWait=2
 MinJobAge=600
 SchedulerParameters=batch_sched_delay=0
 """.splitlines()
+        if self.cpus_per_node != (os.cpu_count() or 1):   # more CPUs than the machine's: slurmd reports the conf's
+            lines.append("SlurmdParameters=config_overrides")
         for name, n in self.fabric.nodes.items():
             lines.append(f"NodeName={name} NodeAddr={n.address} CPUs={self.cpus_per_node} RealMemory=1000")
             (d / "spool" / name).mkdir(parents=True, exist_ok=True)
@@ -226,9 +232,20 @@ SchedulerParameters=batch_sched_delay=0
         Path(self.slurm_conf).write_text("\n".join(lines) + "\n")
 
     def _start_slurmd(self, node: str) -> None:
-        cp = self.exec(node, ["slurmd", "-N", node], env=self.env, cwd="/", timeout=30)
-        if cp.returncode != 0:
-            raise HarnessError(f"podrun test harness: slurmd on {node} failed to start: {cp.stderr.strip()} "
+        self._started_slurmd(node, self.popen(node, ["slurmd", "-N", node], env=self.env, cwd="/",
+                                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                              stderr=subprocess.PIPE, text=True))
+
+    def _started_slurmd(self, node: str, p: subprocess.Popen) -> None:
+        """Wait for slurmd to daemonise (its first process exits); HarnessError when it failed."""
+        try:
+            _, err = p.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            err = "did not daemonise within 30 s"
+        if p.returncode != 0:
+            raise HarnessError(f"podrun test harness: slurmd on {node} failed to start: {err.strip()} "
                                f"(log: {self.run_dir}/log/slurmd-{node}.log)")
 
     def _ctld_pid(self) -> int | None:

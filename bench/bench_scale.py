@@ -1,0 +1,500 @@
+"""Launch at scale on real hosts: 8, 16, 32, 64 namespace hosts with sshd (NetnsHosts) and a 64-node Slurm
+(SlurmCluster), 1 and 4 light workers per host (bench/scripts/scale_worker.py: no torch), podrun's transports
+beside the peers at the same size, interleaved (quick: 4 and 8 hosts).
+
+Subjects, each running the same worker: podrun `--transport ssh` with the OpenSSH client and with paramiko,
+`--transport mpirun` (Open MPI over ssh) and `--transport srun` (inside an sbatch job); the peers: mpirun's own
+launch of the worker (Open MPI's PRRTE daemons, its ssh tree), srun of the worker inside an sbatch job, pdsh
+and clush running the worker on every host (fan-out = the host count: a window smaller than that never
+starts the last hosts, since each host's command runs for the whole run), and torchrun started on every host by
+pdsh (8 and 16 hosts only: each torchrun imports torch, ~300 MB a host on this 24 GiB machine).
+
+Per run: launch -> every rank running (the latest up-<rank> stamp, each worker's own clock); -> the first
+collective (the latest coll-<rank>); the launcher's CPU (its process tree: user + system of the launcher and
+every descendant, living or reaped, read from /proc) at every rank running and over an idle window after it
+(the steady state: heartbeats); the launcher's peak RSS (VmHWM) and its tree's RSS; each podrun agent's RSS;
+the largest heartbeat gap (podrun's summary.json); teardown: SIGTERM to the launcher (a user's Ctrl-C, a
+scheduler's kill) -> launcher gone and no process of the run on any host; leftovers past the bound (then killed).
+The launcher of an sbatch subject is the process inside the job (podrun's controller, or srun).
+One gloo run (torch workers, podrun ssh) at min(16, the largest size) hosts shows the collectives are real.
+Two more subjects are left out unless named: podrun ssh and mpirun's tree with an ssh config whose
+KexAlgorithms is curve25519-sha256 (", kex curve25519"). PODRUN_SCALE_SIZES, PODRUN_SCALE_PER_HOST,
+PODRUN_SCALE_ROUNDS, PODRUN_SCALE_SUBJECTS (;-separated) and PODRUN_SCALE_LAUNCH_ARGS narrow or change a run
+(``_knobs``); the JSON's first row says what was run. Peers: bench/install_scale_peers.sh (pdsh, clush).
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from bench.rows import row
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKER = str(ROOT / "bench" / "scripts" / "scale_worker.py")
+ALLREDUCE = str(ROOT / "tests" / "launch" / "scripts" / "torchrun_allreduce.py")
+AGENT = "podrun.host.agent"
+TICK = os.sysconf("SC_CLK_TCK")
+UP_BOUND = 240.0          # launch to every rank's collective, seconds
+IDLE = 3.0                # the steady-state window after every rank is running
+TORCHRUN_MAX = 16         # torchrun's own torch import per host: more does not fit beside the other sessions
+
+
+# ----------------------------------------------------------------------------------------------- /proc
+
+def _procs() -> dict[int, tuple[int, str, float, int]]:
+    """pid -> (ppid, cmdline, CPU seconds of it and its reaped children, RSS kB): one pass over /proc."""
+    out = {}
+    for e in os.scandir("/proc"):
+        if not e.name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{e.name}/stat").read_text()
+            cl = Path(f"/proc/{e.name}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        f = stat.rsplit(")", 1)[1].split()
+        if f[0] in ("Z", "X"):
+            continue
+        cpu = sum(int(x) for x in f[11:15]) / TICK       # utime stime cutime cstime
+        out[int(e.name)] = (int(f[1]), cl, cpu, int(f[21]) * os.sysconf("SC_PAGE_SIZE") // 1024)
+    return out
+
+
+def _tree(procs, root: int) -> list[int]:
+    kids: dict[int, list[int]] = {}
+    for pid, (ppid, *_rest) in procs.items():
+        kids.setdefault(ppid, []).append(pid)
+    out, todo = [], [root]
+    while todo:
+        p = todo.pop()
+        if p in procs:
+            out.append(p)
+            todo += kids.get(p, [])
+    return out
+
+
+def tree_cpu(root: int) -> tuple[float, int]:
+    """(CPU seconds, RSS kB) of root and its descendants (the reaped ones' CPU through cutime/cstime)."""
+    procs = _procs()
+    pids = _tree(procs, root)
+    return sum(procs[p][2] for p in pids), sum(procs[p][3] for p in pids)
+
+
+def hwm_kb(pid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def marked(marker: str) -> list[int]:
+    return [p for p, (_pp, cl, _c, _r) in _procs().items() if marker in cl and p != os.getpid()]
+
+
+def sweep(marker: str) -> int:
+    left = marked(marker)
+    for p in left:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return len(left)
+
+
+# ----------------------------------------------------------------------------------------------- one run
+
+class Run:
+    """One launch of the worker by one subject; ``measure()`` fills the figures, always cleaning up."""
+
+    def __init__(self, subject: str, n: int, k: int, tmp: str, port: int):
+        self.subject, self.n, self.k, self.port = subject, n, k, port
+        self.marker = f"scale-{port}"
+        self.dir = Path(tmp) / self.marker
+        self.dir.mkdir()
+        os.chmod(self.dir, 0o777)
+        self.log = self.dir / "log"
+        self.launcher: int | None = None   # the pid whose tree is the launcher
+        self.proc: subprocess.Popen | None = None
+        self.job: str | None = None
+        self.fig: dict = {}
+
+    @property
+    def world(self) -> int:
+        return self.n * self.k
+
+    def worker(self) -> list[str]:
+        return [sys.executable, WORKER, str(self.dir), self.marker]
+
+    def popen(self, argv, env=None) -> None:
+        self.t0 = time.time()
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                         env={**os.environ, **(env or {})}, cwd=str(ROOT))
+        self.launcher = self.proc.pid
+        self._exit = threading.Event()
+        self._rusage = None
+
+        def reap():
+            _, _, ru = os.wait4(self.proc.pid, 0)
+            self._rusage = ru
+            self.proc.returncode = 0        # reaped here: Popen must not wait for it again
+            self._exit.set()
+        threading.Thread(target=reap, daemon=True).start()
+
+    def sbatch(self, sl, wrap: str, launcher_pattern: str) -> None:
+        self.t0 = time.time()
+        nodes = ",".join(sl.nodes[:self.n])
+        self.job = sl.sbatch([f"-N{self.n}", f"--nodelist={nodes}", f"--ntasks-per-node={self.k}",
+                              f"--output={self.log}", f"--chdir={ROOT}", "--wrap", wrap])
+        self._pattern = launcher_pattern
+        self._exit = threading.Event()
+        self._rusage = None
+
+    def _stamps(self, kind: str) -> list[float]:
+        out = []
+        for f in os.listdir(self.dir):
+            if f.startswith(kind + "-") and "." not in f:
+                try:
+                    out.append(float((self.dir / f).read_text()))
+                except (OSError, ValueError):
+                    pass
+        return out
+
+    def _find_launcher(self) -> None:
+        if self.launcher is None and self.job is not None:
+            for p, (_pp, cl, _c, _r) in _procs().items():
+                if self.marker in cl and cl.split()[:1] and self._pattern in cl and "/bin/sh" not in cl.split()[0]:
+                    self.launcher = p
+                    break
+
+    def wait_up(self) -> None:
+        deadline = time.time() + UP_BOUND
+        while len(self._stamps("coll")) < self.world:
+            self._find_launcher()
+            if time.time() > deadline or (self.proc is not None and self._exit.is_set()):
+                raise RuntimeError(f"{self.subject} {self.n}x{self.k}: {len(self._stamps('up'))} up, "
+                                   f"{len(self._stamps('coll'))} past the collective of {self.world}: "
+                                   + self.tail())
+            time.sleep(0.1)
+        self._find_launcher()
+
+    def tail(self) -> str:
+        try:
+            return " | ".join(self.log.read_text(errors="replace").strip().splitlines()[-4:])
+        except OSError:
+            return ""
+
+    def _launcher_gone(self) -> bool:
+        if self.proc is not None:
+            return self._exit.is_set()
+        return self.launcher is None or not Path(f"/proc/{self.launcher}").exists() or \
+            Path(f"/proc/{self.launcher}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX"
+
+    def measure(self, teardown_bound: float) -> dict:
+        try:
+            self.wait_up()
+            f = self.fig
+            f["up_s"] = max(self._stamps("up")) - self.t0
+            f["coll_s"] = max(self._stamps("coll")) - self.t0
+            cpu_up, _ = tree_cpu(self.launcher)
+            f["cpu_up_s"] = cpu_up
+            time.sleep(IDLE)
+            cpu_idle, tree_rss = tree_cpu(self.launcher)
+            f["idle_cpu_frac"] = (cpu_idle - cpu_up) / IDLE
+            f["hwm_kb"] = hwm_kb(self.launcher)
+            f["tree_rss_kb"] = tree_rss
+            procs = _procs()
+            agents = [r for p, (_pp, cl, _c, r) in procs.items() if AGENT in cl and self.marker in cl
+                      and "python" in cl.split()[0]]
+            f["agent_rss_kb"] = statistics.median(agents) if agents else None
+            t1 = time.time()
+            os.kill(self.launcher, signal.SIGTERM)
+            deadline = t1 + teardown_bound
+            while not (self._launcher_gone() and not marked(self.marker)):
+                if time.time() > deadline:
+                    break
+                time.sleep(0.02)
+            f["teardown_s"] = time.time() - t1 if time.time() <= deadline else None
+            f["leftovers"] = len(marked(self.marker))
+            if self._rusage is not None:
+                f["cpu_total_s"] = self._rusage.ru_utime + self._rusage.ru_stime
+            return f
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.proc is not None and not self._exit.is_set():
+            try:
+                os.kill(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self._exit.wait(10)
+        if self.job is not None:
+            self._sl.run(["scancel", self.job], check=False)
+        sweep(self.marker)
+
+
+# ----------------------------------------------------------------------------------------------- subjects
+
+def _launch_args() -> list[str]:
+    """More `podrun launch` options for every podrun subject (PODRUN_SCALE_LAUNCH_ARGS, e.g. '--keepalive 10')."""
+    return shlex.split(os.environ.get("PODRUN_SCALE_LAUNCH_ARGS", ""))
+
+
+def _podrun(r: Run, hosts, cfg: str, tmp: str, transport: str, *extra) -> None:
+    names = hosts.hosts[:r.n]
+    r.popen([sys.executable, "-m", "podrun", "launch", "--hosts", ",".join(names), "--devices-per-host", str(r.k),
+             "--transport", transport, "--ssh-config", cfg, "--python", hosts.python, "--runs-dir", f"{tmp}/runs",
+             "--run-id", r.marker, "--master-port", str(r.port), *extra, *_launch_args(), "--", *r.worker()])
+    r.runs = Path(tmp) / "runs" / r.marker
+
+
+def _env_line(r: Run, addr: str) -> str:
+    return f"WORLD_SIZE={r.world} MASTER_ADDR={addr} MASTER_PORT={r.port}"
+
+
+def _mpirun(r: Run, hosts, cfg: str) -> None:
+    names = hosts.hosts[:r.n]
+    r.popen(["mpirun", "--allow-run-as-root", "-np", str(r.world), "--host", ",".join(f"{h}:{r.k}" for h in names),
+             "--map-by", f"ppr:{r.k}:node", "--bind-to", "none", "--prefix", sys.prefix,
+             "--mca", "plm_rsh_agent", "ssh", "--mca", "plm_rsh_args", f"-F {cfg}",
+             "-x", f"MASTER_ADDR={hosts.address(names[0])}", "-x", f"MASTER_PORT={r.port}", *r.worker()])
+
+
+def _fan_line(r: Run, hosts, python_argv: list[str]) -> str:
+    """The line each host runs under pdsh/clush: k copies of the command, RANK from the host's number."""
+    q = " ".join(shlex.quote(a) for a in python_argv)
+    return (f"cd {shlex.quote(str(ROOT))}; i=$(hostname | tr -dc 0-9); for l in $(seq 0 {r.k - 1}); do "
+            f"RANK=$(( (i - 1) * {r.k} + l )) {_env_line(r, hosts.address(hosts.hosts[0]))} {q} & done; wait")
+
+
+def _pdsh(r: Run, hosts, cfg: str, line: str) -> None:
+    r.popen(["pdsh", "-R", "ssh", "-f", str(r.n), "-w", ",".join(hosts.hosts[:r.n]), line],
+            env={"PDSH_SSH_ARGS": f"-F {cfg} %h", "PDSH_SSH_ARGS_APPEND": ""})
+
+
+def _clush(r: Run, hosts, cfg: str) -> None:
+    r.popen(["clush", "-f", str(r.n), "-w", ",".join(hosts.hosts[:r.n]), "-o", f"-F {cfg}",
+             _fan_line(r, hosts, r.worker())])
+
+
+def _torchrun(r: Run, hosts, cfg: str) -> None:
+    names = hosts.hosts[:r.n]
+    line = (f"cd {shlex.quote(str(ROOT))}; exec {shlex.quote(hosts.python)} -m torch.distributed.run "
+            f"--nnodes {r.n} --nproc-per-node {r.k} --rdzv-backend c10d --rdzv-endpoint {names[0]}:{r.port} "
+            f"--rdzv-id {r.marker} " + " ".join(shlex.quote(a) for a in r.worker()[1:]))
+    _pdsh(r, hosts, cfg, line)
+
+
+def _slurm_podrun(r: Run, sl, tmp: str) -> None:
+    r._sl = sl
+    argv = [sys.executable, "-m", "podrun", "launch", "--transport", "srun", "--nodes", str(r.n),
+            "--devices-per-host", str(r.k), "--runs-dir", f"{tmp}/runs", "--run-id", r.marker,
+            "--master-port", str(r.port), *_launch_args(), "--", *r.worker()]
+    r.sbatch(sl, shlex.join(argv), "podrun launch")
+    r.runs = Path(tmp) / "runs" / r.marker
+
+
+def _slurm_srun(r: Run, sl) -> None:
+    r._sl = sl
+    argv = ["srun", f"--nodes={r.n}", f"--ntasks-per-node={r.k}", f"--ntasks={r.world}", "--export=ALL",
+            f"--job-name={r.marker}", *r.worker()]
+    r.sbatch(sl, f"export {_env_line(r, sl.address(sl.nodes[0]))}; exec " + shlex.join(argv), "srun")
+
+
+def _gap(r: Run) -> float | None:
+    try:
+        import json
+        s = json.loads((r.runs / "summary.json").read_text())
+    except (AttributeError, OSError, ValueError):
+        return None
+    gaps = [i.get("max_heartbeat_gap_s") for i in s.get("instances", [])]
+    gaps = [g for g in gaps if g is not None]
+    return max(gaps) if gaps else None
+
+
+def _gloo(hosts, cfg, tmp, n: int, port: int) -> dict:
+    """podrun ssh, torch workers (init_process_group gloo + all_reduce) on n hosts: the collectives are real."""
+    t0 = time.perf_counter()
+    cp = subprocess.run([sys.executable, "-m", "podrun", "launch", "--hosts", ",".join(hosts.hosts[:n]),
+                         "--devices-per-host", "1", "--transport", "ssh", "--ssh-config", cfg, "--python",
+                         hosts.python, "--runs-dir", f"{tmp}/runs", "--master-port", str(port), "--",
+                         hosts.python, ALLREDUCE], capture_output=True, text=True, timeout=600, cwd=str(ROOT))
+    dt = time.perf_counter() - t0
+    said = (cp.stdout + cp.stderr).count("ALLREDUCE")
+    if cp.returncode != 0 or said != n:
+        raise RuntimeError(f"gloo on {n} hosts: exit {cp.returncode}, {said} ranks said ALLREDUCE: "
+                           f"{(cp.stdout + cp.stderr)[-1500:]}")
+    return {"s": dt}
+
+
+# ----------------------------------------------------------------------------------------------- the bench
+
+SUBJECTS = ("podrun ssh (OpenSSH)", "podrun ssh (paramiko)", "podrun mpirun", "podrun srun",
+            "mpirun (Open MPI) tree", "srun", "pdsh", "clush", "torchrun via pdsh",
+            "podrun ssh (OpenSSH), kex curve25519", "mpirun (Open MPI) tree, kex curve25519")
+DEFAULT_SUBJECTS = SUBJECTS[:9]
+KEX = "curve25519-sha256"      # the ", kex curve25519" subjects' ssh config sets KexAlgorithms to this alone
+PEER_OF = {"podrun ssh (OpenSSH)": "mpirun (Open MPI) tree", "podrun ssh (paramiko)": "mpirun (Open MPI) tree",
+           "podrun mpirun": "mpirun (Open MPI) tree", "podrun srun": "srun",
+           "podrun ssh (OpenSSH), kex curve25519": "mpirun (Open MPI) tree, kex curve25519"}
+
+
+def collect(sizes, wpps, rounds: int, subjects=DEFAULT_SUBJECTS, teardown_bound: float = 10.0) -> dict:
+    """{(subject, n, k): [figures of each run]} and the gloo run; every host and node torn down after."""
+    from tests.harness import NetnsHosts, SlurmCluster
+
+    res: dict = {}
+    errors: list[str] = []
+    port = 31000 + (os.getpid() % 40) * 100
+    top = max(sizes)
+    with tempfile.TemporaryDirectory(dir="/tmp") as tmp, NetnsHosts(top) as hosts, \
+            SlurmCluster(nodes=top, cpus_per_node=max(wpps)) as sl:
+        os.chmod(tmp, 0o755)
+        cfg = f"{tmp}/ssh_config"
+        with open(hosts.ssh_config_path) as f, open(cfg, "w") as out:
+            text = f.read().replace("ConnectTimeout 5", "ConnectTimeout 60")
+            out.write(text)
+        kex = f"{tmp}/ssh_config_kex"       # the first value ssh finds wins: this Host * block comes first
+        with open(kex, "w") as out:
+            out.write(f"Host *\n  KexAlgorithms {KEX}\n" + text)
+        starters = {
+            "podrun ssh (OpenSSH)": lambda r: _podrun(r, hosts, cfg, tmp, "ssh", "--ssh-client", "openssh"),
+            "podrun ssh (paramiko)": lambda r: _podrun(r, hosts, cfg, tmp, "ssh", "--ssh-client", "paramiko"),
+            "podrun mpirun": lambda r: _podrun(r, hosts, cfg, tmp, "mpirun"),
+            "podrun srun": lambda r: _slurm_podrun(r, sl, tmp),
+            "mpirun (Open MPI) tree": lambda r: _mpirun(r, hosts, cfg),
+            "srun": lambda r: _slurm_srun(r, sl),
+            "pdsh": lambda r: _pdsh(r, hosts, cfg, _fan_line(r, hosts, r.worker())),
+            "clush": lambda r: _clush(r, hosts, cfg),
+            "torchrun via pdsh": lambda r: _torchrun(r, hosts, cfg),
+            "podrun ssh (OpenSSH), kex curve25519": lambda r: _podrun(r, hosts, kex, tmp, "ssh", "--ssh-client",
+                                                                       "openssh"),
+            "mpirun (Open MPI) tree, kex curve25519": lambda r: _mpirun(r, hosts, kex),
+        }
+        for _ in range(rounds):
+            for n in sizes:
+                for k in wpps:
+                    for s in subjects:
+                        if s == "torchrun via pdsh" and n > TORCHRUN_MAX:
+                            continue
+                        port += 4
+                        r = Run(s, n, k, tmp, port)
+                        try:
+                            starters[s](r)
+                            fig = r.measure(teardown_bound)
+                            fig["gap_s"] = _gap(r)
+                            res.setdefault((s, n, k), []).append(fig)
+                            print(f"  {s} {n}x{k}: " + ", ".join(f"{a}={b:.3g}" if isinstance(b, float) else
+                                                                 f"{a}={b}" for a, b in fig.items()), flush=True)
+                        except Exception as exc:     # one failing subject is reported, not fatal
+                            errors.append(f"{s} {n}x{k}: {str(exc)[:400]}")
+                            print("  failed:", errors[-1], flush=True)
+        gloo_n = min(top, 16)
+        port += 4
+        try:
+            gloo = {"n": gloo_n, **_gloo(hosts, cfg, tmp, gloo_n, port)}
+        except Exception as exc:
+            gloo = {"n": gloo_n, "error": str(exc)[:400]}
+        up = {"hosts_up_s": hosts.up_seconds, "slurm_up_s": sl.up_seconds}
+    up.update(hosts_down_s=hosts.down_seconds, slurm_down_s=sl.down_seconds)
+    return {"res": res, "errors": errors, "gloo": gloo, "harness": up}
+
+
+def _med(runs, key):
+    v = [f[key] for f in runs if f.get(key) is not None]
+    return statistics.median(v) if v else None
+
+
+def rows_from(data: dict, rounds: int) -> list[dict]:
+    res, rows = data["res"], []
+    note0 = f"median of {rounds} interleaved round(s)"
+    for (s, n, k), runs in sorted(res.items(), key=lambda x: (x[0][1], x[0][2], SUBJECTS.index(x[0][0]))):
+        peer = PEER_OF.get(s)
+        pr = res.get((peer, n, k)) if peer else None
+        size = f"{n} hosts x {k}"
+        cpu = _med(runs, "cpu_up_s")
+        hwm, rss, agent = _med(runs, "hwm_kb"), _med(runs, "tree_rss_kb"), _med(runs, "agent_rss_kb")
+        idle, gap = _med(runs, "idle_cpu_frac"), _med(runs, "gap_s")
+        td = [f["teardown_s"] for f in runs]
+        left = max(f["leftovers"] for f in runs)
+        detail = (f"{note0}; launcher CPU at every rank running {cpu * 1000 / n:.0f} ms/host; idle "
+                  f"{idle * 100:.2f} % of a core ({idle * 100 * 100 / n:.2f} % per 100 hosts); launcher peak RSS "
+                  f"{(hwm or 0) / 1024:.1f} MB, its tree {rss / 1024:.1f} MB ({rss / 1024 / n:.2f} MB/host)"
+                  + (f"; agent RSS {agent / 1024:.1f} MB" if agent is not None else "")
+                  + (f"; largest heartbeat gap {gap:.2f} s" if gap is not None else "")
+                  + f"; leftovers {left}")
+        rows.append(row("scale launch -> every rank running", f"{s}, {size}", [f["up_s"] for f in runs], "s",
+                        detail, f"{peer}, {size}" if pr else None, [f["up_s"] for f in pr] if pr else None))
+        rows.append(row("scale launch -> first collective", f"{s}, {size}", [f["coll_s"] for f in runs], "s",
+                        note0, f"{peer}, {size}" if pr else None, [f["coll_s"] for f in pr] if pr else None))
+        rows.append(row("scale launcher CPU at every rank running", f"{s}, {size}", cpu, "s CPU",
+                        f"{note0}; {cpu * 1000 / n:.1f} ms/host", f"{peer}, {size}" if pr else None,
+                        _med(pr, "cpu_up_s") if pr else None))
+        rows.append(row("scale launcher idle CPU", f"{s}, {size}", idle * 100, "% of one core",
+                        f"{note0}; {IDLE:g} s window after every rank ran; {idle * 100 * 100 / n:.3f} % per 100 hosts"))
+        rows.append(row("scale launcher peak RSS", f"{s}, {size}", (hwm or 0) / 1024, "MB",
+                        f"{note0}; VmHWM of the launcher process; its tree (ssh clients included) {rss / 1024:.1f} MB"
+                        f" = {rss / 1024 / n:.2f} MB/host"))
+        ended = [t for t in td if t is not None]
+        rows.append(row("scale teardown (SIGTERM -> every host clean)", f"{s}, {size}", ended or None, "s",
+                        f"{note0}; ended within the bound in {len(ended)} of {len(td)}; leftovers {left}",
+                        f"{peer}, {size}" if pr else None,
+                        [t for t in (f["teardown_s"] for f in pr) if t is not None] or None if pr else None))
+    g = data["gloo"]
+    rows.append(row("scale gloo all_reduce (torch workers)", f"podrun ssh (OpenSSH), {g['n']} hosts x 1",
+                    g.get("s"), "s", g.get("error") or "init_process_group(gloo) + all_reduce + exit, "
+                    "tests/launch/scripts/torchrun_allreduce.py"))
+    h = data["harness"]
+    rows.append(row("scale harness", "NetnsHosts up / down", h["hosts_up_s"], "s",
+                    f"down {h['hosts_down_s']:.2f} s; SlurmCluster up {h['slurm_up_s']:.2f} s, down "
+                    f"{h['slurm_down_s']:.2f} s"))
+    for e in data["errors"]:
+        rows.append(row("scale failures", e.split(":", 1)[0], None, "-", e.split(":", 1)[1].strip()))
+    return rows
+
+
+def _knobs(quick: bool) -> tuple[tuple[int, ...], tuple[int, ...], int, tuple[str, ...]]:
+    """Sizes, workers per host, rounds and subjects; PODRUN_SCALE_SIZES=64, PODRUN_SCALE_PER_HOST=4,
+    PODRUN_SCALE_ROUNDS=3 and PODRUN_SCALE_SUBJECTS='podrun ssh (OpenSSH);mpirun (Open MPI) tree' narrow a run
+    to the figures it repeats (the JSON's first row says what was run)."""
+    env = os.environ
+    ints = lambda name, default: tuple(int(x) for x in env[name].split(",")) if env.get(name) else default  # noqa: E731
+    subjects = tuple(x.strip() for x in env["PODRUN_SCALE_SUBJECTS"].split(";")) \
+        if env.get("PODRUN_SCALE_SUBJECTS") else DEFAULT_SUBJECTS
+    unknown = [x for x in subjects if x not in SUBJECTS]
+    if unknown:
+        raise ValueError(f"PODRUN_SCALE_SUBJECTS: unknown {unknown}; known: {', '.join(SUBJECTS)}")
+    return (ints("PODRUN_SCALE_SIZES", (4, 8) if quick else (8, 16, 32, 64)), ints("PODRUN_SCALE_PER_HOST", (1, 4)),
+            ints("PODRUN_SCALE_ROUNDS", (1,))[0], subjects)
+
+
+def run(quick: bool) -> list[dict]:
+    sizes, wpps, rounds, subjects = _knobs(quick)
+    data = collect(sizes, wpps, rounds, subjects=subjects, teardown_bound=5.0)
+    rows = [row("scale settings", "sizes / per host / rounds", rounds, "rounds",
+                f"hosts {'/'.join(map(str, sizes))}; workers per host {'/'.join(map(str, wpps))}; subjects "
+                f"{', '.join(subjects)}; podrun launch options {' '.join(_launch_args()) or 'none added'}; load "
+                f"average at the end {os.getloadavg()[0]:.1f}")]
+    rows += rows_from(data, rounds)
+    rows.append({"benchmark": "scale raw", "subject": "per run figures", "value": None, "peer": None,
+                 "peer_value": None, "ratio": None, "unit": "-",
+                 "note": "", "raw": [{"subject": s, "hosts": n, "per_host": k, "runs": v}
+                                     for (s, n, k), v in data["res"].items()]})
+    return rows
+
+
+if __name__ == "__main__":
+    for r in run(quick="--quick" in sys.argv):
+        print(r)

@@ -1,0 +1,57 @@
+"""A light worker for the scale benchmark (no torch): writes DIR/up-<rank> (its wall clock) as it starts, does one
+all_reduce over TCP (rank 0 serves MASTER_PORT + 1; the others send rank + 1 and read back the sum), writes
+DIR/coll-<rank>, then sleeps until a signal ends it. Usage: scale_worker.py DIR MARKER (MARKER names the run's
+processes on the hosts). The rank and world size come from RANK/WORLD_SIZE, or Open MPI's or Slurm's names."""
+import os
+import socket
+import sys
+import time
+
+
+def _env(*names):
+    for n in names:
+        if n in os.environ:
+            return int(os.environ[n])
+    raise SystemExit(f"scale_worker: none of {names} is set")
+
+
+def _stamp(path):
+    tmp = f"{path}.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(repr(time.time()))
+    os.rename(tmp, path)
+
+
+def main():
+    out = sys.argv[1]
+    rank = _env("RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+    world = _env("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS")
+    _stamp(os.path.join(out, f"up-{rank}"))
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]) + 1
+    if rank == 0:
+        srv = socket.create_server(("", port), backlog=max(world, 16))
+        conns = [srv.accept()[0] for _ in range(world - 1)]
+        total = 1 + sum(int(c.makefile().readline()) for c in conns)
+        for c in conns:
+            c.sendall(f"{total}\n".encode())
+    else:
+        deadline = time.monotonic() + 300     # a launch that takes minutes on a loaded machine still counts
+        while True:
+            try:
+                s = socket.create_connection((addr, port), timeout=30)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
+        s.sendall(f"{rank + 1}\n".encode())
+        total = int(s.makefile().readline())
+    if total != world * (world + 1) // 2:
+        raise SystemExit(f"scale_worker: rank {rank}: sum {total}, expected {world * (world + 1) // 2}")
+    _stamp(os.path.join(out, f"coll-{rank}"))
+    while True:
+        time.sleep(3600)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""bench/bench_fanout.py's measured model: the per-host costs it fits from a scale run's JSON, and what it leaves out."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import bench_fanout as bf
+
+
+def _scale_json(tmp_path, runs: dict) -> object:
+    """A scale record holding ``runs`` ({(subject, hosts, per_host): [figures]}) as bench_scale writes them."""
+    raw = [{"subject": s, "hosts": n, "per_host": k, "runs": v} for (s, n, k), v in runs.items()]
+    path = tmp_path / "scale-20261125-0000.json"
+    path.write_text(json.dumps({"rows": [{"benchmark": "scale raw", "raw": raw}]}))
+    return path
+
+
+def _fig(n: int, cpu_per_host: float, fixed: float, idle_per_host: float, up: float) -> dict:
+    return {"cpu_up_s": fixed + cpu_per_host * n, "idle_cpu_frac": idle_per_host * n, "up_s": up}
+
+
+def test_the_fit_recovers_the_per_host_costs(tmp_path):
+    s = "podrun ssh (OpenSSH)"
+    path = _scale_json(tmp_path, {(s, n, 4): [_fig(n, 0.09, 0.3, 0.0015, 2.0 + 0.1 * n)] for n in (8, 16, 32, 64)})
+    fit = bf.measured(path, s, 4)
+    assert fit["cpu_per_host_s"] == pytest.approx(0.09) and fit["cpu_fixed_s"] == pytest.approx(0.3)
+    assert fit["heartbeat_cpu_per_host"] == pytest.approx(0.0015)
+    assert fit["sizes"] == [8, 16, 32, 64] and fit["up_largest_s"] == pytest.approx(8.4)
+    assert fit["start_s"] == pytest.approx(2.8 - 0.09 * 8)     # the smallest size's launch less its per-host CPU
+
+
+def test_one_size_or_another_subject_gives_no_fit(tmp_path):
+    s = "podrun ssh (OpenSSH)"
+    path = _scale_json(tmp_path, {(s, 64, 4): [_fig(64, 0.09, 0.3, 0.001, 9.0)],
+                                  ("mpirun (Open MPI) tree", 8, 4): [_fig(8, 0.07, 0.0, 0.0, 2.0)]})
+    assert bf.measured(path, s, 4) is None                       # a line needs two sizes
+    assert bf.measured(path, s, 1) is None
+    assert bf.measured(path, "pdsh", 4) is None
+
+
+def test_the_projection_spends_the_cpu_on_one_core(tmp_path, monkeypatch):
+    monkeypatch.setattr(bf, "simulate", lambda hosts, preflight, cost=None: 0.25)   # podrun's own pools, stubbed
+    assert bf.measured_model(512, {"cpu": 0.09, "start": 2.0}) == pytest.approx(0.25 + 0.09 * 512 + 2.0)
+
+
+def test_mpirun_tree_levels():
+    assert [bf.tree_levels(n) for n in (8, 64, 65, 512, 4096, 4097)] == [1, 1, 2, 2, 2, 3]
