@@ -34,7 +34,7 @@ def _link(link) -> str:
     """A link's figures, and where they come from when they were measured (a published source is the spec's)."""
     text = f"{link.bandwidth_gbps:g} Gb/s"
     if link.source.startswith("measured"):
-        text += f" and {link.latency_us:g} us ({link.source})"
+        text = f"{link.bandwidth_gbps:.3g} Gb/s and {link.latency_us:.3g} us ({link.source})"
     return text
 
 
