@@ -61,3 +61,13 @@ def measured_for(name_or_path: str, cluster, recipe, plan_hosts: tuple[str, ...]
         intra_host=link(cal.network.intra_host, "intra-host"),
         inter_host=link(cal.network.inter_host, "inter-host"),
     ), warnings
+
+
+def launch_measured(calibration: str | None, cluster, recipe, overrides, runs_dir: str | None):
+    """`podrun launch --calibration`: (Measured or None, what to say before the run: the warnings)."""
+    if calibration is None:
+        return None, ()
+    hosts = cluster.hosts if overrides.nodes is None else cluster.hosts[: overrides.nodes]
+    measured, warnings = measured_for(calibration, cluster, recipe, tuple(hosts), max_age_days=MAX_AGE_DAYS,
+                                      runs_dir=runs_dir)
+    return measured, tuple(f"warning: {w}" for w in warnings)

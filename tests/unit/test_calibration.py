@@ -157,3 +157,15 @@ def test_the_search_on_a_modelled_floor_then_line_and_on_probes_that_die():
     assert found == 40 and len(probes) <= 12, [p.local_batch for p in probes]    # no line past a dead probe
     found, probes = largest_fit(lambda b: {"peak_bytes": 500 + b}, 400)
     assert found is None and [p.local_batch for p in probes] == [1]
+
+
+def test_launch_with_a_calibration_runs_the_measured_largest_batch(tmp_path):
+    save(sample(), tmp_path / "runs", "r18")
+    r = podrun("launch", "--dry-run", "--json", "--devices-per-host", "2", "--calibration", "r18", RECIPE,
+               "--data", "digits", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    workers = json.loads(r.stdout)["instances"][0]["workers"]
+    assert {(w["PODRUN_LOCAL_BATCH"], w["PODRUN_GRAD_ACCUM"]) for w in workers} == {("8", "4")}
+    r = podrun("launch", "--dry-run", "--calibration", "r18", "--cluster", "dgx-h100", "--hosts", "a,b", RECIPE,
+               "--data", "digits", cwd=tmp_path)
+    assert r.returncode == 2 and "cluster 'local' (the plan's is 'dgx-h100')" in r.stderr, r.stderr
