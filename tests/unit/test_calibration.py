@@ -169,3 +169,11 @@ def test_launch_with_a_calibration_runs_the_measured_largest_batch(tmp_path):
     r = podrun("launch", "--dry-run", "--calibration", "r18", "--cluster", "dgx-h100", "--hosts", "a,b", RECIPE,
                "--data", "digits", cwd=tmp_path)
     assert r.returncode == 2 and "cluster 'local' (the plan's is 'dgx-h100')" in r.stderr, r.stderr
+
+
+def test_calibrate_without_a_memory_budget_on_cpu_is_exit_2_naming_the_option(tmp_path):
+    r = podrun("calibrate", RECIPE, cwd=tmp_path)
+    assert r.returncode == 2 and "gives no device memory" in r.stderr and "--device-memory" in r.stderr, r.stderr
+    r = podrun("calibrate", "--device-memory", "1", "--batches", "8,x", RECIPE, cwd=tmp_path)
+    assert r.returncode == 2 and "--batches" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "runs").exists()
