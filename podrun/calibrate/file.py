@@ -4,7 +4,6 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import re
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -165,21 +164,10 @@ def check_name(name: str) -> str:
 def save(c: Calibration, runs_dir: str | Path, name: str) -> Path:
     """Write <runs>/calibrations/<name>.yaml whole: a new private file beside it, then a rename over it, so a
     reader sees the old file or the new one, never a part."""
-    d = calibrations_dir(runs_dir)
-    target = d / f"{check_name(name)}.yaml"
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=d)     # O_EXCL, 0600
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(dumps(c))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    from podrun.launch.rundir import _write_text
+
+    target = calibrations_dir(runs_dir) / f"{check_name(name)}.yaml"
+    _write_text(target, dumps(c))         # a new private file (0600) beside it, then a rename over it
     return target
 
 
