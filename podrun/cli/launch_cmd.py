@@ -154,7 +154,10 @@ def torchrun_options(f):
          click.option("--env", "env_items", multiple=True, metavar="NAME[=VALUE]",
                       help="Set a variable for every worker (repeatable); NAME alone passes podrun's own value. "
                            "Values never go on a command line (the agents get them over stdin or the launcher's "
-                           "environment)."))
+                           "environment)."),
+         click.option("--calibration", metavar="FILE|NAME",
+                      help="Plan a recipe with what `podrun calibrate` measured (a file, or a name under "
+                           "RUNS_DIR/calibrations): its largest local batch, rate and all-reduce (docs/calibrate.md)."))
 @section(RESTARTS,
          click.option("--resume", "resume_run", metavar="RUN",
                       help="Run RUN (a run id under --runs-dir, or a run directory) again with its own recorded "
@@ -323,6 +326,7 @@ def launch_options(ctx, args: tuple[str, ...], kw: dict, environ=None):
         restarts=RestartOptions(straggler_timeout=hangs["straggler_timeout"], max_restarts=own["max_restarts"],
                                 **in_section(ctx, RESTARTS, kw)),
         output=OutputOptions(**in_section(ctx, OUTPUT, kw)),
+        calibration=common.get("calibration"),
     )
 
 

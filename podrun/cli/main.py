@@ -12,6 +12,7 @@ from podrun import __version__
 # so `podrun --help` and `podrun plan` never import torch or paramiko.
 COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("podrun.cli.plan_cmd:plan", "Preview a plan: replicas x local batch x GA, placement, estimate."),
+    "calibrate": ("podrun.cli.calibrate_cmd:calibrate", "Measure a recipe on the hosts (rate, largest local batch, all-reduce) for the plan."),
     "launch": ("podrun.cli.launch_cmd:launch", "Launch a script (as torchrun would), a recipe or a command on the plan's hosts and supervise it."),
     "resume": ("podrun.cli.launch_cmd:resume", "Resume a run by name from its newest good state (its own command again)."),
     "script": ("podrun.cli.script_cmd:script", "Write a batch-scheduler job script (Slurm, PBS, Grid Engine) for a plan."),

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import click
 
+from podrun.cli.calibration_options import calibrated_plan, calibration_options
 from podrun.cli.options import plan_options, pop_plan_options, resolve_plan_inputs, resolve_plan_with_source
 
 
@@ -13,7 +14,8 @@ from podrun.cli.options import plan_options, pop_plan_options, resolve_plan_inpu
               help="Table of the plans at the same global batch on every host count from MAX (default: the "
                    "plan's hosts) down to MIN; counts where it cannot be met exactly are listed with the reason.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan (or the elastic table) as JSON.")
-def plan(recipe: str, elastic: str | None, as_json: bool, **kwargs) -> None:
+@calibration_options
+def plan(recipe: str, elastic: str | None, as_json: bool, calibration: str | None, max_age: float, **kwargs) -> None:
     """Preview how RECIPE runs on a cluster: replicas x local batch x GA, placement, LR, estimate.
 
     \b
@@ -24,6 +26,15 @@ def plan(recipe: str, elastic: str | None, as_json: bool, **kwargs) -> None:
     from podrun.cli.render import print_json, render_elastic, render_plan
 
     options = pop_plan_options(kwargs)
+    if calibration is not None:
+        if elastic is not None:
+            raise click.UsageError("--calibration applies to one plan; leave out --elastic")
+        p, src = calibrated_plan(recipe, options, calibration, max_age)
+        if as_json:
+            print_json({**p.to_dict(), "host_source": src.source})
+        else:
+            render_plan(p, src.source)
+        return
     if elastic is not None:
         from podrun.plan.elastic_table import elastic_table, parse_range
 

@@ -83,3 +83,4 @@ class LaunchOptions:
     transports: TransportOptions = field(default_factory=TransportOptions)
     restarts: RestartOptions = field(default_factory=RestartOptions)
     output: OutputOptions = field(default_factory=OutputOptions)
+    calibration: str | None = None              # --calibration FILE|NAME: the plan's measured inputs (podrun.calibrate)

@@ -73,7 +73,10 @@ def _prepare(opts: "LaunchOptions", target: Target, mapped: OwnOptions) -> Prepa
     plan_kw.update(nodes=mapped.nodes, devices_per_host=mapped.devices_per_host)
     cluster, rspec, src, overrides = resolve_plan_inputs(target.name if target.kind == RECIPE else None, **plan_kw)
     check_nproc_kind(opts.torchrun, cluster.device.kind, cluster.name)
-    plan = make_plan(cluster, rspec, overrides)
+    from podrun.calibrate.use import launch_measured
+
+    measured, calibration_notes = launch_measured(opts.calibration, cluster, rspec, overrides, out.runs_dir)
+    plan = make_plan(cluster, rspec, overrides, measured)
     python = net.host_python
     recipe_script, recipe_args, long_run = None, None, None
     if rspec is not None:
@@ -98,7 +101,7 @@ def _prepare(opts: "LaunchOptions", target: Target, mapped: OwnOptions) -> Prepa
                               f"data_interface in {cluster.path}")
         if recipe_args is not None and net.preflight:
             check_recipe_modules(python, target, recipe_args)
-    notes: list[str] = []
+    notes: list[str] = list(calibration_notes)
     if name == "ssh":
         from podrun.launch.run import is_local_host
 

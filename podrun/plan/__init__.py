@@ -11,11 +11,27 @@ from podrun.plan.estimate import estimate
 from podrun.plan.model import Estimate, Placement, Plan
 from podrun.plan.placement import place
 
+if TYPE_CHECKING:  # pragma: no cover
+    from podrun.plan.measured import Measured
+
 if TYPE_CHECKING:  # pragma: no cover - importing podrun.plan.model (the agent does) must not load the specs
     from podrun.specs.cluster import ClusterSpec
     from podrun.specs.recipe import RecipeSpec
 
 __all__ = ["Overrides", "make_plan", "Plan", "Placement", "Estimate"]
+
+
+def measured_inputs(measured: "Measured", local_batch: int, published, net):
+    """(per-device rate, its source, interconnect) with the measured figures in place of the published ones
+    where there are any; the published rate stands when nothing was measured."""
+    from dataclasses import replace
+
+    rate, source = published.images_per_second, published.source
+    if measured.step_seconds:
+        rate, source = measured.rate_at(local_batch), measured.describe_rate(local_batch)
+    intra = measured.intra_host if measured.intra_host is not None else net.intra_host
+    inter = measured.inter_host if measured.inter_host is not None else net.inter_host
+    return rate, source, replace(net, intra_host=intra, inter_host=inter)
 
 
 @dataclass(frozen=True)
@@ -28,7 +44,10 @@ class Overrides:
     devices_per_host: int | None = None
 
 
-def make_plan(cluster: ClusterSpec, recipe: RecipeSpec | None, ov: Overrides = Overrides()) -> Plan:
+def make_plan(cluster: ClusterSpec, recipe: RecipeSpec | None, ov: Overrides = Overrides(),
+              measured: Measured | None = None) -> Plan:
+    """``measured`` (podrun.plan.measured, from a calibration): its rate, links and largest local batch replace
+    the published ones where it has them."""
     notes: list[str] = []
     hosts = cluster.hosts
     if ov.nodes is not None:
@@ -67,6 +86,8 @@ def make_plan(cluster: ClusterSpec, recipe: RecipeSpec | None, ov: Overrides = O
         max_local = recipe.lookup("max_local_batch", dev.key, dev.kind)
         min_ga = recipe.lookup("min_grad_accum", dev.key, dev.kind)
         min_ga = 1 if min_ga is None else min_ga
+        if measured is not None and measured.max_local_batch is not None:
+            max_local = measured.max_local_batch
         for table, value in (("devices_per_replica", p), ("max_local_batch", max_local)):
             if value is None:
                 raise PlanError(
@@ -89,7 +110,8 @@ def make_plan(cluster: ClusterSpec, recipe: RecipeSpec | None, ov: Overrides = O
             hint="replicas must not span instances: use fewer --instances-per-host, or devices per host that hold whole replicas",
         )
     if recipe is not None and ov.local_batch is None:
-        notes.append(f"local batch {d.local_batch}: the largest <= max {max_local} that divides "
+        of_max = "" if measured is None or measured.max_local_batch is None else f" ({measured.max_local_source})"
+        notes.append(f"local batch {d.local_batch}: the largest <= max {max_local}{of_max} that divides "
                      f"{d.global_batch // d.replicas} samples per replica" + (f" with GA >= {min_ga}" if min_ga > 1 else ""))
     bubble = pipeline_bubble(p, d.grad_accum)
     rpi = d.replicas // instances
@@ -119,11 +141,14 @@ def make_plan(cluster: ClusterSpec, recipe: RecipeSpec | None, ov: Overrides = O
             f"recipe '{recipe.name}' has no throughput figure for device '{dev.key}'",
             hint=f"add throughput.{dev.kind} (images_per_second, source) to {recipe.path}/recipe.yaml",
         )
+    per_device_rate, rate_source, net = rate.images_per_second, rate.source, cluster.interconnect
+    if measured is not None:
+        per_device_rate, rate_source, net = measured_inputs(measured, d.local_batch, rate, net)
     est = estimate(
-        per_device_rate=rate.images_per_second, rate_source=rate.source, devices_per_replica=p,
+        per_device_rate=per_device_rate, rate_source=rate_source, devices_per_replica=p,
         replicas=d.replicas, replicas_per_host=d.replicas // len(hosts), hosts=len(hosts),
         local_batch=d.local_batch, grad_accum=d.grad_accum, bubble=bubble, params=recipe.model.params,
-        gradient_bytes=recipe.gradient_bytes, net=cluster.interconnect, epochs=recipe.epochs,
+        gradient_bytes=recipe.gradient_bytes, net=net, epochs=recipe.epochs,
         train_size=recipe.dataset.train_size,
     )
     return Plan(

@@ -30,6 +30,14 @@ def allreduce_seconds(grad_bytes: float, replicas: int, replicas_per_host: int, 
     return t
 
 
+def _link(link) -> str:
+    """A link's figures, and where they come from when they were measured (a published source is the spec's)."""
+    text = f"{link.bandwidth_gbps:g} Gb/s"
+    if link.source.startswith("measured"):
+        text = f"{link.bandwidth_gbps:.3g} Gb/s and {link.latency_us:.3g} us ({link.source})"
+    return text
+
+
 def estimate(*, per_device_rate: float, rate_source: str, devices_per_replica: int, replicas: int,
              replicas_per_host: int, hosts: int, local_batch: int, grad_accum: int, bubble: float,
              params: int, gradient_bytes: int, net: InterconnectSpec, epochs: float,
@@ -52,7 +60,7 @@ def estimate(*, per_device_rate: float, rate_source: str, devices_per_replica: i
             f"per-device rate {per_device_rate:g} img/s ({rate_source})",
             f"a replica of {devices_per_replica} device(s) runs at {devices_per_replica} x that rate x (1 - bubble)",
             f"one all-reduce of {params:,} gradients x {gradient_bytes} bytes per weight update, hierarchical ring, "
-            f"intra-host {net.intra_host.bandwidth_gbps:g} Gb/s, inter-host {net.inter_host.bandwidth_gbps:g} Gb/s",
+            f"intra-host {_link(net.intra_host)}, inter-host {_link(net.inter_host)}",
             "no overlap of communication with compute; input pipeline, optimiser step and evaluation are free",
         ),
     )

@@ -1,0 +1,191 @@
+"""The calibration file: its schema as frozen dataclasses, loaded at one boundary, written atomically, found by name."""
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from podrun.errors import SpecError
+from podrun.specs.limits import MAX_BATCH
+from podrun.specs.loader import bound
+
+FORMAT = 1
+SUBDIR = "calibrations"           # under the runs dir: <runs>/calibrations/<name>.yaml
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_BATCH = bound(1, MAX_BATCH, why="samples per device per step")
+_SECONDS = bound(above=0, high=1e7, why="seconds, above 0")
+
+
+@dataclass(frozen=True)
+class MemoryProbe:
+    """One probe of the largest-batch search: a child process ran one training step at ``local_batch``."""
+
+    local_batch: int = field(metadata=_BATCH)
+    fits: bool
+    peak_bytes: Optional[int] = field(default=None, metadata=bound(0, 2 ** 53, why="bytes"))   # None: it died (OOM)
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class MemoryResult:
+    budget_bytes: int = field(metadata=bound(1, 2 ** 53, why="bytes a device may hold"))
+    budget_source: str                     # "--device-memory 2 GB" or the spec's device memory
+    method: str                            # how a step's peak allocation was measured
+    largest_local_batch: int = field(metadata=_BATCH)
+    probes: tuple[MemoryProbe, ...] = ()
+
+
+@dataclass(frozen=True)
+class RatePoint:
+    """Training throughput of one device at one local batch: forward, backward and optimiser step."""
+
+    local_batch: int = field(metadata=_BATCH)
+    step_seconds: float = field(metadata=_SECONDS)     # the slowest device's median step
+    images_per_second: float = field(metadata=bound(above=0, high=1e9, why="images per second per device"))
+
+
+@dataclass(frozen=True)
+class LinkResult:
+    """All-reduce between ``ranks`` processes (one per host across hosts, or the devices of one host)."""
+
+    ranks: int = field(metadata=bound(2, 10 ** 6, why="processes in the all-reduce, at least 2"))
+    message_bytes: int = field(metadata=bound(1, 2 ** 53, why="bytes all-reduced"))
+    # nccl-tests' bus bandwidth: algbw x 2(n-1)/n, algbw = bytes / time
+    bus_bandwidth_gbps: float = field(metadata=bound(above=0, high=1e7, why="Gbit/s"))
+    latency_us: float = field(metadata=bound(0, 1e9, why="microseconds per ring step of a small message"))
+    seconds: float = field(metadata=_SECONDS)          # median time of one all-reduce of message_bytes
+
+
+@dataclass(frozen=True)
+class NetworkResult:
+    backend: str                           # gloo (CPU), nccl where present
+    intra_host: Optional[LinkResult] = None    # None: one device per host
+    inter_host: Optional[LinkResult] = None    # None: one host
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What `podrun calibrate` measured for one recipe on one cluster's hosts."""
+
+    format: int = field(metadata=bound(FORMAT, FORMAT, why=f"this podrun reads calibration format {FORMAT}"))
+    recipe: str
+    model: str
+    cluster: str
+    device: str                            # the device key: cpu, gpu-h100, ipu-gc200 ...
+    hosts: tuple[str, ...]
+    devices_per_host: int = field(metadata=bound(1, 10 ** 6, why="devices measured on each host"))
+    measured_at: str                       # UTC, ISO 8601 (2026-11-25T12:00:00Z)
+    podrun_version: str
+    precision: str
+    memory: MemoryResult
+    throughput: tuple[RatePoint, ...]
+    network: NetworkResult
+    seconds: float = field(default=0.0, metadata=bound(0, 1e7, why="how long the calibration took"))
+
+    def when(self) -> _dt.datetime:
+        return parse_utc(self.measured_at)
+
+    def age_seconds(self, now: _dt.datetime | None = None) -> float:
+        now = _dt.datetime.now(_dt.timezone.utc) if now is None else now
+        return (now - self.when()).total_seconds()
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["hosts"] = list(self.hosts)
+        d["throughput"] = [asdict(p) for p in self.throughput]
+        d["memory"]["probes"] = [asdict(p) for p in self.memory.probes]
+        return d
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_utc(text: str) -> _dt.datetime:
+    return _dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=_dt.timezone.utc)
+
+
+def _check(c: Calibration, path: str) -> None:
+    """What the field types do not say: the time's form, a non-empty measurement, points in batch order."""
+    try:
+        parse_utc(c.measured_at)
+    except ValueError:
+        raise SpecError(f"{path}: field 'measured_at' {c.measured_at[:40]!r} is not a UTC time such as "
+                        "2026-11-25T12:00:00Z") from None
+    if not c.hosts:
+        raise SpecError(f"{path}: field 'hosts' is empty")
+    if not c.throughput:
+        raise SpecError(f"{path}: field 'throughput' lists no measured local batch")
+    batches = [p.local_batch for p in c.throughput]
+    if batches != sorted(set(batches)):
+        raise SpecError(f"{path}: field 'throughput' must list each local batch once, in increasing order "
+                        f"(found {batches})")
+
+
+def load(path: str | Path) -> Calibration:
+    """A calibration file -> Calibration; anything wrong is a SpecError (exit 2) naming the file, line and field."""
+    from podrun.specs.loader import build_dataclass, read_yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError(f"calibration file {p} does not exist",
+                        hint="run `podrun calibrate RECIPE` first, or give the file's path or its name")
+    data, src = read_yaml(p)
+    c = build_dataclass(Calibration, data, (), src)
+    _check(c, str(p))
+    return c
+
+
+def dumps(c: Calibration) -> str:
+    import yaml
+
+    head = (f"# podrun calibration: {c.recipe} on {c.cluster} ({len(c.hosts)} host(s) x {c.devices_per_host} "
+            f"{c.device}), measured {c.measured_at}\n")
+    return head + yaml.safe_dump(c.to_dict(), sort_keys=False, default_flow_style=None, width=110)
+
+
+def calibrations_dir(runs_dir: str | Path) -> Path:
+    """<runs>/calibrations: the runs dir made as a launch makes it, the folder private (0700, checked with lstat)."""
+    from podrun.launch.rundir import make_runs_dir, private_subdir
+
+    return private_subdir(make_runs_dir(runs_dir), SUBDIR, "calibrations directory")
+
+
+def check_name(name: str) -> str:
+    if not NAME_RE.match(name):
+        raise SpecError(f"--name {name[:60]!r} is not a calibration name",
+                        hint="use letters, digits, '.', '_' and '-' (at most 128), starting with a letter or digit")
+    return name
+
+
+def save(c: Calibration, runs_dir: str | Path, name: str) -> Path:
+    """Write <runs>/calibrations/<name>.yaml whole: a new private file beside it, then a rename over it, so a
+    reader sees the old file or the new one, never a part."""
+    from podrun.launch.rundir import _write_text
+
+    target = calibrations_dir(runs_dir) / f"{check_name(name)}.yaml"
+    _write_text(target, dumps(c))         # a new private file (0600) beside it, then a rename over it
+    return target
+
+
+def find(name_or_path: str, runs_dir: str | Path | None = None) -> Path:
+    """--calibration FILE|NAME: a path (ends in .yaml/.yml or holds a '/'), else <runs>/calibrations/NAME.yaml."""
+    if not name_or_path or "\0" in name_or_path or len(name_or_path) > 4096:
+        raise SpecError("--calibration: not a file name or a calibration name")
+    if name_or_path.endswith((".yaml", ".yml")) or os.sep in name_or_path:
+        return Path(name_or_path)
+    if runs_dir is None:
+        from podrun.launch.rundir import DEFAULT_RUNS_DIR
+
+        runs_dir = DEFAULT_RUNS_DIR
+    d = Path(runs_dir) / SUBDIR
+    p = d / f"{name_or_path}.yaml"
+    if not p.is_file():
+        have = sorted(x.stem for x in d.glob("*.yaml")) if d.is_dir() else []
+        raise SpecError(f"no calibration named {name_or_path!r} in {d}",
+                        hint=(f"calibrations there: {', '.join(have)}" if have else "none there yet: run "
+                              "`podrun calibrate RECIPE`") + "; or give the file's path")
+    return p

@@ -1,0 +1,173 @@
+"""`podrun calibrate`'s controller: the worker launched on the hosts through podrun launch's own path (plan,
+request, transport, supervision), its result read from the run directory, the calibration file written whole."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from podrun.calibrate.file import (Calibration, LinkResult, MemoryProbe, MemoryResult, NetworkResult, RatePoint,
+                                   check_name, save, utc_now)
+from podrun.errors import LaunchError, PlanError
+
+WORKER = "podrun.calibrate.worker"
+
+
+@dataclass(frozen=True)
+class CalibrateOptions:
+    recipe: str
+    plan: dict                                  # the plan options (cluster, hosts, devices per host ...)
+    device_memory_gb: float | None = None       # None: the cluster spec's device memory
+    batches: tuple[int, ...] = ()               # local batches to time; () the plans' own
+    steps: int = 3
+    name: str | None = None                     # None: <recipe>-<cluster>
+    runs_dir: str = "runs"
+    transport: str | None = None
+    ssh_config: str | None = None
+    python: str | None = None
+    master_port: int | None = None
+
+
+def budget_of(opts: CalibrateOptions, cluster) -> tuple[int, str]:
+    """(bytes, where from): --device-memory, else the spec's device memory; none at all is an error (exit 2)."""
+    if opts.device_memory_gb is not None:
+        return int(opts.device_memory_gb * 1e9), f"--device-memory {opts.device_memory_gb:g} GB"
+    gb = cluster.device.memory_gb
+    if gb > 0:
+        return int(gb * 1e9), f"device memory {gb:g} GB of cluster spec {cluster.name}"
+    raise PlanError(f"cluster spec {cluster.name} gives no device memory (device.memory_gb is 0) for the "
+                    "largest-batch search", hint="pass --device-memory GB (on CPU: the memory one worker may use)")
+
+
+def launch_options(opts: CalibrateOptions, recipe_path: str, budget: int, run_id: str):
+    """podrun launch's options for the calibration worker: the same plan options, the worker as a module."""
+    from podrun.launch.options import LaunchOptions, OutputOptions, TargetOptions, TransportOptions
+    from podrun.launch.request import SSHOptions
+
+    args = [WORKER, "--recipe", recipe_path, "--budget", str(budget), "--steps", str(opts.steps)]
+    if opts.batches:
+        args += ["--batches", ",".join(str(b) for b in opts.batches)]
+    return LaunchOptions(
+        target=TargetOptions(args=tuple(args), module=True),
+        plan={k: v for k, v in opts.plan.items() if k not in ("global_batch", "local_batch", "grad_accum")},
+        transports=TransportOptions(transport=opts.transport, ssh=SSHOptions(config_path=opts.ssh_config),
+                                    python=opts.python, master_port=opts.master_port),
+        output=OutputOptions(run_id=run_id, runs_dir=opts.runs_dir),
+    )
+
+
+class Progress:
+    """One line that the workers' 'calibrate:' lines rewrite (a tty), or those lines as they come (else)."""
+
+    def __init__(self, stream=None):
+        self.stream = sys.stderr if stream is None else stream
+        self.tty = self.stream.isatty()
+        self.t0 = time.monotonic()
+        self.tail: list[str] = []
+
+    def sink(self, index, host, local_rank, stream, text):
+        if text.startswith("calibrate: "):
+            line = f"[{time.monotonic() - self.t0:5.1f} s] {text[len('calibrate: '):]}"
+            if self.tty:
+                self.stream.write("\r\x1b[2K" + line[:150])
+            else:
+                self.stream.write(line + "\n")
+            self.stream.flush()
+        else:
+            self.tail = (self.tail + [f"[{index} {host}] {text}"])[-20:]
+
+    def close(self):
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def calibrate(opts: CalibrateOptions, progress: Progress | None = None) -> tuple[Calibration, Path]:
+    """Run the calibration; (what was measured, the file written). A host that fails: LaunchError naming it, and
+    no file; a budget below one sample: PlanError (exit 2) with the smallest that fits."""
+    from podrun import __version__
+    from podrun.launch.prepare import prepare_launch
+    from podrun.launch.rundir import new_run_id
+    from podrun.launch.run import execute
+    from podrun.plan.inputs import resolve_plan_inputs
+
+    cluster, recipe, _, _ = resolve_plan_inputs(opts.recipe, **{
+        k: v for k, v in opts.plan.items() if k not in ("global_batch", "local_batch", "grad_accum")})
+    name = check_name(opts.name if opts.name is not None else f"{recipe.name}-{cluster.name}")
+    budget, budget_source = budget_of(opts, cluster)
+    progress = Progress() if progress is None else progress
+    run_id = f"calibrate-{new_run_id()}"
+    prepared = prepare_launch(launch_options(opts, os.path.abspath(recipe.path), budget, run_id))
+    request = prepared.request
+    started = time.monotonic()
+    try:
+        _, summary = execute(request, sink=progress.sink, notice=lambda t: None)
+    finally:
+        progress.close()
+    if summary.get("exit_code") != 0:
+        rc = summary.get("root_cause") or {}
+        where = f"host {rc['host']} (instance {rc['instance']}): {rc.get('reason', '')}" if rc.get("host") else \
+            f"exit {summary.get('exit_code')}"
+        raise LaunchError(f"calibration failed on {where}; no calibration file written",
+                          hint=f"logs in {request.run_dir}", exit_code=1)
+    result_path = Path(request.run_dir) / "calibration-result.json"
+    try:
+        result = json.loads(result_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise LaunchError(f"the calibration workers left no result in {result_path} ({exc}); no calibration file "
+                          "written", exit_code=1) from None
+    plan = request.plan
+    if result.get("error") == "budget":
+        one = result.get("batch1_bytes")
+        need = "it died" if one is None else f"it takes {one / 1e9:.3g} GB ({one / 2**20:.0f} MiB)"
+        raise PlanError(f"the memory budget ({budget_source}, {budget / 1e9:.3g} GB) is smaller than one sample of "
+                        f"{recipe.name}: a training step at local batch 1 does not fit; {need}",
+                        hint="give --device-memory of at least "
+                             f"{'that' if one is None else f'{one / 1e9:.3g}'} GB, or a device with more memory")
+    cal = build(result, recipe=recipe, cluster=cluster, plan=plan, budget=budget, budget_source=budget_source,
+                version=__version__, seconds=time.monotonic() - started)
+    return cal, save(cal, opts.runs_dir, name)
+
+
+def build(result: dict, *, recipe, cluster, plan, budget: int, budget_source: str, version: str,
+          seconds: float) -> Calibration:
+    """The Calibration from the workers' result (a dict only here, at the boundary)."""
+    from podrun.calibrate.step_method import method_for
+
+    def link(d):
+        return None if d is None else LinkResult(**d)
+
+    net = result["network"]
+    return Calibration(
+        format=1, recipe=recipe.name, model=recipe.model.name, cluster=cluster.name, device=plan.device_kind,
+        hosts=tuple(plan.hosts), devices_per_host=plan.devices_per_host, measured_at=utc_now(),
+        podrun_version=version, precision=recipe.precision,
+        memory=MemoryResult(budget_bytes=budget, budget_source=budget_source, method=method_for(result["device"]),
+                            largest_local_batch=result["largest"],
+                            probes=tuple(MemoryProbe(local_batch=p["local_batch"], fits=p["fits"],
+                                                     peak_bytes=p["peak_bytes"], error=p.get("error", ""))
+                                         for p in result["probes"])),
+        throughput=tuple(RatePoint(**p) for p in result["throughput"]),
+        network=NetworkResult(backend=net["backend"], intra_host=link(net["intra_host"]),
+                              inter_host=link(net["inter_host"])),
+        seconds=round(seconds, 1),
+    )
+
+
+def summary_rows(c: Calibration) -> list[tuple[str, str]]:
+    """The summary table: (what, measured)."""
+    rows = [("hosts", f"{', '.join(c.hosts)} ({c.devices_per_host} x {c.device} each)"),
+            ("largest local batch", f"{c.memory.largest_local_batch} under {c.memory.budget_bytes / 1e9:.3g} GB "
+                                    f"({c.memory.budget_source}; {len(c.memory.probes)} probes)")]
+    for p in c.throughput:
+        rows.append((f"rate at local batch {p.local_batch}",
+                     f"{p.images_per_second:.1f} img/s per device ({p.step_seconds * 1e3:.0f} ms a step)"))
+    for key, link in (("intra-host all-reduce", c.network.intra_host), ("inter-host all-reduce", c.network.inter_host)):
+        if link is not None:
+            rows.append((key, f"bus bandwidth {link.bus_bandwidth_gbps:.3g} Gb/s, latency {link.latency_us:.0f} us "
+                              f"({link.ranks} ranks, {link.message_bytes / 2**20:.1f} MiB)"))
+    rows.append(("took", f"{c.seconds:.0f} s"))
+    return rows

@@ -1,0 +1,179 @@
+"""The calibration worker that `podrun calibrate` launches on every device of the hosts (podrun launch's workers,
+torch.distributed over gloo): the largest local batch, the rate per device, the all-reduce between hosts."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+RESULT = "calibration-result.json"     # in the run directory, written by rank 0
+
+
+def say(text: str) -> None:
+    print(f"calibrate: {text}", flush=True)
+
+
+def candidate_batches(recipe, plan: dict, largest: int) -> list[int]:
+    """The local batches a plan of the recipe's global batch picks on 1..N of these hosts (largest local batch
+    ``largest``): the ones the calibrated plans run at; at least two (half of the one, else), so that the
+    step time can be drawn as a line through them."""
+    from podrun.plan.decompose import feasible
+
+    p = recipe.lookup("devices_per_replica", plan["device_kind"], plan["device_kind"].split("-")[0]) or 1
+    min_ga = recipe.lookup("min_grad_accum", plan["device_kind"], plan["device_kind"].split("-")[0]) or 1
+    out = set()
+    for n in range(1, len(plan["hosts"]) + 1):
+        replicas = n * plan["devices_per_host"] // p
+        if replicas < 1:
+            continue
+        d = feasible(recipe.global_batch, replicas, largest, min_ga, None, None)
+        if d is not None:
+            out.add(d.local_batch)
+    if not out:
+        out.add(min(largest, recipe.global_batch))
+    if len(out) == 1:
+        (b,) = out
+        out.add(max(1, b // 2) if b > 1 else min(2, largest))
+    return sorted(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m podrun.calibrate.worker")
+    ap.add_argument("--recipe", required=True)
+    ap.add_argument("--budget", type=int, required=True, help="bytes one device may hold")
+    ap.add_argument("--batches", default="", help="local batches to time (default: the plans' own)")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--start-batch", type=int, default=1)
+    ap.add_argument("--net-iters", type=int, default=3)
+    args = ap.parse_args(argv)
+
+    import torch
+    import torch.distributed as dist
+
+    from podrun.calibrate import step as steps
+    from podrun.calibrate.search import largest_fit
+    from podrun.runtime.env import read_plan, read_worker_info
+    from podrun.specs import load_recipe
+
+    info = read_worker_info()
+    plan = read_plan(info)
+    recipe = load_recipe(args.recipe)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        threads = max(1, (os.cpu_count() or 1) // max(1, info.local_world_size))
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", threads)))
+    else:
+        torch.cuda.set_device(info.local_rank)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    lws = info.local_world_size
+    hosts = world // lws
+    t_start = time.monotonic()
+
+    # 1. the largest local batch: one device (rank 0), each probe in a forked child
+    state = [None, None]                         # [largest, peak of batch 1 when it does not fit]
+    probes = []
+    if rank == 0:
+        def shown(p):
+            mb = "died" if p.peak_bytes is None else f"{p.peak_bytes / 2**20:.0f} MiB"
+            say(f"memory probe {len(probes) + 1}: local batch {p.local_batch}: {mb} of "
+                f"{args.budget / 2**20:.0f} MiB: {'fits' if p.fits else 'does not fit'}")
+        largest, got = largest_fit(lambda b: steps.probe(recipe, b, device), args.budget,
+                                   start=args.start_batch, on_probe=lambda p: (shown(p), probes.append(p)))
+        probes = got
+        state = [largest, next((p.peak_bytes for p in got if p.local_batch == 1), None)]
+    box = [state]
+    dist.broadcast_object_list(box, src=0)
+    largest, one_sample = box[0]
+    if largest is None:
+        if rank == 0:
+            _write(info.run_dir, {"error": "budget", "batch1_bytes": one_sample, "budget": args.budget,
+                                  "probes": [p.__dict__ for p in probes]})
+        dist.destroy_process_group()
+        return 0
+
+    # 2. the rate per device at the plans' local batches: every device at once (as in a run)
+    batches = sorted({int(b) for b in args.batches.split(",") if b}) if args.batches else \
+        candidate_batches(recipe, plan, largest)
+    stepper = steps.Stepper(recipe, device)
+    rates = []
+    for b in batches:
+        dist.barrier()
+        times = stepper.time_steps(b, args.steps)
+        med = statistics.median(times)
+        slowest = [None] * world
+        dist.all_gather_object(slowest, med)
+        t = max(slowest)
+        rates.append({"local_batch": b, "step_seconds": t, "images_per_second": b / t})
+        if rank == 0:
+            say(f"rate at local batch {b}: {b / t:.1f} img/s per device (slowest of {world})")
+    del stepper
+
+    # 3. the all-reduce at the recipe's gradient size: across hosts (one rank each), inside host 0; rank 0 is in both
+    nbytes = recipe.model.params * recipe.gradient_bytes
+    inter_ranks = [h * lws for h in range(hosts)]
+    intra_ranks = list(range(lws))
+    inter = dist.new_group(inter_ranks) if hosts > 1 else None
+    intra = dist.new_group(intra_ranks) if lws > 1 else None
+    network = {"backend": "gloo", "intra_host": None, "inter_host": None}
+    for key, group, ranks in (("inter_host", inter, inter_ranks), ("intra_host", intra, intra_ranks)):
+        if group is None:
+            continue
+        dist.barrier()
+        if rank in ranks:
+            link = allreduce_link(group, len(ranks), nbytes, args.net_iters)
+            if rank == ranks[0]:
+                say(f"all-reduce {key.replace('_', '-')} ({len(ranks)} ranks, {nbytes / 2**20:.1f} MiB): bus "
+                    f"bandwidth {link['bus_bandwidth_gbps']:.3g} Gb/s, latency {link['latency_us']:.0f} us")
+            network[key] = link
+    if rank == 0:
+        _write(info.run_dir, {"largest": largest, "probes": [p.__dict__ for p in probes], "throughput": rates,
+                              "network": network, "world": world, "local_world_size": lws, "device": device,
+                              "seconds": time.monotonic() - t_start})
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def allreduce_link(group, n: int, nbytes: int, iters: int) -> dict:
+    """Bus bandwidth (nccl-tests: algbw x 2(n-1)/n) and per-step latency of all-reduce in ``group``: the median
+    of ``iters`` all-reduces of ``nbytes``, and of 20 of 4 bytes (a ring's 2(n-1) steps of latency)."""
+    import torch
+    import torch.distributed as dist
+
+    def timed(t, k):
+        dist.all_reduce(t, group=group)            # warm-up: connections, buffers
+        out = []
+        for _ in range(k):
+            dist.barrier(group=group)
+            t0 = time.perf_counter()
+            dist.all_reduce(t, group=group)
+            out.append(time.perf_counter() - t0)
+        return statistics.median(out)
+
+    small = timed(torch.zeros(1), 20)
+    big = timed(torch.zeros(max(1, nbytes // 4)), iters)
+    steps_ = 2 * (n - 1)
+    latency = small / steps_
+    moving = max(big - steps_ * latency, big * 0.5)
+    busbw = nbytes / moving * steps_ / n
+    return {"ranks": n, "message_bytes": nbytes, "bus_bandwidth_gbps": busbw * 8 / 1e9,
+            "latency_us": latency * 1e6, "seconds": big}
+
+
+def _write(run_dir: str | None, obj: dict) -> None:
+    if run_dir is None:
+        print(json.dumps(obj))
+        return
+    path = os.path.join(run_dir, RESULT)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

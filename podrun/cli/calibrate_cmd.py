@@ -1,0 +1,72 @@
+"""`podrun calibrate`: measure a recipe on a cluster's hosts (rate, largest local batch, all-reduce) into a file."""
+from __future__ import annotations
+
+import click
+
+from podrun.cli import types as t
+from podrun.cli.options import host_options, pop_plan_options
+
+
+def _batches(ctx, param, value):
+    if value is None:
+        return ()
+    try:
+        out = tuple(sorted({int(v) for v in value.split(",") if v.strip()}))
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a list of local batches such as 8,16,32", param=param) from None
+    if not out or out[0] < 1:
+        raise click.BadParameter(f"{value!r}: local batches are whole numbers of at least 1", param=param)
+    return out
+
+
+@click.command("calibrate")
+@click.argument("recipe")
+@host_options
+@click.option("--device-memory", "device_memory", type=click.FloatRange(min=0, min_open=True, max=1e6),
+              metavar="GB", help="The memory budget of one device for the largest-batch search (default: the "
+                                 "cluster spec's device memory; on CPU the memory one worker may use).")
+@click.option("--batches", callback=_batches, metavar="B,...",
+              help="Local batches to time (default: those the recipe's plans pick on 1..N of the hosts).")
+@click.option("--steps", type=click.IntRange(1, 1000), default=3, show_default=True,
+              help="Timed training steps at each local batch (after one warm-up step).")
+@click.option("--name", help="The calibration's name under RUNS_DIR/calibrations (default: RECIPE-CLUSTER).")
+@click.option("--runs-dir", default="runs", show_default=True, help="Where run directories and calibrations go.")
+@click.option("--transport", type=click.Choice(["local", "ssh", "mpirun", "srun"]),
+              help="How the workers start (as podrun launch: local here, srun in Slurm, else ssh).")
+@click.option("--ssh-config", type=click.Path(dir_okay=False), help="OpenSSH client config (default ~/.ssh/config).")
+@click.option("--python", "python_", help="Python on the hosts (default: this one).")
+@click.option("--master-port", type=t.PORT, default=None, help="Rendezvous port (as podrun launch).")
+@click.option("--json", "as_json", is_flag=True, help="Print the calibration as JSON on stdout.")
+def calibrate(recipe, device_memory, batches, steps, name, runs_dir, transport, ssh_config, python_, master_port,
+              as_json, **kwargs):
+    """Measure RECIPE on the hosts: the rate per device at the plans' local batches, the largest local batch that
+    fits a device's memory, and all-reduce bus bandwidth and latency within and between hosts. The file
+    (RUNS_DIR/calibrations/NAME.yaml) feeds `podrun plan --calibration NAME`.
+
+    \b
+    podrun calibrate --device-memory 1 recipes/resnet18_cifar10
+    podrun calibrate --hosts h1,h2,h3,h4 --devices-per-host 1 --device-memory 1 resnet18_cifar10
+    podrun plan --calibration resnet18_cifar10-local resnet18_cifar10
+    """
+    from podrun.calibrate.run import CalibrateOptions, calibrate as run_calibration, summary_rows
+    from podrun.cli.render import print_json
+
+    opts = CalibrateOptions(recipe=recipe, plan=pop_plan_options(kwargs), device_memory_gb=device_memory,
+                            batches=batches, steps=steps, name=name, runs_dir=runs_dir, transport=transport,
+                            ssh_config=ssh_config, python=python_, master_port=master_port)
+    cal, path = run_calibration(opts)
+    if as_json:
+        print_json({**cal.to_dict(), "file": str(path)})
+        return
+    from rich.table import Table
+
+    from podrun.cli.render import console
+
+    table = Table(title=f"calibration {path.stem}: {cal.recipe} on {cal.cluster}, {cal.measured_at}",
+                  show_header=False, title_justify="left")
+    table.add_column("what", style="bold")
+    table.add_column("measured")
+    for what, value in summary_rows(cal):
+        table.add_row(what, value)
+    console().print(table)
+    click.echo(f"written: {path}  (podrun plan --calibration {path.stem} ...)")

@@ -1,0 +1,38 @@
+"""--calibration and --max-age (podrun plan, podrun launch), and a plan made with a calibration's measured inputs."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from podrun.calibrate.use import MAX_AGE_DAYS
+
+
+def calibration_options(f):
+    f = click.option("--max-age", "max_age", type=click.FloatRange(min=0, max=1e5), default=MAX_AGE_DAYS,
+                     show_default=True, metavar="DAYS",
+                     help="Warn when the --calibration file is older than this.")(f)
+    return click.option("--calibration", metavar="FILE|NAME",
+                        help="Plan with what `podrun calibrate` measured (a file, or a name under "
+                             "runs/calibrations): the rate per device, the largest local batch, the all-reduce.")(f)
+
+
+def warn(text: str) -> None:
+    from podrun.redaction import shown
+
+    print(shown(f"podrun: warning: {text}"), file=sys.stderr, flush=True)
+
+
+def calibrated_plan(recipe: str, options: dict, calibration: str, max_age_days: float, runs_dir: str | None = None):
+    """(plan with the calibration's measured inputs, host source); the warnings said on stderr."""
+    from podrun.calibrate.use import measured_for
+    from podrun.plan import make_plan
+    from podrun.plan.inputs import resolve_plan_inputs
+
+    cluster, rspec, src, ov = resolve_plan_inputs(recipe, **options)
+    hosts = cluster.hosts if ov.nodes is None else cluster.hosts[: ov.nodes]
+    measured, warnings = measured_for(calibration, cluster, rspec, tuple(hosts), max_age_days=max_age_days,
+                                      runs_dir=runs_dir)
+    for w in warnings:
+        warn(w)
+    return make_plan(cluster, rspec, ov, measured), src

@@ -1,0 +1,58 @@
+"""`podrun calibrate` on this machine (real torch, real probes in child processes, the local transport): the
+largest local batch is the true largest, the file feeds the plan, a budget below one sample is exit 2."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from podrun.calibrate.file import load
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPE = str(ROOT / "recipes" / "resnet18_cifar10")
+BUDGET_GB = 0.3        # resnet18 (CIFAR stem) on CPU: ~275 MB at batch 1..4, +4.5 MB a sample: about 12 fit
+
+
+def podrun(*args, cwd, timeout=900):
+    return subprocess.run([sys.executable, "-m", "podrun", *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def test_calibrate_finds_the_true_largest_batch_and_the_plan_uses_it(tmp_path):
+    r = podrun("calibrate", "--devices-per-host", "2", "--device-memory", str(BUDGET_GB), "--batches", "2,4",
+               "--steps", "1", "--json", RECIPE, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    d = json.loads(r.stdout)
+    path = Path(d["file"])
+    assert path == tmp_path / "runs" / "calibrations" / "resnet18_cifar10-local.yaml"
+    cal = load(path)
+    largest = cal.memory.largest_local_batch
+    assert len(cal.memory.probes) <= 10, cal.memory.probes
+    assert [p.local_batch for p in cal.throughput] == [2, 4] and all(p.images_per_second > 0 for p in cal.throughput)
+    assert cal.network.intra_host is not None and cal.network.intra_host.ranks == 2
+    assert cal.network.inter_host is None                              # one host
+    assert "memory probe 1: local batch 1" in r.stderr                 # the progress lines
+    # the truth: run the found batch and one more, each in a child as the search did
+    from podrun.calibrate import step
+    from podrun.specs import load_recipe
+
+    recipe = load_recipe(RECIPE)
+    budget = int(BUDGET_GB * 1e9)
+    at, over = step.probe(recipe, largest), step.probe(recipe, largest + 1)
+    assert at["peak_bytes"] <= budget < over["peak_bytes"], (largest, at, over)
+    p = subprocess.run([sys.executable, "-m", "podrun", "plan", "--devices-per-host", "2", RECIPE, "--calibration",
+                        "resnet18_cifar10-local", "--json"], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    plan = json.loads(p.stdout)
+    assert plan["local_batch"] <= largest and plan["global_batch"] == 64
+    assert any(f"<= max {largest} (the largest that fits" in n for n in plan["notes"])
+
+
+def test_a_budget_below_one_sample_is_exit_2_saying_the_smallest_that_fits(tmp_path):
+    r = podrun("calibrate", "--devices-per-host", "1", "--device-memory", "0.05", "--batches", "1", "--steps", "1",
+               RECIPE, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "is smaller than one sample of resnet18_cifar10" in r.stderr and "give --device-memory of at least 0.2" \
+        in r.stderr and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert not (tmp_path / "runs" / "calibrations").exists() or not list((tmp_path / "runs" / "calibrations").iterdir())

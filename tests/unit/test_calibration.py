@@ -1,0 +1,179 @@
+"""The calibration file (load, atomic save, errors naming file and field), the plan with measured inputs
+(--calibration: measured rate, links and largest local batch; refused for another setup; stale warned), and the
+largest-batch search on modelled memory curves (a pure function of the batch: a stand-in for a device)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from podrun.calibrate.file import (Calibration, LinkResult, MemoryProbe, MemoryResult, NetworkResult, RatePoint,
+                                   dumps, find, load, save)
+from podrun.calibrate.search import largest_fit
+from podrun.errors import SpecError
+from podrun.plan.measured import Measured
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPE = str(ROOT / "recipes" / "resnet18_cifar10")
+
+
+def sample(**kw) -> Calibration:
+    c = Calibration(
+        format=1, recipe="resnet18_cifar10", model="resnet18", cluster="local", device="cpu",
+        hosts=("localhost",), devices_per_host=2, measured_at="2026-11-25T12:00:00Z", podrun_version="0.1.0",
+        precision="fp32",
+        memory=MemoryResult(budget_bytes=300_000_000, budget_source="--device-memory 0.3 GB", method="rss",
+                            largest_local_batch=12,
+                            probes=(MemoryProbe(1, True, 275_000_000), MemoryProbe(16, False, 324_000_000))),
+        throughput=(RatePoint(4, 0.5, 8.0), RatePoint(8, 0.9, 8 / 0.9)),
+        network=NetworkResult(backend="gloo", intra_host=LinkResult(2, 44_695_848, 8.0, 80.0, 0.05)),
+        seconds=60.0)
+    return replace(c, **kw)
+
+
+def podrun(*args, cwd=None, env=None):
+    return subprocess.run([sys.executable, "-m", "podrun", *args], capture_output=True, text=True, timeout=120,
+                          cwd=cwd, env={**os.environ, **(env or {})})
+
+
+def test_save_then_load_gives_the_same_calibration_and_leaves_no_temporary_file(tmp_path):
+    c = sample()
+    path = save(c, tmp_path / "runs", "r18")
+    assert path == tmp_path / "runs" / "calibrations" / "r18.yaml"
+    assert load(path) == c
+    assert find("r18", tmp_path / "runs") == path
+    assert oct(path.stat().st_mode & 0o777) == "0o600" and oct(path.parent.stat().st_mode & 0o777) == "0o700"
+    save(replace(c, seconds=61.0), tmp_path / "runs", "r18")            # over the old one, by rename
+    assert load(path).seconds == 61.0
+    assert sorted(p.name for p in path.parent.iterdir()) == ["r18.yaml"]
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda t: t.replace("largest_local_batch: 12", "largest_local_batch: 0"), "memory.largest_local_batch"),
+    (lambda t: t.replace("measured_at: '2026-11-25T12:00:00Z'", "measured_at: yesterday"), "measured_at"),
+    (lambda t: t.replace("bus_bandwidth_gbps: 8.0", "bus_bandwidth_gbps: fast"),
+     "network.intra_host.bus_bandwidth_gbps"),
+    (lambda t: t.replace("recipe: resnet18_cifar10\n", ""), "recipe"),
+])
+def test_a_bad_calibration_file_is_exit_2_naming_the_file_and_the_field(tmp_path, edit, field):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(edit(dumps(sample())))
+    with pytest.raises(SpecError) as exc:
+        load(bad)
+    assert str(bad) in exc.value.message and field in exc.value.message
+    r = podrun("plan", "--calibration", str(bad), RECIPE)
+    assert r.returncode == 2 and str(bad) in r.stderr and field in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_plan_with_a_calibration_uses_the_measured_rate_links_and_largest_batch(tmp_path):
+    save(sample(), tmp_path / "runs", "r18")
+    env = {"PODRUN_CLUSTER_SPECS_PATH": ""}
+    plain = json.loads(podrun("plan", "--devices-per-host", "2", RECIPE, "--json", cwd=tmp_path, env=env).stdout)
+    r = podrun("plan", "--devices-per-host", "2", RECIPE, "--calibration", "r18", "--json", "--max-age", "100000",
+               cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    # global batch 64 on 2 replicas: 32 per replica; the largest local batch <= 12 dividing 32 is 8 (GA 4)
+    assert (d["global_batch"], d["local_batch"], d["grad_accum"]) == (64, 8, 4)
+    assert (plain["global_batch"], plain["local_batch"]) == (64, 32)
+    e = d["estimate"]
+    assert e["per_replica_images_per_second"] == pytest.approx(8 / 0.9, rel=1e-3)
+    # 2 replicas on one host: the measured intra-host bus bandwidth, 2(d-1)/d x B / bw + 2(d-1) x latency
+    comm = 44_695_848 * 8 / 8e9 + 2 * 80e-6
+    assert e["allreduce_seconds"] == pytest.approx(comm, rel=1e-3)
+    assert e["step_seconds"] == pytest.approx(4 * 0.9 + comm, rel=1e-3)
+    text = " ".join(e["assumptions"])
+    assert "measured at local batch 8 (calibration r18" in text and "2026-11-25T12:00:00Z" in text
+    assert "8 Gb/s and 80 us (measured bus bandwidth" in text and "inter-host 10 Gb/s" in text   # the spec's
+    assert any("largest that fits 0.3 GB (--device-memory 0.3 GB)" in n for n in d["notes"])
+
+
+def test_another_clusters_or_recipes_calibration_is_refused_saying_what_differs(tmp_path):
+    save(sample(cluster="dgx-h100", device="gpu-h100"), tmp_path / "runs", "other")
+    r = podrun("plan", RECIPE, "--calibration", "other", cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "cluster 'dgx-h100' (the plan's is 'local')" in r.stderr and "device 'gpu-h100' (the plan's is 'cpu')" \
+        in r.stderr
+    save(sample(recipe="resnet50", model="resnet50"), tmp_path / "runs", "r50")
+    r = podrun("plan", RECIPE, "--calibration", "r50", cwd=tmp_path)
+    assert r.returncode == 2 and "recipe 'resnet50' (the plan's is 'resnet18_cifar10')" in r.stderr
+    r = podrun("plan", RECIPE, "--calibration", "nothing", cwd=tmp_path)
+    assert r.returncode == 2 and "no calibration named 'nothing'" in r.stderr and "other, r50" in r.stderr
+
+
+def test_a_stale_calibration_is_used_with_a_warning(tmp_path):
+    save(sample(measured_at="2020-01-01T00:00:00Z"), tmp_path / "runs", "old")
+    r = podrun("plan", "--devices-per-host", "2", RECIPE, "--calibration", "old", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "podrun: warning: calibration" in r.stderr and "days old (measured 2020-01-01T00:00:00Z; --max-age 30" \
+        in r.stderr
+    r = podrun("plan", "--devices-per-host", "2", RECIPE, "--calibration", "old", "--max-age", "100000",
+               cwd=tmp_path)
+    assert r.returncode == 0 and "warning" not in r.stderr
+
+
+def test_plan_with_a_calibration_imports_neither_torch_nor_paramiko(tmp_path):
+    save(sample(), tmp_path / "runs", "r18")
+    code = ("import sys; from podrun.cli.main import main; "
+            f"rc = main(['plan','--devices-per-host','2',{RECIPE!r},'--calibration','r18']); "
+            "bad=[m for m in ('torch','paramiko') if m in sys.modules]; sys.stderr.write(f'RC:{rc} HEAVY:'+','.join(bad))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert "RC:0 HEAVY:" in r.stderr and r.stderr.split("HEAVY:")[1].strip() == "", r.stderr
+
+
+def test_step_time_is_a_line_through_the_measured_batches():
+    m = Measured(where="w", step_seconds=((4, 0.5), (8, 0.9), (16, 1.7)))
+    assert m.step_at(8) == 0.9
+    assert m.step_at(12) == pytest.approx(1.3)
+    assert m.step_at(32) == pytest.approx(3.3)          # beyond: the last two points' line
+    assert m.step_at(2) == pytest.approx(0.3)            # below: the first two points' line
+    assert Measured(where="w", step_seconds=((8, 0.8),)).step_at(4) == pytest.approx(0.4)
+
+
+@pytest.mark.parametrize("base, per_sample", [(275e6, 4.5e6), (100.0, 1.0), (2e9, 3e8)])
+@pytest.mark.parametrize("largest", [1, 2, 3, 12, 33, 64, 100, 127, 128, 500])
+def test_the_search_finds_the_largest_batch_of_a_modelled_straight_memory_curve_in_at_most_10_probes(
+        base, per_sample, largest):
+    """A stand-in device: the step's memory is base + per_sample x batch (what the probes measure on CPU)."""
+    budget = base + per_sample * (largest + 0.5)
+    found, probes = largest_fit(lambda b: {"peak_bytes": base + per_sample * b}, budget)
+    assert found == largest and len(probes) <= 10, [p.local_batch for p in probes]
+    assert {p.local_batch for p in probes} >= {largest, largest + 1} - {0}   # both sides of the edge were run
+
+
+def test_the_search_on_a_modelled_floor_then_line_and_on_probes_that_die():
+    """Stand-ins: a flat floor below batch 5 (as on CPU, where small batches fit in what is resident), and a
+    device whose probes die (no peak measured) above batch 40."""
+    floor = lambda b: {"peak_bytes": max(275e6, 250e6 + 4.5e6 * b)}   # noqa: E731
+    found, probes = largest_fit(floor, 250e6 + 4.5e6 * 33.5)
+    assert found == 33 and len(probes) <= 10
+    dies = lambda b: {"peak_bytes": 1000 + b} if b <= 40 else {"peak_bytes": None, "error": "killed"}   # noqa: E731
+    found, probes = largest_fit(dies, 10 ** 9)
+    assert found == 40 and len(probes) <= 12, [p.local_batch for p in probes]    # no line past a dead probe
+    found, probes = largest_fit(lambda b: {"peak_bytes": 500 + b}, 400)
+    assert found is None and [p.local_batch for p in probes] == [1]
+
+
+def test_launch_with_a_calibration_runs_the_measured_largest_batch(tmp_path):
+    save(sample(), tmp_path / "runs", "r18")
+    r = podrun("launch", "--dry-run", "--json", "--devices-per-host", "2", "--calibration", "r18", RECIPE,
+               "--data", "digits", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    workers = json.loads(r.stdout)["instances"][0]["workers"]
+    assert {(w["PODRUN_LOCAL_BATCH"], w["PODRUN_GRAD_ACCUM"]) for w in workers} == {("8", "4")}
+    r = podrun("launch", "--dry-run", "--calibration", "r18", "--cluster", "dgx-h100", "--hosts", "a,b", RECIPE,
+               "--data", "digits", cwd=tmp_path)
+    assert r.returncode == 2 and "cluster 'local' (the plan's is 'dgx-h100')" in r.stderr, r.stderr
+
+
+def test_calibrate_without_a_memory_budget_on_cpu_is_exit_2_naming_the_option(tmp_path):
+    r = podrun("calibrate", RECIPE, cwd=tmp_path)
+    assert r.returncode == 2 and "gives no device memory" in r.stderr and "--device-memory" in r.stderr, r.stderr
+    r = podrun("calibrate", "--device-memory", "1", "--batches", "8,x", RECIPE, cwd=tmp_path)
+    assert r.returncode == 2 and "--batches" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "runs").exists()
