@@ -5,7 +5,7 @@ import os
 import signal
 import time
 
-from podrun.wire.proctl import pid_alive
+from podrun.wire.proctl import proc_start
 
 STACK_SIGNAL = int(signal.SIGRTMIN) + 4   # faulthandler's dump signal in workers (podrun/runtime/site)
 SITE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime", "site")
@@ -20,14 +20,26 @@ NOT_REGISTERED = ("no Python process of this worker registered for stacks (not P
 
 
 def _registered(where: str, worker_pid: int) -> list[int]:
-    """The live processes of one worker that registered for stacks under ``where``, the worker's own first."""
+    """The live processes of one worker that registered for stacks under ``where``, the worker's own first: a pid
+    counts only while the process that has it started when the one that registered did (a registered process
+    that ended leaves its file behind, and its pid may be another process's by now, one without the handler)."""
     try:
         pids = sorted(int(n[:-5]) for n in os.listdir(where) if n.endswith(".main") and n[:-5].isdigit())
     except OSError:
         pids = []
-    pids = [p for p in pids if pid_alive(p)]
+    pids = [p for p in pids if (began := _started(where, p)) is not None and began == proc_start(p)]
     pids.sort(key=lambda p: (p != worker_pid, p))
     return pids[:STACK_PROCS]
+
+
+def _started(where: str, pid: int) -> str | None:
+    """The start time process ``pid`` wrote when it registered (the second line of its .main file)."""
+    try:
+        with open(os.path.join(where, f"{pid}.main"), encoding="utf-8") as f:
+            lines = f.read().split()
+    except OSError:
+        return None
+    return lines[1] if len(lines) > 1 else None
 
 
 def collect(root: str, workers: list[tuple[int, int]], wait: float = STACK_WAIT_S) -> dict[int, dict]:
@@ -57,7 +69,7 @@ def collect(root: str, workers: list[tuple[int, int]], wait: float = STACK_WAIT_
         for pid, txt, main_file in files:
             try:
                 with open(main_file, encoding="utf-8") as f:
-                    main = f.read().strip()
+                    main = f.readline().strip()
             except OSError:
                 main = ""
             procs.append({"pid": pid, "main": main, "text": texts.get(txt, "")[-STACK_TEXT:]})

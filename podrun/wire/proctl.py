@@ -54,6 +54,16 @@ def proc_stats() -> Iterator[tuple[int, list[bytes]]]:
         yield int(d), fields
 
 
+def proc_start(pid: int) -> str | None:
+    """When process ``pid`` started (field 22 of /proc/<pid>/stat, clock ticks since boot, as text): with the pid,
+    it names one process, where a pid alone may be a later process's; None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return None
+
+
 def pid_alive(pid: int) -> bool:
     """Whether process ``pid`` of this machine runs: one that ended but is not yet reaped (a zombie) does not;
     one of another user that exists does."""

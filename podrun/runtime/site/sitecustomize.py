@@ -2,8 +2,9 @@
 
 When PODRUN_STACK_DIR is set, every Python process of the worker registers faulthandler on
 PODRUN_STACK_SIGNAL (all threads, chained to a Python handler already there), dumping into
-<dir>/<pid>.txt, and writes <dir>/<pid>.main with its main thread's id; the agent signals only
-processes that wrote that file, so a process without the handler is never sent the signal. A process
+<dir>/<pid>.txt, and writes <dir>/<pid>.main with its main thread's id and its start time (the clock ticks
+of /proc/<pid>/stat); the agent signals only a process that wrote that file and started at that time, so a
+process without the handler (one that took a dead worker's pid) is never sent the signal. A process
 forked from one (a DataLoader worker) registers again under its own pid. Then the
 next sitecustomize on sys.path, if any, runs as it would have. Imports nothing beyond the stdlib.
 """
@@ -28,8 +29,13 @@ def _install(first=True):
     except (OSError, ValueError, RuntimeError):
         return
     globals()["_podrun_stack_file"] = f       # the handler writes to its fd for the process's life
+    try:
+        with open("/proc/self/stat", "rb") as st:
+            start = st.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return
     with open(os.path.join(where, f"{pid}.main"), "w", encoding="utf-8") as m:
-        m.write(f"{threading.main_thread().ident:#018x}\n")
+        m.write(f"{threading.main_thread().ident:#018x}\n{start}\n")
     if first:
         os.register_at_fork(after_in_child=lambda: _install(False))
 
