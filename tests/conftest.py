@@ -140,7 +140,7 @@ def pytest_collection_modifyitems(config, items):
     """Serial tests last (when the other workers have little left to wait for them); under --dist loadgroup,
     the groups above (before xdist reads them; a serial test is in none)."""
     items.sort(key=lambda item: item.get_closest_marker("serial") is not None)      # stable: order kept otherwise
-    if not (config.pluginmanager.hasplugin("xdist") and config.getoption("dist", "no") != "no"):
+    if not getattr(config.option, "loadgroup", False):      # set by xdist in its workers under --dist loadgroup
         return
     for item in items:
         if item.get_closest_marker("serial") is not None:
