@@ -1,9 +1,13 @@
 """Shared pytest fixtures: real OpenSSH hosts (ssh_hosts, make_ssh_hosts), a real Slurm (slurm_cluster) and a
-real Grid Engine (uge_cluster).
+real Grid Engine (uge_cluster); and how the suite runs concurrently (pytest-xdist workers, groups, serial tests).
 
 They fail (never skip) with a message naming the missing part. See tests/harness/ for the API.
 """
 from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
 
 import pytest
 
@@ -87,3 +91,104 @@ def pytest_report_header(config):
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     terminalreporter.write_line(_hypothesis_seed_line(config))
+
+
+# --------------------------------------------------------------------------- running concurrently (pytest-xdist)
+#
+# pyproject's addopts run the suite with `-n auto --dist loadgroup`: `auto` is the count below, each worker a
+# process of its own with its own session fixtures (the harness gives each its own slot: hosts, bridge, subnet).
+# Groups (one worker runs a group's tests one after another):
+# - the tests that use the Slurm or the Grid Engine cluster, one group each, so one worker brings each up;
+# - the modules whose tests train torch on several namespace hosts at once (4 workers, their zygotes, restarts:
+#   tens of CPU seconds each): one at a time, beside the lighter tests, on a machine of few cores.
+# A test marked `serial` runs with no other test running (the run's other workers wait for it).
+
+WORKERS_PER_CORE = 1.5    # much of a test's time is waiting (heartbeats, hang windows, sshd, daemons), not CPU
+GIB_PER_WORKER = 3        # a worker's torch runs: up to 4 hosts x (worker + zygote) of ~300 MB each
+CLUSTER_GROUPS = {"slurm_cluster": "slurm_cluster", "uge_cluster": "uge_cluster"}   # fixture -> xdist group
+HEAVY_GROUP = "torch_on_hosts"
+HEAVY_MODULES = ("tests/elastic/test_snapshot_ssh.py", "tests/elastic/test_warm.py", "tests/elastic/test_elastic_ssh.py",
+                 "tests/elastic/test_snapshot_security.py", "tests/faults/test_lost_host_detection.py")
+
+
+def _memory_gib() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) / 2**20
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: WORKERS_PER_CORE per core, at most one per GIB_PER_WORKER of memory, at least 2;
+    PYTEST_XDIST_AUTO_NUM_WORKERS overrides it."""
+    forced = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS", "").strip()
+    if forced.isdigit():
+        return int(forced)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    n = int(WORKERS_PER_CORE * cores + 0.5)
+    mem = _memory_gib()
+    if mem is not None:
+        n = min(n, int(mem // GIB_PER_WORKER))
+    return max(2, n)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Serial tests last (when the other workers have little left to wait for them); under --dist loadgroup,
+    the groups above (before xdist reads them; a serial test is in none)."""
+    items.sort(key=lambda item: item.get_closest_marker("serial") is not None)      # stable: order kept otherwise
+    if not getattr(config.option, "loadgroup", False):      # set by xdist in its workers under --dist loadgroup
+        return
+    for item in items:
+        if item.get_closest_marker("serial") is not None:
+            continue
+        groups = [g for f, g in CLUSTER_GROUPS.items() if f in getattr(item, "fixturenames", ())]
+        if not groups and item.nodeid.split("::")[0] in HEAVY_MODULES:
+            groups = [HEAVY_GROUP]
+        for group in groups:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _lock(path: Path, mode: int) -> int:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, mode)
+    return fd
+
+
+def _unlock(fd: int) -> None:
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+
+
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Under xdist, a `serial` test holds the run's room alone; every other test shares it. Two flock files in
+    the run's base temp directory (shared by its workers, private to the run): ``gate`` is taken by a serial
+    test first and held while it waits, so no new test slips in ahead of it; ``room`` is exclusive for it and
+    shared for the others. Outermost wrapper: the wait is outside pytest-timeout's clock and the durations."""
+    workerinput = getattr(item.config, "workerinput", None)
+    factory = getattr(item.config, "_tmp_path_factory", None)
+    if workerinput is None or factory is None:
+        yield
+        return
+    where = factory.getbasetemp().parent        # <run's basetemp>/popen-gwN -> <run's basetemp>
+    gate, room = where / "serial-gate.lock", where / "serial-room.lock"
+    if item.get_closest_marker("serial") is not None:
+        g = _lock(gate, fcntl.LOCK_EX)
+        r = _lock(room, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            _unlock(r)
+            _unlock(g)
+    else:
+        g = _lock(gate, fcntl.LOCK_EX)
+        r = _lock(room, fcntl.LOCK_SH)
+        _unlock(g)
+        try:
+            yield
+        finally:
+            _unlock(r)

@@ -132,10 +132,12 @@ def test_an_elastic_run_ends_the_survivors_blocked_workers_at_once_and_goes_on(m
           f"{gone:.2f} s")
 
 
+@pytest.mark.serial
 def test_no_false_loss_under_a_load_of_twice_the_cores(make_ssh_hosts, tmp_path):
     """2 x os.cpu_count() busy processes load the machine while 3 hosts' quiet gloo workers all-reduce for
     PODRUN_LOAD_TEST_S seconds: no host is declared lost, every instance ends 0, and the largest silence podrun
-    saw from any host (summary.json) stays below the 2 s bound."""
+    saw from any host (summary.json) stays below the 2 s bound. Serial: the load is the one it states, not that
+    plus the suite's other tests (nor do its busy loops slow theirs)."""
     hosts = make_ssh_hosts(3)
     m = marker()
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass", m]) for _ in range(2 * (os.cpu_count() or 1))]
