@@ -100,7 +100,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 # Groups (one worker runs a group's tests one after another):
 # - the tests that use the Slurm or the Grid Engine cluster, one group each, so one worker brings each up;
 # - the modules whose tests train torch on several namespace hosts at once (4 workers, their zygotes, restarts:
-#   tens of CPU seconds each): one at a time, beside the lighter tests, on a machine of few cores.
+#   tens of CPU seconds each): one at a time, beside the lighter tests, on a machine of few cores;
+# - the modules that start hundreds of workers or 16 hosts at once (many_ranks): one at a time too.
 # A test marked `serial` runs with no other test running (the run's other workers wait for it).
 
 WORKERS_PER_CORE = 1.5    # much of a test's time is waiting (heartbeats, hang windows, sshd, daemons), not CPU
@@ -108,7 +109,11 @@ GIB_PER_WORKER = 3        # a worker's torch runs: up to 4 hosts x (worker + zyg
 CLUSTER_GROUPS = {"slurm_cluster": "slurm_cluster", "uge_cluster": "uge_cluster"}   # fixture -> xdist group
 HEAVY_GROUP = "torch_on_hosts"
 HEAVY_MODULES = ("tests/elastic/test_snapshot_ssh.py", "tests/elastic/test_warm.py", "tests/elastic/test_elastic_ssh.py",
-                 "tests/elastic/test_snapshot_security.py", "tests/faults/test_lost_host_detection.py")
+                 "tests/elastic/test_snapshot_security.py", "tests/faults/test_lost_host_detection.py",
+                 "tests/calibrate/test_calibrate_ssh.py", "tests/calibrate/test_estimate_vs_run.py")
+MANY_GROUP = "many_ranks"  # hundreds of light workers, or 16 hosts, at once: one such module at a time
+MANY_MODULES = ("tests/launch/test_scale_supervision.py", "tests/elastic/test_elastic_256.py",
+                "tests/launch/test_scale.py", "tests/calibrate/test_calibrate_local.py")
 
 
 def _memory_gib() -> float | None:
@@ -146,8 +151,11 @@ def pytest_collection_modifyitems(config, items):
         if item.get_closest_marker("serial") is not None:
             continue
         groups = [g for f, g in CLUSTER_GROUPS.items() if f in getattr(item, "fixturenames", ())]
-        if not groups and item.nodeid.split("::")[0] in HEAVY_MODULES:
+        module = item.nodeid.split("::")[0]
+        if not groups and module in HEAVY_MODULES:
             groups = [HEAVY_GROUP]
+        elif not groups and module in MANY_MODULES:
+            groups = [MANY_GROUP]
         for group in groups:
             item.add_marker(pytest.mark.xdist_group(group))
 
