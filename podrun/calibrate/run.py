@@ -9,9 +9,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from podrun.calibrate.file import (Calibration, LinkResult, MemoryProbe, MemoryResult, NetworkResult, RatePoint,
-                                   check_name, save, utc_now)
+from podrun.specs.calibration import (Calibration, LinkResult, MemoryProbe, MemoryResult, NetworkResult, RatePoint,
+                                   SUBDIR, check_name, dumps, utc_now)
 from podrun.errors import LaunchError, PlanError
+from podrun.launch.rundir import _write_text, make_runs_dir, private_subdir
 
 WORKER = "podrun.calibrate.worker"
 
@@ -171,3 +172,16 @@ def summary_rows(c: Calibration) -> list[tuple[str, str]]:
                               f"({link.ranks} ranks, {link.message_bytes / 2**20:.1f} MiB)"))
     rows.append(("took", f"{c.seconds:.0f} s"))
     return rows
+
+
+def calibrations_dir(runs_dir: str | Path) -> Path:
+    """<runs>/calibrations: the runs dir made as a launch makes it, the folder private (0700, checked with lstat)."""
+    return private_subdir(make_runs_dir(runs_dir), SUBDIR, "calibrations directory")
+
+
+def save(c: Calibration, runs_dir: str | Path, name: str) -> Path:
+    """Write <runs>/calibrations/<name>.yaml whole: a new private file beside it, then a rename over it, so a
+    reader sees the old file or the new one, never a part."""
+    target = calibrations_dir(runs_dir) / f"{check_name(name)}.yaml"
+    _write_text(target, dumps(c))         # a new private file (0600) beside it, then a rename over it
+    return target

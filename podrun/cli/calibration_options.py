@@ -5,7 +5,7 @@ import sys
 
 import click
 
-from podrun.calibrate.use import MAX_AGE_DAYS
+from podrun.plan.measured import MAX_AGE_DAYS
 
 
 def calibration_options(f):
@@ -25,14 +25,15 @@ def warn(text: str) -> None:
 
 def calibrated_plan(recipe: str, options: dict, calibration: str, max_age_days: float, runs_dir: str | None = None):
     """(plan with the calibration's measured inputs, host source); the warnings said on stderr."""
-    from podrun.calibrate.use import measured_for
+    from podrun.launch.rundir import DEFAULT_RUNS_DIR
     from podrun.plan import make_plan
+    from podrun.plan.measured import measured_for
     from podrun.plan.inputs import resolve_plan_inputs
 
     cluster, rspec, src, ov = resolve_plan_inputs(recipe, **options)
     hosts = cluster.hosts if ov.nodes is None else cluster.hosts[: ov.nodes]
     measured, warnings = measured_for(calibration, cluster, rspec, tuple(hosts), max_age_days=max_age_days,
-                                      runs_dir=runs_dir)
+                                      runs_dir=runs_dir if runs_dir is not None else DEFAULT_RUNS_DIR)
     for w in warnings:
         warn(w)
     return make_plan(cluster, rspec, ov, measured), src

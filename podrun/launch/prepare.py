@@ -73,9 +73,10 @@ def _prepare(opts: "LaunchOptions", target: Target, mapped: OwnOptions) -> Prepa
     plan_kw.update(nodes=mapped.nodes, devices_per_host=mapped.devices_per_host)
     cluster, rspec, src, overrides = resolve_plan_inputs(target.name if target.kind == RECIPE else None, **plan_kw)
     check_nproc_kind(opts.torchrun, cluster.device.kind, cluster.name)
-    from podrun.calibrate.use import launch_measured
+    from podrun.plan.measured import launch_measured
 
-    measured, calibration_notes = launch_measured(opts.calibration, cluster, rspec, overrides, out.runs_dir)
+    measured, calibration_notes = launch_measured(opts.calibration, cluster, rspec, overrides,
+                                                  out.runs_dir if out.runs_dir is not None else DEFAULT_RUNS_DIR)
     plan = make_plan(cluster, rspec, overrides, measured)
     python = net.host_python
     recipe_script, recipe_args, long_run = None, None, None

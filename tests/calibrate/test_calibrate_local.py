@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from podrun.calibrate.file import load
+from podrun.specs.calibration import load
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = str(ROOT / "recipes" / "resnet18_cifar10")

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from podrun.calibrate.file import load
+from podrun.specs.calibration import load
 from tests.harness.shaping import shape, shaped_rate_mbit, unshape
 from tests.ports import free_port
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from podrun.calibrate.file import (Calibration, LinkResult, MemoryProbe, MemoryResult, NetworkResult, RatePoint,
-                                   dumps, find, load, save)
+from podrun.specs.calibration import (Calibration, LinkResult, MemoryProbe, MemoryResult, NetworkResult, RatePoint,
+                                   dumps, find, load)
+from podrun.calibrate.run import save
 from podrun.calibrate.search import largest_fit
 from podrun.errors import SpecError
 from podrun.plan.measured import Measured

@@ -1,4 +1,4 @@
-"""The calibration file: its schema as frozen dataclasses, loaded at one boundary, written atomically, found by name."""
+"""The calibration file: its schema as frozen dataclasses, loaded at one boundary, its text, found by name."""
 from __future__ import annotations
 
 import datetime as _dt
@@ -147,13 +147,6 @@ def dumps(c: Calibration) -> str:
     return head + yaml.safe_dump(c.to_dict(), sort_keys=False, default_flow_style=None, width=110)
 
 
-def calibrations_dir(runs_dir: str | Path) -> Path:
-    """<runs>/calibrations: the runs dir made as a launch makes it, the folder private (0700, checked with lstat)."""
-    from podrun.launch.rundir import make_runs_dir, private_subdir
-
-    return private_subdir(make_runs_dir(runs_dir), SUBDIR, "calibrations directory")
-
-
 def check_name(name: str) -> str:
     if not NAME_RE.match(name):
         raise SpecError(f"--name {name[:60]!r} is not a calibration name",
@@ -161,26 +154,12 @@ def check_name(name: str) -> str:
     return name
 
 
-def save(c: Calibration, runs_dir: str | Path, name: str) -> Path:
-    """Write <runs>/calibrations/<name>.yaml whole: a new private file beside it, then a rename over it, so a
-    reader sees the old file or the new one, never a part."""
-    from podrun.launch.rundir import _write_text
-
-    target = calibrations_dir(runs_dir) / f"{check_name(name)}.yaml"
-    _write_text(target, dumps(c))         # a new private file (0600) beside it, then a rename over it
-    return target
-
-
-def find(name_or_path: str, runs_dir: str | Path | None = None) -> Path:
-    """--calibration FILE|NAME: a path (ends in .yaml/.yml or holds a '/'), else <runs>/calibrations/NAME.yaml."""
+def find(name_or_path: str, runs_dir: str | Path) -> Path:
+    """--calibration FILE|NAME: a path (ends in .yaml/.yml or holds a '/'), else <runs_dir>/calibrations/NAME.yaml."""
     if not name_or_path or "\0" in name_or_path or len(name_or_path) > 4096:
         raise SpecError("--calibration: not a file name or a calibration name")
     if name_or_path.endswith((".yaml", ".yml")) or os.sep in name_or_path:
         return Path(name_or_path)
-    if runs_dir is None:
-        from podrun.launch.rundir import DEFAULT_RUNS_DIR
-
-        runs_dir = DEFAULT_RUNS_DIR
     d = Path(runs_dir) / SUBDIR
     p = d / f"{name_or_path}.yaml"
     if not p.is_file():
