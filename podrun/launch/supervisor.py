@@ -177,6 +177,8 @@ class Supervisor(LiveWatch):
             st = self.states[idx]
             if st.exit_code is None and st.status != "lost":
                 code = LOST_EXIT if rc is None else (protocol.exit_code_from_returncode(rc) or 1)
+                if code == LOST_EXIT and (silent := self.hearing.silent_for(idx)) is not None:
+                    self.lost_silence[idx] = silent       # its connection ended (ssh's own keepalive) after this
                 st.exit_code = code
                 st.ended_s = round(time.time() - self.t0, 3)
                 st.status = "terminated" if self.stopping_since else "failed"

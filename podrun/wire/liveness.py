@@ -188,6 +188,12 @@ class Hearing:
                 return 0.0
             return self._silence(instance, self.clock())
 
+    def silent_for(self, instance: int) -> float | None:
+        """Seconds since ``instance`` was last heard (its reader's waits taken out), whether or not its reader has
+        ended: how long a host whose connection just closed had been silent (None: never heard)."""
+        with self.lock:
+            return self._silence(instance, self.clock())
+
     def max_gap(self, instance: int) -> float | None:
         """The largest silence between two lines of ``instance`` so far (None: fewer than two lines)."""
         with self.lock:

@@ -9,8 +9,8 @@ out = sys.argv[1]
 got = []
 for s in (signal.SIGTERM, signal.SIGHUP):
     signal.signal(s, lambda n, f: (got.append(signal.Signals(n).name), sys.exit(128 + n)))
-print(f"up {os.environ['RANK']}", flush=True)
 try:
+    print(f"up {os.environ['RANK']}", flush=True)    # inside the handler: the signal may come while print returns
     while True:
         time.sleep(0.05)
 except KeyboardInterrupt:
