@@ -1,8 +1,8 @@
 """The workers that ended after a run's root cause (its followers), summarised by exit code with their ranks as ranges."""
 from __future__ import annotations
 
-import signal
 
+from podrun.launch.outcome import exit_signal
 from podrun.launch.stacks import rank_ranges
 
 
@@ -21,12 +21,8 @@ def summarise(ended: list[tuple[int, str, int]]) -> dict | None:
 
 def describe_code(code: int) -> str:
     """143 -> "exit 143 (SIGTERM)"; 1 -> "exit 1"."""
-    if 128 < code < 160:
-        try:
-            return f"exit {code} ({signal.Signals(code - 128).name})"
-        except ValueError:
-            pass
-    return f"exit {code}"
+    sig = exit_signal(code)
+    return f"exit {code} ({sig})" if sig is not None else f"exit {code}"
 
 
 SHOWN_RANGES = 8           # ranges of one exit code shown on the console (summary.json has every rank)

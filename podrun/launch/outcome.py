@@ -114,13 +114,19 @@ class Outcome:
         })
 
 
-def describe_code(code: int) -> str:
+def exit_signal(code: int) -> str | None:
+    """143 -> "SIGTERM": the signal an exit code above 128 says ended the process (None: none, or not one known)."""
     if 128 < code < 160:
         try:
-            return f"exited by signal {signal.Signals(code - 128).name} (exit code {code})"
+            return signal.Signals(code - 128).name
         except ValueError:
             pass
-    return f"exited with code {code}"
+    return None
+
+
+def describe_code(code: int) -> str:
+    sig = exit_signal(code)
+    return f"exited by signal {sig} (exit code {code})" if sig is not None else f"exited with code {code}"
 
 
 def explain(root: Failure, states: dict[int, InstanceState], failures: list[Failure],

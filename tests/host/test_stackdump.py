@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from podrun.host import stackdump
 from podrun.wire.proctl import proc_start
 
@@ -25,29 +27,18 @@ def _still_running(p: subprocess.Popen) -> bool:
     return False
 
 
-def test_a_registration_whose_pid_now_names_a_later_process_is_not_signalled(tmp_path):
+@pytest.mark.parametrize("left", ["another start time", "no start time"])
+def test_a_registration_left_behind_under_a_pid_another_process_took_is_not_signalled(tmp_path, left):
+    """What a registered process that ended left behind, its pid now taken by a process without the handler:
+    a .main file naming another start time, or (an older file) none."""
     p = _sleeper()
     try:
         w = tmp_path / "w0"
         w.mkdir()
-        # what a registered process that ended left behind, its pid now taken by ``p`` (another start time)
-        (w / f"{p.pid}.main").write_text(f"{0x1234:#018x}\n{int(proc_start(p.pid)) - 1}\n")
+        start = f"{int(proc_start(p.pid)) - 1}\n" if left == "another start time" else ""
+        (w / f"{p.pid}.main").write_text(f"{0x1234:#018x}\n{start}")
         got = stackdump.collect(str(tmp_path), [(0, p.pid)], wait=0.3)
         assert got[0]["procs"] == [] and got[0]["problem"] == stackdump.NOT_REGISTERED
-        assert _still_running(p), f"the unregistered process was signalled (exit {p.returncode})"
-    finally:
-        p.kill()
-        p.wait()
-
-
-def test_a_registration_without_a_start_time_is_not_signalled(tmp_path):
-    p = _sleeper()
-    try:
-        w = tmp_path / "w0"
-        w.mkdir()
-        (w / f"{p.pid}.main").write_text(f"{0x1234:#018x}\n")
-        got = stackdump.collect(str(tmp_path), [(0, p.pid)], wait=0.3)
-        assert got[0]["problem"] == stackdump.NOT_REGISTERED
         assert _still_running(p), f"the unregistered process was signalled (exit {p.returncode})"
     finally:
         p.kill()
