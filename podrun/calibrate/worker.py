@@ -9,6 +9,8 @@ import statistics
 import sys
 import time
 
+from podrun.wire.protocol import write_whole
+
 RESULT = "calibration-result.json"     # in the run directory, written by rank 0
 
 
@@ -168,11 +170,7 @@ def _write(run_dir: str | None, obj: dict) -> None:
     if run_dir is None:
         print(json.dumps(obj))
         return
-    path = os.path.join(run_dir, RESULT)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f)
-    os.replace(tmp, path)
+    write_whole(os.path.join(run_dir, RESULT), json.dumps(obj))
 
 
 if __name__ == "__main__":

@@ -162,10 +162,10 @@ def write_request(run_dir: str) -> None:
     <run_dir>/stacks-request, written whole (a new private file, then a rename)."""
     import time
 
-    _write_whole(os.path.join(run_dir, REQUEST_FILE), f"{time.time_ns()}\n")
+    write_whole(os.path.join(run_dir, REQUEST_FILE), f"{time.time_ns()}\n")
 
 
-def _write_whole(path: str, text: str) -> None:
+def write_whole(path: str, text: str) -> None:
     """``text`` as the file ``path``, written whole: a new private file (0600, no link followed), then a rename."""
     tmp = f"{path}.{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -209,7 +209,7 @@ def write_stop(run_dir: str, sig: int) -> None:
     import signal
     import time
 
-    _write_whole(os.path.join(run_dir, STOP_FILE), f"{signal.Signals(sig).name} {time.time_ns()}\n")
+    write_whole(os.path.join(run_dir, STOP_FILE), f"{signal.Signals(sig).name} {time.time_ns()}\n")
 
 
 def read_stop(run_dir: str) -> tuple[str, int | None]:
