@@ -2,8 +2,15 @@
 these tests from the tutorial's documented behaviour: the same command line (`multinode.py TOTAL_EPOCHS SAVE_EVERY
 [--batch_size N]`), the same two kinds of line ("[GPU<rank>] Epoch E | Batchsize: B | Steps: S" each epoch on every
 rank, "Epoch E | Training snapshot saved at snapshot.pt" from rank 0), the same resume from snapshot.pt, on CPU
-(gloo): a linear model over 2048 random samples of 20 features, each rank its DistributedSampler share."""
+(gloo): a linear model over 2048 random samples of 20 features, each rank its DistributedSampler share.
+
+One difference from the tutorial, which destroys the process group while its Trainer still holds the DDP model:
+this script frees the DDP model first. A gloo DDP reducer that outlives its destroyed group can abort the worker
+at exit ("terminate called without an active exception", SIGABRT), seen once in CI under torchrun itself; podrun's
+own runner frees its wrappers before the group the same way (podrun/train/runner.py). The tests compare the two
+launchers on this script, not torch's teardown."""
 import argparse
+import gc
 import os
 
 import torch
@@ -47,6 +54,8 @@ def main() -> None:
         if rank == 0 and epoch % args.save_every == 0:
             torch.save({"MODEL_STATE": net.state_dict(), "EPOCHS_RUN": epoch}, SNAPSHOT)
             print(f"Epoch {epoch} | Training snapshot saved at {SNAPSHOT}")
+    del model, opt
+    gc.collect()
     dist.destroy_process_group()
 
 
