@@ -110,7 +110,7 @@ CLUSTER_GROUPS = {"slurm_cluster": "slurm_cluster", "uge_cluster": "uge_cluster"
 HEAVY_GROUP = "torch_on_hosts"
 HEAVY_MODULES = ("tests/elastic/test_snapshot_ssh.py", "tests/elastic/test_warm.py", "tests/elastic/test_elastic_ssh.py",
                  "tests/elastic/test_snapshot_security.py", "tests/faults/test_lost_host_detection.py",
-                 "tests/calibrate/test_calibrate_ssh.py", "tests/calibrate/test_estimate_vs_run.py")
+                 "tests/calibrate/test_calibrate_ssh.py")
 MANY_GROUP = "many_ranks"  # hundreds of light workers, or 16 hosts, at once: one such module at a time
 MANY_MODULES = ("tests/launch/test_scale_supervision.py", "tests/elastic/test_elastic_256.py",
                 "tests/launch/test_scale.py", "tests/calibrate/test_calibrate_local.py")

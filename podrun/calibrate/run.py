@@ -9,8 +9,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from podrun.specs.calibration import (Calibration, LinkResult, MemoryProbe, MemoryResult, NetworkResult, RatePoint,
-                                   SUBDIR, check_name, dumps, utc_now)
+from podrun.specs.calibration import (Calibration, LinkResult, MemoryProbe, MemoryResult, NetworkResult,
+                                      OverlapResult, RatePoint, SUBDIR, check_name, dumps, utc_now)
 from podrun.errors import LaunchError, PlanError
 from podrun.launch.rundir import _write_text, make_runs_dir, private_subdir
 
@@ -23,7 +23,8 @@ class CalibrateOptions:
     plan: dict                                  # the plan options (cluster, hosts, devices per host ...)
     device_memory_gb: float | None = None       # None: the cluster spec's device memory
     batches: tuple[int, ...] = ()               # local batches to time; () the plans' own
-    steps: int = 3
+    steps: int = 5
+    image_size: int | None = None               # input side in pixels; None: the recipe's
     name: str | None = None                     # None: <recipe>-<cluster>
     runs_dir: str = "runs"
     transport: str | None = None
@@ -51,6 +52,8 @@ def launch_options(opts: CalibrateOptions, recipe_path: str, budget: int, run_id
     args = [WORKER, "--recipe", recipe_path, "--budget", str(budget), "--steps", str(opts.steps)]
     if opts.batches:
         args += ["--batches", ",".join(str(b) for b in opts.batches)]
+    if opts.image_size is not None:
+        args += ["--image-size", str(opts.image_size)]
     return LaunchOptions(
         target=TargetOptions(args=tuple(args), module=True),
         plan={k: v for k, v in opts.plan.items() if k not in ("global_batch", "local_batch", "grad_accum")},
@@ -154,13 +157,15 @@ def build(result: dict, *, recipe, cluster, plan, budget: int, budget_source: st
         throughput=tuple(RatePoint(**p) for p in result["throughput"]),
         network=NetworkResult(backend=net["backend"], intra_host=link(net["intra_host"]),
                               inter_host=link(net["inter_host"])),
-        seconds=round(seconds, 1),
+        seconds=round(seconds, 1), image_size=result.get("image_size"),
+        overlap=None if result.get("overlap") is None else OverlapResult(**result["overlap"]),
     )
 
 
 def summary_rows(c: Calibration) -> list[tuple[str, str]]:
     """The summary table: (what, measured)."""
     rows = [("hosts", f"{', '.join(c.hosts)} ({c.devices_per_host} x {c.device} each)"),
+            ("inputs", "not recorded" if c.image_size is None else f"{c.image_size} x {c.image_size} px"),
             ("largest local batch", f"{c.memory.largest_local_batch} under {c.memory.budget_bytes / 1e9:.3g} GB "
                                     f"({c.memory.budget_source}; {len(c.memory.probes)} probes)")]
     for p in c.throughput:
@@ -170,6 +175,11 @@ def summary_rows(c: Calibration) -> list[tuple[str, str]]:
         if link is not None:
             rows.append((key, f"bus bandwidth {link.bus_bandwidth_gbps:.3g} Gb/s, latency {link.latency_us:.0f} us "
                               f"({link.ranks} ranks, {link.message_bytes / 2**20:.1f} MiB)"))
+    o = c.overlap
+    if o is not None:
+        rows.append(("data-parallel step", f"{o.synced_step_seconds * 1e3:.0f} ms at local batch {o.local_batch} on "
+                                           f"{o.ranks} ranks: {o.hidden_fraction:.0%} of the all-reduce "
+                                           f"({o.allreduce_seconds * 1e3:.0f} ms) hidden"))
     rows.append(("took", f"{c.seconds:.0f} s"))
     return rows
 

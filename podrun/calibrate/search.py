@@ -63,18 +63,26 @@ def largest_fit(measure: Callable[[int], dict], budget: int, *, start: int = 1, 
         if lo == 0:                                   # nothing fits yet: halve
             b, predicted = max(1, hi // 2), False
             continue
-        if predicted and p.fits and (hi is None or lo + 1 < hi):
-            b, predicted = lo + 1, False              # the line's batch fits: is the next one over?
-            continue
         guess = _predict(probes, budget)
         top = min(limit, lo * JUMP) if hi is None else hi - 1
+        if predicted and p.fits and (hi is None or lo + 1 < hi):
+            # the line's batch fits: the line through it aims again, or, when it says this is the largest (or
+            # has missed twice), the next batch up tells whether it is
+            if guess is not None and misses < 2 and lo + 1 < guess <= top:
+                b = guess
+            else:
+                b, predicted = lo + 1, False
+            continue
         if guess is not None and misses < 2 and (hi is None or guess < hi):
-            b = min(max(guess, lo + 1), top)
+            # while nothing is known not to fit, the line may jump up to JUMP times, never less than a doubling
+            b = min(max(guess, lo + 1 if hi is not None else min(lo * 2, limit)), top)
             predicted = b == guess                    # a guess beyond the bracket or the jump is a plain step
         elif hi is None:
             b, predicted = min(lo * 2, limit), False
         else:
             b, predicted, misses = (lo + hi) // 2, False, 0
+        if not predicted and hi is None:
+            misses = 0                                # a plain doubling: the line's earlier misses are behind it
 
 
 def _predict(probes: list[Probe], budget: int) -> int | None:

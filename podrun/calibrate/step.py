@@ -12,8 +12,14 @@ import torch.nn.functional as F
 from podrun.specs.recipe import RecipeSpec
 
 
-def model_kwargs(recipe: RecipeSpec) -> dict:
-    """The model's options as the recipe's train.py builds it (podrun.train.recipe_main)."""
+def input_size(recipe: RecipeSpec, image_size: int | None) -> int:
+    """The side in pixels of the inputs: ``image_size`` when given, else the recipe's dataset's."""
+    return recipe.dataset.image_size if image_size is None else image_size
+
+
+def model_kwargs(recipe: RecipeSpec, image_size: int | None = None) -> dict:
+    """The model's options as the recipe's train.py builds it (podrun.train.recipe_main) for inputs of
+    ``image_size`` pixels (None: the recipe's)."""
     from podrun import models
 
     known = models.options(recipe.model.name)
@@ -23,7 +29,7 @@ def model_kwargs(recipe: RecipeSpec) -> dict:
         if value and key in known:
             kw[key] = value
     if "image_size" in known:
-        kw["image_size"] = recipe.dataset.image_size
+        kw["image_size"] = input_size(recipe, image_size)
     return kw
 
 
@@ -36,10 +42,12 @@ def autocast_dtype(recipe: RecipeSpec, device: str):
 
 @dataclass
 class Stepper:
-    """The recipe's model and optimiser on one device, stepping on random data of a fixed local batch."""
+    """The recipe's model and optimiser on one device, stepping on random data of a fixed local batch, at inputs of
+    ``image_size`` pixels (None: the recipe's)."""
 
     recipe: RecipeSpec
     device: str = "cpu"
+    image_size: int | None = None
 
     def __post_init__(self):
         from podrun import models
@@ -47,7 +55,8 @@ class Stepper:
 
         torch.manual_seed(0)
         r = self.recipe
-        self.model = models.build(r.model.name, num_classes=r.dataset.num_classes, **model_kwargs(r)).to(self.device)
+        self.model = models.build(r.model.name, num_classes=r.dataset.num_classes,
+                                  **model_kwargs(r, self.image_size)).to(self.device)
         self.model.train()
         o = r.optimizer
         self.opt = build_optimizer(self.model, o.name, r.lr.base, momentum=o.momentum, weight_decay=o.weight_decay,
@@ -56,7 +65,7 @@ class Stepper:
         self.batch = 0
 
     def _data(self, b: int):
-        size = self.recipe.dataset.image_size
+        size = input_size(self.recipe, self.image_size)
         self.x = torch.randn(b, 3, size, size, device=self.device)
         self.y = torch.randint(0, self.recipe.dataset.num_classes, (b,), device=self.device)
         self.batch = b
@@ -105,7 +114,7 @@ def _fixed_malloc() -> None:
         pass
 
 
-def _probe_child(recipe: RecipeSpec, b: int, device: str, conn) -> None:
+def _probe_child(recipe: RecipeSpec, b: int, device: str, image_size: int | None, conn) -> None:
     """In the child: two steps at local batch ``b``; sends the peak bytes (or the error) and exits."""
     try:
         if device == "cuda":
@@ -116,7 +125,7 @@ def _probe_child(recipe: RecipeSpec, b: int, device: str, conn) -> None:
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")                        # reset VmHWM to the current resident set
             base = _status_kb("VmRSS") * 1024
-        s = Stepper(recipe, device)
+        s = Stepper(recipe, device, image_size)
         s.step(b)
         s.step(b)
         peak = (torch.cuda.max_memory_allocated() if device == "cuda" else _status_kb("VmHWM") * 1024) - base
@@ -130,14 +139,15 @@ def _probe_child(recipe: RecipeSpec, b: int, device: str, conn) -> None:
         os._exit(0)
 
 
-def probe(recipe: RecipeSpec, b: int, device: str = "cpu", timeout: float = 600.0) -> dict:
+def probe(recipe: RecipeSpec, b: int, device: str = "cpu", timeout: float = 600.0,
+          image_size: int | None = None) -> dict:
     """One probe in a forked child (torch already loaded here, so the child starts at once): {"peak_bytes": int}
     or {"peak_bytes": None, "error": why} when it ran out of memory or died."""
     import multiprocessing as mp
 
     ctx = mp.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)
-    p = ctx.Process(target=_probe_child, args=(recipe, b, device, child), daemon=True)
+    p = ctx.Process(target=_probe_child, args=(recipe, b, device, image_size, child), daemon=True)
     p.start()
     child.close()
     got = parent.recv() if parent.poll(timeout) else None

@@ -18,22 +18,26 @@ def say(text: str) -> None:
     print(f"calibrate: {text}", flush=True)
 
 
+def plan_batch(recipe, plan: dict, largest: int, hosts: int) -> int | None:
+    """The local batch a plan of the recipe's global batch picks on the first ``hosts`` of these hosts with
+    ``largest`` the largest local batch (None: no feasible plan there)."""
+    from podrun.plan.decompose import feasible
+
+    kind = plan["device_kind"]
+    p = recipe.lookup("devices_per_replica", kind, kind.split("-")[0]) or 1
+    min_ga = recipe.lookup("min_grad_accum", kind, kind.split("-")[0]) or 1
+    replicas = hosts * plan["devices_per_host"] // p
+    if replicas < 1:
+        return None
+    d = feasible(recipe.global_batch, replicas, largest, min_ga, None, None)
+    return None if d is None else d.local_batch
+
+
 def candidate_batches(recipe, plan: dict, largest: int) -> list[int]:
     """The local batches a plan of the recipe's global batch picks on 1..N of these hosts (largest local batch
     ``largest``): the ones the calibrated plans run at; at least two (half of the one, else), so that the
     step time can be drawn as a line through them."""
-    from podrun.plan.decompose import feasible
-
-    p = recipe.lookup("devices_per_replica", plan["device_kind"], plan["device_kind"].split("-")[0]) or 1
-    min_ga = recipe.lookup("min_grad_accum", plan["device_kind"], plan["device_kind"].split("-")[0]) or 1
-    out = set()
-    for n in range(1, len(plan["hosts"]) + 1):
-        replicas = n * plan["devices_per_host"] // p
-        if replicas < 1:
-            continue
-        d = feasible(recipe.global_batch, replicas, largest, min_ga, None, None)
-        if d is not None:
-            out.add(d.local_batch)
+    out = {b for n in range(1, len(plan["hosts"]) + 1) if (b := plan_batch(recipe, plan, largest, n)) is not None}
     if not out:
         out.add(min(largest, recipe.global_batch))
     if len(out) == 1:
@@ -47,9 +51,10 @@ def main(argv=None) -> int:
     ap.add_argument("--recipe", required=True)
     ap.add_argument("--budget", type=int, required=True, help="bytes one device may hold")
     ap.add_argument("--batches", default="", help="local batches to time (default: the plans' own)")
-    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--start-batch", type=int, default=1)
     ap.add_argument("--net-iters", type=int, default=3)
+    ap.add_argument("--image-size", type=int, default=None, help="input side in pixels (default: the recipe's)")
     args = ap.parse_args(argv)
 
     import torch
@@ -83,7 +88,7 @@ def main(argv=None) -> int:
             mb = "died" if p.peak_bytes is None else f"{p.peak_bytes / 2**20:.0f} MiB"
             say(f"memory probe {len(probes) + 1}: local batch {p.local_batch}: {mb} of "
                 f"{args.budget / 2**20:.0f} MiB: {'fits' if p.fits else 'does not fit'}")
-        largest, got = largest_fit(lambda b: steps.probe(recipe, b, device), args.budget,
+        largest, got = largest_fit(lambda b: steps.probe(recipe, b, device, image_size=args.image_size), args.budget,
                                    start=args.start_batch, on_probe=lambda p: (shown(p), probes.append(p)))
         probes = got
         state = [largest, next((p.peak_bytes for p in got if p.local_batch == 1), None)]
@@ -100,21 +105,29 @@ def main(argv=None) -> int:
     # 2. the rate per device at the plans' local batches: every device at once (as in a run)
     batches = sorted({int(b) for b in args.batches.split(",") if b}) if args.batches else \
         candidate_batches(recipe, plan, largest)
-    stepper = steps.Stepper(recipe, device)
+    stepper = steps.Stepper(recipe, device, args.image_size)
     rates = []
     for b in batches:
         dist.barrier()
         times = stepper.time_steps(b, args.steps)
-        med = statistics.median(times)
-        slowest = [None] * world
-        dist.all_gather_object(slowest, med)
-        t = max(slowest)
+        t = _slowest(statistics.median(times), world)
         rates.append({"local_batch": b, "step_seconds": t, "images_per_second": b / t})
         if rank == 0:
             say(f"rate at local batch {b}: {b / t:.1f} img/s per device (slowest of {world})")
+    # 3. the data-parallel step at the plan's local batch on all the hosts: how much of the all-reduce hides
+    nbytes = recipe.model.params * recipe.gradient_bytes
+    overlap = None
+    if world > 1:
+        at = batch_on_all(recipe, plan, largest, batches)
+        step_alone = next(r["step_seconds"] for r in rates if r["local_batch"] == at)
+        overlap = data_parallel_step(stepper, at, args.steps, step_alone, nbytes, args.net_iters, world)
+        if rank == 0:
+            say(f"data-parallel step at local batch {at} ({world} ranks): {overlap['synced_step_seconds']:.3g} s "
+                f"against {step_alone:.3g} s alone and {overlap['allreduce_seconds']:.3g} s of all-reduce: "
+                f"{overlap['hidden_fraction']:.0%} of the all-reduce hidden")
     del stepper
 
-    # 3. the all-reduce at the recipe's gradient size: across hosts (one rank each), inside host 0; rank 0 is in both
+    # 4. the all-reduce at the recipe's gradient size: across hosts (one rank each), inside host 0; rank 0 is in both
     nbytes = recipe.model.params * recipe.gradient_bytes
     inter_ranks = [h * lws for h in range(hosts)]
     intra_ranks = list(range(lws))
@@ -134,10 +147,59 @@ def main(argv=None) -> int:
     if rank == 0:
         _write(info.run_dir, {"largest": largest, "probes": [p.__dict__ for p in probes], "throughput": rates,
                               "network": network, "world": world, "local_world_size": lws, "device": device,
+                              "image_size": steps.input_size(recipe, args.image_size), "overlap": overlap,
                               "seconds": time.monotonic() - t_start})
     dist.barrier()
     dist.destroy_process_group()
     return 0
+
+
+def batch_on_all(recipe, plan: dict, largest: int, batches: list[int]) -> int:
+    """The timed local batch a plan on all the hosts runs: the plan's own when it was timed, else the largest
+    timed one below it, else the smallest timed."""
+    want = plan_batch(recipe, plan, largest, len(plan["hosts"]))
+    below = [b for b in batches if b <= (batches[-1] if want is None else want)]
+    return below[-1] if below else batches[0]
+
+
+def data_parallel_step(stepper, b: int, steps: int, step_alone: float, nbytes: int, iters: int, world: int) -> dict:
+    """The stepper's model under DDP over every rank, all stepping at once at local batch ``b`` (the slowest
+    device's median, as in a run), and one all-reduce of ``nbytes`` over every rank (median of ``iters``): the
+    overlap file entry (podrun.specs.calibration.OverlapResult)."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from podrun.specs.calibration import hidden_fraction
+
+    grad = torch.zeros(max(1, nbytes // 4))
+    dist.all_reduce(grad)                          # warm-up: connections, buffers
+    times = []
+    for _ in range(iters):
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(grad)
+        times.append(time.perf_counter() - t0)
+    allreduce = statistics.median(times)
+    del grad
+    core = stepper.model
+    stepper.model = DistributedDataParallel(core)
+    try:
+        dist.barrier()
+        synced = _slowest(statistics.median(stepper.time_steps(b, steps)), world)
+    finally:
+        stepper.model = core                       # DDP's reducer freed before the group is destroyed
+    return {"ranks": world, "local_batch": b, "step_seconds": step_alone, "allreduce_seconds": allreduce,
+            "synced_step_seconds": synced, "hidden_fraction": hidden_fraction(step_alone, allreduce, synced)}
+
+
+def _slowest(mine: float, world: int) -> float:
+    """The largest of every rank's figure (synchronous data parallelism waits for the slowest)."""
+    import torch.distributed as dist
+
+    every = [None] * world
+    dist.all_gather_object(every, mine)
+    return max(every)
 
 
 def allreduce_link(group, n: int, nbytes: int, iters: int) -> dict:

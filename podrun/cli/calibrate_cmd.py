@@ -27,8 +27,11 @@ def _batches(ctx, param, value):
                                  "cluster spec's device memory; on CPU the memory one worker may use).")
 @click.option("--batches", callback=_batches, metavar="B,...",
               help="Local batches to time (default: those the recipe's plans pick on 1..N of the hosts).")
-@click.option("--steps", type=click.IntRange(1, 1000), default=3, show_default=True,
+@click.option("--steps", type=click.IntRange(1, 1000), default=5, show_default=True,
               help="Timed training steps at each local batch (after one warm-up step).")
+@click.option("--image-size", "image_size", type=click.IntRange(1, 100_000), default=None, metavar="PX",
+              help="The inputs' side in pixels (default: the recipe's dataset.image_size). Give the size the run "
+                   "trains at when it is not the recipe's: resnet18_cifar10's train.py trains --data digits at 16.")
 @click.option("--name", help="The calibration's name under RUNS_DIR/calibrations (default: RECIPE-CLUSTER).")
 @click.option("--runs-dir", default="runs", show_default=True, help="Where run directories and calibrations go.")
 @click.option("--transport", type=click.Choice(["local", "ssh", "mpirun", "srun"]),
@@ -37,8 +40,8 @@ def _batches(ctx, param, value):
 @click.option("--python", "python_", help="Python on the hosts (default: this one).")
 @click.option("--master-port", type=t.PORT, default=None, help="Rendezvous port (as podrun launch).")
 @click.option("--json", "as_json", is_flag=True, help="Print the calibration as JSON on stdout.")
-def calibrate(recipe, device_memory, batches, steps, name, runs_dir, transport, ssh_config, python_, master_port,
-              as_json, **kwargs):
+def calibrate(recipe, device_memory, batches, steps, image_size, name, runs_dir, transport, ssh_config, python_,
+              master_port, as_json, **kwargs):
     """Measure RECIPE on the hosts: the rate per device at the plans' local batches, the largest local batch that
     fits a device's memory, and all-reduce bus bandwidth and latency within and between hosts. The file
     (RUNS_DIR/calibrations/NAME.yaml) feeds `podrun plan --calibration NAME`.
@@ -52,8 +55,8 @@ def calibrate(recipe, device_memory, batches, steps, name, runs_dir, transport, 
     from podrun.cli.render import print_json
 
     opts = CalibrateOptions(recipe=recipe, plan=pop_plan_options(kwargs), device_memory_gb=device_memory,
-                            batches=batches, steps=steps, name=name, runs_dir=runs_dir, transport=transport,
-                            ssh_config=ssh_config, python=python_, master_port=master_port)
+                            batches=batches, steps=steps, image_size=image_size, name=name, runs_dir=runs_dir,
+                            transport=transport, ssh_config=ssh_config, python=python_, master_port=master_port)
     cal, path = run_calibration(opts)
     if as_json:
         print_json({**cal.to_dict(), "file": str(path)})

@@ -78,7 +78,8 @@ def render_plan(p, host_source: str) -> None:
         et.add_column("value")
         et.add_row("throughput", f"{e.images_per_second:,.0f} img/s")
         et.add_row("scaling efficiency", f"{e.scaling_efficiency:.1%}")
-        et.add_row("step", f"{e.step_seconds * 1000:.1f} ms (all-reduce {e.allreduce_seconds * 1000:.2f} ms)")
+        hidden = "" if e.allreduce_hidden_fraction == 0 else f", {e.allreduce_hidden_fraction:.0%} of it hidden"
+        et.add_row("step", f"{e.step_seconds * 1000:.1f} ms (all-reduce {e.allreduce_seconds * 1000:.2f} ms{hidden})")
         et.add_row("time to train", f"{e.time_to_train_hours:.2f} h for {p.epochs:g} epochs")
         out.print(et)
         out.print("assumptions: " + "; ".join(e.assumptions))

@@ -142,14 +142,17 @@ def make_plan(cluster: ClusterSpec, recipe: RecipeSpec | None, ov: Overrides = O
             hint=f"add throughput.{dev.kind} (images_per_second, source) to {recipe.path}/recipe.yaml",
         )
     per_device_rate, rate_source, net = rate.images_per_second, rate.source, cluster.interconnect
+    hidden, hidden_source = 0.0, ""
     if measured is not None:
         per_device_rate, rate_source, net = measured_inputs(measured, d.local_batch, rate, net)
+        if measured.hidden_fraction is not None:
+            hidden, hidden_source = measured.hidden_fraction, measured.hidden_source
     est = estimate(
         per_device_rate=per_device_rate, rate_source=rate_source, devices_per_replica=p,
         replicas=d.replicas, replicas_per_host=d.replicas // len(hosts), hosts=len(hosts),
         local_batch=d.local_batch, grad_accum=d.grad_accum, bubble=bubble, params=recipe.model.params,
         gradient_bytes=recipe.gradient_bytes, net=net, epochs=recipe.epochs,
-        train_size=recipe.dataset.train_size,
+        train_size=recipe.dataset.train_size, hidden_fraction=hidden, hidden_source=hidden_source,
     )
     return Plan(
         cluster=cluster.name, recipe=recipe.name, model=recipe.model.name, device_kind=dev.key,

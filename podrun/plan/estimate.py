@@ -41,11 +41,15 @@ def _link(link) -> str:
 def estimate(*, per_device_rate: float, rate_source: str, devices_per_replica: int, replicas: int,
              replicas_per_host: int, hosts: int, local_batch: int, grad_accum: int, bubble: float,
              params: int, gradient_bytes: int, net: InterconnectSpec, epochs: float,
-             train_size: int) -> Estimate:
+             train_size: int, hidden_fraction: float = 0.0, hidden_source: str = "") -> Estimate:
+    """``hidden_fraction``: the part of the all-reduce that overlaps the backward pass (a calibration's measured
+    figure, with ``hidden_source`` saying where it was measured); 0: none, the step is compute + all-reduce."""
     replica_rate = per_device_rate * devices_per_replica * (1.0 - bubble)
     compute = grad_accum * local_batch / replica_rate
     comm = allreduce_seconds(params * gradient_bytes, replicas, replicas_per_host, hosts, net)
-    step = compute + comm
+    step = compute + comm * (1.0 - hidden_fraction)
+    overlap = "no overlap of communication with compute" if hidden_fraction == 0 else \
+        f"{hidden_fraction:.0%} of the all-reduce hidden behind the backward pass ({hidden_source})"
     efficiency = compute / step
     images_per_second = replicas * local_batch * grad_accum / step
     hours = epochs * train_size / images_per_second / 3600
@@ -56,11 +60,12 @@ def estimate(*, per_device_rate: float, rate_source: str, devices_per_replica: i
         step_seconds=round(step, 6),
         allreduce_seconds=round(comm, 6),
         per_replica_images_per_second=round(replica_rate, 2),
+        allreduce_hidden_fraction=round(hidden_fraction, 4),
         assumptions=(
             f"per-device rate {per_device_rate:g} img/s ({rate_source})",
             f"a replica of {devices_per_replica} device(s) runs at {devices_per_replica} x that rate x (1 - bubble)",
             f"one all-reduce of {params:,} gradients x {gradient_bytes} bytes per weight update, hierarchical ring, "
             f"intra-host {_link(net.intra_host)}, inter-host {_link(net.inter_host)}",
-            "no overlap of communication with compute; input pipeline, optimiser step and evaluation are free",
+            f"{overlap}; input pipeline, optimiser step and evaluation are free",
         ),
     )

@@ -21,6 +21,8 @@ class Measured:
     max_local_source: str = ""
     intra_host: LinkSpec | None = None
     inter_host: LinkSpec | None = None
+    hidden_fraction: float | None = None        # of the all-reduce, behind the backward pass (None: not measured)
+    hidden_source: str = ""
 
     def step_at(self, local_batch: int) -> float:
         """One device's step at ``local_batch``: linear between the measured batches (a fixed cost plus a cost per
@@ -88,8 +90,13 @@ def measured_for(name_or_path: str, cluster, recipe, plan_hosts: tuple[str, ...]
     if others:
         warnings.append(f"calibration {path} was measured on {', '.join(cal.hosts)}, not on "
                         f"{', '.join(others)}: its figures are taken for those too")
-    where = f"calibration {Path(path).stem}: {len(cal.hosts)} host(s) x {cal.devices_per_host} {cal.device}, " \
+    px = "" if cal.image_size is None else f", {cal.image_size} px inputs"
+    where = f"calibration {Path(path).stem}: {len(cal.hosts)} host(s) x {cal.devices_per_host} {cal.device}{px}, " \
             f"{cal.measured_at}"
+    if cal.image_size is not None and cal.image_size != recipe.dataset.image_size:
+        warnings.append(f"calibration {path} was measured at {cal.image_size} px inputs, the recipe's are "
+                        f"{recipe.dataset.image_size} px: its rates and largest local batch hold for runs at "
+                        f"{cal.image_size} px")
 
     def link(r, what):
         if r is None:
@@ -98,7 +105,11 @@ def measured_for(name_or_path: str, cluster, recipe, plan_hosts: tuple[str, ...]
                         bandwidth_gbps=r.bus_bandwidth_gbps, latency_us=r.latency_us,
                         source=f"measured bus bandwidth, {where}")
 
-    m = cal.memory
+    m, o = cal.memory, cal.overlap
+    hidden_source = "" if o is None else (
+        f"measured: a DDP step of {o.ranks} ranks at local batch {o.local_batch} took {o.synced_step_seconds:.3g} s, "
+        f"the step alone {o.step_seconds:.3g} s and one all-reduce of the gradient {o.allreduce_seconds:.3g} s, "
+        f"{where}")
     return Measured(
         where=where,
         step_seconds=tuple((p.local_batch, p.step_seconds) for p in cal.throughput),
@@ -106,6 +117,8 @@ def measured_for(name_or_path: str, cluster, recipe, plan_hosts: tuple[str, ...]
         max_local_source=f"the largest that fits {m.budget_bytes / 1e9:.3g} GB ({m.budget_source}), {where}",
         intra_host=link(cal.network.intra_host, "intra-host"),
         inter_host=link(cal.network.inter_host, "inter-host"),
+        hidden_fraction=None if o is None else o.hidden_fraction,
+        hidden_source=hidden_source,
     ), warnings
 
 

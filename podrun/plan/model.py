@@ -25,6 +25,7 @@ class Estimate:
     allreduce_seconds: float
     per_replica_images_per_second: float
     assumptions: tuple[str, ...] = ()
+    allreduce_hidden_fraction: float = 0.0     # of allreduce_seconds, behind the backward pass (measured)
 
 
 @dataclass(frozen=True)

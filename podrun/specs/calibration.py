@@ -67,6 +67,28 @@ class NetworkResult:
 
 
 @dataclass(frozen=True)
+class OverlapResult:
+    """A data-parallel step (the model under DDP, every device of the hosts stepping at once) held against its
+    parts, the step alone and one all-reduce of the gradient across every rank: the part of the all-reduce the
+    backward pass hid on these hosts (DDP all-reduces gradient buckets while the backward pass goes on)."""
+
+    ranks: int = field(metadata=bound(2, 10 ** 6, why="processes in the data-parallel step, at least 2"))
+    local_batch: int = field(metadata=_BATCH)
+    step_seconds: float = field(metadata=_SECONDS)          # the step alone (no gradient sync): slowest median
+    allreduce_seconds: float = field(metadata=_SECONDS)     # one all-reduce of the gradient over all ranks: median
+    synced_step_seconds: float = field(metadata=_SECONDS)   # the DDP step: the slowest device's median
+    # (step + all-reduce - synced step) / all-reduce, within [0, 1]
+    hidden_fraction: float = field(metadata=bound(0, 1, why="a fraction of the all-reduce, 0 to 1"))
+
+
+def hidden_fraction(step_seconds: float, allreduce_seconds: float, synced_step_seconds: float) -> float:
+    """The part of the all-reduce a synced step hid: what the step and the all-reduce one after the other would
+    take, less the synced step, over the all-reduce; within [0, 1] (a synced step slower than both, 0)."""
+    hidden = (step_seconds + allreduce_seconds - synced_step_seconds) / allreduce_seconds
+    return min(1.0, max(0.0, hidden))
+
+
+@dataclass(frozen=True)
 class Calibration:
     """What `podrun calibrate` measured for one recipe on one cluster's hosts."""
 
@@ -84,6 +106,10 @@ class Calibration:
     throughput: tuple[RatePoint, ...]
     network: NetworkResult
     seconds: float = field(default=0.0, metadata=bound(0, 1e7, why="how long the calibration took"))
+    # the side in pixels of the inputs the model was stepped on (its rates and memory hold for that size);
+    # None in a file that does not say
+    image_size: Optional[int] = field(default=None, metadata=bound(1, 100_000, why="pixels"))
+    overlap: Optional[OverlapResult] = None    # None: one device in all, or a file that does not say
 
     def when(self) -> _dt.datetime:
         return parse_utc(self.measured_at)
@@ -142,8 +168,9 @@ def load(path: str | Path) -> Calibration:
 def dumps(c: Calibration) -> str:
     import yaml
 
+    px = "" if c.image_size is None else f", {c.image_size} px inputs"
     head = (f"# podrun calibration: {c.recipe} on {c.cluster} ({len(c.hosts)} host(s) x {c.devices_per_host} "
-            f"{c.device}), measured {c.measured_at}\n")
+            f"{c.device}{px}), measured {c.measured_at}\n")
     return head + yaml.safe_dump(c.to_dict(), sort_keys=False, default_flow_style=None, width=110)
 
 

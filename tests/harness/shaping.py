@@ -1,6 +1,8 @@
-"""Links of namespace hosts shaped by `tc` (a token bucket on each host's eth0): a slower network on one machine."""
+"""Namespace hosts shaped like separate machines on one: links capped by `tc` (a token bucket on each host's eth0),
+cores of their own (each host's sshd, and so all it starts, bound to a share of this machine's cores)."""
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 DEVICE = "eth0"          # each namespace host's end of its veth (tests/harness/netns.py)
@@ -36,3 +38,31 @@ def shaped_rate_mbit(hosts, name: str) -> float | None:
             return float(text[: -len(unit)]) * f
     return float(text) * 1e-6
 
+
+
+def give_cores(hosts, names: Sequence[str] | None = None) -> dict[str, set[int]]:
+    """Bind each host's sshd to cores of its own, dealt round-robin from the cores this process may use (one each
+    while there are enough; two hosts on one core when there are twice as many hosts): every session, agent and
+    worker the host starts inherits the binding, and podrun's agent gives its workers OMP_NUM_THREADS from it, as
+    on a machine of that many cores. Connections open before the call keep the old binding. Returns the binding."""
+    cores = sorted(os.sched_getaffinity(0))
+    names = list(names if names is not None else hosts.hosts)
+    share = max(1, len(cores) // len(names))
+    out = {}
+    for i, name in enumerate(names):
+        mine = {cores[(i * share + k) % len(cores)] for k in range(share)}
+        pid = hosts.sshd_pid(name)
+        if pid is None:
+            raise RuntimeError(f"host {name} has no sshd to bind to cores")
+        os.sched_setaffinity(pid, mine)
+        out[name] = mine
+    return out
+
+
+def share_cores(hosts, names: Sequence[str] | None = None) -> None:
+    """Undo give_cores: every core for each host's sshd again."""
+    every = os.sched_getaffinity(0)
+    for name in names if names is not None else hosts.hosts:
+        pid = hosts.sshd_pid(name)
+        if pid is not None:
+            os.sched_setaffinity(pid, every)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from podrun.specs.calibration import (Calibration, LinkResult, MemoryProbe, MemoryResult, NetworkResult, RatePoint,
-                                   dumps, find, load)
+from podrun.specs.calibration import (Calibration, LinkResult, MemoryProbe, MemoryResult, NetworkResult,
+                                      OverlapResult, RatePoint, dumps, find, hidden_fraction, load)
 from podrun.calibrate.run import save
 from podrun.calibrate.search import largest_fit
 from podrun.errors import SpecError
@@ -118,6 +118,80 @@ def test_a_stale_calibration_is_used_with_a_warning(tmp_path):
     assert r.returncode == 0 and "warning" not in r.stderr
 
 
+def test_the_input_size_is_kept_said_in_the_assumptions_and_warned_when_not_the_recipes(tmp_path):
+    """A calibration measured at 16 px (the size resnet18_cifar10's train.py trains --data digits at, its recipe
+    says 32) is used for the plan, with the size in its assumptions and a warning that its rates hold at 16 px;
+    one at the recipe's size gets no warning; a file written before the field (no image_size) still loads."""
+    save(sample(image_size=16), tmp_path / "runs", "px16")
+    assert load(tmp_path / "runs" / "calibrations" / "px16.yaml").image_size == 16
+    r = podrun("plan", "--devices-per-host", "2", RECIPE, "--calibration", "px16", "--max-age", "100000", "--json",
+               cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "measured at 16 px inputs, the recipe's are 32 px: its rates and largest local batch hold for runs at " \
+           "16 px" in r.stderr
+    assert "16 px inputs" in " ".join(json.loads(r.stdout)["estimate"]["assumptions"])
+    save(sample(image_size=32), tmp_path / "runs", "px32")
+    r = podrun("plan", "--devices-per-host", "2", RECIPE, "--calibration", "px32", "--max-age", "100000",
+               cwd=tmp_path)
+    assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
+    old = tmp_path / "old.yaml"
+    old.write_text(dumps(sample()))
+    assert "image_size: null" in old.read_text()
+    old.write_text(old.read_text().replace("image_size: null\n", ""))
+    assert load(old).image_size is None
+
+
+def test_a_bad_image_size_for_calibrate_is_exit_2_naming_the_option(tmp_path):
+    r = podrun("calibrate", "--device-memory", "1", "--image-size", "0", RECIPE, cwd=tmp_path)
+    assert r.returncode == 2 and "--image-size" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_measured_overlap_hides_its_fraction_of_the_all_reduce_in_the_plans_step(tmp_path):
+    """A calibration whose DDP step hid 40 % of the all-reduce: the plan's step is compute + 60 % of the ring
+    model's all-reduce (the all-reduce itself unchanged), the assumptions say so with the measured figures, and
+    `podrun plan` shows the hidden part; without an overlap the step is compute + all-reduce."""
+    o = OverlapResult(ranks=2, local_batch=8, step_seconds=0.9, allreduce_seconds=0.5, synced_step_seconds=1.2,
+                      hidden_fraction=hidden_fraction(0.9, 0.5, 1.2))
+    assert o.hidden_fraction == pytest.approx(0.4)
+    save(sample(overlap=o), tmp_path / "runs", "ov")
+    save(sample(), tmp_path / "runs", "plain")
+    args = ("plan", "--devices-per-host", "2", RECIPE, "--max-age", "100000")
+    with_overlap = json.loads(podrun(*args, "--calibration", "ov", "--json", cwd=tmp_path).stdout)["estimate"]
+    without = json.loads(podrun(*args, "--calibration", "plain", "--json", cwd=tmp_path).stdout)["estimate"]
+    comm = 44_695_848 * 8 / 8e9 + 2 * 80e-6
+    assert with_overlap["allreduce_seconds"] == without["allreduce_seconds"] == pytest.approx(comm, rel=1e-3)
+    assert without["step_seconds"] == pytest.approx(4 * 0.9 + comm, rel=1e-3)
+    assert with_overlap["step_seconds"] == pytest.approx(4 * 0.9 + 0.6 * comm, rel=1e-3)
+    assert (with_overlap["allreduce_hidden_fraction"], without["allreduce_hidden_fraction"]) == (0.4, 0.0)
+    text = " ".join(with_overlap["assumptions"])
+    assert "40% of the all-reduce hidden behind the backward pass (measured: a DDP step of 2 ranks at local " \
+           "batch 8 took 1.2 s, the step alone 0.9 s and one all-reduce of the gradient 0.5 s" in text
+    assert "no overlap of communication with compute" in " ".join(without["assumptions"])
+    shown = podrun(*args, "--calibration", "ov", cwd=tmp_path).stdout
+    assert "40% of it hidden" in shown
+
+
+@pytest.mark.parametrize("step, allreduce, synced, hidden", [
+    (1.0, 0.5, 1.5, 0.0),          # nothing hidden: one after the other
+    (1.0, 0.5, 1.0, 1.0),          # all of it hidden
+    (1.0, 0.5, 1.25, 0.5),
+    (1.0, 0.5, 1.9, 0.0),          # slower than both: 0, never below
+    (1.0, 0.5, 0.8, 1.0),          # faster than the step alone (noise): 1, never above
+])
+def test_the_hidden_fraction_is_within_0_and_1(step, allreduce, synced, hidden):
+    assert hidden_fraction(step, allreduce, synced) == pytest.approx(hidden)
+
+
+def test_a_bad_overlap_in_a_calibration_file_is_exit_2_naming_the_field(tmp_path):
+    o = OverlapResult(ranks=2, local_batch=8, step_seconds=0.9, allreduce_seconds=0.5, synced_step_seconds=1.2,
+                      hidden_fraction=0.4)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(dumps(sample(overlap=o)).replace("hidden_fraction: 0.4", "hidden_fraction: 1.5"))
+    with pytest.raises(SpecError) as exc:
+        load(bad)
+    assert str(bad) in exc.value.message and "overlap.hidden_fraction" in exc.value.message
+
+
 def test_plan_with_a_calibration_imports_neither_torch_nor_paramiko(tmp_path):
     save(sample(), tmp_path / "runs", "r18")
     code = ("import sys; from podrun.cli.main import main; "
@@ -158,6 +232,26 @@ def test_the_search_on_a_modelled_floor_then_line_and_on_probes_that_die():
     assert found == 40 and len(probes) <= 12, [p.local_batch for p in probes]    # no line past a dead probe
     found, probes = largest_fit(lambda b: {"peak_bytes": 500 + b}, 400)
     assert found is None and [p.local_batch for p in probes] == [1]
+
+
+def test_the_search_on_a_measured_floor_then_line_curve_takes_at_most_10_probes():
+    """The peaks `podrun calibrate --image-size 16 --device-memory 0.3` measured for resnet18_cifar10 on a namespace
+    host (a floor of ~275 MB up to batch 16, then ~1.1 MB a sample; between them, straight lines): the largest
+    batch, 42, in at most 10 probes. A line drawn on the floor's noise, or a miss on the floor counted against the
+    line above it, took 12."""
+    measured = {1: 261_607_424, 2: 275_554_304, 3: 275_619_840, 4: 275_554_304, 8: 274_968_576, 16: 274_989_056,
+                39: 296_095_744, 40: 297_091_072, 42: 299_266_048, 43: 300_355_584, 84: 345_649_152,
+                128: 396_419_072}
+    xs = sorted(measured)
+
+    def peak(b):
+        i = next((i for i, x in enumerate(xs) if x >= b), len(xs) - 1)
+        (b0, m0), (b1, m1) = (xs[i - 1], measured[xs[i - 1]]), (xs[i], measured[xs[i]])
+        return {"peak_bytes": m1 if b == b1 else int(m0 + (m1 - m0) * (b - b0) / (b1 - b0))}
+
+    found, probes = largest_fit(peak, 300_000_000)
+    assert found == 42 and len(probes) <= 10, [p.local_batch for p in probes]
+    assert {p.local_batch for p in probes} >= {42, 43}
 
 
 def test_launch_with_a_calibration_runs_the_measured_largest_batch(tmp_path):
