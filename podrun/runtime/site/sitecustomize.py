@@ -5,7 +5,11 @@ PODRUN_STACK_SIGNAL (all threads, chained to a Python handler already there), du
 <dir>/<pid>.txt, and writes <dir>/<pid>.main with its main thread's id and its start time (the clock ticks
 of /proc/<pid>/stat); the agent signals only a process that wrote that file and started at that time, so a
 process without the handler (one that took a dead worker's pid) is never sent the signal. A process
-forked from one (a DataLoader worker) registers again under its own pid. Then the
+forked from one (a DataLoader worker) registers again under its own pid. At exit (the last atexit callback,
+while the interpreter is whole) the process takes its registration back and ignores the signal from then on:
+Python's finalization unregisters faulthandler's handler, the signal's default action ends a process, and a
+process's exit may go on for a while after that (a library's C++ destructors: gloo, torch's thread pools), so a
+dump asked in that window would otherwise end a worker that had finished (exit 166). Then the
 next sitecustomize on sys.path, if any, runs as it would have. Imports nothing beyond the stdlib.
 """
 
@@ -37,7 +41,28 @@ def _install(first=True):
     with open(os.path.join(where, f"{pid}.main"), "w", encoding="utf-8") as m:
         m.write(f"{threading.main_thread().ident:#018x}\n{start}\n")
     if first:
+        import atexit
+
         os.register_at_fork(after_in_child=lambda: _install(False))
+        atexit.register(_leave, where, int(signum))     # registered first: runs last; a fork's child inherits it
+
+
+def _leave(where, signum):
+    """At exit: no more dumps (the registration removed, so the agent asks none), and the signal ignored for the
+    rest of the exit (a signal the agent sent before it saw the file go)."""
+    import faulthandler
+    import os
+    import signal
+
+    try:
+        os.unlink(os.path.join(where, f"{os.getpid()}.main"))
+    except OSError:
+        pass
+    try:
+        faulthandler.unregister(signum)
+        signal.signal(signum, signal.SIG_IGN)       # kept to the end: finalization restores only Python handlers
+    except (OSError, ValueError, RuntimeError):
+        pass
 
 
 def _chunk_output():
