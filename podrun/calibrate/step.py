@@ -134,6 +134,8 @@ def _probe_child(recipe: RecipeSpec, b: int, device: str, image_size: int | None
         conn.send({"peak_bytes": None, "error": f"out of memory: {str(exc).splitlines()[0][:200]}"})
     except MemoryError:
         conn.send({"peak_bytes": None, "error": "out of memory (MemoryError)"})
+    except Exception as exc:  # noqa: BLE001 - not a memory limit: the probe could not run, said as it is
+        conn.send({"failed": f"{type(exc).__name__}: {str(exc)[:500]}"})
     finally:
         conn.close()
         os._exit(0)
@@ -142,7 +144,8 @@ def _probe_child(recipe: RecipeSpec, b: int, device: str, image_size: int | None
 def probe(recipe: RecipeSpec, b: int, device: str = "cpu", timeout: float = 600.0,
           image_size: int | None = None) -> dict:
     """One probe in a forked child (torch already loaded here, so the child starts at once): {"peak_bytes": int}
-    or {"peak_bytes": None, "error": why} when it ran out of memory or died."""
+    or {"peak_bytes": None, "error": why} when it ran out of memory or died; RuntimeError with the child's error
+    when the probe could not run for another reason (that is no memory limit: the calibration stops on it)."""
     import multiprocessing as mp
 
     ctx = mp.get_context("fork")
@@ -150,7 +153,10 @@ def probe(recipe: RecipeSpec, b: int, device: str = "cpu", timeout: float = 600.
     p = ctx.Process(target=_probe_child, args=(recipe, b, device, image_size, child), daemon=True)
     p.start()
     child.close()
-    got = parent.recv() if parent.poll(timeout) else None
+    try:
+        got = parent.recv() if parent.poll(timeout) else None
+    except EOFError:                       # the child ended without a word: its exit says how
+        got = None
     p.join(timeout=30)
     if p.is_alive():
         p.kill()
@@ -159,4 +165,6 @@ def probe(recipe: RecipeSpec, b: int, device: str = "cpu", timeout: float = 600.
         why = f"killed by signal {-p.exitcode}" if p.exitcode is not None and p.exitcode < 0 else \
             f"exited {p.exitcode} without a result"
         return {"peak_bytes": None, "error": f"the probe process {why} (out of memory?)"}
+    if "failed" in got:
+        raise RuntimeError(f"the memory probe at local batch {b} could not run: {got['failed']}")
     return got

@@ -64,3 +64,18 @@ def test_a_budget_below_one_sample_is_exit_2_saying_the_smallest_that_fits(tmp_p
     assert "is smaller than one sample of resnet18_cifar10" in r.stderr and "give --device-memory of at least 0.2" \
         in r.stderr and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert not (tmp_path / "runs" / "calibrations").exists() or not list((tmp_path / "runs" / "calibrations").iterdir())
+
+
+def test_a_probe_that_cannot_run_for_another_reason_fails_the_calibration_naming_it(tmp_path):
+    """At 8 px, resnet18's last BatchNorm sees one value per channel at local batch 1, which it refuses in training:
+    that is no memory limit, so the calibration fails naming the probe's error (exit 1, no file), rather than
+    calling the budget smaller than one sample."""
+    r = podrun("calibrate", "--devices-per-host", "1", "--device-memory", "0.3", "--batches", "2", "--steps", "1",
+               "--image-size", "8", RECIPE, cwd=tmp_path)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "no calibration file written" in r.stderr and "smaller than one sample" not in r.stderr, r.stderr[-3000:]
+    (run,) = [d for d in (tmp_path / "runs").iterdir() if d.name.startswith("calibrate-")]
+    log = (run / "instance-0.log").read_text()
+    assert "the memory probe at local batch 1 could not run: ValueError: Expected more than 1 value per channel" \
+        in log, log[-3000:]
+    assert not (tmp_path / "runs" / "calibrations").exists() or not list((tmp_path / "runs" / "calibrations").iterdir())

@@ -154,3 +154,27 @@ def test_status_of_unknown_job_is_gone(slurm_cluster, tmp_path):
     p = podrun(slurm_cluster, ["status", "987654", "--scheduler", "slurm", "--json"], cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["state"] == "GONE"
+
+
+@pytest.mark.timeout(300)
+def test_calibrate_over_the_srun_transport_in_an_allocation(slurm_cluster, tmp_path):
+    """`podrun calibrate --transport srun --nodes 2` as a batch job's step: the calibration workers start through
+    srun on both nodes of the allocation, and the file holds both nodes, the inter-host all-reduce and the
+    data-parallel step (small inputs, --image-size 16, to keep it short)."""
+    from podrun.specs.calibration import load
+
+    sl = slurm_cluster
+    out = tmp_path / "job.out"
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "resnet18_cifar10"
+    calibrate = [sys.executable, "-m", "podrun", "calibrate", "--transport", "srun", "--nodes", "2",
+                 "--devices-per-host", "1", "--runs-dir", str(tmp_path / "runs"), "--device-memory", "0.3",
+                 "--batches", "4", "--steps", "1", "--image-size", "16", "--name", "in-slurm", str(recipe)]
+    job = sl.sbatch(["-N2", f"--output={out}", f"--chdir={tmp_path}", "--wrap", " ".join(calibrate)])
+    info = sl.wait_job(job, timeout=280)
+    assert info["ExitCode"] == "0:0", out.read_text()[-3000:]
+    cal = load(tmp_path / "runs" / "calibrations" / "in-slurm.yaml")
+    assert cal.hosts == tuple(sl.nodes[:2]) and cal.image_size == 16
+    assert cal.network.inter_host is not None and cal.network.inter_host.ranks == 2
+    assert cal.overlap is not None and cal.overlap.ranks == 2
+    (run_dir,) = [d for d in (tmp_path / "runs").iterdir() if d.name.startswith("calibrate-")]
+    assert json.loads((run_dir / "summary.json").read_text())["transport"] == "srun"
