@@ -13,12 +13,14 @@ from tests.train.train_procs import start_workers, wait_all
 TRAIN_PY = Path(__file__).resolve().parents[2] / "recipes" / "resnet18_cifar10" / "train.py"
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(420)
 def test_resnet18_digits_two_workers_converges(tmp_path):
+    """The bound is for a hang, not a speed: ~36 s alone here, 118 s and over 140 s with the rest of the suite on
+    the same 2 cores."""
     run = tmp_path / "run"
     argv = ["--data", "digits", "--image-size", "8", "--global-batch", "64", "--steps", "45", "--lr", "0.05",
             "--warmup-epochs", "0.25", "--eval-every", "0", "--run-dir", str(run), "--quiet"]
-    outs = wait_all(start_workers(2, {}, script=TRAIN_PY, argv=argv), timeout=140)
+    outs = wait_all(start_workers(2, {}, script=TRAIN_PY, argv=argv), timeout=400)
     summary = json.loads((run / "train_summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 45 and summary["local_batch"] == 32
     assert summary["val_samples"] == 359
