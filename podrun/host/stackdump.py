@@ -19,6 +19,15 @@ NOT_REGISTERED = ("no Python process of this worker registered for stacks (not P
                   "or started with -I/-S so podrun's sitecustomize did not run)")
 
 
+EXITING = "its program has returned: the process is exiting"
+
+
+def _exiting(where: str, worker_pid: int) -> bool:
+    """The worker's own process has run its program to the end and is exiting: it turned its registration into
+    <pid>.exit (podrun/runtime/site), and the process with that pid started when the one that wrote it did."""
+    return _started(where, worker_pid, ".exit") == proc_start(worker_pid) is not None
+
+
 def _registered(where: str, worker_pid: int) -> list[int]:
     """The live processes of one worker that registered for stacks under ``where``, the worker's own first: a pid
     counts only while the process that has it started when the one that registered did (a registered process
@@ -32,10 +41,11 @@ def _registered(where: str, worker_pid: int) -> list[int]:
     return pids[:STACK_PROCS]
 
 
-def _started(where: str, pid: int) -> str | None:
-    """The start time process ``pid`` wrote when it registered (the second line of its .main file)."""
+def _started(where: str, pid: int, ext: str = ".main") -> str | None:
+    """The start time process ``pid`` wrote when it registered (the second line of its .main file, or of the
+    .exit file it became)."""
     try:
-        with open(os.path.join(where, f"{pid}.main"), encoding="utf-8") as f:
+        with open(os.path.join(where, f"{pid}{ext}"), encoding="utf-8") as f:
             lines = f.read().split()
     except OSError:
         return None
@@ -44,15 +54,18 @@ def _started(where: str, pid: int) -> str | None:
 
 def collect(root: str, workers: list[tuple[int, int]], wait: float = STACK_WAIT_S) -> dict[int, dict]:
     """Each worker ``(pos, pid)``'s stacks -> {pos: {"procs": [{"pid", "main", "text"}], "problem": why there
-    is none}}. Every registered process of every worker is signalled before any dump is read, and the dumps are
+    is none, "exiting": its program has returned}}. Every registered process of every worker is signalled before any dump is read, and the dumps are
     read together within ``wait`` seconds in all: the time taken does not grow with the number of workers."""
     out: dict[int, dict] = {}
     sent: dict[int, list[tuple[int, str, str]]] = {}
     for pos, worker_pid in workers:
         where = os.path.join(root, f"w{pos}")
+        if _exiting(where, worker_pid):
+            out[pos] = {"procs": [], "problem": EXITING, "exiting": True}
+            continue
         pids = _registered(where, worker_pid)
         if not pids:
-            out[pos] = {"procs": [], "problem": NOT_REGISTERED}
+            out[pos] = {"procs": [], "problem": NOT_REGISTERED, "exiting": False}
             continue
         sent[pos] = []
         for pid in pids:
@@ -74,7 +87,7 @@ def collect(root: str, workers: list[tuple[int, int]], wait: float = STACK_WAIT_
                 main = ""
             procs.append({"pid": pid, "main": main, "text": texts.get(txt, "")[-STACK_TEXT:]})
         out[pos] = {"procs": procs, "problem": None if any(p["text"] for p in procs) else
-                    f"no stack written within {wait:g} s"}
+                    f"no stack written within {wait:g} s", "exiting": False}
     return out
 
 

@@ -9,6 +9,7 @@ AUTO_STEPS = 20                # ... and this many times the median of the last 
 AUTO_WINDOW = 20
 AUTO_NO_STEPS_S = 600.0        # --hang-timeout auto before any step was reported (plain scripts, start-up)
 STARTUP_S = 60.0               # until the first progress of an attempt the window is at least this (imports)
+EXIT_WINDOWS = 5               # every silent rank's program has returned: its exit may take this many windows
 
 
 @dataclass(frozen=True)

@@ -170,6 +170,8 @@ class LiveWatch:
         groups = stacks.merge(workers)
         lines = stacks.render_lines(groups)
         busy = self._judge(d, workers)
+        exiting = self._exiting(d, workers) if d.reason == "hang" and not busy else {}
+        busy = busy or exiting
         if d.asks or (d.reason == "hang" and not busy):
             self._write_stacks(workers, lines)
         reply = redact_record({"run_id": self.req.run_id, "ranks": len(workers), "groups": stacks.to_json(groups),
@@ -183,10 +185,15 @@ class LiveWatch:
             if self.busy_reset != d.progress_at:     # real progress since the last verdict: a new silence
                 self.quiet_from = d.progress_at
             self.last_progress = self.busy_reset = time.monotonic()   # a new window, a new first sample in it
+            quiet = f"no output from any rank for {human_seconds(self.last_progress - self.quiet_from)} " \
+                    f"(window {human_seconds(d.window)}, {self.watch.source})"
+            if exiting:
+                self.notice(f"{quiet}, but every silent rank's program has returned and its process is exiting: "
+                            f"not hung; waiting for its exit up to {hangs.EXIT_WINDOWS} windows in all")
+                return
             why = "; ".join(f"rank {self._rank_int(*k)} {w}" for k, w in sorted(busy.items())[:4])
-            self.notice(f"no output from any rank for {human_seconds(self.last_progress - self.quiet_from)} "
-                        f"(window {human_seconds(d.window)}, {self.watch.source}), but {len(busy)} rank(s) moved "
-                        f"({why}{'; ...' if len(busy) > 4 else ''}): busy, not hung; watching on")
+            self.notice(f"{quiet}, but {len(busy)} rank(s) moved ({why}{'; ...' if len(busy) > 4 else ''}): "
+                        "busy, not hung; watching on")
             return
         if not self.reported:
             self.notice(f"no progress from any rank for {human_seconds(d.window)} ({self.watch.source}), and "
@@ -213,6 +220,18 @@ class LiveWatch:
                 f"{odd_label}: rank {odd.rank} on {odd.host} in {what}", time.time()))
         else:
             self.last_progress = time.monotonic()    # dump again after another silent window
+
+    def _exiting(self, d: stacks.StackCollection, workers: list) -> dict:
+        """Every silent rank's program has returned and its process is exiting (a long exit: a library's C++
+        destructors, gloo's teardown on a loaded host): those ranks -> why, while the whole silence is within
+        hangs.EXIT_WINDOWS windows; empty otherwise (then a stalled exit is a hang like any other)."""
+        recs = [d.got.get((w.instance, w.local_rank)) or {} for w in workers]
+        if not workers or d.window is None or not all(r.get("exiting") is True for r in recs):
+            return {}
+        since = self.quiet_from if self.busy_reset == d.progress_at else d.progress_at
+        if time.monotonic() - since > hangs.EXIT_WINDOWS * d.window:
+            return {}
+        return {(w.instance, w.local_rank): "is exiting" for w in workers}
 
     def _judge(self, d: stacks.StackCollection, workers: list) -> dict:
         """For a plain script's collection: keep a first sample ("probe"), or compare the second ("hang") with

@@ -106,7 +106,9 @@ def test_a_worker_that_asked_for_a_dump_while_it_exits_is_not_ended_by_it(tmp_pa
             time.sleep(0.02)
         assert _in_read_of_stdin(p.pid), "the worker did not reach its C-level exit"
         assert not (w / f"{p.pid}.main").exists(), "the exiting worker is still registered for dumps"
-        assert stackdump.collect(str(tmp_path), [(0, p.pid)], wait=0.3)[0]["problem"] == stackdump.NOT_REGISTERED
+        assert (w / f"{p.pid}.exit").exists(), "the exiting worker left no exit marker"
+        got = stackdump.collect(str(tmp_path), [(0, p.pid)], wait=0.3)[0]
+        assert got["exiting"] is True and got["problem"] == stackdump.EXITING and got["procs"] == [], got
         os.kill(p.pid, stackdump.STACK_SIGNAL)          # as an agent that read the file before it went
         p.stdin.close()                                  # getchar returns: the exit goes on
         assert p.wait(timeout=30) == 0, f"the dump signal ended the exiting worker (exit {p.returncode})"

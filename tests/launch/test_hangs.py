@@ -272,3 +272,34 @@ def test_the_cluster_specs_hang_timeout_is_the_default_window(tmp_path):
     assert f"no progress from any rank for {WINDOW:.1f} s (hang_timeout in {spec})" in cp.stderr, cp.stderr
     assert summary(tmp_path / "runs")["hang"]["window_s"] == WINDOW
     assert wait_until(lambda: local_pids(m) == [], 10), local_pids(m)
+
+
+SLOW_EXIT = str(SCRIPTS / "slow_exit.py")
+
+
+def test_a_long_exit_after_the_program_returned_is_not_a_hang_within_its_bound(tmp_path):
+    """Both ranks print their line and return, then their exits take 3 windows (C-level work after Python's
+    finalization, as gloo's teardown under load can take): podrun says they are exiting, not hung, and the run ends
+    with exit 0 (seen in a CI rehearsal: an elastic run's survivors, done, ended as hung after a slow exit)."""
+    window = 2.0
+    cp = podrun("launch", "--devices-per-host", "2", "--runs-dir", str(tmp_path / "runs"), "--hang-timeout",
+                str(window), "--", sys.executable, SLOW_EXIT, "--seconds", str(int(3 * window)), timeout=120)
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout.count("program done") == 2, cp.stdout
+    assert "program has returned and its process is exiting: not hung" in cp.stderr, cp.stderr
+    assert "no progress from any rank" not in cp.stderr, cp.stderr
+    s = summary(tmp_path / "runs")
+    assert s["status"] == "ok" and s["hang"] is None, s
+
+
+def test_an_exit_that_never_ends_is_a_hang_after_its_bound(tmp_path):
+    """An exit that does not end (sleeping an hour after the program returned) is waited for up to 5 windows of
+    silence in all, then it is a hang like any other: the run is ended (exit 125), its stacks naming the exit."""
+    window = 1.0
+    cp = podrun("launch", "--devices-per-host", "1", "--runs-dir", str(tmp_path / "runs"), "--hang-timeout",
+                str(window), "--", sys.executable, SLOW_EXIT, "--seconds", "3600", timeout=120)
+    assert cp.returncode == HANG_EXIT, cp.stderr
+    assert "is exiting: not hung" in cp.stderr, cp.stderr
+    assert "its program has returned: the process is exiting" in cp.stderr, cp.stderr
+    s = summary(tmp_path / "runs")
+    assert s["hang"] is not None and s["hang"]["silent_s"] >= window, s["hang"]

@@ -6,7 +6,8 @@ PODRUN_STACK_SIGNAL (all threads, chained to a Python handler already there), du
 of /proc/<pid>/stat); the agent signals only a process that wrote that file and started at that time, so a
 process without the handler (one that took a dead worker's pid) is never sent the signal. A process
 forked from one (a DataLoader worker) registers again under its own pid. At exit (the last atexit callback,
-while the interpreter is whole) the process takes its registration back and ignores the signal from then on:
+while the interpreter is whole) the process turns its registration into <dir>/<pid>.exit (so the agent can say
+its program has returned: a worker whose exit takes long is not hung) and ignores the signal from then on:
 Python's finalization unregisters faulthandler's handler, the signal's default action ends a process, and a
 process's exit may go on for a while after that (a library's C++ destructors: gloo, torch's thread pools), so a
 dump asked in that window would otherwise end a worker that had finished (exit 166). Then the
@@ -48,14 +49,15 @@ def _install(first=True):
 
 
 def _leave(where, signum):
-    """At exit: no more dumps (the registration removed, so the agent asks none), and the signal ignored for the
-    rest of the exit (a signal the agent sent before it saw the file go)."""
+    """At exit: no more dumps (the registration renamed <pid>.exit, so the agent asks none and knows why), and the
+    signal ignored for the rest of the exit (a signal the agent sent before it saw the file go)."""
     import faulthandler
     import os
     import signal
 
+    pid = os.getpid()
     try:
-        os.unlink(os.path.join(where, f"{os.getpid()}.main"))
+        os.rename(os.path.join(where, f"{pid}.main"), os.path.join(where, f"{pid}.exit"))
     except OSError:
         pass
     try:
