@@ -40,7 +40,8 @@ def one_count(hosts, names, tmp: Path, *, steps: int, timed_from: int, calib_ste
     hosts_args = _hosts_args(hosts, names)
     t0 = time.monotonic()
     c = _podrun("calibrate", *hosts_args, "--device-memory", str(BUDGET_GB), "--steps", str(calib_steps),
-                "--image-size", str(IMAGE_SIZE), "--name", f"n{len(names)}", "--runs-dir", str(tmp / "runs"), "--json", RECIPE, cwd=tmp)
+                "--image-size", str(IMAGE_SIZE), "--name", f"n{len(names)}", "--runs-dir", str(tmp / "runs"),
+                "--json", RECIPE, cwd=tmp)
     if c.returncode != 0:
         raise RuntimeError(f"calibrate on {len(names)} host(s) failed: {c.stderr[-2000:]}")
     calib_s = time.monotonic() - t0

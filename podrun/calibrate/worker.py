@@ -128,7 +128,6 @@ def main(argv=None) -> int:
     del stepper
 
     # 4. the all-reduce at the recipe's gradient size: across hosts (one rank each), inside host 0; rank 0 is in both
-    nbytes = recipe.model.params * recipe.gradient_bytes
     inter_ranks = [h * lws for h in range(hosts)]
     intra_ranks = list(range(lws))
     inter = dist.new_group(inter_ranks) if hosts > 1 else None
@@ -172,16 +171,7 @@ def data_parallel_step(stepper, b: int, steps: int, step_alone: float, nbytes: i
 
     from podrun.specs.calibration import hidden_fraction
 
-    grad = torch.zeros(max(1, nbytes // 4))
-    dist.all_reduce(grad)                          # warm-up: connections, buffers
-    times = []
-    for _ in range(iters):
-        dist.barrier()
-        t0 = time.perf_counter()
-        dist.all_reduce(grad)
-        times.append(time.perf_counter() - t0)
-    allreduce = statistics.median(times)
-    del grad
+    allreduce = timed_allreduce(torch.zeros(max(1, nbytes // 4)), iters)
     core = stepper.model
     stepper.model = DistributedDataParallel(core)
     try:
@@ -202,24 +192,28 @@ def _slowest(mine: float, world: int) -> float:
     return max(every)
 
 
+def timed_allreduce(t, iters: int, group=None) -> float:
+    """The median time of ``iters`` all-reduces of tensor ``t`` in ``group`` (None: every rank), each started
+    together (a barrier), after one untimed (connections, buffers)."""
+    import torch.distributed as dist
+
+    dist.all_reduce(t, group=group)
+    out = []
+    for _ in range(iters):
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        dist.all_reduce(t, group=group)
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out)
+
+
 def allreduce_link(group, n: int, nbytes: int, iters: int) -> dict:
     """Bus bandwidth (nccl-tests: algbw x 2(n-1)/n) and per-step latency of all-reduce in ``group``: the median
     of ``iters`` all-reduces of ``nbytes``, and of 20 of 4 bytes (a ring's 2(n-1) steps of latency)."""
     import torch
-    import torch.distributed as dist
 
-    def timed(t, k):
-        dist.all_reduce(t, group=group)            # warm-up: connections, buffers
-        out = []
-        for _ in range(k):
-            dist.barrier(group=group)
-            t0 = time.perf_counter()
-            dist.all_reduce(t, group=group)
-            out.append(time.perf_counter() - t0)
-        return statistics.median(out)
-
-    small = timed(torch.zeros(1), 20)
-    big = timed(torch.zeros(max(1, nbytes // 4)), iters)
+    small = timed_allreduce(torch.zeros(1), 20, group)
+    big = timed_allreduce(torch.zeros(max(1, nbytes // 4)), iters, group)
     steps_ = 2 * (n - 1)
     latency = small / steps_
     moving = max(big - steps_ * latency, big * 0.5)

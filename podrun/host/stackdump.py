@@ -54,8 +54,9 @@ def _started(where: str, pid: int, ext: str = ".main") -> str | None:
 
 def collect(root: str, workers: list[tuple[int, int]], wait: float = STACK_WAIT_S) -> dict[int, dict]:
     """Each worker ``(pos, pid)``'s stacks -> {pos: {"procs": [{"pid", "main", "text"}], "problem": why there
-    is none, "exiting": its program has returned}}. Every registered process of every worker is signalled before any dump is read, and the dumps are
-    read together within ``wait`` seconds in all: the time taken does not grow with the number of workers."""
+    is none, "exiting": its program has returned}}. Every registered process of every worker is signalled before
+    any dump is read, and the dumps are read together within ``wait`` seconds in all: the time taken does not grow
+    with the number of workers."""
     out: dict[int, dict] = {}
     sent: dict[int, list[tuple[int, str, str]]] = {}
     for pos, worker_pid in workers:

@@ -58,11 +58,3 @@ def give_cores(hosts, names: Sequence[str] | None = None) -> dict[str, set[int]]
         out[name] = mine
     return out
 
-
-def share_cores(hosts, names: Sequence[str] | None = None) -> None:
-    """Undo give_cores: every core for each host's sshd again."""
-    every = os.sched_getaffinity(0)
-    for name in names if names is not None else hosts.hosts:
-        pid = hosts.sshd_pid(name)
-        if pid is not None:
-            os.sched_setaffinity(pid, every)
