@@ -14,7 +14,10 @@ class SlowRanks:
     wait for the others: podrun.train.busy); a rank whose median stays at least SLOW_FACTOR x the median of
     the other ranks' medians (and SLOW_MIN_GAP_S above it) is named once, and can be named again only after
     its median fell back under SLOW_CLEAR x. A median over SLOW_WINDOW reports ignores a few slow steps
-    (a checkpoint, a page fault, a noisy neighbour): the rank must be slow in most of its last reports."""
+    (a checkpoint, a page fault, a noisy neighbour): the rank must be slow in most of its last reports.
+    The others are every other rank that has reported, however few reports it has so far: reports from
+    different hosts arrive out of step, and a rank compared only with the ranks whose windows filled first
+    is compared with whichever came first (a straggler's reports come last)."""
 
     def __init__(self, window: int = SLOW_WINDOW):
         self.window = window
@@ -37,7 +40,7 @@ class SlowRanks:
         self.hosts[rank] = host
         if len(xs) < self.window:
             return None
-        others = [self._median(v) for r, v in self.busy.items() if r != rank and len(v) >= self.window]
+        others = [self._median(v) for r, v in self.busy.items() if r != rank]
         if not others:
             return None
         mine, rest = self._median(xs), self._median(others)

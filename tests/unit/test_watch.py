@@ -306,3 +306,21 @@ def test_line_assembler_cuts_as_bounded_lines_does():
             got += a.feed(data[i:j])
             i = j
         assert got + a.end() == list(bounded_lines(io.BytesIO(data), limit)), (limit, data)
+
+
+def test_slow_ranks_compare_with_every_reporting_rank_not_only_full_windows():
+    """Seen in CI over ssh: rank 2 (the straggler, 0.6 s) reports one step behind ranks 0 and 1; rank 1,
+    loaded (0.25 s against rank 0's 0.16 s), filled its window while rank 2's still had 9 reports and was
+    named slow against rank 0 alone. Compared with every rank that has reported, only rank 2 is named."""
+    from podrun.launch.slow_ranks import SLOW_WINDOW, SlowRanks
+
+    w = SlowRanks()
+    busy = {0: 0.16, 1: 0.25, 2: 0.6}
+    named = []
+    for step in range(1, 3 * SLOW_WINDOW):
+        for rank, at in ((0, step), (1, step), (2, step - 1)):
+            if at >= 1:
+                rec = w.add(rank, f"h{rank + 1}", busy[rank], at)
+                if rec is not None:
+                    named.append((rec["rank"], rec["host"], rec["others_median_s"]))
+    assert named == [(2, "h3", pytest.approx(0.205))], named
