@@ -35,11 +35,14 @@ def _hosts_args(hosts, names) -> list[str]:
             hosts.ssh_config_path, "--master-port", str(free_port(2))]
 
 
-def one_count(hosts, names, tmp: Path, *, steps: int, timed_from: int, calib_steps: int = 5) -> dict:
-    """Calibrate on ``names``, plan with and without the calibration, launch ``steps`` steps: the figures."""
+def one_count(hosts, names, tmp: Path, *, steps: int, timed_from: int, calib_steps: int = 5,
+              largest: int | None = None) -> dict:
+    """Calibrate on ``names``, plan with and without the calibration, launch ``steps`` steps: the figures.
+    ``largest``: the largest local batch given to calibrate (no memory search), else searched under BUDGET_GB."""
     hosts_args = _hosts_args(hosts, names)
+    memory = ["--device-memory", str(BUDGET_GB)] if largest is None else ["--largest-batch", str(largest)]
     t0 = time.monotonic()
-    c = _podrun("calibrate", *hosts_args, "--device-memory", str(BUDGET_GB), "--steps", str(calib_steps),
+    c = _podrun("calibrate", *hosts_args, *memory, "--steps", str(calib_steps),
                 "--image-size", str(IMAGE_SIZE), "--name", f"n{len(names)}", "--runs-dir", str(tmp / "runs"),
                 "--json", RECIPE, cwd=tmp)
     if c.returncode != 0:

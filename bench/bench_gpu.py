@@ -114,7 +114,10 @@ def _free(device: str) -> None:
         torch.cuda.empty_cache()
 
 
-def measure(quick: bool, device: str = "cuda", models=MODELS, compile: bool = True) -> list[dict]:
+def measure(quick: bool, device: str = "cuda", models=MODELS, compile: bool = True,
+            counts: tuple[int, int, int] | None = None) -> list[dict]:
+    """Rows of train throughput for each model: timm's plain loop (the peer, when installed), podrun's model in
+    the same loop, podrun's runner (and compiled); ``counts`` (steps, warm-up, repeats) overrides the mode's."""
     import torch
 
     from podrun import models as pm
@@ -123,7 +126,7 @@ def measure(quick: bool, device: str = "cuda", models=MODELS, compile: bool = Tr
         import timm
     except ImportError:
         timm = None
-    steps, warmup, repeats = (10, 5, 2) if quick else (30, 10, 3)
+    steps, warmup, repeats = counts if counts is not None else (10, 5, 2) if quick else (30, 10, 3)
     name_dev = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
     peak = peak_for(name_dev) if device == "cuda" else None
     rows = []

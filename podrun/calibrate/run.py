@@ -25,6 +25,7 @@ class CalibrateOptions:
     batches: tuple[int, ...] = ()               # local batches to time; () the plans' own
     steps: int = 5
     image_size: int | None = None               # input side in pixels; None: the recipe's
+    largest_batch: int | None = None            # the largest local batch, given: no memory search
     name: str | None = None                     # None: <recipe>-<cluster>
     runs_dir: str = "runs"
     transport: str | None = None
@@ -33,8 +34,16 @@ class CalibrateOptions:
     master_port: int | None = None
 
 
-def budget_of(opts: CalibrateOptions, cluster) -> tuple[int, str]:
-    """(bytes, where from): --device-memory, else the spec's device memory; none at all is an error (exit 2)."""
+def budget_of(opts: CalibrateOptions, cluster) -> tuple[int | None, str]:
+    """(bytes, where from): --device-memory, else the spec's device memory; none at all is an error (exit 2).
+    With --largest-batch there is no search and no budget: (None, "--largest-batch N"); with --device-memory
+    too, an error (exit 2): the one makes the other meaningless."""
+    if opts.largest_batch is not None:
+        if opts.device_memory_gb is not None:
+            raise PlanError("--largest-batch and --device-memory were both given: --largest-batch takes the largest "
+                            "local batch as given and skips the memory search that --device-memory bounds",
+                            hint="give --device-memory to search for the largest batch, or --largest-batch alone")
+        return None, f"--largest-batch {opts.largest_batch}"
     if opts.device_memory_gb is not None:
         return int(opts.device_memory_gb * 1e9), f"--device-memory {opts.device_memory_gb:g} GB"
     gb = cluster.device.memory_gb
@@ -44,12 +53,13 @@ def budget_of(opts: CalibrateOptions, cluster) -> tuple[int, str]:
                     "largest-batch search", hint="pass --device-memory GB (on CPU: the memory one worker may use)")
 
 
-def launch_options(opts: CalibrateOptions, recipe_path: str, budget: int, run_id: str):
+def launch_options(opts: CalibrateOptions, recipe_path: str, budget: int | None, run_id: str):
     """podrun launch's options for the calibration worker: the same plan options, the worker as a module."""
     from podrun.launch.options import LaunchOptions, OutputOptions, TargetOptions, TransportOptions
     from podrun.launch.request import SSHOptions
 
-    args = [WORKER, "--recipe", recipe_path, "--budget", str(budget), "--steps", str(opts.steps)]
+    args = [WORKER, "--recipe", recipe_path, "--steps", str(opts.steps)]
+    args += ["--largest", str(opts.largest_batch)] if budget is None else ["--budget", str(budget)]
     if opts.batches:
         args += ["--batches", ",".join(str(b) for b in opts.batches)]
     if opts.image_size is not None:
@@ -136,7 +146,7 @@ def calibrate(opts: CalibrateOptions, progress: Progress | None = None) -> tuple
     return cal, save(cal, opts.runs_dir, name)
 
 
-def build(result: dict, *, recipe, cluster, plan, budget: int, budget_source: str, version: str,
+def build(result: dict, *, recipe, cluster, plan, budget: int | None, budget_source: str, version: str,
           seconds: float) -> Calibration:
     """The Calibration from the workers' result (a dict only here, at the boundary)."""
     from podrun.calibrate.step_method import method_for
@@ -149,7 +159,8 @@ def build(result: dict, *, recipe, cluster, plan, budget: int, budget_source: st
         format=1, recipe=recipe.name, model=recipe.model.name, cluster=cluster.name, device=plan.device_kind,
         hosts=tuple(plan.hosts), devices_per_host=plan.devices_per_host, measured_at=utc_now(),
         podrun_version=version, precision=recipe.precision,
-        memory=MemoryResult(budget_bytes=budget, budget_source=budget_source, method=method_for(result["device"]),
+        memory=MemoryResult(budget_bytes=budget, budget_source=budget_source,
+                            method="given" if budget is None else method_for(result["device"]),
                             largest_local_batch=result["largest"],
                             probes=tuple(MemoryProbe(local_batch=p["local_batch"], fits=p["fits"],
                                                      peak_bytes=p["peak_bytes"], error=p.get("error", ""))
@@ -167,7 +178,8 @@ def summary_rows(c: Calibration) -> list[tuple[str, str]]:
     rows = [("hosts", f"{', '.join(c.hosts)} ({c.devices_per_host} x {c.device} each)"),
             ("inputs", "not recorded" if c.image_size is None else f"{c.image_size} x {c.image_size} px"),
             ("largest local batch", f"{c.memory.largest_local_batch} under {c.memory.budget_bytes / 1e9:.3g} GB "
-                                    f"({c.memory.budget_source}; {len(c.memory.probes)} probes)")]
+                                    f"({c.memory.budget_source}; {len(c.memory.probes)} probes)" if c.memory.searched
+                                    else f"{c.memory.largest_local_batch}, given ({c.memory.budget_source}; not searched)")]
     for p in c.throughput:
         rows.append((f"rate at local batch {p.local_batch}",
                      f"{p.images_per_second:.1f} img/s per device ({p.step_seconds * 1e3:.0f} ms a step)"))

@@ -49,7 +49,9 @@ def candidate_batches(recipe, plan: dict, largest: int) -> list[int]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m podrun.calibrate.worker")
     ap.add_argument("--recipe", required=True)
-    ap.add_argument("--budget", type=int, required=True, help="bytes one device may hold")
+    given = ap.add_mutually_exclusive_group(required=True)
+    given.add_argument("--budget", type=int, help="bytes one device may hold: the largest local batch searched")
+    given.add_argument("--largest", type=int, help="the largest local batch, given: no search")
     ap.add_argument("--batches", default="", help="local batches to time (default: the plans' own)")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--start-batch", type=int, default=1)
@@ -83,7 +85,9 @@ def main(argv=None) -> int:
     # 1. the largest local batch: one device (rank 0), each probe in a forked child
     state = [None, None]                         # [largest, peak of batch 1 when it does not fit]
     probes = []
-    if rank == 0:
+    if args.largest is not None:
+        state = [args.largest, None]
+    elif rank == 0:
         def shown(p):
             mb = "died" if p.peak_bytes is None else f"{p.peak_bytes / 2**20:.0f} MiB"
             say(f"memory probe {len(probes) + 1}: local batch {p.local_batch}: {mb} of "

@@ -5,6 +5,7 @@ import click
 
 from podrun.cli import types as t
 from podrun.cli.options import host_options, pop_plan_options
+from podrun.specs.limits import MAX_BATCH
 
 
 def _batches(ctx, param, value):
@@ -25,6 +26,9 @@ def _batches(ctx, param, value):
 @click.option("--device-memory", "device_memory", type=click.FloatRange(min=0, min_open=True, max=1e6),
               metavar="GB", help="The memory budget of one device for the largest-batch search (default: the "
                                  "cluster spec's device memory; on CPU the memory one worker may use).")
+@click.option("--largest-batch", "largest_batch", type=click.IntRange(1, MAX_BATCH), default=None, metavar="N",
+              help="The largest local batch that fits one device, when known: no memory search (the file says it "
+                   "was given). Not with --device-memory.")
 @click.option("--batches", callback=_batches, metavar="B,...",
               help="Local batches to time (default: those the recipe's plans pick on 1..N of the hosts).")
 @click.option("--steps", type=click.IntRange(1, 1000), default=5, show_default=True,
@@ -40,7 +44,7 @@ def _batches(ctx, param, value):
 @click.option("--python", "python_", help="Python on the hosts (default: this one).")
 @click.option("--master-port", type=t.PORT, default=None, help="Rendezvous port (as podrun launch).")
 @click.option("--json", "as_json", is_flag=True, help="Print the calibration as JSON on stdout.")
-def calibrate(recipe, device_memory, batches, steps, image_size, name, runs_dir, transport, ssh_config, python_,
+def calibrate(recipe, device_memory, largest_batch, batches, steps, image_size, name, runs_dir, transport, ssh_config, python_,
               master_port, as_json, **kwargs):
     """Measure RECIPE on the hosts: the rate per device at the plans' local batches, the largest local batch that
     fits a device's memory, and all-reduce bus bandwidth and latency within and between hosts. The file
@@ -55,6 +59,7 @@ def calibrate(recipe, device_memory, batches, steps, image_size, name, runs_dir,
     from podrun.cli.render import print_json
 
     opts = CalibrateOptions(recipe=recipe, plan=pop_plan_options(kwargs), device_memory_gb=device_memory,
+                            largest_batch=largest_batch,
                             batches=batches, steps=steps, image_size=image_size, name=name, runs_dir=runs_dir,
                             transport=transport, ssh_config=ssh_config, python=python_, master_port=master_port)
     cal, path = run_calibration(opts)

@@ -114,7 +114,8 @@ def measured_for(name_or_path: str, cluster, recipe, plan_hosts: tuple[str, ...]
         where=where,
         step_seconds=tuple((p.local_batch, p.step_seconds) for p in cal.throughput),
         max_local_batch=m.largest_local_batch,
-        max_local_source=f"the largest that fits {m.budget_bytes / 1e9:.3g} GB ({m.budget_source}), {where}",
+        max_local_source=(f"the largest that fits {m.budget_bytes / 1e9:.3g} GB ({m.budget_source}), {where}"
+                          if m.searched else f"given to podrun calibrate ({m.budget_source}), not searched, {where}"),
         intra_host=link(cal.network.intra_host, "intra-host"),
         inter_host=link(cal.network.inter_host, "inter-host"),
         hidden_fraction=None if o is None else o.hidden_fraction,

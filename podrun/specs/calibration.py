@@ -31,11 +31,16 @@ class MemoryProbe:
 
 @dataclass(frozen=True)
 class MemoryResult:
-    budget_bytes: int = field(metadata=bound(1, 2 ** 53, why="bytes a device may hold"))
-    budget_source: str                     # "--device-memory 2 GB" or the spec's device memory
-    method: str                            # how a step's peak allocation was measured
+    # None: no search, the largest local batch was given (podrun calibrate --largest-batch)
+    budget_bytes: Optional[int] = field(metadata=bound(1, 2 ** 53, why="bytes a device may hold"), kw_only=True)
+    budget_source: str                     # "--device-memory 2 GB", the spec's device memory, or "--largest-batch 8"
+    method: str                            # how a step's peak allocation was measured ("given": not measured)
     largest_local_batch: int = field(metadata=_BATCH)
     probes: tuple[MemoryProbe, ...] = ()
+
+    @property
+    def searched(self) -> bool:
+        return self.budget_bytes is not None
 
 
 @dataclass(frozen=True)

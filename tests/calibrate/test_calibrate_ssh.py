@@ -32,12 +32,13 @@ def test_calibrate_over_ssh_measures_the_shaped_link_and_the_overlap_and_the_est
     its processes bound to a core of its own, `podrun calibrate` (at the 16 px the run trains at), `podrun plan
     --calibration`, then `podrun launch` of the recipe for a few steps. The calibration measured the capped link
     and a data-parallel step; the plan's all-reduce is the ring model at the measured link, the hidden part its
-    measured fraction; its step time is within a loose bound of the run's."""
+    measured fraction; its step time is within a loose bound of the run's. The largest local batch is given
+    (--largest-batch 8: the search is test_calibrate_local's and the bench's), which keeps the steps small."""
     hosts = make_ssh_hosts(2)
     shape(hosts, rate_mbit=200)
     give_cores(hosts)
     assert shaped_rate_mbit(hosts, "h1") == 200
-    r = one_count(hosts, hosts.hosts, tmp_path, steps=5, timed_from=2, calib_steps=1)
+    r = one_count(hosts, hosts.hosts, tmp_path, steps=5, timed_from=2, calib_steps=1, largest=8)
     cal = load(r["file"])
     assert cal.hosts == tuple(hosts.hosts) and cal.devices_per_host == 1 and cal.image_size == IMAGE_SIZE
     link = cal.network.inter_host
@@ -52,7 +53,8 @@ def test_calibrate_over_ssh_measures_the_shaped_link_and_the_overlap_and_the_est
     assert abs(r["plan_allreduce"] - comm) < 1e-5 and r["plan_hidden"] == round(o.hidden_fraction, 4)
     text = " ".join(r["assumptions"])
     assert "inter-host" in text and "of the all-reduce hidden behind the backward pass (measured: a DDP step" in text
-    assert r["global_batch"] == 64 and r["local_batch"] <= r["largest_local_batch"]
+    assert r["global_batch"] == 64 and r["largest_local_batch"] == 8 and r["probes"] == 0
+    assert (r["local_batch"], r["grad_accum"]) == (8, 4)              # 32 a replica, at most 8 a step
     # loose: the namespace hosts share this machine's cores with the rest of the suite, so a rate measured a minute
     # before the run can be far off (bench/RESULTS.md has the figures on a quiet machine); the bound catches a
     # wrong model (a gradient counted in bits, a rate per replica taken per host), not the machine's noise

@@ -182,18 +182,19 @@ def test_mpirun_transport_unreachable_host_preflight(ssh_hosts, tmp_path):
 def test_calibrate_over_the_mpirun_transport(ssh_hosts, tmp_path):
     """`podrun calibrate --transport mpirun` on two namespace hosts: the calibration workers are mpirun's ranks
     (launch's own path), and the file holds both hosts, the inter-host all-reduce and the data-parallel step
-    (small inputs, --image-size 16, to keep it short)."""
+    (small inputs, --image-size 16, and the largest local batch given, no memory search, to keep it short)."""
     from podrun.specs.calibration import load
 
     _need_mpirun()
     hosts = ssh_hosts.hosts[:2]
     p = podrun(["calibrate", "--transport", "mpirun", "--hosts", ",".join(hosts), "--devices-per-host", "1",
                 "--ssh-config", str(ssh_hosts.ssh_config_path), "--runs-dir", str(tmp_path / "runs"),
-                "--device-memory", "0.3", "--batches", "4", "--steps", "1", "--image-size", "16", "--json",
+                "--largest-batch", "4", "--batches", "4", "--steps", "1", "--image-size", "16", "--json",
                 str(HERE.parents[1] / "recipes" / "resnet18_cifar10")], cwd=tmp_path, timeout=280)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     cal = load(json.loads(p.stdout)["file"])
     assert cal.hosts == tuple(hosts) and cal.image_size == 16 and [r.local_batch for r in cal.throughput] == [4]
+    assert cal.memory.largest_local_batch == 4 and not cal.memory.searched and cal.memory.probes == ()
     assert cal.network.inter_host is not None and cal.network.inter_host.ranks == 2
     assert cal.overlap is not None and cal.overlap.ranks == 2 and cal.overlap.local_batch == 4
     (run_dir,) = [d for d in (tmp_path / "runs").iterdir() if d.name.startswith("calibrate-")]

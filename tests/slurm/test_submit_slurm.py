@@ -160,14 +160,15 @@ def test_status_of_unknown_job_is_gone(slurm_cluster, tmp_path):
 def test_calibrate_over_the_srun_transport_in_an_allocation(slurm_cluster, tmp_path):
     """`podrun calibrate --transport srun --nodes 2` as a batch job's step: the calibration workers start through
     srun on both nodes of the allocation, and the file holds both nodes, the inter-host all-reduce and the
-    data-parallel step (small inputs, --image-size 16, to keep it short)."""
+    data-parallel step (small inputs, --image-size 16, and the largest local batch given, no memory search, to keep
+    it short)."""
     from podrun.specs.calibration import load
 
     sl = slurm_cluster
     out = tmp_path / "job.out"
     recipe = Path(__file__).resolve().parents[2] / "recipes" / "resnet18_cifar10"
     calibrate = [sys.executable, "-m", "podrun", "calibrate", "--transport", "srun", "--nodes", "2",
-                 "--devices-per-host", "1", "--runs-dir", str(tmp_path / "runs"), "--device-memory", "0.3",
+                 "--devices-per-host", "1", "--runs-dir", str(tmp_path / "runs"), "--largest-batch", "4",
                  "--batches", "4", "--steps", "1", "--image-size", "16", "--name", "in-slurm", str(recipe)]
     job = sl.sbatch(["-N2", f"--output={out}", f"--chdir={tmp_path}", "--wrap", " ".join(calibrate)])
     info = sl.wait_job(job, timeout=280)

@@ -272,3 +272,30 @@ def test_calibrate_without_a_memory_budget_on_cpu_is_exit_2_naming_the_option(tm
     r = podrun("calibrate", "--device-memory", "1", "--batches", "8,x", RECIPE, cwd=tmp_path)
     assert r.returncode == 2 and "--batches" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_given_largest_batch_is_kept_as_given_and_the_plan_says_it_was_not_searched(tmp_path):
+    """`calibrate --largest-batch N` skips the memory search: the file has no budget and no probes, says where the
+    batch came from, loads back the same, and the plan's note says the batch was given, not searched."""
+    from podrun.calibrate.run import summary_rows
+
+    given = MemoryResult(budget_bytes=None, budget_source="--largest-batch 12", method="given",
+                         largest_local_batch=12)
+    c = sample(memory=given)
+    path = save(c, tmp_path / "runs", "r18")
+    assert load(path) == c and "budget_bytes: null" in path.read_text()
+    assert dict(summary_rows(c))["largest local batch"] == "12, given (--largest-batch 12; not searched)"
+    r = podrun("plan", "--devices-per-host", "2", RECIPE, "--calibration", "r18", "--json", "--max-age", "100000",
+               cwd=tmp_path, env={"PODRUN_CLUSTER_SPECS_PATH": ""})
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["local_batch"] == 8
+    assert any("given to podrun calibrate (--largest-batch 12), not searched" in n for n in d["notes"]), d["notes"]
+
+
+def test_calibrate_with_both_a_given_largest_batch_and_a_budget_is_exit_2_naming_both(tmp_path):
+    r = podrun("calibrate", "--largest-batch", "8", "--device-memory", "1", RECIPE, cwd=tmp_path)
+    assert r.returncode == 2 and "--largest-batch and --device-memory" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "runs").exists()
+    r = podrun("calibrate", "--largest-batch", "0", RECIPE, cwd=tmp_path)
+    assert r.returncode == 2 and "--largest-batch" in r.stderr and "Traceback" not in r.stderr, r.stderr

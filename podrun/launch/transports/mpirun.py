@@ -321,9 +321,12 @@ class MpirunTransport(Transport):
         # mpirun reaches the hosts with OpenSSH's client: check each with the same options, in
         # parallel: reachable, authenticated, the same python with podrun importable, the workdir there
         opts = self.options()
+        from podrun.launch.transports.ssh_common import PROBE_TIMEOUT
+
+        connect = self.request.ssh.connect_timeout
         return ssh_preflight(self.request, remote, MpiOptions(
             ssh_config=opts.ssh_config,
-            ssh_args=("-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(self.request.ssh.connect_timeout)}")))
+            ssh_args=("-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(connect)}")), timeout=connect + PROBE_TIMEOUT)
 
     def start(self) -> list[InstanceHandle]:
         argv = self.argv()
@@ -338,8 +341,10 @@ class MpirunTransport(Transport):
         return [h]
 
 
-def ssh_preflight(request, hosts: list[str], options: MpiOptions, timeout: float = 20.0) -> list[Problem]:
-    """One `ssh HOST python -c ...` per host, in parallel; a Problem naming each host that fails."""
+def ssh_preflight(request, hosts: list[str], options: MpiOptions, timeout: float) -> list[Problem]:
+    """One `ssh HOST python -c ...` per host, all at once (each is its own ssh process, as the ssh transport's
+    are); a Problem naming each host that does not answer within ``timeout`` seconds (the ssh transport's bound:
+    the connect timeout, then the remote Python's report) or fails."""
     from concurrent.futures import ThreadPoolExecutor
 
     import podrun
@@ -375,7 +380,9 @@ def ssh_preflight(request, hosts: list[str], options: MpiOptions, timeout: float
                            "use a shared filesystem or pass --workdir")
         return None
 
-    with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as ex:
+    from podrun.launch.transports.ssh_common import MAX_THREADS
+
+    with ThreadPoolExecutor(max_workers=max(1, min(MAX_THREADS, len(hosts)))) as ex:
         return [p for p in ex.map(check, hosts) if p is not None]
 
 
