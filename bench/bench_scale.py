@@ -201,6 +201,12 @@ class Run:
         return self.launcher is None or not Path(f"/proc/{self.launcher}").exists() or \
             Path(f"/proc/{self.launcher}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX"
 
+    def _agents_cpu(self) -> float | None:
+        """CPU seconds of this run's podrun agents on every host (they share this machine's cores), None: none."""
+        cpus = [c for _pid, (_pp, cl, c, _r) in _procs().items() if AGENT in cl and self.marker in cl
+                and "python" in cl.split()[0]]
+        return sum(cpus) if cpus else None
+
     def measure(self, teardown_bound: float) -> dict:
         try:
             self.wait_up()
@@ -209,9 +215,13 @@ class Run:
             f["coll_s"] = max(self._stamps("coll")) - self.t0
             cpu_up, _ = tree_cpu(self.launcher)
             f["cpu_up_s"] = cpu_up
+            agents_up = self._agents_cpu()
             time.sleep(IDLE)
             cpu_idle, tree_rss = tree_cpu(self.launcher)
             f["idle_cpu_frac"] = (cpu_idle - cpu_up) / IDLE
+            agents_idle = self._agents_cpu()
+            f["agents_idle_cpu_frac"] = None if agents_up is None or agents_idle is None else \
+                (agents_idle - agents_up) / IDLE
             f["hwm_kb"] = hwm_kb(self.launcher)
             f["tree_rss_kb"] = tree_rss
             procs = _procs()
@@ -444,6 +454,12 @@ def rows_from(data: dict, rounds: int) -> list[dict]:
                         _med(pr, "cpu_up_s") if pr else None))
         rows.append(row("scale launcher idle CPU", f"{s}, {size}", idle * 100, "% of one core",
                         f"{note0}; {IDLE:g} s window after every rank ran; {idle * 100 * 100 / n:.3f} % per 100 hosts"))
+        agents_idle = _med(runs, "agents_idle_cpu_frac")
+        if agents_idle is not None:
+            rows.append(row("scale agents' idle CPU (every host's agent together)", f"{s}, {size}",
+                            agents_idle * 100, "% of one core",
+                            f"{note0}; {IDLE:g} s window after every rank ran; {agents_idle * 100 / n:.3f} % "
+                            "per agent"))
         rows.append(row("scale launcher peak RSS", f"{s}, {size}", (hwm or 0) / 1024, "MB",
                         f"{note0}; VmHWM of the launcher process; its tree (ssh clients included) {rss / 1024:.1f} MB"
                         f" = {rss / 1024 / n:.2f} MB/host"))

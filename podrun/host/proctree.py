@@ -8,9 +8,47 @@ import time
 from podrun.wire.proctl import proc_stats
 
 
-def _children(pid: int) -> list[tuple[int, str]]:
-    """(pid, state) of the live processes whose parent is ``pid``, from /proc."""
+def _children(pid: int, thorough: bool = False) -> list[tuple[int, str]]:
+    """(pid, state) of the live processes whose parent is ``pid``, from /proc: from the kernel's list of each of
+    its threads' children (/proc/PID/task/TID/children: a few reads, however many processes the host runs),
+    or, ``thorough`` or without that list, from every process's stat (a read per process on the host). The
+    kernel's list may miss a child that starts or ends while it is read (proc(5)); a caller that must see every
+    child confirms an empty answer with ``thorough``."""
+    if not thorough:
+        listed = _listed_children(pid)
+        if listed is not None:
+            return listed
     return [(p, fields[0].decode()) for p, fields in proc_stats() if len(fields) > 1 and int(fields[1]) == pid]
+
+
+def _listed_children(pid: int) -> list[tuple[int, str]] | None:
+    """The children of every thread of ``pid`` from /proc/PID/task/TID/children, each with its state, checked
+    against its stat's parent; None when this kernel has no such list (CONFIG_PROC_CHILDREN off)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    found: set[int] = set()
+    readable = False
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                found.update(int(x) for x in f.read().split())
+            readable = True
+        except (OSError, ValueError):
+            continue                          # a thread that ended meanwhile, or no such file on this kernel
+    if not readable:
+        return None
+    out = []
+    for child in sorted(found):
+        try:
+            with open(f"/proc/{child}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue                          # gone meanwhile
+        if len(fields) > 1 and int(fields[1]) == pid:
+            out.append((child, fields[0].decode()))
+    return out
 
 
 def tree_cpu(roots: list[int]) -> dict[int, float]:
@@ -67,6 +105,8 @@ def end_descendants(timeout: float = 5.0, spare: frozenset[int] = frozenset()) -
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         kids = [(pid, state) for pid, state in _children(me) if pid not in spare]
+        if not kids:
+            kids = [(pid, state) for pid, state in _children(me, thorough=True) if pid not in spare]
         if not kids:
             break
         for pid, state in kids:
