@@ -12,8 +12,8 @@ def _children(pid: int, thorough: bool = False) -> list[tuple[int, str]]:
     """(pid, state) of the live processes whose parent is ``pid``, from /proc: from the kernel's list of each of
     its threads' children (/proc/PID/task/TID/children: a few reads, however many processes the host runs),
     or, ``thorough`` or without that list, from every process's stat (a read per process on the host). The
-    kernel's list may miss a child that starts or ends while it is read (proc(5)); a caller that must see every
-    child confirms an empty answer with ``thorough``."""
+    kernel's list may miss a child while a sibling ends during the read (proc(5): reliable only for stopped
+    children); a caller that must see every child takes an empty answer only when a second read agrees."""
     if not thorough:
         listed = _listed_children(pid)
         if listed is not None:
@@ -103,11 +103,11 @@ def end_descendants(timeout: float = 5.0, spare: frozenset[int] = frozenset()) -
     passes; returns each killed process as ``pid N (command line)``."""
     me, killed = os.getpid(), {}
     deadline = time.monotonic() + timeout
+    empty = 0                                  # reads in a row that found no child: two end it (_children)
     while time.monotonic() < deadline:
         kids = [(pid, state) for pid, state in _children(me) if pid not in spare]
-        if not kids:
-            kids = [(pid, state) for pid, state in _children(me, thorough=True) if pid not in spare]
-        if not kids:
+        empty = 0 if kids else empty + 1
+        if empty >= 2:
             break
         for pid, state in kids:
             if state != "Z":
