@@ -215,13 +215,13 @@ class Run:
             f["coll_s"] = max(self._stamps("coll")) - self.t0
             cpu_up, _ = tree_cpu(self.launcher)
             f["cpu_up_s"] = cpu_up
-            agents_up = self._agents_cpu()
+            agents_up, t_up = self._agents_cpu(), time.monotonic()
             time.sleep(IDLE)
             cpu_idle, tree_rss = tree_cpu(self.launcher)
             f["idle_cpu_frac"] = (cpu_idle - cpu_up) / IDLE
-            agents_idle = self._agents_cpu()
+            agents_idle, t_idle = self._agents_cpu(), time.monotonic()
             f["agents_idle_cpu_frac"] = None if agents_up is None or agents_idle is None else \
-                (agents_idle - agents_up) / IDLE
+                (agents_idle - agents_up) / (t_idle - t_up)     # over the time between the two reads
             f["hwm_kb"] = hwm_kb(self.launcher)
             f["tree_rss_kb"] = tree_rss
             procs = _procs()
@@ -458,8 +458,8 @@ def rows_from(data: dict, rounds: int) -> list[dict]:
         if agents_idle is not None:
             rows.append(row("scale agents' idle CPU (every host's agent together)", f"{s}, {size}",
                             agents_idle * 100, "% of one core",
-                            f"{note0}; {IDLE:g} s window after every rank ran; {agents_idle * 100 / n:.3f} % "
-                            "per agent"))
+                            f"{note0}; from two reads of /proc {IDLE:g} s or more apart after every rank ran; "
+                            f"{agents_idle * 100 / n:.3f} % per agent"))
         rows.append(row("scale launcher peak RSS", f"{s}, {size}", (hwm or 0) / 1024, "MB",
                         f"{note0}; VmHWM of the launcher process; its tree (ssh clients included) {rss / 1024:.1f} MB"
                         f" = {rss / 1024 / n:.2f} MB/host"))
