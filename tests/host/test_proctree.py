@@ -12,8 +12,8 @@ from podrun.host import proctree
 
 def test_listed_children_are_the_scanned_children_from_every_thread_zombies_included():
     """Children started by the main thread and by another thread (the kernel lists a child under the thread that
-    forked it), one of them ended and not reaped (a zombie): the per-thread lists and the scan of /proc agree,
-    states included, and neither lists a process that is not a child."""
+    forked it), one of them ended and not reaped (a zombie): the per-thread lists and the scan of /proc both find
+    each of them, the zombie as a zombie (each answer's parent is checked in its stat by _children)."""
     sleepers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])]
     box = []
     t = threading.Thread(target=lambda: box.append(subprocess.Popen(["sleep", "60"])))
@@ -27,10 +27,12 @@ def test_listed_children_are_the_scanned_children_from_every_thread_zombies_incl
         assert listed is not None, "this kernel has no /proc/PID/task/TID/children (CONFIG_PROC_CHILDREN)"
         scanned = proctree._children(os.getpid(), thorough=True)
         mine = {p.pid for p in sleepers} | {zombie.pid}
-        assert {pid for pid, _ in listed} >= mine
-        assert sorted(listed) == sorted(scanned)
-        assert dict(listed)[zombie.pid] == "Z" and {dict(listed)[p.pid] for p in sleepers} <= {"S", "R"}
-        assert proctree._children(os.getpid()) == listed
+        # this process's other children (a test runner's) may start, end or change state between the reads:
+        # the two answers are compared on the children this test made
+        assert {pid for pid, _ in listed if pid in mine} == mine == {pid for pid, _ in scanned if pid in mine}
+        for answer in (listed, scanned, proctree._children(os.getpid())):
+            states = dict(answer)
+            assert states[zombie.pid] == "Z" and all(states[p.pid] in ("S", "R", "D") for p in sleepers), answer
     finally:
         for p in sleepers:
             p.kill()
