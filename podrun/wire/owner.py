@@ -4,10 +4,14 @@ The controller writes the record (podrun.launch.claim); the controller and a hos
 from __future__ import annotations
 
 import os
+import time
 
 from podrun.wire.proctl import pid_alive
 
 SOCKET_NAME = "control.sock"   # in the run dir: the controller's control socket (podrun stack)
+# a dead controller's socket can still answer for a moment: its main thread is a zombie (dead to pid_alive) while
+# its other threads, under load, are still exiting and the listening socket with them
+EXITING_S = 1.0
 OWNER_NAME = "control.pid"     # in the run dir: "<boot id> <pid>" of the controller listening on SOCKET_NAME
 
 
@@ -40,8 +44,13 @@ def remove_if_stale(run_dir: str) -> bool:
     from podrun.wire import unixsock
 
     path = os.path.join(run_dir, SOCKET_NAME)
-    if not os.path.lexists(path) or owner_alive(run_dir) or not unixsock.stale(path):
+    if not os.path.lexists(path) or owner_alive(run_dir):
         return False
+    deadline = time.monotonic() + EXITING_S
+    while not unixsock.stale(path):            # someone listens: a live controller, or a dead one still exiting
+        if owner_alive(run_dir) is not False or time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
     if owner_alive(run_dir) is None and os.path.lexists(os.path.join(run_dir, OWNER_NAME)):
         return False                              # recorded by a controller on another machine
     removed = unixsock.remove_stale(path)
