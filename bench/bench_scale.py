@@ -201,11 +201,10 @@ class Run:
         return self.launcher is None or not Path(f"/proc/{self.launcher}").exists() or \
             Path(f"/proc/{self.launcher}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX"
 
-    def _agents_cpu(self) -> float | None:
-        """CPU seconds of this run's podrun agents on every host (they share this machine's cores), None: none."""
-        cpus = [c for _pid, (_pp, cl, c, _r) in _procs().items() if AGENT in cl and self.marker in cl
+    def _agents(self, procs: dict) -> list[tuple[float, int]]:
+        """(CPU seconds, RSS kB) of this run's podrun agents on every host, from one read of /proc (``_procs``)."""
+        return [(c, r) for _pid, (_pp, cl, c, r) in procs.items() if AGENT in cl and self.marker in cl
                 and "python" in cl.split()[0]]
-        return sum(cpus) if cpus else None
 
     def measure(self, teardown_bound: float) -> dict:
         try:
@@ -215,19 +214,17 @@ class Run:
             f["coll_s"] = max(self._stamps("coll")) - self.t0
             cpu_up, _ = tree_cpu(self.launcher)
             f["cpu_up_s"] = cpu_up
-            agents_up, t_up = self._agents_cpu(), time.monotonic()
+            agents_up, t_up = self._agents(_procs()), time.monotonic()
             time.sleep(IDLE)
             cpu_idle, tree_rss = tree_cpu(self.launcher)
             f["idle_cpu_frac"] = (cpu_idle - cpu_up) / IDLE
-            agents_idle, t_idle = self._agents_cpu(), time.monotonic()
-            f["agents_idle_cpu_frac"] = None if agents_up is None or agents_idle is None else \
-                (agents_idle - agents_up) / (t_idle - t_up)     # over the time between the two reads
+            agents, t_idle = self._agents(_procs()), time.monotonic()
+            # the agents share this machine's cores: their CPU over the time between the two reads of /proc
+            f["agents_idle_cpu_frac"] = (sum(c for c, _ in agents) - sum(c for c, _ in agents_up)) / (t_idle - t_up) \
+                if agents and agents_up else None
             f["hwm_kb"] = hwm_kb(self.launcher)
             f["tree_rss_kb"] = tree_rss
-            procs = _procs()
-            agents = [r for p, (_pp, cl, _c, r) in procs.items() if AGENT in cl and self.marker in cl
-                      and "python" in cl.split()[0]]
-            f["agent_rss_kb"] = statistics.median(agents) if agents else None
+            f["agent_rss_kb"] = statistics.median(r for _, r in agents) if agents else None
             t1 = time.time()
             os.kill(self.launcher, signal.SIGTERM)
             deadline = t1 + teardown_bound

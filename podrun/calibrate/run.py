@@ -175,11 +175,13 @@ def build(result: dict, *, recipe, cluster, plan, budget: int | None, budget_sou
 
 def summary_rows(c: Calibration) -> list[tuple[str, str]]:
     """The summary table: (what, measured)."""
+    m = c.memory
+    largest = (f"{m.largest_local_batch} under {m.budget_bytes / 1e9:.3g} GB ({m.budget_source}; "
+               f"{len(m.probes)} probes)" if m.searched else
+               f"{m.largest_local_batch}, given ({m.budget_source}; not searched)")
     rows = [("hosts", f"{', '.join(c.hosts)} ({c.devices_per_host} x {c.device} each)"),
             ("inputs", "not recorded" if c.image_size is None else f"{c.image_size} x {c.image_size} px"),
-            ("largest local batch", f"{c.memory.largest_local_batch} under {c.memory.budget_bytes / 1e9:.3g} GB "
-                                    f"({c.memory.budget_source}; {len(c.memory.probes)} probes)" if c.memory.searched
-                                    else f"{c.memory.largest_local_batch}, given ({c.memory.budget_source}; not searched)")]
+            ("largest local batch", largest)]
     for p in c.throughput:
         rows.append((f"rate at local batch {p.local_batch}",
                      f"{p.images_per_second:.1f} img/s per device ({p.step_seconds * 1e3:.0f} ms a step)"))

@@ -44,8 +44,8 @@ def _batches(ctx, param, value):
 @click.option("--python", "python_", help="Python on the hosts (default: this one).")
 @click.option("--master-port", type=t.PORT, default=None, help="Rendezvous port (as podrun launch).")
 @click.option("--json", "as_json", is_flag=True, help="Print the calibration as JSON on stdout.")
-def calibrate(recipe, device_memory, largest_batch, batches, steps, image_size, name, runs_dir, transport, ssh_config, python_,
-              master_port, as_json, **kwargs):
+def calibrate(recipe, device_memory, largest_batch, batches, steps, image_size, name, runs_dir, transport,
+              ssh_config, python_, master_port, as_json, **kwargs):
     """Measure RECIPE on the hosts: the rate per device at the plans' local batches, the largest local batch that
     fits a device's memory, and all-reduce bus bandwidth and latency within and between hosts. The file
     (RUNS_DIR/calibrations/NAME.yaml) feeds `podrun plan --calibration NAME`.

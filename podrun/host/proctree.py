@@ -5,19 +5,21 @@ import os
 import signal
 import time
 
-from podrun.wire.proctl import proc_stats
+from podrun.wire.proctl import proc_stats, stat_fields
 
 
-def _children(pid: int, thorough: bool = False) -> list[tuple[int, str]]:
+def _children(pid: int) -> list[tuple[int, str]]:
     """(pid, state) of the live processes whose parent is ``pid``, from /proc: from the kernel's list of each of
-    its threads' children (/proc/PID/task/TID/children: a few reads, however many processes the host runs),
-    or, ``thorough`` or without that list, from every process's stat (a read per process on the host). The
-    kernel's list may miss a child while a sibling ends during the read (proc(5): reliable only for stopped
-    children); a caller that must see every child takes an empty answer only when a second read agrees."""
-    if not thorough:
-        listed = _listed_children(pid)
-        if listed is not None:
-            return listed
+    its threads' children (/proc/PID/task/TID/children: a few reads, however many processes the host runs), or,
+    without that list, from every process's stat (a read per process on the host). The kernel's list may miss a
+    child while a sibling ends during the read (proc(5): reliable only for stopped children); a caller that must
+    see every child takes an empty answer only when a second read agrees."""
+    listed = _listed_children(pid)
+    return _scanned_children(pid) if listed is None else listed
+
+
+def _scanned_children(pid: int) -> list[tuple[int, str]]:
+    """(pid, state) of ``pid``'s children from every process's stat."""
     return [(p, fields[0].decode()) for p, fields in proc_stats() if len(fields) > 1 and int(fields[1]) == pid]
 
 
@@ -41,12 +43,8 @@ def _listed_children(pid: int) -> list[tuple[int, str]] | None:
         return None
     out = []
     for child in sorted(found):
-        try:
-            with open(f"/proc/{child}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue                          # gone meanwhile
-        if len(fields) > 1 and int(fields[1]) == pid:
+        fields = stat_fields(child)           # None: gone meanwhile
+        if fields is not None and len(fields) > 1 and int(fields[1]) == pid:
             out.append((child, fields[0].decode()))
     return out
 

@@ -36,6 +36,16 @@ def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None):
     return preexec
 
 
+def stat_fields(pid: int | str) -> list[bytes] | None:
+    """The fields of /proc/<pid>/stat after the command name (state, ppid, ...); None when there is no such
+    process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def proc_stats() -> Iterator[tuple[int, list[bytes]]]:
     """(pid, the fields of /proc/<pid>/stat after the command name: state, ppid, ...) of every process, those
     gone meanwhile left out."""
@@ -44,24 +54,17 @@ def proc_stats() -> Iterator[tuple[int, list[bytes]]]:
     except OSError:
         return
     for d in names:
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        yield int(d), fields
+        if d.isdigit():
+            fields = stat_fields(d)
+            if fields is not None:
+                yield int(d), fields
 
 
 def proc_start(pid: int) -> str | None:
     """When process ``pid`` started (field 22 of /proc/<pid>/stat, clock ticks since boot, as text): with the pid,
     it names one process, where a pid alone may be a later process's; None when there is no such process."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[19].decode()
-    except (OSError, IndexError):
-        return None
+    fields = stat_fields(pid)
+    return fields[19].decode() if fields is not None and len(fields) > 19 else None
 
 
 def pid_alive(pid: int) -> bool:
@@ -73,8 +76,5 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return True
+    fields = stat_fields(pid)
+    return fields is None or not fields or fields[0] != b"Z"

@@ -25,7 +25,7 @@ def test_listed_children_are_the_scanned_children_from_every_thread_zombies_incl
         os.waitid(os.P_PID, zombie.pid, os.WEXITED | os.WNOWAIT)       # ended, left unreaped
         listed = proctree._listed_children(os.getpid())
         assert listed is not None, "this kernel has no /proc/PID/task/TID/children (CONFIG_PROC_CHILDREN)"
-        scanned = proctree._children(os.getpid(), thorough=True)
+        scanned = proctree._scanned_children(os.getpid())
         mine = {p.pid for p in sleepers} | {zombie.pid}
         # this process's other children (a test runner's) may start, end or change state between the reads:
         # the two answers are compared on the children this test made
