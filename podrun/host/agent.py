@@ -47,7 +47,7 @@ import tempfile
 import threading
 import time
 
-from podrun.host import agent_args, output
+from podrun.host import agent_args, output, zygote_client
 from podrun.host.link import ControllerLink
 from podrun.host.proctree import end_descendants, reap_orphans, tree_cpu
 from podrun.host import stackdump
@@ -68,11 +68,11 @@ class Agent(ControllerLink):
     def __init__(self, index: int, command: list[str], envs: list[dict[str, str]], *, grace: float,
                  stdin_watch: bool, stdin_timeout: float, heartbeat: float = HEARTBEAT_S, out=None,
                  probe: dict | None = None, local_ranks: list[int] | None = None, agent_rank: int | None = None,
-                 run_dir: str | None = None, warm: tuple[str, str, bool] | None = None,
+                 run_dir: str | None = None, warm: zygote_client.WarmHost | None = None,
                  worker_stdin: int | None = None):
         self.index = index
-        # (run dir, host, start one): fork workers from this host's zygote (podrun.host.zygote) when it is
-        # there; start it for the next attempt when it is not and one may follow
+        # fork workers from this host's zygote (podrun.host.zygote) when it is there; start it for the next
+        # attempt when it is not and one may follow
         self.warm = warm
         self.lease = None
         self.run_dir = run_dir       # without a stdin watch: where the controller's stacks-request appears
@@ -124,9 +124,7 @@ class Agent(ControllerLink):
         if self.warm is None or self.zygote_told:
             return
         self.zygote_told = True
-        from podrun.host import zygote_client
-
-        zygote_client.quit_host(*self.warm[:2])
+        zygote_client.quit_host(self.warm.run_dir, self.warm.host)
 
     # -- threads --------------------------------------------------------------------------
     def _dump_loop(self) -> None:
@@ -216,25 +214,24 @@ class Agent(ControllerLink):
         """The worker forked by this host's zygote, or None (no zygote: the caller starts it as usual); it
         writes its stdout and stderr to ``ends``, the write ends of the agent's output sockets, and reads
         ``stdin`` (a descriptor; else the zygote's choice)."""
-        from podrun.host import zygote_client
-
-        run_dir, host, _ = self.warm
-        p = zygote_client.spawn(run_dir, host, self.command, {k: v for k, v in env.items() if k != PROGRESS_ENV},
-                                os.getcwd(), {1: ends[0].fileno(), 2: ends[1].fileno(), PROGRESS_ENV: progress_fd,
-                                              **({} if stdin is None else {0: stdin})})
-        if p is not None:
+        p = zygote_client.spawn(self.warm.run_dir, self.warm.host, self.command,
+                                {k: v for k, v in env.items() if k != PROGRESS_ENV}, os.getcwd(),
+                                {1: ends[0].fileno(), 2: ends[1].fileno(), PROGRESS_ENV: progress_fd,
+                                 **({} if stdin is None else {0: stdin})})
+        if isinstance(p, zygote_client.WarmProc):
             self.emit(local_rank, "note", f"warm start: local rank {self.local_ranks[local_rank]} forked by the "
                                           f"zygote (pid {p.zygote_pid}) as pid {p.pid}")
-        return p
+            return p
+        if self.warm.later and p != zygote_client.NOT_PYTHON:
+            self.emit(local_rank, "note", f"cold start: local rank {self.local_ranks[local_rank]}: {p}")
+        return None
 
     def _keep_zygote(self) -> None:
         """Hold a lease on this host's zygote for the agent's life; start the zygote first when it is not
         there and another attempt may follow (outside this subreaper's tree: it outlives the agent)."""
-        from podrun.host import zygote_client
-
-        run_dir, host, start = self.warm
+        run_dir, host = self.warm.run_dir, self.warm.host
         self.lease = zygote_client.hold(run_dir, host, 0.0)
-        if self.lease is not None or not start or zygote_client.warm_target(self.command) is None:
+        if self.lease is not None or not self.warm.start_next or zygote_client.warm_target(self.command) is None:
             return
         if self.subreaper:
             _prctl(PR_SET_CHILD_SUBREAPER, 0)
@@ -399,14 +396,14 @@ def main(argv: list[str] | None = None) -> int:
 
         store = AgentStore.open(args.master_port, args.listen_fd)    # reserve the port now, before any report
     probe = _probe(args, rank0, store) if args.hold else None
+    warm = zygote_client.WarmHost(args.run_dir, socket.gethostname(), args.restart_count < args.max_restarts,
+                                  later=args.restart_count > 0) if args.warm else None
     agent = Agent(index, command, envs, grace=args.grace, stdin_watch=not args.no_stdin_watch,
                   stdin_timeout=args.stdin_timeout, heartbeat=args.heartbeat, probe=probe, local_ranks=local_ranks,
-                  agent_rank=agent_rank, run_dir=args.run_dir, worker_stdin=args.worker_stdin_fd,
-                  warm=(args.run_dir, socket.gethostname(), args.restart_count < args.max_restarts)
-                  if args.warm else None)
+                  agent_rank=agent_rank, run_dir=args.run_dir, worker_stdin=args.worker_stdin_fd, warm=warm)
     if store is not None and not (probe and probe["ports_busy"]):    # busy: the controller will not say go
         store.start(agent.envs, lambda text: agent.emit(None, "note", text),
-                    warm=agent.warm[:2] if agent.warm is not None else None)
+                    warm=None if warm is None else (warm.run_dir, warm.host))
         agent.helpers.append(store.pid)
     try:
         return agent.run()

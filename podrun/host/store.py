@@ -86,7 +86,7 @@ class StoreHost:
                                    {0: in_r, 1: out_w, 2: out_w, FD_ENV: fd})
         os.close(in_r)
         os.close(out_w)
-        if proc is None:
+        if not isinstance(proc, zygote_client.WarmProc):
             os.close(in_w)
             os.close(out_r)
             return None

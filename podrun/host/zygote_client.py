@@ -12,13 +12,24 @@ import struct
 import sys
 import threading
 import time
+from typing import NamedTuple
 
 from podrun.wire.protocol import ZYGOTE_DIR
 
 IDLE_S = 60.0           # seconds with no agent connected and no worker alive before the zygote ends
 CONNECT_S = 2.0         # an agent's bound on reaching the zygote and hearing the forked pid
+NOT_PYTHON = "not a Python script, module or -c of this interpreter"   # spawn's answer: no zygote can run it
 LEASE = struct.pack("!I", 0)    # a request of length 0: hold this connection while the agent lives
 QUIT = struct.pack("!I", 0xFFFFFFFF)   # end now: the agent's controller is gone, no attempt will follow
+
+
+class WarmHost(NamedTuple):
+    """An agent's warm starts: its run directory and host name (where the zygote's socket is), whether it
+    starts a zygote for the next attempt, and whether this is a later attempt (a zygote may be there)."""
+    run_dir: str
+    host: str
+    start_next: bool
+    later: bool
 
 
 def zygote_dir(run_dir: str) -> str:
@@ -136,19 +147,20 @@ class WarmProc:
                 pass
 
 
-def spawn(run_dir: str, host: str, command, env: dict[str, str], cwd: str, fds: dict) -> WarmProc | None:
-    """Ask this host's zygote to fork a process running ``command``; None when it cannot (no zygote, another
-    interpreter, a command that is not a Python script, module or ``-c``): the caller then starts it as usual.
+def spawn(run_dir: str, host: str, command, env: dict[str, str], cwd: str, fds: dict) -> WarmProc | str:
+    """Ask this host's zygote to fork a process running ``command``; when it cannot, why (NOT_PYTHON: another
+    interpreter, a command that is not a Python script, module or ``-c``; or no zygote answered): the caller
+    then starts it as usual.
 
     ``fds``: what the process gets of the caller's file descriptors, {target: fd}; a target is 0, 1 or 2, or
     the name of a variable that tells the process the number it has there (stdin is /dev/null unless given).
     """
     target = warm_target(command)
     if target is None:
-        return None
+        return NOT_PYTHON
     conn = _connect(socket_path(run_dir, host))
     if conn is None:
-        return None
+        return "no zygote listens on this host (it ended, or is still importing)"
     body = json.dumps({"target": target, "env": env, "cwd": cwd, "fds": list(fds)}).encode()
     try:
         socket.send_fds(conn, [struct.pack("!I", len(body)) + body], list(fds.values()))
@@ -160,10 +172,12 @@ def spawn(run_dir: str, host: str, command, env: dict[str, str], cwd: str, fds: 
             reply += data
         m = re.match(rb"pid (\d+) (\d+)\n", reply)
         if m is None:
-            raise OSError(f"the zygote answered {reply[:200]!r}")
-    except OSError:
+            raise OSError(f"it answered {reply[:200]!r}")
+    except OSError as exc:
         conn.close()                                 # the zygote kills a process it forked for this request
-        return None
+        if isinstance(exc, TimeoutError):
+            return f"this host's zygote did not answer within {CONNECT_S:g} s"
+        return f"this host's zygote failed the request: {exc}"
     return WarmProc(conn, int(m[1]), int(m[2]), reply[m.end():])
 
 

@@ -47,6 +47,7 @@ def probes(rd: Path) -> list[dict]:
 
 
 @pytest.mark.torch
+@pytest.mark.timeout(480)
 def test_elastic_restart_forks_workers_from_the_zygote_with_the_same_losses(make_ssh_hosts, tmp_path):
     hosts = make_ssh_hosts(4)
     train = [sys.executable, TRAIN, "--steps", "24", "--sleep", "0.15"]
@@ -57,12 +58,18 @@ def test_elastic_restart_forks_workers_from_the_zygote_with_the_same_losses(make
     assert not (run_dir(tmp_path / "ref") / "zygote").exists()
     assert "warm start" not in (run_dir(tmp_path / "ref") / "instance-0.log").read_text()
 
+    # the run waits after step 8 until every host's zygote listens (it imports at SCHED_IDLE: on a busy
+    # machine that takes long, and an agent that finds no zygote starts its worker cold)
+    go = tmp_path / "go"
     p = podrun_popen(*launch_args(hosts, hosts.hosts, tmp_path, "el", "--global-batch", "12", "--elastic", "2",
-                                  "--max-restarts", "2"), "--", *train)
+                                  "--max-restarts", "2"), "--", *train, "--hold-after", "8", "--hold-until", str(go))
     try:
         wait_step(tmp_path / "el", 8, 120)
         assert wait_until(lambda: len(zygotes(tmp_path / "el")) == 4, 60), "no zygote on every host"
+        listening = lambda: len(list((tmp_path / "el").glob("*/zygote/*.sock"))) == 4  # noqa: E731
+        assert wait_until(listening, 200), "not every host's zygote listened within 200 s"
         hosts.isolate("h3")
+        go.touch()
         _, err = p.communicate(timeout=200)
     finally:
         end(p)
@@ -108,6 +115,10 @@ def test_a_killed_zygote_makes_the_next_attempt_start_cold(make_ssh_hosts, tmp_p
     assert set(by) == {("h1", 0), ("h2", 0), ("h1", 1), ("h2", 1)}, by
     assert by[("h1", 0)]["warm"] == by[("h2", 0)]["warm"] == "-"          # the first attempt starts cold
     assert by[("h1", 1)]["warm"] == "-"                                    # its zygote was killed: cold again
+    h1_log = next(log.read_text() for log in rd.glob("instance-*.log") if "probe h1 attempt 1" in log.read_text())
+    assert "# podrun agent: cold start: local rank 0: no zygote listens on this host" in h1_log, h1_log
+    h2_log = next(log.read_text() for log in rd.glob("instance-*.log") if "probe h2 attempt 1" in log.read_text())
+    assert "cold start" not in h2_log, h2_log
     assert by[("h2", 1)]["warm"] != "-" and by[("h2", 1)]["ppid"] == int(by[("h2", 1)]["warm"])
     assert summary(tmp_path / "runs")["exit_code"] == 0
     assert wait_until(lambda: not zygotes(tmp_path, watchers=True), 15), zygotes(tmp_path, watchers=True)

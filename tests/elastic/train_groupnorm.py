@@ -8,6 +8,7 @@ float rounding. Every rank hands its state to podrun.runtime.elastic.snapshot af
 in-memory snapshot on its host), rank 0 checkpoints every --checkpoint-every steps (atomically) and logs
 each step to metrics.jsonl; a restart resumes from the newest snapshot a rank holds when it is newer than
 the checkpoint (podrun.runtime.elastic.restore), else from the checkpoint, and logs where it resumed.
+With --hold-after N --hold-until FILE every rank waits after step N until FILE exists (the test's cue).
 """
 import argparse
 import json
@@ -27,6 +28,8 @@ p.add_argument("--steps", type=int, default=40)
 p.add_argument("--sleep", type=float, default=0.1)
 p.add_argument("--samples", type=int, default=240)
 p.add_argument("--checkpoint-every", type=int, default=1)
+p.add_argument("--hold-after", type=int, default=-1, help="after this step, wait for --hold-until to exist")
+p.add_argument("--hold-until", default="", help="a file the test creates to let the run go on")
 args = p.parse_args()
 
 dist.init_process_group("gloo")
@@ -83,6 +86,8 @@ while step < args.steps:
         metrics.flush()
         print(f"step {step} loss {loss_sum.item():.6f} world {world} GA {a}", flush=True)
     time.sleep(args.sleep)
+    while step == args.hold_after and not os.path.exists(args.hold_until):
+        time.sleep(0.05)
 elastic.close()
 dist.barrier()
 dist.destroy_process_group()
