@@ -13,6 +13,13 @@ import pytest
 
 from tests.harness import HarnessError, NetnsHosts
 
+# Every torch process the suite starts (workers on the namespace hosts, the local transport's, calibration
+# probes) waits with its OpenMP threads asleep, not spinning: the suite oversubscribes the cores (every
+# namespace host believes it has them all, and several tests run at once), and libgomp's default spin after
+# each parallel region then takes CPU the other processes need (docs/test-harness.md, "Where the time goes").
+# The harness's hosts export it too (tests.harness.netns.default_bashrc).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 
 def _fail(what: str, err: Exception) -> None:
     pytest.fail(f"{what} could not be brought up: {err}", pytrace=False)

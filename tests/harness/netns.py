@@ -71,10 +71,11 @@ def _cleanup_slot(slot: int) -> None:
 
 def default_bashrc() -> str:
     """The hosts' ~/.bashrc unless one is given: this session's python first on PATH, and its PYTHONPATH (a
-    checkout tested beside the installed one: the hosts import it too)."""
+    checkout tested beside the installed one: the hosts import it too) and OMP_WAIT_POLICY (tests/conftest.py)."""
     bashrc = f'export PATH="{os.path.dirname(sys.executable)}:$PATH"\n'
-    if os.environ.get("PYTHONPATH"):
-        bashrc += f"export PYTHONPATH={shlex.quote(os.environ['PYTHONPATH'])}\n"
+    for name in ("PYTHONPATH", "OMP_WAIT_POLICY"):
+        if os.environ.get(name):
+            bashrc += f"export {name}={shlex.quote(os.environ[name])}\n"
     return bashrc
 
 
