@@ -50,12 +50,13 @@ def test_a_registered_python_process_gives_its_stacks_and_goes_on(tmp_path):
     w.mkdir()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([stackdump.SITE_DIR, os.environ.get("PYTHONPATH", "")]),
            "PODRUN_STACK_DIR": str(w), "PODRUN_STACK_SIGNAL": str(stackdump.STACK_SIGNAL)}
-    p = subprocess.Popen([sys.executable, "-c", "import time\ndef napping():\n    time.sleep(60)\nnapping()"],
-                         env=env)
+    # it says when it is in napping(): a dump asked between its registration (at start-up) and then would
+    # show the start-up's frames (seen under load)
+    p = subprocess.Popen([sys.executable, "-c", "import time\ndef napping():\n    print('napping', flush=True)\n"
+                          "    time.sleep(60)\nnapping()"], env=env, stdout=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 30
-        while not (w / f"{p.pid}.main").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        assert p.stdout.readline() == "napping\n"      # EOF ('') when it could not start
+        assert (w / f"{p.pid}.main").exists()
         got = stackdump.collect(str(tmp_path), [(0, p.pid)])
         assert got[0]["problem"] is None, got
         (proc,) = got[0]["procs"]
