@@ -396,14 +396,15 @@ def main(argv: list[str] | None = None) -> int:
 
         store = AgentStore.open(args.master_port, args.listen_fd)    # reserve the port now, before any report
     probe = _probe(args, rank0, store) if args.hold else None
-    warm = zygote_client.WarmHost(args.run_dir, socket.gethostname(), args.restart_count < args.max_restarts,
+    warm = zygote_client.WarmHost(args.run_dir, socket.gethostname(),
+                                  start_next=args.restart_count < args.max_restarts,
                                   later=args.restart_count > 0) if args.warm else None
     agent = Agent(index, command, envs, grace=args.grace, stdin_watch=not args.no_stdin_watch,
                   stdin_timeout=args.stdin_timeout, heartbeat=args.heartbeat, probe=probe, local_ranks=local_ranks,
                   agent_rank=agent_rank, run_dir=args.run_dir, worker_stdin=args.worker_stdin_fd, warm=warm)
     if store is not None and not (probe and probe["ports_busy"]):    # busy: the controller will not say go
         store.start(agent.envs, lambda text: agent.emit(None, "note", text),
-                    warm=None if warm is None else (warm.run_dir, warm.host))
+                    warm=warm)
         agent.helpers.append(store.pid)
     try:
         return agent.run()

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import threading
 
+from podrun.host import zygote_client
 from podrun.wire.probe import listen, torch_available
 from podrun.plan.worker_env import AGENT_STORE_NAME as ENV    # the name podrun.plan.worker_env sets for every worker
 
@@ -57,7 +58,7 @@ class StoreHost:
     """The child process that serves the TCPStore on ``sock``; ``state`` is "starting", "up" or "failed: ..."."""
 
     def __init__(self, sock: socket.socket, on_failure=None, python: str = sys.executable,
-                 warm: tuple[str, str] | None = None):
+                 warm: zygote_client.WarmHost | None = None):
         from podrun.wire.proctl import die_with_parent
 
         self.sock = sock
@@ -75,14 +76,12 @@ class StoreHost:
         threading.Thread(target=self._watch, name="podrun-store-host", daemon=True).start()
 
     @staticmethod
-    def _forked(warm: tuple[str, str], argv: list[str], fd: int):
+    def _forked(warm: zygote_client.WarmHost, argv: list[str], fd: int):
         """The store host forked by this host's zygote (torch already imported; podrun.host.zygote), with
         the same pipes as a started one; None when there is no zygote."""
-        from podrun.host import zygote_client
-
         in_r, in_w = os.pipe()
         out_r, out_w = os.pipe()
-        proc = zygote_client.spawn(*warm, argv, dict(os.environ), os.getcwd(),
+        proc = zygote_client.spawn(warm.run_dir, warm.host, argv, dict(os.environ), os.getcwd(),
                                    {0: in_r, 1: out_w, 2: out_w, FD_ENV: fd})
         os.close(in_r)
         os.close(out_w)
@@ -148,9 +147,9 @@ class AgentStore:
             return cls(port, None, os.strerror(exc.errno) if exc.errno else str(exc))
         return cls(sock.getsockname()[1], sock, None)
 
-    def start(self, envs: list[dict[str, str]], note, warm: tuple[str, str] | None = None) -> None:
+    def start(self, envs: list[dict[str, str]], note, warm: zygote_client.WarmHost | None = None) -> None:
         """Serve the store, or fall back to rank 0 hosting it (``note``: the agent's message line); ``warm``
-        (run dir, host): fork the store host from that host's zygote when it runs."""
+        (the agent's warm starts): fork the store host from this host's zygote when it runs."""
         if self.sock is not None and torch_available():
             self.host = StoreHost(self.sock, on_failure=lambda why: note(
                 f"cannot host the store on port {self.port}: {why[len('failed: '):]}"), warm=warm)

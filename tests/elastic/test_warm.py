@@ -115,9 +115,9 @@ def test_a_killed_zygote_makes_the_next_attempt_start_cold(make_ssh_hosts, tmp_p
     assert set(by) == {("h1", 0), ("h2", 0), ("h1", 1), ("h2", 1)}, by
     assert by[("h1", 0)]["warm"] == by[("h2", 0)]["warm"] == "-"          # the first attempt starts cold
     assert by[("h1", 1)]["warm"] == "-"                                    # its zygote was killed: cold again
-    h1_log = next(log.read_text() for log in rd.glob("instance-*.log") if "probe h1 attempt 1" in log.read_text())
+    logs = [log.read_text() for log in rd.glob("instance-*.log")]
+    h1_log, h2_log = (next(text for text in logs if f"probe {h} attempt 1" in text) for h in ("h1", "h2"))
     assert "# podrun agent: cold start: local rank 0: no zygote listens on this host" in h1_log, h1_log
-    h2_log = next(log.read_text() for log in rd.glob("instance-*.log") if "probe h2 attempt 1" in log.read_text())
     assert "cold start" not in h2_log, h2_log
     assert by[("h2", 1)]["warm"] != "-" and by[("h2", 1)]["ppid"] == int(by[("h2", 1)]["warm"])
     assert summary(tmp_path / "runs")["exit_code"] == 0
