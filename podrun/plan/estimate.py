@@ -43,12 +43,13 @@ def estimate(*, per_device_rate: float, rate_source: str, devices_per_replica: i
              params: int, gradient_bytes: int, net: InterconnectSpec, epochs: float,
              train_size: int, hidden_fraction: float = 0.0, hidden_source: str = "") -> Estimate:
     """``hidden_fraction``: the part of the all-reduce that overlaps the backward pass (a calibration's measured
-    figure, with ``hidden_source`` saying where it was measured); 0: none, the step is compute + all-reduce."""
+    figure, with ``hidden_source`` saying where it was measured, which the assumptions keep even when the measured
+    part is 0); without a source: none, the step is compute + all-reduce."""
     replica_rate = per_device_rate * devices_per_replica * (1.0 - bubble)
     compute = grad_accum * local_batch / replica_rate
     comm = allreduce_seconds(params * gradient_bytes, replicas, replicas_per_host, hosts, net)
     step = compute + comm * (1.0 - hidden_fraction)
-    overlap = "no overlap of communication with compute" if hidden_fraction == 0 else \
+    overlap = "no overlap of communication with compute" if hidden_source == "" else \
         f"{hidden_fraction:.0%} of the all-reduce hidden behind the backward pass ({hidden_source})"
     efficiency = compute / step
     images_per_second = replicas * local_batch * grad_accum / step

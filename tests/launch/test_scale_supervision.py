@@ -4,6 +4,7 @@ processes, no torch), over ssh to the namespace hosts of tests/harness or on thi
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -59,6 +60,9 @@ def test_podrun_stack_of_256_ranks_answers_with_every_rank_grouped(tmp_path):
     """256 workers on this machine: `podrun stack` shows every rank's stack (none missing) in one group with
     its ranks as a range, within the controller's wait for stacks, and the run goes on to exit 0."""
     runs = tmp_path / "runs"
+    release = tmp_path / "release"
+    os.mkfifo(release)
+    released = None
     p = podrun_popen("launch", "--devices-per-host", str(RANKS), "--runs-dir", str(runs), "--hang-timeout", "off",
                      "--", sys.executable, LIGHT, "wait", str(tmp_path))
     try:
@@ -76,10 +80,12 @@ def test_podrun_stack_of_256_ranks_answers_with_every_rank_grouped(tmp_path):
         assert reply["lines"][0].startswith(f"ranks 0-{RANKS - 1}: wait_for_peer (light_ranks.py:"), reply["lines"]
         text = podrun("stack", "--runs-dir", str(runs), timeout=60)
         assert text.returncode == 0 and f"ranks 0-{RANKS - 1}: " in text.stdout, text.stdout + text.stderr
-        (tmp_path / "release").touch()
+        released = os.open(release, os.O_WRONLY | os.O_NONBLOCK)   # every rank is blocked opening it to read
         out, err = p.communicate(timeout=120)
     finally:
         end(p)
+        if released is not None:
+            os.close(released)
     assert p.returncode == 0, err[-2000:]
     print(f"podrun stack of {RANKS} ranks: {took:.2f} s")
 

@@ -171,6 +171,23 @@ def test_a_measured_overlap_hides_its_fraction_of_the_all_reduce_in_the_plans_st
     assert "40% of it hidden" in shown
 
 
+def test_an_overlap_measured_at_nothing_hidden_is_said_as_measured(tmp_path):
+    """A DDP step that hid none of its all-reduce (as a busy machine can measure): the plan's step is compute +
+    all-reduce, as without a measure, and the assumptions say 0 % was measured, with the figures, rather than the
+    unmeasured default."""
+    o = OverlapResult(ranks=2, local_batch=8, step_seconds=0.9, allreduce_seconds=0.5, synced_step_seconds=1.5,
+                      hidden_fraction=hidden_fraction(0.9, 0.5, 1.5))
+    assert o.hidden_fraction == 0
+    save(sample(overlap=o), tmp_path / "runs", "none")
+    args = ("plan", "--devices-per-host", "2", RECIPE, "--max-age", "100000", "--json")
+    est = json.loads(podrun(*args, "--calibration", "none", cwd=tmp_path).stdout)["estimate"]
+    text = " ".join(est["assumptions"])
+    assert est["allreduce_hidden_fraction"] == 0
+    assert "0% of the all-reduce hidden behind the backward pass (measured: a DDP step of 2 ranks at local " \
+           "batch 8 took 1.5 s" in text
+    assert "no overlap of communication with compute" not in text
+
+
 @pytest.mark.parametrize("step, allreduce, synced, hidden", [
     (1.0, 0.5, 1.5, 0.0),          # nothing hidden: one after the other
     (1.0, 0.5, 1.0, 1.0),          # all of it hidden

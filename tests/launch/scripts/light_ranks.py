@@ -1,7 +1,8 @@
 """A light worker (no torch) for runs of many ranks: `light_ranks.py MODE DIR [ODD]`.
 
 hang: rank ODD stalls in stall(), every other rank waits in wait_for_peer(); wait: every rank waits in
-wait_for_peer() until DIR/release exists; fail: once every rank is up, rank ODD says three lines and exits 3, and
+wait_for_peer() until the FIFO DIR/release (the test makes it) is opened for writing, blocked in one call so that
+every rank's stack is the same whenever it is taken; fail: once every rank is up, rank ODD says three lines and exits 3, and
 every other rank, once rank ODD's process has ended (its pid in DIR/pid), says its peer is gone
 and exits 1 half a second later (as ranks do when the socket of a peer of their collective closes); progress: STEPS reports through podrun.runtime (ODD is the number of steps)."""
 import os
@@ -19,8 +20,11 @@ def stall():
 
 
 def wait_for_peer(until=None):
-    while until is None or not os.path.exists(until):
-        time.sleep(0.1 if until else 3600)  # STALL-others
+    if until is None:
+        time.sleep(3600)  # STALL-others
+    else:
+        with open(until, "rb"):  # returns once a writer opens the FIFO
+            pass
 
 
 if mode == "hang":
