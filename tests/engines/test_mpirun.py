@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from podrun.launch.transports.mpirun import MpiOptions, detect_flavour, mpirun_command
+from podrun.launch.transports.mpirun import MpiOptions, detect_flavour, find_mpirun, grid_engine_qrsh, mpirun_command
 from tests.engines.conftest import ALLREDUCE, HERE, podrun, results
 from tests.launch.helpers import run_and_watch, secret_values
 
@@ -41,6 +41,52 @@ def test_mpirun_command_mpich_shape():
     assert cmd[cmd.index("-ppn") + 1] == "2"
     assert cmd[cmd.index("-genvlist") + 1] == "A,B"
     assert cmd[cmd.index("-launcher-exec") + 1] == "ssh -F /cfg"
+
+
+def test_mpirun_command_inside_grid_engine_leaves_the_launch_agent_to_open_mpi():
+    """In a Grid Engine job Open MPI starts its daemons with the job's qrsh only when no ssh agent is named: the
+    command keeps --prefix (prted's tree on the hosts) and names no plm_rsh_agent nor ssh options."""
+    cmd = mpirun_command(["h1", "h2"], 2, ["x"], options=MpiOptions(grid_engine=True, prefix="/venv", as_root=False))
+    assert cmd[cmd.index("--prefix") + 1] == "/venv"
+    assert not [a for a in cmd if "plm_rsh" in a or "ssh" in a], cmd
+
+
+def test_grid_engine_qrsh_needs_every_variable_open_mpi_reads():
+    job = {"SGE_ROOT": "/opt/sge", "ARC": "lx-amd64", "PE_HOSTFILE": "/spool/pe_hostfile", "JOB_ID": "7"}
+    assert grid_engine_qrsh(job) == "/opt/sge/bin/lx-amd64/qrsh"
+    for name in job:
+        assert grid_engine_qrsh({k: v for k, v in job.items() if k != name}) is None, name
+    assert grid_engine_qrsh({**job, "JOB_ID": ""}) is None
+
+
+def test_find_mpirun_takes_the_one_beside_the_interpreter_when_path_has_none(tmp_path, monkeypatch):
+    """A batch job's bare PATH has no mpirun; the PyPI wheel's sits beside the interpreter."""
+    bindir = tmp_path / "venv" / "bin"
+    bindir.mkdir(parents=True)
+    (bindir / "mpirun").write_text("#!/bin/sh\n")
+    (bindir / "mpirun").chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert find_mpirun("mpirun", str(bindir / "python")) == str(bindir / "mpirun")
+    assert find_mpirun("mpirun", "python3") is None                   # no directory to look beside
+    assert find_mpirun("mpiexec", str(bindir / "python")) is None     # not there either
+
+
+def test_dry_run_inside_grid_engine_prints_the_tight_integration(tmp_path):
+    """`podrun launch --transport mpirun --dry-run` inside a Grid Engine job prints the mpirun that runs: no ssh
+    agent (Open MPI takes qrsh -inherit); with --ssh-config the user's ssh again."""
+    _need_mpirun()
+    pe = tmp_path / "pe_hostfile"
+    pe.write_text("n1 1 all.q@n1 UNDEFINED\nn2 1 all.q@n2 UNDEFINED\n")
+    env = {"SGE_ROOT": str(tmp_path / "sge"), "ARC": "lx-amd64", "PE_HOSTFILE": str(pe), "JOB_ID": "12"}
+    args = ["launch", "--transport", "mpirun", "--devices-per-host", "1", "--dry-run", "--runs-dir",
+            str(tmp_path / "runs")]
+    tight = podrun([*args, "--", "python3", "-c", "1"], cwd=tmp_path, env=env)
+    assert tight.returncode == 0, tight.stderr
+    assert "--host n1:1,n2:1" in tight.stdout and "plm_rsh_agent" not in tight.stdout, tight.stdout
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text("Host *\n")
+    over_ssh = podrun([*args, "--ssh-config", str(cfg), "--", "python3", "-c", "1"], cwd=tmp_path, env=env)
+    assert over_ssh.returncode == 0 and "plm_rsh_agent ssh" in over_ssh.stdout, over_ssh.stdout + over_ssh.stderr
 
 
 def test_detect_flavour_real_openmpi():

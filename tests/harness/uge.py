@@ -45,7 +45,8 @@ UGE_TOOLS = (("/usr/sbin/sge_qmaster", "gridengine-master"), ("/usr/sbin/sge_exe
              ("qsub", "gridengine-client"), ("qstat", "gridengine-client"), ("qacct", "gridengine-client"),
              ("qdel", "gridengine-client"), ("qconf", "gridengine-client"),
              ("/usr/lib/gridengine/spoolinit", "gridengine-master"),
-             ("/usr/lib/gridengine/spooldefaults", "gridengine-master"))
+             ("/usr/lib/gridengine/spooldefaults", "gridengine-master"),
+             ("/var/lib/gridengine/bin/lx-amd64/qrsh", "gridengine-client"))
 BASE_CONFIGURATION = Path("/usr/share/gridengine/default-configuration")
 BASE_COMPLEXES = Path("/usr/share/gridengine/util/resources/centry")
 BASE_USERSETS = Path("/usr/share/gridengine/util/resources/usersets")
@@ -162,6 +163,10 @@ class GridEngineCluster(NetnsHosts):
         common = self.cell_dir / "common"
         common.mkdir(parents=True)
         (self.sge_root / "util").symlink_to("/usr/share/gridengine/util")
+        # $SGE_ROOT/bin/$ARC and utilbin/$ARC as a real install has them (Debian keeps them under
+        # /var/lib/gridengine): Open MPI starts its daemons in a job with $SGE_ROOT/bin/$ARC/qrsh
+        for sub in ("bin", "utilbin"):
+            (self.sge_root / sub).symlink_to(f"/var/lib/gridengine/{sub}")
         for sub in ("spool/qmaster", "spool/execd"):
             (self.cell_dir / sub).mkdir(parents=True)
         self.jobs_dir.mkdir()

@@ -33,9 +33,11 @@ def podrun(ge, args, cwd, timeout=150):
                    stdin=subprocess.DEVNULL)
 
 
-def submit_args(ge, tmp_path, *extra):
-    args = ["submit", "--scheduler", "uge", "--pe", "podrun", "--nodes", "3", "--runs-dir", str(tmp_path / "runs"),
-            "--ssh-config", ge.ssh_config_path]
+def submit_args(ge, tmp_path, *extra, transport="ssh"):
+    """`podrun submit` of a 3-host job; over ssh with the harness's ssh config, over mpirun with none (Grid
+    Engine's qrsh starts the other hosts' share)."""
+    args = ["submit", "--scheduler", "uge", "--pe", "podrun", "--nodes", "3", "--runs-dir", str(tmp_path / "runs")]
+    args += ["--ssh-config", ge.ssh_config_path] if transport == "ssh" else ["--transport", transport]
     if os.environ.get("PYTHONPATH"):      # a checkout tested beside the installed podrun: the job imports it too
         args += ["--env", f"PYTHONPATH={os.environ['PYTHONPATH']}"]
     return args + list(extra)
@@ -70,6 +72,42 @@ def test_submit_three_hosts_allreduce_through_pe_hostfile(uge_cluster, tmp_path)
     assert_allreduce_job_done(run_dir, res, "ssh", podrun(ge, ["status", str(run_dir), "--json"], tmp_path))
 
 
+def accounting_records(ge, job_id: str) -> list[dict[str, str]]:
+    """Every record `qacct -j JOB` prints: the master task's and one per task a job started with qrsh -inherit."""
+    records: list[dict[str, str]] = []
+    for line in ge.run(["qacct", "-j", str(job_id)]).stdout.splitlines():
+        if line.startswith("="):
+            records.append({})
+            continue
+        key, _, value = line.partition(" ")
+        if key and records:
+            records[-1][key] = value.strip()
+    return records
+
+
+@pytest.mark.timeout(180)
+def test_submit_over_mpirun_starts_every_host_through_grid_engine(uge_cluster, tmp_path):
+    """--transport mpirun in a Grid Engine job with no ssh config: Open MPI starts its daemons on the other hosts
+    with the job's `qrsh -inherit` (tight integration), so Grid Engine accounts a task of the job on each of them
+    beside the master task (no ssh reaches the hosts: the job has no ssh config). The gloo all_reduce runs across
+    the 3 hosts, rank 0 on the job's first host, and the mpirun used is the one beside the interpreter (the job's
+    PATH is bare)."""
+    ge = uge_cluster
+    p = podrun(ge, submit_args(ge, tmp_path, "--wait", "--", sys.executable, ALLREDUCE, transport="mpirun"), tmp_path)
+    run_dir = only_run_dir(tmp_path / "runs")
+    assert p.returncode == 0, p.stdout + p.stderr + job_output(run_dir, "e")
+    script = (run_dir / "job.sh").read_text()
+    assert f"exec {sys.executable} -m podrun launch --transport mpirun" in script and "ssh" not in script, script
+    job = json.loads((run_dir / "job.json").read_text())["job_id"]
+    res = sorted(results(job_output(run_dir, "o")), key=lambda r: r["rank"])
+    assert sorted(r["host"] for r in res) == ge.nodes, job_output(run_dir, "o") + job_output(run_dir, "e")
+    records = accounting_records(ge, job)
+    master = [r for r in records if r.get("taskid") in ("undefined", None) and r["hostname"] == res[0]["host"]]
+    assert sorted(r["hostname"] for r in records) == ge.nodes and master, records
+    assert all(r["exit_status"] == "0" for r in records), records
+    assert_allreduce_job_done(run_dir, res, "mpirun", podrun(ge, ["status", str(run_dir), "--json"], tmp_path))
+
+
 @pytest.mark.timeout(180)
 def test_submit_wait_returns_failing_worker_exit_code(uge_cluster, tmp_path):
     """The worker of rank 1 exits 3 on another host: the job's exit status is 3 and --wait exits 3."""
@@ -89,12 +127,15 @@ def test_submit_wait_returns_failing_worker_exit_code(uge_cluster, tmp_path):
 
 
 @pytest.mark.timeout(180)
-def test_cancel_ends_running_job_everywhere(uge_cluster, tmp_path):
-    """podrun cancel (qdel) on a running 3-host job: the job ends and nothing of it is left on any host."""
+@pytest.mark.parametrize("transport", ["ssh", "mpirun"])
+def test_cancel_ends_running_job_everywhere(uge_cluster, tmp_path, transport):
+    """podrun cancel (qdel) on a running 3-host job: the job ends and nothing of it is left on any host; over
+    ssh the agents see their channel close, over mpirun Grid Engine ends the qrsh tasks itself."""
     ge = uge_cluster
     marker = f"podruncancel{os.getpid()}x{int(time.time())}"
     code = f"import time; tag='{marker}'; time.sleep(300)"
-    p = podrun(ge, submit_args(ge, tmp_path, "--json", "--", sys.executable, "-c", code), tmp_path)
+    p = podrun(ge, submit_args(ge, tmp_path, "--json", "--", sys.executable, "-c", code, transport=transport),
+               tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr
     rec = json.loads(p.stdout)
     deadline = time.monotonic() + 90
@@ -115,7 +156,8 @@ def test_cancel_ends_running_job_everywhere(uge_cluster, tmp_path):
     deadline = time.monotonic() + 20
     left = {}
     while time.monotonic() < deadline:
-        left = {n: ge.processes(n, f"{marker}|podrun.host.agent|podrun launch|sge_shepherd") for n in ge.nodes}
+        left = {n: ge.processes(n, f"{marker}|podrun.host.agent|podrun launch|sge_shepherd|prted|qrsh")
+                for n in ge.nodes}
         if not any(left.values()):
             break
         time.sleep(0.2)

