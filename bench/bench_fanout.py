@@ -14,7 +14,9 @@ measured figures instead (``measured()``): the controller's CPU per host at laun
 the run's sizes) is spent on one controller core, host after host; the rest of the launch (CLI, plan, the
 remote Python start) is paid once, the hosts starting in parallel; podrun's own thread pools at the size are
 run for real (the modelled transport with no sleep). The heartbeat cost per host per second gives where one
-controller core saturates in the steady state.
+controller core saturates in the steady state. Launches through Open MPI's tree inside a Grid Engine job (podrun
+--transport mpirun and mpirun itself, daemons started by qrsh) are projected with ``tree_model``: the root's CPU
+per host for the first level, then the measured remote start once per level.
 """
 from __future__ import annotations
 
@@ -215,6 +217,37 @@ def projected(paths: list[Path], subject: str, peer: str = "mpirun (Open MPI) tr
     return rows
 
 
+def tree_model(hosts: int, fit: dict) -> float:
+    """A launch through Open MPI's tree (its daemons started by ssh or qrsh): the root starts the first level, up
+    to TREE_RADIX hosts, each costing the launcher's CPU per host on one core; each level then costs the rest of
+    the launch at the smallest measured size (the remote start, once a level: a level's hosts start in parallel)."""
+    return max(0.0, fit["cpu_per_host_s"]) * min(hosts, TREE_RADIX) + fit["start_s"] * tree_levels(hosts)
+
+
+def projected_tree(paths: list[Path], subject: str, peer: str) -> list[dict]:
+    """``subject`` and ``peer``, both launching through Open MPI's tree, at PROJECT's sizes with ``tree_model``:
+    each from its own fit (the same model for both, so the ratio is podrun's cost over the engine it uses)."""
+    rows = []
+    for hosts, k in PROJECT:
+        fit, peer_fit = _newest(paths, subject, k), _newest(paths, peer, k)
+        if fit is None:
+            continue
+        value, peer_s = tree_model(hosts, fit), None if peer_fit is None else tree_model(hosts, peer_fit)
+        how = lambda f: (f"{f['cpu_per_host_s'] * 1000:.1f} ms/host x {min(hosts, TREE_RADIX)} + "  # noqa: E731
+                         f"{f['start_s']:.2f} s x {tree_levels(hosts)} level(s)")
+        rows.append({"benchmark": "projected launch from measured costs (tree)", "subject":
+                     f"{subject}, {hosts} hosts x {k}", "value": round(value, 3),
+                     "peer": None if peer_s is None else f"{peer}, {hosts} hosts x {k}",
+                     "peer_value": None if peer_s is None else round(peer_s, 3),
+                     "ratio": None if peer_s is None else round(value / peer_s, 3), "unit": "s",
+                     "note": f"fitted from bench/results/{fit['file']} ({k} per host, sizes "
+                             f"{'/'.join(map(str, fit['sizes']))}): {how(fit)}"
+                             + (f"; the peer {how(peer_fit)}" if peer_fit else "")
+                             + f"; launcher CPU per host at the root, a level's remote start at the smallest size "
+                               f"(radix {TREE_RADIX})"})
+    return rows
+
+
 def run(quick: bool) -> list[dict]:
     sizes = (256, 2048) if quick else (256, 1024, 2048)
     rows = []
@@ -239,4 +272,5 @@ def run(quick: bool) -> list[dict]:
                               ("podrun ssh (paramiko)", "mpirun (Open MPI) tree"),
                               ("podrun ssh (OpenSSH), kex curve25519", "mpirun (Open MPI) tree, kex curve25519")):
             rows += projected(paths, subject, peer)
+        rows += projected_tree(paths, "podrun mpirun, Grid Engine qrsh", "mpirun (Open MPI), Grid Engine qrsh")
     return rows

@@ -18,7 +18,10 @@ scheduler's kill) -> launcher gone and no process of the run on any host; leftov
 The launcher of an sbatch subject is the process inside the job (podrun's controller, or srun).
 One gloo run (torch workers, podrun ssh) at min(16, the largest size) hosts shows the collectives are real.
 Two more subjects are left out unless named: podrun ssh and mpirun's tree with an ssh config whose
-KexAlgorithms is curve25519-sha256 (", kex curve25519"). PODRUN_SCALE_SIZES, PODRUN_SCALE_PER_HOST,
+KexAlgorithms is curve25519-sha256 (", kex curve25519"). Two more, also named only, run inside a Grid Engine job
+(a GridEngineCluster of the largest size, brought up only for them): podrun `--transport mpirun` and mpirun itself,
+each with Open MPI's tight integration (its daemons started by the job's `qrsh -inherit`, no ssh), the launcher
+being the process inside the job. PODRUN_SCALE_SIZES, PODRUN_SCALE_PER_HOST,
 PODRUN_SCALE_ROUNDS, PODRUN_SCALE_SUBJECTS (;-separated) and PODRUN_SCALE_LAUNCH_ARGS narrow or change a run
 (``_knobs``); the JSON's first row says what was run. Peers: bench/install_scale_peers.sh (pdsh, clush).
 """
@@ -157,6 +160,22 @@ class Run:
         nodes = ",".join(sl.nodes[:self.n])
         self.job = sl.sbatch([f"-N{self.n}", f"--nodelist={nodes}", f"--ntasks-per-node={self.k}",
                               f"--output={self.log}", f"--chdir={ROOT}", "--wrap", wrap])
+        self._cancel = ["scancel", self.job]
+        self._scheduler = sl
+        self._pattern = launcher_pattern
+        self._exit = threading.Event()
+        self._rusage = None
+
+    def qsub(self, ge, body: str, launcher_pattern: str) -> None:
+        """A Grid Engine job of ``self.n`` hosts (one slot each) whose script runs ``body`` (bash) from ROOT."""
+        script = Path(ge.jobs_dir) / f"{self.marker}.sh"
+        env = f"export PYTHONPATH={shlex.quote(os.environ['PYTHONPATH'])}\n" if os.environ.get("PYTHONPATH") else ""
+        script.write_text(f"#!/bin/bash\ncd {shlex.quote(str(ROOT))}\n{env}{body}\n")
+        script.chmod(0o755)
+        self.t0 = time.time()
+        self.job = ge.qsub(["-pe", "podrun", str(self.n), "-o", str(self.log), "-j", "y", str(script)])
+        self._cancel = ["qdel", self.job]
+        self._scheduler = ge
         self._pattern = launcher_pattern
         self._exit = threading.Event()
         self._rusage = None
@@ -248,7 +267,7 @@ class Run:
                 pass
             self._exit.wait(10)
         if self.job is not None:
-            self._sl.run(["scancel", self.job], check=False)
+            self._scheduler.run(self._cancel, check=False)
         sweep(self.marker)
 
 
@@ -305,7 +324,6 @@ def _torchrun(r: Run, hosts, cfg: str) -> None:
 
 
 def _slurm_podrun(r: Run, sl, tmp: str) -> None:
-    r._sl = sl
     argv = [sys.executable, "-m", "podrun", "launch", "--transport", "srun", "--nodes", str(r.n),
             "--devices-per-host", str(r.k), "--runs-dir", f"{tmp}/runs", "--run-id", r.marker,
             "--master-port", str(r.port), *_launch_args(), "--", *r.worker()]
@@ -314,10 +332,30 @@ def _slurm_podrun(r: Run, sl, tmp: str) -> None:
 
 
 def _slurm_srun(r: Run, sl) -> None:
-    r._sl = sl
     argv = ["srun", f"--nodes={r.n}", f"--ntasks-per-node={r.k}", f"--ntasks={r.world}", "--export=ALL",
             f"--job-name={r.marker}", *r.worker()]
     r.sbatch(sl, f"export {_env_line(r, sl.address(sl.nodes[0]))}; exec " + shlex.join(argv), "srun")
+
+
+def _uge_podrun(r: Run, ge, tmp: str) -> None:
+    """podrun --transport mpirun inside a Grid Engine job, no ssh config: Open MPI's daemons start by qrsh."""
+    argv = [sys.executable, "-m", "podrun", "launch", "--transport", "mpirun", "--nodes", str(r.n),
+            "--devices-per-host", str(r.k), "--runs-dir", f"{tmp}/runs", "--run-id", r.marker,
+            "--master-port", str(r.port), *_launch_args(), "--", *r.worker()]
+    r.qsub(ge, "exec " + shlex.join(argv), "podrun launch")
+    r.runs = Path(tmp) / "runs" / r.marker
+
+
+def _uge_mpirun(r: Run, ge) -> None:
+    """mpirun of the worker inside a Grid Engine job: its hosts from PE_HOSTFILE, its daemons started by qrsh."""
+    hosts = f'$(awk \'{{printf "%s%s:{r.k}", (NR > 1 ? "," : ""), $1}}\' "$PE_HOSTFILE")'
+    first = '$(head -n 1 "$PE_HOSTFILE" | cut -d " " -f 1)'
+    argv = [os.path.join(sys.prefix, "bin", "mpirun"), "--allow-run-as-root", "-np", str(r.world)]
+    rest = ["--map-by", f"ppr:{r.k}:node", "--bind-to", "none", "--prefix", sys.prefix,
+            "-x", f"MASTER_PORT={r.port}", *r.worker()]
+    # Open MPI 5's mpirun execs prterun, which is then the launcher process
+    r.qsub(ge, f"exec {shlex.join(argv)} --host \"{hosts}\" -x MASTER_ADDR=\"{first}\" {shlex.join(rest)}",
+           "prterun")
 
 
 def _gap(r: Run) -> float | None:
@@ -350,25 +388,40 @@ def _gloo(hosts, cfg, tmp, n: int, port: int) -> dict:
 
 SUBJECTS = ("podrun ssh (OpenSSH)", "podrun ssh (paramiko)", "podrun mpirun", "podrun srun",
             "mpirun (Open MPI) tree", "srun", "pdsh", "clush", "torchrun via pdsh",
-            "podrun ssh (OpenSSH), kex curve25519", "mpirun (Open MPI) tree, kex curve25519")
+            "podrun ssh (OpenSSH), kex curve25519", "mpirun (Open MPI) tree, kex curve25519",
+            "podrun mpirun, Grid Engine qrsh", "mpirun (Open MPI), Grid Engine qrsh")
 DEFAULT_SUBJECTS = SUBJECTS[:9]
+SLURM_SUBJECTS = ("podrun srun", "srun")
+UGE_SUBJECTS = ("podrun mpirun, Grid Engine qrsh", "mpirun (Open MPI), Grid Engine qrsh")
 KEX = "curve25519-sha256"      # the ", kex curve25519" subjects' ssh config sets KexAlgorithms to this alone
 PEER_OF = {"podrun ssh (OpenSSH)": "mpirun (Open MPI) tree", "podrun ssh (paramiko)": "mpirun (Open MPI) tree",
            "podrun mpirun": "mpirun (Open MPI) tree", "podrun srun": "srun",
-           "podrun ssh (OpenSSH), kex curve25519": "mpirun (Open MPI) tree, kex curve25519"}
+           "podrun ssh (OpenSSH), kex curve25519": "mpirun (Open MPI) tree, kex curve25519",
+           "podrun mpirun, Grid Engine qrsh": "mpirun (Open MPI), Grid Engine qrsh"}
 
 
 def collect(sizes, wpps, rounds: int, subjects=DEFAULT_SUBJECTS, teardown_bound: float = 10.0) -> dict:
-    """{(subject, n, k): [figures of each run]} and the gloo run; every host and node torn down after."""
+    """{(subject, n, k): [figures of each run]} and the gloo run; every host and node torn down after. The
+    ssh hosts, the Slurm cluster and the Grid Engine cell are brought up only for the subjects that use them."""
+    from contextlib import ExitStack
+
     from tests.harness import NetnsHosts, SlurmCluster
+    from tests.harness.uge import GridEngineCluster
 
     res: dict = {}
     errors: list[str] = []
     port = 31000 + (os.getpid() % 40) * 100
     top = max(sizes)
-    with tempfile.TemporaryDirectory(dir="/tmp") as tmp, NetnsHosts(top) as hosts, \
-            SlurmCluster(nodes=top, cpus_per_node=max(wpps)) as sl:
+    with tempfile.TemporaryDirectory(dir="/tmp") as tmp, ExitStack() as stack:
+        need_hosts = any(x not in SLURM_SUBJECTS + UGE_SUBJECTS for x in subjects)
+        hosts = stack.enter_context(NetnsHosts(top)) if need_hosts else None
+        sl = stack.enter_context(SlurmCluster(nodes=top, cpus_per_node=max(wpps))) \
+            if any(x in SLURM_SUBJECTS for x in subjects) else None
+        ge = stack.enter_context(GridEngineCluster(nodes=top, slots_per_host=max(wpps))) \
+            if any(x in UGE_SUBJECTS for x in subjects) else None
         os.chmod(tmp, 0o755)
+        if hosts is None:                   # the ssh subjects' config is not needed: keep the code below simple
+            hosts = ge or sl
         cfg = f"{tmp}/ssh_config"
         with open(hosts.ssh_config_path) as f, open(cfg, "w") as out:
             text = f.read().replace("ConnectTimeout 5", "ConnectTimeout 60")
@@ -389,6 +442,8 @@ def collect(sizes, wpps, rounds: int, subjects=DEFAULT_SUBJECTS, teardown_bound:
             "podrun ssh (OpenSSH), kex curve25519": lambda r: _podrun(r, hosts, kex, tmp, "ssh", "--ssh-client",
                                                                        "openssh"),
             "mpirun (Open MPI) tree, kex curve25519": lambda r: _mpirun(r, hosts, kex),
+            "podrun mpirun, Grid Engine qrsh": lambda r: _uge_podrun(r, ge, tmp),
+            "mpirun (Open MPI), Grid Engine qrsh": lambda r: _uge_mpirun(r, ge),
         }
         for _ in range(rounds):
             for n in sizes:
@@ -411,11 +466,13 @@ def collect(sizes, wpps, rounds: int, subjects=DEFAULT_SUBJECTS, teardown_bound:
         gloo_n = min(top, 16)
         port += 4
         try:
+            if not need_hosts:
+                raise RuntimeError("not run: no ssh subject was named")
             gloo = {"n": gloo_n, **_gloo(hosts, cfg, tmp, gloo_n, port)}
         except Exception as exc:
             gloo = {"n": gloo_n, "error": str(exc)[:400]}
-        up = {"hosts_up_s": hosts.up_seconds, "slurm_up_s": sl.up_seconds}
-    up.update(hosts_down_s=hosts.down_seconds, slurm_down_s=sl.down_seconds)
+        harnesses = {"NetnsHosts": hosts if need_hosts else None, "SlurmCluster": sl, "GridEngineCluster": ge}
+    up = {name: (h.up_seconds, h.down_seconds) for name, h in harnesses.items() if h is not None}
     return {"res": res, "errors": errors, "gloo": gloo, "harness": up}
 
 
@@ -469,10 +526,8 @@ def rows_from(data: dict, rounds: int) -> list[dict]:
     rows.append(row("scale gloo all_reduce (torch workers)", f"podrun ssh (OpenSSH), {g['n']} hosts x 1",
                     g.get("s"), "s", g.get("error") or "init_process_group(gloo) + all_reduce + exit, "
                     "tests/launch/scripts/torchrun_allreduce.py"))
-    h = data["harness"]
-    rows.append(row("scale harness", "NetnsHosts up / down", h["hosts_up_s"], "s",
-                    f"down {h['hosts_down_s']:.2f} s; SlurmCluster up {h['slurm_up_s']:.2f} s, down "
-                    f"{h['slurm_down_s']:.2f} s"))
+    for name, (up_s, down_s) in data["harness"].items():
+        rows.append(row("scale harness", f"{name} up / down", up_s, "s", f"down {down_s:.2f} s"))
     for e in data["errors"]:
         rows.append(row("scale failures", e.split(":", 1)[0], None, "-", e.split(":", 1)[1].strip()))
     return rows

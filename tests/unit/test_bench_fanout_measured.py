@@ -46,3 +46,20 @@ def test_the_projection_spends_the_cpu_on_one_core(tmp_path, monkeypatch):
 
 def test_mpirun_tree_levels():
     assert [bf.tree_levels(n) for n in (8, 64, 65, 512, 4096, 4097)] == [1, 1, 2, 2, 2, 3]
+
+
+def test_a_tree_launch_costs_the_root_one_level_of_hosts_and_a_remote_start_per_level(tmp_path):
+    """Inside a Grid Engine job both podrun --transport mpirun and mpirun launch through Open MPI's tree: the root's
+    CPU per host counts for the first level only (TREE_RADIX hosts), the remote start once per level, and both
+    subjects are projected by the same model."""
+    s, peer = "podrun mpirun, Grid Engine qrsh", "mpirun (Open MPI), Grid Engine qrsh"
+    path = _scale_json(tmp_path, {
+        **{(s, n, 4): [_fig(n, 0.02, 1.0, 0.001, 3.0 + 0.02 * n)] for n in (8, 64)},
+        **{(peer, n, 4): [_fig(n, 0.01, 0.1, 0.0, 2.0 + 0.01 * n)] for n in (8, 64)}})
+    fit = bf.measured(path, s, 4)
+    assert bf.tree_model(64, fit) == pytest.approx(0.02 * 64 + 3.0)
+    assert bf.tree_model(512, fit) == pytest.approx(0.02 * 64 + 3.0 * 2)       # 8 x 64: two levels
+    [r512] = [r for r in bf.projected_tree([path], s, peer) if "512 hosts" in r["subject"]]
+    assert r512["value"] == pytest.approx(0.02 * 64 + 6.0, abs=1e-3)
+    assert r512["peer_value"] == pytest.approx(0.01 * 64 + 2.0 * 2, abs=1e-3)
+    assert r512["ratio"] == pytest.approx(r512["value"] / r512["peer_value"], abs=1e-3)
