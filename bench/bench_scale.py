@@ -209,10 +209,18 @@ class Run:
         self._find_launcher()
 
     def tail(self) -> str:
+        """The launcher's last lines, and for a podrun subject its run's root cause (summary.json)."""
         try:
-            return " | ".join(self.log.read_text(errors="replace").strip().splitlines()[-4:])
+            text = " | ".join(self.log.read_text(errors="replace").strip().splitlines()[-4:])
         except OSError:
-            return ""
+            text = ""
+        try:
+            import json
+            cause = json.loads((self.runs / "summary.json").read_text()).get("root_cause") or {}
+            text += f" | root cause: instance {cause.get('instance')} on {cause.get('host')}: {cause.get('reason')}"
+        except (AttributeError, OSError, ValueError):
+            pass
+        return text
 
     def _launcher_gone(self) -> bool:
         if self.proc is not None:

@@ -116,8 +116,12 @@ def _prepare(opts: "LaunchOptions", target: Target, mapped: OwnOptions) -> Prepa
         from podrun.train.recipe_main import needed_modules
 
         needs = tuple(needed_modules(recipe_args))      # checked by every held agent (ssh) before anything starts
-    liveness = settings(mapped.heartbeat, mapped.heartbeat_misses, net.keepalive, spec_heartbeat=cluster.heartbeat, spec_misses=cluster.heartbeat_misses,
-                        spec_source=cluster.path, hosts=len(set(plan.hosts)))
+    from podrun.plan.worker_env import workers_per_instance
+
+    # the agents whose heartbeats the controller hears: one a host, or one a worker under mpirun (--rank-from-env)
+    senders = plan.instances * workers_per_instance(plan) if name == "mpirun" else len(set(plan.hosts))
+    liveness = settings(mapped.heartbeat, mapped.heartbeat_misses, net.keepalive, spec_heartbeat=cluster.heartbeat,
+                        spec_misses=cluster.heartbeat_misses, spec_source=cluster.path, hosts=senders)
     elastic = None
     max_restarts = mapped.max_restarts
     if mapped.elastic_min is not None:

@@ -29,7 +29,8 @@ SCAN_SHARE = 5             # the controller looks at every host's silence each p
 def default_period(hosts: int) -> float:
     """The heartbeat period when no option or cluster spec gives one: HEARTBEAT_S up to FLAT_HOSTS hosts, then
     HEARTBEAT_S x hosts / FLAT_HOSTS (the controller hears FLAT_HOSTS / HEARTBEAT_S = 32 heartbeats a second
-    whatever the size of the run), at most MAX_DEFAULT_HEARTBEAT_S."""
+    whatever the size of the run), at most MAX_DEFAULT_HEARTBEAT_S. ``hosts`` counts the agents that send
+    heartbeats: one a host, one a worker under the mpirun transport (an agent per MPI rank)."""
     return min(MAX_DEFAULT_HEARTBEAT_S, HEARTBEAT_S * max(1.0, hosts / FLAT_HOSTS))
 
 
