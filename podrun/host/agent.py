@@ -100,11 +100,11 @@ class Agent(ControllerLink):
         self.worker_stdin = worker_stdin  # what local rank 0 reads as stdin (else /dev/null, as the others)
         self.helpers: list = []      # callables giving the pid of one of the agent's own children (or None)
 
-    def request_stop(self, kind: StopKind, message: str, sig: int = signal.SIGTERM) -> None:
+    def request_stop(self, kind: StopKind, message: str, sig: int = signal.SIGTERM, silent_s: float = 0.0) -> None:
         if kind is StopKind.CONTROLLER_LOST or os.getppid() != self.parent:
             self._controller_gone()
         if self.stop is None:
-            self.stop = Stop(kind, message)
+            self.stop = Stop(kind, message, silent_s)
             self.stop_signal = sig
 
     def run_over(self) -> bool:
@@ -346,6 +346,7 @@ class Agent(ControllerLink):
         """Signal every worker with the stop's signal; returns when to send SIGTERM (None: no need) and SIGKILL."""
         self.teardown_started = True
         if not all_reaped:
+            self.emit(None, "stop", f"{self.stop.kind.value} {time.time():.3f} {self.stop.silent_s:g}")
             self.emit(None, "note", f"ending workers: {self.stop.message}")
         self._signal_all(self.stop_signal)
         if self.stop_signal != signal.SIGTERM:   # SIGINT or SIGHUP first: SIGTERM for what ignores it

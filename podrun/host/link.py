@@ -91,7 +91,7 @@ class ControllerLink:
         limit = self.stdin_timeout if self.got_stdin else max(self.stdin_timeout, FIRST_HEARTBEAT_S)
         if self.stdin_watch and self.stdin_timeout > 0 and time.monotonic() - self.last_stdin > limit:
             self.request_stop(StopKind.CONTROLLER_LOST,
-                              f"lost the controller (no heartbeat on stdin for {limit:g} s)")
+                              f"lost the controller (no heartbeat on stdin for {limit:g} s)", silent_s=limit)
 
     def _held_until_go(self) -> bool:
         """Report the preflight facts and wait for ``G`` on stdin; False when told to stop (``T``, stdin

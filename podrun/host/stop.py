@@ -4,11 +4,13 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from podrun.wire.protocol import STOP_CONTROLLER_LOST
+
 
 class StopKind(enum.Enum):
     """Why an agent ends its workers: what it decides on (whether snapshots outlive it) reads this, not the text."""
 
-    CONTROLLER_LOST = "controller-lost"     # stdout or stdin closed, or no heartbeat on stdin: the run is over here
+    CONTROLLER_LOST = STOP_CONTROLLER_LOST  # stdout or stdin closed, or no heartbeat on stdin: the run is over here
     CONTROLLER_ASKED = "controller-asked"   # a T on stdin
     SIGNALLED = "signalled"                 # SIGTERM, SIGINT or SIGHUP to the agent
     WORKER_FAILED = "worker-failed"         # a worker exited non-zero
@@ -21,3 +23,4 @@ class Stop:
 
     kind: StopKind
     message: str
+    silent_s: float = 0.0     # CONTROLLER_LOST by silence: the seconds it heard nothing from the controller

@@ -48,6 +48,7 @@ class FailureKind(str, enum.Enum):
     LOST = "lost"                  # a host stopped answering (no heartbeat, or its connection dropped)
     HUNG = "hung"                  # no rank made progress for the hang window (--on-hang end)
     STRAGGLERS = "stragglers"      # workers still running --straggler-timeout after one exited 0
+    CONTROLLER_LOST = "controller-lost"   # an agent heard nothing from the controller within its bound and stopped
 
     @property
     def status(self) -> str:

@@ -30,7 +30,7 @@ from podrun.launch.request import LaunchRequest
 from podrun.launch.transports.base import InstanceHandle, Transport
 from podrun.redaction import redact_text
 from podrun.wire import owner, protocol
-from podrun.wire.liveness import FIRST_HEARTBEAT_S, Every, Hearing, scan_every
+from podrun.wire.liveness import FIRST_HEARTBEAT_S, STALL_S, Every, Hearing, scan_every
 
 LOST_EXIT = 255           # like ssh: the connection to a host was lost
 STRAGGLER_EXIT = 124      # like timeout(1): workers still running past --straggler-timeout
@@ -156,6 +156,8 @@ class Supervisor(LiveWatch):
                 info = None
             if isinstance(info, dict):
                 self.errors[(st.index, ev.local_rank)] = info
+        elif ev.kind == "stop":
+            self._agent_stopping(st, ev.text)
         elif ev.kind == "note":
             self.logs.write(st.index, f"# podrun agent: {redact_text(ev.text)}")
         elif ev.kind == "done":
@@ -170,6 +172,27 @@ class Supervisor(LiveWatch):
             if st.status != "lost":
                 st.status = "ok" if st.exit_code == 0 else ("failed" if any(
                     f.instance == st.index for f in self.failures) else "terminated")
+
+    def _agent_stopping(self, st, text: str) -> None:
+        """An agent began ending its workers (a ``stop`` line). One that heard nothing from this controller within
+        its bound, while the run was not being stopped, is a failure of its own: the controller (or the link to the
+        host) went silent, and this is what the root cause says, not the workers' SIGTERM exits that follow."""
+        why, _, rest = text.partition(" ")
+        at, _, silent = rest.partition(" ")
+        if (why != protocol.STOP_CONTROLLER_LOST or self.stopping_since is not None or self.signalled is not None
+                or st.status == "lost"):         # a host this controller found lost: its own loss says it
+            return
+        try:
+            at_s, silent_s = float(at), float(silent)
+        except ValueError:
+            at_s, silent_s = time.time(), 0.0
+        heard = (f"heard no heartbeat from the controller for {silent_s:g} s" if silent_s > 0
+                 else "lost its connection to the controller")
+        self.failures.append(Failure(
+            st.index, st.host, None, LOST_EXIT, FailureKind.CONTROLLER_LOST,
+            f"its agent {heard} and ended its workers: this machine (the controller's) or the link to the host "
+            f"stalled; a heavily loaded controller machine needs a longer --keepalive "
+            f"(now {self.req.liveness.describe()})", at_s))
 
     def _handle_eof(self, h: InstanceHandle) -> None:
         rc = h.wait(timeout=2.0)
@@ -259,6 +282,7 @@ class Supervisor(LiveWatch):
         lost: set[int] = set()
         kill_at = None
         scan = Every(scan_every(self.req.liveness))
+        turn = time.monotonic()
         while open_handles:
             self.hb_handles = self.handles = tuple(open_handles)
             try:
@@ -273,6 +297,11 @@ class Supervisor(LiveWatch):
                 else:
                     self._handle_line(h, stream, line)
             now = time.monotonic()
+            if now - turn > STALL_S:     # this loop did not run (a starved or stopped controller): nobody listened
+                self.hearing.stall(now - turn - STALL_S)
+                for st in self.states.values():
+                    st.last_seen += now - turn - STALL_S
+            turn = now
             for st in (self.states.values() if scan.due(now) else ()):   # not once per line: O(hosts) each
                 if st.exit_code is not None or st.status == "lost":
                     continue

@@ -5,7 +5,8 @@ default period grows with the host count, ``default_period``, so that the contro
 second whatever the size of the run, up to 5 s at 160 hosts); ``--keepalive`` names the bound itself. ``settings`` turns the options (and a cluster spec's fields) into a Liveness.
 ``Hearing`` is what the supervisor's reader threads tell it: when each instance was last heard from,
 with the time a reader spent waiting on the controller's own full queue taken out (a slow console or
-disk holds the controller back, not the host), and the largest gap between two lines of each instance.
+disk holds the controller back, not the host), and the time the controller's own loop stalled (beyond
+STALL_S) taken out too, and the largest gap between two lines of each instance.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ MIN_HEARTBEAT_S = 0.01     # shorter costs CPU on every host and finds nothing s
 MAX_MISSES = 10 ** 6
 FLAT_HOSTS = 16            # up to this many hosts the default period is HEARTBEAT_S; beyond, it grows with them ...
 MAX_DEFAULT_HEARTBEAT_S = 5.0   # ... up to this (a default bound of 20 s): detection stays far below a collective's timeout
+STALL_S = 1.0              # a gap between two turns of the controller's loop beyond this is its own stall, not silence
 SCAN_SHARE = 5             # the controller looks at every host's silence each period / SCAN_SHARE (at most every 0.1 s)
 
 
@@ -144,8 +146,10 @@ class Hearing:
         self.waited: dict[object, float] = {}        # reader -> seconds it spent waiting on the full queue
         self.waiting: dict[object, float] = {}       # reader -> since when it waits now
         self.ended: set = set()                      # readers whose stream ended (their end is queued)
-        self.last: dict[int, tuple[float, object, float]] = {}   # instance -> (when, reader, its waited then)
+        self.last: dict[int, tuple[float, object, float, float]] = {}   # instance -> (when, reader, its waited then,
+        #                                                                  the controller's stalls then)
         self.gap: dict[int, float] = {}             # instance -> the largest silence between two of its lines
+        self.stalled = 0.0                          # seconds the controller's own loop did not run (``stall``)
 
     def _waited(self, key, now: float) -> float:
         since = self.waiting.get(key)
@@ -155,8 +159,8 @@ class Hearing:
         got = self.last.get(instance)
         if got is None:
             return None
-        when, key, waited = got
-        return max(0.0, now - when - (self._waited(key, now) - waited))
+        when, key, waited, stalled = got
+        return max(0.0, now - when - (self._waited(key, now) - waited) - (self.stalled - stalled))
 
     def heard(self, key, instance: int) -> None:
         """A line of ``instance`` came from reader ``key``."""
@@ -165,7 +169,13 @@ class Hearing:
             gap = self._silence(instance, now)
             if gap is not None and gap > self.gap.get(instance, 0.0):
                 self.gap[instance] = gap
-            self.last[instance] = (now, key, self._waited(key, now))
+            self.last[instance] = (now, key, self._waited(key, now), self.stalled)
+
+    def stall(self, seconds: float) -> None:
+        """The controller's loop did not run for ``seconds`` more than it should (a starved or stopped machine):
+        nobody listened then, so that time counts in no instance's silence."""
+        with self.lock:
+            self.stalled += seconds
 
     def wait_begins(self, key) -> None:
         with self.lock:

@@ -20,6 +20,8 @@ single worker of its instance (--rank-from-env) writes that worker's local rank 
               (CPU seconds of its process tree, read before the dump), at (the agent's monotonic clock then)}
   hb          heartbeat, once a second: text = the agent's wall clock
   note        a message from the agent itself (teardown reasons, spawn errors)
+  stop        the agent begins ending its workers: text = "<why> <unix time> <seconds>", why a StopKind value
+              (STOP_CONTROLLER_LOST: it heard nothing from the controller for <seconds>; else <seconds> is 0)
   done        the agent is about to exit: text = its exit code
 
 A worker's line longer than MAX_LINE bytes is cut there (the agent holds at most that much of a
@@ -39,7 +41,10 @@ PREFIX = "@podrun "
 MAX_LINE = 64 * 1024           # bytes of one worker line the agent holds and forwards
 READ_LIMIT = 4 * MAX_LINE + 1024   # a protocol line: prefix + a cut line after decoding (U+FFFD is 3 bytes)
 CUT_MARK = " [podrun: line longer than {limit} bytes cut here; the rest up to its newline is dropped]"
-KINDS = frozenset({"out", "err", "ready", "probe", "start", "exit", "error", "prog", "stack", "hb", "note", "done"})
+KINDS = frozenset({"out", "err", "ready", "probe", "start", "exit", "error", "prog", "stack", "hb", "note", "stop",
+                   "done"})
+#: the ``stop`` line's why when an agent heard no heartbeat (or nothing) from its controller within its bound
+STOP_CONTROLLER_LOST = "controller-lost"
 
 
 @dataclass(frozen=True)

@@ -73,7 +73,11 @@ def test_agent_ends_workers_when_stdin_is_silent(tmp_path):
     t0 = time.monotonic()
     assert p.wait(timeout=60) == 143                 # a hang guard, not a promise: a loaded machine is slow
     assert time.monotonic() - t0 > 0.9               # never before the second of silence it was given
-    assert "no heartbeat on stdin for 1 s" in p.stdout.read()
+    out = p.stdout.read()
+    assert "no heartbeat on stdin for 1 s" in out
+    # the typed line the controller decides on: why, when, and the silence it heard
+    stops = [protocol.parse(line) for line in out.splitlines() if " stop " in line]
+    assert [(e.kind, e.text.split()[0], e.text.split()[2]) for e in stops] == [("stop", "controller-lost", "1")], out
     assert local_pids(m) == []
 
 

@@ -3,15 +3,17 @@ outlive its agent, what an elastic notice quotes from a preflight failure)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 from podrun.errors import PreflightError
 from podrun.host.agent import Agent, StopKind
 from podrun.launch.supervisor import FailureKind
-from tests.launch.helpers import run_dir
+from tests.launch.helpers import end, local_pids, marker, podrun, podrun_popen, run_dir, wait_until
 from tests.ports import free_port
 
 # A real local launch whose controller words an exit as "lost": the status must still be "failed" (a worker that
@@ -37,7 +39,7 @@ def test_a_reworded_exit_message_leaves_the_status_failed(tmp_path):
 
 
 def test_the_status_of_each_failure_kind():
-    assert [k.status for k in FailureKind] == ["failed", "failed", "lost", "hung", "failed"]
+    assert [k.status for k in FailureKind] == ["failed", "failed", "lost", "hung", "failed", "failed"]
 
 
 def test_an_agent_decides_on_the_kind_of_its_stop_not_its_words():
@@ -64,3 +66,47 @@ def test_a_preflight_failure_carries_its_problems_apart_from_its_wording():
     assert exc.problems == ("h1: no interface eth9", "h2: port 29500 busy")
     assert exc.message.splitlines() == ["anything at all:", "  - h1: no interface eth9", "  - h2: port 29500 busy"]
     assert exc.hint == "fix them" and exc.exit_code == 2
+
+
+def test_a_stalled_controller_is_the_root_cause_its_agents_give(tmp_path):
+    """The controller stops (SIGSTOP, as a starved machine's can) for longer than the agents' bound (--keepalive 2):
+    each agent hears no heartbeat, ends its workers and says so on its typed stop line. Resumed, the controller
+    takes its own stall out of the hosts' silence (it declares no host lost for the time it did not listen) and
+    names the agents' reason as the root cause: kind controller-lost, the silence and the bound, exit 255; not the
+    workers' SIGTERM exits that followed, and no bare exit 143 without a cause."""
+    m = marker()
+    runs = tmp_path / "runs"
+    p = podrun_popen("launch", "--devices-per-host", "2", "--keepalive", "2", "--master-port", str(free_port()),
+                     "--runs-dir", str(runs), "--", sys.executable, "-c", f"import time; time.sleep(120)  # {m}")
+
+    def workers() -> list[int]:
+        """The workers (``python -c``; the controller's command line names the marker too)."""
+        out = []
+        for q in local_pids(m):
+            try:
+                if Path(f"/proc/{q}/cmdline").read_bytes().split(b"\0")[1:2] == [b"-c"]:
+                    out.append(q)
+            except OSError:
+                pass
+        return out
+    try:
+        assert wait_until(lambda: len(workers()) == 2, 60), p.stderr
+        # an agent gives a controller it never heard from a minute (it may still be starting other hosts): have it
+        # hear one first. `podrun stack` answers once the controller's S reached every agent on its stdin.
+        cp = podrun("stack", "--runs-dir", str(runs), timeout=60)
+        assert cp.returncode == 0, cp.stderr
+        os.kill(p.pid, signal.SIGSTOP)
+        try:
+            assert wait_until(lambda: not workers(), 60)      # the agents ended them on their own
+        finally:
+            os.kill(p.pid, signal.SIGCONT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        end(p)
+    assert p.returncode == 255, err
+    s = json.loads((run_dir(runs) / "summary.json").read_text())
+    root = s["root_cause"]
+    assert (root["kind"], s["status"]) == ("controller-lost", "failed"), s
+    assert "heard no heartbeat from the controller for 2 s" in root["reason"] and "--keepalive" in root["reason"]
+    assert all(i["status"] != "lost" for i in s["instances"]), s["instances"]
+    assert "heard no heartbeat from the controller for 2 s" in err, err

@@ -82,6 +82,21 @@ def test_silence_leaves_out_the_time_a_reader_waited_on_the_controller():
     assert h.silence(0, "r") == 0.0                # its end is queued: EOF says the rest
 
 
+def test_the_controllers_own_stall_counts_in_no_instances_silence():
+    """A controller that did not run for a while (starved, stopped) heard nobody then: that time is taken out of
+    every instance's silence, from the stall on (a line heard after it starts a silence of its own)."""
+    clock = Clock()
+    h = Hearing(clock)
+    h.heard("a", 0)
+    h.heard("b", 1)
+    clock.t += 10.0
+    h.stall(9.0)                   # 9 of those 10 s the controller's loop did not turn
+    assert h.silence(0, "a") == pytest.approx(1.0) and h.silence(1, "b") == pytest.approx(1.0)
+    h.heard("a", 0)
+    clock.t += 3.0
+    assert h.silence(0, "a") == pytest.approx(3.0) and h.silence(1, "b") == pytest.approx(4.0)
+
+
 def test_one_reader_for_several_instances_counts_each_instances_own_silence():
     """mpirun/srun: one stream carries every instance; a line of one is no news of another."""
     clock = Clock()
