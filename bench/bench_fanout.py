@@ -27,6 +27,8 @@ import threading
 import time
 from pathlib import Path
 
+from bench.rows import row
+
 HANDSHAKE, RTT, START = 0.050, 0.001, 1.0
 RESULTS = Path(__file__).resolve().parent / "results"
 PROJECT = ((512, 4), (2048, 1))   # (hosts, workers per host) the measured model projects: ABCI's 512 x 4
@@ -190,16 +192,12 @@ def projected(paths: list[Path], subject: str, peer: str = "mpirun (Open MPI) tr
         peer_s = None
         if peer_fit is not None:
             peer_s = peer_fit["up_largest_s"] * tree_levels(hosts) / tree_levels(peer_fit["sizes"][-1])
-        rows.append({"benchmark": "projected launch from measured costs", "subject":
-                     f"{subject} preflight + start, {hosts} hosts x {k}", "value": round(sim, 3),
-                     "peer": None if peer_s is None else f"{peer}, {hosts} hosts x {k}",
-                     "peer_value": None if peer_s is None else round(peer_s, 3),
-                     "ratio": None if peer_s is None else round(sim / peer_s, 3), "unit": "s",
-                     "note": f"fitted from bench/results/{fit['file']} ({k} per host, sizes "
-                             f"{'/'.join(map(str, fit['sizes']))}): controller CPU {fit['cpu_per_host_s'] * 1000:.1f} "
-                             f"ms/host spent on one core, the rest {fit['start_s']:.2f} s; the peer: its "
-                             f"{peer_fit['sizes'][-1] if peer_fit else '-'}-host median x tree levels (radix "
-                             f"{TREE_RADIX})"})
+        rows.append(row("projected launch from measured costs", f"{subject} preflight + start, {hosts} hosts x {k}",
+                        sim, "s", f"fitted from bench/results/{fit['file']} ({k} per host, sizes "
+                        f"{'/'.join(map(str, fit['sizes']))}): controller CPU {fit['cpu_per_host_s'] * 1000:.1f} "
+                        f"ms/host spent on one core, the rest {fit['start_s']:.2f} s; the peer: its "
+                        f"{peer_fit['sizes'][-1] if peer_fit else '-'}-host median x tree levels (radix {TREE_RADIX})",
+                        None if peer_s is None else f"{peer}, {hosts} hosts x {k}", peer_s))
         if k != PROJECT[0][1]:
             continue
         hb, cpu = fit["heartbeat_cpu_per_host"], fit["cpu_per_host_s"]
@@ -235,16 +233,12 @@ def projected_tree(paths: list[Path], subject: str, peer: str) -> list[dict]:
         value, peer_s = tree_model(hosts, fit), None if peer_fit is None else tree_model(hosts, peer_fit)
         how = lambda f: (f"{f['cpu_per_host_s'] * 1000:.1f} ms/host x {min(hosts, TREE_RADIX)} + "  # noqa: E731
                          f"{f['start_s']:.2f} s x {tree_levels(hosts)} level(s)")
-        rows.append({"benchmark": "projected launch from measured costs (tree)", "subject":
-                     f"{subject}, {hosts} hosts x {k}", "value": round(value, 3),
-                     "peer": None if peer_s is None else f"{peer}, {hosts} hosts x {k}",
-                     "peer_value": None if peer_s is None else round(peer_s, 3),
-                     "ratio": None if peer_s is None else round(value / peer_s, 3), "unit": "s",
-                     "note": f"fitted from bench/results/{fit['file']} ({k} per host, sizes "
-                             f"{'/'.join(map(str, fit['sizes']))}): {how(fit)}"
-                             + (f"; the peer {how(peer_fit)}" if peer_fit else "")
-                             + f"; launcher CPU per host at the root, a level's remote start at the smallest size "
-                               f"(radix {TREE_RADIX})"})
+        rows.append(row("projected launch from measured costs (tree)", f"{subject}, {hosts} hosts x {k}", value, "s",
+                        f"fitted from bench/results/{fit['file']} ({k} per host, sizes "
+                        f"{'/'.join(map(str, fit['sizes']))}): {how(fit)}"
+                        + (f"; the peer {how(peer_fit)}" if peer_fit else "")
+                        + f"; launcher CPU per host at the root, a level's remote start at the smallest size "
+                          f"(radix {TREE_RADIX})", None if peer_s is None else f"{peer}, {hosts} hosts x {k}", peer_s))
     return rows
 
 
