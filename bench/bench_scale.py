@@ -160,11 +160,7 @@ class Run:
         nodes = ",".join(sl.nodes[:self.n])
         self.job = sl.sbatch([f"-N{self.n}", f"--nodelist={nodes}", f"--ntasks-per-node={self.k}",
                               f"--output={self.log}", f"--chdir={ROOT}", "--wrap", wrap])
-        self._cancel = ["scancel", self.job]
-        self._scheduler = sl
-        self._pattern = launcher_pattern
-        self._exit = threading.Event()
-        self._rusage = None
+        self._submitted(sl, ["scancel", self.job], launcher_pattern)
 
     def qsub(self, ge, body: str, launcher_pattern: str) -> None:
         """A Grid Engine job of ``self.n`` hosts (one slot each) whose script runs ``body`` (bash) from ROOT."""
@@ -174,8 +170,13 @@ class Run:
         script.chmod(0o755)
         self.t0 = time.time()
         self.job = ge.qsub(["-pe", "podrun", str(self.n), "-o", str(self.log), "-j", "y", str(script)])
-        self._cancel = ["qdel", self.job]
-        self._scheduler = ge
+        self._submitted(ge, ["qdel", self.job], launcher_pattern)
+
+    def _submitted(self, scheduler, cancel: list[str], launcher_pattern: str) -> None:
+        """A batch job was submitted: ``cancel`` (run through ``scheduler``) ends it; its launcher is the process
+        inside it whose command line has ``launcher_pattern`` and the marker (found once it runs)."""
+        self._cancel = cancel
+        self._scheduler = scheduler
         self._pattern = launcher_pattern
         self._exit = threading.Event()
         self._rusage = None

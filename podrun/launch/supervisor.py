@@ -297,11 +297,11 @@ class Supervisor(LiveWatch):
                 else:
                     self._handle_line(h, stream, line)
             now = time.monotonic()
-            if now - turn > STALL_S:     # this loop did not run (a starved or stopped controller): nobody listened
-                self.hearing.stall(now - turn - STALL_S)
+            stalled, turn = now - turn - STALL_S, now
+            if stalled > 0:              # this loop did not run (a starved or stopped controller): nobody listened
+                self.hearing.stall(stalled)
                 for st in self.states.values():
-                    st.last_seen += now - turn - STALL_S
-            turn = now
+                    st.last_seen += stalled
             for st in (self.states.values() if scan.due(now) else ()):   # not once per line: O(hosts) each
                 if st.exit_code is not None or st.status == "lost":
                     continue

@@ -136,17 +136,24 @@ class GridEngineCluster(NetnsHosts):
         return self.run(["qsub", "-terse", *args], **kw).stdout.strip().split(".")[0]
 
     def accounting(self, job_id: str) -> dict[str, str]:
-        """`qacct -j JOB` as a dict (exit_status, failed, hostname, ...); {} while the job is not
-        finished."""
+        """`qacct -j JOB` as a dict (exit_status, failed, hostname, ...; where it prints several records, each
+        field as the last record has it); {} while the job is not finished."""
+        return {k: v for record in self.accounting_records(job_id) for k, v in record.items()}
+
+    def accounting_records(self, job_id: str) -> list[dict[str, str]]:
+        """Every record `qacct -j JOB` prints (the master task's, and one per task the job started with
+        `qrsh -inherit`), each as a dict; [] while the job is not finished."""
         cp = self.run(["qacct", "-j", str(job_id)], check=False)
         if cp.returncode != 0:
-            return {}
-        out = {}
+            return []
+        records: list[dict[str, str]] = [{}]
         for line in cp.stdout.splitlines():
             key, _, value = line.partition(" ")
-            if key and not key.startswith("="):
-                out[key] = value.strip()
-        return out
+            if key.startswith("="):                 # the line of ='s before each record
+                records.append({})
+            elif key:
+                records[-1][key] = value.strip()
+        return [r for r in records if r]
 
     def wait_job(self, job_id: str, timeout: float = 60) -> dict[str, str]:
         """Wait until the job has ended (its accounting record is written); return it."""

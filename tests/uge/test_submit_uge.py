@@ -72,19 +72,6 @@ def test_submit_three_hosts_allreduce_through_pe_hostfile(uge_cluster, tmp_path)
     assert_allreduce_job_done(run_dir, res, "ssh", podrun(ge, ["status", str(run_dir), "--json"], tmp_path))
 
 
-def accounting_records(ge, job_id: str) -> list[dict[str, str]]:
-    """Every record `qacct -j JOB` prints: the master task's and one per task a job started with qrsh -inherit."""
-    records: list[dict[str, str]] = []
-    for line in ge.run(["qacct", "-j", str(job_id)]).stdout.splitlines():
-        if line.startswith("="):
-            records.append({})
-            continue
-        key, _, value = line.partition(" ")
-        if key and records:
-            records[-1][key] = value.strip()
-    return records
-
-
 @pytest.mark.timeout(180)
 def test_submit_over_mpirun_starts_every_host_through_grid_engine(uge_cluster, tmp_path):
     """--transport mpirun in a Grid Engine job with no ssh config: Open MPI starts its daemons on the other hosts
@@ -101,7 +88,7 @@ def test_submit_over_mpirun_starts_every_host_through_grid_engine(uge_cluster, t
     job = json.loads((run_dir / "job.json").read_text())["job_id"]
     res = sorted(results(job_output(run_dir, "o")), key=lambda r: r["rank"])
     assert sorted(r["host"] for r in res) == ge.nodes, job_output(run_dir, "o") + job_output(run_dir, "e")
-    records = accounting_records(ge, job)
+    records = ge.accounting_records(job)
     master = [r for r in records if r.get("taskid") in ("undefined", None) and r["hostname"] == res[0]["host"]]
     assert sorted(r["hostname"] for r in records) == ge.nodes and master, records
     assert all(r["exit_status"] == "0" for r in records), records
