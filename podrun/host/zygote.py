@@ -117,14 +117,16 @@ def _warm_up() -> None:
 
 def _watch(zygote: int, path: str) -> None:
     """The watcher (a child forked before the imports): SIGKILL with the zygote; when the run's controller is
-    dead on this machine, kill the zygote and remove the run's zygote directory and stale control socket."""
-    from podrun.wire.proctl import die_with_parent
+    dead on this machine, kill the zygote and remove the run's zygote directory and stale control socket (no
+    longer dying with the zygote then, which would cut that short)."""
+    from podrun.wire.proctl import PR_SET_PDEATHSIG, die_with_parent, prctl
     from podrun.wire.owner import owner_alive, remove_if_stale
 
     die_with_parent(signal.SIGKILL, zygote)()
     run_dir = os.path.dirname(os.path.dirname(path))
     while os.getppid() == zygote:
         if owner_alive(run_dir) is False:
+            prctl(PR_SET_PDEATHSIG, 0)       # the zygote's death, which follows, must not end the clean-up
             try:
                 os.kill(zygote, signal.SIGKILL)
             except OSError:
