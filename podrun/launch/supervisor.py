@@ -269,10 +269,14 @@ class Supervisor(LiveWatch):
             st.last_seen = now
         open_handles = set(handles)
         carrier = {i: h for h in handles for i in h.instances}
-        for h in handles:
-            threading.Thread(target=self._reader, args=(h,), daemon=True).start()
+        # the controller listens and beats before agents held by the preflight start their workers: once they
+        # do, the machine may be too busy to start a thread per host for seconds (64 took 8.9 s on 2 cores),
+        # while the agents count their controller's silence from the go
         self.hb_handles = tuple(open_handles)
         threading.Thread(target=self._heartbeats, daemon=True).start()
+        for h in handles:
+            threading.Thread(target=self._reader, args=(h,), daemon=True).start()
+        self.transport.release(handles)
         try:
             return self._loop(open_handles, carrier)
         finally:

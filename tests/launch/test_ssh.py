@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -290,3 +291,34 @@ def test_global_known_hosts_file_is_read_by_default(ssh_hosts, tmp_path, monkeyp
             t._connect(ssh_hosts.hosts[0])
     finally:
         t.close()
+
+
+SLOW_READERS = '''
+import threading, time
+_start = threading.Thread.start
+def start(self):
+    if getattr(getattr(self, "_target", None), "__name__", "") == "_reader":
+        time.sleep(1.0)          # the fault: each output reader's thread is slow to start, as on a saturated machine
+    _start(self)
+threading.Thread.start = start
+'''
+
+
+@CLIENTS
+def test_slow_reader_starts_do_not_cost_the_agents_their_heartbeats(ssh_hosts, tmp_path, client):
+    """A fault injected into the controller (a sitecustomize on its PYTHONPATH): each thread that reads a host's
+    output takes 1 s to start, as 64 of them took 8.9 s on a saturated machine. The agents count their
+    controller's silence from the go (--keepalive 2): the heartbeats must not wait behind those 4 s of starts,
+    so the run ends 0 with every instance ok and no agent reporting its controller lost."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SLOW_READERS)
+    pythonpath = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
+    cp = podrun(*ssh_args(ssh_hosts, tmp_path, "--keepalive", "2", client=client), "--",
+                "sh", "-c", "sleep 4; echo finished $RANK", env={"PYTHONPATH": pythonpath}, timeout=120)
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    assert sorted(l.split("] ", 1)[1] for l in cp.stdout.splitlines() if "finished" in l) == \
+        [f"finished {r}" for r in range(4)], cp.stdout
+    s = summary(tmp_path / "runs")
+    assert all(i["status"] == "ok" for i in s["instances"]), s["instances"]
+    assert "controller" not in cp.stderr, cp.stderr[-3000:]

@@ -13,7 +13,8 @@ The interface every transport implements:
 
     make = get_transport("ssh"); t = make(request)   # a class, or a factory that picks one (ssh: the client)
     problems = t.preflight()          # list[Problem]; nothing is started when any
-    handles = t.start()               # list[InstanceHandle]
+    handles = t.start()               # list[InstanceHandle]; agents held by the preflight wait for:
+    t.release(handles)                # once the controller reads every handle and beats: they start their workers
     for stream, line in handle.lines(): ...   # ("out"|"err", text without newline) until EOF
     handle.heartbeat(); handle.request_stacks(); handle.poll(); handle.wait(t); handle.terminate(sig); handle.kill(); handle.close()
     t.describe(redact=False)      # [(host, exact command line)] for --dry-run / runs/<id>/command
@@ -151,7 +152,12 @@ class Transport(ABC):
 
     @abstractmethod
     def start(self) -> list[InstanceHandle]:
-        """Start the agents; raise LaunchError (naming the host) if one cannot be started."""
+        """Start the agents; raise LaunchError (naming the host) if one cannot be started. Agents held by the
+        preflight stay held until ``release``."""
+
+    def release(self, handles: list[InstanceHandle]) -> None:
+        """Let agents held by the preflight start their workers: called once the controller reads every handle
+        and sends heartbeats. Nothing is held by default."""
 
     def close(self) -> None:
         """Release connections. Safe to call more than once."""

@@ -126,6 +126,7 @@ class HeldAgentTransport(Transport):
     def __init__(self, request):
         super().__init__(request)
         self._held: list | None = None
+        self._waiting: list = []             # started from held, not yet let go (``release``)
 
     def _pool(self, n: int) -> ThreadPoolExecutor:
         return ThreadPoolExecutor(max_workers=max(1, min(MAX_THREADS, n)))
@@ -239,10 +240,9 @@ class HeldAgentTransport(Transport):
         return []
 
     def start(self) -> list[InstanceHandle]:
-        if self._held is not None:     # preflight passed: its agents are waiting for the go
+        if self._held is not None:     # preflight passed: its agents wait for the go (``release``)
             held, self._held = self._held, None
-            for h in held:
-                h.go()
+            self._waiting = list(held)
             return held
         insts = list(self.request.instances)
         handles: list = [None] * len(insts)
@@ -263,6 +263,12 @@ class HeldAgentTransport(Transport):
             raise LaunchError("could not start the instance agents:\n" + "\n".join(f"  - {p}" for p in errors),
                               hint="the agents that had started were ended")
         return handles
+
+    def release(self, handles: list) -> None:
+        waiting, self._waiting = self._waiting, []
+        for h in waiting:
+            if h in handles:
+                h.go()
 
     def close(self) -> None:
         held, self._held = self._held or [], None
