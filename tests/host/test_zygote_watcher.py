@@ -4,13 +4,12 @@ processes: a small stand-in zygote that imports nothing heavy, so its death is a
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
-from podrun.wire.owner import OWNER_NAME, SOCKET_NAME, boot_id
+from podrun.wire.owner import OWNER_NAME, SOCKET_NAME
 from tests.launch.helpers import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -26,20 +25,21 @@ time.sleep(60)
 """
 
 
-def _dead_pid() -> int:
-    p = subprocess.Popen(["true"])
-    p.wait()
-    return p.pid
+DEAD_CONTROLLER = """
+import os, sys
+from podrun.launch.control import claim
+from podrun.wire import unixsock
+claim(sys.argv[1])
+unixsock.bind(os.path.join(sys.argv[1], "control.sock"))
+"""
 
 
 def _dead_run(run_dir) -> str:
-    """A run directory whose controller was killed: control.pid names a dead process of this boot, control.sock
-    is a socket no one listens on, zygote/ holds the host's socket path."""
+    """A run directory whose controller was killed: a process recorded itself in control.pid and listened on
+    control.sock as a controller does, then ended without cleaning up; zygote/ holds the host's socket path."""
     run_dir.mkdir()
-    (run_dir / OWNER_NAME).write_text(f"{boot_id()} {_dead_pid()}\n")
-    s = socket.socket(socket.AF_UNIX)
-    s.bind(str(run_dir / SOCKET_NAME))
-    s.close()
+    subprocess.run([sys.executable, "-c", DEAD_CONTROLLER, str(run_dir)], check=True, timeout=60)
+    assert (run_dir / OWNER_NAME).exists() and (run_dir / SOCKET_NAME).exists()
     (run_dir / "zygote").mkdir(mode=0o700)
     return str(run_dir / "zygote" / "h.sock")
 

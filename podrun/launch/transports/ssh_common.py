@@ -125,8 +125,7 @@ class HeldAgentTransport(Transport):
 
     def __init__(self, request):
         super().__init__(request)
-        self._held: list | None = None
-        self._waiting: list = []             # started from held, not yet let go (``release``)
+        self._held: list | None = None       # agents the preflight started held, until ``release`` lets them go
 
     def _pool(self, n: int) -> ThreadPoolExecutor:
         return ThreadPoolExecutor(max_workers=max(1, min(MAX_THREADS, n)))
@@ -241,9 +240,7 @@ class HeldAgentTransport(Transport):
 
     def start(self) -> list[InstanceHandle]:
         if self._held is not None:     # preflight passed: its agents wait for the go (``release``)
-            held, self._held = self._held, None
-            self._waiting = list(held)
-            return held
+            return list(self._held)
         insts = list(self.request.instances)
         handles: list = [None] * len(insts)
         errors: list[Problem] = []
@@ -265,10 +262,9 @@ class HeldAgentTransport(Transport):
         return handles
 
     def release(self, handles: list) -> None:
-        waiting, self._waiting = self._waiting, []
-        for h in waiting:
-            if h in handles:
-                h.go()
+        held, self._held = self._held or [], None
+        for h in held:
+            h.go()
 
     def close(self) -> None:
         held, self._held = self._held or [], None
