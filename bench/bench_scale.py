@@ -98,6 +98,16 @@ def hwm_kb(pid: int) -> int | None:
                 return int(line.split()[1])
     except OSError:
         return None
+
+
+def own_cpu_and_threads(pid: int) -> tuple[float | None, int | None]:
+    """(CPU seconds of the process itself, without any child, its threads now): the launcher's own share, apart
+    from the ssh clients it runs."""
+    try:
+        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None, None
+    return (int(f[11]) + int(f[12])) / TICK, int(f[17])
     return None
 
 
@@ -242,6 +252,7 @@ class Run:
             f["coll_s"] = max(self._stamps("coll")) - self.t0
             cpu_up, _ = tree_cpu(self.launcher)
             f["cpu_up_s"] = cpu_up
+            f["own_cpu_up_s"], f["threads_up"] = own_cpu_and_threads(self.launcher)
             agents_up, t_up = self._agents(_procs()), time.monotonic()
             time.sleep(IDLE)
             cpu_idle, tree_rss = tree_cpu(self.launcher)
@@ -507,6 +518,9 @@ def rows_from(data: dict, rounds: int) -> list[dict]:
                   f"{(hwm or 0) / 1024:.1f} MB, its tree {rss / 1024:.1f} MB ({rss / 1024 / n:.2f} MB/host)"
                   + (f"; agent RSS {agent / 1024:.1f} MB" if agent is not None else "")
                   + (f"; largest heartbeat gap {gap:.2f} s" if gap is not None else "")
+                  + (f"; the launcher process alone {own * 1000 / n:.0f} ms/host and {threads:g} threads at every "
+                     f"rank running" if (own := _med(runs, "own_cpu_up_s")) is not None
+                     and (threads := _med(runs, "threads_up")) is not None else "")
                   + f"; leftovers {left}")
         rows.append(row("scale launch -> every rank running", f"{s}, {size}", [f["up_s"] for f in runs], "s",
                         detail, f"{peer}, {size}" if pr else None, [f["up_s"] for f in pr] if pr else None))

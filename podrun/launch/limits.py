@@ -11,7 +11,7 @@ FDS_BASE = 24              # the controller's own (about 10: Python, the run dir
 FDS_PER_HOST = 6           # an agent on another host: its ssh client's pipes (or paramiko's socket), its log (about 4.2
                            # measured: 4 hosts over OpenSSH need 25 to 28 open files, 16 hosts 70 to 80)
 FDS_PER_WORKER = 4         # a worker on this machine: its agent's ends of its output sockets and progress pipe (3)
-PROCS_PER_HOST = 4         # an agent on another host: its ssh client and the controller's reader threads
+PROCS_PER_HOST = 4         # an agent on another host: its OpenSSH client (or paramiko's transport and reader threads)
 PROCS_PER_WORKER = 3       # a worker on this machine: it, and its agent's reader threads
 
 

@@ -13,6 +13,7 @@ last lines of the others, and the workers that ended after it in one summary (po
 """
 from __future__ import annotations
 
+import functools
 import json
 import queue
 import signal
@@ -36,6 +37,7 @@ LOST_EXIT = 255           # like ssh: the connection to a host was lost
 STRAGGLER_EXIT = 124      # like timeout(1): workers still running past --straggler-timeout
 QUEUED = 256              # protocol lines waiting for the supervisor (bounded: memory stays flat)
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)   # SIGHUP: terminal closed, ssh dropped
+_HUB_READER = "the line hub"   # the reader of every handle the hub reads, for the waits on a full queue (Hearing)
 
 # sink(instance, host, local_rank, stream, text): a worker's line, already filtered for the console
 Sink = Callable[[int | None, str, int | None, str, str], None]
@@ -75,21 +77,46 @@ class Supervisor(LiveWatch):
 
     # -- events ---------------------------------------------------------------------------
     def _reader(self, h: InstanceHandle) -> None:
-        """Move h's lines to the supervisor's bounded queue, noting when each instance was last heard from
-        and how long the reader waited on a full queue (a slow console or disk holds the supervisor back,
-        not the host: that wait does not count as the host's silence)."""
+        """h's lines in a thread of its own (a handle the line hub does not read: paramiko, mpirun, srun)."""
         try:
             for stream, line in h.lines():
-                if line.startswith(protocol.PREFIX):
-                    ev = protocol.parse(line, stream)
-                    if ev.instance is not None:
-                        self.hearing.heard(h, ev.instance)
-                self.hearing.wait_begins(h)
-                self.q.put((h, stream, line))
-                self.hearing.wait_ends(h)
+                self._take(h, h, stream, line)
         finally:
-            self.hearing.end(h)         # its end is queued: nothing more to hear
-            self.q.put((h, None, None))
+            self._ended(h)
+
+    def _pushed(self, h: InstanceHandle, stream: str | None, line: str | None) -> None:
+        """h's lines from the line hub's thread, which reads every such handle (podrun.launch.transports.linehub)."""
+        if stream is None:
+            self._ended(h)
+        else:
+            self._take(h, _HUB_READER, stream, line)
+
+    def _take(self, h: InstanceHandle, reader: object, stream: str, line: str) -> None:
+        """Move one of h's lines to the supervisor's bounded queue, noting when its instance was last heard from
+        and how long ``reader`` (a thread that reads h, or the hub's) waited on a full queue (a slow console or disk
+        holds the supervisor back, not the host: that wait does not count as the host's silence)."""
+        if line.startswith(protocol.PREFIX):
+            ev = protocol.parse(line, stream)
+            if ev.instance is not None:
+                self.hearing.heard(reader, ev.instance)
+        self.hearing.wait_begins(reader)
+        self._put((h, stream, line))
+        self.hearing.wait_ends(reader)
+
+    def _ended(self, h: InstanceHandle) -> None:
+        self.hearing.end(h)             # its end is queued: nothing more to hear
+        self._put((h, None, None))
+
+    def _put(self, item: tuple) -> None:
+        """Queue an item for the loop, waiting while the queue is full, but not once the loop has ended: a handle
+        it let go (a lost host, one it killed) may still have lines, and the hub that reads them serves the
+        next attempt too."""
+        while not self.done.is_set():
+            try:
+                self.q.put(item, timeout=0.2)
+                return
+            except queue.Full:
+                continue
 
     def _heartbeats(self) -> None:
         """A byte to every open agent each heartbeat period, from its own thread: the agents keep their
@@ -271,11 +298,13 @@ class Supervisor(LiveWatch):
         carrier = {i: h for h in handles for i in h.instances}
         # the controller listens and beats before agents held by the preflight start their workers: once they
         # do, the machine may be too busy to start a thread per host for seconds (64 took 8.9 s on 2 cores),
-        # while the agents count their controller's silence from the go
+        # while the agents count their controller's silence from the go. The line hub reads what it can (pipes:
+        # local, OpenSSH) from one thread; a handle it cannot read gets a thread of its own
         self.hb_handles = tuple(open_handles)
         threading.Thread(target=self._heartbeats, daemon=True).start()
         for h in handles:
-            threading.Thread(target=self._reader, args=(h,), daemon=True).start()
+            if not h.push(functools.partial(self._pushed, h)):
+                threading.Thread(target=self._reader, args=(h,), daemon=True).start()
         self.transport.release(handles)
         try:
             return self._loop(open_handles, carrier)

@@ -138,7 +138,8 @@ def _given(heartbeat, misses, keepalive, spec_heartbeat, spec_misses, period_def
 
 
 class Hearing:
-    """What the reader threads heard, per instance; thread-safe. ``key`` names a reader (one per handle)."""
+    """What the readers heard, per instance; thread-safe. ``key`` names a reader: a handle's own thread, or the line hub
+    that reads many handles (podrun.launch.supervisor); ``end`` and ``silence`` take the handle."""
 
     def __init__(self, clock=time.monotonic):
         self.clock = clock

@@ -16,18 +16,21 @@ The interface every transport implements:
     handles = t.start()               # list[InstanceHandle]; agents held by the preflight wait for:
     t.release(handles)                # once the controller reads every handle and beats: they start their workers
     for stream, line in handle.lines(): ...   # ("out"|"err", text without newline) until EOF
+    handle.push(callback)             # or: each line to callback(stream, line) from one thread for all handles
     handle.heartbeat(); handle.request_stacks(); handle.poll(); handle.wait(t); handle.terminate(sig); handle.kill(); handle.close()
     t.describe(redact=False)      # [(host, exact command line)] for --dry-run / runs/<id>/command
     t.close()
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import queue
 import signal
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator
 
@@ -76,6 +79,12 @@ class InstanceHandle(ABC):
     @abstractmethod
     def lines(self) -> Iterator[tuple[str, str]]:
         """Yield (stream, line) with stream "out" or "err", newline stripped, until both streams end."""
+
+    def push(self, callback: Callable[[str | None, str | None], None]) -> bool:
+        """Instead of ``lines()``: call ``callback(stream, line)`` for each line from the process's line hub
+        (podrun.launch.transports.linehub), and ``callback(None, None)`` at the end; False where the handle
+        cannot (its output is no pipe the hub reads): iterate ``lines()`` in a thread then."""
+        return False
 
     @abstractmethod
     def poll(self) -> int | None:
@@ -185,45 +194,154 @@ def get_transport(name: str) -> TransportFactory:
 
 
 class StreamMerger:
-    """Reads two binary streams in threads and yields ("out"|"err", line) from both, in arrival order.
+    """Reads two binary streams and yields ("out"|"err", line) from both, in arrival order.
 
-    Reusable by any handle over pipes or channel files (local, ssh, mpirun, srun). Memory is bounded:
-    lines are cut at protocol.READ_LIMIT bytes and at most QUEUED lines wait to be consumed (the
-    readers then block, and so, through the pipe or the channel's window, does the agent).
+    Reusable by any handle over pipes or channel files (local, ssh, mpirun, srun). Pipes are read by the
+    process's one line hub (podrun.launch.transports.linehub), other files (a paramiko channel's) by a thread
+    each. Memory is bounded: lines are cut at protocol.READ_LIMIT bytes and about QUEUED lines wait to be
+    consumed (then the pipes are left unread or the reader threads block, and so, through the pipe or the
+    channel's window, does the agent). ``push`` hands every line from then on to a callback instead.
     """
 
     _END = object()
     QUEUED = 64
 
     def __init__(self, out: BinaryIO | None, err: BinaryIO | None):
-        self._q: queue.Queue = queue.Queue(maxsize=self.QUEUED)
-        self._open = 0
-        for stream, f in (("out", out), ("err", err)):
-            if f is not None:
-                self._open += 1
-                threading.Thread(target=self._pump, args=(stream, f), daemon=True).start()
+        from podrun.launch.transports import linehub
+
+        self._cond = threading.Condition()
+        self._items: deque = deque()
+        self._open = 0               # streams whose end was not taken yet
+        self._push: Callable[[str | None, str | None], None] | None = None
+        self._sources: list = []     # the hub's, for pausing; empty when a thread reads
+        self._files = (out, err)     # the hub reads their descriptors: they stay open while this merger lives
+        streams = [(name, f) for name, f in (("out", out), ("err", err)) if f is not None]
+        fds = [linehub.pipe_fd(f) for _, f in streams]
+        self._open = len(streams)
+        if streams and None not in fds:
+            hub = linehub.hub()
+            self._sources = [hub.add(fd, functools.partial(self._put_line, name), self._put_end)
+                             for (name, _), fd in zip(streams, fds)]
+        else:
+            for name, f in streams:
+                threading.Thread(target=self._pump, args=(name, f), daemon=True).start()
+
+    # -- producers: the hub's thread, or one thread per stream --------------------------------
+    def _put_line(self, stream: str, line: str) -> None:
+        self._put((stream, line))
+
+    def _put_end(self) -> None:
+        self._put(self._END)
+
+    def _put(self, item) -> None:
+        with self._cond:
+            if self._push is None:
+                if not self._sources:                 # a reader thread: wait for room
+                    while len(self._items) >= self.QUEUED and self._push is None:
+                        self._cond.wait()
+                if self._push is None:
+                    self._items.append(item)
+                    if self._sources and len(self._items) >= self.QUEUED:
+                        for src in self._sources:     # the hub: leave the pipes unread until next() takes some
+                            src.pause()
+                    self._cond.notify_all()
+                    return
+        self._deliver(item)
+
+    def _deliver(self, item) -> None:
+        """Push mode (the hub's thread): one item to the callback; its streams' last end as (None, None)."""
+        if item is self._END:
+            self._open -= 1
+            if self._open == 0:
+                self._push(None, None)
+        else:
+            self._push(*item)
 
     def _pump(self, stream: str, f: BinaryIO) -> None:
         try:
             for raw in bounded_lines(f, READ_LIMIT):
-                self._q.put((stream, raw.decode("utf-8", "replace")))
+                self._put((stream, raw.decode("utf-8", "replace")))
         except (OSError, ValueError, EOFError):
             pass
         except Exception:  # noqa: BLE001 - a broken channel ends the stream, nothing more
             pass
         finally:
-            self._q.put(self._END)
+            self._put(self._END)
 
+    # -- the consumer --------------------------------------------------------------------------
     def next(self, timeout: float | None = None) -> tuple[str, str] | None:
         """The next line, or None once both streams have ended; queue.Empty after ``timeout`` seconds."""
-        while self._open:
-            item = self._q.get(timeout=timeout)
-            if item is self._END:
-                self._open -= 1
-                continue
-            return item
-        return None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._open:
+                if not self._items:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        raise queue.Empty
+                    self._cond.wait(left)
+                    continue
+                item = self._items.popleft()
+                if len(self._items) == self.QUEUED // 2:
+                    for src in self._sources:
+                        src.resume()
+                self._cond.notify_all()
+                if item is self._END:
+                    self._open -= 1
+                    continue
+                return item
+            return None
 
     def __iter__(self) -> Iterator[tuple[str, str]]:
         while (item := self.next()) is not None:
             yield item
+
+    def close(self) -> None:
+        """Close both streams (a handle's ``close``). The hub closes them once it reads them no more: a descriptor
+        closed under its selector could come back as another pipe's number while still registered."""
+        def close_files() -> None:
+            for f in self._files:
+                try:
+                    if f is not None:
+                        f.close()
+                except (OSError, ValueError):
+                    pass
+
+        if not self._sources:
+            close_files()
+            return
+        left = [len(self._sources)]
+
+        def closed() -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                close_files()
+
+        for src in self._sources:
+            src.close(then=closed)
+
+    def push(self, callback: Callable[[str | None, str | None], None],
+             first: list[tuple[str, str]] | tuple = ()) -> bool:
+        """From now on call ``callback(stream, line)`` for each line, on the hub's thread, and
+        ``callback(None, None)`` once both streams have ended: ``first``, then what waits queued, then the rest
+        as it is read. Only where the hub reads the streams (False otherwise: iterate instead); the caller
+        takes no line with ``next`` any more."""
+        if not self._sources:
+            return False
+        hub = self._sources[0].hub
+
+        def switch() -> None:
+            with self._cond:
+                waiting = list(self._items)
+                self._items.clear()
+                self._push = callback
+            for item in first:
+                callback(*item)
+            for item in waiting:
+                self._deliver(item)
+            if self._open == 0 and not waiting:       # both had ended and been taken by next() already
+                callback(None, None)
+            for src in self._sources:
+                src.resume()
+
+        hub.call(switch)
+        return True

@@ -42,6 +42,9 @@ class LocalHandle(InstanceHandle):
     def lines(self):
         return iter(self._merger)
 
+    def push(self, callback) -> bool:
+        return self._merger.push(callback)
+
     def poll(self):
         return self.proc.poll()
 
@@ -75,11 +78,11 @@ class LocalHandle(InstanceHandle):
             pass
 
     def close(self) -> None:
-        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
-            try:
-                f.close()
-            except (OSError, ValueError):
-                pass
+        try:
+            self.proc.stdin.close()
+        except (OSError, ValueError):
+            pass
+        self._merger.close()
 
 
 class LocalTransport(Transport):

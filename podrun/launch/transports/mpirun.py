@@ -279,12 +279,7 @@ class ProcessHandle(InstanceHandle):
         self._signal_group(signal.SIGKILL)
 
     def close(self) -> None:
-        for f in (self.proc.stdout, self.proc.stderr):
-            try:
-                if f:
-                    f.close()
-            except OSError:
-                pass
+        self._merger.close()
 
 
 class MpirunTransport(Transport):

@@ -56,6 +56,13 @@ class HeldProbe:
         yield from early
         yield from self._merger
 
+    def push(self, callback) -> bool:
+        early, self._early = self._early, []
+        if self._merger.push(callback, first=early):
+            return True
+        self._early = early
+        return False
+
 
 def network_problems(request, facts: dict[str, dict]) -> list[Problem]:
     """The network as the hosts found it: MASTER_ADDR as every host resolves it (a host other than the master
