@@ -60,6 +60,7 @@ from podrun.wire.proctl import PR_SET_CHILD_SUBREAPER, die_with_parent, prctl as
 from podrun.runtime.progress import FD_ENV as PROGRESS_ENV
 
 HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)   # the agent's own: it ends its workers with the one it got
+LINK_CLOSE_S = 10.0         # at its end, how long the agent waits for its last line to reach a slow controller
 
 
 class Agent(ControllerLink):
@@ -408,10 +409,15 @@ def main(argv: list[str] | None = None) -> int:
                     warm=warm)
         agent.helpers.append(store.pid)
     try:
-        return agent.run()
+        code = agent.run()
     finally:
         if store is not None:
             store.close()
+        delivered = agent.link_close(LINK_CLOSE_S)
+    if not delivered:             # the controller reads no more: leave without the interpreter's flush of stdout
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def _probe(args, rank0: bool, store) -> dict:

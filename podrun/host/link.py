@@ -25,6 +25,7 @@ class ControllerLink:
         self.out = out if out is not None else sys.stdout.buffer
         self.lock = threading.Lock()
         self.controller_lost = False
+        self.link_closed = False     # ``link_close``: the agent is ending, nothing more is written
         self.last_stdin = time.monotonic()
         self.got_stdin = False       # before the first heartbeat: the controller may still be starting others
         self.go = threading.Event()
@@ -35,7 +36,7 @@ class ControllerLink:
         local_rank = self.agent_rank if local_rank is None else self.local_ranks[local_rank]
         line = (protocol.encode(self.index, local_rank, kind, text) + "\n").encode("utf-8", "replace")
         with self.lock:
-            if self.controller_lost:
+            if self.controller_lost or self.link_closed:
                 return
             try:
                 self.out.write(line)
@@ -43,6 +44,24 @@ class ControllerLink:
             except (BrokenPipeError, OSError, ValueError):
                 self.controller_lost = True
                 self.request_stop(StopKind.CONTROLLER_LOST, "lost the controller (stdout closed)")
+
+    def link_close(self, timeout: float) -> bool:
+        """The agent's last act: wait up to ``timeout`` s for a line being written (a heartbeat or output thread may
+        be blocked on a full pipe to a slow controller), then write no more: the line reaches the controller whole
+        instead of being cut off by the exit. False when that line is still blocked: the agent must then leave
+        without the interpreter's exit, which can find that daemon thread holding stdout's lock and abort ("Fatal
+        Python error: _enter_buffered_busy", its message mixed into the run's output)."""
+        if not self.lock.acquire(timeout=timeout):
+            self.link_closed = True
+            return False
+        try:
+            self.link_closed = True
+            self.out.flush()
+        except (OSError, ValueError):
+            pass
+        finally:
+            self.lock.release()
+        return True
 
     def _heartbeat(self) -> None:
         from podrun.wire.protocol import read_request, read_stop

@@ -155,3 +155,14 @@ def test_a_supervisor_that_has_ended_never_holds_the_hub():
     sup.done.set()
     t.join(5)
     assert not t.is_alive()
+
+
+def test_a_descriptor_the_selector_refuses_ends_its_source_at_once(tmp_path):
+    """epoll refuses a regular file: the source ends (its owner sees the end) instead of waiting for ever."""
+    f = open(tmp_path / "plain", "wb+")
+    ended = threading.Event()
+    linehub.hub().add(f.fileno(), lambda line: None, ended.set)
+    try:
+        assert ended.wait(10)
+    finally:
+        f.close()

@@ -65,7 +65,15 @@ class LineHub:
         """Read pipe ``fd`` (made non-blocking; its owner reads it no more) from now on."""
         os.set_blocking(fd, False)
         src = Source(self, fd, on_line, on_end)
-        self.call(lambda: self._sel.register(fd, selectors.EVENT_READ, src))
+
+        def register() -> None:
+            try:
+                self._sel.register(fd, selectors.EVENT_READ, src)
+            except (KeyError, ValueError, OSError):   # closed, or not a descriptor: nothing will come from it
+                src.paused = True                     # (not in the selector)
+                self._end(src)
+
+        self.call(register)
         return src
 
     def call(self, fn: Callable[[], None]) -> None:

@@ -1,0 +1,72 @@
+"""The agent's link to its controller at the agent's end (podrun.host.link.ControllerLink.link_close), in a real
+process over a real pipe that the test, as a slow controller, leaves full.
+
+An agent whose heartbeat (or output) thread was blocked on that pipe when the agent ended left with the line
+unwritten, or, when the interpreter's exit found the thread holding stdout's lock, aborted ("Fatal Python error:
+_enter_buffered_busy ..."; lines such as these were once seen in an instance log in CI, under load). The agent now
+waits for that line before it exits, so it reaches the controller whole; when its controller reads no more within
+the bound, it leaves with os._exit instead of the interpreter's flush. Both tests fail on an agent that just exits.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+CHILD = """
+import os, sys, threading
+from podrun.host.link import ControllerLink
+
+class Agent(ControllerLink):
+    index, local_ranks, agent_rank, run_dir = 0, [0], 0, None
+    def request_stop(self, *a):
+        pass
+
+a = Agent()
+a.link_init(None, 0.005, False, 600.0)
+line = len(b"@podrun 0 0 note " + b"x" * 100 + b"\\n")
+for i in range(60000 // line):                   # most of the pipe the controller does not read yet (64 KiB)
+    a.emit(None, "note", "x" * 100)
+threading.Thread(target=a._heartbeat, daemon=True).start()   # its heartbeats fill the rest, then block
+while not any("pipe_write" in open(f"/proc/self/task/{t}/wchan").read() for t in os.listdir("/proc/self/task")):
+    pass                                            # (pipe_write, anon_pipe_write): the agent's end comes now
+print("main done", file=sys.stderr, flush=True)
+if not a.link_close(float(sys.argv[1])):
+    sys.stderr.flush()
+    os._exit(3)
+"""
+
+
+def _start(timeout: float) -> subprocess.Popen:
+    """The agent stand-in, once a heartbeat of it is stuck in its write to the full pipe and its end has begun."""
+    p = subprocess.Popen([sys.executable, "-c", CHILD, str(timeout)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stderr.readline() == b"main done\n"
+    return p
+
+
+@pytest.mark.timeout(120)
+def test_the_agent_waits_for_its_last_line_to_a_slow_controller_and_exits_cleanly():
+    p = _start(timeout=60)
+    deadline = time.monotonic() + 1.0                # it must not exit (or abort) while its line waits
+    while time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.02)
+    assert p.poll() is None, p.stderr.read().decode()
+    out, err = p.communicate(timeout=30)             # the controller reads at last
+    assert p.returncode == 0, err.decode()
+    assert b"Fatal Python error" not in err, err.decode()
+    lines = out.decode().splitlines()
+    assert sum(1 for x in lines if " note " in x) == 60000 // len(b"@podrun 0 0 note " + b"x" * 100 + b"\n")
+    assert lines[-1].startswith("@podrun 0 0 hb "), lines[-3:]       # the blocked heartbeat, whole, last
+
+
+@pytest.mark.timeout(120)
+def test_an_agent_whose_controller_reads_no_more_leaves_within_its_bound_without_aborting():
+    p = _start(timeout=0.5)
+    rc = p.wait(timeout=30)                          # the pipe is never read: it leaves on its own
+    err = p.stderr.read()
+    assert rc == 3, err.decode()
+    assert b"Fatal Python error" not in err, err.decode()
+    p.stdout.close()
