@@ -52,6 +52,11 @@ TORCHRUN_MAX = 16         # torchrun's own torch import per host: more does not 
 
 # ----------------------------------------------------------------------------------------------- /proc
 
+def _stat_fields(pid) -> list[str]:
+    """/proc/PID/stat's fields after the command name (state first); OSError when the process is gone."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def _procs() -> dict[int, tuple[int, str, float, int]]:
     """pid -> (ppid, cmdline, CPU seconds of it and its reaped children, RSS kB): one pass over /proc."""
     out = {}
@@ -59,11 +64,10 @@ def _procs() -> dict[int, tuple[int, str, float, int]]:
         if not e.name.isdigit():
             continue
         try:
-            stat = Path(f"/proc/{e.name}/stat").read_text()
+            f = _stat_fields(e.name)
             cl = Path(f"/proc/{e.name}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        f = stat.rsplit(")", 1)[1].split()
         if f[0] in ("Z", "X"):
             continue
         cpu = sum(int(x) for x in f[11:15]) / TICK       # utime stime cutime cstime
@@ -98,17 +102,17 @@ def hwm_kb(pid: int) -> int | None:
                 return int(line.split()[1])
     except OSError:
         return None
+    return None
 
 
 def own_cpu_and_threads(pid: int) -> tuple[float | None, int | None]:
     """(CPU seconds of the process itself, without any child, its threads now): the launcher's own share, apart
     from the ssh clients it runs."""
     try:
-        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        f = _stat_fields(pid)
     except OSError:
         return None, None
     return (int(f[11]) + int(f[12])) / TICK, int(f[17])
-    return None
 
 
 def marked(marker: str) -> list[int]:
@@ -237,7 +241,7 @@ class Run:
         if self.proc is not None:
             return self._exit.is_set()
         return self.launcher is None or not Path(f"/proc/{self.launcher}").exists() or \
-            Path(f"/proc/{self.launcher}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX"
+            _stat_fields(self.launcher)[0] in "ZX"
 
     def _agents(self, procs: dict) -> list[tuple[float, int]]:
         """(CPU seconds, RSS kB) of this run's podrun agents on every host, from one read of /proc (``_procs``)."""

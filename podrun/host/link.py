@@ -51,17 +51,16 @@ class ControllerLink:
         instead of being cut off by the exit. False when that line is still blocked: the agent must then leave
         without the interpreter's exit, which can find that daemon thread holding stdout's lock and abort ("Fatal
         Python error: _enter_buffered_busy", its message mixed into the run's output)."""
-        if not self.lock.acquire(timeout=timeout):
-            self.link_closed = True
-            return False
-        try:
-            self.link_closed = True
-            self.out.flush()
-        except (OSError, ValueError):
-            pass
-        finally:
-            self.lock.release()
-        return True
+        delivered = self.lock.acquire(timeout=timeout)
+        self.link_closed = True
+        if delivered:
+            try:
+                self.out.flush()
+            except (OSError, ValueError):
+                pass
+            finally:
+                self.lock.release()
+        return delivered
 
     def _heartbeat(self) -> None:
         from podrun.wire.protocol import read_request, read_stop

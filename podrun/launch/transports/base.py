@@ -211,13 +211,12 @@ class StreamMerger:
 
         self._cond = threading.Condition()
         self._items: deque = deque()
-        self._open = 0               # streams whose end was not taken yet
         self._push: Callable[[str | None, str | None], None] | None = None
         self._sources: list = []     # the hub's, for pausing; empty when a thread reads
         self._files = (out, err)     # the hub reads their descriptors: they stay open while this merger lives
         streams = [(name, f) for name, f in (("out", out), ("err", err)) if f is not None]
         fds = [linehub.pipe_fd(f) for _, f in streams]
-        self._open = len(streams)
+        self._open = len(streams)    # streams whose end was not taken yet
         if streams and None not in fds:
             hub = linehub.hub()
             self._sources = [hub.add(fd, functools.partial(self._put_line, name), self._put_end)
@@ -234,19 +233,18 @@ class StreamMerger:
         self._put(self._END)
 
     def _put(self, item) -> None:
+        if self._push is not None:        # set and read on the hub's thread only (push needs the hub)
+            self._deliver(item)
+            return
         with self._cond:
-            if self._push is None:
-                if not self._sources:                 # a reader thread: wait for room
-                    while len(self._items) >= self.QUEUED and self._push is None:
-                        self._cond.wait()
-                if self._push is None:
-                    self._items.append(item)
-                    if self._sources and len(self._items) >= self.QUEUED:
-                        for src in self._sources:     # the hub: leave the pipes unread until next() takes some
-                            src.pause()
-                    self._cond.notify_all()
-                    return
-        self._deliver(item)
+            if not self._sources:                     # a reader thread: wait for room
+                while len(self._items) >= self.QUEUED:
+                    self._cond.wait()
+            self._items.append(item)
+            if self._sources and len(self._items) >= self.QUEUED:
+                for src in self._sources:             # the hub: leave the pipes unread until next() takes some
+                    src.pause()
+            self._cond.notify_all()
 
     def _deliver(self, item) -> None:
         """Push mode (the hub's thread): one item to the callback; its streams' last end as (None, None)."""

@@ -57,11 +57,10 @@ class HeldProbe:
         yield from self._merger
 
     def push(self, callback) -> bool:
-        early, self._early = self._early, []
-        if self._merger.push(callback, first=early):
-            return True
-        self._early = early
-        return False
+        if not self._merger.push(callback, first=self._early):
+            return False
+        self._early = []
+        return True
 
 
 def network_problems(request, facts: dict[str, dict]) -> list[Problem]:
