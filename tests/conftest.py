@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,13 @@ from tests.harness import HarnessError, NetnsHosts
 # each parallel region then takes CPU the other processes need (docs/test-harness.md, "Where the time goes").
 # The harness's hosts export it too (tests.harness.netns.default_bashrc).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+# The suite starts some 1500 Python processes that import podrun from this checkout (controllers, agents, zygotes,
+# workers), and each xdist worker collects the test modules: where the environment sets PYTHONDONTWRITEBYTECODE
+# (this machine kind does), none of them may cache bytecode, so every one compiled the same modules again:
+# tests/launch/test_local.py took 14 % more CPU, collecting the suite twice as long (docs/test-harness.md).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 
 def _fail(what: str, err: Exception) -> None:
