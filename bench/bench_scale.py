@@ -12,9 +12,11 @@ pdsh (8 and 16 hosts only: each torchrun imports torch, ~300 MB a host on this 2
 Per run: launch -> every rank running (the latest up-<rank> stamp, each worker's own clock); -> the first
 collective (the latest coll-<rank>); the launcher's CPU (its process tree: user + system of the launcher and
 every descendant, living or reaped, read from /proc) at every rank running and over an idle window after it
-(the steady state: heartbeats); the launcher's peak RSS (VmHWM) and its tree's RSS; each podrun agent's RSS;
+(the steady state: heartbeats); the machine's CPU from the launch to every rank past its collective, and the CPU
+of each agent and each worker at every rank running (medians); the launcher's peak RSS (VmHWM) and its tree's RSS; each podrun agent's RSS;
 the largest heartbeat gap (podrun's summary.json); teardown: SIGTERM to the launcher (a user's Ctrl-C, a
-scheduler's kill) -> launcher gone and no process of the run on any host; leftovers past the bound (then killed).
+scheduler's kill) -> launcher gone and no process of the run on any host, and the machine's CPU meanwhile (/proc/stat:
+every process on it, as the hosts share its cores); leftovers past the bound (then killed).
 The launcher of an sbatch subject is the process inside the job (podrun's controller, or srun).
 One gloo run (torch workers, podrun ssh) at min(16, the largest size) hosts shows the collectives are real.
 Two more subjects are left out unless named: podrun ssh and mpirun's tree with an ssh config whose
@@ -115,6 +117,12 @@ def own_cpu_and_threads(pid: int) -> tuple[float | None, int | None]:
     return (int(f[11]) + int(f[12])) / TICK, int(f[17])
 
 
+def machine_cpu() -> float:
+    """CPU seconds every core of this machine has spent busy (user, nice, system, irq, softirq) since boot."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    return sum(int(fields[i]) for i in (0, 1, 2, 5, 6)) / TICK
+
+
 def marked(marker: str) -> list[int]:
     return [p for p, (_pp, cl, _c, _r) in _procs().items() if marker in cl and p != os.getpid()]
 
@@ -146,6 +154,10 @@ class Run:
         self.job: str | None = None
         self.fig: dict = {}
 
+    def _start_clock(self) -> None:
+        """The launch begins: its wall clock and this machine's busy CPU (every host shares its cores)."""
+        self.t0, self.busy0 = time.time(), machine_cpu()
+
     @property
     def world(self) -> int:
         return self.n * self.k
@@ -154,7 +166,7 @@ class Run:
         return [sys.executable, WORKER, str(self.dir), self.marker]
 
     def popen(self, argv, env=None) -> None:
-        self.t0 = time.time()
+        self._start_clock()
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                          env={**os.environ, **(env or {})}, cwd=str(ROOT))
@@ -170,7 +182,7 @@ class Run:
         threading.Thread(target=reap, daemon=True).start()
 
     def sbatch(self, sl, wrap: str, launcher_pattern: str) -> None:
-        self.t0 = time.time()
+        self._start_clock()
         nodes = ",".join(sl.nodes[:self.n])
         self.job = sl.sbatch([f"-N{self.n}", f"--nodelist={nodes}", f"--ntasks-per-node={self.k}",
                               f"--output={self.log}", f"--chdir={ROOT}", "--wrap", wrap])
@@ -182,7 +194,7 @@ class Run:
         env = f"export PYTHONPATH={shlex.quote(os.environ['PYTHONPATH'])}\n" if os.environ.get("PYTHONPATH") else ""
         script.write_text(f"#!/bin/bash\ncd {shlex.quote(str(ROOT))}\n{env}{body}\n")
         script.chmod(0o755)
-        self.t0 = time.time()
+        self._start_clock()
         self.job = ge.qsub(["-pe", "podrun", str(self.n), "-o", str(self.log), "-j", "y", str(script)])
         self._submitted(ge, ["qdel", self.job], launcher_pattern)
 
@@ -248,16 +260,26 @@ class Run:
         return [(c, r) for _pid, (_pp, cl, c, r) in procs.items() if AGENT in cl and self.marker in cl
                 and "python" in cl.split()[0]]
 
+    def _workers(self, procs: dict) -> list[float]:
+        """CPU seconds of each of this run's workers (the scale worker's processes) from one read of /proc."""
+        return [c for _pid, (_pp, cl, c, _r) in procs.items() if WORKER in cl and self.marker in cl
+                and "python" in cl.split()[0]]
+
     def measure(self, teardown_bound: float) -> dict:
         try:
             self.wait_up()
             f = self.fig
             f["up_s"] = max(self._stamps("up")) - self.t0
             f["coll_s"] = max(self._stamps("coll")) - self.t0
+            f["launch_cpu_s"] = machine_cpu() - self.busy0    # to every rank past its collective
             cpu_up, _ = tree_cpu(self.launcher)
             f["cpu_up_s"] = cpu_up
             f["own_cpu_up_s"], f["threads_up"] = own_cpu_and_threads(self.launcher)
-            agents_up, t_up = self._agents(_procs()), time.monotonic()
+            procs = _procs()
+            agents_up, t_up = self._agents(procs), time.monotonic()
+            f["agent_cpu_up_s"] = statistics.median(c for c, _ in agents_up) if agents_up else None
+            workers = self._workers(procs)
+            f["worker_cpu_up_s"] = statistics.median(workers) if workers else None
             time.sleep(IDLE)
             cpu_idle, tree_rss = tree_cpu(self.launcher)
             f["idle_cpu_frac"] = (cpu_idle - cpu_up) / IDLE
@@ -268,7 +290,7 @@ class Run:
             f["hwm_kb"] = hwm_kb(self.launcher)
             f["tree_rss_kb"] = tree_rss
             f["agent_rss_kb"] = statistics.median(r for _, r in agents) if agents else None
-            t1 = time.time()
+            t1, busy = time.time(), machine_cpu()
             os.kill(self.launcher, signal.SIGTERM)
             deadline = t1 + teardown_bound
             while not (self._launcher_gone() and not marked(self.marker)):
@@ -276,6 +298,7 @@ class Run:
                     break
                 time.sleep(0.02)
             f["teardown_s"] = time.time() - t1 if time.time() <= deadline else None
+            f["teardown_cpu_s"] = machine_cpu() - busy    # everything this machine ran meanwhile (the hosts share it)
             f["leftovers"] = len(marked(self.marker))
             if self._rusage is not None:
                 f["cpu_total_s"] = self._rusage.ru_utime + self._rusage.ru_stime
@@ -525,6 +548,12 @@ def rows_from(data: dict, rounds: int) -> list[dict]:
                   + (f"; the launcher process alone {own * 1000 / n:.0f} ms/host and {threads:g} threads at every "
                      f"rank running" if (own := _med(runs, "own_cpu_up_s")) is not None
                      and (threads := _med(runs, "threads_up")) is not None else "")
+                  + (f"; the machine's CPU to every rank past its collective {lcpu:.1f} s"
+                     if (lcpu := _med(runs, "launch_cpu_s")) is not None else "")
+                  + (f"; CPU per agent {acpu * 1000:.0f} ms" if (acpu := _med(runs, "agent_cpu_up_s")) is not None
+                     else "")
+                  + (f"; CPU per worker {wcpu * 1000:.0f} ms" if (wcpu := _med(runs, "worker_cpu_up_s")) is not None
+                     else "")
                   + f"; leftovers {left}")
         rows.append(row("scale launch -> every rank running", f"{s}, {size}", [f["up_s"] for f in runs], "s",
                         detail, f"{peer}, {size}" if pr else None, [f["up_s"] for f in pr] if pr else None))
@@ -546,7 +575,9 @@ def rows_from(data: dict, rounds: int) -> list[dict]:
                         f" = {rss / 1024 / n:.2f} MB/host"))
         ended = [t for t in td if t is not None]
         rows.append(row("scale teardown (SIGTERM -> every host clean)", f"{s}, {size}", ended or None, "s",
-                        f"{note0}; ended within the bound in {len(ended)} of {len(td)}; leftovers {left}",
+                        f"{note0}; ended within the bound in {len(ended)} of {len(td)}; leftovers {left}"
+                        + (f"; the machine's CPU meanwhile {tcpu:.2f} s" if (tcpu := _med(runs, "teardown_cpu_s"))
+                           is not None else ""),
                         f"{peer}, {size}" if pr else None,
                         [t for t in (f["teardown_s"] for f in pr) if t is not None] or None if pr else None))
     g = data["gloo"]

@@ -49,6 +49,28 @@ def test_index_from_env_for_mpirun_and_srun(tmp_path):
         assert any(e.kind == "ready" for e in events) and all(e.instance == 1 for e in events)
 
 
+def test_the_agent_leaves_without_the_interpreters_finalization_and_keeps_its_last_line_and_code(tmp_path):
+    """The agent's last act is os._exit once its last line is out: the interpreter's finalization (module teardown
+    and collection) is skipped, which at a teardown that ends every host at once cost the machine about 2 CPU-s
+    over 64 hosts (bench scale: 2.9-3.7 -> 1.2-1.3 CPU-s). An atexit callback that a sitecustomize registers in the
+    agent's process shows it (the same file in a plain interpreter does run it); the worker's exit code and the
+    agent's ``done`` line stand."""
+    site, flag = tmp_path / "site", tmp_path / "finalized"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(f"import atexit\natexit.register(lambda: open({str(flag)!r}, 'w').close())\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+    subprocess.run([sys.executable, "-c", "pass"], env=env, check=True, timeout=30)
+    assert flag.exists()                             # the hook works in a plain interpreter's exit
+    flag.unlink()
+    req = _request(tmp_path, ["sh", "-c", "echo bye; exit 3"])
+    p = subprocess.Popen(req.agent_argv(0), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    out, _ = p.communicate(timeout=30)               # stdin stays open: the worker's exit ends the agent
+    assert p.returncode == 3, out
+    events = [protocol.parse(line) for line in out.splitlines()]
+    assert protocol.Event(0, 0, "out", "bye") in events and events[-1] == protocol.Event(0, None, "done", "3"), out
+    assert not flag.exists()
+
+
 def test_agent_ends_workers_when_stdin_closes(tmp_path):
     m = marker()
     req = _request(tmp_path, ["sh", "-c", f"echo up; sleep 60 # {m}"])
