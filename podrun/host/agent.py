@@ -415,9 +415,10 @@ def main(argv: list[str] | None = None) -> int:
             store.close()
         agent.link_close(LINK_CLOSE_S)
     # Leave without the interpreter's finalization: what it would do is done (the last line out when delivered,
-    # every process and helper ended), its module teardown costs ~15 ms of CPU (times every host at a teardown
-    # that ends them all at once), and when the last line is still blocked on a controller that reads no more, its
-    # flush of stdout can abort on the daemon thread that holds stdout's lock.
+    # every process and helper ended), its module teardown and collection cost ~15 ms of CPU alone and more where
+    # every host's agent ends at once (2 CPU-s over 64 agents on one machine, bench/RESULTS.md), and when the last
+    # line is still blocked on a controller that reads no more, its flush of stdout can abort on the daemon thread
+    # that holds stdout's lock.
     sys.stderr.flush()
     os._exit(code)
 
