@@ -23,8 +23,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # The suite starts some 1500 Python processes that import podrun from this checkout (controllers, agents, zygotes,
 # workers), and each xdist worker collects the test modules: where the environment sets PYTHONDONTWRITEBYTECODE
-# (this machine kind does), none of them may cache bytecode, so every one compiled the same modules again:
-# tests/launch/test_local.py took 14 % more CPU, collecting the suite twice as long (docs/test-harness.md).
+# (this machine kind does), none of them may cache bytecode, so each compiled again what no process without it had
+# cached: tests/launch/test_local.py took 14 % more CPU alone, collecting the suite twice as long (docs/test-harness.md).
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
 
