@@ -8,7 +8,6 @@ exists. This spares a second remote python start and round trip per host. A subc
 from __future__ import annotations
 
 import json
-import platform
 import queue
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -195,18 +194,18 @@ class HeldAgentTransport(Transport):
         return self._exit_problem(host, rc, err)
 
     def _check_facts(self, host: str, facts: dict) -> list[Problem]:
+        from podrun.wire.probe import missing_text, python_version
+
         problems = []
         if facts["podrun"] != podrun.__version__:
             problems.append(Problem(host, f"podrun {facts['podrun']} there, {podrun.__version__} here",
                                     f"install podrun=={podrun.__version__} on the host"))
-        if facts["python"].rsplit(".", 1)[0] != platform.python_version().rsplit(".", 1)[0]:
-            problems.append(Problem(host, f"python {facts['python']} there, {platform.python_version()} here",
+        if facts["python"].rsplit(".", 1)[0] != python_version().rsplit(".", 1)[0]:
+            problems.append(Problem(host, f"python {facts['python']} there, {python_version()} here",
                                     "use the same Python version (--python)"))
         for port in facts.get("ports_busy", []):
             problems.append(busy_port_problem(host, self.request, port))
         if facts.get("missing"):
-            from podrun.wire.probe import missing_text
-
             problems.append(Problem(host, *missing_text(self.request.python, facts["missing"], "the recipe")))
         return problems
 
