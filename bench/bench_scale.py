@@ -255,14 +255,10 @@ class Run:
         return self.launcher is None or not Path(f"/proc/{self.launcher}").exists() or \
             _stat_fields(self.launcher)[0] in "ZX"
 
-    def _agents(self, procs: dict) -> list[tuple[float, int]]:
-        """(CPU seconds, RSS kB) of this run's podrun agents on every host, from one read of /proc (``_procs``)."""
-        return [(c, r) for _pid, (_pp, cl, c, r) in procs.items() if AGENT in cl and self.marker in cl
-                and "python" in cl.split()[0]]
-
-    def _workers(self, procs: dict) -> list[float]:
-        """CPU seconds of each of this run's workers (the scale worker's processes) from one read of /proc."""
-        return [c for _pid, (_pp, cl, c, _r) in procs.items() if WORKER in cl and self.marker in cl
+    def _ours(self, procs: dict, what: str) -> list[tuple[float, int]]:
+        """(CPU seconds, RSS kB) of this run's Python processes whose command line names ``what`` (AGENT: podrun's
+        agents; WORKER: the scale worker), on every host, from one read of /proc (``_procs``)."""
+        return [(c, r) for _pid, (_pp, cl, c, r) in procs.items() if what in cl and self.marker in cl
                 and "python" in cl.split()[0]]
 
     def measure(self, teardown_bound: float) -> dict:
@@ -276,14 +272,14 @@ class Run:
             f["cpu_up_s"] = cpu_up
             f["own_cpu_up_s"], f["threads_up"] = own_cpu_and_threads(self.launcher)
             procs = _procs()
-            agents_up, t_up = self._agents(procs), time.monotonic()
+            agents_up, t_up = self._ours(procs, AGENT), time.monotonic()
             f["agent_cpu_up_s"] = statistics.median(c for c, _ in agents_up) if agents_up else None
-            workers = self._workers(procs)
-            f["worker_cpu_up_s"] = statistics.median(workers) if workers else None
+            workers = self._ours(procs, WORKER)
+            f["worker_cpu_up_s"] = statistics.median(c for c, _ in workers) if workers else None
             time.sleep(IDLE)
             cpu_idle, tree_rss = tree_cpu(self.launcher)
             f["idle_cpu_frac"] = (cpu_idle - cpu_up) / IDLE
-            agents, t_idle = self._agents(_procs()), time.monotonic()
+            agents, t_idle = self._ours(_procs(), AGENT), time.monotonic()
             # the agents share this machine's cores: their CPU over the time between the two reads of /proc
             f["agents_idle_cpu_frac"] = (sum(c for c, _ in agents) - sum(c for c, _ in agents_up)) / (t_idle - t_up) \
                 if agents and agents_up else None

@@ -17,7 +17,7 @@ PICK_FROM = 10000          # the lowest port pick_free_port tries
 
 def python_version() -> str:
     """This interpreter's version, ``3.11.7``, from sys.version_info (the platform module would parse sys.version
-    with regular expressions it compiles at its import: ~8 ms of each agent's start, for this one string)."""
+    with regular expressions it compiles at its import: 4.4-4.7 ms of each agent's start, for this one string)."""
     return "%d.%d.%d" % sys.version_info[:3]
 
 

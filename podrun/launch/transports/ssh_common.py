@@ -200,8 +200,9 @@ class HeldAgentTransport(Transport):
         if facts["podrun"] != podrun.__version__:
             problems.append(Problem(host, f"podrun {facts['podrun']} there, {podrun.__version__} here",
                                     f"install podrun=={podrun.__version__} on the host"))
-        if facts["python"].rsplit(".", 1)[0] != python_version().rsplit(".", 1)[0]:
-            problems.append(Problem(host, f"python {facts['python']} there, {python_version()} here",
+        here = python_version()
+        if facts["python"].rsplit(".", 1)[0] != here.rsplit(".", 1)[0]:
+            problems.append(Problem(host, f"python {facts['python']} there, {here} here",
                                     "use the same Python version (--python)"))
         for port in facts.get("ports_busy", []):
             problems.append(busy_port_problem(host, self.request, port))
