@@ -14,13 +14,21 @@ median step time after warm-up:
   compile as a fourth subject (torch.compile, default mode).
 MFU: FLOPs of one training step counted by torch.utils.flop_counter on the model itself (forward and
 backward), times steps/s, over the device's dense bf16 peak (PEAK_BF16). Without a CUDA device this
-returns one row that says so: nothing is measured on a CPU here.
+returns one row that says so: nothing is measured on a CPU here (bench/gpu_check.py runs the same code on the CPU
+at tiny sizes, to keep it working).
+
+The compiled subject runs once per model (its compile, 30-90 s on a GPU, would dominate the repeats), after
+every model's eager subjects, so that a run cut short keeps those. A runner's step row is the time between two
+fetches of its step statistics (one host sync per ``sync_every`` updates) shared by the updates between them; the
+runner subjects fetch every ``warmup`` updates, so the warm-up (and the compile) is an interval of its own and does
+not dilute the timed updates (on CUDA the default, every 10, put warm-up and timed updates in one interval).
 """
 from __future__ import annotations
 
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 # (podrun name, timm name, image size, batch)
@@ -63,18 +71,27 @@ def plain_loop(model, batch: int, size: int, steps: int, warmup: int, device: st
     return [(time.perf_counter() - t) / steps]
 
 
+def model_kwargs(name: str, size: int) -> dict:
+    """podrun's build options for inputs of ``size`` pixels: the ViT's position table is sized by them."""
+    from podrun import models as pm
+
+    return {"image_size": size} if "image_size" in pm.options(name) else {}
+
+
 def runner_steps(name: str, batch: int, size: int, steps: int, warmup: int, run_dir: Path, *,
-                 compile: bool = False, device: str = "cuda") -> list[float]:
-    """Per-step seconds of podrun's runner (its own metrics), as the recipes run it. The runner reads the
-    step's loss on the host every step (its NaN check and metrics), which the plain loop does not."""
+                 compile: bool = False, device: str = "cuda", threads: int | None = None) -> list[float]:
+    """Per-step seconds of podrun's runner (its own metrics), as the recipes run it, after ``warmup`` updates:
+    the runner fetches its step statistics (one host sync) every ``warmup`` updates, so the warm-up is an interval
+    of its own; no snapshot, no checkpoint."""
     from podrun.runtime.env import read_worker_info
     from podrun.train.metrics import read_metrics
     from podrun.train.runner import TrainConfig, train
 
-    cfg = TrainConfig(model=name, data="synthetic", image_size=size, num_classes=1000, synthetic_size=batch * 4,
-                      steps=warmup + steps, global_batch=batch, lr=0.01, optimizer="sgd", momentum=0.9,
-                      amp="bf16", channels_last=True, compile=compile, device=device, run_dir=str(run_dir),
-                      resume=False, eval_every=0, console=False, checkpoint_every=0)
+    cfg = TrainConfig(model=name, model_kwargs=model_kwargs(name, size), data="synthetic", image_size=size,
+                      num_classes=1000, synthetic_size=batch * 4, steps=warmup + steps, global_batch=batch, lr=0.01,
+                      optimizer="sgd", momentum=0.9, amp="bf16", channels_last=True, compile=compile, device=device,
+                      run_dir=str(run_dir), resume=False, eval_every=0, console=False, checkpoint_every=0,
+                      keep_checkpoints=0, snapshots=False, sync_every=max(1, warmup), threads=threads)
     train(cfg, read_worker_info({}))
     step = [r["step_seconds"] for r in read_metrics(run_dir) if r.get("kind") == "step"]
     return step[warmup:]
@@ -114,10 +131,30 @@ def _free(device: str) -> None:
         torch.cuda.empty_cache()
 
 
+def _timed(subjects: dict, repeats: int, batch: int, device: str) -> tuple[dict[str, list[float]], dict[str, str]]:
+    """img/s of each subject per repeat, the repeats interleaved; a subject that fails is said ("failed: why"), not
+    fatal."""
+    ips: dict[str, list[float]] = {k: [] for k in subjects}
+    errors: dict[str, str] = {}
+    for _ in range(repeats):
+        for k, f in subjects.items():
+            if k in errors:
+                continue
+            try:
+                ips[k].append(batch / statistics.median(f()))
+            except Exception as exc:  # noqa: BLE001 - e.g. compile unavailable: reported, not fatal
+                errors[k] = f"failed: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+            _free(device)
+    return ips, errors
+
+
 def measure(quick: bool, device: str = "cuda", models=MODELS, compile: bool = True,
-            counts: tuple[int, int, int] | None = None) -> list[dict]:
+            counts: tuple[int, int, int] | None = None, *, compiled: Iterable[str] | None = None,
+            on_rows: Callable[[list[dict]], None] | None = None, threads: int | None = None) -> list[dict]:
     """Rows of train throughput for each model: timm's plain loop (the peer, when installed), podrun's model in
-    the same loop, podrun's runner (and compiled); ``counts`` (steps, warm-up, repeats) overrides the mode's."""
+    the same loop, podrun's runner; then, with ``compile``, the compiled runner once for each model in ``compiled``
+    (all when None). ``counts`` (steps, warm-up, repeats) overrides the mode's. ``on_rows`` gets every row so far
+    after each model (bench/gpu_check.py writes them, so that a run stopped at its time limit keeps them)."""
     import torch
 
     from podrun import models as pm
@@ -129,54 +166,62 @@ def measure(quick: bool, device: str = "cuda", models=MODELS, compile: bool = Tr
     steps, warmup, repeats = counts if counts is not None else (10, 5, 2) if quick else (30, 10, 3)
     name_dev = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
     peak = peak_for(name_dev) if device == "cuda" else None
-    rows = []
+    rows: list[dict] = []
+    peers: dict[str, float | None] = {}
+    flops: dict[str, float] = {}
+
+    def add(ours, theirs, size, batch, ips, errors, how):
+        peer = peers[ours]
+        for k, vals in ips.items():
+            if not vals:
+                continue
+            v = statistics.median(vals)
+            note = f"{name_dev}; bf16; batch {batch} at {size} px; {how}"
+            if ours in flops and peak:
+                note += (f"; MFU {v * flops[ours] / peak:.1%} ({flops[ours] / 1e9:.1f} GFLOP per image fwd+bwd, "
+                         f"peak {peak / 1e12:.0f} TFLOP/s)")
+            rows.append({"benchmark": f"GPU train throughput, {ours}", "subject": k, "value": round(v, 1),
+                         "peer": f"timm {theirs}, plain loop" if peer else None,
+                         "peer_value": round(peer, 1) if peer else None,
+                         "ratio": round(v / peer, 3) if peer else None, "unit": "img/s", "note": note})
+        for k, why in errors.items():
+            rows.append({"benchmark": f"GPU train throughput, {ours}", "subject": k, "value": None, "peer": None,
+                         "peer_value": None, "ratio": None, "unit": "img/s", "note": why})
+        if on_rows is not None:
+            on_rows(list(rows))
+
     with tempfile.TemporaryDirectory() as tmp:
+        def runner(ours, batch, size, compiled_=False):
+            return runner_steps(ours, batch, size, steps, warmup, Path(tempfile.mkdtemp(dir=tmp)), compile=compiled_,
+                                device=device, threads=threads)
+
         for ours, theirs, size, batch in models:
-            subjects = {"podrun model, plain loop": lambda: plain_loop(pm.build(ours, 1000), batch, size, steps,
+            kw = model_kwargs(ours, size)
+            subjects = {"podrun model, plain loop": lambda: plain_loop(pm.build(ours, 1000, **kw), batch, size, steps,
                                                                        warmup, device),
-                        "podrun runner": lambda: runner_steps(ours, batch, size, steps, warmup,
-                                                              Path(tempfile.mkdtemp(dir=tmp)), device=device)}
-            if compile:
-                subjects["podrun runner + compile"] = lambda: runner_steps(
-                    ours, batch, size, steps, warmup, Path(tempfile.mkdtemp(dir=tmp)), compile=True, device=device)
+                        "podrun runner": lambda: runner(ours, batch, size)}
             if timm is not None:
-                subjects = {"timm, plain loop": lambda: plain_loop(timm.create_model(theirs, num_classes=1000),
+                timm_kw = {"img_size": size} if "vit" in theirs and size != 224 else {}
+                subjects = {"timm, plain loop": lambda: plain_loop(timm.create_model(theirs, num_classes=1000,
+                                                                                     **timm_kw),
                                                                    batch, size, steps, warmup, device), **subjects}
-            ips: dict[str, list[float]] = {k: [] for k in subjects}
-            errors: dict[str, str] = {}
-            for _ in range(repeats):
-                for k, f in subjects.items():
-                    if k in errors:
-                        continue
-                    try:
-                        ips[k].append(batch / statistics.median(f()))
-                    except Exception as exc:  # noqa: BLE001 - e.g. compile unavailable: reported, not fatal
-                        errors[k] = f"{type(exc).__name__}: {str(exc)[:200]}"
-                    _free(device)
-            peer = statistics.median(ips["timm, plain loop"]) if ips.get("timm, plain loop") else None
-            flops = None
+            ips, errors = _timed(subjects, repeats, batch, device)
+            timm_ips = ips.pop("timm, plain loop", None)
+            peers[ours] = statistics.median(timm_ips) if timm_ips else None
             if ours == "vit_b16":
-                flops = train_flops(pm.build(ours, 1000), batch, size, device) / batch
+                flops[ours] = train_flops(pm.build(ours, 1000, **kw), batch, size, device) / batch
                 _free(device)
-            for k, vals in ips.items():
-                if k == "timm, plain loop" or not vals:
-                    continue
-                v = statistics.median(vals)
-                note = (f"{name_dev}; bf16; batch {batch} at {size} px; median of {repeats} interleaved repeats "
-                        f"of {steps} steps after {warmup} warm-up")
-                if flops and peak:
-                    note += f"; MFU {v * flops / peak:.1%} ({flops / 1e9:.1f} GFLOP per image fwd+bwd, peak {peak / 1e12:.0f} TFLOP/s)"
-                rows.append({"benchmark": f"GPU train throughput, {ours}", "subject": k, "value": round(v, 1),
-                             "peer": f"timm {theirs}, plain loop" if peer else None,
-                             "peer_value": round(peer, 1) if peer else None,
-                             "ratio": round(v / peer, 3) if peer else None, "unit": "img/s", "note": note})
-            for k, e in errors.items():
-                rows.append({"benchmark": f"GPU train throughput, {ours}", "subject": k, "value": None, "peer": None,
-                             "peer_value": None, "ratio": None, "unit": "img/s", "note": f"failed: {e}"})
             if timm is None:
-                rows.append({"benchmark": f"GPU train throughput, {ours}", "subject": "timm, plain loop",
-                             "value": None, "peer": None, "peer_value": None, "ratio": None, "unit": "img/s",
-                             "note": "timm is not installed here: no peer"})
+                errors["timm, plain loop"] = "timm is not installed here: no peer"
+            add(ours, theirs, size, batch, ips, errors,
+                (f"median of {repeats} interleaved repeats of" if repeats > 1 else "one run of")
+                + f" {steps} steps after {warmup} warm-up")
+        for ours, theirs, size, batch in models if compile else ():
+            if compiled is None or ours in compiled:
+                ips, errors = _timed({"podrun runner + compile": lambda: runner(ours, batch, size, True)}, 1, batch,
+                                     device)
+                add(ours, theirs, size, batch, ips, errors,
+                    f"one run of {steps} steps after {warmup} warm-up (the compile among them)")
     return rows
 
 

@@ -1,4 +1,7 @@
-"""One entry point for the benchmarks: `python -m bench [--quick] [NAME ...]`; prints tables, writes JSON."""
+"""One entry point for the benchmarks: `python -m bench [--quick] [NAME ...]`; prints tables, writes JSON.
+
+`python -m bench mutate [--modules ...] [--per-module N] [--seed S]` is the mutation check of the defences, with
+options of its own (bench/bench_mutate.py; not part of the default run)."""
 from __future__ import annotations
 
 import argparse
@@ -13,6 +16,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"      # the JSON behind bench/RESULTS.md's figures (--keep)
 sys.path.insert(0, str(HERE.parent))     # `tests.harness` for the benchmarks that need real hosts
+
+
+OWN_OPTIONS = {"mutate"}    # `python -m bench mutate [its options]` (bench/bench_mutate.py); not in the default run
 
 
 def available() -> list[str]:
@@ -37,6 +43,13 @@ def print_table(rows: list[dict]) -> None:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["mutate"]:
+        from bench import bench_mutate
+        return bench_mutate.main(argv[1:])
+    if argv[:1] == ["gpu-check"]:      # python -m bench gpu-check OUT_DIR [--cpu] (docs/gpu-check.md)
+        from bench import gpu_check
+        return gpu_check.main(argv[1:])
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     ap.add_argument("names", nargs="*", help=f"benchmarks to run (default all): {', '.join(available())}")
     ap.add_argument("--quick", action="store_true", help="few repeats, small sizes (seconds; used in CI)")
@@ -45,7 +58,7 @@ def main(argv=None) -> int:
                     help="also write the JSON to bench/results/NAME-YYYYMMDD-HHMM.json, the file a figure in "
                          "bench/RESULTS.md names (committed; tests/unit/test_bench_results.py checks the figures)")
     args = ap.parse_args(argv)
-    names = args.names or available()
+    names = args.names or [n for n in available() if n not in OWN_OPTIONS]
     unknown = sorted(set(names) - set(available()))
     if unknown:
         print(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(available())}", file=sys.stderr)

@@ -1,6 +1,7 @@
 """Redaction, the one home: what podrun writes out of a run (summary.json, --json, --dry-run, env.json, command,
-the console lines podrun writes itself, stacks/, `podrun stack`) passes through here, secrets hidden by name
-and by value shape, and control characters escaped for a terminal. Torch-free."""
+the console lines podrun writes itself, stacks/, `podrun stack`) passes through here, secrets hidden by name,
+by value shape and by value (the secret values this process was given: remember_secret), and control characters
+escaped for a terminal. Torch-free."""
 from __future__ import annotations
 
 import re
@@ -19,6 +20,28 @@ TOKEN_SHAPE_RE = re.compile(   # well-known token formats (GitHub, GitLab, Huggi
 KEYLIKE_USER_RE = re.compile(r"^[A-Za-z0-9]{16,}$")   # a DSN's key in the user part (Sentry: https://KEY@host/1)
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")   # C0 and C1 controls but tab and newline
+# A known secret value shorter than this is not hidden by value: 'on', '1' or 'abc' would wreck every line they
+# occur in, and are no secret to guess (the name rule still hides them under their own name).
+MIN_SECRET_CHARS = 4
+_known: set[str] = set()
+_known_re: re.Pattern | None = None
+
+
+def remember_secret(value: str) -> None:
+    """Hide ``value`` (and each line of it, for a multi-line key) wherever redact_text sees it from now on in this
+    process: the values of secret-named --env variables, those taken from podrun's environment, the run's keys."""
+    global _known_re
+    new = {v for v in (value, *(line.strip() for line in value.splitlines())) if len(v) >= MIN_SECRET_CHARS} - _known
+    if new:
+        _known.update(new)
+        _known_re = re.compile("|".join(re.escape(v) for v in sorted(_known, key=len, reverse=True)))
+
+
+def forget_secrets() -> None:
+    """Forget every value remember_secret was given (a process that runs several launches, the tests)."""
+    global _known_re
+    _known.clear()
+    _known_re = None
 
 
 def secret_name(name: str) -> bool:
@@ -28,8 +51,11 @@ def secret_name(name: str) -> bool:
 
 
 def redact_text(text: str) -> str:
-    """``text`` with credential-shaped parts hidden: URL passwords (scheme://user:PW@host), key-like URL
-    users (DSNs: https://KEY@host), and well-known token formats (ghp_..., hf_..., AKIA..., JWTs)."""
+    """``text`` with credential-shaped parts hidden: the known secret values (remember_secret; the longest first,
+    so that a value holding another is hidden whole), URL passwords (scheme://user:PW@host), key-like URL users
+    (DSNs: https://KEY@host), and well-known token formats (ghp_..., hf_..., AKIA..., JWTs)."""
+    if _known_re is not None:
+        text = _known_re.sub(REDACTED, text)
     text = URL_PASSWORD_RE.sub(lambda m: m["head"] + REDACTED, text)
     text = URL_USER_RE.sub(lambda m: m["head"] + (REDACTED if KEYLIKE_USER_RE.match(m[0][len(m["head"]):])
                                                   else m[0][len(m["head"]):]), text)

@@ -33,6 +33,16 @@ def _fail(what: str, err: Exception) -> None:
     pytest.fail(f"{what} could not be brought up: {err}", pytrace=False)
 
 
+@pytest.fixture(autouse=True)
+def _forget_secret_values():
+    """The secret values one test's in-process launch registered (podrun.redaction.remember_secret) are not hidden
+    in the next test's text."""
+    yield
+    from podrun.redaction import forget_secrets
+
+    forget_secrets()
+
+
 @pytest.fixture(scope="session")
 def ssh_hosts():
     """4 OpenSSH hosts h1..h4 in network namespaces, shared by the session: do not break them

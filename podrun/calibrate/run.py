@@ -9,10 +9,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from podrun import safefs
 from podrun.specs.calibration import (Calibration, LinkResult, MemoryProbe, MemoryResult, NetworkResult,
                                       OverlapResult, RatePoint, SUBDIR, check_name, dumps, utc_now)
 from podrun.errors import LaunchError, PlanError
-from podrun.launch.rundir import _write_text, make_runs_dir, private_subdir
+from podrun.launch.rundir import make_runs_dir, private_subdir
 
 WORKER = "podrun.calibrate.worker"
 
@@ -129,7 +130,7 @@ def calibrate(opts: CalibrateOptions, progress: Progress | None = None) -> tuple
                           hint=f"logs in {request.run_dir}", exit_code=1)
     result_path = Path(request.run_dir) / "calibration-result.json"
     try:
-        result = json.loads(result_path.read_text())
+        result = json.loads(safefs.read_trusted(result_path, "calibration result", limit=1 << 24, error=LaunchError))
     except (OSError, ValueError) as exc:
         raise LaunchError(f"the calibration workers left no result in {result_path} ({exc}); no calibration file "
                           "written", exit_code=1) from None
@@ -207,5 +208,4 @@ def save(c: Calibration, runs_dir: str | Path, name: str) -> Path:
     """Write <runs>/calibrations/<name>.yaml whole: a new private file beside it, then a rename over it, so a
     reader sees the old file or the new one, never a part."""
     target = calibrations_dir(runs_dir) / f"{check_name(name)}.yaml"
-    _write_text(target, dumps(c))         # a new private file (0600) beside it, then a rename over it
-    return target
+    return safefs.write_file(target, dumps(c), "calibration file")    # a new private file (0600), renamed over it

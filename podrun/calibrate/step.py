@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from podrun.safefs import write_kernel
 from podrun.specs.recipe import RecipeSpec
 
 
@@ -122,8 +123,7 @@ def _probe_child(recipe: RecipeSpec, b: int, device: str, image_size: int | None
             base = torch.cuda.memory_allocated()
         else:
             _fixed_malloc()
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")                        # reset VmHWM to the current resident set
+            write_kernel("/proc/self/clear_refs", "5")     # reset VmHWM to the current resident set
             base = _status_kb("VmRSS") * 1024
         s = Stepper(recipe, device, image_size)
         s.step(b)
@@ -143,12 +143,13 @@ def _probe_child(recipe: RecipeSpec, b: int, device: str, image_size: int | None
 
 def probe(recipe: RecipeSpec, b: int, device: str = "cpu", timeout: float = 600.0,
           image_size: int | None = None) -> dict:
-    """One probe in a forked child (torch already loaded here, so the child starts at once): {"peak_bytes": int}
+    """One probe in a child process, forked on a CPU (torch already loaded here, so the child starts at once) and
+    spawned on CUDA (a forked child of a process that has initialised CUDA cannot use it): {"peak_bytes": int}
     or {"peak_bytes": None, "error": why} when it ran out of memory or died; RuntimeError with the child's error
     when the probe could not run for another reason (that is no memory limit: the calibration stops on it)."""
     import multiprocessing as mp
 
-    ctx = mp.get_context("fork")
+    ctx = mp.get_context("fork" if device == "cpu" else "spawn")
     parent, child = ctx.Pipe(duplex=False)
     p = ctx.Process(target=_probe_child, args=(recipe, b, device, image_size, child), daemon=True)
     p.start()

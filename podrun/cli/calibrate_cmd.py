@@ -23,7 +23,7 @@ def _batches(ctx, param, value):
 @click.command("calibrate")
 @click.argument("recipe")
 @host_options
-@click.option("--device-memory", "device_memory", type=click.FloatRange(min=0, min_open=True, max=1e6),
+@click.option("--device-memory", "device_memory", type=t.DEVICE_MEMORY_GB,
               metavar="GB", help="The memory budget of one device for the largest-batch search (default: the "
                                  "cluster spec's device memory; on CPU the memory one worker may use).")
 @click.option("--largest-batch", "largest_batch", type=click.IntRange(1, MAX_BATCH), default=None, metavar="N",

@@ -5,11 +5,12 @@ import sys
 
 import click
 
+from podrun.cli import types as t
 from podrun.plan.measured import MAX_AGE_DAYS
 
 
 def calibration_options(f):
-    f = click.option("--max-age", "max_age", type=click.FloatRange(min=0, max=1e5), default=MAX_AGE_DAYS,
+    f = click.option("--max-age", "max_age", type=t.AGE_DAYS, default=MAX_AGE_DAYS,
                      show_default=True, metavar="DAYS",
                      help="Warn when the --calibration file is older than this.")(f)
     return click.option("--calibration", metavar="FILE|NAME",

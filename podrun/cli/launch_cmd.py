@@ -173,7 +173,6 @@ def torchrun_options(f):
                            "workers, so a restart skips the interpreter start and torch import (docs/elastic.md)."))
 @section(HANGS, watch_options,
          click.option("--straggler-timeout", type=t.STRAGGLER, metavar="SECONDS",
-                      callback=lambda ctx, p, v: _finite(p, v),
                       help="Once a worker has exited 0, the others have this long to end; then they are ended and "
                            "the run fails (exit 124) naming the ranks still running. Default: no bound."))
 @section(TRANSPORTS,
@@ -238,6 +237,10 @@ def launch(ctx, args, **kw):
         _resume(ctx, kw["resume_run"], kw["runs_dir"], kw["dry_run"])
         return
     resuming = (ctx.obj or {}).get("podrun.resume") if isinstance(ctx.obj, dict) else None
+    if resuming is not None and (kw["run_id"], os.path.realpath(kw["runs_dir"] or "")) != \
+            (os.path.basename(resuming), os.path.dirname(resuming)):
+        raise click.UsageError(f"a resume of {resuming} runs into it, and its recorded arguments name another "
+                               f"run directory: {kw['runs_dir']}/{kw['run_id']}")
     opts = launch_options(ctx, tuple(args), kw)
     prepared = prepare_launch(opts)
     request, out = prepared.request, opts.output
@@ -341,6 +344,7 @@ def _resume(ctx, run: str, runs_dir: str | None, dry_run: bool) -> None:
         raise click.UsageError(f"--resume runs the run's own recorded arguments; these cannot be added: "
                                f"{' '.join(extra)}")
     argv, cwd, run_dir = relaunch(run, runs_dir)
+    run_dir = run_dir.resolve()            # before the chdir
     _notice(f"resuming run {run_dir.name} in {cwd}: podrun launch {' '.join(argv[4:])}")
     try:
         os.chdir(cwd)
@@ -400,15 +404,6 @@ def _notice(text):
     from podrun.redaction import shown
 
     print(f"podrun: {shown(text)}", file=sys.stderr, flush=True)
-
-
-def _finite(param, value):
-    """A float option's value, refused (exit 2) when it is NaN or infinite."""
-    import math
-
-    if value is not None and not math.isfinite(value):
-        raise click.BadParameter(f"{value} is not a number of seconds", param=param)
-    return value
 
 
 def _print_dry_run(record: dict) -> None:

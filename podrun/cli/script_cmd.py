@@ -154,11 +154,12 @@ def script(ctx, scheduler, time_limit, partition, queue, group, account, job_nam
 
 
 def _write(path: str, text: str, private: bool = False) -> None:
+    """The job script at ``path``, written whole through podrun.safefs (a new file renamed into place, never through a
+    symbolic link nor into another user's file): 0600 from its creation when it holds --env values, else 0755."""
     from podrun.errors import PodrunError
+    from podrun.safefs import write_file
 
     try:
-        with open(path, "w") as f:
-            f.write(text)
-        os.chmod(path, 0o600 if private else 0o755)    # private: it holds the --env values (secrets)
+        write_file(path, text, "job script", mode=0o600 if private else 0o755, error=PodrunError)
     except OSError as exc:
         raise PodrunError(f"cannot write the job script to {path}: {exc.strerror or exc}") from None

@@ -18,9 +18,9 @@ def stack(run: str | None, runs_dir: str, as_json: bool) -> None:
 
     from podrun.cli.render import print_json
     from podrun.errors import LaunchError
+    from podrun.launch import control
     from podrun.launch.rundir import check_run_id
     from podrun.wire.owner import SOCKET_NAME, remove_if_stale
-    from podrun.launch.control import ask
     from podrun.redaction import escape_controls as esc, redact_record
 
     def live(d: Path) -> bool:
@@ -60,7 +60,7 @@ def stack(run: str | None, runs_dir: str, as_json: bool) -> None:
     if remove_if_stale(str(target)):
         raise not_running
     try:
-        reply = ask(str(target), {"ask": "stacks"})
+        reply = control.ask(str(target), {"ask": "stacks"})
     except (OSError, ValueError) as exc:
         if isinstance(exc, OSError) and exc.errno in (errno.ENOENT, errno.ECONNREFUSED, errno.ENAMETOOLONG):
             raise not_running from None

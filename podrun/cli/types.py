@@ -48,26 +48,38 @@ class BoundedInt(click.ParamType):
         return f"BoundedInt({self.minimum}, {self.maximum})"
 
 
-class Seconds(click.ParamType):
-    """A finite duration in seconds, >= 0 (or > 0 with ``positive``), at most ``maximum``."""
+class BoundedFloat(click.ParamType):
+    """A finite number in [minimum, maximum] (above ``minimum`` with ``above``) written in ASCII digits: NaN and
+    the infinities are refused, however written; ``why`` says what the bounds mean. Every float option takes one."""
 
-    name = "seconds"
+    name = "number"
+    noun, unit = "a number", ""
 
-    def __init__(self, why: str, *, positive: bool = False, maximum: float = MAX_SECONDS):
-        self.why, self.positive, self.maximum = why, positive, maximum
+    def __init__(self, minimum: float, maximum: float, why: str, *, above: bool = False):
+        self.minimum, self.maximum, self.why, self.above = minimum, maximum, why, above
 
     def convert(self, value, param, ctx):
         x = ascii_number(value)
         if x is None:
-            self.fail(f"{_short(value)} is not a number of seconds ({self.why})", param, ctx)
-        low = "more than 0" if self.positive else "at least 0"
-        if not math.isfinite(x) or x < 0 or (self.positive and x == 0) or x > self.maximum:
-            self.fail(f"{_short(value)} seconds: must be finite, {low} and at most {self.maximum:g} ({self.why})",
+            self.fail(f"{_short(value)} is not {self.noun} ({self.why})", param, ctx)
+        low = f"{'more than' if self.above else 'at least'} {self.minimum:g}"
+        if not math.isfinite(x) or x < self.minimum or (self.above and x == self.minimum) or x > self.maximum:
+            self.fail(f"{_short(value)}{self.unit}: must be finite, {low} and at most {self.maximum:g} ({self.why})",
                       param, ctx)
         return x
 
     def __repr__(self) -> str:
-        return "Seconds()"
+        return f"{type(self).__name__}({self.minimum}, {self.maximum})"
+
+
+class Seconds(BoundedFloat):
+    """A finite duration in seconds, >= 0 (or > 0 with ``positive``), at most ``maximum``."""
+
+    name = "seconds"
+    noun, unit = "a number of seconds", " seconds"
+
+    def __init__(self, why: str, *, positive: bool = False, maximum: float = MAX_SECONDS):
+        super().__init__(0.0, maximum, why, above=positive)
 
 
 def _short(value) -> str:
@@ -103,3 +115,5 @@ POLL = Seconds("seconds between scheduler queries; 0 would query without pause",
 TIMEOUT = Seconds("seconds to wait; 0 does not wait")
 NUM_ILDS = positive_int("an IPU-POD has at least one IPU-Link domain", 1024)
 STRAGGLER = Seconds("seconds the other workers may run on after one exited 0", positive=True)
+DEVICE_MEMORY_GB = BoundedFloat(0, 1e6, "GB of one device's memory", above=True)
+AGE_DAYS = BoundedFloat(0, 1e5, "days")

@@ -43,10 +43,11 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
+from podrun import safefs
+from podrun.errors import PodrunError
 from podrun.host import agent_args, output, zygote_client
 from podrun.host.link import ControllerLink
 from podrun.host.proctree import end_descendants, reap_orphans, tree_cpu
@@ -150,8 +151,8 @@ class Agent(ControllerLink):
         base = dict(os.environ)
         keep_fds = launcher_fds(base)
         try:
-            self.stack_root = tempfile.mkdtemp(prefix="podrun-stacks-")
-        except OSError:
+            self.stack_root = safefs.make_temp_dir("podrun-stacks-")
+        except (OSError, PodrunError):
             self.stack_root = None
         from podrun.runtime.snapshot import prepare_dirs
 
@@ -174,7 +175,7 @@ class Agent(ControllerLink):
         env[PROGRESS_ENV] = str(w)
         if self.stack_root is not None:
             where = os.path.join(self.stack_root, f"w{local_rank}")
-            os.mkdir(where, 0o700)
+            safefs.make_dir(where, "stack directory")
             env.update(PODRUN_STACK_DIR=where, PODRUN_STACK_SIGNAL=str(STACK_SIGNAL),
                        PYTHONPATH=os.pathsep.join(x for x in (SITE_DIR, env.get("PYTHONPATH")) if x))
         streams, ends = output.output_sockets()

@@ -5,6 +5,7 @@ import argparse
 import json
 import os
 
+from podrun.errors import PodrunError
 from podrun.host.workers import worker_envs
 from podrun.wire.liveness import FIRST_HEARTBEAT_S, HEARTBEAT_MISSES, HEARTBEAT_S
 
@@ -70,8 +71,12 @@ def instance_workers(args) -> tuple[int, list[int] | None, int | None, list[dict
     from podrun.plan.worker_env import worker_of_rank
     from podrun.plan.model import Plan
 
-    with open(args.plan) as f:
-        plan = Plan.from_dict(json.load(f))
+    from podrun import safefs
+
+    try:
+        plan = Plan.from_dict(json.loads(safefs.read_trusted(args.plan, "plan", limit=safefs.RECORD_LIMIT)))
+    except (PodrunError, OSError, ValueError) as exc:
+        raise SystemExit(f"podrun agent: --plan: {exc}") from None
     local_ranks = agent_rank = None
     if args.rank_from_env:
         rank = instance_index_from_env(flag="--rank-from-env")

@@ -4,6 +4,9 @@ from __future__ import annotations
 import json
 import os
 
+from podrun import safefs
+from podrun.errors import PodrunError
+
 ERROR_TRACEBACK_LINES = 40   # of a worker's @record traceback, sent to the controller
 ERROR_MESSAGE_CHARS = 2000
 
@@ -67,7 +70,7 @@ def fresh_error_file(path: str | None) -> None:
     if not path:
         return
     try:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)   # private, as the run dir (rundir.DIR_MODE)
+        safefs.make_dirs(os.path.dirname(path), "error file directory")   # private, as the run dir
         os.unlink(path)
-    except OSError:
+    except (OSError, PodrunError):
         pass

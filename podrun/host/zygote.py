@@ -35,6 +35,8 @@ import struct
 import sys
 import time
 
+from podrun import safefs
+from podrun.errors import PodrunError
 from podrun.host.zygote_child import become_worker, finish
 from podrun.host.zygote_client import CONNECT_S, IDLE_S, QUIT
 
@@ -178,8 +180,8 @@ def serve(path: str, idle: float) -> int:
         print(f"podrun zygote: {unixsock.dir_ok(os.path.dirname(path))}", file=sys.stderr, flush=True)
         return 1
     try:
-        lock = os.open(path[:-5] + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except OSError:
+        lock = safefs.open_private(path[:-5] + ".lock", append=False, read=True)
+    except (OSError, PodrunError):
         return 1
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -14,6 +14,8 @@ import threading
 import time
 from typing import NamedTuple
 
+from podrun import safefs
+from podrun.errors import PodrunError
 from podrun.wire.protocol import ZYGOTE_DIR
 
 IDLE_S = 60.0           # seconds with no agent connected and no worker alive before the zygote ends
@@ -186,21 +188,11 @@ def start(run_dir: str, host: str, idle: float = IDLE_S) -> None:
     be a child subreaper while this runs, or the zygote would stay its descendant."""
     import subprocess
 
-    from podrun.wire.unixsock import dir_ok
-
     path = socket_path(run_dir, host)
-    try:
-        os.mkdir(os.path.dirname(path), 0o700)
-    except FileExistsError:
-        pass
-    except OSError:
-        return
-    if dir_ok(os.path.dirname(path)) is not None:
-        return                                       # not a private directory of this user: no zygote
-    try:
-        log = os.fdopen(os.open(path[:-5] + ".log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
-                                | os.O_CLOEXEC, 0o600), "ab")
-    except OSError:
+    try:                                             # not a private directory of this user: no zygote
+        safefs.make_dir(os.path.dirname(path), "zygote directory")
+        log = os.fdopen(safefs.open_private(path[:-5] + ".log"), "ab")
+    except (OSError, PodrunError):
         return
     try:
         subprocess.run([sys.executable, "-m", "podrun.host.zygote", "--socket", path, "--idle", str(idle)],

@@ -26,6 +26,11 @@ class SchedulerError(PodrunError):
     """A scheduler command failed or answered something podrun cannot read."""
 
 
+class Refused(SchedulerError):
+    """A scheduler command that did nothing: its client is not on PATH, or it exited non-zero (sbatch/qsub queued
+    no job)."""
+
+
 @dataclass(frozen=True)
 class Completed:
     argv: tuple[str, ...]
@@ -49,7 +54,7 @@ class SubprocessRunner:
     def run(self, argv: list[str], *, cwd: str | None = None, timeout: float = 60.0) -> Completed:
         exe = shutil.which(argv[0], path=(self.env or os.environ).get("PATH"))
         if exe is None:
-            raise SchedulerError(
+            raise Refused(
                 f"'{argv[0]}' is not on PATH: this host has no {argv[0]} client",
                 hint="run podrun submit on a login node of the cluster, or pick the right --scheduler",
             )
@@ -85,7 +90,7 @@ class JobState:
 def _check(c: Completed, what: str) -> str:
     if c.returncode != 0:
         msg = (c.stderr or c.stdout).strip().splitlines()
-        raise SchedulerError(
+        raise Refused(
             f"{what} failed ('{' '.join(c.argv)}' exited {c.returncode}): "
             + (msg[-1] if msg else "no output"),
         )
@@ -302,6 +307,7 @@ def wait(cl, job_id: str, *, poll: float = 0.5, timeout: float | None = None,
 # ---- the run directory record ------------------------------------------------------------------
 
 JOB_FILE = "job.json"
+RECORD_LIMIT = 1 << 20       # bytes of job.json read at most
 
 
 @dataclass(frozen=True)
@@ -325,23 +331,24 @@ class JobRecord:
         return d
 
     def save(self) -> Path:
-        p = Path(self.run_dir) / JOB_FILE
-        tmp = p.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-        tmp.replace(p)
-        return p
+        from podrun.safefs import write_file
+
+        return write_file(Path(self.run_dir) / JOB_FILE, json.dumps(self.to_dict(), indent=2) + "\n", "job record")
 
     @classmethod
     def load(cls, run_dir: str | os.PathLike) -> "JobRecord":
+        """job.json, read only when this user (or root) alone can have written it (it names the job to cancel)."""
+        from podrun.safefs import read_trusted
+
         p = Path(run_dir) / JOB_FILE
         try:
-            d = json.loads(p.read_text())
+            d = json.loads(read_trusted(p, "job record", limit=RECORD_LIMIT, error=HostError))
             d["submit_argv"] = tuple(d.get("submit_argv", ()))
             return cls(**d)
         except FileNotFoundError:
             raise HostError(f"{p} does not exist: '{run_dir}' is not a submitted run",
                             hint="pass a run directory written by podrun submit, or a job id") from None
-        except (ValueError, TypeError) as exc:
+        except (OSError, ValueError, TypeError) as exc:
             raise HostError(f"{p} is not a job record podrun can read: {exc}") from None
 
 
@@ -382,30 +389,35 @@ class PreparedJob:
 
 
 def prepare_job(plan, *, runs_dir: str | os.PathLike, **request) -> PreparedJob:
-    """Make runs/<run-id>/ with job.sh (mode 755, 600 when it holds --env values) and plan.json for ``request_from_plan(plan,
-    **request)``: the scheduler's stdout/stderr go to the run directory and the job's `podrun
-    launch` writes its run into the same directory (--runs-dir/--run-id). The request is built and
-    checked before anything is written: a bad value leaves no directory behind."""
+    """Make runs/<run-id>/ (0700; --runs-dir checked as launch checks it) with job.sh and plan.json (0600, written
+    through podrun.safefs) for ``request_from_plan(plan, **request)``: the scheduler's stdout/stderr go to the run
+    directory and the job's `podrun launch` writes its run into the same directory (--runs-dir/--run-id). The
+    request is built and checked before anything is written: a bad value leaves no directory behind."""
     from podrun.jobscript.build import request_from_plan
     from podrun.jobscript.writers import render, submit_argv
-    from podrun.launch.rundir import new_run_id
+    from podrun.launch.rundir import make_runs_dir, new_run_id, write_plan
+    from podrun.safefs import make_dir, write_file
 
     run_id = new_run_id()
-    run_dir = (Path(runs_dir) / run_id).resolve()
+    run_dir = Path(os.path.abspath(runs_dir)) / run_id
     req = request_from_plan(plan, log_dir=str(run_dir),
                             launch_options=["--runs-dir", str(run_dir.parent), "--run-id", run_id], **request)
     text = render(req)
-    run_dir.mkdir(parents=True, exist_ok=False)
-    script = run_dir / "job.sh"
-    script.write_text(text)
-    script.chmod(0o600 if req.env else 0o755)    # private: it holds the --env values (secrets)
-    (run_dir / "plan.json").write_text(json.dumps(plan.to_dict(), indent=2) + "\n")
+    make_runs_dir(runs_dir)
+    make_dir(run_dir, "run directory", error=LaunchError)
+    script = write_file(run_dir / "job.sh", text, "job script")
+    write_plan(run_dir, plan)
     return PreparedJob(run_id, run_dir, script, tuple(submit_argv(req, str(script))), req)
 
 
 def submit_prepared(job: PreparedJob, cl, *, cwd: str, cluster: str | None = None) -> JobRecord:
-    """Submit a prepared job with its client and record runs/<run-id>/job.json."""
-    job_id = cl.submit(list(job.submit_argv), cwd=cwd)
+    """Submit a prepared job with its client and record runs/<run-id>/job.json. A submission the scheduler refused
+    leaves no run directory behind (one that timed out or answered no job id is kept: a job may have been queued)."""
+    try:
+        job_id = cl.submit(list(job.submit_argv), cwd=cwd)
+    except Refused:
+        shutil.rmtree(job.run_dir, ignore_errors=True)
+        raise
     rec = JobRecord(run_id=job.run_id, run_dir=str(job.run_dir), scheduler=job.request.scheduler, job_id=job_id,
                     script=str(job.script), submit_argv=job.submit_argv, submitted_at=time.time(),
                     cluster=cluster, nodes=job.request.nodes)

@@ -1,7 +1,8 @@
 """The run's control socket: how ``podrun stack`` reaches a running controller. A unix socket ``control.sock`` in the
 run directory, one JSON request and one JSON reply per connection, bound private and reached as podrun.wire.unixsock
 says (long paths, 0600 from the start, lstat checks); ``control.pid`` beside it names the controller
-(podrun.wire.owner), so that a dead run's socket is removed, never trusted."""
+(podrun.wire.owner), so that a dead run's socket is removed, never trusted, and a dead controller's record is
+replaced by the next controller of the run."""
 from __future__ import annotations
 
 import json
@@ -10,14 +11,17 @@ import socket
 import threading
 
 from podrun.launch.stacks import DUMP_WAIT_S
-from podrun.wire.owner import OWNER_NAME, SOCKET_NAME, boot_id
+from podrun.wire.owner import OWNER_NAME, SOCKET_NAME, clear_dead, record_text
+
 
 def claim(run_dir: str) -> None:
-    """Record this process as the run's controller in <run_dir>/control.pid (new, 0600), for the run's life."""
-    from podrun.launch.rundir import new_private_open
+    """Record this process as the run's controller in <run_dir>/control.pid (new, 0600), for the run's life; a dead
+    controller's record is replaced, a live one's refused (podrun.wire.owner.clear_dead)."""
+    from podrun.safefs import create_new
 
-    with open(os.path.join(run_dir, OWNER_NAME), "w", encoding="ascii", opener=new_private_open) as f:
-        f.write(f"{boot_id()} {os.getpid()}\n")
+    clear_dead(run_dir)
+    with os.fdopen(create_new(os.path.join(run_dir, OWNER_NAME)), "w", encoding="ascii") as f:
+        f.write(record_text())
 
 
 def release(run_dir: str) -> None:
@@ -74,22 +78,37 @@ def stop(run_dir: str, server: socket.socket | None) -> None:
     server.close()
 
 
-MAX_REPLY = 64 * 1024 * 1024     # bytes of a control-socket reply read at most
+MAX_REPLY_BYTES = 16 * 1024 * 1024   # of a control-socket reply (the stacks of thousands of ranks are some MiB)
+MAX_REPLY_DEPTH = 32                 # JSON nesting of a reply (a stacks reply nests 4 deep)
 
 
 def ask(run_dir: str, request: dict, timeout: float = DUMP_WAIT_S * 4):
-    """Send ``request`` to the controller of the run in ``run_dir``; its reply (parsed JSON, any shape: the
-    caller checks it). OSError when none listens, ValueError for a reply that is not JSON."""
+    """Send ``request`` to the controller of the run in ``run_dir``; its reply, parsed (any shape: the caller
+    checks it). OSError when none listens or the whole reply takes longer than ``timeout``; ValueError for a
+    reply larger than MAX_REPLY_BYTES, nested deeper than MAX_REPLY_DEPTH, or not JSON."""
+    import time
+
     from podrun.wire import unixsock
 
+    deadline = time.monotonic() + timeout
+    data = bytearray()
     with unixsock.connect(os.path.join(run_dir, SOCKET_NAME), timeout) as s:
         s.sendall(json.dumps(request).encode() + b"\n")
-        data = b""
-        while len(data) <= MAX_REPLY:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
+        while chunk := s.recv(1 << 16):
             data += chunk
-    if len(data) > MAX_REPLY:
-        raise ValueError(f"a reply longer than {MAX_REPLY} bytes")
-    return json.loads(data)
+            if len(data) > MAX_REPLY_BYTES:
+                raise ValueError(f"a reply larger than {MAX_REPLY_BYTES >> 20} MiB")
+            s.settimeout(max(deadline - time.monotonic(), 0.001))
+    too_deep = ValueError(f"a reply nested more than {MAX_REPLY_DEPTH} deep")
+    try:
+        reply = json.loads(data)
+    except RecursionError:
+        raise too_deep from None
+    todo = [(reply, 0)]
+    while todo:
+        value, depth = todo.pop()
+        if isinstance(value, (dict, list)):
+            if depth == MAX_REPLY_DEPTH:
+                raise too_deep
+            todo += [(v, depth + 1) for v in (value.values() if isinstance(value, dict) else value)]
+    return reply

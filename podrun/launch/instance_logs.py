@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from podrun.launch.rundir import private_open
+from podrun import safefs
 
 
 class InstanceLogs:
@@ -25,7 +25,7 @@ class InstanceLogs:
         path = Path(self.run_dir) / f"instance-{index}.log"
         try:
             if f is False:
-                f = self.logs[index] = open(path, "a", buffering=1, opener=private_open)
+                f = self.logs[index] = safefs.open_log(path)
             f.write(text + "\n")
         except OSError as exc:
             self.logs[index] = None

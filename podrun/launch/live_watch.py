@@ -22,7 +22,8 @@ from podrun.errors import PodrunError
 from podrun.human import human_seconds
 from podrun.launch import hangs, slow_ranks, stacks
 from podrun.launch.outcome import Failure, FailureKind, InstanceState
-from podrun.launch.rundir import private_open, private_subdir
+from podrun import safefs
+from podrun.launch.rundir import private_subdir
 from podrun.launch.transports.base import InstanceHandle
 from podrun.redaction import redact_record, redact_text
 from podrun.wire import protocol
@@ -258,10 +259,9 @@ class LiveWatch:
         try:
             private_subdir(self.req.run_dir, stacks.STACKS_DIR, "stacks directory")
             for w in workers:
-                with open(where / f"rank-{w.rank}.txt", "w", opener=private_open) as f:
-                    f.write(redact_text(stacks.stack_file_text(w)))
-            with open(where / "merged.txt", "w", opener=private_open) as f:
-                f.write(redact_text("\n".join(lines) + "\n"))
+                safefs.write_file(where / f"rank-{w.rank}.txt", redact_text(stacks.stack_file_text(w)), "stacks file",
+                                  durable=False)
+            safefs.write_file(where / "merged.txt", redact_text("\n".join(lines) + "\n"), "stacks file", durable=False)
         except OSError as exc:
             self.notice(f"cannot write the stacks to {where}: {exc.strerror or exc}")
         except PodrunError as exc:

@@ -67,7 +67,7 @@ def make_policy(cluster: "ClusterSpec", recipe: "RecipeSpec | None", ov: "Overri
                           hint="a scheduler's allocation (srun) or mpirun fixes the hosts for the whole job")
     spares: list[str] = []
     if spare_hosts is not None:
-        for e in parse_hosts_option(spare_hosts):
+        for e in parse_hosts_option(spare_hosts, "--spare-hosts"):
             if e.slots is not None and e.slots != plan.devices_per_host:
                 raise LaunchError(f"--spare-hosts {e.name}:{e.slots}: the plan needs {plan.devices_per_host} "
                                   "devices per host", hint="spares must have the devices of the hosts they replace")

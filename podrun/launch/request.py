@@ -12,7 +12,7 @@ import shlex
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from podrun.redaction import ENV_NAME_RE, redact_argv
+from podrun.redaction import ENV_NAME_RE, redact_argv, remember_secret, secret_name
 from podrun.wire.liveness import HEARTBEAT_MISSES, HEARTBEAT_S, Liveness
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -72,6 +72,11 @@ class LaunchRequest:
     # "ssh" (its HostName in the ssh config, an IP address), "data-interface" (its address there, asked at launch)
     master_derived: str = ""
     warm: bool = False                  # agents fork restarted workers from a zygote per host (podrun.host.zygote)
+
+    def __post_init__(self):
+        for name, value in self.env:     # the run's keys too (PODRUN_SNAPSHOT_KEY): hidden wherever they show up
+            if secret_name(name):
+                remember_secret(value)
 
     def checks_hosts(self) -> bool:
         """Whether this attempt checks its hosts before any worker starts: the first attempt, and every
@@ -164,8 +169,9 @@ def _num(x: float) -> str:
 
 def parse_env_options(items: tuple[str, ...] | list[str], environ=None) -> tuple[tuple[str, str], ...]:
     """--env NAME=VALUE items -> pairs; a bare ``--env NAME`` takes NAME's value from ``environ`` (podrun's own
-    environment), so that a secret need not be typed on podrun's command line. A malformed item, or a bare
-    name that is not set, is a LaunchError naming it."""
+    environment), so that a secret need not be typed on podrun's command line. The values of secret-named items
+    and of bare names are hidden from here on wherever podrun shows or records text (podrun.redaction). A
+    malformed item, or a bare name that is not set, is a LaunchError naming it."""
     import os
 
     from podrun.errors import LaunchError
@@ -183,5 +189,7 @@ def parse_env_options(items: tuple[str, ...] | list[str], environ=None) -> tuple
                 raise LaunchError(f"--env {name}: {name} is not set in podrun's environment",
                                   hint=f"export {name} before podrun launch, or write --env {name}=VALUE")
             value = environ[name]
+        if not sep or secret_name(name):
+            remember_secret(value)
         out.append((name, value))
     return tuple(out)

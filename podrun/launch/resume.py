@@ -1,5 +1,6 @@
 """`podrun resume RUN`: the launch record a run keeps (launch.json: its own podrun launch arguments and working
-directory, secrets redacted) and the arguments that launch it again into the same run directory."""
+directory, secrets redacted) and the arguments that launch it again into the same run directory: a record is run
+only when it is this user's own (podrun.safefs.read_trusted), and always into RUN's own directory."""
 from __future__ import annotations
 
 import json
@@ -19,28 +20,60 @@ def record(argv: list[str], cwd: str) -> dict:
     return {"argv": shown, "cwd": cwd, "redacted": [i for i, (a, b) in enumerate(zip(argv, shown)) if a != b]}
 
 
-def find_run(run: str, runs_dir: str | None) -> Path:
-    """The run directory of RUN: a path to one, or a run id under ``runs_dir`` (default: runs)."""
-    from podrun.launch.rundir import DEFAULT_RUNS_DIR
+RECORD_LIMIT = 1 << 20                      # bytes of launch.json read at most
+# podrun launch's options that name the run directory: a resume's own run id and runs dir replace them
+RUN_DIR_OPTIONS = ("run_id", "runs_dir", "resume_run", "log_dir")
 
-    p = Path(run)
-    if (p / LAUNCH_RECORD).is_file() or os.sep in run:
-        return p
-    return Path(runs_dir if runs_dir is not None else DEFAULT_RUNS_DIR) / run
+
+def find_run(run: str, runs_dir: str | None) -> Path:
+    """The run directory of RUN: a run id, looked up under ``runs_dir`` (default: runs) and nowhere else; or a path
+    to one (it holds a /), which must be a directory of this user that no one else may write."""
+    from podrun.launch.rundir import DEFAULT_RUNS_DIR, check_run_id
+    from podrun.safefs import check_dir
+
+    if os.sep in run:
+        return check_dir(os.path.abspath(run), "run directory", shared_read=True, error=LaunchError,
+                         hint="resume a run directory of your own, or pass its run id with --runs-dir")
+    return Path(runs_dir if runs_dir is not None else DEFAULT_RUNS_DIR) / check_run_id(run, "RUN")
 
 
 def _earlier(run_dir: Path) -> dict:
+    """launch.json, read only when this user (or root) alone can have written it (podrun.safefs.read_trusted)."""
+    from podrun.safefs import read_trusted
+
+    path = run_dir / LAUNCH_RECORD
     try:
-        data = json.loads((run_dir / LAUNCH_RECORD).read_text())
+        data = json.loads(read_trusted(path, "launch record", limit=RECORD_LIMIT, error=LaunchError))
     except FileNotFoundError:
         raise LaunchError(f"{run_dir}: no {LAUNCH_RECORD}: not a run `podrun launch` started (or started before "
                           "launches were recorded), so there is no command to run again",
                           hint="pass the run id or directory of a run podrun launch started") from None
     except (OSError, ValueError) as exc:
-        raise LaunchError(f"{run_dir / LAUNCH_RECORD}: unreadable ({exc})") from None
+        raise LaunchError(f"{path}: unreadable ({exc})") from None
     if not isinstance(data, dict) or not isinstance(data.get("argv"), list) or not isinstance(data.get("cwd"), str):
-        raise LaunchError(f"{run_dir / LAUNCH_RECORD}: not a launch record (argv, cwd)")
+        raise LaunchError(f"{path}: not a launch record (argv, cwd)")
     return data
+
+
+def without_run_dir(argv: list[str]) -> list[str]:
+    """``argv`` (podrun launch's arguments) without the options that name a run directory (--run-id, --runs-dir,
+    --resume, --log-dir, in every spelling: ``--runs-dir X``, ``--runs-dir=X``, ``--log_dir X``), looked for only
+    where podrun's own options are: up to the target (the first argument that is no option, or --)."""
+    import click
+
+    from podrun.cli.launch_cmd import launch
+
+    takes = {o: (p.name in RUN_DIR_OPTIONS, not (p.is_flag or p.count)) for p in launch.params
+             if isinstance(p, click.Option) for o in (*p.opts, *p.secondary_opts)}
+    out, i = [], 0
+    while i < len(argv) and argv[i] != "--" and argv[i].startswith("-"):
+        name, eq, _ = argv[i].partition("=")
+        drop, value = takes.get(name, (False, False))
+        n = 2 if value and not eq else 1
+        if not drop:
+            out += argv[i:i + n]
+        i += n
+    return out + argv[i:]
 
 
 def check_free(run_dir: Path, launch: bool = True) -> None:
@@ -80,6 +113,6 @@ def relaunch(run: str, runs_dir: str | None) -> tuple[list[str], str, Path]:
         raise LaunchError(f"{run_dir / LAUNCH_RECORD}: the run's arguments held secrets that were not recorded "
                           f"({', '.join(missing)})",
                           hint="export each NAME=<redacted> variable's value in this shell, then resume")
-    argv = [a for a in argv if a != "--no-resume"]        # a resume continues from the newest good state
+    argv = [a for a in without_run_dir(argv) if a != "--no-resume"]    # it continues from the newest good state
     runs = str(run_dir.resolve().parent)
     return ["--run-id", run_dir.name, "--runs-dir", runs, *argv], data["cwd"], run_dir

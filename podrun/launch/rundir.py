@@ -7,10 +7,10 @@ import json
 import os
 import re
 import secrets
-import stat
 import time
 from pathlib import Path
 
+from podrun import safefs
 from podrun.errors import LaunchError
 from podrun.launch.request import LaunchRequest
 from podrun.redaction import redact, redact_record
@@ -22,8 +22,8 @@ LAUNCH_FILES = ("command", "env.json", "summary.json", "instance-0.log")
 # directories the run's processes write into (stacks, torch's error files, the zygotes' sockets): when a
 # prepared run directory has one already, it must be private as the run directory is
 RUN_SUBDIRS = ("stacks", "errors", "zygote")
-DIR_MODE = 0o700
-FILE_MODE = 0o600
+_HINT = ("podrun writes a run only into directories of your own that no one else may write; pass another "
+         "--runs-dir or --run-id, or remove that one")
 
 
 def new_run_id() -> str:
@@ -40,120 +40,21 @@ def check_run_id(run_id: str, what: str = "--run-id") -> str:
     return run_id
 
 
-def private_open(path, flags):
-    """An ``opener`` for open(): files of the run directory are readable by their owner only, and a symbolic
-    link put in a file's place is not followed (O_NOFOLLOW: the open fails)."""
-    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
-
-
-def new_private_open(path, flags):
-    """An ``opener`` for a file that must be new (O_EXCL): nothing, not even a link, may stand in its place."""
-    return os.open(path, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
-
-
-def _owner(uid: int) -> str:
-    try:
-        import pwd
-
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except (KeyError, ImportError):
-        return f"uid {uid}"
-
-
-def dir_problem(path, *, shared_read: bool = False) -> str | None:
-    """Why ``path`` may not hold podrun's files (None: it may): it must be a real directory (lstat: not a
-    symbolic link), owned by this user, that neither group nor others may write (``shared_read`` False: nor
-    read or enter, 0700)."""
-    try:
-        st = os.lstat(path)
-    except OSError as exc:
-        return f"cannot check {path}: {exc.strerror or exc}"
-    if stat.S_ISLNK(st.st_mode):
-        return f"{path} is a symbolic link (owner {_owner(st.st_uid)}), not a directory"
-    if not stat.S_ISDIR(st.st_mode):
-        return f"{path} is not a directory (owner {_owner(st.st_uid)})"
-    if st.st_uid != os.geteuid():
-        return f"{path} belongs to {_owner(st.st_uid)}, not to you ({_owner(os.geteuid())})"
-    bad = 0o022 if shared_read else 0o077
-    if st.st_mode & bad:
-        return (f"{path} (owner {_owner(st.st_uid)}) is mode {stat.S_IMODE(st.st_mode):04o}: "
-                + ("others may write into it" if st.st_mode & 0o022 else "others may read it"))
-    return None
-
-
 def check_dir(path, what: str, *, shared_read: bool = False) -> None:
-    """A LaunchError (exit 2) naming ``path`` and its owner when dir_problem finds one."""
-    problem = dir_problem(path, shared_read=shared_read)
-    if problem is not None:
-        raise LaunchError(f"refusing the {what}: {problem}",
-                          hint="podrun writes a run only into directories of your own that no one else may write; "
-                               "pass another --runs-dir or --run-id, or remove that one")
+    """A LaunchError (exit 2) naming ``path``, its owner and mode when safefs.dir_problem finds one."""
+    safefs.check_dir(path, what, shared_read=shared_read, error=LaunchError, hint=_HINT)
 
 
 def private_subdir(parent, name: str, what: str) -> Path:
     """``parent/name`` as a private directory of this user (made 0700 when missing, checked with lstat)."""
-    d = Path(parent) / name
-    try:
-        os.mkdir(d, DIR_MODE)
-    except FileExistsError:
-        pass
-    check_dir(d, what)
-    return d
-
-
-def ancestor_problem(path) -> str | None:
-    """Why another user could swap a directory on the way to ``path`` (None: no one but this user and root can):
-    a symbolic link of another user, or a directory of another user, or one that others may write without the
-    sticky bit (/tmp has it: there others cannot rename what is not theirs)."""
-    me = os.geteuid()
-    cur = "/"
-    for part in Path(path).parts[1:]:
-        cur = os.path.join(cur, part)
-        try:
-            st = os.lstat(cur)
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            return f"cannot check {cur}: {exc.strerror or exc}"
-        if stat.S_ISLNK(st.st_mode):
-            if st.st_uid not in (0, me):
-                return f"{cur} is a symbolic link of {_owner(st.st_uid)}"
-            problem = ancestor_problem(os.path.realpath(cur))
-            if problem is not None:
-                return problem
-            continue
-        if not stat.S_ISDIR(st.st_mode):
-            return None                  # not a directory: making the runs dir below it fails, and says so
-        if st.st_uid not in (0, me):
-            return f"{cur} belongs to {_owner(st.st_uid)}"
-        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-            return f"{cur} (owner {_owner(st.st_uid)}) may be written by others (mode {stat.S_IMODE(st.st_mode):04o})"
-    return None
+    return safefs.make_dir(Path(parent) / name, what, error=LaunchError, hint=_HINT)
 
 
 def make_runs_dir(runs_dir) -> Path:
-    """--runs-dir: no other user can swap a directory on the way (ancestor_problem); each directory podrun makes
-    on the way is made by this user and checked (lstat) right after; the runs dir itself (made or found) must be
-    this user's, a real directory no one else may write (others may read it)."""
-    d = Path(os.path.abspath(runs_dir))
-    problem = ancestor_problem(d.parent)
-    if problem is not None:
-        raise LaunchError(f"refusing the --runs-dir {d}: {problem}",
-                          hint="put the runs where only you (and root) can change the path: your home, or a "
-                               "directory of yours in /tmp")
-    missing = []
-    p = d
-    while not os.path.lexists(p) and p != p.parent:
-        missing.append(p)
-        p = p.parent
-    for p in reversed(missing):
-        try:
-            os.mkdir(p, 0o755)
-        except FileExistsError:
-            pass
-        check_dir(p, "--runs-dir", shared_read=True)
-    check_dir(d, "--runs-dir", shared_read=True)
-    return d
+    """--runs-dir: no other user can swap a directory on the way; each directory podrun makes on the way is this
+    user's, checked right after; the runs dir itself (made or found) must be this user's, a real directory no one
+    else may write (others may read it)."""
+    return safefs.make_dirs(runs_dir, "--runs-dir", shared_read=True, error=LaunchError, hint=_HINT)
 
 
 def _cannot(what: str, path, exc: OSError) -> LaunchError:
@@ -168,15 +69,13 @@ def create_run_dir(run_dir: str | Path, reuse: bool = False) -> Path:
     d = Path(run_dir)
     try:
         make_runs_dir(d.parent)
-        try:
-            os.mkdir(d, DIR_MODE)
-        except FileExistsError:
-            check_dir(d, "run directory", shared_read=True)     # a directory `podrun submit` prepared
+        safefs.make_dir(d, "run directory", shared_read=True, mode=safefs.DIR_MODE, error=LaunchError,
+                        hint=_HINT)             # or one `podrun submit` prepared
         used = [f for f in LAUNCH_FILES if os.path.lexists(d / f)]
         if used and not reuse:
             raise LaunchError(f"run id {d.name!r} is taken: {d} holds an earlier run ({', '.join(used)})",
                               hint="pass another --run-id, or leave it out for a fresh one")
-        os.chmod(d, DIR_MODE, follow_symlinks=False)
+        safefs.set_mode(d, safefs.DIR_MODE)
         check_dir(d, "run directory")
         for name in RUN_SUBDIRS:
             if os.path.lexists(d / name):
@@ -187,21 +86,8 @@ def create_run_dir(run_dir: str | Path, reuse: bool = False) -> Path:
 
 
 def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    try:
-        os.unlink(tmp)                       # a write cut short earlier (the directory is this user's own)
-    except FileNotFoundError:
-        pass
-    try:
-        with open(tmp, "w", opener=new_private_open) as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """A record of the run directory, written whole and private (safefs.write_file)."""
+    safefs.write_file(path, text, "run record", error=LaunchError, durable=False)
 
 
 def _write_json(path: Path, obj) -> None:
@@ -209,8 +95,7 @@ def _write_json(path: Path, obj) -> None:
 
 
 def write_plan(run_dir: str | Path, plan, name: str = "plan.json") -> Path:
-    d = Path(run_dir)
-    d.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)     # a launch made and checked it already
+    d = safefs.make_dirs(run_dir, "run directory", error=LaunchError, hint=_HINT)   # a launch made it already
     p = d / name
     _write_json(p, plan.to_dict())
     return p
@@ -247,3 +132,4 @@ def write_summary(run_dir: str | Path, summary: dict) -> Path:
     p = Path(run_dir) / "summary.json"
     _write_json(p, redact_record(summary))
     return p
+

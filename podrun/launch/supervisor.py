@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from podrun import safefs
+from podrun.errors import LaunchError
 from podrun.launch import control, followers, hangs
 from podrun.launch.instance_logs import InstanceLogs
 from podrun.launch.live_watch import LiveWatch, Progress
@@ -248,7 +250,7 @@ class Supervisor(LiveWatch):
             self.force = True          # a second Ctrl-C: do not wait for the grace period
 
     def run(self) -> Outcome:
-        Path(self.req.run_dir).mkdir(parents=True, exist_ok=True)
+        safefs.make_dirs(self.req.run_dir, "run directory", error=LaunchError)
         old = {}
         if threading.current_thread() is threading.main_thread():
             for s in STOP_SIGNALS:

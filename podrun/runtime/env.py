@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
+from podrun import safefs
 from podrun.errors import PodrunError
 from podrun.plan.worker_env import PODRUN_FIELDS, PODRUN_MARKER, POPDIST_FIELDS, TORCHRUN_FIELDS
 
@@ -62,6 +63,7 @@ SOURCES: dict[str, dict[str, str]] = {
 }
 
 DEFAULT_MASTER_PORT = 29500
+PLAN_LIMIT = 64 << 20           # the largest plan.json read
 
 
 @dataclass(frozen=True)
@@ -209,19 +211,21 @@ def read_worker_info(env: Mapping[str, str] | None = None) -> WorkerInfo:
 
 
 def read_plan(info: WorkerInfo | None = None) -> dict | None:
-    """The plan.json the launcher wrote (PODRUN_PLAN), as a dict; None when not launched by podrun."""
+    """The plan.json the launcher wrote (PODRUN_PLAN), as a dict; None when not launched by podrun. Read only when
+    no one but this user (or root) can have written it (safefs.read_trusted), else RuntimeEnvError (exit 2)."""
     info = info or read_worker_info()
     if not info.plan_path:
         return None
-    try:
-        with open(info.plan_path) as f:
-            return json.load(f)
-    except FileNotFoundError:
+    if not os.path.lexists(info.plan_path):
         raise RuntimeEnvError(
             f"PODRUN_PLAN points to {info.plan_path}, which does not exist",
             hint="the run directory must be visible on every host (shared file system) or copied there",
-        ) from None
-    except json.JSONDecodeError as exc:
+        )
+    try:
+        return json.loads(safefs.read_trusted(info.plan_path, "plan", limit=PLAN_LIMIT, error=RuntimeEnvError))
+    except OSError as exc:
+        raise RuntimeEnvError(f"{info.plan_path}: cannot read it ({exc.strerror or exc})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RuntimeEnvError(f"{info.plan_path}: not valid JSON ({exc})") from None
 
 

@@ -9,8 +9,8 @@ HMAC-SHA256 of all of it under the run's key), the header written last and remov
 its header names a data file of the size it says, and is read only when its HMAC matches. The writer alternates
 the slots, so a host holds its last two updates. The run's directory (``/dev/shm/podrun-<run id>-<tag>``) and the
 host's in it are made exclusively, 0700, and checked with lstat before each use (a real directory, this user's,
-open to nobody else); the files are 0600 and opened without following links. torch is imported only by the
-functions that need it (the agent makes and removes the directories without it).
+open to nobody else); the files are 0600 and opened without following links, all through podrun.safefs. torch is
+imported only by the functions that need it (the agent makes and removes the directories without it).
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from podrun import safefs
 from podrun.errors import PodrunError
 from podrun.plan.worker_env import SNAPSHOT_KEY_NAME
 
@@ -54,43 +55,27 @@ class SnapshotKeyError(SnapshotError):
     """No snapshot key in the environment: no snapshots."""
 
 
-def _owner(uid: int) -> str:
-    try:
-        import pwd
-
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except (ImportError, KeyError):
-        return f"uid {uid}"
+_HINT = "remove it (a run's directory is made afresh, private, by its first attempt)"
 
 
 def check_private(path: str | os.PathLike) -> None:
-    """Refuse (SnapshotDirError, one line naming the path and its owner) unless ``path`` is, by lstat, a real
-    directory owned by this user with no group or other permission bits."""
-    st = os.lstat(path)
-    me = os.geteuid()
-    if stat.S_ISLNK(st.st_mode):
-        problem = "is a symbolic link"
-    elif not stat.S_ISDIR(st.st_mode):
-        problem = "is not a directory"
-    elif st.st_uid != me:
-        problem = f"belongs to another user, not to {_owner(me)}"
-    elif st.st_mode & 0o077:
-        problem = f"is open to other users (mode {stat.S_IMODE(st.st_mode):04o}, not 0700)"
-    else:
-        return
-    raise SnapshotDirError(f"snapshot directory {path} {problem}; owner {_owner(st.st_uid)}: podrun will not use it",
-                           hint="remove it (a run's directory is made afresh, private, by its first attempt)")
+    """Refuse (SnapshotDirError, one line naming the path, its owner, and its mode where that is why) unless
+    ``path`` is, by lstat, a real directory owned by this user with no group or other permission bits
+    (safefs.dir_problem); OSError when it is not there."""
+    os.lstat(path)
+    problem = safefs.dir_problem(path)
+    if problem is not None:
+        raise SnapshotDirError(f"snapshot directory {problem}: podrun will not use it", hint=_HINT)
 
 
 def make_private(path: str | os.PathLike) -> None:
     """Make ``path`` exclusively (0700), or find it made (another host's agent or worker on this machine, or an
-    earlier attempt of the run); either way check it (check_private)."""
+    earlier attempt of the run); either way check it (safefs.make_dir)."""
     try:
-        os.mkdir(path, 0o700)
-        os.chmod(path, 0o700, follow_symlinks=False)     # whatever the umask
-    except FileExistsError:
-        pass
-    check_private(path)
+        safefs.make_dir(path, "snapshot directory", error=SnapshotDirError, hint=_HINT)
+    except SnapshotDirError:
+        check_private(path)    # says it in this module's words; OSError when the parent went away in between
+        raise
 
 
 def open_dir(directory: str | os.PathLike) -> Path:
@@ -143,9 +128,7 @@ def _header(d: Path, k: int) -> Path:
 
 
 def _read_small(path: Path, limit: int = 1 << 16) -> bytes:
-    fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
-    with os.fdopen(fd, "rb") as f:
-        return f.read(limit)
+    return safefs.read_trusted(path, "snapshot header", limit=limit, shared_dir=False)
 
 
 def _listed(d: Path) -> list[tuple[int, int, dict]]:
@@ -157,7 +140,7 @@ def _listed(d: Path) -> list[tuple[int, int, dict]]:
             st = os.lstat(_data(d, k))
             if stat.S_ISREG(st.st_mode) and st.st_size == h["bytes"] and type(h["step"]) is int:
                 out.append((h["step"], k, h))
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, safefs.UnsafePath):
             continue
     return sorted(out, key=lambda x: (x[0], x[1]), reverse=True)
 
@@ -296,17 +279,9 @@ class Writer:
 
     def _open_data(self, k: int):
         """The slot's data file for writing over its old bytes (tmpfs reuses the pages instead of freeing and
-        zero-filling them again), or a new one (0600); never through a link."""
-        path = _data(self.dir, k)
-        try:
-            fd = os.open(path, os.O_RDWR | _NOFOLLOW)
-        except FileNotFoundError:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-            os.close(fd)
-            raise SnapshotDirError(f"snapshot slot {path} is not this user's private file; owner {_owner(st.st_uid)}")
-        return os.fdopen(fd, "r+b")
+        zero-filling them again), or a new one (0600); never through a link, never a file that is not this user's
+        private one (safefs.open_private: UnsafePath)."""
+        return os.fdopen(safefs.open_private(_data(self.dir, k), append=False, read=True), "r+b")
 
     def _encode(self, state: dict[str, Any]):
         """(kind, the bytes in order, size): the raw format, or torch.save for a state it cannot express."""
@@ -341,12 +316,8 @@ class Writer:
             self.error = f"{type(exc).__name__}: {exc}"
 
     def _commit(self, k: int, step: int, size: int, kind: str, digest: str) -> None:
-        tmp = self.dir / f".slot-{k}.json.tmp"
-        tmp.unlink(missing_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps({"step": step, "bytes": size, "kind": kind, "hmac": digest}))
-        os.replace(tmp, _header(self.dir, k))
+        header = {"step": step, "bytes": size, "kind": kind, "hmac": digest}
+        safefs.write_file(_header(self.dir, k), json.dumps(header), "snapshot header", durable=False)   # tmpfs
 
     def put(self, step: int, data: bytes, kind: str, digest: str) -> None:
         """Hold ``data`` (a snapshot received from another rank, its HMAC checked) as update ``step``, now."""
@@ -360,7 +331,7 @@ class Writer:
                 f.write(data)
                 f.truncate(len(data))
             self._commit(k, step, len(data), kind, digest)
-        except (OSError, SnapshotDirError) as exc:
+        except (OSError, PodrunError) as exc:
             self.error = f"{type(exc).__name__}: {exc}"
 
     def verified(self) -> list[int]:

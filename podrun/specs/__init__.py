@@ -69,7 +69,7 @@ def find_cluster_file(name_or_path: str) -> Path:
     _check_name("cluster spec", name_or_path)
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") or os.sep in name_or_path:
-        if not _probe(Path.is_file, p):
+        if not _probe(Path.exists, p):     # one that is no regular file is refused when read (read_yaml)
             raise SpecError(f"cluster spec file {shown_path(p)} does not exist")
         return p
     for d in _search_dirs("cluster_specs"):
@@ -84,11 +84,13 @@ def find_recipe_dir(name_or_path: str) -> Path:
     p = Path(name_or_path)
     if p.name == "recipe.yaml":
         p = p.parent
-    if _probe(Path.is_file, p / "recipe.yaml"):
+    if _probe(Path.exists, p / "recipe.yaml"):     # one that is no regular file is refused when read (read_yaml)
         return p
     if os.sep in name_or_path.rstrip(os.sep) or _probe(Path.exists, p):
         if _probe(Path.is_dir, p):
             raise SpecError(f"recipe folder {shown_path(p)} has no recipe.yaml", hint="a recipe is a folder with recipe.yaml and train.py")
+        if _probe(Path.exists, p):
+            raise SpecError(f"recipe {shown_path(p)} is not a folder", hint="a recipe is a folder with recipe.yaml and train.py")
         raise SpecError(f"recipe {shown_path(p)} does not exist", hint=_recipe_path_hint(p))
     for d in _search_dirs("recipes"):
         if _probe(Path.is_file, d / name_or_path / "recipe.yaml"):
@@ -115,14 +117,14 @@ def _recipe_path_hint(p: Path) -> str:
 
 def load_cluster(name_or_path: str) -> ClusterSpec:
     path = find_cluster_file(name_or_path)
-    data, src = read_yaml(path)
+    data, src = read_yaml(path, "cluster spec")
     return resolve(build_dataclass(ClusterFile, data, (), src), str(path))
 
 
 def load_recipe(name_or_path: str) -> RecipeSpec:
     folder = find_recipe_dir(name_or_path)
     path = folder / "recipe.yaml"
-    data, src = read_yaml(path)
+    data, src = read_yaml(path, "recipe")
     rf = build_dataclass(RecipeFile, data, (), src)
     validate(rf, str(path))
     return RecipeSpec(**{f.name: getattr(rf, f.name) for f in dataclasses.fields(RecipeFile)}, path=str(folder))

@@ -136,7 +136,7 @@ def utc_now() -> str:
 
 
 def parse_utc(text: str) -> _dt.datetime:
-    return _dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=_dt.timezone.utc)
+    return _dt.datetime.strptime(text + "+0000", "%Y-%m-%dT%H:%M:%SZ%z")
 
 
 def _check(c: Calibration, path: str) -> None:
@@ -161,10 +161,10 @@ def load(path: str | Path) -> Calibration:
     from podrun.specs.loader import build_dataclass, read_yaml
 
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():          # one that is no regular file is refused when read (read_yaml)
         raise SpecError(f"calibration file {p} does not exist",
                         hint="run `podrun calibrate RECIPE` first, or give the file's path or its name")
-    data, src = read_yaml(p)
+    data, src = read_yaml(p, "calibration file")
     c = build_dataclass(Calibration, data, (), src)
     _check(c, str(p))
     return c

@@ -66,18 +66,19 @@ def iter_lines(text: str):
         yield lineno, m.group().rstrip("\r\n")
 
 
-def parse_hosts_option(value: str) -> tuple[HostEntry, ...]:
-    """`--hosts h1,h2` or `h1:4,h2:4` (name:slots, as in Horovod's -H)."""
+def parse_hosts_option(value: str, option: str = "--hosts") -> tuple[HostEntry, ...]:
+    """`--hosts h1,h2` or `h1:4,h2:4` (name:slots, as in Horovod's -H); errors name ``option``, the option typed
+    (--hosts, --spare-hosts)."""
     parts = [p.strip() for p in value.split(",")]
     if len(parts) > MAX_HOSTS:
-        raise HostError(f"--hosts lists {len(parts)} hosts, more than {MAX_HOSTS}")
+        raise HostError(f"{option} lists {len(parts)} hosts, more than {MAX_HOSTS}")
     entries = []
     for part in parts:
         if not part:
-            raise HostError(f"--hosts {value[:80]!r}: empty host name", hint="give hosts as h1,h2,h3")
+            raise HostError(f"{option} {value[:80]!r}: empty host name", hint="give hosts as h1,h2,h3")
         name, _, slots = part.partition(":") if part.count(":") == 1 else (part, "", "")
-        entries.append(HostEntry(check_name(name, "--hosts"), _slots(slots, "--hosts", part) if slots else None))
-    return _no_duplicates(entries, "--hosts")
+        entries.append(HostEntry(check_name(name, option), _slots(slots, option, part) if slots else None))
+    return _no_duplicates(entries, option)
 
 
 def parse_hostfile(path: str | Path) -> tuple[HostEntry, ...]:

@@ -136,9 +136,10 @@ def _check_structure(text: str, path: Path) -> None:
             raise SpecError(f"{path}: more than {MAX_YAML_NODES} YAML values", hint="a spec is small; this is not one")
 
 
-def read_yaml(path: Path) -> tuple[dict, Source]:
-    """Parse a YAML file into plain data plus a line table; syntax errors name file:line."""
-    text = read_bounded_text(path, what=str(path), limit=MAX_SPEC_BYTES, error=SpecError,
+def read_yaml(path: Path, kind: str) -> tuple[dict, Source]:
+    """Parse a YAML file (``kind``: a cluster spec, a recipe, a calibration) into plain data plus a line table;
+    syntax errors name file:line."""
+    text = read_bounded_text(path, what=f"{kind} {path}", limit=MAX_SPEC_BYTES, error=SpecError,
                              too_big="a spec is a few KiB of YAML", not_utf8_hint="save the file as UTF-8")
     try:
         _check_structure(text, path)

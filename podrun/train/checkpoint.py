@@ -1,5 +1,7 @@
-"""Checkpoint files: written whole with a digest of their bytes (fsync, os.replace), one writer per directory (a
-lock), verified on load; the newest good one found, the bad ones named."""
+"""Checkpoint files: written whole through safefs with a digest of their bytes (a new random O_EXCL temporary file,
+fsync, rename) into a directory only this user may write, one writer per directory (a lock), loaded only when no
+one but this user (or root) can have written them and their digest matches; the newest good one found, the bad
+ones named."""
 from __future__ import annotations
 
 import errno
@@ -9,7 +11,6 @@ import os
 import random
 import re
 import shutil
-import socket
 import struct
 from pathlib import Path
 from typing import Any
@@ -17,12 +18,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from podrun import safefs
 from podrun.errors import PodrunError
 from podrun.train.config import TrainConfig
 from podrun.train.lock import writer_alive
 
 _NAME = re.compile(r"^ckpt-(\d{9})\.pt$")
-_TMP = re.compile(r"^\.ckpt-\d{9}\.pt\.tmp-(?:(?P<host>.+)-)?(?P<pid>\d+)$")
+_TMP = re.compile(r"^\.ckpt-\d{9}\.pt\.tmp-(?P<tail>.+)$")       # safefs.replacing's temporary files
+_OLD_TMP = re.compile(r"^(?:(?P<host>.+)-)?(?P<pid>\d+)$")        # the tail of an older podrun's: host-pid
 # The digest travels inside the file as its zip comment (torch.save writes a zip archive; torch.load and any zip
 # reader pass the comment over): ``podrun-sha256:<hex>`` of the archive as torch.save wrote it (comment length 0).
 _MARK = b"podrun-sha256:"
@@ -53,11 +56,11 @@ def rng_state() -> dict[str, Any]:
 def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     kind, key, pos, has_gauss, cached = state["numpy"]
-    key = key.numpy() if isinstance(key, torch.Tensor) else np.asarray(key)
+    key = key.cpu().numpy() if isinstance(key, torch.Tensor) else np.asarray(key)   # loaded onto a device
     np.random.set_state((kind, key.astype(np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(state["torch"])
+    torch.set_rng_state(state["torch"].cpu())
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([t.cpu() for t in state["cuda"]])
 
 
 def check_keep(keep: int) -> int:
@@ -125,7 +128,12 @@ def verify(data: bytes) -> str | None:
 
 
 def decode(path: Path, map_location="cpu") -> tuple[dict | None, str | None]:
-    """(state, None) for a checkpoint whose digest matches and that loads (weights_only); else (None, why)."""
+    """(state, None) for a checkpoint that no one but this user (or root) can have written (safefs: the file and
+    every directory on its way this user's or root's, writable by no one else, no link), whose digest matches and
+    that loads (weights_only); else (None, why). Only this user can change the file once it is checked."""
+    problem = safefs.trusted_problem(path)
+    if problem is not None:
+        return None, f"not trusted: {problem}"
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -142,13 +150,10 @@ def decode(path: Path, map_location="cpu") -> tuple[dict | None, str | None]:
     return state, None
 
 
-def _tmp_name(final: Path) -> Path:
-    return final.with_name(f".{final.name}.tmp-{socket.gethostname()}-{os.getpid()}")
-
-
 def remove_dead_temps(directory: str | os.PathLike) -> list[Path]:
-    """Remove the temporary files of writers that are dead (this host's, by pid); another host's or a live
-    writer's stay. Returns those removed."""
+    """Remove the temporary files of writers that are dead; returns those removed. Called by the directory's one
+    writer (it holds the lock, or is the one saver): a temporary file with a random name is a dead writer's; one
+    an older podrun named by host and pid stays while that writer may live (another host's, or a live pid)."""
     d, gone = Path(directory), []
     try:
         names = list(d.iterdir())
@@ -156,7 +161,8 @@ def remove_dead_temps(directory: str | os.PathLike) -> list[Path]:
         return gone
     for p in names:
         m = _TMP.match(p.name)
-        if m is None or writer_alive(m.group("host"), int(m.group("pid"))):
+        old = _OLD_TMP.match(m.group("tail")) if m is not None else None
+        if m is None or old is not None and writer_alive(old.group("host"), int(old.group("pid"))):
             continue
         try:
             p.unlink()
@@ -188,8 +194,7 @@ def save(state: dict[str, Any], directory: str | os.PathLike, step: int, keep: i
     the older ones intact. ENOSPC (checked before the write against the newest checkpoint's size, and during
     it) is a CheckpointError naming the path, the bytes needed and free."""
     check_keep(keep)
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
+    d = safefs.own_dir(directory, "checkpoint directory")
     final = path_for(d, step)
     remove_dead_temps(d)
     older = list_checkpoints(d)
@@ -203,10 +208,9 @@ def save(state: dict[str, Any], directory: str | os.PathLike, step: int, keep: i
         free = None
     if needed is not None and free is not None and free < needed:
         raise no_space(final, needed, free)
-    tmp = _tmp_name(final)
     w = None
     try:
-        with open(tmp, "w+b") as f:
+        with safefs.replacing(final, "checkpoint", error=CheckpointError) as f:
             w = _Digesting(f)
             try:
                 torch.save(state, w)
@@ -216,19 +220,7 @@ def save(state: dict[str, Any], directory: str | os.PathLike, step: int, keep: i
                     raise cause from None
                 raise
             w.seal()
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-        try:  # make the rename itself durable
-            fd = os.open(d, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        except OSError:
-            pass
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             try:
                 free = free_bytes(d)
@@ -238,9 +230,6 @@ def save(state: dict[str, Any], directory: str | os.PathLike, step: int, keep: i
                            exact=needed is not None) from None
         raise CheckpointError(f"cannot write checkpoint {final}: {exc.strerror or exc}",
                               hint="check that --checkpoint-dir is writable and its disk healthy", exit_code=1) from None
-    finally:
-        if tmp.exists():
-            tmp.unlink()
     prune(d, max(keep, 1))
     return final
 

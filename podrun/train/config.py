@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from podrun import safefs
 from podrun.errors import PodrunError
 
 if TYPE_CHECKING:
@@ -135,10 +136,8 @@ def config_dict(cfg: TrainConfig) -> dict:
 
 
 def write_config(run_dir: str | os.PathLike, cfg: TrainConfig, resolved: dict[str, Any]) -> Path:
-    """<run_dir>/config.json: the TrainConfig as given and what it resolved to in this attempt (rewritten on resume)."""
-    p = Path(run_dir) / CONFIG_FILE
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps({"config": config_dict(cfg), "resolved": resolved}, indent=2, default=str) + "\n")
-    os.replace(tmp, p)
-    return p
+    """<run_dir>/config.json: the TrainConfig as given and what it resolved to in this attempt (rewritten on resume),
+    written whole through safefs into a directory of this user's (UnsafePath or OSError when it cannot be)."""
+    return safefs.write_file(safefs.own_dir(run_dir, "run directory") / CONFIG_FILE, json.dumps(
+        {"config": config_dict(cfg), "resolved": resolved}, indent=2, default=str) + "\n", CONFIG_FILE,
+        durable=False)

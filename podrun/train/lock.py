@@ -1,8 +1,8 @@
-"""One writer per directory: an advisory lock (fcntl.flock) on a file inside it, released by the kernel when its
-holder dies; the file names the run, host and pid that hold it. torch-free (the CLI checks a run's locks)."""
+"""One writer per directory: the directory checked as this user's (safefs), an advisory lock (fcntl.flock) on a file
+inside it, released by the kernel when its holder dies; the file names the run, host and pid that hold it.
+torch-free (the CLI checks a run's locks)."""
 from __future__ import annotations
 
-import errno
 import fcntl
 import json
 import os
@@ -11,6 +11,7 @@ import stat
 import time
 from pathlib import Path
 
+from podrun import safefs
 from podrun.errors import PodrunError
 
 WRITER_LOCK = ".podrun-writer.lock"     # held by the process writing a run dir's metrics or a checkpoint dir
@@ -28,16 +29,6 @@ def writer_alive(host: str | None, pid: int) -> bool:
     from podrun.wire.proctl import pid_alive
 
     return pid_alive(pid)
-
-
-def _open(path: Path) -> int:
-    """The lock file, opened without following a link; made private (0600) when new; a regular file or refused."""
-    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(path, flags, 0o600)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(errno.EINVAL, "not a regular file", str(path))
-    return fd
 
 
 def holder(directory: str | os.PathLike, name: str = WRITER_LOCK) -> dict | None:
@@ -87,8 +78,8 @@ class DirLock:
         hold a lock file (missing, read-only). ``same_run_wait``: seconds to wait while the holder is this same
         run (an earlier attempt of it still ending, e.g. on a host just lost) before refusing."""
         path = self.dir / self.name
-        try:
-            fd = _open(path)
+        try:       # never a link; an existing file must be this user's private regular file (else UnsafePath)
+            fd = safefs.open_private(path, append=False, read=True)
         except OSError as exc:
             raise LockError(f"{self.what} {self.dir} cannot be written: {exc.strerror or exc} (creating {path})",
                             hint="pass a directory that exists and is writable (a read-only mount or a full "

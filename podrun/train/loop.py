@@ -4,7 +4,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import time
 import warnings
 from dataclasses import dataclass
@@ -12,6 +11,7 @@ from typing import Any, Iterator
 
 import torch
 
+from podrun import safefs
 from podrun.runtime import progress
 from podrun.runtime.distributed import Device
 from podrun.runtime.env import WorkerInfo
@@ -87,7 +87,7 @@ def _record_start(s: Session, step: int, origin: dict[str, Any] | None, resumed:
                      "samples": step * s.global_batch, "world_size": s.world, "instances": s.info.num_instances,
                      "local_batch": s.local_batch, "grad_accum": s.grad_accum, "global_batch": s.global_batch,
                      "steps_per_epoch": s.steps_per_epoch, "total_steps": s.total, "device": s.device.kind,
-                     "amp": str(s.amp_dtype).replace("torch.", "") if s.amp_dtype else "off", "lr": s.lr,
+                     "amp": str(s.amp_dtype).removeprefix("torch.") if s.amp_dtype else "off", "lr": s.lr,
                      "warmup_steps": s.warmup, "dataset": s.train_ds.name, "train_size": len(s.train_ds),
                      "resumed_from": resumed})
 
@@ -219,16 +219,11 @@ def _finish(s: Session, step: int, acc: dict[str, float], resumed: str | None) -
     unwritten = [f"{s.metrics.lost} metrics record(s) ({s.metrics.error})"] if s.metrics.lost else []
     if s.rank == 0:
         path = s.run_dir / "train_summary.json"
-        tmp = path.with_name(path.name + ".tmp")
         try:
-            tmp.write_text(json.dumps(summary, indent=2) + "\n")
-            os.replace(tmp, path)
-        except OSError as exc:
-            unwritten.append(f"{path.name} ({exc.strerror or exc})")
-            try:
-                tmp.unlink()
-            except OSError:
-                pass
+            safefs.write_file(path, json.dumps(summary, indent=2) + "\n", path.name, durable=False)
+        except (OSError, safefs.UnsafePath) as exc:
+            why = exc.message if isinstance(exc, safefs.UnsafePath) else exc.strerror or exc
+            unwritten.append(f"{path.name} ({why})")
     summary["not_written"] = unwritten
     return summary
 

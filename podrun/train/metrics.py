@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from podrun import safefs
 from podrun.human import human_number, human_seconds, human_value
 
 METRICS_FILE = "metrics.jsonl"
@@ -31,19 +32,17 @@ class MetricsWriter:
         self.lost = 0                   # records not written (the disk refused them)
         self.error: str | None = None   # why the first of them was not
         self._check_end = True          # the file may end in a torn line: look before the next write
-        if self.enabled:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0),
-                               0o644)
+        if self.enabled:      # the directory this user's, no one else may write it; the file 0600, never a link
+            safefs.own_dir(self.path.parent, "run directory")
+            try:
+                self._fd = safefs.open_private(self.path, read=True)
+            except OSError as exc:
+                raise safefs.UnsafePath(f"cannot append to {self.path}: {exc.strerror or exc}") from None
 
     def _torn(self) -> bool:
         """Whether the file ends inside a line."""
         size = os.fstat(self._fd).st_size
-        if size == 0:
-            return False
-        with open(self.path, "rb") as f:
-            f.seek(size - 1)
-            return f.read(1) != b"\n"
+        return size > 0 and os.pread(self._fd, 1, size - 1) != b"\n"
 
     def write(self, record: dict[str, Any]) -> None:
         record = {"time": round(time.time(), 3), **record}

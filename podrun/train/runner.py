@@ -7,6 +7,7 @@ from typing import Any
 
 from podrun.runtime.distributed import destroy_distributed, init_distributed, select_device
 from podrun.runtime.env import WorkerInfo, read_worker_info
+from podrun.safefs import UnsafePath
 from podrun.train.config import TrainConfig, TrainError, config_dict, decompose, write_config
 
 __all__ = ["TrainConfig", "TrainError", "config_dict", "decompose", "train"]
@@ -48,8 +49,9 @@ def _train(cfg: TrainConfig, info: WorkerInfo, device) -> dict[str, Any]:
             try:
                 write_config(s.run_dir, cfg, {**s.resolved(), "resumed_from": loop.resumed_from(origin, step),
                                               "resumed_at_step": step})
-            except OSError as exc:        # a record of the run, not its state: training goes on
-                print(f"podrun: cannot write {s.run_dir / 'config.json'}: {exc.strerror or exc}; training goes on",
+            except (OSError, UnsafePath) as exc:     # a record of the run, not its state: training goes on
+                why = exc.message if isinstance(exc, UnsafePath) else exc.strerror or exc
+                print(f"podrun: cannot write {s.run_dir / 'config.json'}: {why}; training goes on",
                       file=sys.stderr, flush=True)
         return loop.run(s, step, acc, origin, writer)
     finally:

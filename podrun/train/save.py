@@ -201,7 +201,7 @@ def check_room(s: Session, step: int) -> None:
             every = s.cfg.checkpoint_every
             first = min((step // every + 1) * every, s.total) if every > 0 else s.total
             err = ckpt.no_space(ckpt.path_for(s.ckpt_dir, first), size, free)
-            refusal = ckpt.CheckpointError(err.message.replace("; the older checkpoints are intact", "")
+            refusal = ckpt.CheckpointError(err.message.removesuffix("; the older checkpoints are intact")
                                            + "; refused before training", hint=err.hint, exit_code=2)
     if dist.is_available() and dist.is_initialized():
         flag = all_reduce(torch.tensor([0.0 if refusal is None else 1.0]), dist.ReduceOp.MAX)

@@ -119,14 +119,19 @@ def checkpoint_dir(cfg: TrainConfig, run_dir: Path) -> Path:
     return Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else run_dir / "checkpoints"
 
 
+CKPT_DIR_HINT = ("pass --checkpoint-dir with a directory of your own that no one else may write (`chmod go-w` it), "
+                 "or a new one (made 0700)")
 SAME_RUN_WAIT_S = 60.0      # how long a restart waits for its run's earlier attempt to let go of its directories
 
 
 def claim_dirs(cfg: TrainConfig, info: WorkerInfo, run_dir: Path, ckpt_dir: Path) -> list:
-    """Rank 0, before any training: the run directory and the checkpoint directory made (a --checkpoint-dir
-    whose parent is missing is refused), locked for this process (one writer each: a second is refused naming
-    the run and host holding it) and so known writable; the temporary files of dead writers removed. Every rank
-    calls it (it agrees on the outcome: a refusal on rank 0 ends every rank with exit 2). Returns the locks."""
+    """Rank 0, before any training: the run directory and the checkpoint directory made 0700 or, existing,
+    accepted only as this user's with no group/other write (safefs.own_dir: another user's directory, one others
+    may write, or a link is refused naming its owner and mode; a --checkpoint-dir whose parent is missing is
+    refused), locked for this process (one writer each: a second is refused naming the run and host holding it)
+    and so known writable; the temporary files of dead writers removed. Every rank calls it (it agrees on the
+    outcome: a refusal on rank 0 ends every rank with exit 2). Returns the locks."""
+    from podrun import safefs
     from podrun.train import lock
     from podrun.train.checkpoint import check_keep
 
@@ -136,24 +141,17 @@ def claim_dirs(cfg: TrainConfig, info: WorkerInfo, run_dir: Path, ckpt_dir: Path
     if info.rank == 0:
         run = info.run_id or run_dir.name
         try:
-            try:
-                run_dir.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise lock.LockError(f"run directory {run_dir} cannot be made: {exc.strerror or exc}",
-                                     hint="pass --run-dir on a writable disk") from None
+            safefs.own_dir(run_dir, "run directory", hint="pass --run-dir with a directory of your own that no one "
+                                                         "else may write (`chmod go-w` it), or a new one")
             # a restart may start while the attempt before it still ends (a lost host's worker is ended by its
             # agent within the liveness bound and the grace period): wait for it, never for another run
             wait = SAME_RUN_WAIT_S if info.restart_count > 0 else 0.0
             held.append(lock.DirLock(run_dir, run, "run directory").acquire(wait))
-            if cfg.checkpoint_dir and not ckpt_dir.exists() and not ckpt_dir.parent.is_dir():
+            if cfg.checkpoint_dir and not os.path.lexists(ckpt_dir) and not ckpt_dir.parent.is_dir():
                 raise lock.LockError(f"--checkpoint-dir {ckpt_dir}: neither it nor its parent "
                                      f"{ckpt_dir.parent} exists",
                                      hint="pass an existing directory (or one inside an existing one)")
-            try:
-                ckpt_dir.mkdir(parents=not cfg.checkpoint_dir, exist_ok=True)
-            except OSError as exc:
-                raise lock.LockError(f"checkpoint directory {ckpt_dir} cannot be made: {exc.strerror or exc}",
-                                     hint="pass --checkpoint-dir with a writable directory") from None
+            safefs.own_dir(ckpt_dir, "checkpoint directory", hint=CKPT_DIR_HINT)
             if ckpt_dir.resolve() != run_dir.resolve():
                 held.append(lock.DirLock(ckpt_dir, run, "checkpoint directory").acquire(wait))
             from podrun.train.checkpoint import remove_dead_temps
@@ -304,7 +302,7 @@ class Session:
                 "grad_accum": self.grad_accum, "global_batch": self.global_batch,
                 "steps_per_epoch": self.steps_per_epoch, "total_steps": self.total, "lr": self.lr,
                 "warmup_steps": self.warmup, "device": self.device.kind,
-                "amp": str(self.amp_dtype).replace("torch.", "") if self.amp_dtype else "off",
+                "amp": str(self.amp_dtype).removeprefix("torch.") if self.amp_dtype else "off",
                 "fsdp": self.use_fsdp, "dataset": self.train_ds.name, "train_size": len(self.train_ds),
                 "run_dir": str(self.run_dir), "checkpoint_dir": str(self.ckpt_dir)}
 

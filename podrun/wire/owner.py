@@ -1,18 +1,22 @@
-"""Who owns a run's control socket: ``control.pid`` names the controller (boot id and pid); a socket whose controller
-is dead on this machine, or unrecorded, and on which no one listens is a dead run's and is removed, never trusted.
-The controller writes the record (podrun.launch.claim); the controller and a host's zygote read it."""
+"""Who owns a run's control socket: ``control.pid`` names the controller (boot id, pid and the process's start time);
+a record whose process is gone, or is another process under a reused pid, is a dead controller's. A socket whose
+controller is dead on this machine, or unrecorded, and on which no one listens is a dead run's and is removed, never
+trusted. The controller writes the record (podrun.launch.control.claim) after clear_dead; the controller and a host's
+zygote read it, through podrun.safefs.read_trusted."""
 from __future__ import annotations
 
 import os
 import time
 
-from podrun.wire.proctl import pid_alive
+from podrun.errors import PodrunError
+from podrun.wire.proctl import pid_alive, stat_fields
 
 SOCKET_NAME = "control.sock"   # in the run dir: the controller's control socket (podrun stack)
 # a dead controller's socket can still answer for a moment: its main thread is a zombie (dead to pid_alive) while
 # its other threads, under load, are still exiting and the listening socket with them
 EXITING_S = 1.0
-OWNER_NAME = "control.pid"     # in the run dir: "<boot id> <pid>" of the controller listening on SOCKET_NAME
+OWNER_NAME = "control.pid"     # in the run dir: "<boot id> <pid> <start>" of the controller listening on SOCKET_NAME
+RECORD_LIMIT = 4096            # bytes of control.pid read at most
 
 
 def boot_id() -> str:
@@ -23,18 +27,54 @@ def boot_id() -> str:
         return "?"
 
 
+def _start(pid: int) -> str:
+    """The start time of process ``pid`` (clock ticks since boot, /proc/<pid>/stat), "?" when unknown."""
+    fields = stat_fields(pid)
+    return fields[19].decode("ascii", "replace") if fields is not None and len(fields) > 19 else "?"
+
+
+def record_text() -> str:
+    """What this process writes into control.pid as the run's controller."""
+    return f"{boot_id()} {os.getpid()} {_start(os.getpid())}\n"
+
+
+def _recorded(run_dir: str) -> tuple[int, bool] | None:
+    """(the pid recorded in <run_dir>/control.pid, whether that process lives and is the recorder), or None when
+    that is not known here: no record, one that fails read_trusted or does not parse, or one of another boot
+    (another machine, or this one before a reboot)."""
+    from podrun.safefs import read_trusted
+
+    try:
+        parts = read_trusted(os.path.join(run_dir, OWNER_NAME), "controller record", limit=RECORD_LIMIT).split()
+        boot, pid = parts[0].decode("ascii"), int(parts[1])
+    except (OSError, PodrunError, ValueError, IndexError):
+        return None
+    if boot != boot_id() or pid <= 0:
+        return None
+    start = parts[2].decode("ascii", "replace") if len(parts) > 2 else "?"
+    return pid, pid_alive(pid) and start in ("?", _start(pid))     # a later process under a reused pid is not it
+
+
 def owner_alive(run_dir: str) -> bool | None:
     """Whether the controller named in <run_dir>/control.pid lives: None when that is not known here (no
     record, or one of another machine), else True or False."""
+    found = _recorded(run_dir)
+    return None if found is None else found[1]
+
+
+def clear_dead(run_dir: str) -> None:
+    """Before a controller claims the run (holding its launch lock, which a live controller holds for its life):
+    a control.pid left there is removed unless it names a live controller of this machine, which is refused
+    (PodrunError, exit 2) naming its pid."""
+    found = _recorded(run_dir)
+    if found is not None and found[1]:
+        raise PodrunError(f"run directory {run_dir} is held by its controller, pid {found[0]} (alive, named in "
+                          f"{OWNER_NAME}); nothing was started",
+                          hint="wait for that run to end (or end it: `kill PID`), then resume")
     try:
-        with open(os.path.join(run_dir, OWNER_NAME), encoding="ascii", errors="replace") as f:
-            boot, pid = f.read().split()
-        pid_n = int(pid)
-    except (OSError, ValueError):
-        return None
-    if boot != boot_id() or pid_n <= 0:
-        return None
-    return pid_alive(pid_n)
+        os.unlink(os.path.join(run_dir, OWNER_NAME))
+    except FileNotFoundError:
+        pass
 
 
 def remove_if_stale(run_dir: str) -> bool:

@@ -172,11 +172,9 @@ def write_request(run_dir: str) -> None:
 
 def write_whole(path: str, text: str) -> None:
     """``text`` as the file ``path``, written whole: a new private file (0600, no link followed), then a rename."""
-    tmp = f"{path}.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    with open(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    from podrun import safefs
+
+    safefs.write_file(path, text, "request file", durable=False)
 
 
 def read_request(run_dir: str) -> str:

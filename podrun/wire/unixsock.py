@@ -27,18 +27,10 @@ def address(path: str):
 
 def dir_ok(path: str) -> str | None:
     """Why the directory ``path`` may not hold a private socket (None: it may): lstat says a real directory of
-    this user that group and others may not write."""
-    try:
-        st = os.lstat(path)
-    except OSError as exc:
-        return f"{path}: {exc.strerror or exc}"
-    if not stat.S_ISDIR(st.st_mode):
-        return f"{path} is not a directory (a link or a file, owner uid {st.st_uid})"
-    if st.st_uid != os.geteuid():
-        return f"{path} belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()})"
-    if st.st_mode & 0o022:
-        return f"{path} (owner uid {st.st_uid}) may be written by others (mode {stat.S_IMODE(st.st_mode):04o})"
-    return None
+    this user that group and others may not write (podrun.safefs.dir_problem)."""
+    from podrun.safefs import dir_problem
+
+    return dir_problem(path, shared_read=True)
 
 
 def socket_ok(path: str) -> bool:

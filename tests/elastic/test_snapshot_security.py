@@ -20,25 +20,20 @@ from pathlib import Path
 
 import pytest
 
+from tests.attacker import AS_NOBODY, require_second_user
 from tests.launch.helpers import podrun
 from tests.ports import free_port
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(300)]
 VICTIM = str(Path(__file__).with_name("snapshot_victim.py"))
 HOST = "localhost"
-ATTACKER = ("setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups")
-
-
-def _can_switch_user() -> bool:
-    return os.geteuid() == 0 and shutil.which("setpriv") is not None and os.access("/dev/shm", os.W_OK)
-
-
-needs_root = pytest.mark.skipif(not _can_switch_user(), reason="needs root and setpriv to act as a second user")
 
 
 def as_attacker(script: str, data: bytes = b"") -> None:
-    """Run ``script`` (sh) as uid/gid 65534 (nobody), ``data`` on its stdin."""
-    cp = subprocess.run([*ATTACKER, "sh", "-c", script], input=data, capture_output=True, cwd="/", timeout=60,
+    """Run ``script`` (sh) as uid/gid 65534 (nobody), ``data`` on its stdin; fails (never skips) when this machine
+    cannot act as that second user."""
+    require_second_user()
+    cp = subprocess.run([*AS_NOBODY, "sh", "-c", script], input=data, capture_output=True, cwd="/", timeout=60,
                         check=False)
     assert cp.returncode == 0, cp.stderr.decode()
 
@@ -102,7 +97,6 @@ def planted():
             shutil.rmtree(p, ignore_errors=True)
 
 
-@needs_root
 @pytest.mark.parametrize("how", ["directories", "symlink"])
 def test_planted_snapshot_directories_run_no_code_and_restore_nothing(tmp_path, planted, how):
     run_id, key = f"sec-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex

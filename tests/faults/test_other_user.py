@@ -5,39 +5,18 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import stat
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
+from tests.attacker import as_nobody, shared  # noqa: F401 - the fixture
 from tests.launch.helpers import local_pids, marker, podrun, podrun_popen, wait_until
 from tests.ports import free_port
 
 pytestmark = pytest.mark.timeout(180)
-NOBODY = 65534
-
-
-def as_nobody(script: str) -> None:
-    """Run a shell script as the other user (uid/gid 65534, no groups), umask 0 as a careless or hostile one."""
-    cp = subprocess.run(["setpriv", "--reuid", str(NOBODY), "--regid", str(NOBODY), "--clear-groups",
-                         "sh", "-c", f"umask 0; {script}"], capture_output=True, text=True, timeout=30)
-    assert cp.returncode == 0, cp.stderr
-
-
-@pytest.fixture
-def shared():
-    """A directory both users may create in, as /tmp is (1777), outside pytest's private tmp_path."""
-    d = Path(tempfile.mkdtemp(prefix="podrun-shared-", dir="/tmp"))
-    os.chmod(d, 0o1777)
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def launch(runs, *args):

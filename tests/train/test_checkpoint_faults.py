@@ -167,7 +167,7 @@ def small_disk(tmp_path):
         r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "podrun-test", str(where)],
                            capture_output=True, text=True)
         if r.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs (root needed): {r.stderr.strip()}")
+            pytest.fail(f"a tmpfs of its own is needed (mount -t tmpfs, as root): {r.stderr.strip()}", pytrace=False)
         mounts.append(where)
         return where
 
@@ -202,7 +202,7 @@ def test_a_full_disk_is_named_with_the_bytes_needed_and_free(tmp_path, small_dis
 
 @pytest.mark.timeout(300)
 def test_a_read_only_or_missing_checkpoint_dir_is_refused_before_training(tmp_path, small_disk):
-    ro = small_disk("ro", "size=1m,ro")
+    ro = small_disk("ro", "size=1m,ro,mode=0700")
     rc, out = _run(_opts(tmp_path / "r", checkpoint_dir=str(ro)))
     assert rc == 2, out[-3000:]
     assert f"checkpoint directory {ro} cannot be written: Read-only file system" in out, out[-3000:]

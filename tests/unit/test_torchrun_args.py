@@ -301,8 +301,10 @@ FLAGS = ("standalone", "module", "no_python", "run_path", "virtual_local_rank")
 
 def _torchrun_options():
     """(option string, dest, takes a value) for every option of the installed torchrun's parser, every spelling."""
-    pytest.importorskip("torch")
-    from torch.distributed.run import get_args_parser
+    try:
+        from torch.distributed.run import get_args_parser
+    except ImportError as exc:
+        pytest.fail(f"torchrun's parser is compared option by option and needs torch: {exc}", pytrace=False)
 
     out = []
     for action in get_args_parser()._actions:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+from podrun import safefs
 from podrun.errors import LaunchError, PlanError
 
 # name -> what it is; "torch" is podrun's own agent (any transport), the others run one outer
@@ -46,7 +47,7 @@ def run_outer_command(cmd: list[str], *, env: dict[str, str] | None = None,
                                 start_new_session=True, bufsize=1, text=True, errors="replace")
     except FileNotFoundError as exc:
         raise LaunchError(f"cannot start '{cmd[0]}': {exc.strerror}", exit_code=2) from exc
-    log = open(log_path, "a", encoding="utf-8") if log_path else None
+    log = safefs.open_log(log_path) if log_path else None
     stopping = {"sig": None}
 
     def _forward(signum, _frame):

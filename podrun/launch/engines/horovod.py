@@ -84,7 +84,9 @@ def launch_horovod(request, *, dry_run: bool = False, check: bool = True) -> tup
                            env_names=sorted(env), options=opts, check=check and not dry_run)
     if dry_run:
         return argv, None
-    os.makedirs(request.run_dir, exist_ok=True)
+    from podrun import safefs
+
+    safefs.make_dirs(request.run_dir, "run directory", error=LaunchError)
     full = dict(os.environ)
     full.update(env)
     return argv, run_outer_command(argv, env=full, log_path=os.path.join(request.run_dir, "horovod.log"),

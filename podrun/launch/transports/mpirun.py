@@ -317,6 +317,10 @@ class MpirunTransport(Transport):
         r = self.request
         user = r.ssh.config_path or (os.path.expanduser("~/.ssh/config")
                                      if os.path.exists(os.path.expanduser("~/.ssh/config")) else None)
+        if r.ssh.config_path is not None:       # a regular file of a sane size: ssh would wait on a FIFO
+            from podrun.launch.transports.ssh_common import read_ssh_config
+
+            read_ssh_config(r.ssh.config_path, "--ssh-config")
         if r.ssh.host_key_check:
             return user
         # --no-host-key-check: a config in the run directory that says so, then the user's
@@ -324,13 +328,10 @@ class MpirunTransport(Transport):
         text = "Host *\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n"
         if user:
             text += f"  Include {user}\n"
-        if not os.path.exists(path):
-            try:
-                os.makedirs(r.run_dir, exist_ok=True)
-                with open(path, "w") as f:
-                    f.write(text)
-            except OSError:
-                pass
+        from podrun import safefs
+
+        safefs.make_dirs(r.run_dir, "run directory", error=LaunchError)
+        safefs.write_file(path, text, "ssh config of the run", error=LaunchError, durable=False)
         return path
 
     def argv(self, flavour: str | None = None, redact: bool = False) -> list[str]:

@@ -20,7 +20,7 @@ import threading
 
 from podrun.wire import protocol
 from podrun.launch.transports.base import InstanceHandle, Problem, StreamMerger
-from podrun.launch.transports.ssh_common import HeldAgentTransport, HeldProbe, ip_hostname
+from podrun.launch.transports.ssh_common import HeldAgentTransport, HeldProbe, ip_hostname, read_ssh_config
 
 SSH = "ssh"
 
@@ -90,8 +90,8 @@ class OpenSSHTransport(HeldAgentTransport):
         if self.ssh is None:
             raise LaunchError("--ssh-client openssh: no ssh client on PATH",
                               hint="install openssh-client, or pass --ssh-client paramiko")
-        if self.opts.config_path and not os.path.exists(self.opts.config_path):
-            raise LaunchError(f"--ssh-config {self.opts.config_path}: no such file")
+        if self.opts.config_path:
+            read_ssh_config(self.opts.config_path, "--ssh-config")
         self.handshakes = threading.BoundedSemaphore(max(1, self.opts.max_concurrency))
         self._settings: dict[str, dict[str, str]] = {}
         self._lock = threading.Lock()

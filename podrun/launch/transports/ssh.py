@@ -24,10 +24,12 @@ import threading
 
 import paramiko
 
+from podrun import safefs
 from podrun.errors import LaunchError
 from podrun.wire import protocol
 from podrun.launch.transports.base import InstanceHandle, Problem, StreamMerger
-from podrun.launch.transports.ssh_common import HeldAgentTransport, HeldProbe, ip_hostname
+from podrun.launch.transports.ssh_common import (MAX_SSH_CONFIG_BYTES, HeldAgentTransport, HeldProbe, ip_hostname,
+                                                 read_ssh_config)
 USER_KNOWN_HOSTS = "~/.ssh/known_hosts ~/.ssh/known_hosts2"              # OpenSSH's defaults
 GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2"
 
@@ -48,7 +50,9 @@ class ProxyUnsupported(Exception):
 
 class AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
     """``StrictHostKeyChecking accept-new``: a host with no key in known_hosts is accepted and its key is
-    appended to ``path`` (a changed key never reaches a policy: paramiko refuses it first)."""
+    added to ``path`` (a changed key never reaches a policy: paramiko refuses it first). The file is written whole
+    through podrun.safefs (never through a link, never another user's file); a line another process adds at the
+    same moment may be lost, and its host is then accepted anew next time."""
 
     _lock = threading.Lock()
 
@@ -61,12 +65,16 @@ class AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
             return
         line = f"{hostname} {key.get_name()} {key.get_base64()}\n".encode()
         with self._lock:
-            os.makedirs(os.path.dirname(self.path) or ".", mode=0o700, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            try:
-                os.write(fd, line)      # one write with O_APPEND: lines of concurrent writers do not mix
-            finally:
-                os.close(fd)
+            d = os.path.dirname(os.path.abspath(self.path))
+            if not os.path.isdir(d):
+                safefs.make_dirs(d, "known_hosts directory", error=LaunchError)
+            old = b""
+            if os.path.lexists(self.path):
+                old = safefs.read_user_file(self.path, "known_hosts file", limit=MAX_SSH_CONFIG_BYTES,
+                                            error=LaunchError)
+            if old and not old.endswith(b"\n"):
+                old += b"\n"
+            safefs.write_file(self.path, old + line, "known_hosts file", error=LaunchError)
 
 
 class SSHHandle(HeldProbe, InstanceHandle):
@@ -144,11 +152,10 @@ class SSHTransport(HeldAgentTransport):
         self.opts = request.ssh
         path = self.opts.config_path or os.path.expanduser("~/.ssh/config")
         self.config = paramiko.SSHConfig()
-        if self.opts.config_path and not os.path.exists(path):
-            raise LaunchError(f"--ssh-config {path}: no such file")
-        if os.path.exists(path):
+        if self.opts.config_path or os.path.lexists(path):
+            text = read_ssh_config(path, "--ssh-config" if self.opts.config_path else "ssh config")
             try:
-                self.config = paramiko.SSHConfig.from_path(path)
+                self.config = paramiko.SSHConfig.from_text(text.decode("utf-8", "replace"))
             except Exception as exc:  # noqa: BLE001
                 raise LaunchError(f"ssh config {path}: cannot parse it ({exc})") from None
         self.clients: dict[str, paramiko.SSHClient] = {}

@@ -23,6 +23,17 @@ PROBE_TIMEOUT = 30.0      # seconds for a held agent to report its preflight fac
 # handshakes in flight are bounded by --max-concurrency: a remote command that takes a second
 # to start must not hold a handshake slot, or 2048 hosts would take 2048/K seconds.
 MAX_THREADS = 2048
+# An ssh config larger than this is not one (a cluster's, with a Host block per node, is some MiB at most).
+MAX_SSH_CONFIG_BYTES = 16 * 1024 * 1024
+
+
+def read_ssh_config(path: str, what: str) -> bytes:
+    """The bytes of the ssh config ``path`` (``what``: how the user named it): a regular file of at most
+    MAX_SSH_CONFIG_BYTES, else LaunchError (exit 2) at once; ``ssh -G`` would wait on a FIFO and read
+    /dev/zero without end."""
+    from podrun.safefs import read_user_file
+
+    return read_user_file(path, what, limit=MAX_SSH_CONFIG_BYTES, error=LaunchError)
 
 
 class HeldProbe:

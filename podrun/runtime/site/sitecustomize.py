@@ -11,8 +11,26 @@ its program has returned: a worker whose exit takes long is not hung) and ignore
 Python's finalization unregisters faulthandler's handler, the signal's default action ends a process, and a
 process's exit may go on for a while after that (a library's C++ destructors: gloo, torch's thread pools), so a
 dump asked in that window would otherwise end a worker that had finished (exit 166). Then the
-next sitecustomize on sys.path, if any, runs as it would have. Imports nothing beyond the stdlib.
+next sitecustomize on sys.path, if any, runs as it would have. Imports nothing beyond the stdlib but podrun.safefs
+(stdlib only itself), through which its files are made.
 """
+
+
+def _safefs():
+    """podrun.safefs, from this file's own podrun when the worker's Python has no podrun of its own."""
+    import os
+    import sys
+
+    try:
+        from podrun import safefs
+    except ImportError:
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+        sys.path.insert(0, root)
+        try:
+            from podrun import safefs
+        finally:
+            sys.path.remove(root)
+    return safefs
 
 
 def _install(first=True):
@@ -28,10 +46,11 @@ def _install(first=True):
 
     pid = os.getpid()
     try:
-        f = open(os.path.join(where, f"{pid}.txt"), "a", encoding="utf-8")
+        safefs = _safefs()
+        f = os.fdopen(safefs.open_private(os.path.join(where, f"{pid}.txt")), "a", encoding="utf-8")
         # chain only to a real handler: chaining to SIG_DFL would end the process after the dump
         faulthandler.register(int(signum), file=f, all_threads=True, chain=callable(signal.getsignal(int(signum))))
-    except (OSError, ValueError, RuntimeError):
+    except Exception:  # noqa: BLE001 - a refused file too: no dumps for this process
         return
     globals()["_podrun_stack_file"] = f       # the handler writes to its fd for the process's life
     try:
@@ -39,8 +58,11 @@ def _install(first=True):
             start = st.read().rsplit(b")", 1)[1].split()[19].decode()
     except (OSError, IndexError):
         return
-    with open(os.path.join(where, f"{pid}.main"), "w", encoding="utf-8") as m:
-        m.write(f"{threading.main_thread().ident:#018x}\n{start}\n")
+    try:
+        safefs.write_file(os.path.join(where, f"{pid}.main"), f"{threading.main_thread().ident:#018x}\n{start}\n",
+                          "stack record", durable=False)
+    except Exception:  # noqa: BLE001 - without its record the agent never signals this process
+        return
     if first:
         import atexit
 
@@ -57,8 +79,8 @@ def _leave(where, signum):
 
     pid = os.getpid()
     try:
-        os.rename(os.path.join(where, f"{pid}.main"), os.path.join(where, f"{pid}.exit"))
-    except OSError:
+        _safefs().rename(os.path.join(where, f"{pid}.main"), os.path.join(where, f"{pid}.exit"))
+    except (OSError, ImportError):
         pass
     try:
         faulthandler.unregister(signum)

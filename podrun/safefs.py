@@ -1,0 +1,416 @@
+"""File-system trust, the one home: every file and directory podrun creates, writes or trusts is made here, exclusively
+and privately, never through a symbolic link, and checked for owner and mode before use (OpenSSH's StrictModes rule).
+Stdlib only (a worker's sitecustomize imports it)."""
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+from pathlib import Path
+
+from podrun.errors import PodrunError
+
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+RECORD_LIMIT = 256 << 20       # the largest record podrun reads back (a plan of thousands of hosts is a few MB)
+_NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class UnsafePath(PodrunError):
+    """A path podrun may not create, write or trust: named with its owner and mode, and what to do (exit 2)."""
+
+
+def owner_name(uid: int) -> str:
+    try:
+        import pwd
+
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (KeyError, ImportError):
+        return f"uid {uid}"
+
+
+def _mode(st: os.stat_result) -> str:
+    return f"{stat.S_IMODE(st.st_mode):04o}"
+
+
+# -- checks: why a path may not be used (None: it may) --------------------------------------------------------
+
+def dir_problem(path, *, shared_read: bool = False, root_ok: bool = False) -> str | None:
+    """Why ``path`` may not hold podrun's files (None: it may): a real directory (lstat: not a symbolic link),
+    owned by this user (or by root with ``root_ok``), that neither group nor others may write (nor, without
+    ``shared_read``, read or enter: 0700)."""
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        return f"cannot check {path}: {exc.strerror or exc}"
+    if stat.S_ISLNK(st.st_mode):
+        return f"{path} is a symbolic link (owner {owner_name(st.st_uid)}), not a directory"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{path} is not a directory (owner {owner_name(st.st_uid)})"
+    me = os.geteuid()
+    if st.st_uid != me and not (root_ok and st.st_uid == 0):
+        return f"{path} belongs to {owner_name(st.st_uid)}, not to you ({owner_name(me)})"
+    bad = 0o022 if shared_read else 0o077
+    if st.st_mode & bad:
+        return (f"{path} (owner {owner_name(st.st_uid)}) is mode {_mode(st)}: "
+                + ("others may write into it" if st.st_mode & 0o022 else "others may read it"))
+    return None
+
+
+def ancestor_problem(path) -> str | None:
+    """Why another user could swap a directory on the way to ``path`` (None: no one but this user and root can): a
+    symbolic link of another user, a directory of another user, or one that others may write without the sticky
+    bit (/tmp has it: there no one renames what is not theirs)."""
+    me = os.geteuid()
+    cur = "/"
+    for part in Path(os.path.abspath(path)).parts[1:]:
+        cur = os.path.join(cur, part)
+        try:
+            st = os.lstat(cur)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            return f"cannot check {cur}: {exc.strerror or exc}"
+        if stat.S_ISLNK(st.st_mode):
+            if st.st_uid not in (0, me):
+                return f"{cur} is a symbolic link of {owner_name(st.st_uid)}"
+            problem = ancestor_problem(os.path.realpath(cur))
+            if problem is not None:
+                return problem
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            return None                  # not a directory: what is made below it fails, and says so
+        if st.st_uid not in (0, me):
+            return f"{cur} belongs to {owner_name(st.st_uid)}"
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            return f"{cur} (owner {owner_name(st.st_uid)}) may be written by others (mode {_mode(st)})"
+    return None
+
+
+def file_problem(st: os.stat_result, path, *, shared_read: bool = True) -> str | None:
+    """Why the file ``path`` (its fstat) may not be trusted: not a regular file, another user's (root's is
+    trusted), or writable by group or others (without ``shared_read``: readable by them)."""
+    if not stat.S_ISREG(st.st_mode):
+        return f"{path} is not a regular file"
+    if st.st_uid not in (0, os.geteuid()):
+        return f"{path} belongs to {owner_name(st.st_uid)}, not to you ({owner_name(os.geteuid())})"
+    bad = 0o022 if shared_read else 0o077
+    if st.st_mode & bad:
+        return (f"{path} (owner {owner_name(st.st_uid)}) is mode {_mode(st)}: "
+                + ("others may change it" if st.st_mode & 0o022 else "others may read it"))
+    return None
+
+
+def _refuse(problem: str, what: str, error: type[PodrunError], hint: str | None) -> PodrunError:
+    return error(f"refusing the {what}: {problem}",
+                 hint=hint or "podrun uses only files and directories of your own that no one else may change "
+                              "(like OpenSSH's StrictModes): `chmod go-w` it, or name a private directory")
+
+
+def check_dir(path, what: str, *, shared_read: bool = False, root_ok: bool = False,
+              error: type[PodrunError] = UnsafePath, hint: str | None = None) -> Path:
+    """``path`` when dir_problem finds nothing; else ``error`` (exit 2) naming it, its owner and mode, and the fix."""
+    problem = dir_problem(path, shared_read=shared_read, root_ok=root_ok)
+    if problem is not None:
+        raise _refuse(problem, what, error, hint)
+    return Path(path)
+
+
+def check_ancestors(path, what: str, *, error: type[PodrunError] = UnsafePath, hint: str | None = None) -> None:
+    problem = ancestor_problem(path)
+    if problem is not None:
+        raise _refuse(problem, what, error, hint or "put it where only you (and root) can change the path: your "
+                                                    "home, or a directory of yours in /tmp")
+
+
+# -- directories ------------------------------------------------------------------------------------------------
+
+def make_dir(path, what: str, *, shared_read: bool = False, mode: int | None = None,
+             error: type[PodrunError] = UnsafePath, hint: str | None = None) -> Path:
+    """``path`` as a directory of this user: made exclusively (``mode``: 0700, or 0755 with ``shared_read``) when
+    missing, or an existing one accepted only after check_dir (``shared_read``: others may read it). Its parent
+    must exist."""
+    try:
+        os.mkdir(path, mode if mode is not None else 0o755 if shared_read else DIR_MODE)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise error(f"cannot create the {what} {path}: {exc.strerror or exc}",
+                    hint="name a directory whose parent exists and is yours to write (is the disk full or "
+                         "read-only?)") from None
+    return check_dir(path, what, shared_read=shared_read, error=error, hint=hint)
+
+
+def make_dirs(path, what: str, *, shared_read: bool = False, mode: int | None = None,
+              error: type[PodrunError] = UnsafePath, hint: str | None = None) -> Path:
+    """``path`` and the missing directories on the way: no other user can swap a directory on the way
+    (ancestor_problem); each directory made here is this user's, checked right after (shared_read: 0755)."""
+    d = Path(os.path.abspath(path))
+    check_ancestors(d.parent, f"{what} {d}", error=error)
+    missing = []
+    p = d
+    while not os.path.lexists(p) and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    for p in reversed(missing[1:]):
+        make_dir(p, what, shared_read=True, error=error, hint=hint)
+    return make_dir(d, what, shared_read=shared_read, mode=mode, error=error, hint=hint)
+
+
+def own_dir(path, what: str, *, error: type[PodrunError] = UnsafePath, hint: str | None = None) -> Path:
+    """``path`` as a directory only this user may write: a missing one made 0700 (and its missing parents, 0755),
+    an existing one accepted only when it is a real directory of this user that neither group nor others may write
+    (reading is theirs to allow), with no directory on the way that another user could swap."""
+    return make_dirs(path, what, shared_read=True, mode=DIR_MODE, error=error, hint=hint)
+
+
+def make_temp_dir(prefix: str, parent: str | None = None) -> str:
+    """A new private directory (0700) with a random name under ``parent`` (the temp dir by default)."""
+    import tempfile
+
+    parent = parent or tempfile.gettempdir()
+    for _ in range(100):
+        path = os.path.join(parent, prefix + os.urandom(6).hex())
+        try:
+            os.mkdir(path, DIR_MODE)
+        except FileExistsError:
+            continue
+        check_dir(path, "temporary directory")
+        return path
+    raise UnsafePath(f"cannot make a temporary directory in {parent}: every name tried was taken")
+
+
+# -- writing ----------------------------------------------------------------------------------------------------
+
+def _target_problem(path) -> str | None:
+    """Why a file may not be put at ``path``: a symbolic link, not a regular file, or another user's file."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot check {path}: {exc.strerror or exc}"
+    if stat.S_ISLNK(st.st_mode):
+        return f"{path} is a symbolic link (owner {owner_name(st.st_uid)}); podrun writes through none"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{path} is not a regular file"
+    if st.st_uid != os.geteuid():
+        return f"{path} belongs to {owner_name(st.st_uid)}, not to you ({owner_name(os.geteuid())})"
+    return None
+
+
+def _writable_dir_problem(d) -> str | None:
+    """Why files may not be put into the directory ``d``: a link, not a directory, or one others may write without
+    the sticky bit (a directory of another user that we may write is fine only with the sticky bit: /tmp)."""
+    try:
+        st = os.lstat(d)
+    except OSError as exc:
+        return f"cannot check {d}: {exc.strerror or exc}"
+    if stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX:
+        return None
+    return dir_problem(d, shared_read=True, root_ok=True)
+
+
+@contextlib.contextmanager
+def replacing(path, what: str, *, mode: int = FILE_MODE, error: type[PodrunError] = UnsafePath, durable: bool = True):
+    """A binary file object whose bytes become ``path`` whole when the block ends: written into a new file with a
+    random name beside it (O_CREAT|O_EXCL|O_NOFOLLOW, ``mode`` from the start), flushed to disk, then renamed over
+    ``path``. Refused (``error``, nothing written): a directory others may write (without the sticky bit), or a
+    symbolic link, a non-regular file or another user's file at ``path``. On an exception the new file is removed."""
+    path = os.fspath(path)
+    d = os.path.dirname(os.path.abspath(path))
+    problem = _writable_dir_problem(d) or _target_problem(path)
+    if problem is not None:
+        raise _refuse(problem, what, error, None)
+    tmp = os.path.join(d, f".{os.path.basename(path)}.tmp-{os.urandom(6).hex()}")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, mode)
+    except OSError as exc:
+        raise error(f"cannot write the {what} {path}: {exc.strerror or exc}",
+                    hint="is the disk full or read-only?") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if stat.S_IMODE(os.fstat(f.fileno()).st_mode) != mode:     # a umask took bits away
+                os.fchmod(f.fileno(), mode)
+            yield f
+            f.flush()
+            if durable:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    if durable:
+        with contextlib.suppress(OSError):
+            dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+
+
+def write_file(path, data: bytes | str, what: str, *, mode: int = FILE_MODE, error: type[PodrunError] = UnsafePath,
+               durable: bool = True) -> Path:
+    """``data`` as the file ``path``, written whole (see replacing)."""
+    with replacing(path, what, mode=mode, error=error, durable=durable) as f:
+        f.write(data.encode("utf-8") if isinstance(data, str) else data)
+    return Path(path)
+
+
+def create_new(path, *, mode: int = FILE_MODE, append: bool = False) -> int:
+    """A descriptor of a new file ``path`` (O_CREAT|O_EXCL|O_NOFOLLOW, ``mode``): nothing, not even a link, may
+    stand in its place (FileExistsError). For files whose directory the caller made private."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | (os.O_APPEND if append else 0), mode)
+
+
+def open_private(path, *, append: bool = True, read: bool = False) -> int:
+    """A descriptor to write (append, or read and write) the file ``path`` of this user, made 0600 when missing: never
+    a link (O_NOFOLLOW), and an existing file is refused (UnsafePath) unless it is a regular file of this user that
+    no one else may read or write. For logs, locks and slots in a private directory."""
+    flags = (os.O_RDWR if read else os.O_WRONLY) | os.O_CREAT | _NOFOLLOW | (os.O_APPEND if append else 0)
+    try:
+        fd = os.open(path, flags, FILE_MODE)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _refuse(f"{path} is a symbolic link", "file", UnsafePath, None) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        problem = file_problem(st, path, shared_read=False)
+        if problem is None and st.st_uid != os.geteuid():
+            problem = f"{path} belongs to {owner_name(st.st_uid)}, not to you ({owner_name(os.geteuid())})"
+    except OSError:
+        os.close(fd)
+        raise
+    if problem is not None:
+        os.close(fd)
+        raise _refuse(problem, "file", UnsafePath, None)
+    return fd
+
+
+def open_log(path, *, buffering: int = 1):
+    """A text file appending to the private log ``path`` (open_private)."""
+    return os.fdopen(open_private(path), "a", buffering=buffering, encoding="utf-8", errors="replace")
+
+
+def rename(src, dst) -> None:
+    """Rename ``src`` to ``dst`` within a directory of this user (a link at ``dst`` is replaced, never followed)."""
+    os.replace(src, dst)
+
+
+def set_mode(path, mode: int) -> None:
+    """chmod ``path`` itself (never what a link points at)."""
+    os.chmod(path, mode, follow_symlinks=False)
+
+
+def write_kernel(path: str, text: str) -> None:
+    """Write ``text`` into a kernel interface file (/proc, /sys): nothing is created there."""
+    if not (path.startswith("/proc/") or path.startswith("/sys/")):
+        raise ValueError(f"{path} is not a kernel interface file")
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+# -- reading ----------------------------------------------------------------------------------------------------
+
+def _read_fd(fd: int, path, what: str, limit: int, error: type[PodrunError]) -> bytes:
+    chunks, size = [], 0
+    while True:
+        b = os.read(fd, min(1 << 20, limit + 1 - size))
+        if not b:
+            return b"".join(chunks)
+        chunks.append(b)
+        size += len(b)
+        if size > limit:
+            raise error(f"{what} {path}: larger than {limit} bytes; not the kind of file asked for")
+
+
+def read_user_file(path, what: str, *, limit: int, error: type[PodrunError] = UnsafePath) -> bytes:
+    """The bytes of a file the user named (hostfile, ssh config, calibration, recipe, cluster spec): a regular file
+    only (a FIFO or a device is refused, never waited on), at most ``limit`` bytes; links are followed (the user
+    named the path). Errors name ``what`` and the path."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except (OSError, ValueError) as exc:
+        raise error(f"{what} {path}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode)
+                    or stat.S_ISBLK(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode) else "not a file")
+            raise error(f"{what} {path}: is {kind}, not a regular file")
+        if st.st_size > limit:
+            raise error(f"{what} {path}: larger than {limit} bytes ({st.st_size}); not the kind of file asked for")
+        try:
+            return _read_fd(fd, path, what, limit, error)
+        except OSError as exc:
+            raise error(f"{what} {path}: cannot read it ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
+
+
+def user_file_problem(path) -> str | None:
+    """Why a path the user named is no regular file podrun can read (None: it is one), without opening it."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        return f"{path}: {exc.strerror or exc}"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{path} is not a regular file"
+    return None
+
+
+def read_trusted(path, what: str, *, limit: int, error: type[PodrunError] = UnsafePath,
+                 shared_dir: bool = True) -> bytes:
+    """The bytes of a file that decides what podrun does (launch.json, plan.json, a checkpoint, a calibration, a
+    snapshot, control.pid), read only when no one but this user (and root) can have written it: its directory and
+    every one on the way pass the checks (its own directory a real one of this user or root, no group/other write;
+    with ``shared_dir`` False not readable by others either), and the file is a regular file of this user or root,
+    not a link (O_NOFOLLOW), writable by no one else, at most ``limit`` bytes."""
+    path = os.fspath(path)
+    d = os.path.dirname(os.path.abspath(path))
+    problem = ancestor_problem(d) or dir_problem(d, shared_read=shared_dir, root_ok=True)
+    if problem is not None:
+        raise _refuse(problem, what, error, None)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:     # a symbolic link at the file's name
+            raise _refuse(f"{path} is a symbolic link", what, error, None) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        problem = file_problem(st, path)
+        if problem is not None:
+            raise _refuse(problem, what, error, None)
+        if st.st_size > limit:
+            raise error(f"{what} {path}: larger than {limit} bytes ({st.st_size})")
+        return _read_fd(fd, path, what, limit, error)
+    finally:
+        os.close(fd)
+
+
+def trusted_problem(path) -> str | None:
+    """Why read_trusted would refuse ``path`` (None: it would read it), reading nothing."""
+    d = os.path.dirname(os.path.abspath(os.fspath(path)))
+    problem = ancestor_problem(d) or dir_problem(d, shared_read=True, root_ok=True)
+    if problem is not None:
+        return problem
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        return f"cannot check {path}: {exc.strerror or exc}"
+    if stat.S_ISLNK(st.st_mode):
+        return f"{path} is a symbolic link"
+    return file_problem(st, path)
+
+
+__all__ = ["DIR_MODE", "FILE_MODE", "RECORD_LIMIT", "UnsafePath", "ancestor_problem", "check_ancestors", "check_dir", "create_new",
+           "dir_problem", "file_problem", "make_dir", "make_dirs", "make_temp_dir", "own_dir", "open_log", "open_private",
+           "owner_name", "read_trusted", "read_user_file", "rename", "replacing", "set_mode", "trusted_problem",
+           "user_file_problem", "write_file", "write_kernel"]

@@ -1,0 +1,258 @@
+"""Tests that kill the defences' mutants which their other tests let survive (`python -m bench mutate`).
+
+By module: the env message's bounds, the planner's argument checks and host counts, the hang policy's numbers
+(docs/hangs.md), the agent's link after link_close, the local transport's start (no --env value on any agent's
+command line); and bench_mutate's table of those modules and the tests that guard them.
+"""
+from __future__ import annotations
+
+import ast
+import fcntl
+import glob
+import os
+import random
+import sys
+import termios
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from bench.bench_mutate import GUARDS, SCOPES
+from podrun.errors import LaunchError, PlanError
+from podrun.launch import hangs
+from podrun.launch.hangs import RankSample, WatchOptions
+from podrun.plan.decompose import decompose, feasible, host_counts
+from podrun.wire import envchannel
+from podrun.wire.envchannel import EnvMessageError
+
+pytestmark = pytest.mark.timeout(60)
+
+
+# -- podrun.wire.envchannel: the message's bounds --------------------------------------------------------------
+
+def _read(data: bytes, timeout: float = 1.0, close: bool = False):
+    r, w = os.pipe()
+    try:
+        os.write(w, data)
+        if close:
+            os.close(w)
+            w = -1
+        return envchannel.read(r, timeout)
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)
+
+
+@pytest.mark.parametrize("data,why", [
+    (b"PODRUN-ENV 000000000009\n", "header is too long"),                   # 12 digits: one past the bound
+    (b"PODRUN-ENV 16777217\n", "is not a number up to 16777216"),            # 16 MiB and one byte
+    (b"PODRUN-ENV 11\n" + b'[["A=B","1"]]'[:11], "not a JSON list"),
+    (b'PODRUN-ENV 13\n[["A=B","1"]]', "no environment can hold"),           # a name holding "="
+    (b'PODRUN-ENV 10\n[["","1"]]', "no environment can hold"),               # an empty name
+    (b'PODRUN-ENV 17\n[["A","1\\u0000"]]', "no environment can hold"),       # a NUL in a value
+    (b'PODRUN-ENV 16\n[["A","1"]', "stdin closed before the env message was complete"),
+])
+def test_the_env_message_is_refused_past_each_bound(data, why):
+    with pytest.raises(EnvMessageError, match=why):
+        _read(data, close=True)
+
+
+def test_the_env_message_at_its_bounds_and_in_pieces():
+    """11 digits and exactly 16 MiB are lengths the reader accepts (it then waits for the body, up to its
+    timeout, not less); a body that comes in two writes is read to its length and not a byte further."""
+    assert envchannel.encode([("A", "1")]) == b'PODRUN-ENV 11\n[["A","1"]]'
+    for header in (b"PODRUN-ENV 00000000011\n", b"PODRUN-ENV 16777216\n"):
+        t0 = time.monotonic()
+        with pytest.raises(EnvMessageError, match="no env message on stdin within"):
+            _read(header + b"[", timeout=0.3)
+        assert time.monotonic() - t0 >= 0.3
+    message = envchannel.encode([("TOKEN", "x" * 100)])
+    r, w = os.pipe()
+    try:
+        os.write(w, message[:40])
+
+        def rest():   # once the reader took the first piece, the rest and the controller's tokens after it
+            while fcntl.ioctl(r, termios.FIONREAD, b"\0\0\0\0") != b"\0\0\0\0":
+                time.sleep(0.001)
+            os.write(w, message[40:] + b".SG")
+        writer = threading.Thread(target=rest)
+        writer.start()
+        assert envchannel.read(r, 10.0) == [("TOKEN", "x" * 100)]
+        writer.join()
+        assert os.read(r, 16) == b".SG"
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+# -- podrun.plan.decompose: argument checks and the host counts that reach a batch -------------------------------
+
+def test_the_planners_argument_checks_and_its_default_minimum_ga():
+    kw = dict(devices=4, devices_per_replica=1, instances=1, max_local_batch=8)
+    assert decompose(**kw, global_batch=16) == decompose(**kw, global_batch=16, min_grad_accum=1)
+    for name, over in (("--local-batch", dict(local_batch=0, grad_accum=1)),
+                       ("--grad-accum", dict(local_batch=1, grad_accum=0)),
+                       ("--global-batch", dict(global_batch=0))):
+        with pytest.raises(PlanError, match=f"{name} must be at least 1, got 0"):
+            decompose(**kw, **{"global_batch": None, **over})
+    with pytest.raises(PlanError, match="with 4 replicas and local batch 3 "):
+        decompose(**kw, global_batch=16, local_batch=3)
+
+
+def test_host_counts_are_the_largest_counts_on_which_a_plan_exists():
+    """host_counts, counted host by host: every n up to the bound whose devices (n x per host) split into
+    replicas that its instances (n x per host) share evenly, each instance's devices a whole number of replicas,
+    with a feasible decomposition (for overrides decompose accepts: it asks host_counts after its checks)."""
+    def reachable(g, n, dph, p, iph, max_local, min_ga, lb, ga):
+        replicas, split = divmod(n * dph, p)
+        return (dph // iph) % p == 0 and split == 0 and replicas % (n * iph) == 0 and \
+            feasible(g, replicas, max_local, min_ga, lb, ga) is not None
+
+    rng = random.Random(38)
+    for _ in range(400):
+        g, dph, p, iph = rng.randint(1, 96), rng.choice((1, 2, 4, 8)), rng.choice((1, 2, 4)), rng.choice((1, 2))
+        max_local, min_ga = rng.choice((1, 4, 8)), rng.choice((1, 2))
+        lb, ga = rng.choice((None, 1, min(2, max_local))), rng.choice((None, min_ga, 3))
+        expected = [n for n in range(8, 0, -1) if reachable(g, n, dph, p, iph, max_local, min_ga, lb, ga)][:3]
+        got = host_counts(g, max_hosts=8, devices_per_host=dph, devices_per_replica=p, instances_per_host=iph,
+                          max_local_batch=max_local, min_grad_accum=min_ga, local_batch=lb, grad_accum=ga)
+        assert got == expected, (g, dph, p, iph, max_local, min_ga, lb, ga)
+    assert feasible(12, 4, 8, 1, None, None).local_batch == 3
+
+
+# -- podrun.launch.hangs: the policy docs/hangs.md states ---------------------------------------------------------
+
+def test_the_hang_policy_is_the_documented_one():
+    """auto: 600 s before any step time; then 20 x the median of the last 20 step times, at least 120 s; a fixed
+    window is at least 60 s before the first progress; a hung run exits 125, a returning one gets 5 windows; a
+    plain script's rank moved when it used more than 0.03 s of CPU and more than 5 % of the time between its
+    samples, taken 1 s (at most half the window) apart."""
+    auto = WatchOptions()
+    assert auto.window([]) == 600.0 and auto.window([1.0] * 3) == 120.0 and auto.progress is True
+    rng = random.Random(38)
+    for n in range(1, 45):
+        steps = [rng.choice((5.0, 6.0, 7.0, 8.0, 9.0, 11.0)) for _ in range(n)]
+        assert auto.window(steps) == max(120.0, 20 * sorted(steps[-20:])[len(steps[-20:]) // 2]), steps
+    assert WatchOptions(hang_timeout=4.0).window([], started=False) == 60.0
+    assert WatchOptions(hang_timeout=90.0).window([], started=False) == 90.0
+    assert WatchOptions(hang_timeout=4.0).window([]) == 4.0
+    assert (hangs.HANG_EXIT, hangs.EXIT_WINDOWS) == (125, 5)
+    assert hangs.probe_gap(3.0) == 1.0 and hangs.probe_gap(1.5) == 0.75
+    stack = (("f", 1),)
+    before = RankSample(stack, False, 1.0, 100.0)
+    for dt, used, busy in ((10.0, 0.49, False), (10.0, 0.51, True), (0.2, 0.029, False), (0.2, 0.031, True)):
+        assert (RankSample(stack, False, 1.0 + used, 100.0 + dt).busy_since(before) is not None) is busy, (dt, used)
+
+
+# -- podrun.host.link: nothing is written once the link is closed ----------------------------------------------
+
+class _Out:
+    """The agent's stdout: keeps what is written; ``fail`` makes write and flush raise it."""
+
+    def __init__(self, fail: Exception | None = None):
+        self.data, self.fail = bytearray(), fail
+
+    def write(self, b):
+        if self.fail is not None:
+            raise self.fail
+        self.data += b
+
+    def flush(self):
+        if self.fail is not None:
+            raise self.fail
+
+
+def _link(out):
+    from podrun.host.link import ControllerLink
+
+    class Agent(ControllerLink):
+        index, local_ranks, agent_rank, run_dir = 0, [0], 0, None
+        stops: list = []
+
+        def request_stop(self, kind, why, *a, **kw):
+            self.stops.append(why)
+
+    a = Agent()
+    a.link_init(out, 1.0, True, 600.0)
+    return a
+
+
+def test_the_link_writes_nothing_once_closed_or_lost():
+    out = _Out()
+    a = _link(out)
+    a.emit(None, "note", "one")
+    assert a.link_close(1.0) is True and not a.lock.locked()
+    a.emit(None, "note", "two")
+    assert out.data.decode().splitlines() == ["@podrun 0 0 note one"]
+    blocked = _link(_Out())
+    blocked.lock.acquire()                      # a writer blocked on a full pipe holds the lock
+    assert blocked.link_close(0.05) is False and blocked.lock.locked()   # left held: that writer still owns it
+    assert _link(_Out(OSError("gone"))).link_close(1.0) is True           # a flush that fails does not raise
+    lost = _link(_Out(BrokenPipeError()))
+    lost.emit(None, "note", "x")
+    lost.out.fail = None
+    lost.emit(None, "note", "y")
+    assert lost.controller_lost and lost.stops == ["lost the controller (stdout closed)"] and not lost.out.data
+
+
+# -- podrun.launch.transports.local: the agents' start ----------------------------------------------------------
+
+from tests.host.test_agent import _request  # noqa: E402 - one home for a small local request
+
+def test_the_local_transport_starts_agents_with_the_env_in_their_environment_never_their_argv(tmp_path):
+    """Two agents, each the leader of its own session; the worker sees the --env value, no agent's command line
+    holds it (neither the argv executed nor /proc/PID/cmdline); only instance 0 gets a copy of podrun's stdin, and
+    that copy is closed here once handed over. A python that cannot start is one LaunchError naming it."""
+    from podrun.launch.transports.local import LocalTransport
+
+    secret = f"v4lue-{os.getpid()}-{time.monotonic_ns()}"
+    req = _request(tmp_path, [sys.executable, "-c", "import os; print('GOT', os.environ['PODRUN_T_VALUE'])"],
+                   env=(("PODRUN_T_VALUE", secret),))
+    def stdin_copies() -> int:
+        fds = os.listdir("/proc/self/fd")
+        return sum(1 for fd in fds if os.path.realpath(f"/proc/self/fd/{fd}") == os.path.realpath("/proc/self/fd/0"))
+
+    copies = stdin_copies()
+    handles = LocalTransport(req).start()
+    try:
+        assert stdin_copies() == copies
+        argvs = []
+        for h in handles:     # what this process executed, and what runs now
+            with open(f"/proc/{h.proc.pid}/cmdline", "rb") as f:
+                argvs += [[os.fsencode(a) for a in h.proc.args], f.read().split(b"\0")]
+            assert os.getsid(h.proc.pid) == h.proc.pid
+        assert not any(secret.encode() in a for argv in argvs for a in argv), argvs
+        assert [b"--worker-stdin-fd" in argv for argv in argvs] == [True, True, False, False]
+        got = [line for h in handles for _, line in h.lines() if "GOT" in line]
+        assert len(got) == 2 and all(line.endswith(f"GOT {secret}") for line in got), got
+        assert [h.proc.wait(timeout=30) for h in handles] == [0, 0]
+    finally:
+        for h in handles:
+            h.kill()
+            h.close()
+    with pytest.raises(LaunchError, match="cannot start the instance agent with /nonexistent/python"):
+        LocalTransport(replace(req, python="/nonexistent/python")).start()
+
+
+# -- bench/bench_mutate.py's table: what `python -m bench mutate` mutates and runs is there --------------------
+
+def test_the_mutation_checks_table_names_modules_tests_and_functions_that_exist():
+    root = Path(__file__).resolve().parents[2]
+    missing = []
+    for module, guards in GUARDS.items():
+        if not (root / module).is_file():
+            missing.append(module)
+        for guard in guards:
+            path, _, test = guard.partition("::")
+            files = glob.glob(str(root / path))
+            if not files or (test and f"def {test}(" not in Path(files[0]).read_text()):
+                missing.append(f"{module}: guard {guard}")
+    for module, names in SCOPES.items():
+        defined = {n.name for n in ast.walk(ast.parse((root / module).read_text()))
+                   if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        missing += [f"{module}: scope {n}" for n in names if n not in defined]
+    assert not missing, "bench_mutate.GUARDS/SCOPES name what the tree does not hold:\n" + "\n".join(missing)
