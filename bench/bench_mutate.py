@@ -42,14 +42,15 @@ GUARDS = {
     "podrun/safefs.py": ["tests/unit/test_safe_files.py", "tests/unit/test_safefs.py",
                          "tests/faults/test_other_user*.py"],
     "podrun/runtime/snapshot.py": ["tests/runtime/test_snapshot_format.py", "tests/runtime/test_snapshot.py",
+                                   "tests/runtime/test_snapshot_receive.py",
                                    "tests/elastic/test_snapshot_security.py"],
     "podrun/train/checkpoint.py": [
         "tests/train/test_keep_checkpoints.py::test_save_keeps_the_newest_n_and_never_the_newest_for_0",
-        "tests/train/test_checkpoint_security.py",
+        "tests/unit/test_defence_mutants.py", "tests/train/test_checkpoint_security.py",
         FAULTS + "test_truncated_and_empty_checkpoints_are_named_and_none_good_is_exit_2",
         FAULTS + "test_flipped_bytes_are_found_and_the_older_good_checkpoint_is_used",
         FAULTS + "test_temp_files_go_only_with_their_dead_writer"],
-    "podrun/train/lock.py": [FAULTS + "test_a_restart_waits_for_its_own_runs_earlier_attempt_never_for_another_run",
+    "podrun/train/lock.py": ["tests/unit/test_defence_mutants.py", FAULTS + "test_a_restart_waits_for_its_own_runs_earlier_attempt_never_for_another_run",
                              FAULTS + "test_temp_files_go_only_with_their_dead_writer",
                              FAULTS + "test_a_second_writer_of_a_run_dir_or_a_checkpoint_dir_is_refused"],
     "podrun/redaction.py": ["tests/unit/test_redact_by_value.py", "tests/faults/test_rundir.py"],
@@ -73,6 +74,14 @@ GUARDS = {
 SCOPES = {
     "podrun/host/link.py": ("emit", "link_close"),                  # nothing written once closed or lost
     "podrun/launch/transports/local.py": ("start",),                 # the agents' env, argv, session, stdin copy
+    # the directories, files, HMACs and receiving of snapshots (not the writer's threading or the state's freezing)
+    "podrun/runtime/snapshot.py": ("check_private", "make_private", "open_dir", "prepare_dirs", "_read_small",
+                                   "_listed", "_mac", "_digest", "_open_data", "_commit", "_uncommit", "put",
+                                   "verified", "read", "open_writer", "recover", "_load"),
+    # the digest, the write, the trust and the choice of a checkpoint (not the generators' state, the pruning or
+    # the messages of a full disk)
+    "podrun/train/checkpoint.py": ("check_keep", "write", "seal", "encode", "verify", "decode", "remove_dead_temps",
+                                   "save", "list_checkpoints", "newest_good", "load_latest"),
 }
 
 

@@ -90,13 +90,12 @@ class _Digesting:
     def flush(self) -> None:
         self.f.flush()
 
-    def seal(self) -> int:
-        """Give the archive its digest as its comment; returns the file's size."""
+    def seal(self) -> None:
+        """Give the archive its digest as its comment."""
         if self.n < _EOCD or self.tail[:4] != _EOCD_SIG or self.tail[-2:] != b"\0\0":
             raise CheckpointError("torch.save wrote no zip archive ending in an empty comment: cannot add the digest")
         self.f.seek(self.n - 2)
         self.f.write(struct.pack("<H", _COMMENT) + _MARK + self.sha.hexdigest().encode())
-        return self.n + _COMMENT
 
 
 def encode(state: dict[str, Any]) -> bytes:

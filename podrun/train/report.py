@@ -352,8 +352,13 @@ def plot(records: list[dict], path: str | Path, title: str = "", replanned: list
     """Draw the curves (``figure``) to the PNG ``path``."""
     import matplotlib.pyplot as plt
 
+    from podrun import safefs
+
     fig = figure(records, title, replanned)
     path = Path(path)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    try:
+        with safefs.replacing(path, "report", durable=False) as f:
+            fig.savefig(f, format="png", dpi=90)
+    finally:
+        plt.close(fig)
     return path

@@ -203,6 +203,7 @@ def test_the_link_writes_nothing_once_closed_or_lost():
 
 from tests.host.test_agent import _request  # noqa: E402 - one home for a small local request
 
+
 def test_the_local_transport_starts_agents_with_the_env_in_their_environment_never_their_argv(tmp_path):
     """Two agents, each the leader of its own session; the worker sees the --env value, no agent's command line
     holds it (neither the argv executed nor /proc/PID/cmdline); only instance 0 gets a copy of podrun's stdin, and
@@ -236,6 +237,85 @@ def test_the_local_transport_starts_agents_with_the_env_in_their_environment_nev
             h.close()
     with pytest.raises(LaunchError, match="cannot start the instance agent with /nonexistent/python"):
         LocalTransport(replace(req, python="/nonexistent/python")).start()
+
+
+def test_an_agent_that_cannot_start_ends_the_agents_started_before_it(tmp_path, monkeypatch):
+    """A fault injected into the second agent's start (the kernel refusing the fork, EAGAIN): the first agent,
+    already running, is ended before the LaunchError, so nothing of the launch is left behind."""
+    import subprocess
+
+    from podrun.launch.transports import local
+
+    req = _request(tmp_path, [sys.executable, "-c", "import time; time.sleep(60)"])
+    started, real = [], subprocess.Popen
+
+    def popen(*a, **kw):
+        if started:
+            raise OSError(11, "Resource temporarily unavailable")
+        started.append(real(*a, **kw))
+        return started[-1]
+
+    monkeypatch.setattr(local.subprocess, "Popen", popen)
+    try:
+        with pytest.raises(LaunchError, match="cannot start the instance agent"):
+            local.LocalTransport(req).start()
+        assert started[0].wait(timeout=10) is not None     # left alone, it would wait 60 s for its controller
+    finally:
+        started[0].kill()
+
+
+# -- podrun.train.lock: who holds a directory -----------------------------------------------------------------
+
+def test_a_lock_holder_is_alive_while_its_process_lives_and_another_hosts_is_assumed_alive(tmp_path):
+    import socket
+    import subprocess
+
+    from podrun.train import lock
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    assert lock.writer_alive(None, os.getpid()) and lock.writer_alive(socket.gethostname(), os.getpid())
+    assert not lock.writer_alive(None, gone.pid) and not lock.writer_alive(socket.gethostname(), gone.pid)
+    assert lock.writer_alive("another-host.example", gone.pid)       # its pid means nothing here
+    assert lock.holder(tmp_path) is None                             # no lock file: no holder
+    with pytest.raises(lock.LockError, match="cannot be written: No such file"):
+        lock.DirLock(tmp_path / "missing", "r1", "run directory").acquire()
+    held = lock.DirLock(tmp_path, "r1", "run directory").acquire()
+    try:
+        who = lock.holder(tmp_path)
+        assert who["run"] == "r1" and who["pid"] == os.getpid(), who
+        with pytest.raises(lock.LockError, match=f"in use by run r1 on host .* \\(pid {os.getpid()}\\)"):
+            lock.DirLock(tmp_path, "r2", "run directory").acquire()
+    finally:
+        held.release()
+    assert lock.holder(tmp_path) is None
+
+
+# -- podrun.train.checkpoint: the digest a checkpoint carries --------------------------------------------------
+
+def test_a_checkpoints_digest_finds_every_change_and_accepts_the_shortest_sealed_file():
+    import hashlib
+    import struct
+
+    import torch
+
+    from podrun.train import checkpoint as ck
+
+    data = ck.encode({"w": torch.arange(4.0)})
+    assert ck.verify(data) is None
+    assert ck.verify(b"") == "empty (0 bytes)"
+    tail = ck._EOCD + ck._COMMENT
+    for cut, why in ((data[:-1], "no digest at its end"), (data[-tail + 1:], "no digest at its end"),
+                     (data[:10] + bytes([data[10] ^ 1]) + data[11:], "digest mismatch"),
+                     (data[:-tail] + b"XXXX" + data[-tail + 4:], "its end is damaged")):
+        assert ck.verify(cut).startswith(why), (why, ck.verify(cut))
+    want = data[-64:].decode()
+    flipped = data[:-64] + ("0" if want[0] != "0" else "1").encode() + data[-63:]
+    assert f"recorded {flipped[-64:-52].decode()}.." in ck.verify(flipped)
+    head = ck._EOCD_SIG + b"\0" * 16            # the shortest file a seal makes: an empty archive's end record
+    digest = hashlib.sha256(head + b"\0\0").hexdigest().encode()
+    shortest = head + struct.pack("<H", ck._COMMENT) + ck._MARK + digest
+    assert len(shortest) == tail and ck.verify(shortest) is None
 
 
 # -- bench/bench_mutate.py's table: what `python -m bench mutate` mutates and runs is there --------------------

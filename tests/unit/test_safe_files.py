@@ -1,6 +1,6 @@
 """Every file or directory podrun creates or writes goes through podrun.safefs: a reading of podrun/'s source (its AST)
 finds no other way to make or write one (open() for writing, Path.write_*, Path.mkdir, os.open for writing,
-os.mkdir/makedirs, shutil's copies, tempfile's makers, os.replace/rename)."""
+os.mkdir/makedirs, shutil's copies, tempfile's makers, os.replace/rename, a figure or tensor saved to a path)."""
 from __future__ import annotations
 
 import ast
@@ -65,6 +65,11 @@ def bypasses_in(source: str, name: str) -> list[str]:
                 out.append(f"{where}: .{f.attr}()")      # Path's replace/rename take one argument; str's two
             elif base not in ("os", "io") and f.attr == "open" and _literal_mode_writes(node):
                 out.append(f"{where}: .open() for writing")
+            elif f.attr == "savefig" and not any(k.arg == "format" for k in node.keywords):
+                out.append(f"{where}: savefig to a path (give it safefs.replacing's file, with format=)")
+            elif (base, f.attr) in (("torch", "save"), ("np", "save"), ("numpy", "save")) and len(node.args) > 1 \
+                    and isinstance(node.args[1], (ast.Constant, ast.JoinedStr, ast.BinOp, ast.Call)):
+                out.append(f"{where}: {base}.save to a path")
     return out
 
 
@@ -88,12 +93,12 @@ def test_the_check_finds_every_way_around(tmp_path):
         "os.open(p, os.O_WRONLY | os.O_CREAT, 0o600)", "os.open(p, O_RDWR)", "Path(p).write_text('x')",
         "p.write_bytes(b'')", "p.mkdir(exist_ok=True)", "os.mkdir(p)", "os.makedirs(p, exist_ok=True)",
         "shutil.copy(a, b)", "shutil.copyfile(a, b)", "tempfile.mktemp()", "tempfile.mkdtemp()", "p.open('w')",
-        "os.replace(a, b)", "p.touch()",
+        "os.replace(a, b)", "p.touch()", "fig.savefig(path, dpi=90)", "torch.save(s, d / 'x.pt')",
     ])
     found = bypasses_in(src, "m.py")
-    assert [f.split(":")[1] for f in found] == [str(i) for i in range(1, 20)], found
-    assert bypasses_in("open(p)\nopen(p, 'rb')\nos.open(p, os.O_RDONLY)\np.read_text()\nos.fdopen(fd, 'w')\n",
-                       "m.py") == []
+    assert [f.split(":")[1] for f in found] == [str(i) for i in range(1, 22)], found
+    assert bypasses_in("open(p)\nopen(p, 'rb')\nos.open(p, os.O_RDONLY)\np.read_text()\nos.fdopen(fd, 'w')\n"
+                       "fig.savefig(f, format='png')\ntorch.save(s, f)\n's'.replace('a', 'b')\n", "m.py") == []
     (tmp_path / "safefs.py").write_text("open(p, 'w')\n")
     (tmp_path / "other.py").write_text("x = 1\nos.makedirs(p)\n")
     assert bypasses(tmp_path) == ["other.py:2: os.makedirs"]
