@@ -410,7 +410,7 @@ def trusted_problem(path) -> str | None:
     return file_problem(st, path)
 
 
-__all__ = ["DIR_MODE", "FILE_MODE", "RECORD_LIMIT", "UnsafePath", "ancestor_problem", "check_ancestors", "check_dir", "create_new",
-           "dir_problem", "file_problem", "make_dir", "make_dirs", "make_temp_dir", "own_dir", "open_log", "open_private",
-           "owner_name", "read_trusted", "read_user_file", "rename", "replacing", "set_mode", "trusted_problem",
-           "user_file_problem", "write_file", "write_kernel"]
+__all__ = ["DIR_MODE", "FILE_MODE", "RECORD_LIMIT", "UnsafePath", "ancestor_problem", "check_ancestors", "check_dir",
+           "create_new", "dir_problem", "file_problem", "make_dir", "make_dirs", "make_temp_dir", "open_log",
+           "open_private", "own_dir", "owner_name", "read_trusted", "read_user_file", "rename", "replacing", "set_mode",
+           "trusted_problem", "user_file_problem", "write_file", "write_kernel"]

@@ -145,3 +145,51 @@ def test_the_user_api_plan_reads_the_env_contract(monkeypatch):
     p = elastic.plan()
     assert (p.rank, p.world_size, p.replica, p.replicas, p.local_batch, p.grad_accum, p.global_batch,
             p.restart_count) == (2, 3, 2, 3, 1, 4, 12, 1)
+
+
+def test_update_0_is_recovered_and_a_snapshot_older_than_the_checkpoint_never_is(host_dir):
+    w = snapshot.Writer(host_dir)
+    w.submit(0, {"w": torch.zeros(2)})
+    got = snapshot.recover(w, -1)
+    assert got is not None and got.step == 0
+    w.submit(3, {"w": torch.ones(2)})
+    assert snapshot.recover(w, newer_than=6) is None          # the disk checkpoint is newer: it is the resume
+    assert w.read(3) is not None and w.read(4) is None
+    assert snapshot.Writer(host_dir).read(3) is None           # nothing verified yet: nothing to send
+    w.close()
+
+
+def test_headers_in_a_directory_others_may_read_are_not_trusted(host_dir):
+    w = snapshot.Writer(host_dir)
+    w.submit(1, {"w": torch.ones(8)})
+    w.close()
+    assert snapshot.held(host_dir) == [(1, 0)]
+    os.chmod(host_dir, 0o750)
+    try:
+        assert snapshot.held(host_dir) == []
+    finally:
+        os.chmod(host_dir, 0o700)
+
+
+def test_the_directory_is_made_again_when_another_agent_removed_its_parent_in_between(host_dir, monkeypatch):
+    """open_dir's retry: the host's directory vanishing once (another host's agent on this machine removed the run's
+    empty directory) is made again; vanishing every time is an error, not a directory that is not there."""
+    real, vanished = snapshot.make_private, []
+
+    def once(p):
+        if Path(p) == host_dir and not vanished:
+            vanished.append(p)
+            raise FileNotFoundError(p)
+        return real(p)
+
+    monkeypatch.setattr(snapshot, "make_private", once)
+    assert snapshot.open_dir(host_dir) == host_dir and host_dir.is_dir() and vanished
+
+    def always(p):
+        if Path(p) == host_dir:
+            raise FileNotFoundError(p)
+        return real(p)
+
+    monkeypatch.setattr(snapshot, "make_private", always)
+    with pytest.raises(FileNotFoundError):
+        snapshot.open_dir(host_dir)

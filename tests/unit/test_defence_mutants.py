@@ -286,6 +286,10 @@ def test_a_lock_holder_is_alive_while_its_process_lives_and_another_hosts_is_ass
         assert who["run"] == "r1" and who["pid"] == os.getpid(), who
         with pytest.raises(lock.LockError, match=f"in use by run r1 on host .* \\(pid {os.getpid()}\\)"):
             lock.DirLock(tmp_path, "r2", "run directory").acquire()
+        t0 = time.monotonic()            # the same run waits for its earlier attempt, then is refused all the same
+        with pytest.raises(lock.LockError, match="in use by run r1"):
+            lock.DirLock(tmp_path, "r1", "run directory").acquire(same_run_wait=0.3)
+        assert time.monotonic() - t0 >= 0.3
     finally:
         held.release()
     assert lock.holder(tmp_path) is None
@@ -295,6 +299,7 @@ def test_a_lock_holder_is_alive_while_its_process_lives_and_another_hosts_is_ass
 
 def test_a_checkpoints_digest_finds_every_change_and_accepts_the_shortest_sealed_file():
     import hashlib
+    import io
     import struct
 
     import torch
@@ -312,6 +317,17 @@ def test_a_checkpoints_digest_finds_every_change_and_accepts_the_shortest_sealed
     want = data[-64:].decode()
     flipped = data[:-64] + ("0" if want[0] != "0" else "1").encode() + data[-63:]
     assert f"recorded {flipped[-64:-52].decode()}.." in ck.verify(flipped)
+    got = hashlib.sha256(flipped[:-ck._COMMENT - 2] + bytes(2)).hexdigest()
+    assert f"(sha256 {got[:12]}.., recorded" in ck.verify(flipped)
+    for bad in (b"x" * 40 + b"\0\0", ck._EOCD_SIG + b"\0" * 16 + b"\1\0"):   # no end record; one with a comment
+        w = ck._Digesting(io.BytesIO())
+        w.write(bad)
+        with pytest.raises(ck.CheckpointError, match="no zip archive ending in an empty comment"):
+            w.seal()
+    for keep in (-1, True, 1.5):
+        with pytest.raises(ck.CheckpointError, match="--keep-checkpoints"):
+            ck.check_keep(keep)
+    assert ck.check_keep(0) == 0
     head = ck._EOCD_SIG + b"\0" * 16            # the shortest file a seal makes: an empty archive's end record
     digest = hashlib.sha256(head + b"\0\0").hexdigest().encode()
     shortest = head + struct.pack("<H", ck._COMMENT) + ck._MARK + digest

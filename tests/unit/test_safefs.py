@@ -89,7 +89,7 @@ def test_no_write_goes_through_a_link_or_into_another_users_file_or_directory(sh
     assert (shared / "ok").read_text() == "fine"
 
 
-def test_directories_are_made_private_or_refused_with_their_owner_and_mode(shared, tmp_path):
+def test_directories_are_made_private_or_refused_with_their_owner_and_mode(shared, tmp_path, monkeypatch):
     d = safefs.make_dirs(tmp_path / "a" / "b" / "c", "checkpoint directory")
     assert mode(d) == 0o700 and mode(tmp_path / "a") == 0o755
     os.chmod(d, 0o770)
@@ -109,6 +109,13 @@ def test_directories_are_made_private_or_refused_with_their_owner_and_mode(share
     with pytest.raises(safefs.UnsafePath, match="cannot create the checkpoint directory .*No such file"):
         safefs.make_dir(tmp_path / "missing" / "d", "checkpoint directory")
     t = safefs.make_temp_dir("podrun-t-", str(tmp_path))
+    taken = tmp_path / ("podrun-t-" + "00" * 6)                     # a name drawn twice: the next one is drawn
+    taken.mkdir()
+    draws = iter([b"\0" * 6])
+    real = os.urandom
+    monkeypatch.setattr(safefs.os, "urandom", lambda n: next(draws, None) or real(n))
+    assert safefs.make_temp_dir("podrun-t-", str(tmp_path)) not in (str(taken), t)
+    monkeypatch.undo()
     assert mode(t) == 0o700 and os.path.basename(t) != os.path.basename(safefs.make_temp_dir("podrun-t-", str(tmp_path)))
 
 
@@ -136,6 +143,9 @@ def test_a_trusted_file_is_read_only_when_no_one_else_could_have_written_it(shar
     with pytest.raises(safefs.UnsafePath, match="written by others"):
         safefs.read_trusted(group / "f", "checkpoint", limit=10)
     assert safefs.trusted_problem(ours) is None
+    plan = tmp_path / "plan.json"                    # a plan of thousands of hosts is a few MB: read back whole
+    plan.write_bytes(b" " * (8 << 20))
+    assert len(safefs.read_trusted(plan, "plan", limit=safefs.RECORD_LIMIT)) == 8 << 20
 
 
 def test_a_file_the_user_names_must_be_a_regular_file_and_is_never_waited_on(tmp_path):
@@ -149,6 +159,7 @@ def test_a_file_the_user_names_must_be_a_regular_file_and_is_never_waited_on(tmp
     assert time.monotonic() - t0 < 5
     with pytest.raises(safefs.UnsafePath, match=r"--hostfile .*missing: cannot read it \(No such file"):
         safefs.read_user_file(tmp_path / "missing", "--hostfile", limit=100)
+    assert "No such file" in safefs.user_file_problem(tmp_path / "missing")
     big = tmp_path / "big"
     big.write_bytes(b"x" * 101)
     with pytest.raises(safefs.UnsafePath, match="larger than 100"):
