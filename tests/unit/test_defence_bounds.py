@@ -183,3 +183,14 @@ def test_prepare_dirs_goes_on_past_an_env_without_a_snapshot_dir_and_a_repeated_
         for d in dirs:
             snapshot.remove(d)
     assert not base.exists()
+
+
+def test_cores_per_node_and_device_memory_take_their_whole_range_and_no_more():
+    """--cpus-per-node: 1 .. 2**20 (a node of a million cores is no typo's reach); --device-memory: above 0 GB."""
+    assert cli_types.CPUS.convert(1, None, None) == 1 and cli_types.CPUS.convert(1 << 20, None, None) == 1 << 20
+    for bad in (0, (1 << 20) + 1):
+        with pytest.raises(click.BadParameter):
+            cli_types.CPUS.convert(bad, None, None)
+    assert cli_types.DEVICE_MEMORY_GB.convert("0.5", None, None) == 0.5
+    with pytest.raises(click.BadParameter):
+        cli_types.DEVICE_MEMORY_GB.convert("0", None, None)

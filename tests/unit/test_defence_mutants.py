@@ -334,6 +334,21 @@ def test_a_checkpoints_digest_finds_every_change_and_accepts_the_shortest_sealed
     assert len(shortest) == tail and ck.verify(shortest) is None
 
 
+# -- podrun.redaction: secrets by value ----------------------------------------------------------------------------
+
+def test_a_known_secret_of_4_characters_is_hidden_and_one_of_3_is_not():
+    """MIN_SECRET_CHARS as docs/security.md gives it; each line of a multi-line value is hidden on its own."""
+    from podrun import redaction
+
+    try:
+        for value in ("q7x9", "abc", "line-one\nline-two"):
+            redaction.remember_secret(value)
+        assert redaction.redact_text("pw q7x9 abc line-two") == "pw <redacted> abc <redacted>"
+    finally:
+        redaction.forget_secrets()
+    assert redaction.redact_text("pw q7x9") == "pw q7x9"
+
+
 # -- bench/bench_mutate.py's table: what `python -m bench mutate` mutates and runs is there --------------------
 
 def test_the_mutation_checks_table_names_modules_tests_and_functions_that_exist():
