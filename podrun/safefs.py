@@ -277,10 +277,7 @@ def open_private(path, *, append: bool = True, read: bool = False) -> int:
             raise _refuse(f"{path} is a symbolic link", "file", UnsafePath, None) from None
         raise
     try:
-        st = os.fstat(fd)
-        problem = file_problem(st, path, shared_read=False)
-        if problem is None and st.st_uid != os.geteuid():
-            problem = f"{path} belongs to {owner_name(st.st_uid)}, not to you ({owner_name(os.geteuid())})"
+        problem = file_problem(os.fstat(fd), path, shared_read=False)   # root's 0600 file: only root may open it
     except OSError:
         os.close(fd)
         raise
@@ -301,7 +298,9 @@ def rename(src, dst) -> None:
 
 
 def set_mode(path, mode: int) -> None:
-    """chmod ``path`` itself (never what a link points at)."""
+    """chmod ``path`` itself; a link there is refused (UnsafePath), never followed."""
+    if stat.S_ISLNK(os.lstat(path).st_mode):
+        raise _refuse(f"{path} is a symbolic link", "path", UnsafePath, None)
     os.chmod(path, mode, follow_symlinks=False)
 
 

@@ -84,7 +84,12 @@ def test_no_write_goes_through_a_link_or_into_another_users_file_or_directory(sh
         safefs.open_private(shared / "theirs")
     with pytest.raises(OSError):
         safefs.open_private(shared / "link")
-    assert victim.read_text() == "mine\n"
+    os.chmod(victim, 0o600)
+    with pytest.raises(safefs.UnsafePath, match="symbolic link"):     # a mode is never set through a link
+        safefs.set_mode(shared / "link", 0o666)
+    assert victim.read_text() == "mine\n" and mode(victim) == 0o600
+    with pytest.raises(safefs.UnsafePath, match="cannot write the job script .*: File name too long"):
+        safefs.write_file(shared / ("x" * 250), "secret", "job script")
     safefs.write_file(shared / "ok", "fine", "file")     # a sticky directory of root's: /tmp's rule
     assert (shared / "ok").read_text() == "fine"
 
@@ -103,6 +108,7 @@ def test_directories_are_made_private_or_refused_with_their_owner_and_mode(share
     as_nobody(f"mkdir -m 700 {shared}/theirs && mkdir -m 777 {shared}/swap && ln -s {shared}/swap {shared}/a")
     with pytest.raises(safefs.UnsafePath, match="nobody"):
         safefs.make_dir(shared / "theirs", "checkpoint directory")
+    assert "belongs to nobody" in safefs.dir_problem(shared / "theirs", shared_read=True, root_ok=True)
     with pytest.raises(safefs.UnsafePath, match="symbolic link"):
         safefs.make_dirs(shared / "a" / "b", "checkpoint directory")
     assert os.listdir(shared / "swap") == []
