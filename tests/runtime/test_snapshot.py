@@ -193,3 +193,12 @@ def test_the_directory_is_made_again_when_another_agent_removed_its_parent_in_be
     monkeypatch.setattr(snapshot, "make_private", always)
     with pytest.raises(FileNotFoundError):
         snapshot.open_dir(host_dir)
+
+
+def test_a_received_snapshot_that_cannot_be_kept_turns_snapshots_off_instead_of_failing_the_step(host_dir):
+    """put (a snapshot received from another rank, kept for a second failure): the host's directory gone under the
+    run (or /dev/shm full) is said in the writer's error; the training step goes on."""
+    w = snapshot.Writer(host_dir)
+    snapshot.remove(host_dir)
+    w.put(3, b"\0" * 16, "raw", "0" * 64)
+    assert w.error is not None and "FileNotFoundError" in w.error, w.error

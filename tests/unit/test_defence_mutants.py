@@ -300,7 +300,9 @@ def test_a_lock_holder_is_alive_while_its_process_lives_and_another_hosts_is_ass
 def test_a_checkpoints_digest_finds_every_change_and_accepts_the_shortest_sealed_file():
     import hashlib
     import io
+    import shutil
     import struct
+    import tempfile
 
     import torch
 
@@ -328,6 +330,19 @@ def test_a_checkpoints_digest_finds_every_change_and_accepts_the_shortest_sealed
         with pytest.raises(ck.CheckpointError, match="--keep-checkpoints"):
             ck.check_keep(keep)
     assert ck.check_keep(0) == 0
+    import datetime
+
+    sealed = ck.encode({"when": datetime.datetime(2026, 1, 1)})   # sealed, but not what weights_only loads
+    try:
+        torch.load(io.BytesIO(sealed), weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - whatever torch says, decode says its first line
+        first = f"does not load: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+    d = Path(tempfile.mkdtemp())
+    try:
+        (d / "ckpt-000000001.pt").write_bytes(sealed)
+        assert ck.decode(d / "ckpt-000000001.pt") == (None, first) and len(first) > 40, first
+    finally:
+        shutil.rmtree(d)
     head = ck._EOCD_SIG + b"\0" * 16            # the shortest file a seal makes: an empty archive's end record
     digest = hashlib.sha256(head + b"\0\0").hexdigest().encode()
     shortest = head + struct.pack("<H", ck._COMMENT) + ck._MARK + digest
