@@ -194,3 +194,12 @@ def test_cores_per_node_and_device_memory_take_their_whole_range_and_no_more():
     assert cli_types.DEVICE_MEMORY_GB.convert("0.5", None, None) == 0.5
     with pytest.raises(click.BadParameter):
         cli_types.DEVICE_MEMORY_GB.convert("0", None, None)
+
+
+def test_heartbeats_and_the_straggler_window_are_above_0_and_an_age_may_be_0():
+    """--heartbeat and --straggler-timeout: 0 s is refused (no heartbeat, no window); --max-age 0 days is a bound."""
+    for t in (cli_types.HEARTBEAT, cli_types.STRAGGLER):
+        assert t.convert("0.5", None, None) == 0.5
+        with pytest.raises(click.BadParameter):
+            t.convert("0", None, None)
+    assert cli_types.AGE_DAYS.convert("0", None, None) == 0.0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import fcntl
 import glob
+import json
 import os
 import random
 import sys
@@ -276,7 +277,8 @@ def test_a_lock_holder_is_alive_while_its_process_lives_and_another_hosts_is_ass
     gone.wait()
     assert lock.writer_alive(None, os.getpid()) and lock.writer_alive(socket.gethostname(), os.getpid())
     assert not lock.writer_alive(None, gone.pid) and not lock.writer_alive(socket.gethostname(), gone.pid)
-    assert lock.writer_alive("another-host.example", gone.pid)       # its pid means nothing here
+    for other in ("0-another-host", "zz-another-host"):                  # its pid means nothing here
+        assert lock.writer_alive(other, gone.pid)
     assert lock.holder(tmp_path) is None                             # no lock file: no holder
     with pytest.raises(lock.LockError, match="cannot be written: No such file"):
         lock.DirLock(tmp_path / "missing", "r1", "run directory").acquire()
@@ -284,6 +286,10 @@ def test_a_lock_holder_is_alive_while_its_process_lives_and_another_hosts_is_ass
     try:
         who = lock.holder(tmp_path)
         assert who["run"] == "r1" and who["pid"] == os.getpid(), who
+        os.pwrite(held.fd, b"not json", 0)                            # a description torn or garbled: held all the same
+        assert lock.holder(tmp_path) == {}
+        os.ftruncate(held.fd, 0)
+        os.pwrite(held.fd, json.dumps(who).encode(), 0)
         with pytest.raises(lock.LockError, match=f"in use by run r1 on host .* \\(pid {os.getpid()}\\)"):
             lock.DirLock(tmp_path, "r2", "run directory").acquire()
         t0 = time.monotonic()            # the same run waits for its earlier attempt, then is refused all the same
@@ -349,6 +355,24 @@ def test_a_checkpoints_digest_finds_every_change_and_accepts_the_shortest_sealed
     assert len(shortest) == tail and ck.verify(shortest) is None
 
 
+def test_a_checkpoint_write_that_fails_is_an_error_with_a_failing_exit_and_leaves_no_file(tmp_path, monkeypatch):
+    """An I/O error in the middle of a save (injected: EIO from the disk) fails the run (exit 1), never exit 0,
+    and leaves neither the checkpoint nor its temporary file."""
+    import errno
+
+    import torch
+
+    from podrun.train import checkpoint as ck
+
+    def eio(self, b):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(ck._Digesting, "write", eio)
+    with pytest.raises(ck.CheckpointError, match="cannot write checkpoint .*Input/output error") as got:
+        ck.save({"w": torch.zeros(4)}, tmp_path / "ck", 1, keep=1)
+    assert got.value.exit_code == 1 and os.listdir(tmp_path / "ck") == []
+
+
 # -- podrun.redaction: secrets by value ----------------------------------------------------------------------------
 
 def test_a_known_secret_of_4_characters_is_hidden_and_one_of_3_is_not():
@@ -359,6 +383,8 @@ def test_a_known_secret_of_4_characters_is_hidden_and_one_of_3_is_not():
         for value in ("q7x9", "abc", "line-one\nline-two"):
             redaction.remember_secret(value)
         assert redaction.redact_text("pw q7x9 abc line-two") == "pw <redacted> abc <redacted>"
+        redaction.remember_secret("q7x9-and-more")     # a value holding a shorter one is hidden whole
+        assert redaction.redact_text("pw q7x9-and-more") == "pw <redacted>"
     finally:
         redaction.forget_secrets()
     assert redaction.redact_text("pw q7x9") == "pw q7x9"
