@@ -373,6 +373,31 @@ def test_a_checkpoint_write_that_fails_is_an_error_with_a_failing_exit_and_leave
     assert got.value.exit_code == 1 and os.listdir(tmp_path / "ck") == []
 
 
+def test_checkpoints_none_of_them_good_are_an_error_naming_each_and_none_at_all_is_a_fresh_start(tmp_path):
+    import torch
+
+    from podrun.train import checkpoint as ck
+
+    d = tmp_path / "ck"
+    assert ck.load_latest(tmp_path) is None                        # no checkpoint: a fresh start
+    ck.save({"w": torch.zeros(2)}, d, 1, keep=2)
+    assert ck.load_latest(d)[0].name == "ckpt-000000001.pt"
+    (d / "ckpt-000000001.pt").write_bytes(b"torn")
+    with pytest.raises(ck.CheckpointError, match="ckpt-000000001.pt") as got:
+        ck.load_latest(d)
+    assert got.value.exit_code == 2
+
+
+def test_only_kernel_interface_files_are_written_in_place(tmp_path):
+    from podrun import safefs
+
+    victim = tmp_path / "f"
+    victim.write_text("x")
+    with pytest.raises(ValueError, match="not a kernel interface file"):
+        safefs.write_kernel(str(victim), "5")
+    assert victim.read_text() == "x"
+
+
 # -- podrun.redaction: secrets by value ----------------------------------------------------------------------------
 
 def test_a_known_secret_of_4_characters_is_hidden_and_one_of_3_is_not():
