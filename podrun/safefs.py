@@ -13,7 +13,7 @@ from podrun.errors import PodrunError
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600
-RECORD_LIMIT = 256 << 20       # the largest record podrun reads back (a plan of thousands of hosts is a few MB)
+RECORD_LIMIT = 64 << 20        # the largest record podrun reads back (a plan of thousands of hosts is a few MB)
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -317,7 +317,8 @@ def write_kernel(path: str, text: str) -> None:
 
 # -- reading ----------------------------------------------------------------------------------------------------
 
-def _read_fd(fd: int, path, what: str, limit: int, error: type[PodrunError]) -> bytes:
+def _read_fd(fd: int, label: str, limit: int, error: type[PodrunError]) -> bytes:
+    """At most ``limit`` bytes of ``fd``; ``error`` (the caller's too-large error) when it holds more."""
     chunks, size = [], 0
     while True:
         b = os.read(fd, min(1 << 20, limit + 1 - size))
@@ -326,29 +327,33 @@ def _read_fd(fd: int, path, what: str, limit: int, error: type[PodrunError]) -> 
         chunks.append(b)
         size += len(b)
         if size > limit:
-            raise error(f"{what} {path}: larger than {limit} bytes; not the kind of file asked for")
+            raise error(f"{label}: larger than {limit} bytes; not the kind of file asked for")
 
 
-def read_user_file(path, what: str, *, limit: int, error: type[PodrunError] = UnsafePath) -> bytes:
+def read_user_file(path, what: str, *, limit: int, error: type[PodrunError] = UnsafePath,
+                   too_large: type[PodrunError] | None = None, label: str | None = None) -> bytes:
     """The bytes of a file the user named (hostfile, ssh config, calibration, recipe, cluster spec): a regular file
     only (a FIFO or a device is refused, never waited on), at most ``limit`` bytes; links are followed (the user
-    named the path). Errors name ``what`` and the path."""
+    named the path). Errors start with ``label`` (default: ``what`` and the path); a file over ``limit`` is
+    ``too_large`` (default ``error``), so a caller can say it in its own words."""
+    label = f"{what} {path}" if label is None else label
+    too_large = error if too_large is None else too_large
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except (OSError, ValueError) as exc:
-        raise error(f"{what} {path}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
+        raise error(f"{label}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode)
                     or stat.S_ISBLK(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode) else "not a file")
-            raise error(f"{what} {path}: is {kind}, not a regular file")
+            raise error(f"{label}: is {kind}, not a regular file")
         if st.st_size > limit:
-            raise error(f"{what} {path}: larger than {limit} bytes ({st.st_size}); not the kind of file asked for")
+            raise too_large(f"{label}: larger than {limit} bytes ({st.st_size}); not the kind of file asked for")
         try:
-            return _read_fd(fd, path, what, limit, error)
+            return _read_fd(fd, label, limit, too_large)
         except OSError as exc:
-            raise error(f"{what} {path}: cannot read it ({exc.strerror or exc})") from None
+            raise error(f"{label}: cannot read it ({exc.strerror or exc})") from None
     finally:
         os.close(fd)
 
@@ -364,6 +369,13 @@ def user_file_problem(path) -> str | None:
     return None
 
 
+def _trusted_dir_problem(path, shared_dir: bool) -> str | None:
+    """Why the directory of ``path`` cannot vouch for a file in it: one on the way another user could swap, or its own
+    not a real directory of this user or root that only they may write (nor, without ``shared_dir``, read)."""
+    d = os.path.dirname(os.path.abspath(os.fspath(path)))
+    return ancestor_problem(d) or dir_problem(d, shared_read=shared_dir, root_ok=True)
+
+
 def read_trusted(path, what: str, *, limit: int, error: type[PodrunError] = UnsafePath,
                  shared_dir: bool = True) -> bytes:
     """The bytes of a file that decides what podrun does (launch.json, plan.json, a checkpoint, a calibration, a
@@ -372,8 +384,7 @@ def read_trusted(path, what: str, *, limit: int, error: type[PodrunError] = Unsa
     with ``shared_dir`` False not readable by others either), and the file is a regular file of this user or root,
     not a link (O_NOFOLLOW), writable by no one else, at most ``limit`` bytes."""
     path = os.fspath(path)
-    d = os.path.dirname(os.path.abspath(path))
-    problem = ancestor_problem(d) or dir_problem(d, shared_read=shared_dir, root_ok=True)
+    problem = _trusted_dir_problem(path, shared_dir)
     if problem is not None:
         raise _refuse(problem, what, error, None)
     try:
@@ -389,15 +400,14 @@ def read_trusted(path, what: str, *, limit: int, error: type[PodrunError] = Unsa
             raise _refuse(problem, what, error, None)
         if st.st_size > limit:
             raise error(f"{what} {path}: larger than {limit} bytes ({st.st_size})")
-        return _read_fd(fd, path, what, limit, error)
+        return _read_fd(fd, f"{what} {path}", limit, error)
     finally:
         os.close(fd)
 
 
 def trusted_problem(path) -> str | None:
     """Why read_trusted would refuse ``path`` (None: it would read it), reading nothing."""
-    d = os.path.dirname(os.path.abspath(os.fspath(path)))
-    problem = ancestor_problem(d) or dir_problem(d, shared_read=True, root_ok=True)
+    problem = _trusted_dir_problem(path, True)
     if problem is not None:
         return problem
     try:

@@ -137,15 +137,14 @@ def main(argv=None) -> int:
     inter = dist.new_group(inter_ranks) if hosts > 1 else None
     intra = dist.new_group(intra_ranks) if lws > 1 else None
     network = {"backend": "gloo", "intra_host": None, "inter_host": None}
-    for key, label, group, ranks in (("inter_host", "inter-host", inter, inter_ranks),
-                                     ("intra_host", "intra-host", intra, intra_ranks)):
+    for key, group, ranks in (("inter_host", inter, inter_ranks), ("intra_host", intra, intra_ranks)):
         if group is None:
             continue
         dist.barrier()
         if rank in ranks:
             link = allreduce_link(group, len(ranks), nbytes, args.net_iters)
             if rank == ranks[0]:
-                say(f"all-reduce {label} ({len(ranks)} ranks, {nbytes / 2**20:.1f} MiB): bus "
+                say(f"all-reduce {key.replace('_', '-')} ({len(ranks)} ranks, {nbytes / 2**20:.1f} MiB): bus "
                     f"bandwidth {link['bus_bandwidth_gbps']:.3g} Gb/s, latency {link['latency_us']:.0f} us")
             network[key] = link
     if rank == 0:

@@ -63,7 +63,6 @@ SOURCES: dict[str, dict[str, str]] = {
 }
 
 DEFAULT_MASTER_PORT = 29500
-PLAN_LIMIT = 64 << 20           # the largest plan.json read
 
 
 @dataclass(frozen=True)
@@ -222,7 +221,7 @@ def read_plan(info: WorkerInfo | None = None) -> dict | None:
             hint="the run directory must be visible on every host (shared file system) or copied there",
         )
     try:
-        return json.loads(safefs.read_trusted(info.plan_path, "plan", limit=PLAN_LIMIT, error=RuntimeEnvError))
+        return json.loads(safefs.read_trusted(info.plan_path, "plan", limit=safefs.RECORD_LIMIT, error=RuntimeEnvError))
     except OSError as exc:
         raise RuntimeEnvError(f"{info.plan_path}: cannot read it ({exc.strerror or exc})") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

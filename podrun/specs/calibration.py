@@ -136,7 +136,7 @@ def utc_now() -> str:
 
 
 def parse_utc(text: str) -> _dt.datetime:
-    return _dt.datetime.strptime(text + "+0000", "%Y-%m-%dT%H:%M:%SZ%z")
+    return _dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=_dt.timezone.utc)
 
 
 def _check(c: Calibration, path: str) -> None:

@@ -8,8 +8,8 @@ from podrun.errors import PodrunError
 from podrun.safefs import read_user_file
 
 
-class _Refused(PodrunError):
-    """read_user_file's refusal, said again in the caller's words."""
+class _TooLarge(PodrunError):
+    """read_user_file's refusal of a file over the limit, said again in the caller's words."""
 
 
 def read_bounded_text(path: str | Path, *, what: str, limit: int, error: type[PodrunError],
@@ -22,13 +22,10 @@ def read_bounded_text(path: str | Path, *, what: str, limit: int, error: type[Po
     why that is not the kind of file asked for), or not UTF-8 (line and byte offset of the first bad byte).
     """
     try:
-        data = read_user_file(path, "", limit=limit, error=_Refused)
-    except _Refused as exc:
-        reason = exc.message.removeprefix(f" {path}: ")
-        if reason.startswith("larger than"):
-            size = f"{limit // (1024 * 1024)} MiB" if limit % (1024 * 1024) == 0 else f"{limit // 1024} KiB"
-            reason = f"larger than {size}; {too_big}"
-        raise error(f"{what}: {reason}") from None
+        data = read_user_file(path, what, limit=limit, error=error, too_large=_TooLarge, label=what)
+    except _TooLarge:
+        size = f"{limit // (1024 * 1024)} MiB" if limit % (1024 * 1024) == 0 else f"{limit // 1024} KiB"
+        raise error(f"{what}: larger than {size}; {too_big}") from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

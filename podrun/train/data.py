@@ -195,7 +195,7 @@ class FolderDataset(ImageDataset):
 
         path, _ = self.samples[i]
         try:
-            with Image.open(fp=path) as im:
+            with Image.open(path) as im:
                 im = im.convert("RGB")
                 s = self.image_size
                 w, h = im.size

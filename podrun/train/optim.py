@@ -137,7 +137,7 @@ def build_optimizer(model: nn.Module, name: str, lr: float, *, momentum: float =
                     betas: tuple[float, float] = (0.9, 0.999), rho: float = 0.9,
                     nesterov: bool = False, exclude_bias_and_norm: bool = True,
                     fused: bool | None = None) -> torch.optim.Optimizer:
-    name = name.lower().translate({ord("-"): "_"})
+    name = name.lower().replace("-", "_")
     groups = param_groups_for(model, weight_decay, exclude_bias_and_norm)
     if name == "lars":
         return LARS(groups, lr=lr, momentum=momentum, weight_decay=weight_decay, eeta=eeta,

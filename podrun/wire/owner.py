@@ -9,7 +9,7 @@ import os
 import time
 
 from podrun.errors import PodrunError
-from podrun.wire.proctl import pid_alive, stat_fields
+from podrun.wire.proctl import pid_alive, proc_start
 
 SOCKET_NAME = "control.sock"   # in the run dir: the controller's control socket (podrun stack)
 # a dead controller's socket can still answer for a moment: its main thread is a zombie (dead to pid_alive) while
@@ -28,9 +28,8 @@ def boot_id() -> str:
 
 
 def _start(pid: int) -> str:
-    """The start time of process ``pid`` (clock ticks since boot, /proc/<pid>/stat), "?" when unknown."""
-    fields = stat_fields(pid)
-    return fields[19].decode("ascii", "replace") if fields is not None and len(fields) > 19 else "?"
+    """The start time of process ``pid`` (proctl.proc_start), "?" when unknown."""
+    return proc_start(pid) or "?"
 
 
 def record_text() -> str:
