@@ -84,7 +84,7 @@ def runner_steps(name: str, batch: int, size: int, steps: int, warmup: int, run_
     the runner fetches its step statistics (one host sync) every ``warmup`` updates, so the warm-up is an interval
     of its own; no snapshot, no checkpoint."""
     from podrun.runtime.env import read_worker_info
-    from podrun.train.metrics import read_metrics
+    from podrun.rundir.metrics import read_metrics
     from podrun.train.runner import TrainConfig, train
 
     cfg = TrainConfig(model=name, model_kwargs=model_kwargs(name, size), data="synthetic", image_size=size,

@@ -51,7 +51,7 @@ GUARDS = {
         FAULTS + "test_flipped_bytes_are_found_and_the_older_good_checkpoint_is_used",
         FAULTS + "test_temp_files_go_only_with_their_dead_writer",
         FAULTS + "test_a_disk_that_fills_during_the_write_is_named_and_leaves_no_temp_file"],
-    "podrun/train/lock.py": ["tests/unit/test_defence_mutants.py",
+    "podrun/rundir/lock.py": ["tests/unit/test_defence_mutants.py",
                              FAULTS + "test_a_restart_waits_for_its_own_runs_earlier_attempt_never_for_another_run",
                              FAULTS + "test_temp_files_go_only_with_their_dead_writer",
                              FAULTS + "test_a_second_writer_of_a_run_dir_or_a_checkpoint_dir_is_refused"],

@@ -15,7 +15,7 @@ def _steps(steps: int, batch: int, size: int, run_dir: Path, snapshot_dir: str |
     """Seconds of each update of the runner (one CPU worker, resnet18 cifar stem on digits), with snapshots
     into ``snapshot_dir`` or none."""
     from podrun.runtime.env import read_worker_info
-    from podrun.train.metrics import read_metrics
+    from podrun.rundir.metrics import read_metrics
     from podrun.train.runner import TrainConfig, train
 
     cfg = TrainConfig(model="resnet18", model_kwargs={"stem": "cifar", "norm": "batch"}, data="digits",
@@ -33,7 +33,7 @@ def run(quick: bool) -> list[dict]:
 
     import torch
 
-    from podrun.plan.worker_env import SNAPSHOT_KEY_NAME
+    from podrun.wire.worker_env import SNAPSHOT_KEY_NAME
     from podrun.runtime import snapshot
 
     os.environ.setdefault(SNAPSHOT_KEY_NAME, secrets.token_hex(32))     # as podrun launch gives every worker

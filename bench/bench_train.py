@@ -37,7 +37,7 @@ def _plain_loop(steps: int, batch: int, image_size: int) -> list[float]:
 
 def _runner(steps: int, batch: int, image_size: int, run_dir: Path) -> list[float]:
     from podrun.runtime.env import read_worker_info
-    from podrun.train.metrics import read_metrics
+    from podrun.rundir.metrics import read_metrics
     from podrun.train.runner import TrainConfig, train
 
     cfg = TrainConfig(model="resnet18", model_kwargs={"stem": "cifar", "norm": "batch"}, data="digits",

@@ -147,7 +147,7 @@ def part_calibrate(form: Form, out: Path, work: Path, f: dict) -> int:
 
 
 def _calibrate(form: Form, work: Path, f: dict, rec: dict, save) -> None:
-    from podrun.train.metrics import read_metrics
+    from podrun.rundir.metrics import read_metrics
 
     recipe = str(ROOT / "recipes" / form.recipe)
     where = ["--cluster", str(gpu_spec(work, f))] if form.name == "cuda" else \

@@ -13,7 +13,7 @@ from podrun import safefs
 from podrun.specs.calibration import (Calibration, LinkResult, MemoryProbe, MemoryResult, NetworkResult,
                                       OverlapResult, RatePoint, SUBDIR, check_name, dumps, utc_now)
 from podrun.errors import LaunchError, PlanError
-from podrun.launch.rundir import make_runs_dir, private_subdir
+from podrun.rundir.layout import make_runs_dir, private_subdir
 
 WORKER = "podrun.calibrate.worker"
 
@@ -105,7 +105,7 @@ def calibrate(opts: CalibrateOptions, progress: Progress | None = None) -> tuple
     no file; a budget below one sample: PlanError (exit 2) with the smallest that fits."""
     from podrun import __version__
     from podrun.launch.prepare import prepare_launch
-    from podrun.launch.rundir import new_run_id
+    from podrun.rundir.layout import new_run_id
     from podrun.launch.run import execute
     from podrun.plan.inputs import resolve_plan_inputs
 

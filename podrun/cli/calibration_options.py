@@ -26,7 +26,7 @@ def warn(text: str) -> None:
 
 def calibrated_plan(recipe: str, options: dict, calibration: str, max_age_days: float, runs_dir: str | None = None):
     """(plan with the calibration's measured inputs, host source); the warnings said on stderr."""
-    from podrun.launch.rundir import DEFAULT_RUNS_DIR
+    from podrun.rundir.layout import DEFAULT_RUNS_DIR
     from podrun.plan import make_plan
     from podrun.plan.measured import measured_for
     from podrun.plan.inputs import resolve_plan_inputs

@@ -381,7 +381,7 @@ def _sink(plan, as_json: bool, local_ranks: frozenset[int] | None = None):
     The stream is looked up at each line (stderr with --json), so that a live progress line can redirect it.
     ``local_ranks`` (--local-ranks-filter): only those local ranks' lines, both streams, as torchrun's filter (the
     run directory's logs keep every line)."""
-    from podrun.plan.worker_env import workers_per_instance
+    from podrun.wire.worker_env import workers_per_instance
 
     tty = (sys.stderr if as_json else sys.stdout).isatty() and "NO_COLOR" not in os.environ
     multi = workers_per_instance(plan) > 1
@@ -435,7 +435,7 @@ def _print_dry_run(record: dict) -> None:
 def _print_root_cause(summary: dict, request) -> None:
     """The run's end on stderr, from the (redacted) summary; every line through podrun.redaction.shown."""
     from podrun.redaction import shown
-    from podrun.train.report import pointers      # torch-free: checkpoints kept, `podrun report RUN_DIR`
+    from podrun.rundir.report import pointers      # torch-free: checkpoints kept, `podrun report RUN_DIR`
 
     rc = summary.get("root_cause")
     code = summary["exit_code"]

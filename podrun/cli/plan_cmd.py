@@ -36,7 +36,7 @@ def plan(recipe: str, elastic: str | None, as_json: bool, calibration: str | Non
             render_plan(p, src.source)
         return
     if elastic is not None:
-        from podrun.plan.elastic_table import elastic_table, parse_range
+        from podrun.elastic.table import elastic_table, parse_range
 
         lo, hi = parse_range(elastic)
         cluster, rspec, src, ov = resolve_plan_inputs(recipe, **options)

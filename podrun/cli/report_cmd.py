@@ -18,7 +18,7 @@ def report(run_dir: str | None, runs_dir: str, as_json: bool, output: str | None
     from pathlib import Path
 
     from podrun.cli.render import console, print_json
-    from podrun.train.report import (launch_summary, newest_run, plot, read_run, replans, resumes, summarize,
+    from podrun.rundir.report import (launch_summary, newest_run, plot, read_run, replans, resumes, summarize,
                                      summarize_command)
 
     if run_dir is None:
@@ -91,7 +91,7 @@ def _attempt_line(a: dict) -> str:
 def _replan_line(r: dict) -> str:
     """One elastic re-plan: where, what was lost, the decomposition before and after, where the next attempt
     resumed from, time to train again."""
-    from podrun.train.report import describe_replan
+    from podrun.rundir.report import describe_replan
 
     at = f" after step {r['step']}" if r["step"] is not None else ""
     after = f"; training again {_seconds(r['training_after_s'])} after the loss" \

@@ -19,7 +19,7 @@ def stack(run: str | None, runs_dir: str, as_json: bool) -> None:
     from podrun.cli.render import print_json
     from podrun.errors import LaunchError
     from podrun.launch import control
-    from podrun.launch.rundir import check_run_id
+    from podrun.rundir.layout import check_run_id
     from podrun.wire.owner import SOCKET_NAME, remove_if_stale
     from podrun.redaction import escape_controls as esc, redact_record
 

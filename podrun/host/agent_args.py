@@ -68,7 +68,7 @@ def instance_workers(args) -> tuple[int, list[int] | None, int | None, list[dict
     """(the instance index, the local ranks this agent runs (None: all of them), the local rank that tags the
     agent's own lines (--rank-from-env), their env contracts) from the plan file and --instance,
     --index-from-env or --rank-from-env."""
-    from podrun.plan.worker_env import worker_of_rank
+    from podrun.wire.worker_env import worker_of_rank
     from podrun.plan.model import Plan
 
     from podrun import safefs

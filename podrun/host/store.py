@@ -31,7 +31,7 @@ import threading
 
 from podrun.host import zygote_client
 from podrun.wire.probe import listen, torch_available
-from podrun.plan.worker_env import AGENT_STORE_NAME as ENV    # the name podrun.plan.worker_env sets for every worker
+from podrun.wire.worker_env import AGENT_STORE_NAME as ENV    # the name podrun.wire.worker_env sets for every worker
 
 FD_ENV = "PODRUN_STORE_FD"   # in a store host a zygote forked: the number its listening socket has there
 # The store host: argv = listening fd, its port. Prints "up" once the store serves, else "failed: ...".

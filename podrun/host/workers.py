@@ -14,11 +14,11 @@ ERROR_MESSAGE_CHARS = 2000
 def worker_envs(plan, index: int, *, run_id: str, run_dir: str, plan_path: str, master_addr: str,
                 master_port: int, restart_count: int = 0, max_restarts: int = 0,
                 agent_store: bool = False) -> list[dict[str, str]]:
-    """The env contract of instance ``index``'s workers on this host (podrun.plan.worker_env.instance_envs),
+    """The env contract of instance ``index``'s workers on this host (podrun.wire.worker_env.instance_envs),
     with this host's environment, the cores this agent may use and, in a run over several hosts, gloo's
     interface where this host's name resolves to loopback (podrun.wire.probe.gloo_interface)."""
     from podrun.wire.probe import gloo_interface
-    from podrun.plan.worker_env import instance_envs
+    from podrun.wire.worker_env import instance_envs
 
     several = len({p.host for p in plan.placement}) > 1
     return instance_envs(plan, index, run_id=run_id, run_dir=run_dir, plan_path=plan_path,

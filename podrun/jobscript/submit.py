@@ -395,7 +395,7 @@ def prepare_job(plan, *, runs_dir: str | os.PathLike, **request) -> PreparedJob:
     request is built and checked before anything is written: a bad value leaves no directory behind."""
     from podrun.jobscript.build import request_from_plan
     from podrun.jobscript.writers import render, submit_argv
-    from podrun.launch.rundir import make_runs_dir, new_run_id, write_plan
+    from podrun.rundir.layout import make_runs_dir, new_run_id, write_plan
     from podrun.safefs import make_dir, write_file
 
     run_id = new_run_id()

@@ -23,7 +23,7 @@ from podrun.human import human_seconds
 from podrun.launch import hangs, slow_ranks, stacks
 from podrun.launch.outcome import Failure, FailureKind, InstanceState
 from podrun import safefs
-from podrun.launch.rundir import private_subdir
+from podrun.rundir.layout import private_subdir
 from podrun.launch.transports.base import InstanceHandle
 from podrun.redaction import redact_record, redact_text
 from podrun.wire import protocol

@@ -7,10 +7,10 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from podrun.errors import LaunchError, PodrunError
-from podrun.launch.rundir import DEFAULT_RUNS_DIR
+from podrun.rundir.layout import DEFAULT_RUNS_DIR
 from podrun.launch.torchrun_args import (COMMAND, RECIPE, SCRIPT, OwnOptions, Target, check_nproc_kind, classify,
                                          command_hint, reconcile)
-from podrun.plan.worker_env import RDZV_ID_ENV, ROLE_ENV
+from podrun.wire.worker_env import RDZV_ID_ENV, ROLE_ENV
 
 if TYPE_CHECKING:  # pragma: no cover
     from podrun.launch.options import LaunchOptions
@@ -27,7 +27,7 @@ class Prepared:
     request: object                     # podrun.launch.request.LaunchRequest
     target: Target
     engine: str                         # torch | poprun | horovod
-    elastic: object | None = None       # podrun.launch.replan.ElasticPolicy
+    elastic: object | None = None       # podrun.elastic.replan.ElasticPolicy
     notes: tuple[str, ...] = ()         # what podrun decided for the user, said before the run and in --dry-run
     long_run: str | None = None         # the estimate of a run longer than LONG_RUN_HOURS, said before it starts
     local_ranks: frozenset[int] | None = None   # --local-ranks-filter: the local ranks the console shows
@@ -116,7 +116,7 @@ def _prepare(opts: "LaunchOptions", target: Target, mapped: OwnOptions) -> Prepa
         from podrun.train.recipe_main import needed_modules
 
         needs = tuple(needed_modules(recipe_args))      # checked by every held agent (ssh) before anything starts
-    from podrun.plan.worker_env import workers_per_instance
+    from podrun.wire.worker_env import workers_per_instance
 
     # the agents whose heartbeats the controller hears: one a host, or one a worker under mpirun (--rank-from-env)
     senders = plan.instances * workers_per_instance(plan) if name == "mpirun" else len(set(plan.hosts))
@@ -125,7 +125,7 @@ def _prepare(opts: "LaunchOptions", target: Target, mapped: OwnOptions) -> Prepa
     elastic = None
     max_restarts = mapped.max_restarts
     if mapped.elastic_min is not None:
-        from podrun.launch.replan import default_restarts, make_policy
+        from podrun.elastic.replan import default_restarts, make_policy
 
         elastic = make_policy(cluster, rspec, overrides, plan, mapped.elastic_min, rs.spare_hosts, transport=name,
                               max_restarts=max_restarts, engine=None if engine == "torch" else engine)
@@ -156,7 +156,7 @@ def _prepare(opts: "LaunchOptions", target: Target, mapped: OwnOptions) -> Prepa
 
 def launch_names(mapped: OwnOptions) -> tuple[tuple[str, str], ...]:
     """The launch's variables that carry --rdzv-id and --role to every agent, which sets the workers'
-    TORCHELASTIC_RUN_ID and ROLE_NAME from them (podrun.plan.worker_env.launch_overrides)."""
+    TORCHELASTIC_RUN_ID and ROLE_NAME from them (podrun.wire.worker_env.launch_overrides)."""
     return tuple((name, value) for name, value in ((RDZV_ID_ENV, mapped.rdzv_id), (ROLE_ENV, mapped.role))
                  if value is not None)
 
@@ -168,7 +168,7 @@ def run_dir_name(mapped: OwnOptions) -> str | None:
         return mapped.run_id
     import re
 
-    from podrun.launch.rundir import new_run_id
+    from podrun.rundir.layout import new_run_id
 
     stem = re.sub(r"[^A-Za-z0-9._-]", "_", mapped.rdzv_id)[:64]
     if not stem[:1].isalnum():

@@ -65,7 +65,7 @@ class LaunchRequest:
     listen_fd: int | None = None        # the controller's socket on master_port, for a local rank 0 agent to serve on
     preflight: bool = True              # check every host before anything starts (False: --no-preflight)
     straggler_timeout: float | None = None  # seconds the others get after a worker exits 0 (None: no bound)
-    replanned: bool = False             # an elastic re-plan made this attempt's hosts (podrun.launch.replan)
+    replanned: bool = False             # an elastic re-plan made this attempt's hosts (podrun.elastic.replan)
     needs: tuple[str, ...] = ()         # modules every worker imports; a held agent reports those it lacks
     data_interface: str | None = None   # --data-interface: the workers' network (gloo, NCCL, MASTER_ADDR)
     # what MASTER_ADDR was derived from when no --master-addr was given: "" (the host of instance 0 as written),
@@ -150,8 +150,8 @@ class LaunchRequest:
 
     def worker_envs(self, index: int) -> list[dict[str, str]]:
         """The variables the agent of instance ``index`` sets for each of its workers
-        (podrun.plan.worker_env.instance_envs; OMP_NUM_THREADS is left to the agent, which knows its host's cores)."""
-        from podrun.plan.worker_env import instance_envs
+        (podrun.wire.worker_env.instance_envs; OMP_NUM_THREADS is left to the agent, which knows its host's cores)."""
+        from podrun.wire.worker_env import instance_envs
 
         return instance_envs(self.plan, index, run_id=self.run_id, run_dir=self.run_dir,
                              plan_path=self.plan_path, master_addr=self.master_addr,

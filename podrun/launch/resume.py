@@ -28,7 +28,7 @@ RUN_DIR_OPTIONS = ("run_id", "runs_dir", "resume_run", "log_dir")
 def find_run(run: str, runs_dir: str | None) -> Path:
     """The run directory of RUN: a run id, looked up under ``runs_dir`` (default: runs) and nowhere else; or a path
     to one (it holds a /), which must be a directory of this user that no one else may write."""
-    from podrun.launch.rundir import DEFAULT_RUNS_DIR, check_run_id
+    from podrun.rundir.layout import DEFAULT_RUNS_DIR, check_run_id
     from podrun.safefs import check_dir
 
     if os.sep in run:
@@ -79,7 +79,7 @@ def without_run_dir(argv: list[str]) -> list[str]:
 def check_free(run_dir: Path, launch: bool = True) -> None:
     """LockError (exit 2) when a live process holds the run directory: a launch (``launch``: looked at too) or a
     train.py writing it."""
-    from podrun.train.lock import LAUNCH_LOCK, WRITER_LOCK, LockError, describe, holder
+    from podrun.rundir.lock import LAUNCH_LOCK, WRITER_LOCK, LockError, describe, holder
 
     for name, what in ((LAUNCH_LOCK, "a launch"), (WRITER_LOCK, "a training process"))[0 if launch else 1:]:
         who = holder(run_dir, name)

@@ -12,15 +12,15 @@ from pathlib import Path
 
 from podrun.errors import LaunchError, PodrunError, PreflightError
 from podrun.wire.liveness import Liveness
-from podrun.launch import limits
+from podrun.launch import rlimits
 from podrun.launch.options import LaunchOptions
 from podrun.launch.request import InstanceLaunch, LaunchRequest
-from podrun.launch.rundir import (check_run_id, create_run_dir, new_run_id, write_launch_files, write_plan,
+from podrun.rundir.layout import (check_run_id, create_run_dir, new_run_id, write_launch_files, write_plan,
                                   write_summary)
 from podrun.launch.outcome import Outcome, describe_code
 from podrun.launch.supervisor import Supervisor
 from podrun.launch.transports.base import TransportFactory, busy_port_problem, get_transport
-from podrun.plan.worker_env import SNAPSHOT_KEY_NAME, data_interface_env, snapshot_dir
+from podrun.wire.worker_env import SNAPSHOT_KEY_NAME, data_interface_env, snapshot_dir
 from podrun.redaction import redact
 
 MULTI_HOST_PORT = 29500   # the default --master-port when the master host is elsewhere (0, "pick", on this machine)
@@ -205,16 +205,16 @@ def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from:
             launch_record: dict | None = None) -> tuple[Outcome | None, dict]:
     """Run the request (with restarts); returns the last outcome and the summary written to summary.json.
 
-    ``elastic`` (a podrun.launch.replan.ElasticPolicy): each restart first drops the failed hosts,
+    ``elastic`` (a podrun.elastic.replan.ElasticPolicy): each restart first drops the failed hosts,
     takes spares, and re-plans at the same global batch; no such plan ends the run. ``watch`` (a
     podrun.launch.hangs.WatchOptions) and ``progress`` go to the Supervisor.
     """
     from podrun.launch.control import claim, release
 
     notice = notice or (lambda t: None)
-    limits.ensure(*limits.run_size(request), notice)
+    rlimits.ensure(*rlimits.run_size(request), notice)
     create_run_dir(request.run_dir, reuse=resuming)
-    from podrun.train.lock import LAUNCH_LOCK, DirLock
+    from podrun.rundir.lock import LAUNCH_LOCK, DirLock
 
     held_run = DirLock(request.run_dir, request.run_id, "run directory", LAUNCH_LOCK).acquire()
     try:
@@ -239,7 +239,7 @@ def _execute(request: LaunchRequest, *, sink, notice, only_output_from, elastic,
         earlier = _earlier_attempts(request.run_dir)
     elif launch_record is not None:
         from podrun.launch.resume import LAUNCH_RECORD
-        from podrun.launch.rundir import _write_json
+        from podrun.rundir.layout import _write_json
 
         _before_start(request.run_dir, _write_json, Path(request.run_dir) / LAUNCH_RECORD, launch_record)
     _before_start(request.run_dir, write_plan, request.run_dir, request.plan)
@@ -303,7 +303,7 @@ def _earlier_attempts(run_dir: str) -> list[dict]:
 
 def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_output_from, elastic,
               record: dict | None, watch=None, progress=None, earlier: list[dict] = ()) -> tuple[Outcome | None, dict]:
-    from podrun.plan.worker_env import workers_per_instance
+    from podrun.wire.worker_env import workers_per_instance
 
     attempts: list[dict] = list(earlier)
     launch_no = 1 + max((a["launch"] for a in earlier if isinstance(a.get("launch"), int)), default=-1)
@@ -386,7 +386,7 @@ def _replan(policy, record: dict, req: LaunchRequest, summary: dict, outcome: Ou
     ``failed`` and ``problems``: the hosts of a re-planned attempt that failed its check before it started
     (and why); they are dropped from ``req.plan`` as a lost host is, timed from the same loss.
     """
-    from podrun.launch.replan import decomposition, describe, failed_hosts, last_step, next_plan
+    from podrun.elastic.replan import decomposition, describe, failed_hosts, last_step, next_plan
 
     if failed is None:
         failed = failed_hosts(summary["instances"], summary["root_cause"])
@@ -431,7 +431,7 @@ def _replan(policy, record: dict, req: LaunchRequest, summary: dict, outcome: Ou
 def _elastic_timings(record: dict, restart_count: int, run_dir: str, outcome: Outcome) -> None:
     """After the attempt that followed a re-plan: seconds from the loss to its workers all started, and to
     its first training step (from metrics.jsonl; None when the script logs none)."""
-    from podrun.launch.replan import first_step_after, resumed_after
+    from podrun.elastic.replan import first_step_after, resumed_after
 
     if not record["replans"] or record["replans"][-1]["restart"] != restart_count:
         return

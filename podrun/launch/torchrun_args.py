@@ -476,11 +476,11 @@ def _local_ranks(tr: TorchrunOptions) -> frozenset[int]:
 
 
 def _check_signals(tr: TorchrunOptions) -> None:
-    """--signals-to-handle: podrun's agent forwards its own set (podrun.plan.worker_env.SIGNALS_HANDLED); a list naming
+    """--signals-to-handle: podrun's agent forwards its own set (podrun.wire.worker_env.SIGNALS_HANDLED); a list naming
     a signal outside it is refused, a valid list within it is taken."""
     import signal
 
-    from podrun.plan.worker_env import SIGNALS_HANDLED
+    from podrun.wire.worker_env import SIGNALS_HANDLED
 
     handled = set(SIGNALS_HANDLED.split(","))
     names = [p.strip() for p in tr.signals_to_handle.split(",") if p.strip()]

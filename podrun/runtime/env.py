@@ -9,7 +9,7 @@ from typing import Mapping
 
 from podrun import safefs
 from podrun.errors import PodrunError
-from podrun.plan.worker_env import PODRUN_FIELDS, PODRUN_MARKER, POPDIST_FIELDS, TORCHRUN_FIELDS
+from podrun.wire.worker_env import PODRUN_FIELDS, PODRUN_MARKER, POPDIST_FIELDS, TORCHRUN_FIELDS
 
 
 class RuntimeEnvError(PodrunError):
@@ -19,7 +19,7 @@ class RuntimeEnvError(PodrunError):
 # Each source maps WorkerInfo fields to the variable that carries them. The first source whose
 # `marker` variable is present wins; podrun first (it also sets torchrun's names), then torchrun,
 # then Slurm (srun), Open MPI (mpirun), PMI (MPICH / Intel MPI / hydra). podrun's and torchrun's
-# names are the env contract's (podrun.plan.worker_env), the one list the launcher sets them from.
+# names are the env contract's (podrun.wire.worker_env), the one list the launcher sets them from.
 SOURCES: dict[str, dict[str, str]] = {
     "podrun": {
         **TORCHRUN_FIELDS,

@@ -29,7 +29,7 @@ from typing import Any
 
 from podrun import safefs
 from podrun.errors import PodrunError
-from podrun.plan.worker_env import SNAPSHOT_KEY_NAME
+from podrun.wire.worker_env import SNAPSHOT_KEY_NAME
 
 SLOTS = 2
 RAW, TORCH = "raw", "torch"      # a slot's kind: podrun.runtime.rawstate, or torch.save (weights_only=True)
@@ -97,7 +97,7 @@ def prepare_dirs(envs: list[dict[str, str]]) -> list[str]:
     """The agent's start (torch-free): make or check the snapshot directory of each worker env before any worker
     starts; where one cannot be used its PODRUN_SNAPSHOT_DIR is dropped (those workers keep no snapshot, a restart
     resumes from the disk checkpoint). The lines saying why, one per directory."""
-    from podrun.plan.worker_env import PODRUN_FIELDS
+    from podrun.wire.worker_env import PODRUN_FIELDS
 
     name, problems = PODRUN_FIELDS["snapshot_dir"], {}
     for env in envs:
@@ -194,7 +194,7 @@ def drop_when_done(envs: list[dict[str, str]], code: int | None, ended: bool) ->
     any other reason to stop, or lost its controller, which then drops this host; a signal after a worker's
     failure is the teardown before a restart, which reads them), or this was the attempt with the last restart
     (PODRUN_RESTART_COUNT >= TORCHELASTIC_MAX_RESTARTS)."""
-    from podrun.plan.worker_env import PODRUN_FIELDS
+    from podrun.wire.worker_env import PODRUN_FIELDS
 
     for env in envs:
         try:

@@ -21,7 +21,7 @@ import torch
 from podrun import safefs
 from podrun.errors import PodrunError
 from podrun.train.config import TrainConfig
-from podrun.train.lock import writer_alive
+from podrun.rundir.lock import writer_alive
 
 _NAME = re.compile(r"^ckpt-(\d{9})\.pt$")
 _TMP = re.compile(r"^\.ckpt-\d{9}\.pt\.tmp-(?P<tail>.+)$")       # safefs.replacing's temporary files

@@ -1,6 +1,6 @@
 """The IPU path of the runner: poptorch drives the instance's replicas, GA and device iterations in one call.
 
-One worker per instance (see podrun.plan.worker_env.workers_per_instance); poptorch.Options carries
+One worker per instance (see podrun.wire.worker_env.workers_per_instance); poptorch.Options carries
 replicationFactor = local replicas, Training.gradientAccumulation = GA and, across instances,
 Distributed.configureProcessId(instance index, instances), as popdist.poptorch.Options would.
 Images reach the device as uint8 and are normalised there (inside the wrapped model).
@@ -20,7 +20,7 @@ from podrun.runtime.env import WorkerInfo
 from podrun.train import checkpoint as ckpt
 from podrun.train.config import TrainError, decompose, sched_name, write_config
 from podrun.train.data import Loader, Shard, load_dataset, steps_per_epoch
-from podrun.train.metrics import MetricsWriter
+from podrun.rundir.metrics import MetricsWriter
 from podrun.train.optim import lr_factor, soft_cross_entropy
 from podrun.train.save import FORMAT, resume_step
 from podrun.train.setup import build_model, checkpoint_dir, resolve_run_dir

@@ -19,7 +19,7 @@ from podrun.runtime.distributed import Device
 from podrun.runtime.env import WorkerInfo
 from podrun.train.config import TrainConfig, TrainError, decompose, sched_name
 from podrun.train.data import ImageDataset, Shard, load_dataset, steps_per_epoch
-from podrun.train.metrics import MetricsWriter
+from podrun.rundir.metrics import MetricsWriter
 from podrun.train.optim import build_optimizer, build_scheduler
 
 
@@ -132,7 +132,7 @@ def claim_dirs(cfg: TrainConfig, info: WorkerInfo, run_dir: Path, ckpt_dir: Path
     and so known writable; the temporary files of dead writers removed. Every rank calls it (it agrees on the
     outcome: a refusal on rank 0 ends every rank with exit 2). Returns the locks."""
     from podrun import safefs
-    from podrun.train import lock
+    from podrun.rundir import lock
     from podrun.train.checkpoint import check_keep
 
     check_keep(cfg.keep_checkpoints)          # every rank: a bad count is refused before anything is made

@@ -59,7 +59,7 @@ def evil_slot(marker: Path) -> tuple[bytes, bytes]:
 def run_dirs(run_id: str, key: str) -> list[str]:
     """The run-level snapshot directories an attacker would plant: the key-derived one, and the one a run keeps
     without a key-derived name."""
-    from podrun.plan import worker_env as penv
+    from podrun.wire import worker_env as penv
 
     dirs = [os.path.join("/dev/shm", f"podrun-{run_id}")]
     try:
@@ -129,7 +129,7 @@ def test_a_slot_changed_between_attempts_is_refused_by_its_hmac_and_the_checkpoi
     """The victim script run as two attempts of one worker (the env contract set here, as the agent sets it), its
     two slots changed by one bit each in between: the second attempt refuses both, each in one line naming the
     slot, and resumes from the disk checkpoint."""
-    from podrun.plan.worker_env import snapshot_dir
+    from podrun.wire.worker_env import snapshot_dir
 
     key = uuid.uuid4().hex
     host_dir = Path(snapshot_dir(f"sec-{uuid.uuid4().hex[:8]}", HOST, key))

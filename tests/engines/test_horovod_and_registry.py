@@ -113,11 +113,11 @@ def test_resolve_engine_defaults_and_poprun_options():
 
 
 def test_engine_views_come_from_the_env_contract(tmp_path):
-    """horovod's env is the run-wide part of what the agent gives each worker (one home: podrun.plan.worker_env),
+    """horovod's env is the run-wide part of what the agent gives each worker (one home: podrun.wire.worker_env),
     and every rank of the run agrees on it."""
     from podrun.launch.engines.horovod import horovod_env
     from podrun.launch.run import build_request
-    from podrun.plan.worker_env import RUN_WIDE_NAMES, SNAPSHOT_KEY_NAME
+    from podrun.wire.worker_env import RUN_WIDE_NAMES, SNAPSHOT_KEY_NAME
 
     req = build_request(local_plan(2), ["true"], transport="local", runs_dir=str(tmp_path / "runs"), run_id="v1",
                         env=(("EXTRA", "1"),), max_restarts=3)

@@ -11,7 +11,7 @@ import pytest
 
 from podrun.errors import PlanError
 from podrun.launch.engines.poprun import PoprunOptions, PoprunTransport, poprun_command
-from podrun.plan.worker_env import POPDIST_NAMES, popdist_env
+from podrun.wire.worker_env import POPDIST_NAMES, popdist_env
 
 FAKE = Path(__file__).resolve().parent / "fake_poprun.py"
 
@@ -37,7 +37,7 @@ def fake_poprun_path(tmp_path, monkeypatch):
 
 def make_request(plan, tmp_path, command, **kw):
     from podrun.launch.request import InstanceLaunch, LaunchRequest
-    from podrun.launch.rundir import write_plan
+    from podrun.rundir.layout import write_plan
 
     run_dir = tmp_path / "run"
     plan_path = write_plan(run_dir, plan)
@@ -90,7 +90,7 @@ def test_fake_poprun_bad_input_is_plan_error():
 
 def test_fake_poprun_popdist_env_names_match_plan_env():
     """popdist's names, one per popdist query, are the view of the contract that IPU workers get."""
-    from podrun.plan.worker_env import worker_env
+    from podrun.wire.worker_env import worker_env
 
     p = ipu_plan(64)
     env = popdist_env(p, 3)

@@ -111,7 +111,7 @@ def test_signals_to_handle_names_the_signals_podrun_passes_on():
     an agent handles itself."""
     from podrun.host import agent
     from podrun.launch.supervisor import STOP_SIGNALS
-    from podrun.plan.worker_env import SIGNALS_HANDLED
+    from podrun.wire.worker_env import SIGNALS_HANDLED
     from podrun.wire.protocol import STOP_TOKENS
 
     names = set(SIGNALS_HANDLED.split(","))

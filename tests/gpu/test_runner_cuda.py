@@ -32,7 +32,7 @@ def test_runner_one_update_in_bf16_channels_last(tmp_path, optimizer, compiled):
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
     from podrun.runtime.env import read_worker_info
-    from podrun.train.metrics import read_metrics
+    from podrun.rundir.metrics import read_metrics
     from podrun.train.runner import TrainConfig, train
 
     model, size, batch = _case(compiled, device)

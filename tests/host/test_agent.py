@@ -13,7 +13,7 @@ from podrun.cli.options import resolve_plan
 from podrun.wire import protocol
 from podrun.wire.liveness import Liveness
 from podrun.launch.run import build_request
-from podrun.launch.rundir import write_plan
+from podrun.rundir.layout import write_plan
 from tests.launch.helpers import local_pids, marker, wait_until
 
 pytestmark = pytest.mark.timeout(60)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from podrun.plan.worker_env import TORCHRUN_NAMES
+from podrun.wire.worker_env import TORCHRUN_NAMES
 from tests.ports import free_port
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(300)]

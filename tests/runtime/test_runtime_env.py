@@ -88,8 +88,8 @@ def test_popdist_queries(monkeypatch):
 
 
 def test_contract_of_the_planners_worker_env():
-    """Every worker_env() of the env contract (podrun.plan.worker_env) reads back as the same worker."""
-    from podrun.plan.worker_env import worker_env, workers_per_instance
+    """Every worker_env() of the env contract (podrun.wire.worker_env) reads back as the same worker."""
+    from podrun.wire.worker_env import worker_env, workers_per_instance
     from podrun.plan.model import Estimate, Placement, Plan
 
     placement = tuple(Placement(i, f"h{i}", 0, i * 2, 2, (0, 1)) for i in range(2))

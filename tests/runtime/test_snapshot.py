@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from podrun.plan.worker_env import PODRUN_FIELDS, SNAPSHOT_KEY_NAME
+from podrun.wire.worker_env import PODRUN_FIELDS, SNAPSHOT_KEY_NAME
 from podrun.runtime import snapshot
 
 
@@ -101,7 +101,7 @@ def test_the_env_contract_names_a_directory_per_run_and_host_when_a_restart_can_
     """A run that can restart gets a snapshot directory per run and host; a run that cannot gets none (a
     snapshot no restart reads would only cost a write per update)."""
     from podrun.plan import Overrides, make_plan
-    from podrun.plan.worker_env import worker_env
+    from podrun.wire.worker_env import worker_env
     from podrun.specs import load_cluster
 
     plan = make_plan(load_cluster("local").with_hosts(("a", "b"), 1), None, Overrides(global_batch=8))

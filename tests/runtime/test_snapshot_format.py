@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from podrun.plan.worker_env import SNAPSHOT_KEY_NAME
+from podrun.wire.worker_env import SNAPSHOT_KEY_NAME
 from podrun.runtime import rawstate, snapshot
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from podrun.plan.worker_env import TORCHRUN_NAMES, world_size
+from podrun.wire.worker_env import TORCHRUN_NAMES, world_size
 from tests.launch.helpers import run_dir
 from tests.ports import free_port
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from podrun.train import checkpoint as ckpt
-from podrun.train.metrics import read_metrics, read_metrics_counted
+from podrun.rundir.metrics import read_metrics, read_metrics_counted
 from tests.train.train_procs import WORKER, outside_env, wait_for_step
 
 HOST = socket.gethostname()
@@ -271,11 +271,11 @@ def test_a_disk_that_fills_during_the_write_is_named_and_leaves_no_temp_file(tmp
 def test_a_restart_waits_for_its_own_runs_earlier_attempt_never_for_another_run(tmp_path):
     """A process holding the run directory for run "x" is killed -9 a second after a restart of "x" began
     waiting: the restart then gets the lock (the kernel released it); run "y" is refused at once."""
-    from podrun.train.lock import DirLock, LockError
+    from podrun.rundir.lock import DirLock, LockError
 
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import time
-        from podrun.train.lock import DirLock
+        from podrun.rundir.lock import DirLock
         DirLock({str(tmp_path)!r}, "x", "run directory").acquire()
         print("held", flush=True)
         time.sleep(600)

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from podrun.train import checkpoint as ckpt
-from podrun.train.metrics import read_metrics
+from podrun.rundir.metrics import read_metrics
 from tests.attacker import NOBODY, as_nobody, require_second_user, shared  # noqa: F401
 from tests.train.train_procs import WORKER, outside_env
 
@@ -59,7 +59,7 @@ def test_links_planted_where_a_save_or_a_record_wrote_are_never_followed(tmp_pat
 
     from podrun.errors import PodrunError
     from podrun.train.config import TrainConfig, write_config
-    from podrun.train.metrics import MetricsWriter
+    from podrun.rundir.metrics import MetricsWriter
 
     victim = tmp_path / "victim"
     victim.write_bytes(b"the user's own file\n")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from podrun.train.metrics import read_metrics
+from podrun.rundir.metrics import read_metrics
 from tests.train.train_procs import start_workers, wait_all
 
 TRAIN_PY = Path(__file__).resolve().parents[2] / "recipes" / "resnet18_cifar10" / "train.py"

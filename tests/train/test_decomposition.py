@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from podrun.train.metrics import latest_by_step, read_metrics
+from podrun.rundir.metrics import latest_by_step, read_metrics
 from tests.train.train_procs import start_workers, wait_all
 
 STEPS = 10

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from podrun.train import checkpoint as ckpt
-from podrun.train.metrics import latest_by_step, read_metrics
+from podrun.rundir.metrics import latest_by_step, read_metrics
 from tests.train.train_procs import assert_same_final_weights, kill_mid_run, outside_env, start_workers, wait_all
 
 ROOT = Path(__file__).resolve().parents[2]

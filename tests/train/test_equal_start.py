@@ -27,7 +27,7 @@ def test_different_seeds_fail_loudly(tmp_path):
 
 
 def test_runtime_and_report_do_not_import_torch():
-    code = ("import sys, podrun.runtime, podrun.train, podrun.train.metrics, podrun.train.report, "
+    code = ("import sys, podrun.runtime, podrun.train, podrun.rundir.metrics, podrun.rundir.report, "
             "podrun.cli.report_cmd; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stdout + out.stderr

@@ -15,7 +15,7 @@ import torch
 from podrun.errors import PodrunError
 from podrun.train import checkpoint as ckpt
 from podrun.train.config import TrainConfig
-from podrun.train.metrics import end_record
+from podrun.rundir.metrics import end_record
 from tests.ports import free_port
 from tests.train.train_procs import outside_env
 

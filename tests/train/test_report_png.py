@@ -12,8 +12,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from podrun.train.metrics import MetricsWriter, read_metrics  # noqa: E402
-from podrun.train.report import figure, plot, warmup_steps  # noqa: E402
+from podrun.rundir.metrics import MetricsWriter, read_metrics  # noqa: E402
+from podrun.rundir.report import figure, plot, warmup_steps  # noqa: E402
 
 STEPS = 40
 FIRST_VAL_LOSS = 6.19       # an evaluation after the first epoch, far above the training loss

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from podrun.train.metrics import MetricsWriter
+from podrun.rundir.metrics import MetricsWriter
 from tests.ports import free_port
 from tests.train.train_procs import outside_env
 

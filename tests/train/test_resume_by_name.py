@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from podrun.train.metrics import latest_by_step, read_metrics
+from podrun.rundir.metrics import latest_by_step, read_metrics
 from tests.ports import free_port
 from tests.train.train_procs import outside_env, wait_for_step
 
@@ -47,7 +47,7 @@ def test_an_interrupted_launch_resumes_by_name(tmp_path):
     # while a live process holds the run directory (here: a train.py-like holder of its writer lock), refused
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, time
-        from podrun.train.lock import DirLock
+        from podrun.rundir.lock import DirLock
         DirLock({str(run_dir)!r}, "someone", "run directory").acquire()
         print("held", flush=True)
         time.sleep(600)

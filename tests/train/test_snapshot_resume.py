@@ -13,7 +13,7 @@ import pytest
 
 from podrun.runtime import snapshot
 from podrun.train import checkpoint as ckpt
-from podrun.train.metrics import latest_by_step, read_metrics
+from podrun.rundir.metrics import latest_by_step, read_metrics
 from tests.ports import free_port
 from tests.train.train_procs import WORKER, wait_all, wait_for_step, worker_env
 

@@ -65,7 +65,7 @@ def run_workers(world: int, opts: dict, timeout: float = 120, **kw) -> list[str]
 
 def wait_for_step(run_dir: Path, step: int, procs: list[subprocess.Popen], timeout: float = 120) -> int:
     """The highest step in ``run_dir``'s metrics once it is >= ``step``; fails if a worker ends first."""
-    from podrun.train.metrics import read_metrics
+    from podrun.rundir.metrics import read_metrics
 
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -84,7 +84,7 @@ def kill_mid_run(world: int, opts: dict, run_dir: Path, step: int) -> int:
     died of it before the run ended; returns the highest step logged."""
     import signal
 
-    from podrun.train.metrics import read_metrics
+    from podrun.rundir.metrics import read_metrics
 
     victims = start_workers(world, opts)
     seen = wait_for_step(run_dir, step, victims)

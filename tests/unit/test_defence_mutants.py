@@ -265,13 +265,13 @@ def test_an_agent_that_cannot_start_ends_the_agents_started_before_it(tmp_path, 
         started[0].kill()
 
 
-# -- podrun.train.lock: who holds a directory -----------------------------------------------------------------
+# -- podrun.rundir.lock: who holds a directory -----------------------------------------------------------------
 
 def test_a_lock_holder_is_alive_while_its_process_lives_and_another_hosts_is_assumed_alive(tmp_path):
     import socket
     import subprocess
 
-    from podrun.train import lock
+    from podrun.rundir import lock
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()

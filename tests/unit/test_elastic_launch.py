@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from podrun.launch.replan import (ElasticPolicy, describe, failed_hosts, first_step_after, last_step, next_plan)
+from podrun.elastic.replan import (ElasticPolicy, describe, failed_hosts, first_step_after, last_step, next_plan)
 from podrun.plan import Overrides, make_plan
-from podrun.plan.elastic_table import elastic_table
+from podrun.elastic.table import elastic_table
 from podrun.specs import load_cluster, load_recipe
 
 POD256 = load_cluster("ipu-pod256")
@@ -137,7 +137,7 @@ def test_steps_from_metrics(tmp_path):
 
 
 def test_policy_spares_are_the_option_then_hosts_left_out():
-    from podrun.launch.replan import make_policy
+    from podrun.elastic.replan import make_policy
 
     cluster = load_cluster("abci").with_hosts(("a", "b", "c", "d", "e"), 4)
     ov = Overrides(nodes=3, global_batch=48)

@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 from podrun.errors import PlanError
 from podrun.plan import Overrides, make_plan
-from podrun.plan.elastic_table import elastic_table, parse_range
+from podrun.elastic.table import elastic_table, parse_range
 from podrun.specs import load_cluster, load_recipe
 from tests.unit.plan_oracle import brute_force
 

@@ -1,14 +1,14 @@
-"""One torch-free reader of metrics.jsonl: the launcher's elastic scan (podrun.launch.replan) and podrun report
-(podrun.train.report) see the same training steps in the same file, and the scan imports no torch."""
+"""One torch-free reader of metrics.jsonl: the launcher's elastic scan (podrun.elastic.replan) and podrun report
+(podrun.rundir.report) see the same training steps in the same file, and the scan imports no torch."""
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
 
-from podrun.launch.replan import first_step_after, last_step
-from podrun.train.metrics import end_record, read_metrics_counted, step_times
-from podrun.train.report import read_run, summarize
+from podrun.elastic.replan import first_step_after, last_step
+from podrun.rundir.metrics import end_record, read_metrics_counted, step_times
+from podrun.rundir.report import read_run, summarize
 
 
 def _step(n: int, t: float, **bad) -> str:
@@ -44,7 +44,7 @@ def test_elastic_scan_and_report_read_the_same_records(tmp_path):
 
 def test_the_elastic_scan_imports_no_torch(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("\n".join(LINES) + "\n")
-    code = ("import sys; from podrun.launch.replan import last_step; from podrun.train.report import pointers; "
+    code = ("import sys; from podrun.elastic.replan import last_step; from podrun.rundir.report import pointers; "
             f"print(last_step({str(tmp_path)!r}), pointers({str(tmp_path)!r})); "
             "print([m for m in ('torch', 'numpy', 'matplotlib') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -57,7 +57,7 @@ def test_the_runners_console_lines_round_numbers_and_the_file_keeps_them_whole(t
     """The runner's console: `seconds=15.3 s`, not `seconds=15.251590013504028`; metrics.jsonl keeps every digit."""
     import io
 
-    from podrun.train.metrics import MetricsWriter
+    from podrun.rundir.metrics import MetricsWriter
 
     out = io.StringIO()
     w = MetricsWriter(tmp_path, stream=out, log_every=1)

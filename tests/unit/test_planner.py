@@ -5,7 +5,7 @@ from hypothesis import given, settings, strategies as st
 from podrun.errors import PlanError
 from podrun.plan import Overrides, make_plan
 from podrun.plan.decompose import decompose, feasible, pipeline_bubble
-from podrun.plan.worker_env import POPDIST_NAMES, PODRUN_NAMES, TORCHRUN_NAMES, worker_env, workers_per_instance
+from podrun.wire.worker_env import POPDIST_NAMES, PODRUN_NAMES, TORCHRUN_NAMES, worker_env, workers_per_instance
 from podrun.plan.model import Plan
 from podrun.specs import load_cluster, load_recipe
 from tests.unit.plan_oracle import brute_force

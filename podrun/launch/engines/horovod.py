@@ -47,13 +47,13 @@ def horovod_command(plan, worker_command: list[str], *, env_names=(), options=No
 
 def horovod_env(request) -> dict[str, str]:
     """What every Horovod rank gets on top of mpirun's rank variables: the run-wide part of the contract
-    (podrun.plan.worker_env.run_wide_env) and --env.
+    (podrun.wire.worker_env.run_wide_env) and --env.
 
     Per-rank names (RANK, LOCAL_RANK, ...) come from Open MPI (OMPI_COMM_WORLD_*), which
     podrun.runtime reads; Horovod's MPI controller needs nothing else.
     """
     from podrun.wire.probe import pick_free_port
-    from podrun.plan.worker_env import run_wide_env
+    from podrun.wire.worker_env import run_wide_env
 
     port = request.master_port if request.master_port != 0 else pick_free_port()   # 0: podrun picks one
     return {**run_wide_env(request.plan, run_id=request.run_id, run_dir=request.run_dir,

@@ -1,6 +1,6 @@
 """The poprun engine: the poprun command line for an IPU-POD plan, and poprun as a transport of agents.
 
-poprun sets the popdist names itself; their values for a plan are podrun.plan.worker_env.popdist_env.
+poprun sets the popdist names itself; their values for a plan are podrun.wire.worker_env.popdist_env.
 """
 from __future__ import annotations
 

@@ -335,7 +335,7 @@ class MpirunTransport(Transport):
         return path
 
     def argv(self, flavour: str | None = None, redact: bool = False) -> list[str]:
-        from podrun.plan.worker_env import workers_per_instance
+        from podrun.wire.worker_env import workers_per_instance
 
         hosts, k = hosts_and_ranks(self.request)
         names = self.request.env_names()
@@ -377,7 +377,7 @@ class MpirunTransport(Transport):
         argv = self.argv()
         env = dict(os.environ)
         env.update(dict(self.request.env))
-        from podrun.plan.worker_env import workers_per_instance
+        from podrun.wire.worker_env import workers_per_instance
 
         h = ProcessHandle(argv, label="mpirun", instances=tuple(i.index for i in self.request.instances),
                           grace=self.request.grace, env=env,

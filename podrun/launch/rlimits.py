@@ -81,7 +81,7 @@ def run_size(request) -> tuple[int, int]:
     """(agents on other hosts the controller keeps a connection to, workers on this machine) of a LaunchRequest:
     over ssh one connection per instance; on this machine (local) every worker; mpirun and srun are one launcher
     process, which reaches the hosts itself."""
-    from podrun.plan.worker_env import workers_per_instance
+    from podrun.wire.worker_env import workers_per_instance
 
     n = len(request.instances)
     if request.transport == "local":

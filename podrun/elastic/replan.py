@@ -121,7 +121,7 @@ def next_plan(policy: ElasticPolicy, current: "Plan", failed: tuple[str, ...] | 
     ``spares`` (default: the policy's) are the spares still free. Healthy hosts left out by a smaller
     plan become spares for the next failure.
     """
-    from podrun.plan.elastic_table import elastic_table
+    from podrun.elastic.table import elastic_table
 
     spares = tuple(policy.spares if spares is None else spares)
     gone = tuple(h for h in current.hosts if h in set(failed))
@@ -189,13 +189,13 @@ def first_step_after(run_dir: str | Path, after: float) -> tuple[int | None, flo
 
 def resumed_after(run_dir: str | Path, after: float) -> dict | None:
     """Where the attempt started after wall time ``after`` resumed from (its metrics.jsonl resume record)."""
-    from podrun.train.metrics import resume_after     # torch-free: the one reader of metrics.jsonl
+    from podrun.rundir.metrics import resume_after     # torch-free: the one reader of metrics.jsonl
 
     return resume_after(run_dir, after)
 
 
 def _scan(run_dir: str | Path, after: float | None, first: bool) -> tuple[int | None, float | None]:
-    from podrun.train.metrics import step_times     # torch-free: the one reader of metrics.jsonl
+    from podrun.rundir.metrics import step_times     # torch-free: the one reader of metrics.jsonl
 
     found: tuple[int | None, float | None] = (None, None)
     for step, t in step_times(run_dir):

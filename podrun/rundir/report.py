@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from podrun.errors import PodrunError
-from podrun.train.metrics import METRICS_FILE, complete, end_record, latest_by_step, read_metrics_counted
+from podrun.rundir.metrics import METRICS_FILE, complete, end_record, latest_by_step, read_metrics_counted
 
-SUMMARY_FILE = "summary.json"      # written by podrun launch / submit (podrun.launch.rundir)
+SUMMARY_FILE = "summary.json"      # written by podrun launch / submit (podrun.rundir.layout)
 PLAN_FILE = "plan.json"
 
 
