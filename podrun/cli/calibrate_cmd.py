@@ -5,6 +5,7 @@ import click
 
 from podrun.cli import types as t
 from podrun.cli.options import host_options, pop_plan_options
+from podrun.launch.transports import transport_choices
 from podrun.specs.limits import MAX_BATCH
 
 
@@ -38,7 +39,7 @@ def _batches(ctx, param, value):
                    "trains at when it is not the recipe's: resnet18_cifar10's train.py trains --data digits at 16.")
 @click.option("--name", help="The calibration's name under RUNS_DIR/calibrations (default: RECIPE-CLUSTER).")
 @click.option("--runs-dir", default="runs", show_default=True, help="Where run directories and calibrations go.")
-@click.option("--transport", type=click.Choice(["local", "ssh", "mpirun", "srun"]),
+@click.option("--transport", type=click.Choice(transport_choices()),
               help="How the workers start (as podrun launch: local here, srun in Slurm, else ssh).")
 @click.option("--ssh-config", type=click.Path(dir_okay=False), help="OpenSSH client config (default ~/.ssh/config).")
 @click.option("--python", "python_", help="Python on the hosts (default: this one).")

@@ -12,6 +12,7 @@ from podrun.cli.engine_options import engine_options
 from podrun.cli.network_options import network_options
 from podrun.cli.options import PLAN_OPTION_NAMES, plan_options
 from podrun.cli.watch_options import watch_for, watch_options
+from podrun.launch.transports import transport_choices
 
 COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93")
 
@@ -176,7 +177,7 @@ def torchrun_options(f):
                       help="Once a worker has exited 0, the others have this long to end; then they are ended and "
                            "the run fails (exit 124) naming the ranks still running. Default: no bound."))
 @section(TRANSPORTS,
-         click.option("--transport", type=click.Choice(["local", "ssh", "mpirun", "srun"]),
+         click.option("--transport", type=click.Choice(transport_choices()),
                       help="How instances start (default: local for this machine, srun in Slurm, else ssh)."),
          network_options,
          click.option("--ssh-config", type=click.Path(dir_okay=False),
@@ -245,16 +246,6 @@ def launch(ctx, args, **kw):
     prepared = prepare_launch(opts)
     request, out = prepared.request, opts.output
     watch = watch_for(opts.hangs, prepared.recipe, prepared.cluster)
-    if prepared.engine == "horovod":
-        from podrun.launch.engines.horovod import launch_horovod
-
-        argv, rc = launch_horovod(request, dry_run=out.dry_run)
-        if out.dry_run:
-            import shlex
-
-            print_json({"engine": "horovod", "command": argv}) if out.as_json else print(shlex.join(argv))
-            return
-        sys.exit(rc)
     notes = [*prepared.notes, *([prepared.long_run] if prepared.long_run else [])]
     if out.dry_run:
         record = {**dry_run_record(request), "max_restarts": request.max_restarts, "notes": notes}

@@ -51,6 +51,7 @@ def make_policy(cluster: "ClusterSpec", recipe: "RecipeSpec | None", ov: "Overri
     from dataclasses import replace
 
     from podrun.errors import LaunchError
+    from podrun.launch.transports import transport_of
     from podrun.specs.hosts import parse_hosts_option
 
     if min_hosts < 1 or min_hosts > len(plan.hosts):
@@ -62,7 +63,7 @@ def make_policy(cluster: "ClusterSpec", recipe: "RecipeSpec | None", ov: "Overri
     if engine is not None:
         raise LaunchError(f"--elastic re-plans the instances podrun starts itself; --engine {engine} starts its own",
                           hint="drop --engine, or drop --elastic")
-    if transport not in ("local", "ssh"):
+    if not transport_of(transport).per_instance:
         raise LaunchError(f"--elastic works with --transport local or ssh, not {transport}",
                           hint="a scheduler's allocation (srun) or mpirun fixes the hosts for the whole job")
     spares: list[str] = []

@@ -6,6 +6,7 @@ from typing import Iterable, Mapping, Sequence
 
 from podrun.errors import HostError
 from podrun.jobscript.job import SCHEDULER_TABLE, JobRequest, check_scheduler, validate
+from podrun.launch.transports import TRANSPORTS
 from podrun.specs.allocation import Discovered
 
 __all__ = [
@@ -144,7 +145,7 @@ def request_from_plan(
     extra: list[str] = []
     if ssh_config is not None:
         extra += ["--ssh-config", ssh_config]
-    if transport != "srun":
+    if transport not in TRANSPORTS or not TRANSPORTS[transport].passes_env:
         # the script's exports reach the job's first host only; ssh and mpirun start the other
         # hosts' workers from a fresh environment, so podrun launch carries them there (srun
         # propagates the job's environment itself). By name only: podrun launch takes each value from

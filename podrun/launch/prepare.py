@@ -15,7 +15,6 @@ from podrun.wire.worker_env import RDZV_ID_ENV, ROLE_ENV
 if TYPE_CHECKING:  # pragma: no cover
     from podrun.launch.options import LaunchOptions
 
-WARM_TRANSPORTS = ("local", "ssh")   # whose agents start each instance themselves (--warm applies)
 LONG_RUN_HOURS = 1.0        # a recipe run estimated longer than this is announced before it starts
 GRACE_S = 5.0               # seconds between SIGTERM and SIGKILL without --grace or --shutdown-timeout
 
@@ -61,7 +60,8 @@ def prepare_launch(opts: "LaunchOptions") -> Prepared:
 def _prepare(opts: "LaunchOptions", target: Target, mapped: OwnOptions) -> Prepared:
     """prepare_launch's part after torchrun's options are mapped (``mapped``)."""
     net, rs, out = opts.transports, opts.restarts, opts.output
-    from podrun.launch.engines import resolve_engine
+    from podrun.launch.engines import engine_of, resolve_engine
+    from podrun.launch.transports import transport_of
     from podrun.wire.liveness import settings
     from podrun.launch.request import parse_env_options
     from podrun.launch.run import build_request, default_transport
@@ -92,10 +92,11 @@ def _prepare(opts: "LaunchOptions", target: Target, mapped: OwnOptions) -> Prepa
             long_run = recipe_main.long_run(target.args, recipe_args, plan, LONG_RUN_HOURS)
     engine, engine_transport, poprun_opts, mpi_args = resolve_engine(
         dict(opts.engine), cluster, only_output_from_instance=out.only_output_from_instance)
-    if engine == "poprun" and net.transport:
-        raise LaunchError(f"--engine poprun starts the instances itself; drop --transport {net.transport}")
+    if engine_transport is not None and net.transport and net.transport != engine_transport:
+        raise LaunchError(f"--engine {engine} starts the instances itself; drop --transport {net.transport}")
     name = engine_transport or net.transport or default_transport(plan, cluster, getattr(src, "scheduler", "none"))
-    if name == "local":
+    kind = transport_of(name)
+    if not kind.remote:
         check_local_target(target, os.path.abspath(net.workdir or os.getcwd()))
         check_local_interface(net.data_interface if net.data_interface is not None else cluster.data_interface or None,
                               "--data-interface" if net.data_interface is not None else
@@ -103,7 +104,7 @@ def _prepare(opts: "LaunchOptions", target: Target, mapped: OwnOptions) -> Prepa
         if recipe_args is not None and net.preflight:
             check_recipe_modules(python, target, recipe_args)
     notes: list[str] = list(calibration_notes)
-    if name == "ssh":
+    if kind.ssh_per_host:
         from podrun.launch.run import is_local_host
 
         here = [h for h in dict.fromkeys(plan.hosts) if is_local_host(h)]
@@ -119,7 +120,7 @@ def _prepare(opts: "LaunchOptions", target: Target, mapped: OwnOptions) -> Prepa
     from podrun.wire.worker_env import workers_per_instance
 
     # the agents whose heartbeats the controller hears: one a host, or one a worker under mpirun (--rank-from-env)
-    senders = plan.instances * workers_per_instance(plan) if name == "mpirun" else len(set(plan.hosts))
+    senders = plan.instances * workers_per_instance(plan) if kind.agent_per_worker else len(set(plan.hosts))
     liveness = settings(mapped.heartbeat, mapped.heartbeat_misses, net.keepalive, spec_heartbeat=cluster.heartbeat,
                         spec_misses=cluster.heartbeat_misses, spec_source=cluster.path, hosts=senders)
     elastic = None
@@ -128,7 +129,7 @@ def _prepare(opts: "LaunchOptions", target: Target, mapped: OwnOptions) -> Prepa
         from podrun.elastic.replan import default_restarts, make_policy
 
         elastic = make_policy(cluster, rspec, overrides, plan, mapped.elastic_min, rs.spare_hosts, transport=name,
-                              max_restarts=max_restarts, engine=None if engine == "torch" else engine)
+                              max_restarts=max_restarts, engine=None if engine_transport is None else engine)
         if max_restarts is None:
             max_restarts = default_restarts(elastic, plan)
             notes.append(f"--elastic {mapped.elastic_min} without --max-restarts: {max_restarts} restart(s), one per "
@@ -148,8 +149,10 @@ def _prepare(opts: "LaunchOptions", target: Target, mapped: OwnOptions) -> Prepa
                             poprun=poprun_opts, needs=needs,
                             data_interface=(net.data_interface if net.data_interface is not None
                                             else cluster.data_interface or None))
-    if rs.warm and request.max_restarts > 0 and name in WARM_TRANSPORTS:
+    if rs.warm and request.max_restarts > 0 and kind.per_instance:    # its agents start each instance themselves
         request = replace(request, warm=True)
+    if not out.dry_run:
+        engine_of(engine).require()                                     # horovod: importable here
     return Prepared(request=request, target=target, engine=engine, elastic=elastic, notes=tuple(notes),
                     long_run=long_run, cluster=cluster, recipe=rspec, local_ranks=mapped.local_ranks)
 

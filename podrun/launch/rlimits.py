@@ -83,9 +83,9 @@ def run_size(request) -> tuple[int, int]:
     process, which reaches the hosts itself."""
     from podrun.wire.worker_env import workers_per_instance
 
-    n = len(request.instances)
-    if request.transport == "local":
+    from podrun.launch.transports import transport_of
+
+    n, kind = len(request.instances), transport_of(request.transport)
+    if not kind.remote:
         return 0, n * workers_per_instance(request.plan)
-    if request.transport == "ssh":
-        return n, 0
-    return 1, 0
+    return (n, 0) if kind.ssh_per_host else (1, 0)

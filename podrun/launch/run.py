@@ -19,6 +19,7 @@ from podrun.rundir.layout import (check_run_id, create_run_dir, new_run_id, writ
                                   write_summary)
 from podrun.launch.outcome import Outcome, describe_code
 from podrun.launch.supervisor import Supervisor
+from podrun.launch.transports import transport_of
 from podrun.launch.transports.base import TransportFactory, busy_port_problem, get_transport
 from podrun.wire.worker_env import SNAPSHOT_KEY_NAME, data_interface_env, snapshot_dir
 from podrun.redaction import redact
@@ -32,13 +33,14 @@ def is_local_host(host: str) -> bool:
 
 
 def default_transport(plan, cluster=None, scheduler: str = "none") -> str:
-    """local when every host is this machine; srun inside a Slurm allocation; else the spec's, or ssh."""
+    """local when every host is this machine; srun inside a Slurm allocation; else the spec's (one that reaches
+    other hosts), or ssh."""
     if all(is_local_host(h) for h in plan.hosts):
         return "local"
     if scheduler == "slurm":
         return "srun"
     spec = getattr(cluster, "transport", None)
-    return spec if spec and spec != "local" else "ssh"
+    return spec if spec and transport_of(spec).remote else "ssh"
 
 
 def snapshot_key_env(max_restarts: int) -> tuple[tuple[str, str], ...]:
@@ -76,7 +78,7 @@ def build_request(plan, command, *, transport: str, options: LaunchOptions = Lau
         env=data_interface_env(data_interface) + snapshot_key_env(max_restarts) + tuple(env),
         instances=tuple(InstanceLaunch(p.index, p.host) for p in plan.placement),
         ssh=net.ssh, mpi_args=tuple(mpi_args), poprun=poprun,
-        agent_store=net.agent_store and transport != "poprun",     # poprun starts no podrun agent
+        agent_store=net.agent_store and transport_of(transport).agent_store,
         preflight=net.preflight, straggler_timeout=rs.straggler_timeout, needs=tuple(needs),
         data_interface=data_interface,
     )
@@ -85,12 +87,13 @@ def build_request(plan, command, *, transport: str, options: LaunchOptions = Lau
 def rendezvous_port(master_port: int | None, transport: str) -> int:
     """The --master-port to use: None gives 0 (podrun picks a free port at launch) with the local transport,
     else MULTI_HOST_PORT; 0 is refused where the master host is elsewhere (podrun cannot pick a port there)."""
+    here = not transport_of(transport).remote
     if master_port is None:
-        return 0 if transport == "local" else MULTI_HOST_PORT
+        return 0 if here else MULTI_HOST_PORT
     if not 0 <= master_port <= 65535:
         raise LaunchError(f"--master-port {master_port} is not a TCP port",
                           hint="give 1..65535, or 0 to let podrun pick a free port (runs on this machine)")
-    if master_port == 0 and transport != "local":
+    if master_port == 0 and not here:
         raise LaunchError(f"--master-port 0 (podrun picks a free port) needs the master host to be this machine; "
                           f"with --transport {transport} it is a host elsewhere",
                           hint=f"give a port free on the master host, e.g. --master-port {MULTI_HOST_PORT} "
@@ -109,7 +112,7 @@ def hold_port(request: LaunchRequest):
     """
     from podrun.wire.probe import pick_free_port, reserve, torch_available
 
-    if request.transport != "local":
+    if transport_of(request.transport).remote:
         return request, None
     if request.agent_store and not torch_available(request.python):
         request = replace(request, agent_store=False)      # nothing here could serve the store
@@ -168,7 +171,7 @@ def master_addr_source(request: LaunchRequest) -> str:
                 "that every other host reaches it")
     if request.master_addr != first:
         return "--master-addr"
-    if request.data_interface is not None and request.transport == "ssh":
+    if request.data_interface is not None and transport_of(request.transport).ssh_per_host:
         return (f"{first}'s address on {request.data_interface} (--data-interface), asked from {first} when the run "
                 f"starts (an --elastic re-plan that moves instance 0 asks its new host the same way); "
                 f"GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME are {request.data_interface} on every host")
@@ -185,7 +188,7 @@ def choose_master(make: TransportFactory, request: LaunchRequest, *, ask_hosts: 
     podrun's ssh reaches the master host by, when the ssh config's HostName for it is an IP address (not
     loopback); else the host's name as written, which every host resolves (preflight checks it)."""
     first = request.instances[0].host if request.instances else ""
-    if request.transport != "ssh" or request.master_addr != first or request.master_derived:
+    if not transport_of(request.transport).ssh_per_host or request.master_addr != first or request.master_derived:
         return request
     if request.data_interface is not None and not ask_hosts:
         return request
@@ -269,7 +272,7 @@ def _execute(request: LaunchRequest, *, sink, notice, only_output_from, elastic,
             from podrun.wire.protocol import ZYGOTE_DIR
 
             shutil.rmtree(os.path.join(request.run_dir, ZYGOTE_DIR), ignore_errors=True)   # every zygote ends
-        if request.transport == "local":
+        if not transport_of(request.transport).remote:
             _drop_local_snapshots(request)
 
 
@@ -320,8 +323,8 @@ def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_
             if problems:
                 transport.close()
                 bad = tuple(dict.fromkeys(p.host for p in problems if p.host in req.plan.hosts))
-                if outcome is None or req.transport == "local" or not bad:   # else re-planned: elastic is set
-                    # the first attempt, or problems of this machine's (local) rather than of a host's
+                if outcome is None or not transport_of(req.transport).remote or not bad:   # else re-planned
+                    # the first attempt, or problems of this machine's (local) rather than of a host's (elastic)
                     raise _preflight_failed(req, problems, notice, earlier=None if outcome is None else {
                         "attempts": attempts, **({} if record is None else {"elastic": record})})
                 # a re-planned attempt: hosts that fail the check (a spare that is down) go as a lost host

@@ -1,14 +1,18 @@
 """Engine registry and the horovod engine (horovod itself is FAKE here: it does not build against torch 2.13)."""
 from __future__ import annotations
 
+import json
+import os
+import socket
 import subprocess
 import sys
 
 import pytest
 
 from podrun.errors import LaunchError, PlanError
-from podrun.launch.engines import check_engine, engine_names, run_outer_command
-from podrun.launch.engines.horovod import horovod_available, horovod_command, require_horovod
+from podrun.launch.engines import ENGINES, engine_of
+from podrun.launch.engines.horovod import horovod_available, require_horovod
+from tests.engines.conftest import podrun
 
 
 def local_plan(devices: int):
@@ -18,88 +22,85 @@ def local_plan(devices: int):
 
 
 def test_engine_registry_names_and_unknown():
-    assert engine_names() == ["torch", "poprun", "horovod"]
+    assert list(ENGINES) == ["torch", "poprun", "horovod"]
+    assert [engine_of(n).transport for n in ENGINES] == [None, "poprun", "mpirun"]
     with pytest.raises(PlanError, match="unknown engine 'deepspeed'") as e:
-        check_engine("deepspeed")
+        engine_of("deepspeed")
     assert e.value.exit_code == 2
 
 
-def test_horovod_detected_or_refused_clearly():
-    """With horovod importable (checked by importing it in a fresh Python), --engine horovod is accepted
-    and builds its mpirun command; without it, it says so (exit 2) instead of failing in a worker."""
+def test_horovod_detected_or_refused_clearly(tmp_path):
+    """With horovod importable (checked by importing it in a fresh Python), --engine horovod is accepted;
+    without it, a launch says so (exit 2) before anything starts instead of failing in a worker."""
     present = subprocess.run([sys.executable, "-c", "import horovod"], capture_output=True).returncode == 0
     assert horovod_available() == present
     if present:
         require_horovod()
-        cmd = horovod_command(local_plan(2), [sys.executable, "-c", "pass"])
-        assert cmd[cmd.index("-np") + 1] == "2"
         return
     with pytest.raises(LaunchError, match="horovod package is not importable") as e:
-        require_horovod()
+        engine_of("horovod").require()
     assert e.value.exit_code == 2
     assert "horovod" in (e.value.hint or "")
-    with pytest.raises(LaunchError, match="horovod package is not importable"):
-        horovod_command(local_plan(2), [sys.executable, "-c", "pass"])
+    r = podrun(["launch", "--engine", "horovod", "--hosts", "localhost", "--runs-dir", str(tmp_path / "runs"),
+                "--", sys.executable, "-c", "pass"], cwd=tmp_path)
+    assert r.returncode == 2 and "horovod package is not importable" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "runs").exists()                          # nothing started, nothing written
 
 
-def test_fake_horovod_detected_when_importable(tmp_path, monkeypatch):
-    (tmp_path / "horovod").mkdir()
-    (tmp_path / "horovod" / "__init__.py").write_text("# FAKE horovod for the detection contract\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
+@pytest.fixture
+def fake_horovod(tmp_path, monkeypatch):
+    """A FAKE horovod package, importable here and in the podrun processes the test starts."""
+    (tmp_path / "fake" / "horovod").mkdir(parents=True)
+    (tmp_path / "fake" / "horovod" / "__init__.py").write_text("# FAKE horovod for the detection contract\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "fake"))
+    return {"PYTHONPATH": os.pathsep.join([str(tmp_path / "fake"), os.getcwd(), os.environ.get("PYTHONPATH", "")])}
+
+
+def test_fake_horovod_detected_when_importable(fake_horovod):
     assert horovod_available()
+    engine_of("horovod").require()
 
 
-@pytest.mark.timeout(60)
-def test_fake_horovod_command_runs_one_rank_per_worker_under_real_mpirun(tmp_path):
-    """horovod's launch path is real mpirun with one rank per worker (the FAKE part is only horovod)."""
-    plan = local_plan(2)
-    code = "import os; print('RANKS', os.environ['OMPI_COMM_WORLD_RANK'], os.environ['OMPI_COMM_WORLD_SIZE'])"
-    cmd = horovod_command(plan, [sys.executable, "-c", code], check=False)
-    assert cmd[cmd.index("-np") + 1] == "2" and cmd[cmd.index("--map-by") + 1] == "ppr:2:node"
-    log = tmp_path / "out.log"
-    rc = run_outer_command(cmd, log_path=log)
-    assert rc == 0
-    ranks = sorted(line.split()[1:] for line in log.read_text().splitlines() if line.startswith("RANKS"))
-    assert ranks == [["0", "2"], ["1", "2"]]
+def test_horovod_dry_run_is_the_mpirun_transport_one_agent_per_rank(tmp_path):
+    """A dry run checks nothing (horovod may be absent) and prints the mpirun transport's command."""
+    r = podrun(["launch", "--engine", "horovod", "--hosts", "localhost", "--devices-per-host", "2", "--dry-run",
+                "--json", "--", sys.executable, "-c", "pass"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    rec = json.loads(r.stdout)
+    (cmd,) = rec["commands"]
+    assert rec["transport"] == "mpirun" and cmd["host"] == "mpirun"
+    assert "-np 2" in cmd["command"] and "ppr:2:node" in cmd["command"] and "--rank-from-env" in cmd["command"]
 
 
-@pytest.mark.timeout(60)
-def test_run_outer_command_returns_failing_code(tmp_path):
-    assert run_outer_command([sys.executable, "-c", "import sys; sys.exit(7)"]) == 7
-    assert run_outer_command([sys.executable, "-c", "import os,signal; os.kill(os.getpid(), signal.SIGTERM)"]) == 143
-    with pytest.raises(LaunchError):
-        run_outer_command([str(tmp_path / "missing-launcher")])
-
-
-@pytest.mark.timeout(60)
-def test_fake_horovod_launch_exports_run_contract_and_logs(tmp_path):
-    """launch_horovod runs real mpirun (horovod FAKE: check=False); each rank sees the run-wide names."""
-    from podrun.launch.engines.horovod import launch_horovod
-    from podrun.launch.options import LaunchOptions, TransportOptions
-    from podrun.launch.run import build_request
-
-    plan = local_plan(2)
-    # rank 1 fails only once rank 0 has said its line (the marker file): mpirun ends every rank at the first
+@pytest.mark.timeout(120)
+def test_fake_horovod_runs_under_the_supervisor(tmp_path, fake_horovod):
+    """--engine horovod runs real mpirun (horovod FAKE) under the Supervisor: one rank per worker, each with Open
+    MPI's rank variables and the run's contract; summary.json with the root cause; --max-restarts restarts it."""
+    # rank 1 fails only once rank 0 has said its line (the marker file): the run ends every rank at the first
     # failure, so a rank 1 that failed first would take rank 0 down before it printed
     said = tmp_path / "rank0-said"
     code = ("import os,sys,time; r = os.environ['OMPI_COMM_WORLD_RANK']; "
-            "print('HVD', r, os.environ['PODRUN_RUN_ID'], os.environ['PODRUN_NUM_REPLICAS'], os.getcwd(), flush=True); "
-            f"m = {str(said)!r}\n"
-            "if r == '0': open(m, 'w').close()\n"
+            "print('HVD', r, os.environ['RANK'], os.environ['PODRUN_RUN_ID'], os.environ['PODRUN_NUM_REPLICAS'], "
+            f"os.getcwd(), flush=True); m = {str(said)!r}\n"
+            "if r == '0': open(m, 'w').close(); time.sleep(30)\n"
             "else:\n"
             "    t = time.monotonic()\n"
             "    while not os.path.exists(m) and time.monotonic() - t < 30: time.sleep(0.02)\n"
             "    sys.exit(4)")
-    req = build_request(plan, [sys.executable, "-c", code], transport="local", runs_dir=str(tmp_path / "runs"),
-                        run_id="hvd1", options=LaunchOptions(transports=TransportOptions(workdir=str(tmp_path))))
-    argv, rc = launch_horovod(req, dry_run=True)
-    assert rc is None and "-x" in argv and "PODRUN_RUN_ID" in argv
-    argv, rc = launch_horovod(req, check=False)
-    assert rc == 4                                         # mpirun reports the failing rank's code
-    lines = [line.split() for line in (tmp_path / "runs" / "hvd1" / "horovod.log").read_text().splitlines()
-             if line.startswith("HVD")]
-    assert sorted(x[1] for x in lines) == ["0", "1"]
-    assert all(x[2:] == ["hvd1", "2", str(tmp_path)] for x in lines)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = podrun(["launch", "--engine", "horovod", "--hosts", "localhost", "--devices-per-host", "2",
+                "--master-port", str(port), "--max-restarts", "1", "--runs-dir", str(tmp_path / "runs"),
+                "--run-id", "hvd1", "--", sys.executable, "-c", code], cwd=tmp_path, env=fake_horovod)
+    assert r.returncode == 4, r.stderr
+    lines = [line.split("HVD ", 1)[1].split() for line in r.stdout.splitlines() if "HVD " in line]
+    assert {x[0] for x in lines} == {"0", "1"}, r.stdout
+    assert all(x[0] == x[1] and x[2:] == ["hvd1", "2", str(tmp_path)] for x in lines)   # MPI rank == RANK
+    summary = json.loads((tmp_path / "runs" / "hvd1" / "summary.json").read_text())
+    assert summary["exit_code"] == 4 and summary["transport"] == "mpirun"
+    assert [a["exit_code"] for a in summary["attempts"]] == [4, 4]                   # restarted once
+    assert summary["root_cause"]["exit_code"] == 4 and "root cause" in r.stderr
 
 
 def test_resolve_engine_defaults_and_poprun_options():
@@ -109,25 +110,8 @@ def test_resolve_engine_defaults_and_poprun_options():
     assert resolve_engine({}, load_cluster("local"))[:2] == ("torch", None)
     name, transport, popts, _ = resolve_engine({"vipu_partition": "p1", "num_ilds": 2}, load_cluster("ipu-pod64"))
     assert (name, transport, popts.vipu_partition, popts.num_ilds) == ("poprun", "poprun", "p1", 2)
-    assert resolve_engine({"engine": "horovod", "mpi_args": "--tag-output -x A"})[3] == ("--tag-output", "-x", "A")
-
-
-def test_engine_views_come_from_the_env_contract(tmp_path):
-    """horovod's env is the run-wide part of what the agent gives each worker (one home: podrun.wire.worker_env),
-    and every rank of the run agrees on it."""
-    from podrun.launch.engines.horovod import horovod_env
-    from podrun.launch.run import build_request
-    from podrun.wire.worker_env import RUN_WIDE_NAMES, SNAPSHOT_KEY_NAME
-
-    req = build_request(local_plan(2), ["true"], transport="local", runs_dir=str(tmp_path / "runs"), run_id="v1",
-                        env=(("EXTRA", "1"),), max_restarts=3)
-    env = horovod_env(req)
-    assert set(env) == set(RUN_WIDE_NAMES) | {"EXTRA", SNAPSHOT_KEY_NAME}      # the run's key: an --env pair
-    workers = req.worker_envs(0)
-    for name in RUN_WIDE_NAMES:
-        if name != "MASTER_PORT":          # rank 0's differs behind the store relay
-            assert {w[name] for w in workers} == {env[name]}, name
-    assert env["TORCHELASTIC_MAX_RESTARTS"] == "3" and env["TORCHELASTIC_RUN_ID"] == "v1"
+    name, transport, _, mpi_args = resolve_engine({"engine": "horovod", "mpi_args": "--tag-output -x A"})
+    assert (name, transport, mpi_args) == ("horovod", "mpirun", ("--tag-output", "-x", "A"))
 
 
 def test_engines_and_request_import_neither_click_nor_the_agent():

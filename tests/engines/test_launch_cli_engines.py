@@ -57,6 +57,9 @@ def test_fake_poprun_cli_fail_fast_exit_code_and_root_cause(tmp_path, fake_popru
                 "--", sys.executable, "-c", WORKER], cwd=tmp_path, env=env)
     assert r.returncode == 6, r.stderr
     assert "root cause: instance 1" in r.stderr
+    (summary,) = (tmp_path / "runs").glob("*/summary.json")          # poprun runs under the Supervisor
+    rec = json.loads(summary.read_text())
+    assert rec["transport"] == "poprun" and rec["exit_code"] == 6 and rec["root_cause"]["instance"] == 1
 
 
 def test_mpirun_dry_run_passes_mpi_args_through(tmp_path):

@@ -39,15 +39,6 @@ def default_num_ilds(plan) -> int | None:
     return math.ceil(plan.devices / IPUS_PER_ILD)
 
 
-def unique_hosts(plan) -> list[str]:
-    """Hosts in placement order, each once (poprun places instances round-robin over --host)."""
-    seen: list[str] = []
-    for p in plan.placement:
-        if p.host not in seen:
-            seen.append(p.host)
-    return seen
-
-
 def check_ipu_plan(plan) -> None:
     if not str(plan.device_kind).startswith("ipu"):
         raise PlanError(
@@ -72,7 +63,7 @@ def poprun_command(plan, worker_command: list[str], options: PoprunOptions = Pop
         f"--num-replicas={plan.replicas}",
         f"--ipus-per-replica={plan.devices_per_replica}",
     ]
-    hosts = unique_hosts(plan)
+    hosts = list(dict.fromkeys(p.host for p in plan.placement))   # poprun places instances round-robin over them
     if len(hosts) > 1 or (hosts and hosts[0] not in ("localhost", "127.0.0.1")):
         cmd.append("--host=" + ",".join(hosts))
     if options.vipu_server_host:
@@ -123,10 +114,6 @@ def find_poprun(executable: str = "poprun") -> str:
     return path
 
 
-def render(cmd: list[str]) -> str:
-    return shlex.join(cmd)
-
-
 # ---- as a transport: poprun starts the instance agents --------------------------------------------
 
 from podrun.launch.transports.base import InstanceHandle, Problem, Transport  # noqa: E402
@@ -141,7 +128,6 @@ class PoprunTransport(Transport):
     """
 
     name = "poprun"
-    merged = True
 
     def __init__(self, request, options: PoprunOptions | None = None):
         super().__init__(request)
@@ -159,7 +145,7 @@ class PoprunTransport(Transport):
                               replace(self.options, export_env=names))
 
     def describe(self, redact: bool = False) -> list[tuple[str, str]]:
-        return [("poprun", render(self.argv(redact=redact)))]
+        return [("poprun", shlex.join(self.argv(redact=redact)))]
 
     def preflight(self) -> list[Problem]:
         try:

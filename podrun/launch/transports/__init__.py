@@ -1,1 +1,63 @@
-"""Transport implementations; loaded lazily by name through podrun.launch.transports.base.TRANSPORTS."""
+"""The transports by name: what each can do (its capabilities) and where its code is, imported only when used.
+
+Code outside this package asks a transport's capabilities (``transport_of(request.transport).remote``), never
+its name; a new transport is one entry here and one module (podrun.launch.transports.base says what it implements).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TransportKind:
+    """One transport: its name, its implementation and the questions the launch asks of it."""
+
+    name: str
+    #: "module:attr", imported when used (ssh may pull paramiko): a Transport class, or a factory taking the request
+    impl: str
+    #: it reaches other hosts; False: every instance runs on this machine (rank 0's master is here, so
+    #: --master-port 0 picks a port here, and this machine's checks and limits apply to every worker)
+    remote: bool = True
+    #: one launcher process starts every instance and carries their output as one stream (mpirun, srun, poprun)
+    merged: bool = False
+    #: the controller holds an ssh connection to each instance's host: it asks a host its address over it (the
+    #: master's), reaches this machine the same way, and the preflight starts the agents held until all are up
+    ssh_per_host: bool = False
+    #: each agent gets the run's --env as the first message on its stdin (podrun.wire.envchannel)
+    env_stdin: bool = False
+    #: one agent per worker, each an MPI rank (--rank-from-env), rather than one per instance
+    agent_per_worker: bool = False
+    #: rank 0's agent may serve torch's store on the rendezvous port (--agent-store)
+    agent_store: bool = True
+    #: podrun starts each instance itself, on hosts it picks per attempt: warm zygotes and --elastic re-plans
+    per_instance: bool = True
+    #: the launcher passes the environment it runs in to every host (srun's --export=ALL)
+    passes_env: bool = False
+    #: chosen by its engine (--engine), never by --transport
+    engine_only: bool = False
+
+
+TRANSPORTS: dict[str, TransportKind] = {k.name: k for k in (
+    TransportKind("local", "podrun.launch.transports.local:LocalTransport", remote=False),
+    TransportKind("ssh", "podrun.launch.transports.ssh_client:ssh_transport", ssh_per_host=True, env_stdin=True),
+    TransportKind("mpirun", "podrun.launch.transports.mpirun:MpirunTransport", merged=True, agent_per_worker=True,
+                  per_instance=False),
+    TransportKind("srun", "podrun.launch.transports.srun:SrunTransport", merged=True, per_instance=False,
+                  passes_env=True),
+    TransportKind("poprun", "podrun.launch.engines.poprun:PoprunTransport", merged=True, agent_store=False,
+                  per_instance=False, engine_only=True),
+)}
+
+
+def transport_of(name: str) -> TransportKind:
+    """The transport registered under ``name``; LaunchError naming the known ones for another."""
+    if name not in TRANSPORTS:
+        from podrun.errors import LaunchError
+
+        raise LaunchError(f"unknown transport {name!r}", hint=f"use one of: {', '.join(TRANSPORTS)}")
+    return TRANSPORTS[name]
+
+
+def transport_choices() -> list[str]:
+    """What --transport takes: every transport but those an engine chooses."""
+    return [k.name for k in TRANSPORTS.values() if not k.engine_only]

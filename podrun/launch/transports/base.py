@@ -1,4 +1,4 @@
-"""The transport interface: start one instance agent per host (or one merged stream), and the registry.
+"""The transport interface: start one instance agent per host (or one merged stream), made by name.
 
 A transport turns a LaunchRequest (podrun.launch.request) into running instance agents and gives the
 supervisor one InstanceHandle per stream of agent output. The supervisor (podrun.launch.supervisor)
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 import queue
 import signal
 import threading
@@ -35,20 +36,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator
 
 from podrun.errors import LaunchError
-from podrun.wire.protocol import READ_LIMIT, bounded_lines
+from podrun.launch.transports import TransportKind, transport_of
+from podrun.wire.protocol import READ_LIMIT, bounded_lines, stop_token
 
 if TYPE_CHECKING:  # pragma: no cover
     from podrun.launch.request import LaunchRequest
-
-# name -> "module:Class" (or a factory taking the request), imported only when used (ssh may pull paramiko).
-TRANSPORTS: dict[str, str] = {
-    "local": "podrun.launch.transports.local:LocalTransport",
-    "ssh": "podrun.launch.transports.ssh_client:ssh_transport",
-    "mpirun": "podrun.launch.transports.mpirun:MpirunTransport",
-    "srun": "podrun.launch.transports.srun:SrunTransport",
-    "poprun": "podrun.launch.engines.poprun:PoprunTransport",
-}
-
 
 @dataclass(frozen=True)
 class Problem:
@@ -65,7 +57,8 @@ class Problem:
 def busy_port_problem(host: str, req: "LaunchRequest", port: int) -> Problem:
     """A preflight problem for the run's rendezvous port, taken on the master host."""
     return Problem(host, f"rendezvous port {port} is in use on the master host",
-                   "pass --master-port with a free port" + (" (0: podrun picks one)" if req.transport == "local" else ""))
+                   "pass --master-port with a free port"
+                   + ("" if transport_of(req.transport).remote else " (0: podrun picks one)"))
 
 
 class InstanceHandle(ABC):
@@ -118,33 +111,87 @@ class InstanceHandle(ABC):
         """Release pipes / channels. Safe to call more than once."""
 
 
+class PipedAgentHandle(InstanceHandle):
+    """One process on this machine that is one agent (local) or carries one (the ssh client), spoken to through its
+    stdin: a heartbeat, a stack request and a stop are bytes there (podrun.wire.protocol)."""
+
+    def __init__(self, index: int, host: str, proc):
+        self.label = host
+        self.instances = (index,)
+        self.proc = proc
+        self._merger = StreamMerger(proc.stdout, proc.stderr)
+        self._wlock = threading.Lock()
+
+    def lines(self):
+        return iter(self._merger)
+
+    def push(self, callback) -> bool:
+        return self._merger.push(callback)
+
+    def poll(self):
+        return self.proc.poll()
+
+    def _write(self, data: bytes) -> None:
+        with self._wlock:
+            try:
+                self.proc.stdin.write(data)
+                self.proc.stdin.flush()
+            except (BrokenPipeError, OSError, ValueError):
+                pass
+
+    def heartbeat(self) -> None:
+        self._write(b".")
+
+    def request_stacks(self) -> None:
+        self._write(b"S")
+
+    def terminate(self, sig: int = signal.SIGTERM) -> None:
+        self._write(stop_token(sig))
+
+    def kill(self) -> None:
+        """SIGKILL the process's session: the local agent (its workers die by PDEATHSIG; what they left behind
+        reparents to init once the agent is gone, so kill is the last resort after terminate and the grace
+        period), or the ssh client (the connection closes, the agent sees EOF, or silence, and ends its workers)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def close(self) -> None:
+        """Close the process's stdin (its output pipes belong to the stream readers until they end)."""
+        try:
+            self.proc.stdin.close()
+        except (OSError, ValueError):
+            pass
+
+
 class Transport(ABC):
     """Starts the request's instance agents on their hosts."""
 
     name: str = "?"
-    #: True when start() returns one handle carrying every instance (mpirun, srun)
-    merged: bool = False
-    #: True when each agent gets the run's --env as the first message on its private stdin (--env-stdin,
-    #: podrun.wire.envchannel); else the values travel in the environment of the process that starts the
-    #: agents (local: the agent's own; mpirun, srun, poprun: the launcher's, with only the names on its argv)
-    env_stdin: bool = False
 
     def __init__(self, request: "LaunchRequest"):
         self.request = request
+        self.kind: TransportKind = transport_of(self.name)      # its capabilities (podrun.launch.transports)
+
+    @property
+    def merged(self) -> bool:
+        """True when start() returns one handle carrying every instance (mpirun, srun, poprun)."""
+        return self.kind.merged
 
     def describe(self, redact: bool = False) -> list[tuple[str, str]]:
         """(host, exact command line) per started process, for --dry-run and runs/<id>/command.
 
         ``redact``: hide secret-looking words of the worker command (for files written to the run dir).
-        No --env value is ever part of a command line (see ``env_stdin``).
+        No --env value is ever part of a command line (see ``env_route``).
         """
         return [(inst.host, self.request.shell_command(inst.index, redact=redact, hold=self.holds(),
-                                                       env_stdin=self.env_stdin))
+                                                       env_stdin=self.kind.env_stdin))
                 for inst in self.request.instances]
 
     def env_route(self) -> str:
         """How the agents get the run's --env, in words (for --dry-run and runs/<id>/command)."""
-        if self.env_stdin:
+        if self.kind.env_stdin:
             return "the first message on each agent's stdin (--env-stdin), never on a command line"
         if self.merged:
             return (f"{self.name}'s own environment, passed on to every agent; its command line carries the "
@@ -153,7 +200,7 @@ class Transport(ABC):
 
     def holds(self) -> bool:
         """Whether this run's agents start held (--hold): they are the preflight probes (ssh)."""
-        return False
+        return self.kind.ssh_per_host and self.request.checks_hosts()
 
     def preflight(self) -> list[Problem]:
         """Check every host in parallel before anything starts; an empty list means go."""
@@ -178,12 +225,7 @@ TransportFactory = Callable[["LaunchRequest"], "Transport"]   # a Transport clas
 def get_transport(name: str) -> TransportFactory:
     """What makes the transport registered under ``name`` from a request (imported lazily): its class, or for ssh
     the function that picks the client's class."""
-    if name not in TRANSPORTS:
-        raise LaunchError(
-            f"unknown transport {name!r}",
-            hint=f"use one of: {', '.join(TRANSPORTS)}",
-        )
-    module_name, attr = TRANSPORTS[name].split(":")
+    module_name, attr = transport_of(name).impl.split(":")
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:       # a dependency of the transport (paramiko for ssh)

@@ -11,9 +11,8 @@ import signal
 import subprocess
 
 from podrun.errors import LaunchError
-from podrun.wire import protocol
 from podrun.wire.probe import port_free
-from podrun.launch.transports.base import InstanceHandle, Problem, StreamMerger, Transport, busy_port_problem
+from podrun.launch.transports.base import InstanceHandle, PipedAgentHandle, Problem, Transport, busy_port_problem
 
 
 def _pdeathsig():
@@ -32,56 +31,19 @@ def _terminal_copy() -> int | None:
         return None
 
 
-class LocalHandle(InstanceHandle):
-    def __init__(self, index: int, host: str, proc: subprocess.Popen):
-        self.label = host
-        self.instances = (index,)
-        self.proc = proc
-        self._merger = StreamMerger(proc.stdout, proc.stderr)
-
-    def lines(self):
-        return iter(self._merger)
-
-    def push(self, callback) -> bool:
-        return self._merger.push(callback)
-
-    def poll(self):
-        return self.proc.poll()
-
-    def heartbeat(self) -> None:
-        self._write(b".")
-
-    def request_stacks(self) -> None:
-        self._write(b"S")
-
-    def _write(self, data: bytes) -> None:
-        try:
-            self.proc.stdin.write(data)
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError, ValueError):
-            pass
+class LocalHandle(PipedAgentHandle):
+    """The agent, a child of this process: a stop is also the signal itself."""
 
     def terminate(self, sig: int = signal.SIGTERM) -> None:
-        self._write(protocol.stop_token(sig))
+        super().terminate(sig)
         if self.proc.poll() is None:
             try:
                 self.proc.send_signal(sig)
             except ProcessLookupError:
                 pass
 
-    def kill(self) -> None:
-        # the agent's session: the agent itself (workers die by PDEATHSIG; what they left behind reparents
-        # to init once the agent is gone, so kill is the last resort after terminate and the grace period)
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
     def close(self) -> None:
-        try:
-            self.proc.stdin.close()
-        except (OSError, ValueError):
-            pass
+        super().close()
         self._merger.close()
 
 

@@ -14,7 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from podrun.errors import LaunchError
 
@@ -32,7 +32,6 @@ class MpiOptions:
     ssh_config: str | None = None         # podrun's ssh config (-F), used as the rsh agent's args
     ssh_args: tuple[str, ...] = ()        # more ssh options (-i KEY, -o ...)
     as_root: bool | None = None           # None: os.geteuid() == 0
-    extra_env: tuple[str, ...] = field(default=())
     grid_engine: bool = False             # Open MPI inside a Grid Engine job: its daemons start with qrsh -inherit
 
 
@@ -106,7 +105,7 @@ def mpirun_command(hosts: list[str], ranks_per_host: int, command: list[str], *,
     flavour = flavour or options.flavour or "openmpi"
     n = len(hosts) * ranks_per_host
     all_local = all(h in LOCAL_NAMES for h in hosts)
-    env_names = list(dict.fromkeys(list(env_names) + list(options.extra_env)))
+    env_names = list(dict.fromkeys(env_names))
     rsh = _rsh_args(options)
     if flavour == "openmpi":
         cmd = [options.mpirun]
@@ -287,7 +286,6 @@ class MpirunTransport(Transport):
     of global rank r (``--rank-from-env``), so every worker is a rank of one MPI world."""
 
     name = "mpirun"
-    merged = True
 
     def __init__(self, request):
         super().__init__(request)
@@ -298,15 +296,12 @@ class MpirunTransport(Transport):
         '=', so ssh options travel in an ssh config file (-F), never as -o NAME=VALUE. Inside a Grid Engine
         job (Open MPI only), with no --ssh-config, the job's qrsh starts the daemons (``grid_engine``)."""
         r = self.request
-        mpi_args = getattr(r, "mpi_args", ()) or ()
-        mpi_args = tuple(shlex.split(mpi_args)) if isinstance(mpi_args, str) else tuple(mpi_args)
-        mpirun = getattr(r, "mpirun", None) or "mpirun"
-        if shutil.which(mpirun) is None:        # a job's bare PATH: the one beside the interpreter
-            mpirun = find_mpirun(mpirun, r.python) or mpirun
+        # a job's bare PATH: the mpirun beside the interpreter
+        mpirun = "mpirun" if shutil.which("mpirun") else find_mpirun("mpirun", r.python) or "mpirun"
         grid_engine = self._grid_engine()
-        return MpiOptions(mpirun=mpirun, mpi_args=mpi_args,
+        return MpiOptions(mpirun=mpirun, mpi_args=r.mpi_args,
                           ssh_config=None if grid_engine else self._ssh_config(), grid_engine=grid_engine,
-                          prefix=getattr(r, "mpi_prefix", None) or _prefix_for(r.python))
+                          prefix=_prefix_for(r.python))
 
     def _grid_engine(self) -> bool:
         """Open MPI in a Grid Engine job with no --ssh-config: tight integration (qrsh), not ssh."""

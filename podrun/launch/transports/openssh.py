@@ -12,14 +12,11 @@ user, address and port that messages name.
 """
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
 import threading
 
-from podrun.wire import protocol
-from podrun.launch.transports.base import InstanceHandle, Problem, StreamMerger
+from podrun.launch.transports.base import PipedAgentHandle, Problem
 from podrun.launch.transports.ssh_common import HeldAgentTransport, HeldProbe, ip_hostname, read_ssh_config
 
 SSH = "ssh"
@@ -30,52 +27,14 @@ def ssh_binary() -> str | None:
     return shutil.which(SSH)
 
 
-class OpenSSHHandle(HeldProbe, InstanceHandle):
+class OpenSSHHandle(HeldProbe, PipedAgentHandle):
     def __init__(self, index: int, host: str, proc: subprocess.Popen):
-        self.label = host
-        self.instances = (index,)
-        self.proc = proc
-        self._init_probe(StreamMerger(proc.stdout, proc.stderr))
-        self._wlock = threading.Lock()
+        super().__init__(index, host, proc)
+        self._init_probe(self._merger)
         self.slot_held = False
-
-    def _write(self, data: bytes) -> None:
-        with self._wlock:
-            try:
-                self.proc.stdin.write(data)
-                self.proc.stdin.flush()
-            except (BrokenPipeError, OSError, ValueError):
-                pass
 
     def go(self) -> None:
         self._write(b"G")
-
-    def heartbeat(self) -> None:
-        self._write(b".")
-
-    def request_stacks(self) -> None:
-        self._write(b"S")
-
-    def terminate(self, sig: int = signal.SIGTERM) -> None:
-        self._write(protocol.stop_token(sig))
-
-    def poll(self):
-        return self.proc.poll()
-
-    def kill(self) -> None:
-        """End the ssh client: the connection closes, the agent sees EOF (or, if the link is cut, silence)
-        and ends its workers."""
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def close(self) -> None:
-        """Close the agent's stdin (its output pipes belong to the stream readers until they end)."""
-        try:
-            self.proc.stdin.close()
-        except (OSError, ValueError):
-            pass
 
 
 class OpenSSHTransport(HeldAgentTransport):

@@ -21,7 +21,7 @@ def allocation_hosts(env=None) -> list[str] | None:
     return expand_nodelist(nodelist, "SLURM_JOB_NODELIST")
 
 
-def srun_command(request, *, srun: str = "srun", extra: tuple[str, ...] = (), redact: bool = False) -> list[str]:
+def srun_command(request, *, srun: str = "srun", redact: bool = False) -> list[str]:
     """`srun -N <hosts> --ntasks-per-node=<k> --kill-on-bad-exit=1 ... sh -c '<agent>'` (pure).
 
     ``--nodelist`` pins the plan's hosts in instance order; ``--distribution=block`` makes task i
@@ -32,21 +32,16 @@ def srun_command(request, *, srun: str = "srun", extra: tuple[str, ...] = (), re
             "--kill-on-bad-exit=1", "--distribution=block", f"--nodelist={','.join(hosts)}",
             f"--job-name=podrun-{request.run_id}", "--export=ALL", "--unbuffered",
             f"--chdir={request.workdir}"]
-    return argv + list(extra) + agent_shell(request, redact)
+    return argv + agent_shell(request, redact)
 
 
 class SrunTransport(Transport):
     """Start the instance agents as the tasks of one srun step (needs SLURM_JOB_ID in the env)."""
 
     name = "srun"
-    merged = True
-
-    def _extra(self) -> tuple[str, ...]:
-        extra = getattr(self.request, "srun_args", ()) or ()
-        return tuple(shlex.split(extra)) if isinstance(extra, str) else tuple(extra)
 
     def argv(self, redact: bool = False) -> list[str]:
-        return srun_command(self.request, extra=self._extra(), redact=redact)
+        return srun_command(self.request, redact=redact)
 
     def describe(self, redact: bool = False) -> list[tuple[str, str]]:
         return [("srun", shlex.join(self.argv(redact=redact)))]

@@ -137,8 +137,6 @@ class HeldAgentTransport(Transport):
     """Preflight through held agents, then start: the logic of both ssh transports. A subclass's ``_start_one``
     starts the agent with --env-stdin (``env_stdin``) and writes ``request.env_message()`` before any other byte."""
 
-    env_stdin = True
-
     def __init__(self, request):
         super().__init__(request)
         self._held: list | None = None       # agents the preflight started held, until ``release`` lets them go
@@ -151,9 +149,6 @@ class HeldAgentTransport(Transport):
 
     def _problem(self, host: str, exc: BaseException) -> Problem:
         raise NotImplementedError
-
-    def holds(self) -> bool:
-        return self.request.checks_hosts()
 
     def run_command(self, host: str, command: str, timeout: float) -> tuple[int, str, str]:
         """Run one shell command on ``host``: (exit code, stdout, stderr)."""
