@@ -90,7 +90,7 @@ def _tr(*names, **kw):
 
 def torchrun_options(f):
     """torchrun 2.x's options, spelled as torchrun spells them, each mapped or refused by
-    podrun.launch.torchrun_args (the table in docs/launch.md); each is read from PET_<NAME> when not given."""
+    podrun.launch.torchrun_map (the table in docs/launch.md); each is read from PET_<NAME> when not given."""
 
     refused = "refused, saying what to use"
     opts = [
@@ -295,7 +295,8 @@ def launch_options(ctx, args: tuple[str, ...], kw: dict, environ=None):
 
     from podrun.launch.options import LaunchOptions, OutputOptions, RestartOptions, TargetOptions, TransportOptions
     from podrun.launch.request import SSHOptions
-    from podrun.launch.torchrun_args import TorchrunOptions, pet_name, pet_own_options, pet_values
+    from podrun.launch.torchrun_cli import TorchrunOptions, pet_name, pet_values
+    from podrun.launch.torchrun_map import pet_own_options
 
     common, tr = in_section(ctx, COMMON, kw), in_section(ctx, TORCHRUN, kw)
     hangs, net = in_section(ctx, HANGS, kw), in_section(ctx, TRANSPORTS, kw)

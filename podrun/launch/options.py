@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from podrun.launch.request import SSHOptions
-from podrun.launch.torchrun_args import OwnOptions, TorchrunOptions
+from podrun.launch.torchrun_cli import TorchrunOptions
+from podrun.launch.torchrun_map import OwnOptions
 
 
 @dataclass(frozen=True)

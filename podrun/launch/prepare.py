@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 
 from podrun.errors import LaunchError, PodrunError
 from podrun.rundir.layout import DEFAULT_RUNS_DIR
-from podrun.launch.torchrun_args import (COMMAND, RECIPE, SCRIPT, OwnOptions, Target, check_nproc_kind, classify,
-                                         command_hint, reconcile)
+from podrun.launch.torchrun_cli import COMMAND, RECIPE, SCRIPT, Target, classify, command_hint
+from podrun.launch.torchrun_map import OwnOptions, check_nproc_kind, reconcile
 from podrun.wire.worker_env import RDZV_ID_ENV, ROLE_ENV
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -36,7 +36,7 @@ class Prepared:
 
 
 def prepare_launch(opts: "LaunchOptions") -> Prepared:
-    """Everything `podrun launch` decides before it prints or runs: the target (podrun.launch.torchrun_args),
+    """Everything `podrun launch` decides before it prints or runs: the target (podrun.launch.torchrun_cli),
     torchrun's options reconciled with podrun's, the plan, the checks of this machine, the request, the elastic
     policy and what to say first; a PodrunError (exit 2) for anything wrong, before anything starts, in the
     user's words (a podrun option that a torchrun option set is named as the user wrote it)."""
