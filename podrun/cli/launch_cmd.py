@@ -10,7 +10,7 @@ from podrun.cli import types as t
 
 from podrun.cli.engine_options import engine_options
 from podrun.cli.network_options import network_options
-from podrun.cli.options import PLAN_OPTION_NAMES, plan_options
+from podrun.cli.options import PLAN_OPTION_NAMES, PlanOptions, plan_options
 from podrun.cli.watch_options import watch_for, watch_options
 
 COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93")
@@ -293,7 +293,8 @@ def launch_options(ctx, args: tuple[str, ...], kw: dict, environ=None):
     a flag wins over its PET_ variable): each section's values into its part, once."""
     from click.core import ParameterSource
 
-    from podrun.launch.options import LaunchOptions, OutputOptions, RestartOptions, TargetOptions, TransportOptions
+    from podrun.launch.options import (EngineOptions, HangOptions, LaunchOptions, OutputOptions, RestartOptions,
+                                       TargetOptions, TransportOptions)
     from podrun.launch.request import SSHOptions
     from podrun.launch.torchrun_cli import TorchrunOptions, pet_name, pet_values
     from podrun.launch.torchrun_map import pet_own_options
@@ -315,9 +316,9 @@ def launch_options(ctx, args: tuple[str, ...], kw: dict, environ=None):
                              no_python=own["no_python"], run_path=own["run_path"], option_names=names),
         torchrun=TorchrunOptions(**tr, spelled=spelled),
         pet_own=pet_own,
-        plan={k: common[k] for k in PLAN_OPTION_NAMES if k in common},
-        engine=in_section(ctx, ENGINES, kw),
-        hangs={k: hangs[k] for k in ("hang_timeout", "on_hang")},
+        plan=PlanOptions(**{k: common[k] for k in PLAN_OPTION_NAMES}),
+        engine=EngineOptions(**in_section(ctx, ENGINES, kw)),
+        hangs=HangOptions(hang_timeout=hangs["hang_timeout"], on_hang=hangs["on_hang"]),
         transports=TransportOptions(
             transport=net["transport"],
             ssh=SSHOptions(config_path=net["ssh_config"], host_key_check=not net["no_host_key_check"],

@@ -7,12 +7,16 @@ import re
 import shutil
 import subprocess
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from podrun.errors import HostError, LaunchError, PodrunError
 from podrun.jobscript.job import SCHEDULER_HELP, JobRequest
+
+if TYPE_CHECKING:  # pragma: no cover
+    from podrun.jobscript.build import JobOptions
+
 # final states: the job will not run again; everything else is pending/running/ending
 FINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                    "PREEMPTED", "BOOT_FAIL", "DEADLINE", "GONE"})
@@ -388,9 +392,9 @@ class PreparedJob:
                 "script": str(self.script), "submit_argv": list(self.submit_argv), "job_id": None}
 
 
-def prepare_job(plan, *, runs_dir: str | os.PathLike, **request) -> PreparedJob:
+def prepare_job(plan, job: JobOptions, runs_dir: str | os.PathLike) -> PreparedJob:
     """Make runs/<run-id>/ (0700; --runs-dir checked as launch checks it) with job.sh and plan.json (0600, written
-    through podrun.safefs) for ``request_from_plan(plan, **request)``: the scheduler's stdout/stderr go to the run
+    through podrun.safefs) for ``request_from_plan(plan, job)``: the scheduler's stdout/stderr go to the run
     directory and the job's `podrun launch` writes its run into the same directory (--runs-dir/--run-id). The
     request is built and checked before anything is written: a bad value leaves no directory behind."""
     from podrun.jobscript.build import request_from_plan
@@ -400,8 +404,8 @@ def prepare_job(plan, *, runs_dir: str | os.PathLike, **request) -> PreparedJob:
 
     run_id = new_run_id()
     run_dir = Path(os.path.abspath(runs_dir)) / run_id
-    req = request_from_plan(plan, log_dir=str(run_dir),
-                            launch_options=["--runs-dir", str(run_dir.parent), "--run-id", run_id], **request)
+    req = request_from_plan(plan, replace(job, log_dir=str(run_dir),
+                                          launch_options=("--runs-dir", str(run_dir.parent), "--run-id", run_id)))
     text = render(req)
     make_runs_dir(runs_dir)
     make_dir(run_dir, "run directory", error=LaunchError)

@@ -1,4 +1,4 @@
-"""torchrun's own command line, pure: what to launch (recipe, script, module, command), and torchrun's options as given (flags or PET_ variables)."""
+"""torchrun's own command line, pure: what to launch (recipe, script, module, command), its options as given."""
 from __future__ import annotations
 
 import os

@@ -147,13 +147,8 @@ def make_plan(cluster: ClusterSpec, recipe: RecipeSpec | None, ov: Overrides = O
         per_device_rate, rate_source, net = measured_inputs(measured, d.local_batch, rate, net)
         if measured.hidden_fraction is not None:
             hidden, hidden_source = measured.hidden_fraction, measured.hidden_source
-    est = estimate(
-        per_device_rate=per_device_rate, rate_source=rate_source, devices_per_replica=p,
-        replicas=d.replicas, replicas_per_host=d.replicas // len(hosts), hosts=len(hosts),
-        local_batch=d.local_batch, grad_accum=d.grad_accum, bubble=bubble, params=recipe.model.params,
-        gradient_bytes=recipe.gradient_bytes, net=net, epochs=recipe.epochs,
-        train_size=recipe.dataset.train_size, hidden_fraction=hidden, hidden_source=hidden_source,
-    )
+    est = estimate(d, recipe, net, per_device_rate=per_device_rate, rate_source=rate_source, devices_per_replica=p,
+                   hosts=len(hosts), bubble=bubble, hidden_fraction=hidden, hidden_source=hidden_source)
     return Plan(
         cluster=cluster.name, recipe=recipe.name, model=recipe.model.name, device_kind=dev.key,
         hosts=tuple(hosts), devices_per_host=dph, devices=devices, devices_per_replica=p,

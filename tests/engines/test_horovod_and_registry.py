@@ -104,12 +104,14 @@ def test_fake_horovod_launch_exports_run_contract_and_logs(tmp_path):
 
 def test_resolve_engine_defaults_and_poprun_options():
     from podrun.launch.engines import resolve_engine
+    from podrun.launch.options import EngineOptions
     from podrun.specs import load_cluster
 
-    assert resolve_engine({}, load_cluster("local"))[:2] == ("torch", None)
-    name, transport, popts, _ = resolve_engine({"vipu_partition": "p1", "num_ilds": 2}, load_cluster("ipu-pod64"))
+    assert resolve_engine(EngineOptions(), load_cluster("local"))[:2] == ("torch", None)
+    name, transport, popts, _ = resolve_engine(EngineOptions(vipu_partition="p1", num_ilds=2),
+                                               load_cluster("ipu-pod64"))
     assert (name, transport, popts.vipu_partition, popts.num_ilds) == ("poprun", "poprun", "p1", 2)
-    assert resolve_engine({"engine": "horovod", "mpi_args": "--tag-output -x A"})[3] == ("--tag-output", "-x", "A")
+    assert resolve_engine(EngineOptions(engine="horovod", mpi_args="--tag-output -x A"))[3] == ("--tag-output", "-x", "A")
 
 
 def test_engine_views_come_from_the_env_contract(tmp_path):

@@ -7,9 +7,13 @@ import signal
 import subprocess
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from podrun import safefs
 from podrun.errors import LaunchError, PlanError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from podrun.launch.options import EngineOptions
 
 # name -> what it is; "torch" is podrun's own agent (any transport), the others run one outer
 # command on this host that starts every instance itself.
@@ -110,7 +114,7 @@ def load(name: str):
     return importlib.import_module(f"podrun.launch.engines.{name}")
 
 
-def resolve_engine(opts: dict, cluster=None, *, only_output_from_instance: int | None = None):
+def resolve_engine(opts: EngineOptions, cluster=None, *, only_output_from_instance: int | None = None):
     """(engine name, transport name override or None, poprun options or None, mpi_args tuple).
 
     The engine is --engine, else the cluster spec's (IPU-POD specs say poprun), else torch.
@@ -118,16 +122,15 @@ def resolve_engine(opts: dict, cluster=None, *, only_output_from_instance: int |
     """
     import shlex
 
-    name = check_engine(opts.get("engine") or getattr(cluster, "engine", None) or "torch")
-    mpi_args = tuple(shlex.split(opts["mpi_args"])) if opts.get("mpi_args") else ()
+    name = check_engine(opts.engine or getattr(cluster, "engine", None) or "torch")
+    mpi_args = tuple(shlex.split(opts.mpi_args)) if opts.mpi_args else ()
     if name != "poprun":
         return name, None, None, mpi_args
     from podrun.launch.engines.poprun import PoprunOptions
 
     popts = PoprunOptions(
-        vipu_server_host=opts.get("vipu_server_host"), vipu_partition=opts.get("vipu_partition"),
-        vipu_cluster=opts.get("vipu_cluster"), num_ilds=opts.get("num_ilds"),
-        mpi_global_args=opts.get("mpi_global_args"), mpi_local_args=opts.get("mpi_local_args"),
-        only_output_from_instance=only_output_from_instance, print_topology=bool(opts.get("print_topology")),
-        offline_mode=bool(opts.get("offline_mode")))
+        vipu_server_host=opts.vipu_server_host, vipu_partition=opts.vipu_partition, vipu_cluster=opts.vipu_cluster,
+        num_ilds=opts.num_ilds, mpi_global_args=opts.mpi_global_args, mpi_local_args=opts.mpi_local_args,
+        only_output_from_instance=only_output_from_instance, print_topology=opts.print_topology,
+        offline_mode=opts.offline_mode)
     return name, "poprun", popts, mpi_args
