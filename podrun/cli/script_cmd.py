@@ -58,7 +58,7 @@ def job_command(scheduler_help: str, json_help: str, *own):
     decorators = [
         click.option("--scheduler", type=click.Choice(SCHEDULERS), help=f"{SCHEDULER_HELP}; {scheduler_help}."),
         plan_options,
-        click.option("--time", "time", help="Wall time: HH:MM:SS, D-HH:MM:SS, or 90m / 2h."),
+        click.option("--time", "time_limit", help="Wall time: HH:MM:SS, D-HH:MM:SS, or 90m / 2h."),
         click.option("--partition", help="Slurm partition (PBS queue when --queue is not given)."),
         click.option("--queue", help="PBS / Grid Engine queue (Slurm partition when --partition is not given)."),
         click.option("--group", help="Grid Engine group: ABCI's `qsub -g GROUP`."),

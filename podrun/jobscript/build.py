@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Mapping, Sequence
 
 from podrun.errors import HostError
@@ -31,7 +31,7 @@ class JobOptions:
     args: Sequence[str] = ()
     cluster: str | None = None                  # the --cluster the job's podrun launch is given
     job_name: str | None = None                 # None: podrun-<recipe>
-    time: int | str | None = None
+    time_limit: int | str | None = None
     partition: str | None = None
     queue: str | None = None
     group: str | None = None
@@ -152,31 +152,12 @@ def request_from_plan(plan, job: JobOptions) -> JobRequest:
         # its environment (the export above it), so no value is on its command line while the job runs
         for k, _ in env_items:
             extra += ["--env", k]
-    req = JobRequest(
-        scheduler=job.scheduler,
-        job_name=job.job_name or default_job_name(plan),
-        nodes=plan_hosts(plan),
-        devices_per_node=plan.devices_per_host,
-        device_kind=device_kind_of(plan),
-        command=tuple(launch_argv(plan, python=job.python, recipe=job.recipe, transport=transport,
-                                  cluster=job.cluster, args=job.args, launch_options=[*extra, *job.launch_options])),
-        cpus_per_node=job.cpus_per_node,
-        time_limit=job.time,
-        partition=job.partition,
-        queue=job.queue,
-        group=job.group,
-        account=job.account,
-        log_dir=job.log_dir,
-        output=job.output,
-        error=job.error,
-        env=env_items,
-        workdir=job.workdir,
-        modules=tuple(job.modules),
-        resource=job.resource,
-        pe=job.pe,
-        directives=tuple(job.directives),
-        comments=plan_comments(plan),
-    )
+    shared = {f.name: getattr(job, f.name) for f in fields(JobRequest) if hasattr(job, f.name)}
+    command = launch_argv(plan, python=job.python, recipe=job.recipe, transport=transport, cluster=job.cluster,
+                          args=job.args, launch_options=[*extra, *job.launch_options])
+    req = JobRequest(**{**shared, "job_name": job.job_name or default_job_name(plan), "nodes": plan_hosts(plan),
+                        "devices_per_node": plan.devices_per_host, "device_kind": device_kind_of(plan),
+                        "command": tuple(command), "env": env_items, "comments": plan_comments(plan)})
     return validate(req)
 
 
