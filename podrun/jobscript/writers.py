@@ -118,9 +118,8 @@ def render_uge(req: JobRequest) -> str:
     if req.account:
         d.append(f"-A {req.account}")
     d += _log_directives(req, join="-j y")
-    abci = req.pe is None and req.resource == "rt_F"
-    return _script(req, "#$", d, _reads_hosts(req),
-                   notes=(f"# ABCI: rt_F={req.nodes} asks for {req.nodes} full node(s) of 4 V100 each",) if abci else ())
+    abci = f"# ABCI: rt_F={req.nodes} asks for {req.nodes} full node(s) of 4 V100 each"
+    return _script(req, "#$", d, _reads_hosts(req), notes=(abci,) if req.pe is None and req.resource == "rt_F" else ())
 
 
 _RENDERERS = {"slurm": render_slurm, "pbs": render_pbs, "uge": render_uge}
