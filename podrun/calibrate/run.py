@@ -13,6 +13,7 @@ from podrun import safefs
 from podrun.specs.calibration import (Calibration, LinkResult, MemoryProbe, MemoryResult, NetworkResult,
                                       OverlapResult, RatePoint, SUBDIR, check_name, dumps, utc_now)
 from podrun.errors import LaunchError, PlanError
+from podrun.plan.inputs import PlanOptions
 from podrun.rundir.layout import make_runs_dir, private_subdir
 
 WORKER = "podrun.calibrate.worker"
@@ -21,7 +22,7 @@ WORKER = "podrun.calibrate.worker"
 @dataclass(frozen=True)
 class CalibrateOptions:
     recipe: str
-    plan: dict                                  # the plan options (cluster, hosts, devices per host ...)
+    plan: PlanOptions = PlanOptions()                          # the host options (cluster, hosts, devices per host ...)
     device_memory_gb: float | None = None       # None: the cluster spec's device memory
     batches: tuple[int, ...] = ()               # local batches to time; () the plans' own
     steps: int = 5
@@ -67,7 +68,7 @@ def launch_options(opts: CalibrateOptions, recipe_path: str, budget: int | None,
         args += ["--image-size", str(opts.image_size)]
     return LaunchOptions(
         target=TargetOptions(args=tuple(args), module=True),
-        plan={k: v for k, v in opts.plan.items() if k not in ("global_batch", "local_batch", "grad_accum")},
+        plan=opts.plan,
         transports=TransportOptions(transport=opts.transport, ssh=SSHOptions(config_path=opts.ssh_config),
                                     python=opts.python, master_port=opts.master_port),
         output=OutputOptions(run_id=run_id, runs_dir=opts.runs_dir),
@@ -109,8 +110,7 @@ def calibrate(opts: CalibrateOptions, progress: Progress | None = None) -> tuple
     from podrun.launch.run import execute
     from podrun.plan.inputs import resolve_plan_inputs
 
-    cluster, recipe, _, _ = resolve_plan_inputs(opts.recipe, **{
-        k: v for k, v in opts.plan.items() if k not in ("global_batch", "local_batch", "grad_accum")})
+    cluster, recipe, _, _ = resolve_plan_inputs(opts.recipe, opts.plan)
     name = check_name(opts.name if opts.name is not None else f"{recipe.name}-{cluster.name}")
     budget, budget_source = budget_of(opts, cluster)
     progress = Progress() if progress is None else progress

@@ -24,7 +24,7 @@ def _batches(ctx, param, value):
 @click.command("calibrate")
 @click.argument("recipe")
 @host_options
-@click.option("--device-memory", "device_memory", type=t.DEVICE_MEMORY_GB,
+@click.option("--device-memory", "device_memory_gb", type=t.DEVICE_MEMORY_GB,
               metavar="GB", help="The memory budget of one device for the largest-batch search (default: the "
                                  "cluster spec's device memory; on CPU the memory one worker may use).")
 @click.option("--largest-batch", "largest_batch", type=click.IntRange(1, MAX_BATCH), default=None, metavar="N",
@@ -42,11 +42,10 @@ def _batches(ctx, param, value):
 @click.option("--transport", type=click.Choice(transport_choices()),
               help="How the workers start (as podrun launch: local here, srun in Slurm, else ssh).")
 @click.option("--ssh-config", type=click.Path(dir_okay=False), help="OpenSSH client config (default ~/.ssh/config).")
-@click.option("--python", "python_", help="Python on the hosts (default: this one).")
+@click.option("--python", "python", help="Python on the hosts (default: this one).")
 @click.option("--master-port", type=t.PORT, default=None, help="Rendezvous port (as podrun launch).")
 @click.option("--json", "as_json", is_flag=True, help="Print the calibration as JSON on stdout.")
-def calibrate(recipe, device_memory, largest_batch, batches, steps, image_size, name, runs_dir, transport,
-              ssh_config, python_, master_port, as_json, **kwargs):
+def calibrate(recipe, as_json, **options):
     """Measure RECIPE on the hosts: the rate per device at the plans' local batches, the largest local batch that
     fits a device's memory, and all-reduce bus bandwidth and latency within and between hosts. The file
     (RUNS_DIR/calibrations/NAME.yaml) feeds `podrun plan --calibration NAME`.
@@ -59,11 +58,7 @@ def calibrate(recipe, device_memory, largest_batch, batches, steps, image_size, 
     from podrun.calibrate.run import CalibrateOptions, calibrate as run_calibration, summary_rows
     from podrun.cli.render import print_json
 
-    opts = CalibrateOptions(recipe=recipe, plan=pop_plan_options(kwargs), device_memory_gb=device_memory,
-                            largest_batch=largest_batch,
-                            batches=batches, steps=steps, image_size=image_size, name=name, runs_dir=runs_dir,
-                            transport=transport, ssh_config=ssh_config, python=python_, master_port=master_port)
-    cal, path = run_calibration(opts)
+    cal, path = run_calibration(CalibrateOptions(recipe=recipe, plan=pop_plan_options(options), **options))
     if as_json:
         print_json({**cal.to_dict(), "file": str(path)})
         return

@@ -6,6 +6,7 @@ import sys
 import click
 
 from podrun.cli import types as t
+from podrun.plan.inputs import PlanOptions
 from podrun.plan.measured import MAX_AGE_DAYS
 
 
@@ -24,14 +25,14 @@ def warn(text: str) -> None:
     print(shown(f"podrun: warning: {text}"), file=sys.stderr, flush=True)
 
 
-def calibrated_plan(recipe: str, options: dict, calibration: str, max_age_days: float, runs_dir: str | None = None):
+def calibrated_plan(recipe: str, options: PlanOptions, calibration: str, max_age_days: float, runs_dir: str | None = None):
     """(plan with the calibration's measured inputs, host source); the warnings said on stderr."""
     from podrun.rundir.layout import DEFAULT_RUNS_DIR
     from podrun.plan import make_plan
     from podrun.plan.measured import measured_for
     from podrun.plan.inputs import resolve_plan_inputs
 
-    cluster, rspec, src, ov = resolve_plan_inputs(recipe, **options)
+    cluster, rspec, src, ov = resolve_plan_inputs(recipe, options)
     hosts = cluster.hosts if ov.nodes is None else cluster.hosts[: ov.nodes]
     measured, warnings = measured_for(calibration, cluster, rspec, tuple(hosts), max_age_days=max_age_days,
                                       runs_dir=runs_dir if runs_dir is not None else DEFAULT_RUNS_DIR)

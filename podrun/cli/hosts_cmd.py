@@ -23,8 +23,7 @@ def hosts(as_json: bool, **kwargs) -> None:
     from podrun.cli.options import resolve_plan_with_source
     from podrun.specs.allocation import compress_hostlist
 
-    popts = pop_plan_options(kwargs)
-    plan, spec, _, src = resolve_plan_with_source(None, **popts)
+    plan, spec, _, src = resolve_plan_with_source(None, pop_plan_options(kwargs))
     used = list(dict.fromkeys(plan.hosts))
     slots = {e.name: e.slots for e in src.hosts}
     sched_slots: dict[str, int | None] = {}

@@ -10,7 +10,7 @@ from podrun.cli import types as t
 
 from podrun.cli.engine_options import engine_options
 from podrun.cli.network_options import network_options
-from podrun.cli.options import PLAN_OPTION_NAMES, plan_options
+from podrun.cli.options import PLAN_OPTION_NAMES, PlanOptions, plan_options
 from podrun.cli.watch_options import watch_for, watch_options
 from podrun.launch.transports import transport_choices
 
@@ -91,7 +91,7 @@ def _tr(*names, **kw):
 
 def torchrun_options(f):
     """torchrun 2.x's options, spelled as torchrun spells them, each mapped or refused by
-    podrun.launch.torchrun_args (the table in docs/launch.md); each is read from PET_<NAME> when not given."""
+    podrun.launch.torchrun_map (the table in docs/launch.md); each is read from PET_<NAME> when not given."""
 
     refused = "refused, saying what to use"
     opts = [
@@ -284,9 +284,11 @@ def launch_options(ctx, args: tuple[str, ...], kw: dict, environ=None):
     a flag wins over its PET_ variable): each section's values into its part, once."""
     from click.core import ParameterSource
 
-    from podrun.launch.options import LaunchOptions, OutputOptions, RestartOptions, TargetOptions, TransportOptions
+    from podrun.launch.options import (EngineOptions, HangOptions, LaunchOptions, OutputOptions, RestartOptions,
+                                       TargetOptions, TransportOptions)
     from podrun.launch.request import SSHOptions
-    from podrun.launch.torchrun_args import TorchrunOptions, pet_name, pet_own_options, pet_values
+    from podrun.launch.torchrun_cli import TorchrunOptions, pet_name, pet_values
+    from podrun.launch.torchrun_map import pet_own_options
 
     common, tr = in_section(ctx, COMMON, kw), in_section(ctx, TORCHRUN, kw)
     hangs, net = in_section(ctx, HANGS, kw), in_section(ctx, TRANSPORTS, kw)
@@ -305,9 +307,9 @@ def launch_options(ctx, args: tuple[str, ...], kw: dict, environ=None):
                              no_python=own["no_python"], run_path=own["run_path"], option_names=names),
         torchrun=TorchrunOptions(**tr, spelled=spelled),
         pet_own=pet_own,
-        plan={k: common[k] for k in PLAN_OPTION_NAMES if k in common},
-        engine=in_section(ctx, ENGINES, kw),
-        hangs={k: hangs[k] for k in ("hang_timeout", "on_hang")},
+        plan=PlanOptions(**{k: common[k] for k in PLAN_OPTION_NAMES}),
+        engine=EngineOptions(**in_section(ctx, ENGINES, kw)),
+        hangs=HangOptions(hang_timeout=hangs["hang_timeout"], on_hang=hangs["on_hang"]),
         transports=TransportOptions(
             transport=net["transport"],
             ssh=SSHOptions(config_path=net["ssh_config"], host_key_check=not net["no_host_key_check"],

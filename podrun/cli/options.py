@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from podrun.cli import types as t
-from podrun.plan.inputs import POD_SIZES, resolve_plan_inputs  # noqa: F401 - the commands' one entry
+from podrun.plan.inputs import POD_SIZES, PlanOptions, resolve_plan_inputs  # noqa: F401 - the commands' one entry
 
 
 BATCH_OPTION_NAMES = ("global_batch", "local_batch", "grad_accum")
@@ -39,25 +39,26 @@ PLAN_OPTION_NAMES = ("pod", "cluster", "nodes", "global_batch", "local_batch", "
                      "instances_per_host", "devices_per_host", "hosts_opt", "hostfile")
 
 
+def pop_plan_options(kwargs: dict) -> PlanOptions:
+    """The plan options taken out of a command's kwargs, as one PlanOptions."""
+    return PlanOptions(**{k: kwargs.pop(k) for k in PLAN_OPTION_NAMES if k in kwargs})
 
-def pop_plan_options(kwargs: dict) -> dict:
-    """Split the plan options out of a command's kwargs."""
-    return {k: kwargs.pop(k) for k in PLAN_OPTION_NAMES if k in kwargs}
 
-
-def resolve_plan(recipe: str | None, **options):
+def resolve_plan(recipe: str | None, options: PlanOptions | None = None, **given):
     """Load specs, pick hosts, and plan. Returns (plan, cluster_spec, recipe_spec_or_None)."""
-    plan, spec, rspec, _ = resolve_plan_with_source(recipe, **options)
+    plan, spec, rspec, _ = resolve_plan_with_source(recipe, options, **given)
     return plan, spec, rspec
 
 
-def resolve_plan_with_source(recipe: str | None, **options):
-    """Load specs, pick hosts (podrun.specs.allocation), and plan.
+def resolve_plan_with_source(recipe: str | None, options: PlanOptions | None = None, discovered=None, **given):
+    """Load specs, pick hosts (podrun.specs.allocation), and plan; ``given``: plan options by name, over ``options``.
 
     Returns (plan, cluster_spec, recipe_spec_or_None, host_source); the allocation, when there is
     one, is discovered once here and is host_source.discovered.
     """
+    from dataclasses import replace
+
     from podrun.plan import make_plan
 
-    spec, rspec, src, ov = resolve_plan_inputs(recipe, **options)
+    spec, rspec, src, ov = resolve_plan_inputs(recipe, replace(options or PlanOptions(), **given), discovered)
     return make_plan(spec, rspec, ov), spec, rspec, src

@@ -39,7 +39,7 @@ def plan(recipe: str, elastic: str | None, as_json: bool, calibration: str | Non
         from podrun.elastic.table import elastic_table, parse_range
 
         lo, hi = parse_range(elastic)
-        cluster, rspec, src, ov = resolve_plan_inputs(recipe, **options)
+        cluster, rspec, src, ov = resolve_plan_inputs(recipe, options)
         table = elastic_table(cluster, rspec, ov, lo, hi)
         if as_json:
             print_json({**table.to_dict(), "recipe": rspec.name if rspec else "", "cluster": cluster.name,
@@ -47,7 +47,7 @@ def plan(recipe: str, elastic: str | None, as_json: bool, calibration: str | Non
             return
         render_elastic(table, rspec.name if rspec else "", cluster.name, src.source)
         return
-    p, cluster, rspec, src = resolve_plan_with_source(recipe, **options)
+    p, cluster, rspec, src = resolve_plan_with_source(recipe, options)
     if as_json:
         d = p.to_dict()
         d["host_source"] = src.source

@@ -3,13 +3,17 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from podrun.cli import types as t
 
-from podrun.cli.options import plan_options, pop_plan_options
+from podrun.cli.options import PlanOptions, plan_options, pop_plan_options
 from podrun.jobscript.job import SCHEDULER_HELP, SCHEDULERS
+
+if TYPE_CHECKING:  # pragma: no cover
+    from podrun.jobscript.build import JobOptions
 
 
 class DashDashCommand(click.Command):
@@ -48,9 +52,12 @@ def parse_env_items(items) -> tuple[tuple[str, str], ...]:
     return tuple(env)
 
 
-def job_options(f):
-    """The job options `script` and `submit` share (wall time, queue, group, account, modules, env ...)."""
-    opts = [
+def job_command(scheduler_help: str, json_help: str, *own):
+    """The options and arguments `script` and `submit` share, in --help's order: --scheduler, the plan's, the job's
+    (wall time, queue, group, account, modules, env ...), ``own`` (the command's own), --json, RECIPE [-- ARGS]."""
+    decorators = [
+        click.option("--scheduler", type=click.Choice(SCHEDULERS), help=f"{SCHEDULER_HELP}; {scheduler_help}."),
+        plan_options,
         click.option("--time", "time_limit", help="Wall time: HH:MM:SS, D-HH:MM:SS, or 90m / 2h."),
         click.option("--partition", help="Slurm partition (PBS queue when --queue is not given)."),
         click.option("--queue", help="PBS / Grid Engine queue (Slurm partition when --partition is not given)."),
@@ -58,38 +65,55 @@ def job_options(f):
         click.option("--account", help="Account to charge (sbatch --account, qsub -A)."),
         click.option("--job-name", help="Job name (default podrun-<recipe>)."),
         click.option("--module", "modules", multiple=True, help="`module load NAME` before the launch (repeatable)."),
-        click.option("--env", "env_items", multiple=True, help="NAME=VALUE exported in the job (repeatable)."),
+        click.option("--env", "env", multiple=True, help="NAME=VALUE exported in the job (repeatable)."),
         click.option("--cpus-per-node", type=t.CPUS, help="CPUs per node (--cpus-per-task, ncpus=)."),
-        click.option("--transport", help="How podrun launch starts instances in the job (default: srun on Slurm, ssh on PBS/UGE)."),
+        click.option("--transport", help="How podrun launch starts instances in the job (default: srun on Slurm, "
+                                         "ssh on PBS/UGE)."),
         click.option("--ssh-config",
                      help="ssh config file podrun launch uses in the job (--transport ssh; default ~/.ssh/config)."),
         click.option("--pe", help="Grid Engine parallel environment: `#$ -pe PE NODES` (one slot per host) "
                                   "instead of ABCI's `-l rt_F=NODES`."),
-        click.option("--job-python",
+        click.option("--job-python", "python",
                      help="Interpreter the job runs `-m podrun launch` with (default: this one, sys.executable)."),
+        *own,
+        click.option("--json", "as_json", is_flag=True, help=json_help),
+        click.argument("recipe", required=False),
+        click.argument("extra", nargs=-1, type=click.UNPROCESSED, metavar="[-- ARGS...]"),
+        click.pass_context,
     ]
-    for opt in reversed(opts):
-        f = opt(f)
-    return f
+
+    def apply(f):
+        for deco in reversed(decorators):
+            f = deco(f)
+        return f
+    return apply
+
+
+def job_of(options: dict, plan: PlanOptions, **given) -> JobOptions:
+    """The JobOptions of `script` or `submit`: job_command's values taken out of click's ``options``, the
+    --cluster of the job's podrun launch from the plan's (``plan``), and ``given`` over them."""
+    from dataclasses import fields
+
+    from podrun.jobscript.build import JobOptions, launch_cluster
+
+    taken = {f.name: options.pop(f.name) for f in fields(JobOptions) if f.name in options}
+    taken.update(python=taken["python"] or sys.executable, env=parse_env_items(taken["env"]),
+                 cluster=launch_cluster(plan.cluster, plan.pod))
+    return JobOptions(**{**taken, **given})
 
 
 @click.command("script", cls=DashDashCommand)
-@click.option("--scheduler", type=click.Choice(SCHEDULERS),
-              help=f"{SCHEDULER_HELP}; default: the cluster spec's.")
-@plan_options
-@job_options
-@click.option("--log-dir", help="Folder for the job's stdout/stderr; it must exist when the job starts.")
-@click.option("--workdir", help="cd here in the job (default: the directory the job is submitted from).")
-@click.option("--resource", default="rt_F", show_default=True, help="Grid Engine resource type per node (ABCI rt_F = a full node).")
-@click.option("--directive", "directives", multiple=True, help="Extra directive, e.g. '-l USE_SSH=1' or '--exclusive' (repeatable).")
-@click.option("-o", "--output", "out_path", type=click.Path(dir_okay=False), help="Write the script to FILE instead of stdout.")
-@click.option("--json", "as_json", is_flag=True, help="Print scheduler, path or script text, and the submit command as JSON.")
-@click.argument("recipe", required=False)
-@click.argument("extra", nargs=-1, type=click.UNPROCESSED, metavar="[-- ARGS...]")
-@click.pass_context
-def script(ctx, scheduler, time_limit, partition, queue, group, account, job_name, modules, env_items,
-           cpus_per_node, log_dir, workdir, transport, ssh_config, pe, job_python, resource, directives, out_path,
-           as_json, recipe, extra, **kwargs):
+@job_command(
+    "default: the cluster spec's", "Print scheduler, path or script text, and the submit command as JSON.",
+    click.option("--log-dir", help="Folder for the job's stdout/stderr; it must exist when the job starts."),
+    click.option("--workdir", help="cd here in the job (default: the directory the job is submitted from)."),
+    click.option("--resource", default="rt_F", show_default=True,
+                 help="Grid Engine resource type per node (ABCI rt_F = a full node)."),
+    click.option("--directive", "directives", multiple=True,
+                 help="Extra directive, e.g. '-l USE_SSH=1' or '--exclusive' (repeatable)."),
+    click.option("-o", "--output", "out_path", type=click.Path(dir_okay=False),
+                 help="Write the script to FILE instead of stdout."))
+def script(ctx, recipe, extra, out_path, as_json, **options):
     """Write the batch script that runs RECIPE (or, after --, a COMMAND) with the same plan.
 
     \b
@@ -103,13 +127,14 @@ def script(ctx, scheduler, time_limit, partition, queue, group, account, job_nam
     """
     from podrun.cli.options import resolve_plan
     from podrun.jobscript import check_allocation, discover, render, request_from_plan, submit_argv
-    from podrun.jobscript.build import allocation_plan_options, launch_cluster
+    from podrun.jobscript.build import allocation_plan_options
 
     recipe, args = split_recipe(ctx, recipe, extra)
     found = discover(os.environ)          # once: the plan's hosts and the allocation check both use it
-    popts = allocation_plan_options(pop_plan_options(kwargs), found)
-    plan, spec, _ = resolve_plan(recipe, **popts, discovered=found)
+    popts = allocation_plan_options(pop_plan_options(options), found)
+    plan, spec, _ = resolve_plan(recipe, popts, discovered=found)
     check_allocation(plan, found)
+    scheduler = options.pop("scheduler")
     if scheduler is None:
         if spec.scheduler not in SCHEDULERS:
             from podrun.errors import PodrunError
@@ -120,17 +145,10 @@ def script(ctx, scheduler, time_limit, partition, queue, group, account, job_nam
     elif spec.scheduler in SCHEDULERS and spec.scheduler != scheduler:
         click.echo(f"note: cluster '{spec.name}' is scheduled by {spec.scheduler}; writing a {scheduler} script "
                    "as asked", err=True)
-    cluster = launch_cluster(popts.get("cluster"), popts.get("pod"))
-    req = request_from_plan(
-        plan, scheduler=scheduler, python=job_python or sys.executable, recipe=recipe, args=args,
-        cluster=cluster, job_name=job_name,
-        time=time_limit, partition=partition, queue=queue, group=group, account=account, log_dir=log_dir,
-        modules=modules, env=parse_env_items(env_items), workdir=workdir, cpus_per_node=cpus_per_node,
-        transport=transport, ssh_config=ssh_config, resource=resource, pe=pe, directives=directives,
-    )
+    req = request_from_plan(plan, job_of(options, popts, scheduler=scheduler, recipe=recipe, args=args))
     text = render(req)
     if out_path:
-        _write(out_path, text, private=bool(env_items))
+        _write(out_path, text, private=bool(req.env))
     submit = submit_argv(req, out_path or "JOB_SCRIPT")
     if as_json:
         from podrun.cli.render import print_json

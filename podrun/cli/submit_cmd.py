@@ -10,8 +10,8 @@ import click
 
 from podrun.cli import types as t
 
-from podrun.cli.options import plan_options, pop_plan_options
-from podrun.cli.script_cmd import DashDashCommand, job_options, parse_env_items, split_recipe
+from podrun.cli.options import pop_plan_options
+from podrun.cli.script_cmd import DashDashCommand, job_command, job_of, split_recipe
 from podrun.errors import PodrunError
 from podrun.jobscript.job import SCHEDULER_HELP, SCHEDULERS
 
@@ -33,20 +33,15 @@ def _pick_scheduler(scheduler: str | None) -> str:
 
 
 @click.command(cls=DashDashCommand)
-@_scheduler_option
-@plan_options
-@job_options
-@click.option("--runs-dir", default="runs", show_default=True, help="Where runs/<run-id>/ is made.")
-@click.option("--wait", is_flag=True, help="Block until the job ends; exit with its exit code (like sbatch --wait).")
-@click.option("--poll", type=t.POLL, default=1.0, show_default=True, help="Seconds between state queries with --wait.")
-@click.option("--dry-run", is_flag=True, help="Write the script and print the submit command; submit nothing.")
-@click.option("--json", "as_json", is_flag=True, help="Print the job record as JSON.")
-@click.argument("recipe", required=False)
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-@click.pass_context
-def submit(ctx, scheduler, time_limit, partition, queue, group, account, job_name, transport, ssh_config, pe,
-           job_python, cpus_per_node, modules, env_items, runs_dir, wait, poll, dry_run, as_json, recipe, args,
-           **kwargs):
+@job_command(
+    "default: the one whose client is on PATH", "Print the job record as JSON.",
+    click.option("--runs-dir", default="runs", show_default=True, help="Where runs/<run-id>/ is made."),
+    click.option("--wait", is_flag=True,
+                 help="Block until the job ends; exit with its exit code (like sbatch --wait)."),
+    click.option("--poll", type=t.POLL, default=1.0, show_default=True,
+                 help="Seconds between state queries with --wait."),
+    click.option("--dry-run", is_flag=True, help="Write the script and print the submit command; submit nothing."))
+def submit(ctx, recipe, extra, runs_dir, wait, poll, dry_run, as_json, **options):
     """Write the job script for RECIPE (or, after --, a COMMAND) into runs/<run-id>/job.sh and submit it.
 
     Without --cluster, --pod, --hosts or --hostfile the job is planned for --nodes N hosts (default 1)
@@ -57,20 +52,15 @@ def submit(ctx, scheduler, time_limit, partition, queue, group, account, job_nam
       podrun submit --nodes 3 --wait -- python train.py     # a bare command; exits with the job's code
     """
     from podrun.cli.options import resolve_plan
-    from podrun.jobscript.build import allocation_plan_options, launch_cluster
+    from podrun.jobscript.build import allocation_plan_options
     from podrun.jobscript.submit import client, exit_code_of, prepare_job, submit_prepared, wait as wait_job
 
-    scheduler = _pick_scheduler(scheduler)
-    popts = allocation_plan_options(pop_plan_options(kwargs))
-    recipe, args = split_recipe(ctx, recipe, args)
-    plan = resolve_plan(recipe, **popts)[0]
-    job = prepare_job(
-        plan, runs_dir=runs_dir, scheduler=scheduler, python=job_python or sys.executable, recipe=recipe,
-        args=args, cluster=launch_cluster(popts.get("cluster"), popts.get("pod")), job_name=job_name,
-        time=time_limit, partition=partition, queue=queue, group=group, account=account,
-        env=parse_env_items(env_items), workdir=os.getcwd(), cpus_per_node=cpus_per_node, transport=transport,
-        ssh_config=ssh_config, pe=pe, modules=modules,
-    )
+    scheduler = _pick_scheduler(options.pop("scheduler"))
+    popts = allocation_plan_options(pop_plan_options(options))
+    recipe, args = split_recipe(ctx, recipe, extra)
+    plan = resolve_plan(recipe, popts)[0]
+    job = prepare_job(plan, job_of(options, popts, scheduler=scheduler, recipe=recipe, args=args,
+                                   workdir=os.getcwd()), runs_dir)
     if dry_run:
         _emit(job.to_dict(), as_json, f"would run: {' '.join(job.submit_argv)}\nscript: {job.script}")
         return

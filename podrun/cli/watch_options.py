@@ -5,11 +5,15 @@ import functools
 import math
 import os
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from podrun.launch.hangs import AUTO_FLOOR_S, AUTO_NO_STEPS_S, AUTO_STEPS, HANG_EXIT
 from podrun.specs.limits import MAX_SECONDS, MIN_HANG_S
+
+if TYPE_CHECKING:  # pragma: no cover
+    from podrun.launch.options import HangOptions
 
 HANG_TIMEOUT_HELP = (f"Seconds without progress from any rank (a runtime report, or any output line of a plain "
                      f"script) before the run counts as hung: podrun shows every rank's stack, then does what "
@@ -54,19 +58,19 @@ def watch_options(f):
     return wrapper
 
 
-def watch_for(given: dict, recipe=None, cluster=None):
+def watch_for(given: HangOptions, recipe=None, cluster=None):
     """The run's WatchOptions: --hang-timeout when given, else the recipe's hang_timeout, else the cluster
     spec's, else auto; the window's notices name where it came from."""
     from podrun.launch.hangs import WatchOptions
 
-    choices = [(given["hang_timeout"], "--hang-timeout")]
+    choices = [(given.hang_timeout, "--hang-timeout")]
     if recipe is not None:
         choices.append((recipe.hang_timeout, f"hang_timeout in {os.path.join(recipe.path, 'recipe.yaml')}"))
     if cluster is not None:
         choices.append((cluster.hang_timeout, f"hang_timeout in {cluster.path}"))
     value, source = next(((v, s) for v, s in choices if v is not None), ("auto", "--hang-timeout"))
     off = value is False or value == "off"        # YAML reads a bare off as false
-    return WatchOptions(hang_timeout=None if off else value, on_hang=given["on_hang"], source=source)
+    return WatchOptions(hang_timeout=None if off else value, on_hang=given.on_hang, source=source)
 
 
 def live_console(as_json: bool) -> bool:

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from podrun.jobscript.build import (
-    DEFAULT_TRANSPORT, allocation_plan_options, check_allocation, default_job_name, device_kind_of, launch_argv,
-    launch_cluster, plan_comments, plan_hosts, request_from_plan,
+    DEFAULT_TRANSPORT, JobOptions, allocation_plan_options, check_allocation, default_job_name, device_kind_of,
+    launch_argv, launch_cluster, plan_comments, plan_hosts, request_from_plan,
 )
 from podrun.specs.allocation import (
     Discovered, HostEntry, compress_hostlist, discover, expand_nodelist, read_pbs_nodefile,
@@ -16,7 +16,7 @@ from podrun.jobscript.job import (
 from podrun.jobscript.writers import render, render_pbs, render_slurm, render_uge, submit_argv
 
 __all__ = [
-    "JobRequest", "JobScriptError", "SCHEDULERS", "SCHEDULER_TABLE", "Scheduler", "check_scheduler",
+    "JobOptions", "JobRequest", "JobScriptError", "SCHEDULERS", "SCHEDULER_TABLE", "Scheduler", "check_scheduler",
     "allocation_plan_options", "launch_cluster", "render", "render_slurm", "render_pbs", "render_uge",
     "submit_argv", "parse_time", "format_time", "validate", "request_from_plan", "launch_argv",
     "plan_comments", "plan_hosts", "device_kind_of", "default_job_name", "check_allocation",

@@ -2,21 +2,54 @@
 from __future__ import annotations
 
 import re
-from typing import Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Mapping, Sequence
 
 from podrun.errors import HostError
 from podrun.jobscript.job import SCHEDULER_TABLE, JobRequest, check_scheduler, validate
 from podrun.launch.transports import TRANSPORTS
+from podrun.plan.inputs import PlanOptions
 from podrun.specs.allocation import Discovered
 
 __all__ = [
-    "DEFAULT_TRANSPORT", "device_kind_of", "plan_hosts", "launch_argv", "request_from_plan",
+    "DEFAULT_TRANSPORT", "JobOptions", "device_kind_of", "plan_hosts", "launch_argv", "request_from_plan",
     "plan_comments", "default_job_name", "check_allocation", "allocation_plan_options",
     "launch_cluster",
 ]
 
 # how `podrun launch` starts one instance per node inside each scheduler's allocation
 DEFAULT_TRANSPORT = {name: s.transport for name, s in SCHEDULER_TABLE.items()}
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """What a job script is asked for beside its plan: the scheduler and its directives, the job's environment,
+    and what its `PYTHON -m podrun launch` runs (`podrun script` and `podrun submit` build one from their options)."""
+
+    scheduler: str
+    python: str                                 # the interpreter the job runs `-m podrun launch` with
+    recipe: str | None = None                   # None: a command (``args``)
+    args: Sequence[str] = ()
+    cluster: str | None = None                  # the --cluster the job's podrun launch is given
+    job_name: str | None = None                 # None: podrun-<recipe>
+    time_limit: int | str | None = None
+    partition: str | None = None
+    queue: str | None = None
+    group: str | None = None
+    account: str | None = None
+    log_dir: str | None = None
+    output: str | None = None
+    error: str | None = None
+    modules: Sequence[str] = ()
+    env: Mapping[str, str] | Sequence[tuple[str, str]] = ()
+    workdir: str | None = None
+    cpus_per_node: int | None = None
+    transport: str | None = None                # None: the scheduler's DEFAULT_TRANSPORT
+    resource: str = "rt_F"
+    pe: str | None = None
+    directives: Sequence[str] = ()
+    ssh_config: str | None = None
+    launch_options: Sequence[str] = ()          # more options for the job's podrun launch
 
 
 def device_kind_of(plan) -> str:
@@ -84,7 +117,7 @@ def launch_cluster(cluster: str | None, pod: int | None) -> str | None:
     return f"ipu-pod{pod}" if pod is not None else None
 
 
-def allocation_plan_options(options: Mapping[str, object], discovered: Discovered | None = None) -> dict:
+def allocation_plan_options(options: PlanOptions, discovered: Discovered | None = None) -> PlanOptions:
     """Plan options for a job whose hosts are not known yet (no --cluster, --pod, --hosts or
     --hostfile, and no allocation ``discovered`` around this process): the cluster is what the
     scheduler will allocate, --nodes N hosts (default 1) of --devices-per-host workers each
@@ -92,59 +125,27 @@ def allocation_plan_options(options: Mapping[str, object], discovered: Discovere
     real hosts. The shell's own allocation variables are then not read (``environ`` is empty).
     Otherwise the options are returned unchanged. `podrun submit` passes no ``discovered``: the
     allocation it runs in (if any) is not the job's."""
-    out = dict(options)
-    if (discovered is not None or out.get("cluster") or out.get("pod") is not None or out.get("hosts_opt")
-            or out.get("hostfile")):
-        return out
-    n = out.get("nodes")
-    n = 1 if n is None else n
+    o = options
+    if discovered is not None or o.cluster or o.pod is not None or o.hosts_opt or o.hostfile:
+        return o
+    n = 1 if o.nodes is None else o.nodes
     if n < 1:
         raise HostError(f"--nodes {n} must be at least 1")
-    if out.get("devices_per_host") is None:
-        out["devices_per_host"] = 1
-    out["hosts_opt"] = ",".join(f"alloc{i}" for i in range(n))
-    out["environ"] = {}
-    return out
+    return replace(o, devices_per_host=1 if o.devices_per_host is None else o.devices_per_host,
+                   hosts_opt=",".join(f"alloc{i}" for i in range(n)), environ={})
 
 
-def request_from_plan(
-    plan,
-    *,
-    scheduler: str,
-    python: str,
-    recipe: str | None,
-    args: Sequence[str] = (),
-    cluster: str | None = None,
-    job_name: str | None = None,
-    time: int | str | None = None,
-    partition: str | None = None,
-    queue: str | None = None,
-    group: str | None = None,
-    account: str | None = None,
-    log_dir: str | None = None,
-    output: str | None = None,
-    error: str | None = None,
-    modules: Iterable[str] = (),
-    env: Mapping[str, str] | Iterable[tuple[str, str]] = (),
-    workdir: str | None = None,
-    cpus_per_node: int | None = None,
-    transport: str | None = None,
-    resource: str = "rt_F",
-    pe: str | None = None,
-    directives: Iterable[str] = (),
-    ssh_config: str | None = None,
-    launch_options: Sequence[str] = (),
-) -> JobRequest:
+def request_from_plan(plan, job: JobOptions) -> JobRequest:
     """The JobRequest for a plan: nodes = the plan's hosts, devices per node = its devices per host,
     and a body that runs `PYTHON -m podrun launch` with the same plan (with ``--ssh-config`` when
     given, and ``--env NAME`` for each of ``env`` unless the transport is srun: the script exports the value).
     Validated (JobScriptError on bad values)."""
-    check_scheduler(scheduler)
-    env_items = tuple(env.items()) if isinstance(env, Mapping) else tuple(env)
-    transport = transport or DEFAULT_TRANSPORT[scheduler]
+    check_scheduler(job.scheduler)
+    env_items = tuple(job.env.items()) if isinstance(job.env, Mapping) else tuple(job.env)
+    transport = job.transport or DEFAULT_TRANSPORT[job.scheduler]
     extra: list[str] = []
-    if ssh_config is not None:
-        extra += ["--ssh-config", ssh_config]
+    if job.ssh_config is not None:
+        extra += ["--ssh-config", job.ssh_config]
     if transport not in TRANSPORTS or not TRANSPORTS[transport].passes_env:
         # the script's exports reach the job's first host only; ssh and mpirun start the other
         # hosts' workers from a fresh environment, so podrun launch carries them there (srun
@@ -152,32 +153,12 @@ def request_from_plan(
         # its environment (the export above it), so no value is on its command line while the job runs
         for k, _ in env_items:
             extra += ["--env", k]
-    launch_options = [*extra, *launch_options]
-    req = JobRequest(
-        scheduler=scheduler,
-        job_name=job_name or default_job_name(plan),
-        nodes=plan_hosts(plan),
-        devices_per_node=plan.devices_per_host,
-        device_kind=device_kind_of(plan),
-        command=tuple(launch_argv(plan, python=python, recipe=recipe, transport=transport,
-                                  cluster=cluster, args=args, launch_options=launch_options)),
-        cpus_per_node=cpus_per_node,
-        time_limit=time,
-        partition=partition,
-        queue=queue,
-        group=group,
-        account=account,
-        log_dir=log_dir,
-        output=output,
-        error=error,
-        env=env_items,
-        workdir=workdir,
-        modules=tuple(modules),
-        resource=resource,
-        pe=pe,
-        directives=tuple(directives),
-        comments=plan_comments(plan),
-    )
+    shared = {f.name: getattr(job, f.name) for f in fields(JobRequest) if hasattr(job, f.name)}
+    command = launch_argv(plan, python=job.python, recipe=job.recipe, transport=transport, cluster=job.cluster,
+                          args=job.args, launch_options=[*extra, *job.launch_options])
+    req = JobRequest(**{**shared, "job_name": job.job_name or default_job_name(plan), "nodes": plan_hosts(plan),
+                        "devices_per_node": plan.devices_per_host, "device_kind": device_kind_of(plan),
+                        "command": tuple(command), "env": env_items, "comments": plan_comments(plan)})
     return validate(req)
 
 

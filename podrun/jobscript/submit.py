@@ -7,12 +7,16 @@ import re
 import shutil
 import subprocess
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from podrun.errors import HostError, LaunchError, PodrunError
 from podrun.jobscript.job import SCHEDULER_HELP, JobRequest
+
+if TYPE_CHECKING:  # pragma: no cover
+    from podrun.jobscript.build import JobOptions
+
 # final states: the job will not run again; everything else is pending/running/ending
 FINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                    "PREEMPTED", "BOOT_FAIL", "DEADLINE", "GONE"})
@@ -97,11 +101,23 @@ def _check(c: Completed, what: str) -> str:
     return c.stdout
 
 
-class Slurm:
-    name = "slurm"
+class _Client:
+    """A scheduler's client over a CommandRunner: submit, state and cancel (``CANCEL``: its cancel command)."""
+
+    name = CANCEL = ""
 
     def __init__(self, runner: CommandRunner):
         self.runner = runner
+
+    def cancel(self, job_id: str) -> None:
+        _check(self.runner.run([self.CANCEL, job_id]), self.CANCEL)
+
+    def gone(self, job_id: str) -> JobState:
+        return JobState(job_id, self.name, "GONE", None, None, "the scheduler no longer knows this job")
+
+
+class Slurm(_Client):
+    name, CANCEL = "slurm", "scancel"
 
     def submit(self, argv: list[str], *, cwd: str | None = None) -> str:
         """Run the submit command (writers.submit_argv: sbatch --parsable ...); the job id."""
@@ -120,11 +136,8 @@ class Slurm:
                 st, *rest = q.stdout.split()
                 return JobState(job_id, "slurm", st, None, rest[0] if rest else None)
             if "invalid job id" in (c.stderr + c.stdout).lower() or c.returncode != 0:
-                return JobState(job_id, "slurm", "GONE", None, None, "the scheduler no longer knows this job")
+                return self.gone(job_id)
         return parse_scontrol(job_id, c.stdout)
-
-    def cancel(self, job_id: str) -> None:
-        _check(self.runner.run(["scancel", job_id]), "scancel")
 
 
 def parse_scontrol(job_id: str, text: str) -> JobState:
@@ -143,13 +156,10 @@ def parse_scontrol(job_id: str, text: str) -> JobState:
                     fields.get("Reason") if fields.get("Reason") not in (None, "None") else None)
 
 
-class Pbs:
-    name = "pbs"
+class Pbs(_Client):
+    name, CANCEL = "pbs", "qdel"
     _STATES = {"Q": "PENDING", "H": "PENDING", "W": "PENDING", "T": "PENDING", "R": "RUNNING",
                "B": "RUNNING", "E": "COMPLETING", "X": "COMPLETED", "F": "COMPLETED", "S": "SUSPENDED"}
-
-    def __init__(self, runner: CommandRunner):
-        self.runner = runner
 
     def submit(self, argv: list[str], *, cwd: str | None = None) -> str:
         """Run the submit command (writers.submit_argv: qsub ...); the job id qsub prints."""
@@ -161,7 +171,7 @@ class Pbs:
     def state(self, job_id: str) -> JobState:
         c = self.runner.run(["qstat", "-x", "-f", job_id])
         if c.returncode != 0 or not c.stdout.strip():
-            return JobState(job_id, "pbs", "GONE", None, None, "the scheduler no longer knows this job")
+            return self.gone(job_id)
         f = dict(m.groups() for m in re.finditer(r"^\s*([\w.]+) = (.*)$", c.stdout, re.M))
         state = self._STATES.get(f.get("job_state", "").strip(), "UNKNOWN")
         code = f.get("Exit_status")
@@ -173,17 +183,11 @@ class Pbs:
             state = "COMPLETED" if exit_code == 0 else "FAILED"
         return JobState(job_id, "pbs", state, exit_code, f.get("exec_host"))
 
-    def cancel(self, job_id: str) -> None:
-        _check(self.runner.run(["qdel", job_id]), "qdel")
 
-
-class Uge:
+class Uge(_Client):
     """Grid Engine (Univa/Altair as on ABCI, Son of Grid Engine): qsub -terse, qstat, qacct -j, qdel."""
 
-    name = "uge"
-
-    def __init__(self, runner: CommandRunner):
-        self.runner = runner
+    name, CANCEL = "uge", "qdel"
 
     def submit(self, argv: list[str], *, cwd: str | None = None) -> str:
         """Run the submit command (writers.submit_argv: qsub -terse [-g GROUP] ...); the job id."""
@@ -204,10 +208,7 @@ class Uge:
         a = self.runner.run(["qacct", "-j", job_id])
         if a.returncode == 0 and a.stdout.strip():
             return parse_qacct(job_id, a.stdout)
-        return JobState(job_id, "uge", "GONE", None, None, "the scheduler no longer knows this job")
-
-    def cancel(self, job_id: str) -> None:
-        _check(self.runner.run(["qdel", job_id]), "qdel")
+        return self.gone(job_id)
 
 
 def parse_qstat(job_id: str, text: str) -> JobState | None:
@@ -388,9 +389,9 @@ class PreparedJob:
                 "script": str(self.script), "submit_argv": list(self.submit_argv), "job_id": None}
 
 
-def prepare_job(plan, *, runs_dir: str | os.PathLike, **request) -> PreparedJob:
+def prepare_job(plan, job: JobOptions, runs_dir: str | os.PathLike) -> PreparedJob:
     """Make runs/<run-id>/ (0700; --runs-dir checked as launch checks it) with job.sh and plan.json (0600, written
-    through podrun.safefs) for ``request_from_plan(plan, **request)``: the scheduler's stdout/stderr go to the run
+    through podrun.safefs) for ``request_from_plan(plan, job)``: the scheduler's stdout/stderr go to the run
     directory and the job's `podrun launch` writes its run into the same directory (--runs-dir/--run-id). The
     request is built and checked before anything is written: a bad value leaves no directory behind."""
     from podrun.jobscript.build import request_from_plan
@@ -400,8 +401,8 @@ def prepare_job(plan, *, runs_dir: str | os.PathLike, **request) -> PreparedJob:
 
     run_id = new_run_id()
     run_dir = Path(os.path.abspath(runs_dir)) / run_id
-    req = request_from_plan(plan, log_dir=str(run_dir),
-                            launch_options=["--runs-dir", str(run_dir.parent), "--run-id", run_id], **request)
+    req = request_from_plan(plan, replace(job, log_dir=str(run_dir),
+                                          launch_options=("--runs-dir", str(run_dir.parent), "--run-id", run_id)))
     text = render(req)
     make_runs_dir(runs_dir)
     make_dir(run_dir, "run directory", error=LaunchError)

@@ -38,8 +38,14 @@ def _body(req: JobRequest, cd_default: str | None) -> list[str]:
     return lines
 
 
-def _comments(req: JobRequest) -> list[str]:
-    return [f"# {c}" if c else "#" for c in req.comments]
+def _script(req: JobRequest, prefix: str, directives: list[str], how: str, cd: str | None = None,
+            notes: tuple[str, ...] = ()) -> str:
+    """The whole script: ``directives`` then --directive's, each after ``prefix``; the plan's comments and
+    ``notes``; how it is submitted (``how``: how the job finds its hosts); the body (``cd``: its default cd)."""
+    head = ["#!/bin/bash"] + [f"{prefix} {x}" for x in (*directives, *req.directives)]
+    head += [f"# {c}" if c else "#" for c in req.comments] + [*notes]
+    head.append(_submit_comment(req, how))
+    return "\n".join(head + _body(req, cd)) + "\n"
 
 
 def render_slurm(req: JobRequest) -> str:
@@ -63,11 +69,7 @@ def render_slurm(req: JobRequest) -> str:
     d.append(f"--output={req.output or log + '%x-%j.out'}")
     d.append(f"--error={req.error or log + '%x-%j.err'}")
     d.append("--no-requeue")
-    d += list(req.directives)
-    head = ["#!/bin/bash"] + [f"#SBATCH {x}" for x in d]
-    head += _comments(req)
-    head.append(_submit_comment(req, "the batch step starts one podrun instance per node through srun"))
-    return "\n".join(head + _body(req, None)) + "\n"
+    return _script(req, "#SBATCH", d, "the batch step starts one podrun instance per node through srun")
 
 
 def render_pbs(req: JobRequest) -> str:
@@ -87,11 +89,7 @@ def render_pbs(req: JobRequest) -> str:
         d.append(f"-A {req.account}")
     d += _log_directives(req, join="-j oe")
     d.append("-r n")
-    d += list(req.directives)
-    head = ["#!/bin/bash"] + [f"#PBS {x}" for x in d]
-    head += _comments(req)
-    head.append(_submit_comment(req, _reads_hosts(req)))
-    return "\n".join(head + _body(req, 'cd "$PBS_O_WORKDIR"')) + "\n"
+    return _script(req, "#PBS", d, _reads_hosts(req), cd='cd "$PBS_O_WORKDIR"')
 
 
 def _log_directives(req: JobRequest, join: str) -> list[str]:
@@ -120,13 +118,8 @@ def render_uge(req: JobRequest) -> str:
     if req.account:
         d.append(f"-A {req.account}")
     d += _log_directives(req, join="-j y")
-    d += list(req.directives)
-    head = ["#!/bin/bash"] + [f"#$ {x}" for x in d]
-    head += _comments(req)
-    if req.pe is None and req.resource == "rt_F":
-        head.append(f"# ABCI: rt_F={req.nodes} asks for {req.nodes} full node(s) of 4 V100 each")
-    head.append(_submit_comment(req, _reads_hosts(req)))
-    return "\n".join(head + _body(req, None)) + "\n"
+    abci = f"# ABCI: rt_F={req.nodes} asks for {req.nodes} full node(s) of 4 V100 each"
+    return _script(req, "#$", d, _reads_hosts(req), notes=(abci,) if req.pe is None and req.resource == "rt_F" else ())
 
 
 _RENDERERS = {"slurm": render_slurm, "pbs": render_pbs, "uge": render_uge}

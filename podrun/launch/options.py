@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Mapping
 
 from podrun.launch.request import SSHOptions
-from podrun.launch.torchrun_args import OwnOptions, TorchrunOptions
+from podrun.launch.torchrun_cli import TorchrunOptions
+from podrun.launch.torchrun_map import OwnOptions
+from podrun.plan.inputs import PlanOptions
 
 
 @dataclass(frozen=True)
@@ -70,16 +71,52 @@ class OutputOptions:
 
 
 @dataclass(frozen=True)
+class EngineOptions:
+    """Who starts the workers and how (podrun.cli.engine_options; podrun.launch.engines.resolve_engine reads it)."""
+
+    engine: str | None = None                   # None: the cluster spec's, else torch
+    mpi_args: str | None = None                 # extra mpirun arguments, quoted as one string
+    vipu_server_host: str | None = None         # poprun's, from here on
+    vipu_partition: str | None = None
+    vipu_cluster: str | None = None
+    num_ilds: int | None = None
+    mpi_global_args: str | None = None
+    mpi_local_args: str | None = None
+    print_topology: bool = False
+    offline_mode: bool = False
+
+
+@dataclass(frozen=True)
+class HangOptions:
+    """--hang-timeout and --on-hang as given (podrun.cli.watch_options.watch_for makes the run's WatchOptions)."""
+
+    hang_timeout: float | str | None = None     # seconds, auto or off; None: the recipe's, the cluster spec's, auto
+    on_hang: str = "end"                        # end | dump
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """What podrun launch decided from its options for the request (podrun.launch.run.build_request): torchrun's
+    reconciled with podrun's, the engine's arguments, the modules every host must have."""
+
+    master_addr: str | None = None              # None: the host of instance 0
+    master_port: int | None = None              # None: podrun.launch.run.rendezvous_port's default
+    grace: float = 5.0                          # seconds between SIGTERM and SIGKILL
+    mpi_args: tuple[str, ...] = ()
+    poprun: object | None = None                # podrun.launch.engines.poprun.PoprunOptions
+    needs: tuple[str, ...] = ()                 # the recipe's modules, checked by every held agent
+
+
+@dataclass(frozen=True)
 class LaunchOptions:
-    """Everything `podrun launch` was told, by concern; ``plan``, ``engine`` and ``hangs`` are the shared option
-    sets of podrun.cli (the plan's, the engine's, the hang watch's) by option name."""
+    """Everything `podrun launch` was told, by concern."""
 
     target: TargetOptions = field(default_factory=TargetOptions)
     torchrun: TorchrunOptions = field(default_factory=TorchrunOptions)
     pet_own: OwnOptions = field(default_factory=OwnOptions)   # podrun's own options that torchrun reads from PET_
-    plan: Mapping[str, Any] = field(default_factory=dict)
-    engine: Mapping[str, Any] = field(default_factory=dict)
-    hangs: Mapping[str, Any] = field(default_factory=dict)
+    plan: PlanOptions = field(default_factory=PlanOptions)
+    engine: EngineOptions = field(default_factory=EngineOptions)
+    hangs: HangOptions = field(default_factory=HangOptions)
     transports: TransportOptions = field(default_factory=TransportOptions)
     restarts: RestartOptions = field(default_factory=RestartOptions)
     output: OutputOptions = field(default_factory=OutputOptions)

@@ -8,12 +8,15 @@ from typing import TYPE_CHECKING
 
 from podrun.errors import LaunchError, PodrunError
 from podrun.rundir.layout import DEFAULT_RUNS_DIR
-from podrun.launch.torchrun_args import (COMMAND, RECIPE, SCRIPT, OwnOptions, Target, check_nproc_kind, classify,
-                                         command_hint, reconcile)
+from podrun.launch.torchrun_cli import COMMAND, RECIPE, SCRIPT, Target, classify, command_hint
+from podrun.launch.torchrun_map import OwnOptions, check_nproc_kind, reconcile
 from podrun.wire.worker_env import RDZV_ID_ENV, ROLE_ENV
 
 if TYPE_CHECKING:  # pragma: no cover
+    from podrun.elastic.replan import ElasticPolicy
     from podrun.launch.options import LaunchOptions
+    from podrun.launch.request import LaunchRequest
+    from podrun.specs import ClusterSpec, RecipeSpec
 
 LONG_RUN_HOURS = 1.0        # a recipe run estimated longer than this is announced before it starts
 GRACE_S = 5.0               # seconds between SIGTERM and SIGKILL without --grace or --shutdown-timeout
@@ -23,19 +26,19 @@ GRACE_S = 5.0               # seconds between SIGTERM and SIGKILL without --grac
 class Prepared:
     """A launch ready to print (--dry-run) or run."""
 
-    request: object                     # podrun.launch.request.LaunchRequest
+    request: LaunchRequest
     target: Target
     engine: str                         # torch | poprun | horovod
-    elastic: object | None = None       # podrun.elastic.replan.ElasticPolicy
+    elastic: ElasticPolicy | None = None
     notes: tuple[str, ...] = ()         # what podrun decided for the user, said before the run and in --dry-run
     long_run: str | None = None         # the estimate of a run longer than LONG_RUN_HOURS, said before it starts
     local_ranks: frozenset[int] | None = None   # --local-ranks-filter: the local ranks the console shows
-    cluster: object | None = None       # podrun.specs.ClusterSpec the plan was made on
-    recipe: object | None = None        # podrun.specs.RecipeSpec, None for a script or command
+    cluster: ClusterSpec | None = None  # the cluster the plan was made on
+    recipe: RecipeSpec | None = None    # None for a script or command
 
 
 def prepare_launch(opts: "LaunchOptions") -> Prepared:
-    """Everything `podrun launch` decides before it prints or runs: the target (podrun.launch.torchrun_args),
+    """Everything `podrun launch` decides before it prints or runs: the target (podrun.launch.torchrun_cli),
     torchrun's options reconciled with podrun's, the plan, the checks of this machine, the request, the elastic
     policy and what to say first; a PodrunError (exit 2) for anything wrong, before anything starts, in the
     user's words (a podrun option that a torchrun option set is named as the user wrote it)."""
@@ -45,8 +48,7 @@ def prepare_launch(opts: "LaunchOptions") -> Prepared:
                       is_file=os.path.isfile, option_names=tg.option_names)
     if target.kind == RECIPE and not tg.dashdash:
         refuse_own_options_after_recipe(target, list(tg.args[1:]), tg.option_names)
-    plan_kw = dict(opts.plan)
-    own = OwnOptions(devices_per_host=plan_kw.get("devices_per_host"), nodes=plan_kw.get("nodes"),
+    own = OwnOptions(devices_per_host=opts.plan.devices_per_host, nodes=opts.plan.nodes,
                      elastic_min=rs.elastic_min, max_restarts=rs.max_restarts, master_addr=net.master_addr,
                      master_port=net.master_port, run_id=out.run_id, runs_dir=out.runs_dir, grace=net.grace,
                      heartbeat=net.heartbeat, heartbeat_misses=net.heartbeat_misses)
@@ -64,14 +66,15 @@ def _prepare(opts: "LaunchOptions", target: Target, mapped: OwnOptions) -> Prepa
     from podrun.launch.transports import transport_of
     from podrun.wire.liveness import settings
     from podrun.launch.request import parse_env_options
+    from podrun.launch.options import Decisions
     from podrun.launch.run import build_request, default_transport
     from podrun.plan import make_plan
     from podrun.plan.inputs import resolve_plan_inputs
 
-    plan_kw = dict(opts.plan)
     env = parse_env_options(net.env_items) + launch_names(mapped)
-    plan_kw.update(nodes=mapped.nodes, devices_per_host=mapped.devices_per_host)
-    cluster, rspec, src, overrides = resolve_plan_inputs(target.name if target.kind == RECIPE else None, **plan_kw)
+    cluster, rspec, src, overrides = resolve_plan_inputs(
+        target.name if target.kind == RECIPE else None,
+        replace(opts.plan, nodes=mapped.nodes, devices_per_host=mapped.devices_per_host))
     check_nproc_kind(opts.torchrun, cluster.device.kind, cluster.name)
     from podrun.plan.measured import launch_measured
 
@@ -91,7 +94,7 @@ def _prepare(opts: "LaunchOptions", target: Target, mapped: OwnOptions) -> Prepa
             recipe_args = recipe_main.parse_known(target.args, default_data)
             long_run = recipe_main.long_run(target.args, recipe_args, plan, LONG_RUN_HOURS)
     engine, engine_transport, poprun_opts, mpi_args = resolve_engine(
-        dict(opts.engine), cluster, only_output_from_instance=out.only_output_from_instance)
+        opts.engine, cluster, only_output_from_instance=out.only_output_from_instance)
     if engine_transport is not None and net.transport and net.transport != engine_transport:
         raise LaunchError(f"--engine {engine} starts the instances itself; drop --transport {net.transport}")
     name = engine_transport or net.transport or default_transport(plan, cluster, getattr(src, "scheduler", "none"))
@@ -140,13 +143,13 @@ def _prepare(opts: "LaunchOptions", target: Target, mapped: OwnOptions) -> Prepa
     if out.only_output_from_instance is not None and not 0 <= out.only_output_from_instance < plan.instances:
         raise LaunchError(f"--only-output-from-instance {out.only_output_from_instance}: the plan has instances "
                           f"0..{plan.instances - 1}")
+    decided = Decisions(master_addr=mapped.master_addr, master_port=mapped.master_port,
+                        grace=mapped.grace if mapped.grace is not None else GRACE_S, mpi_args=mpi_args,
+                        poprun=poprun_opts, needs=needs)
     request = build_request(plan, target.worker_command(python, recipe_script), transport=name, options=opts,
-                            master_addr=mapped.master_addr, master_port=mapped.master_port,
-                            grace=mapped.grace if mapped.grace is not None else GRACE_S, liveness=liveness,
-                            run_id=run_dir_name(mapped),
+                            decided=decided, liveness=liveness, run_id=run_dir_name(mapped),
                             runs_dir=mapped.runs_dir if mapped.runs_dir is not None else DEFAULT_RUNS_DIR, env=env,
-                            max_restarts=0 if max_restarts is None else max_restarts, mpi_args=mpi_args,
-                            poprun=poprun_opts, needs=needs,
+                            max_restarts=0 if max_restarts is None else max_restarts,
                             data_interface=(net.data_interface if net.data_interface is not None
                                             else cluster.data_interface or None))
     if rs.warm and request.max_restarts > 0 and kind.per_instance:    # its agents start each instance themselves

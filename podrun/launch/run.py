@@ -13,7 +13,7 @@ from pathlib import Path
 from podrun.errors import LaunchError, PodrunError, PreflightError
 from podrun.wire.liveness import Liveness
 from podrun.launch import rlimits
-from podrun.launch.options import LaunchOptions
+from podrun.launch.options import Decisions, LaunchOptions
 from podrun.launch.request import InstanceLaunch, LaunchRequest
 from podrun.rundir.layout import (check_run_id, create_run_dir, new_run_id, write_launch_files, write_plan,
                                   write_summary)
@@ -52,34 +52,33 @@ def snapshot_key_env(max_restarts: int) -> tuple[tuple[str, str], ...]:
 
 
 def build_request(plan, command, *, transport: str, options: LaunchOptions = LaunchOptions(),
-                  master_addr: str | None = None, master_port: int | None = None, grace: float = 5.0,
-                  liveness: Liveness = Liveness(), run_id: str | None = None, runs_dir: str = "runs",
-                  env=(), max_restarts: int = 0, mpi_args=(), poprun=None, needs=(),
+                  decided: Decisions = Decisions(), liveness: Liveness = Liveness(), run_id: str | None = None,
+                  runs_dir: str = "runs", env=(), max_restarts: int = 0,
                   data_interface: str | None = None) -> LaunchRequest:
     """The LaunchRequest of ``plan`` running ``command``: ``options`` (podrun launch's, whole) gives what is taken
     as it was given (--python, --workdir, the ssh options, --no-agent-store, --no-preflight, --straggler-timeout);
-    the keywords are what was decided from the options (reconciled with torchrun's, the cluster spec's, the
-    engine's)."""
-    net, rs = options.transports, options.restarts
+    ``decided`` and the keywords are what was decided from the options (reconciled with torchrun's, the cluster
+    spec's, the engine's)."""
+    net, rs, master_addr = options.transports, options.restarts, decided.master_addr
     run_id = new_run_id() if run_id is None else check_run_id(run_id)
     if master_addr is not None:
         from podrun.specs.hosts import check_name
 
         check_name(master_addr, "--master-addr")      # the one host-name rule: no brackets, no port
-    master_port = rendezvous_port(master_port, transport)
+    master_port = rendezvous_port(decided.master_port, transport)
     workdir = os.path.abspath(net.workdir or os.getcwd())
     run_dir = os.path.join(os.path.abspath(runs_dir), run_id)
     return LaunchRequest(
         run_id=run_id, run_dir=run_dir, plan=plan, plan_path=os.path.join(run_dir, "plan.json"),
         command=tuple(command), python=net.host_python, workdir=workdir,
         master_addr=master_addr or plan.placement[0].host, master_port=master_port, transport=transport,
-        grace=grace, heartbeat=liveness.period, keepalive=liveness.bound, max_restarts=max_restarts,
+        grace=decided.grace, heartbeat=liveness.period, keepalive=liveness.bound, max_restarts=max_restarts,
         # the run's snapshot key (podrun.runtime.snapshot) where a restart may read snapshots; --env wins (later)
         env=data_interface_env(data_interface) + snapshot_key_env(max_restarts) + tuple(env),
         instances=tuple(InstanceLaunch(p.index, p.host) for p in plan.placement),
-        ssh=net.ssh, mpi_args=tuple(mpi_args), poprun=poprun,
+        ssh=net.ssh, mpi_args=tuple(decided.mpi_args), poprun=decided.poprun,
         agent_store=net.agent_store and transport_of(transport).agent_store,
-        preflight=net.preflight, straggler_timeout=rs.straggler_timeout, needs=tuple(needs),
+        preflight=net.preflight, straggler_timeout=rs.straggler_timeout, needs=tuple(decided.needs),
         data_interface=data_interface,
     )
 

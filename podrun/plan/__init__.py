@@ -117,17 +117,15 @@ def make_plan(cluster: ClusterSpec, recipe: RecipeSpec | None, ov: Overrides = O
     rpi = d.replicas // instances
     placement = place(hosts, dph, iph, rpi, p)
 
+    shape = dict(cluster=cluster.name, device_kind=dev.key, hosts=tuple(hosts), devices_per_host=dph,
+                 devices=devices, devices_per_replica=p, replicas=d.replicas, instances_per_host=iph,
+                 instances=instances, replicas_per_instance=rpi, local_batch=d.local_batch, grad_accum=d.grad_accum,
+                 global_batch=d.global_batch, placement=placement, notes=tuple(notes))
     if recipe is None:
         est = Estimate(0.0, 1.0, 0.0, 0.0, 0.0, 0.0, ("a bare command: no estimate",))
-        return Plan(
-            cluster=cluster.name, recipe="", model="", device_kind=dev.key, hosts=tuple(hosts),
-            devices_per_host=dph, devices=devices, devices_per_replica=p, replicas=d.replicas,
-            instances_per_host=iph, instances=instances, replicas_per_instance=rpi,
-            local_batch=d.local_batch, grad_accum=d.grad_accum, global_batch=d.global_batch,
-            reference_global_batch=d.global_batch, learning_rate=0.0, reference_learning_rate=0.0,
-            lr_rule="none", warmup_epochs=0.0, epochs=0.0, pipeline_bubble=0.0, placement=placement,
-            estimate=est, notes=tuple(notes),
-        )
+        return Plan(**shape, recipe="", model="", reference_global_batch=d.global_batch, learning_rate=0.0,
+                    reference_learning_rate=0.0, lr_rule="none", warmup_epochs=0.0, epochs=0.0, pipeline_bubble=0.0,
+                    estimate=est)
 
     lr_spec = recipe.lr
     lr = lr_rules.scale(lr_spec.base, lr_spec.rule, d.global_batch, lr_spec.reference_batch)
@@ -147,20 +145,10 @@ def make_plan(cluster: ClusterSpec, recipe: RecipeSpec | None, ov: Overrides = O
         per_device_rate, rate_source, net = measured_inputs(measured, d.local_batch, rate, net)
         if measured.hidden_fraction is not None:
             hidden, hidden_source = measured.hidden_fraction, measured.hidden_source
-    est = estimate(
-        per_device_rate=per_device_rate, rate_source=rate_source, devices_per_replica=p,
-        replicas=d.replicas, replicas_per_host=d.replicas // len(hosts), hosts=len(hosts),
-        local_batch=d.local_batch, grad_accum=d.grad_accum, bubble=bubble, params=recipe.model.params,
-        gradient_bytes=recipe.gradient_bytes, net=net, epochs=recipe.epochs,
-        train_size=recipe.dataset.train_size, hidden_fraction=hidden, hidden_source=hidden_source,
-    )
-    return Plan(
-        cluster=cluster.name, recipe=recipe.name, model=recipe.model.name, device_kind=dev.key,
-        hosts=tuple(hosts), devices_per_host=dph, devices=devices, devices_per_replica=p,
-        replicas=d.replicas, instances_per_host=iph, instances=instances, replicas_per_instance=rpi,
-        local_batch=d.local_batch, grad_accum=d.grad_accum, global_batch=d.global_batch,
-        reference_global_batch=recipe.global_batch, learning_rate=round(lr, 8),
-        reference_learning_rate=lr_spec.base, lr_rule=lr_spec.rule, warmup_epochs=round(warmup, 6),
-        epochs=recipe.epochs, pipeline_bubble=round(bubble, 6), placement=placement, estimate=est,
-        notes=tuple(notes), lr_reference_batch=lr_spec.reference_batch,
-    )
+    est = estimate(d, recipe, net, per_device_rate=per_device_rate, rate_source=rate_source, devices_per_replica=p,
+                   hosts=len(hosts), bubble=bubble, hidden_fraction=hidden, hidden_source=hidden_source)
+    return Plan(**{**shape, "notes": tuple(notes)}, recipe=recipe.name, model=recipe.model.name,
+                reference_global_batch=recipe.global_batch, learning_rate=round(lr, 8),
+                reference_learning_rate=lr_spec.base, lr_rule=lr_spec.rule, warmup_epochs=round(warmup, 6),
+                epochs=recipe.epochs, pipeline_bubble=round(bubble, 6), estimate=est,
+                lr_reference_batch=lr_spec.reference_batch)

@@ -6,7 +6,9 @@ from typing import TYPE_CHECKING
 from podrun.plan.model import Estimate
 
 if TYPE_CHECKING:  # pragma: no cover - the agent imports the planner's model without the specs
+    from podrun.plan.decompose import Decomposition
     from podrun.specs.cluster import InterconnectSpec
+    from podrun.specs.recipe import RecipeSpec
 
 
 def allreduce_seconds(grad_bytes: float, replicas: int, replicas_per_host: int, hosts: int,
@@ -38,22 +40,24 @@ def _link(link) -> str:
     return text
 
 
-def estimate(*, per_device_rate: float, rate_source: str, devices_per_replica: int, replicas: int,
-             replicas_per_host: int, hosts: int, local_batch: int, grad_accum: int, bubble: float,
-             params: int, gradient_bytes: int, net: InterconnectSpec, epochs: float,
-             train_size: int, hidden_fraction: float = 0.0, hidden_source: str = "") -> Estimate:
-    """``hidden_fraction``: the part of the all-reduce that overlaps the backward pass (a calibration's measured
+def estimate(d: Decomposition, recipe: RecipeSpec, net: InterconnectSpec, *, per_device_rate: float,
+             rate_source: str, devices_per_replica: int, hosts: int, bubble: float, hidden_fraction: float = 0.0,
+             hidden_source: str = "") -> Estimate:
+    """The estimate of ``recipe`` decomposed as ``d`` (replicas x local batch x GA) on ``hosts`` hosts.
+    ``hidden_fraction``: the part of the all-reduce that overlaps the backward pass (a calibration's measured
     figure, with ``hidden_source`` saying where it was measured, which the assumptions keep even when the measured
     part is 0); without a source: none, the step is compute + all-reduce."""
+    replicas, local_batch, grad_accum = d.replicas, d.local_batch, d.grad_accum
+    params, gradient_bytes = recipe.model.params, recipe.gradient_bytes
     replica_rate = per_device_rate * devices_per_replica * (1.0 - bubble)
     compute = grad_accum * local_batch / replica_rate
-    comm = allreduce_seconds(params * gradient_bytes, replicas, replicas_per_host, hosts, net)
+    comm = allreduce_seconds(params * gradient_bytes, replicas, replicas // hosts, hosts, net)
     step = compute + comm * (1.0 - hidden_fraction)
     overlap = "no overlap of communication with compute" if hidden_source == "" else \
         f"{hidden_fraction:.0%} of the all-reduce hidden behind the backward pass ({hidden_source})"
     efficiency = compute / step
     images_per_second = replicas * local_batch * grad_accum / step
-    hours = epochs * train_size / images_per_second / 3600
+    hours = recipe.epochs * recipe.dataset.train_size / images_per_second / 3600
     return Estimate(
         images_per_second=round(images_per_second, 1),
         scaling_efficiency=round(efficiency, 4),

@@ -113,9 +113,10 @@ def test_body_reproduces_the_plan_inside_the_allocation(name, podrun_cli, tmp_pa
             name = "hosts_opt" if key == "--hosts" else key[2:].replace("-", "_")
             kw[name] = value if name in ("cluster", "hosts_opt") else int(value)
     from podrun.jobscript.build import allocation_plan_options
+    from podrun.plan.inputs import PlanOptions
 
-    kw = {"environ": {}, **allocation_plan_options(kw)}   # no cluster named: N hosts of an allocation to come
-    want, *_ = resolve_plan_with_source(recipe, **kw)
+    # no cluster named: N hosts of an allocation to come
+    want, *_ = resolve_plan_with_source(recipe, allocation_plan_options(PlanOptions(**kw)), environ={})
     # the hosts the scheduler hands the job: other names than planned, the same count
     names = [f"c{i:04d}" for i in range(1, len(want.hosts) + 1)]
     if scheduler == "slurm":

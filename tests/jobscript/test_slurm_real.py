@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from podrun.jobscript import render, request_from_plan
+from podrun.jobscript import JobOptions, render, request_from_plan
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(120)]
 
@@ -28,9 +28,9 @@ def _request(cluster, job_name, command):
 
     plan = resolve_plan(None, cluster="local", hosts_opt=",".join(cluster.nodes), devices_per_host=1, environ={})[0]
     jobs = str(cluster.jobs_dir)
-    req = request_from_plan(plan, scheduler="slurm", python=sys.executable, recipe=None, args=("true",), job_name=job_name, time="5m",
-                            partition="debug", log_dir=jobs, workdir=jobs,
-                            env={"PODRUN_PROBE": "$(touch PWNED) `x` 'q' \"d\""})
+    req = request_from_plan(plan, JobOptions(scheduler="slurm", python=sys.executable, args=("true",),
+                                             job_name=job_name, time_limit="5m", partition="debug", log_dir=jobs,
+                                             workdir=jobs, env={"PODRUN_PROBE": "$(touch PWNED) `x` 'q' \"d\""}))
     return dataclasses.replace(req, command=tuple(command))
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from podrun.cli.launch_cmd import SECTION_ATTR, SECTIONS, TRANSPORTS, launch, launch_options, section
-from podrun.launch.options import LaunchOptions
+from podrun.launch.options import HangOptions, LaunchOptions
 
 
 def untitled(command: click.Command) -> list[str]:
@@ -37,9 +37,9 @@ def test_the_command_line_becomes_one_frozen_object():
     assert isinstance(opts, LaunchOptions)
     assert opts.target.args == ("pkg.train", "--lr", "0.1") and opts.target.module and not opts.target.no_python
     assert "--no-host-key-check" in opts.target.option_names
-    assert opts.torchrun.nproc_per_node == "2" and opts.plan["hosts_opt"] == "a,b"
+    assert opts.torchrun.nproc_per_node == "2" and opts.plan.hosts_opt == "a,b"
     assert (opts.restarts.max_restarts, opts.restarts.warm, opts.restarts.straggler_timeout) == (3, False, 30.0)
-    assert opts.hangs == {"hang_timeout": 90.0, "on_hang": "end"} and opts.engine["engine"] == "torch"
+    assert opts.hangs == HangOptions(hang_timeout=90.0, on_hang="end") and opts.engine.engine == "torch"
     t = opts.transports
     assert (t.transport, t.ssh.host_key_check, t.heartbeat, t.env_items) == ("ssh", False, 1.0, ("A=1",))
     assert (opts.output.dry_run, opts.output.run_id) == (True, "r1")

@@ -148,6 +148,7 @@ def test_hang_timeout_precedence_cli_recipe_cluster_auto(tmp_path):
     """podrun launch's window: --hang-timeout, else the recipe's hang_timeout, else the cluster's, else auto;
     off (as the option's word or YAML's false) turns the watch off; the notices name the source."""
     from podrun.cli.watch_options import watch_for
+    from podrun.launch.options import HangOptions
 
     cluster = load_cluster(str(write(tmp_path, spec_text("\nhang_timeout: 300\n"))))
     d = tmp_path / "r"
@@ -156,8 +157,8 @@ def test_hang_timeout_precedence_cli_recipe_cluster_auto(tmp_path):
     (d / "recipe.yaml").write_text(src + "\nhang_timeout: 900\n")
     recipe = load_recipe(str(d))
     plain = load_recipe("resnet18_cifar10")
-    given = {"hang_timeout": None, "on_hang": "end"}
-    w = watch_for({"hang_timeout": 60.0, "on_hang": "dump"}, recipe, cluster)
+    given = HangOptions()
+    w = watch_for(HangOptions(60.0, "dump"), recipe, cluster)
     assert (w.hang_timeout, w.source, w.on_hang) == (60.0, "--hang-timeout", "dump")
     w = watch_for(given, recipe, cluster)
     assert (w.hang_timeout, w.source) == (900.0, f"hang_timeout in {d / 'recipe.yaml'}")
@@ -165,7 +166,7 @@ def test_hang_timeout_precedence_cli_recipe_cluster_auto(tmp_path):
     assert (w.hang_timeout, w.source) == (300.0, f"hang_timeout in {cluster.path}")
     w = watch_for(given, None, load_cluster("local"))
     assert (w.hang_timeout, w.source) == ("auto", "--hang-timeout")
-    assert watch_for({"hang_timeout": "off", "on_hang": "end"}, recipe, cluster).hang_timeout is None
+    assert watch_for(HangOptions("off"), recipe, cluster).hang_timeout is None
     off = load_cluster(str(write(tmp_path, spec_text("\nhang_timeout: off\n"), "off.yaml")))
     assert watch_for(given, plain, off).hang_timeout is None
-    assert watch_for({"hang_timeout": "auto", "on_hang": "end"}, recipe, off).hang_timeout == "auto"
+    assert watch_for(HangOptions("auto"), recipe, off).hang_timeout == "auto"

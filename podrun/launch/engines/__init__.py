@@ -3,8 +3,12 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from podrun.errors import PlanError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from podrun.launch.options import EngineOptions
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,7 @@ def engine_of(name: str) -> EngineKind:
     return ENGINES[name]
 
 
-def resolve_engine(opts: dict, cluster=None, *, only_output_from_instance: int | None = None):
+def resolve_engine(opts: EngineOptions, cluster=None, *, only_output_from_instance: int | None = None):
     """(engine name, the transport it always runs over or None, poprun options or None, mpi_args tuple).
 
     The engine is --engine, else the cluster spec's (IPU-POD specs say poprun), else torch.
@@ -50,16 +54,15 @@ def resolve_engine(opts: dict, cluster=None, *, only_output_from_instance: int |
     """
     import shlex
 
-    kind = engine_of(opts.get("engine") or getattr(cluster, "engine", None) or "torch")
-    mpi_args = tuple(shlex.split(opts["mpi_args"])) if opts.get("mpi_args") else ()
+    kind = engine_of(opts.engine or getattr(cluster, "engine", None) or "torch")
+    mpi_args = tuple(shlex.split(opts.mpi_args)) if opts.mpi_args else ()
     if kind.name != "poprun":
         return kind.name, kind.transport, None, mpi_args
     from podrun.launch.engines.poprun import PoprunOptions
 
     popts = PoprunOptions(
-        vipu_server_host=opts.get("vipu_server_host"), vipu_partition=opts.get("vipu_partition"),
-        vipu_cluster=opts.get("vipu_cluster"), num_ilds=opts.get("num_ilds"),
-        mpi_global_args=opts.get("mpi_global_args"), mpi_local_args=opts.get("mpi_local_args"),
-        only_output_from_instance=only_output_from_instance, print_topology=bool(opts.get("print_topology")),
-        offline_mode=bool(opts.get("offline_mode")))
+        vipu_server_host=opts.vipu_server_host, vipu_partition=opts.vipu_partition, vipu_cluster=opts.vipu_cluster,
+        num_ilds=opts.num_ilds, mpi_global_args=opts.mpi_global_args, mpi_local_args=opts.mpi_local_args,
+        only_output_from_instance=only_output_from_instance, print_topology=opts.print_topology,
+        offline_mode=opts.offline_mode)
     return kind.name, kind.transport, popts, mpi_args

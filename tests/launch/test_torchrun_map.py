@@ -1,4 +1,4 @@
-"""The torchrun mapping (podrun.launch.torchrun_args), pure: targets, torchrun's options onto podrun's, refusals;
+"""torchrun's command line and its mapping (podrun.launch.torchrun_cli, torchrun_map), pure: targets, torchrun's options onto podrun's, refusals;
 and `podrun launch` refusing bad input with one paragraph and exit 2 before anything starts."""
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 
 from podrun.cli.main import main
 from podrun.errors import LaunchError
-from podrun.launch.torchrun_args import (COMMAND, MODULE, RECIPE, SCRIPT, OwnOptions, Target, TorchrunOptions,
-                                         check_nproc_kind, classify, command_hint, parse_endpoint, recipe_args,
-                                         reconcile)
+from podrun.launch.torchrun_cli import (COMMAND, MODULE, RECIPE, SCRIPT, Target, TorchrunOptions, classify,
+                                        command_hint, recipe_args)
+from podrun.launch.torchrun_map import OwnOptions, check_nproc_kind, parse_endpoint, reconcile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
