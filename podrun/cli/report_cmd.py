@@ -18,6 +18,7 @@ def report(run_dir: str | None, runs_dir: str, as_json: bool, output: str | None
     from pathlib import Path
 
     from podrun.cli.render import console, print_json
+    from podrun.rundir.layout import REPORT
     from podrun.rundir.report import (launch_summary, newest_run, plot, read_run, replans, resumes, summarize,
                                      summarize_command)
 
@@ -42,7 +43,7 @@ def report(run_dir: str | None, runs_dir: str, as_json: bool, output: str | None
     summary["resumes"] = resumes(run.records)
     if not no_plot:
         base = Path(run_dir)
-        target = Path(output) if output else (base if base.is_dir() else base.parent) / "report.png"
+        target = Path(output) if output else (base if base.is_dir() else base.parent) / REPORT
         summary["plot"] = str(plot(run.records, target, title=str(run_dir), replanned=summary["replans"]))
     summary["skipped_lines"] = run.skipped
     summary["notes"] = notes
