@@ -38,7 +38,8 @@ def parser(recipe_name: str, default_data: str = "synthetic", cls=argparse.Argum
     a("--local-batch", type=int, default=None, help="default: $PODRUN_LOCAL_BATCH, else global / workers")
     a("--grad-accum", type=int, default=None, help="default: $PODRUN_GRAD_ACCUM, else 1")
     a("--global-batch", type=int, default=None, help="default: $PODRUN_GLOBAL_BATCH, else the recipe's")
-    a("--lr", type=float, default=None, help="peak learning rate (default: the plan's, else recipe lr scaled by its rule)")
+    a("--lr", type=float, default=None,
+      help="peak learning rate (default: the plan's, else recipe lr scaled by its rule)")
     a("--warmup-epochs", type=float, default=None)
     a("--image-size", type=int, default=None, help="default: the recipe's dataset.image_size")
     a("--norm", choices=["batch", "group"], default=None, help="model normalisation (default: the recipe's)")
