@@ -428,6 +428,7 @@ def _print_dry_run(record: dict) -> None:
 def _print_root_cause(summary: dict, request) -> None:
     """The run's end on stderr, from the (redacted) summary; every line through podrun.redaction.shown."""
     from podrun.redaction import shown
+    from podrun.rundir.layout import instance_log
     from podrun.rundir.report import pointers      # torch-free: checkpoints kept, `podrun report RUN_DIR`
 
     rc = summary.get("root_cause")
@@ -456,7 +457,7 @@ def _print_root_cause(summary: dict, request) -> None:
             say(f"  error (recorded by @record in {error.get('file')}): {error.get('message')}")
         if rc.get("last_lines"):
             whose = "its" if rc.get("local_rank") is not None else "the instance's"
-            say(f"  {whose} last lines (in {request.run_dir}/instance-{rc['instance']}.log):")
+            say(f"  {whose} last lines (in {os.path.join(request.run_dir, instance_log(rc['instance']))}):")
             for line in rc["last_lines"]:
                 say(f"    {line}")
         if rc.get("followers"):

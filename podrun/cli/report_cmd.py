@@ -17,7 +17,8 @@ def report(run_dir: str | None, runs_dir: str, as_json: bool, output: str | None
     command's plan, attempts, exit codes and root cause."""
     from pathlib import Path
 
-    from podrun.cli.render import console, print_json
+    from podrun.cli.render import console
+    from podrun.rundir.layout import REPORT
     from podrun.rundir.report import (launch_summary, newest_run, plot, read_run, replans, resumes, summarize,
                                      summarize_command)
 
@@ -42,12 +43,9 @@ def report(run_dir: str | None, runs_dir: str, as_json: bool, output: str | None
     summary["resumes"] = resumes(run.records)
     if not no_plot:
         base = Path(run_dir)
-        target = Path(output) if output else (base if base.is_dir() else base.parent) / "report.png"
+        target = Path(output) if output else (base if base.is_dir() else base.parent) / REPORT
         summary["plot"] = str(plot(run.records, target, title=str(run_dir), replanned=summary["replans"]))
-    summary["skipped_lines"] = run.skipped
-    summary["notes"] = notes
-    if as_json:
-        print_json(summary)
+    if _as_json(summary, run, notes, as_json):
         return
     c = console()
     state = "finished" if summary["finished"] else "not finished"
@@ -108,16 +106,24 @@ def _seconds(v) -> str:
     return f"{v:.1f}s" if isinstance(v, (int, float)) and not isinstance(v, bool) else "duration unknown"
 
 
-def _command(run, s: dict, notes: list[str], as_json: bool) -> None:
-    """Print what a run without training steps recorded."""
-    import shlex
-
-    from podrun.cli.render import console, print_json
+def _as_json(s: dict, run, notes: list[str], as_json: bool) -> bool:
+    """Add the lines skipped and the notes to the report ``s``; printed as JSON when asked (then it is done)."""
+    from podrun.cli.render import print_json
 
     s["skipped_lines"] = run.skipped
     s["notes"] = notes
     if as_json:
         print_json(s)
+    return as_json
+
+
+def _command(run, s: dict, notes: list[str], as_json: bool) -> None:
+    """Print what a run without training steps recorded."""
+    import shlex
+
+    from podrun.cli.render import console
+
+    if _as_json(s, run, notes, as_json):
         return
     c = console()
 

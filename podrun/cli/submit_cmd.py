@@ -110,7 +110,9 @@ def status(scheduler, as_json, target):
     st = cl.state(job_id)
     out = {**(rec.to_dict() if rec else {"job_id": job_id, "scheduler": cl.name}), **st.to_dict()}
     if rec:
-        summary = Path(rec.run_dir) / "summary.json"
+        from podrun.rundir.layout import SUMMARY
+
+        summary = Path(rec.run_dir) / SUMMARY
         if summary.exists():
             try:
                 out["summary"] = json.loads(summary.read_text())

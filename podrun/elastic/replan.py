@@ -1,8 +1,8 @@
-"""Elastic restarts, pure: after a failure, which hosts go, which spares come in, and the next plan at the same global batch."""
+"""Elastic restarts, pure: after a failure, which hosts go, which spares come in, and the next plan at the same
+global batch; from typed values (the outcome's summary, the run's step log): no I/O here."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from podrun.errors import PlanError
@@ -10,6 +10,8 @@ from podrun.errors import PlanError
 if TYPE_CHECKING:  # pragma: no cover
     from podrun.plan import Overrides
     from podrun.plan.model import Plan
+    from podrun.rundir.metrics import StepLog
+    from podrun.rundir.summary import Summary
     from podrun.specs.cluster import ClusterSpec
     from podrun.specs.recipe import RecipeSpec
 
@@ -95,22 +97,22 @@ def default_restarts(policy: ElasticPolicy, plan: "Plan") -> int:
     return n
 
 
-def failed_hosts(instances: list[dict], root_cause: dict | None) -> tuple[str, ...]:
-    """The hosts to drop after a failed attempt, from summary.json's instances and root cause.
+def failed_hosts(summary: "Summary") -> tuple[str, ...]:
+    """The hosts to drop after a failed attempt, from its summary's instances and root cause.
 
     Hosts whose instance was lost (no heartbeat, or the connection ended before it reported) are the
     failure; only when there is none is it the root cause's host (a worker that failed on its own).
     A surviving host's workers also fail when a peer vanishes, so they are never blamed for it.
     """
     lost = []
-    for inst in instances:          # 255 with no worker's exit reported: the connection ended first
+    for inst in summary.instances:          # 255 with no worker's exit reported: the connection ended first
         if inst.get("status") == "lost" or (inst.get("exit_code") == LOST_EXIT and not inst.get("workers")):
             if inst["host"] not in lost:
                 lost.append(inst["host"])
     if lost:
         return tuple(lost)
-    if root_cause is not None and root_cause.get("host"):
-        return (root_cause["host"],)
+    if summary.root_cause is not None and summary.root_cause.get("host"):
+        return (summary.root_cause["host"],)
     return ()
 
 
@@ -178,31 +180,16 @@ def describe(replan: Replan, old: "Plan", step: int | None, cause: str | None = 
             "resuming from the newest snapshot a survivor holds, else the last checkpoint")
 
 
-def last_step(run_dir: str | Path) -> tuple[int | None, float | None]:
-    """(step, time) of the last training step in the run's metrics.jsonl; (None, None) when there is none."""
-    return _scan(run_dir, None, first=False)
+def last_step(log: "StepLog") -> tuple[int | None, float | None]:
+    """(step, time) of the run's last training step; (None, None) when it logged none."""
+    return log.steps[-1] if log.steps else (None, None)
 
 
-def first_step_after(run_dir: str | Path, after: float) -> tuple[int | None, float | None]:
+def first_step_after(log: "StepLog", after: float) -> tuple[int | None, float | None]:
     """(step, time) of the first training step logged after wall time ``after``; (None, None) if none."""
-    return _scan(run_dir, after, first=True)
+    return next(((step, t) for step, t in log.steps if t > after), (None, None))
 
 
-def resumed_after(run_dir: str | Path, after: float) -> dict | None:
-    """Where the attempt started after wall time ``after`` resumed from (its metrics.jsonl resume record)."""
-    from podrun.rundir.metrics import resume_after     # torch-free: the one reader of metrics.jsonl
-
-    return resume_after(run_dir, after)
-
-
-def _scan(run_dir: str | Path, after: float | None, first: bool) -> tuple[int | None, float | None]:
-    from podrun.rundir.metrics import step_times     # torch-free: the one reader of metrics.jsonl
-
-    found: tuple[int | None, float | None] = (None, None)
-    for step, t in step_times(run_dir):
-        if after is not None and t <= after:
-            continue
-        found = (step, t)
-        if first:
-            return found
-    return found
+def resumed_after(log: "StepLog", after: float) -> dict | None:
+    """Where the attempt started after wall time ``after`` resumed from (its start or resume record)."""
+    return next((where for t, where in log.starts if t > after), None)

@@ -396,7 +396,7 @@ def prepare_job(plan, job: JobOptions, runs_dir: str | os.PathLike) -> PreparedJ
     request is built and checked before anything is written: a bad value leaves no directory behind."""
     from podrun.jobscript.build import request_from_plan
     from podrun.jobscript.writers import render, submit_argv
-    from podrun.rundir.layout import make_runs_dir, new_run_id, write_plan
+    from podrun.rundir.layout import JOB_SCRIPT, make_runs_dir, new_run_id, write_plan
     from podrun.safefs import make_dir, write_file
 
     run_id = new_run_id()
@@ -406,7 +406,7 @@ def prepare_job(plan, job: JobOptions, runs_dir: str | os.PathLike) -> PreparedJ
     text = render(req)
     make_runs_dir(runs_dir)
     make_dir(run_dir, "run directory", error=LaunchError)
-    script = write_file(run_dir / "job.sh", text, "job script")
+    script = write_file(run_dir / JOB_SCRIPT, text, "job script")
     write_plan(run_dir, plan)
     return PreparedJob(run_id, run_dir, script, tuple(submit_argv(req, str(script))), req)
 

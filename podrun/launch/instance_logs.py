@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Callable
 
 from podrun import safefs
+from podrun.rundir.layout import instance_log
 
 
 class InstanceLogs:
@@ -22,7 +23,7 @@ class InstanceLogs:
         f = self.logs.get(index, False)
         if f is None:                  # this log failed before: the console has the output
             return
-        path = Path(self.run_dir) / f"instance-{index}.log"
+        path = Path(self.run_dir) / instance_log(index)
         try:
             if f is False:
                 f = self.logs[index] = safefs.open_log(path)

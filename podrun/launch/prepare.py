@@ -84,15 +84,15 @@ def _prepare(opts: "LaunchOptions", target: Target, mapped: OwnOptions) -> Prepa
     python = net.host_python
     recipe_script, recipe_args, long_run = None, None, None
     if rspec is not None:
-        from podrun.train import recipe_main
+        from podrun.specs import recipe_args as recipe_cli
 
         recipe_script = os.path.abspath(os.path.join(rspec.path, rspec.train_script))
-        default_data = recipe_main.default_data(recipe_script)
+        default_data = recipe_cli.default_data(recipe_script)
         if default_data is not None:        # its train.py runs podrun's recipe parser: podrun knows its arguments
-            recipe_main.check_args(os.path.basename(os.path.abspath(rspec.path)), target.args,
+            recipe_cli.check_args(os.path.basename(os.path.abspath(rspec.path)), target.args,
                                    os.path.relpath(recipe_script))
-            recipe_args = recipe_main.parse_known(target.args, default_data)
-            long_run = recipe_main.long_run(target.args, recipe_args, plan, LONG_RUN_HOURS)
+            recipe_args = recipe_cli.parse_known(target.args, default_data)
+            long_run = recipe_cli.long_run(target.args, recipe_args, plan, LONG_RUN_HOURS)
     engine, engine_transport, poprun_opts, mpi_args = resolve_engine(
         opts.engine, cluster, only_output_from_instance=out.only_output_from_instance)
     if engine_transport is not None and net.transport and net.transport != engine_transport:
@@ -117,7 +117,7 @@ def _prepare(opts: "LaunchOptions", target: Target, mapped: OwnOptions) -> Prepa
                          "everywhere), so it needs sshd and its host key in known_hosts")
     needs: tuple[str, ...] = ()
     if recipe_args is not None and net.preflight:
-        from podrun.train.recipe_main import needed_modules
+        from podrun.specs.recipe_args import needed_modules
 
         needs = tuple(needed_modules(recipe_args))      # checked by every held agent (ssh) before anything starts
     from podrun.wire.worker_env import workers_per_instance
@@ -215,11 +215,11 @@ def check_local_interface(ifname: str | None, where: str) -> None:
 
 
 def check_recipe_modules(python: str, target: Target, recipe_args, host: str = "localhost") -> None:
-    """The recipe's imports (podrun.train.recipe_main.needed_modules) must be there for --python on this machine,
+    """The recipe's imports (podrun.specs.recipe_args.needed_modules) must be there for --python on this machine,
     before anything starts: one paragraph and exit 2 naming the install command, not a traceback per rank."""
     from podrun.errors import PreflightError
     from podrun.wire.probe import missing_modules, missing_text
-    from podrun.train.recipe_main import needed_modules
+    from podrun.specs.recipe_args import needed_modules
 
     missing = missing_modules(python, needed_modules(recipe_args))
     if missing:

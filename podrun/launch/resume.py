@@ -8,8 +8,7 @@ import os
 from pathlib import Path
 
 from podrun.errors import LaunchError
-
-LAUNCH_RECORD = "launch.json"
+from podrun.rundir.layout import LAUNCH as LAUNCH_RECORD
 
 
 def record(argv: list[str], cwd: str) -> dict:

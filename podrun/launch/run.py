@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import errno
-import json
 import os
 import shutil
 import socket
@@ -15,13 +14,14 @@ from podrun.wire.liveness import Liveness
 from podrun.launch import rlimits
 from podrun.launch.options import Decisions, LaunchOptions
 from podrun.launch.request import InstanceLaunch, LaunchRequest
-from podrun.rundir.layout import (check_run_id, create_run_dir, new_run_id, write_launch_files, write_plan,
-                                  write_summary)
+from podrun.launch.records import write_launch_files
+from podrun.rundir import layout
+from podrun.rundir.layout import check_run_id, create_run_dir, new_run_id, snapshot_dir, write_plan, write_summary
 from podrun.launch.outcome import Outcome, describe_code
 from podrun.launch.supervisor import Supervisor
 from podrun.launch.transports import transport_of
 from podrun.launch.transports.base import TransportFactory, busy_port_problem, get_transport
-from podrun.wire.worker_env import SNAPSHOT_KEY_NAME, data_interface_env, snapshot_dir
+from podrun.wire.worker_env import SNAPSHOT_KEY_NAME, data_interface_env
 from podrun.redaction import redact
 
 MULTI_HOST_PORT = 29500   # the default --master-port when the master host is elsewhere (0, "pick", on this machine)
@@ -69,7 +69,7 @@ def build_request(plan, command, *, transport: str, options: LaunchOptions = Lau
     workdir = os.path.abspath(net.workdir or os.getcwd())
     run_dir = os.path.join(os.path.abspath(runs_dir), run_id)
     return LaunchRequest(
-        run_id=run_id, run_dir=run_dir, plan=plan, plan_path=os.path.join(run_dir, "plan.json"),
+        run_id=run_id, run_dir=run_dir, plan=plan, plan_path=os.path.join(run_dir, layout.PLAN),
         command=tuple(command), python=net.host_python, workdir=workdir,
         master_addr=master_addr or plan.placement[0].host, master_port=master_port, transport=transport,
         grace=decided.grace, heartbeat=liveness.period, keepalive=liveness.bound, max_restarts=max_restarts,
@@ -240,14 +240,11 @@ def _execute(request: LaunchRequest, *, sink, notice, only_output_from, elastic,
         check_free(Path(request.run_dir), launch=False)     # no train.py of the run still writes it
         earlier = _earlier_attempts(request.run_dir)
     elif launch_record is not None:
-        from podrun.launch.resume import LAUNCH_RECORD
-        from podrun.rundir.layout import _write_json
-
-        _before_start(request.run_dir, _write_json, Path(request.run_dir) / LAUNCH_RECORD, launch_record)
+        _before_start(request.run_dir, layout.write_json, Path(request.run_dir) / layout.LAUNCH, launch_record)
     _before_start(request.run_dir, write_plan, request.run_dir, request.plan)
     record = None
     if elastic is not None:
-        _before_start(request.run_dir, write_plan, request.run_dir, request.plan, "plan-0.json")
+        _before_start(request.run_dir, write_plan, request.run_dir, request.plan, layout.plan_of(0))
         record = {"min_hosts": elastic.min_hosts, "global_batch": elastic.global_batch,
                   "spares": list(elastic.spares), "replans": []}
     make = get_transport(request.transport)
@@ -268,9 +265,7 @@ def _execute(request: LaunchRequest, *, sink, notice, only_output_from, elastic,
         if held is not None:
             held.close()
         if request.warm:
-            from podrun.wire.protocol import ZYGOTE_DIR
-
-            shutil.rmtree(os.path.join(request.run_dir, ZYGOTE_DIR), ignore_errors=True)   # every zygote ends
+            shutil.rmtree(os.path.join(request.run_dir, layout.ZYGOTE), ignore_errors=True)   # every zygote ends
         if not transport_of(request.transport).remote:
             _drop_local_snapshots(request)
 
@@ -295,12 +290,10 @@ def _drop_local_snapshots(request: LaunchRequest) -> None:
 def _earlier_attempts(run_dir: str) -> list[dict]:
     """The attempts of a run's earlier launches (its summary.json), each with ``launch``: 0 for the first launch,
     1 for the first resume..."""
-    try:
-        data = json.loads((Path(run_dir) / "summary.json").read_text())
-    except (OSError, ValueError):
-        return []
-    found = data.get("attempts") if isinstance(data, dict) else None
-    return [{"launch": 0, **a} for a in found if isinstance(a, dict)] if isinstance(found, list) else []
+    from podrun.rundir.summary import read_summary
+
+    earlier = read_summary(run_dir)
+    return [] if earlier is None else [a.to_dict() for a in earlier.attempts]
 
 
 def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_output_from, elastic,
@@ -358,7 +351,7 @@ def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_
                                            "root_cause": summary["root_cause"]}]
         attempts = summary["attempts"]
         if elastic is not None:
-            attempts[-1]["plan"] = f"plan-{req.restart_count}.json"
+            attempts[-1]["plan"] = layout.plan_of(req.restart_count)
             _elastic_timings(record, req.restart_count, req.run_dir, outcome)
             summary["elastic"] = record
         _record(write_summary, notice, req.run_dir, summary)
@@ -389,15 +382,17 @@ def _replan(policy, record: dict, req: LaunchRequest, summary: dict, outcome: Ou
     (and why); they are dropped from ``req.plan`` as a lost host is, timed from the same loss.
     """
     from podrun.elastic.replan import decomposition, describe, failed_hosts, last_step, next_plan
+    from podrun.rundir.metrics import StepLog
+    from podrun.rundir.summary import Summary
 
     if failed is None:
-        failed = failed_hosts(summary["instances"], summary["root_cause"])
+        failed = failed_hosts(Summary.from_dict(summary))
         lost_at = outcome.root_cause.at if outcome.root_cause is not None else outcome.ended
         cause = outcome.root_cause.reason if outcome.root_cause is not None else None
     else:
         lost_at = record["replans"][-1]["lost_at"]
         cause = "; ".join(p.message for p in problems)
-    step, _ = last_step(req.run_dir)
+    step, _ = last_step(StepLog.read(req.run_dir))
     decision = next_plan(policy, req.plan, failed, tuple(record["spares"]))
     record["replans"].append({
         "restart": nxt, "hosts_lost": list(decision.hosts_lost), "spares_used": list(decision.spares_used),
@@ -412,7 +407,7 @@ def _replan(policy, record: dict, req: LaunchRequest, summary: dict, outcome: Ou
         record["end"] = decision.reason
         return None
     record["spares"] = list(decision.spares_left)
-    write_plan(req.run_dir, decision.plan, f"plan-{nxt}.json")
+    write_plan(req.run_dir, decision.plan, layout.plan_of(nxt))
     write_plan(req.run_dir, decision.plan)
     plan = decision.plan
     derived = req.master_addr == req.plan.placement[0].host or req.master_derived
@@ -434,14 +429,16 @@ def _elastic_timings(record: dict, restart_count: int, run_dir: str, outcome: Ou
     """After the attempt that followed a re-plan: seconds from the loss to its workers all started, and to
     its first training step (from metrics.jsonl; None when the script logs none)."""
     from podrun.elastic.replan import first_step_after, resumed_after
+    from podrun.rundir.metrics import StepLog
 
     if not record["replans"] or record["replans"][-1]["restart"] != restart_count:
         return
     last = record["replans"][-1]
     if outcome.all_ready_s is not None:
         last["restarted_after_s"] = round(outcome.started + outcome.all_ready_s - last["lost_at"], 3)
-    last["resumed_from"] = resumed_after(run_dir, outcome.started)
-    _, t = first_step_after(run_dir, outcome.started)
+    log = StepLog.read(run_dir)
+    last["resumed_from"] = resumed_after(log, outcome.started)
+    _, t = first_step_after(log, outcome.started)
     if t is not None:
         last["training_after_s"] = round(t - last["lost_at"], 3)
 
@@ -464,6 +461,6 @@ def _record(write, notice, run_dir, summary: dict) -> None:
         write(run_dir, summary)
         summary.pop("not_written", None)
     except OSError as exc:
-        notice(f"cannot write {Path(run_dir) / 'summary.json'}: {exc.strerror or exc}; the outcome below "
+        notice(f"cannot write {Path(run_dir) / layout.SUMMARY}: {exc.strerror or exc}; the outcome below "
                "is on the console only")
-        summary["not_written"] = [f"summary.json ({exc.strerror or exc})"]
+        summary["not_written"] = [f"{layout.SUMMARY} ({exc.strerror or exc})"]

@@ -1,8 +1,11 @@
-"""The run directory runs/<run-id>/ (plan.json, command, env.json, instance-<i>.log, summary.json): its
-name, its creation (private: 0700, files 0600, each directory checked with lstat: a real directory of this
-user that no one else may write) and what is written into it (records redacted by podrun.redaction)."""
+"""The run directory runs/<run-id>/: the one place its file names and the snapshot places are defined, its
+creation (private: 0700, files 0600, each directory checked with lstat: a real directory of this user that no one
+else may write) and the records written into it whole (redacted by podrun.redaction). Stdlib and safefs only: the
+controller (launch/), the agent (host/), the workers (runtime/, train/) and wire/ all take the names from here."""
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import re
@@ -12,16 +15,61 @@ from pathlib import Path
 
 from podrun import safefs
 from podrun.errors import LaunchError
-from podrun.launch.request import LaunchRequest
-from podrun.redaction import redact, redact_record
+from podrun.redaction import redact_record
+
+# the files of runs/<id>/ and who writes them
+PLAN = "plan.json"                 # the run's plan (launch, submit); an elastic run's n-th as plan-<n>.json
+LAUNCH = "launch.json"             # podrun launch's own arguments, for podrun resume
+COMMAND = "command"                # each host's command line of the attempt
+ENV = "env.json"                   # the --env and the workers' variables, redacted
+SUMMARY = "summary.json"           # the outcome: attempts, exit codes, root cause (podrun.launch.outcome)
+METRICS = "metrics.jsonl"          # the training's records (podrun.rundir.metrics)
+CONFIG = "config.json"             # the training's configuration (podrun.train.config)
+TRAIN_SUMMARY = "train_summary.json"   # the training's end: steps, accuracy, seconds (rank 0)
+REPORT = "report.png"              # podrun report's curves
+JOB_SCRIPT = "job.sh"              # podrun submit's job script
+CHECKPOINTS = "checkpoints"        # the training's checkpoints, without --checkpoint-dir
+STACKS = "stacks"                  # every thread's stack, per rank (podrun stack, a hang)
+ERRORS = "errors"                  # torch's error files, per worker
+ZYGOTE = "zygote"                  # the zygotes' sockets; removing it ends every zygote of the run
+STACKS_REQUEST = "stacks-request"  # a new token in it: agents without a stdin watch dump their workers' stacks
+STOP_REQUEST = "stop-request"      # a new token and a signal name: such agents end their workers with it
+CONTROL_SOCKET = "control.sock"    # the controller's control socket (podrun stack)
+CONTROL_PID = "control.pid"        # "<boot id> <pid> <start>" of the controller listening on CONTROL_SOCKET
+WRITER_LOCK = ".podrun-writer.lock"     # held by the process writing a run dir's metrics or a checkpoint dir
+LAUNCH_LOCK = ".podrun-launch.lock"     # held by the controller of a launch (and of a resume) of a run
+
+
+def instance_log(index: int) -> str:
+    """Instance ``index``'s output, as it comes."""
+    return f"instance-{index}.log"
+
+
+def plan_of(restart: int) -> str:
+    """The plan an elastic run's attempt ``restart`` ran (plan.json is always the newest)."""
+    return f"plan-{restart}.json"
+
+
+# Where a host's in-memory snapshots of the training state live (podrun.runtime.snapshot): shared memory,
+# one directory per run and host, so that hosts sharing one file system (namespaces, one machine) keep apart
+SNAPSHOT_ROOT = "/dev/shm"
+
+
+def snapshot_dir(run_id: str, host: str, key: str) -> str:
+    """PODRUN_SNAPSHOT_DIR of the workers on ``host``: keyed by the host, not the instance index (an index moves
+    to another host after a re-plan; the snapshots stay where they were written). The run's directory carries a
+    tag derived from the run's key, so another user cannot name it in advance."""
+    tag = hmac.new(key.encode(), b"podrun snapshot directory\0" + run_id.encode(), hashlib.sha256).hexdigest()[:32]
+    return os.path.join(SNAPSHOT_ROOT, f"podrun-{run_id}-{tag}", host)
+
 
 DEFAULT_RUNS_DIR = "runs"      # where run directories go without --runs-dir
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # files a launch writes: finding one means the run id was used by an earlier launch
-LAUNCH_FILES = ("command", "env.json", "summary.json", "instance-0.log")
+LAUNCH_FILES = (COMMAND, ENV, SUMMARY, instance_log(0))
 # directories the run's processes write into (stacks, torch's error files, the zygotes' sockets): when a
 # prepared run directory has one already, it must be private as the run directory is
-RUN_SUBDIRS = ("stacks", "errors", "zygote")
+RUN_SUBDIRS = (STACKS, ERRORS, ZYGOTE)
 _HINT = ("podrun writes a run only into directories of your own that no one else may write; pass another "
          "--runs-dir or --run-id, or remove that one")
 
@@ -85,51 +133,25 @@ def create_run_dir(run_dir: str | Path, reuse: bool = False) -> Path:
     return d
 
 
-def _write_text(path: Path, text: str) -> None:
+def write_record(path: Path, text: str) -> None:
     """A record of the run directory, written whole and private (safefs.write_file)."""
     safefs.write_file(path, text, "run record", error=LaunchError, durable=False)
 
 
-def _write_json(path: Path, obj) -> None:
-    _write_text(path, json.dumps(obj, indent=2, default=str) + "\n")
+def write_json(path: Path, obj) -> None:
+    write_record(path, json.dumps(obj, indent=2, default=str) + "\n")
 
 
-def write_plan(run_dir: str | Path, plan, name: str = "plan.json") -> Path:
+def write_plan(run_dir: str | Path, plan, name: str = PLAN) -> Path:
     d = safefs.make_dirs(run_dir, "run directory", error=LaunchError, hint=_HINT)   # a launch made it already
     p = d / name
-    _write_json(p, plan.to_dict())
+    write_json(p, plan.to_dict())
     return p
-
-
-def env_record(request: LaunchRequest) -> dict:
-    """What env.json holds: per instance, the --env given to the agent and each worker's variables."""
-    return {
-        "note": "set on top of each host's environment; secrets redacted by name and by value shape "
-                "(see docs/launch.md)",
-        "restart_count": request.restart_count,
-        "instances": [
-            {"index": inst.index, "host": inst.host, "agent_env": redact(dict(request.env)),
-             "workers": [redact(e) for e in request.worker_envs(inst.index)]}
-            for inst in request.instances
-        ],
-    }
-
-
-def write_launch_files(request: LaunchRequest, described: list[tuple[str, str]], env_route: str = "") -> None:
-    """command and env.json for this attempt (rewritten on each restart). The command lines hold no --env
-    value; ``command`` names the --env and how it reaches the agents (``env_route``), env.json holds it redacted."""
-    d = Path(request.run_dir)
-    lines = [f"# podrun run {request.run_id} (transport {request.transport}, restart {request.restart_count})"]
-    if request.env:
-        lines.append(f"# --env {' '.join(request.env_names())}: through {env_route} (redacted in env.json)")
-    lines += [f"# {host}\n{cmd}" for host, cmd in described]
-    _write_text(d / "command", "\n".join(lines) + "\n")
-    _write_json(d / "env.json", env_record(request))
 
 
 def write_summary(run_dir: str | Path, summary: dict) -> Path:
     """summary.json, redacted (podrun.redaction.redact_record: a worker's error or last lines may hold a secret)."""
-    p = Path(run_dir) / "summary.json"
-    _write_json(p, redact_record(summary))
+    p = Path(run_dir) / SUMMARY
+    write_json(p, redact_record(summary))
     return p
 

@@ -13,9 +13,7 @@ from pathlib import Path
 
 from podrun import safefs
 from podrun.errors import PodrunError
-
-WRITER_LOCK = ".podrun-writer.lock"     # held by the process writing a run dir's metrics or a checkpoint dir
-LAUNCH_LOCK = ".podrun-launch.lock"     # held by the controller of a launch (and of a resume) of a run
+from podrun.rundir.layout import LAUNCH_LOCK, WRITER_LOCK  # noqa: F401 - the lock files' names, for the callers
 
 
 class LockError(PodrunError):
@@ -49,14 +47,19 @@ def holder(directory: str | os.PathLike, name: str = WRITER_LOCK) -> dict | None
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            try:
-                return json.loads(os.pread(fd, 4096, 0) or b"{}")
-            except ValueError:
-                return {}
+            return _who(fd)
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
     finally:
         os.close(fd)
+
+
+def _who(fd: int):
+    """What the lock file's holder wrote of itself ({} when nothing readable)."""
+    try:
+        return json.loads(os.pread(fd, 4096, 0) or b"{}")
+    except ValueError:
+        return {}
 
 
 def describe(who: dict | None) -> str:
@@ -90,10 +93,7 @@ class DirLock:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                try:
-                    who = json.loads(os.pread(fd, 4096, 0) or b"{}")
-                except ValueError:
-                    who = {}
+                who = _who(fd)
                 if isinstance(who, dict) and who.get("run") == self.run and time.monotonic() < deadline:
                     time.sleep(0.1)
                     continue

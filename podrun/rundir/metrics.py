@@ -1,18 +1,18 @@
 """Metrics: JSON lines per step and per epoch in the run directory, a short live console line, and the one reader
-of them (torch-free: the launcher's elastic scan, its last line and podrun report read through it)."""
+of them (torch-free: the launcher's step log, its last line and podrun report read through it)."""
 from __future__ import annotations
 
 import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from podrun import safefs
 from podrun.human import human_number, human_seconds, human_value
-
-METRICS_FILE = "metrics.jsonl"
+from podrun.rundir.layout import METRICS
 
 
 class MetricsWriter:
@@ -27,7 +27,7 @@ class MetricsWriter:
         self.console = console and enabled
         self.log_every = max(1, log_every)
         self.stream = stream or sys.stdout
-        self.path = Path(run_dir) / METRICS_FILE if run_dir is not None else None
+        self.path = Path(run_dir) / METRICS if run_dir is not None else None
         self._fd: int | None = None
         self.lost = 0                   # records not written (the disk refused them)
         self.error: str | None = None   # why the first of them was not
@@ -103,66 +103,17 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
 def read_metrics_counted(run_dir: str | os.PathLike) -> tuple[list[dict[str, Any]], int]:
     """(records, lines skipped): a line that is not UTF-8, not a JSON object, or a record whose fields have the
     wrong types (see ``well_formed``) is skipped and counted, never raised."""
-    out, skipped = [], 0
-    for record in iter_records(run_dir):
-        if record is not None:
-            out.append(record)
-        else:
-            skipped += 1
-    return out, skipped
+    records = list(iter_records(run_dir))
+    out = [r for r in records if r is not None]
+    return out, len(records) - len(out)
 
 
 def iter_records(run_dir: str | os.PathLike) -> Iterator[dict[str, Any] | None]:
-    """The run's records one at a time, None for a line a reader must skip (not UTF-8, not a JSON object, or
-    not ``well_formed``). OSError if the file cannot be opened."""
-    for record in iter_metrics(run_dir):
-        yield record if record is not None and well_formed(record) else None
-
-
-def step_times(run_dir: str | os.PathLike) -> Iterator[tuple[int, float]]:
-    """(step, wall time) of each readable training step record, in file order; none when there is no file."""
-    try:
-        for r in iter_records(run_dir):
-            if r is not None and r["kind"] == "step" and "time" in r:
-                yield r["step"], float(r["time"])
-    except OSError:
-        return
-
-
-def resume_after(run_dir: str | os.PathLike, after: float) -> dict[str, Any] | None:
-    """Where the first attempt started after wall time ``after`` resumed from, from its ``run``/``resume`` record:
-    {"step", "source" ("snapshot" | "checkpoint"), "from_rank" (a snapshot's)}; None when it wrote none."""
-    try:
-        for r in iter_records(run_dir):
-            if (r is not None and r["kind"] == "run" and r["event"] in ("resume", "start")
-                    and float(r.get("time", 0)) > after):
-                if r["event"] == "start":
-                    return {"step": 0, "source": None, "from_rank": None}
-                return {"step": r.get("step"), "source": r.get("source"), "from_rank": r.get("from_rank")}
-    except OSError:
-        return None
-    return None
-
-
-def end_record(run_dir: str | os.PathLike) -> dict[str, Any] | None:
-    """The last readable ``run``/``end`` record (where the kept checkpoints are, among others); None when the
-    run wrote none or has no metrics file."""
-    found = None
-    try:
-        for r in iter_records(run_dir):
-            if r is not None and r["kind"] == "run" and r["event"] == "end":
-                found = r
-    except OSError:
-        return None
-    return found
-
-
-def iter_metrics(run_dir: str | os.PathLike) -> Iterator[dict[str, Any] | None]:
-    """The run's lines one at a time (``run_dir`` or the file itself) as JSON objects, None for a line that is
-    not UTF-8 or not a JSON object (fields are not checked: see ``well_formed``); blank lines are passed over.
-    OSError if the file cannot be opened."""
+    """The run's records one at a time (``run_dir`` or the file itself), None for a line a reader must skip (not
+    UTF-8, not a JSON object, or not ``well_formed``); blank lines are passed over. OSError if the file cannot be
+    opened."""
     p = Path(run_dir)
-    p = p if p.is_file() else p / METRICS_FILE
+    p = p if p.is_file() else p / METRICS
     with open(p, "rb") as f:
         for raw in f:
             if not raw.strip():
@@ -170,9 +121,37 @@ def iter_metrics(run_dir: str | os.PathLike) -> Iterator[dict[str, Any] | None]:
             try:
                 record = json.loads(raw.decode("utf-8"))
             except (UnicodeDecodeError, ValueError, RecursionError):
-                yield None
-                continue
-            yield record if isinstance(record, dict) else None
+                record = None
+            yield record if isinstance(record, dict) and well_formed(record) else None
+
+
+@dataclass(frozen=True)
+class StepLog:
+    """metrics.jsonl as the elastic restarts and the launch's last line read it, once: each training step's
+    (step, wall time) and each start or resume record's (wall time, where it resumed from: {"step", "source"
+    ("snapshot" | "checkpoint"), "from_rank" (a snapshot's)}), in file order."""
+
+    steps: tuple[tuple[int, float], ...] = ()
+    starts: tuple[tuple[float, dict[str, Any]], ...] = ()
+    end: dict[str, Any] | None = None  # the last ``run``/``end`` record (where the kept checkpoints are, ...)
+
+    @classmethod
+    def read(cls, run_dir: str | os.PathLike) -> StepLog:
+        """The run's readable records; empty when there is no metrics file."""
+        steps, starts, end = [], [], None
+        try:
+            for r in iter_records(run_dir):
+                if r is not None and r["kind"] == "step" and "time" in r:
+                    steps.append((r["step"], float(r["time"])))
+                elif r is not None and r["kind"] == "run" and r["event"] in ("resume", "start"):
+                    where = {k: r.get(k) for k in ("step", "source", "from_rank")} if r["event"] == "resume" \
+                        else {"step": 0, "source": None, "from_rank": None}
+                    starts.append((float(r.get("time", 0)), where))
+                elif r is not None and r["kind"] == "run" and r["event"] == "end":
+                    end = r
+        except OSError:
+            pass
+        return cls(tuple(steps), tuple(starts), end)
 
 
 def _integer(v: Any) -> bool:

@@ -2,17 +2,15 @@
 plain command's run has (plan.json, summary.json: attempts, exit codes, root cause, durations)."""
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from podrun.errors import PodrunError
-from podrun.rundir.metrics import METRICS_FILE, complete, end_record, latest_by_step, read_metrics_counted
-
-SUMMARY_FILE = "summary.json"      # written by podrun launch / submit (podrun.rundir.layout)
-PLAN_FILE = "plan.json"
+from podrun.rundir.layout import COMMAND, METRICS, PLAN, SUMMARY, instance_log
+from podrun.rundir.metrics import StepLog, complete, latest_by_step, read_metrics_counted
+from podrun.rundir.summary import Summary, read_json, read_summary
 
 
 @dataclass
@@ -23,27 +21,13 @@ class RunRecord:
     records: list[dict] = field(default_factory=list)  # metrics.jsonl's readable records
     skipped: int = 0                                  # metrics.jsonl lines unreadable or without the fields drawn
     metrics_file: Path | None = None                  # None: the run has no metrics.jsonl
-    launch: dict | None = None                        # summary.json
+    launch: Summary | None = None                     # summary.json
     plan: dict | None = None                          # plan.json
     problems: list[str] = field(default_factory=list)  # files present but unreadable
 
     @property
     def trained(self) -> bool:
         return any(r.get("kind") == "step" for r in self.records)
-
-
-def _read_json(path: Path, problems: list[str]) -> dict | None:
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
-        problems.append(f"{path}: unreadable ({type(exc).__name__})")
-        return None
-    if not isinstance(data, dict):
-        problems.append(f"{path}: not a JSON object")
-        return None
-    return data
 
 
 def read_run(run_dir: str | Path) -> RunRecord:
@@ -53,7 +37,7 @@ def read_run(run_dir: str | Path) -> RunRecord:
         raise PodrunError(f"{p}: no such run directory", hint="pass a run directory, e.g. runs/<run-id>")
     base = p.parent if p.is_file() else p
     run = RunRecord(path=base)
-    f = p if p.is_file() else p / METRICS_FILE
+    f = p if p.is_file() else p / METRICS
     if f.is_file():
         run.metrics_file = f
         try:
@@ -63,13 +47,13 @@ def read_run(run_dir: str | Path) -> RunRecord:
         run.records = [r for r in records if complete(r)]       # the curves need every field the runner writes
         run.skipped += len(records) - len(run.records)
     if not p.is_file():
-        run.launch = _read_json(base / SUMMARY_FILE, run.problems)
-        run.plan = _read_json(base / PLAN_FILE, run.problems)
+        run.launch = read_summary(base, run.problems)
+        run.plan = read_json(base / PLAN, run.problems)
     if run.trained or run.launch is not None or run.plan is not None:
         return run
     if run.metrics_file is None:
         raise PodrunError(
-            f"{p}: no {METRICS_FILE}, {SUMMARY_FILE} or {PLAN_FILE} in this run directory"
+            f"{p}: no {METRICS}, {SUMMARY} or {PLAN} in this run directory"
             + (f" ({'; '.join(run.problems)})" if run.problems else ""),
             hint="metrics are written by the recipes' train.py (podrun.train), summary.json and plan.json by "
                  "podrun launch; did the run start?")
@@ -80,7 +64,7 @@ def read_run(run_dir: str | Path) -> RunRecord:
     raise PodrunError(f"{f}: no training steps recorded yet")
 
 
-RUN_FILES = (METRICS_FILE, SUMMARY_FILE, PLAN_FILE, "command", "instance-0.log")   # what makes a directory a run
+RUN_FILES = (METRICS, SUMMARY, PLAN, COMMAND, instance_log(0))   # what makes a directory a run
 
 
 def newest_run(runs_dir: str | Path) -> Path:
@@ -118,7 +102,7 @@ def pointers(run_dir: str | Path) -> str:
     import shlex
 
     out = []
-    end = end_record(run_dir) or {}
+    end = StepLog.read(run_dir).end or {}
     names, where = end.get("checkpoints"), end.get("checkpoint_dir")
     if isinstance(names, list) and isinstance(where, str):
         keep, size = end.get("keep_checkpoints"), end.get("checkpoint_bytes")
@@ -137,7 +121,7 @@ def load(run_dir: str | Path) -> list[dict]:
     """The readable metrics records of a training run (an error when it recorded no step)."""
     run = read_run(run_dir)
     if not run.trained:
-        raise PodrunError(f"{run.metrics_file or run.path / METRICS_FILE}: no training steps recorded")
+        raise PodrunError(f"{run.metrics_file or run.path / METRICS}: no training steps recorded")
     return run.records
 
 
@@ -181,59 +165,47 @@ def summarize(records: list[dict]) -> dict[str, Any]:
     return out
 
 
-def _get(d: Any, *keys: str) -> Any:
-    for k in keys:
-        if not isinstance(d, dict):
-            return None
-        d = d.get(k)
-    return d
-
-
-def _cause(c: Any) -> dict | None:
-    if not isinstance(c, dict):
-        return None
+def _cause(c: dict | None) -> dict | None:
     keep = ("instance", "host", "local_rank", "exit_code", "reason", "last_lines")
-    return {k: c[k] for k in keep if k in c}
+    return None if c is None else {k: c[k] for k in keep if k in c}
 
 
 def summarize_command(run: RunRecord) -> dict[str, Any]:
     """A run without training steps (a plain command, or a training that never reached step 1): what podrun
     recorded of it, from plan.json and summary.json."""
-    s, plan = run.launch or {}, run.plan or {}
-    attempts = s.get("attempts") if isinstance(s.get("attempts"), list) else []
-    instances = s.get("instances") if isinstance(s.get("instances"), list) else []
+    s, plan = run.launch or Summary(), run.plan or {}
     out: dict[str, Any] = {
         "kind": "command",
         "run_dir": str(run.path),
-        "run_id": s.get("run_id"),
-        "status": s.get("status") if run.launch is not None else "unknown (no summary.json: still running, "
-                                                                     "or podrun itself was ended)",
-        "exit_code": s.get("exit_code"),
-        "transport": s.get("transport"),
-        "command": s.get("command"),
-        "restarts": s.get("restart_count"),
+        "run_id": s.run_id,
+        "status": s.status if run.launch is not None else "unknown (no summary.json: still running, "
+                                                          "or podrun itself was ended)",
+        "exit_code": s.exit_code,
+        "transport": s.transport,
+        "command": s.command,
+        "restarts": s.restart_count,
         "plan": {k: plan.get(k) for k in ("cluster", "hosts", "devices", "replicas", "instances", "local_batch",
                                           "grad_accum", "global_batch") if k in plan} or None,
-        "attempts": attempt_rows(attempts),
-        "root_cause": _cause(s.get("root_cause")),
-        "duration_s": _get(s, "timings", "duration_s"),
-        "all_ready_s": _get(s, "timings", "all_ready_s"),
+        "attempts": attempt_rows(s),
+        "root_cause": _cause(s.root_cause),
+        "duration_s": s.duration_s,
+        "all_ready_s": s.all_ready_s,
         "instances": [{k: i.get(k) for k in ("index", "host", "status", "exit_code", "ready_s", "ended_s")}
-                      for i in instances if isinstance(i, dict)],
+                      for i in s.instances],
         "replans": replans(run.launch),
     }
-    if s.get("error") is not None:
-        out["error"] = s.get("error")
-    if s.get("problems") is not None:
-        out["problems"] = s.get("problems")
+    if s.error is not None:
+        out["error"] = s.error
+    if s.problems is not None:
+        out["problems"] = s.problems
     return out
 
 
-def attempt_rows(attempts: Any) -> list[dict[str, Any]]:
+def attempt_rows(s: Summary) -> list[dict[str, Any]]:
     """summary.json's attempts, every launch's (``launch``: 0 the first, 1 its first `podrun resume`, ...)."""
-    return [{"launch": a.get("launch", 0), "restart_count": a.get("restart_count"), "exit_code": a.get("exit_code"),
-             "status": a.get("status"), "root_cause": _get(a, "root_cause", "reason")}
-            for a in (attempts if isinstance(attempts, list) else []) if isinstance(a, dict)]
+    return [{"launch": a.launch, "restart_count": a.restart_count, "exit_code": a.exit_code, "status": a.status,
+             "root_cause": a.root_cause.get("reason") if isinstance(a.root_cause, dict) else None}
+            for a in s.attempts]
 
 
 def resumes(records: list[dict]) -> list[dict[str, Any]]:
@@ -248,20 +220,19 @@ def resumes(records: list[dict]) -> list[dict[str, Any]]:
     return out
 
 
-def launch_summary(launch: dict | None) -> dict[str, Any] | None:
+def launch_summary(launch: Summary | None) -> dict[str, Any] | None:
     """The launcher's view of a training run (status, exit code, restarts, duration, every attempt), when podrun
     launched it."""
     if launch is None:
         return None
-    return {"status": launch.get("status"), "exit_code": launch.get("exit_code"),
-            "restarts": launch.get("restart_count"), "duration_s": _get(launch, "timings", "duration_s"),
-            "attempts": attempt_rows(launch.get("attempts"))}
+    return {"status": launch.status, "exit_code": launch.exit_code, "restarts": launch.restart_count,
+            "duration_s": launch.duration_s, "attempts": attempt_rows(launch)}
 
 
-def replans(launch: dict | None) -> list[dict]:
+def replans(launch: Summary | None) -> list[dict]:
     """The elastic re-plans summary.json records: step, hosts before and after, decomposition before and after."""
     out = []
-    for r in _get(launch, "elastic", "replans") or []:
+    for r in launch.replans if launch is not None else ():
         old, new = r.get("old") or {}, r.get("new")
         if not isinstance(new, dict):
             continue

@@ -9,13 +9,14 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from podrun import safefs
 from podrun.errors import PodrunError
+from podrun.rundir.layout import CONFIG as CONFIG_FILE
+from podrun.specs.recipe_args import KEEP_CHECKPOINTS
 
 if TYPE_CHECKING:
     from torch import nn
 
     from podrun.runtime.env import WorkerInfo
 
-CONFIG_FILE = "config.json"
 
 
 class TrainError(PodrunError):
@@ -73,7 +74,7 @@ class TrainConfig:
     run_dir: str | None = None              # None: PODRUN_RUN_DIR, else runs/<name>-<time>
     checkpoint_dir: str | None = None       # None: <run_dir>/checkpoints
     checkpoint_every: int = 0               # update steps; 0: only at the end
-    keep_checkpoints: int = 2               # the newest N are kept; 0: none once the run finishes
+    keep_checkpoints: int = KEEP_CHECKPOINTS  # the newest N are kept; 0: none once the run finishes
     resume: bool = True
     snapshots: bool = True                  # an in-memory snapshot after every update (PODRUN_SNAPSHOT_DIR)
     eval_every: int = 1                     # epochs; 0: only at the end

@@ -12,6 +12,7 @@ from typing import Any, Iterator
 import torch
 
 from podrun import safefs
+from podrun.rundir.layout import TRAIN_SUMMARY
 from podrun.runtime import progress
 from podrun.runtime.distributed import Device
 from podrun.runtime.env import WorkerInfo
@@ -218,7 +219,7 @@ def _finish(s: Session, step: int, acc: dict[str, float], resumed: str | None) -
     s.metrics.close()
     unwritten = [f"{s.metrics.lost} metrics record(s) ({s.metrics.error})"] if s.metrics.lost else []
     if s.rank == 0:
-        path = s.run_dir / "train_summary.json"
+        path = s.run_dir / TRAIN_SUMMARY
         try:
             safefs.write_file(path, json.dumps(summary, indent=2) + "\n", path.name, durable=False)
         except (OSError, safefs.UnsafePath) as exc:

@@ -2,12 +2,19 @@
 from __future__ import annotations
 
 import math
-from typing import Iterable
 
 import torch
 from torch import nn
 
 from podrun.errors import SpecError
+
+
+def _loss(closure):
+    """An optimiser step's loss: ``closure``'s, computed with gradients on; None without one."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
 
 
 class LARS(torch.optim.Optimizer):
@@ -31,10 +38,7 @@ class LARS(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _loss(closure)
         for group in self.param_groups:
             # multi-tensor (foreach) ops: one kernel launch per step per group, not ~10 per parameter
             params = [p for p in group["params"] if p.grad is not None]
@@ -89,10 +93,7 @@ class RMSpropTF(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _loss(closure)
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
@@ -242,7 +243,3 @@ def _has_gamma_gen() -> bool:
         return True
     except TypeError:
         return False
-
-
-def trainable(params: Iterable[torch.Tensor]) -> int:
-    return sum(p.numel() for p in params if p.requires_grad)

@@ -8,7 +8,7 @@ from typing import Any
 from podrun.runtime.distributed import destroy_distributed, init_distributed, select_device
 from podrun.runtime.env import WorkerInfo, read_worker_info
 from podrun.safefs import UnsafePath
-from podrun.train.config import TrainConfig, TrainError, config_dict, decompose, write_config
+from podrun.train.config import CONFIG_FILE, TrainConfig, TrainError, config_dict, decompose, write_config
 
 __all__ = ["TrainConfig", "TrainError", "config_dict", "decompose", "train"]
 
@@ -51,7 +51,7 @@ def _train(cfg: TrainConfig, info: WorkerInfo, device) -> dict[str, Any]:
                                               "resumed_at_step": step})
             except (OSError, UnsafePath) as exc:     # a record of the run, not its state: training goes on
                 why = exc.message if isinstance(exc, UnsafePath) else exc.strerror or exc
-                print(f"podrun: cannot write {s.run_dir / 'config.json'}: {why}; training goes on",
+                print(f"podrun: cannot write {s.run_dir / CONFIG_FILE}: {why}; training goes on",
                       file=sys.stderr, flush=True)
         return loop.run(s, step, acc, origin, writer)
     finally:

@@ -19,6 +19,7 @@ from podrun.runtime.distributed import Device
 from podrun.runtime.env import WorkerInfo
 from podrun.train.config import TrainConfig, TrainError, decompose, sched_name
 from podrun.train.data import ImageDataset, Shard, load_dataset, steps_per_epoch
+from podrun.rundir.layout import CHECKPOINTS
 from podrun.rundir.metrics import MetricsWriter
 from podrun.train.optim import build_optimizer, build_scheduler
 
@@ -116,7 +117,7 @@ def resolve_run_dir(cfg: TrainConfig, info: WorkerInfo) -> Path:
 
 
 def checkpoint_dir(cfg: TrainConfig, run_dir: Path) -> Path:
-    return Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else run_dir / "checkpoints"
+    return Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else run_dir / CHECKPOINTS
 
 
 CKPT_DIR_HINT = ("pass --checkpoint-dir with a directory of your own that no one else may write (`chmod go-w` it), "

@@ -9,13 +9,12 @@ import os
 import time
 
 from podrun.errors import PodrunError
+from podrun.rundir.layout import CONTROL_PID as OWNER_NAME, CONTROL_SOCKET as SOCKET_NAME  # noqa: F401
 from podrun.wire.proctl import pid_alive, proc_start
 
-SOCKET_NAME = "control.sock"   # in the run dir: the controller's control socket (podrun stack)
 # a dead controller's socket can still answer for a moment: its main thread is a zombie (dead to pid_alive) while
 # its other threads, under load, are still exiting and the listening socket with them
 EXITING_S = 1.0
-OWNER_NAME = "control.pid"     # in the run dir: "<boot id> <pid> <start>" of the controller listening on SOCKET_NAME
 RECORD_LIMIT = 4096            # bytes of control.pid read at most
 
 

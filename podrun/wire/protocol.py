@@ -37,6 +37,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from podrun.rundir.layout import STACKS_REQUEST as REQUEST_FILE, STOP_REQUEST as STOP_FILE  # noqa: F401
+from podrun.rundir.layout import ZYGOTE as ZYGOTE_DIR  # noqa: F401
+
 PREFIX = "@podrun "
 MAX_LINE = 64 * 1024           # bytes of one worker line the agent holds and forwards
 READ_LIMIT = 4 * MAX_LINE + 1024   # a protocol line: prefix + a cut line after decoding (U+FFFD is 3 bytes)
@@ -157,9 +160,6 @@ def exit_code_from_returncode(rc: int) -> int:
 
 # -- the run directory's messages to agents that have no stdin (mpirun, srun: they share the run dir) --
 
-REQUEST_FILE = "stacks-request"   # in the run dir: such agents watch it for a new token (a stacks request)
-STOP_FILE = "stop-request"        # in the run dir: the signal such agents end their workers with (a name)
-ZYGOTE_DIR = "zygote"             # in the run dir: the zygotes' sockets; removing it ends every zygote of the run
 
 
 def write_request(run_dir: str) -> None:

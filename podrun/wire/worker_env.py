@@ -6,10 +6,10 @@ reads them back through ``PODRUN_FIELDS`` / ``POPDIST_FIELDS``. No torch, no I/O
 """
 from __future__ import annotations
 
-import hashlib
-import hmac
 import os
 from typing import TYPE_CHECKING, Mapping
+
+from podrun.rundir.layout import ERRORS, snapshot_dir
 
 if TYPE_CHECKING:  # pragma: no cover
     from podrun.plan.model import Plan
@@ -98,21 +98,10 @@ RUN_WIDE_NAMES = (
 )
 
 
-# Where a host's in-memory snapshots of the training state live (podrun.runtime.snapshot): shared memory,
-# one directory per run and host, so that hosts sharing one file system (namespaces, one machine) keep apart
-SNAPSHOT_ROOT = "/dev/shm"
 # The run's secret (made once per run by the controller, podrun.launch.run.build_request, and passed to the agents
 # and workers among the --env pairs): the slots' HMAC key and the source of the directory's unguessable part. No
 # key, no snapshots. Its name matches the redaction by name (podrun.redaction.secret_name).
 SNAPSHOT_KEY_NAME = "PODRUN_SNAPSHOT_KEY"
-
-
-def snapshot_dir(run_id: str, host: str, key: str) -> str:
-    """PODRUN_SNAPSHOT_DIR of the workers on ``host``: keyed by the host, not the instance index (an index moves
-    to another host after a re-plan; the snapshots stay where they were written). The run's directory carries a
-    tag derived from the run's key, so another user cannot name it in advance."""
-    tag = hmac.new(key.encode(), b"podrun snapshot directory\0" + run_id.encode(), hashlib.sha256).hexdigest()[:32]
-    return os.path.join(SNAPSHOT_ROOT, f"podrun-{run_id}-{tag}", host)
 
 
 def is_ipu(plan: "Plan") -> bool:
@@ -142,7 +131,7 @@ def worker_of_rank(plan: "Plan", rank: int) -> tuple[int, int]:
 
 def error_file(run_dir: str, instance_index: int, local_rank: int) -> str:
     """TORCHELASTIC_ERROR_FILE of one worker: where torch's ``@record`` writes its exception as JSON."""
-    return os.path.join(run_dir, "errors", f"worker-{instance_index}-{local_rank}.json")
+    return os.path.join(run_dir, ERRORS, f"worker-{instance_index}-{local_rank}.json")
 
 
 def omp_num_threads(plan: "Plan", cpus: int) -> int:

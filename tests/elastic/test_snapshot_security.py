@@ -129,7 +129,7 @@ def test_a_slot_changed_between_attempts_is_refused_by_its_hmac_and_the_checkpoi
     """The victim script run as two attempts of one worker (the env contract set here, as the agent sets it), its
     two slots changed by one bit each in between: the second attempt refuses both, each in one line naming the
     slot, and resumes from the disk checkpoint."""
-    from podrun.wire.worker_env import snapshot_dir
+    from podrun.rundir.layout import snapshot_dir
 
     key = uuid.uuid4().hex
     host_dir = Path(snapshot_dir(f"sec-{uuid.uuid4().hex[:8]}", HOST, key))

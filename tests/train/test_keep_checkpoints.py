@@ -15,7 +15,7 @@ import torch
 from podrun.errors import PodrunError
 from podrun.train import checkpoint as ckpt
 from podrun.train.config import TrainConfig
-from podrun.rundir.metrics import end_record
+from podrun.rundir.metrics import StepLog
 from tests.ports import free_port
 from tests.train.train_procs import outside_env
 
@@ -92,7 +92,7 @@ def test_launch_keep_0_and_the_last_line_then_report_with_no_argument(tmp_path):
     assert "1 checkpoint(s) (" in last1 and f"--keep-checkpoints 1) in {run1 / 'checkpoints'}: ckpt-000000006.pt" \
         in last1, last1
     assert last1.endswith(f"report: podrun report {run1}"), last1
-    end = end_record(run1)
+    end = StepLog.read(run1).end
     assert end["checkpoints"] == ["ckpt-000000006.pt"] and end["keep_checkpoints"] == 1
 
     newest = subprocess.run([sys.executable, "-m", "podrun", "report", "--no-plot", "--json"], cwd=tmp_path,

@@ -40,9 +40,9 @@ def modules_under(folder: str, root: Path = PKG.parent) -> list[str]:
 
 def crossings(root: Path = PKG.parent) -> list[str]:
     """Imports across the process boundary: host code (podrun.host) importing the controller's (podrun.launch) or
-    the reverse, and the shared ground (podrun.wire) importing either side. The two sides meet in podrun.wire."""
+    the reverse, and the shared ground (podrun.wire, podrun.rundir) importing either side. The two sides meet there."""
     banned = {"podrun/host": ("podrun.launch",), "podrun/launch": ("podrun.host",),
-              "podrun/wire": ("podrun.launch", "podrun.host")}
+              "podrun/wire": ("podrun.launch", "podrun.host"), "podrun/rundir": ("podrun.launch", "podrun.host")}
     out = []
     for folder, prefixes in banned.items():
         for mod in modules_under(folder, root):
@@ -80,3 +80,32 @@ def test_the_agent_and_the_supervisor_parts_import_no_circle():
     for mod in ("podrun.launch.live_watch", "podrun.launch.outcome", "podrun.launch.instance_logs"):
         assert "podrun.launch.supervisor" not in imports_of(mod), mod
     assert not {"podrun.host.zygote", "podrun.host.zygote_child"} & imports_of("podrun.host.zygote_client")
+
+
+def worker_side_imports(root: Path = PKG.parent) -> list[str]:
+    """Imports of the worker side (podrun.train, podrun.models, podrun.runtime) from the controller's folders, which
+    must run without torch: `podrun launch`, `plan`, `report`, `--help`. The launch's own use of the snapshot
+    places' removal (podrun.runtime.snapshot, torch-free) is the one crossing allowed."""
+    allowed = {"podrun.launch.run": ("podrun.runtime.snapshot",)}
+    out = []
+    for folder in ("podrun/launch", "podrun/cli", "podrun/jobscript", "podrun/elastic", "podrun/rundir"):
+        for mod in modules_under(folder, root):
+            out += [f"{mod} imports {m}" for m in sorted(imports_of(mod, root))
+                    if m.startswith(("podrun.train", "podrun.models", "podrun.runtime"))
+                    and not m.startswith(allowed.get(mod, ("-",)))]
+    return out
+
+
+def test_the_controller_imports_no_worker_side():
+    assert worker_side_imports() == []
+
+
+def test_the_worker_side_check_finds_an_import(tmp_path):
+    """The check can fail: a cli command that reaches into the training code is named."""
+    for folder in ("launch", "cli", "jobscript", "elastic", "rundir"):
+        (tmp_path / "podrun" / folder).mkdir(parents=True)
+    (tmp_path / "podrun" / "cli" / "x.py").write_text("def f():\n    from podrun.train import recipe_main\n")
+    (tmp_path / "podrun" / "rundir" / "y.py").write_text("import podrun.models\n")
+    assert worker_side_imports(tmp_path) == ["podrun.cli.x imports podrun.train",
+                                             "podrun.cli.x imports podrun.train.recipe_main",
+                                             "podrun.rundir.y imports podrun.models"]

@@ -1,5 +1,6 @@
-"""One torch-free reader of metrics.jsonl: the launcher's elastic scan (podrun.elastic.replan) and podrun report
-(podrun.rundir.report) see the same training steps in the same file, and the scan imports no torch."""
+"""One torch-free reader of metrics.jsonl: the launcher's step log (podrun.rundir.metrics.StepLog, which the elastic
+re-plan reads) and podrun report (podrun.rundir.report) see the same training steps in the same file, and the step
+log imports no torch."""
 from __future__ import annotations
 
 import json
@@ -7,7 +8,7 @@ import subprocess
 import sys
 
 from podrun.elastic.replan import first_step_after, last_step
-from podrun.rundir.metrics import end_record, read_metrics_counted, step_times
+from podrun.rundir.metrics import StepLog, read_metrics_counted
 from podrun.rundir.report import read_run, summarize
 
 
@@ -32,20 +33,22 @@ def test_elastic_scan_and_report_read_the_same_records(tmp_path):
     assert skipped == 3
     steps = [(r["step"], r["time"]) for r in records if r["kind"] == "step"]
     assert steps == [(1, 2.0), (2, 3.0), (3, 4.0), (6, 6.5)]
-    assert list(step_times(tmp_path)) == steps           # the scan skips what the report skips
-    assert last_step(tmp_path) == (6, 6.5)
-    assert first_step_after(tmp_path, 3.5) == (3, 4.0)
-    assert first_step_after(tmp_path, 6.5) == (None, None)
+    log = StepLog.read(tmp_path)
+    assert list(log.steps) == steps           # the step log skips what the report skips
+    assert last_step(log) == (6, 6.5)
+    assert first_step_after(log, 3.5) == (3, 4.0)
+    assert first_step_after(log, 6.5) == (None, None)
     run = read_run(tmp_path)            # the report draws the runner's complete records only
     assert summarize(run.records)["steps"] == 3 and run.skipped == 4
-    assert end_record(tmp_path)["checkpoints"] == ["ckpt-000000003.pt"]
-    assert end_record(tmp_path / "absent") is None and last_step(tmp_path / "absent") == (None, None)
+    assert log.end["checkpoints"] == ["ckpt-000000003.pt"]
+    assert StepLog.read(tmp_path / "absent") == StepLog()
 
 
-def test_the_elastic_scan_imports_no_torch(tmp_path):
+def test_the_step_log_imports_no_torch(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("\n".join(LINES) + "\n")
     code = ("import sys; from podrun.elastic.replan import last_step; from podrun.rundir.report import pointers; "
-            f"print(last_step({str(tmp_path)!r}), pointers({str(tmp_path)!r})); "
+            "from podrun.rundir.metrics import StepLog; "
+            f"print(last_step(StepLog.read({str(tmp_path)!r})), pointers({str(tmp_path)!r})); "
             "print([m for m in ('torch', 'numpy', 'matplotlib') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

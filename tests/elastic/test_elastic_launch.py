@@ -4,9 +4,12 @@ import json
 
 import pytest
 
-from podrun.elastic.replan import (ElasticPolicy, describe, failed_hosts, first_step_after, last_step, next_plan)
+from podrun.elastic.replan import (ElasticPolicy, describe, failed_hosts, first_step_after, last_step, next_plan,
+                                   resumed_after)
 from podrun.plan import Overrides, make_plan
 from podrun.elastic.table import elastic_table
+from podrun.rundir.metrics import StepLog
+from podrun.rundir.summary import Summary
 from podrun.specs import load_cluster, load_recipe
 
 POD256 = load_cluster("ipu-pod256")
@@ -115,25 +118,33 @@ def test_failed_hosts_prefers_lost_instances_over_the_root_cause():
     inst = [{"index": 0, "host": "a", "status": "failed", "exit_code": 1},
             {"index": 1, "host": "b", "status": "lost", "exit_code": 255},
             {"index": 2, "host": "c", "status": "failed", "exit_code": 255}]
-    assert failed_hosts(inst, {"host": "a"}) == ("b", "c")
+    assert failed_hosts(_summary(inst, {"host": "a"})) == ("b", "c")
     # a worker that itself exits 255 (its exit was reported) is a failure, not a lost host
     # (b's worker failed first; a's worker then exited 255 on its own)
     worker_255 = [{"index": 0, "host": "a", "status": "failed", "exit_code": 255, "workers": {"0": 255}},
                   {"index": 1, "host": "b", "status": "failed", "exit_code": 1, "workers": {"0": 1}}]
-    assert failed_hosts(worker_255, {"host": "b"}) == ("b",)
-    assert failed_hosts(inst[:1], {"host": "a"}) == ("a",)
-    assert failed_hosts(inst[:1], None) == ()
+    assert failed_hosts(_summary(worker_255, {"host": "b"})) == ("b",)
+    assert failed_hosts(_summary(inst[:1], {"host": "a"})) == ("a",)
+    assert failed_hosts(_summary(inst[:1], None)) == ()
+
+
+def _summary(instances, root_cause):
+    return Summary.from_dict({"instances": instances, "root_cause": root_cause})
 
 
 def test_steps_from_metrics(tmp_path):
     rows = [{"kind": "run", "event": "start", "time": 1.0}, {"kind": "step", "step": 1, "time": 2.0},
             {"kind": "step", "step": 2, "time": 3.0}, {"kind": "run", "event": "resume", "time": 9.0},
             {"kind": "step", "step": 3, "time": 10.0}]
-    assert last_step(tmp_path) == (None, None)
+    assert last_step(StepLog.read(tmp_path)) == (None, None)
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\nnot json\n")
-    assert last_step(tmp_path) == (3, 10.0)
-    assert first_step_after(tmp_path, 3.5) == (3, 10.0)
-    assert first_step_after(tmp_path, 10.0) == (None, None)
+    log = StepLog.read(tmp_path)
+    assert last_step(log) == (3, 10.0)
+    assert first_step_after(log, 3.5) == (3, 10.0)
+    assert first_step_after(log, 10.0) == (None, None)
+    assert resumed_after(log, 0.5) == {"step": 0, "source": None, "from_rank": None}
+    assert resumed_after(log, 3.0) == {"step": None, "source": None, "from_rank": None}
+    assert resumed_after(log, 9.0) is None
 
 
 def test_policy_spares_are_the_option_then_hosts_left_out():

@@ -1,0 +1,129 @@
+"""A recipe's command line as the controller knows it before anything starts (recipes/*/train.py parse it through
+podrun.train.recipe_main): the parser, the check of its arguments, what they need on each worker and how long they
+run. Torch-free: `podrun launch` and `podrun plan` read it."""
+from __future__ import annotations
+
+import argparse
+import shlex
+from typing import Sequence
+
+RECIPE_MAIN = "podrun.train.recipe_main"   # the module whose main() a recipe's train.py runs
+KEEP_CHECKPOINTS = 2                       # --keep-checkpoints' default (TrainConfig.keep_checkpoints)
+
+
+def parser(recipe_name: str, default_data: str = "synthetic", cls=argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p = cls(
+        prog=f"{recipe_name}/train.py",
+        description=f"Train the {recipe_name} recipe. Runs standalone, under torchrun, srun, mpirun or podrun launch.")
+    a = p.add_argument
+    a("--data", default=default_data, help="digits | synthetic | a CIFAR-10 folder | an ImageNet-style folder "
+                                          f"(default {default_data})")
+    a("--epochs", type=float, default=None, help="epochs (default: the plan's, else the recipe's)")
+    a("--steps", type=int, default=None, help="stop after this many weight updates")
+    a("--deterministic", action="store_true", help="deterministic algorithms (slower)")
+    a("--seed", type=int, default=0, help="the same on every worker: equal initial weights without a broadcast")
+    a("--checkpoint-every", type=int, default=0, metavar="STEPS", help="checkpoint every N updates (and at the end)")
+    a("--checkpoint-dir", default=None, help="default: <run dir>/checkpoints")
+    a("--keep-checkpoints", type=int, default=KEEP_CHECKPOINTS, metavar="N",
+      help=f"keep the newest N checkpoints (default {KEEP_CHECKPOINTS}); 0: none once the run finishes")
+    a("--no-resume", action="store_true", help="ignore existing checkpoints and snapshots")
+    a("--no-snapshots", action="store_true",
+      help="keep no in-memory snapshot after each update (under podrun launch a restart then resumes from disk)")
+    a("--run-dir", default=None, help="default: $PODRUN_RUN_DIR, else runs/<recipe>-<time>")
+    a("--amp", default=None, choices=["auto", "off", "bf16", "fp16"],
+      help="mixed precision (default: the recipe's precision on CUDA, off on CPU)")
+    a("--channels-last", action="store_true", help="NHWC memory format (faster convs on GPU)")
+    a("--compile", action="store_true", help="torch.compile the model")
+    a("--fsdp", action="store_true", help="shard parameters, gradients and optimizer state (FSDP) instead of DDP")
+    a("--local-batch", type=int, default=None, help="default: $PODRUN_LOCAL_BATCH, else global / workers")
+    a("--grad-accum", type=int, default=None, help="default: $PODRUN_GRAD_ACCUM, else 1")
+    a("--global-batch", type=int, default=None, help="default: $PODRUN_GLOBAL_BATCH, else the recipe's")
+    a("--lr", type=float, default=None,
+      help="peak learning rate (default: the plan's, else recipe lr scaled by its rule)")
+    a("--warmup-epochs", type=float, default=None)
+    a("--image-size", type=int, default=None, help="default: the recipe's dataset.image_size")
+    a("--norm", choices=["batch", "group"], default=None, help="model normalisation (default: the recipe's)")
+    a("--device", default="auto", choices=["auto", "cpu", "cuda", "ipu"])
+    a("--eval-every", type=int, default=1, metavar="EPOCHS", help="0: only at the end")
+    a("--log-every", type=int, default=10, metavar="STEPS")
+    a("--threads", type=int, default=None, help="CPU threads per worker")
+    a("--synthetic-size", type=int, default=None, help="samples per synthetic epoch (default: 20 global batches)")
+    a("--quiet", action="store_true", help="no console line per step")
+    return p
+
+
+class _Refusal(argparse.ArgumentParser):
+    """The recipe parser, raising instead of printing its usage and exiting."""
+
+    def error(self, message):
+        raise _ArgsError(message)
+
+
+class _ArgsError(Exception):
+    pass
+
+
+def check_args(recipe_name: str, argv: Sequence[str], script: str) -> None:
+    """Parse a recipe's arguments as its train.py will (on the controller, before anything starts): a
+    SpecError (exit 2) naming the recipe and what is wrong, instead of every rank printing its usage."""
+    try:
+        parser(recipe_name, cls=_Refusal).parse_args(list(argv))
+    except _ArgsError as exc:
+        from podrun.errors import SpecError
+
+        raise SpecError(f"{recipe_name}/train.py would refuse its arguments ({shlex.join(argv) or 'none'}): {exc}",
+                        hint=f"python {script} --help lists its options") from None
+
+
+def default_data(script: str) -> str | None:
+    """For a recipe's train.py that runs RECIPE_MAIN's main(): the ``default_data`` it passes (read from its
+    source without running it; "synthetic" when it passes none). None for a train.py with a parser of its own."""
+    import ast
+
+    try:
+        with open(script, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    shared = any(isinstance(n, ast.ImportFrom) and n.module == RECIPE_MAIN or
+                 isinstance(n, ast.Import) and any(a.name == RECIPE_MAIN for a in n.names) for n in ast.walk(tree))
+    if not shared:
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.keyword) and node.arg == "default_data" and isinstance(node.value, ast.Constant):
+            return str(node.value.value)
+    return "synthetic"
+
+
+def parse_known(argv: Sequence[str], default: str = "synthetic") -> argparse.Namespace:
+    """A recipe's arguments as its train.py reads them (unknown ones ignored; check_args refuses those)."""
+    return parser("recipe", default).parse_known_args(list(argv))[0]
+
+
+def needed_modules(args: argparse.Namespace) -> list[str]:
+    """What a recipe's train.py imports on every worker: podrun's own yaml, the ``train`` extra's torch and
+    numpy, and scikit-learn for ``--data digits``."""
+    return ["yaml", "torch", "numpy"] + (["sklearn"] if args.data == "digits" else [])
+
+
+def long_run(argv: Sequence[str], args: argparse.Namespace, plan, threshold_hours: float) -> str | None:
+    """What to say before a run the planner estimates longer than ``threshold_hours`` (None: shorter, or no
+    estimate applies: the offline digits set is small whatever the recipe). ``argv``: the recipe's arguments,
+    ``args`` as parsed (parse_known), ``plan``: the run's Plan."""
+    est = plan.estimate
+    if args.data == "digits" or est.images_per_second <= 0:
+        return None
+    if args.steps is not None:
+        hours, what = args.steps * est.step_seconds / 3600, f"{args.steps} steps"
+    else:
+        epochs = args.epochs if args.epochs is not None else plan.epochs
+        hours = est.time_to_train_hours * epochs / plan.epochs if plan.epochs > 0 else 0.0
+        what = f"{epochs:g} epochs"
+    if hours <= threshold_hours:
+        return None
+    given = any(a == "--data" or a.startswith("--data=") for a in argv)
+    data = f"--data {args.data}" if given else f"{args.data} data (no --data given)"
+    return (f"the planner estimates {hours:,.2f} h for {what} of {plan.recipe} on cluster {plan.cluster} "
+            f"({est.images_per_second:,.0f} img/s, {est.step_seconds:,.1f} s per step of global batch "
+            f"{plan.global_batch}), on {data}; for a short run give --steps N or --epochs E after the recipe, "
+            "and --global-batch B before it for shorter steps")
