@@ -1,4 +1,4 @@
-"""An instance's workers on its agent: their environment here, what they inherit, a failed one's @record error."""
+"""An instance's workers on its agent: what they inherit, a failed one's @record error, its fresh error file."""
 from __future__ import annotations
 
 import json
@@ -9,23 +9,6 @@ from podrun.errors import PodrunError
 
 ERROR_TRACEBACK_LINES = 40   # of a worker's @record traceback, sent to the controller
 ERROR_MESSAGE_CHARS = 2000
-
-
-def worker_envs(plan, index: int, *, run_id: str, run_dir: str, plan_path: str, master_addr: str,
-                master_port: int, restart_count: int = 0, max_restarts: int = 0,
-                agent_store: bool = False) -> list[dict[str, str]]:
-    """The env contract of instance ``index``'s workers on this host (podrun.wire.worker_env.instance_envs),
-    with this host's environment, the cores this agent may use and, in a run over several hosts, gloo's
-    interface where this host's name resolves to loopback (podrun.wire.probe.gloo_interface)."""
-    from podrun.wire.probe import gloo_interface
-    from podrun.wire.worker_env import instance_envs
-
-    several = len({p.host for p in plan.placement}) > 1
-    return instance_envs(plan, index, run_id=run_id, run_dir=run_dir, plan_path=plan_path,
-                         master_addr=master_addr, master_port=master_port, restart_count=restart_count,
-                         max_restarts=max_restarts, agent_store=agent_store, host_env=os.environ,
-                         cpus=len(os.sched_getaffinity(0)),
-                         gloo_ifname=gloo_interface(master_addr) if several else None)
 
 
 def read_error_file(path: str) -> dict | None:
