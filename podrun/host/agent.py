@@ -56,7 +56,7 @@ from podrun.host.stop import Stop, StopKind
 from podrun.host.workers import fresh_error_file, launcher_fds, read_error_file
 from podrun.wire import protocol
 from podrun.wire.agent_args import AgentArgs
-from podrun.wire.proctl import PR_SET_CHILD_SUBREAPER, die_with_parent, prctl as _prctl
+from podrun.wire.proctl import PR_SET_CHILD_SUBREAPER, die_with_parent, prctl as _prctl, signal_group
 from podrun.runtime.progress import FD_ENV as PROGRESS_ENV
 
 HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)   # the agent's own: it ends its workers with the one it got
@@ -254,10 +254,7 @@ class Agent(ControllerLink):
     def _signal_all(self, sig: int) -> None:
         for p in self.procs:
             if p is not None:
-                try:
-                    os.killpg(p.pid, sig)
-                except (ProcessLookupError, PermissionError):
-                    pass
+                signal_group(p.pid, sig)
 
     def own(self) -> frozenset[int]:
         """The pids of the agent's own helpers among its children (the store host): no worker left them."""

@@ -44,16 +44,11 @@ def socket_ok(path: str) -> bool:
 
 def stale(path: str) -> bool:
     """Whether ``path`` is a socket file no process listens on (connect refused), or no socket at all."""
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(1.0)
     try:
-        with address(path) as addr:
-            s.connect(addr)
-        return False
+        connect(path, 1.0).close()
     except OSError as exc:
         return exc.errno in (errno.ECONNREFUSED, errno.ENOTSOCK, errno.ENOENT)
-    finally:
-        s.close()
+    return False
 
 
 def remove_stale(path: str) -> bool:
