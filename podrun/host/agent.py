@@ -47,13 +47,14 @@ import time
 
 from podrun import safefs
 from podrun.errors import PodrunError
-from podrun.host import agent_args, output, zygote_client
+from podrun.host import output, zygote_client
 from podrun.host.link import ControllerLink
 from podrun.host.proctree import end_descendants, reap_orphans, tree_cpu
 from podrun.host import stackdump
 from podrun.host.stackdump import SITE_DIR, STACK_SIGNAL
 from podrun.host.stop import Stop, StopKind
-from podrun.host.workers import fresh_error_file, launcher_fds, read_error_file
+from podrun.host.workers import (fresh_error_file, instance_workers, launcher_fds, read_env_stdin,
+                                 read_error_file)
 from podrun.wire import protocol
 from podrun.wire.agent_args import AgentArgs
 from podrun.wire.proctl import PR_SET_CHILD_SUBREAPER, die_with_parent, prctl as _prctl, signal_group
@@ -380,8 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     args = AgentArgs.parse(argv, __doc__.splitlines()[0])
     os.umask(0o077)                    # the workers' files are private, as the run directory's
     if args.env_stdin:
-        agent_args.read_env_stdin()
-    index, local_ranks, agent_rank, envs = agent_args.instance_workers(args)
+        read_env_stdin()
+    index, local_ranks, agent_rank, envs = instance_workers(args)
     rank0 = any(e["RANK"] == "0" for e in envs)
     store = None
     if args.agent_store and rank0:

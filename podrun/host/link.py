@@ -66,19 +66,17 @@ class ControllerLink:
         return delivered
 
     def _heartbeat(self) -> None:
-        from podrun.wire.protocol import read_request, read_stop
-
         watch_file = not self.stdin_watch and self.run_dir is not None
-        token = read_request(self.run_dir) if watch_file else ""
-        stop_token = read_stop(self.run_dir)[0] if watch_file else ""
+        token = protocol.read_request(self.run_dir) if watch_file else ""
+        stop_token = protocol.read_stop(self.run_dir)[0] if watch_file else ""
         while True:
             self.send(None, protocol.Heartbeat(time.time()))
             if watch_file:
-                now = read_request(self.run_dir)
+                now = protocol.read_request(self.run_dir)
                 if now != token:
                     token = now
                     self.dumps.release()
-                now, sig = read_stop(self.run_dir)
+                now, sig = protocol.read_stop(self.run_dir)
                 if now != stop_token and sig is not None:
                     stop_token = now
                     self.request_stop(StopKind.CONTROLLER_ASKED, f"the controller relayed {signal.Signals(sig).name}",

@@ -12,7 +12,7 @@ GRACE_S = 5.0               # --grace: seconds between the first signal to the w
 
 
 class FromEnv(enum.Enum):
-    """Where an agent started by a launcher (mpirun, srun) reads the launcher's rank (podrun.host.agent_args)."""
+    """Where an agent started by a launcher (mpirun, srun) reads the launcher's rank (podrun.host.workers)."""
 
     INDEX = "index-from-env"   # the launcher's rank is the instance index
     RANK = "rank-from-env"     # it is a worker's global rank: run that one worker (mpirun: each worker an MPI rank)

@@ -114,6 +114,14 @@ class Start(Message):
 
 
 @dataclass(frozen=True)
+class Heartbeat(Message):
+    """``hb``: the agent's wall clock."""
+
+    KIND = "hb"
+    at: Stamp
+
+
+@dataclass(frozen=True)
 class WorkerExit(Message):
     """``exit``: a worker ended with return ``code`` at ``at``; ``teardown``: the agent was already ending its workers
     (their exit is no failure of their own). A line without the time is stamped when it is read."""
@@ -122,14 +130,6 @@ class WorkerExit(Message):
     code: int
     at: Stamp = field(default_factory=time.time)
     teardown: bool = False
-
-
-@dataclass(frozen=True)
-class Heartbeat(Message):
-    """``hb``: the agent's wall clock."""
-
-    KIND = "hb"
-    at: Stamp
 
 
 @dataclass(frozen=True)
@@ -269,10 +269,10 @@ def write_whole(path: str, text: str) -> None:
     safefs.write_file(path, text, "request file", durable=False)
 
 
-def read_request(run_dir: str) -> str:
-    """The current token of <run_dir>/stacks-request ("" when there is none)."""
+def read_request(run_dir: str, name: str = REQUEST_FILE) -> str:
+    """The current token of <run_dir>/stacks-request, or of the request file ``name`` ("" when there is none)."""
     try:
-        with open(os.path.join(run_dir, REQUEST_FILE), encoding="utf-8") as f:
+        with open(os.path.join(run_dir, name), encoding="utf-8") as f:
             return f.read().strip()
     except OSError:
         return ""
@@ -311,10 +311,6 @@ def read_stop(run_dir: str) -> tuple[str, int | None]:
     else None)."""
     import signal
 
-    try:
-        with open(os.path.join(run_dir, STOP_FILE), encoding="utf-8") as f:
-            text = f.read().strip()
-    except OSError:
-        return "", None
+    text = read_request(run_dir, STOP_FILE)
     name = text.partition(" ")[0]
     return text, int(getattr(signal, name)) if name in STOP_TOKENS.values() else None

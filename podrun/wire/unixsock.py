@@ -73,14 +73,9 @@ def bind(path: str, backlog: int = 64) -> socket.socket:
     if problem is not None:
         raise PermissionError(errno.EPERM, f"not a private directory: {problem}")
     remove_stale(path)
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o177)
     try:
-        with address(path) as addr:
-            s.bind(addr)
-    except OSError:
-        s.close()
-        raise
+        s = _open(path, listen=True)
     finally:
         os.umask(old)
     if not socket_ok(path):
@@ -92,11 +87,16 @@ def bind(path: str, backlog: int = 64) -> socket.socket:
 
 def connect(path: str, timeout: float) -> socket.socket:
     """A connection to the socket at ``path``; OSError when no one listens there."""
+    return _open(path, listen=False, timeout=timeout)
+
+
+def _open(path: str, listen: bool, timeout: float | None = None) -> socket.socket:
+    """A unix stream socket bound (``listen``) or connected at ``path``, closed again when that fails."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(timeout)
     try:
         with address(path) as addr:
-            s.connect(addr)
+            (s.bind if listen else s.connect)(addr)
     except OSError:
         s.close()
         raise
