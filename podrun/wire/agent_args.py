@@ -1,4 +1,4 @@
-"""The agent's command line (``python -m podrun.host.agent``) as one value: the controller writes it, the agent reads it."""
+"""The agent's command line (python -m podrun.host.agent) as one value: the controller writes it, the agent reads it."""
 from __future__ import annotations
 
 import argparse

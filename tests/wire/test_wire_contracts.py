@@ -74,35 +74,52 @@ def test_the_messages_are_written_as_before_and_read_tolerantly():
     assert protocol.from_json(protocol.to_json({"a": [1, "b"]})) == {"a": [1, "b"]}
 
 
-# the agent command lines of today's request.agent_argv, written out before AgentArgs wrote them
+# the agent options of request.agent_argv as they were before AgentArgs wrote them (after ``python -m AGENT_MODULE``)
 GOLDEN = [
     ('plain', (0,), {},
-     ['/usr/bin/python3', '-m', 'podrun.host.agent', '--plan', '/runs/r1/plan.json', '--run-id', 'r1', '--run-dir', '/runs/r1', '--master-addr', '10.0.0.1', '--master-port', '29500', '--grace', '5', '--restart-count', '0', '--max-restarts', '0', '--heartbeat', '0.5', '--instance', '0', '--stdin-timeout', '2', '--agent-store', '--', 'python', 'train.py', '--', '-x']),
+     '--plan /runs/r1/plan.json --run-id r1 --run-dir /runs/r1 --master-addr 10.0.0.1 --master-port 29500 '
+     '--grace 5 --restart-count 0 --max-restarts 0 --heartbeat 0.5 --instance 0 --stdin-timeout 2 '
+     '--agent-store -- python train.py -- -x'),
     ('plain', (None,), {'stdin_watch': False},
-     ['/usr/bin/python3', '-m', 'podrun.host.agent', '--plan', '/runs/r1/plan.json', '--run-id', 'r1', '--run-dir', '/runs/r1', '--master-addr', '10.0.0.1', '--master-port', '29500', '--grace', '5', '--restart-count', '0', '--max-restarts', '0', '--heartbeat', '0.5', '--index-from-env', '--no-stdin-watch', '--agent-store', '--', 'python', 'train.py', '--', '-x']),
+     '--plan /runs/r1/plan.json --run-id r1 --run-dir /runs/r1 --master-addr 10.0.0.1 --master-port 29500 '
+     '--grace 5 --restart-count 0 --max-restarts 0 --heartbeat 0.5 --index-from-env --no-stdin-watch '
+     '--agent-store -- python train.py -- -x'),
     ('plain', (None,), {'stdin_watch': False, 'per_worker': True},
-     ['/usr/bin/python3', '-m', 'podrun.host.agent', '--plan', '/runs/r1/plan.json', '--run-id', 'r1', '--run-dir', '/runs/r1', '--master-addr', '10.0.0.1', '--master-port', '29500', '--grace', '5', '--restart-count', '0', '--max-restarts', '0', '--heartbeat', '0.5', '--rank-from-env', '--no-stdin-watch', '--agent-store', '--', 'python', 'train.py', '--', '-x']),
+     '--plan /runs/r1/plan.json --run-id r1 --run-dir /runs/r1 --master-addr 10.0.0.1 --master-port 29500 '
+     '--grace 5 --restart-count 0 --max-restarts 0 --heartbeat 0.5 --rank-from-env --no-stdin-watch '
+     '--agent-store -- python train.py -- -x'),
     ('plain', (1,), {'hold': True, 'env_stdin': True},
-     ['/usr/bin/python3', '-m', 'podrun.host.agent', '--plan', '/runs/r1/plan.json', '--run-id', 'r1', '--run-dir', '/runs/r1', '--master-addr', '10.0.0.1', '--master-port', '29500', '--grace', '5', '--restart-count', '0', '--max-restarts', '0', '--heartbeat', '0.5', '--instance', '1', '--stdin-timeout', '2', '--agent-store', '--hold', '--', 'python', 'train.py', '--', '-x']),
+     '--plan /runs/r1/plan.json --run-id r1 --run-dir /runs/r1 --master-addr 10.0.0.1 --master-port 29500 '
+     '--grace 5 --restart-count 0 --max-restarts 0 --heartbeat 0.5 --instance 1 --stdin-timeout 2 '
+     '--agent-store --hold -- python train.py -- -x'),
     ('full', (0,), {'hold': True, 'env_stdin': True, 'worker_stdin_fd': 5},
-     ['/usr/bin/python3', '-m', 'podrun.host.agent', '--plan', '/runs/r1/plan.json', '--run-id', 'r1', '--run-dir', '/runs/r1', '--master-addr', '10.0.0.1', '--master-port', '0', '--grace', '2.5', '--restart-count', '1', '--max-restarts', '3', '--heartbeat', '0.1', '--instance', '0', '--stdin-timeout', '3', '--listen-fd', '7', '--warm', '--hold', '--needs', 'torch,numpy', '--env-stdin', '--worker-stdin-fd', '5', '--', 'python', 'train.py', '--', '-x']),
+     '--plan /runs/r1/plan.json --run-id r1 --run-dir /runs/r1 --master-addr 10.0.0.1 --master-port 0 '
+     '--grace 2.5 --restart-count 1 --max-restarts 3 --heartbeat 0.1 --instance 0 --stdin-timeout 3 '
+     '--listen-fd 7 --warm --hold --needs torch,numpy --env-stdin --worker-stdin-fd 5 -- python train.py '
+     '-- -x'),
     ('full', (1,), {'hold': True},
-     ['/usr/bin/python3', '-m', 'podrun.host.agent', '--plan', '/runs/r1/plan.json', '--run-id', 'r1', '--run-dir', '/runs/r1', '--master-addr', '10.0.0.1', '--master-port', '0', '--grace', '2.5', '--restart-count', '1', '--max-restarts', '3', '--heartbeat', '0.1', '--instance', '1', '--stdin-timeout', '3', '--warm', '--hold', '--needs', 'torch,numpy', '--', 'python', 'train.py', '--', '-x']),
+     '--plan /runs/r1/plan.json --run-id r1 --run-dir /runs/r1 --master-addr 10.0.0.1 --master-port 0 '
+     '--grace 2.5 --restart-count 1 --max-restarts 3 --heartbeat 0.1 --instance 1 --stdin-timeout 3 --warm '
+     '--hold --needs torch,numpy -- python train.py -- -x'),
     ('full', (None,), {'stdin_watch': False},
-     ['/usr/bin/python3', '-m', 'podrun.host.agent', '--plan', '/runs/r1/plan.json', '--run-id', 'r1', '--run-dir', '/runs/r1', '--master-addr', '10.0.0.1', '--master-port', '0', '--grace', '2.5', '--restart-count', '1', '--max-restarts', '3', '--heartbeat', '0.1', '--index-from-env', '--no-stdin-watch', '--', 'python', 'train.py', '--', '-x']),
+     '--plan /runs/r1/plan.json --run-id r1 --run-dir /runs/r1 --master-addr 10.0.0.1 --master-port 0 '
+     '--grace 2.5 --restart-count 1 --max-restarts 3 --heartbeat 0.1 --index-from-env --no-stdin-watch -- '
+     'python train.py -- -x'),
     ('full', (0,), {},
-     ['/usr/bin/python3', '-m', 'podrun.host.agent', '--plan', '/runs/r1/plan.json', '--run-id', 'r1', '--run-dir', '/runs/r1', '--master-addr', '10.0.0.1', '--master-port', '0', '--grace', '2.5', '--restart-count', '1', '--max-restarts', '3', '--heartbeat', '0.1', '--instance', '0', '--stdin-timeout', '3', '--listen-fd', '7', '--warm', '--', 'python', 'train.py', '--', '-x']),
+     '--plan /runs/r1/plan.json --run-id r1 --run-dir /runs/r1 --master-addr 10.0.0.1 --master-port 0 '
+     '--grace 2.5 --restart-count 1 --max-restarts 3 --heartbeat 0.1 --instance 0 --stdin-timeout 3 '
+     '--listen-fd 7 --warm -- python train.py -- -x'),
 ]
 
 
-@pytest.mark.parametrize(("name", "index", "kw", "argv"), GOLDEN)
-def test_the_agent_command_line_is_unchanged(name, index, kw, argv):
+@pytest.mark.parametrize(("name", "index", "kw", "options"), GOLDEN)
+def test_the_agent_command_line_is_unchanged(name, index, kw, options):
     base = dict(run_id="r1", run_dir="/runs/r1", plan=None, plan_path="/runs/r1/plan.json",
                 command=("python", "train.py", "--", "-x"), python="/usr/bin/python3", workdir="/w",
                 master_addr="10.0.0.1", master_port=29500)
     full = dict(base, master_port=0, grace=2.5, heartbeat=0.1, keepalive=3.0, restart_count=1, max_restarts=3,
                 env=(("A", "1"),), listen_fd=7, needs=("torch", "numpy"), warm=True, agent_store=False)
     req = LaunchRequest(**(base if name == "plain" else full))
+    argv = ["/usr/bin/python3", "-m", AGENT_MODULE, *options.split(" ")]
     assert req.agent_argv(*index, **kw) == argv
-    assert argv[:3] == ["/usr/bin/python3", "-m", AGENT_MODULE]
     assert AgentArgs.parse(argv[3:]).to_argv() == argv[3:]
