@@ -36,7 +36,6 @@ inherit, as they would inherit values put before the agent on a command line.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import shutil
 import signal
@@ -48,16 +47,17 @@ import time
 
 from podrun import safefs
 from podrun.errors import PodrunError
-from podrun.host import agent_args, output, zygote_client
+from podrun.host import output, zygote_client
 from podrun.host.link import ControllerLink
 from podrun.host.proctree import end_descendants, reap_orphans, tree_cpu
 from podrun.host import stackdump
 from podrun.host.stackdump import SITE_DIR, STACK_SIGNAL
 from podrun.host.stop import Stop, StopKind
-from podrun.host.workers import fresh_error_file, launcher_fds, read_error_file
+from podrun.host.workers import (fresh_error_file, instance_workers, launcher_fds, read_env_stdin,
+                                 read_error_file)
 from podrun.wire import protocol
-from podrun.wire.liveness import HEARTBEAT_S
-from podrun.wire.proctl import PR_SET_CHILD_SUBREAPER, die_with_parent, prctl as _prctl
+from podrun.wire.agent_args import AgentArgs
+from podrun.wire.proctl import PR_SET_CHILD_SUBREAPER, die_with_parent, prctl as _prctl, signal_group
 from podrun.runtime.progress import FD_ENV as PROGRESS_ENV
 
 HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)   # the agent's own: it ends its workers with the one it got
@@ -67,25 +67,24 @@ LINK_CLOSE_S = 10.0         # at its end, how long the agent waits for its last 
 class Agent(ControllerLink):
     """One instance's workers on this host: started, waited on and ended together, as the module says."""
 
-    def __init__(self, index: int, command: list[str], envs: list[dict[str, str]], *, grace: float,
-                 stdin_watch: bool, stdin_timeout: float, heartbeat: float = HEARTBEAT_S, out=None,
+    def __init__(self, args: AgentArgs, index: int, envs: list[dict[str, str]], *, out=None,
                  probe: dict | None = None, local_ranks: list[int] | None = None, agent_rank: int | None = None,
-                 run_dir: str | None = None, warm: zygote_client.WarmHost | None = None,
-                 worker_stdin: int | None = None):
+                 warm: zygote_client.WarmHost | None = None):
         self.index = index
         # fork workers from this host's zygote (podrun.host.zygote) when it is there; start it for the next
         # attempt when it is not and one may follow
         self.warm = warm
         self.lease = None
-        self.run_dir = run_dir       # without a stdin watch: where the controller's stacks-request appears
+        self.run_dir = args.attempt.run_dir   # without a stdin watch: where the controller's requests appear
         # the workers' local ranks (envs[i] is local rank local_ranks[i]): all of the instance's, or with
         # --rank-from-env the one worker this agent runs, whose local rank then also tags agent lines
         self.local_ranks = list(range(len(envs))) if local_ranks is None else list(local_ranks)
         self.agent_rank = agent_rank
-        self.command = command
+        self.command = list(args.command)
         self.envs = envs
-        self.grace = grace
-        self.link_init(out, heartbeat, stdin_watch, stdin_timeout)
+        self.grace = args.grace
+        watch = args.stdin_timeout is not None
+        self.link_init(out, args.heartbeat, watch, args.stdin_timeout if watch else 0.0)
         self.stop: Stop | None = None
         self.stop_signal = signal.SIGTERM
         self.signalled: int | None = None
@@ -99,7 +98,7 @@ class Agent(ControllerLink):
         self.stack_root: str | None = None   # per worker w<n>/: the pid files of its faulthandler dumps
         self.parent = os.getppid()   # the controller (local) or the shell ssh started: gone when it changes
         self.zygote_told = False
-        self.worker_stdin = worker_stdin  # what local rank 0 reads as stdin (else /dev/null, as the others)
+        self.worker_stdin = args.worker_stdin_fd  # what local rank 0 reads as stdin (else /dev/null, as the others)
         self.helpers: list = []      # callables giving the pid of one of the agent's own children (or None)
 
     def request_stop(self, kind: StopKind, message: str, sig: int = signal.SIGTERM, silent_s: float = 0.0) -> None:
@@ -140,7 +139,7 @@ class Agent(ControllerLink):
             got = stackdump.collect(self.stack_root, [(pos, p.pid) for pos, p in live])
             for pos, p in live:
                 rec = {**got[pos], "cpu": cpu.get(p.pid), "at": round(at, 3)}
-                self.emit(pos, "stack", json.dumps(rec, separators=(",", ":")))
+                self.emit(pos, "stack", protocol.to_json(rec))
 
     def _on_signal(self, signum, frame) -> None:  # noqa: ARG002
         self.signalled = signum
@@ -197,7 +196,7 @@ class Agent(ControllerLink):
             self.emit(local_rank, "err", f"podrun agent: cannot start {self.command[0]!r}: {exc.strerror}")
             self.procs.append(None)
             self.readers.append([])
-            self.emit(local_rank, "exit", f"{127 if isinstance(exc, FileNotFoundError) else 126} {time.time():.3f}")
+            self.send(local_rank, protocol.WorkerExit(127 if isinstance(exc, FileNotFoundError) else 126, time.time()))
             self.request_stop(StopKind.SPAWN_FAILED, f"local rank {local_rank} could not start")
             return
         os.close(w)
@@ -210,7 +209,7 @@ class Agent(ControllerLink):
         for t in threads:
             t.start()
         self.readers.append(threads)
-        self.emit(local_rank, "start", str(p.pid))
+        self.send(local_rank, protocol.Start(p.pid))
 
     def _spawn_warm(self, local_rank: int, env: dict[str, str], progress_fd: int, ends, stdin: int | None = None):
         """The worker forked by this host's zygote, or None (no zygote: the caller starts it as usual); it
@@ -251,15 +250,12 @@ class Agent(ControllerLink):
         """A failed worker's @record error file, if it wrote one, as an ``error`` line (JSON)."""
         info = read_error_file(self.envs[pos].get("TORCHELASTIC_ERROR_FILE") or "")
         if info is not None:
-            self.emit(pos, "error", json.dumps(info, separators=(",", ":")))
+            self.emit(pos, "error", protocol.to_json(info))
 
     def _signal_all(self, sig: int) -> None:
         for p in self.procs:
             if p is not None:
-                try:
-                    os.killpg(p.pid, sig)
-                except (ProcessLookupError, PermissionError):
-                    pass
+                signal_group(p.pid, sig)
 
     def own(self) -> frozenset[int]:
         """The pids of the agent's own helpers among its children (the store host): no worker left them."""
@@ -285,19 +281,19 @@ class Agent(ControllerLink):
         self.subreaper = _prctl(PR_SET_CHILD_SUBREAPER, 1)
         for s in HANDLED:
             signal.signal(s, self._on_signal)
-        self.emit(None, "ready", f"{socket.gethostname()} {os.getpid()} {len(self.envs)}")
+        self.send(None, protocol.Ready(socket.gethostname(), os.getpid(), len(self.envs)))
         threading.Thread(target=self._heartbeat, daemon=True).start()
         if self.stdin_watch:
             threading.Thread(target=self._watch_stdin, daemon=True).start()
         threading.Thread(target=self._dump_loop, daemon=True).start()
         if self.probe is not None and not self._held_until_go():
-            self.emit(None, "done", "0")
+            self.send(None, protocol.Done(0))
             return 0
         self.spawn()
         self._supervise_workers()
         self._end_leftovers()
         code = self._exit_code()
-        self.emit(None, "done", str(code))
+        self.send(None, protocol.Done(code))
         return code
 
     def _supervise_workers(self) -> None:
@@ -334,10 +330,9 @@ class Agent(ControllerLink):
         for lr, rc, ended in exited:
             for t in self.readers[lr]:
                 t.join(timeout=1.0)
-            tag = " teardown" if self.teardown_started else ""
             if rc != 0:
                 self._report_error_file(lr)
-            self.emit(lr, "exit", f"{rc} {ended:.3f}{tag}")
+            self.send(lr, protocol.WorkerExit(rc, ended, self.teardown_started))
             if rc != 0 and self.first_failure is None and not self.teardown_started:
                 self.first_failure = rc
                 self.worker_failed = True       # its teardown may precede a restart: snapshots stay
@@ -348,7 +343,7 @@ class Agent(ControllerLink):
         """Signal every worker with the stop's signal; returns when to send SIGTERM (None: no need) and SIGKILL."""
         self.teardown_started = True
         if not all_reaped:
-            self.emit(None, "stop", f"{self.stop.kind.value} {time.time():.3f} {self.stop.silent_s:g}")
+            self.send(None, protocol.AgentStop(self.stop.kind.value, time.time(), self.stop.silent_s))
             self.emit(None, "note", f"ending workers: {self.stop.message}")
         self._signal_all(self.stop_signal)
         if self.stop_signal != signal.SIGTERM:   # SIGINT or SIGHUP first: SIGTERM for what ignores it
@@ -383,31 +378,24 @@ class Agent(ControllerLink):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = agent_args.parser(__doc__.splitlines()[0])
-    args = ap.parse_args(argv)
+    args = AgentArgs.parse(argv, __doc__.splitlines()[0])
     os.umask(0o077)                    # the workers' files are private, as the run directory's
     if args.env_stdin:
-        agent_args.read_env_stdin()
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
-        ap.error("no command given after --")
-    index, local_ranks, agent_rank, envs = agent_args.instance_workers(args)
+        read_env_stdin()
+    index, local_ranks, agent_rank, envs = instance_workers(args)
     rank0 = any(e["RANK"] == "0" for e in envs)
     store = None
     if args.agent_store and rank0:
         from podrun.host.store import AgentStore
 
-        store = AgentStore.open(args.master_port, args.listen_fd)    # reserve the port now, before any report
+        store = AgentStore.open(args.attempt.master_port, args.listen_fd)    # reserve the port now, before any report
     probe = _probe(args, rank0, store) if args.hold else None
-    warm = zygote_client.WarmHost(args.run_dir, socket.gethostname(),
-                                  start_next=args.restart_count < args.max_restarts,
-                                  later=args.restart_count > 0) if args.warm else None
-    agent = Agent(index, command, envs, grace=args.grace, stdin_watch=not args.no_stdin_watch,
-                  stdin_timeout=args.stdin_timeout, heartbeat=args.heartbeat, probe=probe, local_ranks=local_ranks,
-                  agent_rank=agent_rank, run_dir=args.run_dir, worker_stdin=args.worker_stdin_fd, warm=warm)
+    restart, max_restarts = args.attempt.restart_count, args.attempt.max_restarts
+    warm = zygote_client.WarmHost(args.attempt.run_dir, socket.gethostname(), start_next=restart < max_restarts,
+                                  later=restart > 0) if args.warm else None
+    agent = Agent(args, index, envs, probe=probe, local_ranks=local_ranks, agent_rank=agent_rank, warm=warm)
     if store is not None and not (probe and probe["ports_busy"]):    # busy: the controller will not say go
-        store.start(agent.envs, lambda text: agent.emit(None, "note", text),
-                    warm=warm)
+        store.start(agent.envs, lambda text: agent.emit(None, "note", text), warm=warm)
         agent.helpers.append(store.pid)
     try:
         code = agent.run()
@@ -424,15 +412,15 @@ def main(argv: list[str] | None = None) -> int:
     os._exit(code)
 
 
-def _probe(args, rank0: bool, store) -> dict:
+def _probe(args: AgentArgs, rank0: bool, store) -> dict:
     """--hold: this host's facts for the controller's preflight (podrun.wire.probe.facts)."""
     from podrun.wire.probe import facts
 
-    ports = [args.master_port] if rank0 else []
+    at = args.attempt
+    ports = [at.master_port] if rank0 else []
     # the agent store's port is busy when it could not be bound; else (no agent store) facts() tries it
-    return facts(ports, None if store is None else ports if store.error is not None else [],
-                 needs=[m for m in args.needs.split(",") if m],
-                 master_addr=args.master_addr, master_port=None if rank0 else args.master_port)
+    return facts(ports, None if store is None else ports if store.error is not None else [], needs=list(args.needs),
+                 master_addr=at.master_addr, master_port=None if rank0 else at.master_port)
 
 
 if __name__ == "__main__":

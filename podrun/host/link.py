@@ -1,7 +1,6 @@
 """The agent's link to its controller: protocol lines out, heartbeats both ways, the stdin tokens and request files."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -45,6 +44,10 @@ class ControllerLink:
                 self.controller_lost = True
                 self.request_stop(StopKind.CONTROLLER_LOST, "lost the controller (stdout closed)")
 
+    def send(self, local_rank: int | None, message: protocol.Message) -> None:
+        """One protocol line of a structured message (podrun.wire.protocol)."""
+        self.emit(local_rank, message.KIND, message.encode())
+
     def link_close(self, timeout: float) -> bool:
         """The agent's last act: wait up to ``timeout`` s for a line being written (a heartbeat or output thread may
         be blocked on a full pipe to a slow controller), then write no more: the line reaches the controller whole
@@ -63,19 +66,17 @@ class ControllerLink:
         return delivered
 
     def _heartbeat(self) -> None:
-        from podrun.wire.protocol import read_request, read_stop
-
         watch_file = not self.stdin_watch and self.run_dir is not None
-        token = read_request(self.run_dir) if watch_file else ""
-        stop_token = read_stop(self.run_dir)[0] if watch_file else ""
+        token = protocol.read_request(self.run_dir) if watch_file else ""
+        stop_token = protocol.read_stop(self.run_dir)[0] if watch_file else ""
         while True:
-            self.emit(None, "hb", f"{time.time():.3f}")
+            self.send(None, protocol.Heartbeat(time.time()))
             if watch_file:
-                now = read_request(self.run_dir)
+                now = protocol.read_request(self.run_dir)
                 if now != token:
                     token = now
                     self.dumps.release()
-                now, sig = read_stop(self.run_dir)
+                now, sig = protocol.read_stop(self.run_dir)
                 if now != stop_token and sig is not None:
                     stop_token = now
                     self.request_stop(StopKind.CONTROLLER_ASKED, f"the controller relayed {signal.Signals(sig).name}",
@@ -114,7 +115,7 @@ class ControllerLink:
     def _held_until_go(self) -> bool:
         """Report the preflight facts and wait for ``G`` on stdin; False when told to stop (``T``, stdin
         closed: another host failed its preflight), when signalled, or with no go within FIRST_HEARTBEAT_S."""
-        self.emit(None, "probe", json.dumps(self.probe, separators=(",", ":")))
+        self.emit(None, "probe", protocol.to_json(self.probe))
         deadline = time.monotonic() + FIRST_HEARTBEAT_S
         while not self.go.wait(0.005):
             if self.stop is not None or time.monotonic() > deadline:

@@ -44,12 +44,17 @@ def _registered(where: str, worker_pid: int) -> list[int]:
 def _started(where: str, pid: int, ext: str = ".main") -> str | None:
     """The start time process ``pid`` wrote when it registered (the second line of its .main file, or of the
     .exit file it became)."""
-    try:
-        with open(os.path.join(where, f"{pid}{ext}"), encoding="utf-8") as f:
-            lines = f.read().split()
-    except OSError:
-        return None
+    lines = _read(os.path.join(where, f"{pid}{ext}")).split()
     return lines[1] if len(lines) > 1 else None
+
+
+def _read(path: str) -> str:
+    """The text of file ``path`` ("" when it cannot be read)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
 
 
 def collect(root: str, workers: list[tuple[int, int]], wait: float = STACK_WAIT_S) -> dict[int, dict]:
@@ -81,11 +86,7 @@ def collect(root: str, workers: list[tuple[int, int]], wait: float = STACK_WAIT_
     for pos, files in sent.items():
         procs = []
         for pid, txt, main_file in files:
-            try:
-                with open(main_file, encoding="utf-8") as f:
-                    main = f.readline().strip()
-            except OSError:
-                main = ""
+            main = _read(main_file).split("\n", 1)[0].strip()
             procs.append({"pid": pid, "main": main, "text": texts.get(txt, "")[-STACK_TEXT:]})
         out[pos] = {"procs": procs, "problem": None if any(p["text"] for p in procs) else
                     f"no stack written within {wait:g} s", "exiting": False}
@@ -113,11 +114,4 @@ def _settled(paths: list[str], timeout: float) -> dict[str, str]:
             last[p] = size
         if pending:
             time.sleep(POLL_S)
-    texts = {}
-    for p in paths:
-        try:
-            with open(p, encoding="utf-8", errors="replace") as f:
-                texts[p] = f.read()
-        except OSError:
-            texts[p] = ""
-    return texts
+    return {p: _read(p) for p in paths}

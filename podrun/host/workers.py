@@ -1,4 +1,4 @@
-"""An instance's workers on its agent: their environment here, what they inherit, a failed one's @record error."""
+"""An instance's workers on its agent: which they are and their env here, what they inherit, a failed one's error."""
 from __future__ import annotations
 
 import json
@@ -6,26 +6,64 @@ import os
 
 from podrun import safefs
 from podrun.errors import PodrunError
+from podrun.wire.agent_args import AgentArgs, FromEnv
+from podrun.wire.liveness import FIRST_HEARTBEAT_S
 
 ERROR_TRACEBACK_LINES = 40   # of a worker's @record traceback, sent to the controller
 ERROR_MESSAGE_CHARS = 2000
+INDEX_ENV = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")   # a launcher's rank of this process
 
 
-def worker_envs(plan, index: int, *, run_id: str, run_dir: str, plan_path: str, master_addr: str,
-                master_port: int, restart_count: int = 0, max_restarts: int = 0,
-                agent_store: bool = False) -> list[dict[str, str]]:
-    """The env contract of instance ``index``'s workers on this host (podrun.wire.worker_env.instance_envs),
-    with this host's environment, the cores this agent may use and, in a run over several hosts, gloo's
-    interface where this host's name resolves to loopback (podrun.wire.probe.gloo_interface)."""
+def read_env_stdin() -> None:
+    """--env-stdin: the run's --env values, first on stdin (podrun.wire.envchannel), into this environment."""
+    from podrun.wire.envchannel import EnvMessageError, read as read_env
+
+    try:
+        os.environ.update(read_env(0, FIRST_HEARTBEAT_S))
+    except (EnvMessageError, OSError) as exc:
+        raise SystemExit(f"podrun agent: --env-stdin: {exc}") from None
+
+
+def instance_workers(args: AgentArgs) -> tuple[int, list[int] | None, int | None, list[dict[str, str]]]:
+    """(the instance index, the local ranks this agent runs (None: all of them), the local rank that tags the
+    agent's own lines (--rank-from-env), their env contracts) from the plan file and --instance,
+    --index-from-env or --rank-from-env. The env contract (podrun.wire.worker_env.instance_envs) is the one of
+    this host: its environment, the cores this agent may use and, in a run over several hosts, gloo's interface
+    where this host's name resolves to loopback (podrun.wire.probe.gloo_interface)."""
+    from podrun.plan.model import Plan
     from podrun.wire.probe import gloo_interface
-    from podrun.wire.worker_env import instance_envs
+    from podrun.wire.worker_env import instance_envs, worker_of_rank
 
+    at = args.attempt
+    try:
+        plan = Plan.from_dict(json.loads(safefs.read_trusted(at.plan_path, "plan", limit=safefs.RECORD_LIMIT)))
+    except (PodrunError, OSError, ValueError) as exc:
+        raise SystemExit(f"podrun agent: --plan: {exc}") from None
+    local_ranks = agent_rank = None
+    if args.instance is FromEnv.RANK:
+        rank = instance_index_from_env(flag="--rank-from-env")
+        try:
+            index, agent_rank = worker_of_rank(plan, rank)
+        except ValueError as exc:
+            raise SystemExit(f"podrun agent: --rank-from-env: {exc}") from None
+        local_ranks = [agent_rank]
+    else:
+        index = instance_index_from_env() if args.instance is FromEnv.INDEX else args.instance
     several = len({p.host for p in plan.placement}) > 1
-    return instance_envs(plan, index, run_id=run_id, run_dir=run_dir, plan_path=plan_path,
-                         master_addr=master_addr, master_port=master_port, restart_count=restart_count,
-                         max_restarts=max_restarts, agent_store=agent_store, host_env=os.environ,
+    envs = instance_envs(plan, index, at, agent_store=args.agent_store, host_env=os.environ,
                          cpus=len(os.sched_getaffinity(0)),
-                         gloo_ifname=gloo_interface(master_addr) if several else None)
+                         gloo_ifname=gloo_interface(at.master_addr) if several else None)
+    if local_ranks is not None:
+        envs = [envs[lr] for lr in local_ranks]
+    return index, local_ranks, agent_rank, envs
+
+
+def instance_index_from_env(environ=os.environ, flag: str = "--index-from-env") -> int:
+    """The launcher's rank of this process (Open MPI, PMIx, PMI, Slurm)."""
+    for name in INDEX_ENV:
+        if environ.get(name, "").isdigit():
+            return int(environ[name])
+    raise SystemExit(f"podrun agent: {flag} but none of {', '.join(INDEX_ENV)} is set")
 
 
 def read_error_file(path: str) -> dict | None:

@@ -39,6 +39,7 @@ from podrun import safefs
 from podrun.errors import PodrunError
 from podrun.host.zygote_child import become_worker, finish
 from podrun.host.zygote_client import CONNECT_S, IDLE_S, QUIT
+from podrun.wire.proctl import signal_group
 
 PRELOAD = ("torch", "torch.distributed", "torch.nn", "torch.optim", "numpy", "podrun.runtime.distributed",
            "podrun.train.runner", "podrun.train.loop", "podrun.train.data", "podrun.train.recipe_main",
@@ -58,12 +59,10 @@ def _recv_request(conn: socket.socket) -> tuple[dict | None, list[int]]:
     if n == 0:
         return None, fds
     if data[:4] == QUIT:
-        for fd in fds:
-            os.close(fd)
+        _close(fds)
         return {"quit": True}, []
     if n > MAX_REQUEST:
-        for fd in fds:
-            os.close(fd)
+        _close(fds)
         raise ValueError("request too large")
     body = data[4:]
     while len(body) < n:
@@ -73,10 +72,14 @@ def _recv_request(conn: socket.socket) -> tuple[dict | None, list[int]]:
         body += more
     req = json.loads(body)
     if len(req.get("fds", ())) != len(fds):
-        for fd in fds:
-            os.close(fd)
+        _close(fds)
         raise ValueError("file descriptors missing")
     return req, fds
+
+
+def _close(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 def _idle_class() -> bool:
@@ -293,8 +296,7 @@ class _Server:
                 traceback.print_exc()
             finally:
                 finish(code)
-        for fd in fds:
-            os.close(fd)
+        _close(fds)
         try:
             c.sendall(f"pid {pid} {self.me}\n".encode())
         except OSError:
@@ -316,10 +318,7 @@ class _Server:
         pid = self.of_conn.pop(fd, None)
         if pid is not None and self.kids.get(pid) is s:
             self.kids[pid] = None
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except OSError:
-                pass
+            signal_group(pid, signal.SIGKILL)
         s.close()
 
     def _reap(self) -> None:
@@ -341,10 +340,7 @@ class _Server:
 
     def _kill_all(self) -> None:
         for pid in self.kids:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except OSError:
-                pass
+            signal_group(pid, signal.SIGKILL)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 from podrun import safefs
 from podrun.errors import PodrunError
+from podrun.wire.proctl import signal_group
 from podrun.wire.protocol import ZYGOTE_DIR
 
 IDLE_S = 60.0           # seconds with no agent connected and no worker alive before the zygote ends
@@ -143,10 +144,7 @@ class WarmProc:
 
     def kill(self) -> None:
         if self.poll() is None:
-            try:
-                os.killpg(self.pid, signal.SIGKILL)
-            except OSError:
-                pass
+            signal_group(self.pid, signal.SIGKILL)
 
 
 def spawn(run_dir: str, host: str, command, env: dict[str, str], cwd: str, fds: dict) -> WarmProc | str:

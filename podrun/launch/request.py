@@ -13,12 +13,12 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from podrun.redaction import ENV_NAME_RE, redact_argv, remember_secret, secret_name
+from podrun.wire.agent_args import AGENT_MODULE, GRACE_S, AgentArgs, FromEnv, RunAttempt
 from podrun.wire.liveness import HEARTBEAT_MISSES, HEARTBEAT_S, Liveness
 
 if TYPE_CHECKING:  # pragma: no cover
     from podrun.plan.model import Plan
 
-AGENT_MODULE = "podrun.host.agent"
 NO_WORKDIR = 97           # the exit code of a host's command line when the working directory is missing
 
 
@@ -51,7 +51,7 @@ class LaunchRequest:
     master_addr: str
     master_port: int
     transport: str = "local"
-    grace: float = 5.0
+    grace: float = GRACE_S
     heartbeat: float = HEARTBEAT_S      # seconds between heartbeats, both ways (podrun.wire.liveness)
     keepalive: float = HEARTBEAT_S * HEARTBEAT_MISSES   # seconds of silence after which a host is lost, both ways
     restart_count: int = 0
@@ -98,24 +98,18 @@ class LaunchRequest:
         transport writes ``env_message()`` first on the agent's stdin (--env-stdin, when there is an env);
         ``worker_stdin_fd``: the agent's inherited descriptor that its local rank 0 reads as stdin (the local
         transport's copy of podrun's own stdin)."""
-        argv = [self.python, "-m", AGENT_MODULE,
-                "--plan", self.plan_path, "--run-id", self.run_id, "--run-dir", self.run_dir,
-                "--master-addr", self.master_addr, "--master-port", str(self.master_port),
-                "--grace", _num(self.grace), "--restart-count", str(self.restart_count),
-                "--max-restarts", str(self.max_restarts), "--heartbeat", _num(self.heartbeat)]
-        if index is None:
-            argv += ["--rank-from-env"] if per_worker else ["--index-from-env"]
-        else:
-            argv += ["--instance", str(index)]
-        argv += ["--stdin-timeout", _num(self.keepalive)] if stdin_watch else ["--no-stdin-watch"]
-        argv += ["--agent-store"] if self.agent_store else []
-        argv += ["--listen-fd", str(self.listen_fd)] if self.listen_fd is not None and index == 0 else []
-        argv += ["--warm"] if self.warm and index is not None else []
-        argv += ["--hold"] if hold else []
-        argv += ["--needs", ",".join(self.needs)] if hold and self.needs else []
-        argv += ["--env-stdin"] if env_stdin and self.env else []
-        argv += ["--worker-stdin-fd", str(worker_stdin_fd)] if worker_stdin_fd is not None else []
-        return argv + ["--", *self.command]
+        source = FromEnv.RANK if per_worker else FromEnv.INDEX
+        args = AgentArgs(self.attempt, source if index is None else index, self.command, grace=self.grace,
+                         heartbeat=self.heartbeat, stdin_timeout=self.keepalive if stdin_watch else None,
+                         agent_store=self.agent_store, listen_fd=self.listen_fd if index == 0 else None,
+                         warm=self.warm and index is not None, hold=hold, needs=self.needs if hold else (),
+                         env_stdin=env_stdin and bool(self.env), worker_stdin_fd=worker_stdin_fd)
+        return [self.python, "-m", AGENT_MODULE, *args.to_argv()]
+
+    @property
+    def attempt(self) -> RunAttempt:
+        return RunAttempt(self.run_id, self.run_dir, self.plan_path, self.master_addr, self.master_port,
+                          self.restart_count, self.max_restarts)
 
     def rendezvous_ports(self) -> tuple[int, ...]:
         """The ports a preflight must find free on the master host: the rendezvous port, unless the
@@ -153,18 +147,10 @@ class LaunchRequest:
         (podrun.wire.worker_env.instance_envs; OMP_NUM_THREADS is left to the agent, which knows its host's cores)."""
         from podrun.wire.worker_env import instance_envs
 
-        return instance_envs(self.plan, index, run_id=self.run_id, run_dir=self.run_dir,
-                             plan_path=self.plan_path, master_addr=self.master_addr,
-                             master_port=self.master_port, restart_count=self.restart_count,
-                             max_restarts=self.max_restarts, agent_store=self.agent_store,
-                             host_env=dict(self.env))
+        return instance_envs(self.plan, index, self.attempt, agent_store=self.agent_store, host_env=dict(self.env))
 
     def for_restart(self, restart_count: int, master_port: int) -> "LaunchRequest":
         return replace(self, restart_count=restart_count, master_port=master_port)
-
-
-def _num(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else str(x)
 
 
 def parse_env_options(items: tuple[str, ...] | list[str], environ=None) -> tuple[tuple[str, str], ...]:

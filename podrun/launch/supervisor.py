@@ -14,7 +14,6 @@ last lines of the others, and the workers that ended after it in one summary (po
 from __future__ import annotations
 
 import functools
-import json
 import queue
 import signal
 import threading
@@ -157,71 +156,56 @@ class Supervisor(LiveWatch):
                 self.last_progress, self.started = now, True
         elif ev.kind == "prog":
             self._progress(st, ev.local_rank, ev.text, now)
-        elif ev.kind == "stack":
+        elif ev.kind == "stack" and (got := protocol.from_json(ev.text)) is not None:
             if self.dump is not None and ev.local_rank is not None:
-                try:
-                    self.dump.got[(st.index, ev.local_rank)] = json.loads(ev.text)
-                except ValueError:
-                    pass
-        elif ev.kind == "ready":
+                self.dump.got[(st.index, ev.local_rank)] = got
+        elif ev.kind == "ready" and (ready := protocol.Ready.read(ev.text)):
             st.status = "running"
-            st.agent_host = ev.text.split(" ")[0]
+            st.agent_host = ready.hostname
             st.ready_s = round(time.time() - self.t0, 3)
-        elif ev.kind == "exit":
-            parts = ev.text.split()
-            rc, at = int(parts[0]), float(parts[1]) if len(parts) > 1 else time.time()
-            st.workers[ev.local_rank] = rc
+        elif ev.kind == "exit" and (ex := protocol.WorkerExit.read(ev.text)):
+            st.workers[ev.local_rank] = ex.code
             self.last_progress = now             # a worker ending is news; the others get a new window
-            if rc == 0 and self.first_ok is None:
+            if ex.code == 0 and self.first_ok is None:
                 self.first_ok = (now, st.index, ev.local_rank)
-            if rc != 0 and "teardown" not in parts[2:] and self.signalled is None:
-                code = protocol.exit_code_from_returncode(rc)
+            if ex.code != 0 and not ex.teardown and self.signalled is None:
+                code = protocol.exit_code_from_returncode(ex.code)
                 self.failures.append(Failure(st.index, st.host, ev.local_rank, code, FailureKind.EXITED,
-                                             _describe_code(code), at))
-        elif ev.kind == "error":
-            try:
-                info = json.loads(ev.text)
-            except ValueError:
-                info = None
-            if isinstance(info, dict):
-                self.errors[(st.index, ev.local_rank)] = info
+                                             _describe_code(code), ex.at))
+        elif ev.kind == "error" and (info := protocol.from_json(ev.text)) is not None:
+            self.errors[(st.index, ev.local_rank)] = info
         elif ev.kind == "stop":
-            self._agent_stopping(st, ev.text)
+            why = ev.text.partition(" ")[0]      # numbers that do not read: stamped now, no silence
+            self._agent_stopping(st, protocol.AgentStop.read(ev.text) or protocol.AgentStop(why))
         elif ev.kind == "note":
             self.logs.write(st.index, f"# podrun agent: {redact_text(ev.text)}")
-        elif ev.kind == "done":
+        elif ev.kind == "done" and (done := protocol.Done.read(ev.text)):
+            code = done.code
             if ev.local_rank is not None:      # one agent per worker (mpirun --rank-from-env)
-                st.agents_done[ev.local_rank] = int(ev.text or 0)
+                st.agents_done[ev.local_rank] = code
                 if len(st.agents_done) < self.wpi:
                     return
-                codes = [c for c in st.agents_done.values() if c]
-                ev = protocol.Event(ev.instance, None, ev.kind, str(codes[0] if codes else 0))
-            st.exit_code = int(ev.text or 0)
+                code = next((c for c in st.agents_done.values() if c != 0), 0)
+            st.exit_code = code
             st.ended_s = round(time.time() - self.t0, 3)
             if st.status != "lost":
                 st.status = "ok" if st.exit_code == 0 else ("failed" if any(
                     f.instance == st.index for f in self.failures) else "terminated")
 
-    def _agent_stopping(self, st, text: str) -> None:
+    def _agent_stopping(self, st, stop: protocol.AgentStop) -> None:
         """An agent began ending its workers (a ``stop`` line). One that heard nothing from this controller within
         its bound, while the run was not being stopped, is a failure of its own: the controller (or the link to the
         host) went silent, and this is what the root cause says, not the workers' SIGTERM exits that follow."""
-        why, _, rest = text.partition(" ")
-        at, _, silent = rest.partition(" ")
-        if (why != protocol.STOP_CONTROLLER_LOST or self.stopping_since is not None or self.signalled is not None
+        if (stop.why != protocol.STOP_CONTROLLER_LOST or self.stopping_since is not None or self.signalled is not None
                 or st.status == "lost"):         # a host this controller found lost: its own loss says it
             return
-        try:
-            at_s, silent_s = float(at), float(silent)
-        except ValueError:
-            at_s, silent_s = time.time(), 0.0
-        heard = (f"heard no heartbeat from the controller for {silent_s:g} s" if silent_s > 0
+        heard = (f"heard no heartbeat from the controller for {stop.silent_s:g} s" if stop.silent_s > 0
                  else "lost its connection to the controller")
         self.failures.append(Failure(
             st.index, st.host, None, LOST_EXIT, FailureKind.CONTROLLER_LOST,
             f"its agent {heard} and ended its workers: this machine (the controller's) or the link to the host "
             f"stalled; a heavily loaded controller machine needs a longer --keepalive "
-            f"(now {self.req.liveness.describe()})", at_s))
+            f"(now {self.req.liveness.describe()})", stop.at))
 
     def _handle_eof(self, h: InstanceHandle) -> None:
         rc = h.wait(timeout=2.0)

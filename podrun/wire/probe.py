@@ -57,13 +57,8 @@ def pick_free_port() -> int:
 def missing_modules(python: str, modules) -> list[str]:
     """The ``modules`` that ``python`` cannot import, found without importing them (importlib.util.find_spec);
     all of them when ``python`` cannot be run."""
-    import subprocess
-    import sys
-
     modules = list(modules)
     if os.path.abspath(python) == os.path.abspath(sys.executable):   # not realpath: venvs link one interpreter
-        import importlib.util
-
         return [m for m in modules if importlib.util.find_spec(m) is None]
     code = ("import importlib.util,sys; print(' '.join(m for m in sys.argv[1:] "
             "if importlib.util.find_spec(m) is None))")
@@ -92,8 +87,6 @@ def facts(ports=(), busy=None, needs=(), master_addr: str | None = None, master_
     resolves to here (``master_resolves``; [] when it does not resolve), the interfaces with an IPv4 or a global
     IPv6 address (``interfaces``), and with ``master_port`` (a worker host) whether the master answers there
     (``master_reach``, see reach)."""
-    import sys
-
     import podrun
 
     ports = list(ports)

@@ -36,6 +36,14 @@ def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None):
     return preexec
 
 
+def signal_group(pgid: int, sig: int) -> None:
+    """Send ``sig`` to process group ``pgid``; one that is gone (or not ours) is no error."""
+    try:
+        os.killpg(pgid, sig)
+    except OSError:
+        pass
+
+
 def stat_fields(pid: int | str) -> list[bytes] | None:
     """The fields of /proc/<pid>/stat after the command name (state, ppid, ...); None when there is no such
     process."""

@@ -24,6 +24,9 @@ single worker of its instance (--rank-from-env) writes that worker's local rank 
               (STOP_CONTROLLER_LOST: it heard nothing from the controller for <seconds>; else <seconds> is 0)
   done        the agent is about to exit: text = its exit code
 
+The texts with fields are messages (``Message``: Ready, Start, WorkerExit, Heartbeat, AgentStop, Done) that
+encode and decode themselves; probe, error and stack are JSON objects (``to_json``, ``from_json``).
+
 A worker's line longer than MAX_LINE bytes is cut there (the agent holds at most that much of a
 line): the cut part ends with CUT_MARK, and when the line finally ends a second line says how many
 bytes were dropped. Readers of agent output cut at READ_LIMIT, enough for any protocol line.
@@ -34,8 +37,10 @@ an ssh channel, or the merged stdout of one mpirun/srun process carrying every i
 """
 from __future__ import annotations
 
+import json
 import os
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field, fields
 
 from podrun.rundir.layout import STACKS_REQUEST as REQUEST_FILE, STOP_REQUEST as STOP_FILE  # noqa: F401
 from podrun.rundir.layout import ZYGOTE as ZYGOTE_DIR  # noqa: F401
@@ -58,6 +63,109 @@ class Event:
     local_rank: int | None
     kind: str
     text: str
+
+
+Stamp = float    # a unix time, written to the millisecond
+
+
+class Message:
+    """A protocol line's structured text, its fields in order, separated by a space: an int or str as it is, a float
+    as ``{:g}``, a Stamp as ``{:.3f}``, a true bool as its field's name (the word may stand anywhere after the fields
+    before it), a false one not at all. ``decode`` gives the fields that are missing at the end their defaults, and
+    raises ValueError, IndexError or TypeError on a malformed text; ``read`` gives None for one (a reader goes on)."""
+
+    KIND = ""
+
+    def encode(self) -> str:
+        return " ".join(f.name if f.type == "bool" else _WRITE[f.type](getattr(self, f.name))
+                        for f in fields(self) if getattr(self, f.name) is not False)
+
+    @classmethod
+    def decode(cls, text: str):
+        words = text.split()
+        return cls(**{f.name: f.name in words[i:] if f.type == "bool" else _READ[f.type](words[i])
+                      for i, f in enumerate(fields(cls)) if f.type == "bool" or i < len(words)})
+
+    @classmethod
+    def read(cls, text: str):
+        try:
+            return cls.decode(text)
+        except (ValueError, IndexError, TypeError):
+            return None
+
+
+_WRITE = {"int": str, "str": str, "float": "{:g}".format, "Stamp": "{:.3f}".format}
+_READ = {"int": int, "str": str, "float": float, "Stamp": float}
+
+
+@dataclass(frozen=True)
+class Ready(Message):
+    """``ready``: the agent is up on ``hostname`` as process ``pid``, with ``workers`` workers to run."""
+
+    KIND = "ready"
+    hostname: str
+    pid: int
+    workers: int
+
+
+@dataclass(frozen=True)
+class Start(Message):
+    """``start``: a worker was spawned as process ``pid``."""
+
+    KIND = "start"
+    pid: int
+
+
+@dataclass(frozen=True)
+class Heartbeat(Message):
+    """``hb``: the agent's wall clock."""
+
+    KIND = "hb"
+    at: Stamp
+
+
+@dataclass(frozen=True)
+class WorkerExit(Message):
+    """``exit``: a worker ended with return ``code`` at ``at``; ``teardown``: the agent was already ending its workers
+    (their exit is no failure of their own). A line without the time is stamped when it is read."""
+
+    KIND = "exit"
+    code: int
+    at: Stamp = field(default_factory=time.time)
+    teardown: bool = False
+
+
+@dataclass(frozen=True)
+class AgentStop(Message):
+    """``stop``: the agent begins ending its workers at ``at``, ``why`` a StopKind value; ``silent_s``: with
+    STOP_CONTROLLER_LOST, the seconds it heard nothing from the controller (else 0)."""
+
+    KIND = "stop"
+    why: str
+    at: Stamp = field(default_factory=time.time)
+    silent_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Done(Message):
+    """``done``: the agent is about to exit with ``code`` (no text: 0)."""
+
+    KIND = "done"
+    code: int = 0
+
+
+def to_json(record: dict) -> str:
+    """The text of a JSON line (``probe``, ``error``, ``stack``): compact, on one line."""
+    return json.dumps(record, separators=(",", ":"))
+
+
+def from_json(text: str) -> dict | None:
+    """The record of a JSON line; None when it is no JSON object."""
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def encode(instance: int, local_rank: int | None, kind: str, text: str = "") -> str:
@@ -85,28 +193,14 @@ def bounded_lines(f, limit: int = MAX_LINE):
     """Yield the lines of binary file ``f`` (``\r\n``/``\n`` stripped), holding at most ``limit`` bytes
     of one in memory. A longer line is yielded cut at ``limit`` bytes with CUT_MARK as soon as that much
     has arrived; its rest is read and dropped, and a line saying how many bytes were dropped follows."""
-    while True:
-        raw = f.readline(limit)
-        if not raw:
-            return
-        if raw.endswith(b"\n") or len(raw) < limit:
-            yield raw.rstrip(b"\n").rstrip(b"\r")
-            continue
-        yield raw + CUT_MARK.format(limit=limit).encode()
-        dropped = 0
-        while True:
-            more = f.readline(limit)
-            if not more:
-                break
-            if more.endswith(b"\n"):
-                dropped += len(more) - 1
-                break
-            dropped += len(more)
-        yield f"[podrun: dropped {dropped} more bytes of the line cut above]".encode()
+    lines = LineAssembler(limit)
+    while raw := f.readline(limit):
+        yield from lines.feed(raw)
+    yield from lines.end()
 
 
 class LineAssembler:
-    """The lines of a stream fed in chunks (a worker's datagrams), cut as ``bounded_lines`` cuts them: at most
+    """The lines of a stream fed in chunks (a worker's datagrams; a file's in ``bounded_lines``): at most
     ``limit`` bytes of one line are held; a longer one is yielded cut with CUT_MARK, and when it ends a line
     says how many bytes were dropped. ``feed`` returns the lines a chunk completed, ``end`` the last partial."""
 
@@ -165,8 +259,6 @@ def exit_code_from_returncode(rc: int) -> int:
 def write_request(run_dir: str) -> None:
     """Ask the agents that have no stdin (mpirun, srun: they share the run dir) for stacks: a new token in
     <run_dir>/stacks-request, written whole (a new private file, then a rename)."""
-    import time
-
     write_whole(os.path.join(run_dir, REQUEST_FILE), f"{time.time_ns()}\n")
 
 
@@ -177,10 +269,10 @@ def write_whole(path: str, text: str) -> None:
     safefs.write_file(path, text, "request file", durable=False)
 
 
-def read_request(run_dir: str) -> str:
-    """The current token of <run_dir>/stacks-request ("" when there is none)."""
+def read_request(run_dir: str, name: str = REQUEST_FILE) -> str:
+    """The current token of <run_dir>/stacks-request, or of the request file ``name`` ("" when there is none)."""
     try:
-        with open(os.path.join(run_dir, REQUEST_FILE), encoding="utf-8") as f:
+        with open(os.path.join(run_dir, name), encoding="utf-8") as f:
             return f.read().strip()
     except OSError:
         return ""
@@ -210,7 +302,6 @@ def write_stop(run_dir: str, sig: int) -> None:
     a new token in <run_dir>/stop-request, written whole (a new private file, then a rename); an agent acts on
     a token it did not see at its start (an earlier attempt's request in the same run dir is no request)."""
     import signal
-    import time
 
     write_whole(os.path.join(run_dir, STOP_FILE), f"{signal.Signals(sig).name} {time.time_ns()}\n")
 
@@ -220,10 +311,6 @@ def read_stop(run_dir: str) -> tuple[str, int | None]:
     else None)."""
     import signal
 
-    try:
-        with open(os.path.join(run_dir, STOP_FILE), encoding="utf-8") as f:
-            text = f.read().strip()
-    except OSError:
-        return "", None
+    text = read_request(run_dir, STOP_FILE)
     name = text.partition(" ")[0]
     return text, int(getattr(signal, name)) if name in STOP_TOKENS.values() else None

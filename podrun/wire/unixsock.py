@@ -44,16 +44,11 @@ def socket_ok(path: str) -> bool:
 
 def stale(path: str) -> bool:
     """Whether ``path`` is a socket file no process listens on (connect refused), or no socket at all."""
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(1.0)
     try:
-        with address(path) as addr:
-            s.connect(addr)
-        return False
+        connect(path, 1.0).close()
     except OSError as exc:
         return exc.errno in (errno.ECONNREFUSED, errno.ENOTSOCK, errno.ENOENT)
-    finally:
-        s.close()
+    return False
 
 
 def remove_stale(path: str) -> bool:
@@ -78,14 +73,9 @@ def bind(path: str, backlog: int = 64) -> socket.socket:
     if problem is not None:
         raise PermissionError(errno.EPERM, f"not a private directory: {problem}")
     remove_stale(path)
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o177)
     try:
-        with address(path) as addr:
-            s.bind(addr)
-    except OSError:
-        s.close()
-        raise
+        s = _open(path, listen=True)
     finally:
         os.umask(old)
     if not socket_ok(path):
@@ -97,11 +87,16 @@ def bind(path: str, backlog: int = 64) -> socket.socket:
 
 def connect(path: str, timeout: float) -> socket.socket:
     """A connection to the socket at ``path``; OSError when no one listens there."""
+    return _open(path, listen=False, timeout=timeout)
+
+
+def _open(path: str, listen: bool, timeout: float | None = None) -> socket.socket:
+    """A unix stream socket bound (``listen``) or connected at ``path``, closed again when that fails."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(timeout)
     try:
         with address(path) as addr:
-            s.connect(addr)
+            (s.bind if listen else s.connect)(addr)
     except OSError:
         s.close()
         raise

@@ -7,12 +7,14 @@ reads them back through ``PODRUN_FIELDS`` / ``POPDIST_FIELDS``. No torch, no I/O
 from __future__ import annotations
 
 import os
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Mapping
 
 from podrun.rundir.layout import ERRORS, snapshot_dir
 
 if TYPE_CHECKING:  # pragma: no cover
     from podrun.plan.model import Plan
+    from podrun.wire.agent_args import RunAttempt
 
 # WorkerInfo field (podrun.runtime) -> the PODRUN_* name that carries it
 PODRUN_FIELDS: dict[str, str] = {
@@ -209,11 +211,11 @@ def launch_overrides(env: dict[str, str], launch_env: Mapping[str, str]) -> dict
     return env
 
 
-def instance_envs(plan: "Plan", instance_index: int, *, run_id: str, run_dir: str, plan_path: str,
-                  master_addr: str, master_port: int, restart_count: int = 0, max_restarts: int = 0,
-                  agent_store: bool = False, host_env: Mapping[str, str] | None = None,
-                  cpus: int | None = None, gloo_ifname: str | None = None) -> list[dict[str, str]]:
-    """What the agent of instance ``instance_index`` sets for each of its workers, on top of the host's env.
+def instance_envs(plan: "Plan", instance_index: int, attempt: "RunAttempt", *, agent_store: bool = False,
+                  host_env: Mapping[str, str] | None = None, cpus: int | None = None,
+                  gloo_ifname: str | None = None) -> list[dict[str, str]]:
+    """What the agent of instance ``instance_index`` sets for each of its workers in ``attempt``, on top of the
+    host's env.
 
     ``agent_store``: the agent of global rank 0 hosts the store on ``master_port`` (podrun.host.store),
     so every worker, rank 0 included, is a client of it (TORCHELASTIC_USE_AGENT_STORE=True, as under torchrun).
@@ -232,9 +234,8 @@ def instance_envs(plan: "Plan", instance_index: int, *, run_id: str, run_dir: st
         defaults["GLOO_SOCKET_IFNAME"] = gloo_ifname
     envs = []
     for local_rank in range(workers_per_instance(plan)):
-        env = worker_env(plan, instance_index, local_rank, run_id=run_id, run_dir=run_dir, plan_path=plan_path,
-                         master_addr=master_addr, master_port=master_port, restart_count=restart_count,
-                         max_restarts=max_restarts, snapshot_key=host_env.get(SNAPSHOT_KEY_NAME))
+        env = worker_env(plan, instance_index, local_rank, **asdict(attempt),
+                         snapshot_key=host_env.get(SNAPSHOT_KEY_NAME))
         if agent_store:
             env[AGENT_STORE_NAME] = "True"
         env.update({k: v for k, v in defaults.items() if k not in host_env})

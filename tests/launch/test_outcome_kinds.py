@@ -13,6 +13,7 @@ from pathlib import Path
 from podrun.errors import PreflightError
 from podrun.host.agent import Agent, StopKind
 from podrun.launch.supervisor import FailureKind
+from podrun.wire.agent_args import AgentArgs, RunAttempt
 from tests.launch.helpers import end, local_pids, marker, podrun, podrun_popen, run_dir, wait_until
 from tests.ports import free_port
 
@@ -44,7 +45,8 @@ def test_the_status_of_each_failure_kind():
 
 def test_an_agent_decides_on_the_kind_of_its_stop_not_its_words():
     def agent() -> Agent:
-        return Agent(0, ["true"], [{}], grace=1.0, stdin_watch=False, stdin_timeout=0.0)
+        args = AgentArgs(RunAttempt("r", "/r", "/r/plan.json", "a", 1), 0, ("true",), grace=1.0, stdin_timeout=None)
+        return Agent(args, 0, [{}])
 
     lost = agent()
     lost.request_stop(StopKind.CONTROLLER_LOST, "the link went quiet")       # no "lost the controller" in it

@@ -1,0 +1,113 @@
+"""The agent's command line (python -m podrun.host.agent) as one value: the controller writes it, the agent reads it."""
+from __future__ import annotations
+
+import argparse
+import enum
+from dataclasses import dataclass
+
+from podrun.wire.liveness import HEARTBEAT_MISSES, HEARTBEAT_S
+
+AGENT_MODULE = "podrun.host.agent"
+GRACE_S = 5.0               # --grace: seconds between the first signal to the workers and SIGKILL
+
+
+class FromEnv(enum.Enum):
+    """Where an agent started by a launcher (mpirun, srun) reads the launcher's rank (podrun.host.workers)."""
+
+    INDEX = "index-from-env"   # the launcher's rank is the instance index
+    RANK = "rank-from-env"     # it is a worker's global rank: run that one worker (mpirun: each worker an MPI rank)
+
+
+@dataclass(frozen=True)
+class RunAttempt:
+    """One attempt of a run as its workers see it: the run, its plan file, where they meet, which restart it is."""
+
+    run_id: str
+    run_dir: str
+    plan_path: str
+    master_addr: str
+    master_port: int
+    restart_count: int = 0
+    max_restarts: int = 0
+
+
+@dataclass(frozen=True)
+class AgentArgs:
+    """Every option of the agent; ``to_argv`` writes them, ``parse`` reads them back (``parse(a.to_argv()) == a``)."""
+
+    attempt: RunAttempt
+    instance: int | FromEnv          # --instance N, else the launcher's rank (--index-from-env, --rank-from-env)
+    command: tuple[str, ...]         # what each worker runs
+    grace: float = GRACE_S
+    heartbeat: float = HEARTBEAT_S   # seconds between heartbeats to the controller
+    # seconds of silence on stdin (no controller heartbeat) after which the workers are ended; None: no stdin watch
+    stdin_timeout: float | None = HEARTBEAT_S * HEARTBEAT_MISSES
+    # if this instance runs global rank 0: hold --master-port from the start and serve the run's TCPStore on it
+    # (podrun.host.store), on ``listen_fd`` when given (the listening socket, inherited from the controller)
+    agent_store: bool = False
+    listen_fd: int | None = None
+    # fork workers from this host's zygote when it runs (podrun.host.zygote); start it when it does not and
+    # restart_count is below max_restarts
+    warm: bool = False
+    # report preflight facts (a probe line) and start workers only on a G on stdin; ``needs``: the modules whose
+    # import the probe checks
+    hold: bool = False
+    needs: tuple[str, ...] = ()
+    env_stdin: bool = False          # read the run's --env first from stdin (podrun.wire.envchannel)
+    # an inherited descriptor that local rank 0 reads as its stdin (the local transport's copy of podrun's stdin);
+    # every other worker reads /dev/null
+    worker_stdin_fd: int | None = None
+
+    def to_argv(self) -> list[str]:
+        """The agent's options and command (what follows ``python -m podrun.host.agent``)."""
+        at = self.attempt
+        argv = ["--plan", at.plan_path, "--run-id", at.run_id, "--run-dir", at.run_dir,
+                "--master-addr", at.master_addr, "--master-port", str(at.master_port), "--grace", _num(self.grace),
+                "--restart-count", str(at.restart_count), "--max-restarts", str(at.max_restarts),
+                "--heartbeat", _num(self.heartbeat)]
+        argv += ([f"--{self.instance.value}"] if isinstance(self.instance, FromEnv)
+                 else ["--instance", str(self.instance)])
+        argv += ["--no-stdin-watch"] if self.stdin_timeout is None else ["--stdin-timeout", _num(self.stdin_timeout)]
+        argv += ["--agent-store"] if self.agent_store else []
+        argv += ["--listen-fd", str(self.listen_fd)] if self.listen_fd is not None else []
+        argv += ["--warm"] if self.warm else []
+        argv += ["--hold"] if self.hold else []
+        argv += ["--needs", ",".join(self.needs)] if self.needs else []
+        argv += ["--env-stdin"] if self.env_stdin else []
+        argv += ["--worker-stdin-fd", str(self.worker_stdin_fd)] if self.worker_stdin_fd is not None else []
+        return argv + ["--", *self.command]
+
+    @classmethod
+    def parse(cls, argv: list[str] | None, description: str = "") -> "AgentArgs":
+        """The options of ``argv`` (None: sys.argv); a malformed one exits 2 with argparse's usage."""
+        ap = argparse.ArgumentParser(prog=f"python -m {AGENT_MODULE}", description=description)
+        for name in ("plan", "run-id", "run-dir", "master-addr"):
+            ap.add_argument(f"--{name}", required=True)
+        ap.add_argument("--master-port", type=int, required=True)
+        for name in ("grace", "heartbeat", "stdin-timeout"):
+            ap.add_argument(f"--{name}", type=float)
+        for name in ("restart-count", "max-restarts", "listen-fd", "worker-stdin-fd"):
+            ap.add_argument(f"--{name}", type=int)
+        for name in ("no-stdin-watch", "agent-store", "warm", "hold", "env-stdin"):
+            ap.add_argument(f"--{name}", action="store_true")
+        ap.add_argument("--needs", default="", metavar="MOD,...")
+        g = ap.add_mutually_exclusive_group(required=True)
+        g.add_argument("--instance", type=int)
+        for source in FromEnv:
+            g.add_argument(f"--{source.value}", dest="instance", action="store_const", const=source)
+        ap.add_argument("command", nargs=argparse.REMAINDER)
+        ns = {k: v for k, v in vars(ap.parse_args(argv)).items() if v is not None}   # None: the default
+        command = ns.pop("command")
+        command = command[1:] if command[:1] == ["--"] else command
+        if not command:
+            ap.error("no command given after --")
+        attempt = RunAttempt(ns.pop("run_id"), ns.pop("run_dir"), ns.pop("plan"), ns.pop("master_addr"),
+                             ns.pop("master_port"), ns.pop("restart_count", 0), ns.pop("max_restarts", 0))
+        if ns.pop("no_stdin_watch"):
+            ns["stdin_timeout"] = None
+        needs = tuple(m for m in ns.pop("needs").split(",") if m)
+        return cls(attempt, command=tuple(command), needs=needs, **ns)
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)

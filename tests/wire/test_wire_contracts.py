@@ -1,0 +1,125 @@
+"""The contracts between processes (podrun.wire): each written once, read back as it was written."""
+from __future__ import annotations
+
+import string
+
+import pytest
+from hypothesis import given, strategies as st
+
+from podrun.launch.request import LaunchRequest
+from podrun.wire import protocol
+from podrun.wire.agent_args import AGENT_MODULE, AgentArgs, FromEnv, RunAttempt
+
+_TEXT = st.text(string.ascii_letters + string.digits + "/._-= ", min_size=1).filter(lambda t: not t.startswith("-"))
+_WORD = st.text(string.ascii_letters + string.digits + "._-", min_size=1).filter(lambda t: not t.startswith("-"))
+_FD = st.none() | st.integers(0, 1 << 20)
+# what the agent's command line writes back exactly: a float as an int when it is whole, else its repr
+_SECONDS = st.integers(0, 10 ** 6) | st.floats(0, 1e6, allow_nan=False, allow_infinity=False)
+_STAMP = st.integers(0, 4 * 10 ** 12).map(lambda n: n / 1000)         # a unix time to the millisecond
+_SHORT = st.integers(0, 39999).map(lambda n: n / 4)                  # what {:g} writes whole (6 digits)
+
+_ATTEMPT = st.builds(RunAttempt, _TEXT, _TEXT, _TEXT, _WORD, st.integers(0, 65535), st.integers(0, 1000),
+                     st.integers(0, 1000))
+_COMMAND = st.lists(st.sampled_from(["--", "-", "-x", "--flag", "--plan", "a b", "", "python", "-m", "é"])
+                    | st.text(max_size=8), min_size=1).map(tuple)
+_ARGS = st.builds(AgentArgs, _ATTEMPT, st.integers(0, 10 ** 4) | st.sampled_from(list(FromEnv)), _COMMAND,
+                  grace=_SECONDS, heartbeat=_SECONDS, stdin_timeout=st.none() | _SECONDS, agent_store=st.booleans(),
+                  listen_fd=_FD, warm=st.booleans(), hold=st.booleans(),
+                  needs=st.lists(st.from_regex(r"[a-z_][a-z0-9_.]{0,12}", fullmatch=True), max_size=4).map(tuple),
+                  env_stdin=st.booleans(), worker_stdin_fd=_FD)
+
+
+@given(_ARGS)
+def test_the_agents_arguments_read_back_as_written(args):
+    assert AgentArgs.parse(args.to_argv()) == args
+
+
+def test_the_agents_arguments_at_their_edges():
+    bare = AgentArgs(RunAttempt("r", "/r", "/r/plan.json", "h", 0), 0, ("--", "--instance", "1"))
+    assert AgentArgs.parse(bare.to_argv()) == bare
+    assert bare.to_argv()[-4:] == ["--", "--", "--instance", "1"] and "--needs" not in bare.to_argv()
+    with pytest.raises(SystemExit) as exc:          # no command: argparse's usage, exit 2
+        AgentArgs.parse(bare.to_argv()[:-3])
+    assert exc.value.code == 2
+    with pytest.raises(SystemExit):                 # an instance and a launcher's rank at once
+        AgentArgs.parse(["--index-from-env", *bare.to_argv()])
+
+
+_MESSAGES = (st.builds(protocol.Ready, _WORD, st.integers(0, 1 << 22), st.integers(0, 4096))
+             | st.builds(protocol.Start, st.integers(0, 1 << 22))
+             | st.builds(protocol.WorkerExit, st.integers(-64, 255), _STAMP, st.booleans())
+             | st.builds(protocol.Heartbeat, _STAMP)
+             | st.builds(protocol.AgentStop, _WORD, _STAMP, _SHORT)
+             | st.builds(protocol.Done, st.integers(0, 255)))
+
+
+@given(_MESSAGES)
+def test_each_message_reads_back_as_written(message):
+    line = protocol.encode(2, None, message.KIND, message.encode())
+    event = protocol.parse(line)
+    assert event.kind == message.KIND and type(message).decode(event.text) == message
+
+
+def test_the_messages_are_written_as_before_and_read_tolerantly():
+    assert protocol.WorkerExit(-9, 1.5, True).encode() == "-9 1.500 teardown"
+    assert protocol.AgentStop("controller-lost", 12.25, 2.0).encode() == "controller-lost 12.250 2"
+    assert protocol.Ready("h", 7, 2).encode() == "h 7 2" and protocol.Done(0).encode() == "0"
+    assert protocol.Done.decode("") == protocol.Done(0)
+    old = protocol.WorkerExit.decode("3")                  # an exit without its time: stamped when read
+    assert old.code == 3 and old.at > 0 and not old.teardown
+    for kind, text in (("exit", "x 1.0"), ("exit", ""), ("ready", "h"), ("done", "no"), ("stop", "why 1 x")):
+        assert next(m for m in (protocol.WorkerExit, protocol.Ready, protocol.Done, protocol.AgentStop)
+                    if m.KIND == kind).read(text) is None
+    assert protocol.from_json("[1]") is None and protocol.from_json("{") is None
+    assert protocol.from_json(protocol.to_json({"a": [1, "b"]})) == {"a": [1, "b"]}
+
+
+# the agent options of request.agent_argv as they were before AgentArgs wrote them (after ``python -m AGENT_MODULE``)
+GOLDEN = [
+    ('plain', (0,), {},
+     '--plan /runs/r1/plan.json --run-id r1 --run-dir /runs/r1 --master-addr 10.0.0.1 --master-port 29500 '
+     '--grace 5 --restart-count 0 --max-restarts 0 --heartbeat 0.5 --instance 0 --stdin-timeout 2 '
+     '--agent-store -- python train.py -- -x'),
+    ('plain', (None,), {'stdin_watch': False},
+     '--plan /runs/r1/plan.json --run-id r1 --run-dir /runs/r1 --master-addr 10.0.0.1 --master-port 29500 '
+     '--grace 5 --restart-count 0 --max-restarts 0 --heartbeat 0.5 --index-from-env --no-stdin-watch '
+     '--agent-store -- python train.py -- -x'),
+    ('plain', (None,), {'stdin_watch': False, 'per_worker': True},
+     '--plan /runs/r1/plan.json --run-id r1 --run-dir /runs/r1 --master-addr 10.0.0.1 --master-port 29500 '
+     '--grace 5 --restart-count 0 --max-restarts 0 --heartbeat 0.5 --rank-from-env --no-stdin-watch '
+     '--agent-store -- python train.py -- -x'),
+    ('plain', (1,), {'hold': True, 'env_stdin': True},
+     '--plan /runs/r1/plan.json --run-id r1 --run-dir /runs/r1 --master-addr 10.0.0.1 --master-port 29500 '
+     '--grace 5 --restart-count 0 --max-restarts 0 --heartbeat 0.5 --instance 1 --stdin-timeout 2 '
+     '--agent-store --hold -- python train.py -- -x'),
+    ('full', (0,), {'hold': True, 'env_stdin': True, 'worker_stdin_fd': 5},
+     '--plan /runs/r1/plan.json --run-id r1 --run-dir /runs/r1 --master-addr 10.0.0.1 --master-port 0 '
+     '--grace 2.5 --restart-count 1 --max-restarts 3 --heartbeat 0.1 --instance 0 --stdin-timeout 3 '
+     '--listen-fd 7 --warm --hold --needs torch,numpy --env-stdin --worker-stdin-fd 5 -- python train.py '
+     '-- -x'),
+    ('full', (1,), {'hold': True},
+     '--plan /runs/r1/plan.json --run-id r1 --run-dir /runs/r1 --master-addr 10.0.0.1 --master-port 0 '
+     '--grace 2.5 --restart-count 1 --max-restarts 3 --heartbeat 0.1 --instance 1 --stdin-timeout 3 --warm '
+     '--hold --needs torch,numpy -- python train.py -- -x'),
+    ('full', (None,), {'stdin_watch': False},
+     '--plan /runs/r1/plan.json --run-id r1 --run-dir /runs/r1 --master-addr 10.0.0.1 --master-port 0 '
+     '--grace 2.5 --restart-count 1 --max-restarts 3 --heartbeat 0.1 --index-from-env --no-stdin-watch -- '
+     'python train.py -- -x'),
+    ('full', (0,), {},
+     '--plan /runs/r1/plan.json --run-id r1 --run-dir /runs/r1 --master-addr 10.0.0.1 --master-port 0 '
+     '--grace 2.5 --restart-count 1 --max-restarts 3 --heartbeat 0.1 --instance 0 --stdin-timeout 3 '
+     '--listen-fd 7 --warm -- python train.py -- -x'),
+]
+
+
+@pytest.mark.parametrize(("name", "index", "kw", "options"), GOLDEN)
+def test_the_agent_command_line_is_unchanged(name, index, kw, options):
+    base = dict(run_id="r1", run_dir="/runs/r1", plan=None, plan_path="/runs/r1/plan.json",
+                command=("python", "train.py", "--", "-x"), python="/usr/bin/python3", workdir="/w",
+                master_addr="10.0.0.1", master_port=29500)
+    full = dict(base, master_port=0, grace=2.5, heartbeat=0.1, keepalive=3.0, restart_count=1, max_restarts=3,
+                env=(("A", "1"),), listen_fd=7, needs=("torch", "numpy"), warm=True, agent_store=False)
+    req = LaunchRequest(**(base if name == "plain" else full))
+    argv = ["/usr/bin/python3", "-m", AGENT_MODULE, *options.split(" ")]
+    assert req.agent_argv(*index, **kw) == argv
+    assert AgentArgs.parse(argv[3:]).to_argv() == argv[3:]
