@@ -90,16 +90,6 @@ def data_interface_env(name: str | None) -> tuple[tuple[str, str], ...]:
 # Every worker is a client of the store that rank 0's agent hosts (podrun.host.store), as under torchrun
 AGENT_STORE_NAME = "TORCHELASTIC_USE_AGENT_STORE"
 
-# The same for every worker of a run: what an outer launcher (horovod's mpirun) exports to every rank,
-# whose per-rank names come from the launcher itself
-RUN_WIDE_NAMES = (
-    "PODRUN_RUN_ID", "PODRUN_RUN_DIR", "PODRUN_PLAN", "PODRUN_NUM_INSTANCES", "PODRUN_NUM_REPLICAS",
-    "PODRUN_DEVICES_PER_REPLICA", "PODRUN_LOCAL_BATCH", "PODRUN_GRAD_ACCUM", "PODRUN_GLOBAL_BATCH",
-    "PODRUN_RESTART_COUNT", "MASTER_ADDR", "MASTER_PORT", "ROLE_NAME", "TORCHELASTIC_RESTART_COUNT",
-    "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
-)
-
-
 # The run's secret (made once per run by the controller, podrun.launch.run.build_request, and passed to the agents
 # and workers among the --env pairs): the slots' HMAC key and the source of the directory's unguessable part. No
 # key, no snapshots. Its name matches the redaction by name (podrun.redaction.secret_name).
@@ -242,12 +232,3 @@ def instance_envs(plan: "Plan", instance_index: int, attempt: "RunAttempt", *, a
         envs.append(launch_overrides(env, host_env))
     return envs
 
-
-def run_wide_env(plan: "Plan", *, run_id: str, run_dir: str, plan_path: str, master_addr: str,
-                 master_port: int, restart_count: int = 0, max_restarts: int = 0,
-                 launch_env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The horovod view: the names that are the same for every worker (RUN_WIDE_NAMES); ``launch_env``: the
-    launch's variables (--env, LAUNCH_OVERRIDES)."""
-    env = worker_env(plan, 0, 0, run_id=run_id, run_dir=run_dir, plan_path=plan_path, master_addr=master_addr,
-                     master_port=master_port, restart_count=restart_count, max_restarts=max_restarts)
-    return launch_overrides({k: env[k] for k in RUN_WIDE_NAMES}, launch_env or {})
