@@ -11,6 +11,7 @@ socket at any time. The Supervisor holds a LiveWatch, feeds it the workers' prog
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import queue
@@ -68,10 +69,8 @@ class LiveWatch:
     def got_stacks(self, instance: int, lr: int | None, text: str) -> None:
         """A worker's stacks (a ``stack`` line) for the collection in flight."""
         if self.dump is not None and lr is not None:
-            try:
+            with contextlib.suppress(ValueError):
                 self.dump.got[(instance, lr)] = json.loads(text)
-            except ValueError:
-                pass
 
     def progress_report(self, st: InstanceState, lr: int | None, text: str, now: float) -> None:
         try:
@@ -99,26 +98,18 @@ class LiveWatch:
             except Exception:  # noqa: BLE001 - a closed terminal must not stop supervision
                 self.progress = None
 
-    def window(self) -> float | None:
-        """The hang window now (None: hangs are not watched)."""
-        return self.watch.window(self.step_times, self.started)
-
     def tick(self, now: float, handles: Iterable[InstanceHandle], stopping: bool) -> None:
         """Start a dump on a hang or on a control-socket request, asking ``handles`` (new hangs are not looked
         for while the run is ``stopping``); finish one that is complete or overdue."""
-        while True:
-            try:
-                ask = self.asks.get_nowait()
-            except queue.Empty:
-                break
+        while not self.asks.empty():     # this loop alone takes from it
             if self.dump is None:
                 self._start_dump("request", now, handles)
-            self.dump.asks.append(ask)
+            self.dump.asks.append(self.asks.get_nowait())
         if self.dump is not None:
             if self.dump.complete(now):
                 self._finish_dump()
             return
-        win = self.window()
+        win = self.watch.window(self.step_times, self.started)     # None: hangs are not watched
         if win is None or stopping:
             return
         silent = now - self.last_progress

@@ -67,10 +67,7 @@ class InstanceState:
         super().__setattr__(name, value)
 
     def worker_tail(self, local_rank: int | None) -> collections.deque:
-        t = self.worker_tails.get(local_rank)
-        if t is None:
-            t = self.worker_tails[local_rank] = collections.deque(maxlen=TAIL)
-        return t
+        return self.worker_tails.setdefault(local_rank, collections.deque(maxlen=TAIL))
 
 
 class FailureKind(str, enum.Enum):
@@ -187,30 +184,6 @@ def followers_line(followers: dict) -> str:
     return (f"then {n} other rank{'s' if n != 1 else ''} on {hosts} host{'s' if hosts != 1 else ''} ended: "
             + ", ".join(parts))
 
-def explain(root: Failure, states: dict[int, InstanceState], failures: list[Failure],
-            errors: dict[tuple[int, int | None], dict]) -> None:
-    """The root cause's report: the failing worker's own last lines (its instance's when the failure
-    is no worker's, e.g. a lost host) and its @record error; then the other workers' last lines,
-    failed ones first, then the most recent to write."""
-    if root.instance is None:
-        return
-    st = states[root.instance]
-    own = st.worker_tails.get(root.local_rank) if root.local_rank is not None else None
-    root.last_lines = list(own) if own else list(st.tail)
-    root.error = errors.get((root.instance, root.local_rank))
-    failed = {(f.instance, f.local_rank): n for n, f in enumerate(sorted(failures, key=lambda f: f.at))}
-    cands = []
-    for s in states.values():
-        for lr, tail in s.worker_tails.items():
-            key = (s.index, lr)
-            if not tail or key == (root.instance, root.local_rank) or (lr is None and s.index == root.instance
-                                                                      and root.local_rank is None):
-                continue
-            cands.append((key not in failed, failed.get(key, 0), -s.worker_seen.get(lr, 0), s, lr, tail))
-    cands.sort(key=lambda c: c[:3])
-    root.others = [{"instance": s.index, "host": s.host, "local_rank": lr,
-                    "last_lines": list(tail)[-OTHER_TAIL:]} for *_, s, lr, tail in cands[:OTHERS]]
-
 
 class Instances(dict):
     """The Supervisor's part that holds each instance's state in an attempt (index -> InstanceState) and the facts
@@ -263,13 +236,34 @@ class Failures(list):
         self.errors: dict[tuple[int, int | None], dict] = {}
 
     def root_cause(self, instances: Instances) -> Failure | None:
-        """The earliest failure with its report (explain) and the other workers that ended non-zero after it."""
+        """The earliest failure with its report: the failing worker's own last lines (its instance's when the
+        failure is no worker's, e.g. a lost host) and its @record error; then the other workers' last lines, failed
+        ones first, then the most recent to write; and the other workers that ended non-zero, summed up."""
         if not self:
             return None
         root = min(self, key=lambda f: f.at)
-        explain(root, instances, self, self.errors)
+        if root.instance is not None:
+            self._explain(root, instances)
         root.followers = summarise_followers([
             (instances.rank(s.index, lr), s.host, protocol.exit_code_from_returncode(rc))
             for s in instances.values() for lr, rc in s.workers.items()
             if rc != 0 and (s.index, lr) != (root.instance, root.local_rank)])
         return root
+
+    def _explain(self, root: Failure, instances: Instances) -> None:
+        st = instances[root.instance]
+        own = st.worker_tails.get(root.local_rank) if root.local_rank is not None else None
+        root.last_lines = list(own) if own else list(st.tail)
+        root.error = self.errors.get((root.instance, root.local_rank))
+        failed = {(f.instance, f.local_rank): n for n, f in enumerate(sorted(self, key=lambda f: f.at))}
+        cands = []
+        for s in instances.values():
+            for lr, tail in s.worker_tails.items():
+                key = (s.index, lr)
+                if not tail or key == (root.instance, root.local_rank) or (lr is None and s.index == root.instance
+                                                                          and root.local_rank is None):
+                    continue
+                cands.append((key not in failed, failed.get(key, 0), -s.worker_seen.get(lr, 0), s, lr, tail))
+        cands.sort(key=lambda c: c[:3])
+        root.others = [{"instance": s.index, "host": s.host, "local_rank": lr,
+                        "last_lines": list(tail)[-OTHER_TAIL:]} for *_, s, lr, tail in cands[:OTHERS]]

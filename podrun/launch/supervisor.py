@@ -9,7 +9,7 @@ running ``straggler_timeout`` seconds after one exited 0 (stragglers, named by r
 watch of the live run (podrun.launch.live_watch: progress, the hang window, stacks, slow ranks, ``podrun stack``).
 The Supervisor holds parts with narrow state and wires them: the Listener (the agents' lines and heartbeats), the
 Instances, the Failures (podrun.launch.outcome), the LiveWatch and the InstanceLogs (the output).
-The root cause is the failure with the earliest agent time; its report (podrun.launch.outcome.explain) carries
+The root cause is the failure with the earliest agent time; its report (podrun.launch.outcome.Failures) carries
 that worker's own last lines (kept per worker, bounded), its @record error if it wrote one, and separately the
 last lines of the others, and the workers that ended after it in one summary (outcome.summarise_followers).
 """
@@ -249,25 +249,20 @@ class Supervisor:
         if threading.current_thread() is threading.main_thread():
             for s in STOP_SIGNALS:
                 old[s] = signal.signal(s, self._on_signal)
+        server = None
         try:
-            return self._run()
+            try:
+                server = control.serve(self.req.run_dir, self._control)
+            except OSError as exc:
+                self.notice(f"cannot listen on {Path(self.req.run_dir) / owner.SOCKET_NAME}: "
+                            f"{exc.strerror or exc}; podrun stack cannot reach this run")
+            return self._run_started()
         finally:
+            control.stop(self.req.run_dir, server)
             for s, h in old.items():
                 signal.signal(s, h)
             self.logs.close()
             self.transport.close()
-
-    def _run(self) -> Outcome:
-        try:
-            server = control.serve(self.req.run_dir, self._control)
-        except OSError as exc:
-            server = None
-            self.notice(f"cannot listen on {Path(self.req.run_dir) / owner.SOCKET_NAME}: {exc.strerror or exc}; "
-                        "podrun stack cannot reach this run")
-        try:
-            return self._run_started()
-        finally:
-            control.stop(self.req.run_dir, server)
 
     def _control(self, request) -> dict:
         if not isinstance(request, dict):
