@@ -461,7 +461,7 @@ def _print_root_cause(summary: dict, request) -> None:
             for line in rc["last_lines"]:
                 say(f"    {line}")
         if rc.get("followers"):
-            from podrun.launch.followers import line
+            from podrun.launch.outcome import followers_line as line
             say(f"  {line(rc['followers'])}")
         if rc.get("others"):
             say("  what the other workers said last:")

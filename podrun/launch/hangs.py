@@ -71,10 +71,5 @@ class RankSample:
 def busy_ranks(before: dict, after: dict) -> dict:
     """The ranks (keys of both samples) that moved between two samples -> why; empty: every rank is still,
     the run is stuck. A rank seen only once gives no evidence either way."""
-    out = {}
-    for key, a in after.items():
-        b = before.get(key)
-        why = a.busy_since(b) if b is not None else None
-        if why is not None:
-            out[key] = why
-    return out
+    whys = {key: a.busy_since(before[key]) for key, a in after.items() if key in before}
+    return {key: why for key, why in whys.items() if why is not None}

@@ -6,22 +6,25 @@ no rank moved between two samples of its stack and CPU time taken as the window 
 first asks every agent for its workers' stacks (``S``), writes them to runs/<id>/stacks/ and shows them merged.
 A rank whose reported busy time stays well above the others' is named once (podrun.launch.slow_ranks.SlowRanks)
 and listed in summary.json's ``slow_ranks``. ``podrun stack`` asks for the same view through the run's control
-socket at any time.
+socket at any time. The Supervisor holds a LiveWatch, feeds it the workers' progress and stack replies, and calls
+``tick`` at each turn of its loop; a hang that ends the run comes back as a Failure.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import queue
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from podrun.errors import PodrunError
 from podrun.human import human_seconds
 from podrun.launch import hangs, slow_ranks, stacks
-from podrun.launch.outcome import Failure, FailureKind, InstanceState
+from podrun.launch.outcome import Failure, FailureKind, Instances, InstanceState
+from podrun.launch.request import LaunchRequest
 from podrun import safefs
 from podrun.rundir.layout import private_subdir
 from podrun.launch.transports.base import InstanceHandle
@@ -33,11 +36,14 @@ Progress = Callable[[int, str, dict], None]
 
 
 class LiveWatch:
-    """The Supervisor's part that watches progress and hangs and collects stacks. Besides its own state (made by
-    ``watch_init``) it reads the Supervisor's request (``req``), ``transport``, ``states``, ``wpi``, ``notice``,
-    ``signalled``, ``stopping_since`` and ``_rank``, and adds a hang that ends the run to its ``failures``."""
+    """The Supervisor's part that watches progress and hangs and collects stacks (the module says how), for the
+    ``instances`` of ``request``; ``merged``: the transport's agents read no stdin (they watch the run directory);
+    ``hung`` takes a hang that ends the run."""
 
-    def watch_init(self, watch: hangs.WatchOptions | None, progress: Progress | None) -> None:
+    def __init__(self, request: LaunchRequest, instances: Instances, notice: Callable[[str], None], merged: bool,
+                 hung: Callable[[Failure], None], watch: hangs.WatchOptions | None = None,
+                 progress: Progress | None = None):
+        self.req, self.instances, self.notice, self.merged, self.hung = request, instances, notice, merged, hung
         self.watch = watch or hangs.WatchOptions(hang_timeout=None)
         self.progress = progress
         self.last_progress = time.monotonic()
@@ -52,12 +58,21 @@ class LiveWatch:
         self.busy_reset: float | None = None     # the new window the last busy verdict opened (its last_progress)
         self.quiet_from = 0.0                    # the last real progress before busy verdicts' new windows
         self.asks: queue.Queue = queue.Queue()   # control-socket requests: (done event, reply holder)
-        self.handles: tuple[InstanceHandle, ...] = ()
-        self.hang: dict | None = None
-        self.rank_of: dict[tuple[int, int], int] = {}
+        self.hang: dict | None = None            # the hang found (summary.json's hang)
 
     # -- progress, hangs and stacks ------------------------------------------------------------
-    def _progress(self, st: InstanceState, lr: int | None, text: str, now: float) -> None:
+    def moved(self, now: float, started: bool = True) -> None:
+        """A worker wrote a line (``started``: it made progress) or ended: a new hang window from ``now``."""
+        self.last_progress = now
+        self.started = self.started or started
+
+    def got_stacks(self, instance: int, lr: int | None, text: str) -> None:
+        """A worker's stacks (a ``stack`` line) for the collection in flight."""
+        if self.dump is not None and lr is not None:
+            with contextlib.suppress(ValueError):
+                self.dump.got[(instance, lr)] = json.loads(text)
+
+    def progress_report(self, st: InstanceState, lr: int | None, text: str, now: float) -> None:
         try:
             rec = json.loads(text)
         except ValueError:
@@ -72,92 +87,76 @@ class LiveWatch:
             del self.step_times[:-hangs.AUTO_WINDOW]
         busy = rec.get("busy_seconds")
         if isinstance(busy, (int, float)) and not isinstance(busy, bool) and math.isfinite(busy) and busy >= 0:
-            rank = self._rank_int(st.index, lr)
+            rank = self.instances.rank(st.index, lr)
             step = rec.get("step")
             named = self.slow.add(rank, st.host, float(busy), step if isinstance(step, int) else None)
             if named is not None:
                 self.notice(slow_ranks.slow_rank_line(named))
         if self.progress is not None:
             try:
-                self.progress(self._rank_int(st.index, lr), st.host, rec)
+                self.progress(self.instances.rank(st.index, lr), st.host, rec)
             except Exception:  # noqa: BLE001 - a closed terminal must not stop supervision
                 self.progress = None
 
-    def _rank_int(self, instance: int, lr: int) -> int:
-        key = (instance, lr)
-        if key not in self.rank_of:        # every worker of the instance at once: its envs are made whole
-            for pos, env in enumerate(self.req.worker_envs(instance)):
-                r = env.get("RANK", "?")
-                self.rank_of[(instance, pos)] = int(r) if r.isdigit() else -1
-            self.rank_of.setdefault(key, -1)
-        return self.rank_of[key]
-
-    def window(self) -> float | None:
-        """The hang window now (None: hangs are not watched)."""
-        return self.watch.window(self.step_times, self.started)
-
-    def _watch(self, now: float) -> None:
-        """Start a dump on a hang or on a control-socket request; finish one that is complete or overdue."""
-        while True:
-            try:
-                ask = self.asks.get_nowait()
-            except queue.Empty:
-                break
+    def tick(self, now: float, handles: Iterable[InstanceHandle], stopping: bool) -> None:
+        """Start a dump on a hang or on a control-socket request, asking ``handles`` (new hangs are not looked
+        for while the run is ``stopping``); finish one that is complete or overdue."""
+        while not self.asks.empty():     # this loop alone takes from it
             if self.dump is None:
-                self._start_dump("request", now)
-            self.dump.asks.append(ask)
+                self._start_dump("request", now, handles)
+            self.dump.asks.append(self.asks.get_nowait())
         if self.dump is not None:
             if self.dump.complete(now):
                 self._finish_dump()
             return
-        win = self.window()
-        if win is None or self.stopping_since is not None:
+        win = self.watch.window(self.step_times, self.started)     # None: hangs are not watched
+        if win is None or stopping:
             return
         silent = now - self.last_progress
         if self.reported:               # the runtime's step reports set the window: silence past it is a hang
-            if silent <= win:
-                return
-            if any(self.phases.get(k, "train") != "train" for k in self._running()):
-                return                  # eval or checkpoint: the runtime said what it is doing
-            self._start_dump("hang", now, win)
+            if silent > win and all(self.phases.get(k, "train") == "train" for k in self.instances.running()):
+                self._start_dump("hang", now, handles, win)   # not in eval or checkpoint (the runtime said so)
             return
         # a plain script: silence is judged by two samples of every rank's stack and CPU time, the first
         # taken just before the window ends, the second when it ends (hangs.busy_ranks)
         fresh = self.sample is not None and self.sample[0] == self.last_progress
         if not fresh and silent > win - hangs.probe_gap(win):
-            self._start_dump("probe", now, win)
+            self._start_dump("probe", now, handles, win)
         elif fresh and silent > win:
-            self._start_dump("hang", now, win)
+            self._start_dump("hang", now, handles, win)
 
-    def _running(self) -> list[tuple[int, int]]:
-        return [(st.index, lr) for st in self.states.values() if st.exit_code is None and st.status == "running"
-                for lr in range(self.wpi) if lr not in st.workers]
-
-    def _start_dump(self, reason: str, now: float, window: float | None = None) -> None:
-        self.dump = stacks.StackCollection(reason, window, self._running(), now + stacks.DUMP_WAIT_S,
-                                    now - self.last_progress)
+    def _start_dump(self, reason: str, now: float, handles: Iterable[InstanceHandle],
+                    window: float | None = None) -> None:
+        self.dump = stacks.StackCollection(reason, window, self.instances.running(), now + stacks.DUMP_WAIT_S,
+                                           now - self.last_progress)
         if reason == "hang" and self.reported:     # a plain script's is said once the samples say stuck
             self.notice(f"no progress from any rank for {human_seconds(window)} ({self.watch.source}); "
                         "collecting every worker's stacks")
         self.dump.progress_at = self.last_progress
-        for h in self.handles:
+        for h in handles:
             try:
                 h.request_stacks()
             except Exception:  # noqa: BLE001 - a broken link shows as a worker without stacks
                 pass
-        if self.transport.merged:        # mpirun/srun agents have no stdin: they watch the run dir
+        if self.merged:                  # mpirun/srun agents have no stdin: they watch the run dir
             try:
                 protocol.write_request(self.req.run_dir)
             except OSError as exc:
                 self.notice(f"cannot ask the mpirun/srun agents for stacks: {exc.strerror or exc}")
 
+    def end(self) -> None:
+        """The run ended: a collection in flight answers who asked, and blames no one."""
+        if self.dump is not None:
+            self.dump.reason = "request"
+            self._finish_dump()
+
     def _finish_dump(self) -> None:
         d, self.dump = self.dump, None
         workers = []
         for inst, lr in d.want:
-            st = self.states[inst]
+            st = self.instances[inst]
             rec = d.got.get((inst, lr))
-            rank = self._rank_int(inst, lr)
+            rank = self.instances.rank(inst, lr)
             if rec is None:
                 workers.append(stacks.WorkerStack(rank, inst, lr, st.host, (), "its agent sent no stacks in time "
                                                     "(host cut off, or under mpirun/srun a run dir it does not share)"))
@@ -192,7 +191,7 @@ class LiveWatch:
                 self.notice(f"{quiet}, but every silent rank's program has returned and its process is exiting: "
                             f"not hung; waiting for its exit up to {hangs.EXIT_WINDOWS} windows in all")
                 return
-            why = "; ".join(f"rank {self._rank_int(*k)} {w}" for k, w in sorted(busy.items())[:4])
+            why = "; ".join(f"rank {self.instances.rank(*k)} {w}" for k, w in sorted(busy.items())[:4])
             self.notice(f"{quiet}, but {len(busy)} rank(s) moved ({why}{'; ...' if len(busy) > 4 else ''}): "
                         "busy, not hung; watching on")
             return
@@ -207,18 +206,15 @@ class LiveWatch:
                      "found_s": round(time.monotonic() - d.progress_at, 3),
                      "judged_by": "progress reports" if self.reported else "stack and CPU samples",
                      "groups": [{"ranks": list(g.ranks), "hosts": sorted({w.host for w in g.workers}),
-                                 "stack": g.workers[0].processes[0].main_frames()[0].where()
-                                 if g.workers[0].processes and g.workers[0].processes[0].main_frames() else None,
-                                 "summary": stacks.describe(g.workers[0].processes[0].main_frames())
-                                 if g.workers[0].processes else g.workers[0].problem} for g in groups]}
-        if self.watch.on_hang == "end" and groups and self.signalled is None:
+                                 "stack": next((f.where() for f in g.workers[0].main_frames()), None),
+                                 "summary": g.workers[0].summary()} for g in groups]}
+        if self.watch.on_hang == "end" and groups:
             odd = groups[0].workers[0]
-            what = (stacks.describe(odd.processes[0].main_frames()) if odd.processes else odd.problem)
             odd_label = "the odd rank out" if len(groups) > 1 else "every rank"
-            self.failures.append(Failure(
+            self.hung(Failure(
                 odd.instance, odd.host, odd.local_rank, hangs.HANG_EXIT, FailureKind.HUNG,
                 f"hung: no progress from any rank for {human_seconds(d.window)} ({self.watch.source}); "
-                f"{odd_label}: rank {odd.rank} on {odd.host} in {what}", time.time()))
+                f"{odd_label}: rank {odd.rank} on {odd.host} in {odd.summary()}", time.time()))
         else:
             self.last_progress = time.monotonic()    # dump again after another silent window
 

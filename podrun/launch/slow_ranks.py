@@ -2,6 +2,7 @@
 often starts as)."""
 from __future__ import annotations
 
+from statistics import median
 
 SLOW_FACTOR = 1.5              # a rank is slow when its busy time stays at least this times the others' median
 SLOW_CLEAR = 1.25              # ... and no longer slow once back under this (no flapping at the edge)
@@ -26,12 +27,6 @@ class SlowRanks:
         self.slow: dict[int, dict] = {}        # rank -> its record while it is slow
         self.records: list[dict] = []          # every rank named, in order (summary.json's slow_ranks)
 
-    @staticmethod
-    def _median(xs: list[float]) -> float:
-        ys = sorted(xs)
-        n = len(ys)
-        return ys[n // 2] if n % 2 else (ys[n // 2 - 1] + ys[n // 2]) / 2
-
     def add(self, rank: int, host: str, busy_s: float, step: int | None = None) -> dict | None:
         """One busy time of ``rank``; the rank's new record when this makes it slow, else None."""
         xs = self.busy.setdefault(rank, [])
@@ -40,10 +35,10 @@ class SlowRanks:
         self.hosts[rank] = host
         if len(xs) < self.window:
             return None
-        others = [self._median(v) for r, v in self.busy.items() if r != rank]
+        others = [median(v) for r, v in self.busy.items() if r != rank]
         if not others:
             return None
-        mine, rest = self._median(xs), self._median(others)
+        mine, rest = median(xs), median(others)
         if rank in self.slow:
             rec = self.slow[rank]
             if mine < SLOW_CLEAR * rest:

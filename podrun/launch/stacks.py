@@ -52,8 +52,15 @@ class WorkerStack:
     processes: tuple[ProcessStack, ...] = ()
     problem: str | None = None         # why there is no stack (not a Python process, no answer in time)
 
+    def main_frames(self) -> tuple[Frame, ...]:
+        return self.processes[0].main_frames() if self.processes else ()
+
+    def summary(self) -> str | None:
+        """Its worker's main stack described, or why it has none."""
+        return describe(self.main_frames()) if self.processes else self.problem
+
     def key(self) -> tuple:
-        return tuple((f.file, f.line, f.func) for f in self.processes[0].main_frames()) if self.processes else \
+        return tuple((f.file, f.line, f.func) for f in self.main_frames()) if self.processes else \
             ("?", self.problem or "no stack")
 
 
@@ -98,8 +105,7 @@ def parse_dump(text: str, main_ident: str | None) -> tuple[Thread, ...]:
 
 def in_collective(w: WorkerStack) -> bool:
     """Whether the worker's main thread waits inside torch.distributed (a collective, a barrier, the store)."""
-    return bool(w.processes) and any(f"{os.sep}torch{os.sep}distributed{os.sep}" in f.file
-                                     for f in w.processes[0].main_frames())
+    return any(f"{os.sep}torch{os.sep}distributed{os.sep}" in f.file for f in w.main_frames())
 
 
 def merge(workers: list[WorkerStack]) -> list[Group]:
@@ -139,18 +145,18 @@ def describe(frames: tuple[Frame, ...], limit: int = SHOWN_FRAMES) -> str:
     return " <- ".join(parts)
 
 
-def rank_ranges(ranks) -> str:
-    """(0, 2, 3, 4, 7) -> "0, 2-4, 7"."""
-    out: list[str] = []
-    rs = sorted(ranks)
-    i = 0
-    while i < len(rs):
-        j = i
-        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
-            j += 1
-        out.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
-        i = j + 1
-    return ", ".join(out)
+def rank_ranges(ranks, limit: int | None = None) -> str:
+    """(0, 2, 3, 4, 7) -> "0, 2-4, 7"; with a ``limit``, at most that many ranges, then how many more ranks."""
+    runs: list[list[int]] = []
+    for r in sorted(ranks):
+        if runs and r == runs[-1][-1] + 1:
+            runs[-1].append(r)
+        else:
+            runs.append([r])
+    shown = runs[:limit]
+    more = len(ranks) - sum(len(run) for run in shown)
+    return ", ".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in shown) + \
+        (f" and {more} more" if more > 0 else "")
 
 
 def render_lines(groups: list[Group]) -> list[str]:
@@ -158,10 +164,7 @@ def render_lines(groups: list[Group]) -> list[str]:
     lines = []
     for g in groups:
         w = g.workers[0]
-        if w.processes:
-            lines.append(f"{g.label()}: {describe(w.processes[0].main_frames())}")
-        else:
-            lines.append(f"{g.label()}: no stack ({w.problem})")
+        lines.append(f"{g.label()}: " + (w.summary() if w.processes else f"no stack ({w.problem})"))
         hosts = sorted({x.host for x in g.workers})
         where = ", ".join(hosts) if len(hosts) <= 4 else f"{', '.join(hosts[:4])} and {len(hosts) - 4} more"
         lines.append(f"    on {where}" + (f" (pid {w.processes[0].pid})" if len(g.workers) == 1 and w.processes
@@ -183,8 +186,7 @@ def stack_file_text(w: WorkerStack) -> str:
 
 
 def to_json(groups: list[Group]) -> list[dict]:
-    return [{"ranks": list(g.ranks), "summary": describe(g.workers[0].processes[0].main_frames())
-             if g.workers[0].processes else None,
+    return [{"ranks": list(g.ranks), "summary": g.workers[0].summary() if g.workers[0].processes else None,
              "workers": [{"rank": w.rank, "instance": w.instance, "local_rank": w.local_rank, "host": w.host,
                           "problem": w.problem,
                           "processes": [{"pid": p.pid, "threads": [

@@ -7,9 +7,11 @@ SIGINT/SIGTERM/SIGHUP, when an instance has been silent for ``keepalive`` second
 (podrun.wire.liveness: a lost host; summary.json gives each instance's largest silence), when workers are still
 running ``straggler_timeout`` seconds after one exited 0 (stragglers, named by rank), or on a hang found by its
 watch of the live run (podrun.launch.live_watch: progress, the hang window, stacks, slow ranks, ``podrun stack``).
-The root cause is the failure with the earliest agent time; its report (podrun.launch.outcome.explain) carries
+The Supervisor holds parts with narrow state and wires them: the Listener (the agents' lines and heartbeats), the
+Instances, the Failures (podrun.launch.outcome), the LiveWatch and the InstanceLogs (the output).
+The root cause is the failure with the earliest agent time; its report (podrun.launch.outcome.Failures) carries
 that worker's own last lines (kept per worker, bounded), its @record error if it wrote one, and separately the
-last lines of the others, and the workers that ended after it in one summary (podrun.launch.followers).
+last lines of the others, and the workers that ended after it in one summary (outcome.summarise_followers).
 """
 from __future__ import annotations
 
@@ -23,10 +25,10 @@ from typing import Callable
 
 from podrun import safefs
 from podrun.errors import LaunchError
-from podrun.launch import control, followers, hangs
-from podrun.launch.instance_logs import InstanceLogs
+from podrun.launch import control, hangs
+from podrun.launch.instance_logs import InstanceLogs, Sink
 from podrun.launch.live_watch import LiveWatch, Progress
-from podrun.launch.outcome import Failure, FailureKind, InstanceState, Outcome, explain
+from podrun.launch.outcome import Failure, FailureKind, Failures, Instances, InstanceStatus, Outcome, RunStatus
 from podrun.launch.outcome import describe_code as _describe_code   # the wording of an exit, looked up at each
 from podrun.launch.request import LaunchRequest
 from podrun.launch.transports.base import InstanceHandle, Transport
@@ -40,43 +42,29 @@ QUEUED = 256              # protocol lines waiting for the supervisor (bounded: 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)   # SIGHUP: terminal closed, ssh dropped
 _HUB_READER = "the line hub"   # the reader of every handle the hub reads, for the waits on a full queue (Hearing)
 
-# sink(instance, host, local_rank, stream, text): a worker's line, already filtered for the console
-Sink = Callable[[int | None, str, int | None, str, str], None]
 # notice(text): podrun's own status messages
 Notice = Callable[[str], None]
 
 
-class Supervisor(LiveWatch):
-    """One attempt's agents, from their start to the Outcome (the module says how); LiveWatch watches the run."""
+class Listener:
+    """The Supervisor's part that hears the agents: their lines on the way to its loop through one bounded queue,
+    fed by the line hub's thread or by a thread per handle the hub does not read, noting when each instance was
+    last heard; and a heartbeat to every open agent each ``heartbeat_s`` from a thread of its own."""
 
-    def __init__(self, request: LaunchRequest, transport: Transport, *, sink: Sink | None = None,
-                 notice: Notice | None = None, only_output_from: int | None = None, workers_per_instance: int = 1,
-                 watch: hangs.WatchOptions | None = None, progress: Progress | None = None):
-        self.req = request
-        self.watch_init(watch, progress)
-        self.transport = transport
-        self.sink = sink or (lambda *a: None)
-        self.notice = _safe(notice or (lambda t: None))
-        self.logs = InstanceLogs(request.run_dir, self.notice)
-        self.only = only_output_from
-        self.multi = workers_per_instance > 1
-        self.wpi = workers_per_instance
-        self.errors: dict[tuple[int, int | None], dict] = {}   # (instance, local rank) -> @record error
-        self.seq = 0
-        self.q: queue.Queue = queue.Queue(maxsize=QUEUED)
-        self.first_ok: tuple[float, int, int | None] | None = None   # (monotonic, instance, local rank)
+    def __init__(self, heartbeat_s: float):
+        self.heartbeat_s = heartbeat_s
         self.hearing = Hearing()                 # when each instance was last heard, less the controller's own waits
-        self.lost_silence: dict[int, float] = {}  # instance -> its silence when it was declared lost
-        self.hb_handles: tuple[InstanceHandle, ...] = ()
-        self.done = threading.Event()
-        self.states = {i.index: InstanceState(i.index, i.host) for i in request.instances}
-        self.failures: list[Failure] = []
-        self.signalled: int | None = None
-        self.stopping_since: float | None = None
-        self.force = False
-        self.t0 = time.time()
+        self.q: queue.Queue = queue.Queue(maxsize=QUEUED)   # (handle, stream, line); (handle, None, None): its end
+        self.done = threading.Event()            # the loop ended
+        self.handles: tuple[InstanceHandle, ...] = ()   # the open handles, that get heartbeats
 
-    # -- events ---------------------------------------------------------------------------
+    def start(self, handles: list[InstanceHandle]) -> None:
+        self.handles = tuple(handles)
+        threading.Thread(target=self._heartbeats, daemon=True).start()
+        for h in handles:
+            if not h.push(functools.partial(self._pushed, h)):
+                threading.Thread(target=self._reader, args=(h,), daemon=True).start()
+
     def _reader(self, h: InstanceHandle) -> None:
         """h's lines in a thread of its own (a handle the line hub does not read: paramiko, mpirun, srun)."""
         try:
@@ -122,58 +110,67 @@ class Supervisor(LiveWatch):
     def _heartbeats(self) -> None:
         """A byte to every open agent each heartbeat period, from its own thread: the agents keep their
         controller even while the supervisor waits on a slow console."""
-        while not self.done.wait(self.req.heartbeat):
-            for h in self.hb_handles:
+        while not self.done.wait(self.heartbeat_s):
+            for h in self.handles:
                 h.heartbeat()
 
+
+class Supervisor:
+    """One attempt's agents, from their start to the Outcome (the module says how)."""
+
+    def __init__(self, request: LaunchRequest, transport: Transport, *, sink: Sink | None = None,
+                 notice: Notice | None = None, only_output_from: int | None = None, workers_per_instance: int = 1,
+                 watch: hangs.WatchOptions | None = None, progress: Progress | None = None):
+        self.req = request
+        self.transport = transport
+        self.notice = _safe(notice or (lambda t: None))
+        self.logs = InstanceLogs(request.run_dir, self.notice, sink, only_output_from, workers_per_instance > 1)
+        self.listener = Listener(request.heartbeat)
+        self.instances = Instances(request, workers_per_instance)
+        self.failures = Failures()
+        self.live = LiveWatch(request, self.instances, self.notice, transport.merged, self._hung, watch, progress)
+        self.signalled: int | None = None
+        self.stopping_since: float | None = None
+        self.force = False
+
+    def _hung(self, failure: Failure) -> None:
+        if self.signalled is None:
+            self.failures.append(failure)
+
     def _output(self, idx: int | None, host: str, lr: int | None, stream: str, text: str) -> None:
-        st = self.states.get(idx) if idx is not None else None
-        shown = f"[{lr}] {text}" if self.multi and lr is not None else text
-        self.logs.write(idx, shown)
-        if st is not None:
-            st.tail.append(shown)
-            st.worker_tail(lr).append(text)
-            self.seq += 1
-            st.worker_seen[lr] = self.seq
-        if self.only is None or idx == self.only or stream == "err" or idx is None:
-            try:
-                self.sink(idx, host, lr, stream, text)
-            except Exception:  # noqa: BLE001 - a closed terminal/pipe must not stop supervision
-                self.sink = lambda *a: None
+        self.instances.heard(idx, lr, self.logs.output(idx, host, lr, stream, text), text)
 
     def _handle_line(self, h: InstanceHandle, stream: str, line: str) -> None:
         now = time.monotonic()
         ev = protocol.parse(line, stream)
-        if ev.instance is None or ev.instance not in self.states:
+        if ev.instance is None or ev.instance not in self.instances:
             idx = h.instances[0] if len(h.instances) == 1 else None
             self._output(idx, h.label, None, ev.kind, ev.text)
             return
-        st = self.states[ev.instance]
+        st = self.instances[ev.instance]
         st.last_seen = now
         if ev.kind in ("out", "err"):
             self._output(st.index, st.host, ev.local_rank, ev.kind, ev.text)
             if ev.local_rank is not None:
-                self.last_progress, self.started = now, True
+                self.live.moved(now)
         elif ev.kind == "prog":
-            self._progress(st, ev.local_rank, ev.text, now)
-        elif ev.kind == "stack" and (got := protocol.from_json(ev.text)) is not None:
-            if self.dump is not None and ev.local_rank is not None:
-                self.dump.got[(st.index, ev.local_rank)] = got
-        elif ev.kind == "ready" and (ready := protocol.Ready.read(ev.text)):
-            st.status = "running"
-            st.agent_host = ready.hostname
-            st.ready_s = round(time.time() - self.t0, 3)
+            self.live.progress_report(st, ev.local_rank, ev.text, now)
+        elif ev.kind == "stack":
+            self.live.got_stacks(st.index, ev.local_rank, ev.text)
+        elif ev.kind == "ready" and protocol.Ready.read(ev.text) is not None:
+            st.status = InstanceStatus.RUNNING
+            st.ready_s = round(time.time() - self.instances.t0, 3)
         elif ev.kind == "exit" and (ex := protocol.WorkerExit.read(ev.text)):
             st.workers[ev.local_rank] = ex.code
-            self.last_progress = now             # a worker ending is news; the others get a new window
-            if ex.code == 0 and self.first_ok is None:
-                self.first_ok = (now, st.index, ev.local_rank)
+            self.live.moved(now, started=False)  # a worker ending is news; the others get a new window
+            if ex.code == 0 and self.instances.first_ok is None:
+                self.instances.first_ok = (now, st.index, ev.local_rank)
             if ex.code != 0 and not ex.teardown and self.signalled is None:
                 code = protocol.exit_code_from_returncode(ex.code)
                 self.failures.append(Failure(st.index, st.host, ev.local_rank, code, FailureKind.EXITED,
                                              _describe_code(code), ex.at))
         elif ev.kind == "error" and (info := protocol.from_json(ev.text)) is not None:
-            self.errors[(st.index, ev.local_rank)] = info
+            self.failures.errors[(st.index, ev.local_rank)] = info
         elif ev.kind == "stop":
             why = ev.text.partition(" ")[0]      # numbers that do not read: stamped now, no silence
             self._agent_stopping(st, protocol.AgentStop.read(ev.text) or protocol.AgentStop(why))
@@ -183,21 +180,21 @@ class Supervisor(LiveWatch):
             code = done.code
             if ev.local_rank is not None:      # one agent per worker (mpirun --rank-from-env)
                 st.agents_done[ev.local_rank] = code
-                if len(st.agents_done) < self.wpi:
+                if len(st.agents_done) < self.instances.wpi:
                     return
                 code = next((c for c in st.agents_done.values() if c != 0), 0)
             st.exit_code = code
-            st.ended_s = round(time.time() - self.t0, 3)
-            if st.status != "lost":
-                st.status = "ok" if st.exit_code == 0 else ("failed" if any(
-                    f.instance == st.index for f in self.failures) else "terminated")
+            st.ended_s = round(time.time() - self.instances.t0, 3)
+            if st.status is not InstanceStatus.LOST:
+                st.status = InstanceStatus.OK if st.exit_code == 0 else (InstanceStatus.FAILED if any(
+                    f.instance == st.index for f in self.failures) else InstanceStatus.TERMINATED)
 
     def _agent_stopping(self, st, stop: protocol.AgentStop) -> None:
         """An agent began ending its workers (a ``stop`` line). One that heard nothing from this controller within
         its bound, while the run was not being stopped, is a failure of its own: the controller (or the link to the
         host) went silent, and this is what the root cause says, not the workers' SIGTERM exits that follow."""
         if (stop.why != protocol.STOP_CONTROLLER_LOST or self.stopping_since is not None or self.signalled is not None
-                or st.status == "lost"):         # a host this controller found lost: its own loss says it
+                or st.status is InstanceStatus.LOST):   # a host this controller found lost: its own loss says it
             return
         heard = (f"heard no heartbeat from the controller for {stop.silent_s:g} s" if stop.silent_s > 0
                  else "lost its connection to the controller")
@@ -210,14 +207,13 @@ class Supervisor(LiveWatch):
     def _handle_eof(self, h: InstanceHandle) -> None:
         rc = h.wait(timeout=2.0)
         for idx in h.instances:
-            st = self.states[idx]
-            if st.exit_code is None and st.status != "lost":
+            st = self.instances[idx]
+            if st.exit_code is None and st.status is not InstanceStatus.LOST:
                 code = LOST_EXIT if rc is None else (protocol.exit_code_from_returncode(rc) or 1)
-                if code == LOST_EXIT and (silent := self.hearing.silent_for(idx)) is not None:
-                    self.lost_silence[idx] = silent       # its connection ended (ssh's own keepalive) after this
-                st.exit_code = code
-                st.ended_s = round(time.time() - self.t0, 3)
-                st.status = "terminated" if self.stopping_since else "failed"
+                if code == LOST_EXIT and (silent := self.listener.hearing.silent_for(idx)) is not None:
+                    st.lost_silence = silent       # its connection ended (ssh's own keepalive) after this
+                self.instances.end(st, InstanceStatus.TERMINATED if self.stopping_since else InstanceStatus.FAILED,
+                                   code)
                 if self.stopping_since is None and self.signalled is None:
                     what = ("the connection to it was lost" if code == LOST_EXIT
                             else f"its agent ended with code {code}")
@@ -239,63 +235,49 @@ class Supervisor(LiveWatch):
         if threading.current_thread() is threading.main_thread():
             for s in STOP_SIGNALS:
                 old[s] = signal.signal(s, self._on_signal)
+        server = None
         try:
-            return self._run()
+            try:
+                server = control.serve(self.req.run_dir, self._control)
+            except OSError as exc:
+                self.notice(f"cannot listen on {Path(self.req.run_dir) / owner.SOCKET_NAME}: "
+                            f"{exc.strerror or exc}; podrun stack cannot reach this run")
+            return self._run_started()
         finally:
+            control.stop(self.req.run_dir, server)
             for s, h in old.items():
                 signal.signal(s, h)
             self.logs.close()
             self.transport.close()
 
-    def _run(self) -> Outcome:
-        try:
-            server = control.serve(self.req.run_dir, self._control)
-        except OSError as exc:
-            server = None
-            self.notice(f"cannot listen on {Path(self.req.run_dir) / owner.SOCKET_NAME}: {exc.strerror or exc}; "
-                        "podrun stack cannot reach this run")
-        try:
-            return self._run_started()
-        finally:
-            control.stop(self.req.run_dir, server)
-
     def _control(self, request) -> dict:
         if not isinstance(request, dict):
             return {"error": "a request is a JSON object"}
         if request.get("ask") == "stacks":
-            return self.request_stacks()
+            return self.live.request_stacks()
         return {"error": f"unknown request {request.get('ask')!r}"}
 
     def _run_started(self) -> Outcome:
         handles = self.transport.start()
+        now = time.monotonic()
+        for st in self.instances.values():
+            st.last_seen = now
         try:
-            return self._supervise(handles)
+            # the controller listens and beats before agents held by the preflight start their workers: once they
+            # do, the machine may be too busy to start a thread per host for seconds (64 took 8.9 s on 2 cores),
+            # while the agents count their controller's silence from the go. The line hub reads what it can
+            # (pipes: local, OpenSSH) from one thread; a handle it cannot read gets a thread of its own
+            self.listener.start(handles)
+            self.transport.release(handles)
+            return self._loop(set(handles), {i: h for h in handles for i in h.instances})
         except BaseException:
+            self.listener.done.set()
             for h in handles:          # never leave agents behind on an unexpected error
                 h.terminate()
                 h.kill()
             raise
-
-    def _supervise(self, handles: list[InstanceHandle]) -> Outcome:
-        now = time.monotonic()
-        for st in self.states.values():
-            st.last_seen = now
-        open_handles = set(handles)
-        carrier = {i: h for h in handles for i in h.instances}
-        # the controller listens and beats before agents held by the preflight start their workers: once they
-        # do, the machine may be too busy to start a thread per host for seconds (64 took 8.9 s on 2 cores),
-        # while the agents count their controller's silence from the go. The line hub reads what it can (pipes:
-        # local, OpenSSH) from one thread; a handle it cannot read gets a thread of its own
-        self.hb_handles = tuple(open_handles)
-        threading.Thread(target=self._heartbeats, daemon=True).start()
-        for h in handles:
-            if not h.push(functools.partial(self._pushed, h)):
-                threading.Thread(target=self._reader, args=(h,), daemon=True).start()
-        self.transport.release(handles)
-        try:
-            return self._loop(open_handles, carrier)
         finally:
-            self.done.set()
+            self.listener.done.set()
 
     def _loop(self, open_handles: set, carrier: dict) -> Outcome:
         lost: set[int] = set()
@@ -303,9 +285,9 @@ class Supervisor(LiveWatch):
         scan = Every(scan_every(self.req.liveness))
         turn = time.monotonic()
         while open_handles:
-            self.hb_handles = self.handles = tuple(open_handles)
+            self.listener.handles = tuple(open_handles)
             try:
-                h, stream, line = self.q.get(timeout=0.1)
+                h, stream, line = self.listener.q.get(timeout=0.1)
             except queue.Empty:
                 pass
             else:
@@ -318,42 +300,21 @@ class Supervisor(LiveWatch):
             now = time.monotonic()
             stalled, turn = now - turn - STALL_S, now
             if stalled > 0:              # this loop did not run (a starved or stopped controller): nobody listened
-                self.hearing.stall(stalled)
-                for st in self.states.values():
+                self.listener.hearing.stall(stalled)
+                for st in self.instances.values():
                     st.last_seen += stalled
-            for st in (self.states.values() if scan.due(now) else ()):   # not once per line: O(hosts) each
-                if st.exit_code is not None or st.status == "lost":
-                    continue
-                silent = self.hearing.silence(st.index, carrier.get(st.index))
-                heard = silent is not None
-                if not heard:            # not heard yet: its agent may still be starting (the fan-out, a slow python)
-                    silent, limit = now - st.last_seen, max(self.req.keepalive, FIRST_HEARTBEAT_S)
-                else:
-                    limit = self.req.keepalive
-                if silent > limit:
-                    st.status, st.exit_code = "lost", LOST_EXIT
-                    st.ended_s = round(time.time() - self.t0, 3)
+            for st in (self.instances.values() if scan.due(now) else ()):   # not once per line: O(hosts) each
+                if st.exit_code is None and st.status is not InstanceStatus.LOST and self._lost(st, carrier, now):
                     lost.add(st.index)
-                    if heard:
-                        self.lost_silence[st.index] = silent
-                        why = f"no heartbeat for {self.req.keepalive:g} s"
-                        self.notice(f"instance {st.index} on {st.host}: lost (no heartbeat for "
-                                    f"{self.req.liveness.describe()})")
-                    else:
-                        why = f"its agent sent nothing in the first {limit:g} s"
-                        self.notice(f"instance {st.index} on {st.host}: lost ({why})")
-                    if self.signalled is None:
-                        self.failures.append(Failure(st.index, st.host, None, LOST_EXIT, FailureKind.LOST,
-                                                     f"host {st.host} lost: {why} "
-                                                     "(link down, sshd gone or machine frozen)", time.time()))
                     for x in list(open_handles):
                         if set(x.instances) <= lost:   # nothing more will come from it
                             x.kill()
                             x.close()
                             open_handles.discard(x)
-            self._watch(now)
-            if (self.req.straggler_timeout is not None and self.first_ok is not None and self.stopping_since is None
-                    and not self.failures and now - self.first_ok[0] >= self.req.straggler_timeout):
+            self.live.tick(now, open_handles, self.stopping_since is not None)
+            first_ok = self.instances.first_ok
+            if (self.req.straggler_timeout is not None and first_ok is not None and self.stopping_since is None
+                    and not self.failures and now - first_ok[0] >= self.req.straggler_timeout):
                 self._stragglers()
             if self.stopping_since is None and (self.failures or self.signalled is not None):
                 self.stopping_since = now
@@ -373,60 +334,68 @@ class Supervisor(LiveWatch):
                     x.close()
                     self._handle_eof(x)
                     open_handles.discard(x)
-        if self.dump is not None:             # the run ended meanwhile: answer who asked, blame no one
-            self.dump.reason = "request"
-            self._finish_dump()
+        self.live.end()
         return self._outcome()
+
+    def _lost(self, st, carrier: dict, now: float) -> bool:
+        """Whether ``st``'s host is lost now (silent past the keepalive): then it is ended and its loss said."""
+        silent = self.listener.hearing.silence(st.index, carrier.get(st.index))
+        heard = silent is not None
+        if not heard:            # not heard yet: its agent may still be starting (the fan-out, a slow python)
+            silent, limit = now - st.last_seen, max(self.req.keepalive, FIRST_HEARTBEAT_S)
+        else:
+            limit = self.req.keepalive
+        if silent <= limit:
+            return False
+        self.instances.end(st, InstanceStatus.LOST, LOST_EXIT)
+        if heard:
+            st.lost_silence = silent
+            why = f"no heartbeat for {self.req.keepalive:g} s"
+            self.notice(f"instance {st.index} on {st.host}: lost (no heartbeat for {self.req.liveness.describe()})")
+        else:
+            why = f"its agent sent nothing in the first {limit:g} s"
+            self.notice(f"instance {st.index} on {st.host}: lost ({why})")
+        if self.signalled is None:
+            self.failures.append(Failure(st.index, st.host, None, LOST_EXIT, FailureKind.LOST,
+                                         f"host {st.host} lost: {why} (link down, sshd gone or machine frozen)",
+                                         time.time()))
+        return True
 
     def _stragglers(self) -> None:
         """Workers still running ``straggler_timeout`` s after the first one exited 0: a failure naming them."""
-        hung = []
-        for st in sorted(self.states.values(), key=lambda s: s.index):
-            if st.exit_code is not None:
-                continue
-            envs = None
-            for lr in range(self.wpi):
-                if lr not in st.workers:
-                    if envs is None:
-                        envs = self.req.worker_envs(st.index)
-                    hung.append((st, lr, envs[lr].get("RANK", "?") if lr < len(envs) else "?"))
+        hung = self.instances.running(starting=True)
         if not hung:
             return
-        _, inst, lr = self.first_ok
-        first = self._rank(inst, lr)
-        ranks = ", ".join(r for _, _, r in hung)
-        st, lr, _ = hung[0]
+        ranks = ", ".join(_rank_text(self.instances.rank(*k)) for k in hung)
+        _, inst, lr = self.instances.first_ok
+        st = self.instances[hung[0][0]]
         self.failures.append(Failure(
-            st.index, st.host, lr, STRAGGLER_EXIT, FailureKind.STRAGGLERS,
+            st.index, st.host, hung[0][1], STRAGGLER_EXIT, FailureKind.STRAGGLERS,
             f"rank{'s' if len(hung) > 1 else ''} {ranks} still running {self.req.straggler_timeout:g} s after "
-            f"rank {first} exited 0 (--straggler-timeout): hung or stragglers", time.time()))
-
-    def _rank(self, instance: int, local_rank: int | None) -> str:
-        envs = self.req.worker_envs(instance)
-        return envs[local_rank].get("RANK", "?") if local_rank is not None and local_rank < len(envs) else "?"
+            f"rank {_rank_text(self.instances.rank(inst, lr))} exited 0 (--straggler-timeout): hung or stragglers",
+            time.time()))
 
     def _outcome(self) -> Outcome:
         ended = time.time()
-        root = min(self.failures, key=lambda f: f.at) if self.failures else None
+        root = self.failures.root_cause(self.instances)
         if root is not None:
-            explain(root, self.states, self.failures, self.errors)
-            root.followers = followers.summarise([
-                (self._rank_int(s.index, lr), s.host, protocol.exit_code_from_returncode(rc))
-                for s in self.states.values() for lr, rc in s.workers.items()
-                if rc != 0 and (s.index, lr) != (root.instance, root.local_rank)])
             code, status = root.exit_code, root.kind.status
         elif self.signalled is not None:
-            code, status = 128 + self.signalled, "interrupted"
+            code, status = 128 + self.signalled, RunStatus.INTERRUPTED
         else:
-            bad = [s for s in self.states.values() if s.exit_code not in (0, None)]
-            code, status = (bad[0].exit_code, "failed") if bad else (0, "ok")
-        ready = [s.ready_s for s in self.states.values()]
-        for s in self.states.values():
-            gaps = [g for g in (self.hearing.max_gap(s.index), self.lost_silence.get(s.index)) if g is not None]
+            bad = [s for s in self.instances.values() if s.exit_code not in (0, None)]
+            code, status = (bad[0].exit_code, RunStatus.FAILED) if bad else (0, RunStatus.OK)
+        ready = [s.ready_s for s in self.instances.values()]
+        for s in self.instances.values():
+            gaps = [g for g in (self.listener.hearing.max_gap(s.index), s.lost_silence) if g is not None]
             s.max_gap_s = round(max(gaps), 3) if gaps else None
-        return Outcome(code, status, root, sorted(self.states.values(), key=lambda s: s.index), self.t0, ended,
-                       max(ready) if ready and None not in ready else None, self.hang,
-                       [dict(r) for r in self.slow.records])
+        return Outcome(code, status, root, sorted(self.instances.values(), key=lambda s: s.index), self.instances.t0,
+                       ended, max(ready) if ready and None not in ready else None, self.live.hang,
+                       [dict(r) for r in self.live.slow.records])
+
+
+def _rank_text(rank: int) -> str:
+    return str(rank) if rank >= 0 else "?"
 
 
 def _safe(f: Notice) -> Notice:

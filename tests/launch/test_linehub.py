@@ -142,12 +142,11 @@ def test_a_merger_closed_before_its_pipes_end_leaves_the_hub_no_stale_descriptor
 def test_a_supervisor_that_has_ended_never_holds_the_hub():
     """Lines of a handle the supervisor let go (a lost host's, a killed one's) may come after its loop ended, from
     the hub's thread, which the next attempt's supervisor needs: they are dropped, not waited on forever."""
-    from podrun.launch.supervisor import Supervisor
+    from podrun.launch.supervisor import Listener
 
-    sup = Supervisor.__new__(Supervisor)          # only what _put uses: its queue and its end
+    sup = Listener(1.0)                           # the supervisor's part that _put belongs to: its queue and its end
     sup.q = queue.Queue(maxsize=1)
     sup.q.put("the loop never took this")
-    sup.done = threading.Event()
     t = threading.Thread(target=sup._put, args=(("h", "out", "late"),), daemon=True)
     t.start()
     t.join(0.5)

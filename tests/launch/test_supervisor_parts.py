@@ -1,0 +1,98 @@
+"""The Supervisor's parts, each driven alone: the instances and their statuses, the failures and the root cause,
+the live watch, the listener; and the Supervisor as a holder of parts, not a mixin."""
+from __future__ import annotations
+
+import json
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from podrun.launch import hangs
+from podrun.launch.live_watch import LiveWatch
+from podrun.launch.outcome import (Failure, FailureKind, Failures, Instances, InstanceState, InstanceStatus,
+                                   RunStatus)
+from podrun.launch.supervisor import Listener, Supervisor
+
+STACK = 'Current thread 0x00007f00 (most recent call first):\n  File "/work/train.py", line 12 in step\n'
+
+
+def request(tmp_path, n: int = 2, wpi: int = 2):
+    return SimpleNamespace(instances=tuple(SimpleNamespace(index=i, host=f"host{i}") for i in range(n)),
+                           worker_envs=lambda i: [{"RANK": str(i * wpi + lr)} for lr in range(wpi)],
+                           run_dir=str(tmp_path), run_id="run", heartbeat=5.0)
+
+
+def test_an_instance_status_is_an_enum_and_a_string_is_refused(tmp_path):
+    insts = Instances(request(tmp_path), 2)
+    st = insts[1]
+    assert st.status is InstanceStatus.STARTING
+    with pytest.raises(TypeError):
+        st.status = "running"
+    with pytest.raises(TypeError):
+        insts.end(st, "lost", 255)
+    with pytest.raises(TypeError):
+        InstanceState(0, "h", status="ok")
+    st.status = InstanceStatus.RUNNING
+    assert insts.running() == [(1, 0), (1, 1)]
+    st.workers[0] = 0
+    assert insts.running() == [(1, 1)] and insts.running(starting=True) == [(0, 0), (0, 1), (1, 1)]
+    insts.end(st, InstanceStatus.LOST, 255)
+    assert (st.status, st.exit_code) == (InstanceStatus.LOST, 255) and st.ended_s is not None
+    assert insts.rank(1, 1) == 3 and insts.rank(1, 7) == -1
+    # the strings summary.json has always had
+    assert [s.value for s in InstanceStatus] == ["starting", "running", "ok", "failed", "terminated", "lost"]
+    assert {s.value for s in RunStatus} == {"ok", "failed", "lost", "hung", "interrupted"}
+    assert FailureKind.LOST.status is RunStatus.LOST and FailureKind.EXITED.status is RunStatus.FAILED
+
+
+def test_the_failures_name_the_earliest_as_root_cause_with_its_lines_and_followers(tmp_path):
+    insts = Instances(request(tmp_path), 2)
+    insts.heard(0, 1, "[1] boom", "boom")
+    insts.heard(1, 0, "[0] waiting", "waiting")
+    insts[0].workers.update({0: 143, 1: 1})
+    insts[1].workers.update({0: 143, 1: 0})
+    failures = Failures()
+    assert failures.root_cause(insts) is None
+    failures.append(Failure(1, "host1", 0, 143, FailureKind.EXITED, "late", at=20.0))
+    failures.append(Failure(0, "host0", 1, 1, FailureKind.EXITED, "first", at=10.0))
+    failures.errors[(0, 1)] = {"message": "ValueError"}
+    root = failures.root_cause(insts)
+    assert root is failures[1] and root.reason == "first"          # the earliest, not the first found
+    assert root.last_lines == ["boom"] and root.error == {"message": "ValueError"}
+    assert [o["local_rank"] for o in root.others] == [0] and root.others[0]["instance"] == 1
+    assert root.followers == {"count": 2, "hosts": 2, "by_code": [{"exit_code": 143, "ranks": [0, 2]}]}
+
+
+def test_the_live_watch_alone_finds_a_hang_and_hands_it_over(tmp_path):
+    insts = Instances(request(tmp_path, n=1, wpi=1), 1)
+    insts[0].status = InstanceStatus.RUNNING
+    notices, hung, asked = [], [], []
+    handle = SimpleNamespace(request_stacks=lambda: asked.append(1))
+    live = LiveWatch(request(tmp_path, n=1, wpi=1), insts, notices.append, False, hung.append,
+                     hangs.WatchOptions(hang_timeout=1.0))
+    live.progress_report(insts[0], 0, json.dumps({"step": 1, "phase": "train"}), 100.0)
+    live.tick(100.5, [handle], stopping=False)
+    assert not asked                                  # within the window
+    live.tick(101.5, [handle], stopping=False)
+    assert asked == [1]                               # past it: every agent is asked for its stacks
+    live.got_stacks(0, 0, json.dumps({"procs": [{"pid": 7, "text": STACK}]}))
+    live.tick(101.6, [handle], stopping=False)
+    assert len(hung) == 1 and hung[0].kind is FailureKind.HUNG and hung[0].exit_code == hangs.HANG_EXIT
+    assert "step (train.py:12)" in hung[0].reason and live.hang["groups"][0]["ranks"] == [0]
+    assert (tmp_path / "stacks" / "rank-0.txt").exists()
+
+
+def test_the_listener_beats_to_its_handles_until_the_loop_ends():
+    beats = threading.Semaphore(0)
+    handle = SimpleNamespace(push=lambda take: True, heartbeat=beats.release, instances=(0,))
+    listener = Listener(0.01)
+    listener.start([handle])
+    assert beats.acquire(timeout=5) and beats.acquire(timeout=5)
+    listener.done.set()
+
+
+def test_the_supervisor_holds_parts_and_is_no_mixin(tmp_path):
+    assert Supervisor.__bases__ == (object,)
+    sup = Supervisor(request(tmp_path), SimpleNamespace(merged=False), workers_per_instance=2)
+    assert len(vars(sup)) <= 12, sorted(vars(sup))
