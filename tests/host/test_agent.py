@@ -10,6 +10,7 @@ import time
 import pytest
 
 from podrun.cli.options import resolve_plan
+from podrun.launch.options import Decisions
 from podrun.wire import protocol
 from podrun.wire.liveness import Liveness
 from podrun.launch.run import build_request
@@ -140,7 +141,7 @@ def test_workers_die_with_a_killed_agent(tmp_path):
 def test_agent_forwards_sigint_then_kills_after_grace(tmp_path):
     m = marker()
     req = _request(tmp_path, ["sh", "-c", f"trap 'echo got-int; exit 0' INT; echo up; while :; do sleep 0.1; done # {m}"],
-                   grace=1)
+                   decided=Decisions(grace=1))
     p = subprocess.Popen(req.agent_argv(0, stdin_watch=False), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                          text=True)
     while "up" not in p.stdout.readline():
