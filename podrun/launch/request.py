@@ -17,6 +17,7 @@ from podrun.wire.agent_args import AGENT_MODULE, GRACE_S, AgentArgs, FromEnv, Ru
 from podrun.wire.liveness import HEARTBEAT_MISSES, HEARTBEAT_S, Liveness
 
 if TYPE_CHECKING:  # pragma: no cover
+    from podrun.launch.transports import TransportKind
     from podrun.plan.model import Plan
 
 NO_WORKDIR = 97           # the exit code of a host's command line when the working directory is missing
@@ -72,8 +73,13 @@ class LaunchRequest:
     # "ssh" (its HostName in the ssh config, an IP address), "data-interface" (its address there, asked at launch)
     master_derived: str = ""
     warm: bool = False                  # agents fork restarted workers from a zygote per host (podrun.host.zygote)
+    #: what ``transport`` can do (podrun.launch.transports), looked up once when the request is made
+    kind: "TransportKind" = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
+        from podrun.launch.transports import transport_of
+
+        object.__setattr__(self, "kind", transport_of(self.transport))
         for name, value in self.env:     # the run's keys too (PODRUN_SNAPSHOT_KEY): hidden wherever they show up
             if secret_name(name):
                 remember_secret(value)

@@ -75,18 +75,6 @@ def without_run_dir(argv: list[str]) -> list[str]:
     return out + argv[i:]
 
 
-def check_free(run_dir: Path, launch: bool = True) -> None:
-    """LockError (exit 2) when a live process holds the run directory: a launch (``launch``: looked at too) or a
-    train.py writing it."""
-    from podrun.rundir.lock import LAUNCH_LOCK, WRITER_LOCK, LockError, describe, holder
-
-    for name, what in ((LAUNCH_LOCK, "a launch"), (WRITER_LOCK, "a training process"))[0 if launch else 1:]:
-        who = holder(run_dir, name)
-        if who is not None:
-            raise LockError(f"run directory {run_dir} is held by {what}: {describe(who)}; it cannot be resumed "
-                            "while that runs", hint="wait for it to end (or end it), then resume")
-
-
 def relaunch(run: str, runs_dir: str | None) -> tuple[list[str], str, Path]:
     """(the `podrun launch` arguments that run RUN again into its own directory, the directory to run them in,
     the run directory). Refused (exit 2) while another process holds the run, when it has no launch record,
@@ -96,6 +84,8 @@ def relaunch(run: str, runs_dir: str | None) -> tuple[list[str], str, Path]:
     run_dir = find_run(run, runs_dir)
     if not run_dir.is_dir():
         raise LaunchError(f"{run_dir}: no such run directory", hint="pass a run id (under --runs-dir) or a run directory")
+    from podrun.rundir.lock import check_free
+
     check_free(run_dir)
     data = _earlier(run_dir)
     argv = [str(a) for a in data["argv"]]

@@ -83,9 +83,7 @@ def run_size(request) -> tuple[int, int]:
     process, which reaches the hosts itself."""
     from podrun.wire.worker_env import workers_per_instance
 
-    from podrun.launch.transports import transport_of
-
-    n, kind = len(request.instances), transport_of(request.transport)
+    n, kind = len(request.instances), request.kind
     if not kind.remote:
         return 0, n * workers_per_instance(request.plan)
     return (n, 0) if kind.ssh_per_host else (1, 0)

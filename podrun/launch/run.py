@@ -20,7 +20,7 @@ from podrun.rundir.layout import check_run_id, create_run_dir, new_run_id, snaps
 from podrun.launch.outcome import Outcome, describe_code
 from podrun.launch.supervisor import Supervisor
 from podrun.launch.transports import transport_of
-from podrun.launch.transports.base import TransportFactory, busy_port_problem, get_transport
+from podrun.launch.transports.base import TransportFactory, busy_port_problem
 from podrun.wire.worker_env import SNAPSHOT_KEY_NAME, data_interface_env
 from podrun.redaction import redact
 
@@ -111,7 +111,7 @@ def hold_port(request: LaunchRequest):
     """
     from podrun.wire.probe import pick_free_port, reserve, torch_available
 
-    if transport_of(request.transport).remote:
+    if request.kind.remote:
         return request, None
     if request.agent_store and not torch_available(request.python):
         request = replace(request, agent_store=False)      # nothing here could serve the store
@@ -140,8 +140,9 @@ def dry_run_record(request: LaunchRequest) -> dict:
     gets and how, and the variables each worker gets, with secrets redacted as in the run directory
     (podrun.redaction). ``master_port`` 0 means the port is picked on this machine when the run
     starts (``hold_port``), and every worker gets that one."""
-    request = choose_master(get_transport(request.transport), request, ask_hosts=False)
-    transport = get_transport(request.transport)(request)
+    make = request.kind.load()
+    request = choose_master(make, request, ask_hosts=False)
+    transport = make(request)
     try:
         described = transport.describe(redact=True)
         route = transport.env_route()
@@ -170,7 +171,7 @@ def master_addr_source(request: LaunchRequest) -> str:
                 "that every other host reaches it")
     if request.master_addr != first:
         return "--master-addr"
-    if request.data_interface is not None and transport_of(request.transport).ssh_per_host:
+    if request.data_interface is not None and request.kind.ssh_per_host:
         return (f"{first}'s address on {request.data_interface} (--data-interface), asked from {first} when the run "
                 f"starts (an --elastic re-plan that moves instance 0 asks its new host the same way); "
                 f"GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME are {request.data_interface} on every host")
@@ -187,7 +188,7 @@ def choose_master(make: TransportFactory, request: LaunchRequest, *, ask_hosts: 
     podrun's ssh reaches the master host by, when the ssh config's HostName for it is an IP address (not
     loopback); else the host's name as written, which every host resolves (preflight checks it)."""
     first = request.instances[0].host if request.instances else ""
-    if not transport_of(request.transport).ssh_per_host or request.master_addr != first or request.master_derived:
+    if not request.kind.ssh_per_host or request.master_addr != first or request.master_derived:
         return request
     if request.data_interface is not None and not ask_hosts:
         return request
@@ -212,13 +213,12 @@ def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from:
     podrun.launch.hangs.WatchOptions) and ``progress`` go to the Supervisor.
     """
     from podrun.launch.control import claim, release
+    from podrun.rundir.lock import hold_run
 
     notice = notice or (lambda t: None)
     rlimits.ensure(*rlimits.run_size(request), notice)
     create_run_dir(request.run_dir, reuse=resuming)
-    from podrun.rundir.lock import LAUNCH_LOCK, DirLock
-
-    held_run = DirLock(request.run_dir, request.run_id, "run directory", LAUNCH_LOCK).acquire()
+    held_run = hold_run(request.run_dir, request.run_id, resuming)
     try:
         _before_start(request.run_dir, claim, request.run_dir)
         try:
@@ -233,21 +233,12 @@ def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from:
 def _execute(request: LaunchRequest, *, sink, notice, only_output_from, elastic, watch, progress, resuming: bool,
              launch_record: dict | None) -> tuple[Outcome | None, dict]:
     """execute(), the run directory made and held."""
-    earlier: list[dict] = []
-    if resuming:
-        from podrun.launch.resume import check_free
-
-        check_free(Path(request.run_dir), launch=False)     # no train.py of the run still writes it
-        earlier = _earlier_attempts(request.run_dir)
-    elif launch_record is not None:
-        _before_start(request.run_dir, layout.write_json, Path(request.run_dir) / layout.LAUNCH, launch_record)
-    _before_start(request.run_dir, write_plan, request.run_dir, request.plan)
-    record = None
-    if elastic is not None:
-        _before_start(request.run_dir, write_plan, request.run_dir, request.plan, layout.plan_of(0))
-        record = {"min_hosts": elastic.min_hosts, "global_batch": elastic.global_batch,
-                  "spares": list(elastic.spares), "replans": []}
-    make = get_transport(request.transport)
+    earlier = _earlier_attempts(request.run_dir) if resuming else []
+    _before_start(request.run_dir, layout.write_start, request.run_dir, request.plan,
+                  None if resuming else launch_record, elastic is not None)
+    record = None if elastic is None else {"min_hosts": elastic.min_hosts, "global_batch": elastic.global_batch,
+                                           "spares": list(elastic.spares), "replans": []}
+    make = request.kind.load()
     request = choose_master(make, request)
     try:
         req, held = hold_port(request)
@@ -266,7 +257,7 @@ def _execute(request: LaunchRequest, *, sink, notice, only_output_from, elastic,
             held.close()
         if request.warm:
             shutil.rmtree(os.path.join(request.run_dir, layout.ZYGOTE), ignore_errors=True)   # every zygote ends
-        if not transport_of(request.transport).remote:
+        if not request.kind.remote:
             _drop_local_snapshots(request)
 
 
@@ -315,7 +306,7 @@ def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_
             if problems:
                 transport.close()
                 bad = tuple(dict.fromkeys(p.host for p in problems if p.host in req.plan.hosts))
-                if outcome is None or not transport_of(req.transport).remote or not bad:   # else re-planned
+                if outcome is None or not req.kind.remote or not bad:   # else re-planned
                     # the first attempt, or problems of this machine's (local) rather than of a host's (elastic)
                     raise _preflight_failed(req, problems, notice, earlier=None if outcome is None else {
                         "attempts": attempts, **({} if record is None else {"elastic": record})})
@@ -417,7 +408,7 @@ def _replan(policy, record: dict, req: LaunchRequest, summary: dict, outcome: Ou
     if not derived:
         return new
     try:       # with --data-interface the new master host is asked for its address there, as at the start
-        return choose_master(get_transport(new.transport), new)
+        return choose_master(new.kind.load(), new)
     except PreflightError as exc:
         # it cannot be asked (or lacks the interface): the attempt's preflight names it and drops it as a lost host
         why = "; ".join(exc.problems)

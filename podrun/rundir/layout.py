@@ -149,6 +149,16 @@ def write_plan(run_dir: str | Path, plan, name: str = PLAN) -> Path:
     return p
 
 
+def write_start(run_dir: str | Path, plan, launch_record: dict | None = None, elastic: bool = False) -> None:
+    """What a launch writes before anything starts: launch.json (``launch_record``), plan.json and, for an elastic
+    run, plan-0.json (each attempt's plan is kept)."""
+    if launch_record is not None:
+        write_json(Path(run_dir) / LAUNCH, launch_record)
+    write_plan(run_dir, plan)
+    if elastic:
+        write_plan(run_dir, plan, plan_of(0))
+
+
 def write_summary(run_dir: str | Path, summary: dict) -> Path:
     """summary.json, redacted (podrun.redaction.redact_record: a worker's error or last lines may hold a secret)."""
     p = Path(run_dir) / SUMMARY

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from podrun import safefs
 from podrun.errors import PodrunError
-from podrun.rundir.layout import LAUNCH_LOCK, WRITER_LOCK  # noqa: F401 - the lock files' names, for the callers
+from podrun.rundir.layout import LAUNCH_LOCK, WRITER_LOCK
 
 
 class LockError(PodrunError):
@@ -118,3 +118,26 @@ class DirLock:
                 pass
             os.close(self.fd)            # closing the last descriptor drops the lock
             self.fd = None
+
+
+def check_free(run_dir: str | os.PathLike, launch: bool = True) -> None:
+    """LockError (exit 2) when a live process holds the run directory: a launch (``launch``: looked at too) or a
+    train.py writing it."""
+    for name, what in ((LAUNCH_LOCK, "a launch"), (WRITER_LOCK, "a training process"))[0 if launch else 1:]:
+        who = holder(run_dir, name)
+        if who is not None:
+            raise LockError(f"run directory {run_dir} is held by {what}: {describe(who)}; it cannot be resumed "
+                            "while that runs", hint="wait for it to end (or end it), then resume")
+
+
+def hold_run(run_dir: str | os.PathLike, run_id: str, resuming: bool = False) -> DirLock:
+    """A launch's hold on its run directory for the whole run (the launch lock); a resume also finds no train.py
+    of the run still writing it (LockError, exit 2)."""
+    held = DirLock(run_dir, run_id, "run directory", LAUNCH_LOCK).acquire()
+    if resuming:
+        try:
+            check_free(run_dir, launch=False)
+        except LockError:
+            held.release()
+            raise
+    return held

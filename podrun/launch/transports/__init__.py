@@ -1,7 +1,7 @@
 """The transports by name: what each can do (its capabilities) and where its code is, imported only when used.
 
-Code outside this package asks a transport's capabilities (``transport_of(request.transport).remote``), never
-its name; a new transport is one entry here and one module (podrun.launch.transports.base says what it implements).
+Code outside this package asks a transport's capabilities (``request.kind.remote``), never its name; a new
+transport is one entry here and one module (podrun.launch.transports.base says what it implements).
 """
 from __future__ import annotations
 
@@ -35,6 +35,21 @@ class TransportKind:
     passes_env: bool = False
     #: chosen by its engine (--engine), never by --transport
     engine_only: bool = False
+
+    def load(self):
+        """What makes this transport from a request (imported now): its class, or for ssh the function that picks
+        the client's class; a LaunchError naming a module it needs that is missing (paramiko for ssh)."""
+        import importlib
+
+        module_name, attr = self.impl.split(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            from podrun.errors import LaunchError
+
+            raise LaunchError(f"transport {self.name!r} needs the Python module {exc.name!r}",
+                              hint=f"pip install {exc.name}") from exc
+        return getattr(module, attr)
 
 
 TRANSPORTS: dict[str, TransportKind] = {k.name: k for k in (

@@ -24,7 +24,6 @@ The interface every transport implements:
 from __future__ import annotations
 
 import functools
-import importlib
 import os
 import queue
 import signal
@@ -58,7 +57,7 @@ def busy_port_problem(host: str, req: "LaunchRequest", port: int) -> Problem:
     """A preflight problem for the run's rendezvous port, taken on the master host."""
     return Problem(host, f"rendezvous port {port} is in use on the master host",
                    "pass --master-port with a free port"
-                   + ("" if transport_of(req.transport).remote else " (0: podrun picks one)"))
+                   + ("" if req.kind.remote else " (0: podrun picks one)"))
 
 
 class InstanceHandle(ABC):
@@ -223,16 +222,8 @@ TransportFactory = Callable[["LaunchRequest"], "Transport"]   # a Transport clas
 
 
 def get_transport(name: str) -> TransportFactory:
-    """What makes the transport registered under ``name`` from a request (imported lazily): its class, or for ssh
-    the function that picks the client's class."""
-    module_name, attr = transport_of(name).impl.split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:       # a dependency of the transport (paramiko for ssh)
-        raise LaunchError(
-            f"transport {name!r} needs the Python module {exc.name!r}", hint=f"pip install {exc.name}"
-        ) from exc
-    return getattr(module, attr)
+    """What makes the transport registered under ``name`` from a request (podrun.launch.transports.TransportKind.load)."""
+    return transport_of(name).load()
 
 
 class StreamMerger:
