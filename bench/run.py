@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(HERE / "out"), help="folder for the JSON results")
     ap.add_argument("--keep", action="store_true",
                     help="also write the JSON to bench/results/NAME-YYYYMMDD-HHMM.json, the file a figure in "
-                         "bench/RESULTS.md names (committed; tests/unit/test_bench_results.py checks the figures)")
+                         "bench/RESULTS.md names (committed; tests/bench/test_bench_results.py checks the figures)")
     args = ap.parse_args(argv)
     names = args.names or [n for n in available() if n not in OWN_OPTIONS]
     unknown = sorted(set(names) - set(available()))

@@ -111,7 +111,7 @@ def test_one_reader_for_several_instances_counts_each_instances_own_silence():
 
 def test_a_cluster_spec_sets_the_heartbeat_and_dry_run_shows_it(tmp_path):
     from podrun.specs import load_cluster
-    from tests.unit.test_specs import write
+    from tests.specs.test_specs import write
 
     local = open(load_cluster("local").path).read()
     p = write(tmp_path, local + "\nheartbeat: 0.25\nheartbeat_misses: 8\n")
