@@ -42,6 +42,12 @@ def print_table(rows: list[dict]) -> None:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths)))
 
 
+def run_alone(run, quick: bool | None = None) -> None:
+    """`python -m bench.bench_NAME [--quick]`: one benchmark's table, as `python -m bench NAME` prints it (no JSON);
+    quick: when given, instead of --quick on the command line."""
+    print_table(run(quick="--quick" in sys.argv[1:] if quick is None else quick))
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["mutate"]:

@@ -25,10 +25,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from podrun.wire.probe import port_free
-
 from .common import (await_daemonised, BASE, BASE_TOOLS, Fabric, FabricAccess, HarnessError, check_prerequisites,
-                     kill_pids, pid_from_file, run, subnet_in_use, wait_for)
+                     kill_pids, pid_from_file, port_free, run, subnet_in_use, wait_for)
 
 KIND = "slurm"
 PORT_BASE = 17000
