@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.engines.conftest import ALLREDUCE, assert_allreduce_job_done, results
+from tests.harness.podrun_proc import run_podrun
 from tests.launch.helpers import ENV_UNTIL, SNAPSHOT_KEY, ArgvWatch, assert_env_off_argv, secret_values, worker_saw
 from tests.launch.helpers import run_dir as only_run_dir      # these tests name their run dir run_dir
 
@@ -18,10 +19,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.cluster]
 
 
 def podrun(sl, args, cwd, timeout=120, env=None):
-    e = dict(sl.env)
-    e.update(env or {})
-    return subprocess.run([sys.executable, "-m", "podrun", *args], cwd=cwd, env=e, capture_output=True,
-                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return run_podrun(*args, cwd=cwd, env={**sl.env, **(env or {})}, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
 def job_output(run_dir: Path, ext: str) -> str:
