@@ -16,6 +16,7 @@ from podrun.errors import PodrunError
 from podrun.train import checkpoint as ckpt
 from podrun.train.config import TrainConfig
 from podrun.rundir.metrics import end_record
+from tests.harness.podrun_proc import run_podrun
 from tests.ports import free_port
 from tests.train.train_procs import outside_env
 
@@ -64,11 +65,10 @@ def test_default_is_two():
 
 
 def _launch(tmp_path: Path, run_id: str, *train_args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "podrun", "launch", "--global-batch", "32", "--master-port", str(free_port(2)),
-         "--runs-dir", str(tmp_path / "runs"), "--run-id", run_id, str(ROOT / "recipes" / "resnet18_cifar10"),
-         "--data", "digits", "--image-size", "8", "--steps", "6", "--checkpoint-every", "2", "--quiet",
-         *train_args], cwd=tmp_path, env=outside_env(), capture_output=True, text=True, timeout=200)
+    return run_podrun("launch", "--global-batch", "32", "--master-port", free_port(2), "--runs-dir", tmp_path / "runs",
+                      "--run-id", run_id, ROOT / "recipes" / "resnet18_cifar10", "--data", "digits", "--image-size",
+                      "8", "--steps", "6", "--checkpoint-every", "2", "--quiet", *train_args, cwd=tmp_path,
+                      env=outside_env(), timeout=200)
 
 
 @pytest.mark.timeout(420)

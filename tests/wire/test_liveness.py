@@ -9,6 +9,7 @@ import pytest
 
 from podrun.errors import LaunchError
 from podrun.wire.liveness import Hearing, Liveness, settings
+from tests.harness.podrun_proc import run_podrun
 
 
 @pytest.mark.parametrize("given,period,bound", [
@@ -115,18 +116,17 @@ def test_a_cluster_spec_sets_the_heartbeat_and_dry_run_shows_it(tmp_path):
 
     local = open(load_cluster("local").path).read()
     p = write(tmp_path, local + "\nheartbeat: 0.25\nheartbeat_misses: 8\n")
-    base = [sys.executable, "-m", "podrun", "launch", "--cluster", str(p), "--nodes", "1", "--dry-run"]
-    cp = subprocess.run([*base, "--json", "--", "true"], capture_output=True, text=True, timeout=60)
+    base = ["launch", "--cluster", str(p), "--nodes", "1", "--dry-run"]
+    cp = run_podrun(*base, "--json", "--", "true", timeout=60)
     assert cp.returncode == 0, cp.stderr
     rec = json.loads(cp.stdout)
     assert rec["heartbeat"] == {"period_s": 0.25, "misses": 8, "bound_s": 2.0}
     assert "--heartbeat 0.25 --instance 0 --stdin-timeout 2 " in rec["commands"][0]["command"]
-    cp = subprocess.run([*base, "--heartbeat-misses", "2", "--", "true"], capture_output=True, text=True, timeout=60)
+    cp = run_podrun(*base, "--heartbeat-misses", "2", "--", "true", timeout=60)
     assert cp.returncode == 0, cp.stderr
     assert "# heartbeat every 0.5 s both ways; a host silent for 1 s (2 missed) is lost" in cp.stdout, cp.stdout
     p = write(tmp_path, local + "\nheartbeat_misses: 0\n", "bad.yaml")
-    cp = subprocess.run([*base[:4], "--cluster", str(p), "--dry-run", "--", "true"], capture_output=True, text=True,
-                        timeout=60)
+    cp = run_podrun(*base[:1], "--cluster", p, "--dry-run", "--", "true", timeout=60)
     line = len(p.read_text().splitlines())
     assert cp.returncode == 2 and f"{p}:{line}: field 'heartbeat_misses' must be at least 1" in cp.stderr, cp.stderr
     assert "Traceback" not in cp.stderr
