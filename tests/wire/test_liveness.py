@@ -3,13 +3,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 
 from podrun.errors import LaunchError
 from podrun.wire.liveness import Hearing, Liveness, settings
-from tests.harness.podrun_proc import run_podrun
+from tests.harness.podrun_proc import PODRUN, run_podrun
 
 
 @pytest.mark.parametrize("given,period,bound", [
@@ -156,7 +155,7 @@ def test_what_is_given_wins_over_the_period_the_host_count_gives(given, period, 
 
 def test_dry_run_of_64_hosts_gives_every_agent_the_longer_period():
     hosts = ",".join(f"n{i}" for i in range(64))
-    base = [sys.executable, "-m", "podrun", "launch", "--transport", "ssh", "--hosts", hosts, "--devices-per-host", "1",
+    base = [*PODRUN, "launch", "--transport", "ssh", "--hosts", hosts, "--devices-per-host", "1",
             "--dry-run", "--json"]
     cp = subprocess.run([*base, "--", "true"], capture_output=True, text=True, timeout=60)
     assert cp.returncode == 0, cp.stderr
@@ -172,7 +171,7 @@ def test_under_mpirun_every_workers_agent_counts_as_a_heartbeat_sender():
     """--transport mpirun runs an agent per worker (an MPI rank each), and each sends heartbeats: 16 hosts x 4
     workers are 64 senders, the period of 64 hosts (2 s), not of 16; over ssh one agent a host keeps 0.5 s."""
     hosts = ",".join(f"n{i}" for i in range(16))
-    base = [sys.executable, "-m", "podrun", "launch", "--hosts", hosts, "--devices-per-host", "4", "--dry-run",
+    base = [*PODRUN, "launch", "--hosts", hosts, "--devices-per-host", "4", "--dry-run",
             "--json"]
     got = {}
     for transport in ("mpirun", "ssh"):
