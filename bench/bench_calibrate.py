@@ -127,6 +127,6 @@ def run(quick: bool) -> list[dict]:
 
 
 if __name__ == "__main__":
-    from bench.run import print_table
+    from bench.run import run_alone
 
-    print_table(run(quick="--quick" in sys.argv))
+    run_alone(run)

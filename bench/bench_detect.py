@@ -44,5 +44,6 @@ def run(quick: bool) -> list[dict]:
 
 
 if __name__ == "__main__":
-    for r in run(quick=True):
-        print(r)
+    from bench.run import run_alone
+
+    run_alone(run, quick=True)

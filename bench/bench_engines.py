@@ -93,7 +93,6 @@ def run(quick: bool) -> list[dict]:
 
 
 if __name__ == "__main__":
-    import json
+    from bench.run import run_alone
 
-    for r in run("--quick" in sys.argv):
-        print(json.dumps(r))
+    run_alone(run)

@@ -236,7 +236,6 @@ def run(quick: bool) -> list[dict]:
 
 
 if __name__ == "__main__":
-    import json
-    import sys
+    from bench.run import run_alone
 
-    print(json.dumps(run(quick="--quick" in sys.argv), indent=1))
+    run_alone(run)

@@ -11,11 +11,10 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from bench.rows import row
+from bench.rows import rows_for, scratch
 
 ROOT = Path(__file__).resolve().parents[1]
 HANG = str(ROOT / "tests" / "launch" / "scripts" / "hang.py")
@@ -96,25 +95,22 @@ def step_ms(tmp: Path, launcher: str, steps: int) -> float:
     return float(m.group(1))
 
 
-def _row(subject, value, unit, peer, peer_value, note):
-    return row("hang", subject, value, unit, note, peer, peer_value)
+_row = rows_for("hang")
 
 
 def run(quick: bool) -> list[dict]:
     repeats = 1 if quick else 3
     steps = 200 if quick else 1000
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="podrun-bench-hang-") as d:
-        tmp = Path(d)
+    with scratch("hang") as tmp:
         for sub in [f"p{k}" for k in range(repeats)] + ["t"]:
             (tmp / sub).mkdir()
         pod = [stall_to_stacks(tmp / f"p{k}", "podrun") for k in range(repeats)]
         tr = stall_to_stacks(tmp / "t", "torchrun")
         ok = [x for x in pod if x is not None]
-        rows.append(_row(f"stall to merged stacks, --hang-timeout {WINDOW:g}", statistics.median(ok) if ok else None,
-                         "s", "torchrun", tr,
-                         f"2 ranks, rank 1 sleeps at step 5; median of {repeats}; torchrun: "
-                         + ("none within " if tr is None else "") + f"{CAP_S:g} s (it waits for gloo's timeout)"))
+        stall = _row(f"stall to merged stacks, --hang-timeout {WINDOW:g}", statistics.median(ok) if ok else None, "s",
+                     f"2 ranks, rank 1 sleeps at step 5; median of {repeats}; torchrun: "
+                     + ("none within " if tr is None else "") + f"{CAP_S:g} s (it waits for gloo's timeout)",
+                     "torchrun", tr)
         pm, um, tm = [], [], []
         for k in range(repeats):
             (tmp / f"s{k}").mkdir()
@@ -124,14 +120,13 @@ def run(quick: bool) -> list[dict]:
         runs = "; ".join(f"{a:.2f}/{b:.2f}/{c:.2f}" for a, b, c in zip(pm, um, tm))
         what = (f"2 ranks, {steps} steps of 4 matmuls 256x256 + all_reduce 4096 floats; median step, median of "
                 f"{repeats} interleaved runs (watched/unwatched/torchrun ms: {runs})")
-        rows.append(_row("step time, watched (a report each step)", statistics.median(pm), "ms",
-                         "podrun unwatched (no report, --hang-timeout off)", statistics.median(um), what))
-        rows.append(_row("step time, watched (a report each step)", statistics.median(pm), "ms", "torchrun",
-                         statistics.median(tm), what))
-    return rows
+    return [stall, _row("step time, watched (a report each step)", statistics.median(pm), "ms", what,
+                        "podrun unwatched (no report, --hang-timeout off)", statistics.median(um)),
+            _row("step time, watched (a report each step)", statistics.median(pm), "ms", what, "torchrun",
+                 statistics.median(tm))]
 
 
 if __name__ == "__main__":
-    from bench.run import print_table
+    from bench.run import run_alone
 
-    print_table(run(quick="--quick" in sys.argv))
+    run_alone(run)

@@ -88,8 +88,8 @@ def run(quick: bool = True) -> list[dict]:
 
 
 if __name__ == "__main__":
-    import json
     import sys
 
-    for r in run(quick="--full" not in sys.argv):
-        print(json.dumps(r))
+    from bench.run import run_alone
+
+    run_alone(run, quick="--full" not in sys.argv)

@@ -458,5 +458,6 @@ def _vs_row(benchmark, subject, values, peer, bound, note, failures) -> dict:
 
 
 if __name__ == "__main__":
-    for r in run(quick="--quick" in sys.argv):
-        print(r)
+    from bench.run import run_alone
+
+    run_alone(run)

@@ -15,13 +15,11 @@ import statistics
 import subprocess
 import sys
 import sysconfig
-import tempfile
-import threading
 import time
 from pathlib import Path
 
-from bench.rows import row
-from tests.faults.memory import OUTPUT, _slow_console, podrun_output, vm_hwm_mb
+from bench.rows import rows_for, scratch
+from tests.faults.memory import OUTPUT, finish, on_slow_console, podrun_output, until_written, vm_hwm_mb
 from tests.ports import free_port
 
 
@@ -33,52 +31,33 @@ def _torchrun() -> str:
 def torchrun_output(tmp: Path, mb: int, mode: str, k: int) -> dict:
     go, done = tmp / f"tgo-{mode}-{k}", tmp / f"tdone-{mode}-{k}"
     t0 = time.perf_counter()
-    p = subprocess.Popen([_torchrun(), "--standalone", "--nproc-per-node", "1", OUTPUT, str(mb), mode, str(go),
-                          str(done)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    threading.Thread(target=_slow_console, args=(p.stdout.fileno(),), daemon=True).start()
-    try:
-        while not done.exists():
-            if p.poll() is not None:
-                raise AssertionError(f"torchrun ended with {p.returncode} before the output was written")
-            time.sleep(0.02)
+    with on_slow_console([_torchrun(), "--standalone", "--nproc-per-node", "1", OUTPUT, str(mb), mode, str(go),
+                          str(done)], go, stderr=subprocess.DEVNULL) as p:
+        until_written(p, done.exists, "torchrun")
         r = {"wall_s": time.perf_counter() - t0, "torchrun_mb": vm_hwm_mb(p.pid)}
-        go.touch()
-        assert p.wait(timeout=60) == 0
+        assert finish(p, go) == 0
         return r
-    finally:
-        go.touch()
-        if p.poll() is None:
-            p.kill()
-            p.wait()
 
 
 def bare_output(tmp: Path, mb: int, mode: str, k: int) -> float:
     """The worker alone, writing to the same console: the floor for the wall time."""
     go, done = tmp / f"bgo-{mode}-{k}", tmp / f"bdone-{mode}-{k}"
     t0 = time.perf_counter()
-    p = subprocess.Popen([sys.executable, OUTPUT, str(mb), mode, str(go), str(done)], stdout=subprocess.PIPE)
-    threading.Thread(target=_slow_console, args=(p.stdout.fileno(),), daemon=True).start()
-    try:
-        while not done.exists():
-            if p.poll() is not None:
-                raise AssertionError(f"the worker ended with {p.returncode} before the output was written")
-            time.sleep(0.02)
-        return time.perf_counter() - t0
-    finally:
-        go.touch()
-        p.wait(timeout=60)
+    with on_slow_console([sys.executable, OUTPUT, str(mb), mode, str(go), str(done)], go) as p:
+        until_written(p, done.exists, "the worker")
+        wall = time.perf_counter() - t0
+        finish(p, go)
+        return wall
 
 
-def _row(subject, value, unit, peer, peer_value, note):
-    return row("worker output", subject, value, unit, note, peer, peer_value)
+_row = rows_for("worker output")
 
 
 def run(quick: bool) -> list[dict]:
     mb = 20 if quick else 200
     repeats = 1 if quick else 3
     rows = []
-    with tempfile.TemporaryDirectory(prefix="podrun-bench-output-") as d:
-        tmp = Path(d)
+    with scratch("output") as tmp:
         for mode in ("lines", "oneline"):
             pr, tr, br = [], [], []
             for k in range(repeats):
@@ -90,18 +69,18 @@ def run(quick: bool) -> list[dict]:
             what = f"{mb} MB as {'1 KiB lines' if mode == 'lines' else 'one line, no newline'}"
             note = f"{what}; median of {repeats}"
             med = lambda rs, key: statistics.median(r[key] for r in rs)  # noqa: E731
-            rows.append(_row(f"podrun wall, {what}", med(pr, "wall_s"), "s", "torchrun wall", med(tr, "wall_s"),
-                             note))
-            rows.append(_row(f"podrun wall, {what}", med(pr, "wall_s"), "s", "the worker alone",
-                             statistics.median(br), note))
+            rows.append(_row(f"podrun wall, {what}", med(pr, "wall_s"), "s", note, "torchrun wall", med(tr, "wall_s")))
+            rows.append(_row(f"podrun wall, {what}", med(pr, "wall_s"), "s", note, "the worker alone",
+                             statistics.median(br)))
+            peak = max(r["torchrun_mb"] for r in tr)
             rows.append(_row(f"podrun peak RSS, {what}", max(r["podrun_mb"] for r in pr), "MB",
-                             "torchrun peak RSS", max(r["torchrun_mb"] for r in tr), note.replace("median", "max")))
+                             note.replace("median", "max"), "torchrun peak RSS", peak))
             rows.append(_row(f"agent peak RSS, {what}", max(r["agent_mb"] for r in pr), "MB",
-                             "torchrun peak RSS", max(r["torchrun_mb"] for r in tr), note.replace("median", "max")))
+                             note.replace("median", "max"), "torchrun peak RSS", peak))
     return rows
 
 
 if __name__ == "__main__":
-    from bench.run import print_table
+    from bench.run import run_alone
 
-    print_table(run("--quick" in sys.argv))
+    run_alone(run)

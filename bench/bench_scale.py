@@ -618,5 +618,6 @@ def run(quick: bool) -> list[dict]:
 
 
 if __name__ == "__main__":
-    for r in run(quick="--quick" in sys.argv):
-        print(r)
+    from bench.run import run_alone
+
+    run_alone(run)

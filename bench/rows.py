@@ -1,7 +1,12 @@
-"""One row of a benchmark table: a subject's figure beside its peer's, their ratio, the unit and a note."""
+"""One row of a benchmark table: a subject's figure beside its peer's, their ratio, the unit and a note; a
+benchmark's scratch folder."""
 from __future__ import annotations
 
+import functools
 import statistics
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
 
 
 def _figure(value, digits: int):
@@ -23,3 +28,15 @@ def row(benchmark: str, subject: str, value, unit: str, note: str, peer: str | N
     ratio = None if v is None or pv is None or pv == 0 else round(v / pv, 3)
     return {"benchmark": benchmark, "subject": subject, "value": v, "peer": peer, "peer_value": pv, "ratio": ratio,
             "unit": unit, "note": note}
+
+
+def rows_for(benchmark: str, *, digits: int = 3):
+    """row() with the benchmark named once: ``rows_for("hang")(subject, value, unit, note, peer, peer_value)``."""
+    return functools.partial(row, benchmark, digits=digits)
+
+
+@contextmanager
+def scratch(benchmark: str):
+    """A folder of this run's own for one benchmark's files (podrun-bench-NAME-*), removed when the block leaves."""
+    with tempfile.TemporaryDirectory(prefix=f"podrun-bench-{benchmark}-") as d:
+        yield Path(d)

@@ -42,6 +42,12 @@ def print_table(rows: list[dict]) -> None:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths)))
 
 
+def run_alone(run, quick: bool | None = None) -> None:
+    """`python -m bench.bench_NAME [--quick]`: one benchmark's table, as `python -m bench NAME` prints it (no JSON);
+    quick: when given, instead of --quick on the command line."""
+    print_table(run(quick="--quick" in sys.argv[1:] if quick is None else quick))
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["mutate"]:
@@ -56,7 +62,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(HERE / "out"), help="folder for the JSON results")
     ap.add_argument("--keep", action="store_true",
                     help="also write the JSON to bench/results/NAME-YYYYMMDD-HHMM.json, the file a figure in "
-                         "bench/RESULTS.md names (committed; tests/unit/test_bench_results.py checks the figures)")
+                         "bench/RESULTS.md names (committed; tests/bench/test_bench_results.py checks the figures)")
     args = ap.parse_args(argv)
     names = args.names or [n for n in available() if n not in OWN_OPTIONS]
     unknown = sorted(set(names) - set(available()))

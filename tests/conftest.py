@@ -79,12 +79,7 @@ def slurm_cluster():
     """A real Slurm: slurmctld + slurmd node1..node3 in network namespaces, shared by the session.
     Pass slurm_cluster.env (it carries SLURM_CONF) to every Slurm command, or use slurm_cluster.run."""
     from tests.harness.slurm import SlurmCluster
-    try:
-        cluster = SlurmCluster(nodes=3)
-    except HarnessError as e:
-        _fail("slurm_cluster (slurmctld + 3 slurmd in network namespaces)", e)
-    with cluster:
-        yield cluster
+    yield from _session_cluster(SlurmCluster, "slurm_cluster (slurmctld + 3 slurmd in network namespaces)")
 
 
 @pytest.fixture(scope="session")
@@ -93,10 +88,15 @@ def uge_cluster():
     namespaces), parallel environment "podrun" with one slot per host. Run its clients with uge_cluster.run
     (on node1, with SGE_ROOT/SGE_CELL/ports) or pass uge_cluster.env to uge_cluster.exec("node1", ...)."""
     from tests.harness.uge import GridEngineCluster
+    yield from _session_cluster(GridEngineCluster, "uge_cluster (sge_qmaster + 3 sge_execd in network namespaces)")
+
+
+def _session_cluster(cluster_type, what: str):
+    """A 3-node cluster_type for the session's fixture (what names it in the failure when it cannot start)."""
     try:
-        cluster = GridEngineCluster(nodes=3)
+        cluster = cluster_type(nodes=3)
     except HarnessError as e:
-        _fail("uge_cluster (sge_qmaster + 3 sge_execd in network namespaces)", e)
+        _fail(what, e)
     with cluster:
         yield cluster
 

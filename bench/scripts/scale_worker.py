@@ -3,9 +3,10 @@ all_reduce over TCP (rank 0 serves MASTER_PORT + 1; the others send rank + 1 and
 DIR/coll-<rank>, then sleeps until a signal ends it. Usage: scale_worker.py DIR MARKER (MARKER names the run's
 processes on the hosts). The rank and world size come from RANK/WORLD_SIZE, or Open MPI's or Slurm's names."""
 import os
-import socket
 import sys
 import time
+
+from tcp_sum import tcp_sum
 
 
 def _env(*names):
@@ -28,24 +29,9 @@ def main():
     world = _env("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS")
     _stamp(os.path.join(out, f"up-{rank}"))
     addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]) + 1
-    if rank == 0:
-        srv = socket.create_server(("", port), backlog=max(world, 16))
-        conns = [srv.accept()[0] for _ in range(world - 1)]
-        total = 1 + sum(int(c.makefile().readline()) for c in conns)
-        for c in conns:
-            c.sendall(f"{total}\n".encode())
-    else:
-        deadline = time.monotonic() + 300     # a launch that takes minutes on a loaded machine still counts
-        while True:
-            try:
-                s = socket.create_connection((addr, port), timeout=30)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.02)
-        s.sendall(f"{rank + 1}\n".encode())
-        total = int(s.makefile().readline())
+    # a launch that takes minutes on a loaded machine still counts
+    total = tcp_sum(rank, world, addr, port, rank + 1, backlog=max(world, 16), connect_for=300, connect_timeout=30,
+                    retry=0.02)
     if total != world * (world + 1) // 2:
         raise SystemExit(f"scale_worker: rank {rank}: sum {total}, expected {world * (world + 1) // 2}")
     _stamp(os.path.join(out, f"coll-{rank}"))

@@ -2,28 +2,10 @@
 value and reads back the sum. It measures a launcher's own path to a first collective (start, env,
 rendezvous address) with no framework import in the way; it retries a refused connect every 10 ms."""
 import os
-import socket
-import time
+
+from tcp_sum import tcp_sum
 
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-value = rank + 1
-if rank == 0:
-    srv = socket.create_server(("", port))
-    conns = [srv.accept()[0] for _ in range(world - 1)]
-    total = value + sum(int(c.makefile().readline()) for c in conns)
-    for c in conns:
-        c.sendall(f"{total}\n".encode())
-else:
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            s = socket.create_connection((addr, port), timeout=5)
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.01)
-    s.sendall(f"{value}\n".encode())
-    total = int(s.makefile().readline())
+total = tcp_sum(rank, world, addr, port, rank + 1)
 print(f"ALLREDUCE rank={rank} world={world} sum={total}", flush=True)

@@ -3,12 +3,11 @@ largest local batch is the true largest, the file feeds the plan, a budget below
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 from podrun.specs.calibration import load
+from tests.harness.podrun_proc import PODRUN, run_podrun, with_env
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = str(ROOT / "recipes" / "resnet18_cifar10")
@@ -16,8 +15,7 @@ BUDGET_GB = 0.3        # resnet18 (CIFAR stem) on CPU: ~275 MB at batch 1..4, +4
 
 
 def podrun(*args, cwd, timeout=900):
-    return subprocess.run([sys.executable, "-m", "podrun", *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return run_podrun(*args, timeout=timeout, cwd=cwd, env=with_env(OMP_NUM_THREADS="1"))
 
 
 def test_calibrate_finds_the_true_largest_batch_and_the_plan_uses_it(tmp_path):
@@ -50,7 +48,7 @@ def test_calibrate_finds_the_true_largest_batch_and_the_plan_uses_it(tmp_path):
     for b in (largest, largest + 1):
         again = step.probe(recipe, b)["peak_bytes"]
         assert abs(again - probes[b].peak_bytes) < per_sample, (b, again, probes[b], per_sample)
-    p = subprocess.run([sys.executable, "-m", "podrun", "plan", "--devices-per-host", "2", RECIPE, "--calibration",
+    p = subprocess.run([*PODRUN, "plan", "--devices-per-host", "2", RECIPE, "--calibration",
                         "resnet18_cifar10-local", "--json"], capture_output=True, text=True, cwd=tmp_path, timeout=60)
     plan = json.loads(p.stdout)
     assert plan["local_batch"] <= largest and plan["global_batch"] == 64

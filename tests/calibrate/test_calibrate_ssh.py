@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from bench.bench_calibrate import IMAGE_SIZE, one_count
 from podrun.specs.calibration import hidden_fraction, load
+from tests.harness.podrun_proc import PODRUN
 from tests.harness.shaping import give_cores, shape, shaped_rate_mbit
 from tests.ports import free_port
 
@@ -20,7 +20,7 @@ RECIPE = str(ROOT / "recipes" / "resnet18_cifar10")
 
 
 def calibrate_argv(hosts, names, tmp_path, *extra):
-    return [sys.executable, "-m", "podrun", "calibrate", "--hosts", ",".join(names), "--devices-per-host", "1",
+    return [*PODRUN, "calibrate", "--hosts", ",".join(names), "--devices-per-host", "1",
             "--transport", "ssh", "--ssh-config", hosts.ssh_config_path, "--master-port", str(free_port(2)),
             "--runs-dir", str(tmp_path / "runs"), "--device-memory", "0.3", "--batches", "4", "--steps", "1",
             *extra, RECIPE]

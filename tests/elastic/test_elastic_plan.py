@@ -11,7 +11,7 @@ from podrun.errors import PlanError
 from podrun.plan import Overrides, make_plan
 from podrun.elastic.table import elastic_table, parse_range
 from podrun.specs import load_cluster, load_recipe
-from tests.unit.plan_oracle import brute_force
+from tests.plan.plan_oracle import brute_force
 
 PODRUN = [sys.executable, "-m", "podrun"]
 

@@ -31,6 +31,13 @@ def steps(rd: Path) -> dict[int, dict]:
     return out
 
 
+def reference_run(hosts, tmp_path, train: list[str]) -> dict[int, dict]:
+    """train run to its end on every host under tmp_path/ref (global batch 12, no elastic); its steps."""
+    ref = podrun(*launch_args(hosts, hosts.hosts, tmp_path, "ref", "--global-batch", "12"), "--", *train, timeout=180)
+    assert ref.returncode == 0, ref.stderr
+    return steps(run_dir(tmp_path / "ref"))
+
+
 def wait_step(rd_parent: Path, n: int, timeout: float) -> None:
     def reached():
         dirs = [d for d in rd_parent.iterdir()] if rd_parent.exists() else []
@@ -55,9 +62,7 @@ def cut_when_up(p, hosts, victim: str, instances: int, timeout: float) -> str:
 def test_lost_host_continues_on_3_hosts_with_the_same_global_batch_and_loss_curve(make_ssh_hosts, tmp_path):
     hosts = make_ssh_hosts(4)
     train = [sys.executable, TRAIN, "--steps", "30", "--sleep", "0.15"]
-    ref = podrun(*launch_args(hosts, hosts.hosts, tmp_path, "ref", "--global-batch", "12"), "--", *train, timeout=180)
-    assert ref.returncode == 0, ref.stderr
-    reference = steps(run_dir(tmp_path / "ref"))
+    reference = reference_run(hosts, tmp_path, train)
     assert sorted(reference) == list(range(1, 31)) and {r["world_size"] for r in reference.values()} == {4}
 
     p = podrun_popen(*launch_args(hosts, hosts.hosts, tmp_path, "el", "--global-batch", "12", "--elastic", "2",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.elastic.test_elastic_ssh import launch_args, steps, wait_step
+from tests.elastic.test_elastic_ssh import launch_args, reference_run, steps, wait_step
 from tests.launch.helpers import end, local_pids, podrun, podrun_popen, run_dir, summary, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
@@ -51,9 +51,7 @@ def probes(rd: Path) -> list[dict]:
 def test_elastic_restart_forks_workers_from_the_zygote_with_the_same_losses(make_ssh_hosts, tmp_path):
     hosts = make_ssh_hosts(4)
     train = [sys.executable, TRAIN, "--steps", "24", "--sleep", "0.15"]
-    ref = podrun(*launch_args(hosts, hosts.hosts, tmp_path, "ref", "--global-batch", "12"), "--", *train, timeout=180)
-    assert ref.returncode == 0, ref.stderr
-    reference = steps(run_dir(tmp_path / "ref"))
+    reference = reference_run(hosts, tmp_path, train)
     # a run that cannot restart starts no zygote
     assert not (run_dir(tmp_path / "ref") / "zygote").exists()
     assert "warm start" not in (run_dir(tmp_path / "ref") / "instance-0.log").read_text()

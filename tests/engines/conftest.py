@@ -2,22 +2,19 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.harness.podrun_proc import run_podrun, with_env
 
 HERE = Path(__file__).resolve().parent
 ALLREDUCE = str(HERE / "allreduce_check.py")
 
 
 def podrun(args, *, cwd, env=None, timeout=120) -> subprocess.CompletedProcess:
-    e = dict(os.environ)
-    e.update(env or {})
-    return subprocess.run([sys.executable, "-m", "podrun", *args], cwd=cwd, env=e, capture_output=True,
-                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return run_podrun(*args, cwd=cwd, env=with_env(**(env or {})), timeout=timeout, stdin=subprocess.DEVNULL)
 
 
 def results(text: str) -> list[dict]:

@@ -167,17 +167,23 @@ def test_mpirun_transport_per_worker_ranks_fail_fast(ssh_hosts, tmp_path):
     _need_mpirun()
     hosts = ssh_hosts.hosts[:2]
     marker = f"mpirankfail{int(time.time() * 1000)}"
-    code = ("import os,sys,time; r=os.environ['RANK']; "
-            f"tag='{marker}'; print('worker', r, flush=True); sys.exit(5) if r == '2' else time.sleep(3600)")
-    p = podrun(["launch", "--transport", "mpirun", "--hosts", ",".join(hosts), "--devices-per-host", "2",
-                "--ssh-config", str(ssh_hosts.ssh_config_path), "--runs-dir", str(tmp_path / "runs"),
-                "--grace", "2", "--", ssh_hosts.python, "-c", code], cwd=tmp_path)
+    p = _one_rank_fails(ssh_hosts, tmp_path, hosts, 2, marker,
+                        "print('worker', r, flush=True); sys.exit(5) if r == '2'")
     assert p.returncode == 5, p.stdout + p.stderr
     (run_dir,) = (tmp_path / "runs").iterdir()
     rc = json.loads((run_dir / "summary.json").read_text())["root_cause"]
     assert (rc["instance"], rc["local_rank"], rc["exit_code"]) == (1, 0, 5), rc
     assert rc["last_lines"] == ["worker 2"], rc
     _assert_nothing_left(ssh_hosts, hosts, marker)
+
+
+def _one_rank_fails(ssh_hosts, tmp_path, hosts, per_host: int, marker: str, fails: str):
+    """`launch --transport mpirun` on hosts of a worker that runs ``fails`` (r: its RANK) else sleeps an hour;
+    ``marker`` in every worker's command line."""
+    code = f"import os,sys,time; r=os.environ['RANK']; tag='{marker}'; {fails} else time.sleep(3600)"
+    return podrun(["launch", "--transport", "mpirun", "--hosts", ",".join(hosts), "--devices-per-host", str(per_host),
+                   "--ssh-config", str(ssh_hosts.ssh_config_path), "--runs-dir", str(tmp_path / "runs"),
+                   "--grace", "2", "--", ssh_hosts.python, "-c", code], cwd=tmp_path)
 
 
 def _assert_nothing_left(ssh_hosts, hosts, marker: str, within: float = 10) -> None:
@@ -199,11 +205,7 @@ def test_mpirun_transport_fail_fast(ssh_hosts, tmp_path):
     _need_mpirun()
     hosts = ssh_hosts.hosts[:3]
     marker = f"mpifailfast{int(time.time() * 1000)}"
-    code = ("import os,sys,time; r=os.environ['RANK']; "
-            f"tag='{marker}'; sys.exit(3) if r == '1' else time.sleep(3600)")
-    p = podrun(["launch", "--transport", "mpirun", "--hosts", ",".join(hosts), "--devices-per-host", "1",
-                "--ssh-config", str(ssh_hosts.ssh_config_path), "--runs-dir", str(tmp_path / "runs"),
-                "--grace", "2", "--", ssh_hosts.python, "-c", code], cwd=tmp_path)
+    p = _one_rank_fails(ssh_hosts, tmp_path, hosts, 1, marker, "sys.exit(3) if r == '1'")
     assert p.returncode == 3, p.stdout + p.stderr
     assert "instance 1" in p.stderr and "h2" in p.stderr, p.stderr
     _assert_nothing_left(ssh_hosts, hosts, marker)

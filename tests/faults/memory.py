@@ -6,10 +6,12 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
+from tests.harness.podrun_proc import PODRUN
+
 OUTPUT = str(Path(__file__).parent / "scripts" / "output.py")
-PODRUN = [sys.executable, "-m", "podrun"]
 
 
 def vm_hwm_mb(pid: int) -> float:
@@ -52,34 +54,56 @@ def _slow_console(fd: int) -> None:
         time.sleep(len(chunk) / (CONSOLE_MB_S * 2**20))
 
 
-def podrun_output(tmp: Path, mb: int, mode: str, port: int, timeout: float = 600) -> dict:
-    """Run `podrun launch` with one worker writing ``mb`` MB, its stdout read at CONSOLE_MB_S; returns wall
-    seconds until every byte was logged, and the peak RSS (MB) of podrun and of its agent."""
+@contextmanager
+def on_slow_console(argv: list[str], go: Path, **kw):
+    """Start argv, its stdout read by a console slower than it can write (_slow_console), for a with block; when
+    the block leaves, the worker's go file is there (it may end) and argv's process is ended."""
     import threading
 
-    go = tmp / f"go-{mode}-{mb}"
-    runs = tmp / f"runs-{mode}-{mb}"
-    t0 = time.perf_counter()
-    p = subprocess.Popen([*PODRUN, "launch", "--devices-per-host", "1", "--runs-dir", str(runs), "--master-port",
-                          str(port), "--run-id", "out", "--", sys.executable, OUTPUT, str(mb), mode, str(go)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, **kw)
     threading.Thread(target=_slow_console, args=(p.stdout.fileno(),), daemon=True).start()
     try:
-        log = runs / "out" / "instance-0.log"
-        while not _tail_has(log, b"output-end\n"):
-            if p.poll() is not None or time.perf_counter() - t0 > timeout:
-                raise AssertionError(f"podrun ended or took over {timeout} s: {p.stderr.read().decode()[-2000:]}")
-            time.sleep(0.02)
-        wall = time.perf_counter() - t0
-        agents = [c for c in _children(p.pid) if b"podrun.host.agent" in Path(f"/proc/{c}/cmdline").read_bytes()]
-        assert len(agents) == 1, agents
-        rss = {"wall_s": wall, "podrun_mb": vm_hwm_mb(p.pid), "agent_mb": vm_hwm_mb(agents[0])}
-        go.touch()
-        assert p.wait(timeout=60) == 0, p.stderr.read().decode()[-2000:]
-        rss["log"] = log
-        return rss
+        yield p
     finally:
         go.touch()
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+def finish(p: subprocess.Popen, go: Path) -> int:
+    """Let the waiting worker end (its go file) and wait for p's exit code."""
+    go.touch()
+    return p.wait(timeout=60)
+
+
+def until_written(p: subprocess.Popen, written, who: str, timeout: float = 600) -> None:
+    """Wait until written() says the worker's output is all written; AssertionError when p (who) ended first
+    or timeout seconds passed, with the end of p's stderr when it is piped."""
+    deadline = time.perf_counter() + timeout
+    while not written():
+        if p.poll() is not None or time.perf_counter() > deadline:
+            err = p.stderr.read().decode()[-2000:] if p.stderr else ""
+            raise AssertionError(f"{who} ended (exit {p.returncode}) or took over {timeout} s before the output was "
+                                 f"written: {err}")
+        time.sleep(0.02)
+
+
+def podrun_output(tmp: Path, mb: int, mode: str, port: int, timeout: float = 600) -> dict:
+    """Run `podrun launch` with one worker writing ``mb`` MB, its stdout read at CONSOLE_MB_S; returns wall
+    seconds until every byte was logged, and the peak RSS (MB) of podrun and of its agent."""
+    go = tmp / f"go-{mode}-{mb}"
+    runs = tmp / f"runs-{mode}-{mb}"
+    t0 = time.perf_counter()
+    with on_slow_console([*PODRUN, "launch", "--devices-per-host", "1", "--runs-dir", str(runs), "--master-port",
+                          str(port), "--run-id", "out", "--", sys.executable, OUTPUT, str(mb), mode, str(go)], go,
+                         stderr=subprocess.PIPE) as p:
+        log = runs / "out" / "instance-0.log"
+        until_written(p, lambda: _tail_has(log, b"output-end\n"), "podrun", timeout)
+        wall = time.perf_counter() - t0
+        agents = [c for c in _children(p.pid) if b"podrun.host.agent" in Path(f"/proc/{c}/cmdline").read_bytes()]
+        assert len(agents) == 1, agents
+        rss = {"wall_s": wall, "podrun_mb": vm_hwm_mb(p.pid), "agent_mb": vm_hwm_mb(agents[0])}
+        assert finish(p, go) == 0, p.stderr.read().decode()[-2000:]
+        rss["log"] = log
+        return rss

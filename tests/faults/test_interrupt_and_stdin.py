@@ -153,7 +153,7 @@ def test_sigint_reaches_the_workers_through_srun_as_sigint(slurm_cluster, tmp_pa
     out, log = tmp_path / "out", tmp_path / "job.out"
     out.mkdir()
     m = marker()
-    launch = [sys.executable, "-m", "podrun", "launch", "--transport", "srun", "--nodes", "2", "--devices-per-host",
+    launch = [*PODRUN, "launch", "--transport", "srun", "--nodes", "2", "--devices-per-host",
               "1", "--runs-dir", str(tmp_path / "runs"), "--run-id", m, "--", sys.executable, SAVE, str(out)]
     job = sl.sbatch(["-N2", f"--output={log}", f"--chdir={tmp_path}", "--wrap", " ".join(launch)])
     try:

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.attacker import as_nobody, shared  # noqa: F401 - the fixture
-from tests.launch.helpers import local_pids, marker, podrun, podrun_popen, wait_until
+from tests.harness.podrun_proc import started
+from tests.launch.helpers import local_pids, marker, podrun, wait_until
 from tests.ports import free_port
 
 pytestmark = pytest.mark.timeout(180)
@@ -118,15 +119,18 @@ def test_a_workers_secrets_stay_out_of_the_summary_the_json_and_the_root_cause(t
     assert "last lines" in cause and "<redacted>" in cause, cause
 
 
+def _sleeper(runs, m: str, *extra: str):
+    """`podrun launch EXTRA` of a worker that says up and sleeps 300 s (m on its command line), for a with block."""
+    return started("launch", *extra, "--runs-dir", runs, "--hang-timeout", "off", "--master-port", free_port(2), "--",
+                   sys.executable, "-c", "import time; print('up', flush=True); time.sleep(300)", m)
+
+
 def test_kill_9_of_the_controller_ends_the_zygote_and_the_agents_within_2_s(tmp_path):
     """A --warm run that can restart: its controller killed with -9 while the zygote serves; the zygote, its
     watcher and the agent are gone within the promised 2 s, and nothing of the run listens any more."""
     m = marker()
     runs = tmp_path / "runs"
-    p = podrun_popen("launch", "--devices-per-host", "2", "--runs-dir", str(runs), "--max-restarts", "1",
-                     "--hang-timeout", "off", "--master-port", str(free_port(2)), "--",
-                     sys.executable, "-c", "import time; print('up', flush=True); time.sleep(300)", m)
-    try:
+    with _sleeper(runs, m, "--devices-per-host", "2", "--max-restarts", "1") as p:
         sock = wait_until(lambda: next(runs.glob("*/zygote/*.sock"), None), 120)
         assert sock is not None, "the zygote never listened"
         rd = sock.parent.parent
@@ -138,9 +142,6 @@ def test_kill_9_of_the_controller_ends_the_zygote_and_the_agents_within_2_s(tmp_
         assert gone, (local_pids(str(rd)), local_pids(m))
         assert wait_until(lambda: not (rd / "zygote").exists() and not (rd / "control.sock").exists(), 5), \
             sorted(os.listdir(rd))
-    finally:
-        if p.poll() is None:
-            p.kill()
 
 
 def test_a_stale_control_socket_is_not_trusted_and_is_removed(tmp_path):
@@ -148,16 +149,10 @@ def test_a_stale_control_socket_is_not_trusted_and_is_removed(tmp_path):
     is not running and removes it, and picks no dead run when asked for the newest."""
     m = marker()
     runs = tmp_path / "runs"
-    p = podrun_popen("launch", "--devices-per-host", "1", "--runs-dir", str(runs), "--run-id", "dead",
-                     "--hang-timeout", "off", "--master-port", str(free_port(2)), "--",
-                     sys.executable, "-c", "import time; print('up', flush=True); time.sleep(300)", m)
-    try:
+    with _sleeper(runs, m, "--devices-per-host", "1", "--run-id", "dead") as p:
         assert wait_until(lambda: (runs / "dead" / "control.sock").exists() and local_pids(m), 60)
         p.send_signal(signal.SIGKILL)
         p.wait(timeout=10)
-    finally:
-        if p.poll() is None:
-            p.kill()
     assert wait_until(lambda: not local_pids(m), 10)
     assert (runs / "dead" / "control.sock").exists()
     newest = podrun("stack", "--runs-dir", str(runs), timeout=60)

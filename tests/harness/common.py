@@ -171,14 +171,28 @@ def pid_from_file(path: Path, pattern: str) -> int | None:
 
 
 def port_free(port: int) -> bool:
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    """True when a listener without SO_REUSEADDR could bind port on every IPv4 address now (stricter than
+    podrun.wire.probe.port_free: a port in TIME_WAIT is not free)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def await_daemonised(p: subprocess.Popen, what: str, where: str, timeout: float = 30) -> None:
+    """Wait for a daemon's first process p to exit (it daemonised); HarnessError naming what, its output and
+    where its log is when it failed or did not exit within timeout."""
     try:
-        s.bind(("0.0.0.0", port))
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
+        out, err = p.communicate(timeout=timeout)
+        out = out or err or ""      # the one of stdout and stderr the start piped
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        out = f"did not daemonise within {timeout:g} s"
+    if p.returncode != 0:
+        raise HarnessError(f"podrun test harness: {what} failed to start: {out.strip()} ({where})")
 
 
 def host_prefix(addr: str) -> str:

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from .common import (BASE, BASE_TOOLS, Fabric, FabricAccess, HarnessError, check_prerequisites,
+from .common import (await_daemonised, BASE, BASE_TOOLS, Fabric, FabricAccess, HarnessError, check_prerequisites,
                      kill_pids, pid_from_file, port_free, run, subnet_in_use, wait_for)
 
 KIND = "slurm"
@@ -238,15 +238,7 @@ SchedulerParameters=batch_sched_delay=0
 
     def _started_slurmd(self, node: str, p: subprocess.Popen) -> None:
         """Wait for slurmd to daemonise (its first process exits); HarnessError when it failed."""
-        try:
-            _, err = p.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-            err = "did not daemonise within 30 s"
-        if p.returncode != 0:
-            raise HarnessError(f"podrun test harness: slurmd on {node} failed to start: {err.strip()} "
-                               f"(log: {self.run_dir}/log/slurmd-{node}.log)")
+        await_daemonised(p, f"slurmd on {node}", f"log: {self.run_dir}/log/slurmd-{node}.log")
 
     def _ctld_pid(self) -> int | None:
         return pid_from_file(self.run_dir / "slurmctld.pid", "slurmctld")

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from .common import HarnessError, check_prerequisites, pid_from_file, run, wait_for
+from .common import HarnessError, await_daemonised, check_prerequisites, pid_from_file, run, wait_for
 from .netns import NetnsHosts
 
 CELL = "podrun"
@@ -256,14 +256,7 @@ scheduler_threads       1
                                   text=True)
                  for node in nodes}
         for node, p in procs.items():
-            try:
-                out, _ = p.communicate(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                out = "no answer in 30 s"
-            if p.returncode != 0:
-                raise HarnessError(f"podrun test harness: sge_execd on {node} failed to start: {out.strip()} "
-                                   f"(messages: {self.cell_dir}/spool/execd/{node}/messages)")
+            await_daemonised(p, f"sge_execd on {node}", f"messages: {self.cell_dir}/spool/execd/{node}/messages")
 
     def _qmaster_pid(self) -> int | None:
         return pid_from_file(self.cell_dir / "spool" / "qmaster" / "qmaster.pid", "sge_qmaster")

@@ -83,34 +83,28 @@ def test_render_is_deterministic(scheduler):
     assert a.index("export B=2") < a.index("export A=1")
 
 
-@pytest.mark.parametrize(
-    "field, value, part",
-    [
-        ("job_name", "x\n#SBATCH --uid=0", "newline"),
-        ("job_name", "my job", "' '"),
-        ("job_name", "a#b", "'#'"),
-        ("job_name", "-x", "cannot go on a scheduler directive line"),
-        ("partition", "gpu\r", "newline"),
-        ("partition", "a'b", "\"'\""),
-        ("account", "$(id)", "'$'"),
-        ("log_dir", "logs dir", "' '"),
-        ("output", "out`x`.log", "'`'"),
-        ("time_limit", "90", "has no unit"),
-        ("time_limit", "1:70:00", "below 60"),
-        ("time_limit", "soon", "not a duration"),
-        ("time_limit", 0, "must be positive"),
-        ("nodes", 0, "positive integer"),
-        ("device_kind", "tpu", "unknown device kind"),
-        ("scheduler", "lsf", "unknown scheduler"),
-        ("modules", ("cuda; rm -rf /",), "not a module name"),
-        ("env", (("1BAD", "x"),), "not a shell variable name"),
-        ("env", (("OK", "a\nb"),), "newline"),
-        ("command", ("podrun", "a\nb"), "newline"),
-        ("directives", ("--exclusive\n#SBATCH --uid=0",), "newline"),
-        ("directives", ("exclusive",), "must start with an option"),
-        ("directives", ("-l a'b",), "\"'\""),
-    ],
-)
+# each field's unsafe values and the part of the refusal that says why
+UNSAFE = {
+    "job_name": [("x\n#SBATCH --uid=0", "newline"), ("my job", "' '"), ("a#b", "'#'"),
+                 ("-x", "cannot go on a scheduler directive line")],
+    "partition": [("gpu\r", "newline"), ("a'b", "\"'\"")],
+    "account": [("$(id)", "'$'")],
+    "log_dir": [("logs dir", "' '")],
+    "output": [("out`x`.log", "'`'")],
+    "time_limit": [("90", "has no unit"), ("1:70:00", "below 60"), ("soon", "not a duration"),
+                   (0, "must be positive")],
+    "nodes": [(0, "positive integer")],
+    "device_kind": [("tpu", "unknown device kind")],
+    "scheduler": [("lsf", "unknown scheduler")],
+    "modules": [(("cuda; rm -rf /",), "not a module name")],
+    "env": [((("1BAD", "x"),), "not a shell variable name"), ((("OK", "a\nb"),), "newline")],
+    "command": [(("podrun", "a\nb"), "newline")],
+    "directives": [(("--exclusive\n#SBATCH --uid=0",), "newline"), (("exclusive",), "must start with an option"),
+                   (("-l a'b",), "\"'\"")],
+}
+
+
+@pytest.mark.parametrize("field, value, part", [(f, v, part) for f, cases in UNSAFE.items() for v, part in cases])
 def test_unsafe_values_are_refused_with_the_field_named(field, value, part):
     with pytest.raises(PodrunError) as err:
         render(_req(**{field: value}))

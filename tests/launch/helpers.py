@@ -1,21 +1,23 @@
-"""Helpers for the launch tests: run podrun as a real process, find processes by a marker, read runs."""
+"""Helpers for the launch tests: find processes by a marker, read runs, watch command lines (podrun's process
+itself: tests/harness/podrun_proc.py)."""
 from __future__ import annotations
 
 import json
 import os
 import pty
 import select
-import signal
 import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
 
+# PODRUN and end: imported from here by the launch tests
+from tests.harness.podrun_proc import PODRUN, end, run_podrun, start_podrun, with_env  # noqa: F401
+
 HERE = Path(__file__).parent
 SCRIPTS = HERE / "scripts"
 ALLREDUCE = str(SCRIPTS / "torchrun_allreduce.py")
-PODRUN = [sys.executable, "-m", "podrun"]
 
 
 def marker() -> str:
@@ -24,12 +26,11 @@ def marker() -> str:
 
 
 def podrun(*args: str, timeout: float = 90, cwd: str | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([*PODRUN, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd,
-                          env={**os.environ, **(env or {})})
+    return run_podrun(*args, timeout=timeout, cwd=cwd, env=with_env(**(env or {})))
 
 
 def podrun_popen(*args: str, cwd: str | None = None) -> subprocess.Popen:
-    return subprocess.Popen([*PODRUN, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
+    return start_podrun(*args, cwd=cwd)
 
 
 def local_pids(word: str) -> list[int]:
@@ -99,15 +100,6 @@ def run_dir(runs: Path) -> Path:
 
 def summary(runs: Path) -> dict:
     return json.loads((run_dir(runs) / "summary.json").read_text())
-
-
-def end(proc: subprocess.Popen) -> None:
-    """End a podrun (or any process) a test started, if it is still running: the one teardown of the tests' runs."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=10)
-
-
 
 
 def run_on_terminal(argv: list[str], *, env: dict | None = None, cwd=None, timeout: float = 120.0,

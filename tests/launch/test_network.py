@@ -3,11 +3,13 @@ alone is reachable (ProxyJump), hosts whose own name resolves to 127.0.1.1 (Debi
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.harness.podrun_proc import leftovers, ssh_launch_args, started  # noqa: F401 - leftovers: imported from here
 from tests.launch.helpers import ALLREDUCE, end, marker, podrun, podrun_popen, run_dir, summary, wait_output, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
@@ -15,14 +17,26 @@ _port = iter(range(29900, 30100, 2))
 
 
 def net_args(hosts, tmp_path, *extra, client="openssh", n=None):
-    names = hosts.hosts[:n] if n else hosts.hosts
-    return ["launch", "--hosts", ",".join(names), "--devices-per-host", "1", "--transport", "ssh",
-            "--ssh-config", hosts.ssh_config_path, "--ssh-client", client, "--python", hosts.python,
-            "--runs-dir", str(tmp_path / "runs"), "--master-port", str(next(_port)), *extra]
+    return ssh_launch_args(hosts, tmp_path / "runs", next(_port), *extra, names=hosts.hosts[:n] if n else None,
+                           client=client)
 
 
-def leftovers(hosts, m):
-    return {h: hosts.processes(h, m) for h in hosts.hosts if hosts.processes(h, m)}
+def elastic_over_eth1(hosts, tmp_path, spares: str) -> list[str]:
+    """net_args on h1,h2 with --data-interface eth1, --elastic 2 and the spares, one restart."""
+    args = net_args(hosts, tmp_path, "--data-interface", "eth1", "--keepalive", "2", "--elastic", "2",
+                    "--spare-hosts", spares, "--max-restarts", "1")
+    args[args.index("--hosts") + 1] = "h1,h2"
+    return args
+
+
+def cut_h1_when_up(hosts, args: list[str], *command: str, up: str) -> tuple[subprocess.Popen, list[str], str, str]:
+    """Launch args -- command; once both instances said up, cut h1 off; (the launch, what was read until each up,
+    its stdout and stderr from there)."""
+    with started(*args, "--", *command) as p:
+        seen = [wait_output(p, up, 60) for _ in range(2)]
+        hosts.isolate("h1")
+        out, err = p.communicate(timeout=150)
+    return p, seen, out, err
 
 
 # -- B4: a host's own name resolves to 127.0.1.1 ---------------------------------------------------------
@@ -309,21 +323,13 @@ def test_elastic_replan_that_moves_the_master_asks_the_new_master_for_its_data_a
     m = marker()
     script = (f'if [ "$PODRUN_RESTART_COUNT" = 0 ]; then echo "up $RANK at $MASTER_ADDR"; exec sleep 60; fi; '
               f'exec "$0" {ALLREDUCE} --dump {dump} # {m}')
-    args = net_args(hosts, tmp_path, "--data-interface", "eth1", "--keepalive", "2", "--elastic", "2",
-                    "--spare-hosts", "h3", "--max-restarts", "1")
-    args[args.index("--hosts") + 1] = "h1,h2"
+    args = elastic_over_eth1(hosts, tmp_path, "h3")
     cp = podrun(*args, "--dry-run", "--", "sh", "-c", script, sys.executable)
     assert cp.returncode == 0, cp.stderr
     assert "# MASTER_ADDR h1: h1's address on eth1 (--data-interface), asked from h1 when the run starts (an --elastic " \
            "re-plan that moves instance 0 asks its new host the same way)" in cp.stdout, cp.stdout
-    p = podrun_popen(*args, "--", "sh", "-c", script, sys.executable)
-    try:
-        for _ in range(2):
-            assert f"at {hosts.data_addresses['h1']}" in wait_output(p, "up", 60)
-        hosts.isolate("h1")
-        out, err = p.communicate(timeout=150)
-    finally:
-        end(p)
+    p, seen, out, err = cut_h1_when_up(hosts, args, "sh", "-c", script, sys.executable, up="up")
+    assert all(f"at {hosts.data_addresses['h1']}" in said for said in seen), seen
     assert p.returncode == 0, out + err
     assert "elastic: dropping h1 (host h1 lost" in err and "spare h3 in its place" in err, err
     assert "[0 h3] ALLREDUCE rank=0 world=2 local_rank=0 host=h3 sum=3 restart=1" in out, out
@@ -348,17 +354,8 @@ def test_elastic_new_master_that_cannot_be_asked_its_data_address_is_dropped_for
     m = marker()
     script = (f'echo "up $RANK at $MASTER_ADDR restart $PODRUN_RESTART_COUNT"; '
               f'[ "$PODRUN_RESTART_COUNT" != 0 ] || sleep 600 # {m}')
-    args = net_args(hosts, tmp_path, "--data-interface", "eth1", "--keepalive", "2", "--elastic", "2",
-                    "--spare-hosts", "h3,h4", "--max-restarts", "1")
-    args[args.index("--hosts") + 1] = "h1,h2"
-    p = podrun_popen(*args, "--", "sh", "-c", script)
-    try:
-        for _ in range(2):
-            wait_output(p, "restart 0", 60)
-        hosts.isolate("h1")
-        out, err = p.communicate(timeout=150)
-    finally:
-        end(p)
+    p, _, out, err = cut_h1_when_up(hosts, elastic_over_eth1(hosts, tmp_path, "h3,h4"), "sh", "-c", script,
+                                    up="restart 0")
     assert p.returncode == 0, out + err
     said = [line for line in err.splitlines() if "elastic:" in line]
     assert len(said) == 3, err

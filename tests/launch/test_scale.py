@@ -9,6 +9,7 @@ import time
 import pytest
 
 from tests.harness import HarnessError, NetnsHosts
+from tests.harness.podrun_proc import leftovers, ssh_launch_args
 from tests.launch.helpers import PODRUN, marker, podrun, summary
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
@@ -35,14 +36,8 @@ def _ranks(out) -> dict[int, str]:
     return {int(p.name.split("-")[1]): p.read_text().strip() for p in out.glob("rank-*")}
 
 
-def _leftovers(hosts, m: str) -> dict:
-    return {h: hosts.processes(h, m) for h in hosts.hosts if hosts.processes(h, m)}
-
-
 def _ssh_launch(hosts, tmp_path, client: str, *extra) -> list[str]:
-    return ["launch", "--hosts", ",".join(hosts.hosts), "--devices-per-host", str(K), "--transport", "ssh",
-            "--ssh-config", hosts.ssh_config_path, "--ssh-client", client, "--python", hosts.python,
-            "--runs-dir", str(tmp_path / "runs"), "--master-port", str(next(_port)), *extra]
+    return ssh_launch_args(hosts, tmp_path / "runs", next(_port), *extra, client=client, devices=K)
 
 
 @pytest.mark.parametrize("client", ["openssh", "paramiko"])
@@ -53,8 +48,8 @@ def test_16_hosts_over_ssh_every_rank_runs_and_nothing_is_left(hosts16, tmp_path
     assert cp.returncode == 0, cp.stderr[-3000:]
     ranks = _ranks(out)
     assert ranks == {r: hosts16.hosts[r // K] for r in range(N * K)}, ranks
-    assert not _leftovers(hosts16, m)
-    assert not _leftovers(hosts16, "podrun.host.agent")
+    assert not leftovers(hosts16, m)
+    assert not leftovers(hosts16, "podrun.host.agent")
 
 
 @pytest.mark.parametrize("client", ["openssh", "paramiko"])
@@ -78,7 +73,7 @@ def test_a_host_that_never_answers_among_16_is_named_and_nothing_starts(hosts16,
     assert named == {"h7"}, cp.stderr[-3000:]
     assert took < PROBE_TIMEOUT, took
     assert not _ranks(out)
-    assert not _leftovers(hosts16, m) and not _leftovers(hosts16, "podrun.host.agent")
+    assert not leftovers(hosts16, m) and not leftovers(hosts16, "podrun.host.agent")
     assert summary(tmp_path / "runs")["status"] == "preflight_failed"
 
 

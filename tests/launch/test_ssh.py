@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+# leftovers: the other launch tests import it from here
+from tests.harness.podrun_proc import leftovers, ssh_launch_args  # noqa: F401
 from tests.launch.helpers import ALLREDUCE, end, marker, podrun, podrun_popen, run_dir, summary, wait_output, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
@@ -19,14 +21,8 @@ CLIENTS = pytest.mark.parametrize("client", ["openssh", "paramiko"])   # both cl
 
 
 def ssh_args(hosts, tmp_path, *extra, config=None, n=None, client="auto"):
-    names = hosts.hosts[:n] if n else hosts.hosts
-    return ["launch", "--hosts", ",".join(names), "--devices-per-host", "1", "--transport", "ssh",
-            "--ssh-config", config or hosts.ssh_config_path, "--ssh-client", client, "--python", hosts.python,
-            "--runs-dir", str(tmp_path / "runs"), "--master-port", str(next(_port)), *extra]
-
-
-def leftovers(hosts, m, names=None):
-    return {h: hosts.processes(h, m) for h in (names or hosts.hosts) if hosts.processes(h, m)}
+    return ssh_launch_args(hosts, tmp_path / "runs", next(_port), *extra, config=config,
+                           names=hosts.hosts[:n] if n else None, client=client)
 
 
 @pytest.mark.torch

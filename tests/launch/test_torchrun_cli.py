@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from podrun.wire.worker_env import TORCHRUN_NAMES
+from tests.harness.podrun_proc import PODRUN
 from tests.ports import free_port
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(300)]
@@ -48,7 +49,7 @@ def torchrun(*args, cwd, env):
 
 
 def podrun(*args, cwd, env):
-    return _run([sys.executable, "-m", "podrun", "launch", *args], cwd, env)
+    return _run([*PODRUN, "launch", *args], cwd, env)
 
 
 def test_canonical_ddp_script_same_output_and_env_keys_as_torchrun(tmp_path):

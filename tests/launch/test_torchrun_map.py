@@ -124,50 +124,47 @@ def test_podruns_own_options_pass_through_and_must_agree():
             reconcile(tr, own, cpu_count=4)
 
 
-@pytest.mark.parametrize("tr,words", [
-    (TorchrunOptions(node_rank="1"), "podrun places the instances itself"),
-    (TorchrunOptions(redirects="3"), "no mode that takes output off the console"),
-    (TorchrunOptions(tee="7"), "not a stream choice"),
-    (TorchrunOptions(nproc_per_node="many"), "not a number of workers"),
-    (TorchrunOptions(nproc_per_node="0"), "at least one worker"),
-    (TorchrunOptions(nnodes="1:2:3"), "neither N nor MIN:MAX"),
-    (TorchrunOptions(nnodes="3:2"), "MIN <= MAX"),
-    (TorchrunOptions(standalone=True, nnodes="2"), "--standalone runs one node"),
-    (TorchrunOptions(standalone=True, rdzv_endpoint="h:1"), "drop --rdzv-endpoint"),
-    (TorchrunOptions(rdzv_endpoint="h:port"), "not a TCP port"),
-    (TorchrunOptions(rdzv_endpoint=":5"), "names no host"),
-    (TorchrunOptions(rdzv_conf="keep_alive_interval=x"), "not a number above 0"),
-    (TorchrunOptions(rdzv_conf="join_timeout"), "not KEY=VALUE"),
-    (TorchrunOptions(monitor_interval="soon"), "not a number of seconds"),
-    (TorchrunOptions(start_method="thread"), "start methods are spawn, fork, forkserver"),
-    (TorchrunOptions(local_ranks_filter="0,a"), "not a list of local ranks"),
-    (TorchrunOptions(signals_to_handle="SIGFOO"), "'SIGFOO' is not a signal"),
-    (TorchrunOptions(shutdown_timeout="1.5"), "whole number"),
-])
+# options podrun refuses, each with the words of its refusal that say why
+REFUSED = [
+    ({"node_rank": "1"}, "podrun places the instances itself"),
+    ({"redirects": "3"}, "no mode that takes output off the console"), ({"tee": "7"}, "not a stream choice"),
+    ({"nproc_per_node": "many"}, "not a number of workers"), ({"nproc_per_node": "0"}, "at least one worker"),
+    ({"nnodes": "1:2:3"}, "neither N nor MIN:MAX"), ({"nnodes": "3:2"}, "MIN <= MAX"),
+    ({"standalone": True, "nnodes": "2"}, "--standalone runs one node"),
+    ({"standalone": True, "rdzv_endpoint": "h:1"}, "drop --rdzv-endpoint"),
+    ({"rdzv_endpoint": "h:port"}, "not a TCP port"), ({"rdzv_endpoint": ":5"}, "names no host"),
+    ({"rdzv_conf": "keep_alive_interval=x"}, "not a number above 0"), ({"rdzv_conf": "join_timeout"}, "not KEY=VALUE"),
+    ({"monitor_interval": "soon"}, "not a number of seconds"),
+    ({"start_method": "thread"}, "start methods are spawn, fork, forkserver"),
+    ({"local_ranks_filter": "0,a"}, "not a list of local ranks"),
+    ({"signals_to_handle": "SIGFOO"}, "'SIGFOO' is not a signal"), ({"shutdown_timeout": "1.5"}, "whole number"),
+]
+
+
+@pytest.mark.parametrize("tr,words", [(TorchrunOptions(**given), words) for given, words in REFUSED])
 def test_options_podrun_has_no_meaning_for_are_refused_saying_why(tr, words):
     with pytest.raises(LaunchError, match=words):
         reconcile(tr, OwnOptions(), cpu_count=4)
 
 
-@pytest.mark.parametrize("tr,option", [
-    (TorchrunOptions(node_rank="1"), "--node-rank 1"),
-    (TorchrunOptions(redirects="3"), "--redirects 3"),
-    (TorchrunOptions(rdzv_backend="etcd-v2"), "--rdzv-backend etcd-v2"),
-    (TorchrunOptions(rdzv_conf="is_host=1"), "--rdzv-conf is_host=1"),
-    (TorchrunOptions(rdzv_conf="rank=0"), "--rdzv-conf rank=0"),
-    (TorchrunOptions(rdzv_conf="store_type=file"), "--rdzv-conf store_type=file"),
-    (TorchrunOptions(rdzv_conf="jion_timeout=5"), "--rdzv-conf jion_timeout=5"),
-    (TorchrunOptions(event_log_handler="console"), "--event-log-handler console"),
-    (TorchrunOptions(duplicate_stdout_filters="apple"), "--duplicate-stdout-filters apple"),
-    (TorchrunOptions(duplicate_stderr_filters="apple"), "--duplicate-stderr-filters apple"),
-    (TorchrunOptions(local_addr="10.0.0.1"), "--local-addr 10.0.0.1"),
-    (TorchrunOptions(logs_specs="mine"), "--logs-specs mine"),
-    (TorchrunOptions(numa_binding="node"), "--numa-binding node"),
-    (TorchrunOptions(virtual_local_rank=True), "--virtual-local-rank"),
-    (TorchrunOptions(signals_to_handle="SIGTERM,SIGUSR1"), "--signals-to-handle SIGTERM,SIGUSR1"),
-    (TorchrunOptions(node_rank="0", spelled={"node_rank": "PET_NODE_RANK"}), "PET_NODE_RANK=0"),
-    (TorchrunOptions(numa_binding="node", spelled={"numa_binding": "--numa_binding"}), "--numa_binding node"),
-])
+# torchrun's options podrun has no meaning for: each as the user gave it, and the options that give it
+UNSUPPORTED = [
+    ("--node-rank 1", {"node_rank": "1"}), ("--redirects 3", {"redirects": "3"}),
+    ("--rdzv-backend etcd-v2", {"rdzv_backend": "etcd-v2"}), ("--rdzv-conf is_host=1", {"rdzv_conf": "is_host=1"}),
+    ("--rdzv-conf rank=0", {"rdzv_conf": "rank=0"}), ("--rdzv-conf store_type=file", {"rdzv_conf": "store_type=file"}),
+    ("--rdzv-conf jion_timeout=5", {"rdzv_conf": "jion_timeout=5"}),
+    ("--event-log-handler console", {"event_log_handler": "console"}),
+    ("--duplicate-stdout-filters apple", {"duplicate_stdout_filters": "apple"}),
+    ("--duplicate-stderr-filters apple", {"duplicate_stderr_filters": "apple"}),
+    ("--local-addr 10.0.0.1", {"local_addr": "10.0.0.1"}), ("--logs-specs mine", {"logs_specs": "mine"}),
+    ("--numa-binding node", {"numa_binding": "node"}), ("--virtual-local-rank", {"virtual_local_rank": True}),
+    ("--signals-to-handle SIGTERM,SIGUSR1", {"signals_to_handle": "SIGTERM,SIGUSR1"}),
+    ("PET_NODE_RANK=0", {"node_rank": "0", "spelled": {"node_rank": "PET_NODE_RANK"}}),
+    ("--numa_binding node", {"numa_binding": "node", "spelled": {"numa_binding": "--numa_binding"}}),
+]
+
+
+@pytest.mark.parametrize("tr,option", [(TorchrunOptions(**given), option) for option, given in UNSUPPORTED])
 def test_unsupported_options_get_the_one_line(tr, option):
     """torchrun's option podrun has no meaning for: "torchrun's --X is not supported by podrun: WHY, use WHAT",
     naming the option as the user gave it (spelling, or its PET_ variable)."""

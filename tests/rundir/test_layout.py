@@ -56,7 +56,7 @@ def test_each_name_is_defined_once():
 
 def test_the_layout_stands_on_the_safe_file_module_alone():
     """wire/, host/, launch/, runtime/ and train/ all take their names from the layout: it imports none of them."""
-    from tests.unit.test_import_graph import imports_of
+    from tests.package.test_import_graph import imports_of
 
     assert {m.split(".")[1] for m in imports_of("podrun.rundir.layout") if "." in m} <= {"safefs", "errors",
                                                                                         "redaction"}

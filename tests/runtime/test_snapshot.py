@@ -4,22 +4,13 @@ from __future__ import annotations
 
 import os
 import threading
-import uuid
 from pathlib import Path
 
 import pytest
 import torch
 
-from podrun.wire.worker_env import PODRUN_FIELDS, SNAPSHOT_KEY_NAME
+from podrun.wire.worker_env import PODRUN_FIELDS
 from podrun.runtime import snapshot
-
-
-@pytest.fixture
-def host_dir(monkeypatch):
-    monkeypatch.setenv(SNAPSHOT_KEY_NAME, uuid.uuid4().hex)
-    d = Path("/dev/shm") / f"podrun-test-{uuid.uuid4().hex[:12]}" / "h1"
-    yield d
-    snapshot.remove(d)
 
 
 def test_a_slot_counts_only_with_its_header_and_the_size_it_names(host_dir):

@@ -6,8 +6,6 @@ from __future__ import annotations
 import collections
 import math
 import random
-import uuid
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,14 +13,6 @@ import torch
 
 from podrun.wire.worker_env import SNAPSHOT_KEY_NAME
 from podrun.runtime import rawstate, snapshot
-
-
-@pytest.fixture
-def host_dir(monkeypatch):
-    monkeypatch.setenv(SNAPSHOT_KEY_NAME, uuid.uuid4().hex)
-    d = Path("/dev/shm") / f"podrun-test-{uuid.uuid4().hex[:12]}" / "h1"
-    yield d
-    snapshot.remove(d)
 
 
 def _same(a, b, path="state"):

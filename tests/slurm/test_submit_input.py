@@ -8,15 +8,11 @@ import pytest
 
 from podrun.errors import HostError
 from podrun.jobscript.submit import Completed, JobRecord, Slurm, parse_scontrol, resolve_job
+from tests.harness.podrun_proc import run_podrun, with_env
 
 
 def cli(args, cwd, env=None, timeout=60):
-    import os
-
-    e = dict(os.environ)
-    e.update(env or {})
-    return subprocess.run([sys.executable, "-m", "podrun", *args], cwd=cwd, env=e, capture_output=True,
-                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return run_podrun(*args, cwd=cwd, env=with_env(**(env or {})), timeout=timeout, stdin=subprocess.DEVNULL)
 
 
 def test_unknown_scheduler_exit_2(tmp_path):

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.engines.conftest import ALLREDUCE, assert_allreduce_job_done, results
+from tests.harness.podrun_proc import PODRUN, run_podrun
 from tests.launch.helpers import ENV_UNTIL, SNAPSHOT_KEY, ArgvWatch, assert_env_off_argv, secret_values, worker_saw
 from tests.launch.helpers import run_dir as only_run_dir      # these tests name their run dir run_dir
 
@@ -18,10 +19,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.cluster]
 
 
 def podrun(sl, args, cwd, timeout=120, env=None):
-    e = dict(sl.env)
-    e.update(env or {})
-    return subprocess.run([sys.executable, "-m", "podrun", *args], cwd=cwd, env=e, capture_output=True,
-                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return run_podrun(*args, cwd=cwd, env={**sl.env, **(env or {})}, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
 def job_output(run_dir: Path, ext: str) -> str:
@@ -134,7 +132,7 @@ def test_srun_transport_keeps_env_values_off_every_command_line(slurm_cluster, t
     secrets = secret_values()
     dump, out = tmp_path / "dump", tmp_path / "job.out"
     dump.mkdir()
-    launch = [sys.executable, "-m", "podrun", "launch", "--transport", "srun", "--nodes", "2", "--devices-per-host",
+    launch = [*PODRUN, "launch", "--transport", "srun", "--nodes", "2", "--devices-per-host",
               "1", "--runs-dir", str(tmp_path / "runs"), *(a for n in secrets for a in ("--env", n)), "--",
               sys.executable, ENV_UNTIL, str(dump), *secrets, SNAPSHOT_KEY]
     watch = ArgvWatch().start()
@@ -167,7 +165,7 @@ def test_calibrate_over_the_srun_transport_in_an_allocation(slurm_cluster, tmp_p
     sl = slurm_cluster
     out = tmp_path / "job.out"
     recipe = Path(__file__).resolve().parents[2] / "recipes" / "resnet18_cifar10"
-    calibrate = [sys.executable, "-m", "podrun", "calibrate", "--transport", "srun", "--nodes", "2",
+    calibrate = [*PODRUN, "calibrate", "--transport", "srun", "--nodes", "2",
                  "--devices-per-host", "1", "--runs-dir", str(tmp_path / "runs"), "--largest-batch", "4",
                  "--batches", "4", "--steps", "1", "--image-size", "16", "--name", "in-slurm", str(recipe)]
     job = sl.sbatch(["-N2", f"--output={out}", f"--chdir={tmp_path}", "--wrap", " ".join(calibrate)])

@@ -4,28 +4,25 @@ truncated or empty, two writers of one run or checkpoint directory, a writer kil
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
 from podrun.train import checkpoint as ckpt
 from podrun.rundir.metrics import read_metrics, read_metrics_counted
-from tests.train.train_procs import WORKER, outside_env, wait_for_step
+from tests.harness.podrun_proc import run_podrun
+from tests.train.train_procs import WORKER, kill_a_save_in_flight, lock_holder, outside_env, train_opts, wait_for_step
 
 HOST = socket.gethostname()
 
 
 def _opts(run_dir, **kw):
-    return {"data": "digits", "image_size": 8, "num_classes": 10, "steps": 12, "global_batch": 32, "lr": 0.1,
-            "deterministic": True, "seed": 5, "eval_every": 0, "console": False, "checkpoint_every": 4,
-            "run_dir": str(run_dir), **kw}
+    return train_opts(run_dir, **{"steps": 12, "seed": 5, "checkpoint_every": 4, **kw})
 
 
 def _start(opts: dict) -> subprocess.Popen:
@@ -114,31 +111,12 @@ def test_a_second_writer_of_a_run_dir_or_a_checkpoint_dir_is_refused(tmp_path):
     assert rc == 0, out[-3000:]
 
 
-SAVER = textwrap.dedent("""
-    import sys, torch
-    from podrun.train import checkpoint as ckpt
-    for step in range(1, 100000):
-        ckpt.save({"step": step, "w": torch.full((4_000_000,), float(step))}, sys.argv[1], step, keep=2)
-""")
-
-
 @pytest.mark.timeout(300)
 def test_temp_files_go_only_with_their_dead_writer(tmp_path):
     """A saver killed -9 mid-write leaves its temporary file: the next run removes it before training and says
     so; a live writer's temporary file stays."""
     d = tmp_path / "r" / "checkpoints"
-    p = subprocess.Popen([sys.executable, "-c", SAVER, str(d)])
-    try:
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            if ckpt.list_checkpoints(d) and any(f.name.startswith(".ckpt-") for f in d.iterdir()):
-                break
-            time.sleep(0.002)
-        else:
-            raise AssertionError("never saw a save in flight")
-        os.kill(p.pid, signal.SIGKILL)
-    finally:
-        p.wait()
+    kill_a_save_in_flight(d, 60)
     dead = [f for f in d.iterdir() if f.name.startswith(".ckpt-")]
     assert len(dead) == 1
     for f in ckpt.list_checkpoints(d):
@@ -244,9 +222,8 @@ def test_the_last_line_says_summary_json_was_not_written(tmp_path, small_disk):
     """A command that fills the run directory's disk: podrun's last line says summary.json was not written
     instead of naming it as written."""
     runs = small_disk("runs", "size=256k,mode=0700")
-    r = subprocess.run([sys.executable, "-m", "podrun", "launch", "--runs-dir", str(runs), "--run-id", "full",
-                        "--", sys.executable, "-c", FILL], env=outside_env(), capture_output=True, text=True,
-                       timeout=240, cwd=tmp_path)
+    r = run_podrun("launch", "--runs-dir", runs, "--run-id", "full", "--", sys.executable, "-c", FILL,
+                   env=outside_env(), timeout=240, cwd=tmp_path)
     last = r.stderr.strip().splitlines()[-1]
     assert "NOT written: summary.json (No space left on device)" in last, r.stderr[-3000:]
     assert not (runs / "full" / "summary.json").exists()
@@ -273,15 +250,7 @@ def test_a_restart_waits_for_its_own_runs_earlier_attempt_never_for_another_run(
     waiting: the restart then gets the lock (the kernel released it); run "y" is refused at once."""
     from podrun.rundir.lock import DirLock, LockError
 
-    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-        import time
-        from podrun.rundir.lock import DirLock
-        DirLock({str(tmp_path)!r}, "x", "run directory").acquire()
-        print("held", flush=True)
-        time.sleep(600)
-    """)], env=outside_env(), stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with lock_holder(tmp_path, "x") as holder:
         with pytest.raises(LockError, match=f"in use by run x on host {HOST} \\(pid {holder.pid}\\)"):
             DirLock(tmp_path, "y", "run directory").acquire(same_run_wait=3600)   # waiting would hit the timeout
         import threading
@@ -290,6 +259,3 @@ def test_a_restart_waits_for_its_own_runs_earlier_attempt_never_for_another_run(
         got = DirLock(tmp_path, "x", "run directory").acquire(same_run_wait=60)
         assert holder.poll() is not None or holder.wait(5) is not None
         got.release()
-    finally:
-        holder.kill()
-        holder.wait()

@@ -15,16 +15,14 @@ import pytest
 from podrun.train import checkpoint as ckpt
 from podrun.rundir.metrics import read_metrics
 from tests.attacker import NOBODY, as_nobody, require_second_user, shared  # noqa: F401
-from tests.train.train_procs import WORKER, outside_env
+from tests.train.train_procs import WORKER, outside_env, train_opts
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(300)]
 HOST = socket.gethostname()
 
 
 def _opts(run_dir, **kw) -> dict:
-    return {"data": "digits", "image_size": 8, "num_classes": 10, "steps": 4, "global_batch": 32, "lr": 0.1,
-            "deterministic": True, "seed": 5, "eval_every": 0, "console": False, "checkpoint_every": 2,
-            "run_dir": str(run_dir), **kw}
+    return train_opts(run_dir, **{"steps": 4, "seed": 5, "checkpoint_every": 2, **kw})
 
 
 def _run(opts: dict) -> tuple[int, str]:

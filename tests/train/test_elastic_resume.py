@@ -12,7 +12,8 @@ import torch
 
 from podrun.train import checkpoint as ckpt
 from podrun.rundir.metrics import latest_by_step, read_metrics
-from tests.train.train_procs import assert_same_final_weights, kill_mid_run, outside_env, start_workers, wait_all
+from tests.train.train_procs import (SGD_COSINE, assert_same_final_weights, kill_mid_run, outside_env, start_workers,
+                                    train_opts, wait_all)
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 40
@@ -20,10 +21,7 @@ GLOBAL = 24          # divisible by 4, 3 and 2 replicas
 
 
 def _opts(run_dir, **kw):
-    return dict(data="digits", image_size=8, num_classes=10, steps=STEPS, global_batch=GLOBAL, lr=0.2,
-                optimizer="sgd", momentum=0.9, weight_decay=1e-4, schedule="cosine", warmup_epochs=0.05,
-                deterministic=True, seed=11, eval_every=0, console=False, checkpoint_every=5,
-                run_dir=str(run_dir), **kw)
+    return train_opts(run_dir, **{**SGD_COSINE, "steps": STEPS, "global_batch": GLOBAL, "checkpoint_every": 5, **kw})
 
 
 @pytest.mark.timeout(420)

@@ -6,13 +6,12 @@ import pytest
 
 from podrun.train import checkpoint as ckpt
 from podrun.rundir.metrics import latest_by_step, read_metrics
-from tests.train.train_procs import start_workers, wait_all
+from tests.train.train_procs import start_workers, train_opts, wait_all
 
 
 def _opts(run_dir, fsdp):
-    return dict(data="digits", image_size=8, num_classes=10, steps=9, global_batch=32, grad_accum=2, lr=0.01,
-                optimizer="adamw", weight_decay=0.05, seed=1, deterministic=True, run_dir=str(run_dir),
-                console=False, checkpoint_every=3, eval_every=0, fsdp=fsdp)
+    return train_opts(run_dir, steps=9, grad_accum=2, lr=0.01, optimizer="adamw", weight_decay=0.05, seed=1,
+                      checkpoint_every=3, fsdp=fsdp)
 
 
 def _curve(run_dir):

@@ -16,6 +16,7 @@ from podrun.errors import PodrunError
 from podrun.train import checkpoint as ckpt
 from podrun.train.config import TrainConfig
 from podrun.rundir.metrics import StepLog
+from tests.harness.podrun_proc import PODRUN, run_podrun
 from tests.ports import free_port
 from tests.train.train_procs import outside_env
 
@@ -64,11 +65,10 @@ def test_default_is_two():
 
 
 def _launch(tmp_path: Path, run_id: str, *train_args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "podrun", "launch", "--global-batch", "32", "--master-port", str(free_port(2)),
-         "--runs-dir", str(tmp_path / "runs"), "--run-id", run_id, str(ROOT / "recipes" / "resnet18_cifar10"),
-         "--data", "digits", "--image-size", "8", "--steps", "6", "--checkpoint-every", "2", "--quiet",
-         *train_args], cwd=tmp_path, env=outside_env(), capture_output=True, text=True, timeout=200)
+    return run_podrun("launch", "--global-batch", "32", "--master-port", free_port(2), "--runs-dir", tmp_path / "runs",
+                      "--run-id", run_id, ROOT / "recipes" / "resnet18_cifar10", "--data", "digits", "--image-size",
+                      "8", "--steps", "6", "--checkpoint-every", "2", "--quiet", *train_args, cwd=tmp_path,
+                      env=outside_env(), timeout=200)
 
 
 @pytest.mark.timeout(420)
@@ -95,7 +95,7 @@ def test_launch_keep_0_and_the_last_line_then_report_with_no_argument(tmp_path):
     end = StepLog.read(run1).end
     assert end["checkpoints"] == ["ckpt-000000006.pt"] and end["keep_checkpoints"] == 1
 
-    newest = subprocess.run([sys.executable, "-m", "podrun", "report", "--no-plot", "--json"], cwd=tmp_path,
+    newest = subprocess.run([*PODRUN, "report", "--no-plot", "--json"], cwd=tmp_path,
                             env=outside_env(), capture_output=True, text=True, timeout=120)
     assert newest.returncode == 0, newest.stderr
     s = json.loads(newest.stdout)
@@ -103,12 +103,12 @@ def test_launch_keep_0_and_the_last_line_then_report_with_no_argument(tmp_path):
 
 
 def test_report_with_no_argument_and_no_runs_is_exit_2(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "podrun", "report"], cwd=tmp_path, env=outside_env(),
+    out = subprocess.run([*PODRUN, "report"], cwd=tmp_path, env=outside_env(),
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "--runs-dir runs: no such directory" in out.stderr, out.stderr
     (tmp_path / "runs" / "empty").mkdir(parents=True)
-    out = subprocess.run([sys.executable, "-m", "podrun", "report", "--runs-dir", "runs"], cwd=tmp_path,
+    out = subprocess.run([*PODRUN, "report", "--runs-dir", "runs"], cwd=tmp_path,
                          env=outside_env(), capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "holds no run" in out.stderr, out.stderr
 

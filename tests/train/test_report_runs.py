@@ -4,20 +4,18 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from podrun.rundir.metrics import MetricsWriter
+from tests.harness.podrun_proc import run_podrun
 from tests.ports import free_port
 from tests.train.train_procs import outside_env
 
 
-
 def _podrun(*args, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "podrun", *args], env=outside_env(), cwd=cwd, capture_output=True,
-                          text=True, timeout=120)
+    return run_podrun(*args, env=outside_env(), cwd=cwd, timeout=120)
 
 
 @pytest.fixture(scope="module")

@@ -4,26 +4,23 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import textwrap
-import time
 
 import pytest
 import torch
 
 from podrun.train import checkpoint as ckpt
 from podrun.rundir.metrics import latest_by_step, read_metrics
-from tests.train.train_procs import (assert_same_final_weights, kill_mid_run, start_workers, wait_all,
-                                    wait_for_step)
+from tests.harness.podrun_proc import started
+from tests.ports import free_port
+from tests.train.train_procs import (assert_same_final_weights, kill_a_save_in_flight, kill_mid_run, outside_env,
+                                    start_workers, train_opts, wait_all, wait_for_step)
 
 STEPS = 40
 
 
 def _opts(run_dir):
-    return dict(data="digits", image_size=16, num_classes=10, steps=STEPS, global_batch=32, lr=0.1,
-                optimizer="sgd", momentum=0.9, schedule="cosine", warmup_epochs=0.2, deterministic=True,
-                seed=3, eval_every=1, console=False, checkpoint_every=5, run_dir=str(run_dir))
+    return train_opts(run_dir, image_size=16, steps=STEPS, optimizer="sgd", momentum=0.9, schedule="cosine",
+                      warmup_epochs=0.2, seed=3, eval_every=1, checkpoint_every=5)
 
 
 @pytest.mark.timeout(240)
@@ -51,32 +48,11 @@ def test_kill9_mid_training_then_resume_continues_the_curve(tmp_path):
     assert a["step"] == b["step"] == STEPS
 
 
-SAVER = textwrap.dedent("""
-    import sys, torch
-    from podrun.train import checkpoint as ckpt
-    d = sys.argv[1]
-    for step in range(1, 100000):
-        ckpt.save({"step": step, "w": torch.full((4_000_000,), float(step))}, d, step, keep=2)
-""")
-
-
 @pytest.mark.timeout(60)
 def test_kill9_during_save_leaves_a_good_checkpoint(tmp_path):
     d = tmp_path / "ck"
     for attempt in range(3):
-        p = subprocess.Popen([sys.executable, "-c", SAVER, str(d)])
-        try:
-            deadline = time.time() + 30
-            # wait until a save is in flight (its temporary file exists) after at least one completed
-            while time.time() < deadline:
-                if ckpt.list_checkpoints(d) and any(f.name.startswith(".ckpt-") for f in d.iterdir()):
-                    break
-                time.sleep(0.002)
-            else:
-                raise AssertionError("never saw a save in flight")
-            os.kill(p.pid, signal.SIGKILL)
-        finally:
-            p.wait()
+        kill_a_save_in_flight(d, 30)
         found = ckpt.load_latest(d)
         assert found is not None
         path, state = found
@@ -114,24 +90,15 @@ def test_podrun_launch_max_restarts_resumes_from_the_newest_snapshot(tmp_path):
     train_args = ["--data", "digits", "--image-size", "8", "--steps", "40", "--checkpoint-every", "5",
                   "--keep-checkpoints", "1", "--seed", seed, "--quiet"]
     root = Path(__file__).resolve().parents[2]
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PODRUN_", "SLURM_", "OMPI_", "PMI_")) and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "podrun", "launch", "--max-restarts", "1", "--global-batch", "32",
-         "--master-port", str(__import__("tests.ports", fromlist=["free_port"]).free_port(2)),
-         "--runs-dir", str(tmp_path / "runs"), "--run-id", run_id, str(root / "recipes" / "resnet18_cifar10"),
-         *train_args], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     run_dir = tmp_path / "runs" / run_id
-    try:
+    with started("launch", "--max-restarts", "1", "--global-batch", "32", "--master-port", free_port(2),
+                 "--runs-dir", tmp_path / "runs", "--run-id", run_id, root / "recipes" / "resnet18_cifar10",
+                 *train_args, cwd=tmp_path, env=outside_env(), merge=True) as launcher:
         wait_for_step(run_dir, 12, [launcher], timeout=120)
         pids = _workers_with(seed)
         assert len(pids) == 2, pids
         os.kill(int(pids[-1]), signal.SIGKILL)
         out, _ = launcher.communicate(timeout=150)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait()
     assert launcher.returncode == 0, out[-3000:]
     records = read_metrics(run_dir)
     resume = [r for r in records if r.get("event") == "resume"]

@@ -15,17 +15,14 @@ from podrun.runtime import snapshot
 from podrun.train import checkpoint as ckpt
 from podrun.rundir.metrics import latest_by_step, read_metrics
 from tests.ports import free_port
-from tests.train.train_procs import WORKER, wait_all, wait_for_step, worker_env
+from tests.train.train_procs import SGD_COSINE, WORKER, train_opts, wait_all, wait_for_step, worker_env
 
 STEPS, GLOBAL = 30, 24
 KEY = uuid.uuid4().hex      # the run's snapshot key (podrun launch makes one per run)
 
 
 def _opts(run_dir, **kw):
-    return dict(data="digits", image_size=8, num_classes=10, steps=STEPS, global_batch=GLOBAL, lr=0.2,
-                optimizer="sgd", momentum=0.9, weight_decay=1e-4, schedule="cosine", warmup_epochs=0.05,
-                deterministic=True, seed=11, eval_every=0, console=False, checkpoint_every=100,
-                run_dir=str(run_dir), **kw)
+    return train_opts(run_dir, **{**SGD_COSINE, "steps": STEPS, "global_batch": GLOBAL, "checkpoint_every": 100, **kw})
 
 
 def _start(dirs: list[Path | None], opts: dict, restart: int = 0) -> list[subprocess.Popen]:

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from tests.ports import free_port
@@ -22,6 +23,61 @@ def outside_env(**extra: str) -> dict:
            if not k.startswith(("PODRUN_", "SLURM_", "OMPI_", "PMI_", "POPDIST_")) and k not in LAUNCHER_NAMES}
     env.update(extra)
     return env
+
+
+def train_opts(run_dir, **kw) -> dict:
+    """A worker's options: the digits data, small and deterministic, logged under run_dir; kw add or override."""
+    return {"data": "digits", "image_size": 8, "num_classes": 10, "global_batch": 32, "lr": 0.1,
+            "deterministic": True, "eval_every": 0, "console": False, "run_dir": str(run_dir), **kw}
+
+
+# the elastic and snapshot resumes' optimizer: SGD with momentum, a cosine schedule, seed 11
+SGD_COSINE = {"lr": 0.2, "optimizer": "sgd", "momentum": 0.9, "weight_decay": 1e-4, "schedule": "cosine",
+              "warmup_epochs": 0.05, "seed": 11}
+
+
+SAVER = """
+import sys, torch
+from podrun.train import checkpoint as ckpt
+for step in range(1, 100000):
+    ckpt.save({"step": step, "w": torch.full((4_000_000,), float(step))}, sys.argv[1], step, keep=2)
+"""
+
+
+def kill_a_save_in_flight(d: Path, timeout: float) -> None:
+    """Start a process that saves checkpoints into d without end; kill -9 it while a save is in flight (its
+    temporary file in d) after at least one save completed."""
+    import signal
+
+    from podrun.train import checkpoint as ckpt
+
+    p = subprocess.Popen([sys.executable, "-c", SAVER, str(d)])
+    try:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if ckpt.list_checkpoints(d) and any(f.name.startswith(".ckpt-") for f in d.iterdir()):
+                break
+            time.sleep(0.002)
+        else:
+            raise AssertionError("never saw a save in flight")
+        os.kill(p.pid, signal.SIGKILL)
+    finally:
+        p.wait()
+
+
+@contextmanager
+def lock_holder(run_dir: Path, run: str):
+    """A process that holds run_dir's writer lock for run (as a train.py would) until the with block leaves."""
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom podrun.rundir.lock import DirLock\n"
+                               "DirLock(sys.argv[1], sys.argv[2], 'run directory').acquire()\n"
+                               "print('held', flush=True)\ntime.sleep(600)", str(run_dir), run],
+                              env=outside_env(), stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        yield holder
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def worker_env(rank: int, world: int, port: int, extra: dict | None = None) -> dict:

@@ -19,6 +19,7 @@ import pytest
 
 from podrun.jobscript.submit import GONE_GRACE_S
 from tests.engines.conftest import ALLREDUCE, assert_allreduce_job_done, results
+from tests.harness.podrun_proc import PODRUN
 from tests.launch.helpers import run_dir as only_run_dir      # these tests name their run dir run_dir
 
 pytestmark = [pytest.mark.uge, pytest.mark.cluster]
@@ -29,7 +30,7 @@ BARE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 def podrun(ge, args, cwd, timeout=150):
     """`python -m podrun ARGS` on the head node (the submit host), with no podrun on PATH."""
     env = {**ge.env, "PATH": BARE_PATH}
-    return ge.exec(ge.head, [sys.executable, "-m", "podrun", *args], cwd=str(cwd), env=env, timeout=timeout,
+    return ge.exec(ge.head, [*PODRUN, *args], cwd=str(cwd), env=env, timeout=timeout,
                    stdin=subprocess.DEVNULL)
 
 

@@ -4,12 +4,13 @@ them (a worker's failing line, the worker command), beside the name and shape ru
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
 
 import pytest
+
+from tests.harness.podrun_proc import run_podrun, with_env
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -25,11 +26,10 @@ sys.exit(3)
 def test_known_secret_values_are_redacted_in_every_record_and_console_line(tmp_path):
     (tmp_path / "fail.py").write_text(WORKER)
     runs = tmp_path / "runs"
-    cp = subprocess.run([sys.executable, "-m", "podrun", "launch", "--runs-dir", str(runs), "--json",
-                         "--max-restarts", "1", "--no-warm", "--env", f"DB_SECRET={SECRET}", "--env", "PLAIN", "--",
-                         sys.executable, "fail.py", "--note", SECRET, f"--other={FROM_ENV}"],
-                        cwd=tmp_path, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
-                        env={**os.environ, "PLAIN": FROM_ENV})
+    cp = run_podrun("launch", "--runs-dir", runs, "--json", "--max-restarts", "1", "--no-warm", "--env",
+                    f"DB_SECRET={SECRET}", "--env", "PLAIN", "--", sys.executable, "fail.py", "--note", SECRET,
+                    f"--other={FROM_ENV}", cwd=tmp_path, timeout=120, stdin=subprocess.DEVNULL,
+                    env=with_env(PLAIN=FROM_ENV))
     assert cp.returncode == 3, cp.stderr
     record = json.loads(cp.stdout)
     cause = record["root_cause"]

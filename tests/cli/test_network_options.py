@@ -2,18 +2,13 @@
 data_interface, --ssh-client, IPv6 addresses with brackets, and what --dry-run says about MASTER_ADDR."""
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from podrun.errors import SpecError
-
-PODRUN = [sys.executable, "-m", "podrun"]
-
+from tests.harness.podrun_proc import run_podrun
 
 def run(*args):
-    return subprocess.run([*PODRUN, *args], capture_output=True, text=True, timeout=60)
+    return run_podrun(*args, timeout=60)
 
 
 def test_data_interface_sets_both_socket_names_and_dry_run_says_where_master_addr_comes_from(tmp_path):

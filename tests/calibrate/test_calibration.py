@@ -4,7 +4,6 @@ largest-batch search on modelled memory curves (a pure function of the batch: a 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -18,6 +17,7 @@ from podrun.calibrate.run import save
 from podrun.calibrate.search import largest_fit
 from podrun.errors import SpecError
 from podrun.plan.measured import Measured
+from tests.harness.podrun_proc import run_podrun, with_env
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = str(ROOT / "recipes" / "resnet18_cifar10")
@@ -38,8 +38,7 @@ def sample(**kw) -> Calibration:
 
 
 def podrun(*args, cwd=None, env=None):
-    return subprocess.run([sys.executable, "-m", "podrun", *args], capture_output=True, text=True, timeout=120,
-                          cwd=cwd, env={**os.environ, **(env or {})})
+    return run_podrun(*args, timeout=120, cwd=cwd, env=with_env(**(env or {})))
 
 
 def test_save_then_load_gives_the_same_calibration_and_leaves_no_temporary_file(tmp_path):

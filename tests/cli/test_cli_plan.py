@@ -5,11 +5,10 @@ import sys
 
 import pytest
 
-PODRUN = [sys.executable, "-m", "podrun"]
-
+from tests.harness.podrun_proc import run_podrun
 
 def run(*args, check=False):
-    return subprocess.run(PODRUN + list(args), capture_output=True, text=True, check=check, timeout=60)
+    return run_podrun(*args, timeout=60, check_exit=0 if check else None)
 
 
 @pytest.mark.parametrize("pod,replicas,ga", [(16, 8, 256), (64, 32, 64), (128, 64, 32), (256, 128, 16)])

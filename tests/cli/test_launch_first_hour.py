@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from podrun.cli.main import cli, main
+from tests.harness.podrun_proc import PODRUN
 from tests.launch.helpers import run_on_terminal
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +41,7 @@ def _pty_run(argv, answer: bytes, cwd, timeout=120.0) -> tuple[int, str]:
 
 
 def test_a_long_run_on_a_terminal_asks_and_no_means_not_started(tmp_path):
-    rc, shown = _pty_run([sys.executable, "-m", "podrun", "launch", "--runs-dir", str(tmp_path / "runs"),
+    rc, shown = _pty_run([*PODRUN, "launch", "--runs-dir", str(tmp_path / "runs"),
                           str(ROOT / "recipes" / "resnet50")], b"n\n", cwd=tmp_path)
     assert "the planner estimates 2,001.83 h" in shown and "start it anyway?" in shown, shown
     assert rc == 1 and "not started" in shown, shown

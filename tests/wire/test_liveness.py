@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 
 from podrun.errors import LaunchError
 from podrun.wire.liveness import Hearing, Liveness, settings
+from tests.harness.podrun_proc import PODRUN, run_podrun
 
 
 @pytest.mark.parametrize("given,period,bound", [
@@ -111,22 +111,21 @@ def test_one_reader_for_several_instances_counts_each_instances_own_silence():
 
 def test_a_cluster_spec_sets_the_heartbeat_and_dry_run_shows_it(tmp_path):
     from podrun.specs import load_cluster
-    from tests.unit.test_specs import write
+    from tests.specs.test_specs import write
 
     local = open(load_cluster("local").path).read()
     p = write(tmp_path, local + "\nheartbeat: 0.25\nheartbeat_misses: 8\n")
-    base = [sys.executable, "-m", "podrun", "launch", "--cluster", str(p), "--nodes", "1", "--dry-run"]
-    cp = subprocess.run([*base, "--json", "--", "true"], capture_output=True, text=True, timeout=60)
+    base = ["launch", "--cluster", str(p), "--nodes", "1", "--dry-run"]
+    cp = run_podrun(*base, "--json", "--", "true", timeout=60)
     assert cp.returncode == 0, cp.stderr
     rec = json.loads(cp.stdout)
     assert rec["heartbeat"] == {"period_s": 0.25, "misses": 8, "bound_s": 2.0}
     assert "--heartbeat 0.25 --instance 0 --stdin-timeout 2 " in rec["commands"][0]["command"]
-    cp = subprocess.run([*base, "--heartbeat-misses", "2", "--", "true"], capture_output=True, text=True, timeout=60)
+    cp = run_podrun(*base, "--heartbeat-misses", "2", "--", "true", timeout=60)
     assert cp.returncode == 0, cp.stderr
     assert "# heartbeat every 0.5 s both ways; a host silent for 1 s (2 missed) is lost" in cp.stdout, cp.stdout
     p = write(tmp_path, local + "\nheartbeat_misses: 0\n", "bad.yaml")
-    cp = subprocess.run([*base[:4], "--cluster", str(p), "--dry-run", "--", "true"], capture_output=True, text=True,
-                        timeout=60)
+    cp = run_podrun(*base[:1], "--cluster", p, "--dry-run", "--", "true", timeout=60)
     line = len(p.read_text().splitlines())
     assert cp.returncode == 2 and f"{p}:{line}: field 'heartbeat_misses' must be at least 1" in cp.stderr, cp.stderr
     assert "Traceback" not in cp.stderr
@@ -156,7 +155,7 @@ def test_what_is_given_wins_over_the_period_the_host_count_gives(given, period, 
 
 def test_dry_run_of_64_hosts_gives_every_agent_the_longer_period():
     hosts = ",".join(f"n{i}" for i in range(64))
-    base = [sys.executable, "-m", "podrun", "launch", "--transport", "ssh", "--hosts", hosts, "--devices-per-host", "1",
+    base = [*PODRUN, "launch", "--transport", "ssh", "--hosts", hosts, "--devices-per-host", "1",
             "--dry-run", "--json"]
     cp = subprocess.run([*base, "--", "true"], capture_output=True, text=True, timeout=60)
     assert cp.returncode == 0, cp.stderr
@@ -172,7 +171,7 @@ def test_under_mpirun_every_workers_agent_counts_as_a_heartbeat_sender():
     """--transport mpirun runs an agent per worker (an MPI rank each), and each sends heartbeats: 16 hosts x 4
     workers are 64 senders, the period of 64 hosts (2 s), not of 16; over ssh one agent a host keeps 0.5 s."""
     hosts = ",".join(f"n{i}" for i in range(16))
-    base = [sys.executable, "-m", "podrun", "launch", "--hosts", hosts, "--devices-per-host", "4", "--dry-run",
+    base = [*PODRUN, "launch", "--hosts", hosts, "--devices-per-host", "4", "--dry-run",
             "--json"]
     got = {}
     for transport in ("mpirun", "ssh"):

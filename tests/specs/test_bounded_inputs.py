@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import threading
 
 import pytest
+
+from tests.harness.podrun_proc import run_podrun
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -94,8 +95,7 @@ CASES = [
 
 @pytest.mark.parametrize("argv,words", [(c[1], c[2:]) for c in CASES], ids=[c[0] for c in CASES])
 def test_bad_input_is_refused_at_once_with_one_line(tmp_path, argv, words):
-    cp = subprocess.run([sys.executable, "-m", "podrun", *argv(tmp_path)], cwd=tmp_path, capture_output=True,
-                        text=True, timeout=60, stdin=subprocess.DEVNULL)
+    cp = run_podrun(*argv(tmp_path), cwd=tmp_path, timeout=60, stdin=subprocess.DEVNULL)
     err = cp.stderr
     assert cp.returncode == 2 and "Traceback" not in err and cp.stdout == "", (cp.returncode, err[-2000:])
     line = next((x for x in err.splitlines() if all(w in x for w in words)), None)

@@ -8,7 +8,7 @@ from podrun.plan.decompose import decompose, feasible, pipeline_bubble
 from podrun.wire.worker_env import POPDIST_NAMES, PODRUN_NAMES, TORCHRUN_NAMES, worker_env, workers_per_instance
 from podrun.plan.model import Plan
 from podrun.specs import load_cluster, load_recipe
-from tests.unit.plan_oracle import brute_force
+from tests.plan.plan_oracle import brute_force
 
 
 @pytest.mark.parametrize("pod,replicas,ga,instances", [(16, 8, 256, 1), (64, 32, 64, 4), (128, 64, 32, 8), (256, 128, 16, 16)])

@@ -6,13 +6,12 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
-import sys
 import threading
 
 import pytest
 
 from podrun.cli.main import main
+from tests.harness.podrun_proc import run_podrun
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -63,8 +62,7 @@ def test_the_bounds_themselves_are_accepted(capsys, monkeypatch, tmp_path, argv)
 
 
 def _stack(*argv):
-    return subprocess.run([sys.executable, "-m", "podrun", "stack", *argv], capture_output=True, text=True,
-                          timeout=60)
+    return run_podrun("stack", *argv, timeout=60)
 
 
 def test_podrun_stack_with_a_300_character_name_is_one_paragraph(tmp_path):

@@ -14,6 +14,7 @@ from podrun.launch import control, hangs, stacks
 from podrun.launch.hangs import WatchOptions
 from podrun.launch.stacks import Frame, ProcessStack, Thread, WorkerStack
 from podrun.wire import owner
+from tests.harness.podrun_proc import run_podrun
 
 TORCH = "/usr/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
 DUMP = """Thread 0x00007f0c3eada6c0 (most recent call first):
@@ -152,8 +153,7 @@ def test_report_writes_one_json_line_to_the_agents_pipe():
 
 @pytest.mark.parametrize("value", ["abc", "0", "-3", "inf", "nan"])
 def test_a_bad_hang_timeout_is_refused_naming_the_option(value, tmp_path):
-    cp = subprocess.run([sys.executable, "-m", "podrun", "launch", "--hang-timeout", value, "--runs-dir",
-                         str(tmp_path), "--", "true"], capture_output=True, text=True, timeout=60)
+    cp = run_podrun("launch", "--hang-timeout", value, "--runs-dir", tmp_path, "--", "true", timeout=60)
     assert cp.returncode == 2, cp.stderr
     assert "--hang-timeout" in cp.stderr and "Traceback" not in cp.stderr
 
@@ -161,14 +161,11 @@ def test_a_bad_hang_timeout_is_refused_naming_the_option(value, tmp_path):
 def test_podrun_stack_with_no_running_launch_is_one_paragraph_exit_2(tmp_path):
     runs = tmp_path / "runs"
     (runs / "ended").mkdir(parents=True)
-    none = subprocess.run([sys.executable, "-m", "podrun", "stack", "--runs-dir", str(runs)],
-                          capture_output=True, text=True, timeout=60)
+    none = run_podrun("stack", "--runs-dir", runs, timeout=60)
     assert none.returncode == 2 and "no running launch in" in none.stderr and "Traceback" not in none.stderr
-    ended = subprocess.run([sys.executable, "-m", "podrun", "stack", "--runs-dir", str(runs), "ended"],
-                           capture_output=True, text=True, timeout=60)
+    ended = run_podrun("stack", "--runs-dir", runs, "ended", timeout=60)
     assert ended.returncode == 2 and "run ended is not running" in ended.stderr, ended.stderr
-    missing = subprocess.run([sys.executable, "-m", "podrun", "stack", str(tmp_path / "nope")],
-                             capture_output=True, text=True, timeout=60)
+    missing = run_podrun("stack", tmp_path / "nope", timeout=60)
     assert missing.returncode == 2 and "no such run directory" in missing.stderr, missing.stderr
 
 

@@ -1,12 +1,11 @@
 """Specs: every shipped spec loads; bad YAML names the file, line and field; host lists parse."""
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
 from podrun.errors import HostError, SpecError
 from podrun.specs import cluster_names, load_cluster, load_recipe, parse_hostfile, parse_hosts_option, recipe_names
+from tests.harness.podrun_proc import run_podrun
 
 GOOD = (load_cluster("ipu-pod16").path)
 
@@ -139,8 +138,7 @@ def test_a_bad_hang_timeout_names_the_file_line_and_field(tmp_path, value, words
         load_cluster(str(p))
     line = len(p.read_text().splitlines())
     assert f"{p}:{line}: field 'hang_timeout'" in str(e.value) and words in str(e.value), str(e.value)
-    cp = subprocess.run([sys.executable, "-m", "podrun", "launch", "--cluster", str(p), "--dry-run", "--", "true"],
-                        capture_output=True, text=True, timeout=60)
+    cp = run_podrun("launch", "--cluster", p, "--dry-run", "--", "true", timeout=60)
     assert cp.returncode == 2 and "field 'hang_timeout'" in cp.stderr and "Traceback" not in cp.stderr, cp.stderr
 
 
