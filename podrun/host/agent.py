@@ -113,12 +113,9 @@ class Agent(ControllerLink):
         was sent SIGINT or SIGTERM before anything else stopped it and no worker had failed. A signal after a
         worker's failure (even one that raced its exit line), or the controller's T, is the teardown before a
         restart, which reads this host's snapshots."""
-        if self.stop is None:
-            return False
-        if self.stop.kind is StopKind.CONTROLLER_LOST:
-            return True
-        return (self.stop.kind is StopKind.SIGNALLED and self.stop_signal in (signal.SIGINT, signal.SIGTERM)
-                and not self.worker_failed)
+        return self.stop is not None and (self.stop.kind is StopKind.CONTROLLER_LOST or (
+            self.stop.kind is StopKind.SIGNALLED and self.stop_signal in (signal.SIGINT, signal.SIGTERM)
+            and not self.worker_failed))
 
     def _controller_gone(self) -> None:
         """No attempt will follow: this host's zygote ends now, with the processes it forked."""

@@ -23,6 +23,7 @@ python) hosts the store itself, as without podrun.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -110,16 +111,12 @@ class StoreHost:
 
     def close(self) -> None:
         self.closing = True
-        try:
+        with contextlib.suppress(ProcessLookupError):
             self.proc.kill()
-        except ProcessLookupError:
-            pass
         self.proc.wait()
         for f in (self.proc.stdin, self.proc.stdout):
-            try:
+            with contextlib.suppress(OSError):
                 f.close()
-            except OSError:
-                pass
 
 
 class AgentStore:

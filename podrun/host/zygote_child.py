@@ -1,6 +1,7 @@
 """In a process the zygote forked: becoming the worker (its descriptors, env, cwd, stdio) and running it as __main__."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -80,7 +81,6 @@ def _run_target(kind: str, target: str, args: list[str]) -> int:
     import runpy
     import traceback
 
-    code = 0
     try:
         if kind == "module":
             sys.argv = [target, *args]
@@ -92,20 +92,17 @@ def _run_target(kind: str, target: str, args: list[str]) -> int:
             sys.argv = [target, *args]
             runpy.run_path(target, run_name="__main__")
     except SystemExit as exc:
-        if exc.code is None:
-            code = 0
-        elif isinstance(exc.code, int):
-            code = exc.code & 0xFF
-        else:
-            print(exc.code, file=sys.stderr)
-            code = 1
+        if exc.code is None or isinstance(exc.code, int):
+            return (exc.code or 0) & 0xFF
+        print(exc.code, file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         traceback.print_exc()
-        code = 128 + int(signal.SIGINT)
+        return 128 + int(signal.SIGINT)
     except BaseException:  # noqa: BLE001 - the worker's uncaught error, printed as python would
         traceback.print_exc()
-        code = 1
-    return code
+        return 1
+    return 0
 
 
 def finish(code: int) -> None:
@@ -118,8 +115,6 @@ def finish(code: int) -> None:
         atexit._run_exitfuncs()
     finally:
         for f in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 f.flush()
-            except (OSError, ValueError):
-                pass
         os._exit(code)

@@ -1,6 +1,7 @@
 """The agent's side of a host's zygote (podrun.host.zygote): starting it, a lease on it, the processes it forks."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -87,10 +88,8 @@ def quit_host(run_dir: str, host: str) -> None:
     """Tell this host's zygote to end now (its forked processes die with it)."""
     conn = _connect(socket_path(run_dir, host))
     if conn is not None:
-        try:
+        with contextlib.suppress(OSError):
             conn.sendall(QUIT)
-        except OSError:
-            pass
         conn.close()
 
 

@@ -1,6 +1,7 @@
 """Linux process controls both sides share: parent-death signal, child subreaper, whether a pid lives, /proc's stat lines."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -38,10 +39,8 @@ def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None):
 
 def signal_group(pgid: int, sig: int) -> None:
     """Send ``sig`` to process group ``pgid``; one that is gone (or not ours) is no error."""
-    try:
+    with contextlib.suppress(OSError):
         os.killpg(pgid, sig)
-    except OSError:
-        pass
 
 
 def stat_fields(pid: int | str) -> list[bytes] | None:
