@@ -51,13 +51,18 @@ def dir_problem(path, *, shared_read: bool = False, root_ok: bool = False, stick
         return f"{path} is not a directory (owner {owner_name(st.st_uid)})"
     if sticky_ok and st.st_mode & stat.S_ISVTX:
         return None
+    return _owner_mode_problem(st, path, root_ok, shared_read, "write into it")
+
+
+def _owner_mode_problem(st: os.stat_result, path, root_ok: bool, shared_read: bool, written: str) -> str | None:
+    """Why ``path`` (its stat) is not this user's (nor, with ``root_ok``, root's) with no group or other write (nor,
+    without ``shared_read``, read); ``written``: what others may do to it when they may write it."""
     me = os.geteuid()
     if st.st_uid != me and not (root_ok and st.st_uid == 0):
         return f"{path} belongs to {owner_name(st.st_uid)}, not to you ({owner_name(me)})"
-    bad = 0o022 if shared_read else 0o077
-    if st.st_mode & bad:
+    if st.st_mode & (0o022 if shared_read else 0o077):
         return (f"{path} (owner {owner_name(st.st_uid)}) is mode {_mode(st)}: "
-                + ("others may write into it" if st.st_mode & 0o022 else "others may read it"))
+                + (f"others may {written}" if st.st_mode & 0o022 else "others may read it"))
     return None
 
 
@@ -96,13 +101,7 @@ def file_problem(st: os.stat_result, path, *, shared_read: bool = True) -> str |
     trusted), or writable by group or others (without ``shared_read``: readable by them)."""
     if not stat.S_ISREG(st.st_mode):
         return f"{path} is not a regular file"
-    if st.st_uid not in (0, os.geteuid()):
-        return f"{path} belongs to {owner_name(st.st_uid)}, not to you ({owner_name(os.geteuid())})"
-    bad = 0o022 if shared_read else 0o077
-    if st.st_mode & bad:
-        return (f"{path} (owner {owner_name(st.st_uid)}) is mode {_mode(st)}: "
-                + ("others may change it" if st.st_mode & 0o022 else "others may read it"))
-    return None
+    return _owner_mode_problem(st, path, True, shared_read, "change it")
 
 
 def _refuse(problem: str, what: str, error: type[PodrunError], hint: str | None) -> PodrunError:
@@ -406,8 +405,3 @@ def trusted_problem(path) -> str | None:
         return f"{path} is a symbolic link"
     return file_problem(st, path)
 
-
-__all__ = ["DIR_MODE", "FILE_MODE", "RECORD_LIMIT", "UnsafePath", "ancestor_problem", "check_ancestors", "check_dir",
-           "create_new", "dir_problem", "file_problem", "make_dir", "make_dirs", "make_temp_dir", "open_log",
-           "open_private", "own_dir", "owner_name", "read_trusted", "read_user_file", "rename", "replacing", "set_mode",
-           "trusted_problem", "user_file_problem", "write_file", "write_kernel"]

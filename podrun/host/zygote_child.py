@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import runpy
 import signal
 import sys
+import traceback
 
 WARM_ENV = "PODRUN_WARM"        # in a worker the zygote forked: the zygote's pid
 HIGH_FD = 256            # a forked process gets the fds it is told of by name at or above this number
@@ -26,12 +28,10 @@ def _stdio(unbuffered: bool) -> None:
 
 def become_worker(req: dict, fds: list[int], zygote_pid: int) -> int:
     """In the forked worker: become the worker, run the script; returns its exit code."""
-    import runpy
-
-    from podrun.wire.proctl import pdeathsig
+    from podrun.wire.proctl import PR_SET_PDEATHSIG, prctl
 
     os.setsid()
-    pdeathsig(signal.SIGKILL)
+    prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))   # the zygote's death ends this process
     if os.getppid() != zygote_pid:
         return 128 + int(signal.SIGKILL)
     kind, target, args, unbuffered = req["target"]
@@ -78,9 +78,6 @@ def _take_fds(targets: list, fds: list[int], env: dict[str, str]) -> None:
 
 def _run_target(kind: str, target: str, args: list[str]) -> int:
     """Run the script, module or ``-c`` code as ``__main__``; its exit code, as python's own."""
-    import runpy
-    import traceback
-
     try:
         if kind == "module":
             sys.argv = [target, *args]

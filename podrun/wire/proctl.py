@@ -19,11 +19,6 @@ def prctl(option: int, arg: int) -> bool:
         return False
 
 
-def pdeathsig(sig: int = signal.SIGKILL) -> None:
-    """In the child before exec: get ``sig`` when the parent dies (workers: SIGKILL when the agent dies)."""
-    prctl(PR_SET_PDEATHSIG, int(sig))
-
-
 def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None):
     """A ``preexec_fn`` (call it in the parent: it notes the parent's pid now): in the child, get ``sig`` when
     the parent dies, and get it at once when the parent died before prctl took effect (the child was then
