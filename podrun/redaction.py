@@ -85,21 +85,16 @@ def redact_argv(argv) -> list[str]:
     out: list[str] = []
     hide_next = False
     for word in argv:
+        opt, sep, _ = word.partition("=")
         if hide_next and not word.startswith("-"):
             out.append(REDACTED)
             hide_next = False
-            continue
-        hide_next = False
-        if word.startswith("-") and len(word) > 1:
-            opt, sep, value = word.partition("=")
-            if secret_name(opt):
-                if sep:
-                    out.append(f"{opt}={REDACTED}")
-                else:
-                    out.append(word)
-                    hide_next = True
-                continue
-        out.append(redact_assignment(word))
+        elif word.startswith("-") and len(word) > 1 and secret_name(opt):
+            out.append(f"{opt}={REDACTED}" if sep else word)
+            hide_next = not sep
+        else:
+            out.append(redact_assignment(word))
+            hide_next = False
     return out
 
 

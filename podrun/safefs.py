@@ -36,10 +36,11 @@ def _mode(st: os.stat_result) -> str:
 
 # -- checks: why a path may not be used (None: it may) --------------------------------------------------------
 
-def dir_problem(path, *, shared_read: bool = False, root_ok: bool = False) -> str | None:
+def dir_problem(path, *, shared_read: bool = False, root_ok: bool = False, sticky_ok: bool = False) -> str | None:
     """Why ``path`` may not hold podrun's files (None: it may): a real directory (lstat: not a symbolic link),
     owned by this user (or by root with ``root_ok``), that neither group nor others may write (nor, without
-    ``shared_read``, read or enter: 0700)."""
+    ``shared_read``, read or enter: 0700); with ``sticky_ok`` any directory with the sticky bit (/tmp: there no
+    one renames or removes what is not theirs)."""
     try:
         st = os.lstat(path)
     except OSError as exc:
@@ -48,13 +49,20 @@ def dir_problem(path, *, shared_read: bool = False, root_ok: bool = False) -> st
         return f"{path} is a symbolic link (owner {owner_name(st.st_uid)}), not a directory"
     if not stat.S_ISDIR(st.st_mode):
         return f"{path} is not a directory (owner {owner_name(st.st_uid)})"
+    if sticky_ok and st.st_mode & stat.S_ISVTX:
+        return None
+    return _owner_mode_problem(st, path, root_ok, shared_read, "write into it")
+
+
+def _owner_mode_problem(st: os.stat_result, path, root_ok: bool, shared_read: bool, written: str) -> str | None:
+    """Why ``path`` (its stat) is not this user's (nor, with ``root_ok``, root's) with no group or other write (nor,
+    without ``shared_read``, read); ``written``: what others may do to it when they may write it."""
     me = os.geteuid()
     if st.st_uid != me and not (root_ok and st.st_uid == 0):
         return f"{path} belongs to {owner_name(st.st_uid)}, not to you ({owner_name(me)})"
-    bad = 0o022 if shared_read else 0o077
-    if st.st_mode & bad:
+    if st.st_mode & (0o022 if shared_read else 0o077):
         return (f"{path} (owner {owner_name(st.st_uid)}) is mode {_mode(st)}: "
-                + ("others may write into it" if st.st_mode & 0o022 else "others may read it"))
+                + (f"others may {written}" if st.st_mode & 0o022 else "others may read it"))
     return None
 
 
@@ -93,13 +101,7 @@ def file_problem(st: os.stat_result, path, *, shared_read: bool = True) -> str |
     trusted), or writable by group or others (without ``shared_read``: readable by them)."""
     if not stat.S_ISREG(st.st_mode):
         return f"{path} is not a regular file"
-    if st.st_uid not in (0, os.geteuid()):
-        return f"{path} belongs to {owner_name(st.st_uid)}, not to you ({owner_name(os.geteuid())})"
-    bad = 0o022 if shared_read else 0o077
-    if st.st_mode & bad:
-        return (f"{path} (owner {owner_name(st.st_uid)}) is mode {_mode(st)}: "
-                + ("others may change it" if st.st_mode & 0o022 else "others may read it"))
-    return None
+    return _owner_mode_problem(st, path, True, shared_read, "change it")
 
 
 def _refuse(problem: str, what: str, error: type[PodrunError], hint: str | None) -> PodrunError:
@@ -200,18 +202,6 @@ def _target_problem(path) -> str | None:
     return None
 
 
-def _writable_dir_problem(d) -> str | None:
-    """Why files may not be put into the directory ``d``: a link, not a directory, or one others may write without
-    the sticky bit (a directory of another user that we may write is fine only with the sticky bit: /tmp)."""
-    try:
-        st = os.lstat(d)
-    except OSError as exc:
-        return f"cannot check {d}: {exc.strerror or exc}"
-    if stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX:
-        return None
-    return dir_problem(d, shared_read=True, root_ok=True)
-
-
 @contextlib.contextmanager
 def replacing(path, what: str, *, mode: int = FILE_MODE, error: type[PodrunError] = UnsafePath, durable: bool = True):
     """A binary file object whose bytes become ``path`` whole when the block ends: written into a new file with a
@@ -220,7 +210,7 @@ def replacing(path, what: str, *, mode: int = FILE_MODE, error: type[PodrunError
     symbolic link, a non-regular file or another user's file at ``path``. On an exception the new file is removed."""
     path = os.fspath(path)
     d = os.path.dirname(os.path.abspath(path))
-    problem = _writable_dir_problem(d) or _target_problem(path)
+    problem = dir_problem(d, shared_read=True, root_ok=True, sticky_ok=True) or _target_problem(path)
     if problem is not None:
         raise _refuse(problem, what, error, None)
     tmp = os.path.join(d, f".{os.path.basename(path)}.tmp-{os.urandom(6).hex()}")
@@ -269,22 +259,28 @@ def open_private(path, *, append: bool = True, read: bool = False) -> int:
     """A descriptor to write (append, or read and write) the file ``path`` of this user, made 0600 when missing: never
     a link (O_NOFOLLOW), and an existing file is refused (UnsafePath) unless it is a regular file of this user that
     no one else may read or write. For logs, locks and slots in a private directory."""
-    flags = (os.O_RDWR if read else os.O_WRONLY) | os.O_CREAT | _NOFOLLOW | (os.O_APPEND if append else 0)
+    flags = (os.O_RDWR if read else os.O_WRONLY) | os.O_CREAT | (os.O_APPEND if append else 0)
+    return _open_checked(path, flags, "file", UnsafePath, shared_read=False)[0]   # root's 0600 file: only root's
+
+
+def _open_checked(path, flags: int, what: str, error: type[PodrunError], *, shared_read: bool):
+    """(a descriptor of ``path`` opened with ``flags`` and O_NOFOLLOW, its fstat) when file_problem finds nothing
+    in the file opened; else ``error`` naming it (a symbolic link at ``path`` included), nothing left open."""
     try:
-        fd = os.open(path, flags, FILE_MODE)
+        fd = os.open(path, flags | _NOFOLLOW, FILE_MODE)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise _refuse(f"{path} is a symbolic link", "file", UnsafePath, None) from None
+            raise _refuse(f"{path} is a symbolic link", what, error, None) from None
         raise
     try:
-        problem = file_problem(os.fstat(fd), path, shared_read=False)   # root's 0600 file: only root may open it
-    except OSError:
+        st = os.fstat(fd)
+        problem = file_problem(st, path, shared_read=shared_read)
+        if problem is not None:
+            raise _refuse(problem, what, error, None)
+    except BaseException:
         os.close(fd)
         raise
-    if problem is not None:
-        os.close(fd)
-        raise _refuse(problem, "file", UnsafePath, None)
-    return fd
+    return fd, st
 
 
 def open_log(path, *, buffering: int = 1):
@@ -387,17 +383,8 @@ def read_trusted(path, what: str, *, limit: int, error: type[PodrunError] = Unsa
     problem = _trusted_dir_problem(path, shared_dir)
     if problem is not None:
         raise _refuse(problem, what, error, None)
+    fd, st = _open_checked(path, os.O_RDONLY | os.O_NONBLOCK, what, error, shared_read=True)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:     # a symbolic link at the file's name
-            raise _refuse(f"{path} is a symbolic link", what, error, None) from None
-        raise
-    try:
-        st = os.fstat(fd)
-        problem = file_problem(st, path)
-        if problem is not None:
-            raise _refuse(problem, what, error, None)
         if st.st_size > limit:
             raise error(f"{what} {path}: larger than {limit} bytes ({st.st_size})")
         return _read_fd(fd, f"{what} {path}", limit, error)
@@ -418,8 +405,3 @@ def trusted_problem(path) -> str | None:
         return f"{path} is a symbolic link"
     return file_problem(st, path)
 
-
-__all__ = ["DIR_MODE", "FILE_MODE", "RECORD_LIMIT", "UnsafePath", "ancestor_problem", "check_ancestors", "check_dir",
-           "create_new", "dir_problem", "file_problem", "make_dir", "make_dirs", "make_temp_dir", "open_log",
-           "open_private", "own_dir", "owner_name", "read_trusted", "read_user_file", "rename", "replacing", "set_mode",
-           "trusted_problem", "user_file_problem", "write_file", "write_kernel"]

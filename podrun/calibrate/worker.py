@@ -9,7 +9,7 @@ import statistics
 import sys
 import time
 
-from podrun.wire.protocol import write_whole
+from podrun import safefs
 
 RESULT = "calibration-result.json"     # in the run directory, written by rank 0
 
@@ -230,7 +230,7 @@ def _write(run_dir: str | None, obj: dict) -> None:
     if run_dir is None:
         print(json.dumps(obj))
         return
-    write_whole(os.path.join(run_dir, RESULT), json.dumps(obj))
+    safefs.write_file(os.path.join(run_dir, RESULT), json.dumps(obj), "request file", durable=False)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ inherit, as they would inherit values put before the agent on a command line.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
@@ -51,7 +52,6 @@ from podrun.host import output, zygote_client
 from podrun.host.link import ControllerLink
 from podrun.host.proctree import end_descendants, reap_orphans, tree_cpu
 from podrun.host import stackdump
-from podrun.host.stackdump import SITE_DIR, STACK_SIGNAL
 from podrun.host.stop import Stop, StopKind
 from podrun.host.workers import (fresh_error_file, instance_workers, launcher_fds, read_env_stdin,
                                  read_error_file)
@@ -113,12 +113,9 @@ class Agent(ControllerLink):
         was sent SIGINT or SIGTERM before anything else stopped it and no worker had failed. A signal after a
         worker's failure (even one that raced its exit line), or the controller's T, is the teardown before a
         restart, which reads this host's snapshots."""
-        if self.stop is None:
-            return False
-        if self.stop.kind is StopKind.CONTROLLER_LOST:
-            return True
-        return (self.stop.kind is StopKind.SIGNALLED and self.stop_signal in (signal.SIGINT, signal.SIGTERM)
-                and not self.worker_failed)
+        return self.stop is not None and (self.stop.kind is StopKind.CONTROLLER_LOST or (
+            self.stop.kind is StopKind.SIGNALLED and self.stop_signal in (signal.SIGINT, signal.SIGTERM)
+            and not self.worker_failed))
 
     def _controller_gone(self) -> None:
         """No attempt will follow: this host's zygote ends now, with the processes it forked."""
@@ -149,10 +146,8 @@ class Agent(ControllerLink):
     def spawn(self) -> None:
         base = dict(os.environ)
         keep_fds = launcher_fds(base)
-        try:
+        with contextlib.suppress(OSError, PodrunError):      # no stack directory: no stacks
             self.stack_root = safefs.make_temp_dir("podrun-stacks-")
-        except (OSError, PodrunError):
-            self.stack_root = None
         from podrun.runtime.snapshot import prepare_dirs
 
         for problem in prepare_dirs(self.envs):      # private snapshot directories, made before any worker runs
@@ -175,8 +170,8 @@ class Agent(ControllerLink):
         if self.stack_root is not None:
             where = os.path.join(self.stack_root, f"w{local_rank}")
             safefs.make_dir(where, "stack directory")
-            env.update(PODRUN_STACK_DIR=where, PODRUN_STACK_SIGNAL=str(STACK_SIGNAL),
-                       PYTHONPATH=os.pathsep.join(x for x in (SITE_DIR, env.get("PYTHONPATH")) if x))
+            env.update(PODRUN_STACK_DIR=where, PODRUN_STACK_SIGNAL=str(stackdump.STACK_SIGNAL),
+                       PYTHONPATH=os.pathsep.join(x for x in (stackdump.SITE_DIR, env.get("PYTHONPATH")) if x))
         streams, ends = output.output_sockets()
         # the largest write one message takes (the kernel refuses more with EMSGSIZE): Python workers write
         # more in pieces (podrun's sitecustomize)
@@ -204,11 +199,10 @@ class Agent(ControllerLink):
             s.close()
         self.procs.append(p)
         emit = functools.partial(self.emit, local_rank)
-        threads = [threading.Thread(target=output.pump, args=(streams, emit), daemon=True)]
+        reader = threading.Thread(target=output.pump, args=(streams, emit), daemon=True)
         threading.Thread(target=output.pump_progress, args=(r, emit), daemon=True).start()
-        for t in threads:
-            t.start()
-        self.readers.append(threads)
+        reader.start()
+        self.readers.append([reader])
         self.send(local_rank, protocol.Start(p.pid))
 
     def _spawn_warm(self, local_rank: int, env: dict[str, str], progress_fd: int, ends, stdin: int | None = None):
@@ -260,7 +254,6 @@ class Agent(ControllerLink):
     def own(self) -> frozenset[int]:
         """The pids of the agent's own helpers among its children (the store host): no worker left them."""
         return frozenset(pid for pid in (h() for h in self.helpers) if pid is not None)
-
 
     def run(self) -> int:
         code: int | None = None

@@ -1,6 +1,7 @@
 """The agent's process tree, read from /proc: its children, a worker tree's CPU time, ending every descendant."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -112,10 +113,8 @@ def end_descendants(timeout: float = 5.0, spare: frozenset[int] = frozenset()) -
                 if pid not in killed:
                     killed[pid] = _describe(pid)
                 for kill in (os.killpg, os.kill):
-                    try:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
                         kill(pid, signal.SIGKILL)
-                    except (ProcessLookupError, PermissionError):
-                        pass
             _reap(pid)
         time.sleep(0.01)
     return list(killed.values())

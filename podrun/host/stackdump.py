@@ -17,8 +17,6 @@ STILL_POLLS = 3            # a dump is whole once its file kept its size (above 
 
 NOT_REGISTERED = ("no Python process of this worker registered for stacks (not Python, "
                   "or started with -I/-S so podrun's sitecustomize did not run)")
-
-
 EXITING = "its program has returned: the process is exiting"
 
 
@@ -66,12 +64,10 @@ def collect(root: str, workers: list[tuple[int, int]], wait: float = STACK_WAIT_
     sent: dict[int, list[tuple[int, str, str]]] = {}
     for pos, worker_pid in workers:
         where = os.path.join(root, f"w{pos}")
-        if _exiting(where, worker_pid):
-            out[pos] = {"procs": [], "problem": EXITING, "exiting": True}
-            continue
-        pids = _registered(where, worker_pid)
+        exiting = _exiting(where, worker_pid)
+        pids = [] if exiting else _registered(where, worker_pid)
         if not pids:
-            out[pos] = {"procs": [], "problem": NOT_REGISTERED, "exiting": False}
+            out[pos] = {"procs": [], "problem": EXITING if exiting else NOT_REGISTERED, "exiting": exiting}
             continue
         sent[pos] = []
         for pid in pids:

@@ -23,6 +23,7 @@ python) hosts the store itself, as without podrun.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -31,6 +32,7 @@ import threading
 
 from podrun.host import zygote_client
 from podrun.wire.probe import listen, torch_available
+from podrun.wire.proctl import die_with_parent
 from podrun.wire.worker_env import AGENT_STORE_NAME as ENV    # the name podrun.wire.worker_env sets for every worker
 
 FD_ENV = "PODRUN_STORE_FD"   # in a store host a zygote forked: the number its listening socket has there
@@ -59,8 +61,6 @@ class StoreHost:
 
     def __init__(self, sock: socket.socket, on_failure=None, python: str = sys.executable,
                  warm: zygote_client.WarmHost | None = None):
-        from podrun.wire.proctl import die_with_parent
-
         self.sock = sock
         self.state = "starting"
         self.closing = False          # the agent ends it: its exit is no failure to report
@@ -110,16 +110,12 @@ class StoreHost:
 
     def close(self) -> None:
         self.closing = True
-        try:
+        with contextlib.suppress(ProcessLookupError):
             self.proc.kill()
-        except ProcessLookupError:
-            pass
         self.proc.wait()
         for f in (self.proc.stdin, self.proc.stdout):
-            try:
+            with contextlib.suppress(OSError):
                 f.close()
-            except OSError:
-                pass
 
 
 class AgentStore:
@@ -178,5 +174,3 @@ class AgentStore:
         if self.host is not None:
             self.host.close()
         self.release()
-
-

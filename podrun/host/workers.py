@@ -1,6 +1,7 @@
 """An instance's workers on its agent: which they are and their env here, what they inherit, a failed one's error."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
@@ -107,8 +108,6 @@ def fresh_error_file(path: str | None) -> None:
     """Make the error file's directory and remove a file a previous attempt left there."""
     if not path:
         return
-    try:
+    with contextlib.suppress(OSError, PodrunError):
         safefs.make_dirs(os.path.dirname(path), "error file directory")   # private, as the run dir
         os.unlink(path)
-    except (OSError, PodrunError):
-        pass

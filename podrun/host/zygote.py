@@ -25,6 +25,7 @@ worker is podrun.host.zygote_child.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import select
@@ -125,19 +126,16 @@ def _watch(zygote: int, path: str) -> None:
     dead on this machine, kill the zygote and remove the run's zygote directory and stale control socket (no
     longer dying with the zygote then, which would cut that short)."""
     from podrun.wire.proctl import PR_SET_PDEATHSIG, die_with_parent, prctl
-    from podrun.wire.owner import owner_alive, remove_if_stale
+    from podrun.wire.owner import owner_alive
 
     die_with_parent(signal.SIGKILL, zygote)()
     run_dir = os.path.dirname(os.path.dirname(path))
     while os.getppid() == zygote:
         if owner_alive(run_dir) is False:
             prctl(PR_SET_PDEATHSIG, 0)       # the zygote's death, which follows, must not end the clean-up
-            try:
+            with contextlib.suppress(OSError):
                 os.kill(zygote, signal.SIGKILL)
-            except OSError:
-                pass
-            shutil.rmtree(os.path.dirname(path), ignore_errors=True)
-            remove_if_stale(run_dir)
+            _remove_run_zygotes(path)
             return
         time.sleep(WATCH_S)
 
@@ -146,21 +144,26 @@ def _clean_up(path: str, inode: int, settle: float = 0.0) -> None:
     """A zygote's end: its socket and lock go; when the run's controller is dead on this machine, the run's
     zygote directory and its stale control socket go too (no attempt will follow). ``settle``: seconds to wait
     for a controller said to be dead to be seen dead (an agent's QUIT can come while it is still exiting)."""
-    from podrun.wire.owner import owner_alive, remove_if_stale
+    from podrun.wire.owner import owner_alive
 
+    run_dir = os.path.dirname(os.path.dirname(path))
     deadline = time.monotonic() + settle
-    while owner_alive(os.path.dirname(os.path.dirname(path))) and time.monotonic() < deadline:
+    while owner_alive(run_dir) and time.monotonic() < deadline:
         time.sleep(0.01)
-    try:
+    with contextlib.suppress(OSError):
         if os.lstat(path).st_ino == inode:
             os.unlink(path)
             os.unlink(path[:-5] + ".lock")
-    except OSError:
-        pass
-    run_dir = os.path.dirname(os.path.dirname(path))
     if owner_alive(run_dir) is False:
-        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
-        remove_if_stale(run_dir)
+        _remove_run_zygotes(path)
+
+
+def _remove_run_zygotes(path: str) -> None:
+    """The run's controller is dead: its zygote directory (``path``'s) and its stale control socket go."""
+    from podrun.wire.owner import remove_if_stale
+
+    shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+    remove_if_stale(os.path.dirname(os.path.dirname(path)))
 
 
 def _start_watcher(path: str, lock: int) -> None:
@@ -297,10 +300,8 @@ class _Server:
             finally:
                 finish(code)
         _close(fds)
-        try:
+        with contextlib.suppress(OSError):
             c.sendall(f"pid {pid} {self.me}\n".encode())
-        except OSError:
-            pass
         self.conns[c.fileno()] = c
         self.kids[pid] = c
         self.of_conn[c.fileno()] = pid
@@ -332,11 +333,9 @@ class _Server:
                 break
             c = self.kids.pop(pid, None)
             if c is not None:
-                try:
+                with contextlib.suppress(OSError):
                     c.sendall(f"exit {-os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)}\n"
                               .encode())
-                except OSError:
-                    pass
 
     def _kill_all(self) -> None:
         for pid in self.kids:

@@ -1,9 +1,12 @@
 """In a process the zygote forked: becoming the worker (its descriptors, env, cwd, stdio) and running it as __main__."""
 from __future__ import annotations
 
+import contextlib
 import os
+import runpy
 import signal
 import sys
+import traceback
 
 WARM_ENV = "PODRUN_WARM"        # in a worker the zygote forked: the zygote's pid
 HIGH_FD = 256            # a forked process gets the fds it is told of by name at or above this number
@@ -25,12 +28,10 @@ def _stdio(unbuffered: bool) -> None:
 
 def become_worker(req: dict, fds: list[int], zygote_pid: int) -> int:
     """In the forked worker: become the worker, run the script; returns its exit code."""
-    import runpy
-
-    from podrun.wire.proctl import pdeathsig
+    from podrun.wire.proctl import PR_SET_PDEATHSIG, prctl
 
     os.setsid()
-    pdeathsig(signal.SIGKILL)
+    prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))   # the zygote's death ends this process
     if os.getppid() != zygote_pid:
         return 128 + int(signal.SIGKILL)
     kind, target, args, unbuffered = req["target"]
@@ -77,10 +78,6 @@ def _take_fds(targets: list, fds: list[int], env: dict[str, str]) -> None:
 
 def _run_target(kind: str, target: str, args: list[str]) -> int:
     """Run the script, module or ``-c`` code as ``__main__``; its exit code, as python's own."""
-    import runpy
-    import traceback
-
-    code = 0
     try:
         if kind == "module":
             sys.argv = [target, *args]
@@ -92,20 +89,17 @@ def _run_target(kind: str, target: str, args: list[str]) -> int:
             sys.argv = [target, *args]
             runpy.run_path(target, run_name="__main__")
     except SystemExit as exc:
-        if exc.code is None:
-            code = 0
-        elif isinstance(exc.code, int):
-            code = exc.code & 0xFF
-        else:
-            print(exc.code, file=sys.stderr)
-            code = 1
+        if exc.code is None or isinstance(exc.code, int):
+            return (exc.code or 0) & 0xFF
+        print(exc.code, file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         traceback.print_exc()
-        code = 128 + int(signal.SIGINT)
+        return 128 + int(signal.SIGINT)
     except BaseException:  # noqa: BLE001 - the worker's uncaught error, printed as python would
         traceback.print_exc()
-        code = 1
-    return code
+        return 1
+    return 0
 
 
 def finish(code: int) -> None:
@@ -118,8 +112,6 @@ def finish(code: int) -> None:
         atexit._run_exitfuncs()
     finally:
         for f in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 f.flush()
-            except (OSError, ValueError):
-                pass
         os._exit(code)

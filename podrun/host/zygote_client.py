@@ -1,6 +1,7 @@
 """The agent's side of a host's zygote (podrun.host.zygote): starting it, a lease on it, the processes it forks."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -9,6 +10,7 @@ import shutil
 import signal
 import socket
 import struct
+import subprocess
 import sys
 import threading
 import time
@@ -87,10 +89,8 @@ def quit_host(run_dir: str, host: str) -> None:
     """Tell this host's zygote to end now (its forked processes die with it)."""
     conn = _connect(socket_path(run_dir, host))
     if conn is not None:
-        try:
+        with contextlib.suppress(OSError):
             conn.sendall(QUIT)
-        except OSError:
-            pass
         conn.close()
 
 
@@ -133,8 +133,6 @@ class WarmProc:
         self.conn.close()
 
     def wait(self, timeout: float | None = None) -> int:
-        import subprocess
-
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.poll() is None:
             if deadline is not None and time.monotonic() > deadline:
@@ -184,8 +182,6 @@ def spawn(run_dir: str, host: str, command, env: dict[str, str], cwd: str, fds: 
 def start(run_dir: str, host: str, idle: float = IDLE_S) -> None:
     """Start this host's zygote, detached (it forks away and the first process exits): the caller must not
     be a child subreaper while this runs, or the zygote would stay its descendant."""
-    import subprocess
-
     path = socket_path(run_dir, host)
     try:                                             # not a private directory of this user: no zygote
         safefs.make_dir(os.path.dirname(path), "zygote directory")

@@ -15,6 +15,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from podrun.errors import LaunchError
+
 HEARTBEAT_S = 0.5          # the default heartbeat period, both ways (controller -> agent, agent -> controller)
 HEARTBEAT_MISSES = 4       # heartbeats missed in a row before a host is lost: the default bound is 2 s
 # Before the first line of the other side, the allowance is at least this: an agent may wait for the controller's
@@ -93,7 +95,6 @@ def settings(heartbeat: float | None = None, misses: int | None = None, keepaliv
 
 
 def _checked(live: Liveness, where: str) -> Liveness:
-    from podrun.errors import LaunchError
     from podrun.specs.limits import MAX_SECONDS
 
     if not live.bound <= MAX_SECONDS:
@@ -109,8 +110,6 @@ def _checked(live: Liveness, where: str) -> Liveness:
 
 
 def _given(heartbeat, misses, keepalive, spec_heartbeat, spec_misses, period_default=HEARTBEAT_S) -> Liveness:
-    from podrun.errors import LaunchError
-
     for name, value in (("--heartbeat", heartbeat), ("--keepalive", keepalive)):
         if value is not None and not (math.isfinite(value) and value > 0):
             raise LaunchError(f"{name} {value:g} is not a number of seconds above 0")

@@ -5,6 +5,7 @@ trusted. The controller writes the record (podrun.launch.control.claim) after cl
 zygote read it, through podrun.safefs.read_trusted."""
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -69,10 +70,8 @@ def clear_dead(run_dir: str) -> None:
         raise PodrunError(f"run directory {run_dir} is held by its controller, pid {found[0]} (alive, named in "
                           f"{OWNER_NAME}); nothing was started",
                           hint="wait for that run to end (or end it: `kill PID`), then resume")
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(os.path.join(run_dir, OWNER_NAME))
-    except FileNotFoundError:
-        pass
 
 
 def remove_if_stale(run_dir: str) -> bool:
@@ -93,8 +92,6 @@ def remove_if_stale(run_dir: str) -> bool:
         return False                              # recorded by a controller on another machine
     removed = unixsock.remove_stale(path)
     if removed:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(os.path.join(run_dir, OWNER_NAME))
-        except OSError:
-            pass
     return removed

@@ -210,14 +210,8 @@ def interface_of(addr: str) -> str | None:
     """The interface that holds the local address ``addr`` (IPv4, or a global IPv6 one)."""
     if is_ipv6(addr):
         want = socket.inet_pton(socket.AF_INET6, addr.split("%", 1)[0])
-        for name, a in ipv6_addresses():
-            if socket.inet_pton(socket.AF_INET6, a) == want:
-                return name
-        return None
-    for name, a in interface_addresses().items():
-        if a == addr:
-            return name
-    return None
+        return next((name for name, a in ipv6_addresses() if socket.inet_pton(socket.AF_INET6, a) == want), None)
+    return next((name for name, a in interface_addresses().items() if a == addr), None)
 
 
 def gloo_interface(master_addr: str, hostname: str | None = None) -> str | None:
@@ -269,14 +263,7 @@ def listen(port: int) -> socket.socket:
 
 def torch_available(python: str | None = None) -> bool:
     """Whether ``python`` (default: this one) can import torch, found without importing it."""
-    if python is None or os.path.abspath(python) == os.path.abspath(sys.executable):   # venvs share one realpath
-        return importlib.util.find_spec("torch") is not None
-    try:
-        probe = "import importlib.util,sys; sys.exit(not importlib.util.find_spec('torch'))"
-        return subprocess.run([python, "-c", probe],
-                              stdin=subprocess.DEVNULL, capture_output=True, timeout=30).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+    return not missing_modules(sys.executable if python is None else python, ["torch"])
 
 
 def reserve(port: int) -> socket.socket:

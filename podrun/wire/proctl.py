@@ -1,6 +1,7 @@
 """Linux process controls both sides share: parent-death signal, child subreaper, whether a pid lives, /proc's stat lines."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -18,11 +19,6 @@ def prctl(option: int, arg: int) -> bool:
         return False
 
 
-def pdeathsig(sig: int = signal.SIGKILL) -> None:
-    """In the child before exec: get ``sig`` when the parent dies (workers: SIGKILL when the agent dies)."""
-    prctl(PR_SET_PDEATHSIG, int(sig))
-
-
 def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None):
     """A ``preexec_fn`` (call it in the parent: it notes the parent's pid now): in the child, get ``sig`` when
     the parent dies, and get it at once when the parent died before prctl took effect (the child was then
@@ -38,10 +34,8 @@ def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None):
 
 def signal_group(pgid: int, sig: int) -> None:
     """Send ``sig`` to process group ``pgid``; one that is gone (or not ours) is no error."""
-    try:
+    with contextlib.suppress(OSError):
         os.killpg(pgid, sig)
-    except OSError:
-        pass
 
 
 def stat_fields(pid: int | str) -> list[bytes] | None:

@@ -39,9 +39,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from dataclasses import dataclass, field, fields
 
+from podrun import safefs
 from podrun.rundir.layout import STACKS_REQUEST as REQUEST_FILE, STOP_REQUEST as STOP_FILE  # noqa: F401
 from podrun.rundir.layout import ZYGOTE as ZYGOTE_DIR  # noqa: F401
 
@@ -254,19 +256,10 @@ def exit_code_from_returncode(rc: int) -> int:
 
 # -- the run directory's messages to agents that have no stdin (mpirun, srun: they share the run dir) --
 
-
-
 def write_request(run_dir: str) -> None:
     """Ask the agents that have no stdin (mpirun, srun: they share the run dir) for stacks: a new token in
     <run_dir>/stacks-request, written whole (a new private file, then a rename)."""
-    write_whole(os.path.join(run_dir, REQUEST_FILE), f"{time.time_ns()}\n")
-
-
-def write_whole(path: str, text: str) -> None:
-    """``text`` as the file ``path``, written whole: a new private file (0600, no link followed), then a rename."""
-    from podrun import safefs
-
-    safefs.write_file(path, text, "request file", durable=False)
+    safefs.write_file(os.path.join(run_dir, REQUEST_FILE), f"{time.time_ns()}\n", "request file", durable=False)
 
 
 def read_request(run_dir: str, name: str = REQUEST_FILE) -> str:
@@ -291,8 +284,6 @@ TERM_TO_KILL_S = 1.0
 
 def stop_token(sig: int) -> bytes:
     """The stdin byte asking an agent to end its workers with ``sig`` first (T for any other signal)."""
-    import signal
-
     name = signal.Signals(sig).name
     return next((tok for tok, n in STOP_TOKENS.items() if n == name), b"T")
 
@@ -301,16 +292,13 @@ def write_stop(run_dir: str, sig: int) -> None:
     """Ask the agents that have no stdin (mpirun, srun) to end their workers with ``sig`` first: its name and
     a new token in <run_dir>/stop-request, written whole (a new private file, then a rename); an agent acts on
     a token it did not see at its start (an earlier attempt's request in the same run dir is no request)."""
-    import signal
-
-    write_whole(os.path.join(run_dir, STOP_FILE), f"{signal.Signals(sig).name} {time.time_ns()}\n")
+    safefs.write_file(os.path.join(run_dir, STOP_FILE), f"{signal.Signals(sig).name} {time.time_ns()}\n",
+                      "request file", durable=False)
 
 
 def read_stop(run_dir: str) -> tuple[str, int | None]:
     """(the token of <run_dir>/stop-request, "" when there is none; the signal it names, one of STOP_TOKENS',
     else None)."""
-    import signal
-
     text = read_request(run_dir, STOP_FILE)
     name = text.partition(" ")[0]
     return text, int(getattr(signal, name)) if name in STOP_TOKENS.values() else None

@@ -55,11 +55,8 @@ def remove_stale(path: str) -> bool:
     """Remove ``path`` when it is a stale socket of this user (a dead run's); True when it was removed."""
     try:
         st = os.lstat(path)
-    except OSError:
-        return False
-    if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.geteuid() or not stale(path):
-        return False
-    try:
+        if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.geteuid() or not stale(path):
+            return False
         os.unlink(path)
     except OSError:
         return False

@@ -10,6 +10,7 @@ import os
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Mapping
 
+from podrun.errors import PlanError
 from podrun.rundir.layout import ERRORS, snapshot_dir
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -140,8 +141,6 @@ def omp_num_threads(plan: "Plan", cpus: int) -> int:
 def popdist_env(plan: "Plan", instance_index: int) -> dict[str, str]:
     """The POPDIST_* variables instance ``instance_index`` sees (the popdist view of the contract)."""
     if not 0 <= instance_index < plan.instances:
-        from podrun.errors import PlanError
-
         raise PlanError(f"instance index {instance_index} is outside the plan's {plan.instances} instances")
     pl = plan.placement[instance_index]
     values = {"num_instances": plan.instances, "instance_index": instance_index, "num_replicas": plan.replicas,
@@ -231,4 +230,3 @@ def instance_envs(plan: "Plan", instance_index: int, attempt: "RunAttempt", *, a
         env.update({k: v for k, v in defaults.items() if k not in host_env})
         envs.append(launch_overrides(env, host_env))
     return envs
-

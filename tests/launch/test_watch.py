@@ -189,7 +189,7 @@ def test_the_worker_hook_dumps_on_the_signal_keeps_running_and_chains_the_users_
     import signal
     import time
 
-    from podrun.host.agent import SITE_DIR, STACK_SIGNAL
+    from podrun.host.stackdump import SITE_DIR, STACK_SIGNAL
 
     user = tmp_path / "user"
     user.mkdir()
