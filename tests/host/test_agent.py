@@ -29,9 +29,10 @@ def test_protocol_round_trip_and_raw_lines():
     assert protocol.exit_code_from_returncode(-9) == 137 and protocol.exit_code_from_returncode(3) == 3
 
 
-def _request(tmp_path, command, **kw):
+def _request(tmp_path, command, master_port: int | None = None, grace: float = 5.0, **kw):
     plan, _, _ = resolve_plan(None, devices_per_host=2, instances_per_host=2)   # 2 instances x 1 worker
-    req = build_request(plan, command, transport="local", runs_dir=str(tmp_path / "runs"), run_id="a", **kw)
+    req = build_request(plan, command, transport="local", runs_dir=str(tmp_path / "runs"), run_id="a",
+                        decided=Decisions(master_port=master_port, grace=grace), **kw)
     write_plan(req.run_dir, plan)
     return req
 
@@ -141,7 +142,7 @@ def test_workers_die_with_a_killed_agent(tmp_path):
 def test_agent_forwards_sigint_then_kills_after_grace(tmp_path):
     m = marker()
     req = _request(tmp_path, ["sh", "-c", f"trap 'echo got-int; exit 0' INT; echo up; while :; do sleep 0.1; done # {m}"],
-                   decided=Decisions(grace=1))
+                   grace=1)
     p = subprocess.Popen(req.agent_argv(0, stdin_watch=False), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                          text=True)
     while "up" not in p.stdout.readline():
