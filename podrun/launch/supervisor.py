@@ -7,7 +7,7 @@ SIGINT/SIGTERM/SIGHUP, when an instance has been silent for ``keepalive`` second
 (podrun.wire.liveness: a lost host; summary.json gives each instance's largest silence), when workers are still
 running ``straggler_timeout`` seconds after one exited 0 (stragglers, named by rank), or on a hang found by its
 watch of the live run (podrun.launch.live_watch: progress, the hang window, stacks, slow ranks, ``podrun stack``).
-The Supervisor holds parts with narrow state and wires them: the Listener (the agents' lines and heartbeats), the
+The Supervisor holds parts with narrow state and wires them: the Listener (podrun.launch.listener), the
 Instances, the Failures (podrun.launch.outcome), the LiveWatch and the InstanceLogs (the output).
 The root cause is the failure with the earliest agent time; its report (podrun.launch.outcome.Failures) carries
 that worker's own last lines (kept per worker, bounded), its @record error if it wrote one, and separately the
@@ -15,7 +15,6 @@ last lines of the others, and the workers that ended after it in one summary (ou
 """
 from __future__ import annotations
 
-import functools
 import queue
 import signal
 import threading
@@ -27,6 +26,7 @@ from podrun import safefs
 from podrun.errors import LaunchError
 from podrun.launch import control, hangs
 from podrun.launch.instance_logs import InstanceLogs, Sink
+from podrun.launch.listener import STALL_S, Every, Listener, scan_every
 from podrun.launch.live_watch import LiveWatch, Progress
 from podrun.launch.outcome import Failure, FailureKind, Failures, Instances, InstanceStatus, Outcome, RunStatus
 from podrun.launch.outcome import describe_code as _describe_code   # the wording of an exit, looked up at each
@@ -34,85 +34,14 @@ from podrun.launch.request import LaunchRequest
 from podrun.launch.transports.base import InstanceHandle, Transport
 from podrun.redaction import redact_text
 from podrun.wire import owner, protocol
-from podrun.wire.liveness import FIRST_HEARTBEAT_S, STALL_S, Every, Hearing, scan_every
+from podrun.wire.liveness import FIRST_HEARTBEAT_S
 
 LOST_EXIT = 255           # like ssh: the connection to a host was lost
 STRAGGLER_EXIT = 124      # like timeout(1): workers still running past --straggler-timeout
-QUEUED = 256              # protocol lines waiting for the supervisor (bounded: memory stays flat)
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)   # SIGHUP: terminal closed, ssh dropped
-_HUB_READER = "the line hub"   # the reader of every handle the hub reads, for the waits on a full queue (Hearing)
 
 # notice(text): podrun's own status messages
 Notice = Callable[[str], None]
-
-
-class Listener:
-    """The Supervisor's part that hears the agents: their lines on the way to its loop through one bounded queue,
-    fed by the line hub's thread or by a thread per handle the hub does not read, noting when each instance was
-    last heard; and a heartbeat to every open agent each ``heartbeat_s`` from a thread of its own."""
-
-    def __init__(self, heartbeat_s: float):
-        self.heartbeat_s = heartbeat_s
-        self.hearing = Hearing()                 # when each instance was last heard, less the controller's own waits
-        self.q: queue.Queue = queue.Queue(maxsize=QUEUED)   # (handle, stream, line); (handle, None, None): its end
-        self.done = threading.Event()            # the loop ended
-        self.handles: tuple[InstanceHandle, ...] = ()   # the open handles, that get heartbeats
-
-    def start(self, handles: list[InstanceHandle]) -> None:
-        self.handles = tuple(handles)
-        threading.Thread(target=self._heartbeats, daemon=True).start()
-        for h in handles:
-            if not h.push(functools.partial(self._pushed, h)):
-                threading.Thread(target=self._reader, args=(h,), daemon=True).start()
-
-    def _reader(self, h: InstanceHandle) -> None:
-        """h's lines in a thread of its own (a handle the line hub does not read: paramiko, mpirun, srun)."""
-        try:
-            for stream, line in h.lines():
-                self._take(h, h, stream, line)
-        finally:
-            self._ended(h)
-
-    def _pushed(self, h: InstanceHandle, stream: str | None, line: str | None) -> None:
-        """h's lines from the line hub's thread, which reads every such handle (podrun.launch.transports.linehub)."""
-        if stream is None:
-            self._ended(h)
-        else:
-            self._take(h, _HUB_READER, stream, line)
-
-    def _take(self, h: InstanceHandle, reader: object, stream: str, line: str) -> None:
-        """Move one of h's lines to the supervisor's bounded queue, noting when its instance was last heard from
-        and how long ``reader`` (a thread that reads h, or the hub's) waited on a full queue (a slow console or disk
-        holds the supervisor back, not the host: that wait does not count as the host's silence)."""
-        if line.startswith(protocol.PREFIX):
-            ev = protocol.parse(line, stream)
-            if ev.instance is not None:
-                self.hearing.heard(reader, ev.instance)
-        self.hearing.wait_begins(reader)
-        self._put((h, stream, line))
-        self.hearing.wait_ends(reader)
-
-    def _ended(self, h: InstanceHandle) -> None:
-        self.hearing.end(h)             # its end is queued: nothing more to hear
-        self._put((h, None, None))
-
-    def _put(self, item: tuple) -> None:
-        """Queue an item for the loop, waiting while the queue is full, but not once the loop has ended: a handle
-        it let go (a lost host, one it killed) may still have lines, and the hub that reads them serves the
-        next attempt too."""
-        while not self.done.is_set():
-            try:
-                self.q.put(item, timeout=0.2)
-                return
-            except queue.Full:
-                continue
-
-    def _heartbeats(self) -> None:
-        """A byte to every open agent each heartbeat period, from its own thread: the agents keep their
-        controller even while the supervisor waits on a slow console."""
-        while not self.done.wait(self.heartbeat_s):
-            for h in self.handles:
-                h.heartbeat()
 
 
 class Supervisor:
@@ -318,8 +247,9 @@ class Supervisor:
                 self._stragglers()
             if self.stopping_since is None and (self.failures or self.signalled is not None):
                 self.stopping_since = now
+                first_failure = self.failures[0] if self.failures else None
                 why = (f"received {signal.Signals(self.signalled).name}" if self.signalled is not None
-                       else self.failures[0].reason + f" (instance {self.failures[0].instance} on {self.failures[0].host})")
+                       else f"{first_failure.reason} (instance {first_failure.instance} on {first_failure.host})")
                 self.notice(f"ending the run on every host: {why}")
                 first = self.signalled if self.signalled is not None else signal.SIGTERM
                 for x in open_handles:

@@ -1,18 +1,14 @@
-"""Liveness: the heartbeat period and detection bound of a run, and how long each instance has been silent.
+"""Liveness: the heartbeat period and detection bound of a run, both ways.
 
 The bound is the heartbeat period x the misses tolerated (default 0.5 s x 4 = 2 s up to 16 hosts; beyond, the
 default period grows with the host count, ``default_period``, so that the controller hears a flat 32 heartbeats a
-second whatever the size of the run, up to 5 s at 160 hosts); ``--keepalive`` names the bound itself. ``settings`` turns the options (and a cluster spec's fields) into a Liveness.
-``Hearing`` is what the supervisor's reader threads tell it: when each instance was last heard from,
-with the time a reader spent waiting on the controller's own full queue taken out (a slow console or
-disk holds the controller back, not the host), and the time the controller's own loop stalled (beyond
-STALL_S) taken out too, and the largest gap between two lines of each instance.
+second whatever the size of the run, up to 5 s at 160 hosts); ``--keepalive`` names the bound itself. ``settings``
+turns the options (and a cluster spec's fields) into a Liveness. What the controller heard when is its own
+(podrun.launch.listener).
 """
 from __future__ import annotations
 
 import math
-import threading
-import time
 from dataclasses import dataclass
 
 from podrun.errors import LaunchError
@@ -25,9 +21,7 @@ FIRST_HEARTBEAT_S = 60.0
 MIN_HEARTBEAT_S = 0.01     # shorter costs CPU on every host and finds nothing sooner (the checks run every 0.1 s)
 MAX_MISSES = 10 ** 6
 FLAT_HOSTS = 16            # up to this many hosts the default period is HEARTBEAT_S; beyond, it grows with them ...
-MAX_DEFAULT_HEARTBEAT_S = 5.0   # ... up to this (a default bound of 20 s): detection stays far below a collective's timeout
-STALL_S = 1.0              # a gap between two turns of the controller's loop beyond this is its own stall, not silence
-SCAN_SHARE = 5             # the controller looks at every host's silence each period / SCAN_SHARE (at most every 0.1 s)
+MAX_DEFAULT_HEARTBEAT_S = 5.0   # ... up to this (a default bound of 20 s): detection far below a collective's timeout
 
 
 def default_period(hosts: int) -> float:
@@ -36,26 +30,6 @@ def default_period(hosts: int) -> float:
     whatever the size of the run), at most MAX_DEFAULT_HEARTBEAT_S. ``hosts`` counts the agents that send
     heartbeats: one a host, one a worker under the mpirun transport (an agent per MPI rank)."""
     return min(MAX_DEFAULT_HEARTBEAT_S, HEARTBEAT_S * max(1.0, hosts / FLAT_HOSTS))
-
-
-class Every:
-    """Whether a periodic duty is due: ``due(now)`` is true at most once per ``seconds``."""
-
-    def __init__(self, seconds: float):
-        self.seconds = seconds
-        self.next = 0.0
-
-    def due(self, now: float) -> bool:
-        if now < self.next:
-            return False
-        self.next = now + self.seconds
-        return True
-
-
-def scan_every(live: "Liveness") -> float:
-    """How often the controller looks at every host's silence: a fifth of the period, at least 0.1 s (the lines
-    that come between cost nothing per host)."""
-    return max(0.1, live.period / SCAN_SHARE)
 
 
 @dataclass(frozen=True)
@@ -134,78 +108,3 @@ def _given(heartbeat, misses, keepalive, spec_heartbeat, spec_misses, period_def
     period = heartbeat if heartbeat is not None else period_default
     count = misses if misses is not None else HEARTBEAT_MISSES
     return Liveness(period, period * count)
-
-
-class Hearing:
-    """What the readers heard, per instance; thread-safe. ``key`` names a reader: a handle's own thread, or the line hub
-    that reads many handles (podrun.launch.supervisor); ``end`` and ``silence`` take the handle."""
-
-    def __init__(self, clock=time.monotonic):
-        self.clock = clock
-        self.lock = threading.Lock()
-        self.waited: dict[object, float] = {}        # reader -> seconds it spent waiting on the full queue
-        self.waiting: dict[object, float] = {}       # reader -> since when it waits now
-        self.ended: set = set()                      # readers whose stream ended (their end is queued)
-        self.last: dict[int, tuple[float, object, float, float]] = {}   # instance -> (when, reader, its waited then,
-        #                                                                  the controller's stalls then)
-        self.gap: dict[int, float] = {}             # instance -> the largest silence between two of its lines
-        self.stalled = 0.0                          # seconds the controller's own loop did not run (``stall``)
-
-    def _waited(self, key, now: float) -> float:
-        since = self.waiting.get(key)
-        return self.waited.get(key, 0.0) + (now - since if since is not None else 0.0)
-
-    def _silence(self, instance: int, now: float) -> float | None:
-        got = self.last.get(instance)
-        if got is None:
-            return None
-        when, key, waited, stalled = got
-        return max(0.0, now - when - (self._waited(key, now) - waited) - (self.stalled - stalled))
-
-    def heard(self, key, instance: int) -> None:
-        """A line of ``instance`` came from reader ``key``."""
-        with self.lock:
-            now = self.clock()
-            gap = self._silence(instance, now)
-            if gap is not None and gap > self.gap.get(instance, 0.0):
-                self.gap[instance] = gap
-            self.last[instance] = (now, key, self._waited(key, now), self.stalled)
-
-    def stall(self, seconds: float) -> None:
-        """The controller's loop did not run for ``seconds`` more than it should (a starved or stopped machine):
-        nobody listened then, so that time counts in no instance's silence."""
-        with self.lock:
-            self.stalled += seconds
-
-    def wait_begins(self, key) -> None:
-        with self.lock:
-            self.waiting[key] = self.clock()
-
-    def wait_ends(self, key) -> None:
-        with self.lock:
-            since = self.waiting.pop(key, None)
-            if since is not None:
-                self.waited[key] = self.waited.get(key, 0.0) + self.clock() - since
-
-    def end(self, key) -> None:
-        with self.lock:
-            self.ended.add(key)
-
-    def silence(self, instance: int, key) -> float | None:
-        """Seconds since ``instance`` was last heard, less the time its reader waited on the controller since;
-        None when it was never heard, 0.0 when its reader ``key`` has ended (the end says the rest)."""
-        with self.lock:
-            if key in self.ended:
-                return 0.0
-            return self._silence(instance, self.clock())
-
-    def silent_for(self, instance: int) -> float | None:
-        """Seconds since ``instance`` was last heard (its reader's waits taken out), whether or not its reader has
-        ended: how long a host whose connection just closed had been silent (None: never heard)."""
-        with self.lock:
-            return self._silence(instance, self.clock())
-
-    def max_gap(self, instance: int) -> float | None:
-        """The largest silence between two lines of ``instance`` so far (None: fewer than two lines)."""
-        with self.lock:
-            return self.gap.get(instance)

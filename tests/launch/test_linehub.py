@@ -142,7 +142,7 @@ def test_a_merger_closed_before_its_pipes_end_leaves_the_hub_no_stale_descriptor
 def test_a_supervisor_that_has_ended_never_holds_the_hub():
     """Lines of a handle the supervisor let go (a lost host's, a killed one's) may come after its loop ended, from
     the hub's thread, which the next attempt's supervisor needs: they are dropped, not waited on forever."""
-    from podrun.launch.supervisor import Listener
+    from podrun.launch.listener import Listener
 
     sup = Listener(1.0)                           # the supervisor's part that _put belongs to: its queue and its end
     sup.q = queue.Queue(maxsize=1)

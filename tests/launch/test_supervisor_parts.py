@@ -12,7 +12,8 @@ from podrun.launch import hangs
 from podrun.launch.live_watch import LiveWatch
 from podrun.launch.outcome import (Failure, FailureKind, Failures, Instances, InstanceState, InstanceStatus,
                                    RunStatus)
-from podrun.launch.supervisor import Listener, Supervisor
+from podrun.launch.listener import Listener
+from podrun.launch.supervisor import Supervisor
 
 STACK = 'Current thread 0x00007f00 (most recent call first):\n  File "/work/train.py", line 12 in step\n'
 

@@ -7,7 +7,8 @@ import subprocess
 import pytest
 
 from podrun.errors import LaunchError
-from podrun.wire.liveness import Hearing, Liveness, settings
+from podrun.launch.listener import Hearing
+from podrun.wire.liveness import Liveness, settings
 from tests.harness.podrun_proc import PODRUN, run_podrun
 
 

@@ -1,0 +1,181 @@
+"""The controller's hearing: the agents' lines on their way to the supervisor's loop, the heartbeats out, and when
+each instance was last heard (its silence, with the controller's own waits and stalls taken out)."""
+from __future__ import annotations
+
+import functools
+import queue
+import threading
+import time
+
+from podrun.launch.transports.base import InstanceHandle
+from podrun.wire import protocol
+from podrun.wire.liveness import Liveness
+
+QUEUED = 256              # protocol lines waiting for the supervisor (bounded: memory stays flat)
+_HUB_READER = "the line hub"   # the reader of every handle the hub reads, for the waits on a full queue (Hearing)
+STALL_S = 1.0              # a gap between two turns of the controller's loop beyond this is its own stall, not silence
+SCAN_SHARE = 5             # the controller looks at every host's silence each period / SCAN_SHARE (at most every 0.1 s)
+
+
+class Every:
+    """Whether a periodic duty is due: ``due(now)`` is true at most once per ``seconds``."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.next = 0.0
+
+    def due(self, now: float) -> bool:
+        if now < self.next:
+            return False
+        self.next = now + self.seconds
+        return True
+
+
+def scan_every(live: Liveness) -> float:
+    """How often the controller looks at every host's silence: a fifth of the period, at least 0.1 s (the lines
+    that come between cost nothing per host)."""
+    return max(0.1, live.period / SCAN_SHARE)
+
+
+class Hearing:
+    """What the readers heard, per instance; thread-safe. ``key`` names a reader: a handle's own thread, or the line hub
+    that reads many handles (podrun.launch.supervisor); ``end`` and ``silence`` take the handle."""
+
+    def __init__(self, clock=time.monotonic):
+        self.clock = clock
+        self.lock = threading.Lock()
+        self.waited: dict[object, float] = {}        # reader -> seconds it spent waiting on the full queue
+        self.waiting: dict[object, float] = {}       # reader -> since when it waits now
+        self.ended: set = set()                      # readers whose stream ended (their end is queued)
+        self.last: dict[int, tuple[float, object, float, float]] = {}   # instance -> (when, reader, its waited then,
+        #                                                                  the controller's stalls then)
+        self.gap: dict[int, float] = {}             # instance -> the largest silence between two of its lines
+        self.stalled = 0.0                          # seconds the controller's own loop did not run (``stall``)
+
+    def _waited(self, key, now: float) -> float:
+        since = self.waiting.get(key)
+        return self.waited.get(key, 0.0) + (now - since if since is not None else 0.0)
+
+    def _silence(self, instance: int, now: float) -> float | None:
+        got = self.last.get(instance)
+        if got is None:
+            return None
+        when, key, waited, stalled = got
+        return max(0.0, now - when - (self._waited(key, now) - waited) - (self.stalled - stalled))
+
+    def heard(self, key, instance: int) -> None:
+        """A line of ``instance`` came from reader ``key``."""
+        with self.lock:
+            now = self.clock()
+            gap = self._silence(instance, now)
+            if gap is not None and gap > self.gap.get(instance, 0.0):
+                self.gap[instance] = gap
+            self.last[instance] = (now, key, self._waited(key, now), self.stalled)
+
+    def stall(self, seconds: float) -> None:
+        """The controller's loop did not run for ``seconds`` more than it should (a starved or stopped machine):
+        nobody listened then, so that time counts in no instance's silence."""
+        with self.lock:
+            self.stalled += seconds
+
+    def wait_begins(self, key) -> None:
+        with self.lock:
+            self.waiting[key] = self.clock()
+
+    def wait_ends(self, key) -> None:
+        with self.lock:
+            since = self.waiting.pop(key, None)
+            if since is not None:
+                self.waited[key] = self.waited.get(key, 0.0) + self.clock() - since
+
+    def end(self, key) -> None:
+        with self.lock:
+            self.ended.add(key)
+
+    def silence(self, instance: int, key) -> float | None:
+        """Seconds since ``instance`` was last heard, less the time its reader waited on the controller since;
+        None when it was never heard, 0.0 when its reader ``key`` has ended (the end says the rest)."""
+        with self.lock:
+            if key in self.ended:
+                return 0.0
+            return self._silence(instance, self.clock())
+
+    def silent_for(self, instance: int) -> float | None:
+        """Seconds since ``instance`` was last heard (its reader's waits taken out), whether or not its reader has
+        ended: how long a host whose connection just closed had been silent (None: never heard)."""
+        with self.lock:
+            return self._silence(instance, self.clock())
+
+    def max_gap(self, instance: int) -> float | None:
+        """The largest silence between two lines of ``instance`` so far (None: fewer than two lines)."""
+        with self.lock:
+            return self.gap.get(instance)
+
+
+class Listener:
+    """The Supervisor's part that hears the agents: their lines on the way to its loop through one bounded queue,
+    fed by the line hub's thread or by a thread per handle the hub does not read, noting when each instance was
+    last heard; and a heartbeat to every open agent each ``heartbeat_s`` from a thread of its own."""
+
+    def __init__(self, heartbeat_s: float):
+        self.heartbeat_s = heartbeat_s
+        self.hearing = Hearing()                 # when each instance was last heard, less the controller's own waits
+        self.q: queue.Queue = queue.Queue(maxsize=QUEUED)   # (handle, stream, line); (handle, None, None): its end
+        self.done = threading.Event()            # the loop ended
+        self.handles: tuple[InstanceHandle, ...] = ()   # the open handles, that get heartbeats
+
+    def start(self, handles: list[InstanceHandle]) -> None:
+        self.handles = tuple(handles)
+        threading.Thread(target=self._heartbeats, daemon=True).start()
+        for h in handles:
+            if not h.push(functools.partial(self._pushed, h)):
+                threading.Thread(target=self._reader, args=(h,), daemon=True).start()
+
+    def _reader(self, h: InstanceHandle) -> None:
+        """h's lines in a thread of its own (a handle the line hub does not read: paramiko, mpirun, srun)."""
+        try:
+            for stream, line in h.lines():
+                self._take(h, h, stream, line)
+        finally:
+            self._ended(h)
+
+    def _pushed(self, h: InstanceHandle, stream: str | None, line: str | None) -> None:
+        """h's lines from the line hub's thread, which reads every such handle (podrun.launch.transports.linehub)."""
+        if stream is None:
+            self._ended(h)
+        else:
+            self._take(h, _HUB_READER, stream, line)
+
+    def _take(self, h: InstanceHandle, reader: object, stream: str, line: str) -> None:
+        """Move one of h's lines to the supervisor's bounded queue, noting when its instance was last heard from
+        and how long ``reader`` (a thread that reads h, or the hub's) waited on a full queue (a slow console or disk
+        holds the supervisor back, not the host: that wait does not count as the host's silence)."""
+        if line.startswith(protocol.PREFIX):
+            ev = protocol.parse(line, stream)
+            if ev.instance is not None:
+                self.hearing.heard(reader, ev.instance)
+        self.hearing.wait_begins(reader)
+        self._put((h, stream, line))
+        self.hearing.wait_ends(reader)
+
+    def _ended(self, h: InstanceHandle) -> None:
+        self.hearing.end(h)             # its end is queued: nothing more to hear
+        self._put((h, None, None))
+
+    def _put(self, item: tuple) -> None:
+        """Queue an item for the loop, waiting while the queue is full, but not once the loop has ended: a handle
+        it let go (a lost host, one it killed) may still have lines, and the hub that reads them serves the
+        next attempt too."""
+        while not self.done.is_set():
+            try:
+                self.q.put(item, timeout=0.2)
+                return
+            except queue.Full:
+                continue
+
+    def _heartbeats(self) -> None:
+        """A byte to every open agent each heartbeat period, from its own thread: the agents keep their
+        controller even while the supervisor waits on a slow console."""
+        while not self.done.wait(self.heartbeat_s):
+            for h in self.handles:
+                h.heartbeat()
