@@ -199,13 +199,10 @@ def summary_rows(c: Calibration) -> list[tuple[str, str]]:
     return rows
 
 
-def calibrations_dir(runs_dir: str | Path) -> Path:
-    """<runs>/calibrations: the runs dir made as a launch makes it, the folder private (0700, checked with lstat)."""
-    return private_subdir(make_runs_dir(runs_dir), SUBDIR, "calibrations directory")
-
-
 def save(c: Calibration, runs_dir: str | Path, name: str) -> Path:
     """Write <runs>/calibrations/<name>.yaml whole: a new private file beside it, then a rename over it, so a
-    reader sees the old file or the new one, never a part."""
-    target = calibrations_dir(runs_dir) / f"{check_name(name)}.yaml"
+    reader sees the old file or the new one, never a part. The runs dir is made as a launch makes it, the
+    calibrations folder private (0700, checked with lstat)."""
+    folder = private_subdir(make_runs_dir(runs_dir), SUBDIR, "calibrations directory")
+    target = folder / f"{check_name(name)}.yaml"
     return safefs.write_file(target, dumps(c), "calibration file")    # a new private file (0600), renamed over it

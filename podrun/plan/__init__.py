@@ -11,10 +11,8 @@ from podrun.plan.estimate import estimate
 from podrun.plan.model import Estimate, Placement, Plan
 from podrun.plan.placement import place
 
-if TYPE_CHECKING:  # pragma: no cover
-    from podrun.plan.measured import Measured
-
 if TYPE_CHECKING:  # pragma: no cover - importing podrun.plan.model (the agent does) must not load the specs
+    from podrun.plan.measured import Measured
     from podrun.specs.cluster import ClusterSpec
     from podrun.specs.recipe import RecipeSpec
 

@@ -71,10 +71,9 @@ def newest_run(runs_dir: str | Path) -> Path:
     """The run directory in ``runs_dir`` written to last (its newest metrics.jsonl, summary.json, plan.json,
     command or instance-0.log), or a PodrunError (exit 2) when it holds none."""
     d = Path(runs_dir)
+    hint = "pass a run directory (podrun report runs/<run-id>), or --runs-dir where podrun launch wrote its runs"
     if not d.is_dir():
-        raise PodrunError(f"--runs-dir {d}: no such directory, so there is no newest run to report",
-                          hint="pass a run directory (podrun report runs/<run-id>), or --runs-dir where "
-                               "podrun launch wrote its runs")
+        raise PodrunError(f"--runs-dir {d}: no such directory, so there is no newest run to report", hint=hint)
     best: tuple[float, str] | None = None
     for sub in d.iterdir():
         times = []
@@ -86,9 +85,7 @@ def newest_run(runs_dir: str | Path) -> Path:
         if times and (best is None or (max(times), sub.name) > best):
             best = (max(times), sub.name)
     if best is None:
-        raise PodrunError(f"--runs-dir {d}: holds no run (no directory with {', '.join(RUN_FILES)})",
-                          hint="pass a run directory (podrun report runs/<run-id>), or --runs-dir where "
-                               "podrun launch wrote its runs")
+        raise PodrunError(f"--runs-dir {d}: holds no run (no directory with {', '.join(RUN_FILES)})", hint=hint)
     return d / best[1]
 
 
@@ -242,11 +239,14 @@ def replans(launch: Summary | None) -> list[dict]:
     return out
 
 
+def _hosts_change(r: dict) -> str:
+    return f"{len(r['old'].get('hosts') or [])} -> {len(r['new'].get('hosts') or [])} hosts"
+
+
 def describe_replan(r: dict) -> str:
     """'4 -> 3 hosts (GA 3 -> 4)': one re-plan in a few words, for the curves and the summary."""
     old, new = r["old"], r["new"]
-    hosts = f"{len(old.get('hosts') or [])} -> {len(new.get('hosts') or [])} hosts"
-    return f"{hosts} (local batch {old.get('local_batch')} x GA {old.get('grad_accum')} -> " \
+    return f"{_hosts_change(r)} (local batch {old.get('local_batch')} x GA {old.get('grad_accum')} -> " \
            f"{new.get('local_batch')} x GA {new.get('grad_accum')})"
 
 
@@ -279,16 +279,10 @@ def figure(records: list[dict], title: str = "", replanned: list[dict] = ()):
             for x, v in over:
                 ax[0].annotate(f"val loss {v:.2f} (off the axis)", (x, top), xytext=(8, -2),
                                textcoords="offset points", va="top", fontsize=8, color="tab:orange")
-    ax[0].set_xlabel("step")
-    ax[0].set_title("loss")
-    ax[0].legend()
     ax[1].plot(xs, [r["accuracy"] for r in steps], label="train (per step)", alpha=0.6)
     if evals:
         ax[1].plot([r["step"] for r in evals], [r["val_accuracy"] for r in evals], "o-", label="validation")
     ax[1].set_ylim(0, 1)
-    ax[1].set_xlabel("step")
-    ax[1].set_title("accuracy")
-    ax[1].legend()
     skip = warmup_steps(len(steps))
     steady = steps[skip:]
     sx = [r["step"] for r in steady]
@@ -299,9 +293,10 @@ def figure(records: list[dict], title: str = "", replanned: list[dict] = ()):
         ax[2].plot(sx, per, label="per instance")
     else:
         ax[2].plot(sx, total, label="total (1 instance)")
-    ax[2].set_xlabel("step")
-    ax[2].set_title(f"images/s (after {skip} warm-up step{'s' if skip != 1 else ''})")
-    ax[2].legend()
+    for a, what in zip(ax, ("loss", "accuracy", f"images/s (after {skip} warm-up step{'s' if skip != 1 else ''})")):
+        a.set_xlabel("step")
+        a.set_title(what)
+        a.legend()
     for r in records:
         if r.get("kind") == "run" and r.get("event") == "resume" and "step" in r:
             for a in ax:
@@ -310,8 +305,7 @@ def figure(records: list[dict], title: str = "", replanned: list[dict] = ()):
         if isinstance(r["step"], int):
             for a in ax:
                 a.axvline(r["step"], color="tab:red", ls="--", lw=1)
-            hosts = f"{len(r['old'].get('hosts') or [])} -> {len(r['new'].get('hosts') or [])} hosts"
-            ax[0].annotate(f" re-plan: {hosts}", (r["step"], 1), xycoords=("data", "axes fraction"),
+            ax[0].annotate(f" re-plan: {_hosts_change(r)}", (r["step"], 1), xycoords=("data", "axes fraction"),
                            va="top", ha="left", fontsize=8, color="tab:red")
     if title:
         fig.suptitle(title)

@@ -97,7 +97,6 @@ def _node_to_data(node: yaml.Node, keypath: tuple, lines: dict, budget: list[int
                 raise SpecError(f"duplicate key '{key}' at line {key_node.start_mark.line + 1}")
             lines[keypath + (key,)] = key_node.start_mark.line + 1
             out[key] = _node_to_data(value_node, keypath + (key,), lines, budget)
-            lines[keypath + (key,)] = key_node.start_mark.line + 1
         return out
     if isinstance(node, yaml.SequenceNode):
         return [_node_to_data(v, keypath + (i,), lines, budget) for i, v in enumerate(node.value)]
@@ -171,12 +170,10 @@ def _type_name(tp) -> str:
         return " | ".join(repr(a) for a in get_args(tp))
     if origin in (Union, types.UnionType):
         return " or ".join(_type_name(a) for a in get_args(tp))
-    if dataclasses.is_dataclass(tp):
+    if dataclasses.is_dataclass(tp) or origin is dict:
         return "a mapping"
     if origin in (tuple, list):
         return "a list"
-    if origin is dict:
-        return "a mapping"
     return getattr(tp, "__name__", str(tp))
 
 
@@ -195,10 +192,7 @@ def convert(tp, value: Any, keypath: tuple, src: Source) -> Any:
 
     def fail(expected: str) -> typing.NoReturn:
         field = ".".join(str(k) for k in keypath) or "(top level)"
-        shown = _shown(value)
-        raise SpecError(
-            f"{src.where(keypath)}: field '{field}' must be {expected}, got {shown}",
-        )
+        raise SpecError(f"{src.where(keypath)}: field '{field}' must be {expected}, got {_shown(value)}")
 
     origin = get_origin(tp)
     if tp is Any:
