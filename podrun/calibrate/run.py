@@ -14,7 +14,7 @@ from podrun.specs.calibration import (Calibration, LinkResult, MemoryProbe, Memo
                                       OverlapResult, RatePoint, SUBDIR, check_name, dumps, utc_now)
 from podrun.errors import LaunchError, PlanError
 from podrun.plan.inputs import PlanOptions
-from podrun.rundir.layout import make_runs_dir, private_subdir
+from podrun.rundir.layout import make_runs_dir, new_run_id, private_subdir
 
 WORKER = "podrun.calibrate.worker"
 
@@ -106,7 +106,6 @@ def calibrate(opts: CalibrateOptions, progress: Progress | None = None) -> tuple
     no file; a budget below one sample: PlanError (exit 2) with the smallest that fits."""
     from podrun import __version__
     from podrun.launch.prepare import prepare_launch
-    from podrun.rundir.layout import new_run_id
     from podrun.launch.run import execute
     from podrun.plan.inputs import resolve_plan_inputs
 

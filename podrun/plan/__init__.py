@@ -72,13 +72,11 @@ def make_plan(cluster: ClusterSpec, recipe: RecipeSpec | None, ov: Overrides = O
     dev = cluster.device
     where = f"cluster {cluster.name}, {len(hosts)} host(s) x {dph} {dev.key}"
 
-    if recipe is None:
-        p, max_local, min_ga = 1, 1, 1
-        target = None
-        local_batch = 1 if ov.local_batch is None else ov.local_batch
-        grad_accum = 1 if ov.grad_accum is None else ov.grad_accum
-        if ov.global_batch is not None:
-            target, local_batch, grad_accum = ov.global_batch, ov.local_batch, ov.grad_accum
+    if recipe is None:           # a bare command: local batch and GA 1 unless given, or the global batch given
+        p, max_local, min_ga, target = 1, 1, 1, ov.global_batch
+        local_batch, grad_accum = ov.local_batch, ov.grad_accum
+        if target is None:
+            local_batch, grad_accum = 1 if local_batch is None else local_batch, 1 if grad_accum is None else grad_accum
     else:
         p = recipe.lookup("devices_per_replica", dev.key, dev.kind)
         max_local = recipe.lookup("max_local_batch", dev.key, dev.kind)

@@ -9,7 +9,7 @@ from typing import Any
 
 from podrun.errors import PodrunError
 from podrun.rundir.layout import COMMAND, METRICS, PLAN, SUMMARY, instance_log
-from podrun.rundir.metrics import StepLog, complete, latest_by_step, read_metrics_counted
+from podrun.rundir.metrics import StepLog, is_integer, complete, latest_by_step, read_metrics_counted
 from podrun.rundir.summary import Summary, read_json, read_summary
 
 
@@ -89,10 +89,6 @@ def newest_run(runs_dir: str | Path) -> Path:
     return d / best[1]
 
 
-def _count(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def pointers(run_dir: str | Path) -> str:
     """The run's last console line's tail: where the kept checkpoints are (from the run's end record, when
     it trained) and the command that reports it."""
@@ -103,8 +99,8 @@ def pointers(run_dir: str | Path) -> str:
     names, where = end.get("checkpoints"), end.get("checkpoint_dir")
     if isinstance(names, list) and isinstance(where, str):
         keep, size = end.get("keep_checkpoints"), end.get("checkpoint_bytes")
-        why = [f"{size / 1e6:.1f} MB"] if _count(size) and names else []
-        why += [f"--keep-checkpoints {keep}"] if _count(keep) else []
+        why = [f"{size / 1e6:.1f} MB"] if is_integer(size) and names else []
+        why += [f"--keep-checkpoints {keep}"] if is_integer(keep) else []
         why_s = f" ({', '.join(why)})" if why else ""
         if names:
             out.append(f"{len(names)} checkpoint(s){why_s} in {where}: {', '.join(map(str, names))}")
@@ -112,14 +108,6 @@ def pointers(run_dir: str | Path) -> str:
             out.append(f"no checkpoint kept{why_s}")
     out.append(f"report: podrun report {shlex.quote(str(run_dir))}")
     return "; ".join(out)
-
-
-def load(run_dir: str | Path) -> list[dict]:
-    """The readable metrics records of a training run (an error when it recorded no step)."""
-    run = read_run(run_dir)
-    if not run.trained:
-        raise PodrunError(f"{run.metrics_file or run.path / METRICS}: no training steps recorded")
-    return run.records
 
 
 def warmup_steps(n: int) -> int:

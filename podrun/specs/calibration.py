@@ -116,12 +116,9 @@ class Calibration:
     image_size: Optional[int] = field(default=None, metadata=bound(1, 100_000, why="pixels"))
     overlap: Optional[OverlapResult] = None    # None: one device in all, or a file that does not say
 
-    def when(self) -> _dt.datetime:
-        return parse_utc(self.measured_at)
-
     def age_seconds(self, now: _dt.datetime | None = None) -> float:
         now = _dt.datetime.now(_dt.timezone.utc) if now is None else now
-        return (now - self.when()).total_seconds()
+        return (now - parse_utc(self.measured_at)).total_seconds()
 
     def to_dict(self) -> dict:
         d = asdict(self)

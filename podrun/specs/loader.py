@@ -51,9 +51,7 @@ def _shown(value: Any) -> str:
 def bound(low: float | None = None, high: float | None = None, *, above: float | None = None,
           why: str = "") -> dict:
     """Field metadata for a numeric range: ``bound(1, 100, why=...)`` or ``bound(above=0, why=...)``."""
-    if above is not None:
-        return {"bound": Bound(above, high, True, why)}
-    return {"bound": Bound(low, high, False, why)}
+    return {"bound": Bound(low if above is None else above, high, above is not None, why)}
 
 
 # C0 control characters (tab and newline allowed) and DEL: refused in every string of a spec
@@ -287,13 +285,9 @@ def build_dataclass(cls, data: dict, keypath: tuple, src: Source):
 
 def _check_bound(b: Bound, value: Any, keypath: tuple, src: Source) -> None:
     """A field's Bound, applied to the number, each value of a table, or each item of a list."""
-    if isinstance(value, dict):
-        for k, v in value.items():
+    if isinstance(value, (dict, tuple)):
+        for k, v in value.items() if isinstance(value, dict) else enumerate(value):
             _check_bound(b, v, keypath + (k,), src)
-        return
-    if isinstance(value, tuple):
-        for i, v in enumerate(value):
-            _check_bound(b, v, keypath + (i,), src)
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return                           # 'auto' and other non-numbers are checked by their type
