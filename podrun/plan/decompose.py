@@ -87,11 +87,6 @@ def _nearest(g: int, replicas: int, max_local: int, min_ga: int, local_batch, gr
     return below, above
 
 
-def _describe(g: int, replicas: int, max_local: int, min_ga: int, local_batch, grad_accum) -> str:
-    d = feasible(g, replicas, max_local, min_ga, local_batch, grad_accum)
-    return f"--global-batch {g} (local batch {d.local_batch} x {replicas} replicas x GA {d.grad_accum})"
-
-
 def _refused(why: str, ctx: str, hint: str) -> PlanError:
     """The PlanError for ``why`` (its reason), the message followed by the context."""
     return PlanError(why + ctx, reason=why, hint=hint)
@@ -136,8 +131,10 @@ def decompose(*, devices: int, devices_per_replica: int, instances: int, max_loc
         return d
     below, above = _nearest(global_batch, replicas, max_local_batch, min_grad_accum, local_batch, grad_accum)
     fixed = ", ".join(f"{n} {v}" for n, v in (("local batch", local_batch), ("GA", grad_accum)) if v is not None)
-    options = [_describe(x, replicas, max_local_batch, min_grad_accum, local_batch, grad_accum)
+    nearest = [feasible(x, replicas, max_local_batch, min_grad_accum, local_batch, grad_accum)
                for x in (below, above) if x is not None]
+    options = [f"--global-batch {d.global_batch} (local batch {d.local_batch} x {replicas} replicas x GA "
+               f"{d.grad_accum})" for d in nearest]
     counts = [] if devices_per_host is None else host_counts(
         global_batch, max_hosts=max_hosts, devices_per_host=devices_per_host,
         devices_per_replica=devices_per_replica, instances_per_host=instances_per_host,
