@@ -1,7 +1,7 @@
 """The planner, pure: (cluster spec, recipe, overrides) -> Plan. No I/O, no torch."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from podrun.errors import PlanError
@@ -22,8 +22,6 @@ __all__ = ["Overrides", "make_plan", "Plan", "Placement", "Estimate"]
 def measured_inputs(measured: "Measured", local_batch: int, published, net):
     """(per-device rate, its source, interconnect) with the measured figures in place of the published ones
     where there are any; the published rate stands when nothing was measured."""
-    from dataclasses import replace
-
     rate, source = published.images_per_second, published.source
     if measured.step_seconds:
         rate, source = measured.rate_at(local_batch), measured.describe_rate(local_batch)

@@ -2,6 +2,7 @@
 PBS_NODEFILE, PE_HOSTFILE, SGE_JOB_HOSTLIST), else the cluster spec; the one Slurm nodelist parser."""
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from typing import Mapping
@@ -354,8 +355,6 @@ def host_source(cluster, hosts_opt: str | None = None, hostfile: str | None = No
         return HostSource(parse_hosts_option(hosts_opt), "--hosts")
     if hostfile is not None:
         return HostSource(parse_hostfile(hostfile), f"--hostfile {hostfile}")
-    import os
-
     found = discovered if discovered is not None else discover(os.environ if environ is None else environ)
     if found is not None:
         return HostSource(found.hosts, found.source, found.scheduler, found)

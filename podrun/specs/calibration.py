@@ -8,9 +8,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
+import yaml
+
 from podrun.errors import SpecError
 from podrun.specs.limits import MAX_BATCH
-from podrun.specs.loader import bound
+from podrun.specs.loader import bound, build_dataclass, read_yaml
 
 FORMAT = 1
 SUBDIR = "calibrations"           # under the runs dir: <runs>/calibrations/<name>.yaml
@@ -155,8 +157,6 @@ def _check(c: Calibration, path: str) -> None:
 
 def load(path: str | Path) -> Calibration:
     """A calibration file -> Calibration; anything wrong is a SpecError (exit 2) naming the file, line and field."""
-    from podrun.specs.loader import build_dataclass, read_yaml
-
     p = Path(path)
     if not p.exists():          # one that is no regular file is refused when read (read_yaml)
         raise SpecError(f"calibration file {p} does not exist",
@@ -168,8 +168,6 @@ def load(path: str | Path) -> Calibration:
 
 
 def dumps(c: Calibration) -> str:
-    import yaml
-
     px = "" if c.image_size is None else f", {c.image_size} px inputs"
     head = (f"# podrun calibration: {c.recipe} on {c.cluster} ({len(c.hosts)} host(s) x {c.devices_per_host} "
             f"{c.device}{px}), measured {c.measured_at}\n")
