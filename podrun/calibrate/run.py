@@ -14,7 +14,7 @@ from podrun.specs.calibration import (Calibration, LinkResult, MemoryProbe, Memo
                                       OverlapResult, RatePoint, SUBDIR, check_name, dumps, utc_now)
 from podrun.errors import LaunchError, PlanError
 from podrun.plan.inputs import PlanOptions
-from podrun.rundir.layout import make_runs_dir, private_subdir
+from podrun.rundir.layout import make_runs_dir, new_run_id, private_subdir
 
 WORKER = "podrun.calibrate.worker"
 
@@ -106,7 +106,6 @@ def calibrate(opts: CalibrateOptions, progress: Progress | None = None) -> tuple
     no file; a budget below one sample: PlanError (exit 2) with the smallest that fits."""
     from podrun import __version__
     from podrun.launch.prepare import prepare_launch
-    from podrun.rundir.layout import new_run_id
     from podrun.launch.run import execute
     from podrun.plan.inputs import resolve_plan_inputs
 
@@ -199,13 +198,10 @@ def summary_rows(c: Calibration) -> list[tuple[str, str]]:
     return rows
 
 
-def calibrations_dir(runs_dir: str | Path) -> Path:
-    """<runs>/calibrations: the runs dir made as a launch makes it, the folder private (0700, checked with lstat)."""
-    return private_subdir(make_runs_dir(runs_dir), SUBDIR, "calibrations directory")
-
-
 def save(c: Calibration, runs_dir: str | Path, name: str) -> Path:
     """Write <runs>/calibrations/<name>.yaml whole: a new private file beside it, then a rename over it, so a
-    reader sees the old file or the new one, never a part."""
-    target = calibrations_dir(runs_dir) / f"{check_name(name)}.yaml"
+    reader sees the old file or the new one, never a part. The runs dir is made as a launch makes it, the
+    calibrations folder private (0700, checked with lstat)."""
+    folder = private_subdir(make_runs_dir(runs_dir), SUBDIR, "calibrations directory")
+    target = folder / f"{check_name(name)}.yaml"
     return safefs.write_file(target, dumps(c), "calibration file")    # a new private file (0600), renamed over it

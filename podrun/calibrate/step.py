@@ -24,11 +24,9 @@ def model_kwargs(recipe: RecipeSpec, image_size: int | None = None) -> dict:
     from podrun import models
 
     known = models.options(recipe.model.name)
-    kw = {}
-    for key, value in (("norm", recipe.model.norm), ("stem", recipe.model.stem),
-                       ("classifier", recipe.model.classifier)):
-        if value and key in known:
-            kw[key] = value
+    m = recipe.model
+    kw = {key: value for key, value in (("norm", m.norm), ("stem", m.stem), ("classifier", m.classifier))
+          if value and key in known}
     if "image_size" in known:
         kw["image_size"] = input_size(recipe, image_size)
     return kw

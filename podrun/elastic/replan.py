@@ -2,10 +2,10 @@
 global batch; from typed values (the outcome's summary, the run's step log): no I/O here."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from podrun.errors import PlanError
+from podrun.errors import LaunchError, PlanError
 
 if TYPE_CHECKING:  # pragma: no cover
     from podrun.plan import Overrides
@@ -50,9 +50,6 @@ def make_policy(cluster: "ClusterSpec", recipe: "RecipeSpec | None", ov: "Overri
     Spares are the --spare-hosts, then the hosts of the cluster (or of --hosts/--hostfile/the
     allocation) that the plan leaves out (--nodes smaller than the hosts given).
     """
-    from dataclasses import replace
-
-    from podrun.errors import LaunchError
     from podrun.launch.transports import transport_of
     from podrun.specs.hosts import parse_hosts_option
 
@@ -86,8 +83,6 @@ def make_policy(cluster: "ClusterSpec", recipe: "RecipeSpec | None", ov: "Overri
 def default_restarts(policy: ElasticPolicy, plan: "Plan") -> int:
     """The restarts an elastic run gets when --max-restarts is not given: one per host it can lose, the plan's
     hosts and the spares down to the minimum; a LaunchError when that is none."""
-    from podrun.errors import LaunchError
-
     n = len(plan.hosts) + len(policy.spares) - policy.min_hosts
     if n < 1:
         raise LaunchError(f"--elastic {policy.min_hosts} on {len(plan.hosts)} host(s) with no spare: the run can lose "

@@ -74,12 +74,6 @@ def pinned_global_batch(cluster: ClusterSpec, recipe: RecipeSpec | None, ov: Ove
     return make_plan(cluster, recipe, replace(ov, nodes=hosts)).global_batch
 
 
-def plan_on(cluster: ClusterSpec, recipe: RecipeSpec | None, ov: Overrides, global_batch: int,
-            hosts: int) -> Plan:
-    """The plan on the first ``hosts`` hosts of ``cluster`` at exactly ``global_batch`` (PlanError if none)."""
-    return make_plan(cluster, recipe, replace(ov, nodes=hosts, global_batch=global_batch))
-
-
 def elastic_table(cluster: ClusterSpec, recipe: RecipeSpec | None, ov: Overrides, min_hosts: int,
                   max_hosts: int | None = None, global_batch: int | None = None) -> ElasticTable:
     """One row per host count from ``max_hosts`` (default: --nodes, else every host) down to ``min_hosts``.
@@ -96,9 +90,9 @@ def elastic_table(cluster: ClusterSpec, recipe: RecipeSpec | None, ov: Overrides
                         hint=f"use --elastic {min_hosts}:{len(cluster.hosts)} or give more hosts with --hosts/--hostfile")
     g = global_batch if global_batch is not None else pinned_global_batch(cluster, recipe, ov, top)
     rows = []
-    for n in range(top, min_hosts - 1, -1):
+    for n in range(top, min_hosts - 1, -1):       # the plan on the first n hosts at exactly g
         try:
-            rows.append(ElasticRow(n, plan_on(cluster, recipe, ov, g, n)))
+            rows.append(ElasticRow(n, make_plan(cluster, recipe, replace(ov, nodes=n, global_batch=g))))
         except PlanError as exc:
             rows.append(ElasticRow(n, None, _reason(cluster, recipe, ov, g, n, exc)))
     return ElasticTable(g, min_hosts, top, tuple(rows))

@@ -1,7 +1,7 @@
 """The planner, pure: (cluster spec, recipe, overrides) -> Plan. No I/O, no torch."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from podrun.errors import PlanError
@@ -11,10 +11,8 @@ from podrun.plan.estimate import estimate
 from podrun.plan.model import Estimate, Placement, Plan
 from podrun.plan.placement import place
 
-if TYPE_CHECKING:  # pragma: no cover
-    from podrun.plan.measured import Measured
-
 if TYPE_CHECKING:  # pragma: no cover - importing podrun.plan.model (the agent does) must not load the specs
+    from podrun.plan.measured import Measured
     from podrun.specs.cluster import ClusterSpec
     from podrun.specs.recipe import RecipeSpec
 
@@ -24,8 +22,6 @@ __all__ = ["Overrides", "make_plan", "Plan", "Placement", "Estimate"]
 def measured_inputs(measured: "Measured", local_batch: int, published, net):
     """(per-device rate, its source, interconnect) with the measured figures in place of the published ones
     where there are any; the published rate stands when nothing was measured."""
-    from dataclasses import replace
-
     rate, source = published.images_per_second, published.source
     if measured.step_seconds:
         rate, source = measured.rate_at(local_batch), measured.describe_rate(local_batch)
@@ -74,13 +70,11 @@ def make_plan(cluster: ClusterSpec, recipe: RecipeSpec | None, ov: Overrides = O
     dev = cluster.device
     where = f"cluster {cluster.name}, {len(hosts)} host(s) x {dph} {dev.key}"
 
-    if recipe is None:
-        p, max_local, min_ga = 1, 1, 1
-        target = None
-        local_batch = 1 if ov.local_batch is None else ov.local_batch
-        grad_accum = 1 if ov.grad_accum is None else ov.grad_accum
-        if ov.global_batch is not None:
-            target, local_batch, grad_accum = ov.global_batch, ov.local_batch, ov.grad_accum
+    if recipe is None:           # a bare command: local batch and GA 1 unless given, or the global batch given
+        p, max_local, min_ga, target = 1, 1, 1, ov.global_batch
+        local_batch, grad_accum = ov.local_batch, ov.grad_accum
+        if target is None:
+            local_batch, grad_accum = 1 if local_batch is None else local_batch, 1 if grad_accum is None else grad_accum
     else:
         p = recipe.lookup("devices_per_replica", dev.key, dev.kind)
         max_local = recipe.lookup("max_local_batch", dev.key, dev.kind)

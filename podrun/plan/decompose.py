@@ -58,19 +58,7 @@ def divisors(n: int) -> list[int]:
 
 def _largest_divisor(n: int, cap: int) -> int | None:
     """The largest divisor of n that is at most cap, or None."""
-    if cap < 1:
-        return None
-    if cap >= n:
-        return n
-    best = None
-    for i in range(1, math.isqrt(n) + 1):
-        if n % i == 0:
-            if i <= cap and (best is None or i > best):
-                best = i
-            j = n // i
-            if j <= cap and (best is None or j > best):
-                best = j
-    return best
+    return max((d for d in divisors(n) if d <= cap), default=None)
 
 
 _WALK = 20_000      # step-sized tries in each direction when looking for the nearest feasible batch
@@ -99,9 +87,9 @@ def _nearest(g: int, replicas: int, max_local: int, min_ga: int, local_batch, gr
     return below, above
 
 
-def _describe(g: int, replicas: int, max_local: int, min_ga: int, local_batch, grad_accum) -> str:
-    d = feasible(g, replicas, max_local, min_ga, local_batch, grad_accum)
-    return f"--global-batch {g} (local batch {d.local_batch} x {replicas} replicas x GA {d.grad_accum})"
+def _refused(why: str, ctx: str, hint: str) -> PlanError:
+    """The PlanError for ``why`` (its reason), the message followed by the context."""
+    return PlanError(why + ctx, reason=why, hint=hint)
 
 
 def decompose(*, devices: int, devices_per_replica: int, instances: int, max_local_batch: int,
@@ -116,34 +104,24 @@ def decompose(*, devices: int, devices_per_replica: int, instances: int, max_loc
     """
     ctx = f" ({where})" if where else ""
     if devices % devices_per_replica:
-        why = f"{devices} devices cannot be split into replicas of {devices_per_replica} devices"
-        raise PlanError(
-            why + ctx, reason=why,
-            hint=f"use a device count that is a multiple of {devices_per_replica} (--nodes) or a recipe "
-                 f"with another devices_per_replica",
-        )
+        raise _refused(f"{devices} devices cannot be split into replicas of {devices_per_replica} devices", ctx,
+                       f"use a device count that is a multiple of {devices_per_replica} (--nodes) or a recipe "
+                       f"with another devices_per_replica")
     replicas = devices // devices_per_replica
     if replicas % instances:
-        why = f"{replicas} replicas cannot be shared evenly by {instances} instances"
-        raise PlanError(
-            why + ctx, reason=why,
-            hint="change --instances-per-host or --nodes so that instances divide the replicas",
-        )
+        raise _refused(f"{replicas} replicas cannot be shared evenly by {instances} instances", ctx,
+                       "change --instances-per-host or --nodes so that instances divide the replicas")
     for name, v in (("--local-batch", local_batch), ("--grad-accum", grad_accum), ("--global-batch", global_batch)):
         if v is not None and v < 1:
             raise PlanError(f"{name} must be at least 1, got {v}")
     if local_batch is not None and local_batch > max_local_batch:
-        why = f"local batch {local_batch} exceeds the recipe's max local batch {max_local_batch} for this device"
-        raise PlanError(
-            why + ctx, reason=why,
-            hint="lower --local-batch, or raise max_local_batch in the recipe if the device memory allows",
-        )
+        raise _refused(f"local batch {local_batch} exceeds the recipe's max local batch {max_local_batch} for this "
+                       "device", ctx, "lower --local-batch, or raise max_local_batch in the recipe if the device "
+                       "memory allows")
     if grad_accum is not None and grad_accum < min_grad_accum:
-        why = f"GA {grad_accum} is below the recipe's minimum GA {min_grad_accum} for this device"
-        raise PlanError(
-            why + ctx, reason=why,
-            hint=f"pipelines need GA >= {min_grad_accum} to keep the bubble small; pass --grad-accum {min_grad_accum} or more",
-        )
+        raise _refused(f"GA {grad_accum} is below the recipe's minimum GA {min_grad_accum} for this device", ctx,
+                       f"pipelines need GA >= {min_grad_accum} to keep the bubble small; pass --grad-accum "
+                       f"{min_grad_accum} or more")
     if global_batch is None:
         if local_batch is None or grad_accum is None:
             raise PlanError("no global batch: give --global-batch, or both --local-batch and --grad-accum")
@@ -153,8 +131,10 @@ def decompose(*, devices: int, devices_per_replica: int, instances: int, max_loc
         return d
     below, above = _nearest(global_batch, replicas, max_local_batch, min_grad_accum, local_batch, grad_accum)
     fixed = ", ".join(f"{n} {v}" for n, v in (("local batch", local_batch), ("GA", grad_accum)) if v is not None)
-    options = [_describe(x, replicas, max_local_batch, min_grad_accum, local_batch, grad_accum)
+    nearest = [feasible(x, replicas, max_local_batch, min_grad_accum, local_batch, grad_accum)
                for x in (below, above) if x is not None]
+    options = [f"--global-batch {d.global_batch} (local batch {d.local_batch} x {replicas} replicas x GA "
+               f"{d.grad_accum})" for d in nearest]
     counts = [] if devices_per_host is None else host_counts(
         global_batch, max_hosts=max_hosts, devices_per_host=devices_per_host,
         devices_per_replica=devices_per_replica, instances_per_host=instances_per_host,

@@ -22,13 +22,10 @@ def allreduce_seconds(grad_bytes: float, replicas: int, replicas_per_host: int, 
     if replicas <= 1:
         return 0.0
     t = 0.0
-    d = replicas_per_host
-    if d > 1:
-        t += 2 * (d - 1) / d * grad_bytes * 8 / (net.intra_host.bandwidth_gbps * 1e9)
-        t += 2 * (d - 1) * net.intra_host.latency_us * 1e-6
-    if hosts > 1:
-        t += 2 * (hosts - 1) / hosts * grad_bytes * 8 / (net.inter_host.bandwidth_gbps * 1e9)
-        t += 2 * (hosts - 1) * net.inter_host.latency_us * 1e-6
+    for n, link in ((replicas_per_host, net.intra_host), (hosts, net.inter_host)):
+        if n > 1:
+            t += 2 * (n - 1) / n * grad_bytes * 8 / (link.bandwidth_gbps * 1e9)
+            t += 2 * (n - 1) * link.latency_us * 1e-6
     return t
 
 

@@ -10,7 +10,6 @@ from podrun.specs.calibration import Calibration, find, load
 from podrun.specs.cluster import LinkSpec
 
 
-
 @dataclass(frozen=True)
 class Measured:
     """What a calibration measured, in the planner's terms; None where it measured nothing."""

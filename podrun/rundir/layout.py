@@ -105,11 +105,6 @@ def make_runs_dir(runs_dir) -> Path:
     return safefs.make_dirs(runs_dir, "--runs-dir", shared_read=True, error=LaunchError, hint=_HINT)
 
 
-def _cannot(what: str, path, exc: OSError) -> LaunchError:
-    return LaunchError(f"cannot {what} {path}: {exc.strerror or exc}",
-                       hint="pass --runs-dir with a writable directory (is the disk full or read-only?)")
-
-
 def create_run_dir(run_dir: str | Path, reuse: bool = False) -> Path:
     """Make the run directory (0700), refusing one an earlier launch wrote: a reused run id would append to
     its logs and overwrite its summary. A directory `podrun submit` prepared (job.sh, plan.json) is fine, and
@@ -129,7 +124,8 @@ def create_run_dir(run_dir: str | Path, reuse: bool = False) -> Path:
             if os.path.lexists(d / name):
                 check_dir(d / name, f"{name} directory of the run")
     except OSError as exc:
-        raise _cannot("create the run directory", d, exc) from None
+        raise LaunchError(f"cannot create the run directory {d}: {exc.strerror or exc}",
+                          hint="pass --runs-dir with a writable directory (is the disk full or read-only?)") from None
     return d
 
 
@@ -143,8 +139,7 @@ def write_json(path: Path, obj) -> None:
 
 
 def write_plan(run_dir: str | Path, plan, name: str = PLAN) -> Path:
-    d = safefs.make_dirs(run_dir, "run directory", error=LaunchError, hint=_HINT)   # a launch made it already
-    p = d / name
+    p = safefs.make_dirs(run_dir, "run directory", error=LaunchError, hint=_HINT) / name   # a launch made it already
     write_json(p, plan.to_dict())
     return p
 

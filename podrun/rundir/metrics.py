@@ -140,21 +140,21 @@ class StepLog:
         """The run's readable records; empty when there is no metrics file."""
         steps, starts, end = [], [], None
         try:
-            for r in iter_records(run_dir):
-                if r is not None and r["kind"] == "step" and "time" in r:
+            for r in filter(None, iter_records(run_dir)):
+                if r["kind"] == "step" and "time" in r:
                     steps.append((r["step"], float(r["time"])))
-                elif r is not None and r["kind"] == "run" and r["event"] in ("resume", "start"):
+                elif r["kind"] == "run" and r["event"] in ("resume", "start"):
                     where = {k: r.get(k) for k in ("step", "source", "from_rank")} if r["event"] == "resume" \
                         else {"step": 0, "source": None, "from_rank": None}
                     starts.append((float(r.get("time", 0)), where))
-                elif r is not None and r["kind"] == "run" and r["event"] == "end":
+                elif r["kind"] == "run" and r["event"] == "end":
                     end = r
         except OSError:
             pass
         return cls(tuple(steps), tuple(starts), end)
 
 
-def _integer(v: Any) -> bool:
+def is_integer(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -179,10 +179,10 @@ def well_formed(r: dict[str, Any]) -> bool:
     if "time" in r and not _number(r["time"]):
         return False
     if kind == "run":
-        return isinstance(r.get("event"), str) and ("step" not in r or _integer(r["step"]))
+        return isinstance(r.get("event"), str) and ("step" not in r or is_integer(r["step"]))
     if kind not in _FIELDS:
         return isinstance(kind, str)
-    return _integer(r.get("step")) and all(_number(r[k]) for k in (*_FIELDS[kind], *_OPTIONAL) if k in r)
+    return is_integer(r.get("step")) and all(_number(r[k]) for k in (*_FIELDS[kind], *_OPTIONAL) if k in r)
 
 
 def complete(r: dict[str, Any]) -> bool:

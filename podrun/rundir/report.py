@@ -9,7 +9,7 @@ from typing import Any
 
 from podrun.errors import PodrunError
 from podrun.rundir.layout import COMMAND, METRICS, PLAN, SUMMARY, instance_log
-from podrun.rundir.metrics import StepLog, complete, latest_by_step, read_metrics_counted
+from podrun.rundir.metrics import StepLog, is_integer, complete, latest_by_step, read_metrics_counted
 from podrun.rundir.summary import Summary, read_json, read_summary
 
 
@@ -71,10 +71,9 @@ def newest_run(runs_dir: str | Path) -> Path:
     """The run directory in ``runs_dir`` written to last (its newest metrics.jsonl, summary.json, plan.json,
     command or instance-0.log), or a PodrunError (exit 2) when it holds none."""
     d = Path(runs_dir)
+    hint = "pass a run directory (podrun report runs/<run-id>), or --runs-dir where podrun launch wrote its runs"
     if not d.is_dir():
-        raise PodrunError(f"--runs-dir {d}: no such directory, so there is no newest run to report",
-                          hint="pass a run directory (podrun report runs/<run-id>), or --runs-dir where "
-                               "podrun launch wrote its runs")
+        raise PodrunError(f"--runs-dir {d}: no such directory, so there is no newest run to report", hint=hint)
     best: tuple[float, str] | None = None
     for sub in d.iterdir():
         times = []
@@ -86,14 +85,8 @@ def newest_run(runs_dir: str | Path) -> Path:
         if times and (best is None or (max(times), sub.name) > best):
             best = (max(times), sub.name)
     if best is None:
-        raise PodrunError(f"--runs-dir {d}: holds no run (no directory with {', '.join(RUN_FILES)})",
-                          hint="pass a run directory (podrun report runs/<run-id>), or --runs-dir where "
-                               "podrun launch wrote its runs")
+        raise PodrunError(f"--runs-dir {d}: holds no run (no directory with {', '.join(RUN_FILES)})", hint=hint)
     return d / best[1]
-
-
-def _count(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def pointers(run_dir: str | Path) -> str:
@@ -106,8 +99,8 @@ def pointers(run_dir: str | Path) -> str:
     names, where = end.get("checkpoints"), end.get("checkpoint_dir")
     if isinstance(names, list) and isinstance(where, str):
         keep, size = end.get("keep_checkpoints"), end.get("checkpoint_bytes")
-        why = [f"{size / 1e6:.1f} MB"] if _count(size) and names else []
-        why += [f"--keep-checkpoints {keep}"] if _count(keep) else []
+        why = [f"{size / 1e6:.1f} MB"] if is_integer(size) and names else []
+        why += [f"--keep-checkpoints {keep}"] if is_integer(keep) else []
         why_s = f" ({', '.join(why)})" if why else ""
         if names:
             out.append(f"{len(names)} checkpoint(s){why_s} in {where}: {', '.join(map(str, names))}")
@@ -115,14 +108,6 @@ def pointers(run_dir: str | Path) -> str:
             out.append(f"no checkpoint kept{why_s}")
     out.append(f"report: podrun report {shlex.quote(str(run_dir))}")
     return "; ".join(out)
-
-
-def load(run_dir: str | Path) -> list[dict]:
-    """The readable metrics records of a training run (an error when it recorded no step)."""
-    run = read_run(run_dir)
-    if not run.trained:
-        raise PodrunError(f"{run.metrics_file or run.path / METRICS}: no training steps recorded")
-    return run.records
 
 
 def warmup_steps(n: int) -> int:
@@ -242,11 +227,14 @@ def replans(launch: Summary | None) -> list[dict]:
     return out
 
 
+def _hosts_change(r: dict) -> str:
+    return f"{len(r['old'].get('hosts') or [])} -> {len(r['new'].get('hosts') or [])} hosts"
+
+
 def describe_replan(r: dict) -> str:
     """'4 -> 3 hosts (GA 3 -> 4)': one re-plan in a few words, for the curves and the summary."""
     old, new = r["old"], r["new"]
-    hosts = f"{len(old.get('hosts') or [])} -> {len(new.get('hosts') or [])} hosts"
-    return f"{hosts} (local batch {old.get('local_batch')} x GA {old.get('grad_accum')} -> " \
+    return f"{_hosts_change(r)} (local batch {old.get('local_batch')} x GA {old.get('grad_accum')} -> " \
            f"{new.get('local_batch')} x GA {new.get('grad_accum')})"
 
 
@@ -279,16 +267,10 @@ def figure(records: list[dict], title: str = "", replanned: list[dict] = ()):
             for x, v in over:
                 ax[0].annotate(f"val loss {v:.2f} (off the axis)", (x, top), xytext=(8, -2),
                                textcoords="offset points", va="top", fontsize=8, color="tab:orange")
-    ax[0].set_xlabel("step")
-    ax[0].set_title("loss")
-    ax[0].legend()
     ax[1].plot(xs, [r["accuracy"] for r in steps], label="train (per step)", alpha=0.6)
     if evals:
         ax[1].plot([r["step"] for r in evals], [r["val_accuracy"] for r in evals], "o-", label="validation")
     ax[1].set_ylim(0, 1)
-    ax[1].set_xlabel("step")
-    ax[1].set_title("accuracy")
-    ax[1].legend()
     skip = warmup_steps(len(steps))
     steady = steps[skip:]
     sx = [r["step"] for r in steady]
@@ -299,9 +281,10 @@ def figure(records: list[dict], title: str = "", replanned: list[dict] = ()):
         ax[2].plot(sx, per, label="per instance")
     else:
         ax[2].plot(sx, total, label="total (1 instance)")
-    ax[2].set_xlabel("step")
-    ax[2].set_title(f"images/s (after {skip} warm-up step{'s' if skip != 1 else ''})")
-    ax[2].legend()
+    for a, what in zip(ax, ("loss", "accuracy", f"images/s (after {skip} warm-up step{'s' if skip != 1 else ''})")):
+        a.set_xlabel("step")
+        a.set_title(what)
+        a.legend()
     for r in records:
         if r.get("kind") == "run" and r.get("event") == "resume" and "step" in r:
             for a in ax:
@@ -310,8 +293,7 @@ def figure(records: list[dict], title: str = "", replanned: list[dict] = ()):
         if isinstance(r["step"], int):
             for a in ax:
                 a.axvline(r["step"], color="tab:red", ls="--", lw=1)
-            hosts = f"{len(r['old'].get('hosts') or [])} -> {len(r['new'].get('hosts') or [])} hosts"
-            ax[0].annotate(f" re-plan: {hosts}", (r["step"], 1), xycoords=("data", "axes fraction"),
+            ax[0].annotate(f" re-plan: {_hosts_change(r)}", (r["step"], 1), xycoords=("data", "axes fraction"),
                            va="top", ha="left", fontsize=8, color="tab:red")
     if title:
         fig.suptitle(title)

@@ -101,12 +101,10 @@ def find_recipe_dir(name_or_path: str) -> Path:
 def _recipe_path_hint(p: Path) -> str:
     """For a recipe path that does not exist: the nearest recipe folder next to it (or a known recipe's name),
     as the name form's did-you-mean, then the known recipes."""
-    here = []
-    if _probe(Path.is_dir, p.parent):
-        try:
-            here = sorted(d.name for d in p.parent.iterdir() if _probe(Path.is_file, d / "recipe.yaml"))
-        except OSError:
-            here = []
+    try:
+        here = sorted(d.name for d in p.parent.iterdir() if _probe(Path.is_file, d / "recipe.yaml"))
+    except (OSError, ValueError):        # no folder there, or none the system can look up
+        here = []
     close = difflib.get_close_matches(p.name[:200], here, n=1, cutoff=0.4)
     hint = f"did you mean '{shown_path(p.parent / close[0])}'? " if close else ""
     if not close:

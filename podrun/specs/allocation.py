@@ -2,6 +2,7 @@
 PBS_NODEFILE, PE_HOSTFILE, SGE_JOB_HOSTLIST), else the cluster spec; the one Slurm nodelist parser."""
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from typing import Mapping
@@ -84,25 +85,26 @@ def _split_top(s: str, where: str) -> list[str]:
     return _split_top_slow(s, where)
 
 
+_NODELIST_HINT = "Slurm hostlists look like g[0001-0003,0007],h5"
+
+
 def _split_top_slow(s: str, where: str) -> list[str]:
     """Character by character, to name the exact problem."""
     parts, depth, start = [], 0, 0
     for i, ch in enumerate(s):
         if ch == "[":
             if depth:
-                raise HostError(f"{where}: nested '[' at position {i + 1} in {s!r}",
-                                hint="Slurm hostlists look like g[0001-0003,0007],h5")
+                raise HostError(f"{where}: nested '[' at position {i + 1} in {s!r}", hint=_NODELIST_HINT)
             depth = 1
         elif ch == "]":
             if not depth:
-                raise HostError(f"{where}: ']' without '[' at position {i + 1} in {s!r}",
-                                hint="Slurm hostlists look like g[0001-0003,0007],h5")
+                raise HostError(f"{where}: ']' without '[' at position {i + 1} in {s!r}", hint=_NODELIST_HINT)
             depth = 0
         elif ch == "," and not depth:
             parts.append(s[start:i])
             start = i + 1
     if depth:
-        raise HostError(f"{where}: '[' is never closed in {s!r}", hint="Slurm hostlists look like g[0001-0003,0007],h5")
+        raise HostError(f"{where}: '[' is never closed in {s!r}", hint=_NODELIST_HINT)
     parts.append(s[start:])
     return parts
 
@@ -235,72 +237,64 @@ def compress_hostlist(hosts: list[str] | tuple[str, ...]) -> str:
 # host files
 
 
-def _read(path: str, what: str) -> str:
-    try:
-        return read_text(path, f"{what}={shown_path(path)}")
-    except HostError as exc:
-        raise HostError(exc.message, hint=exc.hint or "run inside the job the scheduler started, or unset the variable") from None
-
-
 def _lines(path: str, source: str):
     """(where, line) for each non-blank line of an allocation file; where = 'SOURCE=path:lineno'."""
-    for lineno, raw in iter_lines(_read(path, source)):
+    try:
+        text = read_text(path, f"{source}={shown_path(path)}")
+    except HostError as exc:
+        raise HostError(exc.message, hint=exc.hint or "run inside the job the scheduler started, "
+                                                      "or unset the variable") from None
+    for lineno, raw in iter_lines(text):
         line = raw.strip()
         if line:
             yield f"{source}={shown_path(path)}:{lineno}", line
 
 
-def _one_host(line: str, where: str) -> str:
+def _one_host(line: str, where: str) -> tuple[str, int]:
+    """A line naming one host: (host, one slot)."""
     if len(line.split()) != 1:
         raise HostError(f"{where}: expected one host name per line, got {_short(line)}")
-    return check_name(line, where)
+    return check_name(line, where), 1
 
 
-def _bounded(hosts: dict, source: str, path: str) -> None:
-    if len(hosts) > MAX_HOSTS:
-        raise HostError(f"{source}={shown_path(path)} lists more than {MAX_HOSTS} hosts")
+def _count_hosts(path: str, source: str, parse) -> dict[str, int]:
+    """{host: slots} of an allocation file, in order of first appearance; ``parse(line, where)`` gives a line's
+    (host, slots), and a host on several lines has its slots added."""
+    counts: dict[str, int] = {}
+    for where, line in _lines(path, source):
+        name, slots = parse(line, where)
+        counts[name] = counts.get(name, 0) + slots
+        if len(counts) > MAX_HOSTS:
+            raise HostError(f"{source}={shown_path(path)} lists more than {MAX_HOSTS} hosts")
+    if not counts:
+        raise HostError(f"{source}={shown_path(path)} lists no hosts")
+    return counts
 
 
 def read_pbs_nodefile(path: str, source: str = "PBS_NODEFILE") -> tuple[HostEntry, ...]:
     """PBS_NODEFILE: one line per slot (a host repeats once per MPI process); hosts deduplicated
     in order of first appearance, slots = the number of lines naming each host."""
-    counts: dict[str, int] = {}
-    for where, line in _lines(path, source):
-        name = _one_host(line, where)
-        counts[name] = counts.get(name, 0) + 1
-        _bounded(counts, source, path)
-    if not counts:
-        raise HostError(f"{source}={shown_path(path)} lists no hosts")
-    return tuple(HostEntry(n, c) for n, c in counts.items())
+    return tuple(HostEntry(n, c) for n, c in _count_hosts(path, source, _one_host).items())
+
+
+def _pe_line(line: str, where: str) -> tuple[str, int]:
+    fields = line.split()
+    if len(fields) < 2 or not (fields[1].isascii() and fields[1].isdigit()) or len(fields[1]) > 9 \
+            or int(fields[1]) < 1:
+        raise HostError(f"{where}: expected 'HOST SLOTS QUEUE PROCESSORS', got {_short(line)}",
+                        hint="Grid Engine writes e.g. 'g0001.abci.local 40 gpu@g0001 UNDEFINED'")
+    return check_name(fields[0], where), int(fields[1])
 
 
 def read_pe_hostfile(path: str, source: str = "PE_HOSTFILE") -> tuple[HostEntry, ...]:
     """Grid Engine PE_HOSTFILE: 'host slots queue processor-range' per line; a host on several
     lines (several queues) has its slots added."""
-    counts: dict[str, int] = {}
-    for where, line in _lines(path, source):
-        fields = line.split()
-        if len(fields) < 2 or not (fields[1].isascii() and fields[1].isdigit()) or len(fields[1]) > 9 \
-                or int(fields[1]) < 1:
-            raise HostError(f"{where}: expected 'HOST SLOTS QUEUE PROCESSORS', got {_short(line)}",
-                            hint="Grid Engine writes e.g. 'g0001.abci.local 40 gpu@g0001 UNDEFINED'")
-        name = check_name(fields[0], where)
-        counts[name] = counts.get(name, 0) + int(fields[1])
-        _bounded(counts, source, path)
-    if not counts:
-        raise HostError(f"{source}={shown_path(path)} lists no hosts")
-    return tuple(HostEntry(n, c) for n, c in counts.items())
+    return tuple(HostEntry(n, c) for n, c in _count_hosts(path, source, _pe_line).items())
 
 
 def read_sge_hostlist(path: str, source: str = "SGE_JOB_HOSTLIST") -> tuple[HostEntry, ...]:
     """ABCI's SGE_JOB_HOSTLIST: a file with one host per line (repeats are dropped, order kept)."""
-    seen: dict[str, None] = {}
-    for where, line in _lines(path, source):
-        seen.setdefault(_one_host(line, where), None)
-        _bounded(seen, source, path)
-    if not seen:
-        raise HostError(f"{source}={shown_path(path)} lists no hosts")
-    return tuple(HostEntry(n, None) for n in seen)
+    return tuple(HostEntry(n, None) for n in _count_hosts(path, source, _one_host))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -319,12 +313,10 @@ def discover(environ: Mapping[str, str]) -> Discovered | None:
         if value:
             names = expand_nodelist(value, var)
             return Discovered(tuple(HostEntry(n, None) for n in dict.fromkeys(names)), var, "slurm")
-    value = environ.get("PBS_NODEFILE", "").strip()
-    if value:
-        return _from_counted(read_pbs_nodefile(value), "PBS_NODEFILE", "pbs", value)
-    value = environ.get("PE_HOSTFILE", "").strip()
-    if value:
-        return _from_counted(read_pe_hostfile(value), "PE_HOSTFILE", "uge", value)
+    for var, read, scheduler in (("PBS_NODEFILE", read_pbs_nodefile, "pbs"), ("PE_HOSTFILE", read_pe_hostfile, "uge")):
+        value = environ.get(var, "").strip()
+        if value:
+            return _from_counted(read(value), var, scheduler, value)
     value = environ.get("SGE_JOB_HOSTLIST", "").strip()
     if value:
         return Discovered(read_sge_hostlist(value), "SGE_JOB_HOSTLIST", "uge", value)
@@ -363,8 +355,6 @@ def host_source(cluster, hosts_opt: str | None = None, hostfile: str | None = No
         return HostSource(parse_hosts_option(hosts_opt), "--hosts")
     if hostfile is not None:
         return HostSource(parse_hostfile(hostfile), f"--hostfile {hostfile}")
-    import os
-
     found = discovered if discovered is not None else discover(os.environ if environ is None else environ)
     if found is not None:
         return HostSource(found.hosts, found.source, found.scheduler, found)

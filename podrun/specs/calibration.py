@@ -8,9 +8,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
+import yaml
+
 from podrun.errors import SpecError
 from podrun.specs.limits import MAX_BATCH
-from podrun.specs.loader import bound
+from podrun.specs.loader import bound, build_dataclass, read_yaml
 
 FORMAT = 1
 SUBDIR = "calibrations"           # under the runs dir: <runs>/calibrations/<name>.yaml
@@ -116,12 +118,9 @@ class Calibration:
     image_size: Optional[int] = field(default=None, metadata=bound(1, 100_000, why="pixels"))
     overlap: Optional[OverlapResult] = None    # None: one device in all, or a file that does not say
 
-    def when(self) -> _dt.datetime:
-        return parse_utc(self.measured_at)
-
     def age_seconds(self, now: _dt.datetime | None = None) -> float:
         now = _dt.datetime.now(_dt.timezone.utc) if now is None else now
-        return (now - self.when()).total_seconds()
+        return (now - parse_utc(self.measured_at)).total_seconds()
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -158,8 +157,6 @@ def _check(c: Calibration, path: str) -> None:
 
 def load(path: str | Path) -> Calibration:
     """A calibration file -> Calibration; anything wrong is a SpecError (exit 2) naming the file, line and field."""
-    from podrun.specs.loader import build_dataclass, read_yaml
-
     p = Path(path)
     if not p.exists():          # one that is no regular file is refused when read (read_yaml)
         raise SpecError(f"calibration file {p} does not exist",
@@ -171,8 +168,6 @@ def load(path: str | Path) -> Calibration:
 
 
 def dumps(c: Calibration) -> str:
-    import yaml
-
     px = "" if c.image_size is None else f", {c.image_size} px inputs"
     head = (f"# podrun calibration: {c.recipe} on {c.cluster} ({len(c.hosts)} host(s) x {c.devices_per_host} "
             f"{c.device}{px}), measured {c.measured_at}\n")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import re
 import string
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Literal, Optional, Union
 
 from podrun.errors import HostError, SpecError
@@ -66,7 +66,7 @@ class ClusterFile:
     engine: Literal["torch", "poprun"] = "torch"
     instances_per_host: int = field(default=1, metadata=bound(1, MAX_PER_HOST, why="instances podrun starts on each host"))
     sources: tuple[str, ...] = ()
-    data_interface: str = ""
+    data_interface: str = ""         # the interface of the network the hosts share for collectives ("" = none given)
     # `podrun launch`'s default --hang-timeout on this cluster (None: auto); a recipe's own wins
     hang_timeout: Union[float, Literal["auto", "off", False], None] = field(default=None, metadata=HANG_TIMEOUT)
     # `podrun launch`'s liveness on this cluster when none of --heartbeat, --heartbeat-misses, --keepalive is given
@@ -81,28 +81,16 @@ IFNAME_RE = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")
 
 
 @dataclass(frozen=True)
-class ClusterSpec:
-    """A loaded cluster: host names expanded, devices_per_host resolved."""
+class ClusterSpec(ClusterFile):
+    """A loaded cluster: the file's fields with host names expanded and devices_per_host resolved."""
 
-    name: str
-    path: str
-    description: str
     hosts: tuple[str, ...]
     devices_per_host: int
-    device: DeviceSpec
-    interconnect: InterconnectSpec
-    scheduler: str
-    transport: str
-    engine: str
-    instances_per_host: int
-    sources: tuple[str, ...]
-    data_interface: str = ""     # the interface of the network the hosts share for collectives ("" = none given)
-    hang_timeout: float | str | None = None
-    heartbeat: float | None = None
-    heartbeat_misses: int | None = None
+    path: str = ""
 
     def with_hosts(self, hosts: tuple[str, ...], devices_per_host: int | None = None) -> "ClusterSpec":
-        return replace(self, hosts=tuple(hosts), devices_per_host=self.devices_per_host if devices_per_host is None else devices_per_host)
+        dph = self.devices_per_host if devices_per_host is None else devices_per_host
+        return replace(self, hosts=tuple(hosts), devices_per_host=dph)
 
 
 # the format spec of {i} in a host pattern: fill/align, zero, width (two digits at most), 'd'
@@ -158,10 +146,5 @@ def resolve(spec: ClusterFile, path: str) -> ClusterSpec:
     if spec.data_interface and not IFNAME_RE.fullmatch(spec.data_interface):
         raise SpecError(f"{path}: field 'data_interface' {spec.data_interface[:40]!r} is not a network interface name",
                         hint="give the name `ip -br addr` shows on the hosts, e.g. ib0 or eth1 (at most 15 characters)")
-    return ClusterSpec(
-        name=spec.name, path=path, description=spec.description, hosts=hosts, devices_per_host=dph,
-        device=spec.device, interconnect=spec.interconnect, scheduler=spec.scheduler,
-        transport=spec.transport, engine=spec.engine, instances_per_host=spec.instances_per_host,
-        sources=spec.sources, data_interface=spec.data_interface, hang_timeout=spec.hang_timeout,
-        heartbeat=spec.heartbeat, heartbeat_misses=spec.heartbeat_misses,
-    )
+    given = {f.name: getattr(spec, f.name) for f in fields(ClusterFile)}
+    return ClusterSpec(**{**given, "hosts": hosts, "devices_per_host": dph}, path=path)

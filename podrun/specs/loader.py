@@ -51,9 +51,7 @@ def _shown(value: Any) -> str:
 def bound(low: float | None = None, high: float | None = None, *, above: float | None = None,
           why: str = "") -> dict:
     """Field metadata for a numeric range: ``bound(1, 100, why=...)`` or ``bound(above=0, why=...)``."""
-    if above is not None:
-        return {"bound": Bound(above, high, True, why)}
-    return {"bound": Bound(low, high, False, why)}
+    return {"bound": Bound(low if above is None else above, high, above is not None, why)}
 
 
 # C0 control characters (tab and newline allowed) and DEL: refused in every string of a spec
@@ -97,7 +95,6 @@ def _node_to_data(node: yaml.Node, keypath: tuple, lines: dict, budget: list[int
                 raise SpecError(f"duplicate key '{key}' at line {key_node.start_mark.line + 1}")
             lines[keypath + (key,)] = key_node.start_mark.line + 1
             out[key] = _node_to_data(value_node, keypath + (key,), lines, budget)
-            lines[keypath + (key,)] = key_node.start_mark.line + 1
         return out
     if isinstance(node, yaml.SequenceNode):
         return [_node_to_data(v, keypath + (i,), lines, budget) for i, v in enumerate(node.value)]
@@ -171,12 +168,10 @@ def _type_name(tp) -> str:
         return " | ".join(repr(a) for a in get_args(tp))
     if origin in (Union, types.UnionType):
         return " or ".join(_type_name(a) for a in get_args(tp))
-    if dataclasses.is_dataclass(tp):
+    if dataclasses.is_dataclass(tp) or origin is dict:
         return "a mapping"
     if origin in (tuple, list):
         return "a list"
-    if origin is dict:
-        return "a mapping"
     return getattr(tp, "__name__", str(tp))
 
 
@@ -195,10 +190,7 @@ def convert(tp, value: Any, keypath: tuple, src: Source) -> Any:
 
     def fail(expected: str) -> typing.NoReturn:
         field = ".".join(str(k) for k in keypath) or "(top level)"
-        shown = _shown(value)
-        raise SpecError(
-            f"{src.where(keypath)}: field '{field}' must be {expected}, got {shown}",
-        )
+        raise SpecError(f"{src.where(keypath)}: field '{field}' must be {expected}, got {_shown(value)}")
 
     origin = get_origin(tp)
     if tp is Any:
@@ -293,13 +285,9 @@ def build_dataclass(cls, data: dict, keypath: tuple, src: Source):
 
 def _check_bound(b: Bound, value: Any, keypath: tuple, src: Source) -> None:
     """A field's Bound, applied to the number, each value of a table, or each item of a list."""
-    if isinstance(value, dict):
-        for k, v in value.items():
+    if isinstance(value, (dict, tuple)):
+        for k, v in value.items() if isinstance(value, dict) else enumerate(value):
             _check_bound(b, v, keypath + (k,), src)
-        return
-    if isinstance(value, tuple):
-        for i, v in enumerate(value):
-            _check_bound(b, v, keypath + (i,), src)
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return                           # 'auto' and other non-numbers are checked by their type

@@ -7,6 +7,8 @@ import argparse
 import shlex
 from typing import Sequence
 
+from podrun.errors import SpecError
+
 RECIPE_MAIN = "podrun.train.recipe_main"   # the module whose main() a recipe's train.py runs
 KEEP_CHECKPOINTS = 2                       # --keep-checkpoints' default (TrainConfig.keep_checkpoints)
 
@@ -69,8 +71,6 @@ def check_args(recipe_name: str, argv: Sequence[str], script: str) -> None:
     try:
         parser(recipe_name, cls=_Refusal).parse_args(list(argv))
     except _ArgsError as exc:
-        from podrun.errors import SpecError
-
         raise SpecError(f"{recipe_name}/train.py would refuse its arguments ({shlex.join(argv) or 'none'}): {exc}",
                         hint=f"python {script} --help lists its options") from None
 
