@@ -5,9 +5,8 @@ poprun sets the popdist names itself; their values for a plan are podrun.wire.wo
 from __future__ import annotations
 
 import math
-import shlex
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from podrun.errors import LaunchError, PlanError
 
@@ -66,12 +65,10 @@ def poprun_command(plan, worker_command: list[str], options: PoprunOptions = Pop
     hosts = list(dict.fromkeys(p.host for p in plan.placement))   # poprun places instances round-robin over them
     if len(hosts) > 1 or (hosts and hosts[0] not in ("localhost", "127.0.0.1")):
         cmd.append("--host=" + ",".join(hosts))
-    if options.vipu_server_host:
-        cmd.append(f"--vipu-server-host={options.vipu_server_host}")
-    if options.vipu_partition:
-        cmd.append(f"--vipu-partition={options.vipu_partition}")
-    if options.vipu_cluster:
-        cmd.append(f"--vipu-cluster={options.vipu_cluster}")
+    for flag, value in (("vipu-server-host", options.vipu_server_host), ("vipu-partition", options.vipu_partition),
+                        ("vipu-cluster", options.vipu_cluster)):
+        if value:
+            cmd.append(f"--{flag}={value}")
     ilds = options.num_ilds if options.num_ilds is not None else default_num_ilds(plan)
     if ilds is not None:
         if ilds < 1:
@@ -116,10 +113,11 @@ def find_poprun(executable: str = "poprun") -> str:
 
 # ---- as a transport: poprun starts the instance agents --------------------------------------------
 
-from podrun.launch.transports.base import InstanceHandle, Problem, Transport  # noqa: E402
+from podrun.launch.transports.base import InstanceHandle, Problem  # noqa: E402
+from podrun.launch.transports.mpirun import LauncherTransport, agent_shell  # noqa: E402
 
 
-class PoprunTransport(Transport):
+class PoprunTransport(LauncherTransport):
     """``--engine poprun``: one poprun whose instances are podrun's agents (--index-from-env).
 
     poprun places the instances on the hosts and sets POPDIST_*; each agent reads its index from
@@ -136,16 +134,9 @@ class PoprunTransport(Transport):
     def argv(self, redact: bool = False) -> list[str]:
         """poprun's argv; the --env values are in poprun's environment (``start``), their names exported to
         every instance with ``-x NAME`` in --mpi-local-args."""
-        from dataclasses import replace
-
-        from podrun.launch.transports.mpirun import agent_shell
-
         names = tuple(dict.fromkeys((*self.options.export_env, *self.request.env_names())))
         return poprun_command(self.request.plan, agent_shell(self.request, redact),
                               replace(self.options, export_env=names))
-
-    def describe(self, redact: bool = False) -> list[tuple[str, str]]:
-        return [("poprun", shlex.join(self.argv(redact=redact)))]
 
     def preflight(self) -> list[Problem]:
         try:
@@ -156,13 +147,6 @@ class PoprunTransport(Transport):
         return []
 
     def start(self) -> list[InstanceHandle]:
-        import os
-
-        from podrun.launch.transports.mpirun import ProcessHandle
-
         argv = self.argv()
         argv[0] = find_poprun(self.options.executable)
-        env = dict(os.environ)
-        env.update(dict(self.request.env))
-        return [ProcessHandle(argv, label="poprun", grace=self.request.grace, env=env,
-                              instances=tuple(i.index for i in self.request.instances))]
+        return self._launch(argv)
