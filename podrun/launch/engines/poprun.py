@@ -78,10 +78,8 @@ def poprun_command(plan, worker_command: list[str], options: PoprunOptions = Pop
         cmd.append("--numa-aware=1")
     if options.mpi_global_args:
         cmd.append(f"--mpi-global-args={options.mpi_global_args}")
-    local = []
-    if options.mpi_local_args:
-        local.append(options.mpi_local_args)
-    local.extend(f"-x {name}" for name in options.export_env)
+    local = [options.mpi_local_args] if options.mpi_local_args else []
+    local += [f"-x {name}" for name in options.export_env]
     if local:
         cmd.append("--mpi-local-args=" + " ".join(local))
     if options.only_output_from_instance is not None:

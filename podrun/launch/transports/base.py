@@ -254,19 +254,14 @@ class StreamMerger:
         self._open = len(streams)    # streams whose end was not taken yet
         if streams and None not in fds:
             hub = linehub.hub()
-            self._sources = [hub.add(fd, functools.partial(self._put_line, name), self._put_end)
+            self._sources = [hub.add(fd, lambda line, name=name: self._put((name, line)),
+                                     functools.partial(self._put, self._END))
                              for (name, _), fd in zip(streams, fds)]
         else:
             for name, f in streams:
                 threading.Thread(target=self._pump, args=(name, f), daemon=True).start()
 
     # -- producers: the hub's thread, or one thread per stream --------------------------------
-    def _put_line(self, stream: str, line: str) -> None:
-        self._put((stream, line))
-
-    def _put_end(self) -> None:
-        self._put(self._END)
-
     def _put(self, item) -> None:
         if self._push is not None:        # set and read on the hub's thread only (push needs the hub)
             self._deliver(item)

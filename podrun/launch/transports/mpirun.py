@@ -18,14 +18,14 @@ import signal
 import subprocess
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from collections import Counter
 from dataclasses import dataclass
 
 import podrun
 from podrun import safefs
 from podrun.errors import LaunchError
 from podrun.launch.transports.base import InstanceHandle, Problem, StreamMerger, Transport
-from podrun.launch.transports.ssh_common import MAX_THREADS, PROBE_TIMEOUT, read_ssh_config
+from podrun.launch.transports.ssh_common import PROBE_TIMEOUT, read_ssh_config, thread_pool
 from podrun.wire import protocol
 from podrun.wire.proctl import signal_group
 from podrun.wire.worker_env import workers_per_instance
@@ -149,13 +149,8 @@ def mpirun_command(hosts: list[str], ranks_per_host: int, command: list[str], *,
 
 def hosts_and_ranks(request) -> tuple[list[str], int]:
     """Hosts in instance order (each once) and instances per host, checked to be the same on each."""
-    hosts: list[str] = []
-    count: dict[str, int] = {}
-    for inst in request.instances:
-        if inst.host not in count:
-            hosts.append(inst.host)
-            count[inst.host] = 0
-        count[inst.host] += 1
+    count = Counter(inst.host for inst in request.instances)    # in instance order
+    hosts = list(count)
     per = set(count.values())
     if len(per) > 1:
         raise LaunchError(
@@ -403,7 +398,7 @@ def ssh_preflight(request, hosts: list[str], options: MpiOptions, timeout: float
                            "use a shared filesystem or pass --workdir")
         return None
 
-    with ThreadPoolExecutor(max_workers=max(1, min(MAX_THREADS, len(hosts)))) as ex:
+    with thread_pool(len(hosts)) as ex:
         return [p for p in ex.map(check, hosts) if p is not None]
 
 

@@ -166,12 +166,10 @@ class SSHTransport(HeldAgentTransport):
         user = c.get("user") or getpass.getuser()
         client = paramiko.SSHClient()
         user_files, global_files = known_hosts_files(c)
-        for f in global_files:
-            if f != "/dev/null" and os.path.isfile(f):
-                client.load_system_host_keys(f)
-        for f in user_files:
-            if f != "/dev/null" and os.path.isfile(f):
-                client.get_host_keys().load(f)
+        for files, load in ((global_files, client.load_system_host_keys), (user_files, client.get_host_keys().load)):
+            for f in files:
+                if f != "/dev/null" and os.path.isfile(f):
+                    load(f)
         strict = str(c.get("stricthostkeychecking", "yes")).lower()
         if not self.opts.host_key_check:
             policy: paramiko.MissingHostKeyPolicy = paramiko.AutoAddPolicy()   # accepted, not saved

@@ -123,6 +123,11 @@ def network_problems(request, facts: dict[str, dict]) -> list[Problem]:
     return problems
 
 
+def thread_pool(n: int) -> ThreadPoolExecutor:
+    """Threads for ``n`` hosts' commands, at most MAX_THREADS."""
+    return ThreadPoolExecutor(max_workers=max(1, min(MAX_THREADS, n)))
+
+
 def ip_hostname(hostname: str) -> str | None:
     """``hostname`` when it is an IP address that is not loopback (what MASTER_ADDR can be), else None."""
     import ipaddress
@@ -145,9 +150,6 @@ class HeldAgentTransport(Transport):
     def __init__(self, request):
         super().__init__(request)
         self._held: list | None = None       # agents the preflight started held, until ``release`` lets them go
-
-    def _pool(self, n: int) -> ThreadPoolExecutor:
-        return ThreadPoolExecutor(max_workers=max(1, min(MAX_THREADS, n)))
 
     def _start_one(self, inst, hold: bool = False):
         raise NotImplementedError
@@ -235,7 +237,7 @@ class HeldAgentTransport(Transport):
 
     def preflight(self) -> list[Problem]:
         insts = list(self.request.instances)
-        with self._pool(len(insts)) as ex:
+        with thread_pool(len(insts)) as ex:
             results = list(ex.map(self._preflight_instance, insts))
         problems = list(dict.fromkeys(p for _, r, _ in results for p in r))   # once per host, not per instance
         if not problems:
@@ -261,7 +263,7 @@ class HeldAgentTransport(Transport):
             except BaseException as exc:  # noqa: BLE001
                 errors.append(self._problem(insts[k].host, exc))
 
-        with self._pool(len(insts)) as ex:
+        with thread_pool(len(insts)) as ex:
             list(ex.map(one, range(len(insts))))
         if errors:
             for h in handles:
