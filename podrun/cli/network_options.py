@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from podrun.launch.transports.ssh_client import SSH_CLIENTS
+from podrun.launch.transports import SSH_CLIENTS
 from podrun.specs.cluster import IFNAME_RE
 
 

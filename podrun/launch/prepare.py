@@ -6,16 +6,25 @@ import shutil
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from podrun.errors import LaunchError, PodrunError
-from podrun.rundir.layout import DEFAULT_RUNS_DIR
+from podrun.errors import LaunchError, PodrunError, PreflightError
+from podrun.launch.engines import engine_of, resolve_engine
+from podrun.launch.options import Decisions, LaunchOptions
+from podrun.launch.request import LaunchRequest, parse_env_options
+from podrun.launch.run import build_request, default_transport, is_local_host
 from podrun.launch.torchrun_cli import COMMAND, RECIPE, SCRIPT, Target, classify, command_hint
 from podrun.launch.torchrun_map import OwnOptions, check_nproc_kind, reconcile
-from podrun.wire.worker_env import RDZV_ID_ENV, ROLE_ENV
+from podrun.launch.transports import transport_of
+from podrun.plan import make_plan
+from podrun.plan.inputs import resolve_plan_inputs
+from podrun.plan.measured import launch_measured
+from podrun.rundir.layout import DEFAULT_RUNS_DIR, new_run_id
+from podrun.specs import recipe_args as recipe_cli
+from podrun.wire.liveness import settings
+from podrun.wire.probe import interface_address, missing_modules, missing_text
+from podrun.wire.worker_env import RDZV_ID_ENV, ROLE_ENV, workers_per_instance
 
 if TYPE_CHECKING:  # pragma: no cover
     from podrun.elastic.replan import ElasticPolicy
-    from podrun.launch.options import LaunchOptions
-    from podrun.launch.request import LaunchRequest
     from podrun.specs import ClusterSpec, RecipeSpec
 
 LONG_RUN_HOURS = 1.0        # a recipe run estimated longer than this is announced before it starts
@@ -37,7 +46,7 @@ class Prepared:
     recipe: RecipeSpec | None = None    # None for a script or command
 
 
-def prepare_launch(opts: "LaunchOptions") -> Prepared:
+def prepare_launch(opts: LaunchOptions) -> Prepared:
     """Everything `podrun launch` decides before it prints or runs: the target (podrun.launch.torchrun_cli),
     torchrun's options reconciled with podrun's, the plan, the checks of this machine, the request, the elastic
     policy and what to say first; a PodrunError (exit 2) for anything wrong, before anything starts, in the
@@ -59,33 +68,20 @@ def prepare_launch(opts: "LaunchOptions") -> Prepared:
         raise mapped.in_user_words(exc) from None
 
 
-def _prepare(opts: "LaunchOptions", target: Target, mapped: OwnOptions) -> Prepared:
+def _prepare(opts: LaunchOptions, target: Target, mapped: OwnOptions) -> Prepared:
     """prepare_launch's part after torchrun's options are mapped (``mapped``)."""
     net, rs, out = opts.transports, opts.restarts, opts.output
-    from podrun.launch.engines import engine_of, resolve_engine
-    from podrun.launch.transports import transport_of
-    from podrun.wire.liveness import settings
-    from podrun.launch.request import parse_env_options
-    from podrun.launch.options import Decisions
-    from podrun.launch.run import build_request, default_transport
-    from podrun.plan import make_plan
-    from podrun.plan.inputs import resolve_plan_inputs
-
     env = parse_env_options(net.env_items) + launch_names(mapped)
     cluster, rspec, src, overrides = resolve_plan_inputs(
         target.name if target.kind == RECIPE else None,
         replace(opts.plan, nodes=mapped.nodes, devices_per_host=mapped.devices_per_host))
     check_nproc_kind(opts.torchrun, cluster.device.kind, cluster.name)
-    from podrun.plan.measured import launch_measured
-
     measured, calibration_notes = launch_measured(opts.calibration, cluster, rspec, overrides,
                                                   out.runs_dir if out.runs_dir is not None else DEFAULT_RUNS_DIR)
     plan = make_plan(cluster, rspec, overrides, measured)
     python = net.host_python
     recipe_script, recipe_args, long_run = None, None, None
     if rspec is not None:
-        from podrun.specs import recipe_args as recipe_cli
-
         recipe_script = os.path.abspath(os.path.join(rspec.path, rspec.train_script))
         default_data = recipe_cli.default_data(recipe_script)
         if default_data is not None:        # its train.py runs podrun's recipe parser: podrun knows its arguments
@@ -99,17 +95,15 @@ def _prepare(opts: "LaunchOptions", target: Target, mapped: OwnOptions) -> Prepa
         raise LaunchError(f"--engine {engine} starts the instances itself; drop --transport {net.transport}")
     name = engine_transport or net.transport or default_transport(plan, cluster, getattr(src, "scheduler", "none"))
     kind = transport_of(name)
+    data_interface = net.data_interface if net.data_interface is not None else cluster.data_interface or None
     if not kind.remote:
         check_local_target(target, os.path.abspath(net.workdir or os.getcwd()))
-        check_local_interface(net.data_interface if net.data_interface is not None else cluster.data_interface or None,
-                              "--data-interface" if net.data_interface is not None else
+        check_local_interface(data_interface, "--data-interface" if net.data_interface is not None else
                               f"data_interface in {cluster.path}")
         if recipe_args is not None and net.preflight:
             check_recipe_modules(python, target, recipe_args)
     notes: list[str] = list(calibration_notes)
     if kind.ssh_per_host:
-        from podrun.launch.run import is_local_host
-
         here = [h for h in dict.fromkeys(plan.hosts) if is_local_host(h)]
         if here:
             notes.append(f"{', '.join(here)} is this machine: in a run with other hosts podrun reaches it over ssh "
@@ -117,11 +111,8 @@ def _prepare(opts: "LaunchOptions", target: Target, mapped: OwnOptions) -> Prepa
                          "everywhere), so it needs sshd and its host key in known_hosts")
     needs: tuple[str, ...] = ()
     if recipe_args is not None and net.preflight:
-        from podrun.specs.recipe_args import needed_modules
-
-        needs = tuple(needed_modules(recipe_args))      # checked by every held agent (ssh) before anything starts
-    from podrun.wire.worker_env import workers_per_instance
-
+        # checked by every held agent (ssh) before anything starts
+        needs = tuple(recipe_cli.needed_modules(recipe_args))
     # the agents whose heartbeats the controller hears: one a host, or one a worker under mpirun (--rank-from-env)
     senders = plan.instances * workers_per_instance(plan) if kind.agent_per_worker else len(set(plan.hosts))
     liveness = settings(mapped.heartbeat, mapped.heartbeat_misses, net.keepalive, spec_heartbeat=cluster.heartbeat,
@@ -150,8 +141,7 @@ def _prepare(opts: "LaunchOptions", target: Target, mapped: OwnOptions) -> Prepa
                             decided=decided, liveness=liveness, run_id=run_dir_name(mapped),
                             runs_dir=mapped.runs_dir if mapped.runs_dir is not None else DEFAULT_RUNS_DIR, env=env,
                             max_restarts=0 if max_restarts is None else max_restarts,
-                            data_interface=(net.data_interface if net.data_interface is not None
-                                            else cluster.data_interface or None))
+                            data_interface=data_interface)
     if rs.warm and request.max_restarts > 0 and kind.per_instance:    # its agents start each instance themselves
         request = replace(request, warm=True)
     if not out.dry_run:
@@ -173,8 +163,6 @@ def run_dir_name(mapped: OwnOptions) -> str | None:
     if mapped.run_id is not None or mapped.rdzv_id is None:
         return mapped.run_id
     import re
-
-    from podrun.rundir.layout import new_run_id
 
     stem = re.sub(r"[^A-Za-z0-9._-]", "_", mapped.rdzv_id)[:64]
     if not stem[:1].isalnum():
@@ -202,9 +190,6 @@ def check_local_interface(ifname: str | None, where: str) -> None:
         return
     import socket
 
-    from podrun.errors import PreflightError
-    from podrun.wire.probe import interface_address
-
     if interface_address(ifname) is not None:
         return
     names = sorted(n for _, n in socket.if_nameindex())
@@ -217,11 +202,7 @@ def check_local_interface(ifname: str | None, where: str) -> None:
 def check_recipe_modules(python: str, target: Target, recipe_args, host: str = "localhost") -> None:
     """The recipe's imports (podrun.specs.recipe_args.needed_modules) must be there for --python on this machine,
     before anything starts: one paragraph and exit 2 naming the install command, not a traceback per rank."""
-    from podrun.errors import PreflightError
-    from podrun.wire.probe import missing_modules, missing_text
-    from podrun.specs.recipe_args import needed_modules
-
-    missing = missing_modules(python, needed_modules(recipe_args))
+    missing = missing_modules(python, recipe_cli.needed_modules(recipe_args))
     if missing:
         problem, hint = missing_text(python, missing, f"the recipe {target.name}")
         raise PreflightError([f"{host}: {problem}"], hint)

@@ -8,10 +8,12 @@ in their launcher's environment (only the names on its command line).
 """
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from podrun.errors import LaunchError
 from podrun.redaction import ENV_NAME_RE, redact_argv, remember_secret, secret_name
 from podrun.wire.agent_args import AGENT_MODULE, GRACE_S, AgentArgs, FromEnv, RunAttempt
 from podrun.wire.liveness import HEARTBEAT_MISSES, HEARTBEAT_S, Liveness
@@ -93,9 +95,6 @@ class LaunchRequest:
     def liveness(self) -> Liveness:
         return Liveness(self.heartbeat, self.keepalive)
 
-    def instance(self, index: int) -> InstanceLaunch:
-        return self.instances[index]
-
     def agent_argv(self, index: int | None, *, stdin_watch: bool = True, hold: bool = False,
                    per_worker: bool = False, env_stdin: bool = False, worker_stdin_fd: int | None = None) -> list[str]:
         """The agent command line; index None means --index-from-env (mpirun/srun ranks), or with
@@ -164,10 +163,6 @@ def parse_env_options(items: tuple[str, ...] | list[str], environ=None) -> tuple
     environment), so that a secret need not be typed on podrun's command line. The values of secret-named items
     and of bare names are hidden from here on wherever podrun shows or records text (podrun.redaction). A
     malformed item, or a bare name that is not set, is a LaunchError naming it."""
-    import os
-
-    from podrun.errors import LaunchError
-
     environ = os.environ if environ is None else environ
     out = []
     for item in items:

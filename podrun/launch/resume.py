@@ -8,13 +8,14 @@ import os
 from pathlib import Path
 
 from podrun.errors import LaunchError
-from podrun.rundir.layout import LAUNCH as LAUNCH_RECORD
+from podrun.redaction import REDACTED, redact_argv
+from podrun.rundir.layout import DEFAULT_RUNS_DIR, LAUNCH as LAUNCH_RECORD, check_run_id
+from podrun.rundir.lock import check_free
+from podrun.safefs import check_dir, read_trusted
 
 
 def record(argv: list[str], cwd: str) -> dict:
     """What launch.json holds: the arguments as given to `podrun launch` (secrets redacted), where it ran."""
-    from podrun.redaction import redact_argv
-
     shown = redact_argv(argv)
     return {"argv": shown, "cwd": cwd, "redacted": [i for i, (a, b) in enumerate(zip(argv, shown)) if a != b]}
 
@@ -27,9 +28,6 @@ RUN_DIR_OPTIONS = ("run_id", "runs_dir", "resume_run", "log_dir")
 def find_run(run: str, runs_dir: str | None) -> Path:
     """The run directory of RUN: a run id, looked up under ``runs_dir`` (default: runs) and nowhere else; or a path
     to one (it holds a /), which must be a directory of this user that no one else may write."""
-    from podrun.rundir.layout import DEFAULT_RUNS_DIR, check_run_id
-    from podrun.safefs import check_dir
-
     if os.sep in run:
         return check_dir(os.path.abspath(run), "run directory", shared_read=True, error=LaunchError,
                          hint="resume a run directory of your own, or pass its run id with --runs-dir")
@@ -38,8 +36,6 @@ def find_run(run: str, runs_dir: str | None) -> Path:
 
 def _earlier(run_dir: Path) -> dict:
     """launch.json, read only when this user (or root) alone can have written it (podrun.safefs.read_trusted)."""
-    from podrun.safefs import read_trusted
-
     path = run_dir / LAUNCH_RECORD
     try:
         data = json.loads(read_trusted(path, "launch record", limit=RECORD_LIMIT, error=LaunchError))
@@ -79,13 +75,9 @@ def relaunch(run: str, runs_dir: str | None) -> tuple[list[str], str, Path]:
     """(the `podrun launch` arguments that run RUN again into its own directory, the directory to run them in,
     the run directory). Refused (exit 2) while another process holds the run, when it has no launch record,
     or when a redacted secret of its arguments cannot be filled in from this environment."""
-    from podrun.redaction import REDACTED
-
     run_dir = find_run(run, runs_dir)
     if not run_dir.is_dir():
         raise LaunchError(f"{run_dir}: no such run directory", hint="pass a run id (under --runs-dir) or a run directory")
-    from podrun.rundir.lock import check_free
-
     check_free(run_dir)
     data = _earlier(run_dir)
     argv = [str(a) for a in data["argv"]]

@@ -6,6 +6,7 @@ import os
 import resource
 
 from podrun.errors import LaunchError
+from podrun.wire.worker_env import workers_per_instance
 
 FDS_BASE = 24              # the controller's own (about 10: Python, the run directory's files, the control socket)
 FDS_PER_HOST = 6           # an agent on another host: its ssh client's pipes (or paramiko's socket), its log (about 4.2
@@ -81,8 +82,6 @@ def run_size(request) -> tuple[int, int]:
     """(agents on other hosts the controller keeps a connection to, workers on this machine) of a LaunchRequest:
     over ssh one connection per instance; on this machine (local) every worker; mpirun and srun are one launcher
     process, which reaches the hosts itself."""
-    from podrun.wire.worker_env import workers_per_instance
-
     n, kind = len(request.instances), request.kind
     if not kind.remote:
         return 0, n * workers_per_instance(request.plan)

@@ -49,7 +49,7 @@ def classify(args: list[str] | tuple[str, ...], *, dashdash: bool, module: bool 
                           hint="give a recipe (podrun launch recipes/NAME), a script (podrun launch train.py), "
                                "a module (podrun launch -m pkg.train) or a command after -- "
                                "(podrun launch -- ./run.sh)")
-    first = args[0]
+    first, rest = args[0], tuple(args[1:])
     if not dashdash and first.startswith("-") and first != "-":
         import difflib
 
@@ -59,11 +59,10 @@ def classify(args: list[str] | tuple[str, ...], *, dashdash: bool, module: bool 
                           hint=(f"did you mean {close[0]}? " if close else "")
                           + "podrun launch --help lists them; an argument meant for the script goes after it")
     if run_path:
-        return Target(SCRIPT, first, tuple(args[1:]))
+        return Target(SCRIPT, first, rest)
     if module and no_python:
         raise LaunchError("-m/--module and --no-python contradict each other (a module needs Python)",
                           hint="drop one: -m runs `python -m MODULE`, --no-python runs the target as a command")
-    first, rest = args[0], tuple(args[1:])
     if module:
         return Target(MODULE, first, rest)
     if no_python:
@@ -95,17 +94,13 @@ def command_hint(program: str, workdir: str, *, on_path: Callable[[str], bool],
     here = os.path.join(workdir, program)
     if is_file(here):
         how = (f"podrun launch {program} (a Python script, run by --python as torchrun runs it)"
-               if _looks_python(program) else f"-- ./{program}")
+               if program.endswith(".py") else f"-- ./{program}")
         return LaunchError(f"cannot start {program!r}: it is not on PATH, and a command after -- runs as the "
                            f"shell would run it; the file {here} is in the working directory",
                            hint=f"write {how}", exit_code=COMMAND_NOT_FOUND)
     return LaunchError(f"cannot start {program!r}: no such command on PATH",
                        hint="give its path (./NAME or /path/NAME), or a script: podrun launch train.py",
                        exit_code=COMMAND_NOT_FOUND)
-
-
-def _looks_python(program: str) -> bool:
-    return program.endswith(".py")
 
 
 # --- torchrun's options --------------------------------------------------------------------------

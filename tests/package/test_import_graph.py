@@ -66,7 +66,7 @@ def test_the_boundary_check_finds_a_crossing(tmp_path):
 
 
 def test_the_ssh_transports_import_no_circle():
-    """ssh_common holds what both ssh clients share; the choice between them lives apart (ssh_client)."""
+    """ssh_common holds what both ssh clients share; the choice between them lives apart (transports.ssh_transport)."""
     common = imports_of("podrun.launch.transports.ssh_common")
     assert not {"podrun.launch.transports.openssh", "podrun.launch.transports.ssh"} & common
 

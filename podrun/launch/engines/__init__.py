@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+import shlex
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 from podrun.errors import PlanError
@@ -52,17 +53,12 @@ def resolve_engine(opts: EngineOptions, cluster=None, *, only_output_from_instan
     poprun is a transport of its own ("poprun": podrun.launch.engines.poprun:PoprunTransport); horovod runs
     over the mpirun transport, one agent per rank.
     """
-    import shlex
-
     kind = engine_of(opts.engine or getattr(cluster, "engine", None) or "torch")
     mpi_args = tuple(shlex.split(opts.mpi_args)) if opts.mpi_args else ()
     if kind.name != "poprun":
         return kind.name, kind.transport, None, mpi_args
     from podrun.launch.engines.poprun import PoprunOptions
 
-    popts = PoprunOptions(
-        vipu_server_host=opts.vipu_server_host, vipu_partition=opts.vipu_partition, vipu_cluster=opts.vipu_cluster,
-        num_ilds=opts.num_ilds, mpi_global_args=opts.mpi_global_args, mpi_local_args=opts.mpi_local_args,
-        only_output_from_instance=only_output_from_instance, print_topology=opts.print_topology,
-        offline_mode=opts.offline_mode)
+    given = {f.name: getattr(opts, f.name) for f in fields(PoprunOptions) if hasattr(opts, f.name)}  # --vipu-* ...
+    popts = PoprunOptions(**given, only_output_from_instance=only_output_from_instance)
     return kind.name, kind.transport, popts, mpi_args

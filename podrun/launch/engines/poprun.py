@@ -5,9 +5,8 @@ poprun sets the popdist names itself; their values for a plan are podrun.wire.wo
 from __future__ import annotations
 
 import math
-import shlex
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from podrun.errors import LaunchError, PlanError
 
@@ -66,12 +65,10 @@ def poprun_command(plan, worker_command: list[str], options: PoprunOptions = Pop
     hosts = list(dict.fromkeys(p.host for p in plan.placement))   # poprun places instances round-robin over them
     if len(hosts) > 1 or (hosts and hosts[0] not in ("localhost", "127.0.0.1")):
         cmd.append("--host=" + ",".join(hosts))
-    if options.vipu_server_host:
-        cmd.append(f"--vipu-server-host={options.vipu_server_host}")
-    if options.vipu_partition:
-        cmd.append(f"--vipu-partition={options.vipu_partition}")
-    if options.vipu_cluster:
-        cmd.append(f"--vipu-cluster={options.vipu_cluster}")
+    for flag, value in (("vipu-server-host", options.vipu_server_host), ("vipu-partition", options.vipu_partition),
+                        ("vipu-cluster", options.vipu_cluster)):
+        if value:
+            cmd.append(f"--{flag}={value}")
     ilds = options.num_ilds if options.num_ilds is not None else default_num_ilds(plan)
     if ilds is not None:
         if ilds < 1:
@@ -81,10 +78,8 @@ def poprun_command(plan, worker_command: list[str], options: PoprunOptions = Pop
         cmd.append("--numa-aware=1")
     if options.mpi_global_args:
         cmd.append(f"--mpi-global-args={options.mpi_global_args}")
-    local = []
-    if options.mpi_local_args:
-        local.append(options.mpi_local_args)
-    local.extend(f"-x {name}" for name in options.export_env)
+    local = [options.mpi_local_args] if options.mpi_local_args else []
+    local += [f"-x {name}" for name in options.export_env]
     if local:
         cmd.append("--mpi-local-args=" + " ".join(local))
     if options.only_output_from_instance is not None:
@@ -116,10 +111,11 @@ def find_poprun(executable: str = "poprun") -> str:
 
 # ---- as a transport: poprun starts the instance agents --------------------------------------------
 
-from podrun.launch.transports.base import InstanceHandle, Problem, Transport  # noqa: E402
+from podrun.launch.transports.base import InstanceHandle, Problem  # noqa: E402
+from podrun.launch.transports.mpirun import LauncherTransport, agent_shell  # noqa: E402
 
 
-class PoprunTransport(Transport):
+class PoprunTransport(LauncherTransport):
     """``--engine poprun``: one poprun whose instances are podrun's agents (--index-from-env).
 
     poprun places the instances on the hosts and sets POPDIST_*; each agent reads its index from
@@ -136,16 +132,9 @@ class PoprunTransport(Transport):
     def argv(self, redact: bool = False) -> list[str]:
         """poprun's argv; the --env values are in poprun's environment (``start``), their names exported to
         every instance with ``-x NAME`` in --mpi-local-args."""
-        from dataclasses import replace
-
-        from podrun.launch.transports.mpirun import agent_shell
-
         names = tuple(dict.fromkeys((*self.options.export_env, *self.request.env_names())))
         return poprun_command(self.request.plan, agent_shell(self.request, redact),
                               replace(self.options, export_env=names))
-
-    def describe(self, redact: bool = False) -> list[tuple[str, str]]:
-        return [("poprun", shlex.join(self.argv(redact=redact)))]
 
     def preflight(self) -> list[Problem]:
         try:
@@ -156,13 +145,6 @@ class PoprunTransport(Transport):
         return []
 
     def start(self) -> list[InstanceHandle]:
-        import os
-
-        from podrun.launch.transports.mpirun import ProcessHandle
-
         argv = self.argv()
         argv[0] = find_poprun(self.options.executable)
-        env = dict(os.environ)
-        env.update(dict(self.request.env))
-        return [ProcessHandle(argv, label="poprun", grace=self.request.grace, env=env,
-                              instances=tuple(i.index for i in self.request.instances))]
+        return self._launch(argv)

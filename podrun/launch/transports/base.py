@@ -24,7 +24,6 @@ The interface every transport implements:
 from __future__ import annotations
 
 import functools
-import os
 import queue
 import signal
 import threading
@@ -34,8 +33,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator
 
-from podrun.errors import LaunchError
 from podrun.launch.transports import TransportKind, transport_of
+from podrun.wire.proctl import signal_group
 from podrun.wire.protocol import READ_LIMIT, bounded_lines, stop_token
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -90,17 +89,22 @@ class InstanceHandle(ABC):
                 return rc
             time.sleep(0.02)
 
+    def _write(self, data: bytes) -> None:
+        """Bytes to the agent's stdin (podrun.wire.protocol); nothing where there is no stdin (mpirun, srun)."""
+
     def heartbeat(self) -> None:
         """Tell the agent its controller is alive (a byte on its stdin); no-op where there is no stdin."""
+        self._write(b".")
 
     def request_stacks(self) -> None:
         """Ask the agent for its workers' stacks (an ``S`` on its stdin; they come back as ``stack`` lines);
         no-op where there is no stdin (mpirun, srun)."""
+        self._write(b"S")
 
-    @abstractmethod
     def terminate(self, sig: int = signal.SIGTERM) -> None:
         """Ask the agent(s) to end their workers with ``sig`` first (SIGTERM, or the SIGINT/SIGHUP podrun
         received, which the agents follow with SIGTERM after the request's grace), then SIGKILL."""
+        self._write(stop_token(sig))
 
     @abstractmethod
     def kill(self) -> None:
@@ -138,23 +142,11 @@ class PipedAgentHandle(InstanceHandle):
             except (BrokenPipeError, OSError, ValueError):
                 pass
 
-    def heartbeat(self) -> None:
-        self._write(b".")
-
-    def request_stacks(self) -> None:
-        self._write(b"S")
-
-    def terminate(self, sig: int = signal.SIGTERM) -> None:
-        self._write(stop_token(sig))
-
     def kill(self) -> None:
         """SIGKILL the process's session: the local agent (its workers die by PDEATHSIG; what they left behind
         reparents to init once the agent is gone, so kill is the last resort after terminate and the grace
         period), or the ssh client (the connection closes, the agent sees EOF, or silence, and ends its workers)."""
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        signal_group(self.proc.pid, signal.SIGKILL)
 
     def close(self) -> None:
         """Close the process's stdin (its output pipes belong to the stream readers until they end)."""
@@ -252,19 +244,14 @@ class StreamMerger:
         self._open = len(streams)    # streams whose end was not taken yet
         if streams and None not in fds:
             hub = linehub.hub()
-            self._sources = [hub.add(fd, functools.partial(self._put_line, name), self._put_end)
+            self._sources = [hub.add(fd, lambda line, name=name: self._put((name, line)),
+                                     functools.partial(self._put, self._END))
                              for (name, _), fd in zip(streams, fds)]
         else:
             for name, f in streams:
                 threading.Thread(target=self._pump, args=(name, f), daemon=True).start()
 
     # -- producers: the hub's thread, or one thread per stream --------------------------------
-    def _put_line(self, stream: str, line: str) -> None:
-        self._put((stream, line))
-
-    def _put_end(self) -> None:
-        self._put(self._END)
-
     def _put(self, item) -> None:
         if self._push is not None:        # set and read on the hub's thread only (push needs the hub)
             self._deliver(item)

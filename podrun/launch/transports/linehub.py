@@ -8,8 +8,10 @@ back) until it is resumed. Everything a source's callbacks do runs on the hub's 
 """
 from __future__ import annotations
 
+import io
 import os
 import selectors
+import stat
 import threading
 from typing import Callable
 
@@ -167,9 +169,6 @@ def hub() -> LineHub:
 def pipe_fd(f) -> int | None:
     """The descriptor of ``f`` when the hub can read it (a pipe or a socket), else None (a paramiko channel's
     file, a regular file). ``f`` must be fresh: what its buffer may hold already would be skipped."""
-    import io
-    import stat
-
     if not isinstance(f, (io.BufferedReader, io.FileIO)):      # what subprocess and os.fdopen give
         return None
     try:

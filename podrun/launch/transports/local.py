@@ -12,14 +12,8 @@ import subprocess
 
 from podrun.errors import LaunchError
 from podrun.wire.probe import port_free
+from podrun.wire.proctl import die_with_parent
 from podrun.launch.transports.base import InstanceHandle, PipedAgentHandle, Problem, Transport, busy_port_problem
-
-
-def _pdeathsig():
-    """The agent's preexec_fn: SIGTERM when this controller dies, also when it died before prctl."""
-    from podrun.wire.proctl import die_with_parent
-
-    return die_with_parent(signal.SIGTERM)
 
 
 def _terminal_copy() -> int | None:
@@ -71,10 +65,11 @@ class LocalTransport(Transport):
         for inst in req.instances:
             stdin_fd = _terminal_copy() if inst.index == 0 else None   # the instance of global rank 0
             argv = req.agent_argv(inst.index, worker_stdin_fd=stdin_fd)
+            # preexec_fn: SIGTERM to the agent when this controller dies, also when it died before prctl
             try:
                 proc = subprocess.Popen(argv, cwd=req.workdir, env=env, stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        start_new_session=True, preexec_fn=_pdeathsig(),
+                                        start_new_session=True, preexec_fn=die_with_parent(signal.SIGTERM),
                                         pass_fds=(*req.pass_fds(inst.index), *(() if stdin_fd is None else (stdin_fd,))))
             except OSError as exc:
                 for h in handles:

@@ -10,13 +10,25 @@ names no ssh agent and probes no host over ssh.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+from collections import Counter
 from dataclasses import dataclass
 
+import podrun
+from podrun import safefs
 from podrun.errors import LaunchError
+from podrun.launch.transports.base import InstanceHandle, Problem, StreamMerger, Transport
+from podrun.launch.transports.ssh_common import PROBE_TIMEOUT, read_ssh_config, thread_pool
+from podrun.wire import protocol
+from podrun.wire.proctl import signal_group
+from podrun.wire.worker_env import workers_per_instance
 
 LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")
 
@@ -82,12 +94,9 @@ def detect_flavour(mpirun: str = "mpirun", python: str = sys.executable) -> str:
     )
 
 
-def _rsh_args(options: MpiOptions) -> str:
-    parts: list[str] = []
-    if options.ssh_config:
-        parts += ["-F", options.ssh_config]
-    parts += list(options.ssh_args)
-    return " ".join(parts)
+def _ssh_options(options: MpiOptions) -> list[str]:
+    """The ssh options of ``options``: its config (-F) and the rest."""
+    return (["-F", options.ssh_config] if options.ssh_config else []) + list(options.ssh_args)
 
 
 def mpirun_command(hosts: list[str], ranks_per_host: int, command: list[str], *,
@@ -106,7 +115,7 @@ def mpirun_command(hosts: list[str], ranks_per_host: int, command: list[str], *,
     n = len(hosts) * ranks_per_host
     all_local = all(h in LOCAL_NAMES for h in hosts)
     env_names = list(dict.fromkeys(env_names))
-    rsh = _rsh_args(options)
+    rsh = " ".join(_ssh_options(options))
     if flavour == "openmpi":
         cmd = [options.mpirun]
         as_root = options.as_root if options.as_root is not None else os.geteuid() == 0
@@ -138,22 +147,10 @@ def mpirun_command(hosts: list[str], ranks_per_host: int, command: list[str], *,
 
 # ---- the transport ------------------------------------------------------------------------------
 
-import shlex  # noqa: E402
-import signal  # noqa: E402
-import threading  # noqa: E402
-
-from podrun.launch.transports.base import InstanceHandle, Problem, StreamMerger, Transport  # noqa: E402
-
-
 def hosts_and_ranks(request) -> tuple[list[str], int]:
     """Hosts in instance order (each once) and instances per host, checked to be the same on each."""
-    hosts: list[str] = []
-    count: dict[str, int] = {}
-    for inst in request.instances:
-        if inst.host not in count:
-            hosts.append(inst.host)
-            count[inst.host] = 0
-        count[inst.host] += 1
+    count = Counter(inst.host for inst in request.instances)    # in instance order
+    hosts = list(count)
     per = set(count.values())
     if len(per) > 1:
         raise LaunchError(
@@ -184,8 +181,6 @@ class ProcessHandle(InstanceHandle):
         """``local_ranks``: with one agent per worker, the local ranks each instance's agents report
         their ``done`` under (else one agent per instance, which reports it under ``-``). ``run_dir``: where
         the agents read a stop with another signal than SIGTERM (podrun.wire.protocol.write_stop)."""
-        import subprocess
-
         self.label = label
         self.instances = instances
         self._agents = {(i, lr) for i in instances for lr in (local_ranks if local_ranks else (None,))}
@@ -205,8 +200,6 @@ class ProcessHandle(InstanceHandle):
     linger = 1.0
 
     def lines(self):
-        from podrun.wire import protocol
-
         pending = set(self._agents)
         for stream, line in self._merger:
             if pending and line.startswith(protocol.PREFIX):
@@ -222,20 +215,14 @@ class ProcessHandle(InstanceHandle):
         try:
             self.proc.wait(self.linger)
         except Exception:  # noqa: BLE001 - still there after linger: a teardown hang
-            self._signal_group(signal.SIGTERM)
+            signal_group(self.proc.pid, signal.SIGTERM)
             try:
                 self.proc.wait(2.0)
             except Exception:  # noqa: BLE001
-                self._signal_group(signal.SIGKILL)
+                signal_group(self.proc.pid, signal.SIGKILL)
 
     def poll(self) -> int | None:
         return self.proc.poll()
-
-    def _signal_group(self, sig) -> None:
-        try:
-            os.killpg(self.proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
     def terminate(self, sig: int = signal.SIGTERM) -> None:
         """SIGTERM to the launcher (it forwards it to every rank); another signal (podrun's SIGINT, SIGHUP)
@@ -245,21 +232,16 @@ class ProcessHandle(InstanceHandle):
         if self.proc.poll() is not None or self._term_sent:
             return
         self._term_sent = True
-        from podrun.wire import protocol
-
-        if sig == signal.SIGTERM or self.run_dir is None:
-            try:
-                self.proc.send_signal(signal.SIGTERM)
-            except ProcessLookupError:
-                return
-        else:
-            try:
+        wrote = False
+        if sig != signal.SIGTERM and self.run_dir is not None:
+            with contextlib.suppress(OSError):          # else SIGTERM after all
                 protocol.write_stop(self.run_dir, sig)
-            except OSError:
-                try:
-                    self.proc.send_signal(signal.SIGTERM)
-                except ProcessLookupError:
-                    return
+                wrote = True
+        try:
+            if not wrote:
+                self.proc.send_signal(signal.SIGTERM)
+        except ProcessLookupError:
+            return
 
         def later():
             try:
@@ -275,13 +257,32 @@ class ProcessHandle(InstanceHandle):
                 self._on_kill()
             except Exception:  # noqa: BLE001 - best effort cleanup on the scheduler
                 pass
-        self._signal_group(signal.SIGKILL)
+        signal_group(self.proc.pid, signal.SIGKILL)
 
     def close(self) -> None:
         self._merger.close()
 
 
-class MpirunTransport(Transport):
+class LauncherTransport(Transport):
+    """One launcher process (mpirun, srun, poprun) starts every instance: the run's one command line, and one
+    handle whose output carries every instance."""
+
+    def argv(self, redact: bool = False) -> list[str]:
+        raise NotImplementedError
+
+    def describe(self, redact: bool = False) -> list[tuple[str, str]]:
+        return [(self.name, shlex.join(self.argv(redact=redact)))]
+
+    def _launch(self, argv: list[str], drop: tuple[str, ...] = (), **kw) -> list[InstanceHandle]:
+        """Start ``argv`` in this environment with the run's --env on top, less the names in ``drop``."""
+        env = {**os.environ, **dict(self.request.env)}
+        for name in drop:
+            env.pop(name, None)
+        return [ProcessHandle(argv, label=self.name, instances=tuple(i.index for i in self.request.instances),
+                              grace=self.request.grace, env=env, **kw)]
+
+
+class MpirunTransport(LauncherTransport):
     """One mpirun for the whole run: rank r (OMPI_COMM_WORLD_RANK / PMI_RANK) is the agent of the worker
     of global rank r (``--rank-from-env``), so every worker is a rank of one MPI world."""
 
@@ -313,8 +314,6 @@ class MpirunTransport(Transport):
         user = r.ssh.config_path or (os.path.expanduser("~/.ssh/config")
                                      if os.path.exists(os.path.expanduser("~/.ssh/config")) else None)
         if r.ssh.config_path is not None:       # a regular file of a sane size: ssh would wait on a FIFO
-            from podrun.launch.transports.ssh_common import read_ssh_config
-
             read_ssh_config(r.ssh.config_path, "--ssh-config")
         if r.ssh.host_key_check:
             return user
@@ -323,23 +322,16 @@ class MpirunTransport(Transport):
         text = "Host *\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n"
         if user:
             text += f"  Include {user}\n"
-        from podrun import safefs
-
         safefs.make_dirs(r.run_dir, "run directory", error=LaunchError)
         safefs.write_file(path, text, "ssh config of the run", error=LaunchError, durable=False)
         return path
 
-    def argv(self, flavour: str | None = None, redact: bool = False) -> list[str]:
-        from podrun.wire.worker_env import workers_per_instance
-
+    def argv(self, redact: bool = False) -> list[str]:
         hosts, k = hosts_and_ranks(self.request)
         names = self.request.env_names()
         return mpirun_command(hosts, k * workers_per_instance(self.request.plan),
                               agent_shell(self.request, redact, per_worker=True), env_names=names,
-                              options=self.options(), flavour=flavour or self._flavour)
-
-    def describe(self, redact: bool = False) -> list[tuple[str, str]]:
-        return [("mpirun", shlex.join(self.argv(redact=redact)))]
+                              options=self.options(), flavour=self._flavour)
 
     def preflight(self) -> list[Problem]:
         try:
@@ -361,41 +353,27 @@ class MpirunTransport(Transport):
         # mpirun reaches the hosts with OpenSSH's client: check each with the same options, in
         # parallel: reachable, authenticated, the same python with podrun importable, the workdir there
         opts = self.options()
-        from podrun.launch.transports.ssh_common import PROBE_TIMEOUT
-
         connect = self.request.ssh.connect_timeout
         return ssh_preflight(self.request, remote, MpiOptions(
             ssh_config=opts.ssh_config,
             ssh_args=("-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(connect)}")), timeout=connect + PROBE_TIMEOUT)
 
     def start(self) -> list[InstanceHandle]:
-        argv = self.argv()
-        env = dict(os.environ)
-        env.update(dict(self.request.env))
-        from podrun.wire.worker_env import workers_per_instance
-
-        h = ProcessHandle(argv, label="mpirun", instances=tuple(i.index for i in self.request.instances),
-                          grace=self.request.grace, env=env,
-                          local_ranks=tuple(range(workers_per_instance(self.request.plan))),
-                          run_dir=self.request.run_dir)
-        return [h]
+        return self._launch(self.argv(), local_ranks=tuple(range(workers_per_instance(self.request.plan))),
+                            run_dir=self.request.run_dir)
 
 
 def ssh_preflight(request, hosts: list[str], options: MpiOptions, timeout: float) -> list[Problem]:
     """One `ssh HOST python -c ...` per host, all at once (each is its own ssh process, as the ssh transport's
     are); a Problem naming each host that does not answer within ``timeout`` seconds (the ssh transport's bound:
     the connect timeout, then the remote Python's report) or fails."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    import podrun
-
     ssh = shutil.which("ssh")
     if ssh is None:
         return [Problem("localhost", "mpirun starts remote ranks with ssh, but 'ssh' is not on PATH",
                         "apt-get install openssh-client")]
     probe = ("import os,sys,podrun;"
              f"print(podrun.__version__, os.path.isdir({request.workdir!r}))")
-    base = [ssh] + (["-F", options.ssh_config] if options.ssh_config else []) + list(options.ssh_args)
+    base = [ssh, *_ssh_options(options)]
 
     def check(host: str) -> Problem | None:
         argv = base + [host, shlex.join([request.python, "-c", probe])]
@@ -420,9 +398,7 @@ def ssh_preflight(request, hosts: list[str], options: MpiOptions, timeout: float
                            "use a shared filesystem or pass --workdir")
         return None
 
-    from podrun.launch.transports.ssh_common import MAX_THREADS
-
-    with ThreadPoolExecutor(max_workers=max(1, min(MAX_THREADS, len(hosts)))) as ex:
+    with thread_pool(len(hosts)) as ex:
         return [p for p in ex.map(check, hosts) if p is not None]
 
 

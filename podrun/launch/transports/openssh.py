@@ -33,9 +33,6 @@ class OpenSSHHandle(HeldProbe, PipedAgentHandle):
         self._init_probe(self._merger)
         self.slot_held = False
 
-    def go(self) -> None:
-        self._write(b"G")
-
 
 class OpenSSHTransport(HeldAgentTransport):
     name = "ssh"
@@ -146,7 +143,7 @@ class OpenSSHTransport(HeldAgentTransport):
             p = self._ssh_error(host, err)
             if p is not None:
                 return p
-        return self._exit_problem(host, rc, err)
+        return super()._check_exit(host, rc, err)
 
     def _ssh_error(self, host: str, err: str) -> Problem | None:
         """OpenSSH's own failure (exit 255 and its message on stderr) as a Problem naming the host."""

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import os
-import shlex
 import subprocess
 
-from podrun.errors import HostError, LaunchError
-from podrun.launch.transports.base import InstanceHandle, Problem, Transport
-from podrun.launch.transports.mpirun import ProcessHandle, agent_shell, hosts_and_ranks
+from podrun.errors import HostError
+from podrun.launch.transports.base import InstanceHandle, Problem
+from podrun.launch.transports.mpirun import LauncherTransport, agent_shell, hosts_and_ranks
+
+# a job step inherits the batch step's SLURM_* (ntasks=1 ...): what would contradict this step's own is dropped
+STEP_VARS = ("SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_DISTRIBUTION",
+             "SLURM_NNODES", "SLURM_CPUS_PER_TASK")
 
 
 def allocation_hosts(env=None) -> list[str] | None:
@@ -35,16 +38,13 @@ def srun_command(request, *, srun: str = "srun", redact: bool = False) -> list[s
     return argv + agent_shell(request, redact)
 
 
-class SrunTransport(Transport):
+class SrunTransport(LauncherTransport):
     """Start the instance agents as the tasks of one srun step (needs SLURM_JOB_ID in the env)."""
 
     name = "srun"
 
     def argv(self, redact: bool = False) -> list[str]:
         return srun_command(self.request, redact=redact)
-
-    def describe(self, redact: bool = False) -> list[tuple[str, str]]:
-        return [("srun", shlex.join(self.argv(redact=redact)))]
 
     def check_allocation(self, env=None) -> None:
         """HostError (exit 2) when not in an allocation or the plan needs hosts it does not have."""
@@ -86,16 +86,4 @@ class SrunTransport(Transport):
 
     def start(self) -> list[InstanceHandle]:
         self.check_allocation()
-        env = dict(os.environ)
-        env.update(dict(self.request.env))
-        # a job step inherits the batch step's SLURM_* (ntasks=1 ...): drop what would contradict ours
-        for name in ("SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE",
-                     "SLURM_DISTRIBUTION", "SLURM_NNODES", "SLURM_CPUS_PER_TASK"):
-            env.pop(name, None)
-        try:
-            return [ProcessHandle(self.argv(), label="srun", grace=self.request.grace, env=env,
-                                  run_dir=self.request.run_dir,
-                                  instances=tuple(i.index for i in self.request.instances),
-                                  on_kill=self._cancel_step)]
-        except LaunchError:
-            raise
+        return self._launch(self.argv(), drop=STEP_VARS, run_dir=self.request.run_dir, on_kill=self._cancel_step)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import getpass
 import os
 import queue
-import signal
 import socket
 import threading
 
@@ -26,7 +25,6 @@ import paramiko
 
 from podrun import safefs
 from podrun.errors import LaunchError
-from podrun.wire import protocol
 from podrun.launch.transports.base import InstanceHandle, Problem, StreamMerger
 from podrun.launch.transports.ssh_common import (MAX_SSH_CONFIG_BYTES, HeldAgentTransport, HeldProbe, ip_hostname,
                                                  read_ssh_config)
@@ -88,9 +86,6 @@ class SSHHandle(HeldProbe, InstanceHandle):
         self._dead = False
         threading.Thread(target=self._writer, daemon=True).start()
 
-    def go(self) -> None:
-        self._out.put(b"G")
-
     def _write(self, data: bytes) -> None:
         self._out.put(data)
 
@@ -114,34 +109,23 @@ class SSHHandle(HeldProbe, InstanceHandle):
             return 255
         return None
 
-    def heartbeat(self) -> None:
-        self._out.put(b".")
-
-    def request_stacks(self) -> None:
-        self._out.put(b"S")
-
-    def terminate(self, sig: int = signal.SIGTERM) -> None:
-        self._out.put(protocol.stop_token(sig))
-
     def kill(self) -> None:
         """Drop the connection: the agent sees EOF (or, if the link is cut, silence) and ends its workers."""
         self._dead = True
-        self._out.put(None)
-        try:
-            self.chan.close()
-        except Exception:  # noqa: BLE001
-            pass
-        try:
-            self.client.close()
-        except Exception:  # noqa: BLE001
-            pass
+        self.close()
+        _close_quietly(self.client)
 
     def close(self) -> None:
         self._out.put(None)
-        try:
-            self.chan.close()
-        except Exception:  # noqa: BLE001
-            pass
+        _close_quietly(self.chan)
+
+
+def _close_quietly(thing) -> None:
+    """``thing.close()``; a connection that fails to close is closed enough."""
+    try:
+        thing.close()
+    except Exception:  # noqa: BLE001
+        pass
 
 
 class SSHTransport(HeldAgentTransport):
@@ -182,12 +166,10 @@ class SSHTransport(HeldAgentTransport):
         user = c.get("user") or getpass.getuser()
         client = paramiko.SSHClient()
         user_files, global_files = known_hosts_files(c)
-        for f in global_files:
-            if f != "/dev/null" and os.path.isfile(f):
-                client.load_system_host_keys(f)
-        for f in user_files:
-            if f != "/dev/null" and os.path.isfile(f):
-                client.get_host_keys().load(f)
+        for files, load in ((global_files, client.load_system_host_keys), (user_files, client.get_host_keys().load)):
+            for f in files:
+                if f != "/dev/null" and os.path.isfile(f):
+                    load(f)
         strict = str(c.get("stricthostkeychecking", "yes")).lower()
         if not self.opts.host_key_check:
             policy: paramiko.MissingHostKeyPolicy = paramiko.AutoAddPolicy()   # accepted, not saved
@@ -263,8 +245,5 @@ class SSHTransport(HeldAgentTransport):
         with self.lock:
             clients, self.clients = list(self.clients.values()), {}
         for c in clients:
-            try:
-                c.close()
-            except Exception:  # noqa: BLE001
-                pass
+            _close_quietly(c)
 

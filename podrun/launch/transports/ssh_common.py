@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import queue
+import shlex
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import podrun
-from podrun.errors import LaunchError
+from podrun.errors import LaunchError, PreflightError
 from podrun.wire import protocol
 from podrun.launch.request import NO_WORKDIR
 from podrun.launch.transports.base import InstanceHandle, Problem, StreamMerger, Transport, busy_port_problem
@@ -57,6 +58,10 @@ class HeldProbe:
             ev = protocol.parse(item[1], item[0])
             if ev.kind == "probe" and ev.instance in self.instances:
                 return json.loads(ev.text)
+
+    def go(self) -> None:
+        """Let the held agent start its workers."""
+        self._write(b"G")
 
     def early_errors(self) -> str:
         return "\n".join(line for stream, line in self._early if stream == "err")
@@ -118,6 +123,11 @@ def network_problems(request, facts: dict[str, dict]) -> list[Problem]:
     return problems
 
 
+def thread_pool(n: int) -> ThreadPoolExecutor:
+    """Threads for ``n`` hosts' commands, at most MAX_THREADS."""
+    return ThreadPoolExecutor(max_workers=max(1, min(MAX_THREADS, n)))
+
+
 def ip_hostname(hostname: str) -> str | None:
     """``hostname`` when it is an IP address that is not loopback (what MASTER_ADDR can be), else None."""
     import ipaddress
@@ -141,9 +151,6 @@ class HeldAgentTransport(Transport):
         super().__init__(request)
         self._held: list | None = None       # agents the preflight started held, until ``release`` lets them go
 
-    def _pool(self, n: int) -> ThreadPoolExecutor:
-        return ThreadPoolExecutor(max_workers=max(1, min(MAX_THREADS, n)))
-
     def _start_one(self, inst, hold: bool = False):
         raise NotImplementedError
 
@@ -161,10 +168,6 @@ class HeldAgentTransport(Transport):
     def interface_address(self, host: str, ifname: str) -> str:
         """``host``'s address on interface ``ifname``, IPv4 or else global IPv6 (podrun.wire.probe.interface_address;
         one remote Python start); PreflightError when the host cannot be asked or has no such interface."""
-        import shlex
-
-        from podrun.errors import PreflightError
-
         code = (f"from podrun.wire.probe import interface_address as i, interface_addresses as a, "
                 f"interface_addresses6 as b; print(i({ifname!r}) or '', ' '.join(sorted(set(a()) | set(b()))))")
         try:
@@ -181,7 +184,7 @@ class HeldAgentTransport(Transport):
                                  hint="name the interface of the network the hosts share (ip -br addr on the host)")
         return words[0]
 
-    def _exit_problem(self, host: str, rc: int | None, err: str) -> Problem:
+    def _check_exit(self, host: str, rc: int | None, err: str) -> Problem:
         """Why an agent ended before reporting its facts (a subclass first checks for its client's errors)."""
         req = self.request
         if rc == NO_WORKDIR:
@@ -195,9 +198,6 @@ class HeldAgentTransport(Transport):
         tail = (err.strip().splitlines() or ["no output"])[-1]
         return Problem(host, f"the instance agent ended before its preflight report (exit {rc}): {tail}",
                        f"is podrun=={podrun.__version__} installed there?")
-
-    def _check_exit(self, host: str, rc: int | None, err: str) -> Problem:
-        return self._exit_problem(host, rc, err)
 
     def _check_facts(self, host: str, facts: dict) -> list[Problem]:
         from podrun.wire.probe import missing_text, python_version
@@ -237,7 +237,7 @@ class HeldAgentTransport(Transport):
 
     def preflight(self) -> list[Problem]:
         insts = list(self.request.instances)
-        with self._pool(len(insts)) as ex:
+        with thread_pool(len(insts)) as ex:
             results = list(ex.map(self._preflight_instance, insts))
         problems = list(dict.fromkeys(p for _, r, _ in results for p in r))   # once per host, not per instance
         if not problems:
@@ -263,7 +263,7 @@ class HeldAgentTransport(Transport):
             except BaseException as exc:  # noqa: BLE001
                 errors.append(self._problem(insts[k].host, exc))
 
-        with self._pool(len(insts)) as ex:
+        with thread_pool(len(insts)) as ex:
             list(ex.map(one, range(len(insts))))
         if errors:
             for h in handles:
