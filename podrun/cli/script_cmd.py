@@ -9,7 +9,7 @@ import click
 
 from podrun.cli import types as t
 
-from podrun.cli.options import PlanOptions, plan_options, pop_plan_options
+from podrun.cli.options import PlanOptions, plan_options, pop_plan_options, stacked
 from podrun.jobscript.job import SCHEDULER_HELP, SCHEDULERS
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -55,7 +55,7 @@ def parse_env_items(items) -> tuple[tuple[str, str], ...]:
 def job_command(scheduler_help: str, json_help: str, *own):
     """The options and arguments `script` and `submit` share, in --help's order: --scheduler, the plan's, the job's
     (wall time, queue, group, account, modules, env ...), ``own`` (the command's own), --json, RECIPE [-- ARGS]."""
-    decorators = [
+    return stacked(
         click.option("--scheduler", type=click.Choice(SCHEDULERS), help=f"{SCHEDULER_HELP}; {scheduler_help}."),
         plan_options,
         click.option("--time", "time_limit", help="Wall time: HH:MM:SS, D-HH:MM:SS, or 90m / 2h."),
@@ -80,13 +80,7 @@ def job_command(scheduler_help: str, json_help: str, *own):
         click.argument("recipe", required=False),
         click.argument("extra", nargs=-1, type=click.UNPROCESSED, metavar="[-- ARGS...]"),
         click.pass_context,
-    ]
-
-    def apply(f):
-        for deco in reversed(decorators):
-            f = deco(f)
-        return f
-    return apply
+    )
 
 
 def job_of(options: dict, plan: PlanOptions, **given) -> JobOptions:
@@ -94,11 +88,12 @@ def job_of(options: dict, plan: PlanOptions, **given) -> JobOptions:
     --cluster of the job's podrun launch from the plan's (``plan``), and ``given`` over them."""
     from dataclasses import fields
 
-    from podrun.jobscript.build import JobOptions, launch_cluster
+    from podrun.jobscript.build import JobOptions
 
     taken = {f.name: options.pop(f.name) for f in fields(JobOptions) if f.name in options}
+    # the job's podrun launch is given the spec named by --cluster or --pod, else none
     taken.update(python=taken["python"] or sys.executable, env=parse_env_items(taken["env"]),
-                 cluster=launch_cluster(plan.cluster, plan.pod))
+                 cluster=plan.cluster or (f"ipu-pod{plan.pod}" if plan.pod is not None else None))
     return JobOptions(**{**taken, **given})
 
 
