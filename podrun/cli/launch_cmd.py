@@ -12,6 +12,7 @@ from podrun.cli.engine_options import engine_options
 from podrun.cli.network_options import network_options
 from podrun.cli.options import PLAN_OPTION_NAMES, PlanOptions, plan_options, stacked
 from podrun.cli.watch_options import watch_for, watch_options
+from podrun.errors import LaunchError
 from podrun.launch.transports import transport_choices
 
 COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93")
@@ -333,8 +334,6 @@ def _resume(ctx, run: str, runs_dir: str | None, dry_run: bool) -> None:
     try:
         os.chdir(cwd)
     except OSError as exc:
-        from podrun.errors import LaunchError
-
         raise LaunchError(f"cannot enter the run's working directory {cwd}: {exc.strerror or exc}") from None
     obj = dict(ctx.obj) if isinstance(ctx.obj, dict) else {}
     obj["podrun.resume"] = str(run_dir)

@@ -10,6 +10,7 @@ import click
 from podrun.cli import types as t
 
 from podrun.cli.options import PlanOptions, plan_options, pop_plan_options, stacked
+from podrun.errors import PodrunError
 from podrun.jobscript.job import SCHEDULER_HELP, SCHEDULERS
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -41,8 +42,6 @@ def split_recipe(ctx: click.Context, recipe: str | None, extra: tuple[str, ...])
 
 
 def parse_env_items(items) -> tuple[tuple[str, str], ...]:
-    from podrun.errors import PodrunError
-
     env = []
     for item in items:
         name, sep, value = item.partition("=")
@@ -132,8 +131,6 @@ def script(ctx, recipe, extra, out_path, as_json, **options):
     scheduler = options.pop("scheduler")
     if scheduler is None:
         if spec.scheduler not in SCHEDULERS:
-            from podrun.errors import PodrunError
-
             raise PodrunError(f"no --scheduler given and cluster '{spec.name}' names none (scheduler: {spec.scheduler})",
                               hint=f"pass --scheduler {SCHEDULER_HELP}")
         scheduler = spec.scheduler
@@ -169,7 +166,6 @@ def script(ctx, recipe, extra, out_path, as_json, **options):
 def _write(path: str, text: str, private: bool = False) -> None:
     """The job script at ``path``, written whole through podrun.safefs (a new file renamed into place, never through a
     symbolic link nor into another user's file): 0600 from its creation when it holds --env values, else 0755."""
-    from podrun.errors import PodrunError
     from podrun.safefs import write_file
 
     try:

@@ -46,6 +46,7 @@ _UGE_PSEUDO = re.compile(r"\$(JOB_ID|JOB_NAME|HOME|USER|HOSTNAME|TASK_ID)\b")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MODULE = re.compile(r"^[A-Za-z0-9_.+@/:\-]+$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_LOG_PATHS = ("log_dir", "output", "error")
 
 
 class JobScriptError(PodrunError):
@@ -189,15 +190,10 @@ def validate(req: JobRequest) -> JobRequest:
     if req.pe is not None and req.scheduler != "uge":
         raise JobScriptError(f"--pe {req.pe!r} is a Grid Engine parallel environment; {req.scheduler} has none",
                              hint="drop --pe, or write a Grid Engine script with --scheduler uge")
-    for name in ("partition", "queue", "group", "account", "resource", "pe"):
+    for name in ("partition", "queue", "group", "account", "resource", "pe", *_LOG_PATHS):
         v = getattr(req, name)
-        if v is not None:
-            check_directive_value(name, v)
-    pseudo = req.scheduler == "uge"
-    for name in ("log_dir", "output", "error"):
-        v = getattr(req, name)
-        if v is not None:
-            check_directive_value(name, v, uge_pseudo=pseudo)
+        if v is not None:     # Grid Engine expands its pseudo variables in the log paths
+            check_directive_value(name, v, uge_pseudo=req.scheduler == "uge" and name in _LOG_PATHS)
     for d in req.directives:
         _no_control("directive", d)
         words = d.split()
