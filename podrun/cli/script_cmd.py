@@ -22,13 +22,9 @@ class DashDashCommand(click.Command):
 
     def parse_args(self, ctx, args):
         args = list(args)
-        if "--" in args:
-            i = args.index("--")
-            ctx.meta["podrun_dashdash"] = tuple(args[i + 1:])
-            args = args[:i]
-        else:
-            ctx.meta["podrun_dashdash"] = None
-        return super().parse_args(ctx, args)
+        i = args.index("--") if "--" in args else len(args)
+        ctx.meta["podrun_dashdash"] = tuple(args[i + 1:]) if i < len(args) else None
+        return super().parse_args(ctx, args[:i])
 
 
 def split_recipe(ctx: click.Context, recipe: str | None, extra: tuple[str, ...]) -> tuple[str | None, tuple[str, ...]]:

@@ -125,13 +125,12 @@ class JobRequest:
     comments: tuple[str, ...] = ()      # '# ...' lines under the directives (plan summary)
 
     def __post_init__(self):
-        if isinstance(self.env, Mapping):
-            object.__setattr__(self, "env", tuple(self.env.items()))
         for name in ("command", "modules", "directives", "comments"):
             v = getattr(self, name)
             if isinstance(v, (list, str)):
                 object.__setattr__(self, name, tuple([v] if isinstance(v, str) else v))
-        object.__setattr__(self, "env", tuple((str(k), str(v)) for k, v in self.env))
+        env = self.env.items() if isinstance(self.env, Mapping) else self.env
+        object.__setattr__(self, "env", tuple((str(k), str(v)) for k, v in env))
 
     @property
     def time_seconds(self) -> int | None:

@@ -207,6 +207,10 @@ class Uge(_Client):
         return self.gone(job_id)
 
 
+# qstat's state letters (parse_qstat) -> the state: the first row with a letter in the job's wins, else PENDING
+_QSTAT_STATES = (("d", "COMPLETING"), ("rt", "RUNNING"), ("sST", "SUSPENDED"))
+
+
 def parse_qstat(job_id: str, text: str) -> JobState | None:
     """The job's line of Grid Engine's `qstat` table -> JobState; None when the job is not listed.
     State letters: qw/hqw pending, r/t running (t: being sent), d deleting, s/S/T suspended, E error."""
@@ -220,14 +224,7 @@ def parse_qstat(job_id: str, text: str) -> JobState | None:
         if "E" in letters:
             return JobState(job_id, "uge", "PENDING", None, host,
                             f"Grid Engine error state {letters}: see qstat -j {job_id}")
-        if "d" in letters:
-            state = "COMPLETING"
-        elif "r" in letters or "t" in letters:
-            state = "RUNNING"
-        elif any(ch in letters for ch in "sST"):
-            state = "SUSPENDED"
-        else:
-            state = "PENDING"
+        state = next((st for chars, st in _QSTAT_STATES if any(ch in letters for ch in chars)), "PENDING")
         return JobState(job_id, "uge", state, None, host)
     return None
 
