@@ -26,16 +26,12 @@ def hosts(as_json: bool, **kwargs) -> None:
     plan, spec, _, src = resolve_plan_with_source(None, pop_plan_options(kwargs))
     used = list(dict.fromkeys(plan.hosts))
     slots = {e.name: e.slots for e in src.hosts}
-    sched_slots: dict[str, int | None] = {}
+    rows = [{"name": name, "slots": slots.get(name)} for name in used]
     found = src.discovered
     if found is not None and found.scheduler_slots:
         sched_slots = dict(zip(found.names, found.scheduler_slots))
-    rows = []
-    for name in used:
-        row = {"name": name, "slots": slots.get(name)}
-        if sched_slots:
-            row["scheduler_slots"] = sched_slots.get(name)
-        rows.append(row)
+        for row in rows:
+            row["scheduler_slots"] = sched_slots.get(row["name"])
     if as_json:
         from podrun.cli.render import print_json
 

@@ -10,8 +10,9 @@ from podrun.cli import types as t
 
 from podrun.cli.engine_options import engine_options
 from podrun.cli.network_options import network_options
-from podrun.cli.options import PLAN_OPTION_NAMES, PlanOptions, plan_options
+from podrun.cli.options import PLAN_OPTION_NAMES, PlanOptions, plan_options, stacked
 from podrun.cli.watch_options import watch_for, watch_options
+from podrun.errors import LaunchError
 from podrun.launch.transports import transport_choices
 
 COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93")
@@ -34,11 +35,10 @@ def section(title: str, *decorators):
     """Apply click option decorators (single options, or blocks such as plan_options) and title every option
     they add with ``title``."""
     def apply(f):
-        for deco in reversed(decorators):
-            before = len(getattr(f, "__click_params__", ()))
-            f = deco(f)
-            for param in f.__click_params__[before:]:
-                setattr(param, SECTION_ATTR, title)
+        before = len(getattr(f, "__click_params__", ()))
+        f = stacked(*decorators)(f)
+        for param in f.__click_params__[before:]:
+            setattr(param, SECTION_ATTR, title)
         return f
     return apply
 
@@ -82,70 +82,62 @@ class LaunchCommand(click.Command):
 def _tr(*names, **kw):
     """One of torchrun's options, spelled as torchrun spells it (both - and _); its parameter is torchrun's dest."""
     dest = names[-1].lstrip("-").replace("-", "_")
-    spellings = [n for n in names]
-    for n in names:
-        if n.startswith("--") and "-" in n[2:]:
-            spellings.append("--" + n[2:].replace("-", "_"))
-    return click.option(*dict.fromkeys(spellings), dest, **kw)
+    underscored = ["--" + n[2:].replace("-", "_") for n in names if n.startswith("--") and "-" in n[2:]]
+    return click.option(*dict.fromkeys([*names, *underscored]), dest, **kw)
 
 
-def torchrun_options(f):
-    """torchrun 2.x's options, spelled as torchrun spells them, each mapped or refused by
-    podrun.launch.torchrun_map (the table in docs/launch.md); each is read from PET_<NAME> when not given."""
-
-    refused = "refused, saying what to use"
-    opts = [
-        _tr("--nproc-per-node", metavar="N|auto|cpu|gpu",
-            help="Workers per host (podrun's --devices-per-host). Left out: the plan's, here one worker per core "
-                 "(torchrun: 1)."),
-        _tr("--nnodes", metavar="N|MIN:MAX", help="Hosts (--nodes N); MIN:MAX: --nodes MAX --elastic MIN."),
-        _tr("--standalone", is_flag=True,
-            help="One host, a free rendezvous port (--nodes 1 --master-port 0)."),
-        _tr("--rdzv-backend", metavar="c10d|static", help="c10d or static: the same here, podrun's rendezvous (a "
-            "TCP store on instance 0's agent); others are refused."),
-        _tr("--rdzv-endpoint", metavar="HOST[:PORT]",
-            help="--master-addr HOST --master-port PORT (default port 29400)."),
-        _tr("--rdzv-id", metavar="ID", help="Every worker's TORCHELASTIC_RUN_ID; the run directory is ID-TIMESTAMP "
-            "(as torchrun's log dir)."),
-        _tr("--rdzv-conf", metavar="K=V,...", help="keep_alive_interval (--heartbeat), keep_alive_max_attempt "
-            "(--heartbeat-misses); the timeouts are taken; is_host and rank are refused."),
-        _tr("--max-restarts", type=t.RESTARTS, default=None,
-            help="Restart the whole run after a failure (default 0; with --elastic one per host it can lose)."),
-        _tr("--monitor-interval", metavar="SECONDS", help="Taken: podrun's agent notices a worker's end within a few hundredths of a second."),
-        _tr("--start-method", metavar="spawn|fork|forkserver",
-            help="Taken: workers are new processes, as torchrun's for a script (--warm forks restarts)."),
-        _tr("--event-log-handler", metavar="null", help="null only (the run directory records the events)."),
-        _tr("--role", metavar="NAME", help="Every worker's ROLE_NAME (default: default)."),
-        _tr("-m", "--module", is_flag=True,
-            help="Run the target as a Python module (--python -m MODULE ARGS)."),
-        _tr("--no-python", is_flag=True,
-            help="Run the target as a command, not with --python."),
-        _tr("--run-path", is_flag=True, help="Run the target as a Python file (--python PATH ARGS)."),
-        _tr("--log-dir", metavar="DIR", help="--runs-dir DIR."),
-        _tr("-r", "--redirects", metavar="0", help="0 only (podrun always shows output and logs it in the run "
-            "directory)."),
-        _tr("-t", "--tee", metavar="0-3", help="Taken: podrun always writes both streams to the console and the run "
-            "directory."),
-        _tr("--local-ranks-filter", metavar="R,...", help="Show only these local ranks' output on the console (the "
-            "run directory keeps all)."),
-        _tr("--duplicate-stdout-filters", metavar="F,...", help="Refused unless empty (grep instance-N.log)."),
-        _tr("--duplicate-stderr-filters", metavar="F,...", help="Refused unless empty (grep instance-N.log)."),
-        _tr("--node-rank", metavar="N", help=f"{refused.capitalize()}: podrun places every host's instance itself."),
-        _tr("--master-addr", help="Rendezvous address (default: the host of instance 0)."),
-        _tr("--master-port", type=t.PORT, default=None,
-            help="Rendezvous port, every worker's MASTER_PORT. 0: podrun picks a free port (the default on this "
-                 "machine, like torchrun --standalone); with hosts elsewhere the default is 29500."),
-        _tr("--local-addr", metavar="ADDR", help=f"{refused.capitalize()} (--master-addr, --data-interface)."),
-        _tr("--logs-specs", metavar="NAME", help=f"{refused.capitalize()} (--runs-dir)."),
-        _tr("--numa-binding", metavar="MODE", help=f"{refused.capitalize()}."),
-        _tr("--signals-to-handle", metavar="SIG,...", help="Taken when within the signals podrun's agent forwards "
-            "(SIGTERM,SIGINT,SIGHUP)."),
-        _tr("--shutdown-timeout", metavar="SECONDS", help="--grace SECONDS."),
-        _tr("--virtual-local-rank", is_flag=True, help=f"{refused.capitalize()}."),
-    ]
-    for opt in reversed(opts):
-        f = opt(f)
-    return f
+REFUSED = "Refused, saying what to use"
+# torchrun 2.x's options, spelled as torchrun spells them, each mapped or refused by podrun.launch.torchrun_map (the
+# table in docs/launch.md); each is read from PET_<NAME> when not given
+torchrun_options = stacked(
+    _tr("--nproc-per-node", metavar="N|auto|cpu|gpu",
+        help="Workers per host (podrun's --devices-per-host). Left out: the plan's, here one worker per core "
+             "(torchrun: 1)."),
+    _tr("--nnodes", metavar="N|MIN:MAX", help="Hosts (--nodes N); MIN:MAX: --nodes MAX --elastic MIN."),
+    _tr("--standalone", is_flag=True,
+        help="One host, a free rendezvous port (--nodes 1 --master-port 0)."),
+    _tr("--rdzv-backend", metavar="c10d|static", help="c10d or static: the same here, podrun's rendezvous (a "
+        "TCP store on instance 0's agent); others are refused."),
+    _tr("--rdzv-endpoint", metavar="HOST[:PORT]",
+        help="--master-addr HOST --master-port PORT (default port 29400)."),
+    _tr("--rdzv-id", metavar="ID", help="Every worker's TORCHELASTIC_RUN_ID; the run directory is ID-TIMESTAMP "
+        "(as torchrun's log dir)."),
+    _tr("--rdzv-conf", metavar="K=V,...", help="keep_alive_interval (--heartbeat), keep_alive_max_attempt "
+        "(--heartbeat-misses); the timeouts are taken; is_host and rank are refused."),
+    _tr("--max-restarts", type=t.RESTARTS, default=None,
+        help="Restart the whole run after a failure (default 0; with --elastic one per host it can lose)."),
+    _tr("--monitor-interval", metavar="SECONDS", help="Taken: podrun's agent notices a worker's end within a few hundredths of a second."),
+    _tr("--start-method", metavar="spawn|fork|forkserver",
+        help="Taken: workers are new processes, as torchrun's for a script (--warm forks restarts)."),
+    _tr("--event-log-handler", metavar="null", help="null only (the run directory records the events)."),
+    _tr("--role", metavar="NAME", help="Every worker's ROLE_NAME (default: default)."),
+    _tr("-m", "--module", is_flag=True,
+        help="Run the target as a Python module (--python -m MODULE ARGS)."),
+    _tr("--no-python", is_flag=True,
+        help="Run the target as a command, not with --python."),
+    _tr("--run-path", is_flag=True, help="Run the target as a Python file (--python PATH ARGS)."),
+    _tr("--log-dir", metavar="DIR", help="--runs-dir DIR."),
+    _tr("-r", "--redirects", metavar="0", help="0 only (podrun always shows output and logs it in the run "
+        "directory)."),
+    _tr("-t", "--tee", metavar="0-3", help="Taken: podrun always writes both streams to the console and the run "
+        "directory."),
+    _tr("--local-ranks-filter", metavar="R,...", help="Show only these local ranks' output on the console (the "
+        "run directory keeps all)."),
+    _tr("--duplicate-stdout-filters", metavar="F,...", help="Refused unless empty (grep instance-N.log)."),
+    _tr("--duplicate-stderr-filters", metavar="F,...", help="Refused unless empty (grep instance-N.log)."),
+    _tr("--node-rank", metavar="N", help=f"{REFUSED}: podrun places every host's instance itself."),
+    _tr("--master-addr", help="Rendezvous address (default: the host of instance 0)."),
+    _tr("--master-port", type=t.PORT, default=None,
+        help="Rendezvous port, every worker's MASTER_PORT. 0: podrun picks a free port (the default on this "
+             "machine, like torchrun --standalone); with hosts elsewhere the default is 29500."),
+    _tr("--local-addr", metavar="ADDR", help=f"{REFUSED} (--master-addr, --data-interface)."),
+    _tr("--logs-specs", metavar="NAME", help=f"{REFUSED} (--runs-dir)."),
+    _tr("--numa-binding", metavar="MODE", help=f"{REFUSED}."),
+    _tr("--signals-to-handle", metavar="SIG,...", help="Taken when within the signals podrun's agent forwards "
+        "(SIGTERM,SIGINT,SIGHUP)."),
+    _tr("--shutdown-timeout", metavar="SECONDS", help="--grace SECONDS."),
+    _tr("--virtual-local-rank", is_flag=True, help=f"{REFUSED}."),
+)
 
 
 @click.command(cls=LaunchCommand, context_settings={
@@ -342,8 +334,6 @@ def _resume(ctx, run: str, runs_dir: str | None, dry_run: bool) -> None:
     try:
         os.chdir(cwd)
     except OSError as exc:
-        from podrun.errors import LaunchError
-
         raise LaunchError(f"cannot enter the run's working directory {cwd}: {exc.strerror or exc}") from None
     obj = dict(ctx.obj) if isinstance(ctx.obj, dict) else {}
     obj["podrun.resume"] = str(run_dir)
@@ -439,19 +429,17 @@ def _print_root_cause(summary: dict, request) -> None:
     def say(text: str) -> None:
         print(shown(text), file=sys.stderr)
 
-    if summary["status"] == "ok":
-        say(f"podrun: run {request.run_id} finished: exit 0; logs in {request.run_dir}{unwritten}; "
-            f"{pointers(request.run_dir)}")
-        return
-    if summary["status"] == "interrupted":
-        say(f"podrun: run {request.run_id} interrupted (exit {code}); every instance ended; "
-            f"logs in {request.run_dir}{unwritten}; {pointers(request.run_dir)}")
+    def who(d: dict) -> str:
+        rank = d.get("local_rank")
+        return f"instance {d['instance']} on {d['host']}" + (f", local rank {rank}" if rank is not None else "")
+
+    if summary["status"] in ("ok", "interrupted"):
+        ended = "finished: exit 0" if summary["status"] == "ok" else \
+            f"interrupted (exit {code}); every instance ended"
+        say(f"podrun: run {request.run_id} {ended}; logs in {request.run_dir}{unwritten}; {pointers(request.run_dir)}")
         return
     if rc:
-        where = f"instance {rc['instance']} on {rc['host']}"
-        if rc.get("local_rank") is not None:
-            where += f", local rank {rc['local_rank']}"
-        say(f"podrun: run {request.run_id} failed (exit {code}). root cause: {where}: {rc['reason']}")
+        say(f"podrun: run {request.run_id} failed (exit {code}). root cause: {who(rc)}: {rc['reason']}")
         error = rc.get("error")
         if error:
             say(f"  error (recorded by @record in {error.get('file')}): {error.get('message')}")
@@ -466,10 +454,7 @@ def _print_root_cause(summary: dict, request) -> None:
         if rc.get("others"):
             say("  what the other workers said last:")
             for o in rc["others"]:
-                who = f"instance {o['instance']} on {o['host']}"
-                if o.get("local_rank") is not None:
-                    who += f", local rank {o['local_rank']}"
-                say(f"    {who}:")
+                say(f"    {who(o)}:")
                 for line in o["last_lines"]:
                     say(f"      {line}")
     else:

@@ -76,9 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     except click.ClickException as exc:
         exc.show()
         return 2
-    except click.exceptions.Abort:
-        return 130
-    except KeyboardInterrupt:
+    except (click.exceptions.Abort, KeyboardInterrupt):
         return 130
     except SystemExit as exc:  # commands may sys.exit(code) after a launch
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import click
 
+from podrun.cli.options import stacked
 from podrun.launch.transports import SSH_CLIENTS
 from podrun.specs.cluster import IFNAME_RE
 
@@ -19,20 +20,16 @@ class InterfaceName(click.ParamType):
         return str(value)
 
 
-def network_options(f):
-    """click options for `podrun launch`: the ssh client and the workers' network."""
-    opts = [
-        click.option("--ssh-client", type=click.Choice(SSH_CLIENTS), default="auto", show_default=True,
-                     help="Which ssh client the ssh transport runs: openssh (the system's ssh, so every "
-                          "ssh_config directive works: ProxyJump, certificates, ssh-agent, Match), paramiko "
-                          "(no ProxyJump/ProxyCommand), auto (openssh when ssh is on PATH)."),
-        click.option("--data-interface", type=InterfaceName(), default=None,
-                     help="The interface of the network the hosts share for collectives (e.g. ib0, eth1): every "
-                          "worker gets GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME, and over ssh MASTER_ADDR is the "
-                          "master host's address on it; preflight checks every host reaches it. Default: the "
-                          "cluster spec's data_interface."),
-    ]
-    for opt in reversed(opts):
-        f = opt(f)
-    return f
+# `podrun launch`'s options for the ssh client and the workers' network
+network_options = stacked(
+    click.option("--ssh-client", type=click.Choice(SSH_CLIENTS), default="auto", show_default=True,
+                 help="Which ssh client the ssh transport runs: openssh (the system's ssh, so every "
+                      "ssh_config directive works: ProxyJump, certificates, ssh-agent, Match), paramiko "
+                      "(no ProxyJump/ProxyCommand), auto (openssh when ssh is on PATH)."),
+    click.option("--data-interface", type=InterfaceName(), default=None,
+                 help="The interface of the network the hosts share for collectives (e.g. ib0, eth1): every "
+                      "worker gets GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME, and over ssh MASTER_ADDR is the "
+                      "master host's address on it; preflight checks every host reaches it. Default: the "
+                      "cluster spec's data_interface."),
+)
 

@@ -7,36 +7,33 @@ from podrun.cli import types as t
 from podrun.plan.inputs import POD_SIZES, PlanOptions, resolve_plan_inputs  # noqa: F401 - the commands' one entry
 
 
-BATCH_OPTION_NAMES = ("global_batch", "local_batch", "grad_accum")
+def stacked(*decorators):
+    """One decorator that applies ``decorators`` as if each were written above the function, in this order."""
+    def apply(f):
+        for deco in reversed(decorators):
+            f = deco(f)
+        return f
+    return apply
 
 
-def host_options(f):
-    """The plan options that choose the hosts and their devices (no batch): what `podrun hosts` takes."""
-    return plan_options(f, batch=False)
-
-
-def plan_options(f, *, batch: bool = True):
-    """The options that shape a plan; every command that builds one takes them (``batch=False``: not the batch)."""
-    opts = [
-        ("pod", click.option("--pod", type=t.POD_SIZE, help="Shorthand for --cluster ipu-podN (16, 64, 128, 256).")),
-        ("cluster", click.option("--cluster", "cluster", help="Cluster spec: a name in cluster_specs/ or a YAML path (default: local, or the scheduler's allocation).")),
-        ("nodes", click.option("--nodes", type=t.NODES, help="Use the first N hosts of the cluster.")),
-        ("global_batch", click.option("--global-batch", type=t.BATCH, help="Samples per weight update (default: the recipe's reference).")),
-        ("local_batch", click.option("--local-batch", type=t.BATCH, help="Samples per replica per micro step.")),
-        ("grad_accum", click.option("--grad-accum", type=t.GRAD_ACCUM, help="Micro batches accumulated per weight update (GA).")),
-        ("instances_per_host", click.option("--instances-per-host", type=t.PER_HOST, help="Instances per host (default: the cluster spec's, 1).")),
-        ("devices_per_host", click.option("--devices-per-host", type=t.PER_HOST, help="Devices per host (default: the cluster spec's).")),
-        ("hosts_opt", click.option("--hosts", "hosts_opt", help="Comma-separated hosts (h1,h2 or h1:4,h2:4) instead of the cluster's.")),
-        ("hostfile", click.option("--hostfile", type=click.Path(dir_okay=False), help="Hostfile (Open MPI 'host slots=N' or one host per line).")),
-    ]
-    for name, opt in reversed(opts):
-        if batch or name not in BATCH_OPTION_NAMES:
-            f = opt(f)
-    return f
-
-
-PLAN_OPTION_NAMES = ("pod", "cluster", "nodes", "global_batch", "local_batch", "grad_accum",
-                     "instances_per_host", "devices_per_host", "hosts_opt", "hostfile")
+# the options that shape a plan, by parameter name; every command that builds one takes them
+_PLAN_OPTIONS = (
+    ("pod", click.option("--pod", type=t.POD_SIZE, help="Shorthand for --cluster ipu-podN (16, 64, 128, 256).")),
+    ("cluster", click.option("--cluster", "cluster", help="Cluster spec: a name in cluster_specs/ or a YAML path (default: local, or the scheduler's allocation).")),
+    ("nodes", click.option("--nodes", type=t.NODES, help="Use the first N hosts of the cluster.")),
+    ("global_batch", click.option("--global-batch", type=t.BATCH, help="Samples per weight update (default: the recipe's reference).")),
+    ("local_batch", click.option("--local-batch", type=t.BATCH, help="Samples per replica per micro step.")),
+    ("grad_accum", click.option("--grad-accum", type=t.GRAD_ACCUM, help="Micro batches accumulated per weight update (GA).")),
+    ("instances_per_host", click.option("--instances-per-host", type=t.PER_HOST, help="Instances per host (default: the cluster spec's, 1).")),
+    ("devices_per_host", click.option("--devices-per-host", type=t.PER_HOST, help="Devices per host (default: the cluster spec's).")),
+    ("hosts_opt", click.option("--hosts", "hosts_opt", help="Comma-separated hosts (h1,h2 or h1:4,h2:4) instead of the cluster's.")),
+    ("hostfile", click.option("--hostfile", type=click.Path(dir_okay=False), help="Hostfile (Open MPI 'host slots=N' or one host per line).")),
+)
+PLAN_OPTION_NAMES = tuple(name for name, _ in _PLAN_OPTIONS)
+plan_options = stacked(*(opt for _, opt in _PLAN_OPTIONS))
+# the plan options that choose the hosts and their devices (no batch): what `podrun hosts` takes
+host_options = stacked(*(opt for name, opt in _PLAN_OPTIONS
+                          if name not in ("global_batch", "local_batch", "grad_accum")))
 
 
 def pop_plan_options(kwargs: dict) -> PlanOptions:

@@ -26,15 +26,8 @@ def plan(recipe: str, elastic: str | None, as_json: bool, calibration: str | Non
     from podrun.cli.render import print_json, render_elastic, render_plan
 
     options = pop_plan_options(kwargs)
-    if calibration is not None:
-        if elastic is not None:
-            raise click.UsageError("--calibration applies to one plan; leave out --elastic")
-        p, src = calibrated_plan(recipe, options, calibration, max_age)
-        if as_json:
-            print_json({**p.to_dict(), "host_source": src.source})
-        else:
-            render_plan(p, src.source)
-        return
+    if calibration is not None and elastic is not None:
+        raise click.UsageError("--calibration applies to one plan; leave out --elastic")
     if elastic is not None:
         from podrun.elastic.table import elastic_table, parse_range
 
@@ -47,10 +40,11 @@ def plan(recipe: str, elastic: str | None, as_json: bool, calibration: str | Non
             return
         render_elastic(table, rspec.name if rspec else "", cluster.name, src.source)
         return
-    p, cluster, rspec, src = resolve_plan_with_source(recipe, options)
+    if calibration is not None:
+        p, src = calibrated_plan(recipe, options, calibration, max_age)
+    else:
+        p, _, _, src = resolve_plan_with_source(recipe, options)
     if as_json:
-        d = p.to_dict()
-        d["host_source"] = src.source
-        print_json(d)
-        return
-    render_plan(p, src.source)
+        print_json({**p.to_dict(), "host_source": src.source})
+    else:
+        render_plan(p, src.source)

@@ -9,7 +9,8 @@ import click
 
 from podrun.cli import types as t
 
-from podrun.cli.options import PlanOptions, plan_options, pop_plan_options
+from podrun.cli.options import PlanOptions, plan_options, pop_plan_options, stacked
+from podrun.errors import PodrunError
 from podrun.jobscript.job import SCHEDULER_HELP, SCHEDULERS
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -21,13 +22,9 @@ class DashDashCommand(click.Command):
 
     def parse_args(self, ctx, args):
         args = list(args)
-        if "--" in args:
-            i = args.index("--")
-            ctx.meta["podrun_dashdash"] = tuple(args[i + 1:])
-            args = args[:i]
-        else:
-            ctx.meta["podrun_dashdash"] = None
-        return super().parse_args(ctx, args)
+        i = args.index("--") if "--" in args else len(args)
+        ctx.meta["podrun_dashdash"] = tuple(args[i + 1:]) if i < len(args) else None
+        return super().parse_args(ctx, args[:i])
 
 
 def split_recipe(ctx: click.Context, recipe: str | None, extra: tuple[str, ...]) -> tuple[str | None, tuple[str, ...]]:
@@ -41,8 +38,6 @@ def split_recipe(ctx: click.Context, recipe: str | None, extra: tuple[str, ...])
 
 
 def parse_env_items(items) -> tuple[tuple[str, str], ...]:
-    from podrun.errors import PodrunError
-
     env = []
     for item in items:
         name, sep, value = item.partition("=")
@@ -55,7 +50,7 @@ def parse_env_items(items) -> tuple[tuple[str, str], ...]:
 def job_command(scheduler_help: str, json_help: str, *own):
     """The options and arguments `script` and `submit` share, in --help's order: --scheduler, the plan's, the job's
     (wall time, queue, group, account, modules, env ...), ``own`` (the command's own), --json, RECIPE [-- ARGS]."""
-    decorators = [
+    return stacked(
         click.option("--scheduler", type=click.Choice(SCHEDULERS), help=f"{SCHEDULER_HELP}; {scheduler_help}."),
         plan_options,
         click.option("--time", "time_limit", help="Wall time: HH:MM:SS, D-HH:MM:SS, or 90m / 2h."),
@@ -80,13 +75,7 @@ def job_command(scheduler_help: str, json_help: str, *own):
         click.argument("recipe", required=False),
         click.argument("extra", nargs=-1, type=click.UNPROCESSED, metavar="[-- ARGS...]"),
         click.pass_context,
-    ]
-
-    def apply(f):
-        for deco in reversed(decorators):
-            f = deco(f)
-        return f
-    return apply
+    )
 
 
 def job_of(options: dict, plan: PlanOptions, **given) -> JobOptions:
@@ -94,11 +83,12 @@ def job_of(options: dict, plan: PlanOptions, **given) -> JobOptions:
     --cluster of the job's podrun launch from the plan's (``plan``), and ``given`` over them."""
     from dataclasses import fields
 
-    from podrun.jobscript.build import JobOptions, launch_cluster
+    from podrun.jobscript.build import JobOptions
 
     taken = {f.name: options.pop(f.name) for f in fields(JobOptions) if f.name in options}
+    # the job's podrun launch is given the spec named by --cluster or --pod, else none
     taken.update(python=taken["python"] or sys.executable, env=parse_env_items(taken["env"]),
-                 cluster=launch_cluster(plan.cluster, plan.pod))
+                 cluster=plan.cluster or (f"ipu-pod{plan.pod}" if plan.pod is not None else None))
     return JobOptions(**{**taken, **given})
 
 
@@ -137,8 +127,6 @@ def script(ctx, recipe, extra, out_path, as_json, **options):
     scheduler = options.pop("scheduler")
     if scheduler is None:
         if spec.scheduler not in SCHEDULERS:
-            from podrun.errors import PodrunError
-
             raise PodrunError(f"no --scheduler given and cluster '{spec.name}' names none (scheduler: {spec.scheduler})",
                               hint=f"pass --scheduler {SCHEDULER_HELP}")
         scheduler = spec.scheduler
@@ -174,7 +162,6 @@ def script(ctx, recipe, extra, out_path, as_json, **options):
 def _write(path: str, text: str, private: bool = False) -> None:
     """The job script at ``path``, written whole through podrun.safefs (a new file renamed into place, never through a
     symbolic link nor into another user's file): 0600 from its creation when it holds --env values, else 0755."""
-    from podrun.errors import PodrunError
     from podrun.safefs import write_file
 
     try:

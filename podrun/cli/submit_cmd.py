@@ -16,19 +16,17 @@ from podrun.errors import PodrunError
 from podrun.jobscript.job import SCHEDULER_HELP, SCHEDULERS
 
 
-def _scheduler_option(f):
-    return click.option("--scheduler", type=click.Choice(SCHEDULERS),
-                        help=f"{SCHEDULER_HELP} (default: the one whose client is on PATH).")(f)
+_scheduler_option = click.option("--scheduler", type=click.Choice(SCHEDULERS),
+                                 help=f"{SCHEDULER_HELP} (default: the one whose client is on PATH).")
 
 
 def _pick_scheduler(scheduler: str | None) -> str:
     from podrun.jobscript.submit import detect_scheduler
 
+    scheduler = scheduler or detect_scheduler()
     if scheduler is None:
-        scheduler = detect_scheduler()
-        if scheduler is None:
-            raise PodrunError("no --scheduler given and no scheduler client (sbatch, qsub) on PATH",
-                              hint=f"pass --scheduler {SCHEDULER_HELP}, on a login node of the cluster")
+        raise PodrunError("no --scheduler given and no scheduler client (sbatch, qsub) on PATH",
+                          hint=f"pass --scheduler {SCHEDULER_HELP}, on a login node of the cluster")
     return scheduler
 
 
@@ -77,20 +75,18 @@ def submit(ctx, recipe, extra, runs_dir, wait, poll, dry_run, as_json, **options
     except KeyboardInterrupt:
         cl.cancel(rec.job_id)
         raise
-    if as_json:
-        from podrun.cli.render import print_json
-        print_json({**rec.to_dict(), "state": st.state, "exit_code": st.exit_code})
-    else:
-        click.echo(f"job {rec.job_id} {st.state} exit code {st.exit_code}", err=True)
+    _emit({**rec.to_dict(), "state": st.state, "exit_code": st.exit_code}, as_json,
+          f"job {rec.job_id} {st.state} exit code {st.exit_code}", err=True)
     sys.exit(exit_code_of(st))   # main.py turns SystemExit into the exit code (a click Exit would read as 0)
 
 
-def _emit(obj: dict, as_json: bool, text: str) -> None:
+def _emit(obj: dict, as_json: bool, text: str, err: bool = False) -> None:
+    """``obj`` as JSON (--json), else ``text`` (on stderr with ``err``)."""
     if as_json:
         from podrun.cli.render import print_json
         print_json(obj)
     else:
-        click.echo(text)
+        click.echo(text, err=err)
 
 
 def _resolve(target: str, scheduler: str | None):
@@ -118,18 +114,12 @@ def status(scheduler, as_json, target):
                 out["summary"] = json.loads(summary.read_text())
             except ValueError:
                 pass
-    if as_json:
-        from podrun.cli.render import print_json
-        print_json(out)
-        return
     line = f"job {job_id} ({cl.name}): {st.state}"
     if st.exit_code is not None:
         line += f", exit code {st.exit_code}"
     if st.nodes:
         line += f", nodes {st.nodes}"
-    if st.reason:
-        line += f" ({st.reason})"
-    click.echo(line)
+    _emit(out, as_json, line + (f" ({st.reason})" if st.reason else ""))
 
 
 @click.command()
@@ -151,8 +141,4 @@ def cancel(scheduler, no_wait, timeout, as_json, target):
         # gone from the queue is ended: a deleted job may never get a final record (a pending one)
         st = cl.state(job_id) if no_wait else wait_job(cl, job_id, poll=0.5, timeout=timeout, gone_grace=0)
     out = {"job_id": job_id, "scheduler": cl.name, "was": before.state, **st.to_dict()}
-    if as_json:
-        from podrun.cli.render import print_json
-        print_json(out)
-    else:
-        click.echo(f"job {job_id} ({cl.name}): {before.state} -> {st.state}")
+    _emit(out, as_json, f"job {job_id} ({cl.name}): {before.state} -> {st.state}")

@@ -87,33 +87,25 @@ def _short(value) -> str:
     return r if len(r) <= 40 else r[:37] + "..."
 
 
-def positive_int(why: str, maximum: int) -> BoundedInt:
-    return BoundedInt(1, maximum, why)
-
-
-def non_negative_int(why: str, maximum: int) -> BoundedInt:
-    return BoundedInt(0, maximum, why)
-
-
 # --- the option types podrun's commands share -------------------------------------------------
 
 PORT = BoundedInt(0, 65535, "a TCP port is 1..65535; 0 means podrun picks a free port")
 POD_SIZE = BoundedInt(1, 256, "IPU-PODs come in 16, 64, 128 and 256 IPUs")
-NODES = positive_int(f"a plan needs at least one host, and at most {MAX_HOSTS}", MAX_HOSTS)
-BATCH = positive_int(f"a batch holds at least one sample; more than {MAX_BATCH} (2**24) is a typo", MAX_BATCH)
-GRAD_ACCUM = positive_int(f"GA counts micro batches per weight update, at least 1, at most {MAX_BATCH}", MAX_BATCH)
-PER_HOST = positive_int(f"a host runs at least one, and at most {MAX_PER_HOST}", MAX_PER_HOST)
-INSTANCE_INDEX = non_negative_int("instances are numbered from 0", MAX_HOSTS * MAX_PER_HOST)
-RESTARTS = non_negative_int(f"0 means no restart; at most {MAX_RESTARTS}", MAX_RESTARTS)
-CONCURRENCY = positive_int(f"at least one handshake must be in flight; at most {MAX_HOSTS}", MAX_HOSTS)
-CPUS = positive_int("a node has at least one CPU", 1 << 20)
+NODES = BoundedInt(1, MAX_HOSTS, f"a plan needs at least one host, and at most {MAX_HOSTS}")
+BATCH = BoundedInt(1, MAX_BATCH, f"a batch holds at least one sample; more than {MAX_BATCH} (2**24) is a typo")
+GRAD_ACCUM = BoundedInt(1, MAX_BATCH, f"GA counts micro batches per weight update, at least 1, at most {MAX_BATCH}")
+PER_HOST = BoundedInt(1, MAX_PER_HOST, f"a host runs at least one, and at most {MAX_PER_HOST}")
+INSTANCE_INDEX = BoundedInt(0, MAX_HOSTS * MAX_PER_HOST, "instances are numbered from 0")
+RESTARTS = BoundedInt(0, MAX_RESTARTS, f"0 means no restart; at most {MAX_RESTARTS}")
+CONCURRENCY = BoundedInt(1, MAX_HOSTS, f"at least one handshake must be in flight; at most {MAX_HOSTS}")
+CPUS = BoundedInt(1, 1 << 20, "a node has at least one CPU")
 GRACE = Seconds("seconds between SIGTERM and SIGKILL; 0 kills at once")
 KEEPALIVE = Seconds("seconds without a heartbeat before a host counts as lost", positive=True)
 HEARTBEAT = Seconds("seconds between two heartbeats, both ways", positive=True)
-MISSES = positive_int("heartbeats missed in a row before a host counts as lost; at least 1", 10 ** 6)
+MISSES = BoundedInt(1, 10 ** 6, "heartbeats missed in a row before a host counts as lost; at least 1")
 POLL = Seconds("seconds between scheduler queries; 0 would query without pause", positive=True)
 TIMEOUT = Seconds("seconds to wait; 0 does not wait")
-NUM_ILDS = positive_int("an IPU-POD has at least one IPU-Link domain", 1024)
+NUM_ILDS = BoundedInt(1, 1024, "an IPU-POD has at least one IPU-Link domain")
 STRAGGLER = Seconds("seconds the other workers may run on after one exited 0", positive=True)
 DEVICE_MEMORY_GB = BoundedFloat(0, 1e6, "GB of one device's memory", above=True)
 AGE_DAYS = BoundedFloat(0, 1e5, "days")

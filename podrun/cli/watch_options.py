@@ -1,7 +1,6 @@
 """`podrun launch`'s watch options (--hang-timeout, --on-hang) and the console's progress view they come with."""
 from __future__ import annotations
 
-import functools
 import math
 import os
 import sys
@@ -9,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from podrun.cli.options import stacked
 from podrun.launch.hangs import AUTO_FLOOR_S, AUTO_NO_STEPS_S, AUTO_STEPS, HANG_EXIT
 from podrun.specs.limits import MAX_SECONDS, MIN_HANG_S
 
@@ -22,12 +22,8 @@ HANG_TIMEOUT_HELP = (f"Seconds without progress from any rank (a runtime report,
                      f"Not given: the recipe's hang_timeout, else the cluster spec's, else auto.")
 
 
-HANG_MIN_S = MIN_HANG_S         # as the cluster spec's and the recipe's hang_timeout
-HANG_MAX_S = MAX_SECONDS        # a week
-
-
 class HangTimeout(click.ParamType):
-    """auto, off, or seconds in HANG_MIN_S..HANG_MAX_S written in ASCII digits (the words as given)."""
+    """auto, off, or seconds in MIN_HANG_S..MAX_SECONDS (as a spec's hang_timeout) in ASCII digits (words as given)."""
 
     name = "seconds|auto|off"
 
@@ -39,23 +35,19 @@ class HangTimeout(click.ParamType):
         x = ascii_number(value)
         if x is None:
             self.fail(f"{str(value)[:40]!r} is not a number of seconds, auto or off", param, ctx)
-        if not math.isfinite(x) or not HANG_MIN_S <= x <= HANG_MAX_S:
-            self.fail(f"{str(value)[:40]!r}: give seconds from {HANG_MIN_S:g} to {HANG_MAX_S:g} (a week), auto or off",
+        if not math.isfinite(x) or not MIN_HANG_S <= x <= MAX_SECONDS:
+            self.fail(f"{str(value)[:40]!r}: give seconds from {MIN_HANG_S:g} to {MAX_SECONDS:g} (a week), auto or off",
                       param, ctx)
         return x
 
 
-def watch_options(f):
-    """The decorator block that adds the watch options to `podrun launch`."""
-    @click.option("--hang-timeout", type=HangTimeout(), default=None, metavar="SECONDS|auto|off",
-                  help=HANG_TIMEOUT_HELP)
-    @click.option("--on-hang", type=click.Choice(["end", "dump"]), default="end", show_default=True,
-                  help=f"On a hang: end (show every rank's stack, then end the run, exit {HANG_EXIT}) or dump (show "
-                       "them and let the run go on; they are shown again after another silent window).")
-    @functools.wraps(f)
-    def wrapper(*args, **kw):
-        return f(*args, **kw)
-    return wrapper
+# the decorator block that adds the watch options to `podrun launch`
+watch_options = stacked(
+    click.option("--hang-timeout", type=HangTimeout(), default=None, metavar="SECONDS|auto|off",
+                 help=HANG_TIMEOUT_HELP),
+    click.option("--on-hang", type=click.Choice(["end", "dump"]), default="end", show_default=True,
+                 help=f"On a hang: end (show every rank's stack, then end the run, exit {HANG_EXIT}) or dump (show "
+                      "them and let the run go on; they are shown again after another silent window)."))
 
 
 def watch_for(given: HangOptions, recipe=None, cluster=None):

@@ -6,19 +6,15 @@ from dataclasses import dataclass, fields, replace
 from typing import Mapping, Sequence
 
 from podrun.errors import HostError
-from podrun.jobscript.job import SCHEDULER_TABLE, JobRequest, check_scheduler, validate
+from podrun.jobscript.job import JobRequest, check_scheduler, validate
 from podrun.launch.transports import TRANSPORTS
 from podrun.plan.inputs import PlanOptions
 from podrun.specs.allocation import Discovered
 
 __all__ = [
-    "DEFAULT_TRANSPORT", "JobOptions", "device_kind_of", "plan_hosts", "launch_argv", "request_from_plan",
-    "plan_comments", "default_job_name", "check_allocation", "allocation_plan_options",
-    "launch_cluster",
+    "JobOptions", "plan_hosts", "launch_argv", "request_from_plan", "plan_comments", "default_job_name",
+    "check_allocation", "allocation_plan_options",
 ]
-
-# how `podrun launch` starts one instance per node inside each scheduler's allocation
-DEFAULT_TRANSPORT = {name: s.transport for name, s in SCHEDULER_TABLE.items()}
 
 
 @dataclass(frozen=True)
@@ -44,17 +40,12 @@ class JobOptions:
     env: Mapping[str, str] | Sequence[tuple[str, str]] = ()
     workdir: str | None = None
     cpus_per_node: int | None = None
-    transport: str | None = None                # None: the scheduler's DEFAULT_TRANSPORT
+    transport: str | None = None                # None: the scheduler's (its Scheduler.transport)
     resource: str = "rt_F"
     pe: str | None = None
     directives: Sequence[str] = ()
     ssh_config: str | None = None
     launch_options: Sequence[str] = ()          # more options for the job's podrun launch
-
-
-def device_kind_of(plan) -> str:
-    """'gpu-v100' -> 'gpu', 'ipu-gc200' -> 'ipu', 'cpu' -> 'cpu'."""
-    return plan.device_kind.split("-", 1)[0]
 
 
 def plan_hosts(plan) -> int:
@@ -110,13 +101,6 @@ def plan_comments(plan) -> tuple[str, ...]:
     )
 
 
-def launch_cluster(cluster: str | None, pod: int | None) -> str | None:
-    """The --cluster the job's `podrun launch` is given: the spec named by --cluster or --pod, else none."""
-    if cluster:
-        return cluster
-    return f"ipu-pod{pod}" if pod is not None else None
-
-
 def allocation_plan_options(options: PlanOptions, discovered: Discovered | None = None) -> PlanOptions:
     """Plan options for a job whose hosts are not known yet (no --cluster, --pod, --hosts or
     --hostfile, and no allocation ``discovered`` around this process): the cluster is what the
@@ -140,9 +124,8 @@ def request_from_plan(plan, job: JobOptions) -> JobRequest:
     and a body that runs `PYTHON -m podrun launch` with the same plan (with ``--ssh-config`` when
     given, and ``--env NAME`` for each of ``env`` unless the transport is srun: the script exports the value).
     Validated (JobScriptError on bad values)."""
-    check_scheduler(job.scheduler)
     env_items = tuple(job.env.items()) if isinstance(job.env, Mapping) else tuple(job.env)
-    transport = job.transport or DEFAULT_TRANSPORT[job.scheduler]
+    transport = job.transport or check_scheduler(job.scheduler).transport
     extra: list[str] = []
     if job.ssh_config is not None:
         extra += ["--ssh-config", job.ssh_config]
@@ -154,10 +137,11 @@ def request_from_plan(plan, job: JobOptions) -> JobRequest:
         for k, _ in env_items:
             extra += ["--env", k]
     shared = {f.name: getattr(job, f.name) for f in fields(JobRequest) if hasattr(job, f.name)}
+    kind = plan.device_kind.split("-", 1)[0]          # 'gpu-v100' -> 'gpu', 'ipu-gc200' -> 'ipu', 'cpu' -> 'cpu'
     command = launch_argv(plan, python=job.python, recipe=job.recipe, transport=transport, cluster=job.cluster,
                           args=job.args, launch_options=[*extra, *job.launch_options])
     req = JobRequest(**{**shared, "job_name": job.job_name or default_job_name(plan), "nodes": plan_hosts(plan),
-                        "devices_per_node": plan.devices_per_host, "device_kind": device_kind_of(plan),
+                        "devices_per_node": plan.devices_per_host, "device_kind": kind,
                         "command": tuple(command), "env": env_items, "comments": plan_comments(plan)})
     return validate(req)
 

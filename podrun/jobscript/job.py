@@ -46,6 +46,7 @@ _UGE_PSEUDO = re.compile(r"\$(JOB_ID|JOB_NAME|HOME|USER|HOSTNAME|TASK_ID)\b")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MODULE = re.compile(r"^[A-Za-z0-9_.+@/:\-]+$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_LOG_PATHS = ("log_dir", "output", "error")
 
 
 class JobScriptError(PodrunError):
@@ -124,13 +125,12 @@ class JobRequest:
     comments: tuple[str, ...] = ()      # '# ...' lines under the directives (plan summary)
 
     def __post_init__(self):
-        if isinstance(self.env, Mapping):
-            object.__setattr__(self, "env", tuple(self.env.items()))
         for name in ("command", "modules", "directives", "comments"):
             v = getattr(self, name)
             if isinstance(v, (list, str)):
                 object.__setattr__(self, name, tuple([v] if isinstance(v, str) else v))
-        object.__setattr__(self, "env", tuple((str(k), str(v)) for k, v in self.env))
+        env = self.env.items() if isinstance(self.env, Mapping) else self.env
+        object.__setattr__(self, "env", tuple((str(k), str(v)) for k, v in env))
 
     @property
     def time_seconds(self) -> int | None:
@@ -189,15 +189,10 @@ def validate(req: JobRequest) -> JobRequest:
     if req.pe is not None and req.scheduler != "uge":
         raise JobScriptError(f"--pe {req.pe!r} is a Grid Engine parallel environment; {req.scheduler} has none",
                              hint="drop --pe, or write a Grid Engine script with --scheduler uge")
-    for name in ("partition", "queue", "group", "account", "resource", "pe"):
+    for name in ("partition", "queue", "group", "account", "resource", "pe", *_LOG_PATHS):
         v = getattr(req, name)
-        if v is not None:
-            check_directive_value(name, v)
-    pseudo = req.scheduler == "uge"
-    for name in ("log_dir", "output", "error"):
-        v = getattr(req, name)
-        if v is not None:
-            check_directive_value(name, v, uge_pseudo=pseudo)
+        if v is not None:     # Grid Engine expands its pseudo variables in the log paths
+            check_directive_value(name, v, uge_pseudo=req.scheduler == "uge" and name in _LOG_PATHS)
     for d in req.directives:
         _no_control("directive", d)
         words = d.split()

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from podrun.errors import HostError, LaunchError, PodrunError
-from podrun.jobscript.job import SCHEDULER_HELP, JobRequest
+from podrun.jobscript.job import SCHEDULER_HELP, JobRequest, check_scheduler
 
 if TYPE_CHECKING:  # pragma: no cover
     from podrun.jobscript.build import JobOptions
@@ -20,8 +20,6 @@ if TYPE_CHECKING:  # pragma: no cover
 # final states: the job will not run again; everything else is pending/running/ending
 FINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                    "PREEMPTED", "BOOT_FAIL", "DEADLINE", "GONE"})
-
-
 # how long wait() keeps asking about a job that left the queue with no final record yet
 GONE_GRACE_S = 30.0
 
@@ -86,9 +84,7 @@ class JobState:
         return self.state in FINAL
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["final"] = self.final
-        return d
+        return {**asdict(self), "final": self.final}
 
 
 def _check(c: Completed, what: str) -> str:
@@ -211,6 +207,10 @@ class Uge(_Client):
         return self.gone(job_id)
 
 
+# qstat's state letters (parse_qstat) -> the state: the first row with a letter in the job's wins, else PENDING
+_QSTAT_STATES = (("d", "COMPLETING"), ("rt", "RUNNING"), ("sST", "SUSPENDED"))
+
+
 def parse_qstat(job_id: str, text: str) -> JobState | None:
     """The job's line of Grid Engine's `qstat` table -> JobState; None when the job is not listed.
     State letters: qw/hqw pending, r/t running (t: being sent), d deleting, s/S/T suspended, E error."""
@@ -224,14 +224,7 @@ def parse_qstat(job_id: str, text: str) -> JobState | None:
         if "E" in letters:
             return JobState(job_id, "uge", "PENDING", None, host,
                             f"Grid Engine error state {letters}: see qstat -j {job_id}")
-        if "d" in letters:
-            state = "COMPLETING"
-        elif "r" in letters or "t" in letters:
-            state = "RUNNING"
-        elif any(ch in letters for ch in "sST"):
-            state = "SUSPENDED"
-        else:
-            state = "PENDING"
+        state = next((st for chars, st in _QSTAT_STATES if any(ch in letters for ch in chars)), "PENDING")
         return JobState(job_id, "uge", state, None, host)
     return None
 
@@ -254,13 +247,8 @@ def parse_qacct(job_id: str, text: str) -> JobState:
 
 
 def client(scheduler: str, runner: CommandRunner | None = None):
-    """The client for ``scheduler`` (slurm | pbs | uge); HostError-style exit 2 for an unknown one."""
-    runner = runner or SubprocessRunner()
-    try:
-        cls = {"slurm": Slurm, "pbs": Pbs, "uge": Uge}[scheduler]
-    except KeyError:
-        raise PodrunError(f"unknown scheduler '{scheduler}'", hint=f"--scheduler {SCHEDULER_HELP}") from None
-    return cls(runner)
+    """The client for ``scheduler`` (slurm | pbs | uge); JobScriptError (exit 2) for an unknown one."""
+    return {"slurm": Slurm, "pbs": Pbs, "uge": Uge}[check_scheduler(scheduler).name](runner or SubprocessRunner())
 
 
 def detect_scheduler(env=None) -> str | None:
@@ -371,7 +359,6 @@ def resolve_job(target: str, scheduler: str | None = None) -> tuple[str, str, Jo
                     hint="pass runs/<run-id> as written by podrun submit, or the scheduler's job id")
 
 
-
 # ---- a submission: the run directory, its script, the scheduler call -----------------------------
 
 @dataclass(frozen=True)
@@ -428,6 +415,4 @@ def submit_prepared(job: PreparedJob, cl, *, cwd: str, cluster: str | None = Non
 
 def exit_code_of(st: JobState) -> int:
     """The exit code `submit --wait` ends with: the job's own, or 1 when there is none (GONE)."""
-    if st.state == "GONE" or st.exit_code is None:
-        return 1
-    return st.exit_code
+    return 1 if st.state == "GONE" or st.exit_code is None else st.exit_code

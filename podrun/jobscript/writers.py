@@ -5,7 +5,7 @@ import shlex
 
 from podrun.jobscript.job import SCHEDULER_TABLE, JobRequest, format_time, validate
 
-__all__ = ["render", "render_slurm", "render_pbs", "render_uge", "submit_argv"]
+__all__ = ["render", "submit_argv"]
 
 _MODULES_INIT = (
     "if ! command -v module >/dev/null 2>&1 && [ -f /etc/profile.d/modules.sh ]; then\n"
@@ -44,17 +44,12 @@ def _script(req: JobRequest, prefix: str, directives: list[str], how: str, cd: s
     ``notes``; how it is submitted (``how``: how the job finds its hosts); the body (``cd``: its default cd)."""
     head = ["#!/bin/bash"] + [f"{prefix} {x}" for x in (*directives, *req.directives)]
     head += [f"# {c}" if c else "#" for c in req.comments] + [*notes]
-    head.append(_submit_comment(req, how))
+    head.append(f"# submit: {' '.join(submit_argv(req, 'SCRIPT'))}; {how}")
     return "\n".join(head + _body(req, cd)) + "\n"
 
 
-def render_slurm(req: JobRequest) -> str:
-    validate(req)
-    d = [
-        f"--job-name={req.job_name}",
-        f"--nodes={req.nodes}",
-        "--ntasks-per-node=1",
-    ]
+def _slurm(req: JobRequest) -> str:
+    d = [f"--job-name={req.job_name}", f"--nodes={req.nodes}", "--ntasks-per-node=1"]
     if req.device_kind == "gpu":
         d.append(f"--gpus-per-node={req.devices_per_node}")
     if req.cpus_per_node is not None:
@@ -66,14 +61,11 @@ def render_slurm(req: JobRequest) -> str:
     if req.account:
         d.append(f"--account={req.account}")
     log = req.log_dir.rstrip("/") + "/" if req.log_dir else ""
-    d.append(f"--output={req.output or log + '%x-%j.out'}")
-    d.append(f"--error={req.error or log + '%x-%j.err'}")
-    d.append("--no-requeue")
+    d += [f"--output={req.output or log + '%x-%j.out'}", f"--error={req.error or log + '%x-%j.err'}", "--no-requeue"]
     return _script(req, "#SBATCH", d, "the batch step starts one podrun instance per node through srun")
 
 
-def render_pbs(req: JobRequest) -> str:
-    validate(req)
+def _pbs(req: JobRequest) -> str:
     chunk = f"select={req.nodes}"
     if req.cpus_per_node is not None:
         chunk += f":ncpus={req.cpus_per_node}"
@@ -81,22 +73,20 @@ def render_pbs(req: JobRequest) -> str:
         chunk += f":ngpus={req.devices_per_node}"
     chunk += ":mpiprocs=1"
     d = [f"-N {req.job_name}", "-S /bin/bash", f"-l {chunk}", "-l place=scatter"]
-    if req.time_seconds is not None:
-        d.append(f"-l walltime={format_time(req.time_seconds)}")
-    if req.effective_queue:
-        d.append(f"-q {req.effective_queue}")
-    if req.account:
-        d.append(f"-A {req.account}")
-    d += _log_directives(req, join="-j oe")
+    d += _qsub_directives(req, "walltime", req.effective_queue, join="-j oe")
     d.append("-r n")
     return _script(req, "#PBS", d, _reads_hosts(req), cd='cd "$PBS_O_WORKDIR"')
 
 
-def _log_directives(req: JobRequest, join: str) -> list[str]:
-    """PBS / Grid Engine -o/-e (a log directory gets a trailing /); only -o given: join stderr into it."""
+def _qsub_directives(req: JobRequest, wall: str, queue: str | None, join: str) -> list[str]:
+    """PBS / Grid Engine wall time (-l ``wall``=), -q, -A and -o/-e (a log directory gets a trailing /); only -o
+    given: ``join`` stderr into it."""
+    d = [] if req.time_seconds is None else [f"-l {wall}={format_time(req.time_seconds)}"]
+    d += [f"-q {queue}"] if queue else []
+    d += [f"-A {req.account}"] if req.account else []
     log = req.log_dir.rstrip("/") + "/" if req.log_dir else None
     out, err = req.output or log, req.error or log
-    d = [f"-o {out}"] if out else []
+    d += [f"-o {out}"] if out else []
     if err:
         d.append(f"-e {err}")
     elif out:
@@ -104,31 +94,20 @@ def _log_directives(req: JobRequest, join: str) -> list[str]:
     return d
 
 
-def render_uge(req: JobRequest) -> str:
-    validate(req)
+def _uge(req: JobRequest) -> str:
     d = [f"-N {req.job_name}", "-S /bin/bash", "-cwd"]
-    if req.pe is not None:
-        d.append(f"-pe {req.pe} {req.nodes}")
-    else:
-        d.append(f"-l {req.resource}={req.nodes}")
-    if req.time_seconds is not None:
-        d.append(f"-l h_rt={format_time(req.time_seconds)}")
-    if req.queue:
-        d.append(f"-q {req.queue}")
-    if req.account:
-        d.append(f"-A {req.account}")
-    d += _log_directives(req, join="-j y")
+    d.append(f"-pe {req.pe} {req.nodes}" if req.pe is not None else f"-l {req.resource}={req.nodes}")
+    d += _qsub_directives(req, "h_rt", req.queue, join="-j y")
     abci = f"# ABCI: rt_F={req.nodes} asks for {req.nodes} full node(s) of 4 V100 each"
     return _script(req, "#$", d, _reads_hosts(req), notes=(abci,) if req.pe is None and req.resource == "rt_F" else ())
 
 
-_RENDERERS = {"slurm": render_slurm, "pbs": render_pbs, "uge": render_uge}
+_RENDERERS = {"slurm": _slurm, "pbs": _pbs, "uge": _uge}
 
 
 def render(req: JobRequest) -> str:
     """The batch script for req.scheduler: deterministic bytes, every shell value quoted."""
-    validate(req)
-    return _RENDERERS[req.scheduler](req)
+    return _RENDERERS[validate(req).scheduler](req)
 
 
 def submit_argv(req: JobRequest, script_path: str) -> list[str]:
@@ -141,10 +120,6 @@ def submit_argv(req: JobRequest, script_path: str) -> list[str]:
     if req.scheduler == "uge":
         return ["qsub", "-terse"] + (["-g", req.group] if req.group is not None else []) + [script_path]
     return ["qsub", script_path]
-
-
-def _submit_comment(req: JobRequest, how: str) -> str:
-    return f"# submit: {' '.join(submit_argv(req, 'SCRIPT'))}; {how}"
 
 
 def _reads_hosts(req: JobRequest) -> str:
