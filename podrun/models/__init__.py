@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from podrun.errors import SpecError
@@ -69,9 +69,7 @@ def _lookup(name: str) -> ModelInfo:
 
 def info(name: str) -> dict[str, Any]:
     """Facts for recipes: params (1000 classes, defaults), native image_size, default norm, family."""
-    m = _lookup(name)
-    return {"name": m.name, "family": m.family, "params": m.params, "image_size": m.image_size,
-            "norm": m.norm, "note": m.note}
+    return {k: v for k, v in asdict(_lookup(name)).items() if k != "builder"}
 
 
 def _builder(m: ModelInfo):

@@ -69,8 +69,10 @@ def init_distributed(backend: str | None = None, timeout: float = 120.0,
     if not info.distributed or dist.is_initialized():
         return info
     if backend is None:
-        kind = device.kind if device is not None else ("cuda" if _cuda() else "cpu")
-        backend = "nccl" if kind == "cuda" else "gloo"
+        import torch
+
+        cuda = device.kind == "cuda" if device is not None else torch.cuda.is_available()
+        backend = "nccl" if cuda else "gloo"
     try:
         dist.init_process_group(
             backend=backend,
@@ -93,12 +95,6 @@ def destroy_distributed() -> None:
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
-
-
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def _bracket(addr: str) -> str:

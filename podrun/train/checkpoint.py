@@ -171,8 +171,12 @@ def remove_dead_temps(directory: str | os.PathLike) -> list[Path]:
     return gone
 
 
-def free_bytes(directory: str | os.PathLike) -> int:
-    return shutil.disk_usage(directory).free
+def free_bytes(directory: str | os.PathLike) -> int | None:
+    """The bytes free on ``directory``'s device; None when that cannot be told."""
+    try:
+        return shutil.disk_usage(directory).free
+    except OSError:
+        return None
 
 
 def no_space(path: Path, needed: int, free: int | None, exact: bool = True) -> CheckpointError:
@@ -201,10 +205,7 @@ def save(state: dict[str, Any], directory: str | os.PathLike, step: int, keep: i
         needed = older[-1].stat().st_size if older else None
     except OSError:
         needed = None
-    try:
-        free = free_bytes(d)
-    except OSError:
-        free = None
+    free = free_bytes(d)
     if needed is not None and free is not None and free < needed:
         raise no_space(final, needed, free)
     w = None
@@ -221,11 +222,7 @@ def save(state: dict[str, Any], directory: str | os.PathLike, step: int, keep: i
             w.seal()
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            try:
-                free = free_bytes(d)
-            except OSError:
-                free = None
-            raise no_space(final, needed if needed is not None else (w.n if w is not None else 0), free,
+            raise no_space(final, needed if needed is not None else (w.n if w is not None else 0), free_bytes(d),
                            exact=needed is not None) from None
         raise CheckpointError(f"cannot write checkpoint {final}: {exc.strerror or exc}",
                               hint="check that --checkpoint-dir is writable and its disk healthy", exit_code=1) from None

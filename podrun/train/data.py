@@ -286,10 +286,6 @@ class Shard:
     def global_batch(self) -> int:
         return self.local_batch * self.replicas * self.grad_accum
 
-    @property
-    def per_replica(self) -> int:
-        return self.local_batch * self.grad_accum
-
 
 def steps_per_epoch(n: int, shard: Shard) -> int:
     s = n // shard.global_batch

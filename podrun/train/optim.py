@@ -151,11 +151,7 @@ def build_optimizer(model: nn.Module, name: str, lr: float, *, momentum: float =
     if name in ("rmsprop", "rmsprop_tf"):
         return RMSpropTF(groups, lr=lr, rho=rho, momentum=momentum, eps=1e-3 if eps is None else eps)
     if name == "adamw":
-        kw = {}
-        if fused is not None:
-            kw["fused"] = fused
-        else:
-            kw["foreach"] = True  # multi-tensor apply
+        kw = {"fused": fused} if fused is not None else {"foreach": True}     # else multi-tensor apply
         return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=1e-8 if eps is None else eps, **kw)
     raise SpecError(f"unknown optimizer {name!r}", hint=f"use one of {', '.join(OPTIMIZERS)}")
 
