@@ -10,6 +10,8 @@
 """
 from __future__ import annotations
 
+import functools
+import importlib
 import inspect
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
@@ -73,21 +75,16 @@ def info(name: str) -> dict[str, Any]:
 
 
 def _builder(m: ModelInfo):
-    import importlib
-
     module, _, attr = m.builder.partition(":")
     fn = getattr(importlib.import_module(module), attr)
     if attr == "efficientnet":  # the B0-B7 builder takes the variant name first
-        import functools
-
         return functools.partial(fn, m.name)
     return fn
 
 
 def options(name: str) -> dict[str, Any]:
     """The keyword options build(name, ...) accepts, with their defaults."""
-    fn = _builder(_lookup(name))
-    params = inspect.signature(fn).parameters
+    params = inspect.signature(_builder(_lookup(name))).parameters
     return {k: p.default for k, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
 
 

@@ -33,8 +33,7 @@ def select_device(prefer: str | None = None, info: WorkerInfo | None = None) -> 
     kind that is not present is an error naming it.
     """
     prefer = (prefer or os.environ.get("PODRUN_DEVICE") or "auto").lower()
-    if prefer == "gpu":
-        prefer = "cuda"
+    prefer = "cuda" if prefer == "gpu" else prefer
     if prefer not in ("auto", "ipu", "cuda", "cpu"):
         raise RuntimeEnvError(f"unknown device kind {prefer!r}", hint="use ipu, cuda, cpu or auto")
     info = info or read_worker_info()

@@ -59,9 +59,8 @@ def _get_writer():
         info = read_worker_info()
         if not info.snapshot_dir:
             return None
-        _writer = open_writer(info.snapshot_dir, writes=info.local_rank == 0)     # one writer per host
-        if _writer is None:     # said why (no key, or a directory podrun will not use): no snapshots, once
-            _writer = False
+        # one writer per host; None said why (no key, or a directory podrun will not use): no snapshots, once
+        _writer = open_writer(info.snapshot_dir, writes=info.local_rank == 0) or False
     return _writer or None
 
 

@@ -20,6 +20,7 @@ class RuntimeEnvError(PodrunError):
 # `marker` variable is present wins; podrun first (it also sets torchrun's names), then torchrun,
 # then Slurm (srun), Open MPI (mpirun), PMI (MPICH / Intel MPI / hydra). podrun's and torchrun's
 # names are the env contract's (podrun.wire.worker_env), the one list the launcher sets them from.
+_MASTER = {"master_addr": "MASTER_ADDR", "master_port": "MASTER_PORT"}
 SOURCES: dict[str, dict[str, str]] = {
     "podrun": {
         **TORCHRUN_FIELDS,
@@ -37,8 +38,7 @@ SOURCES: dict[str, dict[str, str]] = {
         "world_size": "SLURM_NTASKS",
         "local_world_size": "SLURM_NTASKS_PER_NODE|SLURM_TASKS_PER_NODE",
         "node_rank": "SLURM_NODEID",
-        "master_addr": "MASTER_ADDR",  # else the step's first node (rank 0), else SLURM_LAUNCH_NODE_IPADDR
-        "master_port": "MASTER_PORT",
+        **_MASTER,      # without MASTER_ADDR: the step's first node (rank 0), else SLURM_LAUNCH_NODE_IPADDR
     },
     "openmpi": {
         "marker": "OMPI_COMM_WORLD_RANK",
@@ -47,8 +47,7 @@ SOURCES: dict[str, dict[str, str]] = {
         "world_size": "OMPI_COMM_WORLD_SIZE",
         "local_world_size": "OMPI_COMM_WORLD_LOCAL_SIZE",
         "node_rank": "OMPI_COMM_WORLD_NODE_RANK",
-        "master_addr": "MASTER_ADDR",
-        "master_port": "MASTER_PORT",
+        **_MASTER,
     },
     "pmi": {
         "marker": "PMI_RANK",
@@ -57,8 +56,7 @@ SOURCES: dict[str, dict[str, str]] = {
         "world_size": "PMI_SIZE",
         "local_world_size": "MPI_LOCALNRANKS|PMI_LOCAL_SIZE",
         "node_rank": "PMI_NODE_RANK",
-        "master_addr": "MASTER_ADDR",
-        "master_port": "MASTER_PORT",
+        **_MASTER,
     },
 }
 
@@ -97,10 +95,6 @@ class WorkerInfo:
     @property
     def distributed(self) -> bool:
         return self.world_size > 1
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
 
 
 def _get(env: Mapping[str, str], names: str) -> tuple[str, str] | None:

@@ -22,6 +22,7 @@ import os
 import stat
 import sys
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,7 +91,6 @@ def open_dir(directory: str | os.PathLike) -> Path:
         except FileNotFoundError:
             if attempt == 2:
                 raise
-    return d
 
 
 def prepare_dirs(envs: list[dict[str, str]]) -> list[str]:
@@ -439,8 +439,6 @@ def recover(writer: Writer | None, newer_than: int, restart_count: int = 0) -> R
     if hold and restart_count == 1:
         if rank == 0:
             print(f"snapshot recovery: holding {hold} s at step {newest}", flush=True)
-        import time
-
         time.sleep(float(hold))
     kind, data, digest = writer.read(newest) if rank in holders else (None, None, None)
     if on and lacking:

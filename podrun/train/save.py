@@ -40,7 +40,7 @@ def position_of(state: dict[str, Any]) -> tuple[int, int | None]:
 
 
 def resume_step(path: Path | str, state: dict[str, Any], *, global_batch: int, seed: int, train_size: int) -> int:
-    """The update step to continue from, after checking this run continues the checkpoint's sequence of global batches."""
+    """The update step to continue from, once this run is checked to continue the checkpoint's global batches."""
     samples, saved_g = position_of(state)
     hint = ("resume with the global batch, seed and data the checkpoint was written with (replicas, local "
             "batch and GA may change), or start over with --no-resume or a new --checkpoint-dir")
@@ -180,13 +180,7 @@ def check_room(s: Session, step: int) -> None:
     needed and free."""
     refusal = None
     if s.rank == 0 and step < s.total and (s.cfg.checkpoint_every > 0 or s.cfg.keep_checkpoints > 0):
-        newest = ckpt.list_checkpoints(s.ckpt_dir)
-        size = checkpoint_bytes(s, step)
-        if newest:
-            try:
-                size = max(size, newest[-1].stat().st_size)
-            except OSError:
-                pass
+        size = max(checkpoint_bytes(s, step), ckpt.newest_size(s.ckpt_dir) or 0)
         free = ckpt.free_bytes(s.ckpt_dir)
         if free is not None and free < size:
             every = s.cfg.checkpoint_every

@@ -145,7 +145,7 @@ def claim_dirs(cfg: TrainConfig, info: WorkerInfo, run_dir: Path, ckpt_dir: Path
     outcome: a refusal on rank 0 ends every rank with exit 2). Returns the locks."""
     from podrun import safefs
     from podrun.rundir import lock
-    from podrun.train.checkpoint import check_keep
+    from podrun.train.checkpoint import check_keep, remove_dead_temps
 
     check_keep(cfg.keep_checkpoints)          # every rank: a bad count is refused before anything is made
     refusal: Exception | None = None
@@ -166,8 +166,6 @@ def claim_dirs(cfg: TrainConfig, info: WorkerInfo, run_dir: Path, ckpt_dir: Path
             safefs.own_dir(ckpt_dir, "checkpoint directory", hint=CKPT_DIR_HINT)
             if ckpt_dir.resolve() != run_dir.resolve():
                 held.append(lock.DirLock(ckpt_dir, run, "checkpoint directory").acquire(wait))
-            from podrun.train.checkpoint import remove_dead_temps
-
             for p in remove_dead_temps(ckpt_dir):
                 print(f"podrun: removed {p.name}, the partial checkpoint of a writer that died", flush=True)
         except Exception as exc:  # noqa: BLE001 - raised below, after every rank heard of it
