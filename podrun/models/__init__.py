@@ -10,8 +10,10 @@
 """
 from __future__ import annotations
 
+import functools
+import importlib
 import inspect
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from podrun.errors import SpecError
@@ -69,27 +71,20 @@ def _lookup(name: str) -> ModelInfo:
 
 def info(name: str) -> dict[str, Any]:
     """Facts for recipes: params (1000 classes, defaults), native image_size, default norm, family."""
-    m = _lookup(name)
-    return {"name": m.name, "family": m.family, "params": m.params, "image_size": m.image_size,
-            "norm": m.norm, "note": m.note}
+    return {k: v for k, v in asdict(_lookup(name)).items() if k != "builder"}
 
 
 def _builder(m: ModelInfo):
-    import importlib
-
     module, _, attr = m.builder.partition(":")
     fn = getattr(importlib.import_module(module), attr)
     if attr == "efficientnet":  # the B0-B7 builder takes the variant name first
-        import functools
-
         return functools.partial(fn, m.name)
     return fn
 
 
 def options(name: str) -> dict[str, Any]:
     """The keyword options build(name, ...) accepts, with their defaults."""
-    fn = _builder(_lookup(name))
-    params = inspect.signature(fn).parameters
+    params = inspect.signature(_builder(_lookup(name))).parameters
     return {k: p.default for k, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
 
 

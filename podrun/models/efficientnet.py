@@ -50,11 +50,9 @@ BASE_STAGES = [
 GN_GROUPS = 4  # GroupNorm groups for norm='group' (Graphcore's choice for G16)
 
 
-def _make_divisible(v: float, divisor: int = 8, min_value: int | None = None) -> int:
-    """Round ``v`` to the nearest multiple of ``divisor`` (at least ``min_value``), never below 90 % of v."""
-    if min_value is None:
-        min_value = divisor
-    new_v = max(min_value, int(v + divisor / 2) // divisor * divisor)
+def _make_divisible(v: float, divisor: int = 8) -> int:
+    """Round ``v`` to the nearest multiple of ``divisor`` (at least ``divisor``), never below 90 % of v."""
+    new_v = max(divisor, int(v + divisor / 2) // divisor * divisor)
     if new_v < 0.9 * v:
         new_v += divisor
     return new_v
@@ -71,10 +69,6 @@ class MBConvConfig:
     out_channels: int
     num_layers: int
 
-    @staticmethod
-    def adjust_channels(channels: float, width_mult: float) -> int:
-        return _make_divisible(channels * width_mult, 8)
-
 
 def stage_configs(width_mult: float, depth_mult: float,
                   expand_ratio: float | None = None) -> list[MBConvConfig]:
@@ -83,8 +77,7 @@ def stage_configs(width_mult: float, depth_mult: float,
     for e, k, s, cin, cout, n in BASE_STAGES:
         if expand_ratio is not None and e != 1:
             e = expand_ratio
-        out.append(MBConvConfig(e, k, s, MBConvConfig.adjust_channels(cin, width_mult),
-                                MBConvConfig.adjust_channels(cout, width_mult),
+        out.append(MBConvConfig(e, k, s, _make_divisible(cin * width_mult), _make_divisible(cout * width_mult),
                                 int(math.ceil(n * depth_mult))))
     return out
 
@@ -98,7 +91,7 @@ class MBConv(nn.Module):
         if not 1 <= cnf.stride <= 2:
             raise SpecError(f"model {model}: MBConv stride {cnf.stride} is not 1 or 2")
         self.use_res_connect = cnf.stride == 1 and cnf.input_channels == cnf.out_channels
-        expanded = MBConvConfig.adjust_channels(cnf.input_channels, cnf.expand_ratio)
+        expanded = _make_divisible(cnf.input_channels * cnf.expand_ratio)
         layers: list[nn.Module] = []
         if expanded != cnf.input_channels:
             layers.append(Conv2dNormActivation(cnf.input_channels, expanded, kernel_size=1,

@@ -83,8 +83,7 @@ class StochasticDepth(nn.Module):
         if not self.training or self.p == 0.0:
             return x
         survival = 1.0 - self.p
-        noise = torch.empty([x.shape[0]] + [1] * (x.ndim - 1), dtype=x.dtype, device=x.device)
-        noise = noise.bernoulli_(survival)
+        noise = torch.empty([x.shape[0]] + [1] * (x.ndim - 1), dtype=x.dtype, device=x.device).bernoulli_(survival)
         if survival > 0.0:
             noise = noise.div_(survival)
         return x * noise

@@ -33,8 +33,7 @@ def select_device(prefer: str | None = None, info: WorkerInfo | None = None) -> 
     kind that is not present is an error naming it.
     """
     prefer = (prefer or os.environ.get("PODRUN_DEVICE") or "auto").lower()
-    if prefer == "gpu":
-        prefer = "cuda"
+    prefer = "cuda" if prefer == "gpu" else prefer
     if prefer not in ("auto", "ipu", "cuda", "cpu"):
         raise RuntimeEnvError(f"unknown device kind {prefer!r}", hint="use ipu, cuda, cpu or auto")
     info = info or read_worker_info()
@@ -69,8 +68,10 @@ def init_distributed(backend: str | None = None, timeout: float = 120.0,
     if not info.distributed or dist.is_initialized():
         return info
     if backend is None:
-        kind = device.kind if device is not None else ("cuda" if _cuda() else "cpu")
-        backend = "nccl" if kind == "cuda" else "gloo"
+        import torch
+
+        cuda = device.kind == "cuda" if device is not None else torch.cuda.is_available()
+        backend = "nccl" if cuda else "gloo"
     try:
         dist.init_process_group(
             backend=backend,
@@ -93,12 +94,6 @@ def destroy_distributed() -> None:
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
-
-
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def _bracket(addr: str) -> str:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from podrun.runtime.env import read_worker_info
+from podrun.runtime.snapshot import Restored, freeze, open_writer, recover
 
 _writer = None      # this process's snapshot writer, made by the first snapshot or restore (False: none, said why)
 
@@ -58,19 +59,14 @@ def _get_writer():
         info = read_worker_info()
         if not info.snapshot_dir:
             return None
-        from podrun.runtime.snapshot import open_writer
-
-        _writer = open_writer(info.snapshot_dir, writes=info.local_rank == 0)     # one writer per host
-        if _writer is None:     # said why (no key, or a directory podrun will not use): no snapshots, once
-            _writer = False
+        # one writer per host; None said why (no key, or a directory podrun will not use): no snapshots, once
+        _writer = open_writer(info.snapshot_dir, writes=info.local_rank == 0) or False
     return _writer or None
 
 
 def _plain(state: dict[str, Any]) -> dict[str, Any]:
     """Modules -> their state dicts (buffers copied now), optimizers and anything with state_dict() -> theirs."""
     import torch
-
-    from podrun.runtime.snapshot import freeze
 
     out = {}
     for k, v in state.items():
@@ -90,25 +86,10 @@ def snapshot(step: int, state: dict[str, Any]) -> None:
         w.submit(step, _plain(state))
 
 
-@dataclass(frozen=True)
-class Restored:
-    """What ``restore`` found: the update ``step`` it was taken after, the ``state`` as given to ``snapshot``
-    (modules and optimizers as state dicts), the rank whose copy was used and the ranks that received it."""
-
-    step: int
-    state: dict[str, Any]
-    from_rank: int
-    fetched_by: tuple[int, ...]
-
-
 def restore(newer_than: int = -1) -> Restored | None:
     """The newest snapshot any rank holds, on every rank (a collective: call it on every rank after
     init_process_group); None when no rank holds one newer than update ``newer_than``."""
-    from podrun.runtime.snapshot import recover
-
-    w = _get_writer()
-    got = recover(w, newer_than, read_worker_info().restart_count)
-    return None if got is None else Restored(got.step, got.state, got.from_rank, got.fetched_by)
+    return recover(_get_writer(), newer_than, read_worker_info().restart_count)
 
 
 def close() -> None:

@@ -20,6 +20,7 @@ class RuntimeEnvError(PodrunError):
 # `marker` variable is present wins; podrun first (it also sets torchrun's names), then torchrun,
 # then Slurm (srun), Open MPI (mpirun), PMI (MPICH / Intel MPI / hydra). podrun's and torchrun's
 # names are the env contract's (podrun.wire.worker_env), the one list the launcher sets them from.
+_MASTER = {"master_addr": "MASTER_ADDR", "master_port": "MASTER_PORT"}
 SOURCES: dict[str, dict[str, str]] = {
     "podrun": {
         **TORCHRUN_FIELDS,
@@ -37,8 +38,7 @@ SOURCES: dict[str, dict[str, str]] = {
         "world_size": "SLURM_NTASKS",
         "local_world_size": "SLURM_NTASKS_PER_NODE|SLURM_TASKS_PER_NODE",
         "node_rank": "SLURM_NODEID",
-        "master_addr": "MASTER_ADDR",  # else the step's first node (rank 0), else SLURM_LAUNCH_NODE_IPADDR
-        "master_port": "MASTER_PORT",
+        **_MASTER,      # without MASTER_ADDR: the step's first node (rank 0), else SLURM_LAUNCH_NODE_IPADDR
     },
     "openmpi": {
         "marker": "OMPI_COMM_WORLD_RANK",
@@ -47,8 +47,7 @@ SOURCES: dict[str, dict[str, str]] = {
         "world_size": "OMPI_COMM_WORLD_SIZE",
         "local_world_size": "OMPI_COMM_WORLD_LOCAL_SIZE",
         "node_rank": "OMPI_COMM_WORLD_NODE_RANK",
-        "master_addr": "MASTER_ADDR",
-        "master_port": "MASTER_PORT",
+        **_MASTER,
     },
     "pmi": {
         "marker": "PMI_RANK",
@@ -57,8 +56,7 @@ SOURCES: dict[str, dict[str, str]] = {
         "world_size": "PMI_SIZE",
         "local_world_size": "MPI_LOCALNRANKS|PMI_LOCAL_SIZE",
         "node_rank": "PMI_NODE_RANK",
-        "master_addr": "MASTER_ADDR",
-        "master_port": "MASTER_PORT",
+        **_MASTER,
     },
 }
 
@@ -97,10 +95,6 @@ class WorkerInfo:
     @property
     def distributed(self) -> bool:
         return self.world_size > 1
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
 
 
 def _get(env: Mapping[str, str], names: str) -> tuple[str, str] | None:
@@ -169,44 +163,18 @@ def read_worker_info(env: Mapping[str, str] | None = None) -> WorkerInfo:
             f"rank {rank} is outside world size {world} (read from the {source} variables)",
             hint="the launcher's rank and size variables disagree",
         )
-    # popdist-style view
-    # (podrun's names, else popdist's as poprun sets them, else derived from the ranks)
-    def view(field: str) -> str:
-        return f"{PODRUN_FIELDS[field]}|{POPDIST_FIELDS[field]}"
-
-    num_instances = _int(env, view("num_instances"), None)
-    if num_instances is None:
-        num_instances = max(1, world // max(local_world, 1))
-    instance_index = _int(env, view("instance_index"), node_rank)
-    num_replicas = _int(env, view("num_replicas"), world)
-    local_replicas = _int(env, view("local_replicas"), local_world)
-    replica_offset = _int(env, view("replica_offset"), None)
-    if replica_offset is None:
-        replica_offset = rank - local_rank
-    return WorkerInfo(
-        source=source,
-        rank=rank,
-        local_rank=local_rank,
-        world_size=world,
-        local_world_size=local_world,
-        node_rank=node_rank,
-        master_addr=master_addr,
-        master_port=master_port,
-        num_instances=num_instances,
-        instance_index=instance_index,
-        num_replicas=num_replicas,
-        local_replicas=local_replicas,
-        replica_offset=replica_offset,
-        devices_per_replica=_int(env, view("devices_per_replica"), 1),
-        local_batch=_int(env, PODRUN_FIELDS["local_batch"], None),
-        grad_accum=_int(env, PODRUN_FIELDS["grad_accum"], None),
-        global_batch=_int(env, PODRUN_FIELDS["global_batch"], None),
-        run_id=env.get(PODRUN_FIELDS["run_id"]) or None,
-        run_dir=env.get(PODRUN_FIELDS["run_dir"]) or None,
-        plan_path=env.get(PODRUN_FIELDS["plan_path"]) or None,
-        restart_count=_int(env, f"{PODRUN_FIELDS['restart_count']}|TORCHELASTIC_RESTART_COUNT", 0),
-        snapshot_dir=env.get(PODRUN_FIELDS["snapshot_dir"]) or None,
-    )
+    # popdist-style view: podrun's names, else popdist's as poprun sets them, else derived from the ranks
+    derived = {"num_instances": max(1, world // max(local_world, 1)), "instance_index": node_rank,
+               "num_replicas": world, "local_replicas": local_world, "replica_offset": rank - local_rank,
+               "devices_per_replica": 1}
+    popdist = {f: _int(env, f"{PODRUN_FIELDS[f]}|{POPDIST_FIELDS[f]}", d) for f, d in derived.items()}
+    # the plan's batch decomposition and the run's places: podrun's names only
+    batch = {f: _int(env, PODRUN_FIELDS[f], None) for f in ("local_batch", "grad_accum", "global_batch")}
+    places = {f: env.get(PODRUN_FIELDS[f]) or None for f in ("run_id", "run_dir", "plan_path", "snapshot_dir")}
+    return WorkerInfo(source=source, rank=rank, local_rank=local_rank, world_size=world,
+                      local_world_size=local_world, node_rank=node_rank, master_addr=master_addr,
+                      master_port=master_port, **popdist, **batch, **places,
+                      restart_count=_int(env, f"{PODRUN_FIELDS['restart_count']}|TORCHELASTIC_RESTART_COUNT", 0))
 
 
 def read_plan(info: WorkerInfo | None = None) -> dict | None:

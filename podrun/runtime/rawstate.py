@@ -125,14 +125,10 @@ def pieces(head: bytes, blobs: list[tuple[int, memoryview]]) -> Iterator[memoryv
         pos = at + view.nbytes
 
 
-def is_raw(data) -> bool:
-    return bytes(data[:len(MAGIC)]) == MAGIC
-
-
 def load(data: bytes | bytearray | memoryview) -> Any:
     """The state laid out in ``data`` (tensors on the CPU, each a copy). Raises Corrupt for anything malformed."""
     buf = memoryview(data).cast("B")
-    if not is_raw(buf) or len(buf) < len(MAGIC) + _LEN.size:
+    if bytes(buf[:len(MAGIC)]) != MAGIC or len(buf) < len(MAGIC) + _LEN.size:
         raise Corrupt("not a raw state (bad magic)")
     (n,) = _LEN.unpack_from(buf, len(MAGIC))
     start = len(MAGIC) + _LEN.size

@@ -22,6 +22,7 @@ import os
 import stat
 import sys
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,7 @@ from typing import Any
 
 from podrun import safefs
 from podrun.errors import PodrunError
-from podrun.wire.worker_env import SNAPSHOT_KEY_NAME
+from podrun.wire.worker_env import PODRUN_FIELDS, SNAPSHOT_KEY_NAME
 
 SLOTS = 2
 RAW, TORCH = "raw", "torch"      # a slot's kind: podrun.runtime.rawstate, or torch.save (weights_only=True)
@@ -90,15 +91,12 @@ def open_dir(directory: str | os.PathLike) -> Path:
         except FileNotFoundError:
             if attempt == 2:
                 raise
-    return d
 
 
 def prepare_dirs(envs: list[dict[str, str]]) -> list[str]:
     """The agent's start (torch-free): make or check the snapshot directory of each worker env before any worker
     starts; where one cannot be used its PODRUN_SNAPSHOT_DIR is dropped (those workers keep no snapshot, a restart
     resumes from the disk checkpoint). The lines saying why, one per directory."""
-    from podrun.wire.worker_env import PODRUN_FIELDS
-
     name, problems = PODRUN_FIELDS["snapshot_dir"], {}
     for env in envs:
         d = env.get(name)
@@ -194,8 +192,6 @@ def drop_when_done(envs: list[dict[str, str]], code: int | None, ended: bool) ->
     any other reason to stop, or lost its controller, which then drops this host; a signal after a worker's
     failure is the teardown before a restart, which reads them), or this was the attempt with the last restart
     (PODRUN_RESTART_COUNT >= TORCHELASTIC_MAX_RESTARTS)."""
-    from podrun.wire.worker_env import PODRUN_FIELDS
-
     for env in envs:
         try:
             last = int(env.get(PODRUN_FIELDS["restart_count"], "0")) >= int(env.get("TORCHELASTIC_MAX_RESTARTS", "0"))
@@ -401,9 +397,10 @@ def open_writer(directory: str | os.PathLike | None, writes: bool) -> Writer | N
 
 
 @dataclass(frozen=True)
-class Recovered:
-    """The state every rank resumed from: its update ``step``, the rank whose copy was used, the ranks that
-    received it over the network (those that did not hold it)."""
+class Restored:
+    """The state every rank resumed from: the update ``step`` it was taken after, the ``state`` as given to the
+    writer (podrun.runtime.elastic.snapshot: modules and optimizers as state dicts), the rank whose copy was used,
+    the ranks that received it over the network (those that did not hold it)."""
 
     step: int
     state: dict[str, Any]
@@ -411,7 +408,7 @@ class Recovered:
     fetched_by: tuple[int, ...]
 
 
-def recover(writer: Writer | None, newer_than: int, restart_count: int = 0) -> Recovered | None:
+def recover(writer: Writer | None, newer_than: int, restart_count: int = 0) -> Restored | None:
     """After the process group formed (every rank calls it): the newest complete snapshot any rank holds, when it
     is newer than update ``newer_than`` (the disk checkpoint's; -1: none). Ranks agree with one all-gather of
     the steps they hold; the lowest rank holding the newest sends it to each rank that does not. None: no rank
@@ -442,8 +439,6 @@ def recover(writer: Writer | None, newer_than: int, restart_count: int = 0) -> R
     if hold and restart_count == 1:
         if rank == 0:
             print(f"snapshot recovery: holding {hold} s at step {newest}", flush=True)
-        import time
-
         time.sleep(float(hold))
     kind, data, digest = writer.read(newest) if rank in holders else (None, None, None)
     if on and lacking:
@@ -467,7 +462,7 @@ def recover(writer: Writer | None, newer_than: int, restart_count: int = 0) -> R
                                        "its HMAC under this run's key")
             if writer is not None:
                 writer.put(newest, data, kind, digest)   # a second failure before the next update finds it here too
-    return Recovered(newest, _load(kind, data, f"the snapshot of update {newest} (rank {src})"), src, lacking)
+    return Restored(newest, _load(kind, data, f"the snapshot of update {newest} (rank {src})"), src, lacking)
 
 
 def _load(kind: str, data: bytes, what: str) -> dict[str, Any]:

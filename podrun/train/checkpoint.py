@@ -171,8 +171,12 @@ def remove_dead_temps(directory: str | os.PathLike) -> list[Path]:
     return gone
 
 
-def free_bytes(directory: str | os.PathLike) -> int:
-    return shutil.disk_usage(directory).free
+def free_bytes(directory: str | os.PathLike) -> int | None:
+    """The bytes free on ``directory``'s device; None when that cannot be told."""
+    try:
+        return shutil.disk_usage(directory).free
+    except OSError:
+        return None
 
 
 def no_space(path: Path, needed: int, free: int | None, exact: bool = True) -> CheckpointError:
@@ -196,15 +200,8 @@ def save(state: dict[str, Any], directory: str | os.PathLike, step: int, keep: i
     d = safefs.own_dir(directory, "checkpoint directory")
     final = path_for(d, step)
     remove_dead_temps(d)
-    older = list_checkpoints(d)
-    try:    # the newest checkpoint's size: what this one needs, about (a state's size changes little)
-        needed = older[-1].stat().st_size if older else None
-    except OSError:
-        needed = None
-    try:
-        free = free_bytes(d)
-    except OSError:
-        free = None
+    needed = newest_size(d)     # what this one needs, about (a state's size changes little)
+    free = free_bytes(d)
     if needed is not None and free is not None and free < needed:
         raise no_space(final, needed, free)
     w = None
@@ -221,14 +218,11 @@ def save(state: dict[str, Any], directory: str | os.PathLike, step: int, keep: i
             w.seal()
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            try:
-                free = free_bytes(d)
-            except OSError:
-                free = None
-            raise no_space(final, needed if needed is not None else (w.n if w is not None else 0), free,
+            raise no_space(final, needed if needed is not None else (w.n if w is not None else 0), free_bytes(d),
                            exact=needed is not None) from None
         raise CheckpointError(f"cannot write checkpoint {final}: {exc.strerror or exc}",
-                              hint="check that --checkpoint-dir is writable and its disk healthy", exit_code=1) from None
+                              hint="check that --checkpoint-dir is writable and its disk healthy",
+                              exit_code=1) from None
     prune(d, max(keep, 1))
     return final
 
@@ -259,6 +253,15 @@ def finish(directory: str | os.PathLike, keep: int) -> dict[str, Any]:
             "keep_checkpoints": keep}
 
 
+def newest_size(directory: str | os.PathLike) -> int | None:
+    """The bytes of the newest complete checkpoint; None when there is none (or it went away)."""
+    found = list_checkpoints(directory)
+    try:
+        return found[-1].stat().st_size if found else None
+    except OSError:
+        return None
+
+
 def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
     """Complete checkpoints (never the temporary files), oldest first."""
     d = Path(directory)
@@ -267,7 +270,8 @@ def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
     return sorted((p for p in d.iterdir() if _NAME.match(p.name)), key=lambda p: int(_NAME.match(p.name).group(1)))
 
 
-def newest_good(directory: str | os.PathLike, map_location="cpu") -> tuple[tuple[Path, dict] | None, list[tuple[Path, str]]]:
+def newest_good(directory: str | os.PathLike,
+                map_location="cpu") -> tuple[tuple[Path, dict] | None, list[tuple[Path, str]]]:
     """(the newest checkpoint whose digest matches and that loads, or None; the newer ones passed over, each with
     why, newest first)."""
     bad: list[tuple[Path, str]] = []

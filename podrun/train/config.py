@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     from podrun.runtime.env import WorkerInfo
 
 
-
 class TrainError(PodrunError):
     """Training cannot go on: diverged loss, workers that disagree, a decomposition that does not add up."""
 

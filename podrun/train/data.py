@@ -35,6 +35,7 @@ class DataError(PodrunError):
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
+TREE_HINT = "expected an ImageNet-style tree: train/<class>/*.jpg and val/<class>/*.jpg"
 
 
 class ImageDataset:
@@ -170,8 +171,7 @@ class FolderDataset(ImageDataset):
     def __init__(self, root: Path, image_size: int, classes: list[str] | None = None, seed: int = 0):
         self.root, self.image_size, self.seed, self.name = root, image_size, seed, "folder"
         if not root.is_dir():
-            raise DataError(f"{root}: folder not found",
-                            hint="expected an ImageNet-style tree: train/<class>/*.jpg and val/<class>/*.jpg")
+            raise DataError(f"{root}: folder not found", hint=TREE_HINT)
         found = sorted(p.name for p in root.iterdir() if p.is_dir())
         self.classes = classes if classes is not None else found
         if not self.classes:
@@ -231,8 +231,7 @@ def image_folders(path: str | os.PathLike, image_size: int) -> tuple[FolderDatas
                         hint="pass --data digits, --data synthetic, a CIFAR-10 folder or an ImageNet-style folder")
     for split in ("train", "val"):
         if not (root / split).is_dir():
-            raise DataError(f"{root}: missing the {split}/ folder",
-                            hint="expected an ImageNet-style tree: train/<class>/*.jpg and val/<class>/*.jpg")
+            raise DataError(f"{root}: missing the {split}/ folder", hint=TREE_HINT)
     train = FolderDataset(root / "train", image_size)
     return train, FolderDataset(root / "val", image_size, classes=train.classes)
 
@@ -285,10 +284,6 @@ class Shard:
     @property
     def global_batch(self) -> int:
         return self.local_batch * self.replicas * self.grad_accum
-
-    @property
-    def per_replica(self) -> int:
-        return self.local_batch * self.grad_accum
 
 
 def steps_per_epoch(n: int, shard: Shard) -> int:

@@ -14,11 +14,9 @@ import torch
 from podrun import safefs
 from podrun.rundir.layout import TRAIN_SUMMARY
 from podrun.runtime import progress
-from podrun.runtime.distributed import Device
-from podrun.runtime.env import WorkerInfo
 from podrun.train import save
 from podrun.train.busy import BusyClock
-from podrun.train.config import TrainConfig, TrainError
+from podrun.train.config import TrainError
 from podrun.train.data import Loader, eval_batches, normalize, position
 from podrun.train.optim import mix_batch, soft_cross_entropy
 from podrun.train.setup import Session, all_reduce, no_sync
@@ -84,13 +82,9 @@ def run(s: Session, step: int, acc: dict[str, float], origin: dict[str, Any] | N
 
 def _record_start(s: Session, step: int, origin: dict[str, Any] | None, resumed: str | None) -> None:
     """The run record that opens the attempt's metrics: where it starts and the decomposition it runs."""
+    decomposition = {k: v for k, v in s.resolved().items() if k not in ("fsdp", "run_dir", "checkpoint_dir")}
     s.metrics.write({"kind": "run", "event": "resume" if origin else "start", "step": step, **(origin or {}),
-                     "samples": step * s.global_batch, "world_size": s.world, "instances": s.info.num_instances,
-                     "local_batch": s.local_batch, "grad_accum": s.grad_accum, "global_batch": s.global_batch,
-                     "steps_per_epoch": s.steps_per_epoch, "total_steps": s.total, "device": s.device.kind,
-                     "amp": str(s.amp_dtype).removeprefix("torch.") if s.amp_dtype else "off", "lr": s.lr,
-                     "warmup_steps": s.warmup, "dataset": s.train_ds.name, "train_size": len(s.train_ds),
-                     "resumed_from": resumed})
+                     "samples": step * s.global_batch, **decomposition, "resumed_from": resumed})
 
 
 def _loader(s: Session, step: int) -> Iterator:
@@ -166,10 +160,8 @@ class StepRows:
             if not math.isfinite(loss_g):
                 raise TrainError(f"loss became {loss_g} at step {p.step}",
                                  hint="lower the learning rate, or use --amp fp16 loss scaling / bf16", exit_code=1)
-            self.acc["loss"] += stats[0].item()
-            self.acc["correct"] += stats[1].item()
-            self.acc["count"] += stats[2].item()
-            self.acc["seconds"] += dt
+            for key, value in zip(("loss", "correct", "count", "seconds"), (*stats.tolist(), dt)):
+                self.acc[key] += value
             s.metrics.write({"kind": "step", "step": p.step, "epoch": p.epoch, "loss": loss_g, "accuracy": acc_g,
                              "lr": p.lr, "images_per_sec": g / dt,
                              "images_per_sec_instance": g / dt * s.info.local_world_size / s.world,
@@ -192,11 +184,6 @@ class StepRows:
             s.metrics.write({"kind": "eval", "step": step, "epoch": epoch, **_evaluate(s)})
             s.wrapped.train()
         self.t_last = time.perf_counter()
-
-
-def _evaluate(s: Session) -> dict[str, Any]:
-    return evaluate(s.eval_model, s.val_ds, s.cfg, s.device, s.info, s.amp_dtype, s.train_ds.mean, s.train_ds.std,
-                    s.use_fsdp)
 
 
 def _finish(s: Session, step: int, acc: dict[str, float], resumed: str | None) -> dict[str, Any]:
@@ -229,23 +216,23 @@ def _finish(s: Session, step: int, acc: dict[str, float], resumed: str | None) -
     return summary
 
 
-def evaluate(model, val_ds, cfg: TrainConfig, device: Device, info: WorkerInfo, amp_dtype, mean, std,
-             whole: bool = False) -> dict:
-    """Top-1 accuracy and loss on the validation split, sharded by rank and summed over workers
-    (``whole``: every rank evaluates every sample, no reduction)."""
+def _evaluate(s: Session) -> dict[str, Any]:
+    """Top-1 accuracy and loss on the validation split, sharded by rank and summed over workers (under FSDP every
+    rank evaluates every sample, no reduction)."""
+    cfg, device, amp_dtype, model = s.cfg, s.device, s.amp_dtype, s.eval_model
     model.eval()
     stats = torch.zeros(3, dtype=torch.float64)
-    rank, world = (0, 1) if whole else (info.rank, info.world_size)
+    rank, world = (0, 1) if s.use_fsdp else (s.rank, s.world)
     with torch.no_grad():
-        for x, y in eval_batches(val_ds, cfg.eval_batch, rank, world):
-            x = normalize(x.to(device.torch_device), mean, std, channels_last=cfg.channels_last)
+        for x, y in eval_batches(s.val_ds, cfg.eval_batch, rank, world):
+            x = normalize(x.to(device.torch_device), s.train_ds.mean, s.train_ds.std, channels_last=cfg.channels_last)
             y = y.to(device.torch_device)
             with torch.autocast(device.kind if device.kind == "cuda" else "cpu", dtype=amp_dtype or torch.bfloat16,
                                 enabled=amp_dtype is not None):
                 logits = model(x)
             loss = torch.nn.functional.cross_entropy(logits.float(), y, reduction="sum")
             stats += torch.tensor([loss.item(), (logits.argmax(-1) == y).sum().item(), len(y)], dtype=torch.float64)
-    if not whole:
+    if not s.use_fsdp:
         all_reduce(stats)
     n = max(stats[2].item(), 1.0)
     return {"val_loss": stats[0].item() / n, "val_accuracy": stats[1].item() / n, "val_samples": int(stats[2].item())}

@@ -151,11 +151,7 @@ def build_optimizer(model: nn.Module, name: str, lr: float, *, momentum: float =
     if name in ("rmsprop", "rmsprop_tf"):
         return RMSpropTF(groups, lr=lr, rho=rho, momentum=momentum, eps=1e-3 if eps is None else eps)
     if name == "adamw":
-        kw = {}
-        if fused is not None:
-            kw["fused"] = fused
-        else:
-            kw["foreach"] = True  # multi-tensor apply
+        kw = {"fused": fused} if fused is not None else {"foreach": True}     # else multi-tensor apply
         return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=1e-8 if eps is None else eps, **kw)
     raise SpecError(f"unknown optimizer {name!r}", hint=f"use one of {', '.join(OPTIMIZERS)}")
 
@@ -229,17 +225,11 @@ def mix_batch(x: torch.Tensor, y: torch.Tensor, num_classes: int, generator: tor
 
 
 def _beta(alpha: float, generator: torch.Generator) -> float:
-    # Beta(a, a) from two Gammas via the seeded generator (torch's Beta has no generator argument)
-    a = torch._standard_gamma(torch.full((2,), float(alpha)), generator=generator) if _has_gamma_gen() else None
-    if a is None:
+    # Beta(a, a) from two Gammas via the seeded generator (torch's Beta has no generator argument); a torch
+    # whose _standard_gamma takes no generator: the ratio of two uniforms
+    try:
+        a = torch._standard_gamma(torch.full((2,), float(alpha)), generator=generator)
+    except TypeError:
         u = torch.rand(2, generator=generator)
         return float(u[0] / (u[0] + u[1] + 1e-12))
     return float(a[0] / (a[0] + a[1]))
-
-
-def _has_gamma_gen() -> bool:
-    try:
-        torch._standard_gamma(torch.ones(1), generator=torch.Generator())
-        return True
-    except TypeError:
-        return False

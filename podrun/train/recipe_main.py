@@ -25,9 +25,7 @@ def build_config(recipe, args: argparse.Namespace, plan: dict | None, overrides:
             model_kwargs[key] = value
     if "image_size" in known:
         model_kwargs["image_size"] = image_size
-    num_classes = ds.num_classes
-    if args.data == "digits":
-        num_classes = max(num_classes, 10)
+    num_classes = max(ds.num_classes, 10) if args.data == "digits" else ds.num_classes
     global_batch = args.global_batch
     if global_batch is None and args.local_batch is None and not os.environ.get("PODRUN_GLOBAL_BATCH"):
         global_batch = recipe.global_batch
@@ -38,8 +36,7 @@ def build_config(recipe, args: argparse.Namespace, plan: dict | None, overrides:
         epochs = plan["epochs"] if epochs is None and args.steps is None else epochs
     if epochs is None and args.steps is None:
         epochs = recipe.epochs
-    precision = recipe.precision
-    amp = args.amp or {"fp16": "fp16", "bf16": "bf16", "amp": "auto", "fp32": "off"}[precision]
+    amp = args.amp or {"fp16": "fp16", "bf16": "bf16", "amp": "auto", "fp32": "off"}[recipe.precision]
     if amp == "fp16" and args.amp is None:
         amp = "auto_fp16"
     cfg = TrainConfig(

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from podrun.train import checkpoint as ckpt
-from podrun.train.setup import Session, all_reduce
+from podrun.train.setup import Session, agree, all_reduce
 
 FORMAT = 2      # 1: "step" and "global_batch" only; 2: adds samples, seed, train_size, steps_per_epoch
 
@@ -40,7 +40,7 @@ def position_of(state: dict[str, Any]) -> tuple[int, int | None]:
 
 
 def resume_step(path: Path | str, state: dict[str, Any], *, global_batch: int, seed: int, train_size: int) -> int:
-    """The update step to continue from, after checking this run continues the checkpoint's sequence of global batches."""
+    """The update step to continue from, once this run is checked to continue the checkpoint's global batches."""
     samples, saved_g = position_of(state)
     hint = ("resume with the global batch, seed and data the checkpoint was written with (replicas, local "
             "batch and GA may change), or start over with --no-resume or a new --checkpoint-dir")
@@ -157,14 +157,8 @@ class _Counter:
 
 def optimizer_slots(cfg) -> int:
     """Tensors of the weights' size the optimizer keeps per parameter once it has stepped (momentum, moments)."""
-    name = str(cfg.optimizer).lower()
-    if name == "adamw":
-        return 2
-    if name == "rmsprop":
-        return 2 if cfg.momentum != 0 else 1
-    if name in ("sgd", "lars"):
-        return 1 if cfg.momentum != 0 else 0
-    return 2
+    momentum = 1 if cfg.momentum != 0 else 0
+    return {"rmsprop": 1 + momentum, "sgd": momentum, "lars": momentum}.get(str(cfg.optimizer).lower(), 2)
 
 
 def checkpoint_bytes(s: Session, step: int = 0) -> int:
@@ -186,29 +180,15 @@ def check_room(s: Session, step: int) -> None:
     needed and free."""
     refusal = None
     if s.rank == 0 and step < s.total and (s.cfg.checkpoint_every > 0 or s.cfg.keep_checkpoints > 0):
-        newest = ckpt.list_checkpoints(s.ckpt_dir)
-        size = checkpoint_bytes(s, step)
-        if newest:
-            try:
-                size = max(size, newest[-1].stat().st_size)
-            except OSError:
-                pass
-        try:
-            free = ckpt.free_bytes(s.ckpt_dir)
-        except OSError:
-            free = None
+        size = max(checkpoint_bytes(s, step), ckpt.newest_size(s.ckpt_dir) or 0)
+        free = ckpt.free_bytes(s.ckpt_dir)
         if free is not None and free < size:
             every = s.cfg.checkpoint_every
             first = min((step // every + 1) * every, s.total) if every > 0 else s.total
             err = ckpt.no_space(ckpt.path_for(s.ckpt_dir, first), size, free)
             refusal = ckpt.CheckpointError(err.message.removesuffix("; the older checkpoints are intact")
                                            + "; refused before training", hint=err.hint, exit_code=2)
-    if dist.is_available() and dist.is_initialized():
-        flag = all_reduce(torch.tensor([0.0 if refusal is None else 1.0]), dist.ReduceOp.MAX)
-        if refusal is None and flag.item() > 0:
-            raise ckpt.CheckpointError("rank 0 found no room for a checkpoint (its message says how much)")
-    if refusal is not None:
-        raise refusal
+    agree(refusal, ckpt.CheckpointError("rank 0 found no room for a checkpoint (its message says how much)"))
 
 
 def save(s: Session, step: int, acc: dict[str, float]) -> None:

@@ -36,6 +36,17 @@ def all_reduce(t: torch.Tensor, op=None) -> torch.Tensor:
     return t
 
 
+def agree(refusal: Exception | None, elsewhere: Exception) -> None:
+    """Every rank calls it once rank 0 has looked: rank 0 raises its ``refusal``, and then every other rank
+    raises ``elsewhere``; nothing happens when rank 0 found nothing to refuse."""
+    if dist.is_available() and dist.is_initialized():
+        flag = all_reduce(torch.tensor([0.0 if refusal is None else 1.0]), dist.ReduceOp.MAX)
+        if refusal is None and flag.item() > 0:
+            raise elsewhere
+    if refusal is not None:
+        raise refusal
+
+
 def setup_determinism(cfg: TrainConfig) -> None:
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
@@ -134,7 +145,7 @@ def claim_dirs(cfg: TrainConfig, info: WorkerInfo, run_dir: Path, ckpt_dir: Path
     outcome: a refusal on rank 0 ends every rank with exit 2). Returns the locks."""
     from podrun import safefs
     from podrun.rundir import lock
-    from podrun.train.checkpoint import check_keep
+    from podrun.train.checkpoint import check_keep, remove_dead_temps
 
     check_keep(cfg.keep_checkpoints)          # every rank: a bad count is refused before anything is made
     refusal: Exception | None = None
@@ -155,8 +166,6 @@ def claim_dirs(cfg: TrainConfig, info: WorkerInfo, run_dir: Path, ckpt_dir: Path
             safefs.own_dir(ckpt_dir, "checkpoint directory", hint=CKPT_DIR_HINT)
             if ckpt_dir.resolve() != run_dir.resolve():
                 held.append(lock.DirLock(ckpt_dir, run, "checkpoint directory").acquire(wait))
-            from podrun.train.checkpoint import remove_dead_temps
-
             for p in remove_dead_temps(ckpt_dir):
                 print(f"podrun: removed {p.name}, the partial checkpoint of a writer that died", flush=True)
         except Exception as exc:  # noqa: BLE001 - raised below, after every rank heard of it
@@ -164,14 +173,8 @@ def claim_dirs(cfg: TrainConfig, info: WorkerInfo, run_dir: Path, ckpt_dir: Path
             for h in held:
                 h.release()
             held = []
-    if dist.is_available() and dist.is_initialized():
-        flag = torch.tensor([1.0 if refusal is not None else 0.0])
-        all_reduce(flag, dist.ReduceOp.MAX)
-        if refusal is None and flag.item() > 0:
-            raise TrainError("rank 0 refused the run directory or checkpoint directory (its message says why)",
-                             exit_code=2)
-    if refusal is not None:
-        raise refusal
+    agree(refusal, TrainError("rank 0 refused the run directory or checkpoint directory (its message says why)",
+                              exit_code=2))
     return held
 
 
