@@ -94,6 +94,6 @@ def run(quick: bool) -> list[dict]:
 
 
 if __name__ == "__main__":
-    from bench.run import run_alone
+    from bench.rows import run_alone
 
     run_alone(run)

@@ -90,6 +90,6 @@ def run(quick: bool = True) -> list[dict]:
 if __name__ == "__main__":
     import sys
 
-    from bench.run import run_alone
+    from bench.rows import run_alone
 
     run_alone(run, quick="--full" not in sys.argv)

@@ -458,6 +458,6 @@ def _vs_row(benchmark, subject, values, peer, bound, note, failures) -> dict:
 
 
 if __name__ == "__main__":
-    from bench.run import run_alone
+    from bench.rows import run_alone
 
     run_alone(run)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import statistics
+import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,3 +41,26 @@ def scratch(benchmark: str):
     """A folder of this run's own for one benchmark's files (podrun-bench-NAME-*), removed when the block leaves."""
     with tempfile.TemporaryDirectory(prefix=f"podrun-bench-{benchmark}-") as d:
         yield Path(d)
+
+
+def fmt(v):
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def print_table(rows: list[dict]) -> None:
+    cols = ["benchmark", "subject", "value", "peer", "peer_value", "ratio", "unit", "note"]
+    cells = [[fmt(r.get(c)) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) if cells else len(c) for i, c in enumerate(cols)]
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths)))
+
+
+def run_alone(run, quick: bool | None = None) -> None:
+    """`python -m bench.bench_NAME [--quick]`: one benchmark's table, as `python -m bench NAME` prints it (no JSON);
+    quick: when given, instead of --quick on the command line."""
+    print_table(run(quick="--quick" in sys.argv[1:] if quick is None else quick))

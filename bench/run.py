@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+from bench.rows import print_table
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"      # the JSON behind bench/RESULTS.md's figures (--keep)
 sys.path.insert(0, str(HERE.parent))     # `tests.harness` for the benchmarks that need real hosts
@@ -23,29 +25,6 @@ OWN_OPTIONS = {"mutate"}    # `python -m bench mutate [its options]` (bench/benc
 
 def available() -> list[str]:
     return sorted(m.name[len("bench_"):] for m in pkgutil.iter_modules([str(HERE)]) if m.name.startswith("bench_"))
-
-
-def fmt(v):
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
-
-
-def print_table(rows: list[dict]) -> None:
-    cols = ["benchmark", "subject", "value", "peer", "peer_value", "ratio", "unit", "note"]
-    cells = [[fmt(r.get(c)) for c in cols] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) if cells else len(c) for i, c in enumerate(cols)]
-    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
-    for row in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths)))
-
-
-def run_alone(run, quick: bool | None = None) -> None:
-    """`python -m bench.bench_NAME [--quick]`: one benchmark's table, as `python -m bench NAME` prints it (no JSON);
-    quick: when given, instead of --quick on the command line."""
-    print_table(run(quick="--quick" in sys.argv[1:] if quick is None else quick))
 
 
 def main(argv=None) -> int:

@@ -28,6 +28,8 @@ TORCHRUN, COMMON, RESTARTS, HANGS, TRANSPORTS, ENGINES, OUTPUT = (
 SECTIONS = (TORCHRUN, COMMON, RESTARTS, HANGS, TRANSPORTS, ENGINES, OUTPUT)
 SECTION_ATTR = "podrun_section"
 # torchrun's options that are podrun's own too (declared in the torchrun section, filling other parts)
+# podrun launch's options that name the run directory: a resume's own run id and runs dir replace them
+RUN_DIR_OPTIONS = ("run_id", "runs_dir", "resume_run", "log_dir")
 TORCHRUN_OWN = ("module", "no_python", "run_path", "max_restarts", "master_addr", "master_port")
 
 
@@ -328,7 +330,9 @@ def _resume(ctx, run: str, runs_dir: str | None, dry_run: bool) -> None:
     if extra:
         raise click.UsageError(f"--resume runs the run's own recorded arguments; these cannot be added: "
                                f"{' '.join(extra)}")
-    argv, cwd, run_dir = relaunch(run, runs_dir)
+    takes = {o: (p.name in RUN_DIR_OPTIONS, not (p.is_flag or p.count)) for p in launch.params
+             if isinstance(p, click.Option) for o in (*p.opts, *p.secondary_opts)}
+    argv, cwd, run_dir = relaunch(run, runs_dir, takes)
     run_dir = run_dir.resolve()            # before the chdir
     _notice(f"resuming run {run_dir.name} in {cwd}: podrun launch {' '.join(argv[4:])}")
     try:

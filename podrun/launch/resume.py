@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Mapping
 
 from podrun.errors import LaunchError
 from podrun.redaction import REDACTED, redact_argv
@@ -21,8 +22,6 @@ def record(argv: list[str], cwd: str) -> dict:
 
 
 RECORD_LIMIT = 1 << 20                      # bytes of launch.json read at most
-# podrun launch's options that name the run directory: a resume's own run id and runs dir replace them
-RUN_DIR_OPTIONS = ("run_id", "runs_dir", "resume_run", "log_dir")
 
 
 def find_run(run: str, runs_dir: str | None) -> Path:
@@ -50,16 +49,11 @@ def _earlier(run_dir: Path) -> dict:
     return data
 
 
-def without_run_dir(argv: list[str]) -> list[str]:
+def without_run_dir(argv: list[str], takes: Mapping[str, tuple[bool, bool]]) -> list[str]:
     """``argv`` (podrun launch's arguments) without the options that name a run directory (--run-id, --runs-dir,
     --resume, --log-dir, in every spelling: ``--runs-dir X``, ``--runs-dir=X``, ``--log_dir X``), looked for only
-    where podrun's own options are: up to the target (the first argument that is no option, or --)."""
-    import click
-
-    from podrun.cli.launch_cmd import launch
-
-    takes = {o: (p.name in RUN_DIR_OPTIONS, not (p.is_flag or p.count)) for p in launch.params
-             if isinstance(p, click.Option) for o in (*p.opts, *p.secondary_opts)}
+    where podrun's own options are: up to the target (the first argument that is no option, or --). ``takes``:
+    each spelling of podrun launch's options -> (it names the run directory, it takes a value), from the CLI."""
     out, i = [], 0
     while i < len(argv) and argv[i] != "--" and argv[i].startswith("-"):
         name, eq, _ = argv[i].partition("=")
@@ -71,9 +65,10 @@ def without_run_dir(argv: list[str]) -> list[str]:
     return out + argv[i:]
 
 
-def relaunch(run: str, runs_dir: str | None) -> tuple[list[str], str, Path]:
+def relaunch(run: str, runs_dir: str | None,
+             takes: Mapping[str, tuple[bool, bool]]) -> tuple[list[str], str, Path]:
     """(the `podrun launch` arguments that run RUN again into its own directory, the directory to run them in,
-    the run directory). Refused (exit 2) while another process holds the run, when it has no launch record,
+    the run directory); ``takes`` as for ``without_run_dir``. Refused (exit 2) while another process holds the run, when it has no launch record,
     or when a redacted secret of its arguments cannot be filled in from this environment."""
     run_dir = find_run(run, runs_dir)
     if not run_dir.is_dir():
@@ -94,6 +89,6 @@ def relaunch(run: str, runs_dir: str | None) -> tuple[list[str], str, Path]:
         raise LaunchError(f"{run_dir / LAUNCH_RECORD}: the run's arguments held secrets that were not recorded "
                           f"({', '.join(missing)})",
                           hint="export each NAME=<redacted> variable's value in this shell, then resume")
-    argv = [a for a in without_run_dir(argv) if a != "--no-resume"]    # it continues from the newest good state
+    argv = [a for a in without_run_dir(argv, takes) if a != "--no-resume"]    # it continues from the newest good state
     runs = str(run_dir.resolve().parent)
     return ["--run-id", run_dir.name, "--runs-dir", runs, *argv], data["cwd"], run_dir

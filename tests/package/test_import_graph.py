@@ -66,7 +66,8 @@ def test_the_boundary_check_finds_a_crossing(tmp_path):
 
 
 def test_the_ssh_transports_import_no_circle():
-    """ssh_common holds what both ssh clients share; the choice between them lives apart (transports.ssh_transport)."""
+    """ssh_common holds what both ssh clients share; the choice between them is openssh.ssh_transport (the system
+    client, else paramiko)."""
     common = imports_of("podrun.launch.transports.ssh_common")
     assert not {"podrun.launch.transports.openssh", "podrun.launch.transports.ssh"} & common
 

@@ -6,11 +6,6 @@ transport is one entry here and one module (podrun.launch.transports.base says w
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # pragma: no cover
-    from podrun.launch.request import LaunchRequest
-    from podrun.launch.transports.ssh_common import HeldAgentTransport
 
 SSH_CLIENTS = ("auto", "openssh", "paramiko")     # --ssh-client
 
@@ -61,7 +56,7 @@ class TransportKind:
 
 TRANSPORTS: dict[str, TransportKind] = {k.name: k for k in (
     TransportKind("local", "podrun.launch.transports.local:LocalTransport", remote=False),
-    TransportKind("ssh", "podrun.launch.transports:ssh_transport", ssh_per_host=True, env_stdin=True),
+    TransportKind("ssh", "podrun.launch.transports.openssh:ssh_transport", ssh_per_host=True, env_stdin=True),
     TransportKind("mpirun", "podrun.launch.transports.mpirun:MpirunTransport", merged=True, agent_per_worker=True,
                   per_instance=False),
     TransportKind("srun", "podrun.launch.transports.srun:SrunTransport", merged=True, per_instance=False,
@@ -83,16 +78,3 @@ def transport_of(name: str) -> TransportKind:
 def transport_choices() -> list[str]:
     """What --transport takes: every transport but those an engine chooses."""
     return [k.name for k in TRANSPORTS.values() if not k.engine_only]
-
-
-def ssh_transport(request: "LaunchRequest") -> "HeldAgentTransport":
-    """The ssh transport for ``request.ssh.client``: ``openssh`` (the system's ssh), ``paramiko``, or ``auto``
-    (OpenSSH's client when ``ssh`` is on PATH, as mpirun, pdsh and Ansible use it; else paramiko)."""
-    from podrun.launch.transports.openssh import OpenSSHTransport, ssh_binary
-
-    client = request.ssh.client
-    if client == "openssh" or (client == "auto" and ssh_binary() is not None):
-        return OpenSSHTransport(request)
-    from podrun.launch.transports.ssh import SSHTransport
-
-    return SSHTransport(request)

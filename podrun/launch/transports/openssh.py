@@ -15,9 +15,13 @@ from __future__ import annotations
 import shutil
 import subprocess
 import threading
+from typing import TYPE_CHECKING
 
 from podrun.launch.transports.base import PipedAgentHandle, Problem
 from podrun.launch.transports.ssh_common import HeldAgentTransport, HeldProbe, ip_hostname, read_ssh_config
+
+if TYPE_CHECKING:  # pragma: no cover
+    from podrun.launch.request import LaunchRequest
 
 SSH = "ssh"
 
@@ -184,3 +188,14 @@ class SSHConfigError(Exception):
 def _last(err: str) -> str:
     lines = [ln.strip() for ln in err.strip().splitlines() if ln.strip()]
     return lines[-1] if lines else "no message"
+
+
+def ssh_transport(request: "LaunchRequest") -> HeldAgentTransport:
+    """The ssh transport for ``request.ssh.client``: ``openssh`` (the system's ssh), ``paramiko``, or ``auto``
+    (OpenSSH's client when ``ssh`` is on PATH, as mpirun, pdsh and Ansible use it; else paramiko)."""
+    client = request.ssh.client
+    if client == "openssh" or (client == "auto" and ssh_binary() is not None):
+        return OpenSSHTransport(request)
+    from podrun.launch.transports.ssh import SSHTransport
+
+    return SSHTransport(request)
