@@ -5,6 +5,7 @@ says (long paths, 0600 from the start, lstat checks); ``control.pid`` beside it 
 replaced by the next controller of the run."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -25,10 +26,8 @@ def claim(run_dir: str) -> None:
 
 
 def release(run_dir: str) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(os.path.join(run_dir, OWNER_NAME))
-    except OSError:
-        pass
 
 
 def serve(run_dir: str, handle) -> socket.socket:
@@ -51,10 +50,8 @@ def serve(run_dir: str, handle) -> socket.socket:
                 reply = handle(json.loads(data or b"{}"))
             except (OSError, ValueError) as exc:
                 reply = {"error": f"bad request: {exc}"}
-            try:
+            with contextlib.suppress(OSError):
                 conn.sendall(json.dumps(reply, default=str).encode() + b"\n")
-            except OSError:
-                pass
 
     def accept():
         while True:
@@ -71,10 +68,8 @@ def serve(run_dir: str, handle) -> socket.socket:
 def stop(run_dir: str, server: socket.socket | None) -> None:
     if server is None:
         return
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(os.path.join(run_dir, SOCKET_NAME))
-    except OSError:
-        pass
     server.close()
 
 

@@ -2,6 +2,7 @@
 each instance was last heard (its silence, with the controller's own waits and stalls taken out)."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import queue
 import threading
@@ -167,11 +168,9 @@ class Listener:
         it let go (a lost host, one it killed) may still have lines, and the hub that reads them serves the
         next attempt too."""
         while not self.done.is_set():
-            try:
+            with contextlib.suppress(queue.Full):
                 self.q.put(item, timeout=0.2)
                 return
-            except queue.Full:
-                continue
 
     def _heartbeats(self) -> None:
         """A byte to every open agent each heartbeat period, from its own thread: the agents keep their

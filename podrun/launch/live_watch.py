@@ -134,10 +134,8 @@ class LiveWatch:
                         "collecting every worker's stacks")
         self.dump.progress_at = self.last_progress
         for h in handles:
-            try:
+            with contextlib.suppress(Exception):   # a broken link shows as a worker without stacks
                 h.request_stacks()
-            except Exception:  # noqa: BLE001 - a broken link shows as a worker without stacks
-                pass
         if self.merged:                  # mpirun/srun agents have no stdin: they watch the run dir
             try:
                 protocol.write_request(self.req.run_dir)

@@ -4,6 +4,7 @@ the workers that ended after the root cause (its followers); the Supervisor's pa
 from __future__ import annotations
 
 import collections
+import contextlib
 import enum
 import signal
 import time
@@ -143,10 +144,8 @@ class Outcome:
 def exit_signal(code: int) -> str | None:
     """143 -> "SIGTERM": the signal an exit code above 128 says ended the process (None: none, or not one known)."""
     if 128 < code < 160:
-        try:
+        with contextlib.suppress(ValueError):
             return signal.Signals(code - 128).name
-        except ValueError:
-            pass
     return None
 
 

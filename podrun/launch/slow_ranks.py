@@ -23,7 +23,6 @@ class SlowRanks:
     def __init__(self, window: int = SLOW_WINDOW):
         self.window = window
         self.busy: dict[int, list[float]] = {}
-        self.hosts: dict[int, str] = {}
         self.slow: dict[int, dict] = {}        # rank -> its record while it is slow
         self.records: list[dict] = []          # every rank named, in order (summary.json's slow_ranks)
 
@@ -32,7 +31,6 @@ class SlowRanks:
         xs = self.busy.setdefault(rank, [])
         xs.append(float(busy_s))
         del xs[:-self.window]
-        self.hosts[rank] = host
         if len(xs) < self.window:
             return None
         others = [median(v) for r, v in self.busy.items() if r != rank]

@@ -15,6 +15,7 @@ last lines of the others, and the workers that ended after it in one summary (ou
 """
 from __future__ import annotations
 
+import contextlib
 import queue
 import signal
 import threading
@@ -112,11 +113,9 @@ class Supervisor:
                 if len(st.agents_done) < self.instances.wpi:
                     return
                 code = next((c for c in st.agents_done.values() if c != 0), 0)
-            st.exit_code = code
-            st.ended_s = round(time.time() - self.instances.t0, 3)
-            if st.status is not InstanceStatus.LOST:
-                st.status = InstanceStatus.OK if st.exit_code == 0 else (InstanceStatus.FAILED if any(
-                    f.instance == st.index for f in self.failures) else InstanceStatus.TERMINATED)
+            status = InstanceStatus.OK if code == 0 else (InstanceStatus.FAILED if any(
+                f.instance == st.index for f in self.failures) else InstanceStatus.TERMINATED)
+            self.instances.end(st, st.status if st.status is InstanceStatus.LOST else status, code)
 
     def _agent_stopping(self, st, stop: protocol.AgentStop) -> None:
         """An agent began ending its workers (a ``stop`` line). One that heard nothing from this controller within
@@ -330,8 +329,6 @@ def _rank_text(rank: int) -> str:
 
 def _safe(f: Notice) -> Notice:
     def call(text: str) -> None:
-        try:
+        with contextlib.suppress(Exception):   # podrun's stderr closed: keep supervising
             f(text)
-        except Exception:  # noqa: BLE001 - podrun's stderr closed: keep supervising
-            pass
     return call

@@ -23,9 +23,7 @@ def horovod_available() -> bool:
 
 def require_horovod() -> None:
     if not horovod_available():
-        raise LaunchError(
-            "--engine horovod: the horovod package is not importable in this Python",
-            hint="install horovod with torch support (HOROVOD_WITH_PYTORCH=1 pip install horovod; "
-            "0.28.1 needs its CMake C++ standard raised to 17 for torch 2.x), or use --engine torch",
-            exit_code=2,
-        )
+        raise LaunchError("--engine horovod: the horovod package is not importable in this Python",
+                          hint="install horovod with torch support (HOROVOD_WITH_PYTORCH=1 pip install horovod; "
+                               "0.28.1 needs its CMake C++ standard raised to 17 for torch 2.x), or use --engine torch",
+                          exit_code=2)

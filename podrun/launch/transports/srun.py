@@ -50,20 +50,18 @@ class SrunTransport(LauncherTransport):
         """HostError (exit 2) when not in an allocation or the plan needs hosts it does not have."""
         env = os.environ if env is None else env
         if not env.get("SLURM_JOB_ID"):
-            raise HostError(
-                "--transport srun runs inside a Slurm allocation, but SLURM_JOB_ID is not set",
-                hint="run podrun launch from an sbatch script (podrun script / podrun submit) or "
-                "inside salloc; elsewhere use --transport ssh or mpirun")
+            raise HostError("--transport srun runs inside a Slurm allocation, but SLURM_JOB_ID is not set",
+                            hint="run podrun launch from an sbatch script (podrun script / podrun submit) or "
+                                 "inside salloc; elsewhere use --transport ssh or mpirun")
         alloc = allocation_hosts(env)
         hosts, _ = hosts_and_ranks(self.request)
         if alloc is not None:
             missing = [h for h in hosts if h not in alloc]
             if missing:
-                raise HostError(
-                    f"the plan needs {len(hosts)} hosts ({', '.join(hosts)}) but the Slurm allocation "
-                    f"{env.get('SLURM_JOB_ID')} has {len(alloc)} ({', '.join(alloc)}): "
-                    f"{', '.join(missing)} not allocated",
-                    hint="ask for more nodes (sbatch --nodes) or plan for fewer (--nodes / --hosts)")
+                raise HostError(f"the plan needs {len(hosts)} hosts ({', '.join(hosts)}) but the Slurm allocation "
+                                f"{env.get('SLURM_JOB_ID')} has {len(alloc)} ({', '.join(alloc)}): "
+                                f"{', '.join(missing)} not allocated",
+                                hint="ask for more nodes (sbatch --nodes) or plan for fewer (--nodes / --hosts)")
 
     def preflight(self) -> list[Problem]:
         try:

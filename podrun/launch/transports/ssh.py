@@ -15,6 +15,7 @@ podrun.wire.envchannel), neither in the command line nor by AcceptEnv.
 """
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import queue
@@ -122,10 +123,8 @@ class SSHHandle(HeldProbe, InstanceHandle):
 
 def _close_quietly(thing) -> None:
     """``thing.close()``; a connection that fails to close is closed enough."""
-    try:
+    with contextlib.suppress(Exception):
         thing.close()
-    except Exception:  # noqa: BLE001
-        pass
 
 
 class SSHTransport(HeldAgentTransport):
