@@ -19,7 +19,7 @@ from typing import NamedTuple
 from podrun import safefs
 from podrun.errors import PodrunError
 from podrun.wire.proctl import signal_group
-from podrun.wire.protocol import ZYGOTE_DIR
+from podrun.rundir.layout import ZYGOTE
 
 IDLE_S = 60.0           # seconds with no agent connected and no worker alive before the zygote ends
 CONNECT_S = 2.0         # an agent's bound on reaching the zygote and hearing the forked pid
@@ -38,7 +38,7 @@ class WarmHost(NamedTuple):
 
 
 def zygote_dir(run_dir: str) -> str:
-    return os.path.join(run_dir, ZYGOTE_DIR)
+    return os.path.join(run_dir, ZYGOTE)
 
 
 def socket_path(run_dir: str, host: str) -> str:
