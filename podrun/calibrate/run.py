@@ -87,10 +87,7 @@ class Progress:
     def sink(self, index, host, local_rank, stream, text):
         if text.startswith("calibrate: "):
             line = f"[{time.monotonic() - self.t0:5.1f} s] {text[len('calibrate: '):]}"
-            if self.tty:
-                self.stream.write("\r\x1b[2K" + line[:150])
-            else:
-                self.stream.write(line + "\n")
+            self.stream.write("\r\x1b[2K" + line[:150] if self.tty else line + "\n")
             self.stream.flush()
         else:
             self.tail = (self.tail + [f"[{index} {host}] {text}"])[-20:]
