@@ -2,6 +2,7 @@
 child process: what the calibration times and sizes."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import multiprocessing as mp
 import os
@@ -102,12 +103,10 @@ def _fixed_malloc() -> None:
     """glibc's malloc with a fixed mmap threshold: each block of 64 KiB or more is its own mapping, returned when
     freed (glibc otherwise raises the threshold after frees, and keeps freed tensors in the heap), so the resident
     set follows the live tensors and a probe measures the same peak each time."""
-    try:
+    with contextlib.suppress(OSError, AttributeError):   # not glibc: the resident set as it comes
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(-3, 64 * 1024)     # M_MMAP_THRESHOLD
         libc.malloc_trim(0)
-    except (OSError, AttributeError):   # not glibc: the resident set as it comes
-        pass
 
 
 def _probe_child(recipe: RecipeSpec, b: int, device: str, image_size: int | None, conn) -> None:

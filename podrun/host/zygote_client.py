@@ -188,14 +188,10 @@ def start(run_dir: str, host: str, idle: float = IDLE_S) -> None:
         log = os.fdopen(safefs.open_private(path[:-5] + ".log"), "ab")
     except (OSError, PodrunError):
         return
-    try:
+    with log, contextlib.suppress(OSError, subprocess.SubprocessError):
         subprocess.run([sys.executable, "-m", "podrun.host.zygote", "--socket", path, "--idle", str(idle)],
                        stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, timeout=30,
                        check=False)
-    except (OSError, subprocess.SubprocessError):
-        pass
-    finally:
-        log.close()
 
 
 def hold(run_dir: str, host: str, wait: float) -> socket.socket | None:

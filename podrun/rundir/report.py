@@ -2,6 +2,7 @@
 plain command's run has (plan.json, summary.json: attempts, exit codes, root cause, durations)."""
 from __future__ import annotations
 
+import contextlib
 import shlex
 import statistics
 from dataclasses import dataclass, field
@@ -80,10 +81,8 @@ def newest_run(runs_dir: str | Path) -> Path:
     for sub in d.iterdir():
         times = []
         for name in RUN_FILES:
-            try:
+            with contextlib.suppress(OSError):       # absent, or not a directory
                 times.append((sub / name).stat().st_mtime)
-            except OSError:       # absent, or not a directory
-                pass
         if times and (best is None or (max(times), sub.name) > best):
             best = (max(times), sub.name)
     if best is None:
