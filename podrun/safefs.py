@@ -119,13 +119,6 @@ def check_dir(path, what: str, *, shared_read: bool = False, root_ok: bool = Fal
     return Path(path)
 
 
-def check_ancestors(path, what: str, *, error: type[PodrunError] = UnsafePath, hint: str | None = None) -> None:
-    problem = ancestor_problem(path)
-    if problem is not None:
-        raise _refuse(problem, what, error, hint or "put it where only you (and root) can change the path: your "
-                                                    "home, or a directory of yours in /tmp")
-
-
 # -- directories ------------------------------------------------------------------------------------------------
 
 def make_dir(path, what: str, *, shared_read: bool = False, mode: int | None = None,
@@ -149,7 +142,10 @@ def make_dirs(path, what: str, *, shared_read: bool = False, mode: int | None = 
     """``path`` and the missing directories on the way: no other user can swap a directory on the way
     (ancestor_problem); each directory made here is this user's, checked right after (shared_read: 0755)."""
     d = Path(os.path.abspath(path))
-    check_ancestors(d.parent, f"{what} {d}", error=error)
+    problem = ancestor_problem(d.parent)
+    if problem is not None:
+        raise _refuse(problem, f"{what} {d}", error, "put it where only you (and root) can change the path: your "
+                                                     "home, or a directory of yours in /tmp")
     missing = []
     p = d
     while not os.path.lexists(p) and p != p.parent:

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from podrun import safefs
+from podrun import __version__, safefs
 from podrun.specs.calibration import (Calibration, LinkResult, MemoryProbe, MemoryResult, NetworkResult,
                                       OverlapResult, RatePoint, SUBDIR, check_name, dumps, utc_now)
 from podrun.errors import LaunchError, PlanError
@@ -87,10 +87,7 @@ class Progress:
     def sink(self, index, host, local_rank, stream, text):
         if text.startswith("calibrate: "):
             line = f"[{time.monotonic() - self.t0:5.1f} s] {text[len('calibrate: '):]}"
-            if self.tty:
-                self.stream.write("\r\x1b[2K" + line[:150])
-            else:
-                self.stream.write(line + "\n")
+            self.stream.write("\r\x1b[2K" + line[:150] if self.tty else line + "\n")
             self.stream.flush()
         else:
             self.tail = (self.tail + [f"[{index} {host}] {text}"])[-20:]
@@ -104,7 +101,6 @@ class Progress:
 def calibrate(opts: CalibrateOptions, progress: Progress | None = None) -> tuple[Calibration, Path]:
     """Run the calibration; (what was measured, the file written). A host that fails: LaunchError naming it, and
     no file; a budget below one sample: PlanError (exit 2) with the smallest that fits."""
-    from podrun import __version__
     from podrun.launch.prepare import prepare_launch
     from podrun.launch.run import execute
     from podrun.plan.inputs import resolve_plan_inputs

@@ -2,6 +2,9 @@
 child process: what the calibration times and sizes."""
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import multiprocessing as mp
 import os
 import time
 from dataclasses import dataclass
@@ -9,8 +12,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from podrun import models
 from podrun.safefs import write_kernel
 from podrun.specs.recipe import RecipeSpec
+from podrun.train.optim import build_optimizer
 
 
 def input_size(recipe: RecipeSpec, image_size: int | None) -> int:
@@ -21,8 +26,6 @@ def input_size(recipe: RecipeSpec, image_size: int | None) -> int:
 def model_kwargs(recipe: RecipeSpec, image_size: int | None = None) -> dict:
     """The model's options as the recipe's train.py builds it (podrun.train.recipe_main) for inputs of
     ``image_size`` pixels (None: the recipe's)."""
-    from podrun import models
-
     known = models.options(recipe.model.name)
     m = recipe.model
     kw = {key: value for key, value in (("norm", m.norm), ("stem", m.stem), ("classifier", m.classifier))
@@ -49,9 +52,6 @@ class Stepper:
     image_size: int | None = None
 
     def __post_init__(self):
-        from podrun import models
-        from podrun.train.optim import build_optimizer
-
         torch.manual_seed(0)
         r = self.recipe
         self.model = models.build(r.model.name, num_classes=r.dataset.num_classes,
@@ -103,14 +103,10 @@ def _fixed_malloc() -> None:
     """glibc's malloc with a fixed mmap threshold: each block of 64 KiB or more is its own mapping, returned when
     freed (glibc otherwise raises the threshold after frees, and keeps freed tensors in the heap), so the resident
     set follows the live tensors and a probe measures the same peak each time."""
-    import ctypes
-
-    try:
+    with contextlib.suppress(OSError, AttributeError):   # not glibc: the resident set as it comes
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(-3, 64 * 1024)     # M_MMAP_THRESHOLD
         libc.malloc_trim(0)
-    except (OSError, AttributeError):   # not glibc: the resident set as it comes
-        pass
 
 
 def _probe_child(recipe: RecipeSpec, b: int, device: str, image_size: int | None, conn) -> None:
@@ -145,8 +141,6 @@ def probe(recipe: RecipeSpec, b: int, device: str = "cpu", timeout: float = 600.
     spawned on CUDA (a forked child of a process that has initialised CUDA cannot use it): {"peak_bytes": int}
     or {"peak_bytes": None, "error": why} when it ran out of memory or died; RuntimeError with the child's error
     when the probe could not run for another reason (that is no memory limit: the calibration stops on it)."""
-    import multiprocessing as mp
-
     ctx = mp.get_context("fork" if device == "cpu" else "spawn")
     parent, child = ctx.Pipe(duplex=False)
     p = ctx.Process(target=_probe_child, args=(recipe, b, device, image_size, child), daemon=True)

@@ -1,6 +1,7 @@
 """A worker's output on its agent: stamped stdout/stderr sockets relayed in the order written, its progress pipe."""
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import select
@@ -129,11 +130,8 @@ def _last_due(merged: list, held: list, capped: list, ended: bool) -> int:
 
 def pump_progress(fd: int, emit: Emit) -> None:
     """Relay a worker's progress records (JSON lines on its PODRUN_PROGRESS_FD pipe) as ``prog`` lines."""
-    try:
-        with os.fdopen(fd, "rb") as f:
-            for raw in protocol.bounded_lines(f, 4096):
-                text = raw.decode("utf-8", "replace").strip()
-                if text.startswith("{"):
-                    emit("prog", text)
-    except (OSError, ValueError):
-        pass
+    with contextlib.suppress(OSError, ValueError), os.fdopen(fd, "rb") as f:
+        for raw in protocol.bounded_lines(f, 4096):
+            text = raw.decode("utf-8", "replace").strip()
+            if text.startswith("{"):
+                emit("prog", text)

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
+import io
 import json
 import os
 import select
@@ -35,12 +37,15 @@ import socket
 import struct
 import sys
 import time
+import traceback
 
 from podrun import safefs
 from podrun.errors import PodrunError
 from podrun.host.zygote_child import become_worker, finish
 from podrun.host.zygote_client import CONNECT_S, IDLE_S, QUIT
-from podrun.wire.proctl import signal_group
+from podrun.wire import unixsock
+from podrun.wire.owner import owner_alive, remove_if_stale
+from podrun.wire.proctl import PR_SET_PDEATHSIG, die_with_parent, prctl, signal_group
 
 PRELOAD = ("torch", "torch.distributed", "torch.nn", "torch.optim", "numpy", "podrun.runtime.distributed",
            "podrun.train.runner", "podrun.train.loop", "podrun.train.data", "podrun.train.recipe_main",
@@ -104,8 +109,6 @@ def _idle_class() -> bool:
 def _warm_up() -> None:
     """What torch imports on first use rather than at import: an optimizer's first construction (torch._dynamo,
     sympy: seconds) and a checkpoint's save and load. Starts no thread."""
-    import io
-
     torch = sys.modules.get("torch")
     if torch is None:
         return
@@ -125,9 +128,6 @@ def _watch(zygote: int, path: str) -> None:
     """The watcher (a child forked before the imports): SIGKILL with the zygote; when the run's controller is
     dead on this machine, kill the zygote and remove the run's zygote directory and stale control socket (no
     longer dying with the zygote then, which would cut that short)."""
-    from podrun.wire.proctl import PR_SET_PDEATHSIG, die_with_parent, prctl
-    from podrun.wire.owner import owner_alive
-
     die_with_parent(signal.SIGKILL, zygote)()
     run_dir = os.path.dirname(os.path.dirname(path))
     while os.getppid() == zygote:
@@ -144,8 +144,6 @@ def _clean_up(path: str, inode: int, settle: float = 0.0) -> None:
     """A zygote's end: its socket and lock go; when the run's controller is dead on this machine, the run's
     zygote directory and its stale control socket go too (no attempt will follow). ``settle``: seconds to wait
     for a controller said to be dead to be seen dead (an agent's QUIT can come while it is still exiting)."""
-    from podrun.wire.owner import owner_alive
-
     run_dir = os.path.dirname(os.path.dirname(path))
     deadline = time.monotonic() + settle
     while owner_alive(run_dir) and time.monotonic() < deadline:
@@ -160,8 +158,6 @@ def _clean_up(path: str, inode: int, settle: float = 0.0) -> None:
 
 def _remove_run_zygotes(path: str) -> None:
     """The run's controller is dead: its zygote directory (``path``'s) and its stale control socket go."""
-    from podrun.wire.owner import remove_if_stale
-
     shutil.rmtree(os.path.dirname(path), ignore_errors=True)
     remove_if_stale(os.path.dirname(os.path.dirname(path)))
 
@@ -178,10 +174,6 @@ def _start_watcher(path: str, lock: int) -> None:
 
 
 def serve(path: str, idle: float) -> int:
-    import fcntl
-
-    from podrun.wire import unixsock
-
     if unixsock.dir_ok(os.path.dirname(path)) is not None:
         print(f"podrun zygote: {unixsock.dir_ok(os.path.dirname(path))}", file=sys.stderr, flush=True)
         return 1
@@ -294,8 +286,6 @@ class _Server:
             try:
                 code = become_worker(req, fds, self.me)
             except BaseException:  # noqa: BLE001 - becoming the worker failed (a missing cwd): say why
-                import traceback
-
                 traceback.print_exc()
             finally:
                 finish(code)

@@ -1,12 +1,18 @@
 """In a process the zygote forked: becoming the worker (its descriptors, env, cwd, stdio) and running it as __main__."""
 from __future__ import annotations
 
+import atexit
 import contextlib
+import fcntl
+import io
 import os
 import runpy
 import signal
 import sys
+import threading
 import traceback
+
+from podrun.wire.proctl import PR_SET_PDEATHSIG, prctl
 
 WARM_ENV = "PODRUN_WARM"        # in a worker the zygote forked: the zygote's pid
 HIGH_FD = 256            # a forked process gets the fds it is told of by name at or above this number
@@ -15,8 +21,6 @@ SITE_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file_
 
 
 def _stdio(unbuffered: bool) -> None:
-    import io
-
     for fd, name in ((1, "stdout"), (2, "stderr")):
         raw = io.FileIO(fd, "w", closefd=False)
         f = io.TextIOWrapper(raw if unbuffered else io.BufferedWriter(raw), encoding="utf-8",
@@ -28,8 +32,6 @@ def _stdio(unbuffered: bool) -> None:
 
 def become_worker(req: dict, fds: list[int], zygote_pid: int) -> int:
     """In the forked worker: become the worker, run the script; returns its exit code."""
-    from podrun.wire.proctl import PR_SET_PDEATHSIG, prctl
-
     os.setsid()
     prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))   # the zygote's death ends this process
     if os.getppid() != zygote_pid:
@@ -59,8 +61,6 @@ def become_worker(req: dict, fds: list[int], zygote_pid: int) -> int:
 def _take_fds(targets: list, fds: list[int], env: dict[str, str]) -> None:
     """Put each descriptor the agent sent where it is told (fd 0, 1 or 2, or a variable naming its number, set in
     ``env``), moved at or above HIGH_FD first; stdin is /dev/null unless given."""
-    import fcntl
-
     high = [fcntl.fcntl(fd, fcntl.F_DUPFD, HIGH_FD) for fd in fds]
     for fd in fds:
         os.close(fd)
@@ -104,9 +104,6 @@ def _run_target(kind: str, target: str, args: list[str]) -> int:
 
 def finish(code: int) -> None:
     """End a forked worker as the interpreter would: its threads joined, atexit run, output flushed."""
-    import atexit
-    import threading
-
     try:
         threading._shutdown()  # type: ignore[attr-defined]
         atexit._run_exitfuncs()

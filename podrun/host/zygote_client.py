@@ -19,7 +19,7 @@ from typing import NamedTuple
 from podrun import safefs
 from podrun.errors import PodrunError
 from podrun.wire.proctl import signal_group
-from podrun.wire.protocol import ZYGOTE_DIR
+from podrun.rundir.layout import ZYGOTE
 
 IDLE_S = 60.0           # seconds with no agent connected and no worker alive before the zygote ends
 CONNECT_S = 2.0         # an agent's bound on reaching the zygote and hearing the forked pid
@@ -38,7 +38,7 @@ class WarmHost(NamedTuple):
 
 
 def zygote_dir(run_dir: str) -> str:
-    return os.path.join(run_dir, ZYGOTE_DIR)
+    return os.path.join(run_dir, ZYGOTE)
 
 
 def socket_path(run_dir: str, host: str) -> str:
@@ -188,14 +188,10 @@ def start(run_dir: str, host: str, idle: float = IDLE_S) -> None:
         log = os.fdopen(safefs.open_private(path[:-5] + ".log"), "ab")
     except (OSError, PodrunError):
         return
-    try:
+    with log, contextlib.suppress(OSError, subprocess.SubprocessError):
         subprocess.run([sys.executable, "-m", "podrun.host.zygote", "--socket", path, "--idle", str(idle)],
                        stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, timeout=30,
                        check=False)
-    except (OSError, subprocess.SubprocessError):
-        pass
-    finally:
-        log.close()
 
 
 def hold(run_dir: str, host: str, wait: float) -> socket.socket | None:

@@ -19,17 +19,6 @@ if TYPE_CHECKING:  # pragma: no cover - importing podrun.plan.model (the agent d
 __all__ = ["Overrides", "make_plan", "Plan", "Placement", "Estimate"]
 
 
-def measured_inputs(measured: "Measured", local_batch: int, published, net):
-    """(per-device rate, its source, interconnect) with the measured figures in place of the published ones
-    where there are any; the published rate stands when nothing was measured."""
-    rate, source = published.images_per_second, published.source
-    if measured.step_seconds:
-        rate, source = measured.rate_at(local_batch), measured.describe_rate(local_batch)
-    intra = measured.intra_host if measured.intra_host is not None else net.intra_host
-    inter = measured.inter_host if measured.inter_host is not None else net.inter_host
-    return rate, source, replace(net, intra_host=intra, inter_host=inter)
-
-
 @dataclass(frozen=True)
 class Overrides:
     nodes: int | None = None             # use the first N hosts of the cluster
@@ -135,8 +124,11 @@ def make_plan(cluster: ClusterSpec, recipe: RecipeSpec | None, ov: Overrides = O
         )
     per_device_rate, rate_source, net = rate.images_per_second, rate.source, cluster.interconnect
     hidden, hidden_source = 0.0, ""
-    if measured is not None:
-        per_device_rate, rate_source, net = measured_inputs(measured, d.local_batch, rate, net)
+    if measured is not None:     # the measured figures in place of the published ones where there are any
+        if measured.step_seconds:
+            per_device_rate, rate_source = measured.rate_at(d.local_batch), measured.describe_rate(d.local_batch)
+        net = replace(net, intra_host=net.intra_host if measured.intra_host is None else measured.intra_host,
+                      inter_host=net.inter_host if measured.inter_host is None else measured.inter_host)
         if measured.hidden_fraction is not None:
             hidden, hidden_source = measured.hidden_fraction, measured.hidden_source
     est = estimate(d, recipe, net, per_device_rate=per_device_rate, rate_source=rate_source, devices_per_replica=p,

@@ -3,6 +3,7 @@ inside it, released by the kernel when its holder dies; the file names the run, 
 torch-free (the CLI checks a run's locks)."""
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -102,20 +103,16 @@ class DirLock:
                                 hint="wait for that run to end (or end it), or use another directory") from None
         mine = json.dumps({"run": self.run, "host": socket.gethostname(), "pid": os.getpid(),
                            "since": round(time.time(), 3)}).encode()
-        try:
+        with contextlib.suppress(OSError):   # the lock holds; only its description may be missing
             os.ftruncate(fd, 0)
             os.pwrite(fd, mine, 0)
-        except OSError:
-            pass                         # the lock holds; only its description is missing
         self.fd = fd
         return self
 
     def release(self) -> None:
         if self.fd is not None:
-            try:
+            with contextlib.suppress(OSError):
                 os.ftruncate(self.fd, 0)
-            except OSError:
-                pass
             os.close(self.fd)            # closing the last descriptor drops the lock
             self.fd = None
 

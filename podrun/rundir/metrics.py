@@ -2,6 +2,7 @@
 of them (torch-free: the launcher's step log, its last line and podrun report read through it)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -139,7 +140,7 @@ class StepLog:
     def read(cls, run_dir: str | os.PathLike) -> StepLog:
         """The run's readable records; empty when there is no metrics file."""
         steps, starts, end = [], [], None
-        try:
+        with contextlib.suppress(OSError):
             for r in filter(None, iter_records(run_dir)):
                 if r["kind"] == "step" and "time" in r:
                     steps.append((r["step"], float(r["time"])))
@@ -149,8 +150,6 @@ class StepLog:
                     starts.append((float(r.get("time", 0)), where))
                 elif r["kind"] == "run" and r["event"] == "end":
                     end = r
-        except OSError:
-            pass
         return cls(tuple(steps), tuple(starts), end)
 
 

@@ -2,11 +2,14 @@
 plain command's run has (plan.json, summary.json: attempts, exit codes, root cause, durations)."""
 from __future__ import annotations
 
+import contextlib
+import shlex
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from podrun import safefs
 from podrun.errors import PodrunError
 from podrun.rundir.layout import COMMAND, METRICS, PLAN, SUMMARY, instance_log
 from podrun.rundir.metrics import StepLog, is_integer, complete, latest_by_step, read_metrics_counted
@@ -78,10 +81,8 @@ def newest_run(runs_dir: str | Path) -> Path:
     for sub in d.iterdir():
         times = []
         for name in RUN_FILES:
-            try:
+            with contextlib.suppress(OSError):       # absent, or not a directory
                 times.append((sub / name).stat().st_mtime)
-            except OSError:       # absent, or not a directory
-                pass
         if times and (best is None or (max(times), sub.name) > best):
             best = (max(times), sub.name)
     if best is None:
@@ -92,8 +93,6 @@ def newest_run(runs_dir: str | Path) -> Path:
 def pointers(run_dir: str | Path) -> str:
     """The run's last console line's tail: where the kept checkpoints are (from the run's end record, when
     it trained) and the command that reports it."""
-    import shlex
-
     out = []
     end = StepLog.read(run_dir).end or {}
     names, where = end.get("checkpoints"), end.get("checkpoint_dir")
@@ -130,12 +129,8 @@ def summarize(records: list[dict]) -> dict[str, Any]:
         "finished": bool(ends) and ends[-1].get("step") == steps[-1]["step"],
         "restarts": sum(1 for r in starts if r.get("event") == "resume"),
         "epochs": steps[-1]["epoch"] + 1,
-        "world_size": first.get("world_size"),
-        "instances": first.get("instances"),
-        "local_batch": first.get("local_batch"),
-        "grad_accum": first.get("grad_accum"),
-        "global_batch": first.get("global_batch"),
-        "device": first.get("device"),
+        **{k: first.get(k) for k in ("world_size", "instances", "local_batch", "grad_accum", "global_batch",
+                                     "device")},
         "first_loss": steps[0]["loss"],
         "final_loss": statistics.fmean(r["loss"] for r in tail),
         "final_train_accuracy": statistics.fmean(r["accuracy"] for r in tail),
@@ -148,11 +143,6 @@ def summarize(records: list[dict]) -> dict[str, Any]:
         out["best_val_accuracy"] = max(r["val_accuracy"] for r in evals)
         out["final_val_loss"] = evals[-1]["val_loss"]
     return out
-
-
-def _cause(c: dict | None) -> dict | None:
-    keep = ("instance", "host", "local_rank", "exit_code", "reason", "last_lines")
-    return None if c is None else {k: c[k] for k in keep if k in c}
 
 
 def summarize_command(run: RunRecord) -> dict[str, Any]:
@@ -172,7 +162,9 @@ def summarize_command(run: RunRecord) -> dict[str, Any]:
         "plan": {k: plan.get(k) for k in ("cluster", "hosts", "devices", "replicas", "instances", "local_batch",
                                           "grad_accum", "global_batch") if k in plan} or None,
         "attempts": attempt_rows(s),
-        "root_cause": _cause(s.root_cause),
+        "root_cause": None if s.root_cause is None else {
+            k: s.root_cause[k] for k in ("instance", "host", "local_rank", "exit_code", "reason", "last_lines")
+            if k in s.root_cause},
         "duration_s": s.duration_s,
         "all_ready_s": s.all_ready_s,
         "instances": [{k: i.get(k) for k in ("index", "host", "status", "exit_code", "ready_s", "ended_s")}
@@ -304,8 +296,6 @@ def figure(records: list[dict], title: str = "", replanned: list[dict] = ()):
 def plot(records: list[dict], path: str | Path, title: str = "", replanned: list[dict] = ()) -> Path:
     """Draw the curves (``figure``) to the PNG ``path``."""
     import matplotlib.pyplot as plt
-
-    from podrun import safefs
 
     fig = figure(records, title, replanned)
     path = Path(path)

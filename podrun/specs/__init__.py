@@ -87,11 +87,11 @@ def find_recipe_dir(name_or_path: str) -> Path:
     if _probe(Path.exists, p / "recipe.yaml"):     # one that is no regular file is refused when read (read_yaml)
         return p
     if os.sep in name_or_path.rstrip(os.sep) or _probe(Path.exists, p):
-        if _probe(Path.is_dir, p):
-            raise SpecError(f"recipe folder {shown_path(p)} has no recipe.yaml", hint="a recipe is a folder with recipe.yaml and train.py")
-        if _probe(Path.exists, p):
-            raise SpecError(f"recipe {shown_path(p)} is not a folder", hint="a recipe is a folder with recipe.yaml and train.py")
-        raise SpecError(f"recipe {shown_path(p)} does not exist", hint=_recipe_path_hint(p))
+        if not _probe(Path.exists, p):
+            raise SpecError(f"recipe {shown_path(p)} does not exist", hint=_recipe_path_hint(p))
+        raise SpecError(f"recipe folder {shown_path(p)} has no recipe.yaml" if _probe(Path.is_dir, p)
+                        else f"recipe {shown_path(p)} is not a folder",
+                        hint="a recipe is a folder with recipe.yaml and train.py")
     for d in _search_dirs("recipes"):
         if _probe(Path.is_file, d / name_or_path / "recipe.yaml"):
             return d / name_or_path

@@ -11,6 +11,8 @@ import time
 
 from podrun.errors import PodrunError
 from podrun.rundir.layout import CONTROL_PID as OWNER_NAME, CONTROL_SOCKET as SOCKET_NAME  # noqa: F401
+from podrun.safefs import read_trusted
+from podrun.wire import unixsock
 from podrun.wire.proctl import pid_alive, proc_start
 
 # a dead controller's socket can still answer for a moment: its main thread is a zombie (dead to pid_alive) while
@@ -41,8 +43,6 @@ def _recorded(run_dir: str) -> tuple[int, bool] | None:
     """(the pid recorded in <run_dir>/control.pid, whether that process lives and is the recorder), or None when
     that is not known here: no record, one that fails read_trusted or does not parse, or one of another boot
     (another machine, or this one before a reboot)."""
-    from podrun.safefs import read_trusted
-
     try:
         parts = read_trusted(os.path.join(run_dir, OWNER_NAME), "controller record", limit=RECORD_LIMIT).split()
         boot, pid = parts[0].decode("ascii"), int(parts[1])
@@ -78,8 +78,6 @@ def remove_if_stale(run_dir: str) -> bool:
     """Remove <run_dir>/control.sock (and control.pid) when it is a dead run's: no one listens on it, and its
     controller is dead on this machine or unrecorded; True when removed. A socket whose controller runs on
     another machine (a shared filesystem) is left alone."""
-    from podrun.wire import unixsock
-
     path = os.path.join(run_dir, SOCKET_NAME)
     if not os.path.lexists(path) or owner_alive(run_dir):
         return False

@@ -45,7 +45,6 @@ from dataclasses import dataclass, field, fields
 
 from podrun import safefs
 from podrun.rundir.layout import STACKS_REQUEST as REQUEST_FILE, STOP_REQUEST as STOP_FILE  # noqa: F401
-from podrun.rundir.layout import ZYGOTE as ZYGOTE_DIR  # noqa: F401
 
 PREFIX = "@podrun "
 MAX_LINE = 64 * 1024           # bytes of one worker line the agent holds and forwards

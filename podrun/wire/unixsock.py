@@ -14,6 +14,8 @@ import os
 import socket
 import stat
 
+from podrun.safefs import dir_problem
+
 
 @contextlib.contextmanager
 def address(path: str):
@@ -28,8 +30,6 @@ def address(path: str):
 def dir_ok(path: str) -> str | None:
     """Why the directory ``path`` may not hold a private socket (None: it may): lstat says a real directory of
     this user that group and others may not write (podrun.safefs.dir_problem)."""
-    from podrun.safefs import dir_problem
-
     return dir_problem(path, shared_read=True)
 
 

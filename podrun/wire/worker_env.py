@@ -106,10 +106,6 @@ def workers_per_instance(plan: "Plan") -> int:
     return 1 if is_ipu(plan) else plan.replicas_per_instance
 
 
-def workers_per_host(plan: "Plan") -> int:
-    return plan.instances_per_host * workers_per_instance(plan)
-
-
 def world_size(plan: "Plan") -> int:
     return plan.instances * workers_per_instance(plan)
 
@@ -135,7 +131,7 @@ def omp_num_threads(plan: "Plan", cpus: int) -> int:
     where torchrun's choice is right (one worker per core: 1; one worker per host: every core) and
     never oversubscribes the host.
     """
-    return max(1, cpus // workers_per_host(plan))
+    return max(1, cpus // (plan.instances_per_host * workers_per_instance(plan)))
 
 
 def popdist_env(plan: "Plan", instance_index: int) -> dict[str, str]:
