@@ -1,5 +1,4 @@
-"""The controller's hearing: the agents' lines on their way to the supervisor's loop, the heartbeats out, and when
-each instance was last heard (its silence, with the controller's own waits and stalls taken out)."""
+"""The controller's hearing: the agents' lines to its loop, heartbeats out, when each was last heard (waits out)."""
 from __future__ import annotations
 
 import contextlib

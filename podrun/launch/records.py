@@ -1,5 +1,4 @@
-"""What a launch writes into its run directory for each attempt: ``command`` (each host's command line) and
-env.json (the --env and every worker's variables, redacted), through podrun.rundir.layout's writers."""
+"""What a launch writes in its run directory each attempt: ``command`` and env.json (redacted), via rundir.layout."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,1 +1,1 @@
-"""The run directory, runs/<id>/: its layout and records, the locks in it, and the readers of what runs wrote there."""
+"""The run directory, runs/<id>/: its layout and records, its locks, the readers of what runs wrote there."""
