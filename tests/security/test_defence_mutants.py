@@ -212,8 +212,11 @@ def test_the_local_transport_starts_agents_with_the_env_in_their_environment_nev
     from podrun.launch.transports.local import LocalTransport
 
     secret = f"v4lue-{os.getpid()}-{time.monotonic_ns()}"
-    req = _request(tmp_path, [sys.executable, "-c", "import os; print('GOT', os.environ['PODRUN_T_VALUE'])"],
+    go = tmp_path / "go"          # the workers (so their agents) live until the command lines are read
+    req = _request(tmp_path, [sys.executable, "-c", "import os, time; print('GOT', os.environ['PODRUN_T_VALUE'], "
+                              f"flush=True)\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)"],
                    env=(("PODRUN_T_VALUE", secret),))
+
     def stdin_copies() -> int:
         fds = os.listdir("/proc/self/fd")
         return sum(1 for fd in fds if os.path.realpath(f"/proc/self/fd/{fd}") == os.path.realpath("/proc/self/fd/0"))
@@ -229,6 +232,7 @@ def test_the_local_transport_starts_agents_with_the_env_in_their_environment_nev
             assert os.getsid(h.proc.pid) == h.proc.pid
         assert not any(secret.encode() in a for argv in argvs for a in argv), argvs
         assert [b"--worker-stdin-fd" in argv for argv in argvs] == [True, True, False, False]
+        go.touch()
         got = [line for h in handles for _, line in h.lines() if "GOT" in line]
         assert len(got) == 2 and all(line.endswith(f"GOT {secret}") for line in got), got
         assert [h.proc.wait(timeout=30) for h in handles] == [0, 0]
