@@ -135,8 +135,9 @@ class Agent(ControllerLink):
             cpu = tree_cpu([p.pid for _, p in live])
             got = stackdump.collect(self.stack_root, [(pos, p.pid) for pos, p in live])
             for pos, p in live:
-                rec = {**got[pos], "cpu": cpu.get(p.pid), "at": round(at, 3)}
-                self.emit(pos, "stack", protocol.to_json(rec))
+                g = got[pos]
+                self.send(pos, protocol.Stacks(tuple(g["procs"]), g["problem"], g.get("exiting") is True,
+                                               cpu.get(p.pid), round(at, 3)))
 
     def _on_signal(self, signum, frame) -> None:  # noqa: ARG002
         self.signalled = signum

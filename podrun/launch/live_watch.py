@@ -68,9 +68,8 @@ class LiveWatch:
 
     def got_stacks(self, instance: int, lr: int | None, text: str) -> None:
         """A worker's stacks (a ``stack`` line) for the collection in flight."""
-        if self.dump is not None and lr is not None:
-            with contextlib.suppress(ValueError):
-                self.dump.got[(instance, lr)] = json.loads(text)
+        if self.dump is not None and lr is not None and (got := protocol.Stacks.read(text)) is not None:
+            self.dump.got[(instance, lr)] = got
 
     def progress_report(self, st: InstanceState, lr: int | None, text: str, now: float) -> None:
         try:
@@ -161,10 +160,10 @@ class LiveWatch:
                 continue
             procs = tuple(stacks.ProcessStack(int(p.get("pid", 0)), stacks.parse_dump(str(p.get("text", "")),
                                                                                            p.get("main")))
-                          for p in rec.get("procs", ()) if isinstance(p, dict))
+                          for p in rec.procs)
             procs = tuple(p for p in procs if p.threads)
             workers.append(stacks.WorkerStack(rank, inst, lr, st.host, procs,
-                                                None if procs else rec.get("problem") or "no stack"))
+                                                None if procs else rec.problem or "no stack"))
         groups = stacks.merge(workers)
         lines = stacks.render_lines(groups)
         busy = self._judge(d, workers)
@@ -220,8 +219,8 @@ class LiveWatch:
         """Every silent rank's program has returned and its process is exiting (a long exit: a library's C++
         destructors, gloo's teardown on a loaded host): those ranks -> why, while the whole silence is within
         hangs.EXIT_WINDOWS windows; empty otherwise (then a stalled exit is a hang like any other)."""
-        recs = [d.got.get((w.instance, w.local_rank)) or {} for w in workers]
-        if not workers or d.window is None or not all(r.get("exiting") is True for r in recs):
+        recs = [d.got.get((w.instance, w.local_rank)) for w in workers]
+        if not workers or d.window is None or not all(r is not None and r.exiting for r in recs):
             return {}
         since = self.quiet_from if self.busy_reset == d.progress_at else d.progress_at
         if time.monotonic() - since > hangs.EXIT_WINDOWS * d.window:
@@ -235,12 +234,9 @@ class LiveWatch:
             return {}
         now = {}
         for w in workers:
-            rec = d.got.get((w.instance, w.local_rank)) or {}
-            cpu, at = rec.get("cpu"), rec.get("at")
-            now[(w.instance, w.local_rank)] = hangs.RankSample(
-                w.key() if w.processes else None, stacks.in_collective(w),
-                float(cpu) if isinstance(cpu, (int, float)) and not isinstance(cpu, bool) else None,
-                float(at) if isinstance(at, (int, float)) and not isinstance(at, bool) else None)
+            rec = d.got.get((w.instance, w.local_rank)) or protocol.Stacks()
+            now[(w.instance, w.local_rank)] = hangs.RankSample(w.key() if w.processes else None,
+                                                               stacks.in_collective(w), rec.cpu, rec.at)
         if d.reason == "probe":
             self.sample = (d.progress_at, now)
             return {}

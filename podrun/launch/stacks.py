@@ -205,7 +205,7 @@ class StackCollection:
     want: list[tuple[int, int]]                    # (instance, local rank) of each worker running when it began
     deadline: float                                # monotonic time after which it ends with what it has
     silent_s: float                                # seconds without progress when it began
-    got: dict = field(default_factory=dict)        # (instance, local rank) -> the agent's stack record
+    got: dict = field(default_factory=dict)        # (instance, local rank) -> its agent's protocol.Stacks
     asks: list = field(default_factory=list)       # (event, holder) of each control-socket request it answers
     progress_at: float = 0.0                       # the supervisor's last progress when it began
 

@@ -25,7 +25,8 @@ single worker of its instance (--rank-from-env) writes that worker's local rank 
   done        the agent is about to exit: text = its exit code
 
 The texts with fields are messages (``Message``: Ready, Start, WorkerExit, Heartbeat, AgentStop, Done) that
-encode and decode themselves; probe, error and stack are JSON objects (``to_json``, ``from_json``).
+encode and decode themselves, and so is a stack reply (``Stacks``, a JSON object read tolerantly); probe and error
+are JSON objects of their own shape (``to_json``, ``from_json``).
 
 A worker's line longer than MAX_LINE bytes is cut there (the agent holds at most that much of a
 line): the cut part ends with CUT_MARK, and when the line finally ends a second line says how many
@@ -153,6 +154,39 @@ class Done(Message):
 
     KIND = "done"
     code: int = 0
+
+
+@dataclass(frozen=True)
+class Stacks:
+    """``stack``: on an ``S``, one running worker's stacks, as a JSON object: ``procs`` (each process of its tree,
+    ``{pid, main, text}``: main its main thread's id, text what faulthandler wrote), ``problem`` (why there is none),
+    ``exiting`` (its program has returned), ``cpu`` (its tree's CPU seconds, read before the dump) and ``at`` (the
+    agent's monotonic clock then). ``read`` keeps what has its type and drops the rest (None: no JSON object)."""
+
+    KIND = "stack"
+    procs: tuple[dict, ...] = ()
+    problem: str | None = None
+    exiting: bool = False
+    cpu: float | None = None
+    at: float | None = None
+
+    def encode(self) -> str:
+        return to_json({"procs": list(self.procs), "problem": self.problem, "exiting": self.exiting,
+                        "cpu": self.cpu, "at": self.at})
+
+    @classmethod
+    def read(cls, text: str) -> "Stacks | None":
+        rec = from_json(text)
+        if rec is None:
+            return None
+        procs, problem = rec.get("procs"), rec.get("problem")
+        return cls(tuple(p for p in procs if isinstance(p, dict)) if isinstance(procs, list) else (),
+                   problem if isinstance(problem, str) else None, rec.get("exiting") is True,
+                   _number(rec.get("cpu")), _number(rec.get("at")))
+
+
+def _number(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def to_json(record: dict) -> str:

@@ -50,14 +50,17 @@ _MESSAGES = (st.builds(protocol.Ready, _WORD, st.integers(0, 1 << 22), st.intege
              | st.builds(protocol.WorkerExit, st.integers(-64, 255), _STAMP, st.booleans())
              | st.builds(protocol.Heartbeat, _STAMP)
              | st.builds(protocol.AgentStop, _WORD, _STAMP, _SHORT)
-             | st.builds(protocol.Done, st.integers(0, 255)))
+             | st.builds(protocol.Done, st.integers(0, 255))
+             | st.builds(protocol.Stacks, st.lists(st.fixed_dictionaries(
+                 {"pid": st.integers(1, 1 << 22), "main": st.integers(0, 1 << 48), "text": st.text(max_size=40)}),
+                 max_size=3).map(tuple), st.none() | _WORD, st.booleans(), st.none() | _SHORT, st.none() | _STAMP))
 
 
 @given(_MESSAGES)
 def test_each_message_reads_back_as_written(message):
     line = protocol.encode(2, None, message.KIND, message.encode())
     event = protocol.parse(line)
-    assert event.kind == message.KIND and type(message).decode(event.text) == message
+    assert event.kind == message.KIND and type(message).read(event.text) == message
 
 
 def test_the_messages_are_written_as_before_and_read_tolerantly():
@@ -71,6 +74,10 @@ def test_the_messages_are_written_as_before_and_read_tolerantly():
         assert next(m for m in (protocol.WorkerExit, protocol.Ready, protocol.Done, protocol.AgentStop)
                     if m.KIND == kind).read(text) is None
     assert protocol.from_json("[1]") is None and protocol.from_json("{") is None
+    assert protocol.Stacks.read("[1]") is None               # a stack reply keeps what has its type, drops the rest
+    assert protocol.Stacks.read('{"procs": "x", "problem": 3, "exiting": 1, "cpu": true, "at": "1"}') == \
+        protocol.Stacks()
+    assert protocol.Stacks.read('{"procs": [{"pid": 1}, 2], "cpu": 2}') == protocol.Stacks(({"pid": 1},), cpu=2.0)
     assert protocol.from_json(protocol.to_json({"a": [1, "b"]})) == {"a": [1, "b"]}
 
 
