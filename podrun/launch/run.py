@@ -17,7 +17,7 @@ from podrun.launch.request import InstanceLaunch, LaunchRequest
 from podrun.launch.records import write_launch_files
 from podrun.rundir import layout
 from podrun.rundir.layout import check_run_id, create_run_dir, new_run_id, snapshot_dir, write_plan, write_summary
-from podrun.launch.outcome import Outcome, describe_code
+from podrun.launch.outcome import Outcome, RunStatus, describe_code
 from podrun.launch.supervisor import Supervisor
 from podrun.launch.transports import transport_of
 from podrun.launch.transports.base import TransportFactory, busy_port_problem
@@ -346,7 +346,7 @@ def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_
             _elastic_timings(record, req.restart_count, req.run_dir, outcome)
             summary["elastic"] = record
         _record(write_summary, notice, req.run_dir, summary)
-        if outcome.exit_code == 0 or outcome.status == "interrupted" or req.restart_count >= req.max_restarts:
+        if outcome.exit_code == 0 or outcome.status is RunStatus.INTERRUPTED or req.restart_count >= req.max_restarts:
             return outcome, summary
         nxt = req.restart_count + 1
         # a port the controller holds serves every attempt (each gets a fresh store on it); else each attempt

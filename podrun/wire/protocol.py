@@ -157,11 +157,12 @@ class Done(Message):
 
 
 @dataclass(frozen=True)
-class Stacks:
+class Stacks(Message):
     """``stack``: on an ``S``, one running worker's stacks, as a JSON object: ``procs`` (each process of its tree,
     ``{pid, main, text}``: main its main thread's id, text what faulthandler wrote), ``problem`` (why there is none),
     ``exiting`` (its program has returned), ``cpu`` (its tree's CPU seconds, read before the dump) and ``at`` (the
-    agent's monotonic clock then). ``read`` keeps what has its type and drops the rest (None: no JSON object)."""
+    agent's monotonic clock then). ``decode`` keeps what has its type and drops the rest; no JSON object is a
+    ValueError (``read``: None)."""
 
     KIND = "stack"
     procs: tuple[dict, ...] = ()
@@ -175,10 +176,10 @@ class Stacks:
                         "cpu": self.cpu, "at": self.at})
 
     @classmethod
-    def read(cls, text: str) -> "Stacks | None":
+    def decode(cls, text: str) -> "Stacks":
         rec = from_json(text)
         if rec is None:
-            return None
+            raise ValueError("a stack reply is a JSON object")
         procs, problem = rec.get("procs"), rec.get("problem")
         return cls(tuple(p for p in procs if isinstance(p, dict)) if isinstance(procs, list) else (),
                    problem if isinstance(problem, str) else None, rec.get("exiting") is True,
