@@ -246,9 +246,11 @@ class Supervisor:
                 self._stragglers()
             if self.stopping_since is None and (self.failures or self.signalled is not None):
                 self.stopping_since = now
-                first_failure = self.failures[0] if self.failures else None
-                why = (f"received {signal.Signals(self.signalled).name}" if self.signalled is not None
-                       else f"{first_failure.reason} (instance {first_failure.instance} on {first_failure.host})")
+                if self.signalled is not None:
+                    why = f"received {signal.Signals(self.signalled).name}"
+                else:
+                    failed = self.failures[0]
+                    why = f"{failed.reason} (instance {failed.instance} on {failed.host})"
                 self.notice(f"ending the run on every host: {why}")
                 first = self.signalled if self.signalled is not None else signal.SIGTERM
                 for x in open_handles:
