@@ -41,6 +41,19 @@ class InterconnectSpec:
     inter_host: LinkSpec
 
 
+MAX_CORES = 4096          # cores of one host (the largest shipped today have a few hundred)
+
+
+@dataclass(frozen=True)
+class HostCpuSpec:
+    """A host's CPUs: the cores its workers and their data loaders share, in NUMA domains of equal size."""
+
+    cores: Union[int, Literal["auto"]] = field(
+        metadata=bound(1, MAX_CORES, why="physical cores per host, or 'auto' for this machine's"))
+    numa_nodes: int = field(default=1, metadata=bound(1, 256, why="NUMA domains per host (sockets x domains each)"))
+    source: str = ""
+
+
 @dataclass(frozen=True)
 class HostPattern:
     """A regular naming scheme: count hosts named pattern.format(i=start..start+count-1)."""
@@ -61,6 +74,7 @@ class ClusterFile:
     device: DeviceSpec
     interconnect: InterconnectSpec
     description: str = ""
+    cpu: Optional[HostCpuSpec] = None   # each host's cores; None: not said (job scripts then need --cpus-per-node)
     scheduler: Literal["none", "slurm", "pbs", "uge", "vipu"] = "none"
     transport: Literal["local", "ssh", "mpirun", "srun"] = "ssh"
     engine: Literal["torch", "poprun"] = "torch"
@@ -86,6 +100,7 @@ class ClusterSpec(ClusterFile):
 
     hosts: tuple[str, ...]
     devices_per_host: int
+    cpu: Optional[HostCpuSpec] = None   # cores resolved to a number
     path: str = ""
 
     def with_hosts(self, hosts: tuple[str, ...], devices_per_host: int | None = None) -> "ClusterSpec":
@@ -146,5 +161,11 @@ def resolve(spec: ClusterFile, path: str) -> ClusterSpec:
     if spec.data_interface and not IFNAME_RE.fullmatch(spec.data_interface):
         raise SpecError(f"{path}: field 'data_interface' {spec.data_interface[:40]!r} is not a network interface name",
                         hint="give the name `ip -br addr` shows on the hosts, e.g. ib0 or eth1 (at most 15 characters)")
+    cpu = spec.cpu
+    if cpu is not None and cpu.cores == "auto":
+        cpu = replace(cpu, cores=len(os.sched_getaffinity(0)))
+    if cpu is not None and cpu.cores % cpu.numa_nodes != 0:
+        raise SpecError(f"{path}: field 'cpu.cores' {cpu.cores} does not split into {cpu.numa_nodes} NUMA nodes "
+                        "of equal size", hint="give the physical cores of the whole host and its NUMA domains")
     given = {f.name: getattr(spec, f.name) for f in fields(ClusterFile)}
-    return ClusterSpec(**{**given, "hosts": hosts, "devices_per_host": dph}, path=path)
+    return ClusterSpec(**{**given, "hosts": hosts, "devices_per_host": dph, "cpu": cpu}, path=path)
