@@ -1,4 +1,5 @@
-"""The controller's hearing: the agents' lines to its loop, heartbeats out, when each was last heard (waits out)."""
+"""The controller's hearing: the agents' lines to its loop parsed once, heartbeats out, when each was last heard
+(the controller's own waits taken out), and which hosts are silent past their bound."""
 from __future__ import annotations
 
 import contextlib
@@ -6,10 +7,11 @@ import functools
 import queue
 import threading
 import time
+from dataclasses import dataclass, field
 
 from podrun.launch.transports.base import InstanceHandle
 from podrun.wire import protocol
-from podrun.wire.liveness import Liveness
+from podrun.wire.liveness import FIRST_HEARTBEAT_S, Liveness
 
 QUEUED = 256              # protocol lines waiting for the supervisor (bounded: memory stays flat)
 _HUB_READER = "the line hub"   # the reader of every handle the hub reads, for the waits on a full queue (Hearing)
@@ -35,6 +37,27 @@ def scan_every(live: Liveness) -> float:
     """How often the controller looks at every host's silence: a fifth of the period, at least 0.1 s (the lines
     that come between cost nothing per host)."""
     return max(0.1, live.period / SCAN_SHARE)
+
+
+@dataclass(frozen=True)
+class Heard:
+    """One item for the controller's loop: a line of ``handle``, parsed once (``event`` None: the handle's end, with
+    ``silences``: each of its instances' silence then, None for one never heard)."""
+
+    handle: InstanceHandle
+    stream: str | None
+    event: protocol.Event | None
+    silences: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Silent:
+    """An instance silent past its bound: ``heard`` False when it was never heard (its bound is the first one)."""
+
+    instance: int
+    seconds: float
+    limit: float
+    heard: bool
 
 
 class Hearing:
@@ -117,14 +140,18 @@ class Listener:
     fed by the line hub's thread or by a thread per handle the hub does not read, noting when each instance was
     last heard; and a heartbeat to every open agent each ``heartbeat_s`` from a thread of its own."""
 
-    def __init__(self, heartbeat_s: float):
-        self.heartbeat_s = heartbeat_s
+    def __init__(self, live: Liveness):
+        self.live = live
         self.hearing = Hearing()                 # when each instance was last heard, less the controller's own waits
-        self.q: queue.Queue = queue.Queue(maxsize=QUEUED)   # (handle, stream, line); (handle, None, None): its end
+        self.q: queue.Queue = queue.Queue(maxsize=QUEUED)   # Heard items
         self.done = threading.Event()            # the loop ended
         self.handles: tuple[InstanceHandle, ...] = ()   # the open handles, that get heartbeats
+        self.scan = Every(scan_every(live))      # when the loop next looks at every host's silence
+        self.started = 0.0                       # when the agents were started (monotonic)
+        self.stalled_at_start = 0.0              # the hearing's stalls then
 
     def start(self, handles: list[InstanceHandle]) -> None:
+        self.started, self.stalled_at_start = time.monotonic(), self.hearing.stalled
         self.handles = tuple(handles)
         threading.Thread(target=self._heartbeats, daemon=True).start()
         for h in handles:
@@ -150,17 +177,41 @@ class Listener:
         """Move one of h's lines to the supervisor's bounded queue, noting when its instance was last heard from
         and how long ``reader`` (a thread that reads h, or the hub's) waited on a full queue (a slow console or disk
         holds the supervisor back, not the host: that wait does not count as the host's silence)."""
-        if line.startswith(protocol.PREFIX):
-            ev = protocol.parse(line, stream)
-            if ev.instance is not None:
-                self.hearing.heard(reader, ev.instance)
+        ev = protocol.parse(line, stream)
+        if ev.instance is not None:
+            self.hearing.heard(reader, ev.instance)
         self.hearing.wait_begins(reader)
-        self._put((h, stream, line))
+        self._put(Heard(h, stream, ev))
         self.hearing.wait_ends(reader)
 
     def _ended(self, h: InstanceHandle) -> None:
         self.hearing.end(h)             # its end is queued: nothing more to hear
-        self._put((h, None, None))
+        self._put(Heard(h, None, None, {i: self.hearing.silent_for(i) for i in h.instances}))
+
+    def next(self, timeout: float) -> Heard | None:
+        """The next item for the loop, or None when none came within ``timeout`` seconds."""
+        try:
+            return self.q.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def silent(self, now: float, alive: list[int], carrier: dict) -> list[Silent]:
+        """The instances of ``alive`` silent past their bound now (looked at once per scan period, else []): past the
+        keepalive since last heard, or, never heard, past the first bound since the start (the fan-out, a slow
+        python). ``carrier``: instance -> the handle that reads it."""
+        if not self.scan.due(now):
+            return []
+        out = []
+        for i in alive:
+            silent = self.hearing.silence(i, carrier.get(i))
+            if silent is not None and silent > self.live.bound:
+                out.append(Silent(i, silent, self.live.bound, True))
+            elif silent is None:
+                since = now - self.started - (self.hearing.stalled - self.stalled_at_start)
+                first = max(self.live.bound, FIRST_HEARTBEAT_S)
+                if since > first:
+                    out.append(Silent(i, since, first, False))
+        return out
 
     def _put(self, item: tuple) -> None:
         """Queue an item for the loop, waiting while the queue is full, but not once the loop has ended: a handle
@@ -174,6 +225,6 @@ class Listener:
     def _heartbeats(self) -> None:
         """A byte to every open agent each heartbeat period, from its own thread: the agents keep their
         controller even while the supervisor waits on a slow console."""
-        while not self.done.wait(self.heartbeat_s):
+        while not self.done.wait(self.live.period):
             for h in self.handles:
                 h.heartbeat()

@@ -52,7 +52,6 @@ class InstanceState:
     workers: dict[int, int] = field(default_factory=dict)   # local rank -> return code
     ready_s: float | None = None
     ended_s: float | None = None
-    last_seen: float = 0.0
     max_gap_s: float | None = None      # the largest silence between two of its lines (the loss's, if lost)
     lost_silence: float | None = None   # its silence when it was declared lost
     tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=TAIL))

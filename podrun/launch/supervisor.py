@@ -16,7 +16,6 @@ last lines of the others, and the workers that ended after it in one summary (ou
 from __future__ import annotations
 
 import contextlib
-import queue
 import signal
 import threading
 import time
@@ -27,7 +26,7 @@ from podrun import safefs
 from podrun.errors import LaunchError
 from podrun.launch import control, hangs
 from podrun.launch.instance_logs import InstanceLogs, Sink
-from podrun.launch.listener import STALL_S, Every, Listener, scan_every
+from podrun.launch.listener import STALL_S, Listener, Silent
 from podrun.launch.live_watch import LiveWatch, Progress
 from podrun.launch.outcome import Failure, FailureKind, Failures, Instances, InstanceStatus, Outcome, RunStatus
 from podrun.launch.outcome import describe_code as _describe_code   # the wording of an exit, looked up at each
@@ -35,7 +34,6 @@ from podrun.launch.request import LaunchRequest
 from podrun.launch.transports.base import InstanceHandle, Transport
 from podrun.redaction import redact_text
 from podrun.wire import owner, protocol
-from podrun.wire.liveness import FIRST_HEARTBEAT_S
 
 LOST_EXIT = 255           # like ssh: the connection to a host was lost
 STRAGGLER_EXIT = 124      # like timeout(1): workers still running past --straggler-timeout
@@ -55,7 +53,7 @@ class Supervisor:
         self.transport = transport
         self.notice = _safe(notice or (lambda t: None))
         self.logs = InstanceLogs(request.run_dir, self.notice, sink, only_output_from, workers_per_instance > 1)
-        self.listener = Listener(request.heartbeat)
+        self.listener = Listener(request.liveness)
         self.instances = Instances(request, workers_per_instance)
         self.failures = Failures()
         self.live = LiveWatch(request, self.instances, self.notice, transport.merged, self._hung, watch, progress)
@@ -70,15 +68,13 @@ class Supervisor:
     def _output(self, idx: int | None, host: str, lr: int | None, stream: str, text: str) -> None:
         self.instances.heard(idx, lr, self.logs.output(idx, host, lr, stream, text), text)
 
-    def _handle_line(self, h: InstanceHandle, stream: str, line: str) -> None:
+    def _handle_line(self, h: InstanceHandle, ev: protocol.Event) -> None:
         now = time.monotonic()
-        ev = protocol.parse(line, stream)
         if ev.instance is None or ev.instance not in self.instances:
             idx = h.instances[0] if len(h.instances) == 1 else None
             self._output(idx, h.label, None, ev.kind, ev.text)
             return
         st = self.instances[ev.instance]
-        st.last_seen = now
         if ev.kind in ("out", "err"):
             self._output(st.index, st.host, ev.local_rank, ev.kind, ev.text)
             if ev.local_rank is not None:
@@ -132,14 +128,14 @@ class Supervisor:
             f"stalled; a heavily loaded controller machine needs a longer --keepalive "
             f"(now {self.req.liveness.describe()})", stop.at))
 
-    def _handle_eof(self, h: InstanceHandle) -> None:
+    def _handle_eof(self, h: InstanceHandle, silences: dict) -> None:
         rc = h.wait(timeout=2.0)
         for idx in h.instances:
             st = self.instances[idx]
             if st.exit_code is None and st.status is not InstanceStatus.LOST:
                 code = LOST_EXIT if rc is None else (protocol.exit_code_from_returncode(rc) or 1)
-                if code == LOST_EXIT and (silent := self.listener.hearing.silent_for(idx)) is not None:
-                    st.lost_silence = silent       # its connection ended (ssh's own keepalive) after this
+                if code == LOST_EXIT and silences.get(idx) is not None:
+                    st.lost_silence = silences[idx]   # its connection ended (ssh's own keepalive) after this
                 self.instances.end(st, InstanceStatus.TERMINATED if self.stopping_since else InstanceStatus.FAILED,
                                    code)
                 if self.stopping_since is None and self.signalled is None:
@@ -187,9 +183,6 @@ class Supervisor:
 
     def _run_started(self) -> Outcome:
         handles = self.transport.start()
-        now = time.monotonic()
-        for st in self.instances.values():
-            st.last_seen = now
         try:
             # the controller listens and beats before agents held by the preflight start their workers: once they
             # do, the machine may be too busy to start a thread per host for seconds (64 took 8.9 s on 2 cores),
@@ -208,37 +201,24 @@ class Supervisor:
             self.listener.done.set()
 
     def _loop(self, open_handles: set, carrier: dict) -> Outcome:
-        lost: set[int] = set()
         kill_at = None
-        scan = Every(scan_every(self.req.liveness))
         turn = time.monotonic()
         while open_handles:
             self.listener.handles = tuple(open_handles)
-            try:
-                h, stream, line = self.listener.q.get(timeout=0.1)
-            except queue.Empty:
-                pass
-            else:
-                if stream is None:
-                    self._handle_eof(h)
-                    open_handles.discard(h)
-                    h.close()
-                else:
-                    self._handle_line(h, stream, line)
+            heard = self.listener.next(0.1)
+            if heard is not None and heard.event is None:
+                self._handle_eof(heard.handle, heard.silences)
+                open_handles.discard(heard.handle)
+                heard.handle.close()
+            elif heard is not None:
+                self._handle_line(heard.handle, heard.event)
             now = time.monotonic()
             stalled, turn = now - turn - STALL_S, now
             if stalled > 0:              # this loop did not run (a starved or stopped controller): nobody listened
                 self.listener.hearing.stall(stalled)
-                for st in self.instances.values():
-                    st.last_seen += stalled
-            for st in (self.instances.values() if scan.due(now) else ()):   # not once per line: O(hosts) each
-                if st.exit_code is None and st.status is not InstanceStatus.LOST and self._lost(st, carrier, now):
-                    lost.add(st.index)
-                    for x in list(open_handles):
-                        if set(x.instances) <= lost:   # nothing more will come from it
-                            x.kill()
-                            x.close()
-                            open_handles.discard(x)
+            alive = [i for i, st in self.instances.items() if st.exit_code is None]
+            for silent in self.listener.silent(now, alive, carrier):
+                self._lost(silent, open_handles)
             self.live.tick(now, open_handles, self.stopping_since is not None)
             first_ok = self.instances.first_ok
             if (self.req.straggler_timeout is not None and first_ok is not None and self.stopping_since is None
@@ -263,34 +243,33 @@ class Supervisor:
                     self.notice(f"{x.label}: the instance agent did not end in time; killing it")
                     x.kill()
                     x.close()
-                    self._handle_eof(x)
+                    self._handle_eof(x, {})
                     open_handles.discard(x)
         self.live.end()
         return self._outcome()
 
-    def _lost(self, st, carrier: dict, now: float) -> bool:
-        """Whether ``st``'s host is lost now (silent past the keepalive): then it is ended and its loss said."""
-        silent = self.listener.hearing.silence(st.index, carrier.get(st.index))
-        heard = silent is not None
-        if not heard:            # not heard yet: its agent may still be starting (the fan-out, a slow python)
-            silent, limit = now - st.last_seen, max(self.req.keepalive, FIRST_HEARTBEAT_S)
-        else:
-            limit = self.req.keepalive
-        if silent <= limit:
-            return False
+    def _lost(self, silent: Silent, open_handles: set) -> None:
+        """An instance silent past its bound: its host is lost; it is ended, its loss said, and a handle that
+        carries only lost instances is let go (nothing more will come from it)."""
+        st = self.instances[silent.instance]
         self.instances.end(st, InstanceStatus.LOST, LOST_EXIT)
-        if heard:
-            st.lost_silence = silent
+        if silent.heard:
+            st.lost_silence = silent.seconds
             why = f"no heartbeat for {self.req.keepalive:g} s"
             self.notice(f"instance {st.index} on {st.host}: lost (no heartbeat for {self.req.liveness.describe()})")
         else:
-            why = f"its agent sent nothing in the first {limit:g} s"
+            why = f"its agent sent nothing in the first {silent.limit:g} s"
             self.notice(f"instance {st.index} on {st.host}: lost ({why})")
         if self.signalled is None:
             self.failures.append(Failure(st.index, st.host, None, LOST_EXIT, FailureKind.LOST,
                                          f"host {st.host} lost: {why} (link down, sshd gone or machine frozen)",
                                          time.time()))
-        return True
+        lost = {i for i, s in self.instances.items() if s.status is InstanceStatus.LOST}
+        for x in list(open_handles):
+            if set(x.instances) <= lost:
+                x.kill()
+                x.close()
+                open_handles.discard(x)
 
     def _stragglers(self) -> None:
         """Workers still running ``straggler_timeout`` s after the first one exited 0: a failure naming them."""

@@ -13,6 +13,7 @@ from podrun.launch.live_watch import LiveWatch
 from podrun.launch.outcome import (Failure, FailureKind, Failures, Instances, InstanceState, InstanceStatus,
                                    RunStatus)
 from podrun.launch.listener import Listener
+from podrun.wire.liveness import Liveness
 from podrun.launch.supervisor import Supervisor
 
 STACK = 'Current thread 0x00007f00 (most recent call first):\n  File "/work/train.py", line 12 in step\n'
@@ -21,7 +22,7 @@ STACK = 'Current thread 0x00007f00 (most recent call first):\n  File "/work/trai
 def request(tmp_path, n: int = 2, wpi: int = 2):
     return SimpleNamespace(instances=tuple(SimpleNamespace(index=i, host=f"host{i}") for i in range(n)),
                            worker_envs=lambda i: [{"RANK": str(i * wpi + lr)} for lr in range(wpi)],
-                           run_dir=str(tmp_path), run_id="run", heartbeat=5.0)
+                           run_dir=str(tmp_path), run_id="run", liveness=Liveness(5.0, 20.0))
 
 
 def test_an_instance_status_is_an_enum_and_a_string_is_refused(tmp_path):
@@ -87,7 +88,7 @@ def test_the_live_watch_alone_finds_a_hang_and_hands_it_over(tmp_path):
 def test_the_listener_beats_to_its_handles_until_the_loop_ends():
     beats = threading.Semaphore(0)
     handle = SimpleNamespace(push=lambda take: True, heartbeat=beats.release, instances=(0,))
-    listener = Listener(0.01)
+    listener = Listener(Liveness(0.01, 0.04))
     listener.start([handle])
     assert beats.acquire(timeout=5) and beats.acquire(timeout=5)
     listener.done.set()
