@@ -1,5 +1,5 @@
 """Elastic restarts, pure: after a failure, which hosts go, which spares come in, and the next plan at the same
-global batch; from typed values (the outcome's summary, the run's step log): no I/O here."""
+global batch; the run's elastic record; from typed values (the outcome's summary, the run's step log): no I/O here."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -188,3 +188,57 @@ def first_step_after(log: "StepLog", after: float) -> tuple[int | None, float | 
 def resumed_after(log: "StepLog", after: float) -> dict | None:
     """Where the attempt started after wall time ``after`` resumed from (its start or resume record)."""
     return next((where for t, where in log.starts if t > after), None)
+
+
+@dataclass
+class ElasticRecord:
+    """summary.json's ``elastic``: the floor and the batch kept, the spares left, each re-plan (its decision, and
+    once the attempt after it ran, how long the recovery took), and why the run ended when no plan was left."""
+
+    min_hosts: int
+    global_batch: int
+    spares: list[str]
+    replans: list[dict] = field(default_factory=list)
+    end: str | None = None
+
+    @classmethod
+    def of(cls, policy: ElasticPolicy) -> "ElasticRecord":
+        return cls(policy.min_hosts, policy.global_batch, list(policy.spares))
+
+    def replan(self, policy: ElasticPolicy, current: "Plan", failed: tuple[str, ...], nxt: int, log: "StepLog",
+               lost_at: float, problems: tuple = ()) -> tuple[Replan, int | None]:
+        """Decide restart ``nxt``'s plan without the ``failed`` hosts (lost at ``lost_at``; ``problems``: those a
+        re-planned attempt's check found), record it; returns the decision and the last step logged."""
+        step, _ = last_step(log)
+        decision = next_plan(policy, current, failed, tuple(self.spares))
+        self.replans.append({
+            "restart": nxt, "hosts_lost": list(decision.hosts_lost), "spares_used": list(decision.spares_used),
+            "at_step": step, "lost_at": lost_at, "old": decomposition(current),
+            "new": decomposition(decision.plan) if decision.plan is not None else None,
+            "skipped": [{"hosts": n, "reason": r} for n, r in decision.skipped],
+            "preflight": [str(p) for p in problems],
+            "restarted_after_s": None, "training_after_s": None, "resumed_from": None,
+        })
+        if decision.plan is None:
+            self.end = decision.reason
+        else:
+            self.spares = list(decision.spares_left)
+        return decision, step
+
+    def recovered(self, restart_count: int, started: float, all_ready_s: float | None, log: "StepLog") -> None:
+        """After the attempt that followed a re-plan (started at wall time ``started``): seconds from the loss to
+        its workers all started (``all_ready_s`` after its start), and to its first training step in ``log``."""
+        if not self.replans or self.replans[-1]["restart"] != restart_count:
+            return
+        last = self.replans[-1]
+        if all_ready_s is not None:
+            last["restarted_after_s"] = round(started + all_ready_s - last["lost_at"], 3)
+        last["resumed_from"] = resumed_after(log, started)
+        _, t = first_step_after(log, started)
+        if t is not None:
+            last["training_after_s"] = round(t - last["lost_at"], 3)
+
+    def to_dict(self) -> dict:
+        d = {"min_hosts": self.min_hosts, "global_batch": self.global_batch, "spares": list(self.spares),
+             "replans": self.replans}
+        return d if self.end is None else {**d, "end": self.end}

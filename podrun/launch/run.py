@@ -8,6 +8,7 @@ import socket
 import stat
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from podrun.errors import LaunchError, PodrunError, PreflightError
 from podrun.wire.liveness import Liveness
@@ -23,6 +24,9 @@ from podrun.launch.transports import transport_of
 from podrun.launch.transports.base import TransportFactory, busy_port_problem
 from podrun.wire.worker_env import SNAPSHOT_KEY_NAME, data_interface_env
 from podrun.redaction import redact
+
+if TYPE_CHECKING:  # pragma: no cover
+    from podrun.elastic.replan import ElasticRecord
 
 MULTI_HOST_PORT = 29500   # the default --master-port when the master host is elsewhere (0, "pick", on this machine)
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "ip6-localhost"}
@@ -236,8 +240,9 @@ def _execute(request: LaunchRequest, *, sink, notice, only_output_from, elastic,
     earlier = _earlier_attempts(request.run_dir) if resuming else []
     _before_start(request.run_dir, layout.write_start, request.run_dir, request.plan,
                   None if resuming else launch_record, elastic is not None)
-    record = None if elastic is None else {"min_hosts": elastic.min_hosts, "global_batch": elastic.global_batch,
-                                           "spares": list(elastic.spares), "replans": []}
+    from podrun.elastic.replan import ElasticRecord
+
+    record = None if elastic is None else ElasticRecord.of(elastic)
     make = request.kind.load()
     request = choose_master(make, request)
     try:
@@ -288,7 +293,8 @@ def _earlier_attempts(run_dir: str) -> list[dict]:
 
 
 def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_output_from, elastic,
-              record: dict | None, watch=None, progress=None, earlier: list[dict] = ()) -> tuple[Outcome | None, dict]:
+              record: ElasticRecord | None, watch=None, progress=None,
+              earlier: list[dict] = ()) -> tuple[Outcome | None, dict]:
     from podrun.wire.worker_env import workers_per_instance
 
     attempts: list[dict] = list(earlier)
@@ -309,11 +315,12 @@ def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_
                 if outcome is None or not req.kind.remote or not bad:   # else re-planned
                     # the first attempt, or problems of this machine's (local) rather than of a host's (elastic)
                     raise _preflight_failed(req, problems, notice, earlier=None if outcome is None else {
-                        "attempts": attempts, **({} if record is None else {"elastic": record})})
+                        "attempts": attempts, **({} if record is None else {"elastic": record.to_dict()})})
                 # a re-planned attempt: hosts that fail the check (a spare that is down) go as a lost host
                 # does, and the run re-plans again without them; nothing has started
                 nxt_req = _replan(elastic, record, req, summary, outcome, req.restart_count, notice,
                                   failed=bad, problems=problems)
+                summary["elastic"] = record.to_dict()
                 _record(write_summary, notice, req.run_dir, summary)
                 if nxt_req is None:
                     return outcome, summary
@@ -342,9 +349,11 @@ def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_
                                            "root_cause": summary["root_cause"]}]
         attempts = summary["attempts"]
         if elastic is not None:
+            from podrun.rundir.metrics import StepLog
+
             attempts[-1]["plan"] = layout.plan_of(req.restart_count)
-            _elastic_timings(record, req.restart_count, req.run_dir, outcome)
-            summary["elastic"] = record
+            record.recovered(req.restart_count, outcome.started, outcome.all_ready_s, StepLog.read(req.run_dir))
+            summary["elastic"] = record.to_dict()
         _record(write_summary, notice, req.run_dir, summary)
         if outcome.exit_code == 0 or outcome.status is RunStatus.INTERRUPTED or req.restart_count >= req.max_restarts:
             return outcome, summary
@@ -356,6 +365,7 @@ def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_
         if elastic is not None:
             nxt_req = _replan(elastic, record, req, summary, outcome, nxt, notice)
             if nxt_req is None:
+                summary["elastic"] = record.to_dict()
                 _record(write_summary, notice, req.run_dir, summary)     # with the record's end
                 return outcome, summary
             req = nxt_req
@@ -364,15 +374,15 @@ def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_
         req = req.for_restart(nxt, port)
 
 
-def _replan(policy, record: dict, req: LaunchRequest, summary: dict, outcome: Outcome, nxt: int,
+def _replan(policy, record: ElasticRecord, req: LaunchRequest, summary: dict, outcome: Outcome, nxt: int,
             notice, failed: tuple[str, ...] | None = None, problems=()) -> LaunchRequest | None:
-    """The elastic restart step: decide the next plan, record it, write plan-<n>.json and plan.json, and
+    """The elastic restart step: decide the next plan into ``record``, write plan-<n>.json and plan.json, and
     return the next request (None: no plan keeps the global batch; the record says why).
 
     ``failed`` and ``problems``: the hosts of a re-planned attempt that failed its check before it started
     (and why); they are dropped from ``req.plan`` as a lost host is, timed from the same loss.
     """
-    from podrun.elastic.replan import decomposition, describe, failed_hosts, last_step, next_plan
+    from podrun.elastic.replan import describe, failed_hosts
     from podrun.rundir.metrics import StepLog
     from podrun.rundir.summary import Summary
 
@@ -381,23 +391,12 @@ def _replan(policy, record: dict, req: LaunchRequest, summary: dict, outcome: Ou
         lost_at = outcome.root_cause.at if outcome.root_cause is not None else outcome.ended
         cause = outcome.root_cause.reason if outcome.root_cause is not None else None
     else:
-        lost_at = record["replans"][-1]["lost_at"]
+        lost_at = record.replans[-1]["lost_at"]
         cause = "; ".join(p.message for p in problems)
-    step, _ = last_step(StepLog.read(req.run_dir))
-    decision = next_plan(policy, req.plan, failed, tuple(record["spares"]))
-    record["replans"].append({
-        "restart": nxt, "hosts_lost": list(decision.hosts_lost), "spares_used": list(decision.spares_used),
-        "at_step": step, "lost_at": lost_at, "old": decomposition(req.plan),
-        "new": decomposition(decision.plan) if decision.plan is not None else None,
-        "skipped": [{"hosts": n, "reason": r} for n, r in decision.skipped],
-        "preflight": [str(p) for p in problems],
-        "restarted_after_s": None, "training_after_s": None, "resumed_from": None,
-    })
+    decision, step = record.replan(policy, req.plan, failed, nxt, StepLog.read(req.run_dir), lost_at, problems)
     notice(describe(decision, req.plan, step, cause))
     if decision.plan is None:
-        record["end"] = decision.reason
         return None
-    record["spares"] = list(decision.spares_left)
     write_plan(req.run_dir, decision.plan, layout.plan_of(nxt))
     write_plan(req.run_dir, decision.plan)
     plan = decision.plan
@@ -414,24 +413,6 @@ def _replan(policy, record: dict, req: LaunchRequest, summary: dict, outcome: Ou
         why = "; ".join(exc.problems)
         notice(f"elastic: cannot ask {master} for its address on {req.data_interface} ({why}); its preflight decides")
         return new
-
-
-def _elastic_timings(record: dict, restart_count: int, run_dir: str, outcome: Outcome) -> None:
-    """After the attempt that followed a re-plan: seconds from the loss to its workers all started, and to
-    its first training step (from metrics.jsonl; None when the script logs none)."""
-    from podrun.elastic.replan import first_step_after, resumed_after
-    from podrun.rundir.metrics import StepLog
-
-    if not record["replans"] or record["replans"][-1]["restart"] != restart_count:
-        return
-    last = record["replans"][-1]
-    if outcome.all_ready_s is not None:
-        last["restarted_after_s"] = round(outcome.started + outcome.all_ready_s - last["lost_at"], 3)
-    log = StepLog.read(run_dir)
-    last["resumed_from"] = resumed_after(log, outcome.started)
-    _, t = first_step_after(log, outcome.started)
-    if t is not None:
-        last["training_after_s"] = round(t - last["lost_at"], 3)
 
 
 def _before_start(run_dir: str, write, *args) -> None:

@@ -65,21 +65,18 @@ class Supervisor:
         if self.signalled is None:
             self.failures.append(failure)
 
-    def _output(self, idx: int | None, host: str, lr: int | None, stream: str, text: str) -> None:
-        self.instances.heard(idx, lr, self.logs.output(idx, host, lr, stream, text), text)
-
     def _handle_line(self, h: InstanceHandle, ev: protocol.Event) -> None:
         now = time.monotonic()
-        if ev.instance is None or ev.instance not in self.instances:
-            idx = h.instances[0] if len(h.instances) == 1 else None
-            self._output(idx, h.label, None, ev.kind, ev.text)
+        raw = ev.instance is None or ev.instance not in self.instances   # not the protocol: the handle's own output
+        if raw or ev.kind in ("out", "err"):
+            idx = (h.instances[0] if len(h.instances) == 1 else None) if raw else ev.instance
+            host, lr = (h.label, None) if raw else (self.instances[idx].host, ev.local_rank)
+            self.instances.heard(idx, lr, self.logs.output(idx, host, lr, ev.kind, ev.text), ev.text)
+            if lr is not None:
+                self.live.moved(now)
             return
         st = self.instances[ev.instance]
-        if ev.kind in ("out", "err"):
-            self._output(st.index, st.host, ev.local_rank, ev.kind, ev.text)
-            if ev.local_rank is not None:
-                self.live.moved(now)
-        elif ev.kind == "prog":
+        if ev.kind == "prog":
             self.live.progress_report(st, ev.local_rank, ev.text, now)
         elif ev.kind == "stack":
             self.live.got_stacks(st.index, ev.local_rank, ev.text)
