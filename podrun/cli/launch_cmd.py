@@ -258,7 +258,9 @@ def launch(ctx, args, **kw):
     try:
         from podrun.launch.resume import record
 
-        outcome, summary = execute(request, sink=_sink(request.plan, out.as_json, prepared.local_ranks), notice=_notice,
+        outcome, summary = execute(request, sink=_Console(request.plan, out.as_json, prepared.local_ranks,
+                                                         bool((ctx.find_root().obj or {}).get("debug"))),
+                                   notice=_notice,
                                    only_output_from=out.only_output_from_instance, elastic=prepared.elastic,
                                    watch=watch, progress=view, resuming=resuming is not None,
                                    launch_record=record(ctx.meta.get("podrun.argv", []), os.getcwd()))
@@ -363,28 +365,36 @@ def resume(run, runs_dir, dry_run):
     sys.exit(rc if isinstance(rc, int) else 0)
 
 
-def _sink(plan, as_json: bool, local_ranks: frozenset[int] | None = None):
+class _Console:
     """The console writer of workers' lines: ``[instance host]`` (``[instance:local_rank host]``), coloured on a tty.
     The stream is looked up at each line (stderr with --json), so that a live progress line can redirect it.
     ``local_ranks`` (--local-ranks-filter): only those local ranks' lines, both streams, as torchrun's filter (the
-    run directory's logs keep every line)."""
-    from podrun.wire.worker_env import workers_per_instance
+    run directory's logs keep every line). Once the run is stopped by a signal (Ctrl-C), the workers' stderr (the
+    tracebacks of their KeyboardInterrupt) goes to their logs only, unless ``debug``; their stdout still shows."""
 
-    tty = (sys.stderr if as_json else sys.stdout).isatty() and "NO_COLOR" not in os.environ
-    multi = workers_per_instance(plan) > 1
+    def __init__(self, plan, as_json: bool, local_ranks: frozenset[int] | None = None, debug: bool = False):
+        from podrun.wire.worker_env import workers_per_instance
 
-    def sink(index, host, local_rank, stream, text):
-        if local_ranks is not None and index is not None and (local_rank or 0) not in local_ranks:
+        self.as_json, self.local_ranks, self.debug = as_json, local_ranks, debug
+        self.tty = (sys.stderr if as_json else sys.stdout).isatty() and "NO_COLOR" not in os.environ
+        self.multi = workers_per_instance(plan) > 1
+        self.hushed = False
+
+    def interrupted(self) -> None:
+        self.hushed = not self.debug
+
+    def __call__(self, index, host, local_rank, stream, text) -> None:
+        if self.local_ranks is not None and index is not None and (local_rank or 0) not in self.local_ranks:
+            return
+        if self.hushed and stream == "err" and index is not None:
             return
         who = "?" if index is None else str(index)
-        if local_rank is not None and multi:
+        if local_rank is not None and self.multi:
             who += f":{local_rank}"
         prefix = f"[{who} {host}]"
-        if tty:
+        if self.tty:
             prefix = f"\x1b[{COLOURS[(0 if index is None else index) % len(COLOURS)]}m{prefix}\x1b[0m"
-        print(f"{prefix} {text}", file=sys.stderr if stream == "err" or as_json else sys.stdout, flush=True)
-
-    return sink
+        print(f"{prefix} {text}", file=sys.stderr if stream == "err" or self.as_json else sys.stdout, flush=True)
 
 
 def _notice(text):

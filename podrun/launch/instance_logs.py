@@ -38,6 +38,11 @@ class InstanceLogs:
                 self.sink = lambda *a: None
         return shown
 
+    def interrupted(self) -> None:
+        """The run is being stopped by a signal: a console that has a quieter form for it takes it."""
+        with contextlib.suppress(Exception):
+            getattr(self.sink, "interrupted", lambda: None)()
+
     def write(self, index: int | None, text: str) -> None:
         if index is None:
             return

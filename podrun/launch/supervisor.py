@@ -147,6 +147,7 @@ class Supervisor:
     def _on_signal(self, signum, frame) -> None:  # noqa: ARG002
         if self.signalled is None:
             self.signalled = signum
+            self.logs.interrupted()
         else:
             self.force = True          # a second Ctrl-C: do not wait for the grace period
 

@@ -55,6 +55,9 @@ def test_sigint_runs_the_keyboard_interrupt_handler_locally_as_under_torchrun(tm
     assert _saved(tmp_path / "podrun") == want, text
     assert code == 130 and "received SIGINT" in text, text
     assert summary(tmp_path / "runs")["status"] == "interrupted"
+    # the workers' KeyboardInterrupt tracebacks go to their log, not to the console (--debug shows them)
+    assert "Traceback" not in text and "saved 0" in text, text
+    assert "Traceback" in next((tmp_path / "runs").glob("*/instance-0.log")).read_text()
 
 
 @pytest.mark.cluster

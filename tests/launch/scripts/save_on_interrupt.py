@@ -1,9 +1,11 @@
 """A training loop's Ctrl-C handler: ``except KeyboardInterrupt`` writes <dir>/saved-<RANK> (the signal each
-rank got first, by name) and exits 0; every rank prints ``up <RANK>`` once its handler is in place."""
+rank got first, by name), prints the interrupt's traceback on stderr as an unhandled one would, and exits 0; every
+rank prints ``up <RANK>`` once its handler is in place."""
 import os
 import signal
 import sys
 import time
+import traceback
 
 out = sys.argv[1]
 got = []
@@ -18,3 +20,4 @@ except KeyboardInterrupt:
     with open(os.path.join(out, f"saved-{os.environ['RANK']}"), "w") as f:
         f.write("SIGINT " + " ".join(got))
     print(f"saved {os.environ['RANK']}", flush=True)
+    traceback.print_exc()
