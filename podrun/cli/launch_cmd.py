@@ -397,6 +397,29 @@ class _Console:
         print(f"{prefix} {text}", file=sys.stderr if stream == "err" or self.as_json else sys.stdout, flush=True)
 
 
+def _said_the_same(root: dict, others: list[dict]) -> tuple[str, list[dict]]:
+    """The other workers whose last lines are the root cause's but for their rank numbers, as "rank 1" or "instances 1
+    and 2" (one error said by every rank is shown once), and the others."""
+    import re
+
+    def words(lines) -> list[str]:
+        return [re.sub(r"\brank \d+", "rank", line) for line in lines]
+
+    mine = words(root.get("last_lines") or [])
+    same = [o for o in others if mine and words(o["last_lines"]) == mine]
+    if not same:
+        return "", others
+    from podrun.launch.stacks import rank_ranges
+
+    by: dict = {}
+    for o in same:
+        by.setdefault((o["instance"], o["host"]), []).append(o.get("local_rank"))
+    names = "; ".join(f"instance {i} on {h}" + ("" if None in lrs else
+                                                f", local rank{'s' if len(lrs) > 1 else ''} {rank_ranges(sorted(lrs))}")
+                      for (i, h), lrs in by.items())
+    return names, [o for o in others if o not in same]
+
+
 def _notice(text):
     from podrun.redaction import shown
 
@@ -465,9 +488,12 @@ def _print_root_cause(summary: dict, request) -> None:
         if rc.get("followers"):
             from podrun.launch.outcome import followers_line as line
             say(f"  {line(rc['followers'])}")
-        if rc.get("others"):
+        same, others = _said_the_same(rc, rc.get("others") or [])
+        if same:
+            say(f"  {same} said the same")
+        if others:
             say("  what the other workers said last:")
-            for o in rc["others"]:
+            for o in others:
                 say(f"    {who(o)}:")
                 for line in o["last_lines"]:
                     say(f"      {line}")

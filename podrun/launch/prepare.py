@@ -100,6 +100,9 @@ def _prepare(opts: LaunchOptions, target: Target, mapped: OwnOptions) -> Prepare
         check_local_target(target, os.path.abspath(net.workdir or os.getcwd()))
         check_local_interface(data_interface, "--data-interface" if net.data_interface is not None else
                               f"data_interface in {cluster.path}")
+        if recipe_args is not None:
+            recipe_cli.check_local_data(os.path.basename(os.path.abspath(rspec.path)), recipe_args.data,
+                                        os.path.abspath(net.workdir or os.getcwd()))
         if recipe_args is not None and net.preflight:
             check_recipe_modules(python, target, recipe_args)
     notes: list[str] = list(calibration_notes)

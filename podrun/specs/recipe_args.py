@@ -75,6 +75,24 @@ def check_args(recipe_name: str, argv: Sequence[str], script: str) -> None:
                         hint=f"python {script} --help lists its options") from None
 
 
+DATA_NAMES = ("digits", "synthetic")        # the data sets --data names rather than a folder
+
+
+def check_local_data(recipe_name: str, data: str, workdir: str) -> None:
+    """``--data`` for workers on this machine: a data set's name, or a folder that exists (relative to ``workdir``);
+    else a SpecError (exit 2) before anything starts, with the name it most likely meant, instead of every rank
+    refusing it after the start."""
+    import difflib
+    import os
+
+    if data in DATA_NAMES or os.path.exists(os.path.join(workdir, data)):
+        return
+    near = difflib.get_close_matches(data, DATA_NAMES, n=1)
+    raise SpecError(f"{recipe_name}/train.py --data {data!r}: no data set of that name and no such path in {workdir}",
+                    hint=(f"did you mean --data {near[0]}? " if near else "") + "pass digits, synthetic, a CIFAR-10 "
+                    "folder (data_batch_1..5, test_batch) or an ImageNet-style folder (train/<class>/*.jpg)")
+
+
 def default_data(script: str) -> str | None:
     """For a recipe's train.py that runs RECIPE_MAIN's main(): the ``default_data`` it passes (read from its
     source without running it; "synthetic" when it passes none). None for a train.py with a parser of its own."""

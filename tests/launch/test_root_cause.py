@@ -8,6 +8,7 @@ import textwrap
 
 import pytest
 
+from podrun.launch.stacks import rank_ranges
 from tests.launch.helpers import podrun, run_dir, summary
 from tests.ports import free_port
 
@@ -81,3 +82,31 @@ def test_record_error_file_message_is_in_the_root_cause(tmp_path):
     assert error["file"] == str(rd / "errors" / "worker-0-1.json")
     assert json.loads((rd / "errors" / "worker-0-1.json").read_text())["message"]["message"] == error["message"]
     assert "ValueError: bad shard 17 in rank 1" in cp.stderr[cp.stderr.index("root cause:"):]
+
+
+SAME_ERROR = textwrap.dedent("""
+    import os, pathlib, sys, time
+    here = pathlib.Path(sys.argv[1])
+    (here / f"up-{os.environ['RANK']}").touch()
+    while len(list(here.glob("up-*"))) < 3:     # every rank is up before any says its error
+        time.sleep(0.01)
+    print(f"train.py (rank {os.environ['RANK']}): error: digitz: dataset path does not exist", file=sys.stderr)
+    sys.exit(2)
+""")
+
+
+def test_an_error_every_rank_says_is_shown_once_with_the_ranks_that_said_it(tmp_path):
+    """The same refusal from every rank (but for its rank number) is the root cause's lines once, and one line
+    naming the others that said it; summary.json keeps each one's own lines."""
+    script = tmp_path / "same.py"
+    script.write_text(SAME_ERROR)
+    cp = podrun("launch", "--devices-per-host", "3", "--runs-dir", str(tmp_path / "runs"), "--", sys.executable,
+                str(script), str(tmp_path), timeout=120)
+    assert cp.returncode == 2, cp.stdout + cp.stderr
+    err = cp.stderr[cp.stderr.index("root cause:"):]
+    assert err.count("dataset path does not exist") == 1, err
+    assert "what the other workers said" not in err, err
+    (same,) = [line for line in err.splitlines() if line.endswith("said the same")]
+    rc = summary(tmp_path / "runs")["root_cause"]
+    others = sorted(o["local_rank"] for o in rc["others"])
+    assert len(others) == 2 and f"local ranks {rank_ranges(others)} said" in same, (same, rc)
