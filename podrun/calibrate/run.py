@@ -67,7 +67,7 @@ def launch_options(opts: CalibrateOptions, recipe_path: str, budget: int | None,
     if opts.image_size is not None:
         args += ["--image-size", str(opts.image_size)]
     return LaunchOptions(
-        target=TargetOptions(args=tuple(args), module=True),
+        target=TargetOptions(args=tuple(args), module=True, needs=("yaml", "torch", "numpy")),
         plan=opts.plan,
         transports=TransportOptions(transport=opts.transport, ssh=SSHOptions(config_path=opts.ssh_config),
                                     python=opts.python, master_port=opts.master_port),

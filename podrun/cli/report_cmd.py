@@ -15,6 +15,7 @@ import click
 def report(run_dir: str | None, runs_dir: str, as_json: bool, output: str | None, no_plot: bool) -> None:
     """Summarise a run (RUN_DIR, else the newest run in --runs-dir): training curves and figures, or a plain
     command's plan, attempts, exit codes and root cause."""
+    import importlib.util
     from pathlib import Path
 
     from podrun.cli.render import console
@@ -41,6 +42,10 @@ def report(run_dir: str | None, runs_dir: str, as_json: bool, output: str | None
         summary["launch"] = launched
     summary["replans"] = replans(run.launch)
     summary["resumes"] = resumes(run.records)
+    if not no_plot and importlib.util.find_spec("matplotlib") is None:
+        no_plot = True
+        notes.append("curves not drawn: matplotlib is not installed here (pip install matplotlib, or podrun's "
+                     "train extra: pip install 'podrun[train]')")
     if not no_plot:
         base = Path(run_dir)
         target = Path(output) if output else (base if base.is_dir() else base.parent) / REPORT

@@ -20,6 +20,7 @@ class TargetOptions:
     no_python: bool = False                     # --no-python: the target is a command
     run_path: bool = False                      # --run-path: the target is a Python file, whatever it is named
     option_names: frozenset[str] = frozenset()  # podrun launch's own spellings (a recipe's arguments must not be one)
+    needs: tuple[str, ...] = ()                 # modules every worker imports, checked before the start (preflight)
 
 
 @dataclass(frozen=True)

@@ -103,8 +103,8 @@ def _prepare(opts: LaunchOptions, target: Target, mapped: OwnOptions) -> Prepare
         if recipe_args is not None:
             recipe_cli.check_local_data(os.path.basename(os.path.abspath(rspec.path)), recipe_args.data,
                                         os.path.abspath(net.workdir or os.getcwd()))
-        if recipe_args is not None and net.preflight:
-            check_recipe_modules(python, target, recipe_args)
+        if net.preflight and (recipe_args is not None or opts.target.needs):
+            check_modules(python, target, recipe_args, opts.target.needs)
     notes: list[str] = list(calibration_notes)
     if kind.ssh_per_host:
         here = [h for h in dict.fromkeys(plan.hosts) if is_local_host(h)]
@@ -113,9 +113,9 @@ def _prepare(opts: LaunchOptions, target: Target, mapped: OwnOptions) -> Prepare
                          "like the others (one transport per run: the same preflight, keepalive and teardown "
                          "everywhere), so it needs sshd and its host key in known_hosts")
     needs: tuple[str, ...] = ()
-    if recipe_args is not None and net.preflight:
-        # checked by every held agent (ssh) before anything starts
-        needs = tuple(recipe_cli.needed_modules(recipe_args))
+    if net.preflight:             # checked by every held agent (ssh) before anything starts
+        needs = tuple(dict.fromkeys((*recipe_cli.needed_modules(recipe_args), *opts.target.needs)
+                                    if recipe_args is not None else opts.target.needs))
     # the agents whose heartbeats the controller hears: one a host, or one a worker under mpirun (--rank-from-env)
     senders = plan.instances * workers_per_instance(plan) if kind.agent_per_worker else len(set(plan.hosts))
     liveness = settings(mapped.heartbeat, mapped.heartbeat_misses, net.keepalive, spec_heartbeat=cluster.heartbeat,
@@ -202,12 +202,16 @@ def check_local_interface(ifname: str | None, where: str) -> None:
                               "--data-interface out")
 
 
-def check_recipe_modules(python: str, target: Target, recipe_args, host: str = "localhost") -> None:
-    """The recipe's imports (podrun.specs.recipe_args.needed_modules) must be there for --python on this machine,
-    before anything starts: one paragraph and exit 2 naming the install command, not a traceback per rank."""
-    missing = missing_modules(python, recipe_cli.needed_modules(recipe_args))
+def check_modules(python: str, target: Target, recipe_args, needs: tuple[str, ...] = (),
+                  host: str = "localhost") -> None:
+    """The recipe's imports (podrun.specs.recipe_args.needed_modules, with ``recipe_args``) and ``needs`` must be there
+    for --python on this machine, before anything starts: one paragraph and exit 2 naming the install command, not a
+    traceback per rank."""
+    wanted = (recipe_cli.needed_modules(recipe_args) if recipe_args is not None else []) + list(needs)
+    missing = missing_modules(python, list(dict.fromkeys(wanted)))
     if missing:
-        problem, hint = missing_text(python, missing, f"the recipe {target.name}")
+        what = f"the recipe {target.name}" if recipe_args is not None else f"{target.name}"
+        problem, hint = missing_text(python, missing, what)
         raise PreflightError([f"{host}: {problem}"], hint)
 
 
