@@ -80,7 +80,7 @@ def render_plan(p, host_source: str) -> None:
         et.add_row("scaling efficiency", f"{e.scaling_efficiency:.1%}")
         hidden = "" if e.allreduce_hidden_fraction == 0 else f", {e.allreduce_hidden_fraction:.0%} of it hidden"
         et.add_row("step", f"{e.step_seconds * 1000:.1f} ms (all-reduce {e.allreduce_seconds * 1000:.2f} ms{hidden})")
-        et.add_row("time to train", f"{e.time_to_train_hours:.2f} h for {p.epochs:g} epochs")
+        et.add_row("time to train", f"{human_seconds(e.time_to_train_hours * 3600)} for {p.epochs:g} epochs")
         out.print(et)
         out.print("assumptions: " + "; ".join(e.assumptions))
     for n in p.notes:
@@ -88,28 +88,31 @@ def render_plan(p, host_source: str) -> None:
 
 
 def render_elastic(table, recipe: str, cluster: str, host_source: str) -> None:
-    """`podrun plan --elastic`: one row per host count, MAX first; infeasible counts with their reason."""
+    """`podrun plan --elastic`: one row per host count that keeps the global batch, MAX first, in 80 columns; then
+    the counts that cannot, with their reasons, each on a line of its own."""
+    from rich import box
     from rich.table import Table
 
     out = console()
-    t = Table(title=f"{recipe or 'command'} on {cluster} ({host_source}): global batch {table.global_batch}, "
-                    f"{table.max_hosts} down to {table.min_hosts} hosts", title_justify="left")
+    out.print(f"{recipe or 'command'} on {cluster} ({host_source}):\nglobal batch {table.global_batch}, "
+              f"{table.max_hosts} down to {table.min_hosts} hosts")
+    t = Table(box=box.SIMPLE_HEAD)
     for c in ("hosts", "replicas", "local batch", "GA", "global batch", "img/s", "time to train"):
         t.add_column(c, justify="right")
-    t.add_column("reason it cannot")
+    for r in table.rows:
+        if r.plan is not None:
+            p = r.plan
+            ttt = human_seconds(p.estimate.time_to_train_hours * 3600) if p.recipe else "-"
+            ips = f"{p.estimate.images_per_second:,.0f}" if p.recipe else "-"
+            t.add_row(str(r.hosts), str(p.replicas), str(p.local_batch), str(p.grad_accum), str(p.global_batch),
+                      ips, ttt)
+    out.print(t)
     for r in table.rows:
         if r.plan is None:
-            t.add_row(str(r.hosts), "-", "-", "-", "-", "-", "-", r.reason)
-            continue
-        p = r.plan
-        ttt = f"{p.estimate.time_to_train_hours:.2f} h" if p.recipe else "-"
-        ips = f"{p.estimate.images_per_second:,.0f}" if p.recipe else "-"
-        t.add_row(str(r.hosts), str(p.replicas), str(p.local_batch), str(p.grad_accum), str(p.global_batch),
-                  ips, ttt, "")
-    out.print(t)
+            out.print(f"  {r.hosts} hosts: {r.reason}")
     ok = sum(1 for r in table.rows if r.plan is not None)
     out.print(f"{ok} of {len(table.rows)} host counts keep global batch {table.global_batch} exactly "
-              "(local batch x replicas x GA); the learning rate and schedule are the same on each")
+              "(local batch x replicas x GA);\nthe learning rate and schedule are the same on each")
 
 
 # -- numbers for people, and the launch console's progress view -------------------------------------

@@ -137,6 +137,12 @@ def test_cli_json_and_table():
     t = run("plan", "--pod", "256", "recipes/efficientnet_b4", "--elastic", "8:12")
     assert t.returncode == 0 and "not a multiple of 88 replicas" in t.stdout and "127,093" not in t.stdout
     assert "2 of 5 host counts keep global batch 6144 exactly" in t.stdout
+    narrow = subprocess.run(PODRUN + ["plan", "--pod", "256", "recipes/efficientnet_b4", "--elastic", "8"],
+                            capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "80"})
+    lines = narrow.stdout.splitlines()     # one line per host count, in 80 columns; durations as a person reads them
+    assert max(len(line.rstrip()) for line in lines) <= 80 and len(lines) <= 9 + 10, narrow.stdout
+    assert "  15 hosts: global batch 6144 is not a multiple of 120 replicas" in lines, narrow.stdout
+    assert any(line.split()[:1] == ["16"] and line.endswith("58 min 48 s") for line in map(str.rstrip, lines))
 
 
 @pytest.mark.parametrize("args,needle", [
