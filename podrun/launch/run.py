@@ -225,6 +225,7 @@ def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from:
     held_run = hold_run(request.run_dir, request.run_id, resuming)
     try:
         _before_start(request.run_dir, claim, request.run_dir)
+        notice(starting_line(request))
         try:
             return _execute(request, sink=sink, notice=notice, only_output_from=only_output_from, elastic=elastic,
                             watch=watch, progress=progress, resuming=resuming, launch_record=launch_record)
@@ -232,6 +233,19 @@ def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from:
             release(request.run_dir)
     finally:
         held_run.release()
+
+
+def starting_line(request: LaunchRequest) -> str:
+    """What is said once the run directory is held: "starting 2 workers on 1 host (localhost) over local: run ID in
+    DIR"."""
+    from podrun.wire.worker_env import workers_per_instance
+
+    hosts = list(dict.fromkeys(i.host for i in request.instances))
+    workers = len(request.instances) * workers_per_instance(request.plan)
+    shown = ", ".join(hosts[:3]) + (f", ... {hosts[-1]}" if len(hosts) > 3 else "")
+    return (f"starting {workers} worker{'s' if workers != 1 else ''} on {len(hosts)} "
+            f"host{'s' if len(hosts) != 1 else ''} ({shown}) over {request.transport}: run {request.run_id} in "
+            f"{request.run_dir}")
 
 
 def _execute(request: LaunchRequest, *, sink, notice, only_output_from, elastic, watch, progress, resuming: bool,

@@ -90,10 +90,42 @@ def format_line(r: dict[str, Any], log_every: int = 1) -> str | None:
     if kind == "epoch":
         return (f"epoch {r['epoch']:>3} done  loss {r['loss']:.4f}  acc {r['accuracy']:.3f}  "
                 f"{human_number(r['images_per_sec'])} img/s  {human_seconds(r['seconds'])}")
+    if kind == "run" and r.get("event") in ("start", "resume") and all(k in r for k in _START_FIELDS):
+        return _start_sentence(r)
     if kind == "run":
         return f"run {r.get('event')}: " + ", ".join(f"{k}={human_value(k, v)}" for k, v in r.items()
                                                       if k not in ("kind", "event", "time"))
     return None
+
+
+_START_FIELDS = ("step", "world_size", "instances", "local_batch", "grad_accum", "global_batch", "total_steps")
+
+
+def _start_sentence(r: dict[str, Any]) -> str:
+    """A run record that opens an attempt, as a sentence: "training 88 steps on 2 workers (1 instance): local batch
+    32 x GA 1 = global batch 64; ...; from the start" (or "resumed at step 22 from ...")."""
+    def plural(n, word: str) -> str:
+        return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+    parts = [f"local batch {r['local_batch']} x GA {r['grad_accum']} = global batch {r['global_batch']}"]
+    if isinstance(r.get("steps_per_epoch"), int):
+        parts.append(f"{plural(r['steps_per_epoch'], 'step')} per epoch")
+    if r.get("lr") is not None:
+        warm = r.get("warmup_steps")
+        parts.append(f"lr {human_value('lr', r['lr'])}" + (f" after {plural(warm, 'warm-up step')}"
+                                                         if isinstance(warm, int) and warm > 0 else ""))
+    if r.get("device") is not None:
+        parts.append(str(r["device"]) + (f", amp {r['amp']}" if r.get("amp") is not None else ""))
+    if r.get("dataset") is not None:
+        size = r.get("train_size")
+        parts.append(f"data {r['dataset']}" + (f" ({plural(size, 'training image')})" if isinstance(size, int) else ""))
+    where = r.get("resumed_from")
+    if r["event"] == "resume" or where:
+        parts.append(f"resumed at step {r['step']}" + (f" from {where}" if where else ""))
+    else:
+        parts.append("from the start")
+    return (f"training {plural(r['total_steps'], 'step')} on {plural(r['world_size'], 'worker')} "
+            f"({plural(r['instances'], 'instance')}): " + "; ".join(parts))
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:

@@ -60,7 +60,7 @@ def test_the_runners_console_lines_round_numbers_and_the_file_keeps_them_whole(t
     """The runner's console: `seconds=15.3 s`, not `seconds=15.251590013504028`; metrics.jsonl keeps every digit."""
     import io
 
-    from podrun.rundir.metrics import MetricsWriter
+    from podrun.rundir.metrics import MetricsWriter, format_line
 
     out = io.StringIO()
     w = MetricsWriter(tmp_path, stream=out, log_every=1)
@@ -76,5 +76,14 @@ def test_the_runners_console_lines_round_numbers_and_the_file_keeps_them_whole(t
     assert ("run end: step=1, seconds=15.3 s, val_accuracy=0.123, val_loss=2.3, "
             "checkpoints=['ckpt-000000001.pt']") in text, text
     assert "15.251590013504028" not in text and "0.123456789" not in text
+    start = {"kind": "run", "event": "start", "step": 0, "samples": 0, "world_size": 2, "instances": 1,
+             "local_batch": 32, "grad_accum": 1, "global_batch": 64, "steps_per_epoch": 22, "total_steps": 88,
+             "lr": 0.025, "warmup_steps": 22, "device": "cpu", "amp": "off", "dataset": "digits", "train_size": 1438,
+             "resumed_from": None}
+    assert format_line(start) == ("training 88 steps on 2 workers (1 instance): local batch 32 x GA 1 = global batch "
+                                  "64; 22 steps per epoch; lr 0.025 after 22 warm-up steps; cpu, amp off; data digits "
+                                  "(1,438 training images); from the start")
+    assert format_line({**start, "event": "resume", "step": 22, "resumed_from": "ckpt-22.pt"}).endswith(
+        "; resumed at step 22 from ckpt-22.pt")
     kept = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert kept[2]["seconds"] == 15.251590013504028 and kept[1]["images_per_sec"] == 98.7654321
