@@ -22,12 +22,24 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "hosts": ("podrun.cli.hosts_cmd:hosts", "Show the hosts podrun would use and where it found them."),
     "stack": ("podrun.cli.stack_cmd:stack", "Show every rank's stack of a running launch, merged, without stopping it."),
     "report": ("podrun.cli.report_cmd:report", "Summarise a run and draw its loss, accuracy and throughput curves."),
+    "clusters": ("podrun.cli.catalog_cmd:clusters", "List the cluster specs podrun finds (name, size, scheduler, source)."),
+    "recipes": ("podrun.cli.catalog_cmd:recipes", "List the recipes podrun finds (name, model, data set, batch, source)."),
 }
 
 
 class LazyGroup(click.Group):
     def list_commands(self, ctx):
         return list(COMMANDS)
+
+    def resolve_command(self, ctx, args):
+        """A command not known: the nearest names in the error (``podrun lauch``: did you mean launch?)."""
+        if args and not args[0].startswith("-") and args[0] not in COMMANDS:
+            import difflib
+
+            near = difflib.get_close_matches(args[0].lower(), list(COMMANDS), n=2, cutoff=0.6)
+            tried = f"No such command {args[0]!r}."
+            ctx.fail(tried + (f" Did you mean {' or '.join(near)}?" if near else f" Commands: {', '.join(COMMANDS)}."))
+        return super().resolve_command(ctx, args)
 
     def get_command(self, ctx, name):
         if name not in COMMANDS:

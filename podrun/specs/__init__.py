@@ -45,8 +45,9 @@ def recipe_names() -> list[str]:
 
 
 def _unknown(kind: str, name: str, names: list[str]) -> SpecError:
-    close = difflib.get_close_matches(name[:200], names, n=1, cutoff=0.4)
-    hint = f"did you mean '{close[0]}'? " if close else ""
+    same = [n for n in names if n.lower() == name.lower()]      # names are matched as written: say the case differs
+    close = same or difflib.get_close_matches(name[:200], names, n=1, cutoff=0.4)
+    hint = f"did you mean '{close[0]}'{' (names are case-sensitive)' if same else ''}? " if close else ""
     hint += f"known {kind}s: {', '.join(names) or '(none)'}; or give a path to a YAML file"
     return SpecError(f"unknown {kind} '{shown_path(name)}'", hint=hint)
 
