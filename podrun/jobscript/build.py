@@ -7,6 +7,7 @@ from typing import Mapping, Sequence
 
 from podrun.errors import HostError, PodrunError
 from podrun.jobscript.job import JobRequest, JobScriptError, check_directive_value, check_scheduler, validate
+from podrun.launch.engines import EngineKind, engine_of
 from podrun.launch.transports import TRANSPORTS
 from podrun.plan.inputs import PlanOptions
 from podrun.specs.allocation import Discovered
@@ -129,7 +130,7 @@ def request_from_plan(plan, job: JobOptions) -> JobRequest:
     given, and ``--env NAME`` for each of ``env`` unless the transport is srun: the script exports the value).
     Validated (JobScriptError on bad values)."""
     env_items = tuple(job.env.items()) if isinstance(job.env, Mapping) else tuple(job.env)
-    engine = job.engine or ("poprun" if plan.device_kind.startswith("ipu") else "torch")
+    engine = engine_of(job.engine or ("poprun" if plan.device_kind.startswith("ipu") else "torch"))
     transport = job_transport(job, engine)
     extra: list[str] = [] if transport is not None else poprun_options(job)
     if job.ssh_config is not None:
@@ -148,7 +149,7 @@ def request_from_plan(plan, job: JobOptions) -> JobRequest:
     req = JobRequest(**{**shared, "job_name": job.job_name or default_job_name(plan), "nodes": plan_hosts(plan),
                         "devices_per_node": plan.devices_per_host, "device_kind": kind,
                         "command": tuple(command), "env": env_items, "comments": plan_comments(plan),
-                        "ssh_port": ABCI_SSH_PORT if transport == "ssh" and abci_resource(job) else None})
+                        "ssh_port": ABCI_SSH_PORT if ssh_per_host(transport) and abci_resource(job) else None})
     return validate(req)
 
 
@@ -160,15 +161,19 @@ def abci_resource(job: JobOptions) -> bool:
     return job.scheduler == "uge" and job.pe is None
 
 
-def job_transport(job: JobOptions, engine: str) -> str | None:
-    """How the job's podrun launch starts its instances: --transport; else None for poprun (it starts them
-    itself); on ABCI's Grid Engine Open MPI's tight integration (mpirun through `qrsh -inherit`: no ssh between
-    the job's nodes); else the scheduler's (srun, ssh). A --transport beside poprun is refused (exit 2)."""
-    if engine == "poprun":
-        if job.transport is not None and job.transport != "poprun":
-            raise JobScriptError(f"--transport {job.transport}: poprun starts the instances of an IPU-POD job itself, "
-                                 "so the job's podrun launch takes no transport",
-                                 hint="drop --transport (the script runs `podrun launch` with poprun)")
+def ssh_per_host(transport: str | None) -> bool:
+    return transport in TRANSPORTS and TRANSPORTS[transport].ssh_per_host
+
+
+def job_transport(job: JobOptions, engine: EngineKind) -> str | None:
+    """How the job's podrun launch starts its instances: --transport; else None for an engine that starts them
+    itself (poprun); on ABCI's Grid Engine Open MPI's tight integration (mpirun through `qrsh -inherit`: no ssh
+    between the job's nodes); else the scheduler's (srun, ssh). A --transport beside poprun is refused (exit 2)."""
+    if engine.transport is not None and TRANSPORTS[engine.transport].engine_only:
+        if job.transport is not None and job.transport != engine.transport:
+            raise JobScriptError(f"--transport {job.transport}: {engine.name} starts the instances of the job itself "
+                                 "(an IPU-POD's poprun), so the job's podrun launch takes no transport",
+                                 hint=f"drop --transport (the script runs `podrun launch` with {engine.name})")
         return None
     if job.transport is not None:
         return job.transport

@@ -61,3 +61,20 @@ def test_script_launch_line_is_accepted_in_its_job(cluster, scheduler, podrun_cl
     assert [i["host"] for i in record["instances"]] == hosts
     assert record["transport"] == ("poprun" if ipu else launch[launch.index("--transport") + 1])
     assert not any("this line fails" in n for n in record.get("notes", ()))
+
+
+def test_ipu_pod_script_that_would_fail_in_its_job_is_refused(podrun_cli, monkeypatch):
+    """Before anything is written: an IPU-POD job with no V-IPU partition or server (option, environment or spec),
+    or with a --transport beside poprun, is exit 2 in one paragraph; the POD shell's IPUOF_VIPU_API_* fill them."""
+    for name in ("IPUOF_VIPU_API_HOST", "IPUOF_VIPU_API_PARTITION_ID"):
+        monkeypatch.delenv(name, raising=False)
+    code, out, err = podrun_cli("script", "--scheduler", "slurm", "--pod", "64", "efficientnet_b4")
+    assert code == 2 and out == "" and "--vipu-partition" in err and "IPUOF_VIPU_API_PARTITION_ID" in err
+    code, _, err = podrun_cli("script", "--scheduler", "pbs", "--pod", "16", "--transport", "srun", *VIPU, "--", "x")
+    assert code == 2 and "drop --transport" in err and "Traceback" not in err
+    monkeypatch.setenv("IPUOF_VIPU_API_HOST", "ctrl-from-env")
+    monkeypatch.setenv("IPUOF_VIPU_API_PARTITION_ID", "part-from-env")
+    code, out, err = podrun_cli("script", "--scheduler", "uge", "--pod", "16", "--json", "--", "x")
+    assert code == 0, err
+    launch = json.loads(out)["launch"]
+    assert launch[launch.index("--vipu-partition") + 1] == "part-from-env" and "ctrl-from-env" in launch

@@ -6,7 +6,8 @@ and review the diff.
 A golden file is what the writer wrote; the schedulers' own parsers check them where one runs here:
 the Slurm ones with the real sbatch (tests/jobscript/test_slurm_real.py), the Grid Engine ones with the
 real qsub (tests/uge/test_submit_uge.py). PBS has no server here: the PBS goldens (pbs_*.sh) are checked by
-no PBS qsub, only by the placement rule below (directives before the first command) and by their body
+no PBS qsub, but by the placement rule below (directives before the first command), by PBS Professional's
+documented directive grammar (test_pbs_golden_follows_the_documented_directive_grammar) and by their body
 reproducing the plan.
 """
 from __future__ import annotations
