@@ -203,4 +203,5 @@ def test_vipu_comes_from_the_option_then_the_pod_env_then_the_spec():
     assert (got.vipu_server_host, got.vipu_partition) == ("env-host", "opt-part")
     assert where == {"vipu_server_host": "$IPUOF_VIPU_API_HOST", "vipu_partition": "--vipu-partition"}
     got, where = resolve_vipu(PoprunOptions(), {}, Spec())
-    assert (got.vipu_server_host, got.vipu_partition) == ("spec-host", "spec-part") and "pod.yaml" in where["vipu_partition"]
+    assert (got.vipu_server_host, got.vipu_partition) == ("spec-host", "spec-part")
+    assert "pod.yaml" in where["vipu_partition"]

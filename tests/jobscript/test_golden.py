@@ -114,8 +114,9 @@ def test_body_reproduces_the_plan_inside_the_allocation(name, podrun_cli, tmp_pa
     opts, positional, dashdash = _launch_options(out)
     assert opts.pop("transport", None) == want_transport(args, scheduler)
     want_ssh_config = args[args.index("--ssh-config") + 1] if "--ssh-config" in args else None
-    if want_ssh_config is None and scheduler == "uge" and "--pe" not in args and want_transport(args, scheduler) == "ssh":
-        want_ssh_config = "$ssh_config"         # ABCI's job-local config: its sshd's port (abci_ssh_setup below)
+    abci_ssh = scheduler == "uge" and "--pe" not in args and want_transport(args, scheduler) == "ssh"
+    if want_ssh_config is None and abci_ssh:
+        want_ssh_config = "$ssh_config"         # ABCI's job-local ssh config: its sshd's port 2299
     assert opts.pop("ssh_config", None) == want_ssh_config
     for flag in ("--vipu-server-host", "--vipu-partition"):     # the POD's V-IPU, for poprun
         assert opts.pop(flag[2:].replace("-", "_"), None) == (args[args.index(flag) + 1] if flag in args else None)
