@@ -56,7 +56,7 @@ def job_command(scheduler_help: str, json_help: str, *own):
         click.option("--time", "time_limit", help="Wall time: HH:MM:SS, D-HH:MM:SS, or 90m / 2h."),
         click.option("--partition", help="Slurm partition (PBS queue when --queue is not given)."),
         click.option("--queue", help="PBS / Grid Engine queue (Slurm partition when --partition is not given)."),
-        click.option("--group", help="Grid Engine group: ABCI's `qsub -g GROUP`."),
+        click.option("--group", help="ABCI's group: Grid Engine `qsub -g GROUP`, PBS `#PBS -P GROUP`."),
         click.option("--account", help="Account to charge (sbatch --account, qsub -A)."),
         click.option("--job-name", help="Job name (default podrun-<recipe>)."),
         click.option("--module", "modules", multiple=True, help="`module load NAME` before the launch (repeatable)."),
