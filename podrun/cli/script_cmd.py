@@ -56,7 +56,7 @@ def job_command(scheduler_help: str, json_help: str, *own):
         click.option("--time", "time_limit", help="Wall time: HH:MM:SS, D-HH:MM:SS, or 90m / 2h."),
         click.option("--partition", help="Slurm partition (PBS queue when --queue is not given)."),
         click.option("--queue", help="PBS / Grid Engine queue (Slurm partition when --partition is not given)."),
-        click.option("--group", help="Grid Engine group: ABCI's `qsub -g GROUP`."),
+        click.option("--group", help="ABCI's group: Grid Engine `qsub -g GROUP`, PBS `#PBS -P GROUP`."),
         click.option("--account", help="Account to charge (sbatch --account, qsub -A)."),
         click.option("--job-name", help="Job name (default podrun-<recipe>)."),
         click.option("--module", "modules", multiple=True, help="`module load NAME` before the launch (repeatable)."),
@@ -68,6 +68,10 @@ def job_command(scheduler_help: str, json_help: str, *own):
                      help="ssh config file podrun launch uses in the job (--transport ssh; default ~/.ssh/config)."),
         click.option("--pe", help="Grid Engine parallel environment: `#$ -pe PE NODES` (one slot per host) "
                                   "instead of ABCI's `-l rt_F=NODES`."),
+        click.option("--vipu-server-host", help="IPU-PODs: the V-IPU controller the job's poprun uses "
+                                                "(default $IPUOF_VIPU_API_HOST, else the cluster spec's vipu)."),
+        click.option("--vipu-partition", help="IPU-PODs: the V-IPU partition the job's poprun uses "
+                                              "(default $IPUOF_VIPU_API_PARTITION_ID, else the cluster spec's vipu)."),
         click.option("--job-python", "python",
                      help="Interpreter the job runs `-m podrun launch` with (default: this one, sys.executable)."),
         *own,
@@ -89,6 +93,10 @@ def job_of(options: dict, plan: PlanOptions, **given) -> JobOptions:
     # the job's podrun launch is given the spec named by --cluster or --pod, else none
     taken.update(python=taken["python"] or sys.executable, env=parse_env_items(taken["env"]),
                  cluster=plan.cluster or (f"ipu-pod{plan.pod}" if plan.pod is not None else None))
+    from podrun.launch.engines.poprun import VIPU_ENV
+
+    for name, env in VIPU_ENV.items():      # a POD's shell names its V-IPU controller and partition
+        taken[name] = taken.get(name) or os.environ.get(env) or None
     return JobOptions(**{**taken, **given})
 
 
@@ -133,7 +141,8 @@ def script(ctx, recipe, extra, out_path, as_json, **options):
     elif spec.scheduler in SCHEDULERS and spec.scheduler != scheduler:
         click.echo(f"note: cluster '{spec.name}' is scheduled by {spec.scheduler}; writing a {scheduler} script "
                    "as asked", err=True)
-    req = request_from_plan(plan, job_of(options, popts, scheduler=scheduler, recipe=recipe, args=args))
+    req = request_from_plan(plan, job_of(options, popts, scheduler=scheduler, recipe=recipe, args=args,
+                                         engine=spec.engine))
     text = render(req)
     if out_path:
         _write(out_path, text, private=bool(req.env))

@@ -5,8 +5,9 @@ import re
 from dataclasses import dataclass, fields, replace
 from typing import Mapping, Sequence
 
-from podrun.errors import HostError
-from podrun.jobscript.job import JobRequest, check_scheduler, validate
+from podrun.errors import HostError, PodrunError
+from podrun.jobscript.job import JobRequest, JobScriptError, check_directive_value, check_scheduler, validate
+from podrun.launch.engines import EngineKind, engine_of
 from podrun.launch.transports import TRANSPORTS
 from podrun.plan.inputs import PlanOptions
 from podrun.specs.allocation import Discovered
@@ -46,6 +47,9 @@ class JobOptions:
     directives: Sequence[str] = ()
     ssh_config: str | None = None
     launch_options: Sequence[str] = ()          # more options for the job's podrun launch
+    engine: str | None = None                   # None: poprun for an IPU plan (the IPU-POD specs'), else torch
+    vipu_server_host: str | None = None         # poprun's V-IPU controller (or $IPUOF_VIPU_API_HOST)
+    vipu_partition: str | None = None           # poprun's V-IPU partition (or $IPUOF_VIPU_API_PARTITION_ID)
 
 
 def plan_hosts(plan) -> int:
@@ -59,14 +63,15 @@ def default_job_name(plan) -> str:
     return f"podrun-{base}"[:64]
 
 
-def launch_argv(plan, *, python: str, recipe: str | None, transport: str, cluster: str | None = None,
+def launch_argv(plan, *, python: str, recipe: str | None, transport: str | None, cluster: str | None = None,
                 args: Sequence[str] = (), launch_options: Sequence[str] = ()) -> list[str]:
     """`PYTHON -m podrun launch` inside the allocation, pinned to the same plan: the same cluster spec,
     hosts count, devices per host, instances per host, and (for a recipe) global batch, local batch
     and GA. PYTHON is the interpreter whose podrun wrote the script (the CLI passes sys.executable),
     so the job needs no podrun on PATH, nor an activated virtualenv. The hosts themselves come from
-    the scheduler's env when the job runs."""
-    argv = [python, "-m", "podrun", "launch", "--transport", transport]
+    the scheduler's env when the job runs. ``transport`` None: no --transport (an engine that starts the
+    instances itself, poprun)."""
+    argv = [python, "-m", "podrun", "launch"] + ([] if transport is None else ["--transport", transport])
     if cluster:
         argv += ["--cluster", cluster]
     argv += [
@@ -125,8 +130,9 @@ def request_from_plan(plan, job: JobOptions) -> JobRequest:
     given, and ``--env NAME`` for each of ``env`` unless the transport is srun: the script exports the value).
     Validated (JobScriptError on bad values)."""
     env_items = tuple(job.env.items()) if isinstance(job.env, Mapping) else tuple(job.env)
-    transport = job.transport or check_scheduler(job.scheduler).transport
-    extra: list[str] = []
+    engine = engine_of(job.engine or ("poprun" if plan.device_kind.startswith("ipu") else "torch"))
+    transport = job_transport(job, engine)
+    extra: list[str] = [] if transport is not None else poprun_options(job)
     if job.ssh_config is not None:
         extra += ["--ssh-config", job.ssh_config]
     if transport not in TRANSPORTS or not TRANSPORTS[transport].passes_env:
@@ -142,8 +148,57 @@ def request_from_plan(plan, job: JobOptions) -> JobRequest:
                           args=job.args, launch_options=[*extra, *job.launch_options])
     req = JobRequest(**{**shared, "job_name": job.job_name or default_job_name(plan), "nodes": plan_hosts(plan),
                         "devices_per_node": plan.devices_per_host, "device_kind": kind,
-                        "command": tuple(command), "env": env_items, "comments": plan_comments(plan)})
+                        "command": tuple(command), "env": env_items, "comments": plan_comments(plan),
+                        "ssh_port": ABCI_SSH_PORT if ssh_per_host(transport) and abci_resource(job) else None})
     return validate(req)
+
+
+ABCI_SSH_PORT = 2299     # ABCI 1.0's sshd for a job's own nodes (its user guide: qsub -l USE_SSH=1 -v SSH_PORT=2299)
+
+
+def abci_resource(job: JobOptions) -> bool:
+    """A Grid Engine job that asks for ABCI's resource types (`-l rt_F=N`), not a parallel environment."""
+    return job.scheduler == "uge" and job.pe is None
+
+
+def ssh_per_host(transport: str | None) -> bool:
+    return transport in TRANSPORTS and TRANSPORTS[transport].ssh_per_host
+
+
+def job_transport(job: JobOptions, engine: EngineKind) -> str | None:
+    """How the job's podrun launch starts its instances: --transport; else None for an engine that starts them
+    itself (poprun); on ABCI's Grid Engine Open MPI's tight integration (mpirun through `qrsh -inherit`: no ssh
+    between the job's nodes); else the scheduler's (srun, ssh). A --transport beside poprun is refused (exit 2)."""
+    if engine.transport is not None and TRANSPORTS[engine.transport].engine_only:
+        if job.transport is not None and job.transport != engine.transport:
+            raise JobScriptError(f"--transport {job.transport}: {engine.name} starts the instances of the job itself "
+                                 "(an IPU-POD's poprun), so the job's podrun launch takes no transport",
+                                 hint=f"drop --transport (the script runs `podrun launch` with {engine.name})")
+        return None
+    if job.transport is not None:
+        return job.transport
+    return "mpirun" if abci_resource(job) else check_scheduler(job.scheduler).transport
+
+
+def poprun_options(job: JobOptions) -> list[str]:
+    """The job's podrun launch options for poprun: the V-IPU server host and partition, from the options (the CLI
+    fills them from IPUOF_VIPU_API_HOST / IPUOF_VIPU_API_PARTITION_ID), else the cluster spec's `vipu` block
+    (which the job's podrun launch reads itself); a JobScriptError (exit 2) before the script is written when
+    neither says them: poprun would fail when the job starts."""
+    from podrun.launch.engines.poprun import PoprunOptions, check_vipu, resolve_vipu
+    from podrun.specs import load_cluster
+
+    given = PoprunOptions(vipu_server_host=job.vipu_server_host, vipu_partition=job.vipu_partition)
+    found, _ = resolve_vipu(given, {}, load_cluster(job.cluster) if job.cluster else None)
+    try:
+        check_vipu(found, f"the {job.scheduler} script's podrun launch")
+    except PodrunError as exc:
+        raise JobScriptError(exc.message, hint=exc.hint) from None
+    out = []
+    for flag, value in (("--vipu-server-host", given.vipu_server_host), ("--vipu-partition", given.vipu_partition)):
+        if value is not None:
+            out += [flag, check_directive_value(flag, value)]
+    return out
 
 
 def check_allocation(plan, discovered: Discovered | None) -> None:

@@ -111,7 +111,7 @@ class JobRequest:
     time_limit: int | str | None = None  # seconds or HH:MM:SS; None = the scheduler's default
     partition: str | None = None        # Slurm partition (PBS queue when queue is unset)
     queue: str | None = None            # PBS / Grid Engine queue (Slurm partition when partition is unset)
-    group: str | None = None            # Grid Engine group: `qsub -g GROUP` (ABCI)
+    group: str | None = None            # ABCI's group: Grid Engine `qsub -g GROUP`, PBS `#PBS -P GROUP`
     account: str | None = None
     log_dir: str | None = None          # where the scheduler writes stdout/stderr; must exist at start
     output: str | None = None           # explicit stdout path (wins over log_dir)
@@ -122,6 +122,7 @@ class JobRequest:
     resource: str = "rt_F"              # Grid Engine resource type per node (ABCI: rt_F = full node)
     pe: str | None = None               # Grid Engine parallel environment: `-pe PE NODES` instead of `-l resource`
     directives: tuple[str, ...] = ()    # extra raw directive arguments, e.g. "-l USE_SSH=1"
+    ssh_port: int | None = None         # ABCI's ssh between a job's nodes: -l USE_SSH=1, -v SSH_PORT=, that Port
     comments: tuple[str, ...] = ()      # '# ...' lines under the directives (plan summary)
 
     def __post_init__(self):
@@ -183,9 +184,9 @@ def validate(req: JobRequest) -> JobRequest:
     if req.scheduler == "uge" and any(ch in req.job_name for ch in "/:@"):
         raise JobScriptError(f"job script job name {req.job_name!r}: Grid Engine job names may not contain / : @",
                              hint="use letters, digits, '_', '.', '-'")
-    if req.group is not None and req.scheduler != "uge":
-        raise JobScriptError(f"--group {req.group!r} is Grid Engine's `qsub -g` (ABCI); {req.scheduler} has no groups",
-                             hint="charge a Slurm or PBS account with --account")
+    if req.group is not None and req.scheduler == "slurm":
+        raise JobScriptError(f"--group {req.group!r} is Grid Engine's `qsub -g` and PBS's `-P` (ABCI); Slurm has no "
+                             "groups", hint="charge a Slurm account with --account")
     if req.pe is not None and req.scheduler != "uge":
         raise JobScriptError(f"--pe {req.pe!r} is a Grid Engine parallel environment; {req.scheduler} has none",
                              hint="drop --pe, or write a Grid Engine script with --scheduler uge")

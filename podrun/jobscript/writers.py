@@ -34,7 +34,15 @@ def _body(req: JobRequest, cd_default: str | None) -> list[str]:
         lines.append(cd_default)
     for k, v in req.env:
         lines.append(f"export {k}={_q(v)}")
-    lines.append("exec " + " ".join(_q(a) for a in req.command))
+    command = [_q(a) for a in req.command]
+    if req.ssh_port is not None and "--ssh-config" not in req.command:
+        # ABCI's sshd for the job's nodes listens on ssh_port: an ssh config in the job's own TMPDIR says so
+        # first (the first value ssh reads wins), then the user's own
+        lines += ['ssh_config="$(mktemp "${TMPDIR:-/tmp}/podrun-ssh.XXXXXX")"',
+                  f"printf 'Host *\\n  Port %s\\n' {req.ssh_port} > \"$ssh_config\"",
+                  'if [ -f ~/.ssh/config ]; then cat ~/.ssh/config >> "$ssh_config"; fi']
+        command[4:4] = ["--ssh-config", '"$ssh_config"']      # after `PYTHON -m podrun launch`
+    lines.append("exec " + " ".join(command))
     return lines
 
 
@@ -73,6 +81,7 @@ def _pbs(req: JobRequest) -> str:
         chunk += f":ngpus={req.devices_per_node}"
     chunk += ":mpiprocs=1"
     d = [f"-N {req.job_name}", "-S /bin/bash", f"-l {chunk}", "-l place=scatter"]
+    d += [f"-P {req.group}"] if req.group is not None else []         # ABCI 3.0: the group charged
     d += _qsub_directives(req, "walltime", req.effective_queue, join="-j oe")
     d.append("-r n")
     return _script(req, "#PBS", d, _reads_hosts(req), cd='cd "$PBS_O_WORKDIR"')
@@ -98,6 +107,8 @@ def _uge(req: JobRequest) -> str:
     d = [f"-N {req.job_name}", "-S /bin/bash", "-cwd"]
     d.append(f"-pe {req.pe} {req.nodes}" if req.pe is not None else f"-l {req.resource}={req.nodes}")
     d += _qsub_directives(req, "h_rt", req.queue, join="-j y")
+    if req.ssh_port is not None:        # ABCI: ssh between the job's nodes, on their own sshd's port
+        d += [x for x in ("-l USE_SSH=1", f"-v SSH_PORT={req.ssh_port}") if x not in req.directives]
     abci = f"# ABCI: rt_F={req.nodes} asks for {req.nodes} full node(s) of 4 V100 each"
     return _script(req, "#$", d, _reads_hosts(req), notes=(abci,) if req.pe is None and req.resource == "rt_F" else ())
 

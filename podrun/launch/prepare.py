@@ -93,6 +93,16 @@ def _prepare(opts: LaunchOptions, target: Target, mapped: OwnOptions) -> Prepare
         opts.engine, cluster, only_output_from_instance=out.only_output_from_instance)
     if engine_transport is not None and net.transport and net.transport != engine_transport:
         raise LaunchError(f"--engine {engine} starts the instances itself; drop --transport {net.transport}")
+    vipu_note = None
+    if poprun_opts is not None:     # the V-IPU server and partition: an option, the POD job's environment, the spec
+        from podrun.launch.engines.poprun import check_vipu, missing_vipu, resolve_vipu
+
+        poprun_opts, _ = resolve_vipu(poprun_opts, os.environ, cluster)
+        if not out.dry_run:
+            check_vipu(poprun_opts, "--engine poprun")
+        elif missing_vipu(poprun_opts):
+            vipu_note = (f"poprun has no {' and no '.join(missing_vipu(poprun_opts))}: on a POD this line fails "
+                         "(a real launch refuses it)")
     name = engine_transport or net.transport or default_transport(plan, cluster, getattr(src, "scheduler", "none"))
     kind = transport_of(name)
     data_interface = net.data_interface if net.data_interface is not None else cluster.data_interface or None
@@ -105,7 +115,7 @@ def _prepare(opts: LaunchOptions, target: Target, mapped: OwnOptions) -> Prepare
                                         os.path.abspath(net.workdir or os.getcwd()))
         if net.preflight and (recipe_args is not None or opts.target.needs):
             check_modules(python, target, recipe_args, opts.target.needs)
-    notes: list[str] = list(calibration_notes)
+    notes: list[str] = [*calibration_notes, *([vipu_note] if vipu_note else [])]
     if kind.ssh_per_host:
         here = [h for h in dict.fromkeys(plan.hosts) if is_local_host(h)]
         if here:

@@ -55,6 +55,14 @@ class HostCpuSpec:
 
 
 @dataclass(frozen=True)
+class VipuSpec:
+    """An IPU-POD's V-IPU controller and partition, which poprun attaches to the IPUs through."""
+
+    server_host: Optional[str] = None
+    partition: Optional[str] = None
+
+
+@dataclass(frozen=True)
 class HostPattern:
     """A regular naming scheme: count hosts named pattern.format(i=start..start+count-1)."""
 
@@ -78,6 +86,7 @@ class ClusterFile:
     scheduler: Literal["none", "slurm", "pbs", "uge", "vipu"] = "none"
     transport: Literal["local", "ssh", "mpirun", "srun"] = "ssh"
     engine: Literal["torch", "poprun"] = "torch"
+    vipu: Optional[VipuSpec] = None     # poprun's --vipu-server-host / --vipu-partition on this POD
     instances_per_host: int = field(default=1, metadata=bound(1, MAX_PER_HOST, why="instances podrun starts on each host"))
     sources: tuple[str, ...] = ()
     data_interface: str = ""         # the interface of the network the hosts share for collectives ("" = none given)

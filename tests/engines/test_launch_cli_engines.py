@@ -24,7 +24,8 @@ def fake_poprun_env(tmp_path):
     exe = d / "poprun"
     exe.write_text(f"#!/bin/sh\nexec {sys.executable} {FAKE} \"$@\"\n")
     exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
-    return {"PATH": f"{d}{os.pathsep}{os.environ['PATH']}", "FAKE_POPRUN_RECORD": str(tmp_path / "argv.json")}
+    return {"PATH": f"{d}{os.pathsep}{os.environ['PATH']}", "FAKE_POPRUN_RECORD": str(tmp_path / "argv.json"),
+            "IPUOF_VIPU_API_HOST": "vipu.test", "IPUOF_VIPU_API_PARTITION_ID": "p-test"}   # as a POD job has them
 
 
 def test_fake_poprun_cli_dry_run_is_the_poprun_line(tmp_path, fake_poprun_env):
@@ -49,6 +50,7 @@ def test_fake_poprun_cli_runs_agents_with_popdist_env(tmp_path, fake_poprun_env)
     assert envs == ["0 0 0 32", "1 1 1 32"]      # popdist index == podrun index == RANK; 2 x 16 IPUs, 1 per replica
     recorded = json.load(open(fake_poprun_env["FAKE_POPRUN_RECORD"]))
     assert "--num-instances=2" in recorded["argv"] and "--host=a,b" in recorded["argv"]
+    assert {"--vipu-server-host=vipu.test", "--vipu-partition=p-test"} <= set(recorded["argv"])   # from the env
 
 
 def test_fake_poprun_cli_fail_fast_exit_code_and_root_cause(tmp_path, fake_poprun_env):
@@ -74,3 +76,21 @@ def test_poprun_with_transport_is_refused(tmp_path):
     r = podrun(["launch", "--engine", "poprun", "--transport", "ssh", "--pod", "16", "--dry-run", "--", "true"],
                cwd=tmp_path)
     assert r.returncode == 2 and "drop --transport" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_fake_poprun_cli_without_vipu_partition_is_refused_before_it_starts(tmp_path, fake_poprun_env):
+    """No V-IPU server or partition from an option, the POD job's env or the spec: a real launch is refused (exit 2,
+    one paragraph, nothing started: the FAKE poprun records nothing); --dry-run shows the line and says so; the
+    option wins over the environment."""
+    env = {k: v for k, v in fake_poprun_env.items() if not k.startswith("IPUOF_")}
+    env.update(IPUOF_VIPU_API_HOST="", IPUOF_VIPU_API_PARTITION_ID="")
+    args = ["launch", "--cluster", "ipu-pod16", "--hosts", "a", "--runs-dir", str(tmp_path / "runs"), "--", "true"]
+    r = podrun(args, cwd=tmp_path, env=env)
+    assert r.returncode == 2 and "--vipu-partition" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not os.path.exists(env["FAKE_POPRUN_RECORD"])
+    r = podrun([*args[:-2], "--dry-run", "--", "true"], cwd=tmp_path, env=env)
+    assert r.returncode == 0 and "this line fails" in r.stdout + r.stderr, r.stdout + r.stderr
+    r = podrun([*args[:-2], "--dry-run", "--json", "--vipu-partition", "mine", "--", "true"], cwd=tmp_path,
+               env=fake_poprun_env)
+    (cmd,) = json.loads(r.stdout)["commands"]
+    assert "--vipu-partition=mine" in cmd["command"] and "--vipu-server-host=vipu.test" in cmd["command"]

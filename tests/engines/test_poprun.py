@@ -39,6 +39,8 @@ def make_request(plan, tmp_path, command, **kw):
     from podrun.launch.request import InstanceLaunch, LaunchRequest
     from podrun.rundir.layout import write_plan
 
+    kw.setdefault("poprun", PoprunOptions(vipu_server_host="vipu.test", vipu_partition="p-test"))
+
     run_dir = tmp_path / "run"
     plan_path = write_plan(run_dir, plan)
     return LaunchRequest(run_id="fake-poprun", run_dir=str(run_dir), plan=plan, plan_path=str(plan_path),
@@ -162,3 +164,44 @@ def test_fake_poprun_fail_fast_exit_code(tmp_path, fake_poprun_path):
     outcome, _ = run_supervised(req)
     assert outcome.exit_code == 5
     assert outcome.root_cause is not None and outcome.root_cause.instance == 2
+
+
+def test_fake_poprun_refuses_what_real_poprun_refuses(tmp_path):
+    """The stand-in's command line against the guide's options: an option poprun does not document, and a POD run
+    naming no V-IPU partition, are refused (exit 1) before any instance starts; the documented spellings pass."""
+    import subprocess
+
+    def fake(*argv):
+        return subprocess.run([sys.executable, str(FAKE), *argv], capture_output=True, text=True, timeout=30)
+
+    bad = fake("--vipu-partition=p", "--no-such-option=1", "true")
+    assert bad.returncode == 1 and "unrecognised option '--no-such-option=1'" in bad.stderr
+    assert fake("--num-instances", "1", "true").returncode == 1                 # no partition, not offline
+    ok = fake("--num-instances", "1", "--vipu-server-host", "v", "--vipu-partition=p", "-H", "localhost",
+              "--numa-aware=1", "--offline-mode=off", "true")
+    assert ok.returncode == 0, ok.stderr
+    assert fake("--offline-mode=on", "true").returncode == 0
+    # every option podrun's poprun line uses is one the stand-in (and the guide) knows
+    line = poprun_command(ipu_plan(256), ["true"], PoprunOptions(
+        vipu_server_host="v", vipu_partition="p", vipu_cluster="c", mpi_global_args="--tag-output",
+        mpi_local_args="-x A", only_output_from_instance=0, print_topology=True, offline_mode=True))
+    from tests.engines.fake_poprun import parse
+
+    opts, command = parse(line[1:])
+    assert command == ["true"] and opts["num-ilds"] == "4" and opts["vipu-partition"] == "p"
+
+
+def test_vipu_comes_from_the_option_then_the_pod_env_then_the_spec():
+    from podrun.launch.engines.poprun import resolve_vipu
+    from podrun.specs.cluster import VipuSpec
+
+    class Spec:
+        vipu, path = VipuSpec(server_host="spec-host", partition="spec-part"), "pod.yaml"
+
+    env = {"IPUOF_VIPU_API_HOST": "env-host", "IPUOF_VIPU_API_PARTITION_ID": "env-part"}
+    got, where = resolve_vipu(PoprunOptions(vipu_partition="opt-part"), env, Spec())
+    assert (got.vipu_server_host, got.vipu_partition) == ("env-host", "opt-part")
+    assert where == {"vipu_server_host": "$IPUOF_VIPU_API_HOST", "vipu_partition": "--vipu-partition"}
+    got, where = resolve_vipu(PoprunOptions(), {}, Spec())
+    assert (got.vipu_server_host, got.vipu_partition) == ("spec-host", "spec-part")
+    assert "pod.yaml" in where["vipu_partition"]

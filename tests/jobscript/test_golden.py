@@ -6,7 +6,8 @@ and review the diff.
 A golden file is what the writer wrote; the schedulers' own parsers check them where one runs here:
 the Slurm ones with the real sbatch (tests/jobscript/test_slurm_real.py), the Grid Engine ones with the
 real qsub (tests/uge/test_submit_uge.py). PBS has no server here: the PBS goldens (pbs_*.sh) are checked by
-no PBS qsub, only by the placement rule below (directives before the first command) and by their body
+no PBS qsub, but by the placement rule below (directives before the first command), by PBS Professional's
+documented directive grammar (test_pbs_golden_follows_the_documented_directive_grammar) and by their body
 reproducing the plan.
 """
 from __future__ import annotations
@@ -29,7 +30,11 @@ CASES = {
     "slurm_local": ["--scheduler", "slurm", "--cluster", "local", "--hosts", "node1,node2,node3",
                     "--devices-per-host", "2", "--global-batch", "192", "--time", "10m", "resnet18_cifar10", "--", "--epochs", "1"],
     "slurm_ipu-pod64": ["--scheduler", "slurm", "--pod", "64", "--time", "1-00:00:00", "--partition", "pod64",
-                        "efficientnet_b4"],
+                        "--vipu-server-host", "vipu-ctrl", "--vipu-partition", "pod64-p1", "efficientnet_b4"],
+    "pbs_abci3": ["--scheduler", "pbs", "--cluster", "abci3", "--nodes", "2", "--group", "gaa50000", "--queue", "rt_HF",
+                  "--time", "2h", "--module", "hpcx", "resnet50"],
+    "uge_abci_ssh": ["--scheduler", "uge", "--cluster", "abci", "--nodes", "4", "--group", "gaa50000",
+                     "--transport", "ssh", "--time", "1h", "resnet50"],
     "pbs_abci": ["--scheduler", "pbs", "--cluster", "abci", "--nodes", "2", "--time", "01:00:00",
                  "--queue", "gpu", "--cpus-per-node", "40", "--log-dir", "logs", "resnet50"],
     "uge_abci": ["--scheduler", "uge", "--cluster", "abci", "--nodes", "512", "--group", "gaa50000",
@@ -84,6 +89,18 @@ def _launch_options(script: str):
     return opts, positional, dashdash
 
 
+def want_transport(args, scheduler):
+    """The job's podrun launch --transport: the one asked for; none for poprun (an IPU-POD); Open MPI's tight
+    integration on ABCI's Grid Engine (rt_F, no --pe); else the scheduler's own."""
+    if "--transport" in args:
+        return args[args.index("--transport") + 1]
+    if "--pod" in args:
+        return None
+    if scheduler == "uge" and "--pe" not in args:
+        return "mpirun"
+    return {"slurm": "srun", "pbs": "ssh", "uge": "ssh"}[scheduler]
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_body_reproduces_the_plan_inside_the_allocation(name, podrun_cli, tmp_path):
     """Resolve the body's `podrun launch` options with the hosts the scheduler would hand the job
@@ -95,9 +112,14 @@ def test_body_reproduces_the_plan_inside_the_allocation(name, podrun_cli, tmp_pa
     assert code == 0, err
     scheduler = args[args.index("--scheduler") + 1]
     opts, positional, dashdash = _launch_options(out)
-    assert opts.pop("transport") == {"slurm": "srun", "pbs": "ssh", "uge": "ssh"}[scheduler]
+    assert opts.pop("transport", None) == want_transport(args, scheduler)
     want_ssh_config = args[args.index("--ssh-config") + 1] if "--ssh-config" in args else None
+    abci_ssh = scheduler == "uge" and "--pe" not in args and want_transport(args, scheduler) == "ssh"
+    if want_ssh_config is None and abci_ssh:
+        want_ssh_config = "$ssh_config"         # ABCI's job-local ssh config: its sshd's port 2299
     assert opts.pop("ssh_config", None) == want_ssh_config
+    for flag in ("--vipu-server-host", "--vipu-partition"):     # the POD's V-IPU, for poprun
+        assert opts.pop(flag[2:].replace("-", "_"), None) == (args[args.index(flag) + 1] if flag in args else None)
     # --env reaches the workers of every host: as launch --env NAME (its value from the script's export above, never
     # on launch's command line) unless srun carries the job's env there
     want_env = args[args.index("--env") + 1].split("=")[0] if "--env" in args and scheduler != "slurm" else None
@@ -168,3 +190,34 @@ def test_body_runs_as_a_podrun_launch_dry_run_in_the_allocation(name, podrun_cli
         assert {w["PODRUN_GLOBAL_BATCH"] for w in workers} == {argv[argv.index("--global-batch") + 1]}
         assert {w["PODRUN_LOCAL_BATCH"] for w in workers} == {argv[argv.index("--local-batch") + 1]}
         assert {w["PODRUN_GRAD_ACCUM"] for w in workers} == {argv[argv.index("--grad-accum") + 1]}
+
+
+# PBS Professional's qsub options a `#PBS` line may hold (the PBS Professional Reference Guide, "qsub"): the option
+# letter and the grammar of its value. -l is resource=value; select= a chunk: N[:resource=value]...
+_RES = r"[A-Za-z_][A-Za-z0-9_.]*"
+_PBS_VALUE = {
+    "N": r"[A-Za-z0-9_.+\-]{1,236}", "S": r"/[\w./\-]+", "q": r"[\w.@\-]+", "P": r"[\w.\-]+", "A": r"[\w.\-]+",
+    "o": r"[\w.:/%\-]+", "e": r"[\w.:/%\-]+", "j": r"oe|eo|n", "r": r"[yn]", "V": r"", "m": r"[abe]+|n",
+    "k": r"[oed]+|n", "v": rf"{_RES}=[^,\s]*(,{_RES}=[^,\s]*)*",
+    "l": rf"select=\d+(:{_RES}=[\w.\-]+)*|place=(free|pack|scatter|vscatter)(:(excl|shared|exclhost))?"
+         rf"|walltime=\d+:[0-5]\d:[0-5]\d|{_RES}=[\w.:\-]+",
+}
+
+
+@pytest.mark.parametrize("name", sorted(n for n in CASES if n.startswith("pbs_")))
+def test_pbs_golden_follows_the_documented_directive_grammar(name):
+    """No PBS server runs here: each `#PBS` line of a PBS golden is `#PBS -X value` with an option PBS's qsub
+    documents and a value of its grammar (one select chunk per node, the group as -P, the queue as -q)."""
+    import re
+
+    lines = [x for x in (GOLDEN / f"{name}.sh").read_text().splitlines() if x.startswith("#PBS")]
+    seen = []
+    for line in lines:
+        m = re.fullmatch(r"#PBS -([A-Za-z])(?: (\S+))?", line)
+        assert m and m.group(1) in _PBS_VALUE, f"{name}: {line!r} is no documented qsub option"
+        assert re.fullmatch(_PBS_VALUE[m.group(1)], m.group(2) or ""), f"{name}: {line!r}: bad value"
+        seen.append(m.group(1))
+    assert seen.count("N") == 1 and seen.count("r") == 1 and "l" in seen
+    args = CASES[name]
+    if "--group" in args:
+        assert f"#PBS -P {args[args.index('--group') + 1]}" in lines

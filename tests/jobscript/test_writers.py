@@ -149,11 +149,19 @@ def test_submit_comment_is_the_submit_argv(scheduler):
 
 
 @pytest.mark.parametrize("scheduler", ["slurm", "pbs"])
-def test_group_and_pe_are_grid_engine_only(scheduler):
-    with pytest.raises(PodrunError, match="qsub -g"):
-        render(_req(scheduler, group="g1"))
+def test_pe_is_grid_engine_only_and_group_is_abci_s(scheduler):
+    """ABCI's group: Grid Engine's `qsub -g` (ABCI 1.0), PBS's `#PBS -P` (ABCI 3.0); Slurm has none. A group with
+    shell or directive characters is refused (exit 2) for every scheduler."""
+    if scheduler == "slurm":
+        with pytest.raises(PodrunError, match="qsub -g"):
+            render(_req(scheduler, group="g1"))
+    else:
+        assert "#PBS -P g1" in render(_req(scheduler, group="g1")).splitlines()
     with pytest.raises(PodrunError, match="parallel environment"):
         render(_req(scheduler, pe="mpi"))
+    with pytest.raises(PodrunError, match="group") as e:
+        render(_req("pbs", group="g1; rm -rf ~"))
+    assert e.value.exit_code == 2
 
 
 def test_uge_parallel_environment_replaces_the_abci_resource():

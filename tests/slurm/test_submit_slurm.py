@@ -177,3 +177,49 @@ def test_calibrate_over_the_srun_transport_in_an_allocation(slurm_cluster, tmp_p
     assert cal.overlap is not None and cal.overlap.ranks == 2
     (run_dir,) = [d for d in (tmp_path / "runs").iterdir() if d.name.startswith("calibrate-")]
     assert json.loads((run_dir / "summary.json").read_text())["transport"] == "srun"
+
+
+POPRUN_WORKER = ("import json, os; print('IPU ' + json.dumps({k: os.environ.get(k) for k in ('POPDIST_INSTANCE_INDEX', "
+                 "'PODRUN_INSTANCE_INDEX', 'POPDIST_NUM_TOTAL_REPLICAS', 'SLURM_JOB_ID')}), flush=True)")
+
+
+def stand_in_poprun(tmp_path: Path) -> Path:
+    """A directory holding `poprun`: the project's STAND-IN (tests/engines/fake_poprun.py), as the Poplar SDK's
+    enable.sh would put the real one on a POD host's PATH."""
+    from tests.engines.test_poprun import FAKE
+
+    d = tmp_path / "sdk-bin"
+    d.mkdir()
+    (d / "poprun").write_text(f"#!/bin/sh\nexec {sys.executable} {FAKE} \"$@\"\n")
+    (d / "poprun").chmod(0o755)
+    return d
+
+
+def assert_ipu_pod_job_ran(run_dir: Path, record: Path, hosts: list[str], out: str) -> None:
+    """The job's podrun launch ran poprun (the stand-in) with the V-IPU partition and the job's hosts, and every
+    instance saw popdist's index equal to podrun's."""
+    argv = json.loads(record.read_text())["argv"]
+    assert "--vipu-partition=p-job" in argv and "--vipu-server-host=vipu-ctrl" in argv, argv
+    assert f"--host={','.join(hosts)}" in argv and f"--num-instances={len(hosts)}" in argv, argv
+    seen = [json.loads(line.split("IPU ", 1)[1]) for line in out.splitlines() if "IPU {" in line]
+    assert sorted(int(s["POPDIST_INSTANCE_INDEX"]) for s in seen) == list(range(len(hosts))), out
+    assert all(s["POPDIST_INSTANCE_INDEX"] == s["PODRUN_INSTANCE_INDEX"] for s in seen), seen
+    script = (run_dir / "job.sh").read_text()
+    assert "--transport" not in script and "--vipu-partition p-job" in script, script
+
+
+@pytest.mark.timeout(120)
+def test_submit_ipu_pod_job_starts_poprun_in_the_allocation(slurm_cluster, tmp_path):
+    """An IPU-POD job (`--cluster ipu-pod64`) end to end on the real Slurm with the STAND-IN poprun: the script's
+    podrun launch takes no --transport (poprun starts the instances), passes the V-IPU server and partition, and
+    runs one instance per allocated node's share; exit 0."""
+    sl = slurm_cluster
+    bin_dir, record = stand_in_poprun(tmp_path), tmp_path / "poprun.json"
+    p = podrun(sl, ["submit", "--scheduler", "slurm", "--cluster", "ipu-pod64", "--nodes", "3", "--wait",
+                    "--vipu-server-host", "vipu-ctrl", "--vipu-partition", "p-job",
+                    "--runs-dir", str(tmp_path / "runs"),
+                    "--env", f"FAKE_POPRUN_RECORD={record}", "--", sys.executable, "-c", POPRUN_WORKER], cwd=tmp_path,
+               env={"PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    run_dir = only_run_dir(tmp_path / "runs")
+    assert p.returncode == 0, p.stdout + p.stderr + job_output(run_dir, "err")
+    assert_ipu_pod_job_ran(run_dir, record, sl.nodes[:3], job_output(run_dir, "out"))

@@ -262,9 +262,34 @@ def test_golden_script_is_read_by_the_real_qsub(uge_cluster, name):
                 h, m, s = (int(x) for x in value.split(":"))
                 value = str(3600 * h + 60 * m + s)
             assert resources.get(key) == value, (d, resources)
+        elif d[0] == "-v":          # ABCI's -v SSH_PORT=2299: in the job's environment list
+            assert set(d[1].split(",")) <= set(info.get("env_list", "").split(",")), info
         else:
             raise AssertionError(f"{name}: directive {d} is not checked here: add its check")
     bad = ge.jobs_dir / f"golden-{name}-misspelt.sh"
     bad.write_text(text.replace("#$ -cwd", "#$ -cwdd"))
     cp = ge.run(["qsub", "-h", "-w", "n", *extra, str(bad)], check=False, cwd=str(ge.jobs_dir))
     assert cp.returncode != 0 and "-cwdd" in cp.stdout + cp.stderr, cp
+
+
+@pytest.mark.timeout(180)
+def test_submit_ipu_pod_job_starts_poprun_in_the_allocation(uge_cluster, tmp_path):
+    """An IPU-POD job (`--cluster ipu-pod64`) end to end on the real Grid Engine with the STAND-IN poprun on the
+    job's PATH (the script exports it, as a site's module would): no --transport, the V-IPU server and partition
+    passed, one instance per host of PE_HOSTFILE; exit 0."""
+    from tests.slurm.test_submit_slurm import POPRUN_WORKER, assert_ipu_pod_job_ran, stand_in_poprun
+
+    ge = uge_cluster
+    bin_dir, record = stand_in_poprun(tmp_path), tmp_path / "poprun.json"
+    args = ["submit", "--scheduler", "uge", "--pe", "podrun", "--cluster", "ipu-pod64", "--nodes", "3", "--wait",
+            "--vipu-server-host", "vipu-ctrl", "--vipu-partition", "p-job", "--runs-dir", str(tmp_path / "runs"),
+            "--env", f"PATH={bin_dir}:{BARE_PATH}", "--env", f"FAKE_POPRUN_RECORD={record}"]
+    if os.environ.get("PYTHONPATH"):
+        args += ["--env", f"PYTHONPATH={os.environ['PYTHONPATH']}"]
+    p = podrun(ge, [*args, "--", sys.executable, "-c", POPRUN_WORKER], tmp_path)
+    run_dir = only_run_dir(tmp_path / "runs")
+    assert p.returncode == 0, p.stdout + p.stderr + job_output(run_dir, "e")
+    argv = json.loads(record.read_text())["argv"]
+    hosts = next(a for a in argv if a.startswith("--host=")).split("=", 1)[1].split(",")   # PE_HOSTFILE's order
+    assert sorted(hosts) == ge.nodes, argv
+    assert_ipu_pod_job_ran(run_dir, record, hosts, job_output(run_dir, "o"))

@@ -7,10 +7,14 @@ from __future__ import annotations
 import math
 import shutil
 from dataclasses import dataclass, field, replace
+from typing import Mapping
 
 from podrun.errors import LaunchError, PlanError
 
 IPUS_PER_ILD = 64  # an IPU-Link domain is one POD64 (a POD256 is --num-ilds 4)
+# the V-IPU controller and partition of a POD job, as Graphcore's tools and examples name them in the environment
+VIPU_ENV = {"vipu_server_host": "IPUOF_VIPU_API_HOST", "vipu_partition": "IPUOF_VIPU_API_PARTITION_ID"}
+VIPU_FLAGS = {"vipu_server_host": "--vipu-server-host", "vipu_partition": "--vipu-partition"}
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,42 @@ class PoprunOptions:
     offline_mode: bool = False
     export_env: tuple[str, ...] = field(default=())  # names passed to every instance (-x NAME)
     executable: str = "poprun"
+
+
+def resolve_vipu(options: PoprunOptions, environ: Mapping[str, str], spec=None) -> tuple[PoprunOptions, dict]:
+    """The V-IPU server host and partition poprun gets: each from its option, else the environment a POD job has
+    (IPUOF_VIPU_API_HOST, IPUOF_VIPU_API_PARTITION_ID), else the cluster spec's ``vipu`` block. Returns the options
+    filled in and where each value came from (``{field: "--option" | "$NAME" | "spec PATH"}``)."""
+    vipu = getattr(spec, "vipu", None)
+    found, where = {}, {}
+    for name, env in VIPU_ENV.items():
+        for value, src in ((getattr(options, name), VIPU_FLAGS[name]), (environ.get(env) or None, f"${env}"),
+                           (getattr(vipu, name.removeprefix("vipu_"), None),
+                            f"vipu in {getattr(spec, 'path', '') or 'the cluster spec'}")):
+            if value:
+                found[name], where[name] = value, src
+                break
+    return replace(options, **found), where
+
+
+def missing_vipu(options: PoprunOptions) -> list[str]:
+    """What a poprun line on a real POD lacks: the V-IPU server host and partition (poprun attaches to the IPUs
+    through them); nothing with --offline-mode, which attaches to none."""
+    if options.offline_mode:
+        return []
+    return [f"{VIPU_FLAGS[n]} (or ${VIPU_ENV[n]})" for n in VIPU_ENV if not getattr(options, n)]
+
+
+def check_vipu(options: PoprunOptions, where: str) -> None:
+    """A LaunchError (exit 2) naming what a poprun line for a POD lacks (missing_vipu), before anything starts."""
+    missing = missing_vipu(options)
+    if missing:
+        raise LaunchError(
+            f"{where}: poprun attaches to the POD's IPUs through its V-IPU controller, and no "
+            f"{' or '.join(missing)} says which; poprun would fail when the job starts",
+            hint="give --vipu-server-host HOST --vipu-partition NAME, set IPUOF_VIPU_API_HOST and "
+                 "IPUOF_VIPU_API_PARTITION_ID, or add `vipu: {server_host: HOST, partition: NAME}` to the cluster "
+                 "spec (`vipu list partitions` names yours)", exit_code=2)
 
 
 def default_num_ilds(plan) -> int | None:

@@ -17,4 +17,4 @@ fi
 module load cuda/12.2
 module load hpcx/2.12
 set -u
-exec /opt/venv/bin/python3 -m podrun launch --transport ssh --cluster abci --nodes 512 --devices-per-host 4 --instances-per-host 1 --global-batch 81920 --local-batch 40 --grad-accum 1 resnet50
+exec /opt/venv/bin/python3 -m podrun launch --transport mpirun --cluster abci --nodes 512 --devices-per-host 4 --instances-per-host 1 --global-batch 81920 --local-batch 40 --grad-accum 1 resnet50
