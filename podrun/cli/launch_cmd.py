@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 
 import click
@@ -204,7 +205,10 @@ torchrun_options = stacked(
          click.option("--no-preflight", is_flag=True, help="Skip the checks on every host before starting."))
 @section(ENGINES, engine_options)
 @section(OUTPUT,
-         click.option("--dry-run", is_flag=True, help="Print per host the exact commands and env, run nothing."),
+         click.option("--dry-run", is_flag=True, help="Print the exact commands and env, run nothing: every host's and "
+                      "worker's for a small run, a summary that fits a screen at scale (the first and last in full)."),
+         click.option("--dry-run-all", is_flag=True, help="As --dry-run, every host's command and worker's env in full."),
+         click.option("--dry-run-host", metavar="HOST", help="As --dry-run, HOST's commands and workers' env in full."),
          click.option("--json", "as_json", is_flag=True,
                       help="Print a summary JSON on stdout at the end (output goes to stderr)."),
          click.option("--only-output-from-instance", type=t.INSTANCE_INDEX,
@@ -243,7 +247,7 @@ def launch(ctx, args, **kw):
     notes = [*prepared.notes, *([prepared.long_run] if prepared.long_run else [])]
     if out.dry_run:
         record = {**dry_run_record(request), "max_restarts": request.max_restarts, "notes": notes}
-        print_json(record) if out.as_json else _print_dry_run(record)
+        print_json(record) if out.as_json else _print_dry_run(record, out.dry_run_shows)
         return
     for note in notes:
         print(f"podrun: {note}", file=sys.stderr, flush=True)
@@ -317,9 +321,18 @@ def launch_options(ctx, args: tuple[str, ...], kw: dict, environ=None):
             env_items=tuple(common["env_items"])),
         restarts=RestartOptions(straggler_timeout=hangs["straggler_timeout"], max_restarts=own["max_restarts"],
                                 **in_section(ctx, RESTARTS, kw)),
-        output=OutputOptions(**in_section(ctx, OUTPUT, kw)),
+        output=_output_options(in_section(ctx, OUTPUT, kw)),
         calibration=common.get("calibration"),
     )
+
+
+def _output_options(given: dict):
+    """OutputOptions from the output section: --dry-run-all and --dry-run-host are --dry-run showing more."""
+    from podrun.launch.options import OutputOptions
+
+    every, host = given.pop("dry_run_all"), given.pop("dry_run_host")
+    shows = "all" if every else host or "auto"
+    return OutputOptions(**{**given, "dry_run": given["dry_run"] or shows != "auto"}, dry_run_shows=shows)
 
 
 def _resume(ctx, run: str, runs_dir: str | None, dry_run: bool) -> None:
@@ -426,7 +439,18 @@ def _notice(text):
     print(f"podrun: {shown(text)}", file=sys.stderr, flush=True)
 
 
-def _print_dry_run(record: dict) -> None:
+FULL_DRY_RUN_WORKERS = 4     # a --dry-run of at most this many workers is printed whole; a larger one as a summary
+
+
+def _print_dry_run(record: dict, shows: str = "auto") -> None:
+    """--dry-run's text: the request's header, then every host's command and every worker's env ("all", or a small
+    run), one host's (``shows`` a host), or a summary that fits a screen: the first and last instance in full and
+    what differs between the others. Each command and env printed is exactly what runs."""
+    commands, instances = record["commands"], record["instances"]
+    workers = sum(len(i["workers"]) for i in instances)
+    hosts = list(dict.fromkeys(i["host"] for i in instances))
+    if shows not in ("auto", "all") and shows not in hosts and shows not in {c["host"] for c in commands}:
+        raise click.UsageError(f"--dry-run-host {shows}: not a host of the plan ({_some(hosts)})")
     print(f"# podrun launch --dry-run: run {record['run_id']} via {record['transport']}, "
           f"run dir {record['run_dir']}, --max-restarts {record['max_restarts']}")
     for note in record["notes"]:
@@ -438,18 +462,52 @@ def _print_dry_run(record: dict) -> None:
     if record["master_port"] == 0:
         print(f"# MASTER_PORT 0 below: podrun picks a free port on {record['master_addr']} when the run starts, and "
               "every worker gets that port (--master-port N fixes one)")
-    for c in record["commands"]:
+    if shows not in ("auto", "all"):
+        commands = [c for c in commands if c["host"] == shows]
+        instances = [i for i in instances if i["host"] == shows]
+    elif shows == "auto" and workers > FULL_DRY_RUN_WORKERS and len(instances) > 1:
+        print(f"# {len(instances)} instances on {len(hosts)} hosts ({_some(hosts)}), {workers} workers: the first and "
+              "last in full; --dry-run-all prints every one, --dry-run-host HOST one host's")
+        print(_differs([shlex.split(c["command"]) for c in commands], "the hosts' commands differ in"))
+        print(_differs([[f"{k}={v}" for k, v in e.items()] for i in instances for e in i["workers"]],
+                       "the workers' env differs in"))
+        commands = commands[:1] + commands[-1:] if len(commands) > 1 else commands
+        instances = [instances[0], instances[-1]]
+        instances = [{**instances[0], "workers": instances[0]["workers"][:1]},
+                     {**instances[1], "workers": instances[1]["workers"][-1:],
+                      "first": len(instances[1]["workers"]) - 1}]
+    for c in commands:
         print(f"\n# host {c['host']}: runs\n{c['command']}")
     if record["agent_env"]:
         print("\n# every agent's --env (on top of the host's; its workers inherit it), through "
               + record["agent_env_route"])
         for k, v in record["agent_env"].items():
             print(f"{k}={v}")
-    for inst in record["instances"]:
-        for lr, env in enumerate(inst["workers"]):
+    for inst in instances:
+        for lr, env in enumerate(inst["workers"], start=inst.get("first", 0)):
             print(f"\n# instance {inst['index']} on {inst['host']}, worker {lr}: env (on top of the host's)")
             for k, v in env.items():
                 print(f"{k}={v}")
+
+
+def _some(names: list[str]) -> str:
+    return ", ".join(names) if len(names) <= 4 else f"{', '.join(names[:2])}, ..., {names[-1]}"
+
+
+def _differs(rows: list[list[str]], what: str) -> str:
+    """"# WHAT: 3 of 17 items (RANK=0 .. RANK=7, ...)": where rows (token lists) differ, by position, first to last;
+    rows of different lengths are said to differ in length."""
+    if len({len(r) for r in rows}) > 1:
+        return f"# {what} length ({min(map(len, rows))} to {max(map(len, rows))} items)"
+    cols = [sorted({r[k] for r in rows}) for k in range(len(rows[0]))] if rows else []
+    def named(k: int, value: str) -> str:       # an option's value with the option: --instance 0
+        before = rows[0][k - 1] if k > 0 else ""
+        return f"{before} {value}" if before.startswith("-") and len(cols[k - 1]) == 1 else value
+
+    diff = [f"{named(k, rows[0][k])} .. {named(k, rows[-1][k])}" if rows[0][k] != rows[-1][k]
+            else f"{len(c)} values of {named(k, rows[0][k])}" for k, c in enumerate(cols) if len(c) > 1]
+    shown = "; ".join(diff[:6]) + (f"; {len(diff) - 6} more" if len(diff) > 6 else "")
+    return f"# {what} {len(diff)} of {len(cols)} items" + (f": {shown}" if diff else "")
 
 
 def _print_root_cause(summary: dict, request) -> None:

@@ -66,6 +66,7 @@ class OutputOptions:
 
     only_output_from_instance: int | None = None
     dry_run: bool = False
+    dry_run_shows: str = "auto"         # what --dry-run prints in full: "auto" (a summary at scale), "all", or a host
     as_json: bool = False
     run_id: str | None = None
     runs_dir: str | None = None

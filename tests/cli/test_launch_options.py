@@ -43,3 +43,25 @@ def test_the_command_line_becomes_one_frozen_object():
     t = opts.transports
     assert (t.transport, t.ssh.host_key_check, t.heartbeat, t.env_items) == ("ssh", False, 1.0, ("A=1",))
     assert (opts.output.dry_run, opts.output.run_id) == (True, "r1")
+
+
+def test_a_dry_run_at_scale_fits_a_screen_and_shows_what_runs():
+    """ABCI at 512 nodes: the summary names what differs and prints the first and last host's command and worker's
+    env exactly as --dry-run-all does; --dry-run-host shows one host's; a host not in the plan is exit 2."""
+    from click.testing import CliRunner
+
+    from podrun.cli.main import cli
+
+    args = ["launch", "--cluster", "abci", "--nodes", "512", "--run-id", "r", "--dry-run"]
+    runner = CliRunner()
+    summary = runner.invoke(cli, args + ["--", "python", "train.py"])
+    assert summary.exit_code == 0 and len(summary.output.splitlines()) < 120, summary.output
+    assert "--instance 0 .. --instance 511" in summary.output and "RANK=0 .. RANK=2047" in summary.output
+    whole = runner.invoke(cli, args + ["--dry-run-all", "--", "python", "train.py"]).output
+    assert len(whole.splitlines()) > 50_000
+    blocks = summary.output.split("\n\n")[1:]          # each host's command and each worker's env, as printed
+    assert len(blocks) == 4 and all(b in whole for b in blocks), blocks
+    one = runner.invoke(cli, args + ["--dry-run-host", "g0007", "--", "python", "train.py"]).output
+    assert one.count("# host ") == 1 and one.count("# instance 6 on g0007, worker ") == 4, one
+    wrong = runner.invoke(cli, args + ["--dry-run-host", "gx", "--", "python", "train.py"])
+    assert wrong.exit_code == 2 and "not a host of the plan" in wrong.output
