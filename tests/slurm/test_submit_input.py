@@ -105,7 +105,8 @@ def test_pbs_and_uge_state_parsing_contract():
     assert (st.state, st.exit_code, st.nodes) == ("FAILED", 3, "n1/0+n2/0")
     st = Pbs(RecordingRunner({"qstat": (0, "Job Id: 13.pbs\n    job_state = R\n")})).state("13.pbs")
     assert st.state == "RUNNING" and st.exit_code is None
-    r = RecordingRunner({"qstat": (0, ""), "qacct": (0, "jobnumber    44\nhostname     g0001\nfailed       0\nexit_status  0\n")})
+    r = RecordingRunner({"qstat": (0, ""),
+                         "qacct": (0, "jobnumber    44\nhostname     g0001\nfailed       0\nexit_status  0\n")})
     st = Uge(r).state("44")
     assert (st.state, st.exit_code) == ("COMPLETED", 0)
     assert r.calls == [["qstat"], ["qacct", "-j", "44"]]

@@ -117,7 +117,8 @@ def test_hostfile_and_hosts_option_read_alike(tmp_path, text, hosts_option, host
 @pytest.mark.parametrize("text,msg", [("h1 slots=x\n", "slots must be an integer from 1 to"),
                                       ("h1 cores=4\n", "unknown setting 'cores'"),
                                       ("h1:4 slots=2\n", "both give the slots"), ("\n# nothing\n", "lists no hosts"),
-                                      ("h1:4000\nh1:4000\n", "listed 2 times, 8000 slots in all"), ("h1:x\n", "slots must be"),
+                                      ("h1:4000\nh1:4000\n", "listed 2 times, 8000 slots in all"),
+                                      ("h1:x\n", "slots must be"),
                                       ("h1 slots\n", "cannot read 'slots'"), ("-oProxy=x\n", "not a valid host name")])
 def test_bad_hostfiles(tmp_path, text, msg):
     p = write(tmp_path, text, "hf")
