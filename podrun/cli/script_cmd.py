@@ -11,20 +11,56 @@ from podrun.cli import types as t
 
 from podrun.cli.options import PlanOptions, plan_options, pop_plan_options, stacked
 from podrun.errors import PodrunError
-from podrun.jobscript.job import SCHEDULER_HELP, SCHEDULERS
+from podrun.jobscript.job import SCHEDULER_HELP, SCHEDULERS, scheduler_name, suggest_scheduler
+from podrun.specs.recipe_args import check_recipe
 
 if TYPE_CHECKING:  # pragma: no cover
     from podrun.jobscript.build import JobOptions
 
 
 class DashDashCommand(click.Command):
-    """Keeps what follows `--` apart: `script RECIPE -- ARGS` and `script -- COMMAND` both work."""
+    """Keeps what follows `--` apart: `script RECIPE -- ARGS` and `script -- COMMAND` both work; after RECIPE, the
+    recipe's own options (podrun.specs.recipe_args.option_table) that are not the command's go to the recipe, as
+    `podrun launch RECIPE ARGS` passes them: `submit RECIPE --data digits`."""
 
     def parse_args(self, ctx, args):
         args = list(args)
         i = args.index("--") if "--" in args else len(args)
+        head, recipe_opts = self._recipe_options(args[:i])
+        ctx.meta["podrun_recipe_options"] = tuple(recipe_opts)
         ctx.meta["podrun_dashdash"] = tuple(args[i + 1:]) if i < len(args) else None
-        return super().parse_args(ctx, args[:i])
+        return super().parse_args(ctx, head)
+
+    def _recipe_options(self, words: list[str]) -> tuple[list[str], list[str]]:
+        """(the command's words, the recipe's options and their values, taken from after the first argument)."""
+        from podrun.specs.recipe_args import option_table
+
+        own = {o: not (p.is_flag or p.count) for p in self.params if isinstance(p, click.Option)
+               for o in (*p.opts, *p.secondary_opts)}
+        recipe = option_table()
+        kept, taken, seen_recipe, j = [], [], False, 0
+        while j < len(words):
+            word, name = words[j], words[j].split("=", 1)[0]
+            takes = own.get(name) if name in own else recipe.get(name) if seen_recipe else None
+            n = 2 if takes and "=" not in word else 1
+            (taken if name not in own and name in recipe and seen_recipe else kept).extend(words[j:j + n])
+            seen_recipe = seen_recipe or not word.startswith("-")
+            j += n
+        return kept, taken
+
+
+class SchedulerChoice(click.Choice):
+    """--scheduler: one of SCHEDULERS in any case, or an alias (sge); a near miss is refused with the nearest."""
+
+    def __init__(self):
+        super().__init__(SCHEDULERS)
+
+    def convert(self, value, param, ctx):
+        key = scheduler_name(value)
+        if key is not None:
+            return key
+        self.fail((f"{value!r} is not one of {', '.join(map(repr, SCHEDULERS))} (or 'sge' for uge); "
+                   + suggest_scheduler(value)).strip(), param, ctx)
 
 
 def split_recipe(ctx: click.Context, recipe: str | None, extra: tuple[str, ...]) -> tuple[str | None, tuple[str, ...]]:
@@ -34,7 +70,7 @@ def split_recipe(ctx: click.Context, recipe: str | None, extra: tuple[str, ...])
         raise click.UsageError(f"unexpected argument(s) {' '.join(extra)!r}; put arguments for the recipe after --")
     if recipe is None and not dashdash:
         raise click.UsageError("give a RECIPE (a name in recipes/ or a folder), or a command after --")
-    return recipe, tuple(dashdash or ())
+    return recipe, (*ctx.meta.get("podrun_recipe_options", ()), *(dashdash or ()))
 
 
 def parse_env_items(items) -> tuple[tuple[str, str], ...]:
@@ -51,7 +87,7 @@ def job_command(scheduler_help: str, json_help: str, *own):
     """The options and arguments `script` and `submit` share, in --help's order: --scheduler, the plan's, the job's
     (wall time, queue, group, account, modules, env ...), ``own`` (the command's own), --json, RECIPE [-- ARGS]."""
     return stacked(
-        click.option("--scheduler", type=click.Choice(SCHEDULERS), help=f"{SCHEDULER_HELP}; {scheduler_help}."),
+        click.option("--scheduler", type=SchedulerChoice(), help=f"{SCHEDULER_HELP}; {scheduler_help}."),
         plan_options,
         click.option("--time", "time_limit", help="Wall time: HH:MM:SS, D-HH:MM:SS, or 90m / 2h."),
         click.option("--partition", help="Slurm partition (PBS queue when --queue is not given)."),
@@ -130,7 +166,9 @@ def script(ctx, recipe, extra, out_path, as_json, **options):
     recipe, args = split_recipe(ctx, recipe, extra)
     found = discover(os.environ)          # once: the plan's hosts and the allocation check both use it
     popts = allocation_plan_options(pop_plan_options(options), found)
-    plan, spec, _ = resolve_plan(recipe, popts, discovered=found)
+    plan, spec, rspec = resolve_plan(recipe, popts, discovered=found)
+    if rspec is not None:
+        check_recipe(rspec, args)
     check_allocation(plan, found)
     scheduler = options.pop("scheduler")
     if scheduler is None:

@@ -11,12 +11,13 @@ import click
 from podrun.cli import types as t
 
 from podrun.cli.options import pop_plan_options
-from podrun.cli.script_cmd import DashDashCommand, job_command, job_of, split_recipe
+from podrun.cli.script_cmd import DashDashCommand, SchedulerChoice, job_command, job_of, split_recipe
 from podrun.errors import PodrunError
-from podrun.jobscript.job import SCHEDULER_HELP, SCHEDULERS
+from podrun.specs.recipe_args import check_recipe
+from podrun.jobscript.job import SCHEDULER_HELP
 
 
-_scheduler_option = click.option("--scheduler", type=click.Choice(SCHEDULERS),
+_scheduler_option = click.option("--scheduler", type=SchedulerChoice(),
                                  help=f"{SCHEDULER_HELP} (default: the one whose client is on PATH).")
 
 
@@ -56,7 +57,9 @@ def submit(ctx, recipe, extra, runs_dir, wait, poll, dry_run, as_json, **options
     scheduler = _pick_scheduler(options.pop("scheduler"))
     popts = allocation_plan_options(pop_plan_options(options))
     recipe, args = split_recipe(ctx, recipe, extra)
-    plan = resolve_plan(recipe, popts)[0]
+    plan, _, rspec = resolve_plan(recipe, popts)
+    if rspec is not None:
+        check_recipe(rspec, args)
     job = prepare_job(plan, job_of(options, popts, scheduler=scheduler, recipe=recipe, args=args,
                                    workdir=os.getcwd()), runs_dir)
     if dry_run:
@@ -102,8 +105,10 @@ def _resolve(target: str, scheduler: str | None):
 @click.argument("target", metavar="RUN_DIR|JOB_ID")
 def status(scheduler, as_json, target):
     """Show the scheduler's state of a submitted run (a runs/<run-id> directory or a job id)."""
+    from podrun.jobscript.submit import known_state
+
     cl, job_id, rec = _resolve(target, scheduler)
-    st = cl.state(job_id)
+    st = known_state(cl, job_id, rec)
     out = {**(rec.to_dict() if rec else {"job_id": job_id, "scheduler": cl.name}), **st.to_dict()}
     if rec:
         from podrun.rundir.layout import SUMMARY
@@ -114,7 +119,7 @@ def status(scheduler, as_json, target):
                 out["summary"] = json.loads(summary.read_text())
             except ValueError:
                 pass
-    line = f"job {job_id} ({cl.name}): {st.state}"
+    line = f"job {job_id} ({cl.name}): {st.state}" + (f" [{st.native}]" if st.native not in (None, st.state) else "")
     if st.exit_code is not None:
         line += f", exit code {st.exit_code}"
     if st.nodes:
@@ -130,10 +135,10 @@ def status(scheduler, as_json, target):
 @click.argument("target", metavar="RUN_DIR|JOB_ID")
 def cancel(scheduler, no_wait, timeout, as_json, target):
     """Cancel a submitted run (scancel / qdel) and wait until the scheduler says it has ended."""
-    from podrun.jobscript.submit import wait as wait_job
+    from podrun.jobscript.submit import known_state, wait as wait_job
 
     cl, job_id, rec = _resolve(target, scheduler)
-    before = cl.state(job_id)
+    before = known_state(cl, job_id, rec)
     if before.final:
         st = before
     else:

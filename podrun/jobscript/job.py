@@ -25,15 +25,34 @@ SCHEDULER_TABLE = {
                      ("PE_HOSTFILE", "SGE_JOB_HOSTLIST")),
 }
 SCHEDULERS = tuple(SCHEDULER_TABLE)
-SCHEDULER_HELP = ", ".join(f"{s.name} ({s.title})" for s in SCHEDULER_TABLE.values())
+# other names a --scheduler value may have: Grid Engine's older name (Sun/Son of Grid Engine)
+SCHEDULER_ALIASES = {"sge": "uge"}
+SCHEDULER_HELP = ", ".join(f"{s.name} ({s.title})" for s in SCHEDULER_TABLE.values()) + "; sge is uge"
+
+
+def scheduler_name(name: str) -> str | None:
+    """A --scheduler value (any case, or an alias) as a SCHEDULER_TABLE key; None for an unknown one."""
+    key = str(name).strip().lower()
+    key = SCHEDULER_ALIASES.get(key, key)
+    return key if key in SCHEDULER_TABLE else None
+
+
+def suggest_scheduler(name: str) -> str:
+    """"did you mean 'X'? " for a near miss of a scheduler's name or alias, else ""."""
+    import difflib
+
+    close = difflib.get_close_matches(str(name).lower()[:50], [*SCHEDULERS, *SCHEDULER_ALIASES], n=1, cutoff=0.6)
+    return f"did you mean '{close[0]}'? " if close else ""
 
 
 def check_scheduler(name: str) -> Scheduler:
-    """The table entry of a --scheduler value; JobScriptError (exit 2) for an unknown one."""
-    try:
-        return SCHEDULER_TABLE[name]
-    except KeyError:
-        raise JobScriptError(f"unknown scheduler {name!r}", hint=f"--scheduler {SCHEDULER_HELP}") from None
+    """The table entry of a --scheduler value (an alias: its scheduler's); JobScriptError (exit 2) for an unknown
+    one, with the nearest name."""
+    key = scheduler_name(name)
+    if key is None:
+        raise JobScriptError(f"unknown scheduler {name!r}",
+                             hint=f"{suggest_scheduler(name)}--scheduler {SCHEDULER_HELP}") from None
+    return SCHEDULER_TABLE[key]
 
 
 DEVICE_KINDS = ("gpu", "cpu", "ipu")

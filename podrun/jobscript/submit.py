@@ -9,7 +9,7 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NoReturn, Protocol
 
 from podrun.errors import HostError, LaunchError, PodrunError
 from podrun.jobscript.job import SCHEDULER_HELP, JobRequest, check_scheduler
@@ -17,11 +17,14 @@ from podrun.jobscript.job import SCHEDULER_HELP, JobRequest, check_scheduler
 if TYPE_CHECKING:  # pragma: no cover
     from podrun.jobscript.build import JobOptions
 
-# final states: the job will not run again; everything else is pending/running/ending
+# final states: the job will not run again; everything else is pending/running/ending (Slurm's JobState names,
+# which are podrun's; the Grid Engine and PBS tables below map onto them)
 FINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-                   "PREEMPTED", "BOOT_FAIL", "DEADLINE", "GONE"})
+                   "PREEMPTED", "BOOT_FAIL", "DEADLINE", "REVOKED", "GONE"})
 # how long wait() keeps asking about a job that left the queue with no final record yet
 GONE_GRACE_S = 30.0
+# each status or cancel query's bound: a Slurm client whose slurm.conf is missing retries reading it for 60 s
+QUERY_TIMEOUT_S = 15.0
 
 
 class SchedulerError(PodrunError):
@@ -31,6 +34,17 @@ class SchedulerError(PodrunError):
 class Refused(SchedulerError):
     """A scheduler command that did nothing: its client is not on PATH, or it exited non-zero (sbatch/qsub queued
     no job)."""
+
+
+class ClientFailed(SchedulerError):
+    """A status or cancel query whose client failed (not on PATH, no answer in time, an error of its own): podrun
+    does not know the job's state, exit 1."""
+
+    exit_code = 1
+
+
+class UnknownJob(SchedulerError):
+    """A job id the scheduler has neither queued nor accounted (a typo, or a job purged long ago): exit 2."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +61,16 @@ class CommandRunner(Protocol):
     def run(self, argv: list[str], *, cwd: str | None = None, timeout: float = 60.0) -> Completed: ...
 
 
+def _last_line(*texts) -> str:
+    """The last non-empty line of a client's output (its own error line), '' for none."""
+    for text in texts:
+        text = text.decode(errors="replace") if isinstance(text, bytes) else (text or "")
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        if lines:
+            return lines[-1]
+    return ""
+
+
 class SubprocessRunner:
     """The real runner: subprocess, no shell, text output, a timeout."""
 
@@ -58,19 +82,21 @@ class SubprocessRunner:
         if exe is None:
             raise Refused(
                 f"'{argv[0]}' is not on PATH: this host has no {argv[0]} client",
-                hint="run podrun submit on a login node of the cluster, or pick the right --scheduler",
+                hint="run podrun on a login node of the cluster, or pick the right --scheduler",
             )
         try:
             p = subprocess.run([exe, *argv[1:]], cwd=cwd, env=self.env, capture_output=True,
                                text=True, timeout=timeout)
         except subprocess.TimeoutExpired as exc:
-            raise SchedulerError(f"'{' '.join(argv)}' did not answer within {timeout:.0f} s") from exc
+            said = _last_line(exc.stderr, exc.stdout)
+            raise SchedulerError(f"'{' '.join(argv)}' did not answer within {timeout:.0f} s"
+                                 + (f"; it said: {said}" if said else "")) from exc
         return Completed(tuple(argv), p.returncode, p.stdout, p.stderr)
 
 
 @dataclass(frozen=True)
 class JobState:
-    """What the scheduler says about one job."""
+    """What the scheduler says about one job: ``state`` in podrun's names (Slurm's), ``native`` in its own."""
 
     job_id: str
     scheduler: str
@@ -78,6 +104,7 @@ class JobState:
     exit_code: int | None = None  # shell-style (128+signal for a signal); None while running
     nodes: str | None = None
     reason: str | None = None
+    native: str | None = None     # the scheduler's own: JobState, qstat's letters, job_state, qacct's failed
 
     @property
     def final(self) -> bool:
@@ -89,31 +116,74 @@ class JobState:
 
 def _check(c: Completed, what: str) -> str:
     if c.returncode != 0:
-        msg = (c.stderr or c.stdout).strip().splitlines()
-        raise Refused(
-            f"{what} failed ('{' '.join(c.argv)}' exited {c.returncode}): "
-            + (msg[-1] if msg else "no output"),
-        )
+        raise Refused(f"{what} failed ('{' '.join(c.argv)}' exited {c.returncode}): "
+                      + (_last_line(c.stderr, c.stdout) or "no output"))
     return c.stdout
 
 
-class _Client:
-    """A scheduler's client over a CommandRunner: submit, state and cancel (``CANCEL``: its cancel command)."""
+def _says(c: Completed, text: str) -> bool:
+    return text.lower() in (c.stderr + c.stdout).lower()
 
-    name = CANCEL = ""
+
+class _Client:
+    """A scheduler's client over a CommandRunner: submit, state and cancel (``CANCEL``: its cancel command;
+    ``HINT``: what to check when a query fails; ``UNKNOWN``: what its cancel says of a job id it does not know;
+    ``ENDED``: what it says when the job ended meanwhile)."""
+
+    name = CANCEL = HINT = UNKNOWN = ENDED = ""
 
     def __init__(self, runner: CommandRunner):
         self.runner = runner
 
+    def query(self, argv: list[str]) -> Completed:
+        """Run a status or cancel query within QUERY_TIMEOUT_S; a client that cannot run is ClientFailed."""
+        try:
+            return self.runner.run(argv, timeout=QUERY_TIMEOUT_S)
+        except SchedulerError as exc:
+            raise ClientFailed(exc.message, hint=self.HINT) from None
+
+    def failed(self, c: Completed) -> NoReturn:
+        """A query that failed with an error of its client's own: ClientFailed with that line."""
+        raise ClientFailed(f"'{' '.join(c.argv)}' exited {c.returncode}: "
+                           + (_last_line(c.stderr, c.stdout) or "no output"), hint=self.HINT)
+
     def cancel(self, job_id: str) -> None:
-        _check(self.runner.run([self.CANCEL, job_id]), self.CANCEL)
+        c = self.query([self.CANCEL, job_id])
+        if c.returncode == 0 or (self.ENDED and _says(c, self.ENDED)):
+            return
+        if self.UNKNOWN and _says(c, self.UNKNOWN):
+            raise UnknownJob(f"{self.CANCEL} {job_id}: {_last_line(c.stderr, c.stdout)}")
+        self.failed(c)
 
     def gone(self, job_id: str) -> JobState:
         return JobState(job_id, self.name, "GONE", None, None, "the scheduler no longer knows this job")
 
 
+# ---- each scheduler's own state names, in one place (docs/jobscripts.md "Status and cancel") ---------------
+
+# Slurm: JobState as scontrol and sacct print it (sacct: "CANCELLED by UID"), podrun's names as they are
+SLURM_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "RESIZING", "SUSPENDED", "STOPPED", "SIGNALING",
+                          "COMPLETING", "STAGE_OUT", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SPECIAL_EXIT",
+                          "RESV_DEL_HOLD"}) | FINAL - {"GONE"}
+# Grid Engine: qstat's state letters, the first of this order in a job's letters deciding (dr: deleting, Eqw:
+# error, hqw: held, Rr: restarted and running); an ended job is its qacct record (parse_qacct)
+UGE_LETTERS = (("d", "COMPLETING", "being deleted"), ("E", "PENDING", "in error: see qstat -j JOB"),
+               ("h", "PENDING", "on hold"), ("s", "SUSPENDED", "suspended"), ("S", "SUSPENDED", "queue suspended"),
+               ("T", "SUSPENDED", "suspended at a threshold"), ("r", "RUNNING", None),
+               ("t", "RUNNING", "being transferred to its hosts"), ("R", "RUNNING", "restarted"),
+               ("q", "PENDING", None), ("w", "PENDING", None))
+# PBS: job_state (qstat -f); F (finished) and X (a finished subjob) read Exit_status (parse_pbs)
+PBS_STATES = {"Q": ("PENDING", None), "H": ("PENDING", "held"), "W": ("PENDING", "waiting for its start time"),
+              "T": ("PENDING", "being moved"), "M": ("PENDING", "moved to another server"), "R": ("RUNNING", None),
+              "B": ("RUNNING", "array begun"), "S": ("SUSPENDED", None), "U": ("SUSPENDED", "workstation busy"),
+              "E": ("COMPLETING", None), "F": ("COMPLETED", None), "X": ("COMPLETED", None)}
+
+
 class Slurm(_Client):
     name, CANCEL = "slurm", "scancel"
+    HINT = ("check that SLURM_CONF names the cluster's slurm.conf (or that this host is a login node) and that "
+            "slurmctld answers: scontrol ping")
+    UNKNOWN, ENDED = "Invalid job id specified", "already completing or completed"
 
     def submit(self, argv: list[str], *, cwd: str | None = None) -> str:
         """Run the submit command (writers.submit_argv: sbatch --parsable ...); the job id."""
@@ -123,39 +193,67 @@ class Slurm(_Client):
             raise SchedulerError(f"sbatch --parsable printed no job id: {out.strip()[:200]!r}")
         return job
 
+    def query(self, argv: list[str]) -> Completed:
+        """A named SLURM_CONF that cannot be read fails at once (Slurm's clients retry reading it for 60 s)."""
+        conf = (getattr(self.runner, "env", None) or os.environ).get("SLURM_CONF")
+        if conf and not os.access(conf, os.R_OK):
+            raise ClientFailed(f"SLURM_CONF={conf} cannot be read: Slurm's clients cannot find the cluster",
+                               hint=self.HINT)
+        return super().query(argv)
+
     def state(self, job_id: str) -> JobState:
-        c = self.runner.run(["scontrol", "show", "job", "-o", job_id])
-        if c.returncode != 0 or not c.stdout.strip():
-            # purged after MinJobAge (no slurmdbd here): ask squeue, else it is gone
-            q = self.runner.run(["squeue", "-h", "-j", job_id, "-o", "%T %N"])
-            if q.returncode == 0 and q.stdout.strip():
-                st, *rest = q.stdout.split()
-                return JobState(job_id, "slurm", st, None, rest[0] if rest else None)
-            if "invalid job id" in (c.stderr + c.stdout).lower() or c.returncode != 0:
-                return self.gone(job_id)
-        return parse_scontrol(job_id, c.stdout)
+        """The controller's record (`scontrol show job`); a job id it does not hold ("Invalid job id specified":
+        never queued, or purged MinJobAge after it ended): the accounting's (`sacct`), else GONE."""
+        c = self.query(["scontrol", "show", "job", "-o", job_id])
+        if c.returncode == 0 and c.stdout.strip():
+            return parse_scontrol(job_id, c.stdout)
+        if not _says(c, "Invalid job id specified"):
+            self.failed(c)
+        a = self.query(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "JobID,State,ExitCode,NodeList"])
+        if a.returncode == 0:
+            return parse_sacct(job_id, a.stdout) or self.gone(job_id)
+        if _says(a, "accounting storage is disabled"):
+            return self.gone(job_id)
+        self.failed(a)
+
+
+def _slurm_state(job_id: str, native: str, exit_field: str, nodes: str | None, reason: str | None) -> JobState:
+    """A Slurm job's state from its JobState and ExitCode (code:signal)."""
+    state = native.split()[0].upper() if native.strip() else "UNKNOWN"
+    exit_code = None
+    if state in FINAL:
+        code, _, sig = (exit_field or "0:0").partition(":")
+        code_i, sig_i = int(code or 0), int(sig or 0)
+        exit_code = 128 + sig_i if sig_i else code_i
+        if exit_code == 0 and state != "COMPLETED":
+            exit_code = 1
+    if state not in SLURM_STATES:
+        reason = f"JobState {state} is not one podrun knows" + (f" ({reason})" if reason else "")
+    return JobState(job_id, "slurm", state, exit_code, None if nodes in (None, "", "(null)", "None assigned")
+                    else nodes, reason, native)
 
 
 def parse_scontrol(job_id: str, text: str) -> JobState:
     """One `scontrol show job -o` line -> JobState (ExitCode=code:signal)."""
     fields = dict(m.groups() for m in re.finditer(r"(\w+)=(\S*)", text))
-    state = fields.get("JobState", "UNKNOWN").upper()
-    exit_code = None
-    if state in FINAL:
-        code, _, sig = fields.get("ExitCode", "0:0").partition(":")
-        code_i, sig_i = int(code or 0), int(sig or 0)
-        exit_code = 128 + sig_i if sig_i else code_i
-        if exit_code == 0 and state != "COMPLETED":
-            exit_code = 1
-    nodes = fields.get("NodeList")
-    return JobState(job_id, "slurm", state, exit_code, None if nodes in (None, "(null)") else nodes,
-                    fields.get("Reason") if fields.get("Reason") not in (None, "None") else None)
+    reason = fields.get("Reason")
+    return _slurm_state(job_id, fields.get("JobState", ""), fields.get("ExitCode", "0:0"), fields.get("NodeList"),
+                        reason if reason not in (None, "None") else None)
+
+
+def parse_sacct(job_id: str, text: str) -> JobState | None:
+    """`sacct -n -P -X -o JobID,State,ExitCode,NodeList` -> the job's record; None when it has none."""
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) >= 4 and parts[0] == job_id:
+            return _slurm_state(job_id, parts[1], parts[2], parts[3], None)
+    return None
 
 
 class Pbs(_Client):
     name, CANCEL = "pbs", "qdel"
-    _STATES = {"Q": "PENDING", "H": "PENDING", "W": "PENDING", "T": "PENDING", "R": "RUNNING",
-               "B": "RUNNING", "E": "COMPLETING", "X": "COMPLETED", "F": "COMPLETED", "S": "SUSPENDED"}
+    HINT = "check that this host reaches the PBS server (PBS_SERVER, /etc/pbs.conf): qstat -B"
+    UNKNOWN, ENDED = "Unknown Job Id", "has finished"
 
     def submit(self, argv: list[str], *, cwd: str | None = None) -> str:
         """Run the submit command (writers.submit_argv: qsub ...); the job id qsub prints."""
@@ -165,25 +263,43 @@ class Pbs(_Client):
         return out.splitlines()[-1].strip()
 
     def state(self, job_id: str) -> JobState:
-        c = self.runner.run(["qstat", "-x", "-f", job_id])
-        if c.returncode != 0 or not c.stdout.strip():
+        """`qstat -x -f JOB` (-x: finished jobs too, for the server's job_history_duration); "Unknown Job Id":
+        GONE."""
+        c = self.query(["qstat", "-x", "-f", job_id])
+        if c.returncode == 0 and c.stdout.strip():
+            return parse_pbs(job_id, c.stdout)
+        if _says(c, self.UNKNOWN):
             return self.gone(job_id)
-        f = dict(m.groups() for m in re.finditer(r"^\s*([\w.]+) = (.*)$", c.stdout, re.M))
-        state = self._STATES.get(f.get("job_state", "").strip(), "UNKNOWN")
-        code = f.get("Exit_status")
-        exit_code = None
-        if state == "COMPLETED" and code is not None:
-            n = int(code)
-            exit_code = n if n >= 0 else 1          # negative: PBS could not run the job
-            exit_code = exit_code - 128 if exit_code > 256 else exit_code  # 256+sig: killed by a signal
+        self.failed(c)
+
+
+def parse_pbs(job_id: str, text: str) -> JobState:
+    """`qstat -x -f` of one job -> JobState by PBS_STATES; a finished job's Exit_status: 0 COMPLETED, N > 0 the
+    script's code, 256+N killed by signal N (128+N), negative: PBS could not run the job."""
+    f = dict(m.groups() for m in re.finditer(r"^\s*([\w.]+) = (.*)$", text, re.M))
+    native = f.get("job_state", "").strip()
+    state, reason = PBS_STATES.get(native, ("UNKNOWN", f"job_state {native!r}"))
+    code = f.get("Exit_status")
+    exit_code = None
+    if state == "COMPLETED":
+        n = int(code) if code is not None and code.strip().lstrip("-").isdigit() else None
+        if n is None:
+            state, exit_code, reason = "FAILED", 1, "no Exit_status: the job ended before it ran"
+        elif n < 0:
+            state, exit_code, reason = "FAILED", 1, f"Exit_status {n}: PBS could not run the job"
+        else:
+            exit_code = 128 + n - 256 if n > 256 else n
             state = "COMPLETED" if exit_code == 0 else "FAILED"
-        return JobState(job_id, "pbs", state, exit_code, f.get("exec_host"))
+    return JobState(job_id, "pbs", state, exit_code, f.get("exec_host"), reason, native)
 
 
 class Uge(_Client):
     """Grid Engine (Univa/Altair as on ABCI, Son of Grid Engine): qsub -terse, qstat, qacct -j, qdel."""
 
     name, CANCEL = "uge", "qdel"
+    HINT = ("check SGE_ROOT and SGE_CELL (source $SGE_ROOT/$SGE_CELL/common/settings.sh) and that sge_qmaster "
+            "answers: qstat")
+    UNKNOWN = "does not exist"
 
     def submit(self, argv: list[str], *, cwd: str | None = None) -> str:
         """Run the submit command (writers.submit_argv: qsub -terse [-g GROUP] ...); the job id."""
@@ -195,25 +311,23 @@ class Uge(_Client):
 
     def state(self, job_id: str) -> JobState:
         """A job the qmaster holds: its `qstat` line (state letters, queue@host); an ended one: its
-        `qacct -j` record (exit_status, failed); neither: GONE."""
-        c = self.runner.run(["qstat"])
-        if c.returncode == 0:
-            found = parse_qstat(job_id, c.stdout)
-            if found is not None:
-                return found
-        a = self.runner.run(["qacct", "-j", job_id])
+        `qacct -j` record (exit_status, failed); neither ("job id N not found"): GONE."""
+        c = self.query(["qstat"])
+        if c.returncode != 0:
+            self.failed(c)
+        found = parse_qstat(job_id, c.stdout)
+        if found is not None:
+            return found
+        a = self.query(["qacct", "-j", job_id])
         if a.returncode == 0 and a.stdout.strip():
             return parse_qacct(job_id, a.stdout)
-        return self.gone(job_id)
-
-
-# qstat's state letters (parse_qstat) -> the state: the first row with a letter in the job's wins, else PENDING
-_QSTAT_STATES = (("d", "COMPLETING"), ("rt", "RUNNING"), ("sST", "SUSPENDED"))
+        if _says(a, "not found"):
+            return self.gone(job_id)
+        self.failed(a)
 
 
 def parse_qstat(job_id: str, text: str) -> JobState | None:
-    """The job's line of Grid Engine's `qstat` table -> JobState; None when the job is not listed.
-    State letters: qw/hqw pending, r/t running (t: being sent), d deleting, s/S/T suspended, E error."""
+    """The job's line of Grid Engine's `qstat` table -> JobState by UGE_LETTERS; None when it is not listed."""
     for line in text.splitlines():
         parts = line.split()
         if len(parts) < 5 or parts[0] != job_id:
@@ -221,11 +335,10 @@ def parse_qstat(job_id: str, text: str) -> JobState | None:
         letters = parts[4]
         queue = next((p for p in parts[5:] if "@" in p), None)
         host = queue.split("@", 1)[1] if queue else None
-        if "E" in letters:
-            return JobState(job_id, "uge", "PENDING", None, host,
-                            f"Grid Engine error state {letters}: see qstat -j {job_id}")
-        state = next((st for chars, st in _QSTAT_STATES if any(ch in letters for ch in chars)), "PENDING")
-        return JobState(job_id, "uge", state, None, host)
+        state, why = next(((st, why) for ch, st, why in UGE_LETTERS if ch in letters),
+                          ("UNKNOWN", "state letters podrun does not know"))
+        reason = None if why is None else f"{letters}: {why.replace('JOB', job_id)}"
+        return JobState(job_id, "uge", state, None, host, reason, letters)
     return None
 
 
@@ -243,12 +356,25 @@ def parse_qacct(job_id: str, text: str) -> JobState:
     bad = failed.split()[0] != "0"
     state = "COMPLETED" if code == 0 and not bad else "FAILED"
     exit_code = code if code != 0 or not bad else 1
-    return JobState(job_id, "uge", state, exit_code, f.get("hostname"), f"failed {failed}" if bad else None)
+    return JobState(job_id, "uge", state, exit_code, f.get("hostname"), f"failed {failed}" if bad else None,
+                    f"failed {failed}, exit_status {code}")
 
 
 def client(scheduler: str, runner: CommandRunner | None = None):
     """The client for ``scheduler`` (slurm | pbs | uge); JobScriptError (exit 2) for an unknown one."""
     return {"slurm": Slurm, "pbs": Pbs, "uge": Uge}[check_scheduler(scheduler).name](runner or SubprocessRunner())
+
+
+def known_state(cl, job_id: str, record: JobRecord | None) -> JobState:
+    """The job's state for `podrun status` and `cancel`: a job id given bare that the scheduler neither holds nor
+    has accounted is UnknownJob (exit 2, naming it); one recorded by `podrun submit` (``record``) was queued, so
+    the scheduler no longer knowing it is its state, GONE."""
+    st = cl.state(job_id)
+    if st.state == "GONE" and record is None:
+        raise UnknownJob(f"job {job_id} is unknown to {cl.name}: it neither holds it nor has an accounting record",
+                         hint="check the job id (squeue / qstat list the queued jobs); a job that ended before the "
+                              "scheduler's records were kept is gone from them")
+    return st
 
 
 def detect_scheduler(env=None) -> str | None:
@@ -370,6 +496,7 @@ class PreparedJob:
     script: Path
     submit_argv: tuple[str, ...]
     request: JobRequest         # what the script was rendered from
+    made_runs_dir: bool = False  # --runs-dir did not exist before: a refused submission removes it too
 
     def to_dict(self) -> dict:
         return {"run_id": self.run_id, "run_dir": str(self.run_dir), "scheduler": self.request.scheduler,
@@ -391,20 +518,27 @@ def prepare_job(plan, job: JobOptions, runs_dir: str | os.PathLike) -> PreparedJ
     req = request_from_plan(plan, replace(job, log_dir=str(run_dir),
                                           launch_options=("--runs-dir", str(run_dir.parent), "--run-id", run_id)))
     text = render(req)
+    made = not os.path.isdir(runs_dir)
     make_runs_dir(runs_dir)
     make_dir(run_dir, "run directory", error=LaunchError)
     script = write_file(run_dir / JOB_SCRIPT, text, "job script")
     write_plan(run_dir, plan)
-    return PreparedJob(run_id, run_dir, script, tuple(submit_argv(req, str(script))), req)
+    return PreparedJob(run_id, run_dir, script, tuple(submit_argv(req, str(script))), req, made)
 
 
 def submit_prepared(job: PreparedJob, cl, *, cwd: str, cluster: str | None = None) -> JobRecord:
     """Submit a prepared job with its client and record runs/<run-id>/job.json. A submission the scheduler refused
-    leaves no run directory behind (one that timed out or answered no job id is kept: a job may have been queued)."""
+    leaves nothing behind: no run directory, nor the --runs-dir made for it (one that timed out or answered no job
+    id is kept: a job may have been queued)."""
     try:
         job_id = cl.submit(list(job.submit_argv), cwd=cwd)
     except Refused:
         shutil.rmtree(job.run_dir, ignore_errors=True)
+        if job.made_runs_dir:
+            try:
+                os.rmdir(job.run_dir.parent)       # only when empty: another submission may be writing there
+            except OSError:
+                pass
         raise
     rec = JobRecord(run_id=job.run_id, run_dir=str(job.run_dir), scheduler=job.request.scheduler, job_id=job_id,
                     script=str(job.script), submit_argv=job.submit_argv, submitted_at=time.time(),

@@ -66,9 +66,16 @@ def iter_lines(text: str):
         yield lineno, m.group().rstrip("\r\n")
 
 
+def _name_slots(part: str, where: str) -> HostEntry:
+    """`host` or `host:N` (N slots; MPICH's hostfile line, Horovod's -H item); an IPv6 address (several ':') is a
+    name."""
+    name, _, slots = part.partition(":") if part.count(":") == 1 else (part, "", "")
+    return HostEntry(check_name(name, where), _slots(slots, where, part) if slots else None)
+
+
 def parse_hosts_option(value: str, option: str = "--hosts") -> tuple[HostEntry, ...]:
-    """`--hosts h1,h2` or `h1:4,h2:4` (name:slots, as in Horovod's -H); errors name ``option``, the option typed
-    (--hosts, --spare-hosts)."""
+    """`--hosts h1,h2` or `h1:4,h2:4` (name:slots, as in Horovod's -H); a host given twice has its slots added
+    (merge_repeated); errors name ``option``, the option typed (--hosts, --spare-hosts)."""
     parts = [p.strip() for p in value.split(",")]
     if len(parts) > MAX_HOSTS:
         raise HostError(f"{option} lists {len(parts)} hosts, more than {MAX_HOSTS}")
@@ -76,13 +83,13 @@ def parse_hosts_option(value: str, option: str = "--hosts") -> tuple[HostEntry, 
     for part in parts:
         if not part:
             raise HostError(f"{option} {value[:80]!r}: empty host name", hint="give hosts as h1,h2,h3")
-        name, _, slots = part.partition(":") if part.count(":") == 1 else (part, "", "")
-        entries.append(HostEntry(check_name(name, option), _slots(slots, option, part) if slots else None))
-    return _no_duplicates(entries, option)
+        entries.append(_name_slots(part, option))
+    return merge_repeated(entries, option)
 
 
 def parse_hostfile(path: str | Path) -> tuple[HostEntry, ...]:
-    """Open MPI / DeepSpeed hostfiles (`h1 slots=4`, `h1 slots=4 max_slots=8`) and plain one-per-line."""
+    """Open MPI / DeepSpeed hostfiles (`h1 slots=4`, `h1 slots=4 max_slots=8`), MPICH's (`h1:4`) and plain
+    one-per-line; a host on several lines has its slots added (merge_repeated)."""
     p = Path(path)
     text = read_text(p, f"hostfile {shown_path(p)}")
     entries = []
@@ -91,24 +98,29 @@ def parse_hostfile(path: str | Path) -> tuple[HostEntry, ...]:
         if not line:
             continue
         where = f"hostfile {shown_path(p)}:{lineno}"
-        name, *rest = line.split()
-        slots = None
+        first, *rest = line.split()
+        entry = _name_slots(first, where)
+        slots = entry.slots
         for item in rest:
             key, eq, val = item.partition("=")
             if not eq:
-                raise HostError(f"{where}: cannot read {item[:80]!r}", hint="write 'HOST' or 'HOST slots=N' per line")
-            if key == "slots":
+                raise HostError(f"{where}: cannot read {item[:80]!r}",
+                                hint="write 'HOST', 'HOST slots=N' or 'HOST:N' per line")
+            if key == "slots" and entry.slots is None:
                 slots = _slots(val, where, item)
             elif key in ("max_slots", "max-slots"):
                 _slots(val, where, item)
+            elif key == "slots":
+                raise HostError(f"{where}: {first[:80]!r} and {item[:80]!r} both give the slots",
+                                hint="write 'HOST slots=N' (Open MPI) or 'HOST:N' (MPICH), not both")
             else:
                 raise HostError(f"{where}: unknown setting {key[:80]!r}", hint="only slots=N (and max_slots=N) are understood")
-        entries.append(HostEntry(check_name(name, where), slots))
+        entries.append(HostEntry(entry.name, slots))
         if len(entries) > MAX_HOSTS:
             raise HostError(f"hostfile {shown_path(p)}: lists more than {MAX_HOSTS} hosts")
     if not entries:
         raise HostError(f"hostfile {shown_path(p)}: lists no hosts")
-    return _no_duplicates(entries, f"hostfile {shown_path(p)}")
+    return merge_repeated(entries, f"hostfile {shown_path(p)}")
 
 
 # slots count devices or processes on one host
@@ -121,10 +133,21 @@ def _slots(val: str, where: str, item: str) -> int:
     return int(val)
 
 
-def _no_duplicates(entries: list[HostEntry], where: str) -> tuple[HostEntry, ...]:
-    seen = set()
+def merge_repeated(entries: list[HostEntry], where: str) -> tuple[HostEntry, ...]:
+    """One entry per host, in order of first appearance. A host listed more than once has its slots added, as
+    Open MPI adds a hostfile's repeated lines (and the schedulers' files repeat a host per slot): an entry without
+    slots counts 1 there. A host listed once keeps its slots, or none (the plan's devices per host)."""
+    merged: dict[str, list[HostEntry]] = {}
     for e in entries:
-        if e.name in seen:
-            raise HostError(f"{where}: host '{e.name}' is listed twice", hint="list each host once; use slots=N for devices")
-        seen.add(e.name)
-    return tuple(entries)
+        merged.setdefault(e.name, []).append(e)
+    out = []
+    for name, same in merged.items():
+        if len(same) == 1:
+            out.append(same[0])
+            continue
+        total = sum(e.slots if e.slots is not None else 1 for e in same)
+        if total > MAX_SLOTS:
+            raise HostError(f"{where}: host '{name}' is listed {len(same)} times, {total} slots in all, more than "
+                            f"{MAX_SLOTS}", hint="a host's slots are added over its lines (as Open MPI does)")
+        out.append(HostEntry(name, total))
+    return tuple(out)

@@ -54,6 +54,21 @@ def parser(recipe_name: str, default_data: str = "synthetic", cls=argparse.Argum
     return p
 
 
+def option_table() -> dict[str, bool]:
+    """The recipe parser's options, each spelling -> whether it takes a value (what `podrun script` and `submit`
+    read after a recipe as the recipe's, as launch passes them on)."""
+    return {s: a.nargs != 0 for a in parser("recipe")._actions for s in a.option_strings if s not in ("-h", "--help")}
+
+
+def check_recipe(rspec, argv: Sequence[str]) -> None:
+    """check_args for a recipe spec whose train.py runs RECIPE_MAIN's parser (others parse their own)."""
+    import os
+
+    script = os.path.abspath(os.path.join(rspec.path, rspec.train_script))
+    if default_data(script) is not None:
+        check_args(os.path.basename(os.path.abspath(rspec.path)), argv, os.path.relpath(script))
+
+
 class _Refusal(argparse.ArgumentParser):
     """The recipe parser, raising instead of printing its usage and exiting."""
 

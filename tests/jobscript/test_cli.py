@@ -81,6 +81,10 @@ def test_job_runs_the_interpreter_that_wrote_it_or_job_python(podrun_cli):
         (["--scheduler", "slurm", "no_such_recipe"], "unknown recipe"),
         (["--scheduler", "slurm", "--group", "g1", "resnet50"], "Grid Engine's `qsub -g`"),
         (["--scheduler", "pbs", "--pe", "mpi", "resnet50"], "parallel environment"),
+        (["--scheduler", "slrum", "resnet50"], "did you mean 'slurm'?"),
+        (["--scheduler", "sgee", "resnet50"], "did you mean 'sge'?"),
+        (["--scheduler", "slurm", "resnet18_cifar10", "--epochs", "x"], "train.py would refuse its arguments"),
+        (["--scheduler", "slurm", "resnet18_cifar10", "--bogus"], "No such option '--bogus'"),
     ],
 )
 def test_bad_input_exits_2_with_one_paragraph(podrun_cli, argv, part):
@@ -189,3 +193,20 @@ def test_script_inside_an_allocation_plans_its_hosts_and_outside_plans_nodes(pod
     assert (d["nodes"], d["devices_per_node"]) == (4, 1)
     code, out, err = podrun_cli("script", "--scheduler", "slurm", "--json", "--", "python", "t.py")
     assert code == 0 and json.loads(out)["nodes"] == 1, err
+
+
+def test_recipe_options_after_the_recipe_and_the_sge_alias(podrun_cli):
+    """`script RECIPE --data digits` passes the recipe's options on as `launch RECIPE --data digits` does (the same
+    bytes as after --); the command's own options after the recipe stay its own (-o, --nodes); `--scheduler sge`
+    is Grid Engine's script."""
+    base = ["--cluster", "dgx-h100", "--nodes", "2", "--json"]
+    code, out, err = podrun_cli("script", "--scheduler", "slurm", *base, "resnet18_cifar10", "--data", "digits",
+                                "--nodes", "2", "--steps=3", "--quiet", "--", "--seed", "1")
+    assert code == 0, err
+    code2, out2, _ = podrun_cli("script", "--scheduler", "slurm", *base, "resnet18_cifar10", "--",
+                                "--data", "digits", "--steps=3", "--quiet", "--seed", "1")
+    assert json.loads(out) == json.loads(out2)
+    assert json.loads(out)["launch"][-7:] == ["--", "--data", "digits", "--steps=3", "--quiet", "--seed", "1"]
+    sge = [podrun_cli("script", "--scheduler", name, *base, "resnet50") for name in ("sge", "uge", "SGE")]
+    assert [c for c, _, _ in sge] == [0, 0, 0] and sge[0][1] == sge[1][1] == sge[2][1]
+    assert json.loads(sge[0][1])["scheduler"] == "uge"

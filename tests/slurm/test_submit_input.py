@@ -105,7 +105,8 @@ def test_pbs_and_uge_state_parsing_contract():
     assert (st.state, st.exit_code, st.nodes) == ("FAILED", 3, "n1/0+n2/0")
     st = Pbs(RecordingRunner({"qstat": (0, "Job Id: 13.pbs\n    job_state = R\n")})).state("13.pbs")
     assert st.state == "RUNNING" and st.exit_code is None
-    r = RecordingRunner({"qstat": (1, ""), "qacct": (0, "jobnumber    44\nhostname     g0001\nfailed       0\nexit_status  0\n")})
+    r = RecordingRunner({"qstat": (0, ""),
+                         "qacct": (0, "jobnumber    44\nhostname     g0001\nfailed       0\nexit_status  0\n")})
     st = Uge(r).state("44")
     assert (st.state, st.exit_code) == ("COMPLETED", 0)
     assert r.calls == [["qstat"], ["qacct", "-j", "44"]]
@@ -198,3 +199,112 @@ def test_submit_plans_the_allocation_not_this_host(tmp_path):
     assert rec["submit_argv"] == ["qsub", rec["script"]] and rec["job_id"] is None
     plan = json.loads(open(os.path.join(rec["run_dir"], "plan.json")).read())
     assert plan["devices_per_host"] == 1
+
+
+@pytest.mark.parametrize("cmd,scheduler,env,said", [
+    ("status", "slurm", {"SLURM_CONF": "/nonexistent/slurm.conf"}, "SLURM_CONF=/nonexistent/slurm.conf cannot be read"),
+    ("cancel", "slurm", {"SLURM_CONF": "/nonexistent/slurm.conf"}, "SLURM_CONF=/nonexistent/slurm.conf cannot be read"),
+    ("status", "uge", {"SGE_ROOT": "/nonexistent", "SGE_CELL": "default"}, "'qstat' exited"),
+    ("cancel", "pbs", {"PATH": "/nonexistent"}, "'qstat' is not on PATH"),
+])
+def test_a_failing_client_is_an_error_not_a_state(tmp_path, cmd, scheduler, env, said):
+    """The real Slurm and Grid Engine clients installed here, pointed at no cluster (and a PATH with no PBS
+    client): status and cancel exit 1 with the client's own line and a hint, at once, instead of GONE and 0.
+    A missing SLURM_CONF would make Slurm's clients retry reading it for 60 s each."""
+    import time
+
+    t0 = time.monotonic()
+    p = cli([cmd, "987", "--scheduler", scheduler, "--json"], tmp_path, env=env)
+    assert (p.returncode, p.stdout) == (1, ""), p.stdout + p.stderr
+    assert said in p.stderr and "hint:" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert time.monotonic() - t0 < 10
+
+
+def test_unknown_job_ids_and_client_errors_by_the_clients_own_words():
+    """What each client answers for a job id it does not know (the Slurm and Grid Engine lines as the real
+    harnesses print them, tests/slurm and tests/uge; PBS's from its documentation: no PBS here) is GONE, and
+    `podrun status JOB` of it UnknownJob (exit 2, naming it); any other failure is ClientFailed (exit 1)."""
+    from podrun.jobscript.submit import ClientFailed, Pbs, Uge, UnknownJob, known_state
+
+    class Answers(RecordingRunner):
+        def run(self, argv, *, cwd=None, timeout=60.0):
+            self.calls.append(list(argv))
+            rc, out, err = self.answers[argv[0]]
+            return Completed(tuple(argv), rc, out, err)
+
+    unknown = [(Slurm, {"scontrol": (1, "", "slurm_load_jobs error: Invalid job id specified\n"),
+                        "sacct": (1, "", "Slurm accounting storage is disabled\n")}),
+               (Slurm, {"scontrol": (1, "", "slurm_load_jobs error: Invalid job id specified\n"),
+                        "sacct": (0, "", "")}),
+               (Uge, {"qstat": (0, QSTAT, ""), "qacct": (1, "", "error: job id 987 not found\n")}),
+               (Pbs, {"qstat": (153, "", "qstat: Unknown Job Id 987.pbs01\n")})]
+    for cls, answers in unknown:
+        assert cls(Answers(answers)).state("987").state == "GONE"
+        with pytest.raises(UnknownJob, match="job 987 is unknown to") as e:
+            known_state(cls(Answers(answers)), "987", None)
+        assert e.value.exit_code == 2
+    failing = [(Slurm, {"scontrol": (1, "", "slurm_load_jobs error: Unable to contact slurm controller\n")}),
+               (Slurm, {"scontrol": (1, "", "slurm_load_jobs error: Invalid job id specified\n"),
+                        "sacct": (1, "", "sacct: error: Problem talking to the database: Connection refused\n")}),
+               (Uge, {"qstat": (1, "", "error: commlib error: got select error (Connection refused)\n")}),
+               (Uge, {"qstat": (0, "", ""), "qacct": (1, "", "error: can't open accounting file\n")}),
+               (Pbs, {"qstat": (1, "", "Connection refused\nqstat: cannot connect to server pbs01 (errno=15010)\n")})]
+    for cls, answers in failing:
+        with pytest.raises(ClientFailed) as e:
+            cls(Answers(answers)).state("987")
+        last = [a for a in answers.values()][-1][2].strip().splitlines()[-1]
+        assert e.value.exit_code == 1 and last in e.value.message and e.value.hint
+    Pbs(Answers({"qdel": (35, "", "qdel: Job has finished 987.pbs01\n")})).cancel("987.pbs01")   # ended meanwhile
+    with pytest.raises(UnknownJob, match="Unknown Job Id"):
+        Pbs(Answers({"qdel": (153, "", "qdel: Unknown Job Id 987.pbs01\n")})).cancel("987.pbs01")
+    with pytest.raises(UnknownJob, match="does not exist"):
+        Uge(Answers({"qdel": (1, 'denied: job "987" does not exist\n', "")})).cancel("987")
+    with pytest.raises(ClientFailed, match="Permission denied"):
+        Uge(Answers({"qdel": (1, "", "error: Permission denied\n")})).cancel("987")
+
+
+# `qstat -x -f` of one job as PBS Professional prints it (attribute = value, indented; no PBS here, so recorded
+# from the qstat(1B) documentation's long format): job_state and, once finished, Exit_status
+PBS_JOB = "Job Id: 987.pbs01\n    Job_Name = podrun-resnet50\n    job_state = {state}\n{more}    queue = rt_HF\n"
+
+
+@pytest.mark.parametrize("native,exit_status,state,code", [
+    ("Q", None, "PENDING", None), ("H", None, "PENDING", None), ("W", None, "PENDING", None),
+    ("T", None, "PENDING", None), ("M", None, "PENDING", None), ("R", None, "RUNNING", None),
+    ("B", None, "RUNNING", None), ("S", None, "SUSPENDED", None), ("U", None, "SUSPENDED", None),
+    ("E", None, "COMPLETING", None), ("F", "0", "COMPLETED", 0), ("F", "3", "FAILED", 3),
+    ("F", "271", "FAILED", 143), ("F", "-1", "FAILED", 1), ("F", None, "FAILED", 1), ("X", "0", "COMPLETED", 0),
+    ("Z", None, "UNKNOWN", None),
+])
+def test_pbs_job_states_one_to_one(native, exit_status, state, code):
+    from podrun.jobscript.submit import PBS_STATES, parse_pbs
+
+    more = f"    Exit_status = {exit_status}\n" if exit_status is not None else ""
+    st = parse_pbs("987.pbs01", PBS_JOB.format(state=native, more=more))
+    assert (st.state, st.exit_code, st.native) == (state, code, native)
+    assert native == "Z" or native in PBS_STATES
+
+
+@pytest.mark.parametrize("letters,state", [
+    ("qw", "PENDING"), ("hqw", "PENDING"), ("hRwq", "PENDING"), ("Eqw", "PENDING"), ("r", "RUNNING"),
+    ("t", "RUNNING"), ("Rr", "RUNNING"), ("Rt", "RUNNING"), ("s", "SUSPENDED"), ("ts", "SUSPENDED"),
+    ("S", "SUSPENDED"), ("T", "SUSPENDED"), ("Rs", "SUSPENDED"), ("dr", "COMPLETING"), ("dt", "COMPLETING"),
+    ("dRr", "COMPLETING"), ("ds", "COMPLETING"), ("x", "UNKNOWN"),
+])
+def test_grid_engine_state_letters_one_to_one(letters, state):
+    from podrun.jobscript.submit import parse_qstat
+
+    st = parse_qstat("7", f"      7 0.55500 podrun root  {letters}  11/23/2026 08:24:25 all.q@node2  3\n")
+    assert (st.state, st.native, st.nodes) == (state, letters, "node2")
+    assert (st.reason is None) == (letters in ("qw", "r", "Rr"))
+
+
+def test_slurm_sacct_record_as_it_is():
+    from podrun.jobscript.submit import parse_sacct
+
+    st = parse_sacct("42", "42|CANCELLED by 0|0:15|node[1-3]\n")
+    assert (st.state, st.exit_code, st.nodes, st.native, st.final) == ("CANCELLED", 143, "node[1-3]",
+                                                                       "CANCELLED by 0", True)
+    assert parse_sacct("42", "") is None
+    odd = parse_sacct("42", "42|LAUNCH_FAILED|0:0|None assigned\n")
+    assert odd.state == "LAUNCH_FAILED" and "not one podrun knows" in odd.reason and odd.nodes is None

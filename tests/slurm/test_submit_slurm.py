@@ -57,6 +57,7 @@ def test_submit_wait_returns_failing_worker_exit_code(slurm_cluster, tmp_path):
     assert "root cause: instance 1 on node2" in err, err
     st = podrun(sl, ["status", job, "--scheduler", "slurm", "--json"], cwd=tmp_path)
     assert json.loads(st.stdout)["state"] == "FAILED" and json.loads(st.stdout)["exit_code"] == 3
+    assert json.loads(st.stdout)["native"] == "FAILED"          # Slurm's JobState, as it is
 
 
 @pytest.mark.timeout(120)
@@ -148,10 +149,19 @@ def test_srun_transport_keeps_env_values_off_every_command_line(slurm_cluster, t
 
 
 @pytest.mark.timeout(60)
-def test_status_of_unknown_job_is_gone(slurm_cluster, tmp_path):
-    p = podrun(slurm_cluster, ["status", "987654", "--scheduler", "slurm", "--json"], cwd=tmp_path)
-    assert p.returncode == 0, p.stderr
-    assert json.loads(p.stdout)["state"] == "GONE"
+def test_unknown_job_id_exit_2_and_a_broken_client_exit_1(slurm_cluster, tmp_path):
+    """A job id this Slurm never had (scontrol: "Invalid job id specified", no accounting storage here): status
+    and cancel exit 2 naming it (scancel itself says nothing of it and exits 0); the same query with a
+    SLURM_CONF that names no file exits 1 at once with the reason, instead of the clients' 60 s retries."""
+    for cmd in ("status", "cancel"):
+        p = podrun(slurm_cluster, [cmd, "987654", "--scheduler", "slurm", "--json"], cwd=tmp_path)
+        assert (p.returncode, p.stdout) == (2, ""), p.stdout + p.stderr
+        assert "job 987654 is unknown to slurm" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    t0 = time.monotonic()
+    p = podrun(slurm_cluster, ["status", "987654", "--scheduler", "slurm"], cwd=tmp_path,
+               env={"SLURM_CONF": str(tmp_path / "missing.conf")})
+    assert p.returncode == 1 and "missing.conf cannot be read" in p.stderr, p.stderr
+    assert time.monotonic() - t0 < 10
 
 
 @pytest.mark.timeout(300)
@@ -223,3 +233,13 @@ def test_submit_ipu_pod_job_starts_poprun_in_the_allocation(slurm_cluster, tmp_p
     run_dir = only_run_dir(tmp_path / "runs")
     assert p.returncode == 0, p.stdout + p.stderr + job_output(run_dir, "err")
     assert_ipu_pod_job_ran(run_dir, record, sl.nodes[:3], job_output(run_dir, "out"))
+
+
+@pytest.mark.timeout(60)
+def test_a_refused_submit_leaves_nothing_behind(slurm_cluster, tmp_path):
+    """sbatch refuses the job (a partition this cluster does not have): exit 2 with sbatch's own line, and neither
+    the run directory nor the --runs-dir made for it is left."""
+    p = podrun(slurm_cluster, ["submit", "--scheduler", "slurm", "--nodes", "1", "--partition", "nosuch",
+                               "--runs-dir", str(tmp_path / "runs"), "--", "true"], cwd=tmp_path)
+    assert p.returncode == 2 and "Invalid partition" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert not (tmp_path / "runs").exists()

@@ -98,17 +98,27 @@ def test_recipe_bad_value(tmp_path):
         load_recipe(str(d))
 
 
-def test_hostfile_formats(tmp_path):
-    p = write(tmp_path, "# comment\nh1 slots=4\nh2 slots=4 max_slots=8\n\n", "hf")
-    assert [(e.name, e.slots) for e in parse_hostfile(p)] == [("h1", 4), ("h2", 4)]
-    p = write(tmp_path, "a\nb\n", "plain")
-    assert [(e.name, e.slots) for e in parse_hostfile(p)] == [("a", None), ("b", None)]
-    assert [(e.name, e.slots) for e in parse_hosts_option("a:2,b:2")] == [("a", 2), ("b", 2)]
+@pytest.mark.parametrize("text,hosts_option,hosts", [
+    ("# comment\nh1 slots=4\nh2 slots=4 max_slots=8\n\n", "h1:4,h2:4", [("h1", 4), ("h2", 4)]),   # Open MPI
+    ("a\nb\n", "a,b", [("a", None), ("b", None)]),                                              # one per line
+    ("h1:4\nh2:4\n", "h1:4,h2:4", [("h1", 4), ("h2", 4)]),                                      # MPICH
+    ("h1 slots=4\nh2:2\nh1:2\nh2 slots=2\n", "h1:4,h2:2,h1:2,h2:2", [("h1", 6), ("h2", 4)]),  # repeated: added
+    ("h1\nh1\nh2\nh2\n", "h1,h1,h2,h2", [("h1", 2), ("h2", 2)]),          # a bare repeated line is one slot
+    ("fd00::2 slots=2\n", "fd00::2", [("fd00::2", 2)]),                      # an IPv6 address is a name
+])
+def test_hostfile_and_hosts_option_read_alike(tmp_path, text, hosts_option, hosts):
+    """One rule for hostfiles and --hosts: Open MPI's `h slots=N`, MPICH's `h:N`, and a host listed more than
+    once has its slots added, as Open MPI adds repeated hostfile lines (a line without slots counting 1)."""
+    assert [(e.name, e.slots) for e in parse_hostfile(write(tmp_path, text, "hf"))] == hosts
+    if hosts_option != "fd00::2":
+        assert [(e.name, e.slots) for e in parse_hosts_option(hosts_option)] == hosts
 
 
 @pytest.mark.parametrize("text,msg", [("h1 slots=x\n", "slots must be an integer from 1 to"),
                                       ("h1 cores=4\n", "unknown setting 'cores'"),
-                                      ("h1\nh1\n", "listed twice"), ("\n# nothing\n", "lists no hosts"),
+                                      ("h1:4 slots=2\n", "both give the slots"), ("\n# nothing\n", "lists no hosts"),
+                                      ("h1:4000\nh1:4000\n", "listed 2 times, 8000 slots in all"),
+                                      ("h1:x\n", "slots must be"),
                                       ("h1 slots\n", "cannot read 'slots'"), ("-oProxy=x\n", "not a valid host name")])
 def test_bad_hostfiles(tmp_path, text, msg):
     p = write(tmp_path, text, "hf")

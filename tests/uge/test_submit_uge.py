@@ -154,10 +154,13 @@ def test_cancel_ends_running_job_everywhere(uge_cluster, tmp_path, transport):
 
 
 @pytest.mark.timeout(60)
-def test_status_of_unknown_job_is_gone(uge_cluster, tmp_path):
-    p = podrun(uge_cluster, ["status", "987654", "--scheduler", "uge", "--json"], tmp_path)
-    assert p.returncode == 0, p.stderr
-    assert json.loads(p.stdout)["state"] == "GONE"
+def test_unknown_job_id_exit_2(uge_cluster, tmp_path):
+    """A job id this cell never had (not in qstat; qacct: "job id N not found"; qdel: "does not exist"): status
+    and cancel exit 2 naming it."""
+    for cmd in ("status", "cancel"):
+        p = podrun(uge_cluster, [cmd, "987654", "--scheduler", "uge", "--json"], tmp_path)
+        assert (p.returncode, p.stdout) == (2, ""), p.stdout + p.stderr
+        assert "job 987654 is unknown to uge" in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 
 @pytest.mark.timeout(120)
@@ -176,8 +179,8 @@ def test_status_of_pending_and_running_jobs(uge_cluster, tmp_path):
     deadline = time.monotonic() + 30
     while (info := status(running))["state"] != "RUNNING" and time.monotonic() < deadline:
         time.sleep(0.3)
-    assert info["state"] == "RUNNING" and info["nodes"] in ge.nodes, info
-    assert status(pending)["state"] == "PENDING"
+    assert info["state"] == "RUNNING" and info["native"] == "r" and info["nodes"] in ge.nodes, info
+    assert (status(pending)["state"], status(pending)["native"]) == ("PENDING", "qw")
     for job, was in ((pending, "PENDING"), (running, "RUNNING")):
         t0 = time.monotonic()
         c = podrun(ge, ["cancel", job, "--scheduler", "uge", "--json"], tmp_path)
@@ -293,3 +296,13 @@ def test_submit_ipu_pod_job_starts_poprun_in_the_allocation(uge_cluster, tmp_pat
     hosts = next(a for a in argv if a.startswith("--host=")).split("=", 1)[1].split(",")   # PE_HOSTFILE's order
     assert sorted(hosts) == ge.nodes, argv
     assert_ipu_pod_job_ran(run_dir, record, hosts, job_output(run_dir, "o"))
+
+
+@pytest.mark.timeout(60)
+def test_a_refused_submit_leaves_nothing_behind(uge_cluster, tmp_path):
+    """qsub refuses the job (a queue this cell does not have): exit 2 with qsub's own line, and neither the run
+    directory nor the --runs-dir made for it is left; `--scheduler sge` is Grid Engine."""
+    p = podrun(uge_cluster, ["submit", "--scheduler", "sge", "--pe", "podrun", "--nodes", "1", "--queue", "nosuch.q",
+                             "--runs-dir", str(tmp_path / "runs"), "--", "true"], tmp_path)
+    assert p.returncode == 2 and "qsub failed" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert not (tmp_path / "runs").exists()
