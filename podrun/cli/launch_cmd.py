@@ -201,7 +201,10 @@ torchrun_options = stacked(
                            "--heartbeat-misses; alone it means 4 missed heartbeats of SECONDS/4)."),
          click.option("--grace", type=t.GRACE, default=None,
                       help="Seconds between SIGTERM and SIGKILL (default 5; torchrun's --shutdown-timeout)."),
-         click.option("--no-preflight", is_flag=True, help="Skip the checks on every host before starting."))
+         click.option("--no-preflight", is_flag=True, help="Skip the checks on every host before starting."),
+         click.option("--cpu-bind", metavar="auto|none|LIST", default=None,
+                      help="Bind each worker to its cores: auto (each local rank its share of the host's cores, in "
+                           "its NUMA domain), none (default), or LIST: one core set per local rank (0-3,4-7)."))
 @section(ENGINES, engine_options)
 @section(OUTPUT,
          click.option("--dry-run", is_flag=True, help="Print per host the exact commands and env, run nothing."),
@@ -312,7 +315,7 @@ def launch_options(ctx, args: tuple[str, ...], kw: dict, environ=None):
             master_port=own["master_port"], agent_store=net["agent_store"], data_interface=net["data_interface"],
             preflight=not net["no_preflight"], grace=net["grace"],
             heartbeat=net["heartbeat"], heartbeat_misses=net["heartbeat_misses"], keepalive=net["keepalive"],
-            env_items=tuple(common["env_items"])),
+            env_items=tuple(common["env_items"]), cpu_bind=net["cpu_bind"]),
         restarts=RestartOptions(straggler_timeout=hangs["straggler_timeout"], max_restarts=own["max_restarts"],
                                 **in_section(ctx, RESTARTS, kw)),
         output=OutputOptions(**in_section(ctx, OUTPUT, kw)),
