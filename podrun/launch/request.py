@@ -181,7 +181,7 @@ def decide_cpu_bind(text: str | None, plan: "Plan", cpu, here: bool, spec: str =
     try:
         bind = CpuBind() if text is None else CpuBind.parse(text)
     except CpuBindError as exc:
-        raise LaunchError(f"--cpu-bind {text!r}: {exc}", hint="give auto, none, or one core set per local rank: "
+        raise LaunchError(f"--cpu-bind {text}: {exc}", hint="give auto, none, or one core set per local rank: "
                                                               "--cpu-bind 0-3,4-7") from None
     if not bind.binds:
         return bind, None, None
