@@ -34,7 +34,8 @@ def instance_workers(args: AgentArgs) -> tuple[int, list[int] | None, int | None
     where this host's name resolves to loopback (podrun.wire.probe.gloo_interface)."""
     from podrun.plan.model import Plan
     from podrun.wire.probe import gloo_interface
-    from podrun.wire.worker_env import CPU_SET_ENV, CPUS_ENV, cpu_sets, instance_envs, worker_of_rank, workers_per_instance
+    from podrun.wire.worker_env import (CPU_SET_ENV, CPUS_ENV, cpu_sets, instance_envs, worker_of_rank,
+                                        workers_per_instance)
 
     at = args.attempt
     try:

@@ -107,9 +107,9 @@ def test_golden_script_is_read_by_the_real_sbatch(slurm_cluster, name):
     so the parser is really in play.
 
     Not checked here: what this 3-node, GPU-less Slurm with one partition ("debug") cannot have. The golden's
-    --partition, --gpus-per-node, a --nodes above 3 and more --cpus-per-task than its nodes' are replaced on sbatch's command line: sbatch still
-    parses those directives (a malformed node count fails) but checks their values against no cluster that
-    has them, and --gpus-per-node's value is then not parsed at all."""
+    --partition, --gpus-per-node, a --nodes above 3 and more --cpus-per-task than its nodes' are replaced on
+    sbatch's command line: sbatch still parses those directives (a malformed node count fails) but checks their
+    values against no cluster that has them, and --gpus-per-node's value is then not parsed at all."""
     sl = slurm_cluster
     text = (GOLDEN / f"{name}.sh").read_text()
     d = _sbatch_directives(text)

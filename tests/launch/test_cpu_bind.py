@@ -1,4 +1,4 @@
-"""--cpu-bind and each worker's share of cores: the pure rule, its refusals, a real local run, and job scripts' cores."""
+"""--cpu-bind and each worker's share of cores: the rule, its refusals, a real local run, and job scripts' cores."""
 from __future__ import annotations
 
 import json
