@@ -134,7 +134,7 @@ torchrun_options = stacked(
              "machine, like torchrun --standalone); with hosts elsewhere the default is 29500."),
     _tr("--local-addr", metavar="ADDR", help=f"{REFUSED} (--master-addr, --data-interface)."),
     _tr("--logs-specs", metavar="NAME", help=f"{REFUSED} (--runs-dir)."),
-    _tr("--numa-binding", metavar="MODE", help=f"{REFUSED}."),
+    _tr("--numa-binding", metavar="MODE", help="--cpu-bind auto (node, socket, exclusive, core-complex)."),
     _tr("--signals-to-handle", metavar="SIG,...", help="Taken when within the signals podrun's agent forwards "
         "(SIGTERM,SIGINT,SIGHUP)."),
     _tr("--shutdown-timeout", metavar="SECONDS", help="--grace SECONDS."),
