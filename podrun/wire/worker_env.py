@@ -71,7 +71,7 @@ POPDIST_FIELDS: dict[str, str] = {
 POPDIST_NAMES = tuple(POPDIST_FIELDS.values())
 
 # a worker's share of its host's cores (its bound set's size, else the cores shared by the host's workers): what
-# OMP_NUM_THREADS defaults to, and what the recipe's loader takes its threads from (podrun.train.data.loader_threads)
+# OMP_NUM_THREADS defaults to, and what the recipes' runner sets torch's threads from (podrun.train.setup)
 CPUS_ENV = "PODRUN_CPUS"
 # a bound worker's cores (--cpu-bind), as Linux's cpulist writes them: the agent (or the zygote's fork) sets them
 # as its affinity before the worker runs
