@@ -135,7 +135,7 @@ torchrun_options = stacked(
              "machine, like torchrun --standalone); with hosts elsewhere the default is 29500."),
     _tr("--local-addr", metavar="ADDR", help=f"{REFUSED} (--master-addr, --data-interface)."),
     _tr("--logs-specs", metavar="NAME", help=f"{REFUSED} (--runs-dir)."),
-    _tr("--numa-binding", metavar="MODE", help=f"{REFUSED}."),
+    _tr("--numa-binding", metavar="MODE", help="--cpu-bind auto (node, socket, exclusive, core-complex)."),
     _tr("--signals-to-handle", metavar="SIG,...", help="Taken when within the signals podrun's agent forwards "
         "(SIGTERM,SIGINT,SIGHUP)."),
     _tr("--shutdown-timeout", metavar="SECONDS", help="--grace SECONDS."),
@@ -202,7 +202,10 @@ torchrun_options = stacked(
                            "--heartbeat-misses; alone it means 4 missed heartbeats of SECONDS/4)."),
          click.option("--grace", type=t.GRACE, default=None,
                       help="Seconds between SIGTERM and SIGKILL (default 5; torchrun's --shutdown-timeout)."),
-         click.option("--no-preflight", is_flag=True, help="Skip the checks on every host before starting."))
+         click.option("--no-preflight", is_flag=True, help="Skip the checks on every host before starting."),
+         click.option("--cpu-bind", metavar="auto|none|LIST", default=None,
+                      help="Bind each worker to its cores: auto (each local rank its share of the host's cores, in "
+                           "its NUMA domain), none (default), or LIST: one core set per local rank (0-3,4-7)."))
 @section(ENGINES, engine_options)
 @section(OUTPUT,
          click.option("--dry-run", is_flag=True, help="Print the exact commands and env, run nothing: every host's and "
@@ -284,7 +287,7 @@ def launch_options(ctx, args: tuple[str, ...], kw: dict, environ=None):
     a flag wins over its PET_ variable): each section's values into its part, once."""
     from click.core import ParameterSource
 
-    from podrun.launch.options import (EngineOptions, HangOptions, LaunchOptions, OutputOptions, RestartOptions,
+    from podrun.launch.options import (EngineOptions, HangOptions, LaunchOptions, RestartOptions,
                                        TargetOptions, TransportOptions)
     from podrun.launch.request import SSHOptions
     from podrun.launch.torchrun_cli import TorchrunOptions, pet_name, pet_values
@@ -318,7 +321,7 @@ def launch_options(ctx, args: tuple[str, ...], kw: dict, environ=None):
             master_port=own["master_port"], agent_store=net["agent_store"], data_interface=net["data_interface"],
             preflight=not net["no_preflight"], grace=net["grace"],
             heartbeat=net["heartbeat"], heartbeat_misses=net["heartbeat_misses"], keepalive=net["keepalive"],
-            env_items=tuple(common["env_items"])),
+            env_items=tuple(common["env_items"]), cpu_bind=net["cpu_bind"]),
         restarts=RestartOptions(straggler_timeout=hangs["straggler_timeout"], max_restarts=own["max_restarts"],
                                 **in_section(ctx, RESTARTS, kw)),
         output=_output_options(in_section(ctx, OUTPUT, kw)),

@@ -118,12 +118,16 @@ def job_command(scheduler_help: str, json_help: str, *own):
     )
 
 
-def job_of(options: dict, plan: PlanOptions, **given) -> JobOptions:
+def job_of(options: dict, plan: PlanOptions, spec=None, **given) -> JobOptions:
     """The JobOptions of `script` or `submit`: job_command's values taken out of click's ``options``, the
-    --cluster of the job's podrun launch from the plan's (``plan``), and ``given`` over them."""
+    --cluster of the job's podrun launch from the plan's (``plan``), the cores per node from --cpus-per-node or
+    the cluster ``spec`` (podrun.jobscript.job.node_cpus), and ``given`` over them."""
     from dataclasses import fields
 
     from podrun.jobscript.build import JobOptions
+    from podrun.jobscript.job import node_cpus
+
+    options["cpus_per_node"] = node_cpus(options.get("cpus_per_node"), spec)
 
     taken = {f.name: options.pop(f.name) for f in fields(JobOptions) if f.name in options}
     # the job's podrun launch is given the spec named by --cluster or --pod, else none
@@ -179,7 +183,7 @@ def script(ctx, recipe, extra, out_path, as_json, **options):
     elif spec.scheduler in SCHEDULERS and spec.scheduler != scheduler:
         click.echo(f"note: cluster '{spec.name}' is scheduled by {spec.scheduler}; writing a {scheduler} script "
                    "as asked", err=True)
-    req = request_from_plan(plan, job_of(options, popts, scheduler=scheduler, recipe=recipe, args=args,
+    req = request_from_plan(plan, job_of(options, popts, spec, scheduler=scheduler, recipe=recipe, args=args,
                                          engine=spec.engine))
     text = render(req)
     if out_path:

@@ -57,10 +57,10 @@ def submit(ctx, recipe, extra, runs_dir, wait, poll, dry_run, as_json, **options
     scheduler = _pick_scheduler(options.pop("scheduler"))
     popts = allocation_plan_options(pop_plan_options(options))
     recipe, args = split_recipe(ctx, recipe, extra)
-    plan, _, rspec = resolve_plan(recipe, popts)
+    plan, spec, rspec = resolve_plan(recipe, popts)
     if rspec is not None:
         check_recipe(rspec, args)
-    job = prepare_job(plan, job_of(options, popts, scheduler=scheduler, recipe=recipe, args=args,
+    job = prepare_job(plan, job_of(options, popts, spec, scheduler=scheduler, recipe=recipe, args=args,
                                    workdir=os.getcwd()), runs_dir)
     if dry_run:
         _emit(job.to_dict(), as_json, f"would run: {' '.join(job.submit_argv)}\nscript: {job.script}")

@@ -53,10 +53,10 @@ from podrun.host.link import ControllerLink
 from podrun.host.proctree import end_descendants, reap_orphans, tree_cpu
 from podrun.host import stackdump
 from podrun.host.stop import Stop, StopKind
-from podrun.host.workers import (fresh_error_file, instance_workers, launcher_fds, read_env_stdin,
+from podrun.host.workers import (bind_worker, fresh_error_file, instance_workers, launcher_fds, read_env_stdin,
                                  read_error_file)
 from podrun.wire import protocol
-from podrun.wire.agent_args import AgentArgs
+from podrun.wire.agent_args import AgentArgs, cores_text
 from podrun.wire.proctl import PR_SET_CHILD_SUBREAPER, die_with_parent, prctl as _prctl, signal_group
 from podrun.runtime.progress import FD_ENV as PROGRESS_ENV
 
@@ -178,12 +178,17 @@ class Agent(ControllerLink):
         # more in pieces (podrun's sitecustomize)
         env["PODRUN_OUTPUT_CHUNK"] = str(ends[0].getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) // 2)
         stdin = self.worker_stdin if self.local_ranks[local_rank] == 0 else None
+        cores = bind_worker(env)
+        if cores is not None:      # the instance log's line per worker: its rank and cores
+            self.emit(local_rank, "note", f"--cpu-bind: local rank {self.local_ranks[local_rank]} (rank "
+                                          f"{env.get('RANK', '?')}) on cores {cores_text(cores)}")
         p = self._spawn_warm(local_rank, env, w, ends, stdin) if self.warm is not None else None
         try:
             if p is None:
                 p = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL if stdin is None else stdin,
                                      stdout=ends[0].fileno(), stderr=ends[1].fileno(),
-                                     start_new_session=True, preexec_fn=die_with_parent(), pass_fds=(*keep_fds, w))
+                                     start_new_session=True, preexec_fn=_preexec(cores),
+                                     pass_fds=(*keep_fds, w))
         except OSError as exc:
             os.close(r)
             os.close(w)
@@ -369,6 +374,18 @@ class Agent(ControllerLink):
         if any(p is not None and p.returncode != 0 for p in self.procs):
             return 128 + int(self.stop_signal)   # workers ended by the teardown the controller asked for
         return 0
+
+
+def _preexec(cores: tuple[int, ...] | None):
+    """The worker's preexec_fn: it dies with the agent and, bound (--cpu-bind), runs on ``cores`` only."""
+    die = die_with_parent()
+    if cores is None:
+        return die
+
+    def preexec() -> None:
+        die()
+        os.sched_setaffinity(0, cores)
+    return preexec
 
 
 def main(argv: list[str] | None = None) -> int:

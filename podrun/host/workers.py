@@ -4,10 +4,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 
 from podrun import safefs
 from podrun.errors import PodrunError
-from podrun.wire.agent_args import AgentArgs, FromEnv
+from podrun.wire.agent_args import AgentArgs, FromEnv, read_cores
 from podrun.wire.liveness import FIRST_HEARTBEAT_S
 
 ERROR_TRACEBACK_LINES = 40   # of a worker's @record traceback, sent to the controller
@@ -33,7 +34,8 @@ def instance_workers(args: AgentArgs) -> tuple[int, list[int] | None, int | None
     where this host's name resolves to loopback (podrun.wire.probe.gloo_interface)."""
     from podrun.plan.model import Plan
     from podrun.wire.probe import gloo_interface
-    from podrun.wire.worker_env import instance_envs, worker_of_rank
+    from podrun.wire.worker_env import (CPU_SET_ENV, CPUS_ENV, cpu_sets, instance_envs, worker_of_rank,
+                                        workers_per_instance)
 
     at = args.attempt
     try:
@@ -51,12 +53,41 @@ def instance_workers(args: AgentArgs) -> tuple[int, list[int] | None, int | None
     else:
         index = instance_index_from_env() if args.instance is FromEnv.INDEX else args.instance
     several = len({p.host for p in plan.placement}) > 1
-    envs = instance_envs(plan, index, at, agent_store=args.agent_store, host_env=os.environ,
-                         cpus=len(os.sched_getaffinity(0)),
-                         gloo_ifname=gloo_interface(at.master_addr) if several else None)
+    for name in (CPU_SET_ENV, CPUS_ENV):      # an outer run's, inherited: this run's workers get their own
+        os.environ.pop(name, None)
+    cores = sorted(os.sched_getaffinity(0))
+    try:
+        bound = cpu_sets(args.cpu_bind, cores, workers_per_instance(plan), numa_cpus())
+    except ValueError as exc:
+        raise SystemExit(f"podrun agent: --cpu-bind {args.cpu_bind.text()} on {socket.gethostname()}: {exc}") from None
+    envs = instance_envs(plan, index, at, agent_store=args.agent_store, host_env=os.environ, cpus=len(cores),
+                         gloo_ifname=gloo_interface(at.master_addr) if several else None, bound=bound)
     if local_ranks is not None:
         envs = [envs[lr] for lr in local_ranks]
     return index, local_ranks, agent_rank, envs
+
+
+NUMA_ROOT = "/sys/devices/system/node"
+
+
+def numa_cpus(root: str = NUMA_ROOT) -> list[tuple[int, ...]]:
+    """This host's NUMA nodes, each its CPUs (node*/cpulist), in node order; [] where the kernel lists none."""
+    nodes = []
+    with contextlib.suppress(OSError):
+        for name in os.listdir(root):
+            if name.startswith("node") and name[4:].isdigit():
+                with contextlib.suppress(OSError, ValueError):
+                    with open(os.path.join(root, name, "cpulist"), encoding="ascii") as f:
+                        nodes.append((int(name[4:]), read_cores(f.read())))
+    return [cpus for _, cpus in sorted(nodes)]
+
+
+def bind_worker(env: dict[str, str]):
+    """The cores ``env`` binds its worker to (podrun.wire.worker_env.CPU_SET_ENV), or None."""
+    from podrun.wire.worker_env import CPU_SET_ENV
+
+    text = env.get(CPU_SET_ENV)
+    return read_cores(text) or None if text else None
 
 
 def instance_index_from_env(environ=os.environ, flag: str = "--index-from-env") -> int:

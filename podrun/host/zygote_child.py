@@ -12,6 +12,7 @@ import sys
 import threading
 import traceback
 
+from podrun.host.workers import bind_worker
 from podrun.wire.proctl import PR_SET_PDEATHSIG, prctl
 
 WARM_ENV = "PODRUN_WARM"        # in a worker the zygote forked: the zygote's pid
@@ -43,6 +44,9 @@ def become_worker(req: dict, fds: list[int], zygote_pid: int) -> int:
     _stdio(unbuffered)
     os.environ.clear()
     os.environ.update(env)
+    cores = bind_worker(env)
+    if cores is not None:            # --cpu-bind: before the worker's first thread
+        os.sched_setaffinity(0, cores)
     os.chdir(req["cwd"])
     for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
         signal.signal(s, signal.SIG_DFL)

@@ -45,6 +45,21 @@ def suggest_scheduler(name: str) -> str:
     return f"did you mean '{close[0]}'? " if close else ""
 
 
+def node_cpus(given: int | None, spec) -> int | None:
+    """The cores a job asks for on each node: --cpus-per-node (``given``), else the cluster spec's ``cpu.cores``
+    where the spec is a scheduled cluster's (its ``scheduler`` is not none). A spec with scheduler none describes
+    the machine podrun runs on (local: its cores are this machine's), which says nothing of a compute node's: no
+    count is asked, and the scheduler's default stands. A scheduled cluster's spec without ``cpu.cores``:
+    JobScriptError (exit 2) naming the spec and --cpus-per-node."""
+    if given is not None or spec is None or spec.scheduler == "none":
+        return given
+    if spec.cpu is None:
+        raise JobScriptError(f"cluster spec {spec.path or spec.name} gives no cpu.cores: a job script asks each node's "
+                             "cores from it", hint="pass --cpus-per-node C, or add cpu: {cores: C, numa_nodes: N} to "
+                                                   "the spec (docs/cluster-specs.md)")
+    return int(spec.cpu.cores)
+
+
 def check_scheduler(name: str) -> Scheduler:
     """The table entry of a --scheduler value (an alias: its scheduler's); JobScriptError (exit 2) for an unknown
     one, with the nearest name."""

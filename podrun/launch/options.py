@@ -41,6 +41,7 @@ class TransportOptions:
     heartbeat_misses: int | None = None
     keepalive: float | None = None
     env_items: tuple[str, ...] = ()             # --env NAME=VALUE, as typed
+    cpu_bind: str | None = None                 # --cpu-bind auto|none|LIST as typed (None: none)
 
     @property
     def host_python(self) -> str:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from podrun.errors import LaunchError, PodrunError, PreflightError
 from podrun.launch.engines import engine_of, resolve_engine
 from podrun.launch.options import Decisions, LaunchOptions
-from podrun.launch.request import LaunchRequest, parse_env_options
+from podrun.launch.request import LaunchRequest, decide_cpu_bind, parse_env_options
 from podrun.launch.run import build_request, default_transport, is_local_host
 from podrun.launch.torchrun_cli import COMMAND, RECIPE, SCRIPT, Target, classify, command_hint
 from podrun.launch.torchrun_map import OwnOptions, check_nproc_kind, reconcile
@@ -60,7 +60,7 @@ def prepare_launch(opts: LaunchOptions) -> Prepared:
     own = OwnOptions(devices_per_host=opts.plan.devices_per_host, nodes=opts.plan.nodes,
                      elastic_min=rs.elastic_min, max_restarts=rs.max_restarts, master_addr=net.master_addr,
                      master_port=net.master_port, run_id=out.run_id, runs_dir=out.runs_dir, grace=net.grace,
-                     heartbeat=net.heartbeat, heartbeat_misses=net.heartbeat_misses)
+                     heartbeat=net.heartbeat, heartbeat_misses=net.heartbeat_misses, cpu_bind=net.cpu_bind)
     mapped = reconcile(opts.torchrun, own, cpu_count=os.cpu_count() or 1, pet_own=opts.pet_own)
     try:
         return _prepare(opts, target, mapped)
@@ -157,6 +157,9 @@ def _prepare(opts: LaunchOptions, target: Target, mapped: OwnOptions) -> Prepare
                             data_interface=data_interface)
     if rs.warm and request.max_restarts > 0 and kind.per_instance:    # its agents start each instance themselves
         request = replace(request, warm=True)
+    bind, host_cores, bind_note = decide_cpu_bind(mapped.cpu_bind, plan, cluster.cpu, not kind.remote, cluster.path)
+    request = replace(request, cpu_bind=bind, host_cores=host_cores)
+    notes += [bind_note] if bind_note is not None else []
     if not out.dry_run:
         engine_of(engine).require()                                     # horovod: importable here
     return Prepared(request=request, target=target, engine=engine, elastic=elastic, notes=tuple(notes),

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from podrun.errors import LaunchError
 from podrun.redaction import ENV_NAME_RE, redact_argv, remember_secret, secret_name
-from podrun.wire.agent_args import AGENT_MODULE, GRACE_S, AgentArgs, FromEnv, RunAttempt
+from podrun.wire.agent_args import AGENT_MODULE, GRACE_S, MAX_CPU, AgentArgs, CpuBind, FromEnv, RunAttempt
 from podrun.wire.liveness import HEARTBEAT_MISSES, HEARTBEAT_S, Liveness
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -75,6 +75,10 @@ class LaunchRequest:
     # "ssh" (its HostName in the ssh config, an IP address), "data-interface" (its address there, asked at launch)
     master_derived: str = ""
     warm: bool = False                  # agents fork restarted workers from a zygote per host (podrun.host.zygote)
+    cpu_bind: CpuBind = CpuBind()       # --cpu-bind: each agent binds its workers to their cores on its host
+    # the cores of a host as the controller knows them (the cluster spec's, this machine's for a local run), so
+    # that a bound run's --dry-run shows each worker's cores: (cores, NUMA domains), None when unknown
+    host_cores: tuple[tuple[int, ...], ...] | None = None
     #: what ``transport`` can do (podrun.launch.transports), looked up once when the request is made
     kind: "TransportKind" = field(init=False, repr=False, compare=False)
 
@@ -108,7 +112,8 @@ class LaunchRequest:
                          heartbeat=self.heartbeat, stdin_timeout=self.keepalive if stdin_watch else None,
                          agent_store=self.agent_store, listen_fd=self.listen_fd if index == 0 else None,
                          warm=self.warm and index is not None, hold=hold, needs=self.needs if hold else (),
-                         env_stdin=env_stdin and bool(self.env), worker_stdin_fd=worker_stdin_fd)
+                         env_stdin=env_stdin and bool(self.env), worker_stdin_fd=worker_stdin_fd,
+                         cpu_bind=self.cpu_bind)
         return [self.python, "-m", AGENT_MODULE, *args.to_argv()]
 
     @property
@@ -149,13 +154,53 @@ class LaunchRequest:
 
     def worker_envs(self, index: int) -> list[dict[str, str]]:
         """The variables the agent of instance ``index`` sets for each of its workers
-        (podrun.wire.worker_env.instance_envs; OMP_NUM_THREADS is left to the agent, which knows its host's cores)."""
-        from podrun.wire.worker_env import instance_envs
+        (podrun.wire.worker_env.instance_envs; OMP_NUM_THREADS is left to the agent, which knows its host's cores,
+        but for a bound run on a host whose cores are known here: ``host_cores``, its NUMA domains)."""
+        from podrun.wire.worker_env import cpu_sets, instance_envs, workers_per_instance
 
-        return instance_envs(self.plan, index, self.attempt, agent_store=self.agent_store, host_env=dict(self.env))
+        bound = cores = None
+        if self.cpu_bind.binds and self.host_cores is not None:
+            cores = sorted(c for dom in self.host_cores for c in dom)
+            bound = cpu_sets(self.cpu_bind, cores, workers_per_instance(self.plan), self.host_cores)
+        return instance_envs(self.plan, index, self.attempt, agent_store=self.agent_store, host_env=dict(self.env),
+                             cpus=None if cores is None else len(cores), bound=bound)
 
     def for_restart(self, restart_count: int, master_port: int) -> "LaunchRequest":
         return replace(self, restart_count=restart_count, master_port=master_port)
+
+
+def decide_cpu_bind(text: str | None, plan: "Plan", cpu, here: bool, spec: str = ""
+                    ) -> tuple[CpuBind, tuple[tuple[int, ...], ...] | None, str | None]:
+    """--cpu-bind for a run of ``plan``: the binding, a host's cores as the controller knows them (this machine's
+    when ``here``, else the cluster spec's ``cpu`` (HostCpuSpec or None) from ``spec``), cut into its NUMA domains,
+    and what --dry-run says of it. A LaunchError (exit 2) for a value that does not read, or a list that does not
+    give one set per local rank or names a core those cores lack."""
+    from podrun.wire.agent_args import CpuBindError, cores_text
+    from podrun.wire.worker_env import cpu_sets, numa_domains, workers_per_instance
+
+    try:
+        bind = CpuBind() if text is None else CpuBind.parse(text)
+    except CpuBindError as exc:
+        raise LaunchError(f"--cpu-bind {text}: {exc}", hint="give auto, none, or one core set per local rank: "
+                                                              "--cpu-bind 0-3,4-7") from None
+    if not bind.binds:
+        return bind, None, None
+    cores = sorted(os.sched_getaffinity(0)) if here else None if cpu is None else list(range(cpu.cores))
+    wpi = workers_per_instance(plan)
+    domains = None if cores is None else tuple(numa_domains(cores, 1 if cpu is None else cpu.numa_nodes))
+    try:
+        sets = cpu_sets(bind, range(MAX_CPU + 1) if cores is None else cores, wpi, domains)
+    except ValueError as exc:
+        where = "this machine" if here else f"a host of {spec}"
+        raise LaunchError(f"--cpu-bind {text} on {where}: {exc}", hint="one set per local rank of cores the host "
+                          "has, e.g. --cpu-bind 0-3,4-7, or --cpu-bind auto") from None
+    if cores is None:
+        return bind, None, (f"--cpu-bind {bind.text()}: each host's agent binds its {wpi} worker(s) by the cores it "
+                            f"may run on (the cluster spec {spec} gives no cpu.cores)")
+    shown = ", ".join(f"{r}: {cores_text(c)}" for r, c in enumerate(sets))
+    return bind, domains, (f"--cpu-bind {bind.text()}: local rank -> cores {shown} (on "
+                           f"{'this machine' if here else f'{len(cores)} cores of {spec}'}; each host's agent binds "
+                           "by the cores it may run on and its NUMA nodes)")
 
 
 def parse_env_options(items: tuple[str, ...] | list[str], environ=None) -> tuple[tuple[str, str], ...]:

@@ -12,6 +12,10 @@ RDZV_DEFAULT_PORT = 29400          # torchrun's port for an --rdzv-endpoint give
 # torchrun's options that podrun takes with a meaning of its own or none needed (the table in docs/launch.md)
 RDZV_BACKENDS = ("c10d", "static")
 START_METHODS = ("spawn", "fork", "forkserver")
+# torchrun's --numa-binding modes (torch.numa.binding.AffinityMode) -> the nearest --cpu-bind: podrun's auto gives
+# each local rank its own contiguous share of the cores of its NUMA domain (torchrun's exclusive); node, socket and
+# core-complex, which let a domain's ranks share its cores, are bound to those shares too (docs/launch.md)
+NUMA_BINDING_MODES = {"node": "auto", "socket": "auto", "exclusive": "auto", "core-complex": "auto"}
 
 
 def pet_own_options(pet: Mapping[str, str], spelled: Mapping[str, str]) -> "OwnOptions":
@@ -53,6 +57,7 @@ class OwnOptions:
     local_ranks: frozenset[int] | None = None   # --local-ranks-filter: the console shows these local ranks only
     rdzv_id: str | None = None                  # every worker's TORCHELASTIC_RUN_ID (None: the run id)
     role: str | None = None                     # every worker's ROLE_NAME (None: torchrun's "default")
+    cpu_bind: str | None = None                 # --cpu-bind as given (None: none), or torchrun's --numa-binding's
     words: tuple[tuple[str, str, str], ...] = field(default=(), compare=False)
 
     def in_user_words(self, exc):
@@ -144,6 +149,11 @@ def reconcile(tr: TorchrunOptions, own: OwnOptions, *, cpu_count: int, pet_own: 
     if tr.start_method is not None and tr.start_method not in START_METHODS:
         raise LaunchError(f"{tr.said('start_method', tr.start_method)}: torchrun's start methods are "
                           f"{', '.join(START_METHODS)}")
+    if tr.numa_binding is not None:
+        if tr.numa_binding not in NUMA_BINDING_MODES:
+            raise LaunchError(f"{tr.said('numa_binding', tr.numa_binding)}: torchrun's modes are "
+                              f"{', '.join(NUMA_BINDING_MODES)}", hint="or podrun's --cpu-bind auto|none|LIST")
+        out = _set(out, "cpu_bind", NUMA_BINDING_MODES[tr.numa_binding], tr, "numa_binding", "--cpu-bind")
     if tr.role is not None:
         if not tr.role:
             raise LaunchError(f"{tr.said('role', repr(tr.role))} names no role")
@@ -180,8 +190,6 @@ REFUSED = (
      "network the workers use)"),
     ("logs_specs", _given, "podrun's logs are the run directory's files, not a torchrun.logs_specs plugin",
      "--runs-dir DIR (logs in DIR/RUN_ID/instance-N.log)"),
-    ("numa_binding", _given, "podrun does not bind workers to CPUs",
-     "a command that binds them: podrun launch -- numactl --cpunodebind=0 python train.py"),
     ("virtual_local_rank", bool, "podrun gives each worker its LOCAL_RANK and leaves CUDA_VISIBLE_DEVICES as the "
      "host has it", "LOCAL_RANK as the device index (torch.cuda.set_device(LOCAL_RANK))"),
     ("node_rank", _given, "podrun places the instances itself; one podrun launch on one machine starts every "

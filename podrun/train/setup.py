@@ -61,11 +61,16 @@ def setup_determinism(cfg: TrainConfig) -> None:
 
 
 def set_threads(cfg: TrainConfig, info: WorkerInfo, device: Device) -> None:
+    """torch's threads on CPU: --threads, else OMP_NUM_THREADS as set (podrun's agent sets the worker's share of its
+    host's cores, podrun.wire.worker_env), else this worker's share: PODRUN_CPUS, or the cores it may run on shared by
+    the workers on its host. The loader's prefetch thread (podrun.train.data.Loader) is the one thread beside."""
     if device.kind != "cpu":
         return
     n = cfg.threads
     if n is None and "OMP_NUM_THREADS" not in os.environ:
-        n = max(1, (os.cpu_count() or 1) // max(1, info.local_world_size))
+        share = os.environ.get("PODRUN_CPUS", "")
+        n = int(share) if share.isdigit() and int(share) > 0 else max(
+            1, len(os.sched_getaffinity(0)) // max(1, info.local_world_size))
     if n is not None and n > 0:
         torch.set_num_threads(n)
 

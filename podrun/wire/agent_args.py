@@ -31,6 +31,80 @@ class RunAttempt:
     max_restarts: int = 0
 
 
+CPU_BIND_MODES = ("none", "auto")
+MAX_CPU = 1 << 16     # the highest CPU number a --cpu-bind list may name (Linux's NR_CPUS is at most 8192)
+
+
+class CpuBindError(ValueError):
+    """A --cpu-bind value that does not read (the CLI makes it an exit-2 error naming the option)."""
+
+
+@dataclass(frozen=True)
+class CpuBind:
+    """--cpu-bind: ``none`` (the workers run where the agent may), ``auto`` (each local rank on its contiguous share
+    of the host's cores, inside its NUMA domain: podrun.wire.worker_env.cpu_sets) or ``sets``, one core set per
+    local rank (``0-3,4-7``: a comma between ranks, ``A-B`` a range, ``+`` joins ranges of one rank)."""
+
+    mode: str = "none"                          # none | auto | list
+    sets: tuple[tuple[int, ...], ...] = ()      # mode list: local rank r's cores, sorted, no repeats
+
+    @property
+    def binds(self) -> bool:
+        return self.mode != "none"
+
+    def text(self) -> str:
+        """What --cpu-bind takes back (``parse(b.text()) == b``)."""
+        if self.mode != "list":
+            return self.mode
+        return ",".join("+".join(_ranges(cores)) for cores in self.sets)
+
+    @classmethod
+    def parse(cls, text: str) -> "CpuBind":
+        """``none``, ``auto`` or ``LIST``; CpuBindError for anything else (a range backwards, a core below 0)."""
+        text = text.strip()
+        if text in CPU_BIND_MODES:
+            return cls(text)
+        sets = [read_cores(item, "+") for item in text.split(",")]
+        if not all(sets):
+            raise CpuBindError(f"{text!r} gives local rank {sets.index(())} no core (one set per local rank, "
+                               "0-3,4-7)")
+        return cls("list", tuple(sets))
+
+
+def read_cores(text: str, sep: str = ",") -> tuple[int, ...]:
+    """Cores written as ranges (Linux's cpulist ``0-3,8``; ``sep`` between the ranges), sorted, each once; ""
+    is none; CpuBindError for a part that is not N or N-M (low to high, at most MAX_CPU)."""
+    cores: set[int] = set()
+    for part in filter(None, (p.strip() for p in text.split(sep))):
+        low, dash, high = part.partition("-")
+        if not low.isdigit() or (dash and not high.isdigit()):
+            raise CpuBindError(f"{part!r} is not a core or a range of cores (N or N-M)")
+        first, last = int(low), int(high) if dash else int(low)
+        if last < first or last > MAX_CPU:
+            raise CpuBindError(f"{part!r} is not a range of cores (0..{MAX_CPU}, low to high)")
+        cores.update(range(first, last + 1))
+    return tuple(sorted(cores))
+
+
+def _ranges(cores: tuple[int, ...]) -> list[str]:
+    """Sorted cores as ranges: (0, 1, 2, 5) -> ['0-2', '5']."""
+    out: list[str] = []
+    start = prev = None
+    for c in (*cores, None):
+        if start is not None and c != prev + 1:
+            out.append(str(start) if start == prev else f"{start}-{prev}")
+            start = None
+        if start is None:
+            start = c
+        prev = c
+    return out
+
+
+def cores_text(cores) -> str:
+    """A core set as Linux's cpulist writes it: 0-3,8."""
+    return ",".join(_ranges(tuple(sorted(cores))))
+
+
 @dataclass(frozen=True)
 class AgentArgs:
     """Every option of the agent; ``to_argv`` writes them, ``parse`` reads them back (``parse(a.to_argv()) == a``)."""
@@ -57,6 +131,7 @@ class AgentArgs:
     # an inherited descriptor that local rank 0 reads as its stdin (the local transport's copy of podrun's stdin);
     # every other worker reads /dev/null
     worker_stdin_fd: int | None = None
+    cpu_bind: CpuBind = CpuBind()     # --cpu-bind: each worker's cores (podrun.host.workers applies it)
 
     def to_argv(self) -> list[str]:
         """The agent's options and command (what follows ``python -m podrun.host.agent``)."""
@@ -75,6 +150,7 @@ class AgentArgs:
         argv += ["--needs", ",".join(self.needs)] if self.needs else []
         argv += ["--env-stdin"] if self.env_stdin else []
         argv += ["--worker-stdin-fd", str(self.worker_stdin_fd)] if self.worker_stdin_fd is not None else []
+        argv += ["--cpu-bind", self.cpu_bind.text()] if self.cpu_bind.binds else []
         return argv + ["--", *self.command]
 
     @classmethod
@@ -91,6 +167,7 @@ class AgentArgs:
         for name in ("no-stdin-watch", "agent-store", "warm", "hold", "env-stdin"):
             ap.add_argument(f"--{name}", action="store_true")
         ap.add_argument("--needs", default="", metavar="MOD,...")
+        ap.add_argument("--cpu-bind", metavar="auto|LIST")
         g = ap.add_mutually_exclusive_group(required=True)
         g.add_argument("--instance", type=int)
         for source in FromEnv:
@@ -106,6 +183,11 @@ class AgentArgs:
         if ns.pop("no_stdin_watch"):
             ns["stdin_timeout"] = None
         needs = tuple(m for m in ns.pop("needs").split(",") if m)
+        if "cpu_bind" in ns:
+            try:
+                ns["cpu_bind"] = CpuBind.parse(ns["cpu_bind"])
+            except CpuBindError as exc:
+                ap.error(f"--cpu-bind: {exc}")
         return cls(attempt, command=tuple(command), needs=needs, **ns)
 
 

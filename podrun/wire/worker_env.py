@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from podrun.errors import PlanError
 from podrun.rundir.layout import ERRORS, snapshot_dir
+from podrun.wire.agent_args import cores_text
 
 if TYPE_CHECKING:  # pragma: no cover
     from podrun.plan.model import Plan
-    from podrun.wire.agent_args import RunAttempt
+    from podrun.wire.agent_args import CpuBind, RunAttempt
 
 # WorkerInfo field (podrun.runtime) -> the PODRUN_* name that carries it
 PODRUN_FIELDS: dict[str, str] = {
@@ -69,11 +70,17 @@ POPDIST_FIELDS: dict[str, str] = {
 }
 POPDIST_NAMES = tuple(POPDIST_FIELDS.values())
 
+# a worker's share of its host's cores (its bound set's size, else the cores shared by the host's workers): what
+# OMP_NUM_THREADS defaults to, and what the recipes' runner sets torch's threads from (podrun.train.setup)
+CPUS_ENV = "PODRUN_CPUS"
+# a bound worker's cores (--cpu-bind), as Linux's cpulist writes them: the agent (or the zygote's fork) sets them
+# as its affinity before the worker runs
+CPU_SET_ENV = "PODRUN_CPU_SET"
 # Set only when neither the host nor --env has them: threads per worker (see omp_num_threads), line
 # buffered output so logs stream live, NCCL's async error handling as torchrun sets it, torchrun's list of
 # forwarded signals, and gloo's interface where the host's own name resolves to loopback
 # (podrun.wire.probe.gloo_interface).
-HOST_DEFAULT_NAMES = ("OMP_NUM_THREADS", "PYTHONUNBUFFERED", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+HOST_DEFAULT_NAMES = ("OMP_NUM_THREADS", CPUS_ENV, "PYTHONUNBUFFERED", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
                       "TORCHELASTIC_SIGNALS_TO_HANDLE", "GLOO_SOCKET_IFNAME")
 # The signals podrun handles and passes on to the workers as they are (podrun.launch.supervisor.STOP_SIGNALS,
 # podrun.wire.protocol.STOP_TOKENS, the agent's own handlers), in torchrun's variable for its own list
@@ -132,6 +139,54 @@ def omp_num_threads(plan: "Plan", cpus: int) -> int:
     never oversubscribes the host.
     """
     return max(1, cpus // (plan.instances_per_host * workers_per_instance(plan)))
+
+
+def numa_domains(cores: Sequence[int], n: int) -> list[tuple[int, ...]]:
+    """``cores`` (sorted) cut into ``n`` contiguous domains of equal size (the last takes a remainder): a host's
+    NUMA nodes when it does not list them itself."""
+    cores = sorted(cores)
+    n = max(1, min(n, len(cores)))
+    size = len(cores) // n
+    return [tuple(cores[i * size:(i + 1) * size if i < n - 1 else len(cores)]) for i in range(n)]
+
+
+def cpu_sets(bind: "CpuBind", cores: Sequence[int], workers: int,
+             domains: Sequence[Sequence[int]] | None = None) -> list[tuple[int, ...]] | None:
+    """Each local rank's cores under ``bind`` on a host whose usable cores are ``cores``; None: no binding.
+
+    auto: local rank r's devices are on domain ``r * D // workers`` of the ``domains`` (the host's NUMA nodes, each
+    cut to ``cores``; None or none left: one domain), and the ranks of one domain take its cores in contiguous parts
+    of equal size, the first ones a core more where they do not divide (more ranks than cores: one core each, in
+    turn). A list: as given, one set per local rank; ValueError when their count is not ``workers`` or a set names a
+    core not in ``cores``.
+    """
+    usable = set(cores)
+    if bind.mode == "none":
+        return None
+    if bind.mode == "list":
+        if len(bind.sets) != workers:
+            raise ValueError(f"it gives {len(bind.sets)} core set(s) for {workers} worker(s) on the host; give one "
+                             "per local rank")
+        for rank, cores_of in enumerate(bind.sets):
+            missing = sorted(set(cores_of) - usable)
+            if missing:
+                raise ValueError(f"local rank {rank}'s core {missing[0]} is not one of the host's usable cores "
+                                 f"({cores_text(usable)})")
+        return [tuple(s) for s in bind.sets]
+    doms = [tuple(c for c in d if c in usable) for d in (domains or ())]
+    doms = [d for d in doms if d] or [tuple(sorted(usable))]
+    of_rank = [r * len(doms) // workers for r in range(workers)]
+    out: list[tuple[int, ...]] = []
+    for r in range(workers):
+        dom, peers = doms[of_rank[r]], [q for q in range(workers) if of_rank[q] == of_rank[r]]
+        i, k = peers.index(r), len(peers)
+        if k > len(dom):
+            out.append((dom[i % len(dom)],))
+            continue
+        size, extra = divmod(len(dom), k)
+        start = i * size + min(i, extra)
+        out.append(dom[start:start + size + (1 if i < extra else 0)])
+    return out
 
 
 def popdist_env(plan: "Plan", instance_index: int) -> dict[str, str]:
@@ -198,7 +253,8 @@ def launch_overrides(env: dict[str, str], launch_env: Mapping[str, str]) -> dict
 
 def instance_envs(plan: "Plan", instance_index: int, attempt: "RunAttempt", *, agent_store: bool = False,
                   host_env: Mapping[str, str] | None = None, cpus: int | None = None,
-                  gloo_ifname: str | None = None) -> list[dict[str, str]]:
+                  gloo_ifname: str | None = None, bound: Sequence[Sequence[int]] | None = None
+                  ) -> list[dict[str, str]]:
     """What the agent of instance ``instance_index`` sets for each of its workers in ``attempt``, on top of the
     host's env.
 
@@ -207,14 +263,15 @@ def instance_envs(plan: "Plan", instance_index: int, attempt: "RunAttempt", *, a
     ``host_env``: the variables the workers inherit (the host's, with --env): the names of
     HOST_DEFAULT_NAMES set there are left to them; its SNAPSHOT_KEY_NAME names the snapshot directory. ``cpus``:
     the cores the agent may use; None (the controller, which does not know a remote host's cores) leaves
-    OMP_NUM_THREADS out. ``gloo_ifname``: the
+    OMP_NUM_THREADS out. ``bound``: each local rank's cores (podrun.wire.worker_env.cpu_sets): its share is their
+    count. ``gloo_ifname``: the
     interface gloo must bind on this host (the agent's finding; None: gloo's own choice stands).
     """
     host_env = {} if host_env is None else host_env
     defaults = {"PYTHONUNBUFFERED": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
                 "TORCHELASTIC_SIGNALS_TO_HANDLE": SIGNALS_HANDLED}
     if cpus is not None:
-        defaults["OMP_NUM_THREADS"] = str(omp_num_threads(plan, cpus))
+        defaults[CPUS_ENV] = defaults["OMP_NUM_THREADS"] = str(omp_num_threads(plan, cpus))
     if gloo_ifname is not None:
         defaults["GLOO_SOCKET_IFNAME"] = gloo_ifname
     envs = []
@@ -223,6 +280,9 @@ def instance_envs(plan: "Plan", instance_index: int, attempt: "RunAttempt", *, a
                          snapshot_key=host_env.get(SNAPSHOT_KEY_NAME))
         if agent_store:
             env[AGENT_STORE_NAME] = "True"
-        env.update({k: v for k, v in defaults.items() if k not in host_env})
+        share = {} if bound is None else dict.fromkeys((CPUS_ENV, "OMP_NUM_THREADS"), str(len(bound[local_rank])))
+        if bound is not None:
+            env[CPU_SET_ENV] = cores_text(bound[local_rank])
+        env.update({k: v for k, v in {**defaults, **share}.items() if k not in host_env})
         envs.append(launch_overrides(env, host_env))
     return envs

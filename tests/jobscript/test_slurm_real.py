@@ -78,7 +78,7 @@ def _sbatch_directives(text: str) -> dict[str, str]:
 
 
 def _fit_here(directives: dict[str, str], sl) -> list[str]:
-    """sbatch options for what the test's Slurm lacks (other partitions, GPUs, more nodes). sbatch reads the
+    """sbatch options for what the test's Slurm lacks (other partitions, GPUs, more nodes, more cores). sbatch reads the
     command line after the script: the directive is still parsed, its value is replaced."""
     extra = []
     if directives.get("--partition", "debug") != "debug":
@@ -87,6 +87,8 @@ def _fit_here(directives: dict[str, str], sl) -> list[str]:
         extra.append(f"--nodes={len(sl.nodes)}")
     if "--gpus-per-node" in directives:
         extra.append("--gpus-per-node=0")
+    if "--cpus-per-task" in directives and int(directives["--cpus-per-task"]) > sl.cpus_per_node:
+        extra.append(f"--cpus-per-task={sl.cpus_per_node}")
     return extra
 
 
@@ -105,9 +107,9 @@ def test_golden_script_is_read_by_the_real_sbatch(slurm_cluster, name):
     so the parser is really in play.
 
     Not checked here: what this 3-node, GPU-less Slurm with one partition ("debug") cannot have. The golden's
-    --partition, --gpus-per-node and a --nodes above 3 are replaced on sbatch's command line: sbatch still
-    parses those directives (a malformed node count fails) but checks their values against no cluster that
-    has them, and --gpus-per-node's value is then not parsed at all."""
+    --partition, --gpus-per-node, a --nodes above 3 and more --cpus-per-task than its nodes' are replaced on
+    sbatch's command line: sbatch still parses those directives (a malformed node count fails) but checks their
+    values against no cluster that has them, and --gpus-per-node's value is then not parsed at all."""
     sl = slurm_cluster
     text = (GOLDEN / f"{name}.sh").read_text()
     d = _sbatch_directives(text)

@@ -108,6 +108,8 @@ def test_command_hint_names_the_file_in_the_working_directory(tmp_path):
     (TorchrunOptions(duplicate_stdout_filters=""), OwnOptions()),
     (TorchrunOptions(signals_to_handle="SIGTERM,SIGINT"), OwnOptions()),
     (TorchrunOptions(shutdown_timeout="30"), OwnOptions(grace=30.0)),
+    *((TorchrunOptions(numa_binding=mode), OwnOptions(cpu_bind="auto"))
+      for mode in ("node", "socket", "exclusive", "core-complex")),
     (TorchrunOptions(standalone=True, rdzv_id="x"), OwnOptions(nodes=1, master_port=0)),   # torchrun's own id
 ])
 def test_each_torchrun_option_maps_to_podruns(tr, expect):
@@ -115,11 +117,12 @@ def test_each_torchrun_option_maps_to_podruns(tr, expect):
 
 
 def test_podruns_own_options_pass_through_and_must_agree():
-    own = OwnOptions(devices_per_host=2, nodes=1, max_restarts=3, master_port=5)
+    own = OwnOptions(devices_per_host=2, nodes=1, max_restarts=3, master_port=5, cpu_bind="none")
     assert reconcile(TorchrunOptions(nproc_per_node="2", nnodes="1"), own, cpu_count=4) == own
     for tr, words in ((TorchrunOptions(nproc_per_node="4"), "--devices-per-host 2"),
                       (TorchrunOptions(nnodes="2"), "--nodes 1"),
-                      (TorchrunOptions(rdzv_endpoint="h:6"), "--master-port 5")):
+                      (TorchrunOptions(rdzv_endpoint="h:6"), "--master-port 5"),
+                      (TorchrunOptions(numa_binding="node"), "--cpu-bind none")):
         with pytest.raises(LaunchError, match=words):
             reconcile(tr, own, cpu_count=4)
 
@@ -138,6 +141,7 @@ REFUSED = [
     ({"start_method": "thread"}, "start methods are spawn, fork, forkserver"),
     ({"local_ranks_filter": "0,a"}, "not a list of local ranks"),
     ({"signals_to_handle": "SIGFOO"}, "'SIGFOO' is not a signal"), ({"shutdown_timeout": "1.5"}, "whole number"),
+    ({"numa_binding": "numa"}, "modes are node, socket, exclusive, core-complex"),
 ]
 
 
@@ -157,10 +161,9 @@ UNSUPPORTED = [
     ("--duplicate-stdout-filters apple", {"duplicate_stdout_filters": "apple"}),
     ("--duplicate-stderr-filters apple", {"duplicate_stderr_filters": "apple"}),
     ("--local-addr 10.0.0.1", {"local_addr": "10.0.0.1"}), ("--logs-specs mine", {"logs_specs": "mine"}),
-    ("--numa-binding node", {"numa_binding": "node"}), ("--virtual-local-rank", {"virtual_local_rank": True}),
+    ("--virtual-local-rank", {"virtual_local_rank": True}),
     ("--signals-to-handle SIGTERM,SIGUSR1", {"signals_to_handle": "SIGTERM,SIGUSR1"}),
     ("PET_NODE_RANK=0", {"node_rank": "0", "spelled": {"node_rank": "PET_NODE_RANK"}}),
-    ("--numa_binding node", {"numa_binding": "node", "spelled": {"numa_binding": "--numa_binding"}}),
 ]
 
 
@@ -339,7 +342,7 @@ def test_every_torchrun_option_is_taken_with_its_meaning_or_refused_in_one_line(
                   "module": f"-- {sys.executable} -m json --x"}.get(dest, f"-- {sys.executable} -m json.tool --x")
         assert command.endswith(expect), (opt, command)
     assert refused == {"duplicate_stdout_filters", "duplicate_stderr_filters", "node_rank", "local_addr",
-                       "logs_specs", "numa_binding", "virtual_local_rank"}
+                       "logs_specs", "virtual_local_rank"}
 
 
 @pytest.mark.parametrize("argv,command", [

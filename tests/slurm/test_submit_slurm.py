@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -243,3 +244,29 @@ def test_a_refused_submit_leaves_nothing_behind(slurm_cluster, tmp_path):
                                "--runs-dir", str(tmp_path / "runs"), "--", "true"], cwd=tmp_path)
     assert p.returncode == 2 and "Invalid partition" in p.stderr and "Traceback" not in p.stderr, p.stderr
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.timeout(120)
+def test_a_job_confined_to_its_cores_binds_each_worker_to_its_share(slurm_cluster, tmp_path):
+    """task/affinity confines each job to the cores it asked for: `podrun launch --transport srun --cpu-bind auto`
+    with 2 workers in a job of 2 cores per node gives each its own core (the srun step asks the job's
+    --cpus-per-task: Slurm 22.05+ gives a step one core otherwise), and in a job of 1 core both share that one
+    (os.sched_getaffinity inside each worker)."""
+    sl = slurm_cluster
+    affinity = ("import json, os; print('CORES', json.dumps([int(os.environ['LOCAL_RANK']), "
+                "sorted(os.sched_getaffinity(0)), int(os.environ['OMP_NUM_THREADS'])]))")
+    launch = shlex.join([*PODRUN, "launch", "--transport", "srun", "--nodes", "1", "--devices-per-host", "2",
+                         "--cpu-bind", "auto", "--runs-dir", str(tmp_path / "runs"), "--", sys.executable, "-c",
+                         affinity])
+    jobs = {cpus: sl.sbatch(["-N1", f"--cpus-per-task={cpus}", f"--output={tmp_path}/c{cpus}.out",
+                             f"--chdir={tmp_path}", "--wrap", launch]) for cpus in (1, 2)}
+    seen = {}
+    for cpus, job in jobs.items():
+        info = sl.wait_job(job, timeout=90)
+        text = (tmp_path / f"c{cpus}.out").read_text()
+        assert info["ExitCode"] == "0:0", text
+        lines = [json.loads(line.split("CORES ", 1)[1]) for line in text.splitlines() if "CORES " in line]
+        seen[cpus] = {rank: set(cores) for rank, cores, _ in lines}
+        assert sorted(seen[cpus]) == [0, 1] and all(omp == 1 for *_, omp in lines), text
+    assert len(seen[2][0]) == len(seen[2][1]) == 1 and not seen[2][0] & seen[2][1], seen
+    assert len(seen[1][0]) == 1 and seen[1][0] == seen[1][1], seen

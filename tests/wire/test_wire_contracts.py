@@ -8,7 +8,7 @@ from hypothesis import given, strategies as st
 
 from podrun.launch.request import LaunchRequest
 from podrun.wire import protocol
-from podrun.wire.agent_args import AGENT_MODULE, AgentArgs, FromEnv, RunAttempt
+from podrun.wire.agent_args import AGENT_MODULE, AgentArgs, CpuBind, FromEnv, RunAttempt
 
 _TEXT = st.text(string.ascii_letters + string.digits + "/._-= ", min_size=1).filter(lambda t: not t.startswith("-"))
 _WORD = st.text(string.ascii_letters + string.digits + "._-", min_size=1).filter(lambda t: not t.startswith("-"))
@@ -22,11 +22,14 @@ _ATTEMPT = st.builds(RunAttempt, _TEXT, _TEXT, _TEXT, _WORD, st.integers(0, 6553
                      st.integers(0, 1000))
 _COMMAND = st.lists(st.sampled_from(["--", "-", "-x", "--flag", "--plan", "a b", "", "python", "-m", "é"])
                     | st.text(max_size=8), min_size=1).map(tuple)
+_CORES = st.lists(st.integers(0, 4095), min_size=1, max_size=6).map(lambda c: tuple(sorted(set(c))))
+_CPU_BIND = st.sampled_from([CpuBind(), CpuBind("auto")]) | st.builds(
+    CpuBind, st.just("list"), st.lists(_CORES, min_size=1, max_size=4).map(tuple))
 _ARGS = st.builds(AgentArgs, _ATTEMPT, st.integers(0, 10 ** 4) | st.sampled_from(list(FromEnv)), _COMMAND,
                   grace=_SECONDS, heartbeat=_SECONDS, stdin_timeout=st.none() | _SECONDS, agent_store=st.booleans(),
                   listen_fd=_FD, warm=st.booleans(), hold=st.booleans(),
                   needs=st.lists(st.from_regex(r"[a-z_][a-z0-9_.]{0,12}", fullmatch=True), max_size=4).map(tuple),
-                  env_stdin=st.booleans(), worker_stdin_fd=_FD)
+                  env_stdin=st.booleans(), worker_stdin_fd=_FD, cpu_bind=_CPU_BIND)
 
 
 @given(_ARGS)
@@ -116,6 +119,10 @@ GOLDEN = [
      '--plan /runs/r1/plan.json --run-id r1 --run-dir /runs/r1 --master-addr 10.0.0.1 --master-port 0 '
      '--grace 2.5 --restart-count 1 --max-restarts 3 --heartbeat 0.1 --instance 0 --stdin-timeout 3 '
      '--listen-fd 7 --warm -- python train.py -- -x'),
+    ('bound', (0,), {},
+     '--plan /runs/r1/plan.json --run-id r1 --run-dir /runs/r1 --master-addr 10.0.0.1 --master-port 0 '
+     '--grace 2.5 --restart-count 1 --max-restarts 3 --heartbeat 0.1 --instance 0 --stdin-timeout 3 '
+     '--listen-fd 7 --warm --cpu-bind 0-3+8,4-7 -- python train.py -- -x'),
 ]
 
 
@@ -126,7 +133,8 @@ def test_the_agent_command_line_is_unchanged(name, index, kw, options):
                 master_addr="10.0.0.1", master_port=29500)
     full = dict(base, master_port=0, grace=2.5, heartbeat=0.1, keepalive=3.0, restart_count=1, max_restarts=3,
                 env=(("A", "1"),), listen_fd=7, needs=("torch", "numpy"), warm=True, agent_store=False)
-    req = LaunchRequest(**(base if name == "plain" else full))
+    bound = dict(full, cpu_bind=CpuBind("list", ((0, 1, 2, 3, 8), (4, 5, 6, 7))))
+    req = LaunchRequest(**{"plain": base, "full": full, "bound": bound}[name])
     argv = ["/usr/bin/python3", "-m", AGENT_MODULE, *options.split(" ")]
     assert req.agent_argv(*index, **kw) == argv
     assert AgentArgs.parse(argv[3:]).to_argv() == argv[3:]

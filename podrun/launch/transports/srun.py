@@ -24,14 +24,29 @@ def allocation_hosts(env=None) -> list[str] | None:
     return expand_nodelist(nodelist, "SLURM_JOB_NODELIST")
 
 
-def srun_command(request, *, srun: str = "srun", redact: bool = False) -> list[str]:
-    """`srun -N <hosts> --ntasks-per-node=<k> --kill-on-bad-exit=1 ... sh -c '<agent>'` (pure).
+def step_cpus(env, per_node: int) -> int | None:
+    """The step's --cpus-per-task: the cores the job asked per node (SRUN_CPUS_PER_TASK, else SLURM_CPUS_PER_TASK:
+    the batch script's --cpus-per-task, one task per node) shared by the step's ``per_node`` tasks (at least one
+    each); None where the job asked for none. Slurm 22.05+ no longer gives a step the job's --cpus-per-task."""
+    for name in ("SRUN_CPUS_PER_TASK", "SLURM_CPUS_PER_TASK"):
+        text = env.get(name, "")
+        if text.isdigit() and int(text) > 0:
+            return max(1, int(text) // per_node)
+    return None
+
+
+def srun_command(request, *, srun: str = "srun", redact: bool = False, env=None) -> list[str]:
+    """`srun -N <hosts> --ntasks-per-node=<k> --kill-on-bad-exit=1 ... sh -c '<agent>'` (pure but for ``env``,
+    the job's variables: os.environ when None).
 
     ``--nodelist`` pins the plan's hosts in instance order; ``--distribution=block`` makes task i
-    (SLURM_PROCID) run on host i // k, as the plan placed instance i.
+    (SLURM_PROCID) run on host i // k, as the plan placed instance i; ``--cpus-per-task`` gives each task its
+    share of the cores the job asked per node (``step_cpus``).
     """
     hosts, k = hosts_and_ranks(request)
+    cpus = step_cpus(os.environ if env is None else env, k)
     argv = [srun, f"--nodes={len(hosts)}", f"--ntasks={len(hosts) * k}", f"--ntasks-per-node={k}",
+            *([f"--cpus-per-task={cpus}"] if cpus is not None else []),
             "--kill-on-bad-exit=1", "--distribution=block", f"--nodelist={','.join(hosts)}",
             f"--job-name=podrun-{request.run_id}", "--export=ALL", "--unbuffered",
             f"--chdir={request.workdir}"]

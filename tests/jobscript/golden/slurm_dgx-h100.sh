@@ -3,6 +3,7 @@
 #SBATCH --nodes=4
 #SBATCH --ntasks-per-node=1
 #SBATCH --gpus-per-node=8
+#SBATCH --cpus-per-task=112
 #SBATCH --time=02:00:00
 #SBATCH --partition=gpu
 #SBATCH --account=proj01

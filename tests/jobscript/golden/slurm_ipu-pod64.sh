@@ -2,6 +2,7 @@
 #SBATCH --job-name=podrun-efficientnet_b4
 #SBATCH --nodes=4
 #SBATCH --ntasks-per-node=1
+#SBATCH --cpus-per-task=128
 #SBATCH --time=24:00:00
 #SBATCH --partition=pod64
 #SBATCH --output=%x-%j.out
