@@ -70,7 +70,12 @@ def _slurm(req: JobRequest) -> str:
         d.append(f"--account={req.account}")
     log = req.log_dir.rstrip("/") + "/" if req.log_dir else ""
     d += [f"--output={req.output or log + '%x-%j.out'}", f"--error={req.error or log + '%x-%j.err'}", "--no-requeue"]
-    return _script(req, "#SBATCH", d, "the batch step starts one podrun instance per node through srun")
+    argv = list(req.command)
+    over = argv[argv.index("--transport") + 1] if "--transport" in argv else None
+    how = ("the batch step starts one podrun instance per node through srun" if over == "srun" else
+           f"podrun launch starts the instances {f'over {over}' if over else 'through its engine'} on the hosts "
+           "of $SLURM_JOB_NODELIST")
+    return _script(req, "#SBATCH", d, how)
 
 
 def _pbs(req: JobRequest) -> str:

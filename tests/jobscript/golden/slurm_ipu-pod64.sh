@@ -10,7 +10,7 @@
 #SBATCH --no-requeue
 # plan: cluster ipu-pod64, recipe efficientnet_b4, 4 host(s) x 16 ipu-gc200 = 64 device(s)
 # plan: 32 replica(s) x local batch 3 x GA 64 = global batch 6144; 4 instance(s), 2 device(s) per replica
-# submit: sbatch --parsable SCRIPT; the batch step starts one podrun instance per node through srun
+# submit: sbatch --parsable SCRIPT; podrun launch starts the instances through its engine on the hosts of $SLURM_JOB_NODELIST
 
 set -euo pipefail
 exec /opt/venv/bin/python3 -m podrun launch --cluster ipu-pod64 --nodes 4 --devices-per-host 16 --instances-per-host 1 --global-batch 6144 --local-batch 3 --grad-accum 64 --vipu-server-host vipu-ctrl --vipu-partition pod64-p1 efficientnet_b4
