@@ -9,7 +9,6 @@ the bound, it leaves with os._exit instead of the interpreter's flush. Both test
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
