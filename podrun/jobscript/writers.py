@@ -78,15 +78,23 @@ def _slurm(req: JobRequest) -> str:
     return _script(req, "#SBATCH", d, how)
 
 
+ABCI3_TYPES = "rt_"    # ABCI 3.0's resource types (-q rt_HF, rt_HG, rt_HC): each sets a node's CPUs and GPUs itself
+
+
 def _pbs(req: JobRequest) -> str:
     chunk = f"select={req.nodes}"
-    if req.cpus_per_node is not None:
+    typed = (req.effective_queue or "").startswith(ABCI3_TYPES)
+    if req.cpus_per_node is not None and not typed:     # ABCI 3.0's guide: ncpus is the type's, users cannot change it
         chunk += f":ncpus={req.cpus_per_node}"
-    if req.device_kind == "gpu":
+    if req.device_kind == "gpu" and not typed:
         chunk += f":ngpus={req.devices_per_node}"
     chunk += ":mpiprocs=1"
     d = [f"-N {req.job_name}", "-S /bin/bash", f"-l {chunk}", "-l place=scatter"]
     d += [f"-P {req.group}"] if req.group is not None else []         # ABCI 3.0: the group charged
+    argv = list(req.command)
+    if typed and "--transport" in argv and argv[argv.index("--transport") + 1] == "ssh" and \
+            "-v USE_SSH=1" not in req.directives:
+        d.append("-v USE_SSH=1")       # ABCI 3.0: ssh between a rt_HF job's own nodes is off unless asked
     d += _qsub_directives(req, "walltime", req.effective_queue, join="-j oe")
     d.append("-r n")
     return _script(req, "#PBS", d, _reads_hosts(req), cd='cd "$PBS_O_WORKDIR"')

@@ -1,9 +1,10 @@
 #!/bin/bash
 #PBS -N podrun-resnet50
 #PBS -S /bin/bash
-#PBS -l select=2:ncpus=96:ngpus=8:mpiprocs=1
+#PBS -l select=2:mpiprocs=1
 #PBS -l place=scatter
 #PBS -P gaa50000
+#PBS -v USE_SSH=1
 #PBS -l walltime=02:00:00
 #PBS -q rt_HF
 #PBS -r n
