@@ -4,6 +4,7 @@ from __future__ import annotations
 import shlex
 
 from podrun.jobscript.job import SCHEDULER_TABLE, JobRequest, format_time, validate
+from podrun.launch.transports import TRANSPORTS
 
 __all__ = ["render", "submit_argv"]
 
@@ -70,12 +71,9 @@ def _slurm(req: JobRequest) -> str:
         d.append(f"--account={req.account}")
     log = req.log_dir.rstrip("/") + "/" if req.log_dir else ""
     d += [f"--output={req.output or log + '%x-%j.out'}", f"--error={req.error or log + '%x-%j.err'}", "--no-requeue"]
-    argv = list(req.command)
-    over = argv[argv.index("--transport") + 1] if "--transport" in argv else None
-    how = ("the batch step starts one podrun instance per node through srun" if over == "srun" else
-           f"podrun launch starts the instances {f'over {over}' if over else 'through its engine'} on the hosts "
-           "of $SLURM_JOB_NODELIST")
-    return _script(req, "#SBATCH", d, how)
+    over = _transport(req)
+    how = f"over {over}" if over else "through its engine"
+    return _script(req, "#SBATCH", d, f"podrun launch starts the instances {how} on the hosts of $SLURM_JOB_NODELIST")
 
 
 ABCI3_TYPES = "rt_"    # ABCI 3.0's resource types (-q rt_HF, rt_HG, rt_HC): each sets a node's CPUs and GPUs itself
@@ -91,13 +89,18 @@ def _pbs(req: JobRequest) -> str:
     chunk += ":mpiprocs=1"
     d = [f"-N {req.job_name}", "-S /bin/bash", f"-l {chunk}", "-l place=scatter"]
     d += [f"-P {req.group}"] if req.group is not None else []         # ABCI 3.0: the group charged
-    argv = list(req.command)
-    if typed and "--transport" in argv and argv[argv.index("--transport") + 1] == "ssh" and \
-            "-v USE_SSH=1" not in req.directives:
+    over = _transport(req)
+    if typed and over in TRANSPORTS and TRANSPORTS[over].ssh_per_host and "-v USE_SSH=1" not in req.directives:
         d.append("-v USE_SSH=1")       # ABCI 3.0: ssh between a rt_HF job's own nodes is off unless asked
     d += _qsub_directives(req, "walltime", req.effective_queue, join="-j oe")
     d.append("-r n")
     return _script(req, "#PBS", d, _reads_hosts(req), cd='cd "$PBS_O_WORKDIR"')
+
+
+def _transport(req: JobRequest) -> str | None:
+    """The --transport of the job's podrun launch (None: its engine starts the instances)."""
+    argv = list(req.command)
+    return argv[argv.index("--transport") + 1] if "--transport" in argv else None
 
 
 def _qsub_directives(req: JobRequest, wall: str, queue: str | None, join: str) -> list[str]:

@@ -143,8 +143,9 @@ def test_a_supervisor_that_has_ended_never_holds_the_hub():
     """Lines of a handle the supervisor let go (a lost host's, a killed one's) may come after its loop ended, from
     the hub's thread, which the next attempt's supervisor needs: they are dropped, not waited on forever."""
     from podrun.launch.listener import Listener
+    from podrun.wire.liveness import Liveness
 
-    sup = Listener(1.0)                           # the supervisor's part that _put belongs to: its queue and its end
+    sup = Listener(Liveness(1.0, 4.0))   # the supervisor's part that _put belongs to: its queue and its end
     sup.q = queue.Queue(maxsize=1)
     sup.q.put("the loop never took this")
     t = threading.Thread(target=sup._put, args=(("h", "out", "late"),), daemon=True)

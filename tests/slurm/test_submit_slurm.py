@@ -227,6 +227,7 @@ def test_submit_ipu_pod_job_starts_poprun_in_the_allocation(slurm_cluster, tmp_p
     sl = slurm_cluster
     bin_dir, record = stand_in_poprun(tmp_path), tmp_path / "poprun.json"
     p = podrun(sl, ["submit", "--scheduler", "slurm", "--cluster", "ipu-pod64", "--nodes", "3", "--wait",
+                    "--cpus-per-node", "1",    # the harness's nodes, not a POD host's 128 cores (the spec's)
                     "--vipu-server-host", "vipu-ctrl", "--vipu-partition", "p-job",
                     "--runs-dir", str(tmp_path / "runs"),
                     "--env", f"FAKE_POPRUN_RECORD={record}", "--", sys.executable, "-c", POPRUN_WORKER], cwd=tmp_path,

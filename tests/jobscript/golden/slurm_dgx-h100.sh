@@ -12,7 +12,7 @@
 #SBATCH --no-requeue
 # plan: cluster dgx-h100, recipe resnet50, 4 host(s) x 8 gpu-h100 = 32 device(s)
 # plan: 32 replica(s) x local batch 256 x GA 10 = global batch 81920; 4 instance(s), 1 device(s) per replica
-# submit: sbatch --parsable SCRIPT; the batch step starts one podrun instance per node through srun
+# submit: sbatch --parsable SCRIPT; podrun launch starts the instances over srun on the hosts of $SLURM_JOB_NODELIST
 
 set -euo pipefail
 export NCCL_DEBUG=WARN

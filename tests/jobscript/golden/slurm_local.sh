@@ -8,7 +8,7 @@
 #SBATCH --no-requeue
 # plan: cluster local, recipe resnet18_cifar10, 3 host(s) x 2 cpu = 6 device(s)
 # plan: 6 replica(s) x local batch 32 x GA 1 = global batch 192; 3 instance(s), 1 device(s) per replica
-# submit: sbatch --parsable SCRIPT; the batch step starts one podrun instance per node through srun
+# submit: sbatch --parsable SCRIPT; podrun launch starts the instances over srun on the hosts of $SLURM_JOB_NODELIST
 
 set -euo pipefail
 exec /opt/venv/bin/python3 -m podrun launch --transport srun --cluster local --nodes 3 --devices-per-host 2 --instances-per-host 1 --global-batch 192 --local-batch 32 --grad-accum 1 resnet18_cifar10 -- --epochs 1
