@@ -81,10 +81,19 @@ def build_request(plan, command, *, transport: str, options: LaunchOptions = Lau
         env=data_interface_env(data_interface) + snapshot_key_env(max_restarts) + tuple(env),
         instances=tuple(InstanceLaunch(p.index, p.host) for p in plan.placement),
         ssh=net.ssh, mpi_args=tuple(decided.mpi_args), poprun=decided.poprun,
-        agent_store=net.agent_store and transport_of(transport).agent_store,
+        agent_store=net.agent_store and _serves_store(transport, net.host_python),
         preflight=net.preflight, straggler_timeout=rs.straggler_timeout, needs=tuple(decided.needs),
         data_interface=data_interface,
     )
+
+
+def _serves_store(transport: str, python: str) -> bool:
+    """Whether rank 0's agent can host the rendezvous store: the transport holds one, and on this machine its python
+    has torch (else rank 0 binds the port itself); a host elsewhere is not asked here (its preflight is)."""
+    from podrun.wire.probe import torch_available
+
+    kind = transport_of(transport)
+    return kind.agent_store and (kind.remote or torch_available(python))
 
 
 def rendezvous_port(master_port: int | None, transport: str) -> int:
@@ -113,12 +122,10 @@ def hold_port(request: LaunchRequest):
     here, below the ephemeral range (podrun.wire.probe.pick_free_port), and let go. Elsewhere: (request, None).
     Raises OSError when the port is taken.
     """
-    from podrun.wire.probe import pick_free_port, reserve, torch_available
+    from podrun.wire.probe import pick_free_port, reserve
 
     if request.kind.remote:
         return request, None
-    if request.agent_store and not torch_available(request.python):
-        request = replace(request, agent_store=False)      # nothing here could serve the store
     if request.agent_store:
         sock = reserve(request.master_port)
         return replace(request, master_port=sock.getsockname()[1], listen_fd=sock.fileno()), sock

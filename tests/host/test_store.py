@@ -196,6 +196,11 @@ def test_agent_without_torch_lets_the_port_go_before_its_workers_start(tmp_path)
     assert cp.returncode == 0, cp.stderr
     assert cp.stdout.count(f"port={p} store=none") == 2 and cp.stdout.count("sum=3") == 2, cp.stdout
     assert "cannot" not in cp.stdout + cp.stderr
+    # --dry-run says the same before anything runs: what is printed is what runs
+    dry = podrun("launch", "--devices-per-host", "2", "--master-port", str(p), "--python", py, "--dry-run", "--json",
+                 "--", "true", env=_ROOT_ON_PATH)
+    workers = [e for i in json.loads(dry.stdout)["instances"] for e in i["workers"]]
+    assert len(workers) == 2 and not any(ENV in e for e in workers), workers
 
 
 # -- port 0 and the range ---------------------------------------------------------------------------------
