@@ -2,6 +2,7 @@
 real torch TCPStores, real agents, real concurrent launches."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -409,6 +410,7 @@ def test_agent_without_torch_elsewhere_lets_the_port_go_before_its_workers_start
     req = _request(tmp_path, ["sh", "-c", f'echo "store=${{{ENV}:-none}}"; exec {sys.executable} -c '
                               f'"import socket; socket.create_server((\'\', {p})); print(\'bound\')"'],
                    master_port=p, options=LaunchOptions(transports=TransportOptions(python=py)))
+    req = dataclasses.replace(req, agent_store=True)   # as for a host elsewhere: here the request decides it off
     argv = req.agent_argv(0, stdin_watch=False)
     assert "--agent-store" in argv
     cp = subprocess.run(argv, capture_output=True, text=True, timeout=60, env={**os.environ, **_ROOT_ON_PATH})
