@@ -206,9 +206,10 @@ class ElasticRecord:
         return cls(policy.min_hosts, policy.global_batch, list(policy.spares))
 
     def replan(self, policy: ElasticPolicy, current: "Plan", failed: tuple[str, ...], nxt: int, log: "StepLog",
-               lost_at: float, problems: tuple = ()) -> tuple[Replan, int | None]:
-        """Decide restart ``nxt``'s plan without the ``failed`` hosts (lost at ``lost_at``; ``problems``: those a
-        re-planned attempt's check found), record it; returns the decision and the last step logged."""
+               lost_at: float, cause: str | None, problems: tuple = ()) -> tuple[Replan, str]:
+        """Decide restart ``nxt``'s plan without the ``failed`` hosts (lost at ``lost_at`` of ``cause``;
+        ``problems``: those a re-planned attempt's check found), record it; returns the decision and its console
+        line."""
         step, _ = last_step(log)
         decision = next_plan(policy, current, failed, tuple(self.spares))
         self.replans.append({
@@ -223,7 +224,7 @@ class ElasticRecord:
             self.end = decision.reason
         else:
             self.spares = list(decision.spares_left)
-        return decision, step
+        return decision, describe(decision, current, step, cause)
 
     def recovered(self, restart_count: int, started: float, all_ready_s: float | None, log: "StepLog") -> None:
         """After the attempt that followed a re-plan (started at wall time ``started``): seconds from the loss to

@@ -403,10 +403,11 @@ def _replan(policy, record: ElasticRecord, req: LaunchRequest, summary: dict, ou
     ``failed`` and ``problems``: the hosts of a re-planned attempt that failed its check before it started
     (and why); they are dropped from ``req.plan`` as a lost host is, timed from the same loss.
     """
-    from podrun.elastic.replan import describe, failed_hosts
+    from podrun.elastic.replan import failed_hosts
     from podrun.rundir.metrics import StepLog
     from podrun.rundir.summary import Summary
 
+    log = StepLog.read(req.run_dir)
     if failed is None:
         failed = failed_hosts(Summary.from_dict(summary))
         lost_at = outcome.root_cause.at if outcome.root_cause is not None else outcome.ended
@@ -414,12 +415,11 @@ def _replan(policy, record: ElasticRecord, req: LaunchRequest, summary: dict, ou
     else:
         lost_at = record.replans[-1]["lost_at"]
         cause = "; ".join(p.message for p in problems)
-    decision, step = record.replan(policy, req.plan, failed, nxt, StepLog.read(req.run_dir), lost_at, problems)
-    notice(describe(decision, req.plan, step, cause))
+    decision, line = record.replan(policy, req.plan, failed, nxt, log, lost_at, cause, problems)
+    notice(line)
     if decision.plan is None:
         return None
-    write_plan(req.run_dir, decision.plan, layout.plan_of(nxt))
-    write_plan(req.run_dir, decision.plan)
+    write_plan(req.run_dir, decision.plan, layout.plan_of(nxt), layout.PLAN)
     plan = decision.plan
     derived = req.master_addr == req.plan.placement[0].host or req.master_derived
     master = plan.placement[0].host if derived else req.master_addr

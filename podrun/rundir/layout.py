@@ -138,10 +138,14 @@ def write_json(path: Path, obj) -> None:
     write_record(path, json.dumps(obj, indent=2, default=str) + "\n")
 
 
-def write_plan(run_dir: str | Path, plan, name: str = PLAN) -> Path:
-    p = safefs.make_dirs(run_dir, "run directory", error=LaunchError, hint=_HINT) / name   # a launch made it already
-    write_json(p, plan.to_dict())
-    return p
+def write_plan(run_dir: str | Path, plan, *names: str) -> Path:
+    """The plan into each of ``names`` in the run directory (default plan.json): an attempt's plan-<n>.json and
+    the run's current plan.json, written whole; returns the first."""
+    d = safefs.make_dirs(run_dir, "run directory", error=LaunchError, hint=_HINT)   # a launch made it already
+    text = json.dumps(plan.to_dict(), indent=2, default=str) + "\n"
+    for name in names or (PLAN,):
+        write_record(d / name, text)
+    return d / (names or (PLAN,))[0]
 
 
 def write_start(run_dir: str | Path, plan, launch_record: dict | None = None, elastic: bool = False) -> None:
@@ -149,9 +153,7 @@ def write_start(run_dir: str | Path, plan, launch_record: dict | None = None, el
     run, plan-0.json (each attempt's plan is kept)."""
     if launch_record is not None:
         write_json(Path(run_dir) / LAUNCH, launch_record)
-    write_plan(run_dir, plan)
-    if elastic:
-        write_plan(run_dir, plan, plan_of(0))
+    write_plan(run_dir, plan, PLAN, *([plan_of(0)] if elastic else []))
 
 
 def write_summary(run_dir: str | Path, summary: dict) -> Path:
