@@ -98,6 +98,8 @@ def job_command(scheduler_help: str, json_help: str, *own):
         click.option("--module", "modules", multiple=True, help="`module load NAME` before the launch (repeatable)."),
         click.option("--env", "env", multiple=True, help="NAME=VALUE exported in the job (repeatable)."),
         click.option("--cpus-per-node", type=t.CPUS, help="CPUs per node (--cpus-per-task, ncpus=)."),
+        click.option("--cpu-bind", metavar="auto|none|LIST",
+                     help="The job's podrun launch --cpu-bind: each worker bound to its share of the node's cores."),
         click.option("--transport", help="How podrun launch starts instances in the job (default: srun on Slurm, "
                                          "ssh on PBS/UGE)."),
         click.option("--ssh-config",

@@ -46,6 +46,7 @@ class JobOptions:
     pe: str | None = None
     directives: Sequence[str] = ()
     ssh_config: str | None = None
+    cpu_bind: str | None = None                 # the job's podrun launch --cpu-bind (None: its default)
     launch_options: Sequence[str] = ()          # more options for the job's podrun launch
     engine: str | None = None                   # None: poprun for an IPU plan (the IPU-POD specs'), else torch
     vipu_server_host: str | None = None         # poprun's V-IPU controller (or $IPUOF_VIPU_API_HOST)
@@ -135,6 +136,13 @@ def request_from_plan(plan, job: JobOptions) -> JobRequest:
     extra: list[str] = [] if transport is not None else poprun_options(job)
     if job.ssh_config is not None:
         extra += ["--ssh-config", job.ssh_config]
+    if job.cpu_bind is not None:       # refused now (exit 2) as the job's launch would refuse it
+        from podrun.launch.request import decide_cpu_bind
+        from podrun.specs import load_cluster
+
+        decide_cpu_bind(job.cpu_bind, plan, load_cluster(job.cluster).cpu if job.cluster else None, here=False,
+                        spec=job.cluster or "")
+        extra += ["--cpu-bind", job.cpu_bind]
     if transport not in TRANSPORTS or not TRANSPORTS[transport].passes_env:
         # the script's exports reach the job's first host only; ssh and mpirun start the other
         # hosts' workers from a fresh environment, so podrun launch carries them there (srun

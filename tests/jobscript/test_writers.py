@@ -190,3 +190,16 @@ def test_directive_lines_per_scheduler():
     for line in ["#$ -l rt_F=3", "#$ -l h_rt=01:00:00", "#$ -cwd", "#$ -N podrun-test"]:
         assert line in u.splitlines(), line
     assert "qsub -terse -g gaa50000 SCRIPT" in u
+
+
+def test_cpu_bind_goes_on_the_jobs_launch_line_checked_against_the_nodes_cores(capsys):
+    from podrun.cli.main import main
+
+    base = ["script", "--scheduler", "slurm", "--cluster", "dgx-h100", "--nodes", "2"]
+    assert main([*base, "--cpu-bind", "auto", "--", "python", "train.py"]) == 0
+    assert "--instances-per-host 1 --cpu-bind auto -- python train.py" in capsys.readouterr().out
+    for bad, why in (("0;1", "is not a core"), ("0-200", "1 core set(s) for 8 worker(s)"),
+                     (",".join(f"{i * 14 + 1}-{i * 14 + 14}" for i in range(8)), "112")):   # cores are 0-111
+        assert main([*base, "--cpu-bind", bad, "--", "python", "train.py"]) == 2, bad
+        out = capsys.readouterr()
+        assert why in out.err and "#SBATCH" not in out.out, (bad, out)
