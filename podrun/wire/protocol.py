@@ -20,7 +20,8 @@ single worker of its instance (--rank-from-env) writes that worker's local rank 
               samples_per_sec, step_seconds}, the fields it gave
   stack       on an ``S`` from the controller, one running worker's stacks: JSON {procs: [{pid, main
               (its main thread's id), text (what faulthandler wrote)}], problem (why there is none), cpu
-              (CPU seconds of its process tree, read before the dump), at (the agent's monotonic clock then)}
+              (CPU seconds of its process tree, read before the dump), at (the agent's monotonic clock then),
+              stdin (its tree was blocked reading the launcher's stdin then)}
   hb          heartbeat, once a second: text = the agent's wall clock
   note        a message from the agent itself (teardown reasons, spawn errors)
   stop        the agent begins ending its workers: text = "<why> <unix time> <seconds>", why a StopKind value
@@ -54,8 +55,8 @@ PREFIX = "@podrun "
 MAX_LINE = 64 * 1024           # bytes of one worker line the agent holds and forwards
 READ_LIMIT = 4 * MAX_LINE + 1024   # a protocol line: prefix + a cut line after decoding (U+FFFD is 3 bytes)
 CUT_MARK = " [podrun: line longer than {limit} bytes cut here; the rest up to its newline is dropped]"
-KINDS = frozenset({"out", "err", "part", "ready", "probe", "start", "exit", "error", "prog", "stack", "hb", "note", "stop",
-                   "done"})
+KINDS = frozenset({"out", "err", "part", "ready", "probe", "start", "exit", "error", "prog", "stack", "hb", "note",
+                   "stop", "done"})
 PART_WAIT_S = 0.2              # how long a worker's unfinished line waits for its end before it is shown as it is
 #: the ``stop`` line's why when an agent heard no heartbeat (or nothing) from its controller within its bound
 STOP_CONTROLLER_LOST = "controller-lost"
@@ -164,8 +165,9 @@ class Done(Message):
 class Stacks(Message):
     """``stack``: on an ``S``, one running worker's stacks, as a JSON object: ``procs`` (each process of its tree,
     ``{pid, main, text}``: main its main thread's id, text what faulthandler wrote), ``problem`` (why there is none),
-    ``exiting`` (its program has returned), ``cpu`` (its tree's CPU seconds, read before the dump) and ``at`` (the
-    agent's monotonic clock then). ``decode`` keeps what has its type and drops the rest; no JSON object is a
+    ``exiting`` (its program has returned), ``cpu`` (its tree's CPU seconds, read before the dump), ``at`` (the
+    agent's monotonic clock then) and ``stdin`` (a process of its tree was blocked reading the launcher's stdin then:
+    input(), pdb's prompt). ``decode`` keeps what has its type and drops the rest; no JSON object is a
     ValueError (``read``: None)."""
 
     KIND = "stack"
@@ -174,10 +176,11 @@ class Stacks(Message):
     exiting: bool = False
     cpu: float | None = None
     at: float | None = None
+    stdin: bool = False
 
     def encode(self) -> str:
         return to_json({"procs": list(self.procs), "problem": self.problem, "exiting": self.exiting,
-                        "cpu": self.cpu, "at": self.at})
+                        "cpu": self.cpu, "at": self.at, "stdin": self.stdin})
 
     @classmethod
     def decode(cls, text: str) -> "Stacks":
@@ -187,7 +190,7 @@ class Stacks(Message):
         procs, problem = rec.get("procs"), rec.get("problem")
         return cls(tuple(p for p in procs if isinstance(p, dict)) if isinstance(procs, list) else (),
                    problem if isinstance(problem, str) else None, rec.get("exiting") is True,
-                   _number(rec.get("cpu")), _number(rec.get("at")))
+                   _number(rec.get("cpu")), _number(rec.get("at")), rec.get("stdin") is True)
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,7 @@ def test_a_stalled_rank_is_found_its_stack_shown_and_the_run_ended(tmp_path, mod
     finally:
         end(p)
     assert p.returncode == HANG_EXIT, err
-    assert f"no progress from any rank for {WINDOW:.1f} s (--hang-timeout)" in err
+    assert f"no progress from any rank for {WINDOW:.1f} s (--hang-timeout {WINDOW:g})" in err
     rd = run_dir(tmp_path / "runs")
     odd, other = main_frames(rd / "stacks" / "rank-1.txt"), main_frames(rd / "stacks" / "rank-0.txt")
     assert any(f.startswith(f"hang.py:{line_of(odd_tag)} ") for f in odd), odd
