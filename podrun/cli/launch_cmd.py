@@ -265,9 +265,9 @@ def launch(ctx, args, **kw):
     try:
         from podrun.launch.resume import record
 
-        outcome, summary = execute(request, sink=_Console(request.plan, out.as_json, prepared.local_ranks,
-                                                         bool((ctx.find_root().obj or {}).get("debug")), view),
-                                   notice=_notice,
+        console = _Console(request.plan, out.as_json, prepared.local_ranks,
+                           bool((ctx.find_root().obj or {}).get("debug")), view)
+        outcome, summary = execute(request, sink=console, notice=console.notice,
                                    only_output_from=out.only_output_from_instance, elastic=prepared.elastic,
                                    watch=watch, progress=view, resuming=resuming is not None,
                                    launch_record=record(ctx.meta.get("podrun.argv", []), os.getcwd()))
@@ -427,6 +427,11 @@ class _Console:
         if self.open is not None:
             print(file=self._file(self.open[2]), flush=True)
             self.open = None
+
+    def notice(self, text: str) -> None:
+        """podrun's own message, on a line of its own after an unended line shown last."""
+        self._close_open()
+        _notice(text)
 
     def partial(self, index, host, local_rank, part) -> None:
         """A worker's line not ended yet (protocol.Part): shown, or extended or redrawn where it is shown last."""
