@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
+import shutil
 import sys
 
 import click
@@ -443,16 +445,19 @@ class _Console:
             self.view.live = None
         f = self._file(part.stream)
         key = (index, local_rank, part.stream)
-        before = self.shown.get(key)
-        if self.open == key and before is not None and not part.redraw and part.state.startswith(before):
-            text = part.state[len(before):]
+        before, state = self.shown.get(key), part.state
+        if part.redraw:          # a frame wider than the terminal would wrap, and \r would redraw its last row only
+            room = shutil.get_terminal_size().columns - len(re.sub(r"\x1b\[[0-9;]*m", "", prefix)) - 2
+            state = state[:max(room, 0)]
+        if self.open == key and before is not None and not part.redraw and state.startswith(before):
+            text = state[len(before):]
         elif self.open == key and f.isatty():
-            text = f"\r\x1b[K{prefix} {part.state}"
+            text = f"\r\x1b[K{prefix} {state}"
         else:
             self._close_open()
-            text = f"{prefix} {part.state}"
+            text = f"{prefix} {state}"
         print(text, end="", file=f, flush=True)
-        self.shown[key], self.open = part.state, key
+        self.shown[key], self.open = state, key
 
     def __call__(self, index, host, local_rank, stream, text) -> None:
         prefix = self._prefix(index, host, local_rank, stream)

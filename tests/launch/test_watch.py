@@ -357,7 +357,7 @@ def test_the_hang_window_says_where_it_came_from(opts, window, said):
 def test_the_console_shows_an_unended_line_once_and_redraws_a_bar_on_a_terminal(monkeypatch):
     """The launch console's rendering of ``part`` lines, on a terminal and on a pipe: a prompt shown with its
     prefix, the line that ends it prints the rest only; a \\r bar redrawn in place on a terminal, its final state
-    alone on a pipe; another rank's line first ends the shown one."""
+    alone on a pipe; another rank's line first ends the shown one; a frame is cut to the terminal's width."""
     import io
     from types import SimpleNamespace
 
@@ -373,8 +373,9 @@ def test_the_console_shows_an_unended_line_once_and_redraws_a_bar_on_a_terminal(
             return self.tty
 
     monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setenv("COLUMNS", "80")
     shown = {}
-    for tty in (True, False):
+    for tty in (False, True):
         screen = Screen(tty)
         monkeypatch.setattr(sys, "stdout", screen)
         monkeypatch.setattr(sys, "stderr", screen)
@@ -391,3 +392,6 @@ def test_the_console_shows_an_unended_line_once_and_redraws_a_bar_on_a_terminal(
     assert shown[True] == ("[0 h] name? bob\n[0 h]  50%|#\r\x1b[K[0 h] 100%|##\n"
                            "[0 h] (Pdb) \n[1 h] from rank 1\n[0 h] 42\n")
     assert shown[False] == "[0 h] name? bob\n[0 h] 100%|##\n[0 h] (Pdb) \n[1 h] from rank 1\n[0 h] 42\n"
+    monkeypatch.setenv("COLUMNS", "12")       # a frame wider than the terminal is cut to fit: \r redraws one row
+    con.partial(0, "h", 0, Part("err", True, "100%|########"))
+    assert screen.getvalue().endswith("[0 h] 42\n[0 h] 100%|")
