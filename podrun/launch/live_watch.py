@@ -3,7 +3,8 @@
 A hang is no progress from any worker (an output line, or a ``prog`` report outside eval/checkpoint) for the
 hang window (podrun.launch.hangs.WatchOptions) and, for a plain script that reports nothing through the runtime,
 no rank moved between two samples of its stack and CPU time taken as the window ends (hangs.busy_ranks): then it
-first asks every agent for its workers' stacks (``S``), writes them to runs/<id>/stacks/ and shows them merged.
+first asks every agent for its workers' stacks (``S``), writes them to runs/<id>/stacks/ and shows them merged. A
+rank blocked reading the launcher's stdin when sampled (input(), pdb's prompt) is waiting for its user: no hang.
 A rank whose reported busy time stays well above the others' is named once (podrun.launch.slow_ranks.SlowRanks)
 and listed in summary.json's ``slow_ranks``. ``podrun stack`` asks for the same view through the run's control
 socket at any time. The Supervisor holds a LiveWatch, feeds it the workers' progress and stack replies, and calls
