@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
+import shutil
 import sys
 
 import click
@@ -265,9 +267,9 @@ def launch(ctx, args, **kw):
     try:
         from podrun.launch.resume import record
 
-        outcome, summary = execute(request, sink=_Console(request.plan, out.as_json, prepared.local_ranks,
-                                                         bool((ctx.find_root().obj or {}).get("debug"))),
-                                   notice=_notice,
+        console = _Console(request.plan, out.as_json, prepared.local_ranks,
+                           bool((ctx.find_root().obj or {}).get("debug")), view)
+        outcome, summary = execute(request, sink=console, notice=console.notice,
                                    only_output_from=out.only_output_from_instance, elastic=prepared.elastic,
                                    watch=watch, progress=view, resuming=resuming is not None,
                                    launch_record=record(ctx.meta.get("podrun.argv", []), os.getcwd()))
@@ -386,31 +388,96 @@ class _Console:
     The stream is looked up at each line (stderr with --json), so that a live progress line can redirect it.
     ``local_ranks`` (--local-ranks-filter): only those local ranks' lines, both streams, as torchrun's filter (the
     run directory's logs keep every line). Once the run is stopped by a signal (Ctrl-C), the workers' stderr (the
-    tracebacks of their KeyboardInterrupt) goes to their logs only, unless ``debug``; their stdout still shows."""
+    tracebacks of their KeyboardInterrupt) goes to their logs only, unless ``debug``; their stdout still shows.
+    A line not ended yet (a ``part``: a prompt, a ``\r`` bar) is shown with its prefix and no newline; the line that
+    ends it prints only what follows, or on a terminal redraws it; a ``\r`` redraw is shown on a terminal only. The
+    first one shown stops the live progress line of ``view`` (a render.ProgressView), which holds the terminal's
+    output until each newline: its progress goes on as plain lines."""
 
-    def __init__(self, plan, as_json: bool, local_ranks: frozenset[int] | None = None, debug: bool = False):
+    def __init__(self, plan, as_json: bool, local_ranks: frozenset[int] | None = None, debug: bool = False,
+                 view=None):
         from podrun.wire.worker_env import workers_per_instance
 
-        self.as_json, self.local_ranks, self.debug = as_json, local_ranks, debug
+        self.as_json, self.local_ranks, self.debug, self.view = as_json, local_ranks, debug, view
         self.tty = (sys.stderr if as_json else sys.stdout).isatty() and "NO_COLOR" not in os.environ
         self.multi = workers_per_instance(plan) > 1
         self.hushed = False
+        self.shown: dict[tuple, str] = {}     # (instance, local rank, stream) -> its unended line as shown
+        self.open: tuple | None = None         # the key whose unended line the console's last output is
 
     def interrupted(self) -> None:
         self.hushed = not self.debug
 
-    def __call__(self, index, host, local_rank, stream, text) -> None:
+    def _prefix(self, index, host, local_rank, stream) -> str | None:
+        """The line's prefix, or None when the line is not shown."""
         if self.local_ranks is not None and index is not None and (local_rank or 0) not in self.local_ranks:
-            return
+            return None
         if self.hushed and stream == "err" and index is not None:
-            return
+            return None
         who = "?" if index is None else str(index)
         if local_rank is not None and self.multi:
             who += f":{local_rank}"
-        prefix = f"[{who} {host}]"
         if self.tty:
-            prefix = f"\x1b[{COLOURS[(0 if index is None else index) % len(COLOURS)]}m{prefix}\x1b[0m"
-        print(f"{prefix} {text}", file=sys.stderr if stream == "err" or self.as_json else sys.stdout, flush=True)
+            return f"\x1b[{COLOURS[(0 if index is None else index) % len(COLOURS)]}m[{who} {host}]\x1b[0m"
+        return f"[{who} {host}]"
+
+    def _file(self, stream: str):
+        return sys.stderr if stream == "err" or self.as_json else sys.stdout
+
+    def _close_open(self) -> None:
+        """End the unended line the console shows last, before anything else is written after it."""
+        if self.open is not None:
+            print(file=self._file(self.open[2]), flush=True)
+            self.open = None
+
+    def notice(self, text: str) -> None:
+        """podrun's own message, on a line of its own after an unended line shown last."""
+        self._close_open()
+        _notice(text)
+
+    def partial(self, index, host, local_rank, part) -> None:
+        """A worker's line not ended yet (protocol.Part): shown, or extended or redrawn where it is shown last."""
+        prefix = self._prefix(index, host, local_rank, part.stream)
+        if prefix is None or (part.redraw and not self._file(part.stream).isatty()):   # a log or pipe: a bar's
+            return                                                                      # final state only
+        if getattr(self.view, "live", None) is not None:
+            self.view.live.stop()            # rich's live line would end this line at once: plain progress lines
+            self.view.live = None
+        f = self._file(part.stream)
+        key = (index, local_rank, part.stream)
+        before, state = self.shown.get(key), part.state
+        if part.redraw:          # a frame wider than the terminal would wrap, and \r would redraw its last row only
+            room = shutil.get_terminal_size().columns - len(re.sub(r"\x1b\[[0-9;]*m", "", prefix)) - 2
+            state = state[:max(room, 0)]
+        if self.open == key and before is not None and not part.redraw and state.startswith(before):
+            text = state[len(before):]
+        elif self.open == key and f.isatty():
+            text = f"\r\x1b[K{prefix} {state}"
+        else:
+            self._close_open()
+            text = f"{prefix} {state}"
+        print(text, end="", file=f, flush=True)
+        self.shown[key], self.open = state, key
+
+    def __call__(self, index, host, local_rank, stream, text) -> None:
+        prefix = self._prefix(index, host, local_rank, stream)
+        if prefix is None:
+            return
+        key = (index, local_rank, stream)
+        before, f = self.shown.pop(key, None), self._file(stream)
+        if before is not None and self.open == key and text.startswith(before):
+            line = text[len(before):]                                # it continues what is shown
+        elif before is not None and self.open == key and f.isatty():
+            line = f"\r\x1b[K{prefix} {text}"                       # a bar's final state over its last frame
+        else:
+            if before is not None and text.startswith(before):      # shown, then other lines came: the rest
+                if text == before:
+                    return
+                text = text[len(before):]
+            self._close_open()
+            line = f"{prefix} {text}"
+        self.open = None
+        print(line, file=f, flush=True)
 
 
 def _said_the_same(root: dict, others: list[dict]) -> tuple[str, list[dict]]:

@@ -27,7 +27,9 @@ records the agent relays as ``prog`` lines, and podrun's sitecustomize first on 
 ``S`` on stdin (or, with --no-stdin-watch under mpirun/srun, a new token in the run dir's stacks-request
 file, checked each second) makes the agent signal those processes and relay their stacks as ``stack``
 lines, with the CPU time of each worker's process tree read just before (the controller tells a busy silent
-script from a stuck one by two of them), while the workers go on. With --agent-store, the agent of global rank 0 holds --master-port from its start
+script from a stuck one by two of them) and whether it was blocked reading the launcher's stdin then (a rank
+waiting for its user: input(), pdb's prompt), while the workers go on.
+With --agent-store, the agent of global rank 0 holds --master-port from its start
 and serves the run's TCPStore on it (podrun.host.store).
 With --env-stdin the agent first reads the run's --env from its stdin (podrun.wire.envchannel: one framed
 message, before any other byte the controller writes) and sets it on its own environment, which its workers
@@ -50,7 +52,7 @@ from podrun import safefs
 from podrun.errors import PodrunError
 from podrun.host import output, zygote_client
 from podrun.host.link import ControllerLink
-from podrun.host.proctree import end_descendants, reap_orphans, tree_cpu
+from podrun.host.proctree import end_descendants, reading_stdin, reap_orphans, tree_cpu
 from podrun.host import stackdump
 from podrun.host.stop import Stop, StopKind
 from podrun.host.workers import (bind_worker, fresh_error_file, instance_workers, launcher_fds, read_env_stdin,
@@ -99,6 +101,7 @@ class Agent(ControllerLink):
         self.parent = os.getppid()   # the controller (local) or the shell ssh started: gone when it changes
         self.zygote_told = False
         self.worker_stdin = args.worker_stdin_fd  # what local rank 0 reads as stdin (else /dev/null, as the others)
+        self.stdin_id: tuple[int, int] | None = None   # that stdin's (st_dev, st_ino): a worker reading it waits
         self.helpers: list = []      # callables giving the pid of one of the agent's own children (or None)
 
     def request_stop(self, kind: StopKind, message: str, sig: int = signal.SIGTERM, silent_s: float = 0.0) -> None:
@@ -133,11 +136,12 @@ class Agent(ControllerLink):
             live = [(pos, p) for pos, p in enumerate(self.procs) if p is not None and p.poll() is None]
             at = time.monotonic()            # every worker's CPU time first, before any dump costs it some
             cpu = tree_cpu([p.pid for _, p in live])
+            asking = set() if self.stdin_id is None else reading_stdin([p.pid for _, p in live], self.stdin_id)
             got = stackdump.collect(self.stack_root, [(pos, p.pid) for pos, p in live])
             for pos, p in live:
                 g = got[pos]
                 self.send(pos, protocol.Stacks(tuple(g["procs"]), g["problem"], g.get("exiting") is True,
-                                               cpu.get(p.pid), round(at, 3)))
+                                               cpu.get(p.pid), round(at, 3), p.pid in asking))
 
     def _on_signal(self, signum, frame) -> None:  # noqa: ARG002
         self.signalled = signum
@@ -157,6 +161,9 @@ class Agent(ControllerLink):
             fresh_error_file(wenv.get("TORCHELASTIC_ERROR_FILE"))
             self._spawn_one(local_rank, {**base, **wenv}, keep_fds)
         if self.worker_stdin is not None:     # the worker holds it: its end of input is the terminal's
+            with contextlib.suppress(OSError):
+                st = os.fstat(self.worker_stdin)
+                self.stdin_id = (st.st_dev, st.st_ino)
             os.close(self.worker_stdin)
             self.worker_stdin = None
         if self.warm is not None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import mmap
 import os
 import select
@@ -50,7 +51,8 @@ def _stamp(anc) -> int:
 
 
 def pump(streams: list[tuple[str, socket.socket]], emit: Emit) -> None:
-    """Relay a worker's stdout and stderr as ``out``/``err`` lines in the order it wrote them.
+    """Relay a worker's stdout and stderr as ``out``/``err`` lines in the order it wrote them, and a line that waits
+    for its end (a prompt, a ``\r`` progress bar) as ``part`` lines, each once it waited protocol.PART_WAIT_S.
 
     Each stream is a SOCK_SEQPACKET socket whose every write is one message stamped by the kernel when
     it was sent (SO_TIMESTAMPNS); one thread reads both and emits in stamp order. A message read in one
@@ -58,7 +60,8 @@ def pump(streams: list[tuple[str, socket.socket]], emit: Emit) -> None:
     if the writer's sendmsg was in flight across the first; so a pass emits what earlier passes read,
     merged with this pass's messages stamped before the last of them, and holds the rest one more pass."""
     socks = {s.fileno(): (kind, s) for kind, s in streams}
-    lines = {kind: protocol.LineAssembler() for kind, _ in streams}
+    lines = {kind: protocol.LineAssembler(frames=True) for kind, _ in streams}
+    waiting: dict[str, float] = {}                     # stream -> since when its changed partial line waits
     room = max(s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) for _, s in streams)
     buf = mmap.mmap(-1, max(room, _WRITE_BUF * 2))    # untouched pages cost nothing
     poller = select.poll()
@@ -68,7 +71,7 @@ def pump(streams: list[tuple[str, socket.socket]], emit: Emit) -> None:
     order = 0
     try:
         while socks or held:
-            poller.poll(0 if held else None)
+            poller.poll(0 if held else _part_due(waiting))
             new, capped, order = _read_pass(socks, poller, buf, room, order)
             merged = sorted(held + new)
             last = _last_due(merged, held, capped, ended=not socks)
@@ -76,6 +79,8 @@ def pump(streams: list[tuple[str, socket.socket]], emit: Emit) -> None:
                 for raw in lines[kind].feed(data):
                     emit(kind, raw.decode("utf-8", "replace"))
             held = merged[last + 1:]
+            if not held:
+                _parts(lines, waiting, emit)
         for kind in lines:
             for raw in lines[kind].end():
                 emit(kind, raw.decode("utf-8", "replace"))
@@ -85,6 +90,25 @@ def pump(streams: list[tuple[str, socket.socket]], emit: Emit) -> None:
         buf.close()
         for _, s in socks.values():
             s.close()
+
+
+def _part_due(waiting: dict[str, float]) -> int | None:
+    """poll's timeout (ms) until the first waiting partial line is due; None (no timeout) when none waits."""
+    if not waiting:
+        return None
+    return max(0, math.ceil((min(waiting.values()) + protocol.PART_WAIT_S - time.monotonic()) * 1000))
+
+
+def _parts(lines: dict[str, protocol.LineAssembler], waiting: dict[str, float], emit: Emit) -> None:
+    """Each stream's line not ended yet that changed: from now it waits; once it waited PART_WAIT_S, a ``part``."""
+    now = time.monotonic()
+    for kind, assembler in lines.items():
+        if not assembler.changed:
+            waiting.pop(kind, None)
+        elif now - waiting.setdefault(kind, now) >= protocol.PART_WAIT_S:
+            del waiting[kind]
+            if (got := assembler.partial()) is not None:
+                emit("part", protocol.Part(kind, got[1], got[0]).encode())
 
 
 def _read_pass(socks: dict, poller, buf: mmap.mmap, room: int, order: int) -> tuple[list, list, int]:

@@ -50,32 +50,65 @@ def _listed_children(pid: int) -> list[tuple[int, str]] | None:
     return out
 
 
+def _forest() -> tuple[dict[int, list[int]], dict[int, float]]:
+    """Every process's children, and its CPU seconds (user + system, every thread, and the reaped children's),
+    from /proc in one pass."""
+    tick = os.sysconf("SC_CLK_TCK")
+    kids: dict[int, list[int]] = {}
+    used = {}
+    for pid, fields in proc_stats():
+        if len(fields) > 14:      # after the name: state ppid ... utime(12) stime(13) cutime(14) cstime(15)
+            kids.setdefault(int(fields[1]), []).append(pid)
+            used[pid] = sum(int(x) for x in fields[11:15]) / tick
+    return kids, used
+
+
+def _tree(root: int, kids: dict[int, list[int]]) -> list[int]:
+    """``root`` and its live descendants."""
+    out, todo, seen = [], [root], {root}
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        for k in kids.get(pid, ()):
+            if k not in seen:
+                seen.add(k)
+                todo.append(k)
+    return out
+
+
 def tree_cpu(roots: list[int]) -> dict[int, float]:
     """CPU seconds (user + system, every thread, and the reaped children's) of each root's process tree:
     the process and all its live descendants, read from /proc in one pass."""
-    tick = os.sysconf("SC_CLK_TCK")
-    parent, used = {}, {}
-    for pid, fields in proc_stats():
-        if len(fields) > 14:      # after the name: state ppid ... utime(12) stime(13) cutime(14) cstime(15)
-            parent[pid] = int(fields[1])
-            used[pid] = sum(int(x) for x in fields[11:15]) / tick
-    kids: dict[int, list[int]] = {}
-    for pid, pp in parent.items():
-        kids.setdefault(pp, []).append(pid)
-    out = {}
-    for root in roots:
-        if root not in used:
-            continue
-        total, todo, seen = 0.0, [root], {root}
-        while todo:
-            pid = todo.pop()
-            total += used.get(pid, 0.0)
-            for k in kids.get(pid, ()):
-                if k not in seen:
-                    seen.add(k)
-                    todo.append(k)
-        out[root] = round(total, 3)
-    return out
+    kids, used = _forest()
+    return {root: round(sum(used.get(pid, 0.0) for pid in _tree(root, kids)), 3) for root in roots if root in used}
+
+
+# the system calls of a main thread blocked reading its fd 0, by machine: read(2)-like ones on fd 0, and
+# select(2)-like ones over fd 0 alone (nfds 1: readline's wait for a key at a terminal, pdb's prompt there)
+_STDIN_CALLS = {"x86_64": ({0, 17, 19}, {23, 270}), "aarch64": ({63, 65, 67}, {72})}
+
+
+def reading_stdin(roots: list[int], stdin: tuple[int, int]) -> set[int]:
+    """The roots one of whose tree's processes has its main thread blocked reading its fd 0 where that is
+    ``stdin`` ((st_dev, st_ino): the launcher's stdin, a terminal or pipe), seen in /proc/PID/syscall: a rank
+    waiting for its user (input(), pdb's prompt). Empty on a machine whose system calls are not listed here, and
+    for a process whose syscall file cannot be read (another user's, or under ptrace restrictions)."""
+    calls = _STDIN_CALLS.get(os.uname().machine)
+    if calls is None:
+        return set()
+    kids, _ = _forest()
+    return {root for root in roots if any(_reads_stdin(pid, stdin, calls) for pid in _tree(root, kids))}
+
+
+def _reads_stdin(pid: int, stdin: tuple[int, int], calls: tuple[set[int], set[int]]) -> bool:
+    try:
+        with open(f"/proc/{pid}/syscall", "rb") as f:
+            words = f.read().split()
+        nr, fd = int(words[0]), int(words[1], 16)
+        st = os.stat(f"/proc/{pid}/fd/0")
+    except (OSError, ValueError, IndexError):       # gone, unreadable, or "running" (no call)
+        return False
+    return (fd == 0 and nr in calls[0] or fd == 1 and nr in calls[1]) and (st.st_dev, st.st_ino) == stdin
 
 
 def _reap(pid: int) -> bool:

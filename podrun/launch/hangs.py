@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from podrun.human import human_seconds
+
 HANG_EXIT = 125                # the run was ended because no rank made progress for --hang-timeout seconds
 AUTO_FLOOR_S = 120.0           # --hang-timeout auto: never less than this
 AUTO_STEPS = 20                # ... and this many times the median of the last AUTO_WINDOW step times
@@ -32,6 +34,19 @@ class WatchOptions:
             return AUTO_NO_STEPS_S
         recent = sorted(step_times[-AUTO_WINDOW:])
         return max(AUTO_FLOOR_S, AUTO_STEPS * recent[len(recent) // 2])
+
+    def describe(self, window: float) -> str:
+        """Where a ``window`` of seconds came from, as a notice says it: "auto window 10 min", "--hang-timeout 600",
+        "hang_timeout 600 in <file>", or the start-up floor a shorter timeout gets before the first progress."""
+        if self.hang_timeout in ("auto", None):
+            where = "" if self.source == "--hang-timeout" else f", {self.source}"
+            return f"auto window {human_seconds(window)}{where}"
+        given = f"{float(self.hang_timeout):g}"
+        named = (f"{self.source} {given}" if self.source.startswith("--")
+                 else self.source.replace("hang_timeout", f"hang_timeout {given}", 1))
+        if window > float(self.hang_timeout):
+            return f"start-up floor {human_seconds(window)} before the first output; {named} after it"
+        return named
 
 
 # -- stuck or busy: a plain script (no step times from the runtime) is judged by two samples of every rank --

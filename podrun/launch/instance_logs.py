@@ -38,6 +38,15 @@ class InstanceLogs:
                 self.sink = lambda *a: None
         return shown
 
+    def partial(self, index: int, host: str, local_rank: int | None, part) -> None:
+        """A worker's line not ended yet (a protocol.Part) to a console that shows one (its sink's ``partial``);
+        the log gets the line once it ends."""
+        if self.only is None or index == self.only or part.stream == "err":
+            try:
+                getattr(self.sink, "partial", lambda *a: None)(index, host, local_rank, part)
+            except Exception:  # noqa: BLE001 - a closed terminal/pipe must not stop supervision
+                self.sink = lambda *a: None
+
     def interrupted(self) -> None:
         """The run is being stopped by a signal: a console that has a quieter form for it takes it."""
         with contextlib.suppress(Exception):

@@ -3,7 +3,8 @@
 A hang is no progress from any worker (an output line, or a ``prog`` report outside eval/checkpoint) for the
 hang window (podrun.launch.hangs.WatchOptions) and, for a plain script that reports nothing through the runtime,
 no rank moved between two samples of its stack and CPU time taken as the window ends (hangs.busy_ranks): then it
-first asks every agent for its workers' stacks (``S``), writes them to runs/<id>/stacks/ and shows them merged.
+first asks every agent for its workers' stacks (``S``), writes them to runs/<id>/stacks/ and shows them merged. A
+rank blocked reading the launcher's stdin when sampled (input(), pdb's prompt) is waiting for its user: no hang.
 A rank whose reported busy time stays well above the others' is named once (podrun.launch.slow_ranks.SlowRanks)
 and listed in summary.json's ``slow_ranks``. ``podrun stack`` asks for the same view through the run's control
 socket at any time. The Supervisor holds a LiveWatch, feeds it the workers' progress and stack replies, and calls
@@ -57,6 +58,8 @@ class LiveWatch:
         self.sample: tuple[float, dict] | None = None
         self.busy_reset: float | None = None     # the new window the last busy verdict opened (its last_progress)
         self.quiet_from = 0.0                    # the last real progress before busy verdicts' new windows
+        self.waiting_said: float | None = None   # the quiet_from of the silence a rank reading stdin was said in
+        self.waiting_at: float | None = None     # the window a rank reading stdin opened (its last_progress)
         self.asks: queue.Queue = queue.Queue()   # control-socket requests: (done event, reply holder)
         self.hang: dict | None = None            # the hang found (summary.json's hang)
 
@@ -128,8 +131,9 @@ class LiveWatch:
                     window: float | None = None) -> None:
         self.dump = stacks.StackCollection(reason, window, self.instances.running(), now + stacks.DUMP_WAIT_S,
                                            now - self.last_progress)
-        if reason == "hang" and self.reported:     # a plain script's is said once the samples say stuck
-            self.notice(f"no progress from any rank for {human_seconds(window)} ({self.watch.source}); "
+        if reason == "hang" and self.reported and self.waiting_at != self.last_progress:   # a plain script's is
+            # said once the samples say stuck; a rank still reading stdin since the last window is no news
+            self.notice(f"no progress from any rank for {human_seconds(window)} ({self.watch.describe(window)}); "
                         "collecting every worker's stacks")
         self.dump.progress_at = self.last_progress
         for h in handles:
@@ -167,8 +171,9 @@ class LiveWatch:
         groups = stacks.merge(workers)
         lines = stacks.render_lines(groups)
         busy = self._judge(d, workers)
-        exiting = self._exiting(d, workers) if d.reason == "hang" and not busy else {}
-        busy = busy or exiting
+        waiting = {} if busy or d.reason != "hang" else self._waiting(d, workers)
+        exiting = self._exiting(d, workers) if d.reason == "hang" and not busy and not waiting else {}
+        busy = busy or waiting or exiting
         if d.asks or (d.reason == "hang" and not busy):
             self._write_stacks(workers, lines)
         reply = redact_record({"run_id": self.req.run_id, "ranks": len(workers), "groups": stacks.to_json(groups),
@@ -183,7 +188,15 @@ class LiveWatch:
                 self.quiet_from = d.progress_at
             self.last_progress = self.busy_reset = time.monotonic()   # a new window, a new first sample in it
             quiet = f"no output from any rank for {human_seconds(self.last_progress - self.quiet_from)} " \
-                    f"(window {human_seconds(d.window)}, {self.watch.source})"
+                    f"({self.watch.describe(d.window)})"
+            if waiting:
+                self.waiting_at = self.last_progress
+                if self.waiting_said != self.quiet_from:     # once a silence: the user knows what they left
+                    self.waiting_said = self.quiet_from
+                    ranks = stacks.rank_ranges(sorted(self.instances.rank(*k) for k in waiting))
+                    self.notice(f"{quiet}, but rank {ranks} is reading its stdin (input(), pdb's prompt): waiting "
+                                "for its user, not hung; watching on")
+                return
             if exiting:
                 self.notice(f"{quiet}, but every silent rank's program has returned and its process is exiting: "
                             f"not hung; waiting for its exit up to {hangs.EXIT_WINDOWS} windows in all")
@@ -193,8 +206,8 @@ class LiveWatch:
                         "busy, not hung; watching on")
             return
         if not self.reported:
-            self.notice(f"no progress from any rank for {human_seconds(d.window)} ({self.watch.source}), and "
-                        "no rank moved between two samples of its stack and CPU time; collecting every "
+            self.notice(f"no progress from any rank for {human_seconds(d.window)} ({self.watch.describe(d.window)}), "
+                        "and no rank moved between two samples of its stack and CPU time; collecting every "
                         "worker's stacks")
         self.notice(f"the stacks of {len(workers)} worker(s), odd ranks first "
                     f"(every thread in {Path(self.req.run_dir) / stacks.STACKS_DIR}/rank-N.txt):\n  "
@@ -210,10 +223,17 @@ class LiveWatch:
             odd_label = "the odd rank out" if len(groups) > 1 else "every rank"
             self.hung(Failure(
                 odd.instance, odd.host, odd.local_rank, hangs.HANG_EXIT, FailureKind.HUNG,
-                f"hung: no progress from any rank for {human_seconds(d.window)} ({self.watch.source}); "
+                f"hung: no progress from any rank for {human_seconds(d.window)} ({self.watch.describe(d.window)}); "
                 f"{odd_label}: rank {odd.rank} on {odd.host} in {odd.summary()}", time.time()))
         else:
             self.last_progress = time.monotonic()    # dump again after another silent window
+
+    @staticmethod
+    def _waiting(d: stacks.StackCollection, workers: list) -> dict:
+        """The ranks ((instance, local rank) -> why) blocked reading the launcher's stdin when sampled: a rank in
+        input() or at pdb's prompt waits for its user, whom no window bounds, and the others may wait for it."""
+        recs = {(w.instance, w.local_rank): d.got.get((w.instance, w.local_rank)) for w in workers}
+        return {k: "reads its stdin" for k, r in recs.items() if r is not None and r.stdin}
 
     def _exiting(self, d: stacks.StackCollection, workers: list) -> dict:
         """Every silent rank's program has returned and its process is exiting (a long exit: a library's C++

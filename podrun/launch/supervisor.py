@@ -76,7 +76,10 @@ class Supervisor:
                 self.live.moved(now)
             return
         st = self.instances[ev.instance]
-        if ev.kind == "prog":
+        if ev.kind == "part" and (part := protocol.Part.read(ev.text)) is not None:
+            self.logs.partial(st.index, st.host, ev.local_rank, part)     # the console's alone: logs keep lines
+            self.live.moved(now)
+        elif ev.kind == "prog":
             self.live.progress_report(st, ev.local_rank, ev.text, now)
         elif ev.kind == "stack":
             self.live.got_stacks(st.index, ev.local_rank, ev.text)

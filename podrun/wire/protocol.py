@@ -3,8 +3,11 @@
 Every line the agent writes is ``@podrun <instance> <local_rank|-> <kind> <text>``; an agent that runs a
 single worker of its instance (--rank-from-env) writes that worker's local rank on its own lines too:
 
-  out / err   a line a worker wrote on its stdout / stderr (text verbatim); one worker's lines of both
-              kinds come in the order it wrote them
+  out / err   a line a worker wrote on its stdout / stderr (text verbatim; of a line redrawn with ``\r``, a
+              progress bar, its final state); one worker's lines of both kinds come in the order it wrote them
+  part        a worker's line not ended yet, sent once it has waited PART_WAIT_S for its end (a prompt: pdb's,
+              input()'s; a ``\r`` bar, at most once per PART_WAIT_S): text = "<out|err> <-|r> <its state>", r when
+              the state replaces what was shown (a ``\r`` redraw); the ``out``/``err`` line ending it follows
   ready       the agent is up: text = "<hostname> <agent pid> <workers>"
   probe       with --hold: the preflight facts (JSON: podrun and python versions, hostname, busy ports);
               the agent then waits for a ``G`` on stdin before it starts any worker
@@ -17,7 +20,8 @@ single worker of its instance (--rank-from-env) writes that worker's local rank 
               samples_per_sec, step_seconds}, the fields it gave
   stack       on an ``S`` from the controller, one running worker's stacks: JSON {procs: [{pid, main
               (its main thread's id), text (what faulthandler wrote)}], problem (why there is none), cpu
-              (CPU seconds of its process tree, read before the dump), at (the agent's monotonic clock then)}
+              (CPU seconds of its process tree, read before the dump), at (the agent's monotonic clock then),
+              stdin (its tree was blocked reading the launcher's stdin then)}
   hb          heartbeat, once a second: text = the agent's wall clock
   note        a message from the agent itself (teardown reasons, spawn errors)
   stop        the agent begins ending its workers: text = "<why> <unix time> <seconds>", why a StopKind value
@@ -51,8 +55,9 @@ PREFIX = "@podrun "
 MAX_LINE = 64 * 1024           # bytes of one worker line the agent holds and forwards
 READ_LIMIT = 4 * MAX_LINE + 1024   # a protocol line: prefix + a cut line after decoding (U+FFFD is 3 bytes)
 CUT_MARK = " [podrun: line longer than {limit} bytes cut here; the rest up to its newline is dropped]"
-KINDS = frozenset({"out", "err", "ready", "probe", "start", "exit", "error", "prog", "stack", "hb", "note", "stop",
-                   "done"})
+KINDS = frozenset({"out", "err", "part", "ready", "probe", "start", "exit", "error", "prog", "stack", "hb", "note",
+                   "stop", "done"})
+PART_WAIT_S = 0.2              # how long a worker's unfinished line waits for its end before it is shown as it is
 #: the ``stop`` line's why when an agent heard no heartbeat (or nothing) from its controller within its bound
 STOP_CONTROLLER_LOST = "controller-lost"
 
@@ -160,8 +165,9 @@ class Done(Message):
 class Stacks(Message):
     """``stack``: on an ``S``, one running worker's stacks, as a JSON object: ``procs`` (each process of its tree,
     ``{pid, main, text}``: main its main thread's id, text what faulthandler wrote), ``problem`` (why there is none),
-    ``exiting`` (its program has returned), ``cpu`` (its tree's CPU seconds, read before the dump) and ``at`` (the
-    agent's monotonic clock then). ``decode`` keeps what has its type and drops the rest; no JSON object is a
+    ``exiting`` (its program has returned), ``cpu`` (its tree's CPU seconds, read before the dump), ``at`` (the
+    agent's monotonic clock then) and ``stdin`` (a process of its tree was blocked reading the launcher's stdin then:
+    input(), pdb's prompt). ``decode`` keeps what has its type and drops the rest; no JSON object is a
     ValueError (``read``: None)."""
 
     KIND = "stack"
@@ -170,10 +176,11 @@ class Stacks(Message):
     exiting: bool = False
     cpu: float | None = None
     at: float | None = None
+    stdin: bool = False
 
     def encode(self) -> str:
         return to_json({"procs": list(self.procs), "problem": self.problem, "exiting": self.exiting,
-                        "cpu": self.cpu, "at": self.at})
+                        "cpu": self.cpu, "at": self.at, "stdin": self.stdin})
 
     @classmethod
     def decode(cls, text: str) -> "Stacks":
@@ -183,7 +190,28 @@ class Stacks(Message):
         procs, problem = rec.get("procs"), rec.get("problem")
         return cls(tuple(p for p in procs if isinstance(p, dict)) if isinstance(procs, list) else (),
                    problem if isinstance(problem, str) else None, rec.get("exiting") is True,
-                   _number(rec.get("cpu")), _number(rec.get("at")))
+                   _number(rec.get("cpu")), _number(rec.get("at")), rec.get("stdin") is True)
+
+
+@dataclass(frozen=True)
+class Part(Message):
+    """``part``: the ``state`` of a worker's line not ended yet on its ``stream`` (out, err); ``redraw``: it replaces
+    the state shown before (a ``\r`` redraw) rather than extending it."""
+
+    KIND = "part"
+    stream: str
+    redraw: bool
+    state: str
+
+    def encode(self) -> str:
+        return f"{self.stream} {'r' if self.redraw else '-'} {self.state}"
+
+    @classmethod
+    def decode(cls, text: str) -> "Part":
+        stream, flag, state = text.split(" ", 2)
+        if stream not in ("out", "err") or flag not in ("r", "-"):
+            raise ValueError(f"not a part line: {text[:40]!r}")
+        return cls(stream, flag == "r", state)
 
 
 def _number(value) -> float | None:
@@ -238,16 +266,28 @@ def bounded_lines(f, limit: int = MAX_LINE):
 class LineAssembler:
     """The lines of a stream fed in chunks (a worker's datagrams; a file's in ``bounded_lines``): at most
     ``limit`` bytes of one line are held; a longer one is yielded cut with CUT_MARK, and when it ends a line
-    says how many bytes were dropped. ``feed`` returns the lines a chunk completed, ``end`` the last partial."""
+    says how many bytes were dropped. ``feed`` returns the lines a chunk completed, ``end`` the last partial.
+    With ``frames`` (a worker's output) a line redrawn with ``\r`` (a progress bar) is held as its last state only,
+    what a terminal shows once it ends, and ``partial`` gives the line not ended yet when it changed."""
 
-    def __init__(self, limit: int = MAX_LINE):
+    def __init__(self, limit: int = MAX_LINE, frames: bool = False):
         self.limit = limit
+        self.frames = frames
         self.buf = bytearray()
         self.dropping: int | None = None     # bytes dropped of the line cut above, until its newline
+        self.changed = False                 # the line not ended yet changed since ``partial`` gave it
+        self.redrawn = False                 # ... by a ``\r`` redraw since then
 
     def _dropped(self) -> bytes:
         n, self.dropping = self.dropping, None
         return f"[podrun: dropped {n} more bytes of the line cut above]".encode()
+
+    def _redraw(self) -> None:
+        """Keep only the last state of a line redrawn with ``\r`` (trailing ``\r``s wait for what follows)."""
+        cut = self.buf.rstrip(b"\r").rfind(b"\r")
+        if cut >= 0:
+            del self.buf[:cut + 1]
+            self.redrawn = True
 
     def feed(self, data: bytes) -> list[bytes]:
         out: list[bytes] = []
@@ -257,6 +297,10 @@ class LineAssembler:
             stop = len(data) if nl < 0 else nl
             piece = data[start:stop]
             start = len(data) if nl < 0 else nl + 1
+            if self.frames and self.dropping is None and (b"\r" in piece or self.buf.endswith(b"\r")):
+                self.buf += piece
+                piece = b""
+                self._redraw()
             if self.dropping is not None:
                 self.dropping += len(piece)
             elif len(self.buf) + len(piece) >= self.limit:
@@ -269,11 +313,33 @@ class LineAssembler:
                 self.buf.clear()
             else:
                 self.buf += piece
+            self.changed = bool(self.buf) and (self.changed or nl < 0)
+            self.redrawn = self.redrawn and self.changed
             if nl >= 0 and self.dropping is not None:
                 out.append(self._dropped())
         return out
 
+    def partial(self) -> tuple[str, bool] | None:
+        """The line not ended yet when it changed since the last call (else None), as text (a character cut at
+        the end waits for the rest), and whether it was redrawn with ``\r`` since."""
+        if not self.changed:
+            return None
+        raw = bytes(self.buf).rstrip(b"\r")
+        for cut in range(min(4, len(raw)) + 1):      # a UTF-8 character whose last bytes did not come yet
+            try:
+                text = raw[:len(raw) - cut].decode("utf-8")
+                break
+            except UnicodeDecodeError:
+                continue
+        else:
+            text = raw.decode("utf-8", "replace")
+        if not text:
+            return None
+        redrawn, self.changed, self.redrawn = self.redrawn, False, False
+        return text, redrawn
+
     def end(self) -> list[bytes]:
+        self.changed = False
         if self.dropping is not None:
             return [self._dropped()]
         if self.buf:

@@ -1,9 +1,11 @@
 """Ctrl-C and the terminal as torchrun gives them, tested side by side with real torchrun: SIGINT to the launcher
 reaches every worker as SIGINT (a script's ``except KeyboardInterrupt`` runs) on every transport, a worker that
-ignores it gets SIGTERM after --grace, and local rank 0 of a local run reads the launcher's stdin (pdb works)."""
+ignores it gets SIGTERM after --grace, and local rank 0 of a local run reads the launcher's stdin (pdb works);
+its prompts and ``\r`` progress bars show as they are written, and while it reads its stdin it is not hung."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -12,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch.helpers import PODRUN, SCRIPTS, end, local_pids, marker, summary, wait_output, wait_until
+from tests.launch.helpers import (PODRUN, SCRIPTS, end, local_pids, marker, run_on_terminal, summary, wait_output,
+                                  wait_until)
 from tests.ports import free_port
 
 pytestmark = pytest.mark.timeout(240)
@@ -133,6 +136,51 @@ def test_pdb_on_one_worker_reads_the_launchers_stdin_as_under_torchrun(tmp_path)
                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
         assert cp.returncode == 0 and "BdbQuit" not in cp.stdout + cp.stderr, (argv, cp.stdout, cp.stderr)
         assert "(Pdb) 42" in cp.stdout and "after 41" in cp.stdout, (argv, cp.stdout, cp.stderr)
+
+
+def test_a_prompt_shows_and_a_rank_reading_its_stdin_is_waiting_not_hung(tmp_path):
+    """`input("name? ")` on a piped stdin past a 1 s --hang-timeout: the prompt reaches the console before its
+    answer is given, the watch says the rank waits for its user (once) and the run ends as the script does."""
+    p = subprocess.Popen([*PODRUN, "launch", "--devices-per-host", "1", "--hang-timeout", "1", "--master-port",
+                          str(free_port(2)), "--runs-dir", str(tmp_path / "runs"), "--", sys.executable, "-c",
+                          "print('up', flush=True); name = input('name? '); print('hello', name)"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        seen = wait_output(p, "waiting for its user", 60)
+        out, _ = p.communicate(b"bob\n", timeout=60)
+    finally:
+        end(p)
+    text = seen + out.decode()
+    assert p.returncode == 0 and "[0 localhost] name? \npodrun: no output from any rank for" in text, text
+    assert "(--hang-timeout 1), but rank 0 is reading its stdin" in text and "[0 localhost] hello bob" in text, text
+    assert text.count("waiting for its user") == 1, text
+    assert summary(tmp_path / "runs")["hang"] is None
+
+
+def _screen(shown: str) -> list[str]:
+    """What a terminal shows of ``shown``: each line as its last ``\r`` left it, escape sequences dropped."""
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", shown.replace("\r\n", "\n"))
+    return [line.rsplit("\r", 1)[-1] for line in plain.split("\n")]
+
+
+def test_pdb_and_a_progress_bar_on_a_terminal_show_live(tmp_path):
+    """On a terminal (a pty): a \\r bar is redrawn in place and ends at its final state; pdb's prompt shows (the
+    question answered is "(Pdb) " after the watch said rank 0 waits for its user: readline's wait at a terminal,
+    past --hang-timeout 1) and pdb reads the answer from the launcher's terminal; the log keeps whole lines."""
+    (tmp_path / "dbg.py").write_text(
+        "import sys, time\nfor i in range(1, 5):\n    sys.stderr.write(f'\\r{25 * i:3d}%|' + '#' * i)\n"
+        "    sys.stderr.flush()\n    time.sleep(0.4)\nsys.stderr.write('\\n')\n" + DBG)
+    code, shown = run_on_terminal([*PODRUN, "launch", "--devices-per-host", "1", "--hang-timeout", "1",
+                                   "--master-port", str(free_port(2)), "--runs-dir", str(tmp_path / "runs"), "--",
+                                   sys.executable, "dbg.py"], cwd=tmp_path, timeout=120,
+                                  answer=(b"waiting for its user", b"p x+1\nc\n"))
+    screen = _screen(shown)
+    assert code == 0, shown
+    assert "\x1b[K" in shown and "[0 localhost] 100%|####" in screen, shown      # redrawn, then its last state
+    assert shown.index("(Pdb) ") < shown.index("waiting for its user") and "after 41" in shown, shown
+    assert not any(" 50%|" in line for line in screen), screen
+    log = next((tmp_path / "runs").glob("*/instance-0.log")).read_text()
+    assert "100%|####\n" in log and "50%" not in log and "(Pdb) 42\n" in log, log
 
 
 def test_only_local_rank_0_reads_the_launchers_stdin(tmp_path):

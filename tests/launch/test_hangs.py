@@ -69,7 +69,7 @@ def test_a_stalled_rank_is_found_its_stack_shown_and_the_run_ended(tmp_path, mod
     finally:
         end(p)
     assert p.returncode == HANG_EXIT, err
-    assert f"no progress from any rank for {WINDOW:.1f} s (--hang-timeout)" in err
+    assert f"no progress from any rank for {WINDOW:.1f} s (--hang-timeout {WINDOW:g})" in err
     rd = run_dir(tmp_path / "runs")
     odd, other = main_frames(rd / "stacks" / "rank-1.txt"), main_frames(rd / "stacks" / "rank-0.txt")
     assert any(f.startswith(f"hang.py:{line_of(odd_tag)} ") for f in odd), odd
@@ -269,7 +269,7 @@ def test_the_cluster_specs_hang_timeout_is_the_default_window(tmp_path):
     cp = podrun("launch", "--cluster", str(spec), "--devices-per-host", "2", "--runs-dir", str(tmp_path / "runs"),
                 "--", sys.executable, HANG, "--mode", "sleep", "--tag", m, timeout=120)
     assert cp.returncode == HANG_EXIT, cp.stderr
-    assert f"no progress from any rank for {WINDOW:.1f} s (hang_timeout in {spec})" in cp.stderr, cp.stderr
+    assert f"no progress from any rank for {WINDOW:.1f} s (hang_timeout {WINDOW:g} in {spec})" in cp.stderr, cp.stderr
     assert summary(tmp_path / "runs")["hang"]["window_s"] == WINDOW
     assert wait_until(lambda: local_pids(m) == [], 10), local_pids(m)
 

@@ -321,3 +321,77 @@ def test_slow_ranks_compare_with_every_reporting_rank_not_only_full_windows():
                 if rec is not None:
                     named.append((rec["rank"], rec["host"], rec["others_median_s"]))
     assert named == [(2, "h3", pytest.approx(0.205))], named
+
+
+@pytest.mark.parametrize("chunks,lines,parts", [
+    ([b"name? ", b"bob\n"], [b"name? bob"], [("name? ", False)]),                   # a prompt, then its answer
+    ([b"\r  0%|", b"\r 50%|", b"\r100%|", b"\n"], [b"100%|"],                      # a \r bar: each state
+     [("  0%|", True), (" 50%|", True), ("100%|", True)]),                          # replaces the last one
+    ([b"abc\r", b"\n"], [b"abc"], [("abc", False)]),                                # \r\n ends a line
+    ([b"x\n(Pdb) ", b"42\n(Pdb) "], [b"x", b"(Pdb) 42"], [("(Pdb) ", False), ("(Pdb) ", False)]),
+    ([b"caf\xc3", b"\xa9!"], [], [("caf", False), ("caf\u00e9!", False)]),          # a character cut in two waits
+])
+def test_a_workers_unended_line_is_given_as_its_last_state(chunks, lines, parts):
+    """The agent's assembler of a worker's output (frames): the line not ended yet as it stands after each
+    chunk (what a terminal shows: a prompt, a bar's last redraw), and the lines as the log keeps them."""
+    from podrun.wire.protocol import LineAssembler
+
+    a, got_lines, got_parts = LineAssembler(frames=True), [], []
+    for chunk in chunks:
+        got_lines += a.feed(chunk)
+        got_parts += [p for p in [a.partial()] if p is not None]
+    assert (got_lines, got_parts) == (lines, parts)
+
+
+@pytest.mark.parametrize("opts,window,said", [
+    (WatchOptions("auto"), 600, "auto window 10 min"),
+    (WatchOptions("auto", source="hang_timeout in c.yaml"), 120, "auto window 2 min, hang_timeout in c.yaml"),
+    (WatchOptions(600.0), 600, "--hang-timeout 600"),
+    (WatchOptions(900.0, source="hang_timeout in r/recipe.yaml"), 900, "hang_timeout 900 in r/recipe.yaml"),
+    (WatchOptions(5.0), 60, "start-up floor 1 min before the first output; --hang-timeout 5 after it"),
+])
+def test_the_hang_window_says_where_it_came_from(opts, window, said):
+    assert opts.describe(window) == said
+
+
+def test_the_console_shows_an_unended_line_once_and_redraws_a_bar_on_a_terminal(monkeypatch):
+    """The launch console's rendering of ``part`` lines, on a terminal and on a pipe: a prompt shown with its
+    prefix, the line that ends it prints the rest only; a \\r bar redrawn in place on a terminal, its final state
+    alone on a pipe; another rank's line first ends the shown one; a frame is cut to the terminal's width."""
+    import io
+    from types import SimpleNamespace
+
+    from podrun.cli.launch_cmd import _Console
+    from podrun.wire.protocol import Part
+
+    class Screen(io.StringIO):
+        def __init__(self, tty):
+            super().__init__()
+            self.tty = tty
+
+        def isatty(self):
+            return self.tty
+
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setenv("COLUMNS", "80")
+    shown = {}
+    for tty in (False, True):
+        screen = Screen(tty)
+        monkeypatch.setattr(sys, "stdout", screen)
+        monkeypatch.setattr(sys, "stderr", screen)
+        con = _Console(SimpleNamespace(device_kind="cpu", replicas_per_instance=1), False)
+        con.partial(0, "h", 0, Part("out", False, "name? "))
+        con(0, "h", 0, "out", "name? bob")
+        con.partial(0, "h", 0, Part("err", True, " 50%|#"))
+        con.partial(0, "h", 0, Part("err", True, "100%|##"))
+        con(0, "h", 0, "err", "100%|##")
+        con.partial(0, "h", 0, Part("out", False, "(Pdb) "))
+        con(1, "h", 0, "out", "from rank 1")
+        con(0, "h", 0, "out", "(Pdb) 42")
+        shown[tty] = screen.getvalue()
+    assert shown[True] == ("[0 h] name? bob\n[0 h]  50%|#\r\x1b[K[0 h] 100%|##\n"
+                           "[0 h] (Pdb) \n[1 h] from rank 1\n[0 h] 42\n")
+    assert shown[False] == "[0 h] name? bob\n[0 h] 100%|##\n[0 h] (Pdb) \n[1 h] from rank 1\n[0 h] 42\n"
+    monkeypatch.setenv("COLUMNS", "12")       # a frame wider than the terminal is cut to fit: \r redraws one row
+    con.partial(0, "h", 0, Part("err", True, "100%|########"))
+    assert screen.getvalue().endswith("[0 h] 42\n[0 h] 100%|")
