@@ -35,6 +35,27 @@ def test_a_long_run_is_announced_with_how_to_make_it_short(capsys, tmp_path):
         assert rc == 0 and "the planner estimates" not in out, out
 
 
+def test_a_recipe_without_data_says_so_and_a_long_one_is_refused_until_synthetic_is_said(capsys, tmp_path):
+    """No --data: a notice with how to pass real data; over an hour, exit 2 before anything starts (--dry-run:
+    the refusal as a note); --data synthetic lifts it; a short run is only told; a recipe defaulting to digits
+    gets no notice."""
+    resnet50 = str(ROOT / "recipes" / "resnet50")
+    rc, out, err = _launch(capsys, tmp_path, resnet50)
+    assert rc == 2 and err.startswith("podrun: error: no --data given: resnet50 would train on synthetic data "
+                                      "for 2001 h 50 min"), err
+    assert "--data synthetic to train on synthetic data anyway" in err and "Traceback" not in err, err
+    assert not (tmp_path / "runs").exists()
+    rc, out, err = _launch(capsys, tmp_path, "--dry-run", resnet50)
+    assert rc == 0 and "# a real launch refuses this: no --data given" in out, out
+    assert "# no --data given: resnet50 trains on synthetic data" in out and "--data DIR after the recipe" in out
+    rc, out, err = _launch(capsys, tmp_path, "--dry-run", resnet50, "--data", "synthetic")
+    assert rc == 0 and "no --data given" not in out and "the planner estimates" in out, out
+    rc, out, err = _launch(capsys, tmp_path, "--dry-run", "--global-batch", "32", resnet50, "--steps", "2")
+    assert rc == 0 and "# no --data given" in out and "refuses" not in out, out
+    rc, out, err = _launch(capsys, tmp_path, "--dry-run", str(ROOT / "recipes" / "resnet18_cifar10"))
+    assert rc == 0 and "--data" not in "".join(l for l in out.splitlines() if l.startswith("#")), out
+
+
 def _pty_run(argv, answer: bytes, cwd, timeout=120.0) -> tuple[int, str]:
     """Run argv on a terminal and answer podrun's question; (exit code, what it showed)."""
     return run_on_terminal(argv, cwd=cwd, timeout=timeout, answer=(b"start it anyway?", answer))
@@ -42,7 +63,7 @@ def _pty_run(argv, answer: bytes, cwd, timeout=120.0) -> tuple[int, str]:
 
 def test_a_long_run_on_a_terminal_asks_and_no_means_not_started(tmp_path):
     rc, shown = _pty_run([*PODRUN, "launch", "--runs-dir", str(tmp_path / "runs"),
-                          str(ROOT / "recipes" / "resnet50")], b"n\n", cwd=tmp_path)
+                          str(ROOT / "recipes" / "resnet50"), "--data", "synthetic"], b"n\n", cwd=tmp_path)
     assert "the planner estimates 2,001.83 h" in shown and "start it anyway?" in shown, shown
     assert rc == 1 and "not started" in shown, shown
     assert not (tmp_path / "runs").exists()
