@@ -30,6 +30,15 @@ def _timed(argv: list[str], cwd: Path, env: dict | None = None) -> tuple[float, 
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
+def _accuracy(runs: Path) -> str:
+    """The run's last validation accuracy, as `podrun report` reads it."""
+    from podrun.rundir.report import newest_run, read_run, summarize
+
+    summary = summarize(read_run(newest_run(runs)).records)
+    acc = summary.get("final_val_accuracy")
+    return f"validation accuracy {acc:.3f}" if acc is not None else "no validation"
+
+
 def run(quick: bool) -> list[dict]:
     row = rows_for("first_hour", digits=1)
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
@@ -56,7 +65,8 @@ def run(quick: bool) -> list[dict]:
             argv = [str(d / "venv" / "bin" / "podrun"), *RUN]
         wall, cpu = _timed(argv, clone, env)
         what = " ".join(["podrun", *argv[argv.index("launch"):]])
-        rows.append(row(f"run: {what}", wall, "s", f"CPU {cpu:.1f} s (controller, agent, workers)"))
+        rows.append(row(f"run: {what}", wall, "s", f"CPU {cpu:.1f} s (controller, agent, workers); "
+                                                     f"{_accuracy(clone / 'runs')}"))
     return rows
 
 
