@@ -102,8 +102,9 @@ class LaunchCommand(click.Command):
         if not every:
             more = len(records) - sum(len(names) for _, names in groups) - sum(t is None for t, _ in records.values())
             formatter.write_paragraph()
-            formatter.write_text(f"{more} more options (transports, engines, liveness, CPU binding, all of "
-                                 "torchrun's), each in full: podrun launch --help-all")
+            formatter.write(click.wrap_text(f"{more} more options (transports, engines, liveness, CPU binding, all "
+                                            "of torchrun's), each in full: podrun launch --help-all",
+                                            formatter.width) + "\n")
 
 
 def _row(name: str, record: tuple[str, str], every: bool) -> tuple[str, str]:
