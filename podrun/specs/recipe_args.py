@@ -152,6 +152,7 @@ def _hours(args: argparse.Namespace, plan) -> tuple[float, str] | None:
 
 
 def data_given(argv: Sequence[str]) -> bool:
+    """Whether a recipe's arguments name --data (as --data X or --data=X)."""
     return any(a == "--data" or a.startswith("--data=") for a in argv)
 
 
