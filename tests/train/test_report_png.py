@@ -1,5 +1,6 @@
 """The report's curves (`podrun report`'s PNG), checked on the matplotlib figure it saves: a title that says what ran
-and how it ended, whole-step ticks, a slow host's span, one throughput line for one instance, a training loss curve not squashed by an early evaluation loss, and an images/s axis that
+and how it ended, whole-step ticks, a slow host's span, one throughput line for one instance, a training loss curve
+not squashed by an early evaluation loss, and an images/s axis that
 leaves out the warm-up steps."""
 from __future__ import annotations
 
@@ -107,7 +108,8 @@ def test_the_title_says_what_ran_and_how_it_ended_and_a_slow_host_is_drawn(tmp_p
         title = fig._suptitle.get_text()
         assert title.splitlines() == [
             "resnet18_cifar10 on twohost: 2 host(s), 4 replicas x local batch 32 x GA 1 = global batch 128",
-            f"launch ok (exit 0), step {STEPS}/{STEPS}, val accuracy 0.990 (best 0.990), train loss 0.068  (run2)"], title
+            f"launch ok (exit 0), step {STEPS}/{STEPS}, val accuracy 0.990 (best 0.990), train loss 0.068  (run2)",
+        ], title
         speed = fig.axes[2]
         (span,) = speed.patches
         assert (span.get_x(), span.get_x() + span.get_width()) == (12, 30)
