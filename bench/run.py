@@ -43,7 +43,7 @@ def main(argv=None) -> int:
                     help="also write the JSON to bench/results/NAME-YYYYMMDD-HHMM.json, the file a figure in "
                          "bench/RESULTS.md names (committed; tests/bench/test_bench_results.py checks the figures)")
     args = ap.parse_args(argv)
-    names = args.names or [n for n in available() if n not in OWN_OPTIONS]
+    names = [n.replace("-", "_") for n in args.names] or [n for n in available() if n not in OWN_OPTIONS]
     unknown = sorted(set(names) - set(available()))
     if unknown:
         print(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(available())}", file=sys.stderr)

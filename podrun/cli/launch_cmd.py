@@ -13,7 +13,7 @@ from podrun.cli import types as t
 
 from podrun.cli.engine_options import engine_options
 from podrun.cli.network_options import network_options
-from podrun.cli.options import PLAN_OPTION_NAMES, PlanOptions, plan_options, stacked
+from podrun.cli.options import PLAN_OPTION_NAMES, PlanOptions, complete_recipes, plan_options, stacked
 from podrun.cli.watch_options import watch_for, watch_options
 from podrun.errors import LaunchError
 from podrun.launch.transports import transport_choices
@@ -22,13 +22,24 @@ COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93")
 
 
 # --help's sections, in order: every option of `podrun launch` is declared inside one (``section``), which both
-# titles it in --help and says which part of LaunchOptions it fills. torchrun's come first: a torchrun command
-# line is podrun launch's first use.
+# titles it in --help-all and says which part of LaunchOptions it fills. podrun's own come first, torchrun's last
+# (those that map to a podrun option are shown beside it as its alias).
 TORCHRUN, COMMON, RESTARTS, HANGS, TRANSPORTS, ENGINES, OUTPUT = (
     "torchrun's options (docs/launch.md)", "The plan: cluster, hosts, batch",
     "Restarts and elastic runs (docs/elastic.md)", "When a run hangs (docs/hangs.md)", "Transports",
     "Engines (poprun, horovod)", "Output and the run directory")
-SECTIONS = (TORCHRUN, COMMON, RESTARTS, HANGS, TRANSPORTS, ENGINES, OUTPUT)
+SECTIONS = (COMMON, RESTARTS, HANGS, TRANSPORTS, ENGINES, OUTPUT, TORCHRUN)
+# the short --help: the options most runs use, by parameter name, under a title each, podrun's first
+SHORT_HELP = (
+    (COMMON, ("cluster", "pod", "nodes", "hosts_opt", "hostfile", "devices_per_host", "global_batch", "env_items")),
+    ("A script or command (as torchrun's)", ("module", "no_python", "standalone", "master_addr", "master_port")),
+    (RESTARTS, ("max_restarts", "elastic_min", "resume_run")),
+    (HANGS, ("hang_timeout",)),
+    (OUTPUT, ("dry_run", "as_json", "runs_dir", "run_id")),
+)
+# torchrun's names for podrun's options (podrun.launch.torchrun_map maps them), shown in --help as aliases
+TORCHRUN_ALIASES = {"nodes": "--nnodes", "devices_per_host": "--nproc-per-node", "grace": "--shutdown-timeout",
+                    "cpu_bind": "--numa-binding"}
 SECTION_ATTR = "podrun_section"
 # torchrun's options that are podrun's own too (declared in the torchrun section, filling other parts)
 # podrun launch's options that name the run directory: a resume's own run id and runs dir replace them
@@ -73,15 +84,46 @@ class LaunchCommand(click.Command):
         return rest
 
     def format_options(self, ctx, formatter):
-        rows: dict[str, list] = {title: [] for title in SECTIONS}
+        """--help: SHORT_HELP's options and a pointer to --help-all; --help-all: every option in SECTIONS."""
+        every = ctx.meta.get("podrun.help_all", False)
+        records = {}
         for param in self.get_params(ctx):
             record = param.get_help_record(ctx)
             if record is not None:
-                rows[getattr(param, SECTION_ATTR, COMMON)].append(record)     # --help itself: untitled
-        for title in SECTIONS:
-            if rows[title]:
+                records[param.name] = (getattr(param, SECTION_ATTR, None), _row(param.name, record, every))
+        if every:
+            groups = [(title, [n for n, (t, _) in records.items() if t == title]) for title in SECTIONS]
+        else:
+            groups = [(title, [n for n in names if n in records]) for title, names in SHORT_HELP]
+        for title, names in groups:
+            if names:
                 with formatter.section(title):
-                    formatter.write_dl(rows[title])
+                    formatter.write_dl([records[n][1] for n in names])
+        with formatter.section("Help"):
+            formatter.write_dl([records[n][1] for n, (t, _) in records.items() if t is None])
+        if not every:
+            more = len(records) - sum(len(names) for _, names in groups) - sum(t is None for t, _ in records.values())
+            formatter.write_paragraph()
+            formatter.write(click.wrap_text(f"{more} more options (transports, engines, liveness, CPU binding, all "
+                                            "of torchrun's), each in full: podrun launch --help-all",
+                                            formatter.width) + "\n")
+
+
+def _row(name: str, record: tuple[str, str], every: bool) -> tuple[str, str]:
+    """An option's --help row with torchrun's name for it after podrun's (``--nodes, --nnodes N``); in the short
+    --help without the underscored spellings and with the help's first sentence only."""
+    *names, last = record[0].split(", ")
+    flag, _, metavar = last.partition(" ")
+    names = [n for n in (*names, flag, TORCHRUN_ALIASES.get(name)) if n and (every or "_" not in n)]
+    text = record[1] if every else record[1].split(". ", 1)[0].rstrip(".") + "."
+    return ", ".join(names) + (f" {metavar}" if metavar else ""), text
+
+
+def _help_all(ctx, _param, value) -> None:
+    if value and not ctx.resilient_parsing:
+        ctx.meta["podrun.help_all"] = True
+        click.echo(ctx.get_help(), color=ctx.color)
+        ctx.exit()
 
 
 def _tr(*names, **kw):
@@ -147,6 +189,8 @@ torchrun_options = stacked(
 
 @click.command(cls=LaunchCommand, context_settings={
     "ignore_unknown_options": True, "allow_extra_args": True, "allow_interspersed_args": False})
+@click.option("--help-all", is_flag=True, expose_value=False, is_eager=True, callback=_help_all,
+              help="Show every option (torchrun's all) and exit.")
 @section(TORCHRUN, torchrun_options)
 @section(COMMON, plan_options,
          click.option("--env", "env_items", multiple=True, metavar="NAME[=VALUE]",
@@ -220,7 +264,7 @@ torchrun_options = stacked(
                       help="Show stdout of this instance only (errors from all)."),
          click.option("--runs-dir", default=None, help="Where run directories go (default: runs)."),
          click.option("--run-id", help="Name of the run directory (default: a timestamp)."))
-@click.argument("args", nargs=-1, type=click.UNPROCESSED,
+@click.argument("args", nargs=-1, type=click.UNPROCESSED, shell_complete=complete_recipes,
                 metavar="SCRIPT.py [ARGS]... | -m MODULE [ARGS]... | RECIPE [ARGS]... | -- COMMAND [ARGS]...")
 @click.pass_context
 def launch(ctx, args, **kw):

@@ -16,10 +16,32 @@ def stacked(*decorators):
     return apply
 
 
+def complete_clusters(ctx, param, incomplete: str) -> list:
+    """Shell completion for --cluster: the cluster spec names podrun finds (`podrun clusters`)."""
+    from podrun.specs import cluster_names
+
+    return [n for n in cluster_names() if n.startswith(incomplete)]
+
+
+def complete_recipes(ctx, param, incomplete: str) -> list:
+    """Shell completion for a RECIPE: the recipe names podrun finds (`podrun recipes`), then the shell's own file
+    names (a recipe folder, a script, a hostfile)."""
+    from click.shell_completion import CompletionItem
+
+    from podrun.specs import recipe_names
+
+    if ctx.params.get(param.name):          # launch's target is given: what follows is the target's own
+        return [CompletionItem(incomplete, type="file")]
+    return [CompletionItem(n) for n in recipe_names() if n.startswith(incomplete)] + \
+        [CompletionItem(incomplete, type="file")]
+
+
 # the options that shape a plan, by parameter name; every command that builds one takes them
 _PLAN_OPTIONS = (
     ("pod", click.option("--pod", type=t.POD_SIZE, help="Shorthand for --cluster ipu-podN (16, 64, 128, 256).")),
-    ("cluster", click.option("--cluster", "cluster", help="Cluster spec: a name in cluster_specs/ or a YAML path (default: local, or the scheduler's allocation).")),
+    ("cluster", click.option("--cluster", "cluster", shell_complete=complete_clusters,
+                             help="Cluster spec: a name in cluster_specs/ or a YAML path (default: local, or the "
+                                  "scheduler's allocation).")),
     ("nodes", click.option("--nodes", type=t.NODES, help="Use the first N hosts of the cluster.")),
     ("global_batch", click.option("--global-batch", type=t.BATCH, help="Samples per weight update (default: the recipe's reference).")),
     ("local_batch", click.option("--local-batch", type=t.BATCH, help="Samples per replica per micro step.")),

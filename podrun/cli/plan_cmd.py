@@ -4,11 +4,12 @@ from __future__ import annotations
 import click
 
 from podrun.cli.calibration_options import calibrated_plan, calibration_options
-from podrun.cli.options import plan_options, pop_plan_options, resolve_plan_inputs, resolve_plan_with_source
+from podrun.cli.options import (complete_recipes, plan_options, pop_plan_options, resolve_plan_inputs,
+                                resolve_plan_with_source)
 
 
 @click.command("plan")
-@click.argument("recipe")
+@click.argument("recipe", shell_complete=complete_recipes)
 @plan_options
 @click.option("--elastic", "elastic", metavar="MIN[:MAX]",
               help="Table of the plans at the same global batch on every host count from MAX (default: the "

@@ -21,7 +21,7 @@ def report(run_dir: str | None, runs_dir: str, as_json: bool, output: str | None
     from podrun.cli.render import console
     from podrun.rundir.layout import REPORT
     from podrun.rundir.report import (launch_summary, newest_run, plot, read_run, replans, resumes, summarize,
-                                     summarize_command)
+                                     summarize_command, title_of)
 
     if run_dir is None:
         run_dir = str(newest_run(runs_dir))
@@ -49,7 +49,9 @@ def report(run_dir: str | None, runs_dir: str, as_json: bool, output: str | None
     if not no_plot:
         base = Path(run_dir)
         target = Path(output) if output else (base if base.is_dir() else base.parent) / REPORT
-        summary["plot"] = str(plot(run.records, target, title=str(run_dir), replanned=summary["replans"]))
+        slow = run.launch.slow_ranks if run.launch is not None else ()
+        summary["plot"] = str(plot(run.records, target, title=title_of(run, summary), replanned=summary["replans"],
+                                   slow=slow))
     if _as_json(summary, run, notes, as_json):
         return
     c = console()

@@ -80,7 +80,7 @@ def _prepare(opts: LaunchOptions, target: Target, mapped: OwnOptions) -> Prepare
                                                   out.runs_dir if out.runs_dir is not None else DEFAULT_RUNS_DIR)
     plan = make_plan(cluster, rspec, overrides, measured)
     python = net.host_python
-    recipe_script, recipe_args, long_run = None, None, None
+    recipe_script, recipe_args, long_run, data_notes = None, None, None, []
     if rspec is not None:
         recipe_script = os.path.abspath(os.path.join(rspec.path, rspec.train_script))
         default_data = recipe_cli.default_data(recipe_script)
@@ -89,6 +89,12 @@ def _prepare(opts: LaunchOptions, target: Target, mapped: OwnOptions) -> Prepare
                                    os.path.relpath(recipe_script))
             recipe_args = recipe_cli.parse_known(target.args, default_data)
             long_run = recipe_cli.long_run(target.args, recipe_args, plan, LONG_RUN_HOURS)
+            data_notice, refusal = recipe_cli.synthetic_data(target.args, recipe_args, plan, LONG_RUN_HOURS)
+            if refusal is not None and not out.dry_run:
+                raise refusal
+            data_notes = [data_notice] if data_notice is not None else []
+            if refusal is not None:
+                data_notes.append(f"a real launch refuses this: {refusal.message}; {refusal.hint}")
     engine, engine_transport, poprun_opts, mpi_args = resolve_engine(
         opts.engine, cluster, only_output_from_instance=out.only_output_from_instance)
     if engine_transport is not None and net.transport and net.transport != engine_transport:
@@ -115,7 +121,7 @@ def _prepare(opts: LaunchOptions, target: Target, mapped: OwnOptions) -> Prepare
                                         os.path.abspath(net.workdir or os.getcwd()))
         if net.preflight and (recipe_args is not None or opts.target.needs):
             check_modules(python, target, recipe_args, opts.target.needs)
-    notes: list[str] = [*calibration_notes, *([vipu_note] if vipu_note else [])]
+    notes: list[str] = [*calibration_notes, *data_notes, *([vipu_note] if vipu_note else [])]
     if kind.ssh_per_host:
         here = [h for h in dict.fromkeys(plan.hosts) if is_local_host(h)]
         if here:

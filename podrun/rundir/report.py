@@ -230,16 +230,43 @@ def describe_replan(r: dict) -> str:
            f"{new.get('local_batch')} x GA {new.get('grad_accum')})"
 
 
-def figure(records: list[dict], title: str = "", replanned: list[dict] = ()):
-    """The curves as a matplotlib Figure (Agg): loss, accuracy, images/s.
+def title_of(run: RunRecord, summary: dict[str, Any]) -> str:
+    """The PNG's title: what ran (recipe, cluster, decomposition), how it ended (status, steps, final metric) and
+    the run directory's name. From plan.json and summary.json where the run has them, else from metrics.jsonl's
+    start record."""
+    plan = run.plan or {}
+    hosts = plan.get("hosts")
+    what = " on ".join(str(x) for x in (plan.get("recipe"), plan.get("cluster")) if x) or "training run"
+    where = f"{len(hosts)} host(s), " if isinstance(hosts, list) else ""
+    replicas = plan.get("replicas", summary.get("world_size"))
+    decomposition = (f"{where}{replicas} replicas x local batch {summary.get('local_batch')} x GA "
+                     f"{summary.get('grad_accum')} = global batch {summary.get('global_batch')}")
+    launch = run.launch
+    status = f"launch {launch.status} (exit {launch.exit_code})" if launch is not None and launch.status else \
+        ("finished" if summary.get("finished") else "not finished")
+    if "final_val_accuracy" in summary:
+        metric = f"val accuracy {summary['final_val_accuracy']:.3f} (best {summary['best_val_accuracy']:.3f})"
+    else:
+        metric = f"train accuracy {summary['final_train_accuracy']:.3f}"
+    return (f"{what}: {decomposition}\n{status}, step {summary['steps']}/{summary.get('total_steps') or '?'}, "
+            f"{metric}, train loss {summary['final_loss']:.3f}  ({run.path.name})")
+
+
+def figure(records: list[dict], title: str = "", replanned: list[dict] = (), slow: tuple[dict, ...] = ()):
+    """The curves as a matplotlib Figure (Agg): loss, accuracy, images/s; whole steps on every x axis.
 
     Loss: the y axis fits the training curve; an evaluation loss above it (an early, untrained one) is drawn
-    at the top edge as a triangle with its value, and the evaluation line is broken there. Images/s: the warm-up steps are left out, and the per
-    instance line is drawn only when it differs from the total (more than one instance)."""
+    at the top edge as a triangle with its value, and the evaluation line is broken there. Images/s: the warm-up
+    steps are left out. metrics.jsonl is rank 0's: its per-instance rate is the total's share (total x local
+    ranks / ranks), not a measurement of each host, so it is drawn as the mean per instance, and only when it
+    differs from the total (more than one instance). What the run measured per host is its slow ranks
+    (summary.json's ``slow_ranks``, from every rank's busy time): each is drawn as a red span over the steps it was
+    slow, named with its host and how much slower it was."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     steps = latest_by_step(records, "step")
     evals = latest_by_step(records, "eval")
@@ -270,12 +297,23 @@ def figure(records: list[dict], title: str = "", replanned: list[dict] = ()):
     per = [r.get("images_per_sec_instance", t) for r, t in zip(steady, total)]
     if any(abs(p - t) > 1e-9 * t for p, t in zip(per, total)):
         ax[2].plot(sx, total, label="total")
-        ax[2].plot(sx, per, label="per instance")
+        ax[2].plot(sx, per, label="mean per instance")
     else:
         ax[2].plot(sx, total, label="total (1 instance)")
+    last = xs[-1]
+    for r in slow:                    # a rank named slow: a span from where it was named to where it recovered
+        start, until = r.get("from_step"), r.get("until_step")
+        if is_integer(start):
+            ax[2].axvspan(start, until if is_integer(until) else last, color="tab:red", alpha=0.12)
+            ratio = r.get("max_ratio") or r.get("ratio")
+            ax[2].annotate(f" slow: rank {r.get('rank')} on {r.get('host')}"
+                           + (f" ({ratio:.1f}x)" if isinstance(ratio, (int, float)) else ""),
+                           (start, 0.02 + 0.08 * (len(ax[2].texts) % 4)), xycoords=("data", "axes fraction"),
+                           fontsize=8, color="tab:red")
     for a, what in zip(ax, ("loss", "accuracy", f"images/s (after {skip} warm-up step{'s' if skip != 1 else ''})")):
         a.set_xlabel("step")
         a.set_title(what)
+        a.xaxis.set_major_locator(MaxNLocator(integer=True))
         a.legend()
     for r in records:
         if r.get("kind") == "run" and r.get("event") == "resume" and "step" in r:
@@ -293,11 +331,12 @@ def figure(records: list[dict], title: str = "", replanned: list[dict] = ()):
     return fig
 
 
-def plot(records: list[dict], path: str | Path, title: str = "", replanned: list[dict] = ()) -> Path:
+def plot(records: list[dict], path: str | Path, title: str = "", replanned: list[dict] = (),
+         slow: tuple[dict, ...] = ()) -> Path:
     """Draw the curves (``figure``) to the PNG ``path``."""
     import matplotlib.pyplot as plt
 
-    fig = figure(records, title, replanned)
+    fig = figure(records, title, replanned, slow)
     path = Path(path)
     try:
         with safefs.replacing(path, "report", durable=False) as f:

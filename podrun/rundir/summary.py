@@ -59,6 +59,7 @@ class Summary:
     replans: tuple[dict, ...] = ()     # an elastic run's re-plans (its ``elastic`` record)
     error: Any = None
     problems: Any = None
+    slow_ranks: tuple[dict, ...] = ()  # ranks the run named slow (rank, host, ratio, from_step, until_step)
 
     @classmethod
     def from_dict(cls, d: dict) -> Summary:
@@ -67,7 +68,8 @@ class Summary:
                    d.get("restart_count"), tuple(Attempt.from_dict(a) for a in _dicts(d.get("attempts"))),
                    _dicts(d.get("instances")), d.get("root_cause") if isinstance(d.get("root_cause"), dict) else None,
                    timings.get("duration_s"), timings.get("all_ready_s"),
-                   _dicts(_dict(d.get("elastic")).get("replans")), d.get("error"), d.get("problems"))
+                   _dicts(_dict(d.get("elastic")).get("replans")), d.get("error"), d.get("problems"),
+                   _dicts(d.get("slow_ranks")))
 
 
 def read_json(path: Path, problems: list[str]) -> dict | None:

@@ -139,24 +139,57 @@ def needed_modules(args: argparse.Namespace) -> list[str]:
     return ["yaml", "torch", "numpy"] + (["sklearn"] if args.data == "digits" else [])
 
 
-def long_run(argv: Sequence[str], args: argparse.Namespace, plan, threshold_hours: float) -> str | None:
-    """What to say before a run the planner estimates longer than ``threshold_hours`` (None: shorter, or no
-    estimate applies: the offline digits set is small whatever the recipe). ``argv``: the recipe's arguments,
-    ``args`` as parsed (parse_known), ``plan``: the run's Plan."""
+def _hours(args: argparse.Namespace, plan) -> tuple[float, str] | None:
+    """The planner's hours for the run ``args`` ask (and what: "20 steps", "90 epochs"); None where no estimate
+    applies (the offline digits set is small whatever the recipe)."""
     est = plan.estimate
     if args.data == "digits" or est.images_per_second <= 0:
         return None
     if args.steps is not None:
-        hours, what = args.steps * est.step_seconds / 3600, f"{args.steps} steps"
-    else:
-        epochs = args.epochs if args.epochs is not None else plan.epochs
-        hours = est.time_to_train_hours * epochs / plan.epochs if plan.epochs > 0 else 0.0
-        what = f"{epochs:g} epochs"
-    if hours <= threshold_hours:
+        return args.steps * est.step_seconds / 3600, f"{args.steps} steps"
+    epochs = args.epochs if args.epochs is not None else plan.epochs
+    return (est.time_to_train_hours * epochs / plan.epochs if plan.epochs > 0 else 0.0), f"{epochs:g} epochs"
+
+
+def data_given(argv: Sequence[str]) -> bool:
+    """Whether a recipe's arguments name --data (as --data X or --data=X)."""
+    return any(a == "--data" or a.startswith("--data=") for a in argv)
+
+
+REAL_DATA = ("--data DIR after the recipe (a CIFAR-10 folder: data_batch_1..5, test_batch; or an ImageNet-style "
+             "folder: train/<class>/*.jpg), or --data digits for the small offline set")
+
+
+def long_run(argv: Sequence[str], args: argparse.Namespace, plan, threshold_hours: float) -> str | None:
+    """What to say before a run the planner estimates longer than ``threshold_hours`` (None: shorter, or no
+    estimate applies). ``argv``: the recipe's arguments, ``args`` as parsed (parse_known), ``plan``: the run's Plan."""
+    hours = _hours(args, plan)
+    if hours is None or hours[0] <= threshold_hours:
         return None
-    given = any(a == "--data" or a.startswith("--data=") for a in argv)
-    data = f"--data {args.data}" if given else f"{args.data} data (no --data given)"
-    return (f"the planner estimates {hours:,.2f} h for {what} of {plan.recipe} on cluster {plan.cluster} "
+    est = plan.estimate
+    data = f"--data {args.data}" if data_given(argv) else f"{args.data} data (no --data given)"
+    return (f"the planner estimates {hours[0]:,.2f} h for {hours[1]} of {plan.recipe} on cluster {plan.cluster} "
             f"({est.images_per_second:,.0f} img/s, {est.step_seconds:,.1f} s per step of global batch "
             f"{plan.global_batch}), on {data}; for a short run give --steps N or --epochs E after the recipe, "
             "and --global-batch B before it for shorter steps")
+
+
+def synthetic_data(argv: Sequence[str], args: argparse.Namespace, plan, threshold_hours: float) \
+        -> tuple[str | None, SpecError | None]:
+    """A recipe given no --data that trains on synthetic data (its default): the notice to say before it starts,
+    and, for a run the planner estimates longer than ``threshold_hours``, the refusal (exit 2) that only an explicit
+    ``--data synthetic`` lifts. (None, None) where --data was given or the default is a real data set."""
+    if data_given(argv) or args.data != "synthetic":
+        return None, None
+    notice = (f"no --data given: {plan.recipe} trains on synthetic data (random images: its loss and accuracy say "
+              f"nothing of the model); for real data pass {REAL_DATA}")
+    hours = _hours(args, plan)
+    if hours is None or hours[0] <= threshold_hours:
+        return notice, None
+    from podrun.human import human_seconds
+
+    return notice, SpecError(
+        f"no --data given: {plan.recipe} would train on synthetic data for {human_seconds(hours[0] * 3600)} "
+        f"({hours[1]} on cluster {plan.cluster}: the planner's estimate)",
+        hint=f"pass {REAL_DATA}; --data synthetic to train on synthetic data anyway; --steps N or --epochs E "
+             "after the recipe for a short run")

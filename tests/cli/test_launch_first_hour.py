@@ -35,6 +35,27 @@ def test_a_long_run_is_announced_with_how_to_make_it_short(capsys, tmp_path):
         assert rc == 0 and "the planner estimates" not in out, out
 
 
+def test_a_recipe_without_data_says_so_and_a_long_one_is_refused_until_synthetic_is_said(capsys, tmp_path):
+    """No --data: a notice with how to pass real data; over an hour, exit 2 before anything starts (--dry-run:
+    the refusal as a note); --data synthetic lifts it; a short run is only told; a recipe defaulting to digits
+    gets no notice."""
+    resnet50 = str(ROOT / "recipes" / "resnet50")
+    rc, out, err = _launch(capsys, tmp_path, resnet50)
+    assert rc == 2 and err.startswith("podrun: error: no --data given: resnet50 would train on synthetic data "
+                                      "for 2001 h 50 min"), err
+    assert "--data synthetic to train on synthetic data anyway" in err and "Traceback" not in err, err
+    assert not (tmp_path / "runs").exists()
+    rc, out, err = _launch(capsys, tmp_path, "--dry-run", resnet50)
+    assert rc == 0 and "# a real launch refuses this: no --data given" in out, out
+    assert "# no --data given: resnet50 trains on synthetic data" in out and "--data DIR after the recipe" in out
+    rc, out, err = _launch(capsys, tmp_path, "--dry-run", resnet50, "--data", "synthetic")
+    assert rc == 0 and "no --data given" not in out and "the planner estimates" in out, out
+    rc, out, err = _launch(capsys, tmp_path, "--dry-run", "--global-batch", "32", resnet50, "--steps", "2")
+    assert rc == 0 and "# no --data given" in out and "refuses" not in out, out
+    rc, out, err = _launch(capsys, tmp_path, "--dry-run", str(ROOT / "recipes" / "resnet18_cifar10"))
+    assert rc == 0 and "--data" not in "".join(l for l in out.splitlines() if l.startswith("#")), out
+
+
 def _pty_run(argv, answer: bytes, cwd, timeout=120.0) -> tuple[int, str]:
     """Run argv on a terminal and answer podrun's question; (exit code, what it showed)."""
     return run_on_terminal(argv, cwd=cwd, timeout=timeout, answer=(b"start it anyway?", answer))
@@ -42,7 +63,7 @@ def _pty_run(argv, answer: bytes, cwd, timeout=120.0) -> tuple[int, str]:
 
 def test_a_long_run_on_a_terminal_asks_and_no_means_not_started(tmp_path):
     rc, shown = _pty_run([*PODRUN, "launch", "--runs-dir", str(tmp_path / "runs"),
-                          str(ROOT / "recipes" / "resnet50")], b"n\n", cwd=tmp_path)
+                          str(ROOT / "recipes" / "resnet50"), "--data", "synthetic"], b"n\n", cwd=tmp_path)
     assert "the planner estimates 2,001.83 h" in shown and "start it anyway?" in shown, shown
     assert rc == 1 and "not started" in shown, shown
     assert not (tmp_path / "runs").exists()
@@ -65,32 +86,48 @@ def test_a_python_without_torch_is_refused_before_anything_starts(tmp_path, caps
     assert not (tmp_path / "runs").exists()
 
 
-def test_launch_help_opens_with_torchrun_and_keeps_its_options_together():
-    """--help for a torchrun user: the usage line and the description open with a script, torchrun's section comes
-    first and holds all of torchrun's options (--master-addr/--master-port and --max-restarts too), and
-    --nproc-per-node says what leaving it out means."""
-    ctx = click.Context(cli.get_command(click.Context(cli), "launch"), info_name="launch")
-    text = ctx.get_help()
-    usage, description = text.splitlines()[0], text.split("\n\n")[1]
-    assert usage.startswith("Usage: launch [OPTIONS] SCRIPT.py"), usage
+def test_launch_help_is_short_podrun_first_and_help_all_has_every_option():
+    """--help: the usage line and the description open with a script; the options most runs use, podrun's sections
+    first, torchrun's names beside podrun's (--nnodes by --nodes), under 100 lines, pointing at --help-all;
+    --help-all: every option, podrun's sections first and torchrun's together last (all their spellings)."""
+    from click.testing import CliRunner
+
+    short = CliRunner().invoke(cli, ["launch", "--help"], terminal_width=80).output
+    usage, description = short.splitlines()[0], short.split("\n\n")[1]
+    assert usage.startswith("Usage: cli launch [OPTIONS] SCRIPT.py"), usage
     assert description.lstrip().startswith("Launch SCRIPT.py as torchrun would"), description
-    heads = [text.index(h) for h in ("torchrun's options", "The plan: cluster, hosts, batch:",
-                                     "Restarts and elastic runs", "When a run hangs", "Transports:", "Engines (poprun",
-                                     "Output and the run")]
+    assert len(short.splitlines()) < 100 and "podrun launch --help-all" in " ".join(short.split()), short
+    heads = [short.index(h) for h in ("The plan: cluster, hosts, batch:", "A script or command", "Restarts and",
+                                      "When a run hangs", "Output and the run", "Help:")]
     assert heads == sorted(heads), heads
-    torchrun, plan = text[heads[0]:heads[1]], text[heads[1]:heads[2]]
+    for row in ("--nodes, --nnodes INTEGER", "--devices-per-host, --nproc-per-node", "--cluster", "-m, --module",
+                "--max-restarts", "--dry-run", "--hang-timeout"):
+        assert re.search(rf"^  {re.escape(row)}", short, re.M), row
+    assert "--ssh-config" not in short and "--rdzv-conf" not in short and "--max_restarts" not in short
+    text = CliRunner().invoke(cli, ["launch", "--help-all"], terminal_width=80).output
+    heads = [text.index(h) for h in ("The plan: cluster, hosts, batch:", "Restarts and elastic runs",
+                                     "When a run hangs", "Transports:", "Engines (poprun", "Output and the run",
+                                     "torchrun's options (docs/launch.md):")]
+    assert heads == sorted(heads), heads
+    torchrun = text[heads[-1]:]
     for opt in ("--nproc-per-node", "--nnodes", "--rdzv-backend", "--rdzv-conf", "--master-addr", "--master-port",
                 "--max-restarts", "--max_restarts", "-m, --module", "--no-python", "--run-path", "--local-ranks-filter",
                 "--signals-to-handle", "--shutdown-timeout", "--numa-binding"):
         assert opt in torchrun, opt
-    rest = text[heads[1]:]
-    assert not re.search(r"^ +(--master-addr|--master-port|--max-restarts|-m, --module|--no-python)", rest, re.M)
     assert "one worker per core (torchrun: 1)" in " ".join(torchrun.split())
-    for opt in ("--cluster", "--hosts", "--global-batch", "--env"):
-        assert opt in plan, opt
-    assert "--elastic" in text[heads[2]:heads[3]] and "--straggler-timeout" in text[heads[3]:heads[4]]
-    assert "--ssh-config" in text[heads[4]:heads[5]] and "--vipu-partition" in text[heads[5]:heads[6]]
-    assert "--dry-run" in text[heads[6]:]
+    assert "--grace, --shutdown-timeout" in text[heads[3]:heads[4]] and "--vipu-partition" in text[heads[4]:heads[5]]
+
+
+def test_shell_completion_names_clusters_and_recipes():
+    """click's completion (_PODRUN_COMPLETE=bash_complete, as the installed script asks it) completes --cluster
+    with the cluster specs and a RECIPE with the recipes (and the shell's file names)."""
+    env = {**__import__("os").environ, "_PODRUN_COMPLETE": "bash_complete", "PYTHONPATH": str(ROOT)}
+    for words, cword, want in (("podrun launch --cluster ab", "3", {"plain,abci", "plain,abci3"}),
+                               ("podrun plan --pod 16 eff", "4", {"plain,efficientnet_b4", "file,eff"}),
+                               ("podrun launch res", "2", {"plain,resnet50", "plain,resnet18_cifar10", "file,res"})):
+        out = subprocess.run([*PODRUN], env={**env, "COMP_WORDS": words, "COMP_CWORD": cword}, capture_output=True,
+                             text=True, timeout=60).stdout
+        assert set(out.split()) == want, (words, out)
 
 
 def test_hosts_help_shows_no_batch_options():

@@ -9,7 +9,7 @@ from podrun.launch.options import HangOptions, LaunchOptions
 
 
 def untitled(command: click.Command) -> list[str]:
-    return [p.name for p in command.params if isinstance(p, click.Option) and p.name != "help"
+    return [p.name for p in command.params if isinstance(p, click.Option) and p.name not in ("help", "help_all")
             and getattr(p, SECTION_ATTR, None) not in SECTIONS]
 
 

@@ -23,3 +23,9 @@ def test_setup_says_why_torch_is_pinned_and_what_to_write_with_cuda():
     assert "pip install torch==2.13.0 -e '.[train]'" in setup        # the command, as it works here
     assert "pins `torch==2.13.0` because" in setup
     assert "with CUDA write `pip install -e '.[train]'` without the pin" in setup
+
+
+def test_setup_gives_measured_times_with_their_command_and_the_cpu_build_on_a_gpu_machine():
+    (setup,) = [s for s in _sections() if s.startswith("Set-up")]
+    assert "python -m bench first-hour" in setup and "about 40 s" not in README.read_text(encoding="utf-8")
+    assert "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in setup

@@ -1,5 +1,6 @@
-"""The report's curves (`podrun report`'s PNG), checked on the matplotlib figure it saves: one throughput line
-for one instance, a training loss curve not squashed by an early evaluation loss, and an images/s axis that
+"""The report's curves (`podrun report`'s PNG), checked on the matplotlib figure it saves: a title that says what ran
+and how it ended, whole-step ticks, a slow host's span, one throughput line for one instance, a training loss curve
+not squashed by an early evaluation loss, and an images/s axis that
 leaves out the warm-up steps."""
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 from podrun.rundir.metrics import MetricsWriter, read_metrics  # noqa: E402
-from podrun.rundir.report import figure, plot, warmup_steps  # noqa: E402
+from podrun.rundir.report import figure, plot, read_run, summarize, title_of, warmup_steps  # noqa: E402
 
 STEPS = 40
 FIRST_VAL_LOSS = 6.19       # an evaluation after the first epoch, far above the training loss
@@ -56,7 +57,7 @@ def test_one_instance_draws_one_throughput_line(drawn):
     one = drawn(1)[2]
     assert [ln.get_label() for ln in one.get_lines()] == ["total (1 instance)"]
     two = drawn(2)[2]                  # two instances: per instance is half the total, so both are drawn
-    assert [ln.get_label() for ln in two.get_lines()] == ["total", "per instance"]
+    assert [ln.get_label() for ln in two.get_lines()] == ["total", "mean per instance"]
     total, per = two.get_lines()
     assert list(per.get_ydata()) == [t / 2 for t in total.get_ydata()]
 
@@ -85,3 +86,37 @@ def test_throughput_axis_leaves_out_the_warm_up_steps(drawn):
 def test_plot_writes_the_figure_as_png(tmp_path):
     out = plot(_records(tmp_path, 1), tmp_path / "r.png", title="t")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_title_says_what_ran_and_how_it_ended_and_a_slow_host_is_drawn(tmp_path):
+    """A run directory as podrun launch leaves it (plan.json, summary.json with a rank named slow, rank 0's
+    metrics.jsonl of a 3-step run): the title names the recipe, cluster, decomposition, status and final validation
+    accuracy; the x ticks are whole steps; the slow rank is a red span named with its host."""
+    import json
+
+    records = _records(tmp_path, 2)
+    run_dir = tmp_path / "run2"
+    (run_dir / "plan.json").write_text(json.dumps({
+        "recipe": "resnet18_cifar10", "cluster": "twohost", "hosts": ["h0", "h1"], "replicas": 4}))
+    (run_dir / "summary.json").write_text(json.dumps({
+        "status": "ok", "exit_code": 0, "slow_ranks": [
+            {"rank": 3, "host": "h1", "ratio": 1.8, "max_ratio": 2.1, "from_step": 12, "until_step": 30}]}))
+    run = read_run(run_dir)
+    fig = figure(run.records, title_of(run, summarize(run.records)), slow=run.launch.slow_ranks)
+    short = figure([r for r in records if r.get("step", 0) <= 3 or r.get("kind") == "run"], "short")
+    try:
+        title = fig._suptitle.get_text()
+        assert title.splitlines() == [
+            "resnet18_cifar10 on twohost: 2 host(s), 4 replicas x local batch 32 x GA 1 = global batch 128",
+            f"launch ok (exit 0), step {STEPS}/{STEPS}, val accuracy 0.990 (best 0.990), train loss 0.068  (run2)",
+        ], title
+        speed = fig.axes[2]
+        (span,) = speed.patches
+        assert (span.get_x(), span.get_x() + span.get_width()) == (12, 30)
+        assert [t.get_text() for t in speed.texts] == [" slow: rank 3 on h1 (2.1x)"]
+        for ax in short.axes:
+            ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+            assert ticks and all(float(t).is_integer() for t in ticks), ticks
+    finally:
+        plt.close(fig)
+        plt.close(short)
