@@ -187,6 +187,8 @@ def script(ctx, recipe, extra, out_path, as_json, **options):
                    "as asked", err=True)
     req = request_from_plan(plan, job_of(options, popts, spec, scheduler=scheduler, recipe=recipe, args=args,
                                          engine=spec.engine))
+    if rspec is not None:
+        check_recipe(rspec, args, plan)         # what the job's launch would refuse after the queue wait
     text = render(req)
     if out_path:
         _write(out_path, text, private=bool(req.env))

@@ -59,7 +59,7 @@ def submit(ctx, recipe, extra, runs_dir, wait, poll, dry_run, as_json, **options
     recipe, args = split_recipe(ctx, recipe, extra)
     plan, spec, rspec = resolve_plan(recipe, popts)
     if rspec is not None:
-        check_recipe(rspec, args)
+        check_recipe(rspec, args, plan)         # and what the job's launch would refuse after the queue wait
     job = prepare_job(plan, job_of(options, popts, spec, scheduler=scheduler, recipe=recipe, args=args,
                                    workdir=os.getcwd()), runs_dir)
     if dry_run:

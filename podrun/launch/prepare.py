@@ -27,7 +27,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from podrun.elastic.replan import ElasticPolicy
     from podrun.specs import ClusterSpec, RecipeSpec
 
-LONG_RUN_HOURS = 1.0        # a recipe run estimated longer than this is announced before it starts
 GRACE_S = 5.0               # seconds between SIGTERM and SIGKILL without --grace or --shutdown-timeout
 
 
@@ -88,8 +87,9 @@ def _prepare(opts: LaunchOptions, target: Target, mapped: OwnOptions) -> Prepare
             recipe_cli.check_args(os.path.basename(os.path.abspath(rspec.path)), target.args,
                                    os.path.relpath(recipe_script))
             recipe_args = recipe_cli.parse_known(target.args, default_data)
-            long_run = recipe_cli.long_run(target.args, recipe_args, plan, LONG_RUN_HOURS)
-            data_notice, refusal = recipe_cli.synthetic_data(target.args, recipe_args, plan, LONG_RUN_HOURS)
+            long_run = recipe_cli.long_run(target.args, recipe_args, plan, recipe_cli.LONG_RUN_HOURS)
+            data_notice, refusal = recipe_cli.synthetic_data(target.args, recipe_args, plan,
+                                                             recipe_cli.LONG_RUN_HOURS)
             if refusal is not None and not out.dry_run:
                 raise refusal
             data_notes = [data_notice] if data_notice is not None else []

@@ -60,13 +60,24 @@ def option_table() -> dict[str, bool]:
     return {s: a.nargs != 0 for a in parser("recipe")._actions for s in a.option_strings if s not in ("-h", "--help")}
 
 
-def check_recipe(rspec, argv: Sequence[str]) -> None:
-    """check_args for a recipe spec whose train.py runs RECIPE_MAIN's parser (others parse their own)."""
+LONG_RUN_HOURS = 1.0        # a recipe run estimated longer than this is announced before it starts
+
+
+def check_recipe(rspec, argv: Sequence[str], plan=None) -> None:
+    """check_args for a recipe spec whose train.py runs RECIPE_MAIN's parser (others parse their own); with the
+    ``plan`` a job script is written for, also the refusal of a long run on synthetic data nobody asked for, which the
+    job's launch would say after the queue wait."""
     import os
 
     script = os.path.abspath(os.path.join(rspec.path, rspec.train_script))
-    if default_data(script) is not None:
-        check_args(os.path.basename(os.path.abspath(rspec.path)), argv, os.path.relpath(script))
+    data = default_data(script)
+    if data is None:
+        return
+    check_args(os.path.basename(os.path.abspath(rspec.path)), argv, os.path.relpath(script))
+    if plan is not None:
+        _, refusal = synthetic_data(argv, parse_known(argv, data), plan, LONG_RUN_HOURS)
+        if refusal is not None:
+            raise refusal
 
 
 class _Refusal(argparse.ArgumentParser):

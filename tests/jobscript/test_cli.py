@@ -17,7 +17,8 @@ GOLDEN = Path(__file__).parent / "golden"
 def test_script_to_file_is_executable_and_names_the_submit_command(podrun_cli, tmp_path):
     out_path = tmp_path / "job.sh"
     code, out, err = podrun_cli("script", "--scheduler", "uge", "--cluster", "abci", "--nodes", "2",
-                                "--group", "gaa50000", "resnet50", "-o", str(out_path))
+                                "--group", "gaa50000", "resnet50", "--data", "/groups/gaa50000/imagenet", "-o",
+                                str(out_path))
     assert code == 0, err
     assert out_path.read_text().startswith("#!/bin/bash\n#$ -N podrun-resnet50\n")
     assert out_path.stat().st_mode & stat.S_IXUSR
@@ -25,10 +26,11 @@ def test_script_to_file_is_executable_and_names_the_submit_command(podrun_cli, t
 
 
 def test_scheduler_defaults_to_the_cluster_spec_and_mismatch_is_noted(podrun_cli):
-    code, out, err = podrun_cli("script", "--cluster", "abci", "--nodes", "2", "resnet50")
+    code, out, err = podrun_cli("script", "--cluster", "abci", "--nodes", "2", "resnet50", "--data", "/data/imagenet")
     assert code == 0, err
     assert "#$ -l rt_F=2" in out and err == ""
-    code, out, err = podrun_cli("script", "--scheduler", "slurm", "--cluster", "abci", "--nodes", "2", "resnet50")
+    code, out, err = podrun_cli("script", "--scheduler", "slurm", "--cluster", "abci", "--nodes", "2", "resnet50",
+                                "--data", "/data/imagenet")
     assert code == 0 and "#SBATCH --nodes=2" in out
     assert "cluster 'abci' is scheduled by uge" in err
 
@@ -40,7 +42,7 @@ def test_uge_job_names_refuse_grid_engine_separators(podrun_cli):
 
 def test_script_json(podrun_cli, tmp_path):
     code, out, err = podrun_cli("script", "--scheduler", "slurm", "--cluster", "dgx-h100", "--nodes", "2",
-                                "--json", "resnet50")
+                                "--json", "resnet50", "--data", "/data/imagenet")
     assert code == 0, err
     d = json.loads(out)
     assert d["scheduler"] == "slurm" and d["path"] is None and d["submit"] == ["sbatch", "--parsable", "JOB_SCRIPT"]
@@ -49,7 +51,7 @@ def test_script_json(podrun_cli, tmp_path):
     assert d["launch"][:6] == [sys.executable, "-m", "podrun", "launch", "--transport", "srun"]
     p = tmp_path / "j.sh"
     code, out, _ = podrun_cli("script", "--scheduler", "uge", "--cluster", "abci", "--group", "g1", "--nodes", "1",
-                              "--json", "-o", str(p), "resnet50")
+                              "--json", "-o", str(p), "resnet50", "--data", "/data/imagenet")
     d = json.loads(out)
     assert (d["path"], d["script"], d["submit"]) == (str(p), None, ["qsub", "-terse", "-g", "g1", str(p)])
 
@@ -83,6 +85,8 @@ def test_job_runs_the_interpreter_that_wrote_it_or_job_python(podrun_cli):
         (["--scheduler", "pbs", "--pe", "mpi", "resnet50"], "parallel environment"),
         (["--scheduler", "slrum", "resnet50"], "did you mean 'slurm'?"),
         (["--scheduler", "sgee", "resnet50"], "did you mean 'sge'?"),
+        # the job's launch would refuse it after the queue wait: a long run on synthetic data nobody asked for
+        (["--scheduler", "slurm", "--cluster", "abci", "--nodes", "2", "resnet50"], "would train on synthetic data"),
         (["--scheduler", "slurm", "resnet18_cifar10", "--epochs", "x"], "train.py would refuse its arguments"),
         (["--scheduler", "slurm", "resnet18_cifar10", "--bogus"], "No such option '--bogus'"),
     ],
@@ -113,7 +117,8 @@ def test_plan_larger_than_the_allocation_names_both_counts(podrun_cli, monkeypat
 
 def test_script_inside_an_allocation_uses_its_hosts(podrun_cli, monkeypatch):
     monkeypatch.setenv("SLURM_JOB_NODELIST", "g[0001-0004]")
-    code, out, err = podrun_cli("script", "--scheduler", "slurm", "--cluster", "abci", "resnet50")
+    code, out, err = podrun_cli("script", "--scheduler", "slurm", "--cluster", "abci", "resnet50", "--data",
+                                "/data/imagenet")
     assert code == 0, err
     assert "#SBATCH --nodes=4" in out and "#SBATCH --gpus-per-node=4" in out
 

@@ -15,4 +15,4 @@ set -euo pipefail
 ssh_config="$(mktemp "${TMPDIR:-/tmp}/podrun-ssh.XXXXXX")"
 printf 'Host *\n  Port %s\n' 2299 > "$ssh_config"
 if [ -f ~/.ssh/config ]; then cat ~/.ssh/config >> "$ssh_config"; fi
-exec /opt/venv/bin/python3 -m podrun launch --ssh-config "$ssh_config" --transport ssh --cluster abci --nodes 4 --devices-per-host 4 --instances-per-host 1 --global-batch 81920 --local-batch 128 --grad-accum 40 resnet50
+exec /opt/venv/bin/python3 -m podrun launch --ssh-config "$ssh_config" --transport ssh --cluster abci --nodes 4 --devices-per-host 4 --instances-per-host 1 --global-batch 81920 --local-batch 128 --grad-accum 40 resnet50 -- --data /groups/gaa50000/imagenet
