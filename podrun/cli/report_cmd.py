@@ -51,7 +51,7 @@ def report(run_dir: str | None, runs_dir: str, as_json: bool, output: str | None
         target = Path(output) if output else (base if base.is_dir() else base.parent) / REPORT
         slow = run.launch.slow_ranks if run.launch is not None else ()
         summary["plot"] = str(plot(run.records, target, title=title_of(run, summary), replanned=summary["replans"],
-                                   slow=slow))
+                                   slow=slow, host_busy=run.launch.host_busy if run.launch is not None else None))
     if _as_json(summary, run, notes, as_json):
         return
     c = console()

@@ -51,6 +51,7 @@ class LiveWatch:
         self.started = False                     # some worker made progress in this attempt
         self.step_times: list[float] = []       # recent step_seconds reported by any worker (auto window)
         self.slow = slow_ranks.SlowRanks()         # each rank's recent busy_seconds: names a slow rank
+        self.hosts = slow_ranks.HostBusy()         # each host's busy time per step over the run (the report's lines)
         self.phases: dict[tuple[int, int | None], str] = {}   # (instance, local rank) -> last reported phase
         self.dump: stacks.StackCollection | None = None  # the stack collection in flight
         self.reported = False                    # a worker reported through podrun's runtime in this attempt
@@ -92,6 +93,7 @@ class LiveWatch:
             rank = self.instances.rank(st.index, lr)
             step = rec.get("step")
             named = self.slow.add(rank, st.host, float(busy), step if isinstance(step, int) else None)
+            self.hosts.add(rank, st.host, float(busy), step if isinstance(step, int) else None)
             if named is not None:
                 self.notice(slow_ranks.slow_rank_line(named))
         if self.progress is not None:

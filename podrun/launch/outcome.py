@@ -119,6 +119,7 @@ class Outcome:
     all_ready_s: float | None
     hang: dict | None = None           # the hang that ended (or was dumped in) the run: window, merged stacks
     slow_ranks: list = field(default_factory=list)   # ranks named slow (podrun.launch.slow_ranks.SlowRanks records)
+    host_busy: dict = field(default_factory=dict)    # host -> [[step, busy s]] (podrun.launch.slow_ranks.HostBusy)
 
     def summary(self, request: LaunchRequest) -> dict:
         """The attempt's record, redacted (podrun.redaction): summary.json, --json and the console's root cause
@@ -137,6 +138,7 @@ class Outcome:
                         "duration_s": round(self.ended - self.started, 3), "all_ready_s": self.all_ready_s},
             "hang": self.hang,
             "slow_ranks": self.slow_ranks,
+            "host_busy": self.host_busy,
         })
 
 

@@ -1,5 +1,5 @@
 """Slow ranks: a rank whose reported busy time stays well above the others' is named once (the straggler a hang
-often starts as)."""
+often starts as); and each host's own work per step over the run (HostBusy), where a slow host shows."""
 from __future__ import annotations
 
 from statistics import median
@@ -8,6 +8,7 @@ SLOW_FACTOR = 1.5              # a rank is slow when its busy time stays at leas
 SLOW_CLEAR = 1.25              # ... and no longer slow once back under this (no flapping at the edge)
 SLOW_WINDOW = 10               # busy times kept per rank; the rule compares medians over them
 SLOW_MIN_GAP_S = 0.005         # and at least this many seconds apart (timer noise on tiny steps)
+HOST_POINTS = 240              # points kept per host over a run (past it, every other one goes and the stride doubles)
 
 
 class SlowRanks:
@@ -62,3 +63,35 @@ def slow_rank_line(rec: dict) -> str:
     return (f"rank {rec['rank']} on {rec['host']} is slow: busy {rec['busy_s']:.3g} s per step against a median of "
             f"{rec['others_median_s']:.3g} s on the other ranks{ratio}, over its last {rec['steps']} reports "
             f"(a straggler holds every rank back; a hang often starts as one)")
+
+
+class HostBusy:
+    """Each host's own work per step over the run: at each report of one of its ranks, the mean busy time of its
+    ranks' latest reports (the run's img/s is the same on every host, collectives keep them in step; busy time is
+    what each does alone). At most ``points`` points per host: past them every other point goes and only every
+    second report after is kept, so a long run is drawn whole, coarser. summary.json's ``host_busy``."""
+
+    def __init__(self, points: int = HOST_POINTS):
+        self.points = points
+        self.latest: dict[str, dict[int, float]] = {}     # host -> rank -> its last busy time
+        self.series: dict[str, list[list]] = {}           # host -> [[step, mean busy s], ...]
+        self.stride: dict[str, int] = {}
+        self.seen: dict[str, int] = {}
+
+    def add(self, rank: int, host: str, busy_s: float, step: int | None) -> None:
+        latest = self.latest.setdefault(host, {})
+        latest[rank] = float(busy_s)
+        if step is None:
+            return
+        xs = self.series.setdefault(host, [])
+        value = round(sum(latest.values()) / len(latest), 6)
+        if xs and xs[-1][0] == step:          # another rank of the host at the same step
+            xs[-1][1] = value
+            return
+        self.seen[host] = self.seen.get(host, 0) + 1
+        if self.seen[host] % self.stride.get(host, 1) != 0:
+            return
+        xs.append([step, value])
+        if len(xs) > self.points:
+            del xs[1::2]
+            self.stride[host] = self.stride.get(host, 1) * 2

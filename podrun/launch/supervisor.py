@@ -302,7 +302,8 @@ class Supervisor:
             s.max_gap_s = round(max(gaps), 3) if gaps else None
         return Outcome(code, status, root, sorted(self.instances.values(), key=lambda s: s.index), self.instances.t0,
                        ended, max(ready) if ready and None not in ready else None, self.live.hang,
-                       [dict(r) for r in self.live.slow.records])
+                       [dict(r) for r in self.live.slow.records],
+                       {h: [list(p) for p in xs] for h, xs in self.live.hosts.series.items()})
 
 
 def _rank_text(rank: int) -> str:

@@ -252,7 +252,11 @@ def title_of(run: RunRecord, summary: dict[str, Any]) -> str:
             f"{metric}, train loss {summary['final_loss']:.3f}  ({run.path.name})")
 
 
-def figure(records: list[dict], title: str = "", replanned: list[dict] = (), slow: tuple[dict, ...] = ()):
+SHOWN_HOSTS = 3          # at scale the per-host panel draws the slowest and the fastest this many hosts
+
+
+def figure(records: list[dict], title: str = "", replanned: list[dict] = (), slow: tuple[dict, ...] = (),
+           host_busy: dict | None = None):
     """The curves as a matplotlib Figure (Agg): loss, accuracy, images/s; whole steps on every x axis.
 
     Loss: the y axis fits the training curve; an evaluation loss above it (an early, untrained one) is drawn
@@ -261,7 +265,9 @@ def figure(records: list[dict], title: str = "", replanned: list[dict] = (), slo
     ranks / ranks), not a measurement of each host, so it is drawn as the mean per instance, and only when it
     differs from the total (more than one instance). What the run measured per host is its slow ranks
     (summary.json's ``slow_ranks``, from every rank's busy time): each is drawn as a red span over the steps it was
-    slow, named with its host and how much slower it was."""
+    slow, named with its host and how much slower it was. With ``host_busy`` of more than one host (summary.json's:
+    each host's own work per step), a fourth panel draws one line per host (at scale the SHOWN_HOSTS slowest and
+    fastest by their median), so a slow host shows where the run's img/s cannot."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -271,7 +277,12 @@ def figure(records: list[dict], title: str = "", replanned: list[dict] = (), slo
     steps = latest_by_step(records, "step")
     evals = latest_by_step(records, "eval")
     xs = [r["step"] for r in steps]
-    fig, ax = plt.subplots(1, 3, figsize=(15, 4))
+    hosts = _shown_hosts(host_busy or {})
+    fig, ax = plt.subplots(1, 4 if hosts else 3, figsize=(20 if hosts else 15, 4))
+    for host in hosts:
+        ax[3].plot([p[0] for p in host_busy[host]], [p[1] * 1000 for p in host_busy[host]], label=host)
+    if hosts:
+        ax[3].set_ylabel("ms of its own work per step")
     losses = [r["loss"] for r in steps]
     ax[0].plot(xs, losses, label="train loss")
     if evals:
@@ -310,7 +321,8 @@ def figure(records: list[dict], title: str = "", replanned: list[dict] = (), slo
                            + (f" ({ratio:.1f}x)" if isinstance(ratio, (int, float)) else ""),
                            (start, 0.02 + 0.08 * (len(ax[2].texts) % 4)), xycoords=("data", "axes fraction"),
                            fontsize=8, color="tab:red")
-    for a, what in zip(ax, ("loss", "accuracy", f"images/s (after {skip} warm-up step{'s' if skip != 1 else ''})")):
+    for a, what in zip(ax, ("loss", "accuracy", f"images/s (after {skip} warm-up step{'s' if skip != 1 else ''})",
+                            f"busy per host ({len(hosts)} of {len(host_busy or {})})")):
         a.set_xlabel("step")
         a.set_title(what)
         a.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -331,12 +343,21 @@ def figure(records: list[dict], title: str = "", replanned: list[dict] = (), slo
     return fig
 
 
+def _shown_hosts(host_busy: dict) -> list[str]:
+    """The hosts the per-host panel draws: every one up to 2 x SHOWN_HOSTS, else the slowest and the fastest
+    SHOWN_HOSTS by their median busy time; none for one host (its line would be the run's)."""
+    if len(host_busy) < 2:
+        return []
+    by = sorted(host_busy, key=lambda h: (statistics.median(p[1] for p in host_busy[h]), h), reverse=True)
+    return by if len(by) <= 2 * SHOWN_HOSTS else by[:SHOWN_HOSTS] + by[-SHOWN_HOSTS:]
+
+
 def plot(records: list[dict], path: str | Path, title: str = "", replanned: list[dict] = (),
-         slow: tuple[dict, ...] = ()) -> Path:
+         slow: tuple[dict, ...] = (), host_busy: dict | None = None) -> Path:
     """Draw the curves (``figure``) to the PNG ``path``."""
     import matplotlib.pyplot as plt
 
-    fig = figure(records, title, replanned, slow)
+    fig = figure(records, title, replanned, slow, host_busy)
     path = Path(path)
     try:
         with safefs.replacing(path, "report", durable=False) as f:

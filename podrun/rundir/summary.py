@@ -3,7 +3,7 @@ podrun resume and the elastic restarts read it through here). Tolerant: a part o
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,7 @@ class Summary:
     error: Any = None
     problems: Any = None
     slow_ranks: tuple[dict, ...] = ()  # ranks the run named slow (rank, host, ratio, from_step, until_step)
+    host_busy: dict = field(default_factory=dict)   # host -> [(step, busy s), ...]: each host's own work per step
 
     @classmethod
     def from_dict(cls, d: dict) -> Summary:
@@ -69,7 +70,19 @@ class Summary:
                    _dicts(d.get("instances")), d.get("root_cause") if isinstance(d.get("root_cause"), dict) else None,
                    timings.get("duration_s"), timings.get("all_ready_s"),
                    _dicts(_dict(d.get("elastic")).get("replans")), d.get("error"), d.get("problems"),
-                   _dicts(d.get("slow_ranks")))
+                   _dicts(d.get("slow_ranks")), _host_busy(d.get("host_busy")))
+
+
+def _host_busy(v) -> dict:
+    """summary.json's host_busy read tolerantly: hosts whose points are [int step, number] pairs, the rest dropped."""
+    out = {}
+    for host, xs in (v.items() if isinstance(v, dict) else ()):
+        pts = [(p[0], float(p[1])) for p in xs if isinstance(p, list) and len(p) == 2 and isinstance(p[0], int)
+               and not isinstance(p[0], bool) and isinstance(p[1], (int, float)) and not isinstance(p[1], bool)] \
+            if isinstance(xs, list) else []
+        if isinstance(host, str) and pts:
+            out[host] = pts
+    return out
 
 
 def read_json(path: Path, problems: list[str]) -> dict | None:

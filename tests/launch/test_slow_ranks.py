@@ -48,6 +48,8 @@ def test_a_rank_with_a_slow_data_step_is_named_with_its_host(tmp_path):
     assert rec["busy_s"] >= 0.6 and rec["others_median_s"] >= 0.1 and rec["ratio"] >= SLOW_FACTOR
     assert rec["ratio"] == pytest.approx(rec["busy_s"] / rec["others_median_s"], rel=0.01)
     assert rec["steps"] == SLOW_WINDOW and rec["from_step"] >= SLOW_WINDOW and rec["until_step"] is None
+    (pts,) = s["host_busy"].values()        # the host's own work per step over the run: the report's per-host line
+    assert list(s["host_busy"]) == ["localhost"] and 1 <= len(pts) <= STEPS and all(b >= 0.1 for _, b in pts), pts
 
 
 def test_even_ranks_name_none(tmp_path):

@@ -98,3 +98,18 @@ def test_the_supervisor_holds_parts_and_is_no_mixin(tmp_path):
     assert Supervisor.__bases__ == (object,)
     sup = Supervisor(request(tmp_path), SimpleNamespace(merged=False), workers_per_instance=2)
     assert len(vars(sup)) <= 12, sorted(vars(sup))
+
+
+def test_host_busy_keeps_each_hosts_mean_busy_per_step_bounded():
+    """A host's point at a step is the mean of its ranks' latest busy times; a long run keeps at most ``points``
+    per host (every other one dropped, the stride doubled), first step kept, in step order."""
+    from podrun.launch.slow_ranks import HostBusy
+
+    hb = HostBusy(points=8)
+    for step in range(1, 101):
+        hb.add(0, "h0", 0.1, step)
+        hb.add(1, "h0", 0.3, step)          # the same step: the host's point is the mean of both ranks
+        hb.add(2, "h1", 0.1 if step < 50 else 0.5, step)
+    h0, h1 = hb.series["h0"], hb.series["h1"]
+    assert 4 <= len(h0) <= 8 and h0[0][0] == 1 and all(v == pytest.approx(0.2) for _, v in h0), h0
+    assert [s for s, _ in h1] == sorted(s for s, _ in h1) and h1[-1][1] == 0.5 and h1[0][1] == 0.1

@@ -100,9 +100,11 @@ def test_the_title_says_what_ran_and_how_it_ended_and_a_slow_host_is_drawn(tmp_p
         "recipe": "resnet18_cifar10", "cluster": "twohost", "hosts": ["h0", "h1"], "replicas": 4}))
     (run_dir / "summary.json").write_text(json.dumps({
         "status": "ok", "exit_code": 0, "slow_ranks": [
-            {"rank": 3, "host": "h1", "ratio": 1.8, "max_ratio": 2.1, "from_step": 12, "until_step": 30}]}))
+            {"rank": 3, "host": "h1", "ratio": 1.8, "max_ratio": 2.1, "from_step": 12, "until_step": 30}],
+        "host_busy": {"h0": [[1, 0.05], [20, 0.05]], "h1": [[1, 0.05], [20, 0.11]], "h2": "not a series"}}))
     run = read_run(run_dir)
-    fig = figure(run.records, title_of(run, summarize(run.records)), slow=run.launch.slow_ranks)
+    fig = figure(run.records, title_of(run, summarize(run.records)), slow=run.launch.slow_ranks,
+                 host_busy=run.launch.host_busy)
     short = figure([r for r in records if r.get("step", 0) <= 3 or r.get("kind") == "run"], "short")
     try:
         title = fig._suptitle.get_text()
@@ -114,6 +116,10 @@ def test_the_title_says_what_ran_and_how_it_ended_and_a_slow_host_is_drawn(tmp_p
         (span,) = speed.patches
         assert (span.get_x(), span.get_x() + span.get_width()) == (12, 30)
         assert [t.get_text() for t in speed.texts] == [" slow: rank 3 on h1 (2.1x)"]
+        hosts = fig.axes[3]             # each host's own work per step: the slower host first, in ms
+        assert [ln.get_label() for ln in hosts.get_lines()] == ["h1", "h0"]
+        assert list(hosts.get_lines()[0].get_ydata()) == pytest.approx([50.0, 110.0])
+        assert len(short.axes) == 3     # no per-host panel without host_busy
         for ax in short.axes:
             ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
             assert ticks and all(float(t).is_integer() for t in ticks), ticks
