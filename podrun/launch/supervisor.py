@@ -28,7 +28,8 @@ from podrun.launch import control, hangs
 from podrun.launch.instance_logs import InstanceLogs, Sink
 from podrun.launch.listener import STALL_S, Listener, Silent
 from podrun.launch.live_watch import LiveWatch, Progress
-from podrun.launch.outcome import Failure, FailureKind, Failures, Instances, InstanceStatus, Outcome, RunStatus
+from podrun.launch.outcome import (Failure, FailureKind, Failures, Instances, InstanceState, InstanceStatus, Outcome,
+                                   RunStatus)
 from podrun.launch.outcome import describe_code as _describe_code   # the wording of an exit, looked up at each
 from podrun.launch.request import LaunchRequest
 from podrun.launch.transports.base import InstanceHandle, Transport
@@ -38,6 +39,11 @@ from podrun.wire import owner, protocol
 LOST_EXIT = 255           # like ssh: the connection to a host was lost
 STRAGGLER_EXIT = 124      # like timeout(1): workers still running past --straggler-timeout
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)   # SIGHUP: terminal closed, ssh dropped
+
+# the protocol's kinds the supervisor's loop does not read: why
+UNHANDLED = {"probe": "a preflight answer, read by the transport's preflight before the loop starts",
+             "start": "a worker's pid as its agent spawned it: the agent's own record, nothing the controller decides",
+             "hb": "a heartbeat: every line is one (the Listener's hearing), this one carries nothing more"}
 
 # notice(text): podrun's own status messages
 Notice = Callable[[str], None]
@@ -60,58 +66,85 @@ class Supervisor:
         self.signalled: int | None = None
         self.stopping_since: float | None = None
         self.force = False
+        # each protocol line's handler by its kind (protocol.KINDS: every kind the controller reads is one of
+        # these; UNHANDLED says why the others are not read here)
+        self.handlers: dict[str, Callable[[InstanceState, protocol.Event, float], None]] = {
+            "out": self._on_output, "err": self._on_output, "part": self._on_part, "prog": self._on_progress,
+            "stack": self._on_stacks, "ready": self._on_ready, "exit": self._on_exit, "error": self._on_error,
+            "stop": self._on_stop, "note": self._on_note, "done": self._on_done}
 
     def _hung(self, failure: Failure) -> None:
         if self.signalled is None:
             self.failures.append(failure)
 
     def _handle_line(self, h: InstanceHandle, ev: protocol.Event) -> None:
-        now = time.monotonic()
-        raw = ev.instance is None or ev.instance not in self.instances   # not the protocol: the handle's own output
-        if raw or ev.kind in ("out", "err"):
-            idx = (h.instances[0] if len(h.instances) == 1 else None) if raw else ev.instance
-            host, lr = (h.label, None) if raw else (self.instances[idx].host, ev.local_rank)
-            self.instances.heard(idx, lr, self.logs.output(idx, host, lr, ev.kind, ev.text), ev.text)
-            if lr is not None:
-                self.live.moved(now)
+        """One agent line: output that is not the protocol's goes to the log and console of the handle's instance;
+        a protocol line to its kind's handler (HANDLED), with the instance's state and the time it was taken."""
+        if ev.instance is None or ev.instance not in self.instances:    # the handle's own output
+            idx = h.instances[0] if len(h.instances) == 1 else None
+            self.instances.heard(idx, None, self.logs.output(idx, h.label, None, ev.kind, ev.text), ev.text)
             return
-        st = self.instances[ev.instance]
-        if ev.kind == "part" and (part := protocol.Part.read(ev.text)) is not None:
+        handler = self.handlers.get(ev.kind)
+        if handler is not None:
+            handler(self.instances[ev.instance], ev, time.monotonic())
+
+    def _on_output(self, st: InstanceState, ev: protocol.Event, now: float) -> None:
+        shown = self.logs.output(st.index, st.host, ev.local_rank, ev.kind, ev.text)
+        self.instances.heard(st.index, ev.local_rank, shown, ev.text)
+        if ev.local_rank is not None:
+            self.live.moved(now)
+
+    def _on_part(self, st: InstanceState, ev: protocol.Event, now: float) -> None:
+        if (part := protocol.Part.read(ev.text)) is not None:
             self.logs.partial(st.index, st.host, ev.local_rank, part)     # the console's alone: logs keep lines
             self.live.moved(now)
-        elif ev.kind == "prog":
-            self.live.progress_report(st, ev.local_rank, ev.text, now)
-        elif ev.kind == "stack":
-            self.live.got_stacks(st.index, ev.local_rank, ev.text)
-        elif ev.kind == "ready" and protocol.Ready.read(ev.text) is not None:
+
+    def _on_progress(self, st: InstanceState, ev: protocol.Event, now: float) -> None:
+        self.live.progress_report(st, ev.local_rank, ev.text, now)
+
+    def _on_stacks(self, st: InstanceState, ev: protocol.Event, now: float) -> None:  # noqa: ARG002
+        self.live.got_stacks(st.index, ev.local_rank, ev.text)
+
+    def _on_ready(self, st: InstanceState, ev: protocol.Event, now: float) -> None:  # noqa: ARG002
+        if protocol.Ready.read(ev.text) is not None:
             st.status = InstanceStatus.RUNNING
             st.ready_s = round(time.time() - self.instances.t0, 3)
-        elif ev.kind == "exit" and (ex := protocol.WorkerExit.read(ev.text)):
-            st.workers[ev.local_rank] = ex.code
-            self.live.moved(now, started=False)  # a worker ending is news; the others get a new window
-            if ex.code == 0 and self.instances.first_ok is None:
-                self.instances.first_ok = (now, st.index, ev.local_rank)
-            if ex.code != 0 and not ex.teardown and self.signalled is None:
-                code = protocol.exit_code_from_returncode(ex.code)
-                self.failures.append(Failure(st.index, st.host, ev.local_rank, code, FailureKind.EXITED,
-                                             _describe_code(code), ex.at))
-        elif ev.kind == "error" and (info := protocol.from_json(ev.text)) is not None:
+
+    def _on_exit(self, st: InstanceState, ev: protocol.Event, now: float) -> None:
+        if (ex := protocol.WorkerExit.read(ev.text)) is None:
+            return
+        st.workers[ev.local_rank] = ex.code
+        self.live.moved(now, started=False)  # a worker ending is news; the others get a new window
+        if ex.code == 0 and self.instances.first_ok is None:
+            self.instances.first_ok = (now, st.index, ev.local_rank)
+        if ex.code != 0 and not ex.teardown and self.signalled is None:
+            code = protocol.exit_code_from_returncode(ex.code)
+            self.failures.append(Failure(st.index, st.host, ev.local_rank, code, FailureKind.EXITED,
+                                         _describe_code(code), ex.at))
+
+    def _on_error(self, st: InstanceState, ev: protocol.Event, now: float) -> None:  # noqa: ARG002
+        if (info := protocol.from_json(ev.text)) is not None:
             self.failures.errors[(st.index, ev.local_rank)] = info
-        elif ev.kind == "stop":
-            why = ev.text.partition(" ")[0]      # numbers that do not read: stamped now, no silence
-            self._agent_stopping(st, protocol.AgentStop.read(ev.text) or protocol.AgentStop(why))
-        elif ev.kind == "note":
-            self.logs.write(st.index, f"# podrun agent: {redact_text(ev.text)}")
-        elif ev.kind == "done" and (done := protocol.Done.read(ev.text)):
-            code = done.code
-            if ev.local_rank is not None:      # one agent per worker (mpirun --rank-from-env)
-                st.agents_done[ev.local_rank] = code
-                if len(st.agents_done) < self.instances.wpi:
-                    return
-                code = next((c for c in st.agents_done.values() if c != 0), 0)
-            status = InstanceStatus.OK if code == 0 else (InstanceStatus.FAILED if any(
-                f.instance == st.index for f in self.failures) else InstanceStatus.TERMINATED)
-            self.instances.end(st, st.status if st.status is InstanceStatus.LOST else status, code)
+
+    def _on_stop(self, st: InstanceState, ev: protocol.Event, now: float) -> None:  # noqa: ARG002
+        why = ev.text.partition(" ")[0]      # numbers that do not read: stamped now, no silence
+        self._agent_stopping(st, protocol.AgentStop.read(ev.text) or protocol.AgentStop(why))
+
+    def _on_note(self, st: InstanceState, ev: protocol.Event, now: float) -> None:  # noqa: ARG002
+        self.logs.write(st.index, f"# podrun agent: {redact_text(ev.text)}")
+
+    def _on_done(self, st: InstanceState, ev: protocol.Event, now: float) -> None:  # noqa: ARG002
+        if (done := protocol.Done.read(ev.text)) is None:
+            return
+        code = done.code
+        if ev.local_rank is not None:      # one agent per worker (mpirun --rank-from-env)
+            st.agents_done[ev.local_rank] = code
+            if len(st.agents_done) < self.instances.wpi:
+                return
+            code = next((c for c in st.agents_done.values() if c != 0), 0)
+        status = InstanceStatus.OK if code == 0 else (InstanceStatus.FAILED if any(
+            f.instance == st.index for f in self.failures) else InstanceStatus.TERMINATED)
+        self.instances.end(st, st.status if st.status is InstanceStatus.LOST else status, code)
 
     def _agent_stopping(self, st, stop: protocol.AgentStop) -> None:
         """An agent began ending its workers (a ``stop`` line). One that heard nothing from this controller within

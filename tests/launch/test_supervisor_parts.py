@@ -113,3 +113,12 @@ def test_host_busy_keeps_each_hosts_mean_busy_per_step_bounded():
     h0, h1 = hb.series["h0"], hb.series["h1"]
     assert 4 <= len(h0) <= 8 and h0[0][0] == 1 and all(v == pytest.approx(0.2) for _, v in h0), h0
     assert [s for s, _ in h1] == sorted(s for s, _ in h1) and h1[-1][1] == 0.5 and h1[0][1] == 0.1
+
+
+def test_every_protocol_kind_has_a_handler_or_a_reason_not_to(tmp_path):
+    """A new message kind fails here until the supervisor routes it (or says why its loop does not read it)."""
+    from podrun.launch.supervisor import UNHANDLED
+    from podrun.wire import protocol
+
+    sup = Supervisor(request(tmp_path), SimpleNamespace(merged=False), workers_per_instance=2)
+    assert set(sup.handlers) | set(UNHANDLED) == protocol.KINDS and not set(sup.handlers) & set(UNHANDLED)
