@@ -141,10 +141,10 @@ def write_json(path: Path, obj) -> None:
 def write_plan(run_dir: str | Path, plan, *names: str) -> Path:
     """The plan into each of ``names`` in the run directory (default plan.json): an attempt's plan-<n>.json and
     the run's current plan.json, written whole; returns the first."""
-    d = safefs.make_dirs(run_dir, "run directory", error=LaunchError, hint=_HINT)   # a launch made it already
     text = json.dumps(plan.to_dict(), indent=2, default=str) + "\n"
+    d = safefs.make_dirs(run_dir, "run directory", error=LaunchError, hint=_HINT)   # a launch made it already
     for name in names or (PLAN,):
-        write_record(d / name, text)
+        safefs.write_file(d / name, text, "run record", error=LaunchError, durable=False)   # as write_record
     return d / (names or (PLAN,))[0]
 
 
