@@ -75,7 +75,8 @@ def _prepare(opts: LaunchOptions, target: Target, mapped: OwnOptions) -> Prepare
         (((VIRTUAL_LOCAL_RANK_ENV, "1"),) if opts.torchrun.virtual_local_rank else ())
     plan_opts = replace(opts.plan, nodes=mapped.nodes, devices_per_host=mapped.devices_per_host)
     cluster, rspec, src, overrides = resolve_plan_inputs(target.name if target.kind == RECIPE else None, plan_opts)
-    if (target.kind != RECIPE and plan_opts.devices_per_host is None and plan_opts.cluster is None
+    if (target.kind != RECIPE and opts.torchrun.nproc_per_node is None and plan_opts.devices_per_host is None
+            and plan_opts.cluster is None
             and plan_opts.pod is None and getattr(src, "scheduler", "none") == "none"):
         # torchrun's default for a script, a module or a command: one worker per host (a cluster spec, an
         # allocation or a recipe's plan says otherwise)
