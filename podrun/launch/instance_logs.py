@@ -58,7 +58,7 @@ class InstanceLogs:
         self.sink = sink or (lambda *a: None)
         self.only = only
         self.multi = multi           # several workers per instance: a line shows its local rank
-        self.logs = {}               # instance (or a rank file's path) -> its open file, or None once it failed
+        self.logs = {}               # a file's name in the run dir -> it open, or None once it failed
         self.files = files           # --tee, --redirects: which streams also go to a rank's own file
         self.rank_path = rank_path   # (instance, local rank, stream) -> that file's path in the run dir
 

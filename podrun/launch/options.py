@@ -8,6 +8,7 @@ from podrun.launch.request import SSHOptions
 from podrun.launch.torchrun_cli import TorchrunOptions
 from podrun.launch.torchrun_map import OwnOptions
 from podrun.plan.inputs import PlanOptions
+from podrun.wire.agent_args import GRACE_S, INTERRUPT_GRACE_S
 
 
 @dataclass(frozen=True)
@@ -105,8 +106,8 @@ class Decisions:
 
     master_addr: str | None = None              # None: the host of instance 0
     master_port: int | None = None              # None: podrun.launch.run.rendezvous_port's default
-    grace: float = 5.0                          # seconds between SIGTERM and SIGKILL
-    interrupt_grace: float = 30.0               # seconds between SIGINT/SIGHUP/SIGUSR1 and SIGTERM (torchrun's)
+    grace: float = GRACE_S                      # seconds between SIGTERM and SIGKILL
+    interrupt_grace: float = INTERRUPT_GRACE_S  # seconds between SIGINT/SIGHUP/SIGUSR1 and SIGTERM (torchrun's)
     mpi_args: tuple[str, ...] = ()
     poprun: object | None = None                # podrun.launch.engines.poprun.PoprunOptions
     needs: tuple[str, ...] = ()                 # the recipe's modules, checked by every held agent

@@ -85,7 +85,7 @@ def test_launch_help_opens_with_torchrun_and_keeps_its_options_together():
         assert opt in torchrun, opt
     rest = text[heads[1]:]
     assert not re.search(r"^ +(--master-addr|--master-port|--max-restarts|-m, --module|--no-python)", rest, re.M)
-    assert "one worker per core (torchrun: 1)" in " ".join(torchrun.split())
+    assert "Left out: 1 for a script, module or command, as torchrun's" in " ".join(torchrun.split())
     for opt in ("--cluster", "--hosts", "--global-batch", "--env"):
         assert opt in plan, opt
     assert "--elastic" in text[heads[2]:heads[3]] and "--straggler-timeout" in text[heads[3]:heads[4]]

@@ -25,7 +25,7 @@ DIFFER = {
     "TORCHELASTIC_ERROR_FILE": "each launcher's own per-worker file: torchrun's in a temporary directory, "
                                "podrun's in the run directory",
     "TORCHELASTIC_SIGNALS_TO_HANDLE": "the signals each launcher's agent forwards: torchrun's --signals-to-handle "
-                                      "(SIGQUIT too), podrun's agent's SIGTERM,SIGINT,SIGHUP",
+                                      "(SIGQUIT too), podrun's agent's SIGTERM,SIGINT,SIGHUP,SIGUSR1",
 }
 # of those, the ones podrun need not set (none: a worker sees every name torchrun sets)
 OPTIONAL_UNDER_PODRUN: frozenset[str] = frozenset()
