@@ -76,10 +76,10 @@ def _prepare(opts: LaunchOptions, target: Target, mapped: OwnOptions) -> Prepare
     plan_opts = replace(opts.plan, nodes=mapped.nodes, devices_per_host=mapped.devices_per_host)
     cluster, rspec, src, overrides = resolve_plan_inputs(target.name if target.kind == RECIPE else None, plan_opts)
     if (target.kind != RECIPE and opts.torchrun.nproc_per_node is None and plan_opts.devices_per_host is None
-            and plan_opts.cluster is None
-            and plan_opts.pod is None and getattr(src, "scheduler", "none") == "none"):
+            and plan_opts.cluster is None and plan_opts.pod is None and getattr(src, "scheduler", "none") == "none"
+            and all(getattr(e, "slots", None) is None for e in getattr(src, "hosts", ()))):
         # torchrun's default for a script, a module or a command: one worker per host (a cluster spec, an
-        # allocation or a recipe's plan says otherwise)
+        # allocation, the slots of --hosts h:N or a hostfile, or a recipe's plan say otherwise)
         cluster, rspec, src, overrides = resolve_plan_inputs(None, replace(plan_opts, devices_per_host=1))
     notes: list[str] = []
     elastic_min = mapped.elastic_min
