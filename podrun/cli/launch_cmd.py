@@ -56,7 +56,7 @@ class LaunchCommand(click.Command):
     (``--nproc_per_node`` or ``--nproc-per-node``, for messages in the user's words); --help in sections."""
 
     def parse_args(self, ctx, args):
-        args = self.expand_prefixes(list(args))
+        args = self.expand_prefixes(list(args), frozenset(ctx.help_option_names))
         raw = list(args)
         ctx.meta["podrun.argv"] = list(args)
         try:
@@ -78,10 +78,10 @@ class LaunchCommand(click.Command):
         ctx.meta["podrun.spelled"] = spelled
         return rest
 
-    def expand_prefixes(self, args: list[str]) -> list[str]:
+    def expand_prefixes(self, args: list[str], exact: frozenset[str] = frozenset()) -> list[str]:
         """``args`` with each option before the target written in full where it is an unambiguous prefix of one
         option (``--nproc_per_nod=2``, ``--max-rest 1``), as torchrun's argparse reads them; an ambiguous or unknown
-        one is left for the "no such option" error."""
+        one is left for the "no such option" error, and ``exact`` (--help) as it is."""
         params = {o: p for p in self.params for o in (*p.opts, *p.secondary_opts) if o.startswith("--")}
         out = []
         i = 0
@@ -90,7 +90,7 @@ class LaunchCommand(click.Command):
             if word == "--" or not word.startswith("-"):
                 return out + args[i:]
             name, eq, value = word.partition("=")
-            if name.startswith("--") and name not in params:
+            if name.startswith("--") and name not in params and name not in exact:
                 starting = [o for o in params if o.startswith(name)]       # in the user's spelling (- or _)
                 if len({params[o].name for o in starting}) == 1:
                     name = starting[0]
