@@ -69,9 +69,17 @@ class LaunchCommand(click.Command):
     (``--nproc_per_node`` or ``--nproc-per-node``, for messages in the user's words); --help in sections."""
 
     def parse_args(self, ctx, args):
+        args = self.expand_prefixes(list(args), frozenset(ctx.help_option_names))
         raw = list(args)
         ctx.meta["podrun.argv"] = list(args)
-        rest = super().parse_args(ctx, list(args))
+        try:
+            rest = super().parse_args(ctx, list(args))
+        except click.BadParameter as exc:      # a bad value: one paragraph naming the option, no usage block
+            given = {w.split("=", 1)[0] for w in raw}
+            said = next((o for o in (*exc.param.opts, *exc.param.secondary_opts) if o in given), None) \
+                if exc.param is not None else None
+            raise LaunchError(f"{said or exc.param_hint or 'an option'}: {exc.message}",
+                              hint="podrun launch --help says what each option takes") from None
         target = list(ctx.params.get("args") or ())
         ctx.meta["podrun.dashdash"] = raw.count("--") > target.count("--")
         names = {o: p.name for p in self.params for o in (*p.opts, *p.secondary_opts) if o.startswith("-")}
@@ -82,6 +90,32 @@ class LaunchCommand(click.Command):
                 spelled[names[name]] = name
         ctx.meta["podrun.spelled"] = spelled
         return rest
+
+    def expand_prefixes(self, args: list[str], exact: frozenset[str] = frozenset()) -> list[str]:
+        """``args`` with each option before the target written in full where it is an unambiguous prefix of one
+        option (``--nproc_per_nod=2``, ``--max-rest 1``), as torchrun's argparse reads them; an ambiguous or unknown
+        one is left for the "no such option" error, and ``exact`` (--help) as it is."""
+        params = {o: p for p in self.params for o in (*p.opts, *p.secondary_opts) if o.startswith("--")}
+        out = []
+        i = 0
+        while i < len(args):
+            word = args[i]
+            if word == "--" or not word.startswith("-"):
+                return out + args[i:]
+            name, eq, value = word.partition("=")
+            if name.startswith("--") and name not in params and name not in exact:
+                starting = [o for o in params if o.startswith(name)]       # in the user's spelling (- or _)
+                if len({params[o].name for o in starting}) == 1:
+                    name = starting[0]
+                    word = name + eq + value
+            out.append(word)
+            p = params.get(name) or next((q for q in self.params if name in q.opts), None)
+            takes = isinstance(p, click.Option) and not p.is_flag and not p.count
+            if takes and not eq and i + 1 < len(args):
+                out.append(args[i + 1])
+                i += 1
+            i += 1
+        return out
 
     def format_options(self, ctx, formatter):
         """--help: SHORT_HELP's options and a pointer to --help-all; --help-all: every option in SECTIONS."""
@@ -138,15 +172,17 @@ REFUSED = "Refused, saying what to use"
 # table in docs/launch.md); each is read from PET_<NAME> when not given
 torchrun_options = stacked(
     _tr("--nproc-per-node", metavar="N|auto|cpu|gpu",
-        help="Workers per host (podrun's --devices-per-host). Left out: the plan's, here one worker per core "
-             "(torchrun: 1)."),
-    _tr("--nnodes", metavar="N|MIN:MAX", help="Hosts (--nodes N); MIN:MAX: --nodes MAX --elastic MIN."),
+        help="Workers per host (podrun's --devices-per-host). Left out: 1 for a script, module or command, as "
+             "torchrun's (the cluster spec's with --cluster, a recipe's plan for a recipe)."),
+    _tr("--nnodes", metavar="N|MIN:MAX", help="Hosts (--nodes N); MIN:MAX: --nodes MAX --elastic MIN, or the hosts "
+        "there are when fewer than MAX (one host: --nnodes 1:2 runs on it)."),
     _tr("--standalone", is_flag=True,
         help="One host, a free rendezvous port (--nodes 1 --master-port 0)."),
     _tr("--rdzv-backend", metavar="c10d|static", help="c10d or static: the same here, podrun's rendezvous (a "
         "TCP store on instance 0's agent); others are refused."),
     _tr("--rdzv-endpoint", metavar="HOST[:PORT]",
-        help="--master-addr HOST --master-port PORT (default port 29400)."),
+        help="--master-addr HOST --master-port PORT (default port 29400; 0: a free port, for jobs stacked on one "
+             "host)."),
     _tr("--rdzv-id", metavar="ID", help="Every worker's TORCHELASTIC_RUN_ID; the run directory is ID-TIMESTAMP "
         "(as torchrun's log dir)."),
     _tr("--rdzv-conf", metavar="K=V,...", help="keep_alive_interval (--heartbeat), keep_alive_max_attempt "
@@ -156,18 +192,20 @@ torchrun_options = stacked(
     _tr("--monitor-interval", metavar="SECONDS", help="Taken: podrun's agent notices a worker's end within a few hundredths of a second."),
     _tr("--start-method", metavar="spawn|fork|forkserver",
         help="Taken: workers are new processes, as torchrun's for a script (--warm forks restarts)."),
-    _tr("--event-log-handler", metavar="null", help="null only (the run directory records the events)."),
+    _tr("--event-log-handler", metavar="NAME", help="Taken, any handler: podrun records the run's events in the run "
+        "directory (summary.json) and calls no torchrun event handler."),
     _tr("--role", metavar="NAME", help="Every worker's ROLE_NAME (default: default)."),
     _tr("-m", "--module", is_flag=True,
         help="Run the target as a Python module (--python -m MODULE ARGS)."),
     _tr("--no-python", is_flag=True,
         help="Run the target as a command, not with --python."),
     _tr("--run-path", is_flag=True, help="Run the target as a Python file (--python PATH ARGS)."),
-    _tr("--log-dir", metavar="DIR", help="--runs-dir DIR."),
-    _tr("-r", "--redirects", metavar="0", help="0 only (podrun always shows output and logs it in the run "
-        "directory)."),
-    _tr("-t", "--tee", metavar="0-3", help="Taken: podrun always writes both streams to the console and the run "
-        "directory."),
+    _tr("--log-dir", metavar="DIR", help="--runs-dir DIR: a run's logs in DIR/RUN_ID/, each rank's streams (with "
+        "--redirects/--tee) in DIR/RUN_ID/attempt_N/RANK/stdout.log and stderr.log, as torchrun lays them out."),
+    _tr("-r", "--redirects", metavar="0-3|LR:0-3,...", help="These streams (1 stdout, 2 stderr, 3 both) of each "
+        "(or the named) local rank go to its files under attempt_N/RANK/ only, off the console, as torchrun's."),
+    _tr("-t", "--tee", metavar="0-3|LR:0-3,...", help="These streams go to each rank's files under attempt_N/RANK/ "
+        "and to the console, as torchrun's."),
     _tr("--local-ranks-filter", metavar="R,...", help="Show only these local ranks' output on the console (the "
         "run directory keeps all)."),
     _tr("--duplicate-stdout-filters", metavar="F,...", help="Refused unless empty (grep instance-N.log)."),
@@ -177,13 +215,15 @@ torchrun_options = stacked(
     _tr("--master-port", type=t.PORT, default=None,
         help="Rendezvous port, every worker's MASTER_PORT. 0: podrun picks a free port (the default on this "
              "machine, like torchrun --standalone); with hosts elsewhere the default is 29500."),
-    _tr("--local-addr", metavar="ADDR", help=f"{REFUSED} (--master-addr, --data-interface)."),
+    _tr("--local-addr", metavar="ADDR", help="Taken: podrun reaches each host by its name in --hosts and the "
+        "workers meet at --master-addr (--data-interface picks their network)."),
     _tr("--logs-specs", metavar="NAME", help=f"{REFUSED} (--runs-dir)."),
     _tr("--numa-binding", metavar="MODE", help="--cpu-bind auto (node, socket, exclusive, core-complex)."),
-    _tr("--signals-to-handle", metavar="SIG,...", help="Taken when within the signals podrun's agent forwards "
-        "(SIGTERM,SIGINT,SIGHUP)."),
+    _tr("--signals-to-handle", metavar="SIG,...", help="Taken when within the signals podrun passes on to the "
+        "workers (SIGTERM,SIGINT,SIGHUP,SIGUSR1: Slurm's preemption warning)."),
     _tr("--shutdown-timeout", metavar="SECONDS", help="--grace SECONDS."),
-    _tr("--virtual-local-rank", is_flag=True, help=f"{REFUSED}."),
+    _tr("--virtual-local-rank", is_flag=True, help="Every worker's LOCAL_RANK is 0 and CUDA_VISIBLE_DEVICES its own "
+        "device, as torchrun's."),
 )
 
 
@@ -247,7 +287,9 @@ torchrun_options = stacked(
                       help="The bound itself: seconds of silence after which a host is declared lost (--heartbeat x "
                            "--heartbeat-misses; alone it means 4 missed heartbeats of SECONDS/4)."),
          click.option("--grace", type=t.GRACE, default=None,
-                      help="Seconds between SIGTERM and SIGKILL (default 5; torchrun's --shutdown-timeout)."),
+                      help="Seconds a worker gets to end: after a Ctrl-C (SIGINT, SIGHUP, SIGUSR1) passed on, before "
+                           "SIGTERM (default 30, torchrun's), and after SIGTERM (a failed run's teardown), before "
+                           "SIGKILL (default 5); torchrun's --shutdown-timeout."),
          click.option("--no-preflight", is_flag=True, help="Skip the checks on every host before starting."),
          click.option("--cpu-bind", metavar="auto|none|LIST", default=None,
                       help="Bind each worker to its cores: auto (each local rank its share of the host's cores, in "
@@ -260,6 +302,10 @@ torchrun_options = stacked(
          click.option("--dry-run-host", metavar="HOST", help="As --dry-run, HOST's commands and workers' env in full."),
          click.option("--json", "as_json", is_flag=True,
                       help="Print a summary JSON on stdout at the end (output goes to stderr)."),
+         click.option("--prefix/--no-prefix", default=True, show_default=True,
+                      help="Each worker line on the console starts with [instance:local_rank host]; --no-prefix "
+                           "prints the workers' lines as they wrote them, as torchrun does (the run directory's logs "
+                           "are unchanged)."),
          click.option("--only-output-from-instance", type=t.INSTANCE_INDEX,
                       help="Show stdout of this instance only (errors from all)."),
          click.option("--runs-dir", default=None, help="Where run directories go (default: runs)."),
@@ -312,7 +358,7 @@ def launch(ctx, args, **kw):
         from podrun.launch.resume import record
 
         console = _Console(request.plan, out.as_json, prepared.local_ranks,
-                           bool((ctx.find_root().obj or {}).get("debug")), view)
+                           bool((ctx.find_root().obj or {}).get("debug")), view, out.prefix)
         outcome, summary = execute(request, sink=console, notice=console.notice,
                                    only_output_from=out.only_output_from_instance, elastic=prepared.elastic,
                                    watch=watch, progress=view, resuming=resuming is not None,
@@ -439,10 +485,11 @@ class _Console:
     output until each newline: its progress goes on as plain lines."""
 
     def __init__(self, plan, as_json: bool, local_ranks: frozenset[int] | None = None, debug: bool = False,
-                 view=None):
+                 view=None, prefix: bool = True):
         from podrun.wire.worker_env import workers_per_instance
 
         self.as_json, self.local_ranks, self.debug, self.view = as_json, local_ranks, debug, view
+        self.prefix = prefix                 # --no-prefix: workers' lines as they wrote them
         self.tty = (sys.stderr if as_json else sys.stdout).isatty() and "NO_COLOR" not in os.environ
         self.multi = workers_per_instance(plan) > 1
         self.hushed = False
@@ -458,6 +505,8 @@ class _Console:
             return None
         if self.hushed and stream == "err" and index is not None:
             return None
+        if not self.prefix and index is not None:
+            return ""
         who = "?" if index is None else str(index)
         if local_rank is not None and self.multi:
             who += f":{local_rank}"
@@ -496,10 +545,10 @@ class _Console:
         if self.open == key and before is not None and not part.redraw and state.startswith(before):
             text = state[len(before):]
         elif self.open == key and f.isatty():
-            text = f"\r\x1b[K{prefix} {state}"
+            text = f"\r\x1b[K{_with(prefix, state)}"
         else:
             self._close_open()
-            text = f"{prefix} {state}"
+            text = _with(prefix, state)
         print(text, end="", file=f, flush=True)
         self.shown[key], self.open = state, key
 
@@ -512,16 +561,20 @@ class _Console:
         if before is not None and self.open == key and text.startswith(before):
             line = text[len(before):]                                # it continues what is shown
         elif before is not None and self.open == key and f.isatty():
-            line = f"\r\x1b[K{prefix} {text}"                       # a bar's final state over its last frame
+            line = f"\r\x1b[K{_with(prefix, text)}"                 # a bar's final state over its last frame
         else:
             if before is not None and text.startswith(before):      # shown, then other lines came: the rest
                 if text == before:
                     return
                 text = text[len(before):]
             self._close_open()
-            line = f"{prefix} {text}"
+            line = _with(prefix, text)
         self.open = None
         print(line, file=f, flush=True)
+
+
+def _with(prefix: str, text: str) -> str:
+    return f"{prefix} {text}" if prefix else text
 
 
 def _said_the_same(root: dict, others: list[dict]) -> tuple[str, list[dict]]:

@@ -62,7 +62,8 @@ from podrun.wire.agent_args import AgentArgs, cores_text
 from podrun.wire.proctl import PR_SET_CHILD_SUBREAPER, die_with_parent, prctl as _prctl, signal_group
 from podrun.runtime.progress import FD_ENV as PROGRESS_ENV
 
-HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)   # the agent's own: it ends its workers with the one it got
+# the agent's own: it ends its workers with the one it got (SIGUSR1: Slurm's warning, sent to every task)
+HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
 LINK_CLOSE_S = 10.0         # at its end, how long the agent waits for its last line to reach a slow controller
 
 
@@ -85,6 +86,7 @@ class Agent(ControllerLink):
         self.command = list(args.command)
         self.envs = envs
         self.grace = args.grace
+        self.interrupt_grace = args.interrupt_grace
         watch = args.stdin_timeout is not None
         self.link_init(out, args.heartbeat, watch, args.stdin_timeout if watch else 0.0)
         self.stop: Stop | None = None
@@ -352,8 +354,8 @@ class Agent(ControllerLink):
             self.send(None, protocol.AgentStop(self.stop.kind.value, time.time(), self.stop.silent_s))
             self.emit(None, "note", f"ending workers: {self.stop.message}")
         self._signal_all(self.stop_signal)
-        if self.stop_signal != signal.SIGTERM:   # SIGINT or SIGHUP first: SIGTERM for what ignores it
-            term_at = time.monotonic() + self.grace
+        if self.stop_signal != signal.SIGTERM:   # SIGINT, SIGHUP or SIGUSR1 first: SIGTERM for what outlives it
+            term_at = time.monotonic() + self.interrupt_grace
             return term_at, term_at + protocol.TERM_TO_KILL_S
         return None, time.monotonic() + self.grace
 

@@ -1,16 +1,48 @@
 """Each instance's output: runs/<id>/instance-<i>.log written as it comes (a log that cannot be written is given
-up), and the console's sink."""
+up), torchrun's per-rank stream files (--redirects, --tee), and the console's sink."""
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from podrun import safefs
+from podrun.errors import PodrunError
 from podrun.rundir.layout import instance_log
 
 # sink(instance, host, local_rank, stream, text): a worker's line, already filtered for the console
 Sink = Callable[[int | None, str, int | None, str, str], None]
+
+
+STREAM_BITS = {"out": 1, "err": 2}    # torchrun's Std: 1 stdout, 2 stderr, 3 both, 0 none
+
+
+@dataclass(frozen=True)
+class RankFiles:
+    """torchrun's --tee and --redirects as given (``0``-``3``, or ``LOCAL_RANK:0-3,...``; None: not given): each
+    local rank's streams written to attempt_<N>/<rank>/stdout.log and stderr.log, those of --redirects kept off the
+    console."""
+
+    tee: str | None = None
+    redirects: str | None = None
+
+    @staticmethod
+    def bits(spec: str | None, local_rank: int | None) -> int:
+        """The streams ``spec`` gives ``local_rank`` (one number: every rank's; per rank: 0 for a rank not named)."""
+        if spec is None or local_rank is None:
+            return 0
+        text = spec.strip()
+        if ":" not in text:
+            return int(text)
+        pairs = dict(p.strip().split(":") for p in text.split(","))
+        return int(pairs.get(str(local_rank), 0))
+
+    def to_file(self, local_rank: int | None, stream: str) -> bool:
+        return bool((self.bits(self.tee, local_rank) | self.bits(self.redirects, local_rank)) & STREAM_BITS[stream])
+
+    def on_console(self, local_rank: int | None, stream: str) -> bool:
+        return not self.bits(self.redirects, local_rank) & STREAM_BITS[stream]
 
 
 class InstanceLogs:
@@ -19,18 +51,25 @@ class InstanceLogs:
     errors and podrun's own lines, and the output of ``only`` (None: every instance's)."""
 
     def __init__(self, run_dir: str, notice: Callable[[str], None], sink: Sink | None = None,
-                 only: int | None = None, multi: bool = False):
+                 only: int | None = None, multi: bool = False, files: RankFiles = RankFiles(),
+                 rank_path: Callable[[int, int, str], str] | None = None):
         self.run_dir = run_dir
         self.notice = notice
         self.sink = sink or (lambda *a: None)
         self.only = only
         self.multi = multi           # several workers per instance: a line shows its local rank
-        self.logs = {}               # instance -> its open file, or None once it failed
+        self.logs = {}               # a file's name in the run dir -> it open, or None once it failed
+        self.files = files           # --tee, --redirects: which streams also go to a rank's own file
+        self.rank_path = rank_path   # (instance, local rank, stream) -> that file's path in the run dir
 
     def output(self, index: int | None, host: str, local_rank: int | None, stream: str, text: str) -> str:
         """A worker's line (or an agent's, local_rank None) to its log and the console; returns it as logged."""
         shown = f"[{local_rank}] {text}" if self.multi and local_rank is not None else text
         self.write(index, shown)
+        if index is not None and self.rank_path is not None and self.files.to_file(local_rank, stream):
+            self._append(self.rank_path(index, local_rank, stream), text, f"rank file of instance {index}")
+        if not self.files.on_console(local_rank, stream) and index is not None:
+            return shown
         if self.only is None or index == self.only or stream == "err" or index is None:
             try:
                 self.sink(index, host, local_rank, stream, text)
@@ -53,23 +92,28 @@ class InstanceLogs:
             getattr(self.sink, "interrupted", lambda: None)()
 
     def write(self, index: int | None, text: str) -> None:
-        if index is None:
-            return
-        f = self.logs.get(index, False)
+        if index is not None:
+            self._append(instance_log(index), text, f"instance {index}'s output")
+
+    def _append(self, name: str, text: str, what: str) -> None:
+        """``text`` as a line of the run directory's file ``name``, opened (its directories made) at its first."""
+        f = self.logs.get(name, False)
         if f is None:                  # this log failed before: the console has the output
             return
-        path = Path(self.run_dir) / instance_log(index)
+        path = Path(self.run_dir) / name
         try:
             if f is False:
-                f = self.logs[index] = safefs.open_log(path)
+                for i in range(1, len(Path(name).parts)):      # attempt_<N>/<rank>/: private, as the run dir
+                    safefs.make_dir(Path(self.run_dir, *Path(name).parts[:i]), "run directory")
+                f = self.logs[name] = safefs.open_log(path)
             f.write(text + "\n")
-        except OSError as exc:
-            self.logs[index] = None
+        except (OSError, PodrunError) as exc:
+            self.logs[name] = None
             if f:
                 with contextlib.suppress(OSError):     # e.g. the last buffered line on a full disk
                     f.close()
-            self.notice(f"cannot write {path}: {exc.strerror or exc}; instance {index}'s output goes on "
-                        "to the console only")
+            self.notice(f"cannot write {path}: {getattr(exc, 'strerror', None) or exc}; {what} goes on to the "
+                        "console only")
 
     def close(self) -> None:
         for f in self.logs.values():

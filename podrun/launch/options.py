@@ -8,6 +8,7 @@ from podrun.launch.request import SSHOptions
 from podrun.launch.torchrun_cli import TorchrunOptions
 from podrun.launch.torchrun_map import OwnOptions
 from podrun.plan.inputs import PlanOptions
+from podrun.wire.agent_args import GRACE_S, INTERRUPT_GRACE_S
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class TransportOptions:
     agent_store: bool = True
     data_interface: str | None = None           # None: the cluster spec's
     preflight: bool = True
-    grace: float | None = None                  # None: 5 s, or torchrun's --shutdown-timeout
+    grace: float | None = None                  # None: the defaults (5 s, 30 s after SIGINT), or --shutdown-timeout
     heartbeat: float | None = None              # None: the cluster spec's (podrun.wire.liveness.settings)
     heartbeat_misses: int | None = None
     keepalive: float | None = None
@@ -71,6 +72,7 @@ class OutputOptions:
     as_json: bool = False
     run_id: str | None = None
     runs_dir: str | None = None
+    prefix: bool = True                 # each worker line's [instance host] on the console (--no-prefix: none)
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,8 @@ class Decisions:
 
     master_addr: str | None = None              # None: the host of instance 0
     master_port: int | None = None              # None: podrun.launch.run.rendezvous_port's default
-    grace: float = 5.0                          # seconds between SIGTERM and SIGKILL
+    grace: float = GRACE_S                      # seconds between SIGTERM and SIGKILL
+    interrupt_grace: float = INTERRUPT_GRACE_S  # seconds between SIGINT/SIGHUP/SIGUSR1 and SIGTERM (torchrun's)
     mpi_args: tuple[str, ...] = ()
     poprun: object | None = None                # podrun.launch.engines.poprun.PoprunOptions
     needs: tuple[str, ...] = ()                 # the recipe's modules, checked by every held agent

@@ -19,9 +19,10 @@ from podrun.plan.inputs import resolve_plan_inputs
 from podrun.plan.measured import launch_measured
 from podrun.rundir.layout import DEFAULT_RUNS_DIR, new_run_id
 from podrun.specs import recipe_args as recipe_cli
+from podrun.wire.agent_args import GRACE_S, INTERRUPT_GRACE_S
 from podrun.wire.liveness import settings
 from podrun.wire.probe import interface_address, missing_modules, missing_text
-from podrun.wire.worker_env import RDZV_ID_ENV, ROLE_ENV, workers_per_instance
+from podrun.wire.worker_env import RDZV_ID_ENV, ROLE_ENV, VIRTUAL_LOCAL_RANK_ENV, workers_per_instance
 
 if TYPE_CHECKING:  # pragma: no cover
     from podrun.elastic.replan import ElasticPolicy
@@ -70,10 +71,26 @@ def prepare_launch(opts: LaunchOptions) -> Prepared:
 def _prepare(opts: LaunchOptions, target: Target, mapped: OwnOptions) -> Prepared:
     """prepare_launch's part after torchrun's options are mapped (``mapped``)."""
     net, rs, out = opts.transports, opts.restarts, opts.output
-    env = parse_env_options(net.env_items) + launch_names(mapped)
-    cluster, rspec, src, overrides = resolve_plan_inputs(
-        target.name if target.kind == RECIPE else None,
-        replace(opts.plan, nodes=mapped.nodes, devices_per_host=mapped.devices_per_host))
+    env = parse_env_options(net.env_items) + launch_names(mapped) + \
+        (((VIRTUAL_LOCAL_RANK_ENV, "1"),) if opts.torchrun.virtual_local_rank else ())
+    plan_opts = replace(opts.plan, nodes=mapped.nodes, devices_per_host=mapped.devices_per_host)
+    cluster, rspec, src, overrides = resolve_plan_inputs(target.name if target.kind == RECIPE else None, plan_opts)
+    if (target.kind != RECIPE and opts.torchrun.nproc_per_node is None and plan_opts.devices_per_host is None
+            and plan_opts.cluster is None and plan_opts.pod is None and getattr(src, "scheduler", "none") == "none"
+            and all(getattr(e, "slots", None) is None for e in getattr(src, "hosts", ()))):
+        # torchrun's default for a script, a module or a command: one worker per host (a cluster spec, an
+        # allocation, the slots of --hosts h:N or a hostfile, or a recipe's plan say otherwise)
+        cluster, rspec, src, overrides = resolve_plan_inputs(None, replace(plan_opts, devices_per_host=1))
+    notes: list[str] = []
+    elastic_min = mapped.elastic_min
+    if elastic_min is not None and mapped.nodes is not None and opts.torchrun.nnodes is not None and \
+            elastic_min <= len(cluster.hosts) < mapped.nodes:
+        # torchrun's --nnodes MIN:MAX starts with the nodes that joined, MIN or more: here the hosts there are; at
+        # MIN there is no host to lose, and the run is a plain one
+        notes.append(f"{opts.torchrun.said('nnodes', opts.torchrun.nnodes)}: starting on the {len(cluster.hosts)} "
+                     f"host(s) of cluster '{cluster.name}', as torchrun starts with the nodes that joined")
+        overrides = replace(overrides, nodes=len(cluster.hosts))
+        elastic_min = None if len(cluster.hosts) == elastic_min else elastic_min
     check_nproc_kind(opts.torchrun, cluster.device.kind, cluster.name)
     measured, calibration_notes = launch_measured(opts.calibration, cluster, rspec, overrides,
                                                   out.runs_dir if out.runs_dir is not None else DEFAULT_RUNS_DIR)
@@ -138,23 +155,25 @@ def _prepare(opts: LaunchOptions, target: Target, mapped: OwnOptions) -> Prepare
                         spec_misses=cluster.heartbeat_misses, spec_source=cluster.path, hosts=senders)
     elastic = None
     max_restarts = mapped.max_restarts
-    if mapped.elastic_min is not None:
+    if elastic_min is not None:
         from podrun.elastic.replan import default_restarts, make_policy
 
-        elastic = make_policy(cluster, rspec, overrides, plan, mapped.elastic_min, rs.spare_hosts, transport=name,
+        elastic = make_policy(cluster, rspec, overrides, plan, elastic_min, rs.spare_hosts, transport=name,
                               max_restarts=max_restarts, engine=None if engine_transport is None else engine)
         if max_restarts is None:
             max_restarts = default_restarts(elastic, plan)
-            notes.append(f"--elastic {mapped.elastic_min} without --max-restarts: {max_restarts} restart(s), one per "
+            notes.append(f"--elastic {elastic_min} without --max-restarts: {max_restarts} restart(s), one per "
                          f"host the run can lose ({len(plan.hosts)} host(s) + {len(elastic.spares)} spare(s) - "
-                         f"minimum {mapped.elastic_min}); --max-restarts N sets another count")
+                         f"minimum {elastic_min}); --max-restarts N sets another count")
     elif rs.spare_hosts is not None:
         raise LaunchError("--spare-hosts takes effect only in an elastic run", hint="add --elastic MIN")
     if out.only_output_from_instance is not None and not 0 <= out.only_output_from_instance < plan.instances:
         raise LaunchError(f"--only-output-from-instance {out.only_output_from_instance}: the plan has instances "
                           f"0..{plan.instances - 1}")
     decided = Decisions(master_addr=mapped.master_addr, master_port=mapped.master_port,
-                        grace=mapped.grace if mapped.grace is not None else GRACE_S, mpi_args=mpi_args,
+                        grace=mapped.grace if mapped.grace is not None else GRACE_S,
+                        interrupt_grace=mapped.grace if mapped.grace is not None else INTERRUPT_GRACE_S,
+                        mpi_args=mpi_args,
                         poprun=poprun_opts, needs=needs)
     request = build_request(plan, target.worker_command(python, recipe_script), transport=name, options=opts,
                             decided=decided, liveness=liveness, run_id=run_dir_name(mapped),
@@ -164,7 +183,7 @@ def _prepare(opts: LaunchOptions, target: Target, mapped: OwnOptions) -> Prepare
     if rs.warm and request.max_restarts > 0 and kind.per_instance:    # its agents start each instance themselves
         request = replace(request, warm=True)
     bind, host_cores, bind_note = decide_cpu_bind(mapped.cpu_bind, plan, cluster.cpu, not kind.remote, cluster.path)
-    request = replace(request, cpu_bind=bind, host_cores=host_cores)
+    request = replace(request, cpu_bind=bind, host_cores=host_cores, rank_files=mapped.rank_files)
     notes += [bind_note] if bind_note is not None else []
     if not out.dry_run:
         engine_of(engine).require()                                     # horovod: importable here

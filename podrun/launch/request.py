@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING
 
 from podrun.errors import LaunchError
 from podrun.redaction import ENV_NAME_RE, redact_argv, remember_secret, secret_name
-from podrun.wire.agent_args import AGENT_MODULE, GRACE_S, MAX_CPU, AgentArgs, CpuBind, FromEnv, RunAttempt
+from podrun.launch.instance_logs import RankFiles
+from podrun.wire.agent_args import (AGENT_MODULE, GRACE_S, INTERRUPT_GRACE_S, MAX_CPU, AgentArgs, CpuBind, FromEnv,
+                                    RunAttempt)
 from podrun.wire.liveness import HEARTBEAT_MISSES, HEARTBEAT_S, Liveness
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -55,6 +57,7 @@ class LaunchRequest:
     master_port: int
     transport: str = "local"
     grace: float = GRACE_S
+    interrupt_grace: float = INTERRUPT_GRACE_S   # after SIGINT/SIGHUP/SIGUSR1 to the workers, before SIGTERM
     heartbeat: float = HEARTBEAT_S      # seconds between heartbeats, both ways (podrun.wire.liveness)
     keepalive: float = HEARTBEAT_S * HEARTBEAT_MISSES   # seconds of silence after which a host is lost, both ways
     restart_count: int = 0
@@ -68,6 +71,7 @@ class LaunchRequest:
     listen_fd: int | None = None        # the controller's socket on master_port, for a local rank 0 agent to serve on
     preflight: bool = True              # check every host before anything starts (False: --no-preflight)
     straggler_timeout: float | None = None  # seconds the others get after a worker exits 0 (None: no bound)
+    rank_files: RankFiles = RankFiles()    # torchrun's --tee/--redirects: each rank's streams to files of its own
     replanned: bool = False             # an elastic re-plan made this attempt's hosts (podrun.elastic.replan)
     needs: tuple[str, ...] = ()         # modules every worker imports; a held agent reports those it lacks
     data_interface: str | None = None   # --data-interface: the workers' network (gloo, NCCL, MASTER_ADDR)
@@ -109,7 +113,8 @@ class LaunchRequest:
         transport's copy of podrun's own stdin)."""
         source = FromEnv.RANK if per_worker else FromEnv.INDEX
         args = AgentArgs(self.attempt, source if index is None else index, self.command, grace=self.grace,
-                         heartbeat=self.heartbeat, stdin_timeout=self.keepalive if stdin_watch else None,
+                         interrupt_grace=self.interrupt_grace, heartbeat=self.heartbeat,
+                         stdin_timeout=self.keepalive if stdin_watch else None,
                          agent_store=self.agent_store, listen_fd=self.listen_fd if index == 0 else None,
                          warm=self.warm and index is not None, hold=hold, needs=self.needs if hold else (),
                          env_stdin=env_stdin and bool(self.env), worker_stdin_fd=worker_stdin_fd,

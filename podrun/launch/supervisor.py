@@ -34,11 +34,14 @@ from podrun.launch.outcome import describe_code as _describe_code   # the wordin
 from podrun.launch.request import LaunchRequest
 from podrun.launch.transports.base import InstanceHandle, Transport
 from podrun.redaction import redact_text
+from podrun.rundir import layout
 from podrun.wire import owner, protocol
 
 LOST_EXIT = 255           # like ssh: the connection to a host was lost
 STRAGGLER_EXIT = 124      # like timeout(1): workers still running past --straggler-timeout
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)   # SIGHUP: terminal closed, ssh dropped
+# SIGHUP: terminal closed, ssh dropped; SIGUSR1: Slurm's warning before a preemption or the time limit
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
+WAITING_SAID_AFTER_S = 1.0   # workers still running this long after a SIGINT passed on are named on the console
 
 # the protocol's kinds the supervisor's loop does not read: why
 UNHANDLED = {"probe": "a preflight answer, read by the transport's preflight before the loop starts",
@@ -58,14 +61,17 @@ class Supervisor:
         self.req = request
         self.transport = transport
         self.notice = _safe(notice or (lambda t: None))
-        self.logs = InstanceLogs(request.run_dir, self.notice, sink, only_output_from, workers_per_instance > 1)
-        self.listener = Listener(request.liveness)
         self.instances = Instances(request, workers_per_instance)
+        self.logs = InstanceLogs(request.run_dir, self.notice, sink, only_output_from, workers_per_instance > 1,
+                                 request.rank_files, lambda i, lr, stream: layout.rank_log(
+                                     request.restart_count, self.instances.rank(i, lr), stream))
+        self.listener = Listener(request.liveness)
         self.failures = Failures()
         self.live = LiveWatch(request, self.instances, self.notice, transport.merged, self._hung, watch, progress)
         self.signalled: int | None = None
         self.stopping_since: float | None = None
         self.force = False
+        self.waiting_said = False
         # each protocol line's handler by its kind (protocol.KINDS: every kind the controller reads is one of
         # these; UNHANDLED says why the others are not read here)
         self.handlers: dict[str, Callable[[InstanceState, protocol.Event, float], None]] = {
@@ -269,7 +275,9 @@ class Supervisor:
                 first = self.signalled if self.signalled is not None else signal.SIGTERM
                 for x in open_handles:
                     x.terminate(first)       # podrun's SIGINT or SIGHUP goes on as it is, as torchrun's does
-                kill_at = now + self.req.grace + protocol.TERM_TO_KILL_S + 3.0
+                grace = self.req.grace if first == signal.SIGTERM else self.req.interrupt_grace
+                kill_at = now + grace + protocol.TERM_TO_KILL_S + 3.0
+            self._say_waiting(now)
             if kill_at is not None and self.force:
                 kill_at = now
             if kill_at is not None and now >= kill_at:
@@ -281,6 +289,30 @@ class Supervisor:
                     open_handles.discard(x)
         self.live.end()
         return self._outcome()
+
+    def _say_waiting(self, now: float) -> None:
+        """Once, a moment after a signal other than SIGTERM went on to the workers: the ranks still in their handler
+        (a KeyboardInterrupt that saves), how long they get before SIGTERM, and that a second Ctrl-C ends them now."""
+        if (self.waiting_said or self.signalled in (None, signal.SIGTERM) or self.stopping_since is None
+                or self.force or now - self.stopping_since < WAITING_SAID_AFTER_S):
+            return
+        self.waiting_said = True
+        running = self.instances.running(starting=True)
+        if not running:
+            return
+        from podrun.launch.stacks import rank_ranges
+
+        by_host: dict[str, list[int]] = {}
+        for index, lr in running:
+            by_host.setdefault(self.instances[index].host, []).append(self.instances.rank(index, lr))
+        who = "; ".join(f"rank{'s' if len(r) > 1 else ''} {rank_ranges(sorted(r), 8)} on {h}"
+                        for h, r in list(by_host.items())[:4])
+        more = f" and {len(by_host) - 4} more hosts" if len(by_host) > 4 else ""
+        name = signal.Signals(self.signalled).name
+        handler = "KeyboardInterrupt handler" if self.signalled == signal.SIGINT else f"{name} handler"
+        whose = f"its {handler}" if len(running) == 1 else f"their {handler}s"
+        self.notice(f"waiting up to {self.req.interrupt_grace:g} s for {who}{more} ({whose}); "
+                    f"Ctrl-C again ends {'it' if len(running) == 1 else 'them'} now")
 
     def _lost(self, silent: Silent, open_handles: set) -> None:
         """An instance silent past its bound: its host is lost; it is ended, its loss said, and a handle that

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from podrun.errors import LaunchError
+from podrun.launch.instance_logs import RankFiles
 from podrun.launch.torchrun_cli import TorchrunOptions, pet_name
 
 RDZV_DEFAULT_PORT = 29400          # torchrun's port for an --rdzv-endpoint given without one
@@ -58,6 +59,7 @@ class OwnOptions:
     rdzv_id: str | None = None                  # every worker's TORCHELASTIC_RUN_ID (None: the run id)
     role: str | None = None                     # every worker's ROLE_NAME (None: torchrun's "default")
     cpu_bind: str | None = None                 # --cpu-bind as given (None: none), or torchrun's --numa-binding's
+    rank_files: RankFiles = RankFiles()         # torchrun's --tee and --redirects
     words: tuple[tuple[str, str, str], ...] = field(default=(), compare=False)
 
     def in_user_words(self, exc):
@@ -76,8 +78,10 @@ class OwnOptions:
             for ours, value, theirs in self.words:
                 text = text.replace(f"{ours} {value}", theirs)
                 name = theirs.split("=")[0].split(" ")[0]
-                if name.startswith("-") and first[theirs] == ours:     # a bare name: the option it maps onto first
-                    text = re.sub(re.escape(ours) + r"(?![\w-])", name, text)
+                if name.startswith("PET_") and first[theirs] == ours:   # a variable: NAME=VALUE, not --nodes N
+                    text = re.sub(re.escape(ours) + r" (\S+)", name + r"=\1", text)
+                if name.startswith(("-", "PET_")) and first[theirs] == ours:   # a bare name: the option it maps
+                    text = re.sub(re.escape(ours) + r"(?![\w-])", name, text)     # onto first
             return text
 
         new = type(exc).__new__(type(exc))
@@ -134,14 +138,11 @@ def reconcile(tr: TorchrunOptions, own: OwnOptions, *, cpu_count: int, pet_own: 
         out = replace(out, rdzv_id=tr.rdzv_id)
     if tr.log_dir is not None:
         out = _set(out, "runs_dir", tr.log_dir, tr, "log_dir", "--runs-dir")
-    if tr.redirects is not None and tr.redirects != "0":
-        raise not_supported(
-            tr.said("redirects", tr.redirects),
-            "podrun shows every worker's output on the console and also writes it to the run directory "
-            "(instance-N.log); it has no mode that takes output off the console",
-            "--local-ranks-filter or --only-output-from-instance N to show less, or send the console to /dev/null")
-    if tr.tee is not None:
-        _check_streams(tr.said("tee"), tr.tee)
+    if tr.redirects is not None or tr.tee is not None:     # each rank's streams to attempt_<N>/<rank>/*.log
+        for name in ("redirects", "tee"):
+            if getattr(tr, name) is not None:
+                _check_streams(tr.said(name), getattr(tr, name))
+        out = replace(out, rank_files=RankFiles(tee=tr.tee, redirects=tr.redirects))
     if tr.rdzv_conf is not None:
         out = _rdzv_conf(tr, out, backend)
     if tr.monitor_interval is not None:
@@ -178,20 +179,12 @@ def _given(value) -> bool:
 
 # torchrun's options podrun has no meaning for: (the option, whether its value is refused, why, what to use instead)
 REFUSED = (
-    ("event_log_handler", lambda v: v is not None and v != "null",
-     "podrun records a run's events in its run directory, not through torchrun's event handlers",
-     "the run directory's summary.json and instance-N.log (--event-log-handler null is taken)"),
     *((name, lambda v: v is not None and v != "",
        "podrun writes every line of every worker to the run directory (instance-N.log) and duplicates none to "
        "another file", "grep on runs/RUN_ID/instance-N.log")
       for name in ("duplicate_stdout_filters", "duplicate_stderr_filters")),
-    ("local_addr", _given, "one podrun launch starts every host, each reached by its name in --hosts, and the "
-     "workers meet at --master-addr", "--master-addr ADDR (instance 0's address) or --data-interface IFACE (the "
-     "network the workers use)"),
     ("logs_specs", _given, "podrun's logs are the run directory's files, not a torchrun.logs_specs plugin",
      "--runs-dir DIR (logs in DIR/RUN_ID/instance-N.log)"),
-    ("virtual_local_rank", bool, "podrun gives each worker its LOCAL_RANK and leaves CUDA_VISIBLE_DEVICES as the "
-     "host has it", "LOCAL_RANK as the device index (torch.cuda.set_device(LOCAL_RANK))"),
     ("node_rank", _given, "podrun places the instances itself; one podrun launch on one machine starts every "
      "host's instance and gives each its GROUP_RANK",
      "one podrun launch (not one per node) naming the hosts with --hosts h1,h2 or --hostfile"),
@@ -394,8 +387,8 @@ def _nnodes(tr: TorchrunOptions) -> tuple[int, int]:
 
 
 def parse_endpoint(value: str, option: str = "--rdzv-endpoint") -> tuple[str, int]:
-    """HOST[:PORT] ([V6]:PORT for IPv6) -> (host, port); no port: torchrun's 29400 (``option``: as the user
-    wrote it, for the error)."""
+    """HOST[:PORT] ([V6]:PORT for IPv6) -> (host, port); no port: torchrun's 29400; port 0: a free port picked at
+    the start, as torchrun's c10d rendezvous binds port 0 (``option``: as the user wrote it, for the error)."""
     text = value.strip()
     if text.startswith("["):
         host, sep, rest = text[1:].partition("]")
@@ -414,9 +407,10 @@ def parse_endpoint(value: str, option: str = "--rdzv-endpoint") -> tuple[str, in
                                "brackets: [fd00::1]:29400)")
     if port_text is None:
         return host, RDZV_DEFAULT_PORT
-    if not (port_text.isascii() and port_text.isdigit()) or len(port_text) > 5 or not 1 <= int(port_text) <= 65535:
+    if not (port_text.isascii() and port_text.isdigit()) or len(port_text) > 5 or not 0 <= int(port_text) <= 65535:
         raise LaunchError(f"{option} {value!r}: {port_text!r} is not a TCP port",
-                          hint=f"give a port in 1..65535, e.g. {option} node1:29400")
+                          hint=f"give a port in 0..65535 (0: a free one, picked at the start), e.g. {option} "
+                               "node1:29400")
     return host, int(port_text)
 
 

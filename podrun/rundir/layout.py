@@ -45,6 +45,12 @@ def instance_log(index: int) -> str:
     return f"instance-{index}.log"
 
 
+def rank_log(restart: int, rank: int, stream: str) -> str:
+    """A worker's stream (``out`` or ``err``) under torchrun's --redirects/--tee: attempt_<N>/<rank>/stdout.log, as
+    torchrun lays out its log dir (its <rank> is the local rank of one node's agent; here the global rank)."""
+    return f"attempt_{restart}/{rank}/{'stdout' if stream == 'out' else 'stderr'}.log"
+
+
 def plan_of(restart: int) -> str:
     """The plan an elastic run's attempt ``restart`` ran (plan.json is always the newest)."""
     return f"plan-{restart}.json"

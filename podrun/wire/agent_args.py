@@ -8,7 +8,10 @@ from dataclasses import dataclass
 from podrun.wire.liveness import HEARTBEAT_MISSES, HEARTBEAT_S
 
 AGENT_MODULE = "podrun.host.agent"
-GRACE_S = 5.0               # --grace: seconds between the first signal to the workers and SIGKILL
+GRACE_S = 5.0               # --grace: seconds between SIGTERM to the workers and SIGKILL (a failed worker's teardown)
+# --interrupt-grace: seconds between a SIGINT, SIGHUP or SIGUSR1 passed on to the workers and SIGTERM, so that a
+# KeyboardInterrupt handler that saves has time: torchrun's default shutdown timeout (torch.distributed.run)
+INTERRUPT_GRACE_S = 30.0
 
 
 class FromEnv(enum.Enum):
@@ -113,6 +116,7 @@ class AgentArgs:
     instance: int | FromEnv          # --instance N, else the launcher's rank (--index-from-env, --rank-from-env)
     command: tuple[str, ...]         # what each worker runs
     grace: float = GRACE_S
+    interrupt_grace: float = INTERRUPT_GRACE_S
     heartbeat: float = HEARTBEAT_S   # seconds between heartbeats to the controller
     # seconds of silence on stdin (no controller heartbeat) after which the workers are ended; None: no stdin watch
     stdin_timeout: float | None = HEARTBEAT_S * HEARTBEAT_MISSES
@@ -138,6 +142,7 @@ class AgentArgs:
         at = self.attempt
         argv = ["--plan", at.plan_path, "--run-id", at.run_id, "--run-dir", at.run_dir,
                 "--master-addr", at.master_addr, "--master-port", str(at.master_port), "--grace", _num(self.grace),
+                "--interrupt-grace", _num(self.interrupt_grace),
                 "--restart-count", str(at.restart_count), "--max-restarts", str(at.max_restarts),
                 "--heartbeat", _num(self.heartbeat)]
         argv += ([f"--{self.instance.value}"] if isinstance(self.instance, FromEnv)
@@ -160,7 +165,7 @@ class AgentArgs:
         for name in ("plan", "run-id", "run-dir", "master-addr"):
             ap.add_argument(f"--{name}", required=True)
         ap.add_argument("--master-port", type=int, required=True)
-        for name in ("grace", "heartbeat", "stdin-timeout"):
+        for name in ("grace", "interrupt-grace", "heartbeat", "stdin-timeout"):
             ap.add_argument(f"--{name}", type=float)
         for name in ("restart-count", "max-restarts", "listen-fd", "worker-stdin-fd"):
             ap.add_argument(f"--{name}", type=int)

@@ -374,11 +374,11 @@ def read_request(run_dir: str, name: str = REQUEST_FILE) -> str:
 # -- how the controller asks an agent to end its workers with a signal ------------------------------
 
 #: the controller's byte on an agent's stdin that ends its workers, by the signal they get first: T is the
-#: controller's own teardown (SIGTERM; also a SIGTERM podrun received), I and H relay podrun's SIGINT
-#: (Ctrl-C) and SIGHUP, as torchrun passes on the signal it received
-STOP_TOKENS = {b"T": "SIGTERM", b"I": "SIGINT", b"H": "SIGHUP"}
-#: after a SIGINT or SIGHUP stop the agent sends SIGTERM at --grace (for what ignores the first signal) and
-#: SIGKILL this many seconds later; after a SIGTERM stop, SIGKILL at --grace
+#: controller's own teardown (SIGTERM; also a SIGTERM podrun received), I, H and U relay podrun's SIGINT
+#: (Ctrl-C), SIGHUP and SIGUSR1, as torchrun passes on the signal it received
+STOP_TOKENS = {b"T": "SIGTERM", b"I": "SIGINT", b"H": "SIGHUP", b"U": "SIGUSR1"}
+#: after a SIGINT, SIGHUP or SIGUSR1 stop the agent sends SIGTERM at --interrupt-grace (for what outlives the first
+#: signal) and SIGKILL this many seconds later; after a SIGTERM stop, SIGKILL at --grace
 TERM_TO_KILL_S = 1.0
 
 

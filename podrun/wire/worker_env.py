@@ -84,7 +84,7 @@ HOST_DEFAULT_NAMES = ("OMP_NUM_THREADS", CPUS_ENV, "PYTHONUNBUFFERED", "TORCH_NC
                       "TORCHELASTIC_SIGNALS_TO_HANDLE", "GLOO_SOCKET_IFNAME")
 # The signals podrun handles and passes on to the workers as they are (podrun.launch.supervisor.STOP_SIGNALS,
 # podrun.wire.protocol.STOP_TOKENS, the agent's own handlers), in torchrun's variable for its own list
-SIGNALS_HANDLED = "SIGTERM,SIGINT,SIGHUP"
+SIGNALS_HANDLED = "SIGTERM,SIGINT,SIGHUP,SIGUSR1"
 # What --data-interface NAME (or a cluster spec's data_interface) sets for every worker: the interface gloo
 # and NCCL open their sockets on
 DATA_INTERFACE_NAMES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
@@ -239,6 +239,9 @@ def worker_env(plan: "Plan", instance_index: int, local_rank: int, *, run_id: st
 # What the launch sets for every agent (podrun launch's --rdzv-id and --role, podrun.launch.prepare.launch_names)
 # and the workers' names they give: TORCHELASTIC_RUN_ID is the rendezvous id (torchrun's), not the run id
 RDZV_ID_ENV, ROLE_ENV = "PODRUN_RDZV_ID", "PODRUN_ROLE"
+# torchrun's --virtual-local-rank, for every agent: each worker's LOCAL_RANK is 0 and CUDA_VISIBLE_DEVICES its own
+# device (its entry of the host's CUDA_VISIBLE_DEVICES, else its local rank), as torchrun's LocalElasticAgent sets
+VIRTUAL_LOCAL_RANK_ENV = "PODRUN_VIRTUAL_LOCAL_RANK"
 LAUNCH_OVERRIDES = {RDZV_ID_ENV: "TORCHELASTIC_RUN_ID", ROLE_ENV: "ROLE_NAME"}
 
 
@@ -284,5 +287,10 @@ def instance_envs(plan: "Plan", instance_index: int, attempt: "RunAttempt", *, a
         if bound is not None:
             env[CPU_SET_ENV] = cores_text(bound[local_rank])
         env.update({k: v for k, v in {**defaults, **share}.items() if k not in host_env})
+        if host_env.get(VIRTUAL_LOCAL_RANK_ENV) == "1":
+            visible = host_env.get("CUDA_VISIBLE_DEVICES")
+            devices = visible.split(",") if visible else []
+            env["LOCAL_RANK"] = "0"
+            env["CUDA_VISIBLE_DEVICES"] = devices[local_rank].strip() if local_rank < len(devices) else str(local_rank)
         envs.append(launch_overrides(env, host_env))
     return envs

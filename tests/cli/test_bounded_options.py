@@ -37,7 +37,7 @@ def _launch(capsys, monkeypatch, tmp_path, *argv):
     (["--grace", "\u0663"], "--grace"),
     (["--heartbeat", "604800", "--heartbeat-misses", "1000000"], "--heartbeat, --heartbeat-misses"),
     (["--keepalive", "604801"], "--keepalive"),
-    (["--rdzv-endpoint", "h1:0"], "is not a TCP port"),
+    (["--rdzv-endpoint", "h1:65536"], "is not a TCP port"),
     (["--rdzv-endpoint", "h1:29400:1"], "is not one HOST:PORT"),
     (["--rdzv-endpoint", "h1:\u0663"], "is not a TCP port"),
     (["--data-interface", "nonexist0"], "nonexist0 (--data-interface) does not exist on this machine"),

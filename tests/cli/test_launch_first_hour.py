@@ -114,7 +114,7 @@ def test_launch_help_is_short_podrun_first_and_help_all_has_every_option():
                 "--max-restarts", "--max_restarts", "-m, --module", "--no-python", "--run-path", "--local-ranks-filter",
                 "--signals-to-handle", "--shutdown-timeout", "--numa-binding"):
         assert opt in torchrun, opt
-    assert "one worker per core (torchrun: 1)" in " ".join(torchrun.split())
+    assert "Left out: 1 for a script, module or command, as torchrun's" in " ".join(torchrun.split())
     assert "--grace, --shutdown-timeout" in text[heads[3]:heads[4]] and "--vipu-partition" in text[heads[4]:heads[5]]
 
 

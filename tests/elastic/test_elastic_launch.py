@@ -163,7 +163,7 @@ def test_policy_spares_are_the_option_then_hosts_left_out():
      "--elastic 2 re-plans on a restart, and --max-restarts is 0"),
     (["--elastic", "3", "--hosts", "a,b,c"], "the run can lose no host"),
     (["--elastic", "4", "--max-restarts", "1", "--hosts", "a,b,c"], "the minimum must be between 1 and the plan's 3 hosts"),
-    (["--elastic", "0", "--max-restarts", "1", "--hosts", "a,b,c"], "Invalid value for '--elastic': 0 is outside 1.."),
+    (["--elastic", "0", "--max-restarts", "1", "--hosts", "a,b,c"], "--elastic: 0 is outside 1.."),
     (["--elastic", "2", "--max-restarts", "1", "--hosts", "a,b,c", "--spare-hosts", "b"], "--spare-hosts b is already one"),
     (["--elastic", "2", "--max-restarts", "1", "--hosts", "a:2,b:2", "--spare-hosts", "c:4"], "the plan needs 2 devices per host"),
     (["--elastic", "2", "--max-restarts", "1", "--hosts", "a,b,c", "--transport", "mpirun"], "not mpirun"),

@@ -24,12 +24,13 @@ SAVE = str(SCRIPTS / "save_on_interrupt.py")
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
-def _interrupt(argv: list[str], out: Path, ranks: int, cwd=None) -> tuple[int, str]:
-    """Start a launcher on the save-on-interrupt script, wait until every rank is up, SIGINT the launcher
-    (only it, as a signal from another terminal would), and return (its exit code, its output)."""
+def _interrupt(argv: list[str], out: Path, ranks: int, cwd=None, save_s: float = 0.5) -> tuple[int, str]:
+    """Start a launcher on the save-on-interrupt script (each rank's save ``save_s`` long), wait until every rank
+    is up, SIGINT the launcher (only it, as a signal from another terminal would), and return (its exit code, its
+    output)."""
     out.mkdir()
     p = subprocess.Popen([*argv, SAVE, str(out)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, cwd=cwd)
+                         stderr=subprocess.STDOUT, text=True, cwd=cwd, env={**os.environ, "SAVE_S": str(save_s)})
     try:
         seen = ""
         while not all(f"up {r}" in seen for r in range(ranks)):   # in any order
@@ -48,15 +49,18 @@ def _saved(out: Path) -> dict[str, str]:
 
 @pytest.mark.torch
 def test_sigint_runs_the_keyboard_interrupt_handler_locally_as_under_torchrun(tmp_path):
-    """torchrun passes the SIGINT it got on to its workers (and only SIGKILL after its shutdown timeout): each
-    rank's handler runs and its save, 0.5 s long, is not cut. podrun does the same."""
-    code, text = _interrupt([*TORCHRUN, "--standalone", "--nproc-per-node", "2"], tmp_path / "torchrun", 2)
+    """torchrun passes the SIGINT it got on to its workers (and SIGTERM only after its shutdown timeout, 30 s by
+    default): each rank's handler runs and its save, 2 s long (podrun's --grace was 5 s), is not cut. podrun does
+    the same, with its default, and names the ranks it waits for once."""
+    code, text = _interrupt([*TORCHRUN, "--standalone", "--nproc-per-node", "2"], tmp_path / "torchrun", 2, save_s=2)
     want = {"saved-0": "SIGINT ", "saved-1": "SIGINT "}
     assert _saved(tmp_path / "torchrun") == want, text
     code, text = _interrupt([*PODRUN, "launch", "--standalone", "--nproc-per-node", "2",
-                             "--runs-dir", str(tmp_path / "runs")], tmp_path / "podrun", 2)
+                             "--runs-dir", str(tmp_path / "runs")], tmp_path / "podrun", 2, save_s=2)
     assert _saved(tmp_path / "podrun") == want, text
     assert code == 130 and "received SIGINT" in text, text
+    assert text.count("podrun: waiting up to 30 s for ranks 0-1 on localhost (their KeyboardInterrupt handlers); "
+                      "Ctrl-C again ends them now") == 1, text
     assert summary(tmp_path / "runs")["status"] == "interrupted"
     # the workers' KeyboardInterrupt tracebacks go to their log, not to the console (--debug shows them)
     assert "Traceback" not in text and "saved 0" in text, text
@@ -90,20 +94,24 @@ def test_sigint_reaches_the_workers_through_mpirun_as_sigint(ssh_hosts, tmp_path
     assert _saved(tmp_path / "out") == {"saved-0": "SIGINT ", "saved-1": "SIGINT "}, text
 
 
-def test_a_worker_that_outlives_sigint_gets_sigterm_after_grace(tmp_path):
-    """SIGINT first; what is still running --grace seconds later (a worker that handles SIGINT and goes on, or a
-    shell's background job, which ignores it) gets SIGTERM, and the run ends without waiting for SIGKILL."""
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGUSR1])
+def test_a_worker_that_outlives_sigint_gets_sigterm_after_grace(tmp_path, sig):
+    """SIGINT first (or SIGUSR1, Slurm's warning before a preemption, passed on as torchrun's --signals-to-handle
+    does); what is still running --grace seconds later (a worker that handles it and goes on, or a shell's
+    background job, which ignores SIGINT) gets SIGTERM, and the run ends without waiting for SIGKILL."""
     m = marker()
+    name = signal.Signals(sig).name[3:]
     p = subprocess.Popen([*PODRUN, "launch", "--devices-per-host", "1", "--grace", "1", "--master-port",
                           str(free_port(2)), "--runs-dir", str(tmp_path / "runs"), "--", "sh", "-c",
-                          "trap 'echo got-int $(date +%s.%N)' INT; trap 'echo got-term $(date +%s.%N); exit 143' TERM; "
+                          f"trap 'echo got-int $(date +%s.%N)' {name}; "
+                          "trap 'echo got-term $(date +%s.%N); exit 143' TERM; "
                           f"echo up; while :; do sleep 0.1; done # {m}"],
                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_output(p, "up", 60)
-        p.send_signal(signal.SIGINT)
+        p.send_signal(sig)
         out, _ = p.communicate(timeout=30)
-        assert p.returncode == 130, out
+        assert p.returncode == 128 + sig, out
         got = {w[0]: float(w[1]) for w in (l.split()[-2:] for l in out.splitlines() if " got-" in l)}
         assert set(got) == {"got-int", "got-term"}, out
         assert got["got-term"] - got["got-int"] >= 0.9, out      # --grace 1 between them
@@ -121,6 +129,7 @@ def test_signals_to_handle_names_the_signals_podrun_passes_on():
     from podrun.wire.protocol import STOP_TOKENS
 
     names = set(SIGNALS_HANDLED.split(","))
+    assert "SIGUSR1" in names                     # Slurm's warning before a preemption, passed on as torchrun does
     assert names == {s.name for s in STOP_SIGNALS} == set(STOP_TOKENS.values()) == {s.name for s in agent.HANDLED}
 
 

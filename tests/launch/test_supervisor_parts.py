@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from podrun.launch import hangs
+from podrun.launch.instance_logs import RankFiles
 from podrun.launch.live_watch import LiveWatch
 from podrun.launch.outcome import (Failure, FailureKind, Failures, Instances, InstanceState, InstanceStatus,
                                    RunStatus)
@@ -22,7 +23,8 @@ STACK = 'Current thread 0x00007f00 (most recent call first):\n  File "/work/trai
 def request(tmp_path, n: int = 2, wpi: int = 2):
     return SimpleNamespace(instances=tuple(SimpleNamespace(index=i, host=f"host{i}") for i in range(n)),
                            worker_envs=lambda i: [{"RANK": str(i * wpi + lr)} for lr in range(wpi)],
-                           run_dir=str(tmp_path), run_id="run", liveness=Liveness(5.0, 20.0))
+                           run_dir=str(tmp_path), run_id="run", liveness=Liveness(5.0, 20.0), rank_files=RankFiles(),
+                           restart_count=0)
 
 
 def test_an_instance_status_is_an_enum_and_a_string_is_refused(tmp_path):

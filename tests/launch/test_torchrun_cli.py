@@ -53,19 +53,20 @@ def podrun(*args, cwd, env):
 
 
 def test_canonical_ddp_script_same_output_and_env_keys_as_torchrun(tmp_path):
-    """`podrun launch --nproc-per-node 2 ddp.py` and `torchrun --nproc-per-node 2 ddp.py`: the same lines
-    (podrun's [instance:rank host] prefix taken off), which include each rank's sorted torch variable names."""
+    """`podrun launch --no-prefix --nproc-per-node 2 ddp.py` and `torchrun --nproc-per-node 2 ddp.py`: the same
+    lines (no [instance:rank host] prefix), which include each rank's sorted torch variable names."""
     (tmp_path / "ddp.py").write_text(_canonical_script())
     env = _base_env()
     # a free port, not torchrun's 29500, which other runs on this machine may hold; the names are compared
     tr = torchrun("--master-port", str(free_port(2)), "--nproc-per-node", "2", "ddp.py", cwd=tmp_path, env=env)
     assert tr.returncode == 0, tr.stdout + tr.stderr
-    pr = podrun("--runs-dir", str(tmp_path / "runs"), "--nproc-per-node", "2", "ddp.py", cwd=tmp_path, env=env)
+    pr = podrun("--runs-dir", str(tmp_path / "runs"), "--no-prefix", "--nproc-per-node", "2", "ddp.py", cwd=tmp_path,
+                env=env)
     assert pr.returncode == 0, pr.stdout + pr.stderr
     # torchrun's workers share one pipe, so one rank's line can be split by another's ("...11.715523rank 1/2
     # ...", then an empty line): its lines are read back as records; podrun's must be whole lines already
     tr_lines = sorted(RECORD.findall(tr.stdout))
-    pr_lines = sorted(PREFIX.sub("", line) for line in pr.stdout.splitlines())
+    pr_lines = sorted(pr.stdout.splitlines())
     assert len(tr_lines) == 4 and any("launcher set" in line and "TORCHELASTIC_RUN_ID" in line for line in tr_lines)
     assert pr_lines == tr_lines
 
@@ -224,3 +225,27 @@ def test_run_path_and_local_ranks_filter_as_torchrun(tmp_path):
     assert tr_lines == ["err 0", "err 2", "out 0", "out 2"]
     assert pr_lines == tr_lines
     assert "out 1" in (tmp_path / "runs" / "r" / "instance-0.log").read_text()
+
+
+STREAMS = 'import os, sys\nprint("out", os.environ["RANK"], flush=True)\nprint("err", os.environ["RANK"], file=sys.stderr)\n'
+
+
+def _rank_files(log_dir: Path) -> dict[str, str]:
+    """attempt_N/RANK/stdout.log|stderr.log under the one run directory in ``log_dir`` -> its text."""
+    (run,) = [d for d in log_dir.iterdir() if d.is_dir()]
+    return {str(f.relative_to(run)): f.read_text() for f in sorted(run.glob("attempt_*/*/*.log"))}
+
+
+def test_log_dir_redirects_and_tee_lay_out_each_ranks_streams_as_torchrun(tmp_path):
+    """--log-dir D --redirects 1 --tee 2 under both: each rank's stdout only in D/RUN/attempt_0/RANK/stdout.log (off
+    the console), its stderr in stderr.log and on the console; the same files with the same lines."""
+    (tmp_path / "streams.py").write_text(STREAMS)
+    args = ["--nproc-per-node", "2", "--redirects", "1", "--tee", "2", "streams.py"]
+    tr = torchrun("--standalone", "--log-dir", str(tmp_path / "tr"), *args, cwd=tmp_path, env=_base_env())
+    assert tr.returncode == 0, tr.stdout + tr.stderr
+    pr = podrun("--standalone", "--log-dir", str(tmp_path / "pr"), *args, cwd=tmp_path, env=_base_env())
+    assert pr.returncode == 0, pr.stdout + pr.stderr
+    files = _rank_files(tmp_path / "tr")
+    assert files == _rank_files(tmp_path / "pr") and files["attempt_0/1/stdout.log"] == "out 1\n", files
+    assert "out" not in tr.stdout + pr.stdout
+    assert sorted(re.findall(r"err \d", tr.stderr)) == sorted(re.findall(r"err \d", pr.stderr)) == ["err 0", "err 1"]

@@ -12,6 +12,7 @@ from podrun.cli.main import main
 from podrun.errors import LaunchError
 from podrun.launch.torchrun_cli import (COMMAND, MODULE, RECIPE, SCRIPT, Target, TorchrunOptions, classify,
                                         command_hint, recipe_args)
+from podrun.launch.instance_logs import RankFiles
 from podrun.launch.torchrun_map import OwnOptions, check_nproc_kind, parse_endpoint, reconcile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -90,9 +91,12 @@ def test_command_hint_names_the_file_in_the_working_directory(tmp_path):
     (TorchrunOptions(rdzv_endpoint="[fd00::1]:7"), OwnOptions(master_addr="fd00::1", master_port=7)),
     (TorchrunOptions(rdzv_id="job7"), OwnOptions(rdzv_id="job7")),           # not the run directory's name
     (TorchrunOptions(log_dir="/tmp/logs"), OwnOptions(runs_dir="/tmp/logs")),
-    (TorchrunOptions(tee="3"), OwnOptions()),
-    (TorchrunOptions(tee="0:3,1:1"), OwnOptions()),
-    (TorchrunOptions(redirects="0"), OwnOptions()),
+    (TorchrunOptions(tee="3"), OwnOptions(rank_files=RankFiles(tee="3"))),
+    (TorchrunOptions(tee="0:3,1:1"), OwnOptions(rank_files=RankFiles(tee="0:3,1:1"))),
+    (TorchrunOptions(redirects="3", tee="0:1"), OwnOptions(rank_files=RankFiles(tee="0:1", redirects="3"))),
+    (TorchrunOptions(rdzv_endpoint="localhost:0"), OwnOptions(master_addr="localhost", master_port=0)),  # stacked
+    (TorchrunOptions(local_addr="10.0.0.1", event_log_handler="console", virtual_local_rank=True), OwnOptions()),
+    (TorchrunOptions(signals_to_handle="SIGTERM,SIGUSR1"), OwnOptions()),      # Slurm's preemption signal
     (TorchrunOptions(rdzv_backend="c10d", rdzv_endpoint="h:5"), OwnOptions(master_addr="h", master_port=5)),
     (TorchrunOptions(rdzv_backend="static"), OwnOptions()),
     (TorchrunOptions(rdzv_conf="keep_alive_interval=2,keep_alive_max_attempt=5"),
@@ -130,7 +134,7 @@ def test_podruns_own_options_pass_through_and_must_agree():
 # options podrun refuses, each with the words of its refusal that say why
 REFUSED = [
     ({"node_rank": "1"}, "podrun places the instances itself"),
-    ({"redirects": "3"}, "no mode that takes output off the console"), ({"tee": "7"}, "not a stream choice"),
+    ({"redirects": "4"}, "not a stream choice"), ({"tee": "7"}, "not a stream choice"),
     ({"nproc_per_node": "many"}, "not a number of workers"), ({"nproc_per_node": "0"}, "at least one worker"),
     ({"nnodes": "1:2:3"}, "neither N nor MIN:MAX"), ({"nnodes": "3:2"}, "MIN <= MAX"),
     ({"standalone": True, "nnodes": "2"}, "--standalone runs one node"),
@@ -153,16 +157,14 @@ def test_options_podrun_has_no_meaning_for_are_refused_saying_why(tr, words):
 
 # torchrun's options podrun has no meaning for: each as the user gave it, and the options that give it
 UNSUPPORTED = [
-    ("--node-rank 1", {"node_rank": "1"}), ("--redirects 3", {"redirects": "3"}),
+    ("--node-rank 1", {"node_rank": "1"}),
     ("--rdzv-backend etcd-v2", {"rdzv_backend": "etcd-v2"}), ("--rdzv-conf is_host=1", {"rdzv_conf": "is_host=1"}),
     ("--rdzv-conf rank=0", {"rdzv_conf": "rank=0"}), ("--rdzv-conf store_type=file", {"rdzv_conf": "store_type=file"}),
     ("--rdzv-conf jion_timeout=5", {"rdzv_conf": "jion_timeout=5"}),
-    ("--event-log-handler console", {"event_log_handler": "console"}),
     ("--duplicate-stdout-filters apple", {"duplicate_stdout_filters": "apple"}),
     ("--duplicate-stderr-filters apple", {"duplicate_stderr_filters": "apple"}),
-    ("--local-addr 10.0.0.1", {"local_addr": "10.0.0.1"}), ("--logs-specs mine", {"logs_specs": "mine"}),
-    ("--virtual-local-rank", {"virtual_local_rank": True}),
-    ("--signals-to-handle SIGTERM,SIGUSR1", {"signals_to_handle": "SIGTERM,SIGUSR1"}),
+    ("--logs-specs mine", {"logs_specs": "mine"}),
+    ("--signals-to-handle SIGTERM,SIGUSR2", {"signals_to_handle": "SIGTERM,SIGUSR2"}),
     ("PET_NODE_RANK=0", {"node_rank": "0", "spelled": {"node_rank": "PET_NODE_RANK"}}),
 ]
 
@@ -187,6 +189,22 @@ def test_nproc_gpu_needs_gpus():
 def test_parse_endpoint():
     assert parse_endpoint("10.0.0.1:29500") == ("10.0.0.1", 29500)
     assert parse_endpoint("[::1]") == ("::1", 29400)
+    assert parse_endpoint("localhost:0") == ("localhost", 0)          # a free port, picked at the start
+
+
+@pytest.mark.parametrize("tee,redirects,console,files", [
+    ("3", None, {(0, "out"), (0, "err"), (1, "out"), (1, "err")}, {(0, "out"), (0, "err"), (1, "out"), (1, "err")}),
+    (None, "1", {(0, "err"), (1, "err")}, {(0, "out"), (1, "out")}),
+    ("0:2", "1:3", {(0, "out"), (0, "err")}, {(0, "err"), (1, "out"), (1, "err")}),
+    ("0", "0", {(0, "out"), (0, "err"), (1, "out"), (1, "err")}, set()),
+])
+def test_tee_and_redirects_choose_each_ranks_files_and_console_as_torchrun(tee, redirects, console, files):
+    """torchrun's Std: 1 stdout, 2 stderr, 3 both, per local rank with LR:N; --tee: files and console, --redirects:
+    files only."""
+    rf = RankFiles(tee=tee, redirects=redirects)
+    every = {(lr, s) for lr in (0, 1) for s in ("out", "err")}
+    assert {k for k in every if rf.on_console(*k)} == console
+    assert {k for k in every if rf.to_file(*k)} == files
 
 
 # --- the command line: one paragraph and exit 2, before anything starts ------------------------
@@ -200,7 +218,9 @@ def _launch(capsys, monkeypatch, tmp_path, *argv):
 
 @pytest.mark.parametrize("argv,words", [
     (["--nproc-per-node", "2", "--node-rank", "1", "t.py"], "podrun places the instances itself"),
-    (["--nproc_per_node", "2", "--redirects", "3", "t.py"], "off the console"),
+    (["--nproc_per_node", "2", "--redirects", "5", "t.py"], "--redirects '5' is not a stream choice"),
+    (["--max-restarts", "-1", "t.py"], "--max-restarts: -1 is outside 0..1000"),
+    (["--max_restarts=-1", "t.py"], "--max_restarts: -1 is outside 0..1000"),
     (["--nproc-per-node", "gpu", "t.py"], "cluster 'local' has cpu devices"),
     (["--nnodes", "2", "--nodes", "3", "t.py"], "--nnodes 2 means --nodes 2"),
     (["missing.py"], "script missing.py does not exist in the working directory"),
@@ -341,8 +361,7 @@ def test_every_torchrun_option_is_taken_with_its_meaning_or_refused_in_one_line(
         expect = {"no_python": "-- true --x", "run_path": f"-- {sys.executable} x.py --x",
                   "module": f"-- {sys.executable} -m json --x"}.get(dest, f"-- {sys.executable} -m json.tool --x")
         assert command.endswith(expect), (opt, command)
-    assert refused == {"duplicate_stdout_filters", "duplicate_stderr_filters", "node_rank", "local_addr",
-                       "logs_specs", "virtual_local_rank"}
+    assert refused == {"duplicate_stdout_filters", "duplicate_stderr_filters", "node_rank", "logs_specs"}
 
 
 @pytest.mark.parametrize("argv,command", [
@@ -363,8 +382,29 @@ def test_no_option_is_read_as_a_recipe_module_or_command(capsys, monkeypatch, tm
 
 
 def test_unknown_option_gets_a_did_you_mean(capsys, monkeypatch, tmp_path):
-    rc, out, err = _launch(capsys, monkeypatch, tmp_path, "--nproc-per-nod", "2", "t.py")
-    assert rc == 2 and "no such option: --nproc-per-nod" in err and "did you mean --nproc-per-node?" in err, err
+    rc, out, err = _launch(capsys, monkeypatch, tmp_path, "--nproc-per-nodes", "2", "t.py")
+    assert rc == 2 and "no such option: --nproc-per-nodes" in err and "did you mean --nproc-per-node?" in err, err
+
+
+def _workers(rec, key):
+    return [w.get(key) for i in rec["instances"] for w in i["workers"]]
+
+
+@pytest.mark.parametrize("argv,check", [
+    (["--nproc_per_nod=2"], lambda r: _workers(r, "LOCAL_RANK") == ["0", "1"]),      # argparse's prefix forms
+    (["--nproc-per", "2", "--max-rest", "1"], lambda r: len(_workers(r, "RANK")) == 2 and r["max_restarts"] == 1),
+    ([], lambda r: _workers(r, "WORLD_SIZE") == ["1"]),                  # a script: one worker, torchrun's default
+    (["--nnodes=1:2"], lambda r: len(r["instances"]) == 1 and any("starting on the 1 host" in n for n in r["notes"])),
+    (["--rdzv-endpoint=localhost:0"], lambda r: (r["master_addr"], r["master_port"]) == ("localhost", 0)),
+    (["--virtual-local-rank", "--nproc-per-node", "2"],
+     lambda r: _workers(r, "LOCAL_RANK") == ["0", "0"] and _workers(r, "CUDA_VISIBLE_DEVICES") == ["0", "1"]),
+    ([], lambda r: "--grace 5 --interrupt-grace 30 " in r["commands"][0]["command"]),   # torchrun's 30 s after SIGINT
+    (["--grace", "2"], lambda r: "--grace 2 --interrupt-grace 2 " in r["commands"][0]["command"]),
+    (["--shutdown-timeout", "7"], lambda r: "--grace 7 --interrupt-grace 7 " in r["commands"][0]["command"]),
+])
+def test_torchrun_command_lines_that_run_as_under_torchrun(capsys, monkeypatch, tmp_path, argv, check):
+    rc, rec, err = _dry(capsys, monkeypatch, tmp_path, *argv)
+    assert rc == 0 and check(rec), (err, rec)
 
 
 # --- PET_ variables: flag > PET_ > default ------------------------------------------------------
@@ -400,7 +440,8 @@ def test_pet_variables_are_torchruns_options_below_the_flags(capsys, monkeypatch
     ({"PET_STANDALONE": "yes"}, "PET_STANDALONE='yes' is not 0 or 1"),
     ({"PET_MASTER_PORT": "x"}, "PET_MASTER_PORT='x' is not a TCP port"),
     ({"PET_NPROC_PER_NODE": "0"}, "PET_NPROC_PER_NODE=0: a node runs at least one worker"),
-    ({"PET_NNODES": "1:2"}, "PET_NNODES=1:2 asks for more hosts than cluster 'local' has (1)"),
+    ({"PET_NNODES": "2:3"}, "PET_NNODES=2:3 asks for more hosts than cluster 'local' has (1)\n"
+                            "  hint: use PET_NNODES=1 or fewer"),
     ({"PET_NODE_RANK": "0"}, "torchrun's PET_NODE_RANK=0 is not supported by podrun"),
 ])
 def test_pet_variables_are_named_in_errors(capsys, monkeypatch, tmp_path, pet, words):
@@ -429,7 +470,7 @@ def test_rdzv_id_names_the_workers_rendezvous_not_the_run_directory(capsys, monk
 # --- errors in the user's words ------------------------------------------------------------------
 
 @pytest.mark.parametrize("argv,said,not_said", [
-    (["--nnodes", "1:2"], "--nnodes 1:2 asks for more hosts than cluster 'local' has (1)", "--nodes 2"),
+    (["--nnodes", "2:3"], "--nnodes 2:3 asks for more hosts than cluster 'local' has (1)", "--nodes 3"),
     (["--nnodes", "2"], "hint: use --nnodes 1 or fewer", "--nodes"),
     (["--standalone", "--master_port", "1234"], "--standalone picks a free rendezvous port on this machine, and "
      "--master_port 1234 names one", "podrun's"),

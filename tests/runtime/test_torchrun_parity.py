@@ -25,7 +25,7 @@ DIFFER = {
     "TORCHELASTIC_ERROR_FILE": "each launcher's own per-worker file: torchrun's in a temporary directory, "
                                "podrun's in the run directory",
     "TORCHELASTIC_SIGNALS_TO_HANDLE": "the signals each launcher's agent forwards: torchrun's --signals-to-handle "
-                                      "(SIGQUIT too), podrun's agent's SIGTERM,SIGINT,SIGHUP",
+                                      "(SIGQUIT too), podrun's agent's SIGTERM,SIGINT,SIGHUP,SIGUSR1",
 }
 # of those, the ones podrun need not set (none: a worker sees every name torchrun sets)
 OPTIONAL_UNDER_PODRUN: frozenset[str] = frozenset()
@@ -58,7 +58,7 @@ def test_env_under_podrun_matches_torchrun(tmp_path):
                         env={**base, "ENV_DUMP_DIR": str(tr_dir)}, capture_output=True, text=True, timeout=180,
                         cwd=tmp_path)
     assert tr.returncode == 0, tr.stdout + tr.stderr
-    pr = subprocess.run([*PODRUN, "launch", "--master-addr", "127.0.0.1", "--master-port",
+    pr = subprocess.run([*PODRUN, "launch", "--nproc-per-node", str(n), "--master-addr", "127.0.0.1", "--master-port",
                          str(port), "--runs-dir", str(tmp_path / "runs"), "--", sys.executable, DUMP],
                         env={**base, "ENV_DUMP_DIR": str(pr_dir)}, capture_output=True, text=True, timeout=180,
                         cwd=tmp_path)

@@ -88,40 +88,49 @@ def test_the_messages_are_written_as_before_and_read_tolerantly():
 GOLDEN = [
     ('plain', (0,), {},
      '--plan /runs/r1/plan.json --run-id r1 --run-dir /runs/r1 --master-addr 10.0.0.1 --master-port 29500 '
-     '--grace 5 --restart-count 0 --max-restarts 0 --heartbeat 0.5 --instance 0 --stdin-timeout 2 '
+     '--grace 5 --interrupt-grace 30 '
+     '--restart-count 0 --max-restarts 0 --heartbeat 0.5 --instance 0 --stdin-timeout 2 '
      '--agent-store -- python train.py -- -x'),
     ('plain', (None,), {'stdin_watch': False},
      '--plan /runs/r1/plan.json --run-id r1 --run-dir /runs/r1 --master-addr 10.0.0.1 --master-port 29500 '
-     '--grace 5 --restart-count 0 --max-restarts 0 --heartbeat 0.5 --index-from-env --no-stdin-watch '
+     '--grace 5 --interrupt-grace 30 '
+     '--restart-count 0 --max-restarts 0 --heartbeat 0.5 --index-from-env --no-stdin-watch '
      '--agent-store -- python train.py -- -x'),
     ('plain', (None,), {'stdin_watch': False, 'per_worker': True},
      '--plan /runs/r1/plan.json --run-id r1 --run-dir /runs/r1 --master-addr 10.0.0.1 --master-port 29500 '
-     '--grace 5 --restart-count 0 --max-restarts 0 --heartbeat 0.5 --rank-from-env --no-stdin-watch '
+     '--grace 5 --interrupt-grace 30 '
+     '--restart-count 0 --max-restarts 0 --heartbeat 0.5 --rank-from-env --no-stdin-watch '
      '--agent-store -- python train.py -- -x'),
     ('plain', (1,), {'hold': True, 'env_stdin': True},
      '--plan /runs/r1/plan.json --run-id r1 --run-dir /runs/r1 --master-addr 10.0.0.1 --master-port 29500 '
-     '--grace 5 --restart-count 0 --max-restarts 0 --heartbeat 0.5 --instance 1 --stdin-timeout 2 '
+     '--grace 5 --interrupt-grace 30 '
+     '--restart-count 0 --max-restarts 0 --heartbeat 0.5 --instance 1 --stdin-timeout 2 '
      '--agent-store --hold -- python train.py -- -x'),
     ('full', (0,), {'hold': True, 'env_stdin': True, 'worker_stdin_fd': 5},
      '--plan /runs/r1/plan.json --run-id r1 --run-dir /runs/r1 --master-addr 10.0.0.1 --master-port 0 '
-     '--grace 2.5 --restart-count 1 --max-restarts 3 --heartbeat 0.1 --instance 0 --stdin-timeout 3 '
+     '--grace 2.5 --interrupt-grace 30 '
+     '--restart-count 1 --max-restarts 3 --heartbeat 0.1 --instance 0 --stdin-timeout 3 '
      '--listen-fd 7 --warm --hold --needs torch,numpy --env-stdin --worker-stdin-fd 5 -- python train.py '
      '-- -x'),
     ('full', (1,), {'hold': True},
      '--plan /runs/r1/plan.json --run-id r1 --run-dir /runs/r1 --master-addr 10.0.0.1 --master-port 0 '
-     '--grace 2.5 --restart-count 1 --max-restarts 3 --heartbeat 0.1 --instance 1 --stdin-timeout 3 --warm '
+     '--grace 2.5 --interrupt-grace 30 '
+     '--restart-count 1 --max-restarts 3 --heartbeat 0.1 --instance 1 --stdin-timeout 3 --warm '
      '--hold --needs torch,numpy -- python train.py -- -x'),
     ('full', (None,), {'stdin_watch': False},
      '--plan /runs/r1/plan.json --run-id r1 --run-dir /runs/r1 --master-addr 10.0.0.1 --master-port 0 '
-     '--grace 2.5 --restart-count 1 --max-restarts 3 --heartbeat 0.1 --index-from-env --no-stdin-watch -- '
+     '--grace 2.5 --interrupt-grace 30 '
+     '--restart-count 1 --max-restarts 3 --heartbeat 0.1 --index-from-env --no-stdin-watch -- '
      'python train.py -- -x'),
     ('full', (0,), {},
      '--plan /runs/r1/plan.json --run-id r1 --run-dir /runs/r1 --master-addr 10.0.0.1 --master-port 0 '
-     '--grace 2.5 --restart-count 1 --max-restarts 3 --heartbeat 0.1 --instance 0 --stdin-timeout 3 '
+     '--grace 2.5 --interrupt-grace 30 '
+     '--restart-count 1 --max-restarts 3 --heartbeat 0.1 --instance 0 --stdin-timeout 3 '
      '--listen-fd 7 --warm -- python train.py -- -x'),
     ('bound', (0,), {},
      '--plan /runs/r1/plan.json --run-id r1 --run-dir /runs/r1 --master-addr 10.0.0.1 --master-port 0 '
-     '--grace 2.5 --restart-count 1 --max-restarts 3 --heartbeat 0.1 --instance 0 --stdin-timeout 3 '
+     '--grace 2.5 --interrupt-grace 30 '
+     '--restart-count 1 --max-restarts 3 --heartbeat 0.1 --instance 0 --stdin-timeout 3 '
      '--listen-fd 7 --warm --cpu-bind 0-3+8,4-7 -- python train.py -- -x'),
 ]
 

@@ -271,7 +271,8 @@ class LauncherTransport(Transport):
         for name in drop:
             env.pop(name, None)
         return [ProcessHandle(argv, label=self.name, instances=tuple(i.index for i in self.request.instances),
-                              grace=self.request.grace, env=env, **kw)]
+                              grace=max(self.request.grace, self.request.interrupt_grace), env=env,
+                              **kw)]
 
 
 class MpirunTransport(LauncherTransport):
