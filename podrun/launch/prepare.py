@@ -138,7 +138,7 @@ def _prepare(opts: LaunchOptions, target: Target, mapped: OwnOptions) -> Prepare
                                         os.path.abspath(net.workdir or os.getcwd()))
         if net.preflight and (recipe_args is not None or opts.target.needs):
             check_modules(python, target, recipe_args, opts.target.needs)
-    notes: list[str] = [*calibration_notes, *data_notes, *([vipu_note] if vipu_note else [])]
+    notes += [*calibration_notes, *data_notes, *([vipu_note] if vipu_note else [])]
     if kind.ssh_per_host:
         here = [h for h in dict.fromkeys(plan.hosts) if is_local_host(h)]
         if here:

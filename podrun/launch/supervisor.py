@@ -43,6 +43,10 @@ STRAGGLER_EXIT = 124      # like timeout(1): workers still running past --stragg
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
 WAITING_SAID_AFTER_S = 1.0   # workers still running this long after a SIGINT passed on are named on the console
 
+# each protocol line's handler (a Supervisor method) by its kind: with UNHANDLED, every kind of protocol.KINDS
+HANDLERS = {"out": "_on_output", "err": "_on_output", "part": "_on_part", "prog": "_on_progress", "stack": "_on_stacks",
+            "ready": "_on_ready", "exit": "_on_exit", "error": "_on_error", "stop": "_on_stop", "note": "_on_note",
+            "done": "_on_done"}
 # the protocol's kinds the supervisor's loop does not read: why
 UNHANDLED = {"probe": "a preflight answer, read by the transport's preflight before the loop starts",
              "start": "a worker's pid as its agent spawned it: the agent's own record, nothing the controller decides",
@@ -72,12 +76,6 @@ class Supervisor:
         self.stopping_since: float | None = None
         self.force = False
         self.waiting_said = False
-        # each protocol line's handler by its kind (protocol.KINDS: every kind the controller reads is one of
-        # these; UNHANDLED says why the others are not read here)
-        self.handlers: dict[str, Callable[[InstanceState, protocol.Event, float], None]] = {
-            "out": self._on_output, "err": self._on_output, "part": self._on_part, "prog": self._on_progress,
-            "stack": self._on_stacks, "ready": self._on_ready, "exit": self._on_exit, "error": self._on_error,
-            "stop": self._on_stop, "note": self._on_note, "done": self._on_done}
 
     def _hung(self, failure: Failure) -> None:
         if self.signalled is None:
@@ -85,14 +83,13 @@ class Supervisor:
 
     def _handle_line(self, h: InstanceHandle, ev: protocol.Event) -> None:
         """One agent line: output that is not the protocol's goes to the log and console of the handle's instance;
-        a protocol line to its kind's handler (HANDLED), with the instance's state and the time it was taken."""
+        a protocol line to its kind's handler (HANDLERS), with the instance's state and the time it was taken."""
         if ev.instance is None or ev.instance not in self.instances:    # the handle's own output
             idx = h.instances[0] if len(h.instances) == 1 else None
             self.instances.heard(idx, None, self.logs.output(idx, h.label, None, ev.kind, ev.text), ev.text)
             return
-        handler = self.handlers.get(ev.kind)
-        if handler is not None:
-            handler(self.instances[ev.instance], ev, time.monotonic())
+        if ev.kind in HANDLERS:
+            getattr(self, HANDLERS[ev.kind])(self.instances[ev.instance], ev, time.monotonic())
 
     def _on_output(self, st: InstanceState, ev: protocol.Event, now: float) -> None:
         shown = self.logs.output(st.index, st.host, ev.local_rank, ev.kind, ev.text)
