@@ -19,11 +19,10 @@ import contextlib
 import signal
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from podrun import safefs
-from podrun.errors import LaunchError
 from podrun.launch import control, hangs
 from podrun.launch.instance_logs import InstanceLogs, Sink
 from podrun.launch.listener import STALL_S, Listener, Silent
@@ -47,6 +46,8 @@ WAITING_SAID_AFTER_S = 1.0   # workers still running this long after a SIGINT pa
 HANDLERS = {"out": "_on_output", "err": "_on_output", "part": "_on_part", "prog": "_on_progress", "stack": "_on_stacks",
             "ready": "_on_ready", "exit": "_on_exit", "error": "_on_error", "stop": "_on_stop", "note": "_on_note",
             "done": "_on_done"}
+# what the loop does each turn after the item it heard, in this order (Supervisor methods)
+DUTIES = ("_find_lost", "_watch_live", "_find_stragglers", "_begin_end", "_kill_late")
 # the protocol's kinds the supervisor's loop does not read: why
 UNHANDLED = {"probe": "a preflight answer, read by the transport's preflight before the loop starts",
              "start": "a worker's pid as its agent spawned it: the agent's own record, nothing the controller decides",
@@ -54,6 +55,17 @@ UNHANDLED = {"probe": "a preflight answer, read by the transport's preflight bef
 
 # notice(text): podrun's own status messages
 Notice = Callable[[str], None]
+
+
+@dataclass
+class Ending:
+    """The run's end everywhere once begun: since when, the deadline for agents that do not end, whether a second
+    Ctrl-C asked for it now, and whether the line naming the ranks still in their handler was said."""
+
+    since: float | None = None
+    kill_at: float | None = None
+    force: bool = False
+    waiting_said: bool = False
 
 
 class Supervisor:
@@ -73,9 +85,7 @@ class Supervisor:
         self.failures = Failures()
         self.live = LiveWatch(request, self.instances, self.notice, transport.merged, self._hung, watch, progress)
         self.signalled: int | None = None
-        self.stopping_since: float | None = None
-        self.force = False
-        self.waiting_said = False
+        self.ending = Ending()
 
     def _hung(self, failure: Failure) -> None:
         if self.signalled is None:
@@ -153,7 +163,7 @@ class Supervisor:
         """An agent began ending its workers (a ``stop`` line). One that heard nothing from this controller within
         its bound, while the run was not being stopped, is a failure of its own: the controller (or the link to the
         host) went silent, and this is what the root cause says, not the workers' SIGTERM exits that follow."""
-        if (stop.why != protocol.STOP_CONTROLLER_LOST or self.stopping_since is not None or self.signalled is not None
+        if (stop.why != protocol.STOP_CONTROLLER_LOST or self.ending.since is not None or self.signalled is not None
                 or st.status is InstanceStatus.LOST):   # a host this controller found lost: its own loss says it
             return
         heard = (f"heard no heartbeat from the controller for {stop.silent_s:g} s" if stop.silent_s > 0
@@ -172,9 +182,9 @@ class Supervisor:
                 code = LOST_EXIT if rc is None else (protocol.exit_code_from_returncode(rc) or 1)
                 if code == LOST_EXIT and silences.get(idx) is not None:
                     st.lost_silence = silences[idx]   # its connection ended (ssh's own keepalive) after this
-                self.instances.end(st, InstanceStatus.TERMINATED if self.stopping_since else InstanceStatus.FAILED,
+                self.instances.end(st, InstanceStatus.TERMINATED if self.ending.since is not None else InstanceStatus.FAILED,
                                    code)
-                if self.stopping_since is None and self.signalled is None:
+                if self.ending.since is None and self.signalled is None:
                     what = ("the connection to it was lost" if code == LOST_EXIT
                             else f"its agent ended with code {code}")
                     kind = FailureKind.LOST if code == LOST_EXIT else FailureKind.AGENT_ENDED
@@ -188,10 +198,10 @@ class Supervisor:
             self.signalled = signum
             self.logs.interrupted()
         else:
-            self.force = True          # a second Ctrl-C: do not wait for the grace period
+            self.ending.force = True          # a second Ctrl-C: do not wait for the grace period
 
     def run(self) -> Outcome:
-        safefs.make_dirs(self.req.run_dir, "run directory", error=LaunchError)
+        """The attempt from its agents' start to its Outcome, in the run directory the launch made and holds."""
         old = {}
         if threading.current_thread() is threading.main_thread():
             for s in STOP_SIGNALS:
@@ -238,7 +248,7 @@ class Supervisor:
             self.listener.done.set()
 
     def _loop(self, open_handles: set, carrier: dict) -> Outcome:
-        kill_at = None
+        """Each turn: one item heard (a line, or a handle's end), then every duty of DUTIES once."""
         turn = time.monotonic()
         while open_handles:
             self.listener.handles = tuple(open_handles)
@@ -253,47 +263,61 @@ class Supervisor:
             stalled, turn = now - turn - STALL_S, now
             if stalled > 0:              # this loop did not run (a starved or stopped controller): nobody listened
                 self.listener.hearing.stall(stalled)
-            alive = [i for i, st in self.instances.items() if st.exit_code is None]
-            for silent in self.listener.silent(now, alive, carrier):
-                self._lost(silent, open_handles)
-            self.live.tick(now, open_handles, self.stopping_since is not None)
-            first_ok = self.instances.first_ok
-            if (self.req.straggler_timeout is not None and first_ok is not None and self.stopping_since is None
-                    and not self.failures and now - first_ok[0] >= self.req.straggler_timeout):
-                self._stragglers()
-            if self.stopping_since is None and (self.failures or self.signalled is not None):
-                self.stopping_since = now
-                if self.signalled is not None:
-                    why = f"received {signal.Signals(self.signalled).name}"
-                else:
-                    failed = self.failures[0]
-                    why = f"{failed.reason} (instance {failed.instance} on {failed.host})"
-                self.notice(f"ending the run on every host: {why}")
-                first = self.signalled if self.signalled is not None else signal.SIGTERM
-                for x in open_handles:
-                    x.terminate(first)       # podrun's SIGINT or SIGHUP goes on as it is, as torchrun's does
-                grace = self.req.grace if first == signal.SIGTERM else self.req.interrupt_grace
-                kill_at = now + grace + protocol.TERM_TO_KILL_S + 3.0
-            self._say_waiting(now)
-            if kill_at is not None and self.force:
-                kill_at = now
-            if kill_at is not None and now >= kill_at:
-                for x in list(open_handles):
-                    self.notice(f"{x.label}: the instance agent did not end in time; killing it")
-                    x.kill()
-                    x.close()
-                    self._handle_eof(x, {})
-                    open_handles.discard(x)
+            for duty in DUTIES:
+                getattr(self, duty)(now, open_handles, carrier)
         self.live.end()
         return self._outcome()
+
+    def _find_lost(self, now: float, open_handles: set, carrier: dict) -> None:
+        alive = [i for i, st in self.instances.items() if st.exit_code is None]
+        for silent in self.listener.silent(now, alive, carrier):
+            self._lost(silent, open_handles)
+
+    def _watch_live(self, now: float, open_handles: set, carrier: dict) -> None:  # noqa: ARG002
+        self.live.tick(now, open_handles, self.ending.since is not None)
+
+    def _find_stragglers(self, now: float, open_handles: set, carrier: dict) -> None:  # noqa: ARG002
+        first_ok = self.instances.first_ok
+        if (self.req.straggler_timeout is not None and first_ok is not None and self.ending.since is None
+                and not self.failures and now - first_ok[0] >= self.req.straggler_timeout):
+            self._stragglers()
+
+    def _begin_end(self, now: float, open_handles: set, carrier: dict) -> None:  # noqa: ARG002
+        """On the first failure or signal: end the run on every host (the signal podrun got, else SIGTERM) and set
+        the deadline for agents that do not end; the waiting line a moment after a signal."""
+        if self.ending.since is None and (self.failures or self.signalled is not None):
+            self.ending.since = now
+            if self.signalled is not None:
+                why = f"received {signal.Signals(self.signalled).name}"
+            else:
+                failed = self.failures[0]
+                why = f"{failed.reason} (instance {failed.instance} on {failed.host})"
+            self.notice(f"ending the run on every host: {why}")
+            first = self.signalled if self.signalled is not None else signal.SIGTERM
+            for x in open_handles:
+                x.terminate(first)       # podrun's SIGINT or SIGHUP goes on as it is, as torchrun's does
+            grace = self.req.grace if first == signal.SIGTERM else self.req.interrupt_grace
+            self.ending.kill_at = now + grace + protocol.TERM_TO_KILL_S + 3.0
+        self._say_waiting(now)
+
+    def _kill_late(self, now: float, open_handles: set, carrier: dict) -> None:  # noqa: ARG002
+        """Agents still there at the deadline (or at once after a second Ctrl-C) are killed."""
+        kill_at = now if self.ending.kill_at is not None and self.ending.force else self.ending.kill_at
+        if kill_at is not None and now >= kill_at:
+            for x in list(open_handles):
+                self.notice(f"{x.label}: the instance agent did not end in time; killing it")
+                x.kill()
+                x.close()
+                self._handle_eof(x, {})
+                open_handles.discard(x)
 
     def _say_waiting(self, now: float) -> None:
         """Once, a moment after a signal other than SIGTERM went on to the workers: the ranks still in their handler
         (a KeyboardInterrupt that saves), how long they get before SIGTERM, and that a second Ctrl-C ends them now."""
-        if (self.waiting_said or self.signalled in (None, signal.SIGTERM) or self.stopping_since is None
-                or self.force or now - self.stopping_since < WAITING_SAID_AFTER_S):
+        if (self.ending.waiting_said or self.signalled in (None, signal.SIGTERM) or self.ending.since is None
+                or self.ending.force or now - self.ending.since < WAITING_SAID_AFTER_S):
             return
-        self.waiting_said = True
+        self.ending.waiting_said = True
         running = self.instances.running(starting=True)
         if not running:
             return
