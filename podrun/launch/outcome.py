@@ -266,3 +266,25 @@ class Failures(list):
         cands.sort(key=lambda c: c[:3])
         root.others = [{"instance": s.index, "host": s.host, "local_rank": lr,
                         "last_lines": list(tail)[-OTHER_TAIL:]} for *_, s, lr, tail in cands[:OTHERS]]
+
+
+def attempt_outcome(instances: Instances, failures: Failures, signalled: int | None, gaps: dict[int, float],
+                    hang: dict | None, slow_ranks: list, host_busy: dict) -> Outcome:
+    """How the attempt ended: its root cause (Failures.root_cause), else the signal that stopped it, else the first
+    instance that ended non-zero; each instance's largest silence (``gaps``, the hearing's; a lost host's silence
+    when it was declared lost, if longer); when every instance was ready."""
+    ended = time.time()
+    root = failures.root_cause(instances)
+    if root is not None:
+        code, status = root.exit_code, root.kind.status
+    elif signalled is not None:
+        code, status = 128 + signalled, RunStatus.INTERRUPTED
+    else:
+        bad = [s for s in instances.values() if s.exit_code not in (0, None)]
+        code, status = (bad[0].exit_code, RunStatus.FAILED) if bad else (0, RunStatus.OK)
+    ready = [s.ready_s for s in instances.values()]
+    for s in instances.values():
+        seen = [g for g in (gaps.get(s.index), s.lost_silence) if g is not None]
+        s.max_gap_s = round(max(seen), 3) if seen else None
+    return Outcome(code, status, root, sorted(instances.values(), key=lambda s: s.index), instances.t0, ended,
+                   max(ready) if ready and None not in ready else None, hang, slow_ranks, host_busy)

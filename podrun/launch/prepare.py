@@ -28,8 +28,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from podrun.elastic.replan import ElasticPolicy
     from podrun.specs import ClusterSpec, RecipeSpec
 
-GRACE_S = 5.0               # seconds between SIGTERM and SIGKILL without --grace or --shutdown-timeout
-
 
 @dataclass(frozen=True)
 class Prepared:

@@ -28,7 +28,7 @@ from podrun.launch.instance_logs import InstanceLogs, Sink
 from podrun.launch.listener import STALL_S, Listener, Silent
 from podrun.launch.live_watch import LiveWatch, Progress
 from podrun.launch.outcome import (Failure, FailureKind, Failures, Instances, InstanceState, InstanceStatus, Outcome,
-                                   RunStatus)
+                                   attempt_outcome)
 from podrun.launch.outcome import describe_code as _describe_code   # the wording of an exit, looked up at each
 from podrun.launch.request import LaunchRequest
 from podrun.launch.transports.base import InstanceHandle, Transport
@@ -373,23 +373,10 @@ class Supervisor:
             time.time()))
 
     def _outcome(self) -> Outcome:
-        ended = time.time()
-        root = self.failures.root_cause(self.instances)
-        if root is not None:
-            code, status = root.exit_code, root.kind.status
-        elif self.signalled is not None:
-            code, status = 128 + self.signalled, RunStatus.INTERRUPTED
-        else:
-            bad = [s for s in self.instances.values() if s.exit_code not in (0, None)]
-            code, status = (bad[0].exit_code, RunStatus.FAILED) if bad else (0, RunStatus.OK)
-        ready = [s.ready_s for s in self.instances.values()]
-        for s in self.instances.values():
-            gaps = [g for g in (self.listener.hearing.max_gap(s.index), s.lost_silence) if g is not None]
-            s.max_gap_s = round(max(gaps), 3) if gaps else None
-        return Outcome(code, status, root, sorted(self.instances.values(), key=lambda s: s.index), self.instances.t0,
-                       ended, max(ready) if ready and None not in ready else None, self.live.hang,
-                       [dict(r) for r in self.live.slow.records],
-                       {h: [list(p) for p in xs] for h, xs in self.live.hosts.series.items()})
+        """The attempt's Outcome, once every handle has ended (no reader adds to the hearing's gaps any more)."""
+        return attempt_outcome(self.instances, self.failures, self.signalled, dict(self.listener.hearing.gap),
+                               self.live.hang, [dict(r) for r in self.live.slow.records],
+                               {h: [list(p) for p in xs] for h, xs in self.live.hosts.series.items()})
 
 
 def _rank_text(rank: int) -> str:
