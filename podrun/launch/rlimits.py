@@ -67,7 +67,7 @@ def ensure(remote_hosts: int, local_workers: int, notice=lambda text: None) -> N
     names the limit and the `ulimit` to raise when even the hard limit is too low."""
     fds, procs = needs(remote_hosts, local_workers)
     terms = [f"{n} {what} x {per}" for n, what, per in ((remote_hosts, "host(s)", FDS_PER_HOST),
-                                                          (local_workers, "worker(s) here", FDS_PER_WORKER)) if n]
+                                                          (local_workers, "worker(s) here", FDS_PER_WORKER)) if n > 0]
     where = " + ".join([*terms, str(FDS_BASE)])
     _ensure(resource.RLIMIT_NOFILE, "RLIMIT_NOFILE", "ulimit -n", fds, "open files", where, notice)
     if os.geteuid() != 0 and procs > 0:
