@@ -144,7 +144,8 @@ def test_run_dir_is_private(tmp_path):
 def test_job_script_holding_env_is_private(tmp_path):
     """`podrun script -o job.sh --env HF_TOKEN=...` writes the token (the job needs it): readable by its owner only."""
     with_env, without = tmp_path / "with.sh", tmp_path / "without.sh"
-    base = ["script", "--scheduler", "slurm", "--cluster", "abci", "--nodes", "2", "resnet50", "--data", "/data/imagenet"]
+    base = ["script", "--scheduler", "slurm", "--cluster", "abci", "--nodes", "2", "resnet50", "--data",
+            "/data/imagenet"]
     cp = podrun(*base, "--env", "HF_TOKEN=hf-secret", "-o", str(with_env))
     assert cp.returncode == 0, cp.stderr
     assert "hf-secret" in with_env.read_text() and oct(with_env.stat().st_mode & 0o777) == "0o600"
