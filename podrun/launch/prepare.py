@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from podrun.errors import LaunchError, PodrunError, PreflightError
+from podrun.launch import rlimits
 from podrun.launch.engines import engine_of, resolve_engine
 from podrun.launch.options import Decisions, LaunchOptions
 from podrun.launch.request import LaunchRequest, decide_cpu_bind, parse_env_options
@@ -183,6 +184,9 @@ def _prepare(opts: LaunchOptions, target: Target, mapped: OwnOptions) -> Prepare
     bind, host_cores, bind_note = decide_cpu_bind(mapped.cpu_bind, plan, cluster.cpu, not kind.remote, cluster.path)
     request = replace(request, cpu_bind=bind, host_cores=host_cores, rank_files=mapped.rank_files)
     notes += [bind_note] if bind_note is not None else []
+    # this machine's process limits against the run's size, before anything starts (and in --dry-run, which says
+    # what a real launch would refuse): a soft limit raised is said with the notes
+    rlimits.ensure(*rlimits.run_size(request), notes.append)
     if not out.dry_run:
         engine_of(engine).require()                                     # horovod: importable here
     return Prepared(request=request, target=target, engine=engine, elastic=elastic, notes=tuple(notes),

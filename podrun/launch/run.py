@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 
 from podrun.errors import LaunchError, PodrunError, PreflightError
 from podrun.wire.liveness import Liveness
-from podrun.launch import rlimits
 from podrun.launch.options import Decisions, LaunchOptions
 from podrun.launch.request import InstanceLaunch, LaunchRequest
 from podrun.launch.records import write_launch_files
@@ -228,7 +227,6 @@ def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from:
     from podrun.rundir.lock import hold_run
 
     notice = notice or (lambda t: None)
-    rlimits.ensure(*rlimits.run_size(request), notice)
     create_run_dir(request.run_dir, reuse=resuming)
     held_run = hold_run(request.run_dir, request.run_id, resuming)
     try:
