@@ -137,7 +137,7 @@ def next_plan(policy: ElasticPolicy, current: "Plan", failed: tuple[str, ...] | 
         return Replan(None, gone, tuple(used), tuple(free),
                       f"{len(hosts)} host(s) left after losing {', '.join(gone) or 'none'}, "
                       f"fewer than the elastic minimum {policy.min_hosts}")
-    cluster = policy.cluster.with_hosts(tuple(hosts), current.devices_per_host)
+    cluster = policy.cluster.with_hosts(tuple(hosts))      # devices per host: the first plan's, kept
     try:
         table = elastic_table(cluster, policy.recipe, policy.overrides, policy.min_hosts, len(hosts), global_batch=g)
     except PlanError as exc:
