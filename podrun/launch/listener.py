@@ -45,8 +45,7 @@ class Heard:
     ``silences``: each of its instances' silence then, None for one never heard)."""
 
     handle: InstanceHandle
-    stream: str | None
-    event: protocol.Event | None
+    event: protocol.Event | None               # its kind says the stream of a line that is not the protocol's
     silences: dict = field(default_factory=dict)
 
 
@@ -129,10 +128,11 @@ class Hearing:
         with self.lock:
             return self._silence(instance, self.clock())
 
-    def max_gap(self, instance: int) -> float | None:
-        """The largest silence between two lines of ``instance`` so far (None: fewer than two lines)."""
+    def gaps(self) -> dict[int, float]:
+        """Each instance's largest silence between two of its lines so far (an instance with fewer than two lines
+        is not in it)."""
         with self.lock:
-            return self.gap.get(instance)
+            return dict(self.gap)
 
 
 class Listener:
@@ -181,12 +181,12 @@ class Listener:
         if ev.instance is not None:
             self.hearing.heard(reader, ev.instance)
         self.hearing.wait_begins(reader)
-        self._put(Heard(h, stream, ev))
+        self._put(Heard(h, ev))
         self.hearing.wait_ends(reader)
 
     def _ended(self, h: InstanceHandle) -> None:
         self.hearing.end(h)             # its end is queued: nothing more to hear
-        self._put(Heard(h, None, None, {i: self.hearing.silent_for(i) for i in h.instances}))
+        self._put(Heard(h, None, {i: self.hearing.silent_for(i) for i in h.instances}))
 
     def next(self, timeout: float) -> Heard | None:
         """The next item for the loop, or None when none came within ``timeout`` seconds."""
@@ -213,7 +213,7 @@ class Listener:
                     out.append(Silent(i, since, first, False))
         return out
 
-    def _put(self, item: tuple) -> None:
+    def _put(self, item: Heard) -> None:
         """Queue an item for the loop, waiting while the queue is full, but not once the loop has ended: a handle
         it let go (a lost host, one it killed) may still have lines, and the hub that reads them serves the
         next attempt too."""

@@ -182,8 +182,8 @@ class Supervisor:
                 code = LOST_EXIT if rc is None else (protocol.exit_code_from_returncode(rc) or 1)
                 if code == LOST_EXIT and silences.get(idx) is not None:
                     st.lost_silence = silences[idx]   # its connection ended (ssh's own keepalive) after this
-                self.instances.end(st, InstanceStatus.TERMINATED if self.ending.since is not None else InstanceStatus.FAILED,
-                                   code)
+                ending = self.ending.since is not None
+                self.instances.end(st, InstanceStatus.TERMINATED if ending else InstanceStatus.FAILED, code)
                 if self.ending.since is None and self.signalled is None:
                     what = ("the connection to it was lost" if code == LOST_EXIT
                             else f"its agent ended with code {code}")
@@ -374,7 +374,7 @@ class Supervisor:
 
     def _outcome(self) -> Outcome:
         """The attempt's Outcome, once every handle has ended (no reader adds to the hearing's gaps any more)."""
-        return attempt_outcome(self.instances, self.failures, self.signalled, dict(self.listener.hearing.gap),
+        return attempt_outcome(self.instances, self.failures, self.signalled, self.listener.hearing.gaps(),
                                self.live.hang, [dict(r) for r in self.live.slow.records],
                                {h: [list(p) for p in xs] for h, xs in self.live.hosts.series.items()})
 

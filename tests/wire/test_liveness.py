@@ -63,11 +63,11 @@ class Clock:
 def test_silence_leaves_out_the_time_a_reader_waited_on_the_controller():
     clock = Clock()
     h = Hearing(clock)
-    assert h.silence(0, "r") is None and h.max_gap(0) is None
+    assert h.silence(0, "r") is None and 0 not in h.gaps()
     h.heard("r", 0)
     clock.t += 0.5
     h.heard("r", 0)
-    assert h.max_gap(0) == pytest.approx(0.5)
+    assert h.gaps()[0] == pytest.approx(0.5)
     clock.t += 0.4
     h.wait_begins("r")            # the controller's queue is full: the reader waits 3 s
     clock.t += 3.0
@@ -76,7 +76,7 @@ def test_silence_leaves_out_the_time_a_reader_waited_on_the_controller():
     clock.t += 0.2
     assert h.silence(0, "r") == pytest.approx(0.6)
     h.heard("r", 0)
-    assert h.max_gap(0) == pytest.approx(0.6)      # 3.6 s between the lines, 3 s of them the controller's
+    assert h.gaps()[0] == pytest.approx(0.6)      # 3.6 s between the lines, 3 s of them the controller's
     clock.t += 2.5
     assert h.silence(0, "r") == pytest.approx(2.5)
     h.end("r")
