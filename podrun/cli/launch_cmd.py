@@ -578,9 +578,8 @@ def _with(prefix: str, text: str) -> str:
 
 
 def _said_the_same(root: dict, others: list[dict]) -> tuple[str, list[dict]]:
-    """The other workers whose last lines are the root cause's but for their rank numbers, as "rank 1" or "instances 1
-    and 2" (one error said by every rank is shown once), and the others."""
-    import re
+    """The other workers whose last lines are the root cause's but for their rank numbers, named by instance ("instance
+    0 on h1, local ranks 1-2"; one error said by every rank is shown once), and the others."""
 
     def words(lines) -> list[str]:
         return [re.sub(r"\brank \d+", "rank", line) for line in lines]
@@ -639,10 +638,9 @@ def _print_dry_run(record: dict, shows: str = "auto") -> None:
         print(_differs([[f"{k}={v}" for k, v in e.items()] for i in instances for e in i["workers"]],
                        "the workers' env differs in"))
         commands = commands[:1] + commands[-1:] if len(commands) > 1 else commands
-        instances = [instances[0], instances[-1]]
-        instances = [{**instances[0], "workers": instances[0]["workers"][:1]},
-                     {**instances[1], "workers": instances[1]["workers"][-1:],
-                      "first": len(instances[1]["workers"]) - 1}]
+        first, last = instances[0], instances[-1]
+        instances = [{**first, "workers": first["workers"][:1]},
+                     {**last, "workers": last["workers"][-1:], "first": len(last["workers"]) - 1}]
     for c in commands:
         print(f"\n# host {c['host']}: runs\n{c['command']}")
     if record["agent_env"]:
@@ -662,7 +660,7 @@ def _some(names: list[str]) -> str:
 
 
 def _differs(rows: list[list[str]], what: str) -> str:
-    """"# WHAT: 3 of 17 items (RANK=0 .. RANK=7, ...)": where rows (token lists) differ, by position, first to last;
+    """"# WHAT 3 of 17 items: RANK=0 .. RANK=7; ...": where rows (token lists) differ, by position, first to last;
     rows of different lengths are said to differ in length."""
     if len({len(r) for r in rows}) > 1:
         return f"# {what} length ({min(map(len, rows))} to {max(map(len, rows))} items)"
