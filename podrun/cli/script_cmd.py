@@ -12,7 +12,7 @@ from podrun.cli import types as t
 from podrun.cli.options import PlanOptions, plan_options, pop_plan_options, stacked
 from podrun.errors import PodrunError
 from podrun.jobscript.job import SCHEDULER_HELP, SCHEDULERS, scheduler_name, suggest_scheduler
-from podrun.specs.recipe_args import check_recipe
+from podrun.specs.recipe_args import check_recipe, refuse_long_synthetic
 
 if TYPE_CHECKING:  # pragma: no cover
     from podrun.jobscript.build import JobOptions
@@ -173,8 +173,7 @@ def script(ctx, recipe, extra, out_path, as_json, **options):
     found = discover(os.environ)          # once: the plan's hosts and the allocation check both use it
     popts = allocation_plan_options(pop_plan_options(options), found)
     plan, spec, rspec = resolve_plan(recipe, popts, discovered=found)
-    if rspec is not None:
-        check_recipe(rspec, args)
+    recipe_args = check_recipe(rspec, args) if rspec is not None else None
     check_allocation(plan, found)
     scheduler = options.pop("scheduler")
     if scheduler is None:
@@ -187,8 +186,7 @@ def script(ctx, recipe, extra, out_path, as_json, **options):
                    "as asked", err=True)
     req = request_from_plan(plan, job_of(options, popts, spec, scheduler=scheduler, recipe=recipe, args=args,
                                          engine=spec.engine))
-    if rspec is not None:
-        check_recipe(rspec, args, plan)         # what the job's launch would refuse after the queue wait
+    refuse_long_synthetic(args, recipe_args, plan)
     text = render(req)
     if out_path:
         _write(out_path, text, private=bool(req.env))

@@ -13,7 +13,7 @@ from podrun.cli import types as t
 from podrun.cli.options import pop_plan_options
 from podrun.cli.script_cmd import DashDashCommand, SchedulerChoice, job_command, job_of, split_recipe
 from podrun.errors import PodrunError
-from podrun.specs.recipe_args import check_recipe
+from podrun.specs.recipe_args import check_recipe, refuse_long_synthetic
 from podrun.jobscript.job import SCHEDULER_HELP
 
 
@@ -58,8 +58,7 @@ def submit(ctx, recipe, extra, runs_dir, wait, poll, dry_run, as_json, **options
     popts = allocation_plan_options(pop_plan_options(options))
     recipe, args = split_recipe(ctx, recipe, extra)
     plan, spec, rspec = resolve_plan(recipe, popts)
-    if rspec is not None:
-        check_recipe(rspec, args, plan)         # and what the job's launch would refuse after the queue wait
+    refuse_long_synthetic(args, check_recipe(rspec, args) if rspec is not None else None, plan)
     job = prepare_job(plan, job_of(options, popts, spec, scheduler=scheduler, recipe=recipe, args=args,
                                    workdir=os.getcwd()), runs_dir)
     if dry_run:

@@ -98,11 +98,8 @@ def _prepare(opts: LaunchOptions, target: Target, mapped: OwnOptions) -> Prepare
     recipe_script, recipe_args, long_run, data_notes = None, None, None, []
     if rspec is not None:
         recipe_script = os.path.abspath(os.path.join(rspec.path, rspec.train_script))
-        default_data = recipe_cli.default_data(recipe_script)
-        if default_data is not None:        # its train.py runs podrun's recipe parser: podrun knows its arguments
-            recipe_cli.check_args(os.path.basename(os.path.abspath(rspec.path)), target.args,
-                                   os.path.relpath(recipe_script))
-            recipe_args = recipe_cli.parse_known(target.args, default_data)
+        recipe_args = recipe_cli.check_recipe(rspec, target.args)
+        if recipe_args is not None:        # its train.py runs podrun's recipe parser: podrun knows its arguments
             long_run = recipe_cli.long_run(target.args, recipe_args, plan, recipe_cli.LONG_RUN_HOURS)
             data_notice, refusal = recipe_cli.synthetic_data(target.args, recipe_args, plan,
                                                              recipe_cli.LONG_RUN_HOURS)

@@ -63,19 +63,24 @@ def option_table() -> dict[str, bool]:
 LONG_RUN_HOURS = 1.0        # a recipe run estimated longer than this is announced before it starts
 
 
-def check_recipe(rspec, argv: Sequence[str], plan=None) -> None:
-    """check_args for a recipe spec whose train.py runs RECIPE_MAIN's parser (others parse their own); with the
-    ``plan`` a job script is written for, also the refusal of a long run on synthetic data nobody asked for, which the
-    job's launch would say after the queue wait."""
+def check_recipe(rspec, argv: Sequence[str]) -> argparse.Namespace | None:
+    """check_args for a recipe spec whose train.py runs RECIPE_MAIN's parser; its arguments as that train.py reads
+    them (None: a train.py with a parser of its own, which podrun does not check)."""
     import os
 
     script = os.path.abspath(os.path.join(rspec.path, rspec.train_script))
     data = default_data(script)
     if data is None:
-        return
+        return None
     check_args(os.path.basename(os.path.abspath(rspec.path)), argv, os.path.relpath(script))
-    if plan is not None:
-        _, refusal = synthetic_data(argv, parse_known(argv, data), plan, LONG_RUN_HOURS)
+    return parse_known(argv, data)
+
+
+def refuse_long_synthetic(argv: Sequence[str], args: argparse.Namespace | None, plan) -> None:
+    """For a job script: the refusal of a long run on synthetic data nobody asked for, which the job's launch would
+    give after the queue wait (``args``: check_recipe's; None refuses nothing)."""
+    if args is not None:
+        _, refusal = synthetic_data(argv, args, plan, LONG_RUN_HOURS)
         if refusal is not None:
             raise refusal
 
@@ -115,8 +120,8 @@ def check_local_data(recipe_name: str, data: str, workdir: str) -> None:
         return
     near = difflib.get_close_matches(data, DATA_NAMES, n=1)
     raise SpecError(f"{recipe_name}/train.py --data {data!r}: no data set of that name and no such path in {workdir}",
-                    hint=(f"did you mean --data {near[0]}? " if near else "") + "pass digits, synthetic, a CIFAR-10 "
-                    "folder (data_batch_1..5, test_batch) or an ImageNet-style folder (train/<class>/*.jpg)")
+                    hint=(f"did you mean --data {near[0]}? " if near else "") +
+                    f"pass {REAL_DATA}; or --data synthetic")
 
 
 def default_data(script: str) -> str | None:
