@@ -157,7 +157,8 @@ def request_from_plan(plan, job: JobOptions) -> JobRequest:
     req = JobRequest(**{**shared, "job_name": job.job_name or default_job_name(plan), "nodes": plan_hosts(plan),
                         "devices_per_node": plan.devices_per_host, "device_kind": kind,
                         "command": tuple(command), "env": env_items, "comments": plan_comments(plan),
-                        "ssh_port": ABCI_SSH_PORT if ssh_per_host(transport) and abci_resource(job) else None})
+                        "ssh_port": ABCI_SSH_PORT if ssh_per_host(transport) and abci_resource(job) else None,
+                        "launch_transport": transport})
     return validate(req)
 
 

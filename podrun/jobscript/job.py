@@ -157,6 +157,7 @@ class JobRequest:
     pe: str | None = None               # Grid Engine parallel environment: `-pe PE NODES` instead of `-l resource`
     directives: tuple[str, ...] = ()    # extra raw directive arguments, e.g. "-l USE_SSH=1"
     ssh_port: int | None = None         # ABCI's ssh between a job's nodes: -l USE_SSH=1, -v SSH_PORT=, that Port
+    launch_transport: str | None = None  # the --transport on the command's podrun launch (None: its engine starts it)
     comments: tuple[str, ...] = ()      # '# ...' lines under the directives (plan summary)
 
     def __post_init__(self):

@@ -71,7 +71,7 @@ def _slurm(req: JobRequest) -> str:
         d.append(f"--account={req.account}")
     log = req.log_dir.rstrip("/") + "/" if req.log_dir else ""
     d += [f"--output={req.output or log + '%x-%j.out'}", f"--error={req.error or log + '%x-%j.err'}", "--no-requeue"]
-    over = _transport(req)
+    over = req.launch_transport
     how = f"over {over}" if over else "through its engine"
     return _script(req, "#SBATCH", d, f"podrun launch starts the instances {how} on the hosts of $SLURM_JOB_NODELIST")
 
@@ -89,18 +89,12 @@ def _pbs(req: JobRequest) -> str:
     chunk += ":mpiprocs=1"
     d = [f"-N {req.job_name}", "-S /bin/bash", f"-l {chunk}", "-l place=scatter"]
     d += [f"-P {req.group}"] if req.group is not None else []         # ABCI 3.0: the group charged
-    over = _transport(req)
+    over = req.launch_transport
     if typed and over in TRANSPORTS and TRANSPORTS[over].ssh_per_host and "-v USE_SSH=1" not in req.directives:
         d.append("-v USE_SSH=1")       # ABCI 3.0: ssh between a rt_HF job's own nodes is off unless asked
     d += _qsub_directives(req, "walltime", req.effective_queue, join="-j oe")
     d.append("-r n")
     return _script(req, "#PBS", d, _reads_hosts(req), cd='cd "$PBS_O_WORKDIR"')
-
-
-def _transport(req: JobRequest) -> str | None:
-    """The --transport of the job's podrun launch (None: its engine starts the instances)."""
-    argv = list(req.command)
-    return argv[argv.index("--transport") + 1] if "--transport" in argv else None
 
 
 def _qsub_directives(req: JobRequest, wall: str, queue: str | None, join: str) -> list[str]:
