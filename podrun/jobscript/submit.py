@@ -321,7 +321,8 @@ class Uge(_Client):
         a = self.query(["qacct", "-j", job_id])
         if a.returncode == 0 and a.stdout.strip():
             return parse_qacct(job_id, a.stdout)
-        if _says(a, "not found"):
+        # "not found": no record of it; no accounting file at all: no job has ended on this cell yet
+        if _says(a, "not found") or re.search(r"/accounting: no such file", (a.stderr + a.stdout).lower()):
             return self.gone(job_id)
         self.failed(a)
 

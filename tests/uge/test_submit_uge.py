@@ -156,11 +156,21 @@ def test_cancel_ends_running_job_everywhere(uge_cluster, tmp_path, transport):
 @pytest.mark.timeout(60)
 def test_unknown_job_id_exit_2(uge_cluster, tmp_path):
     """A job id this cell never had (not in qstat; qacct: "job id N not found"; qdel: "does not exist"): status
-    and cancel exit 2 naming it."""
-    for cmd in ("status", "cancel"):
-        p = podrun(uge_cluster, [cmd, "987654", "--scheduler", "uge", "--json"], tmp_path)
-        assert (p.returncode, p.stdout) == (2, ""), p.stdout + p.stderr
-        assert "job 987654 is unknown to uge" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    and cancel exit 2 naming it; the same on a cell where no job has ended yet (qacct: no accounting file),
+    which is not a failing client."""
+    accounting = uge_cluster.sge_root / "podrun" / "common" / "accounting"
+    aside = accounting.with_name("accounting.aside")
+    for fresh_cell in (False, True):
+        if fresh_cell and accounting.exists():
+            accounting.rename(aside)
+        try:
+            for cmd in ("status", "cancel"):
+                p = podrun(uge_cluster, [cmd, "987654", "--scheduler", "uge", "--json"], tmp_path)
+                assert (p.returncode, p.stdout) == (2, ""), p.stdout + p.stderr
+                assert "job 987654 is unknown to uge" in p.stderr and "Traceback" not in p.stderr, p.stderr
+        finally:
+            if aside.exists():
+                aside.rename(accounting)
 
 
 @pytest.mark.timeout(120)
@@ -176,8 +186,8 @@ def test_status_of_pending_and_running_jobs(uge_cluster, tmp_path):
         assert p.returncode == 0, p.stderr
         return json.loads(p.stdout)
 
-    deadline = time.monotonic() + 30
-    while (info := status(running))["state"] != "RUNNING" and time.monotonic() < deadline:
+    deadline = time.monotonic() + 30       # qw, then t (transferring, which podrun reads as RUNNING), then r
+    while (info := status(running))["native"] != "r" and time.monotonic() < deadline:
         time.sleep(0.3)
     assert info["state"] == "RUNNING" and info["native"] == "r" and info["nodes"] in ge.nodes, info
     assert (status(pending)["state"], status(pending)["native"]) == ("PENDING", "qw")
