@@ -39,11 +39,11 @@ class Attempt:
                    a.get("root_cause"), a.get("plan"), a.get("started"), a.get("ended"), a.get("all_ready_s"))
 
     def to_dict(self) -> dict:
-        """The record as summary.json holds it (``plan`` only when there is one)."""
+        """The record as summary.json holds it (``plan`` and the moments only when there are some)."""
         d = {"launch": self.launch, "restart_count": self.restart_count, "exit_code": self.exit_code,
-             "status": self.status, "root_cause": self.root_cause, "started": self.started, "ended": self.ended,
-             "all_ready_s": self.all_ready_s}
-        return d if self.plan is None else {**d, "plan": self.plan}
+             "status": self.status, "root_cause": self.root_cause}
+        more = {"plan": self.plan, "started": self.started, "ended": self.ended, "all_ready_s": self.all_ready_s}
+        return {**d, **{k: v for k, v in more.items() if v is not None}}
 
 
 @dataclass(frozen=True)
