@@ -4,8 +4,9 @@ the runner's records (pure: it takes values and reads nothing)."""
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from podrun.rundir.metrics import StepLog
 
@@ -98,7 +99,10 @@ def attempt_part(a: AttemptTimes, log: StepLog, resumed_at: int | None, last: bo
     ``resumed_at`` (where the next attempt took up the work: they are redone, so failure), and the rest after its
     last step (the last evaluation and save, then idle, or failure when it ended badly or is not ``last``)."""
     lo, hi = a.started, max(a.ended, a.started)
-    clamp = lambda t: min(max(t, lo), hi)                          # noqa: E731
+
+    def clamp(t: float) -> float:
+        return min(max(t, lo), hi)
+
     ready = clamp(lo + a.ready_s) if a.ready_s is not None else None
     steps = [(n, t) for n, t in log.steps if lo < t <= hi]
     durations = [d for t, d in log.step_s if lo < t <= hi]
