@@ -368,7 +368,8 @@ def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_
                                            "exit_code": outcome.exit_code,
                                            "status": outcome.status,
                                            "root_cause": summary["root_cause"], "started": outcome.started,
-                                           "ended": outcome.ended, "all_ready_s": outcome.all_ready_s}]
+                                           "ended": outcome.ended, "all_ready_s": outcome.all_ready_s,
+                                           "failed_at": outcome.failed_at()}]
         attempts = summary["attempts"]
         if elastic is not None:
             from podrun.rundir.metrics import StepLog
@@ -423,7 +424,7 @@ def run_account(run_dir: str, attempts: list[dict], launch_no: int) -> dict:
     submitted = job.get("submitted_at") if isinstance(job.get("submitted_at"), (int, float)) else None
     started = os.environ.get("SLURM_JOB_START_TIME", "")
     mine = [AttemptTimes(a["started"], a["ended"], a.get("all_ready_s"),
-                         str(getattr(a.get("status"), "value", a.get("status"))))
+                         str(getattr(a.get("status"), "value", a.get("status"))), a.get("failed_at"))
             for a in attempts if a.get("launch") == launch_no and isinstance(a.get("started"), float)
             and isinstance(a.get("ended"), float)]
     moments = Moments(process_started(), time.time(), submitted, float(started) if started.isdigit() else None)

@@ -32,12 +32,13 @@ class Moments:
 @dataclass(frozen=True)
 class AttemptTimes:
     """One attempt as the controller saw it: its start and end, when every instance said ready (seconds after
-    its start; None: not all did) and how it ended (a RunStatus value)."""
+    its start; None: not all did), how it ended (a RunStatus value) and when its root cause began (None: none)."""
 
     started: float
     ended: float
     ready_s: float | None
     status: str
+    failed_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,8 @@ def attempt_part(a: AttemptTimes, log: StepLog, resumed_at: int | None, last: bo
     """One attempt's seconds from its start to its end: launch to every instance ready, start-up to its first
     step's start, then training less the evaluations and checkpoint stalls recorded in it, the steps past
     ``resumed_at`` (where the next attempt took up the work: they are redone, so failure), and the rest after its
-    last step (the last evaluation and save, then idle, or failure when it ended badly or is not ``last``)."""
+    last step (the last evaluation and save, then idle, or failure when it ended badly or is not ``last``). Without
+    a step recorded (a plain script), start-up runs to when its failure began, if it failed, and failure after."""
     lo, hi = a.started, max(a.ended, a.started)
 
     def clamp(t: float) -> float:
@@ -111,8 +113,9 @@ def attempt_part(a: AttemptTimes, log: StepLog, resumed_at: int | None, last: bo
         ready = clamp(min([t for t, _ in log.starts if lo <= t <= hi] + [steps[0][1] if steps else hi]))
     if steps:
         ready = min(ready, steps[0][1])
-    if not steps:
-        first = last_t = hi
+    bad = a.status in ENDED_BADLY or not last
+    if not steps:           # no step recorded: start-up until the failure began (a hang's silence, an exit), if any
+        first = last_t = max(clamp(a.failed_at), ready) if bad and isinstance(a.failed_at, (int, float)) else hi
     else:
         typical = statistics.median(durations) if durations else 0.0
         before = steps[0][0] - start_step if isinstance(start_step, int) and start_step < steps[0][0] else 1
@@ -126,7 +129,6 @@ def attempt_part(a: AttemptTimes, log: StepLog, resumed_at: int | None, last: bo
     tail_eval, tail_save = _within(log.evals, last_t, hi), _within(log.saves, last_t, hi)
     tail_save = min(tail_save, hi - last_t - tail_eval)
     rest = hi - last_t - tail_eval - tail_save
-    bad = a.status in ENDED_BADLY or not last
     secs = {"launch": ready - lo, "startup": first - ready, "evaluation": evals + tail_eval,
             "checkpoint": min(saves, kept_t - first - evals) + tail_save,
             "failure": (last_t - kept_t) + (rest if bad else 0.0), "idle": 0.0 if bad else rest}

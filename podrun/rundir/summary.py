@@ -32,17 +32,20 @@ class Attempt:
     started: Any = None                # its start and end (wall clock), every instance ready (s after its start)
     ended: Any = None
     all_ready_s: Any = None
+    failed_at: Any = None              # when its root cause began (wall clock)
 
     @classmethod
     def from_dict(cls, a: dict) -> Attempt:
         return cls(a.get("launch", 0), a.get("restart_count"), a.get("exit_code"), a.get("status"),
-                   a.get("root_cause"), a.get("plan"), a.get("started"), a.get("ended"), a.get("all_ready_s"))
+                   a.get("root_cause"), a.get("plan"), a.get("started"), a.get("ended"), a.get("all_ready_s"),
+                   a.get("failed_at"))
 
     def to_dict(self) -> dict:
         """The record as summary.json holds it (``plan`` and the moments only when there are some)."""
         d = {"launch": self.launch, "restart_count": self.restart_count, "exit_code": self.exit_code,
              "status": self.status, "root_cause": self.root_cause}
-        more = {"plan": self.plan, "started": self.started, "ended": self.ended, "all_ready_s": self.all_ready_s}
+        more = {"plan": self.plan, "started": self.started, "ended": self.ended, "all_ready_s": self.all_ready_s,
+                "failed_at": self.failed_at}
         return {**d, **{k: v for k, v in more.items() if v is not None}}
 
 

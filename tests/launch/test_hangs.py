@@ -73,7 +73,8 @@ def test_a_stalled_rank_is_found_its_stack_shown_and_the_run_ended(tmp_path, mod
     finally:
         end(p)
     assert p.returncode == HANG_EXIT, err
-    assert_adds_up(run_dir(tmp_path / "runs"), wall)           # the run's account, a hang ended in it
+    acc = assert_adds_up(run_dir(tmp_path / "runs"), wall)     # the run's account: the hang's silence is failure
+    assert acc["seconds"]["failure"] >= WINDOW, acc
     assert f"no progress from any rank for {WINDOW:.1f} s (--hang-timeout {WINDOW:g})" in err
     rd = run_dir(tmp_path / "runs")
     odd, other = main_frames(rd / "stacks" / "rank-1.txt"), main_frames(rd / "stacks" / "rank-0.txt")

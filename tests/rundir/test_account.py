@@ -34,6 +34,8 @@ QUEUED = (Moments(100.0, 140.0, submitted=40.0, job_started=90.0), CLEAN[1], CLE
 HUNG = (Moments(100.0, 150.0), [AttemptTimes(101.0, 149.0, 1.0, "hung")], _log([(110.0, 1, 10, 1.0)]))
 INTERRUPTED = (Moments(100.0, 130.0), [AttemptTimes(101.0, 129.0, 1.0, "interrupted")], _log([(110.0, 1, 10, 1.0)]))
 PLAIN = (Moments(100.0, 110.0), [AttemptTimes(100.5, 109.5, 0.5, "ok")], StepLog())
+# a plain script that hung: silent from 110 (its hang's silence back from the detection), ended at 119
+PLAIN_HUNG = (Moments(100.0, 120.0), [AttemptTimes(101.0, 119.0, 1.0, "hung", failed_at=110.0)], StepLog())
 
 
 @pytest.mark.parametrize("case,want", [
@@ -45,7 +47,8 @@ PLAIN = (Moments(100.0, 110.0), [AttemptTimes(100.5, 109.5, 0.5, "ok")], StepLog
     (HUNG, {"launch": 2.0, "startup": 8.0, "training": 10.0, "failure": 29.0, "idle": 1.0}),
     (INTERRUPTED, {"launch": 2.0, "startup": 8.0, "training": 10.0, "idle": 10.0}),
     (PLAIN, {"launch": 1.0, "startup": 8.5, "idle": 0.5}),
-], ids=["clean", "crash-restart", "queued", "hung", "interrupted", "plain-command"])
+    (PLAIN_HUNG, {"launch": 2.0, "startup": 8.0, "failure": 9.0, "idle": 1.0}),
+], ids=["clean", "crash-restart", "queued", "hung", "interrupted", "plain-command", "plain-command-hung"])
 def test_every_second_of_the_wall_is_in_one_category(case, want):
     """The categories sum to the wall (submitted or launched to exit); the crash's redone steps (6..10), the gap
     to the restart and the restart's launch and start-up are failure; goodput is training / wall, per attempt
