@@ -1,6 +1,7 @@
 """One launch end to end: build the request, preflight, run under the supervisor, restart, write the run dir."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -428,7 +429,23 @@ def run_account(run_dir: str, attempts: list[dict], launch_no: int) -> dict:
             for a in attempts if a.get("launch") == launch_no and isinstance(a.get("started"), float)
             and isinstance(a.get("ended"), float)]
     moments = Moments(process_started(), time.time(), submitted, float(started) if started.isdigit() else None)
-    return account(moments, mine, StepLog.read(run_dir)).to_dict()
+    return {**account(moments, mine, StepLog.read(run_dir)).to_dict(), "until": moments.exit}
+
+
+def close_account(run_dir: str, summary: dict) -> None:
+    """At podrun launch's very end (its outcome printed): the account's idle at the end runs on to now, and
+    summary.json is written again with it; nothing when the launch has no account or the disk refuses."""
+    from podrun.rundir.account import Account, Part
+
+    acc, until = summary.get("account"), (summary.get("account") or {}).get("until")
+    read = Account.from_dict(acc)
+    if read is None or not isinstance(until, float):
+        return
+    now = time.time()
+    run = Part({**read.run.seconds, "idle": read.run.seconds.get("idle", 0.0) + max(now - until, 0.0)})
+    summary["account"] = {**acc, **run.to_dict(), "until": now}
+    with contextlib.suppress(OSError):
+        write_summary(run_dir, summary)
 
 
 def _replan(policy, record: ElasticRecord, req: LaunchRequest, summary: dict, outcome: Outcome, nxt: int,
