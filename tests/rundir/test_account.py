@@ -91,3 +91,26 @@ def test_the_progress_line_says_the_goodput_so_far(capsys):
         view(0, "h", {"step": step, "total": 3, "epoch": 0, "step_seconds": 1.0})
     lines = [l for l in capsys.readouterr().err.splitlines() if l.startswith("podrun: progress:")]
     assert "goodput 25%" in lines[0] and "goodput 30%" in lines[-1], lines
+
+
+def test_report_shows_the_account_as_a_table_in_json_and_as_a_bar(tmp_path):
+    """`podrun report` of a run whose summary.json has an account: the table (each category that took time, its
+    share, the goodput), the record in --json, and in the PNG a stacked bar under the curves."""
+    import json
+
+    from podrun.rundir.report import figure
+    from tests.harness.podrun_proc import run_podrun
+
+    acc = account(*CRASH)
+    (tmp_path / "summary.json").write_text(json.dumps({"run_id": "r", "status": "ok", "exit_code": 0,
+                                                       "account": acc.to_dict()}))
+    out = run_podrun("report", str(tmp_path), "--no-plot", check_exit=0).stdout
+    assert "where the time went: 1 min, goodput 50.0% (training / wall)" in out, out
+    assert "failure (detection, restart, work redone)" in out and "attempt 1: 36 s, goodput 69.4%" in out, out
+    js = json.loads(run_podrun("report", str(tmp_path), "--json", check_exit=0).stdout)
+    assert js["account"] == acc.to_dict()
+    pytest.importorskip("matplotlib")
+    records = [{"kind": "step", "step": s, "epoch": 0, "loss": 1.0 / s, "accuracy": 0.5, "images_per_sec": 10.0}
+               for s in range(1, 4)]
+    fig = figure(records, account=acc)
+    assert any(a.get_title() == "where the time went (goodput 50.0%)" for a in fig.axes)
