@@ -17,9 +17,9 @@ from podrun.rundir.layout import METRICS
 
 
 class MetricsWriter:
-    """Appends one JSON object per line (``kind``: step | epoch | eval | checkpoint | run), each in one write. A line torn by
-    a failed write (a full disk) or by a writer killed mid-line is ended before the next record, so the next
-    one starts on a fresh line; a record that cannot be written is counted (``lost``) and said once on stderr,
+    """Appends one JSON object per line (``kind``: step | epoch | eval | checkpoint | run), each in one write. A
+    line torn by a failed write (a full disk) or by a writer killed mid-line is ended before the next record, so
+    the next one starts on a fresh line; a record that cannot be written is counted (``lost``) and said once on stderr,
     and training goes on."""
 
     def __init__(self, run_dir: str | os.PathLike | None, enabled: bool = True, console: bool = True,

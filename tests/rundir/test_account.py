@@ -114,3 +114,22 @@ def test_report_shows_the_account_as_a_table_in_json_and_as_a_bar(tmp_path):
                for s in range(1, 4)]
     fig = figure(records, account=acc)
     assert any(a.get_title() == "where the time went (goodput 50.0%)" for a in fig.axes)
+
+
+def test_a_submitted_runs_queue_is_from_its_submit_to_the_jobs_start(tmp_path, monkeypatch):
+    """podrun launch in a job podrun submit made: job.json's submit moment to the job's start as Slurm gives it
+    (SLURM_JOB_START_TIME) is queue, the job's start to podrun's own start is launch."""
+    import json
+    import time
+
+    from podrun.launch.run import process_started, run_account
+
+    started = process_started()
+    (tmp_path / "job.json").write_text(json.dumps({"submitted_at": started - 100.0}))
+    monkeypatch.setenv("SLURM_JOB_START_TIME", str(int(started - 40.0)))
+    now = time.time()
+    acc = run_account(str(tmp_path), [{"launch": 0, "started": now, "ended": now, "all_ready_s": 0.0,
+                                       "status": "ok"}], 0)
+    assert acc["seconds"]["queue"] == pytest.approx(60.0 - (started - 40.0) % 1, abs=0.01)
+    assert acc["seconds"]["launch"] >= 40.0 - 1 and acc["wall_s"] == pytest.approx(time.time() - started + 100.0,
+                                                                                     abs=0.5)
