@@ -325,7 +325,7 @@ def launch(ctx, args, **kw):
     """
     from podrun.cli.render import print_json
     from podrun.launch.prepare import prepare_launch
-    from podrun.launch.run import dry_run_record, execute
+    from podrun.launch.run import close_account, dry_run_record, execute
 
     if kw["resume_run"] is not None:
         _resume(ctx, kw["resume_run"], kw["runs_dir"], kw["dry_run"])
@@ -367,6 +367,7 @@ def launch(ctx, args, **kw):
         view.close()
     try:
         _print_root_cause(summary, request)
+        close_account(request.run_dir, summary)      # the run's account ends here, podrun's end
         if out.as_json:
             print_json(summary)
     except OSError:                  # a closed pipe (`| head`) or terminal (SIGHUP): the run dir has everything

@@ -117,9 +117,10 @@ def render_elastic(table, recipe: str, cluster: str, host_source: str) -> None:
 
 # -- numbers for people, and the launch console's progress view -------------------------------------
 
-def progress_text(rec: dict, elapsed: float, rate_s: float | None) -> str:
-    """One progress line from a runtime report: step of total, epoch, loss, img/s, elapsed, time left.
-    ``rate_s``: seconds per step over the run so far (None: not known yet)."""
+def progress_text(rec: dict, elapsed: float, rate_s: float | None, goodput: float | None = None) -> str:
+    """One progress line from a runtime report: step of total, epoch, loss, img/s, goodput so far, elapsed, time
+    left. ``rate_s``: seconds per step over the run so far (None: not known yet); ``goodput``: the share of the
+    time so far that trained (None: not known yet)."""
     parts = []
     step, total = rec.get("step"), rec.get("total")
     if step is not None:
@@ -134,6 +135,8 @@ def progress_text(rec: dict, elapsed: float, rate_s: float | None) -> str:
     phase = rec.get("phase", "train")
     if phase != "train":
         parts.append(phase)
+    if goodput is not None:
+        parts.append(f"goodput {goodput:.0%}")
     parts.append(f"{human_seconds(elapsed)} elapsed")
     if rate_s is not None and step is not None and total is not None and total > 0:
         parts.append(f"{human_seconds(max(total - step, 0) * rate_s)} left")
@@ -156,6 +159,7 @@ class ProgressView:
         self.live = None
         self.rank: int | None = None
         self.first: tuple[float, int] | None = None     # (time, step) of the first report with a step
+        self.trained: dict[int, float] = {}     # step -> its seconds (a step redone after a restart counts once)
         self.last: dict | None = None
         self.shown_at = -1e9
         self.shown: tuple | None = None
@@ -174,12 +178,16 @@ class ProgressView:
         step = rec.get("step")
         if step is not None and self.first is None:
             self.first = (now, step)
+        dt = rec.get("step_seconds")
+        if isinstance(step, int) and isinstance(dt, (int, float)) and not isinstance(dt, bool) and dt >= 0:
+            self.trained[step] = float(dt)
         merged = dict(self.last or {})
         merged.update(rec)
         if "step" in rec and "phase" not in rec:
             merged["phase"] = "train"
         self.last = merged
-        text = progress_text(merged, now - self.t0, self._rate(now, merged))
+        goodput = min(sum(self.trained.values()) / (now - self.t0), 1.0) if self.trained and now > self.t0 else None
+        text = progress_text(merged, now - self.t0, self._rate(now, merged), goodput)
         if self.live is not None:
             if now - self.shown_at >= self.LIVE_EVERY_S or merged.get("step") == merged.get("total"):
                 from rich.text import Text

@@ -42,6 +42,8 @@ def report(run_dir: str | None, runs_dir: str, as_json: bool, output: str | None
         summary["launch"] = launched
     summary["replans"] = replans(run.launch)
     summary["resumes"] = resumes(run.records)
+    acc = run.launch.account if run.launch is not None else None
+    summary["account"] = None if acc is None else acc.to_dict()
     if not no_plot and importlib.util.find_spec("matplotlib") is None:
         no_plot = True
         notes.append("curves not drawn: matplotlib is not installed here (pip install matplotlib, or podrun's "
@@ -51,7 +53,8 @@ def report(run_dir: str | None, runs_dir: str, as_json: bool, output: str | None
         target = Path(output) if output else (base if base.is_dir() else base.parent) / REPORT
         slow = run.launch.slow_ranks if run.launch is not None else ()
         summary["plot"] = str(plot(run.records, target, title=title_of(run, summary), replanned=summary["replans"],
-                                   slow=slow, host_busy=run.launch.host_busy if run.launch is not None else None))
+                                   slow=slow, host_busy=run.launch.host_busy if run.launch is not None else None,
+                                   account=acc))
     if _as_json(summary, run, notes, as_json):
         return
     c = console()
@@ -80,6 +83,7 @@ def report(run_dir: str | None, runs_dir: str, as_json: bool, output: str | None
             c.print(f"    passed over {x.get('path')}: {x.get('why')}", markup=False)
     for r in summary["replans"]:
         c.print(f"  {_replan_line(r)}", markup=False)
+    _account(acc, lambda text: c.print(text, markup=False, highlight=False))
     if "plot" in summary:
         c.print(f"  curves: {summary['plot']}")
     for note in notes:
@@ -168,5 +172,14 @@ def _command(run, s: dict, notes: list[str], as_json: bool) -> None:
             f"ready {_seconds(i['ready_s'])}, ended {_seconds(i['ended_s'])}")
     for r in s["replans"]:
         say(f"  {_replan_line(r)}")
+    _account(run.launch.account if run.launch is not None else None, say)
     for note in notes:
         say(f"  note: {note}")
+
+
+def _account(acc, say) -> None:
+    """The run's account as a short table (podrun.rundir.report.account_lines), when summary.json has one."""
+    from podrun.rundir.report import account_lines
+
+    for line in account_lines(acc) if acc is not None else ():
+        say(f"  {line}")

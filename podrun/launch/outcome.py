@@ -121,6 +121,19 @@ class Outcome:
     slow_ranks: list = field(default_factory=list)   # ranks named slow (podrun.launch.slow_ranks.SlowRanks records)
     host_busy: dict = field(default_factory=dict)    # host -> [[step, busy s]] (podrun.launch.slow_ranks.HostBusy)
 
+    def failed_at(self) -> float | None:
+        """When the root cause began (wall clock; None: none): a worker's exit when its agent saw it, a hang or a lost
+        host from the start of the silence that named it (the run's account counts failure from there)."""
+        root = self.root_cause
+        if root is None:
+            return None
+        quiet = None
+        if root.kind is FailureKind.HUNG and self.hang is not None:
+            quiet = self.hang.get("silent_s")
+        elif root.kind is FailureKind.LOST:
+            quiet = next((s.lost_silence for s in self.instances if s.index == root.instance), None)
+        return root.at - (quiet if isinstance(quiet, (int, float)) else 0.0)
+
     def summary(self, request: LaunchRequest) -> dict:
         """The attempt's record, redacted (podrun.redaction): summary.json, --json and the console's root cause
         are made from it."""

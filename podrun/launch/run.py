@@ -1,11 +1,13 @@
 """One launch end to end: build the request, preflight, run under the supervisor, restart, write the run dir."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
 import socket
 import stat
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -366,7 +368,9 @@ def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_
         summary["attempts"] = attempts + [{"launch": launch_no, "restart_count": req.restart_count,
                                            "exit_code": outcome.exit_code,
                                            "status": outcome.status,
-                                           "root_cause": summary["root_cause"]}]
+                                           "root_cause": summary["root_cause"], "started": outcome.started,
+                                           "ended": outcome.ended, "all_ready_s": outcome.all_ready_s,
+                                           "failed_at": outcome.failed_at()}]
         attempts = summary["attempts"]
         if elastic is not None:
             from podrun.rundir.metrics import StepLog
@@ -374,6 +378,7 @@ def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_
             attempts[-1]["plan"] = layout.plan_of(req.restart_count)
             record.recovered(req.restart_count, outcome.started, outcome.all_ready_s, StepLog.read(req.run_dir))
             summary["elastic"] = record.to_dict()
+        summary["account"] = run_account(req.run_dir, attempts, launch_no)
         _record(write_summary, notice, req.run_dir, summary)
         if outcome.exit_code == 0 or outcome.status is RunStatus.INTERRUPTED or req.restart_count >= req.max_restarts:
             return outcome, summary
@@ -386,12 +391,61 @@ def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_
             nxt_req = _replan(elastic, record, req, summary, outcome, nxt, notice)
             if nxt_req is None:
                 summary["elastic"] = record.to_dict()
+                summary["account"] = run_account(req.run_dir, attempts, launch_no)
                 _record(write_summary, notice, req.run_dir, summary)     # with the record's end
                 return outcome, summary
             req = nxt_req
         notice(f"restart {nxt} of {req.max_restarts} after "
                f"{cause.reason if cause else describe_code(outcome.exit_code)}; rendezvous port {port}")
         req = req.for_restart(nxt, port)
+
+
+def process_started() -> float:
+    """When this process started, wall clock (Linux: its start in /proc against the uptime, to 10 ms); else now."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            ticks = int(f.read().rsplit(b")", 1)[1].split()[19])       # field 22, starttime
+        with open("/proc/uptime", "rb") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return time.time()
+    return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+
+
+def run_account(run_dir: str, attempts: list[dict], launch_no: int) -> dict:
+    """summary.json's ``account`` of this launch, from podrun launch's start to now: its attempts' moments, the
+    runner's metrics, and when submitted (podrun submit's job.json) the queue: to the job's start as Slurm gives it
+    (SLURM_JOB_START_TIME), else to this launch's start."""
+    from podrun.jobscript.submit import JOB_FILE
+    from podrun.rundir.account import AttemptTimes, Moments, account
+    from podrun.rundir.metrics import StepLog
+    from podrun.rundir.summary import read_json
+
+    job = read_json(Path(run_dir) / JOB_FILE, []) or {}
+    submitted = job.get("submitted_at") if isinstance(job.get("submitted_at"), (int, float)) else None
+    started = os.environ.get("SLURM_JOB_START_TIME", "")
+    mine = [AttemptTimes(a["started"], a["ended"], a.get("all_ready_s"),
+                         str(getattr(a.get("status"), "value", a.get("status"))), a.get("failed_at"))
+            for a in attempts if a.get("launch") == launch_no and isinstance(a.get("started"), float)
+            and isinstance(a.get("ended"), float)]
+    moments = Moments(process_started(), time.time(), submitted, float(started) if started.isdigit() else None)
+    return {**account(moments, mine, StepLog.read(run_dir)).to_dict(), "until": moments.exit}
+
+
+def close_account(run_dir: str, summary: dict) -> None:
+    """At podrun launch's very end (its outcome printed): the account's idle at the end runs on to now, and
+    summary.json is written again with it; nothing when the launch has no account or the disk refuses."""
+    from podrun.rundir.account import Account, Part
+
+    acc, until = summary.get("account"), (summary.get("account") or {}).get("until")
+    read = Account.from_dict(acc)
+    if read is None or not isinstance(until, float):
+        return
+    now = time.time()
+    run = Part({**read.run.seconds, "idle": read.run.seconds.get("idle", 0.0) + max(now - until, 0.0)})
+    summary["account"] = {**acc, **run.to_dict(), "until": now}
+    with contextlib.suppress(OSError):
+        write_summary(run_dir, summary)
 
 
 def _replan(policy, record: ElasticRecord, req: LaunchRequest, summary: dict, outcome: Outcome, nxt: int,

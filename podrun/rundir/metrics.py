@@ -17,9 +17,9 @@ from podrun.rundir.layout import METRICS
 
 
 class MetricsWriter:
-    """Appends one JSON object per line (``kind``: step | epoch | eval | run), each in one write. A line torn by
-    a failed write (a full disk) or by a writer killed mid-line is ended before the next record, so the next
-    one starts on a fresh line; a record that cannot be written is counted (``lost``) and said once on stderr,
+    """Appends one JSON object per line (``kind``: step | epoch | eval | checkpoint | run), each in one write. A
+    line torn by a failed write (a full disk) or by a writer killed mid-line is ended before the next record, so
+    the next one starts on a fresh line; a record that cannot be written is counted (``lost``) and said once on stderr,
     and training goes on."""
 
     def __init__(self, run_dir: str | os.PathLike | None, enabled: bool = True, console: bool = True,
@@ -162,18 +162,26 @@ def iter_records(run_dir: str | os.PathLike) -> Iterator[dict[str, Any] | None]:
 class StepLog:
     """metrics.jsonl as the elastic restarts and the launch's last line read it, once: each training step's
     (step, wall time) and each start or resume record's (wall time, where it resumed from: {"step", "source"
-    ("snapshot" | "checkpoint"), "from_rank" (a snapshot's)}), in file order."""
+    ("snapshot" | "checkpoint"), "from_rank" (a snapshot's)}), in file order; and for the run's account
+    (podrun.rundir.account) each step's (wall time, seconds) and each evaluation's and checkpoint save's."""
 
     steps: tuple[tuple[int, float], ...] = ()
     starts: tuple[tuple[float, dict[str, Any]], ...] = ()
     end: dict[str, Any] | None = None  # the last ``run``/``end`` record (where the kept checkpoints are, ...)
+    step_s: tuple[tuple[float, float], ...] = ()   # (time, step_seconds) of the steps that say it
+    evals: tuple[tuple[float, float], ...] = ()    # (time, seconds) of the evaluations that say it
+    saves: tuple[tuple[float, float], ...] = ()    # (time, seconds): checkpoint saves the steps waited for
 
     @classmethod
     def read(cls, run_dir: str | os.PathLike) -> StepLog:
         """The run's readable records; empty when there is no metrics file."""
         steps, starts, end = [], [], None
+        timed: dict[str, list] = {"step": [], "eval": [], "checkpoint": []}
         with contextlib.suppress(OSError):
             for r in filter(None, iter_records(run_dir)):
+                secs = r.get("step_seconds", r.get("seconds"))
+                if r["kind"] in timed and "time" in r and _number(secs):
+                    timed[r["kind"]].append((float(r["time"]), float(secs)))
                 if r["kind"] == "step" and "time" in r:
                     steps.append((r["step"], float(r["time"])))
                 elif r["kind"] == "run" and r["event"] in ("resume", "start"):
@@ -182,7 +190,7 @@ class StepLog:
                     starts.append((float(r.get("time", 0)), where))
                 elif r["kind"] == "run" and r["event"] == "end":
                     end = r
-        return cls(tuple(steps), tuple(starts), end)
+        return cls(tuple(steps), tuple(starts), end, *(tuple(timed[k]) for k in ("step", "eval", "checkpoint")))
 
 
 def is_integer(v: Any) -> bool:
@@ -197,6 +205,7 @@ _FIELDS = {      # the numeric fields the runner writes, per kind (``step`` an i
     "step": ("step", "epoch", "loss", "accuracy", "images_per_sec"),
     "eval": ("step", "val_loss", "val_accuracy"),
     "epoch": ("step", "epoch"),
+    "checkpoint": ("step", "seconds"),      # a save the steps waited for (rank 0's)
 }
 _OPTIONAL = ("images_per_sec_instance", "step_seconds", "seconds", "lr")   # numbers too, when present
 

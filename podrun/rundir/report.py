@@ -11,6 +11,8 @@ from typing import Any
 
 from podrun import safefs
 from podrun.errors import PodrunError
+from podrun.human import human_seconds
+from podrun.rundir.account import CATEGORIES, LABELS, Account
 from podrun.rundir.layout import COMMAND, METRICS, PLAN, SUMMARY, instance_log
 from podrun.rundir.metrics import StepLog, is_integer, complete, latest_by_step, read_metrics_counted
 from podrun.rundir.summary import Summary, read_json, read_summary
@@ -170,6 +172,7 @@ def summarize_command(run: RunRecord) -> dict[str, Any]:
         "instances": [{k: i.get(k) for k in ("index", "host", "status", "exit_code", "ready_s", "ended_s")}
                       for i in s.instances],
         "replans": replans(run.launch),
+        "account": None if s.account is None else s.account.to_dict(),
     }
     if s.error is not None:
         out["error"] = s.error
@@ -204,6 +207,26 @@ def launch_summary(launch: Summary | None) -> dict[str, Any] | None:
         return None
     return {"status": launch.status, "exit_code": launch.exit_code, "restarts": launch.restart_count,
             "duration_s": launch.duration_s, "attempts": attempt_rows(launch)}
+
+
+def account_lines(acc: Account) -> list[str]:
+    """The account as a short table: its wall time and goodput, one line per category that took time (seconds and
+    share of the wall), then one line per attempt when there were more than one."""
+    wall = acc.run.wall_s
+    g = acc.run.goodput
+    out = [f"where the time went: {human_seconds(wall)}" + (f", goodput {g:.1%} (training / wall)" if g is not None
+                                                            else "")]
+    width = max(len(v) for v in LABELS.values())
+    for c in CATEGORIES:
+        secs = acc.run.seconds.get(c, 0.0)
+        if secs > 0 or c == "training":
+            out.append(f"  {LABELS[c]:<{width}}  {human_seconds(secs):>9}  {secs / wall if wall > 0 else 0:6.1%}")
+    if len(acc.attempts) > 1:
+        for i, a in enumerate(acc.attempts):
+            ga = a.goodput
+            out.append(f"  attempt {i}: {human_seconds(a.wall_s)}, goodput {ga:.1%}, failure "
+                       f"{human_seconds(a.seconds.get('failure', 0.0))}" if ga is not None else f"  attempt {i}: -")
+    return out
 
 
 def replans(launch: Summary | None) -> list[dict]:
@@ -256,7 +279,7 @@ SHOWN_HOSTS = 3          # at scale the per-host panel draws the slowest and the
 
 
 def figure(records: list[dict], title: str = "", replanned: list[dict] = (), slow: tuple[dict, ...] = (),
-           host_busy: dict | None = None):
+           host_busy: dict | None = None, account: Account | None = None):
     """The curves as a matplotlib Figure (Agg): loss, accuracy, images/s; whole steps on every x axis.
 
     Loss: the y axis fits the training curve; an evaluation loss above it (an early, untrained one) is drawn
@@ -267,7 +290,8 @@ def figure(records: list[dict], title: str = "", replanned: list[dict] = (), slo
     (summary.json's ``slow_ranks``, from every rank's busy time): each is drawn as a red span over the steps it was
     slow, named with its host and how much slower it was. With ``host_busy`` of more than one host (summary.json's:
     each host's own work per step), a fourth panel draws one line per host (at scale the SHOWN_HOSTS slowest and
-    fastest by their median), so a slow host shows where the run's img/s cannot."""
+    fastest by their median), so a slow host shows where the run's img/s cannot. With the run's ``account``, a
+    stacked bar under the curves: where the wall time went, the run's and each attempt's."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -278,7 +302,15 @@ def figure(records: list[dict], title: str = "", replanned: list[dict] = (), slo
     evals = latest_by_step(records, "eval")
     xs = [r["step"] for r in steps]
     hosts = _shown_hosts(host_busy or {})
-    fig, ax = plt.subplots(1, 4 if hosts else 3, figsize=(20 if hosts else 15, 4))
+    cols = 4 if hosts else 3
+    if account is None:
+        fig, ax = plt.subplots(1, cols, figsize=(5 * cols, 4))
+    else:
+        fig, grid = plt.subplots(2, cols, figsize=(5 * cols, 6), gridspec_kw={"height_ratios": [4, 1.6]})
+        ax = grid[0]
+        for a in grid[1]:
+            a.remove()
+        account_bar(fig.add_subplot(grid[1, 0].get_gridspec()[1, :]), account)
     for host in hosts:
         ax[3].plot([p[0] for p in host_busy[host]], [p[1] * 1000 for p in host_busy[host]], label=host)
     if hosts:
@@ -343,6 +375,28 @@ def figure(records: list[dict], title: str = "", replanned: list[dict] = (), slo
     return fig
 
 
+COLOURS = {"queue": "#bbbbbb", "launch": "#8c564b", "startup": "#e377c2", "training": "#2ca02c",
+           "evaluation": "#1f77b4", "checkpoint": "#ff7f0e", "failure": "#d62728", "idle": "#7f7f7f"}
+
+
+def account_bar(ax, account: Account) -> None:
+    """The account as stacked horizontal bars in seconds: the run's, then each attempt's when there are several."""
+    rows = [("run", account.run)] + ([(f"attempt {i}", a) for i, a in enumerate(account.attempts)]
+                                     if len(account.attempts) > 1 else [])
+    for y, (_, part) in enumerate(reversed(rows)):
+        left = 0.0
+        for c in CATEGORIES:
+            secs = part.seconds.get(c, 0.0)
+            if secs > 0:
+                ax.barh(y, secs, left=left, color=COLOURS[c], label=LABELS[c] if y == len(rows) - 1 else None)
+                left += secs
+    ax.set_yticks(range(len(rows)), [name for name, _ in reversed(rows)])
+    g = account.run.goodput
+    ax.set_title("where the time went" + (f" (goodput {g:.1%})" if g is not None else ""))
+    ax.set_xlabel("seconds")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+
+
 def _shown_hosts(host_busy: dict) -> list[str]:
     """The hosts the per-host panel draws: every one up to 2 x SHOWN_HOSTS, else the slowest and the fastest
     SHOWN_HOSTS by their median busy time; none for one host (its line would be the run's)."""
@@ -353,11 +407,11 @@ def _shown_hosts(host_busy: dict) -> list[str]:
 
 
 def plot(records: list[dict], path: str | Path, title: str = "", replanned: list[dict] = (),
-         slow: tuple[dict, ...] = (), host_busy: dict | None = None) -> Path:
+         slow: tuple[dict, ...] = (), host_busy: dict | None = None, account: Account | None = None) -> Path:
     """Draw the curves (``figure``) to the PNG ``path``."""
     import matplotlib.pyplot as plt
 
-    fig = figure(records, title, replanned, slow, host_busy)
+    fig = figure(records, title, replanned, slow, host_busy, account)
     path = Path(path)
     try:
         with safefs.replacing(path, "report", durable=False) as f:

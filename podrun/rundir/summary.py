@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from podrun.rundir.account import Account
 from podrun.rundir.layout import SUMMARY
 
 
@@ -28,17 +29,24 @@ class Attempt:
     status: Any = None
     root_cause: dict | None = None
     plan: str | None = None            # an elastic attempt's plan file (layout.plan_of)
+    started: Any = None                # its start and end (wall clock), every instance ready (s after its start)
+    ended: Any = None
+    all_ready_s: Any = None
+    failed_at: Any = None              # when its root cause began (wall clock)
 
     @classmethod
     def from_dict(cls, a: dict) -> Attempt:
         return cls(a.get("launch", 0), a.get("restart_count"), a.get("exit_code"), a.get("status"),
-                   a.get("root_cause"), a.get("plan"))
+                   a.get("root_cause"), a.get("plan"), a.get("started"), a.get("ended"), a.get("all_ready_s"),
+                   a.get("failed_at"))
 
     def to_dict(self) -> dict:
-        """The record as summary.json holds it (``plan`` only when there is one)."""
+        """The record as summary.json holds it (``plan`` and the moments only when there are some)."""
         d = {"launch": self.launch, "restart_count": self.restart_count, "exit_code": self.exit_code,
              "status": self.status, "root_cause": self.root_cause}
-        return d if self.plan is None else {**d, "plan": self.plan}
+        more = {"plan": self.plan, "started": self.started, "ended": self.ended, "all_ready_s": self.all_ready_s,
+                "failed_at": self.failed_at}
+        return {**d, **{k: v for k, v in more.items() if v is not None}}
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,7 @@ class Summary:
     problems: Any = None
     slow_ranks: tuple[dict, ...] = ()  # ranks the run named slow (rank, host, ratio, from_step, until_step)
     host_busy: dict = field(default_factory=dict)   # host -> [(step, busy s), ...]: each host's own work per step
+    account: Account | None = None     # where the launch's wall time went (podrun.rundir.account)
 
     @classmethod
     def from_dict(cls, d: dict) -> Summary:
@@ -70,7 +79,7 @@ class Summary:
                    _dicts(d.get("instances")), d.get("root_cause") if isinstance(d.get("root_cause"), dict) else None,
                    timings.get("duration_s"), timings.get("all_ready_s"),
                    _dicts(_dict(d.get("elastic")).get("replans")), d.get("error"), d.get("problems"),
-                   _dicts(d.get("slow_ranks")), _host_busy(d.get("host_busy")))
+                   _dicts(d.get("slow_ranks")), _host_busy(d.get("host_busy")), Account.from_dict(d.get("account")))
 
 
 def _host_busy(v) -> dict:

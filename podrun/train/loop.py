@@ -181,7 +181,9 @@ class StepRows:
         self.acc = save.new_accumulators()
         if s.cfg.eval_every > 0 and (epoch + 1) % s.cfg.eval_every == 0 and step < s.total:
             progress.phase("eval")
-            s.metrics.write({"kind": "eval", "step": step, "epoch": epoch, **_evaluate(s)})
+            t0 = time.perf_counter()        # the eval record's seconds: the run's account
+            s.metrics.write({"kind": "eval", "step": step, "epoch": epoch, **_evaluate(s),
+                             "seconds": round(time.perf_counter() - t0, 4)})
             s.wrapped.train()
         self.t_last = time.perf_counter()
 
@@ -193,9 +195,10 @@ def _finish(s: Session, step: int, acc: dict[str, float], resumed: str | None) -
         progress.phase("checkpoint")
     save.final(s, step, acc)
     progress.phase("eval")
+    t0 = time.perf_counter()
     last_eval = _evaluate(s)
     s.metrics.write({"kind": "eval", "step": step, "epoch": (step - 1) // s.steps_per_epoch if step else 0,
-                     **last_eval})
+                     **last_eval, "seconds": round(time.perf_counter() - t0, 4)})
     summary = {"steps": step, "total_steps": s.total, "global_batch": s.global_batch, "local_batch": s.local_batch,
                "grad_accum": s.grad_accum, "world_size": s.world, "seconds": time.time() - s.t_start,
                "run_dir": str(s.run_dir), "resumed_from": resumed, **last_eval}

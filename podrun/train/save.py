@@ -10,6 +10,7 @@ training set, or a position off a global-batch boundary) is refused with ResumeE
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -192,10 +193,13 @@ def check_room(s: Session, step: int) -> None:
 
 
 def save(s: Session, step: int, acc: dict[str, float]) -> None:
-    """Checkpoint after ``step`` updates (a collective under FSDP: every rank calls it; rank 0 writes)."""
+    """Checkpoint after ``step`` updates (a collective under FSDP: every rank calls it; rank 0 writes); the
+    seconds the training waited for it go to the metrics (the run's account: checkpoint stalls)."""
+    t0 = time.perf_counter()
     model_state, opt_state = s.unwrap.state_dict(), s.unwrap.optim_state_dict(s.opt)
     if s.rank == 0:
         ckpt.save(state(s, step, acc, model_state, opt_state), s.ckpt_dir, step, s.cfg.keep_checkpoints)
+    s.metrics.write({"kind": "checkpoint", "step": step, "seconds": round(time.perf_counter() - t0, 4)})
 
 
 def snapshot(s: Session, writer, step: int, acc: dict[str, float]) -> None:

@@ -18,6 +18,7 @@ import pytest
 from tests.launch.helpers import (PODRUN, SCRIPTS, end, local_pids, marker, run_on_terminal, summary, wait_output,
                                   wait_until)
 from tests.ports import free_port
+from tests.rundir.account_check import assert_adds_up
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -56,9 +57,12 @@ def test_sigint_runs_the_keyboard_interrupt_handler_locally_as_under_torchrun(tm
     code, text = _interrupt([*TORCHRUN, "--standalone", "--nproc-per-node", "2"], tmp_path / "torchrun", 2, save_s=2)
     want = {"saved-0": "SIGINT ", "saved-1": "SIGINT "}
     assert _saved(tmp_path / "torchrun") == want, text
+    t0 = time.time()
     code, text = _interrupt([*PODRUN, "launch", "--standalone", "--nproc-per-node", "2",
                              "--runs-dir", str(tmp_path / "runs")], tmp_path / "podrun", 2, save_s=2)
+    wall = time.time() - t0
     assert _saved(tmp_path / "podrun") == want, text
+    assert_adds_up(next((tmp_path / "runs").iterdir()), wall)   # the run's account, Ctrl-C ending it
     assert code == 130 and "received SIGINT" in text, text
     assert text.count("podrun: waiting up to 30 s for ranks 0-1 on localhost (their KeyboardInterrupt handlers); "
                       "Ctrl-C again ends them now") == 1, text

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from tests.rundir.account_check import assert_adds_up
 from tests.launch.helpers import (SCRIPTS, end, local_pids, marker, podrun, podrun_popen, run_dir, summary, wait_output, wait_until)
 
 pytestmark = pytest.mark.timeout(150)
@@ -61,14 +63,18 @@ def test_a_stalled_rank_is_found_its_stack_shown_and_the_run_ended(tmp_path, mod
     stacks (rank 1's at its stalled line, first when it is the odd one out), writes stacks/rank-N.txt,
     and ends the run with exit 125 naming rank 1's frame; no process is left."""
     m = marker()
+    t0 = time.time()
     p = podrun_popen("launch", "--devices-per-host", "2", "--runs-dir", str(tmp_path / "runs"),
                      "--hang-timeout", str(WINDOW), "--", sys.executable, HANG, "--mode", mode, "--tag", m)
     try:
         wait_output(p, "step 4 rank 1", 90)
         out, err = p.communicate(timeout=120)     # a hang guard: the stalled rank waits an hour
+        wall = time.time() - t0
     finally:
         end(p)
     assert p.returncode == HANG_EXIT, err
+    acc = assert_adds_up(run_dir(tmp_path / "runs"), wall)     # the run's account: the hang's silence is failure
+    assert acc["seconds"]["failure"] >= WINDOW, acc
     assert f"no progress from any rank for {WINDOW:.1f} s (--hang-timeout {WINDOW:g})" in err
     rd = run_dir(tmp_path / "runs")
     odd, other = main_frames(rd / "stacks" / "rank-1.txt"), main_frames(rd / "stacks" / "rank-0.txt")
