@@ -1,6 +1,7 @@
 """`podrun launch`: parse, build the launch request, print it (--dry-run) or run and supervise it."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -325,7 +326,7 @@ def launch(ctx, args, **kw):
     """
     from podrun.cli.render import print_json
     from podrun.launch.prepare import prepare_launch
-    from podrun.launch.run import close_account, dry_run_record, execute
+    from podrun.launch.run import dry_run_record, execute
 
     if kw["resume_run"] is not None:
         _resume(ctx, kw["resume_run"], kw["runs_dir"], kw["dry_run"])
@@ -362,17 +363,22 @@ def launch(ctx, args, **kw):
         outcome, summary = execute(request, sink=console, notice=console.notice,
                                    only_output_from=out.only_output_from_instance, elastic=prepared.elastic,
                                    watch=watch, progress=view, resuming=resuming is not None,
-                                   launch_record=record(ctx.meta.get("podrun.argv", []), os.getcwd()))
+                                   launch_record=record(ctx.meta.get("podrun.argv", []), os.getcwd()),
+                                   said=lambda s: _say_outcome(s, request, view))
     finally:
         view.close()
-    try:
-        _print_root_cause(summary, request)
-        close_account(request.run_dir, summary)      # the run's account ends here, podrun's end
-        if out.as_json:
+    if out.as_json:
+        with contextlib.suppress(OSError):
             print_json(summary)
-    except OSError:                  # a closed pipe (`| head`) or terminal (SIGHUP): the run dir has everything
-        pass
     sys.exit(summary["exit_code"])   # main.py turns SystemExit into the exit code
+
+
+def _say_outcome(summary: dict, request, view) -> None:
+    """The run's end on the console (its root cause or its line), the live view closed first; a closed pipe
+    (`| head`) or terminal (SIGHUP) is no failure: the run directory has everything."""
+    view.close()
+    with contextlib.suppress(OSError):
+        _print_root_cause(summary, request)
 
 
 def launch_options(ctx, args: tuple[str, ...], kw: dict, environ=None):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import click
@@ -96,7 +97,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> None:
-    sys.exit(main())
+    """The `podrun` program: main(), its output flushed, then the process ends at once. The interpreter's own
+    finalization (tearing down every module) would cost ~0.2 s of CPU after the run's account has ended: files
+    are closed where they are written (podrun.safefs) and every thread left is a daemon."""
+    code = main()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):       # a closed pipe (`| head`) or stream: nothing more to say
+            pass
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -210,7 +210,7 @@ class ProgressView:
         if self.live is not None:
             self.live.stop()
             self.live = None
-        rec = self.last
+        rec, self.last = self.last, None          # said once, however often it is closed
         if rec is None or rec.get("step") is None:
             return
         now = self.clock()

@@ -218,12 +218,14 @@ def choose_master(make: TransportFactory, request: LaunchRequest, *, ask_hosts: 
 
 def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from: int | None = None,
             elastic=None, watch=None, progress=None, resuming: bool = False,
-            launch_record: dict | None = None) -> tuple[Outcome | None, dict]:
+            launch_record: dict | None = None, said=None) -> tuple[Outcome | None, dict]:
     """Run the request (with restarts); returns the last outcome and the summary written to summary.json.
 
     ``elastic`` (a podrun.elastic.replan.ElasticPolicy): each restart first drops the failed hosts,
     takes spares, and re-plans at the same global batch; no such plan ends the run. ``watch`` (a
-    podrun.launch.hangs.WatchOptions) and ``progress`` go to the Supervisor.
+    podrun.launch.hangs.WatchOptions) and ``progress`` go to the Supervisor. ``said(summary)`` tells the outcome
+    (the CLI's root cause) while the run directory is still held; the account's idle at the end then runs on to
+    that moment (``close_account``), the run's last write under its lock.
     """
     from podrun.launch.control import claim, release
     from podrun.rundir.lock import hold_run
@@ -235,8 +237,13 @@ def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from:
         _before_start(request.run_dir, claim, request.run_dir)
         notice(starting_line(request))
         try:
-            return _execute(request, sink=sink, notice=notice, only_output_from=only_output_from, elastic=elastic,
-                            watch=watch, progress=progress, resuming=resuming, launch_record=launch_record)
+            outcome, summary = _execute(request, sink=sink, notice=notice, only_output_from=only_output_from,
+                                        elastic=elastic, watch=watch, progress=progress, resuming=resuming,
+                                        launch_record=launch_record)
+            if said is not None:
+                said(summary)
+            close_account(request.run_dir, summary)
+            return outcome, summary
         finally:
             release(request.run_dir)
     finally:
