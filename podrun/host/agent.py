@@ -40,7 +40,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -60,8 +59,9 @@ from podrun.host.workers import (bind_worker, fresh_error_file, instance_workers
 from podrun.wire import protocol
 from podrun.wire.agent_args import AgentArgs, cores_text
 from podrun.wire.proctl import PR_SET_CHILD_SUBREAPER, die_with_parent, prctl as _prctl, signal_group
-from podrun.runtime.progress import FD_ENV as PROGRESS_ENV
 
+# podrun.runtime.progress.FD_ENV, named here: that package is the workers' (tests/host/test_lean_agent.py)
+PROGRESS_ENV = "PODRUN_PROGRESS_FD"
 # the agent's own: it ends its workers with the one it got (SIGUSR1: Slurm's warning, sent to every task)
 HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
 EXIT_CHECK_S = 0.5          # how often the agent looks for workers hung at exit
@@ -284,6 +284,8 @@ class Agent(ControllerLink):
             self._signal_all(signal.SIGKILL)
             end_descendants(spare=self.own())
             if self.stack_root is not None:
+                import shutil
+
                 shutil.rmtree(self.stack_root, ignore_errors=True)
             if self.procs:                      # workers ran: their snapshots go when no restart can use them
                 from podrun.runtime.snapshot import drop_when_done

@@ -12,8 +12,9 @@ Python's finalization unregisters faulthandler's handler, the signal's default a
 process's exit may go on for a while after that (a library's C++ destructors: gloo, torch's thread pools), so a
 dump asked in that window would otherwise end a worker that had finished (exit 166). Earlier, as its exit begins
 (before non-daemon threads are joined and atexit runs), it writes <dir>/<pid>.ending, which the agent watches: a
-worker that stays alive and idle after that is ended and named. Then the next sitecustomize on sys.path, if any, runs as it would have. Imports nothing beyond the stdlib but podrun.safefs
-(stdlib only itself), through which its files are made.
+worker that stays alive and idle after that is ended and named. Then the next sitecustomize on sys.path, if any,
+runs as it would have. Imports nothing beyond the stdlib but podrun.safefs (stdlib only itself), through which its
+files are made.
 """
 
 

@@ -1,5 +1,6 @@
 """The DDP tutorial's ending, restarted many times: each rank's Trainer holds its DDP model when
-destroy_process_group() is called, and the model is freed as the function that trains returns (as in the tutorial's multinode.py).
+destroy_process_group() is called, and the model is freed as the function that trains returns (as in the
+tutorial's multinode.py).
 Rank 1 then writes its pid and exits 0; rank 0 then waits (at most --wait s) for rank 1's process to end, writes
 ``hang-<attempt>`` in --dir when it did not, and exits 1 until the last attempt (--attempts), which exits 0."""
 import argparse
