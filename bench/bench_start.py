@@ -91,28 +91,47 @@ def _calls(path: Path) -> int:
     return sum(1 for line in path.read_text(errors="replace").splitlines() if not line.startswith(("+++", "---")))
 
 
+def _launch(runs: Path, n: int, warm: bool) -> list[str]:
+    extra = (["--max-restarts", "1", "--warm"], ["--after-zygote", str(runs / "r" / "zygote" / "*.sock")]) if warm \
+        else (["--no-warm"], [])
+    return [sys.executable, "-m", "podrun", "launch", "--nproc-per-node", str(n), "--runs-dir", str(runs), "--run-id",
+            "r", *extra[0], "--", sys.executable, SCRIPT, *extra[1]]
+
+
+def _cpu_s(n: int) -> float:
+    """The CPU seconds of a whole cold launch (untraced): the controller, the agent, the store host, every rank."""
+    with tempfile.TemporaryDirectory() as tmp:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        subprocess.run(_launch(Path(tmp) / "runs", n, False), check=True, capture_output=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return round(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, 2)
+
+
 def _traced(tmp: str, n: int, warm: bool) -> dict:
     """One local launch of ``n`` workers importing torch under ``strace -ff -e trace=%file``: the calls of each kind
     of process. Cold: the first attempt's workers each import torch. Warm: the restart's workers are forked by the
     host's zygote, which imported torch (and the recipes' modules) once."""
     runs = Path(tmp) / "runs"
-    extra = (["--max-restarts", "1", "--warm"], ["--after-zygote", str(runs / "r" / "zygote" / "*.sock")]) if warm \
-        else (["--no-warm"], [])
-    cp = subprocess.run(["strace", "-ff", "-e", "trace=%file", "-o", f"{tmp}/s", sys.executable, "-m", "podrun",
-                         "launch", "--nproc-per-node", str(n), "--runs-dir", str(runs), "--run-id", "r", *extra[0],
-                         "--", sys.executable, SCRIPT, *extra[1]], capture_output=True, text=True,
+    cp = subprocess.run(["strace", "-ff", "-s", "300", "-e", "trace=%file", "-o", f"{tmp}/s",
+                         *_launch(runs, n, warm)], capture_output=True, text=True,
                         env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
-    log = (runs / "r" / "instance-0.log").read_text()
-    forked = {int(p) for p in re.findall(r"forked by the zygote \(pid \d+\) as pid (\d+)", log)}
+    if cp.returncode != 0:
+        raise RuntimeError(f"the launch failed (exit {cp.returncode}): {cp.stderr[-2000:]}")
+    log = (runs / "r" / "instance-0.log").read_text() if (runs / "r" / "instance-0.log").exists() else ""
+    forked = {int(p) for p in re.findall(r"local rank \d+ forked by the zygote \(pid \d+\) as pid (\d+)", log)}
+    store = {int(p) for p in re.findall(r"store host forked by the zygote \(pid \d+\) as pid (\d+)", log)}
     zygote = {int(p) for p in re.findall(r"forked by the zygote \(pid (\d+)\)", log)}
-    kinds = {"controller": 0, "agent": 0, "cold rank": 0, "zygote": 0, "forked rank": 0, "other": 0}
+    kinds = {"controller": 0, "agent": 0, "store host": 0, "cold rank": 0, "zygote": 0, "forked store host": 0,
+             "forked rank": 0, "other": 0}
     agents = 0
     for f in Path(tmp).glob("s.*"):
         pid, text = int(f.suffix[1:]), f.read_text(errors="replace")
-        first = text.split("\n", 1)[0] if text.startswith("execve(") else ""
-        kind = ("forked rank" if pid in forked else "zygote" if pid in zygote or "podrun.host.zygote" in first else
-                "cold rank" if SCRIPT in first else "agent" if "podrun.host.agent" in first else
-                "controller" if '"launch"' in first else "other")
+        first = next((l for l in text.splitlines() if l.startswith("execve(")), "")   # what it became
+        kind = ("forked rank" if pid in forked else "forked store host" if pid in store else
+                "zygote" if pid in zygote or "podrun.host.zygote" in first else
+                "agent" if "podrun.host.agent" in first else "controller" if '"launch"' in first else
+                "store host" if "TCPStore" in first else "cold rank" if SCRIPT in first else "other")
         kinds[kind] += _calls(f)
         agents += kind == "agent"
     return {"exit": cp.returncode, **kinds, "agents": agents}
@@ -128,9 +147,14 @@ def metadata(counts=(1, 4, 8)) -> dict:
         for warm in (False, True):
             with tempfile.TemporaryDirectory() as tmp:
                 got = _traced(tmp, n, warm)
+            # cold: the attempt's agent, rank 0's store host and its ranks; once per host: the restart's agent, the
+            # zygote and what it forked (the first attempt, whose ranks import nothing, is left out)
             ranks = got["forked rank"] if warm else got["cold rank"]
-            got["host (one agent + zygote + ranks)"] = round(got["agent"] / max(1, got["agents"])) + got["zygote"] + ranks
+            got["host"] = (round(got["agent"] / max(1, got["agents"])) + ranks
+                           + (got["zygote"] + got["forked store host"] if warm else got["store host"]))
             got["per rank"] = round(ranks / n)
+            if not warm:      # the zygote is detached (not this launch's child): its CPU is not counted here
+                got["launch CPU s (untraced)"] = _cpu_s(n)
             out[f"{n} {'once per host' if warm else 'cold'}"] = got
     return out
 
