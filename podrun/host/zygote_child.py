@@ -79,7 +79,7 @@ def _keep_destroyed_groups(dist) -> None:
 
     @functools.wraps(original)
     def destroy_process_group(group=None):
-        _KEPT.extend(list(c10d._world.pg_map) if group is None else [group])
+        _KEPT.extend(list(getattr(getattr(c10d, "_world", None), "pg_map", ())) if group is None else [group])
         return original(group)
     dist.destroy_process_group = c10d.destroy_process_group = destroy_process_group
 
