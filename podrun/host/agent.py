@@ -40,7 +40,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -60,10 +59,14 @@ from podrun.host.workers import (bind_worker, fresh_error_file, instance_workers
 from podrun.wire import protocol
 from podrun.wire.agent_args import AgentArgs, cores_text
 from podrun.wire.proctl import PR_SET_CHILD_SUBREAPER, die_with_parent, prctl as _prctl, signal_group
-from podrun.runtime.progress import FD_ENV as PROGRESS_ENV
 
+# podrun.runtime.progress.FD_ENV, named here: that package is the workers' (tests/host/test_lean_agent.py)
+PROGRESS_ENV = "PODRUN_PROGRESS_FD"
 # the agent's own: it ends its workers with the one it got (SIGUSR1: Slurm's warning, sent to every task)
 HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
+EXIT_CHECK_S = 0.5          # how often the agent looks for workers hung at exit
+EXIT_CPU_S = 0.2            # CPU seconds a worker whose exit began may use without being called busy
+EXIT_STACK_LINES = 60       # lines of a hung-at-exit worker's stacks put in the instance log
 LINK_CLOSE_S = 10.0         # at its end, how long the agent waits for its last line to reach a slow controller
 
 
@@ -105,6 +108,8 @@ class Agent(ControllerLink):
         self.worker_stdin = args.worker_stdin_fd  # what local rank 0 reads as stdin (else /dev/null, as the others)
         self.stdin_id: tuple[int, int] | None = None   # that stdin's (st_dev, st_ino): a worker reading it waits
         self.helpers: list = []      # callables giving the pid of one of the agent's own children (or None)
+        self.ending: dict[int, list[float]] = {}   # worker whose exit began -> [idle since, its CPU seconds then]
+        self.hung_exits: set[int] = set()          # workers ended as hung at exit
 
     def request_stop(self, kind: StopKind, message: str, sig: int = signal.SIGTERM, silent_s: float = 0.0) -> None:
         if kind is StopKind.CONTROLLER_LOST or os.getppid() != self.parent:
@@ -279,6 +284,8 @@ class Agent(ControllerLink):
             self._signal_all(signal.SIGKILL)
             end_descendants(spare=self.own())
             if self.stack_root is not None:
+                import shutil
+
                 shutil.rmtree(self.stack_root, ignore_errors=True)
             if self.procs:                      # workers ran: their snapshots go when no restart can use them
                 from podrun.runtime.snapshot import drop_when_done
@@ -310,10 +317,13 @@ class Agent(ControllerLink):
         reaped = [p is None for p in self.procs]
         kill_at: float | None = None
         term_at: float | None = None
-        next_reap = time.monotonic() + 1.0
+        next_reap = next_exit = time.monotonic() + 1.0
         while not all(reaped):
             self._reap_exited(reaped)
             self._check_stdin_silence()
+            if self.stack_root is not None and not self.teardown_started and time.monotonic() >= next_exit:
+                next_exit = time.monotonic() + EXIT_CHECK_S
+                self._watch_exits(reaped)
             if self.stop is not None and not self.teardown_started:
                 term_at, kill_at = self._begin_teardown(all(reaped))
             if term_at is not None and time.monotonic() >= term_at:
@@ -340,12 +350,41 @@ class Agent(ControllerLink):
                 t.join(timeout=1.0)
             if rc != 0:
                 self._report_error_file(lr)
-            self.send(lr, protocol.WorkerExit(rc, ended, self.teardown_started))
+            self.send(lr, protocol.WorkerExit(rc, ended, self.teardown_started, lr in self.hung_exits))
             if rc != 0 and self.first_failure is None and not self.teardown_started:
                 self.first_failure = rc
                 self.worker_failed = True       # its teardown may precede a restart: snapshots stay
                 self.request_stop(StopKind.WORKER_FAILED,
                                   f"local rank {lr} exited with {protocol.exit_code_from_returncode(rc)}")
+
+    def _watch_exits(self, reaped: list[bool]) -> None:
+        """End each worker whose exit began (its <pid>.ending, podrun/runtime/site) and that has stayed alive since
+        without using CPU (EXIT_CPU_S) for protocol.EXIT_HANG_S: hung at exit, its stacks first in the instance log."""
+        now = time.monotonic()
+        ending = [(lr, p) for lr, p in enumerate(self.procs) if not reaped[lr] and p is not None
+                  and lr not in self.hung_exits and os.path.exists(os.path.join(self.stack_root, f"w{lr}",
+                                                                                 f"{p.pid}.ending"))]
+        cpu = tree_cpu([p.pid for _, p in ending]) if ending else {}
+        for lr, p in ending:
+            if (used := cpu.get(p.pid)) is None:
+                continue
+            seen = self.ending.setdefault(lr, [now, used])
+            if used - seen[1] > EXIT_CPU_S:
+                seen[:] = [now, used]
+            elif now - seen[0] >= protocol.EXIT_HANG_S:
+                self._end_hung_exit(lr, p.pid)
+
+    def _end_hung_exit(self, lr: int, pid: int) -> None:
+        """A worker hung at exit: its Python stacks (none once past its atexit) and its threads' kernel waits to the
+        instance log, then SIGKILL; its exit line says why."""
+        self.hung_exits.add(lr)
+        got = stackdump.collect(self.stack_root, [(lr, pid)])[lr]
+        text = "\n".join([*(x["text"] for x in got["procs"] if x["text"]), stackdump.kernel_waits(pid)])
+        self.emit(lr, "note", f"local rank {self.local_ranks[lr]} hung at exit: alive {protocol.EXIT_HANG_S:g} s "
+                              f"after its program returned, using no CPU; ending it (SIGKILL). Its stacks:")
+        for line in text.splitlines()[:EXIT_STACK_LINES]:
+            self.emit(lr, "note", line)
+        signal_group(pid, signal.SIGKILL)
 
     def _begin_teardown(self, all_reaped: bool) -> tuple[float | None, float]:
         """Signal every worker with the stop's signal; returns when to send SIGTERM (None: no need) and SIGKILL."""

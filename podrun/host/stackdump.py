@@ -111,3 +111,19 @@ def _settled(paths: list[str], timeout: float) -> dict[str, str]:
         if pending:
             time.sleep(POLL_S)
     return {p: _read(p) for p in paths}
+
+
+def kernel_waits(pid: int) -> str:
+    """What each thread of ``pid`` waits on in the kernel (``/proc/<pid>/task/*``: its name, state and wchan), one
+    line each: a process past its Python stack dump (its exit's finalization) still shows where it is stuck."""
+    lines = []
+    try:
+        tids = sorted(os.listdir(f"/proc/{pid}/task"), key=int)
+    except OSError:
+        return ""
+    for tid in tids:
+        comm = _read(f"/proc/{pid}/task/{tid}/comm").strip()
+        state = _read(f"/proc/{pid}/task/{tid}/stat").rsplit(")", 1)[-1].split()[:1]
+        wchan = _read(f"/proc/{pid}/task/{tid}/wchan").strip() or "-"
+        lines.append(f"thread {tid} ({comm}): state {''.join(state) or '?'}, waiting in {wchan}")
+    return "\n".join(lines)

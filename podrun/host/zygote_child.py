@@ -4,6 +4,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import fcntl
+import functools
 import io
 import os
 import runpy
@@ -17,6 +18,7 @@ from podrun.wire.proctl import PR_SET_PDEATHSIG, prctl
 
 WARM_ENV = "PODRUN_WARM"        # in a worker the zygote forked: the zygote's pid
 HIGH_FD = 256            # a forked process gets the fds it is told of by name at or above this number
+_KEPT: list = []         # the process groups destroy_process_group destroyed: kept until os._exit (see below)
 SITE_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime", "site",
                          "sitecustomize.py")
 
@@ -59,7 +61,27 @@ def become_worker(req: dict, fds: list[int], zygote_pid: int) -> int:
     threads = env.get("OMP_NUM_THREADS", "")
     if torch is not None and threads.isdigit() and int(threads) > 0:
         torch.set_num_threads(int(threads))
+    _keep_destroyed_groups(sys.modules.get("torch.distributed"))
     return _run_target(kind, target, args)
+
+
+def _keep_destroyed_groups(dist) -> None:
+    """Make ``destroy_process_group`` keep each group it destroys referenced until the process ends (by os._exit
+    in ``finish``: their C++ teardown never runs). A gloo group's destructor joins its run-loop threads while the
+    caller holds the GIL, and a run-loop thread still freeing its last work (whose saved thread-local state holds a
+    Python object: the context backward stashes) waits for the GIL: freeing the group there (a DDP model dropped
+    after destroy_process_group, or the group's last reference in it) deadlocks the worker at its end, seen in
+    6 of 12 forked 2-rank runs (docs/hangs.md, "A worker that hangs at exit")."""
+    if dist is None or not hasattr(dist, "destroy_process_group"):
+        return
+    c10d = dist.distributed_c10d
+    original = c10d.destroy_process_group
+
+    @functools.wraps(original)
+    def destroy_process_group(group=None):
+        _KEPT.extend(list(getattr(getattr(c10d, "_world", None), "pg_map", ())) if group is None else [group])
+        return original(group)
+    dist.destroy_process_group = c10d.destroy_process_group = destroy_process_group
 
 
 def _take_fds(targets: list, fds: list[int], env: dict[str, str]) -> None:

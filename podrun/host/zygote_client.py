@@ -6,7 +6,6 @@ import json
 import os
 import re
 import select
-import shutil
 import signal
 import socket
 import struct
@@ -47,12 +46,16 @@ def socket_path(run_dir: str, host: str) -> str:
 
 def end(run_dir: str) -> None:
     """Remove the run's zygote directory: every zygote of the run sees its socket gone and ends."""
+    import shutil
+
     shutil.rmtree(zygote_dir(run_dir), ignore_errors=True)
 
 
 def warm_target(command, python: str = sys.executable) -> tuple[str, str, list[str], bool] | None:
     """("script"|"module"|"code", path, module or code, args, unbuffered) when ``command`` runs ``python``
     (this interpreter, the same path) on a script, a module or ``-c`` code; None when a zygote cannot run it."""
+    import shutil
+
     if len(command) < 2:
         return None
     exe = shutil.which(command[0]) if os.sep not in command[0] else command[0]

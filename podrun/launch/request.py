@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import sys
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -104,13 +105,16 @@ class LaunchRequest:
         return Liveness(self.heartbeat, self.keepalive)
 
     def agent_argv(self, index: int | None, *, stdin_watch: bool = True, hold: bool = False,
-                   per_worker: bool = False, env_stdin: bool = False, worker_stdin_fd: int | None = None) -> list[str]:
+                   per_worker: bool = False, env_stdin: bool = False, worker_stdin_fd: int | None = None,
+                   lean: bool = False) -> list[str]:
         """The agent command line; index None means --index-from-env (mpirun/srun ranks), or with
         ``per_worker`` --rank-from-env (each launcher rank is one worker); ``hold``: the agent reports
         its preflight facts and starts workers only on a go from the controller; ``env_stdin``: the
         transport writes ``env_message()`` first on the agent's stdin (--env-stdin, when there is an env);
         ``worker_stdin_fd``: the agent's inherited descriptor that its local rank 0 reads as stdin (the local
-        transport's copy of podrun's own stdin)."""
+        transport's copy of podrun's own stdin); ``lean``: the agent runs on this machine, so with this python it is
+        started isolated and without site (``-I -S``: no site-packages scan, no .pth file run), this podrun's own
+        directory first on its path (its workers, its store host and its zygote are started as usual)."""
         source = FromEnv.RANK if per_worker else FromEnv.INDEX
         args = AgentArgs(self.attempt, source if index is None else index, self.command, grace=self.grace,
                          interrupt_grace=self.interrupt_grace, heartbeat=self.heartbeat,
@@ -119,6 +123,10 @@ class LaunchRequest:
                          warm=self.warm and index is not None, hold=hold, needs=self.needs if hold else (),
                          env_stdin=env_stdin and bool(self.env), worker_stdin_fd=worker_stdin_fd,
                          cpu_bind=self.cpu_bind)
+        if lean and os.path.abspath(self.python) == os.path.abspath(sys.executable):
+            root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # holds podrun/
+            boot = f"import sys; sys.path.insert(0, {root!r}); from {AGENT_MODULE} import main; sys.exit(main())"
+            return [self.python, "-I", "-S", "-c", boot, *args.to_argv()]
         return [self.python, "-m", AGENT_MODULE, *args.to_argv()]
 
     @property

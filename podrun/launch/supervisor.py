@@ -132,8 +132,12 @@ class Supervisor:
             self.instances.first_ok = (now, st.index, ev.local_rank)
         if ex.code != 0 and not ex.teardown and self.signalled is None:
             code = protocol.exit_code_from_returncode(ex.code)
-            self.failures.append(Failure(st.index, st.host, ev.local_rank, code, FailureKind.EXITED,
-                                         _describe_code(code), ex.at))
+            kind, reason = FailureKind.EXITED, _describe_code(code)
+            if ex.hung_at_exit:          # its agent ended it (podrun.host.agent's exit watch)
+                kind, reason = FailureKind.HUNG, (
+                    f"hung at exit after its last line: alive {protocol.EXIT_HANG_S:g} s after its program returned, "
+                    f"using no CPU; its agent ended it ({reason}); its stacks are in instance-{st.index}.log")
+            self.failures.append(Failure(st.index, st.host, ev.local_rank, code, kind, reason, ex.at))
 
     def _on_error(self, st: InstanceState, ev: protocol.Event, now: float) -> None:  # noqa: ARG002
         if (info := protocol.from_json(ev.text)) is not None:

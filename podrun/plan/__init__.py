@@ -5,11 +5,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from podrun.errors import PlanError
-from podrun.plan import lr as lr_rules
-from podrun.plan.decompose import decompose, pipeline_bubble
-from podrun.plan.estimate import estimate
 from podrun.plan.model import Estimate, Placement, Plan
-from podrun.plan.placement import place
 
 if TYPE_CHECKING:  # pragma: no cover - importing podrun.plan.model (the agent does) must not load the specs
     from podrun.plan.measured import Measured
@@ -33,6 +29,12 @@ def make_plan(cluster: ClusterSpec, recipe: RecipeSpec | None, ov: Overrides = O
               measured: Measured | None = None) -> Plan:
     """``measured`` (podrun.plan.measured, from a calibration): its rate, links and largest local batch replace
     the published ones where it has them."""
+    # the planner's parts are imported here: importing podrun.plan.model (the agents do) loads none of them
+    from podrun.plan import lr as lr_rules
+    from podrun.plan.decompose import decompose, pipeline_bubble
+    from podrun.plan.estimate import estimate
+    from podrun.plan.placement import place
+
     notes: list[str] = []
     hosts = cluster.hosts
     if ov.nodes is not None:

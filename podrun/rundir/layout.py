@@ -4,12 +4,9 @@ else may write) and the records written into it whole (redacted by podrun.redact
 controller (launch/), the agent (host/), the workers (runtime/, train/) and wire/ all take the names from here."""
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import os
 import re
-import secrets
 import time
 from pathlib import Path
 
@@ -65,6 +62,9 @@ def snapshot_dir(run_id: str, host: str, key: str) -> str:
     """PODRUN_SNAPSHOT_DIR of the workers on ``host``: keyed by the host, not the instance index (an index moves
     to another host after a re-plan; the snapshots stay where they were written). The run's directory carries a
     tag derived from the run's key, so another user cannot name it in advance."""
+    import hashlib   # here, as secrets below: an agent imports this module for its names alone
+    import hmac
+
     tag = hmac.new(key.encode(), b"podrun snapshot directory\0" + run_id.encode(), hashlib.sha256).hexdigest()[:32]
     return os.path.join(SNAPSHOT_ROOT, f"podrun-{run_id}-{tag}", host)
 
@@ -81,6 +81,8 @@ _HINT = ("podrun writes a run only into directories of your own that no one else
 
 
 def new_run_id() -> str:
+    import secrets
+
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(2)
 
 

@@ -58,7 +58,8 @@ def missing_modules(python: str, modules) -> list[str]:
     """The ``modules`` that ``python`` cannot import, found without importing them (importlib.util.find_spec);
     all of them when ``python`` cannot be run."""
     modules = list(modules)
-    if os.path.abspath(python) == os.path.abspath(sys.executable):   # not realpath: venvs link one interpreter
+    # this python, started with its site (a lean agent runs without: it asks a python started as usual)
+    if os.path.abspath(python) == os.path.abspath(sys.executable) and not sys.flags.no_site:   # not realpath: venvs
         return [m for m in modules if importlib.util.find_spec(m) is None]
     code = ("import importlib.util,sys; print(' '.join(m for m in sys.argv[1:] "
             "if importlib.util.find_spec(m) is None))")

@@ -89,9 +89,10 @@ class Message:
 
     @classmethod
     def decode(cls, text: str):
-        words = text.split()
-        return cls(**{f.name: f.name in words[i:] if f.type == "bool" else _READ[f.type](words[i])
-                      for i, f in enumerate(fields(cls)) if f.type == "bool" or i < len(words)})
+        words, fs = text.split(), fields(cls)
+        valued = [sum(g.type != "bool" for g in fs[:i]) for i in range(len(fs))]   # words before a bool's own
+        return cls(**{f.name: f.name in words[valued[i]:] if f.type == "bool" else _READ[f.type](words[i])
+                      for i, f in enumerate(fs) if f.type == "bool" or i < len(words)})
 
     @classmethod
     def read(cls, text: str):
@@ -131,15 +132,20 @@ class Heartbeat(Message):
     at: Stamp
 
 
+EXIT_HANG_S = 10.0   # a worker alive this long after its program returned, using no CPU, is hung at exit
+
+
 @dataclass(frozen=True)
 class WorkerExit(Message):
     """``exit``: a worker ended with return ``code`` at ``at``; ``teardown``: the agent was already ending its workers
-    (their exit is no failure of their own). A line without the time is stamped when it is read."""
+    (their exit is no failure of their own); ``hung_at_exit``: the agent ended it, alive and idle EXIT_HANG_S after
+    its program returned. A line without the time is stamped when it is read."""
 
     KIND = "exit"
     code: int
     at: Stamp = field(default_factory=time.time)
     teardown: bool = False
+    hung_at_exit: bool = False
 
 
 @dataclass(frozen=True)

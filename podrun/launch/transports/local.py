@@ -63,7 +63,7 @@ class LocalTransport(Transport):
         handles = []
         for inst in req.instances:
             stdin_fd = _terminal_copy() if inst.index == 0 else None   # the instance of global rank 0
-            argv = req.agent_argv(inst.index, worker_stdin_fd=stdin_fd)
+            argv = req.agent_argv(inst.index, worker_stdin_fd=stdin_fd, lean=True)
             # preexec_fn: SIGTERM to the agent when this controller dies, also when it died before prctl
             try:
                 proc = subprocess.Popen(argv, cwd=req.workdir, env=env, stdin=subprocess.PIPE,

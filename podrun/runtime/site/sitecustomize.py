@@ -10,9 +10,11 @@ while the interpreter is whole) the process turns its registration into <dir>/<p
 its program has returned: a worker whose exit takes long is not hung) and ignores the signal from then on:
 Python's finalization unregisters faulthandler's handler, the signal's default action ends a process, and a
 process's exit may go on for a while after that (a library's C++ destructors: gloo, torch's thread pools), so a
-dump asked in that window would otherwise end a worker that had finished (exit 166). Then the
-next sitecustomize on sys.path, if any, runs as it would have. Imports nothing beyond the stdlib but podrun.safefs
-(stdlib only itself), through which its files are made.
+dump asked in that window would otherwise end a worker that had finished (exit 166). Earlier, as its exit begins
+(before non-daemon threads are joined and atexit runs), it writes <dir>/<pid>.ending, which the agent watches: a
+worker that stays alive and idle after that is ended and named. Then the next sitecustomize on sys.path, if any,
+runs as it would have. Imports nothing beyond the stdlib but podrun.safefs (stdlib only itself), through which its
+files are made.
 """
 
 
@@ -68,6 +70,25 @@ def _install(first=True):
 
         os.register_at_fork(after_in_child=lambda: _install(False))
         atexit.register(_leave, where, int(signum))     # registered first: runs last; a fork's child inherits it
+        _watch_ending(where, pid, threading)
+
+
+def _watch_ending(where, pid, threading):
+    """The process's exit begins (threading._shutdown: called first by the interpreter's finalization, and by a
+    worker the zygote forked, before non-daemon threads are joined and atexit runs): <dir>/<pid>.ending says so, so
+    the agent can end a worker that hangs after its program returned (podrun.host.agent's exit watch)."""
+    import os
+
+    shutdown = threading._shutdown
+
+    def _shutdown():
+        if os.getpid() == pid:            # not in a forked child (a DataLoader worker) that shares this module
+            try:
+                _safefs().write_file(os.path.join(where, f"{pid}.ending"), "", "exit marker", durable=False)
+            except Exception:  # noqa: BLE001 - never stop an exit
+                pass
+        shutdown()
+    threading._shutdown = _shutdown
 
 
 def _leave(where, signum):

@@ -1,0 +1,173 @@
+"""A host's start, measured: the agent's CPU up to its Ready line, started as before (``python -m
+podrun.host.agent``) and lean (``python -I -S -c`` with podrun's directory, as the local transport starts it),
+beside the bare interpreter (``python -c pass``, ``python -I -S -c pass``); interleaved, the median of N runs of
+each. Each agent is given a real plan (one worker, ``python -c pass``) and read until its ``ready`` line: its
+CPU time (every thread's /proc schedstat) are taken then. Also the file-system metadata
+system calls (strace -f -c -e trace=%file, where strace is installed) of a cold local launch whose workers import
+torch, at 1, 4 and 8 workers: launch to every rank running, per host and per rank.
+`python -m bench.bench_start agent [N]` or `metadata [1,4,8]`; with BENCH_START_BASE=DIR (a checkout of another commit)
+the agent of that checkout too, started as before."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _cpu_ms(pid: int) -> float:
+    """The CPU time of every thread of ``pid`` (schedstat's nanoseconds: /proc/<pid>/stat counts 10 ms ticks)."""
+    return sum(int((d / "schedstat").read_text().split()[0]) for d in Path(f"/proc/{pid}/task").iterdir()) / 1e6
+
+
+def _bare_ms(argv: list[str]) -> float:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(argv, check=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime) * 1000.0
+
+
+def _agent_ms(argv: list[str]) -> float:
+    """The agent's CPU when its ready line is read (then it is ended: its worker is ``python -c pass``)."""
+    p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                         cwd=tempfile.gettempdir(), start_new_session=True)
+    try:
+        for line in p.stdout:
+            if b" ready " in line or line.split(b" ", 2)[1:2] == [b"ready"]:
+                return _cpu_ms(p.pid)
+        raise RuntimeError(f"no ready line from {argv[:4]}")
+    finally:
+        p.kill()
+        p.wait()
+
+
+def agent_argvs(tmp: str) -> dict[str, list[str]]:
+    """The agent's command lines, before and lean, for a one-worker plan written under ``tmp``."""
+    from podrun.plan.model import Placement, Plan  # noqa: F401 - the plan comes from a real dry launch instead
+    from podrun.wire.agent_args import AgentArgs, RunAttempt
+
+    runs = Path(tmp) / "runs"
+    subprocess.run([sys.executable, "-m", "podrun", "launch", "--nproc-per-node", "1", "--runs-dir", str(runs),
+                    "--run-id", "plan", "--", sys.executable, "-c", "pass"], check=True, capture_output=True,
+                   env={**os.environ, "PYTHONPATH": str(ROOT)})
+    run_dir = runs / "plan"
+    args = AgentArgs(RunAttempt("plan", str(run_dir), str(run_dir / "plan.json"), "127.0.0.1", 1), 0,
+                     (sys.executable, "-c", "pass"), stdin_timeout=None)
+    boot = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from podrun.host.agent import main; sys.exit(main())"
+    return {"agent (python -m)": [sys.executable, "-m", "podrun.host.agent", *args.to_argv()],
+            "agent lean (-I -S)": [sys.executable, "-I", "-S", "-c", boot, *args.to_argv()]}
+
+
+def agent(n: int = 15) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = {"python -c pass": ([sys.executable, "-c", "pass"], _bare_ms),
+                "python -I -S -c pass": ([sys.executable, "-I", "-S", "-c", "pass"], _bare_ms),
+                **{k: (v, _agent_ms) for k, v in agent_argvs(tmp).items()}}
+        base = os.environ.get("BENCH_START_BASE")       # another checkout (the base commit): its agent, as before
+        if base:
+            runs["agent at BENCH_START_BASE (python -m)"] = (["env", f"PYTHONPATH={base}",
+                                                             *runs["agent (python -m)"][0]], _agent_ms)
+        got: dict[str, list[float]] = {k: [] for k in runs}
+        os.environ["PYTHONPATH"] = str(ROOT)         # the agent started as before finds this podrun
+        for _ in range(n):
+            for name, (argv, how) in runs.items():
+                got[name].append(how(argv))
+    return {k: {"median_ms": round(statistics.median(v), 1), "min_ms": round(min(v), 1)} for k, v in got.items()}
+
+
+SCRIPT = str(ROOT / "bench" / "scripts" / "import_torch_once.py")
+
+
+def _calls(path: Path) -> int:
+    """The system calls one process made (strace -ff's file of it), its exit and signals left out."""
+    return sum(1 for line in path.read_text(errors="replace").splitlines() if not line.startswith(("+++", "---")))
+
+
+def _launch(runs: Path, n: int, warm: bool) -> list[str]:
+    extra = (["--max-restarts", "1", "--warm"], ["--after-zygote", str(runs / "r" / "zygote" / "*.sock")]) if warm \
+        else (["--no-warm"], [])
+    return [sys.executable, "-m", "podrun", "launch", "--nproc-per-node", str(n), "--runs-dir", str(runs), "--run-id",
+            "r", *extra[0], "--", sys.executable, SCRIPT, *extra[1]]
+
+
+def _cpu_s(n: int) -> float:
+    """The CPU seconds of a whole cold launch (untraced): the controller, the agent, the store host, every rank."""
+    with tempfile.TemporaryDirectory() as tmp:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        subprocess.run(_launch(Path(tmp) / "runs", n, False), check=True, capture_output=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return round(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, 2)
+
+
+def _traced(tmp: str, n: int, warm: bool) -> dict:
+    """One local launch of ``n`` workers importing torch under ``strace -ff -e trace=%file``: the calls of each kind
+    of process. Cold: the first attempt's workers each import torch. Warm: the restart's workers are forked by the
+    host's zygote, which imported torch (and the recipes' modules) once."""
+    runs = Path(tmp) / "runs"
+    cp = subprocess.run(["strace", "-ff", "-s", "300", "-e", "trace=%file", "-o", f"{tmp}/s",
+                         *_launch(runs, n, warm)], capture_output=True, text=True,
+                        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
+    if cp.returncode != 0:
+        raise RuntimeError(f"the launch failed (exit {cp.returncode}): {cp.stderr[-2000:]}")
+    log = (runs / "r" / "instance-0.log").read_text() if (runs / "r" / "instance-0.log").exists() else ""
+    forked = {int(p) for p in re.findall(r"local rank \d+ forked by the zygote \(pid \d+\) as pid (\d+)", log)}
+    store = {int(p) for p in re.findall(r"store host forked by the zygote \(pid \d+\) as pid (\d+)", log)}
+    zygote = {int(p) for p in re.findall(r"forked by the zygote \(pid (\d+)\)", log)}
+    kinds = {"controller": 0, "agent": 0, "store host": 0, "cold rank": 0, "zygote": 0, "forked store host": 0,
+             "forked rank": 0, "other": 0}
+    agents = 0
+    for f in Path(tmp).glob("s.*"):
+        pid, text = int(f.suffix[1:]), f.read_text(errors="replace")
+        first = next((l for l in text.splitlines() if l.startswith("execve(")), "")   # what it became
+        kind = ("forked rank" if pid in forked else "forked store host" if pid in store else
+                "zygote" if pid in zygote or "podrun.host.zygote" in first else
+                "agent" if "podrun.host.agent" in first else "controller" if '"launch"' in first else
+                "store host" if "TCPStore" in first else "cold rank" if SCRIPT in first else "other")
+        kinds[kind] += _calls(f)
+        agents += kind == "agent"
+    return {"exit": cp.returncode, **kinds, "agents": agents}
+
+
+def metadata(counts=(1, 4, 8)) -> dict:
+    """Cold vs once per host (the zygote), at each worker count: file-system metadata calls (strace's %file class:
+    open, stat, access, readlink, ...) by kind of process, and a host's total from launch to every rank running."""
+    if shutil.which("strace") is None:
+        return {"skipped": "strace is not installed"}
+    out = {}
+    for n in counts:
+        for warm in (False, True):
+            with tempfile.TemporaryDirectory() as tmp:
+                got = _traced(tmp, n, warm)
+            # cold: the attempt's agent, rank 0's store host and its ranks; once per host: the restart's agent, the
+            # zygote and what it forked (the first attempt, whose ranks import nothing, is left out)
+            ranks = got["forked rank"] if warm else got["cold rank"]
+            got["host"] = (round(got["agent"] / max(1, got["agents"])) + ranks
+                           + (got["zygote"] + got["forked store host"] if warm else got["store host"]))
+            got["per rank"] = round(ranks / n)
+            if not warm:      # the zygote is detached (not this launch's child): its CPU is not counted here
+                got["launch CPU s (untraced)"] = _cpu_s(n)
+            out[f"{n} {'once per host' if warm else 'cold'}"] = got
+    return out
+
+
+def main(argv: list[str]) -> int:
+    what = argv[0] if argv else "agent"
+    if what == "agent":
+        print(json.dumps(agent(int(argv[1]) if len(argv) > 1 else 15), indent=1))
+    else:
+        print(json.dumps(metadata(tuple(int(x) for x in argv[1].split(",")) if len(argv) > 1 else (1, 4, 8)),
+                         indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
