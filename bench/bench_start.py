@@ -18,6 +18,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,10 +93,8 @@ def _calls(path: Path) -> int:
 
 
 def _launch(runs: Path, n: int, warm: bool) -> list[str]:
-    extra = (["--max-restarts", "1", "--warm"], ["--after-zygote", str(runs / "r" / "zygote" / "*.sock")]) if warm \
-        else (["--no-warm"], [])
     return [sys.executable, "-m", "podrun", "launch", "--nproc-per-node", str(n), "--runs-dir", str(runs), "--run-id",
-            "r", *extra[0], "--", sys.executable, SCRIPT, *extra[1]]
+            "r", *([] if warm else ["--no-warm"]), "--", sys.executable, SCRIPT]
 
 
 def _cpu_s(n: int) -> float:
@@ -110,8 +109,9 @@ def _cpu_s(n: int) -> float:
 
 def _traced(tmp: str, n: int, warm: bool) -> dict:
     """One local launch of ``n`` workers importing torch under ``strace -ff -e trace=%file``: the calls of each kind
-    of process. Cold: the first attempt's workers each import torch. Warm: the restart's workers are forked by the
-    host's zygote, which imported torch (and the recipes' modules) once."""
+    of process. Cold (--no-warm): the workers each import torch. Warm (the default): with several workers, the first
+    attempt's workers are forked by the host's zygote, which imported torch (and the recipes' modules) once; one
+    worker starts cold."""
     runs = Path(tmp) / "runs"
     cp = subprocess.run(["strace", "-ff", "-s", "300", "-e", "trace=%file", "-o", f"{tmp}/s",
                          *_launch(runs, n, warm)], capture_output=True, text=True,
@@ -147,11 +147,10 @@ def metadata(counts=(1, 4, 8)) -> dict:
         for warm in (False, True):
             with tempfile.TemporaryDirectory() as tmp:
                 got = _traced(tmp, n, warm)
-            # cold: the attempt's agent, rank 0's store host and its ranks; once per host: the restart's agent, the
-            # zygote and what it forked (the first attempt, whose ranks import nothing, is left out)
-            ranks = got["forked rank"] if warm else got["cold rank"]
-            got["host"] = (round(got["agent"] / max(1, got["agents"])) + ranks
-                           + (got["zygote"] + got["forked store host"] if warm else got["store host"]))
+            # a host's calls: its agent, rank 0's store host, its ranks, and the zygote where one forked them
+            ranks = got["forked rank"] + got["cold rank"]
+            got["host"] = (round(got["agent"] / max(1, got["agents"])) + ranks + got["zygote"]
+                           + got["forked store host"] + got["store host"])
             got["per rank"] = round(ranks / n)
             if not warm:      # the zygote is detached (not this launch's child): its CPU is not counted here
                 got["launch CPU s (untraced)"] = _cpu_s(n)
@@ -159,10 +158,27 @@ def metadata(counts=(1, 4, 8)) -> dict:
     return out
 
 
+def wall(n: int = 4, rounds: int = 5) -> dict:
+    """Cold (--no-warm) vs once per host (the default), ``n`` workers importing torch, interleaved: the whole
+    launch's wall seconds (from podrun's start to its exit: every rank imported torch and ended), medians."""
+    got: dict[str, list[float]] = {"cold": [], "once per host": []}
+    for _ in range(rounds):
+        for name, warm in (("cold", False), ("once per host", True)):
+            with tempfile.TemporaryDirectory() as tmp:
+                t0 = time.monotonic()
+                subprocess.run(_launch(Path(tmp) / "runs", n, warm), check=True, capture_output=True,
+                               env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
+                got[name].append(time.monotonic() - t0)
+    med = {k: round(statistics.median(v), 2) for k, v in got.items()}
+    return {"workers": n, "rounds": rounds, "median_s": med, "ratio": round(med["once per host"] / med["cold"], 3)}
+
+
 def main(argv: list[str]) -> int:
     what = argv[0] if argv else "agent"
     if what == "agent":
         print(json.dumps(agent(int(argv[1]) if len(argv) > 1 else 15), indent=1))
+    elif what == "wall":
+        print(json.dumps(wall(int(argv[1]) if len(argv) > 1 else 4), indent=1))
     else:
         print(json.dumps(metadata(tuple(int(x) for x in argv[1].split(",")) if len(argv) > 1 else (1, 4, 8)),
                          indent=1))

@@ -108,6 +108,7 @@ class Agent(ControllerLink):
         self.worker_stdin = args.worker_stdin_fd  # what local rank 0 reads as stdin (else /dev/null, as the others)
         self.stdin_id: tuple[int, int] | None = None   # that stdin's (st_dev, st_ino): a worker reading it waits
         self.helpers: list = []      # callables giving the pid of one of the agent's own children (or None)
+        self.store = None            # rank 0's store (podrun.host.store.AgentStore), started before the workers
         self.ending: dict[int, list[float]] = {}   # worker whose exit began -> [idle since, its CPU seconds then]
         self.hung_exits: set[int] = set()          # workers ended as hung at exit
 
@@ -156,6 +157,10 @@ class Agent(ControllerLink):
 
     # -- lifecycle ------------------------------------------------------------------------
     def spawn(self) -> None:
+        self.zygote_first()
+        if self.store is not None:      # served before any worker starts (forked by the zygote where one listens)
+            self.store.start(self.envs, lambda text: self.emit(None, "note", text), warm=self.warm)
+            self.helpers.append(self.store.pid)
         base = dict(os.environ)
         keep_fds = launcher_fds(base)
         with contextlib.suppress(OSError, PodrunError):      # no stack directory: no stacks
@@ -241,20 +246,39 @@ class Agent(ControllerLink):
             self.emit(local_rank, "note", f"cold start: local rank {self.local_ranks[local_rank]}: {p}")
         return None
 
-    def _keep_zygote(self) -> None:
-        """Hold a lease on this host's zygote for the agent's life; start the zygote first when it is not
-        there and another attempt may follow (outside this subreaper's tree: it outlives the agent)."""
-        run_dir, host = self.warm.run_dir, self.warm.host
-        self.lease = zygote_client.hold(run_dir, host, 0.0)
-        if self.lease is not None or not self.warm.start_next or zygote_client.warm_target(self.command) is None:
+    def zygote_first(self) -> None:
+        """Import once per host: where this first attempt's several workers run a program that imports torch, start
+        this host's zygote at the usual priority and wait for it (its imports are the workers' own, done once), so
+        that the first attempt's workers (and rank 0's store host) are forked from it as well; a zygote not
+        listening within FIRST_WAIT_S leaves them to start cold, with a note."""
+        if self.warm is None or not self.warm.first or not zygote_client.imports_torch(self.command):
             return
+        run_dir, host = self.warm.run_dir, self.warm.host
+        self._start_zygote(now=True)
+        self.lease = zygote_client.hold(run_dir, host, zygote_client.FIRST_WAIT_S)
+        if self.lease is None:
+            self.emit(None, "note", f"cold start: this host's zygote did not listen within "
+                                    f"{zygote_client.FIRST_WAIT_S:.0f} s")
+
+    def _start_zygote(self, now: bool = False) -> None:
+        """Start this host's zygote outside this subreaper's tree (it outlives the agent)."""
         if self.subreaper:
             _prctl(PR_SET_CHILD_SUBREAPER, 0)
         try:
-            zygote_client.start(run_dir, host)
+            zygote_client.start(self.warm.run_dir, self.warm.host, now=now)
         finally:
             if self.subreaper:
                 _prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+    def _keep_zygote(self) -> None:
+        """Hold a lease on this host's zygote for the agent's life; start the zygote first when it is not
+        there and another attempt may follow."""
+        run_dir, host = self.warm.run_dir, self.warm.host
+        if self.lease is None:
+            self.lease = zygote_client.hold(run_dir, host, 0.0)
+        if self.lease is not None or not self.warm.start_next or zygote_client.warm_target(self.command) is None:
+            return
+        self._start_zygote()
 
         def lease():       # however long its imports take under load (a daemon thread: it ends with the agent)
             self.lease = zygote_client.hold(run_dir, host, float("inf"))
@@ -451,11 +475,10 @@ def main(argv: list[str] | None = None) -> int:
     probe = _probe(args, rank0, store) if args.hold else None
     restart, max_restarts = args.attempt.restart_count, args.attempt.max_restarts
     warm = zygote_client.WarmHost(args.attempt.run_dir, socket.gethostname(), start_next=restart < max_restarts,
-                                  later=restart > 0) if args.warm else None
+                                  later=restart > 0, first=restart == 0 and len(envs) > 1) if args.warm else None
     agent = Agent(args, index, envs, probe=probe, local_ranks=local_ranks, agent_rank=agent_rank, warm=warm)
     if store is not None and not (probe and probe["ports_busy"]):    # busy: the controller will not say go
-        store.start(agent.envs, lambda text: agent.emit(None, "note", text), warm=warm)
-        agent.helpers.append(store.pid)
+        agent.store = store
     try:
         code = agent.run()
     finally:

@@ -173,7 +173,8 @@ def _start_watcher(path: str, lock: int) -> None:
             os._exit(0)
 
 
-def serve(path: str, idle: float) -> int:
+def serve(path: str, idle: float, now: bool = False) -> int:
+    """Listen at ``path`` once the preload is done (at SCHED_IDLE unless ``now``) and serve until the end."""
     if unixsock.dir_ok(os.path.dirname(path)) is not None:
         print(f"podrun zygote: {unixsock.dir_ok(os.path.dirname(path))}", file=sys.stderr, flush=True)
         return 1
@@ -186,7 +187,7 @@ def serve(path: str, idle: float) -> int:
     except OSError:
         return 0                                     # this host has its zygote already
     _start_watcher(path, lock)
-    _preload()
+    _preload(idle_first=not now)
     try:                                             # under the lock: a socket here is a dead zygote's
         if os.path.lexists(path):
             os.unlink(path)
@@ -197,9 +198,10 @@ def serve(path: str, idle: float) -> int:
     return _Server(path, listener, lock, idle).run()
 
 
-def _preload() -> None:
-    """Import PRELOAD and warm up what torch imports on first use (at SCHED_IDLE where it may switch back)."""
-    idle_class = _idle_class()
+def _preload(idle_first: bool = True) -> None:
+    """Import PRELOAD and warm up what torch imports on first use (at SCHED_IDLE where it may switch back, when
+    ``idle_first``: the first attempt's workers run meanwhile)."""
+    idle_class = idle_first and _idle_class()
     for name in PRELOAD:
         try:
             __import__(name)
@@ -336,10 +338,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m podrun.host.zygote", description=__doc__.splitlines()[0])
     ap.add_argument("--socket", required=True, help="the unix socket to listen on: <run_dir>/zygote/<host>.sock")
     ap.add_argument("--idle", type=float, default=IDLE_S, help="end after this many seconds with no agent")
+    ap.add_argument("--now", action="store_true",
+                    help="import at the usual priority: the first attempt's workers wait for this zygote")
     args = ap.parse_args(argv)
     if os.fork() != 0:                                # detach: the starting agent waits only for this exit
         os._exit(0)
-    code = serve(args.socket, args.idle)
+    code = serve(args.socket, args.idle, now=args.now)
     sys.stderr.flush()
     os._exit(code)                    # at once: no interpreter teardown of the preloaded modules (seconds)
 

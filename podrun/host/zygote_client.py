@@ -27,13 +27,37 @@ LEASE = struct.pack("!I", 0)    # a request of length 0: hold this connection wh
 QUIT = struct.pack("!I", 0xFFFFFFFF)   # end now: the agent's controller is gone, no attempt will follow
 
 
+FIRST_WAIT_S = 120.0    # how long a first attempt's agent waits for the zygote it started before starting cold
+TORCH_IMPORT = re.compile(r"^[ \t]*(?:import[ \t]+torch|from[ \t]+torch[ \t.])", re.MULTILINE)
+
+
 class WarmHost(NamedTuple):
     """An agent's warm starts: its run directory and host name (where the zygote's socket is), whether it
-    starts a zygote for the next attempt, and whether this is a later attempt (a zygote may be there)."""
+    starts a zygote for the next attempt, whether this is a later attempt (a zygote may be there), and whether
+    this first attempt's workers are forked too (several workers on this host: torch imported once here)."""
     run_dir: str
     host: str
     start_next: bool
     later: bool
+    first: bool = False
+
+
+def imports_torch(command) -> bool:
+    """Whether the workers' program imports torch, which makes a zygote worth waiting for at the first attempt:
+    podrun's recipe runner or torch's own modules, a script (its first MiB) or -c code with an import of torch."""
+    target = warm_target(command)
+    if target is None:
+        return False
+    kind, what = target[0], target[1]
+    if kind == "module":
+        return what.split(".")[0] in ("podrun", "torch")
+    if kind == "code":
+        return TORCH_IMPORT.search(what) is not None
+    try:
+        with open(what, "rb") as f:
+            return TORCH_IMPORT.search(f.read(1 << 20).decode("utf-8", "replace")) is not None
+    except OSError:
+        return False
 
 
 def zygote_dir(run_dir: str) -> str:
@@ -182,9 +206,10 @@ def spawn(run_dir: str, host: str, command, env: dict[str, str], cwd: str, fds: 
     return WarmProc(conn, int(m[1]), int(m[2]), reply[m.end():])
 
 
-def start(run_dir: str, host: str, idle: float = IDLE_S) -> None:
+def start(run_dir: str, host: str, idle: float = IDLE_S, now: bool = False) -> None:
     """Start this host's zygote, detached (it forks away and the first process exits): the caller must not
-    be a child subreaper while this runs, or the zygote would stay its descendant."""
+    be a child subreaper while this runs, or the zygote would stay its descendant; ``now``: its imports at the
+    usual priority (workers wait for them)."""
     path = socket_path(run_dir, host)
     try:                                             # not a private directory of this user: no zygote
         safefs.make_dir(os.path.dirname(path), "zygote directory")
@@ -192,7 +217,8 @@ def start(run_dir: str, host: str, idle: float = IDLE_S) -> None:
     except (OSError, PodrunError):
         return
     with log, contextlib.suppress(OSError, subprocess.SubprocessError):
-        subprocess.run([sys.executable, "-m", "podrun.host.zygote", "--socket", path, "--idle", str(idle)],
+        subprocess.run([sys.executable, "-m", "podrun.host.zygote", "--socket", path, "--idle", str(idle),
+                        *(["--now"] if now else [])],
                        stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, timeout=30,
                        check=False)
 

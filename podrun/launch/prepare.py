@@ -21,6 +21,7 @@ from podrun.plan.measured import launch_measured
 from podrun.rundir.layout import DEFAULT_RUNS_DIR, new_run_id
 from podrun.specs import recipe_args as recipe_cli
 from podrun.wire.agent_args import GRACE_S, INTERRUPT_GRACE_S
+from podrun.wire.worker_env import workers_per_instance
 from podrun.wire.liveness import settings
 from podrun.wire.probe import interface_address, missing_modules, missing_text
 from podrun.wire.worker_env import RDZV_ID_ENV, ROLE_ENV, VIRTUAL_LOCAL_RANK_ENV, workers_per_instance
@@ -176,7 +177,9 @@ def _prepare(opts: LaunchOptions, target: Target, mapped: OwnOptions) -> Prepare
                             runs_dir=mapped.runs_dir if mapped.runs_dir is not None else DEFAULT_RUNS_DIR, env=env,
                             max_restarts=0 if max_restarts is None else max_restarts,
                             data_interface=data_interface)
-    if rs.warm and request.max_restarts > 0 and kind.per_instance:    # its agents start each instance themselves
+    # its agents start each instance themselves: warm when a restart may follow, or (import once per host) when a
+    # host runs several workers
+    if rs.warm and kind.per_instance and (request.max_restarts > 0 or workers_per_instance(plan) > 1):
         request = replace(request, warm=True)
     bind, host_cores, bind_note = decide_cpu_bind(mapped.cpu_bind, plan, cluster.cpu, not kind.remote, cluster.path)
     request = replace(request, cpu_bind=bind, host_cores=host_cores, rank_files=mapped.rank_files)
