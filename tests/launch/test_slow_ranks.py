@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from podrun.launch.slow_ranks import SLOW_FACTOR, SLOW_WINDOW
-from tests.launch.helpers import SCRIPTS, podrun, summary
+from podrun.train.data import TEST_INPUT_DELAY_ENV
+from tests.launch.helpers import SCRIPTS, podrun, run_dir, summary
 from tests.ports import free_port
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.torch]
@@ -61,7 +62,8 @@ def test_even_ranks_name_none(tmp_path):
 
 def test_the_recipe_runner_reports_busy_time_and_a_slow_rank_is_named(tmp_path):
     """The real training loop (podrun.train, GA 2 with no_sync, DDP over gloo, 3 ranks): rank 1's forward
-    passes take 0.4 s more; podrun names rank 1 on localhost from the runner's own busy-time reports."""
+    passes take 0.4 s more; podrun names rank 1 on localhost from the runner's own busy-time reports, with the
+    cause its step split gives: compute. summary.json keeps each rank's mean split."""
     opts = dict(data="digits", image_size=8, num_classes=10, steps=STEPS + 4, global_batch=6, grad_accum=2,
                 lr=0.1, optimizer="sgd", eval_every=0, console=False, resume=False, checkpoint_every=0, seed=3)
     runs = tmp_path / "runs"
@@ -69,11 +71,42 @@ def test_the_recipe_runner_reports_busy_time_and_a_slow_rank_is_named(tmp_path):
                 "--runs-dir", str(runs), "--", sys.executable, str(SCRIPTS / "slow_recipe.py"), json.dumps(opts),
                 "1", "0.4", timeout=170, env={"PYTHONPATH": str(ROOT)})
     assert cp.returncode == 0, cp.stderr
-    assert re.search(r"^podrun: rank 1 on localhost is slow: busy [0-9.]+ s per step", cp.stderr, re.M), cp.stderr
+    assert re.search(r"^podrun: rank 1 on localhost is slow: busy [0-9.]+ s per step.*; the cause: compute: its "
+                     r"forward and backward take \d+ ms per step \(the other ranks \d+ ms\)", cp.stderr, re.M), cp.stderr
     s = summary(runs)
     assert [(r["rank"], r["host"]) for r in s["slow_ranks"]] == [(1, "localhost")], s["slow_ranks"]
     rec = s["slow_ranks"][0]
     assert rec["busy_s"] >= 0.8 and rec["ratio"] >= SLOW_FACTOR, rec     # 2 forwards x 0.4 s at least
+    assert rec["cause"] == "compute" and rec["cause_s"] >= 0.8, rec
+    split = s["step_split"]["ranks"]
+    assert sorted(split) == ["0", "1", "2"] and split["1"]["compute"] >= 0.8 and split["1"]["host"] == "localhost"
+    assert s["step_split"]["input_bound"] is None and "input-bound" not in cp.stderr
+
+
+def test_a_rank_whose_loader_is_slow_is_named_with_the_cause_input(tmp_path):
+    """The real training loop, 2 ranks: rank 1's loader takes 0.3 s more per batch (the loader's test knob,
+    podrun.train.data.TEST_INPUT_DELAY_ENV); podrun names rank 1 with the cause input, its wait and its cores, within
+    SLOW_WINDOW + a few steps; the run is not input-bound (rank 0 waits for nothing). `podrun report --json` shows
+    the measured split."""
+    opts = dict(data="digits", image_size=8, num_classes=10, steps=SLOW_WINDOW + 4, global_batch=4, lr=0.1,
+                optimizer="sgd", eval_every=0, console=False, resume=False, checkpoint_every=0, seed=3)
+    runs = tmp_path / "runs"
+    cp = podrun("launch", "--devices-per-host", "2", "--global-batch", "4", "--runs-dir", str(runs), "--",
+                sys.executable, str(SCRIPTS / "slow_recipe.py"), json.dumps(opts), "-1", "0",
+                timeout=170, env={"PYTHONPATH": str(ROOT), TEST_INPUT_DELAY_ENV: "1=0.3"})
+    assert cp.returncode == 0, cp.stderr
+    assert re.search(r"^podrun: rank 1 on localhost is slow: .*; the cause: input: it waits \d+ ms per step for "
+                     r"input \(the other ranks \d+ ms\); it has \d+ cores? for its compute and makes its batches "
+                     r"in its training thread", cp.stderr, re.M), cp.stderr
+    s = summary(runs)
+    (rec,) = s["slow_ranks"]
+    assert (rec["rank"], rec["cause"]) == (1, "input") and rec["cause_s"] >= 0.3 and rec["loaders"] == 0, rec
+    assert rec["from_step"] <= SLOW_WINDOW + 4, rec
+    assert s["step_split"]["ranks"]["1"]["input"] >= 0.25 and s["step_split"]["input_bound"] is None
+    rep_ = podrun("report", str(run_dir(runs)), "--json", "--no-plot", env={"PYTHONPATH": str(ROOT)})
+    assert rep_.returncode == 0, rep_.stderr
+    got = json.loads(rep_.stdout)["step_split"]
+    assert got["ranks"] == 2 and got["slowest"]["rank"] == "1" and got["measured"]["input"] >= 0.1, got
 
 
 @pytest.mark.cluster
