@@ -43,13 +43,18 @@ def cpus() -> int:
 
 
 class LastGrad:
-    """When a DDP model's last gradient of this step was accumulated on this rank (a post-accumulate-grad hook on
-    every parameter: DDP hands each bucket to the all-reduce at that moment, before any wait on the others).
-    Plain autograd callbacks, not a DDP communication hook (a Python comm hook leaves callbacks on gloo's work
-    objects, and gloo can abort at interpreter exit). ``hooked`` False for anything but DDP: no moment known."""
+    """When a DDP model's last gradient of this step was accumulated on this rank (``at``: a post-accumulate-grad
+    hook on every parameter; DDP hands each bucket to the all-reduce at that moment, before any wait on the others),
+    and how long its forwards waited in DDP's own work before the module ran (``waited``: a pre-forward hook on the
+    wrapper and one on the module; mostly the broadcast of BatchNorm's buffers, a collective where a fast rank
+    waits for a slow one: communication, not this rank's compute). Plain autograd and module callbacks, not a DDP
+    communication hook (a Python comm hook leaves callbacks on gloo's work objects, and gloo can abort at
+    interpreter exit). ``hooked`` False for anything but DDP: no moment known."""
 
     def __init__(self, model):
         self.at: float | None = None
+        self.waited = 0.0
+        self._outer: float | None = None
         from torch import nn
 
         self.hooked = isinstance(model, nn.parallel.DistributedDataParallel)
@@ -57,9 +62,22 @@ class LastGrad:
             for p in model.module.parameters():
                 if p.requires_grad:
                     p.register_post_accumulate_grad_hook(self._note)
+            model.register_forward_pre_hook(self._enter)
+            model.module.register_forward_pre_hook(self._entered)
 
     def _note(self, _param) -> None:
         self.at = time.perf_counter()
+
+    def _enter(self, *_args) -> None:
+        self._outer = time.perf_counter()
+
+    def _entered(self, *_args) -> None:
+        if self._outer is not None:
+            self.waited += time.perf_counter() - self._outer
+            self._outer = None
+
+    def reset(self) -> None:
+        self.at, self.waited = None, 0.0
 
 
 class StepClock:
@@ -67,7 +85,8 @@ class StepClock:
     ``synced()`` once backward returned (DDP's backward returns after its all-reduce completed), ``stepped()``
     after the optimiser step and zero_grad. ``split()``: the StepSplit (compute up to the last gradient, comm from
     it to ``synced``; with no gradient hook, FSDP or one process, compute runs to ``synced`` and comm is 0);
-    ``busy()``: start to the last gradient, the figure the slow-rank watch compares (None without a hook).
+    ``busy()``: start to the last gradient, the figure the slow-rank watch compares (None without a hook). The
+    forwards' wait in DDP's buffer broadcast (LastGrad.waited) counts as comm, not compute or busy time.
     ``sync``: called before each stamp (torch.cuda.synchronize on CUDA, which this machine cannot run)."""
 
     def __init__(self, model, sync: Callable[[], None] | None = None, loaders: int | None = None):
@@ -84,7 +103,7 @@ class StepClock:
     def start(self) -> None:
         self._stamp(0)
         self.t[1] = self.t[2] = self.t[3] = None
-        self.grad.at = None
+        self.grad.reset()
 
     def fetched(self) -> None:
         self._stamp(1)
@@ -98,14 +117,15 @@ class StepClock:
     def busy(self) -> float | None:
         if not self.grad.hooked or self.t[0] is None or self.grad.at is None:
             return None
-        return max(self.grad.at - self.t[0], 0.0)
+        return max(self.grad.at - self.t[0] - self.grad.waited, 0.0)
 
     def split(self) -> StepSplit | None:
         t0, t1, t2, t3 = self.t
         if t0 is None or t1 is None or t2 is None or t3 is None:
             return None
         last = self.grad.at if self.grad.at is not None and t1 <= self.grad.at <= t2 else t2
-        return StepSplit(t1 - t0, last - t1, t2 - last, t3 - t2, self.cpus, self.loaders)
+        wait = min(self.grad.waited, last - t1)
+        return StepSplit(t1 - t0, last - t1 - wait, t2 - last + wait, t3 - t2, self.cpus, self.loaders)
 
 
 def mean_split(splits: list[StepSplit]) -> StepSplit | None:
@@ -145,15 +165,16 @@ def watch(model) -> None:
 def _timed(name: str):
     t0 = time.perf_counter()
     if _hook.grad is not None:
-        _hook.grad.at = None
+        _hook.grad.reset()
     try:
         yield
     finally:
         t1 = time.perf_counter()
         last = _hook.grad.at if _hook.grad is not None and name == "compute" else None
         if last is not None and t0 <= last <= t1:
-            _hook.sums["compute"] += last - t0
-            _hook.sums["comm"] += t1 - last
+            wait = min(_hook.grad.waited, last - t0)
+            _hook.sums["compute"] += last - t0 - wait
+            _hook.sums["comm"] += t1 - last + wait
         else:
             _hook.sums[name] += t1 - t0
 
