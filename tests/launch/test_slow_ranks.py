@@ -73,7 +73,8 @@ def test_the_recipe_runner_reports_busy_time_and_a_slow_rank_is_named(tmp_path):
                 "1", "0.4", timeout=170, env={"PYTHONPATH": str(ROOT)})
     assert cp.returncode == 0, cp.stderr
     assert re.search(r"^podrun: rank 1 on localhost is slow: busy [0-9.]+ s per step.*; the cause: compute: its "
-                     r"forward and backward take \d+ ms per step \(the other ranks \d+ ms\)", cp.stderr, re.M), cp.stderr
+                     r"forward and backward take \d+ ms per step \(the other ranks \d+ ms\)", cp.stderr,
+                     re.M), cp.stderr
     s = summary(runs)
     assert [(r["rank"], r["host"]) for r in s["slow_ranks"]] == [(1, "localhost")], s["slow_ranks"]
     rec = s["slow_ranks"][0]
