@@ -32,7 +32,8 @@ def _launch(tmp_path, base: float, slow_rank: int, extra: float):
 
 def test_a_rank_with_a_slow_data_step_is_named_with_its_host(tmp_path):
     """Rank 2's data step takes 0.5 s more: every rank's wall step time is the same (DDP), its busy time is
-    not; podrun names rank 2 on localhost once, with its busy time against the others' median. Only what
+    not; podrun names rank 2 on localhost once, with its busy time against the others' median and the cause its
+    step split gives (input: the script reports through podrun.runtime.steps, the hook for a user's script). Only what
     the sleeps guarantee is bounded (busy at least the sleep); the others' busy time, which a loaded machine
     stretches, is checked only through the rule's own ratio."""
     cp, s = _launch(tmp_path, 0.1, 2, 0.5)
@@ -45,11 +46,15 @@ def test_a_rank_with_a_slow_data_step_is_named_with_its_host(tmp_path):
     assert busy >= 0.6 and median >= 0.1 and ratio >= SLOW_FACTOR, named[0]
     assert ratio == pytest.approx(busy / median, rel=0.1), named[0]
     assert not re.search(r"\d+\.\d{4,}", named[0]), named[0]          # rounded for people
+    assert "; the cause: input: it waits " in named[0], named[0]
     assert [(r["rank"], r["host"]) for r in s["slow_ranks"]] == [(2, "localhost")], s["slow_ranks"]
     rec = s["slow_ranks"][0]
     assert rec["busy_s"] >= 0.6 and rec["others_median_s"] >= 0.1 and rec["ratio"] >= SLOW_FACTOR
     assert rec["ratio"] == pytest.approx(rec["busy_s"] / rec["others_median_s"], rel=0.01)
     assert rec["steps"] == SLOW_WINDOW and rec["from_step"] >= SLOW_WINDOW and rec["until_step"] is None
+    assert rec["cause"] == "input" and rec["cause_s"] >= 0.6 and rec["cpus"] >= 1, rec
+    split = s["step_split"]["ranks"]
+    assert split["2"]["input"] >= 0.6 and split["0"]["comm"] >= 0.4, split       # the others wait for it: comm
     (pts,) = s["host_busy"].values()        # the host's own work per step over the run: the report's per-host line
     assert list(s["host_busy"]) == ["localhost"] and 1 <= len(pts) <= STEPS and all(b >= 0.1 for _, b in pts), pts
 
