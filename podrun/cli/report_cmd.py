@@ -131,7 +131,8 @@ def _split_lines(sp: dict | None) -> list[str]:
                      f"the assumption to check is {off['assumption']}")
     if sp.get("input_bound"):
         b = sp["input_bound"]
-        lines.append(f"input-bound: every rank waited for input {b['min_share']:.0%}-{b['max_share']:.0%} of its step")
+        lines.append(f"input-bound: every rank waited for input {b['min_share']:.0%} (least) to {b['max_share']:.0%} "
+                     "of its step")
     return lines
 
 

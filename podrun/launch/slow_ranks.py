@@ -121,8 +121,9 @@ def input_bound(means: dict[int, StepSplit], share: float = INPUT_BOUND_SHARE) -
 
 def input_bound_line(rec: dict) -> str:
     """The console line, said once, for an input-bound run: the figures and what to change."""
-    low, high = rec["min_share"] * 100, rec["max_share"] * 100
-    return (f"the run is input-bound: every rank ({rec['ranks']}) waits for its next batch {low:.0f}-{high:.0f} % of "
+    low, high = f"{rec['min_share'] * 100:.0f}", f"{rec['max_share'] * 100:.0f}"
+    shares = low if low == high else f"{low}-{high}"
+    return (f"the run is input-bound: every rank ({rec['ranks']}) waits for its next batch {shares} % of "
             f"its step ({_ms(rec['input_s'])} of {_ms(rec['step_s'])}, median); to feed it: more loader workers "
             f"working ahead (a DataLoader's num_workers, the runner's prefetch), fewer workers per host (more cores "
             f"each), a smaller image size (--image-size), or the data on local disk")
