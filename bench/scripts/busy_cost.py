@@ -1,5 +1,6 @@
-"""One rank of a 2-rank DDP loop over gloo (argv: MODE STEPS, MODE "hook": podrun.train.busy's clock on, "plain":
-DDP's built-in all-reduce); rank 0 prints the median step in ms and the median busy time."""
+"""One rank of a 2-rank DDP loop over gloo (argv: MODE STEPS, MODE "hook": podrun.train.busy's clock on, "split":
+the clock's every stamp of the step split as the recipes' runner takes them (podrun.runtime.steps.StepClock),
+"plain": DDP's built-in all-reduce, no clock); rank 0 prints the median step in ms and the median busy time."""
 import gc
 import statistics
 import sys
@@ -17,7 +18,8 @@ dist.init_process_group("gloo")
 torch.manual_seed(0)
 model = nn.parallel.DistributedDataParallel(nn.Sequential(*[m for _ in range(6) for m in (nn.Linear(768, 768),
                                                                                            nn.ReLU())]))
-clock = BusyClock(model) if mode == "hook" else None
+clock = BusyClock(model) if mode in ("hook", "split") else None
+split = mode == "split"
 opt = torch.optim.SGD(model.parameters(), lr=0.001)
 x, y = torch.randn(32, 768), torch.randn(32, 768)
 times, busy = [], []
@@ -25,11 +27,18 @@ for i in range(steps):
     t = time.perf_counter()
     if clock is not None:
         clock.start()
+    if split:
+        clock.fetched()
     nn.functional.mse_loss(model(x), y).backward()
+    if split:
+        clock.synced()
     if clock is not None:
         busy.append(clock.seconds())
     opt.step()
     opt.zero_grad()
+    if split:
+        clock.stepped()
+        clock.split()
     if i >= steps // 10:                       # the first tenth warms up
         times.append(time.perf_counter() - t)
 if dist.get_rank() == 0:

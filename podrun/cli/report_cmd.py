@@ -20,8 +20,8 @@ def report(run_dir: str | None, runs_dir: str, as_json: bool, output: str | None
 
     from podrun.cli.render import console
     from podrun.rundir.layout import REPORT
-    from podrun.rundir.report import (launch_summary, newest_run, plot, read_run, replans, resumes, summarize,
-                                     summarize_command, title_of)
+    from podrun.rundir.report import (launch_summary, newest_run, plot, read_run, replans, resumes, step_split,
+                                     summarize, summarize_command, title_of)
 
     if run_dir is None:
         run_dir = str(newest_run(runs_dir))
@@ -34,7 +34,7 @@ def report(run_dir: str | None, runs_dir: str, as_json: bool, output: str | None
     if not run.trained:
         if run.metrics_file is not None:
             notes.append(f"{run.metrics_file} records no training step")
-        _command(run, summarize_command(run), notes, as_json)
+        _command(run, {**summarize_command(run), "step_split": step_split(run.launch, run.plan)}, notes, as_json)
         return
     summary = {"kind": "training", "run_dir": str(run_dir), **summarize(run.records)}
     launched = launch_summary(run.launch)
@@ -44,6 +44,7 @@ def report(run_dir: str | None, runs_dir: str, as_json: bool, output: str | None
     summary["resumes"] = resumes(run.records)
     acc = run.launch.account if run.launch is not None else None
     summary["account"] = None if acc is None else acc.to_dict()
+    summary["step_split"] = step_split(run.launch, run.plan)
     if not no_plot and importlib.util.find_spec("matplotlib") is None:
         no_plot = True
         notes.append("curves not drawn: matplotlib is not installed here (pip install matplotlib, or podrun's "
@@ -84,6 +85,8 @@ def report(run_dir: str | None, runs_dir: str, as_json: bool, output: str | None
     for r in summary["replans"]:
         c.print(f"  {_replan_line(r)}", markup=False)
     _account(acc, lambda text: c.print(text, markup=False, highlight=False))
+    for line in _split_lines(summary["step_split"]):
+        c.print(f"  {line}", markup=False)
     if "plot" in summary:
         c.print(f"  curves: {summary['plot']}")
     for note in notes:
@@ -111,6 +114,30 @@ def _replan_line(r: dict) -> str:
     resumed = f"; resumed from {src}" if src else ""
     return (f"re-plan{at}: lost {', '.join(r['hosts_lost']) or 'no host'}, {describe_replan(r)}, "
             f"global batch {r['new'].get('global_batch')}{resumed}{after}")
+
+
+def _split_lines(sp: dict | None) -> list[str]:
+    """The step split's lines: measured (mean over ranks, the slowest rank), the plan's estimate, the term furthest
+    off, an input-bound run."""
+    if sp is None:
+        return []
+
+    def parts(d: dict) -> str:
+        return ", ".join(f"{k} {d[k] * 1000:.1f} ms" for k in ("input", "compute", "comm", "optim"))
+
+    slow = sp["slowest"]
+    lines = [f"step split, mean of {sp['ranks']} rank(s): {parts(sp['measured'])}; slowest rank {slow['rank']} on "
+             f"{slow['host']}: {parts(slow)}"]
+    if sp["estimate"] is not None:
+        off = sp["furthest_off"]
+        lines.append(f"the plan's estimate: {parts(sp['estimate'])}; furthest off: {off['term']} "
+                     f"({off['measured_s'] * 1000:.1f} ms measured, {off['estimate_s'] * 1000:.1f} ms estimated): "
+                     f"the assumption to check is {off['assumption']}")
+    if sp.get("input_bound"):
+        b = sp["input_bound"]
+        lines.append(f"input-bound: every rank waited for input {b['min_share']:.0%} (least) to {b['max_share']:.0%} "
+                     "of its step")
+    return lines
 
 
 def _seconds(v) -> str:
@@ -173,6 +200,8 @@ def _command(run, s: dict, notes: list[str], as_json: bool) -> None:
     for r in s["replans"]:
         say(f"  {_replan_line(r)}")
     _account(run.launch.account if run.launch is not None else None, say)
+    for line in _split_lines(s["step_split"]):
+        say(f"  {line}")
     for note in notes:
         say(f"  note: {note}")
 

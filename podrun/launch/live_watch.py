@@ -6,7 +6,9 @@ no rank moved between two samples of its stack and CPU time taken as the window 
 first asks every agent for its workers' stacks (``S``), writes them to runs/<id>/stacks/ and shows them merged. A
 rank blocked reading the launcher's stdin when sampled (input(), pdb's prompt) is waiting for its user: no hang.
 A rank whose reported busy time stays well above the others' is named once (podrun.launch.slow_ranks.SlowRanks)
-and listed in summary.json's ``slow_ranks``. ``podrun stack`` asks for the same view through the run's control
+with its cause from its step split (input, compute, comm, optim: slow_ranks.StepSplits) and listed in
+summary.json's ``slow_ranks``; a run where every rank waits for input is named once with what to change, and each
+rank's mean split is summary.json's ``step_split``. ``podrun stack`` asks for the same view through the run's control
 socket at any time. The Supervisor holds a LiveWatch, feeds it the workers' progress and stack replies, and calls
 ``tick`` at each turn of its loop; a hang that ends the run comes back as a Failure.
 """
@@ -52,6 +54,7 @@ class LiveWatch:
         self.step_times: list[float] = []       # recent step_seconds reported by any worker (auto window)
         self.slow = slow_ranks.SlowRanks()         # each rank's recent busy_seconds: names a slow rank
         self.hosts = slow_ranks.HostBusy()         # each host's busy time per step over the run (the report's lines)
+        self.splits = slow_ranks.StepSplits()      # each rank's step split: a slow rank's cause, an input-bound run
         self.phases: dict[tuple[int, int | None], str] = {}   # (instance, local rank) -> last reported phase
         self.dump: stacks.StackCollection | None = None  # the stack collection in flight
         self.reported = False                    # a worker reported through podrun's runtime in this attempt
@@ -88,6 +91,11 @@ class LiveWatch:
         if isinstance(dt, (int, float)) and dt > 0:
             self.step_times.append(float(dt))
             del self.step_times[:-hangs.AUTO_WINDOW]
+        split = protocol.StepSplit.read(rec.get("split"))
+        if split is not None:
+            bound = self.splits.add(self.instances.rank(st.index, lr), st.host, split)
+            if bound is not None:
+                self.notice(slow_ranks.input_bound_line(bound))
         busy = rec.get("busy_seconds")
         if isinstance(busy, (int, float)) and not isinstance(busy, bool) and math.isfinite(busy) and busy >= 0:
             rank = self.instances.rank(st.index, lr)
@@ -95,6 +103,7 @@ class LiveWatch:
             named = self.slow.add(rank, st.host, float(busy), step if isinstance(step, int) else None)
             self.hosts.add(rank, st.host, float(busy), step if isinstance(step, int) else None)
             if named is not None:
+                named.update(self.splits.cause(rank))
                 self.notice(slow_ranks.slow_rank_line(named))
         if self.progress is not None:
             try:

@@ -120,6 +120,7 @@ class Outcome:
     hang: dict | None = None           # the hang that ended (or was dumped in) the run: window, merged stacks
     slow_ranks: list = field(default_factory=list)   # ranks named slow (podrun.launch.slow_ranks.SlowRanks records)
     host_busy: dict = field(default_factory=dict)    # host -> [[step, busy s]] (podrun.launch.slow_ranks.HostBusy)
+    step_split: dict = field(default_factory=dict)   # each rank's mean step split (slow_ranks.StepSplits.to_dict)
 
     def failed_at(self) -> float | None:
         """When the root cause began (wall clock; None: none): a worker's exit when its agent saw it, a hang or a lost
@@ -152,6 +153,7 @@ class Outcome:
             "hang": self.hang,
             "slow_ranks": self.slow_ranks,
             "host_busy": self.host_busy,
+            "step_split": self.step_split,
         })
 
 

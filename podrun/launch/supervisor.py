@@ -378,9 +378,11 @@ class Supervisor:
 
     def _outcome(self) -> Outcome:
         """The attempt's Outcome, once every handle has ended (no reader adds to the hearing's gaps any more)."""
-        return attempt_outcome(self.instances, self.failures, self.signalled, self.listener.hearing.gaps(),
-                               self.live.hang, [dict(r) for r in self.live.slow.records],
-                               {h: [list(p) for p in xs] for h, xs in self.live.hosts.series.items()})
+        out = attempt_outcome(self.instances, self.failures, self.signalled, self.listener.hearing.gaps(),
+                              self.live.hang, [dict(r) for r in self.live.slow.records],
+                              {h: [list(p) for p in xs] for h, xs in self.live.hosts.series.items()})
+        out.step_split = self.live.splits.to_dict()
+        return out
 
 
 def _rank_text(rank: int) -> str:

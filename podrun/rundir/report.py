@@ -16,6 +16,7 @@ from podrun.rundir.account import CATEGORIES, LABELS, Account
 from podrun.rundir.layout import COMMAND, METRICS, PLAN, SUMMARY, instance_log
 from podrun.rundir.metrics import StepLog, is_integer, complete, latest_by_step, read_metrics_counted
 from podrun.rundir.summary import Summary, read_json, read_summary
+from podrun.wire.protocol import SPLIT_PARTS
 
 
 @dataclass
@@ -419,3 +420,38 @@ def plot(records: list[dict], path: str | Path, title: str = "", replanned: list
     finally:
         plt.close(fig)
     return path
+
+
+def step_split(launch: Summary | None, plan: dict | None) -> dict[str, Any] | None:
+    """The measured step split (summary.json's ``step_split``: input, compute, comm, optim, the mean over ranks and
+    the slowest rank's: the most work of its own, comm left out) beside the plan's estimate of the same terms
+    (plan.json's ``estimate``: compute from the device rate, comm the all-reduce not hidden, input and optim taken
+    as free), and the term furthest off: the assumption that was wrong. None when no rank reported a split."""
+    ranks = (launch.step_split.get("ranks") if launch is not None else None) or {}
+    rows = {r: v for r, v in ranks.items() if isinstance(v, dict) and all(
+        isinstance(v.get(k), (int, float)) for k in SPLIT_PARTS)}
+    if not rows:
+        return None
+    mean = {k: round(statistics.fmean(v[k] for v in rows.values()), 6) for k in SPLIT_PARTS}
+    slowest = max(rows, key=lambda r: sum(rows[r][k] for k in SPLIT_PARTS if k != "comm"))   # its own work: the others
+    # wait for it in their comm
+    out: dict[str, Any] = {"ranks": len(rows), "measured": mean,
+                           "slowest": {"rank": slowest, **{k: rows[slowest].get(k) for k in ("host", *SPLIT_PARTS)}},
+                           "input_bound": launch.step_split.get("input_bound"), "estimate": None, "furthest_off": None}
+    est = (plan or {}).get("estimate")
+    terms = [est.get(k, 0.0) if isinstance(est, dict) else None
+             for k in ("step_seconds", "allreduce_seconds", "allreduce_hidden_fraction")]
+    if not all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in terms) or terms[0] <= 0:
+        return out
+    comm = terms[1] * (1.0 - terms[2])
+    out["estimate"] = {"input": 0.0, "compute": round(terms[0] - comm, 6), "comm": round(comm, 6),
+                       "optim": 0.0, "assumptions": list(est.get("assumptions") or [])}
+    term = max(SPLIT_PARTS, key=lambda k: abs(mean[k] - out["estimate"][k]))
+    out["furthest_off"] = {"term": term, "assumption": _ASSUMED[term], "measured_s": mean[term],
+                           "estimate_s": out["estimate"][term]}
+    return out
+
+
+_ASSUMED = {"input": "the input pipeline is free", "compute": "the device rate",
+            "comm": "the all-reduce (bandwidth, latency, the share hidden behind backward)",
+            "optim": "the optimiser step is free"}

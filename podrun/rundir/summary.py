@@ -70,6 +70,8 @@ class Summary:
     slow_ranks: tuple[dict, ...] = ()  # ranks the run named slow (rank, host, ratio, from_step, until_step)
     host_busy: dict = field(default_factory=dict)   # host -> [(step, busy s), ...]: each host's own work per step
     account: Account | None = None     # where the launch's wall time went (podrun.rundir.account)
+    step_split: dict = field(default_factory=dict)  # {"ranks": {rank: {host, reports, input, compute, comm, optim}},
+    #                                                  "input_bound": ...}: each rank's mean step split
 
     @classmethod
     def from_dict(cls, d: dict) -> Summary:
@@ -79,7 +81,8 @@ class Summary:
                    _dicts(d.get("instances")), d.get("root_cause") if isinstance(d.get("root_cause"), dict) else None,
                    timings.get("duration_s"), timings.get("all_ready_s"),
                    _dicts(_dict(d.get("elastic")).get("replans")), d.get("error"), d.get("problems"),
-                   _dicts(d.get("slow_ranks")), _host_busy(d.get("host_busy")), Account.from_dict(d.get("account")))
+                   _dicts(d.get("slow_ranks")), _host_busy(d.get("host_busy")), Account.from_dict(d.get("account")),
+                   _dict(d.get("step_split")))
 
 
 def _host_busy(v) -> dict:

@@ -5,7 +5,8 @@ record goes as one JSON line to the pipe the agent named in PODRUN_PROGRESS_FD (
 stdout), and on to the controller as a ``prog`` protocol line. Outside podrun (plain torchrun, srun,
 python) the variable is unset and the call does nothing. A report never blocks training: the pipe is
 non-blocking and a report the agent has no room for is dropped. Reports closer than MIN_INTERVAL_S
-apart are merged (the newest wins) unless the phase changes or the last step is reached.
+apart are merged (the newest wins) unless the phase changes or the last step is reached. Each rank's step split
+(the ``split`` field: podrun.runtime.steps) travels in the same record.
 """
 from __future__ import annotations
 
@@ -37,11 +38,12 @@ def _fd() -> int | None:
 
 def report(step: int | None = None, total: int | None = None, *, epoch: int | None = None,
            loss: float | None = None, samples_per_sec: float | None = None, step_seconds: float | None = None,
-           busy_seconds: float | None = None, phase: str = "train", force: bool = False) -> bool:
+           busy_seconds: float | None = None, phase: str = "train", force: bool = False, split=None) -> bool:
     """Tell podrun this worker made progress; returns whether a record was sent (False outside podrun,
     when merged with the next one, or when the agent's pipe is full). ``busy_seconds``: this rank's own work
     in its last step, without the time it waited for the other ranks (podrun names a rank whose busy time
-    stays well above the others')."""
+    stays well above the others'). ``split``: a podrun.wire.protocol.StepSplit, the rank's step split into input,
+    compute, comm and optim (podrun.runtime.steps), from which podrun names why a slow rank is slow."""
     fd = _fd()
     if fd is None:
         return False
@@ -56,6 +58,8 @@ def report(step: int | None = None, total: int | None = None, *, epoch: int | No
     for name, value in zip(FIELDS, (step, total, epoch, loss, samples_per_sec, step_seconds, busy_seconds)):
         if value is not None:
             rec[name] = value
+    if split is not None:
+        rec["split"] = split.to_dict()
     data = (json.dumps(rec, separators=(",", ":"), default=float) + "\n").encode()
     try:
         os.write(fd, data)             # one write < PIPE_BUF: never interleaved with another thread's

@@ -18,6 +18,7 @@ import os
 import pickle
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -26,6 +27,23 @@ import numpy as np
 import torch
 
 from podrun.errors import PodrunError
+
+# Test knob, for the step-split tests and bench only: "RANK=SECONDS,..." makes the named ranks' loader take that
+# many seconds more per batch (an input-bound rank made on purpose). Unset in every real run.
+TEST_INPUT_DELAY_ENV = "PODRUN_TEST_INPUT_DELAY"
+
+
+def _test_input_delay() -> float:
+    """This rank's extra seconds per batch under TEST_INPUT_DELAY_ENV (0.0 when unset or not named)."""
+    rank = os.environ.get("RANK", "")
+    for item in os.environ.get(TEST_INPUT_DELAY_ENV, "").split(","):
+        name, _, value = item.partition("=")
+        if name.strip() == rank and rank:
+            try:
+                return max(float(value), 0.0)
+            except ValueError:
+                return 0.0
+    return 0.0
 
 
 class DataError(PodrunError):
@@ -331,6 +349,7 @@ class Loader:
 
     def _produce(self) -> Iterator:
         epoch, step = self.start_epoch, self.start_step
+        delay = _test_input_delay()
         while self.epochs is None or epoch < self.epochs:
             perm = epoch_permutation(len(self.ds), self.seed, epoch)
             while step < self.steps_per_epoch:
@@ -340,6 +359,8 @@ class Loader:
                     if self.pin:
                         x, y = x.pin_memory(), y.pin_memory()
                     micro.append((x, y))
+                if delay > 0:
+                    time.sleep(delay)
                 yield epoch, step, micro
                 step += 1
             epoch, step = epoch + 1, 0

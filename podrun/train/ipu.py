@@ -15,7 +15,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from podrun.runtime import progress
 from podrun.runtime.distributed import Device
+from podrun.runtime.steps import StepClock
 from podrun.runtime.env import WorkerInfo
 from podrun.train import checkpoint as ckpt
 from podrun.train.config import TrainError, decompose, sched_name, write_config
@@ -123,11 +125,16 @@ def train_ipu(cfg, info: WorkerInfo, device: Device) -> dict[str, Any]:
                    "instances": info.num_instances, "replicas": info.num_replicas, "local_batch": b,
                    "grad_accum": a, "global_batch": g, "total_steps": total, "device": "ipu", "lr": lr})
     t_last = time.perf_counter()
-    loader = Loader(train_ds, shard, seed=cfg.seed, start_epoch=step // spe, start_step=step % spe,
-                    prefetch=3 if cfg.prefetch is None else cfg.prefetch)
+    prefetch = 3 if cfg.prefetch is None else cfg.prefetch
+    loader = Loader(train_ds, shard, seed=cfg.seed, start_epoch=step // spe, start_step=step % spe, prefetch=prefetch)
+    # the step's split: poptorch runs forward, backward, the replicas' all-reduce and the optimiser in one call on
+    # the device, so that call is compute (comm 0); optim is the new optimiser's upload (setOptimizer)
+    clock = StepClock(None, loaders=1 if prefetch > 0 else 0)
+    clock.start()
     for epoch, _, micro in loader:
         if step >= total:
             break
+        clock.fetched()
         # poptorch takes the instance's whole step at once: micro batches x replicas x GA
         x = torch.cat([m[0] for m in micro])
         y = torch.cat([m[1] for m in micro])
@@ -135,18 +142,23 @@ def train_ipu(cfg, info: WorkerInfo, device: Device) -> dict[str, Any]:
         loss_v = float(torch.as_tensor(loss).float().mean())
         if not math.isfinite(loss_v):
             raise TrainError(f"loss became {loss_v} at step {step + 1}", exit_code=1)
+        clock.synced()
         step += 1
         optimizer = _optimizer(poptorch, wrapper.parameters(), cfg, sched(step), half)
         tm.setOptimizer(optimizer)
+        clock.stepped()
         now = time.perf_counter()
         dt, t_last = now - t_last, now
         acc = float((torch.as_tensor(logits).argmax(-1) == y[: len(logits)]).float().mean())
         metrics.write({"kind": "step", "step": step, "epoch": epoch, "loss": loss_v, "accuracy": acc,
                        "lr": sched(step - 1), "images_per_sec": g / dt,
                        "images_per_sec_instance": len(y) / dt, "step_seconds": dt})
+        progress.report(step=step, total=total, epoch=epoch, loss=loss_v, samples_per_sec=g / dt, step_seconds=dt,
+                        split=clock.split())
         if cfg.checkpoint_every > 0 and step % cfg.checkpoint_every == 0 and main:
             tm.copyWeightsToHost()
             ckpt.save(state(step), ckpt_dir, step, cfg.keep_checkpoints)
+        clock.start()
     tm.copyWeightsToHost()
     if main and step > 0 and cfg.keep_checkpoints > 0:
         ckpt.save(state(step), ckpt_dir, step, cfg.keep_checkpoints)

@@ -14,12 +14,14 @@ import torch
 from podrun import safefs
 from podrun.rundir.layout import TRAIN_SUMMARY
 from podrun.runtime import progress
+from podrun.runtime.steps import mean_split
 from podrun.train import save
 from podrun.train.busy import BusyClock
 from podrun.train.config import TrainError
 from podrun.train.data import Loader, eval_batches, normalize, position
 from podrun.train.optim import mix_batch, soft_cross_entropy
 from podrun.train.setup import Session, all_reduce, no_sync
+from podrun.wire.protocol import StepSplit
 
 
 def resumed_from(origin: dict[str, Any] | None, step: int) -> str | None:
@@ -39,6 +41,7 @@ class Pending:
     lr: float
     stats: torch.Tensor             # (loss sum, correct, count) over this rank's micro batches, on the device
     busy_s: float | None            # this rank's busy seconds for the update (podrun's slow-rank watch)
+    split: StepSplit | None = None  # its split into input, compute, comm and optim (podrun.runtime.steps)
 
 
 def run(s: Session, step: int, acc: dict[str, float], origin: dict[str, Any] | None, writer=None) -> dict[str, Any]:
@@ -53,15 +56,20 @@ def run(s: Session, step: int, acc: dict[str, float], origin: dict[str, Any] | N
     sync_every = max(1, cfg.sync_every if cfg.sync_every is not None else
                      (cfg.log_every if device.kind == "cuda" else 1))
     rows = StepRows(s, acc)
-    busy = BusyClock(s.wrapped)
+    # the step's split: host-clock stamps, each after a synchronize on CUDA (queued kernels counted where they run)
+    busy = BusyClock(s.wrapped, sync=torch.cuda.synchronize if device.kind == "cuda" else None,
+                     loaders=1 if _prefetch(s) > 0 else 0)
     busy.start()                       # the step's start: before its batch is fetched
     for epoch, estep, micro in loader_iter:
         if step >= s.total:
             break
+        busy.fetched()                 # the wait for the loader ends
         stats = _accumulate(s, micro, step)
+        busy.synced()                  # backward returned: DDP's all-reduce completed
         lr_now = _update(s)
+        busy.stepped()
         step += 1
-        rows.pending.append(Pending(step, epoch, lr_now, stats, busy.seconds()))
+        rows.pending.append(Pending(step, epoch, lr_now, stats, busy.seconds(), busy.split()))
         end_of_epoch = estep == s.steps_per_epoch - 1
         checkpoint_now = cfg.checkpoint_every > 0 and step % cfg.checkpoint_every == 0 and step < s.total
         if len(rows.pending) >= sync_every or end_of_epoch or checkpoint_now or step >= s.total:
@@ -87,12 +95,16 @@ def _record_start(s: Session, step: int, origin: dict[str, Any] | None, resumed:
                      "samples": step * s.global_batch, **decomposition, "resumed_from": resumed})
 
 
+def _prefetch(s: Session) -> int:
+    """Batches the loader's thread makes ahead: --prefetch, else 3 on CUDA and none (no thread) elsewhere."""
+    return s.cfg.prefetch if s.cfg.prefetch is not None else (3 if s.device.kind == "cuda" else 0)
+
+
 def _loader(s: Session, step: int) -> Iterator:
     """The training batches from update ``step`` on: the data order is a function of the seed and the epoch."""
-    cfg, cuda = s.cfg, s.device.kind == "cuda"
     start_epoch, start_step = position(step * s.global_batch, s.global_batch, len(s.train_ds))
-    return iter(Loader(s.train_ds, s.shard, seed=cfg.seed, start_epoch=start_epoch, start_step=start_step,
-                       prefetch=cfg.prefetch if cfg.prefetch is not None else (3 if cuda else 0), pin_memory=cuda))
+    return iter(Loader(s.train_ds, s.shard, seed=s.cfg.seed, start_epoch=start_epoch, start_step=start_step,
+                       prefetch=_prefetch(s), pin_memory=s.device.kind == "cuda"))
 
 
 def _accumulate(s: Session, micro, step: int) -> torch.Tensor:
@@ -153,6 +165,7 @@ class StepRows:
         stats_all = all_reduce(torch.stack([p.stats for p in self.pending])).cpu()
         mine = [p.busy_s for p in self.pending if p.busy_s is not None]
         busy_s = sum(mine) / len(mine) if mine else None     # this rank's own, for podrun's slow-rank watch
+        split = mean_split([p.split for p in self.pending if p.split is not None])
         now = time.perf_counter()
         dt, self.t_last = (now - self.t_last) / len(self.pending), now   # the interval's steps share its time
         for p, stats in zip(self.pending, stats_all):
@@ -165,9 +178,9 @@ class StepRows:
             s.metrics.write({"kind": "step", "step": p.step, "epoch": p.epoch, "loss": loss_g, "accuracy": acc_g,
                              "lr": p.lr, "images_per_sec": g / dt,
                              "images_per_sec_instance": g / dt * s.info.local_world_size / s.world,
-                             "step_seconds": dt})
+                             "step_seconds": dt, **({"split": p.split.to_dict()} if p.split is not None else {})})
             progress.report(step=p.step, total=s.total, epoch=p.epoch, loss=loss_g, samples_per_sec=g / dt,
-                            step_seconds=dt, busy_seconds=busy_s)
+                            step_seconds=dt, busy_seconds=busy_s, split=split)
         self.pending.clear()
 
     def end_epoch(self, step: int, epoch: int) -> None:

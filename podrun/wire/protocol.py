@@ -17,7 +17,7 @@ single worker of its instance (--rank-from-env) writes that worker's local rank 
   error       a failed worker's @record error file (torch.distributed.elastic): JSON {message,
               traceback, file}, sent before its ``exit`` line
   prog        a worker's progress report (podrun.runtime.progress): JSON {phase, step, total, epoch, loss,
-              samples_per_sec, step_seconds}, the fields it gave
+              samples_per_sec, step_seconds, busy_seconds, split}, the fields it gave (split: a ``StepSplit``)
   stack       on an ``S`` from the controller, one running worker's stacks: JSON {procs: [{pid, main
               (its main thread's id), text (what faulthandler wrote)}], problem (why there is none), cpu
               (CPU seconds of its process tree, read before the dump), at (the agent's monotonic clock then),
@@ -218,6 +218,46 @@ class Part(Message):
         if stream not in ("out", "err") or flag not in ("r", "-"):
             raise ValueError(f"not a part line: {text[:40]!r}")
         return cls(stream, flag == "r", state)
+
+
+SPLIT_PARTS = ("input", "compute", "comm", "optim")
+
+
+@dataclass(frozen=True)
+class StepSplit:
+    """One rank's update step split into its parts, in seconds (a mean over the steps a ``prog`` report covers),
+    the ``split`` field of a ``prog`` record: ``input`` waiting for the loader's next batch, ``compute`` forward and
+    backward up to the last gradient, ``comm`` the gradient all-reduce not hidden behind compute (from the last
+    gradient until the optimiser can step), ``optim`` the optimiser step and zero_grad. ``cpus``: the cores the rank
+    may run on; ``loaders``: its loader threads (0: the batch is made in the training thread)."""
+
+    input: float = 0.0
+    compute: float = 0.0
+    comm: float = 0.0
+    optim: float = 0.0
+    cpus: int | None = None
+    loaders: int | None = None
+
+    @property
+    def total(self) -> float:
+        return self.input + self.compute + self.comm + self.optim
+
+    def to_dict(self) -> dict:
+        out: dict = {k: round(getattr(self, k), 6) for k in SPLIT_PARTS}
+        out.update({k: getattr(self, k) for k in ("cpus", "loaders") if getattr(self, k) is not None})
+        return out
+
+    @classmethod
+    def read(cls, rec) -> "StepSplit | None":
+        """A ``split`` field read tolerantly: None unless every part is a finite number >= 0."""
+        if not isinstance(rec, dict):
+            return None
+        parts = [_number(rec.get(k)) for k in SPLIT_PARTS]
+        if any(v is None or not v >= 0 or v == float("inf") for v in parts):
+            return None
+        counts = [rec.get(k) if isinstance(rec.get(k), int) and not isinstance(rec.get(k), bool)
+                  and rec.get(k) >= 0 else None for k in ("cpus", "loaders")]
+        return cls(*parts, *counts)
 
 
 def _number(value) -> float | None:
