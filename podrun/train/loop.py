@@ -60,6 +60,8 @@ def run(s: Session, step: int, acc: dict[str, float], origin: dict[str, Any] | N
     busy = BusyClock(s.wrapped, sync=torch.cuda.synchronize if device.kind == "cuda" else None,
                      loaders=1 if _prefetch(s) > 0 else 0)
     busy.start()                       # the step's start: before its batch is fetched
+    first = step + 1                   # the attempt's first step: start-up (CUDA's autotune, the first allocations,
+    #                                    the loader's first fill), as the run's account counts it; its split is not sent
     for epoch, estep, micro in loader_iter:
         if step >= s.total:
             break
@@ -69,7 +71,8 @@ def run(s: Session, step: int, acc: dict[str, float], origin: dict[str, Any] | N
         lr_now = _update(s)
         busy.stepped()
         step += 1
-        rows.pending.append(Pending(step, epoch, lr_now, stats, busy.seconds(), busy.split()))
+        split = busy.split()
+        rows.pending.append(Pending(step, epoch, lr_now, stats, busy.seconds(), split if step != first else None))
         end_of_epoch = estep == s.steps_per_epoch - 1
         checkpoint_now = cfg.checkpoint_every > 0 and step % cfg.checkpoint_every == 0 and step < s.total
         if len(rows.pending) >= sync_every or end_of_epoch or checkpoint_now or step >= s.total:
