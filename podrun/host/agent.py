@@ -59,6 +59,7 @@ from podrun.host.workers import (bind_worker, fresh_error_file, instance_workers
                                  read_error_file)
 from podrun.wire import protocol
 from podrun.wire.agent_args import AgentArgs, cores_text
+from podrun.wire.liveness import FIRST_HEARTBEAT_S
 from podrun.wire.proctl import PR_SET_CHILD_SUBREAPER, die_with_parent, prctl as _prctl, signal_group
 from podrun.runtime.progress import FD_ENV as PROGRESS_ENV
 
@@ -400,6 +401,11 @@ def _preexec(cores: tuple[int, ...] | None):
 def main(argv: list[str] | None = None) -> int:
     args = AgentArgs.parse(argv, __doc__.splitlines()[0])
     os.umask(0o077)                    # the workers' files are private, as the run directory's
+    key = None
+    if args.join is not None:          # the run's key, out of the environment before any worker's is made
+        from podrun.wire.join import take_key
+
+        key = take_key()
     if args.env_stdin:
         read_env_stdin()
     index, local_ranks, agent_rank, envs = instance_workers(args)
@@ -414,6 +420,8 @@ def main(argv: list[str] | None = None) -> int:
     warm = zygote_client.WarmHost(args.attempt.run_dir, socket.gethostname(), start_next=restart < max_restarts,
                                   later=restart > 0) if args.warm else None
     agent = Agent(args, index, envs, probe=probe, local_ranks=local_ranks, agent_rank=agent_rank, warm=warm)
+    if args.join is not None:
+        agent.join_controller(args.join, args.attempt.run_id, key, FIRST_HEARTBEAT_S)
     if store is not None and not (probe and probe["ports_busy"]):    # busy: the controller will not say go
         store.start(agent.envs, lambda text: agent.emit(None, "note", text), warm=warm)
         agent.helpers.append(store.pid)

@@ -18,7 +18,10 @@ class ControllerLink:
     stop through its ``request_stop``."""
 
     def link_init(self, out, heartbeat: float, stdin_watch: bool, stdin_timeout: float) -> None:
+        """``out``: where the lines go (None: stdout). ``inbox`` is the descriptor the controller's tokens come on:
+        stdin, or a joined agent's connection (``join_controller``)."""
         self.stdin_watch = stdin_watch
+        self.inbox = 0
         self.stdin_timeout = stdin_timeout
         self.heartbeat = heartbeat   # seconds between this agent's heartbeats to the controller
         self.out = out if out is not None else sys.stdout.buffer
@@ -65,6 +68,23 @@ class ControllerLink:
                 self.lock.release()
         return delivered
 
+    def join_controller(self, address: str, run_id: str, key: str | None, bound_s: float) -> None:
+        """--join: connect to the controller at ``address`` (podrun.wire.join) and speak over that connection from
+        now on; SystemExit 2 with one line naming the address when there is no key, or no join within ``bound_s``."""
+        from podrun.wire import join
+
+        problem = join.key_problem(key)
+        if problem is not None:
+            sys.exit(f"podrun agent: cannot join the controller at {address}: {problem} (the launcher passes the "
+                     f"run's key in the environment)")
+        try:
+            conn = join.join(address, key, run_id, self.index, bound_s)
+        except (join.JoinError, ValueError) as exc:
+            sys.exit(f"podrun agent: {exc}")
+        self.conn = conn                          # held for the agent's life
+        self.out = conn.makefile("wb")
+        self.inbox = conn.fileno()
+
     def _heartbeat(self) -> None:
         watch_file = not self.stdin_watch and self.run_dir is not None
         token = protocol.read_request(self.run_dir) if watch_file else ""
@@ -86,7 +106,7 @@ class ControllerLink:
     def _watch_stdin(self) -> None:
         while True:
             try:
-                data = os.read(0, 256)
+                data = os.read(self.inbox, 256)
             except OSError:
                 data = b""
             if not data:

@@ -120,6 +120,7 @@ class Outcome:
     hang: dict | None = None           # the hang that ended (or was dumped in) the run: window, merged stacks
     slow_ranks: list = field(default_factory=list)   # ranks named slow (podrun.launch.slow_ranks.SlowRanks records)
     host_busy: dict = field(default_factory=dict)    # host -> [[step, busy s]] (podrun.launch.slow_ranks.HostBusy)
+    joins: dict | None = None          # agents that joined: how many, the refusals by reason (transports.join)
 
     def summary(self, request: LaunchRequest) -> dict:
         """The attempt's record, redacted (podrun.redaction): summary.json, --json and the console's root cause
@@ -139,6 +140,7 @@ class Outcome:
             "hang": self.hang,
             "slow_ranks": self.slow_ranks,
             "host_busy": self.host_busy,
+            **({"joins": self.joins} if self.joins is not None else {}),
         })
 
 
@@ -269,7 +271,7 @@ class Failures(list):
 
 
 def attempt_outcome(instances: Instances, failures: Failures, signalled: int | None, gaps: dict[int, float],
-                    hang: dict | None, slow_ranks: list, host_busy: dict) -> Outcome:
+                    hang: dict | None, slow_ranks: list, host_busy: dict, joins: dict | None = None) -> Outcome:
     """How the attempt ended: its root cause (Failures.root_cause), else the signal that stopped it, else the first
     instance that ended non-zero; each instance's largest silence (``gaps``, the hearing's; a lost host's silence
     when it was declared lost, if longer); when every instance was ready."""
@@ -287,4 +289,4 @@ def attempt_outcome(instances: Instances, failures: Failures, signalled: int | N
         seen = [g for g in (gaps.get(s.index), s.lost_silence) if g is not None]
         s.max_gap_s = round(max(seen), 3) if seen else None
     return Outcome(code, status, root, sorted(instances.values(), key=lambda s: s.index), instances.t0, ended,
-                   max(ready) if ready and None not in ready else None, hang, slow_ranks, host_busy)
+                   max(ready) if ready and None not in ready else None, hang, slow_ranks, host_busy, joins)

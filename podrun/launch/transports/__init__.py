@@ -37,6 +37,9 @@ class TransportKind:
     passes_env: bool = False
     #: chosen by its engine (--engine), never by --transport
     engine_only: bool = False
+    #: its agents join the controller over TCP with the run's key (podrun.launch.transports.join): one handle per
+    #: instance, the controller's tokens over each connection
+    joined: bool = False
 
     def load(self):
         """What makes this transport from a request (imported now): its class, or for ssh the function that picks
@@ -59,8 +62,8 @@ TRANSPORTS: dict[str, TransportKind] = {k.name: k for k in (
     TransportKind("ssh", "podrun.launch.transports.openssh:ssh_transport", ssh_per_host=True, env_stdin=True),
     TransportKind("mpirun", "podrun.launch.transports.mpirun:MpirunTransport", merged=True, agent_per_worker=True,
                   per_instance=False),
-    TransportKind("srun", "podrun.launch.transports.srun:SrunTransport", merged=True, per_instance=False,
-                  passes_env=True),
+    TransportKind("srun", "podrun.launch.transports.srun:SrunTransport", per_instance=False, passes_env=True,
+                  joined=True),
     TransportKind("poprun", "podrun.launch.engines.poprun:PoprunTransport", merged=True, agent_store=False,
                   per_instance=False, engine_only=True),
 )}

@@ -67,6 +67,8 @@ class InstanceHandle(ABC):
     label: str = "?"
     #: the instance indices whose protocol lines this handle carries
     instances: tuple[int, ...] = ()
+    #: why it ended before its agent reported, when the handle knows (an agent that never joined)
+    lost_why: str | None = None
 
     @abstractmethod
     def lines(self) -> Iterator[tuple[str, str]]:
@@ -181,7 +183,7 @@ class Transport(ABC):
         """How the agents get the run's --env, in words (for --dry-run and runs/<id>/command)."""
         if self.kind.env_stdin:
             return "the first message on each agent's stdin (--env-stdin), never on a command line"
-        if self.merged:
+        if self.merged or self.kind.joined:
             return (f"{self.name}'s own environment, passed on to every agent; its command line carries the "
                     "names at most")
         return "the agent's environment, set by the controller that starts it; never on a command line"
@@ -202,6 +204,10 @@ class Transport(ABC):
     def release(self, handles: list[InstanceHandle]) -> None:
         """Let agents held by the preflight start their workers: called once the controller reads every handle
         and sends heartbeats. Nothing is held by default."""
+
+    def joins(self) -> dict | None:
+        """summary.json's ``joins`` for a transport whose agents join (podrun.launch.transports.join), else None."""
+        return None
 
     def close(self) -> None:
         """Release connections. Safe to call more than once."""

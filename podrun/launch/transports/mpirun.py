@@ -160,10 +160,12 @@ def hosts_and_ranks(request) -> tuple[list[str], int]:
     return hosts, k
 
 
-def agent_shell(request, redact: bool = False, per_worker: bool = False) -> list[str]:
+def agent_shell(request, redact: bool = False, per_worker: bool = False, join: str | None = None) -> list[str]:
     """The per-rank command: a shell that cds to the workdir and execs the agent (--index-from-env;
-    with ``per_worker`` --rank-from-env: the rank is one worker)."""
-    return ["/bin/sh", "-c", request.shell_command(None, stdin_watch=False, redact=redact, per_worker=per_worker)]
+    with ``per_worker`` --rank-from-env: the rank is one worker); ``join``: the agent joins the controller there
+    and hears it over that connection (podrun.wire.join), else it watches no stdin."""
+    return ["/bin/sh", "-c", request.shell_command(None, stdin_watch=join is not None, redact=redact,
+                                                   per_worker=per_worker, join=join)]
 
 
 class ProcessHandle(InstanceHandle):
