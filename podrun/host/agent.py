@@ -420,8 +420,8 @@ def main(argv: list[str] | None = None) -> int:
     warm = zygote_client.WarmHost(args.attempt.run_dir, socket.gethostname(), start_next=restart < max_restarts,
                                   later=restart > 0) if args.warm else None
     agent = Agent(args, index, envs, probe=probe, local_ranks=local_ranks, agent_rank=agent_rank, warm=warm)
-    if args.join is not None:
-        agent.join_controller(args.join, args.attempt.run_id, key, FIRST_HEARTBEAT_S)
+    if args.join is not None or args.join_fd is not None:
+        agent.join_controller(args.join, args.join_fd, args.attempt.run_id, key, FIRST_HEARTBEAT_S)
     if store is not None and not (probe and probe["ports_busy"]):    # busy: the controller will not say go
         store.start(agent.envs, lambda text: agent.emit(None, "note", text), warm=warm)
         agent.helpers.append(store.pid)

@@ -68,19 +68,26 @@ class ControllerLink:
                 self.lock.release()
         return delivered
 
-    def join_controller(self, address: str, run_id: str, key: str | None, bound_s: float) -> None:
-        """--join: connect to the controller at ``address`` (podrun.wire.join) and speak over that connection from
-        now on; SystemExit 2 with one line naming the address when there is no key, or no join within ``bound_s``."""
+    def join_controller(self, address: str | None, fd: int | None, run_id: str, key: str | None,
+                        bound_s: float) -> None:
+        """--join: connect to the controller at ``address`` (podrun.wire.join), or --join-fd: the connection a copy
+        of `podrun launch` made (podrun.launch.copies), and speak over it from now on; SystemExit 2 with one line
+        naming the address when there is no key, or no join within ``bound_s``."""
+        import socket
+
         from podrun.wire import join
 
-        problem = join.key_problem(key)
-        if problem is not None:
-            sys.exit(f"podrun agent: cannot join the controller at {address}: {problem} (the launcher passes the "
-                     f"run's key in the environment)")
-        try:
-            conn = join.join(address, key, run_id, self.index, bound_s)
-        except (join.JoinError, ValueError) as exc:
-            sys.exit(f"podrun agent: {exc}")
+        if fd is not None:
+            conn = socket.socket(fileno=fd)
+        else:
+            problem = join.key_problem(key)
+            if problem is not None:
+                sys.exit(f"podrun agent: cannot join the controller at {address}: {problem} (the launcher passes "
+                         f"the run's key in the environment)")
+            try:
+                conn, _ = join.join(address, key, run_id, self.index, bound_s)
+            except (join.JoinError, ValueError) as exc:
+                sys.exit(f"podrun agent: {exc}")
         self.conn = conn                          # held for the agent's life
         self.out = conn.makefile("wb")
         self.inbox = conn.fileno()

@@ -178,6 +178,9 @@ def _prepare(opts: LaunchOptions, target: Target, mapped: OwnOptions) -> Prepare
                             data_interface=data_interface)
     if rs.warm and request.max_restarts > 0 and kind.per_instance:    # its agents start each instance themselves
         request = replace(request, warm=True)
+    if kind.joined:
+        request = replace(request, join_address=check_join_address(net.join_address),
+                          join_window=net.join_window if net.join_window is not None else request.join_window)
     bind, host_cores, bind_note = decide_cpu_bind(mapped.cpu_bind, plan, cluster.cpu, not kind.remote, cluster.path)
     request = replace(request, cpu_bind=bind, host_cores=host_cores, rank_files=mapped.rank_files)
     notes += [bind_note] if bind_note is not None else []
@@ -208,6 +211,19 @@ def run_dir_name(mapped: OwnOptions) -> str | None:
     if not stem[:1].isalnum():
         stem = "rdzv" + stem
     return f"{stem}-{new_run_id()}"
+
+
+def check_join_address(text: str | None) -> str | None:
+    """--join-address as given, once it reads (HOST or HOST:PORT); a LaunchError (exit 2) for one that does not."""
+    from podrun.wire.join import parse_address
+
+    if text is not None:
+        try:
+            parse_address(text)
+        except ValueError as exc:
+            raise LaunchError(f"--join-address {exc}", hint="write HOST or HOST:PORT (0 or none: a free port)") \
+                from None
+    return text
 
 
 def check_local_target(target: Target, workdir: str) -> None:

@@ -139,6 +139,8 @@ class AgentArgs:
     # --join HOST:PORT: connect to the controller there (podrun.wire.join, the key in the environment) and speak the
     # protocol over that connection instead of stdout and stdin
     join: str | None = None
+    # --join-fd N: the connection to the controller is descriptor N, joined already (a copy of `podrun launch`)
+    join_fd: int | None = None
 
     def to_argv(self) -> list[str]:
         """The agent's options and command (what follows ``python -m podrun.host.agent``)."""
@@ -160,6 +162,7 @@ class AgentArgs:
         argv += ["--worker-stdin-fd", str(self.worker_stdin_fd)] if self.worker_stdin_fd is not None else []
         argv += ["--cpu-bind", self.cpu_bind.text()] if self.cpu_bind.binds else []
         argv += ["--join", self.join] if self.join is not None else []
+        argv += ["--join-fd", str(self.join_fd)] if self.join_fd is not None else []
         return argv + ["--", *self.command]
 
     @classmethod
@@ -171,7 +174,7 @@ class AgentArgs:
         ap.add_argument("--master-port", type=int, required=True)
         for name in ("grace", "interrupt-grace", "heartbeat", "stdin-timeout"):
             ap.add_argument(f"--{name}", type=float)
-        for name in ("restart-count", "max-restarts", "listen-fd", "worker-stdin-fd"):
+        for name in ("restart-count", "max-restarts", "listen-fd", "worker-stdin-fd", "join-fd"):
             ap.add_argument(f"--{name}", type=int)
         for name in ("no-stdin-watch", "agent-store", "warm", "hold", "env-stdin"):
             ap.add_argument(f"--{name}", action="store_true")

@@ -80,16 +80,16 @@ def format_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def read_line(sock: socket.socket, deadline: float) -> bytes:
+def read_line(sock: socket.socket, deadline: float, limit: int = LINE_LIMIT) -> bytes:
     """One hand-shake line (with its newline), taking nothing after it off the connection; b"" when the peer
-    closed or ``deadline`` (monotonic) passed, or the line is longer than LINE_LIMIT."""
+    closed or ``deadline`` (monotonic) passed, or the line is longer than ``limit`` bytes."""
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
             return b""
         sock.settimeout(left)
         try:
-            data = sock.recv(LINE_LIMIT, socket.MSG_PEEK)
+            data = sock.recv(limit, socket.MSG_PEEK)
         except OSError:
             return b""
         if not data:
@@ -97,14 +97,16 @@ def read_line(sock: socket.socket, deadline: float) -> bytes:
         end = data.find(b"\n")
         if end >= 0:
             return sock.recv(end + 1)
-        if len(data) >= LINE_LIMIT:
+        if len(data) >= limit:
             return b""
         time.sleep(0.005)          # a part of the line: wait for the rest
 
 
-def join(address: str, key: str, run_id: str, instance: int, bound_s: float) -> socket.socket:
+def join(address: str, key: str, run_id: str, instance: int, bound_s: float, copy: bool = False
+         ) -> tuple[socket.socket, protocol.JoinArgs | None]:
     """The agent's side: connect to ``address`` (trying again until ``bound_s`` seconds have passed: the controller
-    may start after its agents) and pass the hand-shake; the connected socket (blocking), or JoinError."""
+    may start after its agents) and pass the hand-shake; the connected socket (blocking) and, for a ``copy`` of
+    `podrun launch`, the agent it is to become; or JoinError."""
     host, port = parse_address(address)
     deadline = time.monotonic() + bound_s
     last = "no answer"
@@ -125,12 +127,17 @@ def join(address: str, key: str, run_id: str, instance: int, bound_s: float) -> 
             raise JoinError(f"{address} did not answer as a podrun controller (hand-shake version "
                             f"{protocol.JOIN_VERSION})")
         sock.sendall(protocol.join_line(protocol.Join(run_id, instance, socket.gethostname(), os.getpid(),
-                                                      proof(key, challenge.nonce, run_id, instance))))
+                                                      proof(key, challenge.nonce, run_id, instance), copy)))
         reply = protocol.read_join_line(read_line(sock, hs_deadline), protocol.JoinReply)
         if reply is None:
             raise JoinError(f"the controller at {address} did not answer the join of instance {instance}")
         if not reply.accepted:
             raise JoinError(f"the controller at {address} refused instance {instance}: {reply.reason}")
+        args = None
+        if copy:
+            args = protocol.read_join_line(read_line(sock, hs_deadline, protocol.READ_LIMIT), protocol.JoinArgs)
+            if args is None:
+                raise JoinError(f"the controller at {address} sent no arguments for instance {instance}")
     except OSError as exc:
         sock.close()
         raise JoinError(f"the connection to the controller at {address} broke in the hand-shake: "
@@ -139,4 +146,4 @@ def join(address: str, key: str, run_id: str, instance: int, bound_s: float) -> 
         sock.close()
         raise
     sock.settimeout(None)
-    return sock
+    return sock, args

@@ -232,7 +232,8 @@ class JoinChallenge(Message):
 @dataclass(frozen=True)
 class Join(Message):
     """The agent's answer: it runs ``instance`` of run ``run_id`` on ``hostname`` as process ``pid``; ``proof`` is
-    the HMAC of the nonce, run id and instance with the run's key (podrun.wire.join.proof): the key never travels."""
+    the HMAC of the nonce, run id and instance with the run's key (podrun.wire.join.proof): the key never travels;
+    ``copy``: the controller follows its ``ok`` with a ``JoinArgs``."""
 
     KIND = "join"
     run_id: str
@@ -240,6 +241,7 @@ class Join(Message):
     hostname: str
     pid: int
     proof: str
+    copy: bool = False          # a copy of `podrun launch` (podrun.launch.copies): it asks for its agent's arguments
 
 
 @dataclass(frozen=True)
@@ -259,6 +261,27 @@ class JoinReply(Message):
         if verdict not in ("ok", "refused"):
             raise ValueError(f"not a join reply: {text[:40]!r}")
         return cls(verdict == "ok", reason)
+
+
+@dataclass(frozen=True)
+class JoinArgs(Message):
+    """To a copy of `podrun launch` that joined: the agent it becomes, ``argv`` (python -m podrun.host.agent and its
+    options, podrun.wire.agent_args) run in ``workdir``; JSON on one line."""
+
+    KIND = "args"
+    argv: tuple[str, ...]
+    workdir: str
+
+    def encode(self) -> str:
+        return to_json({"argv": list(self.argv), "workdir": self.workdir})
+
+    @classmethod
+    def decode(cls, text: str) -> "JoinArgs":
+        rec = from_json(text)
+        argv, workdir = (rec or {}).get("argv"), (rec or {}).get("workdir")
+        if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv) or not isinstance(workdir, str):
+            raise ValueError("an args line is {argv: [str], workdir: str}")
+        return cls(tuple(argv), workdir)
 
 
 def join_line(message: Message) -> bytes:

@@ -33,7 +33,7 @@ def server():
 
 def test_an_agent_that_proves_the_key_joins_and_the_rest_are_refused_in_one_line_each(server):
     lines, ended = _collect(server.handles[0])
-    conn = join.join(server.address, KEY, "run-a", 0, 5.0)
+    conn, _ = join.join(server.address, KEY, "run-a", 0, 5.0)
     conn.sendall((protocol.encode(0, None, "hb", "1.000") + "\n").encode())
     conn.sendall((protocol.encode(0, None, "done", "0") + "\n").encode())
     conn.close()

@@ -29,7 +29,8 @@ _ARGS = st.builds(AgentArgs, _ATTEMPT, st.integers(0, 10 ** 4) | st.sampled_from
                   grace=_SECONDS, heartbeat=_SECONDS, stdin_timeout=st.none() | _SECONDS, agent_store=st.booleans(),
                   listen_fd=_FD, warm=st.booleans(), hold=st.booleans(),
                   needs=st.lists(st.from_regex(r"[a-z_][a-z0-9_.]{0,12}", fullmatch=True), max_size=4).map(tuple),
-                  env_stdin=st.booleans(), worker_stdin_fd=_FD, cpu_bind=_CPU_BIND)
+                  env_stdin=st.booleans(), worker_stdin_fd=_FD, cpu_bind=_CPU_BIND,
+                  join=st.none() | _WORD, join_fd=_FD)
 
 
 @given(_ARGS)
@@ -58,7 +59,9 @@ _MESSAGES = (st.builds(protocol.Ready, _WORD, st.integers(0, 1 << 22), st.intege
                  {"pid": st.integers(1, 1 << 22), "main": st.integers(0, 1 << 48), "text": st.text(max_size=40)}),
                  max_size=3).map(tuple), st.none() | _WORD, st.booleans(), st.none() | _SHORT, st.none() | _STAMP))
 _JOINS = (st.builds(protocol.JoinChallenge, st.integers(0, 99), _WORD)
-          | st.builds(protocol.Join, _WORD, st.integers(0, 1 << 20), _WORD, st.integers(1, 1 << 22), _WORD)
+          | st.builds(protocol.Join, _WORD, st.integers(0, 1 << 20), _WORD, st.integers(1, 1 << 22), _WORD,
+                      st.booleans())
+          | st.builds(protocol.JoinArgs, _COMMAND, _TEXT)
           | st.builds(protocol.JoinReply, st.booleans(), st.from_regex(r"([a-z0-9.:()-]+( [a-z0-9.:()-]+)*)?",
                                                                        fullmatch=True)))
 

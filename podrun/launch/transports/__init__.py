@@ -35,7 +35,7 @@ class TransportKind:
     per_instance: bool = True
     #: the launcher passes the environment it runs in to every host (srun's --export=ALL)
     passes_env: bool = False
-    #: chosen by its engine (--engine), never by --transport
+    #: chosen by its engine (--engine) or by podrun itself (copy 0 of one podrun per node), never by --transport
     engine_only: bool = False
     #: its agents join the controller over TCP with the run's key (podrun.launch.transports.join): one handle per
     #: instance, the controller's tokens over each connection
@@ -66,6 +66,8 @@ TRANSPORTS: dict[str, TransportKind] = {k.name: k for k in (
                   joined=True),
     TransportKind("poprun", "podrun.launch.engines.poprun:PoprunTransport", merged=True, agent_store=False,
                   per_instance=False, engine_only=True),
+    TransportKind("join", "podrun.launch.transports.join:ListenTransport", per_instance=False, engine_only=True,
+                  joined=True),
 )}
 
 

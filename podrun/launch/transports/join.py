@@ -19,8 +19,9 @@ import socket
 import threading
 import time
 from collections import Counter
+from dataclasses import replace
 
-from podrun.launch.transports.base import InstanceHandle, StreamMerger
+from podrun.launch.transports.base import InstanceHandle, Problem, StreamMerger, Transport
 from podrun.wire import join as wire_join, protocol
 
 #: summary.json's ``joins.refused`` keys: why a connection was refused
@@ -131,8 +132,10 @@ class JoinServer:
     """The listening socket and its accepting thread; ``handles`` has one JoinedHandle per expected instance."""
 
     def __init__(self, run_id: str, key: str, instances: dict[int, str], *, advertise: str, port: int = 0,
-                 window: float = 60.0):
-        self.run_id, self.key, self.window = run_id, key, window
+                 window: float = 60.0, args_for=None):
+        """``args_for(instance)``: the JoinArgs a copy of `podrun launch` that joins as ``instance`` becomes
+        (podrun.launch.copies); None: this run takes no copies, only agents started with their arguments."""
+        self.run_id, self.key, self.window, self.args_for = run_id, key, window, args_for
         self.handles = {i: JoinedHandle(i, host) for i, host in instances.items()}
         self.refused: Counter = Counter()
         self.refusal_lines: list[str] = []          # one line each, for the instance logs' reader and tests
@@ -193,8 +196,13 @@ class JoinServer:
             first = handle.joined_from or "none: its join window had ended"
             return self._refuse(conn, peer, "joined-already", f"{who} joins as instance {msg.instance}, which "
                                 f"has joined already (from {first})")
+        if msg.copy and self.args_for is None:
+            return self._refuse(conn, peer, "malformed", f"{who} is a copy of podrun launch, and this run starts "
+                                "its agents itself")
         try:
             conn.sendall(protocol.join_line(protocol.JoinReply(True)))
+            if msg.copy:
+                conn.sendall(protocol.join_line(self.args_for(msg.instance)))
         except OSError:
             pass                                  # its stream ends at once: the instance is lost, as any
         conn.settimeout(None)
@@ -250,12 +258,15 @@ class JoiningLauncher:
         given = self.request.join_address
         return wire_join.parse_address(given) if given else (socket.gethostname(), None)
 
-    def join_server(self) -> JoinServer:
+    def join_server(self, first: int = 0, args_for=None) -> JoinServer:
+        """The server for the instances from ``first`` on (``args_for``: see JoinServer), started once."""
         if self._server is None:
             host, port = self._join_host_port()
             key = os.environ.get(wire_join.KEY_ENV) or wire_join.new_key()
-            self._server = JoinServer(self.request.run_id, key, {i.index: i.host for i in self.request.instances},
-                                      advertise=host, port=port or 0, window=self.request.join_window)
+            self._server = JoinServer(self.request.run_id, key,
+                                      {i.index: i.host for i in self.request.instances if i.index >= first},
+                                      advertise=host, port=port or 0, window=self.request.join_window,
+                                      args_for=args_for)
         return self._server
 
     def launch_joined(self, argv_of, drop: tuple[str, ...] = (), **kw) -> list[InstanceHandle]:
@@ -279,3 +290,36 @@ class JoiningLauncher:
     def close(self) -> None:
         if self._server is not None:
             self._server.close()
+
+
+class ListenTransport(JoiningLauncher, Transport):
+    """One podrun per node (podrun.launch.copies), as copy 0: instance 0's agent runs here as the local transport's
+    does; the other copies join at the copies' address as the agents of their instances, sent their arguments."""
+
+    name = "join"
+
+    def _here(self):
+        """The request of instance 0 alone, on this machine."""
+        return replace(self.request, transport="local", instances=self.request.instances[:1])
+
+    def _args_for(self, index: int) -> protocol.JoinArgs:
+        return protocol.JoinArgs(tuple(self.request.agent_argv(index)), self.request.workdir)
+
+    def describe(self, redact: bool = False) -> list[tuple[str, str]]:
+        req = self.request
+        return [(req.instances[0].host, req.shell_command(0, redact=redact)),
+                *((i.host, f"(copy {i.index} of podrun launch joins {self.join_address()} as instance {i.index})")
+                  for i in req.instances[1:])]
+
+    def preflight(self) -> list[Problem]:
+        from podrun.launch.transports.local import LocalTransport
+
+        problem = wire_join.key_problem(os.environ.get(wire_join.KEY_ENV))
+        here = [Problem(self.request.instances[0].host, problem)] if problem is not None else []
+        return here + LocalTransport(self._here()).preflight()
+
+    def start(self) -> list[InstanceHandle]:
+        from podrun.launch.transports.local import LocalTransport
+
+        server = self.join_server(first=1, args_for=self._args_for)
+        return [*LocalTransport(self._here()).start(), *server.handles.values()]
