@@ -394,7 +394,7 @@ def _as_copy(opts):
     if copy is None:
         return opts
     if copy.rank > 0 and not opts.output.dry_run:   # --dry-run shows copy 0's run
-        become_agent(copy, net.env_items)
+        become_agent(copy, net.env_items, net.join_window)
     return controller_options(copy, opts)
 
 

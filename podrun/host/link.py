@@ -1,6 +1,7 @@
 """The agent's link to its controller: protocol lines out, heartbeats both ways, the stdin tokens and request files."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -117,7 +118,8 @@ class ControllerLink:
             except OSError:
                 data = b""
             if not data:
-                self.request_stop(StopKind.CONTROLLER_LOST, "lost the controller (stdin closed)")
+                self._controller_lost("lost the controller (stdin closed)" if self.inbox == 0
+                                      else "lost the controller (its connection closed)")
                 return
             self.last_stdin = time.monotonic()
             self.got_stdin = True
@@ -136,8 +138,17 @@ class ControllerLink:
         """Stop when the controller's heartbeats on stdin stopped coming (a longer bound before the first)."""
         limit = self.stdin_timeout if self.got_stdin else max(self.stdin_timeout, FIRST_HEARTBEAT_S)
         if self.stdin_watch and self.stdin_timeout > 0 and time.monotonic() - self.last_stdin > limit:
-            self.request_stop(StopKind.CONTROLLER_LOST,
-                              f"lost the controller (no heartbeat on stdin for {limit:g} s)", silent_s=limit)
+            where = "stdin" if self.inbox == 0 else "its connection"
+            self._controller_lost(f"lost the controller (no heartbeat on {where} for {limit:g} s)", limit)
+
+    def _controller_lost(self, message: str, silent_s: float = 0.0) -> None:
+        """Stop for want of the controller; a joined agent also says so on its own stderr, where its launcher (srun,
+        the node's log) shows it, since the controller hears nothing more from it."""
+        if self.inbox != 0 and self.stop is None:
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.write(f"podrun agent: instance {self.index}: {message}: ending its workers\n")
+                sys.stderr.flush()
+        self.request_stop(StopKind.CONTROLLER_LOST, message, silent_s=silent_s)
 
     def _held_until_go(self) -> bool:
         """Report the preflight facts and wait for ``G`` on stdin; False when told to stop (``T``, stdin

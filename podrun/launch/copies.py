@@ -121,17 +121,19 @@ def controller_options(copy: Copy, opts):
         output=replace(opts.output, run_id=copy.run_id))
 
 
-def become_agent(copy: Copy, env_items: tuple[str, ...]) -> None:
-    """A copy of node rank > 0: join the controller (waiting up to the join window for it to listen), then exec the
-    agent it names over the same connection; the run's --env values set from this copy's own environment (no value
-    travels). Exits 2 with one line naming the address when it cannot join."""
+def become_agent(copy: Copy, env_items: tuple[str, ...], window: float | None) -> None:
+    """A copy of node rank > 0: join the controller (trying for the join window, ``window`` or the first heartbeat's
+    bound, while copy 0 starts), then exec the agent it names over the same connection; the run's --env values set
+    from this copy's own environment (no value travels). Exits 2 with one line naming the address when it cannot
+    join."""
     from podrun.launch.request import parse_env_options
     from podrun.wire.liveness import FIRST_HEARTBEAT_S
 
     env = parse_env_options(env_items)
     key = wire_join.take_key()
+    bound = window if window is not None else FIRST_HEARTBEAT_S
     try:
-        conn, args = wire_join.join(copy.address, key, copy.run_id, copy.rank, FIRST_HEARTBEAT_S, copy=True)
+        conn, args = wire_join.join(copy.address, key, copy.run_id, copy.rank, bound, copy=True)
     except wire_join.JoinError as exc:
         raise LaunchError(f"copy {copy.rank} of {copy.count} ({copy.source}): {exc}",
                           hint="start copy 0 (node rank 0) too, with the same command line and key") from None

@@ -29,6 +29,34 @@ def podrun(*args: str, timeout: float = 90, cwd: str | None = None, env: dict | 
     return run_podrun(*args, timeout=timeout, cwd=cwd, env=with_env(**(env or {})))
 
 
+def copies_args(args, rank: int, nnodes: int, port: int, run_id: str) -> list[str]:
+    """``podrun launch ARGS`` as copy ``rank`` of one podrun per node on this machine (podrun.launch.copies): the
+    copies meet on 127.0.0.1:``port`` and share the run id."""
+    assert args[0] == "launch"
+    return ["launch", "--nnodes", str(nnodes), "--node-rank", str(rank), "--master-addr", "127.0.0.1",
+            "--run-id", run_id, "--join-address", f"127.0.0.1:{port}", *args[1:]]
+
+
+def podrun_copies(*args: str, nnodes: int = 2, timeout: float = 90) -> subprocess.CompletedProcess:
+    """``podrun launch ARGS`` as one podrun per node on this machine: node ranks 1.. started first (they join),
+    node rank 0 (the controller) run to its end; the copies share a fresh PODRUN_JOIN_KEY."""
+    import secrets
+
+    from tests.ports import free_port
+
+    port, run_id = free_port(), marker()
+    env = with_env(PODRUN_JOIN_KEY=secrets.token_hex(32))
+    others = [start_podrun(*copies_args(args, r, nnodes, port, run_id), env=env) for r in range(1, nnodes)]
+    try:
+        return run_podrun(*copies_args(args, 0, nnodes, port, run_id), timeout=timeout, env=env)
+    finally:
+        for p in others:
+            try:
+                p.communicate(timeout=10)
+            finally:
+                end(p)
+
+
 def podrun_popen(*args: str, cwd: str | None = None) -> subprocess.Popen:
     return start_podrun(*args, cwd=cwd)
 

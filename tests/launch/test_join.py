@@ -7,6 +7,7 @@ import threading
 import pytest
 
 from podrun.launch.transports.join import JoinServer
+from tests.launch.helpers import end
 from podrun.wire import join, protocol
 
 KEY = "k" * 32
@@ -72,3 +73,72 @@ def test_an_agent_names_the_address_it_cannot_reach_and_a_short_key_is_no_key():
     assert join.parse_address("[::1]:5") == ("::1", 5) and join.parse_address("node1") == ("node1", None)
     with pytest.raises(ValueError):
         join.parse_address("node1:x")
+
+
+# --- one podrun per node on this machine (podrun.launch.copies): real podrun processes --------------------------
+
+def _copies(tmp_path, *extra):
+    import secrets
+
+    from tests.launch.helpers import copies_args, marker, with_env
+    from tests.ports import free_port
+
+    m = marker()
+    args = ("launch", "--devices-per-host", "1", "--runs-dir", str(tmp_path / "runs"), "--master-port",
+            str(free_port()), *extra, "--", "sh", "-c", f"echo up $RANK; sleep 1.5; echo on $RANK; sleep 60 # {m}")
+    port, run_id = free_port(), marker()
+    return m, (lambda rank: copies_args(args, rank, 2, port, run_id)), with_env(PODRUN_JOIN_KEY=secrets.token_hex(32))
+
+
+def test_a_copy_that_never_joins_is_named_and_a_late_one_or_one_with_another_key_is_refused(tmp_path):
+    """Copy 1 of `podrun launch --nnodes 2 --node-rank R` first comes with another key (refused, counted, its one
+    line naming the address), then never: after --join-window the controller ends the run naming instance 1 (exit
+    255, as for a lost host); a copy that comes after the controller has ended names the address it cannot join."""
+    import os
+    import secrets
+
+    from tests.launch.helpers import local_pids, run_podrun, start_podrun, summary, wait_output
+
+    m, argv, env = _copies(tmp_path, "--join-window", "4")
+    ctl = start_podrun(*argv(0), env=env, merge=True)
+    try:
+        wait_output(ctl, "up 0", 30)
+        wrong = run_podrun(*argv(1), env={**env, "PODRUN_JOIN_KEY": secrets.token_hex(32)}, timeout=30)
+        assert wrong.returncode == 2 and "refused instance 1" in wrong.stderr and "run's key" in wrong.stderr
+        assert len(wrong.stderr.strip().splitlines()) == 2, wrong.stderr          # the line and its hint
+        out, _ = ctl.communicate(timeout=30)
+    finally:
+        end(ctl)
+    assert ctl.returncode == 255, out
+    assert "instance 1 (host node-rank-1) did not join within the join window of 4 s" in out
+    s = summary(tmp_path / "runs")
+    assert s["root_cause"]["kind"] == "lost" and s["root_cause"]["instance"] == 1
+    assert s["joins"]["refused"] == {"wrong-key": 1} and s["joins"]["joined"] == 0
+    late = run_podrun(*argv(1), "--join-window", "1", env=env, timeout=30)
+    assert late.returncode == 2 and "cannot join the controller at 127.0.0.1:" in late.stderr, late.stderr
+    assert local_pids(m) == [] and os.environ.get("PODRUN_JOIN_KEY") is None
+
+
+def test_the_controllers_node_lost_ends_every_joined_agents_workers_within_the_bound(tmp_path):
+    """The controller (copy 0) stops answering, as a lost node does (SIGSTOP: its connections stay open): copy 1's
+    agent hears no heartbeat for the keepalive bound and ends its workers, without waiting for TCP."""
+    import signal
+    import time
+
+    from tests.launch.helpers import local_pids, start_podrun, wait_output, wait_until
+
+    m, argv, env = _copies(tmp_path, "--keepalive", "2")
+    ctl = start_podrun(*argv(0), env=env, merge=True)
+    other = start_podrun(*argv(1), env=env, merge=True)
+    try:
+        wait_output(ctl, "on 1", 30)      # heartbeats went both ways (before the first, the bound is longer)
+        ctl.send_signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+        assert wait_until(lambda: len(local_pids(m)) <= 1, 15), local_pids(m)   # but the stopped controller
+        assert time.monotonic() - stopped < 2 + 4           # the bound, and a loaded machine's slack
+        out, _ = other.communicate(timeout=15)
+        assert "controller" in out and other.returncode != 0, out
+    finally:
+        end(ctl)
+        end(other)
+    assert wait_until(lambda: local_pids(m) == [], 15), local_pids(m)

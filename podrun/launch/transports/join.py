@@ -16,6 +16,7 @@ import os
 import secrets
 import signal
 import socket
+import sys
 import threading
 import time
 from collections import Counter
@@ -160,7 +161,10 @@ class JoinServer:
 
     def _refuse(self, conn: socket.socket, peer: str, reason: str, why: str) -> None:
         self.refused[reason] += 1
-        self.refusal_lines.append(f"refused a join from {peer}: {why}")
+        line = f"refused a join from {peer}: {why}"
+        self.refusal_lines.append(line)
+        with contextlib.suppress(OSError, ValueError):     # the console's, as the supervisor's notices
+            sys.stderr.write(f"podrun: {line}\n")
         with contextlib.suppress(OSError):
             conn.sendall(protocol.join_line(protocol.JoinReply(False, why)))
         conn.close()
