@@ -42,8 +42,9 @@ def detect(environ, node_rank: str | None, nnodes: str | None, master_addr: str 
            join_address: str | None) -> Copy | None:
     """This podrun's Copy when it is one of several: a task of an srun step of more than one task (SLURM_PROCID,
     SLURM_STEP_NUM_TASKS, SLURM_STEP_NODELIST), or started with torchrun's --node-rank and --nnodes N (N > 1, with
-    --master-addr); None for the one podrun of a run (--node-rank alone is refused as before). A LaunchError (exit 2) for copies that cannot meet: no key,
-    a node rank outside --nnodes, no --master-addr, no run id they share."""
+    --master-addr); None for the one podrun of a run (--node-rank alone is refused as before). A LaunchError
+    (exit 2) for copies that cannot meet: no key, a node rank outside --nnodes, no --master-addr, no run id they
+    share."""
     copy = _slurm_copy(environ, run_id, join_address)
     if copy is None and node_rank is not None and nnodes is not None and nnodes.isdigit() and int(nnodes) > 1:
         copy = _torchrun_copy(node_rank, int(nnodes), master_addr, run_id, join_address)

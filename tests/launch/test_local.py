@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests.ports import free_port
-from tests.launch.helpers import (ALLREDUCE, end, local_pids, marker, podrun, podrun_copies, podrun_popen, run_dir, summary,
-                                  wait_output, wait_until)
+from tests.launch.helpers import (ALLREDUCE, end, local_pids, marker, podrun, podrun_copies, podrun_popen, run_dir,
+                                  summary, wait_output, wait_until)
 
 pytestmark = pytest.mark.timeout(120)
 
