@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-import secrets
 import socket
 import time
 
@@ -31,6 +30,8 @@ class JoinError(Exception):
 
 def new_key() -> str:
     """A fresh run key (256 bits)."""
+    import secrets
+
     return secrets.token_hex(32)
 
 

@@ -37,9 +37,9 @@ def copies_args(args, rank: int, nnodes: int, port: int, run_id: str) -> list[st
             "--run-id", run_id, "--join-address", f"127.0.0.1:{port}", *args[1:]]
 
 
-def podrun_copies(*args: str, nnodes: int = 2, timeout: float = 90) -> subprocess.CompletedProcess:
-    """``podrun launch ARGS`` as one podrun per node on this machine: node ranks 1.. started first (they join),
-    node rank 0 (the controller) run to its end; the copies share a fresh PODRUN_JOIN_KEY."""
+def start_copies(*args: str, nnodes: int = 2) -> tuple[subprocess.Popen, list[subprocess.Popen]]:
+    """``podrun launch ARGS`` as one podrun per node on this machine, started: node rank 0 (the controller, its
+    stdout and stderr piped as text) and node ranks 1.. (they join it); the copies share a fresh PODRUN_JOIN_KEY."""
     import secrets
 
     from tests.ports import free_port
@@ -47,14 +47,20 @@ def podrun_copies(*args: str, nnodes: int = 2, timeout: float = 90) -> subproces
     port, run_id = free_port(), marker()
     env = with_env(PODRUN_JOIN_KEY=secrets.token_hex(32))
     others = [start_podrun(*copies_args(args, r, nnodes, port, run_id), env=env) for r in range(1, nnodes)]
+    return start_podrun(*copies_args(args, 0, nnodes, port, run_id), env=env), others
+
+
+def podrun_copies(*args: str, nnodes: int = 2, timeout: float = 90) -> subprocess.CompletedProcess:
+    """start_copies, node rank 0 run to its end: its CompletedProcess (the others ended too)."""
+    ctl, others = start_copies(*args, nnodes=nnodes)
     try:
-        return run_podrun(*copies_args(args, 0, nnodes, port, run_id), timeout=timeout, env=env)
-    finally:
+        out, err = ctl.communicate(timeout=timeout)
         for p in others:
-            try:
-                p.communicate(timeout=10)
-            finally:
-                end(p)
+            p.communicate(timeout=10)
+        return subprocess.CompletedProcess(ctl.args, ctl.returncode, out, err)
+    finally:
+        for p in (ctl, *others):
+            end(p)
 
 
 def podrun_popen(*args: str, cwd: str | None = None) -> subprocess.Popen:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch.helpers import (SCRIPTS, end, local_pids, marker, podrun, podrun_popen, run_dir, summary, wait_output, wait_until)
+from tests.launch.helpers import (SCRIPTS, end, local_pids, marker, podrun, podrun_popen, run_dir, start_copies, summary,
+                                  wait_output, wait_until)
 
 pytestmark = pytest.mark.timeout(150)
 HANG = str(SCRIPTS / "hang.py")
@@ -49,25 +50,30 @@ def main_frames(stack_file: Path, process: int = 0) -> list[str]:
 
 
 @pytest.mark.torch
-@pytest.mark.parametrize("mode,odd_tag,other_tag", [
-    ("sleep", "STALL-sleep", "STALL-others"),
-    ("lock", "STALL-lock", "STALL-others"),
-    ("skip", "STALL-skip", "STALL-others"),
-    ("loader", "STALL-loader-rank", "STALL-others"),
+@pytest.mark.parametrize("mode,odd_tag,other_tag,joined", [
+    ("sleep", "STALL-sleep", "STALL-others", False),
+    ("lock", "STALL-lock", "STALL-others", False),
+    ("skip", "STALL-skip", "STALL-others", False),
+    ("loader", "STALL-loader-rank", "STALL-others", False),
+    ("sleep", "STALL-sleep", "STALL-others", True),
 ])
-def test_a_stalled_rank_is_found_its_stack_shown_and_the_run_ended(tmp_path, mode, odd_tag, other_tag):
+def test_a_stalled_rank_is_found_its_stack_shown_and_the_run_ended(tmp_path, mode, odd_tag, other_tag, joined):
     """Rank 1 stalls at step 5 (sleeping, deadlocked, skipping an all_reduce, or waiting on a stuck
     DataLoader worker); rank 0 waits in all_reduce. Within the window plus a few seconds podrun shows both
     stacks (rank 1's at its stalled line, first when it is the odd one out), writes stacks/rank-N.txt,
-    and ends the run with exit 125 naming rank 1's frame; no process is left."""
+    and ends the run with exit 125 naming rank 1's frame; no process is left. ``joined``: rank 1 is a second
+    instance whose agent joined over TCP (one podrun per node, both copies on this machine): the stack request
+    and the end go over its connection."""
     m = marker()
-    p = podrun_popen("launch", "--devices-per-host", "2", "--runs-dir", str(tmp_path / "runs"),
-                     "--hang-timeout", str(WINDOW), "--", sys.executable, HANG, "--mode", mode, "--tag", m)
+    args = ("launch", "--devices-per-host", "1" if joined else "2", "--runs-dir", str(tmp_path / "runs"),
+            "--hang-timeout", str(WINDOW), "--", sys.executable, HANG, "--mode", mode, "--tag", m)
+    p, others = start_copies(*args) if joined else (podrun_popen(*args), [])
     try:
         wait_output(p, "step 4 rank 1", 90)
         out, err = p.communicate(timeout=120)     # a hang guard: the stalled rank waits an hour
     finally:
-        end(p)
+        for x in (p, *others):
+            end(x)
     assert p.returncode == HANG_EXIT, err
     assert f"no progress from any rank for {WINDOW:.1f} s (--hang-timeout {WINDOW:g})" in err
     rd = run_dir(tmp_path / "runs")
@@ -78,7 +84,7 @@ def test_a_stalled_rank_is_found_its_stack_shown_and_the_run_ended(tmp_path, mod
     view = err.split("odd ranks first", 1)[1]
     if mode != "skip":                        # skip: both wait in torch.distributed; no rank is odder
         assert view.index("rank 1:") < view.index("rank 0:"), view
-        assert "the odd rank out: rank 1 on localhost" in err
+        assert f"the odd rank out: rank 1 on {'node-rank-1' if joined else 'localhost'}" in err
     if mode == "lock":                        # every thread: the one holding the other lock too
         threads = frames(rd / "stacks" / "rank-1.txt")
         assert any(f"hang.py:{line_of('STALL-lock-thread')} in other" in fs for fs in threads.values()), threads
