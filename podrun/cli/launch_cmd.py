@@ -294,6 +294,10 @@ torchrun_options = stacked(
                            "(default: a free one; 29400 for copies)."),
          click.option("--join-window", type=t.JOIN_WINDOW, default=None, metavar="SECONDS",
                       help="Seconds each agent that joins has to join; then its host is lost, named (default 60)."),
+         click.option("--mpi-ranks", is_flag=True,
+                      help="Under --transport mpirun: one MPI rank per worker, each under an agent of its own, so "
+                           "the workers form one MPI world (mpi4py; the horovod engine always). Default: one agent "
+                           "per host, started by mpirun, that joins this controller and starts the host's workers."),
          click.option("--grace", type=t.GRACE, default=None,
                       help="Seconds a worker gets to end: after a Ctrl-C (SIGINT, SIGHUP, SIGUSR1) passed on, before "
                            "SIGTERM (default 30, torchrun's), and after SIGTERM (a failed run's teardown), before "
@@ -438,7 +442,7 @@ def launch_options(ctx, args: tuple[str, ...], kw: dict, environ=None):
             preflight=not net["no_preflight"], grace=net["grace"],
             heartbeat=net["heartbeat"], heartbeat_misses=net["heartbeat_misses"], keepalive=net["keepalive"],
             env_items=tuple(common["env_items"]), cpu_bind=net["cpu_bind"], join_address=net["join_address"],
-            join_window=net["join_window"]),
+            join_window=net["join_window"], mpi_ranks=net["mpi_ranks"]),
         restarts=RestartOptions(straggler_timeout=hangs["straggler_timeout"], max_restarts=own["max_restarts"],
                                 **in_section(ctx, RESTARTS, kw)),
         output=_output_options(in_section(ctx, OUTPUT, kw)),

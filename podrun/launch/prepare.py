@@ -146,7 +146,8 @@ def _prepare(opts: LaunchOptions, target: Target, mapped: OwnOptions) -> Prepare
         needs = tuple(dict.fromkeys((*recipe_cli.needed_modules(recipe_args), *opts.target.needs)
                                     if recipe_args is not None else opts.target.needs))
     # the agents whose heartbeats the controller hears: one a host, or one a worker under mpirun (--rank-from-env)
-    senders = plan.instances * workers_per_instance(plan) if kind.agent_per_worker else len(set(plan.hosts))
+    mpi_ranks = kind.agent_per_worker and (engine_of(engine).mpi_ranks or net.mpi_ranks)
+    senders = plan.instances * workers_per_instance(plan) if mpi_ranks else len(set(plan.hosts))
     liveness = settings(mapped.heartbeat, mapped.heartbeat_misses, net.keepalive, spec_heartbeat=cluster.heartbeat,
                         spec_misses=cluster.heartbeat_misses, spec_source=cluster.path, hosts=senders)
     elastic = None
@@ -178,9 +179,8 @@ def _prepare(opts: LaunchOptions, target: Target, mapped: OwnOptions) -> Prepare
                             data_interface=data_interface)
     if rs.warm and request.max_restarts > 0 and kind.per_instance:    # its agents start each instance themselves
         request = replace(request, warm=True)
-    if kind.joined:
-        request = replace(request, join_address=check_join_address(net.join_address),
-                          join_window=net.join_window if net.join_window is not None else request.join_window)
+    request = replace(request, join_address=check_join_address(net.join_address), mpi_ranks=mpi_ranks,
+                      join_window=net.join_window if net.join_window is not None else request.join_window)
     bind, host_cores, bind_note = decide_cpu_bind(mapped.cpu_bind, plan, cluster.cpu, not kind.remote, cluster.path)
     request = replace(request, cpu_bind=bind, host_cores=host_cores, rank_files=mapped.rank_files)
     notes += [bind_note] if bind_note is not None else []

@@ -87,6 +87,9 @@ class LaunchRequest:
     # name, a port picked at start), and how long the controller waits for each before it is lost (--join-window)
     join_address: str | None = None
     join_window: float = FIRST_HEARTBEAT_S
+    # under mpirun: one MPI rank per worker, each under an agent of its own (--mpi-ranks, the horovod engine); else
+    # one agent per instance that joins the controller and starts the instance's workers
+    mpi_ranks: bool = False
     #: what ``transport`` can do (podrun.launch.transports), looked up once when the request is made
     kind: "TransportKind" = field(init=False, repr=False, compare=False)
 

