@@ -251,6 +251,10 @@ class JoiningLauncher:
     name: str
     _server: JoinServer | None = None
 
+    def env_route(self) -> str:
+        return (f"{self.name}'s own environment, passed on to every agent; its command line carries the names at "
+                "most")
+
     def join_address(self) -> str:
         """What the agents are given: the server's address once it listens, else what --dry-run shows."""
         if self._server is not None:
@@ -318,6 +322,9 @@ class ListenTransport(JoiningLauncher, Transport):
 
     def _args_for(self, index: int) -> protocol.JoinArgs:
         return protocol.JoinArgs(tuple(self.request.agent_argv(index)), self.request.workdir)
+
+    def env_route(self) -> str:
+        return "each copy's own environment (every copy has the same command line); no value travels"
 
     def describe(self, redact: bool = False) -> list[tuple[str, str]]:
         req = self.request
