@@ -475,7 +475,7 @@ def collect(sizes, wpps, rounds: int, subjects=DEFAULT_SUBJECTS, teardown_bound:
         if hosts is None:                   # the ssh subjects' config is not needed: keep the code below simple
             hosts = ge or sl
         cfg = f"{tmp}/ssh_config"
-        with open(hosts.ssh_config_path) as f, open(cfg, "w") as out:
+        with open(getattr(hosts, "ssh_config_path", os.devnull)) as f, open(cfg, "w") as out:   # Slurm's: none
             text = f.read().replace("ConnectTimeout 5", "ConnectTimeout 60")
             out.write(text)
         kex = f"{tmp}/ssh_config_kex"       # the first value ssh finds wins: this Host * block comes first
