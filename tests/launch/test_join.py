@@ -84,8 +84,9 @@ def _copies(tmp_path, *extra):
     from tests.ports import free_port
 
     m = marker()
+    worker = f"echo up $RANK key=${{PODRUN_JOIN_KEY:-none}}; sleep 1.5; echo on $RANK; sleep 60 # {m}"
     args = ("launch", "--devices-per-host", "1", "--runs-dir", str(tmp_path / "runs"), "--master-port",
-            str(free_port()), *extra, "--", "sh", "-c", f"echo up $RANK; sleep 1.5; echo on $RANK; sleep 60 # {m}")
+            str(free_port()), *extra, "--", "sh", "-c", worker)
     port, run_id = free_port(), marker()
     return m, (lambda rank: copies_args(args, rank, 2, port, run_id)), with_env(PODRUN_JOIN_KEY=secrets.token_hex(32))
 
@@ -121,7 +122,8 @@ def test_a_copy_that_never_joins_is_named_and_a_late_one_or_one_with_another_key
 
 def test_the_controllers_node_lost_ends_every_joined_agents_workers_within_the_bound(tmp_path):
     """The controller (copy 0) stops answering, as a lost node does (SIGSTOP: its connections stay open): copy 1's
-    agent hears no heartbeat for the keepalive bound and ends its workers, without waiting for TCP."""
+    agent hears no heartbeat for the keepalive bound and ends its workers, without waiting for TCP. No worker of
+    either copy has the run's key in its environment."""
     import signal
     import time
 
@@ -131,7 +133,8 @@ def test_the_controllers_node_lost_ends_every_joined_agents_workers_within_the_b
     ctl = start_podrun(*argv(0), env=env, merge=True)
     other = start_podrun(*argv(1), env=env, merge=True)
     try:
-        wait_output(ctl, "on 1", 30)      # heartbeats went both ways (before the first, the bound is longer)
+        said = wait_output(ctl, "on 1", 30)     # heartbeats went both ways (before the first, the bound is longer)
+        assert "up 0 key=none" in said and "up 1 key=none" in said, said      # no worker has the key
         ctl.send_signal(signal.SIGSTOP)
         stopped = time.monotonic()
         assert wait_until(lambda: len(local_pids(m)) <= 1, 15), local_pids(m)   # but the stopped controller

@@ -141,7 +141,8 @@ class JoinServer:
         self.refused: Counter = Counter()
         self.refusal_lines: list[str] = []          # one line each, for the instance logs' reader and tests
         self.joined = 0
-        self.serial_cpu_s = 0.0                      # the accepting thread's CPU for the hand-shakes that succeeded
+        self.serial_cpu_s = 0.0                      # the hand-shakes' CPU, of those that succeeded
+        self._count = threading.Lock()
         self._closed = threading.Event()
         self.sock = socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True, backlog=1024) \
             if socket.has_dualstack_ipv6() else socket.create_server(("", port), backlog=1024)
@@ -160,9 +161,10 @@ class JoinServer:
             threading.Thread(target=self._handshake, args=(conn, peer[0]), daemon=True).start()
 
     def _refuse(self, conn: socket.socket, peer: str, reason: str, why: str) -> None:
-        self.refused[reason] += 1
         line = f"refused a join from {peer}: {why}"
-        self.refusal_lines.append(line)
+        with self._count:
+            self.refused[reason] += 1
+            self.refusal_lines.append(line)
         with contextlib.suppress(OSError, ValueError):     # the console's, as the supervisor's notices
             sys.stderr.write(f"podrun: {line}\n")
         with contextlib.suppress(OSError):
@@ -211,8 +213,9 @@ class JoinServer:
             pass                                  # its stream ends at once: the instance is lost, as any
         conn.settimeout(None)
         handle.attach(conn, f"{msg.hostname} pid {msg.pid}")
-        self.joined += 1
-        self.serial_cpu_s += time.thread_time() - cpu0
+        with self._count:
+            self.joined += 1
+            self.serial_cpu_s += time.thread_time() - cpu0
 
     def _window(self) -> None:
         """After the join window, every instance not joined ends, named."""
@@ -242,13 +245,11 @@ class JoinServer:
 
 
 class JoiningLauncher:
-    """For a launcher transport (podrun.launch.transports.mpirun.LauncherTransport) whose agents join: the join
-    server, started with the first look at the address, and the launch of the launcher with the run's key in its
+    """For a transport whose agents join (its ``request`` and ``name``; a launcher's, podrun.launch.transports.mpirun.
+    LauncherTransport): the join server, started once, and the launch of the launcher with the run's key in its
     environment (never on its command line). The key is PODRUN_JOIN_KEY when the controller's environment has one
-    (a job script's, from a private file), else a fresh one for this run."""
+    (a job script's, from a private file; taken out of it), else a fresh one for this attempt."""
 
-    request: "object"
-    name: str
     _server: JoinServer | None = None
 
     def env_route(self) -> str:
@@ -280,7 +281,8 @@ class JoiningLauncher:
         """The server for the instances from ``first`` on (``args_for``: see JoinServer), started once."""
         if self._server is None:
             host, port = self._join_host_port()
-            key = os.environ.get(wire_join.KEY_ENV) or wire_join.new_key()
+            given = wire_join.take_key()     # out of this process's environment: no local worker inherits it
+            key = given if wire_join.key_problem(given) is None else wire_join.new_key()
             self._server = JoinServer(self.request.run_id, key,
                                       {i.index: i.host for i in self.request.instances if i.index >= first},
                                       advertise=host, port=port or 0, window=self.request.join_window,
