@@ -283,10 +283,17 @@ class JoiningLauncher:
             host, port = self._join_host_port()
             given = wire_join.take_key()     # out of this process's environment: no local worker inherits it
             key = given if wire_join.key_problem(given) is None else wire_join.new_key()
-            self._server = JoinServer(self.request.run_id, key,
-                                      {i.index: i.host for i in self.request.instances if i.index >= first},
-                                      advertise=host, port=port or 0, window=self.request.join_window,
-                                      args_for=args_for)
+            try:
+                self._server = JoinServer(self.request.run_id, key,
+                                          {i.index: i.host for i in self.request.instances if i.index >= first},
+                                          advertise=host, port=port or 0, window=self.request.join_window,
+                                          args_for=args_for)
+            except OSError as exc:
+                from podrun.errors import LaunchError
+
+                raise LaunchError(f"cannot listen for the agents that join on port {port or 0}: "
+                                  f"{exc.strerror or exc}", hint="pass --join-address HOST:PORT with a free port "
+                                                                  "(every copy the same)") from None
         return self._server
 
     def launch_joined(self, argv_of, drop: tuple[str, ...] = (), **kw) -> list[InstanceHandle]:
