@@ -34,6 +34,9 @@ and serves the run's TCPStore on it (podrun.host.store).
 With --env-stdin the agent first reads the run's --env from its stdin (podrun.wire.envchannel: one framed
 message, before any other byte the controller writes) and sets it on its own environment, which its workers
 inherit, as they would inherit values put before the agent on a command line.
+With --join HOST:PORT (an agent started by srun or mpirun) the agent takes the run's key out of its environment,
+joins its controller over TCP (podrun.wire.join) and speaks over that connection instead of stdout and stdin;
+with --join-fd N the connection is descriptor N, joined already by a copy of `podrun launch` (one per node).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The srun transport: inside a Slurm allocation, one srun job step whose task i is instance agent i."""
+"""The srun transport: inside a Slurm allocation, one srun job step whose task i is instance agent i, which joins."""
 from __future__ import annotations
 
 import os
