@@ -145,3 +145,43 @@ def test_the_controllers_node_lost_ends_every_joined_agents_workers_within_the_b
         end(ctl)
         end(other)
     assert wait_until(lambda: local_pids(m) == [], 15), local_pids(m)
+
+
+_STEP = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2",
+         "SLURM_STEP_NODELIST": "node[1-2]", "PODRUN_JOIN_KEY": KEY}
+
+
+@pytest.mark.parametrize("env,torchrun,expect", [
+    (_STEP, {}, ("srun", 1, 2, "node1:29400", "srun-7.0", ("node1", "node2"))),
+    ({**_STEP, "SLURM_STEP_NUM_TASKS": None}, {}, None),            # the batch script's own step: no copy
+    ({**_STEP, "SLURM_STEP_NUM_TASKS": "1"}, {}, None),             # one task: the one podrun of the run
+    ({**_STEP, "SLURM_STEP_NUM_TASKS": "4"}, {}, "one podrun per node runs one copy on each node"),
+    ({**_STEP, "PODRUN_JOIN_KEY": None}, {}, "PODRUN_JOIN_KEY is not set"),
+    ({**_STEP, "PODRUN_JOIN_KEY": "short"}, {}, "a run key needs at least 16"),
+    ({"PODRUN_JOIN_KEY": KEY}, {"node_rank": "1", "nnodes": "2", "master_addr": "h0", "run_id": "r"},
+     ("--node-rank", 1, 2, "h0:29400", "r", None)),
+    ({"PODRUN_JOIN_KEY": KEY}, {"node_rank": "1", "nnodes": "2", "master_addr": "h0", "run_id": "r",
+                                "join_address": "[::1]:5"}, ("--node-rank", 1, 2, "[::1]:5", "r", None)),
+    ({"PODRUN_JOIN_KEY": KEY}, {"node_rank": "2", "nnodes": "2", "master_addr": "h0", "run_id": "r"},
+     "takes a node rank from 0 to 1"),
+    ({"PODRUN_JOIN_KEY": KEY}, {"node_rank": "1", "nnodes": "2", "run_id": "r"}, "which --master-addr names"),
+    ({"PODRUN_JOIN_KEY": KEY}, {"node_rank": "1", "nnodes": "2", "master_addr": "h0"}, "share its run id"),
+    ({"PODRUN_JOIN_KEY": KEY}, {"node_rank": "1"}, None),            # --node-rank alone: refused later, as before
+])
+def test_a_podrun_knows_whether_it_is_one_of_several_copies(env, torchrun, expect):
+    """podrun.launch.copies.detect: a task of an srun step of several tasks, or --node-rank with --nnodes N > 1,
+    is a copy (node rank, count, where the copies meet, their run id, the step's nodes); what cannot meet is one
+    paragraph, exit 2."""
+    from podrun.errors import LaunchError
+    from podrun.launch.copies import detect
+
+    env = {k: v for k, v in env.items() if v is not None}
+    args = [torchrun.get(k) for k in ("node_rank", "nnodes", "master_addr", "run_id", "join_address")]
+    if isinstance(expect, str):
+        with pytest.raises(LaunchError, match=expect) as exc:
+            detect(env, *args)
+        assert exc.value.exit_code == 2 and KEY not in str(exc.value)
+        return
+    copy = detect(env, *args)
+    got = None if copy is None else (copy.source, copy.rank, copy.count, copy.address, copy.run_id, copy.hosts)
+    assert got == expect
