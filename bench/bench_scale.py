@@ -401,15 +401,24 @@ def _uge_mpirun(r: Run, ge) -> None:
            "prterun")
 
 
-def _gap(r: Run) -> float | None:
+def _summary(r: Run) -> dict:
+    """A podrun subject's summary.json ({} for a peer, or none)."""
     try:
         import json
-        s = json.loads((r.runs / "summary.json").read_text())
+        return json.loads((r.runs / "summary.json").read_text())
     except (AttributeError, OSError, ValueError):
-        return None
-    gaps = [i.get("max_heartbeat_gap_s") for i in s.get("instances", [])]
+        return {}
+
+
+def _gap(r: Run) -> float | None:
+    gaps = [i.get("max_heartbeat_gap_s") for i in _summary(r).get("instances", [])]
     gaps = [g for g in gaps if g is not None]
     return max(gaps) if gaps else None
+
+
+def _join_ms(r: Run) -> float | None:
+    """The controller's CPU per agent that joined (the hand-shake on its listener's thread: summary.json's joins)."""
+    return (_summary(r).get("joins") or {}).get("cpu_ms_per_join")
 
 
 def _gloo(hosts, cfg, tmp, n: int, port: int) -> dict:
@@ -466,7 +475,7 @@ def collect(sizes, wpps, rounds: int, subjects=DEFAULT_SUBJECTS, teardown_bound:
         if hosts is None:                   # the ssh subjects' config is not needed: keep the code below simple
             hosts = ge or sl
         cfg = f"{tmp}/ssh_config"
-        with open(hosts.ssh_config_path) as f, open(cfg, "w") as out:
+        with open(getattr(hosts, "ssh_config_path", os.devnull)) as f, open(cfg, "w") as out:   # Slurm's: none
             text = f.read().replace("ConnectTimeout 5", "ConnectTimeout 60")
             out.write(text)
         kex = f"{tmp}/ssh_config_kex"       # the first value ssh finds wins: this Host * block comes first
@@ -500,6 +509,7 @@ def collect(sizes, wpps, rounds: int, subjects=DEFAULT_SUBJECTS, teardown_bound:
                             starters[s](r)
                             fig = r.measure(teardown_bound)
                             fig["gap_s"] = _gap(r)
+                            fig["join_ms"] = _join_ms(r)
                             res.setdefault((s, n, k), []).append(fig)
                             print(f"  {s} {n}x{k}: " + ", ".join(f"{a}={b:.3g}" if isinstance(b, float) else
                                                                  f"{a}={b}" for a, b in fig.items()), flush=True)
@@ -541,6 +551,8 @@ def rows_from(data: dict, rounds: int) -> list[dict]:
                   f"{(hwm or 0) / 1024:.1f} MB, its tree {rss / 1024:.1f} MB ({rss / 1024 / n:.2f} MB/host)"
                   + (f"; agent RSS {agent / 1024:.1f} MB" if agent is not None else "")
                   + (f"; largest heartbeat gap {gap:.2f} s" if gap is not None else "")
+                  + (f"; the controller's CPU per joined host {jms:.2f} ms"
+                     if (jms := _med(runs, "join_ms")) is not None else "")
                   + (f"; the launcher process alone {own * 1000 / n:.0f} ms/host and {threads:g} threads at every "
                      f"rank running" if (own := _med(runs, "own_cpu_up_s")) is not None
                      and (threads := _med(runs, "threads_up")) is not None else "")

@@ -211,7 +211,9 @@ torchrun_options = stacked(
         "run directory keeps all)."),
     _tr("--duplicate-stdout-filters", metavar="F,...", help="Refused unless empty (grep instance-N.log)."),
     _tr("--duplicate-stderr-filters", metavar="F,...", help="Refused unless empty (grep instance-N.log)."),
-    _tr("--node-rank", metavar="N", help=f"{REFUSED}: podrun places every host's instance itself."),
+    _tr("--node-rank", metavar="N", help="With --nnodes N (N > 1) and --master-addr: one podrun per node, node rank 0 "
+        "the controller, the others its joined agents (PODRUN_JOIN_KEY); alone refused: podrun places every host's "
+        "instance itself."),
     _tr("--master-addr", help="Rendezvous address (default: the host of instance 0)."),
     _tr("--master-port", type=t.PORT, default=None,
         help="Rendezvous port, every worker's MASTER_PORT. 0: podrun picks a free port (the default on this "
@@ -287,6 +289,16 @@ torchrun_options = stacked(
          click.option("--keepalive", type=t.KEEPALIVE, default=None, metavar="SECONDS",
                       help="The bound itself: seconds of silence after which a host is declared lost (--heartbeat x "
                            "--heartbeat-misses; alone it means 4 missed heartbeats of SECONDS/4)."),
+         click.option("--join-address", metavar="HOST[:PORT]",
+                      help="Where agents that join reach this controller (srun's agents; the copies of `srun podrun "
+                           "launch`): HOST (default: this machine's host name; node rank 0's for copies) and PORT "
+                           "(default: a free one; 29400 for copies)."),
+         click.option("--join-window", type=t.JOIN_WINDOW, default=None, metavar="SECONDS",
+                      help="Seconds each agent that joins has to join; then its host is lost, named (default 60)."),
+         click.option("--mpi-ranks", is_flag=True,
+                      help="Under --transport mpirun: one MPI rank per worker, each under an agent of its own, so "
+                           "the workers form one MPI world (mpi4py; the horovod engine always). Default: one agent "
+                           "per host, started by mpirun, that joins this controller and starts the host's workers."),
          click.option("--grace", type=t.GRACE, default=None,
                       help="Seconds a worker gets to end: after a Ctrl-C (SIGINT, SIGHUP, SIGUSR1) passed on, before "
                            "SIGTERM (default 30, torchrun's), and after SIGTERM (a failed run's teardown), before "
@@ -337,6 +349,7 @@ def launch(ctx, args, **kw):
         raise click.UsageError(f"a resume of {resuming} runs into it, and its recorded arguments name another "
                                f"run directory: {kw['runs_dir']}/{kw['run_id']}")
     opts = launch_options(ctx, tuple(args), kw)
+    opts = _as_copy(opts)                # one of several copies (srun podrun launch, --node-rank)?
     prepared = prepare_launch(opts)
     request, out = prepared.request, opts.output
     watch = watch_for(opts.hangs, prepared.recipe, prepared.cluster)
@@ -381,6 +394,21 @@ def _say_outcome(summary: dict, request, view) -> None:
         _print_root_cause(summary, request)
 
 
+def _as_copy(opts):
+    """``opts`` for the one podrun of a run; copy 0's of one podrun per node (the controller); a later copy becomes
+    its node's agent here and does not return (podrun.launch.copies)."""
+    from podrun.launch.copies import become_agent, controller_options, detect
+
+    tr, net = opts.torchrun, opts.transports
+    copy = detect(os.environ, tr.node_rank, tr.nnodes, net.master_addr, opts.output.run_id or tr.rdzv_id,
+                  net.join_address)
+    if copy is None:
+        return opts
+    if copy.rank > 0 and not opts.output.dry_run:   # --dry-run shows copy 0's run
+        become_agent(copy, net.env_items, net.join_window)
+    return controller_options(copy, opts)
+
+
 def launch_options(ctx, args: tuple[str, ...], kw: dict, environ=None):
     """LaunchOptions from the parsed command line and torchrun's PET_ variables (``environ``, default os.environ;
     a flag wins over its PET_ variable): each section's values into its part, once."""
@@ -420,7 +448,8 @@ def launch_options(ctx, args: tuple[str, ...], kw: dict, environ=None):
             master_port=own["master_port"], agent_store=net["agent_store"], data_interface=net["data_interface"],
             preflight=not net["no_preflight"], grace=net["grace"],
             heartbeat=net["heartbeat"], heartbeat_misses=net["heartbeat_misses"], keepalive=net["keepalive"],
-            env_items=tuple(common["env_items"]), cpu_bind=net["cpu_bind"]),
+            env_items=tuple(common["env_items"]), cpu_bind=net["cpu_bind"], join_address=net["join_address"],
+            join_window=net["join_window"], mpi_ranks=net["mpi_ranks"]),
         restarts=RestartOptions(straggler_timeout=hangs["straggler_timeout"], max_restarts=own["max_restarts"],
                                 **in_section(ctx, RESTARTS, kw)),
         output=_output_options(in_section(ctx, OUTPUT, kw)),

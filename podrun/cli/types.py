@@ -101,6 +101,7 @@ CONCURRENCY = BoundedInt(1, MAX_HOSTS, f"at least one handshake must be in fligh
 CPUS = BoundedInt(1, 1 << 20, "a node has at least one CPU")
 GRACE = Seconds("seconds between SIGTERM and SIGKILL; 0 kills at once")
 KEEPALIVE = Seconds("seconds without a heartbeat before a host counts as lost", positive=True)
+JOIN_WINDOW = Seconds("seconds an agent that joins has to join before its host counts as lost", positive=True)
 HEARTBEAT = Seconds("seconds between two heartbeats, both ways", positive=True)
 MISSES = BoundedInt(1, 10 ** 6, "heartbeats missed in a row before a host counts as lost; at least 1")
 POLL = Seconds("seconds between scheduler queries; 0 would query without pause", positive=True)

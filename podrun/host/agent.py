@@ -34,6 +34,9 @@ and serves the run's TCPStore on it (podrun.host.store).
 With --env-stdin the agent first reads the run's --env from its stdin (podrun.wire.envchannel: one framed
 message, before any other byte the controller writes) and sets it on its own environment, which its workers
 inherit, as they would inherit values put before the agent on a command line.
+With --join HOST:PORT (an agent started by srun or mpirun) the agent takes the run's key out of its environment,
+joins its controller over TCP (podrun.wire.join) and speaks over that connection instead of stdout and stdin;
+with --join-fd N the connection is descriptor N, joined already by a copy of `podrun launch` (one per node).
 """
 from __future__ import annotations
 
@@ -58,6 +61,7 @@ from podrun.host.workers import (bind_worker, fresh_error_file, instance_workers
                                  read_error_file)
 from podrun.wire import protocol
 from podrun.wire.agent_args import AgentArgs, cores_text
+from podrun.wire.liveness import FIRST_HEARTBEAT_S
 from podrun.wire.proctl import PR_SET_CHILD_SUBREAPER, die_with_parent, prctl as _prctl, signal_group
 
 # podrun.runtime.progress.FD_ENV, named here: that package is the workers' (tests/host/test_lean_agent.py)
@@ -463,6 +467,11 @@ def _preexec(cores: tuple[int, ...] | None):
 def main(argv: list[str] | None = None) -> int:
     args = AgentArgs.parse(argv, __doc__.splitlines()[0])
     os.umask(0o077)                    # the workers' files are private, as the run directory's
+    key = None
+    if args.join is not None:          # the run's key, out of the environment before any worker's is made
+        from podrun.wire.join import take_key
+
+        key = take_key()
     if args.env_stdin:
         read_env_stdin()
     index, local_ranks, agent_rank, envs = instance_workers(args)
@@ -477,6 +486,8 @@ def main(argv: list[str] | None = None) -> int:
     warm = zygote_client.WarmHost(args.attempt.run_dir, socket.gethostname(), start_next=restart < max_restarts,
                                   later=restart > 0, first=restart == 0 and len(envs) > 1) if args.warm else None
     agent = Agent(args, index, envs, probe=probe, local_ranks=local_ranks, agent_rank=agent_rank, warm=warm)
+    if args.join is not None or args.join_fd is not None:
+        agent.join_controller(args.join, args.join_fd, args.attempt.run_id, key, FIRST_HEARTBEAT_S)
     if store is not None and not (probe and probe["ports_busy"]):    # busy: the controller will not say go
         agent.store = store
     try:

@@ -1,6 +1,7 @@
 """The agent's link to its controller: protocol lines out, heartbeats both ways, the stdin tokens and request files."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -18,7 +19,10 @@ class ControllerLink:
     stop through its ``request_stop``."""
 
     def link_init(self, out, heartbeat: float, stdin_watch: bool, stdin_timeout: float) -> None:
+        """``out``: where the lines go (None: stdout). ``inbox`` is the descriptor the controller's tokens come on:
+        stdin, or a joined agent's connection (``join_controller``)."""
         self.stdin_watch = stdin_watch
+        self.inbox = 0
         self.stdin_timeout = stdin_timeout
         self.heartbeat = heartbeat   # seconds between this agent's heartbeats to the controller
         self.out = out if out is not None else sys.stdout.buffer
@@ -65,6 +69,30 @@ class ControllerLink:
                 self.lock.release()
         return delivered
 
+    def join_controller(self, address: str | None, fd: int | None, run_id: str, key: str | None,
+                        bound_s: float) -> None:
+        """--join: connect to the controller at ``address`` (podrun.wire.join), or --join-fd: the connection a copy
+        of `podrun launch` made (podrun.launch.copies), and speak over it from now on; SystemExit 2 with one line
+        naming the address when there is no key, or no join within ``bound_s``."""
+        import socket
+
+        from podrun.wire import join
+
+        if fd is not None:
+            conn = socket.socket(fileno=fd)
+        else:
+            problem = join.key_problem(key)
+            if problem is not None:
+                sys.exit(f"podrun agent: cannot join the controller at {address}: {problem} (the launcher passes "
+                         f"the run's key in the environment)")
+            try:
+                conn, _ = join.join(address, key, run_id, self.index, bound_s)
+            except (join.JoinError, ValueError) as exc:
+                sys.exit(f"podrun agent: {exc}")
+        self.conn = conn                          # held for the agent's life
+        self.out = conn.makefile("wb")
+        self.inbox = conn.fileno()
+
     def _heartbeat(self) -> None:
         watch_file = not self.stdin_watch and self.run_dir is not None
         token = protocol.read_request(self.run_dir) if watch_file else ""
@@ -86,11 +114,12 @@ class ControllerLink:
     def _watch_stdin(self) -> None:
         while True:
             try:
-                data = os.read(0, 256)
+                data = os.read(self.inbox, 256)
             except OSError:
                 data = b""
             if not data:
-                self.request_stop(StopKind.CONTROLLER_LOST, "lost the controller (stdin closed)")
+                self._controller_lost("lost the controller (stdin closed)" if self.inbox == 0
+                                      else "lost the controller (its connection closed)")
                 return
             self.last_stdin = time.monotonic()
             self.got_stdin = True
@@ -109,8 +138,17 @@ class ControllerLink:
         """Stop when the controller's heartbeats on stdin stopped coming (a longer bound before the first)."""
         limit = self.stdin_timeout if self.got_stdin else max(self.stdin_timeout, FIRST_HEARTBEAT_S)
         if self.stdin_watch and self.stdin_timeout > 0 and time.monotonic() - self.last_stdin > limit:
-            self.request_stop(StopKind.CONTROLLER_LOST,
-                              f"lost the controller (no heartbeat on stdin for {limit:g} s)", silent_s=limit)
+            where = "stdin" if self.inbox == 0 else "its connection"
+            self._controller_lost(f"lost the controller (no heartbeat on {where} for {limit:g} s)", limit)
+
+    def _controller_lost(self, message: str, silent_s: float = 0.0) -> None:
+        """Stop for want of the controller; a joined agent also says so on its own stderr, where its launcher (srun,
+        the node's log) shows it, since the controller hears nothing more from it."""
+        if self.inbox != 0 and self.stop is None:
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.write(f"podrun agent: instance {self.index}: {message}: ending its workers\n")
+                sys.stderr.flush()
+        self.request_stop(StopKind.CONTROLLER_LOST, message, silent_s=silent_s)
 
     def _held_until_go(self) -> bool:
         """Report the preflight facts and wait for ``G`` on stdin; False when told to stop (``T``, stdin

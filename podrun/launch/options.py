@@ -43,6 +43,9 @@ class TransportOptions:
     keepalive: float | None = None
     env_items: tuple[str, ...] = ()             # --env NAME=VALUE, as typed
     cpu_bind: str | None = None                 # --cpu-bind auto|none|LIST as typed (None: none)
+    join_address: str | None = None             # --join-address HOST[:PORT]: where agents that join reach this one
+    join_window: float | None = None            # --join-window: seconds each has to join (None: the first bound)
+    mpi_ranks: bool = False                     # --mpi-ranks: under mpirun, one MPI rank (and agent) per worker
 
     @property
     def host_python(self) -> str:

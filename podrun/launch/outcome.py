@@ -121,6 +121,7 @@ class Outcome:
     slow_ranks: list = field(default_factory=list)   # ranks named slow (podrun.launch.slow_ranks.SlowRanks records)
     host_busy: dict = field(default_factory=dict)    # host -> [[step, busy s]] (podrun.launch.slow_ranks.HostBusy)
     step_split: dict = field(default_factory=dict)   # each rank's mean step split (slow_ranks.StepSplits.to_dict)
+    joins: dict | None = None          # agents that joined: how many, the refusals by reason (transports.join)
 
     def failed_at(self) -> float | None:
         """When the root cause began (wall clock; None: none): a worker's exit when its agent saw it, a hang or a lost
@@ -154,6 +155,7 @@ class Outcome:
             "slow_ranks": self.slow_ranks,
             "host_busy": self.host_busy,
             "step_split": self.step_split,
+            **({"joins": self.joins} if self.joins is not None else {}),
         })
 
 
@@ -284,7 +286,7 @@ class Failures(list):
 
 
 def attempt_outcome(instances: Instances, failures: Failures, signalled: int | None, gaps: dict[int, float],
-                    hang: dict | None, slow_ranks: list, host_busy: dict) -> Outcome:
+                    hang: dict | None, slow_ranks: list, host_busy: dict, joins: dict | None = None) -> Outcome:
     """How the attempt ended: its root cause (Failures.root_cause), else the signal that stopped it, else the first
     instance that ended non-zero; each instance's largest silence (``gaps``, the hearing's; a lost host's silence
     when it was declared lost, if longer); when every instance was ready."""
@@ -302,4 +304,4 @@ def attempt_outcome(instances: Instances, failures: Failures, signalled: int | N
         seen = [g for g in (gaps.get(s.index), s.lost_silence) if g is not None]
         s.max_gap_s = round(max(seen), 3) if seen else None
     return Outcome(code, status, root, sorted(instances.values(), key=lambda s: s.index), instances.t0, ended,
-                   max(ready) if ready and None not in ready else None, hang, slow_ranks, host_busy)
+                   max(ready) if ready and None not in ready else None, hang, slow_ranks, host_busy, joins)

@@ -21,7 +21,6 @@ from podrun.plan.measured import launch_measured
 from podrun.rundir.layout import DEFAULT_RUNS_DIR, new_run_id
 from podrun.specs import recipe_args as recipe_cli
 from podrun.wire.agent_args import GRACE_S, INTERRUPT_GRACE_S
-from podrun.wire.worker_env import workers_per_instance
 from podrun.wire.liveness import settings
 from podrun.wire.probe import interface_address, missing_modules, missing_text
 from podrun.wire.worker_env import RDZV_ID_ENV, ROLE_ENV, VIRTUAL_LOCAL_RANK_ENV, workers_per_instance
@@ -147,7 +146,8 @@ def _prepare(opts: LaunchOptions, target: Target, mapped: OwnOptions) -> Prepare
         needs = tuple(dict.fromkeys((*recipe_cli.needed_modules(recipe_args), *opts.target.needs)
                                     if recipe_args is not None else opts.target.needs))
     # the agents whose heartbeats the controller hears: one a host, or one a worker under mpirun (--rank-from-env)
-    senders = plan.instances * workers_per_instance(plan) if kind.agent_per_worker else len(set(plan.hosts))
+    mpi_ranks = kind.agent_per_worker and (engine_of(engine).mpi_ranks or net.mpi_ranks)
+    senders = plan.instances * workers_per_instance(plan) if mpi_ranks else len(set(plan.hosts))
     liveness = settings(mapped.heartbeat, mapped.heartbeat_misses, net.keepalive, spec_heartbeat=cluster.heartbeat,
                         spec_misses=cluster.heartbeat_misses, spec_source=cluster.path, hosts=senders)
     elastic = None
@@ -181,6 +181,8 @@ def _prepare(opts: LaunchOptions, target: Target, mapped: OwnOptions) -> Prepare
     # host runs several workers
     if rs.warm and kind.per_instance and (request.max_restarts > 0 or workers_per_instance(plan) > 1):
         request = replace(request, warm=True)
+    request = replace(request, join_address=check_join_address(net.join_address), mpi_ranks=mpi_ranks,
+                      join_window=net.join_window if net.join_window is not None else request.join_window)
     bind, host_cores, bind_note = decide_cpu_bind(mapped.cpu_bind, plan, cluster.cpu, not kind.remote, cluster.path)
     request = replace(request, cpu_bind=bind, host_cores=host_cores, rank_files=mapped.rank_files)
     notes += [bind_note] if bind_note is not None else []
@@ -211,6 +213,19 @@ def run_dir_name(mapped: OwnOptions) -> str | None:
     if not stem[:1].isalnum():
         stem = "rdzv" + stem
     return f"{stem}-{new_run_id()}"
+
+
+def check_join_address(text: str | None) -> str | None:
+    """--join-address as given, once it reads (HOST or HOST:PORT); a LaunchError (exit 2) for one that does not."""
+    from podrun.wire.join import parse_address
+
+    if text is not None:
+        try:
+            parse_address(text)
+        except ValueError as exc:
+            raise LaunchError(f"--join-address {exc}", hint="write HOST or HOST:PORT (0 or none: a free port)") \
+                from None
+    return text
 
 
 def check_local_target(target: Target, workdir: str) -> None:

@@ -19,7 +19,7 @@ from podrun.redaction import ENV_NAME_RE, redact_argv, remember_secret, secret_n
 from podrun.launch.instance_logs import RankFiles
 from podrun.wire.agent_args import (AGENT_MODULE, GRACE_S, INTERRUPT_GRACE_S, MAX_CPU, AgentArgs, CpuBind, FromEnv,
                                     RunAttempt)
-from podrun.wire.liveness import HEARTBEAT_MISSES, HEARTBEAT_S, Liveness
+from podrun.wire.liveness import FIRST_HEARTBEAT_S, HEARTBEAT_MISSES, HEARTBEAT_S, Liveness
 
 if TYPE_CHECKING:  # pragma: no cover
     from podrun.launch.transports import TransportKind
@@ -84,6 +84,13 @@ class LaunchRequest:
     # the cores of a host as the controller knows them (the cluster spec's, this machine's for a local run), so
     # that a bound run's --dry-run shows each worker's cores: (cores, NUMA domains), None when unknown
     host_cores: tuple[tuple[int, ...], ...] | None = None
+    # agents that join (podrun.wire.join): the address they are given, HOST or HOST:PORT (None: this machine's host
+    # name, a port picked at start), and how long the controller waits for each before it is lost (--join-window)
+    join_address: str | None = None
+    join_window: float = FIRST_HEARTBEAT_S
+    # under mpirun: one MPI rank per worker, each under an agent of its own (--mpi-ranks, the horovod engine); else
+    # one agent per instance that joins the controller and starts the instance's workers
+    mpi_ranks: bool = False
     #: what ``transport`` can do (podrun.launch.transports), looked up once when the request is made
     kind: "TransportKind" = field(init=False, repr=False, compare=False)
 
@@ -106,7 +113,7 @@ class LaunchRequest:
 
     def agent_argv(self, index: int | None, *, stdin_watch: bool = True, hold: bool = False,
                    per_worker: bool = False, env_stdin: bool = False, worker_stdin_fd: int | None = None,
-                   lean: bool = False) -> list[str]:
+                   lean: bool = False, join: str | None = None) -> list[str]:
         """The agent command line; index None means --index-from-env (mpirun/srun ranks), or with
         ``per_worker`` --rank-from-env (each launcher rank is one worker); ``hold``: the agent reports
         its preflight facts and starts workers only on a go from the controller; ``env_stdin``: the
@@ -114,7 +121,8 @@ class LaunchRequest:
         ``worker_stdin_fd``: the agent's inherited descriptor that its local rank 0 reads as stdin (the local
         transport's copy of podrun's own stdin); ``lean``: the agent runs on this machine, so with this python it is
         started isolated and without site (``-I -S``: no site-packages scan, no .pth file run), this podrun's own
-        directory first on its path (its workers, its store host and its zygote are started as usual)."""
+        directory first on its path (its workers, its store host and its zygote are started as usual); ``join``: the
+        address the agent joins (--join), its key in its environment."""
         source = FromEnv.RANK if per_worker else FromEnv.INDEX
         args = AgentArgs(self.attempt, source if index is None else index, self.command, grace=self.grace,
                          interrupt_grace=self.interrupt_grace, heartbeat=self.heartbeat,
@@ -122,7 +130,7 @@ class LaunchRequest:
                          agent_store=self.agent_store, listen_fd=self.listen_fd if index == 0 else None,
                          warm=self.warm and index is not None, hold=hold, needs=self.needs if hold else (),
                          env_stdin=env_stdin and bool(self.env), worker_stdin_fd=worker_stdin_fd,
-                         cpu_bind=self.cpu_bind)
+                         cpu_bind=self.cpu_bind, join=join)
         if lean and os.path.abspath(self.python) == os.path.abspath(sys.executable):
             root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # holds podrun/
             boot = f"import sys; sys.path.insert(0, {root!r}); from {AGENT_MODULE} import main; sys.exit(main())"
@@ -154,12 +162,13 @@ class LaunchRequest:
         return encode(self.env)
 
     def shell_command(self, index: int | None, *, stdin_watch: bool = True, redact: bool = False,
-                      hold: bool = False, per_worker: bool = False, env_stdin: bool = False) -> str:
+                      hold: bool = False, per_worker: bool = False, env_stdin: bool = False,
+                      join: str | None = None) -> str:
         """The exact shell line a host runs: cd to the workdir, then exec the agent (quoted with shlex).
         It holds no --env value: ``env_stdin`` adds --env-stdin (the values follow on the agent's stdin);
         without it they come in the environment of whatever runs the line (mpirun, srun, poprun)."""
         argv = self.agent_argv(index, stdin_watch=stdin_watch, hold=hold, per_worker=per_worker,
-                               env_stdin=env_stdin)
+                               env_stdin=env_stdin, join=join)
         if redact:
             cut = len(argv) - len(self.command)
             argv = argv[:cut] + redact_argv(argv[cut:])

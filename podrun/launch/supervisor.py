@@ -192,9 +192,9 @@ class Supervisor:
                     what = ("the connection to it was lost" if code == LOST_EXIT
                             else f"its agent ended with code {code}")
                     kind = FailureKind.LOST if code == LOST_EXIT else FailureKind.AGENT_ENDED
-                    self.failures.append(Failure(idx, st.host, None, code, kind,
-                                                 f"{what} before it reported (host crashed, sshd or agent killed; "
-                                                 f"see instance-{idx}.log)", time.time()))
+                    why = h.lost_why or (f"{what} before it reported (host crashed, sshd or agent killed; "
+                                         f"see instance-{idx}.log)")
+                    self.failures.append(Failure(idx, st.host, None, code, kind, why, time.time()))
 
     # -- the loop ---------------------------------------------------------------------------
     def _on_signal(self, signum, frame) -> None:  # noqa: ARG002
@@ -357,7 +357,7 @@ class Supervisor:
                                          time.time()))
         lost = {i for i, s in self.instances.items() if s.status is InstanceStatus.LOST}
         for x in list(open_handles):
-            if set(x.instances) <= lost:
+            if x.instances and set(x.instances) <= lost:    # a launcher's own handle carries none
                 x.kill()
                 x.close()
                 open_handles.discard(x)
@@ -380,7 +380,8 @@ class Supervisor:
         """The attempt's Outcome, once every handle has ended (no reader adds to the hearing's gaps any more)."""
         out = attempt_outcome(self.instances, self.failures, self.signalled, self.listener.hearing.gaps(),
                               self.live.hang, [dict(r) for r in self.live.slow.records],
-                              {h: [list(p) for p in xs] for h, xs in self.live.hosts.series.items()})
+                              {h: [list(p) for p in xs] for h, xs in self.live.hosts.series.items()},
+                              self.transport.joins())
         out.step_split = self.live.splits.to_dict()
         return out
 

@@ -186,8 +186,9 @@ REFUSED = (
     ("logs_specs", _given, "podrun's logs are the run directory's files, not a torchrun.logs_specs plugin",
      "--runs-dir DIR (logs in DIR/RUN_ID/instance-N.log)"),
     ("node_rank", _given, "podrun places the instances itself; one podrun launch on one machine starts every "
-     "host's instance and gives each its GROUP_RANK",
-     "one podrun launch (not one per node) naming the hosts with --hosts h1,h2 or --hostfile"),
+     "host's instance and gives each its GROUP_RANK, or one podrun per node meets with --nnodes N (N > 1)",
+     "one podrun launch naming the hosts with --hosts h1,h2 or --hostfile, or one per node with --nnodes N "
+     "--node-rank R --master-addr A (docs/launch.md)"),
 )
 
 

@@ -136,6 +136,11 @@ class AgentArgs:
     # every other worker reads /dev/null
     worker_stdin_fd: int | None = None
     cpu_bind: CpuBind = CpuBind()     # --cpu-bind: each worker's cores (podrun.host.workers applies it)
+    # --join HOST:PORT: connect to the controller there (podrun.wire.join, the key in the environment) and speak the
+    # protocol over that connection instead of stdout and stdin
+    join: str | None = None
+    # --join-fd N: the connection to the controller is descriptor N, joined already (a copy of `podrun launch`)
+    join_fd: int | None = None
 
     def to_argv(self) -> list[str]:
         """The agent's options and command (what follows ``python -m podrun.host.agent``)."""
@@ -156,6 +161,8 @@ class AgentArgs:
         argv += ["--env-stdin"] if self.env_stdin else []
         argv += ["--worker-stdin-fd", str(self.worker_stdin_fd)] if self.worker_stdin_fd is not None else []
         argv += ["--cpu-bind", self.cpu_bind.text()] if self.cpu_bind.binds else []
+        argv += ["--join", self.join] if self.join is not None else []
+        argv += ["--join-fd", str(self.join_fd)] if self.join_fd is not None else []
         return argv + ["--", *self.command]
 
     @classmethod
@@ -167,12 +174,13 @@ class AgentArgs:
         ap.add_argument("--master-port", type=int, required=True)
         for name in ("grace", "interrupt-grace", "heartbeat", "stdin-timeout"):
             ap.add_argument(f"--{name}", type=float)
-        for name in ("restart-count", "max-restarts", "listen-fd", "worker-stdin-fd"):
+        for name in ("restart-count", "max-restarts", "listen-fd", "worker-stdin-fd", "join-fd"):
             ap.add_argument(f"--{name}", type=int)
         for name in ("no-stdin-watch", "agent-store", "warm", "hold", "env-stdin"):
             ap.add_argument(f"--{name}", action="store_true")
         ap.add_argument("--needs", default="", metavar="MOD,...")
         ap.add_argument("--cpu-bind", metavar="auto|LIST")
+        ap.add_argument("--join", metavar="HOST:PORT")
         g = ap.add_mutually_exclusive_group(required=True)
         g.add_argument("--instance", type=int)
         for source in FromEnv:

@@ -260,6 +260,88 @@ class StepSplit:
         return cls(*parts, *counts)
 
 
+#: the hand-shake's lines, before the protocol's, on an agent's TCP connection to its controller (podrun.wire.join)
+JOIN_PREFIX = "@podrun-join "
+JOIN_VERSION = 1
+
+
+@dataclass(frozen=True)
+class JoinChallenge(Message):
+    """The controller's first line to an agent that connects: the hand-shake's ``version`` and a fresh ``nonce``
+    (hex) that the agent's proof covers, so that a proof seen once is worth nothing again."""
+
+    KIND = "challenge"
+    version: int
+    nonce: str
+
+
+@dataclass(frozen=True)
+class Join(Message):
+    """The agent's answer: it runs ``instance`` of run ``run_id`` on ``hostname`` as process ``pid``; ``proof`` is
+    the HMAC of the nonce, run id and instance with the run's key (podrun.wire.join.proof): the key never travels;
+    ``copy``: the controller follows its ``ok`` with a ``JoinArgs``."""
+
+    KIND = "join"
+    run_id: str
+    instance: int
+    hostname: str
+    pid: int
+    proof: str
+    copy: bool = False          # a copy of `podrun launch` (podrun.launch.copies): it asks for its agent's arguments
+
+
+@dataclass(frozen=True)
+class JoinReply(Message):
+    """The controller's verdict: ``ok`` (the protocol follows, both ways), or ``refused`` and why, in words."""
+
+    KIND = "joined"
+    accepted: bool
+    reason: str = ""
+
+    def encode(self) -> str:
+        return "ok" if self.accepted else f"refused {self.reason}".rstrip()
+
+    @classmethod
+    def decode(cls, text: str) -> "JoinReply":
+        verdict, _, reason = text.partition(" ")
+        if verdict not in ("ok", "refused"):
+            raise ValueError(f"not a join reply: {text[:40]!r}")
+        return cls(verdict == "ok", reason)
+
+
+@dataclass(frozen=True)
+class JoinArgs(Message):
+    """To a copy of `podrun launch` that joined: the agent it becomes, ``argv`` (python -m podrun.host.agent and its
+    options, podrun.wire.agent_args) run in ``workdir``; JSON on one line."""
+
+    KIND = "args"
+    argv: tuple[str, ...]
+    workdir: str
+
+    def encode(self) -> str:
+        return to_json({"argv": list(self.argv), "workdir": self.workdir})
+
+    @classmethod
+    def decode(cls, text: str) -> "JoinArgs":
+        rec = from_json(text)
+        argv, workdir = (rec or {}).get("argv"), (rec or {}).get("workdir")
+        if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv) or not isinstance(workdir, str):
+            raise ValueError("an args line is {argv: [str], workdir: str}")
+        return cls(tuple(argv), workdir)
+
+
+def join_line(message: Message) -> bytes:
+    """A hand-shake message as its line on the connection."""
+    return f"{JOIN_PREFIX}{message.KIND} {message.encode()}\n".encode("utf-8", "replace")
+
+
+def read_join_line(line: bytes, cls):
+    """The hand-shake message of type ``cls`` that ``line`` holds, or None for anything else."""
+    text = line.decode("utf-8", "replace").rstrip("\r\n")
+    kind, _, rest = text[len(JOIN_PREFIX):].partition(" ") if text.startswith(JOIN_PREFIX) else ("", "", "")
+    return cls.read(rest) if kind == cls.KIND else None
+
+
 def _number(value) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 

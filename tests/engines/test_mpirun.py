@@ -121,11 +121,11 @@ def test_mpirun_transport_env_contract_and_allreduce(ssh_hosts, tmp_path):
 
 @pytest.mark.timeout(150)
 def test_mpirun_transport_every_worker_is_an_mpi_rank(ssh_hosts, tmp_path):
-    """2 hosts x 2 workers: mpi4py sees one world of 4 in which its MPI rank is podrun's RANK, and an
-    allreduce over COMM_WORLD sums every worker (1+2+3+4); no worker carries its agent's rank variables."""
+    """2 hosts x 2 workers with --mpi-ranks: mpi4py sees one world of 4 in which its MPI rank is podrun's RANK, and
+    an allreduce over COMM_WORLD sums every worker (1+2+3+4); no worker carries its agent's rank variables."""
     _need_mpirun()
     hosts = ssh_hosts.hosts[:2]
-    p = podrun(["launch", "--transport", "mpirun", "--hosts", ",".join(hosts), "--devices-per-host", "2",
+    p = podrun(["launch", "--transport", "mpirun", "--mpi-ranks", "--hosts", ",".join(hosts), "--devices-per-host", "2",
                 "--ssh-config", str(ssh_hosts.ssh_config_path), "--runs-dir", str(tmp_path / "runs"),
                 "--", ssh_hosts.python, str(HERE / "mpi_allreduce.py")], cwd=tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr
@@ -157,18 +157,19 @@ def test_mpirun_transport_keeps_env_values_off_every_command_line(ssh_hosts, tmp
                   secret_values(), dump, 2, cwd=tmp_path)
     (run_dir,) = (tmp_path / "runs").iterdir()
     command = (run_dir / "command").read_text()
-    assert "-x HF_TOKEN -x PODRUN_TEST_PLAIN" in command
+    assert "-x HF_TOKEN -x PODRUN_TEST_PLAIN -x PODRUN_JOIN_KEY" in command    # the agents join with the key
     assert "--env HF_TOKEN PODRUN_TEST_PLAIN: through mpirun" in command
 
 
 @pytest.mark.timeout(150)
 def test_mpirun_transport_per_worker_ranks_fail_fast(ssh_hosts, tmp_path):
-    """With one agent per worker, a failing worker still ends the run everywhere and is the root cause."""
+    """With one agent per worker (--mpi-ranks), a failing worker still ends the run everywhere and is the root
+    cause."""
     _need_mpirun()
     hosts = ssh_hosts.hosts[:2]
     marker = f"mpirankfail{int(time.time() * 1000)}"
     p = _one_rank_fails(ssh_hosts, tmp_path, hosts, 2, marker,
-                        "print('worker', r, flush=True); sys.exit(5) if r == '2'")
+                        "print('worker', r, flush=True); sys.exit(5) if r == '2'", "--mpi-ranks")
     assert p.returncode == 5, p.stdout + p.stderr
     (run_dir,) = (tmp_path / "runs").iterdir()
     rc = json.loads((run_dir / "summary.json").read_text())["root_cause"]
@@ -177,11 +178,12 @@ def test_mpirun_transport_per_worker_ranks_fail_fast(ssh_hosts, tmp_path):
     _assert_nothing_left(ssh_hosts, hosts, marker)
 
 
-def _one_rank_fails(ssh_hosts, tmp_path, hosts, per_host: int, marker: str, fails: str):
-    """`launch --transport mpirun` on hosts of a worker that runs ``fails`` (r: its RANK) else sleeps an hour;
+def _one_rank_fails(ssh_hosts, tmp_path, hosts, per_host: int, marker: str, fails: str, *more: str):
+    """`launch --transport mpirun MORE` on hosts of a worker that runs ``fails`` (r: its RANK) else sleeps an hour;
     ``marker`` in every worker's command line."""
     code = f"import os,sys,time; r=os.environ['RANK']; tag='{marker}'; {fails} else time.sleep(3600)"
-    return podrun(["launch", "--transport", "mpirun", "--hosts", ",".join(hosts), "--devices-per-host", str(per_host),
+    return podrun(["launch", "--transport", "mpirun", *more, "--hosts", ",".join(hosts), "--devices-per-host",
+                   str(per_host),
                    "--ssh-config", str(ssh_hosts.ssh_config_path), "--runs-dir", str(tmp_path / "runs"),
                    "--grace", "2", "--", ssh_hosts.python, "-c", code], cwd=tmp_path)
 

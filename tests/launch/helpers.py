@@ -29,6 +29,40 @@ def podrun(*args: str, timeout: float = 90, cwd: str | None = None, env: dict | 
     return run_podrun(*args, timeout=timeout, cwd=cwd, env=with_env(**(env or {})))
 
 
+def copies_args(args, rank: int, nnodes: int, port: int, run_id: str) -> list[str]:
+    """``podrun launch ARGS`` as copy ``rank`` of one podrun per node on this machine (podrun.launch.copies): the
+    copies meet on 127.0.0.1:``port`` and share the run id."""
+    assert args[0] == "launch"
+    return ["launch", "--nnodes", str(nnodes), "--node-rank", str(rank), "--master-addr", "127.0.0.1",
+            "--run-id", run_id, "--join-address", f"127.0.0.1:{port}", *args[1:]]
+
+
+def start_copies(*args: str, nnodes: int = 2) -> tuple[subprocess.Popen, list[subprocess.Popen]]:
+    """``podrun launch ARGS`` as one podrun per node on this machine, started: node rank 0 (the controller, its
+    stdout and stderr piped as text) and node ranks 1.. (they join it); the copies share a fresh PODRUN_JOIN_KEY."""
+    import secrets
+
+    from tests.ports import free_port
+
+    port, run_id = free_port(), marker()
+    env = with_env(PODRUN_JOIN_KEY=secrets.token_hex(32))
+    others = [start_podrun(*copies_args(args, r, nnodes, port, run_id), env=env) for r in range(1, nnodes)]
+    return start_podrun(*copies_args(args, 0, nnodes, port, run_id), env=env), others
+
+
+def podrun_copies(*args: str, nnodes: int = 2, timeout: float = 90) -> subprocess.CompletedProcess:
+    """start_copies, node rank 0 run to its end: its CompletedProcess (the others ended too)."""
+    ctl, others = start_copies(*args, nnodes=nnodes)
+    try:
+        out, err = ctl.communicate(timeout=timeout)
+        for p in others:
+            p.communicate(timeout=10)
+        return subprocess.CompletedProcess(ctl.args, ctl.returncode, out, err)
+    finally:
+        for p in (ctl, *others):
+            end(p)
+
+
 def podrun_popen(*args: str, cwd: str | None = None) -> subprocess.Popen:
     return start_podrun(*args, cwd=cwd)
 

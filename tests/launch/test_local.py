@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests.ports import free_port
-from tests.launch.helpers import (ALLREDUCE, end, local_pids, marker, podrun, podrun_popen, run_dir, summary, wait_output, wait_until)
+from tests.launch.helpers import (ALLREDUCE, end, local_pids, marker, podrun, podrun_copies, podrun_popen, run_dir,
+                                  summary, wait_output, wait_until)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -52,13 +53,16 @@ def test_torchrun_script_runs_unchanged_with_gloo_all_reduce_and_env_contract(tm
     assert "sum=6" in (rd / "instance-0.log").read_text()
 
 
-def test_fail_fast_exit_code_root_cause_and_no_orphans(tmp_path):
-    """One worker exits 3: the run exits 3 at once, names the worker, and no process is left."""
+@pytest.mark.parametrize("joined", [False, True], ids=["started", "joined"])
+def test_fail_fast_exit_code_root_cause_and_no_orphans(tmp_path, joined):
+    """One worker exits 3: the run exits 3 at once, names the worker, and no process is left; ``joined``: the same
+    with a second instance whose agent joined over TCP (one podrun per node, both copies on this machine)."""
     m = marker()
-    cp = podrun("launch", "--devices-per-host", "3", "--runs-dir", str(tmp_path / "runs"), "--",
-                "sh", "-c", f"echo started $RANK; sleep 0.5; [ $RANK = 1 ] && {{ echo boom >&2; exit 3; }}; sleep 60 # {m}")
+    args = ("launch", "--devices-per-host", "3", "--runs-dir", str(tmp_path / "runs"), "--",
+            "sh", "-c", f"echo started $RANK; sleep 0.5; [ $RANK = 1 ] && {{ echo boom >&2; exit 3; }}; sleep 60 # {m}")
+    cp = podrun_copies(*args) if joined else podrun(*args)
     assert cp.returncode == 3, cp.stderr
-    assert "root cause: instance 0 on localhost, local rank 1: exited with code 3" in cp.stderr
+    assert re.search(r"root cause: instance 0 on \S+, local rank 1: exited with code 3", cp.stderr), cp.stderr
     assert "boom" in cp.stderr          # stderr of the failing worker, and the log tail
     assert local_pids(m) == []
     s = summary(tmp_path / "runs")
@@ -66,7 +70,9 @@ def test_fail_fast_exit_code_root_cause_and_no_orphans(tmp_path):
     assert s["root_cause"]["local_rank"] == 1 and s["root_cause"]["exit_code"] == 3
     assert any("boom" in l for l in s["root_cause"]["last_lines"])
     # "at once": the other ranks were ended by podrun's SIGTERM, not by the end of their 60 s sleep
-    assert s["instances"][0]["workers"]["0"] == s["instances"][0]["workers"]["2"] == 128 + signal.SIGTERM
+    ended = [code for st in s["instances"] for lr, code in st["workers"].items() if (st["index"], lr) != (0, "1")]
+    assert ended == [128 + signal.SIGTERM] * (5 if joined else 2)
+    assert s.get("joins", {}).get("joined") == (1 if joined else None)
 
 
 def test_signal_exit_code_is_128_plus_signal(tmp_path):

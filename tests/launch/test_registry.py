@@ -79,8 +79,10 @@ def test_capabilities_of_each_transport():
     assert [k.name for k in TRANSPORTS.values() if k.ssh_per_host] == ["ssh"] == \
         [k.name for k in TRANSPORTS.values() if k.env_stdin]
     assert [k.name for k in TRANSPORTS.values() if k.per_instance] == ["local", "ssh"]      # warm, elastic
-    assert mpirun.merged and srun.merged and poprun.merged and not (local.merged or ssh.merged)
+    assert mpirun.merged and poprun.merged and not (local.merged or ssh.merged or srun.merged)
     assert mpirun.agent_per_worker and srun.passes_env and not poprun.agent_store and poprun.engine_only
+    # agents that join over TCP: srun's, and the copies of one podrun per node (chosen by podrun, never --transport)
+    assert [k.name for k in TRANSPORTS.values() if k.joined] == ["srun", "join"] and transport_of("join").engine_only
 
 
 def test_the_registry_and_help_import_no_transport_code():

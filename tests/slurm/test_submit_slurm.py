@@ -42,6 +42,8 @@ def test_submit_three_nodes_srun_allreduce(slurm_cluster, tmp_path):
     res = sorted(results(job_output(run_dir, "out")), key=lambda r: r["rank"])
     assert [r["host"] for r in res] == sl.nodes[:3], job_output(run_dir, "out") + job_output(run_dir, "err")
     assert_allreduce_job_done(run_dir, res, "srun", podrun(sl, ["status", str(run_dir), "--json"], cwd=tmp_path))
+    joins = json.loads((run_dir / "summary.json").read_text())["joins"]   # srun's agents joined over TCP
+    assert (joins["joined"], joins["expected"], joins["refused"]) == (3, 3, {}), joins
 
 
 @pytest.mark.timeout(120)
@@ -147,6 +149,31 @@ def test_srun_transport_keeps_env_values_off_every_command_line(slurm_cluster, t
         watch.stop()
     assert info["ExitCode"] == "0:0", out.read_text()
     assert_env_off_argv(watch, secrets, saw)
+
+
+@pytest.mark.timeout(150)
+def test_srun_podrun_launch_runs_one_podrun_per_node_as_one_run(slurm_cluster, tmp_path):
+    """`srun --ntasks-per-node=1 podrun launch ...` in a 2-node job (the key from the job's environment): copy 0 is
+    the controller, copy 1 joins it as node2's agent; the all_reduce spans both nodes, with one summary.json and one
+    run directory; the batch step's own podrun-free shell is no copy."""
+    import secrets
+
+    sl = slurm_cluster
+    out = tmp_path / "job.out"
+    launch = [*PODRUN, "launch", "--devices-per-host", "1", "--runs-dir", str(tmp_path / "runs"), "--",
+              sys.executable, ALLREDUCE]
+    job = sl.sbatch(["-N2", f"--output={out}", f"--chdir={tmp_path}", "--wrap",
+                     "srun --ntasks-per-node=1 " + shlex.join(launch)], env={"PODRUN_JOIN_KEY": secrets.token_hex(32)})
+    info = sl.wait_job(job, timeout=120)
+    text = out.read_text()
+    assert info["ExitCode"] == "0:0", text
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert run_dir.name == f"srun-{job}.0"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["transport"] == "join" and summary["exit_code"] == 0, summary
+    assert [i["host"] for i in summary["instances"]] == sl.nodes[:2] and summary["joins"]["joined"] == 1
+    res = sorted(results(text), key=lambda r: r["rank"])
+    assert [(r["rank"], r["sum"], r["world"]) for r in res] == [(0, 3.0, 2), (1, 3.0, 2)], text
 
 
 @pytest.mark.timeout(60)

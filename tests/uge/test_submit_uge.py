@@ -79,7 +79,7 @@ def test_submit_over_mpirun_starts_every_host_through_grid_engine(uge_cluster, t
     with the job's `qrsh -inherit` (tight integration), so Grid Engine accounts a task of the job on each of them
     beside the master task (no ssh reaches the hosts: the job has no ssh config). The gloo all_reduce runs across
     the 3 hosts, rank 0 on the job's first host, and the mpirun used is the one beside the interpreter (the job's
-    PATH is bare)."""
+    PATH is bare). Each host's agent joined the controller over TCP."""
     ge = uge_cluster
     p = podrun(ge, submit_args(ge, tmp_path, "--wait", "--", sys.executable, ALLREDUCE, transport="mpirun"), tmp_path)
     run_dir = only_run_dir(tmp_path / "runs")
@@ -94,6 +94,8 @@ def test_submit_over_mpirun_starts_every_host_through_grid_engine(uge_cluster, t
     assert sorted(r["hostname"] for r in records) == ge.nodes and master, records
     assert all(r["exit_status"] == "0" for r in records), records
     assert_allreduce_job_done(run_dir, res, "mpirun", podrun(ge, ["status", str(run_dir), "--json"], tmp_path))
+    joins = json.loads((run_dir / "summary.json").read_text())["joins"]   # one agent a host, joined over TCP
+    assert (joins["joined"], joins["refused"]) == (3, {}), joins
 
 
 @pytest.mark.timeout(180)

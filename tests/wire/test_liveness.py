@@ -169,16 +169,18 @@ def test_dry_run_of_64_hosts_gives_every_agent_the_longer_period():
 
 
 def test_under_mpirun_every_workers_agent_counts_as_a_heartbeat_sender():
-    """--transport mpirun runs an agent per worker (an MPI rank each), and each sends heartbeats: 16 hosts x 4
-    workers are 64 senders, the period of 64 hosts (2 s), not of 16; over ssh one agent a host keeps 0.5 s."""
+    """--transport mpirun --mpi-ranks runs an agent per worker (an MPI rank each), and each sends heartbeats: 16
+    hosts x 4 workers are 64 senders, the period of 64 hosts (2 s), not of 16; over ssh, and under mpirun's agents
+    that join (one a host), 0.5 s."""
     hosts = ",".join(f"n{i}" for i in range(16))
     base = [*PODRUN, "launch", "--hosts", hosts, "--devices-per-host", "4", "--dry-run",
             "--json"]
     got = {}
-    for transport in ("mpirun", "ssh"):
-        cp = subprocess.run([*base, "--transport", transport, "--", "true"], capture_output=True, text=True,
+    for transport in ("mpirun --mpi-ranks", "mpirun", "ssh"):
+        cp = subprocess.run([*base, "--transport", *transport.split(), "--", "true"], capture_output=True, text=True,
                             timeout=60)
         assert cp.returncode == 0, cp.stderr
         got[transport] = json.loads(cp.stdout)["heartbeat"]
-    assert got == {"mpirun": {"period_s": 2.0, "misses": 4, "bound_s": 8.0},
+    assert got == {"mpirun --mpi-ranks": {"period_s": 2.0, "misses": 4, "bound_s": 8.0},
+                   "mpirun": {"period_s": 0.5, "misses": 4, "bound_s": 2.0},
                    "ssh": {"period_s": 0.5, "misses": 4, "bound_s": 2.0}}

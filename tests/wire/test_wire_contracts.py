@@ -29,7 +29,8 @@ _ARGS = st.builds(AgentArgs, _ATTEMPT, st.integers(0, 10 ** 4) | st.sampled_from
                   grace=_SECONDS, heartbeat=_SECONDS, stdin_timeout=st.none() | _SECONDS, agent_store=st.booleans(),
                   listen_fd=_FD, warm=st.booleans(), hold=st.booleans(),
                   needs=st.lists(st.from_regex(r"[a-z_][a-z0-9_.]{0,12}", fullmatch=True), max_size=4).map(tuple),
-                  env_stdin=st.booleans(), worker_stdin_fd=_FD, cpu_bind=_CPU_BIND)
+                  env_stdin=st.booleans(), worker_stdin_fd=_FD, cpu_bind=_CPU_BIND,
+                  join=st.none() | _WORD, join_fd=_FD)
 
 
 @given(_ARGS)
@@ -57,6 +58,22 @@ _MESSAGES = (st.builds(protocol.Ready, _WORD, st.integers(0, 1 << 22), st.intege
              | st.builds(protocol.Stacks, st.lists(st.fixed_dictionaries(
                  {"pid": st.integers(1, 1 << 22), "main": st.integers(0, 1 << 48), "text": st.text(max_size=40)}),
                  max_size=3).map(tuple), st.none() | _WORD, st.booleans(), st.none() | _SHORT, st.none() | _STAMP))
+_JOINS = (st.builds(protocol.JoinChallenge, st.integers(0, 99), _WORD)
+          | st.builds(protocol.Join, _WORD, st.integers(0, 1 << 20), _WORD, st.integers(1, 1 << 22), _WORD,
+                      st.booleans())
+          | st.builds(protocol.JoinArgs, _COMMAND, _TEXT)
+          | st.builds(protocol.JoinReply, st.booleans(), st.from_regex(r"([a-z0-9.:()-]+( [a-z0-9.:()-]+)*)?",
+                                                                       fullmatch=True)))
+
+
+@given(_JOINS)
+def test_each_join_message_reads_back_as_written(message):
+    """The hand-shake of an agent that joins (podrun.wire.join): its own lines, read back as written."""
+    message = message if not isinstance(message, protocol.JoinReply) or not message.accepted \
+        else protocol.JoinReply(True)
+    line = protocol.join_line(message)
+    assert line.endswith(b"\n") and protocol.read_join_line(line, type(message)) == message
+    assert protocol.read_join_line(line, protocol.Heartbeat) is None
 
 
 @given(_MESSAGES)

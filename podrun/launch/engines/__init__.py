@@ -22,6 +22,8 @@ class EngineKind:
     transport: str | None = None
     #: "module:function" that raises a LaunchError when the engine cannot run from here (before a real run)
     check: str | None = None
+    #: its workers are the ranks of one MPI world: under mpirun one agent per worker (--mpi-ranks always)
+    mpi_ranks: bool = False
 
     def require(self) -> None:
         """Run the engine's check (nothing for an engine without one)."""
@@ -35,7 +37,7 @@ ENGINES: dict[str, EngineKind] = {k.name: k for k in (
     EngineKind("poprun", "Graphcore poprun starts the instances on an IPU-POD (popdist env); needs poprun on PATH",
                transport="poprun"),
     EngineKind("horovod", "mpirun starts one rank per worker for Horovod scripts; needs horovod importable",
-               transport="mpirun", check="podrun.launch.engines.horovod:require_horovod"),
+               transport="mpirun", check="podrun.launch.engines.horovod:require_horovod", mpi_ranks=True),
 )}
 
 

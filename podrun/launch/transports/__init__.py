@@ -35,8 +35,11 @@ class TransportKind:
     per_instance: bool = True
     #: the launcher passes the environment it runs in to every host (srun's --export=ALL)
     passes_env: bool = False
-    #: chosen by its engine (--engine), never by --transport
+    #: chosen by its engine (--engine) or by podrun itself (copy 0 of one podrun per node), never by --transport
     engine_only: bool = False
+    #: its agents join the controller over TCP with the run's key (podrun.launch.transports.join): one handle per
+    #: instance, the controller's tokens over each connection
+    joined: bool = False
 
     def load(self):
         """What makes this transport from a request (imported now): its class, or for ssh the function that picks
@@ -59,10 +62,12 @@ TRANSPORTS: dict[str, TransportKind] = {k.name: k for k in (
     TransportKind("ssh", "podrun.launch.transports.openssh:ssh_transport", ssh_per_host=True, env_stdin=True),
     TransportKind("mpirun", "podrun.launch.transports.mpirun:MpirunTransport", merged=True, agent_per_worker=True,
                   per_instance=False),
-    TransportKind("srun", "podrun.launch.transports.srun:SrunTransport", merged=True, per_instance=False,
-                  passes_env=True),
+    TransportKind("srun", "podrun.launch.transports.srun:SrunTransport", per_instance=False, passes_env=True,
+                  joined=True),
     TransportKind("poprun", "podrun.launch.engines.poprun:PoprunTransport", merged=True, agent_store=False,
                   per_instance=False, engine_only=True),
+    TransportKind("join", "podrun.launch.transports.join:ListenTransport", per_instance=False, engine_only=True,
+                  joined=True),
 )}
 
 

@@ -67,6 +67,8 @@ class InstanceHandle(ABC):
     label: str = "?"
     #: the instance indices whose protocol lines this handle carries
     instances: tuple[int, ...] = ()
+    #: why it ended before its agent reported, when the handle knows (an agent that never joined)
+    lost_why: str | None = None
 
     @abstractmethod
     def lines(self) -> Iterator[tuple[str, str]]:
@@ -202,6 +204,10 @@ class Transport(ABC):
     def release(self, handles: list[InstanceHandle]) -> None:
         """Let agents held by the preflight start their workers: called once the controller reads every handle
         and sends heartbeats. Nothing is held by default."""
+
+    def joins(self) -> dict | None:
+        """summary.json's ``joins`` for a transport whose agents join (podrun.launch.transports.join), else None."""
+        return None
 
     def close(self) -> None:
         """Release connections. Safe to call more than once."""

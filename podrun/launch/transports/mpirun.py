@@ -25,8 +25,10 @@ import podrun
 from podrun import safefs
 from podrun.errors import LaunchError
 from podrun.launch.transports.base import InstanceHandle, Problem, StreamMerger, Transport
+from podrun.launch.transports.join import JoiningLauncher
 from podrun.launch.transports.ssh_common import PROBE_TIMEOUT, read_ssh_config, thread_pool
 from podrun.wire import protocol
+from podrun.wire.join import KEY_ENV
 from podrun.wire.proctl import signal_group
 from podrun.wire.worker_env import workers_per_instance
 
@@ -160,10 +162,12 @@ def hosts_and_ranks(request) -> tuple[list[str], int]:
     return hosts, k
 
 
-def agent_shell(request, redact: bool = False, per_worker: bool = False) -> list[str]:
+def agent_shell(request, redact: bool = False, per_worker: bool = False, join: str | None = None) -> list[str]:
     """The per-rank command: a shell that cds to the workdir and execs the agent (--index-from-env;
-    with ``per_worker`` --rank-from-env: the rank is one worker)."""
-    return ["/bin/sh", "-c", request.shell_command(None, stdin_watch=False, redact=redact, per_worker=per_worker)]
+    with ``per_worker`` --rank-from-env: the rank is one worker); ``join``: the agent joins the controller there
+    and hears it over that connection (podrun.wire.join), else it watches no stdin."""
+    return ["/bin/sh", "-c", request.shell_command(None, stdin_watch=join is not None, redact=redact,
+                                                   per_worker=per_worker, join=join)]
 
 
 class ProcessHandle(InstanceHandle):
@@ -275,11 +279,18 @@ class LauncherTransport(Transport):
                               **kw)]
 
 
-class MpirunTransport(LauncherTransport):
-    """One mpirun for the whole run: rank r (OMPI_COMM_WORLD_RANK / PMI_RANK) is the agent of the worker
-    of global rank r (``--rank-from-env``), so every worker is a rank of one MPI world."""
+class MpirunTransport(JoiningLauncher, LauncherTransport):
+    """One mpirun for the whole run. With ``request.mpi_ranks`` rank r (OMPI_COMM_WORLD_RANK / PMI_RANK) is the
+    agent of the worker of global rank r (``--rank-from-env``), so every worker is a rank of one MPI world, and
+    their lines are mpirun's merged output; else rank i is instance i's agent (``--index-from-env``, ``--map-by
+    ppr:<instances per host>:node``), which joins this controller (podrun.launch.transports.join) with the key in
+    mpirun's environment (``-x PODRUN_JOIN_KEY``) and starts the instance's workers."""
 
     name = "mpirun"
+
+    @property
+    def merged(self) -> bool:
+        return self.request.mpi_ranks
 
     def __init__(self, request):
         super().__init__(request)
@@ -319,12 +330,16 @@ class MpirunTransport(LauncherTransport):
         safefs.write_file(path, text, "ssh config of the run", error=LaunchError, durable=False)
         return path
 
-    def argv(self, redact: bool = False) -> list[str]:
+    def argv(self, redact: bool = False, join: str | None = None) -> list[str]:
+        """mpirun's command line; ``join``: the address the agents join (else the one --dry-run shows)."""
         hosts, k = hosts_and_ranks(self.request)
         names = self.request.env_names()
-        return mpirun_command(hosts, k * workers_per_instance(self.request.plan),
-                              agent_shell(self.request, redact, per_worker=True), env_names=names,
-                              options=self.options(), flavour=self._flavour)
+        if self.request.mpi_ranks:
+            return mpirun_command(hosts, k * workers_per_instance(self.request.plan),
+                                  agent_shell(self.request, redact, per_worker=True), env_names=names,
+                                  options=self.options(), flavour=self._flavour)
+        return mpirun_command(hosts, k, agent_shell(self.request, redact, join=join or self.join_address()),
+                              env_names=[*names, KEY_ENV], options=self.options(), flavour=self._flavour)
 
     def preflight(self) -> list[Problem]:
         try:
@@ -352,6 +367,8 @@ class MpirunTransport(LauncherTransport):
             ssh_args=("-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(connect)}")), timeout=connect + PROBE_TIMEOUT)
 
     def start(self) -> list[InstanceHandle]:
+        if not self.request.mpi_ranks:
+            return self.launch_joined(lambda address: self.argv(join=address), run_dir=self.request.run_dir)
         return self._launch(self.argv(), local_ranks=tuple(range(workers_per_instance(self.request.plan))),
                             run_dir=self.request.run_dir)
 

@@ -1,4 +1,4 @@
-"""The srun transport: inside a Slurm allocation, one srun job step whose task i is instance agent i."""
+"""The srun transport: inside a Slurm allocation, one srun job step whose task i is instance agent i, which joins."""
 from __future__ import annotations
 
 import os
@@ -6,6 +6,7 @@ import subprocess
 
 from podrun.errors import HostError
 from podrun.launch.transports.base import InstanceHandle, Problem
+from podrun.launch.transports.join import JoiningLauncher
 from podrun.launch.transports.mpirun import LauncherTransport, agent_shell, hosts_and_ranks
 
 # a job step inherits the batch step's SLURM_* (ntasks=1 ...): what would contradict this step's own is dropped
@@ -35,9 +36,11 @@ def step_cpus(env, per_node: int) -> int | None:
     return None
 
 
-def srun_command(request, *, srun: str = "srun", redact: bool = False, env=None) -> list[str]:
+def srun_command(request, *, srun: str = "srun", redact: bool = False, env=None, join: str | None = None
+                 ) -> list[str]:
     """`srun -N <hosts> --ntasks-per-node=<k> --kill-on-bad-exit=1 ... sh -c '<agent>'` (pure but for ``env``,
-    the job's variables: os.environ when None).
+    the job's variables: os.environ when None); ``join``: the address the agents join (--join), the run's key in
+    the environment srun passes on (--export=ALL).
 
     ``--nodelist`` pins the plan's hosts in instance order; ``--distribution=block`` makes task i
     (SLURM_PROCID) run on host i // k, as the plan placed instance i; ``--cpus-per-task`` gives each task its
@@ -50,16 +53,17 @@ def srun_command(request, *, srun: str = "srun", redact: bool = False, env=None)
             "--kill-on-bad-exit=1", "--distribution=block", f"--nodelist={','.join(hosts)}",
             f"--job-name=podrun-{request.run_id}", "--export=ALL", "--unbuffered",
             f"--chdir={request.workdir}"]
-    return argv + agent_shell(request, redact)
+    return argv + agent_shell(request, redact, join=join)
 
 
-class SrunTransport(LauncherTransport):
-    """Start the instance agents as the tasks of one srun step (needs SLURM_JOB_ID in the env)."""
+class SrunTransport(JoiningLauncher, LauncherTransport):
+    """Start the instance agents as the tasks of one srun step (needs SLURM_JOB_ID in the env); each joins this
+    controller over TCP (podrun.launch.transports.join)."""
 
     name = "srun"
 
     def argv(self, redact: bool = False) -> list[str]:
-        return srun_command(self.request, redact=redact)
+        return srun_command(self.request, redact=redact, join=self.join_address())
 
     def check_allocation(self, env=None) -> None:
         """HostError (exit 2) when not in an allocation or the plan needs hosts it does not have."""
@@ -99,4 +103,5 @@ class SrunTransport(LauncherTransport):
 
     def start(self) -> list[InstanceHandle]:
         self.check_allocation()
-        return self._launch(self.argv(), drop=STEP_VARS, run_dir=self.request.run_dir, on_kill=self._cancel_step)
+        return self.launch_joined(lambda address: srun_command(self.request, join=address), drop=STEP_VARS,
+                                  run_dir=self.request.run_dir, on_kill=self._cancel_step)

@@ -1,0 +1,355 @@
+"""The controller's join listener: agents started by a launcher (srun) connect, prove the run's key, and become handles.
+
+``JoinServer`` listens on a TCP port (all interfaces; the address the agents are given is ``address``), and for
+each connection runs the hand-shake (podrun.wire.join): it refuses, in one line each and counted by reason, an agent
+that fails the key, names another run, an instance this run does not have, or one that has joined already. An agent
+it accepts becomes its instance's ``JoinedHandle``: the connection carries the agent's protocol lines (read by the
+line hub, as a pipe is) and the controller's tokens (heartbeats, ``S``, the stops), so that supervision is what it is
+for an agent the controller started. An instance that has not joined within the join window ends as a lost host,
+named, and so do the instances still missing when the launcher that should start them has ended.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import secrets
+import signal
+import socket
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import replace
+
+from podrun.launch.transports.base import InstanceHandle, Problem, StreamMerger, Transport
+from podrun.wire import join as wire_join, protocol
+
+#: summary.json's ``joins.refused`` keys: why a connection was refused
+REFUSALS = ("wrong-key", "other-run", "no-such-instance", "joined-already", "malformed")
+
+
+class JoinedHandle(InstanceHandle):
+    """One instance whose agent joins over TCP: no lines until it joins; then its connection's lines; its end is
+    the connection's (an agent that ends writes ``done`` first: ``poll`` is its code, else None, a lost host)."""
+
+    def __init__(self, index: int, host: str):
+        self.label = host
+        self.instances = (index,)
+        self.sock: socket.socket | None = None
+        self.joined_from: str | None = None        # the agent's own "host pid", once joined
+        self.lost_why: str | None = None           # why it ended before it joined (the window, the launcher)
+        self._lock = threading.Lock()
+        self._merger: StreamMerger | None = None
+        self._callback = None
+        self._code: int | None = None
+        self._ended = threading.Event()
+        self._claimed = False                      # an agent passed the hand-shake for it: no other may
+
+    # -- the join ---------------------------------------------------------------------------------
+    def attach(self, sock: socket.socket, joined_from: str) -> None:
+        """The agent joined on ``sock``: its lines are read from now on."""
+        with self._lock:
+            self.sock, self.joined_from = sock, joined_from
+            self._merger = StreamMerger(io.FileIO(os.dup(sock.fileno()), "r"), None)
+            if self._callback is not None:
+                self._merger.push(self._callback)
+
+    def give_up(self, why: str) -> bool:
+        """End this instance's stream now, unjoined, with ``why`` as its one line; False when it had joined."""
+        with self._lock:
+            if self._claimed or self._ended.is_set():
+                return False
+            self.lost_why = why
+            self._ended.set()
+            callback = self._callback
+        if callback is not None:
+            callback("err", f"podrun: {why}")
+            callback(None, None)
+        return True
+
+    # -- InstanceHandle --------------------------------------------------------------------------
+    def _watch(self, callback):
+        def take(stream, line):
+            if line is not None and line.startswith(protocol.PREFIX):
+                ev = protocol.parse(line, stream)
+                if ev.kind == "done":
+                    done = protocol.Done.read(ev.text)
+                    self._code = None if done is None else done.code
+            if stream is None:
+                self._ended.set()
+            callback(stream, line)
+        return take
+
+    def push(self, callback) -> bool:
+        with self._lock:
+            self._callback = self._watch(callback)
+            if self._merger is not None:
+                self._merger.push(self._callback)
+                return True
+            gone = self.lost_why
+        if gone is not None:             # given up before the supervisor listened
+            self._callback("err", f"podrun: {gone}")
+            self._callback(None, None)
+        return True
+
+    def lines(self):                     # push always takes the lines: nothing comes this way
+        return iter(())
+
+    def poll(self) -> int | None:
+        return self._code if self._ended.is_set() else None
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        self._ended.wait(timeout)
+        return self.poll()
+
+    def _write(self, data: bytes) -> None:
+        sock = self.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):       # a full buffer (an agent that reads no more) drops the token
+                sock.send(data, socket.MSG_DONTWAIT)
+
+    def terminate(self, sig: int = signal.SIGTERM) -> None:
+        super().terminate(sig)
+        self.give_up("ended before its agent joined")
+
+    def kill(self) -> None:
+        """Close the connection: the agent sees its controller gone and ends its workers."""
+        self.give_up("ended before its agent joined")
+        sock = self.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.kill()
+        if self._merger is not None:
+            self._merger.close()
+        if self.sock is not None:
+            self.sock.close()
+
+
+class JoinServer:
+    """The listening socket and its accepting thread; ``handles`` has one JoinedHandle per expected instance."""
+
+    def __init__(self, run_id: str, key: str, instances: dict[int, str], *, advertise: str, port: int = 0,
+                 window: float = 60.0, args_for=None):
+        """``args_for(instance)``: the JoinArgs a copy of `podrun launch` that joins as ``instance`` becomes
+        (podrun.launch.copies); None: this run takes no copies, only agents started with their arguments."""
+        self.run_id, self.key, self.window, self.args_for = run_id, key, window, args_for
+        self.handles = {i: JoinedHandle(i, host) for i, host in instances.items()}
+        self.refused: Counter = Counter()
+        self.refusal_lines: list[str] = []          # one line each, for the instance logs' reader and tests
+        self.joined = 0
+        self.serial_cpu_s = 0.0                      # the hand-shakes' CPU, of those that succeeded
+        self._count = threading.Lock()
+        self._closed = threading.Event()
+        self.sock = socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True, backlog=1024) \
+            if socket.has_dualstack_ipv6() else socket.create_server(("", port), backlog=1024)
+        self.port = self.sock.getsockname()[1]
+        self.address = wire_join.format_address(advertise, self.port)
+        self.started = time.monotonic()
+        threading.Thread(target=self._accept, daemon=True).start()
+        threading.Thread(target=self._window, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                conn, peer = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handshake, args=(conn, peer[0]), daemon=True).start()
+
+    def _refuse(self, conn: socket.socket, peer: str, reason: str, why: str) -> None:
+        line = f"refused a join from {peer}: {why}"
+        with self._count:
+            self.refused[reason] += 1
+            self.refusal_lines.append(line)
+        with contextlib.suppress(OSError, ValueError):     # the console's, as the supervisor's notices
+            sys.stderr.write(f"podrun: {line}\n")
+        with contextlib.suppress(OSError):
+            conn.sendall(protocol.join_line(protocol.JoinReply(False, why)))
+        conn.close()
+
+    def _handshake(self, conn: socket.socket, peer: str) -> None:
+        cpu0 = time.thread_time()
+        nonce = secrets.token_hex(16)
+        try:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.sendall(protocol.join_line(protocol.JoinChallenge(protocol.JOIN_VERSION, nonce)))
+            line = wire_join.read_line(conn, time.monotonic() + wire_join.HANDSHAKE_S)
+        except OSError:
+            conn.close()
+            return
+        msg = protocol.read_join_line(line, protocol.Join)
+        if msg is None:
+            return self._refuse(conn, peer, "malformed", "no join message within the hand-shake's "
+                                f"{wire_join.HANDSHAKE_S:g} s")
+        who = f"{msg.hostname} (pid {msg.pid}, {peer})"
+        if not wire_join.proof_ok(self.key, nonce, msg):
+            return self._refuse(conn, peer, "wrong-key", f"{who}: the proof does not match this run's key "
+                                f"({wire_join.KEY_ENV})")
+        if msg.run_id != self.run_id:
+            return self._refuse(conn, peer, "other-run", f"{who} joins run {msg.run_id}, this is run {self.run_id}")
+        handle = self.handles.get(msg.instance)
+        if handle is None:
+            return self._refuse(conn, peer, "no-such-instance", f"{who} joins as instance {msg.instance}; this run "
+                                f"has instances 0-{len(self.handles) - 1}")
+        with handle._lock:
+            taken = handle._claimed or handle.lost_why is not None
+            handle._claimed = True              # a second join for it is refused from now on
+        if taken:
+            first = handle.joined_from or "none: its join window had ended"
+            return self._refuse(conn, peer, "joined-already", f"{who} joins as instance {msg.instance}, which "
+                                f"has joined already (from {first})")
+        if msg.copy and self.args_for is None:
+            return self._refuse(conn, peer, "malformed", f"{who} is a copy of podrun launch, and this run starts "
+                                "its agents itself")
+        try:
+            conn.sendall(protocol.join_line(protocol.JoinReply(True)))
+            if msg.copy:
+                conn.sendall(protocol.join_line(self.args_for(msg.instance)))
+        except OSError:
+            pass                                  # its stream ends at once: the instance is lost, as any
+        conn.settimeout(None)
+        handle.attach(conn, f"{msg.hostname} pid {msg.pid}")
+        with self._count:
+            self.joined += 1
+            self.serial_cpu_s += time.thread_time() - cpu0
+
+    def _window(self) -> None:
+        """After the join window, every instance not joined ends, named."""
+        if self._closed.wait(self.window):
+            return
+        for h in self.handles.values():
+            h.give_up(f"instance {h.instances[0]} (host {h.label}) did not join within the join window of "
+                      f"{self.window:g} s (--join-window)")
+
+    def launcher_ended(self, name: str, code: int | None) -> None:
+        """The launcher that starts the agents has ended: the instances that have not joined never will."""
+        for h in self.handles.values():
+            h.give_up(f"instance {h.instances[0]} (host {h.label}) did not join: {name} ended "
+                      f"(exit code {code}) before its agent joined")
+
+    def record(self) -> dict:
+        """summary.json's ``joins``: how many joined, the refusals by reason, the listener's CPU per join."""
+        return {"address": self.address, "joined": self.joined, "expected": len(self.handles),
+                "refused": {r: self.refused[r] for r in REFUSALS if self.refused[r] > 0},
+                "refusals": list(self.refusal_lines[:20]),
+                "cpu_ms_per_join": round(1000 * self.serial_cpu_s / self.joined, 3) if self.joined > 0 else None}
+
+    def close(self) -> None:
+        self._closed.set()
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+class JoiningLauncher:
+    """For a transport whose agents join (its ``request`` and ``name``; a launcher's, podrun.launch.transports.mpirun.
+    LauncherTransport): the join server, started once, and the launch of the launcher with the run's key in its
+    environment (never on its command line). The key is PODRUN_JOIN_KEY when the controller's environment has one
+    (a job script's, from a private file; taken out of it), else a fresh one for this attempt."""
+
+    _server: JoinServer | None = None
+
+    def env_route(self) -> str:
+        return (f"{self.name}'s own environment, passed on to every agent; its command line carries the names at "
+                "most")
+
+    def join_address(self) -> str:
+        """What the agents are given: the server's address once it listens, else what --dry-run shows."""
+        if self._server is not None:
+            return self._server.address
+        host, port = self._join_host_port()
+        return wire_join.format_address(host, port if port is not None else 0)
+
+    def _join_host_port(self) -> tuple[str, int | None]:
+        """--join-address, else this machine's address on the route to the first host that is not this one (its
+        host name when there is none, or no route)."""
+        given = self.request.join_address
+        if given:
+            return wire_join.parse_address(given)
+        here = socket.gethostname()
+        other = next((i.host for i in self.request.instances if i.host not in (here, "localhost")), None)
+        if other is not None:
+            with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.connect((other, 9))              # no packet is sent: the kernel picks the route's source
+                return probe.getsockname()[0], None
+        return here, None
+
+    def join_server(self, first: int = 0, args_for=None) -> JoinServer:
+        """The server for the instances from ``first`` on (``args_for``: see JoinServer), started once."""
+        if self._server is None:
+            host, port = self._join_host_port()
+            given = wire_join.take_key()     # out of this process's environment: no local worker inherits it
+            key = given if wire_join.key_problem(given) is None else wire_join.new_key()
+            try:
+                self._server = JoinServer(self.request.run_id, key,
+                                          {i.index: i.host for i in self.request.instances if i.index >= first},
+                                          advertise=host, port=port or 0, window=self.request.join_window,
+                                          args_for=args_for)
+            except OSError as exc:
+                from podrun.errors import LaunchError
+
+                raise LaunchError(f"cannot listen for the agents that join on port {port or 0}: "
+                                  f"{exc.strerror or exc}", hint="pass --join-address HOST:PORT with a free port "
+                                                                  "(every copy the same)") from None
+        return self._server
+
+    def launch_joined(self, argv_of, drop: tuple[str, ...] = (), **kw) -> list[InstanceHandle]:
+        """Start the launcher (``argv_of(address)``) with the key in its environment; its handle (its own output,
+        no instance) and one JoinedHandle per instance."""
+        server = self.join_server()
+        env = {**os.environ, **dict(self.request.env), wire_join.KEY_ENV: server.key}
+        for name in drop:
+            env.pop(name, None)
+        from podrun.launch.transports.mpirun import ProcessHandle
+
+        launcher = ProcessHandle(argv_of(server.address), label=self.name, instances=(),
+                                 grace=max(self.request.grace, self.request.interrupt_grace), env=env, **kw)
+        threading.Thread(target=lambda: server.launcher_ended(self.name, launcher.proc.wait()), daemon=True).start()
+        return [launcher, *server.handles.values()]
+
+    def joins(self) -> dict | None:
+        """summary.json's ``joins`` (None before any listened)."""
+        return None if self._server is None else self._server.record()
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+
+class ListenTransport(JoiningLauncher, Transport):
+    """One podrun per node (podrun.launch.copies), as copy 0: instance 0's agent runs here as the local transport's
+    does; the other copies join at the copies' address as the agents of their instances, sent their arguments."""
+
+    name = "join"
+
+    def _here(self):
+        """The request of instance 0 alone, on this machine."""
+        return replace(self.request, transport="local", instances=self.request.instances[:1])
+
+    def _args_for(self, index: int) -> protocol.JoinArgs:
+        return protocol.JoinArgs(tuple(self.request.agent_argv(index)), self.request.workdir)
+
+    def env_route(self) -> str:
+        return "each copy's own environment (every copy has the same command line); no value travels"
+
+    def describe(self, redact: bool = False) -> list[tuple[str, str]]:
+        req = self.request
+        return [(req.instances[0].host, req.shell_command(0, redact=redact)),
+                *((i.host, f"(copy {i.index} of podrun launch joins {self.join_address()} as instance {i.index})")
+                  for i in req.instances[1:])]
+
+    def preflight(self) -> list[Problem]:
+        from podrun.launch.transports.local import LocalTransport
+
+        problem = wire_join.key_problem(os.environ.get(wire_join.KEY_ENV))
+        here = [Problem(self.request.instances[0].host, problem)] if problem is not None else []
+        return here + LocalTransport(self._here()).preflight()
+
+    def start(self) -> list[InstanceHandle]:
+        from podrun.launch.transports.local import LocalTransport
+
+        server = self.join_server(first=1, args_for=self._args_for)
+        return [*LocalTransport(self._here()).start(), *server.handles.values()]

@@ -1,0 +1,187 @@
+"""Agents that join over loopback: the hand-shake's refusals (wrong key, another run, twice, no such instance), each
+one line and counted, and an instance that never joins, named after the join window (podrun.launch.transports.join)."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from podrun.launch.transports.join import JoinServer
+from tests.launch.helpers import end
+from podrun.wire import join, protocol
+
+KEY = "k" * 32
+
+
+def _collect(handle):
+    lines, ended = [], threading.Event()
+
+    def take(stream, line):
+        if stream is None:
+            ended.set()
+        else:
+            lines.append(line)
+    handle.push(take)
+    return lines, ended
+
+
+@pytest.fixture()
+def server():
+    s = JoinServer("run-a", KEY, {0: "h0", 1: "h1", 2: "h2"}, advertise="127.0.0.1", window=1.5)
+    yield s
+    s.close()
+
+
+def test_an_agent_that_proves_the_key_joins_and_the_rest_are_refused_in_one_line_each(server):
+    lines, ended = _collect(server.handles[0])
+    conn, _ = join.join(server.address, KEY, "run-a", 0, 5.0)
+    conn.sendall((protocol.encode(0, None, "hb", "1.000") + "\n").encode())
+    conn.sendall((protocol.encode(0, None, "done", "0") + "\n").encode())
+    conn.close()
+    assert ended.wait(5) and lines == ["@podrun 0 - hb 1.000", "@podrun 0 - done 0"]
+    assert server.handles[0].wait(1) == 0
+    refusals = {  # (key, run, instance) -> the words its one line has
+        ("w" * 32, "run-a", 1): "does not match this run's key",
+        (KEY, "run-b", 1): "joins run run-b, this is run run-a",
+        (KEY, "run-a", 0): "has joined already",
+        (KEY, "run-a", 7): "has instances 0-2",
+    }
+    for (key, run, inst), words in refusals.items():
+        with pytest.raises(join.JoinError) as exc:
+            join.join(server.address, key, run, inst, 5.0)
+        assert f"refused instance {inst}" in str(exc.value) and words in str(exc.value)
+        assert "\n" not in str(exc.value) and key not in str(exc.value)
+    assert server.record()["refused"] == {"wrong-key": 1, "other-run": 1, "no-such-instance": 1, "joined-already": 1}
+    assert server.record()["joined"] == 1 and len(server.refusal_lines) == 4
+
+
+def test_an_instance_that_never_joins_is_named_after_the_window_and_a_late_one_is_refused(server):
+    lines, ended = _collect(server.handles[2])
+    assert ended.wait(10)
+    assert server.handles[2].wait(0) is None        # no done: a lost host
+    assert "instance 2 (host h2) did not join within the join window of 1.5 s" in server.handles[2].lost_why
+    assert lines == [f"podrun: {server.handles[2].lost_why}"]
+    with pytest.raises(join.JoinError, match="has joined already"):
+        join.join(server.address, KEY, "run-a", 2, 5.0)
+
+
+def test_an_agent_names_the_address_it_cannot_reach_and_a_short_key_is_no_key():
+    with pytest.raises(join.JoinError, match=r"cannot join the controller at 127.0.0.1:1 within 0.5 s"):
+        join.join("127.0.0.1:1", KEY, "r", 0, 0.5)
+    assert join.key_problem(None) == "PODRUN_JOIN_KEY is not set"
+    assert "at least 16" in join.key_problem("short") and join.key_problem(join.new_key()) is None
+    assert join.parse_address("[::1]:5") == ("::1", 5) and join.parse_address("node1") == ("node1", None)
+    with pytest.raises(ValueError):
+        join.parse_address("node1:x")
+
+
+# --- one podrun per node on this machine (podrun.launch.copies): real podrun processes --------------------------
+
+def _copies(tmp_path, *extra):
+    import secrets
+
+    from tests.launch.helpers import copies_args, marker, with_env
+    from tests.ports import free_port
+
+    m = marker()
+    worker = f"echo up $RANK key=${{PODRUN_JOIN_KEY:-none}}; sleep 1.5; echo on $RANK; sleep 60 # {m}"
+    args = ("launch", "--devices-per-host", "1", "--runs-dir", str(tmp_path / "runs"), "--master-port",
+            str(free_port()), *extra, "--", "sh", "-c", worker)
+    port, run_id = free_port(), marker()
+    return m, (lambda rank: copies_args(args, rank, 2, port, run_id)), with_env(PODRUN_JOIN_KEY=secrets.token_hex(32))
+
+
+def test_a_copy_that_never_joins_is_named_and_a_late_one_or_one_with_another_key_is_refused(tmp_path):
+    """Copy 1 of `podrun launch --nnodes 2 --node-rank R` first comes with another key (refused, counted, its one
+    line naming the address), then never: after --join-window the controller ends the run naming instance 1 (exit
+    255, as for a lost host); a copy that comes after the controller has ended names the address it cannot join."""
+    import os
+    import secrets
+
+    from tests.launch.helpers import local_pids, run_podrun, start_podrun, summary, wait_output
+
+    m, argv, env = _copies(tmp_path, "--join-window", "4")
+    ctl = start_podrun(*argv(0), env=env, merge=True)
+    try:
+        wait_output(ctl, "up 0", 30)
+        wrong = run_podrun(*argv(1), env={**env, "PODRUN_JOIN_KEY": secrets.token_hex(32)}, timeout=30)
+        assert wrong.returncode == 2 and "refused instance 1" in wrong.stderr and "run's key" in wrong.stderr
+        assert len(wrong.stderr.strip().splitlines()) == 2, wrong.stderr          # the line and its hint
+        out, _ = ctl.communicate(timeout=30)
+    finally:
+        end(ctl)
+    assert ctl.returncode == 255, out
+    assert "instance 1 (host node-rank-1) did not join within the join window of 4 s" in out
+    s = summary(tmp_path / "runs")
+    assert s["root_cause"]["kind"] == "lost" and s["root_cause"]["instance"] == 1
+    assert s["joins"]["refused"] == {"wrong-key": 1} and s["joins"]["joined"] == 0
+    late = run_podrun(*argv(1), "--join-window", "1", env=env, timeout=30)
+    assert late.returncode == 2 and "cannot join the controller at 127.0.0.1:" in late.stderr, late.stderr
+    assert local_pids(m) == [] and os.environ.get("PODRUN_JOIN_KEY") is None
+
+
+def test_the_controllers_node_lost_ends_every_joined_agents_workers_within_the_bound(tmp_path):
+    """The controller (copy 0) stops answering, as a lost node does (SIGSTOP: its connections stay open): copy 1's
+    agent hears no heartbeat for the keepalive bound and ends its workers, without waiting for TCP. No worker of
+    either copy has the run's key in its environment."""
+    import signal
+    import time
+
+    from tests.launch.helpers import local_pids, start_podrun, wait_output, wait_until
+
+    m, argv, env = _copies(tmp_path, "--keepalive", "2")
+    ctl = start_podrun(*argv(0), env=env, merge=True)
+    other = start_podrun(*argv(1), env=env, merge=True)
+    try:
+        said = wait_output(ctl, "on 1", 30)     # heartbeats went both ways (before the first, the bound is longer)
+        assert "up 0 key=none" in said and "up 1 key=none" in said, said      # no worker has the key
+        ctl.send_signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+        assert wait_until(lambda: len(local_pids(m)) <= 1, 15), local_pids(m)   # but the stopped controller
+        assert time.monotonic() - stopped < 2 + 4           # the bound, and a loaded machine's slack
+        out, _ = other.communicate(timeout=15)
+        assert "controller" in out and other.returncode != 0, out
+    finally:
+        end(ctl)
+        end(other)
+    assert wait_until(lambda: local_pids(m) == [], 15), local_pids(m)
+
+
+_STEP = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2",
+         "SLURM_STEP_NODELIST": "node[1-2]", "PODRUN_JOIN_KEY": KEY}
+
+
+@pytest.mark.parametrize("env,torchrun,expect", [
+    (_STEP, {}, ("srun", 1, 2, "node1:29400", "srun-7.0", ("node1", "node2"))),
+    ({**_STEP, "SLURM_STEP_NUM_TASKS": None}, {}, None),            # the batch script's own step: no copy
+    ({**_STEP, "SLURM_STEP_NUM_TASKS": "1"}, {}, None),             # one task: the one podrun of the run
+    ({**_STEP, "SLURM_STEP_NUM_TASKS": "4"}, {}, "one podrun per node runs one copy on each node"),
+    ({**_STEP, "PODRUN_JOIN_KEY": None}, {}, "PODRUN_JOIN_KEY is not set"),
+    ({**_STEP, "PODRUN_JOIN_KEY": "short"}, {}, "a run key needs at least 16"),
+    ({"PODRUN_JOIN_KEY": KEY}, {"node_rank": "1", "nnodes": "2", "master_addr": "h0", "run_id": "r"},
+     ("--node-rank", 1, 2, "h0:29400", "r", None)),
+    ({"PODRUN_JOIN_KEY": KEY}, {"node_rank": "1", "nnodes": "2", "master_addr": "h0", "run_id": "r",
+                                "join_address": "[::1]:5"}, ("--node-rank", 1, 2, "[::1]:5", "r", None)),
+    ({"PODRUN_JOIN_KEY": KEY}, {"node_rank": "2", "nnodes": "2", "master_addr": "h0", "run_id": "r"},
+     "takes a node rank from 0 to 1"),
+    ({"PODRUN_JOIN_KEY": KEY}, {"node_rank": "1", "nnodes": "2", "run_id": "r"}, "which --master-addr names"),
+    ({"PODRUN_JOIN_KEY": KEY}, {"node_rank": "1", "nnodes": "2", "master_addr": "h0"}, "share its run id"),
+    ({"PODRUN_JOIN_KEY": KEY}, {"node_rank": "1"}, None),            # --node-rank alone: refused later, as before
+])
+def test_a_podrun_knows_whether_it_is_one_of_several_copies(env, torchrun, expect):
+    """podrun.launch.copies.detect: a task of an srun step of several tasks, or --node-rank with --nnodes N > 1,
+    is a copy (node rank, count, where the copies meet, their run id, the step's nodes); what cannot meet is one
+    paragraph, exit 2."""
+    from podrun.errors import LaunchError
+    from podrun.launch.copies import detect
+
+    env = {k: v for k, v in env.items() if v is not None}
+    args = [torchrun.get(k) for k in ("node_rank", "nnodes", "master_addr", "run_id", "join_address")]
+    if isinstance(expect, str):
+        with pytest.raises(LaunchError, match=expect) as exc:
+            detect(env, *args)
+        assert exc.value.exit_code == 2 and KEY not in str(exc.value)
+        return
+    copy = detect(env, *args)
+    got = None if copy is None else (copy.source, copy.rank, copy.count, copy.address, copy.run_id, copy.hosts)
+    assert got == expect
