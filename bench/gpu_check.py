@@ -49,9 +49,10 @@ class Form:
     warm_steps: int             # the run's first updates, left out of its step time
 
 
-# Sized in docs/gpu-check.md: the whole call stops by 345 s (under 6 minutes, so a lent machine's 15 hold its start,
-# this call and one rerun); bench, last, has what the others left of it, up to its own limit.
-CUDA = Form(name="cuda", limits={"tests": 100, "calibrate": 100, "bench": 200}, total=345, deselect=None,
+# Sized in docs/gpu-check.md and measured on an H200 (bench/RESULTS.md): tests 72 s, calibrate 161 s (its memory
+# search and the 100-step run), bench's eager figures ~160 s; the whole call stops by 430 s (its start and the call
+# within a lent machine's 15 minutes); bench, last, has what the others left of it, up to its own limit.
+CUDA = Form(name="cuda", limits={"tests": 90, "calibrate": 175, "bench": 165}, total=430, deselect=None,
             bench_models=(("resnet50", "resnet50", 224, 256), ("vit_b16", "vit_base_patch16_224", 224, 256),
                           ("efficientnet_b4", "efficientnet_b4", 320, 64)),
             bench_counts=(10, 5, 2), bench_compiled=("resnet50", "vit_b16"), recipe="resnet50",
