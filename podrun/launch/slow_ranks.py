@@ -10,39 +10,50 @@ from podrun.wire.protocol import SPLIT_PARTS, StepSplit
 
 SLOW_FACTOR = 1.5              # a rank is slow when its busy time stays at least this times the others' median
 SLOW_CLEAR = 1.25              # ... and no longer slow once back under this (no flapping at the edge)
-SLOW_WINDOW = 10               # busy times kept per rank; the rule compares medians over them
+SLOW_WINDOW = 10               # steps of busy times kept per rank; the rule compares medians over them
+SLOW_MIN_REPORTS = 3           # and at least this many reports (a report may cover several short steps)
 SLOW_MIN_GAP_S = 0.005         # and at least this many seconds apart (timer noise on tiny steps)
 INPUT_BOUND_SHARE = 0.30      # a run is input-bound when every rank waits for input this share of its step or more
 HOST_POINTS = 240              # points kept per host over a run (past it, every other one goes and the stride doubles)
 
 
 class SlowRanks:
-    """The slow-rank watch (pure): each rank's last SLOW_WINDOW busy times (its own work per step, without the
-    wait for the others: podrun.train.busy); a rank whose median stays at least SLOW_FACTOR x the median of
-    the other ranks' medians (and SLOW_MIN_GAP_S above it) is named once, and can be named again only after
-    its median fell back under SLOW_CLEAR x. A median over SLOW_WINDOW reports ignores a few slow steps
-    (a checkpoint, a page fault, a noisy neighbour): the rank must be slow in most of its last reports.
+    """The slow-rank watch (pure): each rank's busy times (its own work per step, without the wait for the
+    others: podrun.train.busy) over its last SLOW_WINDOW steps; a rank whose median stays at least SLOW_FACTOR x
+    the median of the other ranks' medians (and SLOW_MIN_GAP_S above it) is named once, and can be named again only
+    after its median fell back under SLOW_CLEAR x. A report covers the steps since the rank's last one (a worker
+    merges steps shorter than its report interval, podrun.runtime.progress), so the window is full once its reports
+    cover SLOW_WINDOW steps, in at least SLOW_MIN_REPORTS reports: a straggler is named within about SLOW_WINDOW
+    steps however short they are. A median over the window ignores a few slow steps (a checkpoint, a page fault, a
+    noisy neighbour): the rank must be slow in most of its last reports.
     The others are every other rank that has reported, however few reports it has so far: reports from
     different hosts arrive out of step, and a rank compared only with the ranks whose windows filled first
     is compared with whichever came first (a straggler's reports come last)."""
 
     def __init__(self, window: int = SLOW_WINDOW):
         self.window = window
-        self.busy: dict[int, list[float]] = {}
+        self.busy: dict[int, list[tuple[float, int]]] = {}   # rank -> its window: (busy s, steps the report covers)
+        self.last_step: dict[int, int] = {}
         self.slow: dict[int, dict] = {}        # rank -> its record while it is slow
         self.records: list[dict] = []          # every rank named, in order (summary.json's slow_ranks)
 
     def add(self, rank: int, host: str, busy_s: float, step: int | None = None) -> dict | None:
-        """One busy time of ``rank``; the rank's new record when this makes it slow, else None."""
+        """One busy time of ``rank`` (a report at ``step``: it covers the steps since the rank's last report, one
+        when either is unknown); the rank's new record when this makes it slow, else None."""
+        last = self.last_step.get(rank)
+        covers = step - last if step is not None and last is not None and step > last else 1
+        if step is not None:
+            self.last_step[rank] = step
         xs = self.busy.setdefault(rank, [])
-        xs.append(float(busy_s))
-        del xs[:-self.window]
-        if len(xs) < self.window:
+        xs.append((float(busy_s), covers))
+        while len(xs) > 1 and sum(n for _, n in xs[1:]) >= self.window:
+            xs.pop(0)
+        if sum(n for _, n in xs) < self.window or len(xs) < min(SLOW_MIN_REPORTS, self.window):
             return None
-        others = [median(v) for r, v in self.busy.items() if r != rank]
+        others = [median(b for b, _ in v) for r, v in self.busy.items() if r != rank]
         if not others:
             return None
-        mine, rest = median(xs), median(others)
+        mine, rest = median(b for b, _ in xs), median(others)
         if rank in self.slow:
             rec = self.slow[rank]
             if mine < SLOW_CLEAR * rest:
@@ -53,7 +64,8 @@ class SlowRanks:
             return None
         if mine >= SLOW_FACTOR * rest and mine - rest >= SLOW_MIN_GAP_S:
             rec = {"rank": rank, "host": host, "busy_s": round(mine, 6), "others_median_s": round(rest, 6),
-                   "ratio": round(mine / rest, 3) if rest > 0 else None, "steps": self.window, "from_step": step,
+                   "ratio": round(mine / rest, 3) if rest > 0 else None, "steps": sum(n for _, n in xs),
+                   "reports": len(xs), "from_step": step,
                    "until_step": None}
             rec["max_ratio"] = rec["ratio"]
             self.slow[rank] = rec
@@ -67,7 +79,7 @@ def slow_rank_line(rec: dict) -> str:
     ratio = f" ({rec['ratio']:.1f}x)" if rec.get("ratio") is not None else ""
     cause = f"; the cause: {cause_text(rec)}" if rec.get("cause") in SPLIT_PARTS else ""
     return (f"rank {rec['rank']} on {rec['host']} is slow: busy {rec['busy_s']:.3g} s per step against a median of "
-            f"{rec['others_median_s']:.3g} s on the other ranks{ratio}, over its last {rec['steps']} reports{cause} "
+            f"{rec['others_median_s']:.3g} s on the other ranks{ratio}, over its last {rec['steps']} steps{cause} "
             f"(a straggler holds every rank back; a hang often starts as one)")
 
 

@@ -249,6 +249,21 @@ def test_slow_ranks_rule_names_a_steady_straggler_once_and_never_flaps_on_spikes
     assert sum(r is not None for r in again) == 1 and len(w.records) == 2
 
 
+def test_slow_ranks_window_counts_steps_when_reports_merge_them():
+    """Short steps merged into reports of 2-3 steps each: a steady straggler is named once its reports cover
+    SLOW_WINDOW steps (in SLOW_MIN_REPORTS or more), not after SLOW_WINDOW reports; its record says both."""
+    from podrun.launch.slow_ranks import SLOW_MIN_REPORTS, SLOW_WINDOW, SlowRanks
+
+    w = SlowRanks()
+    named = None
+    for step in range(3, 4 * SLOW_WINDOW, 3):                     # a report every 3 steps
+        for rank in range(3):
+            rec = w.add(rank, f"h{rank}", 0.15 if rank == 1 else 0.05, step)
+            named = named or rec
+    assert named is not None and named["rank"] == 1 and named["from_step"] <= SLOW_WINDOW + 6, named
+    assert named["steps"] >= SLOW_WINDOW and SLOW_MIN_REPORTS <= named["reports"] < SLOW_WINDOW, named
+
+
 def test_slow_ranks_ignore_tiny_gaps():
     """Busy times of microseconds: a 2x ratio inside timer noise (under SLOW_MIN_GAP_S) names nobody."""
     from podrun.launch.slow_ranks import SLOW_WINDOW, SlowRanks
