@@ -56,8 +56,9 @@ def budget_of(opts: CalibrateOptions, cluster) -> tuple[int | None, str]:
 
 
 def launch_options(opts: CalibrateOptions, recipe_path: str, budget: int | None, run_id: str):
-    """podrun launch's options for the calibration worker: the same plan options, the worker as a module."""
-    from podrun.launch.options import LaunchOptions, OutputOptions, TargetOptions, TransportOptions
+    """podrun launch's options for the calibration worker: the same plan options, the worker as a module, started
+    cold (its memory probes are child processes of their own, whose peak a zygote's shared pages would blur)."""
+    from podrun.launch.options import LaunchOptions, OutputOptions, RestartOptions, TargetOptions, TransportOptions
     from podrun.launch.request import SSHOptions
 
     args = [WORKER, "--recipe", recipe_path, "--steps", str(opts.steps)]
@@ -72,6 +73,7 @@ def launch_options(opts: CalibrateOptions, recipe_path: str, budget: int | None,
         transports=TransportOptions(transport=opts.transport, ssh=SSHOptions(config_path=opts.ssh_config),
                                     python=opts.python, master_port=opts.master_port),
         output=OutputOptions(run_id=run_id, runs_dir=opts.runs_dir),
+        restarts=RestartOptions(warm=False),
     )
 
 

@@ -198,9 +198,14 @@ def serve(path: str, idle: float, now: bool = False) -> int:
     return _Server(path, listener, lock, idle).run()
 
 
+PRELOADED_ENV: dict[str, str] = {}   # what the preload set in os.environ (torch's first use: inductor's cache dir)
+
+
 def _preload(idle_first: bool = True) -> None:
     """Import PRELOAD and warm up what torch imports on first use (at SCHED_IDLE where it may switch back, when
-    ``idle_first``: the first attempt's workers run meanwhile)."""
+    ``idle_first``: the first attempt's workers run meanwhile). The variables the imports set in this process's
+    environment are kept (PRELOADED_ENV): a forked worker gets them, as its own imports would have set them."""
+    before = dict(os.environ)
     idle_class = idle_first and _idle_class()
     for name in PRELOAD:
         try:
@@ -208,6 +213,7 @@ def _preload(idle_first: bool = True) -> None:
         except Exception as exc:  # noqa: BLE001 - a module missing here is imported by the worker itself
             print(f"podrun zygote: cannot preload {name}: {exc}", file=sys.stderr, flush=True)
     _warm_up()
+    PRELOADED_ENV.update({k: v for k, v in os.environ.items() if before.get(k) != v})
     if idle_class:
         os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))   # what the forked workers inherit
 
@@ -286,7 +292,7 @@ class _Server:
             os.close(self.lock)
             code = 1
             try:
-                code = become_worker(req, fds, self.me)
+                code = become_worker(req, fds, self.me, PRELOADED_ENV)
             except BaseException:  # noqa: BLE001 - becoming the worker failed (a missing cwd): say why
                 traceback.print_exc()
             finally:

@@ -33,14 +33,16 @@ def _stdio(unbuffered: bool) -> None:
         setattr(sys, f"__{name}__", f)
 
 
-def become_worker(req: dict, fds: list[int], zygote_pid: int) -> int:
-    """In the forked worker: become the worker, run the script; returns its exit code."""
+def become_worker(req: dict, fds: list[int], zygote_pid: int, preloaded: dict[str, str] | None = None) -> int:
+    """In the forked worker: become the worker, run the script; returns its exit code. ``preloaded``: what the
+    zygote's imports set in its environment, which the worker's own imports would have set (the request's env
+    wins)."""
     os.setsid()
     prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))   # the zygote's death ends this process
     if os.getppid() != zygote_pid:
         return 128 + int(signal.SIGKILL)
     kind, target, args, unbuffered = req["target"]
-    env = dict(req["env"], **{WARM_ENV: str(zygote_pid)})
+    env = {**(preloaded or {}), **req["env"], WARM_ENV: str(zygote_pid)}
     _take_fds(req["fds"], fds, env)
     unbuffered = unbuffered or bool(env.get("PYTHONUNBUFFERED"))
     _stdio(unbuffered)

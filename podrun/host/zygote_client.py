@@ -28,7 +28,8 @@ QUIT = struct.pack("!I", 0xFFFFFFFF)   # end now: the agent's controller is gone
 
 
 FIRST_WAIT_S = 120.0    # how long a first attempt's agent waits for the zygote it started before starting cold
-TORCH_IMPORT = re.compile(r"^[ \t]*(?:import[ \t]+torch|from[ \t]+torch[ \t.])", re.MULTILINE)
+TORCH_IMPORT = re.compile(r"^[ \t]*(?:import[ \t]+(?:[\w.]+(?:[ \t]+as[ \t]+\w+)?[ \t]*,[ \t]*)*torch\b|from[ \t]+torch\b)",
+                          re.MULTILINE)
 
 
 class WarmHost(NamedTuple):
@@ -50,7 +51,7 @@ def imports_torch(command) -> bool:
         return False
     kind, what = target[0], target[1]
     if kind == "module":
-        return what.split(".")[0] in ("podrun", "torch")
+        return f"{what}.".startswith(("podrun.", "torch."))
     if kind == "code":
         return TORCH_IMPORT.search(what) is not None
     try:

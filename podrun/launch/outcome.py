@@ -304,4 +304,4 @@ def attempt_outcome(instances: Instances, failures: Failures, signalled: int | N
         seen = [g for g in (gaps.get(s.index), s.lost_silence) if g is not None]
         s.max_gap_s = round(max(seen), 3) if seen else None
     return Outcome(code, status, root, sorted(instances.values(), key=lambda s: s.index), instances.t0, ended,
-                   max(ready) if ready and None not in ready else None, hang, slow_ranks, host_busy, joins)
+                   max(ready) if ready and None not in ready else None, hang, slow_ranks, host_busy, joins=joins)

@@ -63,7 +63,8 @@ def test_a_live_progress_line_on_a_terminal_and_the_rounded_end_line(tmp_path):
     assert rc == 0, out
     text = ANSI.sub("", out)
     assert "podrun: progress:" not in text, out
-    assert re.search(r"step [1-8]/8 \(\d+%\) · epoch [01] · loss [0-9.]+ · 1,235 img/s · [0-9.]+ s elapsed", text), out
+    assert re.search(r"step [1-8]/8 \(\d+%\) · epoch [01] · loss [0-9.]+ · 1,235 img/s · goodput \d+% · "
+                     r"[0-9.]+ s elapsed", text), out
     assert "\x1b[" in out and ("\x1b[2K" in out or "\x1b[1A" in out or "\r" in out), repr(out[-500:])
     assert "done" in text
     end = re.search(r"podrun: 8 steps in ([0-9.]+) s, 1,235 img/s, last loss 0\.125", text)
