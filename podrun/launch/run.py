@@ -324,12 +324,13 @@ def _earlier_attempts(run_dir: str) -> list[dict]:
 def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_output_from, elastic,
               record: ElasticRecord | None, watch=None, progress=None,
               earlier: list[dict] = ()) -> tuple[Outcome | None, dict]:
+    from podrun.rundir.metrics import StepLog
     from podrun.wire.worker_env import workers_per_instance
 
     attempts: list[dict] = list(earlier)
     launch_no = 1 + max((a["launch"] for a in earlier if isinstance(a.get("launch"), int)), default=-1)
     base_port = req.master_port
-    outcome, summary = None, {}
+    outcome, summary, log = None, {}, StepLog()
     while True:
         transport = make(req)
         if req.checks_hosts():
@@ -347,7 +348,7 @@ def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_
                         "attempts": attempts, **({} if record is None else {"elastic": record.to_dict()})})
                 # a re-planned attempt: hosts that fail the check (a spare that is down) go as a lost host
                 # does, and the run re-plans again without them; nothing has started
-                nxt_req = _replan(elastic, record, req, summary, outcome, req.restart_count, notice,
+                nxt_req = _replan(elastic, record, req, summary, outcome, req.restart_count, notice, log,
                                   failed=bad, problems=problems)
                 summary["elastic"] = record.to_dict()
                 _record(write_summary, notice, req.run_dir, summary)
@@ -379,13 +380,12 @@ def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_
                                            "ended": outcome.ended, "all_ready_s": outcome.all_ready_s,
                                            "failed_at": outcome.failed_at()}]
         attempts = summary["attempts"]
+        log = StepLog.read(req.run_dir)           # the runner's records so far, read once an attempt
         if elastic is not None:
-            from podrun.rundir.metrics import StepLog
-
             attempts[-1]["plan"] = layout.plan_of(req.restart_count)
-            record.recovered(req.restart_count, outcome.started, outcome.all_ready_s, StepLog.read(req.run_dir))
+            record.recovered(req.restart_count, outcome.started, outcome.all_ready_s, log)
             summary["elastic"] = record.to_dict()
-        summary["account"] = run_account(req.run_dir, attempts, launch_no)
+        summary["account"] = run_account(req.run_dir, attempts, launch_no, log)
         _record(write_summary, notice, req.run_dir, summary)
         if outcome.exit_code == 0 or outcome.status is RunStatus.INTERRUPTED or req.restart_count >= req.max_restarts:
             return outcome, summary
@@ -395,10 +395,10 @@ def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_
         port = req.master_port if req.listen_fd is not None else base_port + nxt
         cause = outcome.root_cause
         if elastic is not None:
-            nxt_req = _replan(elastic, record, req, summary, outcome, nxt, notice)
+            nxt_req = _replan(elastic, record, req, summary, outcome, nxt, notice, log)
             if nxt_req is None:
                 summary["elastic"] = record.to_dict()
-                summary["account"] = run_account(req.run_dir, attempts, launch_no)
+                summary["account"] = run_account(req.run_dir, attempts, launch_no, log)
                 _record(write_summary, notice, req.run_dir, summary)     # with the record's end
                 return outcome, summary
             req = nxt_req
@@ -419,13 +419,12 @@ def process_started() -> float:
     return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
 
 
-def run_account(run_dir: str, attempts: list[dict], launch_no: int) -> dict:
+def run_account(run_dir: str, attempts: list[dict], launch_no: int, log) -> dict:
     """summary.json's ``account`` of this launch, from podrun launch's start to now: its attempts' moments, the
-    runner's metrics, and when submitted (podrun submit's job.json) the queue: to the job's start as Slurm gives it
+    runner's metrics (``log``, a podrun.rundir.metrics.StepLog), and when submitted (podrun submit's job.json) the queue: to the job's start as Slurm gives it
     (SLURM_JOB_START_TIME), else to this launch's start."""
     from podrun.jobscript.submit import JOB_FILE
     from podrun.rundir.account import AttemptTimes, Moments, account
-    from podrun.rundir.metrics import StepLog
     from podrun.rundir.summary import read_json
 
     job = read_json(Path(run_dir) / JOB_FILE, []) or {}
@@ -436,7 +435,7 @@ def run_account(run_dir: str, attempts: list[dict], launch_no: int) -> dict:
             for a in attempts if a.get("launch") == launch_no and isinstance(a.get("started"), float)
             and isinstance(a.get("ended"), float)]
     moments = Moments(process_started(), time.time(), submitted, float(started) if started.isdigit() else None)
-    return {**account(moments, mine, StepLog.read(run_dir)).to_dict(), "until": moments.exit}
+    return {**account(moments, mine, log).to_dict(), "until": moments.exit}
 
 
 def close_account(run_dir: str, summary: dict) -> None:
@@ -456,7 +455,7 @@ def close_account(run_dir: str, summary: dict) -> None:
 
 
 def _replan(policy, record: ElasticRecord, req: LaunchRequest, summary: dict, outcome: Outcome, nxt: int,
-            notice, failed: tuple[str, ...] | None = None, problems=()) -> LaunchRequest | None:
+            notice, log, failed: tuple[str, ...] | None = None, problems=()) -> LaunchRequest | None:
     """The elastic restart step: decide the next plan into ``record``, write plan-<n>.json and plan.json, and
     return the next request (None: no plan keeps the global batch; the record says why).
 
@@ -464,10 +463,8 @@ def _replan(policy, record: ElasticRecord, req: LaunchRequest, summary: dict, ou
     (and why); they are dropped from ``req.plan`` as a lost host is, timed from the same loss.
     """
     from podrun.elastic.replan import failed_hosts
-    from podrun.rundir.metrics import StepLog
     from podrun.rundir.summary import Summary
 
-    log = StepLog.read(req.run_dir)
     if failed is None:
         failed = failed_hosts(Summary.from_dict(summary))
         lost_at = outcome.root_cause.at if outcome.root_cause is not None else outcome.ended
