@@ -369,11 +369,11 @@ class Agent(ControllerLink):
         """Report each worker that exited since the last look (its @record error first when it failed); the first
         to fail before any teardown asks every other to stop."""
         exited = []                            # every worker ended now, stamped when reaped (one pass, before
-        for lr, p in enumerate(self.procs):    # any wait for a worker's last lines delays the others' stamps)
-            if not reaped[lr] and p is not None and p.poll() is not None:
+        for lr, p in enumerate(self.procs):    # any wait for a worker's last lines delays the others' stamps; a
+            if not reaped[lr] and p is not None and p.poll() is not None:    # zygote's fork: when the zygote did)
                 reaped[lr] = True
-                exited.append((lr, p.returncode, time.time()))
-        for lr, rc, ended in exited:
+                exited.append((lr, p.returncode, getattr(p, "ended_at", None) or time.time()))
+        for lr, rc, ended in sorted(exited, key=lambda e: e[2]):     # the first to end is told first
             for t in self.readers[lr]:
                 t.join(timeout=1.0)
             if rc != 0:

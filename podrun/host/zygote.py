@@ -232,11 +232,21 @@ class _Server:
 
     def run(self) -> int:
         busy = time.monotonic()
+        # each child's exit wakes the loop at once (SIGCHLD through a wakeup pipe), so that exits are reaped and
+        # stamped in the order they happened: the first worker to fail is the run's root cause
+        wake_r, wake_w = os.pipe()
+        for fd in (wake_r, wake_w):
+            os.set_blocking(fd, False)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda signum, frame: None)
         print(f"podrun zygote {self.me}: ready on {self.path}", file=sys.stderr, flush=True)
         while True:
-            ready, _, _ = select.select([self.listener, *self.conns.values()], [], [], 0.25)
+            ready, _, _ = select.select([self.listener, wake_r, *self.conns.values()], [], [], 0.25)
             for s in ready:
-                if s is self.listener:
+                if s == wake_r:
+                    with contextlib.suppress(OSError):
+                        os.read(wake_r, 4096)
+                elif s is self.listener:
                     if self._accept():
                         return 0
                 else:
@@ -332,8 +342,8 @@ class _Server:
             c = self.kids.pop(pid, None)
             if c is not None:
                 with contextlib.suppress(OSError):
-                    c.sendall(f"exit {-os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)}\n"
-                              .encode())
+                    code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+                    c.sendall(f"exit {code} {time.time():.6f}\n".encode())     # when it was reaped: exits in order
 
     def _kill_all(self) -> None:
         for pid in self.kids:

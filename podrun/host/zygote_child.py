@@ -38,6 +38,7 @@ def become_worker(req: dict, fds: list[int], zygote_pid: int, preloaded: dict[st
     zygote's imports set in its environment, which the worker's own imports would have set (the request's env
     wins)."""
     os.setsid()
+    signal.set_wakeup_fd(-1)                       # the zygote's wake-up on its children's exits is not the worker's
     prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))   # the zygote's death ends this process
     if os.getppid() != zygote_pid:
         return 128 + int(signal.SIGKILL)

@@ -131,6 +131,7 @@ class WarmProc:
         self.conn, self.pid, self.zygote_pid = conn, pid, zygote_pid
         self.stdin = self.stdout = self.stderr = None
         self.returncode: int | None = None
+        self.ended_at: float | None = None     # when the zygote reaped it (wall clock), where it said
         self._buf = rest
         self._lock = threading.Lock()
         conn.setblocking(False)
@@ -141,9 +142,9 @@ class WarmProc:
 
     def _poll(self) -> int | None:
         while self.returncode is None:
-            m = re.search(rb"exit (-?\d+)\n", self._buf)
+            m = re.search(rb"exit (-?\d+)(?: (\d+\.\d+))?\n", self._buf)
             if m is not None:
-                self._ended(int(m[1]))
+                self._ended(int(m[1]), float(m[2]) if m[2] else None)
                 break
             try:
                 data = self.conn.recv(256)
@@ -156,8 +157,8 @@ class WarmProc:
             self._buf += data
         return self.returncode
 
-    def _ended(self, code: int) -> None:
-        self.returncode = code
+    def _ended(self, code: int, at: float | None = None) -> None:
+        self.returncode, self.ended_at = code, at
         self.conn.close()
 
     def wait(self, timeout: float | None = None) -> int:
