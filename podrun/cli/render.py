@@ -160,6 +160,7 @@ class ProgressView:
         self.rank: int | None = None
         self.first: tuple[float, int] | None = None     # (time, step) of the first report with a step
         self.trained: dict[int, float] = {}     # step -> its seconds (a step redone after a restart counts once)
+        self.trained_s = 0.0                    # their sum, kept as they come (a report must not add them all up)
         self.last: dict | None = None
         self.shown_at = -1e9
         self.shown: tuple | None = None
@@ -180,13 +181,14 @@ class ProgressView:
             self.first = (now, step)
         dt = rec.get("step_seconds")
         if isinstance(step, int) and isinstance(dt, (int, float)) and not isinstance(dt, bool) and dt >= 0:
+            self.trained_s += float(dt) - self.trained.get(step, 0.0)
             self.trained[step] = float(dt)
         merged = dict(self.last or {})
         merged.update(rec)
         if "step" in rec and "phase" not in rec:
             merged["phase"] = "train"
         self.last = merged
-        goodput = min(sum(self.trained.values()) / (now - self.t0), 1.0) if self.trained and now > self.t0 else None
+        goodput = min(self.trained_s / (now - self.t0), 1.0) if self.trained and now > self.t0 else None
         text = progress_text(merged, now - self.t0, self._rate(now, merged), goodput)
         if self.live is not None:
             if now - self.shown_at >= self.LIVE_EVERY_S or merged.get("step") == merged.get("total"):

@@ -119,11 +119,13 @@ def _replan_line(r: dict) -> str:
 def _split_lines(sp: dict | None) -> list[str]:
     """The step split's lines: measured (mean over ranks, the slowest rank), the plan's estimate, the term furthest
     off, an input-bound run."""
+    from podrun.wire.protocol import SPLIT_PARTS
+
     if sp is None:
         return []
 
     def parts(d: dict) -> str:
-        return ", ".join(f"{k} {d[k] * 1000:.1f} ms" for k in ("input", "compute", "comm", "optim"))
+        return ", ".join(f"{k} {d[k] * 1000:.1f} ms" for k in SPLIT_PARTS)
 
     slow = sp["slowest"]
     lines = [f"step split, mean of {sp['ranks']} rank(s): {parts(sp['measured'])}; slowest rank {slow['rank']} on "

@@ -421,14 +421,16 @@ def process_started() -> float:
 
 def run_account(run_dir: str, attempts: list[dict], launch_no: int, log) -> dict:
     """summary.json's ``account`` of this launch, from podrun launch's start to now: its attempts' moments, the
-    runner's metrics (``log``, a podrun.rundir.metrics.StepLog), and when submitted (podrun submit's job.json) the queue: to the job's start as Slurm gives it
-    (SLURM_JOB_START_TIME), else to this launch's start."""
-    from podrun.jobscript.submit import JOB_FILE
+    runner's metrics (``log``, a podrun.rundir.metrics.StepLog), and when submitted (podrun submit's job record)
+    the queue: to the job's start as Slurm gives it (SLURM_JOB_START_TIME), else to this launch's start."""
+    from podrun.errors import HostError
+    from podrun.jobscript.submit import JobRecord
     from podrun.rundir.account import AttemptTimes, Moments, account
-    from podrun.rundir.summary import read_json
 
-    job = read_json(Path(run_dir) / JOB_FILE, []) or {}
-    submitted = job.get("submitted_at") if isinstance(job.get("submitted_at"), (int, float)) else None
+    try:                               # a run podrun submit queued has its record; another has none
+        submitted = JobRecord.load(run_dir).submitted_at
+    except HostError:
+        submitted = None
     started = os.environ.get("SLURM_JOB_START_TIME", "")
     mine = [AttemptTimes(a["started"], a["ended"], a.get("all_ready_s"),
                          str(getattr(a.get("status"), "value", a.get("status"))), a.get("failed_at"))

@@ -119,14 +119,15 @@ def test_report_shows_the_account_as_a_table_in_json_and_as_a_bar(tmp_path):
 def test_a_submitted_runs_queue_is_from_its_submit_to_the_jobs_start(tmp_path, monkeypatch):
     """podrun launch in a job podrun submit made: job.json's submit moment to the job's start as Slurm gives it
     (SLURM_JOB_START_TIME) is queue, the job's start to podrun's own start is launch."""
-    import json
     import time
 
+    from podrun.jobscript.submit import JobRecord
     from podrun.launch.run import process_started, run_account
     from podrun.rundir.metrics import StepLog
 
     started = process_started()
-    (tmp_path / "job.json").write_text(json.dumps({"submitted_at": started - 100.0}))
+    JobRecord(run_id="r", run_dir=str(tmp_path), scheduler="slurm", job_id="7", script="job.sh",
+              submit_argv=("sbatch", "job.sh"), submitted_at=started - 100.0).save()
     monkeypatch.setenv("SLURM_JOB_START_TIME", str(int(started - 40.0)))
     now = time.time()
     acc = run_account(str(tmp_path), [{"launch": 0, "started": now, "ended": now, "all_ready_s": 0.0,
