@@ -18,10 +18,11 @@ import sys
 from dataclasses import dataclass, replace
 
 from podrun.errors import LaunchError
+from podrun.launch.torchrun_map import RDZV_DEFAULT_PORT
 from podrun.wire import join as wire_join
 
-#: the port the copies meet on when --join-address names none (torchrun's c10d rendezvous default, --rdzv-endpoint)
-JOIN_PORT = 29400
+#: the port the copies meet on when --join-address names none: torchrun's c10d rendezvous default (--rdzv-endpoint)
+JOIN_PORT = RDZV_DEFAULT_PORT
 # what srun sets in each task of a step (the batch script's own step has no SLURM_STEP_NUM_TASKS)
 SLURM_COPY_VARS = ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NODELIST", "SLURM_STEP_ID", "SLURM_JOB_ID")
 

@@ -390,16 +390,12 @@ def _nnodes(tr: TorchrunOptions) -> tuple[int, int]:
 def parse_endpoint(value: str, option: str = "--rdzv-endpoint") -> tuple[str, int]:
     """HOST[:PORT] ([V6]:PORT for IPv6) -> (host, port); no port: torchrun's 29400; port 0: a free port picked at
     the start, as torchrun's c10d rendezvous binds port 0 (``option``: as the user wrote it, for the error)."""
+    from podrun.wire.join import split_address
+
     text = value.strip()
-    if text.startswith("["):
-        host, sep, rest = text[1:].partition("]")
-        port_text = rest[1:] if rest.startswith(":") else None
-        if not sep or (rest and port_text is None):
-            raise LaunchError(f"{option} {value!r} is not HOST:PORT", hint=f"e.g. {option} [fd00::1]:29400")
-    elif text.count(":") == 1:
-        host, port_text = text.split(":")
-    else:
-        host, port_text = text, None
+    host, port_text, closed = split_address(text)
+    if not closed:
+        raise LaunchError(f"{option} {value!r} is not HOST:PORT", hint=f"e.g. {option} [fd00::1]:29400")
     if not host:
         raise LaunchError(f"{option} {value!r} names no host", hint=f"e.g. {option} node1:29400")
     if ":" in host and not text.startswith("["):

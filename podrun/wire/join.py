@@ -61,15 +61,23 @@ def proof_ok(key: str, nonce: str, join: protocol.Join) -> bool:
     return hmac.compare_digest(proof(key, nonce, join.run_id, join.instance), join.proof)
 
 
+def split_address(text: str) -> tuple[str, str | None, bool]:
+    """``HOST``, ``HOST:PORT`` or ``[IPV6]:PORT`` split (one grammar for every address podrun reads: --join-address
+    here, torchrun's --rdzv-endpoint): (host, the port's text or None, whether a bracketed host's bracket closed with
+    at most ``:PORT`` after it)."""
+    if text.startswith("["):
+        host, sep, rest = text[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else None
+        return host, port, bool(sep) and (not rest or port is not None)
+    if text.count(":") == 1:
+        host, port = text.split(":")
+        return host, port, True
+    return text, None, True
+
+
 def parse_address(text: str) -> tuple[str, int | None]:
     """``HOST``, ``HOST:PORT`` or ``[IPV6]:PORT`` -> (host, port or None); ValueError for a port that is not one."""
-    if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
-        port = rest[1:] if rest.startswith(":") else None
-    elif text.count(":") == 1:
-        host, port = text.split(":")
-    else:
-        host, port = text, None
+    host, port, _ = split_address(text)
     if port is not None and not (port.isdigit() and 0 <= int(port) <= 65535):
         raise ValueError(f"{text!r}: the port is not a number from 0 to 65535")
     if not host:

@@ -269,13 +269,12 @@ class JoiningLauncher:
         given = self.request.join_address
         if given:
             return wire_join.parse_address(given)
+        from podrun.wire.probe import route_source
+
         here = socket.gethostname()
         other = next((i.host for i in self.request.instances if i.host not in (here, "localhost")), None)
-        if other is not None:
-            with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-                probe.connect((other, 9))              # no packet is sent: the kernel picks the route's source
-                return probe.getsockname()[0], None
-        return here, None
+        source = route_source(other) if other is not None else None
+        return (source if source is not None else here), None
 
     def join_server(self, first: int = 0, args_for=None) -> JoinServer:
         """The server for the instances from ``first`` on (``args_for``: see JoinServer), started once."""
