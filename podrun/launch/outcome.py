@@ -286,10 +286,12 @@ class Failures(list):
 
 
 def attempt_outcome(instances: Instances, failures: Failures, signalled: int | None, gaps: dict[int, float],
-                    hang: dict | None, slow_ranks: list, host_busy: dict, joins: dict | None = None) -> Outcome:
+                    hang: dict | None, slow_ranks: list, host_busy: dict, step_split: dict,
+                    joins: dict | None = None) -> Outcome:
     """How the attempt ended: its root cause (Failures.root_cause), else the signal that stopped it, else the first
     instance that ended non-zero; each instance's largest silence (``gaps``, the hearing's; a lost host's silence
-    when it was declared lost, if longer); when every instance was ready."""
+    when it was declared lost, if longer); when every instance was ready; with what the live watch gathered (the
+    slow ranks, each host's busy time, each rank's step split) and the agents that joined."""
     ended = time.time()
     root = failures.root_cause(instances)
     if root is not None:
@@ -304,4 +306,5 @@ def attempt_outcome(instances: Instances, failures: Failures, signalled: int | N
         seen = [g for g in (gaps.get(s.index), s.lost_silence) if g is not None]
         s.max_gap_s = round(max(seen), 3) if seen else None
     return Outcome(code, status, root, sorted(instances.values(), key=lambda s: s.index), instances.t0, ended,
-                   max(ready) if ready and None not in ready else None, hang, slow_ranks, host_busy, joins=joins)
+                   max(ready) if ready and None not in ready else None, hang=hang, slow_ranks=slow_ranks,
+                   host_busy=host_busy, step_split=step_split, joins=joins)

@@ -378,12 +378,10 @@ class Supervisor:
 
     def _outcome(self) -> Outcome:
         """The attempt's Outcome, once every handle has ended (no reader adds to the hearing's gaps any more)."""
-        out = attempt_outcome(self.instances, self.failures, self.signalled, self.listener.hearing.gaps(),
-                              self.live.hang, [dict(r) for r in self.live.slow.records],
-                              {h: [list(p) for p in xs] for h, xs in self.live.hosts.series.items()},
-                              self.transport.joins())
-        out.step_split = self.live.splits.to_dict()
-        return out
+        return attempt_outcome(self.instances, self.failures, self.signalled, self.listener.hearing.gaps(),
+                               self.live.hang, [dict(r) for r in self.live.slow.records],
+                               {h: [list(p) for p in xs] for h, xs in self.live.hosts.series.items()},
+                               self.live.splits.to_dict(), self.transport.joins())
 
 
 def _rank_text(rank: int) -> str:
