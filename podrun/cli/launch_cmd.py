@@ -253,9 +253,11 @@ torchrun_options = stacked(
                            "exactly."),
          click.option("--spare-hosts", metavar="H,...", help="Hosts that take a lost host's place in an --elastic run."),
          click.option("--warm/--no-warm", default=True, show_default=True,
-                      help="In a run that can restart (--max-restarts > 0, --elastic) over local or ssh: a zygote per "
-                           "host, started by the first attempt, that has torch imported and forks later attempts' "
-                           "workers, so a restart skips the interpreter start and torch import (docs/elastic.md)."))
+                      help="Over local or ssh, in a run that can restart (--max-restarts > 0, --elastic) or where a "
+                           "host runs several workers of a program that imports torch: a zygote per host that has "
+                           "torch imported and forks the workers (the first attempt's too, where a host runs several; "
+                           "later attempts'), so a worker skips the interpreter start and torch import "
+                           "(docs/launch.md, docs/elastic.md)."))
 @section(HANGS, watch_options,
          click.option("--straggler-timeout", type=t.STRAGGLER, metavar="SECONDS",
                       help="Once a worker has exited 0, the others have this long to end; then they are ended and "
@@ -291,7 +293,8 @@ torchrun_options = stacked(
                            "--heartbeat-misses; alone it means 4 missed heartbeats of SECONDS/4)."),
          click.option("--join-address", metavar="HOST[:PORT]",
                       help="Where agents that join reach this controller (srun's agents; the copies of `srun podrun "
-                           "launch`): HOST (default: this machine's host name; node rank 0's for copies) and PORT "
+                           "launch`): HOST (default: this machine's address on the route to the first other host, else its "
+                           "host name; node rank 0's for copies) and PORT "
                            "(default: a free one; 29400 for copies)."),
          click.option("--join-window", type=t.JOIN_WINDOW, default=None, metavar="SECONDS",
                       help="Seconds each agent that joins has to join; then its host is lost, named (default 60)."),

@@ -79,13 +79,14 @@ class LaunchRequest:
     # what MASTER_ADDR was derived from when no --master-addr was given: "" (the host of instance 0 as written),
     # "ssh" (its HostName in the ssh config, an IP address), "data-interface" (its address there, asked at launch)
     master_derived: str = ""
-    warm: bool = False                  # agents fork restarted workers from a zygote per host (podrun.host.zygote)
+    warm: bool = False                  # agents fork workers from a zygote per host (podrun.host.zygote): restarts,
+    #                                     and a first attempt's several workers on a host
     cpu_bind: CpuBind = CpuBind()       # --cpu-bind: each agent binds its workers to their cores on its host
     # the cores of a host as the controller knows them (the cluster spec's, this machine's for a local run), so
     # that a bound run's --dry-run shows each worker's cores: (cores, NUMA domains), None when unknown
     host_cores: tuple[tuple[int, ...], ...] | None = None
-    # agents that join (podrun.wire.join): the address they are given, HOST or HOST:PORT (None: this machine's host
-    # name, a port picked at start), and how long the controller waits for each before it is lost (--join-window)
+    # agents that join (podrun.wire.join): the address they are given, HOST or HOST:PORT (None: this machine's address
+    # on the route to the first other host, else its host name; a port picked at start), and how long the controller waits for each before it is lost (--join-window)
     join_address: str | None = None
     join_window: float = FIRST_HEARTBEAT_S
     # under mpirun: one MPI rank per worker, each under an agent of its own (--mpi-ranks, the horovod engine); else
