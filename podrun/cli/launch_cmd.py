@@ -293,9 +293,9 @@ torchrun_options = stacked(
                            "--heartbeat-misses; alone it means 4 missed heartbeats of SECONDS/4)."),
          click.option("--join-address", metavar="HOST[:PORT]",
                       help="Where agents that join reach this controller (srun's agents; the copies of `srun podrun "
-                           "launch`): HOST (default: this machine's address on the route to the first other host, else its "
-                           "host name; node rank 0's for copies) and PORT "
-                           "(default: a free one; 29400 for copies)."),
+                           "launch`): HOST (default: this machine's address on the route to the first other host, "
+                           "else its host name; node rank 0's for copies) and PORT (default: a free one; 29400 for "
+                           "copies)."),
          click.option("--join-window", type=t.JOIN_WINDOW, default=None, metavar="SECONDS",
                       help="Seconds each agent that joins has to join; then its host is lost, named (default 60)."),
          click.option("--mpi-ranks", is_flag=True,

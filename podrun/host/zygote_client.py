@@ -28,8 +28,8 @@ QUIT = struct.pack("!I", 0xFFFFFFFF)   # end now: the agent's controller is gone
 
 
 FIRST_WAIT_S = 120.0    # how long a first attempt's agent waits for the zygote it started before starting cold
-TORCH_IMPORT = re.compile(r"^[ \t]*(?:import[ \t]+(?:[\w.]+(?:[ \t]+as[ \t]+\w+)?[ \t]*,[ \t]*)*torch\b|from[ \t]+torch\b)",
-                          re.MULTILINE)
+TORCH_IMPORT = re.compile(r"^[ \t]*(?:import[ \t]+(?:[\w.]+(?:[ \t]+as[ \t]+\w+)?[ \t]*,[ \t]*)*torch\b"
+                          r"|from[ \t]+torch\b)", re.MULTILINE)
 
 
 class WarmHost(NamedTuple):

@@ -86,7 +86,8 @@ class LaunchRequest:
     # that a bound run's --dry-run shows each worker's cores: (cores, NUMA domains), None when unknown
     host_cores: tuple[tuple[int, ...], ...] | None = None
     # agents that join (podrun.wire.join): the address they are given, HOST or HOST:PORT (None: this machine's address
-    # on the route to the first other host, else its host name; a port picked at start), and how long the controller waits for each before it is lost (--join-window)
+    # on the route to the first other host, else its host name; a port picked at start), and how long the controller
+    # waits for each before it is lost (--join-window)
     join_address: str | None = None
     join_window: float = FIRST_HEARTBEAT_S
     # under mpirun: one MPI rank per worker, each under an agent of its own (--mpi-ranks, the horovod engine); else

@@ -171,11 +171,12 @@ def test_podrun_stack_shows_a_warm_workers_stack(tmp_path):
 @pytest.mark.torch
 def test_several_workers_of_a_torch_program_are_forked_at_the_first_attempt(tmp_path):
     """Import once per host: a host's 2 workers of a program that imports torch (and rank 0's store host) are forked
-    by one zygote at the first attempt (no restart asked); 2 workers of a program without torch, and --no-warm, start cold and
-    start no zygote; the run's end ends the zygote."""
+    by one zygote at the first attempt (no restart asked); 2 workers of a program without torch, and --no-warm,
+    start cold and start no zygote; the run's end ends the zygote."""
     torch_code = "import torch, os; print('warm', os.environ.get('PODRUN_WARM'), flush=True)"
-    for name, code, flags in (("torch", torch_code, ()), ("plain", "import os; print('warm', "
-                              "os.environ.get('PODRUN_WARM'), flush=True)", ()), ("nowarm", torch_code, ("--no-warm",))):
+    plain_code = "import os; print('warm', os.environ.get('PODRUN_WARM'), flush=True)"
+    for name, code, flags in (("torch", torch_code, ()), ("plain", plain_code, ()),
+                              ("nowarm", torch_code, ("--no-warm",))):
         p = podrun("launch", "--devices-per-host", "2", "--runs-dir", str(tmp_path / name), *flags, "--",
                    sys.executable, "-c", code)
         assert p.returncode == 0, p.stderr
