@@ -101,7 +101,7 @@ def job_command(scheduler_help: str, json_help: str, *own):
         click.option("--cpu-bind", metavar="auto|none|LIST",
                      help="The job's podrun launch --cpu-bind: each worker bound to its share of the node's cores."),
         click.option("--transport", help="How podrun launch starts instances in the job (default: srun on Slurm, "
-                                         "ssh on PBS/UGE)."),
+                                         "mpirun on PBS and on ABCI's Grid Engine, ssh with --pe)."),
         click.option("--ssh-config",
                      help="ssh config file podrun launch uses in the job (--transport ssh; default ~/.ssh/config)."),
         click.option("--pe", help="Grid Engine parallel environment: `#$ -pe PE NODES` (one slot per host) "

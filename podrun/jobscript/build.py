@@ -158,7 +158,7 @@ def request_from_plan(plan, job: JobOptions) -> JobRequest:
                         "devices_per_node": plan.devices_per_host, "device_kind": kind,
                         "command": tuple(command), "env": env_items, "comments": plan_comments(plan),
                         "ssh_port": ABCI_SSH_PORT if ssh_per_host(transport) and abci_resource(job) else None,
-                        "launch_transport": transport})
+                        "launch_transport": transport, "agents_per_node": plan.instances_per_host})
     return validate(req)
 
 
@@ -177,7 +177,8 @@ def ssh_per_host(transport: str | None) -> bool:
 def job_transport(job: JobOptions, engine: EngineKind) -> str | None:
     """How the job's podrun launch starts its instances: --transport; else None for an engine that starts them
     itself (poprun); on ABCI's Grid Engine Open MPI's tight integration (mpirun through `qrsh -inherit`: no ssh
-    between the job's nodes); else the scheduler's (srun, ssh). A --transport beside poprun is refused (exit 2)."""
+    between the job's nodes); else the scheduler's (Slurm's srun, PBS's mpirun, ssh under a Grid Engine PE). A
+    --transport beside poprun is refused (exit 2)."""
     if engine.transport is not None and TRANSPORTS[engine.transport].engine_only:
         if job.transport is not None and job.transport != engine.transport:
             raise JobScriptError(f"--transport {job.transport}: {engine.name} starts the instances of the job itself "

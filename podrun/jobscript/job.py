@@ -20,7 +20,8 @@ class Scheduler:
 
 SCHEDULER_TABLE = {
     "slurm": Scheduler("slurm", "Slurm", "srun", ("SLURM_JOB_NODELIST", "SLURM_NODELIST")),
-    "pbs": Scheduler("pbs", "PBS Pro / OpenPBS", "ssh", ("PBS_NODEFILE",)),
+    # PBS: Open MPI's mpirun (mpiexec) starts one agent per node, which joins; Open MPI reads the job's hosts itself
+    "pbs": Scheduler("pbs", "PBS Pro / OpenPBS", "mpirun", ("PBS_NODEFILE",)),
     "uge": Scheduler("uge", "Grid Engine: Univa/Altair or Son of Grid Engine, as on ABCI", "ssh",
                      ("PE_HOSTFILE", "SGE_JOB_HOSTLIST")),
 }
@@ -159,6 +160,7 @@ class JobRequest:
     ssh_port: int | None = None         # ABCI's ssh between a job's nodes: -l USE_SSH=1, -v SSH_PORT=, that Port
     launch_transport: str | None = None  # the --transport on the command's podrun launch (None: its engine starts it)
     comments: tuple[str, ...] = ()      # '# ...' lines under the directives (plan summary)
+    agents_per_node: int = 1            # PBS's mpiprocs: the agents the launch starts on each node (one per instance)
 
     def __post_init__(self):
         for name in ("command", "modules", "directives", "comments"):
@@ -207,7 +209,7 @@ def validate(req: JobRequest) -> JobRequest:
     check_scheduler(req.scheduler)
     if req.device_kind not in DEVICE_KINDS:
         raise JobScriptError(f"unknown device kind {req.device_kind!r}", hint=f"one of: {', '.join(DEVICE_KINDS)}")
-    for name in ("nodes", "devices_per_node"):
+    for name in ("nodes", "devices_per_node", "agents_per_node"):
         v = getattr(req, name)
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise JobScriptError(f"job script {name} must be a positive integer, got {v!r}")

@@ -86,15 +86,21 @@ def _pbs(req: JobRequest) -> str:
         chunk += f":ncpus={req.cpus_per_node}"
     if req.device_kind == "gpu" and not typed:
         chunk += f":ngpus={req.devices_per_node}"
-    chunk += ":mpiprocs=1"
+    # one PBS_NODEFILE line per agent: the slots Open MPI's mpirun reads from PBS and starts one agent in each
+    chunk += f":mpiprocs={req.agents_per_node}"
     d = [f"-N {req.job_name}", "-S /bin/bash", f"-l {chunk}", "-l place=scatter"]
     d += [f"-P {req.group}"] if req.group is not None else []         # ABCI 3.0: the group charged
-    over = req.launch_transport
-    if typed and over in TRANSPORTS and TRANSPORTS[over].ssh_per_host and "-v USE_SSH=1" not in req.directives:
+    if typed and _ssh_between_nodes(req.launch_transport) and "-v USE_SSH=1" not in req.directives:
         d.append("-v USE_SSH=1")       # ABCI 3.0: ssh between a rt_HF job's own nodes is off unless asked
     d += _qsub_directives(req, "walltime", req.effective_queue, join="-j oe")
     d.append("-r n")
     return _script(req, "#PBS", d, _reads_hosts(req), cd='cd "$PBS_O_WORKDIR"')
+
+
+def _ssh_between_nodes(transport: str | None) -> bool:
+    """Whether the job's launch may reach its other nodes over ssh: a transport that holds an ssh connection per
+    host, or mpirun, whose Open MPI starts its daemons over ssh unless it was built with PBS's TM interface."""
+    return transport in TRANSPORTS and (TRANSPORTS[transport].ssh_per_host or transport == "mpirun")
 
 
 def _qsub_directives(req: JobRequest, wall: str, queue: str | None, join: str) -> list[str]:

@@ -93,14 +93,14 @@ def _launch_options(script: str):
 
 def want_transport(args, scheduler):
     """The job's podrun launch --transport: the one asked for; none for poprun (an IPU-POD); Open MPI's tight
-    integration on ABCI's Grid Engine (rt_F, no --pe); else the scheduler's own."""
+    integration on ABCI's Grid Engine (rt_F, no --pe); else the scheduler's own (PBS: Open MPI's mpirun)."""
     if "--transport" in args:
         return args[args.index("--transport") + 1]
     if "--pod" in args:
         return None
     if scheduler == "uge" and "--pe" not in args:
         return "mpirun"
-    return {"slurm": "srun", "pbs": "ssh", "uge": "ssh"}[scheduler]
+    return {"slurm": "srun", "pbs": "mpirun", "uge": "ssh"}[scheduler]
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

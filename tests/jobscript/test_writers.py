@@ -203,3 +203,16 @@ def test_cpu_bind_goes_on_the_jobs_launch_line_checked_against_the_nodes_cores(c
         assert main([*base, "--cpu-bind", bad, "--", "python", "train.py"]) == 2, bad
         out = capsys.readouterr()
         assert why in out.err and "#SBATCH" not in out.out, (bad, out)
+
+
+def test_pbs_job_starts_one_agent_per_instance_through_mpirun(capsys):
+    """PBS's job starts its instances' agents through Open MPI's mpirun, which reads the job's slots from
+    PBS_NODEFILE: the chunk asks one line (mpiprocs) per agent; on ABCI 3.0's resource types ssh between the nodes is
+    asked for (an Open MPI built without PBS's TM interface starts its daemons over ssh)."""
+    from podrun.cli.main import main
+
+    assert main(["script", "--scheduler", "pbs", "--nodes", "2", "--devices-per-host", "4", "--instances-per-host",
+                 "2", "--queue", "rt_HF", "--", "python", "t.py"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "#PBS -l select=2:mpiprocs=2" in lines and "#PBS -v USE_SSH=1" in lines
+    assert " --transport mpirun --nodes 2 --devices-per-host 4 --instances-per-host 2 -- " in _exec_line("\n".join(lines))

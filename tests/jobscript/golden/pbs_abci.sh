@@ -14,4 +14,4 @@
 
 set -euo pipefail
 cd "$PBS_O_WORKDIR"
-exec /opt/venv/bin/python3 -m podrun launch --transport ssh --cluster abci --nodes 2 --devices-per-host 4 --instances-per-host 1 --global-batch 81920 --local-batch 128 --grad-accum 80 resnet50 -- --data /scratch/imagenet
+exec /opt/venv/bin/python3 -m podrun launch --transport mpirun --cluster abci --nodes 2 --devices-per-host 4 --instances-per-host 1 --global-batch 81920 --local-batch 128 --grad-accum 80 resnet50 -- --data /scratch/imagenet

@@ -19,4 +19,4 @@ fi
 module load hpcx
 set -u
 cd "$PBS_O_WORKDIR"
-exec /opt/venv/bin/python3 -m podrun launch --transport ssh --cluster abci3 --nodes 2 --devices-per-host 8 --instances-per-host 1 --global-batch 81920 --local-batch 256 --grad-accum 20 resnet50
+exec /opt/venv/bin/python3 -m podrun launch --transport mpirun --cluster abci3 --nodes 2 --devices-per-host 8 --instances-per-host 1 --global-batch 81920 --local-batch 256 --grad-accum 20 resnet50

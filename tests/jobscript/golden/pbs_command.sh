@@ -10,4 +10,4 @@
 
 set -euo pipefail
 cd '/scratch/my run'
-exec /opt/venv/bin/python3 -m podrun launch --transport ssh --nodes 1 --devices-per-host 2 --instances-per-host 1 -- python train.py --note 'it'"'"'s $(not) run'
+exec /opt/venv/bin/python3 -m podrun launch --transport mpirun --nodes 1 --devices-per-host 2 --instances-per-host 1 -- python train.py --note 'it'"'"'s $(not) run'
