@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 
 import pytest
 
-from podrun.launch.transports.mpirun import MpiOptions, detect_flavour, find_mpirun, grid_engine_qrsh, mpirun_command
+from podrun.launch.transports.mpirun import (MpiOptions, detect_flavour, find_mpirun, grid_engine_qrsh, mpirun_command,
+                                             pbs_slot_problems, pbs_tm)
 from tests.engines.conftest import ALLREDUCE, HERE, podrun, results
 from tests.launch.helpers import run_and_watch, secret_values
 
@@ -43,10 +45,13 @@ def test_mpirun_command_mpich_shape():
     assert cmd[cmd.index("-launcher-exec") + 1] == "ssh -F /cfg"
 
 
-def test_mpirun_command_inside_grid_engine_leaves_the_launch_agent_to_open_mpi():
-    """In a Grid Engine job Open MPI starts its daemons with the job's qrsh only when no ssh agent is named: the
-    command keeps --prefix (prted's tree on the hosts) and names no plm_rsh_agent nor ssh options."""
-    cmd = mpirun_command(["h1", "h2"], 2, ["x"], options=MpiOptions(grid_engine=True, prefix="/venv", as_root=False))
+@pytest.mark.parametrize("launch", ["qrsh", "tm"])
+def test_mpirun_command_inside_grid_engine_or_pbs_leaves_the_launch_agent_to_open_mpi(launch):
+    """In a Grid Engine job Open MPI starts its daemons with the job's qrsh only when no ssh agent is named, in a PBS
+    job with TM the same: the command keeps --prefix (prted's tree on the hosts) and names no plm_rsh_agent nor ssh
+    options."""
+    cmd = mpirun_command(["h1", "h2"], 2, ["x"],
+                         options=MpiOptions(scheduler_launch=launch, prefix="/venv", as_root=False))
     assert cmd[cmd.index("--prefix") + 1] == "/venv"
     assert not [a for a in cmd if "plm_rsh" in a or "ssh" in a], cmd
 
@@ -71,13 +76,33 @@ def test_find_mpirun_takes_the_one_beside_the_interpreter_when_path_has_none(tmp
     assert find_mpirun("mpiexec", str(bindir / "python")) is None     # not there either
 
 
-def test_dry_run_inside_grid_engine_prints_the_tight_integration(tmp_path):
-    """`podrun launch --transport mpirun --dry-run` inside a Grid Engine job prints the mpirun that runs: no ssh
-    agent (Open MPI takes qrsh -inherit); with --ssh-config the user's ssh again."""
+def _fake_tm_open_mpi(bindir):
+    """A fake Open MPI (no real one here is built with PBS's TM interface): an mpirun that says its version and a
+    prte_info that lists a tm launcher, as one built with TM does."""
+    bindir.mkdir()
+    (bindir / "mpirun").write_text("#!/bin/sh\necho 'mpirun (Open MPI) 5.0.11'\n")
+    (bindir / "prte_info").write_text("#!/bin/sh\necho '  MCA plm: ssh (MCA v2.1.0)'\n"
+                                      "echo '  MCA plm: tm (MCA v2.1.0)'\n")
+    for name in ("mpirun", "prte_info"):
+        (bindir / name).chmod(0o755)
+
+
+@pytest.mark.parametrize("scheduler", ["uge", "pbs_tm_fake"])
+def test_dry_run_inside_a_scheduler_that_starts_open_mpi_prints_no_ssh_agent(scheduler, tmp_path):
+    """`podrun launch --transport mpirun --dry-run` inside a Grid Engine job, or a PBS job whose Open MPI has PBS's
+    TM interface (a fake prte_info says so: no TM here), prints the mpirun that runs: no ssh agent (Open MPI takes
+    qrsh -inherit or TM); with --ssh-config the user's ssh again."""
     _need_mpirun()
-    pe = tmp_path / "pe_hostfile"
-    pe.write_text("n1 1 all.q@n1 UNDEFINED\nn2 1 all.q@n2 UNDEFINED\n")
-    env = {"SGE_ROOT": str(tmp_path / "sge"), "ARC": "lx-amd64", "PE_HOSTFILE": str(pe), "JOB_ID": "12"}
+    env = {}
+    if scheduler == "uge":
+        pe = tmp_path / "pe_hostfile"
+        pe.write_text("n1 1 all.q@n1 UNDEFINED\nn2 1 all.q@n2 UNDEFINED\n")
+        env = {"SGE_ROOT": str(tmp_path / "sge"), "ARC": "lx-amd64", "PE_HOSTFILE": str(pe), "JOB_ID": "12"}
+    else:
+        (tmp_path / "nodefile").write_text("n1\nn2\n")
+        _fake_tm_open_mpi(tmp_path / "bin")
+        env = {"PBS_ENVIRONMENT": "PBS_BATCH", "PBS_JOBID": "12.pbs", "PBS_NODEFILE": str(tmp_path / "nodefile"),
+               "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
     args = ["launch", "--transport", "mpirun", "--devices-per-host", "1", "--dry-run", "--runs-dir",
             str(tmp_path / "runs")]
     tight = podrun([*args, "--", "python3", "-c", "1"], cwd=tmp_path, env=env)
@@ -87,6 +112,28 @@ def test_dry_run_inside_grid_engine_prints_the_tight_integration(tmp_path):
     cfg.write_text("Host *\n")
     over_ssh = podrun([*args, "--ssh-config", str(cfg), "--", "python3", "-c", "1"], cwd=tmp_path, env=env)
     assert over_ssh.returncode == 0 and "plm_rsh_agent ssh" in over_ssh.stdout, over_ssh.stdout + over_ssh.stderr
+
+
+def test_pbs_tm_asks_the_open_mpi_beside_mpirun_and_only_inside_a_pbs_job(tmp_path):
+    """TM or ssh: a PBS job's Open MPI built with TM (a fake one: none here is) starts its daemons through it; the real
+    one here (PyPI's, without TM) over ssh; outside a PBS job nothing is asked."""
+    _need_mpirun()
+    _fake_tm_open_mpi(tmp_path / "bin")
+    job = {"PBS_ENVIRONMENT": "PBS_BATCH", "PBS_JOBID": "12.pbs"}
+    assert pbs_tm(job, str(tmp_path / "bin" / "mpirun")) is True
+    assert pbs_tm(job, "mpirun") is False
+    assert pbs_tm({"PBS_JOBID": "12.pbs"}, str(tmp_path / "bin" / "mpirun")) is False
+
+
+def test_pbs_slots_below_the_ranks_per_host_are_named_before_open_mpi_refuses(tmp_path):
+    """Open MPI starts no more ranks on a PBS host than PBS_NODEFILE has lines for it: the preflight names the short
+    hosts and the mpiprocs to ask for."""
+    (tmp_path / "nodefile").write_text("n1\nn1\nn2\n")
+    job = {"PBS_ENVIRONMENT": "PBS_BATCH", "PBS_JOBID": "12.pbs", "PBS_NODEFILE": str(tmp_path / "nodefile")}
+    assert pbs_slot_problems(job, ["n1", "n2"], 1) == []
+    (short,) = pbs_slot_problems(job, ["n1", "n2", "n3"], 2)
+    assert short.host == "n2" and "n2 1 time(s), n3 0 time(s)" in short.message and "mpiprocs=2" in short.hint
+    assert pbs_slot_problems({"PBS_NODEFILE": job["PBS_NODEFILE"]}, ["n1"], 4) == []     # not a PBS job
 
 
 def test_detect_flavour_real_openmpi():

@@ -6,12 +6,15 @@ just that worker with the env contract; an instance is then the agents of its wo
 
 Inside a Grid Engine job, with no ssh config of the user's, Open MPI starts its daemons with the job's own
 ``qrsh -inherit`` (tight integration: Grid Engine starts, accounts and ends every host's share), so podrun
-names no ssh agent and probes no host over ssh.
+names no ssh agent and probes no host over ssh. Inside a PBS job Open MPI reads the job's hosts and slots from
+PBS_NODEFILE itself; one built with PBS's TM interface starts its daemons through it (the same: no ssh agent, no
+probe), another over ssh.
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -23,7 +26,7 @@ from dataclasses import dataclass
 
 import podrun
 from podrun import safefs
-from podrun.errors import LaunchError
+from podrun.errors import LaunchError, PodrunError
 from podrun.launch.transports.base import InstanceHandle, Problem, StreamMerger, Transport
 from podrun.launch.transports.join import JoiningLauncher
 from podrun.launch.transports.ssh_common import PROBE_TIMEOUT, read_ssh_config, thread_pool
@@ -46,7 +49,9 @@ class MpiOptions:
     ssh_config: str | None = None         # podrun's ssh config (-F), used as the rsh agent's args
     ssh_args: tuple[str, ...] = ()        # more ssh options (-i KEY, -o ...)
     as_root: bool | None = None           # None: os.geteuid() == 0
-    grid_engine: bool = False             # Open MPI inside a Grid Engine job: its daemons start with qrsh -inherit
+    # what starts Open MPI's daemons in the job instead of ssh: "qrsh" (Grid Engine's qrsh -inherit), "tm" (PBS's TM
+    # interface); None: ssh, with podrun's ssh options
+    scheduler_launch: str | None = None
 
 
 #: what Open MPI (PRRTE's ssh launcher) reads to start its daemons with Grid Engine's qrsh instead of ssh
@@ -59,6 +64,49 @@ def grid_engine_qrsh(env) -> str | None:
     if not all(env.get(v) for v in GRID_ENGINE_VARS):
         return None
     return os.path.join(env["SGE_ROOT"], "bin", env["ARC"], "qrsh")
+
+
+#: what Open MPI (PRRTE's pbs and tm components) reads to know it runs inside a PBS job
+PBS_VARS = ("PBS_ENVIRONMENT", "PBS_JOBID")
+
+
+def pbs_tm(env, mpirun: str) -> bool:
+    """Inside a PBS job (every one of PBS_VARS set), whether the Open MPI of ``mpirun`` starts its daemons through
+    PBS's TM interface: a ``plm: tm`` component in the listing of the first of `prte_info` (Open MPI 5) and
+    `ompi_info` (before) that answers beside it. False outside a PBS job (nothing is run) and for an Open MPI built
+    without TM, which starts its daemons over ssh."""
+    if not all(env.get(v) for v in PBS_VARS):
+        return False
+    where = os.path.dirname(shutil.which(mpirun) or mpirun)
+    for info in ("prte_info", "ompi_info"):
+        path = os.path.join(where, info)
+        try:
+            out = subprocess.run([path], capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if out.returncode == 0:
+            return re.search(r"\bplm: tm\b", out.stdout) is not None
+    return False
+
+
+def pbs_slot_problems(env, hosts: list[str], ranks_per_host: int) -> list[Problem]:
+    """Inside a PBS job Open MPI takes each host's slots from PBS_NODEFILE (a line each) and starts no more ranks
+    there than it has: a Problem naming the hosts of ``hosts`` with fewer lines than ``ranks_per_host``."""
+    if not all(env.get(v) for v in PBS_VARS) or not env.get("PBS_NODEFILE"):
+        return []
+    from podrun.specs.allocation import read_pbs_nodefile
+
+    try:
+        slots = {e.name: e.slots for e in read_pbs_nodefile(env["PBS_NODEFILE"])}
+    except PodrunError as exc:
+        return [Problem("localhost", exc.message, exc.hint or "")]
+    short = [h for h in hosts if (slots.get(h) or 0) < ranks_per_host]
+    if not short:
+        return []
+    listed = ", ".join(f"{h} {slots.get(h) or 0} time(s)" for h in short[:8]) + (" ..." if len(short) > 8 else "")
+    return [Problem(short[0], f"mpirun starts {ranks_per_host} rank(s) on each host, but PBS_NODEFILE lists {listed}",
+                    f"ask PBS for one line per rank: -l select=N:mpiprocs={ranks_per_host} (Open MPI reads its "
+                    "slots from PBS_NODEFILE)")]
 
 
 def find_mpirun(name: str, python: str) -> str | None:
@@ -100,10 +148,10 @@ def mpirun_command(hosts: list[str], ranks_per_host: int, command: list[str], *,
     """The argv that starts ``command`` ``ranks_per_host`` times on each of ``hosts`` (pure).
 
     Open MPI: ``-np N --host h:k,.. --map-by ppr:k:node``, ``--allow-run-as-root`` as root,
-    ``--prefix`` so a non-interactive ssh (or qrsh) finds prted, ``plm_rsh_agent ssh`` with podrun's ssh
-    options (none with ``options.grid_engine``: Open MPI then takes the job's qrsh itself), ``-x NAME`` per
-    exported variable. MPICH (hydra): ``-n -hosts -ppn -launcher ssh -genvlist``. ``options.mpi_args`` go
-    right before the command.
+    ``--prefix`` so a non-interactive ssh (or qrsh, or PBS's TM) finds prted, ``plm_rsh_agent ssh`` with podrun's
+    ssh options (none with ``options.scheduler_launch``: Open MPI then takes the job's qrsh or TM itself),
+    ``-x NAME`` per exported variable. MPICH (hydra): ``-n -hosts -ppn -launcher ssh -genvlist``.
+    ``options.mpi_args`` go right before the command.
     """
     if not hosts:
         raise LaunchError("mpirun needs at least one host", exit_code=2)
@@ -121,7 +169,7 @@ def mpirun_command(hosts: list[str], ranks_per_host: int, command: list[str], *,
                 "--map-by", f"ppr:{ranks_per_host}:node", "--bind-to", "none"]
         if not all_local:
             cmd += ["--prefix", options.prefix or sys.prefix]
-            if not options.grid_engine:
+            if options.scheduler_launch is None:
                 cmd += ["--mca", "plm_rsh_agent", "ssh"]
                 if rsh:
                     cmd += ["--mca", "plm_rsh_args", rsh]
@@ -295,23 +343,33 @@ class MpirunTransport(JoiningLauncher, LauncherTransport):
     def __init__(self, request):
         super().__init__(request)
         self._flavour: str | None = None
+        self._pbs_tm: bool | None = None       # asked once in a PBS job (pbs_tm)
 
     def options(self) -> MpiOptions:
         """mpirun's options from the request. Open MPI forwards plm_rsh_args to its daemons cut at
-        '=', so ssh options travel in an ssh config file (-F), never as -o NAME=VALUE. Inside a Grid Engine
-        job (Open MPI only), with no --ssh-config, the job's qrsh starts the daemons (``grid_engine``)."""
+        '=', so ssh options travel in an ssh config file (-F), never as -o NAME=VALUE. Inside a Grid Engine or a
+        PBS job the scheduler may start the daemons (``scheduler_launch``)."""
         r = self.request
-        # a job's bare PATH: the mpirun beside the interpreter
-        mpirun = "mpirun" if shutil.which("mpirun") else find_mpirun("mpirun", r.python) or "mpirun"
-        grid_engine = self._grid_engine()
-        return MpiOptions(mpirun=mpirun, mpi_args=r.mpi_args,
-                          ssh_config=None if grid_engine else self._ssh_config(), grid_engine=grid_engine,
+        launch = self._scheduler_launch()
+        return MpiOptions(mpirun=self._mpirun(), mpi_args=r.mpi_args,
+                          ssh_config=None if launch is not None else self._ssh_config(), scheduler_launch=launch,
                           prefix=_prefix_for(r.python))
 
-    def _grid_engine(self) -> bool:
-        """Open MPI in a Grid Engine job with no --ssh-config: tight integration (qrsh), not ssh."""
-        return (self.request.ssh.config_path is None and grid_engine_qrsh(os.environ) is not None
-                and (self._flavour or "openmpi") == "openmpi")
+    def _mpirun(self) -> str:
+        """mpirun on PATH, else (a job's bare PATH) the one beside the interpreter."""
+        return "mpirun" if shutil.which("mpirun") else find_mpirun("mpirun", self.request.python) or "mpirun"
+
+    def _scheduler_launch(self) -> str | None:
+        """What starts Open MPI's daemons in this job when no --ssh-config asks for ssh (Open MPI only): "qrsh" in a
+        Grid Engine job (tight integration), "tm" in a PBS job whose Open MPI has PBS's TM interface (asked once);
+        else None: ssh."""
+        if self.request.ssh.config_path is not None or (self._flavour or "openmpi") != "openmpi":
+            return None
+        if grid_engine_qrsh(os.environ) is not None:
+            return "qrsh"
+        if self._pbs_tm is None:
+            self._pbs_tm = pbs_tm(os.environ, self._mpirun())
+        return "tm" if self._pbs_tm else None
 
     def _ssh_config(self) -> str | None:
         r = self.request
@@ -344,13 +402,20 @@ class MpirunTransport(JoiningLauncher, LauncherTransport):
     def preflight(self) -> list[Problem]:
         try:
             self._flavour = detect_flavour(self.options().mpirun, self.request.python)
-            hosts_and_ranks(self.request)
+            hosts, k = hosts_and_ranks(self.request)
         except LaunchError as exc:
             return [Problem("localhost", exc.message, exc.hint or "")]
+        ranks = k * workers_per_instance(self.request.plan) if self.request.mpi_ranks else k
+        if self._flavour == "openmpi" and (short := pbs_slot_problems(os.environ, hosts, ranks)):
+            return short
         remote = [i.host for i in self.request.instances if i.host not in LOCAL_NAMES]
         if not remote:
             return []
-        if self._grid_engine():
+        launch = self._scheduler_launch()
+        if launch == "tm":
+            # PBS granted the hosts and its TM interface starts every host's share: no per-host probe over ssh
+            return []
+        if launch == "qrsh":
             # Grid Engine granted the hosts and starts every host's share itself: no per-host probe over ssh
             qrsh = grid_engine_qrsh(os.environ)
             if not os.access(qrsh, os.X_OK):
