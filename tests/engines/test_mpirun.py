@@ -167,6 +167,41 @@ def test_mpirun_transport_env_contract_and_allreduce(ssh_hosts, tmp_path):
 
 
 @pytest.mark.timeout(150)
+def test_pbs_job_script_no_pbs_server_starts_one_joined_agent_per_node_through_open_mpi(ssh_hosts, tmp_path):
+    """No PBS server can run here: the body of `podrun script --scheduler pbs` runs on the job's first node (inside
+    h1) with the variables PBS sets there (PBS_JOBID, PBS_ENVIRONMENT, PBS_NODEFILE with one line per node as
+    mpiprocs=1 asks, PBS_O_WORKDIR, PBS_NODENUM, ...). Its launch is Open MPI's mpirun, which reads the job's hosts
+    and slots from PBS_NODEFILE itself (the real PyPI Open MPI's PBS component; built without TM, it starts its
+    daemons over ssh): one agent per node, each joined to the controller over TCP; the run ends 0."""
+    _need_mpirun()
+    hosts = ssh_hosts.hosts[:3]
+    code = ("import json,os,socket; print('RESULT ' + json.dumps({'host': socket.gethostname(), "
+            "'rank': int(os.environ['RANK']), 'world': int(os.environ['WORLD_SIZE'])}))")
+    made = podrun(["script", "--scheduler", "pbs", "--nodes", "3", "--devices-per-host", "1", "--job-python",
+                   ssh_hosts.python, "--ssh-config", str(ssh_hosts.ssh_config_path), "-o", str(tmp_path / "job.sh"),
+                   "--", ssh_hosts.python, "-c", code], cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    script = (tmp_path / "job.sh").read_text()
+    assert "#PBS -l select=3:mpiprocs=1" in script and " launch --transport mpirun " in script, script
+    (tmp_path / "nodefile").write_text("".join(f"{h}\n" for h in hosts))
+    job = {"PBS_JOBID": "4242.pbs01", "PBS_ENVIRONMENT": "PBS_BATCH", "PBS_NODEFILE": str(tmp_path / "nodefile"),
+           "PBS_O_WORKDIR": str(tmp_path), "PBS_NODENUM": "0", "PBS_TASKNUM": "1", "PBS_JOBNAME": "podrun-command",
+           "PBS_QUEUE": "workq", "PBS_O_HOST": "login1"}
+    p = ssh_hosts.exec(hosts[0], ["bash", str(tmp_path / "job.sh")], env={**os.environ, **job}, cwd="/",
+                       timeout=140)
+    assert p.returncode == 0, p.stdout + p.stderr
+    res = sorted(results(p.stdout), key=lambda r: r["rank"])
+    assert [(r["host"], r["rank"], r["world"]) for r in res] == [(h, i, 3) for i, h in enumerate(hosts)], p.stdout
+    (run_dir,) = (tmp_path / "runs").iterdir()           # the run in the submit directory (PBS_O_WORKDIR)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["exit_code"] == 0 and summary["transport"] == "mpirun", summary
+    assert [i["host"] for i in summary["instances"]] == hosts
+    joins = summary["joins"]                              # one agent a node, joined over TCP
+    assert (joins["joined"], joins["expected"], joins["refused"]) == (3, 3, {}), joins
+    assert "--map-by ppr:1:node" in (run_dir / "command").read_text()
+
+
+@pytest.mark.timeout(150)
 def test_mpirun_transport_every_worker_is_an_mpi_rank(ssh_hosts, tmp_path):
     """2 hosts x 2 workers with --mpi-ranks: mpi4py sees one world of 4 in which its MPI rank is podrun's RANK, and
     an allreduce over COMM_WORLD sums every worker (1+2+3+4); no worker carries its agent's rank variables."""
