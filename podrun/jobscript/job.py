@@ -20,7 +20,7 @@ class Scheduler:
 
 SCHEDULER_TABLE = {
     "slurm": Scheduler("slurm", "Slurm", "srun", ("SLURM_JOB_NODELIST", "SLURM_NODELIST")),
-    # PBS: Open MPI's mpirun (mpiexec) starts one agent per node, which joins; Open MPI reads the job's hosts itself
+    # PBS: Open MPI's mpirun (mpiexec) starts one agent per instance, which joins; Open MPI reads the hosts itself
     "pbs": Scheduler("pbs", "PBS Pro / OpenPBS", "mpirun", ("PBS_NODEFILE",)),
     "uge": Scheduler("uge", "Grid Engine: Univa/Altair or Son of Grid Engine, as on ABCI", "ssh",
                      ("PE_HOSTFILE", "SGE_JOB_HOSTLIST")),
