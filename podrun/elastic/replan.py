@@ -62,9 +62,12 @@ def make_policy(cluster: "ClusterSpec", recipe: "RecipeSpec | None", ov: "Overri
     if engine is not None:
         raise LaunchError(f"--elastic re-plans the instances podrun starts itself; --engine {engine} starts its own",
                           hint="drop --engine, or drop --elastic")
-    if not transport_of(transport).per_instance:
-        raise LaunchError(f"--elastic works with --transport local or ssh, not {transport}",
-                          hint="a scheduler's allocation (srun) or mpirun fixes the hosts for the whole job")
+    if not transport_of(transport).replans:
+        from podrun.launch.transports import TRANSPORTS
+
+        can = " or ".join(k.name for k in TRANSPORTS.values() if k.replans and not k.engine_only)
+        raise LaunchError(f"--elastic re-plans each attempt on the hosts left, and the {transport} transport starts "
+                          "every attempt on the same hosts", hint=f"use --transport {can}")
     spares: list[str] = []
     if spare_hosts is not None:
         for e in parse_hosts_option(spare_hosts, "--spare-hosts"):

@@ -60,12 +60,14 @@ Notice = Callable[[str], None]
 @dataclass
 class Ending:
     """The run's end everywhere once begun: since when, the deadline for agents that do not end, whether a second
-    Ctrl-C asked for it now, and whether the line naming the ranks still in their handler was said."""
+    Ctrl-C asked for it now, whether the line naming the ranks still in their handler was said, and since when
+    only launchers are left."""
 
     since: float | None = None
     kill_at: float | None = None
     force: bool = False
     waiting_said: bool = False
+    launchers_alone: float | None = None   # since when only launchers' own handles (no instance) are open
 
 
 class Supervisor:
@@ -119,7 +121,8 @@ class Supervisor:
         self.live.got_stacks(st.index, ev.local_rank, ev.text)
 
     def _on_ready(self, st: InstanceState, ev: protocol.Event, now: float) -> None:  # noqa: ARG002
-        if protocol.Ready.read(ev.text) is not None:
+        if (ready := protocol.Ready.read(ev.text)) is not None:
+            st.host = self.transport.host_named(st.index, ready.hostname) or st.host
             st.status = InstanceStatus.RUNNING
             st.ready_s = round(time.time() - self.instances.t0, 3)
 
@@ -305,11 +308,18 @@ class Supervisor:
         self._say_waiting(now)
 
     def _kill_late(self, now: float, open_handles: set, carrier: dict) -> None:  # noqa: ARG002
-        """Agents still there at the deadline (or at once after a second Ctrl-C) are killed."""
+        """Agents still there at the deadline (or at once after a second Ctrl-C) are killed; so is a launcher whose
+        joined agents have all ended (mpirun, srun: one that waits on a lost host's daemon), a moment after them."""
         kill_at = now if self.ending.kill_at is not None and self.ending.force else self.ending.kill_at
+        if self.ending.since is not None and not any(x.instances for x in open_handles):
+            if self.ending.launchers_alone is None:
+                self.ending.launchers_alone = now
+            alone_until = self.ending.launchers_alone + protocol.TERM_TO_KILL_S
+            kill_at = alone_until if kill_at is None else min(kill_at, alone_until)
         if kill_at is not None and now >= kill_at:
             for x in list(open_handles):
-                self.notice(f"{x.label}: the instance agent did not end in time; killing it")
+                if x.instances:
+                    self.notice(f"{x.label}: the instance agent did not end in time; killing it")
                 x.kill()
                 x.close()
                 self._handle_eof(x, {})
