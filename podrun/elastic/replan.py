@@ -100,11 +100,13 @@ def failed_hosts(summary: "Summary") -> tuple[str, ...]:
 
     Hosts whose instance was lost (no heartbeat, or the connection ended before it reported) are the
     failure; only when there is none is it the root cause's host (a worker that failed on its own).
-    A surviving host's workers also fail when a peer vanishes, so they are never blamed for it.
+    A surviving host's workers also fail when a peer vanishes, so they are never blamed for it, nor is an instance
+    ended with the run (terminated: a launcher that aborts its step or job as it ends, srun's, mpirun's).
     """
     lost = []
     for inst in summary.instances:          # 255 with no worker's exit reported: the connection ended first
-        if inst.get("status") == "lost" or (inst.get("exit_code") == LOST_EXIT and not inst.get("workers")):
+        if inst.get("status") == "lost" or (inst.get("exit_code") == LOST_EXIT and not inst.get("workers")
+                                            and inst.get("status") != "terminated"):   # but as the run ended
             if inst["host"] not in lost:
                 lost.append(inst["host"])
     if lost:

@@ -88,6 +88,7 @@ class Supervisor:
         self.live = LiveWatch(request, self.instances, self.notice, transport.merged, self._hung, watch, progress)
         self.signalled: int | None = None
         self.ending = Ending()
+        self.launchers: list[InstanceHandle] = []      # the handles of joined agents' launchers (no instance)
 
     def _hung(self, failure: Failure) -> None:
         if self.signalled is None:
@@ -168,10 +169,20 @@ class Supervisor:
 
     def _agent_stopping(self, st, stop: protocol.AgentStop) -> None:
         """An agent began ending its workers (a ``stop`` line). One that heard nothing from this controller within
-        its bound, while the run was not being stopped, is a failure of its own: the controller (or the link to the
-        host) went silent, and this is what the root cause says, not the workers' SIGTERM exits that follow."""
-        if (stop.why != protocol.STOP_CONTROLLER_LOST or self.ending.since is not None or self.signalled is not None
+        its bound, or was signalled (not by this controller), while the run was not being stopped, is a failure of
+        its own: the controller (or the link to the host) went silent, or the agent's launcher or someone ended it,
+        and this is what the root cause says, not the workers' SIGTERM exits that follow."""
+        if (stop.why not in (protocol.STOP_CONTROLLER_LOST, protocol.STOP_SIGNALLED) or self.ending.since is not None
+                or self.signalled is not None
                 or st.status is InstanceStatus.LOST):   # a host this controller found lost: its own loss says it
+            return
+        if stop.why == protocol.STOP_SIGNALLED:
+            code, gone = self._launcher_gone() or (LOST_EXIT, None)
+            self.failures.append(Failure(
+                st.index, st.host, None, code, FailureKind.AGENT_ENDED,
+                f"its agent was signalled and ended its workers: {gone}" if gone is not None else
+                "its agent was signalled, not by this controller, and ended its workers (the host, the job's "
+                "scheduler or a user ended it)", stop.at))
             return
         heard = (f"heard no heartbeat from the controller for {stop.silent_s:g} s" if stop.silent_s > 0
                  else "lost its connection to the controller")
@@ -181,8 +192,25 @@ class Supervisor:
             f"stalled; a heavily loaded controller machine needs a longer --keepalive "
             f"(now {self.req.liveness.describe()})", stop.at))
 
+    def _launcher_gone(self) -> tuple[int, str] | None:
+        """(its exit code, how) the launcher of joined agents (a handle that carries no instance: mpirun's, srun's)
+        ended, when it has ended with a code that is not 0; else None."""
+        for h in self.launchers:
+            rc = h.poll()
+            if rc is not None and rc != 0:
+                code = protocol.exit_code_from_returncode(rc)
+                return code, (f"{h.label}, the launcher of the agents, {_describe_code(code)} while the run went on: "
+                              "its end ended them")
+        return None
+
     def _handle_eof(self, h: InstanceHandle, silences: dict) -> None:
         rc = h.wait(timeout=2.0)
+        running = [st for st in self.instances.values() if st.exit_code is None]
+        if not h.instances and running and self.ending.since is None and self.signalled is None:
+            gone = self._launcher_gone()        # the launcher of joined agents ended while they ran
+            if gone is not None:
+                self.failures.append(Failure(running[0].index, running[0].host, None, gone[0],
+                                             FailureKind.AGENT_ENDED, gone[1], time.time()))
         for idx in h.instances:
             st = self.instances[idx]
             if st.exit_code is None and st.status is not InstanceStatus.LOST:
@@ -237,6 +265,7 @@ class Supervisor:
 
     def _run_started(self) -> Outcome:
         handles = self.transport.start()
+        self.launchers = [h for h in handles if not h.instances]
         try:
             # the controller listens and beats before agents held by the preflight start their workers: once they
             # do, the machine may be too busy to start a thread per host for seconds (64 took 8.9 s on 2 cores),
@@ -302,7 +331,11 @@ class Supervisor:
             self.notice(f"ending the run on every host: {why}")
             first = self.signalled if self.signalled is not None else signal.SIGTERM
             for x in open_handles:
-                x.terminate(first)       # podrun's SIGINT or SIGHUP goes on as it is, as torchrun's does
+                if x.instances or not self.launchers:
+                    x.terminate(first)   # podrun's SIGINT or SIGHUP goes on as it is, as torchrun's does
+                # a launcher of joined agents (its handle carries no instance) is left to end with them: its own
+                # end (srun's abort of the step, mpirun's of the job) would kill them before they report
+                # (_kill_late ends it once they have)
             grace = self.req.grace if first == signal.SIGTERM else self.req.interrupt_grace
             self.ending.kill_at = now + grace + protocol.TERM_TO_KILL_S + 3.0
         self._say_waiting(now)

@@ -37,16 +37,18 @@ def copies_args(args, rank: int, nnodes: int, port: int, run_id: str, at: str = 
             "--run-id", run_id, "--join-address", f"{at}:{port}", *args[1:]]
 
 
-def start_copies(*args: str, nnodes: int = 2, hosts=None) -> tuple[subprocess.Popen, list[subprocess.Popen]]:
+def start_copies(*args: str, nnodes: int = 2, hosts=None, env: dict | None = None
+                 ) -> tuple[subprocess.Popen, list[subprocess.Popen]]:
     """``podrun launch ARGS`` as one podrun per node, started: node rank 0 (the controller, its stdout and stderr
     piped as text) and node ranks 1.. (they join it); the copies share a fresh PODRUN_JOIN_KEY. On this machine,
-    or with ``hosts`` (tests/harness/netns.py) copy r in host r's namespaces, as a user's pdsh would start it."""
+    or with ``hosts`` (tests/harness/netns.py) copy r in host r's namespaces, as a user's pdsh would start it;
+    ``env``: more variables for every copy."""
     import secrets
 
     from tests.ports import free_port
 
     port, run_id = free_port(), marker()
-    env = with_env(PODRUN_JOIN_KEY=secrets.token_hex(32))
+    env = with_env(**(env or {}), PODRUN_JOIN_KEY=secrets.token_hex(32))
     at = "127.0.0.1" if hosts is None else hosts.address(hosts.hosts[0])
 
     def start(r):

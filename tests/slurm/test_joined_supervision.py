@@ -1,0 +1,47 @@
+"""Supervision of agents that srun starts and that join the controller, on a real Slurm (the session's cluster):
+a node cut off is named as the root cause and the run re-plans on the nodes left, in a new step whose agents join
+again (--elastic); the step's srun killed ends every agent's workers."""
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.harness.podrun_proc import PODRUN
+from tests.launch.helpers import marker, wait_until
+
+pytestmark = [pytest.mark.slurm, pytest.mark.cluster, pytest.mark.torch]
+LOOP = str(Path(__file__).parents[1] / "faults" / "scripts" / "allreduce_loop.py")
+
+
+def _ups(out: Path) -> int:
+    return sum(1 for line in out.read_text().splitlines() if "] up " in line) if out.exists() else 0
+
+
+@pytest.mark.timeout(240)
+def test_a_node_cut_off_is_the_root_cause_and_an_elastic_run_goes_on_in_a_new_step(slurm_cluster, tmp_path):
+    """node2's link is cut while the three nodes' agents (one srun step, joined over TCP) all-reduce: node2 is named
+    lost after the 2 s bound, not the nodes whose agents srun's step ends next; the run re-plans to node1 and node3
+    with the same global batch, a new step whose agents join again, and the job ends 0. The allocation survives
+    the node's loss (sbatch --no-kill, which docs/elastic.md asks of an elastic job)."""
+    sl = slurm_cluster
+    out, m = tmp_path / "job.out", marker()
+    launch = [*PODRUN, "launch", "--transport", "srun", "--devices-per-host", "1", "--keepalive", "2", "--elastic",
+              "2", "--global-batch", "6", "--runs-dir", str(tmp_path / "runs"), "--", sys.executable, LOOP,
+              "--seconds", "300", m]
+    job = sl.sbatch(["-N3", "--no-kill", f"--output={out}", f"--chdir={tmp_path}", "--wrap", shlex.join(launch)])
+    try:
+        assert wait_until(lambda: _ups(out) == 3, 120, 0.1), out.read_text() if out.exists() else "no output"
+        sl.isolate("node2")
+        info = sl.wait_job(job, timeout=150)
+    finally:
+        sl.run(["scancel", job], check=False)
+        sl.revive("node2")
+    text = out.read_text()
+    assert info["ExitCode"] == "0:0", text
+    assert "instance 1 on node2: lost (no heartbeat for 2 s" in text, text
+    assert "elastic: dropping node2 (host node2 lost" in text and "re-planned 3 -> 2 hosts" in text, text
+    done = [line for line in text.splitlines() if " done " in line and "world 2" in line]
+    assert sorted(line.split("]")[0] for line in done) == ["[0 node1", "[1 node3"], text
