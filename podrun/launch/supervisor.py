@@ -203,14 +203,18 @@ class Supervisor:
                               "its end ended them")
         return None
 
-    def _handle_eof(self, h: InstanceHandle, silences: dict) -> None:
+    def _handle_eof(self, h: InstanceHandle, silences: dict, at: float | None = None) -> None:
+        """A handle's end (``at``: when it was heard; None: now): its instances that had not ended are lost or ended
+        with its code, and a failure when the run was not ending; a joined agents' launcher's end while they run is
+        one too (a root cause before the agents it ends)."""
+        at = time.time() if at is None else at
         rc = h.wait(timeout=2.0)
         running = [st for st in self.instances.values() if st.exit_code is None]
         if not h.instances and running and self.ending.since is None and self.signalled is None:
             gone = self._launcher_gone()        # the launcher of joined agents ended while they ran
             if gone is not None:
                 self.failures.append(Failure(running[0].index, running[0].host, None, gone[0],
-                                             FailureKind.AGENT_ENDED, gone[1], time.time()))
+                                             FailureKind.AGENT_ENDED, gone[1], at))
         for idx in h.instances:
             st = self.instances[idx]
             if st.exit_code is None and st.status is not InstanceStatus.LOST:
@@ -225,7 +229,7 @@ class Supervisor:
                     kind = FailureKind.LOST if code == LOST_EXIT else FailureKind.AGENT_ENDED
                     why = h.lost_why or (f"{what} before it reported (host crashed, sshd or agent killed; "
                                          f"see instance-{idx}.log)")
-                    self.failures.append(Failure(idx, st.host, None, code, kind, why, time.time()))
+                    self.failures.append(Failure(idx, st.host, None, code, kind, why, at))
 
     # -- the loop ---------------------------------------------------------------------------
     def _on_signal(self, signum, frame) -> None:  # noqa: ARG002
@@ -290,7 +294,7 @@ class Supervisor:
             self.listener.handles = tuple(open_handles)
             heard = self.listener.next(0.1)
             if heard is not None and heard.event is None:
-                self._handle_eof(heard.handle, heard.silences)
+                self._handle_eof(heard.handle, heard.silences, heard.at)
                 open_handles.discard(heard.handle)
                 heard.handle.close()
             elif heard is not None:
@@ -396,7 +400,9 @@ class Supervisor:
             self.notice(f"instance {st.index} on {st.host}: lost ({why})")
         if self.signalled is None:
             self.failures.append(Failure(st.index, st.host, None, LOST_EXIT, FailureKind.LOST,
-                                         f"host {st.host} lost: {why} (link down, sshd gone or machine frozen)",
+                                         f"host {st.host} lost: {why} (link down, "
+                                         f"{'sshd gone' if self.req.kind.ssh_per_host else 'its agent stopped'} or "
+                                         "machine frozen)",
                                          time.time()))
         lost = {i for i, s in self.instances.items() if s.status is InstanceStatus.LOST}
         for x in list(open_handles):
