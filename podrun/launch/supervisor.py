@@ -40,6 +40,9 @@ LOST_EXIT = 255           # like ssh: the connection to a host was lost
 STRAGGLER_EXIT = 124      # like timeout(1): workers still running past --straggler-timeout
 # SIGHUP: terminal closed, ssh dropped; SIGUSR1: Slurm's warning before a preemption or the time limit
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
+# a launcher of joined agents (mpirun, srun) still running this long after its last agent ended well is ended: Open
+# MPI 5's prterun was seen to hang at its teardown now and then after every rank had ended
+LAUNCHER_LINGER_S = 5.0
 WAITING_SAID_AFTER_S = 1.0   # workers still running this long after a SIGINT passed on are named on the console
 
 # each protocol line's handler (a Supervisor method) by its kind: with UNHANDLED, every kind of protocol.KINDS
@@ -209,7 +212,8 @@ class Supervisor:
         one too (a root cause before the agents it ends)."""
         at = time.time() if at is None else at
         rc = h.wait(timeout=2.0)
-        running = [st for st in self.instances.values() if st.exit_code is None]
+        running = [st for st in self.instances.values()     # ready (joined): one never joined says so itself
+                   if st.exit_code is None and st.status is InstanceStatus.RUNNING]
         if not h.instances and running and self.ending.since is None and self.signalled is None:
             gone = self._launcher_gone()        # the launcher of joined agents ended while they ran
             if gone is not None:
@@ -346,12 +350,14 @@ class Supervisor:
 
     def _kill_late(self, now: float, open_handles: set, carrier: dict) -> None:  # noqa: ARG002
         """Agents still there at the deadline (or at once after a second Ctrl-C) are killed; so is a launcher whose
-        joined agents have all ended (mpirun, srun: one that waits on a lost host's daemon), a moment after them."""
+        joined agents have all ended (mpirun, srun: one that waits on a lost host's daemon, or hangs at its own
+        teardown), a moment after them (LAUNCHER_LINGER_S after a run that ended well)."""
         kill_at = now if self.ending.kill_at is not None and self.ending.force else self.ending.kill_at
-        if self.ending.since is not None and not any(x.instances for x in open_handles):
+        if not any(x.instances for x in open_handles):
             if self.ending.launchers_alone is None:
                 self.ending.launchers_alone = now
-            alone_until = self.ending.launchers_alone + protocol.TERM_TO_KILL_S
+            alone_until = self.ending.launchers_alone + (
+                protocol.TERM_TO_KILL_S if self.ending.since is not None else LAUNCHER_LINGER_S)
             kill_at = alone_until if kill_at is None else min(kill_at, alone_until)
         if kill_at is not None and now >= kill_at:
             for x in list(open_handles):
