@@ -208,31 +208,34 @@ class Supervisor:
 
     def _handle_eof(self, h: InstanceHandle, silences: dict, at: float | None = None) -> None:
         """A handle's end (``at``: when it was heard; None: now): its instances that had not ended are lost or ended
-        with its code, and a failure when the run was not ending; a joined agents' launcher's end while they run is
-        one too (a root cause before the agents it ends)."""
+        with its code, and a failure when the run was not ending. A joined agents' launcher that ended while they
+        ran (killed, its step cancelled) is the failure instead: its own end (the launcher's handle may end after
+        the agents it took with it: srun's helper holds its pipe), or the cause of its agents' connections ending."""
         at = time.time() if at is None else at
         rc = h.wait(timeout=2.0)
+        quiet = self.ending.since is None and self.signalled is None        # the run was not being ended
+        gone = self._launcher_gone() if quiet else None
         running = [st for st in self.instances.values()     # ready (joined): one never joined says so itself
                    if st.exit_code is None and st.status is InstanceStatus.RUNNING]
-        if not h.instances and running and self.ending.since is None and self.signalled is None:
-            gone = self._launcher_gone()        # the launcher of joined agents ended while they ran
-            if gone is not None:
-                self.failures.append(Failure(running[0].index, running[0].host, None, gone[0],
-                                             FailureKind.AGENT_ENDED, gone[1], at))
+        if not h.instances and running and gone is not None:
+            self.failures.append(Failure(running[0].index, running[0].host, None, gone[0], FailureKind.AGENT_ENDED,
+                                         gone[1], at))
         for idx in h.instances:
             st = self.instances[idx]
             if st.exit_code is None and st.status is not InstanceStatus.LOST:
                 code = LOST_EXIT if rc is None else (protocol.exit_code_from_returncode(rc) or 1)
                 if code == LOST_EXIT and silences.get(idx) is not None:
                     st.lost_silence = silences[idx]   # its connection ended (ssh's own keepalive) after this
+                taken = code == LOST_EXIT and gone is not None and h.lost_why is None     # by its launcher's end
+                code = gone[0] if taken else code
                 ending = self.ending.since is not None
                 self.instances.end(st, InstanceStatus.TERMINATED if ending else InstanceStatus.FAILED, code)
-                if self.ending.since is None and self.signalled is None:
+                if quiet:
                     what = ("the connection to it was lost" if code == LOST_EXIT
                             else f"its agent ended with code {code}")
                     kind = FailureKind.LOST if code == LOST_EXIT else FailureKind.AGENT_ENDED
-                    why = h.lost_why or (f"{what} before it reported (host crashed, sshd or agent killed; "
-                                         f"see instance-{idx}.log)")
+                    why = (f"its agent ended before it reported: {gone[1]}" if taken else h.lost_why or (
+                        f"{what} before it reported (host crashed, sshd or agent killed; see instance-{idx}.log)"))
                     self.failures.append(Failure(idx, st.host, None, code, kind, why, at))
 
     # -- the loop ---------------------------------------------------------------------------
@@ -339,7 +342,7 @@ class Supervisor:
             self.notice(f"ending the run on every host: {why}")
             first = self.signalled if self.signalled is not None else signal.SIGTERM
             for x in open_handles:
-                if x.instances or not self.launchers:
+                if x.instances:
                     x.terminate(first)   # podrun's SIGINT or SIGHUP goes on as it is, as torchrun's does
                 # a launcher of joined agents (its handle carries no instance) is left to end with them: its own
                 # end (srun's abort of the step, mpirun's of the job) would kill them before they report
