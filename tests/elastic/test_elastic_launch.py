@@ -127,6 +127,9 @@ def test_failed_hosts_prefers_lost_instances_over_the_root_cause():
     assert failed_hosts(_summary(worker_255, {"host": "b"})) == ("b",)
     assert failed_hosts(_summary(inst[:1], {"host": "a"})) == ("a",)
     assert failed_hosts(_summary(inst[:1], None)) == ()
+    # a survivor whose agent srun's abort of the step killed as the run ended (joined agents): terminated, not lost
+    aborted = [{**inst[1], "host": "b"}, {"index": 2, "host": "c", "status": "terminated", "exit_code": 255}]
+    assert failed_hosts(_summary(aborted, {"host": "b"})) == ("b",)
 
 
 def _summary(instances, root_cause):
