@@ -62,9 +62,12 @@ def make_policy(cluster: "ClusterSpec", recipe: "RecipeSpec | None", ov: "Overri
     if engine is not None:
         raise LaunchError(f"--elastic re-plans the instances podrun starts itself; --engine {engine} starts its own",
                           hint="drop --engine, or drop --elastic")
-    if not transport_of(transport).per_instance:
-        raise LaunchError(f"--elastic works with --transport local or ssh, not {transport}",
-                          hint="a scheduler's allocation (srun) or mpirun fixes the hosts for the whole job")
+    if not transport_of(transport).replans:
+        from podrun.launch.transports import TRANSPORTS
+
+        can = " or ".join(k.name for k in TRANSPORTS.values() if k.replans and not k.engine_only)
+        raise LaunchError(f"--elastic re-plans each attempt on the hosts left, and the {transport} transport starts "
+                          "every attempt on the same hosts", hint=f"use --transport {can}")
     spares: list[str] = []
     if spare_hosts is not None:
         for e in parse_hosts_option(spare_hosts, "--spare-hosts"):
@@ -97,11 +100,13 @@ def failed_hosts(summary: "Summary") -> tuple[str, ...]:
 
     Hosts whose instance was lost (no heartbeat, or the connection ended before it reported) are the
     failure; only when there is none is it the root cause's host (a worker that failed on its own).
-    A surviving host's workers also fail when a peer vanishes, so they are never blamed for it.
+    A surviving host's workers also fail when a peer vanishes, so they are never blamed for it, nor is an instance
+    ended with the run (terminated: a launcher that aborts its step or job as it ends, srun's, mpirun's).
     """
     lost = []
     for inst in summary.instances:          # 255 with no worker's exit reported: the connection ended first
-        if inst.get("status") == "lost" or (inst.get("exit_code") == LOST_EXIT and not inst.get("workers")):
+        if inst.get("status") == "lost" or (inst.get("exit_code") == LOST_EXIT and not inst.get("workers")
+                                            and inst.get("status") != "terminated"):   # but as the run ended
             if inst["host"] not in lost:
                 lost.append(inst["host"])
     if lost:

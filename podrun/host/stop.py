@@ -4,7 +4,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from podrun.wire.protocol import STOP_CONTROLLER_LOST
+from podrun.wire.protocol import STOP_CONTROLLER_LOST, STOP_SIGNALLED
 
 
 class StopKind(enum.Enum):
@@ -12,7 +12,7 @@ class StopKind(enum.Enum):
 
     CONTROLLER_LOST = STOP_CONTROLLER_LOST  # stdout or stdin closed, or no heartbeat on stdin: the run is over here
     CONTROLLER_ASKED = "controller-asked"   # a T on stdin
-    SIGNALLED = "signalled"                 # SIGTERM, SIGINT or SIGHUP to the agent
+    SIGNALLED = STOP_SIGNALLED              # SIGTERM, SIGINT or SIGHUP to the agent
     WORKER_FAILED = "worker-failed"         # a worker exited non-zero
     SPAWN_FAILED = "spawn-failed"           # a worker could not start
 

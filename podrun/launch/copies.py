@@ -108,14 +108,23 @@ def _torchrun_copy(node_rank: str, count: int, master_addr: str | None, run_id: 
     return Copy(int(node_rank), count, _address(join_address, master_addr or ""), run_id, None, "--node-rank")
 
 
+def unnamed_host(rank: int) -> str:
+    """The plan's name for node rank ``rank``'s host until its copy joins and is ready (its agent's host name then
+    names it: podrun.launch.transports.join.ListenTransport.host_named)."""
+    return f"node-rank-{rank}"
+
+
 def controller_options(copy: Copy, opts):
     """Copy 0's LaunchOptions: the run on ``count`` hosts (the step's nodes in node rank order, else this host and
     a name per node rank), the ``join`` transport listening on the copies' address, their run id, one attempt."""
     if opts.restarts.max_restarts not in (None, 0) or opts.restarts.elastic_min is not None:
-        raise LaunchError(f"one podrun per node ({copy.source}) runs one attempt: the copies that joined as agents "
-                          "end with it", hint="for restarts or --elastic run one podrun launch for the whole job "
-                                              "(--transport srun in an allocation)")
-    hosts = copy.hosts or (socket.gethostname(), *(f"node-rank-{r}" for r in range(1, copy.count)))
+        raise LaunchError(f"one podrun per node ({copy.source}) runs one attempt: each copy that joins becomes that "
+                          "attempt's agent on its node and ends with it, and only your launcher (srun, pdsh) could "
+                          "start copies again, so no restart or --elastic re-plan has agents to run on",
+                          hint="for restarts or --elastic run one podrun launch for the whole job (--transport srun "
+                               "in a Slurm allocation, mpirun elsewhere): each attempt is a new step on the hosts "
+                               "left, whose agents join again")
+    hosts = copy.hosts or (socket.gethostname(), *(unnamed_host(r) for r in range(1, copy.count)))
     return replace(
         opts, plan=replace(opts.plan, hosts_opt=",".join(hosts), nodes=copy.count),
         torchrun=replace(opts.torchrun, node_rank=None, nnodes=None),

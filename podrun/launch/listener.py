@@ -42,11 +42,13 @@ def scan_every(live: Liveness) -> float:
 @dataclass(frozen=True)
 class Heard:
     """One item for the controller's loop: a line of ``handle``, parsed once (``event`` None: the handle's end, with
-    ``silences``: each of its instances' silence then, None for one never heard)."""
+    ``silences``: each of its instances' silence then, None for one never heard); ``at``: the wall time it was
+    heard (a connection's end is dated when it ended, not when the loop came to it)."""
 
     handle: InstanceHandle
     event: protocol.Event | None               # its kind says the stream of a line that is not the protocol's
     silences: dict = field(default_factory=dict)
+    at: float = field(default_factory=time.time)
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,9 @@ LOST_EXIT = 255           # like ssh: the connection to a host was lost
 STRAGGLER_EXIT = 124      # like timeout(1): workers still running past --straggler-timeout
 # SIGHUP: terminal closed, ssh dropped; SIGUSR1: Slurm's warning before a preemption or the time limit
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
+# a launcher of joined agents (mpirun, srun) still running this long after its last agent ended well is ended: Open
+# MPI 5's prterun was seen to hang at its teardown now and then after every rank had ended
+LAUNCHER_LINGER_S = 5.0
 WAITING_SAID_AFTER_S = 1.0   # workers still running this long after a SIGINT passed on are named on the console
 
 # each protocol line's handler (a Supervisor method) by its kind: with UNHANDLED, every kind of protocol.KINDS
@@ -60,12 +63,14 @@ Notice = Callable[[str], None]
 @dataclass
 class Ending:
     """The run's end everywhere once begun: since when, the deadline for agents that do not end, whether a second
-    Ctrl-C asked for it now, and whether the line naming the ranks still in their handler was said."""
+    Ctrl-C asked for it now, whether the line naming the ranks still in their handler was said, and since when
+    only launchers are left."""
 
     since: float | None = None
     kill_at: float | None = None
     force: bool = False
     waiting_said: bool = False
+    launchers_alone: float | None = None   # since when only launchers' own handles (no instance) are open
 
 
 class Supervisor:
@@ -86,6 +91,7 @@ class Supervisor:
         self.live = LiveWatch(request, self.instances, self.notice, transport.merged, self._hung, watch, progress)
         self.signalled: int | None = None
         self.ending = Ending()
+        self.launchers: list[InstanceHandle] = []      # the handles of joined agents' launchers (no instance)
 
     def _hung(self, failure: Failure) -> None:
         if self.signalled is None:
@@ -119,7 +125,8 @@ class Supervisor:
         self.live.got_stacks(st.index, ev.local_rank, ev.text)
 
     def _on_ready(self, st: InstanceState, ev: protocol.Event, now: float) -> None:  # noqa: ARG002
-        if protocol.Ready.read(ev.text) is not None:
+        if (ready := protocol.Ready.read(ev.text)) is not None:
+            st.host = self.transport.host_named(st.index, ready.hostname) or st.host
             st.status = InstanceStatus.RUNNING
             st.ready_s = round(time.time() - self.instances.t0, 3)
 
@@ -165,10 +172,20 @@ class Supervisor:
 
     def _agent_stopping(self, st, stop: protocol.AgentStop) -> None:
         """An agent began ending its workers (a ``stop`` line). One that heard nothing from this controller within
-        its bound, while the run was not being stopped, is a failure of its own: the controller (or the link to the
-        host) went silent, and this is what the root cause says, not the workers' SIGTERM exits that follow."""
-        if (stop.why != protocol.STOP_CONTROLLER_LOST or self.ending.since is not None or self.signalled is not None
+        its bound, or was signalled (not by this controller), while the run was not being stopped, is a failure of
+        its own: the controller (or the link to the host) went silent, or the agent's launcher or someone ended it,
+        and this is what the root cause says, not the workers' SIGTERM exits that follow."""
+        if (stop.why not in (protocol.STOP_CONTROLLER_LOST, protocol.STOP_SIGNALLED) or self.ending.since is not None
+                or self.signalled is not None
                 or st.status is InstanceStatus.LOST):   # a host this controller found lost: its own loss says it
+            return
+        if stop.why == protocol.STOP_SIGNALLED:
+            code, gone = self._launcher_gone() or (LOST_EXIT, None)
+            self.failures.append(Failure(
+                st.index, st.host, None, code, FailureKind.AGENT_ENDED,
+                f"its agent was signalled and ended its workers: {gone}" if gone is not None else
+                "its agent was signalled, not by this controller, and ended its workers (the host, the job's "
+                "scheduler or a user ended it)", stop.at))
             return
         heard = (f"heard no heartbeat from the controller for {stop.silent_s:g} s" if stop.silent_s > 0
                  else "lost its connection to the controller")
@@ -178,23 +195,48 @@ class Supervisor:
             f"stalled; a heavily loaded controller machine needs a longer --keepalive "
             f"(now {self.req.liveness.describe()})", stop.at))
 
-    def _handle_eof(self, h: InstanceHandle, silences: dict) -> None:
+    def _launcher_gone(self) -> tuple[int, str] | None:
+        """(its exit code, how) the launcher of joined agents (a handle that carries no instance: mpirun's, srun's)
+        ended, when it has ended with a code that is not 0; else None."""
+        for h in self.launchers:
+            rc = h.poll()
+            if rc is not None and rc != 0:
+                code = protocol.exit_code_from_returncode(rc)
+                return code, (f"{h.label}, the launcher of the agents, {_describe_code(code)} while the run went on: "
+                              "its end ended them")
+        return None
+
+    def _handle_eof(self, h: InstanceHandle, silences: dict, at: float | None = None) -> None:
+        """A handle's end (``at``: when it was heard; None: now): its instances that had not ended are lost or ended
+        with its code, and a failure when the run was not ending. A joined agents' launcher that ended while they
+        ran (killed, its step cancelled) is the failure instead: its own end (the launcher's handle may end after
+        the agents it took with it: srun's helper holds its pipe), or the cause of its agents' connections ending."""
+        at = time.time() if at is None else at
         rc = h.wait(timeout=2.0)
+        quiet = self.ending.since is None and self.signalled is None        # the run was not being ended
+        gone = self._launcher_gone() if quiet else None
+        running = [st for st in self.instances.values()     # ready (joined): one never joined says so itself
+                   if st.exit_code is None and st.status is InstanceStatus.RUNNING]
+        if not h.instances and running and gone is not None:
+            self.failures.append(Failure(running[0].index, running[0].host, None, gone[0], FailureKind.AGENT_ENDED,
+                                         gone[1], at))
         for idx in h.instances:
             st = self.instances[idx]
             if st.exit_code is None and st.status is not InstanceStatus.LOST:
                 code = LOST_EXIT if rc is None else (protocol.exit_code_from_returncode(rc) or 1)
                 if code == LOST_EXIT and silences.get(idx) is not None:
                     st.lost_silence = silences[idx]   # its connection ended (ssh's own keepalive) after this
+                taken = code == LOST_EXIT and gone is not None and h.lost_why is None     # by its launcher's end
+                code = gone[0] if taken else code
                 ending = self.ending.since is not None
                 self.instances.end(st, InstanceStatus.TERMINATED if ending else InstanceStatus.FAILED, code)
-                if self.ending.since is None and self.signalled is None:
+                if quiet:
                     what = ("the connection to it was lost" if code == LOST_EXIT
                             else f"its agent ended with code {code}")
                     kind = FailureKind.LOST if code == LOST_EXIT else FailureKind.AGENT_ENDED
-                    why = h.lost_why or (f"{what} before it reported (host crashed, sshd or agent killed; "
-                                         f"see instance-{idx}.log)")
-                    self.failures.append(Failure(idx, st.host, None, code, kind, why, time.time()))
+                    why = (f"its agent ended before it reported: {gone[1]}" if taken else h.lost_why or (
+                        f"{what} before it reported (host crashed, sshd or agent killed; see instance-{idx}.log)"))
+                    self.failures.append(Failure(idx, st.host, None, code, kind, why, at))
 
     # -- the loop ---------------------------------------------------------------------------
     def _on_signal(self, signum, frame) -> None:  # noqa: ARG002
@@ -234,6 +276,7 @@ class Supervisor:
 
     def _run_started(self) -> Outcome:
         handles = self.transport.start()
+        self.launchers = [h for h in handles if not h.instances]
         try:
             # the controller listens and beats before agents held by the preflight start their workers: once they
             # do, the machine may be too busy to start a thread per host for seconds (64 took 8.9 s on 2 cores),
@@ -258,7 +301,7 @@ class Supervisor:
             self.listener.handles = tuple(open_handles)
             heard = self.listener.next(0.1)
             if heard is not None and heard.event is None:
-                self._handle_eof(heard.handle, heard.silences)
+                self._handle_eof(heard.handle, heard.silences, heard.at)
                 open_handles.discard(heard.handle)
                 heard.handle.close()
             elif heard is not None:
@@ -299,17 +342,30 @@ class Supervisor:
             self.notice(f"ending the run on every host: {why}")
             first = self.signalled if self.signalled is not None else signal.SIGTERM
             for x in open_handles:
-                x.terminate(first)       # podrun's SIGINT or SIGHUP goes on as it is, as torchrun's does
+                if x.instances:
+                    x.terminate(first)   # podrun's SIGINT or SIGHUP goes on as it is, as torchrun's does
+                # a launcher of joined agents (its handle carries no instance) is left to end with them: its own
+                # end (srun's abort of the step, mpirun's of the job) would kill them before they report
+                # (_kill_late ends it once they have)
             grace = self.req.grace if first == signal.SIGTERM else self.req.interrupt_grace
             self.ending.kill_at = now + grace + protocol.TERM_TO_KILL_S + 3.0
         self._say_waiting(now)
 
     def _kill_late(self, now: float, open_handles: set, carrier: dict) -> None:  # noqa: ARG002
-        """Agents still there at the deadline (or at once after a second Ctrl-C) are killed."""
+        """Agents still there at the deadline (or at once after a second Ctrl-C) are killed; so is a launcher whose
+        joined agents have all ended (mpirun, srun: one that waits on a lost host's daemon, or hangs at its own
+        teardown), a moment after them (LAUNCHER_LINGER_S after a run that ended well)."""
         kill_at = now if self.ending.kill_at is not None and self.ending.force else self.ending.kill_at
+        if not any(x.instances for x in open_handles):
+            if self.ending.launchers_alone is None:
+                self.ending.launchers_alone = now
+            alone_until = self.ending.launchers_alone + (
+                protocol.TERM_TO_KILL_S if self.ending.since is not None else LAUNCHER_LINGER_S)
+            kill_at = alone_until if kill_at is None else min(kill_at, alone_until)
         if kill_at is not None and now >= kill_at:
             for x in list(open_handles):
-                self.notice(f"{x.label}: the instance agent did not end in time; killing it")
+                if x.instances:
+                    self.notice(f"{x.label}: the instance agent did not end in time; killing it")
                 x.kill()
                 x.close()
                 self._handle_eof(x, {})
@@ -353,7 +409,9 @@ class Supervisor:
             self.notice(f"instance {st.index} on {st.host}: lost ({why})")
         if self.signalled is None:
             self.failures.append(Failure(st.index, st.host, None, LOST_EXIT, FailureKind.LOST,
-                                         f"host {st.host} lost: {why} (link down, sshd gone or machine frozen)",
+                                         f"host {st.host} lost: {why} (link down, "
+                                         f"{'sshd gone' if self.req.kind.ssh_per_host else 'its agent stopped'} or "
+                                         "machine frozen)",
                                          time.time()))
         lost = {i for i, s in self.instances.items() if s.status is InstanceStatus.LOST}
         for x in list(open_handles):

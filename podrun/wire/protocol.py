@@ -60,6 +60,8 @@ KINDS = frozenset({"out", "err", "part", "ready", "probe", "start", "exit", "err
 PART_WAIT_S = 0.2              # how long a worker's unfinished line waits for its end before it is shown as it is
 #: the ``stop`` line's why when an agent heard no heartbeat (or nothing) from its controller within its bound
 STOP_CONTROLLER_LOST = "controller-lost"
+#: the ``stop`` line's why when a signal to the agent itself (not a token of its controller's) ends its workers
+STOP_SIGNALLED = "signalled"
 
 
 @dataclass(frozen=True)

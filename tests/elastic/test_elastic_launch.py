@@ -1,5 +1,6 @@
 """The elastic re-plan decision, exhaustively: dropped hosts, spares, the floor, the kept global batch."""
 import itertools
+import os
 import json
 
 import pytest
@@ -126,6 +127,9 @@ def test_failed_hosts_prefers_lost_instances_over_the_root_cause():
     assert failed_hosts(_summary(worker_255, {"host": "b"})) == ("b",)
     assert failed_hosts(_summary(inst[:1], {"host": "a"})) == ("a",)
     assert failed_hosts(_summary(inst[:1], None)) == ()
+    # a survivor whose agent srun's abort of the step killed as the run ended (joined agents): terminated, not lost
+    aborted = [{**inst[1], "host": "b"}, {"index": 2, "host": "c", "status": "terminated", "exit_code": 255}]
+    assert failed_hosts(_summary(aborted, {"host": "b"})) == ("b",)
 
 
 def _summary(instances, root_cause):
@@ -166,7 +170,8 @@ def test_policy_spares_are_the_option_then_hosts_left_out():
     (["--elastic", "0", "--max-restarts", "1", "--hosts", "a,b,c"], "--elastic: 0 is outside 1.."),
     (["--elastic", "2", "--max-restarts", "1", "--hosts", "a,b,c", "--spare-hosts", "b"], "--spare-hosts b is already one"),
     (["--elastic", "2", "--max-restarts", "1", "--hosts", "a:2,b:2", "--spare-hosts", "c:4"], "the plan needs 2 devices per host"),
-    (["--elastic", "2", "--max-restarts", "1", "--hosts", "a,b,c", "--transport", "mpirun"], "not mpirun"),
+    (["--elastic", "2", "--max-restarts", "1", "--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1",
+      "--run-id", "r"], "one podrun per node (--node-rank) runs one attempt"),
     (["--spare-hosts", "x"], "--spare-hosts takes effect only in an elastic run"),
 ])
 def test_launch_refuses_before_starting_anything(args, needle):
@@ -174,7 +179,7 @@ def test_launch_refuses_before_starting_anything(args, needle):
     import sys
 
     r = subprocess.run([sys.executable, "-m", "podrun", "launch", *args, "--", "true"], capture_output=True, text=True,
-                       timeout=60)
+                       timeout=60, env={**os.environ, "PODRUN_JOIN_KEY": "k" * 32})     # a copy's key: its refusal
     assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 

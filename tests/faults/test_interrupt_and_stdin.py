@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch.helpers import (PODRUN, SCRIPTS, end, local_pids, marker, run_on_terminal, summary, wait_output,
-                                  wait_until)
+from tests.launch.helpers import (PODRUN, SCRIPTS, end, local_pids, marker, run_on_terminal, start_copies, summary,
+                                  wait_output, wait_until)
 from tests.ports import free_port
 from tests.rundir.account_check import assert_adds_up
 
@@ -26,13 +26,18 @@ SAVE = str(SCRIPTS / "save_on_interrupt.py")
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
-def _interrupt(argv: list[str], out: Path, ranks: int, cwd=None, save_s: float = 0.5) -> tuple[int, str]:
+def _interrupt(argv: list[str], out: Path, ranks: int, cwd=None, save_s: float = 0.5, copies=None) -> tuple[int, str]:
     """Start a launcher on the save-on-interrupt script (each rank's save ``save_s`` long), wait until every rank
     is up, SIGINT the launcher (only it, as a signal from another terminal would), and return (its exit code, its
-    output)."""
+    output). ``copies``: the launcher is one podrun per node on these hosts (tests/harness/netns.py), ``argv`` a
+    copy's arguments after ``podrun``, and copy 0 (the controller) is the one signalled."""
     out.mkdir()
-    p = subprocess.Popen([*argv, SAVE, str(out)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, cwd=cwd, env={**os.environ, "SAVE_S": str(save_s)})
+    others = []
+    if copies is not None:
+        p, others = start_copies(*argv, SAVE, str(out), hosts=copies, env={"SAVE_S": str(save_s)})
+    else:
+        p = subprocess.Popen([*argv, SAVE, str(out)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, cwd=cwd, env={**os.environ, "SAVE_S": str(save_s)})
     try:
         seen = ""
         while not all(f"up {r}" in seen for r in range(ranks)):   # in any order
@@ -41,7 +46,8 @@ def _interrupt(argv: list[str], out: Path, ranks: int, cwd=None, save_s: float =
         rest, _ = p.communicate(timeout=60)
         return p.returncode, seen + rest
     finally:
-        end(p)
+        for x in (p, *others):
+            end(x)
 
 
 def _saved(out: Path) -> dict[str, str]:
@@ -73,15 +79,20 @@ def test_sigint_runs_the_keyboard_interrupt_handler_locally_as_under_torchrun(tm
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize("client", ["openssh", "paramiko"])
+@pytest.mark.parametrize("client", ["openssh", "paramiko", "joined"])
 def test_sigint_reaches_the_workers_over_ssh_as_sigint(ssh_hosts, tmp_path, client):
     """Over ssh the controller relays podrun's SIGINT on each agent's stdin (``I``): every rank on both hosts
-    runs its handler (the hosts share tmp_path)."""
+    runs its handler (the hosts share tmp_path). ``joined``: one podrun per node, a copy in each host's namespaces,
+    copy 1's agent joined over TCP: the token goes over its connection."""
     names = ssh_hosts.hosts[:2]
-    code, text = _interrupt([*PODRUN, "launch", "--hosts", ",".join(names), "--devices-per-host", "1",
-                             "--transport", "ssh", "--ssh-client", client, "--ssh-config", ssh_hosts.ssh_config_path,
-                             "--python", ssh_hosts.python, "--master-port", str(free_port(2)),
-                             "--runs-dir", str(tmp_path / "runs"), "--", ssh_hosts.python], tmp_path / "out", 2)
+    common = ["--devices-per-host", "1", "--master-port", str(free_port(2)), "--runs-dir", str(tmp_path / "runs"),
+              "--", ssh_hosts.python]
+    if client == "joined":
+        code, text = _interrupt(["launch", *common], tmp_path / "out", 2, copies=ssh_hosts)
+    else:
+        code, text = _interrupt([*PODRUN, "launch", "--hosts", ",".join(names), "--transport", "ssh", "--ssh-client",
+                                 client, "--ssh-config", ssh_hosts.ssh_config_path, "--python", ssh_hosts.python,
+                                 *common], tmp_path / "out", 2)
     assert _saved(tmp_path / "out") == {"saved-0": "SIGINT ", "saved-1": "SIGINT "}, text
     assert code == 130, text
 

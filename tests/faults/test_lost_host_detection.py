@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch.helpers import end, marker, podrun_popen, summary, wait_until
+from tests.launch.helpers import end, marker, podrun_popen, start_copies, summary, wait_until
 from tests.ports import free_port
 
 LOAD_S = float(os.environ.get("PODRUN_LOAD_TEST_S", "45"))
@@ -65,12 +65,21 @@ class Lines:
             return "\n".join(l for _, s, l in self.lines if s == stream)
 
 
-def test_workers_stuck_in_an_all_reduce_with_a_cut_host_are_ended_by_podrun(make_ssh_hosts, tmp_path):
+@pytest.mark.parametrize("joined", [False, True], ids=["started", "joined"])
+def test_workers_stuck_in_an_all_reduce_with_a_cut_host_are_ended_by_podrun(make_ssh_hosts, tmp_path, joined):
     """h2's link is cut while h1..h3 all-reduce in a loop: h1's and h3's workers block in gloo (whose timeout is
-    30 minutes); podrun declares h2 lost after the 2 s bound and ends them, long before their 300 s loop ends."""
+    30 minutes); podrun declares h2 lost after the 2 s bound and ends them, long before their 300 s loop ends, and
+    h2's agent, which hears its controller no more, ends its own. ``joined``: one podrun per node, each copy started
+    in its host's namespaces (as pdsh would) and joined to copy 0 on h1; the plan knows the copies by node rank
+    only, and the lost one is named by its host (h2) all the same."""
     hosts = make_ssh_hosts(3)
     m = marker()
-    p = podrun_popen(*launch_args(hosts, tmp_path), "--", sys.executable, LOOP, "--seconds", "300", m)
+    command = ["--", sys.executable, LOOP, "--seconds", "300", m]
+    if joined:
+        p, others = start_copies("launch", "--devices-per-host", "1", "--runs-dir", str(tmp_path / "runs"),
+                                 "--master-port", str(free_port(2)), *command, nnodes=3, hosts=hosts)
+    else:
+        p, others = podrun_popen(*launch_args(hosts, tmp_path), *command), []
     lines = Lines(p)
     try:
         assert wait_until(lambda: lines.count(lambda l: l.endswith(("] up 0", "] up 1", "] up 2"))) == 3, 90), \
@@ -85,11 +94,14 @@ def test_workers_stuck_in_an_all_reduce_with_a_cut_host_are_ended_by_podrun(make
         survivors_gone = time.monotonic() - cut
         p.wait(timeout=120)
         exited = time.monotonic() - cut
+        cut_off = wait_until(lambda: not hosts.processes("h2", m), 30, 0.1)     # its agent's own bound
     finally:
-        end(p)
+        for x in (p, *others):
+            end(x)
     err = lines.text("err")
     assert p.returncode == 255, err
     assert ended, {h: hosts.processes(h, m) for h in ("h1", "h3")}
+    assert cut_off, hosts.processes("h2", m)
     assert "instance 1 on h2: lost (no heartbeat for 2 s (4 missed heartbeats of 0.5 s))" in lost[2]
     assert "root cause: instance 1 on h2: host h2 lost: no heartbeat for 2 s (link down" in err, err
     assert not lines.count(lambda l: "done " in l), lines.text("out")      # no worker reached its loop's end
@@ -101,13 +113,18 @@ def test_workers_stuck_in_an_all_reduce_with_a_cut_host_are_ended_by_podrun(make
           f"podrun exited after {exited:.2f} s; max heartbeat gaps {gaps}")
 
 
-def test_an_elastic_run_ends_the_survivors_blocked_workers_at_once_and_goes_on(make_ssh_hosts, tmp_path):
+@pytest.mark.parametrize("joined", [False, True], ids=["started", "joined"])
+def test_an_elastic_run_ends_the_survivors_blocked_workers_at_once_and_goes_on(make_ssh_hosts, tmp_path, joined):
     """The same cut in an --elastic run: the workers blocked in the all-reduce on h1 and h3 are ended by podrun
-    (not at gloo's timeout, nor at their loop's end), and the run re-plans to 2 hosts and ends 0."""
+    (not at gloo's timeout, nor at their loop's end), and the run re-plans to 2 hosts and ends 0. ``joined``: over
+    mpirun, whose agents join the controller: the re-planned attempt is a new mpirun on h1 and h3, whose agents
+    join again."""
     hosts = make_ssh_hosts(3)
     m = marker()
-    p = podrun_popen(*launch_args(hosts, tmp_path, "--elastic", "2", "--global-batch", "6"), "--", sys.executable, LOOP,
-                     "--seconds", "300", m)
+    args = launch_args(hosts, tmp_path, "--elastic", "2", "--global-batch", "6")
+    if joined:
+        args[args.index("--transport") + 1] = "mpirun"
+    p = podrun_popen(*args, "--", sys.executable, LOOP, "--seconds", "300", m)
     lines = Lines(p)
     try:
         assert wait_until(lambda: lines.count(lambda l: l.endswith(("] up 0", "] up 1", "] up 2"))) == 3, 90), \

@@ -1,12 +1,13 @@
 """Nothing outlives a run: kill -9 of podrun, setsid daemons and orphans of the workers, locally and over ssh."""
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
 import pytest
 
-from tests.launch.helpers import end, local_pids, marker, podrun, podrun_popen, wait_output, wait_until
+from tests.launch.helpers import end, local_pids, marker, podrun, podrun_popen, start_copies, wait_output, wait_until
 from tests.ports import free_port
 
 pytestmark = pytest.mark.timeout(120)
@@ -87,15 +88,22 @@ def test_sigterm_of_the_local_agent_ends_the_daemons(tmp_path):
 
 
 @pytest.mark.cluster
-def test_kill_9_of_podrun_over_ssh_leaves_nothing_on_any_host(ssh_hosts, tmp_path):
+@pytest.mark.parametrize("joined", [False, True], ids=["started", "joined"])
+def test_kill_9_of_podrun_over_ssh_leaves_nothing_on_any_host(ssh_hosts, tmp_path, joined):
     """kill -9 of the controller: each remote agent sees its channel close and ends its workers, their
-    grandchildren and their setsid daemons, on every host."""
+    grandchildren and their setsid daemons, on every host. ``joined``: one podrun per node, a copy started in each
+    host's namespaces (as pdsh would), copy 1's agent joined to copy 0 over TCP: its connection's end is its
+    controller's loss."""
     m = marker()
     names = ssh_hosts.hosts[:2]
-    p = podrun_popen("launch", "--hosts", ",".join(names), "--devices-per-host", "2", "--transport", "ssh",
-                     "--ssh-config", ssh_hosts.ssh_config_path, "--python", ssh_hosts.python, "--grace", "1",
-                     "--runs-dir", str(tmp_path / "runs"), "--master-port", str(free_port(2)), "--",
-                     "sh", "-c", f"setsid {grandchild(m)} >/dev/null 2>&1 & echo up; {grandchild(m)}; true")
+    args = ("--devices-per-host", "2", "--grace", "1", "--runs-dir", str(tmp_path / "runs"), "--master-port",
+            str(free_port(2)), "--", "sh", "-c",
+            f"setsid {grandchild(m)} >/dev/null 2>&1 & echo up; {grandchild(m)}; true")
+    if joined:
+        p, others = start_copies("launch", *args, hosts=ssh_hosts)
+    else:
+        p, others = podrun_popen("launch", "--hosts", ",".join(names), "--transport", "ssh", "--ssh-config",
+                                 ssh_hosts.ssh_config_path, "--python", ssh_hosts.python, *args), []
     left = lambda: {h: ssh_hosts.processes(h, m) for h in names if ssh_hosts.processes(h, m)}  # noqa: E731
     try:
         for _ in range(4):
@@ -106,7 +114,37 @@ def test_kill_9_of_podrun_over_ssh_leaves_nothing_on_any_host(ssh_hosts, tmp_pat
         p.wait(timeout=10)
         assert wait_until(lambda: not left(), 15), left()
     finally:
+        for x in (p, *others):
+            end(x)
+
+
+@pytest.mark.cluster
+def test_kill_9_of_the_launcher_of_joined_agents_ends_them_and_is_the_root_cause(ssh_hosts, tmp_path):
+    """--transport mpirun: mpirun starts one agent per host, which joins the controller over TCP. mpirun killed -9
+    (as by the job's end or a user): Open MPI's daemons end the agents, which end their workers and grandchildren on
+    both hosts; the run ends with mpirun's exit code, the root cause naming mpirun's end (not the workers' SIGTERM
+    exits that follow, nor no cause at all)."""
+    m = marker()
+    names = ssh_hosts.hosts[:2]
+    p = podrun_popen("launch", "--hosts", ",".join(names), "--devices-per-host", "2", "--transport", "mpirun",
+                     "--ssh-config", ssh_hosts.ssh_config_path, "--grace", "1", "--runs-dir", str(tmp_path / "runs"),
+                     "--master-port", str(free_port(2)), "--", "sh", "-c", f"echo up; {grandchild(m)}; true",
+                     cwd=str(tmp_path))
+    left = lambda: {h: ssh_hosts.processes(h, m) for h in names if ssh_hosts.processes(h, m)}  # noqa: E731
+    try:
+        for _ in range(4):
+            wait_output(p, "up", 60)
+        children = open(f"/proc/{p.pid}/task/{p.pid}/children").read().split()
+        (mpirun,) = [int(c) for c in children if open(f"/proc/{c}/comm").read().strip() in ("mpirun", "prterun")]
+        os.kill(mpirun, signal.SIGKILL)
+        _, err = p.communicate(timeout=60)
+        assert wait_until(lambda: not left(), 15), left()
+    finally:
         end(p)
+    assert p.returncode == 137, err
+    cause = next((line for line in err.splitlines() if "root cause: instance " in line), err)
+    assert "mpirun, the launcher of the agents, exited by signal SIGKILL (exit code 137) while the run went on" \
+        in cause, err
 
 
 @pytest.mark.cluster

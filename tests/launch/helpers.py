@@ -29,25 +29,36 @@ def podrun(*args: str, timeout: float = 90, cwd: str | None = None, env: dict | 
     return run_podrun(*args, timeout=timeout, cwd=cwd, env=with_env(**(env or {})))
 
 
-def copies_args(args, rank: int, nnodes: int, port: int, run_id: str) -> list[str]:
-    """``podrun launch ARGS`` as copy ``rank`` of one podrun per node on this machine (podrun.launch.copies): the
-    copies meet on 127.0.0.1:``port`` and share the run id."""
+def copies_args(args, rank: int, nnodes: int, port: int, run_id: str, at: str = "127.0.0.1") -> list[str]:
+    """``podrun launch ARGS`` as copy ``rank`` of one podrun per node: the copies meet on ``at``:``port`` (node rank
+    0's address; this machine's loopback by default) and share the run id."""
     assert args[0] == "launch"
-    return ["launch", "--nnodes", str(nnodes), "--node-rank", str(rank), "--master-addr", "127.0.0.1",
-            "--run-id", run_id, "--join-address", f"127.0.0.1:{port}", *args[1:]]
+    return ["launch", "--nnodes", str(nnodes), "--node-rank", str(rank), "--master-addr", at,
+            "--run-id", run_id, "--join-address", f"{at}:{port}", *args[1:]]
 
 
-def start_copies(*args: str, nnodes: int = 2) -> tuple[subprocess.Popen, list[subprocess.Popen]]:
-    """``podrun launch ARGS`` as one podrun per node on this machine, started: node rank 0 (the controller, its
-    stdout and stderr piped as text) and node ranks 1.. (they join it); the copies share a fresh PODRUN_JOIN_KEY."""
+def start_copies(*args: str, nnodes: int = 2, hosts=None, env: dict | None = None
+                 ) -> tuple[subprocess.Popen, list[subprocess.Popen]]:
+    """``podrun launch ARGS`` as one podrun per node, started: node rank 0 (the controller, its stdout and stderr
+    piped as text) and node ranks 1.. (they join it); the copies share a fresh PODRUN_JOIN_KEY. On this machine,
+    or with ``hosts`` (tests/harness/netns.py) copy r in host r's namespaces, as a user's pdsh would start it;
+    ``env``: more variables for every copy."""
     import secrets
 
     from tests.ports import free_port
 
     port, run_id = free_port(), marker()
-    env = with_env(PODRUN_JOIN_KEY=secrets.token_hex(32))
-    others = [start_podrun(*copies_args(args, r, nnodes, port, run_id), env=env) for r in range(1, nnodes)]
-    return start_podrun(*copies_args(args, 0, nnodes, port, run_id), env=env), others
+    env = with_env(**(env or {}), PODRUN_JOIN_KEY=secrets.token_hex(32))
+    at = "127.0.0.1" if hosts is None else hosts.address(hosts.hosts[0])
+
+    def start(r):
+        argv = copies_args(args, r, nnodes, port, run_id, at)
+        if hosts is None:
+            return start_podrun(*argv, env=env)
+        return hosts.popen(hosts.hosts[r], [*PODRUN, *argv], env=env, text=True, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE)
+    others = [start(r) for r in range(1, nnodes)]
+    return start(0), others
 
 
 def podrun_copies(*args: str, nnodes: int = 2, timeout: float = 90) -> subprocess.CompletedProcess:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import sys
 import time
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.rundir.account_check import assert_adds_up
+from tests.ports import free_port
 from tests.launch.helpers import (SCRIPTS, end, local_pids, marker, podrun, podrun_popen, run_dir, start_copies,
                                   summary, wait_output, wait_until)
 
@@ -90,7 +92,7 @@ def test_a_stalled_rank_is_found_its_stack_shown_and_the_run_ended(tmp_path, mod
     view = err.split("odd ranks first", 1)[1]
     if mode != "skip":                        # skip: both wait in torch.distributed; no rank is odder
         assert view.index("rank 1:") < view.index("rank 0:"), view
-        assert f"the odd rank out: rank 1 on {'node-rank-1' if joined else 'localhost'}" in err
+        assert f"the odd rank out: rank 1 on {socket.gethostname() if joined else 'localhost'}" in err   # as it joined
     if mode == "lock":                        # every thread: the one holding the other lock too
         threads = frames(rd / "stacks" / "rank-1.txt")
         assert any(f"hang.py:{line_of('STALL-lock-thread')} in other" in fs for fs in threads.values()), threads
@@ -212,21 +214,30 @@ def test_podrun_stack_shows_a_live_local_run_which_goes_on(tmp_path):
 
 @pytest.mark.torch
 @pytest.mark.cluster
-def test_podrun_stack_over_ssh_shows_every_rank_and_the_run_goes_on(ssh_hosts, tmp_path):
-    """3 hosts x 2 workers over ssh: podrun stack shows all 6 ranks with their hosts; the run then ends 0."""
+@pytest.mark.parametrize("joined", [False, True], ids=["started", "joined"])
+def test_podrun_stack_over_ssh_shows_every_rank_and_the_run_goes_on(ssh_hosts, tmp_path, joined):
+    """3 hosts x 2 workers over ssh: podrun stack shows all 6 ranks with their hosts; the run then ends 0.
+    ``joined``: one podrun per node, a copy in each host's namespaces, copies 1 and 2 joined over TCP: the stack
+    token goes over their connections, and their ranks are shown with the hosts they joined from."""
     from tests.launch.test_ssh import ssh_args
 
     runs = tmp_path / "runs"
     names = ssh_hosts.hosts[:3]
-    args = ssh_args(ssh_hosts, tmp_path, n=3)
-    args[args.index("--devices-per-host") + 1] = "2"
-    p = podrun_popen(*args, "--hang-timeout", "off", "--", sys.executable, HANG, "--mode", "slow",
-                     "--steps", "40", "--every", "0.25", "--until", str(tmp_path / "release"))
+    command = ("--hang-timeout", "off", "--", sys.executable, HANG, "--mode", "slow", "--steps", "40", "--every",
+               "0.25", "--until", str(tmp_path / "release"))
+    if joined:
+        p, others = start_copies("launch", "--devices-per-host", "2", "--runs-dir", str(runs), "--master-port",
+                                 str(free_port(2)), *command, nnodes=3, hosts=ssh_hosts)
+    else:
+        args = ssh_args(ssh_hosts, tmp_path, n=3)
+        args[args.index("--devices-per-host") + 1] = "2"
+        p, others = podrun_popen(*args, *command), []
     try:
         _stack_while_running(p, tmp_path, runs, 6, names)
         out, err = p.communicate(timeout=120)
     finally:
-        end(p)
+        for x in (p, *others):
+            end(x)
     assert p.returncode == 0, err
     assert all(f"step 39 rank {r}" in out for r in range(6)), out[-2000:]
 

@@ -78,7 +78,9 @@ def test_capabilities_of_each_transport():
     assert [k.name for k in TRANSPORTS.values() if not k.remote] == ["local"]
     assert [k.name for k in TRANSPORTS.values() if k.ssh_per_host] == ["ssh"] == \
         [k.name for k in TRANSPORTS.values() if k.env_stdin]
-    assert [k.name for k in TRANSPORTS.values() if k.per_instance] == ["local", "ssh"]      # warm, elastic
+    assert [k.name for k in TRANSPORTS.values() if k.per_instance] == ["local", "ssh"]      # warm
+    # elastic: each attempt on its plan's hosts, a launcher's new step or launch whose agents join again
+    assert [k.name for k in TRANSPORTS.values() if k.replans] == ["local", "ssh", "mpirun", "srun"]
     assert mpirun.merged and poprun.merged and not (local.merged or ssh.merged or srun.merged)
     assert mpirun.agent_per_worker and srun.passes_env and not poprun.agent_store and poprun.engine_only
     # agents that join over TCP: srun's, and the copies of one podrun per node (chosen by podrun, never --transport)

@@ -31,8 +31,11 @@ class TransportKind:
     agent_per_worker: bool = False
     #: rank 0's agent may serve torch's store on the rendezvous port (--agent-store)
     agent_store: bool = True
-    #: podrun starts each instance itself, on hosts it picks per attempt: warm zygotes and --elastic re-plans
+    #: podrun starts each instance itself, on hosts it picks per attempt: warm zygotes
     per_instance: bool = True
+    #: each attempt starts anew on the hosts its plan names (an agent each, or a launcher's new step whose agents
+    #: join again): --elastic re-plans on the hosts left
+    replans: bool = True
     #: the launcher passes the environment it runs in to every host (srun's --export=ALL)
     passes_env: bool = False
     #: chosen by its engine (--engine) or by podrun itself (copy 0 of one podrun per node), never by --transport
@@ -65,9 +68,9 @@ TRANSPORTS: dict[str, TransportKind] = {k.name: k for k in (
     TransportKind("srun", "podrun.launch.transports.srun:SrunTransport", per_instance=False, passes_env=True,
                   joined=True),
     TransportKind("poprun", "podrun.launch.engines.poprun:PoprunTransport", merged=True, agent_store=False,
-                  per_instance=False, engine_only=True),
-    TransportKind("join", "podrun.launch.transports.join:ListenTransport", per_instance=False, engine_only=True,
-                  joined=True),
+                  per_instance=False, replans=False, engine_only=True),
+    TransportKind("join", "podrun.launch.transports.join:ListenTransport", per_instance=False, replans=False,
+                  engine_only=True, joined=True),
 )}
 
 

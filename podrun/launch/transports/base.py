@@ -209,6 +209,11 @@ class Transport(ABC):
         """summary.json's ``joins`` for a transport whose agents join (podrun.launch.transports.join), else None."""
         return None
 
+    def host_named(self, index: int, hostname: str) -> str | None:
+        """The host name instance ``index``'s agent gave when it was ready, where the plan could not name its host
+        (a copy of one podrun per node, known by its node rank only); None: the plan's name stands."""
+        return None
+
     def close(self) -> None:
         """Release connections. Safe to call more than once."""
 

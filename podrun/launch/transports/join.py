@@ -340,6 +340,11 @@ class ListenTransport(JoiningLauncher, Transport):
                 *((i.host, f"(copy {i.index} of podrun launch joins {self.join_address()} as instance {i.index})")
                   for i in req.instances[1:])]
 
+    def host_named(self, index: int, hostname: str) -> str | None:
+        from podrun.launch.copies import unnamed_host
+
+        return hostname if index > 0 and self.request.instances[index].host == unnamed_host(index) else None
+
     def preflight(self) -> list[Problem]:
         from podrun.launch.transports.local import LocalTransport
 

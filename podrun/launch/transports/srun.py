@@ -51,6 +51,9 @@ def srun_command(request, *, srun: str = "srun", redact: bool = False, env=None,
     argv = [srun, f"--nodes={len(hosts)}", f"--ntasks={len(hosts) * k}", f"--ntasks-per-node={k}",
             *([f"--cpus-per-task={cpus}"] if cpus is not None else []),
             "--kill-on-bad-exit=1", "--distribution=block", f"--nodelist={','.join(hosts)}",
+            # a restart's step shares the CPUs an earlier step still holds (one with a lost node ends only when
+            # Slurm has found the node down)
+            *(["--overlap"] if request.restart_count > 0 else []),
             f"--job-name=podrun-{request.run_id}", "--export=ALL", "--unbuffered",
             f"--chdir={request.workdir}"]
     return argv + agent_shell(request, redact, join=join)
