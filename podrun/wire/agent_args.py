@@ -1,4 +1,5 @@
-"""The agent's command line (python -m podrun.host.agent) as one value: the controller writes it, the agent reads it."""
+"""The agent's command line (python -m podrun.host.agent, or its lean boot) as one value: the controller writes it,
+the agent reads it."""
 from __future__ import annotations
 
 import argparse
@@ -12,6 +13,26 @@ GRACE_S = 5.0               # --grace: seconds between SIGTERM to the workers an
 # --interrupt-grace: seconds between a SIGINT, SIGHUP or SIGUSR1 passed on to the workers and SIGTERM, so that a
 # KeyboardInterrupt handler that saves has time: torchrun's default shutdown timeout (torch.distributed.run)
 INTERRUPT_GRACE_S = 30.0
+
+
+def lean_boot(root: str, version: str) -> str:
+    """The ``-c`` code of an agent started lean (``python -I -S -c CODE OPTIONS``): podrun ``version`` from ``root``
+    (the directory that holds podrun/) first on the path, without site; where that podrun is not there (a host
+    without this file system) or is another version, the usual start instead (``python -m AGENT_MODULE``, the same
+    options: site, PYTHONPATH), which the interpreter becomes (exec: the same process, the same arguments)."""
+    return (f"import os, sys\nr = {root!r}\n"
+            f"if os.path.isfile(os.path.join(r, 'podrun', 'host', 'agent.py')):\n"
+            f"    sys.path.insert(0, r)\n    import podrun\n"
+            f"    if podrun.__version__ == {version!r}:\n"
+            f"        from {AGENT_MODULE} import main\n        sys.exit(main())\n"
+            f"os.execv(sys.executable, [sys.executable, '-m', {AGENT_MODULE!r}, *sys.argv[1:]])")
+
+
+def with_options(argv: list[str], *options: str) -> list[str]:
+    """An agent command line (``agent_argv``: its interpreter's part, its options, ``--``, the workers' command) with
+    ``options`` added after its others: the first ``--`` is the one that ends them (no option nor the boot is one)."""
+    cut = argv.index("--")
+    return [*argv[:cut], *options, *argv[cut:]]
 
 
 class FromEnv(enum.Enum):

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from podrun.launch.transports.mpirun import MpiOptions, detect_flavour, find_mpirun, grid_engine_qrsh, mpirun_command
-from tests.engines.conftest import ALLREDUCE, HERE, podrun, results
-from tests.launch.helpers import run_and_watch, secret_values
+from tests.engines.conftest import ALLREDUCE, HERE, assert_forked_per_host, podrun, results
+from tests.launch.helpers import run_and_watch, secret_values, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.mpi]
 
@@ -117,6 +117,26 @@ def test_mpirun_transport_env_contract_and_allreduce(ssh_hosts, tmp_path):
     # the exact mpirun line is recorded in the run directory
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert "--map-by ppr:1:node" in (run_dir / "command").read_text()
+
+
+@pytest.mark.timeout(150)
+def test_mpirun_agents_fork_each_hosts_workers_from_one_zygote(ssh_hosts, tmp_path):
+    """Import once per host under mpirun: 2 hosts x 2 workers of a torch program, one agent a host started by mpirun
+    (--index-from-env) and joined: each host's zygote imports torch once and forks both its workers (and rank 0's
+    store host); the all_reduce spans the 4; the run's end ends the zygotes."""
+    _need_mpirun()
+    hosts = ssh_hosts.hosts[:2]
+    p = podrun(["launch", "--transport", "mpirun", "--hosts", ",".join(hosts), "--devices-per-host", "2",
+                "--ssh-config", str(ssh_hosts.ssh_config_path), "--runs-dir", str(tmp_path / "runs"),
+                "--", ssh_hosts.python, ALLREDUCE], cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    res = results(p.stdout)
+    assert sorted((r["rank"], r["sum"], r["world"]) for r in res) == [(r, 10.0, 4) for r in range(4)], p.stdout
+    assert_forked_per_host(res, hosts, 2)
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert "the store host forked by the zygote" in (run_dir / "instance-0.log").read_text()
+    assert "--index-from-env" in (run_dir / "command").read_text() and not (run_dir / "zygote").exists()
+    assert wait_until(lambda: not [h for h in hosts if ssh_hosts.processes(h, "podrun.host.zygote")], 15)
 
 
 @pytest.mark.timeout(150)
