@@ -1,5 +1,6 @@
 """A host's start, measured: the agent's CPU up to its Ready line, started as before (``python -m
-podrun.host.agent``) and lean (``python -I -S -c`` with podrun's directory, as the local transport starts it),
+podrun.host.agent``) and lean (``python -I -S -c`` with podrun's directory, as every transport starts it with the
+controller's python; and on a host where podrun is not at that path, where the lean boot becomes ``python -m``),
 beside the bare interpreter (``python -c pass``, ``python -I -S -c pass``); interleaved, the median of N runs of
 each. Each agent is given a real plan (one worker, ``python -c pass``) and read until its ``ready`` line: its
 CPU time (every thread's /proc schedstat) are taken then. Also the file-system metadata
@@ -51,7 +52,8 @@ def _agent_ms(argv: list[str]) -> float:
 
 
 def agent_argvs(tmp: str) -> dict[str, list[str]]:
-    """The agent's command lines, before and lean, for a one-worker plan written under ``tmp``."""
+    """The agent's command lines, before and lean (podrun here, and not at the lean boot's path: ``tmp``), for a
+    one-worker plan written under ``tmp``."""
     from podrun.plan.model import Placement, Plan  # noqa: F401 - the plan comes from a real dry launch instead
     from podrun.wire.agent_args import AgentArgs, RunAttempt
 
@@ -62,9 +64,14 @@ def agent_argvs(tmp: str) -> dict[str, list[str]]:
     run_dir = runs / "plan"
     args = AgentArgs(RunAttempt("plan", str(run_dir), str(run_dir / "plan.json"), "127.0.0.1", 1), 0,
                      (sys.executable, "-c", "pass"), stdin_timeout=None)
-    boot = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from podrun.host.agent import main; sys.exit(main())"
+    import podrun
+    from podrun.wire.agent_args import lean_boot
+
+    lean = [sys.executable, "-I", "-S", "-c"]
     return {"agent (python -m)": [sys.executable, "-m", "podrun.host.agent", *args.to_argv()],
-            "agent lean (-I -S)": [sys.executable, "-I", "-S", "-c", boot, *args.to_argv()]}
+            "agent lean (-I -S)": [*lean, lean_boot(str(ROOT), podrun.__version__), *args.to_argv()],
+            "agent lean, podrun elsewhere (-I -S, then -m)": [*lean, lean_boot(tmp, podrun.__version__),
+                                                               *args.to_argv()]}
 
 
 def agent(n: int = 15) -> dict:
