@@ -256,24 +256,28 @@ class Agent(ControllerLink):
         """Import once per host: where this first attempt's several workers (under a launcher, every attempt's) run a
         program that imports torch, start this host's zygote at the usual priority unless one listens already and
         wait for it (its imports are the workers' own, done once), so that the workers (and rank 0's store host) are
-        forked from it as well; a zygote not listening within FIRST_WAIT_S leaves them to start cold, with a note."""
+        forked from it as well; a zygote that fails to start, or does not listen within FIRST_WAIT_S, leaves them to
+        start cold, with a note."""
         if self.warm is None or not self.warm.first or not zygote_client.imports_torch(self.command):
             return
         run_dir, host = self.warm.run_dir, self.warm.host
         self.lease = zygote_client.hold(run_dir, host, 0.0)     # an earlier attempt's, still there
         if self.lease is None:
-            self._start_zygote(now=True)
+            if not self._start_zygote(now=True):
+                self.emit(None, "note", f"cold start: this host's zygote did not start (its log: "
+                                        f"{zygote_client.socket_path(run_dir, host)[:-5]}.log)")
+                return
             self.lease = zygote_client.hold(run_dir, host, zygote_client.FIRST_WAIT_S)
         if self.lease is None:
             self.emit(None, "note", f"cold start: this host's zygote did not listen within "
                                     f"{zygote_client.FIRST_WAIT_S:.0f} s")
 
-    def _start_zygote(self, now: bool = False) -> None:
-        """Start this host's zygote outside this subreaper's tree (it outlives the agent)."""
+    def _start_zygote(self, now: bool = False) -> bool:
+        """Start this host's zygote outside this subreaper's tree (it outlives the agent); False when it failed."""
         if self.subreaper:
             _prctl(PR_SET_CHILD_SUBREAPER, 0)
         try:
-            zygote_client.start(self.warm.run_dir, self.warm.host, now=now)
+            return zygote_client.start(self.warm.run_dir, self.warm.host, now=now)
         finally:
             if self.subreaper:
                 _prctl(PR_SET_CHILD_SUBREAPER, 1)
@@ -286,7 +290,8 @@ class Agent(ControllerLink):
             self.lease = zygote_client.hold(run_dir, host, 0.0)
         if self.lease is not None or not self.warm.start_next or zygote_client.warm_target(self.command) is None:
             return
-        self._start_zygote()
+        if not self._start_zygote():
+            return
 
         def lease():       # however long its imports take under load (a daemon thread: it ends with the agent)
             self.lease = zygote_client.hold(run_dir, host, float("inf"))

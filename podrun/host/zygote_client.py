@@ -208,21 +208,25 @@ def spawn(run_dir: str, host: str, command, env: dict[str, str], cwd: str, fds: 
     return WarmProc(conn, int(m[1]), int(m[2]), reply[m.end():])
 
 
-def start(run_dir: str, host: str, idle: float = IDLE_S, now: bool = False) -> None:
+def start(run_dir: str, host: str, idle: float = IDLE_S, now: bool = False) -> bool:
     """Start this host's zygote, detached (it forks away and the first process exits): the caller must not
     be a child subreaper while this runs, or the zygote would stay its descendant; ``now``: its imports at the
-    usual priority (workers wait for them)."""
+    usual priority (workers wait for them). False when it did not start (its first process failed: no podrun for
+    this interpreter as started usually, say), with why in its log."""
     path = socket_path(run_dir, host)
     try:                                             # not a private directory of this user: no zygote
         safefs.make_dir(os.path.dirname(path), "zygote directory")
         log = os.fdopen(safefs.open_private(path[:-5] + ".log"), "ab")
     except (OSError, PodrunError):
-        return
-    with log, contextlib.suppress(OSError, subprocess.SubprocessError):
-        subprocess.run([sys.executable, "-m", "podrun.host.zygote", "--socket", path, "--idle", str(idle),
-                        *(["--now"] if now else [])],
-                       stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, timeout=30,
-                       check=False)
+        return False
+    with log:
+        try:
+            return subprocess.run([sys.executable, "-m", "podrun.host.zygote", "--socket", path, "--idle",
+                                   str(idle), *(["--now"] if now else [])],
+                                  stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                                  timeout=30, check=False).returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            return False
 
 
 def hold(run_dir: str, host: str, wait: float) -> socket.socket | None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -106,9 +107,34 @@ def test_a_lean_agent_gives_its_workers_what_the_usual_start_gives_and_falls_bac
     assert views["usual"]["flags"]["isolated"] == 0 and views["usual"]["flags"]["no_site"] == 0
 
 
-def _plan(tmp_path: Path) -> Path:
-    """The run directory of a real one-worker run (its plan.json)."""
-    cp = podrun("launch", "--nproc-per-node", "1", "--runs-dir", str(tmp_path), "--run-id", "r", "--",
+def test_a_warm_agent_whose_zygote_cannot_start_starts_its_workers_cold_at_once(tmp_path):
+    """A lean agent finds podrun at its path, but the zygote it starts as usual (``python -m podrun.host.zygote``,
+    PYTHONPATH first) finds a podrun that fails to import: the first attempt's 2 workers of a torch program start
+    cold at once, with a note naming the zygote's log, instead of waiting FIRST_WAIT_S for a zygote that never
+    listens."""
+    import podrun
+    from podrun.wire.agent_args import lean_boot
+
+    broken = tmp_path / "broken" / "podrun"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('not this podrun')\n")
+    plan = _plan(tmp_path, workers=2)
+    code = "import os\nif os.environ.get('NEVER'):\n    import torch\nprint('started', os.environ['LOCAL_RANK'])"
+    args = AgentArgs(RunAttempt("r", str(plan), str(plan / "plan.json"), "127.0.0.1", 1), 0,
+                     (sys.executable, "-c", code), stdin_timeout=None, warm=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    cp = subprocess.run([sys.executable, "-I", "-S", "-c", lean_boot(str(ROOT), podrun.__version__),
+                         *args.to_argv()], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                        env={**env, "PYTHONPATH": str(broken.parent)})
+    assert cp.returncode == 0, (cp.stdout, cp.stderr)
+    assert "cold start: this host's zygote did not start" in cp.stdout and "zygote" in cp.stdout, cp.stdout
+    assert cp.stdout.count("started") == 2, cp.stdout
+    assert "not this podrun" in next((plan / "zygote").glob("*.log")).read_text()
+
+
+def _plan(tmp_path: Path, workers: int = 1) -> Path:
+    """The run directory of a real run of ``workers`` workers on this host (its plan.json)."""
+    cp = podrun("launch", "--nproc-per-node", str(workers), "--runs-dir", str(tmp_path), "--run-id", "r", "--",
                 sys.executable, "-c", "pass")
     assert cp.returncode == 0, cp.stderr
     return tmp_path / "r"
