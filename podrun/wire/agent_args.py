@@ -1,5 +1,4 @@
-"""The agent's command line (python -m podrun.host.agent, or its lean boot) as one value: the controller writes it,
-the agent reads it."""
+"""The agent's command line (its lean boot, or python -m podrun.host.agent) as one value: written, then read back."""
 from __future__ import annotations
 
 import argparse
