@@ -6,14 +6,16 @@ each. Each agent is given a real plan (one worker, ``python -c pass``) and read 
 CPU time (every thread's /proc schedstat) are taken then. Also the file-system metadata
 system calls (strace -f -c -e trace=%file, where strace is installed) of a cold local launch whose workers import
 torch, at 1, 4 and 8 workers: launch to every rank running, per host and per rank.
-`python -m bench.bench_start agent [N]` or `metadata [1,4,8]`; with BENCH_START_BASE=DIR (a checkout of another commit)
-the agent of that checkout too, started as before."""
+Also the whole launch under the real Slurm harness, agents that join through srun, cold vs once per host.
+`python -m bench.bench_start agent [N]`, `metadata [1,4,8]`, `wall [N]` or `srun [N]` (the Slurm harness); with
+BENCH_START_BASE=DIR (a checkout of another commit) the agent of that checkout too, started as before."""
 from __future__ import annotations
 
 import json
 import os
 import re
 import resource
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -180,12 +182,41 @@ def wall(n: int = 4, rounds: int = 5) -> dict:
     return {"workers": n, "rounds": rounds, "median_s": med, "ratio": round(med["once per host"] / med["cold"], 3)}
 
 
+def srun(n: int = 4, rounds: int = 3, nodes: int = 2) -> dict:
+    """Agents that join, cold (--no-warm) vs once per host (the default), interleaved: `podrun launch --transport
+    srun` in a job of ``nodes`` nodes of the real Slurm harness, ``n`` workers a node importing torch; the launch's
+    wall seconds inside the job (podrun's start to its exit: every rank imported torch and ended), medians."""
+    from tests.harness.slurm import SlurmCluster
+
+    got: dict[str, list[float]] = {"cold": [], "once per host": []}
+    timed = ("import subprocess, sys, time; t = time.monotonic(); rc = subprocess.run(sys.argv[1:]).returncode; "
+             "print('WALL', time.monotonic() - t); sys.exit(rc)")
+    with SlurmCluster(nodes=nodes) as sl, tempfile.TemporaryDirectory() as tmp:
+        for r in range(rounds):
+            for name, flags in (("cold", ["--no-warm"]), ("once per host", [])):
+                out = Path(tmp) / f"{r}-{len(flags)}.out"
+                launch = [sys.executable, "-c", timed, sys.executable, "-m", "podrun", "launch", "--transport", "srun",
+                          "--nodes", str(nodes), "--devices-per-host", str(n), "--runs-dir", f"{tmp}/runs", *flags,
+                          "--", sys.executable, SCRIPT]
+                sl.run(["sbatch", "--wait", f"-N{nodes}", f"--output={out}", f"--chdir={tmp}", "--wrap",
+                        shlex.join(launch)], env={"PYTHONPATH": str(ROOT)}, timeout=600)
+                wall = re.search(r"^WALL (\S+)$", out.read_text(), re.MULTILINE)
+                if wall is None:
+                    raise RuntimeError(f"the {name} job printed no WALL line: {out.read_text()[-2000:]}")
+                got[name].append(float(wall[1]))
+    med = {k: round(statistics.median(v), 2) for k, v in got.items()}
+    return {"nodes": nodes, "workers": n, "rounds": rounds, "median_s": med,
+            "ratio": round(med["once per host"] / med["cold"], 3)}
+
+
 def main(argv: list[str]) -> int:
     what = argv[0] if argv else "agent"
     if what == "agent":
         print(json.dumps(agent(int(argv[1]) if len(argv) > 1 else 15), indent=1))
     elif what == "wall":
         print(json.dumps(wall(int(argv[1]) if len(argv) > 1 else 4), indent=1))
+    elif what == "srun":
+        print(json.dumps(srun(int(argv[1]) if len(argv) > 1 else 4), indent=1))
     else:
         print(json.dumps(metadata(tuple(int(x) for x in argv[1].split(",")) if len(argv) > 1 else (1, 4, 8)),
                          indent=1))
