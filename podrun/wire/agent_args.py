@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import enum
+import json
 from dataclasses import dataclass
 
 from podrun.wire.liveness import HEARTBEAT_MISSES, HEARTBEAT_S
@@ -15,16 +16,15 @@ INTERRUPT_GRACE_S = 30.0
 
 
 def lean_boot(root: str, version: str) -> str:
-    """The ``-c`` code of an agent started lean (``python -I -S -c CODE OPTIONS``): podrun ``version`` from ``root``
-    (the directory that holds podrun/) first on the path, without site; where that podrun is not there (a host
-    without this file system) or is another version, the usual start instead (``python -m AGENT_MODULE``, the same
-    options: site, PYTHONPATH), which the interpreter becomes (exec: the same process, the same arguments)."""
-    return (f"import os, sys\nr = {root!r}\n"
-            f"if os.path.isfile(os.path.join(r, 'podrun', 'host', 'agent.py')):\n"
-            f"    sys.path.insert(0, r)\n    import podrun\n"
-            f"    if podrun.__version__ == {version!r}:\n"
-            f"        from {AGENT_MODULE} import main\n        sys.exit(main())\n"
-            f"os.execv(sys.executable, [sys.executable, '-m', {AGENT_MODULE!r}, *sys.argv[1:]])")
+    """The ``-c`` code of an agent started lean (``python -I -S -c CODE OPTIONS``), one line: podrun ``version`` from
+    ``root`` (the directory that holds podrun/) first on the path, without site; where that podrun is not there (a
+    host without this file system) or is another version, the usual start instead (``python -m AGENT_MODULE``, the
+    same options: site, PYTHONPATH), which the interpreter becomes (exec: the same process, the same arguments)."""
+    # a JSON string is a Python string literal, in double quotes: a shell line quotes them plainly
+    return (f"import os, sys; r = {json.dumps(root)}; here = os.path.isfile(os.path.join(r, \"podrun\", \"host\", "
+            f"\"agent.py\")) and not sys.path.insert(0, r) and __import__(\"podrun\").__version__ == "
+            f"{json.dumps(version)}; here or os.execv(sys.executable, [sys.executable, \"-m\", "
+            f"{json.dumps(AGENT_MODULE)}, *sys.argv[1:]]); from {AGENT_MODULE} import main; sys.exit(main())")
 
 
 def with_options(argv: list[str], *options: str) -> list[str]:
