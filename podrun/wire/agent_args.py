@@ -19,9 +19,12 @@ def lean_boot(root: str, version: str) -> str:
     """The ``-c`` code of an agent started lean (``python -I -S -c CODE OPTIONS``), one line: podrun ``version`` from
     ``root`` (the directory that holds podrun/) first on the path, without site; where that podrun is not there (a
     host without this file system) or is another version, the usual start instead (``python -m AGENT_MODULE``, the
-    same options: site, PYTHONPATH), which the interpreter becomes (exec: the same process, the same arguments)."""
+    same options: site, PYTHONPATH), which the interpreter becomes (exec: the same process, the same arguments).
+    Where the host's environment asks for no bytecode files (PYTHONDONTWRITEBYTECODE, which ``-I`` ignores), the
+    lean agent writes none either, as the usual start would not."""
     # a JSON string is a Python string literal, in double quotes: a shell line quotes them plainly
-    return (f"import os, sys; r = {json.dumps(root)}; here = os.path.isfile(os.path.join(r, \"podrun\", \"host\", "
+    return (f"import os, sys; sys.dont_write_bytecode = bool(os.environ.get(\"PYTHONDONTWRITEBYTECODE\")); "
+            f"r = {json.dumps(root)}; here = os.path.isfile(os.path.join(r, \"podrun\", \"host\", "
             f"\"agent.py\")) and not sys.path.insert(0, r) and __import__(\"podrun\").__version__ == "
             f"{json.dumps(version)}; here or os.execv(sys.executable, [sys.executable, \"-m\", "
             f"{json.dumps(AGENT_MODULE)}, *sys.argv[1:]]); from {AGENT_MODULE} import main; sys.exit(main())")

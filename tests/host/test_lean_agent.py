@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -105,6 +106,14 @@ def test_a_lean_agent_gives_its_workers_what_the_usual_start_gives_and_falls_bac
     assert all(agents[n] == ["-m", AGENT_MODULE, "--plan"] for n in ("usual", "elsewhere", "another version")), agents
     assert all(views[n] == views["usual"] for n in views), views
     assert views["usual"]["flags"]["isolated"] == 0 and views["usual"]["flags"]["no_site"] == 0
+    # PYTHONDONTWRITEBYTECODE, which -I ignores, holds for the lean agent as for the usual start: no __pycache__
+    copy = tmp_path / "copy"
+    shutil.copytree(ROOT / "podrun", copy / "podrun", ignore=shutil.ignore_patterns("__pycache__"))
+    for dont, written in (("1", False), ("", True)):
+        cp = subprocess.run([sys.executable, "-I", "-S", "-c", lean_boot(str(copy), version), *args.to_argv()],
+                            capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                            env={**os.environ, "PYTHONDONTWRITEBYTECODE": dont})
+        assert cp.returncode == 0 and any(copy.rglob("__pycache__")) is written, (dont, cp.stderr)
 
 
 def test_a_warm_agent_whose_zygote_cannot_start_starts_its_workers_cold_at_once(tmp_path):
