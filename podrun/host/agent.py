@@ -256,8 +256,8 @@ class Agent(ControllerLink):
         """Import once per host: where this first attempt's several workers (under a launcher, every attempt's) run a
         program that imports torch, start this host's zygote at the usual priority unless one listens already and
         wait for it (its imports are the workers' own, done once), so that the workers (and rank 0's store host) are
-        forked from it as well; a zygote that fails to start, or does not listen within FIRST_WAIT_S, leaves them to
-        start cold, with a note."""
+        forked from it as well; a zygote that fails to start, or ends or does not listen in time
+        (zygote_client.wait_first), leaves them to start cold, with a note."""
         if self.warm is None or not self.warm.first or not zygote_client.imports_torch(self.command):
             return
         run_dir, host = self.warm.run_dir, self.warm.host
@@ -267,10 +267,9 @@ class Agent(ControllerLink):
                 self.emit(None, "note", f"cold start: this host's zygote did not start (its log: "
                                         f"{zygote_client.socket_path(run_dir, host)[:-5]}.log)")
                 return
-            self.lease = zygote_client.hold(run_dir, host, zygote_client.FIRST_WAIT_S)
-        if self.lease is None:
-            self.emit(None, "note", f"cold start: this host's zygote did not listen within "
-                                    f"{zygote_client.FIRST_WAIT_S:.0f} s")
+            self.lease, why = zygote_client.wait_first(run_dir, host)
+            if self.lease is None:
+                self.emit(None, "note", f"cold start: {why}")
 
     def _start_zygote(self, now: bool = False) -> bool:
         """Start this host's zygote outside this subreaper's tree (it outlives the agent); False when it failed."""

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -304,6 +305,8 @@ def test_a_launchers_agent_forks_a_later_attempts_workers_from_a_zygote_it_start
         assert cp.returncode == 0, cp.stderr
         outs = sorted(e.text for e in _events(cp) if e.kind == "out")
         assert len(outs) == 2 and "warm None" not in outs and len(set(outs)) == 1, cp.stdout
+        assert zygote_client.alive(req.run_dir, socket.gethostname())     # it holds its lock (/proc/locks)
     finally:
         zygote_client.end(req.run_dir)
     assert wait_until(lambda: local_pids(zygote_client.zygote_dir(req.run_dir)) == [], 15)     # the zygote ended
+    assert not zygote_client.alive(req.run_dir, socket.gethostname())
