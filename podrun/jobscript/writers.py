@@ -100,7 +100,8 @@ def _pbs(req: JobRequest) -> str:
 def _ssh_between_nodes(transport: str | None) -> bool:
     """Whether the job's launch may reach its other nodes over ssh: a transport that holds an ssh connection per
     host, or mpirun, whose Open MPI starts its daemons over ssh unless it was built with PBS's TM interface."""
-    return transport in TRANSPORTS and (TRANSPORTS[transport].ssh_per_host or transport == "mpirun")
+    kind = TRANSPORTS.get(transport) if transport is not None else None
+    return kind is not None and (kind.ssh_per_host or kind.ssh_daemons)
 
 
 def _qsub_directives(req: JobRequest, wall: str, queue: str | None, join: str) -> list[str]:

@@ -25,6 +25,9 @@ class TransportKind:
     #: the controller holds an ssh connection to each instance's host: it asks a host its address over it (the
     #: master's), reaches this machine the same way, and the preflight starts the agents held until all are up
     ssh_per_host: bool = False
+    #: its launcher starts its own daemons on the other hosts over ssh, unless the batch scheduler starts them (Open
+    #: MPI's rsh launcher, or Grid Engine's qrsh / PBS's TM where Open MPI has them)
+    ssh_daemons: bool = False
     #: each agent gets the run's --env as the first message on its stdin (podrun.wire.envchannel)
     env_stdin: bool = False
     #: one agent per worker, each an MPI rank (--rank-from-env), rather than one per instance
@@ -64,7 +67,7 @@ TRANSPORTS: dict[str, TransportKind] = {k.name: k for k in (
     TransportKind("local", "podrun.launch.transports.local:LocalTransport", remote=False),
     TransportKind("ssh", "podrun.launch.transports.openssh:ssh_transport", ssh_per_host=True, env_stdin=True),
     TransportKind("mpirun", "podrun.launch.transports.mpirun:MpirunTransport", merged=True, agent_per_worker=True,
-                  per_instance=False),
+                  per_instance=False, ssh_daemons=True),
     TransportKind("srun", "podrun.launch.transports.srun:SrunTransport", per_instance=False, passes_env=True,
                   joined=True),
     TransportKind("poprun", "podrun.launch.engines.poprun:PoprunTransport", merged=True, agent_store=False,
