@@ -7,8 +7,8 @@ CPU time (every thread's /proc schedstat) are taken then. Also the file-system m
 system calls (strace -f -c -e trace=%file, where strace is installed) of a cold local launch whose workers import
 torch, at 1, 4 and 8 workers: launch to every rank running, per host and per rank.
 Also the whole launch under the real Slurm harness, agents that join through srun, cold vs once per host.
-`python -m bench.bench_start agent [N]`, `metadata [1,4,8]`, `wall [N]` or `srun [N]` (the Slurm harness); with
-BENCH_START_BASE=DIR (a checkout of another commit) the agent of that checkout too, started as before."""
+`python -m bench.bench_start agent [N]`, `metadata [1,4,8]`, `wall [N]` or `srun [N [NODES]]` (the Slurm
+harness); with BENCH_START_BASE=DIR (a checkout of another commit) the agent of that checkout too, started as before."""
 from __future__ import annotations
 
 import json
@@ -183,21 +183,26 @@ def wall(n: int = 4, rounds: int = 5) -> dict:
 
 
 def srun(n: int = 4, rounds: int = 3, nodes: int = 2) -> dict:
-    """Agents that join, cold (--no-warm) vs once per host (the default), interleaved: `podrun launch --transport
-    srun` in a job of ``nodes`` nodes of the real Slurm harness, ``n`` workers a node importing torch; the launch's
-    wall seconds inside the job (podrun's start to its exit: every rank imported torch and ended), medians."""
+    """Agents that join, cold (--no-warm) vs once per host (the default), beside srun starting the same workers
+    directly (the peer), interleaved: `podrun launch --transport srun` in a job of ``nodes`` nodes of the real Slurm
+    harness, ``n`` workers a node importing torch; the launch's wall seconds inside the job (the launcher's start to
+    its exit: every rank imported torch and ended), medians."""
     from tests.harness.slurm import SlurmCluster
 
-    got: dict[str, list[float]] = {"cold": [], "once per host": []}
+    got: dict[str, list[float]] = {"cold": [], "once per host": [], "srun": []}
     timed = ("import subprocess, sys, time; t = time.monotonic(); rc = subprocess.run(sys.argv[1:]).returncode; "
              "print('WALL', time.monotonic() - t); sys.exit(rc)")
-    with SlurmCluster(nodes=nodes) as sl, tempfile.TemporaryDirectory() as tmp:
+    # the nodes declare a CPU for each of their n tasks (srun lays out n a node), as the scale bench's do
+    cpus = max(n, os.cpu_count() or 1)
+    with SlurmCluster(nodes=nodes, cpus_per_node=cpus) as sl, tempfile.TemporaryDirectory() as tmp:
         for r in range(rounds):
-            for name, flags in (("cold", ["--no-warm"]), ("once per host", [])):
-                out = Path(tmp) / f"{r}-{len(flags)}.out"
-                launch = [sys.executable, "-c", timed, sys.executable, "-m", "podrun", "launch", "--transport", "srun",
-                          "--nodes", str(nodes), "--devices-per-host", str(n), "--runs-dir", f"{tmp}/runs", *flags,
-                          "--", sys.executable, SCRIPT]
+            podrun = [sys.executable, "-m", "podrun", "launch", "--transport", "srun", "--nodes", str(nodes),
+                      "--devices-per-host", str(n), "--runs-dir", f"{tmp}/runs"]
+            peer = ["srun", f"--nodes={nodes}", f"--ntasks-per-node={n}", f"--ntasks={nodes * n}"]
+            for name, first in (("cold", [*podrun, "--no-warm", "--"]), ("once per host", [*podrun, "--"]),
+                                ("srun", peer)):
+                out = Path(tmp) / f"{r}-{name}.out"
+                launch = [sys.executable, "-c", timed, *first, sys.executable, SCRIPT]
                 sl.run(["sbatch", "--wait", f"-N{nodes}", f"--output={out}", f"--chdir={tmp}", "--wrap",
                         shlex.join(launch)], env={"PYTHONPATH": str(ROOT)}, timeout=600)
                 wall = re.search(r"^WALL (\S+)$", out.read_text(), re.MULTILINE)
@@ -206,7 +211,8 @@ def srun(n: int = 4, rounds: int = 3, nodes: int = 2) -> dict:
                 got[name].append(float(wall[1]))
     med = {k: round(statistics.median(v), 2) for k, v in got.items()}
     return {"nodes": nodes, "workers": n, "rounds": rounds, "median_s": med,
-            "ratio": round(med["once per host"] / med["cold"], 3)}
+            "ratio": round(med["once per host"] / med["cold"], 3),
+            "ratio_to_srun": {k: round(med[k] / med["srun"], 3) for k in ("cold", "once per host")}}
 
 
 def main(argv: list[str]) -> int:
@@ -216,7 +222,8 @@ def main(argv: list[str]) -> int:
     elif what == "wall":
         print(json.dumps(wall(int(argv[1]) if len(argv) > 1 else 4), indent=1))
     elif what == "srun":
-        print(json.dumps(srun(int(argv[1]) if len(argv) > 1 else 4), indent=1))
+        print(json.dumps(srun(int(argv[1]) if len(argv) > 1 else 4, nodes=int(argv[2]) if len(argv) > 2 else 2),
+                         indent=1))
     else:
         print(json.dumps(metadata(tuple(int(x) for x in argv[1].split(",")) if len(argv) > 1 else (1, 4, 8)),
                          indent=1))

@@ -45,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -71,6 +72,7 @@ PROGRESS_ENV = "PODRUN_PROGRESS_FD"
 # the agent's own: it ends its workers with the one it got (SIGUSR1: Slurm's warning, sent to every task)
 HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
 EXIT_CHECK_S = 0.5          # how often the agent looks for workers hung at exit
+SUPERVISE_TICK_S = 0.25     # the supervising loop's longest sleep between looks (its stdin silence check's step)
 EXIT_CPU_S = 0.2            # CPU seconds a worker whose exit began may use without being called busy
 EXIT_STACK_LINES = 60       # lines of a hung-at-exit worker's stacks put in the instance log
 LINK_CLOSE_S = 10.0         # at its end, how long the agent waits for its last line to reach a slow controller
@@ -117,6 +119,11 @@ class Agent(ControllerLink):
         self.store = None            # rank 0's store (podrun.host.store.AgentStore), started before the workers
         self.ending: dict[int, list[float]] = {}   # worker whose exit began -> [idle since, its CPU seconds then]
         self.hung_exits: set[int] = set()          # workers ended as hung at exit
+        # the supervising loop sleeps until a worker's exit (SIGCHLD; a zygote's fork: its exit line), a stop asked
+        # (a signal, a token, a failure) or its next timed check: a byte on this pipe wakes it
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
 
     def request_stop(self, kind: StopKind, message: str, sig: int = signal.SIGTERM, silent_s: float = 0.0) -> None:
         if kind is StopKind.CONTROLLER_LOST or os.getppid() != self.parent:
@@ -124,6 +131,24 @@ class Agent(ControllerLink):
         if self.stop is None:
             self.stop = Stop(kind, message, silent_s)
             self.stop_signal = sig
+        self._wake()
+
+    def _wake(self, *_) -> None:
+        """Wake the supervising loop (also SIGCHLD's handler)."""
+        with contextlib.suppress(OSError):          # full: it wakes anyway
+            os.write(self.wake_w, b"!")
+
+    def _sleep(self, until: float) -> None:
+        """The supervising loop's wait: until a wake-up, an exit line on a zygote's fork's connection, or ``until``
+        (monotonic), at most SUPERVISE_TICK_S."""
+        wait = min(max(0.0, until - time.monotonic()), SUPERVISE_TICK_S)
+        forks = [p.conn for p in self.procs if isinstance(p, zygote_client.WarmProc) and p.returncode is None]
+        try:
+            select.select([self.wake_r, *forks], [], [], wait)
+        except (OSError, ValueError):     # a fork's connection closed meanwhile (its exit was read): look again
+            return
+        with contextlib.suppress(OSError):
+            os.read(self.wake_r, 4096)
 
     def run_over(self) -> bool:
         """Whether the run ends here for this host: the agent lost its controller (which then drops this host), or
@@ -332,6 +357,7 @@ class Agent(ControllerLink):
         self.subreaper = _prctl(PR_SET_CHILD_SUBREAPER, 1)
         for s in HANDLED:
             signal.signal(s, self._on_signal)
+        signal.signal(signal.SIGCHLD, self._wake)
         self.send(None, protocol.Ready(socket.gethostname(), os.getpid(), len(self.envs)))
         threading.Thread(target=self._heartbeat, daemon=True).start()
         if self.stdin_watch:
@@ -371,7 +397,8 @@ class Agent(ControllerLink):
             if self.subreaper and time.monotonic() >= next_reap:
                 next_reap = time.monotonic() + 1.0
                 reap_orphans({p.pid for p in self.procs if p is not None})
-            time.sleep(0.02)
+            self._sleep(min(t for t in (next_reap, next_exit, term_at, kill_at, time.monotonic() + 1.0)
+                            if t is not None))
 
     def _reap_exited(self, reaped: list[bool]) -> None:
         """Report each worker that exited since the last look (its @record error first when it failed); the first
