@@ -225,6 +225,9 @@ SchedulerParameters=batch_sched_delay=0
 """.splitlines()
         if self.cpus_per_node != (os.cpu_count() or 1):   # more CPUs than the machine's: slurmd reports the conf's
             lines.append("SlurmdParameters=config_overrides")
+            # and task/affinity cannot bind tasks to CPUs that do not exist ("Unable to layout tasks on given
+            # cpus" for more tasks a node than real cores): steps run unbound unless they ask (srun --cpu-bind)
+            lines.append("TaskPluginParam=None")
         for name, n in self.fabric.nodes.items():
             lines.append(f"NodeName={name} NodeAddr={n.address} CPUs={self.cpus_per_node} RealMemory=1000")
             (d / "spool" / name).mkdir(parents=True, exist_ok=True)
