@@ -123,6 +123,31 @@ def machine_cpu() -> float:
     return sum(int(fields[i]) for i in (0, 1, 2, 5, 6)) / TICK
 
 
+ENGINES = ("srun", "mpirun", "prterun")   # the launchers a podrun subject runs its agents through
+
+
+def engine_start_s(procs, launcher: int) -> float | None:
+    """Seconds from ``launcher``'s start to the start of the first engine (srun, mpirun) among its descendants, from
+    /proc's start times (clock ticks): a podrun subject's own start before its engine's launch; None for a peer,
+    which is its engine."""
+    try:
+        starts = [int(_stat_fields(p)[19]) for p in _tree(procs, launcher) if p != launcher
+                  and os.path.basename(procs[p][1].split(" ", 1)[0]) in ENGINES]
+        return (min(starts) - int(_stat_fields(launcher)[19])) / TICK if starts else None
+    except OSError:                  # gone meanwhile
+        return None
+
+
+def started_at(pid: int) -> float | None:
+    """The wall-clock time ``pid`` started (its /proc start time against /proc/uptime, to 10 ms); None when gone."""
+    try:
+        ticks = int(_stat_fields(pid)[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except OSError:
+        return None
+    return time.time() - (uptime - ticks / TICK)
+
+
 def marked(marker: str) -> list[int]:
     return [p for p, (_pp, cl, _c, _r) in _procs().items() if marker in cl and p != os.getpid()]
 
@@ -267,11 +292,19 @@ class Run:
             f = self.fig
             f["up_s"] = max(self._stamps("up")) - self.t0
             f["coll_s"] = max(self._stamps("coll")) - self.t0
+            # a batch subject's launcher starts with its job: the time before is the scheduler's, not the launch's
+            begun = started_at(self.launcher) if self.job is not None else None
+            f["job_up_s"] = f["up_s"] - (begun - self.t0) if begun is not None else None
             f["launch_cpu_s"] = machine_cpu() - self.busy0    # to every rank past its collective
             cpu_up, _ = tree_cpu(self.launcher)
             f["cpu_up_s"] = cpu_up
             f["own_cpu_up_s"], f["threads_up"] = own_cpu_and_threads(self.launcher)
             procs = _procs()
+            f["engine_start_s"] = engine_start_s(procs, self.launcher) if self.subject.startswith("podrun") else None
+            # rank 0's store host (podrun.host.store: it imports torch) names the run's port, not its marker
+            store = [c for _p, (_pp, cl, c, _r) in procs.items() if "PODRUN_STORE_FD" in cl
+                     and cl.rstrip().endswith(f" {self.port}")]
+            f["store_cpu_up_s"] = sum(store) if store else None
             agents_up, t_up = self._ours(procs, AGENT), time.monotonic()
             f["agent_cpu_up_s"] = statistics.median(c for c, _ in agents_up) if agents_up else None
             workers = self._ours(procs, WORKER)
@@ -565,6 +598,17 @@ def rows_from(data: dict, rounds: int) -> list[dict]:
                   + f"; leftovers {left}")
         rows.append(row("scale launch -> every rank running", f"{s}, {size}", [f["up_s"] for f in runs], "s",
                         detail, f"{peer}, {size}" if pr else None, [f["up_s"] for f in pr] if pr else None))
+        job_up = [f["job_up_s"] for f in runs if f.get("job_up_s") is not None]
+        peer_job_up = [f["job_up_s"] for f in pr if f.get("job_up_s") is not None] if pr else []
+        if job_up:
+            rows.append(row("scale job start -> every rank running", f"{s}, {size}", job_up, "s",
+                            f"{note0}; from the start of the launcher's job (its process's start time), without the "
+                            "scheduler's wait before it" + (f"; podrun's own start to its engine's "
+                                                            f"{eng:.2f} s" if (eng := _med(runs, "engine_start_s"))
+                                                            is not None else "")
+                            + (f"; rank 0's store host's CPU {st:.2f} s" if (st := _med(runs, "store_cpu_up_s"))
+                               is not None else ""),
+                            f"{peer}, {size}" if peer_job_up else None, peer_job_up or None))
         rows.append(row("scale launch -> first collective", f"{s}, {size}", [f["coll_s"] for f in runs], "s",
                         note0, f"{peer}, {size}" if pr else None, [f["coll_s"] for f in pr] if pr else None))
         rows.append(row("scale launcher CPU at every rank running", f"{s}, {size}", cpu, "s CPU",
