@@ -230,8 +230,9 @@ def tree_model(hosts: int, fit: dict) -> float:
 #: the inputs of ``joined_model`` and the scale run's figure (bench/bench_scale.py, a median at the podrun subject's
 #: largest size) each is read from: podrun's own start up to its engine's launch, one agent's start (its CPU at every
 #: rank running: on a node of its own it runs alone), the controller's serial CPU per joined host, one worker's start
+#: (its CPU at its up stamp, before it waits for rank 0)
 JOINED_INPUTS = (("podrun_start_s", "engine_start_s", 1.0), ("agent_start_s", "agent_cpu_up_s", 1.0),
-                 ("join_cpu_per_host_s", "join_ms", 0.001), ("worker_start_s", "worker_cpu_up_s", 1.0))
+                 ("join_cpu_per_host_s", "join_ms", 0.001), ("worker_start_s", "worker_start_cpu_s", 1.0))
 
 
 def joined_model(hosts: int, costs: dict, engine_fit: dict) -> float:

@@ -309,6 +309,8 @@ class Run:
             f["agent_cpu_up_s"] = statistics.median(c for c, _ in agents_up) if agents_up else None
             workers = self._ours(procs, WORKER)
             f["worker_cpu_up_s"] = statistics.median(c for c, _ in workers) if workers else None
+            own = self._stamps("cpu")          # each worker's CPU at its up stamp: its start, before it waits on rank 0
+            f["worker_start_cpu_s"] = statistics.median(own) if own else None
             time.sleep(IDLE)
             cpu_idle, tree_rss = tree_cpu(self.launcher)
             f["idle_cpu_frac"] = (cpu_idle - cpu_up) / IDLE
@@ -594,6 +596,8 @@ def rows_from(data: dict, rounds: int) -> list[dict]:
                   + (f"; CPU per agent {acpu * 1000:.0f} ms" if (acpu := _med(runs, "agent_cpu_up_s")) is not None
                      else "")
                   + (f"; CPU per worker {wcpu * 1000:.0f} ms" if (wcpu := _med(runs, "worker_cpu_up_s")) is not None
+                     else "")
+                  + (f" ({ws * 1000:.0f} ms to its up stamp)" if (ws := _med(runs, "worker_start_cpu_s")) is not None
                      else "")
                   + f"; leftovers {left}")
         rows.append(row("scale launch -> every rank running", f"{s}, {size}", [f["up_s"] for f in runs], "s",

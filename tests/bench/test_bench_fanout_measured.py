@@ -71,7 +71,7 @@ def test_agents_that_join_are_projected_from_their_named_measured_parts(tmp_path
     per joined host x hosts + one worker's start, each a median of the podrun subject at its largest size; a run
     without those figures (agents per rank, before they joined) keeps the subject's own tree model."""
     s, peer = "podrun srun", "srun"
-    parts = {"engine_start_s": 0.4, "agent_cpu_up_s": 0.06, "join_ms": 0.3, "worker_cpu_up_s": 0.05}
+    parts = {"engine_start_s": 0.4, "agent_cpu_up_s": 0.06, "join_ms": 0.3, "worker_start_cpu_s": 0.05}
     path = _scale_json(tmp_path, {
         **{(s, n, 4): [{**_fig(n, 0.007, 0.4, 0.0, 3.0 + 0.1 * n), **parts}] for n in (8, 64)},
         **{(peer, n, 4): [_fig(n, 0.001, 0.0, 0.0, 1.0 + 0.05 * n)] for n in (8, 64)}})
