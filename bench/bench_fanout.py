@@ -222,8 +222,9 @@ def projected(paths: list[Path], subject: str, peer: str = "mpirun (Open MPI) tr
 
 def tree_model(hosts: int, fit: dict) -> float:
     """A launch through an engine's tree (Open MPI's daemons started by ssh or qrsh; srun's step through the nodes'
-    slurmd): the root starts the first level, up to TREE_RADIX hosts, each costing the launcher's CPU per host on one core; each level then costs the rest of
-    the launch at the smallest measured size (the remote start, once a level: a level's hosts start in parallel)."""
+    slurmd): the root starts the first level, up to TREE_RADIX hosts, each costing the launcher's CPU per host on one
+    core; each level then costs the rest of the launch at the smallest measured size (the remote start, once a
+    level: a level's hosts start in parallel)."""
     return max(0.0, fit["cpu_per_host_s"]) * min(hosts, TREE_RADIX) + fit["start_s"] * tree_levels(hosts)
 
 

@@ -9,8 +9,10 @@ and clush running the worker on every host (fan-out = the host count: a window s
 starts the last hosts, since each host's command runs for the whole run), and torchrun started on every host by
 pdsh (8 and 16 hosts only: each torchrun imports torch, ~300 MB a host on this 24 GiB machine).
 
-Per run: launch -> every rank running (the latest up-<rank> stamp, each worker's own clock); -> the first
-collective (the latest coll-<rank>); the launcher's CPU (its process tree: user + system of the launcher and
+Per run: launch -> every rank running (the latest up-<rank> stamp, each worker's own clock), and for a batch
+subject from its job's start too (its launcher's start time: without the scheduler's wait); -> the first
+collective (the latest coll-<rank>); a podrun subject's own start up to its engine's (srun, mpirun), rank 0's store
+host's CPU, each worker's CPU at its up stamp; the launcher's CPU (its process tree: user + system of the launcher and
 every descendant, living or reaped, read from /proc) at every rank running and over an idle window after it
 (the steady state: heartbeats); the machine's CPU from the launch to every rank past its collective, and the CPU
 of each agent and each worker at every rank running (medians); the launcher's peak RSS (VmHWM) and its tree's RSS; each podrun agent's RSS;
