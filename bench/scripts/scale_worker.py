@@ -1,7 +1,8 @@
 """A light worker for the scale benchmark (no torch): writes DIR/up-<rank> (its wall clock) and DIR/cpu-<rank> (its
 CPU seconds so far) as it starts, does one all_reduce over TCP (rank 0 serves MASTER_PORT + 1; the others send
 rank + 1 and read back the sum), writes DIR/coll-<rank>, then sleeps until a signal ends it. Usage:
-scale_worker.py DIR MARKER (MARKER names the run's processes on the hosts). The rank and world size come from RANK/WORLD_SIZE, or Open MPI's or Slurm's names."""
+scale_worker.py DIR MARKER (MARKER names the run's processes on the hosts). The rank and world size come from
+RANK/WORLD_SIZE, or Open MPI's or Slurm's names."""
 import os
 import sys
 import time
