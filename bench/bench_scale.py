@@ -180,6 +180,7 @@ class Run:
         self.proc: subprocess.Popen | None = None
         self.job: str | None = None
         self.fig: dict = {}
+        self.begun: float | None = None     # a batch subject's job start (its launcher's start time)
 
     def _start_clock(self) -> None:
         """The launch begins: its wall clock and this machine's busy CPU (every host shares its cores)."""
@@ -295,8 +296,9 @@ class Run:
             f["up_s"] = max(self._stamps("up")) - self.t0
             f["coll_s"] = max(self._stamps("coll")) - self.t0
             # a batch subject's launcher starts with its job: the time before is the scheduler's, not the launch's
-            begun = started_at(self.launcher) if self.job is not None else None
-            f["job_up_s"] = f["up_s"] - (begun - self.t0) if begun is not None else None
+            self.begun = started_at(self.launcher) if self.job is not None else None
+            f["job_up_s"] = f["up_s"] - (self.begun - self.t0) if self.begun is not None else None
+            f["first_up_s"] = min(self._stamps("up")) - (self.t0 if self.begun is None else self.begun)
             f["launch_cpu_s"] = machine_cpu() - self.busy0    # to every rank past its collective
             cpu_up, _ = tree_cpu(self.launcher)
             f["cpu_up_s"] = cpu_up
@@ -453,6 +455,17 @@ def _gap(r: Run) -> float | None:
     return max(gaps) if gaps else None
 
 
+def _ready_last_s(r: Run) -> float | None:
+    """The last agent's ready line (summary.json: the supervisor's start + its ready_s), from the launch's start
+    (a batch subject's job start)."""
+    summary = _summary(r)
+    ready = [i["ready_s"] for i in summary.get("instances", []) if i.get("ready_s") is not None]
+    started = (summary.get("timings") or {}).get("started")
+    if not ready or started is None:
+        return None
+    return started + max(ready) - (r.t0 if r.begun is None else r.begun)
+
+
 def _join_ms(r: Run) -> float | None:
     """The controller's CPU per agent that joined (the hand-shake on its listener's thread: summary.json's joins)."""
     return (_summary(r).get("joins") or {}).get("cpu_ms_per_join")
@@ -546,6 +559,7 @@ def collect(sizes, wpps, rounds: int, subjects=DEFAULT_SUBJECTS, teardown_bound:
                             starters[s](r)
                             fig = r.measure(teardown_bound)
                             fig["gap_s"] = _gap(r)
+                            fig["ready_last_s"] = _ready_last_s(r)
                             fig["join_ms"] = _join_ms(r)
                             res.setdefault((s, n, k), []).append(fig)
                             print(f"  {s} {n}x{k}: " + ", ".join(f"{a}={b:.3g}" if isinstance(b, float) else
@@ -595,6 +609,9 @@ def rows_from(data: dict, rounds: int) -> list[dict]:
                      and (threads := _med(runs, "threads_up")) is not None else "")
                   + (f"; the machine's CPU to every rank past its collective {lcpu:.1f} s"
                      if (lcpu := _med(runs, "launch_cpu_s")) is not None else "")
+                  + (f"; the last agent ready at {ready:.2f} s" if (ready := _med(runs, "ready_last_s")) is not None
+                     else "")
+                  + f"; the first rank running at {_med(runs, 'first_up_s'):.2f} s"
                   + (f"; CPU per agent {acpu * 1000:.0f} ms" if (acpu := _med(runs, "agent_cpu_up_s")) is not None
                      else "")
                   + (f"; CPU per worker {wcpu * 1000:.0f} ms" if (wcpu := _med(runs, "worker_cpu_up_s")) is not None
