@@ -1,18 +1,21 @@
 """A host's start, measured: the agent's CPU up to its Ready line, started as before (``python -m
-podrun.host.agent``) and lean (``python -I -S -c`` with podrun's directory, as the local transport starts it),
+podrun.host.agent``) and lean (``python -I -S -c`` with podrun's directory, as every transport starts it with the
+controller's python; and on a host where podrun is not at that path, where the lean boot becomes ``python -m``),
 beside the bare interpreter (``python -c pass``, ``python -I -S -c pass``); interleaved, the median of N runs of
 each. Each agent is given a real plan (one worker, ``python -c pass``) and read until its ``ready`` line: its
 CPU time (every thread's /proc schedstat) are taken then. Also the file-system metadata
 system calls (strace -f -c -e trace=%file, where strace is installed) of a cold local launch whose workers import
 torch, at 1, 4 and 8 workers: launch to every rank running, per host and per rank.
-`python -m bench.bench_start agent [N]` or `metadata [1,4,8]`; with BENCH_START_BASE=DIR (a checkout of another commit)
-the agent of that checkout too, started as before."""
+Also the whole launch under the real Slurm harness, agents that join through srun, cold vs once per host.
+`python -m bench.bench_start agent [N]`, `metadata [1,4,8]`, `wall [N]` or `srun [N]` (the Slurm harness); with
+BENCH_START_BASE=DIR (a checkout of another commit) the agent of that checkout too, started as before."""
 from __future__ import annotations
 
 import json
 import os
 import re
 import resource
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -51,7 +54,8 @@ def _agent_ms(argv: list[str]) -> float:
 
 
 def agent_argvs(tmp: str) -> dict[str, list[str]]:
-    """The agent's command lines, before and lean, for a one-worker plan written under ``tmp``."""
+    """The agent's command lines, before and lean (podrun here, and not at the lean boot's path: ``tmp``), for a
+    one-worker plan written under ``tmp``."""
     from podrun.plan.model import Placement, Plan  # noqa: F401 - the plan comes from a real dry launch instead
     from podrun.wire.agent_args import AgentArgs, RunAttempt
 
@@ -62,9 +66,14 @@ def agent_argvs(tmp: str) -> dict[str, list[str]]:
     run_dir = runs / "plan"
     args = AgentArgs(RunAttempt("plan", str(run_dir), str(run_dir / "plan.json"), "127.0.0.1", 1), 0,
                      (sys.executable, "-c", "pass"), stdin_timeout=None)
-    boot = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from podrun.host.agent import main; sys.exit(main())"
+    import podrun
+    from podrun.wire.agent_args import lean_boot
+
+    lean = [sys.executable, "-I", "-S", "-c"]
     return {"agent (python -m)": [sys.executable, "-m", "podrun.host.agent", *args.to_argv()],
-            "agent lean (-I -S)": [sys.executable, "-I", "-S", "-c", boot, *args.to_argv()]}
+            "agent lean (-I -S)": [*lean, lean_boot(str(ROOT), podrun.__version__), *args.to_argv()],
+            "agent lean, podrun elsewhere (-I -S, then -m)": [*lean, lean_boot(tmp, podrun.__version__),
+                                                               *args.to_argv()]}
 
 
 def agent(n: int = 15) -> dict:
@@ -173,12 +182,41 @@ def wall(n: int = 4, rounds: int = 5) -> dict:
     return {"workers": n, "rounds": rounds, "median_s": med, "ratio": round(med["once per host"] / med["cold"], 3)}
 
 
+def srun(n: int = 4, rounds: int = 3, nodes: int = 2) -> dict:
+    """Agents that join, cold (--no-warm) vs once per host (the default), interleaved: `podrun launch --transport
+    srun` in a job of ``nodes`` nodes of the real Slurm harness, ``n`` workers a node importing torch; the launch's
+    wall seconds inside the job (podrun's start to its exit: every rank imported torch and ended), medians."""
+    from tests.harness.slurm import SlurmCluster
+
+    got: dict[str, list[float]] = {"cold": [], "once per host": []}
+    timed = ("import subprocess, sys, time; t = time.monotonic(); rc = subprocess.run(sys.argv[1:]).returncode; "
+             "print('WALL', time.monotonic() - t); sys.exit(rc)")
+    with SlurmCluster(nodes=nodes) as sl, tempfile.TemporaryDirectory() as tmp:
+        for r in range(rounds):
+            for name, flags in (("cold", ["--no-warm"]), ("once per host", [])):
+                out = Path(tmp) / f"{r}-{len(flags)}.out"
+                launch = [sys.executable, "-c", timed, sys.executable, "-m", "podrun", "launch", "--transport", "srun",
+                          "--nodes", str(nodes), "--devices-per-host", str(n), "--runs-dir", f"{tmp}/runs", *flags,
+                          "--", sys.executable, SCRIPT]
+                sl.run(["sbatch", "--wait", f"-N{nodes}", f"--output={out}", f"--chdir={tmp}", "--wrap",
+                        shlex.join(launch)], env={"PYTHONPATH": str(ROOT)}, timeout=600)
+                wall = re.search(r"^WALL (\S+)$", out.read_text(), re.MULTILINE)
+                if wall is None:
+                    raise RuntimeError(f"the {name} job printed no WALL line: {out.read_text()[-2000:]}")
+                got[name].append(float(wall[1]))
+    med = {k: round(statistics.median(v), 2) for k, v in got.items()}
+    return {"nodes": nodes, "workers": n, "rounds": rounds, "median_s": med,
+            "ratio": round(med["once per host"] / med["cold"], 3)}
+
+
 def main(argv: list[str]) -> int:
     what = argv[0] if argv else "agent"
     if what == "agent":
         print(json.dumps(agent(int(argv[1]) if len(argv) > 1 else 15), indent=1))
     elif what == "wall":
         print(json.dumps(wall(int(argv[1]) if len(argv) > 1 else 4), indent=1))
+    elif what == "srun":
+        print(json.dumps(srun(int(argv[1]) if len(argv) > 1 else 4), indent=1))
     else:
         print(json.dumps(metadata(tuple(int(x) for x in argv[1].split(",")) if len(argv) > 1 else (1, 4, 8)),
                          indent=1))

@@ -12,7 +12,9 @@ workers leave behind (a daemon started with setsid, a child of a killed shell) b
 when the run ends it kills the workers' process groups and then every remaining descendant, so
 nothing outlives the run, whether it succeeded or not. With --warm it forks the workers (and rank 0's store
 host) from this host's zygote when one runs (podrun.host.zygote), and otherwise starts them as usual and
-then starts the zygote for the attempts that may follow; when it loses its controller (stdin closed or
+then starts the zygote for the attempts that may follow; where the host runs several workers of a program that
+imports torch, the first attempt's agent (and every attempt's under srun or mpirun, --index-from-env) starts the
+zygote first and forks them all from it; when it loses its controller (stdin closed or
 silent, or reparented: the controller died) it tells the zygote to end at once. The agent runs under umask
 077: whatever its workers write (torch's error files, metrics, checkpoints, snapshots) is private to the user
 (0600 files, 0700 directories), as the run directory is.
@@ -60,7 +62,7 @@ from podrun.host.stop import Stop, StopKind
 from podrun.host.workers import (bind_worker, fresh_error_file, instance_workers, launcher_fds, read_env_stdin,
                                  read_error_file)
 from podrun.wire import protocol
-from podrun.wire.agent_args import AgentArgs, cores_text
+from podrun.wire.agent_args import AgentArgs, FromEnv, cores_text
 from podrun.wire.liveness import FIRST_HEARTBEAT_S
 from podrun.wire.proctl import PR_SET_CHILD_SUBREAPER, die_with_parent, prctl as _prctl, signal_group
 
@@ -251,25 +253,30 @@ class Agent(ControllerLink):
         return None
 
     def zygote_first(self) -> None:
-        """Import once per host: where this first attempt's several workers run a program that imports torch, start
-        this host's zygote at the usual priority and wait for it (its imports are the workers' own, done once), so
-        that the first attempt's workers (and rank 0's store host) are forked from it as well; a zygote not
-        listening within FIRST_WAIT_S leaves them to start cold, with a note."""
+        """Import once per host: where this first attempt's several workers (under a launcher, every attempt's) run a
+        program that imports torch, start this host's zygote at the usual priority unless one listens already and
+        wait for it (its imports are the workers' own, done once), so that the workers (and rank 0's store host) are
+        forked from it as well; a zygote that fails to start, or ends or does not listen in time
+        (zygote_client.wait_first), leaves them to start cold, with a note."""
         if self.warm is None or not self.warm.first or not zygote_client.imports_torch(self.command):
             return
         run_dir, host = self.warm.run_dir, self.warm.host
-        self._start_zygote(now=True)
-        self.lease = zygote_client.hold(run_dir, host, zygote_client.FIRST_WAIT_S)
+        self.lease = zygote_client.hold(run_dir, host, 0.0)     # an earlier attempt's, still there
         if self.lease is None:
-            self.emit(None, "note", f"cold start: this host's zygote did not listen within "
-                                    f"{zygote_client.FIRST_WAIT_S:.0f} s")
+            if not self._start_zygote(now=True):
+                self.emit(None, "note", f"cold start: this host's zygote did not start (its log: "
+                                        f"{zygote_client.socket_path(run_dir, host)[:-5]}.log)")
+                return
+            self.lease, why = zygote_client.wait_first(run_dir, host)
+            if self.lease is None:
+                self.emit(None, "note", f"cold start: {why}")
 
-    def _start_zygote(self, now: bool = False) -> None:
-        """Start this host's zygote outside this subreaper's tree (it outlives the agent)."""
+    def _start_zygote(self, now: bool = False) -> bool:
+        """Start this host's zygote outside this subreaper's tree (it outlives the agent); False when it failed."""
         if self.subreaper:
             _prctl(PR_SET_CHILD_SUBREAPER, 0)
         try:
-            zygote_client.start(self.warm.run_dir, self.warm.host, now=now)
+            return zygote_client.start(self.warm.run_dir, self.warm.host, now=now)
         finally:
             if self.subreaper:
                 _prctl(PR_SET_CHILD_SUBREAPER, 1)
@@ -282,7 +289,8 @@ class Agent(ControllerLink):
             self.lease = zygote_client.hold(run_dir, host, 0.0)
         if self.lease is not None or not self.warm.start_next or zygote_client.warm_target(self.command) is None:
             return
-        self._start_zygote()
+        if not self._start_zygote():
+            return
 
         def lease():       # however long its imports take under load (a daemon thread: it ends with the agent)
             self.lease = zygote_client.hold(run_dir, host, float("inf"))
@@ -483,8 +491,13 @@ def main(argv: list[str] | None = None) -> int:
         store = AgentStore.open(args.attempt.master_port, args.listen_fd)    # reserve the port now, before any report
     probe = _probe(args, rank0, store) if args.hold else None
     restart, max_restarts = args.attempt.restart_count, args.attempt.max_restarts
-    warm = zygote_client.WarmHost(args.attempt.run_dir, socket.gethostname(), start_next=restart < max_restarts,
-                                  later=restart > 0, first=restart == 0 and len(envs) > 1) if args.warm else None
+    # an agent that a launcher started (srun, mpirun: a new step each attempt, where an earlier step's zygote may have
+    # ended with it) forks every attempt's several workers, starting this host's zygote when none listens
+    launched = args.instance is FromEnv.INDEX
+    warm = None
+    if args.warm:
+        warm = zygote_client.WarmHost(args.attempt.run_dir, socket.gethostname(), start_next=restart < max_restarts,
+                                      later=restart > 0, first=len(envs) > 1 and (restart == 0 or launched))
     agent = Agent(args, index, envs, probe=probe, local_ranks=local_ranks, agent_rank=agent_rank, warm=warm)
     if args.join is not None or args.join_fd is not None:
         agent.join_controller(args.join, args.join_fd, args.attempt.run_id, key, FIRST_HEARTBEAT_S)

@@ -27,7 +27,11 @@ LEASE = struct.pack("!I", 0)    # a request of length 0: hold this connection wh
 QUIT = struct.pack("!I", 0xFFFFFFFF)   # end now: the agent's controller is gone, no attempt will follow
 
 
-FIRST_WAIT_S = 120.0    # how long a first attempt's agent waits for the zygote it started before starting cold
+# how long a first attempt's agent waits for the zygote it started before starting cold: while the zygote lives (it
+# holds its lock), importing, up to FIRST_WAIT_S (many zygotes sharing a machine's cores take long); one not seen
+# alive ALIVE_GRACE_S after its start has ended
+FIRST_WAIT_S = 600.0
+ALIVE_GRACE_S = 30.0
 TORCH_IMPORT = re.compile(r"^[ \t]*(?:import[ \t]+(?:[\w.]+(?:[ \t]+as[ \t]+\w+)?[ \t]*,[ \t]*)*torch\b"
                           r"|from[ \t]+torch\b)", re.MULTILINE)
 
@@ -208,21 +212,53 @@ def spawn(run_dir: str, host: str, command, env: dict[str, str], cwd: str, fds: 
     return WarmProc(conn, int(m[1]), int(m[2]), reply[m.end():])
 
 
-def start(run_dir: str, host: str, idle: float = IDLE_S, now: bool = False) -> None:
+def start(run_dir: str, host: str, idle: float = IDLE_S, now: bool = False) -> bool:
     """Start this host's zygote, detached (it forks away and the first process exits): the caller must not
     be a child subreaper while this runs, or the zygote would stay its descendant; ``now``: its imports at the
-    usual priority (workers wait for them)."""
+    usual priority (workers wait for them). False when it did not start (its first process failed: no podrun for
+    this interpreter as started usually, say), with why in its log."""
     path = socket_path(run_dir, host)
     try:                                             # not a private directory of this user: no zygote
         safefs.make_dir(os.path.dirname(path), "zygote directory")
         log = os.fdopen(safefs.open_private(path[:-5] + ".log"), "ab")
     except (OSError, PodrunError):
-        return
-    with log, contextlib.suppress(OSError, subprocess.SubprocessError):
-        subprocess.run([sys.executable, "-m", "podrun.host.zygote", "--socket", path, "--idle", str(idle),
-                        *(["--now"] if now else [])],
-                       stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, timeout=30,
-                       check=False)
+        return False
+    with log:
+        try:
+            return subprocess.run([sys.executable, "-m", "podrun.host.zygote", "--socket", path, "--idle",
+                                   str(idle), *(["--now"] if now else [])],
+                                  stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                                  timeout=30, check=False).returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            return False
+
+
+def alive(run_dir: str, host: str) -> bool:
+    """Whether this host's zygote lives, listening or still importing: a process holds its lock (the kernel's list
+    of file locks, /proc/locks, read without taking the lock)."""
+    try:
+        st = os.stat(socket_path(run_dir, host)[:-5] + ".lock")
+        with open("/proc/locks", encoding="ascii") as f:
+            text = f.read()
+    except OSError:
+        return False
+    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    return any(" FLOCK " in line and where in line.split() for line in text.splitlines())
+
+
+def wait_first(run_dir: str, host: str) -> tuple[socket.socket | None, str]:
+    """A lease on the zygote the caller has just started, once it listens: waiting while it lives (FIRST_WAIT_S at
+    most); else None and why (it ended first, or it is still importing)."""
+    start = time.monotonic()
+    while True:
+        conn = hold(run_dir, host, 1.0)
+        if conn is not None:
+            return conn, ""
+        waited = time.monotonic() - start
+        if waited > ALIVE_GRACE_S and not alive(run_dir, host):
+            return None, f"this host's zygote ended before it listened (its log: {socket_path(run_dir, host)[:-5]}.log)"
+        if waited > FIRST_WAIT_S:
+            return None, f"this host's zygote did not listen within {FIRST_WAIT_S:.0f} s"
 
 
 def hold(run_dir: str, host: str, wait: float) -> socket.socket | None:

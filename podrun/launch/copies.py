@@ -147,7 +147,9 @@ def become_agent(copy: Copy, env_items: tuple[str, ...], window: float | None) -
     except OSError as exc:
         raise LaunchError(f"copy {copy.rank}: the run's working directory {args.workdir} is not here: "
                           f"{exc.strerror}", hint="run the copies in a directory every node shares") from None
-    argv = [sys.executable, *args.argv[1:3], "--join-fd", str(fd), *args.argv[3:]]
+    from podrun.wire.agent_args import with_options
+
+    argv = [sys.executable, *with_options(list(args.argv[1:]), "--join-fd", str(fd))]
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(sys.executable, argv)

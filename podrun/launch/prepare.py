@@ -178,8 +178,10 @@ def _prepare(opts: LaunchOptions, target: Target, mapped: OwnOptions) -> Prepare
                             max_restarts=0 if max_restarts is None else max_restarts,
                             data_interface=data_interface)
     # its agents start each instance themselves: warm when a restart may follow, or (import once per host) when a
-    # host runs several workers
-    if rs.warm and kind.per_instance and (request.max_restarts > 0 or workers_per_instance(plan) > 1):
+    # host runs several workers; agents that join (srun, mpirun but for --mpi-ranks, the copies) only for the latter
+    several = workers_per_instance(plan) > 1
+    joined = kind.joined or (kind.agent_per_worker and not mpi_ranks)
+    if rs.warm and (kind.per_instance and (request.max_restarts > 0 or several) or joined and several):
         request = replace(request, warm=True)
     request = replace(request, join_address=check_join_address(net.join_address), mpi_ranks=mpi_ranks,
                       join_window=net.join_window if net.join_window is not None else request.join_window)

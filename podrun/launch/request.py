@@ -18,7 +18,7 @@ from podrun.errors import LaunchError
 from podrun.redaction import ENV_NAME_RE, redact_argv, remember_secret, secret_name
 from podrun.launch.instance_logs import RankFiles
 from podrun.wire.agent_args import (AGENT_MODULE, GRACE_S, INTERRUPT_GRACE_S, MAX_CPU, AgentArgs, CpuBind, FromEnv,
-                                    RunAttempt)
+                                    RunAttempt, lean_boot)
 from podrun.wire.liveness import FIRST_HEARTBEAT_S, HEARTBEAT_MISSES, HEARTBEAT_S, Liveness
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -121,22 +121,25 @@ class LaunchRequest:
         its preflight facts and starts workers only on a go from the controller; ``env_stdin``: the
         transport writes ``env_message()`` first on the agent's stdin (--env-stdin, when there is an env);
         ``worker_stdin_fd``: the agent's inherited descriptor that its local rank 0 reads as stdin (the local
-        transport's copy of podrun's own stdin); ``lean``: the agent runs on this machine, so with this python it is
+        transport's copy of podrun's own stdin); ``lean``: with this python (the same path on every host) the agent is
         started isolated and without site (``-I -S``: no site-packages scan, no .pth file run), this podrun's own
-        directory first on its path (its workers, its store host and its zygote are started as usual); ``join``: the
-        address the agent joins (--join), its key in its environment."""
+        directory first on its path, and on a host where this podrun is not at that path started as usual
+        (``lean_boot``); its workers, its store host and its zygote are started as usual either way; ``join``: the
+        address the agent joins (--join), its key in its environment. Every agent but one a worker (``per_worker``)
+        forks its several workers from its host's zygote when the run is warm."""
         source = FromEnv.RANK if per_worker else FromEnv.INDEX
         args = AgentArgs(self.attempt, source if index is None else index, self.command, grace=self.grace,
                          interrupt_grace=self.interrupt_grace, heartbeat=self.heartbeat,
                          stdin_timeout=self.keepalive if stdin_watch else None,
                          agent_store=self.agent_store, listen_fd=self.listen_fd if index == 0 else None,
-                         warm=self.warm and index is not None, hold=hold, needs=self.needs if hold else (),
+                         warm=self.warm and not per_worker, hold=hold, needs=self.needs if hold else (),
                          env_stdin=env_stdin and bool(self.env), worker_stdin_fd=worker_stdin_fd,
                          cpu_bind=self.cpu_bind, join=join)
         if lean and os.path.abspath(self.python) == os.path.abspath(sys.executable):
-            root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # holds podrun/
-            boot = f"import sys; sys.path.insert(0, {root!r}); from {AGENT_MODULE} import main; sys.exit(main())"
-            return [self.python, "-I", "-S", "-c", boot, *args.to_argv()]
+            import podrun
+
+            root = os.path.dirname(os.path.dirname(os.path.abspath(podrun.__file__)))   # holds podrun/
+            return [self.python, "-I", "-S", "-c", lean_boot(root, podrun.__version__), *args.to_argv()]
         return [self.python, "-m", AGENT_MODULE, *args.to_argv()]
 
     @property
@@ -166,11 +169,11 @@ class LaunchRequest:
     def shell_command(self, index: int | None, *, stdin_watch: bool = True, redact: bool = False,
                       hold: bool = False, per_worker: bool = False, env_stdin: bool = False,
                       join: str | None = None) -> str:
-        """The exact shell line a host runs: cd to the workdir, then exec the agent (quoted with shlex).
+        """The exact shell line a host runs: cd to the workdir, then exec the agent, started lean (quoted with shlex).
         It holds no --env value: ``env_stdin`` adds --env-stdin (the values follow on the agent's stdin);
         without it they come in the environment of whatever runs the line (mpirun, srun, poprun)."""
         argv = self.agent_argv(index, stdin_watch=stdin_watch, hold=hold, per_worker=per_worker,
-                               env_stdin=env_stdin, join=join)
+                               env_stdin=env_stdin, join=join, lean=True)
         if redact:
             cut = len(argv) - len(self.command)
             argv = argv[:cut] + redact_argv(argv[cut:])

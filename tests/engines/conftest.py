@@ -42,3 +42,13 @@ def assert_allreduce_job_done(run_dir: Path, res: list[dict], transport: str,
 @pytest.fixture
 def allreduce_script() -> str:
     return ALLREDUCE
+
+
+def assert_forked_per_host(res: list[dict], hosts: list[str], per_host: int) -> None:
+    """Import once per host: ``per_host`` ALLREDUCE ranks on each of ``hosts``, every one forked by its host's zygote
+    (PODRUN_WARM names it, and it is the rank's parent), one zygote a host."""
+    assert sorted(r["host"] for r in res) == sorted(h for h in hosts for _ in range(per_host)), res
+    for r in res:
+        assert r["env"]["PODRUN_WARM"] == str(r["parent"]), r
+    zygotes = {h: {r["parent"] for r in res if r["host"] == h} for h in hosts}
+    assert all(len(z) == 1 for z in zygotes.values()) and len(set.union(*zygotes.values())) == len(hosts), zygotes

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from podrun.launch.transports.mpirun import MpiOptions, detect_flavour, find_mpirun, grid_engine_qrsh, mpirun_command
-from tests.engines.conftest import ALLREDUCE, HERE, podrun, results
-from tests.launch.helpers import run_and_watch, secret_values
+from tests.engines.conftest import ALLREDUCE, HERE, assert_forked_per_host, podrun, results
+from tests.launch.helpers import run_and_watch, secret_values, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.mpi]
 
@@ -95,28 +95,33 @@ def test_detect_flavour_real_openmpi():
 
 
 @pytest.mark.timeout(150)
-def test_mpirun_transport_env_contract_and_allreduce(ssh_hosts, tmp_path):
-    """One instance per host through one real mpirun; the env contract holds and gloo all_reduce works."""
+def test_mpirun_transport_env_contract_allreduce_and_one_import_per_host(ssh_hosts, tmp_path):
+    """One agent per host through one real mpirun (--index-from-env, joined), 2 hosts x 2 workers of a torch
+    program: the env contract holds and gloo all_reduce works; import once per host: each host's zygote imports torch
+    once and forks both its workers (and rank 0's store host); the run's end ends the zygotes."""
     _need_mpirun()
-    hosts = ssh_hosts.hosts[:3]
-    p = podrun(["launch", "--transport", "mpirun", "--hosts", ",".join(hosts), "--devices-per-host", "1",
+    hosts = ssh_hosts.hosts[:2]
+    p = podrun(["launch", "--transport", "mpirun", "--hosts", ",".join(hosts), "--devices-per-host", "2",
                 "--ssh-config", str(ssh_hosts.ssh_config_path), "--runs-dir", str(tmp_path / "runs"),
                 "--", ssh_hosts.python, ALLREDUCE], cwd=tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr
     res = sorted(results(p.stdout), key=lambda r: r["rank"])
-    assert [r["rank"] for r in res] == [0, 1, 2], p.stdout
-    assert [r["host"] for r in res] == hosts          # instance i on host i: one rank per node
+    assert [r["rank"] for r in res] == [0, 1, 2, 3], p.stdout
     for r in res:
-        e = r["env"]
-        assert r["world"] == 3 and r["sum"] == 6.0
-        assert e["RANK"] == e["PODRUN_INSTANCE_INDEX"] == e["GROUP_RANK"] == str(r["rank"])
-        assert e["WORLD_SIZE"] == e["PODRUN_NUM_REPLICAS"] == e["PODRUN_NUM_INSTANCES"] == "3"
-        assert e["LOCAL_RANK"] == "0" and e["LOCAL_WORLD_SIZE"] == "1"
-        assert e["PODRUN_REPLICA_OFFSET"] == str(r["rank"]) and e["MASTER_ADDR"] == hosts[0]
+        e, (i, lr) = r["env"], divmod(r["rank"], 2)
+        assert r["host"] == hosts[i] and r["world"] == 4 and r["sum"] == 10.0     # instance i on host i
+        assert e["RANK"] == str(r["rank"]) and e["PODRUN_INSTANCE_INDEX"] == e["GROUP_RANK"] == str(i)
+        assert e["WORLD_SIZE"] == e["PODRUN_NUM_REPLICAS"] == "4" and e["PODRUN_NUM_INSTANCES"] == "2"
+        assert e["LOCAL_RANK"] == str(lr) and e["LOCAL_WORLD_SIZE"] == "2"
+        assert e["PODRUN_REPLICA_OFFSET"] == str(2 * i) and e["MASTER_ADDR"] == hosts[0]
     assert len({r["env"]["PODRUN_RUN_ID"] for r in res}) == 1
+    assert_forked_per_host(res, hosts, 2)
     # the exact mpirun line is recorded in the run directory
     (run_dir,) = (tmp_path / "runs").iterdir()
-    assert "--map-by ppr:1:node" in (run_dir / "command").read_text()
+    command = (run_dir / "command").read_text()
+    assert "--map-by ppr:1:node" in command and "--index-from-env" in command and "--warm" in command
+    assert "the store host forked by the zygote" in (run_dir / "instance-0.log").read_text()
+    assert wait_until(lambda: not [h for h in hosts if ssh_hosts.processes(h, "podrun.host.zygote")], 15)
 
 
 @pytest.mark.timeout(150)

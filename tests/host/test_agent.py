@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -280,3 +281,32 @@ def test_agent_without_its_env_message_ends_with_a_message(tmp_path):
     cp = subprocess.run(req.agent_argv(0, env_stdin=True), input=b"", capture_output=True, timeout=30)
     assert cp.returncode == 1 and b"podrun agent: --env-stdin: stdin closed before the env message" in cp.stderr
     assert b"Traceback" not in cp.stderr and b" start " not in cp.stdout
+
+
+@pytest.mark.torch
+def test_a_launchers_agent_forks_a_later_attempts_workers_from_a_zygote_it_starts(tmp_path):
+    """--index-from-env (srun, mpirun: each attempt is a new job step, whose end may have ended an earlier step's
+    zygote): at a later attempt too (restart 1 of 2) the agent of a host with 2 workers of a torch program starts
+    the host's zygote when none listens, waits for it and forks both workers from it (an agent given its --instance
+    starts them cold then, and a zygote for the next attempt)."""
+    from dataclasses import replace
+
+    from podrun.host import zygote_client
+
+    plan, _, _ = resolve_plan(None, devices_per_host=2)           # 1 instance x 2 workers
+    code = "import os\nif os.environ.get('NEVER'):\n    import torch\nprint('warm', os.environ.get('PODRUN_WARM'))"
+    req = build_request(plan, [sys.executable, "-c", code], transport="local", runs_dir=str(tmp_path / "runs"),
+                        run_id="a", max_restarts=2)
+    req = replace(req.for_restart(1, req.master_port), warm=True)
+    write_plan(req.run_dir, plan)
+    try:
+        cp = subprocess.run(req.agent_argv(None, stdin_watch=False), capture_output=True, text=True, timeout=50,
+                            env=_clean_env(SLURM_PROCID="0"), stdin=subprocess.DEVNULL)
+        assert cp.returncode == 0, cp.stderr
+        outs = sorted(e.text for e in _events(cp) if e.kind == "out")
+        assert len(outs) == 2 and "warm None" not in outs and len(set(outs)) == 1, cp.stdout
+        assert zygote_client.alive(req.run_dir, socket.gethostname())     # it holds its lock (/proc/locks)
+    finally:
+        zygote_client.end(req.run_dir)
+    assert wait_until(lambda: local_pids(zygote_client.zygote_dir(req.run_dir)) == [], 15)     # the zygote ended
+    assert not zygote_client.alive(req.run_dir, socket.gethostname())

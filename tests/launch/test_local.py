@@ -119,7 +119,7 @@ def test_dry_run_prints_exactly_what_runs(tmp_path):
     assert cp.returncode == 0, cp.stderr
     rec = json.loads(cp.stdout)
     cmd = rec["commands"][0]["command"]
-    assert cmd.startswith("cd ") and "MY_TOKEN" not in cmd and "-m podrun.host.agent" in cmd
+    assert cmd.startswith("cd ") and "MY_TOKEN" not in cmd and "-I -S -c" in cmd and "podrun.host.agent" in cmd
     assert "--env-stdin" not in cmd and rec["agent_env"] == {"MY_TOKEN": "<redacted>"}
     assert cmd.endswith("-- echo 'hi there'")
     assert [w["RANK"] for w in rec["instances"][0]["workers"]] == ["0", "1"]

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.engines.conftest import ALLREDUCE, assert_allreduce_job_done, results
+from tests.engines.conftest import ALLREDUCE, assert_allreduce_job_done, assert_forked_per_host, results
 from tests.harness.podrun_proc import PODRUN, run_podrun
-from tests.launch.helpers import ENV_UNTIL, SNAPSHOT_KEY, ArgvWatch, assert_env_off_argv, secret_values, worker_saw
+from tests.launch.helpers import (ENV_UNTIL, SNAPSHOT_KEY, ArgvWatch, assert_env_off_argv, secret_values, wait_until,
+                                  worker_saw)
 from tests.launch.helpers import run_dir as only_run_dir      # these tests name their run dir run_dir
 
 pytestmark = [pytest.mark.slurm, pytest.mark.cluster]
@@ -152,15 +153,38 @@ def test_srun_transport_keeps_env_values_off_every_command_line(slurm_cluster, t
 
 
 @pytest.mark.timeout(150)
+def test_srun_agents_fork_each_nodes_workers_from_one_zygote(slurm_cluster, tmp_path):
+    """Import once per host under srun: `podrun launch --transport srun` in a 2-node job, 2 workers a node of a torch
+    program: each node's agent (an srun task, --index-from-env, joined) starts its node's zygote, which imports torch
+    once and forks both workers (and rank 0's store host); the all_reduce spans the 4; the run's end ends the
+    zygotes on both nodes."""
+    sl = slurm_cluster
+    out = tmp_path / "job.out"
+    launch = [*PODRUN, "launch", "--transport", "srun", "--nodes", "2", "--devices-per-host", "2", "--runs-dir",
+              str(tmp_path / "runs"), "--", sys.executable, ALLREDUCE]
+    job = sl.sbatch(["-N2", f"--output={out}", f"--chdir={tmp_path}", "--wrap", shlex.join(launch)])
+    info = sl.wait_job(job, timeout=120)
+    text = out.read_text()
+    assert info["ExitCode"] == "0:0", text
+    res = results(text)
+    assert sorted((r["rank"], r["sum"], r["world"]) for r in res) == [(r, 10.0, 4) for r in range(4)], text
+    assert_forked_per_host(res, sl.nodes[:2], 2)
+    run_dir = only_run_dir(tmp_path / "runs")
+    assert "the store host forked by the zygote" in (run_dir / "instance-0.log").read_text()
+    assert wait_until(lambda: not [n for n in sl.nodes[:2] if sl.processes(n, "podrun.host.zygote")], 15)
+
+
+@pytest.mark.timeout(150)
 def test_srun_podrun_launch_runs_one_podrun_per_node_as_one_run(slurm_cluster, tmp_path):
     """`srun --ntasks-per-node=1 podrun launch ...` in a 2-node job (the key from the job's environment): copy 0 is
     the controller, copy 1 joins it as node2's agent; the all_reduce spans both nodes, with one summary.json and one
-    run directory; the batch step's own podrun-free shell is no copy."""
+    run directory, and each node's 2 workers are forked by its zygote (torch imported once a node); the batch
+    step's own podrun-free shell is no copy."""
     import secrets
 
     sl = slurm_cluster
     out = tmp_path / "job.out"
-    launch = [*PODRUN, "launch", "--devices-per-host", "1", "--runs-dir", str(tmp_path / "runs"), "--",
+    launch = [*PODRUN, "launch", "--devices-per-host", "2", "--runs-dir", str(tmp_path / "runs"), "--",
               sys.executable, ALLREDUCE]
     job = sl.sbatch(["-N2", f"--output={out}", f"--chdir={tmp_path}", "--wrap",
                      "srun --ntasks-per-node=1 " + shlex.join(launch)], env={"PODRUN_JOIN_KEY": secrets.token_hex(32)})
@@ -172,8 +196,9 @@ def test_srun_podrun_launch_runs_one_podrun_per_node_as_one_run(slurm_cluster, t
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["transport"] == "join" and summary["exit_code"] == 0, summary
     assert [i["host"] for i in summary["instances"]] == sl.nodes[:2] and summary["joins"]["joined"] == 1
-    res = sorted(results(text), key=lambda r: r["rank"])
-    assert [(r["rank"], r["sum"], r["world"]) for r in res] == [(0, 3.0, 2), (1, 3.0, 2)], text
+    res = results(text)
+    assert sorted((r["rank"], r["sum"], r["world"]) for r in res) == [(r, 10.0, 4) for r in range(4)], text
+    assert_forked_per_host(res, sl.nodes[:2], 2)
 
 
 @pytest.mark.timeout(60)

@@ -137,7 +137,12 @@ GOLDEN = [
     ('full', (None,), {'stdin_watch': False},
      '--plan /runs/r1/plan.json --run-id r1 --run-dir /runs/r1 --master-addr 10.0.0.1 --master-port 0 '
      '--grace 2.5 --interrupt-grace 30 '
-     '--restart-count 1 --max-restarts 3 --heartbeat 0.1 --index-from-env --no-stdin-watch -- '
+     '--restart-count 1 --max-restarts 3 --heartbeat 0.1 --index-from-env --no-stdin-watch --warm -- '
+     'python train.py -- -x'),
+    ('full', (None,), {'stdin_watch': False, 'per_worker': True},
+     '--plan /runs/r1/plan.json --run-id r1 --run-dir /runs/r1 --master-addr 10.0.0.1 --master-port 0 '
+     '--grace 2.5 --interrupt-grace 30 '
+     '--restart-count 1 --max-restarts 3 --heartbeat 0.1 --rank-from-env --no-stdin-watch -- '
      'python train.py -- -x'),
     ('full', (0,), {},
      '--plan /runs/r1/plan.json --run-id r1 --run-dir /runs/r1 --master-addr 10.0.0.1 --master-port 0 '

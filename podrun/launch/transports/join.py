@@ -329,7 +329,7 @@ class ListenTransport(JoiningLauncher, Transport):
         return replace(self.request, transport="local", instances=self.request.instances[:1])
 
     def _args_for(self, index: int) -> protocol.JoinArgs:
-        return protocol.JoinArgs(tuple(self.request.agent_argv(index)), self.request.workdir)
+        return protocol.JoinArgs(tuple(self.request.agent_argv(index, lean=True)), self.request.workdir)
 
     def env_route(self) -> str:
         return "each copy's own environment (every copy has the same command line); no value travels"
