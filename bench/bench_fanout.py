@@ -16,7 +16,10 @@ remote Python start) is paid once, the hosts starting in parallel; podrun's own 
 run for real (the modelled transport with no sleep). The heartbeat cost per host per second gives where one
 controller core saturates in the steady state. Launches through Open MPI's tree inside a Grid Engine job (podrun
 --transport mpirun and mpirun itself, daemons started by qrsh) are projected with ``tree_model``: the root's CPU
-per host for the first level, then the measured remote start once per level.
+per host for the first level, then the measured remote start once per level. Where agents join (one a node,
+started by srun's step or Open MPI's tree), ``joined_model`` projects a launch from its named, measured parts: podrun's
+own start, the engine's launch of one agent a node (the engine's own fit), an agent's start, the controller's serial
+CPU per joined host and a worker's start.
 """
 from __future__ import annotations
 
@@ -75,7 +78,8 @@ def measured(path: Path, subject: str = "podrun ssh (OpenSSH)", per_host: int = 
     squares): cpu_per_host_s and cpu_fixed_s (the launcher's CPU at every rank running), heartbeat_cpu_per_host
     (CPU s per host per s over the idle window), start_s (launch to every rank running at the smallest size less
     that size's per-host CPU: what the launch costs besides the controller's serial work, at least 0), and
-    up_largest_s (the median at the largest size); None when the run has fewer than two sizes of it."""
+    up_largest_s (the median at the largest size); a batch job's launch from the job's start (``job_up_s``) where the
+    run has it; None when the run has fewer than two sizes of it."""
     runs = [(e["hosts"], f) for e in _raw(path) if e["subject"] == subject and e["per_host"] == per_host
             for f in e["runs"]]
     sizes = sorted({n for n, _ in runs})
@@ -83,8 +87,9 @@ def measured(path: Path, subject: str = "podrun ssh (OpenSSH)", per_host: int = 
         return None
     cpu0, cpu = _fit([(n, f["cpu_up_s"]) for n, f in runs])
     _, idle = _fit([(n, f["idle_cpu_frac"]) for n, f in runs])
-    first = [f["up_s"] for n, f in runs if n == sizes[0]]
-    last = [f["up_s"] for n, f in runs if n == sizes[-1]]
+    up = lambda f: f["up_s"] if f.get("job_up_s") is None else f["job_up_s"]   # noqa: E731 - a job's: from its start
+    first = [up(f) for n, f in runs if n == sizes[0]]
+    last = [up(f) for n, f in runs if n == sizes[-1]]
     start = max(0.0, sorted(first)[len(first) // 2] - cpu * sizes[0])
     return {"subject": subject, "per_host": per_host, "sizes": sizes, "cpu_per_host_s": cpu, "cpu_fixed_s": cpu0,
             "heartbeat_cpu_per_host": idle, "start_s": start, "up_largest_s": sorted(last)[len(last) // 2],
@@ -216,29 +221,75 @@ def projected(paths: list[Path], subject: str, peer: str = "mpirun (Open MPI) tr
 
 
 def tree_model(hosts: int, fit: dict) -> float:
-    """A launch through Open MPI's tree (its daemons started by ssh or qrsh): the root starts the first level, up
-    to TREE_RADIX hosts, each costing the launcher's CPU per host on one core; each level then costs the rest of
-    the launch at the smallest measured size (the remote start, once a level: a level's hosts start in parallel)."""
+    """A launch through an engine's tree (Open MPI's daemons started by ssh or qrsh; srun's step through the nodes'
+    slurmd): the root starts the first level, up to TREE_RADIX hosts, each costing the launcher's CPU per host on one
+    core; each level then costs the rest of the launch at the smallest measured size (the remote start, once a
+    level: a level's hosts start in parallel)."""
     return max(0.0, fit["cpu_per_host_s"]) * min(hosts, TREE_RADIX) + fit["start_s"] * tree_levels(hosts)
 
 
+#: the inputs of ``joined_model`` and the scale run's figure (bench/bench_scale.py, a median at the podrun subject's
+#: largest size) each is read from: podrun's own start up to its engine's launch, one agent's start (its CPU at every
+#: rank running: on a node of its own it runs alone), the controller's serial CPU per joined host, one worker's start
+#: (its CPU at its up stamp, before it waits for rank 0)
+JOINED_INPUTS = (("podrun_start_s", "engine_start_s", 1.0), ("agent_start_s", "agent_cpu_up_s", 1.0),
+                 ("join_cpu_per_host_s", "join_ms", 0.001), ("worker_start_s", "worker_start_cpu_s", 1.0))
+
+
+def joined_model(hosts: int, costs: dict, engine_fit: dict) -> float:
+    """Job script to every rank running with agents that join: podrun's own start; the engine (srun's step, Open
+    MPI's tree) starting one agent a node, as ``tree_model`` projects the engine from its own measured launch
+    (``engine_fit``); one agent's start (the nodes start theirs in parallel); the controller's serial CPU for every
+    joined host; one worker's start (a node's workers start in parallel on its own cores)."""
+    return (costs["podrun_start_s"] + tree_model(hosts, engine_fit) + costs["agent_start_s"]
+            + costs["join_cpu_per_host_s"] * hosts + costs["worker_start_s"])
+
+
+def joined_costs(path: Path, subject: str, per_host: int) -> dict | None:
+    """JOINED_INPUTS from the scale run at ``path``: ``subject``'s medians at its largest size with ``per_host``
+    workers a host (and ``file``, ``hosts``); None when the run lacks any (a run before agents joined)."""
+    runs = [(e["hosts"], e["runs"]) for e in _raw(path) if e["subject"] == subject and e["per_host"] == per_host]
+    if not runs:
+        return None
+    hosts, figs = max(runs, key=lambda x: x[0])
+    out = {"file": path.name, "hosts": hosts}
+    for name, key, scale in JOINED_INPUTS:
+        vals = sorted(f[key] for f in figs if f.get(key) is not None)
+        if not vals:
+            return None
+        out[name] = vals[len(vals) // 2] * scale
+    return out
+
+
 def projected_tree(paths: list[Path], subject: str, peer: str) -> list[dict]:
-    """``subject`` and ``peer``, both launching through Open MPI's tree, at PROJECT's sizes with ``tree_model``:
-    each from its own fit (the same model for both, so the ratio is podrun's cost over the engine it uses)."""
+    """``subject`` and ``peer``, both launching through the engine's tree, at PROJECT's sizes: the peer with
+    ``tree_model`` from its own fit; the subject, where a run measured its joined agents' costs, with
+    ``joined_model`` (its engine: the peer's fit), else with ``tree_model`` from its own fit (an agent per rank)."""
     rows = []
     for hosts, k in PROJECT:
         fit, peer_fit = _newest(paths, subject, k), _newest(paths, peer, k)
-        if fit is None:
-            continue
-        value, peer_s = tree_model(hosts, fit), None if peer_fit is None else tree_model(hosts, peer_fit)
+        costs = next((c for c in (joined_costs(p, subject, k) for p in paths) if c is not None), None)
         how = lambda f: (f"{f['cpu_per_host_s'] * 1000:.1f} ms/host x {min(hosts, TREE_RADIX)} + "  # noqa: E731
                          f"{f['start_s']:.2f} s x {tree_levels(hosts)} level(s)")
+        peer_s = None if peer_fit is None else tree_model(hosts, peer_fit)
+        if costs is not None and peer_fit is not None:
+            value = joined_model(hosts, costs, peer_fit)
+            note = (f"agents that join, from bench/results/{costs['file']} ({costs['hosts']} hosts x {k}, medians): "
+                    + ", ".join(f"{name} {costs[name] * 1000:.1f} ms" + (f" x {hosts}" if "per_host" in name else "")
+                                for name, _key, _scale in JOINED_INPUTS)
+                    + f"; the engine's launch of one agent a node: the peer's, {how(peer_fit)}, fitted from "
+                      f"bench/results/{peer_fit['file']} (sizes {'/'.join(map(str, peer_fit['sizes']))})")
+        elif fit is not None:
+            value = tree_model(hosts, fit)
+            note = (f"fitted from bench/results/{fit['file']} ({k} per host, sizes "
+                    f"{'/'.join(map(str, fit['sizes']))}): {how(fit)}" + (f"; the peer {how(peer_fit)}" if peer_fit
+                                                                          else ""))
+        else:
+            continue
         rows.append(row("projected launch from measured costs (tree)", f"{subject}, {hosts} hosts x {k}", value, "s",
-                        f"fitted from bench/results/{fit['file']} ({k} per host, sizes "
-                        f"{'/'.join(map(str, fit['sizes']))}): {how(fit)}"
-                        + (f"; the peer {how(peer_fit)}" if peer_fit else "")
-                        + f"; launcher CPU per host at the root, a level's remote start at the smallest size "
-                          f"(radix {TREE_RADIX})", None if peer_s is None else f"{peer}, {hosts} hosts x {k}", peer_s))
+                        note + f"; launcher CPU per host at the root, a level's remote start at the smallest size "
+                               f"(radix {TREE_RADIX})", None if peer_s is None else f"{peer}, {hosts} hosts x {k}",
+                        peer_s))
     return rows
 
 
@@ -267,4 +318,5 @@ def run(quick: bool) -> list[dict]:
                               ("podrun ssh (OpenSSH), kex curve25519", "mpirun (Open MPI) tree, kex curve25519")):
             rows += projected(paths, subject, peer)
         rows += projected_tree(paths, "podrun mpirun, Grid Engine qrsh", "mpirun (Open MPI), Grid Engine qrsh")
+        rows += projected_tree(paths, "podrun srun", "srun")
     return rows

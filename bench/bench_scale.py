@@ -9,8 +9,10 @@ and clush running the worker on every host (fan-out = the host count: a window s
 starts the last hosts, since each host's command runs for the whole run), and torchrun started on every host by
 pdsh (8 and 16 hosts only: each torchrun imports torch, ~300 MB a host on this 24 GiB machine).
 
-Per run: launch -> every rank running (the latest up-<rank> stamp, each worker's own clock); -> the first
-collective (the latest coll-<rank>); the launcher's CPU (its process tree: user + system of the launcher and
+Per run: launch -> every rank running (the latest up-<rank> stamp, each worker's own clock), and for a batch
+subject from its job's start too (its launcher's start time: without the scheduler's wait); -> the first
+collective (the latest coll-<rank>); a podrun subject's own start up to its engine's (srun, mpirun), rank 0's store
+host's CPU, each worker's CPU at its up stamp; the launcher's CPU (its process tree: user + system of the launcher and
 every descendant, living or reaped, read from /proc) at every rank running and over an idle window after it
 (the steady state: heartbeats); the machine's CPU from the launch to every rank past its collective, and the CPU
 of each agent and each worker at every rank running (medians); the launcher's peak RSS (VmHWM) and its tree's RSS; each podrun agent's RSS;
@@ -123,6 +125,31 @@ def machine_cpu() -> float:
     return sum(int(fields[i]) for i in (0, 1, 2, 5, 6)) / TICK
 
 
+ENGINES = ("srun", "mpirun", "prterun")   # the launchers a podrun subject runs its agents through
+
+
+def engine_start_s(procs, launcher: int) -> float | None:
+    """Seconds from ``launcher``'s start to the start of the first engine (srun, mpirun) among its descendants, from
+    /proc's start times (clock ticks): a podrun subject's own start before its engine's launch; None for a peer,
+    which is its engine."""
+    try:
+        starts = [int(_stat_fields(p)[19]) for p in _tree(procs, launcher) if p != launcher
+                  and os.path.basename(procs[p][1].split(" ", 1)[0]) in ENGINES]
+        return (min(starts) - int(_stat_fields(launcher)[19])) / TICK if starts else None
+    except OSError:                  # gone meanwhile
+        return None
+
+
+def started_at(pid: int) -> float | None:
+    """The wall-clock time ``pid`` started (its /proc start time against /proc/uptime, to 10 ms); None when gone."""
+    try:
+        ticks = int(_stat_fields(pid)[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except OSError:
+        return None
+    return time.time() - (uptime - ticks / TICK)
+
+
 def marked(marker: str) -> list[int]:
     return [p for p, (_pp, cl, _c, _r) in _procs().items() if marker in cl and p != os.getpid()]
 
@@ -153,6 +180,7 @@ class Run:
         self.proc: subprocess.Popen | None = None
         self.job: str | None = None
         self.fig: dict = {}
+        self.begun: float | None = None     # a batch subject's job start (its launcher's start time)
 
     def _start_clock(self) -> None:
         """The launch begins: its wall clock and this machine's busy CPU (every host shares its cores)."""
@@ -267,15 +295,26 @@ class Run:
             f = self.fig
             f["up_s"] = max(self._stamps("up")) - self.t0
             f["coll_s"] = max(self._stamps("coll")) - self.t0
+            # a batch subject's launcher starts with its job: the time before is the scheduler's, not the launch's
+            self.begun = started_at(self.launcher) if self.job is not None else None
+            f["job_up_s"] = f["up_s"] - (self.begun - self.t0) if self.begun is not None else None
+            f["first_up_s"] = min(self._stamps("up")) - (self.t0 if self.begun is None else self.begun)
             f["launch_cpu_s"] = machine_cpu() - self.busy0    # to every rank past its collective
             cpu_up, _ = tree_cpu(self.launcher)
             f["cpu_up_s"] = cpu_up
             f["own_cpu_up_s"], f["threads_up"] = own_cpu_and_threads(self.launcher)
             procs = _procs()
+            f["engine_start_s"] = engine_start_s(procs, self.launcher) if self.subject.startswith("podrun") else None
+            # rank 0's store host (podrun.host.store: it imports torch) names the run's port, not its marker
+            store = [c for _p, (_pp, cl, c, _r) in procs.items() if "PODRUN_STORE_FD" in cl
+                     and cl.rstrip().endswith(f" {self.port}")]
+            f["store_cpu_up_s"] = sum(store) if store else None
             agents_up, t_up = self._ours(procs, AGENT), time.monotonic()
             f["agent_cpu_up_s"] = statistics.median(c for c, _ in agents_up) if agents_up else None
             workers = self._ours(procs, WORKER)
             f["worker_cpu_up_s"] = statistics.median(c for c, _ in workers) if workers else None
+            own = self._stamps("cpu")          # each worker's CPU at its up stamp: its start, before it waits on rank 0
+            f["worker_start_cpu_s"] = statistics.median(own) if own else None
             time.sleep(IDLE)
             cpu_idle, tree_rss = tree_cpu(self.launcher)
             f["idle_cpu_frac"] = (cpu_idle - cpu_up) / IDLE
@@ -416,6 +455,17 @@ def _gap(r: Run) -> float | None:
     return max(gaps) if gaps else None
 
 
+def _ready_last_s(r: Run) -> float | None:
+    """The last agent's ready line (summary.json: the supervisor's start + its ready_s), from the launch's start
+    (a batch subject's job start)."""
+    summary = _summary(r)
+    ready = [i["ready_s"] for i in summary.get("instances", []) if i.get("ready_s") is not None]
+    started = (summary.get("timings") or {}).get("started")
+    if not ready or started is None:
+        return None
+    return started + max(ready) - (r.t0 if r.begun is None else r.begun)
+
+
 def _join_ms(r: Run) -> float | None:
     """The controller's CPU per agent that joined (the hand-shake on its listener's thread: summary.json's joins)."""
     return (_summary(r).get("joins") or {}).get("cpu_ms_per_join")
@@ -509,6 +559,7 @@ def collect(sizes, wpps, rounds: int, subjects=DEFAULT_SUBJECTS, teardown_bound:
                             starters[s](r)
                             fig = r.measure(teardown_bound)
                             fig["gap_s"] = _gap(r)
+                            fig["ready_last_s"] = _ready_last_s(r)
                             fig["join_ms"] = _join_ms(r)
                             res.setdefault((s, n, k), []).append(fig)
                             print(f"  {s} {n}x{k}: " + ", ".join(f"{a}={b:.3g}" if isinstance(b, float) else
@@ -558,13 +609,29 @@ def rows_from(data: dict, rounds: int) -> list[dict]:
                      and (threads := _med(runs, "threads_up")) is not None else "")
                   + (f"; the machine's CPU to every rank past its collective {lcpu:.1f} s"
                      if (lcpu := _med(runs, "launch_cpu_s")) is not None else "")
+                  + (f"; the last agent ready at {ready:.2f} s" if (ready := _med(runs, "ready_last_s")) is not None
+                     else "")
+                  + f"; the first rank running at {_med(runs, 'first_up_s'):.2f} s"
                   + (f"; CPU per agent {acpu * 1000:.0f} ms" if (acpu := _med(runs, "agent_cpu_up_s")) is not None
                      else "")
                   + (f"; CPU per worker {wcpu * 1000:.0f} ms" if (wcpu := _med(runs, "worker_cpu_up_s")) is not None
                      else "")
+                  + (f" ({ws * 1000:.0f} ms to its up stamp)" if (ws := _med(runs, "worker_start_cpu_s")) is not None
+                     else "")
                   + f"; leftovers {left}")
         rows.append(row("scale launch -> every rank running", f"{s}, {size}", [f["up_s"] for f in runs], "s",
                         detail, f"{peer}, {size}" if pr else None, [f["up_s"] for f in pr] if pr else None))
+        job_up = [f["job_up_s"] for f in runs if f.get("job_up_s") is not None]
+        peer_job_up = [f["job_up_s"] for f in pr if f.get("job_up_s") is not None] if pr else []
+        if job_up:
+            rows.append(row("scale job start -> every rank running", f"{s}, {size}", job_up, "s",
+                            f"{note0}; from the start of the launcher's job (its process's start time), without the "
+                            "scheduler's wait before it" + (f"; podrun's own start to its engine's "
+                                                            f"{eng:.2f} s" if (eng := _med(runs, "engine_start_s"))
+                                                            is not None else "")
+                            + (f"; rank 0's store host's CPU {st:.2f} s" if (st := _med(runs, "store_cpu_up_s"))
+                               is not None else ""),
+                            f"{peer}, {size}" if peer_job_up else None, peer_job_up or None))
         rows.append(row("scale launch -> first collective", f"{s}, {size}", [f["coll_s"] for f in runs], "s",
                         note0, f"{peer}, {size}" if pr else None, [f["coll_s"] for f in pr] if pr else None))
         rows.append(row("scale launcher CPU at every rank running", f"{s}, {size}", cpu, "s CPU",

@@ -1,7 +1,8 @@
-"""A light worker for the scale benchmark (no torch): writes DIR/up-<rank> (its wall clock) as it starts, does one
-all_reduce over TCP (rank 0 serves MASTER_PORT + 1; the others send rank + 1 and read back the sum), writes
-DIR/coll-<rank>, then sleeps until a signal ends it. Usage: scale_worker.py DIR MARKER (MARKER names the run's
-processes on the hosts). The rank and world size come from RANK/WORLD_SIZE, or Open MPI's or Slurm's names."""
+"""A light worker for the scale benchmark (no torch): writes DIR/up-<rank> (its wall clock) and DIR/cpu-<rank> (its
+CPU seconds so far) as it starts, does one all_reduce over TCP (rank 0 serves MASTER_PORT + 1; the others send
+rank + 1 and read back the sum), writes DIR/coll-<rank>, then sleeps until a signal ends it. Usage:
+scale_worker.py DIR MARKER (MARKER names the run's processes on the hosts). The rank and world size come from
+RANK/WORLD_SIZE, or Open MPI's or Slurm's names."""
 import os
 import sys
 import time
@@ -16,10 +17,10 @@ def _env(*names):
     raise SystemExit(f"scale_worker: none of {names} is set")
 
 
-def _stamp(path):
+def _stamp(path, value=None):
     tmp = f"{path}.{os.getpid()}"
     with open(tmp, "w") as f:
-        f.write(repr(time.time()))
+        f.write(repr(time.time() if value is None else value))
     os.rename(tmp, path)
 
 
@@ -28,6 +29,8 @@ def main():
     rank = _env("RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
     world = _env("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS")
     _stamp(os.path.join(out, f"up-{rank}"))
+    t = os.times()
+    _stamp(os.path.join(out, f"cpu-{rank}"), t.user + t.system)     # its own start's CPU, before any wait
     addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]) + 1
     # a launch that takes minutes on a loaded machine still counts
     total = tcp_sum(rank, world, addr, port, rank + 1, backlog=max(world, 16), connect_for=300, connect_timeout=30,

@@ -63,3 +63,26 @@ def test_a_tree_launch_costs_the_root_one_level_of_hosts_and_a_remote_start_per_
     assert r512["value"] == pytest.approx(0.02 * 64 + 6.0, abs=1e-3)
     assert r512["peer_value"] == pytest.approx(0.01 * 64 + 2.0 * 2, abs=1e-3)
     assert r512["ratio"] == pytest.approx(r512["value"] / r512["peer_value"], abs=1e-3)
+
+
+def test_agents_that_join_are_projected_from_their_named_measured_parts(tmp_path):
+    """With joined agents (srun's step, one agent a node), the projection is podrun's own start + the engine's
+    launch of one agent a node (its own tree model, from the peer's fit) + one agent's start + the controller's CPU
+    per joined host x hosts + one worker's start, each a median of the podrun subject at its largest size; a run
+    without those figures (agents per rank, before they joined) keeps the subject's own tree model."""
+    s, peer = "podrun srun", "srun"
+    parts = {"engine_start_s": 0.4, "agent_cpu_up_s": 0.06, "join_ms": 0.3, "worker_start_cpu_s": 0.05}
+    path = _scale_json(tmp_path, {
+        **{(s, n, 4): [{**_fig(n, 0.007, 0.4, 0.0, 3.0 + 0.1 * n), **parts}] for n in (8, 64)},
+        **{(peer, n, 4): [_fig(n, 0.001, 0.0, 0.0, 1.0 + 0.05 * n)] for n in (8, 64)}})
+    peer_fit = bf.measured(path, peer, 4)
+    assert bf.joined_costs(path, s, 4) == {"file": path.name, "hosts": 64, "podrun_start_s": 0.4,
+                                           "agent_start_s": 0.06, "join_cpu_per_host_s": pytest.approx(0.0003),
+                                           "worker_start_s": 0.05}
+    [r512] = [r for r in bf.projected_tree([path], s, peer) if "512 hosts" in r["subject"]]
+    engine = 0.001 * 64 + (1.0 + 0.05 * 8 - 0.001 * 8) * 2
+    assert r512["peer_value"] == pytest.approx(engine, abs=1e-3)
+    assert r512["value"] == pytest.approx(0.4 + engine + 0.06 + 0.0003 * 512 + 0.05, abs=1e-3)
+    assert "podrun_start_s 400.0 ms" in r512["note"] and "join_cpu_per_host_s 0.3 ms x 512" in r512["note"]
+    without = _scale_json(tmp_path, {(s, n, 4): [_fig(n, 0.007, 0.4, 0.0, 3.0 + 0.1 * n)] for n in (8, 64)})
+    assert bf.joined_costs(without, s, 4) is None

@@ -212,7 +212,7 @@ SlurmdLogFile={d}/log/slurmd-%n.log
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/affinity
+TaskPlugin={self._task_plugin()}
 JobAcctGatherType=jobacct_gather/none
 MpiDefault=none
 ReturnToService=2
@@ -230,6 +230,13 @@ SchedulerParameters=batch_sched_delay=0
             (d / "spool" / name).mkdir(parents=True, exist_ok=True)
         lines.append("PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
         Path(self.slurm_conf).write_text("\n".join(lines) + "\n")
+
+    def _task_plugin(self) -> str:
+        """task/affinity binds a job to the cores it was given, but where the nodes declare more CPUs than this
+        machine has, it cannot lay out more tasks a node than real cores ("Unable to layout tasks on given cpus")
+        and binds a job of one task a node to core 0 on every node, so that the nodes, which share this machine's
+        cores, would all run on one: such nodes run their tasks unbound (task/none)."""
+        return "task/none" if self.cpus_per_node > (os.cpu_count() or 1) else "task/affinity"
 
     def _start_slurmd(self, node: str) -> None:
         self._started_slurmd(node, self.popen(node, ["slurmd", "-N", node], env=self.env, cwd="/",
