@@ -190,7 +190,8 @@ class Agent(ControllerLink):
     def spawn(self) -> None:
         self.zygote_first()
         if self.store is not None:      # served before any worker starts (forked by the zygote where one listens)
-            self.store.start(self.envs, lambda text: self.emit(None, "note", text), warm=self.warm)
+            self.store.start(self.envs, lambda text: self.emit(None, "note", text), warm=self.warm,
+                             now=zygote_client.imports_torch(self.command))
             self.helpers.append(self.store.pid)
         base = dict(os.environ)
         keep_fds = launcher_fds(base)

@@ -19,12 +19,16 @@ podrun does the same, without importing torch in the agent:
 When the master host's python (--python) has no torch (a run of plain commands), nothing hosts a store:
 on this machine the controller does not hold the port, elsewhere the agent lets it go before its workers
 start, and rank 0 gets no TORCHELASTIC_USE_AGENT_STORE, so a rank 0 that does use torch (from another
-python) hosts the store itself, as without podrun.
+python) hosts the store itself, as without podrun. Where that python has torch but the workers' program shows
+no import of it (podrun.host.zygote_client.imports_torch), the store host starts at the first connection to the
+port instead of at once: the client waits in the accept queue while it starts, and a program that never asks for
+the store (a plain command, a launch benchmark's worker) costs no torch import on the first host.
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -131,6 +135,9 @@ class AgentStore:
         self.sock = sock
         self.error = error
         self.host: StoreHost | None = None
+        self.lock = threading.Lock()     # a store host started at the first connection vs the agent's close
+        self.closed = False
+        self.done = threading.Event()    # set at close
 
     @classmethod
     def open(cls, port: int, listen_fd: int | None = None) -> "AgentStore":
@@ -143,21 +150,47 @@ class AgentStore:
             return cls(port, None, os.strerror(exc.errno) if exc.errno else str(exc))
         return cls(sock.getsockname()[1], sock, None)
 
-    def start(self, envs: list[dict[str, str]], note, warm: zygote_client.WarmHost | None = None) -> None:
+    def start(self, envs: list[dict[str, str]], note, warm: zygote_client.WarmHost | None = None,
+              now: bool = True) -> None:
         """Serve the store, or fall back to rank 0 hosting it (``note``: the agent's message line); ``warm``
-        (the agent's warm starts): fork the store host from this host's zygote when it runs."""
+        (the agent's warm starts): fork the store host from this host's zygote when it runs. ``now``: the store
+        host starts at once (the workers' program imports torch); else at the first connection to the port (held
+        in the accept queue meanwhile), so that a program that never uses torch's store costs no torch import."""
         if self.sock is not None and torch_available():
-            self.host = StoreHost(self.sock, on_failure=lambda why: note(
-                f"cannot host the store on port {self.port}: {why[len('failed: '):]}"), warm=warm)
-            zygote_pid = getattr(self.host.proc, "zygote_pid", None)
-            if zygote_pid is not None:
-                note(f"warm start: the store host forked by the zygote (pid {zygote_pid}) as pid {self.host.proc.pid}")
+            if now:
+                self._host(note, warm)
+            else:
+                threading.Thread(target=self._host_when_asked, args=(note, warm), name="podrun-store-wait",
+                                 daemon=True).start()
             return
         if self.sock is None:
             note(f"cannot listen on port {self.port} ({self.error}): rank 0 hosts its store there itself")
         self.release()
         for e in envs:
             e.pop(ENV, None)
+
+    def _host(self, note, warm) -> None:
+        self.host = StoreHost(self.sock, on_failure=lambda why: note(
+            f"cannot host the store on port {self.port}: {why[len('failed: '):]}"), warm=warm)
+        zygote_pid = getattr(self.host.proc, "zygote_pid", None)
+        if zygote_pid is not None:
+            note(f"warm start: the store host forked by the zygote (pid {zygote_pid}) as pid {self.host.proc.pid}")
+
+    def _host_when_asked(self, note, warm) -> None:
+        """Start the store host once a client connects (the socket is readable), unless it was closed first."""
+        with self.lock:
+            sock = self.sock
+        if sock is None:
+            return
+        try:
+            select.select([sock], [], [])
+        except (OSError, ValueError):            # closed meanwhile: the agent ended
+            return
+        with self.lock:
+            if self.sock is None or self.closed:
+                return
+            self._host(note, warm)
+        self.done.wait()            # a started store host ends with the thread that started it (die_with_parent)
 
     def pid(self) -> int | None:
         """The store host's pid while it is the agent's child (a zygote's fork is not), else None."""
@@ -171,6 +204,9 @@ class AgentStore:
             self.sock = None
 
     def close(self) -> None:
+        with self.lock:
+            self.closed = True
+        self.done.set()
         if self.host is not None:
             self.host.close()
         self.release()

@@ -151,20 +151,53 @@ def _python_without_torch(tmp_path) -> str:
 # -- the env contract: one MASTER_PORT for every worker ------------------------------------------------------
 
 @pytest.mark.torch
-def test_every_worker_sees_the_same_master_port_and_rank0_is_a_store_client(tmp_path):
+@pytest.mark.parametrize("how", ["script", "through sh"])
+def test_every_worker_sees_the_same_master_port_and_rank0_is_a_store_client(tmp_path, how):
     """Regression (rank 0 saw --master-port + 1 behind the relay): 3 local workers of a torchrun script see
-    the same MASTER_PORT (the one asked for) and TORCHELASTIC_USE_AGENT_STORE=True; the all_reduce works."""
+    the same MASTER_PORT (the one asked for) and TORCHELASTIC_USE_AGENT_STORE=True; the all_reduce works.
+    ``through sh``: a program that shows no import of torch (a shell line) gets the store all the same: its store
+    host starts at the first connection to the port, while the client waits in the accept queue."""
     dump = tmp_path / "env"
     dump.mkdir()
     p = free_port()
+    program = [sys.executable, ALLREDUCE, "--dump", str(dump)]
+    program = program if how == "script" else ["sh", "-c", f"exec {' '.join(program)}"]
     cp = podrun("launch", "--devices-per-host", "3", "--master-port", str(p), "--runs-dir", str(tmp_path / "runs"),
-                "--", sys.executable, ALLREDUCE, "--dump", str(dump))
+                "--", *program)
     assert cp.returncode == 0, cp.stderr
     assert cp.stdout.count("sum=6") == 3, cp.stdout
     envs = [json.loads((dump / f"env-{r}.json").read_text()) for r in range(3)]
     assert [e["MASTER_PORT"] for e in envs] == [str(p)] * 3
     assert [e.get(ENV) for e in envs] == ["True"] * 3
     assert not [e for e in envs if "PODRUN_STORE_RELAY" in e]
+
+
+_STORE_HOSTS = """import os
+agent = os.getppid()
+def parent(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+def hosts_store(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"TCP" + b"Store" in f.read()        # split: the workers' own command lines hold this code
+    except OSError:
+        return False
+print("store hosts", sum(1 for p in os.listdir("/proc") if p.isdigit() and parent(p) == agent and hosts_store(p)))
+"""
+
+
+def test_a_program_that_never_connects_costs_no_store_host(tmp_path):
+    """A program that shows no import of torch and never connects to MASTER_PORT (a plain command, a launch
+    benchmark's worker): rank 0's agent starts no store host (no torch import on the first host), though its python
+    has torch; the workers still see TORCHELASTIC_USE_AGENT_STORE, the port held for a store should one connect."""
+    cp = podrun("launch", "--devices-per-host", "2", "--master-port", str(free_port()), "--runs-dir",
+                str(tmp_path / "r"), "--", sys.executable, "-c", _STORE_HOSTS)
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout.count("store hosts 0") == 2, cp.stdout
 
 
 def test_no_agent_store_gives_rank0_the_port_to_host_itself(tmp_path):
