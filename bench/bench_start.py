@@ -203,11 +203,14 @@ def srun(n: int = 4, rounds: int = 3, nodes: int = 2) -> dict:
                                 ("srun", peer)):
                 out = Path(tmp) / f"{r}-{name}.out"
                 launch = [sys.executable, "-c", timed, *first, sys.executable, SCRIPT]
-                sl.run(["sbatch", "--wait", f"-N{nodes}", f"--output={out}", f"--chdir={tmp}", "--wrap",
-                        shlex.join(launch)], env={"PYTHONPATH": str(ROOT)}, timeout=600)
+                # one allocation for each subject: n tasks a node (srun's step needs n CPUs a node; podrun's, 1)
+                job = sl.run(["sbatch", "--wait", f"-N{nodes}", f"--ntasks-per-node={n}", f"--output={out}",
+                              f"--chdir={tmp}", "--wrap", shlex.join(launch)], env={"PYTHONPATH": str(ROOT)},
+                             timeout=600, check=False)
                 wall = re.search(r"^WALL (\S+)$", out.read_text(), re.MULTILINE)
-                if wall is None:
-                    raise RuntimeError(f"the {name} job printed no WALL line: {out.read_text()[-2000:]}")
+                if job.returncode != 0 or wall is None:
+                    raise RuntimeError(f"the {name} job failed (sbatch exit {job.returncode}): "
+                                       f"{out.read_text()[-2000:]}")
                 got[name].append(float(wall[1]))
     med = {k: round(statistics.median(v), 2) for k, v in got.items()}
     return {"nodes": nodes, "workers": n, "rounds": rounds, "median_s": med,

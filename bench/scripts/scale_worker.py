@@ -1,6 +1,7 @@
 """A light worker for the scale benchmark (no torch): writes DIR/up-<rank> (its wall clock) and DIR/cpu-<rank> (its
 CPU seconds so far) as it starts, does one all_reduce over TCP (rank 0 serves MASTER_PORT + 1; the others send
-rank + 1 and read back the sum), writes DIR/coll-<rank>, then sleeps until a signal ends it. Usage:
+rank + 1 and read back the sum; a refused connect is retried after 20 ms, the wait doubling up to 0.25 s, as torch's
+store client backs off), writes DIR/coll-<rank>, then sleeps until a signal ends it. Usage:
 scale_worker.py DIR MARKER (MARKER names the run's processes on the hosts). The rank and world size come from
 RANK/WORLD_SIZE, or Open MPI's or Slurm's names."""
 import os
@@ -34,7 +35,7 @@ def main():
     addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]) + 1
     # a launch that takes minutes on a loaded machine still counts
     total = tcp_sum(rank, world, addr, port, rank + 1, backlog=max(world, 16), connect_for=300, connect_timeout=30,
-                    retry=0.02)
+                    retry=0.02, retry_max=0.25)
     if total != world * (world + 1) // 2:
         raise SystemExit(f"scale_worker: rank {rank}: sum {total}, expected {world * (world + 1) // 2}")
     _stamp(os.path.join(out, f"coll-{rank}"))

@@ -5,9 +5,11 @@ import time
 
 
 def tcp_sum(rank: int, world: int, addr: str, port: int, value: int, *, backlog: int | None = None,
-            connect_for: float = 30, connect_timeout: float = 5, retry: float = 0.01) -> int:
+            connect_for: float = 30, connect_timeout: float = 5, retry: float = 0.01,
+            retry_max: float | None = None) -> int:
     """Rank 0 serves (backlog: socket's default when None); the others retry a refused connect every retry s
-    for up to connect_for s."""
+    for up to connect_for s; with ``retry_max`` the wait doubles after each refusal up to that many seconds (a
+    backoff, as torch's store client has, so that ranks waiting for rank 0 leave the CPU to those starting)."""
     if rank == 0:
         srv = socket.create_server(("", port), **({} if backlog is None else {"backlog": backlog}))
         conns = [srv.accept()[0] for _ in range(world - 1)]
@@ -24,5 +26,6 @@ def tcp_sum(rank: int, world: int, addr: str, port: int, value: int, *, backlog:
             if time.monotonic() > deadline:
                 raise
             time.sleep(retry)
+            retry = retry if retry_max is None else min(2 * retry, retry_max)
     s.sendall(f"{value}\n".encode())
     return int(s.makefile().readline())
