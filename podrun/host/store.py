@@ -136,8 +136,7 @@ class AgentStore:
         self.error = error
         self.host: StoreHost | None = None
         self.lock = threading.Lock()     # a store host started at the first connection vs the agent's close
-        self.closed = False
-        self.done = threading.Event()    # set at close
+        self.done = threading.Event()    # set at close (under the lock)
 
     @classmethod
     def open(cls, port: int, listen_fd: int | None = None) -> "AgentStore":
@@ -187,7 +186,7 @@ class AgentStore:
         except (OSError, ValueError):            # closed meanwhile: the agent ended
             return
         with self.lock:
-            if self.sock is None or self.closed:
+            if self.sock is None or self.done.is_set():
                 return
             self._host(note, warm)
         self.done.wait()            # a started store host ends with the thread that started it (die_with_parent)
@@ -205,8 +204,7 @@ class AgentStore:
 
     def close(self) -> None:
         with self.lock:
-            self.closed = True
-        self.done.set()
+            self.done.set()
         if self.host is not None:
             self.host.close()
         self.release()

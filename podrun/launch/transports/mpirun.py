@@ -100,10 +100,10 @@ def pbs_slot_problems(env, hosts: list[str], ranks_per_host: int) -> list[Proble
         slots = {e.name: e.slots for e in read_pbs_nodefile(env["PBS_NODEFILE"])}
     except PodrunError as exc:
         return [Problem("localhost", exc.message, exc.hint or "")]
-    short = [h for h in hosts if (slots.get(h) or 0) < ranks_per_host]
+    short = [h for h in hosts if slots.get(h, 0) < ranks_per_host]
     if not short:
         return []
-    listed = ", ".join(f"{h} {slots.get(h) or 0} time(s)" for h in short[:8]) + (" ..." if len(short) > 8 else "")
+    listed = ", ".join(f"{h} {slots.get(h, 0)} time(s)" for h in short[:8]) + (" ..." if len(short) > 8 else "")
     return [Problem(short[0], f"mpirun starts {ranks_per_host} rank(s) on each host, but PBS_NODEFILE lists {listed}",
                     f"ask PBS for one line per rank: -l select=N:mpiprocs={ranks_per_host} (Open MPI reads its "
                     "slots from PBS_NODEFILE)")]
