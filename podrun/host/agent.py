@@ -408,7 +408,8 @@ class Agent(ControllerLink):
         for lr, p in enumerate(self.procs):    # any wait for a worker's last lines delays the others' stamps; a
             if not reaped[lr] and p is not None and p.poll() is not None:    # zygote's fork: when the zygote did)
                 reaped[lr] = True
-                exited.append((lr, p.returncode, getattr(p, "ended_at", None) or time.time()))
+                at = getattr(p, "ended_at", None)     # a zygote's fork: when the zygote reaped it
+                exited.append((lr, p.returncode, time.time() if at is None else at))
         for lr, rc, ended in sorted(exited, key=lambda e: e[2]):     # the first to end is told first
             for t in self.readers[lr]:
                 t.join(timeout=1.0)
