@@ -9,6 +9,7 @@ import click
 
 from podrun.cli import types as t
 
+from podrun.cli.job_options import job_options
 from podrun.cli.options import PlanOptions, plan_options, pop_plan_options, stacked
 from podrun.errors import PodrunError
 from podrun.jobscript.job import SCHEDULER_HELP, SCHEDULERS, scheduler_name, suggest_scheduler
@@ -89,29 +90,7 @@ def job_command(scheduler_help: str, json_help: str, *own):
     return stacked(
         click.option("--scheduler", type=SchedulerChoice(), help=f"{SCHEDULER_HELP}; {scheduler_help}."),
         plan_options,
-        click.option("--time", "time_limit", help="Wall time: HH:MM:SS, D-HH:MM:SS, or 90m / 2h."),
-        click.option("--partition", help="Slurm partition (PBS queue when --queue is not given)."),
-        click.option("--queue", help="PBS / Grid Engine queue (Slurm partition when --partition is not given)."),
-        click.option("--group", help="ABCI's group: Grid Engine `qsub -g GROUP`, PBS `#PBS -P GROUP`."),
-        click.option("--account", help="Account to charge (sbatch --account, qsub -A)."),
-        click.option("--job-name", help="Job name (default podrun-<recipe>)."),
-        click.option("--module", "modules", multiple=True, help="`module load NAME` before the launch (repeatable)."),
-        click.option("--env", "env", multiple=True, help="NAME=VALUE exported in the job (repeatable)."),
-        click.option("--cpus-per-node", type=t.CPUS, help="CPUs per node (--cpus-per-task, ncpus=)."),
-        click.option("--cpu-bind", metavar="auto|none|LIST",
-                     help="The job's podrun launch --cpu-bind: each worker bound to its share of the node's cores."),
-        click.option("--transport", help="How podrun launch starts instances in the job (default: srun on Slurm, "
-                                         "mpirun on PBS and on ABCI's Grid Engine, ssh with --pe)."),
-        click.option("--ssh-config",
-                     help="ssh config file podrun launch uses in the job (--transport ssh; default ~/.ssh/config)."),
-        click.option("--pe", help="Grid Engine parallel environment: `#$ -pe PE NODES` (one slot per host) "
-                                  "instead of ABCI's `-l rt_F=NODES`."),
-        click.option("--vipu-server-host", help="IPU-PODs: the V-IPU controller the job's poprun uses "
-                                                "(default $IPUOF_VIPU_API_HOST, else the cluster spec's vipu)."),
-        click.option("--vipu-partition", help="IPU-PODs: the V-IPU partition the job's poprun uses "
-                                              "(default $IPUOF_VIPU_API_PARTITION_ID, else the cluster spec's vipu)."),
-        click.option("--job-python", "python",
-                     help="Interpreter the job runs `-m podrun launch` with (default: this one, sys.executable)."),
+        job_options,
         *own,
         click.option("--json", "as_json", is_flag=True, help=json_help),
         click.argument("recipe", required=False),
@@ -124,7 +103,7 @@ def job_of(options: dict, plan: PlanOptions, spec=None, **given) -> JobOptions:
     """The JobOptions of `script` or `submit`: job_command's values taken out of click's ``options``, the
     --cluster of the job's podrun launch from the plan's (``plan``), the cores per node from --cpus-per-node or
     the cluster ``spec`` (podrun.jobscript.job.node_cpus), and ``given`` over them."""
-    from dataclasses import fields
+    from dataclasses import fields, replace
 
     from podrun.jobscript.build import JobOptions
     from podrun.jobscript.job import node_cpus
@@ -139,18 +118,16 @@ def job_of(options: dict, plan: PlanOptions, spec=None, **given) -> JobOptions:
 
     for name, env in VIPU_ENV.items():      # a POD's shell names its V-IPU controller and partition
         taken[name] = taken.get(name) or os.environ.get(env) or None
-    return JobOptions(**{**taken, **given})
+    job = JobOptions(**{**taken, **given})
+    if spec is not None and job.cluster:
+        # what the cluster asks of its jobs, written for its own scheduler only
+        job = replace(job, site=spec.jobs if spec.scheduler == job.scheduler else None, site_name=spec.name)
+    return job
 
 
 @click.command("script", cls=DashDashCommand)
 @job_command(
     "default: the cluster spec's", "Print scheduler, path or script text, and the submit command as JSON.",
-    click.option("--log-dir", help="Folder for the job's stdout/stderr; it must exist when the job starts."),
-    click.option("--workdir", help="cd here in the job (default: the directory the job is submitted from)."),
-    click.option("--resource", default="rt_F", show_default=True,
-                 help="Grid Engine resource type per node (ABCI rt_F = a full node)."),
-    click.option("--directive", "directives", multiple=True,
-                 help="Extra directive, e.g. '-l USE_SSH=1' or '--exclusive' (repeatable)."),
     click.option("-o", "--output", "out_path", type=click.Path(dir_okay=False),
                  help="Write the script to FILE instead of stdout."))
 def script(ctx, recipe, extra, out_path, as_json, **options):

@@ -59,8 +59,8 @@ def submit(ctx, recipe, extra, runs_dir, wait, poll, dry_run, as_json, **options
     recipe, args = split_recipe(ctx, recipe, extra)
     plan, spec, rspec = resolve_plan(recipe, popts)
     refuse_long_synthetic(args, check_recipe(rspec, args) if rspec is not None else None, plan)
-    job = prepare_job(plan, job_of(options, popts, spec, scheduler=scheduler, recipe=recipe, args=args,
-                                   workdir=os.getcwd()), runs_dir)
+    options["workdir"] = options.get("workdir") or os.getcwd()
+    job = prepare_job(plan, job_of(options, popts, spec, scheduler=scheduler, recipe=recipe, args=args), runs_dir)
     if dry_run:
         _emit(job.to_dict(), as_json, f"would run: {' '.join(job.submit_argv)}\nscript: {job.script}")
         return

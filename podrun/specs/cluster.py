@@ -63,6 +63,20 @@ class VipuSpec:
 
 
 @dataclass(frozen=True)
+class JobsSpec:
+    """What a batch job on this cluster asks its own scheduler (the spec's ``scheduler``) for beside its nodes,
+    devices and cores; job scripts for another scheduler read none of it."""
+
+    resource: Optional[str] = None      # Grid Engine: `-l NAME=N` asks N whole nodes (ABCI 1.0's rt_F)
+    pe: Optional[str] = None            # Grid Engine: `-pe PE N`, a parallel environment of one slot per host
+    queue: Optional[str] = None         # the queue (Slurm: partition) a job goes to when none is given
+    typed_queues: tuple[str, ...] = ()  # queues that set each node's CPUs and GPUs themselves (ABCI 3.0's rt_HF)
+    ssh_directives: tuple[str, ...] = ()  # directives a job needs when its launch reaches its nodes over ssh
+    ssh_port: Optional[int] = field(default=None, metadata=bound(
+        1, 65535, why="the port sshd listens on between a job's nodes"))
+
+
+@dataclass(frozen=True)
 class HostPattern:
     """A regular naming scheme: count hosts named pattern.format(i=start..start+count-1)."""
 
@@ -87,6 +101,7 @@ class ClusterFile:
     transport: Literal["local", "ssh", "mpirun", "srun"] = "ssh"
     engine: Literal["torch", "poprun"] = "torch"
     vipu: Optional[VipuSpec] = None     # poprun's --vipu-server-host / --vipu-partition on this POD
+    jobs: Optional[JobsSpec] = None     # what its batch jobs ask the scheduler for (job scripts)
     instances_per_host: int = field(default=1, metadata=bound(1, MAX_PER_HOST, why="instances podrun starts on each host"))
     sources: tuple[str, ...] = ()
     data_interface: str = ""         # the interface of the network the hosts share for collectives ("" = none given)

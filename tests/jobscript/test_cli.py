@@ -59,10 +59,11 @@ def test_script_json(podrun_cli, tmp_path):
 def test_job_runs_the_interpreter_that_wrote_it_or_job_python(podrun_cli):
     """The exec line runs `<interpreter> -m podrun launch`, never a bare `podrun` looked up on PATH."""
     for sched in ("slurm", "pbs", "uge"):
-        code, out, err = podrun_cli("script", "--scheduler", sched, "--nodes", "2", "--", "python", "t.py")
+        pe = ["--pe", "mpi"] if sched == "uge" else []
+        code, out, err = podrun_cli("script", "--scheduler", sched, *pe, "--nodes", "2", "--", "python", "t.py")
         assert code == 0, err
         assert f"exec {shlex.quote(sys.executable)} -m podrun launch " in out, out
-        code, out, err = podrun_cli("script", "--scheduler", sched, "--nodes", "2", "--job-python",
+        code, out, err = podrun_cli("script", "--scheduler", sched, *pe, "--nodes", "2", "--job-python",
                                     "/opt/my venv/bin/python", "--", "python", "t.py")
         assert code == 0, err
         assert "exec '/opt/my venv/bin/python' -m podrun launch " in out, out
@@ -212,6 +213,6 @@ def test_recipe_options_after_the_recipe_and_the_sge_alias(podrun_cli):
                                 "--data", "digits", "--steps=3", "--quiet", "--seed", "1")
     assert json.loads(out) == json.loads(out2)
     assert json.loads(out)["launch"][-7:] == ["--", "--data", "digits", "--steps=3", "--quiet", "--seed", "1"]
-    sge = [podrun_cli("script", "--scheduler", name, *base, "resnet50") for name in ("sge", "uge", "SGE")]
+    sge = [podrun_cli("script", "--scheduler", name, "--pe", "mpi", *base, "resnet50") for name in ("sge", "uge", "SGE")]
     assert [c for c, _, _ in sge] == [0, 0, 0] and sge[0][1] == sge[1][1] == sge[2][1]
     assert json.loads(sge[0][1])["scheduler"] == "uge"
