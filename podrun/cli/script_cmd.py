@@ -42,6 +42,8 @@ class DashDashCommand(click.Command):
         kept, taken, seen_recipe, j = [], [], False, 0
         while j < len(words):
             word, name = words[j], words[j].split("=", 1)[0]
+            if seen_recipe and is_script(kept[-1]):        # a script's arguments are its own, as launch passes them
+                return kept, words[j:]
             takes = own.get(name) if name in own else recipe.get(name) if seen_recipe else None
             n = 2 if takes and "=" not in word else 1
             (taken if name not in own and name in recipe and seen_recipe else kept).extend(words[j:j + n])
@@ -62,6 +64,12 @@ class SchedulerChoice(click.Choice):
             return key
         self.fail((f"{value!r} is not one of {', '.join(map(repr, SCHEDULERS))} (or 'sge' for uge); "
                    + suggest_scheduler(value)).strip(), param, ctx)
+
+
+def is_script(target: str) -> bool:
+    """A RECIPE argument that is a Python script, as `podrun launch` reads its target: a path ending in .py, or an
+    existing file, that is not a recipe folder (podrun.launch.torchrun_cli.classify)."""
+    return not os.path.isfile(os.path.join(target, "recipe.yaml")) and (target.endswith(".py") or os.path.isfile(target))
 
 
 def split_recipe(ctx: click.Context, recipe: str | None, extra: tuple[str, ...]) -> tuple[str | None, tuple[str, ...]]:
@@ -131,7 +139,7 @@ def job_of(options: dict, plan: PlanOptions, spec=None, **given) -> JobOptions:
     click.option("-o", "--output", "out_path", type=click.Path(dir_okay=False),
                  help="Write the script to FILE instead of stdout."))
 def script(ctx, recipe, extra, out_path, as_json, **options):
-    """Write the batch script that runs RECIPE (or, after --, a COMMAND) with the same plan.
+    """Write the batch script that runs RECIPE (a script.py as launch runs it, or, after --, a COMMAND) with the same plan.
 
     \b
       podrun script --scheduler slurm --cluster dgx-h100 --nodes 4 --time 2h resnet50 > job.sh
@@ -147,6 +155,7 @@ def script(ctx, recipe, extra, out_path, as_json, **options):
     from podrun.jobscript.build import allocation_plan_options
 
     recipe, args = split_recipe(ctx, recipe, extra)
+    script_path, recipe = (recipe, None) if recipe is not None and is_script(recipe) else (None, recipe)
     found = discover(os.environ)          # once: the plan's hosts and the allocation check both use it
     popts = allocation_plan_options(pop_plan_options(options), found)
     plan, spec, rspec = resolve_plan(recipe, popts, discovered=found)
@@ -162,8 +171,10 @@ def script(ctx, recipe, extra, out_path, as_json, **options):
         click.echo(f"note: cluster '{spec.name}' is scheduled by {spec.scheduler}; writing a {scheduler} script "
                    "as asked", err=True)
     req = request_from_plan(plan, job_of(options, popts, spec, scheduler=scheduler, recipe=recipe, args=args,
-                                         engine=spec.engine))
-    refuse_long_synthetic(args, recipe_args, plan)
+                                         script=script_path, engine=spec.engine))
+    notice = refuse_long_synthetic(args, recipe_args, plan)
+    if notice is not None:
+        click.echo(f"note: {notice}", err=True)
     text = render(req)
     if out_path:
         _write(out_path, text, private=bool(req.env))

@@ -11,7 +11,7 @@ import click
 from podrun.cli import types as t
 
 from podrun.cli.options import pop_plan_options
-from podrun.cli.script_cmd import DashDashCommand, SchedulerChoice, job_command, job_of, split_recipe
+from podrun.cli.script_cmd import DashDashCommand, SchedulerChoice, is_script, job_command, job_of, split_recipe
 from podrun.errors import PodrunError
 from podrun.specs.recipe_args import check_recipe, refuse_long_synthetic
 from podrun.jobscript.job import SCHEDULER_HELP
@@ -41,13 +41,15 @@ def _pick_scheduler(scheduler: str | None) -> str:
                  help="Seconds between state queries with --wait."),
     click.option("--dry-run", is_flag=True, help="Write the script and print the submit command; submit nothing."))
 def submit(ctx, recipe, extra, runs_dir, wait, poll, dry_run, as_json, **options):
-    """Write the job script for RECIPE (or, after --, a COMMAND) into runs/<run-id>/job.sh and submit it.
+    """Write the job script for RECIPE (a script.py as launch runs it, or, after --, a COMMAND) into
+    runs/<run-id>/job.sh and submit it.
 
     Without --cluster, --pod, --hosts or --hostfile the job is planned for --nodes N hosts (default 1)
     of --devices-per-host workers each (default 1), the hosts the scheduler will allocate.
 
     \b
       podrun submit --scheduler slurm --nodes 3 recipes/resnet18_cifar10
+      podrun submit --nodes 3 ddp.py --lr 0.1              # a script, run by the job's python as launch runs it
       podrun submit --nodes 3 --wait -- python train.py     # a bare command; exits with the job's code
     """
     from podrun.cli.options import resolve_plan
@@ -57,10 +59,14 @@ def submit(ctx, recipe, extra, runs_dir, wait, poll, dry_run, as_json, **options
     scheduler = _pick_scheduler(options.pop("scheduler"))
     popts = allocation_plan_options(pop_plan_options(options))
     recipe, args = split_recipe(ctx, recipe, extra)
+    script_path, recipe = (recipe, None) if recipe is not None and is_script(recipe) else (None, recipe)
     plan, spec, rspec = resolve_plan(recipe, popts)
-    refuse_long_synthetic(args, check_recipe(rspec, args) if rspec is not None else None, plan)
+    notice = refuse_long_synthetic(args, check_recipe(rspec, args) if rspec is not None else None, plan)
+    if notice is not None:
+        click.echo(f"note: {notice}", err=True)
     options["workdir"] = options.get("workdir") or os.getcwd()
-    job = prepare_job(plan, job_of(options, popts, spec, scheduler=scheduler, recipe=recipe, args=args), runs_dir)
+    job = prepare_job(plan, job_of(options, popts, spec, scheduler=scheduler, recipe=recipe, args=args,
+                                   script=script_path), runs_dir)
     if dry_run:
         _emit(job.to_dict(), as_json, f"would run: {' '.join(job.submit_argv)}\nscript: {job.script}")
         return

@@ -26,8 +26,9 @@ class JobOptions:
 
     scheduler: str
     python: str                                 # the interpreter the job runs `-m podrun launch` with
-    recipe: str | None = None                   # None: a command (``args``)
+    recipe: str | None = None                   # None: a script (``script``) or a command (``args``)
     args: Sequence[str] = ()
+    script: str | None = None                   # a Python script the job's launch runs with ``args`` (as launch does)
     cluster: str | None = None                  # the --cluster the job's podrun launch is given
     job_name: str | None = None                 # None: podrun-<recipe>
     time_limit: int | str | None = None
@@ -68,13 +69,14 @@ def default_job_name(plan) -> str:
 
 
 def launch_argv(plan, *, python: str, recipe: str | None, transport: str | None, cluster: str | None = None,
-                args: Sequence[str] = (), launch_options: Sequence[str] = ()) -> list[str]:
+                args: Sequence[str] = (), launch_options: Sequence[str] = (), script: str | None = None) -> list[str]:
     """`PYTHON -m podrun launch` inside the allocation, pinned to the same plan: the same cluster spec,
     hosts count, devices per host, instances per host, and (for a recipe) global batch, local batch
     and GA. PYTHON is the interpreter whose podrun wrote the script (the CLI passes sys.executable),
     so the job needs no podrun on PATH, nor an activated virtualenv. The hosts themselves come from
     the scheduler's env when the job runs. ``transport`` None: no --transport (an engine that starts the
-    instances itself, poprun)."""
+    instances itself, poprun). ``script``: a Python script, followed by its ``args`` as `podrun launch SCRIPT ARGS`
+    takes them."""
     argv = [python, "-m", "podrun", "launch"] + ([] if transport is None else ["--transport", transport])
     if cluster:
         argv += ["--cluster", cluster]
@@ -90,6 +92,8 @@ def launch_argv(plan, *, python: str, recipe: str | None, transport: str | None,
             "--grad-accum", str(plan.grad_accum),
         ]
     argv += list(launch_options)
+    if script is not None:
+        return argv + [script, *args]
     if recipe is not None:
         argv.append(recipe)
     if args:
@@ -160,7 +164,7 @@ def request_from_plan(plan, job: JobOptions) -> JobRequest:
     shared = {f.name: getattr(job, f.name) for f in fields(JobRequest) if hasattr(job, f.name)}
     kind = plan.device_kind.split("-", 1)[0]          # 'gpu-v100' -> 'gpu', 'ipu-gc200' -> 'ipu', 'cpu' -> 'cpu'
     command = launch_argv(plan, python=job.python, recipe=job.recipe, transport=transport, cluster=job.cluster,
-                          args=job.args, launch_options=[*extra, *job.launch_options])
+                          args=job.args, launch_options=[*extra, *job.launch_options], script=job.script)
     site, ssh = job.site or JobsSpec(), ssh_between_nodes(transport, job.scheduler)
     site_directives = tuple(d for d in site.ssh_directives if d not in job.directives) if ssh else ()
     queue = job.queue or job.partition

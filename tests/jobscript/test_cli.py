@@ -216,3 +216,30 @@ def test_recipe_options_after_the_recipe_and_the_sge_alias(podrun_cli):
     sge = [podrun_cli("script", "--scheduler", name, "--pe", "mpi", *base, "resnet50") for name in ("sge", "uge", "SGE")]
     assert [c for c, _, _ in sge] == [0, 0, 0] and sge[0][1] == sge[1][1] == sge[2][1]
     assert json.loads(sge[0][1])["scheduler"] == "uge"
+
+
+def test_submit_takes_every_option_script_takes_and_a_plain_script(podrun_cli, tmp_path, monkeypatch):
+    """One option table for script and submit: every option of `script` but its -o is one of `submit`'s, and
+    `submit --dry-run` writes the same directives and launch line `script` writes for them (--directive, --resource,
+    --log-dir, --workdir); `submit ... ddp.py ARGS` runs the script as `launch ddp.py ARGS` does (everything after
+    it is its own), where it said `recipe ddp.py is not a folder`."""
+    from podrun.cli.script_cmd import script
+    from podrun.cli.submit_cmd import submit
+
+    names = lambda cmd: {o for p in cmd.params for o in getattr(p, "opts", ())}     # noqa: E731
+    assert names(script) - {"-o", "--output"} <= names(submit), names(script) - names(submit)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ddp.py").write_text("print('hi')\n")
+    logs = tmp_path / "logs"
+    job = ["--scheduler", "uge", "--nodes", "2", "--resource", "rt_X", "--directive", "-l USE_BEEOND=1",
+           "--log-dir", str(logs), "--workdir", "/scratch/w", "ddp.py", "--lr", "0.1", "--nodes", "9"]
+    code, out, err = podrun_cli("submit", "--dry-run", "--json", "--runs-dir", str(tmp_path / "runs"), *job)
+    assert code == 0, err
+    text = Path(json.loads(out)["script"]).read_text()
+    code, out, err = podrun_cli("script", *job)
+    assert code == 0, err
+    for line in ("#$ -l rt_X=2", "#$ -l USE_BEEOND=1", f"#$ -o {logs}/", "cd /scratch/w"):
+        assert line in text.splitlines() and line in out.splitlines(), (line, text)
+    exec_line = next(x for x in text.splitlines() if x.startswith("exec "))
+    assert shlex.split(exec_line)[-5:] == ["ddp.py", "--lr", "0.1", "--nodes", "9"], exec_line
+    assert shlex.split(exec_line)[shlex.split(exec_line).index("--nodes") + 1] == "2", exec_line
