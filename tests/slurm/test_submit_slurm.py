@@ -29,21 +29,31 @@ def job_output(run_dir: Path, ext: str) -> str:
 
 
 @pytest.mark.timeout(120)
-def test_submit_three_nodes_srun_allreduce(slurm_cluster, tmp_path):
-    """submit --wait: one instance per node through srun, a gloo all_reduce across the 3 nodes."""
+@pytest.mark.parametrize("transport", ["srun", "mpirun"])
+def test_submit_three_nodes_srun_allreduce(slurm_cluster, tmp_path, transport):
+    """submit --wait: one instance per node through srun, a gloo all_reduce across the 3 nodes. With --transport
+    mpirun on these nodes, which run no sshd (ssh to them is refused), Open MPI starts its daemons through Slurm
+    (srun ... prted): the preflight probes no node over ssh and the line `script --transport mpirun` writes runs."""
+    import socket
+
     sl = slurm_cluster
+    if transport == "mpirun":
+        for node in sl.nodes[:3]:          # no sshd on the nodes: ssh cannot reach them
+            with pytest.raises(OSError):
+                socket.create_connection((sl.fabric.nodes[node].address, 22), timeout=5).close()
     p = podrun(sl, ["submit", "--scheduler", "slurm", "--nodes", "3", "--wait", "--runs-dir", str(tmp_path / "runs"),
+                    *(["--transport", transport] if transport != "srun" else []),
                     "--", sys.executable, ALLREDUCE], cwd=tmp_path)
-    assert p.returncode == 0, p.stdout + p.stderr
     run_dir = only_run_dir(tmp_path / "runs")
+    assert p.returncode == 0, p.stdout + p.stderr + job_output(run_dir, "err")
     rec = json.loads((run_dir / "job.json").read_text())
     assert p.stdout.split()[0] == rec["job_id"] and rec["scheduler"] == "slurm" and rec["nodes"] == 3
     script = (run_dir / "job.sh").read_text()
-    assert "#SBATCH --nodes=3" in script and "--transport srun" in script
+    assert "#SBATCH --nodes=3" in script and f"--transport {transport}" in script
     res = sorted(results(job_output(run_dir, "out")), key=lambda r: r["rank"])
     assert [r["host"] for r in res] == sl.nodes[:3], job_output(run_dir, "out") + job_output(run_dir, "err")
-    assert_allreduce_job_done(run_dir, res, "srun", podrun(sl, ["status", str(run_dir), "--json"], cwd=tmp_path))
-    joins = json.loads((run_dir / "summary.json").read_text())["joins"]   # srun's agents joined over TCP
+    assert_allreduce_job_done(run_dir, res, transport, podrun(sl, ["status", str(run_dir), "--json"], cwd=tmp_path))
+    joins = json.loads((run_dir / "summary.json").read_text())["joins"]   # the agents joined over TCP
     assert (joins["joined"], joins["expected"], joins["refused"]) == (3, 3, {}), joins
 
 
