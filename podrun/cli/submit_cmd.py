@@ -129,7 +129,15 @@ def status(scheduler, as_json, target):
         line += f", exit code {st.exit_code}"
     if st.nodes:
         line += f", nodes {st.nodes}"
-    _emit(out, as_json, line + (f" ({st.reason})" if st.reason else ""))
+    line += f" ({st.reason})" if st.reason else ""
+    rc = (out.get("summary") or {}).get("root_cause") if isinstance(out.get("summary"), dict) else None
+    if isinstance(rc, dict):          # the run's own account of its end, as summary.json holds it
+        from podrun.redaction import shown
+
+        rank = rc.get("local_rank")
+        line += (f"\nroot cause: instance {rc.get('instance')} on {rc.get('host')}"
+                 + (f", local rank {rank}" if rank is not None else "") + f": {shown(str(rc.get('reason')))}")
+    _emit(out, as_json, line)
 
 
 @click.command()

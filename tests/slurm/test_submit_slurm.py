@@ -72,6 +72,25 @@ def test_submit_wait_returns_failing_worker_exit_code(slurm_cluster, tmp_path):
     st = podrun(sl, ["status", job, "--scheduler", "slurm", "--json"], cwd=tmp_path)
     assert json.loads(st.stdout)["state"] == "FAILED" and json.loads(st.stdout)["exit_code"] == 3
     assert json.loads(st.stdout)["native"] == "FAILED"          # Slurm's JobState, as it is
+    st = podrun(sl, ["status", str(run_dir)], cwd=tmp_path)      # the run's root cause, as summary.json holds it
+    assert st.returncode == 0 and "FAILED, exit code 3" in st.stdout, st.stdout + st.stderr
+    assert "root cause: instance 1 on node2" in st.stdout, st.stdout
+
+
+@pytest.mark.timeout(60)
+def test_a_held_job_cancelled_is_cancelled_with_slurms_exit_code(slurm_cluster, tmp_path):
+    """A job held before it ran (sbatch -H), cancelled: CANCELLED with the exit code scontrol gives it (0:0 is 0,
+    not one made up), in cancel's answer and in status's, text and JSON."""
+    sl = slurm_cluster
+    job = sl.sbatch(["-H", "-N1", "--output=/dev/null", f"--chdir={tmp_path}", "--wrap", "true"])
+    c = podrun(sl, ["cancel", job, "--scheduler", "slurm", "--json"], cwd=tmp_path)
+    assert c.returncode == 0, c.stdout + c.stderr
+    out = json.loads(c.stdout)
+    code, _, sig = sl.job(job)["ExitCode"].partition(":")
+    said = 128 + int(sig) if int(sig) else int(code)
+    assert (out["was"], out["state"], out["exit_code"], out["native"]) == ("PENDING", "CANCELLED", said, "CANCELLED")
+    st = podrun(sl, ["status", job, "--scheduler", "slurm"], cwd=tmp_path)
+    assert st.returncode == 0 and f"job {job} (slurm): CANCELLED, exit code {said}" in st.stdout, st.stdout
 
 
 @pytest.mark.timeout(120)
