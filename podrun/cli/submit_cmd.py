@@ -159,4 +159,6 @@ def cancel(scheduler, no_wait, timeout, as_json, target):
         # gone from the queue is ended: a deleted job may never get a final record (a pending one)
         st = cl.state(job_id) if no_wait else wait_job(cl, job_id, poll=0.5, timeout=timeout, gone_grace=0)
     out = {"job_id": job_id, "scheduler": cl.name, "was": before.state, **st.to_dict()}
-    _emit(out, as_json, f"job {job_id} ({cl.name}): {before.state} -> {st.state}")
+    _emit(out, as_json, f"job {job_id} ({cl.name}): {before.state} -> {st.state}"
+          + (f" [{st.native}]" if st.native not in (None, st.state) else "")
+          + (f", exit code {st.exit_code}" if st.exit_code is not None else ""))
