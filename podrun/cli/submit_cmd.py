@@ -62,11 +62,11 @@ def submit(ctx, recipe, extra, runs_dir, wait, poll, dry_run, as_json, **options
     script_path, recipe = (recipe, None) if recipe is not None and is_script(recipe) else (None, recipe)
     plan, spec, rspec = resolve_plan(recipe, popts)
     notice = refuse_long_synthetic(args, check_recipe(rspec, args) if rspec is not None else None, plan)
-    if notice is not None:
-        click.echo(f"note: {notice}", err=True)
     options["workdir"] = options.get("workdir") or os.getcwd()
     job = prepare_job(plan, job_of(options, popts, spec, scheduler=scheduler, recipe=recipe, args=args,
                                    script=script_path), runs_dir)
+    if notice is not None:          # said once the job is written, before it is queued
+        click.echo(f"note: {notice}", err=True)
     if dry_run:
         _emit(job.to_dict(), as_json, f"would run: {' '.join(job.submit_argv)}\nscript: {job.script}")
         return

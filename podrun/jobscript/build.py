@@ -101,11 +101,13 @@ def launch_argv(plan, *, python: str, recipe: str | None, transport: str | None,
     return argv
 
 
-def plan_comments(plan) -> tuple[str, ...]:
-    """'# plan: ...' lines written under the directives, so the script says what it will run."""
+def plan_comments(plan, script: str | None = None) -> tuple[str, ...]:
+    """'# plan: ...' lines written under the directives, so the script says what it will run (``script``: the
+    Python script it runs, where it runs no recipe)."""
     n = plan_hosts(plan)
+    what = f"recipe {plan.recipe}" if plan.recipe else f"script {script}" if script is not None else "a command"
     return (
-        f"plan: cluster {plan.cluster}, " + (f"recipe {plan.recipe}" if plan.recipe else "a command")
+        f"plan: cluster {plan.cluster}, " + what
         + f", {n} host(s) x {plan.devices_per_host} "
         f"{plan.device_kind} = {plan.devices} device(s)",
         f"plan: {plan.replicas} replica(s) x local batch {plan.local_batch} x GA {plan.grad_accum} "
@@ -172,7 +174,7 @@ def request_from_plan(plan, job: JobOptions) -> JobRequest:
     req = JobRequest(**{**shared, "job_name": job.job_name or default_job_name(plan), "nodes": plan_hosts(plan),
                         "devices_per_node": plan.devices_per_host, "device_kind": kind,
                         "command": tuple(command), "env": env_items,
-                        "comments": plan_comments(plan) + site_comments(given, job, plan, site_directives, typed),
+                        "comments": plan_comments(plan, job.script) + site_comments(given, job, plan, site_directives, typed),
                         "site_directives": site_directives, "queue_sets_node": typed,
                         "ssh_port": site.ssh_port if ssh and ssh_per_host(transport) else None,
                         "launch_transport": transport, "agents_per_node": plan.instances_per_host})

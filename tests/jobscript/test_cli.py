@@ -243,3 +243,17 @@ def test_submit_takes_every_option_script_takes_and_a_plain_script(podrun_cli, t
     exec_line = next(x for x in text.splitlines() if x.startswith("exec "))
     assert shlex.split(exec_line)[-5:] == ["ddp.py", "--lr", "0.1", "--nodes", "9"], exec_line
     assert shlex.split(exec_line)[shlex.split(exec_line).index("--nodes") + 1] == "2", exec_line
+
+
+def test_a_job_on_synthetic_data_past_a_node_hour_is_noted_when_written(podrun_cli, tmp_path):
+    """ABCI 3.0, 2 nodes, resnet50 with no --data: under the one-hour refusal (about 49 min) but 1.6 node-hours on
+    synthetic data: script and submit write the job and say so on stderr, with the estimate; with --data, or a run
+    of a few steps, nothing is said."""
+    base = ["--scheduler", "pbs", "--cluster", "abci3", "--nodes", "2", "--group", "gxx"]
+    for cmd in (["script"], ["submit", "--dry-run", "--runs-dir", str(tmp_path / "runs")]):
+        code, out, err = podrun_cli(*cmd, *base, "resnet50")
+        assert code == 0 and out, err
+        assert "note: no --data given: resnet50 trains on synthetic data" in err and "node-hours" in err, err
+        for quiet in (["--data", "/groups/gxx/imagenet"], ["--steps", "20"]):
+            code, _, err = podrun_cli(*cmd, *base, "resnet50", *quiet)
+            assert code == 0 and "synthetic" not in err, err
