@@ -7,8 +7,6 @@ from typing import TYPE_CHECKING
 
 import click
 
-from podrun.cli import types as t
-
 from podrun.cli.job_options import job_options
 from podrun.cli.options import PlanOptions, plan_options, pop_plan_options, stacked
 from podrun.errors import PodrunError
