@@ -67,7 +67,9 @@ class SchedulerChoice(click.Choice):
 def is_script(target: str) -> bool:
     """A RECIPE argument that is a Python script, as `podrun launch` reads its target: a path ending in .py, or an
     existing file, that is not a recipe folder (podrun.launch.torchrun_cli.classify)."""
-    return not os.path.isfile(os.path.join(target, "recipe.yaml")) and (target.endswith(".py") or os.path.isfile(target))
+    if os.path.isfile(os.path.join(target, "recipe.yaml")):
+        return False
+    return target.endswith(".py") or os.path.isfile(target)
 
 
 def split_recipe(ctx: click.Context, recipe: str | None, extra: tuple[str, ...]) -> tuple[str | None, tuple[str, ...]]:
@@ -137,7 +139,8 @@ def job_of(options: dict, plan: PlanOptions, spec=None, **given) -> JobOptions:
     click.option("-o", "--output", "out_path", type=click.Path(dir_okay=False),
                  help="Write the script to FILE instead of stdout."))
 def script(ctx, recipe, extra, out_path, as_json, **options):
-    """Write the batch script that runs RECIPE (a script.py as launch runs it, or, after --, a COMMAND) with the same plan.
+    """Write the batch script that runs RECIPE (a script.py as launch runs it, or, after --, a COMMAND) with the
+    same plan.
 
     \b
       podrun script --scheduler slurm --cluster dgx-h100 --nodes 4 --time 2h resnet50 > job.sh

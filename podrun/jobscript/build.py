@@ -174,7 +174,8 @@ def request_from_plan(plan, job: JobOptions) -> JobRequest:
     req = JobRequest(**{**shared, "job_name": job.job_name or default_job_name(plan), "nodes": plan_hosts(plan),
                         "devices_per_node": plan.devices_per_host, "device_kind": kind,
                         "command": tuple(command), "env": env_items,
-                        "comments": plan_comments(plan, job.script) + site_comments(given, job, plan, site_directives, typed),
+                        "comments": (*plan_comments(plan, job.script),
+                                     *site_comments(given, job, plan, site_directives, typed)),
                         "site_directives": site_directives, "queue_sets_node": typed,
                         "ssh_port": site.ssh_port if ssh and ssh_per_host(transport) else None,
                         "launch_transport": transport, "agents_per_node": plan.instances_per_host})

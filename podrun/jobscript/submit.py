@@ -545,7 +545,8 @@ class PreparedJob:
 def prepare_job(plan, job: JobOptions, runs_dir: str | os.PathLike) -> PreparedJob:
     """Make runs/<run-id>/ (0700; --runs-dir checked as launch checks it) with job.sh and plan.json (0600, written
     through podrun.safefs) for ``request_from_plan(plan, job)``: the scheduler's stdout/stderr go to the run
-    directory (unless ``job.log_dir`` names another) and the job's `podrun launch` writes its run into the same directory (--runs-dir/--run-id). The
+    directory (unless ``job.log_dir`` names another) and the job's `podrun launch` writes its run into the same
+    directory (--runs-dir/--run-id). The
     request is built and checked before anything is written: a bad value leaves no directory behind."""
     from podrun.jobscript.build import request_from_plan
     from podrun.jobscript.writers import render, submit_argv

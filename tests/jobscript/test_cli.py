@@ -213,7 +213,8 @@ def test_recipe_options_after_the_recipe_and_the_sge_alias(podrun_cli):
                                 "--data", "digits", "--steps=3", "--quiet", "--seed", "1")
     assert json.loads(out) == json.loads(out2)
     assert json.loads(out)["launch"][-7:] == ["--", "--data", "digits", "--steps=3", "--quiet", "--seed", "1"]
-    sge = [podrun_cli("script", "--scheduler", name, "--pe", "mpi", *base, "resnet50") for name in ("sge", "uge", "SGE")]
+    sge = [podrun_cli("script", "--scheduler", name, "--pe", "mpi", *base, "resnet50")
+           for name in ("sge", "uge", "SGE")]
     assert [c for c, _, _ in sge] == [0, 0, 0] and sge[0][1] == sge[1][1] == sge[2][1]
     assert json.loads(sge[0][1])["scheduler"] == "uge"
 

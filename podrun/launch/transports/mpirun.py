@@ -7,9 +7,9 @@ just that worker with the env contract; an instance is then the agents of its wo
 Inside a Grid Engine job, with no ssh config of the user's, Open MPI starts its daemons with the job's own
 ``qrsh -inherit`` (tight integration: Grid Engine starts, accounts and ends every host's share), so podrun
 names no ssh agent and probes no host over ssh; inside a Slurm allocation the same with srun (Open MPI's slurm
-launcher: ``srun ... prted``), where the nodes need no sshd. Inside a PBS job Open MPI reads the job's hosts and slots from
-PBS_NODEFILE itself; one built with PBS's TM interface starts its daemons through it (the same: no ssh agent, no
-probe), another over ssh.
+launcher: ``srun ... prted``), where the nodes need no sshd. Inside a PBS job Open MPI reads the job's hosts and
+slots from PBS_NODEFILE itself; one built with PBS's TM interface starts its daemons through it (the same: no ssh
+agent, no probe), another over ssh.
 """
 from __future__ import annotations
 
