@@ -617,14 +617,20 @@ def _with(prefix: str, text: str) -> str:
 
 
 def _said_the_same(root: dict, others: list[dict]) -> tuple[str, list[dict]]:
-    """The other workers whose last lines are the root cause's but for their rank numbers, named by instance ("instance
-    0 on h1, local ranks 1-2"; one error said by every rank is shown once), and the others."""
+    """The other workers whose last lines are the root cause's but for their own rank numbers, named by instance
+    ("instance 0 on h1, local ranks 1-2"; one error said by every rank is shown once), and the others. A number is
+    masked only where it is the rank of the worker that wrote the line ("[rank1]:", "(rank 1)" from rank 1): "peer
+    rank 0 closed" from rank 1 and "peer rank 1 closed" from rank 0 are not the same line."""
 
-    def words(lines) -> list[str]:
-        return [re.sub(r"\brank \d+", "rank", line) for line in lines]
+    def words(lines, rank) -> list[str]:
+        if not isinstance(rank, int) or rank < 0:
+            return list(lines)
+        own = re.compile(rf"(\brank[\s=:\[]*){rank}(?!\d)", re.IGNORECASE)
+        return [own.sub(r"\1#", line) for line in lines]
 
-    mine = words(root.get("last_lines") or [])
-    same = [o for o in others if mine and words(o["last_lines"]) == mine]
+    raw = list(root.get("last_lines") or [])
+    mine = words(raw, root.get("rank"))
+    same = [o for o in others if raw and (o["last_lines"] == raw or words(o["last_lines"], o.get("rank")) == mine)]
     if not same:
         return "", others
     from podrun.launch.stacks import rank_ranges

@@ -7,8 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from podrun.cli import types as t
-
+from podrun.cli.job_options import job_options
 from podrun.cli.options import PlanOptions, plan_options, pop_plan_options, stacked
 from podrun.errors import PodrunError
 from podrun.jobscript.job import SCHEDULER_HELP, SCHEDULERS, scheduler_name, suggest_scheduler
@@ -41,6 +40,8 @@ class DashDashCommand(click.Command):
         kept, taken, seen_recipe, j = [], [], False, 0
         while j < len(words):
             word, name = words[j], words[j].split("=", 1)[0]
+            if seen_recipe and is_script(kept[-1]):        # a script's arguments are its own, as launch passes them
+                return kept, words[j:]
             takes = own.get(name) if name in own else recipe.get(name) if seen_recipe else None
             n = 2 if takes and "=" not in word else 1
             (taken if name not in own and name in recipe and seen_recipe else kept).extend(words[j:j + n])
@@ -61,6 +62,14 @@ class SchedulerChoice(click.Choice):
             return key
         self.fail((f"{value!r} is not one of {', '.join(map(repr, SCHEDULERS))} (or 'sge' for uge); "
                    + suggest_scheduler(value)).strip(), param, ctx)
+
+
+def is_script(target: str) -> bool:
+    """A RECIPE argument that is a Python script, as `podrun launch` reads its target: a path ending in .py, or an
+    existing file, that is not a recipe folder (podrun.launch.torchrun_cli.classify)."""
+    if os.path.isfile(os.path.join(target, "recipe.yaml")):
+        return False
+    return target.endswith(".py") or os.path.isfile(target)
 
 
 def split_recipe(ctx: click.Context, recipe: str | None, extra: tuple[str, ...]) -> tuple[str | None, tuple[str, ...]]:
@@ -89,29 +98,7 @@ def job_command(scheduler_help: str, json_help: str, *own):
     return stacked(
         click.option("--scheduler", type=SchedulerChoice(), help=f"{SCHEDULER_HELP}; {scheduler_help}."),
         plan_options,
-        click.option("--time", "time_limit", help="Wall time: HH:MM:SS, D-HH:MM:SS, or 90m / 2h."),
-        click.option("--partition", help="Slurm partition (PBS queue when --queue is not given)."),
-        click.option("--queue", help="PBS / Grid Engine queue (Slurm partition when --partition is not given)."),
-        click.option("--group", help="ABCI's group: Grid Engine `qsub -g GROUP`, PBS `#PBS -P GROUP`."),
-        click.option("--account", help="Account to charge (sbatch --account, qsub -A)."),
-        click.option("--job-name", help="Job name (default podrun-<recipe>)."),
-        click.option("--module", "modules", multiple=True, help="`module load NAME` before the launch (repeatable)."),
-        click.option("--env", "env", multiple=True, help="NAME=VALUE exported in the job (repeatable)."),
-        click.option("--cpus-per-node", type=t.CPUS, help="CPUs per node (--cpus-per-task, ncpus=)."),
-        click.option("--cpu-bind", metavar="auto|none|LIST",
-                     help="The job's podrun launch --cpu-bind: each worker bound to its share of the node's cores."),
-        click.option("--transport", help="How podrun launch starts instances in the job (default: srun on Slurm, "
-                                         "mpirun on PBS and on ABCI's Grid Engine, ssh with --pe)."),
-        click.option("--ssh-config",
-                     help="ssh config file podrun launch uses in the job (--transport ssh; default ~/.ssh/config)."),
-        click.option("--pe", help="Grid Engine parallel environment: `#$ -pe PE NODES` (one slot per host) "
-                                  "instead of ABCI's `-l rt_F=NODES`."),
-        click.option("--vipu-server-host", help="IPU-PODs: the V-IPU controller the job's poprun uses "
-                                                "(default $IPUOF_VIPU_API_HOST, else the cluster spec's vipu)."),
-        click.option("--vipu-partition", help="IPU-PODs: the V-IPU partition the job's poprun uses "
-                                              "(default $IPUOF_VIPU_API_PARTITION_ID, else the cluster spec's vipu)."),
-        click.option("--job-python", "python",
-                     help="Interpreter the job runs `-m podrun launch` with (default: this one, sys.executable)."),
+        job_options,
         *own,
         click.option("--json", "as_json", is_flag=True, help=json_help),
         click.argument("recipe", required=False),
@@ -124,7 +111,7 @@ def job_of(options: dict, plan: PlanOptions, spec=None, **given) -> JobOptions:
     """The JobOptions of `script` or `submit`: job_command's values taken out of click's ``options``, the
     --cluster of the job's podrun launch from the plan's (``plan``), the cores per node from --cpus-per-node or
     the cluster ``spec`` (podrun.jobscript.job.node_cpus), and ``given`` over them."""
-    from dataclasses import fields
+    from dataclasses import fields, replace
 
     from podrun.jobscript.build import JobOptions
     from podrun.jobscript.job import node_cpus
@@ -139,22 +126,21 @@ def job_of(options: dict, plan: PlanOptions, spec=None, **given) -> JobOptions:
 
     for name, env in VIPU_ENV.items():      # a POD's shell names its V-IPU controller and partition
         taken[name] = taken.get(name) or os.environ.get(env) or None
-    return JobOptions(**{**taken, **given})
+    job = JobOptions(**{**taken, **given})
+    if spec is not None and job.cluster:
+        # what the cluster asks of its jobs, written for its own scheduler only
+        job = replace(job, site=spec.jobs if spec.scheduler == job.scheduler else None, site_name=spec.name)
+    return job
 
 
 @click.command("script", cls=DashDashCommand)
 @job_command(
     "default: the cluster spec's", "Print scheduler, path or script text, and the submit command as JSON.",
-    click.option("--log-dir", help="Folder for the job's stdout/stderr; it must exist when the job starts."),
-    click.option("--workdir", help="cd here in the job (default: the directory the job is submitted from)."),
-    click.option("--resource", default="rt_F", show_default=True,
-                 help="Grid Engine resource type per node (ABCI rt_F = a full node)."),
-    click.option("--directive", "directives", multiple=True,
-                 help="Extra directive, e.g. '-l USE_SSH=1' or '--exclusive' (repeatable)."),
     click.option("-o", "--output", "out_path", type=click.Path(dir_okay=False),
                  help="Write the script to FILE instead of stdout."))
 def script(ctx, recipe, extra, out_path, as_json, **options):
-    """Write the batch script that runs RECIPE (or, after --, a COMMAND) with the same plan.
+    """Write the batch script that runs RECIPE (a script.py as launch runs it, or, after --, a COMMAND) with the
+    same plan.
 
     \b
       podrun script --scheduler slurm --cluster dgx-h100 --nodes 4 --time 2h resnet50 > job.sh
@@ -170,6 +156,7 @@ def script(ctx, recipe, extra, out_path, as_json, **options):
     from podrun.jobscript.build import allocation_plan_options
 
     recipe, args = split_recipe(ctx, recipe, extra)
+    script_path, recipe = (recipe, None) if recipe is not None and is_script(recipe) else (None, recipe)
     found = discover(os.environ)          # once: the plan's hosts and the allocation check both use it
     popts = allocation_plan_options(pop_plan_options(options), found)
     plan, spec, rspec = resolve_plan(recipe, popts, discovered=found)
@@ -185,8 +172,10 @@ def script(ctx, recipe, extra, out_path, as_json, **options):
         click.echo(f"note: cluster '{spec.name}' is scheduled by {spec.scheduler}; writing a {scheduler} script "
                    "as asked", err=True)
     req = request_from_plan(plan, job_of(options, popts, spec, scheduler=scheduler, recipe=recipe, args=args,
-                                         engine=spec.engine))
-    refuse_long_synthetic(args, recipe_args, plan)
+                                         script=script_path, engine=spec.engine))
+    notice = refuse_long_synthetic(args, recipe_args, plan)
+    if notice is not None:
+        click.echo(f"note: {notice}", err=True)
     text = render(req)
     if out_path:
         _write(out_path, text, private=bool(req.env))

@@ -11,7 +11,7 @@ import click
 from podrun.cli import types as t
 
 from podrun.cli.options import pop_plan_options
-from podrun.cli.script_cmd import DashDashCommand, SchedulerChoice, job_command, job_of, split_recipe
+from podrun.cli.script_cmd import DashDashCommand, SchedulerChoice, is_script, job_command, job_of, split_recipe
 from podrun.errors import PodrunError
 from podrun.specs.recipe_args import check_recipe, refuse_long_synthetic
 from podrun.jobscript.job import SCHEDULER_HELP
@@ -41,13 +41,15 @@ def _pick_scheduler(scheduler: str | None) -> str:
                  help="Seconds between state queries with --wait."),
     click.option("--dry-run", is_flag=True, help="Write the script and print the submit command; submit nothing."))
 def submit(ctx, recipe, extra, runs_dir, wait, poll, dry_run, as_json, **options):
-    """Write the job script for RECIPE (or, after --, a COMMAND) into runs/<run-id>/job.sh and submit it.
+    """Write the job script for RECIPE (a script.py as launch runs it, or, after --, a COMMAND) into
+    runs/<run-id>/job.sh and submit it.
 
     Without --cluster, --pod, --hosts or --hostfile the job is planned for --nodes N hosts (default 1)
     of --devices-per-host workers each (default 1), the hosts the scheduler will allocate.
 
     \b
       podrun submit --scheduler slurm --nodes 3 recipes/resnet18_cifar10
+      podrun submit --nodes 3 ddp.py --lr 0.1              # a script, run by the job's python as launch runs it
       podrun submit --nodes 3 --wait -- python train.py     # a bare command; exits with the job's code
     """
     from podrun.cli.options import resolve_plan
@@ -57,10 +59,14 @@ def submit(ctx, recipe, extra, runs_dir, wait, poll, dry_run, as_json, **options
     scheduler = _pick_scheduler(options.pop("scheduler"))
     popts = allocation_plan_options(pop_plan_options(options))
     recipe, args = split_recipe(ctx, recipe, extra)
+    script_path, recipe = (recipe, None) if recipe is not None and is_script(recipe) else (None, recipe)
     plan, spec, rspec = resolve_plan(recipe, popts)
-    refuse_long_synthetic(args, check_recipe(rspec, args) if rspec is not None else None, plan)
+    notice = refuse_long_synthetic(args, check_recipe(rspec, args) if rspec is not None else None, plan)
+    options["workdir"] = options.get("workdir") or os.getcwd()
     job = prepare_job(plan, job_of(options, popts, spec, scheduler=scheduler, recipe=recipe, args=args,
-                                   workdir=os.getcwd()), runs_dir)
+                                   script=script_path), runs_dir)
+    if notice is not None:          # said once the job is written, before it is queued
+        click.echo(f"note: {notice}", err=True)
     if dry_run:
         _emit(job.to_dict(), as_json, f"would run: {' '.join(job.submit_argv)}\nscript: {job.script}")
         return
@@ -123,7 +129,15 @@ def status(scheduler, as_json, target):
         line += f", exit code {st.exit_code}"
     if st.nodes:
         line += f", nodes {st.nodes}"
-    _emit(out, as_json, line + (f" ({st.reason})" if st.reason else ""))
+    line += f" ({st.reason})" if st.reason else ""
+    rc = (out.get("summary") or {}).get("root_cause") if isinstance(out.get("summary"), dict) else None
+    if isinstance(rc, dict):          # the run's own account of its end, as summary.json holds it
+        from podrun.redaction import shown
+
+        rank = rc.get("local_rank")
+        line += (f"\nroot cause: instance {rc.get('instance')} on {rc.get('host')}"
+                 + (f", local rank {rank}" if rank is not None else "") + f": {shown(str(rc.get('reason')))}")
+    _emit(out, as_json, line)
 
 
 @click.command()
@@ -145,4 +159,6 @@ def cancel(scheduler, no_wait, timeout, as_json, target):
         # gone from the queue is ended: a deleted job may never get a final record (a pending one)
         st = cl.state(job_id) if no_wait else wait_job(cl, job_id, poll=0.5, timeout=timeout, gone_grace=0)
     out = {"job_id": job_id, "scheduler": cl.name, "was": before.state, **st.to_dict()}
-    _emit(out, as_json, f"job {job_id} ({cl.name}): {before.state} -> {st.state}")
+    _emit(out, as_json, f"job {job_id} ({cl.name}): {before.state} -> {st.state}"
+          + (f" [{st.native}]" if st.native not in (None, st.state) else "")
+          + (f", exit code {st.exit_code}" if st.exit_code is not None else ""))

@@ -11,6 +11,7 @@ from podrun.launch.engines import EngineKind, engine_of
 from podrun.launch.transports import TRANSPORTS
 from podrun.plan.inputs import PlanOptions
 from podrun.specs.allocation import Discovered
+from podrun.specs.cluster import JobsSpec
 
 __all__ = [
     "JobOptions", "plan_hosts", "launch_argv", "request_from_plan", "plan_comments", "default_job_name",
@@ -25,8 +26,9 @@ class JobOptions:
 
     scheduler: str
     python: str                                 # the interpreter the job runs `-m podrun launch` with
-    recipe: str | None = None                   # None: a command (``args``)
+    recipe: str | None = None                   # None: a script (``script``) or a command (``args``)
     args: Sequence[str] = ()
+    script: str | None = None                   # a Python script the job's launch runs with ``args`` (as launch does)
     cluster: str | None = None                  # the --cluster the job's podrun launch is given
     job_name: str | None = None                 # None: podrun-<recipe>
     time_limit: int | str | None = None
@@ -42,7 +44,7 @@ class JobOptions:
     workdir: str | None = None
     cpus_per_node: int | None = None
     transport: str | None = None                # None: the scheduler's (its Scheduler.transport)
-    resource: str = "rt_F"
+    resource: str | None = None                 # Grid Engine: -l RESOURCE=N (None: the cluster spec's jobs)
     pe: str | None = None
     directives: Sequence[str] = ()
     ssh_config: str | None = None
@@ -51,6 +53,8 @@ class JobOptions:
     engine: str | None = None                   # None: poprun for an IPU plan (the IPU-POD specs'), else torch
     vipu_server_host: str | None = None         # poprun's V-IPU controller (or $IPUOF_VIPU_API_HOST)
     vipu_partition: str | None = None           # poprun's V-IPU partition (or $IPUOF_VIPU_API_PARTITION_ID)
+    site: JobsSpec | None = None                # the cluster spec's jobs block, for a job of its own scheduler
+    site_name: str | None = None                # that spec's name (the script's comments say where a value is from)
 
 
 def plan_hosts(plan) -> int:
@@ -65,13 +69,14 @@ def default_job_name(plan) -> str:
 
 
 def launch_argv(plan, *, python: str, recipe: str | None, transport: str | None, cluster: str | None = None,
-                args: Sequence[str] = (), launch_options: Sequence[str] = ()) -> list[str]:
+                args: Sequence[str] = (), launch_options: Sequence[str] = (), script: str | None = None) -> list[str]:
     """`PYTHON -m podrun launch` inside the allocation, pinned to the same plan: the same cluster spec,
     hosts count, devices per host, instances per host, and (for a recipe) global batch, local batch
     and GA. PYTHON is the interpreter whose podrun wrote the script (the CLI passes sys.executable),
     so the job needs no podrun on PATH, nor an activated virtualenv. The hosts themselves come from
     the scheduler's env when the job runs. ``transport`` None: no --transport (an engine that starts the
-    instances itself, poprun)."""
+    instances itself, poprun). ``script``: a Python script, followed by its ``args`` as `podrun launch SCRIPT ARGS`
+    takes them."""
     argv = [python, "-m", "podrun", "launch"] + ([] if transport is None else ["--transport", transport])
     if cluster:
         argv += ["--cluster", cluster]
@@ -87,6 +92,8 @@ def launch_argv(plan, *, python: str, recipe: str | None, transport: str | None,
             "--grad-accum", str(plan.grad_accum),
         ]
     argv += list(launch_options)
+    if script is not None:
+        return argv + [script, *args]
     if recipe is not None:
         argv.append(recipe)
     if args:
@@ -94,11 +101,13 @@ def launch_argv(plan, *, python: str, recipe: str | None, transport: str | None,
     return argv
 
 
-def plan_comments(plan) -> tuple[str, ...]:
-    """'# plan: ...' lines written under the directives, so the script says what it will run."""
+def plan_comments(plan, script: str | None = None) -> tuple[str, ...]:
+    """'# plan: ...' lines written under the directives, so the script says what it will run (``script``: the
+    Python script it runs, where it runs no recipe)."""
     n = plan_hosts(plan)
+    what = f"recipe {plan.recipe}" if plan.recipe else f"script {script}" if script is not None else "a command"
     return (
-        f"plan: cluster {plan.cluster}, " + (f"recipe {plan.recipe}" if plan.recipe else "a command")
+        f"plan: cluster {plan.cluster}, " + what
         + f", {n} host(s) x {plan.devices_per_host} "
         f"{plan.device_kind} = {plan.devices} device(s)",
         f"plan: {plan.replicas} replica(s) x local batch {plan.local_batch} x GA {plan.grad_accum} "
@@ -129,8 +138,12 @@ def request_from_plan(plan, job: JobOptions) -> JobRequest:
     """The JobRequest for a plan: nodes = the plan's hosts, devices per node = its devices per host,
     and a body that runs `PYTHON -m podrun launch` with the same plan (with ``--ssh-config`` when
     given, and ``--env NAME`` for each of ``env`` unless the transport is srun: the script exports the value).
-    Validated (JobScriptError on bad values)."""
+    What the cluster asks of its jobs (``job.site``: its spec's jobs block) fills what the options leave: Grid
+    Engine's resource or PE, the queue, the directives ssh between the nodes needs; each one the script takes
+    from the spec is said in a comment. Validated (JobScriptError on bad values)."""
     env_items = tuple(job.env.items()) if isinstance(job.env, Mapping) else tuple(job.env)
+    given = job
+    job = with_site(job)
     engine = engine_of(job.engine or ("poprun" if plan.device_kind.startswith("ipu") else "torch"))
     transport = job_transport(job, engine)
     extra: list[str] = [] if transport is not None else poprun_options(job)
@@ -153,21 +166,71 @@ def request_from_plan(plan, job: JobOptions) -> JobRequest:
     shared = {f.name: getattr(job, f.name) for f in fields(JobRequest) if hasattr(job, f.name)}
     kind = plan.device_kind.split("-", 1)[0]          # 'gpu-v100' -> 'gpu', 'ipu-gc200' -> 'ipu', 'cpu' -> 'cpu'
     command = launch_argv(plan, python=job.python, recipe=job.recipe, transport=transport, cluster=job.cluster,
-                          args=job.args, launch_options=[*extra, *job.launch_options])
+                          args=job.args, launch_options=[*extra, *job.launch_options], script=job.script)
+    site, ssh = job.site or JobsSpec(), ssh_between_nodes(transport, job.scheduler)
+    site_directives = tuple(d for d in site.ssh_directives if d not in job.directives) if ssh else ()
+    queue = job.queue or job.partition
+    typed = queue is not None and queue in site.typed_queues
     req = JobRequest(**{**shared, "job_name": job.job_name or default_job_name(plan), "nodes": plan_hosts(plan),
                         "devices_per_node": plan.devices_per_host, "device_kind": kind,
-                        "command": tuple(command), "env": env_items, "comments": plan_comments(plan),
-                        "ssh_port": ABCI_SSH_PORT if ssh_per_host(transport) and abci_resource(job) else None,
+                        "command": tuple(command), "env": env_items,
+                        "comments": (*plan_comments(plan, job.script),
+                                     *site_comments(given, job, plan, site_directives, typed)),
+                        "site_directives": site_directives, "queue_sets_node": typed,
+                        "ssh_port": site.ssh_port if ssh and ssh_per_host(transport) else None,
                         "launch_transport": transport, "agents_per_node": plan.instances_per_host})
     return validate(req)
 
 
-ABCI_SSH_PORT = 2299     # ABCI 1.0's sshd for a job's own nodes (its user guide: qsub -l USE_SSH=1 -v SSH_PORT=2299)
+def with_site(job: JobOptions) -> JobOptions:
+    """``job`` with what its cluster spec's jobs block (``job.site``) gives where the options say nothing: Grid
+    Engine's resource or PE (a JobScriptError, exit 2, naming the spec when neither says one), the queue."""
+    site = job.site or JobsSpec()
+    if job.scheduler == "uge" and job.pe is None and job.resource is None:
+        if site.pe is None and site.resource is None:
+            where = (f"cluster spec {job.site_name} names none for Grid Engine (jobs.pe, jobs.resource)"
+                     if job.site_name else "no --cluster names one (a spec's jobs.pe or jobs.resource)")
+            raise JobScriptError(f"a Grid Engine job asks for its nodes with a parallel environment or a resource: "
+                                 f"{where}, and neither --pe nor --resource was given",
+                                 hint="pass --pe PE (`-pe PE N`, one slot per host) or --resource NAME (`-l NAME=N`, "
+                                      "N whole nodes), or add jobs: {pe: PE} to the cluster spec "
+                                      "(docs/cluster-specs.md)")
+        job = replace(job, pe=site.pe) if site.pe is not None else replace(job, resource=site.resource)
+    if job.queue is None and job.partition is None and site.queue is not None:
+        job = replace(job, queue=site.queue) if job.scheduler != "slurm" else replace(job, partition=site.queue)
+    return job
 
 
-def abci_resource(job: JobOptions) -> bool:
-    """A Grid Engine job that asks for ABCI's resource types (`-l rt_F=N`), not a parallel environment."""
-    return job.scheduler == "uge" and job.pe is None
+def site_comments(given: JobOptions, job: JobOptions, plan, site_directives: tuple[str, ...],
+                  typed: bool) -> tuple[str, ...]:
+    """A comment for each request the script takes from the cluster spec (``job.site``, where the options
+    (``given``) said nothing), naming the spec's field."""
+    name, n = job.site_name, plan_hosts(plan)
+    if name is None:
+        return ()
+    out = []
+    if job.resource is not None and given.resource is None and given.pe is None:
+        out.append(f"{job.resource}={n}: {n} whole node(s) of {plan.devices_per_host} {plan.device_kind} each, the "
+                   f"resource cluster spec {name} names (jobs.resource)")
+    if job.pe is not None and given.pe is None and given.resource is None:
+        out.append(f"-pe {job.pe} {n}: the parallel environment cluster spec {name} names (jobs.pe), one slot per host")
+    queue = job.queue or job.partition
+    if queue is not None and given.queue is None and given.partition is None:
+        out.append(f"queue {queue}: cluster spec {name}'s default (jobs.queue)")
+    if typed:
+        out.append(f"queue {queue} sets each node's CPUs and GPUs itself (cluster spec {name}: jobs.typed_queues)")
+    if site_directives:
+        out.append(f"{', '.join(site_directives)}: the job's launch reaches its nodes over ssh (cluster spec {name}: "
+                   "jobs.ssh_directives)")
+    return tuple(out)
+
+
+def ssh_between_nodes(transport: str | None, scheduler: str) -> bool:
+    """Whether a job's launch reaches its other nodes over ssh: a transport that holds an ssh connection per host,
+    or mpirun under PBS, whose Open MPI starts its daemons over ssh unless it was built with PBS's TM interface
+    (inside Slurm Open MPI starts them with srun, inside Grid Engine with qrsh)."""
+    kind = TRANSPORTS.get(transport) if transport is not None else None
+    return kind is not None and (kind.ssh_per_host or (kind.ssh_daemons and scheduler == "pbs"))
 
 
 def ssh_per_host(transport: str | None) -> bool:
@@ -176,9 +239,9 @@ def ssh_per_host(transport: str | None) -> bool:
 
 def job_transport(job: JobOptions, engine: EngineKind) -> str | None:
     """How the job's podrun launch starts its instances: --transport; else None for an engine that starts them
-    itself (poprun); on ABCI's Grid Engine Open MPI's tight integration (mpirun through `qrsh -inherit`: no ssh
-    between the job's nodes); else the scheduler's (Slurm's srun, PBS's mpirun, ssh under a Grid Engine PE). A
-    --transport beside poprun is refused (exit 2)."""
+    itself (poprun); a Grid Engine job asking a resource (ABCI's `-l rt_F=N`), Open MPI's tight integration (mpirun
+    through `qrsh -inherit`: no ssh between the job's nodes); else the scheduler's (Slurm's srun, PBS's mpirun, ssh
+    under a Grid Engine PE). A --transport beside poprun is refused (exit 2)."""
     if engine.transport is not None and TRANSPORTS[engine.transport].engine_only:
         if job.transport is not None and job.transport != engine.transport:
             raise JobScriptError(f"--transport {job.transport}: {engine.name} starts the instances of the job itself "
@@ -187,7 +250,7 @@ def job_transport(job: JobOptions, engine: EngineKind) -> str | None:
         return None
     if job.transport is not None:
         return job.transport
-    return "mpirun" if abci_resource(job) else check_scheduler(job.scheduler).transport
+    return "mpirun" if job.scheduler == "uge" and job.resource is not None else check_scheduler(job.scheduler).transport
 
 
 def poprun_options(job: JobOptions) -> list[str]:

@@ -154,16 +154,18 @@ class JobRequest:
     env: tuple[tuple[str, str], ...] = ()   # exported before the command, in this order
     workdir: str | None = None          # cd here; None = the directory the job was submitted from
     modules: tuple[str, ...] = ()       # `module load NAME` lines
-    resource: str = "rt_F"              # Grid Engine resource type per node (ABCI: rt_F = full node)
+    resource: str | None = None         # Grid Engine: `-l RESOURCE=NODES`, whole nodes (ABCI 1.0's rt_F)
     pe: str | None = None               # Grid Engine parallel environment: `-pe PE NODES` instead of `-l resource`
     directives: tuple[str, ...] = ()    # extra raw directive arguments, e.g. "-l USE_SSH=1"
-    ssh_port: int | None = None         # ABCI's ssh between a job's nodes: -l USE_SSH=1, -v SSH_PORT=, that Port
+    site_directives: tuple[str, ...] = ()  # the cluster's own, for this job (its spec's jobs.ssh_directives)
+    queue_sets_node: bool = False       # PBS: the queue sets each node's CPUs and GPUs (ABCI 3.0's rt_HF)
+    ssh_port: int | None = None         # the port of sshd between a job's nodes (ABCI 1.0: 2299): an ssh config's Port
     launch_transport: str | None = None  # the --transport on the command's podrun launch (None: its engine starts it)
     comments: tuple[str, ...] = ()      # '# ...' lines under the directives (plan summary)
     agents_per_node: int = 1            # PBS's mpiprocs: the agents the launch starts on each node (one per instance)
 
     def __post_init__(self):
-        for name in ("command", "modules", "directives", "comments"):
+        for name in ("command", "modules", "directives", "site_directives", "comments"):
             v = getattr(self, name)
             if isinstance(v, (list, str)):
                 object.__setattr__(self, name, tuple([v] if isinstance(v, str) else v))
@@ -227,11 +229,21 @@ def validate(req: JobRequest) -> JobRequest:
     if req.pe is not None and req.scheduler != "uge":
         raise JobScriptError(f"--pe {req.pe!r} is a Grid Engine parallel environment; {req.scheduler} has none",
                              hint="drop --pe, or write a Grid Engine script with --scheduler uge")
+    if req.resource is not None and req.scheduler != "uge":
+        raise JobScriptError(f"--resource {req.resource!r} is a Grid Engine resource request; {req.scheduler} has none",
+                             hint="drop --resource, or write a Grid Engine script with --scheduler uge")
+    if req.scheduler == "uge" and (req.pe is None) == (req.resource is None):
+        raise JobScriptError("a Grid Engine job asks for its nodes with a parallel environment or a resource, "
+                             + ("not both: --pe " + repr(req.pe) + " and --resource " + repr(req.resource)
+                                if req.pe is not None else "and none was given"),
+                             hint="pass --pe PE (`-pe PE N`, one slot per host) or --resource NAME (`-l NAME=N`, "
+                                  "N whole nodes), or name one in the cluster spec (jobs: {pe: PE} or "
+                                  "{resource: NAME}; docs/cluster-specs.md)")
     for name in ("partition", "queue", "group", "account", "resource", "pe", *_LOG_PATHS):
         v = getattr(req, name)
         if v is not None:     # Grid Engine expands its pseudo variables in the log paths
             check_directive_value(name, v, uge_pseudo=req.scheduler == "uge" and name in _LOG_PATHS)
-    for d in req.directives:
+    for d in (*req.directives, *req.site_directives):
         _no_control("directive", d)
         words = d.split()
         if not words or not words[0].startswith("-"):

@@ -224,9 +224,7 @@ def _slurm_state(job_id: str, native: str, exit_field: str, nodes: str | None, r
     if state in FINAL:
         code, _, sig = (exit_field or "0:0").partition(":")
         code_i, sig_i = int(code or 0), int(sig or 0)
-        exit_code = 128 + sig_i if sig_i else code_i
-        if exit_code == 0 and state != "COMPLETED":
-            exit_code = 1
+        exit_code = 128 + sig_i if sig_i else code_i       # as Slurm says it: a job cancelled while held is 0:0
     if state not in SLURM_STATES:
         reason = f"JobState {state} is not one podrun knows" + (f" ({reason})" if reason else "")
     return JobState(job_id, "slurm", state, exit_code, None if nodes in (None, "", "(null)", "None assigned")
@@ -275,7 +273,8 @@ class Pbs(_Client):
 
 def parse_pbs(job_id: str, text: str) -> JobState:
     """`qstat -x -f` of one job -> JobState by PBS_STATES; a finished job's Exit_status: 0 COMPLETED, N > 0 the
-    script's code, 256+N killed by signal N (128+N), negative: PBS could not run the job."""
+    script's code, 256+N killed by signal N (128+N), negative: PBS could not run the job (FAILED with that code;
+    none: FAILED with no code)."""
     f = dict(m.groups() for m in re.finditer(r"^\s*([\w.]+) = (.*)$", text, re.M))
     native = f.get("job_state", "").strip()
     state, reason = PBS_STATES.get(native, ("UNKNOWN", f"job_state {native!r}"))
@@ -284,9 +283,9 @@ def parse_pbs(job_id: str, text: str) -> JobState:
     if state == "COMPLETED":
         n = int(code) if code is not None and code.strip().lstrip("-").isdigit() else None
         if n is None:
-            state, exit_code, reason = "FAILED", 1, "no Exit_status: the job ended before it ran"
-        elif n < 0:
-            state, exit_code, reason = "FAILED", 1, f"Exit_status {n}: PBS could not run the job"
+            state, reason = "FAILED", "no Exit_status: the job ended before it ran"
+        elif n < 0:         # PBS's own JOB_EXEC_* codes, kept as PBS says them
+            state, exit_code, reason = "FAILED", n, f"Exit_status {n}: PBS could not run the job"
         else:
             exit_code = 128 + n - 256 if n > 256 else n
             state = "COMPLETED" if exit_code == 0 else "FAILED"
@@ -310,9 +309,9 @@ class Uge(_Client):
         return job
 
     def state(self, job_id: str) -> JobState:
-        """A job the qmaster holds: its `qstat` line (state letters, queue@host); an ended one: its
-        `qacct -j` record (exit_status, failed); neither ("job id N not found"): GONE."""
-        c = self.query(["qstat"])
+        """A job the qmaster holds: its `qstat -g t` lines (state letters, a queue@host for each of its hosts); an
+        ended one: its `qacct -j` records (exit_status, failed, each host's); neither ("job id N not found"): GONE."""
+        c = self.query(["qstat", "-g", "t"])
         if c.returncode != 0:
             self.failed(c)
         found = parse_qstat(job_id, c.stdout)
@@ -328,37 +327,76 @@ class Uge(_Client):
 
 
 def parse_qstat(job_id: str, text: str) -> JobState | None:
-    """The job's line of Grid Engine's `qstat` table -> JobState by UGE_LETTERS; None when it is not listed."""
+    """The job's lines of Grid Engine's `qstat` table (`qstat -g t`: a line per host of a parallel job, MASTER or
+    SLAVE) -> JobState by UGE_LETTERS, every host named (the master's first); None when it is not listed."""
+    letters, hosts = None, []
     for line in text.splitlines():
         parts = line.split()
         if len(parts) < 5 or parts[0] != job_id:
             continue
-        letters = parts[4]
+        letters = letters or parts[4]
         queue = next((p for p in parts[5:] if "@" in p), None)
-        host = queue.split("@", 1)[1] if queue else None
-        state, why = next(((st, why) for ch, st, why in UGE_LETTERS if ch in letters),
-                          ("UNKNOWN", "state letters podrun does not know"))
-        reason = None if why is None else f"{letters}: {why.replace('JOB', job_id)}"
-        return JobState(job_id, "uge", state, None, host, reason, letters)
-    return None
+        if queue is not None:
+            host = queue.split("@", 1)[1]
+            if host not in hosts:
+                hosts.insert(0, host) if "MASTER" in parts else hosts.append(host)
+            elif "MASTER" in parts:
+                hosts.insert(0, hosts.pop(hosts.index(host)))
+    if letters is None:
+        return None
+    state, why = next(((st, why) for ch, st, why in UGE_LETTERS if ch in letters),
+                      ("UNKNOWN", "state letters podrun does not know"))
+    reason = None if why is None else f"{letters}: {why.replace('JOB', job_id)}"
+    return JobState(job_id, "uge", state, None, ",".join(hosts) or None, reason, letters)
+
+
+# Grid Engine's end of a job, from its qacct record (the master task's; after qdel: failed "100 : assumedly after
+# job", exit_status 137): in this order, the first that holds decides
+UGE_ENDS = (
+    ("deleted_by names who deleted it (Univa / Altair Grid Engine)", "CANCELLED"),
+    ("failed 100 (ended by Grid Engine) after its h_rt limit (category's -l h_rt=, ru_wallclock)", "TIMEOUT"),
+    ("failed 100 : assumedly after job (qdel, or a signal Grid Engine sent)", "CANCELLED"),
+    ("any other nonzero failed (Grid Engine could not run the job), or a nonzero exit_status", "FAILED"),
+    ("failed 0 and exit_status 0", "COMPLETED"),
+)
+
+
+def _seconds(text: str | None) -> float | None:
+    m = re.match(r"\s*(\d+(?:\.\d+)?)", text or "")
+    return float(m.group(1)) if m else None
 
 
 def parse_qacct(job_id: str, text: str) -> JobState:
-    """An ended job's `qacct -j` record -> JobState: exit_status is the job script's exit code
-    (128+signal when killed, as after qdel); a nonzero ``failed`` (Grid Engine could not run the
-    job, or ended it: "100 : assumedly after job" after qdel or a limit) makes it FAILED."""
-    f = {}
-    for line in text.splitlines():       # the last record wins (qacct lists every run of the id)
+    """An ended job's `qacct -j` records -> JobState by UGE_ENDS: exit_status is the job script's exit code as Grid
+    Engine says it (128+signal when killed, as after qdel; none when it never ran), every host with a record named
+    (the master task's, whose record comes last, first)."""
+    records: list[dict] = [{}]
+    for line in text.splitlines():
         key, _, value = line.partition(" ")
-        if key and not key.startswith("="):
-            f[key] = value.strip()
+        if key.startswith("="):
+            records.append({})
+        elif key:
+            records[-1][key] = value.strip()
+    records = [r for r in records if r] or [{}]
+    f = records[-1]                 # the master task's (it ends last), and the last run of the id
+    hosts = list(dict.fromkeys(r["hostname"] for r in (f, *records) if r.get("hostname")))
     code = int((f.get("exit_status") or "0").split()[0])
     failed = f.get("failed") or "0"
-    bad = failed.split()[0] != "0"
-    state = "COMPLETED" if code == 0 and not bad else "FAILED"
-    exit_code = code if code != 0 or not bad else 1
-    return JobState(job_id, "uge", state, exit_code, f.get("hostname"), f"failed {failed}" if bad else None,
-                    f"failed {failed}, exit_status {code}")
+    number = failed.split()[0]
+    limit = re.search(r"h_rt=(\d+)", f.get("category", ""))
+    wall = _seconds(f.get("ru_wallclock"))
+    deleted = (f.get("deleted_by") or "NONE").strip()
+    if deleted not in ("", "NONE"):
+        state = "CANCELLED"
+    elif number == "100" and limit is not None and wall is not None and wall >= int(limit.group(1)):
+        state = "TIMEOUT"
+    elif number == "100":
+        state = "CANCELLED"
+    else:
+        state = "COMPLETED" if code == 0 and number == "0" else "FAILED"
+    ran = not (number not in ("0", "100") and code == 0)     # a job Grid Engine could not start has no code of its own
+    return JobState(job_id, "uge", state, code if ran else None, ",".join(hosts) or None,
+                    f"failed {failed}" if number != "0" else None, f"failed {failed}, exit_status {code}")
 
 
 def client(scheduler: str, runner: CommandRunner | None = None):
@@ -507,7 +545,8 @@ class PreparedJob:
 def prepare_job(plan, job: JobOptions, runs_dir: str | os.PathLike) -> PreparedJob:
     """Make runs/<run-id>/ (0700; --runs-dir checked as launch checks it) with job.sh and plan.json (0600, written
     through podrun.safefs) for ``request_from_plan(plan, job)``: the scheduler's stdout/stderr go to the run
-    directory and the job's `podrun launch` writes its run into the same directory (--runs-dir/--run-id). The
+    directory (unless ``job.log_dir`` names another) and the job's `podrun launch` writes its run into the same
+    directory (--runs-dir/--run-id). The
     request is built and checked before anything is written: a bad value leaves no directory behind."""
     from podrun.jobscript.build import request_from_plan
     from podrun.jobscript.writers import render, submit_argv
@@ -516,7 +555,7 @@ def prepare_job(plan, job: JobOptions, runs_dir: str | os.PathLike) -> PreparedJ
 
     run_id = new_run_id()
     run_dir = Path(os.path.abspath(runs_dir)) / run_id
-    req = request_from_plan(plan, replace(job, log_dir=str(run_dir),
+    req = request_from_plan(plan, replace(job, log_dir=str(run_dir) if job.log_dir is None else job.log_dir,
                                           launch_options=("--runs-dir", str(run_dir.parent), "--run-id", run_id)))
     text = render(req)
     made = not os.path.isdir(runs_dir)
@@ -549,5 +588,9 @@ def submit_prepared(job: PreparedJob, cl, *, cwd: str, cluster: str | None = Non
 
 
 def exit_code_of(st: JobState) -> int:
-    """The exit code `submit --wait` ends with: the job's own, or 1 when there is none (GONE)."""
-    return 1 if st.state == "GONE" or st.exit_code is None else st.exit_code
+    """The exit code `submit --wait` ends with: the job's own; 1 where it has none a shell could exit with (GONE,
+    none, PBS's negative codes) or where it is 0 for a job that did not complete (cancelled while held)."""
+    code = st.exit_code
+    if code is None or not 0 <= code <= 255 or (code == 0 and st.state != "COMPLETED"):
+        return 1
+    return code

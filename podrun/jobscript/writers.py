@@ -4,7 +4,6 @@ from __future__ import annotations
 import shlex
 
 from podrun.jobscript.job import SCHEDULER_TABLE, JobRequest, format_time, validate
-from podrun.launch.transports import TRANSPORTS
 
 __all__ = ["render", "submit_argv"]
 
@@ -37,7 +36,7 @@ def _body(req: JobRequest, cd_default: str | None) -> list[str]:
         lines.append(f"export {k}={_q(v)}")
     command = [_q(a) for a in req.command]
     if req.ssh_port is not None and "--ssh-config" not in req.command:
-        # ABCI's sshd for the job's nodes listens on ssh_port: an ssh config in the job's own TMPDIR says so
+        # the sshd between the job's nodes listens on ssh_port: an ssh config in the job's own TMPDIR says so
         # first (the first value ssh reads wins), then the user's own
         lines += ['ssh_config="$(mktemp "${TMPDIR:-/tmp}/podrun-ssh.XXXXXX")"',
                   f"printf 'Host *\\n  Port %s\\n' {req.ssh_port} > \"$ssh_config\"",
@@ -47,12 +46,12 @@ def _body(req: JobRequest, cd_default: str | None) -> list[str]:
     return lines
 
 
-def _script(req: JobRequest, prefix: str, directives: list[str], how: str, cd: str | None = None,
-            notes: tuple[str, ...] = ()) -> str:
-    """The whole script: ``directives`` then --directive's, each after ``prefix``; the plan's comments and
-    ``notes``; how it is submitted (``how``: how the job finds its hosts); the body (``cd``: its default cd)."""
+def _script(req: JobRequest, prefix: str, directives: list[str], how: str, cd: str | None = None) -> str:
+    """The whole script: ``directives`` then --directive's, each after ``prefix``; the request's comments (the
+    plan's, what it takes from the cluster spec); how it is submitted (``how``: how the job finds its hosts); the
+    body (``cd``: its default cd)."""
     head = ["#!/bin/bash"] + [f"{prefix} {x}" for x in (*directives, *req.directives)]
-    head += [f"# {c}" if c else "#" for c in req.comments] + [*notes]
+    head += [f"# {c}" if c else "#" for c in req.comments]
     head.append(f"# submit: {' '.join(submit_argv(req, 'SCRIPT'))}; {how}")
     return "\n".join(head + _body(req, cd)) + "\n"
 
@@ -76,13 +75,10 @@ def _slurm(req: JobRequest) -> str:
     return _script(req, "#SBATCH", d, f"podrun launch starts the instances {how} on the hosts of $SLURM_JOB_NODELIST")
 
 
-ABCI3_TYPES = "rt_"    # ABCI 3.0's resource types (-q rt_HF, rt_HG, rt_HC): each sets a node's CPUs and GPUs itself
-
-
 def _pbs(req: JobRequest) -> str:
     chunk = f"select={req.nodes}"
-    typed = (req.effective_queue or "").startswith(ABCI3_TYPES)
-    if req.cpus_per_node is not None and not typed:     # ABCI 3.0's guide: ncpus is the type's, users cannot change it
+    typed = req.queue_sets_node       # the queue sets each node's CPUs and GPUs (ABCI 3.0's guide: users cannot)
+    if req.cpus_per_node is not None and not typed:
         chunk += f":ncpus={req.cpus_per_node}"
     if req.device_kind == "gpu" and not typed:
         chunk += f":ngpus={req.devices_per_node}"
@@ -90,18 +86,10 @@ def _pbs(req: JobRequest) -> str:
     chunk += f":mpiprocs={req.agents_per_node}"
     d = [f"-N {req.job_name}", "-S /bin/bash", f"-l {chunk}", "-l place=scatter"]
     d += [f"-P {req.group}"] if req.group is not None else []         # ABCI 3.0: the group charged
-    if typed and _ssh_between_nodes(req.launch_transport) and "-v USE_SSH=1" not in req.directives:
-        d.append("-v USE_SSH=1")       # ABCI 3.0: ssh between a rt_HF job's own nodes is off unless asked
+    d += list(req.site_directives)
     d += _qsub_directives(req, "walltime", req.effective_queue, join="-j oe")
     d.append("-r n")
     return _script(req, "#PBS", d, _reads_hosts(req), cd='cd "$PBS_O_WORKDIR"')
-
-
-def _ssh_between_nodes(transport: str | None) -> bool:
-    """Whether the job's launch may reach its other nodes over ssh: a transport that holds an ssh connection per
-    host, or mpirun, whose Open MPI starts its daemons over ssh unless it was built with PBS's TM interface."""
-    kind = TRANSPORTS.get(transport) if transport is not None else None
-    return kind is not None and (kind.ssh_per_host or kind.ssh_daemons)
 
 
 def _qsub_directives(req: JobRequest, wall: str, queue: str | None, join: str) -> list[str]:
@@ -124,10 +112,8 @@ def _uge(req: JobRequest) -> str:
     d = [f"-N {req.job_name}", "-S /bin/bash", "-cwd"]
     d.append(f"-pe {req.pe} {req.nodes}" if req.pe is not None else f"-l {req.resource}={req.nodes}")
     d += _qsub_directives(req, "h_rt", req.queue, join="-j y")
-    if req.ssh_port is not None:        # ABCI: ssh between the job's nodes, on their own sshd's port
-        d += [x for x in ("-l USE_SSH=1", f"-v SSH_PORT={req.ssh_port}") if x not in req.directives]
-    abci = f"# ABCI: rt_F={req.nodes} asks for {req.nodes} full node(s) of 4 V100 each"
-    return _script(req, "#$", d, _reads_hosts(req), notes=(abci,) if req.pe is None and req.resource == "rt_F" else ())
+    d += list(req.site_directives)
+    return _script(req, "#$", d, _reads_hosts(req))
 
 
 _RENDERERS = {"slurm": _slurm, "pbs": _pbs, "uge": _uge}

@@ -98,9 +98,10 @@ class Failure:
     error: dict | None = None          # its @record error file: {message, traceback, file}
     others: list[dict] = field(default_factory=list)       # [{instance, host, local_rank, last_lines}]
     followers: dict | None = None      # the other workers that ended non-zero (summarise_followers)
+    rank: int | None = None            # the failing worker's global rank (None: no worker's, or not known)
 
     def to_dict(self) -> dict:
-        d = {"instance": self.instance, "host": self.host, "local_rank": self.local_rank,
+        d = {"instance": self.instance, "host": self.host, "local_rank": self.local_rank, "rank": self.rank,
              "exit_code": self.exit_code, "kind": self.kind.value, "reason": self.reason, "last_lines": self.last_lines,
              "error": self.error, "others": self.others, "followers": self.followers}
         if 128 < self.exit_code < 160:
@@ -268,6 +269,7 @@ class Failures(list):
 
     def _explain(self, root: Failure, instances: Instances) -> None:
         st = instances[root.instance]
+        root.rank = None if root.local_rank is None else instances.rank(root.instance, root.local_rank)
         own = st.worker_tails.get(root.local_rank) if root.local_rank is not None else None
         root.last_lines = list(own) if own else list(st.tail)
         root.error = self.errors.get((root.instance, root.local_rank))
@@ -282,6 +284,7 @@ class Failures(list):
                 cands.append((key not in failed, failed.get(key, 0), -s.worker_seen.get(lr, 0), s, lr, tail))
         cands.sort(key=lambda c: c[:3])
         root.others = [{"instance": s.index, "host": s.host, "local_rank": lr,
+                        "rank": None if lr is None else instances.rank(s.index, lr),
                         "last_lines": list(tail)[-OTHER_TAIL:]} for *_, s, lr, tail in cands[:OTHERS]]
 
 

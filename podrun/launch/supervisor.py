@@ -235,8 +235,13 @@ class Supervisor:
                             else f"its agent ended with code {code}")
                     kind = FailureKind.LOST if code == LOST_EXIT else FailureKind.AGENT_ENDED
                     why = (f"its agent ended before it reported: {gone[1]}" if taken else h.lost_why or (
-                        f"{what} before it reported (host crashed, sshd or agent killed; see instance-{idx}.log)"))
+                        f"{what} before it reported ({self._lost_means()}; see instance-{idx}.log)"))
                     self.failures.append(Failure(idx, st.host, None, code, kind, why, at))
+
+    def _lost_means(self) -> str:
+        """What may have ended an agent's connection under this run's transport (TransportKind.lost_means)."""
+        kind = getattr(self.req, "kind", None)
+        return getattr(kind, "lost_means", None) or "host crashed, or its agent killed"
 
     # -- the loop ---------------------------------------------------------------------------
     def _on_signal(self, signum, frame) -> None:  # noqa: ARG002

@@ -63,6 +63,20 @@ class VipuSpec:
 
 
 @dataclass(frozen=True)
+class JobsSpec:
+    """What a batch job on this cluster asks its own scheduler (the spec's ``scheduler``) for beside its nodes,
+    devices and cores; job scripts for another scheduler read none of it."""
+
+    resource: Optional[str] = None      # Grid Engine: `-l NAME=N` asks N whole nodes (ABCI 1.0's rt_F)
+    pe: Optional[str] = None            # Grid Engine: `-pe PE N`, a parallel environment of one slot per host
+    queue: Optional[str] = None         # the queue (Slurm: partition) a job goes to when none is given
+    typed_queues: tuple[str, ...] = ()  # queues that set each node's CPUs and GPUs themselves (ABCI 3.0's rt_HF)
+    ssh_directives: tuple[str, ...] = ()  # directives a job needs when its launch reaches its nodes over ssh
+    ssh_port: Optional[int] = field(default=None, metadata=bound(
+        1, 65535, why="the port sshd listens on between a job's nodes"))
+
+
+@dataclass(frozen=True)
 class HostPattern:
     """A regular naming scheme: count hosts named pattern.format(i=start..start+count-1)."""
 
@@ -87,6 +101,7 @@ class ClusterFile:
     transport: Literal["local", "ssh", "mpirun", "srun"] = "ssh"
     engine: Literal["torch", "poprun"] = "torch"
     vipu: Optional[VipuSpec] = None     # poprun's --vipu-server-host / --vipu-partition on this POD
+    jobs: Optional[JobsSpec] = None     # what its batch jobs ask the scheduler for (job scripts)
     instances_per_host: int = field(default=1, metadata=bound(1, MAX_PER_HOST, why="instances podrun starts on each host"))
     sources: tuple[str, ...] = ()
     data_interface: str = ""         # the interface of the network the hosts share for collectives ("" = none given)
@@ -101,6 +116,23 @@ class ClusterFile:
 
 # A Linux network interface name (IFNAMSIZ: at most 15 bytes; no '/', no whitespace), for data_interface
 IFNAME_RE = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")
+# a word of a scheduler directive line (what podrun.jobscript.job accepts there: no quotes, spaces, '#' or '$')
+DIRECTIVE_WORD = re.compile(r"[A-Za-z0-9_.,:=+@%/-]{1,200}")
+
+
+def _check_jobs(jobs: JobsSpec, path: str) -> None:
+    """The jobs block's names and directives are what a directive line can hold: a SpecError naming the field."""
+    names = [("'jobs.resource'", jobs.resource), ("'jobs.pe'", jobs.pe), ("'jobs.queue'", jobs.queue),
+             *((f"'jobs.typed_queues' item {i}", q) for i, q in enumerate(jobs.typed_queues))]
+    for name, value in names:
+        if value is not None and (not DIRECTIVE_WORD.fullmatch(value) or value.startswith("-")):
+            raise SpecError(f"{path}: field {name} {value[:40]!r} cannot go on a scheduler directive line",
+                            hint="use letters, digits and _ . , : = + @ % / - (not starting with -)")
+    for i, d in enumerate(jobs.ssh_directives):
+        words = d.split()
+        if not words or not words[0].startswith("-") or not all(DIRECTIVE_WORD.fullmatch(w) for w in words):
+            raise SpecError(f"{path}: field 'jobs.ssh_directives' item {i} {d[:40]!r} is not a directive's options",
+                            hint="write the options as after #$ or #PBS, e.g. '-l USE_SSH=1' or '-v USE_SSH=1'")
 
 
 @dataclass(frozen=True)
@@ -170,6 +202,8 @@ def resolve(spec: ClusterFile, path: str) -> ClusterSpec:
     if spec.data_interface and not IFNAME_RE.fullmatch(spec.data_interface):
         raise SpecError(f"{path}: field 'data_interface' {spec.data_interface[:40]!r} is not a network interface name",
                         hint="give the name `ip -br addr` shows on the hosts, e.g. ib0 or eth1 (at most 15 characters)")
+    if spec.jobs is not None:
+        _check_jobs(spec.jobs, path)
     cpu = spec.cpu
     if cpu is not None and cpu.cores == "auto":
         cpu = replace(cpu, cores=len(os.sched_getaffinity(0)))

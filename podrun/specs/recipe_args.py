@@ -76,13 +76,29 @@ def check_recipe(rspec, argv: Sequence[str]) -> argparse.Namespace | None:
     return parse_known(argv, data)
 
 
-def refuse_long_synthetic(argv: Sequence[str], args: argparse.Namespace | None, plan) -> None:
+# a job on synthetic data nobody asked for that the planner estimates past this many node-hours is said when its
+# script is written (each node charged for the run's wall time): 49 min on 2 nodes is 1.6 node-hours
+SYNTHETIC_NODE_HOURS = 1.0
+
+
+def refuse_long_synthetic(argv: Sequence[str], args: argparse.Namespace | None, plan) -> str | None:
     """For a job script: the refusal of a long run on synthetic data nobody asked for, which the job's launch would
-    give after the queue wait (``args``: check_recipe's; None refuses nothing)."""
-    if args is not None:
-        _, refusal = synthetic_data(argv, args, plan, LONG_RUN_HOURS)
-        if refusal is not None:
-            raise refusal
+    give after the queue wait (``args``: check_recipe's; None refuses nothing); else the notice to print on stderr
+    for one whose node-hours (the estimate's hours x the plan's hosts) pass SYNTHETIC_NODE_HOURS, however short its
+    wall time (None: none to say)."""
+    if args is None:
+        return None
+    notice, refusal = synthetic_data(argv, args, plan, LONG_RUN_HOURS)
+    if refusal is not None:
+        raise refusal
+    hours = _hours(args, plan) if notice is not None else None
+    nodes = len(dict.fromkeys(plan.hosts))
+    if hours is None or hours[0] * nodes <= SYNTHETIC_NODE_HOURS:
+        return None
+    from podrun.human import human_seconds
+
+    return (f"{notice}; the planner estimates {human_seconds(hours[0] * 3600)} on {nodes} node(s) "
+            f"({hours[0] * nodes:,.1f} node-hours, {hours[1]} on cluster {plan.cluster})")
 
 
 class _Refusal(argparse.ArgumentParser):

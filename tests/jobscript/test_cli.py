@@ -59,10 +59,11 @@ def test_script_json(podrun_cli, tmp_path):
 def test_job_runs_the_interpreter_that_wrote_it_or_job_python(podrun_cli):
     """The exec line runs `<interpreter> -m podrun launch`, never a bare `podrun` looked up on PATH."""
     for sched in ("slurm", "pbs", "uge"):
-        code, out, err = podrun_cli("script", "--scheduler", sched, "--nodes", "2", "--", "python", "t.py")
+        pe = ["--pe", "mpi"] if sched == "uge" else []
+        code, out, err = podrun_cli("script", "--scheduler", sched, *pe, "--nodes", "2", "--", "python", "t.py")
         assert code == 0, err
         assert f"exec {shlex.quote(sys.executable)} -m podrun launch " in out, out
-        code, out, err = podrun_cli("script", "--scheduler", sched, "--nodes", "2", "--job-python",
+        code, out, err = podrun_cli("script", "--scheduler", sched, *pe, "--nodes", "2", "--job-python",
                                     "/opt/my venv/bin/python", "--", "python", "t.py")
         assert code == 0, err
         assert "exec '/opt/my venv/bin/python' -m podrun launch " in out, out
@@ -212,6 +213,48 @@ def test_recipe_options_after_the_recipe_and_the_sge_alias(podrun_cli):
                                 "--data", "digits", "--steps=3", "--quiet", "--seed", "1")
     assert json.loads(out) == json.loads(out2)
     assert json.loads(out)["launch"][-7:] == ["--", "--data", "digits", "--steps=3", "--quiet", "--seed", "1"]
-    sge = [podrun_cli("script", "--scheduler", name, *base, "resnet50") for name in ("sge", "uge", "SGE")]
+    sge = [podrun_cli("script", "--scheduler", name, "--pe", "mpi", *base, "resnet50")
+           for name in ("sge", "uge", "SGE")]
     assert [c for c, _, _ in sge] == [0, 0, 0] and sge[0][1] == sge[1][1] == sge[2][1]
     assert json.loads(sge[0][1])["scheduler"] == "uge"
+
+
+def test_submit_takes_every_option_script_takes_and_a_plain_script(podrun_cli, tmp_path, monkeypatch):
+    """One option table for script and submit: every option of `script` but its -o is one of `submit`'s, and
+    `submit --dry-run` writes the same directives and launch line `script` writes for them (--directive, --resource,
+    --log-dir, --workdir); `submit ... ddp.py ARGS` runs the script as `launch ddp.py ARGS` does (everything after
+    it is its own), where it said `recipe ddp.py is not a folder`."""
+    from podrun.cli.script_cmd import script
+    from podrun.cli.submit_cmd import submit
+
+    names = lambda cmd: {o for p in cmd.params for o in getattr(p, "opts", ())}     # noqa: E731
+    assert names(script) - {"-o", "--output"} <= names(submit), names(script) - names(submit)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ddp.py").write_text("print('hi')\n")
+    logs = tmp_path / "logs"
+    job = ["--scheduler", "uge", "--nodes", "2", "--resource", "rt_X", "--directive", "-l USE_BEEOND=1",
+           "--log-dir", str(logs), "--workdir", "/scratch/w", "ddp.py", "--lr", "0.1", "--nodes", "9"]
+    code, out, err = podrun_cli("submit", "--dry-run", "--json", "--runs-dir", str(tmp_path / "runs"), *job)
+    assert code == 0, err
+    text = Path(json.loads(out)["script"]).read_text()
+    code, out, err = podrun_cli("script", *job)
+    assert code == 0, err
+    for line in ("#$ -l rt_X=2", "#$ -l USE_BEEOND=1", f"#$ -o {logs}/", "cd /scratch/w"):
+        assert line in text.splitlines() and line in out.splitlines(), (line, text)
+    exec_line = next(x for x in text.splitlines() if x.startswith("exec "))
+    assert shlex.split(exec_line)[-5:] == ["ddp.py", "--lr", "0.1", "--nodes", "9"], exec_line
+    assert shlex.split(exec_line)[shlex.split(exec_line).index("--nodes") + 1] == "2", exec_line
+
+
+def test_a_job_on_synthetic_data_past_a_node_hour_is_noted_when_written(podrun_cli, tmp_path):
+    """ABCI 3.0, 2 nodes, resnet50 with no --data: under the one-hour refusal (about 49 min) but 1.6 node-hours on
+    synthetic data: script and submit write the job and say so on stderr, with the estimate; with --data, or a run
+    of a few steps, nothing is said."""
+    base = ["--scheduler", "pbs", "--cluster", "abci3", "--nodes", "2", "--group", "gxx"]
+    for cmd in (["script"], ["submit", "--dry-run", "--runs-dir", str(tmp_path / "runs")]):
+        code, out, err = podrun_cli(*cmd, *base, "resnet50")
+        assert code == 0 and out, err
+        assert "note: no --data given: resnet50 trains on synthetic data" in err and "node-hours" in err, err
+        for quiet in (["--data", "/groups/gxx/imagenet"], ["--steps", "20"]):
+            code, _, err = podrun_cli(*cmd, *base, "resnet50", *quiet)
+            assert code == 0 and "synthetic" not in err, err

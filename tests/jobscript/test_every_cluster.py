@@ -42,9 +42,21 @@ def test_script_launch_line_is_accepted_in_its_job(cluster, scheduler, podrun_cl
     spec = load_cluster(cluster)
     ipu = spec.device.kind == "ipu"
     nodes = min(2, len(spec.hosts))
-    code, out, err = podrun_cli("script", "--scheduler", scheduler, "--cluster", cluster, "--nodes", str(nodes),
-                                *(VIPU if ipu else []), "--json", "--", "python3", "train.py")
+    args = ["script", "--scheduler", scheduler, "--cluster", cluster, "--nodes", str(nodes), *(VIPU if ipu else []),
+            "--json", "--", "python3", "train.py"]
+    asks = spec.jobs is not None and (spec.jobs.pe or spec.jobs.resource) and spec.scheduler == scheduler
+    if scheduler == "uge" and not asks:
+        # a Grid Engine job on a cluster whose spec names no resource or PE for it: refused, naming the spec
+        code, out, err = podrun_cli(*args)
+        assert (code, out) == (2, "") and f"cluster spec {spec.name} names none for Grid Engine" in err, err
+        assert "rt_F" not in err and "Traceback" not in err, err
+        args[1:1] = ["--pe", "mpi"]
+    code, out, err = podrun_cli(*args)
     assert code == 0, err
+    text = json.loads(out)["script"]
+    comments = [x for x in text.splitlines() if x.startswith("# ") and not x.startswith(("# plan:", "# submit:"))]
+    assert all(f"cluster spec {spec.name}" in c for c in comments), comments     # each one the spec's
+    assert ("rt_F" in text) == (cluster == "abci" and scheduler == "uge"), text
     launch = json.loads(out)["launch"]
     line = next(x for x in json.loads(out)["script"].splitlines() if x.startswith("exec "))
     assert shlex.split(line)[1:] == launch          # the script runs what --json says
@@ -74,7 +86,7 @@ def test_ipu_pod_script_that_would_fail_in_its_job_is_refused(podrun_cli, monkey
     assert code == 2 and "drop --transport" in err and "Traceback" not in err
     monkeypatch.setenv("IPUOF_VIPU_API_HOST", "ctrl-from-env")
     monkeypatch.setenv("IPUOF_VIPU_API_PARTITION_ID", "part-from-env")
-    code, out, err = podrun_cli("script", "--scheduler", "uge", "--pod", "16", "--json", "--", "x")
+    code, out, err = podrun_cli("script", "--scheduler", "uge", "--pe", "mpi", "--pod", "16", "--json", "--", "x")
     assert code == 0, err
     launch = json.loads(out)["launch"]
     assert launch[launch.index("--vipu-partition") + 1] == "part-from-env" and "ctrl-from-env" in launch

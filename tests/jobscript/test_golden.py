@@ -32,7 +32,7 @@ CASES = {
     "slurm_ipu-pod64": ["--scheduler", "slurm", "--pod", "64", "--time", "1-00:00:00", "--partition", "pod64",
                         "--vipu-server-host", "vipu-ctrl", "--vipu-partition", "pod64-p1", "efficientnet_b4",
                         "--data", "/localdata/imagenet"],
-    "pbs_abci3": ["--scheduler", "pbs", "--cluster", "abci3", "--nodes", "2", "--group", "gaa50000", "--queue", "rt_HF",
+    "pbs_abci3": ["--scheduler", "pbs", "--cluster", "abci3", "--nodes", "2", "--group", "gaa50000",
                   "--time", "2h", "--module", "hpcx", "resnet50"],
     "uge_abci_ssh": ["--scheduler", "uge", "--cluster", "abci", "--nodes", "4", "--group", "gaa50000",
                      "--transport", "ssh", "--time", "1h", "resnet50", "--data", "/groups/gaa50000/imagenet"],

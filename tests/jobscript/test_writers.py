@@ -19,6 +19,8 @@ HOSTILE = [
 def _req(scheduler="slurm", **kw):
     base = dict(scheduler=scheduler, job_name="podrun-test", nodes=3, devices_per_node=4, device_kind="gpu",
                 command=("podrun", "launch", "recipes/x"))
+    if scheduler == "uge" and "pe" not in kw and "resource" not in kw:
+        base["resource"] = "rt_F"        # a Grid Engine job asks for its nodes one way or the other
     base.update(kw)
     return JobRequest(**base)
 
@@ -170,8 +172,15 @@ def test_uge_parallel_environment_replaces_the_abci_resource():
     assert not any("ABCI" in line for line in s)
     s = render(_req("uge")).splitlines()
     assert "#$ -l rt_F=3" in s and not any(line.startswith("#$ -pe") for line in s)
+    assert not any("ABCI" in line or "V100" in line for line in s)     # no comment but the request's own
     with pytest.raises(PodrunError, match="pe"):
         render(_req("uge", pe="mpi 4"))
+    for kw in ({"resource": None}, {"pe": "mpi", "resource": "rt_F"}):     # neither, or both
+        with pytest.raises(PodrunError, match="parallel environment or a resource") as e:
+            render(_req("uge", **kw))
+        assert e.value.exit_code == 2
+    with pytest.raises(PodrunError, match="--resource 'rt_F' is a Grid Engine resource request"):
+        render(_req("pbs", resource="rt_F"))
 
 
 def test_directive_lines_per_scheduler():
@@ -207,12 +216,27 @@ def test_cpu_bind_goes_on_the_jobs_launch_line_checked_against_the_nodes_cores(c
 
 def test_pbs_job_starts_one_agent_per_instance_through_mpirun(capsys):
     """PBS's job starts its instances' agents through Open MPI's mpirun, which reads the job's slots from
-    PBS_NODEFILE: the chunk asks one line (mpiprocs) per agent; on ABCI 3.0's resource types ssh between the nodes is
-    asked for (an Open MPI built without PBS's TM interface starts its daemons over ssh)."""
+    PBS_NODEFILE: the chunk asks one line (mpiprocs) per agent. ABCI 3.0's spec names its default resource-type
+    queue (rt_HF), which sets each node's CPUs and GPUs, and the directive ssh between the nodes needs (an Open MPI
+    built without PBS's TM interface starts its daemons over ssh), each with a comment naming the spec's field;
+    srun, which reaches no node over ssh there, asks none. A queue of that name on no cluster spec is a queue."""
     from podrun.cli.main import main
 
-    assert main(["script", "--scheduler", "pbs", "--nodes", "2", "--devices-per-host", "4", "--instances-per-host",
-                 "2", "--queue", "rt_HF", "--", "python", "t.py"]) == 0
+    assert main(["script", "--cluster", "abci3", "--nodes", "2", "--instances-per-host", "2", "--",
+                 "python", "t.py"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert "#PBS -l select=2:mpiprocs=2" in lines and "#PBS -v USE_SSH=1" in lines
-    assert " --transport mpirun --nodes 2 --devices-per-host 4 --instances-per-host 2 -- " in _exec_line("\n".join(lines))
+    assert "#PBS -l select=2:mpiprocs=2" in lines and "#PBS -v USE_SSH=1" in lines and "#PBS -q rt_HF" in lines
+    assert "# queue rt_HF: cluster spec abci3's default (jobs.queue)" in lines, lines
+    assert "# -v USE_SSH=1: the job's launch reaches its nodes over ssh (cluster spec abci3: jobs.ssh_directives)" \
+        in lines, lines
+    assert " --transport mpirun --cluster abci3 --nodes 2 --devices-per-host 8 --instances-per-host 2 -- " in \
+        _exec_line("\n".join(lines))
+    assert main(["script", "--cluster", "abci3", "--nodes", "2", "--queue", "rt_HG", "--transport", "srun",
+                 "--", "python", "t.py"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "#PBS -l select=2:mpiprocs=1" in lines and "#PBS -q rt_HG" in lines
+    assert not any("USE_SSH" in line or "jobs.queue)" in line for line in lines), lines
+    assert main(["script", "--scheduler", "pbs", "--cluster", "abci", "--nodes", "2", "--queue", "rt_HF",
+                 "--", "python", "t.py"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "#PBS -l select=2:ncpus=40:ngpus=4:mpiprocs=1" in lines and not any("USE_SSH" in line for line in lines)

@@ -66,6 +66,42 @@ def test_the_failures_name_the_earliest_as_root_cause_with_its_lines_and_followe
     assert root.last_lines == ["boom"] and root.error == {"message": "ValueError"}
     assert [o["local_rank"] for o in root.others] == [0] and root.others[0]["instance"] == 1
     assert root.followers == {"count": 2, "hosts": 2, "by_code": [{"exit_code": 143, "ranks": [0, 2]}]}
+    assert root.rank == 1 and root.others[0]["rank"] == 2 and root.to_dict()["rank"] == 1   # each one's global rank
+
+
+def test_the_root_cause_groups_lines_that_differ_only_in_the_writers_own_rank():
+    """"said the same": a rank number is masked only where it is the writer's own rank; "peer rank 0" from rank 1
+    and "peer rank 1" from rank 0 differ in what they say (the old rule masked every "rank N" and grouped them), and
+    torch's own "[rank1]:" prefix is the writer's rank (the old rule left it and grouped nothing)."""
+    from podrun.cli.launch_cmd import _said_the_same
+
+    def w(rank, *lines):
+        return {"instance": rank, "host": f"h{rank}", "local_rank": 0, "rank": rank, "last_lines": list(lines)}
+
+    root = w(0, "[rank0]: RuntimeError: peer rank 1 closed the connection")
+    said, others = _said_the_same(root, [w(1, "[rank1]: RuntimeError: peer rank 0 closed the connection")])
+    assert (said, len(others)) == ("", 1)
+    root = w(0, "[rank0]: RuntimeError: bad shard", "train.py (rank 0): error: no data")
+    said, others = _said_the_same(root, [w(1, "[rank1]: RuntimeError: bad shard", "train.py (rank 1): error: no data"),
+                                         w(2, "[rank2]: RuntimeError: bad shard", "train.py (rank 1): error: no data")])
+    assert said == "instance 1 on h1, local rank 0" and [o["rank"] for o in others] == [2], (said, others)
+
+
+@pytest.mark.parametrize("transport,means", [("ssh", "sshd or agent killed"), ("srun", "its srun task or agent killed"),
+                                             ("mpirun", "its Open MPI daemon (prted) or agent killed")])
+def test_a_lost_hosts_cause_says_what_may_have_ended_it_under_its_transport(tmp_path, transport, means):
+    """An instance whose handle ends (FAKE handle: the end of its agent's connection) before it reported: the root
+    cause names what may have ended it under the run's transport; no sshd under srun or mpirun."""
+    from podrun.launch.transports import TRANSPORTS
+
+    sup = Supervisor(SimpleNamespace(**vars(request(tmp_path)), kind=TRANSPORTS[transport]),
+                     SimpleNamespace(merged=False), workers_per_instance=2)
+    fake_handle = SimpleNamespace(instances=[1], label="host1", lost_why=None, wait=lambda timeout=None: None)
+    sup._handle_eof(fake_handle, {})
+    (lost,) = sup.failures
+    assert lost.kind is FailureKind.LOST and f"before it reported (host crashed, {means}" in lost.reason or \
+        f"before it reported (node down, {means}" in lost.reason, lost.reason
+    assert ("sshd" in lost.reason) == (transport == "ssh"), lost.reason
 
 
 def test_the_live_watch_alone_finds_a_hang_and_hands_it_over(tmp_path):

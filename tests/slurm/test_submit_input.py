@@ -64,6 +64,10 @@ def test_scontrol_parsing_exit_codes():
     assert parse_scontrol("3", "JobId=3 JobState=CANCELLED ExitCode=0:15").exit_code == 143
     run = parse_scontrol("4", "JobId=4 JobState=RUNNING ExitCode=0:0 NodeList=node[1-3]")
     assert run.exit_code is None and not run.final and run.nodes == "node[1-3]"
+    from podrun.jobscript.submit import exit_code_of
+
+    held = parse_scontrol("5", "JobId=5 JobState=CANCELLED Reason=JobHeldAdmin ExitCode=0:0 NodeList=(null)")
+    assert (held.state, held.exit_code, exit_code_of(held)) == ("CANCELLED", 0, 1)   # as Slurm says; --wait: 1
 
 
 class RecordingRunner:
@@ -109,7 +113,7 @@ def test_pbs_and_uge_state_parsing_contract():
                          "qacct": (0, "jobnumber    44\nhostname     g0001\nfailed       0\nexit_status  0\n")})
     st = Uge(r).state("44")
     assert (st.state, st.exit_code) == ("COMPLETED", 0)
-    assert r.calls == [["qstat"], ["qacct", "-j", "44"]]
+    assert r.calls == [["qstat", "-g", "t"], ["qacct", "-j", "44"]]
     u = RecordingRunner({"qsub": (0, "44.1-4:1\n")})
     assert Uge(u).submit(["qsub", "-terse", "-g", "gab50", "/j.sh"]) == "44"
 
@@ -125,8 +129,13 @@ job-ID  prior   name       user         state submit/start at     queue         
 
 
 def test_uge_qstat_table_contract():
-    """Grid Engine's `qstat` table as 8.1.9 prints it: state letters and the master queue's host."""
+    """Grid Engine's `qstat` table as 8.1.9 prints it: state letters and the master queue's host; `qstat -g t`, a
+    line per host of a parallel job: every host, the MASTER's first."""
     from podrun.jobscript.submit import parse_qacct, parse_qstat
+
+    tasks = "".join(f"      5 0.50000 sleep root r 12/07/2026 05:09:06 all.q@{h} {m}\n"
+                    for h, m in (("node1", "SLAVE"), ("node2", "SLAVE"), ("node3", "MASTER")))
+    assert (parse_qstat("5", tasks).state, parse_qstat("5", tasks).nodes) == ("RUNNING", "node3,node1,node2")
 
     assert (parse_qstat("7", QSTAT).state, parse_qstat("7", QSTAT).nodes) == ("RUNNING", "node2")
     assert (parse_qstat("8", QSTAT).state, parse_qstat("8", QSTAT).nodes) == ("PENDING", None)
@@ -136,10 +145,17 @@ def test_uge_qstat_table_contract():
     assert parse_qstat("1", QSTAT) is None and parse_qstat("70", QSTAT) is None
     killed = parse_qacct("9", "qname all.q\nhostname node1\nfailed       100 : assumedly after job\n"
                               "exit_status  137                  (Killed)\n")
-    assert (killed.state, killed.exit_code, killed.nodes) == ("FAILED", 137, "node1")
+    assert (killed.state, killed.exit_code, killed.nodes) == ("CANCELLED", 137, "node1")
     assert "assumedly after job" in killed.reason
     never = parse_qacct("10", "failed       26  : opening input/output file\nexit_status  0\n")
-    assert (never.state, never.exit_code) == ("FAILED", 1)
+    assert (never.state, never.exit_code) == ("FAILED", None)          # no code of its own: none made up
+    late = parse_qacct("11", "hostname node2\ncategory -l h_rt=60 -pe podrun 2\nfailed 100 : assumedly after job\n"
+                             "exit_status 137\nru_wallclock 61s\n")
+    assert (late.state, late.exit_code) == ("TIMEOUT", 137)
+    univa = parse_qacct("12", "hostname g0001\nfailed 0\nexit_status 143\ndeleted_by qdel  me@es1\n")
+    assert (univa.state, univa.exit_code) == ("CANCELLED", 143)
+    two = "hostname node2\nfailed 0\nexit_status 0\n====\nhostname node3\nfailed 0\nexit_status 0\n"
+    assert parse_qacct("13", two).nodes == "node3,node2"            # every host, the master task's (last) first
 
 
 class SequenceClient:
@@ -204,7 +220,7 @@ def test_submit_plans_the_allocation_not_this_host(tmp_path):
 @pytest.mark.parametrize("cmd,scheduler,env,said", [
     ("status", "slurm", {"SLURM_CONF": "/nonexistent/slurm.conf"}, "SLURM_CONF=/nonexistent/slurm.conf cannot be read"),
     ("cancel", "slurm", {"SLURM_CONF": "/nonexistent/slurm.conf"}, "SLURM_CONF=/nonexistent/slurm.conf cannot be read"),
-    ("status", "uge", {"SGE_ROOT": "/nonexistent", "SGE_CELL": "default"}, "'qstat' exited"),
+    ("status", "uge", {"SGE_ROOT": "/nonexistent", "SGE_CELL": "default"}, "'qstat -g t' exited"),
     ("cancel", "pbs", {"PATH": "/nonexistent"}, "'qstat' is not on PATH"),
 ])
 def test_a_failing_client_is_an_error_not_a_state(tmp_path, cmd, scheduler, env, said):
@@ -273,7 +289,7 @@ PBS_JOB = "Job Id: 987.pbs01\n    Job_Name = podrun-resnet50\n    job_state = {s
     ("T", None, "PENDING", None), ("M", None, "PENDING", None), ("R", None, "RUNNING", None),
     ("B", None, "RUNNING", None), ("S", None, "SUSPENDED", None), ("U", None, "SUSPENDED", None),
     ("E", None, "COMPLETING", None), ("F", "0", "COMPLETED", 0), ("F", "3", "FAILED", 3),
-    ("F", "271", "FAILED", 143), ("F", "-1", "FAILED", 1), ("F", None, "FAILED", 1), ("X", "0", "COMPLETED", 0),
+    ("F", "271", "FAILED", 143), ("F", "-1", "FAILED", -1), ("F", None, "FAILED", None), ("X", "0", "COMPLETED", 0),
     ("Z", None, "UNKNOWN", None),
 ])
 def test_pbs_job_states_one_to_one(native, exit_status, state, code):

@@ -29,21 +29,31 @@ def job_output(run_dir: Path, ext: str) -> str:
 
 
 @pytest.mark.timeout(120)
-def test_submit_three_nodes_srun_allreduce(slurm_cluster, tmp_path):
-    """submit --wait: one instance per node through srun, a gloo all_reduce across the 3 nodes."""
+@pytest.mark.parametrize("transport", ["srun", "mpirun"])
+def test_submit_three_nodes_srun_allreduce(slurm_cluster, tmp_path, transport):
+    """submit --wait: one instance per node through srun, a gloo all_reduce across the 3 nodes. With --transport
+    mpirun on these nodes, which run no sshd (ssh to them is refused), Open MPI starts its daemons through Slurm
+    (srun ... prted): the preflight probes no node over ssh and the line `script --transport mpirun` writes runs."""
+    import socket
+
     sl = slurm_cluster
+    if transport == "mpirun":
+        for node in sl.nodes[:3]:          # no sshd on the nodes: ssh cannot reach them
+            with pytest.raises(OSError):
+                socket.create_connection((sl.fabric.nodes[node].address, 22), timeout=5).close()
     p = podrun(sl, ["submit", "--scheduler", "slurm", "--nodes", "3", "--wait", "--runs-dir", str(tmp_path / "runs"),
+                    *(["--transport", transport] if transport != "srun" else []),
                     "--", sys.executable, ALLREDUCE], cwd=tmp_path)
-    assert p.returncode == 0, p.stdout + p.stderr
     run_dir = only_run_dir(tmp_path / "runs")
+    assert p.returncode == 0, p.stdout + p.stderr + job_output(run_dir, "err")
     rec = json.loads((run_dir / "job.json").read_text())
     assert p.stdout.split()[0] == rec["job_id"] and rec["scheduler"] == "slurm" and rec["nodes"] == 3
     script = (run_dir / "job.sh").read_text()
-    assert "#SBATCH --nodes=3" in script and "--transport srun" in script
+    assert "#SBATCH --nodes=3" in script and f"--transport {transport}" in script
     res = sorted(results(job_output(run_dir, "out")), key=lambda r: r["rank"])
     assert [r["host"] for r in res] == sl.nodes[:3], job_output(run_dir, "out") + job_output(run_dir, "err")
-    assert_allreduce_job_done(run_dir, res, "srun", podrun(sl, ["status", str(run_dir), "--json"], cwd=tmp_path))
-    joins = json.loads((run_dir / "summary.json").read_text())["joins"]   # srun's agents joined over TCP
+    assert_allreduce_job_done(run_dir, res, transport, podrun(sl, ["status", str(run_dir), "--json"], cwd=tmp_path))
+    joins = json.loads((run_dir / "summary.json").read_text())["joins"]   # the agents joined over TCP
     assert (joins["joined"], joins["expected"], joins["refused"]) == (3, 3, {}), joins
 
 
@@ -62,6 +72,25 @@ def test_submit_wait_returns_failing_worker_exit_code(slurm_cluster, tmp_path):
     st = podrun(sl, ["status", job, "--scheduler", "slurm", "--json"], cwd=tmp_path)
     assert json.loads(st.stdout)["state"] == "FAILED" and json.loads(st.stdout)["exit_code"] == 3
     assert json.loads(st.stdout)["native"] == "FAILED"          # Slurm's JobState, as it is
+    st = podrun(sl, ["status", str(run_dir)], cwd=tmp_path)      # the run's root cause, as summary.json holds it
+    assert st.returncode == 0 and "FAILED, exit code 3" in st.stdout, st.stdout + st.stderr
+    assert "root cause: instance 1 on node2" in st.stdout, st.stdout
+
+
+@pytest.mark.timeout(60)
+def test_a_held_job_cancelled_is_cancelled_with_slurms_exit_code(slurm_cluster, tmp_path):
+    """A job held before it ran (sbatch -H), cancelled: CANCELLED with the exit code scontrol gives it (0:0 is 0,
+    not one made up), in cancel's answer and in status's, text and JSON."""
+    sl = slurm_cluster
+    job = sl.sbatch(["-H", "-N1", "--output=/dev/null", f"--chdir={tmp_path}", "--wrap", "true"])
+    c = podrun(sl, ["cancel", job, "--scheduler", "slurm", "--json"], cwd=tmp_path)
+    assert c.returncode == 0, c.stdout + c.stderr
+    out = json.loads(c.stdout)
+    code, _, sig = sl.job(job)["ExitCode"].partition(":")
+    said = 128 + int(sig) if int(sig) else int(code)
+    assert (out["was"], out["state"], out["exit_code"], out["native"]) == ("PENDING", "CANCELLED", said, "CANCELLED")
+    st = podrun(sl, ["status", job, "--scheduler", "slurm"], cwd=tmp_path)
+    assert st.returncode == 0 and f"job {job} (slurm): CANCELLED, exit code {said}" in st.stdout, st.stdout
 
 
 @pytest.mark.timeout(120)

@@ -43,6 +43,23 @@ def spec_text(extra=""):
     return open(GOOD).read() + extra
 
 
+def test_a_clusters_jobs_block_is_what_a_directive_line_can_hold(tmp_path):
+    """The jobs block (what a batch job asks the spec's scheduler for): the shipped ABCI specs name theirs; a name
+    that cannot go on a directive line, a directive that is not options, a port out of range: exit 2 naming the
+    field."""
+    assert (load_cluster("abci").jobs.resource, load_cluster("abci").jobs.ssh_port) == ("rt_F", 2299)
+    assert (load_cluster("abci3").jobs.queue, load_cluster("abci3").jobs.ssh_directives) == ("rt_HF", ("-v USE_SSH=1",))
+    assert load_cluster("dgx-h100").jobs is None
+    for jobs, words in (("{resource: 'rt F'}", "'jobs.resource' 'rt F' cannot go on a scheduler directive line"),
+                        ("{pe: -mpi}", "'jobs.pe' '-mpi' cannot"),
+                        ("{typed_queues: [rt_HF, 'a#b']}", "'jobs.typed_queues' item 1 'a#b' cannot"),
+                        ("{ssh_directives: ['USE_SSH=1']}", "'jobs.ssh_directives' item 0 'USE_SSH=1' is not"),
+                        ("{ssh_port: 70000}", "'jobs.ssh_port' must be at most 65535")):
+        with pytest.raises(SpecError, match=words) as e:
+            load_cluster(str(write(tmp_path, spec_text(f"jobs: {jobs}\n"))))
+        assert e.value.exit_code == 2
+
+
 def test_unknown_key_suggests_nearest_and_line(tmp_path):
     p = write(tmp_path, spec_text().replace("devices_per_host: 16", "devices_per_hots: 16"))
     with pytest.raises(SpecError) as e:

@@ -136,13 +136,21 @@ def test_cancel_ends_running_job_everywhere(uge_cluster, tmp_path, transport):
     else:
         pytest.fail(f"workers never started on every host: { {n: ge.processes(n, marker) for n in ge.nodes} }\n"
                     + job_output(Path(rec["run_dir"]), "e"))
-    st = podrun(ge, ["status", rec["run_dir"]], tmp_path)
-    assert st.returncode == 0 and "RUNNING" in st.stdout, st.stdout + st.stderr
+    st = podrun(ge, ["status", rec["run_dir"], "--json"], tmp_path)
+    assert st.returncode == 0 and json.loads(st.stdout)["state"] == "RUNNING", st.stdout + st.stderr
+    # every host of the job (qstat -g t), the master's first
+    assert sorted(json.loads(st.stdout)["nodes"].split(",")) == ge.nodes, st.stdout
     c = podrun(ge, ["cancel", rec["run_dir"], "--json"], tmp_path)
     assert c.returncode == 0, c.stdout + c.stderr
     out = json.loads(c.stdout)
-    # qacct: exit_status 137 and failed "100 : assumedly after job" (FAILED); GONE if the record lags
-    assert out["was"] == "RUNNING" and out["final"] and out["state"] in ("FAILED", "GONE"), out
+    # qacct: exit_status 137 and failed "100 : assumedly after job", deleted: CANCELLED; GONE if the record lags
+    assert out["was"] == "RUNNING" and out["final"] and out["state"] in ("CANCELLED", "GONE"), out
+    deadline = time.monotonic() + GONE_GRACE_S
+    while (after := json.loads(podrun(ge, ["status", rec["run_dir"], "--json"], tmp_path).stdout))["state"] == "GONE" \
+            and time.monotonic() < deadline:
+        time.sleep(0.2)
+    said = int(ge.accounting(rec["job_id"])["exit_status"].split()[0])      # qacct's, as it is (137)
+    assert (after["state"], after["exit_code"]) == ("CANCELLED", said), after
     deadline = time.monotonic() + 20
     left = {}
     while time.monotonic() < deadline:

@@ -46,6 +46,8 @@ class TransportKind:
     #: its agents join the controller over TCP with the run's key (podrun.launch.transports.join): one handle per
     #: instance, the controller's tokens over each connection
     joined: bool = False
+    #: what may have ended an agent's connection before the agent reported (a lost host's root cause says it)
+    lost_means: str = "host crashed, or its agent killed"
 
     def load(self):
         """What makes this transport from a request (imported now): its class, or for ssh the function that picks
@@ -64,14 +66,18 @@ class TransportKind:
 
 
 TRANSPORTS: dict[str, TransportKind] = {k.name: k for k in (
-    TransportKind("local", "podrun.launch.transports.local:LocalTransport", remote=False),
-    TransportKind("ssh", "podrun.launch.transports.openssh:ssh_transport", ssh_per_host=True, env_stdin=True),
+    TransportKind("local", "podrun.launch.transports.local:LocalTransport", remote=False,
+                  lost_means="its agent killed"),
+    TransportKind("ssh", "podrun.launch.transports.openssh:ssh_transport", ssh_per_host=True, env_stdin=True,
+                  lost_means="host crashed, sshd or agent killed"),
     TransportKind("mpirun", "podrun.launch.transports.mpirun:MpirunTransport", merged=True, agent_per_worker=True,
-                  per_instance=False, ssh_daemons=True),
+                  per_instance=False, ssh_daemons=True,
+                  lost_means="host crashed, its Open MPI daemon (prted) or agent killed"),
     TransportKind("srun", "podrun.launch.transports.srun:SrunTransport", per_instance=False, passes_env=True,
-                  joined=True),
+                  joined=True, lost_means="node down, its srun task or agent killed"),
     TransportKind("poprun", "podrun.launch.engines.poprun:PoprunTransport", merged=True, agent_store=False,
-                  per_instance=False, replans=False, engine_only=True),
+                  per_instance=False, replans=False, engine_only=True,
+                  lost_means="host crashed, poprun's connection to it or its agent killed"),
     TransportKind("join", "podrun.launch.transports.join:ListenTransport", per_instance=False, replans=False,
                   engine_only=True, joined=True),
 )}

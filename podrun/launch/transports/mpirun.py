@@ -6,9 +6,10 @@ just that worker with the env contract; an instance is then the agents of its wo
 
 Inside a Grid Engine job, with no ssh config of the user's, Open MPI starts its daemons with the job's own
 ``qrsh -inherit`` (tight integration: Grid Engine starts, accounts and ends every host's share), so podrun
-names no ssh agent and probes no host over ssh. Inside a PBS job Open MPI reads the job's hosts and slots from
-PBS_NODEFILE itself; one built with PBS's TM interface starts its daemons through it (the same: no ssh agent, no
-probe), another over ssh.
+names no ssh agent and probes no host over ssh; inside a Slurm allocation the same with srun (Open MPI's slurm
+launcher: ``srun ... prted``), where the nodes need no sshd. Inside a PBS job Open MPI reads the job's hosts and
+slots from PBS_NODEFILE itself; one built with PBS's TM interface starts its daemons through it (the same: no ssh
+agent, no probe), another over ssh.
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ class MpiOptions:
     ssh_args: tuple[str, ...] = ()        # more ssh options (-i KEY, -o ...)
     as_root: bool | None = None           # None: os.geteuid() == 0
     # what starts Open MPI's daemons in the job instead of ssh: "qrsh" (Grid Engine's qrsh -inherit), "tm" (PBS's TM
-    # interface); None: ssh, with podrun's ssh options
+    # interface), "slurm" (srun, inside a Slurm allocation); None: ssh, with podrun's ssh options
     scheduler_launch: str | None = None
 
 
@@ -70,6 +71,10 @@ def grid_engine_qrsh(env) -> str | None:
 PBS_VARS = ("PBS_ENVIRONMENT", "PBS_JOBID")
 
 
+#: what Open MPI (PRRTE's slurm components) reads to know it runs inside a Slurm allocation
+SLURM_VARS = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST")
+
+
 def pbs_tm(env, mpirun: str) -> bool:
     """Inside a PBS job (every one of PBS_VARS set), whether the Open MPI of ``mpirun`` starts its daemons through
     PBS's TM interface: a ``plm: tm`` component in the listing of the first of `prte_info` (Open MPI 5) and
@@ -77,6 +82,21 @@ def pbs_tm(env, mpirun: str) -> bool:
     without TM, which starts its daemons over ssh."""
     if not all(env.get(v) for v in PBS_VARS):
         return False
+    return has_plm(mpirun, "tm")
+
+
+def slurm_plm(env, mpirun: str) -> bool:
+    """Inside a Slurm allocation (every one of SLURM_VARS set), whether the Open MPI of ``mpirun`` starts its daemons
+    through Slurm (``srun ... prted``: its ``plm: slurm`` component), which it then does by itself; False outside one
+    (nothing is run) and for an Open MPI built without it, which starts its daemons over ssh."""
+    if not all(env.get(v) for v in SLURM_VARS):
+        return False
+    return has_plm(mpirun, "slurm")
+
+
+def has_plm(mpirun: str, component: str) -> bool:
+    """Whether the Open MPI of ``mpirun`` has the daemon launcher ``component`` (``plm: NAME`` in the listing of the
+    first of `prte_info` (Open MPI 5) and `ompi_info` (before) that answers beside it)."""
     where = os.path.dirname(shutil.which(mpirun) or mpirun)
     for info in ("prte_info", "ompi_info"):
         path = os.path.join(where, info)
@@ -85,7 +105,7 @@ def pbs_tm(env, mpirun: str) -> bool:
         except (OSError, subprocess.TimeoutExpired):
             continue
         if out.returncode == 0:
-            return re.search(r"\bplm: tm\b", out.stdout) is not None
+            return re.search(rf"\bplm: {re.escape(component)}\b", out.stdout) is not None
     return False
 
 
@@ -344,6 +364,7 @@ class MpirunTransport(JoiningLauncher, LauncherTransport):
         super().__init__(request)
         self._flavour: str | None = None
         self._pbs_tm: bool | None = None       # asked once in a PBS job (pbs_tm)
+        self._slurm: bool | None = None        # asked once in a Slurm allocation (slurm_plm)
 
     def options(self) -> MpiOptions:
         """mpirun's options from the request. Open MPI forwards plm_rsh_args to its daemons cut at
@@ -361,12 +382,16 @@ class MpirunTransport(JoiningLauncher, LauncherTransport):
 
     def _scheduler_launch(self) -> str | None:
         """What starts Open MPI's daemons in this job when no --ssh-config asks for ssh (Open MPI only): "qrsh" in a
-        Grid Engine job (tight integration), "tm" in a PBS job whose Open MPI has PBS's TM interface (asked once);
-        else None: ssh."""
+        Grid Engine job (tight integration), "slurm" in a Slurm allocation whose Open MPI has its slurm launcher
+        (srun), "tm" in a PBS job whose Open MPI has PBS's TM interface (each asked once); else None: ssh."""
         if self.request.ssh.config_path is not None or (self._flavour or "openmpi") != "openmpi":
             return None
         if grid_engine_qrsh(os.environ) is not None:
             return "qrsh"
+        if self._slurm is None:
+            self._slurm = slurm_plm(os.environ, self._mpirun())
+        if self._slurm:
+            return "slurm"
         if self._pbs_tm is None:
             self._pbs_tm = pbs_tm(os.environ, self._mpirun())
         return "tm" if self._pbs_tm else None
@@ -412,8 +437,9 @@ class MpirunTransport(JoiningLauncher, LauncherTransport):
         if not remote:
             return []
         launch = self._scheduler_launch()
-        if launch == "tm":
-            # PBS granted the hosts and its TM interface starts every host's share: no per-host probe over ssh
+        if launch in ("tm", "slurm"):
+            # PBS (its TM interface) or Slurm (srun) granted the hosts and starts every host's share: no per-host
+            # probe over ssh
             return []
         if launch == "qrsh":
             # Grid Engine granted the hosts and starts every host's share itself: no per-host probe over ssh

@@ -10,6 +10,9 @@
 #PBS -r n
 # plan: cluster abci3, recipe resnet50, 2 host(s) x 8 gpu-h200 = 16 device(s)
 # plan: 16 replica(s) x local batch 256 x GA 20 = global batch 81920; 2 instance(s), 1 device(s) per replica
+# queue rt_HF: cluster spec abci3's default (jobs.queue)
+# queue rt_HF sets each node's CPUs and GPUs itself (cluster spec abci3: jobs.typed_queues)
+# -v USE_SSH=1: the job's launch reaches its nodes over ssh (cluster spec abci3: jobs.ssh_directives)
 # submit: qsub SCRIPT; podrun launch reads the hosts from $PBS_NODEFILE
 
 set -eo pipefail

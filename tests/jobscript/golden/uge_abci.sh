@@ -7,7 +7,7 @@
 #$ -l USE_SSH=1
 # plan: cluster abci, recipe resnet50, 512 host(s) x 4 gpu-v100 = 2048 device(s)
 # plan: 2048 replica(s) x local batch 40 x GA 1 = global batch 81920; 512 instance(s), 1 device(s) per replica
-# ABCI: rt_F=512 asks for 512 full node(s) of 4 V100 each
+# rt_F=512: 512 whole node(s) of 4 gpu-v100 each, the resource cluster spec abci names (jobs.resource)
 # submit: qsub -terse -g gaa50000 SCRIPT; podrun launch reads the hosts from $PE_HOSTFILE / $SGE_JOB_HOSTLIST
 
 set -eo pipefail

@@ -8,7 +8,8 @@
 #$ -v SSH_PORT=2299
 # plan: cluster abci, recipe resnet50, 4 host(s) x 4 gpu-v100 = 16 device(s)
 # plan: 16 replica(s) x local batch 128 x GA 40 = global batch 81920; 4 instance(s), 1 device(s) per replica
-# ABCI: rt_F=4 asks for 4 full node(s) of 4 V100 each
+# rt_F=4: 4 whole node(s) of 4 gpu-v100 each, the resource cluster spec abci names (jobs.resource)
+# -l USE_SSH=1, -v SSH_PORT=2299: the job's launch reaches its nodes over ssh (cluster spec abci: jobs.ssh_directives)
 # submit: qsub -terse -g gaa50000 SCRIPT; podrun launch reads the hosts from $PE_HOSTFILE / $SGE_JOB_HOSTLIST
 
 set -euo pipefail
