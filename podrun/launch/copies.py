@@ -145,6 +145,8 @@ def become_agent(copy: Copy, env_items: tuple[str, ...], window: float | None) -
     bound = window if window is not None else FIRST_HEARTBEAT_S
     try:
         conn, args = wire_join.join(copy.address, key, copy.run_id, copy.rank, bound, copy=True)
+    except wire_join.UnprovenListener as exc:        # one line: what to do depends on who holds the port
+        raise LaunchError(f"copy {copy.rank} of {copy.count} ({copy.source}): {exc}") from None
     except wire_join.JoinError as exc:
         raise LaunchError(f"copy {copy.rank} of {copy.count} ({copy.source}): {exc}",
                           hint="start copy 0 (node rank 0) too, with the same command line and key") from None

@@ -34,6 +34,11 @@ class JoinError(Exception):
     """A hand-shake that did not succeed: ``str`` is one line naming the address and why."""
 
 
+class UnprovenListener(JoinError):
+    """The listener on the join address could not prove the run's key: it is no controller of this run (another
+    process may hold the port); nothing it sent is used."""
+
+
 def new_key() -> str:
     """A fresh run key (256 bits)."""
     return secrets.token_hex(32)
@@ -202,7 +207,7 @@ def _handshake(sock: socket.socket, address: str, key: str, run_id: str, instanc
     if not reply.accepted:
         raise JoinError(f"the controller at {address} refused instance {instance}: {escape_controls(reply.reason)}")
     if not hmac.compare_digest(reply.proof, controller_proof(key, challenge.nonce, mine, run_id, instance)):
-        raise JoinError(f"the listener at {address} cannot prove this run's key ({KEY_ENV}): it is no controller "
+        raise UnprovenListener(f"the listener at {address} cannot prove this run's key ({KEY_ENV}): it is no controller "
                         f"of run {run_id} (another process may hold the port); nothing it sent was used")
     if not copy:
         return (None,)
@@ -210,6 +215,6 @@ def _handshake(sock: socket.socket, address: str, key: str, run_id: str, instanc
     if args is None:
         raise JoinError(f"the controller at {address} sent no arguments for instance {instance}")
     if not hmac.compare_digest(args.mac, args_mac(key, challenge.nonce, mine, run_id, instance, args)):
-        raise JoinError(f"the arguments the controller at {address} sent for instance {instance} do not carry "
+        raise UnprovenListener(f"the arguments the controller at {address} sent for instance {instance} do not carry "
                         f"this run's key's MAC; nothing it sent was used")
     return (args,)

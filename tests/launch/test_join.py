@@ -2,13 +2,17 @@
 one line and counted, and an instance that never joins, named after the join window (podrun.launch.transports.join)."""
 from __future__ import annotations
 
+import subprocess
 import threading
+from pathlib import Path
 
 import pytest
 
 from podrun.launch.transports.join import JoinServer
 from tests.launch.helpers import end
 from podrun.wire import join, protocol
+
+SCRIPTS = Path(__file__).parent / "scripts"
 
 KEY = "k" * 32
 
@@ -77,14 +81,15 @@ def test_an_agent_names_the_address_it_cannot_reach_and_a_short_key_is_no_key():
 
 # --- one podrun per node on this machine (podrun.launch.copies): real podrun processes --------------------------
 
-def _copies(tmp_path, *extra):
+def _copies(tmp_path, *extra, worker: str = "echo up $RANK key=${PODRUN_JOIN_KEY:-none}; sleep 1.5; echo on $RANK; "
+                                           "sleep 60"):
     import secrets
 
     from tests.launch.helpers import copies_args, marker, with_env
     from tests.ports import free_port
 
     m = marker()
-    worker = f"echo up $RANK key=${{PODRUN_JOIN_KEY:-none}}; sleep 1.5; echo on $RANK; sleep 60 # {m}"
+    worker = f"{worker} # {m}"
     args = ("launch", "--devices-per-host", "1", "--runs-dir", str(tmp_path / "runs"), "--master-port",
             str(free_port()), *extra, "--", "sh", "-c", worker)
     port, run_id = free_port(), marker()
@@ -185,3 +190,123 @@ def test_a_podrun_knows_whether_it_is_one_of_several_copies(env, torchrun, expec
     copy = detect(env, *args)
     got = None if copy is None else (copy.source, copy.rank, copy.count, copy.address, copy.run_id, copy.hosts)
     assert got == expect
+
+
+# --- the joining side trusts only a controller that proves the key (the other user holds the port first) --------
+
+def test_a_forged_controller_holding_the_join_port_gets_nothing_run_and_no_secret(tmp_path):
+    """`nobody` listens on the copies' join address before copy 0 does and answers copy 1 as a controller would, but
+    with a made-up proof: ``ok``, then arguments that would write the copy's environment to a marker file. The copy
+    exits non-zero with one line saying the listener cannot prove the key; the marker is never made, and no --env
+    value (nor the key) reached the listener."""
+    import os
+    import tempfile
+
+    from tests.attacker import NOBODY, popen_as_nobody
+    from tests.launch.helpers import run_podrun, wait_output
+
+    shared = tempfile.mkdtemp(prefix="podrun-forge-", dir="/tmp")
+    try:
+        os.chmod(shared, 0o1777)
+        log, marker_file = os.path.join(shared, "got"), os.path.join(shared, "ran")
+        code = f"import os; open({marker_file!r}, 'w').write(repr(dict(os.environ)))"
+        m, argv, env = _copies(tmp_path, "--env", "HF_TOKEN")
+        port = argv(1)[argv(1).index("--join-address") + 1].rsplit(":", 1)[1]
+        forged = popen_as_nobody(["/usr/bin/python3", str(SCRIPTS / "hostile_joins.py"), "forge", port,
+                                  str(protocol.JOIN_VERSION), log, code, shared], stdout=subprocess.PIPE, text=True)
+        try:
+            wait_output(forged, "listening", 30)
+            secret = "hf_" + os.urandom(8).hex()
+            cp = run_podrun(*argv(1), env={**env, "HF_TOKEN": secret}, timeout=60)
+        finally:
+            forged.kill()
+            forged.wait(10)
+        assert not os.path.exists(marker_file), open(marker_file).read()
+        assert cp.returncode != 0, cp.stderr
+        assert "cannot prove this run's key" in cp.stderr and len(cp.stderr.strip().splitlines()) == 1, cp.stderr
+        sent = open(log, "rb").read()
+        assert b"@podrun-join join" in sent and secret.encode() not in sent
+        assert env["PODRUN_JOIN_KEY"].encode() not in sent and os.stat(log).st_uid == NOBODY
+    finally:
+        import shutil
+
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+class _FakeController:
+    """A listener in this process that speaks the controller's side with the key (FAKE: for the proofs' fields,
+    each test turns one of them wrong); ``forge(nonce, agent_nonce, run_id, instance, args)`` -> (the ok's proof,
+    the args' MAC)."""
+
+    def __init__(self, forge):
+        import socket
+
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        self.forge, self.args = forge, protocol.JoinArgs(("python", "-c", "pass"), "/")
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        import time
+
+        conn, _ = self.sock.accept()
+        nonce = "ab" * 16
+        conn.sendall(protocol.join_line(protocol.JoinChallenge(protocol.JOIN_VERSION, nonce)))
+        msg = protocol.read_join_line(join.read_line(conn, time.monotonic() + 10), protocol.Join)
+        ok, mac = self.forge(nonce, msg.nonce, msg.run_id, msg.instance, self.args)
+        conn.sendall(protocol.join_line(protocol.JoinReply(True, proof=ok))
+                     + protocol.join_line(protocol.JoinArgs(self.args.argv, self.args.workdir, mac)))
+        self.conn = conn
+
+
+def _right(on: str = "ok", key=KEY, nonce=None, agent_nonce=None, run_id=None, instance=None, argv=None,
+           label=None):
+    """A forge that makes the controller's proof (``on`` "ok") or the args' MAC (``on`` "args") with one field
+    replaced (None: the right one), the other made right."""
+    def forge(n, a, r, i, args):
+        wrong = (key, nonce or n, agent_nonce or a, run_id or r, i if instance is None else instance)
+        ok = (join.proof if label == "agent" else join.controller_proof)(*wrong) if on == "ok" \
+            else join.controller_proof(KEY, n, a, r, i)
+        signed = args if argv is None else protocol.JoinArgs(argv, args.workdir)
+        return ok, join.args_mac(*wrong, signed) if on == "args" else join.args_mac(KEY, n, a, r, i, args)
+    return forge
+
+
+_WRONG = (dict(key="w" * 32), dict(nonce="ef" * 16), dict(agent_nonce="01" * 16), dict(run_id="run-b"),
+          dict(instance=2))
+
+
+def test_a_controller_that_proves_the_key_over_both_nonces_the_run_and_the_instance_is_the_only_one_believed():
+    """The joining side checks the controller's proof over each of its fields, for an agent (srun's, mpirun's) and
+    a copy alike: a proof made with another key, for another controller nonce, a stale agent nonce, another run or
+    instance, or an agent's proof sent back, is refused (UnprovenListener: nothing used); so are a copy's arguments
+    whose MAC is made so, or covers other arguments. The fake made right is believed (the check is not vacuous)."""
+    fake = _FakeController(_right())
+    conn, args = join.join(fake.address, KEY, "run-a", 1, 5.0, copy=True)
+    assert args == protocol.JoinArgs(fake.args.argv, fake.args.workdir, args.mac)
+    conn.close()
+    for on, wrong, copy in [*(("ok", w, False) for w in (*_WRONG, dict(label="agent"))),
+                            *(("args", w, True) for w in (*_WRONG, dict(argv=("python", "-c", "evil"))))]:
+        fake = _FakeController(_right(on, **wrong))
+        with pytest.raises(join.UnprovenListener, match="nothing it sent was used") as exc:
+            join.join(fake.address, KEY, "run-a", 1, 5.0, copy=copy)
+        assert "\n" not in str(exc.value), wrong
+
+
+@pytest.mark.parametrize("field", ["instance", "run_id", "nonce", "agent_nonce"])
+def test_a_join_proof_made_for_another_instance_run_or_nonce_is_the_wrong_key(server, field):
+    """The controller checks an agent's proof over each field it covers: a proof made for instance 0 sent as
+    instance 1 (as one who saw instance 0's join would), for another run, the controller's nonce of another
+    hand-shake, or an agent nonce other than the one sent, is refused as the wrong key."""
+    import socket
+    import time
+
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+        challenge = protocol.read_join_line(join.read_line(s, time.monotonic() + 10), protocol.JoinChallenge)
+        made = {"instance": 1, "run_id": "run-a", "nonce": challenge.nonce, "agent_nonce": "cd" * 16}
+        made[field] = {"instance": 0, "run_id": "run-b", "nonce": "ef" * 16, "agent_nonce": "01" * 16}[field]
+        sent = join.proof(KEY, made["nonce"], made["agent_nonce"], made["run_id"], made["instance"])
+        s.sendall(protocol.join_line(protocol.Join("run-a", 1, "h1", 1, sent, "cd" * 16)))
+        reply = protocol.read_join_line(join.read_line(s, time.monotonic() + 10), protocol.JoinReply)
+    assert not reply.accepted and "does not match this run's key" in reply.reason
+    assert server.record()["refused"] == {"wrong-key": 1} and server.handles[1].joined_from is None
