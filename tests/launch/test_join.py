@@ -2,6 +2,7 @@
 one line and counted, and an instance that never joins, named after the join window (podrun.launch.transports.join)."""
 from __future__ import annotations
 
+import json
 import subprocess
 import threading
 from pathlib import Path
@@ -310,3 +311,54 @@ def test_a_join_proof_made_for_another_instance_run_or_nonce_is_the_wrong_key(se
         reply = protocol.read_join_line(join.read_line(s, time.monotonic() + 10), protocol.JoinReply)
     assert not reply.accepted and "does not match this run's key" in reply.reason
     assert server.record()["refused"] == {"wrong-key": 1} and server.handles[1].joined_from is None
+
+
+# --- the listener under a crowd, and what another party wrote shown escaped -----------------------------------
+
+def test_a_crowd_at_1024_descriptors_and_a_join_line_of_escapes_leave_the_copies_to_finish(tmp_path):
+    """Copy 0 (the controller) held to 1,024 descriptors (prlimit on it): `nobody` sends one join whose host name
+    clears the screen, sets the window title and writes a fake green line, then 2,000 connections at once, twice;
+    copy 1 joins in the middle of it and the run ends 0. The refused join's line reaches the console and
+    summary.json with its control characters shown as ``\\x1b``, none sent raw."""
+    import subprocess as sp
+
+    from tests.attacker import AS_NOBODY, require_second_user
+    from tests.launch.helpers import start_podrun, summary, wait_output
+
+    require_second_user()
+    go = tmp_path / "go"
+    m, argv, env = _copies(tmp_path, "--join-window", "40", worker=f"echo up $RANK; while [ ! -e {go} ]; do "
+                                                                   "sleep 0.1; done; echo on $RANK")
+    port = argv(1)[argv(1).index("--join-address") + 1].rsplit(":", 1)[1]
+    run_id = argv(1)[argv(1).index("--run-id") + 1]
+    ctl = start_podrun(*argv(0), env=env, merge=True)
+    crowd = other = None
+    try:
+        said = wait_output(ctl, "up 0", 30)
+        sp.run(["prlimit", "--pid", str(ctl.pid), "--nofile=1024:1024"], check=True)
+        crowd = sp.Popen(["prlimit", "--nofile=8192:8192", *AS_NOBODY, "/usr/bin/python3",
+                          str(SCRIPTS / "hostile_joins.py"), "crowd", port, run_id, "2000", "2"],
+                         stdout=sp.PIPE, text=True)
+        waves = wait_output(crowd, "wave 0:", 60)
+        other = start_podrun(*argv(1), env=env, merge=True)
+        said += wait_output(ctl, "up 1", 60)
+        go.touch()
+        out, _ = ctl.communicate(timeout=60)
+        waves += crowd.communicate(timeout=60)[0]
+        assert other.wait(30) == 0, other.communicate()[0]
+    finally:
+        for p in (ctl, crowd, other):
+            if p is not None:
+                end(p)
+    said += out
+    assert ctl.returncode == 0 and "on 0" in said and "on 1" in said, said
+    counts = [int(line.split()[2]) for line in waves.splitlines() if line.startswith("wave")]
+    assert len(counts) == 2 and min(counts) > 1024, waves        # more than the controller's descriptors
+    assert "\x1b" not in said and "\x07" not in said and "\r" not in said, said
+    host = "\\x1b[2J\\x1b]0;pwned\\x07\\x1b[2K\\x1b[1G\\x1b[32mpodrun:finished-ok\\x1b[0m (pid 4242"
+    line = "no join message: @podrun-join join \\x1b[2J\\x0d\\x1b[32mpodrun: run finished: exit 0\\x1b[0m"
+    assert host in said and line in said, said
+    joins = summary(tmp_path / "runs")["joins"]
+    assert joins["joined"] == 1 and joins["refused"]["wrong-key"] == 1, joins
+    assert host in joins["refusals"][0] and line in joins["refusals"][1], joins
+    assert not any(c in json.dumps(joins, ensure_ascii=False) for c in "\x1b\x07\r"), joins

@@ -212,7 +212,7 @@ class JoinServer:
                 now = time.monotonic()
                 while pending and next(iter(pending.values())).deadline <= now:
                     p = self._forget(sel, pending, next(iter(pending)))
-                    self._refuse(p.conn, p.peer, "malformed", "no join message within the hand-shake's "
+                    self._refuse(p.conn, p.peer, "malformed", "no join line within the hand-shake's "
                                  f"{self.LISTEN_HANDSHAKE_S:g} s")
                 if paused_until is not None and paused_until <= now:
                     paused_until = None
@@ -285,7 +285,11 @@ class JoinServer:
             return
         self._forget(sel, pending, fd)
         p.cpu += time.thread_time() - cpu0
-        self._judge(p, p.got if end >= 0 else b"")
+        if end >= 0:
+            self._judge(p, p.got)
+        else:
+            self._refuse(p.conn, p.peer, "malformed", "the connection closed before a join line" if not data
+                         else f"a join line longer than {wire_join.LINE_LIMIT} bytes")
 
     def _refuse(self, conn: socket.socket, peer: str, reason: str, why: str) -> None:
         """Refuse a join: counted by ``reason``; ``why`` (escaped: another party chose parts of it) on the console and
@@ -312,8 +316,8 @@ class JoinServer:
         conn, peer, nonce = p.conn, p.peer, p.nonce
         msg = protocol.read_join_line(line, protocol.Join)
         if msg is None:
-            return self._refuse(conn, peer, "malformed", "no join message within the hand-shake's "
-                                f"{self.LISTEN_HANDSHAKE_S:g} s")
+            return self._refuse(conn, peer, "malformed", "a line that is no join message: "
+                                + line[:160].decode("utf-8", "replace").rstrip("\r\n"))
         who = f"{msg.hostname} (pid {msg.pid}, {peer})"
         if not wire_join.proof_ok(self.key, nonce, msg):
             return self._refuse(conn, peer, "wrong-key", f"{who}: the proof does not match this run's key "

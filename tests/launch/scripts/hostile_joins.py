@@ -4,8 +4,9 @@
 copy that connects, a challenge, ``ok`` with a made-up proof and a JoinArgs line that would run ``python -c CODE`` in
 WORKDIR; everything the copies sent is appended to LOG. Prints ``listening`` once bound.
 
-``crowd PORT RUN_ID CONNECTIONS WAVES``: first one join line whose host name carries terminal escapes (clear the
-screen, set the window title, a fake green line after a carriage return), its verdict read; then WAVES waves of
+``crowd PORT RUN_ID CONNECTIONS WAVES``: first one join whose host name carries terminal escapes (clear the screen,
+set the window title, a fake green line over the line shown) and one line that is no join, with escapes and a carriage
+return, each verdict read; then WAVES waves of
 CONNECTIONS connections opened at once, waited on (up to 5 s) and closed, printing ``wave N: M connected`` (how
 many the listener's kernel took) before the close.
 """
@@ -15,7 +16,8 @@ import socket
 import sys
 import time
 
-EVIL_HOST = "\x1b[2J\x1b]0;pwned\x07\r\x1b[32mpodrun:finished-ok\x1b[0m"
+EVIL_HOST = "\x1b[2J\x1b]0;pwned\x07\x1b[2K\x1b[1G\x1b[32mpodrun:finished-ok\x1b[0m"   # no white space: one word
+EVIL_LINE = "@podrun-join join \x1b[2J\r\x1b[32mpodrun: run finished: exit 0\x1b[0m"
 
 
 def forge(port: int, version: int, log: str, code: str, workdir: str) -> None:
@@ -49,6 +51,10 @@ def crowd(port: int, run_id: str, count: int, waves: int) -> None:
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
         s.recv(4096)
         s.sendall(f"@podrun-join join {run_id} 1 {EVIL_HOST} 4242 {'0' * 64} {'cd' * 16} copy\n".encode())
+        s.recv(4096)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.recv(4096)
+        s.sendall(f"{EVIL_LINE}\n".encode())
         s.recv(4096)
     for wave in range(waves):
         held = []
