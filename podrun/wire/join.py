@@ -50,6 +50,42 @@ def take_key(environ=None, name: str = KEY_ENV) -> str | None:
     return environ.pop(name, None) or None
 
 
+def user_key_path(environ) -> str:
+    """Where this user's join key is kept: podrun/join.key in the user's configuration directory ($XDG_CONFIG_HOME,
+    else ~/.config), which a cluster's nodes share with the home directory, as ssh keys are."""
+    base = environ.get("XDG_CONFIG_HOME")
+    if not base:
+        home = environ.get("HOME")
+        if not home:
+            import pwd
+
+            home = pwd.getpwuid(os.geteuid()).pw_dir
+        base = os.path.join(home, ".config")
+    return os.path.join(base, "podrun", "join.key")
+
+
+def user_key(path: str) -> str:
+    """This user's join key, kept in ``path`` (user_key_path): a file of this user's alone (0600, not a link, in a
+    directory of theirs that no one else may write), made on first use (exclusively: two copies starting at once
+    on nodes that share the home directory read the one made first). ValueError (one line naming the file, its
+    owner and mode) for a file or directory another user owns or may read or write."""
+    from podrun import safefs
+
+    what = "join key"
+    try:
+        safefs.own_dir(os.path.dirname(path), "directory of the join key")
+        if not os.path.lexists(path):
+            safefs.create_whole(path, (new_key() + "\n").encode(), what)
+        key = safefs.read_trusted(path, what, limit=4096, private=True).decode("utf-8", "replace").strip()
+    except safefs.UnsafePath as exc:
+        raise ValueError(f"{exc.message}; a join key must be yours alone: `chmod 600` it (and `chmod go-w` its "
+                         f"directory), or remove it and podrun makes a new one") from None
+    problem = f"{path} is empty" if not key else key_problem(key, path)
+    if problem is not None:
+        raise ValueError(f"the join key {problem}; remove it and podrun makes a new one")
+    return key
+
+
 def key_problem(key: str | None, name: str = KEY_ENV) -> str | None:
     """Why ``key`` cannot serve as a run key, in words (None: it can)."""
     if key is None:
@@ -207,14 +243,15 @@ def _handshake(sock: socket.socket, address: str, key: str, run_id: str, instanc
     if not reply.accepted:
         raise JoinError(f"the controller at {address} refused instance {instance}: {escape_controls(reply.reason)}")
     if not hmac.compare_digest(reply.proof, controller_proof(key, challenge.nonce, mine, run_id, instance)):
-        raise UnprovenListener(f"the listener at {address} cannot prove this run's key ({KEY_ENV}): it is no controller "
-                        f"of run {run_id} (another process may hold the port); nothing it sent was used")
+        raise UnprovenListener(f"the listener at {address} cannot prove this run's key ({KEY_ENV}): it is no "
+                               f"controller of run {run_id} (another process may hold the port); nothing it sent was "
+                               "used")
     if not copy:
         return (None,)
     args = protocol.read_join_line(read_line(sock, hs_deadline, protocol.READ_LIMIT), protocol.JoinArgs)
     if args is None:
         raise JoinError(f"the controller at {address} sent no arguments for instance {instance}")
     if not hmac.compare_digest(args.mac, args_mac(key, challenge.nonce, mine, run_id, instance, args)):
-        raise UnprovenListener(f"the arguments the controller at {address} sent for instance {instance} do not carry "
-                        f"this run's key's MAC; nothing it sent was used")
+        raise UnprovenListener(f"the arguments the controller at {address} sent for instance {instance} do not "
+                               "carry this run's key's MAC; nothing it sent was used")
     return (args,)

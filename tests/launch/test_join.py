@@ -162,7 +162,6 @@ _STEP = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_
     ({**_STEP, "SLURM_STEP_NUM_TASKS": None}, {}, None),            # the batch script's own step: no copy
     ({**_STEP, "SLURM_STEP_NUM_TASKS": "1"}, {}, None),             # one task: the one podrun of the run
     ({**_STEP, "SLURM_STEP_NUM_TASKS": "4"}, {}, "one podrun per node runs one copy on each node"),
-    ({**_STEP, "PODRUN_JOIN_KEY": None}, {}, "PODRUN_JOIN_KEY is not set"),
     ({**_STEP, "PODRUN_JOIN_KEY": "short"}, {}, "a run key needs at least 16"),
     ({"PODRUN_JOIN_KEY": KEY}, {"node_rank": "1", "nnodes": "2", "master_addr": "h0", "run_id": "r"},
      ("--node-rank", 1, 2, "h0:29400", "r", None)),
@@ -318,8 +317,9 @@ def test_a_join_proof_made_for_another_instance_run_or_nonce_is_the_wrong_key(se
 def test_a_crowd_at_1024_descriptors_and_a_join_line_of_escapes_leave_the_copies_to_finish(tmp_path):
     """Copy 0 (the controller) held to 1,024 descriptors (prlimit on it): `nobody` sends one join whose host name
     clears the screen, sets the window title and writes a fake green line, then 2,000 connections at once, twice;
-    copy 1 joins in the middle of it and the run ends 0. The refused join's line reaches the console and
-    summary.json with its control characters shown as ``\\x1b``, none sent raw."""
+    copy 1 joins in the middle of it and the run ends 0 (the copies' key: the user's key file, no PODRUN_JOIN_KEY).
+    The refused joins' lines reach the console and summary.json with their control characters shown as ``\\x1b``,
+    none sent raw."""
     import subprocess as sp
 
     from tests.attacker import AS_NOBODY, require_second_user
@@ -331,6 +331,7 @@ def test_a_crowd_at_1024_descriptors_and_a_join_line_of_escapes_leave_the_copies
                                                                    "sleep 0.1; done; echo on $RANK")
     port = argv(1)[argv(1).index("--join-address") + 1].rsplit(":", 1)[1]
     run_id = argv(1)[argv(1).index("--run-id") + 1]
+    env = {**{k: v for k, v in env.items() if k != "PODRUN_JOIN_KEY"}, "HOME": str(tmp_path)}   # the user's key file
     ctl = start_podrun(*argv(0), env=env, merge=True)
     crowd = other = None
     try:
@@ -362,3 +363,55 @@ def test_a_crowd_at_1024_descriptors_and_a_join_line_of_escapes_leave_the_copies
     assert joins["joined"] == 1 and joins["refused"]["wrong-key"] == 1, joins
     assert host in joins["refusals"][0] and line in joins["refusals"][1], joins
     assert not any(c in json.dumps(joins, ensure_ascii=False) for c in "\x1b\x07\r"), joins
+    assert (tmp_path / ".config" / "podrun" / "join.key").stat().st_mode & 0o077 == 0
+
+
+# --- the per-user key: copies without PODRUN_JOIN_KEY ------------------------------------------------------------
+
+def test_copies_without_the_variable_share_the_users_key_file_made_once_private_and_the_variable_wins(tmp_path):
+    """An srun copy without PODRUN_JOIN_KEY takes the user's key from ~/.config/podrun/join.key, made on first use
+    (0600, a private directory), the same key on the next copy (nodes sharing the home); set, the variable wins and
+    no file is made. As the attacker: a key file another user owns, or one group or others may write or read, or a
+    link, or a directory of the other user's on the way, is refused in one line naming it (exit 2)."""
+    import os
+    import stat
+
+    from podrun.errors import LaunchError
+    from podrun.launch.copies import detect
+    from tests.attacker import NOBODY
+
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    step = {k: v for k, v in _STEP.items() if k != "PODRUN_JOIN_KEY"}
+    first, second = {**step, "HOME": str(home)}, {**step, "HOME": str(home), "SLURM_PROCID": "0"}
+    assert detect(first, None, None, None, None, None).rank == 1 and detect(second, None, None, None, None, None)
+    path = home / ".config" / "podrun" / "join.key"
+    key = path.read_text().strip()
+    assert first["PODRUN_JOIN_KEY"] == second["PODRUN_JOIN_KEY"] == key and join.key_problem(key) is None
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    other = tmp_path / "other"
+    given = {**step, "HOME": str(other), "PODRUN_JOIN_KEY": KEY}
+    detect(given, None, None, None, None, None)
+    assert given["PODRUN_JOIN_KEY"] == KEY and not other.exists()
+
+    def refused(words, named=path):
+        env = {**step, "HOME": str(home)}
+        with pytest.raises(LaunchError) as exc:
+            detect(env, None, None, None, None, None)
+        assert exc.value.exit_code == 2 and "\n" not in str(exc.value) and str(named) in str(exc.value), exc.value
+        assert words in str(exc.value) and key not in str(exc.value) and "PODRUN_JOIN_KEY" not in env, exc.value
+
+    os.chown(path, NOBODY, NOBODY)                              # another user's file, 0600: they know its key
+    refused("belongs to nobody")
+    os.chown(path, 0, 0)
+    for mode, words in ((0o620, "others may change it"), (0o644, "others may read it")):
+        os.chmod(path, mode)
+        refused(f"mode {mode:04o}")
+    os.chmod(path, 0o600)
+    path.rename(path.with_name("real"))
+    path.symlink_to(path.with_name("real"))
+    refused("symbolic link")
+    path.unlink()
+    path.with_name("real").rename(path)
+    os.chown(path.parent, NOBODY, NOBODY)                       # the other user's directory on the way
+    refused("belongs to nobody", path.parent)
