@@ -70,6 +70,37 @@ def test_an_instance_that_never_joins_is_named_after_the_window_and_a_late_one_i
         join.join(server.address, KEY, "run-a", 2, 5.0)
 
 
+def test_a_listener_out_of_descriptors_pauses_and_goes_on(server):
+    """The controller's process at its descriptor limit while another process holds 60 connections to the join
+    port: the accepts that fail (EMFILE) pause the listener, which goes on; once descriptors are free again an agent
+    joins (the old listener's thread ended at the first EMFILE: no agent could join after it)."""
+    import os
+    import resource
+    import sys
+
+    from tests.launch.helpers import wait_output, wait_until
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 16, hard))
+    crowd = None
+    try:
+        crowd = subprocess.Popen([sys.executable, "-c", "import socket, sys\n"
+                                  f"c = [socket.create_connection(('127.0.0.1', {server.port})) for _ in range(60)]\n"
+                                  "print('held', flush=True); sys.stdin.read()"],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                 preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard)))
+        wait_output(crowd, "held", 30)
+        wait_until(lambda: server.accept_pauses > 0, 10)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        if crowd is not None:
+            crowd.kill()
+            crowd.wait(10)
+    conn, _ = join.join(server.address, KEY, "run-a", 1, 10.0)
+    assert server.accept_pauses > 0 and wait_until(lambda: server.record()["joined"] == 1, 10)
+    conn.close()
+
+
 def test_an_agent_names_the_address_it_cannot_reach_and_a_short_key_is_no_key():
     with pytest.raises(join.JoinError, match=r"cannot join the controller at 127.0.0.1:1 within 0.5 s"):
         join.join("127.0.0.1:1", KEY, "r", 0, 0.5)

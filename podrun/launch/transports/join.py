@@ -166,6 +166,7 @@ class JoinServer:
         self.refusal_lines: list[str] = []          # the first SHOWN_REFUSALS, one line each (escaped)
         self.joined = 0
         self.serial_cpu_s = 0.0                      # the hand-shakes' CPU, of those that succeeded
+        self.accept_pauses = 0                       # accepts that failed for want of descriptors or buffers
         self._count = threading.Lock()
         self._closed = threading.Event()
         self.sock = socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True, backlog=1024) \
@@ -198,6 +199,7 @@ class JoinServer:
                         return
                     if key.data is None:
                         if not self._accept_some(sel, pending):
+                            self.accept_pauses += 1
                             sel.unregister(self.sock)
                             paused_until = time.monotonic() + self.ACCEPT_PAUSE_S
                             self._drop_oldest(sel, pending)
