@@ -1,8 +1,9 @@
 """The controller's join listener: agents started by a launcher (srun) connect, prove the run's key, and become handles.
 
-``JoinServer`` listens on a TCP port (all interfaces; the address the agents are given is ``address``), and for
-each connection runs the hand-shake (podrun.wire.join): it refuses, in one line each and counted by reason, an agent
-that fails the key, names another run, an instance this run does not have, or one that has joined already. An agent
+``JoinServer`` listens on a TCP port (all interfaces; the address the agents are given is ``address``), and runs
+every connection's hand-shake (podrun.wire.join) on one thread, a bounded number at a time: it refuses, in one line
+each (escaped: the peer chose parts of it) and counted by reason, an agent that fails the key, names another run, an
+instance this run does not have, or one that has joined already, and proves the key in turn to one that passes. An agent
 it accepts becomes its instance's ``JoinedHandle``: the connection carries the agent's protocol lines (read by the
 line hub, as a pipe is) and the controller's tokens (heartbeats, ``S``, the stops), so that supervision is what it is
 for an agent the controller started. An instance that has not joined within the join window ends as a lost host,
