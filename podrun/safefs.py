@@ -250,13 +250,10 @@ def create_whole(path, data: bytes, what: str, *, error: type[PodrunError] = Uns
     into a new file with a random name beside it, then linked to ``path``, which must not exist (nothing, not even a
     link, is replaced); True when made, False when ``path`` was there already (another process made it first)."""
     path = os.fspath(path)
-    tmp = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.tmp-{os.urandom(6).hex()}")
+    d = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(d, f".{os.path.basename(path)}.tmp-{os.urandom(6).hex()}")
     try:
-        fd = create_new(tmp)
-    except OSError as exc:
-        raise error(f"cannot write the {what} {path}: {exc.strerror or exc}") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
+        with os.fdopen(create_new(tmp), "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -264,6 +261,9 @@ def create_whole(path, data: bytes, what: str, *, error: type[PodrunError] = Uns
         return True
     except FileExistsError:
         return False
+    except OSError as exc:
+        raise error(f"cannot write the {what} {path}: {exc.strerror or exc}",
+                    hint="is the disk full or read-only?") from None
     finally:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
