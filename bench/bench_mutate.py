@@ -36,6 +36,7 @@ COPIED = ("podrun", "tests", "bench", "recipes", "cluster_specs", "docs", "pypro
 
 AGENT = "tests/host/test_agent.py::"
 FAULTS = "tests/train/test_checkpoint_faults.py::"
+JOIN = "tests/launch/test_join.py::"
 # defence module -> the fast tests that guard it (pytest arguments, the fastest first: a run stops at its first
 # failure; a glob must match at least one file)
 GUARDS = {
@@ -74,12 +75,23 @@ GUARDS = {
     "podrun/launch/transports/local.py": [
         "tests/launch/test_secrets_argv.py::test_env_values_are_on_no_command_line_local",
         "tests/security/test_defence_mutants.py"],
+    "podrun/wire/join.py": [
+        JOIN + "test_a_controller_that_proves_the_key_over_both_nonces_the_run_and_the_instance_is_the_only_one_"
+               "believed",
+        JOIN + "test_a_join_proof_made_for_another_instance_run_or_nonce_is_the_wrong_key",
+        JOIN + "test_an_agent_that_proves_the_key_joins_and_the_rest_are_refused_in_one_line_each",
+        JOIN + "test_an_agent_names_the_address_it_cannot_reach_and_a_short_key_is_no_key",
+        JOIN + "test_copies_without_the_variable_share_the_users_key_file_made_once_private_and_the_variable_wins",
+        JOIN + "test_a_forged_controller_holding_the_join_port_gets_nothing_run_and_no_secret"],
 }
 
 # where a module holds more than the defence, the functions that hold it (the other functions are not mutated)
 SCOPES = {
     "podrun/host/link.py": ("emit", "link_close"),                  # nothing written once closed or lost
     "podrun/launch/transports/local.py": ("start",),                 # the agents' env, argv, session, stdin copy
+    # the proofs both ways, the args' MAC, the key's checks and the agent's side of the hand-shake (not addresses)
+    "podrun/wire/join.py": ("_mac", "proof", "proof_ok", "controller_proof", "args_mac", "with_mac", "user_key",
+                            "key_problem", "read_line", "_handshake"),
     # the directories, files, HMACs and receiving of snapshots (not the writer's threading or the state's freezing)
     "podrun/runtime/snapshot.py": ("check_private", "make_private", "open_dir", "prepare_dirs", "_read_small",
                                    "_listed", "_mac", "_digest", "_open_data", "_commit", "_uncommit", "put",

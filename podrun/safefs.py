@@ -245,6 +245,30 @@ def write_file(path, data: bytes | str, what: str, *, mode: int = FILE_MODE, err
     return Path(path)
 
 
+def create_whole(path, data: bytes, what: str, *, error: type[PodrunError] = UnsafePath) -> bool:
+    """``data`` as the new file ``path`` (FILE_MODE) in a directory the caller checked, whole or not at all: written
+    into a new file with a random name beside it, then linked to ``path``, which must not exist (nothing, not even a
+    link, is replaced); True when made, False when ``path`` was there already (another process made it first)."""
+    path = os.fspath(path)
+    d = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(d, f".{os.path.basename(path)}.tmp-{os.urandom(6).hex()}")
+    try:
+        with os.fdopen(create_new(tmp), "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.link(tmp, path, follow_symlinks=False)
+        return True
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        raise error(f"cannot write the {what} {path}: {exc.strerror or exc}",
+                    hint="is the disk full or read-only?") from None
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
 def create_new(path, *, mode: int = FILE_MODE, append: bool = False) -> int:
     """A descriptor of a new file ``path`` (O_CREAT|O_EXCL|O_NOFOLLOW, ``mode``): nothing, not even a link, may
     stand in its place (FileExistsError). For files whose directory the caller made private."""
@@ -369,17 +393,18 @@ def _trusted_dir_problem(path, shared_dir: bool) -> str | None:
 
 
 def read_trusted(path, what: str, *, limit: int, error: type[PodrunError] = UnsafePath,
-                 shared_dir: bool = True) -> bytes:
+                 shared_dir: bool = True, private: bool = False) -> bytes:
     """The bytes of a file that decides what podrun does (launch.json, plan.json, a checkpoint, a calibration, a
     snapshot, control.pid), read only when no one but this user (and root) can have written it: its directory and
     every one on the way pass the checks (its own directory a real one of this user or root, no group/other write;
     with ``shared_dir`` False not readable by others either), and the file is a regular file of this user or root,
-    not a link (O_NOFOLLOW), writable by no one else, at most ``limit`` bytes."""
+    not a link (O_NOFOLLOW), writable by no one else (with ``private``: readable by no one else either, as a
+    key), at most ``limit`` bytes."""
     path = os.fspath(path)
     problem = _trusted_dir_problem(path, shared_dir)
     if problem is not None:
         raise _refuse(problem, what, error, None)
-    fd, st = _open_checked(path, os.O_RDONLY | os.O_NONBLOCK, what, error, shared_read=True)
+    fd, st = _open_checked(path, os.O_RDONLY | os.O_NONBLOCK, what, error, shared_read=not private)
     try:
         if st.st_size > limit:
             raise error(f"{what} {path}: larger than {limit} bytes ({st.st_size})")

@@ -6,7 +6,8 @@ run's controller: it runs instance 0's agent on its own host and listens on the 
 address as its node rank's instance, proving the run's key (podrun.wire.join), receives the agent's arguments and
 becomes that agent (``become_agent``: exec, the connection kept). The key is a secret every copy shares, which no
 copy can derive from what Slurm or a launcher gives them all (job and step ids, host names are known to others): it
-comes from their environment, PODRUN_JOIN_KEY, set by the job script from a private file. The copies meet on the
+comes from their environment, PODRUN_JOIN_KEY, where set; else it is the user's own key, kept in a private file in
+the home directory that the nodes share (podrun.wire.join.user_key: made on first use). The copies meet on the
 join address: --join-address HOST:PORT, else the host of node rank 0 (the first node of the step under srun, else
 --master-addr) and JOIN_PORT.
 """
@@ -44,22 +45,28 @@ def detect(environ, node_rank: str | None, nnodes: str | None, master_addr: str 
     """This podrun's Copy when it is one of several: a task of an srun step of more than one task (SLURM_PROCID,
     SLURM_STEP_NUM_TASKS, SLURM_STEP_NODELIST), or started with torchrun's --node-rank and --nnodes N (N > 1, with
     --master-addr); None for the one podrun of a run (--node-rank alone is refused as before). A LaunchError
-    (exit 2) for copies that cannot meet: no key, a node rank outside --nnodes, no --master-addr, no run id they
-    share."""
+    (exit 2) for copies that cannot meet: a key file another user could know or change, a node rank outside
+    --nnodes, no --master-addr, no run id they share. Without PODRUN_JOIN_KEY in ``environ`` the user's key file's
+    key is put there, as the variable would be (taken out of it before any worker starts)."""
     copy = _slurm_copy(environ, run_id, join_address)
     if copy is None and node_rank is not None and nnodes is not None and nnodes.isdigit() and int(nnodes) > 1:
         copy = _torchrun_copy(node_rank, int(nnodes), master_addr, run_id, join_address)
     if copy is None:
         return None
+    if environ.get(wire_join.KEY_ENV) is None:       # the variable wins; else this user's key, kept as ssh keys are
+        path = wire_join.user_key_path(environ)
+        try:
+            environ[wire_join.KEY_ENV] = wire_join.user_key(path)   # taken out again before any worker starts
+        except ValueError as exc:
+            raise LaunchError(f"copy {copy.rank} of {copy.count} ({copy.source}): {exc}") from None
     problem = wire_join.key_problem(environ.get(wire_join.KEY_ENV))
     if problem is not None:
         raise LaunchError(
             f"this podrun launch is copy {copy.rank} of {copy.count} ({copy.source}): copy 0 becomes the run's "
             f"controller and the others join it as its agents, proving a key every copy shares; {problem}",
-            hint=f"put a secret in a private file once (umask 077; python3 -c 'import secrets; "
-                 f"print(secrets.token_hex(32))' > ~/.podrun-join-key) and export {wire_join.KEY_ENV}=$(cat "
-                 f"~/.podrun-join-key) before srun; or run one podrun launch for the whole job (--transport srun), "
-                 f"which makes a key of its own")
+            hint=f"unset {wire_join.KEY_ENV} to use your own key file ({wire_join.user_key_path(environ)}, made on "
+                 "first use), or set it to a secret of 64 hex digits (python3 -c 'import secrets; "
+                 "print(secrets.token_hex(32))')")
     return copy
 
 
@@ -145,6 +152,8 @@ def become_agent(copy: Copy, env_items: tuple[str, ...], window: float | None) -
     bound = window if window is not None else FIRST_HEARTBEAT_S
     try:
         conn, args = wire_join.join(copy.address, key, copy.run_id, copy.rank, bound, copy=True)
+    except wire_join.UnprovenListener as exc:        # one line: what to do depends on who holds the port
+        raise LaunchError(f"copy {copy.rank} of {copy.count} ({copy.source}): {exc}") from None
     except wire_join.JoinError as exc:
         raise LaunchError(f"copy {copy.rank} of {copy.count} ({copy.source}): {exc}",
                           hint="start copy 0 (node rank 0) too, with the same command line and key") from None

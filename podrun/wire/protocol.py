@@ -264,7 +264,7 @@ class StepSplit:
 
 #: the hand-shake's lines, before the protocol's, on an agent's TCP connection to its controller (podrun.wire.join)
 JOIN_PREFIX = "@podrun-join "
-JOIN_VERSION = 1
+JOIN_VERSION = 2                # 2: the controller proves the key too, and its arguments carry a MAC
 
 
 @dataclass(frozen=True)
@@ -280,8 +280,9 @@ class JoinChallenge(Message):
 @dataclass(frozen=True)
 class Join(Message):
     """The agent's answer: it runs ``instance`` of run ``run_id`` on ``hostname`` as process ``pid``; ``proof`` is
-    the HMAC of the nonce, run id and instance with the run's key (podrun.wire.join.proof): the key never travels;
-    ``copy``: the controller follows its ``ok`` with a ``JoinArgs``."""
+    the HMAC of both nonces, the run id and the instance with the run's key (podrun.wire.join.proof): the key never
+    travels; ``nonce``: the agent's own fresh nonce, which the controller's proof must cover in turn; ``copy``: the
+    controller follows its ``ok`` with a ``JoinArgs``."""
 
     KIND = "join"
     run_id: str
@@ -289,47 +290,59 @@ class Join(Message):
     hostname: str
     pid: int
     proof: str
+    nonce: str = ""
     copy: bool = False          # a copy of `podrun launch` (podrun.launch.copies): it asks for its agent's arguments
 
 
 @dataclass(frozen=True)
 class JoinReply(Message):
-    """The controller's verdict: ``ok`` (the protocol follows, both ways), or ``refused`` and why, in words."""
+    """The controller's verdict: ``ok`` and its own ``proof`` of the key over both nonces, the run id and the
+    instance (podrun.wire.join.controller_proof; the protocol follows, both ways), or ``refused`` and why, in
+    words (which the agent cannot trust: any listener can say it)."""
 
     KIND = "joined"
     accepted: bool
     reason: str = ""
+    proof: str = ""
 
     def encode(self) -> str:
-        return "ok" if self.accepted else f"refused {self.reason}".rstrip()
+        return f"ok {self.proof}".rstrip() if self.accepted else f"refused {self.reason}".rstrip()
 
     @classmethod
     def decode(cls, text: str) -> "JoinReply":
-        verdict, _, reason = text.partition(" ")
+        verdict, _, rest = text.partition(" ")
         if verdict not in ("ok", "refused"):
             raise ValueError(f"not a join reply: {text[:40]!r}")
-        return cls(verdict == "ok", reason)
+        return cls(True, "", rest) if verdict == "ok" else cls(False, rest)
 
 
 @dataclass(frozen=True)
 class JoinArgs(Message):
     """To a copy of `podrun launch` that joined: the agent it becomes, ``argv`` (python -m podrun.host.agent and its
-    options, podrun.wire.agent_args) run in ``workdir``; JSON on one line."""
+    options, podrun.wire.agent_args) run in ``workdir``; ``mac``: the HMAC of them with the run's key over the
+    hand-shake's nonces (podrun.wire.join.args_mac), so that only the controller that proved the key can name
+    them; JSON on one line."""
 
     KIND = "args"
     argv: tuple[str, ...]
     workdir: str
+    mac: str = ""
+
+    def body(self) -> str:
+        """What the MAC covers: the argv and the workdir, as JSON."""
+        return to_json({"argv": list(self.argv), "workdir": self.workdir})
 
     def encode(self) -> str:
-        return to_json({"argv": list(self.argv), "workdir": self.workdir})
+        return to_json({"argv": list(self.argv), "workdir": self.workdir, "mac": self.mac})
 
     @classmethod
     def decode(cls, text: str) -> "JoinArgs":
         rec = from_json(text)
-        argv, workdir = (rec or {}).get("argv"), (rec or {}).get("workdir")
-        if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv) or not isinstance(workdir, str):
-            raise ValueError("an args line is {argv: [str], workdir: str}")
-        return cls(tuple(argv), workdir)
+        argv, workdir, mac = ((rec or {}).get(k) for k in ("argv", "workdir", "mac"))
+        if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv) or not isinstance(workdir, str) \
+                or not isinstance(mac, str):
+            raise ValueError("an args line is {argv: [str], workdir: str, mac: str}")
+        return cls(tuple(argv), workdir, mac)
 
 
 def join_line(message: Message) -> bytes:

@@ -205,18 +205,17 @@ def test_srun_agents_fork_each_nodes_workers_from_one_zygote(slurm_cluster, tmp_
 
 @pytest.mark.timeout(150)
 def test_srun_podrun_launch_runs_one_podrun_per_node_as_one_run(slurm_cluster, tmp_path):
-    """`srun --ntasks-per-node=1 podrun launch ...` in a 2-node job (the key from the job's environment): copy 0 is
-    the controller, copy 1 joins it as node2's agent; the all_reduce spans both nodes, with one summary.json and one
+    """`srun --ntasks-per-node=1 podrun launch ...` in a 2-node job, no PODRUN_JOIN_KEY: both copies take the user's
+    key file, made on first use by whichever comes first (the nodes share the home directory); copy 0 is the
+    controller, copy 1 joins it as node2's agent; the all_reduce spans both nodes, with one summary.json and one
     run directory, and each node's 2 workers are forked by its zygote (torch imported once a node); the batch
     step's own podrun-free shell is no copy."""
-    import secrets
-
     sl = slurm_cluster
     out = tmp_path / "job.out"
     launch = [*PODRUN, "launch", "--devices-per-host", "2", "--runs-dir", str(tmp_path / "runs"), "--",
               sys.executable, ALLREDUCE]
     job = sl.sbatch(["-N2", f"--output={out}", f"--chdir={tmp_path}", "--wrap",
-                     "srun --ntasks-per-node=1 " + shlex.join(launch)], env={"PODRUN_JOIN_KEY": secrets.token_hex(32)})
+                     "srun --ntasks-per-node=1 " + shlex.join(launch)], env={"HOME": str(tmp_path / "home")})
     info = sl.wait_job(job, timeout=120)
     text = out.read_text()
     assert info["ExitCode"] == "0:0", text
@@ -228,6 +227,7 @@ def test_srun_podrun_launch_runs_one_podrun_per_node_as_one_run(slurm_cluster, t
     res = results(text)
     assert sorted((r["rank"], r["sum"], r["world"]) for r in res) == [(r, 10.0, 4) for r in range(4)], text
     assert_forked_per_host(res, sl.nodes[:2], 2)
+    assert (tmp_path / "home" / ".config" / "podrun" / "join.key").stat().st_mode & 0o777 == 0o600
 
 
 @pytest.mark.timeout(60)

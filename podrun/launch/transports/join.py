@@ -1,8 +1,9 @@
 """The controller's join listener: agents started by a launcher (srun) connect, prove the run's key, and become handles.
 
-``JoinServer`` listens on a TCP port (all interfaces; the address the agents are given is ``address``), and for
-each connection runs the hand-shake (podrun.wire.join): it refuses, in one line each and counted by reason, an agent
-that fails the key, names another run, an instance this run does not have, or one that has joined already. An agent
+``JoinServer`` listens on a TCP port (all interfaces; the address the agents are given is ``address``), and runs
+every connection's hand-shake (podrun.wire.join) on one thread, a bounded number at a time: it refuses, in one line
+each (escaped: the peer chose parts of it) and counted by reason, an agent that fails the key, names another run, an
+instance this run does not have, or one that has joined already, and proves the key in turn to one that passes. An agent
 it accepts becomes its instance's ``JoinedHandle``: the connection carries the agent's protocol lines (read by the
 line hub, as a pipe is) and the controller's tokens (heartbeats, ``S``, the stops), so that supervision is what it is
 for an agent the controller started. An instance that has not joined within the join window ends as a lost host,
@@ -23,6 +24,7 @@ from collections import Counter
 from dataclasses import replace
 
 from podrun.launch.transports.base import InstanceHandle, Problem, StreamMerger, Transport
+from podrun.redaction import escape_controls
 from podrun.wire import join as wire_join, protocol
 
 #: summary.json's ``joins.refused`` keys: why a connection was refused
@@ -129,8 +131,31 @@ class JoinedHandle(InstanceHandle):
             self.sock.close()
 
 
+class _Pending:
+    """A hand-shake in flight: the connection, where from, the nonce it was sent, what came of its line so far, when
+    it is given up, and the listener's CPU spent on it."""
+
+    __slots__ = ("conn", "peer", "nonce", "got", "deadline", "cpu")
+
+    def __init__(self, conn: socket.socket, peer: str, nonce: str, deadline: float):
+        self.conn, self.peer, self.nonce, self.deadline = conn, peer, nonce, deadline
+        self.got, self.cpu = b"", 0.0
+
+
 class JoinServer:
-    """The listening socket and its accepting thread; ``handles`` has one JoinedHandle per expected instance."""
+    """The listening socket and the one thread that serves it (accepts, and every hand-shake in flight, through a
+    selector: no thread per connection, no polling); ``handles`` has one JoinedHandle per expected instance.
+
+    It cannot be starved: at most PENDING hand-shakes are in flight, each given up LISTEN_HANDSHAKE_S after its
+    connection came (a newer connection closes the oldest one when all are taken: an agent answers its challenge at
+    once, and one closed before its verdict tries again), and an accept that fails for want of descriptors or
+    buffers (EMFILE, ENFILE, ENOBUFS, ENOMEM) frees the oldest and pauses accepting for ACCEPT_PAUSE_S, then goes
+    on."""
+
+    PENDING = 128
+    LISTEN_HANDSHAKE_S = 5.0
+    ACCEPT_PAUSE_S = 0.05
+    SHOWN_REFUSALS = 20             # refusal lines on the console and in summary.json; the rest are counted
 
     def __init__(self, run_id: str, key: str, instances: dict[int, str], *, advertise: str, port: int = 0,
                  window: float = 60.0, args_for=None):
@@ -139,52 +164,163 @@ class JoinServer:
         self.run_id, self.key, self.window, self.args_for = run_id, key, window, args_for
         self.handles = {i: JoinedHandle(i, host) for i, host in instances.items()}
         self.refused: Counter = Counter()
-        self.refusal_lines: list[str] = []          # one line each, for the instance logs' reader and tests
+        self.refusal_lines: list[str] = []          # the first SHOWN_REFUSALS, one line each (escaped)
         self.joined = 0
         self.serial_cpu_s = 0.0                      # the hand-shakes' CPU, of those that succeeded
+        self.accept_pauses = 0                       # accepts that failed for want of descriptors or buffers
         self._count = threading.Lock()
         self._closed = threading.Event()
         self.sock = socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True, backlog=1024) \
             if socket.has_dualstack_ipv6() else socket.create_server(("", port), backlog=1024)
+        self.sock.setblocking(False)
         self.port = self.sock.getsockname()[1]
         self.address = wire_join.format_address(advertise, self.port)
         self.started = time.monotonic()
-        threading.Thread(target=self._accept, daemon=True).start()
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._serving = threading.Thread(target=self._serve, daemon=True)
+        self._serving.start()
         threading.Thread(target=self._window, daemon=True).start()
 
-    def _accept(self) -> None:
-        while not self._closed.is_set():
+    # -- the one thread: accepts and hand-shakes --------------------------------------------------------------
+    def _serve(self) -> None:
+        import selectors
+
+        sel = selectors.DefaultSelector()
+        sel.register(self.sock, selectors.EVENT_READ, None)
+        sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        pending: dict[int, _Pending] = {}            # by descriptor, the oldest first
+        paused_until: float | None = None
+        try:
+            while not self._closed.is_set():
+                now = time.monotonic()
+                due = [t for t in (paused_until, next(iter(pending.values())).deadline if pending else None)
+                       if t is not None]
+                for key, _ in sel.select(max(0.0, min(due) - now) if due else None):
+                    if key.data == "wake":
+                        return
+                    if key.data is None:
+                        if not self._accept_some(sel, pending):
+                            self.accept_pauses += 1
+                            sel.unregister(self.sock)
+                            paused_until = time.monotonic() + self.ACCEPT_PAUSE_S
+                            self._drop_oldest(sel, pending)
+                    elif key.fd in pending:
+                        try:
+                            self._read(sel, pending, key.fd)
+                        except OSError:           # out of descriptors for its line hub (os.dup): lost, as any
+                            pending.pop(key.fd, None)
+                            with contextlib.suppress(KeyError, ValueError):
+                                sel.unregister(key.fileobj)
+                            key.fileobj.close()
+                now = time.monotonic()
+                while pending and next(iter(pending.values())).deadline <= now:
+                    p = self._forget(sel, pending, next(iter(pending)))
+                    self._refuse(p.conn, p.peer, "malformed", "no join line within the hand-shake's "
+                                 f"{self.LISTEN_HANDSHAKE_S:g} s")
+                if paused_until is not None and paused_until <= now:
+                    paused_until = None
+                    sel.register(self.sock, selectors.EVENT_READ, None)
+        finally:
+            for p in pending.values():
+                p.conn.close()
+            sel.close()
+            with contextlib.suppress(OSError):
+                self.sock.close()
+            os.close(self._wake_r)
+
+    def _accept_some(self, sel, pending: dict) -> bool:
+        """Accept what waits (a bounded number at a time); False when the system is out of descriptors or buffers."""
+        import errno
+        import selectors
+
+        for _ in range(64):
+            cpu0 = time.thread_time()
             try:
                 conn, peer = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return True
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    return False
+                continue                         # ECONNABORTED, EPROTO, a peer's reset: the next one
+            if len(pending) >= self.PENDING:
+                self._drop_oldest(sel, pending)
+            nonce = secrets.token_hex(16)
+            try:
+                conn.setblocking(False)
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                conn.send(protocol.join_line(protocol.JoinChallenge(protocol.JOIN_VERSION, nonce)))
             except OSError:
-                return
-            threading.Thread(target=self._handshake, args=(conn, peer[0]), daemon=True).start()
+                conn.close()
+                continue
+            p = _Pending(conn, peer[0], nonce, time.monotonic() + self.LISTEN_HANDSHAKE_S)
+            p.cpu = time.thread_time() - cpu0
+            pending[conn.fileno()] = p
+            sel.register(conn, selectors.EVENT_READ, "conn")
+        return True
+
+    def _forget(self, sel, pending: dict, fd: int) -> _Pending:
+        p = pending.pop(fd)
+        sel.unregister(p.conn)
+        return p
+
+    def _drop_oldest(self, sel, pending: dict) -> None:
+        """Close the oldest hand-shake in flight (an agent's tries again), uncounted: a crowd of them is no one's."""
+        if pending:
+            self._forget(sel, pending, next(iter(pending))).conn.close()
+
+    def _read(self, sel, pending: dict, fd: int) -> None:
+        """What came on a hand-shake's connection: taken up to its line's end, nothing after it (the protocol's
+        lines follow, read by the line hub); the whole line is judged at once."""
+        p = pending[fd]
+        cpu0 = time.thread_time()
+        try:
+            data = p.conn.recv(wire_join.LINE_LIMIT - len(p.got), socket.MSG_PEEK)
+            end = data.find(b"\n")
+            if data:
+                p.got += p.conn.recv(end + 1 if end >= 0 else len(data))
+        except BlockingIOError:
+            return
+        except OSError:
+            data, end = b"", -1
+        if end < 0 and data and len(p.got) < wire_join.LINE_LIMIT:
+            p.cpu += time.thread_time() - cpu0
+            return
+        self._forget(sel, pending, fd)
+        p.cpu += time.thread_time() - cpu0
+        if end >= 0:
+            self._judge(p, p.got)
+        else:
+            self._refuse(p.conn, p.peer, "malformed", "the connection closed before a join line" if not data
+                         else f"a join line longer than {wire_join.LINE_LIMIT} bytes")
 
     def _refuse(self, conn: socket.socket, peer: str, reason: str, why: str) -> None:
-        line = f"refused a join from {peer}: {why}"
+        """Refuse a join: counted by ``reason``; ``why`` (escaped: another party chose parts of it) on the console and
+        in summary.json, for the first SHOWN_REFUSALS; sent to the peer; the connection closed."""
+        line = escape_controls(f"refused a join from {peer}: {why}")
         with self._count:
             self.refused[reason] += 1
-            self.refusal_lines.append(line)
+            shown = len(self.refusal_lines) < self.SHOWN_REFUSALS
+            if shown:
+                self.refusal_lines.append(line)
+            last = sum(self.refused.values()) == self.SHOWN_REFUSALS + 1
         with contextlib.suppress(OSError, ValueError):     # the console's, as the supervisor's notices
-            sys.stderr.write(f"podrun: {line}\n")
+            if shown:
+                sys.stderr.write(f"podrun: {line}\n")
+            elif last:
+                sys.stderr.write("podrun: more joins refused: counted by reason in summary.json (joins.refused)\n")
         with contextlib.suppress(OSError):
-            conn.sendall(protocol.join_line(protocol.JoinReply(False, why)))
+            conn.send(protocol.join_line(protocol.JoinReply(False, escape_controls(why))), socket.MSG_DONTWAIT)
         conn.close()
 
-    def _handshake(self, conn: socket.socket, peer: str) -> None:
+    def _judge(self, p: _Pending, line: bytes) -> None:
+        """The verdict on a hand-shake's join line."""
         cpu0 = time.thread_time()
-        nonce = secrets.token_hex(16)
-        try:
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn.sendall(protocol.join_line(protocol.JoinChallenge(protocol.JOIN_VERSION, nonce)))
-            line = wire_join.read_line(conn, time.monotonic() + wire_join.HANDSHAKE_S)
-        except OSError:
-            conn.close()
-            return
+        conn, peer, nonce = p.conn, p.peer, p.nonce
         msg = protocol.read_join_line(line, protocol.Join)
         if msg is None:
-            return self._refuse(conn, peer, "malformed", "no join message within the hand-shake's "
-                                f"{wire_join.HANDSHAKE_S:g} s")
+            return self._refuse(conn, peer, "malformed", "a line that is no join message: "
+                                + line[:160].decode("utf-8", "replace").rstrip("\r\n"))
         who = f"{msg.hostname} (pid {msg.pid}, {peer})"
         if not wire_join.proof_ok(self.key, nonce, msg):
             return self._refuse(conn, peer, "wrong-key", f"{who}: the proof does not match this run's key "
@@ -195,6 +331,9 @@ class JoinServer:
         if handle is None:
             return self._refuse(conn, peer, "no-such-instance", f"{who} joins as instance {msg.instance}; this run "
                                 f"has instances 0-{len(self.handles) - 1}")
+        if msg.copy and self.args_for is None:
+            return self._refuse(conn, peer, "malformed", f"{who} is a copy of podrun launch, and this run starts "
+                                "its agents itself")
         with handle._lock:
             taken = handle._claimed or handle.lost_why is not None
             handle._claimed = True              # a second join for it is refused from now on
@@ -202,20 +341,30 @@ class JoinServer:
             first = handle.joined_from or "none: its join window had ended"
             return self._refuse(conn, peer, "joined-already", f"{who} joins as instance {msg.instance}, which "
                                 f"has joined already (from {first})")
-        if msg.copy and self.args_for is None:
-            return self._refuse(conn, peer, "malformed", f"{who} is a copy of podrun launch, and this run starts "
-                                "its agents itself")
+        reply = protocol.join_line(protocol.JoinReply(True, proof=wire_join.controller_proof(
+            self.key, nonce, msg.nonce, self.run_id, msg.instance)))
+        if msg.copy:
+            reply += protocol.join_line(wire_join.with_mac(self.key, nonce, msg.nonce, self.run_id, msg.instance,
+                                                           self.args_for(msg.instance)))
         try:
-            conn.sendall(protocol.join_line(protocol.JoinReply(True)))
-            if msg.copy:
-                conn.sendall(protocol.join_line(self.args_for(msg.instance)))
+            conn.setblocking(True)
+            conn.settimeout(self.LISTEN_HANDSHAKE_S)     # a few kB into a new connection's buffer
+            conn.sendall(reply)
         except OSError:
             pass                                  # its stream ends at once: the instance is lost, as any
         conn.settimeout(None)
-        handle.attach(conn, f"{msg.hostname} pid {msg.pid}")
+        try:
+            handle.attach(conn, escape_controls(f"{msg.hostname} pid {msg.pid}"))
+        except OSError as exc:                    # no descriptor for its line hub: lost, named
+            conn.close()
+            with handle._lock:
+                handle._claimed = False
+            handle.give_up(f"instance {msg.instance} (host {handle.label}) joined, but the controller could not "
+                           f"read its connection: {exc.strerror or exc}")
+            return
         with self._count:
             self.joined += 1
-            self.serial_cpu_s += time.thread_time() - cpu0
+            self.serial_cpu_s += p.cpu + time.thread_time() - cpu0
 
     def _window(self) -> None:
         """After the join window, every instance not joined ends, named."""
@@ -239,9 +388,15 @@ class JoinServer:
                 "cpu_ms_per_join": round(1000 * self.serial_cpu_s / self.joined, 3) if self.joined > 0 else None}
 
     def close(self) -> None:
+        """Stop listening: the serving thread closes the socket and every hand-shake in flight."""
+        if self._closed.is_set():
+            return
         self._closed.set()
         with contextlib.suppress(OSError):
-            self.sock.close()
+            os.write(self._wake_w, b"x")
+        self._serving.join(5.0)
+        with contextlib.suppress(OSError):
+            os.close(self._wake_w)
 
 
 class JoiningLauncher:
