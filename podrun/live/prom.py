@@ -7,6 +7,8 @@ from __future__ import annotations
 import errno
 import json
 import os
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from podrun.wire.protocol import SPLIT_PARTS
 
 TARGETS = "prometheus-targets.json"     # the run directory's file_sd target file
 SD_MODE = 0o644                          # a Prometheus server running as its own user reads it
+LINGER_MAX_S = 30.0                      # the longest the endpoint waits at the end for its scraper's last visit
 MISSING = ("podrun: --metrics-port needs prometheus_client (pip install 'podrun[metrics]'); "
            "the run goes on without its metrics endpoint")
 
@@ -52,6 +55,8 @@ class _Collector:
 
     def __init__(self, snapshot):
         self.snapshot = snapshot
+        self.scrapes: list[float] = []        # the last two scrapes' times (monotonic)
+        self.scraped = threading.Condition()
 
     def describe(self):
         return []
@@ -59,7 +64,11 @@ class _Collector:
     def collect(self):
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+        began = time.monotonic()
         s = self.snapshot()
+        with self.scraped:
+            self.scrapes = [*self.scrapes[-1:], began]
+            self.scraped.notify_all()
         base = ["run_id", "recipe", "cluster"]
         b = [s.get("run_id"), s.get("recipe"), s.get("cluster")]
         g = GaugeMetricFamily
@@ -106,7 +115,9 @@ class MetricsServer(RunObserver):
 
         self.opts, self.state = opts, state
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Collector(state.snapshot))
+        self.collector = _Collector(state.snapshot)
+        registry.register(self.collector)
+        self.final_at: float | None = None
         try:
             self.httpd, self.thread = start_http_server(opts.port, opts.address, registry)
         except OSError as exc:
@@ -120,8 +131,11 @@ class MetricsServer(RunObserver):
 
     @property
     def target(self) -> str:
+        """Where a server scrapes it: the address it listens on, this machine's name where that is every address."""
+        import socket
+
         host = self.opts.address
-        host = "127.0.0.1" if host in ("", "0.0.0.0") else "::1" if host == "::" else host
+        host = socket.getfqdn() if host in ("", "0.0.0.0", "::") else host
         return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
 
     def started(self, request) -> str:
@@ -136,9 +150,25 @@ class MetricsServer(RunObserver):
             self.written.append(p)
         return f"metrics on http://{self.target}/metrics"
 
+    def recorded(self, summary: dict) -> None:
+        self.final_at = time.monotonic()
+
+    def linger(self) -> None:
+        """A server that scrapes this endpoint gets one visit after the run's last record, so that its figures end
+        equal to summary.json's: the endpoint waits up to one and a half of its scrape intervals (at most
+        LINGER_MAX_S); one never scraped twice is not waited for."""
+        c = self.collector
+        with c.scraped:
+            if len(c.scrapes) < 2 or self.final_at is None:
+                return
+            deadline = time.monotonic() + min(1.5 * (c.scrapes[1] - c.scrapes[0]), LINGER_MAX_S)
+            while c.scrapes[-1] < self.final_at and time.monotonic() < deadline:
+                c.scraped.wait(max(deadline - time.monotonic(), 0.01))
+
     def close(self) -> None:
         if self.httpd is None:
             return
+        self.linger()
         for p in self.written:
             try:
                 os.unlink(p)
