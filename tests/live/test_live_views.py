@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from podrun.rundir.account import CATEGORIES
-from tests.launch.helpers import podrun, wait_until
+from tests.harness.podrun_proc import end, ssh_launch_args
+from tests.launch.helpers import marker, podrun, podrun_popen, wait_output, wait_until
 from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -151,6 +152,46 @@ def test_a_digits_run_is_seen_live_in_prometheus_tensorboard_and_top(prometheus,
         assert [n for n, _ in got] == [r["step"] for r in steps], tag
         assert all(v == pytest.approx(r[key], rel=1e-6, abs=1e-7) for (_, v), r in zip(got, steps)), tag
     assert acc.Scalars("account/goodput")[-1].value == pytest.approx(s["account"]["goodput"], rel=1e-6)
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(240)
+def test_a_lost_host_shows_in_prometheus_and_podrun_top(prometheus, make_ssh_hosts, tmp_path):
+    """2 real OpenSSH hosts in network namespaces, one worker each, --keepalive 3: `podrun top --json` shows both
+    running; h2's link is cut; Prometheus's podrun_hosts_lost for the run reads 1, scraped from the controller before
+    it ended (its endpoint lives as long as it does), and `podrun top --once` on the ended run (its records) shows h2
+    lost beside h1."""
+    port, runs, sd = prometheus
+    hosts = make_ssh_hosts(2)
+    m = marker()
+    p = podrun_popen(*ssh_launch_args(hosts, runs, free_port(), "--keepalive", "3", "--run-id", "cut",
+                                      "--metrics-port", "0", "--metrics-sd-dir", str(sd)),
+                     "--", "sh", "-c", f"echo up $RANK; sleep 60 # {m}")
+    try:
+        for _ in range(2):
+            wait_output(p, "up", 60)
+
+        def top_json() -> dict | None:
+            cp = subprocess.run([sys.executable, "-m", "podrun", "top", "cut", "--runs-dir", str(runs), "--json"],
+                                capture_output=True, text=True, env=_env(), timeout=60)
+            got = json.loads(cp.stdout) if cp.returncode == 0 else None
+            return got if got and got["source"] == "controller" and got["hosts_running"] == 2 else None
+        live = wait_until(top_json, 60, 0.5)
+        assert live and [h["host"] for h in live["hosts"]] == ["h1", "h2"], live
+        assert wait_until(lambda: _query(port, 'podrun_hosts_running{run_id="cut"} == 2'), 60, 0.5), "not scraped"
+        hosts.isolate("h2")
+        p.wait(timeout=60)
+        err = p.stderr.read()
+        assert p.returncode == 255 and "instance 1 on h2: lost" in err, err
+    finally:
+        end(p)
+    assert _values(port, 'podrun_hosts_lost{run_id="cut"}', "run_id") == {"cut": 1.0}
+    cp = subprocess.run([sys.executable, "-m", "podrun", "top", "cut", "--runs-dir", str(runs), "--once"],
+                        capture_output=True, text=True, env=_env(), timeout=60)
+    assert cp.returncode == 0, cp.stderr
+    rows = {line.split()[0]: line.split() for line in cp.stdout.splitlines() if line.startswith(("h1 ", "h2 "))}
+    assert rows["h2"][1] == "lost" and rows["h1"][1] != "lost", cp.stdout
+    assert "root cause: host h2 lost" in cp.stdout, cp.stdout
 
 
 def test_a_metrics_port_in_use_and_a_run_directory_not_ours_are_refused(tmp_path):
