@@ -16,9 +16,9 @@ from podrun import safefs
 from podrun.errors import LaunchError
 from podrun.launch.observe import RunObserver
 from podrun.rundir.account import CATEGORIES
+from podrun.rundir.layout import PROMETHEUS_TARGETS as TARGETS
 from podrun.wire.protocol import SPLIT_PARTS
 
-TARGETS = "prometheus-targets.json"     # the run directory's file_sd target file
 SD_MODE = 0o644                          # a Prometheus server running as its own user reads it
 LINGER_MAX_S = 30.0                      # the longest the endpoint waits at the end for its scraper's last visit
 MISSING = ("podrun: --metrics-port needs prometheus_client (pip install 'podrun[metrics]'); "
@@ -56,6 +56,7 @@ class _Collector:
     def __init__(self, snapshot):
         self.snapshot = snapshot
         self.scrapes: list[float] = []        # the last two scrapes' times (monotonic)
+        self.cpu_s = 0.0                      # CPU the scrapes took building and writing the figures, so far
         self.scraped = threading.Condition()
 
     def describe(self):
@@ -64,7 +65,7 @@ class _Collector:
     def collect(self):
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        began = time.monotonic()
+        began, cpu = time.monotonic(), time.thread_time()
         s = self.snapshot()
         with self.scraped:
             self.scrapes = [*self.scrapes[-1:], began]
@@ -103,6 +104,10 @@ class _Collector:
                       base + ["host", "rank", "part"],
                       [(b + [r["host"], r["rank"], p], (r.get("split") or {}).get(p)) for r in ranks
                        for p in SPLIT_PARTS])
+        # this endpoint's own cost: the figures yielded above are written out as they come, so the span holds both
+        yield _family(CounterMetricFamily, "podrun_metrics_cpu_seconds", "CPU the controller spent on the scrapes "
+                      "before this one (making and writing the figures)", base, [(b, self.cpu_s)])
+        self.cpu_s += time.thread_time() - cpu
 
 
 class MetricsServer(RunObserver):

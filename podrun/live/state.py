@@ -37,6 +37,7 @@ class LiveState(RunObserver):
         self.last: dict[int, dict] = {}      # rank -> its last progress report's fields
         self.summary: dict | None = None     # the last summary.json written
         self.ended = False
+        self.feed = None                     # metrics.jsonl as read so far (a podrun.rundir.metrics.StepLogFeed)
 
     # -- RunObserver ----------------------------------------------------------------------------
     def started(self, request) -> None:
@@ -112,7 +113,7 @@ class LiveState(RunObserver):
     def _account(self) -> dict | None:
         """The account so far: the summary's once this attempt is recorded, else its own attempts and the live one."""
         from podrun.launch.run import run_account
-        from podrun.rundir.metrics import StepLog
+        from podrun.rundir.metrics import StepLogFeed
 
         if self.summary is not None and (self.ended or self._attempt_over()) or self.sup is None:
             return (self.summary or {}).get("account")
@@ -120,8 +121,10 @@ class LiveState(RunObserver):
         ready = [s.ready_s for s in list(inst.values())]
         now = {"launch": self.launch_no, "started": float(inst.t0), "ended": time.time(), "status": "running",
                "all_ready_s": max(ready) if ready and None not in ready else None}
+        if self.feed is None:
+            self.feed = StepLogFeed()
         return run_account(self.request.run_dir, [*self.attempts, now], self.launch_no,
-                           StepLog.read(self.request.run_dir))
+                           self.feed.follow(self.request.run_dir))
 
     def _ranks(self) -> list[dict]:
         live = self.sup.live

@@ -11,10 +11,9 @@ from pathlib import Path
 
 from podrun.launch.observe import RunObserver
 from podrun.rundir.account import CATEGORIES
-from podrun.rundir.layout import METRICS, private_subdir
+from podrun.rundir.layout import METRICS, TENSORBOARD as SUBDIR, private_subdir
 from podrun.rundir.metrics import well_formed
 
-SUBDIR = "tensorboard"
 FOLLOW_S = 1.0                 # how often metrics.jsonl is read for new records
 MISSING = ("podrun: --tensorboard needs tensorboard (pip install 'podrun[metrics]'); the run goes on without "
            "TensorBoard files")

@@ -93,7 +93,7 @@ def from_records(run_dir: Path) -> dict[str, Any]:
     """The state the run directory's records give: the last step of metrics.jsonl; once an attempt ended, each
     host's end, the account and the root cause from summary.json."""
     try:
-        summary = json.loads(read_trusted(run_dir / SUMMARY, "summary.json", limit=SUMMARY_LIMIT, error=LaunchError))
+        summary = json.loads(read_trusted(run_dir / SUMMARY, SUMMARY, limit=SUMMARY_LIMIT, error=LaunchError))
     except (OSError, ValueError):
         summary = None
     summary = summary if isinstance(summary, dict) else {}
