@@ -119,6 +119,8 @@ class MetricsServer(RunObserver):
         from prometheus_client.registry import CollectorRegistry
 
         self.opts, self.state = opts, state
+        if opts.sd_dir is not None:        # another user's or a shared-writable directory: refused before the start
+            safefs.own_dir(opts.sd_dir, "--metrics-sd-dir", error=LaunchError)
         registry = CollectorRegistry(auto_describe=False)
         self.collector = _Collector(state.snapshot)
         registry.register(self.collector)
@@ -148,7 +150,6 @@ class MetricsServer(RunObserver):
         text = json.dumps(record, indent=1) + "\n"
         places = [Path(request.run_dir) / TARGETS]
         if self.opts.sd_dir is not None:
-            safefs.own_dir(self.opts.sd_dir, "--metrics-sd-dir")
             places.append(Path(self.opts.sd_dir) / f"podrun-{request.run_id}.json")
         for p in places:
             safefs.write_file(p, text, "Prometheus target file", mode=SD_MODE)

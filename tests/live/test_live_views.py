@@ -195,7 +195,8 @@ def test_a_lost_host_shows_in_prometheus_and_podrun_top(prometheus, make_ssh_hos
 
 
 def test_a_metrics_port_in_use_and_a_run_directory_not_ours_are_refused(tmp_path):
-    """A --metrics-port another program holds: one paragraph, exit 2, no worker started (no run directory made).
+    """A --metrics-port another program holds, or a --metrics-sd-dir anyone may write: one paragraph, exit 2, no
+    worker started.
     `podrun top` on a run directory another user owns: refused as `podrun resume` refuses it, exit 2."""
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
@@ -206,6 +207,13 @@ def test_a_metrics_port_in_use_and_a_run_directory_not_ours_are_refused(tmp_path
                     sys.executable, "-c", "print('ran')", env={"PYTHONPATH": str(ROOT)})
     assert cp.returncode == 2 and "Traceback" not in cp.stderr, cp.stderr
     assert f"--metrics-port {port}: cannot listen on 127.0.0.1:{port}: the port is in use" in cp.stderr, cp.stderr
+    assert "ran" not in cp.stdout and not list(runs.glob("*/instance-*.log"))
+    shared = tmp_path / "shared-sd"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    cp = podrun("launch", "--runs-dir", str(runs), "--metrics-port", "0", "--metrics-sd-dir", str(shared), "--",
+                sys.executable, "-c", "print('ran')", env={"PYTHONPATH": str(ROOT)})
+    assert cp.returncode == 2 and "Traceback" not in cp.stderr and str(shared) in cp.stderr, cp.stderr
     assert "ran" not in cp.stdout and not list(runs.glob("*/instance-*.log"))
 
     theirs = tmp_path / "theirs"
