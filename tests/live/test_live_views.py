@@ -20,7 +20,7 @@ import pytest
 
 from podrun.rundir.account import CATEGORIES
 from tests.harness.podrun_proc import end, ssh_launch_args
-from tests.launch.helpers import marker, podrun, podrun_popen, wait_output, wait_until
+from tests.launch.helpers import marker, podrun, podrun_popen, run_on_terminal, wait_output, wait_until
 from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -158,7 +158,7 @@ def test_a_digits_run_is_seen_live_in_prometheus_tensorboard_and_top(prometheus,
 @pytest.mark.timeout(240)
 def test_a_lost_host_shows_in_prometheus_and_podrun_top(prometheus, make_ssh_hosts, tmp_path):
     """2 real OpenSSH hosts in network namespaces, one worker each, --keepalive 3: `podrun top --json` shows both
-    running; h2's link is cut; Prometheus's podrun_hosts_lost for the run reads 1, scraped from the controller before
+    running, and so does `podrun top` on a terminal until q leaves it; h2's link is cut; Prometheus's podrun_hosts_lost for the run reads 1, scraped from the controller before
     it ended (its endpoint lives as long as it does), and `podrun top --once` on the ended run (its records) shows h2
     lost beside h1."""
     port, runs, sd = prometheus
@@ -178,6 +178,9 @@ def test_a_lost_host_shows_in_prometheus_and_podrun_top(prometheus, make_ssh_hos
             return got if got and got["source"] == "controller" and got["hosts_running"] == 2 else None
         live = wait_until(top_json, 60, 0.5)
         assert live and [h["host"] for h in live["hosts"]] == ["h1", "h2"], live
+        rc, shown = run_on_terminal([sys.executable, "-m", "podrun", "top", "cut", "--runs-dir", str(runs)],
+                                    env=_env(), timeout=60, answer=(b"q leaves", b"q"))
+        assert rc == 0 and "h1" in shown and "h2" in shown and "running" in shown, shown
         assert wait_until(lambda: _query(port, 'podrun_hosts_running{run_id="cut"} == 2'), 60, 0.5), "not scraped"
         hosts.isolate("h2")
         p.wait(timeout=60)
