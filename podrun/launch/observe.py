@@ -3,15 +3,18 @@
 podrun.launch.run calls one RunObserver (Observers fans out to several): ``started`` once the run directory is held
 (its line joins the start line), ``attempt`` as each attempt's Supervisor starts (the live state is read from it on
 demand), ``progress`` with every worker's progress report, ``recorded`` with each summary.json written, ``close``
-at the end. An observer that raises is dropped with one notice; the run goes on.
+at the end. An observer that raises is said in one notice, closed and dropped; the run goes on.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Callable
 
 
 class RunObserver:
     """Told of the run as it goes; each method does nothing unless a live view overrides it."""
+
+    what = "a live view"          # how a notice names it
 
     def started(self, request) -> str | None:
         """The run directory is made and held; what the start line adds (None: nothing)."""
@@ -44,7 +47,10 @@ class Observers(RunObserver):
                 out.append(getattr(o, name)(*args))
             except Exception as exc:  # noqa: BLE001 - a live view must never stop the run
                 self.items.remove(o)
-                self.notice(f"{type(o).__name__} stopped: {exc}")
+                self.notice(f"{o.what} stopped: {exc}")
+                if name != "close":
+                    with contextlib.suppress(Exception):
+                        o.close()
         return out
 
     def started(self, request) -> str | None:

@@ -114,6 +114,8 @@ class MetricsServer(RunObserver):
     """The endpoint of one launch: bound when made (a port in use: LaunchError, before the start), serving the
     live state ``state`` (a podrun.live.state.LiveState) until ``close``."""
 
+    what = "the metrics endpoint"
+
     def __init__(self, opts: MetricsOptions, state):
         from prometheus_client import start_http_server
         from prometheus_client.registry import CollectorRegistry

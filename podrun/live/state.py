@@ -29,6 +29,8 @@ def bounded(rows: list[dict], busy_key: str = "busy_s") -> list[dict]:
 class LiveState(RunObserver):
     """The run's state as the controller holds it, for any live view: ``snapshot()`` from any thread."""
 
+    what = "the live state"
+
     def __init__(self):
         self.request = None
         self.sup = None

@@ -56,6 +56,8 @@ class EventFiles(RunObserver):
     """Follows metrics.jsonl from the run's start to its end in a thread of its own; writes the account at each
     summary."""
 
+    what = "the TensorBoard files"
+
     def __init__(self):
         self.writer = None
         self.path: Path | None = None

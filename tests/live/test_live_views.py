@@ -226,3 +226,17 @@ def test_a_metrics_port_in_use_and_a_run_directory_not_ours_are_refused(tmp_path
     cp = podrun("top", str(theirs), "--once")
     assert cp.returncode == 2 and "Traceback" not in cp.stderr, cp.stderr
     assert str(theirs) in cp.stderr and "podrun top reads run directories of your own" in cp.stderr, cp.stderr
+
+
+def test_the_label_sets_stay_bounded_at_512_hosts():
+    """512 hosts' rows (podrun.live.state.bounded): the 8 slowest, the 8 fastest and the lost ones are kept, nothing
+    else; 64 rows or fewer are kept whole."""
+    from podrun.live.state import EDGE, LABELLED, bounded
+
+    rows = [{"host": f"h{i}", "busy_s": 0.1 + i / 1000, "state": "running", "slow": False} for i in range(512)]
+    for i in (100, 200, 300):
+        rows[i]["state"] = "lost"
+    kept = [r["host"] for r in bounded(rows)]
+    want = {f"h{i}" for i in [*range(EDGE), *range(512 - EDGE, 512), 100, 200, 300]}
+    assert set(kept) == want and len(kept) == len(want) <= 3 * EDGE, kept
+    assert bounded(rows[:LABELLED]) == rows[:LABELLED]
