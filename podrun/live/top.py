@@ -14,6 +14,7 @@ from podrun.errors import LaunchError
 from podrun.live.state import STATE_ASK
 from podrun.rundir.layout import METRICS, SUMMARY, check_run_id
 from podrun.safefs import check_dir, read_trusted
+from podrun.wire.protocol import SPLIT_PARTS
 from podrun.wire.owner import SOCKET_NAME, remove_if_stale
 
 TAIL_BYTES = 1 << 16            # of metrics.jsonl read for its last records
@@ -97,8 +98,10 @@ def from_records(run_dir: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         summary = None
     summary = summary if isinstance(summary, dict) else {}
-    steps = [r for r in _last_records(run_dir) if r.get("kind") == "step"]
+    records = _last_records(run_dir)
+    steps = [r for r in records if r.get("kind") == "step"]
     last = steps[-1] if steps else {}
+    starts = [r for r in records if r.get("kind") == "run" and r.get("event") in ("start", "resume")]
     attempts = summary.get("attempts") or []
     cause = (attempts[-1] if attempts else {}).get("root_cause") or summary.get("root_cause")
     hosts = [{"host": i.get("host"), "instance": i.get("index"), "state": i.get("status"), "heartbeat_age_s": None,
@@ -106,9 +109,15 @@ def from_records(run_dir: Path) -> dict[str, Any]:
              for i in summary.get("instances") or [] if isinstance(i, dict)]
     slow = {r.get("rank") for r in summary.get("slow_ranks") or [] if isinstance(r, dict)}
     ranks = [{"rank": int(r), "host": v.get("host"), "busy_s": None, "reports": v.get("reports"), "slow": int(r) in slow,
-              "split": {k: v.get(k) for k in ("input", "compute", "comm", "optim")}}
+              "split": {k: v.get(k) for k in SPLIT_PARTS}}
              for r, v in ((summary.get("step_split") or {}).get("ranks") or {}).items() if str(r).isdigit()]
-    total = last.get("total")
+    total = last.get("total", (starts[-1] if starts else {}).get("total_steps"))
+    for h in hosts:                       # a host's split: the mean of its ranks'
+        mine = [r["split"] for r in ranks if r["host"] == h["host"] and all(
+            isinstance(r["split"].get(k), (int, float)) for k in SPLIT_PARTS)]
+        if mine:
+            h["split"] = {k: round(sum(x[k] for x in mine) / len(mine), 6) for k in SPLIT_PARTS}
+        h["slow"] = any(r["slow"] for r in ranks if r["host"] == h["host"])
     return {"run_id": summary.get("run_id", run_dir.name), "run_dir": str(run_dir), "recipe": None, "cluster": None,
             "transport": summary.get("transport"), "restarts": max(len(attempts) - 1, 0), "running": False,
             "step": last.get("step"), "total": total if isinstance(total, int) else None, "epoch": last.get("epoch"),
