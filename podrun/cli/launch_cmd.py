@@ -29,7 +29,8 @@ TORCHRUN, COMMON, RESTARTS, HANGS, TRANSPORTS, ENGINES, OUTPUT = (
     "torchrun's options (docs/launch.md)", "The plan: cluster, hosts, batch",
     "Restarts and elastic runs (docs/elastic.md)", "When a run hangs (docs/hangs.md)", "Transports",
     "Engines (poprun, horovod)", "Output and the run directory")
-SECTIONS = (COMMON, RESTARTS, HANGS, TRANSPORTS, ENGINES, OUTPUT, TORCHRUN)
+LIVE = "Live metrics and TensorBoard (docs/metrics.md)"
+SECTIONS = (COMMON, RESTARTS, HANGS, TRANSPORTS, ENGINES, OUTPUT, LIVE, TORCHRUN)
 # the short --help: the options most runs use, by parameter name, under a title each, podrun's first
 SHORT_HELP = (
     (COMMON, ("cluster", "pod", "nodes", "hosts_opt", "hostfile", "devices_per_host", "global_batch", "env_items")),
@@ -326,6 +327,17 @@ torchrun_options = stacked(
                       help="Show stdout of this instance only (errors from all)."),
          click.option("--runs-dir", default=None, help="Where run directories go (default: runs)."),
          click.option("--run-id", help="Name of the run directory (default: a timestamp)."))
+@section(LIVE,
+         click.option("--metrics-port", type=t.PORT, default=None, metavar="PORT",
+                      help="Serve the run's live state as OpenMetrics on PORT (0: a free one) for Prometheus; its "
+                           "address is in the start line and the run directory's prometheus-targets.json."),
+         click.option("--metrics-address", default="127.0.0.1", show_default=True, metavar="ADDR",
+                      help="The address the metrics endpoint listens on (docs/security.md: what it shows)."),
+         click.option("--metrics-sd-dir", metavar="DIR",
+                      help="Also write the run's Prometheus file_sd target file in DIR (podrun-RUN_ID.json)."),
+         click.option("--tensorboard", is_flag=True,
+                      help="Write TensorBoard event files in the run directory's tensorboard/ (tensorboard --logdir "
+                           "runs/)."))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED, shell_complete=complete_recipes,
                 metavar="SCRIPT.py [ARGS]... | -m MODULE [ARGS]... | RECIPE [ARGS]... | -- COMMAND [ARGS]...")
 @click.pass_context
@@ -370,6 +382,7 @@ def launch(ctx, args, **kw):
     from podrun.cli.render import ProgressView
     from podrun.cli.watch_options import live_console
 
+    observer = _live_views(in_section(ctx, LIVE, kw))
     view = ProgressView(live_console(out.as_json))
     try:
         from podrun.launch.resume import record
@@ -380,13 +393,41 @@ def launch(ctx, args, **kw):
                                    only_output_from=out.only_output_from_instance, elastic=prepared.elastic,
                                    watch=watch, progress=view, resuming=resuming is not None,
                                    launch_record=record(ctx.meta.get("podrun.argv", []), os.getcwd()),
-                                   said=lambda s: _say_outcome(s, request, view))
+                                   said=lambda s: _say_outcome(s, request, view), observer=observer)
     finally:
         view.close()
+        observer.close()
     if out.as_json:
         with contextlib.suppress(OSError):
             print_json(summary)
     sys.exit(summary["exit_code"])   # main.py turns SystemExit into the exit code
+
+
+def _live_views(live: dict):
+    """The run's observers (podrun.launch.observe): its live state (podrun top's), the metrics endpoint when
+    --metrics-port is given (bound now: a port in use ends the launch before it starts), TensorBoard files with
+    --tensorboard; a view whose optional package is missing is said in one line and left out."""
+    from podrun.launch.observe import Observers
+    from podrun.live.state import LiveState
+
+    state = LiveState()
+    views = [state]
+    if live["metrics_port"] is not None:
+        from podrun.live import prom
+
+        if prom.available():
+            views.append(prom.MetricsServer(prom.MetricsOptions(live["metrics_port"], live["metrics_address"],
+                                                                live["metrics_sd_dir"]), state))
+        else:
+            _notice(prom.MISSING.removeprefix("podrun: "))
+    if live["tensorboard"]:
+        from podrun.live import tensorboard
+
+        if tensorboard.available():
+            views.append(tensorboard.EventFiles())
+        else:
+            _notice(tensorboard.MISSING.removeprefix("podrun: "))
+    return Observers(views, _notice)
 
 
 def _say_outcome(summary: dict, request, view) -> None:

@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cancel": ("podrun.cli.submit_cmd:cancel", "Cancel a submitted run."),
     "hosts": ("podrun.cli.hosts_cmd:hosts", "Show the hosts podrun would use and where it found them."),
     "stack": ("podrun.cli.stack_cmd:stack", "Show every rank's stack of a running launch, merged, without stopping it."),
+    "top": ("podrun.cli.top_cmd:top", "Watch a running launch live: progress, goodput, a row per host, the root cause."),
     "report": ("podrun.cli.report_cmd:report", "Summarise a run and draw its loss, accuracy and throughput curves."),
     "clusters": ("podrun.cli.catalog_cmd:clusters", "List the cluster specs podrun finds (name, size, scheduler, source)."),
     "recipes": ("podrun.cli.catalog_cmd:recipes", "List the recipes podrun finds (name, model, data set, batch, source)."),

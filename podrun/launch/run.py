@@ -218,33 +218,40 @@ def choose_master(make: TransportFactory, request: LaunchRequest, *, ask_hosts: 
 
 def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from: int | None = None,
             elastic=None, watch=None, progress=None, resuming: bool = False,
-            launch_record: dict | None = None, said=None) -> tuple[Outcome | None, dict]:
+            launch_record: dict | None = None, said=None, observer=None) -> tuple[Outcome | None, dict]:
     """Run the request (with restarts); returns the last outcome and the summary written to summary.json.
 
     ``elastic`` (a podrun.elastic.replan.ElasticPolicy): each restart first drops the failed hosts,
     takes spares, and re-plans at the same global batch; no such plan ends the run. ``watch`` (a
     podrun.launch.hangs.WatchOptions) and ``progress`` go to the Supervisor. ``said(summary)`` tells the outcome
     (the CLI's root cause) while the run directory is still held; the account's idle at the end then runs on to
-    that moment (``close_account``), the run's last write under its lock.
+    that moment (``close_account``), the run's last write under its lock. ``observer`` (a
+    podrun.launch.observe.RunObserver) is told of the run as it goes (live metrics, TensorBoard files).
     """
+    from podrun.launch.observe import RunObserver
+
     from podrun.launch.control import claim, release
     from podrun.rundir.lock import hold_run
 
     notice = notice or (lambda t: None)
+    observer = observer or RunObserver()
     create_run_dir(request.run_dir, reuse=resuming)
     held_run = hold_run(request.run_dir, request.run_id, resuming)
     try:
         _before_start(request.run_dir, claim, request.run_dir)
-        notice(starting_line(request))
+        live = observer.started(request)
+        notice(starting_line(request) + (f"; {live}" if live else ""))
         try:
             outcome, summary = _execute(request, sink=sink, notice=notice, only_output_from=only_output_from,
                                         elastic=elastic, watch=watch, progress=progress, resuming=resuming,
-                                        launch_record=launch_record)
+                                        launch_record=launch_record, observer=observer)
             if said is not None:
                 said(summary)
             close_account(request.run_dir, summary)
+            observer.recorded(summary)
             return outcome, summary
         finally:
+            observer.close()
             release(request.run_dir)
     finally:
         held_run.release()
@@ -264,7 +271,7 @@ def starting_line(request: LaunchRequest) -> str:
 
 
 def _execute(request: LaunchRequest, *, sink, notice, only_output_from, elastic, watch, progress, resuming: bool,
-             launch_record: dict | None) -> tuple[Outcome | None, dict]:
+             launch_record: dict | None, observer) -> tuple[Outcome | None, dict]:
     """execute(), the run directory made and held."""
     earlier = _earlier_attempts(request.run_dir) if resuming else []
     _before_start(request.run_dir, layout.write_start, request.run_dir, request.plan,
@@ -285,7 +292,7 @@ def _execute(request: LaunchRequest, *, sink, notice, only_output_from, elastic,
                                 notice, hint="podrun holds the rendezvous port for the whole run, so it must be free")
     try:
         return _attempts(make, req, sink=sink, notice=notice, only_output_from=only_output_from, elastic=elastic,
-                         record=record, watch=watch, progress=progress, earlier=earlier)
+                         record=record, watch=watch, progress=progress, earlier=earlier, observer=observer)
     finally:
         if held is not None:
             held.close()
@@ -323,7 +330,8 @@ def _earlier_attempts(run_dir: str) -> list[dict]:
 
 def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_output_from, elastic,
               record: ElasticRecord | None, watch=None, progress=None,
-              earlier: list[dict] = ()) -> tuple[Outcome | None, dict]:
+              earlier: list[dict] = (), observer=None) -> tuple[Outcome | None, dict]:
+    from podrun.launch.observe import RunObserver
     from podrun.rundir.metrics import StepLog
     from podrun.wire.worker_env import workers_per_instance
 
@@ -331,6 +339,8 @@ def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_
     launch_no = 1 + max((a["launch"] for a in earlier if isinstance(a.get("launch"), int)), default=-1)
     base_port = req.master_port
     outcome, summary, log = None, {}, StepLog()
+    observer = observer or RunObserver()
+    told = _told(progress, observer)
     while True:
         transport = make(req)
         if req.checks_hosts():
@@ -352,6 +362,7 @@ def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_
                                   failed=bad, problems=problems)
                 summary["elastic"] = record.to_dict()
                 _record(write_summary, notice, req.run_dir, summary)
+                observer.recorded(summary)
                 if nxt_req is None:
                     return outcome, summary
                 req = nxt_req
@@ -363,7 +374,8 @@ def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_
             transport.close()
             raise
         sup = Supervisor(req, transport, sink=sink, notice=notice, only_output_from=only_output_from,
-                         workers_per_instance=workers_per_instance(req.plan), watch=watch, progress=progress)
+                         workers_per_instance=workers_per_instance(req.plan), watch=watch, progress=told)
+        observer.attempt(sup, attempts, launch_no)
         try:
             outcome = sup.run()
         except PodrunError as exc:        # e.g. an agent that could not be started: nothing is left running
@@ -387,6 +399,7 @@ def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_
             summary["elastic"] = record.to_dict()
         summary["account"] = run_account(req.run_dir, attempts, launch_no, log)
         _record(write_summary, notice, req.run_dir, summary)
+        observer.recorded(summary)
         if outcome.exit_code == 0 or outcome.status is RunStatus.INTERRUPTED or req.restart_count >= req.max_restarts:
             return outcome, summary
         nxt = req.restart_count + 1
@@ -400,11 +413,27 @@ def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_
                 summary["elastic"] = record.to_dict()
                 summary["account"] = run_account(req.run_dir, attempts, launch_no, log)
                 _record(write_summary, notice, req.run_dir, summary)     # with the record's end
+                observer.recorded(summary)
                 return outcome, summary
             req = nxt_req
         notice(f"restart {nxt} of {req.max_restarts} after "
                f"{cause.reason if cause else describe_code(outcome.exit_code)}; rendezvous port {port}")
         req = req.for_restart(nxt, port)
+
+
+def _told(progress, observer):
+    """The Supervisor's progress callback: the observer's, then the console's (``progress``) until it raises (a
+    closed terminal)."""
+    view = [progress]
+
+    def both(rank: int, host: str, rec: dict) -> None:
+        observer.progress(rank, host, rec)
+        if view[0] is not None:
+            try:
+                view[0](rank, host, rec)
+            except Exception:  # noqa: BLE001 - a closed terminal must not stop supervision
+                view[0] = None
+    return both
 
 
 def process_started() -> float:

@@ -92,6 +92,7 @@ class Supervisor:
         self.signalled: int | None = None
         self.ending = Ending()
         self.launchers: list[InstanceHandle] = []      # the handles of joined agents' launchers (no instance)
+        self.answers: dict[str, Callable[[], dict]] = {}   # more control-socket requests by name (live views')
 
     def _hung(self, failure: Failure) -> None:
         if self.signalled is None:
@@ -277,6 +278,8 @@ class Supervisor:
             return {"error": "a request is a JSON object"}
         if request.get("ask") == "stacks":
             return self.live.request_stacks()
+        if request.get("ask") in self.answers:
+            return self.answers[request["ask"]]()
         return {"error": f"unknown request {request.get('ask')!r}"}
 
     def _run_started(self) -> Outcome:

@@ -175,22 +175,61 @@ class StepLog:
     @classmethod
     def read(cls, run_dir: str | os.PathLike) -> StepLog:
         """The run's readable records; empty when there is no metrics file."""
-        steps, starts, end = [], [], None
-        timed: dict[str, list] = {"step": [], "eval": [], "checkpoint": []}
+        acc = StepLogFeed()
         with contextlib.suppress(OSError):
             for r in filter(None, iter_records(run_dir)):
-                secs = r.get("step_seconds", r.get("seconds"))
-                if r["kind"] in timed and "time" in r and _number(secs):
-                    timed[r["kind"]].append((float(r["time"]), float(secs)))
-                if r["kind"] == "step" and "time" in r:
-                    steps.append((r["step"], float(r["time"])))
-                elif r["kind"] == "run" and r["event"] in ("resume", "start"):
-                    where = {k: r.get(k) for k in ("step", "source", "from_rank")} if r["event"] == "resume" \
-                        else {"step": 0, "source": None, "from_rank": None}
-                    starts.append((float(r.get("time", 0)), where))
-                elif r["kind"] == "run" and r["event"] == "end":
-                    end = r
-        return cls(tuple(steps), tuple(starts), end, *(tuple(timed[k]) for k in ("step", "eval", "checkpoint")))
+                acc.add(r)
+        return acc.log()
+
+
+class StepLogFeed:
+    """A StepLog made a record at a time (StepLog.read's, and a live view's that reads metrics.jsonl as it grows:
+    ``follow``)."""
+
+    def __init__(self):
+        self.steps: list = []
+        self.starts: list = []
+        self.end: dict[str, Any] | None = None
+        self.timed: dict[str, list] = {"step": [], "eval": [], "checkpoint": []}
+        self.offset = 0               # bytes of the file ``follow`` has taken
+
+    def add(self, r: dict[str, Any]) -> None:
+        """One well-formed record."""
+        secs = r.get("step_seconds", r.get("seconds"))
+        if r["kind"] in self.timed and "time" in r and _number(secs):
+            self.timed[r["kind"]].append((float(r["time"]), float(secs)))
+        if r["kind"] == "step" and "time" in r:
+            self.steps.append((r["step"], float(r["time"])))
+        elif r["kind"] == "run" and r["event"] in ("resume", "start"):
+            where = {k: r.get(k) for k in ("step", "source", "from_rank")} if r["event"] == "resume" \
+                else {"step": 0, "source": None, "from_rank": None}
+            self.starts.append((float(r.get("time", 0)), where))
+        elif r["kind"] == "run" and r["event"] == "end":
+            self.end = r
+
+    def follow(self, run_dir: str | os.PathLike) -> StepLog:
+        """The whole lines written to ``run_dir``'s metrics.jsonl since the last call taken in; the log so far."""
+        with contextlib.suppress(OSError):
+            fd = os.open(Path(run_dir) / METRICS, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            try:
+                size = os.fstat(fd).st_size
+                data = os.pread(fd, size - self.offset, self.offset) if size > self.offset else b""
+            finally:
+                os.close(fd)
+            whole = data[:data.rfind(b"\n") + 1]
+            self.offset += len(whole)
+            for raw in whole.splitlines():
+                try:
+                    r = json.loads(raw.decode("utf-8"))
+                except (UnicodeDecodeError, ValueError, RecursionError):
+                    continue
+                if isinstance(r, dict) and well_formed(r):
+                    self.add(r)
+        return self.log()
+
+    def log(self) -> StepLog:
+        return StepLog(tuple(self.steps), tuple(self.starts), self.end,
+                       *(tuple(self.timed[k]) for k in ("step", "eval", "checkpoint")))
 
 
 def is_integer(v: Any) -> bool:

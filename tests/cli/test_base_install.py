@@ -1,6 +1,7 @@
-"""A base install (a login node or a laptop without podrun's train extra): a real interpreter with every package of
-this one but torch and matplotlib. What needs them says so in one paragraph with the pip command, never a
-traceback: `podrun calibrate` stops before anything starts, `podrun report` prints its summary without curves."""
+"""A base install (a login node or a laptop without podrun's train and metrics extras): a real interpreter with every
+package of this one but torch, matplotlib, prometheus_client and tensorboard. What needs them says so in one paragraph
+with the pip command, never a traceback: `podrun calibrate` stops before anything starts, `podrun report` prints its
+summary without curves, `podrun launch --metrics-port --tensorboard` runs without its endpoint and files."""
 from __future__ import annotations
 
 import os
@@ -14,7 +15,7 @@ import pytest
 from podrun.rundir.metrics import MetricsWriter
 
 ROOT = Path(__file__).resolve().parents[2]
-LEFT_OUT = ("torch", "functorch", "torchgen", "matplotlib", "mpl_toolkits")
+LEFT_OUT = ("torch", "functorch", "torchgen", "matplotlib", "mpl_toolkits", "prometheus_client", "tensorboard")
 
 
 @pytest.fixture(scope="module")
@@ -59,3 +60,17 @@ def test_calibrate_and_report_name_what_is_missing(base_python, tmp_path):
     assert cp.returncode == 0 and "Traceback" not in cp.stderr, cp.stdout + cp.stderr
     assert "2/2 steps" in cp.stdout and "curves not drawn: matplotlib is not installed" in cp.stdout, cp.stdout
     assert not (tmp_path / "run" / "report.png").exists()
+
+
+def test_a_launch_with_live_views_runs_without_the_metrics_extra(base_python, tmp_path):
+    """--metrics-port and --tensorboard without prometheus_client and tensorboard: one line each, and the run goes
+    on (exit 0, its output, no target file, no TensorBoard directory)."""
+    cp = _podrun(base_python, "launch", "--runs-dir", str(tmp_path / "runs"), "--run-id", "r", "--metrics-port", "0",
+                 "--tensorboard", "--", base_python, "-c", "print('ran')", cwd=tmp_path)
+    assert cp.returncode == 0 and "Traceback" not in cp.stderr, cp.stdout + cp.stderr
+    assert "ran" in cp.stdout, cp.stdout
+    assert "podrun: --metrics-port needs prometheus_client (pip install 'podrun[metrics]'); the run goes on without " \
+           "its metrics endpoint" in cp.stderr, cp.stderr
+    assert "podrun: --tensorboard needs tensorboard (pip install 'podrun[metrics]')" in cp.stderr, cp.stderr
+    assert not (tmp_path / "runs" / "r" / "prometheus-targets.json").exists()
+    assert not (tmp_path / "runs" / "r" / "tensorboard").exists()

@@ -1,0 +1,180 @@
+"""The live state of a running launch as one record: progress, the account so far, each host and rank, the slow and
+lost ones, the latest root cause; read from the controller's Supervisor on demand (podrun top's --json and the
+control socket's ``state`` request, the metrics server's scrape)."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from podrun.launch.observe import RunObserver
+from podrun.wire.protocol import SPLIT_PARTS
+
+STATE_ASK = "state"        # the control-socket request that answers the live state
+LABELLED = 64              # hosts (ranks) named one by one at most; past it the slowest and fastest EDGE and the lost
+EDGE = 8
+PROGRESS_FIELDS = ("step", "total", "epoch", "loss", "samples_per_sec", "step_seconds", "phase")
+
+
+def bounded(rows: list[dict], busy_key: str = "busy_s") -> list[dict]:
+    """``rows`` whole up to LABELLED; past it the EDGE slowest and EDGE fastest by ``busy_key`` and up to EDGE lost
+    or slow ones, so a board of 512 hosts keeps a bounded label set (as the report shows the extremes)."""
+    if len(rows) <= LABELLED:
+        return rows
+    timed = sorted((r for r in rows if isinstance(r.get(busy_key), (int, float))), key=lambda r: -r[busy_key])
+    keep = {id(r): r for r in [*timed[:EDGE], *timed[-EDGE:],
+                                *[r for r in rows if r.get("state") == "lost" or r.get("slow")][:EDGE]]}
+    return [r for r in rows if id(r) in keep]
+
+
+class LiveState(RunObserver):
+    """The run's state as the controller holds it, for any live view: ``snapshot()`` from any thread."""
+
+    what = "the live state"
+
+    def __init__(self):
+        self.request = None
+        self.sup = None
+        self.attempts: list[dict] = []
+        self.launch_no = 0
+        self.last: dict[int, dict] = {}      # rank -> its last progress report's fields
+        self.summary: dict | None = None     # the last summary.json written
+        self.ended = False
+        self.feed = None                     # metrics.jsonl as read so far (a podrun.rundir.metrics.StepLogFeed)
+
+    # -- RunObserver ----------------------------------------------------------------------------
+    def started(self, request) -> None:
+        self.request = request
+
+    def attempt(self, supervisor, attempts: list[dict], launch_no: int) -> None:
+        self.sup, self.attempts, self.launch_no, self.last = supervisor, list(attempts), launch_no, {}
+        self.request = supervisor.req
+        supervisor.answers[STATE_ASK] = self.snapshot
+
+    def progress(self, rank: int, host: str, record: dict) -> None:
+        self.last[rank] = {k: record[k] for k in PROGRESS_FIELDS if k in record}
+
+    def recorded(self, summary: dict) -> None:
+        self.summary = summary
+
+    def close(self) -> None:
+        self.ended = True
+
+    # -- the record -----------------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """The live state (the module says what); a dict changed under the copy is copied again."""
+        for _ in range(5):
+            try:
+                return self._snapshot()
+            except RuntimeError:       # a dict changed size while copied (the supervisor's thread)
+                continue
+        return self._snapshot()
+
+    def _snapshot(self) -> dict[str, Any]:
+        req, sup = self.request, self.sup
+        out: dict[str, Any] = {"run_id": getattr(req, "run_id", None), "run_dir": getattr(req, "run_dir", None),
+                               "recipe": getattr(getattr(req, "plan", None), "recipe", None),
+                               "cluster": getattr(getattr(req, "plan", None), "cluster", None),
+                               "transport": getattr(req, "transport", None),
+                               "restarts": getattr(req, "restart_count", 0),
+                               "max_restarts": getattr(req, "max_restarts", 0),
+                               "running": sup is not None and not self.ended and not self._attempt_over()}
+        out.update(self._progress())
+        out["account"] = self._account()
+        if sup is None:
+            out.update(hosts=[], ranks=[], slow_ratio=None, slow_ranks=[], root_cause=None, hosts_running=0,
+                       hosts_lost=0, hosts_total=0)
+            return out
+        ranks = self._ranks()
+        slow_now = {r["rank"] for r in ranks if r["slow"]}
+        hosts = self._hosts(ranks)
+        out["hosts_total"] = len(hosts)
+        out["hosts_running"] = sum(h["state"] == "running" for h in hosts)
+        out["hosts_lost"] = sum(h["state"] == "lost" for h in hosts)
+        out["hosts"], out["ranks"] = bounded(hosts), bounded(ranks)
+        ratios = [r.get("max_ratio") for r in list(sup.live.slow.slow.values())]
+        ratios = [x for x in ratios if isinstance(x, (int, float))]
+        out["slow_ratio"] = max(ratios) if ratios else None
+        out["slow_ranks"] = sorted(slow_now)
+        out["root_cause"] = self._root_cause()
+        return out
+
+    def _attempt_over(self) -> bool:
+        return self.summary is not None and len(self.summary.get("attempts") or []) > len(self.attempts)
+
+    def _progress(self) -> dict[str, Any]:
+        last = dict(self.last)
+        lead = last.get(min(last)) if last else None
+        got = {k: (lead or {}).get(k) for k in PROGRESS_FIELDS}
+        rates = [r["samples_per_sec"] for r in last.values() if isinstance(r.get("samples_per_sec"), (int, float))]
+        got["samples_per_sec"] = max(rates) if rates else None     # the global rate every rank reports
+        step, total, dt = got.get("step"), got.get("total"), got.get("step_seconds")
+        got["time_left_s"] = (round((total - step) * dt, 1) if isinstance(step, int) and isinstance(total, int)
+                              and isinstance(dt, (int, float)) and total >= step else None)
+        return got
+
+    def _account(self) -> dict | None:
+        """The account so far: the summary's once this attempt is recorded, else its own attempts and the live one."""
+        from podrun.launch.run import run_account
+        from podrun.rundir.metrics import StepLogFeed
+
+        if self.summary is not None and (self.ended or self._attempt_over()) or self.sup is None:
+            return (self.summary or {}).get("account")
+        inst = self.sup.instances
+        ready = [s.ready_s for s in list(inst.values())]
+        now = {"launch": self.launch_no, "started": float(inst.t0), "ended": time.time(), "status": "running",
+               "all_ready_s": max(ready) if ready and None not in ready else None}
+        if self.feed is None:
+            self.feed = StepLogFeed()
+        return run_account(self.request.run_dir, [*self.attempts, now], self.launch_no,
+                           self.feed.follow(self.request.run_dir))
+
+    def _ranks(self) -> list[dict]:
+        live = self.sup.live
+        slow = dict(live.slow.slow)
+        busy = {r: v[-1][0] for r, v in list(live.slow.busy.items()) if v}
+        out = []
+        for r, (host, n, total) in sorted(dict(live.splits.sums).items()):
+            split = {k: round(getattr(total, k) / n, 6) for k in SPLIT_PARTS}
+            out.append({"rank": r, "host": host, "busy_s": busy.get(r), "split": split, "reports": n,
+                        "slow": r in slow})
+        seen = {r["rank"] for r in out}
+        for r, b in sorted(busy.items()):
+            if r not in seen:
+                out.append({"rank": r, "host": self._host_of(r), "busy_s": b, "split": None, "reports": None,
+                            "slow": r in slow})
+        return sorted(out, key=lambda x: x["rank"])
+
+    def _host_of(self, rank: int) -> str | None:
+        for (inst, _), r in list(self.sup.instances.rank_of.items()):
+            if r == rank:
+                return self.sup.instances[inst].host
+        return None
+
+    def _hosts(self, ranks: list[dict]) -> list[dict]:
+        sup = self.sup
+        hearing = sup.listener.hearing
+        out = []
+        for st in sorted(list(sup.instances.values()), key=lambda s: s.index):
+            mine = [r for r in ranks if r["host"] == st.host]
+            busy = [r["busy_s"] for r in mine if isinstance(r["busy_s"], (int, float))]
+            splits = [r["split"] for r in mine if r["split"]]
+            state = st.status.value if hasattr(st.status, "value") else str(st.status)
+            age = hearing.silent_for(st.index) if st.exit_code is None else None
+            out.append({"host": st.host, "instance": st.index, "state": state,
+                        "heartbeat_age_s": None if age is None else round(age, 3),
+                        "busy_s": round(sum(busy) / len(busy), 6) if busy else None,
+                        "split": {k: round(sum(s[k] for s in splits) / len(splits), 6) for k in SPLIT_PARTS}
+                        if splits else None,
+                        "slow": any(r["slow"] for r in mine), "exit_code": st.exit_code})
+        return out
+
+    def _root_cause(self) -> str | None:
+        fails = list(self.sup.failures)
+        if fails:
+            f = min(fails, key=lambda x: x.at)
+            return f"{f.reason} (instance {f.instance} on {f.host})"
+        for a in reversed((self.summary or {}).get("attempts") or self.attempts):
+            rc = a.get("root_cause")
+            if isinstance(rc, dict) and rc.get("reason"):
+                return f"{rc['reason']} (instance {rc.get('instance')} on {rc.get('host')})"
+        return None

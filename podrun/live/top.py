@@ -1,0 +1,132 @@
+"""What `podrun top` shows of a run: the run directory it names (this user's own, as `podrun resume` requires) and
+its live state, asked of its controller over the control socket (podrun.live.state's record) or, where none answers
+(a batch job's controller on another node, an ended run), made from the run directory's records (summary.json,
+metrics.jsonl); torch-free and rich-free (podrun.cli.top_cmd renders it)."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from podrun.errors import LaunchError
+from podrun.live.state import STATE_ASK
+from podrun.rundir.layout import METRICS, SUMMARY, check_run_id
+from podrun.safefs import check_dir, read_trusted
+from podrun.wire.protocol import SPLIT_PARTS
+from podrun.wire.owner import SOCKET_NAME, remove_if_stale
+
+TAIL_BYTES = 1 << 16            # of metrics.jsonl read for its last records
+SUMMARY_LIMIT = 64 << 20
+
+
+def _live(d: Path) -> bool:
+    try:
+        return os.path.lexists(d / SOCKET_NAME) and not remove_if_stale(str(d))
+    except OSError:
+        return False
+
+
+def find(run: str | None, runs_dir: str) -> Path:
+    """RUN's directory (a run id in ``runs_dir`` or a path; None: the newest running one there), refused unless it is
+    a directory of this user that no one else may write (podrun.safefs.check_dir, as `podrun resume` refuses)."""
+    if run is None:
+        base = Path(runs_dir)
+        try:
+            found = sorted((d for d in base.glob("*") if _live(d)), key=lambda d: d.stat().st_mtime) \
+                if base.is_dir() else []
+        except OSError as exc:
+            raise LaunchError(f"cannot read --runs-dir {base}: {exc.strerror or exc}") from None
+        if not found:
+            raise LaunchError(f"no running launch in {base} (no run directory there has a live {SOCKET_NAME})",
+                              hint="give the run: podrun top RUN, or --runs-dir where it runs")
+        target = found[-1]
+    elif os.sep in run:
+        target = Path(os.path.abspath(run))
+    else:
+        target = Path(runs_dir) / check_run_id(run, "RUN")
+    if not target.is_dir():
+        raise LaunchError(f"{target}: no such run directory", hint="give a run directory or a run id in --runs-dir")
+    return check_dir(target, "run directory", shared_read=True, error=LaunchError,
+                     hint="podrun top reads run directories of your own")
+
+
+def state(run_dir: Path) -> dict[str, Any]:
+    """The run's live state: its controller's answer (``source``: "controller"), else its records' ("records")."""
+    from podrun.launch import control
+
+    if _live(run_dir):
+        try:
+            reply = control.ask(str(run_dir), {"ask": STATE_ASK}, timeout=10.0)
+            if isinstance(reply, dict) and "error" not in reply and isinstance(reply.get("hosts"), list):
+                return {**reply, "source": "controller"}
+        except OSError as exc:
+            if exc.errno not in (errno.ENOENT, errno.ECONNREFUSED, None) and not isinstance(exc, TimeoutError):
+                raise LaunchError(f"cannot ask run {run_dir.name} for its state: {exc.strerror or exc}") from None
+        except ValueError:
+            pass
+    return from_records(run_dir)
+
+
+def _last_records(run_dir: Path) -> list[dict]:
+    try:
+        fd = os.open(run_dir / METRICS, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return []
+    try:
+        size = os.fstat(fd).st_size
+        data = os.pread(fd, min(size, TAIL_BYTES), max(size - TAIL_BYTES, 0))
+    finally:
+        os.close(fd)
+    out = []
+    for raw in data.splitlines()[1 if size > TAIL_BYTES else 0:]:
+        try:
+            r = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(r, dict):
+            out.append(r)
+    return out
+
+
+def from_records(run_dir: Path) -> dict[str, Any]:
+    """The state the run directory's records give: the last step of metrics.jsonl; once an attempt ended, each
+    host's end, the account and the root cause from summary.json."""
+    try:
+        summary = json.loads(read_trusted(run_dir / SUMMARY, SUMMARY, limit=SUMMARY_LIMIT, error=LaunchError))
+    except (OSError, ValueError):
+        summary = None
+    summary = summary if isinstance(summary, dict) else {}
+    records = _last_records(run_dir)
+    steps = [r for r in records if r.get("kind") == "step"]
+    last = steps[-1] if steps else {}
+    starts = [r for r in records if r.get("kind") == "run" and r.get("event") in ("start", "resume")]
+    attempts = summary.get("attempts") or []
+    cause = (attempts[-1] if attempts else {}).get("root_cause") or summary.get("root_cause")
+    hosts = [{"host": i.get("host"), "instance": i.get("index"), "state": i.get("status"), "heartbeat_age_s": None,
+              "busy_s": None, "split": None, "slow": False, "exit_code": i.get("exit_code")}
+             for i in summary.get("instances") or [] if isinstance(i, dict)]
+    slow = {r.get("rank") for r in summary.get("slow_ranks") or [] if isinstance(r, dict)}
+    ranks = [{"rank": int(r), "host": v.get("host"), "busy_s": None, "reports": v.get("reports"), "slow": int(r) in slow,
+              "split": {k: v.get(k) for k in SPLIT_PARTS}}
+             for r, v in ((summary.get("step_split") or {}).get("ranks") or {}).items() if str(r).isdigit()]
+    total = last.get("total", (starts[-1] if starts else {}).get("total_steps"))
+    for h in hosts:                       # a host's split: the mean of its ranks'
+        mine = [r["split"] for r in ranks if r["host"] == h["host"] and all(
+            isinstance(r["split"].get(k), (int, float)) for k in SPLIT_PARTS)]
+        if mine:
+            h["split"] = {k: round(sum(x[k] for x in mine) / len(mine), 6) for k in SPLIT_PARTS}
+        h["slow"] = any(r["slow"] for r in ranks if r["host"] == h["host"])
+    return {"run_id": summary.get("run_id", run_dir.name), "run_dir": str(run_dir), "recipe": None, "cluster": None,
+            "transport": summary.get("transport"), "restarts": max(len(attempts) - 1, 0), "running": False,
+            "step": last.get("step"), "total": total if isinstance(total, int) else None, "epoch": last.get("epoch"),
+            "loss": last.get("loss"), "samples_per_sec": last.get("images_per_sec", last.get("samples_per_sec")),
+            "time_left_s": None, "account": summary.get("account"), "hosts": hosts, "ranks": ranks,
+            "hosts_total": len(hosts), "hosts_running": 0,
+            "hosts_lost": sum(h["state"] == "lost" for h in hosts), "slow_ranks": sorted(r for r in slow
+                                                                                          if isinstance(r, int)),
+            "slow_ratio": None,
+            "root_cause": (f"{cause.get('reason')} (instance {cause.get('instance')} on {cause.get('host')})"
+                           if isinstance(cause, dict) else None),
+            "status": summary.get("status"), "source": "records"}
