@@ -123,7 +123,8 @@ class LaunchCommand(click.Command):
         every = ctx.meta.get("podrun.help_all", False)
         records = {}
         for param in self.get_params(ctx):
-            record = param.get_help_record(ctx)
+            # options only: click 8.5 gives an argument a help record too (its metavar, no text)
+            record = param.get_help_record(ctx) if isinstance(param, click.Option) else None
             if record is not None:
                 records[param.name] = (getattr(param, SECTION_ATTR, None), _row(param.name, record, every))
         if every:
