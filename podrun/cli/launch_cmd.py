@@ -92,6 +92,24 @@ class LaunchCommand(click.Command):
         ctx.meta["podrun.spelled"] = spelled
         return rest
 
+    def shell_complete(self, ctx, incomplete):
+        """An option after the target is the target's own: a recipe's options (podrun.specs.recipe_args), none for
+        a script or command (``podrun launch recipes/resnet18_cifar10 --da<Tab>``: --data, not --data-interface)."""
+        target = ctx.params.get("args") or ()
+        if not target or not incomplete.startswith("-"):
+            return super().shell_complete(ctx, incomplete)
+        from click.shell_completion import CompletionItem
+
+        from podrun.errors import PodrunError
+        from podrun.specs import find_recipe_dir
+        from podrun.specs.recipe_args import option_table
+
+        try:
+            find_recipe_dir(target[0])
+        except PodrunError:
+            return []
+        return [CompletionItem(o) for o in option_table() if o.startswith(incomplete) and "_" not in o]
+
     def expand_prefixes(self, args: list[str], exact: frozenset[str] = frozenset()) -> list[str]:
         """``args`` with each option before the target written in full where it is an unambiguous prefix of one
         option (``--nproc_per_nod=2``, ``--max-rest 1``), as torchrun's argparse reads them; an ambiguous or unknown

@@ -70,6 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI; PodrunError is caught here, once: one paragraph, exit code, no traceback."""
     from podrun.errors import PodrunError
 
+    if "_PODRUN_COMPLETE" in os.environ:
+        from podrun.cli.completion import register
+
+        register()
+
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     try:
