@@ -1,6 +1,7 @@
 """`podrun launch`: parse, build the launch request, print it (--dry-run) or run and supervise it."""
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import re
@@ -399,7 +400,7 @@ def launch(ctx, args, **kw):
                                    only_output_from=out.only_output_from_instance, elastic=prepared.elastic,
                                    watch=watch, progress=view, resuming=resuming is not None,
                                    launch_record=record(ctx.meta.get("podrun.argv", []), os.getcwd()),
-                                   said=lambda s: _say_outcome(s, request, view))
+                                   said=lambda s: _say_outcome(s, request, view, console))
     finally:
         view.close()
     if out.as_json:
@@ -408,12 +409,12 @@ def launch(ctx, args, **kw):
     sys.exit(summary["exit_code"])   # main.py turns SystemExit into the exit code
 
 
-def _say_outcome(summary: dict, request, view) -> None:
+def _say_outcome(summary: dict, request, view, console=None) -> None:
     """The run's end on the console (its root cause or its line), the live view closed first; a closed pipe
     (`| head`) or terminal (SIGHUP) is no failure: the run directory has everything."""
     view.close()
     with contextlib.suppress(OSError):
-        _print_root_cause(summary, request)
+        _print_root_cause(summary, request, console.showed if console is not None else None)
 
 
 def _as_copy(opts):
@@ -553,6 +554,7 @@ class _Console:
         self.hushed = False
         self.shown: dict[tuple, str] = {}     # (instance, local rank, stream) -> its unended line as shown
         self.open: tuple | None = None         # the key whose unended line the console's last output is
+        self.recent: dict[tuple, collections.deque] = {}   # (instance, local rank) -> the last lines it showed
 
     def interrupted(self) -> None:
         self.hushed = not self.debug
@@ -629,6 +631,15 @@ class _Console:
             line = _with(prefix, text)
         self.open = None
         print(line, file=f, flush=True)
+        self.recent.setdefault((index, local_rank), collections.deque(maxlen=SHOWN_KEPT)).append(text)
+
+    def showed(self, instance, local_rank, lines) -> bool:
+        """Whether ``lines`` (a worker's last lines) are the last it showed on the console, in order."""
+        seen = list(self.recent.get((instance, local_rank), ()))
+        return bool(lines) and len(lines) <= len(seen) and seen[len(seen) - len(lines):] == list(lines)
+
+
+SHOWN_KEPT = 64          # lines kept per worker to tell whether a root cause's last lines were shown live
 
 
 def _with(prefix: str, text: str) -> str:
@@ -733,8 +744,18 @@ def _differs(rows: list[list[str]], what: str) -> str:
     return f"# {what} {len(diff)} of {len(cols)} items" + (f": {shown}" if diff else "")
 
 
-def _print_root_cause(summary: dict, request) -> None:
-    """The run's end on stderr, from the (redacted) summary; every line through podrun.redaction.shown."""
+KEY_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Fault|Warning)(?::.*)?|.*\berror: .*)$")
+
+
+def key_line(lines: list[str]) -> str | None:
+    """The last of ``lines`` that says what went wrong: an exception's type and message (a traceback's last line) or
+    an ``error:`` line (argparse's, a program's); None where none does."""
+    return next((line.strip() for line in reversed(lines) if KEY_LINE.match(line.strip())), None)
+
+
+def _print_root_cause(summary: dict, request, showed=None) -> None:
+    """The run's end on stderr, from the (redacted) summary; every line through podrun.redaction.shown. ``showed``
+    (instance, local rank, lines): whether the console showed those lines last, so that they are not said twice."""
     from podrun.redaction import shown
     from podrun.rundir.layout import instance_log
     from podrun.rundir.report import pointers      # torch-free: checkpoints kept, `podrun report RUN_DIR`
@@ -757,14 +778,25 @@ def _print_root_cause(summary: dict, request) -> None:
         say(f"podrun: run {request.run_id} {ended}; logs in {request.run_dir}{unwritten}; {pointers(request.run_dir)}")
         return
     if rc:
-        say(f"podrun: run {request.run_id} failed (exit {code}). root cause: {who(rc)}: {rc['reason']}")
-        error = rc.get("error")
-        if error:
-            say(f"  error (recorded by @record in {error.get('file')}): {error.get('message')}")
-        if rc.get("last_lines"):
-            whose = "its" if rc.get("local_rank") is not None else "the instance's"
-            say(f"  {whose} last lines (in {os.path.join(request.run_dir, instance_log(rc['instance']))}):")
-            for line in rc["last_lines"]:
+        # the key line (the @record error's message, else the exception's or error's last line) first, with the
+        # rank; the reason (exit code) after it; the last lines once: not again when the console just showed them
+        error, lines = rc.get("error"), rc.get("last_lines") or []
+        key = error.get("message") if error and error.get("message") else key_line(lines)
+        log = os.path.join(request.run_dir, instance_log(rc["instance"]))
+        whose = "its" if rc.get("local_rank") is not None else "the instance's"
+        said_live = bool(lines) and showed is not None and showed(rc["instance"], rc.get("local_rank"), lines)
+        where = (f"{whose} last lines are above (and in {log})" if said_live else
+                 f"{whose} last lines (in {log}):" if lines else "")
+        recorded = f"@record's error file {error.get('file')}" if error else ""
+        if key:
+            say(f"podrun: run {request.run_id} failed (exit {code}). root cause: {who(rc)}: {key}")
+            say("  " + "; ".join(x for x in (rc["reason"], recorded, where) if x))
+        else:
+            say(f"podrun: run {request.run_id} failed (exit {code}). root cause: {who(rc)}: {rc['reason']}")
+            if recorded or lines:
+                say("  " + "; ".join(x for x in (recorded, f"{whose} last lines (in {log}):" if lines else "") if x))
+        if lines and not (key and said_live):
+            for line in lines:
                 say(f"    {line}")
         if rc.get("followers"):
             from podrun.launch.outcome import followers_line as line
