@@ -412,9 +412,12 @@ def launch(ctx, args, **kw):
 def _say_outcome(summary: dict, request, view, console=None) -> None:
     """The run's end on the console (its root cause or its line), the live view closed first; a closed pipe
     (`| head`) or terminal (SIGHUP) is no failure: the run directory has everything."""
-    view.close()
+    from podrun.rundir.report import end_lines
+
+    figures = end_lines(request.run_dir) if summary["status"] in ("ok", "interrupted") else None
+    view.close(say_end=figures is None)         # a training run's end block says its steps, from its metrics
     with contextlib.suppress(OSError):
-        _print_root_cause(summary, request, console.showed if console is not None else None)
+        _print_root_cause(summary, request, console.showed if console is not None else None, figures)
 
 
 def _as_copy(opts):
@@ -614,7 +617,7 @@ class _Console:
 
     def __call__(self, index, host, local_rank, stream, text) -> None:
         prefix = self._prefix(index, host, local_rank, stream)
-        if prefix is None:
+        if prefix is None or (stream == "out" and LOG_ONLY.match(text)):
             return
         key = (index, local_rank, stream)
         before, f = self.shown.pop(key, None), self._file(stream)
@@ -639,6 +642,9 @@ class _Console:
         return bool(lines) and len(lines) <= len(seen) and seen[len(seen) - len(lines):] == list(lines)
 
 
+# a podrun.train run's own end lines (its run-end record, the recipe's "done:"): in the instance logs and
+# metrics.jsonl; on the console the run's end block says the same once
+LOG_ONLY = re.compile(r"^(?:run end: step=|done: \d+ steps, val_accuracy )")
 SHOWN_KEPT = 64          # lines kept per worker to tell whether a root cause's last lines were shown live
 
 
@@ -753,9 +759,10 @@ def key_line(lines: list[str]) -> str | None:
     return next((line.strip() for line in reversed(lines) if KEY_LINE.match(line.strip())), None)
 
 
-def _print_root_cause(summary: dict, request, showed=None) -> None:
+def _print_root_cause(summary: dict, request, showed=None, figures: list[str] | None = None) -> None:
     """The run's end on stderr, from the (redacted) summary; every line through podrun.redaction.shown. ``showed``
-    (instance, local rank, lines): whether the console showed those lines last, so that they are not said twice."""
+    (instance, local rank, lines): whether the console showed those lines last, so that they are not said twice.
+    ``figures``: a training run's end lines (podrun.rundir.report.end_lines), said in its one end block."""
     from podrun.redaction import shown
     from podrun.rundir.layout import instance_log
     from podrun.rundir.report import pointers      # torch-free: checkpoints kept, `podrun report RUN_DIR`
@@ -775,6 +782,14 @@ def _print_root_cause(summary: dict, request, showed=None) -> None:
     if summary["status"] in ("ok", "interrupted"):
         ended = "finished: exit 0" if summary["status"] == "ok" else \
             f"interrupted (exit {code}); every instance ended"
+        if figures:        # one block: how it ended, the figures, the checkpoints, the run directory once
+            say(f"podrun: run {request.run_id} {ended}; {figures[0]}")
+            for line in figures[1:]:
+                say(f"  {line}")
+            for line in pointers(request.run_dir).split("; "):
+                say(f"  {line}" + (f" (logs, summary.json, metrics.jsonl){unwritten}" if line.startswith("report:")
+                                   else ""))
+            return
         say(f"podrun: run {request.run_id} {ended}; logs in {request.run_dir}{unwritten}; {pointers(request.run_dir)}")
         return
     if rc:

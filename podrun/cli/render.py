@@ -208,12 +208,13 @@ class ProgressView:
             return None
         return (now - self.first[0]) / (rec["step"] - self.first[1])
 
-    def close(self) -> None:
+    def close(self, say_end: bool = True) -> None:
+        """Stop the live line; with ``say_end``, the end line from the last report (once)."""
         if self.live is not None:
             self.live.stop()
             self.live = None
         rec, self.last = self.last, None          # said once, however often it is closed
-        if rec is None or rec.get("step") is None:
+        if rec is None or rec.get("step") is None or not say_end:
             return
         now = self.clock()
         parts = [f"{rec['step']} steps in {human_seconds(now - self.t0)}"]

@@ -20,8 +20,8 @@ def report(run_dir: str | None, runs_dir: str, as_json: bool, output: str | None
 
     from podrun.cli.render import console
     from podrun.rundir.layout import REPORT
-    from podrun.rundir.report import (launch_summary, newest_run, plot, read_run, replans, resumes, step_split,
-                                     summarize, summarize_command, title_of)
+    from podrun.rundir.report import (figures_text, launch_summary, newest_run, plot, read_run, replans, resumes,
+                                     step_split, summarize, summarize_command, title_of)
 
     if run_dir is None:
         run_dir = str(newest_run(runs_dir))
@@ -65,13 +65,14 @@ def report(run_dir: str | None, runs_dir: str, as_json: bool, output: str | None
     c.print(f"  decomposition: {summary['world_size']} workers on {summary['instances']} instance(s), "
             f"local batch {summary['local_batch']} x GA {summary['grad_accum']} -> global batch "
             f"{summary['global_batch']} ({summary['device']})")
-    c.print(f"  loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}, "
-            f"train accuracy {summary['final_train_accuracy']:.3f}")
-    if "final_val_accuracy" in summary:
-        c.print(f"  validation accuracy {summary['final_val_accuracy']:.4f} "
-                f"(best {summary['best_val_accuracy']:.4f}), loss {summary['final_val_loss']:.4f}")
-    c.print(f"  throughput {summary['images_per_sec_median']:.1f} img/s total (median), "
-            f"{summary['images_per_sec_instance_median']:.1f} per instance; {summary['train_seconds']:.1f}s training")
+    c.print(f"  {figures_text(summary)}", markup=False)
+    c.print(f"  loss {summary['first_loss']:.4f} at the first step; train accuracy "
+            f"{summary['final_train_accuracy']:.4f}" + (f", val loss {summary['final_val_loss']:.4f}"
+                                                        if "final_val_loss" in summary else ""))
+    wall = f" over {summary['run_seconds']:.1f}s of wall time" if summary.get("run_seconds") is not None else ""
+    c.print(f"  per step: {summary['images_per_sec_median']:.1f} img/s total (median), "
+            f"{summary['images_per_sec_instance_median']:.1f} per instance; {summary['train_seconds']:.1f}s "
+            f"training{wall}")
     if launched is not None:
         c.print(f"  launch: {launched['status']}, exit {launched['exit_code']}, "
                 f"{_seconds(launched['duration_s'])}", markup=False)

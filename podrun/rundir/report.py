@@ -105,6 +105,8 @@ def pointers(run_dir: str | Path) -> str:
         why += [f"--keep-checkpoints {keep}"] if is_integer(keep) else []
         why_s = f" ({', '.join(why)})" if why else ""
         if names:
+            with contextlib.suppress(ValueError):          # inside the run directory: said from there
+                where = str(Path(where).relative_to(run_dir)) + "/"
             out.append(f"{len(names)} checkpoint(s){why_s} in {where}: {', '.join(map(str, names))}")
         else:
             out.append(f"no checkpoint kept{why_s}")
@@ -140,7 +142,15 @@ def summarize(records: list[dict]) -> dict[str, Any]:
         "images_per_sec_median": statistics.median(r["images_per_sec"] for r in steady),
         "images_per_sec_instance_median": statistics.median(r.get("images_per_sec_instance", 0) for r in steady),
         "train_seconds": sum(r.get("step_seconds", 0.0) for r in steps),
+        "final_loss_steps": len(tail),
     }
+    # over the whole run: its images (each step once, at the run's global batch) over the wall time from its first
+    # record to its last (evaluations, checkpoints and restarts included)
+    times = [r["time"] for r in records if isinstance(r.get("time"), (int, float)) and not isinstance(r["time"], bool)]
+    wall = max(times) - min(times) if times else None
+    out["run_seconds"] = wall
+    gb = first.get("global_batch")
+    out["images_per_sec_run"] = len(steps) * gb / wall if is_integer(gb) and wall is not None and wall > 0 else None
     if evals:
         out["final_val_accuracy"] = evals[-1]["val_accuracy"]
         out["best_val_accuracy"] = max(r["val_accuracy"] for r in evals)
@@ -268,12 +278,39 @@ def title_of(run: RunRecord, summary: dict[str, Any]) -> str:
     launch = run.launch
     status = f"launch {launch.status} (exit {launch.exit_code})" if launch is not None and launch.status else \
         ("finished" if summary.get("finished") else "not finished")
-    if "final_val_accuracy" in summary:
-        metric = f"val accuracy {summary['final_val_accuracy']:.3f} (best {summary['best_val_accuracy']:.3f})"
-    else:
-        metric = f"train accuracy {summary['final_train_accuracy']:.3f}"
     return (f"{what}: {decomposition}\n{status}, step {summary['steps']}/{summary.get('total_steps') or '?'}, "
-            f"{metric}, train loss {summary['final_loss']:.3f}  ({run.path.name})")
+            f"{figures_text(summary)}  ({run.path.name})")
+
+
+def figures_text(summary: dict[str, Any]) -> str:
+    """The run's figures as the console's end, the report and the PNG's title all say them (one wording, one
+    rounding): whole-run throughput, final train loss (the last steps' mean), validation accuracy (else train)."""
+    parts = []
+    if summary.get("images_per_sec_run") is not None:
+        parts.append(f"{summary['images_per_sec_run']:,.1f} img/s over the run")
+    parts.append(f"train loss {summary['final_loss']:.4f} (mean of the last {summary['final_loss_steps']} steps)")
+    if "final_val_accuracy" in summary:
+        parts.append(f"val accuracy {summary['final_val_accuracy']:.4f} (best {summary['best_val_accuracy']:.4f})")
+    else:
+        parts.append(f"train accuracy {summary['final_train_accuracy']:.4f}")
+    return ", ".join(parts)
+
+
+def end_lines(run_dir: str | Path) -> list[str] | None:
+    """The figures a finished training run's end block on the console says (figures_text of its metrics.jsonl),
+    after its steps and wall time; None where the run recorded no training step."""
+    try:
+        run = read_run(Path(run_dir) / METRICS)
+    except PodrunError:
+        return None
+    if not run.trained:
+        return None
+    summary = summarize(run.records)
+    wall = f" in {human_seconds(summary['run_seconds'])} after start-up" if summary.get("run_seconds") is not None \
+        else ""
+    epochs = summary["epochs"]
+    return [f"{summary['steps']} steps ({epochs:g} epoch{'' if epochs == 1 else 's'}){wall}",
+            figures_text(summary)]
 
 
 SHOWN_HOSTS = 3          # at scale the per-host panel draws the slowest and the fastest this many hosts
