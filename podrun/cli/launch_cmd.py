@@ -354,9 +354,9 @@ def launch(ctx, args, **kw):
     on the plan's hosts; torchrun's options are taken as torchrun's (and from PET_ variables).
 
     \b
-      podrun launch --nproc-per-node 2 train.py --epochs 1        # as torchrun
-      podrun launch --hosts h1,h2 --nproc-per-node 2 train.py     # two hosts, one command
-      podrun launch recipes/resnet18_cifar10 --data digits        # a recipe: podrun plans the batch
+      podrun launch --nproc-per-node 2 train.py --epochs 1     # as torchrun
+      podrun launch --hosts h1,h2 --nproc-per-node 2 train.py  # two hosts
+      podrun launch recipes/resnet18_cifar10 --data digits     # a recipe
       podrun launch --hosts h1,h2 --devices-per-host 2 -- ./run.sh --epochs 1
     """
     from podrun.cli.render import print_json
@@ -675,9 +675,10 @@ def _said_the_same(root: dict, others: list[dict]) -> tuple[str, list[dict]]:
 
 
 def _notice(text):
+    from podrun.cli.render import fit, width_of
     from podrun.redaction import shown
 
-    print(f"podrun: {shown(text)}", file=sys.stderr, flush=True)
+    print(fit(f"podrun: {shown(text)}", width_of(sys.stderr)), file=sys.stderr, flush=True)
 
 
 FULL_DRY_RUN_WORKERS = 4     # a --dry-run of at most this many workers is printed whole; a larger one as a summary
@@ -687,31 +688,38 @@ def _print_dry_run(record: dict, shows: str = "auto") -> None:
     """--dry-run's text: the request's header, then every host's command and every worker's env ("all", or a small
     run), one host's (``shows`` a host), or a summary that fits a screen: the first and last instance in full and
     what differs between the others. Each command and env printed is exactly what runs."""
+    from podrun.cli.render import fit, width_of
+
+    width = width_of(sys.stdout)          # a terminal's; a file or pipe: each comment on one line
+
+    def comment(text: str) -> None:        # a "# " line, wrapped at word boundaries; commands and env never are
+        print("\n".join("# " + line for line in fit(text, None if width is None else width - 2).split("\n")))
+
     commands, instances = record["commands"], record["instances"]
     workers = sum(len(i["workers"]) for i in instances)
     hosts = list(dict.fromkeys(i["host"] for i in instances))
     if shows not in ("auto", "all") and shows not in hosts and shows not in {c["host"] for c in commands}:
         raise click.UsageError(f"--dry-run-host {shows}: not a host of the plan ({_some(hosts)})")
-    print(f"# podrun launch --dry-run: run {record['run_id']} via {record['transport']}, "
+    comment(f"podrun launch --dry-run: run {record['run_id']} via {record['transport']}, "
           f"run dir {record['run_dir']}, --max-restarts {record['max_restarts']}")
     for note in record["notes"]:
-        print(f"# {note}")
-    print(f"# MASTER_ADDR {record['master_addr']}: {record['master_addr_source']}")
+        comment(note)
+    comment(f"MASTER_ADDR {record['master_addr']}: {record['master_addr_source']}")
     hb = record["heartbeat"]
-    print(f"# heartbeat every {hb['period_s']:g} s both ways; a host silent for {hb['bound_s']:g} s "
+    comment(f"heartbeat every {hb['period_s']:g} s both ways; a host silent for {hb['bound_s']:g} s "
           f"({hb['misses']:g} missed) is lost, and an agent whose controller is silent that long ends its workers")
     if record["master_port"] == 0:
-        print(f"# MASTER_PORT 0 below: podrun picks a free port on {record['master_addr']} when the run starts, and "
+        comment(f"MASTER_PORT 0 below: podrun picks a free port on {record['master_addr']} when the run starts, and "
               "every worker gets that port (--master-port N fixes one)")
     if shows not in ("auto", "all"):
         commands = [c for c in commands if c["host"] == shows]
         instances = [i for i in instances if i["host"] == shows]
     elif shows == "auto" and workers > FULL_DRY_RUN_WORKERS and len(instances) > 1:
-        print(f"# {len(instances)} instances on {len(hosts)} hosts ({_some(hosts)}), {workers} workers: the first and "
+        comment(f"{len(instances)} instances on {len(hosts)} hosts ({_some(hosts)}), {workers} workers: the first and "
               "last in full; --dry-run-all prints every one, --dry-run-host HOST one host's")
-        print(_differs([shlex.split(c["command"]) for c in commands], "the hosts' commands differ in"))
-        print(_differs([[f"{k}={v}" for k, v in e.items()] for i in instances for e in i["workers"]],
-                       "the workers' env differs in"))
+        comment(_differs([shlex.split(c["command"]) for c in commands], "the hosts' commands differ in")[2:])
+        comment(_differs([[f"{k}={v}" for k, v in e.items()] for i in instances for e in i["workers"]],
+                         "the workers' env differs in")[2:])
         commands = commands[:1] + commands[-1:] if len(commands) > 1 else commands
         first, last = instances[0], instances[-1]
         instances = [{**first, "workers": first["workers"][:1]},
@@ -719,8 +727,9 @@ def _print_dry_run(record: dict, shows: str = "auto") -> None:
     for c in commands:
         print(f"\n# host {c['host']}: runs\n{c['command']}")
     if record["agent_env"]:
-        print("\n# every agent's --env (on top of the host's; its workers inherit it), through "
-              + record["agent_env_route"])
+        print()
+        comment("every agent's --env (on top of the host's; its workers inherit it), through "
+                + record["agent_env_route"])
         for k, v in record["agent_env"].items():
             print(f"{k}={v}")
     for inst in instances:
@@ -772,8 +781,12 @@ def _print_root_cause(summary: dict, request, showed=None, figures: list[str] | 
     missing = summary.get("not_written") or []
     unwritten = f"; NOT written: {', '.join(missing)}" if missing else ""
 
-    def say(text: str) -> None:
-        print(shown(text), file=sys.stderr)
+    from podrun.cli.render import fit, width_of
+
+    width = width_of(sys.stderr)
+
+    def say(text: str) -> None:     # podrun's own words fitted to a terminal; a worker's quoted lines as they are
+        print(shown(text) if text.startswith("    ") else fit(shown(text), width), file=sys.stderr)
 
     def who(d: dict) -> str:
         rank = d.get("local_rank")
