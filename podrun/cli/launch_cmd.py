@@ -759,15 +759,6 @@ def _differs(rows: list[list[str]], what: str) -> str:
     return f"# {what} {len(diff)} of {len(cols)} items" + (f": {shown}" if diff else "")
 
 
-KEY_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Fault|Warning)(?::.*)?|.*\berror: .*)$")
-
-
-def key_line(lines: list[str]) -> str | None:
-    """The last of ``lines`` that says what went wrong: an exception's type and message (a traceback's last line) or
-    an ``error:`` line (argparse's, a program's); None where none does."""
-    return next((line.strip() for line in reversed(lines) if KEY_LINE.match(line.strip())), None)
-
-
 def _print_root_cause(summary: dict, request, showed=None, figures: list[str] | None = None) -> None:
     """The run's end on stderr, from the (redacted) summary; every line through podrun.redaction.shown. ``showed``
     (instance, local rank, lines): whether the console showed those lines last, so that they are not said twice.
@@ -781,7 +772,7 @@ def _print_root_cause(summary: dict, request, showed=None, figures: list[str] | 
     missing = summary.get("not_written") or []
     unwritten = f"; NOT written: {', '.join(missing)}" if missing else ""
 
-    from podrun.cli.render import fit, width_of
+    from podrun.cli.render import fit, key_line, width_of
 
     width = width_of(sys.stderr)
 

@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "hosts": ("podrun.cli.hosts_cmd:hosts", "Show the hosts podrun would use and where it found them."),
     "stack": ("podrun.cli.stack_cmd:stack", "Show every rank's stack of a running launch, merged, without stopping it."),
     "report": ("podrun.cli.report_cmd:report", "Summarise a run and draw its loss, accuracy and throughput curves."),
+    "runs": ("podrun.cli.runs_cmd:runs", "List the local runs under a runs directory, newest first."),
     "clusters": ("podrun.cli.catalog_cmd:clusters", "List the cluster specs podrun finds (name, size, scheduler, source)."),
     "recipes": ("podrun.cli.catalog_cmd:recipes", "List the recipes podrun finds (name, model, data set, batch, source)."),
 }

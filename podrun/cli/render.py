@@ -56,6 +56,15 @@ def fit(text: str, width: int | None, indent: str = "  ") -> str:
     return "\n".join(out)
 
 
+KEY_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Fault|Warning)(?::.*)?|.*\berror: .*)$")
+
+
+def key_line(lines: list[str]) -> str | None:
+    """The last of ``lines`` that says what went wrong: an exception's type and message (a traceback's last line) or
+    an ``error:`` line (argparse's, a program's); None where none does."""
+    return next((line.strip() for line in reversed(lines) if KEY_LINE.match(line.strip())), None)
+
+
 def print_json(obj) -> None:
     json.dump(obj, sys.stdout, indent=2, sort_keys=False, default=str)
     sys.stdout.write("\n")

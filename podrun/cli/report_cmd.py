@@ -180,14 +180,16 @@ def _command(run, s: dict, notes: list[str], as_json: bool) -> None:
         p = s["plan"]
         hosts = p.get("hosts")
         say(f"  plan: {len(hosts) if isinstance(hosts, list) else '?'} host(s), {p.get('instances')} instance(s), "
-            f"{p.get('replicas')} replicas; local batch {p.get('local_batch')} x GA {p.get('grad_accum')} -> "
-            f"global batch {p.get('global_batch')}")
+            f"{p.get('replicas')} worker(s)")         # no training steps: no batch, no goodput
     for a in s["attempts"]:
         say(f"  {_attempt_line(a)}")
     rc = s["root_cause"]
     if rc:
+        from podrun.cli.render import key_line
+
+        key = key_line(rc.get("last_lines") or [])
         say(f"  root cause: instance {rc.get('instance')} on {rc.get('host')}, local rank {rc.get('local_rank')}: "
-            f"{rc.get('reason')}")
+            f"{key or rc.get('reason')}" + (f" ({rc.get('reason')})" if key else ""))
         for line in (rc.get("last_lines") or [])[-5:]:
             say(f"    {line}")
     if s.get("error"):
@@ -202,16 +204,16 @@ def _command(run, s: dict, notes: list[str], as_json: bool) -> None:
             f"ready {_seconds(i['ready_s'])}, ended {_seconds(i['ended_s'])}")
     for r in s["replans"]:
         say(f"  {_replan_line(r)}")
-    _account(run.launch.account if run.launch is not None else None, say)
+    _account(run.launch.account if run.launch is not None else None, say, trained=False)
     for line in _split_lines(s["step_split"]):
         say(f"  {line}")
     for note in notes:
         say(f"  note: {note}")
 
 
-def _account(acc, say) -> None:
+def _account(acc, say, trained: bool = True) -> None:
     """The run's account as a short table (podrun.rundir.report.account_lines), when summary.json has one."""
     from podrun.rundir.report import account_lines
 
-    for line in account_lines(acc) if acc is not None else ():
+    for line in account_lines(acc, trained) if acc is not None else ():
         say(f"  {line}")

@@ -220,19 +220,33 @@ def launch_summary(launch: Summary | None) -> dict[str, Any] | None:
             "duration_s": launch.duration_s, "attempts": attempt_rows(launch)}
 
 
-def account_lines(acc: Account) -> list[str]:
+# a run without training steps (a plain command): what its account's training-only categories amount to
+COMMAND_RAN = ("startup", "training", "evaluation", "checkpoint")
+COMMAND_LABEL = "the command running"
+
+
+def account_lines(acc: Account, trained: bool = True) -> list[str]:
     """The account as a short table: its wall time and goodput, one line per category that took time (seconds and
-    share of the wall), then one line per attempt when there were more than one."""
+    share of the wall), then one line per attempt when there were more than one. Not ``trained`` (a plain command:
+    no steps), no goodput, and the time after the launch is the command's (COMMAND_RAN's categories, as one)."""
     wall = acc.run.wall_s
-    g = acc.run.goodput
+    g = acc.run.goodput if trained else None
     out = [f"where the time went: {human_seconds(wall)}" + (f", goodput {g:.1%} (training / wall)" if g is not None
                                                             else "")]
-    width = max(len(v) for v in LABELS.values())
-    for c in CATEGORIES:
-        secs = acc.run.seconds.get(c, 0.0)
-        if secs > 0 or c == "training":
-            out.append(f"  {LABELS[c]:<{width}}  {human_seconds(secs):>9}  {secs / wall if wall > 0 else 0:6.1%}")
-    if len(acc.attempts) > 1:
+    seconds = dict(acc.run.seconds)
+    labels = dict(LABELS)
+    categories = list(CATEGORIES)
+    if not trained:
+        seconds["command"] = sum(seconds.pop(c, 0.0) for c in COMMAND_RAN)
+        labels["command"] = COMMAND_LABEL
+        categories = [c for c in categories if c not in COMMAND_RAN]
+        categories.insert(categories.index("launch") + 1, "command")
+    width = max(len(labels[c]) for c in categories)
+    for c in categories:
+        secs = seconds.get(c, 0.0)
+        if secs > 0 or c == ("training" if trained else "command"):
+            out.append(f"  {labels[c]:<{width}}  {human_seconds(secs):>9}  {secs / wall if wall > 0 else 0:6.1%}")
+    if len(acc.attempts) > 1 and trained:
         for i, a in enumerate(acc.attempts):
             ga = a.goodput
             out.append(f"  attempt {i}: {human_seconds(a.wall_s)}, goodput {ga:.1%}, failure "
