@@ -76,23 +76,32 @@ def _zsh_complete(env: dict, work: Path, lines: list[str]) -> list[str]:
         os.chdir(work)
         os.execvpe("zsh", ["zsh", "-f", "-i"], {**env, "TERM": "dumb"})
 
-    def until(marker: bytes) -> str:
-        buf = b""
-        while marker not in buf:
+    seen = bytearray()
+
+    def until(marker: bytes, start: int) -> int:
+        """Read until ``marker`` shows at or after ``start``; where it ends."""
+        while seen.find(marker, start) < 0:
             ready, _, _ = select.select([fd], [], [], 60)
-            assert ready, f"zsh said nothing for 60 s; so far: {buf!r}"
-            buf += os.read(fd, 65536)
-        return re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]|[\x07\r]", "", buf.decode(errors="replace"))
+            assert ready, f"zsh said nothing for 60 s; so far: {bytes(seen[start:])!r}"
+            seen.extend(os.read(fd, 65536))
+        return seen.find(marker, start) + len(marker)
+
+    def prompt_after(marker: bytes, start: int) -> int:
+        """Past ``marker`` and the prompt after it: zsh's line editor reads what is typed from then on (typed
+        sooner, the terminal itself would take the Tab and Ctrl-U)."""
+        return until(b"% ", until(marker + b"\r\n", start))
 
     try:
         os.write(fd, b"PS1='%% '; autoload -U compinit; compinit -u; setopt autolist nolistambiguous; "
                      b"eval \"$(_PODRUN_COMPLETE=zsh_source podrun)\"; echo READY$((1+1))\n")
-        until(b"READY2")
+        at = prompt_after(b"READY2", 0)
         screens = []
         for n, line in enumerate(lines):
             # Tab, then (typed ahead, read once the completion is done) the line cleared and a marker echoed
             os.write(fd, line.encode() + b"\t\x15echo DONE$((" + str(n).encode() + b"+1000))\n")
-            screens.append(until(f"DONE{n + 1000}".encode()))
+            end = prompt_after(f"DONE{n + 1000}".encode(), at)
+            screens.append(re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]|[\x07\r]", "", seen[at:end].decode(errors="replace")))
+            at = end
         return screens
     finally:
         os.kill(pid, 9)
