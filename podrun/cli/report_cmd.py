@@ -55,7 +55,7 @@ def report(run_dir: str | None, runs_dir: str, as_json: bool, output: str | None
         slow = run.launch.slow_ranks if run.launch is not None else ()
         summary["plot"] = str(plot(run.records, target, title=title_of(run, summary), replanned=summary["replans"],
                                    slow=slow, host_busy=run.launch.host_busy if run.launch is not None else None,
-                                   account=acc))
+                                   account=acc, attempts=run.launch.attempts if run.launch is not None else ()))
     if _as_json(summary, run, notes, as_json):
         return
     c = console()
@@ -204,7 +204,9 @@ def _command(run, s: dict, notes: list[str], as_json: bool) -> None:
             f"ready {_seconds(i['ready_s'])}, ended {_seconds(i['ended_s'])}")
     for r in s["replans"]:
         say(f"  {_replan_line(r)}")
-    _account(run.launch.account if run.launch is not None else None, say, trained=False)
+    acc = run.launch.account if run.launch is not None else None
+    # a command whose ranks reported steps (podrun.runtime) trained: its goodput is one
+    _account(acc, say, trained=acc is not None and acc.run.seconds.get("training", 0.0) > 0)
     for line in _split_lines(s["step_split"]):
         say(f"  {line}")
     for note in notes:
