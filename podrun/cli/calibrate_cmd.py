@@ -52,7 +52,8 @@ def calibrate(recipe, as_json, **options):
 
     \b
     podrun calibrate --device-memory 1 recipes/resnet18_cifar10
-    podrun calibrate --hosts h1,h2,h3,h4 --devices-per-host 1 --device-memory 1 resnet18_cifar10
+    podrun calibrate --hosts h1,h2,h3,h4 --devices-per-host 1 \\
+        --device-memory 1 resnet18_cifar10
     podrun plan --calibration resnet18_cifar10-local resnet18_cifar10
     """
     from podrun.calibrate.run import CalibrateOptions, calibrate as run_calibration, summary_rows

@@ -12,7 +12,6 @@ from podrun.cli.options import host_options, pop_plan_options
 def hosts(as_json: bool, **kwargs) -> None:
     """Show the hosts podrun would use and where it found them.
 
-    \b
     The first of these wins: --hosts, --hostfile, the scheduler allocation this shell runs in
     (SLURM_JOB_NODELIST, PBS_NODEFILE, PE_HOSTFILE, SGE_JOB_HOSTLIST), the cluster spec.
 

@@ -1,6 +1,7 @@
 """`podrun launch`: parse, build the launch request, print it (--dry-run) or run and supervise it."""
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import re
@@ -93,6 +94,24 @@ class LaunchCommand(click.Command):
         ctx.meta["podrun.spelled"] = spelled
         return rest
 
+    def shell_complete(self, ctx, incomplete):
+        """An option after the target is the target's own: a recipe's options (podrun.specs.recipe_args), none for
+        a script or command (``podrun launch recipes/resnet18_cifar10 --da<Tab>``: --data, not --data-interface)."""
+        target = ctx.params.get("args") or ()
+        if not target or not incomplete.startswith("-"):
+            return super().shell_complete(ctx, incomplete)
+        from click.shell_completion import CompletionItem
+
+        from podrun.errors import PodrunError
+        from podrun.specs import find_recipe_dir
+        from podrun.specs.recipe_args import option_table
+
+        try:
+            find_recipe_dir(target[0])
+        except PodrunError:
+            return []
+        return [CompletionItem(o) for o in option_table() if o.startswith(incomplete) and "_" not in o]
+
     def expand_prefixes(self, args: list[str], exact: frozenset[str] = frozenset()) -> list[str]:
         """``args`` with each option before the target written in full where it is an unambiguous prefix of one
         option (``--nproc_per_nod=2``, ``--max-rest 1``), as torchrun's argparse reads them; an ambiguous or unknown
@@ -124,7 +143,8 @@ class LaunchCommand(click.Command):
         every = ctx.meta.get("podrun.help_all", False)
         records = {}
         for param in self.get_params(ctx):
-            record = param.get_help_record(ctx)
+            # options only: click 8.5 gives an argument a help record too (its metavar, no text)
+            record = param.get_help_record(ctx) if isinstance(param, click.Option) else None
             if record is not None:
                 records[param.name] = (getattr(param, SECTION_ATTR, None), _row(param.name, record, every))
         if every:
@@ -346,9 +366,9 @@ def launch(ctx, args, **kw):
     on the plan's hosts; torchrun's options are taken as torchrun's (and from PET_ variables).
 
     \b
-      podrun launch --nproc-per-node 2 train.py --epochs 1        # as torchrun
-      podrun launch --hosts h1,h2 --nproc-per-node 2 train.py     # two hosts, one command
-      podrun launch recipes/resnet18_cifar10 --data digits        # a recipe: podrun plans the batch
+      podrun launch --nproc-per-node 2 train.py --epochs 1     # as torchrun
+      podrun launch --hosts h1,h2 --nproc-per-node 2 train.py  # two hosts
+      podrun launch recipes/resnet18_cifar10 --data digits     # a recipe
       podrun launch --hosts h1,h2 --devices-per-host 2 -- ./run.sh --epochs 1
     """
     from podrun.cli.render import print_json
@@ -393,7 +413,7 @@ def launch(ctx, args, **kw):
                                    only_output_from=out.only_output_from_instance, elastic=prepared.elastic,
                                    watch=watch, progress=view, resuming=resuming is not None,
                                    launch_record=record(ctx.meta.get("podrun.argv", []), os.getcwd()),
-                                   said=lambda s: _say_outcome(s, request, view), observer=observer)
+                                   said=lambda s: _say_outcome(s, request, view, console), observer=observer)
     finally:
         view.close()
         observer.close()
@@ -430,12 +450,15 @@ def _live_views(live: dict):
     return Observers(views, _notice)
 
 
-def _say_outcome(summary: dict, request, view) -> None:
+def _say_outcome(summary: dict, request, view, console=None) -> None:
     """The run's end on the console (its root cause or its line), the live view closed first; a closed pipe
     (`| head`) or terminal (SIGHUP) is no failure: the run directory has everything."""
-    view.close()
+    from podrun.rundir.report import end_lines
+
+    figures = end_lines(request.run_dir) if summary["status"] in ("ok", "interrupted") else None
+    view.close(say_end=figures is None)         # a training run's end block says its steps, from its metrics
     with contextlib.suppress(OSError):
-        _print_root_cause(summary, request)
+        _print_root_cause(summary, request, console.showed if console is not None else None, figures)
 
 
 def _as_copy(opts):
@@ -575,6 +598,7 @@ class _Console:
         self.hushed = False
         self.shown: dict[tuple, str] = {}     # (instance, local rank, stream) -> its unended line as shown
         self.open: tuple | None = None         # the key whose unended line the console's last output is
+        self.recent: dict[tuple, collections.deque] = {}   # (instance, local rank) -> the last lines it showed
 
     def interrupted(self) -> None:
         self.hushed = not self.debug
@@ -634,7 +658,7 @@ class _Console:
 
     def __call__(self, index, host, local_rank, stream, text) -> None:
         prefix = self._prefix(index, host, local_rank, stream)
-        if prefix is None:
+        if prefix is None or (stream == "out" and LOG_ONLY.match(text)):
             return
         key = (index, local_rank, stream)
         before, f = self.shown.pop(key, None), self._file(stream)
@@ -651,6 +675,18 @@ class _Console:
             line = _with(prefix, text)
         self.open = None
         print(line, file=f, flush=True)
+        self.recent.setdefault((index, local_rank), collections.deque(maxlen=SHOWN_KEPT)).append(text)
+
+    def showed(self, instance, local_rank, lines) -> bool:
+        """Whether ``lines`` (a worker's last lines) are the last it showed on the console, in order."""
+        seen = list(self.recent.get((instance, local_rank), ()))
+        return bool(lines) and len(lines) <= len(seen) and seen[len(seen) - len(lines):] == list(lines)
+
+
+# a podrun.train run's own end lines (its run-end record, the recipe's "done:"): in the instance logs and
+# metrics.jsonl; on the console the run's end block says the same once
+LOG_ONLY = re.compile(r"^(?:run end: step=|done: \d+ steps, val_accuracy )")
+SHOWN_KEPT = 64          # lines kept per worker to tell whether a root cause's last lines were shown live
 
 
 def _with(prefix: str, text: str) -> str:
@@ -686,9 +722,10 @@ def _said_the_same(root: dict, others: list[dict]) -> tuple[str, list[dict]]:
 
 
 def _notice(text):
+    from podrun.cli.render import fit, width_of
     from podrun.redaction import shown
 
-    print(f"podrun: {shown(text)}", file=sys.stderr, flush=True)
+    print(fit(f"podrun: {shown(text)}", width_of(sys.stderr)), file=sys.stderr, flush=True)
 
 
 FULL_DRY_RUN_WORKERS = 4     # a --dry-run of at most this many workers is printed whole; a larger one as a summary
@@ -698,31 +735,38 @@ def _print_dry_run(record: dict, shows: str = "auto") -> None:
     """--dry-run's text: the request's header, then every host's command and every worker's env ("all", or a small
     run), one host's (``shows`` a host), or a summary that fits a screen: the first and last instance in full and
     what differs between the others. Each command and env printed is exactly what runs."""
+    from podrun.cli.render import fit, width_of
+
+    width = width_of(sys.stdout)          # a terminal's; a file or pipe: each comment on one line
+
+    def comment(text: str) -> None:        # a "# " line, wrapped at word boundaries; commands and env never are
+        print("\n".join("# " + line for line in fit(text, None if width is None else width - 2).split("\n")))
+
     commands, instances = record["commands"], record["instances"]
     workers = sum(len(i["workers"]) for i in instances)
     hosts = list(dict.fromkeys(i["host"] for i in instances))
     if shows not in ("auto", "all") and shows not in hosts and shows not in {c["host"] for c in commands}:
         raise click.UsageError(f"--dry-run-host {shows}: not a host of the plan ({_some(hosts)})")
-    print(f"# podrun launch --dry-run: run {record['run_id']} via {record['transport']}, "
+    comment(f"podrun launch --dry-run: run {record['run_id']} via {record['transport']}, "
           f"run dir {record['run_dir']}, --max-restarts {record['max_restarts']}")
     for note in record["notes"]:
-        print(f"# {note}")
-    print(f"# MASTER_ADDR {record['master_addr']}: {record['master_addr_source']}")
+        comment(note)
+    comment(f"MASTER_ADDR {record['master_addr']}: {record['master_addr_source']}")
     hb = record["heartbeat"]
-    print(f"# heartbeat every {hb['period_s']:g} s both ways; a host silent for {hb['bound_s']:g} s "
+    comment(f"heartbeat every {hb['period_s']:g} s both ways; a host silent for {hb['bound_s']:g} s "
           f"({hb['misses']:g} missed) is lost, and an agent whose controller is silent that long ends its workers")
     if record["master_port"] == 0:
-        print(f"# MASTER_PORT 0 below: podrun picks a free port on {record['master_addr']} when the run starts, and "
+        comment(f"MASTER_PORT 0 below: podrun picks a free port on {record['master_addr']} when the run starts, and "
               "every worker gets that port (--master-port N fixes one)")
     if shows not in ("auto", "all"):
         commands = [c for c in commands if c["host"] == shows]
         instances = [i for i in instances if i["host"] == shows]
     elif shows == "auto" and workers > FULL_DRY_RUN_WORKERS and len(instances) > 1:
-        print(f"# {len(instances)} instances on {len(hosts)} hosts ({_some(hosts)}), {workers} workers: the first and "
+        comment(f"{len(instances)} instances on {len(hosts)} hosts ({_some(hosts)}), {workers} workers: the first and "
               "last in full; --dry-run-all prints every one, --dry-run-host HOST one host's")
-        print(_differs([shlex.split(c["command"]) for c in commands], "the hosts' commands differ in"))
-        print(_differs([[f"{k}={v}" for k, v in e.items()] for i in instances for e in i["workers"]],
-                       "the workers' env differs in"))
+        comment(_differs([shlex.split(c["command"]) for c in commands], "the hosts' commands differ in")[2:])
+        comment(_differs([[f"{k}={v}" for k, v in e.items()] for i in instances for e in i["workers"]],
+                         "the workers' env differs in")[2:])
         commands = commands[:1] + commands[-1:] if len(commands) > 1 else commands
         first, last = instances[0], instances[-1]
         instances = [{**first, "workers": first["workers"][:1]},
@@ -730,8 +774,9 @@ def _print_dry_run(record: dict, shows: str = "auto") -> None:
     for c in commands:
         print(f"\n# host {c['host']}: runs\n{c['command']}")
     if record["agent_env"]:
-        print("\n# every agent's --env (on top of the host's; its workers inherit it), through "
-              + record["agent_env_route"])
+        print()
+        comment("every agent's --env (on top of the host's; its workers inherit it), through "
+                + record["agent_env_route"])
         for k, v in record["agent_env"].items():
             print(f"{k}={v}")
     for inst in instances:
@@ -761,8 +806,10 @@ def _differs(rows: list[list[str]], what: str) -> str:
     return f"# {what} {len(diff)} of {len(cols)} items" + (f": {shown}" if diff else "")
 
 
-def _print_root_cause(summary: dict, request) -> None:
-    """The run's end on stderr, from the (redacted) summary; every line through podrun.redaction.shown."""
+def _print_root_cause(summary: dict, request, showed=None, figures: list[str] | None = None) -> None:
+    """The run's end on stderr, from the (redacted) summary; every line through podrun.redaction.shown. ``showed``
+    (instance, local rank, lines): whether the console showed those lines last, so that they are not said twice.
+    ``figures``: a training run's end lines (podrun.rundir.report.end_lines), said in its one end block."""
     from podrun.redaction import shown
     from podrun.rundir.layout import instance_log
     from podrun.rundir.report import pointers      # torch-free: checkpoints kept, `podrun report RUN_DIR`
@@ -772,8 +819,12 @@ def _print_root_cause(summary: dict, request) -> None:
     missing = summary.get("not_written") or []
     unwritten = f"; NOT written: {', '.join(missing)}" if missing else ""
 
-    def say(text: str) -> None:
-        print(shown(text), file=sys.stderr)
+    from podrun.cli.render import fit, key_line, width_of
+
+    width = width_of(sys.stderr)
+
+    def say(text: str) -> None:     # podrun's own words fitted to a terminal; a worker's quoted lines as they are
+        print(shown(text) if text.startswith("    ") else fit(shown(text), width), file=sys.stderr)
 
     def who(d: dict) -> str:
         rank = d.get("local_rank")
@@ -782,17 +833,36 @@ def _print_root_cause(summary: dict, request) -> None:
     if summary["status"] in ("ok", "interrupted"):
         ended = "finished: exit 0" if summary["status"] == "ok" else \
             f"interrupted (exit {code}); every instance ended"
+        if figures:        # one block: how it ended, the figures, the checkpoints, the run directory once
+            say(f"podrun: run {request.run_id} {ended}; {figures[0]}")
+            for line in figures[1:]:
+                say(f"  {line}")
+            for line in pointers(request.run_dir).split("; "):
+                say(f"  {line}" + (f" (logs, summary.json, metrics.jsonl){unwritten}" if line.startswith("report:")
+                                   else ""))
+            return
         say(f"podrun: run {request.run_id} {ended}; logs in {request.run_dir}{unwritten}; {pointers(request.run_dir)}")
         return
     if rc:
-        say(f"podrun: run {request.run_id} failed (exit {code}). root cause: {who(rc)}: {rc['reason']}")
-        error = rc.get("error")
-        if error:
-            say(f"  error (recorded by @record in {error.get('file')}): {error.get('message')}")
-        if rc.get("last_lines"):
-            whose = "its" if rc.get("local_rank") is not None else "the instance's"
-            say(f"  {whose} last lines (in {os.path.join(request.run_dir, instance_log(rc['instance']))}):")
-            for line in rc["last_lines"]:
+        # the key line (the @record error's message, else the exception's or error's last line) first, with the
+        # rank; the reason (exit code) after it; the last lines once: not again when the console just showed them
+        error, lines = rc.get("error"), rc.get("last_lines") or []
+        key = error.get("message") if error and error.get("message") else key_line(lines)
+        log = os.path.join(request.run_dir, instance_log(rc["instance"]))
+        whose = "its" if rc.get("local_rank") is not None else "the instance's"
+        said_live = bool(lines) and showed is not None and showed(rc["instance"], rc.get("local_rank"), lines)
+        where = (f"{whose} last lines are above (and in {log})" if said_live else
+                 f"{whose} last lines (in {log}):" if lines else "")
+        recorded = f"@record's error file {error.get('file')}" if error else ""
+        if key:
+            say(f"podrun: run {request.run_id} failed (exit {code}). root cause: {who(rc)}: {key}")
+            say("  " + "; ".join(x for x in (rc["reason"], recorded, where) if x))
+        else:
+            say(f"podrun: run {request.run_id} failed (exit {code}). root cause: {who(rc)}: {rc['reason']}")
+            if recorded or lines:
+                say("  " + "; ".join(x for x in (recorded, f"{whose} last lines (in {log}):" if lines else "") if x))
+        if lines and not (key and said_live):
+            for line in lines:
                 say(f"    {line}")
         if rc.get("followers"):
             from podrun.launch.outcome import followers_line as line

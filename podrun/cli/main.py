@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "stack": ("podrun.cli.stack_cmd:stack", "Show every rank's stack of a running launch, merged, without stopping it."),
     "top": ("podrun.cli.top_cmd:top", "Watch a running launch live: progress, goodput, a row per host, the root cause."),
     "report": ("podrun.cli.report_cmd:report", "Summarise a run and draw its loss, accuracy and throughput curves."),
+    "runs": ("podrun.cli.runs_cmd:runs", "List the local runs under a runs directory, newest first."),
     "clusters": ("podrun.cli.catalog_cmd:clusters", "List the cluster specs podrun finds (name, size, scheduler, source)."),
     "recipes": ("podrun.cli.catalog_cmd:recipes", "List the recipes podrun finds (name, model, data set, batch, source)."),
 }
@@ -70,6 +71,11 @@ def cli(ctx: click.Context, debug: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; PodrunError is caught here, once: one paragraph, exit code, no traceback."""
     from podrun.errors import PodrunError
+
+    if "_PODRUN_COMPLETE" in os.environ:
+        from podrun.cli.completion import register
+
+        register()
 
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv

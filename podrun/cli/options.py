@@ -25,7 +25,7 @@ def complete_clusters(ctx, param, incomplete: str) -> list:
 
 def complete_recipes(ctx, param, incomplete: str) -> list:
     """Shell completion for a RECIPE: the recipe names podrun finds (`podrun recipes`), then the shell's own file
-    names (a recipe folder, a script, a hostfile)."""
+    names (a recipe folder, a script, a hostfile: podrun.cli.completion's bash script adds them to the names)."""
     from click.shell_completion import CompletionItem
 
     from podrun.specs import recipe_names

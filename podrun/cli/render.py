@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 from podrun.human import human_number, human_seconds  # noqa: F401 - the renderers' and tests' names
@@ -9,13 +10,59 @@ from podrun.human import human_number, human_seconds  # noqa: F401 - the rendere
 
 def print_error(exc) -> None:
     """One paragraph on stderr: 'podrun: error: ...' then the hint; secrets redacted, control characters
-    escaped (podrun.redaction.shown): a message may quote a worker's line or a name the user gave."""
+    escaped (podrun.redaction.shown): a message may quote a worker's line or a name the user gave. Fitted to a
+    terminal's width (fit)."""
     from podrun.redaction import shown
 
     msg = f"podrun: error: {exc.message}"
     if getattr(exc, "hint", None):
         msg += f"\n  hint: {exc.hint}"
-    print(shown(msg), file=sys.stderr)
+    print(fit(shown(msg), width_of(sys.stderr)), file=sys.stderr)
+
+
+def width_of(stream) -> int | None:
+    """The width to fit podrun's text to on ``stream``: its terminal's columns; None (full width) for a file or a
+    pipe, so that logs, --json and what is piped on keep each message on its line."""
+    import shutil
+
+    try:
+        tty = stream.isatty()
+    except (AttributeError, ValueError):
+        return None
+    return shutil.get_terminal_size().columns if tty else None
+
+
+# what is never broken across lines: a `quoted` span, a 'quoted' word group, a command (podrun/pip/python ... up to
+# the next ; , or closing bracket)
+_WHOLE = re.compile(r"`[^`]*`|'[^'\s][^']{0,60}'|\b(?:podrun (?:plan|calibrate|launch|resume|script|submit|status|"
+                    r"cancel|hosts|stack|report|clusters|recipes|runs)|pip install|python3? -m|torchrun) [^;,()]*[^;,()\s]")
+_NBSP = "\x00"
+
+
+def fit(text: str, width: int | None, indent: str = "  ") -> str:
+    """``text`` wrapped at word boundaries to ``width`` (None: as it is), each line on its own: a line's
+    continuation indented past its own indent by ``indent``; paths, words and commands (_WHOLE) never broken."""
+    if width is None or width < 20:
+        return text
+    import textwrap
+
+    out = []
+    for line in text.split("\n"):
+        lead = line[:len(line) - len(line.lstrip(" "))]
+        kept = _WHOLE.sub(lambda m: m.group(0).replace(" ", _NBSP), line)
+        wrapped = textwrap.wrap(kept, width=width, subsequent_indent=lead + indent, break_long_words=False,
+                                break_on_hyphens=False, drop_whitespace=True) or [""]
+        out.extend(w.replace(_NBSP, " ") for w in wrapped)
+    return "\n".join(out)
+
+
+KEY_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Fault|Warning)(?::.*)?|.*\berror: .*)$")
+
+
+def key_line(lines: list[str]) -> str | None:
+    """The last of ``lines`` that says what went wrong: an exception's type and message (a traceback's last line) or
+    an ``error:`` line (argparse's, a program's); None where none does."""
+    return next((line.strip() for line in reversed(lines) if KEY_LINE.match(line.strip())), None)
 
 
 def print_json(obj) -> None:
@@ -84,7 +131,7 @@ def render_plan(p, host_source: str) -> None:
         out.print(et)
         out.print("assumptions: " + "; ".join(e.assumptions))
     for n in p.notes:
-        out.print(f"note: {n}")
+        out.print(fit(f"note: {n}", width_of(out.file)), markup=False, highlight=False)
 
 
 def render_elastic(table, recipe: str, cluster: str, host_source: str) -> None:
@@ -208,12 +255,13 @@ class ProgressView:
             return None
         return (now - self.first[0]) / (rec["step"] - self.first[1])
 
-    def close(self) -> None:
+    def close(self, say_end: bool = True) -> None:
+        """Stop the live line; with ``say_end``, the end line from the last report (once)."""
         if self.live is not None:
             self.live.stop()
             self.live = None
         rec, self.last = self.last, None          # said once, however often it is closed
-        if rec is None or rec.get("step") is None:
+        if rec is None or rec.get("step") is None or not say_end:
             return
         now = self.clock()
         parts = [f"{rec['step']} steps in {human_seconds(now - self.t0)}"]

@@ -20,8 +20,8 @@ def report(run_dir: str | None, runs_dir: str, as_json: bool, output: str | None
 
     from podrun.cli.render import console
     from podrun.rundir.layout import REPORT
-    from podrun.rundir.report import (launch_summary, newest_run, plot, read_run, replans, resumes, step_split,
-                                     summarize, summarize_command, title_of)
+    from podrun.rundir.report import (figures_text, launch_summary, newest_run, plot, read_run, replans, resumes,
+                                     step_split, summarize, summarize_command, title_of)
 
     if run_dir is None:
         run_dir = str(newest_run(runs_dir))
@@ -55,7 +55,7 @@ def report(run_dir: str | None, runs_dir: str, as_json: bool, output: str | None
         slow = run.launch.slow_ranks if run.launch is not None else ()
         summary["plot"] = str(plot(run.records, target, title=title_of(run, summary), replanned=summary["replans"],
                                    slow=slow, host_busy=run.launch.host_busy if run.launch is not None else None,
-                                   account=acc))
+                                   account=acc, attempts=run.launch.attempts if run.launch is not None else ()))
     if _as_json(summary, run, notes, as_json):
         return
     c = console()
@@ -65,13 +65,14 @@ def report(run_dir: str | None, runs_dir: str, as_json: bool, output: str | None
     c.print(f"  decomposition: {summary['world_size']} workers on {summary['instances']} instance(s), "
             f"local batch {summary['local_batch']} x GA {summary['grad_accum']} -> global batch "
             f"{summary['global_batch']} ({summary['device']})")
-    c.print(f"  loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}, "
-            f"train accuracy {summary['final_train_accuracy']:.3f}")
-    if "final_val_accuracy" in summary:
-        c.print(f"  validation accuracy {summary['final_val_accuracy']:.4f} "
-                f"(best {summary['best_val_accuracy']:.4f}), loss {summary['final_val_loss']:.4f}")
-    c.print(f"  throughput {summary['images_per_sec_median']:.1f} img/s total (median), "
-            f"{summary['images_per_sec_instance_median']:.1f} per instance; {summary['train_seconds']:.1f}s training")
+    c.print(f"  {figures_text(summary)}", markup=False)
+    c.print(f"  loss {summary['first_loss']:.4f} at the first step; train accuracy "
+            f"{summary['final_train_accuracy']:.4f}" + (f", val loss {summary['final_val_loss']:.4f}"
+                                                        if "final_val_loss" in summary else ""))
+    wall = f" over {summary['run_seconds']:.1f}s of wall time" if summary.get("run_seconds") is not None else ""
+    c.print(f"  per step: {summary['images_per_sec_median']:.1f} img/s total (median), "
+            f"{summary['images_per_sec_instance_median']:.1f} per instance; {summary['train_seconds']:.1f}s "
+            f"training{wall}")
     if launched is not None:
         c.print(f"  launch: {launched['status']}, exit {launched['exit_code']}, "
                 f"{_seconds(launched['duration_s'])}", markup=False)
@@ -179,14 +180,16 @@ def _command(run, s: dict, notes: list[str], as_json: bool) -> None:
         p = s["plan"]
         hosts = p.get("hosts")
         say(f"  plan: {len(hosts) if isinstance(hosts, list) else '?'} host(s), {p.get('instances')} instance(s), "
-            f"{p.get('replicas')} replicas; local batch {p.get('local_batch')} x GA {p.get('grad_accum')} -> "
-            f"global batch {p.get('global_batch')}")
+            f"{p.get('replicas')} worker(s)")         # no training steps: no batch, no goodput
     for a in s["attempts"]:
         say(f"  {_attempt_line(a)}")
     rc = s["root_cause"]
     if rc:
+        from podrun.cli.render import key_line
+
+        key = key_line(rc.get("last_lines") or [])
         say(f"  root cause: instance {rc.get('instance')} on {rc.get('host')}, local rank {rc.get('local_rank')}: "
-            f"{rc.get('reason')}")
+            f"{key or rc.get('reason')}" + (f" ({rc.get('reason')})" if key else ""))
         for line in (rc.get("last_lines") or [])[-5:]:
             say(f"    {line}")
     if s.get("error"):
@@ -201,16 +204,18 @@ def _command(run, s: dict, notes: list[str], as_json: bool) -> None:
             f"ready {_seconds(i['ready_s'])}, ended {_seconds(i['ended_s'])}")
     for r in s["replans"]:
         say(f"  {_replan_line(r)}")
-    _account(run.launch.account if run.launch is not None else None, say)
+    acc = run.launch.account if run.launch is not None else None
+    # a command whose ranks reported steps (podrun.runtime) trained: its goodput is one
+    _account(acc, say, trained=acc is not None and acc.run.seconds.get("training", 0.0) > 0)
     for line in _split_lines(s["step_split"]):
         say(f"  {line}")
     for note in notes:
         say(f"  note: {note}")
 
 
-def _account(acc, say) -> None:
+def _account(acc, say, trained: bool = True) -> None:
     """The run's account as a short table (podrun.rundir.report.account_lines), when summary.json has one."""
     from podrun.rundir.report import account_lines
 
-    for line in account_lines(acc) if acc is not None else ():
+    for line in account_lines(acc, trained) if acc is not None else ():
         say(f"  {line}")

@@ -143,9 +143,12 @@ def script(ctx, recipe, extra, out_path, as_json, **options):
     same plan.
 
     \b
-      podrun script --scheduler slurm --cluster dgx-h100 --nodes 4 --time 2h resnet50 > job.sh
-      podrun script --scheduler uge --cluster abci --nodes 512 --group gaa50000 --time 1h resnet50 -o job.sh
-      podrun script --scheduler pbs --nodes 2 --devices-per-host 4 -- python train.py
+      podrun script --scheduler slurm --cluster dgx-h100 --nodes 4 \\
+          --time 2h resnet50 > job.sh
+      podrun script --scheduler uge --cluster abci --nodes 512 \\
+          --group gaa50000 --time 1h resnet50 -o job.sh
+      podrun script --scheduler pbs --nodes 2 --devices-per-host 4 \\
+          -- python train.py
 
     The body runs `PYTHON -m podrun launch` (this interpreter, or --job-python) inside the allocation, pinned to the plan shown by `podrun plan`
     (nodes, devices per host, instances per host, global batch, local batch, GA); it finds its

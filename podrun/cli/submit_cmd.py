@@ -49,8 +49,8 @@ def submit(ctx, recipe, extra, runs_dir, wait, poll, dry_run, as_json, **options
 
     \b
       podrun submit --scheduler slurm --nodes 3 recipes/resnet18_cifar10
-      podrun submit --nodes 3 ddp.py --lr 0.1              # a script, run by the job's python as launch runs it
-      podrun submit --nodes 3 --wait -- python train.py     # a bare command; exits with the job's code
+      podrun submit --nodes 3 ddp.py --lr 0.1   # a script, run as launch runs it
+      podrun submit --nodes 3 --wait -- python train.py   # the job's exit code
     """
     from podrun.cli.options import resolve_plan
     from podrun.jobscript.build import allocation_plan_options

@@ -346,7 +346,8 @@ class Supervisor:
                 why = f"received {signal.Signals(self.signalled).name}"
             else:
                 failed = self.failures[0]
-                why = f"{failed.reason} (instance {failed.instance} on {failed.host})"
+                rank = "" if failed.local_rank is None else f", local rank {failed.local_rank}"
+                why = f"{failed.reason} (instance {failed.instance} on {failed.host}{rank})"
             self.notice(f"ending the run on every host: {why}")
             first = self.signalled if self.signalled is not None else signal.SIGTERM
             for x in open_handles:

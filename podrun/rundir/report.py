@@ -105,6 +105,8 @@ def pointers(run_dir: str | Path) -> str:
         why += [f"--keep-checkpoints {keep}"] if is_integer(keep) else []
         why_s = f" ({', '.join(why)})" if why else ""
         if names:
+            with contextlib.suppress(ValueError):          # inside the run directory: said from there
+                where = str(Path(where).relative_to(run_dir)) + "/"
             out.append(f"{len(names)} checkpoint(s){why_s} in {where}: {', '.join(map(str, names))}")
         else:
             out.append(f"no checkpoint kept{why_s}")
@@ -140,7 +142,15 @@ def summarize(records: list[dict]) -> dict[str, Any]:
         "images_per_sec_median": statistics.median(r["images_per_sec"] for r in steady),
         "images_per_sec_instance_median": statistics.median(r.get("images_per_sec_instance", 0) for r in steady),
         "train_seconds": sum(r.get("step_seconds", 0.0) for r in steps),
+        "final_loss_steps": len(tail),
     }
+    # over the whole run: its images (each step once, at the run's global batch) over the wall time from its first
+    # record to its last (evaluations, checkpoints and restarts included)
+    times = [r["time"] for r in records if isinstance(r.get("time"), (int, float)) and not isinstance(r["time"], bool)]
+    wall = max(times) - min(times) if times else None
+    out["run_seconds"] = wall
+    gb = first.get("global_batch")
+    out["images_per_sec_run"] = len(steps) * gb / wall if is_integer(gb) and wall is not None and wall > 0 else None
     if evals:
         out["final_val_accuracy"] = evals[-1]["val_accuracy"]
         out["best_val_accuracy"] = max(r["val_accuracy"] for r in evals)
@@ -210,19 +220,33 @@ def launch_summary(launch: Summary | None) -> dict[str, Any] | None:
             "duration_s": launch.duration_s, "attempts": attempt_rows(launch)}
 
 
-def account_lines(acc: Account) -> list[str]:
+# a run without training steps (a plain command): what its account's training-only categories amount to
+COMMAND_RAN = ("startup", "training", "evaluation", "checkpoint")
+COMMAND_LABEL = "the command running"
+
+
+def account_lines(acc: Account, trained: bool = True) -> list[str]:
     """The account as a short table: its wall time and goodput, one line per category that took time (seconds and
-    share of the wall), then one line per attempt when there were more than one."""
+    share of the wall), then one line per attempt when there were more than one. Not ``trained`` (a plain command:
+    no steps), no goodput, and the time after the launch is the command's (COMMAND_RAN's categories, as one)."""
     wall = acc.run.wall_s
-    g = acc.run.goodput
+    g = acc.run.goodput if trained else None
     out = [f"where the time went: {human_seconds(wall)}" + (f", goodput {g:.1%} (training / wall)" if g is not None
                                                             else "")]
-    width = max(len(v) for v in LABELS.values())
-    for c in CATEGORIES:
-        secs = acc.run.seconds.get(c, 0.0)
-        if secs > 0 or c == "training":
-            out.append(f"  {LABELS[c]:<{width}}  {human_seconds(secs):>9}  {secs / wall if wall > 0 else 0:6.1%}")
-    if len(acc.attempts) > 1:
+    seconds = dict(acc.run.seconds)
+    labels = dict(LABELS)
+    categories = list(CATEGORIES)
+    if not trained:
+        seconds["command"] = sum(seconds.pop(c, 0.0) for c in COMMAND_RAN)
+        labels["command"] = COMMAND_LABEL
+        categories = [c for c in categories if c not in COMMAND_RAN]
+        categories.insert(categories.index("launch") + 1, "command")
+    width = max(len(labels[c]) for c in categories)
+    for c in categories:
+        secs = seconds.get(c, 0.0)
+        if secs > 0 or c == ("training" if trained else "command"):
+            out.append(f"  {labels[c]:<{width}}  {human_seconds(secs):>9}  {secs / wall if wall > 0 else 0:6.1%}")
+    if len(acc.attempts) > 1 and trained:
         for i, a in enumerate(acc.attempts):
             ga = a.goodput
             out.append(f"  attempt {i}: {human_seconds(a.wall_s)}, goodput {ga:.1%}, failure "
@@ -268,19 +292,46 @@ def title_of(run: RunRecord, summary: dict[str, Any]) -> str:
     launch = run.launch
     status = f"launch {launch.status} (exit {launch.exit_code})" if launch is not None and launch.status else \
         ("finished" if summary.get("finished") else "not finished")
-    if "final_val_accuracy" in summary:
-        metric = f"val accuracy {summary['final_val_accuracy']:.3f} (best {summary['best_val_accuracy']:.3f})"
-    else:
-        metric = f"train accuracy {summary['final_train_accuracy']:.3f}"
     return (f"{what}: {decomposition}\n{status}, step {summary['steps']}/{summary.get('total_steps') or '?'}, "
-            f"{metric}, train loss {summary['final_loss']:.3f}  ({run.path.name})")
+            f"{figures_text(summary)}  ({run.path.name})")
+
+
+def figures_text(summary: dict[str, Any]) -> str:
+    """The run's figures as the console's end, the report and the PNG's title all say them (one wording, one
+    rounding): whole-run throughput, final train loss (the last steps' mean), validation accuracy (else train)."""
+    parts = []
+    if summary.get("images_per_sec_run") is not None:
+        parts.append(f"{summary['images_per_sec_run']:,.1f} img/s over the run")
+    parts.append(f"train loss {summary['final_loss']:.4f} (mean of the last {summary['final_loss_steps']} steps)")
+    if "final_val_accuracy" in summary:
+        parts.append(f"val accuracy {summary['final_val_accuracy']:.4f} (best {summary['best_val_accuracy']:.4f})")
+    else:
+        parts.append(f"train accuracy {summary['final_train_accuracy']:.4f}")
+    return ", ".join(parts)
+
+
+def end_lines(run_dir: str | Path) -> list[str] | None:
+    """The figures a finished training run's end block on the console says (figures_text of its metrics.jsonl),
+    after its steps and wall time; None where the run recorded no training step."""
+    try:
+        run = read_run(Path(run_dir) / METRICS)
+    except PodrunError:
+        return None
+    if not run.trained:
+        return None
+    summary = summarize(run.records)
+    wall = f" in {human_seconds(summary['run_seconds'])} after start-up" if summary.get("run_seconds") is not None \
+        else ""
+    epochs = summary["epochs"]
+    return [f"{summary['steps']} steps ({epochs:g} epoch{'' if epochs == 1 else 's'}){wall}",
+            figures_text(summary)]
 
 
 SHOWN_HOSTS = 3          # at scale the per-host panel draws the slowest and the fastest this many hosts
 
 
 def figure(records: list[dict], title: str = "", replanned: list[dict] = (), slow: tuple[dict, ...] = (),
-           host_busy: dict | None = None, account: Account | None = None):
+           host_busy: dict | None = None, account: Account | None = None, attempts: tuple = ()):
     """The curves as a matplotlib Figure (Agg): loss, accuracy, images/s; whole steps on every x axis.
 
     Loss: the y axis fits the training curve; an evaluation loss above it (an early, untrained one) is drawn
@@ -307,11 +358,11 @@ def figure(records: list[dict], title: str = "", replanned: list[dict] = (), slo
     if account is None:
         fig, ax = plt.subplots(1, cols, figsize=(5 * cols, 4))
     else:
-        fig, grid = plt.subplots(2, cols, figsize=(5 * cols, 6), gridspec_kw={"height_ratios": [4, 1.6]})
+        fig, grid = plt.subplots(2, cols, figsize=(5 * cols, 6.5), gridspec_kw={"height_ratios": [4, 1.4]})
         ax = grid[0]
         for a in grid[1]:
             a.remove()
-        account_bar(fig.add_subplot(grid[1, 0].get_gridspec()[1, :]), account)
+        timeline(fig.add_subplot(grid[1, 0].get_gridspec()[1, :]), records, account, attempts)
     for host in hosts:
         ax[3].plot([p[0] for p in host_busy[host]], [p[1] * 1000 for p in host_busy[host]], label=host)
     if hosts:
@@ -370,32 +421,131 @@ def figure(records: list[dict], title: str = "", replanned: list[dict] = (), slo
                 a.axvline(r["step"], color="tab:red", ls="--", lw=1)
             ax[0].annotate(f" re-plan: {_hosts_change(r)}", (r["step"], 1), xycoords=("data", "axes fraction"),
                            va="top", ha="left", fontsize=8, color="tab:red")
+    _epochs_lr_and_wall(ax, steps)
     if title:
         fig.suptitle(title)
     fig.tight_layout()
     return fig
 
 
+def _epochs_lr_and_wall(ax, steps: list[dict]) -> None:
+    """On the curves: each epoch's first step as a dotted line (named on the loss panel), the learning rate on the
+    loss panel's right axis, and the wall time since the first step (seconds) as the loss panel's top axis."""
+    import numpy as np
+
+    firsts = [b["step"] for a, b in zip(steps, steps[1:]) if b["epoch"] != a["epoch"]]
+    for x in firsts:
+        for a in ax[:2]:
+            a.axvline(x, color="#999999", ls=(0, (1, 3)), lw=1, label="_epoch")
+        ax[0].annotate(f" epoch {next(r['epoch'] for r in steps if r['step'] == x)}", (x, 0.0),
+                       xycoords=("data", "axes fraction"), va="bottom", fontsize=8, color="#666666")
+    rates = [(r["step"], r["lr"]) for r in steps if isinstance(r.get("lr"), (int, float))]
+    if rates:
+        lr = ax[0].twinx()
+        lr.plot([x for x, _ in rates], [v for _, v in rates], color="#9467bd", lw=1, ls="--",
+                label="learning rate (right)")
+        lr.set_ylabel("learning rate", color="#9467bd", fontsize=9)
+        lr.tick_params(axis="y", labelsize=8, colors="#9467bd")
+        lr.set_ylim(bottom=0)
+        handles, labels = ax[0].get_legend_handles_labels()
+        h2, l2 = lr.get_legend_handles_labels()
+        ax[0].legend(handles + h2, labels + l2, fontsize=8)
+    timed = [(r["step"], r["time"]) for r in steps if isinstance(r.get("time"), (int, float))]
+    if len(timed) >= 2:
+        xs = np.array([t[0] for t in timed], dtype=float)
+        ts = np.maximum.accumulate(np.array([t[1] for t in timed], dtype=float))
+        ts = ts - ts[0] + 1e-9 * np.arange(len(ts))             # strictly increasing, for the inverse
+        top = ax[0].secondary_xaxis("top", functions=(lambda x: np.interp(x, xs, ts),
+                                                      lambda t: np.interp(t, ts, xs)))
+        top.set_xlabel("wall time since the first step (s)", fontsize=8)
+        top.tick_params(labelsize=8)
+
+
 COLOURS = {"queue": "#bbbbbb", "launch": "#8c564b", "startup": "#e377c2", "training": "#2ca02c",
            "evaluation": "#1f77b4", "checkpoint": "#ff7f0e", "failure": "#d62728", "idle": "#7f7f7f"}
 
 
-def account_bar(ax, account: Account) -> None:
-    """The account as stacked horizontal bars in seconds: the run's, then each attempt's when there are several."""
-    rows = [("run", account.run)] + ([(f"attempt {i}", a) for i, a in enumerate(account.attempts)]
-                                     if len(account.attempts) > 1 else [])
-    for y, (_, part) in enumerate(reversed(rows)):
-        left = 0.0
-        for c in CATEGORIES:
-            secs = part.seconds.get(c, 0.0)
-            if secs > 0:
-                ax.barh(y, secs, left=left, color=COLOURS[c], label=LABELS[c] if y == len(rows) - 1 else None)
-                left += secs
-    ax.set_yticks(range(len(rows)), [name for name, _ in reversed(rows)])
-    g = account.run.goodput
-    ax.set_title("where the time went" + (f" (goodput {g:.1%})" if g is not None else ""))
-    ax.set_xlabel("seconds")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+def _spans(records: list[dict], attempts: tuple, wall_s: float | None = None
+           ) -> tuple[float, dict[str, list[tuple[float, float]]], float]:
+    """Where each account category happened, from the records' own times and the attempts' (summary.json):
+    (the origin, category -> [(start, length)] in seconds after it, the end). The launch from podrun's start (the
+    account's ``wall_s`` before the last attempt's end) until every instance was ready; start-up to the first
+    step's start; each step's, evaluation's and checkpoint save's own seconds before its record; an attempt that
+    ended badly, failure from its last record to the next attempt."""
+    def t(r):
+        v = r.get("time")
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    timed = [r for r in records if t(r) is not None]
+    starts = [float(a.started) for a in attempts if isinstance(a.started, (int, float))]
+    origin = min(starts + [t(r) for r in timed[:1]]) if starts or timed else 0.0
+    ends = [float(a.ended) for a in attempts if isinstance(a.ended, (int, float))]
+    launched = max(ends) - wall_s if ends and wall_s is not None and starts else None
+    if launched is not None:
+        origin = min(origin, launched)
+    spans: dict[str, list[tuple[float, float]]] = {c: [] for c in CATEGORIES}
+
+    def add(c: str, lo: float, hi: float) -> None:
+        if hi > lo:
+            spans[c].append((lo - origin, hi - lo))
+
+    for kind, c, key in (("step", "training", "step_seconds"), ("eval", "evaluation", "seconds"),
+                         ("checkpoint", "checkpoint", "seconds")):
+        for r in timed:
+            secs = r.get(key)
+            if r.get("kind") == kind and isinstance(secs, (int, float)) and not isinstance(secs, bool):
+                add(c, t(r) - float(secs), t(r))
+    step_starts = sorted(t(r) - float(r.get("step_seconds") or 0.0) for r in timed if r.get("kind") == "step")
+    end = max([t(r) for r in timed] + [float(a.ended) for a in attempts if isinstance(a.ended, (int, float))]
+              + [origin])
+    for k, a in enumerate(attempts):
+        if not isinstance(a.started, (int, float)) or not isinstance(a.ended, (int, float)):
+            continue
+        lo, hi = float(a.started), float(a.ended)
+        ready = lo + float(a.all_ready_s) if isinstance(a.all_ready_s, (int, float)) else lo
+        add("launch", lo, min(ready, hi))
+        first = next((x for x in step_starts if lo <= x <= hi), None)
+        add("startup", ready, first if first is not None else hi)
+        mine = [t(r) for r in timed if lo <= t(r) <= hi]
+        if a.status in ("failed", "lost", "hung"):
+            after = float(attempts[k + 1].started) if k + 1 < len(attempts) and \
+                isinstance(attempts[k + 1].started, (int, float)) else hi
+            add("failure", max(mine) if mine and first is not None else (first or ready), max(after, hi))
+        elif k == len(attempts) - 1 and mine:
+            add("idle", max(mine), hi)
+    if launched is not None:
+        add("launch", launched, min(starts))            # podrun's own start: the plan, the run directory
+    if not attempts and step_starts:
+        add("startup", origin, step_starts[0])
+    return origin, spans, end - origin
+
+
+def timeline(ax, records: list[dict], account: Account | None, attempts: tuple = ()) -> None:
+    """The run as a timeline: wall time on x, each account category drawn where it happened (_spans), epoch
+    boundaries as dotted lines; the legend gives each category's seconds and share as the account (summary.json)
+    has them, so the figures are the report's."""
+    part = account.run if account is not None else None
+    origin, spans, length = _spans(records, attempts, part.wall_s if part is not None else None)
+    for c in CATEGORIES:
+        if spans[c]:
+            secs = part.seconds.get(c, 0.0) if part is not None else sum(w for _, w in spans[c])
+            share = f" ({secs / part.wall_s:.0%})" if part is not None and part.wall_s > 0 else ""
+            ax.broken_barh(spans[c], (0, 1), color=COLOURS[c], label=f"{LABELS[c]}: {human_seconds(secs)}{share}")
+    steps = latest_by_step(records, "step")
+    for a, b in zip(steps, steps[1:]):
+        if b["epoch"] != a["epoch"] and isinstance(b.get("time"), (int, float)):
+            x = b["time"] - float(b.get("step_seconds") or 0.0) - origin
+            ax.axvline(x, color="black", ls=(0, (1, 3)), lw=1)
+            ax.annotate(f"epoch {b['epoch']}", (x, 1.02), xycoords=("data", "axes fraction"), fontsize=8,
+                        ha="center")
+    ax.set_xlim(0, max(length, 1e-3))
+    ax.set_ylim(0, 1)
+    ax.set_yticks([])
+    ax.set_xlabel("wall time since the launch (s)")
+    g = part.goodput if part is not None else None
+    ax.set_title("the run's time line" + (f": goodput {g:.1%} of {human_seconds(part.wall_s)}" if g is not None
+                                           else ""), fontsize=10, pad=14)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=4, fontsize=9, frameon=False)
 
 
 def _shown_hosts(host_busy: dict) -> list[str]:
@@ -408,11 +558,12 @@ def _shown_hosts(host_busy: dict) -> list[str]:
 
 
 def plot(records: list[dict], path: str | Path, title: str = "", replanned: list[dict] = (),
-         slow: tuple[dict, ...] = (), host_busy: dict | None = None, account: Account | None = None) -> Path:
+         slow: tuple[dict, ...] = (), host_busy: dict | None = None, account: Account | None = None,
+         attempts: tuple = ()) -> Path:
     """Draw the curves (``figure``) to the PNG ``path``."""
     import matplotlib.pyplot as plt
 
-    fig = figure(records, title, replanned, slow, host_busy, account)
+    fig = figure(records, title, replanned, slow, host_busy, account, attempts)
     path = Path(path)
     try:
         with safefs.replacing(path, "report", durable=False) as f:

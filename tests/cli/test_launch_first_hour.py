@@ -118,18 +118,6 @@ def test_launch_help_is_short_podrun_first_and_help_all_has_every_option():
     assert "--grace, --shutdown-timeout" in text[heads[3]:heads[4]] and "--vipu-partition" in text[heads[4]:heads[5]]
 
 
-def test_shell_completion_names_clusters_and_recipes():
-    """click's completion (_PODRUN_COMPLETE=bash_complete, as the installed script asks it) completes --cluster
-    with the cluster specs and a RECIPE with the recipes (and the shell's file names)."""
-    env = {**__import__("os").environ, "_PODRUN_COMPLETE": "bash_complete", "PYTHONPATH": str(ROOT)}
-    for words, cword, want in (("podrun launch --cluster ab", "3", {"plain,abci", "plain,abci3"}),
-                               ("podrun plan --pod 16 eff", "4", {"plain,efficientnet_b4", "file,eff"}),
-                               ("podrun launch res", "2", {"plain,resnet50", "plain,resnet18_cifar10", "file,res"})):
-        out = subprocess.run([*PODRUN], env={**env, "COMP_WORDS": words, "COMP_CWORD": cword}, capture_output=True,
-                             text=True, timeout=60).stdout
-        assert set(out.split()) == want, (words, out)
-
-
 def test_hosts_help_shows_no_batch_options():
     for name, has_batch in (("hosts", False), ("plan", True), ("launch", True)):
         opts = {o for p in cli.get_command(click.Context(cli), name).params for o in p.opts}

@@ -81,12 +81,38 @@ def test_no_color_gives_plain_lines_even_on_a_terminal(tmp_path):
 
 
 @pytest.mark.torch
-def test_a_recipe_reports_its_steps_to_the_console(tmp_path):
-    """The recipe runner reports through podrun.runtime: the console shows its steps, rounded."""
+def test_a_recipe_reports_its_steps_to_the_console_and_ends_with_one_block_the_report_and_png_agree_with(tmp_path):
+    """The recipe runner reports through podrun.runtime: the console shows its steps, rounded. Its end is one block
+    (steps, whole-run throughput, final loss and accuracy, checkpoints, the run directory once in the report
+    command); the runner's own `run end:` and `done:` lines are in the instance log only; `podrun report` and the
+    PNG's title say the same figures."""
+    from podrun.rundir.report import read_run, summarize, title_of
+
     cp = podrun("launch", "--devices-per-host", "2", "--global-batch", "8", "--runs-dir", str(tmp_path / "runs"),
-                str(ROOT / "recipes" / "resnet18_cifar10"), "--data", "synthetic", "--steps", "4",
-                "--image-size", "8", "--synthetic-size", "64", timeout=140)
+                "--run-id", "r", str(ROOT / "recipes" / "resnet18_cifar10"), "--data", "synthetic", "--steps", "4",
+                "--image-size", "8", "--synthetic-size", "64", "--checkpoint-every", "2", timeout=140)
     assert cp.returncode == 0, cp.stderr
     assert re.search(r"podrun: progress: step 4/4 \(100%\) · epoch 0 · loss [0-9.]+ · [0-9.,]+ img/s", cp.stderr), \
         cp.stderr
-    assert re.search(r"podrun: 4 steps in [0-9.]+ s", cp.stderr), cp.stderr
+    run = tmp_path / "runs" / "r"
+    lines = cp.stderr.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("podrun: run r finished: exit 0; "))
+    block = lines[start:]
+    assert re.fullmatch(r"podrun: run r finished: exit 0; 4 steps \(1 epoch\) in [0-9.]+ s after start-up", block[0]), \
+        block
+    figures = block[1].strip()
+    assert re.fullmatch(r"[0-9.,]+ img/s over the run, train loss \d\.\d{4} \(mean of the last 4 steps\), "
+                        r"val accuracy \d\.\d{4} \(best \d\.\d{4}\)", figures), block
+    assert block[2].strip().startswith("2 checkpoint(s) (") and block[2].endswith(
+        "in checkpoints/: ckpt-000000002.pt, ckpt-000000004.pt"), block
+    assert block[3].strip().startswith(f"report: podrun report {run} "), block
+    assert len(block) == 4 and "\n".join(block).count(str(run)) == 1, block
+    assert not re.search(r"podrun: 4 steps in", cp.stderr), cp.stderr        # no second end line
+    assert "run end:" not in cp.stdout and "done: 4 steps" not in cp.stdout, cp.stdout
+    log = (run / "instance-0.log").read_text()
+    assert "run end: step=4" in log and "done: 4 steps" in log, log[-2000:]
+    # the report and the PNG's title: the same figures, in the same words
+    report = podrun("report", "--no-plot", str(run), timeout=60)
+    assert report.returncode == 0 and f"  {figures}\n" in report.stdout, (figures, report.stdout)
+    rec = read_run(run)
+    assert figures in title_of(rec, summarize(rec.records)), title_of(rec, summarize(rec.records))

@@ -62,9 +62,18 @@ def test_root_cause_shows_the_failing_workers_own_lines_then_the_others(tmp_path
     (other,) = rc["others"]
     assert (other["instance"], other["local_rank"]) == (0, 0)
     assert "rank0-secondary 11" in other["last_lines"], other
-    # on the console: the failing worker's lines first, then, under their own heading, the others'
+    # on the console: the exception's line first, with the rank and host, in the root cause's headline; its
+    # traceback once (the live stream's, not again under the root cause); then, under their own heading, the others'
+    headline = next(line for line in cp.stderr.splitlines() if "root cause:" in line)
+    assert headline.endswith("root cause: instance 0 on localhost, local rank 1: RuntimeError: rank1-own-failure"), \
+        headline
+    assert cp.stderr.count('raise RuntimeError("rank1-own-failure")') == 1, cp.stderr
     err = cp.stderr[cp.stderr.index("root cause:"):]
     assert err.index("rank1-own-failure") < err.index("what the other workers said") < err.index("rank0-secondary 11")
+    assert "exited with code 1; its last lines are above (and in " in err, err
+    # every line that names the failure names its rank
+    (ending,) = [line for line in cp.stderr.splitlines() if "ending the run on every host" in line]
+    assert ending.endswith("(instance 0 on localhost, local rank 1)"), ending
 
 
 def test_record_error_file_message_is_in_the_root_cause(tmp_path):

@@ -95,7 +95,7 @@ def test_the_progress_line_says_the_goodput_so_far(capsys):
 
 def test_report_shows_the_account_as_a_table_in_json_and_as_a_bar(tmp_path):
     """`podrun report` of a run whose summary.json has an account: the table (each category that took time, its
-    share, the goodput), the record in --json, and in the PNG a stacked bar under the curves."""
+    share, the goodput), the record in --json, and in the PNG a time line under the curves."""
     import json
 
     from podrun.rundir.report import figure
@@ -113,7 +113,8 @@ def test_report_shows_the_account_as_a_table_in_json_and_as_a_bar(tmp_path):
     records = [{"kind": "step", "step": s, "epoch": 0, "loss": 1.0 / s, "accuracy": 0.5, "images_per_sec": 10.0}
                for s in range(1, 4)]
     fig = figure(records, account=acc)
-    assert any(a.get_title() == "where the time went (goodput 50.0%)" for a in fig.axes)
+    assert any(a.get_title() == "the run's time line: goodput 50.0% of 1 min" for a in fig.axes), \
+        [a.get_title() for a in fig.axes]
 
 
 def test_a_submitted_runs_queue_is_from_its_submit_to_the_jobs_start(tmp_path, monkeypatch):

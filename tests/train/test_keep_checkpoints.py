@@ -71,6 +71,12 @@ def _launch(tmp_path: Path, run_id: str, *train_args: str) -> subprocess.Complet
                       env=outside_env(), timeout=200)
 
 
+def _end_block(stderr: str) -> str:
+    """The run's end block on the console: its "finished" line and the lines under it."""
+    lines = stderr.strip().splitlines()
+    return "\n".join(lines[max(i for i, line in enumerate(lines) if "finished: exit 0" in line):])
+
+
 @pytest.mark.timeout(420)
 def test_launch_keep_0_and_the_last_line_then_report_with_no_argument(tmp_path):
     """Two real 2-worker runs of the digits recipe: --keep-checkpoints 0 leaves no checkpoint and its last
@@ -80,18 +86,17 @@ def test_launch_keep_0_and_the_last_line_then_report_with_no_argument(tmp_path):
     assert zero.returncode == 0, zero.stdout[-2000:] + zero.stderr[-2000:]
     run0 = tmp_path / "runs" / "zero"
     assert not list((run0 / "checkpoints").glob("ckpt-*.pt"))
-    last0 = zero.stderr.strip().splitlines()[-1]
-    assert "finished: exit 0" in last0 and "no checkpoint kept (--keep-checkpoints 0)" in last0, last0
-    assert last0.endswith(f"report: podrun report {run0}"), last0
+    last0 = _end_block(zero.stderr)
+    assert "finished: exit 0" in last0 and "\n  no checkpoint kept (--keep-checkpoints 0)\n" in last0, last0
+    assert f"\n  report: podrun report {run0} (" in last0, last0
 
     one = _launch(tmp_path, "one", "--keep-checkpoints", "1")
     assert one.returncode == 0, one.stdout[-2000:] + one.stderr[-2000:]
     run1 = tmp_path / "runs" / "one"
     assert _steps(run1 / "checkpoints") == [6]
-    last1 = one.stderr.strip().splitlines()[-1]
-    assert "1 checkpoint(s) (" in last1 and f"--keep-checkpoints 1) in {run1 / 'checkpoints'}: ckpt-000000006.pt" \
-        in last1, last1
-    assert last1.endswith(f"report: podrun report {run1}"), last1
+    last1 = _end_block(one.stderr)
+    assert "1 checkpoint(s) (" in last1 and "--keep-checkpoints 1) in checkpoints/: ckpt-000000006.pt" in last1, last1
+    assert f"\n  report: podrun report {run1} (" in last1, last1
     end = StepLog.read(run1).end
     assert end["checkpoints"] == ["ckpt-000000006.pt"] and end["keep_checkpoints"] == 1
 

@@ -14,7 +14,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 from podrun.rundir.metrics import MetricsWriter, read_metrics  # noqa: E402
-from podrun.rundir.report import figure, plot, read_run, summarize, title_of, warmup_steps  # noqa: E402
+from podrun.rundir.report import (figure, figures_text, plot, read_run, summarize, title_of,  # noqa: E402
+                                  warmup_steps)
 
 STEPS = 40
 FIRST_VAL_LOSS = 6.19       # an evaluation after the first epoch, far above the training loss
@@ -110,8 +111,9 @@ def test_the_title_says_what_ran_and_how_it_ended_and_a_slow_host_is_drawn(tmp_p
         title = fig._suptitle.get_text()
         assert title.splitlines() == [
             "resnet18_cifar10 on twohost: 2 host(s), 4 replicas x local batch 32 x GA 1 = global batch 128",
-            f"launch ok (exit 0), step {STEPS}/{STEPS}, val accuracy 0.990 (best 0.990), train loss 0.068  (run2)",
+            f"launch ok (exit 0), step {STEPS}/{STEPS}, {figures_text(summarize(run.records))}  (run2)",
         ], title
+        assert "val accuracy 0.9900 (best 0.9900)" in title, title
         speed = fig.axes[2]
         (span,) = speed.patches
         assert (span.get_x(), span.get_x() + span.get_width()) == (12, 30)
@@ -119,7 +121,8 @@ def test_the_title_says_what_ran_and_how_it_ended_and_a_slow_host_is_drawn(tmp_p
         hosts = fig.axes[3]             # each host's own work per step: the slower host first, in ms
         assert [ln.get_label() for ln in hosts.get_lines()] == ["h1", "h0"]
         assert list(hosts.get_lines()[0].get_ydata()) == pytest.approx([50.0, 110.0])
-        assert len(short.axes) == 3     # no per-host panel without host_busy
+        panels = [a for a in short.axes if a.get_xlabel() == "step"]    # not the learning rate's twin axis
+        assert len(panels) == 3     # no per-host panel without host_busy
         for ax in short.axes:
             ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
             assert ticks and all(float(t).is_integer() for t in ticks), ticks

@@ -37,7 +37,10 @@ def test_report_of_a_plain_command_summarises_the_run(plain_run):
     text = out.stdout
     assert "run plain of a command (no training metrics): failed, exit code 3, 1 restart(s)" in text
     assert "command: sh -c 'echo hello from $RANK; exit 3' (transport local)" in text
-    assert "plan: 1 host(s), 1 instance(s), 2 replicas" in text
+    assert "plan: 1 host(s), 1 instance(s), 2 worker(s)" in text
+    # no training steps: none of the training-only figures (a batch, goodput, start-up to the first step)
+    assert "global batch" not in text and "goodput" not in text and "start-up" not in text, text
+    assert "where the time went: " in text and "the command running" in text, text
     assert "attempt 0: failed, exit code 3 (exited with code 3)" in text
     assert "attempt 1: failed, exit code 3 (exited with code 3)" in text
     assert "root cause: instance 0 on localhost, local rank" in text and "hello from" in text
@@ -64,6 +67,29 @@ def _training_metrics(run_dir: Path, steps: int = 5) -> None:
     w.write({"kind": "eval", "step": steps, "epoch": 0, "val_loss": 0.5, "val_accuracy": 0.8, "val_samples": 10})
     w.write({"kind": "run", "event": "end", "step": steps})
     w.close()
+
+
+def test_podrun_runs_lists_the_runs_newest_first(tmp_path, plain_run):
+    """`podrun runs` (and --json): every run under --runs-dir, newest first, with its id, status, steps, wall time,
+    goodput and directory; a training run's steps from its metrics.jsonl."""
+    import shutil
+
+    runs = tmp_path / "runs"
+    shutil.copytree(plain_run, runs / "plain")            # its files keep their times: the older run
+    _training_metrics(runs / "trained")
+    (runs / "not-a-run").mkdir()
+    js = _podrun("runs", "--runs-dir", str(runs), "--json")
+    assert js.returncode == 0, js.stderr
+    rows = json.loads(js.stdout)
+    assert [r["id"] for r in rows] == ["trained", "plain"], rows
+    trained, plain = rows
+    assert (trained["status"], trained["steps"], trained["dir"]) == ("no summary", 5, str(runs / "trained")), trained
+    assert (plain["status"], plain["exit_code"], plain["steps"], plain["goodput"]) == ("failed", 3, None, None), plain
+    assert isinstance(plain["wall_s"], float) and plain["wall_s"] > 0, plain
+    text = _podrun("runs", "--runs-dir", str(runs)).stdout.splitlines()
+    assert text[0].split() == ["id", "status", "steps", "wall", "goodput", "dir"], text
+    assert text[1].split()[:2] == ["trained", "no"] and text[1].endswith(str(runs / "trained")), text
+    assert text[2].startswith("plain ") and "failed (3)" in text[2] and text[2].endswith(str(runs / "plain")), text
 
 
 BROKEN = [b"\xff\xfe\x00 not utf-8 \xc3\x28\n",

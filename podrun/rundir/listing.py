@@ -1,0 +1,51 @@
+"""The local runs under a runs directory, newest first: each one's id, status, steps, wall time, goodput and path."""
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+from podrun.errors import PodrunError
+from podrun.rundir.metrics import StepLog
+from podrun.rundir.report import RUN_FILES
+from podrun.rundir.summary import read_summary
+
+NO_SUMMARY = "no summary"     # a run without summary.json: still running, or its podrun was ended
+
+
+def _written(run: Path) -> float | None:
+    """When the run was last written to (its newest RUN_FILES file), None: not a run."""
+    times = []
+    for name in RUN_FILES:
+        with contextlib.suppress(OSError):
+            times.append((run / name).stat().st_mtime)
+    return max(times) if times else None
+
+
+def list_runs(runs_dir: str | Path) -> list[dict[str, Any]]:
+    """One row per run directory under ``runs_dir`` (as `podrun report` finds the newest): newest first."""
+    d = Path(runs_dir)
+    if not d.is_dir():
+        raise PodrunError(f"--runs-dir {d}: no such directory",
+                          hint="pass --runs-dir where podrun launch wrote its runs (default: runs)")
+    found = []
+    for sub in d.iterdir():
+        written = _written(sub)
+        if written is not None:
+            found.append((written, sub.name, sub))
+    rows = []
+    for written, name, sub in sorted(found, reverse=True):
+        s = read_summary(sub)
+        log = StepLog.read(sub)
+        acc = s.account if s is not None else None
+        rows.append({
+            "id": name,
+            "status": NO_SUMMARY if s is None else (s.status or "unknown"),
+            "exit_code": None if s is None else s.exit_code,
+            "steps": max((step for step, _ in log.steps), default=None),
+            "wall_s": None if s is None else s.duration_s,
+            "goodput": None if acc is None or not log.steps else acc.run.goodput,
+            "written": written,
+            "dir": str(sub),
+        })
+    return rows
