@@ -49,6 +49,11 @@ def parser(recipe_name: str, default_data: str = "synthetic", cls=argparse.Argum
     a("--eval-every", type=int, default=1, metavar="EPOCHS", help="0: only at the end")
     a("--log-every", type=int, default=10, metavar="STEPS")
     a("--threads", type=int, default=None, help="CPU threads per worker")
+    a("--loader-workers", type=int, default=None, metavar="N",
+      help="loader processes per worker that decode and augment images (default: its share of the host's cores "
+           "for an image folder, 0 for data held in memory)")
+    a("--bad-samples", choices=["fail", "skip"], default="fail",
+      help="an image that does not decode: stop with its path (fail, the default) or skip it, counted (skip)")
     a("--synthetic-size", type=int, default=None, help="samples per synthetic epoch (default: 20 global batches)")
     a("--quiet", action="store_true", help="no console line per step")
     return p

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ def run(s: Session, step: int, acc: dict[str, float], origin: dict[str, Any] | N
     cfg, device = s.cfg, s.device
     resumed = resumed_from(origin, step)
     _record_start(s, step, origin, resumed)
+    _report_empty_classes(s)
     loader_iter = iter(()) if step >= s.total else _loader(s, step)
     s.wrapped.train()
     sync_every = max(1, cfg.sync_every if cfg.sync_every is not None else
@@ -107,7 +109,38 @@ def _loader(s: Session, step: int) -> Iterator:
     """The training batches from update ``step`` on: the data order is a function of the seed and the epoch."""
     start_epoch, start_step = position(step * s.global_batch, s.global_batch, len(s.train_ds))
     return iter(Loader(s.train_ds, s.shard, seed=s.cfg.seed, start_epoch=start_epoch, start_step=start_step,
-                       prefetch=_prefetch(s), pin_memory=s.device.kind == "cuda"))
+                       prefetch=_prefetch(s), pin_memory=s.device.kind == "cuda", workers=s.loader_workers,
+                       on_skip=lambda bad: _skipped(s, bad, "train")))
+
+
+def _skipped(s: Session, bad, split: str) -> None:
+    """A sample that ``--bad-samples skip`` replaced: counted every time for the summary; the first time, one line on
+    this rank's stderr and a metrics record."""
+    key = (split, bad.index)
+    s.skipped[key] = s.skipped.get(key, 0) + 1
+    if s.skipped[key] == 1:
+        print(f"podrun: rank {s.rank}: skipped {bad.line()}", file=sys.stderr, flush=True)
+        s.metrics.write({"kind": "bad_sample", "split": split, "path": bad.path, "index": bad.index,
+                         "reason": bad.reason})
+
+
+def _report_empty_classes(s: Session) -> None:
+    """Class folders kept without samples under ``--bad-samples skip``: named once, by rank 0, and recorded."""
+    empty = getattr(s.train_ds, "empty_classes", [])
+    if s.rank == 0:
+        for folder in empty:
+            print(f"podrun: skipped empty class folder {folder}", file=sys.stderr, flush=True)
+    if empty:
+        s.metrics.write({"kind": "bad_sample", "split": "train", "empty_classes": list(empty)})
+
+
+def _bad_samples(s: Session) -> dict[str, Any] | None:
+    """The summary's count of skipped samples over every rank (None for data held in memory)."""
+    if not s.train_ds.decodes_files:
+        return None
+    skipped = all_reduce(torch.tensor([float(sum(s.skipped.values()))], dtype=torch.float64))
+    return {"mode": s.cfg.bad_samples, "skipped": int(skipped.item()),
+            "empty_classes": list(getattr(s.train_ds, "empty_classes", []))}
 
 
 def _accumulate(s: Session, micro, step: int) -> torch.Tensor:
@@ -218,6 +251,9 @@ def _finish(s: Session, step: int, acc: dict[str, float], resumed: str | None) -
     summary = {"steps": step, "total_steps": s.total, "global_batch": s.global_batch, "local_batch": s.local_batch,
                "grad_accum": s.grad_accum, "world_size": s.world, "seconds": time.time() - s.t_start,
                "run_dir": str(s.run_dir), "resumed_from": resumed, **last_eval}
+    bad = _bad_samples(s)
+    if bad is not None:
+        summary["bad_samples"] = bad
     kept = save.finish(s)              # where the kept checkpoints are, in the end record and the summary
     summary.update(kept)
     s.metrics.write({"kind": "run", "event": "end", "step": step, **kept,
@@ -243,7 +279,7 @@ def _evaluate(s: Session) -> dict[str, Any]:
     stats = torch.zeros(3, dtype=torch.float64)
     rank, world = (0, 1) if s.use_fsdp else (s.rank, s.world)
     with torch.no_grad():
-        for x, y in eval_batches(s.val_ds, cfg.eval_batch, rank, world):
+        for x, y in eval_batches(s.val_ds, cfg.eval_batch, rank, world, lambda bad: _skipped(s, bad, "val")):
             x = normalize(x.to(device.torch_device), s.train_ds.mean, s.train_ds.std, channels_last=cfg.channels_last)
             y = y.to(device.torch_device)
             with torch.autocast(device.kind if device.kind == "cuda" else "cpu", dtype=amp_dtype or torch.bfloat16,

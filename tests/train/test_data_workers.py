@@ -1,0 +1,187 @@
+"""The folder data path: the JPEG tree the tests and bench measure on, loader workers that give the batches of the
+in-process loader (any worker count, resumed mid-epoch), augmentation seeded per sample, bad samples refused or
+skipped and counted, and loader workers that end with their rank after kill -9."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bench.jpeg_tree import image_bytes, make_tree
+from podrun.train.data import DataError, Loader, Shard, load_dataset
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    """3 classes x 8 training images, small (120 x 90) so that decoding them costs the tests little."""
+    return make_tree(tmp_path_factory.mktemp("jpeg") / "tree", classes=3, train_per_class=8, val_per_class=2,
+                     seed=1, width=120, height=90)
+
+
+def test_the_jpeg_tree_is_deterministic_and_the_size_of_imagenet_photographs(tmp_path):
+    a = [image_bytes(np.random.default_rng([0, 0, 0, i])) for i in range(4)]
+    assert a == [image_bytes(np.random.default_rng([0, 0, 0, i])) for i in range(4)]
+    assert 80_000 < sum(map(len, a)) / 4 < 115_000, [len(x) for x in a]     # ImageNet's typical ~96 KB
+    root = make_tree(tmp_path / "t", classes=2, train_per_class=2, val_per_class=1, seed=3, width=64, height=48)
+    files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.jpg"))
+    assert files == ["train/class000/img00000.jpg", "train/class000/img00001.jpg", "train/class001/img00000.jpg",
+                     "train/class001/img00001.jpg", "val/class000/img00000.jpg", "val/class001/img00000.jpg"]
+
+
+def _run(loader, take=None):
+    out = []
+    for e, s, micro in loader:
+        out.append((e, s, [(x.clone(), y.clone()) for x, y in micro]))
+        if take is not None and len(out) >= take:
+            break
+    return out
+
+
+def _same(a, b):
+    assert [(e, s) for e, s, _ in a] == [(e, s) for e, s, _ in b]
+    for (_, _, ma), (_, _, mb) in zip(a, b):
+        for (xa, ya), (xb, yb) in zip(ma, mb):
+            assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+def test_loader_workers_give_the_in_process_batches_and_a_resume_continues_them(tree):
+    train, _ = load_dataset(str(tree), image_size=16, num_classes=3)
+    shard = Shard(local_batch=3, grad_accum=2, replicas=2, replica_offset=1)      # 2 updates an epoch
+    ref = _run(Loader(train, shard, seed=4, epochs=3, prefetch=0))
+    assert [(e, s) for e, s, _ in ref] == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
+    _same(_run(Loader(train, shard, seed=4, epochs=3, workers=2)), ref)
+    _same(_run(Loader(train, shard, seed=4, epochs=3, workers=3, start_epoch=1, start_step=1)), ref[3:])
+    # a sample's augmentation is a function of (seed, epoch, index): alone or among others, the same pixels
+    x_pair, _ = train.batch([5, 17], epoch=2, train=True)
+    assert torch.equal(train.batch([17], epoch=2, train=True)[0][0], x_pair[1])
+    assert not torch.equal(train.batch([17], epoch=3, train=True)[0][0], x_pair[1])
+
+
+def test_a_bad_sample_is_named_with_its_index_or_skipped_and_counted(tree, tmp_path):
+    import shutil
+
+    root = tmp_path / "bad"
+    shutil.copytree(tree, root)
+    victim = root / "train" / "class001" / "img00003.jpg"
+    victim.write_bytes(victim.read_bytes()[:300])                 # truncated
+    (root / "train" / "class002" / "img00000.jpg").write_bytes(b"not an image at all")
+    train, _ = load_dataset(str(root), image_size=16, num_classes=3)
+    index = [str(p) for p, _ in train.samples].index(str(victim))
+    shard = Shard(local_batch=len(train), grad_accum=1, replicas=1, replica_offset=0)
+    with pytest.raises(DataError) as err:
+        _run(Loader(train, shard, seed=0, epochs=1, workers=2))
+    named = [(index, victim), (index + 5, root / "train" / "class002" / "img00000.jpg")]
+    assert any(err.value.message.startswith(f"bad sample {i}: {p}: cannot decode image (") for i, p in named), \
+        err.value.message
+    assert err.value.exit_code == 2 and "--bad-samples skip" in err.value.hint
+
+    train, _ = load_dataset(str(root), image_size=16, num_classes=3, bad_samples="skip")
+    heard = []
+    batches = _run(Loader(train, shard, seed=0, epochs=1, workers=2, on_skip=heard.append))
+    assert sorted(b.index for b in heard) == sorted([index, index + 5]), heard     # one epoch: each once
+    assert {Path(b.path).name for b in heard} == {"img00003.jpg", "img00000.jpg"}
+    x, y = batches[0][2][0]
+    assert x.shape == (len(train), 3, 16, 16)        # the batch keeps its size: the next good sample stands in
+
+
+def test_an_empty_class_folder_is_refused_or_kept_without_samples(tree, tmp_path):
+    import shutil
+
+    root = tmp_path / "empty"
+    shutil.copytree(tree, root)
+    (root / "train" / "class003").mkdir()
+    (root / "val" / "class003").mkdir()
+    with pytest.raises(DataError, match=r"class003: class folder 'class003' \(class index 3\) holds no images"):
+        load_dataset(str(root), image_size=16, num_classes=4)
+    train, val = load_dataset(str(root), image_size=16, num_classes=4, bad_samples="skip")
+    assert train.num_classes == 4 and train.empty_classes == [str(root / "train" / "class003")]
+
+
+PARENT = """
+import sys, time, torch
+from podrun.train.data import Loader, Shard, ImageDataset
+from podrun.train.data_pool import worker_pids
+
+class Slow(ImageDataset):
+    decodes_files, num_classes = True, 2
+    def __len__(self):
+        return 64
+    def batch(self, ix, epoch, train=True):
+        import os
+        print("busy", os.getpid(), flush=True)
+        time.sleep(600)          # a worker busy in a decode: DataLoader's watch of its parent does not see the end
+
+it = iter(Loader(Slow(), Shard(1, 1, 1, 0), seed=0, workers=2))
+import threading
+threading.Thread(target=lambda: next(it), daemon=True).start()
+time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.timeout(120)
+def test_loader_workers_end_with_their_rank_after_kill_9():
+    """A rank (here a process iterating a Loader with 2 workers, each stuck in a long decode) is killed with -9: its
+    workers are gone soon after (the kernel's PR_SET_PDEATHSIG), not left decoding for the rest of the batch."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    rank = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True, env=env)
+    pids: list[int] = []
+    try:
+        pids = [int(rank.stdout.readline().split()[1]) for _ in range(2)]      # both workers inside a batch
+        assert all(_alive(p) for p in pids)
+        rank.send_signal(signal.SIGKILL)
+        rank.wait()
+        deadline = time.monotonic() + 60
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(_alive(p) for p in pids), f"loader workers {pids} outlived their rank"
+    finally:
+        rank.kill()
+        rank.wait()
+        for p in pids:                  # the orphans of a failure, not left for the rest of the session
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
+
+
+@pytest.mark.timeout(240)
+def test_a_run_stops_on_a_bad_sample_with_its_path_or_skips_it_counted(tree, tmp_path):
+    """Two real single-rank runs over a folder with one truncated JPEG: --bad-samples fail (the default) exits 2
+    naming the file; skip trains on, prints the file once, records it in metrics.jsonl and counts it in the
+    summary."""
+    import json
+    import shutil
+
+    from podrun.rundir.metrics import read_metrics
+    from tests.train.train_procs import start_workers, wait_all
+
+    root = tmp_path / "data"
+    shutil.copytree(tree, root)
+    victim = root / "train" / "class000" / "img00002.jpg"
+    victim.write_bytes(victim.read_bytes()[:200])
+    base = dict(data=str(root), image_size=16, num_classes=3, steps=3, global_batch=24, lr=0.1, eval_every=0,
+                console=False, resume=False, loader_workers=1)
+    fail = start_workers(1, {**base, "run_dir": str(tmp_path / "fail")})
+    skip = start_workers(1, {**base, "bad_samples": "skip", "run_dir": str(tmp_path / "skip")})
+    out = fail[0].communicate(timeout=220)[0]
+    assert fail[0].returncode == 2, out
+    assert f"bad sample 2: {victim}: cannot decode image" in out and "Traceback" not in out, out
+    skip_out = wait_all(skip, timeout=220)[0]
+    assert skip_out.count(f"skipped bad sample 2: {victim}: cannot decode image") == 1, skip_out
+    summary = json.loads(skip_out.split("SUMMARY ", 1)[1].splitlines()[0])
+    assert summary["bad_samples"]["mode"] == "skip" and summary["bad_samples"]["skipped"] == 3, summary  # 3 epochs
+    recs = [r for r in read_metrics(tmp_path / "skip") if r.get("kind") == "bad_sample"]
+    assert [(r["path"], r["index"]) for r in recs] == [(str(victim), 2)]
