@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("podrun.cli.report_cmd:report", "Summarise a run and draw its loss, accuracy and throughput curves."),
     "clusters": ("podrun.cli.catalog_cmd:clusters", "List the cluster specs podrun finds (name, size, scheduler, source)."),
     "recipes": ("podrun.cli.catalog_cmd:recipes", "List the recipes podrun finds (name, model, data set, batch, source)."),
+    "data": ("podrun.cli.data_cmd:data", "Measure the input pipeline (decode and augmentation) on this host."),
 }
 
 

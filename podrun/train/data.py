@@ -266,7 +266,7 @@ class FolderDataset(ImageDataset):
         left, top = (rw - s) // 2, (rh - s) // 2
         return (left * w / rw, top * h / rh, (left + s) * w / rw, (top + s) * h / rh), False
 
-    def _load(self, i: int, epoch: int, train: bool) -> torch.Tensor:
+    def _load(self, i: int, epoch: int, train: bool) -> np.ndarray:
         from podrun.train import decode
 
         path, _ = self.samples[i]
@@ -279,9 +279,9 @@ class FolderDataset(ImageDataset):
         except (OSError, decode.DecodeError) as exc:
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
             raise _Undecodable(BadSample(str(path), i, f"cannot decode image ({why})")) from None
-        return torch.from_numpy(arr)
+        return arr
 
-    def _good(self, i: int, epoch: int, train: bool) -> tuple[torch.Tensor, int]:
+    def _good(self, i: int, epoch: int, train: bool) -> tuple[np.ndarray, int]:
         """Sample i, or under "skip" the first one after it that decodes; (image, label)."""
         n = len(self.samples)
         for k in range(n):
@@ -300,8 +300,13 @@ class FolderDataset(ImageDataset):
         raise DataError(f"{self.root}: no image in the split decodes", hint=TREE_HINT)
 
     def batch(self, indices, epoch, train):
-        got = [self._good(int(i), epoch, train) for i in indices]
-        return torch.stack([g[0] for g in got]), torch.tensor([g[1] for g in got], dtype=torch.long)
+        """(N, 3, S, S) uint8 in channels-last layout (the decoders' own: no copy to planar), labels."""
+        s = self.image_size
+        x = np.empty((len(indices), s, s, 3), dtype=np.uint8)
+        y = torch.empty(len(indices), dtype=torch.long)
+        for k, i in enumerate(indices):
+            x[k], y[k] = self._good(int(i), epoch, train)
+        return torch.from_numpy(x).permute(0, 3, 1, 2), y
 
     def drain_skipped(self) -> list[BadSample]:
         out, self.skipped = self.skipped, []
@@ -424,14 +429,15 @@ class Loader:
     (podrun.train.data_pool), in order, with no prefetch thread of its own. 0: in this process, prefetched by a
     thread when ``prefetch`` > 0. Either way the batches are the same: each sample's augmentation is seeded by
     (seed, epoch, index), never by who decodes it. ``on_skip(BadSample)`` hears of every sample a dataset read with
-    ``--bad-samples skip`` replaced."""
+    ``--bad-samples skip`` replaced. ``transform(x)``, when given, runs on each micro batch in this process (the
+    device decoder of podrun.train.data_device)."""
 
     def __init__(self, dataset: ImageDataset, shard: Shard, *, seed: int, start_epoch: int = 0,
                  start_step: int = 0, epochs: int | None = None, prefetch: int = 3, pin_memory: bool = False,
-                 workers: int = 0, on_skip=None):
+                 workers: int = 0, on_skip=None, transform=None):
         self.ds, self.shard, self.seed, self.prefetch, self.pin = dataset, shard, seed, prefetch, pin_memory
         self.start_epoch, self.start_step, self.epochs = start_epoch, start_step, epochs
-        self.workers, self.on_skip = workers, on_skip
+        self.workers, self.on_skip, self.transform = workers, on_skip, transform
         self.steps_per_epoch = steps_per_epoch(len(dataset), shard)
 
     def keys(self) -> Iterator[tuple[int, int, int, np.ndarray]]:
@@ -464,7 +470,7 @@ class Loader:
             for bad in skipped:
                 if self.on_skip is not None:
                     self.on_skip(bad)
-            micro.append((x, y))
+            micro.append((x if self.transform is None else self.transform(x), y))
             if j == self.shard.grad_accum - 1:
                 if delay > 0:
                     time.sleep(delay)

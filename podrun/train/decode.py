@@ -89,7 +89,7 @@ def decode(data: bytes, decoder: str, min_size: tuple[int, int] | None = None) -
 def crop_resize(data: bytes, decoder: str, box: tuple[float, float, float, float], size: int,
                 flip: bool = False) -> np.ndarray:
     """The region ``box`` (left, top, right, bottom in the source's pixels) resized to size x size, bilinear, and
-    mirrored when ``flip``: a (3, size, size) uint8 array. The source is DCT-scaled while the box stays >= size."""
+    mirrored when ``flip``: a (size, size, 3) uint8 array. The source is DCT-scaled while the box stays >= size."""
     from PIL import Image
 
     w, h = image_size(data, decoder)
@@ -100,7 +100,6 @@ def crop_resize(data: bytes, decoder: str, box: tuple[float, float, float, float
     sy, sx = arr.shape[0] / h, arr.shape[1] / w
     im = Image.fromarray(arr)
     im = im.resize((size, size), Image.BILINEAR, box=(box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy))
-    out = np.asarray(im, dtype=np.uint8)
     if flip:
-        out = out[:, ::-1]
-    return np.ascontiguousarray(out.transpose(2, 0, 1))
+        im = im.transpose(Image.FLIP_LEFT_RIGHT)
+    return np.asarray(im, dtype=np.uint8)

@@ -108,9 +108,22 @@ def _prefetch(s: Session) -> int:
 def _loader(s: Session, step: int) -> Iterator:
     """The training batches from update ``step`` on: the data order is a function of the seed and the epoch."""
     start_epoch, start_step = position(step * s.global_batch, s.global_batch, len(s.train_ds))
-    return iter(Loader(s.train_ds, s.shard, seed=s.cfg.seed, start_epoch=start_epoch, start_step=start_step,
+    ds, transform = _device_decoder(s)
+    return iter(Loader(ds, s.shard, seed=s.cfg.seed, start_epoch=start_epoch, start_step=start_step,
                        prefetch=_prefetch(s), pin_memory=s.device.kind == "cuda", workers=s.loader_workers,
-                       on_skip=lambda bad: _skipped(s, bad, "train")))
+                       on_skip=lambda bad: _skipped(s, bad, "train"), transform=transform))
+
+
+def _device_decoder(s: Session):
+    """(the dataset the loader reads, the transform of its batches): a folder's JPEGs decoded by the device where
+    podrun.train.data_device can (CUDA with torchvision), else the training split as it is."""
+    from podrun.train import data_device
+    from podrun.train.data import FolderDataset
+
+    if not isinstance(s.train_ds, FolderDataset) or not data_device.usable(s.device.kind):
+        return s.train_ds, None
+    ds, where = s.train_ds, s.device.torch_device
+    return data_device.RawFolder(ds), lambda raw: data_device.decode_batch(raw, ds, where)
 
 
 def _skipped(s: Session, bad, split: str) -> None:

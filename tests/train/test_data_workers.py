@@ -38,7 +38,7 @@ def test_the_jpeg_tree_is_deterministic_and_the_size_of_imagenet_photographs(tmp
 def _run(loader, take=None):
     out = []
     for e, s, micro in loader:
-        out.append((e, s, [(x.clone(), y.clone()) for x, y in micro]))
+        out.append((e, s, [(x.clone() if isinstance(x, torch.Tensor) else x, y.clone()) for x, y in micro]))
         if take is not None and len(out) >= take:
             break
     return out
@@ -185,3 +185,20 @@ def test_a_run_stops_on_a_bad_sample_with_its_path_or_skips_it_counted(tree, tmp
     assert summary["bad_samples"]["mode"] == "skip" and summary["bad_samples"]["skipped"] == 3, summary  # 3 epochs
     recs = [r for r in read_metrics(tmp_path / "skip") if r.get("kind") == "bad_sample"]
     assert [(r["path"], r["index"]) for r in recs] == [(str(victim), 2)]
+
+
+def test_the_device_decoders_host_side_reads_the_bytes_and_draws_the_same_boxes(tree):
+    """The CUDA path's loader workers only read files and draw each sample's box and flip, as the host path does;
+    the device side (nvJPEG) runs on a lent GPU only (bench/gpu_check_data.py)."""
+    from podrun.train.data_device import RawBatch, RawFolder, usable
+
+    train, _ = load_dataset(str(tree), image_size=16, num_classes=3)
+    assert not usable("cpu")
+    shard = Shard(local_batch=4, grad_accum=1, replicas=1, replica_offset=0)
+    (e, s, [(raw, y)]), = _run(Loader(RawFolder(train), shard, seed=2, epochs=1, workers=2), take=1)
+    assert isinstance(raw, RawBatch) and len(raw.data) == 4
+    for k, i in enumerate(raw.indices.tolist()):
+        assert bytes(raw.data[k].numpy()) == train.samples[i][0].read_bytes()
+        box, flip = train.box(i, 120, 90, e, True)
+        assert raw.boxes[k].tolist() == list(map(float, box)) and bool(raw.flips[k]) == flip
+        assert y[k] == train.samples[i][1]

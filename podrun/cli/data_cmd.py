@@ -1,0 +1,52 @@
+"""The `data` commands: `podrun data bench` times a recipe's input pipeline alone on this host."""
+from __future__ import annotations
+
+import click
+
+
+@click.group("data")
+def data() -> None:
+    """Measure the input pipeline (decode and augmentation) on this host."""
+
+
+@data.command("bench")
+@click.option("--recipe", required=True, help="Recipe name or folder: its image size is the pipeline's.")
+@click.option("--data", "data_path", required=True, type=click.Path(),
+              help="An ImageNet-style folder (train/<class>/*.jpg) or one split of it.")
+@click.option("--workers", type=click.IntRange(min=0), multiple=True,
+              help="Loader workers to time (repeatable; 0: in the rank's own thread). Default: 0, 1, 2, 4 ... "
+                   "up to this host's cores.")
+@click.option("--batch", type=click.IntRange(min=1), default=32, show_default=True, help="Images per batch.")
+@click.option("--images", type=click.IntRange(min=1), default=256, show_default=True,
+              help="Images timed per worker count (after one warm-up batch).")
+@click.option("--decoder", type=click.Choice(["simplejpeg", "pil"]), default=None,
+              help="Force a decoder (default: the fastest installed).")
+@click.option("--bad-samples", type=click.Choice(["fail", "skip"]), default="fail", show_default=True,
+              help="An image that does not decode: stop naming it, or skip it.")
+@click.option("--json", "as_json", is_flag=True, help="Print the record as JSON.")
+def bench(recipe, data_path, workers, batch, images, decoder, bad_samples, as_json) -> None:
+    """Time a recipe's input pipeline (decode, random-resized crop, flip) with no model: images per second for
+    each number of loader workers, and the decoder used.
+
+    \b
+      podrun data bench --recipe resnet50 --data /data/imagenet --workers 2
+      podrun data bench --recipe resnet50 --data /data/imagenet --json
+    """
+    from podrun.specs import load_recipe
+    from podrun.train.data_bench import bench as run_bench, cores_here, default_counts
+
+    spec = load_recipe(recipe)
+    counts = list(workers) or default_counts(cores_here())
+    record = run_bench(data_path, spec.dataset.image_size, counts, batch=batch, images=images, decoder=decoder,
+                       bad_samples=bad_samples)
+    record["recipe"] = spec.name
+    if as_json:
+        from podrun.cli.render import print_json
+
+        print_json(record)
+        return
+    click.echo(f"{spec.name}: input pipeline on {record['data']} ({record['images_in_split']} images), "
+               f"{record['image_size']} px, decoder {record['decoder']}, {record['cores']} core(s) here")
+    click.echo(f"  {'workers':>7}  {'img/s':>8}  {'per worker':>10}")
+    for row in record["rows"]:
+        click.echo(f"  {row['workers']:>7}  {row['images_per_second']:>8.1f}  {row['images_per_second_per_worker']:>10.1f}")
