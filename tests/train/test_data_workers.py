@@ -202,3 +202,27 @@ def test_the_device_decoders_host_side_reads_the_bytes_and_draws_the_same_boxes(
         box, flip = train.box(i, 120, 90, e, True)
         assert raw.boxes[k].tolist() == list(map(float, box)) and bool(raw.flips[k]) == flip
         assert y[k] == train.samples[i][1]
+
+
+def test_podrun_data_bench_times_the_pipeline_per_worker_count_and_refuses_a_bad_file(tree, tmp_path):
+    import json
+    import shutil
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    cmd = [sys.executable, "-m", "podrun", "data", "bench", "--recipe", "resnet18_cifar10", "--batch", "4",
+           "--images", "8"]
+    out = subprocess.run(cmd + ["--data", str(tree), "--workers", "0", "--workers", "2", "--json"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    rec = json.loads(out.stdout)
+    assert rec["recipe"] == "resnet18_cifar10" and rec["decoder"] in ("simplejpeg", "pil")
+    assert [r["workers"] for r in rec["rows"]] == [0, 2] and all(r["images_per_second"] > 0 for r in rec["rows"])
+    assert rec["images_in_split"] == 24 and rec["rows"][0]["images"] == 8
+    root = tmp_path / "bad"
+    shutil.copytree(tree, root)
+    victim = root / "train" / "class001" / "img00000.jpg"
+    victim.write_bytes(b"\xff\xd8 truncated")
+    bad = subprocess.run(cmd + ["--data", str(root), "--workers", "1", "--images", "24"], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert bad.returncode == 2 and f"bad sample 8: {victim}: cannot decode image" in bad.stderr, bad.stderr
+    assert "Traceback" not in bad.stderr
