@@ -91,9 +91,14 @@ def _old_load(ds, i: int, epoch: int):
     return torch.from_numpy(arr.copy()).permute(2, 0, 1)
 
 
-def _peer(subject: str, data: Path, images: int, batch: int) -> float:
-    """img/s of one peer over ``images`` after a warm-up batch."""
+def _peer(subject: str, data: Path, images: int, batch: int) -> tuple[float, float | None]:
+    """(img/s, CPU ms per image over this process and its workers) of one peer over ``images`` after a warm-up
+    batch."""
+    import multiprocessing
+
     import torch
+
+    from podrun.train.data_bench import cpu_seconds
 
     torch.set_num_threads(1)
     if subject == "torch":
@@ -101,20 +106,25 @@ def _peer(subject: str, data: Path, images: int, batch: int) -> float:
                                              num_workers=WORKERS, drop_last=True)
         it, n = iter(_forever(loader)), 0
         next(it)
-        t0 = time.perf_counter()
+        pids = [os.getpid(), *(p.pid for p in multiprocessing.active_children())]
+        c0, t0 = cpu_seconds(pids), time.perf_counter()
         while n < images:
             n += len(next(it)[0])
-        return n / (time.perf_counter() - t0)
+        return n / (time.perf_counter() - t0), _per_image(c0, cpu_seconds(pids), n)
     from podrun.train.data import FolderDataset, epoch_permutation
 
     ds = FolderDataset(data / "train", SIZE, decoder="pil")
     perm = [int(i) for e in range(100) for i in epoch_permutation(len(ds), 0, e)]
     stack = lambda ix: torch.stack([_old_load(ds, i, 0) for i in ix])  # noqa: E731
     stack(perm[:batch])
-    t0, n = time.perf_counter(), 0
+    c0, t0, n = cpu_seconds([os.getpid()]), time.perf_counter(), 0
     while n < images:
         n += len(stack(perm[batch + n:2 * batch + n]))
-    return n / (time.perf_counter() - t0)
+    return n / (time.perf_counter() - t0), _per_image(c0, cpu_seconds([os.getpid()]), n)
+
+
+def _per_image(c0, c1, n: int) -> float | None:
+    return None if c0 is None or c1 is None else (c1 - c0) / n * 1000
 
 
 def _forever(loader):
@@ -174,16 +184,17 @@ def _podrun(data: Path, images: int) -> tuple[float, str]:
     if cp.returncode != 0:
         raise RuntimeError(f"podrun data bench exited {cp.returncode}: {cp.stderr[-2000:]}")
     rec = json.loads(cp.stdout)
-    return rec["rows"][0]["images_per_second"], rec["decoder"]
+    return rec["rows"][0]["images_per_second"], rec["rows"][0]["cpu_ms_per_image"], rec["decoder"]
 
 
-def _run_peer(subject: str, data: Path, images: int) -> float:
+def _run_peer(subject: str, data: Path, images: int) -> tuple[float, float | None]:
     env = {**os.environ, "PYTHONPATH": str(HERE.parent)}
     cp = subprocess.run([sys.executable, "-m", "bench.bench_data", subject, str(data), str(images), str(BATCH)],
                         capture_output=True, text=True, timeout=900, env=env, cwd=HERE.parent)
     if cp.returncode != 0:
         raise RuntimeError(f"peer {subject} exited {cp.returncode}: {cp.stderr[-2000:]}")
-    return float(cp.stdout.split()[-1])
+    rate, cpu = cp.stdout.split()[-2:]
+    return float(rate), None if cpu == "None" else float(cpu)
 
 
 def run(quick: bool) -> list[dict]:
@@ -191,6 +202,7 @@ def run(quick: bool) -> list[dict]:
 
     n_images, timed, rounds = (64, 64, 1) if quick else (400, 256, 5)
     ours, torch_dl, old, loads = [], [], [], []
+    cpu: dict[str, list[float]] = {"podrun": [], "torch": [], "old": []}
     with scratch("data") as d:
         tree = make_tree(d / "tree", classes=4, train_per_class=n_images // 4, val_per_class=1)
         for i in range(rounds):
@@ -198,10 +210,12 @@ def run(quick: bool) -> list[dict]:
             subjects = [("podrun", ours), ("torch", torch_dl), ("old", old)]
             for name, out in subjects[i % 3:] + subjects[:i % 3]:       # each first in turn
                 if name == "podrun":
-                    rate, decoder = _podrun(tree, timed)
+                    rate, ms, decoder = _podrun(tree, timed)
                 else:
-                    rate = _run_peer(name, tree, timed)
+                    rate, ms = _run_peer(name, tree, timed)
                 out.append(rate)
+                if ms is not None:
+                    cpu[name].append(ms)
         loads.append(os.getloadavg()[0])
         dec = _decoders(tree, min(n_images, 120))
     load = f"load average {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} cores"
@@ -215,6 +229,13 @@ def run(quick: bool) -> list[dict]:
             row("resnet50 input pipeline: img/s", f"podrun data bench --workers {WORKERS} ({decoder})", ours, "img/s",
                 f"{pipe}; runs before {fmt(old)}; goal >= 1.8x", "podrun's loader before (PIL, the rank's one thread)",
                 old, digits=1)]
+    for peer, name in (("torch", f"torch DataLoader(num_workers={WORKERS}), ImageFolder-style PIL"),
+                       ("old", "podrun's loader before (PIL, the rank's one thread)")):
+        rows.append(row("resnet50 input pipeline: CPU ms per image (lower is better; the load of others left out)",
+                        f"podrun data bench --workers {WORKERS} ({decoder})", cpu["podrun"] or None, "ms",
+                        f"user+system CPU of the process and its workers over the timed images, median of {rounds}; "
+                        f"runs podrun {fmt(cpu['podrun'])}, {peer} {fmt(cpu[peer])}", name, cpu[peer] or None,
+                        digits=2))
     base = dec.get("PIL")
     for name, rate in dec.items():
         rows.append(row("JPEG decode only, one core, 500x375: img/s", name, rate, "img/s",
@@ -224,7 +245,8 @@ def run(quick: bool) -> list[dict]:
 
 if __name__ == "__main__":
     if len(sys.argv) == 5:           # a peer's own process
-        print(f"{_peer(sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])):.3f}")
+        rate, cpu = _peer(sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+        print(f"{rate:.3f} {cpu}")
     else:
         from bench.rows import run_alone
 

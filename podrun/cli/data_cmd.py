@@ -47,6 +47,8 @@ def bench(recipe, data_path, workers, batch, images, decoder, bad_samples, as_js
         return
     click.echo(f"{spec.name}: input pipeline on {record['data']} ({record['images_in_split']} images), "
                f"{record['image_size']} px, decoder {record['decoder']}, {record['cores']} core(s) here")
-    click.echo(f"  {'workers':>7}  {'img/s':>8}  {'per worker':>10}")
+    click.echo(f"  {'workers':>7}  {'img/s':>8}  {'per worker':>10}  {'CPU ms/img':>10}")
     for row in record["rows"]:
-        click.echo(f"  {row['workers']:>7}  {row['images_per_second']:>8.1f}  {row['images_per_second_per_worker']:>10.1f}")
+        cpu = "-" if row["cpu_ms_per_image"] is None else f"{row['cpu_ms_per_image']:.2f}"
+        click.echo(f"  {row['workers']:>7}  {row['images_per_second']:>8.1f}  "
+                   f"{row['images_per_second_per_worker']:>10.1f}  {cpu:>10}")

@@ -14,6 +14,7 @@ the same sequence of global batches.
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import pickle
 import queue
@@ -254,12 +255,24 @@ class FolderDataset(ImageDataset):
     def box(self, i: int, w: int, h: int, epoch: int, train: bool) -> tuple[tuple[float, float, float, float], bool]:
         """Sample i's crop box in its source's pixels and whether it is mirrored: a function of (seed, epoch, i)."""
         s = self.image_size
-        if train:  # random-resized-crop-lite, seeded per sample
+        if train:  # torchvision's RandomResizedCrop (scale 0.08-1, ratio 3/4-4/3) and a flip, seeded per sample
             rng = np.random.default_rng([self.seed, epoch, i])
-            frac = rng.uniform(0.35, 1.0)
-            cw, ch = max(1, int(w * frac ** 0.5)), max(1, int(h * frac ** 0.5))
-            x0, y0 = int(rng.integers(0, w - cw + 1)), int(rng.integers(0, h - ch + 1))
-            return (x0, y0, x0 + cw, y0 + ch), bool(rng.random() < 0.5)
+            flip = bool(rng.random() < 0.5)
+            for _ in range(10):
+                area = w * h * rng.uniform(0.08, 1.0)
+                ratio = math.exp(rng.uniform(math.log(3 / 4), math.log(4 / 3)))
+                cw, ch = int(round(math.sqrt(area * ratio))), int(round(math.sqrt(area / ratio)))
+                if 0 < cw <= w and 0 < ch <= h:
+                    x0, y0 = int(rng.integers(0, w - cw + 1)), int(rng.integers(0, h - ch + 1))
+                    return (x0, y0, x0 + cw, y0 + ch), flip
+            # no draw fitted: the centre crop of the whole source, its aspect clamped to 3/4-4/3
+            cw, ch = w, h
+            if w / h < 3 / 4:
+                ch = min(h, round(w * 4 / 3))
+            elif w / h > 4 / 3:
+                cw = min(w, round(h * 4 / 3))
+            x0, y0 = (w - cw) // 2, (h - ch) // 2
+            return (x0, y0, x0 + cw, y0 + ch), flip
         # resize the shorter side to s/0.875, centre crop s: the crop's box in the source
         r = s / 0.875 / min(w, h)
         rw, rh = max(s, round(w * r)), max(s, round(h * r))

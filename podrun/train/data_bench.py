@@ -14,6 +14,7 @@ class BenchRow:
     workers: int                    # 0: decoded in the rank's own thread (no worker process)
     images: int
     seconds: float
+    cpu_seconds: float | None = None    # this process's and its workers' CPU time over the same images
 
     @property
     def images_per_second(self) -> float:
@@ -21,8 +22,24 @@ class BenchRow:
 
     def to_dict(self) -> dict:
         per = self.images_per_second / self.workers if self.workers > 0 else self.images_per_second
+        cpu = None if self.cpu_seconds is None else round(self.cpu_seconds / self.images * 1000, 3)
         return {"workers": self.workers, "images": self.images, "seconds": round(self.seconds, 4),
-                "images_per_second": round(self.images_per_second, 1), "images_per_second_per_worker": round(per, 1)}
+                "images_per_second": round(self.images_per_second, 1), "images_per_second_per_worker": round(per, 1),
+                "cpu_ms_per_image": cpu}
+
+
+def cpu_seconds(pids: list[int]) -> float | None:
+    """User + system CPU seconds of these processes so far (Linux /proc; None elsewhere or when one has ended)."""
+    try:
+        tick = os.sysconf("SC_CLK_TCK")
+        total = 0
+        for pid in pids:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        return total / tick
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def cores_here() -> int:
@@ -57,19 +74,21 @@ def train_split(data: str, image_size: int, bad_samples: str = "fail", decoder: 
 def measure(ds, workers: int, *, batch: int, images: int, seed: int = 0) -> BenchRow:
     """Time ``images`` training samples (after one warm-up batch, which starts the workers) in batches of ``batch``."""
     from podrun.train.data import Loader, Shard
+    from podrun.train.data_pool import worker_pids
 
     shard = Shard(local_batch=batch, grad_accum=1, replicas=1, replica_offset=0)
     steps = max(1, -(-images // batch))
     it = iter(Loader(ds, shard, seed=seed, prefetch=0, workers=workers))
     try:
         next(it)
-        t0 = time.perf_counter()
+        pids = [os.getpid(), *worker_pids()]
+        c0, t0 = cpu_seconds(pids), time.perf_counter()
         for _ in range(steps):
             next(it)
-        dt = time.perf_counter() - t0
+        dt, c1 = time.perf_counter() - t0, cpu_seconds(pids)
     finally:
         it.close()
-    return BenchRow(workers, steps * batch, dt)
+    return BenchRow(workers, steps * batch, dt, None if c0 is None or c1 is None else c1 - c0)
 
 
 def bench(data: str, image_size: int, counts: list[int], *, batch: int = 32, images: int = 256,

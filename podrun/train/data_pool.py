@@ -3,7 +3,8 @@ forked from the rank, in order, through shared memory, and ended with the rank.
 
 Each worker is forked (never a fresh interpreter) and asks the kernel for SIGKILL when the rank that forked it dies
 (prctl PR_SET_PDEATHSIG): a rank killed with -9 leaves no loader process behind, whatever the worker was doing.
-DataLoader's own watch of the parent (every few seconds) is the second line. The batches come back through shared
+DataLoader's own watch of the parent (every few seconds) is the second line. The kernel ties that signal to the
+thread that forked: the loop iterates the loader in the rank's main thread (no prefetch thread beside workers). The batches come back through shared
 memory (DataLoader's tensors) and, on CUDA, are pinned by DataLoader's pin thread so that the copies to the device
 are asynchronous (``.to(device, non_blocking=True)`` in the loop). The pinned path runs on CUDA hosts only.
 """
