@@ -60,7 +60,7 @@ def run(s: Session, step: int, acc: dict[str, float], origin: dict[str, Any] | N
     rows = StepRows(s, acc)
     # the step's split: host-clock stamps, each after a synchronize on CUDA (queued kernels counted where they run)
     busy = BusyClock(s.wrapped, sync=torch.cuda.synchronize if device.kind == "cuda" else None,
-                     loaders=1 if _prefetch(s) > 0 else 0)
+                     loaders=_loaders(s))
     busy.start()                       # the step's start: before its batch is fetched
     first = step + 1                   # the attempt's first step: start-up (CUDA's autotune, the first allocations,
     #                                    the loader's first fill), as the run's account counts it; its split is not sent
@@ -98,6 +98,11 @@ def _record_start(s: Session, step: int, origin: dict[str, Any] | None, resumed:
     decomposition = {k: v for k, v in s.resolved().items() if k not in ("fsdp", "run_dir", "checkpoint_dir")}
     s.metrics.write({"kind": "run", "event": "resume" if origin else "start", "step": step, **(origin or {}),
                      "samples": step * s.global_batch, **decomposition, "resumed_from": resumed})
+
+
+def _loaders(s: Session) -> int:
+    """What feeds the step, for the step split: the loader worker processes, else the prefetch thread (1) or none."""
+    return s.loader_workers if s.loader_workers > 0 else (1 if _prefetch(s) > 0 else 0)
 
 
 def _prefetch(s: Session) -> int:
