@@ -428,9 +428,10 @@ def step_indices(perm: np.ndarray, step: int, shard: Shard) -> list[np.ndarray]:
     return [np.concatenate([m[j * b:(j + 1) * b] for m in mine]) for j in range(a)]
 
 
-def make_micro(ds: ImageDataset, epoch: int, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, list]:
-    """One training micro batch: (x, y, the samples a ``--bad-samples skip`` dataset replaced in it)."""
-    x, y = ds.batch(indices, epoch, train=True)
+def make_micro(ds: ImageDataset, epoch: int, indices: np.ndarray,
+               train: bool = True) -> tuple[torch.Tensor, torch.Tensor, list]:
+    """One micro batch: (x, y, the samples a ``--bad-samples skip`` dataset replaced in it)."""
+    x, y = ds.batch(indices, epoch, train=train)
     drain = getattr(ds, "drain_skipped", None)
     return x, y, drain() if drain is not None else []
 
@@ -548,17 +549,22 @@ def _stop_prefetchers() -> None:
         t.join()
 
 
-def eval_batches(dataset: ImageDataset, batch: int, rank: int, world: int, on_skip=None):
-    """The validation split sharded round-robin by rank (every sample counted once overall); ``on_skip`` as for
-    Loader."""
+def eval_batches(dataset: ImageDataset, batch: int, rank: int, world: int, on_skip=None, workers: int = 0):
+    """The validation split sharded round-robin by rank (every sample counted once overall); ``on_skip`` and
+    ``workers`` (loader processes that decode it) as for Loader."""
     idx = np.arange(rank, len(dataset), world)
-    drain = getattr(dataset, "drain_skipped", None)
-    for i in range(0, len(idx), batch):
-        out = dataset.batch(idx[i:i + batch], 0, train=False)
-        for bad in drain() if drain is not None else []:
+    keys = ((0, k, 0, idx[i:i + batch]) for k, i in enumerate(range(0, len(idx), batch)))
+    if workers > 0 and len(idx):
+        from podrun.train.data_pool import pooled
+
+        made = ((x, y, skipped) for _, _, _, x, y, skipped in pooled(dataset, keys, workers, train=False))
+    else:
+        made = (make_micro(dataset, 0, ix, train=False) for _, _, _, ix in keys)
+    for x, y, skipped in made:
+        for bad in skipped:
             if on_skip is not None:
                 on_skip(bad)
-        yield out
+        yield x, y
 
 
 def normalize(x: torch.Tensor, mean: Sequence[float], std: Sequence[float], dtype=torch.float32,

@@ -40,13 +40,13 @@ class _Micro(torch.utils.data.Dataset):
     """Key (epoch, step, micro step, indices) -> (epoch, step, micro step, x, y, skipped); a refusal of the dataset
     travels back as its message and hint (DataLoader would wrap it in a traceback)."""
 
-    def __init__(self, ds: ImageDataset):
-        self.ds = ds
+    def __init__(self, ds: ImageDataset, train: bool = True):
+        self.ds, self.train = ds, train
 
     def __getitem__(self, key):
         epoch, step, j, ix = key
         try:
-            x, y, skipped = make_micro(self.ds, epoch, ix)
+            x, y, skipped = make_micro(self.ds, epoch, ix, self.train)
         except DataError as exc:
             return epoch, step, j, None, None, (exc.message, exc.hint)
         return epoch, step, j, x, y, skipped
@@ -62,12 +62,13 @@ def _init(parent: int):
 
 
 def pooled(ds: ImageDataset, keys: Iterable[tuple[int, int, int, np.ndarray]], workers: int, *,
-           pin_memory: bool = False, prefetch_factor: int = 2) -> Iterator[tuple]:
-    """The micro batches of ``keys`` made by ``workers`` forked processes, in the keys' order."""
+           pin_memory: bool = False, prefetch_factor: int = 2, train: bool = True) -> Iterator[tuple]:
+    """The micro batches of ``keys`` made by ``workers`` forked processes, in the keys' order (``train``: with the
+    training augmentation, else the validation crop)."""
     with warnings.catch_warnings():      # more workers than cores is the caller's choice (--loader-workers)
         warnings.filterwarnings("ignore", message="This DataLoader will create")
         loader = torch.utils.data.DataLoader(
-            _Micro(ds), batch_size=None, sampler=keys, num_workers=workers, pin_memory=pin_memory,
+            _Micro(ds, train), batch_size=None, sampler=keys, num_workers=workers, pin_memory=pin_memory,
             prefetch_factor=prefetch_factor, multiprocessing_context="fork", worker_init_fn=_init(os.getpid()))
         it = iter(loader)
     try:

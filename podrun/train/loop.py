@@ -297,7 +297,8 @@ def _evaluate(s: Session) -> dict[str, Any]:
     stats = torch.zeros(3, dtype=torch.float64)
     rank, world = (0, 1) if s.use_fsdp else (s.rank, s.world)
     with torch.no_grad():
-        for x, y in eval_batches(s.val_ds, cfg.eval_batch, rank, world, lambda bad: _skipped(s, bad, "val")):
+        for x, y in eval_batches(s.val_ds, cfg.eval_batch, rank, world, lambda bad: _skipped(s, bad, "val"),
+                                 workers=s.loader_workers):
             x = normalize(x.to(device.torch_device), s.train_ds.mean, s.train_ds.std, channels_last=cfg.channels_last)
             y = y.to(device.torch_device)
             with torch.autocast(device.kind if device.kind == "cuda" else "cpu", dtype=amp_dtype or torch.bfloat16,

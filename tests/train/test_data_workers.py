@@ -58,6 +58,14 @@ def test_loader_workers_give_the_in_process_batches_and_a_resume_continues_them(
     assert [(e, s) for e, s, _ in ref] == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
     _same(_run(Loader(train, shard, seed=4, epochs=3, workers=2)), ref)
     _same(_run(Loader(train, shard, seed=4, epochs=3, workers=3, start_epoch=1, start_step=1)), ref[3:])
+    # the validation split through workers: the batches of the rank's own thread
+    from podrun.train.data import eval_batches
+
+    for rank in (0, 1):
+        mine = list(eval_batches(train, 5, rank, 2))
+        pooled = list(eval_batches(train, 5, rank, 2, workers=2))
+        assert len(mine) == len(pooled) == 3
+        assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(mine, pooled))
     # a sample's augmentation is a function of (seed, epoch, index): alone or among others, the same pixels
     x_pair, _ = train.batch([5, 17], epoch=2, train=True)
     assert torch.equal(train.batch([17], epoch=2, train=True)[0][0], x_pair[1])
