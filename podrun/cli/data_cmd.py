@@ -1,4 +1,5 @@
-"""The `data` commands: `podrun data bench` times a recipe's input pipeline alone on this host."""
+"""The `data` commands: `podrun data bench` times a recipe's input pipeline alone on this host; `podrun data pack`
+writes an image folder as tar shards."""
 from __future__ import annotations
 
 import click
@@ -52,3 +53,31 @@ def bench(recipe, data_path, workers, batch, images, decoder, bad_samples, as_js
         cpu = "-" if row["cpu_ms_per_image"] is None else f"{row['cpu_ms_per_image']:.2f}"
         click.echo(f"  {row['workers']:>7}  {row['images_per_second']:>8.1f}  "
                    f"{row['images_per_second_per_worker']:>10.1f}  {cpu:>10}")
+
+
+@data.command("pack")
+@click.argument("folder", type=click.Path())
+@click.argument("out", type=click.Path())
+@click.option("--shard-size", type=click.IntRange(min=1), default=1000, show_default=True,
+              help="Samples per shard (NNNNNN.tar of <key>.jpg + <key>.cls, WebDataset's layout).")
+@click.option("--json", "as_json", is_flag=True, help="Print each split's shards (name, samples, sha256) as JSON.")
+def pack(folder, out, shard_size, as_json) -> None:
+    """Write an ImageNet-style FOLDER (train/ and val/ of class folders) as tar shards in OUT, with an index for
+    random access (the same samples in the same order: a run on OUT trains as on FOLDER) and a SHA-256 per shard.
+
+    \b
+      podrun data pack /data/imagenet /scratch/imagenet-shards --shard-size 5000
+      python recipes/resnet50/train.py --data /scratch/imagenet-shards
+    """
+    from podrun.train.shards import pack as run_pack, print_progress
+
+    done = run_pack(folder, out, shard_size, None if as_json else print_progress)
+    if as_json:
+        from podrun.cli.render import print_json
+
+        print_json({split: {"classes": len(ix["classes"]), "samples": len(ix["samples"]["shard"]),
+                            "shards": ix["shards"]} for split, ix in done.items()})
+        return
+    for split, ix in done.items():
+        click.echo(f"{split}: {len(ix['samples']['shard'])} samples of {len(ix['classes'])} classes in "
+                   f"{len(ix['shards'])} shard(s)")

@@ -284,8 +284,7 @@ class FolderDataset(ImageDataset):
 
         path, _ = self.samples[i]
         try:
-            with open(path, "rb") as f:
-                data = f.read()
+            data = self.read(i)
             w, h = decode.image_size(data, self.decoder)
             box, flip = self.box(i, w, h, epoch, train)
             arr = decode.crop_resize(data, self.decoder, box, self.image_size, flip)
@@ -293,6 +292,11 @@ class FolderDataset(ImageDataset):
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
             raise _Undecodable(BadSample(str(path), i, f"cannot decode image ({why})")) from None
         return arr
+
+    def read(self, i: int) -> bytes:
+        """Sample i's encoded bytes (a file of the folder; podrun.train.shards reads them from a tar shard)."""
+        with open(self.samples[i][0], "rb") as f:
+            return f.read()
 
     def _good(self, i: int, epoch: int, train: bool) -> tuple[np.ndarray, int]:
         """Sample i, or under "skip" the first one after it that decodes; (image, label)."""
@@ -376,6 +380,13 @@ def load_dataset(spec: str, *, image_size: int, num_classes: int, synthetic_size
                              "or an ImageNet-style folder (train/<class>/*.jpg, val/<class>/*.jpg)")
     if any((root / n).exists() for n in ("data_batch_1", "test_batch", "cifar-10-batches-py")):
         return cifar10(root)
+    from podrun.train import shards
+
+    if shards.is_shards(root / "train"):      # `podrun data pack` output: train/ and val/ of tar shards
+        if not shards.is_shards(root / "val"):
+            raise DataError(f"{root}: shards of train/ but no val/{shards.INDEX}", hint="pack the val/ split too")
+        train = shards.ShardDataset(root / "train", image_size, bad_samples=bad_samples)
+        return train, shards.ShardDataset(root / "val", image_size, bad_samples=bad_samples, classes=train.classes)
     return image_folders(root, image_size, bad_samples)
 
 

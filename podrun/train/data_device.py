@@ -61,9 +61,10 @@ class RawFolder(ImageDataset):
 
         data, boxes, flips = [], [], []
         for i in indices:
-            path, _ = self.ds.samples[int(i)]
-            with open(path, "rb") as f:
-                raw = f.read()
+            try:
+                raw = self.ds.read(int(i))
+            except OSError:
+                raw = b""             # unreadable: the host path names it
             try:
                 w, h = decode.image_size(raw, self.ds.decoder)
             except decode.DecodeError:

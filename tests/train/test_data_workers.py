@@ -234,3 +234,34 @@ def test_podrun_data_bench_times_the_pipeline_per_worker_count_and_refuses_a_bad
                          timeout=300)
     assert bad.returncode == 2 and f"bad sample 8: {victim}: cannot decode image" in bad.stderr, bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_tar_shards_give_the_folders_batches_with_a_digest_each_and_name_a_damaged_shard(tree, tmp_path):
+    """`podrun data pack` output (WebDataset's layout, an index for random access) read through loader workers:
+    the same global batches of the same pixels as the folder, so a run on the shards trains as on the folder; each
+    shard's SHA-256 is in the index; a cut shard names the shard, the key and the index of its lost samples."""
+    import hashlib
+    import json
+    import tarfile
+
+    from podrun.train.shards import pack
+
+    out = tmp_path / "shards"
+    done = pack(tree, out, shard_size=10)
+    assert [s["samples"] for s in done["train"]["shards"]] == [10, 10, 4] and len(done["val"]["shards"]) == 1
+    index = json.loads((out / "train" / "index.json").read_text())
+    for s in index["shards"]:
+        assert hashlib.sha256((out / "train" / s["name"]).read_bytes()).hexdigest() == s["sha256"]
+    with tarfile.open(out / "train" / "000001.tar") as tar:
+        assert tar.getnames()[:2] == ["000000010.jpg", "000000010.cls"]
+    folder, _ = load_dataset(str(tree), image_size=16, num_classes=3)
+    sharded, val = load_dataset(str(out), image_size=16, num_classes=3)
+    assert (sharded.name, len(sharded), sharded.classes, len(val)) == ("shards", 24, folder.classes, 6)
+    shard = Shard(local_batch=4, grad_accum=2, replicas=1, replica_offset=0)
+    _same(_run(Loader(sharded, shard, seed=9, epochs=2, workers=2)), _run(Loader(folder, shard, seed=9, epochs=2)))
+
+    cut = out / "train" / "000002.tar"
+    cut.write_bytes(cut.read_bytes()[:1024])         # the first sample's header and a sliver of its bytes
+    damaged, _ = load_dataset(str(out), image_size=16, num_classes=3)
+    with pytest.raises(DataError, match=r"^bad sample 2\d: .*/000002\.tar#0000000\d\d: cannot decode image"):
+        damaged.batch(range(20, 24), 0, True)
