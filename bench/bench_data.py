@@ -1,7 +1,8 @@
 """The input pipeline on this machine: `podrun data bench` for the resnet50 recipe (decode, random-resized crop to
 224, flip; 2 loader workers) beside torch's DataLoader(num_workers=2) over an ImageFolder-style PIL dataset doing the
 same, and beside podrun's loader before its workers (PIL in the rank's one thread); then the decoders one core
-gives (PIL, PIL with draft, simplejpeg, PyTurboJPEG where installed), decode only.
+gives (PIL, PIL with draft, simplejpeg, PyTurboJPEG where installed), decode only; and the metadata system calls
+an epoch costs from the folder and from its tar shards (strace).
 
     python -m bench data            # 400 JPEGs of 500x375 (~96 KB), 5 interleaved rounds of 256 images each
     python -m bench --quick data    # 64 JPEGs, 1 round of 64 images
@@ -174,6 +175,37 @@ def _decoders(data: Path, images: int) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in out.items()}
 
 
+def _epochs(data: Path, epochs: int) -> None:
+    """Read ``epochs`` epochs of the training split in this process (strace counts its metadata operations)."""
+    from podrun.train.data import Loader, Shard, load_dataset
+
+    train, _ = load_dataset(str(data), image_size=16, num_classes=1000)
+    for _ in Loader(train, Shard(8, 1, 1, 0), seed=0, epochs=epochs, prefetch=0):
+        pass
+
+
+METADATA = "open,openat,stat,newfstatat,statx,lstat,access,getdents64"
+
+
+def _metadata_per_epoch(data: Path) -> float | None:
+    """Metadata system calls per epoch of the training split: (3 epochs - 1 epoch) / 2 under strace (the imports
+    and the first opens fall in both and cancel); None without strace."""
+    import shutil
+    import tempfile
+
+    if shutil.which("strace") is None:
+        return None
+    env = {**os.environ, "PYTHONPATH": str(HERE.parent)}
+    counts = []
+    for epochs in (1, 3):
+        with tempfile.NamedTemporaryFile(prefix="podrun-bench-strace-") as log:
+            subprocess.run(["strace", "-f", "-qq", "-e", f"trace={METADATA}", "-o", log.name, sys.executable, "-m",
+                            "bench.bench_data", "epochs", str(data), str(epochs)], check=True, env=env,
+                           cwd=HERE.parent, capture_output=True, timeout=900)
+            counts.append(sum(1 for _ in open(log.name)))
+    return (counts[1] - counts[0]) / 2
+
+
 # -- the benchmark -------------------------------------------------------------------------------------------------
 
 def _podrun(data: Path, images: int) -> tuple[float, str]:
@@ -218,6 +250,10 @@ def run(quick: bool) -> list[dict]:
                     cpu[name].append(ms)
         loads.append(os.getloadavg()[0])
         dec = _decoders(tree, min(n_images, 120))
+        from podrun.train.shards import pack
+
+        pack(tree, d / "shards", shard_size=100)
+        meta = {"folder": _metadata_per_epoch(tree), "shards": _metadata_per_epoch(d / "shards")}
     load = f"load average {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} cores"
     fmt = lambda v: ", ".join(f"{x:.1f}" for x in v)  # noqa: E731
     pipe = (f"{n_images} JPEGs 500x375 (~96 KB), batch {BATCH}, {timed} images a run after 1 warm-up batch, "
@@ -236,6 +272,11 @@ def run(quick: bool) -> list[dict]:
                         f"user+system CPU of the process and its workers over the timed images, median of {rounds}; "
                         f"runs podrun {fmt(cpu['podrun'])}, {peer} {fmt(cpu[peer])}", name, cpu[peer] or None,
                         digits=2))
+    if meta["folder"] is not None:
+        rows.append(row("metadata system calls per epoch (strace: open, stat, access, getdents ...)",
+                        "tar shards (podrun data pack --shard-size 100)", meta["shards"], "calls",
+                        f"{n_images} training images; (3 epochs - 1 epoch) / 2 in one process; goal <= 1 % of the "
+                        "folder's", "the image folder", meta["folder"], digits=1))
     base = dec.get("PIL")
     for name, rate in dec.items():
         rows.append(row("JPEG decode only, one core, 500x375: img/s", name, rate, "img/s",
@@ -244,7 +285,9 @@ def run(quick: bool) -> list[dict]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 5:           # a peer's own process
+    if len(sys.argv) == 4 and sys.argv[1] == "epochs":
+        _epochs(Path(sys.argv[2]), int(sys.argv[3]))
+    elif len(sys.argv) == 5:           # a peer's own process
         rate, cpu = _peer(sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
         print(f"{rate:.3f} {cpu}")
     else:

@@ -18,8 +18,8 @@ def parser(recipe_name: str, default_data: str = "synthetic", cls=argparse.Argum
         prog=f"{recipe_name}/train.py",
         description=f"Train the {recipe_name} recipe. Runs standalone, under torchrun, srun, mpirun or podrun launch.")
     a = p.add_argument
-    a("--data", default=default_data, help="digits | synthetic | a CIFAR-10 folder | an ImageNet-style folder "
-                                          f"(default {default_data})")
+    a("--data", default=default_data, help="digits | synthetic | a CIFAR-10 folder | an ImageNet-style folder | "
+                                          f"its shards from podrun data pack (default {default_data})")
     a("--epochs", type=float, default=None, help="epochs (default: the plan's, else the recipe's)")
     a("--steps", type=int, default=None, help="stop after this many weight updates")
     a("--deterministic", action="store_true", help="deterministic algorithms (slower)")

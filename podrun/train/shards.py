@@ -42,16 +42,44 @@ def _split_samples(root: Path) -> tuple[list[str], list[tuple[Path, int]]]:
     return classes, samples
 
 
+PROGRESS = ".pack-progress.json"     # the shards written so far, for a pack that was stopped to resume from
+
+
+def _resumable(out: Path, listing: str) -> dict[str, dict]:
+    """The shards a stopped pack of the same listing wrote whole (their digest checked again), by name."""
+    try:
+        done = json.loads((out / PROGRESS).read_text(encoding="utf-8"))
+        if done.get("listing") != listing:
+            return {}
+        return {s["name"]: s for s in done["shards"]
+                if hashlib.sha256((out / s["name"]).read_bytes()).hexdigest() == s["sha256"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
 def pack_split(src: Path, out: Path, shard_size: int, progress=None, classes: list[str] | None = None) -> dict:
-    """Pack one split (``src/<class>/*``) into ``out``; returns its index. ``shard_size``: samples per shard."""
+    """Pack one split (``src/<class>/*``) into ``out``; returns its index. ``shard_size``: samples per shard. A
+    pack stopped midway resumes: the shards it wrote whole for the same files and shard size are kept."""
     found, samples = _split_samples(src)
     classes = classes if classes is not None else found
     label_of = {c: i for i, c in enumerate(classes)}
     safefs.own_dir(out, "shard folder")
+    listing = hashlib.sha256(json.dumps([shard_size, classes, [str(p) for p, _ in samples]]).encode()).hexdigest()
+    kept = _resumable(out, listing)
     shards, shard_of, offset, size, label = [], [], [], [], []
     for s, start in enumerate(range(0, len(samples), shard_size)):
         name = f"{s:06d}.tar"
         part = samples[start:start + shard_size]
+        if name in kept and kept[name]["samples"] == len(part):
+            entry = kept[name]
+            shards.append(entry)
+            shard_of += [s] * len(part)
+            offset += entry["offset"]
+            size += entry["size"]
+            label += entry["label"]
+            if progress is not None:
+                progress(s + 1, -(-len(samples) // shard_size), start + len(part), len(samples))
+            continue
         with safefs.replacing(out / name, f"shard {out / name}", mode=SHARD_MODE, durable=False) as f:
             digest = hashlib.sha256()
             tee = _Tee(f, digest)
@@ -74,13 +102,18 @@ def pack_split(src: Path, out: Path, shard_size: int, progress=None, classes: li
                     cinfo = tarfile.TarInfo(f"{key}.cls")
                     cinfo.size, cinfo.mtime, cinfo.mode = len(text), 0, 0o644
                     tar.addfile(cinfo, io.BytesIO(text))
-        shards.append({"name": name, "samples": len(part), "sha256": digest.hexdigest()})
+        shards.append({"name": name, "samples": len(part), "sha256": digest.hexdigest(),
+                       "offset": offset[start:], "size": size[start:], "label": label[start:]})
+        safefs.write_file(out / PROGRESS, json.dumps({"listing": listing, "shards": shards}), "pack progress",
+                          durable=False)
         if progress is not None:
-            progress(s + 1, -(-len(samples) // shard_size), len(shards) and start + len(part), len(samples))
-    index = {"format": FORMAT, "layout": "webdataset", "classes": classes, "shards": shards,
+            progress(s + 1, -(-len(samples) // shard_size), start + len(part), len(samples))
+    index = {"format": FORMAT, "layout": "webdataset", "classes": classes,
+             "shards": [{k: e[k] for k in ("name", "samples", "sha256")} for e in shards],
              "samples": {"shard": shard_of, "offset": offset, "size": size, "label": label}}
     safefs.write_file(out / INDEX, json.dumps(index) + "\n", f"shard index {out / INDEX}", mode=SHARD_MODE,
                       durable=False)
+    (out / PROGRESS).unlink(missing_ok=True)
     return index
 
 

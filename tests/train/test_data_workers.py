@@ -260,6 +260,24 @@ def test_tar_shards_give_the_folders_batches_with_a_digest_each_and_name_a_damag
     shard = Shard(local_batch=4, grad_accum=2, replicas=1, replica_offset=0)
     _same(_run(Loader(sharded, shard, seed=9, epochs=2, workers=2)), _run(Loader(folder, shard, seed=9, epochs=2)))
 
+    # a pack stopped after its second shard resumes: the shards written whole are kept, the index is the same
+    class Stop(Exception):
+        pass
+
+    def stop_after_two(done, *_):
+        if done == 2:
+            raise Stop
+
+    again = tmp_path / "again"
+    with pytest.raises(Stop):
+        pack(tree, again, shard_size=10, progress=stop_after_two)
+    first = [(again / "train" / n).stat().st_ino for n in ("000000.tar", "000001.tar")]
+    assert not (again / "train" / "index.json").exists()
+    pack(tree, again, shard_size=10)
+    assert [(again / "train" / n).stat().st_ino for n in ("000000.tar", "000001.tar")] == first
+    assert json.loads((again / "train" / "index.json").read_text()) == index
+    assert not (again / "train" / ".pack-progress.json").exists()
+
     cut = out / "train" / "000002.tar"
     cut.write_bytes(cut.read_bytes()[:1024])         # the first sample's header and a sliver of its bytes
     damaged, _ = load_dataset(str(out), image_size=16, num_classes=3)
