@@ -565,7 +565,7 @@ def eval_batches(dataset: ImageDataset, batch: int, rank: int, world: int, on_sk
     ``workers`` (loader processes that decode it) as for Loader."""
     idx = np.arange(rank, len(dataset), world)
     keys = ((0, k, 0, idx[i:i + batch]) for k, i in enumerate(range(0, len(idx), batch)))
-    if workers > 0 and len(idx):
+    if workers > 0 and len(idx) > 0:
         from podrun.train.data_pool import pooled
 
         made = ((x, y, skipped) for _, _, _, x, y, skipped in pooled(dataset, keys, workers, train=False))
