@@ -96,9 +96,22 @@ def crop_resize(data: bytes, decoder: str, box: tuple[float, float, float, float
     bw, bh = box[2] - box[0], box[3] - box[1]
     # the smallest decode that keeps the box at least size x size
     need = (max(1, -(-w * size // max(1, int(bw)))), max(1, -(-h * size // max(1, int(bh)))))
-    arr = decode(data, decoder, need if need[0] < w and need[1] < h else None)
-    sy, sx = arr.shape[0] / h, arr.shape[1] / w
-    im = Image.fromarray(arr)
+    scaled = need if need[0] < w and need[1] < h else None
+    im = None
+    if decoder == "simplejpeg" and data[:2] == JPEG_MAGIC:
+        try:
+            im = Image.fromarray(decode(data, decoder, scaled))
+        except DecodeError:
+            im = None         # PIL's turn below, which names the damage
+    if im is None:            # PIL end to end: its own image, no round trip through an array (1.7x less CPU)
+        try:
+            with Image.open(io.BytesIO(data)) as src:
+                if scaled is not None and src.format == "JPEG":
+                    src.draft("RGB", scaled)
+                im = src.convert("RGB")
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+            raise DecodeError(str(exc) or type(exc).__name__) from None
+    sx, sy = im.size[0] / w, im.size[1] / h
     im = im.resize((size, size), Image.BILINEAR, box=(box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy))
     if flip:
         im = im.transpose(Image.FLIP_LEFT_RIGHT)

@@ -283,3 +283,19 @@ def test_tar_shards_give_the_folders_batches_with_a_digest_each_and_name_a_damag
     damaged, _ = load_dataset(str(out), image_size=16, num_classes=3)
     with pytest.raises(DataError, match=r"^bad sample 2\d: .*/000002\.tar#0000000\d\d: cannot decode image"):
         damaged.batch(range(20, 24), 0, True)
+
+
+def test_the_decoders_give_the_same_crops(tree):
+    """simplejpeg and PIL (both libjpeg-turbo) make the same training crops: bit for bit where the source is decoded
+    at full size, within a few levels where each scales it in the DCT (a 32 px crop of a 120 px source)."""
+    pytest.importorskip("simplejpeg")
+    from podrun.train.data import FolderDataset
+
+    for size, mean_levels in ((96, 0.0), (32, 3.0)):
+        a = FolderDataset(tree / "train", size, decoder="simplejpeg")
+        b = FolderDataset(tree / "train", size, decoder="pil")
+        xa, ya = a.batch(range(len(a)), epoch=1, train=True)
+        xb, yb = b.batch(range(len(b)), epoch=1, train=True)
+        assert torch.equal(ya, yb)
+        diff = (xa.int() - xb.int()).abs().float().mean().item()
+        assert diff <= mean_levels, (size, diff)
