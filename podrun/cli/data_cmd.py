@@ -13,7 +13,7 @@ def data() -> None:
 @data.command("bench")
 @click.option("--recipe", required=True, help="Recipe name or folder: its image size is the pipeline's.")
 @click.option("--data", "data_path", required=True, type=click.Path(),
-              help="An ImageNet-style folder (train/<class>/*.jpg) or one split of it.")
+              help="An ImageNet-style folder (train/<class>/*.jpg), its shards from podrun data pack, or one split.")
 @click.option("--workers", type=click.IntRange(min=0), multiple=True,
               help="Loader workers to time (repeatable; 0: in the rank's own thread). Default: 0, 1, 2, 4 ... "
                    "up to this host's cores.")

@@ -58,16 +58,19 @@ def default_counts(cores: int) -> list[int]:
 
 
 def train_split(data: str, image_size: int, bad_samples: str = "fail", decoder: str | None = None):
-    """The training split of an ImageNet-style folder (``data`` itself or its train/)."""
+    """The training split of an ImageNet-style folder or of its tar shards (``data`` itself or its train/)."""
     from pathlib import Path
 
     from podrun.train.data import FolderDataset
+    from podrun.train.shards import ShardDataset, is_shards
 
     root = Path(data)
     if (root / "train").is_dir():
         root = root / "train"
     if not root.is_dir():
         raise DataError(f"{data}: no such folder", hint="pass an ImageNet-style folder (train/<class>/*.jpg)")
+    if is_shards(root):
+        return ShardDataset(root, image_size, bad_samples=bad_samples, decoder=decoder)
     return FolderDataset(root, image_size, bad_samples=bad_samples, decoder=decoder)
 
 

@@ -257,6 +257,9 @@ def test_tar_shards_give_the_folders_batches_with_a_digest_each_and_name_a_damag
     folder, _ = load_dataset(str(tree), image_size=16, num_classes=3)
     sharded, val = load_dataset(str(out), image_size=16, num_classes=3)
     assert (sharded.name, len(sharded), sharded.classes, len(val)) == ("shards", 24, folder.classes, 6)
+    from podrun.train.data_bench import train_split
+
+    assert train_split(str(out), 16).name == "shards"              # podrun data bench reads them too
     shard = Shard(local_batch=4, grad_accum=2, replicas=1, replica_offset=0)
     _same(_run(Loader(sharded, shard, seed=9, epochs=2, workers=2)), _run(Loader(folder, shard, seed=9, epochs=2)))
 
