@@ -200,9 +200,13 @@ def part_bench(form: Form, out: Path, work: Path, f: dict) -> int:
         write_json(out / "bench.json", record)
         print(f"bench: {len(rows)} rows so far", flush=True)
 
-    bench_gpu.measure(True, device=form.name, models=form.bench_models, compile=form.name == "cuda",
-                      counts=form.bench_counts, compiled=form.bench_compiled, on_rows=on_rows,
-                      threads=1 if form.name == "cpu" else None)
+    rows = bench_gpu.measure(True, device=form.name, models=form.bench_models, compile=form.name == "cuda",
+                             counts=form.bench_counts, compiled=form.bench_compiled, on_rows=on_rows,
+                             threads=1 if form.name == "cpu" else None)
+    if form.name == "cuda":     # ResNet-50 from JPEG, the device's decoder beside device-resident input (a GPU only)
+        from bench import gpu_check_data
+
+        on_rows(rows + gpu_check_data.measure("cuda", **gpu_check_data.CUDA_SIZES))
     return 0
 
 

@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "runs": ("podrun.cli.runs_cmd:runs", "List the local runs under a runs directory, newest first."),
     "clusters": ("podrun.cli.catalog_cmd:clusters", "List the cluster specs podrun finds (name, size, scheduler, source)."),
     "recipes": ("podrun.cli.catalog_cmd:recipes", "List the recipes podrun finds (name, model, data set, batch, source)."),
+    "data": ("podrun.cli.data_cmd:data", "Measure the input pipeline (decode and augmentation) on this host."),
 }
 
 

@@ -68,6 +68,6 @@ def estimate(d: Decomposition, recipe: RecipeSpec, net: InterconnectSpec, *, per
             f"a replica of {devices_per_replica} device(s) runs at {devices_per_replica} x that rate x (1 - bubble)",
             f"one all-reduce of {params:,} gradients x {gradient_bytes} bytes per weight update, hierarchical ring, "
             f"intra-host {_link(net.intra_host)}, inter-host {_link(net.inter_host)}",
-            f"{overlap}; input pipeline, optimiser step and evaluation are free",
+            f"{overlap}; the input pipeline is not yet measured (podrun data bench times it on a host); optimiser step and evaluation are free",
         ),
     )

@@ -18,8 +18,8 @@ def parser(recipe_name: str, default_data: str = "synthetic", cls=argparse.Argum
         prog=f"{recipe_name}/train.py",
         description=f"Train the {recipe_name} recipe. Runs standalone, under torchrun, srun, mpirun or podrun launch.")
     a = p.add_argument
-    a("--data", default=default_data, help="digits | synthetic | a CIFAR-10 folder | an ImageNet-style folder "
-                                          f"(default {default_data})")
+    a("--data", default=default_data, help="digits | synthetic | a CIFAR-10 folder | an ImageNet-style folder | "
+                                          f"its shards from podrun data pack (default {default_data})")
     a("--epochs", type=float, default=None, help="epochs (default: the plan's, else the recipe's)")
     a("--steps", type=int, default=None, help="stop after this many weight updates")
     a("--deterministic", action="store_true", help="deterministic algorithms (slower)")
@@ -49,6 +49,11 @@ def parser(recipe_name: str, default_data: str = "synthetic", cls=argparse.Argum
     a("--eval-every", type=int, default=1, metavar="EPOCHS", help="0: only at the end")
     a("--log-every", type=int, default=10, metavar="STEPS")
     a("--threads", type=int, default=None, help="CPU threads per worker")
+    a("--loader-workers", type=int, default=None, metavar="N",
+      help="loader processes per worker that decode and augment images (default: its share of the host's cores "
+           "for an image folder, 0 for data held in memory)")
+    a("--bad-samples", choices=["fail", "skip"], default="fail",
+      help="an image that does not decode: stop with its path (fail, the default) or skip it, counted (skip)")
     a("--synthetic-size", type=int, default=None, help="samples per synthetic epoch (default: 20 global batches)")
     a("--quiet", action="store_true", help="no console line per step")
     return p

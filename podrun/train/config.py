@@ -84,6 +84,9 @@ class TrainConfig:
     console: bool = True
     dist_timeout: float = 120.0
     prefetch: int | None = None            # batches prefetched by a thread; None: 3 on CUDA, 0 on CPU
+    loader_workers: int | None = None      # loader processes per worker; None: its share of the host's cores for
+                                           # a folder of images, 0 for data in memory (podrun.train.data_pool)
+    bad_samples: str = "fail"              # fail | skip: a file that does not decode (podrun.train.data)
 
 
 def decompose(cfg: TrainConfig, info: WorkerInfo, replicas: int) -> tuple[int, int, int]:

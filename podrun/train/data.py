@@ -14,6 +14,7 @@ the same sequence of global batches.
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import pickle
 import queue
@@ -60,6 +61,7 @@ class ImageDataset:
     """A split: ``len()``, ``num_classes``, ``mean``/``std`` (0..1 units) and ``batch(indices, epoch, train)``."""
 
     num_classes: int
+    decodes_files = False       # True: decoding dominates a batch, worth worker processes (podrun.train.data_pool)
     mean: tuple[float, ...] = IMAGENET_MEAN
     std: tuple[float, ...] = IMAGENET_STD
     name: str = "dataset"
@@ -183,11 +185,44 @@ def cifar10(path: str | os.PathLike) -> tuple[ArrayDataset, ArrayDataset]:
     return ArrayDataset(xt, yt, pad=4, flip=True, **kw), ArrayDataset(xv, yv, **kw)
 
 
-class FolderDataset(ImageDataset):
-    """ImageNet-style ``split/<class>/*.jpg|png``: decoded with PIL, resized and cropped to image_size."""
+BAD_SAMPLES = ("fail", "skip")      # --bad-samples: stop with exit 2 naming the file, or skip it (counted)
 
-    def __init__(self, root: Path, image_size: int, classes: list[str] | None = None, seed: int = 0):
+
+@dataclass(frozen=True)
+class BadSample:
+    """A file of the training or validation split that did not decode: where, which sample, why."""
+
+    path: str
+    index: int
+    reason: str
+
+    def line(self) -> str:
+        return f"bad sample {self.index}: {self.path}: {self.reason}"
+
+
+class FolderDataset(ImageDataset):
+    """ImageNet-style ``split/<class>/*.jpg|png``: decoded by podrun.train.decode's fastest decoder, cropped and
+    resized to image_size.
+
+    A file that does not decode raises DataError naming it and its index (``bad_samples="fail"``), or, with
+    ``"skip"``, is replaced by the next sample of the split that decodes (the batch keeps its size and every
+    decomposition its samples) and recorded in ``skipped`` (drained by the loader, which reports each). An empty
+    class folder is refused the same way, or kept as a class without samples and listed in ``empty_classes``."""
+
+    decodes_files = True        # the loader gives it worker processes by default
+
+    def __init__(self, root: Path, image_size: int, classes: list[str] | None = None, seed: int = 0,
+                 bad_samples: str = "fail", decoder: str | None = None):
+        from podrun.train import decode
+
         self.root, self.image_size, self.seed, self.name = root, image_size, seed, "folder"
+        if bad_samples not in BAD_SAMPLES:
+            raise DataError(f"--bad-samples {bad_samples!r}: expected one of {', '.join(BAD_SAMPLES)}")
+        self.bad_samples = bad_samples
+        try:
+            self.decoder = decode.pick(decoder)
+        except decode.DecodeError as exc:
+            raise DataError(str(exc), hint=f"unset ${decode.DECODER_ENV}, or install the decoder it names") from None
         if not root.is_dir():
             raise DataError(f"{root}: folder not found", hint=TREE_HINT)
         found = sorted(p.name for p in root.iterdir() if p.is_dir())
@@ -196,53 +231,112 @@ class FolderDataset(ImageDataset):
             raise DataError(f"{root}: no class folders", hint="expected one folder per class with images inside")
         index = {c: i for i, c in enumerate(self.classes)}
         self.samples: list[tuple[Path, int]] = []
+        self.empty_classes: list[str] = []
+        self.skipped: list[BadSample] = []
         for c in found:
             if c not in index:
                 raise DataError(f"{root / c}: class {c!r} is not among the training classes")
             files = sorted(f for f in (root / c).iterdir() if f.suffix.lower() in IMAGE_EXTS)
+            if not files:
+                if bad_samples == "fail":
+                    raise DataError(f"{root / c}: class folder {c!r} (class index {index[c]}) holds no images "
+                                    f"({', '.join(IMAGE_EXTS)})",
+                                    hint="remove the folder, add its images, or pass --bad-samples skip")
+                self.empty_classes.append(str(root / c))
             self.samples += [(f, index[c]) for f in files]
         if not self.samples:
             raise DataError(f"{root}: no images ({', '.join(IMAGE_EXTS)}) in the class folders")
         self.num_classes = len(self.classes)
+        self._bad: dict[int, BadSample] = {}    # samples found bad in this process: not read again
 
     def __len__(self):
         return len(self.samples)
 
-    def _load(self, i: int, epoch: int, train: bool) -> torch.Tensor:
-        from PIL import Image
+    def box(self, i: int, w: int, h: int, epoch: int, train: bool) -> tuple[tuple[float, float, float, float], bool]:
+        """Sample i's crop box in its source's pixels and whether it is mirrored: a function of (seed, epoch, i)."""
+        s = self.image_size
+        if train:  # torchvision's RandomResizedCrop (scale 0.08-1, ratio 3/4-4/3) and a flip, seeded per sample
+            rng = np.random.default_rng([self.seed, epoch, i])
+            flip = bool(rng.random() < 0.5)
+            for _ in range(10):
+                area = w * h * rng.uniform(0.08, 1.0)
+                ratio = math.exp(rng.uniform(math.log(3 / 4), math.log(4 / 3)))
+                cw, ch = int(round(math.sqrt(area * ratio))), int(round(math.sqrt(area / ratio)))
+                if 0 < cw <= w and 0 < ch <= h:
+                    x0, y0 = int(rng.integers(0, w - cw + 1)), int(rng.integers(0, h - ch + 1))
+                    return (x0, y0, x0 + cw, y0 + ch), flip
+            # no draw fitted: the centre crop of the whole source, its aspect clamped to 3/4-4/3
+            cw, ch = w, h
+            if w / h < 3 / 4:
+                ch = min(h, round(w * 4 / 3))
+            elif w / h > 4 / 3:
+                cw = min(w, round(h * 4 / 3))
+            x0, y0 = (w - cw) // 2, (h - ch) // 2
+            return (x0, y0, x0 + cw, y0 + ch), flip
+        # resize the shorter side to s/0.875, centre crop s: the crop's box in the source
+        r = s / 0.875 / min(w, h)
+        rw, rh = max(s, round(w * r)), max(s, round(h * r))
+        left, top = (rw - s) // 2, (rh - s) // 2
+        return (left * w / rw, top * h / rh, (left + s) * w / rw, (top + s) * h / rh), False
+
+    def _load(self, i: int, epoch: int, train: bool) -> np.ndarray:
+        from podrun.train import decode
 
         path, _ = self.samples[i]
         try:
-            with Image.open(path) as im:
-                im = im.convert("RGB")
-                s = self.image_size
-                w, h = im.size
-                if train:  # random-resized-crop-lite, seeded per sample
-                    rng = np.random.default_rng([self.seed, epoch, i])
-                    frac = rng.uniform(0.35, 1.0)
-                    cw, ch = max(1, int(w * frac ** 0.5)), max(1, int(h * frac ** 0.5))
-                    x0, y0 = int(rng.integers(0, w - cw + 1)), int(rng.integers(0, h - ch + 1))
-                    im = im.resize((s, s), Image.BILINEAR, box=(x0, y0, x0 + cw, y0 + ch))
-                    if rng.random() < 0.5:
-                        im = im.transpose(Image.FLIP_LEFT_RIGHT)
-                else:  # resize shorter side to s/0.875, centre crop s
-                    r = s / 0.875 / min(w, h)
-                    im = im.resize((max(s, round(w * r)), max(s, round(h * r))), Image.BILINEAR)
-                    w, h = im.size
-                    l, t = (w - s) // 2, (h - s) // 2
-                    im = im.crop((l, t, l + s, t + s))
-                arr = np.asarray(im, dtype=np.uint8)
-        except (OSError, ValueError) as exc:
-            raise DataError(f"{path}: cannot decode image ({exc})", hint="remove or replace the file") from None
-        return torch.from_numpy(arr.copy()).permute(2, 0, 1)
+            data = self.read(i)
+            w, h = decode.image_size(data, self.decoder)
+            box, flip = self.box(i, w, h, epoch, train)
+            arr = decode.crop_resize(data, self.decoder, box, self.image_size, flip)
+        except (OSError, decode.DecodeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
+            raise _Undecodable(BadSample(str(path), i, f"cannot decode image ({why})")) from None
+        return arr
+
+    def read(self, i: int) -> bytes:
+        """Sample i's encoded bytes (a file of the folder; podrun.train.shards reads them from a tar shard)."""
+        with open(self.samples[i][0], "rb") as f:
+            return f.read()
+
+    def _good(self, i: int, epoch: int, train: bool) -> tuple[np.ndarray, int]:
+        """Sample i, or under "skip" the first one after it that decodes; (image, label)."""
+        n = len(self.samples)
+        for k in range(n):
+            j = (i + k) % n
+            if j in self._bad:
+                self.skipped.append(self._bad[j])
+                continue
+            try:
+                return self._load(j, epoch, train), self.samples[j][1]
+            except _Undecodable as exc:
+                if self.bad_samples == "fail":
+                    raise DataError(exc.bad.line(), hint="remove or replace the file, or pass --bad-samples skip "
+                                                         "(each skipped file is counted and reported)") from None
+                self._bad[j] = exc.bad
+                self.skipped.append(exc.bad)
+        raise DataError(f"{self.root}: no image in the split decodes", hint=TREE_HINT)
 
     def batch(self, indices, epoch, train):
-        x = torch.stack([self._load(int(i), epoch, train) for i in indices])
-        y = torch.tensor([self.samples[int(i)][1] for i in indices], dtype=torch.long)
-        return x, y
+        """(N, 3, S, S) uint8 in channels-last layout (the decoders' own: no copy to planar), labels."""
+        s = self.image_size
+        x = np.empty((len(indices), s, s, 3), dtype=np.uint8)
+        y = torch.empty(len(indices), dtype=torch.long)
+        for k, i in enumerate(indices):
+            x[k], y[k] = self._good(int(i), epoch, train)
+        return torch.from_numpy(x).permute(0, 3, 1, 2), y
+
+    def drain_skipped(self) -> list[BadSample]:
+        out, self.skipped = self.skipped, []
+        return out
 
 
-def image_folders(path: str | os.PathLike, image_size: int) -> tuple[FolderDataset, FolderDataset]:
+class _Undecodable(Exception):
+    def __init__(self, bad: BadSample):
+        super().__init__(bad.line())
+        self.bad = bad
+
+
+def image_folders(path: str | os.PathLike, image_size: int, bad_samples: str = "fail") -> tuple[FolderDataset, FolderDataset]:
     root = Path(path)
     if not root.is_dir():
         raise DataError(f"{root}: dataset folder not found",
@@ -250,8 +344,8 @@ def image_folders(path: str | os.PathLike, image_size: int) -> tuple[FolderDatas
     for split in ("train", "val"):
         if not (root / split).is_dir():
             raise DataError(f"{root}: missing the {split}/ folder", hint=TREE_HINT)
-    train = FolderDataset(root / "train", image_size)
-    return train, FolderDataset(root / "val", image_size, classes=train.classes)
+    train = FolderDataset(root / "train", image_size, bad_samples=bad_samples)
+    return train, FolderDataset(root / "val", image_size, classes=train.classes, bad_samples=bad_samples)
 
 
 class SyntheticDataset(ImageDataset):
@@ -272,7 +366,7 @@ class SyntheticDataset(ImageDataset):
 
 
 def load_dataset(spec: str, *, image_size: int, num_classes: int, synthetic_size: int = 10_000,
-                 seed: int = 0) -> tuple[ImageDataset, ImageDataset]:
+                 seed: int = 0, bad_samples: str = "fail") -> tuple[ImageDataset, ImageDataset]:
     """``digits`` | ``synthetic`` | a CIFAR-10 folder | an ImageNet-style folder -> (train, val)."""
     if spec == "digits":
         return digits(image_size)
@@ -286,7 +380,14 @@ def load_dataset(spec: str, *, image_size: int, num_classes: int, synthetic_size
                              "or an ImageNet-style folder (train/<class>/*.jpg, val/<class>/*.jpg)")
     if any((root / n).exists() for n in ("data_batch_1", "test_batch", "cifar-10-batches-py")):
         return cifar10(root)
-    return image_folders(root, image_size)
+    from podrun.train import shards
+
+    if shards.is_shards(root / "train"):      # `podrun data pack` output: train/ and val/ of tar shards
+        if not shards.is_shards(root / "val"):
+            raise DataError(f"{root}: shards of train/ but no val/{shards.INDEX}", hint="pack the val/ split too")
+        train = shards.ShardDataset(root / "train", image_size, bad_samples=bad_samples)
+        return train, shards.ShardDataset(root / "val", image_size, bad_samples=bad_samples, classes=train.classes)
+    return image_folders(root, image_size, bad_samples)
 
 
 @dataclass(frozen=True)
@@ -338,35 +439,71 @@ def step_indices(perm: np.ndarray, step: int, shard: Shard) -> list[np.ndarray]:
     return [np.concatenate([m[j * b:(j + 1) * b] for m in mine]) for j in range(a)]
 
 
+def make_micro(ds: ImageDataset, epoch: int, indices: np.ndarray,
+               train: bool = True) -> tuple[torch.Tensor, torch.Tensor, list]:
+    """One micro batch: (x, y, the samples a ``--bad-samples skip`` dataset replaced in it)."""
+    x, y = ds.batch(indices, epoch, train=train)
+    drain = getattr(ds, "drain_skipped", None)
+    return x, y, drain() if drain is not None else []
+
+
 class Loader:
-    """Iterates (epoch, step, [(x_uint8, y) per micro batch]) from a start position, prefetching in a thread."""
+    """Iterates (epoch, step, [(x_uint8, y) per micro batch]) from a start position.
+
+    ``workers`` > 0: that many forked loader processes decode and augment the micro batches in parallel
+    (podrun.train.data_pool), in order, with no prefetch thread of its own. 0: in this process, prefetched by a
+    thread when ``prefetch`` > 0. Either way the batches are the same: each sample's augmentation is seeded by
+    (seed, epoch, index), never by who decodes it. ``on_skip(BadSample)`` hears of every sample a dataset read with
+    ``--bad-samples skip`` replaced. ``transform(x)``, when given, runs on each micro batch in this process (the
+    device decoder of podrun.train.data_device)."""
 
     def __init__(self, dataset: ImageDataset, shard: Shard, *, seed: int, start_epoch: int = 0,
-                 start_step: int = 0, epochs: int | None = None, prefetch: int = 3, pin_memory: bool = False):
+                 start_step: int = 0, epochs: int | None = None, prefetch: int = 3, pin_memory: bool = False,
+                 workers: int = 0, on_skip=None, transform=None):
         self.ds, self.shard, self.seed, self.prefetch, self.pin = dataset, shard, seed, prefetch, pin_memory
         self.start_epoch, self.start_step, self.epochs = start_epoch, start_step, epochs
+        self.workers, self.on_skip, self.transform = workers, on_skip, transform
         self.steps_per_epoch = steps_per_epoch(len(dataset), shard)
 
-    def _produce(self) -> Iterator:
+    def keys(self) -> Iterator[tuple[int, int, int, np.ndarray]]:
+        """(epoch, step, micro step, sample indices) of every micro batch from the start position on."""
         epoch, step = self.start_epoch, self.start_step
-        delay = _test_input_delay()
         while self.epochs is None or epoch < self.epochs:
             perm = epoch_permutation(len(self.ds), self.seed, epoch)
             while step < self.steps_per_epoch:
-                micro = []
-                for ix in step_indices(perm, step, self.shard):
-                    x, y = self.ds.batch(ix, epoch, train=True)
-                    if self.pin:
-                        x, y = x.pin_memory(), y.pin_memory()
-                    micro.append((x, y))
-                if delay > 0:
-                    time.sleep(delay)
-                yield epoch, step, micro
+                for j, ix in enumerate(step_indices(perm, step, self.shard)):
+                    yield epoch, step, j, ix
                 step += 1
             epoch, step = epoch + 1, 0
 
+    def _micro(self) -> Iterator[tuple[int, int, int, torch.Tensor, torch.Tensor, list]]:
+        if self.workers > 0:
+            from podrun.train.data_pool import pooled
+
+            yield from pooled(self.ds, self.keys(), self.workers, pin_memory=self.pin)
+            return
+        for key in self.keys():
+            x, y, skipped = make_micro(self.ds, key[0], key[3])
+            if self.pin:
+                x, y = x.pin_memory(), y.pin_memory()
+            yield (*key[:3], x, y, skipped)
+
+    def _produce(self) -> Iterator:
+        delay = _test_input_delay()
+        micro: list = []
+        for epoch, step, j, x, y, skipped in self._micro():
+            for bad in skipped:
+                if self.on_skip is not None:
+                    self.on_skip(bad)
+            micro.append((x if self.transform is None else self.transform(x), y))
+            if j == self.shard.grad_accum - 1:
+                if delay > 0:
+                    time.sleep(delay)
+                yield epoch, step, micro
+                micro = []
+
     def __iter__(self):
-        if self.prefetch <= 0:  # synchronous: no thread
+        if self.prefetch <= 0 or self.workers > 0:  # synchronous: no thread (the workers prefetch)
             yield from self._produce()
             return
         q: queue.Queue = queue.Queue(maxsize=max(1, self.prefetch))
@@ -423,11 +560,22 @@ def _stop_prefetchers() -> None:
         t.join()
 
 
-def eval_batches(dataset: ImageDataset, batch: int, rank: int, world: int):
-    """The validation split sharded round-robin by rank (every sample counted once overall)."""
+def eval_batches(dataset: ImageDataset, batch: int, rank: int, world: int, on_skip=None, workers: int = 0):
+    """The validation split sharded round-robin by rank (every sample counted once overall); ``on_skip`` and
+    ``workers`` (loader processes that decode it) as for Loader."""
     idx = np.arange(rank, len(dataset), world)
-    for i in range(0, len(idx), batch):
-        yield dataset.batch(idx[i:i + batch], 0, train=False)
+    keys = ((0, k, 0, idx[i:i + batch]) for k, i in enumerate(range(0, len(idx), batch)))
+    if workers > 0 and len(idx) > 0:
+        from podrun.train.data_pool import pooled
+
+        made = ((x, y, skipped) for _, _, _, x, y, skipped in pooled(dataset, keys, workers, train=False))
+    else:
+        made = (make_micro(dataset, 0, ix, train=False) for _, _, _, ix in keys)
+    for x, y, skipped in made:
+        for bad in skipped:
+            if on_skip is not None:
+                on_skip(bad)
+        yield x, y
 
 
 def normalize(x: torch.Tensor, mean: Sequence[float], std: Sequence[float], dtype=torch.float32,

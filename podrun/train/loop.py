@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ def run(s: Session, step: int, acc: dict[str, float], origin: dict[str, Any] | N
     cfg, device = s.cfg, s.device
     resumed = resumed_from(origin, step)
     _record_start(s, step, origin, resumed)
+    _report_empty_classes(s)
     loader_iter = iter(()) if step >= s.total else _loader(s, step)
     s.wrapped.train()
     sync_every = max(1, cfg.sync_every if cfg.sync_every is not None else
@@ -58,7 +60,7 @@ def run(s: Session, step: int, acc: dict[str, float], origin: dict[str, Any] | N
     rows = StepRows(s, acc)
     # the step's split: host-clock stamps, each after a synchronize on CUDA (queued kernels counted where they run)
     busy = BusyClock(s.wrapped, sync=torch.cuda.synchronize if device.kind == "cuda" else None,
-                     loaders=1 if _prefetch(s) > 0 else 0)
+                     loaders=_loaders(s))
     busy.start()                       # the step's start: before its batch is fetched
     first = step + 1                   # the attempt's first step: start-up (CUDA's autotune, the first allocations,
     #                                    the loader's first fill), as the run's account counts it; its split is not sent
@@ -98,6 +100,11 @@ def _record_start(s: Session, step: int, origin: dict[str, Any] | None, resumed:
                      "samples": step * s.global_batch, **decomposition, "resumed_from": resumed})
 
 
+def _loaders(s: Session) -> int:
+    """What feeds the step, for the step split: the loader worker processes, else the prefetch thread (1) or none."""
+    return s.loader_workers if s.loader_workers > 0 else (1 if _prefetch(s) > 0 else 0)
+
+
 def _prefetch(s: Session) -> int:
     """Batches the loader's thread makes ahead: --prefetch, else 3 on CUDA and none (no thread) elsewhere."""
     return s.cfg.prefetch if s.cfg.prefetch is not None else (3 if s.device.kind == "cuda" else 0)
@@ -106,8 +113,52 @@ def _prefetch(s: Session) -> int:
 def _loader(s: Session, step: int) -> Iterator:
     """The training batches from update ``step`` on: the data order is a function of the seed and the epoch."""
     start_epoch, start_step = position(step * s.global_batch, s.global_batch, len(s.train_ds))
-    return iter(Loader(s.train_ds, s.shard, seed=s.cfg.seed, start_epoch=start_epoch, start_step=start_step,
-                       prefetch=_prefetch(s), pin_memory=s.device.kind == "cuda"))
+    ds, transform = _device_decoder(s)
+    return iter(Loader(ds, s.shard, seed=s.cfg.seed, start_epoch=start_epoch, start_step=start_step,
+                       prefetch=_prefetch(s), pin_memory=s.device.kind == "cuda", workers=s.loader_workers,
+                       on_skip=lambda bad: _skipped(s, bad, "train"), transform=transform))
+
+
+def _device_decoder(s: Session):
+    """(the dataset the loader reads, the transform of its batches): a folder's JPEGs decoded by the device where
+    podrun.train.data_device can (CUDA with torchvision), else the training split as it is."""
+    from podrun.train import data_device
+    from podrun.train.data import FolderDataset
+
+    if not isinstance(s.train_ds, FolderDataset) or not data_device.usable(s.device.kind):
+        return s.train_ds, None
+    ds, where = s.train_ds, s.device.torch_device
+    return data_device.RawFolder(ds), lambda raw: data_device.decode_batch(raw, ds, where)
+
+
+def _skipped(s: Session, bad, split: str) -> None:
+    """A sample that ``--bad-samples skip`` replaced: counted every time for the summary; the first time, one line on
+    this rank's stderr and a metrics record."""
+    key = (split, bad.index)
+    s.skipped[key] = s.skipped.get(key, 0) + 1
+    if s.skipped[key] == 1:
+        print(f"podrun: rank {s.rank}: skipped {bad.line()}", file=sys.stderr, flush=True)
+        s.metrics.write({"kind": "bad_sample", "split": split, "path": bad.path, "index": bad.index,
+                         "reason": bad.reason})
+
+
+def _report_empty_classes(s: Session) -> None:
+    """Class folders kept without samples under ``--bad-samples skip``: named once, by rank 0, and recorded."""
+    empty = getattr(s.train_ds, "empty_classes", [])
+    if s.rank == 0:
+        for folder in empty:
+            print(f"podrun: skipped empty class folder {folder}", file=sys.stderr, flush=True)
+    if empty:
+        s.metrics.write({"kind": "bad_sample", "split": "train", "empty_classes": list(empty)})
+
+
+def _bad_samples(s: Session) -> dict[str, Any] | None:
+    """The summary's count of skipped samples over every rank (None for data held in memory)."""
+    if not s.train_ds.decodes_files:
+        return None
+    skipped = all_reduce(torch.tensor([float(sum(s.skipped.values()))], dtype=torch.float64))
+    return {"mode": s.cfg.bad_samples, "skipped": int(skipped.item()),
+            "empty_classes": list(getattr(s.train_ds, "empty_classes", []))}
 
 
 def _accumulate(s: Session, micro, step: int) -> torch.Tensor:
@@ -218,6 +269,9 @@ def _finish(s: Session, step: int, acc: dict[str, float], resumed: str | None) -
     summary = {"steps": step, "total_steps": s.total, "global_batch": s.global_batch, "local_batch": s.local_batch,
                "grad_accum": s.grad_accum, "world_size": s.world, "seconds": time.time() - s.t_start,
                "run_dir": str(s.run_dir), "resumed_from": resumed, **last_eval}
+    bad = _bad_samples(s)
+    if bad is not None:
+        summary["bad_samples"] = bad
     kept = save.finish(s)              # where the kept checkpoints are, in the end record and the summary
     summary.update(kept)
     s.metrics.write({"kind": "run", "event": "end", "step": step, **kept,
@@ -243,7 +297,8 @@ def _evaluate(s: Session) -> dict[str, Any]:
     stats = torch.zeros(3, dtype=torch.float64)
     rank, world = (0, 1) if s.use_fsdp else (s.rank, s.world)
     with torch.no_grad():
-        for x, y in eval_batches(s.val_ds, cfg.eval_batch, rank, world):
+        for x, y in eval_batches(s.val_ds, cfg.eval_batch, rank, world, lambda bad: _skipped(s, bad, "val"),
+                                 workers=s.loader_workers):
             x = normalize(x.to(device.torch_device), s.train_ds.mean, s.train_ds.std, channels_last=cfg.channels_last)
             y = y.to(device.torch_device)
             with torch.autocast(device.kind if device.kind == "cuda" else "cpu", dtype=amp_dtype or torch.bfloat16,

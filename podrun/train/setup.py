@@ -19,6 +19,7 @@ from podrun.runtime.distributed import Device
 from podrun.runtime.env import WorkerInfo
 from podrun.train.config import TrainConfig, TrainError, decompose, sched_name
 from podrun.train.data import ImageDataset, Shard, load_dataset, steps_per_epoch
+from podrun.train.data_pool import default_workers
 from podrun.rundir.layout import CHECKPOINTS
 from podrun.rundir.metrics import MetricsWriter
 from podrun.train.optim import build_optimizer, build_scheduler
@@ -296,6 +297,8 @@ class Session:
     unwrap: Unwrap
     t_start: float
     locks: list = field(default_factory=list)      # rank 0's locks on the run and checkpoint directories
+    loader_workers: int = 0                        # loader processes of this rank (podrun.train.data_pool)
+    skipped: dict = field(default_factory=dict)    # (split, index) -> times --bad-samples skip replaced it here
 
     @property
     def rank(self) -> int:
@@ -313,7 +316,8 @@ class Session:
                 "warmup_steps": self.warmup, "device": self.device.kind,
                 "amp": str(self.amp_dtype).removeprefix("torch.") if self.amp_dtype else "off",
                 "fsdp": self.use_fsdp, "dataset": self.train_ds.name, "train_size": len(self.train_ds),
-                "run_dir": str(self.run_dir), "checkpoint_dir": str(self.ckpt_dir)}
+                "run_dir": str(self.run_dir), "checkpoint_dir": str(self.ckpt_dir),
+                "loader_workers": self.loader_workers, "decoder": getattr(self.train_ds, "decoder", None)}
 
 
 def prepare(cfg: TrainConfig, info: WorkerInfo, device: Device) -> Session:
@@ -327,7 +331,7 @@ def prepare(cfg: TrainConfig, info: WorkerInfo, device: Device) -> Session:
     metrics = MetricsWriter(run_dir, enabled=rank == 0, console=cfg.console and rank == 0, log_every=cfg.log_every)
 
     train_ds, val_ds = load_dataset(cfg.data, image_size=cfg.image_size, num_classes=cfg.num_classes,
-                                    synthetic_size=cfg.synthetic_size, seed=cfg.seed)
+                                    synthetic_size=cfg.synthetic_size, seed=cfg.seed, bad_samples=cfg.bad_samples)
     if train_ds.num_classes > cfg.num_classes:
         raise TrainError(f"dataset {cfg.data} has {train_ds.num_classes} classes but the model has "
                          f"{cfg.num_classes} outputs", hint="set dataset.num_classes in recipe.yaml")
@@ -368,4 +372,5 @@ def prepare(cfg: TrainConfig, info: WorkerInfo, device: Device) -> Session:
                    wrapped=wrapped, fwd=torch.compile(wrapped) if cfg.compile else wrapped,
                    eval_model=wrapped if use_fsdp else core, opt=opt, sched=sched, scaler=scaler,
                    amp_dtype=amp_dtype, use_scaler=use_scaler, use_fsdp=use_fsdp,
-                   unwrap=Unwrap(core, wrapped, use_fsdp), t_start=t_start, locks=locks)
+                   unwrap=Unwrap(core, wrapped, use_fsdp), t_start=t_start, locks=locks,
+                   loader_workers=default_workers(train_ds, info.local_world_size, cfg.loader_workers))

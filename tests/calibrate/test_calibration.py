@@ -90,6 +90,7 @@ def test_plan_with_a_calibration_uses_the_measured_rate_links_and_largest_batch(
     text = " ".join(e["assumptions"])
     assert "measured at local batch 8 (calibration r18" in text and "2026-11-25T12:00:00Z" in text
     assert "8 Gb/s and 80 us (measured bus bandwidth" in text and "inter-host 10 Gb/s" in text   # the spec's
+    assert "the input pipeline is not yet measured (podrun data bench" in text     # not "free"
     assert any("largest that fits 0.3 GB (--device-memory 0.3 GB)" in n for n in d["notes"])
 
 

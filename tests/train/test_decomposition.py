@@ -1,7 +1,8 @@
 """Proof: the decomposition of one global batch (1 worker x GA 4, 2 x 2, 4 x 1) does not change training.
 
 Real processes, real torch.distributed gloo on loopback, a GroupNorm model (batch-independent), fixed
-seed, deterministic mode: the per-step loss curves and the final weights agree within float tolerance.
+seed, deterministic mode, real JPEGs decoded by loader worker processes: the per-step loss curves and the final
+weights agree within float tolerance.
 """
 from __future__ import annotations
 
@@ -14,22 +15,30 @@ from tests.train.train_procs import start_workers, wait_all
 STEPS = 10
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(240)
 def test_same_loss_curve_for_1x4_2x2_4x1(tmp_path):
-    base = dict(data="digits", image_size=8, num_classes=10, steps=STEPS, global_batch=64, lr=0.5,
+    """On an ImageNet-style folder of JPEGs (decoded, randomly cropped and flipped per sample), 1x4 with the loader
+    in the rank, 2x2 with 2 loader worker processes per rank, 4x1 with 1: the same samples in every update, the same
+    augmentation whoever decodes it, the same curve and weights."""
+    from bench.jpeg_tree import make_tree
+
+    data = make_tree(tmp_path / "jpeg", classes=3, train_per_class=16, val_per_class=2, seed=2, width=120, height=90)
+    base = dict(data=str(data), image_size=16, num_classes=3, steps=STEPS, global_batch=16, lr=0.3,
                 optimizer="sgd", momentum=0.9, weight_decay=1e-4, schedule="cosine", warmup_epochs=0.05,
                 deterministic=True, seed=7, eval_every=0, console=False, resume=False, checkpoint_every=0)
     runs = {}
     procs = {}
-    for world, ga in ((1, 4), (2, 2), (4, 1)):
+    for world, ga, workers in ((1, 4, 0), (2, 2, 2), (4, 1, 1)):
         d = tmp_path / f"w{world}ga{ga}"
-        procs[(world, ga)] = (d, start_workers(world, {**base, "grad_accum": ga, "run_dir": str(d)}))
+        procs[(world, ga)] = (d, start_workers(world, {**base, "grad_accum": ga, "loader_workers": workers,
+                                                       "run_dir": str(d)}))
     for key, (d, ps) in procs.items():
-        wait_all(ps, timeout=150)
+        wait_all(ps, timeout=210)
         steps = latest_by_step(read_metrics(d), "step")
         assert [r["step"] for r in steps] == list(range(1, STEPS + 1)), key
         start = [r for r in read_metrics(d) if r.get("event") == "start"][0]
-        assert (start["world_size"], start["grad_accum"], start["local_batch"]) == (key[0], key[1], 64 // (key[0] * key[1]))
+        assert (start["world_size"], start["grad_accum"], start["local_batch"]) == (key[0], key[1], 16 // (key[0] * key[1]))
+        assert (start["dataset"], start["loader_workers"]) == ("folder", {1: 0, 2: 2, 4: 1}[key[0]])
         runs[key] = d
     curves = {k: [r["loss"] for r in latest_by_step(read_metrics(d), "step")] for k, d in runs.items()}
     ref = curves[(1, 4)]
