@@ -60,7 +60,7 @@ def test_hostfile_slots_must_match_plan(tmp_path):
 
 def test_plan_and_help_never_import_torch_or_paramiko():
     code = ("import sys; from podrun.cli.main import main; main(['plan','--pod','64','efficientnet_b4']); "
-            "main(['--help']); main(['top','--help']); main(['launch','--help']); "
+            "main(['--help']); main(['top','--help']); main(['launch','--help']); main(['data','bench','--help']); "
             "bad=[m for m in ('torch','paramiko','mpi4py','prometheus_client','tensorboard') if m in sys.modules]; "
             "sys.stderr.write('HEAVY:'+','.join(bad))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
