@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.attacker import as_nobody, shared  # noqa: F401 - the fixture
-from tests.harness.podrun_proc import started
+from tests.harness.podrun_proc import ssh_launch_args, started
 from tests.launch.helpers import local_pids, marker, podrun, wait_until
 from tests.ports import free_port
 
@@ -160,3 +160,31 @@ def test_a_stale_control_socket_is_not_trusted_and_is_removed(tmp_path):
     assert not (runs / "dead" / "control.sock").exists()
     named = podrun("stack", "--runs-dir", str(runs), "dead", timeout=60)
     assert named.returncode == 2 and "is not running" in named.stderr and "Traceback" not in named.stderr
+
+
+ALLREDUCE = Path(__file__).resolve().parents[1] / "launch" / "scripts" / "torchrun_allreduce.py"
+
+
+@pytest.mark.parametrize("how", ["local warm", "local cold", "ssh"])
+def test_code_the_other_user_planted_in_a_shared_working_directory_never_runs(how, shared, tmp_path, request):
+    """The other user plants ``podrun/__init__.py`` and ``torch.py`` in a shared (1777) working directory; a run of
+    2 torch workers there (this user's script, kept elsewhere) on this machine warm (its zygote, its store host
+    forked), cold (the store host started) and over ssh (the agents, the zygote and the store host started on the
+    host) imports neither: podrun's helpers start without the working directory on their path (podrun.pystart),
+    and the run succeeds."""
+    plant = {"podrun/__init__.py": "ran-podrun", "torch.py": "ran-torch"}
+    as_nobody(f"mkdir {shared}/podrun && " + " && ".join(
+        f"printf '%s\\n' \"open('{shared}/{mark}', 'w').write('ran')\" > {shared}/{path}"
+        for path, mark in plant.items()))
+    args = ["--workdir", str(shared), *(["--no-warm"] if how == "local cold" else []), "--", sys.executable,
+            str(ALLREDUCE)]
+    if how == "ssh":
+        hosts = request.getfixturevalue("ssh_hosts")
+        argv = ssh_launch_args(hosts, tmp_path / "runs", free_port(2), *args, names=hosts.hosts[:1], devices=2)
+    else:
+        argv = ["launch", "--devices-per-host", "2", "--master-port", str(free_port(2)), "--runs-dir",
+                str(tmp_path / "runs"), *args]
+    cp = podrun(*argv, timeout=150, cwd=str(tmp_path))
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert cp.stdout.count("ALLREDUCE") == 2, cp.stdout
+    assert sorted(p.name for p in shared.iterdir() if p.name.startswith("ran-")) == [], cp.stdout + cp.stderr
