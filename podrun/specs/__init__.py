@@ -6,6 +6,7 @@ import difflib
 import os
 from pathlib import Path
 
+from podrun import safefs
 from podrun.errors import SpecError
 from podrun.specs.cluster import ClusterFile, ClusterSpec, DeviceSpec, InterconnectSpec, LinkSpec, resolve
 from podrun.specs.hosts import HostEntry, parse_hostfile, parse_hosts_option, shown_path
@@ -114,8 +115,29 @@ def _recipe_path_hint(p: Path) -> str:
     return hint + f"known recipes: {', '.join(recipe_names())}"
 
 
+def _check_owner(paths, kind: str, name_or_path: str) -> None:
+    """Refuse (exit 2) a recipe's folder and files or a cluster spec that another user owns or may change, found by
+    name in the working directory (./NAME, ./recipes, ./cluster_specs), on $PODRUN_*_PATH or given as a path
+    (safefs.input_problem: git's safe.directory rule); podrun's own, which are as trusted as its code, are not
+    asked."""
+    own = project_root()
+    for path in paths:
+        try:
+            if Path(path).resolve().is_relative_to(own / ("recipes" if kind == "recipe" else "cluster_specs")):
+                return
+        except (OSError, ValueError):
+            pass
+        builtin = own / "recipes" / name_or_path if kind == "recipe" else \
+            own / "cluster_specs" / f"{name_or_path}.yaml"
+        safefs.check_input(path, f"{kind} {shown_path(name_or_path)}", error=SpecError, hint=(
+            f"podrun runs a {kind} only from folders and files of your own (or root's) that no one else may change, "
+            "as git and OpenSSH do: `chown` it or `chmod go-w` it if it is yours"
+            + (f", or name podrun's own by its path: {builtin}" if _probe(Path.exists, builtin) else "")))
+
+
 def load_cluster(name_or_path: str) -> ClusterSpec:
     path = find_cluster_file(name_or_path)
+    _check_owner([path], "cluster spec", name_or_path)
     data, src = read_yaml(path, "cluster spec")
     return resolve(build_dataclass(ClusterFile, data, (), src), str(path))
 
@@ -126,4 +148,6 @@ def load_recipe(name_or_path: str) -> RecipeSpec:
     data, src = read_yaml(path, "recipe")
     rf = build_dataclass(RecipeFile, data, (), src)
     validate(rf, str(path))
+    script = folder / rf.train_script
+    _check_owner([folder, path, *([script] if _probe(Path.exists, script) else [])], "recipe", name_or_path)
     return RecipeSpec(**{f.name: getattr(rf, f.name) for f in dataclasses.fields(RecipeFile)}, path=str(folder))

@@ -188,3 +188,33 @@ def test_code_the_other_user_planted_in_a_shared_working_directory_never_runs(ho
     assert cp.returncode == 0, cp.stdout + cp.stderr
     assert cp.stdout.count("ALLREDUCE") == 2, cp.stdout
     assert sorted(p.name for p in shared.iterdir() if p.name.startswith("ran-")) == [], cp.stdout + cp.stderr
+
+
+def test_a_recipe_or_cluster_spec_of_the_other_user_named_like_podruns_own_never_runs(shared, tmp_path):
+    """The other user makes ``resnet18_cifar10/`` (podrun's recipe.yaml, a train.py that leaves a marker) and
+    ``cluster_specs/local.yaml`` in a shared working directory: ``podrun launch resnet18_cifar10`` there, or that
+    folder given by path, and ``podrun plan --cluster local`` are refused, exit 2, one paragraph naming the path, its
+    owner and mode; the train.py never runs."""
+    import shutil
+
+    from podrun.specs import project_root
+
+    own = project_root()
+    stage = shared / "stage"           # this user's, readable by the other
+    stage.mkdir(mode=0o755)
+    shutil.copy(own / "recipes" / "resnet18_cifar10" / "recipe.yaml", stage / "recipe.yaml")
+    (stage / "train.py").write_text(f"open('{shared}/ran-recipe', 'w').write('ran')\n")
+    runs = ["--runs-dir", str(tmp_path / "runs"), "--master-port", str(free_port(2)), "--devices-per-host", "1"]
+    for plant, argv, path in (
+            (f"mkdir {shared}/resnet18_cifar10 && cp {stage}/* {shared}/resnet18_cifar10/",
+             ["launch", *runs, "resnet18_cifar10", "--data", "digits", "--steps", "1"], shared / "resnet18_cifar10"),
+            ("true", ["launch", *runs, str(shared / "resnet18_cifar10"), "--data", "digits"],
+             shared / "resnet18_cifar10"),
+            (f"mkdir {shared}/cluster_specs && cp {own}/cluster_specs/local.yaml {shared}/cluster_specs/",
+             ["plan", "--cluster", "local", "resnet18_cifar10"], shared / "cluster_specs")):
+        as_nobody(plant)
+        cp = podrun(*argv, cwd=str(shared), env={"PODRUN_DATA_DIR": str(tmp_path)})
+        assert cp.returncode == 2 and "Traceback" not in cp.stderr, cp.stdout + cp.stderr
+        first = cp.stderr.splitlines()[0]
+        assert str(path) in first and "nobody" in first and "mode 0" in first, cp.stderr
+    assert not (shared / "ran-recipe").exists()
