@@ -74,10 +74,19 @@ GUARDS = {
     "podrun/launch/transports/local.py": [
         "tests/launch/test_secrets_argv.py::test_env_values_are_on_no_command_line_local",
         "tests/security/test_defence_mutants.py"],
+    "podrun/pystart.py": ["tests/security/test_python_starts.py", "tests/wire/test_wire_contracts.py",
+                          "tests/host/test_lean_agent.py",
+                          "tests/faults/test_other_user.py::"
+                          "test_code_the_other_user_planted_in_a_shared_working_directory_never_runs"],
+    "podrun/specs/__init__.py": [
+        "tests/faults/test_other_user.py::"
+        "test_a_recipe_or_cluster_spec_of_the_other_user_named_like_podruns_own_never_runs",
+        "tests/specs"],
 }
 
 # where a module holds more than the defence, the functions that hold it (the other functions are not mutated)
 SCOPES = {
+    "podrun/specs/__init__.py": ("_check_owner", "load_cluster", "load_recipe"),    # the owner check on recipes
     "podrun/host/link.py": ("emit", "link_close"),                  # nothing written once closed or lost
     "podrun/launch/transports/local.py": ("start",),                 # the agents' env, argv, session, stdin copy
     # the directories, files, HMACs and receiving of snapshots (not the writer's threading or the state's freezing)
