@@ -17,8 +17,8 @@ directory may hold another user's ``podrun/__init__.py`` or ``torch.py``. Every 
   without it (a probe or a worker on another host, an agent for another python) the host's own podrun is found as
   that python finds it, but never in the working directory.
 
-The boot is one line (a remote shell line quotes it plainly) and names the module it runs, so that a process
-list shows which helper a process is. The user's own script or module is not a helper: it runs as under torchrun
+The boot is one line (a remote shell line quotes it plainly; csh takes no newline in quotes) before code of more
+lines, and names the module it runs, so that a process list shows which helper a process is. The user's own script or module is not a helper: it runs as under torchrun
 (``python script.py``: its own directory first; ``python -m M``: the working directory first), built here too
 (``target``) so that this module is the one home of every Python command line podrun writes. ``popen``, ``run``
 and ``execv`` start only a command line built here (tests/security/test_python_starts.py reads podrun/'s and
@@ -35,7 +35,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))     # the dir
 AGENT_MODULE = "podrun.host.agent"
 # the safe boot's first words: -c puts '' (the working directory) first on sys.path, -P or PYTHONSAFEPATH nothing
 _DROP_CWD = "import os, sys; sys.path[:1] == [\"\"] and sys.path.pop(0)"
-_MARK = "# podrun helper"                 # the last words of every boot: how start() knows a command line of its own
+_LEAN = "import os, sys; sys.dont_write_bytecode = "    # the lean boot's first words
 
 
 def _root_first(root: str | None) -> str:
@@ -48,14 +48,14 @@ def _root_first(root: str | None) -> str:
 def safe_code(code: str, *, root: str | None = ROOT) -> str:
     """The ``-c`` text of a safe helper that runs ``code`` (its ``sys.argv`` is ``["-c", ARGS...]``, as under
     ``python -c``): the working directory off the path, then ``root`` first where it holds podrun."""
-    return f"{_DROP_CWD}{_root_first(root)}  {_MARK}\n{code}"
+    return f"{_DROP_CWD}{_root_first(root)}" + ("\n" if "\n" in code else "; ") + code
 
 
 def module_code(module: str, *, root: str | None = ROOT) -> str:
     """The ``-c`` text of a safe helper that runs ``module`` as ``__main__``, as ``python -m`` would (runpy; its
     ``sys.argv[0]`` the module's file), one line."""
     return (f"{_DROP_CWD}{_root_first(root)}; import runpy; runpy.run_module({json.dumps(module)}, "
-            f"run_name=\"__main__\", alter_sys=True)  {_MARK}")
+            f"run_name=\"__main__\", alter_sys=True)")
 
 
 def safe(python: str, *args: str, module: str | None = None, code: str | None = None,
@@ -75,12 +75,12 @@ def lean_boot(root: str, version: str) -> str:
     (PYTHONDONTWRITEBYTECODE, which ``-I`` ignores), the lean agent writes none either, as the usual start would
     not."""
     # a JSON string is a Python string literal, in double quotes: a shell line quotes them plainly
-    return (f"import os, sys; sys.dont_write_bytecode = bool(os.environ.get(\"PYTHONDONTWRITEBYTECODE\")); "
+    return (f"{_LEAN}bool(os.environ.get(\"PYTHONDONTWRITEBYTECODE\")); "
             f"r = {json.dumps(root)}; here = os.path.isfile(os.path.join(r, \"podrun\", \"host\", "
             f"\"agent.py\")) and not sys.path.insert(0, r) and __import__(\"podrun\").__version__ == "
             f"{json.dumps(version)}; here or os.execv(sys.executable, [sys.executable, \"-c\", "
             f"{json.dumps(module_code(AGENT_MODULE, root=None))}, *sys.argv[1:]]); "
-            f"from {AGENT_MODULE} import main; sys.exit(main())  {_MARK}")
+            f"from {AGENT_MODULE} import main; sys.exit(main())")
 
 
 def isolated(python: str, options: list[str], *, root: str = ROOT, version: str | None = None) -> list[str]:
@@ -114,13 +114,9 @@ def target(python: str, kind: str, name: str, args=()) -> list[str]:
 def is_helper(argv) -> bool:
     """Whether ``argv`` is a helper's command line built here (safe or isolated)."""
     argv = list(argv)
-    if argv[1:2] == ["-c"]:
-        text = argv[2] if len(argv) > 2 else ""
-    elif argv[1:4] == ["-I", "-S", "-c"]:
-        text = argv[4] if len(argv) > 4 else ""
-    else:
-        return False
-    return text.startswith(("import os, sys; ",)) and _MARK in text.split("\n", 1)[0]
+    if argv[1:2] == ["-c"] and len(argv) > 2:
+        return argv[2].startswith(_DROP_CWD)
+    return argv[1:4] == ["-I", "-S", "-c"] and len(argv) > 4 and argv[4].startswith(_LEAN)
 
 
 def _checked(argv) -> list[str]:

@@ -94,3 +94,32 @@ def test_the_check_finds_every_way_around(tmp_path):
         "bench/b.py:1: a podrun helper module started without podrun.pystart",
         "podrun/other.py:2: [python, '-c', ...] built outside podrun.pystart",
         "podrun/other.py:2: subprocess.Popen of an interpreter outside podrun.pystart"]
+
+
+def test_a_helper_imports_podrun_from_its_own_place_never_from_its_working_directory(tmp_path):
+    """In a directory that holds a planted ``podrun/__init__.py``, each of pystart's command lines (code, module,
+    the lean agent's boot with podrun elsewhere: its safe fallback) imports the real podrun, while ``python -c``
+    itself (what the helpers were started with) imports the planted one; the helper's arguments stay its own."""
+    import os
+    import subprocess
+    import sys
+
+    from podrun import pystart
+
+    (tmp_path / "podrun").mkdir()
+    (tmp_path / "podrun" / "__init__.py").write_text("raise SystemExit('planted podrun ran')\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    show = "import sys, podrun; print(podrun.__file__, sys.argv[1:])"
+    raw = subprocess.run([sys.executable, "-c", show, "a"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert "planted podrun ran" in raw.stderr
+    for argv in (pystart.safe(sys.executable, "a", code=show), pystart.safe(sys.executable, "a", code=show, root=None),
+                 pystart.safe(sys.executable, "a", code="\n" + show)):
+        cp = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert cp.stdout.split() == [str(ROOT / "podrun" / "__init__.py"), "['a']"], (argv, cp.stderr)
+    cp = subprocess.run(pystart.safe(sys.executable, "--version", module="podrun"), cwd=tmp_path, env=env,
+                        capture_output=True, text=True)
+    assert cp.returncode == 0 and "planted" not in cp.stderr, cp.stderr
+    # the lean boot where podrun is not at its path becomes the safe agent: its --help, not the planted podrun
+    cp = subprocess.run(pystart.isolated(sys.executable, ["--help"], root=str(tmp_path / "nothing")), cwd=tmp_path,
+                        env=env, capture_output=True, text=True)
+    assert cp.returncode == 0 and "--plan" in cp.stdout, cp.stderr
