@@ -137,8 +137,8 @@ def _check_owner(paths, kind: str, name_or_path: str) -> None:
 
 def load_cluster(name_or_path: str) -> ClusterSpec:
     path = find_cluster_file(name_or_path)
+    data, src = read_yaml(path, "cluster spec")          # a device, a FIFO, a huge file: refused there first
     _check_owner([path], "cluster spec", name_or_path)
-    data, src = read_yaml(path, "cluster spec")
     return resolve(build_dataclass(ClusterFile, data, (), src), str(path))
 
 
