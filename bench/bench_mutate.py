@@ -36,6 +36,7 @@ COPIED = ("podrun", "tests", "bench", "recipes", "cluster_specs", "docs", "pypro
 
 AGENT = "tests/host/test_agent.py::"
 FAULTS = "tests/train/test_checkpoint_faults.py::"
+PLANTED = "tests/faults/test_other_user.py::test_code_the_other_user_planted_in_a_shared_working_directory_never_runs"
 # defence module -> the fast tests that guard it (pytest arguments, the fastest first: a run stops at its first
 # failure; a glob must match at least one file)
 GUARDS = {
@@ -74,14 +75,14 @@ GUARDS = {
     "podrun/launch/transports/local.py": [
         "tests/launch/test_secrets_argv.py::test_env_values_are_on_no_command_line_local",
         "tests/security/test_defence_mutants.py"],
+    # the planted-code test on this machine only (its ssh case brings up the harness's hosts for each mutant)
     "podrun/pystart.py": ["tests/security/test_python_starts.py", "tests/wire/test_wire_contracts.py",
-                          "tests/host/test_lean_agent.py",
-                          "tests/faults/test_other_user.py::"
-                          "test_code_the_other_user_planted_in_a_shared_working_directory_never_runs"],
+                          "tests/launch/test_torchrun_map.py", "tests/host/test_lean_agent.py",
+                          PLANTED + "[local cold]", PLANTED + "[local warm]"],
     "podrun/specs/__init__.py": [
         "tests/faults/test_other_user.py::"
         "test_a_recipe_or_cluster_spec_of_the_other_user_named_like_podruns_own_never_runs",
-        "tests/specs"],
+        "tests/specs/test_specs.py", "tests/specs/test_bounded_inputs.py"],
 }
 
 # where a module holds more than the defence, the functions that hold it (the other functions are not mutated)
