@@ -127,8 +127,9 @@ def _check_owner(paths, kind: str, name_or_path: str) -> None:
                 return
         except (OSError, ValueError):
             pass
-        builtin = own / "recipes" / name_or_path if kind == "recipe" else \
-            own / "cluster_specs" / f"{name_or_path}.yaml"
+        named = Path(name_or_path.rstrip(os.sep) or ".")          # podrun's own of the same name, for the hint
+        named = named.parent if named.name == "recipe.yaml" else named
+        builtin = own / "recipes" / named.name if kind == "recipe" else own / "cluster_specs" / f"{named.stem}.yaml"
         safefs.check_input(path, f"{kind} {shown_path(name_or_path)}", error=SpecError, hint=(
             f"podrun runs a {kind} only from folders and files of your own (or root's) that no one else may change, "
             "as git and OpenSSH do: `chown` it or `chmod go-w` it if it is yours"

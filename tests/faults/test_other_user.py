@@ -217,4 +217,5 @@ def test_a_recipe_or_cluster_spec_of_the_other_user_named_like_podruns_own_never
         assert cp.returncode == 2 and "Traceback" not in cp.stderr, cp.stdout + cp.stderr
         first = cp.stderr.splitlines()[0]
         assert str(path) in first and "nobody" in first and "mode 0" in first, cp.stderr
+        assert f"podrun's own by its path: {own}" in cp.stderr, cp.stderr
     assert not (shared / "ran-recipe").exists()
