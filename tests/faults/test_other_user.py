@@ -203,14 +203,15 @@ def test_a_recipe_or_cluster_spec_of_the_other_user_named_like_podruns_own_never
     stage = shared / "stage"           # this user's, readable by the other
     stage.mkdir(mode=0o755)
     shutil.copy(own / "recipes" / "resnet18_cifar10" / "recipe.yaml", stage / "recipe.yaml")
+    shutil.copy(own / "cluster_specs" / "local.yaml", shared / "local.yaml")     # podrun's tree may be private
     (stage / "train.py").write_text(f"open('{shared}/ran-recipe', 'w').write('ran')\n")
     runs = ["--runs-dir", str(tmp_path / "runs"), "--master-port", str(free_port(2)), "--devices-per-host", "1"]
     for plant, argv, path in (
-            (f"mkdir {shared}/resnet18_cifar10 && cp {stage}/* {shared}/resnet18_cifar10/",
+            (f"mkdir {shared}/resnet18_cifar10 && cp {stage}/*.* {shared}/resnet18_cifar10/",
              ["launch", *runs, "resnet18_cifar10", "--data", "digits", "--steps", "1"], shared / "resnet18_cifar10"),
             ("true", ["launch", *runs, str(shared / "resnet18_cifar10"), "--data", "digits"],
              shared / "resnet18_cifar10"),
-            (f"mkdir {shared}/cluster_specs && cp {own}/cluster_specs/local.yaml {shared}/cluster_specs/",
+            (f"mkdir {shared}/cluster_specs && cp {shared}/local.yaml {shared}/cluster_specs/",
              ["plan", "--cluster", "local", "resnet18_cifar10"], shared / "cluster_specs")):
         as_nobody(plant)
         cp = podrun(*argv, cwd=str(shared), env={"PODRUN_DATA_DIR": str(tmp_path)})
