@@ -121,12 +121,10 @@ def _check_owner(paths, kind: str, name_or_path: str) -> None:
     (safefs.input_problem: git's safe.directory rule); podrun's own, which are as trusted as its code, are not
     asked."""
     own = project_root()
+    mine = os.path.realpath(own / ("recipes" if kind == "recipe" else "cluster_specs"))
     for path in paths:
-        try:
-            if Path(path).resolve().is_relative_to(own / ("recipes" if kind == "recipe" else "cluster_specs")):
-                return
-        except (OSError, ValueError):
-            pass
+        if Path(os.path.realpath(path)).is_relative_to(mine):      # realpath: never raises, a loop included
+            return
         named = Path(name_or_path.rstrip(os.sep) or ".")          # podrun's own of the same name, for the hint
         named = named.parent if named.name == "recipe.yaml" else named
         builtin = own / "recipes" / named.name if kind == "recipe" else own / "cluster_specs" / f"{named.stem}.yaml"

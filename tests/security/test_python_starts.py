@@ -122,7 +122,10 @@ def test_a_helper_imports_podrun_from_its_own_place_never_from_its_working_direc
     # a helper's command line is known as one (what start() and a joining copy take): one line before one-line code
     lean, code = pystart.isolated(sys.executable, []), pystart.safe(sys.executable, code="pass")
     assert pystart.is_helper(lean) and pystart.is_helper(code) and "\n" not in code[2]
+    assert pystart.is_helper(pystart.target(sys.executable, "module", "".join(["pod", "run"])))   # not `is`
+    assert not pystart.is_helper(pystart.target(sys.executable, "module", "podrunner"))
     assert not any(pystart.is_helper(a) for a in ([sys.executable, "-c", "pass"], [sys.executable, "-I", "-S", "-c"],
+                                                  [sys.executable, "x.py", code[2]], [sys.executable, "-m", code[2]],
                                                   [sys.executable, "-I", "-S", "-c", "pass"], lean[:4], code[:2]))
     # the lean boot where podrun is not at its path becomes the safe agent: its --help, not the planted podrun
     cp = subprocess.run(pystart.isolated(sys.executable, ["--help"], root=str(tmp_path / "nothing")), cwd=tmp_path,
