@@ -37,6 +37,7 @@ COPIED = ("podrun", "tests", "bench", "recipes", "cluster_specs", "docs", "pypro
 AGENT = "tests/host/test_agent.py::"
 FAULTS = "tests/train/test_checkpoint_faults.py::"
 JOIN = "tests/launch/test_join.py::"
+PLANTED = "tests/faults/test_other_user.py::test_code_the_other_user_planted_in_a_shared_working_directory_never_runs"
 # defence module -> the fast tests that guard it (pytest arguments, the fastest first: a run stops at its first
 # failure; a glob must match at least one file)
 GUARDS = {
@@ -83,10 +84,19 @@ GUARDS = {
         JOIN + "test_an_agent_names_the_address_it_cannot_reach_and_a_short_key_is_no_key",
         JOIN + "test_copies_without_the_variable_share_the_users_key_file_made_once_private_and_the_variable_wins",
         JOIN + "test_a_forged_controller_holding_the_join_port_gets_nothing_run_and_no_secret"],
+    # the planted-code test on this machine only (its ssh case brings up the harness's hosts for each mutant)
+    "podrun/pystart.py": ["tests/security/test_python_starts.py", "tests/wire/test_wire_contracts.py",
+                          "tests/launch/test_torchrun_map.py", "tests/host/test_lean_agent.py",
+                          PLANTED + "[local cold]", PLANTED + "[local warm]"],
+    "podrun/specs/__init__.py": [
+        "tests/faults/test_other_user.py::"
+        "test_a_recipe_or_cluster_spec_of_the_other_user_named_like_podruns_own_never_runs",
+        "tests/specs/test_specs.py", "tests/specs/test_bounded_inputs.py"],
 }
 
 # where a module holds more than the defence, the functions that hold it (the other functions are not mutated)
 SCOPES = {
+    "podrun/specs/__init__.py": ("_check_owner", "load_cluster", "load_recipe"),    # the owner check on recipes
     "podrun/host/link.py": ("emit", "link_close"),                  # nothing written once closed or lost
     "podrun/launch/transports/local.py": ("start",),                 # the agents' env, argv, session, stdin copy
     # the proofs both ways, the args' MAC, the key's checks and the agent's side of the hand-shake (not addresses)

@@ -1,6 +1,7 @@
-"""A host's start, measured: the agent's CPU up to its Ready line, started as before (``python -m
-podrun.host.agent``) and lean (``python -I -S -c`` with podrun's directory, as every transport starts it with the
-controller's python; and on a host where podrun is not at that path, where the lean boot becomes ``python -m``),
+"""A host's start, measured: the agent's CPU up to its Ready line, started safe (``python -c`` with podrun.pystart's
+boot: site, not the working directory) and lean (``python -I -S -c`` with podrun's directory, as every transport
+starts it with the controller's python; and on a host where podrun is not at that path, where the lean boot becomes
+the safe start),
 beside the bare interpreter (``python -c pass``, ``python -I -S -c pass``); interleaved, the median of N runs of
 each. Each agent is given a real plan (one worker, ``python -c pass``) and read until its ``ready`` line: its
 CPU time (every thread's /proc schedstat) are taken then. Also the file-system metadata
@@ -41,8 +42,10 @@ def _bare_ms(argv: list[str]) -> float:
 
 def _agent_ms(argv: list[str]) -> float:
     """The agent's CPU when its ready line is read (then it is ended: its worker is ``python -c pass``)."""
-    p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                         cwd=tempfile.gettempdir(), start_new_session=True)
+    from podrun import pystart
+
+    p = pystart.popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                      cwd=tempfile.gettempdir(), start_new_session=True)
     try:
         for line in p.stdout:
             if b" ready " in line or line.split(b" ", 2)[1:2] == [b"ready"]:
@@ -66,14 +69,12 @@ def agent_argvs(tmp: str) -> dict[str, list[str]]:
     run_dir = runs / "plan"
     args = AgentArgs(RunAttempt("plan", str(run_dir), str(run_dir / "plan.json"), "127.0.0.1", 1), 0,
                      (sys.executable, "-c", "pass"), stdin_timeout=None)
-    import podrun
-    from podrun.wire.agent_args import lean_boot
+    from podrun import pystart
 
-    lean = [sys.executable, "-I", "-S", "-c"]
-    return {"agent (python -m)": [sys.executable, "-m", "podrun.host.agent", *args.to_argv()],
-            "agent lean (-I -S)": [*lean, lean_boot(str(ROOT), podrun.__version__), *args.to_argv()],
-            "agent lean, podrun elsewhere (-I -S, then -m)": [*lean, lean_boot(tmp, podrun.__version__),
-                                                               *args.to_argv()]}
+    return {"agent (safe: python -c, site)": pystart.agent(sys.executable, args.to_argv(), lean=False),
+            "agent lean (-I -S)": pystart.agent(sys.executable, args.to_argv(), lean=True),
+            "agent lean, podrun elsewhere (-I -S, then safe)": pystart.isolated(sys.executable, args.to_argv(),
+                                                                                 root=tmp)}
 
 
 def agent(n: int = 15) -> dict:
@@ -83,8 +84,11 @@ def agent(n: int = 15) -> dict:
                 **{k: (v, _agent_ms) for k, v in agent_argvs(tmp).items()}}
         base = os.environ.get("BENCH_START_BASE")       # another checkout (the base commit): its agent, as before
         if base:
-            runs["agent at BENCH_START_BASE (python -m)"] = (["env", f"PYTHONPATH={base}",
-                                                             *runs["agent (python -m)"][0]], _agent_ms)
+            from podrun import pystart
+
+            options = runs["agent (safe: python -c, site)"][0][3:]
+            runs["agent at BENCH_START_BASE (safe, that podrun first)"] = (
+                pystart.safe(sys.executable, *options, module=pystart.AGENT_MODULE, root=base), _agent_ms)
         got: dict[str, list[float]] = {k: [] for k in runs}
         os.environ["PYTHONPATH"] = str(ROOT)         # the agent started as before finds this podrun
         for _ in range(n):

@@ -90,7 +90,7 @@ def ancestor_problem(path) -> str | None:
         if not stat.S_ISDIR(st.st_mode):
             return None                  # not a directory: what is made below it fails, and says so
         if st.st_uid not in (0, me):
-            return f"{cur} belongs to {owner_name(st.st_uid)}"
+            return f"{cur} belongs to {owner_name(st.st_uid)} (mode {_mode(st)})"
         if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
             return f"{cur} (owner {owner_name(st.st_uid)}) may be written by others (mode {_mode(st)})"
     return None
@@ -411,6 +411,37 @@ def read_trusted(path, what: str, *, limit: int, error: type[PodrunError] = Unsa
         return _read_fd(fd, f"{what} {path}", limit, error)
     finally:
         os.close(fd)
+
+
+def input_problem(path) -> str | None:
+    """Why a folder or file that decides what runs (a recipe's folder, its recipe.yaml and train script, a cluster
+    spec) may not be trusted (None: it may), reading nothing: one on the way another user could swap
+    (ancestor_problem), or the path itself a symbolic link, another user's (root's is trusted), or one that group or
+    others may write: git's safe.directory rule, with OpenSSH's StrictModes on the mode. Named with its owner and
+    mode."""
+    path = os.path.abspath(os.fspath(path))
+    problem = ancestor_problem(os.path.dirname(path))
+    if problem is not None:
+        return problem
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        return f"cannot check {path}: {exc.strerror or exc}"
+    if stat.S_ISLNK(st.st_mode):
+        return f"{path} is a symbolic link (owner {owner_name(st.st_uid)})"
+    foreign = st.st_uid not in (0, os.geteuid())
+    if foreign or st.st_mode & 0o022:
+        return (f"{path} belongs to {owner_name(st.st_uid)}{', not to you' if foreign else ''}, mode {_mode(st)}"
+                + (": others may change it" if st.st_mode & 0o022 else ""))
+    return None
+
+
+def check_input(path, what: str, *, error: type[PodrunError] = UnsafePath, hint: str | None = None) -> Path:
+    """``path`` when input_problem finds nothing; else ``error`` (exit 2) naming it, its owner and mode."""
+    problem = input_problem(path)
+    if problem is not None:
+        raise _refuse(problem, what, error, hint)
+    return Path(path)
 
 
 def trusted_problem(path) -> str | None:

@@ -34,6 +34,7 @@ import subprocess
 import sys
 import threading
 
+from podrun import pystart
 from podrun.host import zygote_client
 from podrun.wire.probe import listen, torch_available
 from podrun.wire.proctl import die_with_parent
@@ -71,12 +72,12 @@ class StoreHost:
         self.up = threading.Event()
         self._on_failure = on_failure
         fd = sock.fileno()
-        argv = [python, "-c", _HOST, str(fd), str(sock.getsockname()[1])]
+        argv = pystart.safe(python, str(fd), str(sock.getsockname()[1]), code=_HOST)
         self.proc = self._forked(warm, argv, fd) if warm is not None else None
         if self.proc is None:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=subprocess.STDOUT, pass_fds=(fd,), start_new_session=True,
-                                         preexec_fn=die_with_parent())
+            self.proc = pystart.popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, pass_fds=(fd,), start_new_session=True,
+                                      preexec_fn=die_with_parent())
         threading.Thread(target=self._watch, name="podrun-store-host", daemon=True).start()
 
     @staticmethod

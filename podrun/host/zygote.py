@@ -1,6 +1,6 @@
 """The warm process (zygote): one per host of a run that can restart; it imports torch and podrun's runner once and forks later attempts' workers.
 
-The first attempt's agent on a host starts it detached (``python -m podrun.host.zygote``), after its own
+The first attempt's agent on a host starts it detached (podrun.pystart's safe start of this module), after its own
 workers. It takes a lock (one per host), imports PRELOAD and warms up what torch imports on first use, with
 no thread of its own started (at SCHED_IDLE when it may switch back afterwards), and then listens on a unix
 socket (0600) in the run directory, ``<run_dir>/zygote/<hostname>.sock`` (directory 0700). A later

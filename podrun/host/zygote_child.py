@@ -56,7 +56,9 @@ def become_worker(req: dict, fds: list[int], zygote_pid: int, preloaded: dict[st
     for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
         signal.signal(s, signal.SIG_DFL)
     extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
-    first = os.path.dirname(os.path.abspath(target)) if kind == "script" else os.getcwd()
+    # sys.path[0] as python puts it: the script's directory, the working directory (-m), or '' (-c: which a
+    # helper's boot, podrun.pystart, takes off)
+    first = {"script": os.path.dirname(os.path.abspath(target)), "module": os.getcwd()}.get(kind, "")
     sys.path[:] = [first, *extra, *sys.path[1:]]
     if env.get("PODRUN_STACK_DIR") and os.path.exists(SITE_FILE):
         globals()["_stack_site"] = runpy.run_path(SITE_FILE, run_name="podrun_stack_site")

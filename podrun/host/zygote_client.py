@@ -15,7 +15,7 @@ import threading
 import time
 from typing import NamedTuple
 
-from podrun import safefs
+from podrun import pystart, safefs
 from podrun.errors import PodrunError
 from podrun.wire.proctl import signal_group
 from podrun.rundir.layout import ZYGOTE
@@ -225,9 +225,9 @@ def start(run_dir: str, host: str, idle: float = IDLE_S, now: bool = False) -> b
         return False
     with log:
         try:
-            return subprocess.run([sys.executable, "-m", "podrun.host.zygote", "--socket", path, "--idle",
-                                   str(idle), *(["--now"] if now else [])],
-                                  stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+            return pystart.run(pystart.safe(sys.executable, "--socket", path, "--idle", str(idle),
+                                            *(["--now"] if now else []), module="podrun.host.zygote"),
+                               stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
                                   timeout=30, check=False).returncode == 0
         except (OSError, subprocess.SubprocessError):
             return False

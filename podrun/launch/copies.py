@@ -165,9 +165,13 @@ def become_agent(copy: Copy, env_items: tuple[str, ...], window: float | None) -
     except OSError as exc:
         raise LaunchError(f"copy {copy.rank}: the run's working directory {args.workdir} is not here: "
                           f"{exc.strerror}", hint="run the copies in a directory every node shares") from None
+    from podrun import pystart
     from podrun.wire.agent_args import with_options
 
     argv = [sys.executable, *with_options(list(args.argv[1:]), "--join-fd", str(fd))]
+    if not pystart.is_helper(argv):
+        raise LaunchError(f"copy {copy.rank} of {copy.count}: what the run's controller sent is not an agent's "
+                          "command line; nothing was run", hint="start the copies with the same podrun")
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(sys.executable, argv)
+    pystart.execv(argv)

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import os
 import shlex
-import sys
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from podrun import pystart
 from podrun.errors import LaunchError
 from podrun.redaction import ENV_NAME_RE, redact_argv, remember_secret, secret_name
 from podrun.launch.instance_logs import RankFiles
-from podrun.wire.agent_args import (AGENT_MODULE, GRACE_S, INTERRUPT_GRACE_S, MAX_CPU, AgentArgs, CpuBind, FromEnv,
-                                    RunAttempt, lean_boot)
+from podrun.wire.agent_args import (GRACE_S, INTERRUPT_GRACE_S, MAX_CPU, AgentArgs, CpuBind, FromEnv,
+                                    RunAttempt)
 from podrun.wire.liveness import FIRST_HEARTBEAT_S, HEARTBEAT_MISSES, HEARTBEAT_S, Liveness
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -123,9 +123,9 @@ class LaunchRequest:
         ``worker_stdin_fd``: the agent's inherited descriptor that its local rank 0 reads as stdin (the local
         transport's copy of podrun's own stdin); ``lean``: with this python (the same path on every host) the agent is
         started isolated and without site (``-I -S``: no site-packages scan, no .pth file run), this podrun's own
-        directory first on its path, and on a host where this podrun is not at that path started as usual
-        (``lean_boot``); its workers, its store host and its zygote are started as usual either way; ``join``: the
-        address the agent joins (--join), its key in its environment. Every agent but one a worker (``per_worker``)
+        directory first on its path, and on a host where this podrun is not at that path started safe
+        (podrun.pystart.lean_boot); without it safe (the host's own podrun, never the working directory's);
+        ``join``: the address the agent joins (--join), its key in its environment. Every agent but one a worker (``per_worker``)
         forks its several workers from its host's zygote when the run is warm."""
         source = FromEnv.RANK if per_worker else FromEnv.INDEX
         args = AgentArgs(self.attempt, source if index is None else index, self.command, grace=self.grace,
@@ -135,12 +135,7 @@ class LaunchRequest:
                          warm=self.warm and not per_worker, hold=hold, needs=self.needs if hold else (),
                          env_stdin=env_stdin and bool(self.env), worker_stdin_fd=worker_stdin_fd,
                          cpu_bind=self.cpu_bind, join=join)
-        if lean and os.path.abspath(self.python) == os.path.abspath(sys.executable):
-            import podrun
-
-            root = os.path.dirname(os.path.dirname(os.path.abspath(podrun.__file__)))   # holds podrun/
-            return [self.python, "-I", "-S", "-c", lean_boot(root, podrun.__version__), *args.to_argv()]
-        return [self.python, "-m", AGENT_MODULE, *args.to_argv()]
+        return pystart.agent(self.python, args.to_argv(), lean=lean)
 
     @property
     def attempt(self) -> RunAttempt:

@@ -5,6 +5,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
+from podrun import pystart
 from podrun.errors import LaunchError
 
 COMMAND_NOT_FOUND = 127           # the shell's exit code for a command it cannot find, kept for one found missing early
@@ -22,11 +23,9 @@ class Target:
     def worker_command(self, python: str, recipe_script: str | None = None) -> list[str]:
         """The argv every worker runs (``recipe_script``: the recipe's train.py, absolute)."""
         if self.kind == RECIPE:
-            return [python, recipe_script or self.name, *self.args]
-        if self.kind == SCRIPT:
-            return [python, self.name, *self.args]
-        if self.kind == MODULE:
-            return [python, "-m", self.name, *self.args]
+            return pystart.target(python, "script", recipe_script or self.name, self.args)
+        if self.kind in (SCRIPT, MODULE):
+            return pystart.target(python, self.kind, self.name, self.args)
         return [self.name, *self.args]
 
 

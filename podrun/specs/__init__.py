@@ -6,6 +6,7 @@ import difflib
 import os
 from pathlib import Path
 
+from podrun import safefs
 from podrun.errors import SpecError
 from podrun.specs.cluster import ClusterFile, ClusterSpec, DeviceSpec, InterconnectSpec, LinkSpec, resolve
 from podrun.specs.hosts import HostEntry, parse_hostfile, parse_hosts_option, shown_path
@@ -114,9 +115,29 @@ def _recipe_path_hint(p: Path) -> str:
     return hint + f"known recipes: {', '.join(recipe_names())}"
 
 
+def _check_owner(paths, kind: str, name_or_path: str) -> None:
+    """Refuse (exit 2) a recipe's folder and files or a cluster spec that another user owns or may change, found by
+    name in the working directory (./NAME, ./recipes, ./cluster_specs), on $PODRUN_*_PATH or given as a path
+    (safefs.input_problem: git's safe.directory rule); podrun's own, which are as trusted as its code, are not
+    asked."""
+    own = project_root()
+    mine = os.path.realpath(own / ("recipes" if kind == "recipe" else "cluster_specs"))
+    for path in paths:
+        if Path(os.path.realpath(path)).is_relative_to(mine):      # realpath: never raises, a loop included
+            return
+        named = Path(name_or_path.rstrip(os.sep) or ".")          # podrun's own of the same name, for the hint
+        named = named.parent if named.name == "recipe.yaml" else named
+        builtin = own / "recipes" / named.name if kind == "recipe" else own / "cluster_specs" / f"{named.stem}.yaml"
+        safefs.check_input(path, f"{kind} {shown_path(name_or_path)}", error=SpecError, hint=(
+            f"podrun runs a {kind} only from folders and files of your own (or root's) that no one else may change, "
+            "as git and OpenSSH do: `chown` it or `chmod go-w` it if it is yours"
+            + (f", or name podrun's own by its path: {builtin}" if _probe(Path.exists, builtin) else "")))
+
+
 def load_cluster(name_or_path: str) -> ClusterSpec:
     path = find_cluster_file(name_or_path)
-    data, src = read_yaml(path, "cluster spec")
+    data, src = read_yaml(path, "cluster spec")          # a device, a FIFO, a huge file: refused there first
+    _check_owner([path], "cluster spec", name_or_path)
     return resolve(build_dataclass(ClusterFile, data, (), src), str(path))
 
 
@@ -126,4 +147,6 @@ def load_recipe(name_or_path: str) -> RecipeSpec:
     data, src = read_yaml(path, "recipe")
     rf = build_dataclass(RecipeFile, data, (), src)
     validate(rf, str(path))
+    script = folder / rf.train_script
+    _check_owner([folder, path, *([script] if _probe(Path.exists, script) else [])], "recipe", name_or_path)
     return RecipeSpec(**{f.name: getattr(rf, f.name) for f in dataclasses.fields(RecipeFile)}, path=str(folder))

@@ -1,33 +1,17 @@
-"""The agent's command line (its lean boot, or python -m podrun.host.agent) as one value: written, then read back."""
+"""The agent's options (after its interpreter's part, podrun.pystart.agent) as one value: written, then read back."""
 from __future__ import annotations
 
 import argparse
 import enum
-import json
 from dataclasses import dataclass
 
+from podrun.pystart import AGENT_MODULE
 from podrun.wire.liveness import HEARTBEAT_MISSES, HEARTBEAT_S
 
-AGENT_MODULE = "podrun.host.agent"
 GRACE_S = 5.0               # --grace: seconds between SIGTERM to the workers and SIGKILL (a failed worker's teardown)
 # --interrupt-grace: seconds between a SIGINT, SIGHUP or SIGUSR1 passed on to the workers and SIGTERM, so that a
 # KeyboardInterrupt handler that saves has time: torchrun's default shutdown timeout (torch.distributed.run)
 INTERRUPT_GRACE_S = 30.0
-
-
-def lean_boot(root: str, version: str) -> str:
-    """The ``-c`` code of an agent started lean (``python -I -S -c CODE OPTIONS``), one line: podrun ``version`` from
-    ``root`` (the directory that holds podrun/) first on the path, without site; where that podrun is not there (a
-    host without this file system) or is another version, the usual start instead (``python -m AGENT_MODULE``, the
-    same options: site, PYTHONPATH), which the interpreter becomes (exec: the same process, the same arguments).
-    Where the host's environment asks for no bytecode files (PYTHONDONTWRITEBYTECODE, which ``-I`` ignores), the
-    lean agent writes none either, as the usual start would not."""
-    # a JSON string is a Python string literal, in double quotes: a shell line quotes them plainly
-    return (f"import os, sys; sys.dont_write_bytecode = bool(os.environ.get(\"PYTHONDONTWRITEBYTECODE\")); "
-            f"r = {json.dumps(root)}; here = os.path.isfile(os.path.join(r, \"podrun\", \"host\", "
-            f"\"agent.py\")) and not sys.path.insert(0, r) and __import__(\"podrun\").__version__ == "
-            f"{json.dumps(version)}; here or os.execv(sys.executable, [sys.executable, \"-m\", "
-            f"{json.dumps(AGENT_MODULE)}, *sys.argv[1:]]); from {AGENT_MODULE} import main; sys.exit(main())")
 
 
 def with_options(argv: list[str], *options: str) -> list[str]:

@@ -12,6 +12,8 @@ import struct
 import subprocess
 import sys
 
+from podrun import pystart
+
 PICK_FROM = 10000          # the lowest port pick_free_port tries
 
 
@@ -64,8 +66,8 @@ def missing_modules(python: str, modules) -> list[str]:
     code = ("import importlib.util,sys; print(' '.join(m for m in sys.argv[1:] "
             "if importlib.util.find_spec(m) is None))")
     try:
-        cp = subprocess.run([python, "-c", code, *modules], stdin=subprocess.DEVNULL, capture_output=True,
-                            text=True, timeout=60, env={**os.environ, "PYTHONSAFEPATH": "1"})
+        cp = pystart.run(pystart.safe(python, *modules, code=code, root=None), stdin=subprocess.DEVNULL,
+                         capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return modules
     if cp.returncode != 0:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.attacker import as_nobody, shared  # noqa: F401 - the fixture
-from tests.harness.podrun_proc import started
+from tests.harness.podrun_proc import ssh_launch_args, started
 from tests.launch.helpers import local_pids, marker, podrun, wait_until
 from tests.ports import free_port
 
@@ -160,3 +160,63 @@ def test_a_stale_control_socket_is_not_trusted_and_is_removed(tmp_path):
     assert not (runs / "dead" / "control.sock").exists()
     named = podrun("stack", "--runs-dir", str(runs), "dead", timeout=60)
     assert named.returncode == 2 and "is not running" in named.stderr and "Traceback" not in named.stderr
+
+
+ALLREDUCE = Path(__file__).resolve().parents[1] / "launch" / "scripts" / "torchrun_allreduce.py"
+
+
+@pytest.mark.parametrize("how", ["local warm", "local cold", "ssh"])
+def test_code_the_other_user_planted_in_a_shared_working_directory_never_runs(how, shared, tmp_path, request):
+    """The other user plants ``podrun/__init__.py`` and ``torch.py`` in a shared (1777) working directory; a run of
+    2 torch workers there (this user's script, kept elsewhere) on this machine warm (its zygote, its store host
+    forked), cold (the store host started) and over ssh (the agents, the zygote and the store host started on the
+    host) imports neither: podrun's helpers start without the working directory on their path (podrun.pystart),
+    and the run succeeds."""
+    plant = {"podrun/__init__.py": "ran-podrun", "torch.py": "ran-torch"}
+    as_nobody(f"mkdir {shared}/podrun && " + " && ".join(
+        f"printf '%s\\n' \"open('{shared}/{mark}', 'w').write('ran')\" > {shared}/{path}"
+        for path, mark in plant.items()))
+    args = ["--workdir", str(shared), *(["--no-warm"] if how == "local cold" else []), "--", sys.executable,
+            str(ALLREDUCE)]
+    if how == "ssh":
+        hosts = request.getfixturevalue("ssh_hosts")
+        argv = ssh_launch_args(hosts, tmp_path / "runs", free_port(2), *args, names=hosts.hosts[:1], devices=2)
+    else:
+        argv = ["launch", "--devices-per-host", "2", "--master-port", str(free_port(2)), "--runs-dir",
+                str(tmp_path / "runs"), *args]
+    cp = podrun(*argv, timeout=150, cwd=str(tmp_path))
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert cp.stdout.count("ALLREDUCE") == 2, cp.stdout
+    assert sorted(p.name for p in shared.iterdir() if p.name.startswith("ran-")) == [], cp.stdout + cp.stderr
+
+
+def test_a_recipe_or_cluster_spec_of_the_other_user_named_like_podruns_own_never_runs(shared, tmp_path):
+    """The other user makes ``resnet18_cifar10/`` (podrun's recipe.yaml, a train.py that leaves a marker) and
+    ``cluster_specs/local.yaml`` in a shared working directory: ``podrun launch resnet18_cifar10`` there, or that
+    folder given by path, and ``podrun plan --cluster local`` are refused, exit 2, one paragraph naming the path, its
+    owner and mode; the train.py never runs."""
+    import shutil
+
+    from podrun.specs import project_root
+
+    own = project_root()
+    stage = shared / "stage"           # this user's, readable by the other
+    stage.mkdir(mode=0o755)
+    shutil.copy(own / "recipes" / "resnet18_cifar10" / "recipe.yaml", stage / "recipe.yaml")
+    shutil.copy(own / "cluster_specs" / "local.yaml", shared / "local.yaml")     # podrun's tree may be private
+    (stage / "train.py").write_text(f"open('{shared}/ran-recipe', 'w').write('ran')\n")
+    runs = ["--runs-dir", str(tmp_path / "runs"), "--master-port", str(free_port(2)), "--devices-per-host", "1"]
+    for plant, argv, path in (
+            (f"mkdir {shared}/resnet18_cifar10 && cp {stage}/*.* {shared}/resnet18_cifar10/",
+             ["launch", *runs, "resnet18_cifar10", "--data", "digits", "--steps", "1"], shared / "resnet18_cifar10"),
+            ("true", ["launch", *runs, str(shared / "resnet18_cifar10"), "--data", "digits"],
+             shared / "resnet18_cifar10"),
+            (f"mkdir {shared}/cluster_specs && cp {shared}/local.yaml {shared}/cluster_specs/",
+             ["plan", "--cluster", "local", "resnet18_cifar10"], shared / "cluster_specs")):
+        as_nobody(plant)
+        cp = podrun(*argv, cwd=str(shared), env={"PODRUN_DATA_DIR": str(tmp_path)})
+        assert cp.returncode == 2 and "Traceback" not in cp.stderr, cp.stdout + cp.stderr
+        first = cp.stderr.splitlines()[0]
+        assert str(path) in first and "nobody" in first and "mode 0" in first, cp.stderr
+        assert f"podrun's own by its path: {own}" in cp.stderr, cp.stderr
+    assert not (shared / "ran-recipe").exists()

@@ -70,26 +70,27 @@ json.dump({"flags": {k: getattr(sys.flags, k) for k in dir(sys.flags) if not k.s
 def test_a_lean_agent_gives_its_workers_what_the_usual_start_gives_and_falls_back_where_podrun_is_elsewhere(
         tmp_path):
     """``agent_argv(lean=True)`` with this python: ``-I -S`` and the lean boot, the same options after it (another
-    python: the usual ``-m``). Started so (on every transport), the agent runs from this podrun's directory; on a host
-    where podrun is not at that path, or is another version there, it becomes the usual ``python -m`` agent (the
-    same process). Either way its worker gets the same interpreter flags, path and environment as under the usual
-    start: the agent's ``-I -S`` reaches no worker."""
+    python, or without lean: the safe start, podrun.pystart). Started so (on every transport), the agent runs from
+    this podrun's directory; on a host where podrun is not at that path, or is another version there, it becomes
+    the safe agent (the same process). Either way its worker gets the same interpreter flags, path and environment
+    as under the usual start (``python -m``): the agent's ``-I -S`` reaches no worker."""
     from podrun.launch.request import LaunchRequest
-    from podrun.wire.agent_args import AGENT_MODULE, lean_boot
+    from podrun.pystart import AGENT_MODULE, lean_boot, module_code
 
     base = dict(run_id="r1", run_dir="/runs/r1", plan=None, plan_path="/runs/r1/plan.json", command=("python", "t.py"),
                 python=sys.executable, workdir="/w", master_addr="10.0.0.1", master_port=29500)
     plain = LaunchRequest(**base).agent_argv(0)
     lean = LaunchRequest(**base).agent_argv(0, lean=True)
-    assert plain[:3] == [sys.executable, "-m", AGENT_MODULE]
+    safe = ["-c", module_code(AGENT_MODULE, root=None)]
+    assert plain[:3] == [sys.executable, *safe]
     assert lean[:4] == [sys.executable, "-I", "-S", "-c"] and lean[5:] == plain[3:]
     assert lean[4] == lean_boot(str(ROOT), __import__("podrun").__version__)
     other = LaunchRequest(**dict(base, python="/usr/bin/python3")).agent_argv(0, lean=True)
-    assert other[:3] == ["/usr/bin/python3", "-m", AGENT_MODULE]
+    assert other[:3] == ["/usr/bin/python3", *safe]
 
     plan = _plan(tmp_path)
     version = __import__("podrun").__version__
-    starts = {"usual": [sys.executable, "-m", AGENT_MODULE],
+    starts = {"usual": [sys.executable, "-m", AGENT_MODULE], "safe": [sys.executable, *safe],
               "lean": [sys.executable, "-I", "-S", "-c", lean_boot(str(ROOT), version)],
               "elsewhere": [sys.executable, "-I", "-S", "-c", lean_boot(str(tmp_path / "nothing"), version)],
               "another version": [sys.executable, "-I", "-S", "-c", lean_boot(str(ROOT), version + ".other")]}
@@ -103,7 +104,8 @@ def test_a_lean_agent_gives_its_workers_what_the_usual_start_gives_and_falls_bac
         views[name] = json.loads(out.read_text())
     agents = {name: views[name].pop("agent") for name in views}
     assert agents["lean"] == ["-I", "-S", "-c"], agents
-    assert all(agents[n] == ["-m", AGENT_MODULE, "--plan"] for n in ("usual", "elsewhere", "another version")), agents
+    assert agents["usual"] == ["-m", AGENT_MODULE, "--plan"], agents
+    assert all(agents[n] == [*safe, "--plan"] for n in ("safe", "elsewhere", "another version")), agents
     assert all(views[n] == views["usual"] for n in views), views
     assert views["usual"]["flags"]["isolated"] == 0 and views["usual"]["flags"]["no_site"] == 0
     # PYTHONDONTWRITEBYTECODE, which -I ignores, holds for the lean agent as for the usual start: no __pycache__
@@ -117,16 +119,17 @@ def test_a_lean_agent_gives_its_workers_what_the_usual_start_gives_and_falls_bac
 
 
 def test_a_warm_agent_whose_zygote_cannot_start_starts_its_workers_cold_at_once(tmp_path):
-    """A lean agent finds podrun at its path, but the zygote it starts as usual (``python -m podrun.host.zygote``,
-    PYTHONPATH first) finds a podrun that fails to import: the first attempt's 2 workers of a torch program start
-    cold at once, with a note naming the zygote's log, instead of waiting FIRST_WAIT_S for a zygote that never
-    listens."""
+    """A lean agent finds podrun at its path, but the zygote it starts (safe: site and PYTHONPATH) ends before it
+    listens (a sitecustomize on PYTHONPATH ends it): the first attempt's 2 workers of a torch program start cold at
+    once, with a note naming the zygote's log, instead of waiting FIRST_WAIT_S for a zygote that never listens."""
     import podrun
-    from podrun.wire.agent_args import lean_boot
+    from podrun.pystart import lean_boot
 
-    broken = tmp_path / "broken" / "podrun"
-    broken.mkdir(parents=True)
-    (broken / "__init__.py").write_text("raise ImportError('not this podrun')\n")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "sitecustomize.py").write_text(
+        "import os, sys\nif any('podrun.host.zygote' in a for a in sys.orig_argv):\n"
+        "    sys.stderr.write('not this podrun\\n'); sys.stderr.flush(); os._exit(1)\n")
     plan = _plan(tmp_path, workers=2)
     code = "import os\nif os.environ.get('NEVER'):\n    import torch\nprint('started', os.environ['LOCAL_RANK'])"
     args = AgentArgs(RunAttempt("r", str(plan), str(plan / "plan.json"), "127.0.0.1", 1), 0,
@@ -134,7 +137,7 @@ def test_a_warm_agent_whose_zygote_cannot_start_starts_its_workers_cold_at_once(
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     cp = subprocess.run([sys.executable, "-I", "-S", "-c", lean_boot(str(ROOT), podrun.__version__),
                          *args.to_argv()], capture_output=True, text=True, timeout=60, cwd=tmp_path,
-                        env={**env, "PYTHONPATH": str(broken.parent)})
+                        env={**env, "PYTHONPATH": str(broken)})
     assert cp.returncode == 0, (cp.stdout, cp.stderr)
     assert "cold start: this host's zygote did not start" in cp.stdout and "zygote" in cp.stdout, cp.stdout
     assert cp.stdout.count("started") == 2, cp.stdout

@@ -46,6 +46,11 @@ def test_worker_commands():
     assert Target(MODULE, "m", ("-a",)).worker_command(py) == [py, "-m", "m", "-a"]
     assert Target(COMMAND, "./x", ("-a",)).worker_command(py) == ["./x", "-a"]
     assert Target(RECIPE, "r", ("-a",)).worker_command(py, "/abs/r/train.py") == [py, "/abs/r/train.py", "-a"]
+    # a module of podrun's own (calibrate's worker) is a helper: started without the working directory on its path
+    from podrun import pystart
+
+    helper = Target(MODULE, "podrun.calibrate.worker", ("-a",)).worker_command(py)
+    assert helper == pystart.safe(py, "-a", module="podrun.calibrate.worker", root=None) and pystart.is_helper(helper)
 
 
 def test_recipe_args_takes_out_one_dashdash_wherever_it_stands():

@@ -430,7 +430,7 @@ def test_the_mutation_checks_table_names_modules_tests_and_functions_that_exist(
         for guard in guards:
             path, _, test = guard.partition("::")
             files = glob.glob(str(root / path))
-            if not files or (test and f"def {test}(" not in Path(files[0]).read_text()):
+            if not files or (test and f"def {test.split('[')[0]}(" not in Path(files[0]).read_text()):    # [a case]
                 missing.append(f"{module}: guard {guard}")
     for module, names in SCOPES.items():
         defined = {n.name for n in ast.walk(ast.parse((root / module).read_text()))

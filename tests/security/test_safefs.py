@@ -171,3 +171,24 @@ def test_a_file_the_user_names_must_be_a_regular_file_and_is_never_waited_on(tmp
     with pytest.raises(safefs.UnsafePath, match="larger than 100"):
         safefs.read_user_file(big, "--hostfile", limit=100)
     assert safefs.read_user_file(big, "--hostfile", limit=101) == b"x" * 101
+
+
+def test_a_directory_of_the_other_user_on_the_way_is_refused_whatever_its_mode(shared):
+    """A directory of the other user on the way (mode 0755: no one else may write it, but its owner may swap what is
+    in it) makes every path below it untrusted: a run's directory made there, a trusted file read there, a recipe
+    found there; this user's own directory of the same mode is fine."""
+    as_nobody(f"mkdir -m 755 {shared}/theirs")
+    below = shared / "theirs" / "mine"
+    below.mkdir(mode=0o755)                  # root may create in it; the other user may still rename it away
+    (below / "f.json").write_text("{}")
+    assert "theirs belongs to nobody" in (safefs.ancestor_problem(below / "runs") or "")
+    with pytest.raises(safefs.UnsafePath, match="theirs belongs to nobody"):
+        safefs.make_dirs(below / "runs" / "r1", "run directory")
+    with pytest.raises(safefs.UnsafePath, match="theirs belongs to nobody"):
+        safefs.read_trusted(below / "f.json", "plan", limit=100)
+    assert "theirs belongs to nobody" in (safefs.input_problem(below / "f.json") or "")
+    mine = shared / "mine"
+    mine.mkdir(mode=0o755)
+    (mine / "f.json").write_text("{}")
+    assert safefs.ancestor_problem(mine / "runs") is None and safefs.input_problem(mine / "f.json") is None
+    assert safefs.read_trusted(mine / "f.json", "plan", limit=100) == b"{}"

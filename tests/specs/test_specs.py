@@ -1,4 +1,5 @@
 """Specs: every shipped spec loads; bad YAML names the file, line and field; host lists parse."""
+import os
 import textwrap
 
 import pytest
@@ -195,3 +196,35 @@ def test_hang_timeout_precedence_cli_recipe_cluster_auto(tmp_path):
     off = load_cluster(str(write(tmp_path, spec_text("\nhang_timeout: off\n"), "off.yaml")))
     assert watch_for(given, plain, off).hang_timeout is None
     assert watch_for(HangOptions("auto"), recipe, off).hang_timeout == "auto"
+
+
+def test_podruns_own_recipes_and_specs_are_not_asked_but_the_same_files_elsewhere_are(tmp_path, monkeypatch):
+    """podrun's own recipes and cluster specs are as trusted as its code: a tree of podrun's whose recipes/ and
+    cluster_specs/ others may write is used as it is; the same folder and file in the working directory are refused
+    (exit 2, naming the path and its mode)."""
+    import shutil
+
+    import podrun.specs as specs
+
+    own = tmp_path / "own"
+    shutil.copytree(specs.project_root() / "recipes" / "resnet18_cifar10", own / "recipes" / "resnet18_cifar10")
+    (own / "cluster_specs").mkdir()
+    shutil.copy(specs.project_root() / "cluster_specs" / "local.yaml", own / "cluster_specs" / "local.yaml")
+    here = tmp_path / "here"
+    shutil.copytree(own, here)
+    for tree in (own, here):
+        for p in (tree / "recipes", tree / "recipes" / "resnet18_cifar10", tree / "cluster_specs",
+                  tree / "cluster_specs" / "local.yaml"):
+            os.chmod(p, 0o777 if p.is_dir() else 0o666)
+    monkeypatch.setattr(specs, "project_root", lambda: own)
+    monkeypatch.delenv("PODRUN_RECIPES_PATH", raising=False)
+    monkeypatch.delenv("PODRUN_CLUSTER_SPECS_PATH", raising=False)
+    monkeypatch.chdir(tmp_path)                        # no recipes/ nor cluster_specs/ here
+    assert specs.load_recipe("resnet18_cifar10").path == str(own / "recipes" / "resnet18_cifar10")
+    assert specs.load_cluster("local").name
+    monkeypatch.chdir(here)
+    for load, name, path in ((specs.load_recipe, "resnet18_cifar10", here / "recipes"),
+                             (specs.load_cluster, "local", here / "cluster_specs")):
+        with pytest.raises(SpecError) as err:
+            load(name)
+        assert str(path) in err.value.message and "mode 0777" in err.value.message, err.value.message

@@ -6,6 +6,7 @@ import string
 import pytest
 from hypothesis import given, strategies as st
 
+from podrun import pystart
 from podrun.launch.request import LaunchRequest
 from podrun.wire import protocol
 from podrun.wire.agent_args import AGENT_MODULE, AgentArgs, CpuBind, FromEnv, RunAttempt
@@ -165,6 +166,6 @@ def test_the_agent_command_line_is_unchanged(name, index, kw, options):
                 env=(("A", "1"),), listen_fd=7, needs=("torch", "numpy"), warm=True, agent_store=False)
     bound = dict(full, cpu_bind=CpuBind("list", ((0, 1, 2, 3, 8), (4, 5, 6, 7))))
     req = LaunchRequest(**{"plain": base, "full": full, "bound": bound}[name])
-    argv = ["/usr/bin/python3", "-m", AGENT_MODULE, *options.split(" ")]
+    argv = [*pystart.safe("/usr/bin/python3", module=AGENT_MODULE, root=None), *options.split(" ")]
     assert req.agent_argv(*index, **kw) == argv
     assert AgentArgs.parse(argv[3:]).to_argv() == argv[3:]

@@ -26,7 +26,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 import podrun
-from podrun import safefs
+from podrun import pystart, safefs
 from podrun.errors import LaunchError, PodrunError
 from podrun.launch.transports.base import InstanceHandle, Problem, StreamMerger, Transport
 from podrun.launch.transports.join import JoiningLauncher
@@ -477,7 +477,7 @@ def ssh_preflight(request, hosts: list[str], options: MpiOptions, timeout: float
     base = [ssh, *_ssh_options(options)]
 
     def check(host: str) -> Problem | None:
-        argv = base + [host, shlex.join([request.python, "-c", probe])]
+        argv = base + [host, shlex.join(pystart.safe(request.python, code=probe, root=None))]
         try:
             p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
                                stdin=subprocess.DEVNULL)

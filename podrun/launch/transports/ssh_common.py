@@ -14,6 +14,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import podrun
+from podrun import pystart
 from podrun.errors import LaunchError, PreflightError
 from podrun.wire import protocol
 from podrun.launch.request import NO_WORKDIR
@@ -171,7 +172,8 @@ class HeldAgentTransport(Transport):
         code = (f"from podrun.wire.probe import interface_address as i, interface_addresses as a, "
                 f"interface_addresses6 as b; print(i({ifname!r}) or '', ' '.join(sorted(set(a()) | set(b()))))")
         try:
-            rc, out, err = self.run_command(host, shlex.join([self.request.python, "-c", code]), PROBE_TIMEOUT)
+            line = shlex.join(pystart.safe(self.request.python, code=code, root=None))
+            rc, out, err = self.run_command(host, line, PROBE_TIMEOUT)
         except BaseException as exc:  # noqa: BLE001
             raise PreflightError([self._problem(host, exc)]) from None
         if rc != 0:
