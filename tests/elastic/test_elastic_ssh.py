@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.rundir.account_check import assert_adds_up
+from tests.rundir.account_check import assert_adds_up, process_start
 from tests.launch.helpers import end, marker, podrun, podrun_popen, run_dir, summary, wait_output, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
@@ -36,9 +36,9 @@ def reference_run(hosts, tmp_path, train: list[str]) -> dict[int, dict]:
     """train run to its end on every host under tmp_path/ref (global batch 12, no elastic); its steps."""
     t0 = time.time()
     ref = podrun(*launch_args(hosts, hosts.hosts, tmp_path, "ref", "--global-batch", "12"), "--", *train, timeout=180)
-    wall = time.time() - t0
+    t1 = time.time()
     assert ref.returncode == 0, ref.stderr
-    acc = assert_adds_up(run_dir(tmp_path / "ref"), wall)      # a clean run's account: no failure in it
+    acc = assert_adds_up(run_dir(tmp_path / "ref"), (t0, t1))      # a clean run's account: no failure in it
     assert acc["seconds"]["failure"] == 0 and acc["seconds"]["training"] > 0, acc
     return steps(run_dir(tmp_path / "ref"))
 
@@ -73,16 +73,17 @@ def test_lost_host_continues_on_3_hosts_with_the_same_global_batch_and_loss_curv
     t0 = time.time()
     p = podrun_popen(*launch_args(hosts, hosts.hosts, tmp_path, "el", "--global-batch", "12", "--elastic", "2",
                                   "--max-restarts", "2"), "--", *train)
+    began = process_start(p.pid)
     try:
         wait_step(tmp_path / "el", 8, 90)
         hosts.isolate("h3")
         lost = time.time()
         out, err = p.communicate(timeout=180)
-        wall = time.time() - t0
+        t1 = time.time()
     finally:
         end(p)
     assert p.returncode == 0, err
-    acc = assert_adds_up(run_dir(tmp_path / "el"), wall)      # the loss's detection and the re-plan are failure
+    acc = assert_adds_up(run_dir(tmp_path / "el"), (t0, t1), began)      # the loss's detection and the re-plan are failure
     assert acc["seconds"]["failure"] > 0 and len(acc["attempts"]) == 2, acc
     line = [l for l in err.splitlines() if "elastic:" in l]
     assert len(line) == 1 and line[0].startswith("podrun: elastic: dropping h3 (host h3 lost"), err
