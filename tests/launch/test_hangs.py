@@ -82,7 +82,7 @@ def test_a_stalled_rank_is_found_its_stack_shown_and_the_run_ended(tmp_path, mod
         for x in (p, *others):
             end(x)
     assert p.returncode == HANG_EXIT, err
-    acc = assert_adds_up(run_dir(tmp_path / "runs"), (t0, t1), began)     # the run's account: the hang's silence is failure
+    acc = assert_adds_up(run_dir(tmp_path / "runs"), (t0, t1), began)   # the account: the hang's silence is failure
     assert acc["seconds"]["failure"] >= WINDOW, acc
     assert f"no progress from any rank for {WINDOW:.1f} s (--hang-timeout {WINDOW:g})" in err
     rd = run_dir(tmp_path / "runs")
