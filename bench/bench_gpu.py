@@ -208,7 +208,7 @@ def measure(quick: bool, device: str = "cuda", models=MODELS, compile: bool = Tr
             ips, errors = _timed(subjects, repeats, batch, device)
             timm_ips = ips.pop("timm, plain loop", None)
             peers[ours] = statistics.median(timm_ips) if timm_ips else None
-            if ours == "vit_b16":
+            if ours == "vit_b16" and peak:         # the FLOPs serve the MFU alone, which needs the device's peak
                 flops[ours] = train_flops(pm.build(ours, 1000, **kw), batch, size, device) / batch
                 _free(device)
             if timm is None:

@@ -466,7 +466,7 @@ def run_account(run_dir: str, attempts: list[dict], launch_no: int, log) -> dict
             for a in attempts if a.get("launch") == launch_no and isinstance(a.get("started"), float)
             and isinstance(a.get("ended"), float)]
     moments = Moments(process_started(), time.time(), submitted, float(started) if started.isdigit() else None)
-    return {**account(moments, mine, log).to_dict(), "until": moments.exit}
+    return {**account(moments, mine, log).to_dict(), "since": moments.start, "until": moments.exit}
 
 
 def close_account(run_dir: str, summary: dict) -> None:

@@ -28,6 +28,11 @@ class Moments:
     submitted: float | None = None
     job_started: float | None = None
 
+    @property
+    def start(self) -> float:
+        """The account's first moment: the submission when it came first, else podrun launch's start."""
+        return self.launch_start if self.submitted is None else min(self.submitted, self.launch_start)
+
 
 @dataclass(frozen=True)
 class AttemptTimes:
@@ -147,7 +152,7 @@ def account(m: Moments, attempts: Sequence[AttemptTimes], log: StepLog) -> Accou
                                                  if nxt.started <= t <= nxt.ended), 0)
         parts.append(attempt_part(a, log, resumed if isinstance(resumed, int) else None, nxt is None))
     total = dict.fromkeys(CATEGORIES, 0.0)
-    start = m.launch_start if m.submitted is None else min(m.submitted, m.launch_start)
+    start = m.start
     queued_until = m.launch_start if m.job_started is None else min(max(m.job_started, start), m.launch_start)
     total["queue"], total["launch"] = queued_until - start, m.launch_start - queued_until
     t = m.launch_start

@@ -1,6 +1,6 @@
-"""Warm restarts (podrun.host.zygote) on real OpenSSH hosts in network namespaces: an elastic run whose
-re-planned workers are forked by each host's zygote, a zygote killed mid-run (the next attempt starts cold),
-and runs that leave no zygote behind."""
+"""Warm restarts (podrun.host.zygote) on real OpenSSH hosts in network namespaces: an elastic run that loses a host
+and goes on with the same global batch and loss curve, its re-planned workers forked by each host's zygote; a
+zygote killed mid-run (the next attempt starts cold), and runs that leave no zygote behind."""
 from __future__ import annotations
 
 import json
@@ -8,11 +8,13 @@ import os
 import re
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from tests.elastic.test_elastic_ssh import launch_args, reference_run, steps, wait_step
+from tests.rundir.account_check import assert_adds_up, process_start
 from tests.launch.helpers import end, local_pids, podrun, podrun_popen, run_dir, summary, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
@@ -48,10 +50,17 @@ def probes(rd: Path) -> list[dict]:
 
 @pytest.mark.torch
 @pytest.mark.timeout(480)
-def test_elastic_restart_forks_workers_from_the_zygote_with_the_same_losses(make_ssh_hosts, tmp_path):
+def test_lost_host_continues_on_3_hosts_with_the_same_loss_curve_its_workers_forked_by_the_zygotes(make_ssh_hosts,
+                                                                                                     tmp_path):
+    """h3's link is cut after step 8 of an --elastic run on 4 hosts: podrun drops h3, re-plans 4 -> 3 hosts at the
+    same global batch (GA 3 -> 4), and the run ends 0 with the loss curve of a reference run that lost nothing, to
+    float rounding; the re-planned workers (and rank 0's store host) are forked by each host's zygote; the run's
+    account has the loss's detection and re-plan as failure; its zygotes end with it. (One run for the lost host
+    and the warm restart: each took its own 4 hosts, reference run and elastic run.)"""
     hosts = make_ssh_hosts(4)
     train = [sys.executable, TRAIN, "--steps", "24", "--sleep", "0.15"]
     reference = reference_run(hosts, tmp_path, train)
+    assert sorted(reference) == list(range(1, 25)) and {r["world_size"] for r in reference.values()} == {4}
     # a run that cannot restart starts no zygote
     assert not (run_dir(tmp_path / "ref") / "zygote").exists()
     assert "warm start" not in (run_dir(tmp_path / "ref") / "instance-0.log").read_text()
@@ -59,8 +68,10 @@ def test_elastic_restart_forks_workers_from_the_zygote_with_the_same_losses(make
     # the run waits after step 8 until every host's zygote listens (it imports at SCHED_IDLE: on a busy
     # machine that takes long, and an agent that finds no zygote starts its worker cold)
     go = tmp_path / "go"
+    t0 = time.time()
     p = podrun_popen(*launch_args(hosts, hosts.hosts, tmp_path, "el", "--global-batch", "12", "--elastic", "2",
                                   "--max-restarts", "2"), "--", *train, "--hold-after", "8", "--hold-until", str(go))
+    began = process_start(p.pid)
     try:
         wait_step(tmp_path / "el", 8, 120)
         assert wait_until(lambda: len(zygotes(tmp_path / "el")) == 4, 60), "no zygote on every host"
@@ -69,25 +80,40 @@ def test_elastic_restart_forks_workers_from_the_zygote_with_the_same_losses(make
         hosts.isolate("h3")
         go.touch()
         _, err = p.communicate(timeout=200)
+        t1 = time.time()
     finally:
         end(p)
     assert p.returncode == 0, err
-    assert "re-planned 4 -> 3 hosts: 1 x 4 x GA 3 -> 1 x 3 x GA 4 = global batch 12" in err, err
+    line = [l for l in err.splitlines() if "elastic:" in l]
+    assert len(line) == 1 and line[0].startswith("podrun: elastic: dropping h3 (host h3 lost"), err
+    assert "re-planned 4 -> 3 hosts: 1 x 4 x GA 3 -> 1 x 3 x GA 4 = global batch 12" in line[0]
+    acc = assert_adds_up(run_dir(tmp_path / "el"), (t0, t1), began)    # the loss's detection and re-plan: failure
+    assert acc["seconds"]["failure"] > 0 and len(acc["attempts"]) == 2, acc
     rd = run_dir(tmp_path / "el")
     logs = {i: (rd / f"instance-{i}.log").read_text() for i in range(3)}
     for i, text in logs.items():     # every worker of the re-planned attempt was forked by its host's zygote
         assert re.search(r"# podrun agent: warm start: local rank 0 forked by the zygote \(pid \d+\)", text), (i, text)
     assert re.search(r"# podrun agent: warm start: the store host forked by the zygote", logs[0]), logs[0]
     got = steps(rd)
-    assert sorted(got) == list(range(1, 25)) and got[24]["world_size"] == 3
-    for s in range(1, 25):
+    assert sorted(got) == list(range(1, 25))
+    assert {got[s]["world_size"] for s in range(1, 9)} == {4} and got[24]["world_size"] == 3
+    for s in range(1, 25):           # the same curve as the run that lost nothing, to float rounding
         assert got[s]["loss"] == pytest.approx(reference[s]["loss"], rel=1e-5, abs=1e-7), s
-    rp = summary(tmp_path / "el")["elastic"]["replans"]
-    assert len(rp) == 1 and rp[0]["hosts_lost"] == ["h3"]
+    s = summary(tmp_path / "el")
+    assert s["exit_code"] == 0 and s["status"] == "ok"
+    assert [a["plan"] for a in s["attempts"]] == ["plan-0.json", "plan-1.json"]
+    rp = s["elastic"]["replans"]
+    assert len(rp) == 1 and rp[0]["hosts_lost"] == ["h3"] and rp[0]["at_step"] >= 8
+    assert rp[0]["old"]["hosts"] == hosts.hosts and rp[0]["new"]["hosts"] == ["h1", "h2", "h4"]
+    assert rp[0]["old"]["global_batch"] == rp[0]["new"]["global_batch"] == 12
+    assert rp[0]["training_after_s"] is not None and rp[0]["training_after_s"] > rp[0]["restarted_after_s"] > 0
+    for name, n in (("plan-0.json", 4), ("plan-1.json", 3), ("plan.json", 3)):
+        plan = json.loads((rd / name).read_text())
+        assert len(plan["hosts"]) == n and plan["global_batch"] == 12
     # the run is over: its zygotes (h3's too, behind its cut link) end with it
     assert wait_until(lambda: not zygotes(tmp_path / "el", watchers=True), 15), zygotes(tmp_path / "el", True)
     assert not (rd / "zygote").exists()
-    print(f"elastic record: {rp[0]}")
+    print(f"elastic record: {json.dumps(rp[0])}")
 
 
 @pytest.mark.torch

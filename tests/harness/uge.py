@@ -72,12 +72,13 @@ class GridEngineCluster(NetnsHosts):
         self.sge_root = self.run_dir / "sge"
         self.cell_dir = self.sge_root / CELL
         self.jobs_dir = self.run_dir / "jobs"
+        self.tmp_dir = self.run_dir / "tmp"
         self._write_cell()
         self._spool_objects()
         self._start_qmaster()
         # the queue through the qmaster: only it makes the queue's instances on each host
         queue = self.run_dir / "sge-objects" / "queue"
-        queue.write_text(_queue(self.nodes, self.slots_per_host))
+        queue.write_text(_queue(self.nodes, self.slots_per_host, self.tmp_dir))
         self.run(["qconf", "-Aq", str(queue)])
         self._start_execds(self.nodes)
         wait_for(self._all_up, 60, f"Grid Engine exec hosts {', '.join(self.nodes)} to report "
@@ -177,8 +178,10 @@ class GridEngineCluster(NetnsHosts):
         for sub in ("spool/qmaster", "spool/execd"):
             (self.cell_dir / sub).mkdir(parents=True)
         self.jobs_dir.mkdir()
+        self.tmp_dir.mkdir()
         os.chmod(self.run_dir, 0o755)      # jobs read files under it
         os.chmod(self.jobs_dir, 0o777)
+        os.chmod(self.tmp_dir, 0o1777)
         (common / "bootstrap").write_text(f"""\
 admin_user              none
 default_domain          none
@@ -335,7 +338,9 @@ default_duration INFINITY
 """
 
 
-def _queue(nodes: Sequence[str], slots: int) -> str:
+def _queue(nodes: Sequence[str], slots: int, tmp_dir: Path) -> str:
+    """The queue over every node; a job's TMP (TMP_DIR/JOB.TASK.QUEUE, made at its start and removed at its end) is
+    under the cell's own folder: in /tmp, the machine's other cells' jobs of the same id would remove it."""
     return f"""\
 qname                 {QUEUE}
 hostlist              {' '.join(nodes)}
@@ -352,7 +357,7 @@ ckpt_list             NONE
 pe_list               {PE}
 rerun                 FALSE
 slots                 {slots}
-tmpdir                /tmp
+tmpdir                {tmp_dir}
 shell                 /bin/bash
 prolog                NONE
 epilog                NONE

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from tests.harness.common import NETNS_DIR, cmdline
-from tests.harness.uge import PE, GridEngineCluster
+from tests.harness.uge import PE, QUEUE, GridEngineCluster
 
 pytestmark = [pytest.mark.uge, pytest.mark.timeout(120)]
 
@@ -24,16 +24,19 @@ def test_every_host_resolves_every_other_both_ways_as_grid_engine_does(uge_clust
 
 
 def test_pe_job_lists_one_line_per_host_and_runs_with_the_cells_bare_env(uge_cluster):
+    """The job's TMP is under the cell's own folder: in /tmp (shared by the machine's cells), another cell's job of
+    the same id would remove it at its end while this one runs."""
     ge = uge_cluster
     script = ge.jobs_dir / "pe.sh"
-    script.write_text("#!/bin/bash\ncat \"$PE_HOSTFILE\"\necho \"ROOT=$SGE_ROOT PATH=$PATH\"\nhostname\nexit 4\n")
+    script.write_text("#!/bin/bash\ncat \"$PE_HOSTFILE\"\necho \"ROOT=$SGE_ROOT TMP=$TMP PATH=$PATH\"\nhostname\n"
+                      "test -d \"$TMP\" || exit 5\nexit 4\n")
     job = ge.qsub(["-pe", PE, "3", "-o", str(ge.jobs_dir), "-j", "y", str(script)])
     acct = ge.wait_job(job)
     assert acct["exit_status"] == "4" and acct["granted_pe"] == PE and acct["slots"] == "3", acct
     out = (ge.jobs_dir / f"pe.sh.o{job}").read_text().splitlines()
     assert sorted(line.split()[0] for line in out[:3]) == ge.nodes
     assert all(line.split()[1] == "1" for line in out[:3])          # allocation_rule 1: one slot per host
-    assert out[3].startswith(f"ROOT={ge.sge_root} ") and "/root/.pyenv" not in out[3]
+    assert out[3].startswith(f"ROOT={ge.sge_root} TMP={ge.tmp_dir}/{job}.1.{QUEUE} ") and "/root/.pyenv" not in out[3]
     assert out[4] == acct["hostname"] == out[0].split()[0]            # the job runs on the first host
 
 

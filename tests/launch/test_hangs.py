@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.rundir.account_check import assert_adds_up
+from tests.rundir.account_check import assert_adds_up, process_start
 from tests.ports import free_port
 from tests.launch.helpers import (SCRIPTS, end, local_pids, marker, podrun, podrun_popen, run_dir, start_copies,
                                   summary, wait_output, wait_until)
@@ -73,15 +73,16 @@ def test_a_stalled_rank_is_found_its_stack_shown_and_the_run_ended(tmp_path, mod
     args = ("launch", "--devices-per-host", "1" if joined else "2", "--runs-dir", str(tmp_path / "runs"),
             "--hang-timeout", str(WINDOW), "--", sys.executable, HANG, "--mode", mode, "--tag", m)
     p, others = start_copies(*args) if joined else (podrun_popen(*args), [])
+    began = process_start(p.pid)
     try:
         wait_output(p, "step 4 rank 1", 90)
         out, err = p.communicate(timeout=120)     # a hang guard: the stalled rank waits an hour
-        wall = time.time() - t0
+        t1 = time.time()
     finally:
         for x in (p, *others):
             end(x)
     assert p.returncode == HANG_EXIT, err
-    acc = assert_adds_up(run_dir(tmp_path / "runs"), wall)     # the run's account: the hang's silence is failure
+    acc = assert_adds_up(run_dir(tmp_path / "runs"), (t0, t1), began)   # the account: the hang's silence is failure
     assert acc["seconds"]["failure"] >= WINDOW, acc
     assert f"no progress from any rank for {WINDOW:.1f} s (--hang-timeout {WINDOW:g})" in err
     rd = run_dir(tmp_path / "runs")

@@ -1,8 +1,8 @@
 """The run's account (podrun.rundir.account): every second in one category, the work redone after a failure, a
 restart's cost, the queue; the progress line's goodput so far. The real runs' accounts are checked where the fault
-tests make them (tests/rundir/account_check.py: a clean run and a cut host in tests/elastic/test_elastic_ssh.py, a
-worker crash in tests/train/test_resume.py, a hang in tests/launch/test_hangs.py, Ctrl-C in
-tests/faults/test_interrupt_and_stdin.py)."""
+tests make them (tests/rundir/account_check.py: a clean run in tests/elastic/test_elastic_ssh.py, a cut host in
+tests/elastic/test_warm.py, a worker crash in tests/train/test_resume.py, a hang in tests/launch/test_hangs.py,
+Ctrl-C in tests/faults/test_interrupt_and_stdin.py)."""
 from __future__ import annotations
 
 import pytest

@@ -13,7 +13,7 @@ from podrun.train import checkpoint as ckpt
 from podrun.rundir.metrics import latest_by_step, read_metrics
 from tests.harness.podrun_proc import started
 from tests.ports import free_port
-from tests.rundir.account_check import assert_adds_up
+from tests.rundir.account_check import assert_adds_up, process_start
 from tests.train.train_procs import (assert_same_final_weights, kill_a_save_in_flight, kill_mid_run, outside_env,
                                     start_workers, train_opts, wait_all, wait_for_step)
 
@@ -97,15 +97,16 @@ def test_podrun_launch_max_restarts_resumes_from_the_newest_snapshot(tmp_path):
     with started("launch", "--max-restarts", "1", "--global-batch", "32", "--master-port", free_port(2),
                  "--runs-dir", tmp_path / "runs", "--run-id", run_id, root / "recipes" / "resnet18_cifar10",
                  *train_args, cwd=tmp_path, env=outside_env(), merge=True) as launcher:
+        began = process_start(launcher.pid)
         wait_for_step(run_dir, 12, [launcher], timeout=120)
         pids = _workers_with(seed)
         assert len(pids) == 2, pids
         os.kill(int(pids[-1]), signal.SIGKILL)
         out, _ = launcher.communicate(timeout=150)
-        wall = time.time() - t0
+        t1 = time.time()
     assert launcher.returncode == 0, out[-3000:]
-    # the run's account adds up to the wall; the restart and the steps redone after the crash are failure
-    acc = assert_adds_up(run_dir, wall)
+    # the run's account adds up to its span; the restart and the steps redone after the crash are failure
+    acc = assert_adds_up(run_dir, (t0, t1), began)
     assert acc["seconds"]["failure"] > 0 and len(acc["attempts"]) == 2 and acc["attempts"][1]["goodput"] > 0
     records = read_metrics(run_dir)
     resume = [r for r in records if r.get("event") == "resume"]

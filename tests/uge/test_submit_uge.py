@@ -21,6 +21,7 @@ from podrun.jobscript.submit import GONE_GRACE_S
 from tests.engines.conftest import ALLREDUCE, assert_allreduce_job_done, results
 from tests.harness.podrun_proc import PODRUN
 from tests.launch.helpers import run_dir as only_run_dir      # these tests name their run dir run_dir
+from tests.launch.helpers import wait_until
 
 pytestmark = [pytest.mark.uge, pytest.mark.cluster]
 
@@ -151,7 +152,7 @@ def test_cancel_ends_running_job_everywhere(uge_cluster, tmp_path, transport):
         time.sleep(0.2)
     said = int(ge.accounting(rec["job_id"])["exit_status"].split()[0])      # qacct's, as it is (137)
     assert (after["state"], after["exit_code"]) == ("CANCELLED", said), after
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60      # a hang guard: the other hosts' agents end theirs when their channel closes
     left = {}
     while time.monotonic() < deadline:
         left = {n: ge.processes(n, f"{marker}|podrun.host.agent|podrun launch|sge_shepherd|prted|qrsh")
@@ -183,24 +184,30 @@ def test_unknown_job_id_exit_2(uge_cluster, tmp_path):
                 aside.rename(accounting)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 def test_status_of_pending_and_running_jobs(uge_cluster, tmp_path):
     """The real qstat: a job that cannot be placed (4 hosts asked of 3) is PENDING; a running one is
     RUNNING on its master host; podrun cancel ends both."""
     ge = uge_cluster
     pending = ge.qsub(["-pe", "podrun", "4", "-o", "/dev/null", "-j", "y", "-b", "y", "/bin/true"])
-    running = ge.qsub(["-pe", "podrun", "1", "-o", "/dev/null", "-j", "y", "-b", "y", "/bin/sleep", "120"])
+    running = ge.qsub(["-pe", "podrun", "1", "-o", "/dev/null", "-j", "y", "-b", "y", "/bin/sleep", "600"])
 
     def status(job):
         p = podrun(ge, ["status", job, "--scheduler", "uge", "--json"], tmp_path)
         assert p.returncode == 0, p.stderr
         return json.loads(p.stdout)
 
-    deadline = time.monotonic() + 30       # qw, then t (transferring, which podrun reads as RUNNING), then r
-    while (info := status(running))["native"] != "r" and time.monotonic() < deadline:
-        time.sleep(0.3)
+    # qw, then t (transferring, which podrun reads as RUNNING), then r: waited for with the real qstat (a podrun
+    # call a poll would cost seconds of CPU on a loaded machine), then podrun's status of each job once
+    def letters(job):
+        return next((p[4] for p in map(str.split, ge.run(["qstat"]).stdout.splitlines()) if p[:1] == [job]
+                     and len(p) > 4), None)
+
+    assert wait_until(lambda: letters(running) == "r", 90, 0.3), ge.run(["qstat"]).stdout
+    info = status(running)
     assert info["state"] == "RUNNING" and info["native"] == "r" and info["nodes"] in ge.nodes, info
-    assert (status(pending)["state"], status(pending)["native"]) == ("PENDING", "qw")
+    info = status(pending)
+    assert (info["state"], info["native"]) == ("PENDING", "qw"), info
     for job, was in ((pending, "PENDING"), (running, "RUNNING")):
         t0 = time.monotonic()
         c = podrun(ge, ["cancel", job, "--scheduler", "uge", "--json"], tmp_path)
