@@ -4,15 +4,13 @@ seconds, the step split), each evaluation's, and the account at each summary (se
 runs/<id>/tensorboard/ through tensorboard's own event writer; `tensorboard --logdir runs/` shows them."""
 from __future__ import annotations
 
-import json
-import os
 import threading
 from pathlib import Path
 
 from podrun.launch.observe import RunObserver
 from podrun.rundir.account import CATEGORIES
 from podrun.rundir.layout import METRICS, TENSORBOARD as SUBDIR, private_subdir
-from podrun.rundir.metrics import well_formed
+from podrun.rundir.metrics import new_records
 
 FOLLOW_S = 1.0                 # how often metrics.jsonl is read for new records
 MISSING = ("podrun: --tensorboard needs tensorboard (pip install 'podrun[metrics]'); the run goes on without "
@@ -94,23 +92,9 @@ class EventFiles(RunObserver):
         with self.lock:
             if self.writer is None:
                 return
-            try:
-                fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
-            except OSError:
-                return
-            try:
-                size = os.fstat(fd).st_size
-                data = os.pread(fd, max(size - self.offset, 0), self.offset) if size > self.offset else b""
-            finally:
-                os.close(fd)
-            whole = data[:data.rfind(b"\n") + 1]
-            self.offset += len(whole)
-            for raw in whole.splitlines():
-                try:
-                    r = json.loads(raw)
-                except ValueError:
-                    continue
-                if not isinstance(r, dict) or not well_formed(r) or not isinstance(r.get("step"), int):
+            records, self.offset = new_records(self.path, self.offset)
+            for r in records:
+                if not isinstance(r.get("step"), int):
                     continue
                 self.last_step = max(self.last_step, r["step"])
                 self._add(r["step"], float(r.get("time", 0.0)), scalars(r))

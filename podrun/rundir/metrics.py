@@ -209,27 +209,40 @@ class StepLogFeed:
 
     def follow(self, run_dir: str | os.PathLike) -> StepLog:
         """The whole lines written to ``run_dir``'s metrics.jsonl since the last call taken in; the log so far."""
-        with contextlib.suppress(OSError):
-            fd = os.open(Path(run_dir) / METRICS, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-            try:
-                size = os.fstat(fd).st_size
-                data = os.pread(fd, size - self.offset, self.offset) if size > self.offset else b""
-            finally:
-                os.close(fd)
-            whole = data[:data.rfind(b"\n") + 1]
-            self.offset += len(whole)
-            for raw in whole.splitlines():
-                try:
-                    r = json.loads(raw.decode("utf-8"))
-                except (UnicodeDecodeError, ValueError, RecursionError):
-                    continue
-                if isinstance(r, dict) and well_formed(r):
-                    self.add(r)
+        records, self.offset = new_records(Path(run_dir) / METRICS, self.offset)
+        for r in records:
+            self.add(r)
         return self.log()
 
     def log(self) -> StepLog:
         return StepLog(tuple(self.steps), tuple(self.starts), self.end,
                        *(tuple(self.timed[k]) for k in ("step", "eval", "checkpoint")))
+
+
+def new_records(path: str | os.PathLike, offset: int) -> tuple[list[dict[str, Any]], int]:
+    """The well-formed records of the whole lines written to the metrics file ``path`` past byte ``offset`` (a file
+    that is missing or a link: none), and the offset after them: a live view's way to follow metrics.jsonl."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return [], offset
+    try:
+        size = os.fstat(fd).st_size
+        data = os.pread(fd, size - offset, offset) if size > offset else b""
+    except OSError:
+        return [], offset
+    finally:
+        os.close(fd)
+    whole = data[:data.rfind(b"\n") + 1]
+    records = []
+    for raw in whole.splitlines():
+        try:
+            r = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            continue
+        if isinstance(r, dict) and well_formed(r):
+            records.append(r)
+    return records, offset + len(whole)
 
 
 def is_integer(v: Any) -> bool:
