@@ -200,6 +200,18 @@ class BadSample:
         return f"bad sample {self.index}: {self.path}: {self.reason}"
 
 
+def decoding(bad_samples: str, decoder: str | None):
+    """An image dataset's ``--bad-samples`` policy, checked, and the decoder it uses (decode.pick's)."""
+    from podrun.train import decode
+
+    if bad_samples not in BAD_SAMPLES:
+        raise DataError(f"--bad-samples {bad_samples!r}: expected one of {', '.join(BAD_SAMPLES)}")
+    try:
+        return bad_samples, decode.pick(decoder)
+    except decode.DecodeError as exc:
+        raise DataError(str(exc), hint=f"unset ${decode.DECODER_ENV}, or install the decoder it names") from None
+
+
 class FolderDataset(ImageDataset):
     """ImageNet-style ``split/<class>/*.jpg|png``: decoded by podrun.train.decode's fastest decoder, cropped and
     resized to image_size.
@@ -213,16 +225,8 @@ class FolderDataset(ImageDataset):
 
     def __init__(self, root: Path, image_size: int, classes: list[str] | None = None, seed: int = 0,
                  bad_samples: str = "fail", decoder: str | None = None):
-        from podrun.train import decode
-
         self.root, self.image_size, self.seed, self.name = root, image_size, seed, "folder"
-        if bad_samples not in BAD_SAMPLES:
-            raise DataError(f"--bad-samples {bad_samples!r}: expected one of {', '.join(BAD_SAMPLES)}")
-        self.bad_samples = bad_samples
-        try:
-            self.decoder = decode.pick(decoder)
-        except decode.DecodeError as exc:
-            raise DataError(str(exc), hint=f"unset ${decode.DECODER_ENV}, or install the decoder it names") from None
+        self.bad_samples, self.decoder = decoding(bad_samples, decoder)
         if not root.is_dir():
             raise DataError(f"{root}: folder not found", hint=TREE_HINT)
         found = sorted(p.name for p in root.iterdir() if p.is_dir())

@@ -91,7 +91,6 @@ def pack_split(src: Path, out: Path, shard_size: int, progress=None, classes: li
                     data = path.read_bytes()
                     info = tarfile.TarInfo(f"{key}{path.suffix.lower()}")
                     info.size, info.mtime, info.mode = len(data), 0, 0o644
-                    before = tar.offset
                     tar.addfile(info, io.BytesIO(data))
                     padded = -(-len(data) // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
                     shard_of.append(s)
@@ -154,17 +153,10 @@ class ShardDataset(FolderDataset):
 
     def __init__(self, root: Path, image_size: int, seed: int = 0, bad_samples: str = "fail",
                  decoder: str | None = None, classes: list[str] | None = None):
-        from podrun.train import decode
-        from podrun.train.data import BAD_SAMPLES
+        from podrun.train.data import decoding
 
         self.root, self.image_size, self.seed, self.name = root, image_size, seed, "shards"
-        if bad_samples not in BAD_SAMPLES:
-            raise DataError(f"--bad-samples {bad_samples!r}: expected one of {', '.join(BAD_SAMPLES)}")
-        self.bad_samples = bad_samples
-        try:
-            self.decoder = decode.pick(decoder)
-        except decode.DecodeError as exc:
-            raise DataError(str(exc), hint=f"unset ${decode.DECODER_ENV}, or install the decoder it names") from None
+        self.bad_samples, self.decoder = decoding(bad_samples, decoder)
         try:
             index = json.loads((root / INDEX).read_text(encoding="utf-8"))
             assert index.get("format") == FORMAT, f"format {index.get('format')!r}, not {FORMAT}"
