@@ -5,6 +5,7 @@ import re
 from dataclasses import dataclass, fields, replace
 from typing import Mapping, Sequence
 
+from podrun import pystart
 from podrun.errors import HostError, PodrunError
 from podrun.jobscript.job import JobRequest, JobScriptError, check_directive_value, check_scheduler, validate
 from podrun.launch.engines import EngineKind, engine_of
@@ -22,10 +23,10 @@ __all__ = [
 @dataclass(frozen=True)
 class JobOptions:
     """What a job script is asked for beside its plan: the scheduler and its directives, the job's environment,
-    and what its `PYTHON -m podrun launch` runs (`podrun script` and `podrun submit` build one from their options)."""
+    and what its `podrun launch` runs (`podrun script` and `podrun submit` build one from their options)."""
 
     scheduler: str
-    python: str                                 # the interpreter the job runs `-m podrun launch` with
+    python: str                                 # the interpreter the job runs `podrun launch` with
     recipe: str | None = None                   # None: a script (``script``) or a command (``args``)
     args: Sequence[str] = ()
     script: str | None = None                   # a Python script the job's launch runs with ``args`` (as launch does)
@@ -70,14 +71,18 @@ def default_job_name(plan) -> str:
 
 def launch_argv(plan, *, python: str, recipe: str | None, transport: str | None, cluster: str | None = None,
                 args: Sequence[str] = (), launch_options: Sequence[str] = (), script: str | None = None) -> list[str]:
-    """`PYTHON -m podrun launch` inside the allocation, pinned to the same plan: the same cluster spec,
+    """`podrun launch` inside the allocation, pinned to the same plan: the same cluster spec,
     hosts count, devices per host, instances per host, and (for a recipe) global batch, local batch
     and GA. PYTHON is the interpreter whose podrun wrote the script (the CLI passes sys.executable),
-    so the job needs no podrun on PATH, nor an activated virtualenv. The hosts themselves come from
+    so the job needs no podrun on PATH, nor an activated virtualenv. It runs podrun as `PYTHON -m podrun launch`
+    would, but started as a safe helper (`PYTHON -c BOOT launch`, podrun.pystart): the job runs in its working
+    directory, often a shared one, and `-m` would import a `podrun/` found there first; the boot drops it from
+    the path, and PYTHON finds its own podrun. The hosts themselves come from
     the scheduler's env when the job runs. ``transport`` None: no --transport (an engine that starts the
     instances itself, poprun). ``script``: a Python script, followed by its ``args`` as `podrun launch SCRIPT ARGS`
     takes them."""
-    argv = [python, "-m", "podrun", "launch"] + ([] if transport is None else ["--transport", transport])
+    argv = pystart.safe(python, "launch", module="podrun", root=None)
+    argv += [] if transport is None else ["--transport", transport]
     if cluster:
         argv += ["--cluster", cluster]
     argv += [
@@ -136,7 +141,7 @@ def allocation_plan_options(options: PlanOptions, discovered: Discovered | None 
 
 def request_from_plan(plan, job: JobOptions) -> JobRequest:
     """The JobRequest for a plan: nodes = the plan's hosts, devices per node = its devices per host,
-    and a body that runs `PYTHON -m podrun launch` with the same plan (with ``--ssh-config`` when
+    and a body that runs `podrun launch` (launch_argv) with the same plan (with ``--ssh-config`` when
     given, and ``--env NAME`` for each of ``env`` unless the transport is srun: the script exports the value).
     What the cluster asks of its jobs (``job.site``: its spec's jobs block) fills what the options leave: Grid
     Engine's resource or PE, the queue, the directives ssh between the nodes needs; each one the script takes

@@ -4,6 +4,7 @@ from __future__ import annotations
 import shlex
 
 from podrun.jobscript.job import SCHEDULER_TABLE, JobRequest, format_time, validate
+from podrun.pystart import is_helper
 
 __all__ = ["render", "submit_argv"]
 
@@ -41,7 +42,11 @@ def _body(req: JobRequest, cd_default: str | None) -> list[str]:
         lines += ['ssh_config="$(mktemp "${TMPDIR:-/tmp}/podrun-ssh.XXXXXX")"',
                   f"printf 'Host *\\n  Port %s\\n' {req.ssh_port} > \"$ssh_config\"",
                   'if [ -f ~/.ssh/config ]; then cat ~/.ssh/config >> "$ssh_config"; fi']
-        command[4:4] = ["--ssh-config", '"$ssh_config"']      # after `PYTHON -m podrun launch`
+        at = req.command.index("launch", 1) + 1               # after podrun's `launch`, however PYTHON starts it
+        command[at:at] = ["--ssh-config", '"$ssh_config"']
+    if is_helper(req.command):
+        lines.append("# PYTHON -m podrun launch, but never a podrun/ from the working directory: the -c boot takes it "
+                     "off the import path")
     lines.append("exec " + " ".join(command))
     return lines
 

@@ -48,7 +48,7 @@ def test_script_json(podrun_cli, tmp_path):
     assert d["scheduler"] == "slurm" and d["path"] is None and d["submit"] == ["sbatch", "--parsable", "JOB_SCRIPT"]
     assert d["script"].startswith("#!/bin/bash\n#SBATCH --job-name=podrun-resnet50\n#SBATCH --nodes=2\n")
     assert (d["nodes"], d["devices_per_node"], d["device_kind"]) == (2, 8, "gpu")
-    assert d["launch"][:6] == [sys.executable, "-m", "podrun", "launch", "--transport", "srun"]
+    assert d["launch"][:6] == [*_launch(sys.executable), "--transport", "srun"]
     p = tmp_path / "j.sh"
     code, out, _ = podrun_cli("script", "--scheduler", "uge", "--cluster", "abci", "--group", "g1", "--nodes", "1",
                               "--json", "-o", str(p), "resnet50", "--data", "/data/imagenet")
@@ -56,17 +56,26 @@ def test_script_json(podrun_cli, tmp_path):
     assert (d["path"], d["script"], d["submit"]) == (str(p), None, ["qsub", "-terse", "-g", "g1", str(p)])
 
 
+def _launch(python: str) -> list[str]:
+    """The job's `podrun launch` as `python -m podrun launch` runs it, started as a safe helper (podrun.pystart):
+    never a podrun/ from the job's working directory (tests/security/test_python_starts.py runs it beside one)."""
+    from podrun import pystart
+
+    return pystart.safe(python, "launch", module="podrun", root=None)
+
+
 def test_job_runs_the_interpreter_that_wrote_it_or_job_python(podrun_cli):
-    """The exec line runs `<interpreter> -m podrun launch`, never a bare `podrun` looked up on PATH."""
+    """The exec line runs `<interpreter> -c BOOT launch` (podrun's CLI as `-m podrun` runs it, without the working
+    directory on the path), never a bare `podrun` looked up on PATH, nor `-m podrun`."""
     for sched in ("slurm", "pbs", "uge"):
         pe = ["--pe", "mpi"] if sched == "uge" else []
         code, out, err = podrun_cli("script", "--scheduler", sched, *pe, "--nodes", "2", "--", "python", "t.py")
         assert code == 0, err
-        assert f"exec {shlex.quote(sys.executable)} -m podrun launch " in out, out
+        assert f"exec {shlex.join(_launch(sys.executable))} " in out and f"{sys.executable} -m" not in out, out
         code, out, err = podrun_cli("script", "--scheduler", sched, *pe, "--nodes", "2", "--job-python",
                                     "/opt/my venv/bin/python", "--", "python", "t.py")
         assert code == 0, err
-        assert "exec '/opt/my venv/bin/python' -m podrun launch " in out, out
+        assert f"exec '/opt/my venv/bin/python' -c {shlex.quote(_launch('')[2])} launch " in out, out
 
 
 @pytest.mark.parametrize(

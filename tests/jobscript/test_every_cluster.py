@@ -1,8 +1,9 @@
 """Every shipped cluster spec x every scheduler: the script's launch line is accepted inside its job.
 
-`podrun script` writes the script; its `exec PYTHON -m podrun launch ...` line then runs with --dry-run --json through
-the real `podrun launch`, in this process, in the environment a job of that scheduler has (its host list variable or
-file, its job id; Grid Engine's SGE_ROOT/ARC for Open MPI's tight integration). It must exit 0 on the job's hosts.
+`podrun script` writes the script; its `exec PYTHON -c BOOT launch ...` line (`-m podrun launch` as a safe helper)
+then runs with --dry-run --json through the real `podrun launch`, in this process, in the environment a job of that
+scheduler has (its host list variable or file, its job id; Grid Engine's SGE_ROOT/ARC for Open MPI's tight
+integration). It must exit 0 on the job's hosts.
 """
 from __future__ import annotations
 
@@ -54,7 +55,8 @@ def test_script_launch_line_is_accepted_in_its_job(cluster, scheduler, podrun_cl
     code, out, err = podrun_cli(*args)
     assert code == 0, err
     text = json.loads(out)["script"]
-    comments = [x for x in text.splitlines() if x.startswith("# ") and not x.startswith(("# plan:", "# submit:"))]
+    comments = [x for x in text.splitlines()
+                if x.startswith("# ") and not x.startswith(("# plan:", "# submit:", "# PYTHON -m podrun launch"))]
     assert all(f"cluster spec {spec.name}" in c for c in comments), comments     # each one the spec's
     assert ("rt_F" in text) == (cluster == "abci" and scheduler == "uge"), text
     launch = json.loads(out)["launch"]

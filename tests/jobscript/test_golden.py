@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from podrun import pystart
 from podrun.jobscript import compress_hostlist
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -48,7 +49,8 @@ CASES = {
                "--queue", "all.q", "--env", "NCCL_DEBUG=INFO", "--", "python", "train.py"],
 }
 CASES = {name: ["--job-python", PYTHON, *argv] for name, argv in CASES.items()}
-EXEC = f"exec {PYTHON} -m podrun launch "
+# `PYTHON -m podrun launch` as a safe helper (podrun.pystart): never a podrun/ from the job's working directory
+EXEC = f"exec {shlex.join(pystart.safe(PYTHON, 'launch', module='podrun', root=None))} "
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -14,9 +14,6 @@ STARTS = {("subprocess", "Popen"), ("subprocess", "run"), ("subprocess", "call")
           ("subprocess", "check_output"), ("os", "execv"), ("os", "execve"), ("os", "execvp"), ("os", "execvpe"),
           ("os", "execl"), ("os", "execlp"), ("os", "spawnv"), ("os", "posix_spawn"), ("os", "posix_spawnp"),
           ("asyncio", "create_subprocess_exec")}
-# the podrun CLI that a job script runs in the job's working directory (`PYTHON -m podrun launch`), a line the user
-# reads and may run by hand, as they run `python -m podrun` themselves
-USER_STARTS = {"podrun/jobscript/build.py"}
 BOOTS = {"lean_boot", "module_code", "safe_code"}     # pystart's boots: only its builders pair them with flags
 
 
@@ -62,7 +59,7 @@ def bypasses(root: Path = ROOT) -> list[str]:
     for tree, bench in (("podrun", False), ("bench", True)):
         for path in sorted((root / tree).rglob("*.py")):
             rel = path.relative_to(root).as_posix()
-            if rel != HOME and rel not in USER_STARTS:
+            if rel != HOME:
                 out += bypasses_in(path.read_text(encoding="utf-8"), rel, bench=bench)
     return out
 
@@ -98,9 +95,12 @@ def test_the_check_finds_every_way_around(tmp_path):
 
 def test_a_helper_imports_podrun_from_its_own_place_never_from_its_working_directory(tmp_path):
     """In a directory that holds a planted ``podrun/__init__.py``, each of pystart's command lines (code, module,
-    the lean agent's boot with podrun elsewhere: its safe fallback) imports the real podrun, while ``python -c``
-    itself (what the helpers were started with) imports the planted one; the helper's arguments stay its own."""
+    the lean agent's boot with podrun elsewhere: its safe fallback, a job script's `podrun launch` line) imports the
+    real podrun, while ``python -c`` and ``python -m podrun`` themselves (what the helpers and the job scripts were
+    started with) import the planted one; the helper's arguments stay its own."""
+    import json
     import os
+    import shlex
     import subprocess
     import sys
 
@@ -131,3 +131,23 @@ def test_a_helper_imports_podrun_from_its_own_place_never_from_its_working_direc
     cp = subprocess.run(pystart.isolated(sys.executable, ["--help"], root=str(tmp_path / "nothing")), cwd=tmp_path,
                         env=env, capture_output=True, text=True)
     assert cp.returncode == 0 and "--plan" in cp.stdout, cp.stderr
+    # a job script's `podrun launch`, run in the job's working directory (a shared one): the exec line podrun script
+    # wrote, as the job's shell runs it, plans the job with the real podrun; the same line as `PYTHON -m podrun launch`
+    # (what job scripts ran before) runs the planted one
+    cp = subprocess.run([sys.executable, "-m", "podrun", "script", "--scheduler", "slurm", "--nodes", "2", "--json",
+                         "--", "true"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert cp.returncode == 0, cp.stderr
+    line = next(x for x in json.loads(cp.stdout)["script"].splitlines() if x.startswith("exec "))
+    job = {**env, "SLURM_JOB_NODELIST": "c[01-02]", "SLURM_JOB_ID": "7"}
+    marker = tmp_path / "planted-ran"
+    (tmp_path / "podrun" / "__init__.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\nraise SystemExit('planted podrun ran')\n")
+    dry = line[len("exec "):].replace(" launch ", f" launch --dry-run --json --runs-dir {tmp_path / 'runs'} ", 1)
+    cp = subprocess.run(["bash", "-c", dry], cwd=tmp_path, env=job, capture_output=True, text=True)
+    assert cp.returncode == 0 and not marker.exists(), (dry, cp.stderr)
+    assert [i["host"] for i in json.loads(cp.stdout)["instances"]] == ["c01", "c02"], cp.stdout
+    old = dry.replace(shlex.join(pystart.safe(sys.executable, "launch", module="podrun", root=None)),
+                      f"{shlex.quote(sys.executable)} -m podrun launch", 1)
+    assert old != dry
+    cp = subprocess.run(["bash", "-c", old], cwd=tmp_path, env=job, capture_output=True, text=True)
+    assert marker.exists() and "planted podrun ran" in cp.stderr, (old, cp.stderr)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from podrun import pystart
 from tests.engines.conftest import ALLREDUCE, assert_allreduce_job_done, assert_forked_per_host, results
 from tests.harness.podrun_proc import PODRUN, run_podrun
 from tests.launch.helpers import (ENV_UNTIL, SNAPSHOT_KEY, ArgvWatch, assert_env_off_argv, secret_values, wait_until,
@@ -139,7 +140,8 @@ def test_submit_from_an_interpreter_not_on_path(slurm_cluster, tmp_path):
                     "--", sys.executable, ALLREDUCE], cwd=tmp_path, env={"PATH": bare})
     run_dir = only_run_dir(tmp_path / "runs")
     assert p.returncode == 0, p.stdout + p.stderr + job_output(run_dir, "err")
-    assert f"exec {sys.executable} -m podrun launch " in (run_dir / "job.sh").read_text()
+    launch = shlex.join(pystart.safe(sys.executable, "launch", module="podrun", root=None))    # not -m: never the cwd's
+    assert f"exec {launch} " in (run_dir / "job.sh").read_text()
     res = results(job_output(run_dir, "out"))
     assert sorted(r["host"] for r in res) == sl.nodes[:3] and all(r["sum"] == 6.0 for r in res)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from podrun import pystart
 from podrun.jobscript.submit import GONE_GRACE_S
 from tests.engines.conftest import ALLREDUCE, assert_allreduce_job_done, results
 from tests.harness.podrun_proc import PODRUN
@@ -26,6 +28,8 @@ from tests.launch.helpers import wait_until
 pytestmark = [pytest.mark.uge, pytest.mark.cluster]
 
 BARE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# the job's `podrun launch`: this interpreter's podrun as `-m podrun launch` runs it, never one in the job's directory
+EXEC = f"exec {shlex.join(pystart.safe(sys.executable, 'launch', module='podrun', root=None))} "
 
 
 def podrun(ge, args, cwd, timeout=150):
@@ -65,7 +69,7 @@ def test_submit_three_hosts_allreduce_through_pe_hostfile(uge_cluster, tmp_path)
     assert p.stdout.split()[0] == rec["job_id"] and rec["scheduler"] == "uge" and rec["nodes"] == 3
     assert rec["submit_argv"][:2] == ["qsub", "-terse"]
     script = (run_dir / "job.sh").read_text()
-    assert "#$ -pe podrun 3" in script and f"exec {sys.executable} -m podrun launch --transport ssh" in script
+    assert "#$ -pe podrun 3" in script and f"{EXEC}--transport ssh" in script
     acct = ge.accounting(rec["job_id"])
     assert acct["granted_pe"] == "podrun" and acct["slots"] == "3" and acct["exit_status"] == "0", acct
     res = sorted(results(job_output(run_dir, "o")), key=lambda r: r["rank"])
@@ -86,7 +90,7 @@ def test_submit_over_mpirun_starts_every_host_through_grid_engine(uge_cluster, t
     run_dir = only_run_dir(tmp_path / "runs")
     assert p.returncode == 0, p.stdout + p.stderr + job_output(run_dir, "e")
     script = (run_dir / "job.sh").read_text()
-    assert f"exec {sys.executable} -m podrun launch --transport mpirun" in script and "ssh" not in script, script
+    assert f"{EXEC}--transport mpirun" in script and "ssh" not in script, script
     job = json.loads((run_dir / "job.json").read_text())["job_id"]
     res = sorted(results(job_output(run_dir, "o")), key=lambda r: r["rank"])
     assert sorted(r["host"] for r in res) == ge.nodes, job_output(run_dir, "o") + job_output(run_dir, "e")

@@ -14,4 +14,5 @@
 
 set -euo pipefail
 cd "$PBS_O_WORKDIR"
-exec /opt/venv/bin/python3 -m podrun launch --transport mpirun --cluster abci --nodes 2 --devices-per-host 4 --instances-per-host 1 --global-batch 81920 --local-batch 128 --grad-accum 80 resnet50 -- --data /scratch/imagenet
+# PYTHON -m podrun launch, but never a podrun/ from the working directory: the -c boot takes it off the import path
+exec /opt/venv/bin/python3 -c 'import os, sys; sys.path[:1] == [""] and sys.path.pop(0); import runpy; runpy.run_module("podrun", run_name="__main__", alter_sys=True)' launch --transport mpirun --cluster abci --nodes 2 --devices-per-host 4 --instances-per-host 1 --global-batch 81920 --local-batch 128 --grad-accum 80 resnet50 -- --data /scratch/imagenet

@@ -22,4 +22,5 @@ fi
 module load hpcx
 set -u
 cd "$PBS_O_WORKDIR"
-exec /opt/venv/bin/python3 -m podrun launch --transport mpirun --cluster abci3 --nodes 2 --devices-per-host 8 --instances-per-host 1 --global-batch 81920 --local-batch 256 --grad-accum 20 resnet50
+# PYTHON -m podrun launch, but never a podrun/ from the working directory: the -c boot takes it off the import path
+exec /opt/venv/bin/python3 -c 'import os, sys; sys.path[:1] == [""] and sys.path.pop(0); import runpy; runpy.run_module("podrun", run_name="__main__", alter_sys=True)' launch --transport mpirun --cluster abci3 --nodes 2 --devices-per-host 8 --instances-per-host 1 --global-batch 81920 --local-batch 256 --grad-accum 20 resnet50

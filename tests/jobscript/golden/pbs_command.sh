@@ -10,4 +10,5 @@
 
 set -euo pipefail
 cd '/scratch/my run'
-exec /opt/venv/bin/python3 -m podrun launch --transport mpirun --nodes 1 --devices-per-host 2 --instances-per-host 1 -- python train.py --note 'it'"'"'s $(not) run'
+# PYTHON -m podrun launch, but never a podrun/ from the working directory: the -c boot takes it off the import path
+exec /opt/venv/bin/python3 -c 'import os, sys; sys.path[:1] == [""] and sys.path.pop(0); import runpy; runpy.run_module("podrun", run_name="__main__", alter_sys=True)' launch --transport mpirun --nodes 1 --devices-per-host 2 --instances-per-host 1 -- python train.py --note 'it'"'"'s $(not) run'

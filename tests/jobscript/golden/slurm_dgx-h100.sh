@@ -16,4 +16,5 @@
 
 set -euo pipefail
 export NCCL_DEBUG=WARN
-exec /opt/venv/bin/python3 -m podrun launch --transport srun --cluster dgx-h100 --nodes 4 --devices-per-host 8 --instances-per-host 1 --global-batch 81920 --local-batch 256 --grad-accum 10 resnet50
+# PYTHON -m podrun launch, but never a podrun/ from the working directory: the -c boot takes it off the import path
+exec /opt/venv/bin/python3 -c 'import os, sys; sys.path[:1] == [""] and sys.path.pop(0); import runpy; runpy.run_module("podrun", run_name="__main__", alter_sys=True)' launch --transport srun --cluster dgx-h100 --nodes 4 --devices-per-host 8 --instances-per-host 1 --global-batch 81920 --local-batch 256 --grad-accum 10 resnet50

@@ -13,4 +13,5 @@
 # submit: sbatch --parsable SCRIPT; podrun launch starts the instances through its engine on the hosts of $SLURM_JOB_NODELIST
 
 set -euo pipefail
-exec /opt/venv/bin/python3 -m podrun launch --cluster ipu-pod64 --nodes 4 --devices-per-host 16 --instances-per-host 1 --global-batch 6144 --local-batch 3 --grad-accum 64 --vipu-server-host vipu-ctrl --vipu-partition pod64-p1 efficientnet_b4 -- --data /localdata/imagenet
+# PYTHON -m podrun launch, but never a podrun/ from the working directory: the -c boot takes it off the import path
+exec /opt/venv/bin/python3 -c 'import os, sys; sys.path[:1] == [""] and sys.path.pop(0); import runpy; runpy.run_module("podrun", run_name="__main__", alter_sys=True)' launch --cluster ipu-pod64 --nodes 4 --devices-per-host 16 --instances-per-host 1 --global-batch 6144 --local-batch 3 --grad-accum 64 --vipu-server-host vipu-ctrl --vipu-partition pod64-p1 efficientnet_b4 -- --data /localdata/imagenet

@@ -11,4 +11,5 @@
 # submit: sbatch --parsable SCRIPT; podrun launch starts the instances over srun on the hosts of $SLURM_JOB_NODELIST
 
 set -euo pipefail
-exec /opt/venv/bin/python3 -m podrun launch --transport srun --cluster local --nodes 3 --devices-per-host 2 --instances-per-host 1 --global-batch 192 --local-batch 32 --grad-accum 1 resnet18_cifar10 -- --epochs 1
+# PYTHON -m podrun launch, but never a podrun/ from the working directory: the -c boot takes it off the import path
+exec /opt/venv/bin/python3 -c 'import os, sys; sys.path[:1] == [""] and sys.path.pop(0); import runpy; runpy.run_module("podrun", run_name="__main__", alter_sys=True)' launch --transport srun --cluster local --nodes 3 --devices-per-host 2 --instances-per-host 1 --global-batch 192 --local-batch 32 --grad-accum 1 resnet18_cifar10 -- --epochs 1

@@ -17,4 +17,5 @@ fi
 module load cuda/12.2
 module load hpcx/2.12
 set -u
-exec /opt/venv/bin/python3 -m podrun launch --transport mpirun --cluster abci --nodes 512 --devices-per-host 4 --instances-per-host 1 --global-batch 81920 --local-batch 40 --grad-accum 1 resnet50
+# PYTHON -m podrun launch, but never a podrun/ from the working directory: the -c boot takes it off the import path
+exec /opt/venv/bin/python3 -c 'import os, sys; sys.path[:1] == [""] and sys.path.pop(0); import runpy; runpy.run_module("podrun", run_name="__main__", alter_sys=True)' launch --transport mpirun --cluster abci --nodes 512 --devices-per-host 4 --instances-per-host 1 --global-batch 81920 --local-batch 40 --grad-accum 1 resnet50

@@ -16,4 +16,5 @@ set -euo pipefail
 ssh_config="$(mktemp "${TMPDIR:-/tmp}/podrun-ssh.XXXXXX")"
 printf 'Host *\n  Port %s\n' 2299 > "$ssh_config"
 if [ -f ~/.ssh/config ]; then cat ~/.ssh/config >> "$ssh_config"; fi
-exec /opt/venv/bin/python3 -m podrun launch --ssh-config "$ssh_config" --transport ssh --cluster abci --nodes 4 --devices-per-host 4 --instances-per-host 1 --global-batch 81920 --local-batch 128 --grad-accum 40 resnet50 -- --data /groups/gaa50000/imagenet
+# PYTHON -m podrun launch, but never a podrun/ from the working directory: the -c boot takes it off the import path
+exec /opt/venv/bin/python3 -c 'import os, sys; sys.path[:1] == [""] and sys.path.pop(0); import runpy; runpy.run_module("podrun", run_name="__main__", alter_sys=True)' launch --ssh-config "$ssh_config" --transport ssh --cluster abci --nodes 4 --devices-per-host 4 --instances-per-host 1 --global-batch 81920 --local-batch 128 --grad-accum 40 resnet50 -- --data /groups/gaa50000/imagenet

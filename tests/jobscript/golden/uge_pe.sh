@@ -10,4 +10,5 @@
 
 set -euo pipefail
 export NCCL_DEBUG=INFO
-exec /opt/venv/bin/python3 -m podrun launch --transport ssh --nodes 3 --devices-per-host 1 --instances-per-host 1 --ssh-config /home/me/.ssh/cluster --env NCCL_DEBUG -- python train.py
+# PYTHON -m podrun launch, but never a podrun/ from the working directory: the -c boot takes it off the import path
+exec /opt/venv/bin/python3 -c 'import os, sys; sys.path[:1] == [""] and sys.path.pop(0); import runpy; runpy.run_module("podrun", run_name="__main__", alter_sys=True)' launch --transport ssh --nodes 3 --devices-per-host 1 --instances-per-host 1 --ssh-config /home/me/.ssh/cluster --env NCCL_DEBUG -- python train.py
