@@ -45,7 +45,7 @@ _JOB_OPTIONS = (
                                     help="IPU-PODs: the V-IPU partition the job's poprun uses (default "
                                          "$IPUOF_VIPU_API_PARTITION_ID, else the cluster spec's vipu).")),
     ("python", click.option("--job-python", "python",
-                            help="Interpreter the job runs `-m podrun launch` with (default: this one, "
+                            help="Interpreter the job runs podrun launch with (default: this one, "
                                  "sys.executable).")),
 )
 JOB_OPTION_NAMES = tuple(name for name, _ in _JOB_OPTIONS)

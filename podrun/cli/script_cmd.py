@@ -150,7 +150,8 @@ def script(ctx, recipe, extra, out_path, as_json, **options):
       podrun script --scheduler pbs --nodes 2 --devices-per-host 4 \\
           -- python train.py
 
-    The body runs `PYTHON -m podrun launch` (this interpreter, or --job-python) inside the allocation, pinned to the plan shown by `podrun plan`
+    The body runs `podrun launch` with this interpreter (or --job-python), never a podrun from the job's
+    working directory, inside the allocation, pinned to the plan shown by `podrun plan`
     (nodes, devices per host, instances per host, global batch, local batch, GA); it finds its
     hosts in SLURM_JOB_NODELIST, PBS_NODEFILE, or PE_HOSTFILE / SGE_JOB_HOSTLIST.
     """
