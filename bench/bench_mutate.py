@@ -80,9 +80,9 @@ GUARDS = {
 SCOPES = {
     "podrun/host/link.py": ("emit", "link_close"),                  # nothing written once closed or lost
     "podrun/launch/transports/local.py": ("start",),                 # the agents' env, argv, session, stdin copy
-    # the directories, files, HMACs and receiving of snapshots (not the writer's threading or the state's freezing)
+    # the directories, files, MACs and receiving of snapshots (not the writer's threading or the state's freezing)
     "podrun/runtime/snapshot.py": ("check_private", "make_private", "open_dir", "prepare_dirs", "_read_small",
-                                   "_listed", "_mac", "_digest", "_open_data", "_commit", "_uncommit", "put",
+                                   "_listed", "_Seal", "_matches", "_open_data", "_commit", "_uncommit", "put",
                                    "verified", "read", "open_writer", "recover", "_load"),
     # the digest, the write, the trust and the choice of a checkpoint (not the generators' state, the pruning or
     # the messages of a full disk)
