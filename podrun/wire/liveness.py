@@ -44,7 +44,7 @@ class Liveness:
         return self.bound / self.period
 
     def describe(self) -> str:
-        """``2 s (4 missed heartbeats of 0.5 s)``: the bound and how it is made."""
+        """``1 s (4 missed heartbeats of 0.25 s)``: the bound and how it is made."""
         return f"{self.bound:g} s ({self.misses:g} missed heartbeats of {self.period:g} s)"
 
     def to_dict(self) -> dict:
