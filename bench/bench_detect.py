@@ -1,6 +1,6 @@
-"""Lost-host detection (issue 19 item 3): a cut link to the run's end, podrun against --keepalive 5 and torchrun.
+"""Lost-host detection (issues 19 and 56): a cut link to the run's end, podrun against --keepalive 2 and torchrun.
 
-Interleaved on fresh namespace hosts: podrun's default liveness, podrun with 5 s of silence, torchrun's defaults.
+Interleaved on fresh namespace hosts: podrun's default liveness, podrun with 2 s of silence, torchrun's defaults.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from bench.bench_launch import _row, lost_host_vs
 from podrun.wire.liveness import Liveness, settings
 from tests.ports import free_port
 
-OLD = ("--keepalive", "5")       # the former default: a heartbeat every second, 5 s of silence
+OLD = ("--keepalive", "2")       # the former default: a heartbeat every 0.5 s, 2 s of silence
 
 
 def run(quick: bool) -> list[dict]:
@@ -35,7 +35,7 @@ def run(quick: bool) -> list[dict]:
         _row("lost_host_detect", f"podrun default liveness, {now.describe()}", times["podrun"], "s",
              f"{note}; runs {runs['podrun']} vs {runs['podrun_old']}; cut host's processes gone by then "
              f"{gone['podrun']}/{repeats} vs {gone['podrun_old']}/{repeats}",
-             f"podrun --keepalive 5 (the former default), {old.describe()}", times["podrun_old"]),
+             f"podrun --keepalive 2 (the former default), {old.describe()}", times["podrun_old"]),
         _row("lost_host_detect", f"podrun default liveness, {now.describe()}", times["podrun"], "s",
              f"{note}; runs {runs['podrun']} vs {runs['torchrun']}; cut host's processes gone by then "
              f"{gone['podrun']}/{repeats} vs {gone['torchrun']}/{repeats}",

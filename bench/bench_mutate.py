@@ -102,9 +102,9 @@ SCOPES = {
     # the proofs both ways, the args' MAC, the key's checks and the agent's side of the hand-shake (not addresses)
     "podrun/wire/join.py": ("_mac", "proof", "proof_ok", "controller_proof", "args_mac", "with_mac", "user_key",
                             "key_problem", "read_line", "_handshake"),
-    # the directories, files, HMACs and receiving of snapshots (not the writer's threading or the state's freezing)
+    # the directories, files, MACs and receiving of snapshots (not the writer's threading or the state's freezing)
     "podrun/runtime/snapshot.py": ("check_private", "make_private", "open_dir", "prepare_dirs", "_read_small",
-                                   "_listed", "_mac", "_digest", "_open_data", "_commit", "_uncommit", "put",
+                                   "_listed", "_Seal", "_matches", "_open_data", "_commit", "_uncommit", "put",
                                    "verified", "read", "open_writer", "recover", "_load"),
     # the digest, the write, the trust and the choice of a checkpoint (not the generators' state, the pruning or
     # the messages of a full disk)

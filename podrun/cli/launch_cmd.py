@@ -303,12 +303,12 @@ torchrun_options = stacked(
                       help="SSH handshakes in flight at once (commands over open connections are not limited)."),
          click.option("--heartbeat", type=t.HEARTBEAT, default=None, metavar="SECONDS",
                       help="Seconds between heartbeats, both ways: the controller to each agent and each agent to "
-                           "the controller (default 0.5 up to 16 hosts, 0.5 x hosts/16 beyond, at most 5; the cluster "
+                           "the controller (default 0.25 up to 16 hosts, 0.25 x hosts/16 beyond, at most 5; the cluster "
                            "spec's heartbeat)."),
          click.option("--heartbeat-misses", type=t.MISSES, default=None, metavar="N",
                       help="Heartbeats missed in a row before a host is declared lost, and before an agent ends its "
                            "workers for want of its controller (default 4; the cluster spec's heartbeat_misses). The "
-                           "bound is --heartbeat x N: 2 s by default up to 16 hosts."),
+                           "bound is --heartbeat x N: 1 s by default up to 16 hosts."),
          click.option("--keepalive", type=t.KEEPALIVE, default=None, metavar="SECONDS",
                       help="The bound itself: seconds of silence after which a host is declared lost (--heartbeat x "
                            "--heartbeat-misses; alone it means 4 missed heartbeats of SECONDS/4)."),

@@ -230,7 +230,18 @@ class Supervisor:
                 taken = code == LOST_EXIT and gone is not None and h.lost_why is None     # by its launcher's end
                 code = gone[0] if taken else code
                 ending = self.ending.since is not None
-                self.instances.end(st, InstanceStatus.TERMINATED if ending else InstanceStatus.FAILED, code)
+                # an ssh connection that breaks while the run ends for another host's failure: this host crashed
+                # too, and its peers' workers, whose connections to it were reset, merely said so first; lost, so
+                # that a re-plan drops it and not the survivor that reported first
+                dropped = (code == LOST_EXIT and ending and not quiet and self.signalled is None
+                           and self.req.kind.ssh_per_host and h.lost_why is None)
+                self.instances.end(st, InstanceStatus.LOST if dropped else
+                                   InstanceStatus.TERMINATED if ending else InstanceStatus.FAILED, code)
+                if dropped:
+                    self.failures.append(Failure(idx, st.host, None, code, FailureKind.LOST,
+                                                 "the connection to it was lost as the run ended for another "
+                                                 f"failure (host crashed, sshd or agent killed; see "
+                                                 f"instance-{idx}.log)", at))
                 if quiet:
                     what = ("the connection to it was lost" if code == LOST_EXIT
                             else f"its agent ended with code {code}")

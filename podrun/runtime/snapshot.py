@@ -4,9 +4,10 @@ After a restart the ranks agree on the newest snapshot any of them holds and the
 sends it to the ranks that do not.
 
 A slot is ``slot-<k>.bin`` (the state: podrun.runtime.rawstate, or for a state that format cannot express
-torch.save, read back with ``weights_only=True``) and ``slot-<k>.json`` (its header: step, size, kind and the
-HMAC-SHA256 of all of it under the run's key), the header written last and removed first: a slot counts only when
-its header names a data file of the size it says, and is read only when its HMAC matches. The writer alternates
+torch.save, read back with ``weights_only=True``) and ``slot-<k>.json`` (its header: step, size, kind and its seal:
+a Poly1305 tag of all of it under a one-time key derived from the run's key and a fresh nonce, or HMAC-SHA256 where
+Poly1305 is not available), the header written last and removed first: a slot counts only when its header names a
+data file of the size it says, and is read only when its seal matches. The writer alternates
 the slots, so a host holds its last two updates. The run's directory (``/dev/shm/podrun-<run id>-<tag>``) and the
 host's in it are made exclusively, 0700, and checked with lstat before each use (a real directory, this user's,
 open to nobody else); the files are 0600 and opened without following links, all through podrun.safefs. torch is
@@ -150,8 +151,77 @@ def held(directory: str | os.PathLike | None) -> list[tuple[int, int]]:
     return [(s, k) for s, k, _ in _listed(Path(directory))]
 
 
-def _mac(key: bytes, step: int, kind: str, size: int):
-    return hmac.new(key, f"podrun snapshot\0{step}\0{kind}\0{size}\0".encode(), hashlib.sha256)
+POLY1305, HMAC_SHA256 = "poly1305", "hmac-sha256"   # a seal's MAC: the fast one, or where it is not available
+_CHUNK = 1 << 20        # bytes copied, then MACed while still in the cache
+
+
+_POLY: list = []
+
+
+def _poly1305():
+    """cryptography's Poly1305 class (OpenSSL's, at memory speed), or None where this build has none."""
+    if not _POLY:
+        _POLY.append(_find_poly1305())
+    return _POLY[0]
+
+
+def _find_poly1305():
+    try:
+        from cryptography.hazmat.primitives.poly1305 import Poly1305
+
+        Poly1305(b"\0" * 32)
+        return Poly1305
+    except Exception:   # noqa: BLE001 - no cryptography, or an OpenSSL without Poly1305: HMAC-SHA256
+        return None
+
+
+class _Seal:
+    """The MAC of one slot's bytes under the run's key: ``POLY1305`` with a one-time key that is HMAC-SHA256 of
+    the run's key over the slot's nonce (16 random bytes per write), step, kind and size (the standard one-time use
+    of Poly1305, which a key used for two messages would break), or ``HMAC_SHA256`` over the same and the bytes.
+    ``update`` the bytes in order, then ``tag``."""
+
+    def __init__(self, key: bytes, step: int, kind: str, size: int, mac: str, nonce: bytes):
+        meta = f"podrun snapshot\0{mac}\0{step}\0{kind}\0{size}\0".encode() + nonce
+        self.mac, self.nonce = mac, nonce
+        if mac == POLY1305:
+            cls = _poly1305()
+            if cls is None:
+                raise SnapshotError("a snapshot sealed with Poly1305 cannot be checked: this Python's cryptography "
+                                    "has no Poly1305")
+            self._h = cls(hmac.new(key, meta, hashlib.sha256).digest())
+        elif mac == HMAC_SHA256:
+            self._h = hmac.new(key, meta, hashlib.sha256)
+        else:
+            raise SnapshotError(f"a snapshot sealed with {mac!r}, which podrun does not know")
+
+    @classmethod
+    def new(cls, key: bytes, step: int, kind: str, size: int) -> _Seal:
+        return cls(key, step, kind, size, POLY1305 if _poly1305() is not None else HMAC_SHA256, os.urandom(16))
+
+    def update(self, data) -> None:
+        self._h.update(data)
+
+    def tag(self) -> dict[str, str]:
+        """The header's fields: ``mac``, ``nonce`` and ``tag`` (hex)."""
+        t = self._h.finalize() if self.mac == POLY1305 else self._h.digest()
+        return {"mac": self.mac, "nonce": self.nonce.hex(), "tag": t.hex()}
+
+
+def _matches(key: bytes, step: int, kind: str, data, seal: dict) -> bool:
+    """Whether ``data`` is what was sealed as update ``step`` of ``kind`` under ``key`` (``seal``: a header's or a
+    transfer's mac, nonce and tag); False for a seal that is malformed or names an unknown MAC."""
+    try:
+        mac, nonce, want = seal["mac"], bytes.fromhex(seal["nonce"]), seal["tag"]
+        if not isinstance(mac, str) or not isinstance(want, str) or len(nonce) != 16:
+            return False
+        s = _Seal(key, step, kind, len(data), mac, nonce)
+    except (KeyError, TypeError, ValueError, SnapshotError):
+        return False
+    view = memoryview(data).cast("B")
+    for at in range(0, len(view), 64 * _CHUNK):
+        s.update(view[at:at + 64 * _CHUNK])
+    return hmac.compare_digest(s.tag()["tag"], want)
 
 
 def _remove_tree(d: Path) -> None:
@@ -223,8 +293,8 @@ def _before_step(*_args) -> None:
 
 class Writer:
     """One host's snapshot writer. ``submit`` returns at once; the copy runs on a thread that every optimizer's
-    next step waits for (a global step pre-hook); the same thread computes the slot's HMAC as it copies and
-    commits the header. A write that fails (shared memory full) turns snapshots off
+    next step waits for (a global step pre-hook); the same thread seals the slot as it copies (each megabyte
+    MACed while the copy left it in the cache) and commits the header. A write that fails (shared memory full) turns snapshots off
     for this process, with one line on stderr. ``key``: the run's (SNAPSHOT_KEY_NAME); the directory is made or
     checked (open_dir): SnapshotDirError when it cannot be used, SnapshotKeyError without a key."""
 
@@ -242,7 +312,7 @@ class Writer:
         self._thread: threading.Thread | None = None
         self.error: str | None = None
         self._fallback_said = False
-        self._verified: tuple[int, str, bytes, str] | None = None   # (step, kind, data, HMAC) of the newest good slot
+        self._verified: tuple[int, str, bytes, dict] | None = None   # (step, kind, data, seal) of the newest good slot
         self._last = _until(self.dir)
         newest = held(self.dir)
         self._next = (newest[0][1] + 1) % SLOTS if newest else 0
@@ -301,22 +371,25 @@ class Writer:
     def _write(self, k: int, step: int, state: dict[str, Any]) -> None:
         try:
             kind, pieces, size = self._encode(state)
-            mac = _mac(self.key, step, kind, size)
+            seal = _Seal.new(self.key, step, kind, size)
             with self._open_data(k) as f:
-                for piece in pieces:       # one pass over each tensor's bytes: the copy and the HMAC
-                    f.write(piece)
-                    mac.update(piece)
+                for piece in pieces:       # one pass over each tensor's bytes: the copy, then the MAC from the cache
+                    view = memoryview(piece).cast("B")
+                    for at in range(0, view.nbytes, _CHUNK):
+                        chunk = view[at:at + _CHUNK]
+                        f.write(chunk)
+                        seal.update(chunk)
                 f.truncate(size)
-            self._commit(k, step, size, kind, mac.hexdigest())
+            self._commit(k, step, size, kind, seal.tag())
         except Exception as exc:  # noqa: BLE001 - any failure turns snapshots off, training goes on
             self.error = f"{type(exc).__name__}: {exc}"
 
-    def _commit(self, k: int, step: int, size: int, kind: str, digest: str) -> None:
-        header = {"step": step, "bytes": size, "kind": kind, "hmac": digest}
+    def _commit(self, k: int, step: int, size: int, kind: str, seal: dict) -> None:
+        header = {"step": step, "bytes": size, "kind": kind, **seal}
         safefs.write_file(_header(self.dir, k), json.dumps(header), "snapshot header", durable=False)   # tmpfs
 
-    def put(self, step: int, data: bytes, kind: str, digest: str) -> None:
-        """Hold ``data`` (a snapshot received from another rank, its HMAC checked) as update ``step``, now."""
+    def put(self, step: int, data: bytes, kind: str, seal: dict) -> None:
+        """Hold ``data`` (a snapshot received from another rank, its seal checked) as update ``step``, now."""
         self.wait()
         if not self.writes or self.error is not None:
             return
@@ -326,13 +399,13 @@ class Writer:
             with self._open_data(k) as f:
                 f.write(data)
                 f.truncate(len(data))
-            self._commit(k, step, len(data), kind, digest)
+            self._commit(k, step, len(data), kind, seal)
         except (OSError, PodrunError) as exc:
             self.error = f"{type(exc).__name__}: {exc}"
 
     def verified(self) -> list[int]:
-        """[step] of this host's newest complete snapshot whose HMAC matches (its bytes kept for ``read``), or [];
-        a newer slot whose HMAC does not match is refused with one line on stderr naming it and counts as absent."""
+        """[step] of this host's newest complete snapshot whose seal matches (its bytes kept for ``read``), or [];
+        a newer slot whose MAC does not match is refused with one line on stderr naming it and counts as absent."""
         self.wait()
         self._verified = None
         try:
@@ -348,17 +421,16 @@ class Writer:
                     data = f.read()
             except OSError:
                 continue
-            kind, want = h.get("kind"), h.get("hmac")
-            if (kind in KINDS and isinstance(want, str) and len(data) == h["bytes"]
-                    and hmac.compare_digest(_digest(self.key, step, kind, data), want)):
-                self._verified = (step, kind, data, want)
+            kind, seal = h.get("kind"), {f: h.get(f) for f in ("mac", "nonce", "tag")}
+            if kind in KINDS and len(data) == h["bytes"] and _matches(self.key, step, kind, data, seal):
+                self._verified = (step, kind, data, seal)
                 return [step]
-            print(f"podrun: snapshot slot {path} (update {step}) does not match its HMAC under this run's key: "
+            print(f"podrun: snapshot slot {path} (update {step}) does not match its MAC under this run's key: "
                   "refused, treated as absent", file=sys.stderr, flush=True)
         return []
 
-    def read(self, step: int) -> tuple[str, bytes, str] | None:
-        """(kind, bytes, HMAC) of this host's verified snapshot of ``step`` (``verified`` found it); None otherwise."""
+    def read(self, step: int) -> tuple[str, bytes, dict] | None:
+        """(kind, bytes, seal) of this host's verified snapshot of ``step`` (``verified`` found it); None otherwise."""
         v = self._verified
         return v[1:] if v is not None and v[0] == step else None
 
@@ -374,12 +446,6 @@ class Writer:
     def close(self) -> None:
         self.wait()
         _writers.discard(self)
-
-
-def _digest(key: bytes, step: int, kind: str, data) -> str:
-    mac = _mac(key, step, kind, len(data))
-    mac.update(data)
-    return mac.hexdigest()
 
 
 def open_writer(directory: str | os.PathLike | None, writes: bool) -> Writer | None:
@@ -440,10 +506,11 @@ def recover(writer: Writer | None, newer_than: int, restart_count: int = 0) -> R
         if rank == 0:
             print(f"snapshot recovery: holding {hold} s at step {newest}", flush=True)
         time.sleep(float(hold))
-    kind, data, digest = writer.read(newest) if rank in holders else (None, None, None)
+    kind, data, seal = writer.read(newest) if rank in holders else (None, None, None)
     if on and lacking:
-        if rank == src:        # the slot's bytes, after its kind and HMAC (the receiver checks it with its key)
-            head = bytes([KINDS.index(kind)]) + bytes.fromhex(digest)
+        if rank == src:        # the slot's bytes, after its kind and seal (the receiver checks it with its key)
+            meta = json.dumps({"kind": kind, **seal}).encode()
+            head = len(meta).to_bytes(2, "little") + meta
             payload = torch.frombuffer(bytearray(head + data), dtype=torch.uint8).to(dev)
             size = torch.tensor([payload.numel()], dtype=torch.int64, device=dev)
             for r in lacking:
@@ -455,13 +522,19 @@ def recover(writer: Writer | None, newer_than: int, restart_count: int = 0) -> R
             payload = torch.empty(int(size.item()), dtype=torch.uint8, device=dev)
             dist.recv(payload, src=src)
             got = payload.cpu().numpy().tobytes()
-            kind, digest, data = KINDS[got[0]], got[1:33].hex(), got[33:]
+            n = int.from_bytes(got[:2], "little")
+            try:
+                meta = json.loads(got[2:2 + n])
+                kind, seal = meta["kind"], {f: meta[f] for f in ("mac", "nonce", "tag")}
+            except (ValueError, KeyError, TypeError):
+                kind, seal = None, {}
+            data = got[2 + n:]
             key = writer.key if writer is not None else os.environ.get(SNAPSHOT_KEY_NAME, "").encode()
-            if not hmac.compare_digest(_digest(key, newest, kind, data), digest):
+            if kind not in KINDS or not _matches(key, newest, kind, data, seal):
                 raise SnapshotError(f"the snapshot of update {newest} received from rank {src} does not match "
-                                       "its HMAC under this run's key")
+                                       "its MAC under this run's key")
             if writer is not None:
-                writer.put(newest, data, kind, digest)   # a second failure before the next update finds it here too
+                writer.put(newest, data, kind, seal)   # a second failure before the next update finds it here too
     return Restored(newest, _load(kind, data, f"the snapshot of update {newest} (rank {src})"), src, lacking)
 
 

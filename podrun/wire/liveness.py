@@ -1,8 +1,8 @@
 """Liveness: the heartbeat period and detection bound of a run, both ways.
 
-The bound is the heartbeat period x the misses tolerated (default 0.5 s x 4 = 2 s up to 16 hosts; beyond, the
-default period grows with the host count, ``default_period``, so that the controller hears a flat 32 heartbeats a
-second whatever the size of the run, up to 5 s at 160 hosts); ``--keepalive`` names the bound itself. ``settings``
+The bound is the heartbeat period x the misses tolerated (default 0.25 s x 4 = 1 s up to 16 hosts; beyond, the
+default period grows with the host count, ``default_period``, so that the controller hears a flat 64 heartbeats a
+second whatever the size of the run, up to 5 s at 320 hosts); ``--keepalive`` names the bound itself. ``settings``
 turns the options (and a cluster spec's fields) into a Liveness. What the controller heard when is its own
 (podrun.launch.listener).
 """
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from podrun.errors import LaunchError
 
-HEARTBEAT_S = 0.5          # the default heartbeat period, both ways (controller -> agent, agent -> controller)
-HEARTBEAT_MISSES = 4       # heartbeats missed in a row before a host is lost: the default bound is 2 s
+HEARTBEAT_S = 0.25         # the default heartbeat period, both ways (controller -> agent, agent -> controller)
+HEARTBEAT_MISSES = 4       # heartbeats missed in a row before a host is lost: the default bound is 1 s
 # Before the first line of the other side, the allowance is at least this: an agent may wait for the controller's
 # fan-out to every other host, and an agent's python may start slowly on a loaded host.
 FIRST_HEARTBEAT_S = 60.0
@@ -26,7 +26,7 @@ MAX_DEFAULT_HEARTBEAT_S = 5.0   # ... up to this (a default bound of 20 s): dete
 
 def default_period(hosts: int) -> float:
     """The heartbeat period when no option or cluster spec gives one: HEARTBEAT_S up to FLAT_HOSTS hosts, then
-    HEARTBEAT_S x hosts / FLAT_HOSTS (the controller hears FLAT_HOSTS / HEARTBEAT_S = 32 heartbeats a second
+    HEARTBEAT_S x hosts / FLAT_HOSTS (the controller hears FLAT_HOSTS / HEARTBEAT_S = 64 heartbeats a second
     whatever the size of the run), at most MAX_DEFAULT_HEARTBEAT_S. ``hosts`` counts the agents that send
     heartbeats: one a host, one a worker under the mpirun transport (an agent per MPI rank)."""
     return min(MAX_DEFAULT_HEARTBEAT_S, HEARTBEAT_S * max(1.0, hosts / FLAT_HOSTS))
@@ -44,7 +44,7 @@ class Liveness:
         return self.bound / self.period
 
     def describe(self) -> str:
-        """``2 s (4 missed heartbeats of 0.5 s)``: the bound and how it is made."""
+        """``1 s (4 missed heartbeats of 0.25 s)``: the bound and how it is made."""
         return f"{self.bound:g} s ({self.misses:g} missed heartbeats of {self.period:g} s)"
 
     def to_dict(self) -> dict:
@@ -56,11 +56,11 @@ def settings(heartbeat: float | None = None, misses: int | None = None, keepaliv
              spec_heartbeat: float | None = None, spec_misses: int | None = None,
              spec_source: str = "the cluster spec", hosts: int = 1) -> Liveness:
     """The run's Liveness from --heartbeat, --heartbeat-misses and --keepalive (None: not given), falling back
-    to a cluster spec's ``heartbeat`` and ``heartbeat_misses``, then to default_period(hosts) x 4 (0.5 s x 4 up
+    to a cluster spec's ``heartbeat`` and ``heartbeat_misses``, then to default_period(hosts) x 4 (0.25 s x 4 up
     to 16 hosts).
 
     bound = period x misses: any two of the three give the third; with one, misses is 4 unless given, then
-    the period is 0.5 s unless given. --keepalive S alone is therefore 4 misses of S/4 s. All three given
+    the period is default_period(hosts) unless given. --keepalive S alone is therefore 4 misses of S/4 s. All three given
     must agree. A LaunchError (exit 2) names the options that cannot hold together."""
     return _checked(_given(heartbeat, misses, keepalive, spec_heartbeat, spec_misses, default_period(hosts)),
                     ", ".join(n for n, v in (("--heartbeat", heartbeat), ("--heartbeat-misses", misses),
@@ -75,11 +75,11 @@ def _checked(live: Liveness, where: str) -> Liveness:
         raise LaunchError(f"a host lost after {live.bound:g} s of silence ({where}: {live.describe()}) is more than "
                           f"a week ({MAX_SECONDS:g} s)",
                           hint="give a shorter --heartbeat, fewer --heartbeat-misses or a shorter --keepalive "
-                               "(default 0.5 s x 4 = 2 s)")
+                               "(default 0.25 s x 4 = 1 s up to 16 hosts)")
     if live.period < MIN_HEARTBEAT_S:
         raise LaunchError(f"a heartbeat every {live.period:g} s ({where}) is more often than every "
                           f"{MIN_HEARTBEAT_S:g} s",
-                          hint="give a longer --heartbeat or --keepalive (default 0.5 s x 4 = 2 s)")
+                          hint="give a longer --heartbeat or --keepalive (default 0.25 s x 4 = 1 s up to 16 hosts)")
     return live
 
 

@@ -1,7 +1,7 @@
 """No way in through the in-memory snapshots for another local user: real `podrun launch` runs (local transport,
 one worker that restores at the start of each attempt and fails once) against a second user (nobody, via setpriv)
 who plants the run's snapshot directories, or a symbolic link in their place, holding a slot whose pickle calls
-os.system and whose header says update 999999; and slots changed between two attempts, refused by their HMAC.
+os.system and whose header says update 999999; and slots changed between two attempts, refused by their MAC.
 
 The tests give the run its snapshot key (--env PODRUN_SNAPSHOT_KEY, which replaces the one podrun makes) so that
 the attacker can be handed the directory's name, which without the key cannot be known in advance; the planted
@@ -40,7 +40,7 @@ def as_attacker(script: str, data: bytes = b"") -> None:
 
 def evil_slot(marker: Path) -> tuple[bytes, bytes]:
     """(data, header) of a slot whose data is a torch.save pickle that runs ``touch MARKER`` when unpickled, its
-    header naming update 999999 (with a made-up HMAC)."""
+    header naming update 999999 (with a made-up MAC)."""
     import json
 
     import torch
@@ -52,7 +52,8 @@ def evil_slot(marker: Path) -> tuple[bytes, bytes]:
     buf = io.BytesIO()
     torch.save({"w": Evil(), "step": 999999}, buf)
     data = buf.getvalue()
-    header = json.dumps({"step": 999999, "bytes": len(data), "kind": "torch", "hmac": "0" * 64}).encode()
+    header = json.dumps({"step": 999999, "bytes": len(data), "kind": "torch", "mac": "poly1305",
+                         "nonce": "0" * 32, "tag": "0" * 32}).encode()
     return data, header
 
 
@@ -125,7 +126,7 @@ def test_planted_snapshot_directories_run_no_code_and_restore_nothing(tmp_path, 
         assert (host / "slot-0.json").exists() and os.lstat(d).st_uid == 65534, d
 
 
-def test_a_slot_changed_between_attempts_is_refused_by_its_hmac_and_the_checkpoint_used(tmp_path):
+def test_a_slot_changed_between_attempts_is_refused_by_its_mac_and_the_checkpoint_used(tmp_path):
     """The victim script run as two attempts of one worker (the env contract set here, as the agent sets it), its
     two slots changed by one bit each in between: the second attempt refuses both, each in one line naming the
     slot, and resumes from the disk checkpoint."""
@@ -157,7 +158,7 @@ def test_a_slot_changed_between_attempts_is_refused_by_its_hmac_and_the_checkpoi
         snapshot.remove(host_dir)
     assert second.returncode == 0, second.stderr
     for s in slots:
-        assert f"snapshot slot {s} " in second.stderr and "does not match its HMAC" in second.stderr, second.stderr
+        assert f"snapshot slot {s} " in second.stderr and "does not match its MAC" in second.stderr, second.stderr
     assert "restored 1 from checkpoint" in second.stdout, (second.stdout, second.stderr)
 
 

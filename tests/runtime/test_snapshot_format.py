@@ -1,4 +1,4 @@
-"""The snapshot slot's raw format (podrun.runtime.rawstate) and its HMAC (podrun.runtime.snapshot), in one process:
+"""The snapshot slot's raw format (podrun.runtime.rawstate) and its MAC (podrun.runtime.snapshot), in one process:
 the recipe's real state round-trips exactly without pickle, a slot whose bytes changed is refused, a state the format
 cannot express falls back to torch.save read with weights_only=True."""
 from __future__ import annotations
@@ -111,12 +111,44 @@ def test_a_slot_whose_bytes_changed_is_refused_and_the_older_one_used_then_none(
     got = snapshot.recover(w, -1)
     assert got.step == 1 and torch.equal(got.state["x"], torch.full((100,), 1.0))
     err = capfd.readouterr().err
-    assert f"snapshot slot {newest} (update 2) does not match its HMAC" in err
+    assert f"snapshot slot {newest} (update 2) does not match its MAC" in err
     older = host_dir / "slot-0.bin"
     data = bytearray(older.read_bytes())
     data[len(rawstate.MAGIC) + 10] ^= 1                       # a bit of the layout header
     older.write_bytes(bytes(data))
     assert snapshot.recover(w, -1) is None                    # no good slot: the disk checkpoint is the resume
+
+
+@pytest.mark.parametrize("mac", [snapshot.POLY1305, snapshot.HMAC_SHA256])
+def test_a_slot_is_sealed_by_its_mac_and_a_changed_seal_or_byte_is_refused(host_dir, monkeypatch, capfd, mac):
+    """Poly1305 under a one-time key from the run's key and the slot's nonce (where cryptography has it), else
+    HMAC-SHA256: the slot reads back; its header's nonce, tag or MAC name changed, or one bit of its bytes, and it
+    is refused."""
+    import json
+
+    if mac == snapshot.HMAC_SHA256:
+        monkeypatch.setattr(snapshot, "_POLY", [None])      # a cryptography without Poly1305
+    else:
+        assert snapshot._poly1305() is not None, "this machine's cryptography has Poly1305 (a dependency)"
+    w = snapshot.Writer(host_dir)
+    w.submit(1, {"x": torch.arange(1 << 19, dtype=torch.float32)})    # two MiB: more than one chunk
+    w.close()
+    header_path, data_path = host_dir / "slot-0.json", host_dir / "slot-0.bin"
+    header = json.loads(header_path.read_text())
+    assert header["mac"] == mac and len(bytes.fromhex(header["nonce"])) == 16, header
+    assert torch.equal(snapshot.recover(w, -1).state["x"], torch.arange(1 << 19, dtype=torch.float32))
+    other = snapshot.HMAC_SHA256 if mac == snapshot.POLY1305 else snapshot.POLY1305
+    flip = lambda h: ("0" if h[0] != "0" else "1") + h[1:]     # noqa: E731
+    for changed in ({**header, "nonce": flip(header["nonce"])}, {**header, "tag": flip(header["tag"])},
+                    {**header, "mac": other}, {**header, "mac": "none"}):
+        header_path.write_text(json.dumps(changed))
+        assert snapshot.recover(w, -1) is None, changed
+    header_path.write_text(json.dumps(header))
+    data = bytearray(data_path.read_bytes())
+    data[len(data) // 2] ^= 1                                   # a bit inside the tensor, not the last chunk's
+    data_path.write_bytes(bytes(data))
+    assert snapshot.recover(w, -1) is None
+    assert "does not match its MAC" in capfd.readouterr().err
 
 
 def test_another_key_reads_no_slot(host_dir, monkeypatch):

@@ -1,5 +1,5 @@
 """The snapshot a rank receives from another (podrun.runtime.snapshot.recover) over real torch.distributed (gloo, two
-processes on loopback): it is used only when its HMAC matches under the receiver's own key of the run; one sent
+processes on loopback): it is used only when its MAC matches under the receiver's own key of the run; one sent
 under another key is refused, and the receiver keeps nothing of it."""
 from __future__ import annotations
 
@@ -69,5 +69,5 @@ def test_a_received_snapshot_is_used_only_under_the_receivers_key():
     same = _recover([key, key])
     assert same[1][:3] == ("used", 3, [float(i) for i in range(8)]) and same[1][3] == [(3, 0)], same
     other = _recover([key, uuid.uuid4().hex])
-    assert other[1][0] == "refused" and "received from rank 0 does not match its HMAC" in other[1][1], other
+    assert other[1][0] == "refused" and "received from rank 0 does not match its MAC" in other[1][1], other
     assert other[1][3] == [], other          # nothing of it kept for a later attempt

@@ -73,7 +73,7 @@ def test_killed_on_4_resumed_on_3_with_a_spare_from_the_snapshots(tmp_path, shm)
     records = read_metrics(run_dir)
     [resume] = [r for r in records if r.get("event") == "resume"]
     assert resume["source"] == "snapshot" and resume["step"] in (logged - 1, logged), (resume, logged)
-    assert "does not match its HMAC" not in "".join(out), out
+    assert "does not match its MAC" not in "".join(out), out
     # the lowest survivor holding the newest update sends it to the others: the spare, and a survivor killed
     # while it was still writing that update (the kill lands at any point of a write)
     survivors = [held[0], held[1], []]

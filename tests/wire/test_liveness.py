@@ -13,9 +13,9 @@ from tests.harness.podrun_proc import PODRUN, run_podrun
 
 
 @pytest.mark.parametrize("given,period,bound", [
-    ({}, 0.5, 2.0),                                           # the default: 0.5 s x 4
+    ({}, 0.25, 1.0),                                          # the default: 0.25 s x 4
     ({"heartbeat": 0.25}, 0.25, 1.0),                         # misses stay 4
-    ({"misses": 10}, 0.5, 5.0),                               # the period stays 0.5 s
+    ({"misses": 10}, 0.25, 2.5),                              # the period stays 0.25 s
     ({"heartbeat": 1.0, "misses": 3}, 1.0, 3.0),
     ({"keepalive": 5.0}, 1.25, 5.0),                          # the bound itself: 4 misses of 5/4 s
     ({"keepalive": 3.0, "misses": 6}, 0.5, 3.0),
@@ -23,7 +23,7 @@ from tests.harness.podrun_proc import PODRUN, run_podrun
     ({"keepalive": 3.0, "heartbeat": 0.5, "misses": 6}, 0.5, 3.0),
     ({"spec_heartbeat": 0.2, "spec_misses": 5}, 0.2, 1.0),    # the cluster spec's, when no option is given
     ({"spec_heartbeat": 0.2, "spec_misses": 5, "keepalive": 4.0}, 1.0, 4.0),   # any option: the spec's are ignored
-    ({"spec_misses": 8}, 0.5, 4.0),
+    ({"spec_misses": 8}, 0.25, 2.0),
 ])
 def test_the_bound_is_the_period_times_the_misses(given, period, bound):
     live = settings(**given)
@@ -46,7 +46,7 @@ def test_settings_that_cannot_hold_together_are_refused_naming_the_options(given
 
 
 def test_the_bound_is_described_as_it_is_made():
-    assert Liveness().describe() == "2 s (4 missed heartbeats of 0.5 s)"
+    assert Liveness().describe() == "1 s (4 missed heartbeats of 0.25 s)"
     assert Liveness(0.5, 2.0).to_dict() == {"period_s": 0.5, "misses": 4, "bound_s": 2.0}
 
 
@@ -124,7 +124,7 @@ def test_a_cluster_spec_sets_the_heartbeat_and_dry_run_shows_it(tmp_path):
     assert "--heartbeat 0.25 --instance 0 --stdin-timeout 2 " in rec["commands"][0]["command"]
     cp = run_podrun(*base, "--heartbeat-misses", "2", "--", "true", timeout=60)
     assert cp.returncode == 0, cp.stderr
-    assert "# heartbeat every 0.5 s both ways; a host silent for 1 s (2 missed) is lost" in cp.stdout, cp.stdout
+    assert "# heartbeat every 0.25 s both ways; a host silent for 0.5 s (2 missed) is lost" in cp.stdout, cp.stdout
     p = write(tmp_path, local + "\nheartbeat_misses: 0\n", "bad.yaml")
     cp = run_podrun(*base[:1], "--cluster", p, "--dry-run", "--", "true", timeout=60)
     line = len(p.read_text().splitlines())
@@ -132,10 +132,11 @@ def test_a_cluster_spec_sets_the_heartbeat_and_dry_run_shows_it(tmp_path):
     assert "Traceback" not in cp.stderr
 
 
-@pytest.mark.parametrize("hosts,period", [(1, 0.5), (16, 0.5), (17, 0.53125), (32, 1.0), (64, 2.0), (160, 5.0),
-                                          (512, 5.0)])
+@pytest.mark.parametrize("hosts,period", [(1, 0.25), (16, 0.25), (17, 0.265625), (32, 0.5), (64, 1.0),
+                                          (320, 5.0), (512, 5.0)])
 def test_the_default_period_grows_with_the_hosts_beyond_16_up_to_5_s(hosts, period):
-    """The controller hears 32 heartbeats a second at most (16 hosts x 2) until the period reaches 5 s."""
+    """A host lost within 1 s up to 16 hosts; the controller hears 64 heartbeats a second at most (16 hosts x 4)
+    until the period reaches 5 s."""
     from podrun.wire.liveness import default_period
 
     assert default_period(hosts) == pytest.approx(period)
@@ -146,7 +147,7 @@ def test_the_default_period_grows_with_the_hosts_beyond_16_up_to_5_s(hosts, peri
 @pytest.mark.parametrize("given,period,bound", [
     ({"keepalive": 2.0}, 0.5, 2.0),                 # an explicit bound wins: 4 misses of 0.5 s
     ({"heartbeat": 0.5}, 0.5, 2.0),
-    ({"misses": 6}, 2.0, 12.0),                     # the period follows the hosts, the misses are the option's
+    ({"misses": 6}, 1.0, 6.0),                      # the period follows the hosts, the misses are the option's
     ({"spec_heartbeat": 0.25, "spec_misses": 4}, 0.25, 1.0),   # a cluster spec's period wins too
 ])
 def test_what_is_given_wins_over_the_period_the_host_count_gives(given, period, bound):
@@ -161,8 +162,8 @@ def test_dry_run_of_64_hosts_gives_every_agent_the_longer_period():
     cp = subprocess.run([*base, "--", "true"], capture_output=True, text=True, timeout=60)
     assert cp.returncode == 0, cp.stderr
     rec = json.loads(cp.stdout)
-    assert rec["heartbeat"] == {"period_s": 2.0, "misses": 4, "bound_s": 8.0}
-    assert all("--heartbeat 2 --instance" in c["command"] and "--stdin-timeout 8 " in c["command"]
+    assert rec["heartbeat"] == {"period_s": 1.0, "misses": 4, "bound_s": 4.0}
+    assert all("--heartbeat 1 --instance" in c["command"] and "--stdin-timeout 4 " in c["command"]
                for c in rec["commands"])
     cp = subprocess.run([*base, "--keepalive", "2", "--", "true"], capture_output=True, text=True, timeout=60)
     assert cp.returncode == 0 and json.loads(cp.stdout)["heartbeat"]["period_s"] == 0.5, cp.stderr
@@ -170,8 +171,8 @@ def test_dry_run_of_64_hosts_gives_every_agent_the_longer_period():
 
 def test_under_mpirun_every_workers_agent_counts_as_a_heartbeat_sender():
     """--transport mpirun --mpi-ranks runs an agent per worker (an MPI rank each), and each sends heartbeats: 16
-    hosts x 4 workers are 64 senders, the period of 64 hosts (2 s), not of 16; over ssh, and under mpirun's agents
-    that join (one a host), 0.5 s."""
+    hosts x 4 workers are 64 senders, the period of 64 hosts (1 s), not of 16; over ssh, and under mpirun's agents
+    that join (one a host), 0.25 s."""
     hosts = ",".join(f"n{i}" for i in range(16))
     base = [*PODRUN, "launch", "--hosts", hosts, "--devices-per-host", "4", "--dry-run",
             "--json"]
@@ -181,6 +182,6 @@ def test_under_mpirun_every_workers_agent_counts_as_a_heartbeat_sender():
                             timeout=60)
         assert cp.returncode == 0, cp.stderr
         got[transport] = json.loads(cp.stdout)["heartbeat"]
-    assert got == {"mpirun --mpi-ranks": {"period_s": 2.0, "misses": 4, "bound_s": 8.0},
-                   "mpirun": {"period_s": 0.5, "misses": 4, "bound_s": 2.0},
-                   "ssh": {"period_s": 0.5, "misses": 4, "bound_s": 2.0}}
+    assert got == {"mpirun --mpi-ranks": {"period_s": 1.0, "misses": 4, "bound_s": 4.0},
+                   "mpirun": {"period_s": 0.25, "misses": 4, "bound_s": 1.0},
+                   "ssh": {"period_s": 0.25, "misses": 4, "bound_s": 1.0}}

@@ -106,22 +106,22 @@ GOLDEN = [
     ('plain', (0,), {},
      '--plan /runs/r1/plan.json --run-id r1 --run-dir /runs/r1 --master-addr 10.0.0.1 --master-port 29500 '
      '--grace 5 --interrupt-grace 30 '
-     '--restart-count 0 --max-restarts 0 --heartbeat 0.5 --instance 0 --stdin-timeout 2 '
+     '--restart-count 0 --max-restarts 0 --heartbeat 0.25 --instance 0 --stdin-timeout 1 '
      '--agent-store -- python train.py -- -x'),
     ('plain', (None,), {'stdin_watch': False},
      '--plan /runs/r1/plan.json --run-id r1 --run-dir /runs/r1 --master-addr 10.0.0.1 --master-port 29500 '
      '--grace 5 --interrupt-grace 30 '
-     '--restart-count 0 --max-restarts 0 --heartbeat 0.5 --index-from-env --no-stdin-watch '
+     '--restart-count 0 --max-restarts 0 --heartbeat 0.25 --index-from-env --no-stdin-watch '
      '--agent-store -- python train.py -- -x'),
     ('plain', (None,), {'stdin_watch': False, 'per_worker': True},
      '--plan /runs/r1/plan.json --run-id r1 --run-dir /runs/r1 --master-addr 10.0.0.1 --master-port 29500 '
      '--grace 5 --interrupt-grace 30 '
-     '--restart-count 0 --max-restarts 0 --heartbeat 0.5 --rank-from-env --no-stdin-watch '
+     '--restart-count 0 --max-restarts 0 --heartbeat 0.25 --rank-from-env --no-stdin-watch '
      '--agent-store -- python train.py -- -x'),
     ('plain', (1,), {'hold': True, 'env_stdin': True},
      '--plan /runs/r1/plan.json --run-id r1 --run-dir /runs/r1 --master-addr 10.0.0.1 --master-port 29500 '
      '--grace 5 --interrupt-grace 30 '
-     '--restart-count 0 --max-restarts 0 --heartbeat 0.5 --instance 1 --stdin-timeout 2 '
+     '--restart-count 0 --max-restarts 0 --heartbeat 0.25 --instance 1 --stdin-timeout 1 '
      '--agent-store --hold -- python train.py -- -x'),
     ('full', (0,), {'hold': True, 'env_stdin': True, 'worker_stdin_fd': 5},
      '--plan /runs/r1/plan.json --run-id r1 --run-dir /runs/r1 --master-addr 10.0.0.1 --master-port 0 '
