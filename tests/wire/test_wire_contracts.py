@@ -169,3 +169,28 @@ def test_the_agent_command_line_is_unchanged(name, index, kw, options):
     argv = [*pystart.safe("/usr/bin/python3", module=AGENT_MODULE, root=None), *options.split(" ")]
     assert req.agent_argv(*index, **kw) == argv
     assert AgentArgs.parse(argv[3:]).to_argv() == argv[3:]
+
+
+def test_a_hand_shake_line_in_pieces_is_read_whole_and_one_past_its_limit_is_none():
+    """join.read_line waits for the rest of a line that arrives in pieces (a slow link, a short TCP segment), takes
+    nothing after its newline, and gives b"" for a line longer than its limit or a peer that closed mid-line."""
+    import socket
+    import threading
+    import time
+
+    from podrun.wire import join
+
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(b"JOIN part")
+        later = threading.Timer(0.2, a.sendall, (b" two\nnext",))
+        later.start()
+        try:
+            assert join.read_line(b, time.monotonic() + 10) == b"JOIN part two\n"
+        finally:
+            later.join()
+        assert b.recv(4) == b"next"
+        a.sendall(b"x" * 9)
+        assert join.read_line(b, time.monotonic() + 10, limit=8) == b""
+        a.close()
+        assert join.read_line(b, time.monotonic() + 10) == b""
