@@ -80,22 +80,23 @@ def test_a_listener_out_of_descriptors_pauses_and_goes_on(server):
 
     from tests.launch.helpers import wait_output, wait_until
 
+    # The crowd is started before the limit is lowered (a start needs descriptors of its own) and connects when told.
+    crowd = subprocess.Popen([sys.executable, "-c", "import socket, sys\n"
+                              "sys.stdin.readline()\n"
+                              f"c = [socket.create_connection(('127.0.0.1', {server.port})) for _ in range(60)]\n"
+                              "print('held', flush=True); sys.stdin.read()"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 16, hard))
-    crowd = None
     try:
-        crowd = subprocess.Popen([sys.executable, "-c", "import socket, sys\n"
-                                  f"c = [socket.create_connection(('127.0.0.1', {server.port})) for _ in range(60)]\n"
-                                  "print('held', flush=True); sys.stdin.read()"],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                 preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard)))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 16, hard))
+        crowd.stdin.write("go\n")
+        crowd.stdin.flush()
         wait_output(crowd, "held", 30)
         wait_until(lambda: server.accept_pauses > 0, 10)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-        if crowd is not None:
-            crowd.kill()
-            crowd.wait(10)
+        crowd.kill()
+        crowd.wait(10)
     conn, _ = join.join(server.address, KEY, "run-a", 1, 10.0)
     assert server.accept_pauses > 0 and wait_until(lambda: server.record()["joined"] == 1, 10)
     conn.close()
