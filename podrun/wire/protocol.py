@@ -396,6 +396,14 @@ def parse(line: str, stream: str = "out") -> Event:
     return Event(None, None, "err" if stream == "err" else "out", line)
 
 
+def read_done(line: str) -> tuple[int, int | None, Done | None] | None:
+    """Of an agent's ``done`` line (newline stripped): its instance, its local rank and its Done (None when its code
+    does not read); None for any other line."""
+    if not line.startswith(PREFIX) or (ev := parse(line)).kind != Done.KIND:
+        return None
+    return ev.instance, ev.local_rank, Done.read(ev.text)
+
+
 def bounded_lines(f, limit: int = MAX_LINE):
     """Yield the lines of binary file ``f`` (``\r\n``/``\n`` stripped), holding at most ``limit`` bytes
     of one in memory. A longer line is yielded cut at ``limit`` bytes with CUT_MARK as soon as that much
