@@ -15,9 +15,9 @@ single worker of its instance (--rank-from-env) writes that worker's local rank 
   exit        a worker ended: text = "<return code> <unix time>[ teardown]" (negative code = killed by
               that signal; "teardown" when the agent was already ending its workers)
   error       a failed worker's @record error file (torch.distributed.elastic): JSON {message,
-              traceback, file}, sent before its ``exit`` line
+              traceback, file} (``WorkerError``), sent before its ``exit`` line
   prog        a worker's progress report (podrun.runtime.progress): JSON {phase, step, total, epoch, loss,
-              samples_per_sec, step_seconds, busy_seconds, split}, the fields it gave (split: a ``StepSplit``)
+              samples_per_sec, step_seconds, busy_seconds, split}, the fields it gave (``Progress``)
   stack       on an ``S`` from the controller, one running worker's stacks: JSON {procs: [{pid, main
               (its main thread's id), text (what faulthandler wrote)}], problem (why there is none), cpu
               (CPU seconds of its process tree, read before the dump), at (the agent's monotonic clock then),
@@ -42,6 +42,7 @@ an ssh channel, or the merged stdout of one mpirun/srun process carrying every i
 """
 from __future__ import annotations
 
+import enum
 import json
 import os
 import signal
@@ -262,6 +263,76 @@ class StepSplit:
         return cls(*parts, *counts)
 
 
+@dataclass(frozen=True)
+class WorkerError(Message):
+    """``error``: a failed worker's @record error file (torch.distributed.elastic), as its agent read it: the
+    ``message``, the last lines of its ``traceback`` and the ``file``; a JSON object. ``decode`` keeps what has its
+    type; no JSON object, or one without a message, is a ValueError (``read``: None)."""
+
+    KIND = "error"
+    message: str
+    traceback: tuple[str, ...] = ()
+    file: str = ""
+
+    def to_dict(self) -> dict:
+        return {"message": self.message, "traceback": list(self.traceback), "file": self.file}
+
+    def encode(self) -> str:
+        return to_json(self.to_dict())
+
+    @classmethod
+    def decode(cls, text: str) -> "WorkerError":
+        rec = from_json(text) or {}
+        if not isinstance(rec.get("message"), str):
+            raise ValueError("an error record is a JSON object with a message")
+        tb, file = rec.get("traceback"), rec.get("file")
+        return cls(rec["message"], tuple(str(x) for x in tb) if isinstance(tb, list) else (),
+                   file if isinstance(file, str) else "")
+
+
+PHASES = ("train", "eval", "checkpoint", "setup")   # a progress phase; one other than "train" does not read as a hang
+
+
+@dataclass(frozen=True)
+class Progress(Message):
+    """``prog``: a worker's progress report (podrun.runtime.progress), a JSON object of the fields it gave: its
+    ``phase`` (PHASES), ``step`` of ``total``, ``epoch``, ``loss``, ``samples_per_sec``, ``step_seconds`` (its last
+    step's), ``busy_seconds`` (its own work in that step, without waiting for the other ranks) and ``split`` (a
+    StepSplit). ``decode`` keeps what has its type and drops the rest; no JSON object is a ValueError (``read``:
+    None)."""
+
+    KIND = "prog"
+    phase: str = "train"
+    step: int | None = None
+    total: int | None = None
+    epoch: int | None = None
+    loss: float | None = None
+    samples_per_sec: float | None = None
+    step_seconds: float | None = None
+    busy_seconds: float | None = None
+    split: StepSplit | None = None
+
+    def to_dict(self) -> dict:
+        """The record as it travels: the fields given (not None), the split as its own record."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        if self.split is not None:
+            out["split"] = self.split.to_dict()
+        return out
+
+    def encode(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"), default=float)   # a numpy or torch scalar too
+
+    @classmethod
+    def decode(cls, text: str) -> "Progress":
+        rec = from_json(text)
+        if rec is None:
+            raise ValueError("a progress report is a JSON object")
+        counts = {k: rec[k] for k in ("step", "total", "epoch") if _count(rec.get(k))}
+        numbers = {k: _number(rec.get(k)) for k in ("loss", "samples_per_sec", "step_seconds", "busy_seconds")}
+        return cls(rec["phase"] if isinstance(rec.get("phase"), str) else "train", **counts,
+                   **{k: v for k, v in numbers.items() if v is not None}, split=StepSplit.read(rec.get("split")))
+
+
 #: the hand-shake's lines, before the protocol's, on an agent's TCP connection to its controller (podrun.wire.join)
 JOIN_PREFIX = "@podrun-join "
 JOIN_VERSION = 2                # 2: the controller proves the key too, and its arguments carry a MAC
@@ -359,6 +430,10 @@ def read_join_line(line: bytes, cls):
 
 def _number(value) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def to_json(record: dict) -> str:
@@ -520,6 +595,17 @@ def read_request(run_dir: str, name: str = REQUEST_FILE) -> str:
             return f.read().strip()
     except OSError:
         return ""
+
+
+# -- the controller's bytes on an agent's stdin (or its connection to the controller) ---------------
+
+class Token(bytes, enum.Enum):
+    """What the controller's byte on an agent's stdin says (but a stop: STOP_TOKENS): HEARTBEAT that it is alive,
+    STACKS to send its workers' stacks (``stack`` lines), GO that a held agent may start its workers."""
+
+    HEARTBEAT = b"."
+    STACKS = b"S"
+    GO = b"G"
 
 
 # -- how the controller asks an agent to end its workers with a signal ------------------------------

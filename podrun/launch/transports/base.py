@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator
 
 from podrun.launch.transports import TransportKind, transport_of
 from podrun.wire.proctl import signal_group
-from podrun.wire.protocol import READ_LIMIT, bounded_lines, stop_token
+from podrun.wire.protocol import READ_LIMIT, Token, bounded_lines, stop_token
 
 if TYPE_CHECKING:  # pragma: no cover
     from podrun.launch.request import LaunchRequest
@@ -102,12 +102,12 @@ class InstanceHandle(ABC):
 
     def heartbeat(self) -> None:
         """Tell the agent its controller is alive (a byte on its stdin); no-op where there is no stdin."""
-        self._write(b".")
+        self._write(Token.HEARTBEAT.value)
 
     def request_stacks(self) -> None:
         """Ask the agent for its workers' stacks (an ``S`` on its stdin; they come back as ``stack`` lines);
         no-op where there is no stdin (a merged launcher's)."""
-        self._write(b"S")
+        self._write(Token.STACKS.value)
 
     def terminate(self, sig: int = signal.SIGTERM) -> None:
         """Ask the agent(s) to end their workers with ``sig`` first (SIGTERM, or the SIGINT/SIGHUP podrun
