@@ -129,7 +129,7 @@ class ControllerLink:
             if stops:                                        # the first in the stream wins
                 tok = stops[0][1]
                 name = protocol.STOP_TOKENS[tok]
-                self.request_stop(StopKind.CONTROLLER_ASKED, "the controller asked to stop" if tok == b"T"
+                self.request_stop(StopKind.CONTROLLER_ASKED, "the controller asked to stop" if name == "SIGTERM"
                                   else f"the controller relayed {name}", getattr(signal, name))
             for _ in range(data.count(protocol.Token.STACKS.value)):
                 self.dumps.release()

@@ -11,10 +11,10 @@ import socket
 import struct
 import subprocess
 import sys
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 
 from podrun import pystart
-from podrun.wire.protocol import Message, from_json, to_json
+from podrun.wire.protocol import Record
 
 PICK_FROM = 10000          # the lowest port pick_free_port tries
 
@@ -86,7 +86,7 @@ REACH_TIMEOUT = 3.0       # seconds a worker host's probe waits for the master's
 
 
 @dataclass(frozen=True)
-class Reach:
+class Reach(Record):
     """Whether the master answered TCP from a host (``ok``), the interface the connection went ``via``, and why not
     (``error``: timed out, no route)."""
 
@@ -96,13 +96,12 @@ class Reach:
 
 
 @dataclass(frozen=True)
-class Facts(Message):
-    """``probe``: a held agent's preflight facts, a JSON object: ``podrun`` and ``python`` versions, the
-    ``hostname``, the run's ``ports`` on the host and the busy ones among them (``ports_busy``), the modules it
-    needs that its python cannot import (``missing``), its ``interfaces`` with an IPv4 or a global IPv6 address,
-    the addresses MASTER_ADDR resolves to there (``master_resolves``; None: not asked) and, from a worker host,
-    whether the master answers there (``master_reach``). ``decode`` keeps what has its type (an agent of another
-    podrun may say less: its version is what the preflight names then); no JSON object is a ValueError."""
+class Facts(Record):
+    """``probe``: a held agent's preflight facts: ``podrun`` and ``python`` versions, the ``hostname``, the run's
+    ``ports`` on the host and the busy ones among them (``ports_busy``), the modules it needs that its python cannot
+    import (``missing``), its ``interfaces`` with an IPv4 or a global IPv6 address, the addresses MASTER_ADDR
+    resolves to there (``master_resolves``; None: not asked) and, from a worker host, whether the master answers
+    there (``master_reach``)."""
 
     KIND = "probe"
     podrun: str
@@ -114,29 +113,6 @@ class Facts(Message):
     interfaces: tuple[str, ...] = ()
     master_resolves: tuple[str, ...] | None = None
     master_reach: Reach | None = None
-
-    def encode(self) -> str:
-        rec = {f.name: getattr(self, f.name) for f in fields(self)}
-        rec["master_reach"] = None if self.master_reach is None else asdict(self.master_reach)
-        return to_json({k: list(v) if isinstance(v, tuple) else v for k, v in rec.items() if v is not None})
-
-    @classmethod
-    def decode(cls, text: str) -> "Facts":
-        rec = from_json(text)
-        if rec is None:
-            raise ValueError("a probe line is a JSON object")
-
-        def listed(name: str, kind: type):
-            v = rec.get(name)
-            return tuple(x for x in v if isinstance(x, kind) and not isinstance(x, bool)) if isinstance(v, list) \
-                else None
-
-        r = rec.get("master_reach")
-        reached = Reach(r.get("ok") is True, str(r.get("via", "?")), str(r.get("error", ""))) \
-            if isinstance(r, dict) else None
-        return cls(str(rec.get("podrun", "?")), str(rec.get("python", "?")), str(rec.get("hostname", "")),
-                   listed("ports", int) or (), listed("ports_busy", int) or (), listed("missing", str) or (),
-                   listed("interfaces", str) or (), listed("master_resolves", str), reached)
 
 
 def facts(ports=(), busy=None, needs=(), master_addr: str | None = None, master_port: int | None = None) -> Facts:

@@ -214,7 +214,7 @@ def test_the_typed_lines_are_written_as_before_and_read_tolerantly():
                                   '"split": {"input": -1}, "other": 1}') == protocol.Progress(busy_seconds=1.0)
     assert protocol.Progress.read("[]") is None and protocol.WorkerError.read('{"traceback": []}') is None
     assert protocol.WorkerError.read('{"message": "m", "traceback": ["a", 2], "file": 3}') == \
-        protocol.WorkerError("m", ("a", "2"))
+        protocol.WorkerError("m", ("a",))
     assert protocol.read_done("@podrun 3 1 done 7") == (3, 1, protocol.Done(7))
     assert protocol.read_done("@podrun 3 - done x") == (3, None, None)
     assert protocol.read_done("@podrun 3 - exit 0") is None and protocol.read_done("done 0") is None

@@ -189,7 +189,7 @@ class Transport(ABC):
         """How the agents get the run's --env, in words (for --dry-run and runs/<id>/command)."""
         if self.kind.env_stdin:
             return "the first message on each agent's stdin (--env-stdin), never on a command line"
-        if self.merged:
+        if self.merged or self.kind.joined:        # a launcher's
             return (f"{self.name}'s own environment, passed on to every agent; its command line carries the "
                     "names at most")
         return "the agent's environment, set by the controller that starts it; never on a command line"

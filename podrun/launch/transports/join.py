@@ -414,10 +414,6 @@ class JoiningLauncher:
 
     _server: JoinServer | None = None
 
-    def env_route(self) -> str:
-        return (f"{self.name}'s own environment, passed on to every agent; its command line carries the names at "
-                "most")
-
     def join_address(self) -> str:
         """What the agents are given: the server's address once it listens, else what --dry-run shows."""
         if self._server is not None:
