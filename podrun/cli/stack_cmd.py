@@ -20,6 +20,7 @@ def stack(run: str | None, runs_dir: str, as_json: bool) -> None:
     from podrun.errors import LaunchError
     from podrun.launch import control
     from podrun.rundir.layout import check_run_id
+    from podrun.wire.control import STACKS, Ask
     from podrun.wire.owner import SOCKET_NAME, remove_if_stale
     from podrun.redaction import escape_controls as esc, redact_record
 
@@ -60,7 +61,7 @@ def stack(run: str | None, runs_dir: str, as_json: bool) -> None:
     if remove_if_stale(str(target)):
         raise not_running
     try:
-        reply = control.ask(str(target), {"ask": "stacks"})
+        reply = control.ask(str(target), Ask(STACKS))
     except (OSError, ValueError) as exc:
         if isinstance(exc, OSError) and exc.errno in (errno.ENOENT, errno.ECONNREFUSED, errno.ENAMETOOLONG):
             raise not_running from None

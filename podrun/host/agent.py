@@ -217,17 +217,19 @@ class Agent(ControllerLink):
         """Start the worker at ``local_rank`` (its environment ``env``, this host's and its contract), with its
         output sockets and progress pipe relayed by threads of their own; a worker that cannot start is
         reported as exited 127 (not found) or 126 and stops the others."""
+        from podrun.wire.worker_env import OUTPUT_CHUNK_ENV, STACK_DIR_ENV, STACK_SIGNAL_ENV   # the env contract's
+
         r, w = os.pipe()
         env[PROGRESS_ENV] = str(w)
         if self.stack_root is not None:
             where = os.path.join(self.stack_root, f"w{local_rank}")
             safefs.make_dir(where, "stack directory")
-            env.update(PODRUN_STACK_DIR=where, PODRUN_STACK_SIGNAL=str(stackdump.STACK_SIGNAL),
+            env.update({STACK_DIR_ENV: where, STACK_SIGNAL_ENV: str(stackdump.STACK_SIGNAL)},
                        PYTHONPATH=os.pathsep.join(x for x in (stackdump.SITE_DIR, env.get("PYTHONPATH")) if x))
         streams, ends = output.output_sockets()
         # the largest write one message takes (the kernel refuses more with EMSGSIZE): Python workers write
         # more in pieces (podrun's sitecustomize)
-        env["PODRUN_OUTPUT_CHUNK"] = str(ends[0].getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) // 2)
+        env[OUTPUT_CHUNK_ENV] = str(ends[0].getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) // 2)
         stdin = self.worker_stdin if self.local_ranks[local_rank] == 0 else None
         cores = bind_worker(env)
         if cores is not None:      # the instance log's line per worker: its rank and cores
@@ -326,7 +328,7 @@ class Agent(ControllerLink):
         """A failed worker's @record error file, if it wrote one, as an ``error`` line (JSON)."""
         info = read_error_file(self.envs[pos].get("TORCHELASTIC_ERROR_FILE") or "")
         if info is not None:
-            self.emit(pos, "error", protocol.to_json(info))
+            self.send(pos, info)
 
     def _signal_all(self, sig: int) -> None:
         for p in self.procs:
@@ -530,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
     agent = Agent(args, index, envs, probe=probe, local_ranks=local_ranks, agent_rank=agent_rank, warm=warm)
     if args.join is not None or args.join_fd is not None:
         agent.join_controller(args.join, args.join_fd, args.attempt.run_id, key, FIRST_HEARTBEAT_S)
-    if store is not None and not (probe and probe["ports_busy"]):    # busy: the controller will not say go
+    if store is not None and not (probe is not None and probe.ports_busy):    # busy: the controller will not say go
         agent.store = store
     try:
         code = agent.run()
@@ -547,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
     os._exit(code)
 
 
-def _probe(args: AgentArgs, rank0: bool, store) -> dict:
+def _probe(args: AgentArgs, rank0: bool, store):
     """--hold: this host's facts for the controller's preflight (podrun.wire.probe.facts)."""
     from podrun.wire.probe import facts
 

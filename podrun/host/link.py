@@ -123,15 +123,15 @@ class ControllerLink:
                 return
             self.last_stdin = time.monotonic()
             self.got_stdin = True
-            if b"G" in data:
+            if protocol.Token.GO.value in data:
                 self.go.set()
             stops = sorted((data.index(tok), tok) for tok in protocol.STOP_TOKENS if tok in data)
             if stops:                                        # the first in the stream wins
                 tok = stops[0][1]
                 name = protocol.STOP_TOKENS[tok]
-                self.request_stop(StopKind.CONTROLLER_ASKED, "the controller asked to stop" if tok == b"T"
+                self.request_stop(StopKind.CONTROLLER_ASKED, "the controller asked to stop" if name == "SIGTERM"
                                   else f"the controller relayed {name}", getattr(signal, name))
-            for _ in range(data.count(b"S")):
+            for _ in range(data.count(protocol.Token.STACKS.value)):
                 self.dumps.release()
 
     def _check_stdin_silence(self) -> None:
@@ -153,7 +153,7 @@ class ControllerLink:
     def _held_until_go(self) -> bool:
         """Report the preflight facts and wait for ``G`` on stdin; False when told to stop (``T``, stdin
         closed: another host failed its preflight), when signalled, or with no go within FIRST_HEARTBEAT_S."""
-        self.emit(None, "probe", protocol.to_json(self.probe))
+        self.send(None, self.probe)
         deadline = time.monotonic() + FIRST_HEARTBEAT_S
         while not self.go.wait(0.005):
             if self.stop is not None or time.monotonic() > deadline:

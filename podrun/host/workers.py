@@ -8,6 +8,7 @@ import socket
 
 from podrun import safefs
 from podrun.errors import PodrunError
+from podrun.wire import protocol
 from podrun.wire.agent_args import AgentArgs, FromEnv, read_cores
 from podrun.wire.liveness import FIRST_HEARTBEAT_S
 
@@ -98,8 +99,8 @@ def instance_index_from_env(environ=os.environ, flag: str = "--index-from-env") 
     raise SystemExit(f"podrun agent: {flag} but none of {', '.join(INDEX_ENV)} is set")
 
 
-def read_error_file(path: str) -> dict | None:
-    """What torch's ``@record`` wrote to TORCHELASTIC_ERROR_FILE: {message, traceback, file}, or None.
+def read_error_file(path: str) -> protocol.WorkerError | None:
+    """What torch's ``@record`` wrote to TORCHELASTIC_ERROR_FILE, or None.
 
     The file is JSON, ``{"message": {"message": "Type: text", "extraInfo": {"py_callstack": ...}}}``
     (or ``{"message": "text"}``); the traceback is cut to its last ERROR_TRACEBACK_LINES lines.
@@ -118,8 +119,7 @@ def read_error_file(path: str) -> dict | None:
     if msg is None:
         return None
     lines = tb.rstrip("\n").splitlines()[-ERROR_TRACEBACK_LINES:]
-    return {"message": str(msg)[:ERROR_MESSAGE_CHARS], "traceback": [l[:ERROR_MESSAGE_CHARS] for l in lines],
-            "file": path}
+    return protocol.WorkerError(str(msg)[:ERROR_MESSAGE_CHARS], tuple(l[:ERROR_MESSAGE_CHARS] for l in lines), path)
 
 
 def launcher_fds(environ) -> tuple[int, ...]:

@@ -15,6 +15,7 @@ import traceback
 
 from podrun.host.workers import bind_worker
 from podrun.wire.proctl import PR_SET_PDEATHSIG, prctl
+from podrun.wire.worker_env import STACK_DIR_ENV
 
 WARM_ENV = "PODRUN_WARM"        # in a worker the zygote forked: the zygote's pid
 HIGH_FD = 256            # a forked process gets the fds it is told of by name at or above this number
@@ -60,7 +61,7 @@ def become_worker(req: dict, fds: list[int], zygote_pid: int, preloaded: dict[st
     # helper's boot, podrun.pystart, takes off)
     first = {"script": os.path.dirname(os.path.abspath(target)), "module": os.getcwd()}.get(kind, "")
     sys.path[:] = [first, *extra, *sys.path[1:]]
-    if env.get("PODRUN_STACK_DIR") and os.path.exists(SITE_FILE):
+    if env.get(STACK_DIR_ENV) and os.path.exists(SITE_FILE):
         globals()["_stack_site"] = runpy.run_path(SITE_FILE, run_name="podrun_stack_site")
     torch = sys.modules.get("torch")
     threads = env.get("OMP_NUM_THREADS", "")

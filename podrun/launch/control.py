@@ -1,17 +1,17 @@
 """The run's control socket: how ``podrun stack`` reaches a running controller. A unix socket ``control.sock`` in the
-run directory, one JSON request and one JSON reply per connection, bound private and reached as podrun.wire.unixsock
+run directory, one request and one reply per connection (podrun.wire.control), bound private and reached as podrun.wire.unixsock
 says (long paths, 0600 from the start, lstat checks); ``control.pid`` beside it names the controller
 (podrun.wire.owner), so that a dead run's socket is removed, never trusted, and a dead controller's record is
 replaced by the next controller of the run."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import socket
 import threading
 
 from podrun.launch.stacks import DUMP_WAIT_S
+from podrun.wire.control import MAX_REPLY_BYTES, Ask, read_reply, reply_line
 from podrun.wire.owner import OWNER_NAME, SOCKET_NAME, clear_dead, record_text
 
 
@@ -31,8 +31,8 @@ def release(run_dir: str) -> None:
 
 
 def serve(run_dir: str, handle) -> socket.socket:
-    """Listen on <run_dir>/control.sock (0600); each connection's JSON request goes to ``handle(request)``,
-    whose dict is the reply. Returns the listening socket; close it with ``stop``."""
+    """Listen on <run_dir>/control.sock (0600); each connection's request goes to ``handle(ask)`` (an Ask, podrun.wire.
+    control), whose dict is the reply. Returns the listening socket; close it with ``stop``."""
     from podrun.wire import unixsock
 
     s = unixsock.bind(os.path.join(run_dir, SOCKET_NAME), 8)
@@ -47,11 +47,11 @@ def serve(run_dir: str, handle) -> socket.socket:
                     if not chunk:
                         break
                     data += chunk
-                reply = handle(json.loads(data or b"{}"))
+                reply = handle(Ask.parse(data))
             except (OSError, ValueError) as exc:
                 reply = {"error": f"bad request: {exc}"}
             with contextlib.suppress(OSError):
-                conn.sendall(json.dumps(reply, default=str).encode() + b"\n")
+                conn.sendall(reply_line(reply))
 
     def accept():
         while True:
@@ -73,11 +73,7 @@ def stop(run_dir: str, server: socket.socket | None) -> None:
     server.close()
 
 
-MAX_REPLY_BYTES = 16 * 1024 * 1024   # of a control-socket reply (the stacks of thousands of ranks are some MiB)
-MAX_REPLY_DEPTH = 32                 # JSON nesting of a reply (a stacks reply nests 4 deep)
-
-
-def ask(run_dir: str, request: dict, timeout: float = DUMP_WAIT_S * 4):
+def ask(run_dir: str, request: Ask, timeout: float = DUMP_WAIT_S * 4):
     """Send ``request`` to the controller of the run in ``run_dir``; its reply, parsed (any shape: the caller
     checks it). OSError when none listens or the whole reply takes longer than ``timeout``; ValueError for a
     reply larger than MAX_REPLY_BYTES, nested deeper than MAX_REPLY_DEPTH, or not JSON."""
@@ -88,22 +84,10 @@ def ask(run_dir: str, request: dict, timeout: float = DUMP_WAIT_S * 4):
     deadline = time.monotonic() + timeout
     data = bytearray()
     with unixsock.connect(os.path.join(run_dir, SOCKET_NAME), timeout) as s:
-        s.sendall(json.dumps(request).encode() + b"\n")
+        s.sendall(request.to_line())
         while chunk := s.recv(1 << 16):
             data += chunk
             if len(data) > MAX_REPLY_BYTES:
                 raise ValueError(f"a reply larger than {MAX_REPLY_BYTES >> 20} MiB")
             s.settimeout(max(deadline - time.monotonic(), 0.001))
-    too_deep = ValueError(f"a reply nested more than {MAX_REPLY_DEPTH} deep")
-    try:
-        reply = json.loads(data)
-    except RecursionError:
-        raise too_deep from None
-    todo = [(reply, 0)]
-    while todo:
-        value, depth = todo.pop()
-        if isinstance(value, (dict, list)):
-            if depth == MAX_REPLY_DEPTH:
-                raise too_deep
-            todo += [(v, depth + 1) for v in (value.values() if isinstance(value, dict) else value)]
-    return reply
+    return read_reply(bytes(data))

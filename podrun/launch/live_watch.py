@@ -15,7 +15,6 @@ socket at any time. The Supervisor holds a LiveWatch, feeds it the workers' prog
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import queue
 import threading
@@ -79,35 +78,28 @@ class LiveWatch:
             self.dump.got[(instance, lr)] = got
 
     def progress_report(self, st: InstanceState, lr: int | None, text: str, now: float) -> None:
-        try:
-            rec = json.loads(text)
-        except ValueError:
-            return
-        if not isinstance(rec, dict) or lr is None:
+        if (rec := protocol.Progress.read(text)) is None or lr is None:
             return
         self.last_progress, self.started, self.reported = now, True, True
-        self.phases[(st.index, lr)] = str(rec.get("phase", "train"))
-        dt = rec.get("step_seconds")
-        if isinstance(dt, (int, float)) and dt > 0:
-            self.step_times.append(float(dt))
+        self.phases[(st.index, lr)] = rec.phase
+        if rec.step_seconds is not None and rec.step_seconds > 0:
+            self.step_times.append(rec.step_seconds)
             del self.step_times[:-hangs.AUTO_WINDOW]
-        split = protocol.StepSplit.read(rec.get("split"))
-        if split is not None:
-            bound = self.splits.add(self.instances.rank(st.index, lr), st.host, split)
+        if rec.split is not None:
+            bound = self.splits.add(self.instances.rank(st.index, lr), st.host, rec.split)
             if bound is not None:
                 self.notice(slow_ranks.input_bound_line(bound))
-        busy = rec.get("busy_seconds")
-        if isinstance(busy, (int, float)) and not isinstance(busy, bool) and math.isfinite(busy) and busy >= 0:
+        busy = rec.busy_seconds
+        if busy is not None and math.isfinite(busy) and busy >= 0:
             rank = self.instances.rank(st.index, lr)
-            step = rec.get("step")
-            named = self.slow.add(rank, st.host, float(busy), step if isinstance(step, int) else None)
-            self.hosts.add(rank, st.host, float(busy), step if isinstance(step, int) else None)
+            named = self.slow.add(rank, st.host, busy, rec.step)
+            self.hosts.add(rank, st.host, busy, rec.step)
             if named is not None:
                 named.update(self.splits.cause(rank))
                 self.notice(slow_ranks.slow_rank_line(named))
         if self.progress is not None:
             try:
-                self.progress(self.instances.rank(st.index, lr), st.host, rec)
+                self.progress(self.instances.rank(st.index, lr), st.host, rec.to_dict())
             except Exception:  # noqa: BLE001 - a closed terminal must not stop supervision
                 self.progress = None
 

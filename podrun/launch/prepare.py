@@ -146,7 +146,7 @@ def _prepare(opts: LaunchOptions, target: Target, mapped: OwnOptions) -> Prepare
         needs = tuple(dict.fromkeys((*recipe_cli.needed_modules(recipe_args), *opts.target.needs)
                                     if recipe_args is not None else opts.target.needs))
     # the agents whose heartbeats the controller hears: one a host, or one a worker under mpirun (--rank-from-env)
-    mpi_ranks = kind.agent_per_worker and (engine_of(engine).mpi_ranks or net.mpi_ranks)
+    mpi_ranks = kind.per_worker is not None and (engine_of(engine).mpi_ranks or net.mpi_ranks)
     senders = plan.instances * workers_per_instance(plan) if mpi_ranks else len(set(plan.hosts))
     liveness = settings(mapped.heartbeat, mapped.heartbeat_misses, net.keepalive, spec_heartbeat=cluster.heartbeat,
                         spec_misses=cluster.heartbeat_misses, spec_source=cluster.path, hosts=senders)
@@ -180,8 +180,8 @@ def _prepare(opts: LaunchOptions, target: Target, mapped: OwnOptions) -> Prepare
     # its agents start each instance themselves: warm when a restart may follow, or (import once per host) when a
     # host runs several workers; agents that join (srun, mpirun but for --mpi-ranks, the copies) only for the latter
     several = workers_per_instance(plan) > 1
-    joined = kind.joined or (kind.agent_per_worker and not mpi_ranks)
-    if rs.warm and (kind.per_instance and (request.max_restarts > 0 or several) or joined and several):
+    kind = kind.for_request(mpi_ranks)
+    if rs.warm and (kind.per_instance and (request.max_restarts > 0 or several) or kind.joined and several):
         request = replace(request, warm=True)
     request = replace(request, join_address=check_join_address(net.join_address), mpi_ranks=mpi_ranks,
                       join_window=net.join_window if net.join_window is not None else request.join_window)

@@ -93,13 +93,14 @@ class LaunchRequest:
     # under mpirun: one MPI rank per worker, each under an agent of its own (--mpi-ranks, the horovod engine); else
     # one agent per instance that joins the controller and starts the instance's workers
     mpi_ranks: bool = False
-    #: what ``transport`` can do (podrun.launch.transports), looked up once when the request is made
+    #: what ``transport`` can do for this request (podrun.launch.transports: its mode for ``mpi_ranks``), looked up
+    #: once when the request is made
     kind: "TransportKind" = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         from podrun.launch.transports import transport_of
 
-        object.__setattr__(self, "kind", transport_of(self.transport))
+        object.__setattr__(self, "kind", transport_of(self.transport).for_request(self.mpi_ranks))
         for name, value in self.env:     # the run's keys too (PODRUN_SNAPSHOT_KEY): hidden wherever they show up
             if secret_name(name):
                 remember_secret(value)

@@ -35,6 +35,7 @@ from podrun.launch.transports.base import InstanceHandle, Transport
 from podrun.redaction import redact_text
 from podrun.rundir import layout
 from podrun.wire import owner, protocol
+from podrun.wire.control import STACKS, Ask
 
 LOST_EXIT = 255           # like ssh: the connection to a host was lost
 STRAGGLER_EXIT = 124      # like timeout(1): workers still running past --straggler-timeout
@@ -148,8 +149,8 @@ class Supervisor:
             self.failures.append(Failure(st.index, st.host, ev.local_rank, code, kind, reason, ex.at))
 
     def _on_error(self, st: InstanceState, ev: protocol.Event, now: float) -> None:  # noqa: ARG002
-        if (info := protocol.from_json(ev.text)) is not None:
-            self.failures.errors[(st.index, ev.local_rank)] = info
+        if (info := protocol.WorkerError.read(ev.text)) is not None:
+            self.failures.errors[(st.index, ev.local_rank)] = info.to_dict()
 
     def _on_stop(self, st: InstanceState, ev: protocol.Event, now: float) -> None:  # noqa: ARG002
         why = ev.text.partition(" ")[0]      # numbers that do not read: stamped now, no silence
@@ -284,14 +285,12 @@ class Supervisor:
             self.logs.close()
             self.transport.close()
 
-    def _control(self, request) -> dict:
-        if not isinstance(request, dict):
-            return {"error": "a request is a JSON object"}
-        if request.get("ask") == "stacks":
+    def _control(self, ask: Ask) -> dict:
+        if ask.what == STACKS:
             return self.live.request_stacks()
-        if request.get("ask") in self.answers:
-            return self.answers[request["ask"]]()
-        return {"error": f"unknown request {request.get('ask')!r}"}
+        if ask.what in self.answers:
+            return self.answers[ask.what]()
+        return {"error": f"unknown request {ask.what!r}"}
 
     def _run_started(self) -> Outcome:
         handles = self.transport.start()

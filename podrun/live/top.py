@@ -55,10 +55,11 @@ def find(run: str | None, runs_dir: str) -> Path:
 def state(run_dir: Path) -> dict[str, Any]:
     """The run's live state: its controller's answer (``source``: "controller"), else its records' ("records")."""
     from podrun.launch import control
+    from podrun.wire.control import Ask
 
     if _live(run_dir):
         try:
-            reply = control.ask(str(run_dir), {"ask": STATE_ASK}, timeout=10.0)
+            reply = control.ask(str(run_dir), Ask(STATE_ASK), timeout=10.0)
             if isinstance(reply, dict) and "error" not in reply and isinstance(reply.get("hosts"), list):
                 return {**reply, "source": "controller"}
         except OSError as exc:

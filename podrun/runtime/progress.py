@@ -10,14 +10,13 @@ apart are merged (the newest wins) unless the phase changes or the last step is 
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 
+from podrun.wire.protocol import PHASES, Progress
+
 FD_ENV = "PODRUN_PROGRESS_FD"
 MIN_INTERVAL_S = 0.25
-PHASES = ("train", "eval", "checkpoint", "setup")   # a phase other than "train" does not read as a hang
-FIELDS = ("step", "total", "epoch", "loss", "samples_per_sec", "step_seconds", "busy_seconds")
 
 _state = {"fd": None, "checked": False, "last": 0.0, "phase": None}
 
@@ -54,13 +53,8 @@ def report(step: int | None = None, total: int | None = None, *, epoch: int | No
     if (not force and not last_step and phase == _state["phase"]
             and now - _state["last"] < MIN_INTERVAL_S):
         return False
-    rec = {"phase": phase}
-    for name, value in zip(FIELDS, (step, total, epoch, loss, samples_per_sec, step_seconds, busy_seconds)):
-        if value is not None:
-            rec[name] = value
-    if split is not None:
-        rec["split"] = split.to_dict()
-    data = (json.dumps(rec, separators=(",", ":"), default=float) + "\n").encode()
+    data = (Progress(phase, step, total, epoch, loss, samples_per_sec, step_seconds, busy_seconds,
+                     split).encode() + "\n").encode()
     try:
         os.write(fd, data)             # one write < PIPE_BUF: never interleaved with another thread's
     except (BlockingIOError, ValueError):

@@ -32,14 +32,13 @@ from typing import Callable
 
 from podrun.runtime import progress
 from podrun.wire.protocol import SPLIT_PARTS, StepSplit
+from podrun.wire.worker_env import cpu_share
 
 
 def cpus() -> int:
     """The cores this rank may run on: podrun's share (PODRUN_CPUS, --cpu-bind's set), else its affinity."""
-    share = os.environ.get("PODRUN_CPUS", "")
-    if share.isdigit() and int(share) > 0:
-        return int(share)
-    return len(os.sched_getaffinity(0))
+    share = cpu_share()
+    return share if share is not None else len(os.sched_getaffinity(0))
 
 
 class LastGrad:

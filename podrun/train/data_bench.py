@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 
 from podrun.train.data import DataError
+from podrun.wire.worker_env import cpu_share
 
 
 @dataclass(frozen=True)
@@ -44,8 +45,8 @@ def cpu_seconds(pids: list[int]) -> float | None:
 
 def cores_here() -> int:
     """The cores this process may run on (podrun's share, PODRUN_CPUS, when it set one)."""
-    share = os.environ.get("PODRUN_CPUS", "")
-    return int(share) if share.isdigit() and int(share) > 0 else len(os.sched_getaffinity(0))
+    share = cpu_share()
+    return share if share is not None else len(os.sched_getaffinity(0))
 
 
 def default_counts(cores: int) -> list[int]:

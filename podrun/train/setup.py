@@ -23,6 +23,7 @@ from podrun.train.data_pool import default_workers
 from podrun.rundir.layout import CHECKPOINTS
 from podrun.rundir.metrics import MetricsWriter
 from podrun.train.optim import build_optimizer, build_scheduler
+from podrun.wire.worker_env import cpu_share
 
 
 def all_reduce(t: torch.Tensor, op=None) -> torch.Tensor:
@@ -69,9 +70,8 @@ def set_threads(cfg: TrainConfig, info: WorkerInfo, device: Device) -> None:
         return
     n = cfg.threads
     if n is None and "OMP_NUM_THREADS" not in os.environ:
-        share = os.environ.get("PODRUN_CPUS", "")
-        n = int(share) if share.isdigit() and int(share) > 0 else max(
-            1, len(os.sched_getaffinity(0)) // max(1, info.local_world_size))
+        n = cpu_share()
+        n = n if n is not None else max(1, len(os.sched_getaffinity(0)) // max(1, info.local_world_size))
     if n is not None and n > 0:
         torch.set_num_threads(n)
 

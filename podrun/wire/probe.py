@@ -11,8 +11,10 @@ import socket
 import struct
 import subprocess
 import sys
+from dataclasses import dataclass
 
 from podrun import pystart
+from podrun.wire.protocol import Record
 
 PICK_FROM = 10000          # the lowest port pick_free_port tries
 
@@ -83,31 +85,54 @@ def missing_text(python: str, missing, what: str) -> tuple[str, str]:
 REACH_TIMEOUT = 3.0       # seconds a worker host's probe waits for the master's TCP answer
 
 
-def facts(ports=(), busy=None, needs=(), master_addr: str | None = None, master_port: int | None = None) -> dict:
-    """podrun and python versions, the hostname, the run's ports on this host and the busy ones among them
-    (``busy``: as the caller found them binding the ports it holds; else each port is tried here), the
-    modules among ``needs`` that this python cannot import (``missing``), the addresses ``master_addr``
-    resolves to here (``master_resolves``; [] when it does not resolve), the interfaces with an IPv4 or a global
-    IPv6 address (``interfaces``), and with ``master_port`` (a worker host) whether the master answers there
-    (``master_reach``, see reach)."""
+@dataclass(frozen=True)
+class Reach(Record):
+    """Whether the master answered TCP from a host (``ok``), the interface the connection went ``via``, and why not
+    (``error``: timed out, no route)."""
+
+    ok: bool
+    via: str = "?"
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Facts(Record):
+    """``probe``: a held agent's preflight facts: ``podrun`` and ``python`` versions, the ``hostname``, the run's
+    ``ports`` on the host and the busy ones among them (``ports_busy``), the modules it needs that its python cannot
+    import (``missing``), its ``interfaces`` with an IPv4 or a global IPv6 address, the addresses MASTER_ADDR
+    resolves to there (``master_resolves``; None: not asked) and, from a worker host, whether the master answers
+    there (``master_reach``)."""
+
+    KIND = "probe"
+    podrun: str
+    python: str
+    hostname: str = ""
+    ports: tuple[int, ...] = ()
+    ports_busy: tuple[int, ...] = ()
+    missing: tuple[str, ...] = ()
+    interfaces: tuple[str, ...] = ()
+    master_resolves: tuple[str, ...] | None = None
+    master_reach: Reach | None = None
+
+
+def facts(ports=(), busy=None, needs=(), master_addr: str | None = None, master_port: int | None = None) -> Facts:
+    """This host's Facts: ``busy``, the run's ports the caller found busy binding the ports it holds (else each
+    port is tried here); ``needs``, the modules to look for; the master's resolution with ``master_addr``, and
+    with ``master_port`` too (a worker host) whether the master answers there (see reach)."""
     import podrun
 
-    ports = list(ports)
-    out = {"podrun": podrun.__version__, "python": python_version(), "hostname": socket.gethostname(),
-           "ports": ports, "ports_busy": list(busy) if busy is not None else [p for p in ports if not port_free(p)],
-           "missing": missing_modules(sys.executable, needs) if needs else [],
-           "interfaces": sorted(set(interface_addresses()) | set(interface_addresses6()))}
-    if master_addr is not None:
-        out["master_resolves"] = resolve(master_addr)
-        if master_port is not None:
-            out["master_reach"] = reach(master_addr, master_port)
-    return out
+    ports = tuple(ports)
+    resolves = tuple(resolve(master_addr)) if master_addr is not None else None
+    return Facts(podrun.__version__, python_version(), socket.gethostname(), ports,
+                 tuple(busy) if busy is not None else tuple(p for p in ports if not port_free(p)),
+                 tuple(missing_modules(sys.executable, needs)) if needs else (),
+                 tuple(sorted(set(interface_addresses()) | set(interface_addresses6()))), resolves,
+                 reach(master_addr, master_port) if master_addr is not None and master_port is not None else None)
 
 
-def reach(addr: str, port: int, timeout: float = REACH_TIMEOUT) -> dict:
-    """Whether ``addr`` answers TCP on ``port`` from here: {"ok": bool, "via": interface, "error": text}. A
-    refused connection counts as reached (the host answered; rank 0's store may not listen yet); a timeout,
-    no route or an unreachable network does not."""
+def reach(addr: str, port: int, timeout: float = REACH_TIMEOUT) -> Reach:
+    """Whether ``addr`` answers TCP on ``port`` from here. A refused connection counts as reached (the host
+    answered; rank 0's store may not listen yet); a timeout, no route or an unreachable network does not."""
     targets = resolve(addr)             # a name: the route to the address it resolves to first, of either family
     src = route_source(targets[0]) if targets else None
     via = (interface_of(src) if src else None) or "?"
@@ -118,8 +143,8 @@ def reach(addr: str, port: int, timeout: float = REACH_TIMEOUT) -> dict:
         pass
     except OSError as exc:
         why = "timed out" if isinstance(exc, (socket.timeout, TimeoutError)) else (exc.strerror or str(exc))
-        return {"ok": False, "via": via, "error": why}
-    return {"ok": True, "via": via, "error": ""}
+        return Reach(False, via, why)
+    return Reach(True, via)
 
 
 def resolve(name: str) -> list[str]:

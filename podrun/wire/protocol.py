@@ -9,19 +9,14 @@ single worker of its instance (--rank-from-env) writes that worker's local rank 
               input()'s; a ``\r`` bar, at most once per PART_WAIT_S): text = "<out|err> <-|r> <its state>", r when
               the state replaces what was shown (a ``\r`` redraw); the ``out``/``err`` line ending it follows
   ready       the agent is up: text = "<hostname> <agent pid> <workers>"
-  probe       with --hold: the preflight facts (JSON: podrun and python versions, hostname, busy ports);
-              the agent then waits for a ``G`` on stdin before it starts any worker
+  probe       with --hold: the host's preflight facts (podrun.wire.probe.Facts); the agent then waits for a
+              ``G`` on stdin before it starts any worker
   start       a worker was spawned: text = its pid
   exit        a worker ended: text = "<return code> <unix time>[ teardown]" (negative code = killed by
               that signal; "teardown" when the agent was already ending its workers)
-  error       a failed worker's @record error file (torch.distributed.elastic): JSON {message,
-              traceback, file}, sent before its ``exit`` line
-  prog        a worker's progress report (podrun.runtime.progress): JSON {phase, step, total, epoch, loss,
-              samples_per_sec, step_seconds, busy_seconds, split}, the fields it gave (split: a ``StepSplit``)
-  stack       on an ``S`` from the controller, one running worker's stacks: JSON {procs: [{pid, main
-              (its main thread's id), text (what faulthandler wrote)}], problem (why there is none), cpu
-              (CPU seconds of its process tree, read before the dump), at (the agent's monotonic clock then),
-              stdin (its tree was blocked reading the launcher's stdin then)}
+  error       a failed worker's @record error file (``WorkerError``), sent before its ``exit`` line
+  prog        a worker's progress report (podrun.runtime.progress: ``Progress``)
+  stack       on an ``S`` from the controller, one running worker's stacks (``Stacks``)
   hb          heartbeat, once a second: text = the agent's wall clock
   note        a message from the agent itself (teardown reasons, spawn errors)
   stop        the agent begins ending its workers: text = "<why> <unix time> <seconds>", why a StopKind value
@@ -29,8 +24,8 @@ single worker of its instance (--rank-from-env) writes that worker's local rank 
   done        the agent is about to exit: text = its exit code
 
 The texts with fields are messages (``Message``: Ready, Start, WorkerExit, Heartbeat, AgentStop, Done) that
-encode and decode themselves, and so is a stack reply (``Stacks``, a JSON object read tolerantly); probe and error
-are JSON objects of their own shape (``to_json``, ``from_json``).
+encode and decode themselves; those that are JSON objects (Facts, WorkerError, Progress, Stacks) are ``Record``s, each
+read keeping what has its type. The controller's bytes on an agent's stdin are ``Token``s and STOP_TOKENS.
 
 A worker's line longer than MAX_LINE bytes is cut there (the agent holds at most that much of a
 line): the cut part ends with CUT_MARK, and when the line finally ends a second line says how many
@@ -42,9 +37,11 @@ an ssh channel, or the merged stdout of one mpirun/srun process carrying every i
 """
 from __future__ import annotations
 
+import enum
 import json
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass, field, fields
 
@@ -106,6 +103,63 @@ class Message:
 
 _WRITE = {"int": str, "str": str, "float": "{:g}".format, "Stamp": "{:.3f}".format}
 _READ = {"int": int, "str": str, "float": float, "Stamp": float}
+
+
+class Record(Message):
+    """A message whose text is a JSON object of its fields (a None one left out, a nested record as its own object).
+    ``decode`` keeps a field that has its annotated type (of a tuple, the items that have theirs) and drops the rest,
+    a field left out taking its default; no JSON object, or one without a field that has no default, is a ValueError
+    or TypeError (``read``: None)."""
+
+    def to_dict(self) -> dict:
+        return {f.name: _plain(v) for f in fields(self) if (v := getattr(self, f.name)) is not None}
+
+    def encode(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"), default=float)   # a numpy or torch scalar too
+
+    @classmethod
+    def decode(cls, text: str):
+        rec = from_json(text)
+        if rec is None:
+            raise ValueError(f"a {cls.KIND} line is a JSON object")
+        return cls.from_dict(rec)
+
+    @classmethod
+    def from_dict(cls, rec: dict):
+        got = {f.name: _typed(f.type, rec.get(f.name), cls) for f in fields(cls)}
+        return cls(**{k: v for k, v in got.items() if v is not _ABSENT})
+
+
+_ABSENT = object()      # a record's field that is missing or does not have its type
+
+
+def _plain(value):
+    """A record's field as JSON holds it: a tuple as a list, a nested record as its object."""
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return value.to_dict() if hasattr(value, "to_dict") else value
+
+
+def _typed(kind: str, value, owner: type):
+    """``value`` as a field annotated ``kind`` of the record ``owner`` holds it, else _ABSENT: a bool, str, int or
+    dict as it is, a number as a float, a list as the tuple of its items that have their type, a dict as the nested
+    record type it names (``from_dict``, from the owner's module)."""
+    if kind.endswith(" | None"):
+        if value is None:
+            return None
+        kind = kind[:-len(" | None")]
+    if kind.startswith("tuple["):
+        if not isinstance(value, list):
+            return _ABSENT
+        items = (_typed(kind[len("tuple["):-len(", ...]")], x, owner) for x in value)
+        return tuple(v for v in items if v is not _ABSENT)
+    plain = {"bool": bool, "str": str, "int": int, "dict": dict}.get(kind)
+    if plain is not None:
+        return value if isinstance(value, plain) and (plain is bool or not isinstance(value, bool)) else _ABSENT
+    if kind in ("float", "Stamp"):
+        return _ABSENT if (number := _number(value)) is None else number
+    nested = getattr(sys.modules[owner.__module__], kind).from_dict(value) if isinstance(value, dict) else None
+    return _ABSENT if nested is None else nested
 
 
 @dataclass(frozen=True)
@@ -170,13 +224,12 @@ class Done(Message):
 
 
 @dataclass(frozen=True)
-class Stacks(Message):
+class Stacks(Record):
     """``stack``: on an ``S``, one running worker's stacks, as a JSON object: ``procs`` (each process of its tree,
     ``{pid, main, text}``: main its main thread's id, text what faulthandler wrote), ``problem`` (why there is none),
     ``exiting`` (its program has returned), ``cpu`` (its tree's CPU seconds, read before the dump), ``at`` (the
     agent's monotonic clock then) and ``stdin`` (a process of its tree was blocked reading the launcher's stdin then:
-    input(), pdb's prompt). ``decode`` keeps what has its type and drops the rest; no JSON object is a
-    ValueError (``read``: None)."""
+    input(), pdb's prompt)."""
 
     KIND = "stack"
     procs: tuple[dict, ...] = ()
@@ -185,20 +238,6 @@ class Stacks(Message):
     cpu: float | None = None
     at: float | None = None
     stdin: bool = False
-
-    def encode(self) -> str:
-        return to_json({"procs": list(self.procs), "problem": self.problem, "exiting": self.exiting,
-                        "cpu": self.cpu, "at": self.at, "stdin": self.stdin})
-
-    @classmethod
-    def decode(cls, text: str) -> "Stacks":
-        rec = from_json(text)
-        if rec is None:
-            raise ValueError("a stack reply is a JSON object")
-        procs, problem = rec.get("procs"), rec.get("problem")
-        return cls(tuple(p for p in procs if isinstance(p, dict)) if isinstance(procs, list) else (),
-                   problem if isinstance(problem, str) else None, rec.get("exiting") is True,
-                   _number(rec.get("cpu")), _number(rec.get("at")), rec.get("stdin") is True)
 
 
 @dataclass(frozen=True)
@@ -250,7 +289,7 @@ class StepSplit:
         return out
 
     @classmethod
-    def read(cls, rec) -> "StepSplit | None":
+    def from_dict(cls, rec) -> "StepSplit | None":
         """A ``split`` field read tolerantly: None unless every part is a finite number >= 0."""
         if not isinstance(rec, dict):
             return None
@@ -260,6 +299,38 @@ class StepSplit:
         counts = [rec.get(k) if isinstance(rec.get(k), int) and not isinstance(rec.get(k), bool)
                   and rec.get(k) >= 0 else None for k in ("cpus", "loaders")]
         return cls(*parts, *counts)
+
+
+@dataclass(frozen=True)
+class WorkerError(Record):
+    """``error``: a failed worker's @record error file (torch.distributed.elastic), as its agent read it: the
+    ``message``, the last lines of its ``traceback`` and the ``file``."""
+
+    KIND = "error"
+    message: str
+    traceback: tuple[str, ...] = ()
+    file: str = ""
+
+
+PHASES = ("train", "eval", "checkpoint", "setup")   # a progress phase; one other than "train" does not read as a hang
+
+
+@dataclass(frozen=True)
+class Progress(Record):
+    """``prog``: a worker's progress report (podrun.runtime.progress), the fields it gave: its ``phase`` (PHASES),
+    ``step`` of ``total``, ``epoch``, ``loss``, ``samples_per_sec``, ``step_seconds`` (its last step's),
+    ``busy_seconds`` (its own work in that step, without waiting for the other ranks) and ``split`` (a StepSplit)."""
+
+    KIND = "prog"
+    phase: str = "train"
+    step: int | None = None
+    total: int | None = None
+    epoch: int | None = None
+    loss: float | None = None
+    samples_per_sec: float | None = None
+    step_seconds: float | None = None
+    busy_seconds: float | None = None
+    split: StepSplit | None = None
 
 
 #: the hand-shake's lines, before the protocol's, on an agent's TCP connection to its controller (podrun.wire.join)
@@ -362,7 +433,7 @@ def _number(value) -> float | None:
 
 
 def to_json(record: dict) -> str:
-    """The text of a JSON line (``probe``, ``error``, ``stack``): compact, on one line."""
+    """The text of a JSON line: compact, on one line."""
     return json.dumps(record, separators=(",", ":"))
 
 
@@ -394,6 +465,14 @@ def parse(line: str, stream: str = "out") -> Event:
             else:
                 return Event(inst, lr, parts[2], parts[3] if len(parts) > 3 else "")
     return Event(None, None, "err" if stream == "err" else "out", line)
+
+
+def read_done(line: str) -> tuple[int, int | None, Done | None] | None:
+    """Of an agent's ``done`` line (newline stripped): its instance, its local rank and its Done (None when its code
+    does not read); None for any other line."""
+    if not line.startswith(PREFIX) or (ev := parse(line)).kind != Done.KIND:
+        return None
+    return ev.instance, ev.local_rank, Done.read(ev.text)
 
 
 def bounded_lines(f, limit: int = MAX_LINE):
@@ -512,6 +591,17 @@ def read_request(run_dir: str, name: str = REQUEST_FILE) -> str:
             return f.read().strip()
     except OSError:
         return ""
+
+
+# -- the controller's bytes on an agent's stdin (or its connection to the controller) ---------------
+
+class Token(bytes, enum.Enum):
+    """What the controller's byte on an agent's stdin says (but a stop: STOP_TOKENS): HEARTBEAT that it is alive,
+    STACKS to send its workers' stacks (``stack`` lines), GO that a held agent may start its workers."""
+
+    HEARTBEAT = b"."
+    STACKS = b"S"
+    GO = b"G"
 
 
 # -- how the controller asks an agent to end its workers with a signal ------------------------------

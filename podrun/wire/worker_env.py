@@ -76,6 +76,18 @@ CPUS_ENV = "PODRUN_CPUS"
 # a bound worker's cores (--cpu-bind), as Linux's cpulist writes them: the agent (or the zygote's fork) sets them
 # as its affinity before the worker runs
 CPU_SET_ENV = "PODRUN_CPU_SET"
+# what the agent tells a worker's Python processes (podrun's sitecustomize reads these names itself: it imports no
+# podrun module but safefs): the directory its stacks go to and the signal that dumps them (podrun.host.stackdump),
+# and the largest write one message of its output sockets takes
+STACK_DIR_ENV, STACK_SIGNAL_ENV, OUTPUT_CHUNK_ENV = "PODRUN_STACK_DIR", "PODRUN_STACK_SIGNAL", "PODRUN_OUTPUT_CHUNK"
+
+
+def cpu_share(environ: Mapping[str, str] | None = None) -> int | None:
+    """A worker's share of its host's cores as podrun set it (CPUS_ENV in ``environ``, else this process's
+    environment); None where it set none."""
+    share = (os.environ if environ is None else environ).get(CPUS_ENV, "")
+    return int(share) if share.isdigit() and int(share) > 0 else None
+
 # Set only when neither the host nor --env has them: threads per worker (see omp_num_threads), line
 # buffered output so logs stream live, NCCL's async error handling as torchrun sets it, torchrun's list of
 # forwarded signals, and gloo's interface where the host's own name resolves to loopback

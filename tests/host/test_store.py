@@ -16,7 +16,7 @@ import pytest
 from podrun.wire import protocol
 from podrun.host.store import ENV, StoreHost
 from podrun.launch.options import LaunchOptions, TransportOptions
-from podrun.wire.probe import listen
+from podrun.wire.probe import Facts, listen
 from podrun.wire.probe import ephemeral_low
 from tests.launch.helpers import ALLREDUCE, local_pids, marker, podrun, podrun_popen, run_dir, summary, wait_until
 from tests.host.test_agent import _request
@@ -385,12 +385,12 @@ def test_held_agent_reports_facts_and_starts_nothing_without_a_go(tmp_path):
     m = marker()
     p = free_port()
     proc = _held_agent(tmp_path, m, master_port=p)
-    facts = json.loads(_read_until(proc, "probe").text)
+    facts = Facts.decode(_read_until(proc, "probe").text)
     import podrun as podrun_pkg
 
-    assert facts["podrun"] == podrun_pkg.__version__
-    assert facts["python"] == ".".join(map(str, sys.version_info[:3]))
-    assert facts["ports"] == [p] and facts["ports_busy"] == []
+    assert facts.podrun == podrun_pkg.__version__
+    assert facts.python == ".".join(map(str, sys.version_info[:3]))
+    assert facts.ports == (p,) and facts.ports_busy == ()
     with pytest.raises(OSError):                       # reserved from the check on
         socket.create_server(("", p)).close()
     assert not list(tmp_path.glob("started-*"))
@@ -414,8 +414,8 @@ def test_held_agent_reports_its_port_busy_and_holds_nothing(tmp_path):
     with socket.create_server(("", 0)) as taken:
         p = taken.getsockname()[1]
         proc = _held_agent(tmp_path, m, master_port=p)
-        facts = json.loads(_read_until(proc, "probe").text)
-        assert facts["ports"] == [p] and facts["ports_busy"] == [p]
+        facts = Facts.decode(_read_until(proc, "probe").text)
+        assert facts.ports == (p,) and facts.ports_busy == (p,)
         proc.stdin.close()
         assert proc.wait(timeout=10) == 0
 

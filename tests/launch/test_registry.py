@@ -81,10 +81,32 @@ def test_capabilities_of_each_transport():
     assert [k.name for k in TRANSPORTS.values() if k.per_instance] == ["local", "ssh"]      # warm
     # elastic: each attempt on its plan's hosts, a launcher's new step or launch whose agents join again
     assert [k.name for k in TRANSPORTS.values() if k.replans] == ["local", "ssh", "mpirun", "srun"]
-    assert mpirun.merged and poprun.merged and not (local.merged or ssh.merged or srun.merged)
-    assert mpirun.agent_per_worker and srun.passes_env and not poprun.agent_store and poprun.engine_only
-    # agents that join over TCP: srun's, and the copies of one podrun per node (chosen by podrun, never --transport)
-    assert [k.name for k in TRANSPORTS.values() if k.joined] == ["srun", "join"] and transport_of("join").engine_only
+    assert [k.name for k in TRANSPORTS.values() if k.merged] == ["poprun"]
+    assert srun.passes_env and not poprun.agent_store and poprun.engine_only
+    # agents that join over TCP: mpirun's and srun's, and the copies of one podrun per node (chosen by podrun, never
+    # --transport)
+    assert [k.name for k in TRANSPORTS.values() if k.joined] == ["mpirun", "srun", "join"]
+    assert transport_of("join").engine_only
+    # one MPI rank per worker (--mpi-ranks, horovod): mpirun alone, then on its one merged stream, none joining
+    assert [k.name for k in TRANSPORTS.values() if k.for_request(True) is not k] == ["mpirun"]
+    ranks = mpirun.for_request(True)
+    assert ranks.merged and ranks.agent_per_worker and not ranks.joined and mpirun.for_request(False) is mpirun
+    assert not any(k.agent_per_worker for k in TRANSPORTS.values())
+
+
+def test_a_request_and_its_transport_take_their_capabilities_from_the_registry(tmp_path):
+    """What a request's transport does (merged, joined, an agent per worker) is the registry's entry for the
+    request (``for_request``): the transport's code does not decide it again."""
+    from podrun.launch.request import LaunchRequest
+    from podrun.launch.transports.mpirun import MpirunTransport
+
+    for mpi_ranks in (False, True):
+        req = LaunchRequest(run_id="r", run_dir=str(tmp_path), plan=None, plan_path=str(tmp_path / "plan.json"),
+                            command=("true",), python="python3", workdir="/w", master_addr="h0", master_port=29500,
+                            transport="mpirun", mpi_ranks=mpi_ranks)
+        t = MpirunTransport(req)
+        assert req.kind == t.kind == transport_of("mpirun").for_request(mpi_ranks)
+        assert (t.merged, t.kind.joined, t.kind.agent_per_worker) == (mpi_ranks, not mpi_ranks, mpi_ranks)
 
 
 def test_the_registry_and_help_import_no_transport_code():

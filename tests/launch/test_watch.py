@@ -11,6 +11,7 @@ import pytest
 
 from podrun.cli.render import ProgressView, human_number, human_seconds, progress_text
 from podrun.launch import control, hangs, stacks
+from podrun.wire.control import Ask
 from podrun.launch.hangs import WatchOptions
 from podrun.launch.stacks import Frame, ProcessStack, Thread, WorkerStack
 from podrun.wire import owner
@@ -173,9 +174,9 @@ def test_the_control_socket_answers_and_is_private(tmp_path):
     """A long run-dir path (longer than a unix socket address) still works: bound through /proc/self/fd."""
     run = tmp_path / ("x" * 120)
     run.mkdir()
-    server = control.serve(str(run), lambda req: {"echo": req})
+    server = control.serve(str(run), lambda ask: {"echo": ask.what})
     try:
-        assert control.ask(str(run), {"ask": "ping"}) == {"echo": {"ask": "ping"}}
+        assert control.ask(str(run), Ask("ping")) == {"echo": "ping"}
         assert (run / owner.SOCKET_NAME).stat().st_mode & 0o777 == 0o600
     finally:
         control.stop(str(run), server)

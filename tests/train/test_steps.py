@@ -28,10 +28,10 @@ S = StepSplit
     ([0.1, 0.2], None),
 ])
 def test_a_split_reads_back_or_is_dropped(rec, want):
-    got = S.read(rec)
+    got = S.from_dict(rec)
     assert got == want
     if got is not None:
-        assert S.read(json.loads(json.dumps(got.to_dict()))) == got
+        assert S.from_dict(json.loads(json.dumps(got.to_dict()))) == got
 
 
 OTHERS = [S(0.002, 0.10, 0.30, 0.01), S(0.003, 0.11, 0.31, 0.01), S(0.002, 0.09, 0.29, 0.01)]
@@ -104,7 +104,7 @@ def test_the_hook_sends_the_mean_split_of_its_steps(channel):
         assert steps.step(i, 3, loss=1.5) == (i != 2)
     recs = [json.loads(line) for line in os.read(channel, 8192).decode().splitlines()]
     assert [r["step"] for r in recs] == [1, 3] and recs[1]["loss"] == 1.5
-    split = S.read(recs[1]["split"])
+    split = S.from_dict(recs[1]["split"])
     assert 0.02 <= split.input < 0.035 and 0.01 <= split.compute < split.input and split.comm == 0.0  # a mean
     assert recs[1]["busy_seconds"] == pytest.approx(split.input + split.compute, abs=1e-5)
     with pytest.raises(ValueError, match="phase 'data'"):

@@ -10,6 +10,7 @@ from podrun import pystart
 from podrun.launch.request import LaunchRequest
 from podrun.wire import protocol
 from podrun.wire.agent_args import AGENT_MODULE, AgentArgs, CpuBind, FromEnv, RunAttempt
+from podrun.wire.control import STACKS, Ask
 
 _TEXT = st.text(string.ascii_letters + string.digits + "/._-= ", min_size=1).filter(lambda t: not t.startswith("-"))
 _WORD = st.text(string.ascii_letters + string.digits + "._-", min_size=1).filter(lambda t: not t.startswith("-"))
@@ -58,7 +59,12 @@ _MESSAGES = (st.builds(protocol.Ready, _WORD, st.integers(0, 1 << 22), st.intege
              | st.builds(protocol.Done, st.integers(0, 255))
              | st.builds(protocol.Stacks, st.lists(st.fixed_dictionaries(
                  {"pid": st.integers(1, 1 << 22), "main": st.integers(0, 1 << 48), "text": st.text(max_size=40)}),
-                 max_size=3).map(tuple), st.none() | _WORD, st.booleans(), st.none() | _SHORT, st.none() | _STAMP))
+                 max_size=3).map(tuple), st.none() | _WORD, st.booleans(), st.none() | _SHORT, st.none() | _STAMP)
+             | st.builds(protocol.WorkerError, _TEXT, st.lists(st.text(max_size=20), max_size=3).map(tuple), _TEXT)
+             | st.builds(protocol.Progress, st.sampled_from(protocol.PHASES), *[st.none() | st.integers(0, 1 << 40)] * 3,
+                         *[st.none() | _SHORT] * 4, st.none() | st.builds(
+                             protocol.StepSplit, *[_SHORT.map(lambda x: x / 1000)] * 4, st.none() | st.integers(1, 512),
+                             st.none() | st.integers(0, 64))))
 _JOINS = (st.builds(protocol.JoinChallenge, st.integers(0, 99), _WORD)
           | st.builds(protocol.Join, _WORD, st.integers(0, 1 << 20), _WORD, st.integers(1, 1 << 22), _WORD,
                       _WORD, st.booleans())
@@ -194,3 +200,27 @@ def test_a_hand_shake_line_in_pieces_is_read_whole_and_one_past_its_limit_is_non
         assert join.read_line(b, time.monotonic() + 10, limit=8) == b""
         a.close()
         assert join.read_line(b, time.monotonic() + 10) == b""
+
+
+def test_the_typed_lines_are_written_as_before_and_read_tolerantly():
+    """A progress report is the JSON record the runtime always wrote (the fields given), read keeping what has its
+    type; an error record needs its message; a done line is read in one place (protocol.read_done), whichever handle
+    reads it; the controller's stdin tokens are their bytes."""
+    split = protocol.StepSplit(0.25, 0.5, 0.125, 0.0625, cpus=4)
+    assert protocol.Progress(step=3, total=10, loss=0.5, split=split).encode() == (
+        '{"phase":"train","step":3,"total":10,"loss":0.5,"split":{"input":0.25,"compute":0.5,"comm":0.125,'
+        '"optim":0.0625,"cpus":4}}')
+    assert protocol.Progress.read('{"phase": 3, "step": true, "total": 2.5, "loss": "x", "busy_seconds": 1, '
+                                  '"split": {"input": -1}, "other": 1}') == protocol.Progress(busy_seconds=1.0)
+    assert protocol.Progress.read("[]") is None and protocol.WorkerError.read('{"traceback": []}') is None
+    assert protocol.WorkerError.read('{"message": "m", "traceback": ["a", 2], "file": 3}') == \
+        protocol.WorkerError("m", ("a",))
+    assert protocol.read_done("@podrun 3 1 done 7") == (3, 1, protocol.Done(7))
+    assert protocol.read_done("@podrun 3 - done x") == (3, None, None)
+    assert protocol.read_done("@podrun 3 - exit 0") is None and protocol.read_done("done 0") is None
+    assert [t.value for t in protocol.Token] == [b".", b"S", b"G"]
+    assert not {t.value for t in protocol.Token} & set(protocol.STOP_TOKENS)
+    assert Ask.parse(Ask(STACKS).to_line()) == Ask(STACKS) and Ask(STACKS).to_line() == b'{"ask": "stacks"}\n'
+    for bad in (b"[]", b'{"ask": 3}', b"", b"{"):
+        with pytest.raises(ValueError):
+            Ask.parse(bad)

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from podrun.errors import LaunchError, PlanError
+from podrun.launch.transports.base import InstanceHandle, Problem
+from podrun.launch.transports.launcher import LauncherTransport, agent_shell
 
 IPUS_PER_ILD = 64  # an IPU-Link domain is one POD64 (a POD256 is --num-ilds 4)
 # the V-IPU controller and partition of a POD job, as Graphcore's tools and examples name them in the environment
@@ -137,10 +139,6 @@ def find_poprun(executable: str = "poprun") -> str:
 
 
 # ---- as a transport: poprun starts the instance agents --------------------------------------------
-
-from podrun.launch.transports.base import InstanceHandle, Problem  # noqa: E402
-from podrun.launch.transports.mpirun import LauncherTransport, agent_shell  # noqa: E402
-
 
 class PoprunTransport(LauncherTransport):
     """``--engine poprun``: one poprun whose instances are podrun's agents (--index-from-env).

@@ -5,7 +5,7 @@ transport is one entry here and one module (podrun.launch.transports.base says w
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 SSH_CLIENTS = ("auto", "openssh", "paramiko")     # --ssh-client
 
@@ -32,6 +32,9 @@ class TransportKind:
     env_stdin: bool = False
     #: one agent per worker, each an MPI rank (--rank-from-env), rather than one per instance
     agent_per_worker: bool = False
+    #: what it can do instead with one agent per worker, each an MPI rank (--mpi-ranks, an engine that asks for MPI
+    #: ranks: horovod); None: it has no such mode (``for_request``)
+    per_worker: "TransportKind | None" = None
     #: rank 0's agent may serve torch's store on the rendezvous port (--agent-store)
     agent_store: bool = True
     #: podrun starts each instance itself, on hosts it picks per attempt: warm zygotes
@@ -49,6 +52,11 @@ class TransportKind:
     #: what may have ended an agent's connection before the agent reported (a lost host's root cause says it)
     lost_means: str = "host crashed, or its agent killed"
 
+    def for_request(self, mpi_ranks: bool) -> "TransportKind":
+        """What this transport does for a request: its ``per_worker`` capabilities when the request asks for one
+        MPI rank per worker and it has them, else its own."""
+        return self.per_worker if mpi_ranks and self.per_worker is not None else self
+
     def load(self):
         """What makes this transport from a request (imported now): its class, or for ssh the function that picks
         the client's class; a LaunchError naming a module it needs that is missing (paramiko for ssh)."""
@@ -65,14 +73,16 @@ class TransportKind:
         return getattr(module, attr)
 
 
+# an agent per instance, which joins; with --mpi-ranks an agent per worker, each an MPI rank, on mpirun's one stream
+_MPIRUN = TransportKind("mpirun", "podrun.launch.transports.mpirun:MpirunTransport", per_instance=False,
+                        ssh_daemons=True, joined=True,
+                        lost_means="host crashed, its Open MPI daemon (prted) or agent killed")
 TRANSPORTS: dict[str, TransportKind] = {k.name: k for k in (
     TransportKind("local", "podrun.launch.transports.local:LocalTransport", remote=False,
                   lost_means="its agent killed"),
     TransportKind("ssh", "podrun.launch.transports.openssh:ssh_transport", ssh_per_host=True, env_stdin=True,
                   lost_means="host crashed, sshd or agent killed"),
-    TransportKind("mpirun", "podrun.launch.transports.mpirun:MpirunTransport", merged=True, agent_per_worker=True,
-                  per_instance=False, ssh_daemons=True,
-                  lost_means="host crashed, its Open MPI daemon (prted) or agent killed"),
+    replace(_MPIRUN, per_worker=replace(_MPIRUN, merged=True, joined=False, agent_per_worker=True)),
     TransportKind("srun", "podrun.launch.transports.srun:SrunTransport", per_instance=False, passes_env=True,
                   joined=True, lost_means="node down, its srun task or agent killed"),
     TransportKind("poprun", "podrun.launch.engines.poprun:PoprunTransport", merged=True, agent_store=False,

@@ -4,10 +4,15 @@ A transport turns a LaunchRequest (podrun.launch.request) into running instance 
 supervisor one InstanceHandle per stream of agent output. The supervisor (podrun.launch.supervisor)
 parses the agent line protocol (podrun.wire.protocol) from every handle, whatever the transport:
 
-- ``local`` / ``ssh``: one handle per instance, each carrying exactly one agent.
-- ``mpirun`` / ``srun`` (``merged = True``): one handle whose output carries every instance; the
-  agents learn their index with ``--index-from-env`` and run with ``--no-stdin-watch``
-  (build the command with ``request.agent_argv(None, stdin_watch=False)``).
+- ``local`` / ``ssh``: one handle per instance, each carrying exactly one agent, spoken to over its stdin.
+- ``srun``, ``mpirun`` and the copies' ``join`` (``joined``): the agents join the controller over TCP
+  (podrun.launch.transports.join): one handle per instance, its connection; a launcher's own process is a handle
+  that carries no instance.
+- ``poprun`` and ``mpirun --mpi-ranks`` (``merged``): one handle whose output carries every instance; the
+  agents learn their index (or rank) from the launcher's environment and watch the run directory, not a stdin
+  (podrun.launch.transports.launcher).
+
+Which a transport does for a request is its registry entry's (``TransportKind.for_request``), never its own code's.
 
 The interface every transport implements:
 
@@ -36,7 +41,7 @@ from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator
 
 from podrun.launch.transports import TransportKind, transport_of
 from podrun.wire.proctl import signal_group
-from podrun.wire.protocol import READ_LIMIT, bounded_lines, stop_token
+from podrun.wire.protocol import READ_LIMIT, Token, bounded_lines, stop_token
 
 if TYPE_CHECKING:  # pragma: no cover
     from podrun.launch.request import LaunchRequest
@@ -93,16 +98,16 @@ class InstanceHandle(ABC):
             time.sleep(0.02)
 
     def _write(self, data: bytes) -> None:
-        """Bytes to the agent's stdin (podrun.wire.protocol); nothing where there is no stdin (mpirun, srun)."""
+        """Bytes to the agent's stdin (podrun.wire.protocol); nothing where there is none (a merged launcher's)."""
 
     def heartbeat(self) -> None:
         """Tell the agent its controller is alive (a byte on its stdin); no-op where there is no stdin."""
-        self._write(b".")
+        self._write(Token.HEARTBEAT.value)
 
     def request_stacks(self) -> None:
         """Ask the agent for its workers' stacks (an ``S`` on its stdin; they come back as ``stack`` lines);
-        no-op where there is no stdin (mpirun, srun)."""
-        self._write(b"S")
+        no-op where there is no stdin (a merged launcher's)."""
+        self._write(Token.STACKS.value)
 
     def terminate(self, sig: int = signal.SIGTERM) -> None:
         """Ask the agent(s) to end their workers with ``sig`` first (SIGTERM, or the SIGINT/SIGHUP podrun
@@ -162,11 +167,12 @@ class Transport(ABC):
 
     def __init__(self, request: "LaunchRequest"):
         self.request = request
-        self.kind: TransportKind = transport_of(self.name)      # its capabilities (podrun.launch.transports)
+        # its capabilities for this request (podrun.launch.transports)
+        self.kind: TransportKind = transport_of(self.name).for_request(request.mpi_ranks)
 
     @property
     def merged(self) -> bool:
-        """True when start() returns one handle carrying every instance (mpirun, srun, poprun)."""
+        """True when start() returns one handle carrying every instance (poprun, mpirun --mpi-ranks)."""
         return self.kind.merged
 
     def describe(self, redact: bool = False) -> list[tuple[str, str]]:
@@ -183,7 +189,7 @@ class Transport(ABC):
         """How the agents get the run's --env, in words (for --dry-run and runs/<id>/command)."""
         if self.kind.env_stdin:
             return "the first message on each agent's stdin (--env-stdin), never on a command line"
-        if self.merged:
+        if self.merged or self.kind.joined:        # a launcher's
             return (f"{self.name}'s own environment, passed on to every agent; its command line carries the "
                     "names at most")
         return "the agent's environment, set by the controller that starts it; never on a command line"

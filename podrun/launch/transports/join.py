@@ -24,6 +24,7 @@ from collections import Counter
 from dataclasses import replace
 
 from podrun.launch.transports.base import InstanceHandle, Problem, StreamMerger, Transport
+from podrun.launch.transports.launcher import start_launcher
 from podrun.redaction import escape_controls
 from podrun.wire import join as wire_join, protocol
 
@@ -57,6 +58,20 @@ class JoinedHandle(InstanceHandle):
             if self._callback is not None:
                 self._merger.push(self._callback)
 
+    def claim(self) -> bool:
+        """Take this instance for an agent that passed the hand-shake; False when one took it before, or it was
+        given up (a second join for it is refused from now on)."""
+        with self._lock:
+            taken = self._claimed or self.lost_why is not None
+            self._claimed = True
+        return not taken
+
+    def unreadable(self, why: str) -> None:
+        """The agent that claimed it joined, but its connection cannot be read: lost, with ``why``."""
+        with self._lock:
+            self._claimed = False
+        self.give_up(why)
+
     def give_up(self, why: str) -> bool:
         """End this instance's stream now, unjoined, with ``why`` as its one line; False when it had joined."""
         with self._lock:
@@ -73,11 +88,8 @@ class JoinedHandle(InstanceHandle):
     # -- InstanceHandle --------------------------------------------------------------------------
     def _watch(self, callback):
         def take(stream, line):
-            if line is not None and line.startswith(protocol.PREFIX):
-                ev = protocol.parse(line, stream)
-                if ev.kind == "done":
-                    done = protocol.Done.read(ev.text)
-                    self._code = None if done is None else done.code
+            if line is not None and (done := protocol.read_done(line)) is not None:
+                self._code = None if done[2] is None else done[2].code
             if stream is None:
                 self._ended.set()
             callback(stream, line)
@@ -334,10 +346,7 @@ class JoinServer:
         if msg.copy and self.args_for is None:
             return self._refuse(conn, peer, "malformed", f"{who} is a copy of podrun launch, and this run starts "
                                 "its agents itself")
-        with handle._lock:
-            taken = handle._claimed or handle.lost_why is not None
-            handle._claimed = True              # a second join for it is refused from now on
-        if taken:
+        if not handle.claim():
             first = handle.joined_from or "none: its join window had ended"
             return self._refuse(conn, peer, "joined-already", f"{who} joins as instance {msg.instance}, which "
                                 f"has joined already (from {first})")
@@ -357,9 +366,7 @@ class JoinServer:
             handle.attach(conn, escape_controls(f"{msg.hostname} pid {msg.pid}"))
         except OSError as exc:                    # no descriptor for its line hub: lost, named
             conn.close()
-            with handle._lock:
-                handle._claimed = False
-            handle.give_up(f"instance {msg.instance} (host {handle.label}) joined, but the controller could not "
+            handle.unreadable(f"instance {msg.instance} (host {handle.label}) joined, but the controller could not "
                            f"read its connection: {exc.strerror or exc}")
             return
         with self._count:
@@ -400,16 +407,12 @@ class JoinServer:
 
 
 class JoiningLauncher:
-    """For a transport whose agents join (its ``request`` and ``name``; a launcher's, podrun.launch.transports.mpirun.
+    """For a transport whose agents join (its ``request`` and ``name``; a launcher's, podrun.launch.transports.launcher.
     LauncherTransport): the join server, started once, and the launch of the launcher with the run's key in its
     environment (never on its command line). The key is PODRUN_JOIN_KEY when the controller's environment has one
     (a job script's, from a private file; taken out of it), else a fresh one for this attempt."""
 
     _server: JoinServer | None = None
-
-    def env_route(self) -> str:
-        return (f"{self.name}'s own environment, passed on to every agent; its command line carries the names at "
-                "most")
 
     def join_address(self) -> str:
         """What the agents are given: the server's address once it listens, else what --dry-run shows."""
@@ -454,13 +457,8 @@ class JoiningLauncher:
         """Start the launcher (``argv_of(address)``) with the key in its environment; its handle (its own output,
         no instance) and one JoinedHandle per instance."""
         server = self.join_server()
-        env = {**os.environ, **dict(self.request.env), wire_join.KEY_ENV: server.key}
-        for name in drop:
-            env.pop(name, None)
-        from podrun.launch.transports.mpirun import ProcessHandle
-
-        launcher = ProcessHandle(argv_of(server.address), label=self.name, instances=(),
-                                 grace=max(self.request.grace, self.request.interrupt_grace), env=env, **kw)
+        launcher = start_launcher(self.request, self.name, argv_of(server.address), drop,
+                                  {wire_join.KEY_ENV: server.key}, instances=(), **kw)
         threading.Thread(target=lambda: server.launcher_ended(self.name, launcher.proc.wait()), daemon=True).start()
         return [launcher, *server.handles.values()]
 

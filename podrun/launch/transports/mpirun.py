@@ -1,8 +1,10 @@
-"""The mpirun transport: Open MPI or MPICH starts one rank per worker, each under an agent of its own.
+"""The mpirun transport: Open MPI or MPICH starts one agent per instance, which joins the controller over TCP.
 
-Every worker is an MPI rank of one world, as ``mpirun -np N`` users expect: MPI rank r is global rank r
-(RANK, OMPI_COMM_WORLD_RANK and mpi4py's COMM_WORLD agree), and its agent (``--rank-from-env``) runs
-just that worker with the env contract; an instance is then the agents of its workers.
+With --mpi-ranks (or an engine that asks for MPI ranks: horovod) it starts one rank per worker instead, each under an
+agent of its own: every worker is an MPI rank of one world, as ``mpirun -np N`` users expect (MPI rank r is global
+rank r: RANK, OMPI_COMM_WORLD_RANK and mpi4py's COMM_WORLD agree), and its agent (``--rank-from-env``) runs just that
+worker with the env contract; an instance is then the agents of its workers, on mpirun's one merged stream. Which of
+the two a request gets is the registry's (podrun.launch.transports: ``for_request``).
 
 Inside a Grid Engine job, with no ssh config of the user's, Open MPI starts its daemons with the job's own
 ``qrsh -inherit`` (tight integration: Grid Engine starts, accounts and ends every host's share), so podrun
@@ -13,27 +15,22 @@ agent, no probe), another over ssh.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
-import threading
-from collections import Counter
 from dataclasses import dataclass
 
 import podrun
 from podrun import pystart, safefs
 from podrun.errors import LaunchError, PodrunError
-from podrun.launch.transports.base import InstanceHandle, Problem, StreamMerger, Transport
+from podrun.launch.transports.base import InstanceHandle, Problem
 from podrun.launch.transports.join import JoiningLauncher
+from podrun.launch.transports.launcher import LauncherTransport, agent_shell, hosts_and_ranks
 from podrun.launch.transports.ssh_common import PROBE_TIMEOUT, read_ssh_config, thread_pool
-from podrun.wire import protocol
 from podrun.wire.join import KEY_ENV
-from podrun.wire.proctl import signal_group
 from podrun.wire.worker_env import workers_per_instance
 
 LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")
@@ -211,154 +208,15 @@ def mpirun_command(hosts: list[str], ranks_per_host: int, command: list[str], *,
 
 # ---- the transport ------------------------------------------------------------------------------
 
-def hosts_and_ranks(request) -> tuple[list[str], int]:
-    """Hosts in instance order (each once) and instances per host, checked to be the same on each."""
-    count = Counter(inst.host for inst in request.instances)    # in instance order
-    hosts = list(count)
-    per = set(count.values())
-    if len(per) > 1:
-        raise LaunchError(
-            "mpirun/srun start the same number of instances on every host, but this plan places "
-            + ", ".join(f"{h}: {n}" for h, n in count.items()),
-            hint="use --transport ssh for uneven placements", exit_code=2)
-    # instance i must be rank i: ranks fill a host's slots before the next host (ppr:k:node)
-    k = per.pop() if per else 1
-    for inst in request.instances:
-        if hosts[inst.index // k] != inst.host:
-            raise LaunchError(f"instance {inst.index} is placed on {inst.host}, but mpirun/srun rank "
-                              f"{inst.index} would run on {hosts[inst.index // k]}", exit_code=2)
-    return hosts, k
-
-
-def agent_shell(request, redact: bool = False, per_worker: bool = False, join: str | None = None) -> list[str]:
-    """The per-rank command: a shell that cds to the workdir and execs the agent (--index-from-env;
-    with ``per_worker`` --rank-from-env: the rank is one worker); ``join``: the agent joins the controller there
-    and hears it over that connection (podrun.wire.join), else it watches no stdin."""
-    return ["/bin/sh", "-c", request.shell_command(None, stdin_watch=join is not None, redact=redact,
-                                                   per_worker=per_worker, join=join)]
-
-
-class ProcessHandle(InstanceHandle):
-    """One launcher process (mpirun, srun) whose merged output carries every instance."""
-
-    def __init__(self, argv: list[str], *, label: str, instances: tuple[int, ...], grace: float,
-                 env: dict[str, str] | None = None, on_kill=None, local_ranks: tuple[int, ...] | None = None,
-                 run_dir: str | None = None):
-        """``local_ranks``: with one agent per worker, the local ranks each instance's agents report
-        their ``done`` under (else one agent per instance, which reports it under ``-``). ``run_dir``: where
-        the agents read a stop with another signal than SIGTERM (podrun.wire.protocol.write_stop)."""
-        self.label = label
-        self.instances = instances
-        self._agents = {(i, lr) for i in instances for lr in (local_ranks if local_ranks else (None,))}
-        self.grace = grace
-        self.run_dir = run_dir
-        self._on_kill = on_kill
-        try:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE, start_new_session=True, env=env)
-        except OSError as exc:
-            raise LaunchError(f"cannot start {label}: {exc}", exit_code=2) from exc
-        self._merger = StreamMerger(self.proc.stdout, self.proc.stderr)
-        self._term_sent = False
-
-    #: seconds the launcher may take to exit after every instance reported `done`; Open MPI 5's
-    #: prterun was seen here to hang now and then at teardown after all ranks had ended
-    linger = 1.0
-
-    def lines(self):
-        pending = set(self._agents)
-        for stream, line in self._merger:
-            if pending and line.startswith(protocol.PREFIX):
-                ev = protocol.parse(line, stream)
-                if ev.kind == "done" and (ev.instance, ev.local_rank) in pending:
-                    pending.discard((ev.instance, ev.local_rank))
-                    if not pending:
-                        threading.Thread(target=self._reap_after_done, daemon=True).start()
-            yield stream, line
-
-    def _reap_after_done(self) -> None:
-        """Every agent has ended: the launcher has nothing left to do; end it if it hangs."""
-        try:
-            self.proc.wait(self.linger)
-        except Exception:  # noqa: BLE001 - still there after linger: a teardown hang
-            signal_group(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(2.0)
-            except Exception:  # noqa: BLE001
-                signal_group(self.proc.pid, signal.SIGKILL)
-
-    def poll(self) -> int | None:
-        return self.proc.poll()
-
-    def terminate(self, sig: int = signal.SIGTERM) -> None:
-        """SIGTERM to the launcher (it forwards it to every rank); another signal (podrun's SIGINT, SIGHUP)
-        as the run dir's stop request, which the agents read each heartbeat and pass on to their workers as it
-        is: Open MPI's mpirun and srun end their ranks at once on a SIGINT instead of passing it on. SIGKILL
-        after grace + TERM_TO_KILL_S + 3 s."""
-        if self.proc.poll() is not None or self._term_sent:
-            return
-        self._term_sent = True
-        wrote = False
-        if sig != signal.SIGTERM and self.run_dir is not None:
-            with contextlib.suppress(OSError):          # else SIGTERM after all
-                protocol.write_stop(self.run_dir, sig)
-                wrote = True
-        try:
-            if not wrote:
-                self.proc.send_signal(signal.SIGTERM)
-        except ProcessLookupError:
-            return
-
-        def later():
-            try:
-                self.proc.wait(self.grace + protocol.TERM_TO_KILL_S + 3.0)
-            except Exception:  # noqa: BLE001 - still running: kill
-                self.kill()
-
-        threading.Thread(target=later, daemon=True).start()
-
-    def kill(self) -> None:
-        if self._on_kill:
-            with contextlib.suppress(Exception):    # best effort cleanup on the scheduler
-                self._on_kill()
-        signal_group(self.proc.pid, signal.SIGKILL)
-
-    def close(self) -> None:
-        self._merger.close()
-
-
-class LauncherTransport(Transport):
-    """One launcher process (mpirun, srun, poprun) starts every instance: the run's one command line, and one
-    handle whose output carries every instance."""
-
-    def argv(self, redact: bool = False) -> list[str]:
-        raise NotImplementedError
-
-    def describe(self, redact: bool = False) -> list[tuple[str, str]]:
-        return [(self.name, shlex.join(self.argv(redact=redact)))]
-
-    def _launch(self, argv: list[str], drop: tuple[str, ...] = (), **kw) -> list[InstanceHandle]:
-        """Start ``argv`` in this environment with the run's --env on top, less the names in ``drop``."""
-        env = {**os.environ, **dict(self.request.env)}
-        for name in drop:
-            env.pop(name, None)
-        return [ProcessHandle(argv, label=self.name, instances=tuple(i.index for i in self.request.instances),
-                              grace=max(self.request.grace, self.request.interrupt_grace), env=env,
-                              **kw)]
-
-
 class MpirunTransport(JoiningLauncher, LauncherTransport):
-    """One mpirun for the whole run. With ``request.mpi_ranks`` rank r (OMPI_COMM_WORLD_RANK / PMI_RANK) is the
-    agent of the worker of global rank r (``--rank-from-env``), so every worker is a rank of one MPI world, and
-    their lines are mpirun's merged output; else rank i is instance i's agent (``--index-from-env``, ``--map-by
-    ppr:<instances per host>:node``), which joins this controller (podrun.launch.transports.join) with the key in
-    mpirun's environment (``-x PODRUN_JOIN_KEY``) and starts the instance's workers."""
+    """One mpirun for the whole run: rank i is instance i's agent (``--index-from-env``, ``--map-by ppr:<instances
+    per host>:node``), which joins this controller (podrun.launch.transports.join) with the key in mpirun's
+    environment (``-x PODRUN_JOIN_KEY``) and starts the instance's workers; with one agent per worker
+    (``kind.agent_per_worker``: --mpi-ranks) rank r (OMPI_COMM_WORLD_RANK / PMI_RANK) is the agent of the worker of
+    global rank r (``--rank-from-env``), so every worker is a rank of one MPI world, and their lines are mpirun's
+    merged output."""
 
     name = "mpirun"
-
-    @property
-    def merged(self) -> bool:
-        return self.request.mpi_ranks
 
     def __init__(self, request):
         super().__init__(request)
@@ -417,7 +275,7 @@ class MpirunTransport(JoiningLauncher, LauncherTransport):
         """mpirun's command line; ``join``: the address the agents join (else the one --dry-run shows)."""
         hosts, k = hosts_and_ranks(self.request)
         names = self.request.env_names()
-        if self.request.mpi_ranks:
+        if self.kind.agent_per_worker:
             return mpirun_command(hosts, k * workers_per_instance(self.request.plan),
                                   agent_shell(self.request, redact, per_worker=True), env_names=names,
                                   options=self.options(), flavour=self._flavour)
@@ -430,7 +288,7 @@ class MpirunTransport(JoiningLauncher, LauncherTransport):
             hosts, k = hosts_and_ranks(self.request)
         except LaunchError as exc:
             return [Problem("localhost", exc.message, exc.hint or "")]
-        ranks = k * workers_per_instance(self.request.plan) if self.request.mpi_ranks else k
+        ranks = k * workers_per_instance(self.request.plan) if self.kind.agent_per_worker else k
         if self._flavour == "openmpi" and (short := pbs_slot_problems(os.environ, hosts, ranks)):
             return short
         remote = [i.host for i in self.request.instances if i.host not in LOCAL_NAMES]
@@ -458,7 +316,7 @@ class MpirunTransport(JoiningLauncher, LauncherTransport):
             ssh_args=("-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(connect)}")), timeout=connect + PROBE_TIMEOUT)
 
     def start(self) -> list[InstanceHandle]:
-        if not self.request.mpi_ranks:
+        if not self.kind.agent_per_worker:
             return self.launch_joined(lambda address: self.argv(join=address), run_dir=self.request.run_dir)
         return self._launch(self.argv(), local_ranks=tuple(range(workers_per_instance(self.request.plan))),
                             run_dir=self.request.run_dir)

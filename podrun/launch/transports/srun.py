@@ -7,7 +7,7 @@ import subprocess
 from podrun.errors import HostError
 from podrun.launch.transports.base import InstanceHandle, Problem
 from podrun.launch.transports.join import JoiningLauncher
-from podrun.launch.transports.mpirun import LauncherTransport, agent_shell, hosts_and_ranks
+from podrun.launch.transports.launcher import LauncherTransport, agent_shell, hosts_and_ranks
 
 # a job step inherits the batch step's SLURM_* (ntasks=1 ...): what would contradict this step's own is dropped
 STEP_VARS = ("SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_DISTRIBUTION",

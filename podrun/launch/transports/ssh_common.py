@@ -7,7 +7,6 @@ exists. This spares a second remote python start and round trip per host. A subc
 """
 from __future__ import annotations
 
-import json
 import queue
 import shlex
 import time
@@ -17,6 +16,7 @@ import podrun
 from podrun import pystart
 from podrun.errors import LaunchError, PreflightError
 from podrun.wire import protocol
+from podrun.wire.probe import Facts
 from podrun.launch.request import NO_WORKDIR
 from podrun.launch.transports.base import InstanceHandle, Problem, StreamMerger, Transport, busy_port_problem
 
@@ -48,7 +48,7 @@ class HeldProbe:
         self._merger = merger
         self._early: list[tuple[str, str]] = []     # lines read while waiting for the probe
 
-    def wait_probe(self, timeout: float) -> dict | None:
+    def wait_probe(self, timeout: float) -> Facts | None:
         """A held agent's preflight facts; None if it ended first. queue.Empty after ``timeout`` s."""
         deadline = time.monotonic() + timeout
         while True:
@@ -57,12 +57,12 @@ class HeldProbe:
                 return None
             self._early.append(item)
             ev = protocol.parse(item[1], item[0])
-            if ev.kind == "probe" and ev.instance in self.instances:
-                return json.loads(ev.text)
+            if ev.kind == Facts.KIND and ev.instance in self.instances:
+                return Facts.decode(ev.text)
 
     def go(self) -> None:
         """Let the held agent start its workers."""
-        self._write(b"G")
+        self._write(protocol.Token.GO.value)
 
     def early_errors(self) -> str:
         return "\n".join(line for stream, line in self._early if stream == "err")
@@ -79,29 +79,29 @@ class HeldProbe:
         return True
 
 
-def network_problems(request, facts: dict[str, dict]) -> list[Problem]:
+def network_problems(request, facts: dict[str, Facts]) -> list[Problem]:
     """The network as the hosts found it: MASTER_ADDR as every host resolves it (a host other than the master
     host that finds it on loopback, or cannot resolve it, would wait for rank 0 on itself until a timeout),
     whether it answers from every worker host, and the --data-interface on every host."""
     master_host = request.instances[0].host if request.instances else ""
     addr = request.master_addr
-    seen = {h: f.get("master_resolves") for h, f in facts.items() if "master_resolves" in f}
+    seen = {h: f.master_resolves for h, f in facts.items() if f.master_resolves is not None}
     elsewhere = sorted({a for h, r in seen.items() for a in (r or []) if not _loopback(a)})
     problems = []
     ifname = request.data_interface
     for host, f in facts.items():
-        if ifname is not None and "interfaces" in f and ifname not in f["interfaces"]:
+        if ifname is not None and ifname not in f.interfaces:
             problems.append(Problem(host, f"no interface {ifname} with an IPv4 or global IPv6 address on {host} "
-                                          f"(--data-interface); it has {', '.join(f['interfaces']) or 'none'}",
+                                          f"(--data-interface); it has {', '.join(f.interfaces) or 'none'}",
                                     "name the interface of the network the hosts share (ip -br addr on the host)"))
     if problems:
         return problems
     for host, f in facts.items():
-        r = f.get("master_reach")
-        if host != master_host and r is not None and not r["ok"]:
+        r = f.master_reach
+        if host != master_host and r is not None and not r.ok:
             over = f" over {ifname}" if ifname is not None else ""
             problems.append(Problem(host, f"{host} cannot reach rank 0 on {master_host} at {addr}:{request.master_port}"
-                                          f"{over} (from interface {r['via']}: {r['error']})",
+                                          f"{over} (from interface {r.via}: {r.error})",
                                     "the workers there would wait for it until the collective timeout; check the "
                                     "network between the two hosts, --data-interface or --master-addr"))
     if problems:
@@ -201,24 +201,24 @@ class HeldAgentTransport(Transport):
         return Problem(host, f"the instance agent ended before its preflight report (exit {rc}): {tail}",
                        f"is podrun=={podrun.__version__} installed there?")
 
-    def _check_facts(self, host: str, facts: dict) -> list[Problem]:
+    def _check_facts(self, host: str, facts: Facts) -> list[Problem]:
         from podrun.wire.probe import missing_text, python_version
 
         problems = []
-        if facts["podrun"] != podrun.__version__:
-            problems.append(Problem(host, f"podrun {facts['podrun']} there, {podrun.__version__} here",
+        if facts.podrun != podrun.__version__:
+            problems.append(Problem(host, f"podrun {facts.podrun} there, {podrun.__version__} here",
                                     f"install podrun=={podrun.__version__} on the host"))
         here = python_version()
-        if facts["python"].rsplit(".", 1)[0] != here.rsplit(".", 1)[0]:
-            problems.append(Problem(host, f"python {facts['python']} there, {here} here",
+        if facts.python.rsplit(".", 1)[0] != here.rsplit(".", 1)[0]:
+            problems.append(Problem(host, f"python {facts.python} there, {here} here",
                                     "use the same Python version (--python)"))
-        for port in facts.get("ports_busy", []):
+        for port in facts.ports_busy:
             problems.append(busy_port_problem(host, self.request, port))
-        if facts.get("missing"):
-            problems.append(Problem(host, *missing_text(self.request.python, facts["missing"], "the recipe")))
+        if facts.missing:
+            problems.append(Problem(host, *missing_text(self.request.python, facts.missing, "the recipe")))
         return problems
 
-    def _preflight_instance(self, inst) -> tuple[object, list[Problem], dict | None]:
+    def _preflight_instance(self, inst) -> tuple[object, list[Problem], Facts | None]:
         try:
             handle = self._start_one(inst, hold=True)
         except BaseException as exc:  # noqa: BLE001
