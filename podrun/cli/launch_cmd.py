@@ -19,6 +19,7 @@ from podrun.cli.options import PLAN_OPTION_NAMES, PlanOptions, complete_recipes,
 from podrun.cli.watch_options import watch_for, watch_options
 from podrun.errors import LaunchError
 from podrun.launch.transports import transport_choices
+from podrun.rundir.summary import RunStatus, Summary
 
 COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93")
 
@@ -419,8 +420,8 @@ def launch(ctx, args, **kw):
         observer.close()
     if out.as_json:
         with contextlib.suppress(OSError):
-            print_json(summary)
-    sys.exit(summary["exit_code"])   # main.py turns SystemExit into the exit code
+            print_json(summary.to_dict())
+    sys.exit(summary.exit_code)   # main.py turns SystemExit into the exit code
 
 
 def _live_views(live: dict):
@@ -450,12 +451,12 @@ def _live_views(live: dict):
     return Observers(views, _notice)
 
 
-def _say_outcome(summary: dict, request, view, console=None) -> None:
+def _say_outcome(summary: Summary, request, view, console=None) -> None:
     """The run's end on the console (its root cause or its line), the live view closed first; a closed pipe
     (`| head`) or terminal (SIGHUP) is no failure: the run directory has everything."""
     from podrun.rundir.report import end_lines
 
-    figures = end_lines(request.run_dir) if summary["status"] in ("ok", "interrupted") else None
+    figures = end_lines(request.run_dir) if summary.status in (RunStatus.OK, RunStatus.INTERRUPTED) else None
     view.close(say_end=figures is None)         # a training run's end block says its steps, from its metrics
     with contextlib.suppress(OSError):
         _print_root_cause(summary, request, console.showed if console is not None else None, figures)
@@ -806,7 +807,7 @@ def _differs(rows: list[list[str]], what: str) -> str:
     return f"# {what} {len(diff)} of {len(cols)} items" + (f": {shown}" if diff else "")
 
 
-def _print_root_cause(summary: dict, request, showed=None, figures: list[str] | None = None) -> None:
+def _print_root_cause(summary: Summary, request, showed=None, figures: list[str] | None = None) -> None:
     """The run's end on stderr, from the (redacted) summary; every line through podrun.redaction.shown. ``showed``
     (instance, local rank, lines): whether the console showed those lines last, so that they are not said twice.
     ``figures``: a training run's end lines (podrun.rundir.report.end_lines), said in its one end block."""
@@ -814,9 +815,7 @@ def _print_root_cause(summary: dict, request, showed=None, figures: list[str] | 
     from podrun.rundir.layout import instance_log
     from podrun.rundir.report import pointers      # torch-free: checkpoints kept, `podrun report RUN_DIR`
 
-    rc = summary.get("root_cause")
-    code = summary["exit_code"]
-    missing = summary.get("not_written") or []
+    rc, code, missing = summary.root_cause, summary.exit_code, summary.not_written
     unwritten = f"; NOT written: {', '.join(missing)}" if missing else ""
 
     from podrun.cli.render import fit, key_line, width_of
@@ -830,8 +829,8 @@ def _print_root_cause(summary: dict, request, showed=None, figures: list[str] | 
         rank = d.get("local_rank")
         return f"instance {d['instance']} on {d['host']}" + (f", local rank {rank}" if rank is not None else "")
 
-    if summary["status"] in ("ok", "interrupted"):
-        ended = "finished: exit 0" if summary["status"] == "ok" else \
+    if summary.status in (RunStatus.OK, RunStatus.INTERRUPTED):
+        ended = "finished: exit 0" if summary.status is RunStatus.OK else \
             f"interrupted (exit {code}); every instance ended"
         if figures:        # one block: how it ended, the figures, the checkpoints, the run directory once
             say(f"podrun: run {request.run_id} {ended}; {figures[0]}")

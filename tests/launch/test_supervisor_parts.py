@@ -46,7 +46,8 @@ def test_an_instance_status_is_an_enum_and_a_string_is_refused(tmp_path):
     assert insts.rank(1, 1) == 3 and insts.rank(1, 7) == -1
     # the strings summary.json has always had
     assert [s.value for s in InstanceStatus] == ["starting", "running", "ok", "failed", "terminated", "lost"]
-    assert {s.value for s in RunStatus} == {"ok", "failed", "lost", "hung", "interrupted"}
+    assert {s.value for s in RunStatus} == {"ok", "failed", "lost", "hung", "interrupted", "preflight_failed",
+                                            "start_failed"}
     assert FailureKind.LOST.status is RunStatus.LOST and FailureKind.EXITED.status is RunStatus.FAILED
 
 
