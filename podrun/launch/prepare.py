@@ -27,6 +27,7 @@ from podrun.wire.worker_env import RDZV_ID_ENV, ROLE_ENV, VIRTUAL_LOCAL_RANK_ENV
 
 if TYPE_CHECKING:  # pragma: no cover
     from podrun.elastic.replan import ElasticPolicy
+    from podrun.launch.transports import TransportKind
     from podrun.specs import ClusterSpec, RecipeSpec
 
 
@@ -155,8 +156,9 @@ def _prepare(opts: LaunchOptions, target: Target, mapped: OwnOptions) -> Prepare
     if elastic_min is not None:
         from podrun.elastic.replan import default_restarts, make_policy
 
-        elastic = make_policy(cluster, rspec, overrides, plan, elastic_min, rs.spare_hosts, transport=name,
-                              max_restarts=max_restarts, engine=None if engine_transport is None else engine)
+        elastic = make_policy(cluster, rspec, overrides, plan, elastic_min, rs.spare_hosts,
+                              max_restarts=max_restarts, engine=None if engine_transport is None else engine,
+                              transport_refusal=replan_refusal(kind))
         if max_restarts is None:
             max_restarts = default_restarts(elastic, plan)
             notes.append(f"--elastic {elastic_min} without --max-restarts: {max_restarts} restart(s), one per "
@@ -195,6 +197,17 @@ def _prepare(opts: LaunchOptions, target: Target, mapped: OwnOptions) -> Prepare
         engine_of(engine).require()                                     # horovod: importable here
     return Prepared(request=request, target=target, engine=engine, elastic=elastic, notes=tuple(notes),
                     long_run=long_run, cluster=cluster, recipe=rspec, local_ranks=mapped.local_ranks)
+
+
+def replan_refusal(kind: TransportKind) -> LaunchError | None:
+    """Why an elastic run cannot use the transport ``kind`` (None: it starts each attempt on the hosts left)."""
+    if kind.replans:
+        return None
+    from podrun.launch.transports import TRANSPORTS
+
+    can = " or ".join(k.name for k in TRANSPORTS.values() if k.replans and not k.engine_only)
+    return LaunchError(f"--elastic re-plans each attempt on the hosts left, and the {kind.name} transport starts "
+                       "every attempt on the same hosts", hint=f"use --transport {can}")
 
 
 def launch_names(mapped: OwnOptions) -> tuple[tuple[str, str], ...]:

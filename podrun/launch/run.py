@@ -443,7 +443,7 @@ def run_account(run_dir: str, attempts: Sequence[Attempt], launch_no: int, log) 
     runner's metrics (``log``, a podrun.rundir.metrics.StepLog), and when submitted (podrun submit's job record)
     the queue: to the job's start as Slurm gives it (SLURM_JOB_START_TIME), else to this launch's start."""
     from podrun.errors import HostError
-    from podrun.jobscript.submit import JobRecord
+    from podrun.rundir.job import JobRecord
     from podrun.rundir.account import AttemptTimes, Moments, account
 
     try:                               # a run podrun submit queued has its record; another has none

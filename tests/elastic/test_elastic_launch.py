@@ -157,7 +157,7 @@ def test_policy_spares_are_the_option_then_hosts_left_out():
     cluster = load_cluster("abci").with_hosts(("a", "b", "c", "d", "e"), 4)
     ov = Overrides(nodes=3, global_batch=48)
     plan = make_plan(cluster, R18, ov)
-    pol = make_policy(cluster, R18, ov, plan, 2, "x,y:4", transport="ssh", max_restarts=2)
+    pol = make_policy(cluster, R18, ov, plan, 2, "x,y:4", max_restarts=2)
     assert pol.spares == ("x", "y", "d", "e") and pol.global_batch == 48 and pol.min_hosts == 2
     assert pol.cluster.hosts == ("a", "b", "c") and pol.overrides.nodes is None
 

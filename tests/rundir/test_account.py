@@ -122,7 +122,7 @@ def test_a_submitted_runs_queue_is_from_its_submit_to_the_jobs_start(tmp_path, m
     (SLURM_JOB_START_TIME) is queue, the job's start to podrun's own start is launch."""
     import time
 
-    from podrun.jobscript.submit import JobRecord
+    from podrun.rundir.job import JobRecord
     from podrun.launch.run import process_started, run_account
     from podrun.rundir.metrics import StepLog
     from podrun.rundir.summary import Attempt, RunStatus
