@@ -8,7 +8,9 @@ from podrun.launch.request import SSHOptions
 from podrun.launch.torchrun_cli import TorchrunOptions
 from podrun.launch.torchrun_map import OwnOptions
 from podrun.plan.inputs import PlanOptions
-from podrun.wire.agent_args import GRACE_S, INTERRUPT_GRACE_S
+from podrun.launch.instance_logs import RankFiles
+from podrun.wire.agent_args import GRACE_S, INTERRUPT_GRACE_S, CpuBind
+from podrun.wire.liveness import FIRST_HEARTBEAT_S
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,13 @@ class Decisions:
     mpi_args: tuple[str, ...] = ()
     poprun: object | None = None                # podrun.launch.engines.poprun.PoprunOptions
     needs: tuple[str, ...] = ()                 # the recipe's modules, checked by every held agent
+    warm: bool = False                          # agents fork the workers from a zygote per host
+    mpi_ranks: bool = False                     # one agent per worker under mpirun (--rank-from-env)
+    cpu_bind: CpuBind = CpuBind()               # --cpu-bind decided, and this machine's cores when they are known
+    host_cores: tuple[tuple[int, ...], ...] | None = None
+    rank_files: RankFiles = RankFiles()         # torchrun's --tee/--redirects
+    join_address: str | None = None             # --join-address, checked
+    join_window: float = FIRST_HEARTBEAT_S      # --join-window
 
 
 @dataclass(frozen=True)

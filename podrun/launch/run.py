@@ -88,7 +88,9 @@ def build_request(plan, command, *, transport: str, options: LaunchOptions = Lau
         ssh=net.ssh, mpi_args=tuple(decided.mpi_args), poprun=decided.poprun,
         agent_store=net.agent_store and _serves_store(transport, net.host_python),
         preflight=net.preflight, straggler_timeout=rs.straggler_timeout, needs=tuple(decided.needs),
-        data_interface=data_interface,
+        data_interface=data_interface, warm=decided.warm, mpi_ranks=decided.mpi_ranks, cpu_bind=decided.cpu_bind,
+        host_cores=decided.host_cores, rank_files=decided.rank_files, join_address=decided.join_address,
+        join_window=decided.join_window,
     )
 
 
