@@ -370,15 +370,16 @@ def launch(ctx, args, **kw):
     from podrun.launch.prepare import prepare_launch
     from podrun.launch.run import dry_run_record, execute
 
-    if kw["resume_run"] is not None:
-        _resume(ctx, kw["resume_run"], kw["runs_dir"], kw["dry_run"])
+    opts = launch_options(ctx, tuple(args), kw)
+    out = opts.output
+    if opts.restarts.resume_run is not None:
+        _resume(ctx, opts.restarts.resume_run, out.runs_dir, out.dry_run)
         return
     resuming = (ctx.obj or {}).get("podrun.resume") if isinstance(ctx.obj, dict) else None
-    if resuming is not None and (kw["run_id"], os.path.realpath(kw["runs_dir"] or "")) != \
+    if resuming is not None and (out.run_id, os.path.realpath(out.runs_dir or "")) != \
             (os.path.basename(resuming), os.path.dirname(resuming)):
         raise click.UsageError(f"a resume of {resuming} runs into it, and its recorded arguments name another "
-                               f"run directory: {kw['runs_dir']}/{kw['run_id']}")
-    opts = launch_options(ctx, tuple(args), kw)
+                               f"run directory: {out.runs_dir}/{out.run_id}")
     opts = _as_copy(opts)                # one of several copies (srun podrun launch, --node-rank)?
     prepared = prepare_launch(opts)
     request, out = prepared.request, opts.output
@@ -397,7 +398,7 @@ def launch(ctx, args, **kw):
     from podrun.cli.render import ProgressView
     from podrun.cli.watch_options import live_console
 
-    observer = _live_views(in_section(ctx, LIVE, kw))
+    observer = _live_views(opts.live)
     view = ProgressView(live_console(out.as_json))
     try:
         from podrun.launch.resume import record
@@ -418,24 +419,25 @@ def launch(ctx, args, **kw):
     sys.exit(summary.exit_code)   # main.py turns SystemExit into the exit code
 
 
-def _live_views(live: dict):
-    """The run's observers (podrun.launch.observe): its live state (podrun top's), the metrics endpoint when
-    --metrics-port is given (bound now: a port in use ends the launch before it starts), TensorBoard files with
-    --tensorboard; a view whose optional package is missing is said in one line and left out."""
+def _live_views(live):
+    """The run's observers (podrun.launch.observe) that ``live`` (podrun.launch.options.LiveOptions) asks for: its
+    live state (podrun top's), the metrics endpoint when --metrics-port is given (bound now: a port in use ends the
+    launch before it starts), TensorBoard files with --tensorboard; a view whose optional package is missing is said
+    in one line and left out."""
     from podrun.launch.observe import Observers
     from podrun.live.state import LiveState
 
     state = LiveState()
     views = [state]
-    if live["metrics_port"] is not None:
+    if live.metrics_port is not None:
         from podrun.live import prom
 
         if prom.available():
-            views.append(prom.MetricsServer(prom.MetricsOptions(live["metrics_port"], live["metrics_address"],
-                                                                live["metrics_sd_dir"]), state))
+            views.append(prom.MetricsServer(prom.MetricsOptions(live.metrics_port, live.metrics_address,
+                                                                live.metrics_sd_dir), state))
         else:
             notice_line(prom.MISSING.removeprefix("podrun: "))
-    if live["tensorboard"]:
+    if live.tensorboard:
         from podrun.live import tensorboard
 
         if tensorboard.available():
@@ -465,7 +467,7 @@ def launch_options(ctx, args: tuple[str, ...], kw: dict, environ=None):
     a flag wins over its PET_ variable): each section's values into its part, once."""
     from click.core import ParameterSource
 
-    from podrun.launch.options import (EngineOptions, HangOptions, LaunchOptions, RestartOptions,
+    from podrun.launch.options import (EngineOptions, HangOptions, LaunchOptions, LiveOptions, RestartOptions,
                                        TargetOptions, TransportOptions)
     from podrun.launch.request import SSHOptions
     from podrun.launch.torchrun_cli import TorchrunOptions, pet_name, pet_values
@@ -505,6 +507,7 @@ def launch_options(ctx, args: tuple[str, ...], kw: dict, environ=None):
                                 **in_section(ctx, RESTARTS, kw)),
         output=_output_options(in_section(ctx, OUTPUT, kw)),
         calibration=common.get("calibration"),
+        live=LiveOptions(**in_section(ctx, LIVE, kw)),
     )
 
 

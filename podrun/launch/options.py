@@ -126,6 +126,16 @@ class Decisions:
 
 
 @dataclass(frozen=True)
+class LiveOptions:
+    """The run's live views besides podrun top's: the metrics endpoint, TensorBoard files (podrun.live)."""
+
+    metrics_port: int | None = None             # None: no endpoint; 0: a free port
+    metrics_address: str = "127.0.0.1"
+    metrics_sd_dir: str | None = None           # also write the Prometheus file_sd target file there
+    tensorboard: bool = False
+
+
+@dataclass(frozen=True)
 class LaunchOptions:
     """Everything `podrun launch` was told, by concern."""
 
@@ -139,3 +149,4 @@ class LaunchOptions:
     restarts: RestartOptions = field(default_factory=RestartOptions)
     output: OutputOptions = field(default_factory=OutputOptions)
     calibration: str | None = None              # --calibration FILE|NAME: the plan's measured inputs (podrun.calibrate)
+    live: LiveOptions = field(default_factory=LiveOptions)
