@@ -36,32 +36,14 @@ class RunStatus(str, enum.Enum):
             return None
 
 
-def _dict(v: Any) -> dict:
-    return v if isinstance(v, dict) else {}
+def _of(v: Any, *types: type) -> Any:
+    """``v`` when it is of one of ``types`` (a bool is no number), else None: a part of the wrong shape is absent."""
+    return v if isinstance(v, types) and (bool in types or not isinstance(v, bool)) else None
 
 
-def _dicts(v: Any) -> tuple[dict, ...]:
-    return tuple(x for x in v if isinstance(x, dict)) if isinstance(v, list) else ()
-
-
-def _int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-
-def _float(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
-def _str(v: Any) -> str | None:
-    return v if isinstance(v, str) else None
-
-
-def _strs(v: Any) -> tuple[str, ...] | None:
-    return tuple(x for x in v if isinstance(x, str)) if isinstance(v, list) else None
-
-
-def _or_none(d: Any) -> dict | None:
-    return d if isinstance(d, dict) else None
+def _each(v: Any, of: type, absent: Any = ()) -> Any:
+    """The items of a list that are ``of`` a type, as a tuple; ``absent`` for a part that is no list."""
+    return tuple(x for x in v if isinstance(x, of)) if isinstance(v, list) else absent
 
 
 @dataclass(frozen=True)
@@ -82,10 +64,12 @@ class Attempt:
 
     @classmethod
     def from_dict(cls, a: dict) -> Attempt:
-        return cls(_int(a.get("launch")) or 0, _int(a.get("restart_count")), _int(a.get("exit_code")),
-                   RunStatus.read(a.get("status")), _or_none(a.get("root_cause")), _str(a.get("plan")),
-                   _float(a.get("started")), _float(a.get("ended")), _float(a.get("all_ready_s")),
-                   _float(a.get("failed_at")))
+        def num(k: str) -> float | None:
+            return _of(a.get(k), int, float)
+
+        return cls(_of(a.get("launch"), int) or 0, _of(a.get("restart_count"), int), _of(a.get("exit_code"), int),
+                   RunStatus.read(a.get("status")), _of(a.get("root_cause"), dict), _of(a.get("plan"), str),
+                   num("started"), num("ended"), num("all_ready_s"), num("failed_at"))
 
     def to_dict(self) -> dict:
         """The record as summary.json holds it (``plan`` and the moments only when there are some)."""
@@ -133,21 +117,27 @@ class Summary:
     @property
     def replans(self) -> tuple[dict, ...]:
         """An elastic run's re-plans (its ``elastic`` record's)."""
-        return _dicts(_dict(self.elastic).get("replans"))
+        return _each((self.elastic or {}).get("replans"), dict)
 
     @classmethod
     def from_dict(cls, d: dict) -> Summary:
-        timings = _dict(d.get("timings"))
+        timings = _of(d.get("timings"), dict) or {}
+
+        def get(k: str, *types: type) -> Any:
+            return _of(d.get(k), *types)
+
+        def num(k: str) -> float | None:
+            return _of(timings.get(k), int, float)
+
         return cls(
-            _str(d.get("run_id")), _int(d.get("exit_code")), RunStatus.read(d.get("status")),
-            _str(d.get("transport")), _int(d.get("restart_count")), _strs(d.get("command")), _str(d.get("master")),
-            _or_none(d.get("root_cause")), _dicts(d.get("instances")), _or_none(d.get("heartbeat")),
-            _float(timings.get("started")), _float(timings.get("ended")), _float(timings.get("duration_s")),
-            _float(timings.get("all_ready_s")), _or_none(d.get("hang")), _dicts(d.get("slow_ranks")),
-            _host_busy(d.get("host_busy")), _dict(d.get("step_split")), _or_none(d.get("joins")),
-            _strs(d.get("problems")), _str(d.get("error")), _int(d.get("max_restarts")),
-            tuple(Attempt.from_dict(a) for a in _dicts(d.get("attempts"))), _or_none(d.get("elastic")),
-            Account.from_dict(d.get("account")), _strs(d.get("not_written")) or ())
+            get("run_id", str), get("exit_code", int), RunStatus.read(d.get("status")), get("transport", str),
+            get("restart_count", int), _each(d.get("command"), str, None), get("master", str),
+            get("root_cause", dict), _each(d.get("instances"), dict), get("heartbeat", dict),
+            num("started"), num("ended"), num("duration_s"), num("all_ready_s"), get("hang", dict),
+            _each(d.get("slow_ranks"), dict), _host_busy(d.get("host_busy")), get("step_split", dict) or {},
+            get("joins", dict), _each(d.get("problems"), str, None), get("error", str), get("max_restarts", int),
+            tuple(Attempt.from_dict(a) for a in _each(d.get("attempts"), dict)), get("elastic", dict),
+            Account.from_dict(d.get("account")), _each(d.get("not_written"), str))
 
     def to_dict(self) -> dict:
         """summary.json's record (and --json's): an attempt's parts where it had one, ``problems`` or ``error``
