@@ -98,7 +98,9 @@ def from_records(run_dir: Path) -> dict[str, Any]:
         summary = json.loads(read_trusted(run_dir / SUMMARY, SUMMARY, limit=SUMMARY_LIMIT, error=LaunchError))
     except (OSError, ValueError):
         summary = None
-    summary = Summary.from_dict(summary if isinstance(summary, dict) else {})
+    summary = summary if isinstance(summary, dict) else {}
+    account = summary.get("account")          # shown as recorded (its figures as rounded there)
+    summary = Summary.from_dict(summary)
     records = _last_records(run_dir)
     steps = [r for r in records if r.get("kind") == "step"]
     last = steps[-1] if steps else {}
@@ -123,7 +125,7 @@ def from_records(run_dir: Path) -> dict[str, Any]:
             "transport": summary.transport, "restarts": max(len(attempts) - 1, 0), "running": False,
             "step": last.get("step"), "total": total if isinstance(total, int) else None, "epoch": last.get("epoch"),
             "loss": last.get("loss"), "samples_per_sec": last.get("images_per_sec", last.get("samples_per_sec")),
-            "time_left_s": None, "account": None if summary.account is None else summary.account.record(), "hosts": hosts, "ranks": ranks,
+            "time_left_s": None, "account": account, "hosts": hosts, "ranks": ranks,
             "hosts_total": len(hosts), "hosts_running": 0,
             "hosts_lost": sum(h["state"] == "lost" for h in hosts), "slow_ranks": sorted(r for r in slow
                                                                                           if isinstance(r, int)),
