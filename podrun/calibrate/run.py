@@ -119,10 +119,10 @@ def calibrate(opts: CalibrateOptions, progress: Progress | None = None) -> tuple
         _, summary = execute(request, sink=progress.sink, notice=lambda t: None)
     finally:
         progress.close()
-    if summary.get("exit_code") != 0:
-        rc = summary.get("root_cause") or {}
+    if summary.exit_code != 0:
+        rc = summary.root_cause or {}
         where = f"host {rc['host']} (instance {rc['instance']}): {rc.get('reason', '')}" if rc.get("host") else \
-            f"exit {summary.get('exit_code')}"
+            f"exit {summary.exit_code}"
         raise LaunchError(f"calibration failed on {where}; no calibration file written",
                           hint=f"logs in {request.run_dir}", exit_code=1)
     result_path = Path(request.run_dir) / "calibration-result.json"

@@ -1,7 +1,6 @@
 """The `submit`, `status` and `cancel` commands: a job script into runs/<run-id>/, sbatch/qsub, squeue/scancel."""
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -115,23 +114,22 @@ def status(scheduler, as_json, target):
     cl, job_id, rec = _resolve(target, scheduler)
     st = known_state(cl, job_id, rec)
     out = {**(rec.to_dict() if rec else {"job_id": job_id, "scheduler": cl.name}), **st.to_dict()}
+    summary = None
     if rec:
         from podrun.rundir.layout import SUMMARY
+        from podrun.rundir.summary import Summary, read_json
 
-        summary = Path(rec.run_dir) / SUMMARY
-        if summary.exists():
-            try:
-                out["summary"] = json.loads(summary.read_text())
-            except ValueError:
-                pass
+        recorded = read_json(Path(rec.run_dir) / SUMMARY, [])
+        if recorded is not None:
+            out["summary"], summary = recorded, Summary.from_dict(recorded)      # shown as recorded
     line = f"job {job_id} ({cl.name}): {st.state}" + (f" [{st.native}]" if st.native not in (None, st.state) else "")
     if st.exit_code is not None:
         line += f", exit code {st.exit_code}"
     if st.nodes:
         line += f", nodes {st.nodes}"
     line += f" ({st.reason})" if st.reason else ""
-    rc = (out.get("summary") or {}).get("root_cause") if isinstance(out.get("summary"), dict) else None
-    if isinstance(rc, dict):          # the run's own account of its end, as summary.json holds it
+    rc = None if summary is None else summary.root_cause
+    if rc is not None:                # the run's own account of its end, as summary.json holds it
         from podrun.redaction import shown
 
         rank = rc.get("local_rank")

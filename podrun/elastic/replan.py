@@ -43,14 +43,14 @@ class Replan:
 
 
 def make_policy(cluster: "ClusterSpec", recipe: "RecipeSpec | None", ov: "Overrides", plan: "Plan",
-                min_hosts: int, spare_hosts: str | None, *, transport: str, max_restarts: int | None,
-                engine: str | None = None) -> ElasticPolicy:
-    """The policy of `podrun launch --elastic MIN [--spare-hosts H,...]`, or a LaunchError naming what is wrong.
+                min_hosts: int, spare_hosts: str | None, *, max_restarts: int | None, engine: str | None = None,
+                transport_refusal: LaunchError | None = None) -> ElasticPolicy:
+    """The policy of `podrun launch --elastic MIN [--spare-hosts H,...]`, or a LaunchError naming what is wrong
+    (``transport_refusal``: the transport's, when it cannot start an attempt on other hosts).
 
     Spares are the --spare-hosts, then the hosts of the cluster (or of --hosts/--hostfile/the
     allocation) that the plan leaves out (--nodes smaller than the hosts given).
     """
-    from podrun.launch.transports import transport_of
     from podrun.specs.hosts import parse_hosts_option
 
     if min_hosts < 1 or min_hosts > len(plan.hosts):
@@ -62,12 +62,8 @@ def make_policy(cluster: "ClusterSpec", recipe: "RecipeSpec | None", ov: "Overri
     if engine is not None:
         raise LaunchError(f"--elastic re-plans the instances podrun starts itself; --engine {engine} starts its own",
                           hint="drop --engine, or drop --elastic")
-    if not transport_of(transport).replans:
-        from podrun.launch.transports import TRANSPORTS
-
-        can = " or ".join(k.name for k in TRANSPORTS.values() if k.replans and not k.engine_only)
-        raise LaunchError(f"--elastic re-plans each attempt on the hosts left, and the {transport} transport starts "
-                          "every attempt on the same hosts", hint=f"use --transport {can}")
+    if transport_refusal is not None:
+        raise transport_refusal
     spares: list[str] = []
     if spare_hosts is not None:
         for e in parse_hosts_option(spare_hosts, "--spare-hosts"):

@@ -8,7 +8,10 @@ at the end. An observer that raises is said in one notice, closed and dropped; t
 from __future__ import annotations
 
 import contextlib
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from podrun.rundir.summary import Attempt, Summary
 
 
 class RunObserver:
@@ -20,13 +23,13 @@ class RunObserver:
         """The run directory is made and held; what the start line adds (None: nothing)."""
         return None
 
-    def attempt(self, supervisor, attempts: list[dict], launch_no: int) -> None:
-        """An attempt's Supervisor is about to run, after the earlier ``attempts`` (summary.json's) of this run."""
+    def attempt(self, supervisor, attempts: tuple[Attempt, ...], launch_no: int) -> None:
+        """An attempt's Supervisor is about to run, after the earlier ``attempts`` of this run."""
 
     def progress(self, rank: int, host: str, record: dict) -> None:
         """A worker's progress report (podrun.runtime.progress)."""
 
-    def recorded(self, summary: dict) -> None:
+    def recorded(self, summary: Summary) -> None:
         """summary.json was written with ``summary``."""
 
     def close(self) -> None:
@@ -57,13 +60,13 @@ class Observers(RunObserver):
         said = [s for s in self._each("started", request) if s]
         return "; ".join(said) if said else None
 
-    def attempt(self, supervisor, attempts: list[dict], launch_no: int) -> None:
+    def attempt(self, supervisor, attempts: tuple[Attempt, ...], launch_no: int) -> None:
         self._each("attempt", supervisor, attempts, launch_no)
 
     def progress(self, rank: int, host: str, record: dict) -> None:
         self._each("progress", rank, host, record)
 
-    def recorded(self, summary: dict) -> None:
+    def recorded(self, summary: Summary) -> None:
         self._each("recorded", summary)
 
     def close(self) -> None:

@@ -8,7 +8,9 @@ from podrun.launch.request import SSHOptions
 from podrun.launch.torchrun_cli import TorchrunOptions
 from podrun.launch.torchrun_map import OwnOptions
 from podrun.plan.inputs import PlanOptions
-from podrun.wire.agent_args import GRACE_S, INTERRUPT_GRACE_S
+from podrun.launch.instance_logs import RankFiles
+from podrun.wire.agent_args import GRACE_S, INTERRUPT_GRACE_S, CpuBind
+from podrun.wire.liveness import FIRST_HEARTBEAT_S
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,23 @@ class Decisions:
     mpi_args: tuple[str, ...] = ()
     poprun: object | None = None                # podrun.launch.engines.poprun.PoprunOptions
     needs: tuple[str, ...] = ()                 # the recipe's modules, checked by every held agent
+    warm: bool = False                          # agents fork the workers from a zygote per host
+    mpi_ranks: bool = False                     # one agent per worker under mpirun (--rank-from-env)
+    cpu_bind: CpuBind = CpuBind()               # --cpu-bind decided, and this machine's cores when they are known
+    host_cores: tuple[tuple[int, ...], ...] | None = None
+    rank_files: RankFiles = RankFiles()         # torchrun's --tee/--redirects
+    join_address: str | None = None             # --join-address, checked
+    join_window: float = FIRST_HEARTBEAT_S      # --join-window
+
+
+@dataclass(frozen=True)
+class LiveOptions:
+    """The run's live views besides podrun top's: the metrics endpoint, TensorBoard files (podrun.live)."""
+
+    metrics_port: int | None = None             # None: no endpoint; 0: a free port
+    metrics_address: str = "127.0.0.1"
+    metrics_sd_dir: str | None = None           # also write the Prometheus file_sd target file there
+    tensorboard: bool = False
 
 
 @dataclass(frozen=True)
@@ -130,3 +149,4 @@ class LaunchOptions:
     restarts: RestartOptions = field(default_factory=RestartOptions)
     output: OutputOptions = field(default_factory=OutputOptions)
     calibration: str | None = None              # --calibration FILE|NAME: the plan's measured inputs (podrun.calibrate)
+    live: LiveOptions = field(default_factory=LiveOptions)

@@ -14,6 +14,7 @@ from typing import Callable
 from podrun.launch.request import LaunchRequest
 from podrun.launch.stacks import rank_ranges
 from podrun.redaction import redact_argv, redact_record
+from podrun.rundir.summary import Attempt, RunStatus, Summary
 from podrun.wire import protocol
 
 SHOWN_RANGES = 8          # ranges of one exit code of the followers shown on the console (summary.json has all)
@@ -31,16 +32,6 @@ class InstanceStatus(str, enum.Enum):
     FAILED = "failed"              # it failed, or its agent ended before it reported
     TERMINATED = "terminated"      # ended by the run's end everywhere
     LOST = "lost"                  # its host stopped answering
-
-
-class RunStatus(str, enum.Enum):
-    """How an attempt ended (summary.json's and --json's status)."""
-
-    OK = "ok"
-    FAILED = "failed"
-    LOST = "lost"
-    HUNG = "hung"
-    INTERRUPTED = "interrupted"
 
 
 @dataclass
@@ -137,27 +128,33 @@ class Outcome:
             quiet = next((s.lost_silence for s in self.instances if s.index == root.instance), None)
         return root.at - (quiet if isinstance(quiet, (int, float)) else 0.0)
 
-    def summary(self, request: LaunchRequest) -> dict:
-        """The attempt's record, redacted (podrun.redaction): summary.json, --json and the console's root cause
-        are made from it."""
-        return redact_record({
-            "run_id": request.run_id, "exit_code": self.exit_code, "status": self.status.value,
-            "transport": request.transport, "restart_count": request.restart_count,
-            "command": redact_argv(request.command), "master": f"{request.master_addr}:{request.master_port}",
-            "root_cause": self.root_cause.to_dict() if self.root_cause else None,
-            "instances": [{"index": s.index, "host": s.host, "status": s.status.value, "exit_code": s.exit_code,
-                           "workers": {str(k): protocol.exit_code_from_returncode(v) for k, v in s.workers.items()},
-                           "ready_s": s.ready_s, "ended_s": s.ended_s, "max_heartbeat_gap_s": s.max_gap_s}
-                          for s in self.instances],
-            "heartbeat": request.liveness.to_dict(),
-            "timings": {"started": self.started, "ended": self.ended,
-                        "duration_s": round(self.ended - self.started, 3), "all_ready_s": self.all_ready_s},
-            "hang": self.hang,
-            "slow_ranks": self.slow_ranks,
-            "host_busy": self.host_busy,
-            "step_split": self.step_split,
-            **({"joins": self.joins} if self.joins is not None else {}),
-        })
+    def summary(self, request: LaunchRequest, attempts: tuple[Attempt, ...] = (), **more) -> Summary:
+        """The run's record after this attempt (``attempts``: every one so far, this one last; ``more``: the
+        elastic record, the account), redacted (podrun.redaction): summary.json, --json and the console's root
+        cause are made from it."""
+        root = self.root_cause
+        return Summary(
+            run_id=request.run_id, exit_code=self.exit_code, status=self.status, transport=request.transport,
+            restart_count=request.restart_count, command=tuple(redact_argv(request.command)),
+            master=redact_record(f"{request.master_addr}:{request.master_port}"),
+            root_cause=None if root is None else redact_record(root.to_dict()),
+            instances=tuple(redact_record([
+                {"index": s.index, "host": s.host, "status": s.status.value, "exit_code": s.exit_code,
+                 "workers": {str(k): protocol.exit_code_from_returncode(v) for k, v in s.workers.items()},
+                 "ready_s": s.ready_s, "ended_s": s.ended_s, "max_heartbeat_gap_s": s.max_gap_s}
+                for s in self.instances])),
+            heartbeat=request.liveness.to_dict(), started=self.started, ended=self.ended,
+            duration_s=round(self.ended - self.started, 3), all_ready_s=self.all_ready_s,
+            hang=redact_record(self.hang), slow_ranks=tuple(redact_record(self.slow_ranks)),
+            host_busy=self.host_busy, step_split=self.step_split, joins=self.joins,
+            max_restarts=request.max_restarts, attempts=attempts, **more)
+
+    def attempt(self, launch: int, request: LaunchRequest, plan: str | None = None) -> Attempt:
+        """This attempt as summary.json's ``attempts`` holds it (``plan``: an elastic attempt's plan file)."""
+        root = self.root_cause
+        return Attempt(launch, request.restart_count, self.exit_code, self.status,
+                       None if root is None else redact_record(root.to_dict()), plan, self.started, self.ended,
+                       self.all_ready_s, self.failed_at())
 
 
 def exit_signal(code: int) -> str | None:

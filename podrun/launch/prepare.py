@@ -27,6 +27,7 @@ from podrun.wire.worker_env import RDZV_ID_ENV, ROLE_ENV, VIRTUAL_LOCAL_RANK_ENV
 
 if TYPE_CHECKING:  # pragma: no cover
     from podrun.elastic.replan import ElasticPolicy
+    from podrun.launch.transports import TransportKind
     from podrun.specs import ClusterSpec, RecipeSpec
 
 
@@ -68,10 +69,45 @@ def prepare_launch(opts: LaunchOptions) -> Prepared:
 
 
 def _prepare(opts: LaunchOptions, target: Target, mapped: OwnOptions) -> Prepared:
-    """prepare_launch's part after torchrun's options are mapped (``mapped``)."""
-    net, rs, out = opts.transports, opts.restarts, opts.output
-    env = parse_env_options(net.env_items) + launch_names(mapped) + \
-        (((VIRTUAL_LOCAL_RANK_ENV, "1"),) if opts.torchrun.virtual_local_rank else ())
+    """prepare_launch's part after torchrun's options are mapped (``mapped``), step by step: the plan, the recipe's
+    arguments, the engine and the transport, the checks of this machine, the elastic policy, then the request,
+    built once (--dry-run prints the very request that runs)."""
+    notes: list[str] = []
+    cluster, rspec, src, overrides, elastic_min = _plan_inputs(opts, target, mapped, notes)
+    check_nproc_kind(opts.torchrun, cluster.device.kind, cluster.name)
+    out, net = opts.output, opts.transports
+    measured, calibration_notes = launch_measured(opts.calibration, cluster, rspec, overrides,
+                                                  out.runs_dir if out.runs_dir is not None else DEFAULT_RUNS_DIR)
+    plan = make_plan(cluster, rspec, overrides, measured)
+    recipe = _recipe_run(target, rspec, plan, out.dry_run)
+    eng = _engine(opts, cluster)
+    name = eng.transport or net.transport or default_transport(plan, cluster, getattr(src, "scheduler", "none"))
+    kind = transport_of(name)
+    data_interface = net.data_interface if net.data_interface is not None else cluster.data_interface or None
+    if not kind.remote:
+        _check_this_machine(opts, target, rspec, recipe, data_interface, cluster)
+    notes += [*calibration_notes, *recipe.notes, *eng.notes]
+    if kind.ssh_per_host:
+        notes += _this_machine_over_ssh(plan)
+    mpi_ranks, liveness = _heard(opts, mapped, cluster, plan, kind, eng)
+    elastic, max_restarts = _elastic(opts, mapped, (cluster, rspec, overrides, plan), elastic_min, kind, eng, notes)
+    if out.only_output_from_instance is not None and not 0 <= out.only_output_from_instance < plan.instances:
+        raise LaunchError(f"--only-output-from-instance {out.only_output_from_instance}: the plan has instances "
+                          f"0..{plan.instances - 1}")
+    request = _request(opts, mapped, target, (cluster, plan, kind, name), recipe, eng, (mpi_ranks, liveness),
+                       max_restarts, data_interface, notes)
+    # this machine's process limits against the run's size, before anything starts (and in --dry-run, which says
+    # what a real launch would refuse): a soft limit raised is said with the notes
+    rlimits.ensure(*rlimits.run_size(request), notes.append)
+    if not out.dry_run:
+        engine_of(eng.engine).require()                                 # horovod: importable here
+    return Prepared(request=request, target=target, engine=eng.engine, elastic=elastic, notes=tuple(notes),
+                    long_run=recipe.long_run, cluster=cluster, recipe=rspec, local_ranks=mapped.local_ranks)
+
+
+def _plan_inputs(opts: LaunchOptions, target: Target, mapped: OwnOptions, notes: list[str]):
+    """The plan's inputs (cluster, recipe, source, overrides) and the elastic minimum left: torchrun's defaults
+    for a script or command, and --nnodes MIN:MAX started on the hosts there are."""
     plan_opts = replace(opts.plan, nodes=mapped.nodes, devices_per_host=mapped.devices_per_host)
     cluster, rspec, src, overrides = resolve_plan_inputs(target.name if target.kind == RECIPE else None, plan_opts)
     if (target.kind != RECIPE and opts.torchrun.nproc_per_node is None and plan_opts.devices_per_host is None
@@ -80,7 +116,6 @@ def _prepare(opts: LaunchOptions, target: Target, mapped: OwnOptions) -> Prepare
         # torchrun's default for a script, a module or a command: one worker per host (a cluster spec, an
         # allocation, the slots of --hosts h:N or a hostfile, or a recipe's plan say otherwise)
         cluster, rspec, src, overrides = resolve_plan_inputs(None, replace(plan_opts, devices_per_host=1))
-    notes: list[str] = []
     elastic_min = mapped.elastic_min
     if elastic_min is not None and mapped.nodes is not None and opts.torchrun.nnodes is not None and \
             elastic_min <= len(cluster.hosts) < mapped.nodes:
@@ -90,29 +125,56 @@ def _prepare(opts: LaunchOptions, target: Target, mapped: OwnOptions) -> Prepare
                      f"host(s) of cluster '{cluster.name}', as torchrun starts with the nodes that joined")
         overrides = replace(overrides, nodes=len(cluster.hosts))
         elastic_min = None if len(cluster.hosts) == elastic_min else elastic_min
-    check_nproc_kind(opts.torchrun, cluster.device.kind, cluster.name)
-    measured, calibration_notes = launch_measured(opts.calibration, cluster, rspec, overrides,
-                                                  out.runs_dir if out.runs_dir is not None else DEFAULT_RUNS_DIR)
-    plan = make_plan(cluster, rspec, overrides, measured)
-    python = net.host_python
-    recipe_script, recipe_args, long_run, data_notes = None, None, None, []
-    if rspec is not None:
-        recipe_script = os.path.abspath(os.path.join(rspec.path, rspec.train_script))
-        recipe_args = recipe_cli.check_recipe(rspec, target.args)
-        if recipe_args is not None:        # its train.py runs podrun's recipe parser: podrun knows its arguments
-            long_run = recipe_cli.long_run(target.args, recipe_args, plan, recipe_cli.LONG_RUN_HOURS)
-            data_notice, refusal = recipe_cli.synthetic_data(target.args, recipe_args, plan,
-                                                             recipe_cli.LONG_RUN_HOURS)
-            if refusal is not None and not out.dry_run:
-                raise refusal
-            data_notes = [data_notice] if data_notice is not None else []
-            if refusal is not None:
-                data_notes.append(f"a real launch refuses this: {refusal.message}; {refusal.hint}")
+    return cluster, rspec, src, overrides, elastic_min
+
+
+@dataclass(frozen=True)
+class _RecipeRun:
+    """A recipe's train.py and its arguments as podrun read them (None: a script or command, or a recipe whose
+    train.py parses its own), the estimate of a long run, and what to say of its data."""
+
+    script: str | None = None
+    args: object | None = None
+    long_run: str | None = None
+    notes: tuple[str, ...] = ()
+
+
+def _recipe_run(target: Target, rspec, plan, dry_run: bool) -> _RecipeRun:
+    if rspec is None:
+        return _RecipeRun()
+    script = os.path.abspath(os.path.join(rspec.path, rspec.train_script))
+    args = recipe_cli.check_recipe(rspec, target.args)
+    if args is None:
+        return _RecipeRun(script)
+    # its train.py runs podrun's recipe parser: podrun knows its arguments
+    long_run = recipe_cli.long_run(target.args, args, plan, recipe_cli.LONG_RUN_HOURS)
+    data_notice, refusal = recipe_cli.synthetic_data(target.args, args, plan, recipe_cli.LONG_RUN_HOURS)
+    if refusal is not None and not dry_run:
+        raise refusal
+    notes = [data_notice] if data_notice is not None else []
+    if refusal is not None:
+        notes.append(f"a real launch refuses this: {refusal.message}; {refusal.hint}")
+    return _RecipeRun(script, args, long_run, tuple(notes))
+
+
+@dataclass(frozen=True)
+class _Engine:
+    """The engine that starts the instances, the transport it chooses (None: podrun's), its arguments."""
+
+    engine: str
+    transport: str | None
+    poprun: object | None
+    mpi_args: tuple[str, ...]
+    notes: tuple[str, ...] = ()
+
+
+def _engine(opts: LaunchOptions, cluster) -> _Engine:
+    net, out = opts.transports, opts.output
     engine, engine_transport, poprun_opts, mpi_args = resolve_engine(
         opts.engine, cluster, only_output_from_instance=out.only_output_from_instance)
     if engine_transport is not None and net.transport and net.transport != engine_transport:
         raise LaunchError(f"--engine {engine} starts the instances itself; drop --transport {net.transport}")
-    vipu_note = None
+    notes: tuple[str, ...] = ()
     if poprun_opts is not None:     # the V-IPU server and partition: an option, the POD job's environment, the spec
         from podrun.launch.engines.poprun import check_vipu, missing_vipu, resolve_vipu
 
@@ -120,81 +182,108 @@ def _prepare(opts: LaunchOptions, target: Target, mapped: OwnOptions) -> Prepare
         if not out.dry_run:
             check_vipu(poprun_opts, "--engine poprun")
         elif missing_vipu(poprun_opts):
-            vipu_note = (f"poprun has no {' and no '.join(missing_vipu(poprun_opts))}: on a POD this line fails "
-                         "(a real launch refuses it)")
-    name = engine_transport or net.transport or default_transport(plan, cluster, getattr(src, "scheduler", "none"))
-    kind = transport_of(name)
-    data_interface = net.data_interface if net.data_interface is not None else cluster.data_interface or None
-    if not kind.remote:
-        check_local_target(target, os.path.abspath(net.workdir or os.getcwd()))
-        check_local_interface(data_interface, "--data-interface" if net.data_interface is not None else
-                              f"data_interface in {cluster.path}")
-        if recipe_args is not None:
-            recipe_cli.check_local_data(os.path.basename(os.path.abspath(rspec.path)), recipe_args.data,
-                                        os.path.abspath(net.workdir or os.getcwd()))
-        if net.preflight and (recipe_args is not None or opts.target.needs):
-            check_modules(python, target, recipe_args, opts.target.needs)
-    notes += [*calibration_notes, *data_notes, *([vipu_note] if vipu_note else [])]
-    if kind.ssh_per_host:
-        here = [h for h in dict.fromkeys(plan.hosts) if is_local_host(h)]
-        if here:
-            notes.append(f"{', '.join(here)} is this machine: in a run with other hosts podrun reaches it over ssh "
-                         "like the others (one transport per run: the same preflight, keepalive and teardown "
-                         "everywhere), so it needs sshd and its host key in known_hosts")
+            notes = (f"poprun has no {' and no '.join(missing_vipu(poprun_opts))}: on a POD this line fails "
+                     "(a real launch refuses it)",)
+    return _Engine(engine, engine_transport, poprun_opts, tuple(mpi_args), notes)
+
+
+def _check_this_machine(opts: LaunchOptions, target: Target, rspec, recipe: _RecipeRun, data_interface, cluster):
+    """A run on this machine: its target, interface, data and modules are here before anything starts."""
+    net = opts.transports
+    check_local_target(target, os.path.abspath(net.workdir or os.getcwd()))
+    check_local_interface(data_interface, "--data-interface" if net.data_interface is not None else
+                          f"data_interface in {cluster.path}")
+    if recipe.args is not None:
+        recipe_cli.check_local_data(os.path.basename(os.path.abspath(rspec.path)), recipe.args.data,
+                                    os.path.abspath(net.workdir or os.getcwd()))
+    if net.preflight and (recipe.args is not None or opts.target.needs):
+        check_modules(net.host_python, target, recipe.args, opts.target.needs)
+
+
+def _this_machine_over_ssh(plan) -> list[str]:
+    here = [h for h in dict.fromkeys(plan.hosts) if is_local_host(h)]
+    return [f"{', '.join(here)} is this machine: in a run with other hosts podrun reaches it over ssh like the "
+            "others (one transport per run: the same preflight, keepalive and teardown everywhere), so it needs "
+            "sshd and its host key in known_hosts"] if here else []
+
+
+def _heard(opts: LaunchOptions, mapped: OwnOptions, cluster, plan, kind, eng: _Engine):
+    """Whether the agents are one a worker under mpirun (--rank-from-env), and the liveness for the agents whose
+    heartbeats the controller hears: one a host, or one a worker."""
+    net = opts.transports
+    mpi_ranks = kind.per_worker is not None and (engine_of(eng.engine).mpi_ranks or net.mpi_ranks)
+    senders = plan.instances * workers_per_instance(plan) if mpi_ranks else len(set(plan.hosts))
+    return mpi_ranks, settings(mapped.heartbeat, mapped.heartbeat_misses, net.keepalive,
+                               spec_heartbeat=cluster.heartbeat, spec_misses=cluster.heartbeat_misses,
+                               spec_source=cluster.path, hosts=senders)
+
+
+def _elastic(opts: LaunchOptions, mapped: OwnOptions, planned, elastic_min: int | None, kind, eng: _Engine,
+             notes: list[str]) -> tuple[ElasticPolicy | None, int | None]:
+    """The elastic policy (None: a plain run) and the restarts: --max-restarts, or one per host it can lose."""
+    cluster, rspec, overrides, plan = planned
+    rs, max_restarts = opts.restarts, mapped.max_restarts
+    if elastic_min is None:
+        if rs.spare_hosts is not None:
+            raise LaunchError("--spare-hosts takes effect only in an elastic run", hint="add --elastic MIN")
+        return None, max_restarts
+    from podrun.elastic.replan import default_restarts, make_policy
+
+    elastic = make_policy(cluster, rspec, overrides, plan, elastic_min, rs.spare_hosts,
+                          max_restarts=max_restarts, engine=None if eng.transport is None else eng.engine,
+                          transport_refusal=replan_refusal(kind))
+    if max_restarts is None:
+        max_restarts = default_restarts(elastic, plan)
+        notes.append(f"--elastic {elastic_min} without --max-restarts: {max_restarts} restart(s), one per "
+                     f"host the run can lose ({len(plan.hosts)} host(s) + {len(elastic.spares)} spare(s) - "
+                     f"minimum {elastic_min}); --max-restarts N sets another count")
+    return elastic, max_restarts
+
+
+def _request(opts: LaunchOptions, mapped: OwnOptions, target: Target, placed, recipe: _RecipeRun, eng: _Engine,
+             heard, max_restarts: int | None, data_interface: str | None, notes: list[str]) -> LaunchRequest:
+    """The request, built once from what was decided: the agents' start (warm, one per worker under mpirun), the
+    CPU binding, the modules every host checks, the variables, the run directory."""
+    cluster, plan, kind, name = placed
+    mpi_ranks, liveness = heard
+    net, rs = opts.transports, opts.restarts
+    env = parse_env_options(net.env_items) + launch_names(mapped) + \
+        (((VIRTUAL_LOCAL_RANK_ENV, "1"),) if opts.torchrun.virtual_local_rank else ())
     needs: tuple[str, ...] = ()
     if net.preflight:             # checked by every held agent (ssh) before anything starts
-        needs = tuple(dict.fromkeys((*recipe_cli.needed_modules(recipe_args), *opts.target.needs)
-                                    if recipe_args is not None else opts.target.needs))
-    # the agents whose heartbeats the controller hears: one a host, or one a worker under mpirun (--rank-from-env)
-    mpi_ranks = kind.per_worker is not None and (engine_of(engine).mpi_ranks or net.mpi_ranks)
-    senders = plan.instances * workers_per_instance(plan) if mpi_ranks else len(set(plan.hosts))
-    liveness = settings(mapped.heartbeat, mapped.heartbeat_misses, net.keepalive, spec_heartbeat=cluster.heartbeat,
-                        spec_misses=cluster.heartbeat_misses, spec_source=cluster.path, hosts=senders)
-    elastic = None
-    max_restarts = mapped.max_restarts
-    if elastic_min is not None:
-        from podrun.elastic.replan import default_restarts, make_policy
-
-        elastic = make_policy(cluster, rspec, overrides, plan, elastic_min, rs.spare_hosts, transport=name,
-                              max_restarts=max_restarts, engine=None if engine_transport is None else engine)
-        if max_restarts is None:
-            max_restarts = default_restarts(elastic, plan)
-            notes.append(f"--elastic {elastic_min} without --max-restarts: {max_restarts} restart(s), one per "
-                         f"host the run can lose ({len(plan.hosts)} host(s) + {len(elastic.spares)} spare(s) - "
-                         f"minimum {elastic_min}); --max-restarts N sets another count")
-    elif rs.spare_hosts is not None:
-        raise LaunchError("--spare-hosts takes effect only in an elastic run", hint="add --elastic MIN")
-    if out.only_output_from_instance is not None and not 0 <= out.only_output_from_instance < plan.instances:
-        raise LaunchError(f"--only-output-from-instance {out.only_output_from_instance}: the plan has instances "
-                          f"0..{plan.instances - 1}")
-    decided = Decisions(master_addr=mapped.master_addr, master_port=mapped.master_port,
-                        grace=mapped.grace if mapped.grace is not None else GRACE_S,
-                        interrupt_grace=mapped.grace if mapped.grace is not None else INTERRUPT_GRACE_S,
-                        mpi_args=mpi_args,
-                        poprun=poprun_opts, needs=needs)
-    request = build_request(plan, target.worker_command(python, recipe_script), transport=name, options=opts,
-                            decided=decided, liveness=liveness, run_id=run_dir_name(mapped),
-                            runs_dir=mapped.runs_dir if mapped.runs_dir is not None else DEFAULT_RUNS_DIR, env=env,
-                            max_restarts=0 if max_restarts is None else max_restarts,
-                            data_interface=data_interface)
+        needs = tuple(dict.fromkeys((*recipe_cli.needed_modules(recipe.args), *opts.target.needs)
+                                    if recipe.args is not None else opts.target.needs))
+    restarts = 0 if max_restarts is None else max_restarts
     # its agents start each instance themselves: warm when a restart may follow, or (import once per host) when a
     # host runs several workers; agents that join (srun, mpirun but for --mpi-ranks, the copies) only for the latter
     several = workers_per_instance(plan) > 1
     kind = kind.for_request(mpi_ranks)
-    if rs.warm and (kind.per_instance and (request.max_restarts > 0 or several) or kind.joined and several):
-        request = replace(request, warm=True)
-    request = replace(request, join_address=check_join_address(net.join_address), mpi_ranks=mpi_ranks,
-                      join_window=net.join_window if net.join_window is not None else request.join_window)
+    warm = rs.warm and (kind.per_instance and (restarts > 0 or several) or kind.joined and several)
     bind, host_cores, bind_note = decide_cpu_bind(mapped.cpu_bind, plan, cluster.cpu, not kind.remote, cluster.path)
-    request = replace(request, cpu_bind=bind, host_cores=host_cores, rank_files=mapped.rank_files)
     notes += [bind_note] if bind_note is not None else []
-    # this machine's process limits against the run's size, before anything starts (and in --dry-run, which says
-    # what a real launch would refuse): a soft limit raised is said with the notes
-    rlimits.ensure(*rlimits.run_size(request), notes.append)
-    if not out.dry_run:
-        engine_of(engine).require()                                     # horovod: importable here
-    return Prepared(request=request, target=target, engine=engine, elastic=elastic, notes=tuple(notes),
-                    long_run=long_run, cluster=cluster, recipe=rspec, local_ranks=mapped.local_ranks)
+    grace = mapped.grace
+    decided = Decisions(master_addr=mapped.master_addr, master_port=mapped.master_port,
+                        grace=grace if grace is not None else GRACE_S,
+                        interrupt_grace=grace if grace is not None else INTERRUPT_GRACE_S,
+                        mpi_args=eng.mpi_args, poprun=eng.poprun, needs=needs, warm=warm, mpi_ranks=mpi_ranks,
+                        cpu_bind=bind, host_cores=host_cores, rank_files=mapped.rank_files,
+                        join_address=check_join_address(net.join_address),
+                        **({} if net.join_window is None else {"join_window": net.join_window}))
+    return build_request(plan, target.worker_command(net.host_python, recipe.script), transport=name, options=opts,
+                         decided=decided, liveness=liveness, run_id=run_dir_name(mapped),
+                         runs_dir=mapped.runs_dir if mapped.runs_dir is not None else DEFAULT_RUNS_DIR, env=env,
+                         max_restarts=restarts, data_interface=data_interface)
+
+
+def replan_refusal(kind: TransportKind) -> LaunchError | None:
+    """Why an elastic run cannot use the transport ``kind`` (None: it starts each attempt on the hosts left)."""
+    if kind.replans:
+        return None
+    from podrun.launch.transports import TRANSPORTS
+
+    can = " or ".join(k.name for k in TRANSPORTS.values() if k.replans and not k.engine_only)
+    return LaunchError(f"--elastic re-plans each attempt on the hosts left, and the {kind.name} transport starts "
+                       "every attempt on the same hosts", hint=f"use --transport {can}")
 
 
 def launch_names(mapped: OwnOptions) -> tuple[tuple[str, str], ...]:

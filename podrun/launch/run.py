@@ -8,6 +8,7 @@ import shutil
 import socket
 import stat
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,8 +19,9 @@ from podrun.launch.options import Decisions, LaunchOptions
 from podrun.launch.request import InstanceLaunch, LaunchRequest
 from podrun.launch.records import write_launch_files
 from podrun.rundir import layout
-from podrun.rundir.layout import check_run_id, create_run_dir, new_run_id, snapshot_dir, write_plan, write_summary
-from podrun.launch.outcome import Outcome, RunStatus, describe_code
+from podrun.rundir.layout import check_run_id, create_run_dir, new_run_id, snapshot_dir, write_plan
+from podrun.rundir.summary import Attempt, RunStatus, Summary, save as save_summary
+from podrun.launch.outcome import Outcome, describe_code
 from podrun.launch.supervisor import Supervisor
 from podrun.launch.transports import transport_of
 from podrun.launch.transports.base import TransportFactory, busy_port_problem
@@ -28,6 +30,7 @@ from podrun.redaction import redact
 
 if TYPE_CHECKING:  # pragma: no cover
     from podrun.elastic.replan import ElasticRecord
+    from podrun.rundir.account import Account
 
 MULTI_HOST_PORT = 29500   # the default --master-port when the master host is elsewhere (0, "pick", on this machine)
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "ip6-localhost"}
@@ -85,7 +88,9 @@ def build_request(plan, command, *, transport: str, options: LaunchOptions = Lau
         ssh=net.ssh, mpi_args=tuple(decided.mpi_args), poprun=decided.poprun,
         agent_store=net.agent_store and _serves_store(transport, net.host_python),
         preflight=net.preflight, straggler_timeout=rs.straggler_timeout, needs=tuple(decided.needs),
-        data_interface=data_interface,
+        data_interface=data_interface, warm=decided.warm, mpi_ranks=decided.mpi_ranks, cpu_bind=decided.cpu_bind,
+        host_cores=decided.host_cores, rank_files=decided.rank_files, join_address=decided.join_address,
+        join_window=decided.join_window,
     )
 
 
@@ -138,12 +143,12 @@ def hold_port(request: LaunchRequest):
 
 def _preflight_failed(req: LaunchRequest, problems, notice,
                       hint: str = "fix the hosts above, or pass --no-preflight to skip these checks",
-                      earlier: dict | None = None) -> PreflightError:
-    """The error for a failed check, after writing summary.json (with ``earlier``: the attempts before it and
-    the elastic record, when a restart's check failed)."""
-    _record(write_summary, notice, req.run_dir, {"run_id": req.run_id, "exit_code": 2, "status": "preflight_failed",
-                                                 "transport": req.transport, "problems": [str(p) for p in problems],
-                                                 **(earlier or {})})
+                      attempts: tuple[Attempt, ...] = (), elastic: dict | None = None) -> PreflightError:
+    """The error for a failed check, after writing summary.json (with the attempts before it and the elastic
+    record, when a restart's check failed)."""
+    _record(notice, req.run_dir, Summary(run_id=req.run_id, exit_code=2, status=RunStatus.PREFLIGHT_FAILED,
+                                         transport=req.transport, problems=tuple(str(p) for p in problems),
+                                         attempts=attempts, elastic=elastic))
     hosts = sorted({p.host for p in problems})
     return PreflightError(problems, hint, headline=f"preflight failed on {len(hosts)} host(s), nothing was started")
 
@@ -218,7 +223,7 @@ def choose_master(make: TransportFactory, request: LaunchRequest, *, ask_hosts: 
 
 def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from: int | None = None,
             elastic=None, watch=None, progress=None, resuming: bool = False,
-            launch_record: dict | None = None, said=None, observer=None) -> tuple[Outcome | None, dict]:
+            launch_record: dict | None = None, said=None, observer=None) -> tuple[Outcome | None, Summary]:
     """Run the request (with restarts); returns the last outcome and the summary written to summary.json.
 
     ``elastic`` (a podrun.elastic.replan.ElasticPolicy): each restart first drops the failed hosts,
@@ -247,7 +252,7 @@ def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from:
                                         launch_record=launch_record, observer=observer)
             if said is not None:
                 said(summary)
-            close_account(request.run_dir, summary)
+            summary = close_account(request.run_dir, summary)
             observer.recorded(summary)
             return outcome, summary
         finally:
@@ -271,7 +276,7 @@ def starting_line(request: LaunchRequest) -> str:
 
 
 def _execute(request: LaunchRequest, *, sink, notice, only_output_from, elastic, watch, progress, resuming: bool,
-             launch_record: dict | None, observer) -> tuple[Outcome | None, dict]:
+             launch_record: dict | None, observer) -> tuple[Outcome | None, Summary]:
     """execute(), the run directory made and held."""
     earlier = _earlier_attempts(request.run_dir) if resuming else []
     _before_start(request.run_dir, layout.write_start, request.run_dir, request.plan,
@@ -319,26 +324,29 @@ def _drop_local_snapshots(request: LaunchRequest) -> None:
             pass
 
 
-def _earlier_attempts(run_dir: str) -> list[dict]:
+def _earlier_attempts(run_dir: str) -> list[Attempt]:
     """The attempts of a run's earlier launches (its summary.json), each with ``launch``: 0 for the first launch,
     1 for the first resume..."""
     from podrun.rundir.summary import read_summary
 
     earlier = read_summary(run_dir)
-    return [] if earlier is None else [a.to_dict() for a in earlier.attempts]
+    return [] if earlier is None else list(earlier.attempts)
 
 
 def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_output_from, elastic,
               record: ElasticRecord | None, watch=None, progress=None,
-              earlier: list[dict] = (), observer=None) -> tuple[Outcome | None, dict]:
+              earlier: list[Attempt] = (), observer=None) -> tuple[Outcome | None, Summary]:
+    """The attempts of one launch; summary.json is written once an attempt (``_record``), after its restart or
+    re-plan is decided."""
+    from podrun.elastic.replan import failed_hosts
     from podrun.launch.observe import RunObserver
     from podrun.rundir.metrics import StepLog
     from podrun.wire.worker_env import workers_per_instance
 
-    attempts: list[dict] = list(earlier)
-    launch_no = 1 + max((a["launch"] for a in earlier if isinstance(a.get("launch"), int)), default=-1)
+    attempts: list[Attempt] = list(earlier)
+    launch_no = 1 + max((a.launch for a in earlier), default=-1)
     base_port = req.master_port
-    outcome, summary, log = None, {}, StepLog()
+    outcome, summary, log = None, Summary(), StepLog()
     observer = observer or RunObserver()
     told = _told(progress, observer)
     while True:
@@ -354,15 +362,12 @@ def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_
                 bad = tuple(dict.fromkeys(p.host for p in problems if p.host in req.plan.hosts))
                 if outcome is None or not req.kind.remote or not bad:   # else re-planned
                     # the first attempt, or problems of this machine's (local) rather than of a host's (elastic)
-                    raise _preflight_failed(req, problems, notice, earlier=None if outcome is None else {
-                        "attempts": attempts, **({} if record is None else {"elastic": record.to_dict()})})
+                    raise _preflight_failed(req, problems, notice, attempts=tuple(attempts),
+                                            elastic=None if record is None else record.to_dict())
                 # a re-planned attempt: hosts that fail the check (a spare that is down) go as a lost host
                 # does, and the run re-plans again without them; nothing has started
-                nxt_req = _replan(elastic, record, req, summary, outcome, req.restart_count, notice, log,
-                                  failed=bad, problems=problems)
-                summary["elastic"] = record.to_dict()
-                _record(write_summary, notice, req.run_dir, summary)
-                observer.recorded(summary)
+                nxt_req = _replan(elastic, record, req, outcome, req.restart_count, notice, log, bad, problems)
+                summary = _record(notice, req.run_dir, replace(summary, elastic=record.to_dict()), observer)
                 if nxt_req is None:
                     return outcome, summary
                 req = nxt_req
@@ -375,50 +380,37 @@ def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_
             raise
         sup = Supervisor(req, transport, sink=sink, notice=notice, only_output_from=only_output_from,
                          workers_per_instance=workers_per_instance(req.plan), watch=watch, progress=told)
-        observer.attempt(sup, attempts, launch_no)
+        observer.attempt(sup, tuple(attempts), launch_no)
         try:
             outcome = sup.run()
         except PodrunError as exc:        # e.g. an agent that could not be started: nothing is left running
-            _record(write_summary, notice, req.run_dir,
-                    {"run_id": req.run_id, "exit_code": exc.exit_code, "status": "start_failed",
-                     "transport": req.transport, "error": str(exc), "attempts": attempts})
+            _record(notice, req.run_dir, Summary(run_id=req.run_id, exit_code=exc.exit_code,
+                                                 status=RunStatus.START_FAILED, transport=req.transport,
+                                                 error=str(exc), attempts=tuple(attempts)))
             raise
-        summary = outcome.summary(req)
-        summary["max_restarts"] = req.max_restarts      # --max-restarts, or an elastic run's default
-        summary["attempts"] = attempts + [{"launch": launch_no, "restart_count": req.restart_count,
-                                           "exit_code": outcome.exit_code,
-                                           "status": outcome.status,
-                                           "root_cause": summary["root_cause"], "started": outcome.started,
-                                           "ended": outcome.ended, "all_ready_s": outcome.all_ready_s,
-                                           "failed_at": outcome.failed_at()}]
-        attempts = summary["attempts"]
+        plan = None if elastic is None else layout.plan_of(req.restart_count)
+        attempts.append(outcome.attempt(launch_no, req, plan))
         log = StepLog.read(req.run_dir)           # the runner's records so far, read once an attempt
         if elastic is not None:
-            attempts[-1]["plan"] = layout.plan_of(req.restart_count)
             record.recovered(req.restart_count, outcome.started, outcome.all_ready_s, log)
-            summary["elastic"] = record.to_dict()
-        summary["account"] = run_account(req.run_dir, attempts, launch_no, log)
-        _record(write_summary, notice, req.run_dir, summary)
-        observer.recorded(summary)
-        if outcome.exit_code == 0 or outcome.status is RunStatus.INTERRUPTED or req.restart_count >= req.max_restarts:
+        summary = outcome.summary(req, tuple(attempts))
+        done = (outcome.exit_code == 0 or outcome.status is RunStatus.INTERRUPTED
+                or req.restart_count >= req.max_restarts)
+        nxt, nxt_req = req.restart_count + 1, req
+        if not done and elastic is not None:
+            nxt_req = _replan(elastic, record, req, outcome, nxt, notice, log, failed_hosts(summary))
+        summary = _record(notice, req.run_dir, replace(
+            summary, elastic=None if record is None else record.to_dict(),
+            account=run_account(req.run_dir, attempts, launch_no, log)), observer)
+        if done or nxt_req is None:
             return outcome, summary
-        nxt = req.restart_count + 1
         # a port the controller holds serves every attempt (each gets a fresh store on it); else each attempt
         # moves one port past the last one's, whose store may not be gone yet
         port = req.master_port if req.listen_fd is not None else base_port + nxt
         cause = outcome.root_cause
-        if elastic is not None:
-            nxt_req = _replan(elastic, record, req, summary, outcome, nxt, notice, log)
-            if nxt_req is None:
-                summary["elastic"] = record.to_dict()
-                summary["account"] = run_account(req.run_dir, attempts, launch_no, log)
-                _record(write_summary, notice, req.run_dir, summary)     # with the record's end
-                observer.recorded(summary)
-                return outcome, summary
-            req = nxt_req
-        notice(f"restart {nxt} of {req.max_restarts} after "
+        notice(f"restart {nxt} of {nxt_req.max_restarts} after "
                f"{cause.reason if cause else describe_code(outcome.exit_code)}; rendezvous port {port}")
-        req = req.for_restart(nxt, port)
+        req = nxt_req.for_restart(nxt, port)
 
 
 def _told(progress, observer):
@@ -448,12 +440,12 @@ def process_started() -> float:
     return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
 
 
-def run_account(run_dir: str, attempts: list[dict], launch_no: int, log) -> dict:
+def run_account(run_dir: str, attempts: Sequence[Attempt], launch_no: int, log) -> Account:
     """summary.json's ``account`` of this launch, from podrun launch's start to now: its attempts' moments, the
     runner's metrics (``log``, a podrun.rundir.metrics.StepLog), and when submitted (podrun submit's job record)
     the queue: to the job's start as Slurm gives it (SLURM_JOB_START_TIME), else to this launch's start."""
     from podrun.errors import HostError
-    from podrun.jobscript.submit import JobRecord
+    from podrun.rundir.job import JobRecord
     from podrun.rundir.account import AttemptTimes, Moments, account
 
     try:                               # a run podrun submit queued has its record; another has none
@@ -461,43 +453,34 @@ def run_account(run_dir: str, attempts: list[dict], launch_no: int, log) -> dict
     except HostError:
         submitted = None
     started = os.environ.get("SLURM_JOB_START_TIME", "")
-    mine = [AttemptTimes(a["started"], a["ended"], a.get("all_ready_s"),
-                         str(getattr(a.get("status"), "value", a.get("status"))), a.get("failed_at"))
-            for a in attempts if a.get("launch") == launch_no and isinstance(a.get("started"), float)
-            and isinstance(a.get("ended"), float)]
+    mine = [AttemptTimes(a.started, a.ended, a.all_ready_s, str(a.status), a.failed_at)
+            for a in attempts if a.launch == launch_no and a.started is not None and a.ended is not None]
     moments = Moments(process_started(), time.time(), submitted, float(started) if started.isdigit() else None)
-    return {**account(moments, mine, log).to_dict(), "since": moments.start, "until": moments.exit}
+    return replace(account(moments, mine, log), since=moments.start, until=moments.exit)
 
 
-def close_account(run_dir: str, summary: dict) -> None:
+def close_account(run_dir: str, summary: Summary) -> Summary:
     """At podrun launch's very end (its outcome printed): the account's idle at the end runs on to now, and
-    summary.json is written again with it; nothing when the launch has no account or the disk refuses."""
-    from podrun.rundir.account import Account, Part
-
-    acc, until = summary.get("account"), (summary.get("account") or {}).get("until")
-    read = Account.from_dict(acc)
-    if read is None or not isinstance(until, float):
-        return
-    now = time.time()
-    run = Part({**read.run.seconds, "idle": read.run.seconds.get("idle", 0.0) + max(now - until, 0.0)})
-    summary["account"] = {**acc, **run.to_dict(), "until": now}
+    summary.json is written again with it (the record's last write); as it was when the launch has no account,
+    and unwritten when the disk refuses."""
+    if summary.account is None or summary.account.until is None:
+        return summary
+    summary = replace(summary, account=summary.account.idle_until(time.time()))
     with contextlib.suppress(OSError):
-        write_summary(run_dir, summary)
+        save_summary(run_dir, summary)
+    return summary
 
 
-def _replan(policy, record: ElasticRecord, req: LaunchRequest, summary: dict, outcome: Outcome, nxt: int,
-            notice, log, failed: tuple[str, ...] | None = None, problems=()) -> LaunchRequest | None:
-    """The elastic restart step: decide the next plan into ``record``, write plan-<n>.json and plan.json, and
-    return the next request (None: no plan keeps the global batch; the record says why).
+def _replan(policy, record: ElasticRecord, req: LaunchRequest, outcome: Outcome, nxt: int,
+            notice, log, failed: tuple[str, ...], problems=()) -> LaunchRequest | None:
+    """The elastic restart step: decide the next plan into ``record`` without the ``failed`` hosts, write
+    plan-<n>.json and plan.json, and return the next request (None: no plan keeps the global batch; the record
+    says why).
 
-    ``failed`` and ``problems``: the hosts of a re-planned attempt that failed its check before it started
-    (and why); they are dropped from ``req.plan`` as a lost host is, timed from the same loss.
+    ``problems``: why the hosts of a re-planned attempt failed its check before it started; they are dropped
+    from ``req.plan`` as a lost host is, timed from the same loss.
     """
-    from podrun.elastic.replan import failed_hosts
-    from podrun.rundir.summary import Summary
-
-    if failed is None:
-        failed = failed_hosts(Summary.from_dict(summary))
+    if not problems:
         lost_at = outcome.root_cause.at if outcome.root_cause is not None else outcome.ended
         cause = outcome.root_cause.reason if outcome.root_cause is not None else None
     else:
@@ -536,12 +519,16 @@ def _before_start(run_dir: str, write, *args) -> None:
                           hint="free space there, or pass --runs-dir with a writable directory") from None
 
 
-def _record(write, notice, run_dir, summary: dict) -> None:
-    """Write summary.json; on a full or failing disk say so and go on (the outcome is on the console)."""
+def _record(notice, run_dir, summary: Summary, observer=None) -> Summary:
+    """Write summary.json, the one write of an attempt's record (and ``observer`` told of it); on a full or failing
+    disk say so and go on (the outcome is on the console): the summary returned names what was not written."""
     try:
-        write(run_dir, summary)
-        summary.pop("not_written", None)
+        save_summary(run_dir, summary)
+        summary = replace(summary, not_written=())
     except OSError as exc:
         notice(f"cannot write {Path(run_dir) / layout.SUMMARY}: {exc.strerror or exc}; the outcome below "
                "is on the console only")
-        summary["not_written"] = [f"{layout.SUMMARY} ({exc.strerror or exc})"]
+        summary = replace(summary, not_written=(f"{layout.SUMMARY} ({exc.strerror or exc})",))
+    if observer is not None:
+        observer.recorded(summary)
+    return summary

@@ -158,7 +158,7 @@ class MetricsServer(RunObserver):
             self.written.append(p)
         return f"metrics on http://{self.target}/metrics"
 
-    def recorded(self, summary: dict) -> None:
+    def recorded(self, summary) -> None:
         self.final_at = time.monotonic()
 
     def linger(self) -> None:

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from podrun.launch.observe import RunObserver
+from podrun.rundir.summary import Attempt, Summary
 from podrun.wire.protocol import SPLIT_PARTS
 
 STATE_ASK = "state"        # the control-socket request that answers the live state
@@ -34,10 +35,10 @@ class LiveState(RunObserver):
     def __init__(self):
         self.request = None
         self.sup = None
-        self.attempts: list[dict] = []
+        self.attempts: tuple[Attempt, ...] = ()
         self.launch_no = 0
         self.last: dict[int, dict] = {}      # rank -> its last progress report's fields
-        self.summary: dict | None = None     # the last summary.json written
+        self.summary: Summary | None = None  # the last summary.json written
         self.ended = False
         self.feed = None                     # metrics.jsonl as read so far (a podrun.rundir.metrics.StepLogFeed)
 
@@ -45,15 +46,15 @@ class LiveState(RunObserver):
     def started(self, request) -> None:
         self.request = request
 
-    def attempt(self, supervisor, attempts: list[dict], launch_no: int) -> None:
-        self.sup, self.attempts, self.launch_no, self.last = supervisor, list(attempts), launch_no, {}
+    def attempt(self, supervisor, attempts: tuple[Attempt, ...], launch_no: int) -> None:
+        self.sup, self.attempts, self.launch_no, self.last = supervisor, tuple(attempts), launch_no, {}
         self.request = supervisor.req
         supervisor.answers[STATE_ASK] = self.snapshot
 
     def progress(self, rank: int, host: str, record: dict) -> None:
         self.last[rank] = {k: record[k] for k in PROGRESS_FIELDS if k in record}
 
-    def recorded(self, summary: dict) -> None:
+    def recorded(self, summary: Summary) -> None:
         self.summary = summary
 
     def close(self) -> None:
@@ -99,7 +100,7 @@ class LiveState(RunObserver):
         return out
 
     def _attempt_over(self) -> bool:
-        return self.summary is not None and len(self.summary.get("attempts") or []) > len(self.attempts)
+        return self.summary is not None and len(self.summary.attempts) > len(self.attempts)
 
     def _progress(self) -> dict[str, Any]:
         last = dict(self.last)
@@ -118,15 +119,16 @@ class LiveState(RunObserver):
         from podrun.rundir.metrics import StepLogFeed
 
         if self.summary is not None and (self.ended or self._attempt_over()) or self.sup is None:
-            return (self.summary or {}).get("account")
+            acc = None if self.summary is None else self.summary.account
+            return None if acc is None else acc.record()
         inst = self.sup.instances
         ready = [s.ready_s for s in list(inst.values())]
-        now = {"launch": self.launch_no, "started": float(inst.t0), "ended": time.time(), "status": "running",
-               "all_ready_s": max(ready) if ready and None not in ready else None}
+        now = Attempt(self.launch_no, started=float(inst.t0), ended=time.time(),
+                      all_ready_s=max(ready) if ready and None not in ready else None)     # running: no status yet
         if self.feed is None:
             self.feed = StepLogFeed()
         return run_account(self.request.run_dir, [*self.attempts, now], self.launch_no,
-                           self.feed.follow(self.request.run_dir))
+                           self.feed.follow(self.request.run_dir)).record()
 
     def _ranks(self) -> list[dict]:
         live = self.sup.live
@@ -173,8 +175,9 @@ class LiveState(RunObserver):
         if fails:
             f = min(fails, key=lambda x: x.at)
             return f"{f.reason} (instance {f.instance} on {f.host})"
-        for a in reversed((self.summary or {}).get("attempts") or self.attempts):
-            rc = a.get("root_cause")
+        for a in reversed(self.summary.attempts if self.summary is not None and self.summary.attempts
+                          else self.attempts):
+            rc = a.root_cause
             if isinstance(rc, dict) and rc.get("reason"):
                 return f"{rc['reason']} (instance {rc.get('instance')} on {rc.get('host')})"
         return None

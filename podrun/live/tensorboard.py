@@ -100,10 +100,11 @@ class EventFiles(RunObserver):
                 self._add(r["step"], float(r.get("time", 0.0)), scalars(r))
             self.writer.flush()
 
-    def recorded(self, summary: dict) -> None:
-        acc = summary.get("account")
-        if not isinstance(acc, dict) or self.writer is None:
+    def recorded(self, summary) -> None:
+        """``summary`` (a podrun.rundir.summary.Summary): its account as scalars at the last step."""
+        if summary.account is None or self.writer is None:
             return
+        acc = summary.account.record()
         self.read()
         secs = acc.get("seconds") or {}
         values = {f"account/{c}_seconds": secs.get(c) for c in CATEGORIES}

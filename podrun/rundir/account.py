@@ -73,9 +73,24 @@ class Account:
 
     run: Part
     attempts: tuple[Part, ...] = ()
+    since: float | None = None         # the moments it runs over (wall clock): podrun launch's start (or the
+    until: float | None = None         # submission) to its last write
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.run.to_dict(), "attempts": [a.to_dict() for a in self.attempts]}
+
+    def record(self) -> dict[str, Any]:
+        """As summary.json holds it: with its moments."""
+        return {**self.to_dict(), **({} if self.since is None else {"since": self.since}),
+                **({} if self.until is None else {"until": self.until})}
+
+    def idle_until(self, now: float) -> Account:
+        """The account run on to ``now`` (the launch's very end): the time since ``until`` is idle at the end."""
+        if self.until is None:
+            return self
+        secs = self.run.seconds
+        return Account(Part({**secs, "idle": secs.get("idle", 0.0) + max(now - self.until, 0.0)}), self.attempts,
+                       self.since, now)
 
     @classmethod
     def from_dict(cls, d: Any) -> Account | None:
@@ -87,11 +102,15 @@ class Account:
             return Part({c: float(secs[c]) for c in CATEGORIES if isinstance(secs.get(c), (int, float))
                          and not isinstance(secs.get(c), bool)})
 
+        def moment(x: Any) -> float | None:
+            return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
         run = part(d)
         if run is None:
             return None
         rest = d.get("attempts")
-        return cls(run, tuple(p for p in map(part, rest if isinstance(rest, list) else []) if p is not None))
+        return cls(run, tuple(p for p in map(part, rest if isinstance(rest, list) else []) if p is not None),
+                   moment(d.get("since")), moment(d.get("until")))
 
 
 def _within(points, lo: float, hi: float) -> float:

@@ -170,7 +170,7 @@ def summarize_command(run: RunRecord) -> dict[str, Any]:
                                                           "or podrun itself was ended)",
         "exit_code": s.exit_code,
         "transport": s.transport,
-        "command": s.command,
+        "command": None if s.command is None else list(s.command),
         "restarts": s.restart_count,
         "plan": {k: plan.get(k) for k in ("cluster", "hosts", "devices", "replicas", "instances", "local_batch",
                                           "grad_accum", "global_batch") if k in plan} or None,
@@ -188,7 +188,7 @@ def summarize_command(run: RunRecord) -> dict[str, Any]:
     if s.error is not None:
         out["error"] = s.error
     if s.problems is not None:
-        out["problems"] = s.problems
+        out["problems"] = list(s.problems)
     return out
 
 

@@ -1,49 +1,80 @@
-"""summary.json read back, typed: what a launch recorded of its run (podrun.launch.outcome writes it; podrun report,
-podrun resume and the elastic restarts read it through here). Tolerant: a part of the wrong shape reads as absent."""
+"""summary.json, one typed value: what a launch records of its run (podrun.launch.run writes it once an attempt and
+once at its end; the CLI, podrun report, podrun resume, the elastic re-plan and the account read it as this type).
+Read tolerantly: a part of the wrong shape reads as absent."""
 from __future__ import annotations
 
+import enum
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from podrun.rundir.account import Account
-from podrun.rundir.layout import SUMMARY
+from podrun.rundir.layout import SUMMARY, write_summary
 
 
-def _dict(v: Any) -> dict:
-    return v if isinstance(v, dict) else {}
+class RunStatus(str, enum.Enum):
+    """How an attempt (and the run) ended: summary.json's and --json's ``status``, an attempt's too."""
+
+    OK = "ok"
+    FAILED = "failed"
+    LOST = "lost"
+    HUNG = "hung"
+    INTERRUPTED = "interrupted"
+    PREFLIGHT_FAILED = "preflight_failed"     # a host failed its check: nothing was started
+    START_FAILED = "start_failed"             # an agent could not be started: nothing is left running
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def read(cls, v: Any) -> RunStatus | None:
+        """summary.json's status read back (None: absent, or not one known)."""
+        try:
+            return cls(v) if isinstance(v, str) else None
+        except ValueError:
+            return None
 
 
-def _dicts(v: Any) -> tuple[dict, ...]:
-    return tuple(x for x in v if isinstance(x, dict)) if isinstance(v, list) else ()
+def _of(v: Any, *types: type) -> Any:
+    """``v`` when it is of one of ``types`` (a bool is no number), else None: a part of the wrong shape is absent."""
+    return v if isinstance(v, types) and (bool in types or not isinstance(v, bool)) else None
+
+
+def _each(v: Any, of: type, absent: Any = ()) -> Any:
+    """The items of a list that are ``of`` a type, as a tuple; ``absent`` for a part that is no list."""
+    return tuple(x for x in v if isinstance(x, of)) if isinstance(v, list) else absent
 
 
 @dataclass(frozen=True)
 class Attempt:
-    """One of summary.json's ``attempts``: every launch's (``launch``: 0 the first, 1 its first `podrun resume`...)."""
+    """One attempt as the launch returns it (an Outcome's record, as torch elastic's RunResult) and as
+    summary.json's ``attempts`` holds it, every launch's (``launch``: 0 the first, 1 its first `podrun resume`...)."""
 
-    launch: Any = 0
-    restart_count: Any = None
-    exit_code: Any = None
-    status: Any = None
+    launch: int = 0
+    restart_count: int | None = None
+    exit_code: int | None = None
+    status: RunStatus | None = None
     root_cause: dict | None = None
     plan: str | None = None            # an elastic attempt's plan file (layout.plan_of)
-    started: Any = None                # its start and end (wall clock), every instance ready (s after its start)
-    ended: Any = None
-    all_ready_s: Any = None
-    failed_at: Any = None              # when its root cause began (wall clock)
+    started: float | None = None       # its start and end (wall clock), every instance ready (s after its start)
+    ended: float | None = None
+    all_ready_s: float | None = None
+    failed_at: float | None = None     # when its root cause began (wall clock)
 
     @classmethod
     def from_dict(cls, a: dict) -> Attempt:
-        return cls(a.get("launch", 0), a.get("restart_count"), a.get("exit_code"), a.get("status"),
-                   a.get("root_cause"), a.get("plan"), a.get("started"), a.get("ended"), a.get("all_ready_s"),
-                   a.get("failed_at"))
+        def num(k: str) -> float | None:
+            return _of(a.get(k), int, float)
+
+        return cls(_of(a.get("launch"), int) or 0, _of(a.get("restart_count"), int), _of(a.get("exit_code"), int),
+                   RunStatus.read(a.get("status")), _of(a.get("root_cause"), dict), _of(a.get("plan"), str),
+                   num("started"), num("ended"), num("all_ready_s"), num("failed_at"))
 
     def to_dict(self) -> dict:
         """The record as summary.json holds it (``plan`` and the moments only when there are some)."""
         d = {"launch": self.launch, "restart_count": self.restart_count, "exit_code": self.exit_code,
-             "status": self.status, "root_cause": self.root_cause}
+             "status": None if self.status is None else self.status.value, "root_cause": self.root_cause}
         more = {"plan": self.plan, "started": self.started, "ended": self.ended, "all_ready_s": self.all_ready_s,
                 "failed_at": self.failed_at}
         return {**d, **{k: v for k, v in more.items() if v is not None}}
@@ -51,38 +82,95 @@ class Attempt:
 
 @dataclass(frozen=True)
 class Summary:
-    """What a report, a resume and a re-plan read of summary.json."""
+    """summary.json: the run's last attempt (its status, exit code, root cause, instances, timings, what the live
+    watch gathered), every attempt, the elastic record and the account; or, for a launch that started nothing, its
+    ``problems`` (preflight) or ``error``. ``not_written``: the files the disk refused (said on the console)."""
 
-    run_id: Any = None
-    status: Any = None
-    exit_code: Any = None
-    transport: Any = None
-    command: Any = None
-    restart_count: Any = None
-    attempts: tuple[Attempt, ...] = ()
-    instances: tuple[dict, ...] = ()
+    run_id: str | None = None
+    exit_code: int | None = None
+    status: RunStatus | None = None
+    transport: str | None = None
+    restart_count: int | None = None
+    command: tuple[str, ...] | None = None
+    master: str | None = None          # "addr:port": present in an attempt's record, absent in one of no attempt
     root_cause: dict | None = None
-    duration_s: Any = None
-    all_ready_s: Any = None
-    replans: tuple[dict, ...] = ()     # an elastic run's re-plans (its ``elastic`` record)
-    error: Any = None
-    problems: Any = None
+    instances: tuple[dict, ...] = ()
+    heartbeat: dict | None = None
+    started: float | None = None       # the last attempt's timings (wall clock; all_ready_s: s after its start)
+    ended: float | None = None
+    duration_s: float | None = None
+    all_ready_s: float | None = None
+    hang: dict | None = None
     slow_ranks: tuple[dict, ...] = ()  # ranks the run named slow (rank, host, ratio, from_step, until_step)
     host_busy: dict = field(default_factory=dict)   # host -> [(step, busy s), ...]: each host's own work per step
-    account: Account | None = None     # where the launch's wall time went (podrun.rundir.account)
     step_split: dict = field(default_factory=dict)  # {"ranks": {rank: {host, reports, input, compute, comm, optim}},
     #                                                  "input_bound": ...}: each rank's mean step split
+    joins: dict | None = None
+    problems: tuple[str, ...] | None = None
+    error: str | None = None
+    max_restarts: int | None = None
+    attempts: tuple[Attempt, ...] = ()
+    elastic: dict | None = None        # an elastic run's record (podrun.elastic.replan.ElasticRecord)
+    account: Account | None = None     # where the launch's wall time went (podrun.rundir.account)
+    not_written: tuple[str, ...] = ()
+
+    @property
+    def replans(self) -> tuple[dict, ...]:
+        """An elastic run's re-plans (its ``elastic`` record's)."""
+        return _each((self.elastic or {}).get("replans"), dict)
 
     @classmethod
     def from_dict(cls, d: dict) -> Summary:
-        timings = _dict(d.get("timings"))
-        return cls(d.get("run_id"), d.get("status"), d.get("exit_code"), d.get("transport"), d.get("command"),
-                   d.get("restart_count"), tuple(Attempt.from_dict(a) for a in _dicts(d.get("attempts"))),
-                   _dicts(d.get("instances")), d.get("root_cause") if isinstance(d.get("root_cause"), dict) else None,
-                   timings.get("duration_s"), timings.get("all_ready_s"),
-                   _dicts(_dict(d.get("elastic")).get("replans")), d.get("error"), d.get("problems"),
-                   _dicts(d.get("slow_ranks")), _host_busy(d.get("host_busy")), Account.from_dict(d.get("account")),
-                   _dict(d.get("step_split")))
+        timings = _of(d.get("timings"), dict) or {}
+
+        def get(k: str, *types: type) -> Any:
+            return _of(d.get(k), *types)
+
+        def num(k: str) -> float | None:
+            return _of(timings.get(k), int, float)
+
+        return cls(
+            get("run_id", str), get("exit_code", int), RunStatus.read(d.get("status")), get("transport", str),
+            get("restart_count", int), _each(d.get("command"), str, None), get("master", str),
+            get("root_cause", dict), _each(d.get("instances"), dict), get("heartbeat", dict),
+            num("started"), num("ended"), num("duration_s"), num("all_ready_s"), get("hang", dict),
+            _each(d.get("slow_ranks"), dict), _host_busy(d.get("host_busy")), get("step_split", dict) or {},
+            get("joins", dict), _each(d.get("problems"), str, None), get("error", str), get("max_restarts", int),
+            tuple(Attempt.from_dict(a) for a in _each(d.get("attempts"), dict)), get("elastic", dict),
+            Account.from_dict(d.get("account")), _each(d.get("not_written"), str))
+
+    def to_dict(self) -> dict:
+        """summary.json's record (and --json's): an attempt's parts where it had one, ``problems`` or ``error``
+        where it started nothing, ``attempts`` but where the first check failed."""
+        d: dict[str, Any] = {"run_id": self.run_id, "exit_code": self.exit_code,
+                             "status": None if self.status is None else self.status.value,
+                             "transport": self.transport}
+        if self.master is not None:
+            d.update({
+                "restart_count": self.restart_count, "command": None if self.command is None else list(self.command),
+                "master": self.master, "root_cause": self.root_cause, "instances": list(self.instances),
+                "heartbeat": self.heartbeat,
+                "timings": {"started": self.started, "ended": self.ended, "duration_s": self.duration_s,
+                            "all_ready_s": self.all_ready_s},
+                "hang": self.hang, "slow_ranks": list(self.slow_ranks), "host_busy": self.host_busy,
+                "step_split": self.step_split})
+            if self.joins is not None:
+                d["joins"] = self.joins
+        if self.problems is not None:
+            d["problems"] = list(self.problems)
+        if self.error is not None:
+            d["error"] = self.error
+        if self.max_restarts is not None:
+            d["max_restarts"] = self.max_restarts
+        if self.attempts or self.problems is None:
+            d["attempts"] = [a.to_dict() for a in self.attempts]
+        if self.elastic is not None:
+            d["elastic"] = self.elastic
+        if self.account is not None:
+            d["account"] = self.account.record()
+        if self.not_written:
+            d["not_written"] = list(self.not_written)
+        return d
 
 
 def _host_busy(v) -> dict:
@@ -110,6 +198,11 @@ def read_json(path: Path, problems: list[str]) -> dict | None:
         problems.append(f"{path}: not a JSON object")
         return None
     return data
+
+
+def save(run_dir: str | Path, summary: Summary) -> Path:
+    """summary.json written (redacted: podrun.rundir.layout.write_summary): the one write of the record."""
+    return write_summary(run_dir, summary.to_dict())
 
 
 def read_summary(run_dir: str | Path, problems: list[str] | None = None) -> Summary | None:

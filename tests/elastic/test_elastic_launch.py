@@ -157,7 +157,7 @@ def test_policy_spares_are_the_option_then_hosts_left_out():
     cluster = load_cluster("abci").with_hosts(("a", "b", "c", "d", "e"), 4)
     ov = Overrides(nodes=3, global_batch=48)
     plan = make_plan(cluster, R18, ov)
-    pol = make_policy(cluster, R18, ov, plan, 2, "x,y:4", transport="ssh", max_restarts=2)
+    pol = make_policy(cluster, R18, ov, plan, 2, "x,y:4", max_restarts=2)
     assert pol.spares == ("x", "y", "d", "e") and pol.global_batch == 48 and pol.min_hosts == 2
     assert pol.cluster.hosts == ("a", "b", "c") and pol.overrides.nodes is None
 
@@ -197,3 +197,33 @@ def test_a_replanned_attempt_checks_its_hosts_again(tmp_path):
     assert replace(req, replanned=True).for_restart(2, 0).checks_hosts()
     assert not replace(req, replanned=True, preflight=False).for_restart(1, 0).checks_hosts()
     assert not replace(req, preflight=False).checks_hosts()
+
+
+def test_summary_is_written_once_an_attempt_and_once_at_the_end(tmp_path, monkeypatch, capsys):
+    """An elastic run on this machine's two names: the first attempt fails, the run re-plans to one host, the second
+    fails and no plan is left. summary.json is written once per attempt (after its restart or re-plan is decided)
+    and once at the end (the account closed); what --json prints is the last record written, and it reads back as
+    the same typed value, every status an enum."""
+    from podrun.cli.main import main
+    from podrun.launch import run
+    from podrun.rundir.summary import RunStatus, read_summary
+
+    written = []
+    real = run.save_summary
+
+    def counted(run_dir, summary):
+        written.append(summary)
+        return real(run_dir, summary)
+
+    monkeypatch.setattr(run, "save_summary", counted)
+    monkeypatch.chdir(tmp_path)
+    rc = main(["launch", "--runs-dir", str(tmp_path / "runs"), "--hosts", "localhost,127.0.0.1",
+               "--devices-per-host", "1", "--elastic", "1", "--max-restarts", "5", "--json", "--", "sh", "-c",
+               "exit 5"])
+    out = capsys.readouterr().out
+    assert rc == 5
+    run_dir = next((tmp_path / "runs").iterdir())
+    s = read_summary(run_dir)
+    assert [a.status for a in s.attempts] == [RunStatus.FAILED, RunStatus.FAILED] and s.status is RunStatus.FAILED
+    assert len(written) == len(s.attempts) + 1 and len(s.replans) == 2 and s.account.until is not None
+    assert json.loads(out) == json.loads((run_dir / "summary.json").read_text()) == written[-1].to_dict()

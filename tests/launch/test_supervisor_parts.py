@@ -46,7 +46,8 @@ def test_an_instance_status_is_an_enum_and_a_string_is_refused(tmp_path):
     assert insts.rank(1, 1) == 3 and insts.rank(1, 7) == -1
     # the strings summary.json has always had
     assert [s.value for s in InstanceStatus] == ["starting", "running", "ok", "failed", "terminated", "lost"]
-    assert {s.value for s in RunStatus} == {"ok", "failed", "lost", "hung", "interrupted"}
+    assert {s.value for s in RunStatus} == {"ok", "failed", "lost", "hung", "interrupted", "preflight_failed",
+                                            "start_failed"}
     assert FailureKind.LOST.status is RunStatus.LOST and FailureKind.EXITED.status is RunStatus.FAILED
 
 
@@ -73,16 +74,16 @@ def test_the_root_cause_groups_lines_that_differ_only_in_the_writers_own_rank():
     """"said the same": a rank number is masked only where it is the writer's own rank; "peer rank 0" from rank 1
     and "peer rank 1" from rank 0 differ in what they say (the old rule masked every "rank N" and grouped them), and
     torch's own "[rank1]:" prefix is the writer's rank (the old rule left it and grouped nothing)."""
-    from podrun.cli.launch_cmd import _said_the_same
+    from podrun.cli.console import said_the_same
 
     def w(rank, *lines):
         return {"instance": rank, "host": f"h{rank}", "local_rank": 0, "rank": rank, "last_lines": list(lines)}
 
     root = w(0, "[rank0]: RuntimeError: peer rank 1 closed the connection")
-    said, others = _said_the_same(root, [w(1, "[rank1]: RuntimeError: peer rank 0 closed the connection")])
+    said, others = said_the_same(root, [w(1, "[rank1]: RuntimeError: peer rank 0 closed the connection")])
     assert (said, len(others)) == ("", 1)
     root = w(0, "[rank0]: RuntimeError: bad shard", "train.py (rank 0): error: no data")
-    said, others = _said_the_same(root, [w(1, "[rank1]: RuntimeError: bad shard", "train.py (rank 1): error: no data"),
+    said, others = said_the_same(root, [w(1, "[rank1]: RuntimeError: bad shard", "train.py (rank 1): error: no data"),
                                          w(2, "[rank2]: RuntimeError: bad shard", "train.py (rank 1): error: no data")])
     assert said == "instance 1 on h1, local rank 0" and [o["rank"] for o in others] == [2], (said, others)
 

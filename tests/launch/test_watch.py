@@ -377,7 +377,7 @@ def test_the_console_shows_an_unended_line_once_and_redraws_a_bar_on_a_terminal(
     import io
     from types import SimpleNamespace
 
-    from podrun.cli.launch_cmd import _Console
+    from podrun.cli.console import Console
     from podrun.wire.protocol import Part
 
     class Screen(io.StringIO):
@@ -395,7 +395,7 @@ def test_the_console_shows_an_unended_line_once_and_redraws_a_bar_on_a_terminal(
         screen = Screen(tty)
         monkeypatch.setattr(sys, "stdout", screen)
         monkeypatch.setattr(sys, "stderr", screen)
-        con = _Console(SimpleNamespace(device_kind="cpu", replicas_per_instance=1), False)
+        con = Console(SimpleNamespace(device_kind="cpu", replicas_per_instance=1), False)
         con.partial(0, "h", 0, Part("out", False, "name? "))
         con(0, "h", 0, "out", "name? bob")
         con.partial(0, "h", 0, Part("err", True, " 50%|#"))

@@ -175,3 +175,36 @@ def test_the_circle_check_finds_a_circle(tmp_path):
     (tmp_path / "podrun" / "p" / "x.py").write_text("from podrun.p import y\n")
     (tmp_path / "podrun" / "p" / "y.py").write_text("")
     assert circles(tmp_path) == [["podrun.a", "podrun.b"]]
+
+
+# the layers from the bottom up: a module imports its own layer's and those below, never one above (an arrow back up)
+LAYERS = (("podrun/rundir", "podrun/wire"), ("podrun/elastic",), ("podrun/launch",), ("podrun/jobscript",))
+
+
+def arrows_up(root: Path = PKG.parent) -> list[str]:
+    """Imports from a lower layer (LAYERS) into a higher one: the run's records (podrun.rundir, podrun.wire) and the
+    elastic re-plan import neither the launch nor the job scripts; the launch does not import the job scripts."""
+    out = []
+    for i, layer in enumerate(LAYERS):
+        above = tuple(f.replace("/", ".") for upper in LAYERS[i + 1:] for f in upper)
+        for folder in layer:
+            for mod in modules_under(folder, root):
+                out += [f"{mod} imports {m}" for m in sorted(imports_of(mod, root))
+                        if any(m == p or m.startswith(p + ".") for p in above)]
+    return out
+
+
+def test_no_arrow_runs_back_up():
+    assert arrows_up() == []
+
+
+def test_the_layer_check_finds_an_arrow_up(tmp_path):
+    """The check can fail: the launch reading a job record from the job scripts, a re-plan asking the transports."""
+    for folder in ("rundir", "wire", "elastic", "launch", "jobscript"):
+        (tmp_path / "podrun" / folder).mkdir(parents=True)
+    (tmp_path / "podrun" / "launch" / "run.py").write_text("def f():\n    from podrun.jobscript.submit import J\n")
+    (tmp_path / "podrun" / "elastic" / "replan.py").write_text("from podrun.launch.transports import t\n")
+    assert arrows_up(tmp_path) == ["podrun.elastic.replan imports podrun.launch.transports",
+                                   "podrun.elastic.replan imports podrun.launch.transports.t",
+                                   "podrun.launch.run imports podrun.jobscript.submit",
+                                   "podrun.launch.run imports podrun.jobscript.submit.J"]

@@ -14,12 +14,11 @@ PKG = Path(__file__).resolve().parents[2] / "podrun"
 #: "path:function" (path under podrun/; <module> at module level) -> why what it parses is no protocol line
 NOT_PROTOCOL = {
     "calibrate/run.py:calibrate": "the calibration worker's result file in the run directory",
-    "cli/submit_cmd.py:status": "summary.json of a run that ended",
     "host/workers.py:instance_workers": "the plan file (plan.json) the controller wrote in the run directory",
     "host/workers.py:read_error_file": "torch's @record error file (TORCHELASTIC_ERROR_FILE), written by torch",
     "host/zygote.py:_recv_request": "a host's own fork request to its zygote (podrun.host.zygote_client): a framed "
                                     "record beside the descriptors it passes, both ends in podrun.host",
-    "jobscript/submit.py:JobRecord": "a submitted job's record in the run directory",
+    "rundir/job.py:JobRecord": "a submitted job's record in the run directory",
     "launch/resume.py:_earlier": "the launch record a resume reads",
     "live/top.py:_last_records": "metrics.jsonl's last records",
     "live/top.py:from_records": "summary.json of the run",

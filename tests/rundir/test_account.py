@@ -122,17 +122,18 @@ def test_a_submitted_runs_queue_is_from_its_submit_to_the_jobs_start(tmp_path, m
     (SLURM_JOB_START_TIME) is queue, the job's start to podrun's own start is launch."""
     import time
 
-    from podrun.jobscript.submit import JobRecord
+    from podrun.rundir.job import JobRecord
     from podrun.launch.run import process_started, run_account
     from podrun.rundir.metrics import StepLog
+    from podrun.rundir.summary import Attempt, RunStatus
 
     started = process_started()
     JobRecord(run_id="r", run_dir=str(tmp_path), scheduler="slurm", job_id="7", script="job.sh",
               submit_argv=("sbatch", "job.sh"), submitted_at=started - 100.0).save()
     monkeypatch.setenv("SLURM_JOB_START_TIME", str(int(started - 40.0)))
     now = time.time()
-    acc = run_account(str(tmp_path), [{"launch": 0, "started": now, "ended": now, "all_ready_s": 0.0,
-                                       "status": "ok"}], 0, StepLog())
+    acc = run_account(str(tmp_path), [Attempt(0, started=now, ended=now, all_ready_s=0.0, status=RunStatus.OK)], 0,
+                      StepLog()).record()
     assert acc["seconds"]["queue"] == pytest.approx(60.0 - (started - 40.0) % 1, abs=0.01)
     assert acc["seconds"]["launch"] >= 40.0 - 1 and acc["wall_s"] == pytest.approx(time.time() - started + 100.0,
                                                                                      abs=0.5)
