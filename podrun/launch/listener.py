@@ -200,13 +200,16 @@ class Listener:
     def silent(self, now: float, alive: list[int], carrier: dict) -> list[Silent]:
         """The instances of ``alive`` silent past their bound now (looked at once per scan period, else []): past the
         keepalive since last heard, or, never heard, past the first bound since the start (the fan-out, a slow
-        python). ``carrier``: instance -> the handle that reads it."""
+        python); an agent that is a busy process of this machine (``busy_here``) is starved, not lost.
+        ``carrier``: instance -> the handle that reads it."""
         if not self.scan.due(now):
             return []
         out = []
         for i in alive:
             silent = self.hearing.silence(i, carrier.get(i))
             if silent is not None and silent > self.live.bound:
+                if carrier.get(i) is not None and carrier[i].busy_here():   # starved here, not lost
+                    continue
                 out.append(Silent(i, silent, self.live.bound, True))
             elif silent is None:
                 since = now - self.started - (self.hearing.stalled - self.stalled_at_start)

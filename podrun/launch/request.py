@@ -61,6 +61,7 @@ class LaunchRequest:
     interrupt_grace: float = INTERRUPT_GRACE_S   # after SIGINT/SIGHUP/SIGUSR1 to the workers, before SIGTERM
     heartbeat: float = HEARTBEAT_S      # seconds between heartbeats, both ways (podrun.wire.liveness)
     keepalive: float = HEARTBEAT_S * HEARTBEAT_MISSES   # seconds of silence after which a host is lost, both ways
+    agent_keepalive: float | None = None   # an agent's bound on the controller's silence (None: keepalive)
     restart_count: int = 0
     max_restarts: int = 0
     env: tuple[tuple[str, str], ...] = ()   # --env NAME=VALUE, set for the agent and its workers (never on argv)
@@ -112,7 +113,7 @@ class LaunchRequest:
 
     @property
     def liveness(self) -> Liveness:
-        return Liveness(self.heartbeat, self.keepalive)
+        return Liveness(self.heartbeat, self.keepalive, self.agent_keepalive)
 
     def agent_argv(self, index: int | None, *, stdin_watch: bool = True, hold: bool = False,
                    per_worker: bool = False, env_stdin: bool = False, worker_stdin_fd: int | None = None,
@@ -131,7 +132,7 @@ class LaunchRequest:
         source = FromEnv.RANK if per_worker else FromEnv.INDEX
         args = AgentArgs(self.attempt, source if index is None else index, self.command, grace=self.grace,
                          interrupt_grace=self.interrupt_grace, heartbeat=self.heartbeat,
-                         stdin_timeout=self.keepalive if stdin_watch else None,
+                         stdin_timeout=self.liveness.controller_silence if stdin_watch else None,
                          agent_store=self.agent_store, listen_fd=self.listen_fd if index == 0 else None,
                          warm=self.warm and not per_worker, hold=hold, needs=self.needs if hold else (),
                          env_stdin=env_stdin and bool(self.env), worker_stdin_fd=worker_stdin_fd,

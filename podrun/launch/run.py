@@ -81,7 +81,7 @@ def build_request(plan, command, *, transport: str, options: LaunchOptions = Lau
         command=tuple(command), python=net.host_python, workdir=workdir,
         master_addr=master_addr or plan.placement[0].host, master_port=master_port, transport=transport,
         grace=decided.grace, interrupt_grace=decided.interrupt_grace, heartbeat=liveness.period,
-        keepalive=liveness.bound, max_restarts=max_restarts,
+        keepalive=liveness.bound, agent_keepalive=liveness.agent_bound, max_restarts=max_restarts,
         # the run's snapshot key (podrun.runtime.snapshot) where a restart may read snapshots; --env wins (later)
         env=data_interface_env(data_interface) + snapshot_key_env(max_restarts) + tuple(env),
         instances=tuple(InstanceLaunch(p.index, p.host) for p in plan.placement),

@@ -195,7 +195,7 @@ class Supervisor:
             st.index, st.host, None, LOST_EXIT, FailureKind.CONTROLLER_LOST,
             f"its agent {heard} and ended its workers: this machine (the controller's) or the link to the host "
             f"stalled; a heavily loaded controller machine needs a longer --keepalive "
-            f"(now {self.req.liveness.describe()})", stop.at))
+            f"(now {self.req.liveness.controller_silence:g} s for an agent)", stop.at))
 
     def _launcher_gone(self) -> tuple[int, str] | None:
         """(its exit code, how) the launcher of joined agents (a handle that carries no instance: mpirun's, srun's)

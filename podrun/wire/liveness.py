@@ -22,6 +22,11 @@ MIN_HEARTBEAT_S = 0.01     # shorter costs CPU on every host and finds nothing s
 MAX_MISSES = 10 ** 6
 FLAT_HOSTS = 16            # up to this many hosts the default period is HEARTBEAT_S; beyond, it grows with them ...
 MAX_DEFAULT_HEARTBEAT_S = 5.0   # ... up to this (a default bound of 20 s): detection far below a collective's timeout
+# An agent's default bound on the controller's silence. A controller that ends closes its agents' stdin (they end
+# their workers at once); silence alone means a cut link or a stalled controller machine, and a loaded one (hundreds
+# of workers' lines, a busy CI) can miss a second of heartbeats. The controller's own bound on a host stays the
+# default's 1 s: it takes its own stalls out of what it heard.
+AGENT_DEFAULT_BOUND_S = 5.0
 
 
 def default_period(hosts: int) -> float:
@@ -38,10 +43,16 @@ class Liveness:
 
     period: float = HEARTBEAT_S
     bound: float = HEARTBEAT_S * HEARTBEAT_MISSES
+    agent_bound: float | None = None    # an agent's bound on the controller's silence (None: ``bound``, both ways)
 
     @property
     def misses(self) -> float:
         return self.bound / self.period
+
+    @property
+    def controller_silence(self) -> float:
+        """Seconds of the controller's silence after which an agent ends its workers."""
+        return self.bound if self.agent_bound is None else self.agent_bound
 
     def describe(self) -> str:
         """``1 s (4 missed heartbeats of 0.25 s)``: the bound and how it is made."""
@@ -49,7 +60,8 @@ class Liveness:
 
     def to_dict(self) -> dict:
         m = round(self.misses, 6)
-        return {"period_s": self.period, "misses": int(m) if m.is_integer() else m, "bound_s": self.bound}
+        return {"period_s": self.period, "misses": int(m) if m.is_integer() else m, "bound_s": self.bound,
+                **({} if self.agent_bound is None else {"agent_bound_s": self.agent_bound})}
 
 
 def settings(heartbeat: float | None = None, misses: int | None = None, keepalive: float | None = None, *,
@@ -107,4 +119,6 @@ def _given(heartbeat, misses, keepalive, spec_heartbeat, spec_misses, period_def
         heartbeat, misses = spec_heartbeat, spec_misses
     period = heartbeat if heartbeat is not None else period_default
     count = misses if misses is not None else HEARTBEAT_MISSES
+    if heartbeat is None and misses is None:          # nothing given: the agents' default bound on the controller
+        return Liveness(period, period * count, max(period * count, AGENT_DEFAULT_BOUND_S))
     return Liveness(period, period * count)

@@ -133,6 +133,43 @@ def test_the_listener_beats_to_its_handles_until_the_loop_ends():
     listener.done.set()
 
 
+def test_a_silent_local_agent_that_is_busy_is_starved_not_lost():
+    """A local agent's silence past the bound is a lost host only while its process is stopped or asleep: one with a
+    thread running (a machine loaded past a second of heartbeats: 256 workers ending at once on 2 cores) is not
+    lost. Real processes: a busy loop, the same stopped, and one asleep."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from podrun.launch.transports.local import LocalHandle
+    from tests.launch.helpers import wait_until
+
+    procs = {name: subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE)
+             for name, code in (("busy", "while True: pass"), ("asleep", "import time; time.sleep(60)"))}
+    handles = {name: LocalHandle(i, "localhost", p) for i, (name, p) in enumerate(procs.items())}
+    try:
+        listener = Listener(Liveness(0.01, 0.04))
+        for h in handles.values():
+            listener.hearing.heard(h, h.instances[0])
+        carrier = {h.instances[0]: h for h in handles.values()}
+
+        def lost(now):
+            listener.scan = SimpleNamespace(due=lambda _: True)
+            return sorted(s.instance for s in listener.silent(now, [0, 1], carrier))
+
+        time.sleep(0.1)                                      # past the 0.04 s bound for both
+        assert wait_until(lambda: lost(time.monotonic()) == [1], 10)     # asleep: lost; busy: starved
+        procs["busy"].send_signal(signal.SIGSTOP)
+        assert wait_until(lambda: lost(time.monotonic()) == [0, 1], 10)  # stopped: lost
+    finally:
+        for name, p in procs.items():
+            p.kill()
+            p.wait(10)
+            handles[name].close()
+
+
 def test_the_supervisor_holds_parts_and_is_no_mixin(tmp_path):
     assert Supervisor.__bases__ == (object,)
     sup = Supervisor(request(tmp_path), SimpleNamespace(merged=False), workers_per_instance=2)

@@ -121,6 +121,11 @@ class InstanceHandle(ABC):
     def close(self) -> None:
         """Release pipes / channels. Safe to call more than once."""
 
+    def busy_here(self) -> bool:
+        """Whether the agent is a process of this machine with a thread the kernel shows running or waiting to run:
+        its silence is this machine's load, not a lost host (False where the agent is elsewhere)."""
+        return False
+
 
 class PipedAgentHandle(InstanceHandle):
     """One process on this machine that is one agent (local) or carries one (the ssh client), spoken to through its

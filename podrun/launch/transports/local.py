@@ -39,6 +39,25 @@ class LocalHandle(PipedAgentHandle):
         super().close()
         self._merger.close()
 
+    def busy_here(self) -> bool:
+        """A thread of the agent runnable (R) or in the kernel (D): a loaded machine starves it, a lost one cannot
+        be this one; stopped (T), a zombie or every thread asleep is silence that counts."""
+        if self.proc.poll() is not None:
+            return False
+        try:
+            tasks = os.listdir(f"/proc/{self.proc.pid}/task")
+        except OSError:
+            return False
+        for tid in tasks:
+            try:
+                with open(f"/proc/{self.proc.pid}/task/{tid}/stat", "rb") as f:
+                    state = f.read().rpartition(b")")[2].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state in (b"R", b"D"):
+                return True
+        return False
+
 
 class LocalTransport(Transport):
     name = "local"
