@@ -44,6 +44,8 @@ class ControllerLink:
             try:
                 self.out.write(line)
                 self.out.flush()
+                if kind == protocol.Done.KIND:      # the agent's last line: no heartbeat comes after it
+                    self.link_closed = True
             except (BrokenPipeError, OSError, ValueError):
                 self.controller_lost = True
                 self.request_stop(StopKind.CONTROLLER_LOST, "lost the controller (stdout closed)")
