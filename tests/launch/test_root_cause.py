@@ -100,6 +100,9 @@ SAME_ERROR = textwrap.dedent("""
     while len(list(here.glob("up-*"))) < 3:     # every rank is up before any says its error
         time.sleep(0.01)
     print(f"train.py (rank {os.environ['RANK']}): error: digitz: dataset path does not exist", file=sys.stderr)
+    (here / f"said-{os.environ['RANK']}").touch()
+    while len(list(here.glob("said-*"))) < 3:   # and every rank has said it before any exits (the first exit
+        time.sleep(0.01)                        # ends the others: one stopped before its line would say nothing)
     sys.exit(2)
 """)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import textwrap
 from dataclasses import fields
 
 import pytest
@@ -53,16 +54,36 @@ def test_decompose_resolves_the_same_global_batch_on_4_and_3_replicas():
     assert decompose(TrainConfig(global_batch=24, grad_accum=2), _info(), replicas=3) == (4, 2, 24)
 
 
+# torch (the costly part) imported once; each module then imported first in a child forked from that process,
+# with no podrun module loaded yet: an import circle shows in the child whose module starts it
+EACH_ON_ITS_OWN = textwrap.dedent("""
+    import importlib, os, sys, traceback
+    import torch
+    assert not [m for m in sys.modules if m.startswith("podrun")]
+    for module in sys.argv[1:]:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                importlib.import_module(module)
+                if module == "podrun.train.ipu":
+                    print(module, "imports runner:", "podrun.train.runner" in sys.modules, flush=True)
+            except BaseException:
+                traceback.print_exc()
+                os._exit(1)
+            os._exit(0)
+        print(module, "exit", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+""")
+
+
 def test_no_import_circle_and_config_without_torch():
     """ipu.py builds on config/setup/save, never on runner (which imports ipu): each imports on its own."""
-    for module in ("podrun.train.ipu", "podrun.train.loop", "podrun.train.save", "podrun.train.setup",
-                   "podrun.train.runner"):
-        out = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=60)
-        assert out.returncode == 0, f"{module}: {out.stderr}"
-    code = ("import sys, podrun.train.ipu; print('podrun.train.runner' in sys.modules); "
-            "import podrun.train.config")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.stdout.strip() == "False", out.stdout + out.stderr
+    modules = ("podrun.train.ipu", "podrun.train.loop", "podrun.train.save", "podrun.train.setup",
+               "podrun.train.runner", "podrun.train.config")
+    out = subprocess.run([sys.executable, "-c", EACH_ON_ITS_OWN, *modules], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.splitlines() == ["podrun.train.ipu imports runner: False",
+                                       *(f"{m} exit 0" for m in modules)], out.stdout + out.stderr
     out = subprocess.run([sys.executable, "-c", "import sys, podrun.train.config; print('torch' in sys.modules)"],
                          capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stdout + out.stderr

@@ -210,7 +210,9 @@ def test_status_of_pending_and_running_jobs(uge_cluster, tmp_path):
     assert wait_until(lambda: letters(running) == "r", 90, 0.3), ge.run(["qstat"]).stdout
     info = status(running)
     assert info["state"] == "RUNNING" and info["native"] == "r" and info["nodes"] in ge.nodes, info
+    t0 = time.monotonic()
     info = status(pending)
+    one_call = time.monotonic() - t0        # a podrun call that asks the qmaster once, on this machine's load
     assert (info["state"], info["native"]) == ("PENDING", "qw"), info
     for job, was in ((pending, "PENDING"), (running, "RUNNING")):
         t0 = time.monotonic()
@@ -219,10 +221,10 @@ def test_status_of_pending_and_running_jobs(uge_cluster, tmp_path):
         out = json.loads(c.stdout)
         assert out["was"] == was and out["final"], out
         # a deleted pending job gets no accounting record: cancel must not wait for one (it would wait
-        # GONE_GRACE_S for it, the bound here)
+        # GONE_GRACE_S for it beyond what a podrun call costs here, the bound: like with like under load)
         if was == "PENDING":
             took = time.monotonic() - t0
-            assert took < GONE_GRACE_S, f"cancel of a {was} job took {took:.1f} s"
+            assert took < one_call + GONE_GRACE_S, f"cancel of a {was} job took {took:.1f} s ({one_call:.1f} s a call)"
     assert pending not in ge.queued_jobs() and running not in ge.queued_jobs()
 
 
