@@ -133,8 +133,12 @@ def make_plan(cluster: ClusterSpec, recipe: RecipeSpec | None, ov: Overrides = O
                       inter_host=net.inter_host if measured.inter_host is None else measured.inter_host)
         if measured.hidden_fraction is not None:
             hidden, hidden_source = measured.hidden_fraction, measured.hidden_source
+    # the ranks a host runs (one per replica on CPU/GPU, one per instance on an IPU: poptorch drives its replicas)
+    ranks_per_host = iph if dev.kind == "ipu" else iph * rpi
     est = estimate(d, recipe, net, per_device_rate=per_device_rate, rate_source=rate_source, devices_per_replica=p,
-                   hosts=len(hosts), bubble=bubble, hidden_fraction=hidden, hidden_source=hidden_source)
+                   hosts=len(hosts), bubble=bubble, hidden_fraction=hidden, hidden_source=hidden_source,
+                   inp=None if measured is None else measured.input, ranks_per_host=ranks_per_host,
+                   device_kind=dev.kind)
     return Plan(**{**shape, "notes": tuple(notes)}, recipe=recipe.name, model=recipe.model.name,
                 reference_global_batch=recipe.global_batch, learning_rate=round(lr, 8),
                 reference_learning_rate=lr_spec.base, lr_rule=lr_spec.rule, warmup_epochs=round(warmup, 6),

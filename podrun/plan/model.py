@@ -26,6 +26,10 @@ class Estimate:
     per_replica_images_per_second: float
     assumptions: tuple[str, ...] = ()
     allreduce_hidden_fraction: float = 0.0     # of allreduce_seconds, behind the backward pass (measured)
+    compute_seconds: float | None = None       # the devices' part of the step (GA micro batches); None: not said
+    input_seconds: float | None = None         # a host's input pipeline for its share of the step; None: not measured
+    input_bound: bool = False                  # the input, not the device, bounds the step
+    input_levers: tuple[str, ...] = ()         # what would change an input-bound step, each with its figure
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,7 @@ class Plan:
         )
         e = dict(d["estimate"])
         e["assumptions"] = tuple(e.get("assumptions", ()))
+        e["input_levers"] = tuple(e.get("input_levers", ()))
         d["estimate"] = Estimate(**e)
         d["notes"] = tuple(d.get("notes", ()))
         return cls(**d)
