@@ -461,7 +461,7 @@ def _epochs_lr_and_wall(ax, steps: list[dict]) -> None:
         top.tick_params(labelsize=8)
 
 
-COLOURS = {"queue": "#bbbbbb", "launch": "#8c564b", "startup": "#e377c2", "training": "#2ca02c",
+COLOURS = {"queue": "#bbbbbb", "launch": "#8c564b", "staging": "#17becf", "startup": "#e377c2", "training": "#2ca02c",
            "evaluation": "#1f77b4", "checkpoint": "#ff7f0e", "failure": "#d62728", "idle": "#7f7f7f"}
 
 
