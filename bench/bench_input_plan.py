@@ -5,13 +5,16 @@ folder for some steps; the plan's step beside the run's median step, and the run
 
 Two cases, resnet18_cifar10 on one host (one rank, its default loader workers: the host's cores):
 
-- input-bound: a tree of large JPEGs (2400 x 1800, ~2 MB each: their decode costs ~20 ms of CPU even scaled by
-  the DCT) trained at 8 px, where the model's step is cheap and the decode is not;
+- input-bound: a tree of large JPEGs (1600 x 1200 with pixel noise, ~0.9 MB each: the entropy decoding that no DCT
+  scaling skips costs several ms a file) trained at 8 px, where the model's step is cheap and the decode is not;
 - the recipe as it is (32 px) on bench/jpeg_tree.py's tree of 500 x 375 JPEGs (~96 KB, ImageNet's typical size)
   with 2 loader workers, where the step split should not name input as the cause.
 
-    python -m bench --keep input-plan           # 12 steps a run, the median of steps 4-12
+    python -m bench --keep input-plan           # 10 steps a run, the median of steps 3-10
     python -m bench --quick input-plan          # 6 steps, the median of steps 3-6
+
+Global batch 32 (local batch 8 x GA 4 on one rank); the launch's heartbeat is 2 s (a loaded machine's agent can miss
+the default's four of 0.25 s while the run is well).
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from bench.rows import row, scratch
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = str(ROOT / "recipes" / "resnet18_cifar10")
+GLOBAL_BATCH = 32
 
 
 def _podrun(*args, cwd: Path, timeout: float = 1500) -> subprocess.CompletedProcess:
@@ -46,13 +50,13 @@ def case(tmp: Path, name: str, tree: Path, image_size: int, *, steps: int, timed
                            "--steps", "5", "--image-size", str(image_size), "--data", str(tree), "--input-images",
                            "64", "--name", name, "--runs-dir", str(runs), "--json", RECIPE, cwd=tmp).stdout)
     calib_s = time.monotonic() - t0
-    plan = json.loads(_podrun("plan", "--devices-per-host", "1", RECIPE, "--calibration", c["file"], "--json",
-                              cwd=tmp).stdout)
+    plan = json.loads(_podrun("plan", "--devices-per-host", "1", "--global-batch", str(GLOBAL_BATCH), RECIPE,
+                              "--calibration", c["file"], "--json", cwd=tmp).stdout)
     run_id = f"{name}-{int(time.time())}"
     extra = [] if loader_workers is None else ["--loader-workers", str(loader_workers)]
     load0 = os.getloadavg()[0]
-    _podrun("launch", "--devices-per-host", "1", "--calibration", c["file"], "--runs-dir", str(runs), "--run-id",
-            run_id, RECIPE, "--data", str(tree), "--image-size", str(image_size), "--steps", str(steps),
+    _podrun("launch", "--devices-per-host", "1", "--global-batch", str(GLOBAL_BATCH), "--heartbeat", "2",
+            "--calibration", c["file"], "--runs-dir", str(runs), "--run-id", run_id, RECIPE, "--data", str(tree), "--image-size", str(image_size), "--steps", str(steps),
             "--log-every", "1", "--eval-every", "0", "--quiet", *extra, cwd=tmp)
     load1 = os.getloadavg()[0]
     run_dir = runs / run_id
@@ -92,13 +96,14 @@ def rows_of(results: list[dict]) -> list[dict]:
 def run(quick: bool) -> list[dict]:
     from bench.jpeg_tree import make_tree
 
-    steps, timed_from = (6, 3) if quick else (12, 4)
+    steps, timed_from = (6, 3) if quick else (10, 3)
     with scratch("input-plan") as d:
-        big = make_tree(d / "big", classes=4, train_per_class=16, val_per_class=1, width=2400, height=1800)
+        big = make_tree(d / "big", classes=4, train_per_class=16, val_per_class=1, width=1600, height=1200)
         small = make_tree(d / "small", classes=4, train_per_class=50, val_per_class=1)
         results = []
-        for name, tree, px, workers, label in (("bound", big, 8, None, "2400x1800 JPEGs (~2 MB)"),
+        for name, tree, px, workers, label in (("bound", big, 8, None, "1600x1200 JPEGs (~0.9 MB)"),
                                                ("r18", small, 32, 2, "500x375 JPEGs (~96 KB), 2 loader workers")):
+            print(f"input-plan: {name} ...", file=sys.stderr, flush=True)
             r = case(d, name, tree, px, steps=steps, timed_from=timed_from, loader_workers=workers)
             r["tree"] = label
             results.append(r)
