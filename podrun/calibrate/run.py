@@ -112,6 +112,10 @@ def calibrate(opts: CalibrateOptions, progress: Progress | None = None) -> tuple
     from podrun.plan.inputs import resolve_plan_inputs
 
     cluster, recipe, _, _ = resolve_plan_inputs(opts.recipe, opts.plan)
+    if opts.data is not None and not Path(opts.data).is_dir():
+        raise PlanError(f"--data {opts.data}: no such folder here", hint="give a sample of your data (an "
+                        "ImageNet-style folder or its shards from podrun data pack) at the same path here and on "
+                        "every host")
     name = check_name(opts.name if opts.name is not None else f"{recipe.name}-{cluster.name}")
     budget, budget_source = budget_of(opts, cluster)
     progress = Progress() if progress is None else progress

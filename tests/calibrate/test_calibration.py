@@ -386,3 +386,9 @@ def test_on_an_accelerator_input_runs_beside_the_device_and_the_plan_names_the_d
     assert any("nvJPEG" in x for x in e["input_levers"])
     golden = GOLDEN / "plan-input-bound-gpu.json"
     assert e == json.loads(golden.read_text()), json.dumps(e, indent=1)
+
+
+def test_calibrate_with_data_that_is_not_there_is_exit_2_naming_it(tmp_path):
+    r = podrun("calibrate", "--largest-batch", "2", "--data", str(tmp_path / "nowhere"), RECIPE, cwd=tmp_path)
+    assert r.returncode == 2 and f"--data {tmp_path / 'nowhere'}: no such folder here" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "runs").exists()
