@@ -5,8 +5,10 @@ folder for some steps; the plan's step beside the run's median step, and the run
 
 Two cases, resnet18_cifar10 on one host (one rank, its default loader workers: the host's cores):
 
-- input-bound: a tree of large JPEGs (1600 x 1200 with pixel noise, ~0.9 MB each: the entropy decoding that no DCT
-  scaling skips costs several ms a file) trained at 8 px, where the model's step is cheap and the decode is not;
+- input-bound: a tree of large noisy JPEGs (3200 x 2400, noise 60, quality 98: ~10 MB each; the entropy decoding,
+  which no DCT scaling skips, costs ~56 ms of CPU a file here) trained at 8 px with one torch thread
+  (OMP_NUM_THREADS=1 for the calibration and the run: on a loaded machine two threads' barriers cost far more than
+  the arithmetic), where the model's step is cheap and the decode is not;
 - the recipe as it is (32 px) on bench/jpeg_tree.py's tree of 500 x 375 JPEGs (~96 KB, ImageNet's typical size)
   with 2 loader workers, where the step split should not name input as the cause.
 
@@ -33,22 +35,22 @@ RECIPE = str(ROOT / "recipes" / "resnet18_cifar10")
 GLOBAL_BATCH = 32
 
 
-def _podrun(*args, cwd: Path, timeout: float = 1500) -> subprocess.CompletedProcess:
+def _podrun(*args, cwd: Path, timeout: float = 1500, env: dict | None = None) -> subprocess.CompletedProcess:
     cp = subprocess.run([sys.executable, "-m", "podrun", *args], capture_output=True, text=True, cwd=cwd,
-                        timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                        timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
     if cp.returncode != 0:
         raise RuntimeError(f"podrun {' '.join(args[:2])} exited {cp.returncode}: {cp.stderr[-3000:]}")
     return cp
 
 
 def case(tmp: Path, name: str, tree: Path, image_size: int, *, steps: int, timed_from: int,
-         loader_workers: int | None = None) -> dict:
+         loader_workers: int | None = None, env: dict | None = None) -> dict:
     """Calibrate (rate at local batch 8, the input on ``tree``), plan with it, launch ``steps`` steps: the figures."""
     runs = tmp / "runs"
     t0 = time.monotonic()
     c = json.loads(_podrun("calibrate", "--devices-per-host", "1", "--largest-batch", "8", "--batches", "8",
                            "--steps", "5", "--image-size", str(image_size), "--data", str(tree), "--input-images",
-                           "64", "--name", name, "--runs-dir", str(runs), "--json", RECIPE, cwd=tmp).stdout)
+                           "64", "--name", name, "--runs-dir", str(runs), "--json", RECIPE, cwd=tmp, env=env).stdout)
     calib_s = time.monotonic() - t0
     plan = json.loads(_podrun("plan", "--devices-per-host", "1", "--global-batch", str(GLOBAL_BATCH), RECIPE,
                               "--calibration", c["file"], "--json", cwd=tmp).stdout)
@@ -57,7 +59,7 @@ def case(tmp: Path, name: str, tree: Path, image_size: int, *, steps: int, timed
     load0 = os.getloadavg()[0]
     _podrun("launch", "--devices-per-host", "1", "--global-batch", str(GLOBAL_BATCH), "--heartbeat", "2",
             "--calibration", c["file"], "--runs-dir", str(runs), "--run-id", run_id, RECIPE, "--data", str(tree), "--image-size", str(image_size), "--steps", str(steps),
-            "--log-every", "1", "--eval-every", "0", "--quiet", *extra, cwd=tmp)
+            "--log-every", "1", "--eval-every", "0", "--quiet", *extra, cwd=tmp, env=env)
     load1 = os.getloadavg()[0]
     run_dir = runs / run_id
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
@@ -97,14 +99,19 @@ def run(quick: bool) -> list[dict]:
     from bench.jpeg_tree import make_tree
 
     steps, timed_from = (6, 3) if quick else (10, 3)
+    only = os.environ.get("BENCH_INPUT_PLAN_CASE")      # one case alone: bound or r18
     with scratch("input-plan") as d:
-        big = make_tree(d / "big", classes=4, train_per_class=16, val_per_class=1, width=1600, height=1200)
+        big = make_tree(d / "big", classes=4, train_per_class=8, val_per_class=1, width=3200, height=2400, noise=60,
+                        quality=98)
         small = make_tree(d / "small", classes=4, train_per_class=50, val_per_class=1)
         results = []
-        for name, tree, px, workers, label in (("bound", big, 8, None, "1600x1200 JPEGs (~0.9 MB)"),
-                                               ("r18", small, 32, 2, "500x375 JPEGs (~96 KB), 2 loader workers")):
+        for name, tree, px, workers, label, env in (
+                ("bound", big, 8, None, "3200x2400 JPEGs (~10 MB), 1 torch thread", {"OMP_NUM_THREADS": "1"}),
+                ("r18", small, 32, 2, "500x375 JPEGs (~96 KB), 2 loader workers", None)):
+            if only is not None and name != only:
+                continue
             print(f"input-plan: {name} ...", file=sys.stderr, flush=True)
-            r = case(d, name, tree, px, steps=steps, timed_from=timed_from, loader_workers=workers)
+            r = case(d, name, tree, px, steps=steps, timed_from=timed_from, loader_workers=workers, env=env)
             r["tree"] = label
             results.append(r)
         print(json.dumps(results), file=sys.stderr)       # every figure, for the record beside the table
