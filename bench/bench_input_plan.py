@@ -14,6 +14,7 @@ Two cases, resnet18_cifar10 on one host (one rank, its default loader workers: t
 
     python -m bench --keep input-plan           # 10 steps a run, the median of steps 3-10
     python -m bench --quick input-plan          # 6 steps, the median of steps 3-6
+    BENCH_INPUT_PLAN_CASE=bound python -m bench --keep input-plan      # one case alone (bound or r18)
 
 Global batch 32 (local batch 8 x GA 4 on one rank); the launch's heartbeat is 2 s (a loaded machine's agent can miss
 the default's four of 0.25 s while the run is well).
