@@ -89,8 +89,9 @@ def input_term(inp: InputMeasured, *, samples_per_host: float, ranks_per_host: i
                       "torchvision with CUDA support imports), leaving the host only the file reads")
     if inp.decoder == "pil":
         levers.append("simplejpeg (pip install 'podrun[data]') in place of PIL: libjpeg-turbo with DCT scaling")
-    levers.append("staging: on a shared file system, the data as tar shards (podrun data pack) on each host's "
-                  "node-local disk, so that reads are neither metadata operations nor network")
+    levers.append("staging: on a shared file system, the data as tar shards (podrun data pack) copied to each "
+                  "host's node-local disk before the start (--stage), so that reads are neither metadata "
+                  "operations nor network")
     return InputTerm(seconds, True, assumption, tuple(levers))
 
 
