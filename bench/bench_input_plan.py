@@ -12,7 +12,7 @@ Two cases, resnet18_cifar10 on one host (one rank, its default loader workers: t
 - the recipe as it is (32 px) on bench/jpeg_tree.py's tree of 500 x 375 JPEGs (~96 KB, ImageNet's typical size)
   with 2 loader workers, where the step split should not name input as the cause.
 
-    python -m bench --keep input-plan           # 10 steps a run, the median of steps 3-10
+    python -m bench --keep input-plan           # 12 steps a run (10 step splits: the input-bound rule's window), the median of steps 3-12
     python -m bench --quick input-plan          # 6 steps, the median of steps 3-6
     BENCH_INPUT_PLAN_CASE=bound python -m bench --keep input-plan      # one case alone (bound or r18)
 
@@ -99,7 +99,7 @@ def rows_of(results: list[dict]) -> list[dict]:
 def run(quick: bool) -> list[dict]:
     from bench.jpeg_tree import make_tree
 
-    steps, timed_from = (6, 3) if quick else (10, 3)
+    steps, timed_from = (6, 3) if quick else (12, 3)
     only = os.environ.get("BENCH_INPUT_PLAN_CASE")      # one case alone: bound or r18
     with scratch("input-plan") as d:
         big = make_tree(d / "big", classes=4, train_per_class=8, val_per_class=1, width=3200, height=2400, noise=60,
