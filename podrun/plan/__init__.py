@@ -105,7 +105,7 @@ def make_plan(cluster: ClusterSpec, recipe: RecipeSpec | None, ov: Overrides = O
     shape = dict(cluster=cluster.name, device_kind=dev.key, hosts=tuple(hosts), devices_per_host=dph,
                  devices=devices, devices_per_replica=p, replicas=d.replicas, instances_per_host=iph,
                  instances=instances, replicas_per_instance=rpi, local_batch=d.local_batch, grad_accum=d.grad_accum,
-                 global_batch=d.global_batch, placement=placement, notes=tuple(notes))
+                 global_batch=d.global_batch, placement=placement, notes=tuple(notes), local_disk=cluster.local_disk)
     if recipe is None:
         est = Estimate(0.0, 1.0, 0.0, 0.0, 0.0, 0.0, ("a bare command: no estimate",))
         return Plan(**shape, recipe="", model="", reference_global_batch=d.global_batch, learning_rate=0.0,

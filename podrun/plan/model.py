@@ -62,6 +62,7 @@ class Plan:
     estimate: Estimate
     notes: tuple[str, ...] = field(default=())   # what the planner decided and why
     lr_reference_batch: int | None = None        # the batch reference_learning_rate is given for; None: no recipe
+    local_disk: str | None = None                # the cluster spec's node-local disk folder (--stage), if it names one
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -334,7 +334,10 @@ def prepare(cfg: TrainConfig, info: WorkerInfo, device: Device) -> Session:
     if cfg.stage:
         from podrun.train.stage import stage
 
-        staged = stage(cfg.data)
+        from podrun.runtime.env import read_plan
+
+        plan = read_plan(info)
+        staged = stage(cfg.data, spec_disk=None if plan is None else plan.get("local_disk"))
         metrics.write(staged.record())
         data = str(staged.root)
     train_ds, val_ds = load_dataset(data, image_size=cfg.image_size, num_classes=cfg.num_classes,

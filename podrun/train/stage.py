@@ -1,7 +1,7 @@
 """Staging (`--stage`): a job's tar shards copied once to each host's node-local disk before training starts.
 
-The node-local disk is the first of $PODRUN_LOCAL_DISK (a cluster spec's ``local_disk:``), $SLURM_TMPDIR (Slurm),
-$SGE_LOCALDIR (Grid Engine: ABCI) and $PBS_LOCALDIR (PBS) that is set. The ranks of a host take one lock there:
+The node-local disk is the first of $PODRUN_LOCAL_DISK, $SLURM_TMPDIR (Slurm), $SGE_LOCALDIR (Grid Engine: ABCI) and
+$PBS_LOCALDIR (PBS) that is set, else the cluster spec's ``local_disk:`` (the plan's). The ranks of a host take one lock there:
 the first copies the shards (train/ and val/, each shard checked against its SHA-256 in the index as it is copied,
 several at once) and marks the job's copy done; the others then find the mark and read the copy. A restart in
 the same job ($SLURM_JOB_ID, $JOB_ID, $PBS_JOBID) finds the mark and copies nothing; a shard already there whole
@@ -44,13 +44,15 @@ class Staged:
                 "source": str(self.source), "staged": str(self.root), "disk": self.disk}
 
 
-def local_disk(environ: Mapping[str, str] | None = None) -> tuple[Path, str] | None:
+def local_disk(environ: Mapping[str, str] | None = None, spec_disk: str | None = None) -> tuple[Path, str] | None:
     """(the node-local disk, where it came from), or None where the cluster names none."""
     env = os.environ if environ is None else environ
     for name in LOCAL_DISK_ENVS:
         value = env.get(name, "")
         if value:
             return Path(value), f"${name}={value}"
+    if spec_disk:
+        return Path(spec_disk), f"the cluster spec's local_disk: {spec_disk}"
     return None
 
 
@@ -82,9 +84,11 @@ def _whole(path: Path, sha256: str) -> bool:
         return False
 
 
-def stage(data: str | os.PathLike, environ: Mapping[str, str] | None = None, copies: int = COPIES) -> Staged:
+def stage(data: str | os.PathLike, environ: Mapping[str, str] | None = None, copies: int = COPIES,
+          spec_disk: str | None = None) -> Staged:
     """Copy ``data``'s shards (podrun data pack's output: train/ and val/) to this host's node-local disk once per
-    job; the staged copy. A plain image folder, or no node-local disk: DataError (exit 2) saying what to do."""
+    job; the staged copy. ``spec_disk``: the cluster spec's ``local_disk:``. A plain image folder, or no node-local
+    disk: DataError (exit 2) saying what to do."""
     t0 = time.monotonic()
     src = Path(data).resolve()
     env = os.environ if environ is None else environ
@@ -92,11 +96,12 @@ def stage(data: str | os.PathLike, environ: Mapping[str, str] | None = None, cop
         raise DataError(f"--stage: {data} holds no tar shards (no train/{INDEX}): staging copies the shards of "
                         "podrun data pack", hint=f"pack it first: podrun data pack {data} OUT, then train --data OUT "
                                                  "--stage")
-    found = local_disk(env)
+    found = local_disk(env, spec_disk)
     if found is None:
         raise DataError("--stage: this host names no node-local disk (none of $" + ", $".join(LOCAL_DISK_ENVS) +
-                        " is set)", hint="give the cluster spec a local_disk: (a folder on each host's own disk), "
-                                         "or run without --stage")
+                        " is set, and the cluster spec gives no local_disk:)",
+                        hint="give the cluster spec a local_disk: (a folder on each host's own disk), or run without "
+                             "--stage")
     disk, where = found
     job = next((env[n] for n in JOB_ENVS if env.get(n)), "no-job")
     dest = safefs.own_dir(disk / f"podrun-stage-{hashlib.sha256(str(src).encode()).hexdigest()[:16]}",

@@ -320,7 +320,7 @@ def test_stage_copies_the_shards_to_node_local_disk_once_per_job_and_the_account
     from podrun.rundir.account import AttemptTimes, attempt_part
     from podrun.rundir.metrics import StepLog, read_metrics
     from podrun.train.shards import pack
-    from podrun.train.stage import stage
+    from podrun.train.stage import local_disk, stage
     from tests.train.train_procs import start_workers, wait_all
 
     out = tmp_path / "shards"
@@ -366,5 +366,17 @@ def test_stage_copies_the_shards_to_node_local_disk_once_per_job_and_the_account
         stage(tree, env)
     assert "podrun data pack" in exc.value.hint
     with pytest.raises(DataError, match=r"names no node-local disk \(none of \$PODRUN_LOCAL_DISK, \$SLURM_TMPDIR, "
-                                        r"\$SGE_LOCALDIR, \$PBS_LOCALDIR is set\)"):
+                                        r"\$SGE_LOCALDIR, \$PBS_LOCALDIR is set, and the cluster spec gives no "
+                                        r"local_disk:\)"):
         stage(out, {})
+    # a cluster spec's local_disk: reaches the runner in the plan, and is the disk where no variable names one
+    spec = tmp_path / "mine.yaml"
+    spec.write_text((Path(__file__).resolve().parents[2] / "cluster_specs" / "local.yaml").read_text()
+                    + f"local_disk: {tmp_path / 'spec-disk'}\n")
+    plan = subprocess.run([sys.executable, "-m", "podrun", "plan", "--cluster", str(spec), "--json",
+                           str(Path(__file__).resolve().parents[2] / "recipes" / "resnet18_cifar10")],
+                          capture_output=True, text=True, timeout=60)
+    assert json.loads(plan.stdout)["local_disk"] == str(tmp_path / "spec-disk"), plan.stderr
+    spec_disk = json.loads(plan.stdout)["local_disk"]
+    assert local_disk({}, spec_disk) == (tmp_path / "spec-disk", f"the cluster spec's local_disk: {spec_disk}")
+    assert local_disk({"SGE_LOCALDIR": "/local/job"}, spec_disk)[1] == "$SGE_LOCALDIR=/local/job"   # the job's first
