@@ -28,7 +28,8 @@ def image_bytes(rng: np.random.Generator, width: int = WIDTH, height: int = HEIG
 
 
 def make_tree(root: str | Path, *, classes: int = 4, train_per_class: int = 25, val_per_class: int = 5,
-              seed: int = 0, width: int = WIDTH, height: int = HEIGHT) -> Path:
+              seed: int = 0, width: int = WIDTH, height: int = HEIGHT, noise: float = 19.0,
+              quality: int = 90) -> Path:
     """Write the tree under ``root`` (made if missing; files already there are rewritten) and return it."""
     root = Path(root)
     for split, per_class in (("train", train_per_class), ("val", val_per_class)):
@@ -37,7 +38,7 @@ def make_tree(root: str | Path, *, classes: int = 4, train_per_class: int = 25, 
             d.mkdir(parents=True, exist_ok=True)
             for i in range(per_class):
                 rng = np.random.default_rng([seed, 0 if split == "train" else 1, c, i])
-                (d / f"img{i:05d}.jpg").write_bytes(image_bytes(rng, width, height))
+                (d / f"img{i:05d}.jpg").write_bytes(image_bytes(rng, width, height, noise, quality))
     return root
 
 

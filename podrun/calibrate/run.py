@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from podrun import __version__, safefs
-from podrun.specs.calibration import (Calibration, LinkResult, MemoryProbe, MemoryResult, NetworkResult,
-                                      OverlapResult, RatePoint, SUBDIR, check_name, dumps, utc_now)
+from podrun.specs.calibration import (Calibration, InputRate, InputResult, LinkResult, MemoryProbe, MemoryResult,
+                                      NetworkResult, OverlapResult, RatePoint, SUBDIR, check_name, dumps, utc_now)
 from podrun.errors import LaunchError, PlanError
 from podrun.plan.inputs import PlanOptions
 from podrun.rundir.layout import make_runs_dir, new_run_id, private_subdir
@@ -34,6 +34,8 @@ class CalibrateOptions:
     ssh_config: str | None = None
     python: str | None = None
     master_port: int | None = None
+    data: str | None = None                     # a sample of the user's data: the input pipeline timed on it
+    input_images: int = 128                     # images timed per loader worker count
 
 
 def budget_of(opts: CalibrateOptions, cluster) -> tuple[int | None, str]:
@@ -67,6 +69,8 @@ def launch_options(opts: CalibrateOptions, recipe_path: str, budget: int | None,
         args += ["--batches", ",".join(str(b) for b in opts.batches)]
     if opts.image_size is not None:
         args += ["--image-size", str(opts.image_size)]
+    if opts.data is not None:
+        args += ["--data", os.path.abspath(opts.data), "--input-images", str(opts.input_images)]
     return LaunchOptions(
         target=TargetOptions(args=tuple(args), module=True, needs=("yaml", "torch", "numpy")),
         plan=opts.plan,
@@ -108,6 +112,10 @@ def calibrate(opts: CalibrateOptions, progress: Progress | None = None) -> tuple
     from podrun.plan.inputs import resolve_plan_inputs
 
     cluster, recipe, _, _ = resolve_plan_inputs(opts.recipe, opts.plan)
+    if opts.data is not None and not Path(opts.data).is_dir():
+        raise PlanError(f"--data {opts.data}: no such folder here", hint="give a sample of your data (an "
+                        "ImageNet-style folder or its shards from podrun data pack) at the same path here and on "
+                        "every host")
     name = check_name(opts.name if opts.name is not None else f"{recipe.name}-{cluster.name}")
     budget, budget_source = budget_of(opts, cluster)
     progress = Progress() if progress is None else progress
@@ -168,6 +176,8 @@ def build(result: dict, *, recipe, cluster, plan, budget: int | None, budget_sou
                               inter_host=link(net["inter_host"])),
         seconds=round(seconds, 1), image_size=result.get("image_size"),
         overlap=None if result.get("overlap") is None else OverlapResult(**result["overlap"]),
+        input=None if result.get("input") is None else InputResult(
+            **{**result["input"], "rates": tuple(InputRate(**r) for r in result["input"]["rates"])}),
     )
 
 
@@ -192,6 +202,11 @@ def summary_rows(c: Calibration) -> list[tuple[str, str]]:
         rows.append(("data-parallel step", f"{o.synced_step_seconds * 1e3:.0f} ms at local batch {o.local_batch} on "
                                            f"{o.ranks} ranks: {o.hidden_fraction:.0%} of the all-reduce "
                                            f"({o.allreduce_seconds * 1e3:.0f} ms) hidden"))
+    i = c.input
+    if i is not None:
+        rates = ", ".join(f"{r.images_per_second:.0f} at {r.workers}" for r in i.rates)
+        rows.append(("input pipeline", f"img/s by loader workers: {rates} ({i.decoder}, {i.image_size} px, "
+                                       f"{i.cores} cores, {i.data}; the slowest of {i.hosts} host(s))"))
     rows.append(("took", f"{c.seconds:.0f} s"))
     return rows
 

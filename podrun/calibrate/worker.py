@@ -57,6 +57,8 @@ def main(argv=None) -> int:
     ap.add_argument("--start-batch", type=int, default=1)
     ap.add_argument("--net-iters", type=int, default=3)
     ap.add_argument("--image-size", type=int, default=None, help="input side in pixels (default: the recipe's)")
+    ap.add_argument("--data", default=None, help="a sample of the user's data: the input pipeline timed on it")
+    ap.add_argument("--input-images", type=int, default=128, help="images timed per loader worker count")
     args = ap.parse_args(argv)
 
     import torch
@@ -76,9 +78,14 @@ def main(argv=None) -> int:
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", threads)))
     else:
         torch.cuda.set_device(info.local_rank)
+    # 0. the input pipeline, on each host's first rank before the group forms (the host's other ranks wait idle in
+    # the rendezvous, so the decode has the host's cores as in a run's loader workers)
+    mine = input_rates(recipe, args, info) if args.data is not None and info.local_rank == 0 else None
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     lws = info.local_world_size
+    every_input = [None] * world
+    dist.all_gather_object(every_input, mine)
     hosts = world // lws
     t_start = time.monotonic()
 
@@ -151,10 +158,42 @@ def main(argv=None) -> int:
         _write(info.run_dir, {"largest": largest, "probes": [p.__dict__ for p in probes], "throughput": rates,
                               "network": network, "world": world, "local_world_size": lws, "device": device,
                               "image_size": steps.input_size(recipe, args.image_size), "overlap": overlap,
+                              "input": _input_of([r for r in every_input if r is not None]),
                               "seconds": time.monotonic() - t_start})
     dist.barrier()
     dist.destroy_process_group()
     return 0
+
+
+def input_rates(recipe, args, info) -> dict:
+    """podrun data bench on this host: the recipe's decode and augmentation over ``args.data`` at 0, 1, 2, 4 ...
+    loader workers up to the host's cores, batches of 32 (fewer when the sample is small)."""
+    from podrun.calibrate import step as steps
+    from podrun.train.data_bench import bench, default_counts, host_cores, train_split
+
+    size = steps.input_size(recipe, args.image_size)
+    cores = host_cores(info.local_world_size)
+    n = len(train_split(args.data, size))
+    batch = max(1, min(32, n, args.input_images))
+    say(f"input pipeline on {args.data} ({n} images, {size} px): 0..{cores} loader workers")
+    record = bench(args.data, size, default_counts(cores), batch=batch, images=args.input_images)
+    record["cores"] = cores
+    for row in record["rows"]:
+        say(f"input at {row['workers']} loader worker(s): {row['images_per_second']:.1f} img/s")
+    return record
+
+
+def _input_of(records: list[dict]) -> dict | None:
+    """The hosts' input records as the calibration's one (each worker count's slowest host)."""
+    from podrun.train.data_bench import slowest
+
+    if not records:
+        return None
+    r = slowest(records)
+    return {"data": r["data"], "decoder": r["decoder"], "cores": r["cores"], "image_size": r["image_size"],
+            "images": r["rows"][0]["images"], "hosts": r["hosts"],
+            "rates": [{"workers": x["workers"], "images_per_second": x["images_per_second"],
+                       "cpu_ms_per_image": x["cpu_ms_per_image"]} for x in r["rows"]]}
 
 
 def batch_on_all(recipe, plan: dict, largest: int, batches: list[int]) -> int:

@@ -37,6 +37,12 @@ def _batches(ctx, param, value):
 @click.option("--image-size", "image_size", type=click.IntRange(1, 100_000), default=None, metavar="PX",
               help="The inputs' side in pixels (default: the recipe's dataset.image_size). Give the size the run "
                    "trains at when it is not the recipe's: resnet18_cifar10's train.py trains --data digits at 16.")
+@click.option("--data", "data", type=click.Path(), default=None, metavar="PATH",
+              help="A sample of your data (an ImageNet-style folder or its shards from podrun data pack, at the same "
+                   "path on every host): the recipe's decode and augmentation is timed on it at 0, 1, 2, 4 ... "
+                   "loader workers up to the host's cores, and the plan counts input.")
+@click.option("--input-images", "input_images", type=click.IntRange(1, 1_000_000), default=128, show_default=True,
+              metavar="N", help="Images timed per loader worker count (with --data).")
 @click.option("--name", help="The calibration's name under RUNS_DIR/calibrations (default: RECIPE-CLUSTER).")
 @click.option("--runs-dir", default="runs", show_default=True, help="Where run directories and calibrations go.")
 @click.option("--transport", type=click.Choice(transport_choices()),
@@ -47,13 +53,15 @@ def _batches(ctx, param, value):
 @click.option("--json", "as_json", is_flag=True, help="Print the calibration as JSON on stdout.")
 def calibrate(recipe, as_json, **options):
     """Measure RECIPE on the hosts: the rate per device at the plans' local batches, the largest local batch that
-    fits a device's memory, and all-reduce bus bandwidth and latency within and between hosts. The file
+    fits a device's memory, all-reduce bus bandwidth and latency within and between hosts, and with --data the
+    input pipeline's rate by loader workers. The file
     (RUNS_DIR/calibrations/NAME.yaml) feeds `podrun plan --calibration NAME`.
 
     \b
     podrun calibrate --device-memory 1 recipes/resnet18_cifar10
     podrun calibrate --hosts h1,h2,h3,h4 --devices-per-host 1 \\
         --device-memory 1 resnet18_cifar10
+    podrun calibrate --device-memory 1 --data /data/imagenet resnet50
     podrun plan --calibration resnet18_cifar10-local resnet18_cifar10
     """
     from podrun.calibrate.run import CalibrateOptions, calibrate as run_calibration, summary_rows

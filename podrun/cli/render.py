@@ -127,9 +127,16 @@ def render_plan(p, host_source: str) -> None:
         et.add_row("scaling efficiency", f"{e.scaling_efficiency:.1%}")
         hidden = "" if e.allreduce_hidden_fraction == 0 else f", {e.allreduce_hidden_fraction:.0%} of it hidden"
         et.add_row("step", f"{e.step_seconds * 1000:.1f} ms (all-reduce {e.allreduce_seconds * 1000:.2f} ms{hidden})")
+        if e.input_seconds is None:
+            et.add_row("input", "not yet measured (podrun calibrate --data PATH)")
+        else:
+            by = "input, not the device" if e.input_bound else "the device"
+            et.add_row("input", f"{e.input_seconds * 1000:.1f} ms a step on each host; the step is bound by {by}")
         et.add_row("time to train", f"{human_seconds(e.time_to_train_hours * 3600)} for {p.epochs:g} epochs")
         out.print(et)
         out.print("assumptions: " + "; ".join(e.assumptions))
+        for lever in e.input_levers:
+            out.print(fit(f"would change the input: {lever}", width_of(out.file)), markup=False, highlight=False)
     for n in p.notes:
         out.print(fit(f"note: {n}", width_of(out.file)), markup=False, highlight=False)
 

@@ -105,7 +105,7 @@ def make_plan(cluster: ClusterSpec, recipe: RecipeSpec | None, ov: Overrides = O
     shape = dict(cluster=cluster.name, device_kind=dev.key, hosts=tuple(hosts), devices_per_host=dph,
                  devices=devices, devices_per_replica=p, replicas=d.replicas, instances_per_host=iph,
                  instances=instances, replicas_per_instance=rpi, local_batch=d.local_batch, grad_accum=d.grad_accum,
-                 global_batch=d.global_batch, placement=placement, notes=tuple(notes))
+                 global_batch=d.global_batch, placement=placement, notes=tuple(notes), local_disk=cluster.local_disk)
     if recipe is None:
         est = Estimate(0.0, 1.0, 0.0, 0.0, 0.0, 0.0, ("a bare command: no estimate",))
         return Plan(**shape, recipe="", model="", reference_global_batch=d.global_batch, learning_rate=0.0,
@@ -133,8 +133,12 @@ def make_plan(cluster: ClusterSpec, recipe: RecipeSpec | None, ov: Overrides = O
                       inter_host=net.inter_host if measured.inter_host is None else measured.inter_host)
         if measured.hidden_fraction is not None:
             hidden, hidden_source = measured.hidden_fraction, measured.hidden_source
+    # the ranks a host runs (one per replica on CPU/GPU, one per instance on an IPU: poptorch drives its replicas)
+    ranks_per_host = iph if dev.kind == "ipu" else iph * rpi
     est = estimate(d, recipe, net, per_device_rate=per_device_rate, rate_source=rate_source, devices_per_replica=p,
-                   hosts=len(hosts), bubble=bubble, hidden_fraction=hidden, hidden_source=hidden_source)
+                   hosts=len(hosts), bubble=bubble, hidden_fraction=hidden, hidden_source=hidden_source,
+                   inp=None if measured is None else measured.input, ranks_per_host=ranks_per_host,
+                   device_kind=dev.kind)
     return Plan(**{**shape, "notes": tuple(notes)}, recipe=recipe.name, model=recipe.model.name,
                 reference_global_batch=recipe.global_batch, learning_rate=round(lr, 8),
                 reference_learning_rate=lr_spec.base, lr_rule=lr_spec.rule, warmup_epochs=round(warmup, 6),

@@ -1,12 +1,14 @@
 """The estimate: throughput from per-device rates and a ring all-reduce cost model, and time to train."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from podrun.plan.model import Estimate
 
 if TYPE_CHECKING:  # pragma: no cover - the agent imports the planner's model without the specs
     from podrun.plan.decompose import Decomposition
+    from podrun.plan.measured import InputMeasured
     from podrun.specs.cluster import InterconnectSpec
     from podrun.specs.recipe import RecipeSpec
 
@@ -37,22 +39,89 @@ def _link(link) -> str:
     return text
 
 
+@dataclass(frozen=True)
+class InputTerm:
+    """The input pipeline's part of a step on one host, and what would change it when it bounds the step."""
+
+    seconds: float
+    bound: bool
+    assumption: str
+    levers: tuple[str, ...]
+
+
+def input_term(inp: InputMeasured, *, samples_per_host: float, ranks_per_host: int, device_part: float,
+               device_kind: str) -> InputTerm:
+    """A host decodes ``samples_per_host`` a step with the run's loader workers (each rank's share of the measured
+    host's cores, at least one: podrun.train.data_pool.default_workers): their measured rate gives the seconds.
+    On a CPU device the workers share the cores with the compute, so the step is the sum of the two; on an
+    accelerator they run beside it, so the step is the longer. It bounds the step when it is longer than the
+    device's part (``device_part``: compute and the all-reduce not hidden)."""
+    per_rank = max(1, inp.cores // ranks_per_host)
+    workers = per_rank * ranks_per_host
+    rate = inp.rate_at(workers)
+    seconds = samples_per_host / rate
+    on_cpu = device_kind == "cpu"
+    how = ("on a CPU device the loader workers share the host's cores with the compute: the step is the sum" if on_cpu
+           else "the loader workers run beside the device: the step is the longer of the device's part and the input")
+    assumption = (f"input {rate:.0f} img/s a host at {workers} loader worker(s) ({ranks_per_host} rank(s) x "
+                  f"{per_rank}), {samples_per_host:g} samples a host a step: {seconds * 1e3:.1f} ms (measured: "
+                  f"{inp.where}); {how}")
+    bound = seconds > device_part
+    if not bound:
+        return InputTerm(seconds, False, assumption, ())
+    levers = []
+    best_w, best_r = inp.best()
+    more = -(-best_w // ranks_per_host)            # a rank's share of the fastest count, rounded up
+    faster = inp.rate_at(more * ranks_per_host)
+    if faster > rate * 1.05:
+        levers.append(f"loader workers: --loader-workers {more} ({more * ranks_per_host} on each host) at the "
+                      f"{faster:.0f} img/s measured there: input {samples_per_host / faster * 1e3:.1f} ms a step")
+    one = rate / workers                          # a worker's share at the run's count
+    need = samples_per_host / device_part if device_part > 0 else float("inf")
+    if one > 0 and need != float("inf"):
+        cores = -(-need // one)
+        levers.append(f"cores: to keep pace with the device's {device_part * 1e3:.1f} ms a step a host must decode "
+                      f"{need:.0f} img/s, about {cores:.0f} loader workers at the {one:.1f} img/s a worker measured "
+                      f"at {workers} (the host measured had {inp.cores} cores)" +
+                      (", besides the cores of the compute" if on_cpu else ""))
+    if device_kind.startswith("gpu"):
+        levers.append("the device's decoder: nvJPEG decodes, crops and resizes on the GPU (used on CUDA where "
+                      "torchvision with CUDA support imports), leaving the host only the file reads")
+    if inp.decoder == "pil":
+        levers.append("simplejpeg (pip install 'podrun[data]') in place of PIL: libjpeg-turbo with DCT scaling")
+    levers.append("staging: on a shared file system, the data as tar shards (podrun data pack) copied to each "
+                  "host's node-local disk before the start (--stage), so that reads are neither metadata "
+                  "operations nor network")
+    return InputTerm(seconds, True, assumption, tuple(levers))
+
+
 def estimate(d: Decomposition, recipe: RecipeSpec, net: InterconnectSpec, *, per_device_rate: float,
              rate_source: str, devices_per_replica: int, hosts: int, bubble: float, hidden_fraction: float = 0.0,
-             hidden_source: str = "") -> Estimate:
+             hidden_source: str = "", inp: InputMeasured | None = None, ranks_per_host: int = 1,
+             device_kind: str = "") -> Estimate:
     """The estimate of ``recipe`` decomposed as ``d`` (replicas x local batch x GA) on ``hosts`` hosts.
     ``hidden_fraction``: the part of the all-reduce that overlaps the backward pass (a calibration's measured
     figure, with ``hidden_source`` saying where it was measured, which the assumptions keep even when the measured
-    part is 0); without a source: none, the step is compute + all-reduce."""
+    part is 0); without a source: none, the step is compute + all-reduce. ``inp``: the input pipeline measured
+    on a host (input_term); None: not measured, and the assumptions say so."""
     replicas, local_batch, grad_accum = d.replicas, d.local_batch, d.grad_accum
     params, gradient_bytes = recipe.model.params, recipe.gradient_bytes
     replica_rate = per_device_rate * devices_per_replica * (1.0 - bubble)
     compute = grad_accum * local_batch / replica_rate
     comm = allreduce_seconds(params * gradient_bytes, replicas, replicas // hosts, hosts, net)
-    step = compute + comm * (1.0 - hidden_fraction)
+    device_part = compute + comm * (1.0 - hidden_fraction)
+    term = None if inp is None else input_term(inp, samples_per_host=d.global_batch / hosts,
+                                               ranks_per_host=ranks_per_host, device_part=device_part,
+                                               device_kind=device_kind)
+    if term is None:
+        step = device_part
+    else:
+        step = device_part + term.seconds if device_kind == "cpu" else max(device_part, term.seconds)
     overlap = "no overlap of communication with compute" if hidden_source == "" else \
         f"{hidden_fraction:.0%} of the all-reduce hidden behind the backward pass ({hidden_source})"
-    efficiency = compute / step
+    unmeasured = "the input pipeline is not yet measured (podrun data bench times it on a host; podrun calibrate " \
+                 "--data puts it in the plan); " if term is None else ""
+    efficiency = compute / device_part
     images_per_second = replicas * local_batch * grad_accum / step
     hours = recipe.epochs * recipe.dataset.train_size / images_per_second / 3600
     return Estimate(
@@ -63,11 +132,15 @@ def estimate(d: Decomposition, recipe: RecipeSpec, net: InterconnectSpec, *, per
         allreduce_seconds=round(comm, 6),
         per_replica_images_per_second=round(replica_rate, 2),
         allreduce_hidden_fraction=round(hidden_fraction, 4),
+        compute_seconds=round(compute, 6),
+        input_seconds=None if term is None else round(term.seconds, 6),
+        input_bound=term is not None and term.bound,
+        input_levers=() if term is None else term.levers,
         assumptions=(
             f"per-device rate {per_device_rate:g} img/s ({rate_source})",
             f"a replica of {devices_per_replica} device(s) runs at {devices_per_replica} x that rate x (1 - bubble)",
             f"one all-reduce of {params:,} gradients x {gradient_bytes} bytes per weight update, hierarchical ring, "
             f"intra-host {_link(net.intra_host)}, inter-host {_link(net.inter_host)}",
-            f"{overlap}; the input pipeline is not yet measured (podrun data bench times it on a host); optimiser step and evaluation are free",
-        ),
+            f"{overlap}; {unmeasured}optimiser step and evaluation are free",
+        ) + (() if term is None else (term.assumption,)),
     )

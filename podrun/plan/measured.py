@@ -11,6 +11,35 @@ from podrun.specs.cluster import LinkSpec
 
 
 @dataclass(frozen=True)
+class InputMeasured:
+    """A host's input pipeline (the recipe's decode and augmentation, no model) by loader workers on the host."""
+
+    where: str                                  # "/data/imagenet (simplejpeg, 224 px), calibration NAME ..."
+    rates: tuple[tuple[int, float], ...]        # (loader workers on one host, images per second), workers ascending
+    cores: int                                  # the cores of the host it was measured on
+    decoder: str
+
+    def rate_at(self, workers: int) -> float:
+        """Images per second of one host with ``workers`` loader processes in all: the measured figure, else the
+        line between the nearest two measured counts; beyond the largest count its figure (its cores are spent)."""
+        pts = self.rates
+        for w, r in pts:
+            if w == workers:
+                return r
+        if workers > pts[-1][0]:
+            return pts[-1][1]
+        if workers < pts[0][0]:
+            return pts[0][1]
+        i = next(i for i, (w, _) in enumerate(pts) if w > workers)
+        (w0, r0), (w1, r1) = pts[i - 1], pts[i]
+        return r0 + (r1 - r0) * (workers - w0) / (w1 - w0)
+
+    def best(self) -> tuple[int, float]:
+        """(workers, images per second) of the fastest measured count."""
+        return max(self.rates, key=lambda p: p[1])
+
+
+@dataclass(frozen=True)
 class Measured:
     """What a calibration measured, in the planner's terms; None where it measured nothing."""
 
@@ -22,6 +51,7 @@ class Measured:
     inter_host: LinkSpec | None = None
     hidden_fraction: float | None = None        # of the all-reduce, behind the backward pass (None: not measured)
     hidden_source: str = ""
+    input: InputMeasured | None = None          # None: the calibration did not time the input pipeline
 
     def step_at(self, local_batch: int) -> float:
         """One device's step at ``local_batch``: linear between the measured batches (a fixed cost plus a cost per
@@ -119,6 +149,11 @@ def measured_for(name_or_path: str, cluster, recipe, plan_hosts: tuple[str, ...]
         inter_host=link(cal.network.inter_host, "inter-host"),
         hidden_fraction=None if o is None else o.hidden_fraction,
         hidden_source=hidden_source,
+        input=None if cal.input is None else InputMeasured(
+            where=f"{cal.input.data} ({cal.input.decoder}, {cal.input.image_size} px, {cal.input.images} images a "
+                  f"count, the slowest of {cal.input.hosts} host(s)), {where}",
+            rates=tuple((r.workers, r.images_per_second) for r in cal.input.rates), cores=cal.input.cores,
+            decoder=cal.input.decoder),
     ), warnings
 
 

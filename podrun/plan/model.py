@@ -26,6 +26,10 @@ class Estimate:
     per_replica_images_per_second: float
     assumptions: tuple[str, ...] = ()
     allreduce_hidden_fraction: float = 0.0     # of allreduce_seconds, behind the backward pass (measured)
+    compute_seconds: float | None = None       # the devices' part of the step (GA micro batches); None: not said
+    input_seconds: float | None = None         # a host's input pipeline for its share of the step; None: not measured
+    input_bound: bool = False                  # the input, not the device, bounds the step
+    input_levers: tuple[str, ...] = ()         # what would change an input-bound step, each with its figure
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,7 @@ class Plan:
     estimate: Estimate
     notes: tuple[str, ...] = field(default=())   # what the planner decided and why
     lr_reference_batch: int | None = None        # the batch reference_learning_rate is given for; None: no recipe
+    local_disk: str | None = None                # the cluster spec's node-local disk folder (--stage), if it names one
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -73,6 +78,7 @@ class Plan:
         )
         e = dict(d["estimate"])
         e["assumptions"] = tuple(e.get("assumptions", ()))
+        e["input_levers"] = tuple(e.get("input_levers", ()))
         d["estimate"] = Estimate(**e)
         d["notes"] = tuple(d.get("notes", ()))
         return cls(**d)

@@ -10,8 +10,9 @@ from typing import Any
 
 from podrun.rundir.metrics import StepLog
 
-CATEGORIES = ("queue", "launch", "startup", "training", "evaluation", "checkpoint", "failure", "idle")
+CATEGORIES = ("queue", "launch", "staging", "startup", "training", "evaluation", "checkpoint", "failure", "idle")
 LABELS = {"queue": "waiting in the queue", "launch": "launch (to every rank running)",
+          "staging": "staging the data to node-local disk (--stage)",
           "startup": "start-up (to the first step)", "training": "training", "evaluation": "evaluation",
           "checkpoint": "checkpoint stalls", "failure": "failure (detection, restart, work redone)",
           "idle": "idle at the end"}
@@ -153,7 +154,9 @@ def attempt_part(a: AttemptTimes, log: StepLog, resumed_at: int | None, last: bo
     tail_eval, tail_save = _within(log.evals, last_t, hi), _within(log.saves, last_t, hi)
     tail_save = min(tail_save, hi - last_t - tail_eval)
     rest = hi - last_t - tail_eval - tail_save
-    secs = {"launch": ready - lo, "startup": first - ready, "evaluation": evals + tail_eval,
+    staging = min(_within(log.stages, lo, first), max(first - ready, 0.0))     # within the start-up
+    secs = {"launch": ready - lo, "staging": staging, "startup": first - ready - staging,
+            "evaluation": evals + tail_eval,
             "checkpoint": min(saves, kept_t - first - evals) + tail_save,
             "failure": (last_t - kept_t) + (rest if bad else 0.0), "idle": 0.0 if bad else rest}
     secs["training"] = max(kept_t - first - evals - saves, 0.0)

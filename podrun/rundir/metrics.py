@@ -171,6 +171,7 @@ class StepLog:
     step_s: tuple[tuple[float, float], ...] = ()   # (time, step_seconds) of the steps that say it
     evals: tuple[tuple[float, float], ...] = ()    # (time, seconds) of the evaluations that say it
     saves: tuple[tuple[float, float], ...] = ()    # (time, seconds): checkpoint saves the steps waited for
+    stages: tuple[tuple[float, float], ...] = ()   # (time, seconds): --stage's copies to node-local disk
 
     @classmethod
     def read(cls, run_dir: str | os.PathLike) -> StepLog:
@@ -190,7 +191,7 @@ class StepLogFeed:
         self.steps: list = []
         self.starts: list = []
         self.end: dict[str, Any] | None = None
-        self.timed: dict[str, list] = {"step": [], "eval": [], "checkpoint": []}
+        self.timed: dict[str, list] = {"step": [], "eval": [], "checkpoint": [], "stage": []}
         self.offset = 0               # bytes of the file ``follow`` has taken
 
     def add(self, r: dict[str, Any]) -> None:
@@ -216,7 +217,7 @@ class StepLogFeed:
 
     def log(self) -> StepLog:
         return StepLog(tuple(self.steps), tuple(self.starts), self.end,
-                       *(tuple(self.timed[k]) for k in ("step", "eval", "checkpoint")))
+                       *(tuple(self.timed[k]) for k in ("step", "eval", "checkpoint", "stage")))
 
 
 def new_records(path: str | os.PathLike, offset: int) -> tuple[list[dict[str, Any]], int]:

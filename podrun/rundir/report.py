@@ -461,7 +461,7 @@ def _epochs_lr_and_wall(ax, steps: list[dict]) -> None:
         top.tick_params(labelsize=8)
 
 
-COLOURS = {"queue": "#bbbbbb", "launch": "#8c564b", "startup": "#e377c2", "training": "#2ca02c",
+COLOURS = {"queue": "#bbbbbb", "launch": "#8c564b", "staging": "#17becf", "startup": "#e377c2", "training": "#2ca02c",
            "evaluation": "#1f77b4", "checkpoint": "#ff7f0e", "failure": "#d62728", "idle": "#7f7f7f"}
 
 
@@ -576,8 +576,9 @@ def plot(records: list[dict], path: str | Path, title: str = "", replanned: list
 def step_split(launch: Summary | None, plan: dict | None) -> dict[str, Any] | None:
     """The measured step split (summary.json's ``step_split``: input, compute, comm, optim, the mean over ranks and
     the slowest rank's: the most work of its own, comm left out) beside the plan's estimate of the same terms
-    (plan.json's ``estimate``: compute from the device rate, comm the all-reduce not hidden, input and optim taken
-    as free), and the term furthest off: the assumption that was wrong. None when no rank reported a split."""
+    (plan.json's ``estimate``: compute from the device rate, comm the all-reduce not hidden, input as a calibration
+    with --data measured it, else taken as free, optim taken as free), and the term furthest off: the assumption
+    that was wrong. None when no rank reported a split."""
     ranks = (launch.step_split.get("ranks") if launch is not None else None) or {}
     rows = {r: v for r, v in ranks.items() if isinstance(v, dict) and all(
         isinstance(v.get(k), (int, float)) for k in SPLIT_PARTS)}
@@ -595,10 +596,17 @@ def step_split(launch: Summary | None, plan: dict | None) -> dict[str, Any] | No
     if not all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in terms) or terms[0] <= 0:
         return out
     comm = terms[1] * (1.0 - terms[2])
-    out["estimate"] = {"input": 0.0, "compute": round(terms[0] - comm, 6), "comm": round(comm, 6),
+    measured_input = est.get("input_seconds")
+    inp = measured_input if isinstance(measured_input, (int, float)) and not isinstance(measured_input, bool) else 0.0
+    compute = est.get("compute_seconds")
+    if not (isinstance(compute, (int, float)) and not isinstance(compute, bool)):
+        compute = terms[0] - comm
+    out["estimate"] = {"input": round(inp, 6), "compute": round(compute, 6), "comm": round(comm, 6),
                        "optim": 0.0, "assumptions": list(est.get("assumptions") or [])}
     term = max(SPLIT_PARTS, key=lambda k: abs(mean[k] - out["estimate"][k]))
-    out["furthest_off"] = {"term": term, "assumption": _ASSUMED[term], "measured_s": mean[term],
+    assumed = "the measured input rate (podrun calibrate --data)" if term == "input" and measured_input is not None \
+        else _ASSUMED[term]
+    out["furthest_off"] = {"term": term, "assumption": assumed, "measured_s": mean[term],
                            "estimate_s": out["estimate"][term]}
     return out
 

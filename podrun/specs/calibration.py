@@ -96,6 +96,29 @@ def hidden_fraction(step_seconds: float, allreduce_seconds: float, synced_step_s
 
 
 @dataclass(frozen=True)
+class InputRate:
+    """The recipe's input pipeline (decode and augmentation, no model) on one host with ``workers`` loader
+    processes (0: in the rank's own thread): podrun data bench's row, the slowest host's."""
+
+    workers: int = field(metadata=bound(0, 100_000, why="loader processes, 0 or more"))
+    images_per_second: float = field(metadata=bound(above=0, high=1e9, why="images per second on one host"))
+    cpu_ms_per_image: Optional[float] = field(default=None, metadata=bound(0, 1e6, why="CPU milliseconds"))
+
+
+@dataclass(frozen=True)
+class InputResult:
+    """The host's input rate for the recipe's decode and augmentation on a sample of the user's data."""
+
+    data: str                              # the folder or shards read (as given to podrun calibrate --data)
+    decoder: str                           # simplejpeg, pil ...
+    cores: int = field(metadata=bound(1, 1_000_000, why="cores of one host"))
+    image_size: int = field(metadata=bound(1, 100_000, why="pixels"))
+    images: int = field(metadata=bound(1, 10 ** 9, why="images timed per worker count"))
+    rates: tuple[InputRate, ...]
+    hosts: int = field(default=1, metadata=bound(1, 10 ** 6, why="hosts that measured it (the slowest kept)"))
+
+
+@dataclass(frozen=True)
 class Calibration:
     """What `podrun calibrate` measured for one recipe on one cluster's hosts."""
 
@@ -117,6 +140,7 @@ class Calibration:
     # None in a file that does not say
     image_size: Optional[int] = field(default=None, metadata=bound(1, 100_000, why="pixels"))
     overlap: Optional[OverlapResult] = None    # None: one device in all, or a file that does not say
+    input: Optional[InputResult] = None        # None: calibrated without --data (input not measured)
 
     def age_seconds(self, now: _dt.datetime | None = None) -> float:
         now = _dt.datetime.now(_dt.timezone.utc) if now is None else now
@@ -127,6 +151,8 @@ class Calibration:
         d["hosts"] = list(self.hosts)
         d["throughput"] = [asdict(p) for p in self.throughput]
         d["memory"]["probes"] = [asdict(p) for p in self.memory.probes]
+        if self.input is not None:
+            d["input"]["rates"] = [asdict(r) for r in self.input.rates]
         return d
 
 
@@ -153,6 +179,11 @@ def _check(c: Calibration, path: str) -> None:
     if batches != sorted(set(batches)):
         raise SpecError(f"{path}: field 'throughput' must list each local batch once, in increasing order "
                         f"(found {batches})")
+    if c.input is not None:
+        workers = [r.workers for r in c.input.rates]
+        if not workers or workers != sorted(set(workers)):
+            raise SpecError(f"{path}: field 'input.rates' must list each worker count once, in increasing order "
+                            f"(found {workers})")
 
 
 def load(path: str | Path) -> Calibration:

@@ -97,6 +97,7 @@ class ClusterFile:
     interconnect: InterconnectSpec
     description: str = ""
     cpu: Optional[HostCpuSpec] = None   # each host's cores; None: not said (job scripts then need --cpus-per-node)
+    local_disk: Optional[str] = None    # a folder on each host's own disk (--stage); None: the scheduler's, if any
     scheduler: Literal["none", "slurm", "pbs", "uge", "vipu"] = "none"
     transport: Literal["local", "ssh", "mpirun", "srun"] = "ssh"
     engine: Literal["torch", "poprun"] = "torch"

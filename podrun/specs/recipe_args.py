@@ -54,6 +54,9 @@ def parser(recipe_name: str, default_data: str = "synthetic", cls=argparse.Argum
            "for an image folder, 0 for data held in memory)")
     a("--bad-samples", choices=["fail", "skip"], default="fail",
       help="an image that does not decode: stop with its path (fail, the default) or skip it, counted (skip)")
+    a("--stage", action="store_true",
+      help="copy --data's tar shards (podrun data pack) to each host's node-local disk ($SLURM_TMPDIR, "
+           "$SGE_LOCALDIR, $PBS_LOCALDIR or the cluster spec's local_disk:) once per job, and read them there")
     a("--synthetic-size", type=int, default=None, help="samples per synthetic epoch (default: 20 global batches)")
     a("--quiet", action="store_true", help="no console line per step")
     return p

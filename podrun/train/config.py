@@ -87,6 +87,7 @@ class TrainConfig:
     loader_workers: int | None = None      # loader processes per worker; None: its share of the host's cores for
                                            # a folder of images, 0 for data in memory (podrun.train.data_pool)
     bad_samples: str = "fail"              # fail | skip: a file that does not decode (podrun.train.data)
+    stage: bool = False                    # copy the shards to the node-local disk first (podrun.train.stage)
 
 
 def decompose(cfg: TrainConfig, info: WorkerInfo, replicas: int) -> tuple[int, int, int]:

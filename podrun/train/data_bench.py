@@ -49,6 +49,23 @@ def cores_here() -> int:
     return share if share is not None else len(os.sched_getaffinity(0))
 
 
+def host_cores(local_world_size: int = 1) -> int:
+    """The cores of this rank's host that podrun's workers share: each rank's share (PODRUN_CPUS) times the ranks
+    on the host where podrun set one, else the cores this process may run on."""
+    share = os.environ.get("PODRUN_CPUS", "")
+    if share.isdigit() and int(share) > 0:
+        return int(share) * max(1, local_world_size)
+    return len(os.sched_getaffinity(0))
+
+
+def slowest(records: list[dict]) -> dict:
+    """Several hosts' bench records of the same worker counts as one: each count's slowest host's row."""
+    rows = []
+    for i, row in enumerate(records[0]["rows"]):
+        rows.append(min((r["rows"][i] for r in records), key=lambda x: x["images_per_second"]))
+    return {**records[0], "rows": rows, "cores": min(r["cores"] for r in records), "hosts": len(records)}
+
+
 def default_counts(cores: int) -> list[int]:
     """0 (the rank alone), then 1, 2, 4 ... up to the cores, and the cores themselves."""
     counts, n = [0], 1

@@ -3,7 +3,10 @@
 One worker per instance (see podrun.wire.worker_env.workers_per_instance); poptorch.Options carries
 replicationFactor = local replicas, Training.gradientAccumulation = GA and, across instances,
 Distributed.configureProcessId(instance index, instances), as popdist.poptorch.Options would.
-Images reach the device as uint8 and are normalised there (inside the wrapped model).
+Images reach the device as uint8 and are normalised there (inside the wrapped model). They come from poptorch's
+own DataLoader in its asynchronous mode (it reads ahead while the device runs, the conversion MMCV's IPU runner
+makes), over StepSamples: this instance's samples in the order its steps take them, so that the global batches
+are podrun.train.data.Loader's whatever the decomposition.
 Only the poptorch API is used; tests run it against a fake poptorch (poptorch is not on PyPI).
 """
 from __future__ import annotations
@@ -21,7 +24,7 @@ from podrun.runtime.steps import StepClock
 from podrun.runtime.env import WorkerInfo
 from podrun.train import checkpoint as ckpt
 from podrun.train.config import TrainError, decompose, sched_name, write_config
-from podrun.train.data import Loader, Shard, load_dataset, steps_per_epoch
+from podrun.train.data import Shard, epoch_permutation, load_dataset, step_indices, steps_per_epoch
 from podrun.rundir.metrics import MetricsWriter
 from podrun.train.optim import lr_factor, soft_cross_entropy
 from podrun.train.save import FORMAT, resume_step
@@ -46,6 +49,38 @@ class TrainingWrapper(nn.Module):
         logits = self.model(x)
         loss = poptorch.identity_loss(soft_cross_entropy(logits.float(), y, self.smoothing), reduction="mean")
         return logits, loss
+
+
+class StepSamples(torch.utils.data.Dataset):
+    """This instance's training samples from update ``start`` on, in the order its steps take them: item k is
+    sample k % S of update start + k // S (S = local batch x local replicas x GA, laid out as
+    podrun.train.data.step_indices' micro batches one after the other), decoded and augmented by (seed, epoch,
+    index) as the Loader does. poptorch's DataLoader (batch_size = the local batch, not shuffled, not partitioned
+    again) reads S of them per call: the instance's whole step."""
+
+    def __init__(self, dataset, shard: Shard, seed: int, start: int, steps: int):
+        self.ds, self.shard, self.seed, self.start, self.steps = dataset, shard, seed, start, steps
+        self.per_step = shard.local_batch * shard.local_replicas * shard.grad_accum
+        self.spe = steps_per_epoch(len(dataset), shard)
+        self._perm: tuple[int, object] | None = None
+
+    def __len__(self) -> int:
+        return self.steps * self.per_step
+
+    def key(self, k: int) -> tuple[int, int]:
+        """(epoch, dataset index) of item ``k``."""
+        update, at = divmod(k, self.per_step)
+        epoch, step = divmod(self.start + update, self.spe)
+        if self._perm is None or self._perm[0] != epoch:
+            self._perm = (epoch, epoch_permutation(len(self.ds), self.seed, epoch))
+        ix = step_indices(self._perm[1], step, self.shard)
+        return epoch, int(ix[at // (self.shard.local_batch * self.shard.local_replicas)]
+                          [at % (self.shard.local_batch * self.shard.local_replicas)])
+
+    def __getitem__(self, k: int):
+        epoch, i = self.key(k)
+        x, y = self.ds.batch([i], epoch, train=True)
+        return x[0], y[0]
 
 
 def _optimizer(poptorch, params, cfg, lr: float, half: bool):
@@ -125,19 +160,22 @@ def train_ipu(cfg, info: WorkerInfo, device: Device) -> dict[str, Any]:
                    "instances": info.num_instances, "replicas": info.num_replicas, "local_batch": b,
                    "grad_accum": a, "global_batch": g, "total_steps": total, "device": "ipu", "lr": lr})
     t_last = time.perf_counter()
-    prefetch = 3 if cfg.prefetch is None else cfg.prefetch
-    loader = Loader(train_ds, shard, seed=cfg.seed, start_epoch=step // spe, start_step=step % spe, prefetch=prefetch)
+    from podrun.train.data_pool import default_workers
+
+    workers = default_workers(train_ds, 1, cfg.loader_workers)      # one worker per instance: the host's share
+    # poptorch takes the instance's whole step at once (local batch x replicas x GA), read ahead asynchronously
+    loader = poptorch.DataLoader(opts, StepSamples(train_ds, shard, cfg.seed, step, max(total - step, 0)),
+                                 batch_size=b, shuffle=False, drop_last=True, num_workers=workers,
+                                 auto_distributed_partitioning=False, mode=poptorch.DataLoaderMode.Async)
     # the step's split: poptorch runs forward, backward, the replicas' all-reduce and the optimiser in one call on
     # the device, so that call is compute (comm 0); optim is the new optimiser's upload (setOptimizer)
-    clock = StepClock(None, loaders=1 if prefetch > 0 else 0)
+    clock = StepClock(None, loaders=max(1, workers))
     clock.start()
-    for epoch, _, micro in loader:
+    for x, y in loader:
         if step >= total:
             break
         clock.fetched()
-        # poptorch takes the instance's whole step at once: micro batches x replicas x GA
-        x = torch.cat([m[0] for m in micro])
-        y = torch.cat([m[1] for m in micro])
+        epoch = step // spe
         logits, loss = tm(x, y)
         loss_v = float(torch.as_tensor(loss).float().mean())
         if not math.isfinite(loss_v):

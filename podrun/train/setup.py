@@ -330,7 +330,17 @@ def prepare(cfg: TrainConfig, info: WorkerInfo, device: Device) -> Session:
     locks = claim_dirs(cfg, info, run_dir, checkpoint_dir(cfg, run_dir))
     metrics = MetricsWriter(run_dir, enabled=rank == 0, console=cfg.console and rank == 0, log_every=cfg.log_every)
 
-    train_ds, val_ds = load_dataset(cfg.data, image_size=cfg.image_size, num_classes=cfg.num_classes,
+    data = cfg.data
+    if cfg.stage:
+        from podrun.train.stage import stage
+
+        from podrun.runtime.env import read_plan
+
+        plan = read_plan(info)
+        staged = stage(cfg.data, spec_disk=None if plan is None else plan.get("local_disk"))
+        metrics.write(staged.record())
+        data = str(staged.root)
+    train_ds, val_ds = load_dataset(data, image_size=cfg.image_size, num_classes=cfg.num_classes,
                                     synthetic_size=cfg.synthetic_size, seed=cfg.seed, bad_samples=cfg.bad_samples)
     if train_ds.num_classes > cfg.num_classes:
         raise TrainError(f"dataset {cfg.data} has {train_ds.num_classes} classes but the model has "

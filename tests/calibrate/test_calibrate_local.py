@@ -22,8 +22,11 @@ def test_calibrate_finds_the_true_largest_batch_and_the_plan_uses_it(tmp_path):
     """The search ends on two measured neighbours: the largest batch fits the budget and one more does not, each
     measured in a child by the calibration itself (its probes in the file); run again here, in another process,
     the two peaks repeat within one sample's memory, so the answer is not an accident of one measurement."""
+    from bench.jpeg_tree import make_tree
+
+    tree = make_tree(tmp_path / "jpeg", classes=2, train_per_class=8, val_per_class=1, width=120, height=90)
     r = podrun("calibrate", "--devices-per-host", "2", "--device-memory", str(BUDGET_GB), "--batches", "2,4",
-               "--steps", "1", "--json", RECIPE, cwd=tmp_path)
+               "--steps", "1", "--data", str(tree), "--input-images", "16", "--json", RECIPE, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     d = json.loads(r.stdout)
     path = Path(d["file"])
@@ -40,6 +43,14 @@ def test_calibrate_finds_the_true_largest_batch_and_the_plan_uses_it(tmp_path):
     assert cal.network.intra_host is not None and cal.network.intra_host.ranks == 2
     assert cal.network.inter_host is None                              # one host
     assert "memory probe 1: local batch 1" in r.stderr                 # the progress lines
+    # the input pipeline on the tree (podrun data bench's code on the host's first rank): one row per worker count
+    from podrun.train.data_bench import default_counts
+
+    inp = cal.input
+    assert inp is not None and inp.data == str(tree) and inp.image_size == 32 and inp.hosts == 1, inp
+    assert [x.workers for x in inp.rates] == default_counts(inp.cores) and inp.images == 16, inp
+    assert all(x.images_per_second > 0 for x in inp.rates) and inp.decoder in ("simplejpeg", "pil"), inp
+    assert "input at 0 loader worker(s):" in r.stderr
     from podrun.calibrate import step
     from podrun.specs import load_recipe
 
@@ -52,6 +63,7 @@ def test_calibrate_finds_the_true_largest_batch_and_the_plan_uses_it(tmp_path):
                         "resnet18_cifar10-local", "--json"], capture_output=True, text=True, cwd=tmp_path, timeout=60)
     plan = json.loads(p.stdout)
     assert plan["local_batch"] <= largest and plan["global_batch"] == 64
+    assert plan["estimate"]["input_seconds"] > 0 and f"(measured: {tree} (" in " ".join(plan["estimate"]["assumptions"])
     assert any(f"<= max {largest} (the largest that fits" in n for n in plan["notes"])
 
 

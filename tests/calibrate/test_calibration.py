@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from podrun.specs.calibration import (Calibration, LinkResult, MemoryProbe, MemoryResult, NetworkResult,
-                                      OverlapResult, RatePoint, dumps, find, hidden_fraction, load)
+from podrun.specs.calibration import (Calibration, InputRate, InputResult, LinkResult, MemoryProbe, MemoryResult,
+                                      NetworkResult, OverlapResult, RatePoint, dumps, find, hidden_fraction, load)
 from podrun.calibrate.run import save
 from podrun.calibrate.search import largest_fit
 from podrun.errors import SpecError
@@ -21,6 +21,12 @@ from tests.harness.podrun_proc import run_podrun, with_env
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = str(ROOT / "recipes" / "resnet18_cifar10")
+GOLDEN = Path(__file__).resolve().parent / "golden"
+
+
+def inputs(cores: int, *rates: tuple[int, float], data: str = "/data/imagenet") -> InputResult:
+    return InputResult(data=data, decoder="simplejpeg", cores=cores, image_size=32, images=128,
+                       rates=tuple(InputRate(w, r, 2.5) for w, r in rates))
 
 
 def sample(**kw) -> Calibration:
@@ -37,12 +43,17 @@ def sample(**kw) -> Calibration:
     return replace(c, **kw)
 
 
+def words(table: str) -> str:
+    """A rendered table's words in order, its rules and cell borders left out (a cell's text may wrap)."""
+    return " ".join(w for w in table.split() if w.strip("│┃┌┐└┘├┤┬┴┼─━╇╈┡┩┏┓┗┛"))
+
+
 def podrun(*args, cwd=None, env=None):
     return run_podrun(*args, timeout=120, cwd=cwd, env=with_env(**(env or {})))
 
 
 def test_save_then_load_gives_the_same_calibration_and_leaves_no_temporary_file(tmp_path):
-    c = sample()
+    c = sample(input=inputs(2, (0, 80.0), (1, 90.0), (2, 170.0)))
     path = save(c, tmp_path / "runs", "r18")
     assert path == tmp_path / "runs" / "calibrations" / "r18.yaml"
     assert load(path) == c
@@ -59,10 +70,12 @@ def test_save_then_load_gives_the_same_calibration_and_leaves_no_temporary_file(
     (lambda t: t.replace("bus_bandwidth_gbps: 8.0", "bus_bandwidth_gbps: fast"),
      "network.intra_host.bus_bandwidth_gbps"),
     (lambda t: t.replace("recipe: resnet18_cifar10\n", ""), "recipe"),
+    (lambda t: t.replace("workers: 2,", "workers: 1,"), "input.rates"),
+    (lambda t: t.replace("images_per_second: 170.0", "images_per_second: 0"), "input.rates.2.images_per_second"),
 ])
 def test_a_bad_calibration_file_is_exit_2_naming_the_file_and_the_field(tmp_path, edit, field):
     bad = tmp_path / "bad.yaml"
-    bad.write_text(edit(dumps(sample())))
+    bad.write_text(edit(dumps(sample(input=inputs(2, (0, 80.0), (1, 90.0), (2, 170.0))))))
     with pytest.raises(SpecError) as exc:
         load(bad)
     assert str(bad) in exc.value.message and field in exc.value.message
@@ -316,3 +329,66 @@ def test_calibrate_with_both_a_given_largest_batch_and_a_budget_is_exit_2_naming
     assert "Traceback" not in r.stderr and not (tmp_path / "runs").exists()
     r = podrun("calibrate", "--largest-batch", "0", RECIPE, cwd=tmp_path)
     assert r.returncode == 2 and "--largest-batch" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_the_measured_input_is_in_the_plans_step_and_the_plan_says_when_it_bounds_it(tmp_path):
+    """podrun calibrate --data's input rates in the plan (pure; no torch). On a CPU device (resnet18_cifar10 on 2
+    ranks of a host of 3 cores: 1 loader worker a rank, 2 on the host) the loader workers share the cores with the
+    compute, so the step is compute + all-reduce + input: 64 samples at the 15 img/s measured at 2 workers is
+    4.27 s, longer than the device's 3.64 s, so input bounds the step, and the plan names what would change it
+    (2 workers a rank reach the 19 img/s measured at 3; the cores a host needs; staging). Fast input (150 img/s)
+    is counted and does not bound. Without --data the plan says input is not yet measured."""
+    save(sample(input=inputs(3, (0, 6.0), (1, 9.0), (2, 15.0), (3, 19.0))), tmp_path / "runs", "slow")
+    save(sample(input=inputs(3, (0, 60.0), (1, 90.0), (2, 150.0), (3, 190.0))), tmp_path / "runs", "fast")
+    args = ("plan", "--devices-per-host", "2", RECIPE, "--max-age", "100000")
+    slow = json.loads(podrun(*args, "--calibration", "slow", "--json", cwd=tmp_path).stdout)["estimate"]
+    fast = json.loads(podrun(*args, "--calibration", "fast", "--json", cwd=tmp_path).stdout)["estimate"]
+    comm = 44_695_848 * 8 / 8e9 + 2 * 80e-6
+    assert slow["compute_seconds"] == fast["compute_seconds"] == pytest.approx(4 * 0.9)
+    assert slow["input_seconds"] == pytest.approx(64 / 15.0, rel=1e-4)
+    assert slow["step_seconds"] == pytest.approx(4 * 0.9 + comm + 64 / 15.0, rel=1e-4)
+    assert slow["images_per_second"] == pytest.approx(64 / slow["step_seconds"], rel=1e-2)
+    assert slow["input_bound"] is True and fast["input_bound"] is False and fast["input_levers"] == []
+    assert fast["step_seconds"] == pytest.approx(4 * 0.9 + comm + 64 / 150.0, rel=1e-4)
+    levers = slow["input_levers"]
+    assert levers[0].startswith("loader workers: --loader-workers 2 (4 on each host) at the 19 img/s"), levers
+    assert any(x.startswith("cores: to keep pace with the device's 3644.9 ms a step a host must decode 18 img/s, "
+                            "about 3 loader workers at the 7.5 img/s a worker measured at 2") for x in levers), levers
+    assert any(x.startswith("staging:") for x in levers) and not any("nvJPEG" in x for x in levers), levers
+    text = " ".join(slow["assumptions"])
+    assert "input 15 img/s a host at 2 loader worker(s) (2 rank(s) x 1), 64 samples a host a step: 4266.7 ms " \
+           "(measured: /data/imagenet (simplejpeg, 32 px" in text and "the step is the sum" in text
+    assert "not yet measured" not in text
+    shown = podrun(*args, "--calibration", "slow", cwd=tmp_path).stdout
+    assert "the step is bound by input, not the device" in words(shown)
+    assert "would change the input: loader workers" in shown
+    save(sample(), tmp_path / "runs", "none")
+    plain = json.loads(podrun(*args, "--calibration", "none", "--json", cwd=tmp_path).stdout)["estimate"]
+    assert plain["input_seconds"] is None and plain["input_bound"] is False
+    assert "the input pipeline is not yet measured" in " ".join(plain["assumptions"])
+    assert "input not yet measured (podrun calibrate --data PATH)" in words(podrun(*args, cwd=tmp_path).stdout)
+
+
+def test_on_an_accelerator_input_runs_beside_the_device_and_the_plan_names_the_device_decoder(tmp_path):
+    """One DGX H100 host (8 ranks of 14 of its 112 cores' loader workers each), resnet18_cifar10 at local batch 8:
+    the device's step (10 ms) and the host's input (64 samples at 3,000 img/s, 21.3 ms) run side by side, the step
+    is the longer, input bounds it and nvJPEG is among the levers. The estimate's JSON is the golden file's."""
+    cal = sample(cluster="dgx-h100", device="gpu-h100", hosts=("dgx01",), devices_per_host=8,
+                 throughput=(RatePoint(8, 0.01, 800.0),), network=NetworkResult(backend="nccl"),
+                 input=inputs(112, (0, 250.0), (1, 300.0), (2, 590.0), (64, 2600.0), (112, 3000.0)))
+    save(cal, tmp_path / "runs", "h100")
+    r = podrun("plan", "--cluster", "dgx-h100", "--nodes", "1", RECIPE, "--calibration", "h100", "--max-age",
+               "100000", "--json", cwd=tmp_path, env={"PODRUN_CLUSTER_SPECS_PATH": ""})
+    assert r.returncode == 0, r.stderr
+    e = json.loads(r.stdout)["estimate"]
+    assert e["input_seconds"] == pytest.approx(64 / 3000.0, rel=1e-4) and e["input_bound"] is True
+    assert e["step_seconds"] == pytest.approx(64 / 3000.0, rel=1e-4)            # max(device, input)
+    assert any("nvJPEG" in x for x in e["input_levers"])
+    golden = GOLDEN / "plan-input-bound-gpu.json"
+    assert e == json.loads(golden.read_text()), json.dumps(e, indent=1)
+
+
+def test_calibrate_with_data_that_is_not_there_is_exit_2_naming_it(tmp_path):
+    r = podrun("calibrate", "--largest-batch", "2", "--data", str(tmp_path / "nowhere"), RECIPE, cwd=tmp_path)
+    assert r.returncode == 2 and f"--data {tmp_path / 'nowhere'}: no such folder here" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "runs").exists()

@@ -305,3 +305,78 @@ def test_the_decoders_give_the_same_crops(tree):
         assert torch.equal(ya, yb)
         diff = (xa.int() - xb.int()).abs().float().mean().item()
         assert diff <= mean_levels, (size, diff)
+
+
+@pytest.mark.timeout(300)
+def test_stage_copies_the_shards_to_node_local_disk_once_per_job_and_the_account_counts_it(tree, tmp_path):
+    """--stage with $SLURM_TMPDIR (a folder, as Slurm makes one per job): two ranks of a real run on one host stage
+    the shards once (the host's lock: one copies, each shard checked against its digest, the other waits and reads
+    the copy); the run trains from the copy, its metrics record the staging and the account counts it as staging,
+    out of the start-up; the same job again copies nothing, nor does a new job whose shards are there whole. A
+    damaged shard, a plain folder and a host with no node-local disk are each one clear error."""
+    import hashlib
+    import json
+
+    from podrun.rundir.account import AttemptTimes, attempt_part
+    from podrun.rundir.metrics import StepLog, read_metrics
+    from podrun.train.shards import pack
+    from podrun.train.stage import local_disk, stage
+    from tests.train.train_procs import start_workers, wait_all
+
+    out = tmp_path / "shards"
+    pack(tree, out, shard_size=10)                  # train: 3 shards, val: 1
+    disk = tmp_path / "local"
+    disk.mkdir()
+    env = {"SLURM_TMPDIR": str(disk), "SLURM_JOB_ID": "41"}
+    run = tmp_path / "run"
+    base = dict(data=str(out), image_size=16, num_classes=3, steps=2, global_batch=24, lr=0.1, eval_every=0,
+                console=False, resume=False, loader_workers=1, stage=True, run_dir=str(run))
+    wait_all(start_workers(2, base, extra_env=env), timeout=280)
+    (staged,) = disk.iterdir()
+    mark = json.loads(next(staged.glob(".staged-*")).read_text())
+    assert mark == {"job": "41", "source": str(out.resolve()), "shards": 4}, mark    # copied once, by one rank
+    for split in ("train", "val"):
+        index = json.loads((staged / split / "index.json").read_text())
+        assert index == json.loads((out / split / "index.json").read_text())
+        for s in index["shards"]:
+            assert hashlib.sha256((staged / split / s["name"]).read_bytes()).hexdigest() == s["sha256"]
+    (rec,) = [r for r in read_metrics(run) if r.get("kind") == "stage"]
+    assert rec["staged"] == str(staged) and rec["disk"] == f"$SLURM_TMPDIR={disk}" and rec["seconds"] > 0, rec
+    log = StepLog.read(run)
+    assert log.stages == ((rec["time"], rec["seconds"]),) and len(log.steps) == 2
+    first_step = log.steps[0][1]
+    part = attempt_part(AttemptTimes(started=rec["time"] - rec["seconds"] - 1.0, ended=log.steps[-1][1] + 0.1,
+                                     ready_s=0.5, status="succeeded"), log, None, True)
+    assert part.seconds["staging"] == pytest.approx(rec["seconds"]), part
+    assert part.seconds["startup"] == pytest.approx(first_step - (rec["time"] - rec["seconds"] - 0.5)
+                                                    - rec["seconds"], abs=0.5), part
+    again = stage(out, env)
+    assert (again.root, again.shards, again.bytes) == (staged, 0, 0)             # the same job: its copy
+    assert stage(out, {**env, "SLURM_JOB_ID": "42"}).shards == 0                 # a new job: the shards whole
+
+    bad = out / "train" / "000001.tar"
+    data = bytearray(bad.read_bytes())
+    data[-5000] ^= 0xFF
+    bad.write_bytes(bytes(data))
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    with pytest.raises(DataError, match=r"000001\.tar: damaged shard: its SHA-256 is not the one in"):
+        stage(out, {"SLURM_TMPDIR": str(fresh), "SLURM_JOB_ID": "43"})
+    with pytest.raises(DataError, match="holds no tar shards") as exc:
+        stage(tree, env)
+    assert "podrun data pack" in exc.value.hint
+    with pytest.raises(DataError, match=r"names no node-local disk \(none of \$PODRUN_LOCAL_DISK, \$SLURM_TMPDIR, "
+                                        r"\$SGE_LOCALDIR, \$PBS_LOCALDIR is set, and the cluster spec gives no "
+                                        r"local_disk:\)"):
+        stage(out, {})
+    # a cluster spec's local_disk: reaches the runner in the plan, and is the disk where no variable names one
+    spec = tmp_path / "mine.yaml"
+    spec.write_text((Path(__file__).resolve().parents[2] / "cluster_specs" / "local.yaml").read_text()
+                    + f"local_disk: {tmp_path / 'spec-disk'}\n")
+    plan = subprocess.run([sys.executable, "-m", "podrun", "plan", "--cluster", str(spec), "--json",
+                           str(Path(__file__).resolve().parents[2] / "recipes" / "resnet18_cifar10")],
+                          capture_output=True, text=True, timeout=60)
+    assert json.loads(plan.stdout)["local_disk"] == str(tmp_path / "spec-disk"), plan.stderr
+    spec_disk = json.loads(plan.stdout)["local_disk"]
+    assert local_disk({}, spec_disk) == (tmp_path / "spec-disk", f"the cluster spec's local_disk: {spec_disk}")
+    assert local_disk({"SGE_LOCALDIR": "/local/job"}, spec_disk)[1] == "$SGE_LOCALDIR=/local/job"   # the job's first

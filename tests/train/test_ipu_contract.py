@@ -1,5 +1,6 @@
 """Contract test of the IPU path against a FAKE poptorch (tests/train/fake_poptorch; poptorch is not on PyPI):
-one worker per instance, poptorch options from the env contract, uint8 in, one call per weight update."""
+one worker per instance, poptorch options from the env contract, uint8 in, one call per weight update, the data
+through poptorch's DataLoader in async mode with podrun's global batches."""
 from __future__ import annotations
 
 import json
@@ -9,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 
 HERE = Path(__file__).parent
@@ -16,7 +18,7 @@ WORKER = HERE / "worker.py"
 
 
 @pytest.mark.timeout(90)
-def test_fake_poptorch_contract_two_instances_worth_of_env(tmp_path):
+def test_fake_poptorch_contract_two_instances_worth_of_env_and_its_async_dataloader(tmp_path):
     log = tmp_path / "poptorch.jsonl"
     run = tmp_path / "run"
     env = {k: v for k, v in os.environ.items()
@@ -44,6 +46,22 @@ def test_fake_poptorch_contract_two_instances_worth_of_env(tmp_path):
     runs = [c for c in calls if c["call"] == "run"]
     assert len(runs) == 3
     assert all(r["batch"] == [2 * 3 * 4, 3, 8, 8] and r["dtype"] == "uint8" and r["micro"] == 2 for r in runs)
+    # poptorch's own DataLoader in async mode reads the instance's whole step a call, not partitioned again
+    (dl,) = [c for c in calls if c["call"] == "DataLoader"]
+    assert (dl["mode"], dl["batch_size"], dl["combined"], dl["shuffle"], dl["auto_distributed_partitioning"]) == \
+        ("async", 2, 2 * 3 * 4, False, False), dl
+    # ... of the same samples in the same order as podrun's Loader for this instance (replicas 4-7 of 8)
+    from podrun.train.config import TrainConfig
+    from podrun.train.data import Loader, Shard, digits
+
+    expected = []
+    for _, _, micro in Loader(digits(8)[0], Shard(local_batch=2, grad_accum=3, replicas=8, replica_offset=4,
+                                                  local_replicas=4), seed=TrainConfig.seed, prefetch=0):
+        x, y = torch.cat([m[0] for m in micro]), torch.cat([m[1] for m in micro])
+        expected.append((int(x.long().sum()), y.tolist()))
+        if len(expected) == 3:
+            break
+    assert [(r["checksum"], r["labels"]) for r in runs] == expected
     assert [c["call"] for c in calls][-2:] == ["copyWeightsToHost", "detachFromDevice"]
     summary = json.loads(out.stdout.split("SUMMARY ", 1)[1])
     assert summary["global_batch"] == 48 and summary["replicas"] == 8

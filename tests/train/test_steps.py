@@ -139,3 +139,19 @@ def test_the_report_sets_the_split_beside_the_estimate(measured, term):
     assert got["furthest_off"]["term"] == term and got["slowest"]["rank"] == "0"
     assert step_split(launch, {"estimate": {"step_seconds": 0.0}})["estimate"] is None     # a bare command's plan
     assert step_split(Summary(), PLAN) is None
+
+
+def test_the_report_sets_a_measured_input_estimate_beside_the_measured_input():
+    """A plan made with an input measurement (podrun calibrate --data: input 0.3 s, compute 0.1 s of a CPU step of
+    0.42 s) is set beside a run that waited 0.3 s for input: input is not off; compute, 0.4 s measured, is."""
+    plan = {"estimate": {**PLAN["estimate"], "step_seconds": 0.42, "compute_seconds": 0.1, "input_seconds": 0.3}}
+    launch = Summary.from_dict({"step_split": {"ranks": {"0": {"host": "h1", "input": 0.3, "compute": 0.4,
+                                                               "comm": 0.02, "optim": 0.0}}}})
+    got = step_split(launch, plan)
+    assert got["estimate"]["input"] == pytest.approx(0.3) and got["estimate"]["compute"] == pytest.approx(0.1)
+    assert got["furthest_off"]["term"] == "compute"
+    launch = Summary.from_dict({"step_split": {"ranks": {"0": {"host": "h1", "input": 0.9, "compute": 0.1,
+                                                               "comm": 0.02, "optim": 0.0}}}})
+    got = step_split(launch, plan)
+    assert got["furthest_off"]["term"] == "input"
+    assert got["furthest_off"]["assumption"] == "the measured input rate (podrun calibrate --data)"

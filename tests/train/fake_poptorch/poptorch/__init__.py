@@ -87,7 +87,8 @@ class _TrainingModel:
         v = self.options.values
         parts = v["replication_factor"] * v["gradient_accumulation"] * v["device_iterations"]
         assert x.shape[0] % parts == 0, f"batch {x.shape[0]} not divisible into {parts} micro batches"
-        _log(call="run", batch=list(x.shape), dtype=str(x.dtype).replace("torch.", ""), micro=x.shape[0] // parts)
+        _log(call="run", batch=list(x.shape), dtype=str(x.dtype).replace("torch.", ""), micro=x.shape[0] // parts,
+             checksum=int(x.long().sum()), labels=y.tolist())
         losses, outs = [], []
         for xs, ys in zip(x.chunk(parts), y.chunk(parts)):
             logits, loss = self.model(xs, ys)
@@ -112,6 +113,50 @@ class _TrainingModel:
 
     def detachFromDevice(self):
         _log(call="detachFromDevice")
+
+
+class DataLoaderMode:
+    Sync, Async, AsyncRebatched = "sync", "async", "async_rebatched"
+
+
+class DataLoader:
+    """FAKE of poptorch.DataLoader: a call's batch is batch_size x device iterations x replicas x GA consecutive
+    samples of the dataset (as the real one combines them); Async mode reads ahead on a thread (the real one in a
+    process of its own with a ring buffer). Its options are logged."""
+
+    def __init__(self, options, dataset, batch_size=1, shuffle=False, num_workers=0, drop_last=True,
+                 persistent_workers=None, auto_distributed_partitioning=True, mode=DataLoaderMode.Sync,
+                 async_options=None, **kwargs):
+        v = options.values
+        self.combined = batch_size * v["device_iterations"] * v["replication_factor"] * v["gradient_accumulation"]
+        self.mode = mode
+        self.inner = torch.utils.data.DataLoader(dataset, batch_size=self.combined, shuffle=shuffle,
+                                                 num_workers=num_workers, drop_last=drop_last)
+        _log(call="DataLoader", batch_size=batch_size, combined=self.combined, num_workers=num_workers,
+             shuffle=shuffle, mode=mode, auto_distributed_partitioning=auto_distributed_partitioning,
+             async_options=async_options, samples=len(dataset))
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __iter__(self):
+        if self.mode == DataLoaderMode.Sync:
+            yield from self.inner
+            return
+        import queue
+        import threading
+
+        q: queue.Queue = queue.Queue(maxsize=3)
+        done = object()
+
+        def ahead():
+            for item in self.inner:
+                q.put(item)
+            q.put(done)
+
+        threading.Thread(target=ahead, daemon=True).start()
+        while (item := q.get()) is not done:
+            yield item
 
 
 def trainingModel(model, options=None, optimizer=None):
