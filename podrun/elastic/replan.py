@@ -218,7 +218,8 @@ class ElasticRecord:
         step, _ = last_step(log)
         decision = next_plan(policy, current, failed, tuple(self.spares))
         self.replans.append({
-            "restart": nxt, "hosts_lost": list(decision.hosts_lost), "spares_used": list(decision.spares_used),
+            "restart": nxt, "path": "restart", "hosts_lost": list(decision.hosts_lost),
+            "spares_used": list(decision.spares_used),
             "at_step": step, "lost_at": lost_at, "old": decomposition(current),
             "new": decomposition(decision.plan) if decision.plan is not None else None,
             "skipped": [{"hosts": n, "reason": r} for n, r in decision.skipped],
@@ -237,6 +238,8 @@ class ElasticRecord:
         if not self.replans or self.replans[-1]["restart"] != restart_count:
             return
         last = self.replans[-1]
+        if last.get("path") == "in-place":        # timed by the survivors' own records (podrun.elastic.inplace)
+            return
         if all_ready_s is not None:
             last["restarted_after_s"] = round(started + all_ready_s - last["lost_at"], 3)
         last["resumed_from"] = resumed_after(log, started)

@@ -375,6 +375,11 @@ def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_
             raise
         sup = Supervisor(req, transport, sink=sink, notice=notice, only_output_from=only_output_from,
                          workers_per_instance=workers_per_instance(req.plan), watch=watch, progress=told)
+        if elastic is not None:
+            from podrun.elastic.inplace import InPlaceRecovery
+
+            sup.inplace = InPlaceRecovery(elastic, record, req.plan, req.restart_count, notice,
+                                          workers_per_instance(req.plan))
         observer.attempt(sup, attempts, launch_no)
         try:
             outcome = sup.run()
@@ -402,6 +407,9 @@ def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_
         observer.recorded(summary)
         if outcome.exit_code == 0 or outcome.status is RunStatus.INTERRUPTED or req.restart_count >= req.max_restarts:
             return outcome, summary
+        if sup.inplace is not None and sup.inplace.plan is not req.plan:    # recovered in place before this failure
+            req = replace(req, plan=sup.inplace.plan,
+                          instances=tuple(InstanceLaunch(p.index, p.host) for p in sup.inplace.plan.placement))
         nxt = req.restart_count + 1
         # a port the controller holds serves every attempt (each gets a fresh store on it); else each attempt
         # moves one port past the last one's, whose store may not be gone yet
@@ -409,6 +417,8 @@ def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_
         cause = outcome.root_cause
         if elastic is not None:
             nxt_req = _replan(elastic, record, req, summary, outcome, nxt, notice, log)
+            if sup.inplace is not None and sup.inplace.failed_why is not None and record.replans:
+                record.replans[-1]["inplace_failed"] = sup.inplace.failed_why    # why it restarts instead
             if nxt_req is None:
                 summary["elastic"] = record.to_dict()
                 summary["account"] = run_account(req.run_dir, attempts, launch_no, log)

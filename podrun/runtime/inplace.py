@@ -1,5 +1,6 @@
 """In-place recovery for a data-parallel loop: a gloo group whose collectives can be abandoned, its re-forming with a
-new world on the same store, and the loop's step boundary that redoes an update the lost peer left half-done.
+new world on the same store, the loop's step boundary that redoes an update the lost peer left half-done, and the
+worker's end of the channel the new plan comes over (``Watch``: the file the agent writes, PLAN_ENV).
 
 A lost peer (its link cut) leaves the others blocked in a collective until gloo's timeout; ``pg.abort()`` does not
 wake a gloo wait (torch 2.13), and destroying the group joins threads that wait on the dead peer. So a Group never
@@ -19,7 +20,11 @@ state it kept before that update.
 from __future__ import annotations
 
 import datetime
+import json
+import os
+import sys
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -199,3 +204,110 @@ class Trainer:
             self.step = agreed
         self.redone.append(self.step + 1)
         return self.step
+
+
+# the file this worker's agent writes each new plan to (set by the agent of a run that may restart; podrun.host.agent)
+PLAN_ENV = "PODRUN_INPLACE_PLAN"
+POLL_S = 0.02             # how often the watch looks at the plan file (its stat only, unless it changed)
+PLAN_LIMIT = 4096
+
+
+def plan_text(plan: NewPlan) -> str:
+    """The plan file's content: one JSON object."""
+    return json.dumps({"generation": plan.generation, "rank": plan.rank, "world": plan.world,
+                       "local_batch": plan.local_batch, "grad_accum": plan.grad_accum}) + "\n"
+
+
+def read_plan(path: str) -> NewPlan | None:
+    """The plan in ``path`` (written by this user's agent: read through safefs's trusted read), None when there is
+    none yet or it is not one."""
+    from podrun import safefs
+    from podrun.errors import PodrunError
+
+    try:
+        raw = json.loads(safefs.read_trusted(path, "in-place plan", limit=PLAN_LIMIT))
+        plan = NewPlan(**{k: int(raw[k]) for k in ("generation", "rank", "world", "local_batch", "grad_accum")})
+    except (OSError, PodrunError, ValueError, KeyError, TypeError):
+        return None
+    return plan
+
+
+class Watch:
+    """A thread that reads this worker's plan file every POLL_S: a new generation's plan abandons ``group`` (the one
+    ``watch`` was last given) at once and wakes ``next_plan``. ``told_at``: when the newest plan was read."""
+
+    def __init__(self, path: str, generation: int = 0):
+        self.path, self.generation = path, generation
+        self.group: Group | None = None
+        self.plan: NewPlan | None = None
+        self.told_at: float | None = None
+        self._came = threading.Event()
+        self._lock = threading.Lock()
+        threading.Thread(target=self._run, name="podrun-inplace-watch", daemon=True).start()
+
+    def watch(self, group: Group) -> None:
+        with self._lock:
+            self.group = group
+            if self.plan is not None and self.plan.generation > group.generation:
+                group.abandon()
+
+    def _run(self) -> None:
+        seen = None
+        while True:
+            time.sleep(POLL_S)
+            try:
+                st = os.stat(self.path)
+            except OSError:
+                continue
+            if (st.st_mtime_ns, st.st_size, st.st_ino) == seen:
+                continue
+            seen = (st.st_mtime_ns, st.st_size, st.st_ino)
+            plan = read_plan(self.path)
+            if plan is None or plan.generation <= self.generation:
+                continue
+            with self._lock:
+                self.generation, self.plan, self.told_at = plan.generation, plan, time.time()
+                if self.group is not None and self.group.generation < plan.generation:
+                    self.group.abandon()
+            self._came.set()
+
+    def next_plan(self, after: int, timeout: float) -> NewPlan | None:
+        """The plan of a generation above ``after``, waiting up to ``timeout`` s; None when none came."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                if self.plan is not None and self.plan.generation > after:
+                    return self.plan
+                self._came.clear()
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._came.wait(left):
+                with self._lock:
+                    return self.plan if self.plan is not None and self.plan.generation > after else None
+
+
+def tell(record: dict[str, Any]) -> None:
+    """One record of the in-place recovery to the controller (the progress channel: a ``prog`` line with an
+    ``inplace`` field), never merged with another."""
+    from podrun.runtime import progress
+
+    progress.send({"phase": "train", **record})
+
+
+def abandoned_any() -> bool:
+    """Whether this process abandoned a group (whose gloo threads may wait on a dead peer: its end must be os._exit)."""
+    return bool(_KEPT)
+
+
+def end_process(code: int) -> None:
+    """End a process that abandoned a group: output flushed, atexit run, no teardown of gloo's groups (os._exit)."""
+    import atexit
+
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        for f in (sys.stdout, sys.stderr):
+            try:
+                f.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)

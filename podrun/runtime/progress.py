@@ -72,6 +72,23 @@ def report(step: int | None = None, total: int | None = None, *, epoch: int | No
     return True
 
 
+def send(record: dict) -> bool:
+    """One record as it is, sent at once (never merged): what the in-place recovery tells the controller
+    (podrun.runtime.inplace.tell); False outside podrun or when the agent's pipe is full."""
+    fd = _fd()
+    if fd is None:
+        return False
+    data = (json.dumps(record, separators=(",", ":"), default=float) + "\n").encode()
+    try:
+        os.write(fd, data)
+    except (BlockingIOError, ValueError):
+        return False
+    except OSError:
+        _state["fd"] = None
+        return False
+    return True
+
+
 def phase(name: str) -> bool:
     """Say that this worker enters ``name`` ("eval", "checkpoint", "train"): sent at once."""
     return report(phase=name, force=True)

@@ -94,7 +94,25 @@ def main(recipe_dir: str, argv: Sequence[str] | None = None, default_data: str =
         if exc.hint:
             msg += f"\n  hint: {exc.hint}"
         print(msg, file=sys.stderr, flush=True)
+        _end_if_abandoned(exc.exit_code)
         return exc.exit_code
+    _end_if_abandoned(_report(name, args, info, summary))
+    return 0
+
+
+def _end_if_abandoned(code: int) -> None:
+    """A worker that abandoned a gloo group (in-place recovery) ends here, by os._exit: gloo's teardown would wait
+    on the dead peer."""
+    if "podrun.runtime.inplace" not in sys.modules:
+        return
+    from podrun.runtime import inplace
+
+    if inplace.abandoned_any():
+        inplace.end_process(code)
+
+
+def _report(name: str, args, info, summary: dict) -> int:
+    """The end of training on the console (rank 0); 0."""
     missing = summary.get("not_written") or []
     if missing and info.rank == 0:
         print(f"{name}/train.py: not written in {summary['run_dir']}: {'; '.join(missing)}", file=sys.stderr,

@@ -118,3 +118,51 @@ def test_a_spare_that_cannot_be_reached_is_dropped_and_the_run_goes_on(make_ssh_
     assert rp[1]["lost_at"] == rp[0]["lost_at"] and rp[1]["restarted_after_s"] > 0   # timed from h2's loss
     plan = json.loads((run_dir(tmp_path / "runs") / "plan-1.json").read_text())
     assert plan["hosts"] == ["h1", "h3"] and plan["global_batch"] == 12
+
+
+RECIPE_TRAIN = str(Path(__file__).resolve().parents[2] / "recipes" / "resnet18_cifar10" / "train.py")
+INPLACE_STEPS = 10
+
+
+def test_survivors_of_a_cut_host_recover_in_place_with_the_losses_of_a_run_without_it(make_ssh_hosts, tmp_path):
+    """The resnet18 recipe (GroupNorm: the curve does not depend on the split of the global batch) on 3 hosts at
+    global batch 12, h3 cut after step 3: the controller re-plans to 2 hosts and tells h1's and h2's agents, whose
+    workers abandon their group, re-form it with the new world, take their share of the same global batch on 2 replicas and go on in
+    their own processes (one attempt, no restart spent). Every update is logged once, the update in flight is
+    redone once, and the losses equal those of the same run without the cut (relative 1e-5)."""
+    hosts = make_ssh_hosts(3)
+    train = [hosts.python, RECIPE_TRAIN, "--data", "synthetic", "--synthetic-size", "240", "--norm", "group",
+             "--steps", str(INPLACE_STEPS), "--eval-every", "0", "--threads", "1", "--quiet"]
+    common = ("--global-batch", "12", "--elastic", "2")
+    ref = podrun(*launch_args(hosts, hosts.hosts, tmp_path, "ref", *common), "--", *train, timeout=200)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    want = {n: r["loss"] for n, r in steps(run_dir(tmp_path / "ref")).items()}
+    assert sorted(want) == list(range(1, INPLACE_STEPS + 1))
+    p = podrun_popen(*launch_args(hosts, hosts.hosts, tmp_path, "runs", *common), "--", *train)
+    try:
+        wait_step(tmp_path / "runs", 3, 150)
+        hosts.isolate("h3")
+        err = p.communicate(timeout=200)[1]
+    finally:
+        end(p)
+    assert p.returncode == 0, err[-4000:]
+    assert "re-planned 3 -> 2 hosts" in err and "recovering in place" in err and "recovered in place" in err, err
+    rd = run_dir(tmp_path / "runs")
+    logged = [json.loads(line) for line in (rd / "metrics.jsonl").read_text().splitlines()]
+    numbers = [r["step"] for r in logged if r["kind"] == "step"]
+    assert numbers == list(range(1, INPLACE_STEPS + 1)), numbers          # none lost, none done twice
+    for r in logged:
+        if r["kind"] == "step":
+            assert r["loss"] == pytest.approx(want[r["step"]], rel=1e-5), (r["step"], r["loss"], want[r["step"]])
+    s = summary(tmp_path / "runs")
+    assert s["exit_code"] == 0 and len(s["attempts"]) == 1, s
+    (rp,) = s["elastic"]["replans"]
+    assert rp["path"] == "in-place" and rp["hosts_lost"] == ["h3"], rp
+    new = rp["new"]
+    assert new["hosts"] == ["h1", "h2"] and new["replicas"] == 2 and new["global_batch"] == 12, rp
+    assert new["local_batch"] * new["grad_accum"] == 6 and rp["old"]["replicas"] == 3, rp
+    assert rp["redone"] == rp["at_step"] + 1 and rp["at_step"] >= 3, rp
+    parts = rp["breakdown"]
+    assert all(isinstance(parts[k], float) and parts[k] >= 0 for k in ("abort", "reform", "reshard", "first_step"))
+    assert rp["training_after_s"] > 0
+    assert json.loads((rd / "plan.json").read_text())["hosts"] == ["h1", "h2"]
