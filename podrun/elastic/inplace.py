@@ -95,7 +95,7 @@ class InPlaceRecovery:
             elif decision.spares_used or new_hosts != [s.host for s in sorted(survivors, key=lambda s: s.index)]:
                 why = "the new plan is not the survivors' (a spare comes in, or it leaves a host out)"
         if why is not None:
-            self.failed_why = f"not in place: {why}"
+            self.failed_why = why
             return False
         from podrun.wire.plan_token import PlanToken
 
@@ -106,7 +106,7 @@ class InPlaceRecovery:
             j = new_hosts.index(s.host)
             handle = next((h for h in open_handles if s.index in h.instances), None)
             if handle is None:
-                self.failed_why = f"not in place: no connection to instance {s.index}'s agent"
+                self.failed_why = f"no connection to instance {s.index}'s agent"
                 return False
             token = PlanToken(self.generation, j * self.wpi, world, plan.local_batch, plan.grad_accum)
             told[s.index] = (handle, token)

@@ -7,8 +7,8 @@ When the controller's new plan comes (the agent writes it, a Watch reads it) the
 flight changed nothing (its gradients are dropped, the step not taken, the RNG state put back) and is redone on
 the re-formed group, with this rank's new share of the same global batch (a new loader at the same position).
 Anything that fails on the way (no plan within PLAN_WAIT_S, a rank that completed one update more than another, a
-peer missing from the new group) ends the worker with a TrainError: the controller then restarts the run as it
-would have, from the snapshots.
+peer missing from the new group for the process group's timeout, cfg.dist_timeout) ends the worker with a
+TrainError: the controller then restarts the run as it would have, from the snapshots.
 """
 from __future__ import annotations
 
@@ -24,13 +24,12 @@ from podrun.runtime import inplace
 from podrun.train.config import TrainError
 
 PLAN_WAIT_S = 20.0        # a worker whose group failed waits this long for the controller's plan
-REFORM_TIMEOUT_S = 30.0   # the new group's rendezvous and collectives: a peer that never comes fails it
 
 
 def wanted(cfg, info, device) -> bool:
-    """Whether this worker recovers in place: its agent names a plan file, and the run is data parallel on CPU over
-    gloo with more than one rank (no FSDP, no torch.compile, one replica per rank)."""
-    return (bool(os.environ.get(inplace.PLAN_ENV)) and device.kind == "cpu" and not cfg.fsdp and not cfg.compile
+    """Whether this worker recovers in place: not --no-inplace, its agent names a plan file, and the run is data
+    parallel on CPU over gloo with more than one rank (no FSDP, no torch.compile, one replica per rank)."""
+    return (cfg.inplace and bool(os.environ.get(inplace.PLAN_ENV)) and device.kind == "cpu" and not cfg.fsdp and not cfg.compile
             and info.world_size > 1 and info.num_replicas == info.world_size)
 
 
@@ -40,7 +39,8 @@ class InPlace:
     def __init__(self, s, watch: inplace.Watch | None = None):
         self.store = dist.distributed_c10d._get_default_store()
         self.watch = watch or inplace.Watch(os.environ[inplace.PLAN_ENV])
-        self.group = inplace.Group(self.store, s.rank, s.world, 0, REFORM_TIMEOUT_S)
+        self.timeout = s.cfg.dist_timeout       # each group's rendezvous and collectives, as the first group's
+        self.group = inplace.Group(self.store, s.rank, s.world, 0, self.timeout)
         self.watch.watch(self.group)
         self.params = [p for p in s.core.parameters() if p.requires_grad]
         self.rng: torch.Tensor | None = None
@@ -84,7 +84,7 @@ class InPlace:
         if self.rng is not None:
             torch.set_rng_state(self.rng)
         try:
-            self.group = inplace.Group(self.store, plan.rank, plan.world, plan.generation, REFORM_TIMEOUT_S)
+            self.group = inplace.Group(self.store, plan.rank, plan.world, plan.generation, self.timeout)
             self.watch.watch(self.group)
             from podrun.train import setup
 

@@ -56,6 +56,7 @@ def build_config(recipe, args: argparse.Namespace, plan: dict | None, overrides:
         deterministic=args.deterministic, seed=args.seed, device=args.device, threads=args.threads,
         run_dir=args.run_dir, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
         keep_checkpoints=args.keep_checkpoints, resume=not args.no_resume, snapshots=not args.no_snapshots,
+        inplace=not args.no_inplace,
         eval_every=args.eval_every, loader_workers=args.loader_workers, bad_samples=args.bad_samples,
         log_every=args.log_every, console=not args.quiet,
     )
