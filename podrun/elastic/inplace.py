@@ -6,10 +6,10 @@ said it can (an ``inplace: ready`` progress record: podrun's recipes on CPU, pod
 host is not rank 0's (whose agent serves the store the new group forms on), and the re-plan (podrun.elastic.replan,
 the same decision as a restart's) keeps the survivors, in their order, with no spare. Then each survivor's agent
 gets the new plan on its stdin (podrun.wire.plan_token), the lost host's failure is held back, and the survivors'
-records say how far they are: ``reformed`` (group abandoned, re-formed, re-sharded) and ``trained`` (the first
-update after it completed). All trained: the recovery is recorded (summary.json's elastic.replans, ``path``
+records say how far they are: ``abandoned`` (the plan read, the group abandoned), ``reformed`` (re-formed,
+re-sharded) and ``trained`` (the first update after it completed). All trained: the recovery is recorded (summary.json's elastic.replans, ``path``
 "in-place", with its breakdown) and the attempt goes on. A survivor that says it failed, that fails, that has not
-re-formed within REFORM_S, or a second loss before the end: the held failure is let go (it is the earliest, so the
+abandoned its group or re-formed within REFORM_S (named: those whose abort hangs first), or a second loss before the end: the held failure is let go (it is the earliest, so the
 root cause), the attempt ends everywhere and the run restarts from the snapshots; ``failed_why`` says why.
 """
 from __future__ import annotations
@@ -35,6 +35,7 @@ class Pending:
     detection_s: float | None
     survivors: dict[tuple[int, int], int]           # (instance, local rank) -> new rank
     deadline: float
+    abandoned: dict[tuple[int, int], dict] = field(default_factory=dict)
     reformed: dict[tuple[int, int], dict] = field(default_factory=dict)
     trained: dict[tuple[int, int], dict] = field(default_factory=dict)
 
@@ -71,6 +72,8 @@ class InPlaceRecovery:
         elif p is not None and rec.get("generation") == p.generation and key in p.survivors:
             if kind == "failed":
                 self._fall_back(sup, f"instance {st.index} on {st.host}: {rec.get('why')}")
+            elif kind == "abandoned":
+                p.abandoned[key] = rec
             elif kind == "reformed":
                 p.reformed[key] = rec
             elif kind == "trained":
@@ -129,9 +132,11 @@ class InPlaceRecovery:
         if any(f is not p.failure for f in sup.failures):
             self._fall_back(sup, f"{sup.failures[0].reason} during the recovery")
         elif now > p.deadline and len(p.reformed) < len(p.survivors):
-            late = sorted(set(p.survivors) - set(p.reformed))
+            stuck = sorted(set(p.survivors) - set(p.abandoned))     # its abort hangs: named before the others
+            late = stuck or sorted(set(p.survivors) - set(p.reformed))
             who = ", ".join(f"rank {sup.instances.rank(i, lr)} on {sup.instances[i].host}" for i, lr in late)
-            self._fall_back(sup, f"{who} did not re-form within {REFORM_S:g} s")
+            what = "did not abandon its group" if stuck else "did not re-form"
+            self._fall_back(sup, f"{who} {what} within {REFORM_S:g} s")
 
     # -- its own ------------------------------------------------------------------------------------------------
     def _refusal(self, sup, st) -> str | None:

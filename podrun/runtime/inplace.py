@@ -270,6 +270,7 @@ class Watch:
                 if self.group is not None and self.group.generation < plan.generation:
                     self.group.abandon()
             self._came.set()
+            tell({"inplace": "abandoned", "generation": plan.generation, "abandoned_at": self.told_at})
 
     def next_plan(self, after: int, timeout: float) -> NewPlan | None:
         """The plan of a generation above ``after``, waiting up to ``timeout`` s; None when none came."""
@@ -311,3 +312,84 @@ def end_process(code: int) -> None:
             except (OSError, ValueError):
                 pass
         os._exit(code)
+
+
+PLAN_WAIT_S = 20.0        # a rank whose group failed waits this long for the controller's plan
+
+
+class Loop(Trainer):
+    """The hook for a user's own data-parallel loop (``loop()`` makes it): ``train_step()`` is the step boundary (one
+    update; after a lost host, the same update again on the re-formed group), the model and optimizer given are the
+    state kept, ``reshard(share)`` is called with the rank's new Share after each re-forming (to rebuild what the
+    loop derives from rank and world). It tells the controller what it does, as podrun's recipes do. ``step``: the
+    updates completed; ``share``: this rank's place and share now."""
+
+    def __init__(self, model, opt, group: Group, share: Share, global_batch: int, batch, loss_fn, store,
+                 watch: Watch, reshard=None, timeout_s: float = 1800.0):
+        super().__init__(model, opt, group, share, global_batch, batch, loss_fn)
+        self.store, self.watch, self.reshard, self.timeout_s = store, watch, reshard, timeout_s
+        self.first: dict[str, Any] | None = None
+        watch.watch(group)
+        tell({"inplace": "ready", "rank": share.rank})
+
+    def train_step(self) -> float:
+        """Update ``self.step + 1`` (a collective: every rank calls it); returns the global batch's mean loss.
+        Abandoned when the recovery in place fails (the controller then restarts the run)."""
+        while True:
+            rng = torch.get_rng_state()
+            try:
+                loss = self.update()
+                break
+            except Abandoned:
+                torch.set_rng_state(rng)
+                self._recover()
+        if self.first is not None:
+            tell({**self.first, "inplace": "trained", "step": self.step, "trained_at": time.time()})
+            self.first = None
+        return loss
+
+    def _recover(self) -> None:
+        abandoned_at = time.time()
+        gen = self.group.generation
+        plan = self.watch.next_plan(gen, PLAN_WAIT_S)
+        if plan is None:
+            self._fail(gen, f"its group failed and no new plan came within {PLAN_WAIT_S:g} s")
+        try:
+            self.reform(self.store, plan, self.timeout_s)
+        except (Abandoned, RuntimeError) as exc:
+            self._fail(plan.generation, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        self.watch.watch(self.group)
+        formed_at = time.time()
+        if self.reshard is not None:
+            self.reshard(self.share)
+        self.first = {"generation": plan.generation, "rank": plan.rank,
+                      "abandoned_at": min(abandoned_at, self.watch.told_at or abandoned_at), "formed_at": formed_at,
+                      "resharded_at": time.time(), "redo": self.step + 1}
+        tell({**self.first, "inplace": "reformed"})
+
+    def _fail(self, generation: int, why: str):
+        tell({"inplace": "failed", "generation": generation, "why": why})
+        raise Abandoned(f"in-place recovery failed: {why}")
+
+
+def loop(model: torch.nn.Module, opt: torch.optim.Optimizer, global_batch: int,
+         batch: Callable[[int], tuple[torch.Tensor, torch.Tensor]], loss_fn: Callable[..., torch.Tensor], *,
+         reshard: Callable[[Share], None] | None = None, timeout_s: float = 1800.0) -> Loop | None:
+    """The in-place hook of a user's loop, after ``init_process_group("gloo")``; None where it cannot run (not
+    under ``podrun launch --elastic`` over ssh or locally, another backend, one rank): train as before then.
+    ``batch(step)``: update ``step + 1``'s global batch (inputs, targets) in global order, a function of the step
+    only; ``loss_fn(model, x, y)``: a micro batch's mean loss. The rank's share is the plan's (PODRUN_LOCAL_BATCH,
+    PODRUN_GRAD_ACCUM)."""
+    from podrun.runtime.env import read_worker_info
+
+    path = os.environ.get(PLAN_ENV)
+    if not path or not dist.is_initialized() or dist.get_backend() != "gloo" or dist.get_world_size() < 2:
+        return None
+    info = read_worker_info()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ga = info.grad_accum if info.grad_accum is not None else 1
+    local = info.local_batch if info.local_batch is not None else global_batch // (world * ga)
+    store = dist.distributed_c10d._get_default_store()
+    group = Group(store, rank, world, 0, timeout_s)
+    return Loop(model, opt, group, Share(rank, world, local, ga), global_batch, batch, loss_fn, store, Watch(path),
+                reshard, timeout_s)
