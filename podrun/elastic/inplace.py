@@ -131,6 +131,9 @@ class InPlaceRecovery:
             return
         if any(f is not p.failure for f in sup.failures):
             self._fall_back(sup, f"{sup.failures[0].reason} during the recovery")
+        elif (len(p.reformed) == len(p.survivors)
+              and all(sup.instances[i].exit_code is not None for i, _ in p.survivors)):
+            self._succeeded(sup)       # re-formed and ended well, a ``trained`` record lost on a full pipe
         elif now > p.deadline and len(p.reformed) < len(p.survivors):
             stuck = sorted(set(p.survivors) - set(p.abandoned))     # its abort hangs: named before the others
             late = stuck or sorted(set(p.survivors) - set(p.reformed))
