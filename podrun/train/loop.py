@@ -83,6 +83,7 @@ def run(s: Session, step: int, acc: dict[str, float], origin: dict[str, Any] | N
                 stats = inplace.sync(s, stats)
             except Abandoned:          # a new plan: the same update again, on the new group with the new share
                 loader_iter = inplace.recover(s, step, loader_iter, _loader)
+                rows.t_last = time.perf_counter()     # the update done again is timed from here, not the recovery
                 busy.start()
                 continue
         busy.synced()                  # backward returned: DDP's all-reduce completed
