@@ -235,11 +235,11 @@ class ElasticRecord:
     def recovered(self, restart_count: int, started: float, all_ready_s: float | None, log: "StepLog") -> None:
         """After the attempt that followed a re-plan (started at wall time ``started``): seconds from the loss to
         its workers all started (``all_ready_s`` after its start), and to its first training step in ``log``."""
-        if not self.replans or self.replans[-1]["restart"] != restart_count:
+        # a recovery in place during the attempt is timed by the survivors' own records (podrun.elastic.inplace)
+        restarts = [r for r in self.replans if r.get("path") != "in-place"]
+        if not restarts or restarts[-1]["restart"] != restart_count:
             return
-        last = self.replans[-1]
-        if last.get("path") == "in-place":        # timed by the survivors' own records (podrun.elastic.inplace)
-            return
+        last = restarts[-1]
         if all_ready_s is not None:
             last["restarted_after_s"] = round(started + all_ready_s - last["lost_at"], 3)
         last["resumed_from"] = resumed_after(log, started)
