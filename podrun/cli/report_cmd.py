@@ -113,6 +113,15 @@ def _replan_line(r: dict) -> str:
     src = {"snapshot": f"the snapshot of step {res.get('step')} (rank {res.get('from_rank')})",
            "checkpoint": f"the checkpoint of step {res.get('step')}"}.get(res.get("source"))
     resumed = f"; resumed from {src}" if src else ""
+    if r.get("path") == "in-place":
+        parts = r.get("breakdown") or {}
+        named = (("detection", "detection"), ("abort", "abort"), ("reform", "re-form"), ("reshard", "re-shard"),
+                 ("first_step", "first step"))
+        spans = ", ".join(f"{label} {parts[k]:.2f}s" for k, label in named
+                          if isinstance(parts.get(k), (int, float)))
+        resumed = "; recovered in place (the survivors kept their processes)" + (f" [{spans}]" if spans else "")
+    elif r.get("inplace_failed"):
+        resumed += f"; restarted, not in place: {r['inplace_failed']}"
     return (f"re-plan{at}: lost {', '.join(r['hosts_lost']) or 'no host'}, {describe_replan(r)}, "
             f"global batch {r['new'].get('global_batch')}{resumed}{after}")
 

@@ -214,7 +214,8 @@ class ElasticRecord:
         step, _ = last_step(log)
         decision = next_plan(policy, current, failed, tuple(self.spares))
         self.replans.append({
-            "restart": nxt, "hosts_lost": list(decision.hosts_lost), "spares_used": list(decision.spares_used),
+            "restart": nxt, "path": "restart", "hosts_lost": list(decision.hosts_lost),
+            "spares_used": list(decision.spares_used),
             "at_step": step, "lost_at": lost_at, "old": decomposition(current),
             "new": decomposition(decision.plan) if decision.plan is not None else None,
             "skipped": [{"hosts": n, "reason": r} for n, r in decision.skipped],
@@ -230,9 +231,11 @@ class ElasticRecord:
     def recovered(self, restart_count: int, started: float, all_ready_s: float | None, log: "StepLog") -> None:
         """After the attempt that followed a re-plan (started at wall time ``started``): seconds from the loss to
         its workers all started (``all_ready_s`` after its start), and to its first training step in ``log``."""
-        if not self.replans or self.replans[-1]["restart"] != restart_count:
+        # a recovery in place during the attempt is timed by the survivors' own records (podrun.elastic.inplace)
+        restarts = [r for r in self.replans if r.get("path") != "in-place"]
+        if not restarts or restarts[-1]["restart"] != restart_count:
             return
-        last = self.replans[-1]
+        last = restarts[-1]
         if all_ready_s is not None:
             last["restarted_after_s"] = round(started + all_ready_s - last["lost_at"], 3)
         last["resumed_from"] = resumed_after(log, started)

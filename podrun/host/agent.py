@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import select
 import signal
@@ -69,6 +70,7 @@ from podrun.wire.proctl import PR_SET_CHILD_SUBREAPER, die_with_parent, prctl as
 
 # podrun.runtime.progress.FD_ENV, named here: that package is the workers' (tests/host/test_lean_agent.py)
 PROGRESS_ENV = "PODRUN_PROGRESS_FD"
+INPLACE_ENV = "PODRUN_INPLACE_PLAN"      # podrun.runtime.inplace.PLAN_ENV, named here for the same reason
 # the agent's own: it ends its workers with the one it got (SIGUSR1: Slurm's warning, sent to every task)
 HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
 EXIT_CHECK_S = 0.5          # how often the agent looks for workers hung at exit
@@ -111,6 +113,9 @@ class Agent(ControllerLink):
         self.probe = probe           # --hold: facts to report, then wait for the controller's go
         self.subreaper = False       # PR_SET_CHILD_SUBREAPER took effect (Linux)
         self.stack_root: str | None = None   # per worker w<n>/: the pid files of its faulthandler dumps
+        # where each worker reads the controller's new plan (in-place recovery): a run that may restart, with stdin
+        self.plan_root: str | None = None
+        self.inplace = watch and args.attempt.restart_count < args.attempt.max_restarts
         self.parent = os.getppid()   # the controller (local) or the shell ssh started: gone when it changes
         self.zygote_told = False
         self.worker_stdin = args.worker_stdin_fd  # what local rank 0 reads as stdin (else /dev/null, as the others)
@@ -197,6 +202,9 @@ class Agent(ControllerLink):
         keep_fds = launcher_fds(base)
         with contextlib.suppress(OSError, PodrunError):      # no stack directory: no stacks
             self.stack_root = safefs.make_temp_dir("podrun-stacks-")
+        if self.inplace:
+            with contextlib.suppress(OSError, PodrunError):      # no directory: the workers restart as before
+                self.plan_root = safefs.make_temp_dir("podrun-inplace-")
         from podrun.runtime.snapshot import prepare_dirs
 
         for problem in prepare_dirs(self.envs):      # private snapshot directories, made before any worker runs
@@ -221,6 +229,8 @@ class Agent(ControllerLink):
 
         r, w = os.pipe()
         env[PROGRESS_ENV] = str(w)
+        if self.plan_root is not None:
+            env[INPLACE_ENV] = os.path.join(self.plan_root, f"w{local_rank}.json")
         if self.stack_root is not None:
             where = os.path.join(self.stack_root, f"w{local_rank}")
             safefs.make_dir(where, "stack directory")
@@ -335,6 +345,20 @@ class Agent(ControllerLink):
             if p is not None:
                 signal_group(p.pid, sig)
 
+    def tell_plan(self, token) -> None:
+        """The controller's new plan (a podrun.wire.plan_token.PlanToken) to each worker's plan file, written whole
+        (its watch reads it within podrun.runtime.inplace.POLL_S); a note when it cannot be written."""
+        if self.plan_root is None:
+            return
+        for pos, lr in enumerate(self.local_ranks):
+            text = json.dumps({"generation": token.generation, "rank": token.first_rank + lr, "world": token.world,
+                               "local_batch": token.local_batch, "grad_accum": token.grad_accum}) + "\n"
+            try:
+                safefs.write_file(os.path.join(self.plan_root, f"w{pos}.json"), text, "in-place plan",
+                                  durable=False)
+            except (OSError, PodrunError) as exc:
+                self.emit(None, "note", f"cannot write the new plan for local rank {lr}: {exc}")
+
     def own(self) -> frozenset[int]:
         """The pids of the agent's own helpers among its children (the store host): no worker left them."""
         return frozenset(pid for pid in (h() for h in self.helpers) if pid is not None)
@@ -347,10 +371,11 @@ class Agent(ControllerLink):
         finally:                                # also on an unexpected error: nothing outlives the agent
             self._signal_all(signal.SIGKILL)
             end_descendants(spare=self.own())
-            if self.stack_root is not None:
-                import shutil
+            for root in (self.stack_root, self.plan_root):
+                if root is not None:
+                    import shutil
 
-                shutil.rmtree(self.stack_root, ignore_errors=True)
+                    shutil.rmtree(root, ignore_errors=True)
             if self.procs:                      # workers ran: their snapshots go when no restart can use them
                 from podrun.runtime.snapshot import drop_when_done
 

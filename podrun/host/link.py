@@ -33,6 +33,9 @@ class ControllerLink:
         self.got_stdin = False       # before the first heartbeat: the controller may still be starting others
         self.go = threading.Event()
         self.dumps = threading.Semaphore(0)  # one release per ``S`` on stdin
+        from podrun.wire.plan_token import PlanFrames
+
+        self.plan_frames = PlanFrames()      # the controller's new plans (in-place recovery), to ``tell_plan``
 
     def emit(self, local_rank: int | None, kind: str, text: str = "") -> None:
         """One protocol line; ``local_rank`` is the worker's position in ``envs`` (None: the agent's own)."""
@@ -135,6 +138,8 @@ class ControllerLink:
                                   else f"the controller relayed {name}", getattr(signal, name))
             for _ in range(data.count(protocol.Token.STACKS.value)):
                 self.dumps.release()
+            for token in self.plan_frames.feed(data):
+                self.tell_plan(token)
 
     def _check_stdin_silence(self) -> None:
         """Stop when the controller's heartbeats on stdin stopped coming (a longer bound before the first)."""

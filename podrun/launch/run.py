@@ -380,6 +380,11 @@ def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_
             raise
         sup = Supervisor(req, transport, sink=sink, notice=notice, only_output_from=only_output_from,
                          workers_per_instance=workers_per_instance(req.plan), watch=watch, progress=told)
+        if elastic is not None:
+            from podrun.elastic.inplace import InPlaceRecovery
+
+            sup.inplace = InPlaceRecovery(elastic, record, req.plan, req.restart_count, notice,
+                                          workers_per_instance(req.plan))
         observer.attempt(sup, tuple(attempts), launch_no)
         try:
             outcome = sup.run()
@@ -396,9 +401,14 @@ def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_
         summary = outcome.summary(req, tuple(attempts))
         done = (outcome.exit_code == 0 or outcome.status is RunStatus.INTERRUPTED
                 or req.restart_count >= req.max_restarts)
+        if not done and sup.inplace is not None and sup.inplace.plan is not req.plan:   # recovered in place before
+            req = replace(req, plan=sup.inplace.plan,
+                          instances=tuple(InstanceLaunch(p.index, p.host) for p in sup.inplace.plan.placement))
         nxt, nxt_req = req.restart_count + 1, req
         if not done and elastic is not None:
             nxt_req = _replan(elastic, record, req, outcome, nxt, notice, log, failed_hosts(summary))
+            if sup.inplace is not None and sup.inplace.failed_why is not None and record.replans:
+                record.replans[-1]["inplace_failed"] = sup.inplace.failed_why    # why it restarts instead
         summary = _record(notice, req.run_dir, replace(
             summary, elastic=None if record is None else record.to_dict(),
             account=run_account(req.run_dir, attempts, launch_no, log)), observer)

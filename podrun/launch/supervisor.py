@@ -94,6 +94,7 @@ class Supervisor:
         self.ending = Ending()
         self.launchers: list[InstanceHandle] = []      # the handles of joined agents' launchers (no instance)
         self.answers: dict[str, Callable[[], dict]] = {}   # more control-socket requests by name (live views')
+        self.inplace = None     # an elastic run's in-place recovery (podrun.elastic.inplace.InPlaceRecovery)
 
     def _hung(self, failure: Failure) -> None:
         if self.signalled is None:
@@ -121,6 +122,8 @@ class Supervisor:
             self.live.moved(now)
 
     def _on_progress(self, st: InstanceState, ev: protocol.Event, now: float) -> None:
+        if self.inplace is not None and self.inplace.heard(self, st, ev.local_rank, ev.text):
+            return
         self.live.progress_report(st, ev.local_rank, ev.text, now)
 
     def _on_stacks(self, st: InstanceState, ev: protocol.Event, now: float) -> None:  # noqa: ARG002
@@ -337,6 +340,8 @@ class Supervisor:
         alive = [i for i, st in self.instances.items() if st.exit_code is None]
         for silent in self.listener.silent(now, alive, carrier):
             self._lost(silent, open_handles)
+        if self.inplace is not None:
+            self.inplace.tick(self, now)
 
     def _watch_live(self, now: float, open_handles: set, carrier: dict) -> None:  # noqa: ARG002
         self.live.tick(now, open_handles, self.ending.since is not None)
@@ -427,11 +432,13 @@ class Supervisor:
             why = f"its agent sent nothing in the first {silent.limit:g} s"
             self.notice(f"instance {st.index} on {st.host}: lost ({why})")
         if self.signalled is None:
-            self.failures.append(Failure(st.index, st.host, None, LOST_EXIT, FailureKind.LOST,
-                                         f"host {st.host} lost: {why} (link down, "
-                                         f"{'sshd gone' if self.req.kind.ssh_per_host else 'its agent stopped'} or "
-                                         "machine frozen)",
-                                         time.time()))
+            failure = Failure(st.index, st.host, None, LOST_EXIT, FailureKind.LOST,
+                              f"host {st.host} lost: {why} (link down, "
+                              f"{'sshd gone' if self.req.kind.ssh_per_host else 'its agent stopped'} or "
+                              "machine frozen)",
+                              time.time())
+            if self.inplace is None or not self.inplace.begin(self, st, failure, open_handles):
+                self.failures.append(failure)
         lost = {i for i, s in self.instances.items() if s.status is InstanceStatus.LOST}
         for x in list(open_handles):
             if x.instances and set(x.instances) <= lost:    # a launcher's own handle carries none

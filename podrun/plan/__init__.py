@@ -32,7 +32,7 @@ def make_plan(cluster: ClusterSpec, recipe: RecipeSpec | None, ov: Overrides = O
     # the planner's parts are imported here: importing podrun.plan.model (the agents do) loads none of them
     from podrun.plan import lr as lr_rules
     from podrun.plan.decompose import decompose, pipeline_bubble
-    from podrun.plan.estimate import estimate
+    from podrun.plan.estimate import HostInput, estimate
     from podrun.plan.placement import place
 
     notes: list[str] = []
@@ -137,8 +137,8 @@ def make_plan(cluster: ClusterSpec, recipe: RecipeSpec | None, ov: Overrides = O
     ranks_per_host = iph if dev.kind == "ipu" else iph * rpi
     est = estimate(d, recipe, net, per_device_rate=per_device_rate, rate_source=rate_source, devices_per_replica=p,
                    hosts=len(hosts), bubble=bubble, hidden_fraction=hidden, hidden_source=hidden_source,
-                   inp=None if measured is None else measured.input, ranks_per_host=ranks_per_host,
-                   device_kind=dev.kind)
+                   inp=None if measured is None or measured.input is None else
+                   HostInput(measured.input, ranks_per_host, dev.kind))
     return Plan(**{**shape, "notes": tuple(notes)}, recipe=recipe.name, model=recipe.model.name,
                 reference_global_batch=recipe.global_batch, learning_rate=round(lr, 8),
                 reference_learning_rate=lr_spec.base, lr_rule=lr_spec.rule, warmup_epochs=round(warmup, 6),

@@ -95,10 +95,18 @@ def input_term(inp: InputMeasured, *, samples_per_host: float, ranks_per_host: i
     return InputTerm(seconds, True, assumption, tuple(levers))
 
 
+@dataclass(frozen=True)
+class HostInput:
+    """The input pipeline as a host runs it: its measured rates, the ranks that share the host, the device kind."""
+
+    measured: InputMeasured
+    ranks_per_host: int = 1
+    device_kind: str = ""
+
+
 def estimate(d: Decomposition, recipe: RecipeSpec, net: InterconnectSpec, *, per_device_rate: float,
              rate_source: str, devices_per_replica: int, hosts: int, bubble: float, hidden_fraction: float = 0.0,
-             hidden_source: str = "", inp: InputMeasured | None = None, ranks_per_host: int = 1,
-             device_kind: str = "") -> Estimate:
+             hidden_source: str = "", inp: HostInput | None = None) -> Estimate:
     """The estimate of ``recipe`` decomposed as ``d`` (replicas x local batch x GA) on ``hosts`` hosts.
     ``hidden_fraction``: the part of the all-reduce that overlaps the backward pass (a calibration's measured
     figure, with ``hidden_source`` saying where it was measured, which the assumptions keep even when the measured
@@ -110,13 +118,13 @@ def estimate(d: Decomposition, recipe: RecipeSpec, net: InterconnectSpec, *, per
     compute = grad_accum * local_batch / replica_rate
     comm = allreduce_seconds(params * gradient_bytes, replicas, replicas // hosts, hosts, net)
     device_part = compute + comm * (1.0 - hidden_fraction)
-    term = None if inp is None else input_term(inp, samples_per_host=d.global_batch / hosts,
-                                               ranks_per_host=ranks_per_host, device_part=device_part,
-                                               device_kind=device_kind)
+    term = None if inp is None else input_term(inp.measured, samples_per_host=d.global_batch / hosts,
+                                               ranks_per_host=inp.ranks_per_host, device_part=device_part,
+                                               device_kind=inp.device_kind)
     if term is None:
         step = device_part
     else:
-        step = device_part + term.seconds if device_kind == "cpu" else max(device_part, term.seconds)
+        step = device_part + term.seconds if inp.device_kind == "cpu" else max(device_part, term.seconds)
     overlap = "no overlap of communication with compute" if hidden_source == "" else \
         f"{hidden_fraction:.0%} of the all-reduce hidden behind the backward pass ({hidden_source})"
     unmeasured = "the input pipeline is not yet measured (podrun data bench times it on a host; podrun calibrate " \

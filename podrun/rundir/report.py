@@ -263,7 +263,10 @@ def replans(launch: Summary | None) -> list[dict]:
             continue
         out.append({"step": r.get("at_step"), "hosts_lost": r.get("hosts_lost") or [],
                     "old": old, "new": new, "training_after_s": r.get("training_after_s"),
-                    "resumed_from": r.get("resumed_from") if isinstance(r.get("resumed_from"), dict) else None})
+                    "resumed_from": r.get("resumed_from") if isinstance(r.get("resumed_from"), dict) else None,
+                    "path": r.get("path") if isinstance(r.get("path"), str) else None,
+                    "breakdown": r.get("breakdown") if isinstance(r.get("breakdown"), dict) else None,
+                    "inplace_failed": r.get("inplace_failed") if isinstance(r.get("inplace_failed"), str) else None})
     return out
 
 

@@ -10,6 +10,7 @@ apart are merged (the newest wins) unless the phase changes or the last step is 
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -63,6 +64,23 @@ def report(step: int | None = None, total: int | None = None, *, epoch: int | No
         _state["fd"] = None
         return False
     _state["last"], _state["phase"] = now, phase
+    return True
+
+
+def send(record: dict) -> bool:
+    """One record as it is, sent at once (never merged): what the in-place recovery tells the controller
+    (podrun.runtime.inplace.tell); False outside podrun or when the agent's pipe is full."""
+    fd = _fd()
+    if fd is None:
+        return False
+    data = (json.dumps(record, separators=(",", ":"), default=float) + "\n").encode()
+    try:
+        os.write(fd, data)
+    except (BlockingIOError, ValueError):
+        return False
+    except OSError:
+        _state["fd"] = None
+        return False
     return True
 
 

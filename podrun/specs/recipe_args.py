@@ -31,6 +31,8 @@ def parser(recipe_name: str, default_data: str = "synthetic", cls=argparse.Argum
     a("--no-resume", action="store_true", help="ignore existing checkpoints and snapshots")
     a("--no-snapshots", action="store_true",
       help="keep no in-memory snapshot after each update (under podrun launch a restart then resumes from disk)")
+    a("--no-inplace", action="store_true",
+      help="after a lost host under podrun launch --elastic, restart every worker instead of recovering in place")
     a("--run-dir", default=None, help="default: $PODRUN_RUN_DIR, else runs/<recipe>-<time>")
     a("--amp", default=None, choices=["auto", "off", "bf16", "fp16"],
       help="mixed precision (default: the recipe's precision on CUDA, off on CPU)")

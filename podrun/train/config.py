@@ -76,6 +76,7 @@ class TrainConfig:
     keep_checkpoints: int = KEEP_CHECKPOINTS  # the newest N are kept; 0: none once the run finishes
     resume: bool = True
     snapshots: bool = True                  # an in-memory snapshot after every update (PODRUN_SNAPSHOT_DIR)
+    inplace: bool = True                    # recover in place from a lost host where it can (inplace_loop)
     eval_every: int = 1                     # epochs; 0: only at the end
     eval_batch: int = 256
     log_every: int = 10

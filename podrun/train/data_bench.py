@@ -52,10 +52,8 @@ def cores_here() -> int:
 def host_cores(local_world_size: int = 1) -> int:
     """The cores of this rank's host that podrun's workers share: each rank's share (PODRUN_CPUS) times the ranks
     on the host where podrun set one, else the cores this process may run on."""
-    share = os.environ.get("PODRUN_CPUS", "")
-    if share.isdigit() and int(share) > 0:
-        return int(share) * max(1, local_world_size)
-    return len(os.sched_getaffinity(0))
+    share = cpu_share()
+    return share * max(1, local_world_size) if share is not None else len(os.sched_getaffinity(0))
 
 
 def slowest(records: list[dict]) -> dict:

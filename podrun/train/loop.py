@@ -45,10 +45,11 @@ class Pending:
     split: StepSplit | None = None  # its split into input, compute, comm and optim (podrun.runtime.steps)
 
 
-def run(s: Session, step: int, acc: dict[str, float], origin: dict[str, Any] | None, writer=None) -> dict[str, Any]:
+def run(s: Session, step: int, acc: dict[str, float], origin: dict[str, Any] | None, writer=None,
+        inplace=None) -> dict[str, Any]:
     """Train from update ``step`` to s.total; returns the summary (also written to <run_dir>/train_summary.json).
     ``origin``: where it resumed from (save.restore); ``writer``: the host's snapshot writer, given the state after
-    every update."""
+    every update; ``inplace``: the in-place recovery (podrun.train.inplace_loop.InPlace), else None (DDP syncs)."""
     cfg, device = s.cfg, s.device
     resumed = resumed_from(origin, step)
     _record_start(s, step, origin, resumed)
@@ -57,22 +58,40 @@ def run(s: Session, step: int, acc: dict[str, float], origin: dict[str, Any] | N
     s.wrapped.train()
     sync_every = max(1, cfg.sync_every if cfg.sync_every is not None else
                      (cfg.log_every if device.kind == "cuda" else 1))
-    rows = StepRows(s, acc)
+    rows = StepRows(s, acc, reduced=inplace is not None)
     # the step's split: host-clock stamps, each after a synchronize on CUDA (queued kernels counted where they run)
     busy = BusyClock(s.wrapped, sync=torch.cuda.synchronize if device.kind == "cuda" else None,
                      loaders=_loaders(s))
     busy.start()                       # the step's start: before its batch is fetched
     first = step + 1                   # the attempt's first step: start-up (CUDA's autotune, the first allocations,
     #                                    the loader's first fill), as the run's account counts it; its split is not sent
-    for epoch, estep, micro in loader_iter:
+    while True:
+        try:
+            epoch, estep, micro = next(loader_iter)
+        except StopIteration:
+            break
         if step >= s.total:
             break
         busy.fetched()                 # the wait for the loader ends
+        if inplace is not None:
+            inplace.begin()
         stats = _accumulate(s, micro, step)
+        if inplace is not None:
+            from podrun.runtime.inplace import Abandoned
+
+            try:
+                stats = inplace.sync(s, stats)
+            except Abandoned:          # a new plan: the same update again, on the new group with the new share
+                loader_iter = inplace.recover(s, step, loader_iter, _loader)
+                rows.t_last = time.perf_counter()     # the update done again is timed from here, not the recovery
+                busy.start()
+                continue
         busy.synced()                  # backward returned: DDP's all-reduce completed
         lr_now = _update(s)
         busy.stepped()
         step += 1
+        if inplace is not None:
+            inplace.done(step)
         split = busy.split()
         rows.pending.append(Pending(step, epoch, lr_now, stats, busy.seconds(), split if step != first else None))
         end_of_epoch = estep == s.steps_per_epoch - 1
@@ -173,7 +192,7 @@ def _accumulate(s: Session, micro, step: int) -> torch.Tensor:
         if cfg.mixup > 0 or cfg.cutmix > 0:
             gen = torch.Generator().manual_seed(hash((cfg.seed, step, s.rank, j)) & 0x7FFFFFFF)
             x, target = mix_batch(x, y, cfg.num_classes, gen, cfg.mixup, cfg.cutmix)
-        sync = j == s.grad_accum - 1 or s.world == 1
+        sync = j == s.grad_accum - 1 or s.world == 1 or s.wrapped is s.core    # bare: the loop syncs (in place)
         ctx = contextlib.nullcontext() if sync else no_sync(s.wrapped, s.use_fsdp)
         with ctx:
             with torch.autocast(device.kind if device.kind == "cuda" else "cpu", dtype=s.amp_dtype or torch.bfloat16,
@@ -206,8 +225,9 @@ class StepRows:
     """The step and epoch rows of metrics.jsonl: the pending updates' stats fetched at once, checked, summed into
     the epoch's accumulators (``acc``, kept in the checkpoint so an epoch row survives a resume)."""
 
-    def __init__(self, s: Session, acc: dict[str, float]):
+    def __init__(self, s: Session, acc: dict[str, float], reduced: bool = False):
         self.s, self.acc = s, acc
+        self.reduced = reduced     # the stats were summed over the ranks with the gradients (in place)
         self.pending: list[Pending] = []
         self.t_last = time.perf_counter()
 
@@ -216,7 +236,8 @@ class StepRows:
         if not self.pending:
             return
         s, g = self.s, self.s.global_batch
-        stats_all = all_reduce(torch.stack([p.stats for p in self.pending])).cpu()
+        stacked = torch.stack([p.stats for p in self.pending])
+        stats_all = (stacked if self.reduced else all_reduce(stacked)).cpu()
         mine = [p.busy_s for p in self.pending if p.busy_s is not None]
         busy_s = sum(mine) / len(mine) if mine else None     # this rank's own, for podrun's slow-rank watch
         split = mean_split([p.split for p in self.pending if p.split is not None])

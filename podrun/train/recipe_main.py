@@ -56,6 +56,7 @@ def build_config(recipe, args: argparse.Namespace, plan: dict | None, overrides:
         deterministic=args.deterministic, seed=args.seed, device=args.device, threads=args.threads,
         run_dir=args.run_dir, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
         keep_checkpoints=args.keep_checkpoints, resume=not args.no_resume, snapshots=not args.no_snapshots,
+        inplace=not args.no_inplace,
         eval_every=args.eval_every, loader_workers=args.loader_workers, bad_samples=args.bad_samples,
         stage=args.stage,
         log_every=args.log_every, console=not args.quiet,
@@ -95,7 +96,25 @@ def main(recipe_dir: str, argv: Sequence[str] | None = None, default_data: str =
         if exc.hint:
             msg += f"\n  hint: {exc.hint}"
         print(msg, file=sys.stderr, flush=True)
+        _end_if_abandoned(exc.exit_code)
         return exc.exit_code
+    _end_if_abandoned(_report(name, args, info, summary))
+    return 0
+
+
+def _end_if_abandoned(code: int) -> None:
+    """A worker that abandoned a gloo group (in-place recovery) ends here, by os._exit: gloo's teardown would wait
+    on the dead peer."""
+    if "podrun.runtime.inplace" not in sys.modules:
+        return
+    from podrun.runtime import inplace
+
+    if inplace.abandoned_any():
+        inplace.end_process(code)
+
+
+def _report(name: str, args, info, summary: dict) -> int:
+    """The end of training on the console (rank 0); 0."""
     missing = summary.get("not_written") or []
     if missing and info.rank == 0:
         print(f"{name}/train.py: not written in {summary['run_dir']}: {'; '.join(missing)}", file=sys.stderr,

@@ -32,15 +32,19 @@ def train(cfg: TrainConfig, info: WorkerInfo | None = None) -> dict[str, Any]:
         # what _train built is freed on its return, but a wrapper caught in a reference cycle (hooks that hold
         # their module) lives until a collection: gloo work still alive at destroy aborts the worker at exit
         gc.collect()
-        destroy_distributed()
+        from podrun.runtime.inplace import abandoned_any
+
+        if not abandoned_any():        # after an in-place recovery the first group holds a dead peer: never torn down
+            destroy_distributed()
 
 
 def _train(cfg: TrainConfig, info: WorkerInfo, device) -> dict[str, Any]:
     """setup -> resume -> loop. Its own frame, so that the session (the DDP/FSDP wrappers and their
     reducers) is freed before the process group is destroyed: freed after it, gloo's destructors can hang."""
-    from podrun.train import loop, save, setup
+    from podrun.train import inplace_loop, loop, save, setup
 
-    s = setup.prepare(cfg, info, device)
+    in_place = inplace_loop.wanted(cfg, info, device)
+    s = setup.prepare(cfg, info, device, inplace=in_place)
     writer = save.snapshot_writer(s)
     try:
         step, acc, origin = save.restore(s, writer)
@@ -53,7 +57,7 @@ def _train(cfg: TrainConfig, info: WorkerInfo, device) -> dict[str, Any]:
                 why = exc.message if isinstance(exc, UnsafePath) else exc.strerror or exc
                 print(f"podrun: cannot write {s.run_dir / CONFIG_FILE}: {why}; training goes on",
                       file=sys.stderr, flush=True)
-        return loop.run(s, step, acc, origin, writer)
+        return loop.run(s, step, acc, origin, writer, inplace_loop.InPlace(s) if in_place else None)
     finally:
         if writer is not None:
             writer.close()

@@ -26,8 +26,18 @@ from podrun.train.optim import build_optimizer, build_scheduler
 from podrun.wire.worker_env import cpu_share
 
 
+_GROUP: list = []      # the in-place recovery's group (podrun.train.inplace_loop), which all_reduce goes through
+
+
+def use_group(group) -> None:
+    """Make ``all_reduce`` go through ``group`` (a podrun.runtime.inplace.Group) from now on."""
+    _GROUP[:] = [group]
+
+
 def all_reduce(t: torch.Tensor, op=None) -> torch.Tensor:
     """In-place all-reduce of a small tensor on any device (NCCL needs CUDA tensors, gloo CPU ones)."""
+    if _GROUP:
+        return _GROUP[0].all_reduce(t, op or dist.ReduceOp.SUM)
     if dist.is_available() and dist.is_initialized():
         if dist.get_backend() == "nccl" and t.device.type != "cuda":
             on = t.to(f"cuda:{torch.cuda.current_device()}")
@@ -320,7 +330,7 @@ class Session:
                 "loader_workers": self.loader_workers, "decoder": getattr(self.train_ds, "decoder", None)}
 
 
-def prepare(cfg: TrainConfig, info: WorkerInfo, device: Device) -> Session:
+def prepare(cfg: TrainConfig, info: WorkerInfo, device: Device, inplace: bool = False) -> Session:
     """Resolve the decomposition, load the data, build and wrap the model (equal start checked), optimiser, schedule."""
     t_start = time.time()
     world, rank = info.world_size, info.rank
@@ -358,7 +368,7 @@ def prepare(cfg: TrainConfig, info: WorkerInfo, device: Device) -> Session:
     use_fsdp = cfg.fsdp and world > 1
     if use_fsdp:
         wrapped = shard_fsdp(core)   # in place: core's parameters become sharded DTensors
-    elif world > 1:
+    elif world > 1 and not inplace:      # in place: the loop all-reduces the gradients (podrun.train.inplace_loop)
         wrapped = nn.parallel.DistributedDataParallel(
             core, device_ids=[device.index] if device.kind == "cuda" else None)
     else:

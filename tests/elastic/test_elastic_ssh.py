@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -118,3 +120,137 @@ def test_a_spare_that_cannot_be_reached_is_dropped_and_the_run_goes_on(make_ssh_
     assert rp[1]["lost_at"] == rp[0]["lost_at"] and rp[1]["restarted_after_s"] > 0   # timed from h2's loss
     plan = json.loads((run_dir(tmp_path / "runs") / "plan-1.json").read_text())
     assert plan["hosts"] == ["h1", "h3"] and plan["global_batch"] == 12
+
+
+RECIPE_TRAIN = str(Path(__file__).resolve().parents[2] / "recipes" / "resnet18_cifar10" / "train.py")
+INPLACE_STEPS = 10
+
+
+_REFERENCE: dict[int, float] = {}     # the recipe run's losses without a failure: the same on any 3 fresh hosts
+
+
+def recipe_run(hosts, tmp_path):
+    """The resnet18 recipe (GroupNorm: the curve does not depend on the split of the global batch) at global batch
+    12 with --elastic 2 on ``hosts``: its command, and the per-step losses of that run without a failure (run once
+    per module)."""
+    train = [hosts.python, RECIPE_TRAIN, "--data", "synthetic", "--synthetic-size", "240", "--norm", "group",
+             "--steps", str(INPLACE_STEPS), "--eval-every", "0", "--threads", "1", "--quiet"]
+    if not _REFERENCE:
+        ref = podrun(*launch_args(hosts, hosts.hosts, tmp_path, "ref", "--global-batch", "12", "--elastic", "2"),
+                     "--", *train, timeout=200)
+        assert ref.returncode == 0, ref.stderr[-3000:]
+        _REFERENCE.update({n: r["loss"] for n, r in steps(run_dir(tmp_path / "ref")).items()})
+    assert sorted(_REFERENCE) == list(range(1, INPLACE_STEPS + 1))
+    return train, dict(_REFERENCE)
+
+
+def _worker_of(tmp_path, rank: int) -> int:
+    """The pid of the recipe worker of global ``rank`` in the run under tmp_path (its environment says so)."""
+    for d in Path("/proc").iterdir():
+        try:
+            if RECIPE_TRAIN not in (d / "cmdline").read_bytes().decode(errors="replace"):
+                continue
+            env = dict(x.split("=", 1) for x in (d / "environ").read_bytes().decode(errors="replace").split("\0")
+                       if "=" in x)
+        except OSError:
+            continue
+        if env.get("RANK") == str(rank) and env.get("PODRUN_RUN_DIR", "").startswith(str(tmp_path / "runs")):
+            return int(d.name)
+    raise AssertionError(f"no worker of rank {rank} under {tmp_path}")
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("survivor", ["recovers", "stopped"])
+def test_survivors_of_a_cut_host_recover_in_place_with_the_losses_of_a_run_without_it(make_ssh_hosts, tmp_path,
+                                                                                      survivor):
+    """h3 cut after step 3. ``recovers``: the controller re-plans to 2 hosts and tells h1's and h2's agents, whose
+    workers abandon their group, re-form it with the new world, take their share of the same global batch on 2
+    replicas and go on in their own processes (one attempt, no restart spent): every update is logged once, the
+    update in flight is redone once, the losses equal those of the run without the cut (relative 1e-5), and
+    `podrun report` shows the path and its breakdown. ``stopped``: h2's worker is stopped (SIGSTOP) at the cut, so
+    its abort hangs: the controller names it after its bound (15 s) and restarts the run the old way, from the
+    snapshots, with the same losses."""
+    hosts = make_ssh_hosts(3)
+    train, want = recipe_run(hosts, tmp_path)
+    p = podrun_popen(*launch_args(hosts, hosts.hosts, tmp_path, "runs", "--global-batch", "12", "--elastic", "2"),
+                     "--", *train)
+    stopped = None
+    try:
+        wait_step(tmp_path / "runs", 3, 150)
+        if survivor == "stopped":
+            stopped = _worker_of(tmp_path, 1)
+        hosts.isolate("h3")
+        if stopped is not None:
+            os.kill(stopped, signal.SIGSTOP)
+        err = p.communicate(timeout=200)[1]
+    finally:
+        end(p)
+    assert p.returncode == 0, err[-4000:]
+    assert "re-planned 3 -> 2 hosts" in err and "recovering in place" in err, err
+    rd = run_dir(tmp_path / "runs")
+    logged = [json.loads(line) for line in (rd / "metrics.jsonl").read_text().splitlines()]
+    for n, r in steps(rd).items():
+        assert r["loss"] == pytest.approx(want[n], rel=1e-5), (n, r["loss"], want[n])
+    s = summary(tmp_path / "runs")
+    rp = s["elastic"]["replans"][0]
+    assert rp["hosts_lost"] == ["h3"] and rp["new"]["hosts"] == ["h1", "h2"], rp
+    assert rp["new"]["replicas"] == 2 and rp["new"]["global_batch"] == 12 and rp["old"]["replicas"] == 3, rp
+    text = podrun("report", str(rd), timeout=60).stdout
+    line = next(x for x in text.splitlines() if "re-plan after step" in x)
+    if survivor == "stopped":
+        assert "in-place recovery failed (rank 1 on h2 did not abandon its group within 15 s)" in err, err
+        assert s["exit_code"] == 0 and len(s["attempts"]) == 2 and len(s["elastic"]["replans"]) == 1, s
+        assert rp["path"] == "restart" and rp["inplace_failed"].startswith("rank 1 on h2 did not abandon"), rp
+        assert sorted(steps(rd)) == list(range(1, INPLACE_STEPS + 1))
+        assert "restarted, not in place: rank 1 on h2 did not abandon its group" in line, text
+        return
+    assert "recovered in place" in err, err
+    numbers = [r["step"] for r in logged if r["kind"] == "step"]
+    assert numbers == list(range(1, INPLACE_STEPS + 1)), numbers          # none lost, none done twice
+    assert s["exit_code"] == 0 and len(s["attempts"]) == 1 and len(s["elastic"]["replans"]) == 1, s
+    assert rp["path"] == "in-place" and rp["redone"] == rp["at_step"] + 1 and rp["at_step"] >= 3, rp
+    assert rp["new"]["local_batch"] * rp["new"]["grad_accum"] == 6, rp
+    parts = rp["breakdown"]
+    assert all(isinstance(parts[k], float) and parts[k] >= 0 for k in ("abort", "reform", "reshard", "first_step"))
+    assert rp["training_after_s"] > 0
+    assert json.loads((rd / "plan.json").read_text())["hosts"] == ["h1", "h2"]
+    assert "lost h3, 3 -> 2 hosts" in line and "recovered in place" in line, text
+    assert all(f"{k} " in line for k in ("detection", "abort", "re-form", "re-shard", "first step")), line
+
+
+def test_a_users_loop_recovers_in_place_through_the_runtime_hook(make_ssh_hosts, tmp_path):
+    """tests/elastic/train_inplace.py (the tutorial's DDP script on podrun.runtime.inplace.loop) on 3 hosts at
+    global batch 12, h3 cut after update 5: the survivors recover in place in their own processes (one attempt),
+    every update is written once, and the losses equal those of the same training on one process over the whole
+    global batch (relative 1e-5)."""
+    from tests.elastic import train_inplace as script
+
+    hosts = make_ssh_hosts(3)
+    out = tmp_path / "losses.txt"
+    steps_n = 30
+    p = podrun_popen(*launch_args(hosts, hosts.hosts, tmp_path, "runs", "--global-batch", "12", "--elastic", "2"),
+                     "--", hosts.python, str(Path(__file__).with_name("train_inplace.py")), "--steps", str(steps_n),
+                     "--sleep", "0.2", "--out", str(out))
+    try:
+        assert wait_until(lambda: out.exists() and out.read_text().count("\n") >= 5, 120, 0.05), "no 5 updates"
+        hosts.isolate("h3")
+        err = p.communicate(timeout=150)[1]
+    finally:
+        end(p)
+    assert p.returncode == 0, err[-4000:]
+    assert "recovering in place" in err and "recovered in place" in err, err
+    rows = [line.split() for line in out.read_text().splitlines()]
+    assert [int(r[1]) for r in rows] == list(range(1, steps_n + 1)), rows      # none lost, none done twice
+    assert {r[5] for r in rows[:5]} == {"3"} and rows[-1][5] == "2", rows
+    model, opt = script.model_and_opt()
+    for r in rows:
+        x, y = script.batch(int(r[1]) - 1)
+        opt.zero_grad()
+        loss = script.loss_fn(model, x, y)
+        loss.backward()
+        opt.step()
+        assert float(r[3]) == pytest.approx(loss.item(), rel=1e-5), (r, loss.item())
+    s = summary(tmp_path / "runs")
+    assert s["exit_code"] == 0 and len(s["attempts"]) == 1, s
+    (rp,) = s["elastic"]["replans"]
+    assert rp["path"] == "in-place" and rp["new"]["hosts"] == ["h1", "h2"] and rp["redone"] == rp["at_step"] + 1, rp

@@ -27,11 +27,14 @@ NOT_PROTOCOL = {
     "rundir/metrics.py:new_records": "metrics.jsonl's records written since the last read",
     "rundir/summary.py:read_json": "summary.json",
     "runtime/env.py:read_plan": "the plan file a worker reads",
+    "runtime/inplace.py:read_plan": "the in-place plan file a worker's agent writes from a PlanToken (podrun.wire."
+                                    "plan_token), read through safefs's trusted read",
     "runtime/rawstate.py:load": "a raw state file's header",
     "runtime/snapshot.py:_listed": "a snapshot slot's header file",
     "runtime/snapshot.py:recover": "a snapshot's seal, sent between the ranks over torch.distributed, both ends there",
     "train/shards.py:_resumable": "the shard packer's progress file",
     "train/shards.py:ShardDataset": "a shard set's index file",
+    "train/stage.py:stage": "a shard set's index file, read before its shards are staged",
 }
 
 

@@ -109,6 +109,11 @@ class InstanceHandle(ABC):
         no-op where there is no stdin (a merged launcher's)."""
         self._write(Token.STACKS.value)
 
+    def send_plan(self, frame: bytes) -> None:
+        """A new plan for the agent's workers (podrun.wire.plan_token: in-place recovery) on its stdin; no-op where
+        there is no stdin (mpirun, srun)."""
+        self._write(frame)
+
     def terminate(self, sig: int = signal.SIGTERM) -> None:
         """Ask the agent(s) to end their workers with ``sig`` first (SIGTERM, or the SIGINT/SIGHUP podrun
         received, which the agents follow with SIGTERM after the request's grace), then SIGKILL."""

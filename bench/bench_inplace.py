@@ -1,0 +1,141 @@
+"""In-place recovery against the restart it replaces, side by side: the resnet18 recipe (GroupNorm, synthetic data,
+32 px) on 3 fresh namespace hosts (tests.harness.NetnsHosts) at global batch 12, `podrun launch --elastic 2
+--keepalive 1`; after 3 updates h3's link is cut. ``inplace``: the recipe as it is (the survivors recover in
+place); ``restart``: the same with the recipe's --no-inplace (every worker ended, the attempt restarted warm, the
+state from the snapshots). Interleaved (restart, inplace, ...). Measured from the bench's own clock at the cut:
+**cut to training again** = the end of the first update completed after the cut, minus that update's own
+duration (its step_seconds in metrics.jsonl), as issue 56 defines it; and the run's own record (summary.json's
+re-plan: detection, and in place its breakdown). Full: 3 pairs; quick: 1 pair.
+`python -m bench.bench_inplace inplace|restart`: one run, its files kept in /tmp/binplace-*."""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.bench_launch import PODRUN, ROOT, _kill, _row, _sweep
+
+RECIPE = str(ROOT / "recipes" / "resnet18_cifar10" / "train.py")
+HOSTS, CUT, STEPS_BEFORE_CUT, STEPS = 3, "h3", 3, 10
+KEEPALIVE = 1.0
+MODES = ("restart", "inplace")
+
+
+def _records(rd: Path) -> list[dict]:
+    try:
+        return [json.loads(x) for x in (rd / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    except (OSError, ValueError):
+        return []
+
+
+def _steps(rd: Path) -> list[dict]:
+    return [r for r in _records(rd) if r.get("kind") == "step"]
+
+
+def cut_run(mode: str, tmp: str, port: int) -> dict:
+    """One run (``mode`` "inplace" or "restart") on 3 fresh hosts, h3 cut after 3 updates: seconds from the cut."""
+    import subprocess
+
+    from tests.harness import NetnsHosts
+
+    d = Path(tmp) / f"bench-inplace-{mode}-{port}"
+    d.mkdir(parents=True)
+    marker = d.name
+    with NetnsHosts(HOSTS) as hosts:
+        argv = [*PODRUN, "launch", "--hosts", ",".join(hosts.hosts), "--devices-per-host", "1", "--transport", "ssh",
+                "--ssh-config", hosts.ssh_config_path, "--python", hosts.python, "--runs-dir", str(d / "runs"),
+                "--run-id", "run", "--master-port", str(port), "--keepalive", f"{KEEPALIVE:g}", "--global-batch", "12",
+                "--elastic", "2", "--", hosts.python, RECIPE, "--data", "synthetic", "--synthetic-size", "240",
+                "--norm", "group", "--steps", str(STEPS), "--eval-every", "0", "--threads", "1", "--quiet",
+                *(["--no-inplace"] if mode == "restart" else [])]
+        rd = d / "runs" / "run"
+        log = open(d / "controller.log", "w")
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        out: dict = {"mode": mode, "command": argv}
+        try:
+            deadline = time.time() + 300
+            while len(_steps(rd)) < STEPS_BEFORE_CUT:
+                if time.time() > deadline or proc.poll() is not None:
+                    out["why"] = f"no {STEPS_BEFORE_CUT} steps on {HOSTS} hosts"
+                    return out
+                time.sleep(0.05)
+            if mode == "restart":  # the zygotes the first attempt started must be up for the restart to use them
+                socks = [rd / "zygote" / f"{h}.sock" for h in hosts.hosts]
+                while not all(s.exists() for s in socks) and time.time() < deadline:
+                    time.sleep(0.05)
+            t_cut = time.time()
+            hosts.isolate(CUT)
+            try:
+                proc.wait(timeout=240)
+            except subprocess.TimeoutExpired:
+                out["why"] = "the run did not end within 240 s of the cut"
+                return out
+            s = json.loads((rd / "summary.json").read_text())
+            first = next((r for r in _steps(rd) if r["time"] > t_cut + KEEPALIVE), None)
+            if s.get("exit_code") != 0 or first is None or not s.get("elastic", {}).get("replans"):
+                out["why"] = f"exit {s.get('exit_code')}, no update after the cut or no re-plan"
+                return out
+            rp = s["elastic"]["replans"][0]
+            out.update(exit_code=0, path=rp.get("path"), inplace_failed=rp.get("inplace_failed"),
+                       detected_s=round(rp["lost_at"] - t_cut, 3),
+                       training_again_s=round(first["time"] - first["step_seconds"] - t_cut, 3),
+                       first_update_s=round(first["time"] - t_cut, 3), step_s=round(first["step_seconds"], 3),
+                       run_training_after_s=rp.get("training_after_s"), breakdown=rp.get("breakdown"),
+                       attempts=len(s["attempts"]))
+            return out
+        finally:
+            _kill([proc])
+            _sweep(hosts, hosts.hosts, marker)
+            log.close()
+
+
+def run(quick: bool) -> list[dict]:
+    pairs = 1 if quick else 3
+    port = 28800 + (os.getpid() % 40) * 10
+    res: dict[str, list[dict]] = {m: [] for m in MODES}
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(pairs):
+            for mode in MODES:
+                port += 10
+                r = cut_run(mode, tmp, port)
+                res[mode].append(r)
+                print(json.dumps({k: v for k, v in r.items() if k != "command"}), file=sys.stderr)
+    ok = {m: [x for x in xs if "why" not in x] for m, xs in res.items()}
+    runs = "; ".join(f"{m} {[x.get('training_again_s') for x in res[m]]}" for m in MODES)
+    note = (f"resnet18 recipe (GroupNorm, 32 px synthetic) on {HOSTS} fresh namespace hosts, global batch 12, "
+            f"--elastic 2 --keepalive {KEEPALIVE:g}, {CUT} cut after {STEPS_BEFORE_CUT} updates; seconds from the cut "
+            f"to the first update after it completed minus its own duration; interleaved; runs: {runs}")
+    whys = [f"{x['mode']}: {x['why']}" for xs in res.values() for x in xs if "why" in x]
+    if whys:
+        note += "; not measured: " + "; ".join(whys)
+    if not ok["inplace"] or not ok["restart"]:
+        return [{"benchmark": "inplace_recovery", "subject": "podrun in place: cut -> training again", "value": None,
+                 "peer": "podrun restart (--no-inplace)", "peer_value": None, "ratio": None, "unit": "s",
+                 "note": note}]
+    rows = [_row("inplace_recovery", "podrun in place: cut -> training again",
+                 [x["training_again_s"] for x in ok["inplace"]], "s", note, "podrun restart (--no-inplace)",
+                 [x["training_again_s"] for x in ok["restart"]])]
+    parts = {k: statistics.median([x["breakdown"][k] for x in ok["inplace"] if x.get("breakdown")
+                                   and x["breakdown"].get(k) is not None] or [float("nan")])
+             for k in ("detection", "abort", "reform", "reshard", "first_step")}
+    rows.append({"benchmark": "inplace_breakdown", "subject": "podrun in place (its summary.json)",
+                 "value": statistics.median([x["run_training_after_s"] for x in ok["inplace"]]), "peer": None,
+                 "peer_value": None, "ratio": None, "unit": "s",
+                 "note": "loss declared -> first update completed, medians: " +
+                         ", ".join(f"{k} {v:.2f}" for k, v in parts.items()) +
+                         f"; the step itself {statistics.median([x['step_s'] for x in ok['inplace']]):.2f} s"})
+    return rows
+
+
+if __name__ == "__main__":
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    sys.path.insert(0, str(ROOT))
+    if len(sys.argv) > 1 and sys.argv[1] in MODES:
+        print(json.dumps(cut_run(sys.argv[1], tempfile.mkdtemp(prefix="binplace-"), 28000 + os.getpid() % 400),
+                         default=str, indent=1))
