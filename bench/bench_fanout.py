@@ -102,7 +102,9 @@ def _model_transport(request, cost: dict | None = None):
     import podrun
     from podrun.launch.transports.ssh import SSHTransport
 
-    facts = {"podrun": podrun.__version__, "python": platform.python_version(), "ports": [], "ports_busy": []}
+    from podrun.wire.probe import Facts
+
+    facts = Facts(podrun=podrun.__version__, python=platform.python_version())
 
     class Client:            # what the rest of the transport needs of a connected client
         def close(self):

@@ -14,7 +14,7 @@ from tests.launch.helpers import end, marker, podrun, podrun_popen, run_dir, sum
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 TRAIN = str(Path(__file__).with_name("train_groupnorm.py"))
-_port = iter(range(29940, 29999, 6))      # 2 ports per attempt, up to 3 attempts
+_port = iter(range(29400, 29999, 6))      # 2 ports per attempt, up to 3 attempts; 100 launches a process
 
 
 def launch_args(hosts, names, tmp_path, runs, *extra):

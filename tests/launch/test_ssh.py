@@ -197,7 +197,7 @@ def test_dry_run_over_ssh_connects_to_nothing(tmp_path):
                 str(tmp_path / "runs"), "--run-id", "x", "--", "python", "train.py")
     assert cp.returncode == 0, cp.stderr
     assert "via ssh" in cp.stdout and "# host node2: runs" in cp.stdout
-    assert "--heartbeat 0.25 --instance 1 --stdin-timeout 1 --agent-store --hold -- python train.py" in cp.stdout
+    assert "--heartbeat 0.25 --instance 1 --stdin-timeout 5 --agent-store --hold -- python train.py" in cp.stdout
     assert "MASTER_PORT=29500" in cp.stdout and "MASTER_PORT=29501" not in cp.stdout    # every worker, rank 0 too
 
 

@@ -173,7 +173,7 @@ def test_a_silent_local_agent_that_is_busy_is_starved_not_lost():
 def test_the_supervisor_holds_parts_and_is_no_mixin(tmp_path):
     assert Supervisor.__bases__ == (object,)
     sup = Supervisor(request(tmp_path), SimpleNamespace(merged=False), workers_per_instance=2)
-    assert len(vars(sup)) <= 12, sorted(vars(sup))
+    assert len(vars(sup)) <= 13, sorted(vars(sup))      # 13: the in-place recovery, a part of its own
 
 
 def test_host_busy_keeps_each_hosts_mean_busy_per_step_bounded():
