@@ -17,7 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.bench_launch import PODRUN, ROOT, _kill, _row, _sweep
+from bench.bench_launch import ROOT, _kill, _podrun_args, _row, _sweep
+from bench.rows import measured
 
 RECIPE = str(ROOT / "recipes" / "resnet18_cifar10" / "train.py")
 HOSTS, CUT, STEPS_BEFORE_CUT, STEPS = 3, "h3", 3, 10
@@ -46,12 +47,11 @@ def cut_run(mode: str, tmp: str, port: int) -> dict:
     d.mkdir(parents=True)
     marker = d.name
     with NetnsHosts(HOSTS) as hosts:
-        argv = [*PODRUN, "launch", "--hosts", ",".join(hosts.hosts), "--devices-per-host", "1", "--transport", "ssh",
-                "--ssh-config", hosts.ssh_config_path, "--python", hosts.python, "--runs-dir", str(d / "runs"),
-                "--run-id", "run", "--master-port", str(port), "--keepalive", f"{KEEPALIVE:g}", "--global-batch", "12",
-                "--elastic", "2", "--", hosts.python, RECIPE, "--data", "synthetic", "--synthetic-size", "240",
-                "--norm", "group", "--steps", str(STEPS), "--eval-every", "0", "--threads", "1", "--quiet",
-                *(["--no-inplace"] if mode == "restart" else [])]
+        argv = _podrun_args(hosts, hosts.hosts, str(d / "runs"), port, "--run-id", "run", "--keepalive",
+                            f"{KEEPALIVE:g}", "--global-batch", "12", "--elastic", "2", "--", hosts.python, RECIPE,
+                            "--data", "synthetic", "--synthetic-size", "240", "--norm", "group", "--steps", str(STEPS),
+                            "--eval-every", "0", "--threads", "1", "--quiet",
+                            *(["--no-inplace"] if mode == "restart" else []))
         rd = d / "runs" / "run"
         log = open(d / "controller.log", "w")
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
@@ -104,18 +104,14 @@ def run(quick: bool) -> list[dict]:
                 r = cut_run(mode, tmp, port)
                 res[mode].append(r)
                 print(json.dumps({k: v for k, v in r.items() if k != "command"}), file=sys.stderr)
-    ok = {m: [x for x in xs if "why" not in x] for m, xs in res.items()}
+    ok, unmeasured = measured(res)
     runs = "; ".join(f"{m} {[x.get('training_again_s') for x in res[m]]}" for m in MODES)
     note = (f"resnet18 recipe (GroupNorm, 32 px synthetic) on {HOSTS} fresh namespace hosts, global batch 12, "
             f"--elastic 2 --keepalive {KEEPALIVE:g}, {CUT} cut after {STEPS_BEFORE_CUT} updates; seconds from the cut "
-            f"to the first update after it completed minus its own duration; interleaved; runs: {runs}")
-    whys = [f"{x['mode']}: {x['why']}" for xs in res.values() for x in xs if "why" in x]
-    if whys:
-        note += "; not measured: " + "; ".join(whys)
+            f"to the first update after it completed minus its own duration; interleaved; runs: {runs}{unmeasured}")
     if not ok["inplace"] or not ok["restart"]:
-        return [{"benchmark": "inplace_recovery", "subject": "podrun in place: cut -> training again", "value": None,
-                 "peer": "podrun restart (--no-inplace)", "peer_value": None, "ratio": None, "unit": "s",
-                 "note": note}]
+        return [_row("inplace_recovery", "podrun in place: cut -> training again", None, "s", note,
+                     "podrun restart (--no-inplace)")]
     rows = [_row("inplace_recovery", "podrun in place: cut -> training again",
                  [x["training_again_s"] for x in ok["inplace"]], "s", note, "podrun restart (--no-inplace)",
                  [x["training_again_s"] for x in ok["restart"]])]

@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 from bench.bench_elastic import GLOBAL_BATCH, HOSTS, KEEPALIVE, LOCAL_BATCH, MIN_HOSTS, PG_TIMEOUT, _steps
-from bench.bench_launch import PODRUN, ROOT, _kill, _row, _sweep
+from bench.bench_launch import ROOT, _kill, _podrun_args, _row, _sweep
+from bench.rows import measured
 
 SCRIPT = str(ROOT / "bench" / "scripts" / "warm_phases.py")
 CUT = "h3"
@@ -45,12 +46,11 @@ def restart_run(mode: str, tmp: str, port: int) -> dict:
     d.mkdir(parents=True)
     marker = d.name
     with NetnsHosts(HOSTS) as hosts:
-        argv = [*PODRUN, "launch", "--hosts", ",".join(hosts.hosts), "--devices-per-host", "1", "--transport", "ssh",
-                "--ssh-config", hosts.ssh_config_path, "--python", hosts.python, "--runs-dir", str(d / "runs"),
-                "--run-id", "run", "--master-port", str(port), "--keepalive", f"{KEEPALIVE:g}", "--global-batch",
-                str(GLOBAL_BATCH), "--local-batch", str(LOCAL_BATCH), "--elastic", str(MIN_HOSTS),
-                "--max-restarts", "2", "--warm" if mode == "warm" else "--no-warm", "--", hosts.python, SCRIPT,
-                "--dir", str(d), "--batch", str(LOCAL_BATCH), "--pg-timeout", f"{PG_TIMEOUT:g}", "--marker", marker]
+        argv = _podrun_args(hosts, hosts.hosts, str(d / "runs"), port, "--run-id", "run", "--keepalive",
+                            f"{KEEPALIVE:g}", "--global-batch", str(GLOBAL_BATCH), "--local-batch", str(LOCAL_BATCH),
+                            "--elastic", str(MIN_HOSTS), "--max-restarts", "2",
+                            "--warm" if mode == "warm" else "--no-warm", "--", hosts.python, SCRIPT, "--dir", str(d),
+                            "--batch", str(LOCAL_BATCH), "--pg-timeout", f"{PG_TIMEOUT:g}", "--marker", marker)
         log = open(d / "controller.log", "w")
         t_launch = time.time()
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
@@ -118,18 +118,15 @@ def run(quick: bool) -> list[dict]:
                 r = restart_run(mode, tmp, port)
                 res[mode].append(r)
                 print(json.dumps({k: v for k, v in r.items() if k != "command"}), file=sys.stderr)
-    ok = {m: [x for x in xs if "why" not in x] for m, xs in res.items()}
+    ok, unmeasured = measured(res)
     note = (f"4 fresh namespace hosts, {CUT} cut after {STEPS_BEFORE_CUT} steps at 1 x 4 x GA 6 = {GLOBAL_BATCH}, "
             f"--keepalive {KEEPALIVE:g} --elastic {MIN_HOSTS}; seconds from the loss declared (summary.json lost_at) "
             f"to the first step on 3 hosts; interleaved cold/warm, runs: cold "
             f"{[x.get('first_step') and round(x['first_step'], 2) for x in res['cold']]}, warm "
-            f"{[x.get('first_step') and round(x['first_step'], 2) for x in res['warm']]}")
-    whys = [f"{x['mode']}: {x['why']}" for xs in res.values() for x in xs if "why" in x]
-    if whys:
-        note += "; not measured: " + "; ".join(whys)
+            f"{[x.get('first_step') and round(x['first_step'], 2) for x in res['warm']]}{unmeasured}")
     if not ok["warm"] or not ok["cold"]:
-        return [{"benchmark": "warm_restart", "subject": "podrun --warm: loss declared -> first step", "value": None,
-                 "peer": "podrun --no-warm", "peer_value": None, "ratio": None, "unit": "s", "note": note}]
+        return [_row("warm_restart", "podrun --warm: loss declared -> first step", None, "s", note,
+                     "podrun --no-warm")]
     rows = [_row("warm_restart", "podrun --warm: loss declared -> first step", [x["first_step"] for x in ok["warm"]],
                  "s", note, "podrun --no-warm", [x["first_step"] for x in ok["cold"]])]
     first = [[x["first_attempt_s"] for x in ok[m]] for m in ("warm", "cold")]

@@ -31,6 +31,14 @@ def row(benchmark: str, subject: str, value, unit: str, note: str, peer: str | N
             "unit": unit, "note": note}
 
 
+def measured(runs: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], str]:
+    """Interleaved runs by mode: the ones that measured (no ``why``), and what the note adds for the others
+    ("; not measured: MODE: WHY; ..."; "" when every run measured)."""
+    whys = [f"{x['mode']}: {x['why']}" for xs in runs.values() for x in xs if "why" in x]
+    return ({m: [x for x in xs if "why" not in x] for m, xs in runs.items()},
+            "; not measured: " + "; ".join(whys) if whys else "")
+
+
 def rows_for(benchmark: str, *, digits: int = 3):
     """row() with the benchmark named once: ``rows_for("hang")(subject, value, unit, note, peer, peer_value)``."""
     return functools.partial(row, benchmark, digits=digits)
