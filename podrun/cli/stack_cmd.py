@@ -21,12 +21,13 @@ def stack(run: str | None, runs_dir: str, as_json: bool) -> None:
     from podrun.launch import control
     from podrun.rundir.layout import check_run_id
     from podrun.wire.control import STACKS, Ask
-    from podrun.wire.owner import SOCKET_NAME, remove_if_stale
+    from podrun.rundir.layout import CONTROL_SOCKET
+    from podrun.wire.owner import remove_if_stale
     from podrun.redaction import escape_controls as esc, redact_record
 
     def live(d: Path) -> bool:
         try:
-            return os.path.lexists(d / SOCKET_NAME) and not remove_if_stale(str(d))
+            return os.path.lexists(d / CONTROL_SOCKET) and not remove_if_stale(str(d))
         except OSError:
             return False
 
@@ -39,7 +40,7 @@ def stack(run: str | None, runs_dir: str, as_json: bool) -> None:
             raise LaunchError(f"cannot read --runs-dir {esc(str(base))}: {exc.strerror or exc}") from None
         if not found:
             raise LaunchError(f"no running launch in {esc(str(base))} (no run directory there has a live "
-                              f"{SOCKET_NAME})",
+                              f"{CONTROL_SOCKET})",
                               hint="give the run: podrun stack RUN_DIR, or --runs-dir where it runs")
         target = found[-1]
     else:
@@ -55,7 +56,7 @@ def stack(run: str | None, runs_dir: str, as_json: bool) -> None:
         raise LaunchError(f"{esc(str(target))}: no such run directory",
                           hint="give a run directory or a run id in --runs-dir")
     name = esc(target.name)
-    not_running = LaunchError(f"run {name} is not running: no podrun launch listens on {esc(str(target / SOCKET_NAME))}",
+    not_running = LaunchError(f"run {name} is not running: no podrun launch listens on {esc(str(target / CONTROL_SOCKET))}",
                               hint="podrun stack works while podrun launch runs; an ended run's last stacks (if it "
                                    "hung) are in its stacks/ directory")
     if remove_if_stale(str(target)):
@@ -71,7 +72,7 @@ def stack(run: str | None, runs_dir: str, as_json: bool) -> None:
         raise LaunchError(f"run {name}: {esc(str(reply['error']))[:300]}")
     problem = reply_problem(reply)
     if problem is not None:
-        raise LaunchError(f"run {name}: the control socket {esc(str(target / SOCKET_NAME))} answered {problem}",
+        raise LaunchError(f"run {name}: the control socket {esc(str(target / CONTROL_SOCKET))} answered {problem}",
                           hint="is a podrun launch of this version listening there?")
     reply = redact_record(reply)
     if as_json:

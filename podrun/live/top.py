@@ -12,11 +12,10 @@ from typing import Any
 
 from podrun.errors import LaunchError
 from podrun.live.state import STATE_ASK
-from podrun.rundir.layout import METRICS, SUMMARY, check_run_id
+from podrun.rundir.layout import CONTROL_SOCKET, METRICS, SPLIT_PARTS, SUMMARY, check_run_id
 from podrun.rundir.summary import Summary
 from podrun.safefs import check_dir, read_trusted
-from podrun.wire.protocol import SPLIT_PARTS
-from podrun.wire.owner import SOCKET_NAME, remove_if_stale
+from podrun.wire.owner import remove_if_stale
 
 TAIL_BYTES = 1 << 16            # of metrics.jsonl read for its last records
 SUMMARY_LIMIT = 64 << 20
@@ -24,7 +23,7 @@ SUMMARY_LIMIT = 64 << 20
 
 def _live(d: Path) -> bool:
     try:
-        return os.path.lexists(d / SOCKET_NAME) and not remove_if_stale(str(d))
+        return os.path.lexists(d / CONTROL_SOCKET) and not remove_if_stale(str(d))
     except OSError:
         return False
 
@@ -40,7 +39,7 @@ def find(run: str | None, runs_dir: str) -> Path:
         except OSError as exc:
             raise LaunchError(f"cannot read --runs-dir {base}: {exc.strerror or exc}") from None
         if not found:
-            raise LaunchError(f"no running launch in {base} (no run directory there has a live {SOCKET_NAME})",
+            raise LaunchError(f"no running launch in {base} (no run directory there has a live {CONTROL_SOCKET})",
                               hint="give the run: podrun top RUN, or --runs-dir where it runs")
         target = found[-1]
     elif os.sep in run:
