@@ -13,6 +13,7 @@ from typing import Any
 from podrun.errors import LaunchError
 from podrun.live.state import STATE_ASK
 from podrun.rundir.layout import CONTROL_SOCKET, METRICS, SPLIT_PARTS, SUMMARY, check_run_id
+from podrun.rundir.metrics import new_records
 from podrun.rundir.summary import Summary
 from podrun.safefs import check_dir, read_trusted
 from podrun.wire.owner import remove_if_stale
@@ -71,24 +72,12 @@ def state(run_dir: Path) -> dict[str, Any]:
 
 
 def _last_records(run_dir: Path) -> list[dict]:
+    """metrics.jsonl's well-formed records in its last TAIL_BYTES (a line cut at the start reads as none)."""
     try:
-        fd = os.open(run_dir / METRICS, os.O_RDONLY | os.O_NOFOLLOW)
+        size = os.lstat(run_dir / METRICS).st_size
     except OSError:
         return []
-    try:
-        size = os.fstat(fd).st_size
-        data = os.pread(fd, min(size, TAIL_BYTES), max(size - TAIL_BYTES, 0))
-    finally:
-        os.close(fd)
-    out = []
-    for raw in data.splitlines()[1 if size > TAIL_BYTES else 0:]:
-        try:
-            r = json.loads(raw)
-        except ValueError:
-            continue
-        if isinstance(r, dict):
-            out.append(r)
-    return out
+    return new_records(run_dir / METRICS, max(size - TAIL_BYTES, 0))[0]
 
 
 def from_records(run_dir: Path) -> dict[str, Any]:
