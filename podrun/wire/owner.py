@@ -74,6 +74,14 @@ def clear_dead(run_dir: str) -> None:
         os.unlink(os.path.join(run_dir, CONTROL_PID))
 
 
+def listening(run_dir) -> bool:
+    """Whether a live controller may listen on <run_dir>/control.sock (a dead run's socket is removed here)."""
+    try:
+        return os.path.lexists(os.path.join(run_dir, CONTROL_SOCKET)) and not remove_if_stale(str(run_dir))
+    except OSError:
+        return False
+
+
 def remove_if_stale(run_dir: str) -> bool:
     """Remove <run_dir>/control.sock (and control.pid) when it is a dead run's: no one listens on it, and its
     controller is dead on this machine or unrecorded; True when removed. A socket whose controller runs on
