@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from podrun.cli.render import ProgressView, human_number, human_seconds, progress_text
+from podrun.cli.render import ProgressView, progress_text
+from podrun.human import human_number, human_seconds
 from podrun.launch import control, hangs, stacks
 from podrun.wire.control import Ask
 from podrun.launch.hangs import WatchOptions
