@@ -20,7 +20,7 @@ from bench.rows import row
 def _cpu(pid: int) -> tuple[float, float]:
     """(CPU seconds of ``pid`` itself, every thread, of its live descendants), from the scheduler's run time in
     nanoseconds (/proc/PID/task/TID/schedstat: the clock ticks of /proc/PID/stat are 10 ms, too coarse here)."""
-    from podrun.wire.proctl import proc_stats
+    from podrun.proctl import proc_stats
 
     stats = {p: f for p, f in proc_stats()}
     kids: dict[int, list[int]] = {}

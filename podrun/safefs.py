@@ -374,17 +374,6 @@ def read_user_file(path, what: str, *, limit: int, error: type[PodrunError] = Un
         os.close(fd)
 
 
-def user_file_problem(path) -> str | None:
-    """Why a path the user named is no regular file podrun can read (None: it is one), without opening it."""
-    try:
-        st = os.stat(path)
-    except OSError as exc:
-        return f"{path}: {exc.strerror or exc}"
-    if not stat.S_ISREG(st.st_mode):
-        return f"{path} is not a regular file"
-    return None
-
-
 def _trusted_dir_problem(path, shared_dir: bool) -> str | None:
     """Why the directory of ``path`` cannot vouch for a file in it: one on the way another user could swap, or its own
     not a real directory of this user or root that only they may write (nor, without ``shared_dir``, read)."""

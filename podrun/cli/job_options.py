@@ -48,5 +48,4 @@ _JOB_OPTIONS = (
                             help="Interpreter the job runs podrun launch with (default: this one, "
                                  "sys.executable).")),
 )
-JOB_OPTION_NAMES = tuple(name for name, _ in _JOB_OPTIONS)
 job_options = stacked(*(opt for _, opt in _JOB_OPTIONS))

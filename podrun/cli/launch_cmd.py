@@ -39,9 +39,9 @@ SHORT_HELP = (
 TORCHRUN_ALIASES = {"nodes": "--nnodes", "devices_per_host": "--nproc-per-node", "grace": "--shutdown-timeout",
                     "cpu_bind": "--numa-binding"}
 SECTION_ATTR = "podrun_section"
-# torchrun's options that are podrun's own too (declared in the torchrun section, filling other parts)
 # podrun launch's options that name the run directory: a resume's own run id and runs dir replace them
 RUN_DIR_OPTIONS = ("run_id", "runs_dir", "resume_run", "log_dir")
+# torchrun's options that are podrun's own too (declared in the torchrun section, filling other parts)
 TORCHRUN_OWN = ("module", "no_python", "run_path", "max_restarts", "master_addr", "master_port")
 
 

@@ -5,7 +5,7 @@ import json
 import re
 import sys
 
-from podrun.human import human_number, human_seconds  # noqa: F401 - the renderers' and tests' names
+from podrun.human import human_number, human_seconds
 
 
 def print_error(exc) -> None:

@@ -129,7 +129,7 @@ def _replan_line(r: dict) -> str:
 def _split_lines(sp: dict | None) -> list[str]:
     """The step split's lines: measured (mean over ranks, the slowest rank), the plan's estimate, the term furthest
     off, an input-bound run."""
-    from podrun.wire.protocol import SPLIT_PARTS
+    from podrun.rundir.layout import SPLIT_PARTS
 
     if sp is None:
         return []

@@ -13,49 +13,19 @@ def stack(run: str | None, runs_dir: str, as_json: bool) -> None:
     """Show the stacks of every worker of RUN (default: the newest run in --runs-dir that is running),
     identical stacks grouped by rank, the odd ranks out first. The run goes on unharmed."""
     import errno
-    import os
-    from pathlib import Path
 
     from podrun.cli.render import print_json
     from podrun.errors import LaunchError
     from podrun.launch import control
-    from podrun.rundir.layout import check_run_id
+    from podrun.live.top import find
     from podrun.wire.control import STACKS, Ask
-    from podrun.wire.owner import SOCKET_NAME, remove_if_stale
+    from podrun.rundir.layout import CONTROL_SOCKET
+    from podrun.wire.owner import remove_if_stale
     from podrun.redaction import escape_controls as esc, redact_record
 
-    def live(d: Path) -> bool:
-        try:
-            return os.path.lexists(d / SOCKET_NAME) and not remove_if_stale(str(d))
-        except OSError:
-            return False
-
-    if run is None:
-        base = Path(runs_dir)
-        try:
-            found = [d for d in base.glob("*") if live(d)] if base.is_dir() else []
-            found.sort(key=lambda d: d.stat().st_mtime)
-        except OSError as exc:
-            raise LaunchError(f"cannot read --runs-dir {esc(str(base))}: {exc.strerror or exc}") from None
-        if not found:
-            raise LaunchError(f"no running launch in {esc(str(base))} (no run directory there has a live "
-                              f"{SOCKET_NAME})",
-                              hint="give the run: podrun stack RUN_DIR, or --runs-dir where it runs")
-        target = found[-1]
-    else:
-        if os.sep not in run:
-            check_run_id(run, "RUN")             # a plain name: a run id in --runs-dir (at most 128 characters)
-        target = Path(run) if os.sep in run or os.path.isdir(run) else Path(runs_dir) / run
-    try:
-        is_dir = target.is_dir()
-    except OSError as exc:
-        raise LaunchError(f"{esc(str(target))[:300]}: {exc.strerror or exc}",
-                          hint="give a run directory or a run id in --runs-dir") from None
-    if not is_dir:
-        raise LaunchError(f"{esc(str(target))}: no such run directory",
-                          hint="give a run directory or a run id in --runs-dir")
+    target = find(run, runs_dir, "stack")
     name = esc(target.name)
-    not_running = LaunchError(f"run {name} is not running: no podrun launch listens on {esc(str(target / SOCKET_NAME))}",
+    not_running = LaunchError(f"run {name} is not running: no podrun launch listens on {esc(str(target / CONTROL_SOCKET))}",
                               hint="podrun stack works while podrun launch runs; an ended run's last stacks (if it "
                                    "hung) are in its stacks/ directory")
     if remove_if_stale(str(target)):
@@ -71,7 +41,7 @@ def stack(run: str | None, runs_dir: str, as_json: bool) -> None:
         raise LaunchError(f"run {name}: {esc(str(reply['error']))[:300]}")
     problem = reply_problem(reply)
     if problem is not None:
-        raise LaunchError(f"run {name}: the control socket {esc(str(target / SOCKET_NAME))} answered {problem}",
+        raise LaunchError(f"run {name}: the control socket {esc(str(target / CONTROL_SOCKET))} answered {problem}",
                           hint="is a podrun launch of this version listening there?")
     reply = redact_record(reply)
     if as_json:

@@ -73,13 +73,13 @@ class BoundedFloat(click.ParamType):
 
 
 class Seconds(BoundedFloat):
-    """A finite duration in seconds, >= 0 (or > 0 with ``positive``), at most ``maximum``."""
+    """A finite duration in seconds, >= 0 (or > 0 with ``positive``), at most MAX_SECONDS."""
 
     name = "seconds"
     noun, unit = "a number of seconds", " seconds"
 
-    def __init__(self, why: str, *, positive: bool = False, maximum: float = MAX_SECONDS):
-        super().__init__(0.0, maximum, why, above=positive)
+    def __init__(self, why: str, *, positive: bool = False):
+        super().__init__(0.0, MAX_SECONDS, why, above=positive)
 
 
 def _short(value) -> str:

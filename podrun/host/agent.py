@@ -66,7 +66,7 @@ from podrun.host.workers import (bind_worker, fresh_error_file, instance_workers
 from podrun.wire import protocol
 from podrun.wire.agent_args import AgentArgs, FromEnv, cores_text
 from podrun.wire.liveness import FIRST_HEARTBEAT_S
-from podrun.wire.proctl import PR_SET_CHILD_SUBREAPER, die_with_parent, prctl as _prctl, signal_group
+from podrun.proctl import PR_SET_CHILD_SUBREAPER, die_with_parent, prctl as _prctl, signal_group
 
 # podrun.runtime.progress.FD_ENV, named here: that package is the workers' (tests/host/test_lean_agent.py)
 PROGRESS_ENV = "PODRUN_PROGRESS_FD"

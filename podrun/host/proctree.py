@@ -6,7 +6,7 @@ import os
 import signal
 import time
 
-from podrun.wire.proctl import proc_stats, stat_fields
+from podrun.proctl import proc_stats, stat_fields
 
 
 def _children(pid: int) -> list[tuple[int, str]]:

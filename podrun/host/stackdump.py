@@ -5,7 +5,7 @@ import os
 import signal
 import time
 
-from podrun.wire.proctl import proc_start
+from podrun.proctl import proc_start
 
 STACK_SIGNAL = int(signal.SIGRTMIN) + 4   # faulthandler's dump signal in workers (podrun/runtime/site)
 SITE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime", "site")

@@ -37,7 +37,7 @@ import threading
 from podrun import pystart
 from podrun.host import zygote_client
 from podrun.wire.probe import listen, torch_available
-from podrun.wire.proctl import die_with_parent
+from podrun.proctl import die_with_parent
 from podrun.wire.worker_env import AGENT_STORE_NAME as ENV    # the name podrun.wire.worker_env sets for every worker
 
 FD_ENV = "PODRUN_STORE_FD"   # in a store host a zygote forked: the number its listening socket has there

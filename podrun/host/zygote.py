@@ -45,7 +45,7 @@ from podrun.host.zygote_child import become_worker, finish
 from podrun.host.zygote_client import CONNECT_S, IDLE_S, QUIT
 from podrun.wire import unixsock
 from podrun.wire.owner import owner_alive, remove_if_stale
-from podrun.wire.proctl import PR_SET_PDEATHSIG, die_with_parent, prctl, signal_group
+from podrun.proctl import PR_SET_PDEATHSIG, die_with_parent, prctl, signal_group
 
 PRELOAD = ("torch", "torch.distributed", "torch.nn", "torch.optim", "numpy", "podrun.runtime.distributed",
            "podrun.train.runner", "podrun.train.loop", "podrun.train.data", "podrun.train.recipe_main",

@@ -14,7 +14,7 @@ import threading
 import traceback
 
 from podrun.host.workers import bind_worker
-from podrun.wire.proctl import PR_SET_PDEATHSIG, prctl
+from podrun.proctl import PR_SET_PDEATHSIG, prctl
 from podrun.wire.worker_env import STACK_DIR_ENV
 
 WARM_ENV = "PODRUN_WARM"        # in a worker the zygote forked: the zygote's pid

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 from podrun import pystart, safefs
 from podrun.errors import PodrunError
-from podrun.wire.proctl import signal_group
+from podrun.proctl import signal_group
 from podrun.rundir.layout import ZYGOTE
 
 IDLE_S = 60.0           # seconds with no agent connected and no worker alive before the zygote ends

@@ -14,11 +14,6 @@ from podrun.plan.inputs import PlanOptions
 from podrun.specs.allocation import Discovered
 from podrun.specs.cluster import JobsSpec
 
-__all__ = [
-    "JobOptions", "plan_hosts", "launch_argv", "request_from_plan", "plan_comments", "default_job_name",
-    "check_allocation", "allocation_plan_options",
-]
-
 
 @dataclass(frozen=True)
 class JobOptions:

@@ -350,26 +350,18 @@ def parse_qstat(job_id: str, text: str) -> JobState | None:
     return JobState(job_id, "uge", state, None, ",".join(hosts) or None, reason, letters)
 
 
-# Grid Engine's end of a job, from its qacct record (the master task's; after qdel: failed "100 : assumedly after
-# job", exit_status 137): in this order, the first that holds decides
-UGE_ENDS = (
-    ("deleted_by names who deleted it (Univa / Altair Grid Engine)", "CANCELLED"),
-    ("failed 100 (ended by Grid Engine) after its h_rt limit (category's -l h_rt=, ru_wallclock)", "TIMEOUT"),
-    ("failed 100 : assumedly after job (qdel, or a signal Grid Engine sent)", "CANCELLED"),
-    ("any other nonzero failed (Grid Engine could not run the job), or a nonzero exit_status", "FAILED"),
-    ("failed 0 and exit_status 0", "COMPLETED"),
-)
-
-
 def _seconds(text: str | None) -> float | None:
     m = re.match(r"\s*(\d+(?:\.\d+)?)", text or "")
     return float(m.group(1)) if m else None
 
 
 def parse_qacct(job_id: str, text: str) -> JobState:
-    """An ended job's `qacct -j` records -> JobState by UGE_ENDS: exit_status is the job script's exit code as Grid
-    Engine says it (128+signal when killed, as after qdel; none when it never ran), every host with a record named
-    (the master task's, whose record comes last, first)."""
+    """An ended job's `qacct -j` records -> JobState, the first that holds deciding: a deleted_by (Univa / Altair)
+    CANCELLED; failed 100 (ended by Grid Engine) past the h_rt of its category TIMEOUT, else CANCELLED (100 :
+    assumedly after job: qdel, or a signal Grid Engine sent); another nonzero failed (Grid Engine could not run the
+    job) or a nonzero exit_status FAILED; else COMPLETED. exit_status is the job script's exit code as Grid Engine
+    says it (128+signal when killed, as after qdel; none when it never ran), every host with a record named (the
+    master task's, whose record comes last, first)."""
     records: list[dict] = [{}]
     for line in text.splitlines():
         key, _, value = line.partition(" ")

@@ -6,7 +6,6 @@ import shlex
 from podrun.jobscript.job import SCHEDULER_TABLE, JobRequest, format_time, validate
 from podrun.pystart import is_helper
 
-__all__ = ["render", "submit_argv"]
 
 _MODULES_INIT = (
     "if ! command -v module >/dev/null 2>&1 && [ -f /etc/profile.d/modules.sh ]; then\n"

@@ -12,7 +12,8 @@ import threading
 
 from podrun.launch.stacks import DUMP_WAIT_S
 from podrun.wire.control import MAX_REPLY_BYTES, Ask, read_reply, reply_line
-from podrun.wire.owner import OWNER_NAME, SOCKET_NAME, clear_dead, record_text
+from podrun.rundir.layout import CONTROL_PID, CONTROL_SOCKET
+from podrun.wire.owner import clear_dead, record_text
 
 
 def claim(run_dir: str) -> None:
@@ -21,13 +22,13 @@ def claim(run_dir: str) -> None:
     from podrun.safefs import create_new
 
     clear_dead(run_dir)
-    with os.fdopen(create_new(os.path.join(run_dir, OWNER_NAME)), "w", encoding="ascii") as f:
+    with os.fdopen(create_new(os.path.join(run_dir, CONTROL_PID)), "w", encoding="ascii") as f:
         f.write(record_text())
 
 
 def release(run_dir: str) -> None:
     with contextlib.suppress(OSError):
-        os.unlink(os.path.join(run_dir, OWNER_NAME))
+        os.unlink(os.path.join(run_dir, CONTROL_PID))
 
 
 def serve(run_dir: str, handle) -> socket.socket:
@@ -35,7 +36,7 @@ def serve(run_dir: str, handle) -> socket.socket:
     control), whose dict is the reply. Returns the listening socket; close it with ``stop``."""
     from podrun.wire import unixsock
 
-    s = unixsock.bind(os.path.join(run_dir, SOCKET_NAME), 8)
+    s = unixsock.bind(os.path.join(run_dir, CONTROL_SOCKET), 8)
 
     def one(conn):
         with conn:
@@ -69,7 +70,7 @@ def stop(run_dir: str, server: socket.socket | None) -> None:
     if server is None:
         return
     with contextlib.suppress(OSError):
-        os.unlink(os.path.join(run_dir, SOCKET_NAME))
+        os.unlink(os.path.join(run_dir, CONTROL_SOCKET))
     server.close()
 
 
@@ -83,7 +84,7 @@ def ask(run_dir: str, request: Ask, timeout: float = DUMP_WAIT_S * 4):
 
     deadline = time.monotonic() + timeout
     data = bytearray()
-    with unixsock.connect(os.path.join(run_dir, SOCKET_NAME), timeout) as s:
+    with unixsock.connect(os.path.join(run_dir, CONTROL_SOCKET), timeout) as s:
         s.sendall(request.to_line())
         while chunk := s.recv(1 << 16):
             data += chunk

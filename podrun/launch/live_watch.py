@@ -28,7 +28,7 @@ from podrun.launch import hangs, slow_ranks, stacks
 from podrun.launch.outcome import Failure, FailureKind, Instances, InstanceState
 from podrun.launch.request import LaunchRequest
 from podrun import safefs
-from podrun.rundir.layout import private_subdir
+from podrun.rundir.layout import STACKS, private_subdir
 from podrun.launch.transports.base import InstanceHandle
 from podrun.redaction import redact_record, redact_text
 from podrun.wire import protocol
@@ -180,7 +180,7 @@ class LiveWatch:
         if d.asks or (d.reason == "hang" and not busy):
             self._write_stacks(workers, lines)
         reply = redact_record({"run_id": self.req.run_id, "ranks": len(workers), "groups": stacks.to_json(groups),
-                               "lines": lines, "stacks_dir": str(Path(self.req.run_dir) / stacks.STACKS_DIR)})
+                               "lines": lines, "stacks_dir": str(Path(self.req.run_dir) / STACKS)})
         for done, holder in d.asks:
             holder.append(reply)
             done.set()
@@ -213,7 +213,7 @@ class LiveWatch:
                         "and no rank moved between two samples of its stack and CPU time; collecting every "
                         "worker's stacks")
         self.notice(f"the stacks of {len(workers)} worker(s), odd ranks first "
-                    f"(every thread in {Path(self.req.run_dir) / stacks.STACKS_DIR}/rank-N.txt):\n  "
+                    f"(every thread in {Path(self.req.run_dir) / STACKS}/rank-N.txt):\n  "
                     + "\n  ".join(lines))
         self.hang = {"window_s": d.window, "silent_s": round(d.silent_s, 3), "on_hang": self.watch.on_hang,
                      "found_s": round(time.monotonic() - d.progress_at, 3),
@@ -268,9 +268,9 @@ class LiveWatch:
         return hangs.busy_ranks(before, now)
 
     def _write_stacks(self, workers: list, lines: list[str]) -> None:
-        where = Path(self.req.run_dir) / stacks.STACKS_DIR
+        where = Path(self.req.run_dir) / STACKS
         try:
-            private_subdir(self.req.run_dir, stacks.STACKS_DIR, "stacks directory")
+            private_subdir(self.req.run_dir, STACKS, "stacks directory")
             for w in workers:
                 safefs.write_file(where / f"rank-{w.rank}.txt", redact_text(stacks.stack_file_text(w)), "stacks file",
                                   durable=False)

@@ -317,11 +317,9 @@ def _drop_local_snapshots(request: LaunchRequest) -> None:
         return
     for host in dict.fromkeys(inst.host for inst in request.instances):
         d = snapshot_dir(request.run_id, host, key)
-        try:
+        with contextlib.suppress(OSError):
             if stat.S_ISDIR(os.lstat(d).st_mode):
                 remove(d)
-        except OSError:
-            pass
 
 
 def _earlier_attempts(run_dir: str) -> list[Attempt]:

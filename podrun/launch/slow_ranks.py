@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from statistics import median
 
-from podrun.wire.protocol import SPLIT_PARTS, StepSplit
+from podrun.rundir.layout import SPLIT_PARTS
+from podrun.wire.protocol import StepSplit
 
 SLOW_FACTOR = 1.5              # a rank is slow when its busy time stays at least this times the others' median
 SLOW_CLEAR = 1.25              # ... and no longer slow once back under this (no flapping at the edge)

@@ -7,7 +7,6 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from podrun.rundir.layout import STACKS as STACKS_DIR  # noqa: F401 - for the live watch
 DUMP_WAIT_S = 5.0              # how long the controller waits for every worker's stacks
 SHOWN_FRAMES = 4               # frames of a stack on the console (the files have them all)
 

@@ -34,7 +34,7 @@ from podrun.launch.request import LaunchRequest
 from podrun.launch.transports.base import InstanceHandle, Transport
 from podrun.redaction import redact_text
 from podrun.rundir import layout
-from podrun.wire import owner, protocol
+from podrun.wire import protocol
 from podrun.wire.control import STACKS, Ask
 
 LOST_EXIT = 255           # like ssh: the connection to a host was lost
@@ -278,7 +278,7 @@ class Supervisor:
             try:
                 server = control.serve(self.req.run_dir, self._control)
             except OSError as exc:
-                self.notice(f"cannot listen on {Path(self.req.run_dir) / owner.SOCKET_NAME}: "
+                self.notice(f"cannot listen on {Path(self.req.run_dir) / layout.CONTROL_SOCKET}: "
                             f"{exc.strerror or exc}; podrun stack cannot reach this run")
             return self._run_started()
         finally:

@@ -16,8 +16,7 @@ from podrun import safefs
 from podrun.errors import LaunchError
 from podrun.launch.observe import RunObserver
 from podrun.rundir.account import CATEGORIES
-from podrun.rundir.layout import PROMETHEUS_TARGETS as TARGETS
-from podrun.wire.protocol import SPLIT_PARTS
+from podrun.rundir.layout import PROMETHEUS_TARGETS as TARGETS, SPLIT_PARTS
 
 SD_MODE = 0o644                          # a Prometheus server running as its own user reads it
 LINGER_MAX_S = 30.0                      # the longest the endpoint waits at the end for its scraper's last visit

@@ -7,8 +7,8 @@ import time
 from typing import Any
 
 from podrun.launch.observe import RunObserver
+from podrun.rundir.layout import SPLIT_PARTS
 from podrun.rundir.summary import Attempt, Summary
-from podrun.wire.protocol import SPLIT_PARTS
 
 STATE_ASK = "state"        # the control-socket request that answers the live state
 LABELLED = 64              # hosts (ranks) named one by one at most; past it the slowest and fastest EDGE and the lost

@@ -11,46 +11,46 @@ from pathlib import Path
 from typing import Any
 
 from podrun.errors import LaunchError
+from podrun.redaction import escape_controls as esc
 from podrun.live.state import STATE_ASK
-from podrun.rundir.layout import METRICS, SUMMARY, check_run_id
+from podrun.rundir.layout import CONTROL_SOCKET, METRICS, SPLIT_PARTS, SUMMARY, check_run_id
+from podrun.rundir.metrics import new_records
 from podrun.rundir.summary import Summary
 from podrun.safefs import check_dir, read_trusted
-from podrun.wire.protocol import SPLIT_PARTS
-from podrun.wire.owner import SOCKET_NAME, remove_if_stale
+from podrun.wire.owner import listening
 
 TAIL_BYTES = 1 << 16            # of metrics.jsonl read for its last records
 SUMMARY_LIMIT = 64 << 20
 
 
-def _live(d: Path) -> bool:
-    try:
-        return os.path.lexists(d / SOCKET_NAME) and not remove_if_stale(str(d))
-    except OSError:
-        return False
-
-
-def find(run: str | None, runs_dir: str) -> Path:
-    """RUN's directory (a run id in ``runs_dir`` or a path; None: the newest running one there), refused unless it is
-    a directory of this user that no one else may write (podrun.safefs.check_dir, as `podrun resume` refuses)."""
+def find(run: str | None, runs_dir: str, command: str = "top") -> Path:
+    """RUN's directory for `podrun COMMAND` (a run id in ``runs_dir``, or a run directory's path; None: the newest
+    running one there), refused unless it is a directory of this user that no one else may write
+    (podrun.safefs.check_dir, as `podrun resume` refuses); the user's words escaped in every message."""
     if run is None:
         base = Path(runs_dir)
         try:
-            found = sorted((d for d in base.glob("*") if _live(d)), key=lambda d: d.stat().st_mtime) \
+            found = sorted((d for d in base.glob("*") if listening(d)), key=lambda d: d.stat().st_mtime) \
                 if base.is_dir() else []
         except OSError as exc:
-            raise LaunchError(f"cannot read --runs-dir {base}: {exc.strerror or exc}") from None
+            raise LaunchError(f"cannot read --runs-dir {esc(str(base))}: {exc.strerror or exc}") from None
         if not found:
-            raise LaunchError(f"no running launch in {base} (no run directory there has a live {SOCKET_NAME})",
-                              hint="give the run: podrun top RUN, or --runs-dir where it runs")
+            raise LaunchError(f"no running launch in {esc(str(base))} (no run directory there has a live "
+                              f"{CONTROL_SOCKET})", hint=f"give the run: podrun {command} RUN, or --runs-dir where it runs")
         target = found[-1]
-    elif os.sep in run:
-        target = Path(os.path.abspath(run))
     else:
-        target = Path(runs_dir) / check_run_id(run, "RUN")
-    if not target.is_dir():
-        raise LaunchError(f"{target}: no such run directory", hint="give a run directory or a run id in --runs-dir")
+        if os.sep not in run:
+            check_run_id(run, "RUN")             # a plain name: a run id in --runs-dir (at most 128 characters)
+        target = Path(os.path.abspath(run)) if os.sep in run or os.path.isdir(run) else Path(runs_dir) / run
+    try:
+        is_dir = target.is_dir()
+    except OSError as exc:
+        raise LaunchError(f"{esc(str(target))[:300]}: {exc.strerror or exc}",
+                          hint="give a run directory or a run id in --runs-dir") from None
+    if not is_dir:
+        raise LaunchError(f"{esc(str(target))}: no such run directory", hint="give a run directory or a run id in --runs-dir")
     return check_dir(target, "run directory", shared_read=True, error=LaunchError,
-                     hint="podrun top reads run directories of your own")
+                     hint=f"podrun {command} reads run directories of your own")
 
 
 def state(run_dir: Path) -> dict[str, Any]:
@@ -58,7 +58,7 @@ def state(run_dir: Path) -> dict[str, Any]:
     from podrun.launch import control
     from podrun.wire.control import Ask
 
-    if _live(run_dir):
+    if listening(run_dir):
         try:
             reply = control.ask(str(run_dir), Ask(STATE_ASK), timeout=10.0)
             if isinstance(reply, dict) and "error" not in reply and isinstance(reply.get("hosts"), list):
@@ -72,24 +72,12 @@ def state(run_dir: Path) -> dict[str, Any]:
 
 
 def _last_records(run_dir: Path) -> list[dict]:
+    """metrics.jsonl's well-formed records in its last TAIL_BYTES (a line cut at the start reads as none)."""
     try:
-        fd = os.open(run_dir / METRICS, os.O_RDONLY | os.O_NOFOLLOW)
+        size = os.lstat(run_dir / METRICS).st_size
     except OSError:
         return []
-    try:
-        size = os.fstat(fd).st_size
-        data = os.pread(fd, min(size, TAIL_BYTES), max(size - TAIL_BYTES, 0))
-    finally:
-        os.close(fd)
-    out = []
-    for raw in data.splitlines()[1 if size > TAIL_BYTES else 0:]:
-        try:
-            r = json.loads(raw)
-        except ValueError:
-            continue
-        if isinstance(r, dict):
-            out.append(r)
-    return out
+    return new_records(run_dir / METRICS, max(size - TAIL_BYTES, 0))[0]
 
 
 def from_records(run_dir: Path) -> dict[str, Any]:

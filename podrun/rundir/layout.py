@@ -78,6 +78,8 @@ LAUNCH_FILES = (COMMAND, ENV, SUMMARY, instance_log(0))
 # directories the run's processes write into (stacks, torch's error files, the zygotes' sockets): when a
 # prepared run directory has one already, it must be private as the run directory is
 RUN_SUBDIRS = (STACKS, ERRORS, ZYGOTE)
+# the parts of a step split, as a rank's progress line and summary.json's step_split carry them
+SPLIT_PARTS = ("input", "compute", "comm", "optim")
 _HINT = ("podrun writes a run only into directories of your own that no one else may write; pass another "
          "--runs-dir or --run-id, or remove that one")
 

@@ -25,7 +25,7 @@ def writer_alive(host: str | None, pid: int) -> bool:
     """Whether the process ``pid`` on ``host`` (None: this host) may still run; another host's is assumed alive."""
     if host is not None and host != socket.gethostname():
         return True
-    from podrun.wire.proctl import pid_alive
+    from podrun.proctl import pid_alive
 
     return pid_alive(pid)
 

@@ -148,14 +148,16 @@ def iter_records(run_dir: str | os.PathLike) -> Iterator[dict[str, Any] | None]:
     p = Path(run_dir)
     p = p if p.is_file() else p / METRICS
     with open(p, "rb") as f:
-        for raw in f:
-            if not raw.strip():
-                continue
-            try:
-                record = json.loads(raw.decode("utf-8"))
-            except (UnicodeDecodeError, ValueError, RecursionError):
-                record = None
-            yield record if isinstance(record, dict) and well_formed(record) else None
+        yield from (_record(raw) for raw in f if raw.strip())
+
+
+def _record(raw: bytes) -> dict[str, Any] | None:
+    """One line's record; None unless it is UTF-8, a JSON object and ``well_formed``."""
+    try:
+        record = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    return record if isinstance(record, dict) and well_formed(record) else None
 
 
 @dataclass(frozen=True)
@@ -235,15 +237,7 @@ def new_records(path: str | os.PathLike, offset: int) -> tuple[list[dict[str, An
     finally:
         os.close(fd)
     whole = data[:data.rfind(b"\n") + 1]
-    records = []
-    for raw in whole.splitlines():
-        try:
-            r = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError, RecursionError):
-            continue
-        if isinstance(r, dict) and well_formed(r):
-            records.append(r)
-    return records, offset + len(whole)
+    return [r for r in map(_record, whole.splitlines()) if r is not None], offset + len(whole)
 
 
 def is_integer(v: Any) -> bool:

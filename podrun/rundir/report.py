@@ -13,10 +13,9 @@ from podrun import safefs
 from podrun.errors import PodrunError
 from podrun.human import human_seconds
 from podrun.rundir.account import CATEGORIES, LABELS, Account
-from podrun.rundir.layout import COMMAND, METRICS, PLAN, SUMMARY, instance_log
+from podrun.rundir.layout import COMMAND, METRICS, PLAN, SPLIT_PARTS, SUMMARY, instance_log
 from podrun.rundir.metrics import StepLog, is_integer, complete, latest_by_step, read_metrics_counted
 from podrun.rundir.summary import Summary, read_json, read_summary
-from podrun.wire.protocol import SPLIT_PARTS
 
 
 @dataclass

@@ -13,11 +13,6 @@ from podrun.specs.hosts import (
 )
 from podrun.specs.limits import MAX_HOSTS
 
-__all__ = [
-    "Discovered", "HostEntry", "discover", "expand_nodelist", "compress_hostlist",
-    "read_pbs_nodefile", "read_pe_hostfile", "read_sge_hostlist", "MAX_HOSTS", "HostSource", "host_source",
-    "hosts_for_cluster",
-]
 
 # digits in one bound of a nodelist range: 18 holds any real node number and stays far from the
 # interpreter's limit on int() of long digit strings

@@ -1,1 +1,1 @@
-"""What the controller and the hosts share: the line protocol, the liveness bounds, a machine's facts, process control."""
+"""What the controller and the hosts share: the line protocol, the liveness bounds, a machine's facts."""

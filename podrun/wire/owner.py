@@ -10,10 +10,10 @@ import os
 import time
 
 from podrun.errors import PodrunError
-from podrun.rundir.layout import CONTROL_PID as OWNER_NAME, CONTROL_SOCKET as SOCKET_NAME  # noqa: F401
+from podrun.rundir.layout import CONTROL_PID, CONTROL_SOCKET
 from podrun.safefs import read_trusted
 from podrun.wire import unixsock
-from podrun.wire.proctl import pid_alive, proc_start
+from podrun.proctl import pid_alive, proc_start
 
 # a dead controller's socket can still answer for a moment: its main thread is a zombie (dead to pid_alive) while
 # its other threads, under load, are still exiting and the listening socket with them
@@ -44,7 +44,7 @@ def _recorded(run_dir: str) -> tuple[int, bool] | None:
     that is not known here: no record, one that fails read_trusted or does not parse, or one of another boot
     (another machine, or this one before a reboot)."""
     try:
-        parts = read_trusted(os.path.join(run_dir, OWNER_NAME), "controller record", limit=RECORD_LIMIT).split()
+        parts = read_trusted(os.path.join(run_dir, CONTROL_PID), "controller record", limit=RECORD_LIMIT).split()
         boot, pid = parts[0].decode("ascii"), int(parts[1])
     except (OSError, PodrunError, ValueError, IndexError):
         return None
@@ -68,17 +68,25 @@ def clear_dead(run_dir: str) -> None:
     found = _recorded(run_dir)
     if found is not None and found[1]:
         raise PodrunError(f"run directory {run_dir} is held by its controller, pid {found[0]} (alive, named in "
-                          f"{OWNER_NAME}); nothing was started",
+                          f"{CONTROL_PID}); nothing was started",
                           hint="wait for that run to end (or end it: `kill PID`), then resume")
     with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(run_dir, OWNER_NAME))
+        os.unlink(os.path.join(run_dir, CONTROL_PID))
+
+
+def listening(run_dir) -> bool:
+    """Whether a live controller may listen on <run_dir>/control.sock (a dead run's socket is removed here)."""
+    try:
+        return os.path.lexists(os.path.join(run_dir, CONTROL_SOCKET)) and not remove_if_stale(str(run_dir))
+    except OSError:
+        return False
 
 
 def remove_if_stale(run_dir: str) -> bool:
     """Remove <run_dir>/control.sock (and control.pid) when it is a dead run's: no one listens on it, and its
     controller is dead on this machine or unrecorded; True when removed. A socket whose controller runs on
     another machine (a shared filesystem) is left alone."""
-    path = os.path.join(run_dir, SOCKET_NAME)
+    path = os.path.join(run_dir, CONTROL_SOCKET)
     if not os.path.lexists(path) or owner_alive(run_dir):
         return False
     deadline = time.monotonic() + EXITING_S
@@ -86,10 +94,10 @@ def remove_if_stale(run_dir: str) -> bool:
         if owner_alive(run_dir) is not False or time.monotonic() >= deadline:
             return False
         time.sleep(0.05)
-    if owner_alive(run_dir) is None and os.path.lexists(os.path.join(run_dir, OWNER_NAME)):
+    if owner_alive(run_dir) is None and os.path.lexists(os.path.join(run_dir, CONTROL_PID)):
         return False                              # recorded by a controller on another machine
     removed = unixsock.remove_stale(path)
     if removed:
         with contextlib.suppress(OSError):
-            os.unlink(os.path.join(run_dir, OWNER_NAME))
+            os.unlink(os.path.join(run_dir, CONTROL_PID))
     return removed

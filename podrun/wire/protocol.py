@@ -46,7 +46,7 @@ import time
 from dataclasses import dataclass, field, fields
 
 from podrun import safefs
-from podrun.rundir.layout import STACKS_REQUEST as REQUEST_FILE, STOP_REQUEST as STOP_FILE  # noqa: F401
+from podrun.rundir.layout import SPLIT_PARTS, STACKS_REQUEST, STOP_REQUEST
 
 PREFIX = "@podrun "
 MAX_LINE = 64 * 1024           # bytes of one worker line the agent holds and forwards
@@ -259,9 +259,6 @@ class Part(Message):
         if stream not in ("out", "err") or flag not in ("r", "-"):
             raise ValueError(f"not a part line: {text[:40]!r}")
         return cls(stream, flag == "r", state)
-
-
-SPLIT_PARTS = ("input", "compute", "comm", "optim")
 
 
 @dataclass(frozen=True)
@@ -581,10 +578,10 @@ def exit_code_from_returncode(rc: int) -> int:
 def write_request(run_dir: str) -> None:
     """Ask the agents that have no stdin (mpirun, srun: they share the run dir) for stacks: a new token in
     <run_dir>/stacks-request, written whole (a new private file, then a rename)."""
-    safefs.write_file(os.path.join(run_dir, REQUEST_FILE), f"{time.time_ns()}\n", "request file", durable=False)
+    safefs.write_file(os.path.join(run_dir, STACKS_REQUEST), f"{time.time_ns()}\n", "request file", durable=False)
 
 
-def read_request(run_dir: str, name: str = REQUEST_FILE) -> str:
+def read_request(run_dir: str, name: str = STACKS_REQUEST) -> str:
     """The current token of <run_dir>/stacks-request, or of the request file ``name`` ("" when there is none)."""
     try:
         with open(os.path.join(run_dir, name), encoding="utf-8") as f:
@@ -625,13 +622,13 @@ def write_stop(run_dir: str, sig: int) -> None:
     """Ask the agents that have no stdin (mpirun, srun) to end their workers with ``sig`` first: its name and
     a new token in <run_dir>/stop-request, written whole (a new private file, then a rename); an agent acts on
     a token it did not see at its start (an earlier attempt's request in the same run dir is no request)."""
-    safefs.write_file(os.path.join(run_dir, STOP_FILE), f"{signal.Signals(sig).name} {time.time_ns()}\n",
+    safefs.write_file(os.path.join(run_dir, STOP_REQUEST), f"{signal.Signals(sig).name} {time.time_ns()}\n",
                       "request file", durable=False)
 
 
 def read_stop(run_dir: str) -> tuple[str, int | None]:
     """(the token of <run_dir>/stop-request, "" when there is none; the signal it names, one of STOP_TOKENS',
     else None)."""
-    text = read_request(run_dir, STOP_FILE)
+    text = read_request(run_dir, STOP_REQUEST)
     name = text.partition(" ")[0]
     return text, int(getattr(signal, name)) if name in STOP_TOKENS.values() else None

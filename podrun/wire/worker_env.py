@@ -88,12 +88,6 @@ def cpu_share(environ: Mapping[str, str] | None = None) -> int | None:
     share = (os.environ if environ is None else environ).get(CPUS_ENV, "")
     return int(share) if share.isdigit() and int(share) > 0 else None
 
-# Set only when neither the host nor --env has them: threads per worker (see omp_num_threads), line
-# buffered output so logs stream live, NCCL's async error handling as torchrun sets it, torchrun's list of
-# forwarded signals, and gloo's interface where the host's own name resolves to loopback
-# (podrun.wire.probe.gloo_interface).
-HOST_DEFAULT_NAMES = ("OMP_NUM_THREADS", CPUS_ENV, "PYTHONUNBUFFERED", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
-                      "TORCHELASTIC_SIGNALS_TO_HANDLE", "GLOO_SOCKET_IFNAME")
 # The signals podrun handles and passes on to the workers as they are (podrun.launch.supervisor.STOP_SIGNALS,
 # podrun.wire.protocol.STOP_TOKENS, the agent's own handlers), in torchrun's variable for its own list
 SIGNALS_HANDLED = "SIGTERM,SIGINT,SIGHUP,SIGUSR1"
@@ -275,14 +269,16 @@ def instance_envs(plan: "Plan", instance_index: int, attempt: "RunAttempt", *, a
 
     ``agent_store``: the agent of global rank 0 hosts the store on ``master_port`` (podrun.host.store),
     so every worker, rank 0 included, is a client of it (TORCHELASTIC_USE_AGENT_STORE=True, as under torchrun).
-    ``host_env``: the variables the workers inherit (the host's, with --env): the names of
-    HOST_DEFAULT_NAMES set there are left to them; its SNAPSHOT_KEY_NAME names the snapshot directory. ``cpus``:
-    the cores the agent may use; None (the controller, which does not know a remote host's cores) leaves
-    OMP_NUM_THREADS out. ``bound``: each local rank's cores (podrun.wire.worker_env.cpu_sets): its share is their
-    count. ``gloo_ifname``: the
-    interface gloo must bind on this host (the agent's finding; None: gloo's own choice stands).
+    ``host_env``: the variables the workers inherit (the host's, with --env): the defaults below that are set there
+    are left to them; its SNAPSHOT_KEY_NAME names the snapshot directory. ``cpus``: the cores the agent may use;
+    None (the controller, which does not know a remote host's cores) leaves OMP_NUM_THREADS out. ``bound``: each
+    local rank's cores (podrun.wire.worker_env.cpu_sets): its share is their count. ``gloo_ifname``: the interface
+    gloo must bind on this host (the agent's finding; None: gloo's own choice stands).
     """
     host_env = {} if host_env is None else host_env
+    # set only when neither the host nor --env has them: threads per worker (see omp_num_threads), line buffered
+    # output so logs stream live, NCCL's async error handling as torchrun sets it, torchrun's list of forwarded
+    # signals, and gloo's interface where the host's own name resolves to loopback (podrun.wire.probe.gloo_interface)
     defaults = {"PYTHONUNBUFFERED": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
                 "TORCHELASTIC_SIGNALS_TO_HANDLE": SIGNALS_HANDLED}
     if cpus is not None:

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from podrun.host import stackdump
-from podrun.wire.proctl import proc_start
+from podrun.proctl import proc_start
 
 
 def _sleeper() -> subprocess.Popen:

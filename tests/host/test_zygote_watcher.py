@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from podrun.wire.owner import OWNER_NAME, SOCKET_NAME
+from podrun.rundir.layout import CONTROL_PID, CONTROL_SOCKET
 from tests.launch.helpers import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -39,7 +39,7 @@ def _dead_run(run_dir) -> str:
     control.sock as a controller does, then ended without cleaning up; zygote/ holds the host's socket path."""
     run_dir.mkdir()
     subprocess.run([sys.executable, "-c", DEAD_CONTROLLER, str(run_dir)], check=True, timeout=60)
-    assert (run_dir / OWNER_NAME).exists() and (run_dir / SOCKET_NAME).exists()
+    assert (run_dir / CONTROL_PID).exists() and (run_dir / CONTROL_SOCKET).exists()
     (run_dir / "zygote").mkdir(mode=0o700)
     return str(run_dir / "zygote" / "h.sock")
 
@@ -54,9 +54,9 @@ def test_the_watcher_cleans_up_after_killing_a_zygote_that_dies_at_once(tmp_path
     try:
         assert wait_until(lambda: zyg.poll() is not None, 10), "the watcher never killed its zygote"
         assert zyg.returncode == -9, zyg.returncode
-        assert wait_until(lambda: not (run_dir / "zygote").exists() and not (run_dir / SOCKET_NAME).exists(), 5), \
+        assert wait_until(lambda: not (run_dir / "zygote").exists() and not (run_dir / CONTROL_SOCKET).exists(), 5), \
             sorted(os.listdir(run_dir))
-        assert not (run_dir / OWNER_NAME).exists()
+        assert not (run_dir / CONTROL_PID).exists()
     finally:
         if zyg.poll() is None:
             zyg.kill()

@@ -9,12 +9,13 @@ import sys
 
 import pytest
 
-from podrun.cli.render import ProgressView, human_number, human_seconds, progress_text
+from podrun.cli.render import ProgressView, progress_text
+from podrun.human import human_number, human_seconds
 from podrun.launch import control, hangs, stacks
 from podrun.wire.control import Ask
 from podrun.launch.hangs import WatchOptions
 from podrun.launch.stacks import Frame, ProcessStack, Thread, WorkerStack
-from podrun.wire import owner
+from podrun.rundir.layout import CONTROL_SOCKET
 from tests.harness.podrun_proc import run_podrun
 
 TORCH = "/usr/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
@@ -177,10 +178,10 @@ def test_the_control_socket_answers_and_is_private(tmp_path):
     server = control.serve(str(run), lambda ask: {"echo": ask.what})
     try:
         assert control.ask(str(run), Ask("ping")) == {"echo": "ping"}
-        assert (run / owner.SOCKET_NAME).stat().st_mode & 0o777 == 0o600
+        assert (run / CONTROL_SOCKET).stat().st_mode & 0o777 == 0o600
     finally:
         control.stop(str(run), server)
-    assert not (run / owner.SOCKET_NAME).exists()
+    assert not (run / CONTROL_SOCKET).exists()
 
 
 def test_the_worker_hook_dumps_on_the_signal_keeps_running_and_chains_the_users_sitecustomize(tmp_path):

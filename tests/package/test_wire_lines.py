@@ -20,11 +20,9 @@ NOT_PROTOCOL = {
                                     "record beside the descriptors it passes, both ends in podrun.host",
     "rundir/job.py:JobRecord": "a submitted job's record in the run directory",
     "launch/resume.py:_earlier": "the launch record a resume reads",
-    "live/top.py:_last_records": "metrics.jsonl's last records",
     "live/top.py:from_records": "summary.json of the run",
     "rundir/lock.py:_who": "the run directory lock's owner record",
-    "rundir/metrics.py:iter_records": "metrics.jsonl, written by the workers' runtime",
-    "rundir/metrics.py:new_records": "metrics.jsonl's records written since the last read",
+    "rundir/metrics.py:_record": "a line of metrics.jsonl, written by the workers' runtime",
     "rundir/summary.py:read_json": "summary.json",
     "runtime/env.py:read_plan": "the plan file a worker reads",
     "runtime/inplace.py:read_plan": "the in-place plan file a worker's agent writes from a PlanToken (podrun.wire."

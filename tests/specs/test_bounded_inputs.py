@@ -39,14 +39,15 @@ def _control_socket(d, reply: bytes):
     """A fake live run (nothing real answers this way): <d>/run/control.sock answering ``reply`` to every
     connection, beside a control.pid naming this test's process, so podrun takes the run for a live one."""
     from podrun.wire import unixsock
-    from podrun.wire.owner import OWNER_NAME, SOCKET_NAME, record_text
+    from podrun.rundir.layout import CONTROL_PID, CONTROL_SOCKET
+    from podrun.wire.owner import record_text
 
     run = d / "run"
     run.mkdir(mode=0o700)
-    fd = os.open(run / OWNER_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    fd = os.open(run / CONTROL_PID, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     os.write(fd, record_text().encode())
     os.close(fd)
-    server = unixsock.bind(str(run / SOCKET_NAME), 8)
+    server = unixsock.bind(str(run / CONTROL_SOCKET), 8)
 
     def serve():
         while True:

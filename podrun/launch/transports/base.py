@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator
 
 from podrun.launch.transports import TransportKind, transport_of
-from podrun.wire.proctl import signal_group
+from podrun.proctl import signal_group
 from podrun.wire.protocol import READ_LIMIT, Token, bounded_lines, stop_token
 
 if TYPE_CHECKING:  # pragma: no cover

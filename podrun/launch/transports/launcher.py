@@ -12,7 +12,7 @@ from collections import Counter
 from podrun.errors import LaunchError
 from podrun.launch.transports.base import InstanceHandle, StreamMerger, Transport
 from podrun.wire import protocol
-from podrun.wire.proctl import signal_group
+from podrun.proctl import signal_group
 
 
 def hosts_and_ranks(request) -> tuple[list[str], int]:

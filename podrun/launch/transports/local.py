@@ -13,7 +13,7 @@ import subprocess
 
 from podrun.errors import LaunchError
 from podrun.wire.probe import port_free
-from podrun.wire.proctl import die_with_parent
+from podrun.proctl import die_with_parent
 from podrun.launch.transports.base import InstanceHandle, PipedAgentHandle, Problem, Transport, busy_port_problem
 
 

@@ -36,19 +36,18 @@ def step_cpus(env, per_node: int) -> int | None:
     return None
 
 
-def srun_command(request, *, srun: str = "srun", redact: bool = False, env=None, join: str | None = None
-                 ) -> list[str]:
-    """`srun -N <hosts> --ntasks-per-node=<k> --kill-on-bad-exit=1 ... sh -c '<agent>'` (pure but for ``env``,
-    the job's variables: os.environ when None); ``join``: the address the agents join (--join), the run's key in
-    the environment srun passes on (--export=ALL).
+def srun_command(request, *, redact: bool = False, join: str | None = None) -> list[str]:
+    """`srun -N <hosts> --ntasks-per-node=<k> --kill-on-bad-exit=1 ... sh -c '<agent>'` (pure but for the job's
+    variables, os.environ); ``join``: the address the agents join (--join), the run's key in the environment srun
+    passes on (--export=ALL).
 
     ``--nodelist`` pins the plan's hosts in instance order; ``--distribution=block`` makes task i
     (SLURM_PROCID) run on host i // k, as the plan placed instance i; ``--cpus-per-task`` gives each task its
     share of the cores the job asked per node (``step_cpus``).
     """
     hosts, k = hosts_and_ranks(request)
-    cpus = step_cpus(os.environ if env is None else env, k)
-    argv = [srun, f"--nodes={len(hosts)}", f"--ntasks={len(hosts) * k}", f"--ntasks-per-node={k}",
+    cpus = step_cpus(os.environ, k)
+    argv = ["srun", f"--nodes={len(hosts)}", f"--ntasks={len(hosts) * k}", f"--ntasks-per-node={k}",
             *([f"--cpus-per-task={cpus}"] if cpus is not None else []),
             "--kill-on-bad-exit=1", "--distribution=block", f"--nodelist={','.join(hosts)}",
             # a restart's step shares the CPUs an earlier step still holds (one with a lost node ends only when
