@@ -138,32 +138,24 @@ def test_lost_host_then_the_master_host_each_resume_from_the_snapshots_with_no_s
     shm_gone(rd)
 
 
-def test_a_spare_receives_the_snapshot_over_the_network(make_ssh_hosts, tmp_path):
+def test_a_spare_receives_over_the_network_the_newest_snapshot_a_survivor_holds(make_ssh_hosts, tmp_path):
+    """Two claims in one run: PODRUN_TEST_SNAPSHOT_UNTIL (a test knob) keeps h1 and h3 from writing snapshots after
+    update 5, so only h2 holds the newer ones; h2 is cut at step 9 and the spare h4 takes its place. The newest
+    snapshot's only copy was lost, so the run falls back to the next complete one, update 5, the newest a survivor
+    holds (not from scratch, and not from disk: the checkpoint interval is 100); and h4, which held none,
+    received it over the network from h1."""
     hosts = make_ssh_hosts(4)
     rd, err = cut_run(hosts, hosts.hosts[:3], tmp_path, 29706, "h2", "--elastic", "3", "--spare-hosts", "h4",
-                      "--max-restarts", "1")
+                      "--max-restarts", "1", "--env", "PODRUN_TEST_SNAPSHOT_UNTIL=h1=5,h3=5", at_step=9)
     assert "spare h4 in its place; re-planned 3 -> 3 hosts" in err, err
     check_curve(rd)
     s = summary(tmp_path / "runs")
     assert [x["host"] for x in s["instances"]] == ["h1", "h4", "h3"]
-    [res] = resumes(rd)
-    check_no_step_replayed(rd, s["elastic"]["replans"][0], res)
-    assert res["fetched_by"] == [1] and res["from_rank"] == 0      # h4 (rank 1 now) had none: h1 sent it
-    shm_gone(rd)
-
-
-def test_newest_snapshots_only_copy_lost_falls_back_to_the_next_complete_one(make_ssh_hosts, tmp_path):
-    """PODRUN_TEST_SNAPSHOT_UNTIL (a test knob) keeps h1, h2 and h4 from writing snapshots after update 5, so
-    only h3 holds the newer ones; h3 is cut, and the run resumes from update 5, the newest a survivor holds
-    (not from scratch, and not from disk: the checkpoint interval is 100)."""
-    hosts = make_ssh_hosts(4)
-    rd, _ = cut_run(hosts, hosts.hosts, tmp_path, 29718, "h3", "--elastic", "2", "--max-restarts", "1",
-                    "--env", "PODRUN_TEST_SNAPSHOT_UNTIL=h1=5,h2=5,h4=5", at_step=9)
-    check_curve(rd)
-    [rp] = summary(tmp_path / "runs")["elastic"]["replans"]
+    [rp] = s["elastic"]["replans"]
     [res] = resumes(rd)
     assert rp["at_step"] >= 9 and res["step"] == 5 and res["source"] == "snapshot", (rp, res)
-    assert rp["resumed_from"]["step"] == 5
+    assert rp["resumed_from"] == {"step": 5, "source": "snapshot", "from_rank": res["from_rank"]}, (rp, res)
+    assert res["fetched_by"] == [1] and res["from_rank"] == 0      # h4 (rank 1 now) had none: h1 sent it
     shm_gone(rd)
 
 
