@@ -38,7 +38,9 @@ def test_calibrate_over_ssh_measures_the_shaped_link_and_the_overlap_and_the_est
     shape(hosts, rate_mbit=200)
     give_cores(hosts)
     assert shaped_rate_mbit(hosts, "h1") == 200
-    r = one_count(hosts, hosts.hosts, tmp_path, steps=5, timed_from=2, calib_steps=1, largest=8)
+    # 4 steps, the last 3 timed: each is GA 4 and a 1.9 s all-reduce on the capped link; a fifth moved the
+    # median little and cost about a tenth of the test
+    r = one_count(hosts, hosts.hosts, tmp_path, steps=4, timed_from=2, calib_steps=1, largest=8)
     cal = load(r["file"])
     assert cal.hosts == tuple(hosts.hosts) and cal.devices_per_host == 1 and cal.image_size == IMAGE_SIZE
     link = cal.network.inter_host

@@ -107,57 +107,56 @@ def shm_gone(rd: Path) -> None:
     assert wait_until(lambda: not d.exists(), 60, 0.2), sorted(os.listdir(d)) if d.exists() else d
 
 
-def test_lost_host_resumes_from_the_snapshot_with_no_step_replayed(make_ssh_hosts, tmp_path):
+def test_lost_host_then_the_master_host_each_resume_from_the_snapshots_with_no_step_replayed(make_ssh_hosts,
+                                                                                             tmp_path):
+    """Two claims in one run (one launch, its workers started once): h3 is cut at step 6, the run re-plans
+    4 -> 3 and resumes from the snapshot every survivor holds (none fetched) with no step replayed; then h1, the
+    master host, is cut at step 12 and the run resumes again, on h2 and h4, from the survivors' snapshot with no
+    step replayed. The curve is that of a run that lost nothing. Each cut leaves 12 steps or more (0.15 s each at
+    least) for the test to cut before the run could end."""
     hosts = make_ssh_hosts(4)
-    rd, err = cut_run(hosts, hosts.hosts, tmp_path, 29700, "h3", "--elastic", "2", "--max-restarts", "2")
+    p = launch(hosts, hosts.hosts, tmp_path, 29700, "--elastic", "2", "--max-restarts", "2")
+    try:
+        wait_step(tmp_path / "runs", 6, 120)
+        hosts.isolate("h3")
+        wait_step(tmp_path / "runs", 12, 120)          # reached after the first resume
+        hosts.isolate("h1")
+    finally:
+        err = finish(p)
+    assert p.returncode == 0, err
     assert "re-planned 4 -> 3 hosts: 1 x 4 x GA 3 -> 1 x 3 x GA 4 = global batch 12" in err, err
+    assert "re-planned 3 -> 2 hosts: 1 x 3 x GA 4 -> 1 x 2 x GA 6" in err, err
+    rd = run_dir(tmp_path / "runs")
     got = check_curve(rd)
-    assert got[STEPS]["world_size"] == 3
-    [rp] = summary(tmp_path / "runs")["elastic"]["replans"]
-    [res] = resumes(rd)
-    check_no_step_replayed(rd, rp, res)
-    assert res["fetched_by"] == []          # h1, h2 and h4 each held it
+    assert got[STEPS]["world_size"] == 2
+    rp = summary(tmp_path / "runs")["elastic"]["replans"]
+    res = resumes(rd)
+    assert [r["hosts_lost"] for r in rp] == [["h3"], ["h1"]] and len(res) == 2, (rp, res)
+    check_no_step_replayed(rd, rp[0], res[0])
+    assert res[0]["fetched_by"] == []          # h1, h2 and h4 each held it
+    assert rp[1]["new"]["hosts"] == ["h2", "h4"] and rp[1]["at_step"] >= 12, rp[1]
+    check_no_step_replayed(rd, rp[1], res[1])
     shm_gone(rd)
 
 
-def test_a_spare_receives_the_snapshot_over_the_network(make_ssh_hosts, tmp_path):
+def test_a_spare_receives_over_the_network_the_newest_snapshot_a_survivor_holds(make_ssh_hosts, tmp_path):
+    """Two claims in one run: PODRUN_TEST_SNAPSHOT_UNTIL (a test knob) keeps h1 and h3 from writing snapshots after
+    update 5, so only h2 holds the newer ones; h2 is cut at step 9 and the spare h4 takes its place. The newest
+    snapshot's only copy was lost, so the run falls back to the next complete one, update 5, the newest a survivor
+    holds (not from scratch, and not from disk: the checkpoint interval is 100); and h4, which held none,
+    received it over the network from h1."""
     hosts = make_ssh_hosts(4)
     rd, err = cut_run(hosts, hosts.hosts[:3], tmp_path, 29706, "h2", "--elastic", "3", "--spare-hosts", "h4",
-                      "--max-restarts", "1")
+                      "--max-restarts", "1", "--env", "PODRUN_TEST_SNAPSHOT_UNTIL=h1=5,h3=5", at_step=9)
     assert "spare h4 in its place; re-planned 3 -> 3 hosts" in err, err
     check_curve(rd)
     s = summary(tmp_path / "runs")
     assert [x["host"] for x in s["instances"]] == ["h1", "h4", "h3"]
-    [res] = resumes(rd)
-    check_no_step_replayed(rd, s["elastic"]["replans"][0], res)
-    assert res["fetched_by"] == [1] and res["from_rank"] == 0      # h4 (rank 1 now) had none: h1 sent it
-    shm_gone(rd)
-
-
-def test_master_host_cut_resumes_from_the_survivors_snapshot(make_ssh_hosts, tmp_path):
-    hosts = make_ssh_hosts(4)
-    rd, err = cut_run(hosts, hosts.hosts, tmp_path, 29712, "h1", "--elastic", "2", "--max-restarts", "1")
-    check_curve(rd)
-    s = summary(tmp_path / "runs")
-    rp = s["elastic"]["replans"][0]
-    assert rp["hosts_lost"] == ["h1"] and rp["new"]["hosts"] == ["h2", "h3", "h4"]
-    [res] = resumes(rd)
-    check_no_step_replayed(rd, rp, res)
-    shm_gone(rd)
-
-
-def test_newest_snapshots_only_copy_lost_falls_back_to_the_next_complete_one(make_ssh_hosts, tmp_path):
-    """PODRUN_TEST_SNAPSHOT_UNTIL (a test knob) keeps h1, h2 and h4 from writing snapshots after update 5, so
-    only h3 holds the newer ones; h3 is cut, and the run resumes from update 5, the newest a survivor holds
-    (not from scratch, and not from disk: the checkpoint interval is 100)."""
-    hosts = make_ssh_hosts(4)
-    rd, _ = cut_run(hosts, hosts.hosts, tmp_path, 29718, "h3", "--elastic", "2", "--max-restarts", "1",
-                    "--env", "PODRUN_TEST_SNAPSHOT_UNTIL=h1=5,h2=5,h4=5", at_step=9)
-    check_curve(rd)
-    [rp] = summary(tmp_path / "runs")["elastic"]["replans"]
+    [rp] = s["elastic"]["replans"]
     [res] = resumes(rd)
     assert rp["at_step"] >= 9 and res["step"] == 5 and res["source"] == "snapshot", (rp, res)
-    assert rp["resumed_from"]["step"] == 5
+    assert rp["resumed_from"] == {"step": 5, "source": "snapshot", "from_rank": res["from_rank"]}, (rp, res)
+    assert res["fetched_by"] == [1] and res["from_rank"] == 0      # h4 (rank 1 now) had none: h1 sent it
     shm_gone(rd)
 
 

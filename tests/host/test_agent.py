@@ -136,8 +136,9 @@ def test_workers_die_with_a_killed_agent(tmp_path):
     p = subprocess.Popen(req.agent_argv(0), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert wait_until(lambda: local_pids(m), 10)
     p.kill()
-    p.wait(timeout=5)
-    assert wait_until(lambda: local_pids(m) == [], 5), local_pids(m)
+    p.wait(timeout=30)
+    # a hang guard (wait_until returns when they are gone): without PDEATHSIG the sleep would live 60 s
+    assert wait_until(lambda: local_pids(m) == [], 30), local_pids(m)
 
 
 def test_agent_forwards_sigint_then_kills_after_grace(tmp_path):
