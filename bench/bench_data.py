@@ -9,8 +9,7 @@ an epoch costs from the folder and from its tar shards (strace).
 
 Each subject runs in a process of its own and times its images after one warm-up batch (which starts its
 workers); the rounds interleave the subjects so the load of the machine's other users falls on each alike, and the
-load average is in the notes. Every subject runs at nice -10 (BENCH_DATA_NICE; as root, else at the caller's), so
-that the others' load moves the figures less.
+load average is in the notes.
 """
 from __future__ import annotations
 
@@ -209,22 +208,11 @@ def _metadata_per_epoch(data: Path) -> float | None:
 
 # -- the benchmark -------------------------------------------------------------------------------------------------
 
-NICE = int(os.environ.get("BENCH_DATA_NICE", "-10"))
-
-
-def _niced() -> None:
-    """In a subject's process before exec: its priority (its workers' too) raised by NICE where allowed."""
-    try:
-        os.nice(NICE)
-    except OSError:         # not root: the caller's priority
-        pass
-
-
 def _podrun(data: Path, images: int) -> tuple[float, str]:
     env = {**os.environ, "PYTHONPATH": str(HERE.parent)}
     cp = subprocess.run([sys.executable, "-m", "podrun", "data", "bench", "--recipe", "resnet50", "--data", str(data),
                          "--workers", str(WORKERS), "--batch", str(BATCH), "--images", str(images), "--json"],
-                        capture_output=True, text=True, timeout=900, env=env, preexec_fn=_niced)
+                        capture_output=True, text=True, timeout=900, env=env)
     if cp.returncode != 0:
         raise RuntimeError(f"podrun data bench exited {cp.returncode}: {cp.stderr[-2000:]}")
     rec = json.loads(cp.stdout)
@@ -234,7 +222,7 @@ def _podrun(data: Path, images: int) -> tuple[float, str]:
 def _run_peer(subject: str, data: Path, images: int) -> tuple[float, float | None]:
     env = {**os.environ, "PYTHONPATH": str(HERE.parent)}
     cp = subprocess.run([sys.executable, "-m", "bench.bench_data", subject, str(data), str(images), str(BATCH)],
-                        capture_output=True, text=True, timeout=900, env=env, cwd=HERE.parent, preexec_fn=_niced)
+                        capture_output=True, text=True, timeout=900, env=env, cwd=HERE.parent)
     if cp.returncode != 0:
         raise RuntimeError(f"peer {subject} exited {cp.returncode}: {cp.stderr[-2000:]}")
     rate, cpu = cp.stdout.split()[-2:]

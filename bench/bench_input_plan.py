@@ -17,9 +17,7 @@ Two cases, resnet18_cifar10 on one host (one rank, its default loader workers: t
     BENCH_INPUT_PLAN_CASE=bound python -m bench --keep input-plan      # one case alone (bound or r18)
 
 Global batch 32 (local batch 8 x GA 4 on one rank); the launch's heartbeat is 2 s (a loaded machine's agent can miss
-the default's four of 0.25 s while the run is well). The calibrations and the runs run at nice -10
-(BENCH_INPUT_PLAN_NICE; as root, else at the caller's): both sides alike, so that the load of others' processes on a
-shared machine moves them less and the plan is held against a host as it would be its job's own.
+the default's four of 0.25 s while the run is well).
 """
 from __future__ import annotations
 
@@ -38,21 +36,9 @@ RECIPE = str(ROOT / "recipes" / "resnet18_cifar10")
 GLOBAL_BATCH = 32
 
 
-NICE = int(os.environ.get("BENCH_INPUT_PLAN_NICE", "-10"))
-
-
-def _niced() -> None:
-    """In the child before exec: its priority (and its loader workers' and threads') raised by NICE where allowed."""
-    try:
-        os.nice(NICE)
-    except OSError:         # not root: the caller's priority
-        pass
-
-
 def _podrun(*args, cwd: Path, timeout: float = 1500, env: dict | None = None) -> subprocess.CompletedProcess:
     cp = subprocess.run([sys.executable, "-m", "podrun", *args], capture_output=True, text=True, cwd=cwd,
-                        timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
-                        preexec_fn=_niced)
+                        timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
     if cp.returncode != 0:
         raise RuntimeError(f"podrun {' '.join(args[:2])} exited {cp.returncode}: {cp.stderr[-3000:]}")
     return cp

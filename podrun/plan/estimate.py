@@ -52,12 +52,23 @@ class InputTerm:
 
 
 def shared_cores_step(*, device: float, device_core_seconds: float, input_wall: float, input_core_seconds: float,
-                      cores: int) -> float:
-    """A CPU device's step when the loader workers and the compute share a host's ``cores``: the compute and the
+                      cores: float) -> float:
+    """A CPU device's step when the loader workers and the compute share ``cores`` of a host: the compute and the
     input overlap (the workers decode the next batches while the model steps), so the step is the longest of the
     device's part alone, the input alone, and the two's core-seconds spread over the cores (neither can run
     faster than the cores left to it allow)."""
-    return max(device, input_wall, (device_core_seconds + input_core_seconds) / max(1, cores))
+    return max(device, input_wall, (device_core_seconds + input_core_seconds) / cores)
+
+
+def cores_given(host_cores: int, input_cores: float | None, compute_cores: float | None) -> float:
+    """The cores a host gives a run's compute and loader workers together: the more that either kept busy when
+    measured (the input pipeline at its largest count, the compute of the host's ranks), at most the host's cores;
+    the host's cores unless both were measured (the input's figure alone cannot tell others' work from waits on
+    the files). On a host of the job's own that is its cores; on one shared with others' work, the share the
+    calibration found."""
+    if input_cores is None or compute_cores is None:
+        return float(host_cores)
+    return min(float(host_cores), max(input_cores, compute_cores, 1e-3))
 
 
 def input_term(inp: InputMeasured, *, samples_per_host: float, ranks_per_host: int, device_part: float,
@@ -68,8 +79,9 @@ def input_term(inp: InputMeasured, *, samples_per_host: float, ranks_per_host: i
     device they share the host's cores with the compute: shared_cores_step, the compute's core-seconds being
     ``device_part`` x ``compute_cores`` (the cores a rank's step kept busy in the calibration; None: the rank's share
     of the host's) x the ranks, the input's the samples x the CPU time an image measured at the run's count (else
-    each worker busy for the input's seconds). Input bounds the step when it is longer than the device's part, or,
-    on a CPU device, when it lengthens the step and costs more core-seconds than the compute."""
+    each worker busy for the input's seconds), the cores cores_given's. Input bounds the step when it is longer
+    than the device's part, or, on a CPU device, when it lengthens the step and costs more core-seconds than the
+    compute."""
     per_rank = max(1, inp.cores // ranks_per_host)
     workers = per_rank * ranks_per_host
     rate = inp.rate_at(workers)
@@ -80,16 +92,19 @@ def input_term(inp: InputMeasured, *, samples_per_host: float, ranks_per_host: i
         device_cs = device_part * busy * ranks_per_host
         ms = inp.cpu_ms_at(workers)
         input_cs = samples_per_host * ms / 1e3 if ms is not None else seconds * workers
+        cores = cores_given(inp.cores, inp.cores_used(),
+                            None if compute_cores is None else compute_cores * ranks_per_host)
         step = shared_cores_step(device=device_part, device_core_seconds=device_cs, input_wall=seconds,
-                                 input_core_seconds=input_cs, cores=inp.cores)
+                                 input_core_seconds=input_cs, cores=cores)
         bound = seconds > device_part or (step > device_part and input_cs > device_cs)
         busy_from = "measured" if compute_cores is not None else "the rank's share, not measured"
-        how = (f"on a CPU device the loader workers share the host's {inp.cores} cores with the compute: the step is "
-               f"the longest of the device's part {device_part * 1e3:.1f} ms, the input's {seconds * 1e3:.1f} ms and "
-               f"their core-seconds over the cores, ({device_cs:.3g} + {input_cs:.3g}) / {inp.cores} = "
-               f"{(device_cs + input_cs) / inp.cores * 1e3:.1f} ms (the compute {busy:.2g} core(s) a rank, "
+        how = (f"on a CPU device the loader workers share the host's cores with the compute: the step is the "
+               f"longest of the device's part {device_part * 1e3:.1f} ms, the input's {seconds * 1e3:.1f} ms and "
+               f"their core-seconds over the cores, ({device_cs:.3g} + {input_cs:.3g}) / {cores:.3g} = "
+               f"{(device_cs + input_cs) / cores * 1e3:.1f} ms (the compute {busy:.2g} core(s) a rank, "
                f"{busy_from}; the input " +
-               (f"{ms:.3g} ms of CPU an image)" if ms is not None else "each worker busy throughout)"))
+               (f"{ms:.3g} ms of CPU an image" if ms is not None else "each worker busy throughout") +
+               f"; {cores:.3g} of the host's {inp.cores} cores, the most the input or the compute kept busy)")
     else:
         step = max(device_part, seconds)
         bound = seconds > device_part

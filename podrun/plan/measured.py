@@ -20,6 +20,13 @@ class InputMeasured:
     decoder: str
     cpu_ms: tuple[tuple[int, float], ...] = ()  # (loader workers, CPU ms an image: the pipeline's processes)
 
+    def cores_used(self) -> float | None:
+        """The cores the pipeline kept busy at the largest count measured (its CPU seconds a wall second: the host's
+        cores when it was the host's alone, fewer where others' work shared them); None: CPU time not measured."""
+        w, r = self.rates[-1]
+        ms = dict(self.cpu_ms).get(w)
+        return None if ms is None else r * ms / 1e3
+
     def cpu_ms_at(self, workers: int) -> float | None:
         """CPU milliseconds an image at the measured count nearest ``workers`` (None: not measured)."""
         if not self.cpu_ms:

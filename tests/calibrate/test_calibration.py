@@ -352,7 +352,8 @@ def test_the_measured_input_is_in_the_plans_step_and_the_plan_says_when_it_bound
     assert slow["images_per_second"] == pytest.approx(64 / slow["step_seconds"], rel=1e-2)
     assert slow["input_bound"] is True and fast["input_bound"] is False and fast["input_levers"] == []
     assert fast["input_seconds"] == pytest.approx(64 / 150.0, rel=1e-4)
-    assert fast["step_seconds"] == pytest.approx(4 * 0.9 + comm, rel=1e-4)  # (7.29 + 0.16) / 3 < 3.64: hidden
+    # the compute's 2 cores (1 a rank, measured) and the input's: (7.29 + 0.16) core-seconds over those 2 cores
+    assert fast["step_seconds"] == pytest.approx((2 * (4 * 0.9 + comm) + 64 * 2.5e-3) / 2, rel=1e-4)
     levers = slow["input_levers"]
     assert levers[0].startswith("loader workers: --loader-workers 2 (4 on each host) at the 19 img/s"), levers
     assert any(x.startswith("cores: to keep pace with the device's 3644.9 ms a step a host must decode 18 img/s, "
@@ -362,9 +363,10 @@ def test_the_measured_input_is_in_the_plans_step_and_the_plan_says_when_it_bound
     assert "input 15 img/s a host at 2 loader worker(s) (2 rank(s) x 1), 64 samples a host a step: 4266.7 ms " \
            "(measured: /data/imagenet (simplejpeg, 32 px" in text
     assert "their core-seconds over the cores, (10.9 + 0.16) / 3 = 3698.2 ms (the compute 1.5 core(s) a rank, the " \
-           "rank's share, not measured; the input 2.5 ms of CPU an image)" in text, text
+           "rank's share, not measured; the input 2.5 ms of CPU an image; 3 of the host's 3 cores" in text, text
     fast_text = " ".join(fast["assumptions"])
-    assert "(7.29 + 0.16) / 3 = 2483.2 ms (the compute 1 core(s) a rank, measured;" in fast_text, fast_text
+    assert "(7.29 + 0.16) / 2 = 3724.9 ms (the compute 1 core(s) a rank, measured; the input 2.5 ms of CPU an " \
+           "image; 2 of the host's 3 cores" in fast_text, fast_text
     assert "not yet measured" not in text
     shown = podrun(*args, "--calibration", "slow", cwd=tmp_path).stdout
     assert "the step is bound by input, not the device" in words(shown)
@@ -376,33 +378,39 @@ def test_the_measured_input_is_in_the_plans_step_and_the_plan_says_when_it_bound
     assert "input not yet measured (podrun calibrate --data PATH)" in words(podrun(*args, cwd=tmp_path).stdout)
 
 
-@pytest.mark.parametrize("device, device_cores, input_rate, cpu_ms, step, bound", [
+@pytest.mark.parametrize("device, device_cores, input_rate, cpu_ms, used, step, bound", [
     # input-bound, 1 torch thread: 32 images of 62 ms CPU beside a 0.4 s step on 2 cores: (0.4 + 1.984) / 2
-    (0.4, 1.0, 30.0, 62.0, 1.192, True),
+    (0.4, 1.0, 30.0, 62.0, 2.0, 1.192, True),
+    # the same on a host shared with others' work: the input kept 0.5 cores busy, the compute 1: (0.4 + 1.984) / 1
+    (0.4, 1.0, 30.0, 62.0, 0.5, 2.384, True),
     # the input alone longest (its workers' rate), as on an accelerator
-    (0.4, 1.0, 20.0, 30.0, 1.6, True),
+    (0.4, 1.0, 20.0, 30.0, 2.0, 1.6, True),
     # the cores the bound: neither alone is as long, the two's core-seconds are; input costs the more of them
-    (1.0, 1.0, 35.0, 56.25, 1.4, True),
+    (1.0, 1.0, 35.0, 56.25, 2.0, 1.4, True),
     # the same bound by the cores, the compute the costlier (2 cores busy): not input-bound
-    (1.0, 2.0, 100.0, 18.75, 1.3, False),
+    (1.0, 2.0, 100.0, 18.75, 2.0, 1.3, False),
     # the compute long, the input cheap: hidden behind it (a resnet18 folder run at 32 px)
-    (24.0, 1.9, 365.0, 2.5, 24.0, False),
+    (24.0, 1.9, 365.0, 2.5, 2.0, 24.0, False),
 ])
 def test_on_a_cpu_device_the_step_is_the_longest_of_compute_input_and_their_core_seconds_over_the_cores(
-        device, device_cores, input_rate, cpu_ms, step, bound):
+        device, device_cores, input_rate, cpu_ms, used, step, bound):
     """The plan's CPU model (pure): 32 samples a step on one rank of a 2-core host with 2 loader workers; the step
-    is max(device, input alone, (device x its cores + samples x CPU an image) / cores), the figures measured ones."""
-    from podrun.plan.estimate import input_term, shared_cores_step
+    is max(device, input alone, (device x its cores + samples x CPU an image) / cores), the figures measured ones,
+    the cores the more that the input (at its largest count, 4 workers: ``used``) or the compute kept busy."""
+    from podrun.plan.estimate import cores_given, input_term, shared_cores_step
     from podrun.plan.measured import InputMeasured
 
-    inp = InputMeasured(where="here", rates=((0, input_rate / 2), (2, input_rate)), cores=2, decoder="simplejpeg",
-                        cpu_ms=((0, cpu_ms * 0.9), (2, cpu_ms)))
+    inp = InputMeasured(where="here", rates=((0, input_rate / 2), (2, input_rate), (4, used * 1e3 / 50.0)), cores=2,
+                        decoder="simplejpeg", cpu_ms=((0, cpu_ms * 0.9), (2, cpu_ms), (4, 50.0)))
+    assert inp.cores_used() == pytest.approx(used)
     t = input_term(inp, samples_per_host=32, ranks_per_host=1, device_part=device, device_kind="cpu",
                    compute_cores=device_cores)
     assert t.seconds == pytest.approx(32 / input_rate)
     assert t.step == pytest.approx(step, rel=1e-6) and t.bound is bound
     assert t.step == shared_cores_step(device=device, device_core_seconds=device * device_cores,
-                                       input_wall=32 / input_rate, input_core_seconds=32 * cpu_ms / 1e3, cores=2)
+                                       input_wall=32 / input_rate, input_core_seconds=32 * cpu_ms / 1e3,
+                                       cores=cores_given(2, used, device_cores))
+    assert cores_given(2, used, None) == cores_given(2, None, device_cores) == 2.0     # both measured, or the host's
     gpu = input_term(inp, samples_per_host=32, ranks_per_host=1, device_part=device, device_kind="gpu-h100")
     assert gpu.step == max(device, 32 / input_rate)     # beside the device: the longer, the cores not shared
 
