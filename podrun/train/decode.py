@@ -67,7 +67,7 @@ def image_size(data: bytes, decoder: str) -> tuple[int, int]:
 
 
 DCT_FACTORS = (8, 4, 2)     # the DCT scalings libjpeg-turbo runs with its SIMD IDCT; its others (7/8 ... 3/8) cost more
-_local = threading.local()  # a decoder's output buffer, reused: one a thread (the rank's prefetch thread, its evaluation)
+_local = threading.local()  # a decoder's output buffer, reused: one a thread (a rank's prefetch thread, its eval)
 
 
 def dct_factor(w: int, h: int, box: tuple[float, float, float, float], size: int) -> int:
