@@ -3,6 +3,10 @@ uses it"): `podrun calibrate --data TREE` (the recipe's step and its input pipel
 (the step with the input in it, and whether input bounds it), then `podrun launch` of the same recipe on the same
 folder for some steps; the plan's step beside the run's median step, and the run's step split (input, compute).
 
+On a machine that others load, the same calibration runs again just after the launch, and the row's plan is the
+mean of the two plans (each in its note): the load the run met lies between the two, most often
+(BENCH_INPUT_PLAN_BRACKET=0: the one before alone).
+
 Two cases, resnet18_cifar10 on one host (one rank, its default loader workers: the host's cores):
 
 - input-bound: a tree of large noisy JPEGs (3200 x 2400, noise 60, quality 98: ~10 MB each; the entropy decoding,
@@ -34,6 +38,7 @@ from bench.rows import row, scratch
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = str(ROOT / "recipes" / "resnet18_cifar10")
 GLOBAL_BATCH = 32
+BRACKET = os.environ.get("BENCH_INPUT_PLAN_BRACKET", "1") != "0"     # calibrate again after the run (0: not)
 
 
 def _podrun(*args, cwd: Path, timeout: float = 1500, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -48,13 +53,19 @@ def case(tmp: Path, name: str, tree: Path, image_size: int, *, steps: int, timed
          loader_workers: int | None = None, env: dict | None = None) -> dict:
     """Calibrate (rate at local batch 8, the input on ``tree``), plan with it, launch ``steps`` steps: the figures."""
     runs = tmp / "runs"
+
+    def calibrated(label: str) -> tuple[dict, dict]:
+        c = json.loads(_podrun("calibrate", "--devices-per-host", "1", "--largest-batch", "8", "--batches", "8",
+                               "--steps", "5", "--image-size", str(image_size), "--data", str(tree), "--input-images",
+                               "64", "--name", label, "--runs-dir", str(runs), "--json", RECIPE, cwd=tmp,
+                               env=env).stdout)
+        plan = json.loads(_podrun("plan", "--devices-per-host", "1", "--global-batch", str(GLOBAL_BATCH), RECIPE,
+                                  "--calibration", c["file"], "--json", cwd=tmp).stdout)
+        return c, plan
+
     t0 = time.monotonic()
-    c = json.loads(_podrun("calibrate", "--devices-per-host", "1", "--largest-batch", "8", "--batches", "8",
-                           "--steps", "5", "--image-size", str(image_size), "--data", str(tree), "--input-images",
-                           "64", "--name", name, "--runs-dir", str(runs), "--json", RECIPE, cwd=tmp, env=env).stdout)
+    c, plan = calibrated(name)
     calib_s = time.monotonic() - t0
-    plan = json.loads(_podrun("plan", "--devices-per-host", "1", "--global-batch", str(GLOBAL_BATCH), RECIPE,
-                              "--calibration", c["file"], "--json", cwd=tmp).stdout)
     run_id = f"{name}-{int(time.time())}"
     extra = [] if loader_workers is None else ["--loader-workers", str(loader_workers)]
     load0 = os.getloadavg()[0]
@@ -62,6 +73,8 @@ def case(tmp: Path, name: str, tree: Path, image_size: int, *, steps: int, timed
             "--calibration", c["file"], "--runs-dir", str(runs), "--run-id", run_id, RECIPE, "--data", str(tree), "--image-size", str(image_size), "--steps", str(steps),
             "--log-every", "1", "--eval-every", "0", "--quiet", *extra, cwd=tmp, env=env)
     load1 = os.getloadavg()[0]
+    # the same calibration again just after the run: on a machine others load, the plan either side of the run
+    c_after, plan_after = calibrated(f"{name}-after") if BRACKET else (None, None)
     run_dir = runs / run_id
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
     step_s = [x["step_seconds"] for x in rows if x.get("kind") == "step" and x["step"] >= timed_from]
@@ -72,11 +85,23 @@ def case(tmp: Path, name: str, tree: Path, image_size: int, *, steps: int, timed
     e = plan["estimate"]
     return {"case": name, "image_size": image_size, "calibrate_seconds": calib_s, "input_rates": c["input"]["rates"],
             "decoder": c["input"]["decoder"], "cores": c["input"]["cores"], "device_rate": c["throughput"],
+            "step_cpu_seconds": [t.get("cpu_seconds") for t in c["throughput"]],
             "local_batch": plan["local_batch"], "grad_accum": plan["grad_accum"], "global_batch": plan["global_batch"],
             "plan_step": e["step_seconds"], "plan_compute": e["compute_seconds"], "plan_input": e["input_seconds"],
             "plan_input_bound": e["input_bound"], "plan_levers": e["input_levers"], "assumptions": e["assumptions"],
             "run_step": statistics.median(step_s), "run_steps": step_s, "run_split": r0,
-            "run_input_bound": split.get("input_bound"), "loads": [load0, load1], "loader_workers": r0.get("loaders")}
+            "run_input_bound": split.get("input_bound"), "loads": [load0, load1], "loader_workers": r0.get("loaders"),
+            "plan_step_after": None if plan_after is None else plan_after["estimate"]["step_seconds"],
+            "assumptions_after": None if plan_after is None else plan_after["estimate"]["assumptions"],
+            "input_rates_after": None if c_after is None else c_after["input"]["rates"],
+            "device_rate_after": None if c_after is None else c_after["throughput"]}
+
+
+def _shared(r: dict) -> str:
+    """The plan's core-seconds term as its assumption states it."""
+    text = r["assumptions"][-1]
+    i = text.find("their core-seconds over the cores, ")
+    return text[i + len("their core-seconds over the cores, "):].split(" (the compute")[0] if i >= 0 else "-"
 
 
 def rows_of(results: list[dict]) -> list[dict]:
@@ -87,8 +112,13 @@ def rows_of(results: list[dict]) -> list[dict]:
         sp = r["run_split"]
         split = ", ".join(f"{k} {sp[k]:.3f} s" for k in ("input", "compute", "comm", "optim") if k in sp)
         bound = r["run_input_bound"]
-        out.append(row("calibrated plan vs launched folder run: step time", what, r["plan_step"], "s",
-                       f"plan: compute {r['plan_compute']:.3f} s + input {r['plan_input']:.3f} s, input "
+        after = r.get("plan_step_after")
+        value = r["plan_step"] if after is None else (r["plan_step"] + after) / 2
+        either = "" if after is None else (f"the mean of the plans from a calibration before the run "
+                                           f"({r['plan_step']:.3f} s) and one after it ({after:.3f} s); before: ")
+        out.append(row("calibrated plan vs launched folder run: step time", what, value, "s",
+                       f"{either}plan: compute {r['plan_compute']:.3f} s, input {r['plan_input']:.3f} s, the step the "
+                       f"longest of the two and their core-seconds over the cores ({_shared(r)}), input "
                        f"{'bounds' if r['plan_input_bound'] else 'does not bound'} the step; run: median of "
                        f"{len(r['run_steps'])} steps ({', '.join(f'{x:.2f}' for x in r['run_steps'])}), split "
                        f"{split}, input-bound record {'none' if bound is None else bound}; load average "

@@ -81,13 +81,16 @@ class Stepper:
             torch.cuda.synchronize()
 
     def time_steps(self, b: int, steps: int, warmup: int = 1) -> list[float]:
+        """Each timed step's wall seconds; ``cpu_seconds`` keeps each one's CPU seconds (this process, all its
+        threads): the cores a step keeps busy on a CPU device are the two's ratio."""
         for _ in range(warmup):
             self.step(b)
-        out = []
+        out, self.cpu_seconds = [], []
         for _ in range(steps):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             self.step(b)
             out.append(time.perf_counter() - t0)
+            self.cpu_seconds.append(time.process_time() - c0)
         return out
 
 

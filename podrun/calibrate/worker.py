@@ -122,7 +122,8 @@ def main(argv=None) -> int:
         dist.barrier()
         times = stepper.time_steps(b, args.steps)
         t = _slowest(statistics.median(times), world)
-        rates.append({"local_batch": b, "step_seconds": t, "images_per_second": b / t})
+        cpu = _slowest(statistics.median(stepper.cpu_seconds), world) if device == "cpu" else None
+        rates.append({"local_batch": b, "step_seconds": t, "images_per_second": b / t, "cpu_seconds": cpu})
         if rank == 0:
             say(f"rate at local batch {b}: {b / t:.1f} img/s per device (slowest of {world})")
     # 3. the data-parallel step at the plan's local batch on all the hosts: how much of the all-reduce hides

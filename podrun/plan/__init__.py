@@ -138,7 +138,7 @@ def make_plan(cluster: ClusterSpec, recipe: RecipeSpec | None, ov: Overrides = O
     est = estimate(d, recipe, net, per_device_rate=per_device_rate, rate_source=rate_source, devices_per_replica=p,
                    hosts=len(hosts), bubble=bubble, hidden_fraction=hidden, hidden_source=hidden_source,
                    inp=None if measured is None or measured.input is None else
-                   HostInput(measured.input, ranks_per_host, dev.kind))
+                   HostInput(measured.input, ranks_per_host, dev.kind, measured.cores_busy_at(d.local_batch)))
     return Plan(**{**shape, "notes": tuple(notes)}, recipe=recipe.name, model=recipe.model.name,
                 reference_global_batch=recipe.global_batch, learning_rate=round(lr, 8),
                 reference_learning_rate=lr_spec.base, lr_rule=lr_spec.rule, warmup_epochs=round(warmup, 6),

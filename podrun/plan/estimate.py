@@ -41,34 +41,79 @@ def _link(link) -> str:
 
 @dataclass(frozen=True)
 class InputTerm:
-    """The input pipeline's part of a step on one host, and what would change it when it bounds the step."""
+    """The input pipeline's part of a step on one host, the step with it, and what would change it when it bounds
+    the step."""
 
-    seconds: float
+    seconds: float          # the input alone: the host's samples at its loader workers' measured rate
+    step: float             # the step with the input in it
     bound: bool
     assumption: str
     levers: tuple[str, ...]
 
 
+def shared_cores_step(*, device: float, device_core_seconds: float, input_wall: float, input_core_seconds: float,
+                      cores: float) -> float:
+    """A CPU device's step when the loader workers and the compute share ``cores`` of a host: the compute and the
+    input overlap (the workers decode the next batches while the model steps), so the step is the longest of the
+    device's part alone, the input alone, and the two's core-seconds spread over the cores (neither can run
+    faster than the cores left to it allow)."""
+    return max(device, input_wall, (device_core_seconds + input_core_seconds) / cores)
+
+
+def cores_given(host_cores: int, input_cores: float | None, compute_cores: float | None) -> float:
+    """The cores a host gives a run's compute and loader workers together: the more that either kept busy when
+    measured (the input pipeline at its largest count, the compute of the host's ranks), at most the host's cores;
+    the host's cores unless both were measured (the input's figure alone cannot tell others' work from waits on
+    the files). On a host of the job's own that is its cores; on one shared with others' work, the share the
+    calibration found."""
+    if input_cores is None or compute_cores is None:
+        return float(host_cores)
+    return min(float(host_cores), max(input_cores, compute_cores, 1e-3))
+
+
 def input_term(inp: InputMeasured, *, samples_per_host: float, ranks_per_host: int, device_part: float,
-               device_kind: str) -> InputTerm:
+               device_kind: str, compute_cores: float | None = None) -> InputTerm:
     """A host decodes ``samples_per_host`` a step with the run's loader workers (each rank's share of the measured
-    host's cores, at least one: podrun.train.data_pool.default_workers): their measured rate gives the seconds.
-    On a CPU device the workers share the cores with the compute, so the step is the sum of the two; on an
-    accelerator they run beside it, so the step is the longer. It bounds the step when it is longer than the
-    device's part (``device_part``: compute and the all-reduce not hidden)."""
+    host's cores, at least one: podrun.train.data_pool.default_workers): their measured rate gives the input's
+    seconds. On an accelerator the workers run beside the device: the step is the longer of the two. On a CPU
+    device they share the host's cores with the compute: shared_cores_step, the compute's core-seconds being
+    ``device_part`` x ``compute_cores`` (the cores a rank's step kept busy in the calibration; None: the rank's share
+    of the host's) x the ranks, the input's the samples x the CPU time an image measured at the run's count (else
+    each worker busy for the input's seconds), the cores cores_given's. Input bounds the step when it is longer
+    than the device's part, or, on a CPU device, when it lengthens the step and costs more core-seconds than the
+    compute."""
     per_rank = max(1, inp.cores // ranks_per_host)
     workers = per_rank * ranks_per_host
     rate = inp.rate_at(workers)
     seconds = samples_per_host / rate
     on_cpu = device_kind == "cpu"
-    how = ("on a CPU device the loader workers share the host's cores with the compute: the step is the sum" if on_cpu
-           else "the loader workers run beside the device: the step is the longer of the device's part and the input")
+    if on_cpu:
+        busy = compute_cores if compute_cores is not None else inp.cores / ranks_per_host
+        device_cs = device_part * busy * ranks_per_host
+        ms = inp.cpu_ms_at(workers)
+        input_cs = samples_per_host * ms / 1e3 if ms is not None else seconds * workers
+        cores = cores_given(inp.cores, inp.cores_used(),
+                            None if compute_cores is None else compute_cores * ranks_per_host)
+        step = shared_cores_step(device=device_part, device_core_seconds=device_cs, input_wall=seconds,
+                                 input_core_seconds=input_cs, cores=cores)
+        bound = seconds > device_part or (step > device_part and input_cs > device_cs)
+        busy_from = "measured" if compute_cores is not None else "the rank's share, not measured"
+        how = (f"on a CPU device the loader workers share the host's cores with the compute: the step is the "
+               f"longest of the device's part {device_part * 1e3:.1f} ms, the input's {seconds * 1e3:.1f} ms and "
+               f"their core-seconds over the cores, ({device_cs:.3g} + {input_cs:.3g}) / {cores:.3g} = "
+               f"{(device_cs + input_cs) / cores * 1e3:.1f} ms (the compute {busy:.2g} core(s) a rank, "
+               f"{busy_from}; the input " +
+               (f"{ms:.3g} ms of CPU an image" if ms is not None else "each worker busy throughout") +
+               f"; {cores:.3g} of the host's {inp.cores} cores, the most the input or the compute kept busy)")
+    else:
+        step = max(device_part, seconds)
+        bound = seconds > device_part
+        how = "the loader workers run beside the device: the step is the longer of the device's part and the input"
     assumption = (f"input {rate:.0f} img/s a host at {workers} loader worker(s) ({ranks_per_host} rank(s) x "
                   f"{per_rank}), {samples_per_host:g} samples a host a step: {seconds * 1e3:.1f} ms (measured: "
                   f"{inp.where}); {how}")
-    bound = seconds > device_part
     if not bound:
-        return InputTerm(seconds, False, assumption, ())
+        return InputTerm(seconds, step, False, assumption, ())
     levers = []
     best_w, best_r = inp.best()
     more = -(-best_w // ranks_per_host)            # a rank's share of the fastest count, rounded up
@@ -92,16 +137,18 @@ def input_term(inp: InputMeasured, *, samples_per_host: float, ranks_per_host: i
     levers.append("staging: on a shared file system, the data as tar shards (podrun data pack) copied to each "
                   "host's node-local disk before the start (--stage), so that reads are neither metadata "
                   "operations nor network")
-    return InputTerm(seconds, True, assumption, tuple(levers))
+    return InputTerm(seconds, step, True, assumption, tuple(levers))
 
 
 @dataclass(frozen=True)
 class HostInput:
-    """The input pipeline as a host runs it: its measured rates, the ranks that share the host, the device kind."""
+    """The input pipeline as a host runs it: its measured rates, the ranks that share the host, the device kind,
+    and on a CPU device the cores a rank's step keeps busy (None: not measured)."""
 
     measured: InputMeasured
     ranks_per_host: int = 1
     device_kind: str = ""
+    compute_cores: float | None = None
 
 
 def estimate(d: Decomposition, recipe: RecipeSpec, net: InterconnectSpec, *, per_device_rate: float,
@@ -120,11 +167,8 @@ def estimate(d: Decomposition, recipe: RecipeSpec, net: InterconnectSpec, *, per
     device_part = compute + comm * (1.0 - hidden_fraction)
     term = None if inp is None else input_term(inp.measured, samples_per_host=d.global_batch / hosts,
                                                ranks_per_host=inp.ranks_per_host, device_part=device_part,
-                                               device_kind=inp.device_kind)
-    if term is None:
-        step = device_part
-    else:
-        step = device_part + term.seconds if inp.device_kind == "cpu" else max(device_part, term.seconds)
+                                               device_kind=inp.device_kind, compute_cores=inp.compute_cores)
+    step = device_part if term is None else term.step
     overlap = "no overlap of communication with compute" if hidden_source == "" else \
         f"{hidden_fraction:.0%} of the all-reduce hidden behind the backward pass ({hidden_source})"
     unmeasured = "the input pipeline is not yet measured (podrun data bench times it on a host; podrun calibrate " \

@@ -18,6 +18,20 @@ class InputMeasured:
     rates: tuple[tuple[int, float], ...]        # (loader workers on one host, images per second), workers ascending
     cores: int                                  # the cores of the host it was measured on
     decoder: str
+    cpu_ms: tuple[tuple[int, float], ...] = ()  # (loader workers, CPU ms an image: the pipeline's processes)
+
+    def cores_used(self) -> float | None:
+        """The cores the pipeline kept busy at the largest count measured (its CPU seconds a wall second: the host's
+        cores when it was the host's alone, fewer where others' work shared them); None: CPU time not measured."""
+        w, r = self.rates[-1]
+        ms = dict(self.cpu_ms).get(w)
+        return None if ms is None else r * ms / 1e3
+
+    def cpu_ms_at(self, workers: int) -> float | None:
+        """CPU milliseconds an image at the measured count nearest ``workers`` (None: not measured)."""
+        if not self.cpu_ms:
+            return None
+        return min(self.cpu_ms, key=lambda p: (abs(p[0] - workers), -p[0]))[1]
 
     def rate_at(self, workers: int) -> float:
         """Images per second of one host with ``workers`` loader processes in all: the measured figure, else the
@@ -52,6 +66,15 @@ class Measured:
     hidden_fraction: float | None = None        # of the all-reduce, behind the backward pass (None: not measured)
     hidden_source: str = ""
     input: InputMeasured | None = None          # None: the calibration did not time the input pipeline
+    step_cpu_seconds: tuple[tuple[int, float], ...] = ()    # (local batch, a CPU device's step's CPU seconds)
+
+    def cores_busy_at(self, local_batch: int) -> float | None:
+        """The cores one device's step keeps busy (its CPU seconds over its wall seconds) at the measured local batch
+        nearest ``local_batch``; None where the calibration did not record CPU time (an accelerator, an old file)."""
+        if not self.step_cpu_seconds:
+            return None
+        b, cpu = min(self.step_cpu_seconds, key=lambda p: (abs(p[0] - local_batch), -p[0]))
+        return cpu / self.step_at(b)
 
     def step_at(self, local_batch: int) -> float:
         """One device's step at ``local_batch``: linear between the measured batches (a fixed cost plus a cost per
@@ -142,6 +165,7 @@ def measured_for(name_or_path: str, cluster, recipe, plan_hosts: tuple[str, ...]
     return Measured(
         where=where,
         step_seconds=tuple((p.local_batch, p.step_seconds) for p in cal.throughput),
+        step_cpu_seconds=tuple((p.local_batch, p.cpu_seconds) for p in cal.throughput if p.cpu_seconds is not None),
         max_local_batch=m.largest_local_batch,
         max_local_source=(f"the largest that fits {m.budget_bytes / 1e9:.3g} GB ({m.budget_source}), {where}"
                           if m.searched else f"given to podrun calibrate ({m.budget_source}), not searched, {where}"),
@@ -153,7 +177,8 @@ def measured_for(name_or_path: str, cluster, recipe, plan_hosts: tuple[str, ...]
             where=f"{cal.input.data} ({cal.input.decoder}, {cal.input.image_size} px, {cal.input.images} images a "
                   f"count, the slowest of {cal.input.hosts} host(s)), {where}",
             rates=tuple((r.workers, r.images_per_second) for r in cal.input.rates), cores=cal.input.cores,
-            decoder=cal.input.decoder),
+            decoder=cal.input.decoder,
+            cpu_ms=tuple((r.workers, r.cpu_ms_per_image) for r in cal.input.rates if r.cpu_ms_per_image is not None)),
     ), warnings
 
 

@@ -52,6 +52,8 @@ class RatePoint:
     local_batch: int = field(metadata=_BATCH)
     step_seconds: float = field(metadata=_SECONDS)     # the slowest device's median step
     images_per_second: float = field(metadata=bound(above=0, high=1e9, why="images per second per device"))
+    # a CPU device's step: the CPU seconds of its process (all threads; median), None elsewhere or not recorded
+    cpu_seconds: Optional[float] = field(default=None, metadata=bound(0, 1e9, why="CPU seconds"))
 
 
 @dataclass(frozen=True)

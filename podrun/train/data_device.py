@@ -16,7 +16,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from podrun.train.data import FolderDataset, ImageDataset
+from podrun.train.images import FolderDataset, ImageDataset
 
 
 def usable(device_kind: str) -> bool:

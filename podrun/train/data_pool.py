@@ -19,7 +19,7 @@ from typing import Iterable, Iterator
 import numpy as np
 import torch
 
-from podrun.train.data import DataError, ImageDataset, make_micro
+from podrun.train.images import DataError, ImageDataset, make_micro
 from podrun.wire.worker_env import cpu_share
 
 PR_SET_PDEATHSIG = 1

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from podrun import safefs
-from podrun.train.data import IMAGE_EXTS, DataError, FolderDataset
+from podrun.train.images import IMAGE_EXTS, DataError, FolderDataset
 
 INDEX = "index.json"
 FORMAT = "podrun-shards-1"
@@ -153,7 +153,7 @@ class ShardDataset(FolderDataset):
 
     def __init__(self, root: Path, image_size: int, seed: int = 0, bad_samples: str = "fail",
                  decoder: str | None = None, classes: list[str] | None = None):
-        from podrun.train.data import decoding
+        from podrun.train.images import decoding
 
         self.root, self.image_size, self.seed, self.name = root, image_size, seed, "shards"
         self.bad_samples, self.decoder = decoding(bad_samples, decoder)

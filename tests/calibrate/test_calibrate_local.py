@@ -40,6 +40,7 @@ def test_calibrate_finds_the_true_largest_batch_and_the_plan_uses_it(tmp_path):
     assert not probes[largest + 1].fits and probes[largest + 1].peak_bytes > budget, cal.memory.probes
     assert all(p.fits == (b <= largest) for b, p in probes.items()), cal.memory.probes
     assert [p.local_batch for p in cal.throughput] == [2, 4] and all(p.images_per_second > 0 for p in cal.throughput)
+    assert all(p.cpu_seconds is not None and p.cpu_seconds > 0 for p in cal.throughput), cal.throughput   # CPU time
     assert cal.network.intra_host is not None and cal.network.intra_host.ranks == 2
     assert cal.network.inter_host is None                              # one host
     assert "memory probe 1: local batch 1" in r.stderr                 # the progress lines
@@ -63,7 +64,9 @@ def test_calibrate_finds_the_true_largest_batch_and_the_plan_uses_it(tmp_path):
                         "resnet18_cifar10-local", "--json"], capture_output=True, text=True, cwd=tmp_path, timeout=60)
     plan = json.loads(p.stdout)
     assert plan["local_batch"] <= largest and plan["global_batch"] == 64
-    assert plan["estimate"]["input_seconds"] > 0 and f"(measured: {tree} (" in " ".join(plan["estimate"]["assumptions"])
+    text = " ".join(plan["estimate"]["assumptions"])
+    assert plan["estimate"]["input_seconds"] > 0 and f"(measured: {tree} (" in text
+    assert "core(s) a rank, measured;" in text, text       # the step's cores from its CPU time, in the CPU model
     assert any(f"<= max {largest} (the largest that fits" in n for n in plan["notes"])
 
 

@@ -334,22 +334,26 @@ def test_calibrate_with_both_a_given_largest_batch_and_a_budget_is_exit_2_naming
 def test_the_measured_input_is_in_the_plans_step_and_the_plan_says_when_it_bounds_it(tmp_path):
     """podrun calibrate --data's input rates in the plan (pure; no torch). On a CPU device (resnet18_cifar10 on 2
     ranks of a host of 3 cores: 1 loader worker a rank, 2 on the host) the loader workers share the cores with the
-    compute, so the step is compute + all-reduce + input: 64 samples at the 15 img/s measured at 2 workers is
-    4.27 s, longer than the device's 3.64 s, so input bounds the step, and the plan names what would change it
-    (2 workers a rank reach the 19 img/s measured at 3; the cores a host needs; staging). Fast input (150 img/s)
-    is counted and does not bound. Without --data the plan says input is not yet measured."""
+    compute and overlap it: the step is the longest of the device's part (3.64 s), the input (64 samples at the
+    15 img/s measured at 2 workers: 4.27 s) and their core-seconds over the 3 cores. Slow input bounds the step,
+    and the plan names what would change it (2 workers a rank reach the 19 img/s measured at 3; the cores a host
+    needs; staging). Fast input (150 img/s, with the step's CPU time measured: 1 core a rank) hides behind the
+    compute: the step is the device's. Without --data the plan says input is not yet measured."""
     save(sample(input=inputs(3, (0, 6.0), (1, 9.0), (2, 15.0), (3, 19.0))), tmp_path / "runs", "slow")
-    save(sample(input=inputs(3, (0, 60.0), (1, 90.0), (2, 150.0), (3, 190.0))), tmp_path / "runs", "fast")
+    save(sample(input=inputs(3, (0, 60.0), (1, 90.0), (2, 150.0), (3, 190.0)),
+                throughput=(RatePoint(4, 0.5, 8.0, 0.5), RatePoint(8, 0.9, 8 / 0.9, 0.9))), tmp_path / "runs", "fast")
     args = ("plan", "--devices-per-host", "2", RECIPE, "--max-age", "100000")
     slow = json.loads(podrun(*args, "--calibration", "slow", "--json", cwd=tmp_path).stdout)["estimate"]
     fast = json.loads(podrun(*args, "--calibration", "fast", "--json", cwd=tmp_path).stdout)["estimate"]
     comm = 44_695_848 * 8 / 8e9 + 2 * 80e-6
     assert slow["compute_seconds"] == fast["compute_seconds"] == pytest.approx(4 * 0.9)
     assert slow["input_seconds"] == pytest.approx(64 / 15.0, rel=1e-4)
-    assert slow["step_seconds"] == pytest.approx(4 * 0.9 + comm + 64 / 15.0, rel=1e-4)
+    assert slow["step_seconds"] == pytest.approx(64 / 15.0, rel=1e-4)     # the input alone is the longest
     assert slow["images_per_second"] == pytest.approx(64 / slow["step_seconds"], rel=1e-2)
     assert slow["input_bound"] is True and fast["input_bound"] is False and fast["input_levers"] == []
-    assert fast["step_seconds"] == pytest.approx(4 * 0.9 + comm + 64 / 150.0, rel=1e-4)
+    assert fast["input_seconds"] == pytest.approx(64 / 150.0, rel=1e-4)
+    # the compute's 2 cores (1 a rank, measured) and the input's: (7.29 + 0.16) core-seconds over those 2 cores
+    assert fast["step_seconds"] == pytest.approx((2 * (4 * 0.9 + comm) + 64 * 2.5e-3) / 2, rel=1e-4)
     levers = slow["input_levers"]
     assert levers[0].startswith("loader workers: --loader-workers 2 (4 on each host) at the 19 img/s"), levers
     assert any(x.startswith("cores: to keep pace with the device's 3644.9 ms a step a host must decode 18 img/s, "
@@ -357,7 +361,12 @@ def test_the_measured_input_is_in_the_plans_step_and_the_plan_says_when_it_bound
     assert any(x.startswith("staging:") for x in levers) and not any("nvJPEG" in x for x in levers), levers
     text = " ".join(slow["assumptions"])
     assert "input 15 img/s a host at 2 loader worker(s) (2 rank(s) x 1), 64 samples a host a step: 4266.7 ms " \
-           "(measured: /data/imagenet (simplejpeg, 32 px" in text and "the step is the sum" in text
+           "(measured: /data/imagenet (simplejpeg, 32 px" in text
+    assert "their core-seconds over the cores, (10.9 + 0.16) / 3 = 3698.2 ms (the compute 1.5 core(s) a rank, the " \
+           "rank's share, not measured; the input 2.5 ms of CPU an image; 3 of the host's 3 cores" in text, text
+    fast_text = " ".join(fast["assumptions"])
+    assert "(7.29 + 0.16) / 2 = 3724.9 ms (the compute 1 core(s) a rank, measured; the input 2.5 ms of CPU an " \
+           "image; 2 of the host's 3 cores" in fast_text, fast_text
     assert "not yet measured" not in text
     shown = podrun(*args, "--calibration", "slow", cwd=tmp_path).stdout
     assert "the step is bound by input, not the device" in words(shown)
@@ -367,6 +376,43 @@ def test_the_measured_input_is_in_the_plans_step_and_the_plan_says_when_it_bound
     assert plain["input_seconds"] is None and plain["input_bound"] is False
     assert "the input pipeline is not yet measured" in " ".join(plain["assumptions"])
     assert "input not yet measured (podrun calibrate --data PATH)" in words(podrun(*args, cwd=tmp_path).stdout)
+
+
+@pytest.mark.parametrize("device, device_cores, input_rate, cpu_ms, used, step, bound", [
+    # input-bound, 1 torch thread: 32 images of 62 ms CPU beside a 0.4 s step on 2 cores: (0.4 + 1.984) / 2
+    (0.4, 1.0, 30.0, 62.0, 2.0, 1.192, True),
+    # the same on a host shared with others' work: the input kept 0.5 cores busy, the compute 1: (0.4 + 1.984) / 1
+    (0.4, 1.0, 30.0, 62.0, 0.5, 2.384, True),
+    # the input alone longest (its workers' rate), as on an accelerator
+    (0.4, 1.0, 20.0, 30.0, 2.0, 1.6, True),
+    # the cores the bound: neither alone is as long, the two's core-seconds are; input costs the more of them
+    (1.0, 1.0, 35.0, 56.25, 2.0, 1.4, True),
+    # the same bound by the cores, the compute the costlier (2 cores busy): not input-bound
+    (1.0, 2.0, 100.0, 18.75, 2.0, 1.3, False),
+    # the compute long, the input cheap: hidden behind it (a resnet18 folder run at 32 px)
+    (24.0, 1.9, 365.0, 2.5, 2.0, 24.0, False),
+])
+def test_on_a_cpu_device_the_step_is_the_longest_of_compute_input_and_their_core_seconds_over_the_cores(
+        device, device_cores, input_rate, cpu_ms, used, step, bound):
+    """The plan's CPU model (pure): 32 samples a step on one rank of a 2-core host with 2 loader workers; the step
+    is max(device, input alone, (device x its cores + samples x CPU an image) / cores), the figures measured ones,
+    the cores the more that the input (at its largest count, 4 workers: ``used``) or the compute kept busy."""
+    from podrun.plan.estimate import cores_given, input_term, shared_cores_step
+    from podrun.plan.measured import InputMeasured
+
+    inp = InputMeasured(where="here", rates=((0, input_rate / 2), (2, input_rate), (4, used * 1e3 / 50.0)), cores=2,
+                        decoder="simplejpeg", cpu_ms=((0, cpu_ms * 0.9), (2, cpu_ms), (4, 50.0)))
+    assert inp.cores_used() == pytest.approx(used)
+    t = input_term(inp, samples_per_host=32, ranks_per_host=1, device_part=device, device_kind="cpu",
+                   compute_cores=device_cores)
+    assert t.seconds == pytest.approx(32 / input_rate)
+    assert t.step == pytest.approx(step, rel=1e-6) and t.bound is bound
+    assert t.step == shared_cores_step(device=device, device_core_seconds=device * device_cores,
+                                       input_wall=32 / input_rate, input_core_seconds=32 * cpu_ms / 1e3,
+                                       cores=cores_given(2, used, device_cores))
+    assert cores_given(2, used, None) == cores_given(2, None, device_cores) == 2.0     # both measured, or the host's
+    gpu = input_term(inp, samples_per_host=32, ranks_per_host=1, device_part=device, device_kind="gpu-h100")
+    assert gpu.step == max(device, 32 / input_rate)     # beside the device: the longer, the cores not shared
 
 
 def test_on_an_accelerator_input_runs_beside_the_device_and_the_plan_names_the_device_decoder(tmp_path):
