@@ -16,6 +16,11 @@ zeroed) and skips the step-0 weight sync (init_sync=False: every group builds th
 The participating rank 0 appends one JSON line per committed step to `<dir>/steps.log` with the same keys as
 elastic_train.py (world = participants in the step's quorum); every group appends its uncommitted steps to
 `<dir>/events.log`. A group ends at the first step after `<dir>/stop` appears.
+
+`--model resnet18` (the row of bench/bench_inplace.py): the resnet18 recipe's model instead (`--norm group`, CIFAR
+stem, 10 classes, the same seed in every group) on `--samples` synthetic 32 px images (podrun.train.data's
+SyntheticDataset), its loss the cross entropy summed over the micro batch and divided by the global batch; each
+record also has `step_seconds` (the step from its quorum, and any heal, taken to its commit).
 """
 import time
 
@@ -29,6 +34,7 @@ from train_args import appender, parser  # noqa: E402 - beside this script
 
 p = parser(batch=1, grad_accum=6, pg_timeout=5.0, dir_help="steps.log, events.log, stop file")
 p.add_argument("--min-replicas", type=int, default=1, help="the Manager's min_replica_size")
+p.add_argument("--model", choices=("groupnorm", "resnet18"), default="groupnorm")
 args = p.parse_args()
 append = appender(args.dir)
 
@@ -41,8 +47,25 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from tests.elastic import groupnorm  # noqa: E402
 
 group_id = int(os.environ["REPLICA_GROUP_ID"])
-X, Y = groupnorm.data(args.samples)
-model = groupnorm.model()
+if args.model == "resnet18":
+    from podrun import models
+    from podrun.train.data import SyntheticDataset
+
+    torch.set_num_threads(1)
+    images = SyntheticDataset(args.samples, 32, 10, seed=0)
+    X, Y = images.batch(range(args.samples), 0, True)
+    X = X.float() / 255.0
+    torch.manual_seed(0)
+    model = models.build("resnet18", num_classes=10, norm="group", stem="cifar")
+
+    def micro_loss(net, x, y, idx, *, micro, replicas, local_batch, replica):
+        start = micro * replicas * local_batch + replica * local_batch
+        mine = idx[start: start + local_batch]
+        return torch.nn.functional.cross_entropy(net(x[mine]), y[mine], reduction="sum") / len(idx)
+else:
+    X, Y = groupnorm.data(args.samples)
+    model = groupnorm.model()
+    micro_loss = groupnorm.micro_loss
 inner = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
 data = {"pos": 0}
 
@@ -67,12 +90,13 @@ b, a = args.batch, args.grad_accum
 
 while manager.current_step() < args.steps:
     optimizer.zero_grad()                       # starts the quorum
+    t_step = time.time()                        # the step's own time: from its quorum (and any heal) to its commit
     rank, world = manager.participating_rank(), manager.num_participants()
     G = b * world * a
     idx = groupnorm.global_batch(data["pos"], G, args.samples)
     vec = torch.zeros(2)                        # [loss summed over the global batch, stop flag]
     for k in range(a):
-        loss = groupnorm.micro_loss(model, X, Y, idx, micro=k, replicas=world, local_batch=b,
+        loss = micro_loss(model, X, Y, idx, micro=k, replicas=world, local_batch=b,
                                     replica=rank if rank is not None else 0)
         loss.backward()
         vec[0] += loss.detach()
@@ -90,7 +114,7 @@ while manager.current_step() < args.steps:
             append("steps.log", {"step": manager.current_step(), "t": time.time(), "loss": vec[0].item(),
                                  "world": world, "local_batch": b, "grad_accum": a, "global_batch": G,
                                  "launcher": "torchft", "proc_start": PROC_START, "init_done": INIT_DONE,
-                                 "built": READY, "ready": READY})
+                                 "built": READY, "ready": READY, "step_seconds": time.time() - t_step})
         if vec[1] > 0:
             break
     else:

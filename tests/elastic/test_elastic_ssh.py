@@ -159,8 +159,51 @@ def _worker_of(tmp_path, rank: int) -> int:
     raise AssertionError(f"no worker of rank {rank} under {tmp_path}")
 
 
+def _run_pids(tmp_path) -> list[int]:
+    """The live processes of the run under tmp_path/runs on every host (the hosts share this pid namespace): its
+    agents and the ssh clients that carry them (the run directory on their command line) and its workers (it in
+    their PODRUN_RUN_DIR); zombies are gone."""
+    runs, out = str(tmp_path / "runs"), []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            if (d / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+            cmd = (d / "cmdline").read_bytes().decode(errors="replace")
+            env = (d / "environ").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if runs in cmd or f"\0PODRUN_RUN_DIR={runs}" in f"\0{env}":
+            out.append(int(d.name))
+    return out
+
+
+def _stderr_until(p, text: str, timeout: float) -> str:
+    """podrun's stderr read up to a line with ``text`` (AssertionError after ``timeout`` s or at its end); what was
+    read is also kept for ``_stderr_rest``."""
+    import select
+
+    fd, seen = p.stderr.fileno(), p.__dict__.setdefault("_err_seen", bytearray())
+    deadline = time.monotonic() + timeout
+    while text.encode() not in seen:
+        left = deadline - time.monotonic()
+        assert left > 0, f"no {text!r} on podrun's stderr within {timeout} s:\n{seen.decode(errors='replace')}"
+        if select.select([fd], [], [], min(left, 0.1))[0]:
+            chunk = os.read(fd, 65536)
+            assert chunk, f"podrun ended before saying {text!r}:\n{seen.decode(errors='replace')}"
+            seen += chunk
+    return seen.decode(errors="replace")
+
+
+def _stderr_rest(p, timeout: float) -> str:
+    """All of podrun's stderr once it has ended: what _stderr_until read, then the rest."""
+    rest = p.communicate(timeout=timeout)[1]
+    return bytes(p.__dict__.get("_err_seen", b"")).decode(errors="replace") + rest
+
+
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("survivor", ["recovers", "stopped"])
+@pytest.mark.parametrize("survivor", ["recovers", "stopped", "second", "killed"])
 def test_survivors_of_a_cut_host_recover_in_place_with_the_losses_of_a_run_without_it(make_ssh_hosts, tmp_path,
                                                                                       survivor):
     """h3 cut after step 3. ``recovers``: the controller re-plans to 2 hosts and tells h1's and h2's agents, whose
@@ -169,11 +212,16 @@ def test_survivors_of_a_cut_host_recover_in_place_with_the_losses_of_a_run_witho
     update in flight is redone once, the losses equal those of the run without the cut (relative 1e-5), and
     `podrun report` shows the path and its breakdown. ``stopped``: h2's worker is stopped (SIGSTOP) at the cut, so
     its abort hangs: the controller names it after its bound (15 s) and restarts the run the old way, from the
-    snapshots, with the same losses."""
+    snapshots, with the same losses. ``second`` (--elastic 1): h2 is cut too once the survivors were told the new
+    plan (h1 waits for it in the new group): the recovery in place gives up, says why, and the run restarts on h1
+    alone from the snapshots, every update logged once and the same losses. ``killed``: the controller is
+    SIGKILLed once the survivors were told the new plan, before they trained again: every agent, ssh client and
+    worker of the run on every host ends within the agents' bound on the controller's silence and the grace
+    before SIGKILL (with room for a loaded machine)."""
     hosts = make_ssh_hosts(3)
     train, want = recipe_run(hosts, tmp_path)
-    p = podrun_popen(*launch_args(hosts, hosts.hosts, tmp_path, "runs", "--global-batch", "12", "--elastic", "2"),
-                     "--", *train)
+    p = podrun_popen(*launch_args(hosts, hosts.hosts, tmp_path, "runs", "--global-batch", "12", "--elastic",
+                                  "1" if survivor == "second" else "2"), "--", *train)
     stopped = None
     try:
         wait_step(tmp_path / "runs", 3, 150)
@@ -182,7 +230,15 @@ def test_survivors_of_a_cut_host_recover_in_place_with_the_losses_of_a_run_witho
         hosts.isolate("h3")
         if stopped is not None:
             os.kill(stopped, signal.SIGSTOP)
-        err = p.communicate(timeout=200)[1]
+        if survivor in ("second", "killed"):
+            told = _stderr_until(p, "recovering in place", 60)
+            if survivor == "killed":
+                p.kill()
+                p.wait(timeout=10)
+                _all_end(tmp_path, told)
+                return
+            hosts.isolate("h2")
+        err = _stderr_rest(p, 200)
     finally:
         end(p)
     assert p.returncode == 0, err[-4000:]
@@ -193,10 +249,21 @@ def test_survivors_of_a_cut_host_recover_in_place_with_the_losses_of_a_run_witho
         assert r["loss"] == pytest.approx(want[n], rel=1e-5), (n, r["loss"], want[n])
     s = summary(tmp_path / "runs")
     rp = s["elastic"]["replans"][0]
-    assert rp["hosts_lost"] == ["h3"] and rp["new"]["hosts"] == ["h1", "h2"], rp
-    assert rp["new"]["replicas"] == 2 and rp["new"]["global_batch"] == 12 and rp["old"]["replicas"] == 3, rp
     text = podrun("report", str(rd), timeout=60).stdout
     line = next(x for x in text.splitlines() if "re-plan after step" in x)
+    numbers = [r["step"] for r in logged if r["kind"] == "step"]
+    if survivor == "second":
+        assert "in-place recovery failed (h2 was lost too during the recovery); restarting every worker" in err, err
+        assert "recovered in place" not in err, err
+        assert s["exit_code"] == 0 and len(s["attempts"]) == 2, s
+        assert numbers == list(range(1, INPLACE_STEPS + 1)), numbers      # none lost, none done twice
+        assert rp["path"] == "restart" and rp["inplace_failed"] == "h2 was lost too during the recovery", rp
+        assert sorted(rp["hosts_lost"]) == ["h2", "h3"] and rp["new"]["hosts"] == ["h1"], rp
+        assert len(s["elastic"]["replans"]) == 1 and rp["new"]["global_batch"] == 12, s["elastic"]
+        assert "restarted, not in place: h2 was lost too during the recovery" in line, text
+        return
+    assert rp["hosts_lost"] == ["h3"] and rp["new"]["hosts"] == ["h1", "h2"], rp
+    assert rp["new"]["replicas"] == 2 and rp["new"]["global_batch"] == 12 and rp["old"]["replicas"] == 3, rp
     if survivor == "stopped":
         assert "in-place recovery failed (rank 1 on h2 did not abandon its group within 15 s)" in err, err
         assert s["exit_code"] == 0 and len(s["attempts"]) == 2 and len(s["elastic"]["replans"]) == 1, s
@@ -205,7 +272,6 @@ def test_survivors_of_a_cut_host_recover_in_place_with_the_losses_of_a_run_witho
         assert "restarted, not in place: rank 1 on h2 did not abandon its group" in line, text
         return
     assert "recovered in place" in err, err
-    numbers = [r["step"] for r in logged if r["kind"] == "step"]
     assert numbers == list(range(1, INPLACE_STEPS + 1)), numbers          # none lost, none done twice
     assert s["exit_code"] == 0 and len(s["attempts"]) == 1 and len(s["elastic"]["replans"]) == 1, s
     assert rp["path"] == "in-place" and rp["redone"] == rp["at_step"] + 1 and rp["at_step"] >= 3, rp
@@ -216,6 +282,25 @@ def test_survivors_of_a_cut_host_recover_in_place_with_the_losses_of_a_run_witho
     assert json.loads((rd / "plan.json").read_text())["hosts"] == ["h1", "h2"]
     assert "lost h3, 3 -> 2 hosts" in line and "recovered in place" in line, text
     assert all(f"{k} " in line for k in ("detection", "abort", "re-form", "re-shard", "first step")), line
+
+
+def _all_end(tmp_path, told: str) -> None:
+    """After the controller was SIGKILLed in the recovery (``told``: its stderr until then): every process of the
+    run ends within the agents' bound on its silence (launch_args' --keepalive) and the grace before SIGKILL."""
+    from podrun.wire.agent_args import GRACE_S
+    from podrun.wire.liveness import settings
+
+    assert "recovered in place" not in told, told          # killed during the recovery, not after it
+    assert _run_pids(tmp_path), "no process of the run found: the check below would prove nothing"
+    bound = settings(keepalive=2).controller_silence + GRACE_S + 10.0      # 10 s: room for a loaded machine
+    assert wait_until(lambda: not _run_pids(tmp_path), bound, 0.1), [(pid, _cmd(pid)) for pid in _run_pids(tmp_path)]
+
+
+def _cmd(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:300]
+    except OSError:
+        return "(gone)"
 
 
 def test_a_users_loop_recovers_in_place_through_the_runtime_hook(make_ssh_hosts, tmp_path):

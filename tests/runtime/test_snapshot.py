@@ -193,3 +193,30 @@ def test_a_received_snapshot_that_cannot_be_kept_turns_snapshots_off_instead_of_
     snapshot.remove(host_dir)
     w.put(3, b"\0" * 16, "raw", "0" * 64)
     assert w.error is not None and "FileNotFoundError" in w.error, w.error
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a 1 MiB tmpfs (root)")
+def test_a_write_into_shared_memory_that_is_full_turns_snapshots_off_instead_of_ending_the_process(tmp_path,
+                                                                                                  monkeypatch):
+    """The slot's pages are allocated before the copy into its mapping: on a tmpfs too small for the state (a real
+    1 MiB tmpfs, as /dev/shm when full) the write fails with the writer's error, the process and the step go on,
+    and a state that fits is written there afterwards by a new writer."""
+    import subprocess
+
+    monkeypatch.setenv("PODRUN_SNAPSHOT_KEY", "k" * 64)
+    mnt = tmp_path / "shm"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(mnt)], check=True)
+    try:
+        w = snapshot.Writer(mnt / "run" / "h1")
+        w.submit(1, {"x": torch.zeros(1 << 20)})               # 4 MiB into 1 MiB
+        w.wait()
+        assert w.error is not None and "No space left" in w.error, w.error
+        assert snapshot.held(mnt / "run" / "h1") == []
+        w.close()
+        w = snapshot.Writer(mnt / "run" / "h1")
+        w.submit(2, {"x": torch.ones(1000)})
+        w.close()
+        assert w.error is None and snapshot.held(mnt / "run" / "h1") == [(2, 0)], w.error
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
