@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.rundir.account_check import assert_adds_up
 from tests.launch.helpers import end, marker, podrun, podrun_popen, run_dir, summary, wait_output, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
@@ -31,17 +30,6 @@ def steps(rd: Path) -> dict[int, dict]:
         if r["kind"] == "step":
             out[r["step"]] = r
     return out
-
-
-def reference_run(hosts, tmp_path, train: list[str]) -> dict[int, dict]:
-    """train run to its end on every host under tmp_path/ref (global batch 12, no elastic); its steps."""
-    t0 = time.time()
-    ref = podrun(*launch_args(hosts, hosts.hosts, tmp_path, "ref", "--global-batch", "12"), "--", *train, timeout=180)
-    t1 = time.time()
-    assert ref.returncode == 0, ref.stderr
-    acc = assert_adds_up(run_dir(tmp_path / "ref"), (t0, t1))      # a clean run's account: no failure in it
-    assert acc["seconds"]["failure"] == 0 and acc["seconds"]["training"] > 0, acc
-    return steps(run_dir(tmp_path / "ref"))
 
 
 def wait_step(rd_parent: Path, n: int, timeout: float) -> None:
