@@ -25,6 +25,7 @@ def run(quick: bool) -> list[dict]:
 
     from podrun.models import build
     from podrun.runtime import snapshot
+    from podrun.specs import load_recipe
     from podrun.train.optim import build_optimizer
     from podrun.wire.worker_env import SNAPSHOT_KEY_NAME
 
@@ -85,8 +86,8 @@ def run(quick: bool) -> list[dict]:
 
 
 def _steps(quick: bool) -> list[dict]:
-    """Step time of a plain loop (resnet18 cifar stem, SGD momentum, 16 px, batch 64, this process's threads) with a
-    snapshot after every update sealed by Poly1305, by HMAC-SHA256, and with none, interleaved in rounds of
+    """Step time of a plain loop (the resnet18_cifar10 recipe's model, optimizer, global batch and image size: cifar
+    stem, SGD momentum, batch 64 at 32 px, on this process's threads) with a snapshot after every update sealed by Poly1305, by HMAC-SHA256, and with none, interleaved in rounds of
     ``n`` steps each (the writer's wait in the optimizer's step pre-hook, as in the runner)."""
     import os
     import uuid
@@ -95,12 +96,15 @@ def _steps(quick: bool) -> list[dict]:
 
     from podrun.models import build
     from podrun.runtime import snapshot
+    from podrun.specs import load_recipe
     from podrun.train.optim import build_optimizer
 
     torch.manual_seed(0)
     model = build("resnet18", 10, stem="cifar", norm="batch")
     opt = build_optimizer(model, "sgd", 0.025, momentum=0.9, weight_decay=5e-4, nesterov=True)
-    x, y = torch.randn(64, 3, 16, 16), torch.randint(0, 10, (64,))
+    recipe = load_recipe("resnet18_cifar10")
+    batch, px = recipe.global_batch, recipe.dataset.image_size
+    x, y = torch.randn(batch, 3, px, px), torch.randint(0, 10, (batch,))
     d = Path("/dev/shm") / f"podrun-bench-{uuid.uuid4().hex[:8]}" / "host"
     w = snapshot.Writer(d, key=os.environ["PODRUN_SNAPSHOT_KEY"])
     rounds, n = (2, 5) if quick else (4, 8)
@@ -129,7 +133,7 @@ def _steps(quick: bool) -> list[dict]:
     med = {k: statistics.median(v) * 1000 for k, v in times.items()}
     note = (f"median of {rounds} interleaved rounds x {n} steps each, {torch.get_num_threads()} threads; a step is "
             "forward, backward, the optimizer step (which waits for the previous update's write) and the submit")
-    what = "loop step time, resnet18 (cifar stem) 16px, batch 64, snapshot after every update"
+    what = f"loop step time, resnet18 (cifar stem) {px}px, batch {batch} (the recipe's), snapshot after every update"
     return [{"benchmark": what, "subject": "Poly1305 seal", "value": med[snapshot.POLY1305], "peer": "no snapshot",
              "peer_value": med["none"], "ratio": med[snapshot.POLY1305] / med["none"], "unit": "ms", "note": note},
             {"benchmark": what, "subject": "HMAC-SHA256 (the former seal)", "value": med[snapshot.HMAC_SHA256],
