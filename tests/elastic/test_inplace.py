@@ -15,7 +15,9 @@ import pytest
 
 from tests.ports import free_port
 
-pytestmark = [pytest.mark.torch, pytest.mark.timeout(400)]
+# one worker runs both cases under --dist loadgroup, so that the module's run without the failure (``plain``) is
+# trained once, not once in each worker that draws a case
+pytestmark = [pytest.mark.torch, pytest.mark.timeout(400), pytest.mark.xdist_group("inplace_local")]
 
 GLOBAL, STEPS, STOP_AT = 12, 8, 4      # rank 2 stops before update STOP_AT + 1
 

@@ -13,6 +13,9 @@ from tests.harness.podrun_proc import run_podrun
 from tests.ports import free_port
 from tests.train.train_procs import outside_env
 
+# one worker runs the module under --dist loadgroup: its launch (``plain_run``) once, not once per worker drawing a test
+pytestmark = pytest.mark.xdist_group("report_runs")
+
 
 def _podrun(*args, cwd=None) -> subprocess.CompletedProcess:
     return run_podrun(*args, env=outside_env(), cwd=cwd, timeout=120)
