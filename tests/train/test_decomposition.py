@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from podrun.rundir.metrics import latest_by_step, read_metrics
+from tests.ports import free_port
 from tests.train.train_procs import start_workers, wait_all
 
 STEPS = 10
@@ -59,15 +60,17 @@ def test_stats_fetched_every_few_steps_give_the_same_rows(tmp_path):
     """sync_every (CUDA's default: log_every) fetches the step stats in one all-reduce per interval, so
     the host does not wait for the device every step. Two gloo workers: the step rows (loss, accuracy, lr),
     the epoch rows and the checkpoint are those of fetching every step, also across an epoch end and a
-    checkpoint step that fall inside an interval."""
+    checkpoint step that fall inside an interval. Both runs go through the same two worker processes, one after
+    the other: each run seeds itself, so the second's rows owe nothing to the first's."""
     base = dict(data="digits", image_size=8, num_classes=10, steps=14, global_batch=128, lr=0.5, optimizer="sgd",
                 momentum=0.9, schedule="cosine", deterministic=True, seed=3, eval_every=0, console=False,
                 resume=False, checkpoint_every=5)
-    runs = {}
-    for k in (1, 4):
-        d = tmp_path / f"sync{k}"
-        wait_all(start_workers(2, {**base, "sync_every": k, "run_dir": str(d)}), timeout=150)
-        runs[k] = [r for r in read_metrics(d) if r.get("kind") in ("step", "epoch")]
+    # both runs in the same two workers, one after the other (each run seeds itself; the second meets on a port
+    # of its own): one interpreter start per worker rather than per run
+    wait_all(start_workers(2, [{**base, "sync_every": 1, "run_dir": str(tmp_path / "sync1")},
+                               {**base, "sync_every": 4, "run_dir": str(tmp_path / "sync4"),
+                                "master_port": free_port()}]), timeout=170)
+    runs = {k: [r for r in read_metrics(tmp_path / f"sync{k}") if r.get("kind") in ("step", "epoch")] for k in (1, 4)}
     keys = ("kind", "step", "epoch", "loss", "accuracy", "lr")
     one, four = ([{k: r.get(k) for k in keys} for r in rows] for rows in (runs[1], runs[4]))
     assert [r["step"] for r in one if r["kind"] == "step"] == list(range(1, 15))

@@ -6,6 +6,7 @@ import pytest
 
 from podrun.train import checkpoint as ckpt
 from podrun.rundir.metrics import latest_by_step, read_metrics
+from tests.ports import free_port
 from tests.train.train_procs import start_workers, train_opts, wait_all
 
 
@@ -20,11 +21,11 @@ def _curve(run_dir):
 
 @pytest.mark.timeout(180)
 def test_fsdp_matches_ddp_and_resumes(tmp_path):
+    """DDP, then FSDP in the same two worker processes (each run seeds itself and meets on a port of its own: one
+    interpreter start per worker for both), give the same curve; FSDP restarted from its step-6 checkpoint in new
+    processes continues it exactly."""
     ddp, fsdp = tmp_path / "ddp", tmp_path / "fsdp"
-    a = start_workers(2, _opts(ddp, False))
-    b = start_workers(2, _opts(fsdp, True))
-    wait_all(a, 150)
-    wait_all(b, 150)
+    wait_all(start_workers(2, [_opts(ddp, False), {**_opts(fsdp, True), "master_port": free_port()}]), 150)
     assert len(_curve(ddp)) == 9 and _flat(_curve(fsdp)) == pytest.approx(_flat(_curve(ddp)), rel=1e-5, abs=1e-6)
     want = _curve(fsdp)
     # drop the final checkpoint and the records after step 6: the rerun resumes from step 6 under FSDP

@@ -27,14 +27,16 @@ def _opts(run_dir):
 
 @pytest.mark.timeout(240)
 def test_kill9_mid_training_then_resume_continues_the_curve(tmp_path):
+    """The restart (the same command, in new processes) resumes from the last checkpoint and its curve, final
+    evaluation and weights are those of an uninterrupted run, which the restarted workers run next, each run
+    seeded by itself on a port of its own (one interpreter start per worker for both)."""
     ref_dir, run_dir = tmp_path / "uninterrupted", tmp_path / "killed"
-    ref = start_workers(2, _opts(ref_dir))
     seen = kill_mid_run(2, _opts(run_dir), run_dir, 12)
     saved = [int(p.name[5:14]) for p in ckpt.list_checkpoints(run_dir / "checkpoints")]
     assert saved and max(saved) <= seen < STEPS, (saved, seen)
 
-    wait_all(start_workers(2, _opts(run_dir)), timeout=180)   # the restart: same command
-    wait_all(ref, timeout=180)
+    # the restart (same command), then the reference
+    wait_all(start_workers(2, [_opts(run_dir), {**_opts(ref_dir), "master_port": free_port()}]), timeout=200)
 
     records = read_metrics(run_dir)
     resume = [r for r in records if r.get("event") == "resume"]

@@ -89,7 +89,7 @@ def worker_env(rank: int, world: int, port: int, extra: dict | None = None) -> d
     return env
 
 
-def start_workers(world: int, opts: dict, *, script: Path | None = None, argv: list[str] | None = None,
+def start_workers(world: int, opts: dict | list, *, script: Path | None = None, argv: list[str] | None = None,
                   extra_env: dict | None = None, cwd: str | None = None) -> list[subprocess.Popen]:
     port = free_port()
     cmd = [sys.executable, str(script or WORKER)] + (argv if argv is not None else [json.dumps(opts)])

@@ -18,18 +18,25 @@ def tiny_gn_net(num_classes: int = 10) -> nn.Module:
 
 
 def main() -> int:
+    """One run's options (a JSON object), or several runs one after another in this process (a JSON list: each
+    after the first names the free port its process group meets on, "master_port")."""
+    import os
+
     from podrun.errors import PodrunError
     from podrun.train import TrainConfig, train
 
-    opts = json.loads(sys.argv[1])
-    model = opts.pop("model", "tiny")
-    cfg = TrainConfig(model=tiny_gn_net if model == "tiny" else model, **opts)
-    try:
-        summary = train(cfg)
-    except PodrunError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return exc.exit_code
-    print("SUMMARY " + json.dumps(summary), flush=True)
+    given = json.loads(sys.argv[1])
+    for opts in given if isinstance(given, list) else [given]:
+        if "master_port" in opts:
+            os.environ["MASTER_PORT"] = str(opts.pop("master_port"))
+        model = opts.pop("model", "tiny")
+        cfg = TrainConfig(model=tiny_gn_net if model == "tiny" else model, **opts)
+        try:
+            summary = train(cfg)
+        except PodrunError as exc:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            return exc.exit_code
+        print("SUMMARY " + json.dumps(summary), flush=True)
     return 0
 
 
