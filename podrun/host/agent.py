@@ -58,7 +58,7 @@ from podrun import safefs
 from podrun.errors import PodrunError
 from podrun.host import output, zygote_client
 from podrun.host.link import ControllerLink
-from podrun.host.proctree import end_descendants, reading_stdin, reap_orphans, tree_cpu
+from podrun.host.proctree import end_descendants, own_groups, reading_stdin, reap_orphans, tree_cpu
 from podrun.host import stackdump
 from podrun.host.stop import Stop, StopKind
 from podrun.host.workers import (bind_worker, fresh_error_file, instance_workers, launcher_fds, read_env_stdin,
@@ -341,9 +341,17 @@ class Agent(ControllerLink):
             self.send(pos, info)
 
     def _signal_all(self, sig: int) -> None:
+        """``sig`` to each worker's process group: a live worker's at once, a reaped worker's only while a member of
+        its group still runs under this agent (its pid may be another process's by now)."""
+        reaped = []
         for p in self.procs:
             if p is not None:
-                signal_group(p.pid, sig)
+                if p.returncode is None:
+                    signal_group(p.pid, sig)
+                else:
+                    reaped.append(p.pid)
+        for pgid in own_groups(reaped):
+            signal_group(pgid, sig)
 
     def tell_plan(self, token) -> None:
         """The controller's new plan (a podrun.wire.plan_token.PlanToken) to each worker's plan file, written whole
