@@ -123,7 +123,7 @@ class Slow(ImageDataset):
         return 64
     def batch(self, ix, epoch, train=True):
         import os
-        print("busy", os.getpid(), flush=True)
+        os.write(1, f"busy {os.getpid()}\\n".encode())     # one write: print's pieces of two workers interleave
         time.sleep(600)          # a worker busy in a decode: DataLoader's watch of its parent does not see the end
 
 it = iter(Loader(Slow(), Shard(1, 1, 1, 0), seed=0, workers=2))
