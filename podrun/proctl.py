@@ -38,6 +38,16 @@ def signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
+def signal_led_group(proc, sig: int) -> None:
+    """Send ``sig`` to the process group that ``proc`` (a Popen started in a session of its own) leads. Once
+    ``proc`` is reaped its group lives on only while a member does, and a member keeps the group's number from
+    being given to a new process; so a process that holds that number then is a later one, leading a group of its
+    own, and is left alone."""
+    if proc.returncode is not None and os.path.exists(f"/proc/{proc.pid}"):
+        return
+    signal_group(proc.pid, sig)
+
+
 def stat_fields(pid: int | str) -> list[bytes] | None:
     """The fields of /proc/<pid>/stat after the command name (state, ppid, ...); None when there is no such
     process."""

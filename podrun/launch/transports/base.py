@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator
 
 from podrun.launch.transports import TransportKind, transport_of
-from podrun.proctl import signal_group
+from podrun.proctl import signal_led_group
 from podrun.wire.protocol import READ_LIMIT, Token, bounded_lines, stop_token
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -162,7 +162,7 @@ class PipedAgentHandle(InstanceHandle):
         """SIGKILL the process's session: the local agent (its workers die by PDEATHSIG; what they left behind
         reparents to init once the agent is gone, so kill is the last resort after terminate and the grace
         period), or the ssh client (the connection closes, the agent sees EOF, or silence, and ends its workers)."""
-        signal_group(self.proc.pid, signal.SIGKILL)
+        signal_led_group(self.proc, signal.SIGKILL)
 
     def close(self) -> None:
         """Close the process's stdin (its output pipes belong to the stream readers until they end)."""

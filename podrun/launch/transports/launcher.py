@@ -12,7 +12,7 @@ from collections import Counter
 from podrun.errors import LaunchError
 from podrun.launch.transports.base import InstanceHandle, StreamMerger, Transport
 from podrun.wire import protocol
-from podrun.proctl import signal_group
+from podrun.proctl import signal_group, signal_led_group
 
 
 def hosts_and_ranks(request) -> tuple[list[str], int]:
@@ -123,7 +123,7 @@ class ProcessHandle(InstanceHandle):
         if self._on_kill:
             with contextlib.suppress(Exception):    # best effort cleanup on the scheduler
                 self._on_kill()
-        signal_group(self.proc.pid, signal.SIGKILL)
+        signal_led_group(self.proc, signal.SIGKILL)
 
     def close(self) -> None:
         self._merger.close()
