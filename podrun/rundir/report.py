@@ -12,7 +12,7 @@ from typing import Any
 from podrun import safefs
 from podrun.errors import PodrunError
 from podrun.human import human_seconds
-from podrun.rundir.account import CATEGORIES, LABELS, Account
+from podrun.rundir.account import CATEGORIES, ENDED_BADLY, LABELS, Account
 from podrun.rundir.layout import COMMAND, METRICS, PLAN, SPLIT_PARTS, SUMMARY, instance_log
 from podrun.rundir.metrics import StepLog, is_integer, complete, latest_by_step, read_metrics_counted
 from podrun.rundir.summary import Summary, read_json, read_summary
@@ -511,7 +511,7 @@ def _spans(records: list[dict], attempts: tuple, wall_s: float | None = None
         first = next((x for x in step_starts if lo <= x <= hi), None)
         add("startup", ready, first if first is not None else hi)
         mine = [t(r) for r in timed if lo <= t(r) <= hi]
-        if a.status in ("failed", "lost", "hung"):
+        if a.status in ENDED_BADLY:
             after = float(attempts[k + 1].started) if k + 1 < len(attempts) and \
                 isinstance(attempts[k + 1].started, (int, float)) else hi
             add("failure", max(mine) if mine and first is not None else (first or ready), max(after, hi))
