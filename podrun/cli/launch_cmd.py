@@ -484,6 +484,10 @@ def launch_options(ctx, args: tuple[str, ...], kw: dict, environ=None):
                               spelled)
     tr.update({k: v for k, v in pet.items() if tr.get(k) in (None, False)})
     names = frozenset(o for p in ctx.command.params for o in (*p.opts, *p.secondary_opts) if o.startswith("-"))
+    # the transport section's options go whole into TransportOptions, but for the ssh client's and two named otherwise
+    ssh = SSHOptions(config_path=net.pop("ssh_config"), host_key_check=not net.pop("no_host_key_check"),
+                     max_concurrency=net.pop("max_concurrency"), client=net.pop("ssh_client"))
+    net.update(python=net.pop("python_"), preflight=not net.pop("no_preflight"))
     return LaunchOptions(
         target=TargetOptions(args=args, dashdash=bool(ctx.meta.get("podrun.dashdash")), module=own["module"],
                              no_python=own["no_python"], run_path=own["run_path"], option_names=names),
@@ -492,16 +496,8 @@ def launch_options(ctx, args: tuple[str, ...], kw: dict, environ=None):
         plan=PlanOptions(**{k: common[k] for k in PLAN_OPTION_NAMES}),
         engine=EngineOptions(eng.pop("engine"), eng.pop("mpi_args"), PoprunOptions(**eng)),
         hangs=HangOptions(hang_timeout=hangs["hang_timeout"], on_hang=hangs["on_hang"]),
-        transports=TransportOptions(
-            transport=net["transport"],
-            ssh=SSHOptions(config_path=net["ssh_config"], host_key_check=not net["no_host_key_check"],
-                           max_concurrency=net["max_concurrency"], client=net["ssh_client"]),
-            python=net["python_"], workdir=net["workdir"], master_addr=own["master_addr"],
-            master_port=own["master_port"], agent_store=net["agent_store"], data_interface=net["data_interface"],
-            preflight=not net["no_preflight"], grace=net["grace"],
-            heartbeat=net["heartbeat"], heartbeat_misses=net["heartbeat_misses"], keepalive=net["keepalive"],
-            env_items=tuple(common["env_items"]), cpu_bind=net["cpu_bind"], join_address=net["join_address"],
-            join_window=net["join_window"], mpi_ranks=net["mpi_ranks"]),
+        transports=TransportOptions(**net, ssh=ssh, master_addr=own["master_addr"], master_port=own["master_port"],
+                                    env_items=tuple(common["env_items"])),
         restarts=RestartOptions(straggler_timeout=hangs["straggler_timeout"], max_restarts=own["max_restarts"],
                                 **in_section(ctx, RESTARTS, kw)),
         output=_output_options(in_section(ctx, OUTPUT, kw)),
