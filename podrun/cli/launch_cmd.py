@@ -405,11 +405,11 @@ def launch(ctx, args, **kw):
 
         console = Console(request.plan, out.as_json, prepared.local_ranks,
                            bool((ctx.find_root().obj or {}).get("debug")), view, out.prefix)
-        outcome, summary = execute(request, sink=console, notice=console.notice,
-                                   only_output_from=out.only_output_from_instance, elastic=prepared.elastic,
-                                   watch=watch, progress=view, resuming=resuming is not None,
-                                   launch_record=record(ctx.meta.get("podrun.argv", []), os.getcwd()),
-                                   said=lambda s: say_outcome(s, request, view, console), observer=observer)
+        _, summary = execute(request, sink=console, notice=console.notice,
+                             only_output_from=out.only_output_from_instance, elastic=prepared.elastic,
+                             watch=watch, progress=view, resuming=resuming is not None,
+                             launch_record=record(ctx.meta.get("podrun.argv", []), os.getcwd()),
+                             said=lambda s: say_outcome(s, request, view, console), observer=observer)
     finally:
         view.close()
         observer.close()
@@ -433,8 +433,7 @@ def _live_views(live):
         from podrun.live import prom
 
         if prom.available():
-            views.append(prom.MetricsServer(prom.MetricsOptions(live.metrics_port, live.metrics_address,
-                                                                live.metrics_sd_dir), state))
+            views.append(prom.MetricsServer(live, state))
         else:
             notice_line(prom.MISSING.removeprefix("podrun: "))
     if live.tensorboard:
@@ -467,14 +466,14 @@ def launch_options(ctx, args: tuple[str, ...], kw: dict, environ=None):
     a flag wins over its PET_ variable): each section's values into its part, once."""
     from click.core import ParameterSource
 
-    from podrun.launch.options import (EngineOptions, HangOptions, LaunchOptions, LiveOptions, RestartOptions,
-                                       TargetOptions, TransportOptions)
+    from podrun.launch.options import (EngineOptions, HangOptions, LaunchOptions, LiveOptions, PoprunOptions,
+                                       RestartOptions, TargetOptions, TransportOptions)
     from podrun.launch.request import SSHOptions
     from podrun.launch.torchrun_cli import TorchrunOptions, pet_name, pet_values
     from podrun.launch.torchrun_map import pet_own_options
 
     common, tr = in_section(ctx, COMMON, kw), in_section(ctx, TORCHRUN, kw)
-    hangs, net = in_section(ctx, HANGS, kw), in_section(ctx, TRANSPORTS, kw)
+    hangs, net, eng = in_section(ctx, HANGS, kw), in_section(ctx, TRANSPORTS, kw), in_section(ctx, ENGINES, kw)
     given = {p.name for p in ctx.command.params if ctx.get_parameter_source(p.name) == ParameterSource.COMMANDLINE}
     pet = pet_values(os.environ if environ is None else environ, given)
     spelled = {**{name: pet_name(name) for name in pet}, **ctx.meta.get("podrun.spelled", {})}
@@ -485,24 +484,20 @@ def launch_options(ctx, args: tuple[str, ...], kw: dict, environ=None):
                               spelled)
     tr.update({k: v for k, v in pet.items() if tr.get(k) in (None, False)})
     names = frozenset(o for p in ctx.command.params for o in (*p.opts, *p.secondary_opts) if o.startswith("-"))
+    # the transport section's options go whole into TransportOptions, but for the ssh client's and two named otherwise
+    ssh = SSHOptions(config_path=net.pop("ssh_config"), host_key_check=not net.pop("no_host_key_check"),
+                     max_concurrency=net.pop("max_concurrency"), client=net.pop("ssh_client"))
+    net.update(python=net.pop("python_"), preflight=not net.pop("no_preflight"))
     return LaunchOptions(
         target=TargetOptions(args=args, dashdash=bool(ctx.meta.get("podrun.dashdash")), module=own["module"],
                              no_python=own["no_python"], run_path=own["run_path"], option_names=names),
         torchrun=TorchrunOptions(**tr, spelled=spelled),
         pet_own=pet_own,
         plan=PlanOptions(**{k: common[k] for k in PLAN_OPTION_NAMES}),
-        engine=EngineOptions(**in_section(ctx, ENGINES, kw)),
+        engine=EngineOptions(eng.pop("engine"), eng.pop("mpi_args"), PoprunOptions(**eng)),
         hangs=HangOptions(hang_timeout=hangs["hang_timeout"], on_hang=hangs["on_hang"]),
-        transports=TransportOptions(
-            transport=net["transport"],
-            ssh=SSHOptions(config_path=net["ssh_config"], host_key_check=not net["no_host_key_check"],
-                           max_concurrency=net["max_concurrency"], client=net["ssh_client"]),
-            python=net["python_"], workdir=net["workdir"], master_addr=own["master_addr"],
-            master_port=own["master_port"], agent_store=net["agent_store"], data_interface=net["data_interface"],
-            preflight=not net["no_preflight"], grace=net["grace"],
-            heartbeat=net["heartbeat"], heartbeat_misses=net["heartbeat_misses"], keepalive=net["keepalive"],
-            env_items=tuple(common["env_items"]), cpu_bind=net["cpu_bind"], join_address=net["join_address"],
-            join_window=net["join_window"], mpi_ranks=net["mpi_ranks"]),
+        transports=TransportOptions(**net, ssh=ssh, master_addr=own["master_addr"], master_port=own["master_port"],
+                                    env_items=tuple(common["env_items"])),
         restarts=RestartOptions(straggler_timeout=hangs["straggler_timeout"], max_restarts=own["max_restarts"],
                                 **in_section(ctx, RESTARTS, kw)),
         output=_output_options(in_section(ctx, OUTPUT, kw)),

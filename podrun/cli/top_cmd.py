@@ -19,6 +19,7 @@ def render(s: dict, width: int | None = None):
 
     from podrun.human import human_seconds
     from podrun.redaction import escape_controls as esc
+    from podrun.rundir.layout import SPLIT_PARTS
 
     acc = s.get("account") or {}
     step, total = s.get("step"), s.get("total")
@@ -35,7 +36,7 @@ def render(s: dict, width: int | None = None):
         table.add_column(col, no_wrap=col != "note", overflow="fold")
     for h in s.get("hosts") or []:
         sp = h.get("split") or {}
-        split = "/".join(_num(sp.get(k), "{:.2f}") for k in ("input", "compute", "comm", "optim")) if sp else "-"
+        split = "/".join(_num(sp.get(k), "{:.2f}") for k in SPLIT_PARTS) if sp else "-"
         note = "lost" if h.get("state") == "lost" else "slow" if h.get("slow") else ""
         table.add_row(esc(str(h.get("host"))), esc(str(h.get("state"))), _num(h.get("busy_s"), "{:.3f}"), split,
                       _num(h.get("heartbeat_age_s"), "{:.1f}"), note)

@@ -8,9 +8,6 @@ from podrun.launch.request import SSHOptions
 from podrun.launch.torchrun_cli import TorchrunOptions
 from podrun.launch.torchrun_map import OwnOptions
 from podrun.plan.inputs import PlanOptions
-from podrun.launch.instance_logs import RankFiles
-from podrun.wire.agent_args import GRACE_S, INTERRUPT_GRACE_S, CpuBind
-from podrun.wire.liveness import FIRST_HEARTBEAT_S
 
 
 @dataclass(frozen=True)
@@ -81,19 +78,30 @@ class OutputOptions:
 
 
 @dataclass(frozen=True)
+class PoprunOptions:
+    """The poprun flags a plan does not decide: V-IPU, MPI pass-through, output (podrun.launch.engines.poprun)."""
+
+    vipu_server_host: str | None = None
+    vipu_partition: str | None = None
+    vipu_cluster: str | None = None
+    num_ilds: int | None = None            # default: IPUs / 64, when more than one POD64
+    numa_aware: bool = True
+    mpi_global_args: str | None = None
+    mpi_local_args: str | None = None
+    only_output_from_instance: int | None = None
+    print_topology: bool = False
+    offline_mode: bool = False
+    export_env: tuple[str, ...] = ()       # names passed to every instance (-x NAME)
+    executable: str = "poprun"
+
+
+@dataclass(frozen=True)
 class EngineOptions:
     """Who starts the workers and how (podrun.cli.engine_options; podrun.launch.engines.resolve_engine reads it)."""
 
     engine: str | None = None                   # None: the cluster spec's, else torch
     mpi_args: str | None = None                 # extra mpirun arguments, quoted as one string
-    vipu_server_host: str | None = None         # poprun's, from here on
-    vipu_partition: str | None = None
-    vipu_cluster: str | None = None
-    num_ilds: int | None = None
-    mpi_global_args: str | None = None
-    mpi_local_args: str | None = None
-    print_topology: bool = False
-    offline_mode: bool = False
+    poprun: PoprunOptions = PoprunOptions()     # --vipu-*, --num-ilds... as given
 
 
 @dataclass(frozen=True)
@@ -102,27 +110,6 @@ class HangOptions:
 
     hang_timeout: float | str | None = None     # seconds, auto or off; None: the recipe's, the cluster spec's, auto
     on_hang: str = "end"                        # end | dump
-
-
-@dataclass(frozen=True)
-class Decisions:
-    """What podrun launch decided from its options for the request (podrun.launch.run.build_request): torchrun's
-    reconciled with podrun's, the engine's arguments, the modules every host must have."""
-
-    master_addr: str | None = None              # None: the host of instance 0
-    master_port: int | None = None              # None: podrun.launch.run.rendezvous_port's default
-    grace: float = GRACE_S                      # seconds between SIGTERM and SIGKILL
-    interrupt_grace: float = INTERRUPT_GRACE_S  # seconds between SIGINT/SIGHUP/SIGUSR1 and SIGTERM (torchrun's)
-    mpi_args: tuple[str, ...] = ()
-    poprun: object | None = None                # podrun.launch.engines.poprun.PoprunOptions
-    needs: tuple[str, ...] = ()                 # the recipe's modules, checked by every held agent
-    warm: bool = False                          # agents fork the workers from a zygote per host
-    mpi_ranks: bool = False                     # one agent per worker under mpirun (--rank-from-env)
-    cpu_bind: CpuBind = CpuBind()               # --cpu-bind decided, and this machine's cores when they are known
-    host_cores: tuple[tuple[int, ...], ...] | None = None
-    rank_files: RankFiles = RankFiles()         # torchrun's --tee/--redirects
-    join_address: str | None = None             # --join-address, checked
-    join_window: float = FIRST_HEARTBEAT_S      # --join-window
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
-"""How an attempt ended: each instance's state and status, its failures (FailureKind), the Outcome and its record,
-the workers that ended after the root cause (its followers); the Supervisor's parts that gather them in a run
-(Instances, Failures)."""
+"""How an attempt ended: each instance's state and status, its failures (FailureKind), its record (the run's
+Summary), the workers that ended after the root cause (its followers); the Supervisor's parts that gather them in a
+run (Instances, Failures)."""
 from __future__ import annotations
 
 import collections
@@ -13,7 +13,6 @@ from typing import Callable
 
 from podrun.launch.request import LaunchRequest
 from podrun.launch.stacks import rank_ranges
-from podrun.redaction import redact_argv, redact_record
 from podrun.rundir.summary import Attempt, RunStatus, Summary
 from podrun.wire import protocol
 
@@ -98,63 +97,6 @@ class Failure:
         if 128 < self.exit_code < 160:
             d["signal"] = exit_signal(self.exit_code) or self.exit_code - 128
         return d
-
-
-@dataclass
-class Outcome:
-    exit_code: int
-    status: RunStatus
-    root_cause: Failure | None
-    instances: list[InstanceState]
-    started: float
-    ended: float
-    all_ready_s: float | None
-    hang: dict | None = None           # the hang that ended (or was dumped in) the run: window, merged stacks
-    slow_ranks: list = field(default_factory=list)   # ranks named slow (podrun.launch.slow_ranks.SlowRanks records)
-    host_busy: dict = field(default_factory=dict)    # host -> [[step, busy s]] (podrun.launch.slow_ranks.HostBusy)
-    step_split: dict = field(default_factory=dict)   # each rank's mean step split (slow_ranks.StepSplits.to_dict)
-    joins: dict | None = None          # agents that joined: how many, the refusals by reason (transports.join)
-
-    def failed_at(self) -> float | None:
-        """When the root cause began (wall clock; None: none): a worker's exit when its agent saw it, a hang or a lost
-        host from the start of the silence that named it (the run's account counts failure from there)."""
-        root = self.root_cause
-        if root is None:
-            return None
-        quiet = None
-        if root.kind is FailureKind.HUNG and self.hang is not None:
-            quiet = self.hang.get("silent_s")
-        elif root.kind is FailureKind.LOST:
-            quiet = next((s.lost_silence for s in self.instances if s.index == root.instance), None)
-        return root.at - (quiet if isinstance(quiet, (int, float)) else 0.0)
-
-    def summary(self, request: LaunchRequest, attempts: tuple[Attempt, ...] = (), **more) -> Summary:
-        """The run's record after this attempt (``attempts``: every one so far, this one last; ``more``: the
-        elastic record, the account), redacted (podrun.redaction): summary.json, --json and the console's root
-        cause are made from it."""
-        root = self.root_cause
-        return Summary(
-            run_id=request.run_id, exit_code=self.exit_code, status=self.status, transport=request.transport,
-            restart_count=request.restart_count, command=tuple(redact_argv(request.command)),
-            master=redact_record(f"{request.master_addr}:{request.master_port}"),
-            root_cause=None if root is None else redact_record(root.to_dict()),
-            instances=tuple(redact_record([
-                {"index": s.index, "host": s.host, "status": s.status.value, "exit_code": s.exit_code,
-                 "workers": {str(k): protocol.exit_code_from_returncode(v) for k, v in s.workers.items()},
-                 "ready_s": s.ready_s, "ended_s": s.ended_s, "max_heartbeat_gap_s": s.max_gap_s}
-                for s in self.instances])),
-            heartbeat=request.liveness.to_dict(), started=self.started, ended=self.ended,
-            duration_s=round(self.ended - self.started, 3), all_ready_s=self.all_ready_s,
-            hang=redact_record(self.hang), slow_ranks=tuple(redact_record(self.slow_ranks)),
-            host_busy=self.host_busy, step_split=self.step_split, joins=self.joins,
-            max_restarts=request.max_restarts, attempts=attempts, **more)
-
-    def attempt(self, launch: int, request: LaunchRequest, plan: str | None = None) -> Attempt:
-        """This attempt as summary.json's ``attempts`` holds it (``plan``: an elastic attempt's plan file)."""
-        root = self.root_cause
-        return Attempt(launch, request.restart_count, self.exit_code, self.status,
-                       None if root is None else redact_record(root.to_dict()), plan, self.started, self.ended,
-                       self.all_ready_s, self.failed_at())
 
 
 def exit_signal(code: int) -> str | None:
@@ -248,6 +190,7 @@ class Failures(list):
     def __init__(self):
         super().__init__()
         self.errors: dict[tuple[int, int | None], dict] = {}
+        self.root: Failure | None = None        # the root cause, once the attempt has ended (root_cause)
 
     def root_cause(self, instances: Instances) -> Failure | None:
         """The earliest failure with its report: the failing worker's own last lines (its instance's when the
@@ -255,7 +198,7 @@ class Failures(list):
         ones first, then the most recent to write; and the other workers that ended non-zero, summed up."""
         if not self:
             return None
-        root = min(self, key=lambda f: f.at)
+        root = self.root = min(self, key=lambda f: f.at)
         if root.instance is not None:
             self._explain(root, instances)
         root.followers = summarise_followers([
@@ -285,15 +228,15 @@ class Failures(list):
                         "last_lines": list(tail)[-OTHER_TAIL:]} for *_, s, lr, tail in cands[:OTHERS]]
 
 
-def attempt_outcome(instances: Instances, failures: Failures, signalled: int | None, gaps: dict[int, float],
-                    hang: dict | None, slow_ranks: list, host_busy: dict, step_split: dict,
-                    joins: dict | None = None) -> Outcome:
-    """How the attempt ended: its root cause (Failures.root_cause), else the signal that stopped it, else the first
+def attempt_outcome(request: LaunchRequest, instances: Instances, root: Failure | None, signalled: int | None,
+                    gaps: dict[int, float], hang: dict | None, slow_ranks: list, host_busy: dict, step_split: dict,
+                    joins: dict | None = None) -> Summary:
+    """How the attempt ended, as the run's record of it (its one Attempt in ``attempts``; redacted:
+    Summary.redacted): its root cause (Failures.root_cause), else the signal that stopped it, else the first
     instance that ended non-zero; each instance's largest silence (``gaps``, the hearing's; a lost host's silence
     when it was declared lost, if longer); when every instance was ready; with what the live watch gathered (the
     slow ranks, each host's busy time, each rank's step split) and the agents that joined."""
     ended = time.time()
-    root = failures.root_cause(instances)
     if root is not None:
         code, status = root.exit_code, root.kind.status
     elif signalled is not None:
@@ -302,9 +245,36 @@ def attempt_outcome(instances: Instances, failures: Failures, signalled: int | N
         bad = [s for s in instances.values() if s.exit_code not in (0, None)]
         code, status = (bad[0].exit_code, RunStatus.FAILED) if bad else (0, RunStatus.OK)
     ready = [s.ready_s for s in instances.values()]
+    all_ready = max(ready) if ready and None not in ready else None
     for s in instances.values():
         seen = [g for g in (gaps.get(s.index), s.lost_silence) if g is not None]
         s.max_gap_s = round(max(seen), 3) if seen else None
-    return Outcome(code, status, root, sorted(instances.values(), key=lambda s: s.index), instances.t0, ended,
-                   max(ready) if ready and None not in ready else None, hang=hang, slow_ranks=slow_ranks,
-                   host_busy=host_busy, step_split=step_split, joins=joins)
+    cause = None if root is None else root.to_dict()
+    attempt = Attempt(0, request.restart_count, code, status, cause, None, instances.t0, ended, all_ready,
+                      failed_at(root, hang, instances))
+    return Summary(
+        run_id=request.run_id, exit_code=code, status=status, transport=request.transport,
+        restart_count=request.restart_count, command=tuple(request.command),
+        master=f"{request.master_addr}:{request.master_port}", root_cause=cause,
+        instances=tuple(
+            {"index": s.index, "host": s.host, "status": s.status.value, "exit_code": s.exit_code,
+             "workers": {str(k): protocol.exit_code_from_returncode(v) for k, v in s.workers.items()},
+             "ready_s": s.ready_s, "ended_s": s.ended_s, "max_heartbeat_gap_s": s.max_gap_s}
+            for s in sorted(instances.values(), key=lambda s: s.index)),
+        heartbeat=request.liveness.to_dict(), started=instances.t0, ended=ended,
+        duration_s=round(ended - instances.t0, 3), all_ready_s=all_ready, hang=hang,
+        slow_ranks=tuple(slow_ranks), host_busy=host_busy, step_split=step_split, joins=joins,
+        max_restarts=request.max_restarts, attempts=(attempt,)).redacted()
+
+
+def failed_at(root: Failure | None, hang: dict | None, instances: Instances) -> float | None:
+    """When the root cause began (wall clock; None: none): a worker's exit when its agent saw it, a hang or a lost
+    host from the start of the silence that named it (the run's account counts failure from there)."""
+    if root is None:
+        return None
+    quiet = None
+    if root.kind is FailureKind.HUNG and hang is not None:
+        quiet = hang.get("silent_s")
+    elif root.kind is FailureKind.LOST:
+        quiet = next((s.lost_silence for s in instances.values() if s.index == root.instance), None)
+    return root.at - (quiet if isinstance(quiet, (int, float)) else 0.0)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from podrun.errors import LaunchError, PodrunError, PreflightError
 from podrun.launch import rlimits
 from podrun.launch.engines import engine_of, resolve_engine
-from podrun.launch.options import Decisions, LaunchOptions
+from podrun.launch.options import LaunchOptions
 from podrun.launch.request import LaunchRequest, decide_cpu_bind, parse_env_options
 from podrun.launch.run import build_request, default_transport, is_local_host
 from podrun.launch.torchrun_cli import COMMAND, RECIPE, SCRIPT, Target, classify, command_hint
@@ -20,7 +20,6 @@ from podrun.plan.inputs import resolve_plan_inputs
 from podrun.plan.measured import launch_measured
 from podrun.rundir.layout import DEFAULT_RUNS_DIR, new_run_id
 from podrun.specs import recipe_args as recipe_cli
-from podrun.wire.agent_args import GRACE_S, INTERRUPT_GRACE_S
 from podrun.wire.liveness import settings
 from podrun.wire.probe import interface_address, missing_modules, missing_text
 from podrun.wire.worker_env import RDZV_ID_ENV, ROLE_ENV, VIRTUAL_LOCAL_RANK_ENV, workers_per_instance
@@ -261,18 +260,16 @@ def _request(opts: LaunchOptions, mapped: OwnOptions, target: Target, placed, re
     warm = rs.warm and (kind.per_instance and (restarts > 0 or several) or kind.joined and several)
     bind, host_cores, bind_note = decide_cpu_bind(mapped.cpu_bind, plan, cluster.cpu, not kind.remote, cluster.path)
     notes += [bind_note] if bind_note is not None else []
-    grace = mapped.grace
-    decided = Decisions(master_addr=mapped.master_addr, master_port=mapped.master_port,
-                        grace=grace if grace is not None else GRACE_S,
-                        interrupt_grace=grace if grace is not None else INTERRUPT_GRACE_S,
-                        mpi_args=eng.mpi_args, poprun=eng.poprun, needs=needs, warm=warm, mpi_ranks=mpi_ranks,
-                        cpu_bind=bind, host_cores=host_cores, rank_files=mapped.rank_files,
-                        join_address=check_join_address(net.join_address),
-                        **({} if net.join_window is None else {"join_window": net.join_window}))
+    # --grace (torchrun's --shutdown-timeout) bounds both waits; without it each has its default (LaunchRequest's)
+    grace = {} if mapped.grace is None else {"grace": mapped.grace, "interrupt_grace": mapped.grace}
     return build_request(plan, target.worker_command(net.host_python, recipe.script), transport=name, options=opts,
-                         decided=decided, liveness=liveness, run_id=run_dir_name(mapped),
+                         liveness=liveness, run_id=run_dir_name(mapped),
                          runs_dir=mapped.runs_dir if mapped.runs_dir is not None else DEFAULT_RUNS_DIR, env=env,
-                         max_restarts=restarts, data_interface=data_interface)
+                         max_restarts=restarts, data_interface=data_interface, master_addr=mapped.master_addr,
+                         master_port=mapped.master_port, **grace, mpi_args=eng.mpi_args, poprun=eng.poprun,
+                         needs=needs, warm=warm, mpi_ranks=mpi_ranks, cpu_bind=bind, host_cores=host_cores,
+                         rank_files=mapped.rank_files, join_address=check_join_address(net.join_address),
+                         **({} if net.join_window is None else {"join_window": net.join_window}))
 
 
 def replan_refusal(kind: TransportKind) -> LaunchError | None:

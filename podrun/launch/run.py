@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING
 
 from podrun.errors import LaunchError, PodrunError, PreflightError
 from podrun.wire.liveness import Liveness
-from podrun.launch.options import Decisions, LaunchOptions
+from podrun.launch.options import LaunchOptions
 from podrun.launch.request import InstanceLaunch, LaunchRequest
 from podrun.launch.records import write_launch_files
 from podrun.rundir import layout
 from podrun.rundir.layout import check_run_id, create_run_dir, new_run_id, snapshot_dir, write_plan
 from podrun.rundir.summary import Attempt, RunStatus, Summary, save as save_summary
-from podrun.launch.outcome import Outcome, describe_code
+from podrun.launch.outcome import describe_code
 from podrun.launch.supervisor import Supervisor
 from podrun.launch.transports import transport_of
 from podrun.launch.transports.base import TransportFactory, busy_port_problem
@@ -60,38 +60,34 @@ def snapshot_key_env(max_restarts: int) -> tuple[tuple[str, str], ...]:
 
 
 def build_request(plan, command, *, transport: str, options: LaunchOptions = LaunchOptions(),
-                  decided: Decisions = Decisions(), liveness: Liveness = Liveness(), run_id: str | None = None,
-                  runs_dir: str = "runs", env=(), max_restarts: int = 0,
-                  data_interface: str | None = None) -> LaunchRequest:
+                  liveness: Liveness = Liveness(), run_id: str | None = None, runs_dir: str = "runs", env=(),
+                  max_restarts: int = 0, data_interface: str | None = None, **decided) -> LaunchRequest:
     """The LaunchRequest of ``plan`` running ``command``: ``options`` (podrun launch's, whole) gives what is taken
     as it was given (--python, --workdir, the ssh options, --no-agent-store, --no-preflight, --straggler-timeout);
-    ``decided`` and the keywords are what was decided from the options (reconciled with torchrun's, the cluster
-    spec's, the engine's)."""
-    net, rs, master_addr = options.transports, options.restarts, decided.master_addr
+    the keywords are what was decided from the options (reconciled with torchrun's, the cluster spec's, the
+    engine's); ``decided``, the request's fields so decided (grace, mpi_args, warm, cpu_bind...), master_addr
+    (None or left out: the host of instance 0) and master_port (None or left out: rendezvous_port's default)."""
+    net, rs = options.transports, options.restarts
+    master_addr, master_port = decided.pop("master_addr", None), decided.pop("master_port", None)
     run_id = new_run_id() if run_id is None else check_run_id(run_id)
     if master_addr is not None:
         from podrun.specs.hosts import check_name
 
         check_name(master_addr, "--master-addr")      # the one host-name rule: no brackets, no port
-    master_port = rendezvous_port(decided.master_port, transport)
+    master_port = rendezvous_port(master_port, transport)
     workdir = os.path.abspath(net.workdir or os.getcwd())
     run_dir = os.path.join(os.path.abspath(runs_dir), run_id)
     return LaunchRequest(
         run_id=run_id, run_dir=run_dir, plan=plan, plan_path=os.path.join(run_dir, layout.PLAN),
         command=tuple(command), python=net.host_python, workdir=workdir,
         master_addr=master_addr or plan.placement[0].host, master_port=master_port, transport=transport,
-        grace=decided.grace, interrupt_grace=decided.interrupt_grace, heartbeat=liveness.period,
-        keepalive=liveness.bound, agent_keepalive=liveness.agent_bound, max_restarts=max_restarts,
+        heartbeat=liveness.period, keepalive=liveness.bound, agent_keepalive=liveness.agent_bound,
+        max_restarts=max_restarts,
         # the run's snapshot key (podrun.runtime.snapshot) where a restart may read snapshots; --env wins (later)
         env=data_interface_env(data_interface) + snapshot_key_env(max_restarts) + tuple(env),
-        instances=tuple(InstanceLaunch(p.index, p.host) for p in plan.placement),
-        ssh=net.ssh, mpi_args=tuple(decided.mpi_args), poprun=decided.poprun,
-        agent_store=net.agent_store and _serves_store(transport, net.host_python),
-        preflight=net.preflight, straggler_timeout=rs.straggler_timeout, needs=tuple(decided.needs),
-        data_interface=data_interface, warm=decided.warm, mpi_ranks=decided.mpi_ranks, cpu_bind=decided.cpu_bind,
-        host_cores=decided.host_cores, rank_files=decided.rank_files, join_address=decided.join_address,
-        join_window=decided.join_window,
-    )
+        instances=tuple(InstanceLaunch(p.index, p.host) for p in plan.placement), ssh=net.ssh,
+        agent_store=net.agent_store and _serves_store(transport, net.host_python), preflight=net.preflight,
+        straggler_timeout=rs.straggler_timeout, data_interface=data_interface, **decided)
 
 
 def _serves_store(transport: str, python: str) -> bool:
@@ -223,8 +219,8 @@ def choose_master(make: TransportFactory, request: LaunchRequest, *, ask_hosts: 
 
 def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from: int | None = None,
             elastic=None, watch=None, progress=None, resuming: bool = False,
-            launch_record: dict | None = None, said=None, observer=None) -> tuple[Outcome | None, Summary]:
-    """Run the request (with restarts); returns the last outcome and the summary written to summary.json.
+            launch_record: dict | None = None, said=None, observer=None) -> tuple[Attempt | None, Summary]:
+    """Run the request (with restarts); returns the last attempt and the summary written to summary.json.
 
     ``elastic`` (a podrun.elastic.replan.ElasticPolicy): each restart first drops the failed hosts,
     takes spares, and re-plans at the same global batch; no such plan ends the run. ``watch`` (a
@@ -247,14 +243,14 @@ def execute(request: LaunchRequest, *, sink=None, notice=None, only_output_from:
         live = observer.started(request)
         notice(starting_line(request) + (f"; {live}" if live else ""))
         try:
-            outcome, summary = _execute(request, sink=sink, notice=notice, only_output_from=only_output_from,
+            attempt, summary = _execute(request, sink=sink, notice=notice, only_output_from=only_output_from,
                                         elastic=elastic, watch=watch, progress=progress, resuming=resuming,
                                         launch_record=launch_record, observer=observer)
             if said is not None:
                 said(summary)
             summary = close_account(request.run_dir, summary)
             observer.recorded(summary)
-            return outcome, summary
+            return attempt, summary
         finally:
             observer.close()
             release(request.run_dir)
@@ -276,7 +272,7 @@ def starting_line(request: LaunchRequest) -> str:
 
 
 def _execute(request: LaunchRequest, *, sink, notice, only_output_from, elastic, watch, progress, resuming: bool,
-             launch_record: dict | None, observer) -> tuple[Outcome | None, Summary]:
+             launch_record: dict | None, observer) -> tuple[Attempt | None, Summary]:
     """execute(), the run directory made and held."""
     earlier = _earlier_attempts(request.run_dir) if resuming else []
     _before_start(request.run_dir, layout.write_start, request.run_dir, request.plan,
@@ -333,7 +329,7 @@ def _earlier_attempts(run_dir: str) -> list[Attempt]:
 
 def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_output_from, elastic,
               record: ElasticRecord | None, watch=None, progress=None,
-              earlier: list[Attempt] = (), observer=None) -> tuple[Outcome | None, Summary]:
+              earlier: list[Attempt] = (), observer=None) -> tuple[Attempt | None, Summary]:
     """The attempts of one launch; summary.json is written once an attempt (``_record``), after its restart or
     re-plan is decided."""
     from podrun.elastic.replan import failed_hosts
@@ -344,7 +340,7 @@ def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_
     attempts: list[Attempt] = list(earlier)
     launch_no = 1 + max((a.launch for a in earlier), default=-1)
     base_port = req.master_port
-    outcome, summary, log = None, Summary(), StepLog()
+    summary, log = Summary(), StepLog()      # summary.attempts: none until this launch's first attempt
     observer = observer or RunObserver()
     told = _told(progress, observer)
     while True:
@@ -358,16 +354,17 @@ def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_
             if problems:
                 transport.close()
                 bad = tuple(dict.fromkeys(p.host for p in problems if p.host in req.plan.hosts))
-                if outcome is None or not req.kind.remote or not bad:   # else re-planned
+                if not summary.attempts or not req.kind.remote or not bad:   # else re-planned
                     # the first attempt, or problems of this machine's (local) rather than of a host's (elastic)
                     raise _preflight_failed(req, problems, notice, attempts=tuple(attempts),
                                             elastic=None if record is None else record.to_dict())
                 # a re-planned attempt: hosts that fail the check (a spare that is down) go as a lost host
                 # does, and the run re-plans again without them; nothing has started
-                nxt_req = _replan(elastic, record, req, outcome, req.restart_count, notice, log, bad, problems)
+                nxt_req = _replan(elastic, record, req, req.restart_count, notice, log, bad,
+                                  record.replans[-1]["lost_at"], "; ".join(p.message for p in problems), problems)
                 summary = _record(notice, req.run_dir, replace(summary, elastic=record.to_dict()), observer)
                 if nxt_req is None:
-                    return outcome, summary
+                    return attempts[-1], summary
                 req = nxt_req
                 continue
         try:
@@ -385,39 +382,41 @@ def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_
                                           workers_per_instance(req.plan))
         observer.attempt(sup, tuple(attempts), launch_no)
         try:
-            outcome = sup.run()
+            summary = sup.run()
         except PodrunError as exc:        # e.g. an agent that could not be started: nothing is left running
             _record(notice, req.run_dir, Summary(run_id=req.run_id, exit_code=exc.exit_code,
                                                  status=RunStatus.START_FAILED, transport=req.transport,
                                                  error=str(exc), attempts=tuple(attempts)))
             raise
         plan = None if elastic is None else layout.plan_of(req.restart_count)
-        attempts.append(outcome.attempt(launch_no, req, plan))
+        attempts.append(replace(summary.attempts[-1], launch=launch_no, plan=plan))
         log = StepLog.read(req.run_dir)           # the runner's records so far, read once an attempt
         if elastic is not None:
-            record.recovered(req.restart_count, outcome.started, outcome.all_ready_s, log)
-        summary = outcome.summary(req, tuple(attempts))
-        done = (outcome.exit_code == 0 or outcome.status is RunStatus.INTERRUPTED
+            record.recovered(req.restart_count, summary.started, summary.all_ready_s, log)
+        summary = replace(summary, attempts=tuple(attempts))
+        done = (summary.exit_code == 0 or summary.status is RunStatus.INTERRUPTED
                 or req.restart_count >= req.max_restarts)
         if not done and sup.inplace is not None and sup.inplace.plan is not req.plan:   # recovered in place before
             req = replace(req, plan=sup.inplace.plan,
                           instances=tuple(InstanceLaunch(p.index, p.host) for p in sup.inplace.plan.placement))
         nxt, nxt_req = req.restart_count + 1, req
         if not done and elastic is not None:
-            nxt_req = _replan(elastic, record, req, outcome, nxt, notice, log, failed_hosts(summary))
+            root = sup.failures.root
+            nxt_req = _replan(elastic, record, req, nxt, notice, log, failed_hosts(summary),
+                              summary.ended if root is None else root.at, None if root is None else root.reason)
             if sup.inplace is not None and sup.inplace.failed_why is not None and record.replans:
                 record.replans[-1]["inplace_failed"] = sup.inplace.failed_why    # why it restarts instead
         summary = _record(notice, req.run_dir, replace(
             summary, elastic=None if record is None else record.to_dict(),
             account=run_account(req.run_dir, attempts, launch_no, log)), observer)
         if done or nxt_req is None:
-            return outcome, summary
+            return attempts[-1], summary
         # a port the controller holds serves every attempt (each gets a fresh store on it); else each attempt
         # moves one port past the last one's, whose store may not be gone yet
         port = req.master_port if req.listen_fd is not None else base_port + nxt
-        cause = outcome.root_cause
+        cause = sup.failures.root
         notice(f"restart {nxt} of {nxt_req.max_restarts} after "
-               f"{cause.reason if cause else describe_code(outcome.exit_code)}; rendezvous port {port}")
+               f"{cause.reason if cause else describe_code(summary.exit_code)}; rendezvous port {port}")
         req = nxt_req.for_restart(nxt, port)
 
 
@@ -454,15 +453,14 @@ def run_account(run_dir: str, attempts: Sequence[Attempt], launch_no: int, log) 
     the queue: to the job's start as Slurm gives it (SLURM_JOB_START_TIME), else to this launch's start."""
     from podrun.errors import HostError
     from podrun.rundir.job import JobRecord
-    from podrun.rundir.account import AttemptTimes, Moments, account
+    from podrun.rundir.account import Moments, account
 
     try:                               # a run podrun submit queued has its record; another has none
         submitted = JobRecord.load(run_dir).submitted_at
     except HostError:
         submitted = None
     started = os.environ.get("SLURM_JOB_START_TIME", "")
-    mine = [AttemptTimes(a.started, a.ended, a.all_ready_s, str(a.status), a.failed_at)
-            for a in attempts if a.launch == launch_no and a.started is not None and a.ended is not None]
+    mine = [a for a in attempts if a.launch == launch_no and a.started is not None and a.ended is not None]
     moments = Moments(process_started(), time.time(), submitted, float(started) if started.isdigit() else None)
     return replace(account(moments, mine, log), since=moments.start, until=moments.exit)
 
@@ -479,21 +477,15 @@ def close_account(run_dir: str, summary: Summary) -> Summary:
     return summary
 
 
-def _replan(policy, record: ElasticRecord, req: LaunchRequest, outcome: Outcome, nxt: int,
-            notice, log, failed: tuple[str, ...], problems=()) -> LaunchRequest | None:
-    """The elastic restart step: decide the next plan into ``record`` without the ``failed`` hosts, write
-    plan-<n>.json and plan.json, and return the next request (None: no plan keeps the global batch; the record
-    says why).
+def _replan(policy, record: ElasticRecord, req: LaunchRequest, nxt: int, notice, log, failed: tuple[str, ...],
+            lost_at: float, cause: str | None, problems=()) -> LaunchRequest | None:
+    """The elastic restart step: decide the next plan into ``record`` without the ``failed`` hosts (lost at
+    ``lost_at``, for ``cause``), write plan-<n>.json and plan.json, and return the next request (None: no plan keeps
+    the global batch; the record says why).
 
     ``problems``: why the hosts of a re-planned attempt failed its check before it started; they are dropped
     from ``req.plan`` as a lost host is, timed from the same loss.
     """
-    if not problems:
-        lost_at = outcome.root_cause.at if outcome.root_cause is not None else outcome.ended
-        cause = outcome.root_cause.reason if outcome.root_cause is not None else None
-    else:
-        lost_at = record.replans[-1]["lost_at"]
-        cause = "; ".join(p.message for p in problems)
     decision, line = record.replan(policy, req.plan, failed, nxt, log, lost_at, cause, problems)
     notice(line)
     if decision.plan is None:

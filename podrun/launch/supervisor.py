@@ -27,13 +27,14 @@ from podrun.launch import control, hangs
 from podrun.launch.instance_logs import InstanceLogs, Sink
 from podrun.launch.listener import STALL_S, Listener, Silent
 from podrun.launch.live_watch import LiveWatch, Progress
-from podrun.launch.outcome import (Failure, FailureKind, Failures, Instances, InstanceState, InstanceStatus, Outcome,
+from podrun.launch.outcome import (Failure, FailureKind, Failures, Instances, InstanceState, InstanceStatus,
                                    attempt_outcome)
 from podrun.launch.outcome import describe_code as _describe_code   # the wording of an exit, looked up at each
 from podrun.launch.request import LaunchRequest
 from podrun.launch.transports.base import InstanceHandle, Transport
 from podrun.redaction import redact_text
 from podrun.rundir import layout
+from podrun.rundir.summary import Summary
 from podrun.wire import protocol
 from podrun.wire.control import STACKS, Ask
 
@@ -75,7 +76,7 @@ class Ending:
 
 
 class Supervisor:
-    """One attempt's agents, from their start to the Outcome (the module says how)."""
+    """One attempt's agents, from their start to its record (the module says how)."""
 
     def __init__(self, request: LaunchRequest, transport: Transport, *, sink: Sink | None = None,
                  notice: Notice | None = None, only_output_from: int | None = None, workers_per_instance: int = 1,
@@ -267,8 +268,8 @@ class Supervisor:
         else:
             self.ending.force = True          # a second Ctrl-C: do not wait for the grace period
 
-    def run(self) -> Outcome:
-        """The attempt from its agents' start to its Outcome, in the run directory the launch made and holds."""
+    def run(self) -> Summary:
+        """The attempt from its agents' start to its record, in the run directory the launch made and holds."""
         old = {}
         if threading.current_thread() is threading.main_thread():
             for s in STOP_SIGNALS:
@@ -295,7 +296,7 @@ class Supervisor:
             return self.answers[ask.what]()
         return {"error": f"unknown request {ask.what!r}"}
 
-    def _run_started(self) -> Outcome:
+    def _run_started(self) -> Summary:
         handles = self.transport.start()
         self.launchers = [h for h in handles if not h.instances]
         try:
@@ -315,7 +316,7 @@ class Supervisor:
         finally:
             self.listener.done.set()
 
-    def _loop(self, open_handles: set, carrier: dict) -> Outcome:
+    def _loop(self, open_handles: set, carrier: dict) -> Summary:
         """Each turn: one item heard (a line, or a handle's end), then every duty of DUTIES once."""
         turn = time.monotonic()
         while open_handles:
@@ -460,9 +461,10 @@ class Supervisor:
             f"rank {_rank_text(self.instances.rank(inst, lr))} exited 0 (--straggler-timeout): hung or stragglers",
             time.time()))
 
-    def _outcome(self) -> Outcome:
-        """The attempt's Outcome, once every handle has ended (no reader adds to the hearing's gaps any more)."""
-        return attempt_outcome(self.instances, self.failures, self.signalled, self.listener.hearing.gaps(),
+    def _outcome(self) -> Summary:
+        """The attempt's record, once every handle has ended (no reader adds to the hearing's gaps any more)."""
+        return attempt_outcome(self.req, self.instances, self.failures.root_cause(self.instances), self.signalled,
+                               self.listener.hearing.gaps(),
                                self.live.hang, [dict(r) for r in self.live.slow.records],
                                {h: [list(p) for p in xs] for h, xs in self.live.hosts.series.items()},
                                self.live.splits.to_dict(), self.transport.joins())

@@ -9,8 +9,8 @@ import json
 import os
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from podrun import safefs
 from podrun.errors import LaunchError
@@ -18,19 +18,13 @@ from podrun.launch.observe import RunObserver
 from podrun.rundir.account import CATEGORIES
 from podrun.rundir.layout import PROMETHEUS_TARGETS as TARGETS, SPLIT_PARTS
 
+if TYPE_CHECKING:  # pragma: no cover
+    from podrun.launch.options import LiveOptions
+
 SD_MODE = 0o644                          # a Prometheus server running as its own user reads it
 LINGER_MAX_S = 30.0                      # the longest the endpoint waits at the end for its scraper's last visit
 MISSING = ("podrun: --metrics-port needs prometheus_client (pip install 'podrun[metrics]'); "
            "the run goes on without its metrics endpoint")
-
-
-@dataclass(frozen=True)
-class MetricsOptions:
-    """--metrics-port (None: no endpoint; 0: a free port), --metrics-address, --metrics-sd-dir."""
-
-    port: int | None = None
-    address: str = "127.0.0.1"
-    sd_dir: str | None = None
 
 
 def available() -> bool:
@@ -111,28 +105,29 @@ class _Collector:
 
 class MetricsServer(RunObserver):
     """The endpoint of one launch: bound when made (a port in use: LaunchError, before the start), serving the
-    live state ``state`` (a podrun.live.state.LiveState) until ``close``."""
+    live state ``state`` (a podrun.live.state.LiveState) until ``close``: ``opts``' --metrics-port (0: a free
+    port), --metrics-address and --metrics-sd-dir."""
 
     what = "the metrics endpoint"
 
-    def __init__(self, opts: MetricsOptions, state):
+    def __init__(self, opts: LiveOptions, state):
         from prometheus_client import start_http_server
         from prometheus_client.registry import CollectorRegistry
 
         self.opts, self.state = opts, state
-        if opts.sd_dir is not None:        # another user's or a shared-writable directory: refused before the start
-            safefs.own_dir(opts.sd_dir, "--metrics-sd-dir", error=LaunchError)
+        if opts.metrics_sd_dir is not None:   # another user's or a shared-writable directory: refused before the start
+            safefs.own_dir(opts.metrics_sd_dir, "--metrics-sd-dir", error=LaunchError)
         registry = CollectorRegistry(auto_describe=False)
         self.collector = _Collector(state.snapshot)
         registry.register(self.collector)
         self.final_at: float | None = None
         try:
-            self.httpd, self.thread = start_http_server(opts.port, opts.address, registry)
+            self.httpd, self.thread = start_http_server(opts.metrics_port, opts.metrics_address, registry)
         except OSError as exc:
             busy = exc.errno == errno.EADDRINUSE
             raise LaunchError(
-                f"--metrics-port {opts.port}: cannot listen on {opts.address}:{opts.port}: "
-                f"{'the port is in use' if busy else exc.strerror or exc}",
+                f"--metrics-port {opts.metrics_port}: cannot listen on {opts.metrics_address}:"
+                f"{opts.metrics_port}: {'the port is in use' if busy else exc.strerror or exc}",
                 hint="pass another --metrics-port, or 0 for a free one") from None
         self.port = self.httpd.server_address[1]
         self.written: list[Path] = []
@@ -142,7 +137,7 @@ class MetricsServer(RunObserver):
         """Where a server scrapes it: the address it listens on, this machine's name where that is every address."""
         import socket
 
-        host = self.opts.address
+        host = self.opts.metrics_address
         host = socket.getfqdn() if host in ("", "0.0.0.0", "::") else host
         return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
 
@@ -150,8 +145,8 @@ class MetricsServer(RunObserver):
         record = [{"targets": [self.target], "labels": {"run_id": request.run_id, "job": "podrun"}}]
         text = json.dumps(record, indent=1) + "\n"
         places = [Path(request.run_dir) / TARGETS]
-        if self.opts.sd_dir is not None:
-            places.append(Path(self.opts.sd_dir) / f"podrun-{request.run_id}.json")
+        if self.opts.metrics_sd_dir is not None:
+            places.append(Path(self.opts.metrics_sd_dir) / f"podrun-{request.run_id}.json")
         for p in places:
             safefs.write_file(p, text, "Prometheus target file", mode=SD_MODE)
             self.written.append(p)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from podrun.launch.observe import RunObserver
 from podrun.rundir.account import CATEGORIES
-from podrun.rundir.layout import METRICS, TENSORBOARD as SUBDIR, private_subdir
+from podrun.rundir.layout import METRICS, SPLIT_PARTS, TENSORBOARD as SUBDIR, private_subdir
 from podrun.rundir.metrics import new_records
 
 FOLLOW_S = 1.0                 # how often metrics.jsonl is read for new records
@@ -41,7 +41,7 @@ def scalars(record: dict) -> dict[str, float]:
         for k, tag in STEP_TAGS.items():
             put(tag, record.get(k))
         for part, v in (record.get("split") or {}).items() if isinstance(record.get("split"), dict) else ():
-            if part in ("input", "compute", "comm", "optim"):
+            if part in SPLIT_PARTS:
                 put(f"split/{part}_seconds", v)
     elif record.get("kind") == "eval":
         for k, v in record.items():

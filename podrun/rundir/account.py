@@ -36,18 +36,6 @@ class Moments:
 
 
 @dataclass(frozen=True)
-class AttemptTimes:
-    """One attempt as the controller saw it: its start and end, when every instance said ready (seconds after
-    its start; None: not all did), how it ended (a RunStatus value) and when its root cause began (None: none)."""
-
-    started: float
-    ended: float
-    ready_s: float | None
-    status: str
-    failed_at: float | None = None
-
-
-@dataclass(frozen=True)
 class Part:
     """Seconds per category over a stretch of wall time, and its goodput (training / wall)."""
 
@@ -119,18 +107,19 @@ def _within(points, lo: float, hi: float) -> float:
     return min(sum(s for t, s in points if lo < t <= hi), max(hi - lo, 0.0))
 
 
-def attempt_part(a: AttemptTimes, log: StepLog, resumed_at: int | None, last: bool) -> Part:
+def attempt_part(a, log: StepLog, resumed_at: int | None, last: bool) -> Part:
     """One attempt's seconds from its start to its end: launch to every instance ready, start-up to its first
     step's start, then training less the evaluations and checkpoint stalls recorded in it, the steps past
     ``resumed_at`` (where the next attempt took up the work: they are redone, so failure), and the rest after its
     last step (the last evaluation and save, then idle, or failure when it ended badly or is not ``last``). Without
-    a step recorded (a plain script), start-up runs to when its failure began, if it failed, and failure after."""
+    a step recorded (a plain script), start-up runs to when its failure began, if it failed, and failure after.
+    ``a``: a podrun.rundir.summary.Attempt whose start and end are known (summary imports this module)."""
     lo, hi = a.started, max(a.ended, a.started)
 
     def clamp(t: float) -> float:
         return min(max(t, lo), hi)
 
-    ready = clamp(lo + a.ready_s) if a.ready_s is not None else None
+    ready = clamp(lo + a.all_ready_s) if a.all_ready_s is not None else None
     steps = [(n, t) for n, t in log.steps if lo < t <= hi]
     durations = [d for t, d in log.step_s if lo < t <= hi]
     start_step = next((w.get("step") for t, w in log.starts if lo <= t <= hi), None)
@@ -163,10 +152,11 @@ def attempt_part(a: AttemptTimes, log: StepLog, resumed_at: int | None, last: bo
     return Part(secs)
 
 
-def account(m: Moments, attempts: Sequence[AttemptTimes], log: StepLog) -> Account:
+def account(m: Moments, attempts: Sequence, log: StepLog) -> Account:
     """The launch's account: queue (submitted to the job's start), launch (podrun's start to the first attempt's
     ready), each attempt's part (a restart's launch and start-up count as failure in the whole), the gaps between
-    attempts (re-plan, restart) as failure, and after the last attempt to the exit as idle."""
+    attempts (re-plan, restart) as failure, and after the last attempt to the exit as idle. ``attempts``: this
+    launch's (podrun.rundir.summary.Attempt), each with its start and end."""
     parts = []
     for i, a in enumerate(attempts):
         nxt = attempts[i + 1] if i + 1 < len(attempts) else None

@@ -1,25 +1,15 @@
 """The local runs under a runs directory, newest first: each one's id, status, steps, wall time, goodput and path."""
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 from typing import Any
 
 from podrun.errors import PodrunError
 from podrun.rundir.metrics import StepLog
-from podrun.rundir.report import RUN_FILES
+from podrun.rundir.report import written_at
 from podrun.rundir.summary import read_summary
 
 NO_SUMMARY = "no summary"     # a run without summary.json: still running, or its podrun was ended
-
-
-def _written(run: Path) -> float | None:
-    """When the run was last written to (its newest RUN_FILES file), None: not a run."""
-    times = []
-    for name in RUN_FILES:
-        with contextlib.suppress(OSError):
-            times.append((run / name).stat().st_mtime)
-    return max(times) if times else None
 
 
 def list_runs(runs_dir: str | Path) -> list[dict[str, Any]]:
@@ -30,7 +20,7 @@ def list_runs(runs_dir: str | Path) -> list[dict[str, Any]]:
                           hint="pass --runs-dir where podrun launch wrote its runs (default: runs)")
     found = []
     for sub in d.iterdir():
-        written = _written(sub)
+        written = written_at(sub)
         if written is not None:
             found.append((written, sub.name, sub))
     rows = []

@@ -12,7 +12,7 @@ from typing import Any
 from podrun import safefs
 from podrun.errors import PodrunError
 from podrun.human import human_seconds
-from podrun.rundir.account import CATEGORIES, LABELS, Account
+from podrun.rundir.account import CATEGORIES, ENDED_BADLY, LABELS, Account
 from podrun.rundir.layout import COMMAND, METRICS, PLAN, SPLIT_PARTS, SUMMARY, instance_log
 from podrun.rundir.metrics import StepLog, is_integer, complete, latest_by_step, read_metrics_counted
 from podrun.rundir.summary import Summary, read_json, read_summary
@@ -72,6 +72,15 @@ def read_run(run_dir: str | Path) -> RunRecord:
 RUN_FILES = (METRICS, SUMMARY, PLAN, COMMAND, instance_log(0))   # what makes a directory a run
 
 
+def written_at(run: Path) -> float | None:
+    """When the run was last written to (its newest RUN_FILES file), None: not a run."""
+    times = []
+    for name in RUN_FILES:
+        with contextlib.suppress(OSError):       # absent, or not a directory
+            times.append((run / name).stat().st_mtime)
+    return max(times) if times else None
+
+
 def newest_run(runs_dir: str | Path) -> Path:
     """The run directory in ``runs_dir`` written to last (its newest metrics.jsonl, summary.json, plan.json,
     command or instance-0.log), or a PodrunError (exit 2) when it holds none."""
@@ -79,14 +88,7 @@ def newest_run(runs_dir: str | Path) -> Path:
     hint = "pass a run directory (podrun report runs/<run-id>), or --runs-dir where podrun launch wrote its runs"
     if not d.is_dir():
         raise PodrunError(f"--runs-dir {d}: no such directory, so there is no newest run to report", hint=hint)
-    best: tuple[float, str] | None = None
-    for sub in d.iterdir():
-        times = []
-        for name in RUN_FILES:
-            with contextlib.suppress(OSError):       # absent, or not a directory
-                times.append((sub / name).stat().st_mtime)
-        if times and (best is None or (max(times), sub.name) > best):
-            best = (max(times), sub.name)
+    best = max(((t, sub.name) for sub in d.iterdir() if (t := written_at(sub)) is not None), default=None)
     if best is None:
         raise PodrunError(f"--runs-dir {d}: holds no run (no directory with {', '.join(RUN_FILES)})", hint=hint)
     return d / best[1]
@@ -509,7 +511,7 @@ def _spans(records: list[dict], attempts: tuple, wall_s: float | None = None
         first = next((x for x in step_starts if lo <= x <= hi), None)
         add("startup", ready, first if first is not None else hi)
         mine = [t(r) for r in timed if lo <= t(r) <= hi]
-        if a.status in ("failed", "lost", "hung"):
+        if a.status in ENDED_BADLY:
             after = float(attempts[k + 1].started) if k + 1 < len(attempts) and \
                 isinstance(attempts[k + 1].started, (int, float)) else hi
             add("failure", max(mine) if mine and first is not None else (first or ready), max(after, hi))

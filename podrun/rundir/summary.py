@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import enum
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,7 @@ def _each(v: Any, of: type, absent: Any = ()) -> Any:
 
 @dataclass(frozen=True)
 class Attempt:
-    """One attempt as the launch returns it (an Outcome's record, as torch elastic's RunResult) and as
+    """One attempt as the supervisor returns it (in its Summary, as torch elastic's RunResult) and as
     summary.json's ``attempts`` holds it, every launch's (``launch``: 0 the first, 1 its first `podrun resume`...)."""
 
     launch: int = 0
@@ -113,6 +113,18 @@ class Summary:
     elastic: dict | None = None        # an elastic run's record (podrun.elastic.replan.ElasticRecord)
     account: Account | None = None     # where the launch's wall time went (podrun.rundir.account)
     not_written: tuple[str, ...] = ()
+
+    def redacted(self) -> Summary:
+        """The record with a secret hidden wherever a worker, the command or the host names may have said one
+        (podrun.redaction), as summary.json holds it: the command, the master, the root causes, the instances, the
+        hang, the slow ranks."""
+        from podrun.redaction import redact_argv, redact_record
+
+        return replace(self, command=None if self.command is None else tuple(redact_argv(self.command)),
+                       master=redact_record(self.master), root_cause=redact_record(self.root_cause),
+                       instances=tuple(redact_record(self.instances)), hang=redact_record(self.hang),
+                       slow_ranks=tuple(redact_record(self.slow_ranks)),
+                       attempts=tuple(replace(a, root_cause=redact_record(a.root_cause)) for a in self.attempts))
 
     @property
     def replans(self) -> tuple[dict, ...]:

@@ -212,12 +212,6 @@ POLL_S = 0.02             # how often the watch looks at the plan file (its stat
 PLAN_LIMIT = 4096
 
 
-def plan_text(plan: NewPlan) -> str:
-    """The plan file's content: one JSON object."""
-    return json.dumps({"generation": plan.generation, "rank": plan.rank, "world": plan.world,
-                       "local_batch": plan.local_batch, "grad_accum": plan.grad_accum}) + "\n"
-
-
 def read_plan(path: str) -> NewPlan | None:
     """The plan in ``path`` (written by this user's agent: read through safefs's trusted read), None when there is
     none yet or it is not one."""

@@ -105,11 +105,11 @@ def test_fake_horovod_runs_under_the_supervisor(tmp_path, fake_horovod):
 
 def test_resolve_engine_defaults_and_poprun_options():
     from podrun.launch.engines import resolve_engine
-    from podrun.launch.options import EngineOptions
+    from podrun.launch.options import EngineOptions, PoprunOptions
     from podrun.specs import load_cluster
 
     assert resolve_engine(EngineOptions(), load_cluster("local"))[:2] == ("torch", None)
-    name, transport, popts, _ = resolve_engine(EngineOptions(vipu_partition="p1", num_ilds=2),
+    name, transport, popts, _ = resolve_engine(EngineOptions(poprun=PoprunOptions(vipu_partition="p1", num_ilds=2)),
                                                load_cluster("ipu-pod64"))
     assert (name, transport, popts.vipu_partition, popts.num_ilds) == ("poprun", "poprun", "p1", 2)
     name, transport, _, mpi_args = resolve_engine(EngineOptions(engine="horovod", mpi_args="--tag-output -x A"))

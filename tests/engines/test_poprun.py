@@ -163,7 +163,7 @@ def test_fake_poprun_fail_fast_exit_code(tmp_path, fake_poprun_path):
     req = make_request(ipu_plan(64), tmp_path, [sys.executable, "-c", code])
     outcome, _ = run_supervised(req)
     assert outcome.exit_code == 5
-    assert outcome.root_cause is not None and outcome.root_cause.instance == 2
+    assert outcome.root_cause is not None and outcome.root_cause["instance"] == 2
 
 
 def test_fake_poprun_refuses_what_real_poprun_refuses(tmp_path):

@@ -11,7 +11,6 @@ import time
 import pytest
 
 from podrun.cli.options import resolve_plan
-from podrun.launch.options import Decisions
 from podrun.wire import protocol
 from podrun.wire.liveness import Liveness
 from podrun.launch.run import build_request
@@ -33,7 +32,7 @@ def test_protocol_round_trip_and_raw_lines():
 def _request(tmp_path, command, master_port: int | None = None, grace: float = 5.0, **kw):
     plan, _, _ = resolve_plan(None, devices_per_host=2, instances_per_host=2)   # 2 instances x 1 worker
     req = build_request(plan, command, transport="local", runs_dir=str(tmp_path / "runs"), run_id="a",
-                        decided=Decisions(master_port=master_port, grace=grace), **kw)
+                        master_port=master_port, grace=grace, **kw)
     write_plan(req.run_dir, plan)
     return req
 

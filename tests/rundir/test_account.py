@@ -8,8 +8,14 @@ from __future__ import annotations
 import pytest
 
 from podrun.cli.render import ProgressView
-from podrun.rundir.account import CATEGORIES, Account, AttemptTimes, Moments, account
+from podrun.rundir.account import CATEGORIES, Account, Moments, account
 from podrun.rundir.metrics import StepLog
+from podrun.rundir.summary import Attempt, RunStatus
+
+
+def _attempt(started: float, ended: float, ready_s: float, status: str, failed_at: float | None = None) -> Attempt:
+    """An attempt as the account reads it: its moments and how it ended."""
+    return Attempt(status=RunStatus(status), started=started, ended=ended, all_ready_s=ready_s, failed_at=failed_at)
 
 
 def _log(attempts: list[tuple[float, int, int, float]], evals=(), saves=()) -> StepLog:
@@ -24,18 +30,18 @@ def _log(attempts: list[tuple[float, int, int, float]], evals=(), saves=()) -> S
     return StepLog(tuple(steps), tuple(starts), None, tuple(step_s), tuple(evals), tuple(saves))
 
 
-CLEAN = (Moments(100.0, 140.0), [AttemptTimes(101.0, 139.0, 1.0, "ok")], _log([(110.0, 1, 20, 1.0)],
+CLEAN = (Moments(100.0, 140.0), [_attempt(101.0, 139.0, 1.0, "ok")], _log([(110.0, 1, 20, 1.0)],
                                                                             evals=[(132.0, 2.0)], saves=[(120.5, 0.5)]))
 # a worker crash at 20 s: the restart resumes from step 5 (its checkpoint), so steps 6..10 are done again
-CRASH = (Moments(100.0, 160.0), [AttemptTimes(101.0, 121.0, 1.0, "failed"), AttemptTimes(123.0, 159.0, 2.0, "ok")],
+CRASH = (Moments(100.0, 160.0), [_attempt(101.0, 121.0, 1.0, "failed"), _attempt(123.0, 159.0, 2.0, "ok")],
          _log([(105.0, 1, 10, 1.0), (130.0, 6, 25, 1.0)]))
 # submitted at 40, started by the scheduler at 90, podrun launch at 100
 QUEUED = (Moments(100.0, 140.0, submitted=40.0, job_started=90.0), CLEAN[1], CLEAN[2])
-HUNG = (Moments(100.0, 150.0), [AttemptTimes(101.0, 149.0, 1.0, "hung")], _log([(110.0, 1, 10, 1.0)]))
-INTERRUPTED = (Moments(100.0, 130.0), [AttemptTimes(101.0, 129.0, 1.0, "interrupted")], _log([(110.0, 1, 10, 1.0)]))
-PLAIN = (Moments(100.0, 110.0), [AttemptTimes(100.5, 109.5, 0.5, "ok")], StepLog())
+HUNG = (Moments(100.0, 150.0), [_attempt(101.0, 149.0, 1.0, "hung")], _log([(110.0, 1, 10, 1.0)]))
+INTERRUPTED = (Moments(100.0, 130.0), [_attempt(101.0, 129.0, 1.0, "interrupted")], _log([(110.0, 1, 10, 1.0)]))
+PLAIN = (Moments(100.0, 110.0), [_attempt(100.5, 109.5, 0.5, "ok")], StepLog())
 # a plain script that hung: silent from 110 (its hang's silence back from the detection), ended at 119
-PLAIN_HUNG = (Moments(100.0, 120.0), [AttemptTimes(101.0, 119.0, 1.0, "hung", failed_at=110.0)], StepLog())
+PLAIN_HUNG = (Moments(100.0, 120.0), [_attempt(101.0, 119.0, 1.0, "hung", failed_at=110.0)], StepLog())
 
 
 @pytest.mark.parametrize("case,want", [

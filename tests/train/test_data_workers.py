@@ -317,8 +317,9 @@ def test_stage_copies_the_shards_to_node_local_disk_once_per_job_and_the_account
     import hashlib
     import json
 
-    from podrun.rundir.account import AttemptTimes, attempt_part
+    from podrun.rundir.account import attempt_part
     from podrun.rundir.metrics import StepLog, read_metrics
+    from podrun.rundir.summary import Attempt, RunStatus
     from podrun.train.shards import pack
     from podrun.train.stage import local_disk, stage
     from tests.train.train_procs import start_workers, wait_all
@@ -345,8 +346,8 @@ def test_stage_copies_the_shards_to_node_local_disk_once_per_job_and_the_account
     log = StepLog.read(run)
     assert log.stages == ((rec["time"], rec["seconds"]),) and len(log.steps) == 2
     first_step = log.steps[0][1]
-    part = attempt_part(AttemptTimes(started=rec["time"] - rec["seconds"] - 1.0, ended=log.steps[-1][1] + 0.1,
-                                     ready_s=0.5, status="succeeded"), log, None, True)
+    part = attempt_part(Attempt(started=rec["time"] - rec["seconds"] - 1.0, ended=log.steps[-1][1] + 0.1,
+                                all_ready_s=0.5, status=RunStatus.OK), log, None, True)
     assert part.seconds["staging"] == pytest.approx(rec["seconds"]), part
     assert part.seconds["startup"] == pytest.approx(first_step - (rec["time"] - rec["seconds"] - 0.5)
                                                     - rec["seconds"], abs=0.5), part

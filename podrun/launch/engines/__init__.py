@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import importlib
 import shlex
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from podrun.errors import PlanError
@@ -59,8 +59,5 @@ def resolve_engine(opts: EngineOptions, cluster=None, *, only_output_from_instan
     mpi_args = tuple(shlex.split(opts.mpi_args)) if opts.mpi_args else ()
     if kind.name != "poprun":
         return kind.name, kind.transport, None, mpi_args
-    from podrun.launch.engines.poprun import PoprunOptions
-
-    given = {f.name: getattr(opts, f.name) for f in fields(PoprunOptions) if hasattr(opts, f.name)}  # --vipu-* ...
-    popts = PoprunOptions(**given, only_output_from_instance=only_output_from_instance)
+    popts = replace(opts.poprun, only_output_from_instance=only_output_from_instance)
     return kind.name, kind.transport, popts, mpi_args

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import math
 import shutil
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Mapping
 
 from podrun.errors import LaunchError, PlanError
+from podrun.launch.options import PoprunOptions
 from podrun.launch.transports.base import InstanceHandle, Problem
 from podrun.launch.transports.launcher import LauncherTransport, agent_shell
 
@@ -17,24 +18,6 @@ IPUS_PER_ILD = 64  # an IPU-Link domain is one POD64 (a POD256 is --num-ilds 4)
 # the V-IPU controller and partition of a POD job, as Graphcore's tools and examples name them in the environment
 VIPU_ENV = {"vipu_server_host": "IPUOF_VIPU_API_HOST", "vipu_partition": "IPUOF_VIPU_API_PARTITION_ID"}
 VIPU_FLAGS = {"vipu_server_host": "--vipu-server-host", "vipu_partition": "--vipu-partition"}
-
-
-@dataclass(frozen=True)
-class PoprunOptions:
-    """The poprun flags a plan does not decide: V-IPU, MPI pass-through, output."""
-
-    vipu_server_host: str | None = None
-    vipu_partition: str | None = None
-    vipu_cluster: str | None = None
-    num_ilds: int | None = None            # default: IPUs / 64, when more than one POD64
-    numa_aware: bool = True
-    mpi_global_args: str | None = None
-    mpi_local_args: str | None = None
-    only_output_from_instance: int | None = None
-    print_topology: bool = False
-    offline_mode: bool = False
-    export_env: tuple[str, ...] = field(default=())  # names passed to every instance (-x NAME)
-    executable: str = "poprun"
 
 
 def resolve_vipu(options: PoprunOptions, environ: Mapping[str, str], spec=None) -> tuple[PoprunOptions, dict]:

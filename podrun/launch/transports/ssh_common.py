@@ -16,7 +16,7 @@ import podrun
 from podrun import pystart
 from podrun.errors import LaunchError, PreflightError
 from podrun.wire import protocol
-from podrun.wire.probe import Facts
+from podrun.wire.probe import Facts, is_loopback
 from podrun.launch.request import NO_WORKDIR
 from podrun.launch.transports.base import InstanceHandle, Problem, StreamMerger, Transport, busy_port_problem
 
@@ -86,7 +86,7 @@ def network_problems(request, facts: dict[str, Facts]) -> list[Problem]:
     master_host = request.instances[0].host if request.instances else ""
     addr = request.master_addr
     seen = {h: f.master_resolves for h, f in facts.items() if f.master_resolves is not None}
-    elsewhere = sorted({a for h, r in seen.items() for a in (r or []) if not _loopback(a)})
+    elsewhere = sorted({a for h, r in seen.items() for a in (r or []) if not is_loopback(a)})
     problems = []
     ifname = request.data_interface
     for host, f in facts.items():
@@ -114,7 +114,7 @@ def network_problems(request, facts: dict[str, Facts]) -> list[Problem]:
                                           f"reach rank 0 on {master_host}",
                                     "pass --master-addr with an address every host reaches (an IP), or add the "
                                     "name to that host's /etc/hosts or DNS"))
-        elif all(_loopback(a) for a in resolved):
+        elif all(is_loopback(a) for a in resolved):
             where = f" and to {', '.join(elsewhere)} elsewhere" if elsewhere else ""
             problems.append(Problem(host, f"MASTER_ADDR {addr} resolves to {', '.join(resolved)} (loopback) on "
                                           f"{host}{where}; workers there would wait for rank 0 on {host} itself, "
@@ -138,10 +138,6 @@ def ip_hostname(hostname: str) -> str | None:
     except ValueError:
         return None
     return None if ip.is_loopback or ip.is_unspecified else str(ip)
-
-
-def _loopback(addr: str) -> bool:
-    return addr.startswith("127.") or addr == "::1"
 
 
 class HeldAgentTransport(Transport):
