@@ -45,7 +45,9 @@ class ControllerLink:
             if self.controller_lost or self.link_closed:
                 return
             try:
-                self.out.write(line)
+                view = memoryview(line)
+                while view:      # a raw stdout (PYTHONUNBUFFERED) takes part of a line whose wait a signal cut short
+                    view = view[self.out.write(view):]
                 self.out.flush()
                 if kind == protocol.Done.KIND:      # the agent's last line: no heartbeat follows it
                     self.link_closed = True

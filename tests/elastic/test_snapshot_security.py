@@ -117,7 +117,7 @@ def test_planted_snapshot_directories_run_no_code_and_restore_nothing(tmp_path, 
     assert "999999" not in cp.stdout, cp.stdout
     assert cp.returncode == 0, cp.stderr
     # snapshots off on both attempts: the restart resumes from the disk checkpoint (update 1)
-    assert "restored nothing" in cp.stdout and "restored 1 from checkpoint" in cp.stdout, cp.stdout
+    assert "restored nothing" in cp.stdout and "restored 1 from checkpoint" in cp.stdout, cp.stdout + cp.stderr
     ours = targets[-1]
     owner = "nobody" if how == "directories" else "a symbolic link"
     assert f"snapshot directory {ours}" in cp.stderr and owner in cp.stderr and "uid 65534" in cp.stderr, cp.stderr

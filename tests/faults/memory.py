@@ -83,9 +83,10 @@ def until_written(p: subprocess.Popen, written, who: str, timeout: float = 600) 
     deadline = time.perf_counter() + timeout
     while not written():
         if p.poll() is not None or time.perf_counter() > deadline:
-            err = p.stderr.read().decode()[-2000:] if p.stderr else ""
+            err = p.stderr.read().decode(errors="replace") if p.stderr and p.poll() is not None else ""   # ended
+            said = "\n".join(ln[:300] for ln in err.splitlines() if ln.startswith("podrun"))   # not the x's
             raise AssertionError(f"{who} ended (exit {p.returncode}) or took over {timeout} s before the output was "
-                                 f"written: {err}")
+                                 f"written: {said}\n{err[-500:]}")
         time.sleep(0.02)
 
 

@@ -69,3 +69,48 @@ def test_an_agent_whose_controller_reads_no_more_leaves_within_its_bound_without
     assert rc == 3, err.decode()
     assert b"Fatal Python error" not in err, err.decode()
     p.stdout.close()
+
+
+SIGNALLED = """
+import os, signal, subprocess, sys, threading
+from podrun.host.link import ControllerLink
+
+class Agent(ControllerLink):
+    index, local_ranks, agent_rank, run_dir = 0, [0], 0, None
+    def request_stop(self, *a):
+        pass
+
+a = Agent()
+a.link_init(None, 600.0, False, 600.0)
+signal.signal(signal.SIGCHLD, lambda *_: os.write(2, b"signalled\\n"))   # as the agent's: it wakes its loop
+worker = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)   # its SIGCHLD comes to
+for i in range(60000 // len(b"@podrun 0 0 note " + b"x" * 100 + b"\\n")):           # the thread that started it
+    a.emit(None, "note", "x" * 100)                 # most of the pipe the controller does not read yet (64 KiB)
+
+def the_worker_exits():                             # once the long line waits in its write, the pipe full
+    while "pipe_write" not in open(f"/proc/self/task/{os.getpid()}/wchan").read():
+        pass
+    worker.stdin.close()
+threading.Thread(target=the_worker_exits, daemon=True).start()
+a.emit(None, "note", "y" * 20000)
+a.emit(None, "note", "after")
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_line_whose_write_a_signal_interrupts_reaches_the_controller_whole():
+    """Under PYTHONUNBUFFERED (CI's environment, and what a user may export) the agent's stdout is a raw file,
+    whose write() may take only part of a line: a signal handled while the write waits on the full pipe (the
+    agent's SIGCHLD when a worker exits) ends the write with what the pipe took so far. The rest of that line
+    must follow it, not be dropped (the controller then read half a line glued to the next)."""
+    import os
+
+    p = subprocess.Popen([sys.executable, "-c", SIGNALLED], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert p.stderr.readline() == b"signalled\n"     # the controller reads once the signal cut the write short
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err.decode()
+    lines = out.decode().splitlines()
+    assert lines[-2:] == ["@podrun 0 0 note " + "y" * 20000, "@podrun 0 0 note after"], \
+        [(len(x), x[:30], x[-30:]) for x in lines[-2:]]
+
