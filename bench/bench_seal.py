@@ -25,7 +25,6 @@ def run(quick: bool) -> list[dict]:
 
     from podrun.models import build
     from podrun.runtime import snapshot
-    from podrun.specs import load_recipe
     from podrun.train.optim import build_optimizer
     from podrun.wire.worker_env import SNAPSHOT_KEY_NAME
 
