@@ -161,6 +161,7 @@ class _Out:
         if self.fail is not None:
             raise self.fail
         self.data += b
+        return len(b)           # as a file's write: what it took (the link writes until the whole line is out)
 
     def flush(self):
         if self.fail is not None:
