@@ -15,8 +15,10 @@ import time
 
 import pytest
 
-CHILD = """
-import os, sys, threading
+NOTE_BYTES = len(b"@podrun 0 0 note " + b"x" * 100 + b"\n")      # one of the notes that fill the pipe
+
+AGENT = f"NOTE_BYTES = {NOTE_BYTES}\n" + """
+import os, signal, subprocess, sys, threading
 from podrun.host.link import ControllerLink
 
 class Agent(ControllerLink):
@@ -24,11 +26,15 @@ class Agent(ControllerLink):
     def request_stop(self, *a):
         pass
 
+def fill(a):                  # most of the pipe the controller does not read yet (64 KiB)
+    for i in range(60000 // NOTE_BYTES):
+        a.emit(None, "note", "x" * 100)
+"""
+
+CHILD = AGENT + """
 a = Agent()
 a.link_init(None, 0.005, False, 600.0)
-line = len(b"@podrun 0 0 note " + b"x" * 100 + b"\\n")
-for i in range(60000 // line):                   # most of the pipe the controller does not read yet (64 KiB)
-    a.emit(None, "note", "x" * 100)
+fill(a)
 threading.Thread(target=a._heartbeat, daemon=True).start()   # its heartbeats fill the rest, then block
 while not any("pipe_write" in open(f"/proc/self/task/{t}/wchan").read() for t in os.listdir("/proc/self/task")):
     pass                                            # (pipe_write, anon_pipe_write): the agent's end comes now
@@ -57,7 +63,7 @@ def test_the_agent_waits_for_its_last_line_to_a_slow_controller_and_exits_cleanl
     assert p.returncode == 0, err.decode()
     assert b"Fatal Python error" not in err, err.decode()
     lines = out.decode().splitlines()
-    assert sum(1 for x in lines if " note " in x) == 60000 // len(b"@podrun 0 0 note " + b"x" * 100 + b"\n")
+    assert sum(1 for x in lines if " note " in x) == 60000 // NOTE_BYTES
     assert lines[-1].startswith("@podrun 0 0 hb "), lines[-3:]       # the blocked heartbeat, whole, last
 
 
@@ -71,21 +77,12 @@ def test_an_agent_whose_controller_reads_no_more_leaves_within_its_bound_without
     p.stdout.close()
 
 
-SIGNALLED = """
-import os, signal, subprocess, sys, threading
-from podrun.host.link import ControllerLink
-
-class Agent(ControllerLink):
-    index, local_ranks, agent_rank, run_dir = 0, [0], 0, None
-    def request_stop(self, *a):
-        pass
-
+SIGNALLED = AGENT + """
 a = Agent()
 a.link_init(None, 600.0, False, 600.0)
 signal.signal(signal.SIGCHLD, lambda *_: os.write(2, b"signalled\\n"))   # as the agent's: it wakes its loop
 worker = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)   # its SIGCHLD comes to
-for i in range(60000 // len(b"@podrun 0 0 note " + b"x" * 100 + b"\\n")):           # the thread that started it
-    a.emit(None, "note", "x" * 100)                 # most of the pipe the controller does not read yet (64 KiB)
+fill(a)                                                                   # the thread that started it
 
 def the_worker_exits():                             # once the long line waits in its write, the pipe full
     while "pipe_write" not in open(f"/proc/self/task/{os.getpid()}/wchan").read():
