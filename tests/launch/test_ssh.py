@@ -91,6 +91,16 @@ def test_ctrl_c_ends_every_process_on_every_host(ssh_hosts, tmp_path):
         end(p)
 
 
+@pytest.mark.parametrize("bound", [0.5, 1, 2, 3, 5, 7.5, 60])
+def test_ssh_keepalive_backstop_is_at_least_twice_the_liveness_bound(bound):
+    """OpenSSH ends a connection after ALIVE_COUNT_MAX + 1 unanswered keepalives; that backstop is at least twice the
+    liveness bound, so that a silent host is declared lost by podrun's heartbeat (naming the silence) first."""
+    from podrun.launch.transports.ssh_common import ALIVE_COUNT_MAX, alive_interval
+
+    interval = alive_interval(bound)
+    assert isinstance(interval, int) and interval >= 1 and interval * (ALIVE_COUNT_MAX + 1) >= 2 * bound
+
+
 @pytest.mark.parametrize("fault,client", [("isolate", "openssh"), ("freeze", "openssh"), ("crash", "openssh"),
                                           ("isolate", "paramiko"), ("crash", "paramiko")])
 def test_lost_host_mid_run_is_detected_and_named(make_ssh_hosts, tmp_path, fault, client):
@@ -107,6 +117,8 @@ def test_lost_host_mid_run_is_detected_and_named(make_ssh_hosts, tmp_path, fault
         err = p.stderr.read()
         assert p.returncode == 255, err
         assert "instance 1 on h2" in err and "lost" in err, err
+        if fault != "crash":        # podrun's heartbeat names the silence before OpenSSH's own keepalive ends ssh
+            assert "instance 1 on h2: lost (no heartbeat for 3 s" in err, err
         assert wait_until(lambda: not leftovers(hosts, m, ["h1", "h3"]), 3), leftovers(hosts, m)
         if fault == "freeze":
             hosts.thaw("h2")

@@ -18,7 +18,8 @@ import threading
 from typing import TYPE_CHECKING
 
 from podrun.launch.transports.base import PipedAgentHandle, Problem
-from podrun.launch.transports.ssh_common import HeldAgentTransport, HeldProbe, ip_hostname, read_ssh_config
+from podrun.launch.transports.ssh_common import (ALIVE_COUNT_MAX, HeldAgentTransport, HeldProbe, alive_interval,
+                                                 ip_hostname, read_ssh_config)
 
 if TYPE_CHECKING:  # pragma: no cover
     from podrun.launch.request import LaunchRequest
@@ -62,8 +63,8 @@ class OpenSSHTransport(HeldAgentTransport):
         argv = [self.ssh, "-T", "-o", "BatchMode=yes"]
         if self.opts.config_path:
             argv += ["-F", self.opts.config_path]
-        alive = max(1, int(self.request.keepalive // 2))
-        argv += ["-o", f"ServerAliveInterval={alive}", "-o", "ServerAliveCountMax=3"]
+        argv += ["-o", f"ServerAliveInterval={alive_interval(self.request.keepalive)}",
+                 "-o", f"ServerAliveCountMax={ALIVE_COUNT_MAX}"]
         if not self.opts.host_key_check:
             argv += ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
                      "-o", "GlobalKnownHostsFile=/dev/null"]

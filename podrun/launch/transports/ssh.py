@@ -27,8 +27,8 @@ import paramiko
 from podrun import safefs
 from podrun.errors import LaunchError
 from podrun.launch.transports.base import InstanceHandle, Problem, StreamMerger
-from podrun.launch.transports.ssh_common import (MAX_SSH_CONFIG_BYTES, HeldAgentTransport, HeldProbe, ip_hostname,
-                                                 read_ssh_config)
+from podrun.launch.transports.ssh_common import (MAX_SSH_CONFIG_BYTES, HeldAgentTransport, HeldProbe, alive_interval,
+                                                 ip_hostname, read_ssh_config)
 USER_KNOWN_HOSTS = "~/.ssh/known_hosts ~/.ssh/known_hosts2"              # OpenSSH's defaults
 GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2"
 
@@ -189,7 +189,7 @@ class SSHTransport(HeldAgentTransport):
             client.close()
             raise
         t = client.get_transport()
-        t.set_keepalive(max(1, int(self.request.keepalive // 2)))
+        t.set_keepalive(alive_interval(self.request.keepalive))
         with self.lock:
             self.clients[host] = client
         return client

@@ -7,6 +7,7 @@ exists. This spares a second remote python start and round trip per host. A subc
 """
 from __future__ import annotations
 
+import math
 import queue
 import shlex
 import time
@@ -27,6 +28,14 @@ PROBE_TIMEOUT = 30.0      # seconds for a held agent to report its preflight fac
 MAX_THREADS = 2048
 # An ssh config larger than this is not one (a cluster's, with a Host block per node, is some MiB at most).
 MAX_SSH_CONFIG_BYTES = 16 * 1024 * 1024
+ALIVE_COUNT_MAX = 3       # ssh's ServerAliveCountMax: unanswered keepalives before OpenSSH ends the client
+
+
+def alive_interval(bound: float) -> int:
+    """ssh's ServerAliveInterval for a liveness bound: whole seconds, half the bound rounded up. OpenSSH ends a
+    silent connection after ALIVE_COUNT_MAX + 1 intervals, at least twice the bound, so a host that goes quiet
+    is declared lost by podrun's own heartbeat (which names the silence) before ssh's backstop ends the client."""
+    return max(1, math.ceil(bound / 2))
 
 
 def read_ssh_config(path: str, what: str) -> bytes:
