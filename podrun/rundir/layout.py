@@ -27,6 +27,7 @@ REPORT = "report.png"              # podrun report's curves
 PROMETHEUS_TARGETS = "prometheus-targets.json"   # --metrics-port's file_sd target file (podrun.live.prom)
 TENSORBOARD = "tensorboard"        # --tensorboard's event files (podrun.live.tensorboard)
 JOB_SCRIPT = "job.sh"              # podrun submit's job script
+MPIRUN_TMP = "mpirun-tmp"          # the base of Open MPI 5's session directory for the controller's mpirun
 CHECKPOINTS = "checkpoints"        # the training's checkpoints, without --checkpoint-dir
 STACKS = "stacks"                  # every thread's stack, per rank (podrun stack, a hang)
 ERRORS = "errors"                  # torch's error files, per worker

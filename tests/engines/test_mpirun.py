@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
+import subprocess
+import sys
 import time
 
 import pytest
@@ -34,6 +37,10 @@ def test_mpirun_command_openmpi_shape():
     assert cmd[cmd.index("-x") + 1] == "PODRUN_X"
     # --mpi-args go through verbatim, right before the command
     assert cmd[-4:] == ["--tag-output", "python", "-c", "1"]
+    # Open MPI 5 keeps its session directory where podrun says; Open MPI 4's mpirun has no --prtemca
+    for flavour, want in (("openmpi", ["--prtemca", "prte_local_tmpdir_base", "/run/mpirun-tmp"]), ("openmpi4", [])):
+        cmd = mpirun_command(["h1"], 1, ["x"], flavour=flavour, options=MpiOptions(session_base="/run/mpirun-tmp"))
+        assert [a for a in cmd if a in ("--prtemca", "prte_local_tmpdir_base", "/run/mpirun-tmp")] == want, cmd
 
 
 def test_mpirun_command_mpich_shape():
@@ -139,6 +146,42 @@ def test_pbs_slots_below_the_ranks_per_host_are_named_before_open_mpi_refuses(tm
 def test_detect_flavour_real_openmpi():
     _need_mpirun()
     assert detect_flavour("mpirun") == "openmpi"
+
+
+PLANT = """
+import os, socket, sys
+host = socket.gethostname()
+for pid in range(2, 5000):
+    os.mkdir(f"/tmp/ompi.{pid}")
+    for name in (f"pmix.{host}.tool", f"pmix.{host}.tool.{pid}"):
+        with open(f"/tmp/ompi.{pid}/{name}", "w") as f:
+            f.write(f"prterun-{host}-{pid}@0.0;tcp4://127.0.0.1:9\\n")
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_session_directory_left_for_mpiruns_pid_does_not_stop_a_launch():
+    """Open MPI 5's mpirun keeps its session directory in /tmp/ompi.<its pid> by default and cannot start ("The PMIx
+    server's listener thread failed to start", exit 213) where one is there already: left by a mpirun killed earlier
+    whose pid this one reuses, or planted by another local user. podrun gives its mpirun a private base in the run
+    directory. In a pid and mount namespace of its own (unshare, a tmpfs on /tmp), `nobody` leaves such a directory
+    for every pid below 5000: a bare mpirun there fails with exit 213 (the planted directories are what Open MPI trips
+    on), and `podrun launch --transport mpirun` runs its worker."""
+    _need_mpirun()
+    from tests.attacker import AS_NOBODY, require_second_user
+
+    require_second_user()
+    plant = shlex.join([*AS_NOBODY, sys.executable, "-c", PLANT])
+    launch = shlex.join([sys.executable, "-m", "podrun", "launch", "--transport", "mpirun", "--hosts", "localhost",
+                         "--runs-dir", "/tmp/runs", "--", sys.executable, "-c", "print('ran under mpirun')"])
+    inner = (f"mount -t tmpfs -o mode=1777 tmpfs /tmp && {plant} && mpirun --allow-run-as-root -n 1 true; "
+             f"echo bare=$?; {launch}; echo podrun=$?")
+    root = str(HERE.parent.parent)
+    cp = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", inner], capture_output=True,
+                        text=True, timeout=100, cwd=root, env={**os.environ, "PYTHONPATH": root})
+    out = cp.stdout + cp.stderr
+    assert "bare=213" in out and "listener thread failed to start" in out, out
+    assert "ran under mpirun" in cp.stdout and "podrun=0" in cp.stdout, out
 
 
 @pytest.mark.timeout(150)

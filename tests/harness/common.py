@@ -488,7 +488,24 @@ class Fabric:
             lines.append(f"link del {self.bridge}")
         if lines:
             ip_batch(lines, check=False)
+        remove_open_mpi_leftovers()
 
+
+
+def remove_open_mpi_leftovers(tmp: str = "/tmp") -> None:
+    """Open MPI 5's session directories (``prted.<pid>``, ``ompi.<pid>``) that processes killed by a test left in
+    ``tmp``: the namespace hosts share this machine's /tmp and pids, and a later prted or mpirun that gets a left
+    directory's pid cannot start ("The PMIx server's listener thread failed to start"). Only this user's, and only
+    those whose pid no process holds."""
+    for entry in os.scandir(tmp):
+        m = re.fullmatch(r"(?:prted|ompi)\.(\d+)", entry.name)
+        if m is None or os.path.exists(f"/proc/{m.group(1)}"):
+            continue
+        try:
+            if entry.is_dir(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_uid == os.geteuid():
+                shutil.rmtree(entry.path, ignore_errors=True)
+        except OSError:
+            continue
 
 class FabricAccess:
     """What NetnsHosts and SlurmCluster share: the life cycle (a slot taken, ``close()`` idempotent and a

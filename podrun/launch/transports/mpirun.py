@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import podrun
 from podrun import pystart, safefs
 from podrun.errors import LaunchError, PodrunError
+from podrun.rundir import layout
 from podrun.launch.transports.base import InstanceHandle, Problem
 from podrun.launch.transports.join import JoiningLauncher
 from podrun.launch.transports.launcher import LauncherTransport, agent_shell, hosts_and_ranks
@@ -50,6 +51,9 @@ class MpiOptions:
     # what starts Open MPI's daemons in the job instead of ssh: "qrsh" (Grid Engine's qrsh -inherit), "tm" (PBS's TM
     # interface), "slurm" (srun, inside a Slurm allocation); None: ssh, with podrun's ssh options
     scheduler_launch: str | None = None
+    # Open MPI 5 (PRRTE): where mpirun keeps its session directory (prte_local_tmpdir_base) instead of /tmp/ompi.<pid>,
+    # which a mpirun killed earlier (or another user) may have left for the pid this one gets, failing its start
+    session_base: str | None = None
 
 
 #: what Open MPI (PRRTE's ssh launcher) reads to start its daemons with Grid Engine's qrsh instead of ssh
@@ -137,7 +141,8 @@ def find_mpirun(name: str, python: str) -> str | None:
 
 
 def detect_flavour(mpirun: str = "mpirun", python: str = sys.executable) -> str:
-    """'openmpi' or 'mpich', from `mpirun --version`; LaunchError (exit 2) when mpirun is missing."""
+    """'openmpi' (Open MPI 5 and later, whose mpirun is PRRTE's), 'openmpi4' (before 5: ORTE's) or 'mpich', from
+    `mpirun --version`; LaunchError (exit 2) when mpirun is missing."""
     path = find_mpirun(mpirun, python)
     if path is None:
         raise LaunchError(f"--transport mpirun: '{mpirun}' is not on PATH",
@@ -148,7 +153,8 @@ def detect_flavour(mpirun: str = "mpirun", python: str = sys.executable) -> str:
         raise LaunchError(f"'{path} --version' failed: {exc}", exit_code=2) from exc
     text = (out.stdout + out.stderr).lower()
     if "open mpi" in text or "open-mpi" in text or "openrte" in text:
-        return "openmpi"
+        major = re.search(r"open mpi\)?\s+v?(\d+)\.", text)
+        return "openmpi4" if "openrte" in text or (major is not None and int(major.group(1)) < 5) else "openmpi"
     if "hydra" in text or "mpich" in text or "intel(r) mpi" in text:
         return "mpich"
     raise LaunchError(f"'{path} --version' names neither Open MPI nor MPICH: {text.strip()[:200]}",
@@ -168,7 +174,8 @@ def mpirun_command(hosts: list[str], ranks_per_host: int, command: list[str], *,
     ``--prefix`` so a non-interactive ssh (or qrsh, or PBS's TM) finds prted, ``plm_rsh_agent ssh`` with podrun's
     ssh options (none with ``options.scheduler_launch``: Open MPI then takes the job's qrsh or TM itself),
     ``-x NAME`` per exported variable. MPICH (hydra): ``-n -hosts -ppn -launcher ssh -genvlist``.
-    ``options.mpi_args`` go right before the command.
+    ``options.mpi_args`` go right before the command. Open MPI 5 with ``options.session_base``: ``--prtemca
+    prte_local_tmpdir_base`` there. Open MPI before 5 (flavour ``openmpi4``) takes the same options but that one.
     """
     if not hosts:
         raise LaunchError("mpirun needs at least one host", exit_code=2)
@@ -177,13 +184,15 @@ def mpirun_command(hosts: list[str], ranks_per_host: int, command: list[str], *,
     all_local = all(h in LOCAL_NAMES for h in hosts)
     env_names = list(dict.fromkeys(env_names))
     rsh = " ".join(_ssh_options(options))
-    if flavour == "openmpi":
+    if flavour in ("openmpi", "openmpi4"):
         cmd = [options.mpirun]
         as_root = options.as_root if options.as_root is not None else os.geteuid() == 0
         if as_root:
             cmd.append("--allow-run-as-root")
         cmd += ["-np", str(n), "--host", ",".join(f"{h}:{ranks_per_host}" for h in hosts),
                 "--map-by", f"ppr:{ranks_per_host}:node", "--bind-to", "none"]
+        if flavour == "openmpi" and options.session_base is not None:
+            cmd += ["--prtemca", "prte_local_tmpdir_base", options.session_base]
         if not all_local:
             cmd += ["--prefix", options.prefix or sys.prefix]
             if options.scheduler_launch is None:
@@ -232,7 +241,7 @@ class MpirunTransport(JoiningLauncher, LauncherTransport):
         launch = self._scheduler_launch()
         return MpiOptions(mpirun=self._mpirun(), mpi_args=r.mpi_args,
                           ssh_config=None if launch is not None else self._ssh_config(), scheduler_launch=launch,
-                          prefix=_prefix_for(r.python))
+                          prefix=_prefix_for(r.python), session_base=os.path.join(r.run_dir, layout.MPIRUN_TMP))
 
     def _mpirun(self) -> str:
         """mpirun on PATH, else (a job's bare PATH) the one beside the interpreter."""
@@ -242,7 +251,7 @@ class MpirunTransport(JoiningLauncher, LauncherTransport):
         """What starts Open MPI's daemons in this job when no --ssh-config asks for ssh (Open MPI only): "qrsh" in a
         Grid Engine job (tight integration), "slurm" in a Slurm allocation whose Open MPI has its slurm launcher
         (srun), "tm" in a PBS job whose Open MPI has PBS's TM interface (each asked once); else None: ssh."""
-        if self.request.ssh.config_path is not None or (self._flavour or "openmpi") != "openmpi":
+        if self.request.ssh.config_path is not None or (self._flavour or "openmpi") not in ("openmpi", "openmpi4"):
             return None
         if grid_engine_qrsh(os.environ) is not None:
             return "qrsh"
@@ -289,7 +298,7 @@ class MpirunTransport(JoiningLauncher, LauncherTransport):
         except LaunchError as exc:
             return [Problem("localhost", exc.message, exc.hint or "")]
         ranks = k * workers_per_instance(self.request.plan) if self.kind.agent_per_worker else k
-        if self._flavour == "openmpi" and (short := pbs_slot_problems(os.environ, hosts, ranks)):
+        if self._flavour in ("openmpi", "openmpi4") and (short := pbs_slot_problems(os.environ, hosts, ranks)):
             return short
         remote = [i.host for i in self.request.instances if i.host not in LOCAL_NAMES]
         if not remote:
@@ -316,6 +325,8 @@ class MpirunTransport(JoiningLauncher, LauncherTransport):
             ssh_args=("-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(connect)}")), timeout=connect + PROBE_TIMEOUT)
 
     def start(self) -> list[InstanceHandle]:
+        safefs.make_dirs(os.path.join(self.request.run_dir, layout.MPIRUN_TMP), "mpirun's session directory",
+                         error=LaunchError)
         if not self.kind.agent_per_worker:
             return self.launch_joined(lambda address: self.argv(join=address), run_dir=self.request.run_dir)
         return self._launch(self.argv(), local_ranks=tuple(range(workers_per_instance(self.request.plan))),
