@@ -76,7 +76,7 @@ class Console:
     def _close_open(self) -> None:
         """End the unended line the console shows last, before anything else is written after it."""
         if self.open is not None:
-            print(file=self._file(self.open[2]), flush=True)
+            put(self._file(self.open[2]), "\n")
             self.open = None
 
     def notice(self, text: str) -> None:
@@ -105,7 +105,7 @@ class Console:
         else:
             self._close_open()
             text = _with(prefix, state)
-        print(text, end="", file=f, flush=True)
+        put(f, text)
         self.shown[key], self.open = state, key
 
     def __call__(self, index, host, local_rank, stream, text) -> None:
@@ -126,7 +126,7 @@ class Console:
             self._close_open()
             line = _with(prefix, text)
         self.open = None
-        print(line, file=f, flush=True)
+        put(f, line + "\n")
         self.recent.setdefault((index, local_rank), collections.deque(maxlen=SHOWN_KEPT)).append(text)
 
     def showed(self, instance, local_rank, lines) -> bool:
@@ -173,11 +173,26 @@ def said_the_same(root: dict, others: list[dict]) -> tuple[str, list[dict]]:
     return names, [o for o in others if o not in same]
 
 
+def put(f, text: str) -> None:
+    """``text`` onto the text stream ``f`` whole, in one write of its bytes: print() writes a line and its newline
+    separately, so another thread's line could land between them where stdout and stderr share a file; and a raw
+    stream (PYTHONUNBUFFERED) takes only part of a write that a signal cuts short, whose rest is written after."""
+    out = getattr(f, "buffer", None)
+    if out is None:                  # a text-only stream (a test's StringIO)
+        f.write(text)
+        f.flush()
+        return
+    f.flush()                        # what went through ``f`` itself first
+    data = memoryview(text.encode(f.encoding or "utf-8", f.errors or "strict"))
+    while data:
+        data = data[out.write(data):]
+    out.flush()
+
 def notice_line(text):
     from podrun.cli.render import fit, width_of
     from podrun.redaction import shown
 
-    print(fit(f"podrun: {shown(text)}", width_of(sys.stderr)), file=sys.stderr, flush=True)
+    put(sys.stderr, fit(f"podrun: {shown(text)}", width_of(sys.stderr)) + "\n")
 
 
 FULL_DRY_RUN_WORKERS = 4     # a --dry-run of at most this many workers is printed whole; a larger one as a summary
@@ -274,7 +289,7 @@ def print_root_cause(summary: Summary, request, showed=None, figures: list[str] 
     width = width_of(sys.stderr)
 
     def say(text: str) -> None:     # podrun's own words fitted to a terminal; a worker's quoted lines as they are
-        print(shown(text) if text.startswith("    ") else fit(shown(text), width), file=sys.stderr)
+        put(sys.stderr, (shown(text) if text.startswith("    ") else fit(shown(text), width)) + "\n")
 
     def who(d: dict) -> str:
         rank = d.get("local_rank")

@@ -58,7 +58,7 @@ from podrun import safefs
 from podrun.errors import PodrunError
 from podrun.host import output, zygote_client
 from podrun.host.link import ControllerLink
-from podrun.host.proctree import end_descendants, own_groups, reading_stdin, reap_orphans, tree_cpu
+from podrun.host.proctree import end_descendants, reading_stdin, reap_orphans, tree_cpu
 from podrun.host import stackdump
 from podrun.host.stop import Stop, StopKind
 from podrun.host.workers import (bind_worker, fresh_error_file, instance_workers, launcher_fds, read_env_stdin,
@@ -66,7 +66,7 @@ from podrun.host.workers import (bind_worker, fresh_error_file, instance_workers
 from podrun.wire import protocol
 from podrun.wire.agent_args import AgentArgs, FromEnv, cores_text
 from podrun.wire.liveness import FIRST_HEARTBEAT_S
-from podrun.proctl import PR_SET_CHILD_SUBREAPER, die_with_parent, prctl as _prctl, signal_group
+from podrun.proctl import PR_SET_CHILD_SUBREAPER, die_with_parent, prctl as _prctl, signal_group, signal_led_group
 
 # podrun.runtime.progress.FD_ENV, named here: that package is the workers' (tests/host/test_lean_agent.py)
 PROGRESS_ENV = "PODRUN_PROGRESS_FD"
@@ -341,17 +341,11 @@ class Agent(ControllerLink):
             self.send(pos, info)
 
     def _signal_all(self, sig: int) -> None:
-        """``sig`` to each worker's process group: a live worker's at once, a reaped worker's only while a member of
-        its group still runs under this agent (its pid may be another process's by now)."""
-        reaped = []
+        """``sig`` to each worker's process group: a live worker's, and a reaped worker's while the group lives
+        (proctl.signal_led_group: never a later process given the worker's pid)."""
         for p in self.procs:
             if p is not None:
-                if p.returncode is None:
-                    signal_group(p.pid, sig)
-                else:
-                    reaped.append(p.pid)
-        for pgid in own_groups(reaped):
-            signal_group(pgid, sig)
+                signal_led_group(p, sig)
 
     def tell_plan(self, token) -> None:
         """The controller's new plan (a podrun.wire.plan_token.PlanToken) to each worker's plan file, written whole

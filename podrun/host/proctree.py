@@ -76,23 +76,6 @@ def _tree(root: int, kids: dict[int, list[int]]) -> list[int]:
     return out
 
 
-def own_groups(pgids: list[int], root: int | None = None) -> list[int]:
-    """Those of ``pgids`` that are still process groups of ``root``'s (default: this process's) descendants: a group
-    with a live member under ``root``. A group id outlives its leader only while a member lives, so the id of a
-    reaped leader whose group is gone may be a later, unrelated process's group: that one is not returned."""
-    if not pgids:
-        return []
-    root = os.getpid() if root is None else root
-    kids: dict[int, list[int]] = {}
-    group: dict[int, int] = {}
-    for pid, fields in proc_stats():
-        if len(fields) > 2 and fields[0] != b"Z":      # after the name: state ppid pgrp
-            kids.setdefault(int(fields[1]), []).append(pid)
-            group[pid] = int(fields[2])
-    ours = {group.get(pid) for pid in _tree(root, kids) if pid != root}
-    return [g for g in pgids if g in ours]
-
-
 def tree_cpu(roots: list[int]) -> dict[int, float]:
     """CPU seconds (user + system, every thread, and the reaped children's) of each root's process tree:
     the process and all its live descendants, read from /proc in one pass."""

@@ -412,3 +412,33 @@ def test_the_console_shows_an_unended_line_once_and_redraws_a_bar_on_a_terminal(
     monkeypatch.setenv("COLUMNS", "12")       # a frame wider than the terminal is cut to fit: \r redraws one row
     con.partial(0, "h", 0, Part("err", True, "100%|########"))
     assert screen.getvalue().endswith("[0 h] 42\n[0 h] 100%|")
+
+
+INTERLEAVE = """
+import sys, threading
+from types import SimpleNamespace
+from podrun.cli.console import Console
+
+con = Console(SimpleNamespace(device_kind="cpu", replicas_per_instance=1), False)
+def lines(index, stream):
+    for _ in range(3000):
+        con(index, f"h{index}", 0, stream, "x" * 60)
+threads = [threading.Thread(target=lines, args=(i, s)) for i, s in ((0, "out"), (1, "err"))]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+con.notice("the end")
+"""
+
+
+def test_console_lines_from_two_threads_stay_whole_on_one_unbuffered_file():
+    """stdout and stderr on one pipe (2>&1) under PYTHONUNBUFFERED, as CI runs podrun: two threads each show 3,000
+    workers' lines, one on stdout, one on stderr. Every line arrives whole (print() wrote a line and its newline in
+    two writes, and the other thread's line landed between them)."""
+    cp = subprocess.run([sys.executable, "-c", INTERLEAVE], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                        text=True, timeout=120, env={**os.environ, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1"})
+    assert cp.returncode == 0, cp.stdout[-2000:]
+    got = cp.stdout.splitlines()
+    bad = [line for line in got if line not in ("[0 h0] " + "x" * 60, "[1 h1] " + "x" * 60, "podrun: the end")]
+    assert not bad and len(got) == 6001, (len(got), bad[:5])
