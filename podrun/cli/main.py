@@ -1,6 +1,7 @@
 """The `podrun` entry point: a click group whose subcommands load lazily, and the one error catch."""
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
@@ -110,10 +111,8 @@ def entry() -> None:
     are closed where they are written (podrun.safefs) and every thread left is a daemon."""
     code = main()
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe (`| head`) or stream: nothing more to say
             stream.flush()
-        except (OSError, ValueError):       # a closed pipe (`| head`) or stream: nothing more to say
-            pass
     os._exit(code)
 
 

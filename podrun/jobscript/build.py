@@ -7,7 +7,7 @@ from typing import Mapping, Sequence
 
 from podrun import pystart
 from podrun.errors import HostError, PodrunError
-from podrun.jobscript.job import JobRequest, JobScriptError, check_directive_value, check_scheduler, validate
+from podrun.jobscript.job import JobAsk, JobRequest, JobScriptError, check_directive_value, check_scheduler, validate
 from podrun.launch.engines import EngineKind, engine_of
 from podrun.launch.transports import TRANSPORTS
 from podrun.plan.inputs import PlanOptions
@@ -16,33 +16,19 @@ from podrun.specs.cluster import JobsSpec
 
 
 @dataclass(frozen=True)
-class JobOptions:
-    """What a job script is asked for beside its plan: the scheduler and its directives, the job's environment,
-    and what its `podrun launch` runs (`podrun script` and `podrun submit` build one from their options)."""
+class JobOptions(JobAsk):
+    """What a job script is asked for beside its plan: the scheduler and its directives (JobAsk), the job's
+    environment, and what its `podrun launch` runs (`podrun script` and `podrun submit` build one from their
+    options)."""
 
-    scheduler: str
     python: str                                 # the interpreter the job runs `podrun launch` with
     recipe: str | None = None                   # None: a script (``script``) or a command (``args``)
     args: Sequence[str] = ()
     script: str | None = None                   # a Python script the job's launch runs with ``args`` (as launch does)
     cluster: str | None = None                  # the --cluster the job's podrun launch is given
     job_name: str | None = None                 # None: podrun-<recipe>
-    time_limit: int | str | None = None
-    partition: str | None = None
-    queue: str | None = None
-    group: str | None = None
-    account: str | None = None
-    log_dir: str | None = None
-    output: str | None = None
-    error: str | None = None
-    modules: Sequence[str] = ()
     env: Mapping[str, str] | Sequence[tuple[str, str]] = ()
-    workdir: str | None = None
-    cpus_per_node: int | None = None
     transport: str | None = None                # None: the scheduler's (its Scheduler.transport)
-    resource: str | None = None                 # Grid Engine: -l RESOURCE=N (None: the cluster spec's jobs)
-    pe: str | None = None
-    directives: Sequence[str] = ()
     ssh_config: str | None = None
     cpu_bind: str | None = None                 # the job's podrun launch --cpu-bind (None: its default)
     launch_options: Sequence[str] = ()          # more options for the job's podrun launch
@@ -51,7 +37,6 @@ class JobOptions:
     vipu_partition: str | None = None           # poprun's V-IPU partition (or $IPUOF_VIPU_API_PARTITION_ID)
     site: JobsSpec | None = None                # the cluster spec's jobs block, for a job of its own scheduler
     site_name: str | None = None                # that spec's name (the script's comments say where a value is from)
-
 
 def plan_hosts(plan) -> int:
     """Distinct hosts of the plan (several instances may share one host)."""
@@ -163,7 +148,7 @@ def request_from_plan(plan, job: JobOptions) -> JobRequest:
         # its environment (the export above it), so no value is on its command line while the job runs
         for k, _ in env_items:
             extra += ["--env", k]
-    shared = {f.name: getattr(job, f.name) for f in fields(JobRequest) if hasattr(job, f.name)}
+    shared = {f.name: getattr(job, f.name) for f in fields(JobAsk)}
     kind = plan.device_kind.split("-", 1)[0]          # 'gpu-v100' -> 'gpu', 'ipu-gc200' -> 'ipu', 'cpu' -> 'cpu'
     command = launch_argv(plan, python=job.python, recipe=job.recipe, transport=transport, cluster=job.cluster,
                           args=job.args, launch_options=[*extra, *job.launch_options], script=job.script)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from podrun.errors import PodrunError
 
@@ -132,16 +132,12 @@ def format_time(seconds: int) -> str:
     return f"{h:02d}:{m:02d}:{s:02d}"
 
 
-@dataclass(frozen=True)
-class JobRequest:
-    """One batch job: the allocation asked for and the command run inside it (pure data)."""
+@dataclass(frozen=True, kw_only=True)
+class JobAsk:
+    """What a batch job asks its scheduler for beside its size and command: JobOptions takes it from the options,
+    JobRequest carries it into the script."""
 
     scheduler: str                      # slurm | pbs | uge
-    job_name: str
-    nodes: int
-    devices_per_node: int
-    device_kind: str                    # gpu | cpu | ipu
-    command: tuple[str, ...]            # argv run inside the allocation (podrun launch ...)
     cpus_per_node: int | None = None
     time_limit: int | str | None = None  # seconds or HH:MM:SS; None = the scheduler's default
     partition: str | None = None        # Slurm partition (PBS queue when queue is unset)
@@ -151,12 +147,23 @@ class JobRequest:
     log_dir: str | None = None          # where the scheduler writes stdout/stderr; must exist at start
     output: str | None = None           # explicit stdout path (wins over log_dir)
     error: str | None = None            # explicit stderr path (wins over log_dir)
-    env: tuple[tuple[str, str], ...] = ()   # exported before the command, in this order
     workdir: str | None = None          # cd here; None = the directory the job was submitted from
-    modules: tuple[str, ...] = ()       # `module load NAME` lines
+    modules: Sequence[str] = ()         # `module load NAME` lines
     resource: str | None = None         # Grid Engine: `-l RESOURCE=NODES`, whole nodes (ABCI 1.0's rt_F)
     pe: str | None = None               # Grid Engine parallel environment: `-pe PE NODES` instead of `-l resource`
-    directives: tuple[str, ...] = ()    # extra raw directive arguments, e.g. "-l USE_SSH=1"
+    directives: Sequence[str] = ()      # extra raw directive arguments, e.g. "-l USE_SSH=1"
+
+
+@dataclass(frozen=True)
+class JobRequest(JobAsk):
+    """One batch job: the allocation asked for and the command run inside it (pure data)."""
+
+    job_name: str
+    nodes: int
+    devices_per_node: int
+    device_kind: str                    # gpu | cpu | ipu
+    command: tuple[str, ...]            # argv run inside the allocation (podrun launch ...)
+    env: tuple[tuple[str, str], ...] = ()   # exported before the command, in this order
     site_directives: tuple[str, ...] = ()  # the cluster's own, for this job (its spec's jobs.ssh_directives)
     queue_sets_node: bool = False       # PBS: the queue sets each node's CPUs and GPUs (ABCI 3.0's rt_HF)
     ssh_port: int | None = None         # the port of sshd between a job's nodes (ABCI 1.0: 2299): an ssh config's Port

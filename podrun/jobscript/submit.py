@@ -1,6 +1,7 @@
 """Submissions: a job's run directory and record, and its scheduler commands, run through a CommandRunner."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -521,10 +522,8 @@ def submit_prepared(job: PreparedJob, cl, *, cwd: str, cluster: str | None = Non
     except Refused:
         shutil.rmtree(job.run_dir, ignore_errors=True)
         if job.made_runs_dir:
-            try:
+            with contextlib.suppress(OSError):
                 os.rmdir(job.run_dir.parent)       # only when empty: another submission may be writing there
-            except OSError:
-                pass
         raise
     rec = JobRecord(run_id=job.run_id, run_dir=str(job.run_dir), scheduler=job.request.scheduler, job_id=job_id,
                     script=str(job.script), submit_argv=job.submit_argv, submitted_at=time.time(),

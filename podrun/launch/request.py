@@ -45,25 +45,21 @@ class SSHOptions:
     client: str = "auto"                # --ssh-client: openssh (the system's ssh), paramiko, or auto
 
 
-@dataclass(frozen=True)
-class LaunchRequest:
-    run_id: str
-    run_dir: str                        # absolute path; must be visible on every host (shared filesystem)
+@dataclass(frozen=True, kw_only=True)
+class LaunchRequest(RunAttempt):
+    """One attempt (RunAttempt: its run_dir absolute and visible on every host, plan_path run_dir/plan.json) and
+    everything it runs."""
+
     plan: "Plan"
-    plan_path: str                      # run_dir/plan.json
     command: tuple[str, ...]            # what each worker runs
     python: str                         # python on the hosts (default: the controller's sys.executable)
     workdir: str                        # working directory on the hosts
-    master_addr: str
-    master_port: int
     transport: str = "local"
     grace: float = GRACE_S
     interrupt_grace: float = INTERRUPT_GRACE_S   # after SIGINT/SIGHUP/SIGUSR1 to the workers, before SIGTERM
     heartbeat: float = HEARTBEAT_S      # seconds between heartbeats, both ways (podrun.wire.liveness)
     keepalive: float = HEARTBEAT_S * HEARTBEAT_MISSES   # seconds of silence after which a host is lost, both ways
     agent_keepalive: float | None = None   # an agent's bound on the controller's silence (None: keepalive)
-    restart_count: int = 0
-    max_restarts: int = 0
     env: tuple[tuple[str, str], ...] = ()   # --env NAME=VALUE, set for the agent and its workers (never on argv)
     instances: tuple[InstanceLaunch, ...] = ()
     ssh: SSHOptions = field(default_factory=SSHOptions)

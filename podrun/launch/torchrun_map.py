@@ -314,10 +314,8 @@ def _check_signals(tr: TorchrunOptions) -> None:
 
 
 def _own_said(tr: TorchrunOptions, out: OwnOptions, field_name: str) -> str:
-    for ours, value, theirs in out.words:
-        if ours == "--" + field_name.replace("_", "-"):
-            return theirs
-    return tr.said(field_name, getattr(out, field_name))
+    return next((theirs for ours, _, theirs in out.words if ours == "--" + field_name.replace("_", "-")),
+                tr.said(field_name, getattr(out, field_name)))
 
 
 def _set(out: OwnOptions, field_name: str, value, tr: TorchrunOptions, name: str, ours: str) -> OwnOptions:

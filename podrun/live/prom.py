@@ -4,6 +4,7 @@ server find the run (in the run directory, or a directory the user names), writt
 as it ends."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -172,10 +173,8 @@ class MetricsServer(RunObserver):
             return
         self.linger()
         for p in self.written:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(p)
-            except OSError:
-                pass
         self.written = []
         httpd, self.httpd = self.httpd, None
         httpd.shutdown()

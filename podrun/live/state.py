@@ -147,10 +147,8 @@ class LiveState(RunObserver):
         return sorted(out, key=lambda x: x["rank"])
 
     def _host_of(self, rank: int) -> str | None:
-        for (inst, _), r in list(self.sup.instances.rank_of.items()):
-            if r == rank:
-                return self.sup.instances[inst].host
-        return None
+        return next((self.sup.instances[inst].host for (inst, _), r in list(self.sup.instances.rank_of.items())
+                     if r == rank), None)
 
     def _hosts(self, ranks: list[dict]) -> list[dict]:
         sup = self.sup

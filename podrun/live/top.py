@@ -16,11 +16,10 @@ from podrun.live.state import STATE_ASK
 from podrun.rundir.layout import CONTROL_SOCKET, METRICS, SPLIT_PARTS, SUMMARY, check_run_id
 from podrun.rundir.metrics import new_records
 from podrun.rundir.summary import Summary
-from podrun.safefs import check_dir, read_trusted
+from podrun.safefs import RECORD_LIMIT, check_dir, read_trusted
 from podrun.wire.owner import listening
 
 TAIL_BYTES = 1 << 16            # of metrics.jsonl read for its last records
-SUMMARY_LIMIT = 64 << 20
 
 
 def find(run: str | None, runs_dir: str, command: str = "top") -> Path:
@@ -84,7 +83,7 @@ def from_records(run_dir: Path) -> dict[str, Any]:
     """The state the run directory's records give: the last step of metrics.jsonl; once an attempt ended, each
     host's end, the account and the root cause from summary.json."""
     try:
-        summary = json.loads(read_trusted(run_dir / SUMMARY, SUMMARY, limit=SUMMARY_LIMIT, error=LaunchError))
+        summary = json.loads(read_trusted(run_dir / SUMMARY, SUMMARY, limit=RECORD_LIMIT, error=LaunchError))
     except (OSError, ValueError):
         summary = None
     summary = summary if isinstance(summary, dict) else {}

@@ -1,26 +1,22 @@
 """The inputs of a plan from a command's options: the cluster spec with its hosts, the recipe, the host source, the overrides."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Mapping
 
 from podrun.errors import PlanError
+from podrun.plan import Overrides
 
 POD_SIZES = (16, 64, 128, 256)
 
 
 @dataclass(frozen=True)
-class PlanOptions:
-    """The options that shape a plan (podrun.cli.options.plan_options) as given: None is not given."""
+class PlanOptions(Overrides):
+    """The options that shape a plan (podrun.cli.options.plan_options) as given: the planner's Overrides and where
+    the hosts come from; None is not given."""
 
     pod: int | None = None
     cluster: str | None = None
-    nodes: int | None = None
-    global_batch: int | None = None
-    local_batch: int | None = None
-    grad_accum: int | None = None
-    instances_per_host: int | None = None
-    devices_per_host: int | None = None
     hosts_opt: str | None = None                # --hosts
     hostfile: str | None = None
     environ: Mapping[str, str] | None = None    # where an allocation is looked for (None: os.environ)
@@ -29,7 +25,6 @@ class PlanOptions:
 def resolve_plan_inputs(recipe: str | None, options: PlanOptions = PlanOptions(), discovered=None):
     """Load specs and pick hosts: (cluster_spec with the hosts, recipe_spec_or_None, host_source, Overrides).
     ``discovered``: the allocation, when the caller has already looked for it (no second look)."""
-    from podrun.plan import Overrides
     from podrun.specs import load_cluster, load_recipe
     from podrun.specs.allocation import host_source, hosts_for_cluster
 
@@ -46,7 +41,5 @@ def resolve_plan_inputs(recipe: str | None, options: PlanOptions = PlanOptions()
     src = host_source(spec, o.hosts_opt, o.hostfile, o.environ, discovered)
     spec, devices_per_host = hosts_for_cluster(spec, src, devices_per_host=o.devices_per_host, nodes=o.nodes,
                                                spec_named=cluster is not None)
-    return spec, rspec, src, Overrides(
-        nodes=o.nodes, global_batch=o.global_batch, local_batch=o.local_batch, grad_accum=o.grad_accum,
-        instances_per_host=o.instances_per_host, devices_per_host=devices_per_host,
-    )
+    ov = Overrides(**{f.name: getattr(o, f.name) for f in fields(Overrides)})
+    return spec, rspec, src, replace(ov, devices_per_host=devices_per_host)

@@ -98,10 +98,7 @@ class WorkerInfo:
 
 
 def _get(env: Mapping[str, str], names: str) -> tuple[str, str] | None:
-    for name in names.split("|"):
-        if env.get(name, "") != "":
-            return name, env[name]
-    return None
+    return next(((name, env[name]) for name in names.split("|") if env.get(name, "") != ""), None)
 
 
 def _int(env: Mapping[str, str], names: str, default: int | None = None) -> int | None:
@@ -119,19 +116,14 @@ def _int(env: Mapping[str, str], names: str, default: int | None = None) -> int 
 
 
 def detect_source(env: Mapping[str, str]) -> str:
-    for source, table in SOURCES.items():
-        if _get(env, table["marker"]) is not None:
-            return source
-    return "single"
+    return next((source for source, table in SOURCES.items() if _get(env, table["marker"]) is not None), "single")
 
 
 def _slurm_first_node(env: Mapping[str, str]) -> str | None:
     from podrun.specs.allocation import expand_nodelist
 
-    for var in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
-        if env.get(var):
-            return expand_nodelist(env[var], var)[0]
-    return None
+    return next((expand_nodelist(env[var], var)[0] for var in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST",
+                                                                "SLURM_NODELIST") if env.get(var)), None)
 
 
 def read_worker_info(env: Mapping[str, str] | None = None) -> WorkerInfo:

@@ -19,6 +19,7 @@ state it kept before that update.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -301,10 +302,8 @@ def end_process(code: int) -> None:
         atexit._run_exitfuncs()
     finally:
         for f in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 f.flush()
-            except (OSError, ValueError):
-                pass
         os._exit(code)
 
 

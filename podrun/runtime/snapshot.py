@@ -15,6 +15,7 @@ imported only by the functions that need it (the agent makes and removes the dir
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import io
@@ -231,15 +232,13 @@ def _remove_tree(d: Path) -> None:
         check_private(d)
     except (SnapshotDirError, OSError):
         return
-    try:
+    with contextlib.suppress(OSError):
         with os.scandir(d) as it:
             for e in it:
                 st = e.stat(follow_symlinks=False)
                 if st.st_uid == os.geteuid() and not stat.S_ISDIR(st.st_mode):
                     os.unlink(e.path)       # a link is removed itself, not what it names
         os.rmdir(d)
-    except OSError:
-        pass
 
 
 def remove(directory: str | os.PathLike | None) -> None:
@@ -249,11 +248,9 @@ def remove(directory: str | os.PathLike | None) -> None:
         return
     d = Path(directory)
     _remove_tree(d)
-    try:
+    with contextlib.suppress(SnapshotDirError, OSError):
         check_private(d.parent)
         os.rmdir(d.parent)
-    except (SnapshotDirError, OSError):
-        pass
 
 
 def drop_when_done(envs: list[dict[str, str]], code: int | None, ended: bool) -> None:

@@ -67,10 +67,8 @@ class Source:
 
     def where(self, keypath: tuple) -> str:
         # the nearest enclosing key that has a line
-        for n in range(len(keypath), -1, -1):
-            if keypath[:n] in self.lines:
-                return f"{self.path}:{self.lines[keypath[:n]]}"
-        return self.path
+        return next((f"{self.path}:{self.lines[keypath[:n]]}" for n in range(len(keypath), -1, -1)
+                     if keypath[:n] in self.lines), self.path)
 
 
 def _node_to_data(node: yaml.Node, keypath: tuple, lines: dict, budget: list[int]) -> Any:

@@ -164,10 +164,8 @@ def default_data(script: str) -> str | None:
                  isinstance(n, ast.Import) and any(a.name == RECIPE_MAIN for a in n.names) for n in ast.walk(tree))
     if not shared:
         return None
-    for node in ast.walk(tree):
-        if isinstance(node, ast.keyword) and node.arg == "default_data" and isinstance(node.value, ast.Constant):
-            return str(node.value.value)
-    return "synthetic"
+    return next((str(node.value.value) for node in ast.walk(tree) if isinstance(node, ast.keyword)
+                 and node.arg == "default_data" and isinstance(node.value, ast.Constant)), "synthetic")
 
 
 def parse_known(argv: Sequence[str], default: str = "synthetic") -> argparse.Namespace:

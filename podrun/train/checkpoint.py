@@ -4,6 +4,7 @@ one but this user (or root) can have written them and their digest matches; the 
 ones named."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import io
@@ -163,11 +164,9 @@ def remove_dead_temps(directory: str | os.PathLike) -> list[Path]:
         old = _OLD_TMP.match(m.group("tail")) if m is not None else None
         if m is None or old is not None and writer_alive(old.group("host"), int(old.group("pid"))):
             continue
-        try:
+        with contextlib.suppress(FileNotFoundError):
             p.unlink()
             gone.append(p)
-        except FileNotFoundError:
-            pass
     return gone
 
 
@@ -232,10 +231,8 @@ def prune(directory: str | os.PathLike, keep: int) -> list[Path]:
     found = list_checkpoints(directory)
     cut = len(found) - keep if keep < len(found) else 0
     for old in found[:cut]:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             old.unlink()
-        except FileNotFoundError:
-            pass
     return found[cut:]
 
 
@@ -245,10 +242,8 @@ def finish(directory: str | os.PathLike, keep: int) -> dict[str, Any]:
     left = prune(directory, check_keep(keep))
     size = 0
     for p in left:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             size += p.stat().st_size
-        except FileNotFoundError:
-            pass
     return {"checkpoint_dir": str(directory), "checkpoints": [p.name for p in left], "checkpoint_bytes": size,
             "keep_checkpoints": keep}
 

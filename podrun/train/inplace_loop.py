@@ -23,8 +23,6 @@ import torch.distributed as dist
 from podrun.runtime import inplace
 from podrun.train.config import TrainError
 
-PLAN_WAIT_S = 20.0        # a worker whose group failed waits this long for the controller's plan
-
 
 def wanted(cfg, info, device) -> bool:
     """Whether this worker recovers in place: not --no-inplace, its agent names a plan file, and the run is data
@@ -77,9 +75,9 @@ class InPlace:
         share; returns the loader from update ``step + 1`` with the new share. TrainError when anything fails."""
         abandoned_at = time.time()
         gen = self.group.generation
-        plan = self.watch.next_plan(gen, PLAN_WAIT_S)
+        plan = self.watch.next_plan(gen, inplace.PLAN_WAIT_S)
         if plan is None:
-            self._fail(gen, f"its group failed and no new plan came within {PLAN_WAIT_S:g} s")
+            self._fail(gen, f"its group failed and no new plan came within {inplace.PLAN_WAIT_S:g} s")
         abandoned_at = min(abandoned_at, self.watch.told_at or abandoned_at)
         if self.rng is not None:
             torch.set_rng_state(self.rng)

@@ -267,10 +267,8 @@ def gloo_interface(master_addr: str, hostname: str | None = None) -> str | None:
         name = interface_of(server[2])
         if name is not None:
             return name
-    for name, a in [*interface_addresses().items(), *interface_addresses6().items()]:
-        if not is_loopback(a):
-            return name
-    return None
+    return next((name for name, a in [*interface_addresses().items(), *interface_addresses6().items()]
+                 if not is_loopback(a)), None)
 
 
 def listen(port: int) -> socket.socket:

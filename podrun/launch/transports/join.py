@@ -355,12 +355,10 @@ class JoinServer:
         if msg.copy:
             reply += protocol.join_line(wire_join.with_mac(self.key, nonce, msg.nonce, self.run_id, msg.instance,
                                                            self.args_for(msg.instance)))
-        try:
+        with contextlib.suppress(OSError):  # its stream ends at once: the instance is lost, as any
             conn.setblocking(True)
             conn.settimeout(self.LISTEN_HANDSHAKE_S)     # a few kB into a new connection's buffer
             conn.sendall(reply)
-        except OSError:
-            pass                                  # its stream ends at once: the instance is lost, as any
         conn.settimeout(None)
         try:
             handle.attach(conn, escape_controls(f"{msg.hostname} pid {msg.pid}"))
