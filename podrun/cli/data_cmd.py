@@ -34,10 +34,11 @@ def bench(recipe, data_path, workers, batch, images, decoder, bad_samples, as_js
       podrun data bench --recipe resnet50 --data /data/imagenet --json
     """
     from podrun.specs import load_recipe
-    from podrun.train.data_bench import bench as run_bench, cores_here, default_counts
+    from podrun.train.data_bench import bench as run_bench, default_counts
+    from podrun.wire.worker_env import cpus_here
 
     spec = load_recipe(recipe)
-    counts = list(workers) or default_counts(cores_here())
+    counts = list(workers) or default_counts(cpus_here())
     record = run_bench(data_path, spec.dataset.image_size, counts, batch=batch, images=images, decoder=decoder,
                        bad_samples=bad_samples)
     record["recipe"] = spec.name

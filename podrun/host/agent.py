@@ -66,11 +66,9 @@ from podrun.host.workers import (bind_worker, fresh_error_file, instance_workers
 from podrun.wire import protocol
 from podrun.wire.agent_args import AgentArgs, FromEnv, cores_text
 from podrun.wire.liveness import FIRST_HEARTBEAT_S
+from podrun.wire.worker_env import INPLACE_PLAN_ENV as INPLACE_ENV, PROGRESS_FD_ENV as PROGRESS_ENV
 from podrun.proctl import PR_SET_CHILD_SUBREAPER, die_with_parent, prctl as _prctl, signal_group, signal_led_group
 
-# podrun.runtime.progress.FD_ENV, named here: that package is the workers' (tests/host/test_lean_agent.py)
-PROGRESS_ENV = "PODRUN_PROGRESS_FD"
-INPLACE_ENV = "PODRUN_INPLACE_PLAN"      # podrun.runtime.inplace.PLAN_ENV, named here for the same reason
 # the agent's own: it ends its workers with the one it got (SIGUSR1: Slurm's warning, sent to every task)
 HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
 EXIT_CHECK_S = 0.5          # how often the agent looks for workers hung at exit

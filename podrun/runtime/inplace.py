@@ -32,6 +32,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from podrun.wire.worker_env import INPLACE_PLAN_ENV as PLAN_ENV
+
 _KEPT: list = []          # abandoned groups: never freed (their gloo threads may wait on a dead peer)
 
 
@@ -207,8 +209,6 @@ class Trainer:
         return self.step
 
 
-# the file this worker's agent writes each new plan to (set by the agent of a run that may restart; podrun.host.agent)
-PLAN_ENV = "PODRUN_INPLACE_PLAN"
 POLL_S = 0.02             # how often the watch looks at the plan file (its stat only, unless it changed)
 PLAN_LIMIT = 4096
 

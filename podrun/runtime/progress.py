@@ -15,8 +15,8 @@ import os
 import time
 
 from podrun.wire.protocol import PHASES, Progress
+from podrun.wire.worker_env import PROGRESS_FD_ENV as FD_ENV
 
-FD_ENV = "PODRUN_PROGRESS_FD"
 MIN_INTERVAL_S = 0.25
 
 _state = {"fd": None, "checked": False, "last": 0.0, "phase": None}

@@ -26,19 +26,12 @@ queued are counted in a later phase.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from typing import Callable
 
 from podrun.runtime import progress
 from podrun.wire.protocol import SPLIT_PARTS, StepSplit
-from podrun.wire.worker_env import cpu_share
-
-
-def cpus() -> int:
-    """The cores this rank may run on: podrun's share (PODRUN_CPUS, --cpu-bind's set), else its affinity."""
-    share = cpu_share()
-    return share if share is not None else len(os.sched_getaffinity(0))
+from podrun.wire.worker_env import cpus_here
 
 
 class LastGrad:
@@ -91,7 +84,7 @@ class StepClock:
     def __init__(self, model, sync: Callable[[], None] | None = None, loaders: int | None = None):
         self.grad = LastGrad(model)
         self.sync, self.loaders = sync, loaders
-        self.cpus = cpus()
+        self.cpus = cpus_here()
         self.t = [None] * 4                   # start, fetched, synced, stepped
 
     def _stamp(self, i: int) -> None:
@@ -192,7 +185,7 @@ def step(step: int | None = None, total: int | None = None, **fields) -> bool:
         return False
     _hook.steps += 1
     n = _hook.steps
-    split = StepSplit(*(_hook.sums[k] / n for k in SPLIT_PARTS), cpus())
+    split = StepSplit(*(_hook.sums[k] / n for k in SPLIT_PARTS), cpus_here())
     sent = progress.report(step, total, busy_seconds=split.input + split.compute, split=split, **fields)
     if sent:
         _hook.sums, _hook.steps = dict.fromkeys(SPLIT_PARTS, 0.0), 0

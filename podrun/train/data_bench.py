@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 
 from podrun.train.data import DataError
-from podrun.wire.worker_env import cpu_share
+from podrun.wire.worker_env import cpu_share, cpus_here
 
 
 @dataclass(frozen=True)
@@ -41,12 +41,6 @@ def cpu_seconds(pids: list[int]) -> float | None:
         return total / tick
     except (OSError, ValueError, IndexError):
         return None
-
-
-def cores_here() -> int:
-    """The cores this process may run on (podrun's share, PODRUN_CPUS, when it set one)."""
-    share = cpu_share()
-    return share if share is not None else len(os.sched_getaffinity(0))
 
 
 def host_cores(local_world_size: int = 1) -> int:
@@ -119,4 +113,4 @@ def bench(data: str, image_size: int, counts: list[int], *, batch: int = 32, ima
                         hint="pass a smaller --batch or a larger folder")
     rows = [measure(ds, w, batch=batch, images=images).to_dict() for w in counts]
     return {"data": str(data), "images_in_split": len(ds), "image_size": image_size, "batch": batch,
-            "decoder": ds.decoder, "cores": cores_here(), "rows": rows}
+            "decoder": ds.decoder, "cores": cpus_here(), "rows": rows}

@@ -80,6 +80,8 @@ CPU_SET_ENV = "PODRUN_CPU_SET"
 # podrun module but safefs): the directory its stacks go to and the signal that dumps them (podrun.host.stackdump),
 # and the largest write one message of its output sockets takes
 STACK_DIR_ENV, STACK_SIGNAL_ENV, OUTPUT_CHUNK_ENV = "PODRUN_STACK_DIR", "PODRUN_STACK_SIGNAL", "PODRUN_OUTPUT_CHUNK"
+PROGRESS_FD_ENV = "PODRUN_PROGRESS_FD"      # the worker's end of its progress pipe (podrun.runtime.progress)
+INPLACE_PLAN_ENV = "PODRUN_INPLACE_PLAN"    # the file a worker's new plans come in (podrun.runtime.inplace)
 
 
 def cpu_share(environ: Mapping[str, str] | None = None) -> int | None:
@@ -94,6 +96,13 @@ SIGNALS_HANDLED = "SIGTERM,SIGINT,SIGHUP,SIGUSR1"
 # What --data-interface NAME (or a cluster spec's data_interface) sets for every worker: the interface gloo
 # and NCCL open their sockets on
 DATA_INTERFACE_NAMES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
+def cpus_here() -> int:
+    """The cores this process may run on: podrun's share (CPUS_ENV, --cpu-bind's set) where it set one, else its
+    affinity."""
+    share = cpu_share()
+    return share if share is not None else len(os.sched_getaffinity(0))
 
 
 def data_interface_env(name: str | None) -> tuple[tuple[str, str], ...]:

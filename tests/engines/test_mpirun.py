@@ -13,6 +13,7 @@ import pytest
 
 from podrun.launch.transports.mpirun import (MpiOptions, detect_flavour, find_mpirun, grid_engine_qrsh, mpirun_command,
                                              pbs_slot_problems, pbs_tm)
+from tests.attacker import shared  # noqa: F401 - the fixture
 from tests.engines.conftest import ALLREDUCE, HERE, assert_forked_per_host, podrun, results
 from tests.launch.helpers import run_and_watch, secret_values, wait_until
 
@@ -150,35 +151,34 @@ def test_detect_flavour_real_openmpi():
 
 PLANT = """
 import os, socket, sys
-host = socket.gethostname()
+tmp, host = sys.argv[1], socket.gethostname()
 for pid in range(2, 5000):
-    os.mkdir(f"/tmp/ompi.{pid}")
+    os.mkdir(f"{tmp}/ompi.{pid}")
     for name in (f"pmix.{host}.tool", f"pmix.{host}.tool.{pid}"):
-        with open(f"/tmp/ompi.{pid}/{name}", "w") as f:
-            f.write(f"prterun-{host}-{pid}@0.0;tcp4://127.0.0.1:9\\n")
+        with open(f"{tmp}/ompi.{pid}/{name}", "w") as f:
+            f.write(f"prterun-{host}-{pid}@0.0;tcp4://127.0.0.1:9")
 """
 
 
 @pytest.mark.timeout(120)
-def test_a_session_directory_left_for_mpiruns_pid_does_not_stop_a_launch():
-    """Open MPI 5's mpirun keeps its session directory in /tmp/ompi.<its pid> by default and cannot start ("The PMIx
-    server's listener thread failed to start", exit 213) where one is there already: left by a mpirun killed earlier
-    whose pid this one reuses, or planted by another local user. podrun gives its mpirun a private base in the run
-    directory. In a pid and mount namespace of its own (unshare, a tmpfs on /tmp), `nobody` leaves such a directory
-    for every pid below 5000: a bare mpirun there fails with exit 213 (the planted directories are what Open MPI trips
-    on), and `podrun launch --transport mpirun` runs its worker."""
+def test_a_session_directory_left_for_mpiruns_pid_does_not_stop_a_launch(shared, tmp_path):
+    """Open MPI 5's mpirun keeps its session directory in $TMPDIR/ompi.<its pid> (/tmp by default) and cannot start
+    ("The PMIx server's listener thread failed to start", exit 213) where one is there already: left by a mpirun
+    killed earlier whose pid this one reuses, or planted by another local user. podrun gives its mpirun a private
+    base in the run directory. In a pid namespace of its own (unshare), whose pids are small, `nobody` leaves such a
+    directory for every pid below 5000 in a shared TMPDIR: a bare mpirun there fails with exit 213 (the planted
+    directories are what Open MPI trips on), and `podrun launch --transport mpirun` runs its worker."""
     _need_mpirun()
     from tests.attacker import AS_NOBODY, require_second_user
 
     require_second_user()
-    plant = shlex.join([*AS_NOBODY, sys.executable, "-c", PLANT])
+    plant = shlex.join([*AS_NOBODY, sys.executable, "-c", PLANT, str(shared)])
     launch = shlex.join([sys.executable, "-m", "podrun", "launch", "--transport", "mpirun", "--hosts", "localhost",
-                         "--runs-dir", "/tmp/runs", "--", sys.executable, "-c", "print('ran under mpirun')"])
-    inner = (f"mount -t tmpfs -o mode=1777 tmpfs /tmp && {plant} && mpirun --allow-run-as-root -n 1 true; "
-             f"echo bare=$?; {launch}; echo podrun=$?")
+                         "--runs-dir", str(tmp_path / "runs"), "--", sys.executable, "-c", "print('ran under mpirun')"])
+    inner = f"{plant} && mpirun --allow-run-as-root -n 1 true; echo bare=$?; {launch}; echo podrun=$?"
     root = str(HERE.parent.parent)
     cp = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", inner], capture_output=True,
-                        text=True, timeout=100, cwd=root, env={**os.environ, "PYTHONPATH": root})
+                        text=True, timeout=100, cwd=tmp_path, env={**os.environ, "PYTHONPATH": root, "TMPDIR": str(shared)})
     out = cp.stdout + cp.stderr
     assert "bare=213" in out and "listener thread failed to start" in out, out
     assert "ran under mpirun" in cp.stdout and "podrun=0" in cp.stdout, out

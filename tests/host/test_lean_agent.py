@@ -49,13 +49,6 @@ def test_the_agent_starts_without_the_planner_torch_or_the_cli_libraries(tmp_pat
     assert bad == [], bad
 
 
-def test_the_progress_variable_the_agent_names_is_the_workers():
-    from podrun.host.agent import PROGRESS_ENV
-    from podrun.runtime.progress import FD_ENV
-
-    assert PROGRESS_ENV == FD_ENV
-
-
 # a worker's view of itself: its interpreter's flags, its path, its environment and its agent's command line
 VIEW = """
 import json, os, sys
