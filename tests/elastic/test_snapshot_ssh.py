@@ -51,7 +51,7 @@ def _reference_losses(n: int, g: int, samples: int) -> dict[int, float]:
 def launch(hosts, names, tmp_path, port: int, *extra, train_extra=()):
     args = ["launch", "--hosts", ",".join(names), "--devices-per-host", "1", "--transport", "ssh",
             "--ssh-config", hosts.ssh_config_path, "--python", hosts.python, "--runs-dir", str(tmp_path / "runs"),
-            "--master-port", str(port), "--keepalive", "2", "--global-batch", str(G), *extra,
+            "--master-port", str(port), "--keepalive", "4", "--global-batch", str(G), *extra,
             "--", sys.executable, TRAIN, "--steps", str(STEPS), "--sleep", "0.15", "--checkpoint-every", "100",
             *train_extra]
     return podrun_popen(*args)
