@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import sys
 import threading
@@ -144,9 +145,12 @@ class ControllerLink:
                 self.tell_plan(token)
 
     def _check_stdin_silence(self) -> None:
-        """Stop when the controller's heartbeats on stdin stopped coming (a longer bound before the first)."""
+        """Stop when the controller's heartbeats on stdin stopped coming (a longer bound before the first): none
+        read for the bound, and none waiting to be read (a loaded host's reader thread may not have run)."""
         limit = self.stdin_timeout if self.got_stdin else max(self.stdin_timeout, FIRST_HEARTBEAT_S)
         if self.stdin_watch and self.stdin_timeout > 0 and time.monotonic() - self.last_stdin > limit:
+            if select.select([self.inbox], [], [], 0)[0]:
+                return       # bytes (or the end) wait in the inbox: its reader has not run, the controller spoke
             where = "stdin" if self.inbox == 0 else "its connection"
             self._controller_lost(f"lost the controller (no heartbeat on {where} for {limit:g} s)", limit)
 

@@ -111,3 +111,34 @@ def test_a_line_whose_write_a_signal_interrupts_reaches_the_controller_whole():
     assert lines[-2:] == ["@podrun 0 0 note " + "y" * 20000, "@podrun 0 0 note after"], \
         [(len(x), x[:30], x[-30:]) for x in lines[-2:]]
 
+
+
+def test_a_heartbeat_waiting_unread_in_the_inbox_is_no_silence():
+    """An agent whose stdin reader has not run for longer than the bound (a loaded host) while the controller's
+    heartbeat waits in the pipe: the silence check finds it waiting and does not stop the agent; with the pipe empty
+    it stops it (controller lost). A real pipe; the reader thread is never started."""
+    import os
+
+    from podrun.host.link import ControllerLink
+
+    class Agent(ControllerLink):
+        index, local_ranks, agent_rank, run_dir, stop = 0, [0], 0, None, None
+
+        def request_stop(self, kind, message, *a, **kw):
+            self.stopped = message
+
+    r, w = os.pipe()
+    try:
+        a = Agent()
+        a.link_init(None, 0.25, True, 1.0)
+        a.inbox, a.got_stdin, a.stopped = r, True, None
+        a.last_stdin = time.monotonic() - 5.0          # the reader last ran 5 s ago
+        os.write(w, b".")                              # the controller's heartbeat came meanwhile
+        a._check_stdin_silence()
+        assert a.stopped is None
+        os.read(r, 1)                                  # nothing waits: a silence
+        a._check_stdin_silence()
+        assert a.stopped is not None and "no heartbeat on its connection for 1 s" in a.stopped, a.stopped
+    finally:
+        os.close(r)
+        os.close(w)
