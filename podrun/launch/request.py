@@ -189,6 +189,11 @@ class LaunchRequest(RunAttempt):
         return replace(self, restart_count=restart_count, master_port=master_port)
 
 
+def instances_of(plan: "Plan") -> tuple[InstanceLaunch, ...]:
+    """The instance agents of ``plan``: one per placed instance, on its host."""
+    return tuple(InstanceLaunch(p.index, p.host) for p in plan.placement)
+
+
 def decide_cpu_bind(text: str | None, plan: "Plan", cpu, here: bool, spec: str = ""
                     ) -> tuple[CpuBind, tuple[tuple[int, ...], ...] | None, str | None]:
     """--cpu-bind for a run of ``plan``: the binding, a host's cores as the controller knows them (this machine's

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from podrun.errors import LaunchError, PodrunError, PreflightError
 from podrun.wire.liveness import Liveness
 from podrun.launch.options import LaunchOptions
-from podrun.launch.request import InstanceLaunch, LaunchRequest
+from podrun.launch.request import LaunchRequest, instances_of
 from podrun.launch.records import write_launch_files
 from podrun.rundir import layout
 from podrun.rundir.layout import check_run_id, create_run_dir, new_run_id, snapshot_dir, write_plan
@@ -85,7 +85,7 @@ def build_request(plan, command, *, transport: str, options: LaunchOptions = Lau
         max_restarts=max_restarts,
         # the run's snapshot key (podrun.runtime.snapshot) where a restart may read snapshots; --env wins (later)
         env=data_interface_env(data_interface) + snapshot_key_env(max_restarts) + tuple(env),
-        instances=tuple(InstanceLaunch(p.index, p.host) for p in plan.placement), ssh=net.ssh,
+        instances=instances_of(plan), ssh=net.ssh,
         agent_store=net.agent_store and _serves_store(transport, net.host_python), preflight=net.preflight,
         straggler_timeout=rs.straggler_timeout, data_interface=data_interface, **decided)
 
@@ -397,8 +397,7 @@ def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_
         done = (summary.exit_code == 0 or summary.status is RunStatus.INTERRUPTED
                 or req.restart_count >= req.max_restarts)
         if not done and sup.inplace is not None and sup.inplace.plan is not req.plan:   # recovered in place before
-            req = replace(req, plan=sup.inplace.plan,
-                          instances=tuple(InstanceLaunch(p.index, p.host) for p in sup.inplace.plan.placement))
+            req = replace(req, plan=sup.inplace.plan, instances=instances_of(sup.inplace.plan))
         nxt, nxt_req = req.restart_count + 1, req
         if not done and elastic is not None:
             root = sup.failures.root
@@ -494,8 +493,8 @@ def _replan(policy, record: ElasticRecord, req: LaunchRequest, nxt: int, notice,
     plan = decision.plan
     derived = req.master_addr == req.plan.placement[0].host or req.master_derived
     master = plan.placement[0].host if derived else req.master_addr
-    new = replace(req, plan=plan, instances=tuple(InstanceLaunch(p.index, p.host) for p in plan.placement),
-                  master_addr=master, replanned=True, master_derived="")
+    new = replace(req, plan=plan, instances=instances_of(plan), master_addr=master, replanned=True,
+                  master_derived="")
     if not derived:
         return new
     try:       # with --data-interface the new master host is asked for its address there, as at the start
@@ -509,8 +508,6 @@ def _replan(policy, record: ElasticRecord, req: LaunchRequest, nxt: int, notice,
 
 def _before_start(run_dir: str, write, *args) -> None:
     """A run-dir write before anything runs: failing, it stops the launch (exit 2, nothing started)."""
-    from podrun.errors import LaunchError
-
     try:
         write(*args)
     except OSError as exc:

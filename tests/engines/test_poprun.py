@@ -36,7 +36,7 @@ def fake_poprun_path(tmp_path, monkeypatch):
 
 
 def make_request(plan, tmp_path, command, **kw):
-    from podrun.launch.request import InstanceLaunch, LaunchRequest
+    from podrun.launch.request import LaunchRequest, instances_of
     from podrun.rundir.layout import write_plan
 
     kw.setdefault("poprun", PoprunOptions(vipu_server_host="vipu.test", vipu_partition="p-test"))
@@ -46,7 +46,7 @@ def make_request(plan, tmp_path, command, **kw):
     return LaunchRequest(run_id="fake-poprun", run_dir=str(run_dir), plan=plan, plan_path=str(plan_path),
                          command=tuple(command), python=sys.executable, workdir=str(tmp_path),
                          master_addr="127.0.0.1", master_port=29500, transport="poprun", grace=2.0,
-                         instances=tuple(InstanceLaunch(p.index, p.host) for p in plan.placement), **kw)
+                         instances=instances_of(plan), **kw)
 
 
 def run_supervised(req):

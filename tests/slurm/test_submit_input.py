@@ -37,14 +37,14 @@ def test_status_of_a_directory_without_job_json_exit_2(tmp_path):
 
 
 def test_srun_outside_an_allocation_and_too_small_allocation():
-    from podrun.launch.request import InstanceLaunch, LaunchRequest
+    from podrun.launch.request import LaunchRequest, instances_of
     from podrun.launch.transports.srun import SrunTransport
     from podrun.cli.options import resolve_plan
 
     plan = resolve_plan(None, hosts_opt="node1,node2,node3", devices_per_host=1, environ={})[0]
     req = LaunchRequest(run_id="r", run_dir="/tmp/r", plan=plan, plan_path="/tmp/r/plan.json", command=("true",),
                         python=sys.executable, workdir="/tmp", master_addr="node1", master_port=29500,
-                        transport="srun", instances=tuple(InstanceLaunch(p.index, p.host) for p in plan.placement))
+                        transport="srun", instances=instances_of(plan))
     t = SrunTransport(req)
     with pytest.raises(HostError, match="SLURM_JOB_ID is not set"):
         t.check_allocation({})
