@@ -124,9 +124,7 @@ class Agent(ControllerLink):
         self.hung_exits: set[int] = set()          # workers ended as hung at exit
         # the supervising loop sleeps until a worker's exit (SIGCHLD; a zygote's fork: its exit line), a stop asked
         # (a signal, a token, a failure) or its next timed check: a byte on this pipe wakes it
-        self.wake_r, self.wake_w = os.pipe()
-        os.set_blocking(self.wake_r, False)
-        os.set_blocking(self.wake_w, False)
+        self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
 
     def request_stop(self, kind: StopKind, message: str, sig: int = signal.SIGTERM, silent_s: float = 0.0) -> None:
         if kind is StopKind.CONTROLLER_LOST or os.getppid() != self.parent:
