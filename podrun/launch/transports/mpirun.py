@@ -288,17 +288,13 @@ class MpirunTransport(JoiningLauncher, LauncherTransport):
         if not remote:
             return []
         launch = self._scheduler_launch()
-        if launch in ("tm", "slurm"):
-            # PBS (its TM interface) or Slurm (srun) granted the hosts and starts every host's share: no per-host
-            # probe over ssh
-            return []
-        if launch == "qrsh":
-            # Grid Engine granted the hosts and starts every host's share itself: no per-host probe over ssh
-            qrsh = grid_engine_qrsh(os.environ)
-            if not os.access(qrsh, os.X_OK):
-                return [Problem("localhost", f"inside a Grid Engine job Open MPI starts its daemons with {qrsh}, "
-                                "which is not there",
-                                "check SGE_ROOT and ARC, or pass --ssh-config to start them over ssh instead")]
+        if launch == "qrsh" and not os.access(qrsh := grid_engine_qrsh(os.environ), os.X_OK):
+            return [Problem("localhost", f"inside a Grid Engine job Open MPI starts its daemons with {qrsh}, "
+                            "which is not there",
+                            "check SGE_ROOT and ARC, or pass --ssh-config to start them over ssh instead")]
+        if launch is not None:
+            # Grid Engine (qrsh), PBS (its TM interface) or Slurm (srun) granted the hosts and starts every host's
+            # share itself: no per-host probe over ssh
             return []
         # mpirun reaches the hosts with OpenSSH's client: check each with the same options, in
         # parallel: reachable, authenticated, the same python with podrun importable, the workdir there
