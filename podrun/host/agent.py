@@ -250,8 +250,7 @@ class Agent(ControllerLink):
                                      pass_fds=(*keep_fds, w))
         except OSError as exc:
             os.close(r)
-            os.close(w)
-            for s in (*ends, *(s for _, s in streams)):
+            for _, s in streams:
                 s.close()
             self.emit(local_rank, "err", f"podrun agent: cannot start {self.command[0]!r}: {exc.strerror}")
             self.procs.append(None)
@@ -259,9 +258,10 @@ class Agent(ControllerLink):
             self.send(local_rank, protocol.WorkerExit(127 if isinstance(exc, FileNotFoundError) else 126, time.time()))
             self.request_stop(StopKind.SPAWN_FAILED, f"local rank {local_rank} could not start")
             return
-        os.close(w)
-        for s in ends:                  # the worker holds the write ends now: their end is its output's
-            s.close()
+        finally:
+            os.close(w)
+            for s in ends:              # the worker holds the write ends now: their end is its output's
+                s.close()
         self.procs.append(p)
         emit = functools.partial(self.emit, local_rank)
         reader = threading.Thread(target=output.pump, args=(streams, emit), daemon=True)
@@ -369,10 +369,10 @@ class Agent(ControllerLink):
         finally:                                # also on an unexpected error: nothing outlives the agent
             self._signal_all(signal.SIGKILL)
             end_descendants(spare=self.own())
+            import shutil
+
             for root in (self.stack_root, self.plan_root):
                 if root is not None:
-                    import shutil
-
                     shutil.rmtree(root, ignore_errors=True)
             if self.procs:                      # workers ran: their snapshots go when no restart can use them
                 from podrun.runtime.snapshot import drop_when_done

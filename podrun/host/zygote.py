@@ -175,8 +175,8 @@ def _start_watcher(path: str, lock: int) -> None:
 
 def serve(path: str, idle: float, now: bool = False) -> int:
     """Listen at ``path`` once the preload is done (at SCHED_IDLE unless ``now``) and serve until the end."""
-    if unixsock.dir_ok(os.path.dirname(path)) is not None:
-        print(f"podrun zygote: {unixsock.dir_ok(os.path.dirname(path))}", file=sys.stderr, flush=True)
+    if (problem := unixsock.dir_ok(os.path.dirname(path))) is not None:
+        print(f"podrun zygote: {problem}", file=sys.stderr, flush=True)
         return 1
     try:
         lock = safefs.open_private(path[:-5] + ".lock", append=False, read=True)
