@@ -47,14 +47,12 @@ class OpenSSHTransport(HeldAgentTransport):
         super().__init__(request)
         from podrun.errors import LaunchError
 
-        self.opts = request.ssh
         self.ssh = ssh_binary()
         if self.ssh is None:
             raise LaunchError("--ssh-client openssh: no ssh client on PATH",
                               hint="install openssh-client, or pass --ssh-client paramiko")
         if self.opts.config_path:
             read_ssh_config(self.opts.config_path, "--ssh-config")
-        self.handshakes = threading.BoundedSemaphore(max(1, self.opts.max_concurrency))
         self._settings: dict[str, dict[str, str]] = {}
         self._lock = threading.Lock()
 

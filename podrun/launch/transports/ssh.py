@@ -133,7 +133,6 @@ class SSHTransport(HeldAgentTransport):
 
     def __init__(self, request):
         super().__init__(request)
-        self.opts = request.ssh
         path = self.opts.config_path or os.path.expanduser("~/.ssh/config")
         self.config = paramiko.SSHConfig()
         if self.opts.config_path or os.path.lexists(path):
@@ -145,7 +144,6 @@ class SSHTransport(HeldAgentTransport):
         self.clients: dict[str, paramiko.SSHClient] = {}
         self.host_locks: dict[str, threading.Lock] = {}
         self.lock = threading.Lock()
-        self.handshakes = threading.BoundedSemaphore(max(1, self.opts.max_concurrency))
 
     # -- connections -------------------------------------------------------------------
     def _connect(self, host: str) -> paramiko.SSHClient:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import queue
 import shlex
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -184,6 +185,8 @@ class HeldAgentTransport(Transport):
 
     def __init__(self, request):
         super().__init__(request)
+        self.opts = request.ssh
+        self.handshakes = threading.BoundedSemaphore(max(1, self.opts.max_concurrency))   # --max-concurrency
         self._held: list | None = None       # agents the preflight started held, until ``release`` lets them go
 
     def _start_one(self, inst, hold: bool = False):
