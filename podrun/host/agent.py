@@ -103,7 +103,6 @@ class Agent(ControllerLink):
         self.stop: Stop | None = None
         self.stop_signal = signal.SIGTERM
         self.signalled: int | None = None
-        self.worker_failed = False          # a worker failed before any teardown began
         self.first_failure: int | None = None   # the return code of the first worker to fail (before a teardown)
         self.procs: list[subprocess.Popen | None] = []
         self.readers: list[list[threading.Thread]] = []
@@ -158,7 +157,7 @@ class Agent(ControllerLink):
         restart, which reads this host's snapshots."""
         return self.stop is not None and (self.stop.kind is StopKind.CONTROLLER_LOST or (
             self.stop.kind is StopKind.SIGNALLED and self.stop_signal in (signal.SIGINT, signal.SIGTERM)
-            and not self.worker_failed))
+            and self.first_failure is None))
 
     def _controller_gone(self) -> None:
         """No attempt will follow: this host's zygote ends now, with the processes it forked."""
@@ -442,8 +441,7 @@ class Agent(ControllerLink):
                 self._report_error_file(lr)
             self.send(lr, protocol.WorkerExit(rc, ended, self.teardown_started, lr in self.hung_exits))
             if rc != 0 and self.first_failure is None and not self.teardown_started:
-                self.first_failure = rc
-                self.worker_failed = True       # its teardown may precede a restart: snapshots stay
+                self.first_failure = rc         # its teardown may precede a restart: snapshots stay
                 self.request_stop(StopKind.WORKER_FAILED,
                                   f"local rank {lr} exited with {protocol.exit_code_from_returncode(rc)}")
 
