@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import shutil
 import subprocess
-import threading
 from typing import TYPE_CHECKING
 
 from podrun.launch.transports.base import PipedAgentHandle, Problem
@@ -53,8 +52,6 @@ class OpenSSHTransport(HeldAgentTransport):
                               hint="install openssh-client, or pass --ssh-client paramiko")
         if self.opts.config_path:
             read_ssh_config(self.opts.config_path, "--ssh-config")
-        self._settings: dict[str, dict[str, str]] = {}
-        self._lock = threading.Lock()
 
     # -- the ssh command line ------------------------------------------------------------
     def base_argv(self) -> list[str]:
@@ -69,11 +66,9 @@ class OpenSSHTransport(HeldAgentTransport):
                      "-o", "GlobalKnownHostsFile=/dev/null"]
         return argv
 
+    @functools.cache          # a host's config, asked once per transport
     def settings(self, host: str) -> dict[str, str]:
         """The config OpenSSH applies to ``host`` (``ssh -G``: lower-case keys, first value of each)."""
-        with self._lock:
-            if host in self._settings:
-                return self._settings[host]
         cp = subprocess.run(self.base_argv() + ["-G", "--", host], capture_output=True, text=True, timeout=30)
         out: dict[str, str] = {}
         if cp.returncode == 0:
@@ -82,8 +77,6 @@ class OpenSSHTransport(HeldAgentTransport):
                 out.setdefault(key.lower(), value)
         else:
             out["error"] = (cp.stderr.strip().splitlines() or ["ssh -G failed"])[-1]
-        with self._lock:
-            self._settings[host] = out
         return out
 
     def host_argv(self, host: str, command: str) -> list[str]:
