@@ -103,7 +103,6 @@ class Agent(ControllerLink):
         self.stop: Stop | None = None
         self.stop_signal = signal.SIGTERM
         self.signalled: int | None = None
-        self.worker_failed = False          # a worker failed before any teardown began
         self.first_failure: int | None = None   # the return code of the first worker to fail (before a teardown)
         self.procs: list[subprocess.Popen | None] = []
         self.readers: list[list[threading.Thread]] = []
@@ -124,9 +123,7 @@ class Agent(ControllerLink):
         self.hung_exits: set[int] = set()          # workers ended as hung at exit
         # the supervising loop sleeps until a worker's exit (SIGCHLD; a zygote's fork: its exit line), a stop asked
         # (a signal, a token, a failure) or its next timed check: a byte on this pipe wakes it
-        self.wake_r, self.wake_w = os.pipe()
-        os.set_blocking(self.wake_r, False)
-        os.set_blocking(self.wake_w, False)
+        self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
 
     def request_stop(self, kind: StopKind, message: str, sig: int = signal.SIGTERM, silent_s: float = 0.0) -> None:
         if kind is StopKind.CONTROLLER_LOST or os.getppid() != self.parent:
@@ -160,7 +157,7 @@ class Agent(ControllerLink):
         restart, which reads this host's snapshots."""
         return self.stop is not None and (self.stop.kind is StopKind.CONTROLLER_LOST or (
             self.stop.kind is StopKind.SIGNALLED and self.stop_signal in (signal.SIGINT, signal.SIGTERM)
-            and not self.worker_failed))
+            and self.first_failure is None))
 
     def _controller_gone(self) -> None:
         """No attempt will follow: this host's zygote ends now, with the processes it forked."""
@@ -252,8 +249,7 @@ class Agent(ControllerLink):
                                      pass_fds=(*keep_fds, w))
         except OSError as exc:
             os.close(r)
-            os.close(w)
-            for s in (*ends, *(s for _, s in streams)):
+            for _, s in streams:
                 s.close()
             self.emit(local_rank, "err", f"podrun agent: cannot start {self.command[0]!r}: {exc.strerror}")
             self.procs.append(None)
@@ -261,9 +257,10 @@ class Agent(ControllerLink):
             self.send(local_rank, protocol.WorkerExit(127 if isinstance(exc, FileNotFoundError) else 126, time.time()))
             self.request_stop(StopKind.SPAWN_FAILED, f"local rank {local_rank} could not start")
             return
-        os.close(w)
-        for s in ends:                  # the worker holds the write ends now: their end is its output's
-            s.close()
+        finally:
+            os.close(w)
+            for s in ends:              # the worker holds the write ends now: their end is its output's
+                s.close()
         self.procs.append(p)
         emit = functools.partial(self.emit, local_rank)
         reader = threading.Thread(target=output.pump, args=(streams, emit), daemon=True)
@@ -371,10 +368,10 @@ class Agent(ControllerLink):
         finally:                                # also on an unexpected error: nothing outlives the agent
             self._signal_all(signal.SIGKILL)
             end_descendants(spare=self.own())
+            import shutil
+
             for root in (self.stack_root, self.plan_root):
                 if root is not None:
-                    import shutil
-
                     shutil.rmtree(root, ignore_errors=True)
             if self.procs:                      # workers ran: their snapshots go when no restart can use them
                 from podrun.runtime.snapshot import drop_when_done
@@ -444,8 +441,7 @@ class Agent(ControllerLink):
                 self._report_error_file(lr)
             self.send(lr, protocol.WorkerExit(rc, ended, self.teardown_started, lr in self.hung_exits))
             if rc != 0 and self.first_failure is None and not self.teardown_started:
-                self.first_failure = rc
-                self.worker_failed = True       # its teardown may precede a restart: snapshots stay
+                self.first_failure = rc         # its teardown may precede a restart: snapshots stay
                 self.request_stop(StopKind.WORKER_FAILED,
                                   f"local rank {lr} exited with {protocol.exit_code_from_returncode(rc)}")
 

@@ -70,9 +70,8 @@ class ControllerLink:
         self.link_closed = True
         if delivered:
             try:
-                self.out.flush()
-            except (OSError, ValueError):
-                pass
+                with contextlib.suppress(OSError, ValueError):
+                    self.out.flush()
             finally:
                 self.lock.release()
         return delivered

@@ -175,8 +175,8 @@ def _start_watcher(path: str, lock: int) -> None:
 
 def serve(path: str, idle: float, now: bool = False) -> int:
     """Listen at ``path`` once the preload is done (at SCHED_IDLE unless ``now``) and serve until the end."""
-    if unixsock.dir_ok(os.path.dirname(path)) is not None:
-        print(f"podrun zygote: {unixsock.dir_ok(os.path.dirname(path))}", file=sys.stderr, flush=True)
+    if (problem := unixsock.dir_ok(os.path.dirname(path))) is not None:
+        print(f"podrun zygote: {problem}", file=sys.stderr, flush=True)
         return 1
     try:
         lock = safefs.open_private(path[:-5] + ".lock", append=False, read=True)
@@ -234,9 +234,7 @@ class _Server:
         busy = time.monotonic()
         # each child's exit wakes the loop at once (SIGCHLD through a wakeup pipe), so that exits are reaped and
         # stamped in the order they happened: the first worker to fail is the run's root cause
-        wake_r, wake_w = os.pipe()
-        for fd in (wake_r, wake_w):
-            os.set_blocking(fd, False)
+        wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(wake_w)
         signal.signal(signal.SIGCHLD, lambda signum, frame: None)
         print(f"podrun zygote {self.me}: ready on {self.path}", file=sys.stderr, flush=True)
@@ -341,9 +339,8 @@ class _Server:
                 break
             c = self.kids.pop(pid, None)
             if c is not None:
-                with contextlib.suppress(OSError):
-                    code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-                    c.sendall(f"exit {code} {time.time():.6f}\n".encode())     # when it was reaped: exits in order
+                with contextlib.suppress(OSError):     # Popen's code; when it was reaped: exits in order
+                    c.sendall(f"exit {os.waitstatus_to_exitcode(status)} {time.time():.6f}\n".encode())
 
     def _kill_all(self) -> None:
         for pid in self.kids:

@@ -13,6 +13,7 @@ import sys
 import threading
 import traceback
 
+from podrun.host.stackdump import SITE_DIR
 from podrun.host.workers import bind_worker
 from podrun.proctl import PR_SET_PDEATHSIG, prctl
 from podrun.wire.worker_env import STACK_DIR_ENV
@@ -20,8 +21,7 @@ from podrun.wire.worker_env import STACK_DIR_ENV
 WARM_ENV = "PODRUN_WARM"        # in a worker the zygote forked: the zygote's pid
 HIGH_FD = 256            # a forked process gets the fds it is told of by name at or above this number
 _KEPT: list = []         # the process groups destroy_process_group destroyed: kept until os._exit (see below)
-SITE_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime", "site",
-                         "sitecustomize.py")
+SITE_FILE = os.path.join(SITE_DIR, "sitecustomize.py")
 
 
 def _stdio(unbuffered: bool) -> None:

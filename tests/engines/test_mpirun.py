@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from podrun.launch.transports.mpirun import (MpiOptions, detect_flavour, find_mpirun, grid_engine_qrsh, mpirun_command,
-                                             pbs_slot_problems, pbs_tm)
+from podrun.launch.transports.mpirun import (PBS_VARS, MpiOptions, detect_flavour, find_mpirun, grid_engine_qrsh,
+                                             job_plm, mpirun_command, pbs_slot_problems)
 from tests.attacker import shared  # noqa: F401 - the fixture
 from tests.engines.conftest import ALLREDUCE, HERE, assert_forked_per_host, podrun, results
 from tests.launch.helpers import run_and_watch, secret_values, wait_until
@@ -128,9 +128,9 @@ def test_pbs_tm_asks_the_open_mpi_beside_mpirun_and_only_inside_a_pbs_job(tmp_pa
     _need_mpirun()
     _fake_tm_open_mpi(tmp_path / "bin")
     job = {"PBS_ENVIRONMENT": "PBS_BATCH", "PBS_JOBID": "12.pbs"}
-    assert pbs_tm(job, str(tmp_path / "bin" / "mpirun")) is True
-    assert pbs_tm(job, "mpirun") is False
-    assert pbs_tm({"PBS_JOBID": "12.pbs"}, str(tmp_path / "bin" / "mpirun")) is False
+    assert job_plm(job, str(tmp_path / "bin" / "mpirun"), PBS_VARS, "tm") is True
+    assert job_plm(job, "mpirun", PBS_VARS, "tm") is False
+    assert job_plm({"PBS_JOBID": "12.pbs"}, str(tmp_path / "bin" / "mpirun"), PBS_VARS, "tm") is False
 
 
 def test_pbs_slots_below_the_ranks_per_host_are_named_before_open_mpi_refuses(tmp_path):

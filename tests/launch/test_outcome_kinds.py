@@ -58,7 +58,7 @@ def test_an_agent_decides_on_the_kind_of_its_stop_not_its_words():
     signalled.request_stop(StopKind.SIGNALLED, "a word that says nothing", signal.SIGTERM)
     assert signalled.run_over()
     after_failure = agent()                    # the teardown that follows a worker's failure: a restart may come
-    after_failure.worker_failed = True
+    after_failure.first_failure = 1
     after_failure.request_stop(StopKind.SIGNALLED, "received SIGTERM", signal.SIGTERM)
     assert not after_failure.run_over()
 

@@ -57,7 +57,5 @@ def resolve_engine(opts: EngineOptions, cluster=None, *, only_output_from_instan
     """
     kind = engine_of(opts.engine or getattr(cluster, "engine", None) or "torch")
     mpi_args = tuple(shlex.split(opts.mpi_args)) if opts.mpi_args else ()
-    if kind.name != "poprun":
-        return kind.name, kind.transport, None, mpi_args
-    popts = replace(opts.poprun, only_output_from_instance=only_output_from_instance)
+    popts = replace(opts.poprun, only_output_from_instance=only_output_from_instance) if kind.name == "poprun" else None
     return kind.name, kind.transport, popts, mpi_args

@@ -346,15 +346,9 @@ class StreamMerger:
         if not self._sources:
             close_files()
             return
-        left = [len(self._sources)]
-
-        def closed() -> None:
-            left[0] -= 1
-            if left[0] == 0:
-                close_files()
-
-        for src in self._sources:
-            src.close(then=closed)
+        for src in self._sources[:-1]:
+            src.close()
+        self._sources[-1].close(then=close_files)    # the hub closes them in this order: the last one's is last
 
     def push(self, callback: Callable[[str | None, str | None], None],
              first: list[tuple[str, str]] | tuple = ()) -> bool:

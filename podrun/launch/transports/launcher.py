@@ -74,20 +74,23 @@ class ProcessHandle(InstanceHandle):
         for stream, line in self._merger:
             if pending and (done := protocol.read_done(line)) is not None and done[:2] in pending:
                 pending.discard(done[:2])
-                if not pending:
-                    threading.Thread(target=self._reap_after_done, daemon=True).start()
+                if not pending:          # the launcher has nothing left to do: end it if it hangs
+                    self._unless_ended(self.linger, self._teardown_hang)
             yield stream, line
 
-    def _reap_after_done(self) -> None:
-        """Every agent has ended: the launcher has nothing left to do; end it if it hangs."""
-        try:
-            self.proc.wait(self.linger)
-        except Exception:  # noqa: BLE001 - still there after linger: a teardown hang
-            signal_group(self.proc.pid, signal.SIGTERM)
+    def _unless_ended(self, timeout: float, then) -> None:
+        """``then()`` from a thread of its own when the launcher is still there ``timeout`` s from now."""
+        def wait() -> None:
             try:
-                self.proc.wait(2.0)
-            except Exception:  # noqa: BLE001
-                signal_group(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout)
+            except Exception:  # noqa: BLE001 - still there
+                then()
+        threading.Thread(target=wait, daemon=True).start()
+
+    def _teardown_hang(self) -> None:
+        """Every agent has ended and the launcher is still there after ``linger``: SIGTERM, then SIGKILL."""
+        signal_group(self.proc.pid, signal.SIGTERM)
+        self._unless_ended(2.0, lambda: signal_group(self.proc.pid, signal.SIGKILL))
 
     def poll(self) -> int | None:
         return self.proc.poll()
@@ -105,19 +108,9 @@ class ProcessHandle(InstanceHandle):
             with contextlib.suppress(OSError):          # else SIGTERM after all
                 protocol.write_stop(self.run_dir, sig)
                 wrote = True
-        try:
-            if not wrote:
-                self.proc.send_signal(signal.SIGTERM)
-        except ProcessLookupError:
-            return
-
-        def later():
-            try:
-                self.proc.wait(self.grace + protocol.TERM_TO_KILL_S + 3.0)
-            except Exception:  # noqa: BLE001 - still running: kill
-                self.kill()
-
-        threading.Thread(target=later, daemon=True).start()
+        if not wrote:
+            self.proc.send_signal(signal.SIGTERM)        # nothing for a launcher gone meanwhile
+        self._unless_ended(self.grace + protocol.TERM_TO_KILL_S + 3.0, self.kill)
 
     def kill(self) -> None:
         if self._on_kill:

@@ -58,9 +58,7 @@ class LineHub:
         self._sel = selectors.DefaultSelector()
         self._lock = threading.Lock()
         self._todo: list[Callable[[], None]] = []
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
         self._thread: threading.Thread | None = None
 

@@ -13,7 +13,7 @@ import subprocess
 
 from podrun.errors import LaunchError
 from podrun.wire.probe import port_free
-from podrun.proctl import die_with_parent
+from podrun.proctl import die_with_parent, stat_fields
 from podrun.launch.transports.base import InstanceHandle, PipedAgentHandle, Problem, Transport, busy_port_problem
 
 
@@ -48,15 +48,8 @@ class LocalHandle(PipedAgentHandle):
             tasks = os.listdir(f"/proc/{self.proc.pid}/task")
         except OSError:
             return False
-        for tid in tasks:
-            try:
-                with open(f"/proc/{self.proc.pid}/task/{tid}/stat", "rb") as f:
-                    state = f.read().rpartition(b")")[2].split()[0]
-            except (OSError, IndexError):
-                continue
-            if state in (b"R", b"D"):
-                return True
-        return False
+        states = (stat_fields(f"{self.proc.pid}/task/{tid}") or [b""] for tid in tasks)   # [b""]: gone meanwhile
+        return any(state[0] in (b"R", b"D") for state in states)
 
 
 class LocalTransport(Transport):

@@ -76,28 +76,14 @@ PBS_VARS = ("PBS_ENVIRONMENT", "PBS_JOBID")
 SLURM_VARS = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST")
 
 
-def pbs_tm(env, mpirun: str) -> bool:
-    """Inside a PBS job (every one of PBS_VARS set), whether the Open MPI of ``mpirun`` starts its daemons through
-    PBS's TM interface: a ``plm: tm`` component in the listing of the first of `prte_info` (Open MPI 5) and
-    `ompi_info` (before) that answers beside it. False outside a PBS job (nothing is run) and for an Open MPI built
-    without TM, which starts its daemons over ssh."""
-    if not all(env.get(v) for v in PBS_VARS):
+def job_plm(env, mpirun: str, job_vars: tuple[str, ...], component: str) -> bool:
+    """Inside a job of the scheduler whose ``job_vars`` are all set (PBS_VARS, SLURM_VARS), whether the Open MPI of
+    ``mpirun`` starts its daemons through it: a ``plm: COMPONENT`` ("tm": PBS's TM interface; "slurm": ``srun ...
+    prted``, which it then does by itself) in the listing of the first of `prte_info` (Open MPI 5) and `ompi_info`
+    (before) that answers beside it. False outside such a job (nothing is run) and for an Open MPI built without
+    it, which starts its daemons over ssh."""
+    if not all(env.get(v) for v in job_vars):
         return False
-    return has_plm(mpirun, "tm")
-
-
-def slurm_plm(env, mpirun: str) -> bool:
-    """Inside a Slurm allocation (every one of SLURM_VARS set), whether the Open MPI of ``mpirun`` starts its daemons
-    through Slurm (``srun ... prted``: its ``plm: slurm`` component), which it then does by itself; False outside one
-    (nothing is run) and for an Open MPI built without it, which starts its daemons over ssh."""
-    if not all(env.get(v) for v in SLURM_VARS):
-        return False
-    return has_plm(mpirun, "slurm")
-
-
-def has_plm(mpirun: str, component: str) -> bool:
-    """Whether the Open MPI of ``mpirun`` has the daemon launcher ``component`` (``plm: NAME`` in the listing of the
-    first of `prte_info` (Open MPI 5) and `ompi_info` (before) that answers beside it)."""
     where = os.path.dirname(shutil.which(mpirun) or mpirun)
     for info in ("prte_info", "ompi_info"):
         path = os.path.join(where, info)
@@ -230,8 +216,7 @@ class MpirunTransport(JoiningLauncher, LauncherTransport):
     def __init__(self, request):
         super().__init__(request)
         self._flavour: str | None = None
-        self._pbs_tm: bool | None = None       # asked once in a PBS job (pbs_tm)
-        self._slurm: bool | None = None        # asked once in a Slurm allocation (slurm_plm)
+        self._plm: dict[str, bool] = {}        # job_plm's answers, asked once each
 
     def options(self) -> MpiOptions:
         """mpirun's options from the request. Open MPI forwards plm_rsh_args to its daemons cut at
@@ -255,13 +240,12 @@ class MpirunTransport(JoiningLauncher, LauncherTransport):
             return None
         if grid_engine_qrsh(os.environ) is not None:
             return "qrsh"
-        if self._slurm is None:
-            self._slurm = slurm_plm(os.environ, self._mpirun())
-        if self._slurm:
-            return "slurm"
-        if self._pbs_tm is None:
-            self._pbs_tm = pbs_tm(os.environ, self._mpirun())
-        return "tm" if self._pbs_tm else None
+        for component, job_vars in (("slurm", SLURM_VARS), ("tm", PBS_VARS)):
+            if component not in self._plm:
+                self._plm[component] = job_plm(os.environ, self._mpirun(), job_vars, component)
+            if self._plm[component]:
+                return component
+        return None
 
     def _ssh_config(self) -> str | None:
         r = self.request
@@ -304,17 +288,13 @@ class MpirunTransport(JoiningLauncher, LauncherTransport):
         if not remote:
             return []
         launch = self._scheduler_launch()
-        if launch in ("tm", "slurm"):
-            # PBS (its TM interface) or Slurm (srun) granted the hosts and starts every host's share: no per-host
-            # probe over ssh
-            return []
-        if launch == "qrsh":
-            # Grid Engine granted the hosts and starts every host's share itself: no per-host probe over ssh
-            qrsh = grid_engine_qrsh(os.environ)
-            if not os.access(qrsh, os.X_OK):
-                return [Problem("localhost", f"inside a Grid Engine job Open MPI starts its daemons with {qrsh}, "
-                                "which is not there",
-                                "check SGE_ROOT and ARC, or pass --ssh-config to start them over ssh instead")]
+        if launch == "qrsh" and not os.access(qrsh := grid_engine_qrsh(os.environ), os.X_OK):
+            return [Problem("localhost", f"inside a Grid Engine job Open MPI starts its daemons with {qrsh}, "
+                            "which is not there",
+                            "check SGE_ROOT and ARC, or pass --ssh-config to start them over ssh instead")]
+        if launch is not None:
+            # Grid Engine (qrsh), PBS (its TM interface) or Slurm (srun) granted the hosts and starts every host's
+            # share itself: no per-host probe over ssh
             return []
         # mpirun reaches the hosts with OpenSSH's client: check each with the same options, in
         # parallel: reachable, authenticated, the same python with podrun importable, the workdir there

@@ -12,14 +12,14 @@ user, address and port that messages name.
 """
 from __future__ import annotations
 
+import functools
 import shutil
 import subprocess
-import threading
 from typing import TYPE_CHECKING
 
 from podrun.launch.transports.base import PipedAgentHandle, Problem
 from podrun.launch.transports.ssh_common import (ALIVE_COUNT_MAX, HeldAgentTransport, HeldProbe, alive_interval,
-                                                 ip_hostname, read_ssh_config)
+                                                 ip_hostname, read_ssh_config, ssh_failure)
 
 if TYPE_CHECKING:  # pragma: no cover
     from podrun.launch.request import LaunchRequest
@@ -46,16 +46,12 @@ class OpenSSHTransport(HeldAgentTransport):
         super().__init__(request)
         from podrun.errors import LaunchError
 
-        self.opts = request.ssh
         self.ssh = ssh_binary()
         if self.ssh is None:
             raise LaunchError("--ssh-client openssh: no ssh client on PATH",
                               hint="install openssh-client, or pass --ssh-client paramiko")
         if self.opts.config_path:
             read_ssh_config(self.opts.config_path, "--ssh-config")
-        self.handshakes = threading.BoundedSemaphore(max(1, self.opts.max_concurrency))
-        self._settings: dict[str, dict[str, str]] = {}
-        self._lock = threading.Lock()
 
     # -- the ssh command line ------------------------------------------------------------
     def base_argv(self) -> list[str]:
@@ -70,11 +66,9 @@ class OpenSSHTransport(HeldAgentTransport):
                      "-o", "GlobalKnownHostsFile=/dev/null"]
         return argv
 
+    @functools.cache          # a host's config, asked once per transport
     def settings(self, host: str) -> dict[str, str]:
         """The config OpenSSH applies to ``host`` (``ssh -G``: lower-case keys, first value of each)."""
-        with self._lock:
-            if host in self._settings:
-                return self._settings[host]
         cp = subprocess.run(self.base_argv() + ["-G", "--", host], capture_output=True, text=True, timeout=30)
         out: dict[str, str] = {}
         if cp.returncode == 0:
@@ -83,8 +77,6 @@ class OpenSSHTransport(HeldAgentTransport):
                 out.setdefault(key.lower(), value)
         else:
             out["error"] = (cp.stderr.strip().splitlines() or ["ssh -G failed"])[-1]
-        with self._lock:
-            self._settings[host] = out
         return out
 
     def host_argv(self, host: str, command: str) -> list[str]:
@@ -132,12 +124,6 @@ class OpenSSHTransport(HeldAgentTransport):
             self.handshakes.release()
 
     # -- problems ------------------------------------------------------------------------
-    def _where(self, host: str) -> str:
-        s = self.settings(host)
-        where = f"{s.get('user', '?')}@{s.get('hostname', host)}:{s.get('port', '22')}"
-        jump = s.get("proxyjump", "none")
-        return where if jump == "none" else f"{where} via {jump}"
-
     def _problem(self, host: str, exc: BaseException) -> Problem:
         if isinstance(exc, SSHConfigError):
             return Problem(host, f"the ssh config cannot be read for {host}: {exc}", "check --ssh-config")
@@ -149,33 +135,28 @@ class OpenSSHTransport(HeldAgentTransport):
 
     def _ssh_error(self, host: str, err: str) -> Problem | None:
         """OpenSSH's own failure (exit 255 and its message on stderr) as a Problem naming the host."""
-        where = self._where(host)
         s = self.settings(host)
+        fail = functools.partial(ssh_failure, host=host, user=s.get("user", "?"), hostname=s.get("hostname", host),
+                                 port=s.get("port", "22"), via=s.get("proxyjump", "none"), detail=_last(err))
         low = err.lower()
         if "could not resolve hostname" in low:
-            return Problem(host, f"unknown host: {s.get('hostname', host)!r} does not resolve ({_last(err)})",
-                           "check the host name, or add HostName to the ssh config")
+            return fail("resolve")
         if "remote host identification has changed" in low or "host key for" in low and "has changed" in low:
-            return Problem(host, f"host key mismatch for {where}: the key does not match known_hosts",
-                           "if the host was reinstalled, update known_hosts (ssh-keygen -R HOST)")
+            return fail("mismatch", detail=None)
         if "host key verification failed" in low or "no such host key" in low or "host key is known" in low:
-            return Problem(host, f"unknown host key for {where} (not in known_hosts)",
-                           f"add it: ssh-keyscan -p {s.get('port', '22')} {s.get('hostname', host)} >> "
-                           "~/.ssh/known_hosts, or pass --no-host-key-check")
+            return fail("unknown-key", detail=None)
         if "permission denied" in low:
-            return Problem(host, f"authentication failed for {where} ({_last(err)})",
-                           "check IdentityFile/CertificateFile in the ssh config, the ssh agent (SSH_AUTH_SOCK), "
-                           "and the host's authorized_keys")
+            return fail("auth", hint="check IdentityFile/CertificateFile in the ssh config, the ssh agent "
+                                     "(SSH_AUTH_SOCK), and the host's authorized_keys")
         if "timed out" in low:
-            return Problem(host, f"unreachable: connecting to {where} timed out ({_last(err)})",
-                           "is the host up and on the network?")
+            return fail("timeout")
         if any(w in low for w in ("connection refused", "no route to host", "network is unreachable",
                                   "connection closed by", "connection reset", "closed by remote host",
                                   "ssh_exchange_identification", "kex_exchange_identification")):
-            return Problem(host, f"unreachable: cannot connect to {where} ({_last(err)})",
-                           "is the host up and sshd running? check HostName/Port/ProxyJump in the ssh config")
+            return fail("connect", hint="is the host up and sshd running? check HostName/Port/ProxyJump in the "
+                                        "ssh config")
         if err.strip():
-            return Problem(host, f"ssh to {where} failed: {_last(err)}")
+            return fail("other")
         return None
 
 

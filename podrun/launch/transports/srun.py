@@ -14,9 +14,8 @@ STEP_VARS = ("SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NTASKS_PER_NODE", "SLURM_TAS
              "SLURM_NNODES", "SLURM_CPUS_PER_TASK")
 
 
-def allocation_hosts(env=None) -> list[str] | None:
+def allocation_hosts(env) -> list[str] | None:
     """The allocation's hosts from SLURM_JOB_NODELIST (None outside an allocation)."""
-    env = os.environ if env is None else env
     nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
     if not nodelist:
         return None
@@ -67,9 +66,8 @@ class SrunTransport(JoiningLauncher, LauncherTransport):
     def argv(self, redact: bool = False) -> list[str]:
         return srun_command(self.request, redact=redact, join=self.join_address())
 
-    def check_allocation(self, env=None) -> None:
+    def check_allocation(self, env=os.environ) -> None:
         """HostError (exit 2) when not in an allocation or the plan needs hosts it does not have."""
-        env = os.environ if env is None else env
         if not env.get("SLURM_JOB_ID"):
             raise HostError("--transport srun runs inside a Slurm allocation, but SLURM_JOB_ID is not set",
                             hint="run podrun launch from an sbatch script (podrun script / podrun submit) or "

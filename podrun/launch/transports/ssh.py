@@ -16,6 +16,7 @@ podrun.wire.envchannel), neither in the command line nor by AcceptEnv.
 from __future__ import annotations
 
 import contextlib
+import functools
 import getpass
 import os
 import queue
@@ -28,7 +29,7 @@ from podrun import safefs
 from podrun.errors import LaunchError
 from podrun.launch.transports.base import InstanceHandle, Problem, StreamMerger
 from podrun.launch.transports.ssh_common import (MAX_SSH_CONFIG_BYTES, HeldAgentTransport, HeldProbe, alive_interval,
-                                                 ip_hostname, read_ssh_config)
+                                                 ip_hostname, read_ssh_config, ssh_failure)
 USER_KNOWN_HOSTS = "~/.ssh/known_hosts ~/.ssh/known_hosts2"              # OpenSSH's defaults
 GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2"
 
@@ -132,7 +133,6 @@ class SSHTransport(HeldAgentTransport):
 
     def __init__(self, request):
         super().__init__(request)
-        self.opts = request.ssh
         path = self.opts.config_path or os.path.expanduser("~/.ssh/config")
         self.config = paramiko.SSHConfig()
         if self.opts.config_path or os.path.lexists(path):
@@ -144,7 +144,6 @@ class SSHTransport(HeldAgentTransport):
         self.clients: dict[str, paramiko.SSHClient] = {}
         self.host_locks: dict[str, threading.Lock] = {}
         self.lock = threading.Lock()
-        self.handshakes = threading.BoundedSemaphore(max(1, self.opts.max_concurrency))
 
     # -- connections -------------------------------------------------------------------
     def _connect(self, host: str) -> paramiko.SSHClient:
@@ -196,29 +195,24 @@ class SSHTransport(HeldAgentTransport):
 
     def _problem(self, host: str, exc: BaseException) -> Problem:
         c = self.config.lookup(host)
-        where = f"{c.get('user') or getpass.getuser()}@{c.get('hostname', host)}:{c.get('port', 22)}"
         if isinstance(exc, ProxyUnsupported):
             return Problem(host, f"the ssh config gives {host} a {exc.args[0]}, which the paramiko ssh client "
                                  "does not follow", "install the OpenSSH client (ssh) or drop --ssh-client paramiko")
+        fail = functools.partial(ssh_failure, host=host, user=c.get("user") or getpass.getuser(),
+                                 hostname=c.get("hostname", host), port=c.get("port", 22))
         if isinstance(exc, socket.gaierror):
-            return Problem(host, f"unknown host: {c.get('hostname', host)!r} does not resolve",
-                           "check the host name, or add HostName to the ssh config")
+            return fail("resolve")
         if isinstance(exc, paramiko.BadHostKeyException):
-            return Problem(host, f"host key mismatch for {where}: the key does not match known_hosts",
-                           "if the host was reinstalled, update known_hosts (ssh-keygen -R HOST)")
+            return fail("mismatch")
         if isinstance(exc, paramiko.AuthenticationException):
-            return Problem(host, f"authentication failed for {where}",
-                           "check IdentityFile in the ssh config and the host's authorized_keys")
+            return fail("auth")
         if isinstance(exc, paramiko.SSHException) and "known_hosts" in str(exc):
-            return Problem(host, f"unknown host key for {where} (not in known_hosts)",
-                           f"add it: ssh-keyscan -p {c.get('port', 22)} {c.get('hostname', host)} >> "
-                           "~/.ssh/known_hosts, or pass --no-host-key-check")
+            return fail("unknown-key")
         if isinstance(exc, (socket.timeout, TimeoutError)):
-            return Problem(host, f"unreachable: connecting to {where} timed out", "is the host up and on the network?")
+            return fail("timeout")
         if isinstance(exc, (OSError, paramiko.ssh_exception.NoValidConnectionsError)):
-            return Problem(host, f"unreachable: cannot connect to {where} ({exc})",
-                           "is the host up and sshd running? check HostName/Port in the ssh config")
-        return Problem(host, f"ssh to {where} failed: {exc}")
+            return fail("connect", detail=str(exc))
+        return fail("other", detail=str(exc))
 
     def reached_by(self, host: str) -> str | None:
         return ip_hostname(str(self.config.lookup(host).get("hostname", "")))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import queue
 import shlex
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -36,6 +37,35 @@ def alive_interval(bound: float) -> int:
     silent connection after ALIVE_COUNT_MAX + 1 intervals, at least twice the bound, so a host that goes quiet
     is declared lost by podrun's own heartbeat (which names the silence) before ssh's backstop ends the client."""
     return max(1, math.ceil(bound / 2))
+
+
+# The ssh failures both clients name, by kind: (message, hint). {where} is user@hostname:port.
+SSH_FAILURES = {
+    "resolve": ("unknown host: {hostname!r} does not resolve",
+                "check the host name, or add HostName to the ssh config"),
+    "mismatch": ("host key mismatch for {where}: the key does not match known_hosts",
+                 "if the host was reinstalled, update known_hosts (ssh-keygen -R HOST)"),
+    "unknown-key": ("unknown host key for {where} (not in known_hosts)",
+                    "add it: ssh-keyscan -p {port} {hostname} >> ~/.ssh/known_hosts, or pass --no-host-key-check"),
+    "auth": ("authentication failed for {where}",
+             "check IdentityFile in the ssh config and the host's authorized_keys"),
+    "timeout": ("unreachable: connecting to {where} timed out", "is the host up and on the network?"),
+    "connect": ("unreachable: cannot connect to {where}",
+                "is the host up and sshd running? check HostName/Port in the ssh config"),
+    "other": ("ssh to {where} failed", ""),
+}
+
+
+def ssh_failure(kind: str, host: str, user: str, hostname: str, port, via: str = "none", detail: str | None = None,
+                hint: str | None = None) -> Problem:
+    """The Problem for an ssh failure of ``kind`` (SSH_FAILURES) reaching ``host`` as user@hostname:port (through
+    the ProxyJump ``via``): ``detail`` (the client's own words) after the message, ``hint`` in place of the kind's."""
+    where = f"{user}@{hostname}:{port}" + ("" if via == "none" else f" via {via}")
+    message, default = SSH_FAILURES[kind]
+    message = message.format(where=where, hostname=hostname)
+    if detail is not None:
+        message += f": {detail}" if kind == "other" else f" ({detail})"
+    return Problem(host, message, default.format(port=port, hostname=hostname) if hint is None else hint)
 
 
 def read_ssh_config(path: str, what: str) -> bytes:
@@ -155,6 +185,8 @@ class HeldAgentTransport(Transport):
 
     def __init__(self, request):
         super().__init__(request)
+        self.opts = request.ssh
+        self.handshakes = threading.BoundedSemaphore(max(1, self.opts.max_concurrency))   # --max-concurrency
         self._held: list | None = None       # agents the preflight started held, until ``release`` lets them go
 
     def _start_one(self, inst, hold: bool = False):
