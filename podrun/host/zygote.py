@@ -57,30 +57,34 @@ MAX_FDS = 8
 
 
 def _recv_request(conn: socket.socket) -> tuple[dict | None, list[int]]:
-    """One request: (None, []) for a lease; raises OSError/ValueError on a malformed one."""
+    """One request: (None, []) for a lease; raises OSError/ValueError on a malformed one. The descriptors a
+    request brings are closed here unless a fork request keeps them (a lease, a QUIT or a malformed one brings
+    none that is used)."""
     data, fds, _flags, _addr = socket.recv_fds(conn, 65536, MAX_FDS)
-    if len(data) < 4:
-        raise ValueError("short request")
-    (n,) = struct.unpack("!I", data[:4])
-    if n == 0:
-        return None, fds
-    if data[:4] == QUIT:
-        _close(fds)
-        return {"quit": True}, []
-    if n > MAX_REQUEST:
-        _close(fds)
-        raise ValueError("request too large")
-    body = data[4:]
-    while len(body) < n:
-        more = conn.recv(min(1 << 20, n - len(body)))
-        if not more:
-            raise ValueError("request cut short")
-        body += more
-    req = json.loads(body)
-    if len(req.get("fds", ())) != len(fds):
-        _close(fds)
-        raise ValueError("file descriptors missing")
-    return req, fds
+    kept: list[int] = []
+    try:
+        if len(data) < 4:
+            raise ValueError("short request")
+        (n,) = struct.unpack("!I", data[:4])
+        if n == 0:
+            return None, kept
+        if data[:4] == QUIT:
+            return {"quit": True}, kept
+        if n > MAX_REQUEST:
+            raise ValueError("request too large")
+        body = data[4:]
+        while len(body) < n:
+            more = conn.recv(min(1 << 20, n - len(body)))
+            if not more:
+                raise ValueError("request cut short")
+            body += more
+        req = json.loads(body)
+        if len(req.get("fds", ())) != len(fds):
+            raise ValueError("file descriptors missing")
+        kept = fds
+        return req, kept
+    finally:
+        _close([fd for fd in fds if fd not in kept])
 
 
 def _close(fds: list[int]) -> None:
