@@ -127,14 +127,25 @@ def _says(c: Completed, text: str) -> bool:
 
 
 class _Client:
-    """A scheduler's client over a CommandRunner: submit, state and cancel (``CANCEL``: its cancel command;
-    ``HINT``: what to check when a query fails; ``UNKNOWN``: what its cancel says of a job id it does not know;
-    ``ENDED``: what it says when the job ended meanwhile)."""
+    """A scheduler's client over a CommandRunner: submit, state and cancel (``SUBMIT``: its submit command as
+    messages name it; ``ID_SEP``: what ends the job id it prints, all digits (none: the whole line is the id);
+    ``CANCEL``: its cancel command; ``HINT``: what to check when a query fails; ``UNKNOWN``: what its cancel says
+    of a job id it does not know; ``ENDED``: what it says when the job ended meanwhile)."""
 
-    name = CANCEL = HINT = UNKNOWN = ENDED = ""
+    name = SUBMIT = CANCEL = HINT = UNKNOWN = ENDED = ""
+    ID_SEP: str | None = None
 
     def __init__(self, runner: CommandRunner):
         self.runner = runner
+
+    def submit(self, argv: list[str], *, cwd: str | None = None) -> str:
+        """Run the submit command (writers.submit_argv: SUBMIT ...); the job id on the last line it printed."""
+        out = _check(self.runner.run(argv, cwd=cwd), self.SUBMIT.split()[0]).strip()
+        line = out.splitlines()[-1] if out else ""
+        job = line.split(self.ID_SEP)[0].strip() if self.ID_SEP else line.strip()
+        if not (job.isdigit() if self.ID_SEP else job):
+            raise SchedulerError(f"{self.SUBMIT} printed no job id" + (f": {out[:200]!r}" if self.ID_SEP else ""))
+        return job
 
     def query(self, argv: list[str]) -> Completed:
         """Run a status or cancel query within QUERY_TIMEOUT_S; a client that cannot run is ClientFailed."""
@@ -181,18 +192,10 @@ PBS_STATES = {"Q": ("PENDING", None), "H": ("PENDING", "held"), "W": ("PENDING",
 
 
 class Slurm(_Client):
-    name, CANCEL = "slurm", "scancel"
+    name, CANCEL, SUBMIT, ID_SEP = "slurm", "scancel", "sbatch --parsable", ";"
     HINT = ("check that SLURM_CONF names the cluster's slurm.conf (or that this host is a login node) and that "
             "slurmctld answers: scontrol ping")
     UNKNOWN, ENDED = "Invalid job id specified", "already completing or completed"
-
-    def submit(self, argv: list[str], *, cwd: str | None = None) -> str:
-        """Run the submit command (writers.submit_argv: sbatch --parsable ...); the job id."""
-        out = _check(self.runner.run(argv, cwd=cwd), "sbatch")
-        job = out.strip().splitlines()[-1].split(";")[0].strip() if out.strip() else ""
-        if not job.isdigit():
-            raise SchedulerError(f"sbatch --parsable printed no job id: {out.strip()[:200]!r}")
-        return job
 
     def query(self, argv: list[str]) -> Completed:
         """A named SLURM_CONF that cannot be read fails at once (Slurm's clients retry reading it for 60 s)."""
@@ -250,16 +253,9 @@ def parse_sacct(job_id: str, text: str) -> JobState | None:
 
 
 class Pbs(_Client):
-    name, CANCEL = "pbs", "qdel"
+    name, CANCEL, SUBMIT = "pbs", "qdel", "qsub"
     HINT = "check that this host reaches the PBS server (PBS_SERVER, /etc/pbs.conf): qstat -B"
     UNKNOWN, ENDED = "Unknown Job Id", "has finished"
-
-    def submit(self, argv: list[str], *, cwd: str | None = None) -> str:
-        """Run the submit command (writers.submit_argv: qsub ...); the job id qsub prints."""
-        out = _check(self.runner.run(argv, cwd=cwd), "qsub").strip()
-        if not out:
-            raise SchedulerError("qsub printed no job id")
-        return out.splitlines()[-1].strip()
 
     def state(self, job_id: str) -> JobState:
         """`qstat -x -f JOB` (-x: finished jobs too, for the server's job_history_duration); "Unknown Job Id":
@@ -296,18 +292,10 @@ def parse_pbs(job_id: str, text: str) -> JobState:
 class Uge(_Client):
     """Grid Engine (Univa/Altair as on ABCI, Son of Grid Engine): qsub -terse, qstat, qacct -j, qdel."""
 
-    name, CANCEL = "uge", "qdel"
+    name, CANCEL, SUBMIT, ID_SEP = "uge", "qdel", "qsub -terse", "."
     HINT = ("check SGE_ROOT and SGE_CELL (source $SGE_ROOT/$SGE_CELL/common/settings.sh) and that sge_qmaster "
             "answers: qstat")
     UNKNOWN = "does not exist"
-
-    def submit(self, argv: list[str], *, cwd: str | None = None) -> str:
-        """Run the submit command (writers.submit_argv: qsub -terse [-g GROUP] ...); the job id."""
-        out = _check(self.runner.run(argv, cwd=cwd), "qsub").strip()
-        job = out.splitlines()[-1].split(".")[0].strip() if out else ""
-        if not job.isdigit():
-            raise SchedulerError(f"qsub -terse printed no job id: {out[:200]!r}")
-        return job
 
     def state(self, job_id: str) -> JobState:
         """A job the qmaster holds: its `qstat -g t` lines (state letters, a queue@host for each of its hosts); an
