@@ -65,6 +65,12 @@ def key_line(lines: list[str]) -> str | None:
     return next((line.strip() for line in reversed(lines) if KEY_LINE.match(line.strip())), None)
 
 
+def who(d: dict) -> str:
+    """A worker (a root cause's, another's) as podrun names it: its instance and host, its local rank if any."""
+    rank = d.get("local_rank")
+    return f"instance {d.get('instance')} on {d.get('host')}" + (f", local rank {rank}" if rank is not None else "")
+
+
 def print_json(obj) -> None:
     json.dump(obj, sys.stdout, indent=2, sort_keys=False, default=str)
     sys.stdout.write("\n")

@@ -22,6 +22,7 @@ def report(run_dir: str | None, runs_dir: str, as_json: bool, output: str | None
     from podrun.rundir.layout import REPORT
     from podrun.rundir.report import (figures_text, launch_summary, newest_run, plot, read_run, replans, resumes,
                                      step_split, summarize, summarize_command, title_of)
+    from podrun.rundir.summary import Summary
 
     if run_dir is None:
         run_dir = str(newest_run(runs_dir))
@@ -42,8 +43,8 @@ def report(run_dir: str | None, runs_dir: str, as_json: bool, output: str | None
         summary["launch"] = launched
     summary["replans"] = replans(run.launch)
     summary["resumes"] = resumes(run.records)
-    acc = run.launch.account if run.launch is not None else None
-    summary["account"] = None if acc is None else acc.to_dict()
+    launch = run.launch or Summary()
+    summary["account"] = None if launch.account is None else launch.account.to_dict()
     summary["step_split"] = step_split(run.launch, run.plan)
     if not no_plot and importlib.util.find_spec("matplotlib") is None:
         no_plot = True
@@ -52,10 +53,9 @@ def report(run_dir: str | None, runs_dir: str, as_json: bool, output: str | None
     if not no_plot:
         base = Path(run_dir)
         target = Path(output) if output else (base if base.is_dir() else base.parent) / REPORT
-        slow = run.launch.slow_ranks if run.launch is not None else ()
         summary["plot"] = str(plot(run.records, target, title=title_of(run, summary), replanned=summary["replans"],
-                                   slow=slow, host_busy=run.launch.host_busy if run.launch is not None else None,
-                                   account=acc, attempts=run.launch.attempts if run.launch is not None else ()))
+                                   slow=launch.slow_ranks, host_busy=launch.host_busy, account=launch.account,
+                                   attempts=launch.attempts))
     if _as_json(summary, run, notes, as_json):
         return
     c = console()
@@ -85,7 +85,7 @@ def report(run_dir: str | None, runs_dir: str, as_json: bool, output: str | None
             c.print(f"    passed over {x.get('path')}: {x.get('why')}", markup=False)
     for r in summary["replans"]:
         c.print(f"  {_replan_line(r)}", markup=False)
-    _account(acc, lambda text: c.print(text, markup=False, highlight=False))
+    _account(launch.account, lambda text: c.print(text, markup=False, highlight=False))
     for line in _split_lines(summary["step_split"]):
         c.print(f"  {line}", markup=False)
     if "plot" in summary:

@@ -10,7 +10,7 @@ import click
 from podrun.cli import types as t
 
 from podrun.cli.options import pop_plan_options
-from podrun.cli.script_cmd import DashDashCommand, SchedulerChoice, is_script, job_command, job_of, split_recipe
+from podrun.cli.script_cmd import DashDashCommand, SchedulerChoice, job_command, job_of, split_recipe
 from podrun.errors import PodrunError
 from podrun.specs.recipe_args import check_recipe, refuse_long_synthetic
 from podrun.jobscript.job import SCHEDULER_HELP
@@ -57,8 +57,7 @@ def submit(ctx, recipe, extra, runs_dir, wait, poll, dry_run, as_json, **options
 
     scheduler = _pick_scheduler(options.pop("scheduler"))
     popts = allocation_plan_options(pop_plan_options(options))
-    recipe, args = split_recipe(ctx, recipe, extra)
-    script_path, recipe = (recipe, None) if recipe is not None and is_script(recipe) else (None, recipe)
+    recipe, script_path, args = split_recipe(ctx, recipe, extra)
     plan, spec, rspec = resolve_plan(recipe, popts)
     notice = refuse_long_synthetic(args, check_recipe(rspec, args) if rspec is not None else None, plan)
     options["workdir"] = options.get("workdir") or os.getcwd()
@@ -130,11 +129,10 @@ def status(scheduler, as_json, target):
     line += f" ({st.reason})" if st.reason else ""
     rc = None if summary is None else summary.root_cause
     if rc is not None:                # the run's own account of its end, as summary.json holds it
+        from podrun.cli.render import who
         from podrun.redaction import shown
 
-        rank = rc.get("local_rank")
-        line += (f"\nroot cause: instance {rc.get('instance')} on {rc.get('host')}"
-                 + (f", local rank {rank}" if rank is not None else "") + f": {shown(str(rc.get('reason')))}")
+        line += f"\nroot cause: {who(rc)}: {shown(str(rc.get('reason')))}"
     _emit(out, as_json, line)
 
 
