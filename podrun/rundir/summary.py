@@ -11,6 +11,7 @@ from typing import Any
 
 from podrun.rundir.account import Account
 from podrun.rundir.layout import SUMMARY, write_summary
+from podrun.rundir.metrics import is_integer, is_number
 
 
 class RunStatus(str, enum.Enum):
@@ -36,7 +37,7 @@ class RunStatus(str, enum.Enum):
             return None
 
 
-def _of(v: Any, *types: type) -> Any:
+def typed(v: Any, *types: type) -> Any:
     """``v`` when it is of one of ``types`` (a bool is no number), else None: a part of the wrong shape is absent."""
     return v if isinstance(v, types) and (bool in types or not isinstance(v, bool)) else None
 
@@ -65,10 +66,10 @@ class Attempt:
     @classmethod
     def from_dict(cls, a: dict) -> Attempt:
         def num(k: str) -> float | None:
-            return _of(a.get(k), int, float)
+            return typed(a.get(k), int, float)
 
-        return cls(_of(a.get("launch"), int) or 0, _of(a.get("restart_count"), int), _of(a.get("exit_code"), int),
-                   RunStatus.read(a.get("status")), _of(a.get("root_cause"), dict), _of(a.get("plan"), str),
+        return cls(typed(a.get("launch"), int) or 0, typed(a.get("restart_count"), int), typed(a.get("exit_code"), int),
+                   RunStatus.read(a.get("status")), typed(a.get("root_cause"), dict), typed(a.get("plan"), str),
                    num("started"), num("ended"), num("all_ready_s"), num("failed_at"))
 
     def to_dict(self) -> dict:
@@ -133,13 +134,13 @@ class Summary:
 
     @classmethod
     def from_dict(cls, d: dict) -> Summary:
-        timings = _of(d.get("timings"), dict) or {}
+        timings = typed(d.get("timings"), dict) or {}
 
         def get(k: str, *types: type) -> Any:
-            return _of(d.get(k), *types)
+            return typed(d.get(k), *types)
 
         def num(k: str) -> float | None:
-            return _of(timings.get(k), int, float)
+            return typed(timings.get(k), int, float)
 
         return cls(
             get("run_id", str), get("exit_code", int), RunStatus.read(d.get("status")), get("transport", str),
@@ -189,9 +190,8 @@ def _host_busy(v) -> dict:
     """summary.json's host_busy read tolerantly: hosts whose points are [int step, number] pairs, the rest dropped."""
     out = {}
     for host, xs in (v.items() if isinstance(v, dict) else ()):
-        pts = [(p[0], float(p[1])) for p in xs if isinstance(p, list) and len(p) == 2 and isinstance(p[0], int)
-               and not isinstance(p[0], bool) and isinstance(p[1], (int, float)) and not isinstance(p[1], bool)] \
-            if isinstance(xs, list) else []
+        pts = [(p[0], float(p[1])) for p in xs if isinstance(p, list) and len(p) == 2 and is_integer(p[0])
+               and is_number(p[1])] if isinstance(xs, list) else []
         if isinstance(host, str) and pts:
             out[host] = pts
     return out
