@@ -427,22 +427,16 @@ def _live_views(live):
     from podrun.launch.observe import Observers
     from podrun.live.state import LiveState
 
+    from podrun.live import prom, tensorboard
+
     state = LiveState()
     views = [state]
-    if live.metrics_port is not None:
-        from podrun.live import prom
-
-        if prom.available():
-            views.append(prom.MetricsServer(live, state))
-        else:
-            notice_line(prom.MISSING.removeprefix("podrun: "))
-    if live.tensorboard:
-        from podrun.live import tensorboard
-
-        if tensorboard.available():
-            views.append(tensorboard.EventFiles())
-        else:
-            notice_line(tensorboard.MISSING.removeprefix("podrun: "))
+    for asked, view, make in ((live.metrics_port is not None, prom, lambda: prom.MetricsServer(live, state)),
+                              (live.tensorboard, tensorboard, tensorboard.EventFiles)):
+        if asked and view.available():
+            views.append(make())
+        elif asked:
+            notice_line(view.MISSING.removeprefix("podrun: "))
     return Observers(views, notice_line)
 
 
