@@ -11,23 +11,12 @@ from podrun.cli import types as t
 
 from podrun.cli.options import pop_plan_options
 from podrun.cli.script_cmd import DashDashCommand, SchedulerChoice, job_command, job_of, split_recipe
-from podrun.errors import PodrunError
 from podrun.specs.recipe_args import check_recipe, refuse_long_synthetic
 from podrun.jobscript.job import SCHEDULER_HELP
 
 
 _scheduler_option = click.option("--scheduler", type=SchedulerChoice(),
                                  help=f"{SCHEDULER_HELP} (default: the one whose client is on PATH).")
-
-
-def _pick_scheduler(scheduler: str | None) -> str:
-    from podrun.jobscript.submit import detect_scheduler
-
-    scheduler = scheduler or detect_scheduler()
-    if scheduler is None:
-        raise PodrunError("no --scheduler given and no scheduler client (sbatch, qsub) on PATH",
-                          hint=f"pass --scheduler {SCHEDULER_HELP}, on a login node of the cluster")
-    return scheduler
 
 
 @click.command(cls=DashDashCommand)
@@ -53,9 +42,10 @@ def submit(ctx, recipe, extra, runs_dir, wait, poll, dry_run, as_json, **options
     """
     from podrun.cli.options import resolve_plan
     from podrun.jobscript.build import allocation_plan_options
-    from podrun.jobscript.submit import client, exit_code_of, prepare_job, submit_prepared, wait as wait_job
+    from podrun.jobscript.submit import (client, exit_code_of, pick_scheduler, prepare_job, submit_prepared,
+                                         wait as wait_job)
 
-    scheduler = _pick_scheduler(options.pop("scheduler"))
+    scheduler = pick_scheduler(options.pop("scheduler"), hint=", on a login node of the cluster")
     popts = allocation_plan_options(pop_plan_options(options))
     recipe, script_path, args = split_recipe(ctx, recipe, extra)
     plan, spec, rspec = resolve_plan(recipe, popts)

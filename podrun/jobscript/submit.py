@@ -407,6 +407,16 @@ def detect_scheduler(env=None) -> str | None:
     return None
 
 
+def pick_scheduler(scheduler: str | None, who: str = "", hint: str = "") -> str:
+    """``scheduler``, else the one whose client is on PATH (detect_scheduler); a PodrunError (exit 2) when there is
+    none, said of ``who`` (the job id given), ``hint`` after its hint."""
+    found = scheduler or detect_scheduler()
+    if found is None:
+        raise PodrunError(f"{who}no --scheduler given and no scheduler client (sbatch, qsub) on PATH",
+                          hint=f"pass --scheduler {SCHEDULER_HELP}{hint}")
+    return found
+
+
 def wait(cl, job_id: str, *, poll: float = 0.5, timeout: float | None = None,
          on_state=None, gone_grace: float = GONE_GRACE_S) -> JobState:
     """Poll until the job reaches a final state (like `sbatch --wait`); returns that state.
@@ -448,13 +458,7 @@ def resolve_job(target: str, scheduler: str | None = None) -> tuple[str, str, Jo
         rec = JobRecord.load(p)
         return rec.scheduler, rec.job_id, rec
     if re.fullmatch(r"[0-9]+(\.[\w.-]+)?", target):
-        sched = scheduler or detect_scheduler()
-        if sched is None:
-            raise PodrunError(
-                f"job {target}: no --scheduler given and no scheduler client (sbatch, qsub) on PATH",
-                hint=f"pass --scheduler {SCHEDULER_HELP}",
-            )
-        return sched, target, None
+        return pick_scheduler(scheduler, f"job {target}: "), target, None
     raise HostError(f"'{target}' is neither a run directory with {JOB_FILE} nor a job id",
                     hint="pass runs/<run-id> as written by podrun submit, or the scheduler's job id")
 
