@@ -427,13 +427,13 @@ def _live_views(live):
     from podrun.launch.observe import Observers
     from podrun.live.state import LiveState
 
-    from podrun.live import prom, tensorboard
+    from podrun.live import importable, prom, tensorboard
 
     state = LiveState()
     views = [state]
     for asked, view, make in ((live.metrics_port is not None, prom, lambda: prom.MetricsServer(live, state)),
                               (live.tensorboard, tensorboard, tensorboard.EventFiles)):
-        if asked and view.available():
+        if asked and importable(view.NEEDS):
             views.append(make())
         elif asked:
             notice_line(view.MISSING.removeprefix("podrun: "))
