@@ -115,13 +115,6 @@ class JobState:
         return {**asdict(self), "final": self.final}
 
 
-def _check(c: Completed, what: str) -> str:
-    if c.returncode != 0:
-        raise Refused(f"{what} failed ('{' '.join(c.argv)}' exited {c.returncode}): "
-                      + (_last_line(c.stderr, c.stdout) or "no output"))
-    return c.stdout
-
-
 def _says(c: Completed, text: str) -> bool:
     return text.lower() in (c.stderr + c.stdout).lower()
 
@@ -140,7 +133,11 @@ class _Client:
 
     def submit(self, argv: list[str], *, cwd: str | None = None) -> str:
         """Run the submit command (writers.submit_argv: SUBMIT ...); the job id on the last line it printed."""
-        out = _check(self.runner.run(argv, cwd=cwd), self.SUBMIT.split()[0]).strip()
+        c = self.runner.run(argv, cwd=cwd)
+        if c.returncode != 0:
+            raise Refused(f"{self.SUBMIT.split()[0]} failed ('{' '.join(c.argv)}' exited {c.returncode}): "
+                          + (_last_line(c.stderr, c.stdout) or "no output"))
+        out = c.stdout.strip()
         line = out.splitlines()[-1] if out else ""
         job = line.split(self.ID_SEP)[0].strip() if self.ID_SEP else line.strip()
         if not (job.isdigit() if self.ID_SEP else job):
@@ -339,11 +336,6 @@ def parse_qstat(job_id: str, text: str) -> JobState | None:
     return JobState(job_id, "uge", state, None, ",".join(hosts) or None, reason, letters)
 
 
-def _seconds(text: str | None) -> float | None:
-    m = re.match(r"\s*(\d+(?:\.\d+)?)", text or "")
-    return float(m.group(1)) if m else None
-
-
 def parse_qacct(job_id: str, text: str) -> JobState:
     """An ended job's `qacct -j` records -> JobState, the first that holds deciding: a deleted_by (Univa / Altair)
     CANCELLED; failed 100 (ended by Grid Engine) past the h_rt of its category TIMEOUT, else CANCELLED (100 :
@@ -365,11 +357,11 @@ def parse_qacct(job_id: str, text: str) -> JobState:
     failed = f.get("failed") or "0"
     number = failed.split()[0]
     limit = re.search(r"h_rt=(\d+)", f.get("category", ""))
-    wall = _seconds(f.get("ru_wallclock"))
+    wall = re.match(r"\s*(\d+(?:\.\d+)?)", f.get("ru_wallclock") or "")
     deleted = (f.get("deleted_by") or "NONE").strip()
     if deleted not in ("", "NONE"):
         state = "CANCELLED"
-    elif number == "100" and limit is not None and wall is not None and wall >= int(limit.group(1)):
+    elif number == "100" and limit is not None and wall is not None and float(wall.group(1)) >= int(limit.group(1)):
         state = "TIMEOUT"
     elif number == "100":
         state = "CANCELLED"
