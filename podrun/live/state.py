@@ -153,17 +153,14 @@ class LiveState(RunObserver):
         live = self.sup.live
         slow = dict(live.slow.slow)
         busy = {r: v[-1][0] for r, v in list(live.slow.busy.items()) if v}
+        sums = dict(live.splits.sums)       # rank -> (host, reports, its splits summed); a rank not yet in it: busy
         out = []
-        for r, (host, n, total) in sorted(dict(live.splits.sums).items()):
-            split = {k: round(getattr(total, k) / n, 6) for k in SPLIT_PARTS}
-            out.append({"rank": r, "host": host, "busy_s": busy.get(r), "split": split, "reports": n,
-                        "slow": r in slow})
-        seen = {r["rank"] for r in out}
-        for r, b in sorted(busy.items()):
-            if r not in seen:
-                out.append({"rank": r, "host": self._host_of(r), "busy_s": b, "split": None, "reports": None,
-                            "slow": r in slow})
-        return sorted(out, key=lambda x: x["rank"])
+        for r in sorted({*sums, *busy}):
+            host, n, total = sums[r] if r in sums else (self._host_of(r), None, None)
+            out.append({"rank": r, "host": host, "busy_s": busy.get(r),
+                        "split": None if total is None else {k: round(getattr(total, k) / n, 6) for k in SPLIT_PARTS},
+                        "reports": n, "slow": r in slow})
+        return out
 
     def _host_of(self, rank: int) -> str | None:
         return next((self.sup.instances[inst].host for (inst, _), r in list(self.sup.instances.rank_of.items())

@@ -169,21 +169,12 @@ class Summary:
                 "step_split": self.step_split})
             if self.joins is not None:
                 d["joins"] = self.joins
-        if self.problems is not None:
-            d["problems"] = list(self.problems)
-        if self.error is not None:
-            d["error"] = self.error
-        if self.max_restarts is not None:
-            d["max_restarts"] = self.max_restarts
-        if self.attempts or self.problems is None:
-            d["attempts"] = [a.to_dict() for a in self.attempts]
-        if self.elastic is not None:
-            d["elastic"] = self.elastic
-        if self.account is not None:
-            d["account"] = self.account.record()
-        if self.not_written:
-            d["not_written"] = list(self.not_written)
-        return d
+        more = {"problems": None if self.problems is None else list(self.problems), "error": self.error,
+                "max_restarts": self.max_restarts,
+                "attempts": [a.to_dict() for a in self.attempts] if self.attempts or self.problems is None else None,
+                "elastic": self.elastic, "account": None if self.account is None else self.account.record(),
+                "not_written": list(self.not_written) or None}
+        return {**d, **{k: v for k, v in more.items() if v is not None}}
 
 
 def _host_busy(v) -> dict:
