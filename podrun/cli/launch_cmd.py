@@ -81,12 +81,8 @@ class LaunchCommand(click.Command):
         target = list(ctx.params.get("args") or ())
         ctx.meta["podrun.dashdash"] = raw.count("--") > target.count("--")
         names = {o: p.name for p in self.params for o in (*p.opts, *p.secondary_opts) if o.startswith("-")}
-        spelled = {}
-        for word in raw[:len(raw) - len(target)]:
-            name = word.split("=", 1)[0]
-            if name in names:
-                spelled[names[name]] = name
-        ctx.meta["podrun.spelled"] = spelled
+        words = (word.split("=", 1)[0] for word in raw[:len(raw) - len(target)])
+        ctx.meta["podrun.spelled"] = {names[name]: name for name in words if name in names}
         return rest
 
     def shell_complete(self, ctx, incomplete):
