@@ -186,11 +186,8 @@ def summarize_command(run: RunRecord) -> dict[str, Any]:
         "replans": replans(run.launch),
         "account": None if s.account is None else s.account.to_dict(),
     }
-    if s.error is not None:
-        out["error"] = s.error
-    if s.problems is not None:
-        out["problems"] = list(s.problems)
-    return out
+    more = {"error": s.error, "problems": None if s.problems is None else list(s.problems)}
+    return {**out, **{k: v for k, v in more.items() if v is not None}}
 
 
 def attempt_rows(s: Summary) -> list[dict[str, Any]]:
