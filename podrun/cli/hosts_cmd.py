@@ -19,10 +19,10 @@ def hosts(as_json: bool, **kwargs) -> None:
       podrun hosts                     # inside `salloc -N 4` or a batch job
       podrun hosts --cluster abci --nodes 4 --json
     """
-    from podrun.cli.options import resolve_plan_with_source
+    from podrun.cli.options import resolve_plan
     from podrun.specs.allocation import compress_hostlist
 
-    plan, spec, _, src = resolve_plan_with_source(None, pop_plan_options(kwargs))
+    plan, spec, _, src = resolve_plan(None, pop_plan_options(kwargs))
     used = list(dict.fromkeys(plan.hosts))
     slots = {e.name: e.slots for e in src.hosts}
     rows = [{"name": name, "slots": slots.get(name)} for name in used]

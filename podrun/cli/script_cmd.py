@@ -165,7 +165,7 @@ def script(ctx, recipe, extra, out_path, as_json, **options):
     recipe, script_path, args = split_recipe(ctx, recipe, extra)
     found = discover(os.environ)          # once: the plan's hosts and the allocation check both use it
     popts = allocation_plan_options(pop_plan_options(options), found)
-    plan, spec, rspec = resolve_plan(recipe, popts, discovered=found)
+    plan, spec, rspec, _ = resolve_plan(recipe, popts, discovered=found)
     recipe_args = check_recipe(rspec, args) if rspec is not None else None
     check_allocation(plan, found)
     scheduler = options.pop("scheduler")

@@ -48,7 +48,7 @@ def submit(ctx, recipe, extra, runs_dir, wait, poll, dry_run, as_json, **options
     scheduler = pick_scheduler(options.pop("scheduler"), hint=", on a login node of the cluster")
     popts = allocation_plan_options(pop_plan_options(options))
     recipe, script_path, args = split_recipe(ctx, recipe, extra)
-    plan, spec, rspec = resolve_plan(recipe, popts)
+    plan, spec, rspec, _ = resolve_plan(recipe, popts)
     notice = refuse_long_synthetic(args, check_recipe(rspec, args) if rspec is not None else None, plan)
     options["workdir"] = options.get("workdir") or os.getcwd()
     job = prepare_job(plan, job_of(options, popts, spec, scheduler=scheduler, recipe=recipe, args=args,
