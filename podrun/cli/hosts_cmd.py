@@ -49,9 +49,6 @@ def hosts(as_json: bool, **kwargs) -> None:
     click.echo(f"{len(used)}{of} host(s) from {where}, {plan.devices_per_host} {plan.device_kind} device(s) each "
                f"(cluster {spec.name}): {compress_hostlist(used)}")
     for row in rows:
-        extra = []
-        if row["slots"] is not None:
-            extra.append(f"slots={row['slots']}")
-        if row.get("scheduler_slots") is not None:
-            extra.append(f"scheduler slots={row['scheduler_slots']}")
+        extra = [f"{said}={row[k]}" for k, said in (("slots", "slots"), ("scheduler_slots", "scheduler slots"))
+                 if row.get(k) is not None]
         click.echo(f"  {row['name']}" + (f"  {' '.join(extra)}" if extra else ""))

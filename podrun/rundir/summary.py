@@ -167,9 +167,7 @@ class Summary:
                             "all_ready_s": self.all_ready_s},
                 "hang": self.hang, "slow_ranks": list(self.slow_ranks), "host_busy": self.host_busy,
                 "step_split": self.step_split})
-            if self.joins is not None:
-                d["joins"] = self.joins
-        more = {"problems": None if self.problems is None else list(self.problems), "error": self.error,
+        more = {"joins": self.joins if self.master is not None else None, "problems": None if self.problems is None else list(self.problems), "error": self.error,
                 "max_restarts": self.max_restarts,
                 "attempts": [a.to_dict() for a in self.attempts] if self.attempts or self.problems is None else None,
                 "elastic": self.elastic, "account": None if self.account is None else self.account.record(),
