@@ -11,7 +11,6 @@ from typing import Any
 
 from podrun.rundir.account import Account
 from podrun.rundir.layout import SUMMARY, write_summary
-from podrun.rundir.metrics import is_integer, is_number
 
 
 class RunStatus(str, enum.Enum):
@@ -179,8 +178,9 @@ def _host_busy(v) -> dict:
     """summary.json's host_busy read tolerantly: hosts whose points are [int step, number] pairs, the rest dropped."""
     out = {}
     for host, xs in (v.items() if isinstance(v, dict) else ()):
-        pts = [(p[0], float(p[1])) for p in xs if isinstance(p, list) and len(p) == 2 and is_integer(p[0])
-               and is_number(p[1])] if isinstance(xs, list) else []
+        pts = [(p[0], float(p[1])) for p in xs if isinstance(p, list) and len(p) == 2 and isinstance(p[0], int)
+               and not isinstance(p[0], bool) and isinstance(p[1], (int, float)) and not isinstance(p[1], bool)] \
+            if isinstance(xs, list) else []
         if isinstance(host, str) and pts:
             out[host] = pts
     return out
