@@ -82,15 +82,6 @@ def console(stderr: bool = False):
     return Console(stderr=stderr, highlight=False, soft_wrap=True)
 
 
-def _placement_rows(p, limit: int = 8):
-    rows = []
-    for pl in p.placement[:limit]:
-        last = pl.replica_offset + pl.local_replicas - 1
-        devs = f"{pl.devices[0]}-{pl.devices[-1]}" if len(pl.devices) > 1 else str(pl.devices[0])
-        rows.append((str(pl.index), pl.host, f"{pl.replica_offset}-{last}" if last > pl.replica_offset else str(pl.replica_offset), devs))
-    return rows
-
-
 def kv_table(title: str, rows):
     """A table of (what, value) rows under ``title``, no header: the plan's, its estimate's, a calibration's."""
     from rich.table import Table
@@ -127,8 +118,11 @@ def render_plan(p, host_source: str) -> None:
     pt = Table(title="placement", title_justify="left")
     for c in ("instance", "host", "replicas", "devices"):
         pt.add_column(c)
-    for row in _placement_rows(p):
-        pt.add_row(*row)
+    for pl in p.placement[:8]:
+        last = pl.replica_offset + pl.local_replicas - 1
+        pt.add_row(str(pl.index), pl.host, f"{pl.replica_offset}-{last}" if last > pl.replica_offset
+                   else str(pl.replica_offset), f"{pl.devices[0]}-{pl.devices[-1]}" if len(pl.devices) > 1
+                   else str(pl.devices[0]))
     if len(p.placement) > 8:
         pt.add_row("...", f"{len(p.placement) - 8} more", "", "")
     out.print(pt)
