@@ -71,15 +71,8 @@ def calibrate(recipe, as_json, **options):
     if as_json:
         print_json({**cal.to_dict(), "file": str(path)})
         return
-    from rich.table import Table
+    from podrun.cli.render import console, kv_table
 
-    from podrun.cli.render import console
-
-    table = Table(title=f"calibration {path.stem}: {cal.recipe} on {cal.cluster}, {cal.measured_at}",
-                  show_header=False, title_justify="left")
-    table.add_column("what", style="bold")
-    table.add_column("measured")
-    for what, value in summary_rows(cal):
-        table.add_row(what, value)
-    console().print(table)
+    console().print(kv_table(f"calibration {path.stem}: {cal.recipe} on {cal.cluster}, {cal.measured_at}",
+                             summary_rows(cal)))
     click.echo(f"written: {path}  (podrun plan --calibration {path.stem} ...)")

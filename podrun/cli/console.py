@@ -284,16 +284,12 @@ def print_root_cause(summary: Summary, request, showed=None, figures: list[str] 
     rc, code, missing = summary.root_cause, summary.exit_code, summary.not_written
     unwritten = f"; NOT written: {', '.join(missing)}" if missing else ""
 
-    from podrun.cli.render import fit, key_line, width_of
+    from podrun.cli.render import fit, key_line, who, width_of
 
     width = width_of(sys.stderr)
 
     def say(text: str) -> None:     # podrun's own words fitted to a terminal; a worker's quoted lines as they are
         put(sys.stderr, (shown(text) if text.startswith("    ") else fit(shown(text), width)) + "\n")
-
-    def who(d: dict) -> str:
-        rank = d.get("local_rank")
-        return f"instance {d['instance']} on {d['host']}" + (f", local rank {rank}" if rank is not None else "")
 
     if summary.status in (RunStatus.OK, RunStatus.INTERRUPTED):
         ended = "finished: exit 0" if summary.status is RunStatus.OK else \
@@ -319,13 +315,11 @@ def print_root_cause(summary: Summary, request, showed=None, figures: list[str] 
         where = (f"{whose} last lines are above (and in {log})" if said_live else
                  f"{whose} last lines (in {log}):" if lines else "")
         recorded = f"@record's error file {error.get('file')}" if error else ""
-        if key:
-            say(f"podrun: run {request.run_id} failed (exit {code}). root cause: {who(rc)}: {key}")
-            say("  " + "; ".join(x for x in (rc["reason"], recorded, where) if x))
-        else:
-            say(f"podrun: run {request.run_id} failed (exit {code}). root cause: {who(rc)}: {rc['reason']}")
-            if recorded or lines:
-                say("  " + "; ".join(x for x in (recorded, f"{whose} last lines (in {log}):" if lines else "") if x))
+        say(f"podrun: run {request.run_id} failed (exit {code}). root cause: {who(rc)}: {key or rc['reason']}")
+        if key or recorded or lines:    # without a key line the reason was said: the last lines follow here
+            said = (rc["reason"], recorded, where) if key else \
+                (recorded, f"{whose} last lines (in {log}):" if lines else "")
+            say("  " + "; ".join(x for x in said if x))
         if lines and not (key and said_live):
             for line in lines:
                 say(f"    {line}")

@@ -19,10 +19,10 @@ def hosts(as_json: bool, **kwargs) -> None:
       podrun hosts                     # inside `salloc -N 4` or a batch job
       podrun hosts --cluster abci --nodes 4 --json
     """
-    from podrun.cli.options import resolve_plan_with_source
+    from podrun.cli.options import resolve_plan
     from podrun.specs.allocation import compress_hostlist
 
-    plan, spec, _, src = resolve_plan_with_source(None, pop_plan_options(kwargs))
+    plan, spec, _, src = resolve_plan(None, pop_plan_options(kwargs))
     used = list(dict.fromkeys(plan.hosts))
     slots = {e.name: e.slots for e in src.hosts}
     rows = [{"name": name, "slots": slots.get(name)} for name in used]
@@ -49,9 +49,6 @@ def hosts(as_json: bool, **kwargs) -> None:
     click.echo(f"{len(used)}{of} host(s) from {where}, {plan.devices_per_host} {plan.device_kind} device(s) each "
                f"(cluster {spec.name}): {compress_hostlist(used)}")
     for row in rows:
-        extra = []
-        if row["slots"] is not None:
-            extra.append(f"slots={row['slots']}")
-        if row.get("scheduler_slots") is not None:
-            extra.append(f"scheduler slots={row['scheduler_slots']}")
+        extra = [f"{said}={row[k]}" for k, said in (("slots", "slots"), ("scheduler_slots", "scheduler slots"))
+                 if row.get(k) is not None]
         click.echo(f"  {row['name']}" + (f"  {' '.join(extra)}" if extra else ""))

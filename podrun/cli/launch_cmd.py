@@ -81,12 +81,8 @@ class LaunchCommand(click.Command):
         target = list(ctx.params.get("args") or ())
         ctx.meta["podrun.dashdash"] = raw.count("--") > target.count("--")
         names = {o: p.name for p in self.params for o in (*p.opts, *p.secondary_opts) if o.startswith("-")}
-        spelled = {}
-        for word in raw[:len(raw) - len(target)]:
-            name = word.split("=", 1)[0]
-            if name in names:
-                spelled[names[name]] = name
-        ctx.meta["podrun.spelled"] = spelled
+        words = (word.split("=", 1)[0] for word in raw[:len(raw) - len(target)])
+        ctx.meta["podrun.spelled"] = {names[name]: name for name in words if name in names}
         return rest
 
     def shell_complete(self, ctx, incomplete):
@@ -427,22 +423,16 @@ def _live_views(live):
     from podrun.launch.observe import Observers
     from podrun.live.state import LiveState
 
+    from podrun.live import importable, prom, tensorboard
+
     state = LiveState()
     views = [state]
-    if live.metrics_port is not None:
-        from podrun.live import prom
-
-        if prom.available():
-            views.append(prom.MetricsServer(live, state))
-        else:
-            notice_line(prom.MISSING.removeprefix("podrun: "))
-    if live.tensorboard:
-        from podrun.live import tensorboard
-
-        if tensorboard.available():
-            views.append(tensorboard.EventFiles())
-        else:
-            notice_line(tensorboard.MISSING.removeprefix("podrun: "))
+    for asked, view, make in ((live.metrics_port is not None, prom, lambda: prom.MetricsServer(live, state)),
+                              (live.tensorboard, tensorboard, tensorboard.EventFiles)):
+        if asked and importable(view.NEEDS):
+            views.append(make())
+        elif asked:
+            notice_line(view.MISSING.removeprefix("podrun: "))
     return Observers(views, notice_line)
 
 

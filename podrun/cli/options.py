@@ -63,13 +63,7 @@ def pop_plan_options(kwargs: dict) -> PlanOptions:
     return PlanOptions(**{k: kwargs.pop(k) for k in PLAN_OPTION_NAMES if k in kwargs})
 
 
-def resolve_plan(recipe: str | None, options: PlanOptions | None = None, **given):
-    """Load specs, pick hosts, and plan. Returns (plan, cluster_spec, recipe_spec_or_None)."""
-    plan, spec, rspec, _ = resolve_plan_with_source(recipe, options, **given)
-    return plan, spec, rspec
-
-
-def resolve_plan_with_source(recipe: str | None, options: PlanOptions | None = None, discovered=None, **given):
+def resolve_plan(recipe: str | None, options: PlanOptions | None = None, discovered=None, **given):
     """Load specs, pick hosts (podrun.specs.allocation), and plan; ``given``: plan options by name, over ``options``.
 
     Returns (plan, cluster_spec, recipe_spec_or_None, host_source); the allocation, when there is

@@ -4,8 +4,7 @@ from __future__ import annotations
 import click
 
 from podrun.cli.calibration_options import calibrated_plan, calibration_options
-from podrun.cli.options import (complete_recipes, plan_options, pop_plan_options, resolve_plan_inputs,
-                                resolve_plan_with_source)
+from podrun.cli.options import complete_recipes, plan_options, pop_plan_options, resolve_plan, resolve_plan_inputs
 
 
 @click.command("plan")
@@ -44,7 +43,7 @@ def plan(recipe: str, elastic: str | None, as_json: bool, calibration: str | Non
     if calibration is not None:
         p, src = calibrated_plan(recipe, options, calibration, max_age)
     else:
-        p, _, _, src = resolve_plan_with_source(recipe, options)
+        p, _, _, src = resolve_plan(recipe, options)
     if as_json:
         print_json({**p.to_dict(), "host_source": src.source})
     else:

@@ -65,6 +65,12 @@ def key_line(lines: list[str]) -> str | None:
     return next((line.strip() for line in reversed(lines) if KEY_LINE.match(line.strip())), None)
 
 
+def who(d: dict) -> str:
+    """A worker (a root cause's, another's) as podrun names it: its instance and host, its local rank if any."""
+    rank = d.get("local_rank")
+    return f"instance {d.get('instance')} on {d.get('host')}" + (f", local rank {rank}" if rank is not None else "")
+
+
 def print_json(obj) -> None:
     json.dump(obj, sys.stdout, indent=2, sort_keys=False, default=str)
     sys.stdout.write("\n")
@@ -76,13 +82,16 @@ def console(stderr: bool = False):
     return Console(stderr=stderr, highlight=False, soft_wrap=True)
 
 
-def _placement_rows(p, limit: int = 8):
-    rows = []
-    for pl in p.placement[:limit]:
-        last = pl.replica_offset + pl.local_replicas - 1
-        devs = f"{pl.devices[0]}-{pl.devices[-1]}" if len(pl.devices) > 1 else str(pl.devices[0])
-        rows.append((str(pl.index), pl.host, f"{pl.replica_offset}-{last}" if last > pl.replica_offset else str(pl.replica_offset), devs))
-    return rows
+def kv_table(title: str, rows):
+    """A table of (what, value) rows under ``title``, no header: the plan's, its estimate's, a calibration's."""
+    from rich.table import Table
+
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    for row in rows:
+        table.add_row(*row)
+    return table
 
 
 def render_plan(p, host_source: str) -> None:
@@ -90,50 +99,45 @@ def render_plan(p, host_source: str) -> None:
     from rich.table import Table
 
     out = console()
-    title = f"{p.recipe} on {p.cluster}" if p.recipe else f"command on {p.cluster}"
-    t = Table(title=title, show_header=False, title_justify="left")
-    t.add_column("what", style="bold")
-    t.add_column("value")
-    t.add_row("hosts", f"{len(p.hosts)} ({host_source})")
-    t.add_row("devices", f"{p.devices} = {len(p.hosts)} x {p.devices_per_host} {p.device_kind}")
-    t.add_row("devices per replica", str(p.devices_per_replica))
-    t.add_row("replicas", str(p.replicas))
-    t.add_row("instances", f"{p.instances} ({p.instances_per_host} per host, {p.replicas_per_instance} replicas each)")
-    t.add_row("local batch", str(p.local_batch))
-    t.add_row("GA", str(p.grad_accum))
-    t.add_row("global batch", f"{p.global_batch} = {p.local_batch} x {p.replicas} x {p.grad_accum}")
+    rows = [("hosts", f"{len(p.hosts)} ({host_source})"),
+            ("devices", f"{p.devices} = {len(p.hosts)} x {p.devices_per_host} {p.device_kind}"),
+            ("devices per replica", str(p.devices_per_replica)),
+            ("replicas", str(p.replicas)),
+            ("instances", f"{p.instances} ({p.instances_per_host} per host, {p.replicas_per_instance} replicas each)"),
+            ("local batch", str(p.local_batch)),
+            ("GA", str(p.grad_accum)),
+            ("global batch", f"{p.global_batch} = {p.local_batch} x {p.replicas} x {p.grad_accum}")]
     if p.recipe:
-        t.add_row("learning rate", f"{p.learning_rate:.6g} ({p.lr_rule} rule, reference {p.reference_learning_rate:g} "
-                                   f"at global batch {p.lr_reference_batch})")
-        t.add_row("warmup", f"{p.warmup_epochs:g} epochs")
-        t.add_row("pipeline bubble", f"{p.pipeline_bubble:.2%}" if p.devices_per_replica > 1 else "none (1 device per replica)")
-    out.print(t)
+        rows += [("learning rate", f"{p.learning_rate:.6g} ({p.lr_rule} rule, reference {p.reference_learning_rate:g} "
+                                   f"at global batch {p.lr_reference_batch})"),
+                 ("warmup", f"{p.warmup_epochs:g} epochs"),
+                 ("pipeline bubble", f"{p.pipeline_bubble:.2%}" if p.devices_per_replica > 1
+                  else "none (1 device per replica)")]
+    out.print(kv_table(f"{p.recipe} on {p.cluster}" if p.recipe else f"command on {p.cluster}", rows))
 
     pt = Table(title="placement", title_justify="left")
     for c in ("instance", "host", "replicas", "devices"):
         pt.add_column(c)
-    for row in _placement_rows(p):
-        pt.add_row(*row)
+    for pl in p.placement[:8]:
+        last = pl.replica_offset + pl.local_replicas - 1
+        pt.add_row(str(pl.index), pl.host, f"{pl.replica_offset}-{last}" if last > pl.replica_offset
+                   else str(pl.replica_offset), f"{pl.devices[0]}-{pl.devices[-1]}" if len(pl.devices) > 1
+                   else str(pl.devices[0]))
     if len(p.placement) > 8:
         pt.add_row("...", f"{len(p.placement) - 8} more", "", "")
     out.print(pt)
 
     if p.recipe:
         e = p.estimate
-        et = Table(title="estimate", show_header=False, title_justify="left")
-        et.add_column("what", style="bold")
-        et.add_column("value")
-        et.add_row("throughput", f"{e.images_per_second:,.0f} img/s")
-        et.add_row("scaling efficiency", f"{e.scaling_efficiency:.1%}")
         hidden = "" if e.allreduce_hidden_fraction == 0 else f", {e.allreduce_hidden_fraction:.0%} of it hidden"
-        et.add_row("step", f"{e.step_seconds * 1000:.1f} ms (all-reduce {e.allreduce_seconds * 1000:.2f} ms{hidden})")
-        if e.input_seconds is None:
-            et.add_row("input", "not yet measured (podrun calibrate --data PATH)")
-        else:
-            by = "input, not the device" if e.input_bound else "the device"
-            et.add_row("input", f"{e.input_seconds * 1000:.1f} ms a step on each host; the step is bound by {by}")
-        et.add_row("time to train", f"{human_seconds(e.time_to_train_hours * 3600)} for {p.epochs:g} epochs")
-        out.print(et)
+        by = "input, not the device" if e.input_bound else "the device"
+        out.print(kv_table("estimate", [
+            ("throughput", f"{e.images_per_second:,.0f} img/s"),
+            ("scaling efficiency", f"{e.scaling_efficiency:.1%}"),
+            ("step", f"{e.step_seconds * 1000:.1f} ms (all-reduce {e.allreduce_seconds * 1000:.2f} ms{hidden})"),
+            ("input", "not yet measured (podrun calibrate --data PATH)" if e.input_seconds is None
+             else f"{e.input_seconds * 1000:.1f} ms a step on each host; the step is bound by {by}"),
+            ("time to train", f"{human_seconds(e.time_to_train_hours * 3600)} for {p.epochs:g} epochs")]))
         out.print("assumptions: " + "; ".join(e.assumptions))
         for lever in e.input_levers:
             out.print(fit(f"would change the input: {lever}", width_of(out.file)), markup=False, highlight=False)

@@ -22,6 +22,7 @@ def report(run_dir: str | None, runs_dir: str, as_json: bool, output: str | None
     from podrun.rundir.layout import REPORT
     from podrun.rundir.report import (figures_text, launch_summary, newest_run, plot, read_run, replans, resumes,
                                      step_split, summarize, summarize_command, title_of)
+    from podrun.rundir.summary import Summary
 
     if run_dir is None:
         run_dir = str(newest_run(runs_dir))
@@ -42,8 +43,8 @@ def report(run_dir: str | None, runs_dir: str, as_json: bool, output: str | None
         summary["launch"] = launched
     summary["replans"] = replans(run.launch)
     summary["resumes"] = resumes(run.records)
-    acc = run.launch.account if run.launch is not None else None
-    summary["account"] = None if acc is None else acc.to_dict()
+    launch = run.launch or Summary()
+    summary["account"] = None if launch.account is None else launch.account.to_dict()
     summary["step_split"] = step_split(run.launch, run.plan)
     if not no_plot and importlib.util.find_spec("matplotlib") is None:
         no_plot = True
@@ -52,10 +53,9 @@ def report(run_dir: str | None, runs_dir: str, as_json: bool, output: str | None
     if not no_plot:
         base = Path(run_dir)
         target = Path(output) if output else (base if base.is_dir() else base.parent) / REPORT
-        slow = run.launch.slow_ranks if run.launch is not None else ()
         summary["plot"] = str(plot(run.records, target, title=title_of(run, summary), replanned=summary["replans"],
-                                   slow=slow, host_busy=run.launch.host_busy if run.launch is not None else None,
-                                   account=acc, attempts=run.launch.attempts if run.launch is not None else ()))
+                                   slow=launch.slow_ranks, host_busy=launch.host_busy, account=launch.account,
+                                   attempts=launch.attempts))
     if _as_json(summary, run, notes, as_json):
         return
     c = console()
@@ -83,11 +83,7 @@ def report(run_dir: str | None, runs_dir: str, as_json: bool, output: str | None
         c.print(f"  resumed at step {r['step']} from {where}" + (f" ({r['why']})" if r["why"] else ""), markup=False)
         for x in r["rejected"]:
             c.print(f"    passed over {x.get('path')}: {x.get('why')}", markup=False)
-    for r in summary["replans"]:
-        c.print(f"  {_replan_line(r)}", markup=False)
-    _account(acc, lambda text: c.print(text, markup=False, highlight=False))
-    for line in _split_lines(summary["step_split"]):
-        c.print(f"  {line}", markup=False)
+    _said_last(summary, launch.account, lambda text: c.print(text, markup=False))
     if "plot" in summary:
         c.print(f"  curves: {summary['plot']}")
     for note in notes:
@@ -211,20 +207,18 @@ def _command(run, s: dict, notes: list[str], as_json: bool) -> None:
     for i in s["instances"]:
         say(f"  instance {i['index']} on {i['host']}: {i['status']}, exit code {i['exit_code']}, "
             f"ready {_seconds(i['ready_s'])}, ended {_seconds(i['ended_s'])}")
-    for r in s["replans"]:
-        say(f"  {_replan_line(r)}")
     acc = run.launch.account if run.launch is not None else None
     # a command whose ranks reported steps (podrun.runtime) trained: its goodput is one
-    _account(acc, say, trained=acc is not None and acc.run.seconds.get("training", 0.0) > 0)
-    for line in _split_lines(s["step_split"]):
-        say(f"  {line}")
+    _said_last(s, acc, say, trained=acc is not None and acc.run.seconds.get("training", 0.0) > 0)
     for note in notes:
         say(f"  note: {note}")
 
 
-def _account(acc, say, trained: bool = True) -> None:
-    """The run's account as a short table (podrun.rundir.report.account_lines), when summary.json has one."""
+def _said_last(s: dict, acc, say, trained: bool = True) -> None:
+    """Either report's re-plans, the run's account as a short table (podrun.rundir.report.account_lines, when
+    summary.json has one) and the step split, each line through ``say``."""
     from podrun.rundir.report import account_lines
 
-    for line in account_lines(acc, trained) if acc is not None else ():
+    for line in [*map(_replan_line, s["replans"]), *(account_lines(acc, trained) if acc is not None else ()),
+                 *_split_lines(s["step_split"])]:
         say(f"  {line}")

@@ -72,14 +72,17 @@ def is_script(target: str) -> bool:
     return target.endswith(".py") or os.path.isfile(target)
 
 
-def split_recipe(ctx: click.Context, recipe: str | None, extra: tuple[str, ...]) -> tuple[str | None, tuple[str, ...]]:
-    """(recipe, args): RECIPE [-- ARGS] or -- COMMAND [ARGS]; anything else is a usage error (exit 2)."""
+def split_recipe(ctx: click.Context, recipe: str | None, extra: tuple[str, ...]
+                 ) -> tuple[str | None, str | None, tuple[str, ...]]:
+    """(recipe, script, args): RECIPE [-- ARGS] (a RECIPE that is_script: the script) or -- COMMAND [ARGS];
+    anything else is a usage error (exit 2)."""
     dashdash = ctx.meta.get("podrun_dashdash")
     if extra:
         raise click.UsageError(f"unexpected argument(s) {' '.join(extra)!r}; put arguments for the recipe after --")
     if recipe is None and not dashdash:
         raise click.UsageError("give a RECIPE (a name in recipes/ or a folder), or a command after --")
-    return recipe, (*ctx.meta.get("podrun_recipe_options", ()), *(dashdash or ()))
+    script = recipe if recipe is not None and is_script(recipe) else None
+    return (recipe if script is None else None), script, (*ctx.meta.get("podrun_recipe_options", ()), *(dashdash or ()))
 
 
 def parse_env_items(items) -> tuple[tuple[str, str], ...]:
@@ -159,11 +162,10 @@ def script(ctx, recipe, extra, out_path, as_json, **options):
     from podrun.jobscript import check_allocation, discover, render, request_from_plan, submit_argv
     from podrun.jobscript.build import allocation_plan_options
 
-    recipe, args = split_recipe(ctx, recipe, extra)
-    script_path, recipe = (recipe, None) if recipe is not None and is_script(recipe) else (None, recipe)
+    recipe, script_path, args = split_recipe(ctx, recipe, extra)
     found = discover(os.environ)          # once: the plan's hosts and the allocation check both use it
     popts = allocation_plan_options(pop_plan_options(options), found)
-    plan, spec, rspec = resolve_plan(recipe, popts, discovered=found)
+    plan, spec, rspec, _ = resolve_plan(recipe, popts, discovered=found)
     recipe_args = check_recipe(rspec, args) if rspec is not None else None
     check_allocation(plan, found)
     scheduler = options.pop("scheduler")

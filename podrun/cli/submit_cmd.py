@@ -10,24 +10,13 @@ import click
 from podrun.cli import types as t
 
 from podrun.cli.options import pop_plan_options
-from podrun.cli.script_cmd import DashDashCommand, SchedulerChoice, is_script, job_command, job_of, split_recipe
-from podrun.errors import PodrunError
+from podrun.cli.script_cmd import DashDashCommand, SchedulerChoice, job_command, job_of, split_recipe
 from podrun.specs.recipe_args import check_recipe, refuse_long_synthetic
 from podrun.jobscript.job import SCHEDULER_HELP
 
 
 _scheduler_option = click.option("--scheduler", type=SchedulerChoice(),
                                  help=f"{SCHEDULER_HELP} (default: the one whose client is on PATH).")
-
-
-def _pick_scheduler(scheduler: str | None) -> str:
-    from podrun.jobscript.submit import detect_scheduler
-
-    scheduler = scheduler or detect_scheduler()
-    if scheduler is None:
-        raise PodrunError("no --scheduler given and no scheduler client (sbatch, qsub) on PATH",
-                          hint=f"pass --scheduler {SCHEDULER_HELP}, on a login node of the cluster")
-    return scheduler
 
 
 @click.command(cls=DashDashCommand)
@@ -53,13 +42,13 @@ def submit(ctx, recipe, extra, runs_dir, wait, poll, dry_run, as_json, **options
     """
     from podrun.cli.options import resolve_plan
     from podrun.jobscript.build import allocation_plan_options
-    from podrun.jobscript.submit import client, exit_code_of, prepare_job, submit_prepared, wait as wait_job
+    from podrun.jobscript.submit import (client, exit_code_of, pick_scheduler, prepare_job, submit_prepared,
+                                         wait as wait_job)
 
-    scheduler = _pick_scheduler(options.pop("scheduler"))
+    scheduler = pick_scheduler(options.pop("scheduler"), hint=", on a login node of the cluster")
     popts = allocation_plan_options(pop_plan_options(options))
-    recipe, args = split_recipe(ctx, recipe, extra)
-    script_path, recipe = (recipe, None) if recipe is not None and is_script(recipe) else (None, recipe)
-    plan, spec, rspec = resolve_plan(recipe, popts)
+    recipe, script_path, args = split_recipe(ctx, recipe, extra)
+    plan, spec, rspec, _ = resolve_plan(recipe, popts)
     notice = refuse_long_synthetic(args, check_recipe(rspec, args) if rspec is not None else None, plan)
     options["workdir"] = options.get("workdir") or os.getcwd()
     job = prepare_job(plan, job_of(options, popts, spec, scheduler=scheduler, recipe=recipe, args=args,
@@ -130,11 +119,10 @@ def status(scheduler, as_json, target):
     line += f" ({st.reason})" if st.reason else ""
     rc = None if summary is None else summary.root_cause
     if rc is not None:                # the run's own account of its end, as summary.json holds it
+        from podrun.cli.render import who
         from podrun.redaction import shown
 
-        rank = rc.get("local_rank")
-        line += (f"\nroot cause: instance {rc.get('instance')} on {rc.get('host')}"
-                 + (f", local rank {rank}" if rank is not None else "") + f": {shown(str(rc.get('reason')))}")
+        line += f"\nroot cause: {who(rc)}: {shown(str(rc.get('reason')))}"
     _emit(out, as_json, line)
 
 

@@ -233,12 +233,10 @@ def validate(req: JobRequest) -> JobRequest:
     if req.group is not None and req.scheduler == "slurm":
         raise JobScriptError(f"--group {req.group!r} is Grid Engine's `qsub -g` and PBS's `-P` (ABCI); Slurm has no "
                              "groups", hint="charge a Slurm account with --account")
-    if req.pe is not None and req.scheduler != "uge":
-        raise JobScriptError(f"--pe {req.pe!r} is a Grid Engine parallel environment; {req.scheduler} has none",
-                             hint="drop --pe, or write a Grid Engine script with --scheduler uge")
-    if req.resource is not None and req.scheduler != "uge":
-        raise JobScriptError(f"--resource {req.resource!r} is a Grid Engine resource request; {req.scheduler} has none",
-                             hint="drop --resource, or write a Grid Engine script with --scheduler uge")
+    for name, what in (("pe", "parallel environment"), ("resource", "resource request")):
+        if getattr(req, name) is not None and req.scheduler != "uge":
+            raise JobScriptError(f"--{name} {getattr(req, name)!r} is a Grid Engine {what}; {req.scheduler} has none",
+                                 hint=f"drop --{name}, or write a Grid Engine script with --scheduler uge")
     if req.scheduler == "uge" and (req.pe is None) == (req.resource is None):
         raise JobScriptError("a Grid Engine job asks for its nodes with a parallel environment or a resource, "
                              + ("not both: --pe " + repr(req.pe) + " and --resource " + repr(req.resource)

@@ -115,26 +115,34 @@ class JobState:
         return {**asdict(self), "final": self.final}
 
 
-def _check(c: Completed, what: str) -> str:
-    if c.returncode != 0:
-        raise Refused(f"{what} failed ('{' '.join(c.argv)}' exited {c.returncode}): "
-                      + (_last_line(c.stderr, c.stdout) or "no output"))
-    return c.stdout
-
-
 def _says(c: Completed, text: str) -> bool:
     return text.lower() in (c.stderr + c.stdout).lower()
 
 
 class _Client:
-    """A scheduler's client over a CommandRunner: submit, state and cancel (``CANCEL``: its cancel command;
-    ``HINT``: what to check when a query fails; ``UNKNOWN``: what its cancel says of a job id it does not know;
-    ``ENDED``: what it says when the job ended meanwhile)."""
+    """A scheduler's client over a CommandRunner: submit, state and cancel (``SUBMIT``: its submit command as
+    messages name it; ``ID_SEP``: what ends the job id it prints, all digits (none: the whole line is the id);
+    ``CANCEL``: its cancel command; ``HINT``: what to check when a query fails; ``UNKNOWN``: what its cancel says
+    of a job id it does not know; ``ENDED``: what it says when the job ended meanwhile)."""
 
-    name = CANCEL = HINT = UNKNOWN = ENDED = ""
+    name = SUBMIT = CANCEL = HINT = UNKNOWN = ENDED = ""
+    ID_SEP: str | None = None
 
     def __init__(self, runner: CommandRunner):
         self.runner = runner
+
+    def submit(self, argv: list[str], *, cwd: str | None = None) -> str:
+        """Run the submit command (writers.submit_argv: SUBMIT ...); the job id on the last line it printed."""
+        c = self.runner.run(argv, cwd=cwd)
+        if c.returncode != 0:
+            raise Refused(f"{self.SUBMIT.split()[0]} failed ('{' '.join(c.argv)}' exited {c.returncode}): "
+                          + (_last_line(c.stderr, c.stdout) or "no output"))
+        out = c.stdout.strip()
+        line = out.splitlines()[-1] if out else ""
+        job = line.split(self.ID_SEP)[0].strip() if self.ID_SEP else line.strip()
+        if not (job.isdigit() if self.ID_SEP else job):
+            raise SchedulerError(f"{self.SUBMIT} printed no job id" + (f": {out[:200]!r}" if self.ID_SEP else ""))
+        return job
 
     def query(self, argv: list[str]) -> Completed:
         """Run a status or cancel query within QUERY_TIMEOUT_S; a client that cannot run is ClientFailed."""
@@ -181,18 +189,10 @@ PBS_STATES = {"Q": ("PENDING", None), "H": ("PENDING", "held"), "W": ("PENDING",
 
 
 class Slurm(_Client):
-    name, CANCEL = "slurm", "scancel"
+    name, CANCEL, SUBMIT, ID_SEP = "slurm", "scancel", "sbatch --parsable", ";"
     HINT = ("check that SLURM_CONF names the cluster's slurm.conf (or that this host is a login node) and that "
             "slurmctld answers: scontrol ping")
     UNKNOWN, ENDED = "Invalid job id specified", "already completing or completed"
-
-    def submit(self, argv: list[str], *, cwd: str | None = None) -> str:
-        """Run the submit command (writers.submit_argv: sbatch --parsable ...); the job id."""
-        out = _check(self.runner.run(argv, cwd=cwd), "sbatch")
-        job = out.strip().splitlines()[-1].split(";")[0].strip() if out.strip() else ""
-        if not job.isdigit():
-            raise SchedulerError(f"sbatch --parsable printed no job id: {out.strip()[:200]!r}")
-        return job
 
     def query(self, argv: list[str]) -> Completed:
         """A named SLURM_CONF that cannot be read fails at once (Slurm's clients retry reading it for 60 s)."""
@@ -250,16 +250,9 @@ def parse_sacct(job_id: str, text: str) -> JobState | None:
 
 
 class Pbs(_Client):
-    name, CANCEL = "pbs", "qdel"
+    name, CANCEL, SUBMIT = "pbs", "qdel", "qsub"
     HINT = "check that this host reaches the PBS server (PBS_SERVER, /etc/pbs.conf): qstat -B"
     UNKNOWN, ENDED = "Unknown Job Id", "has finished"
-
-    def submit(self, argv: list[str], *, cwd: str | None = None) -> str:
-        """Run the submit command (writers.submit_argv: qsub ...); the job id qsub prints."""
-        out = _check(self.runner.run(argv, cwd=cwd), "qsub").strip()
-        if not out:
-            raise SchedulerError("qsub printed no job id")
-        return out.splitlines()[-1].strip()
 
     def state(self, job_id: str) -> JobState:
         """`qstat -x -f JOB` (-x: finished jobs too, for the server's job_history_duration); "Unknown Job Id":
@@ -296,18 +289,10 @@ def parse_pbs(job_id: str, text: str) -> JobState:
 class Uge(_Client):
     """Grid Engine (Univa/Altair as on ABCI, Son of Grid Engine): qsub -terse, qstat, qacct -j, qdel."""
 
-    name, CANCEL = "uge", "qdel"
+    name, CANCEL, SUBMIT, ID_SEP = "uge", "qdel", "qsub -terse", "."
     HINT = ("check SGE_ROOT and SGE_CELL (source $SGE_ROOT/$SGE_CELL/common/settings.sh) and that sge_qmaster "
             "answers: qstat")
     UNKNOWN = "does not exist"
-
-    def submit(self, argv: list[str], *, cwd: str | None = None) -> str:
-        """Run the submit command (writers.submit_argv: qsub -terse [-g GROUP] ...); the job id."""
-        out = _check(self.runner.run(argv, cwd=cwd), "qsub").strip()
-        job = out.splitlines()[-1].split(".")[0].strip() if out else ""
-        if not job.isdigit():
-            raise SchedulerError(f"qsub -terse printed no job id: {out[:200]!r}")
-        return job
 
     def state(self, job_id: str) -> JobState:
         """A job the qmaster holds: its `qstat -g t` lines (state letters, a queue@host for each of its hosts); an
@@ -351,11 +336,6 @@ def parse_qstat(job_id: str, text: str) -> JobState | None:
     return JobState(job_id, "uge", state, None, ",".join(hosts) or None, reason, letters)
 
 
-def _seconds(text: str | None) -> float | None:
-    m = re.match(r"\s*(\d+(?:\.\d+)?)", text or "")
-    return float(m.group(1)) if m else None
-
-
 def parse_qacct(job_id: str, text: str) -> JobState:
     """An ended job's `qacct -j` records -> JobState, the first that holds deciding: a deleted_by (Univa / Altair)
     CANCELLED; failed 100 (ended by Grid Engine) past the h_rt of its category TIMEOUT, else CANCELLED (100 :
@@ -377,11 +357,11 @@ def parse_qacct(job_id: str, text: str) -> JobState:
     failed = f.get("failed") or "0"
     number = failed.split()[0]
     limit = re.search(r"h_rt=(\d+)", f.get("category", ""))
-    wall = _seconds(f.get("ru_wallclock"))
+    wall = re.match(r"\s*(\d+(?:\.\d+)?)", f.get("ru_wallclock") or "")
     deleted = (f.get("deleted_by") or "NONE").strip()
     if deleted not in ("", "NONE"):
         state = "CANCELLED"
-    elif number == "100" and limit is not None and wall is not None and wall >= int(limit.group(1)):
+    elif number == "100" and limit is not None and wall is not None and float(wall.group(1)) >= int(limit.group(1)):
         state = "TIMEOUT"
     elif number == "100":
         state = "CANCELLED"
@@ -417,6 +397,16 @@ def detect_scheduler(env=None) -> str | None:
     if shutil.which("qsub", path=path):
         return "uge" if shutil.which("qacct", path=path) else "pbs"
     return None
+
+
+def pick_scheduler(scheduler: str | None, who: str = "", hint: str = "") -> str:
+    """``scheduler``, else the one whose client is on PATH (detect_scheduler); a PodrunError (exit 2) when there is
+    none, said of ``who`` (the job id given), ``hint`` after its hint."""
+    found = scheduler or detect_scheduler()
+    if found is None:
+        raise PodrunError(f"{who}no --scheduler given and no scheduler client (sbatch, qsub) on PATH",
+                          hint=f"pass --scheduler {SCHEDULER_HELP}{hint}")
+    return found
 
 
 def wait(cl, job_id: str, *, poll: float = 0.5, timeout: float | None = None,
@@ -460,13 +450,7 @@ def resolve_job(target: str, scheduler: str | None = None) -> tuple[str, str, Jo
         rec = JobRecord.load(p)
         return rec.scheduler, rec.job_id, rec
     if re.fullmatch(r"[0-9]+(\.[\w.-]+)?", target):
-        sched = scheduler or detect_scheduler()
-        if sched is None:
-            raise PodrunError(
-                f"job {target}: no --scheduler given and no scheduler client (sbatch, qsub) on PATH",
-                hint=f"pass --scheduler {SCHEDULER_HELP}",
-            )
-        return sched, target, None
+        return pick_scheduler(scheduler, f"job {target}: "), target, None
     raise HostError(f"'{target}' is neither a run directory with {JOB_FILE} nor a job id",
                     hint="pass runs/<run-id> as written by podrun submit, or the scheduler's job id")
 

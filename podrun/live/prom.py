@@ -24,16 +24,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 SD_MODE = 0o644                          # a Prometheus server running as its own user reads it
 LINGER_MAX_S = 30.0                      # the longest the endpoint waits at the end for its scraper's last visit
+NEEDS = "prometheus_client"              # the optional package the endpoint is served with
 MISSING = ("podrun: --metrics-port needs prometheus_client (pip install 'podrun[metrics]'); "
            "the run goes on without its metrics endpoint")
-
-
-def available() -> bool:
-    try:
-        import prometheus_client  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def _family(kind, name: str, doc: str, labels: list[str], rows, unit: str = ""):

@@ -27,6 +27,32 @@ def bounded(rows: list[dict], busy_key: str = "busy_s") -> list[dict]:
     return [r for r in rows if id(r) in keep]
 
 
+def host_row(host: str, instance: int, state: str, age: float | None, exit_code: int | None,
+             ranks: list[dict]) -> dict:
+    """A host's row of the view (live, or from the run's records): its ranks' mean busy time and mean step split
+    (of those whose parts are all measured), slow where one of its ranks is."""
+    mine = [r for r in ranks if r["host"] == host]
+    busy = [r["busy_s"] for r in mine if isinstance(r["busy_s"], (int, float))]
+    splits = [r["split"] for r in mine if r["split"] and all(isinstance(r["split"].get(k), (int, float))
+                                                             for k in SPLIT_PARTS)]
+    return {"host": host, "instance": instance, "state": state,
+            "heartbeat_age_s": None if age is None else round(age, 3),
+            "busy_s": round(sum(busy) / len(busy), 6) if busy else None,
+            "split": {k: round(sum(s[k] for s in splits) / len(splits), 6) for k in SPLIT_PARTS} if splits else None,
+            "slow": any(r["slow"] for r in mine), "exit_code": exit_code}
+
+
+def host_counts(hosts: list[dict]) -> dict[str, int]:
+    """The view's host totals: every host, those running, those lost."""
+    return {"hosts_total": len(hosts), "hosts_running": sum(h["state"] == "running" for h in hosts),
+            "hosts_lost": sum(h["state"] == "lost" for h in hosts)}
+
+
+def cause_line(rc: dict) -> str:
+    """A root cause as the view says it: its reason, instance and host."""
+    return f"{rc.get('reason')} (instance {rc.get('instance')} on {rc.get('host')})"
+
+
 class LiveState(RunObserver):
     """The run's state as the controller holds it, for any live view: ``snapshot()`` from any thread."""
 
@@ -81,22 +107,15 @@ class LiveState(RunObserver):
                                "running": sup is not None and not self.ended and not self._attempt_over()}
         out.update(self._progress())
         out["account"] = self._account()
-        if sup is None:
-            out.update(hosts=[], ranks=[], slow_ratio=None, slow_ranks=[], root_cause=None, hosts_running=0,
-                       hosts_lost=0, hosts_total=0)
-            return out
-        ranks = self._ranks()
-        slow_now = {r["rank"] for r in ranks if r["slow"]}
-        hosts = self._hosts(ranks)
-        out["hosts_total"] = len(hosts)
-        out["hosts_running"] = sum(h["state"] == "running" for h in hosts)
-        out["hosts_lost"] = sum(h["state"] == "lost" for h in hosts)
+        ranks = self._ranks() if sup is not None else []
+        hosts = self._hosts(ranks) if sup is not None else []
+        out.update(host_counts(hosts))
         out["hosts"], out["ranks"] = bounded(hosts), bounded(ranks)
-        ratios = [r.get("max_ratio") for r in list(sup.live.slow.slow.values())]
+        ratios = [r.get("max_ratio") for r in list(sup.live.slow.slow.values())] if sup is not None else []
         ratios = [x for x in ratios if isinstance(x, (int, float))]
         out["slow_ratio"] = max(ratios) if ratios else None
-        out["slow_ranks"] = sorted(slow_now)
-        out["root_cause"] = self._root_cause()
+        out["slow_ranks"] = [r["rank"] for r in ranks if r["slow"]]      # ranks come sorted, each once
+        out["root_cause"] = self._root_cause() if sup is not None else None
         return out
 
     def _attempt_over(self) -> bool:
@@ -134,48 +153,32 @@ class LiveState(RunObserver):
         live = self.sup.live
         slow = dict(live.slow.slow)
         busy = {r: v[-1][0] for r, v in list(live.slow.busy.items()) if v}
+        sums = dict(live.splits.sums)       # rank -> (host, reports, its splits summed); a rank not yet in it: busy
         out = []
-        for r, (host, n, total) in sorted(dict(live.splits.sums).items()):
-            split = {k: round(getattr(total, k) / n, 6) for k in SPLIT_PARTS}
-            out.append({"rank": r, "host": host, "busy_s": busy.get(r), "split": split, "reports": n,
-                        "slow": r in slow})
-        seen = {r["rank"] for r in out}
-        for r, b in sorted(busy.items()):
-            if r not in seen:
-                out.append({"rank": r, "host": self._host_of(r), "busy_s": b, "split": None, "reports": None,
-                            "slow": r in slow})
-        return sorted(out, key=lambda x: x["rank"])
+        for r in sorted({*sums, *busy}):
+            host, n, total = sums[r] if r in sums else (self._host_of(r), None, None)
+            out.append({"rank": r, "host": host, "busy_s": busy.get(r),
+                        "split": None if total is None else {k: round(getattr(total, k) / n, 6) for k in SPLIT_PARTS},
+                        "reports": n, "slow": r in slow})
+        return out
 
     def _host_of(self, rank: int) -> str | None:
         return next((self.sup.instances[inst].host for (inst, _), r in list(self.sup.instances.rank_of.items())
                      if r == rank), None)
 
     def _hosts(self, ranks: list[dict]) -> list[dict]:
-        sup = self.sup
-        hearing = sup.listener.hearing
-        out = []
-        for st in sorted(list(sup.instances.values()), key=lambda s: s.index):
-            mine = [r for r in ranks if r["host"] == st.host]
-            busy = [r["busy_s"] for r in mine if isinstance(r["busy_s"], (int, float))]
-            splits = [r["split"] for r in mine if r["split"]]
-            state = st.status.value if hasattr(st.status, "value") else str(st.status)
-            age = hearing.silent_for(st.index) if st.exit_code is None else None
-            out.append({"host": st.host, "instance": st.index, "state": state,
-                        "heartbeat_age_s": None if age is None else round(age, 3),
-                        "busy_s": round(sum(busy) / len(busy), 6) if busy else None,
-                        "split": {k: round(sum(s[k] for s in splits) / len(splits), 6) for k in SPLIT_PARTS}
-                        if splits else None,
-                        "slow": any(r["slow"] for r in mine), "exit_code": st.exit_code})
-        return out
+        hearing = self.sup.listener.hearing
+        return [host_row(st.host, st.index, st.status.value if hasattr(st.status, "value") else str(st.status),
+                         hearing.silent_for(st.index) if st.exit_code is None else None, st.exit_code, ranks)
+                for st in sorted(list(self.sup.instances.values()), key=lambda s: s.index)]
 
     def _root_cause(self) -> str | None:
         fails = list(self.sup.failures)
         if fails:
             f = min(fails, key=lambda x: x.at)
-            return f"{f.reason} (instance {f.instance} on {f.host})"
+            return cause_line({"reason": f.reason, "instance": f.instance, "host": f.host})
         for a in reversed(self.summary.attempts if self.summary is not None and self.summary.attempts
                           else self.attempts):
-            rc = a.root_cause
-            if isinstance(rc, dict) and rc.get("reason"):
-                return f"{rc['reason']} (instance {rc.get('instance')} on {rc.get('host')})"
+            if isinstance(a.root_cause, dict) and a.root_cause.get("reason"):
+                return cause_line(a.root_cause)
         return None

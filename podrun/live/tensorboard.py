@@ -13,20 +13,13 @@ from podrun.rundir.layout import METRICS, SPLIT_PARTS, TENSORBOARD as SUBDIR, pr
 from podrun.rundir.metrics import new_records
 
 FOLLOW_S = 1.0                 # how often metrics.jsonl is read for new records
+NEEDS = "tensorboard.summary.writer.event_file_writer"     # the optional module the files are written with
 MISSING = ("podrun: --tensorboard needs tensorboard (pip install 'podrun[metrics]'); the run goes on without "
            "TensorBoard files")
 # a step record's fields and their tags
 STEP_TAGS = {"loss": "train/loss", "accuracy": "train/accuracy", "lr": "train/lr",
              "images_per_sec": "train/samples_per_sec", "samples_per_sec": "train/samples_per_sec",
              "step_seconds": "train/step_seconds"}
-
-
-def available() -> bool:
-    try:
-        import tensorboard.summary.writer.event_file_writer  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def scalars(record: dict) -> dict[str, float]:

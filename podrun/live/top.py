@@ -12,7 +12,7 @@ from typing import Any
 
 from podrun.errors import LaunchError
 from podrun.redaction import escape_controls as esc
-from podrun.live.state import STATE_ASK
+from podrun.live.state import STATE_ASK, cause_line, host_counts, host_row
 from podrun.rundir.layout import CONTROL_SOCKET, METRICS, SPLIT_PARTS, SUMMARY, check_run_id
 from podrun.rundir.metrics import new_records
 from podrun.rundir.summary import Summary
@@ -95,29 +95,18 @@ def from_records(run_dir: Path) -> dict[str, Any]:
     starts = [r for r in records if r.get("kind") == "run" and r.get("event") in ("start", "resume")]
     attempts = summary.attempts
     cause = (attempts[-1].root_cause if attempts else None) or summary.root_cause
-    hosts = [{"host": i.get("host"), "instance": i.get("index"), "state": i.get("status"), "heartbeat_age_s": None,
-              "busy_s": None, "split": None, "slow": False, "exit_code": i.get("exit_code")}
-             for i in summary.instances]
     slow = {r.get("rank") for r in summary.slow_ranks}
     ranks = [{"rank": int(r), "host": v.get("host"), "busy_s": None, "reports": v.get("reports"), "slow": int(r) in slow,
               "split": {k: v.get(k) for k in SPLIT_PARTS}}
              for r, v in (summary.step_split.get("ranks") or {}).items() if str(r).isdigit()]
+    hosts = [host_row(i.get("host"), i.get("index"), i.get("status"), None, i.get("exit_code"), ranks)
+             for i in summary.instances]
     total = last.get("total", (starts[-1] if starts else {}).get("total_steps"))
-    for h in hosts:                       # a host's split: the mean of its ranks'
-        mine = [r["split"] for r in ranks if r["host"] == h["host"] and all(
-            isinstance(r["split"].get(k), (int, float)) for k in SPLIT_PARTS)]
-        if mine:
-            h["split"] = {k: round(sum(x[k] for x in mine) / len(mine), 6) for k in SPLIT_PARTS}
-        h["slow"] = any(r["slow"] for r in ranks if r["host"] == h["host"])
     return {"run_id": summary.run_id or run_dir.name, "run_dir": str(run_dir), "recipe": None, "cluster": None,
             "transport": summary.transport, "restarts": max(len(attempts) - 1, 0), "running": False,
             "step": last.get("step"), "total": total if isinstance(total, int) else None, "epoch": last.get("epoch"),
             "loss": last.get("loss"), "samples_per_sec": last.get("images_per_sec", last.get("samples_per_sec")),
             "time_left_s": None, "account": account, "hosts": hosts, "ranks": ranks,
-            "hosts_total": len(hosts), "hosts_running": 0,
-            "hosts_lost": sum(h["state"] == "lost" for h in hosts), "slow_ranks": sorted(r for r in slow
-                                                                                          if isinstance(r, int)),
-            "slow_ratio": None,
-            "root_cause": (f"{cause.get('reason')} (instance {cause.get('instance')} on {cause.get('host')})"
-                           if isinstance(cause, dict) else None),
+            **host_counts(hosts), "hosts_running": 0, "slow_ranks": sorted(r for r in slow if isinstance(r, int)),
+            "slow_ratio": None, "root_cause": cause_line(cause) if isinstance(cause, dict) else None,
             "status": summary.status, "source": "records"}

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from podrun.rundir.metrics import StepLog
+from podrun.rundir.metrics import StepLog, is_number
 
 CATEGORIES = ("queue", "launch", "staging", "startup", "training", "evaluation", "checkpoint", "failure", "idle")
 LABELS = {"queue": "waiting in the queue", "launch": "launch (to every rank running)",
@@ -88,11 +88,10 @@ class Account:
             secs = x.get("seconds") if isinstance(x, dict) else None
             if not isinstance(secs, dict):
                 return None
-            return Part({c: float(secs[c]) for c in CATEGORIES if isinstance(secs.get(c), (int, float))
-                         and not isinstance(secs.get(c), bool)})
+            return Part({c: float(secs[c]) for c in CATEGORIES if is_number(secs.get(c))})
 
         def moment(x: Any) -> float | None:
-            return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+            return float(x) if is_number(x) else None
 
         run = part(d)
         if run is None:

@@ -29,9 +29,7 @@ class JobRecord:
     extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["submit_argv"] = list(self.submit_argv)
-        return d
+        return {**asdict(self), "submit_argv": list(self.submit_argv)}
 
     def save(self) -> Path:
         from podrun.safefs import write_file

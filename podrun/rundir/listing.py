@@ -18,13 +18,9 @@ def list_runs(runs_dir: str | Path) -> list[dict[str, Any]]:
     if not d.is_dir():
         raise PodrunError(f"--runs-dir {d}: no such directory",
                           hint="pass --runs-dir where podrun launch wrote its runs (default: runs)")
-    found = []
-    for sub in d.iterdir():
-        written = written_at(sub)
-        if written is not None:
-            found.append((written, sub.name, sub))
+    found = sorted(((t, sub.name, sub) for sub in d.iterdir() if (t := written_at(sub)) is not None), reverse=True)
     rows = []
-    for written, name, sub in sorted(found, reverse=True):
+    for written, name, sub in found:
         s = read_summary(sub)
         log = StepLog.read(sub)
         acc = s.account if s is not None else None

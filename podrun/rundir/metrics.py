@@ -199,7 +199,7 @@ class StepLogFeed:
     def add(self, r: dict[str, Any]) -> None:
         """One well-formed record."""
         secs = r.get("step_seconds", r.get("seconds"))
-        if r["kind"] in self.timed and "time" in r and _number(secs):
+        if r["kind"] in self.timed and "time" in r and is_number(secs):
             self.timed[r["kind"]].append((float(r["time"]), float(secs)))
         if r["kind"] == "step" and "time" in r:
             self.steps.append((r["step"], float(r["time"])))
@@ -244,7 +244,7 @@ def is_integer(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _number(v: Any) -> bool:
+def is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
@@ -263,13 +263,13 @@ def well_formed(r: dict[str, Any]) -> bool:
     their readers). A script's own minimal step records (``step`` and ``time``) are well formed; ``complete``
     says whether a record has every field the runner writes."""
     kind = r.get("kind")
-    if "time" in r and not _number(r["time"]):
+    if "time" in r and not is_number(r["time"]):
         return False
     if kind == "run":
         return isinstance(r.get("event"), str) and ("step" not in r or is_integer(r["step"]))
     if kind not in _FIELDS:
         return isinstance(kind, str)
-    return is_integer(r.get("step")) and all(_number(r[k]) for k in (*_FIELDS[kind], *_OPTIONAL) if k in r)
+    return is_integer(r.get("step")) and all(is_number(r[k]) for k in (*_FIELDS[kind], *_OPTIONAL) if k in r)
 
 
 def complete(r: dict[str, Any]) -> bool:

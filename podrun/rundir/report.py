@@ -14,8 +14,8 @@ from podrun.errors import PodrunError
 from podrun.human import human_seconds
 from podrun.rundir.account import CATEGORIES, ENDED_BADLY, LABELS, Account
 from podrun.rundir.layout import COMMAND, METRICS, PLAN, SPLIT_PARTS, SUMMARY, instance_log
-from podrun.rundir.metrics import StepLog, is_integer, complete, latest_by_step, read_metrics_counted
-from podrun.rundir.summary import Summary, read_json, read_summary
+from podrun.rundir.metrics import StepLog, complete, is_integer, is_number, latest_by_step, read_metrics_counted
+from podrun.rundir.summary import Summary, typed, read_json, read_summary
 
 
 @dataclass
@@ -147,7 +147,7 @@ def summarize(records: list[dict]) -> dict[str, Any]:
     }
     # over the whole run: its images (each step once, at the run's global batch) over the wall time from its first
     # record to its last (evaluations, checkpoints and restarts included)
-    times = [r["time"] for r in records if isinstance(r.get("time"), (int, float)) and not isinstance(r["time"], bool)]
+    times = [r["time"] for r in records if is_number(r.get("time"))]
     wall = max(times) - min(times) if times else None
     out["run_seconds"] = wall
     gb = first.get("global_batch")
@@ -186,11 +186,8 @@ def summarize_command(run: RunRecord) -> dict[str, Any]:
         "replans": replans(run.launch),
         "account": None if s.account is None else s.account.to_dict(),
     }
-    if s.error is not None:
-        out["error"] = s.error
-    if s.problems is not None:
-        out["problems"] = list(s.problems)
-    return out
+    more = {"error": s.error, "problems": None if s.problems is None else list(s.problems)}
+    return {**out, **{k: v for k, v in more.items() if v is not None}}
 
 
 def attempt_rows(s: Summary) -> list[dict[str, Any]]:
@@ -202,14 +199,10 @@ def attempt_rows(s: Summary) -> list[dict[str, Any]]:
 
 def resumes(records: list[dict]) -> list[dict[str, Any]]:
     """Each resume of a training run: the step, where from and why, and the newer checkpoints passed over."""
-    out = []
-    for r in records:
-        if r.get("kind") == "run" and r.get("event") == "resume":
-            rejected = r.get("rejected") if isinstance(r.get("rejected"), list) else []
-            out.append({"step": r.get("step"), "source": r.get("source"), "resumed_from": r.get("resumed_from"),
-                        "why": r.get("why"),
-                        "rejected": [x for x in rejected if isinstance(x, dict)]})
-    return out
+    return [{"step": r.get("step"), "source": r.get("source"), "resumed_from": r.get("resumed_from"),
+             "why": r.get("why"), "rejected": [x for x in r.get("rejected") if isinstance(x, dict)]
+             if isinstance(r.get("rejected"), list) else []}
+            for r in records if r.get("kind") == "run" and r.get("event") == "resume"]
 
 
 def launch_summary(launch: Summary | None) -> dict[str, Any] | None:
@@ -257,18 +250,11 @@ def account_lines(acc: Account, trained: bool = True) -> list[str]:
 
 def replans(launch: Summary | None) -> list[dict]:
     """The elastic re-plans summary.json records: step, hosts before and after, decomposition before and after."""
-    out = []
-    for r in launch.replans if launch is not None else ():
-        old, new = r.get("old") or {}, r.get("new")
-        if not isinstance(new, dict):
-            continue
-        out.append({"step": r.get("at_step"), "hosts_lost": r.get("hosts_lost") or [],
-                    "old": old, "new": new, "training_after_s": r.get("training_after_s"),
-                    "resumed_from": r.get("resumed_from") if isinstance(r.get("resumed_from"), dict) else None,
-                    "path": r.get("path") if isinstance(r.get("path"), str) else None,
-                    "breakdown": r.get("breakdown") if isinstance(r.get("breakdown"), dict) else None,
-                    "inplace_failed": r.get("inplace_failed") if isinstance(r.get("inplace_failed"), str) else None})
-    return out
+    return [{"step": r.get("at_step"), "hosts_lost": r.get("hosts_lost") or [], "old": r.get("old") or {},
+             "new": r["new"], "training_after_s": r.get("training_after_s"),
+             "resumed_from": typed(r.get("resumed_from"), dict), "path": typed(r.get("path"), str),
+             "breakdown": typed(r.get("breakdown"), dict), "inplace_failed": typed(r.get("inplace_failed"), str)}
+            for r in (launch.replans if launch is not None else ()) if isinstance(r.get("new"), dict)]
 
 
 def _hosts_change(r: dict) -> str:
@@ -477,8 +463,7 @@ def _spans(records: list[dict], attempts: tuple, wall_s: float | None = None
     step's start; each step's, evaluation's and checkpoint save's own seconds before its record; an attempt that
     ended badly, failure from its last record to the next attempt."""
     def t(r):
-        v = r.get("time")
-        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+        return float(r["time"]) if is_number(r.get("time")) else None
 
     timed = [r for r in records if t(r) is not None]
     starts = [float(a.started) for a in attempts if isinstance(a.started, (int, float))]
@@ -497,7 +482,7 @@ def _spans(records: list[dict], attempts: tuple, wall_s: float | None = None
                          ("checkpoint", "checkpoint", "seconds")):
         for r in timed:
             secs = r.get(key)
-            if r.get("kind") == kind and isinstance(secs, (int, float)) and not isinstance(secs, bool):
+            if r.get("kind") == kind and is_number(secs):
                 add(c, t(r) - float(secs), t(r))
     step_starts = sorted(t(r) - float(r.get("step_seconds") or 0.0) for r in timed if r.get("kind") == "step")
     end = max([t(r) for r in timed] + [float(a.ended) for a in attempts if isinstance(a.ended, (int, float))]
@@ -597,14 +582,12 @@ def step_split(launch: Summary | None, plan: dict | None) -> dict[str, Any] | No
     est = (plan or {}).get("estimate")
     terms = [est.get(k, 0.0) if isinstance(est, dict) else None
              for k in ("step_seconds", "allreduce_seconds", "allreduce_hidden_fraction")]
-    if not all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in terms) or terms[0] <= 0:
+    if not all(map(is_number, terms)) or terms[0] <= 0:
         return out
     comm = terms[1] * (1.0 - terms[2])
-    measured_input = est.get("input_seconds")
-    inp = measured_input if isinstance(measured_input, (int, float)) and not isinstance(measured_input, bool) else 0.0
-    compute = est.get("compute_seconds")
-    if not (isinstance(compute, (int, float)) and not isinstance(compute, bool)):
-        compute = terms[0] - comm
+    measured_input, compute = est.get("input_seconds"), est.get("compute_seconds")
+    inp = measured_input if is_number(measured_input) else 0.0
+    compute = compute if is_number(compute) else terms[0] - comm
     out["estimate"] = {"input": round(inp, 6), "compute": round(compute, 6), "comm": round(comm, 6),
                        "optim": 0.0, "assumptions": list(est.get("assumptions") or [])}
     term = max(SPLIT_PARTS, key=lambda k: abs(mean[k] - out["estimate"][k]))

@@ -36,7 +36,7 @@ class RunStatus(str, enum.Enum):
             return None
 
 
-def _of(v: Any, *types: type) -> Any:
+def typed(v: Any, *types: type) -> Any:
     """``v`` when it is of one of ``types`` (a bool is no number), else None: a part of the wrong shape is absent."""
     return v if isinstance(v, types) and (bool in types or not isinstance(v, bool)) else None
 
@@ -65,10 +65,10 @@ class Attempt:
     @classmethod
     def from_dict(cls, a: dict) -> Attempt:
         def num(k: str) -> float | None:
-            return _of(a.get(k), int, float)
+            return typed(a.get(k), int, float)
 
-        return cls(_of(a.get("launch"), int) or 0, _of(a.get("restart_count"), int), _of(a.get("exit_code"), int),
-                   RunStatus.read(a.get("status")), _of(a.get("root_cause"), dict), _of(a.get("plan"), str),
+        return cls(typed(a.get("launch"), int) or 0, typed(a.get("restart_count"), int), typed(a.get("exit_code"), int),
+                   RunStatus.read(a.get("status")), typed(a.get("root_cause"), dict), typed(a.get("plan"), str),
                    num("started"), num("ended"), num("all_ready_s"), num("failed_at"))
 
     def to_dict(self) -> dict:
@@ -133,13 +133,13 @@ class Summary:
 
     @classmethod
     def from_dict(cls, d: dict) -> Summary:
-        timings = _of(d.get("timings"), dict) or {}
+        timings = typed(d.get("timings"), dict) or {}
 
         def get(k: str, *types: type) -> Any:
-            return _of(d.get(k), *types)
+            return typed(d.get(k), *types)
 
         def num(k: str) -> float | None:
-            return _of(timings.get(k), int, float)
+            return typed(timings.get(k), int, float)
 
         return cls(
             get("run_id", str), get("exit_code", int), RunStatus.read(d.get("status")), get("transport", str),
@@ -166,23 +166,12 @@ class Summary:
                             "all_ready_s": self.all_ready_s},
                 "hang": self.hang, "slow_ranks": list(self.slow_ranks), "host_busy": self.host_busy,
                 "step_split": self.step_split})
-            if self.joins is not None:
-                d["joins"] = self.joins
-        if self.problems is not None:
-            d["problems"] = list(self.problems)
-        if self.error is not None:
-            d["error"] = self.error
-        if self.max_restarts is not None:
-            d["max_restarts"] = self.max_restarts
-        if self.attempts or self.problems is None:
-            d["attempts"] = [a.to_dict() for a in self.attempts]
-        if self.elastic is not None:
-            d["elastic"] = self.elastic
-        if self.account is not None:
-            d["account"] = self.account.record()
-        if self.not_written:
-            d["not_written"] = list(self.not_written)
-        return d
+        more = {"joins": self.joins if self.master is not None else None, "problems": None if self.problems is None else list(self.problems), "error": self.error,
+                "max_restarts": self.max_restarts,
+                "attempts": [a.to_dict() for a in self.attempts] if self.attempts or self.problems is None else None,
+                "elastic": self.elastic, "account": None if self.account is None else self.account.record(),
+                "not_written": list(self.not_written) or None}
+        return {**d, **{k: v for k, v in more.items() if v is not None}}
 
 
 def _host_busy(v) -> dict:

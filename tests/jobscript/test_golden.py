@@ -109,7 +109,7 @@ def want_transport(args, scheduler):
 def test_body_reproduces_the_plan_inside_the_allocation(name, podrun_cli, tmp_path):
     """Resolve the body's `podrun launch` options with the hosts the scheduler would hand the job
     (a real SLURM_JOB_NODELIST / PBS_NODEFILE / PE_HOSTFILE): the plan is the one `podrun plan` showed."""
-    from podrun.cli.options import resolve_plan_with_source
+    from podrun.cli.options import resolve_plan
 
     args = CASES[name]
     code, out, err = podrun_cli("script", *args)
@@ -142,7 +142,7 @@ def test_body_reproduces_the_plan_inside_the_allocation(name, podrun_cli, tmp_pa
     from podrun.plan.inputs import PlanOptions
 
     # no cluster named: N hosts of an allocation to come
-    want, *_ = resolve_plan_with_source(recipe, allocation_plan_options(PlanOptions(**kw)), environ={})
+    want, *_ = resolve_plan(recipe, allocation_plan_options(PlanOptions(**kw)), environ={})
     # the hosts the scheduler hands the job: other names than planned, the same count
     names = [f"c{i:04d}" for i in range(1, len(want.hosts) + 1)]
     if scheduler == "slurm":
@@ -154,7 +154,7 @@ def test_body_reproduces_the_plan_inside_the_allocation(name, podrun_cli, tmp_pa
         (tmp_path / "pe").write_text("".join(f"{n} 40 gpu@{n} UNDEFINED\n" for n in names))
         environ = {"PE_HOSTFILE": str(tmp_path / "pe")}
     launch_kw = {k: int(v) if k != "cluster" else v for k, v in opts.items()}
-    got, _, _, src = resolve_plan_with_source(recipe, environ=environ, **launch_kw)
+    got, _, _, src = resolve_plan(recipe, environ=environ, **launch_kw)
     assert src.source in environ
     assert list(got.hosts) == names
     for field in ("cluster", "recipe", "device_kind", "devices_per_host", "devices", "devices_per_replica",

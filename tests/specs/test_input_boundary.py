@@ -269,10 +269,10 @@ class CountingEnv(dict):
 
 
 def test_resolve_discovers_the_allocation_once():
-    from podrun.cli.options import resolve_plan_with_source
+    from podrun.cli.options import resolve_plan
 
     env = CountingEnv({"SLURM_JOB_NODELIST": "n[1-3]"})
-    plan, spec, _, src = resolve_plan_with_source(None, cluster="dgx-h100", environ=env)
+    plan, spec, _, src = resolve_plan(None, cluster="dgx-h100", environ=env)
     assert plan.hosts == ("n1", "n2", "n3") and src.source == "SLURM_JOB_NODELIST"
     assert src.discovered is not None and src.discovered.names == plan.hosts
     assert env.reads["SLURM_JOB_NODELIST"] == 1
