@@ -51,7 +51,6 @@ class InPlaceRecovery:
         self.pending: Pending | None = None
         self.generation = 0
         self.failed_why: str | None = None     # why the last recovery in place did not happen or failed
-        self.recoveries = 0
 
     # -- what the Supervisor calls --------------------------------------------------------------------------------
     def heard(self, sup, st, local_rank: int | None, text: str) -> bool:
@@ -69,13 +68,9 @@ class InPlaceRecovery:
         elif p is not None and rec.get("generation") == p.generation and key in p.survivors:
             if kind == "failed":
                 self._fall_back(sup, f"instance {st.index} on {st.host}: {rec.get('why')}")
-            elif kind == "abandoned":
-                p.abandoned[key] = rec
-            elif kind == "reformed":
-                p.reformed[key] = rec
-            elif kind == "trained":
-                p.trained[key] = rec
-                if len(p.trained) == len(p.survivors):
+            elif kind in ("abandoned", "reformed", "trained"):       # Pending's record of each stage
+                getattr(p, kind)[key] = rec
+                if kind == "trained" and len(p.trained) == len(p.survivors):
                     self._succeeded(sup)
         return True
 
@@ -191,7 +186,6 @@ class InPlaceRecovery:
         })
         self.record.spares = list(p.decision.spares_left)
         self.plan = p.decision.plan
-        self.recoveries += 1
         self.failed_why = None
         lost = sup.instances[p.failure.instance]
         lost.exit_code = 0         # status "lost", dropped by the re-plan: the attempt's outcome is the survivors'
