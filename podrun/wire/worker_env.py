@@ -224,11 +224,9 @@ def worker_env(plan: "Plan", instance_index: int, local_rank: int, *, run_id: st
     wpi = workers_per_instance(plan)
     if not 0 <= local_rank < wpi:
         raise ValueError(f"local_rank {local_rank} out of range for {wpi} workers per instance")
-    rank = instance_index * wpi + local_rank
-    podrun = {"run_id": run_id, "run_dir": run_dir, "plan_path": plan_path, "num_instances": plan.instances,
-              "instance_index": instance_index, "num_replicas": plan.replicas, "local_replicas": pl.local_replicas,
-              "replica_offset": pl.replica_offset, "devices_per_replica": plan.devices_per_replica,
-              "local_batch": plan.local_batch, "grad_accum": plan.grad_accum, "global_batch": plan.global_batch,
+    rank, popdist = instance_index * wpi + local_rank, popdist_env(plan, instance_index)
+    podrun = {"run_id": run_id, "run_dir": run_dir, "plan_path": plan_path,
+              **{k: popdist[name] for k, name in POPDIST_FIELDS.items()}, "local_batch": plan.local_batch, "grad_accum": plan.grad_accum, "global_batch": plan.global_batch,
               "restart_count": restart_count}
     if max_restarts > 0 and snapshot_key:   # only where a restart may read them: they cost a write per update
         podrun["snapshot_dir"] = snapshot_dir(run_id, pl.host, snapshot_key)
@@ -247,7 +245,7 @@ def worker_env(plan: "Plan", instance_index: int, local_rank: int, *, run_id: st
         "TORCHELASTIC_ERROR_FILE": error_file(run_dir, instance_index, local_rank),
     })
     if is_ipu(plan):
-        env.update(popdist_env(plan, instance_index))
+        env.update(popdist)
     return {k: str(v) for k, v in env.items()}
 
 
