@@ -15,9 +15,8 @@ import torch
 from podrun import safefs
 from podrun.rundir.layout import TRAIN_SUMMARY
 from podrun.runtime import progress
-from podrun.runtime.steps import mean_split
+from podrun.runtime.steps import StepClock, mean_split
 from podrun.train import save
-from podrun.train.busy import BusyClock
 from podrun.train.config import TrainError
 from podrun.train.data import Loader, eval_batches, normalize, position
 from podrun.train.optim import mix_batch, soft_cross_entropy
@@ -60,7 +59,7 @@ def run(s: Session, step: int, acc: dict[str, float], origin: dict[str, Any] | N
                      (cfg.log_every if device.kind == "cuda" else 1))
     rows = StepRows(s, acc, reduced=inplace is not None)
     # the step's split: host-clock stamps, each after a synchronize on CUDA (queued kernels counted where they run)
-    busy = BusyClock(s.wrapped, sync=torch.cuda.synchronize if device.kind == "cuda" else None,
+    busy = StepClock(s.wrapped, sync=torch.cuda.synchronize if device.kind == "cuda" else None,
                      loaders=_loaders(s))
     busy.start()                       # the step's start: before its batch is fetched
     first = step + 1                   # the attempt's first step: start-up (CUDA's autotune, the first allocations,
@@ -93,7 +92,7 @@ def run(s: Session, step: int, acc: dict[str, float], origin: dict[str, Any] | N
         if inplace is not None:
             inplace.done(step)
         split = busy.split()
-        rows.pending.append(Pending(step, epoch, lr_now, stats, busy.seconds(), split if step != first else None))
+        rows.pending.append(Pending(step, epoch, lr_now, stats, busy.busy(), split if step != first else None))
         end_of_epoch = estep == s.steps_per_epoch - 1
         checkpoint_now = cfg.checkpoint_every > 0 and step % cfg.checkpoint_every == 0 and step < s.total
         if len(rows.pending) >= sync_every or end_of_epoch or checkpoint_now or step >= s.total:
