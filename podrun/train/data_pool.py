@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from podrun.train.images import DataError, ImageDataset, make_micro
-from podrun.wire.worker_env import cpu_share
+from podrun.wire.worker_env import cpus_here
 
 PR_SET_PDEATHSIG = 1
 WORKERS_ENV = "PODRUN_LOADER_WORKERS"       # --loader-workers, for a script of one's own
@@ -102,5 +102,4 @@ def default_workers(ds: ImageDataset, local_world_size: int, given: int | None =
         return max(0, given)
     if not ds.decodes_files:
         return 0
-    share = cpu_share()
-    return share if share is not None else max(1, len(os.sched_getaffinity(0)) // max(1, local_world_size))
+    return cpus_here(local_world_size)

@@ -98,11 +98,11 @@ SIGNALS_HANDLED = "SIGTERM,SIGINT,SIGHUP,SIGUSR1"
 DATA_INTERFACE_NAMES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 
-def cpus_here() -> int:
+def cpus_here(local_world_size: int = 1) -> int:
     """The cores this process may run on: podrun's share (CPUS_ENV, --cpu-bind's set) where it set one, else its
-    affinity."""
+    affinity shared by the ``local_world_size`` ranks on its host (at least one core)."""
     share = cpu_share()
-    return share if share is not None else len(os.sched_getaffinity(0))
+    return share if share is not None else max(1, len(os.sched_getaffinity(0)) // max(1, local_world_size))
 
 
 def data_interface_env(name: str | None) -> tuple[tuple[str, str], ...]:
