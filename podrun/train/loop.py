@@ -267,10 +267,7 @@ class StepRows:
                          "images_per_sec": rate, "images_per_sec_instance": rate * s.info.local_world_size / s.world})
         self.acc = save.new_accumulators()
         if s.cfg.eval_every > 0 and (epoch + 1) % s.cfg.eval_every == 0 and step < s.total:
-            progress.phase("eval")
-            t0 = time.perf_counter()        # the eval record's seconds: the run's account
-            s.metrics.write({"kind": "eval", "step": step, "epoch": epoch, **_evaluate(s),
-                             "seconds": round(time.perf_counter() - t0, 4)})
+            _evaluate(s, step, epoch)
             s.wrapped.train()
         self.t_last = time.perf_counter()
 
@@ -281,11 +278,7 @@ def _finish(s: Session, step: int, acc: dict[str, float], resumed: str | None) -
     if step > 0:
         progress.phase("checkpoint")
     save.final(s, step, acc)
-    progress.phase("eval")
-    t0 = time.perf_counter()
-    last_eval = _evaluate(s)
-    s.metrics.write({"kind": "eval", "step": step, "epoch": (step - 1) // s.steps_per_epoch if step else 0,
-                     **last_eval, "seconds": round(time.perf_counter() - t0, 4)})
+    last_eval = _evaluate(s, step, (step - 1) // s.steps_per_epoch if step else 0)
     summary = {"steps": step, "total_steps": s.total, "global_batch": s.global_batch, "local_batch": s.local_batch,
                "grad_accum": s.grad_accum, "world_size": s.world, "seconds": time.time() - s.t_start,
                "run_dir": str(s.run_dir), "resumed_from": resumed, **last_eval}
@@ -309,9 +302,12 @@ def _finish(s: Session, step: int, acc: dict[str, float], resumed: str | None) -
     return summary
 
 
-def _evaluate(s: Session) -> dict[str, Any]:
+def _evaluate(s: Session, step: int, epoch: int) -> dict[str, Any]:
     """Top-1 accuracy and loss on the validation split, sharded by rank and summed over workers (under FSDP every
-    rank evaluates every sample, no reduction)."""
+    rank evaluates every sample, no reduction), in phase "eval"; written as the eval record of ``step`` and
+    ``epoch`` with its seconds (the run's account)."""
+    progress.phase("eval")
+    t0 = time.perf_counter()
     cfg, device, amp_dtype, model = s.cfg, s.device, s.amp_dtype, s.eval_model
     model.eval()
     stats = torch.zeros(3, dtype=torch.float64)
@@ -329,4 +325,6 @@ def _evaluate(s: Session) -> dict[str, Any]:
     if not s.use_fsdp:
         all_reduce(stats)
     n = max(stats[2].item(), 1.0)
-    return {"val_loss": stats[0].item() / n, "val_accuracy": stats[1].item() / n, "val_samples": int(stats[2].item())}
+    ev = {"val_loss": stats[0].item() / n, "val_accuracy": stats[1].item() / n, "val_samples": int(stats[2].item())}
+    s.metrics.write({"kind": "eval", "step": step, "epoch": epoch, **ev, "seconds": round(time.perf_counter() - t0, 4)})
+    return ev
