@@ -80,9 +80,9 @@ class InPlaceRecovery:
         if self.pending is not None:
             self._fall_back(sup, f"{st.host} was lost too during the recovery")
             return False
-        why = self._refusal(sup, st)
+        survivors = [s for s in sup.instances.values() if s.index != st.index and s.exit_code is None]
+        why = self._refusal(sup, st, survivors)
         if why is None:
-            survivors = [s for s in sup.instances.values() if s.index != st.index and s.exit_code is None]
             decision = next_plan(self.policy, self.plan, (st.host,), tuple(self.record.spares))
             new_hosts = list(decision.plan.hosts) if decision.plan is not None else None
             if decision.plan is None:
@@ -134,14 +134,12 @@ class InPlaceRecovery:
             self._fall_back(sup, f"{who} {what} within {REFORM_S:g} s")
 
     # -- its own ------------------------------------------------------------------------------------------------
-    def _refusal(self, sup, st) -> str | None:
+    def _refusal(self, sup, st, survivors: list) -> str | None:
         if sup.failures or sup.signalled is not None:
             return "the run is ending already"
         if st.index == 0:
             return "rank 0's host was lost (its agent serves the store the group forms on)"
-        survivors = [(s.index, lr) for s in sup.instances.values() if s.index != st.index and s.exit_code is None
-                     for lr in range(self.wpi)]
-        unready = [k for k in survivors if k not in self.ready]
+        unready = [(s.index, lr) for s in survivors for lr in range(self.wpi) if (s.index, lr) not in self.ready]
         if unready:
             return (f"{len(unready)} surviving worker(s) cannot recover in place (a script without podrun's "
                     "in-place loop, or not yet training)")
