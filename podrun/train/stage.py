@@ -60,10 +60,7 @@ def _copy(src: Path, dest: Path, sha256: str) -> int:
     """``src`` to ``dest`` whole (a new file renamed over it), its digest checked on the way; its bytes."""
     digest, n = hashlib.sha256(), 0
     with open(src, "rb") as f, safefs.replacing(dest, "staged shard", error=DataError, durable=False) as out:
-        while True:
-            chunk = f.read(CHUNK)
-            if not chunk:
-                break
+        for chunk in iter(lambda: f.read(CHUNK), b""):
             digest.update(chunk)
             out.write(chunk)
             n += len(chunk)
