@@ -47,10 +47,9 @@ class Staged:
 def local_disk(environ: Mapping[str, str] | None = None, spec_disk: str | None = None) -> tuple[Path, str] | None:
     """(the node-local disk, where it came from), or None where the cluster names none."""
     env = os.environ if environ is None else environ
-    for name in LOCAL_DISK_ENVS:
-        value = env.get(name, "")
-        if value:
-            return Path(value), f"${name}={value}"
+    name = next((n for n in LOCAL_DISK_ENVS if env.get(n)), None)
+    if name is not None:
+        return Path(env[name]), f"${name}={env[name]}"
     if spec_disk:
         return Path(spec_disk), f"the cluster spec's local_disk: {spec_disk}"
     return None
