@@ -1,4 +1,4 @@
-"""Slow ranks (issue 20): the cost of the busy clock (podrun.train.busy: a post-accumulate-grad hook per parameter
+"""Slow ranks (issue 20): the cost of the busy clock (podrun.runtime.steps.StepClock: a post-accumulate-grad hook per parameter
 that notes when the last gradient is ready; DDP's own all-reduce untouched) on the step time, against DDP with no
 hook on the same loop, interleaved; and how much of the step the busy time covers."""
 from __future__ import annotations

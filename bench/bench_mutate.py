@@ -110,7 +110,7 @@ SCOPES = {
                                    "verified", "read", "open_writer", "recover", "_load"),
     # the digest, the write, the trust and the choice of a checkpoint (not the generators' state, the pruning or
     # the messages of a full disk)
-    "podrun/train/checkpoint.py": ("check_keep", "write", "seal", "encode", "verify", "decode", "remove_dead_temps",
+    "podrun/train/checkpoint.py": ("check_keep", "write", "seal", "verify", "decode", "remove_dead_temps",
                                    "save", "list_checkpoints", "newest_good", "load_latest"),
 }
 

@@ -1,5 +1,5 @@
-"""One rank of a 2-rank DDP loop over gloo (argv: MODE STEPS, MODE "hook": podrun.train.busy's clock on, "split":
-the clock's every stamp of the step split as the recipes' runner takes them (podrun.runtime.steps.StepClock),
+"""One rank of a 2-rank DDP loop over gloo (argv: MODE STEPS, MODE "hook": the busy clock on, "split": the
+clock's every stamp of the step split as the recipes' runner takes them (podrun.runtime.steps.StepClock both),
 "plain": DDP's built-in all-reduce, no clock); rank 0 prints the median step in ms and the median busy time."""
 import gc
 import statistics
@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from podrun.train.busy import BusyClock
+from podrun.runtime.steps import StepClock
 
 mode, steps = sys.argv[1], int(sys.argv[2])
 torch.set_num_threads(1)
@@ -18,7 +18,7 @@ dist.init_process_group("gloo")
 torch.manual_seed(0)
 model = nn.parallel.DistributedDataParallel(nn.Sequential(*[m for _ in range(6) for m in (nn.Linear(768, 768),
                                                                                            nn.ReLU())]))
-clock = BusyClock(model) if mode in ("hook", "split") else None
+clock = StepClock(model) if mode in ("hook", "split") else None
 split = mode == "split"
 opt = torch.optim.SGD(model.parameters(), lr=0.001)
 x, y = torch.randn(32, 768), torch.randn(32, 768)
@@ -33,7 +33,7 @@ for i in range(steps):
     if split:
         clock.synced()
     if clock is not None:
-        busy.append(clock.seconds())
+        busy.append(clock.busy())
     opt.step()
     opt.zero_grad()
     if split:

@@ -16,23 +16,12 @@ from podrun import models
 from podrun.safefs import write_kernel
 from podrun.specs.recipe import RecipeSpec
 from podrun.train.optim import build_optimizer
+from podrun.train.recipe_main import model_kwargs     # the model's options as the recipe's train.py builds it
 
 
 def input_size(recipe: RecipeSpec, image_size: int | None) -> int:
     """The side in pixels of the inputs: ``image_size`` when given, else the recipe's dataset's."""
     return recipe.dataset.image_size if image_size is None else image_size
-
-
-def model_kwargs(recipe: RecipeSpec, image_size: int | None = None) -> dict:
-    """The model's options as the recipe's train.py builds it (podrun.train.recipe_main) for inputs of
-    ``image_size`` pixels (None: the recipe's)."""
-    known = models.options(recipe.model.name)
-    m = recipe.model
-    kw = {key: value for key, value in (("norm", m.norm), ("stem", m.stem), ("classifier", m.classifier))
-          if value and key in known}
-    if "image_size" in known:
-        kw["image_size"] = input_size(recipe, image_size)
-    return kw
 
 
 def autocast_dtype(recipe: RecipeSpec, device: str):
@@ -55,7 +44,7 @@ class Stepper:
         torch.manual_seed(0)
         r = self.recipe
         self.model = models.build(r.model.name, num_classes=r.dataset.num_classes,
-                                  **model_kwargs(r, self.image_size)).to(self.device)
+                                  **model_kwargs(r, input_size(r, self.image_size))).to(self.device)
         self.model.train()
         o = r.optimizer
         self.opt = build_optimizer(self.model, o.name, r.lr.base, momentum=o.momentum, weight_decay=o.weight_decay,

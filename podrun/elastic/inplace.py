@@ -51,7 +51,6 @@ class InPlaceRecovery:
         self.pending: Pending | None = None
         self.generation = 0
         self.failed_why: str | None = None     # why the last recovery in place did not happen or failed
-        self.recoveries = 0
 
     # -- what the Supervisor calls --------------------------------------------------------------------------------
     def heard(self, sup, st, local_rank: int | None, text: str) -> bool:
@@ -69,13 +68,9 @@ class InPlaceRecovery:
         elif p is not None and rec.get("generation") == p.generation and key in p.survivors:
             if kind == "failed":
                 self._fall_back(sup, f"instance {st.index} on {st.host}: {rec.get('why')}")
-            elif kind == "abandoned":
-                p.abandoned[key] = rec
-            elif kind == "reformed":
-                p.reformed[key] = rec
-            elif kind == "trained":
-                p.trained[key] = rec
-                if len(p.trained) == len(p.survivors):
+            elif kind in ("abandoned", "reformed", "trained"):       # Pending's record of each stage
+                getattr(p, kind)[key] = rec
+                if kind == "trained" and len(p.trained) == len(p.survivors):
                     self._succeeded(sup)
         return True
 
@@ -85,9 +80,9 @@ class InPlaceRecovery:
         if self.pending is not None:
             self._fall_back(sup, f"{st.host} was lost too during the recovery")
             return False
-        why = self._refusal(sup, st)
+        survivors = [s for s in sup.instances.values() if s.index != st.index and s.exit_code is None]
+        why = self._refusal(sup, st, survivors)
         if why is None:
-            survivors = [s for s in sup.instances.values() if s.index != st.index and s.exit_code is None]
             decision = next_plan(self.policy, self.plan, (st.host,), tuple(self.record.spares))
             new_hosts = list(decision.plan.hosts) if decision.plan is not None else None
             if decision.plan is None:
@@ -139,14 +134,12 @@ class InPlaceRecovery:
             self._fall_back(sup, f"{who} {what} within {REFORM_S:g} s")
 
     # -- its own ------------------------------------------------------------------------------------------------
-    def _refusal(self, sup, st) -> str | None:
+    def _refusal(self, sup, st, survivors: list) -> str | None:
         if sup.failures or sup.signalled is not None:
             return "the run is ending already"
         if st.index == 0:
             return "rank 0's host was lost (its agent serves the store the group forms on)"
-        survivors = [(s.index, lr) for s in sup.instances.values() if s.index != st.index and s.exit_code is None
-                     for lr in range(self.wpi)]
-        unready = [k for k in survivors if k not in self.ready]
+        unready = [(s.index, lr) for s in survivors for lr in range(self.wpi) if (s.index, lr) not in self.ready]
         if unready:
             return (f"{len(unready)} surviving worker(s) cannot recover in place (a script without podrun's "
                     "in-place loop, or not yet training)")
@@ -191,7 +184,6 @@ class InPlaceRecovery:
         })
         self.record.spares = list(p.decision.spares_left)
         self.plan = p.decision.plan
-        self.recoveries += 1
         self.failed_why = None
         lost = sup.instances[p.failure.instance]
         lost.exit_code = 0         # status "lost", dropped by the re-plan: the attempt's outcome is the survivors'

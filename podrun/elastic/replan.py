@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from podrun.errors import LaunchError, PlanError
+from podrun.wire.protocol import LOST_EXIT
 
 if TYPE_CHECKING:  # pragma: no cover
     from podrun.plan import Overrides
@@ -14,8 +15,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from podrun.rundir.summary import Summary
     from podrun.specs.cluster import ClusterSpec
     from podrun.specs.recipe import RecipeSpec
-
-LOST_EXIT = 255           # the supervisor's code for an instance whose host stopped answering
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ HOST_POINTS = 240              # points kept per host over a run (past it, every
 
 class SlowRanks:
     """The slow-rank watch (pure): each rank's busy times (its own work per step, without the wait for the
-    others: podrun.train.busy) over its last SLOW_WINDOW steps; a rank whose median stays at least SLOW_FACTOR x
+    others: podrun.runtime.steps.StepClock) over its last SLOW_WINDOW steps; a rank whose median stays at least SLOW_FACTOR x
     the median of the other ranks' medians (and SLOW_MIN_GAP_S above it) is named once, and can be named again only
     after its median fell back under SLOW_CLEAR x. A report covers the steps since the rank's last one (a worker
     merges steps shorter than its report interval, podrun.runtime.progress), so the window is full once its reports

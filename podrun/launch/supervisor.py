@@ -36,9 +36,9 @@ from podrun.redaction import redact_text
 from podrun.rundir import layout
 from podrun.rundir.summary import Summary
 from podrun.wire import protocol
+from podrun.wire.protocol import LOST_EXIT
 from podrun.wire.control import STACKS, Ask
 
-LOST_EXIT = 255           # like ssh: the connection to a host was lost
 STRAGGLER_EXIT = 124      # like timeout(1): workers still running past --straggler-timeout
 # SIGHUP: terminal closed, ssh dropped; SIGUSR1: Slurm's warning before a preemption or the time limit
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)

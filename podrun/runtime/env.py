@@ -188,34 +188,21 @@ def read_plan(info: WorkerInfo | None = None) -> dict | None:
         raise RuntimeEnvError(f"{info.plan_path}: not valid JSON ({exc})") from None
 
 
-# popdist-style queries (getNumInstances, getInstanceIndex, ...), valid under any launcher
-def num_instances() -> int:
-    return read_worker_info().num_instances
+# popdist-style queries (getNumInstances, getInstanceIndex, ...), valid under any launcher: each returns one field
+# of this worker's WorkerInfo
+def _query(name: str, field: str):
+    def query():
+        return getattr(read_worker_info(), field)
+
+    query.__name__ = query.__qualname__ = name
+    return query
 
 
-def instance_index() -> int:
-    return read_worker_info().instance_index
-
-
-def num_total_replicas() -> int:
-    return read_worker_info().num_replicas
-
-
-def num_local_replicas() -> int:
-    return read_worker_info().local_replicas
-
-
-def replica_index_offset() -> int:
-    return read_worker_info().replica_offset
-
-
-def local_batch() -> int | None:
-    return read_worker_info().local_batch
-
-
-def grad_accum() -> int | None:
-    return read_worker_info().grad_accum
-
-
-def global_batch() -> int | None:
-    return read_worker_info().global_batch
+num_instances = _query("num_instances", "num_instances")
+instance_index = _query("instance_index", "instance_index")
+num_total_replicas = _query("num_total_replicas", "num_replicas")
+num_local_replicas = _query("num_local_replicas", "local_replicas")
+replica_index_offset = _query("replica_index_offset", "replica_offset")
+local_batch = _query("local_batch", "local_batch")                       # None when not launched by podrun
+grad_accum = _query("grad_accum", "grad_accum")
+global_batch = _query("global_batch", "global_batch")

@@ -26,7 +26,7 @@ import os
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Callable
 
 import torch
@@ -221,10 +221,9 @@ def read_plan(path: str) -> NewPlan | None:
 
     try:
         raw = json.loads(safefs.read_trusted(path, "in-place plan", limit=PLAN_LIMIT))
-        plan = NewPlan(**{k: int(raw[k]) for k in ("generation", "rank", "world", "local_batch", "grad_accum")})
+        return NewPlan(**{f.name: int(raw[f.name]) for f in fields(NewPlan)})
     except (OSError, PodrunError, ValueError, KeyError, TypeError):
         return None
-    return plan
 
 
 class Watch:

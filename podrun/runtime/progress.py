@@ -54,14 +54,8 @@ def report(step: int | None = None, total: int | None = None, *, epoch: int | No
     if (not force and not last_step and phase == _state["phase"]
             and now - _state["last"] < MIN_INTERVAL_S):
         return False
-    data = (Progress(phase, step, total, epoch, loss, samples_per_sec, step_seconds, busy_seconds,
-                     split).encode() + "\n").encode()
-    try:
-        os.write(fd, data)             # one write < PIPE_BUF: never interleaved with another thread's
-    except (BlockingIOError, ValueError):
-        return False
-    except OSError:                     # the agent is gone: stop trying
-        _state["fd"] = None
+    if not _write(fd, Progress(phase, step, total, epoch, loss, samples_per_sec, step_seconds, busy_seconds,
+                               split).encode()):
         return False
     _state["last"], _state["phase"] = now, phase
     return True
@@ -71,14 +65,17 @@ def send(record: dict) -> bool:
     """One record as it is, sent at once (never merged): what the in-place recovery tells the controller
     (podrun.runtime.inplace.tell); False outside podrun or when the agent's pipe is full."""
     fd = _fd()
-    if fd is None:
-        return False
-    data = (json.dumps(record, separators=(",", ":"), default=float) + "\n").encode()
+    return fd is not None and _write(fd, json.dumps(record, separators=(",", ":"), default=float))
+
+
+def _write(fd: int, line: str) -> bool:
+    """``line`` and its newline on the agent's pipe in one write (< PIPE_BUF: never interleaved with another
+    thread's); False when the pipe is full, or the agent is gone (then no more tries)."""
     try:
-        os.write(fd, data)
+        os.write(fd, (line + "\n").encode())
     except (BlockingIOError, ValueError):
         return False
-    except OSError:
+    except OSError:                     # the agent is gone: stop trying
         _state["fd"] = None
         return False
     return True

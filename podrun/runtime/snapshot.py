@@ -16,6 +16,7 @@ imported only by the functions that need it (the agent makes and removes the dir
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import hmac
 import io
@@ -154,19 +155,20 @@ def held(directory: str | os.PathLike | None) -> list[tuple[int, int]]:
 
 POLY1305, HMAC_SHA256 = "poly1305", "hmac-sha256"   # a seal's MAC: the fast one, or where it is not available
 _CHUNK = 1 << 20        # bytes copied, then MACed while still in the cache
+SEAL_FIELDS = ("mac", "nonce", "tag")               # a seal's fields in a header or a transfer
 
 
-_POLY: list = []
+def _chunks(pieces, size: int = _CHUNK):
+    """The bytes of ``pieces`` (buffers, in order) as memoryviews of at most ``size`` bytes."""
+    for piece in pieces:
+        view = memoryview(piece).cast("B")
+        for at in range(0, view.nbytes, size):
+            yield view[at:at + size]
 
 
+@functools.cache
 def _poly1305():
     """cryptography's Poly1305 class (OpenSSL's, at memory speed), or None where this build has none."""
-    if not _POLY:
-        _POLY.append(_find_poly1305())
-    return _POLY[0]
-
-
-def _find_poly1305():
     try:
         from cryptography.hazmat.primitives.poly1305 import Poly1305
 
@@ -219,9 +221,8 @@ def _matches(key: bytes, step: int, kind: str, data, seal: dict) -> bool:
         s = _Seal(key, step, kind, len(data), mac, nonce)
     except (KeyError, TypeError, ValueError, SnapshotError):
         return False
-    view = memoryview(data).cast("B")
-    for at in range(0, len(view), 64 * _CHUNK):
-        s.update(view[at:at + 64 * _CHUNK])
+    for chunk in _chunks([data], 64 * _CHUNK):
+        s.update(chunk)
     return hmac.compare_digest(s.tag()["tag"], want)
 
 
@@ -330,8 +331,7 @@ class Writer:
             self._uncommit(k)                                 # the slot stops counting before it changes
         except (SnapshotDirError, OSError) as exc:            # the directory was changed under the run
             self.error = _one_line(exc)
-            print(f"podrun: snapshots in {self.dir} turned off: {self.error}", file=sys.stderr, flush=True)
-            self.error += " (reported)"
+            self._report()
             return
         self._thread = threading.Thread(target=self._write, args=(k, step, state), name="podrun-snapshot",
                                         daemon=True)
@@ -374,24 +374,18 @@ class Writer:
             dst = self._mapped(k, size)
             if dst is None:
                 with self._open_data(k) as f:
-                    for piece in pieces:   # one pass over each tensor's bytes: the copy, then the MAC from the cache
-                        view = memoryview(piece).cast("B")
-                        for at in range(0, view.nbytes, _CHUNK):
-                            chunk = view[at:at + _CHUNK]
-                            f.write(chunk)
-                            seal.update(chunk)
+                    for chunk in _chunks(pieces):   # one pass over the bytes: the copy, then the MAC from the cache
+                        f.write(chunk)
+                        seal.update(chunk)
                     f.truncate(size)
             else:
                 import numpy as np
 
                 at = 0
-                for piece in pieces:       # the copy (numpy's, without the GIL), then the MAC from the cache
-                    view = memoryview(piece).cast("B")
-                    for o in range(0, view.nbytes, _CHUNK):
-                        chunk = view[o:o + _CHUNK]
-                        dst[at:at + chunk.nbytes] = np.frombuffer(chunk, np.uint8)
-                        seal.update(chunk)
-                        at += chunk.nbytes
+                for chunk in _chunks(pieces):       # the copy (numpy's, without the GIL), then the MAC from the cache
+                    dst[at:at + chunk.nbytes] = np.frombuffer(chunk, np.uint8)
+                    seal.update(chunk)
+                    at += chunk.nbytes
                 del dst
             self._commit(k, step, size, kind, seal.tag())
         except Exception as exc:  # noqa: BLE001 - any failure turns snapshots off, training goes on
@@ -462,7 +456,7 @@ class Writer:
                     data = f.read()
             except OSError:
                 continue
-            kind, seal = h.get("kind"), {f: h.get(f) for f in ("mac", "nonce", "tag")}
+            kind, seal = h.get("kind"), {f: h.get(f) for f in SEAL_FIELDS}
             if kind in KINDS and len(data) == h["bytes"] and _matches(self.key, step, kind, data, seal):
                 self._verified = (step, kind, data, seal)
                 return [step]
@@ -481,8 +475,12 @@ class Writer:
             t.join()
             self._thread = None
             if self.error is not None:
-                print(f"podrun: snapshots in {self.dir} turned off: {self.error}", file=sys.stderr, flush=True)
-                self.error = self.error + " (reported)"
+                self._report()
+
+    def _report(self) -> None:
+        """Say once, on stderr, why snapshots turned off (the error is marked reported)."""
+        print(f"podrun: snapshots in {self.dir} turned off: {self.error}", file=sys.stderr, flush=True)
+        self.error += " (reported)"
 
     def close(self) -> None:
         self.wait()
@@ -569,7 +567,7 @@ def recover(writer: Writer | None, newer_than: int, restart_count: int = 0) -> R
             n = int.from_bytes(got[:2], "little")
             try:
                 meta = json.loads(got[2:2 + n])
-                kind, seal = meta["kind"], {f: meta[f] for f in ("mac", "nonce", "tag")}
+                kind, seal = meta["kind"], {f: meta[f] for f in SEAL_FIELDS}
             except (ValueError, KeyError, TypeError):
                 kind, seal = None, {}
             data = got[2 + n:]

@@ -26,6 +26,7 @@ queued are counted in a later phase.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from typing import Callable
 
@@ -97,14 +98,9 @@ class StepClock:
         self.t[1] = self.t[2] = self.t[3] = None
         self.grad.reset()
 
-    def fetched(self) -> None:
-        self._stamp(1)
-
-    def synced(self) -> None:
-        self._stamp(2)
-
-    def stepped(self) -> None:
-        self._stamp(3)
+    fetched = functools.partialmethod(_stamp, 1)
+    synced = functools.partialmethod(_stamp, 2)
+    stepped = functools.partialmethod(_stamp, 3)
 
     def busy(self) -> float | None:
         if not self.grad.hooked or self.t[0] is None or self.grad.at is None:

@@ -99,15 +99,6 @@ class _Digesting:
         self.f.write(struct.pack("<H", _COMMENT) + _MARK + self.sha.hexdigest().encode())
 
 
-def encode(state: dict[str, Any]) -> bytes:
-    """``state`` as a checkpoint file holds it: torch.save's archive with its sha256 as the archive's comment."""
-    buf = io.BytesIO()
-    w = _Digesting(buf)
-    torch.save(state, w)
-    w.seal()
-    return buf.getvalue()
-
-
 def verify(data: bytes) -> str | None:
     """None when ``data`` carries a digest its bytes match; else why not."""
     n = len(data)

@@ -348,10 +348,7 @@ class Loader:
         t.start()
         _PREFETCHERS[t] = stop
         try:
-            while True:
-                item = q.get()
-                if item is END:
-                    return
+            for item in iter(q.get, END):
                 if isinstance(item, BaseException):
                     raise item
                 yield item

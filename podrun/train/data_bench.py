@@ -6,6 +6,7 @@ import os
 import time
 from dataclasses import dataclass
 
+from podrun.proctl import stat_fields
 from podrun.train.data import DataError
 from podrun.wire.worker_env import cpu_share, cpus_here
 
@@ -31,16 +32,10 @@ class BenchRow:
 
 def cpu_seconds(pids: list[int]) -> float | None:
     """User + system CPU seconds of these processes so far (Linux /proc; None elsewhere or when one has ended)."""
-    try:
-        tick = os.sysconf("SC_CLK_TCK")
-        total = 0
-        for pid in pids:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-        return total / tick
-    except (OSError, ValueError, IndexError):
+    stats = [stat_fields(pid) for pid in pids]     # utime and stime: fields 14 and 15 of /proc/<pid>/stat
+    if any(fields is None or len(fields) < 13 for fields in stats):
         return None
+    return sum(int(fields[11]) + int(fields[12]) for fields in stats) / os.sysconf("SC_CLK_TCK")
 
 
 def host_cores(local_world_size: int = 1) -> int:

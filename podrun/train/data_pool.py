@@ -10,31 +10,18 @@ are asynchronous (``.to(device, non_blocking=True)`` in the loop). The pinned pa
 """
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 import warnings
 from typing import Iterable, Iterator
 
 import numpy as np
 import torch
 
+from podrun.proctl import die_with_parent
 from podrun.train.images import DataError, ImageDataset, make_micro
-from podrun.wire.worker_env import cpu_share
+from podrun.wire.worker_env import cpus_here
 
-PR_SET_PDEATHSIG = 1
 WORKERS_ENV = "PODRUN_LOADER_WORKERS"       # --loader-workers, for a script of one's own
-
-
-def die_with_parent(parent: int) -> None:
-    """Ask for SIGKILL when the forking thread's process ends; exit at once if it already has."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):     # not Linux: DataLoader's parent watch remains
-        pass
-    if os.getppid() != parent:           # the rank died between the fork and the prctl
-        os._exit(1)
 
 
 class _Micro(torch.utils.data.Dataset):
@@ -56,21 +43,16 @@ class _Micro(torch.utils.data.Dataset):
         return len(self.ds)
 
 
-def _init(parent: int):
-    def init(_worker_id: int) -> None:
-        die_with_parent(parent)
-    return init
-
-
 def pooled(ds: ImageDataset, keys: Iterable[tuple[int, int, int, np.ndarray]], workers: int, *,
            pin_memory: bool = False, prefetch_factor: int = 2, train: bool = True) -> Iterator[tuple]:
     """The micro batches of ``keys`` made by ``workers`` forked processes, in the keys' order (``train``: with the
     training augmentation, else the validation crop)."""
+    dies = die_with_parent()             # noted here, in the rank: a worker gets SIGKILL when the rank dies
     with warnings.catch_warnings():      # more workers than cores is the caller's choice (--loader-workers)
         warnings.filterwarnings("ignore", message="This DataLoader will create")
         loader = torch.utils.data.DataLoader(
             _Micro(ds, train), batch_size=None, sampler=keys, num_workers=workers, pin_memory=pin_memory,
-            prefetch_factor=prefetch_factor, multiprocessing_context="fork", worker_init_fn=_init(os.getpid()))
+            prefetch_factor=prefetch_factor, multiprocessing_context="fork", worker_init_fn=lambda _id: dies())
         it = iter(loader)
     try:
         for epoch, step, j, x, y, skipped in it:
@@ -102,5 +84,4 @@ def default_workers(ds: ImageDataset, local_world_size: int, given: int | None =
         return max(0, given)
     if not ds.decodes_files:
         return 0
-    share = cpu_share()
-    return share if share is not None else max(1, len(os.sched_getaffinity(0)) // max(1, local_world_size))
+    return cpus_here(local_world_size)

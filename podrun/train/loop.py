@@ -15,9 +15,8 @@ import torch
 from podrun import safefs
 from podrun.rundir.layout import TRAIN_SUMMARY
 from podrun.runtime import progress
-from podrun.runtime.steps import mean_split
+from podrun.runtime.steps import StepClock, mean_split
 from podrun.train import save
-from podrun.train.busy import BusyClock
 from podrun.train.config import TrainError
 from podrun.train.data import Loader, eval_batches, normalize, position
 from podrun.train.optim import mix_batch, soft_cross_entropy
@@ -60,7 +59,7 @@ def run(s: Session, step: int, acc: dict[str, float], origin: dict[str, Any] | N
                      (cfg.log_every if device.kind == "cuda" else 1))
     rows = StepRows(s, acc, reduced=inplace is not None)
     # the step's split: host-clock stamps, each after a synchronize on CUDA (queued kernels counted where they run)
-    busy = BusyClock(s.wrapped, sync=torch.cuda.synchronize if device.kind == "cuda" else None,
+    busy = StepClock(s.wrapped, sync=torch.cuda.synchronize if device.kind == "cuda" else None,
                      loaders=_loaders(s))
     busy.start()                       # the step's start: before its batch is fetched
     first = step + 1                   # the attempt's first step: start-up (CUDA's autotune, the first allocations,
@@ -93,7 +92,7 @@ def run(s: Session, step: int, acc: dict[str, float], origin: dict[str, Any] | N
         if inplace is not None:
             inplace.done(step)
         split = busy.split()
-        rows.pending.append(Pending(step, epoch, lr_now, stats, busy.seconds(), split if step != first else None))
+        rows.pending.append(Pending(step, epoch, lr_now, stats, busy.busy(), split if step != first else None))
         end_of_epoch = estep == s.steps_per_epoch - 1
         checkpoint_now = cfg.checkpoint_every > 0 and step % cfg.checkpoint_every == 0 and step < s.total
         if len(rows.pending) >= sync_every or end_of_epoch or checkpoint_now or step >= s.total:
@@ -268,10 +267,7 @@ class StepRows:
                          "images_per_sec": rate, "images_per_sec_instance": rate * s.info.local_world_size / s.world})
         self.acc = save.new_accumulators()
         if s.cfg.eval_every > 0 and (epoch + 1) % s.cfg.eval_every == 0 and step < s.total:
-            progress.phase("eval")
-            t0 = time.perf_counter()        # the eval record's seconds: the run's account
-            s.metrics.write({"kind": "eval", "step": step, "epoch": epoch, **_evaluate(s),
-                             "seconds": round(time.perf_counter() - t0, 4)})
+            _evaluate(s, step, epoch)
             s.wrapped.train()
         self.t_last = time.perf_counter()
 
@@ -282,11 +278,7 @@ def _finish(s: Session, step: int, acc: dict[str, float], resumed: str | None) -
     if step > 0:
         progress.phase("checkpoint")
     save.final(s, step, acc)
-    progress.phase("eval")
-    t0 = time.perf_counter()
-    last_eval = _evaluate(s)
-    s.metrics.write({"kind": "eval", "step": step, "epoch": (step - 1) // s.steps_per_epoch if step else 0,
-                     **last_eval, "seconds": round(time.perf_counter() - t0, 4)})
+    last_eval = _evaluate(s, step, (step - 1) // s.steps_per_epoch if step else 0)
     summary = {"steps": step, "total_steps": s.total, "global_batch": s.global_batch, "local_batch": s.local_batch,
                "grad_accum": s.grad_accum, "world_size": s.world, "seconds": time.time() - s.t_start,
                "run_dir": str(s.run_dir), "resumed_from": resumed, **last_eval}
@@ -310,9 +302,12 @@ def _finish(s: Session, step: int, acc: dict[str, float], resumed: str | None) -
     return summary
 
 
-def _evaluate(s: Session) -> dict[str, Any]:
+def _evaluate(s: Session, step: int, epoch: int) -> dict[str, Any]:
     """Top-1 accuracy and loss on the validation split, sharded by rank and summed over workers (under FSDP every
-    rank evaluates every sample, no reduction)."""
+    rank evaluates every sample, no reduction), in phase "eval"; written as the eval record of ``step`` and
+    ``epoch`` with its seconds (the run's account)."""
+    progress.phase("eval")
+    t0 = time.perf_counter()
     cfg, device, amp_dtype, model = s.cfg, s.device, s.amp_dtype, s.eval_model
     model.eval()
     stats = torch.zeros(3, dtype=torch.float64)
@@ -330,4 +325,6 @@ def _evaluate(s: Session) -> dict[str, Any]:
     if not s.use_fsdp:
         all_reduce(stats)
     n = max(stats[2].item(), 1.0)
-    return {"val_loss": stats[0].item() / n, "val_accuracy": stats[1].item() / n, "val_samples": int(stats[2].item())}
+    ev = {"val_loss": stats[0].item() / n, "val_accuracy": stats[1].item() / n, "val_samples": int(stats[2].item())}
+    s.metrics.write({"kind": "eval", "step": step, "epoch": epoch, **ev, "seconds": round(time.perf_counter() - t0, 4)})
+    return ev

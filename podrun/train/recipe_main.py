@@ -11,20 +11,22 @@ from podrun.specs.recipe_args import parser
 from podrun.train.config import TrainConfig
 
 
+def model_kwargs(recipe, image_size: int, norm: str | None = None) -> dict[str, Any]:
+    """The model's options from the recipe (podrun.specs.RecipeSpec) and --norm ``norm``, for inputs of
+    ``image_size`` pixels: those its model takes (a norm other than batch or group left out)."""
+    from podrun import models
+
+    known, m = models.options(recipe.model.name), recipe.model
+    kw = {key: value for key, value in (("norm", m.norm), ("stem", m.stem), ("classifier", m.classifier),
+                                        ("norm", norm))
+          if value and key in known and (key != "norm" or value in ("batch", "group"))}
+    return {**kw, "image_size": image_size} if "image_size" in known else kw
+
+
 def build_config(recipe, args: argparse.Namespace, plan: dict | None, overrides: dict[str, Any] | None = None):
     """TrainConfig from the recipe (podrun.specs.RecipeSpec), the plan (dict or None) and the arguments."""
     ds, opt, sch = recipe.dataset, recipe.optimizer, recipe.schedule
-    from podrun import models
-
-    known = models.options(recipe.model.name)
     image_size = args.image_size or ds.image_size
-    model_kwargs: dict[str, Any] = {}
-    for key, value in (("norm", recipe.model.norm), ("stem", recipe.model.stem),
-                       ("classifier", recipe.model.classifier), ("norm", args.norm)):
-        if value and key in known and (key != "norm" or value in ("batch", "group")):
-            model_kwargs[key] = value
-    if "image_size" in known:
-        model_kwargs["image_size"] = image_size
     num_classes = max(ds.num_classes, 10) if args.data == "digits" else ds.num_classes
     global_batch = args.global_batch
     if global_batch is None and args.local_batch is None and not os.environ.get("PODRUN_GLOBAL_BATCH"):
@@ -40,8 +42,8 @@ def build_config(recipe, args: argparse.Namespace, plan: dict | None, overrides:
     if amp == "fp16" and args.amp is None:
         amp = "auto_fp16"
     cfg = TrainConfig(
-        model=recipe.model.name, model_kwargs=model_kwargs, name=recipe.name, data=args.data,
-        image_size=image_size, num_classes=num_classes,
+        model=recipe.model.name, model_kwargs=model_kwargs(recipe, image_size, args.norm), name=recipe.name,
+        data=args.data, image_size=image_size, num_classes=num_classes,
         synthetic_size=0 if args.synthetic_size is None else args.synthetic_size, epochs=epochs, steps=args.steps,
         local_batch=args.local_batch, grad_accum=args.grad_accum, global_batch=global_batch,
         lr=lr, warmup_epochs=warmup, lr_base=recipe.lr.base, lr_reference_batch=recipe.lr.reference_batch,

@@ -23,7 +23,7 @@ from podrun.train.data_pool import default_workers
 from podrun.rundir.layout import CHECKPOINTS
 from podrun.rundir.metrics import MetricsWriter
 from podrun.train.optim import build_optimizer, build_scheduler
-from podrun.wire.worker_env import cpu_share
+from podrun.wire.worker_env import cpus_here
 
 
 _GROUP: list = []      # the in-place recovery's group (podrun.train.inplace_loop), which all_reduce goes through
@@ -80,8 +80,7 @@ def set_threads(cfg: TrainConfig, info: WorkerInfo, device: Device) -> None:
         return
     n = cfg.threads
     if n is None and "OMP_NUM_THREADS" not in os.environ:
-        n = cpu_share()
-        n = n if n is not None else max(1, len(os.sched_getaffinity(0)) // max(1, info.local_world_size))
+        n = cpus_here(info.local_world_size)
     if n is not None and n > 0:
         torch.set_num_threads(n)
 

@@ -47,10 +47,9 @@ class Staged:
 def local_disk(environ: Mapping[str, str] | None = None, spec_disk: str | None = None) -> tuple[Path, str] | None:
     """(the node-local disk, where it came from), or None where the cluster names none."""
     env = os.environ if environ is None else environ
-    for name in LOCAL_DISK_ENVS:
-        value = env.get(name, "")
-        if value:
-            return Path(value), f"${name}={value}"
+    name = next((n for n in LOCAL_DISK_ENVS if env.get(n)), None)
+    if name is not None:
+        return Path(env[name]), f"${name}={env[name]}"
     if spec_disk:
         return Path(spec_disk), f"the cluster spec's local_disk: {spec_disk}"
     return None
@@ -60,10 +59,7 @@ def _copy(src: Path, dest: Path, sha256: str) -> int:
     """``src`` to ``dest`` whole (a new file renamed over it), its digest checked on the way; its bytes."""
     digest, n = hashlib.sha256(), 0
     with open(src, "rb") as f, safefs.replacing(dest, "staged shard", error=DataError, durable=False) as out:
-        while True:
-            chunk = f.read(CHUNK)
-            if not chunk:
-                break
+        for chunk in iter(lambda: f.read(CHUNK), b""):
             digest.update(chunk)
             out.write(chunk)
             n += len(chunk)

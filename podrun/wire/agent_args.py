@@ -160,16 +160,14 @@ class AgentArgs:
         argv += ([f"--{self.instance.value}"] if isinstance(self.instance, FromEnv)
                  else ["--instance", str(self.instance)])
         argv += ["--no-stdin-watch"] if self.stdin_timeout is None else ["--stdin-timeout", _num(self.stdin_timeout)]
-        argv += ["--agent-store"] if self.agent_store else []
-        argv += ["--listen-fd", str(self.listen_fd)] if self.listen_fd is not None else []
-        argv += ["--warm"] if self.warm else []
-        argv += ["--hold"] if self.hold else []
-        argv += ["--needs", ",".join(self.needs)] if self.needs else []
-        argv += ["--env-stdin"] if self.env_stdin else []
-        argv += ["--worker-stdin-fd", str(self.worker_stdin_fd)] if self.worker_stdin_fd is not None else []
-        argv += ["--cpu-bind", self.cpu_bind.text()] if self.cpu_bind.binds else []
-        argv += ["--join", self.join] if self.join is not None else []
-        argv += ["--join-fd", str(self.join_fd)] if self.join_fd is not None else []
+        for option, value in (("--agent-store", self.agent_store), ("--listen-fd", self.listen_fd),
+                              ("--warm", self.warm), ("--hold", self.hold),
+                              ("--needs", ",".join(self.needs) if self.needs else None), ("--env-stdin", self.env_stdin),
+                              ("--worker-stdin-fd", self.worker_stdin_fd),
+                              ("--cpu-bind", self.cpu_bind.text() if self.cpu_bind.binds else None),
+                              ("--join", self.join), ("--join-fd", self.join_fd)):
+            if value is not None and value is not False:    # a flag when True, else the option and its value
+                argv += [option] if value is True else [option, str(value)]
         return argv + ["--", *self.command]
 
     @classmethod

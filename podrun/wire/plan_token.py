@@ -2,7 +2,7 @@
 batch>,<GA>;``, digits and commas only, so that no byte of it is another token (podrun.wire.protocol)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 MAX_FRAME = 64
 
@@ -18,8 +18,7 @@ class PlanToken:
     grad_accum: int
 
     def encode(self) -> bytes:
-        return b"P" + ",".join(str(int(v)) for v in (self.generation, self.first_rank, self.world, self.local_batch,
-                                                     self.grad_accum)).encode() + b";"
+        return b"P" + ",".join(str(int(v)) for v in astuple(self)).encode() + b";"
 
 
 class PlanFrames:

@@ -27,15 +27,13 @@ def python_version() -> str:
 
 def port_free(port: int) -> bool:
     """True when a TCP listener could bind ``port`` on every address (what torch's store will do)."""
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("", port))
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("", port))
+        except OSError:
+            return False
+    return True
 
 
 def ephemeral_low() -> int:

@@ -59,6 +59,7 @@ PART_WAIT_S = 0.2              # how long a worker's unfinished line waits for i
 STOP_CONTROLLER_LOST = "controller-lost"
 #: the ``stop`` line's why when a signal to the agent itself (not a token of its controller's) ends its workers
 STOP_SIGNALLED = "signalled"
+LOST_EXIT = 255                # like ssh: the connection to a host was lost (the supervisor's code for its instance)
 
 
 @dataclass(frozen=True)

@@ -98,11 +98,11 @@ SIGNALS_HANDLED = "SIGTERM,SIGINT,SIGHUP,SIGUSR1"
 DATA_INTERFACE_NAMES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 
-def cpus_here() -> int:
+def cpus_here(local_world_size: int = 1) -> int:
     """The cores this process may run on: podrun's share (CPUS_ENV, --cpu-bind's set) where it set one, else its
-    affinity."""
+    affinity shared by the ``local_world_size`` ranks on its host (at least one core)."""
     share = cpu_share()
-    return share if share is not None else len(os.sched_getaffinity(0))
+    return share if share is not None else max(1, len(os.sched_getaffinity(0)) // max(1, local_world_size))
 
 
 def data_interface_env(name: str | None) -> tuple[tuple[str, str], ...]:
@@ -224,11 +224,9 @@ def worker_env(plan: "Plan", instance_index: int, local_rank: int, *, run_id: st
     wpi = workers_per_instance(plan)
     if not 0 <= local_rank < wpi:
         raise ValueError(f"local_rank {local_rank} out of range for {wpi} workers per instance")
-    rank = instance_index * wpi + local_rank
-    podrun = {"run_id": run_id, "run_dir": run_dir, "plan_path": plan_path, "num_instances": plan.instances,
-              "instance_index": instance_index, "num_replicas": plan.replicas, "local_replicas": pl.local_replicas,
-              "replica_offset": pl.replica_offset, "devices_per_replica": plan.devices_per_replica,
-              "local_batch": plan.local_batch, "grad_accum": plan.grad_accum, "global_batch": plan.global_batch,
+    rank, popdist = instance_index * wpi + local_rank, popdist_env(plan, instance_index)
+    podrun = {"run_id": run_id, "run_dir": run_dir, "plan_path": plan_path,
+              **{k: popdist[name] for k, name in POPDIST_FIELDS.items()}, "local_batch": plan.local_batch, "grad_accum": plan.grad_accum, "global_batch": plan.global_batch,
               "restart_count": restart_count}
     if max_restarts > 0 and snapshot_key:   # only where a restart may read them: they cost a write per update
         podrun["snapshot_dir"] = snapshot_dir(run_id, pl.host, snapshot_key)
@@ -247,7 +245,7 @@ def worker_env(plan: "Plan", instance_index: int, local_rank: int, *, run_id: st
         "TORCHELASTIC_ERROR_FILE": error_file(run_dir, instance_index, local_rank),
     })
     if is_ipu(plan):
-        env.update(popdist_env(plan, instance_index))
+        env.update(popdist)
     return {k: str(v) for k, v in env.items()}
 
 

@@ -1,4 +1,4 @@
-"""Slow ranks (issue 20 item 5): a rank whose own busy time per step (podrun.train.busy: its work before the
+"""Slow ranks (issue 20 item 5): a rank whose own busy time per step (podrun.runtime.steps.StepClock: its work before the
 gradient all-reduce, not the wall step time every DDP rank shares) stays well above the others' is named on
 the console and in summary.json with its host; even ranks name none. Real processes, real DDP over gloo."""
 from __future__ import annotations
