@@ -329,12 +329,6 @@ class Agent(ControllerLink):
             self.lease = zygote_client.hold(run_dir, host, float("inf"))
         threading.Thread(target=lease, daemon=True).start()
 
-    def _report_error_file(self, pos: int) -> None:
-        """A failed worker's @record error file, if it wrote one, as an ``error`` line (JSON)."""
-        info = read_error_file(self.envs[pos].get("TORCHELASTIC_ERROR_FILE") or "")
-        if info is not None:
-            self.send(pos, info)
-
     def _signal_all(self, sig: int) -> None:
         """``sig`` to each worker's process group: a live worker's, and a reaped worker's while the group lives
         (proctl.signal_led_group: never a later process given the worker's pid)."""
@@ -437,8 +431,9 @@ class Agent(ControllerLink):
         for lr, rc, ended in sorted(exited, key=lambda e: e[2]):     # the first to end is told first
             for t in self.readers[lr]:
                 t.join(timeout=1.0)
-            if rc != 0:
-                self._report_error_file(lr)
+            info = read_error_file(self.envs[lr].get("TORCHELASTIC_ERROR_FILE") or "") if rc != 0 else None
+            if info is not None:         # its @record error file, as an ``error`` line (JSON)
+                self.send(lr, info)
             self.send(lr, protocol.WorkerExit(rc, ended, self.teardown_started, lr in self.hung_exits))
             if rc != 0 and self.first_failure is None and not self.teardown_started:
                 self.first_failure = rc         # its teardown may precede a restart: snapshots stay
