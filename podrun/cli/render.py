@@ -241,8 +241,7 @@ class ProgressView:
         if isinstance(step, int) and isinstance(dt, (int, float)) and not isinstance(dt, bool) and dt >= 0:
             self.trained_s += float(dt) - self.trained.get(step, 0.0)
             self.trained[step] = float(dt)
-        merged = dict(self.last or {})
-        merged.update(rec)
+        merged = {**(self.last or {}), **rec}
         if "step" in rec and "phase" not in rec:
             merged["phase"] = "train"
         self.last = merged

@@ -1,7 +1,7 @@
 """Pure job-script writers: JobRequest -> the text of a Slurm, PBS or Grid Engine (ABCI) batch script."""
 from __future__ import annotations
 
-import shlex
+from shlex import quote as _q
 
 from podrun.jobscript.job import SCHEDULER_TABLE, JobRequest, format_time, validate
 from podrun.pystart import is_helper
@@ -12,10 +12,6 @@ _MODULES_INIT = (
     "  . /etc/profile.d/modules.sh\n"
     "fi"
 )
-
-
-def _q(s: str) -> str:
-    return shlex.quote(s)
 
 
 def _body(req: JobRequest, cd_default: str | None) -> list[str]:
@@ -74,8 +70,7 @@ def _slurm(req: JobRequest) -> str:
         d.append(f"--account={req.account}")
     log = req.log_dir.rstrip("/") + "/" if req.log_dir else ""
     d += [f"--output={req.output or log + '%x-%j.out'}", f"--error={req.error or log + '%x-%j.err'}", "--no-requeue"]
-    over = req.launch_transport
-    how = f"over {over}" if over else "through its engine"
+    how = f"over {req.launch_transport}" if req.launch_transport else "through its engine"
     return _script(req, "#SBATCH", d, f"podrun launch starts the instances {how} on the hosts of $SLURM_JOB_NODELIST")
 
 
