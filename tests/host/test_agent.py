@@ -30,7 +30,7 @@ def test_protocol_round_trip_and_raw_lines():
 
 
 def _request(tmp_path, command, master_port: int | None = None, grace: float = 5.0, **kw):
-    plan, _, _ = resolve_plan(None, devices_per_host=2, instances_per_host=2)   # 2 instances x 1 worker
+    plan, *_ = resolve_plan(None, devices_per_host=2, instances_per_host=2)   # 2 instances x 1 worker
     req = build_request(plan, command, transport="local", runs_dir=str(tmp_path / "runs"), run_id="a",
                         master_port=master_port, grace=grace, **kw)
     write_plan(req.run_dir, plan)
@@ -167,7 +167,7 @@ def _clean_env(**extra) -> dict[str, str]:
 def test_rank_from_env_runs_the_one_worker_of_that_rank(tmp_path):
     """--rank-from-env (mpirun, one MPI rank per worker): rank 3 of 2 instances x 2 workers is instance 1,
     local rank 1; the agent runs only it and tags its own lines with that local rank."""
-    plan, _, _ = resolve_plan(None, devices_per_host=4, instances_per_host=2)
+    plan, *_ = resolve_plan(None, devices_per_host=4, instances_per_host=2)
     req = build_request(plan, ["sh", "-c", "echo $RANK/$LOCAL_RANK/$PODRUN_INSTANCE_INDEX/$WORLD_SIZE"],
                         transport="local", runs_dir=str(tmp_path / "runs"), run_id="a")
     write_plan(req.run_dir, plan)
@@ -293,7 +293,7 @@ def test_a_launchers_agent_forks_a_later_attempts_workers_from_a_zygote_it_start
 
     from podrun.host import zygote_client
 
-    plan, _, _ = resolve_plan(None, devices_per_host=2)           # 1 instance x 2 workers
+    plan, *_ = resolve_plan(None, devices_per_host=2)           # 1 instance x 2 workers
     code = "import os\nif os.environ.get('NEVER'):\n    import torch\nprint('warm', os.environ.get('PODRUN_WARM'))"
     req = build_request(plan, [sys.executable, "-c", code], transport="local", runs_dir=str(tmp_path / "runs"),
                         run_id="a", max_restarts=2)
