@@ -244,13 +244,11 @@ def print_dry_run(record: dict, shows: str = "auto") -> None:
         print()
         comment("every agent's --env (on top of the host's; its workers inherit it), through "
                 + record["agent_env_route"])
-        for k, v in record["agent_env"].items():
-            print(f"{k}={v}")
+        print("\n".join(f"{k}={v}" for k, v in record["agent_env"].items()))
     for inst in instances:
         for lr, env in enumerate(inst["workers"], start=inst.get("first", 0)):
             print(f"\n# instance {inst['index']} on {inst['host']}, worker {lr}: env (on top of the host's)")
-            for k, v in env.items():
-                print(f"{k}={v}")
+            print("\n".join(f"{k}={v}" for k, v in env.items()))
 
 
 def _some(names: list[str]) -> str:
