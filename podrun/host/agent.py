@@ -320,9 +320,8 @@ class Agent(ControllerLink):
         run_dir, host = self.warm.run_dir, self.warm.host
         if self.lease is None:
             self.lease = zygote_client.hold(run_dir, host, 0.0)
-        if self.lease is not None or not self.warm.start_next or zygote_client.warm_target(self.command) is None:
-            return
-        if not self._start_zygote():
+        if self.lease is not None or not self.warm.start_next or zygote_client.warm_target(self.command) is None \
+                or not self._start_zygote():
             return
 
         def lease():       # however long its imports take under load (a daemon thread: it ends with the agent)
