@@ -157,7 +157,7 @@ def write_plan(run_dir: str | Path, plan, *names: str) -> Path:
     text = json.dumps(plan.to_dict(), indent=2, default=str) + "\n"
     d = safefs.make_dirs(run_dir, "run directory", error=LaunchError, hint=_HINT)   # a launch made it already
     for name in names or (PLAN,):
-        write_record(d / name, text)
+        safefs.write_file(d / name, text, "run record", error=LaunchError, durable=False)   # as write_record
     return d / (names or (PLAN,))[0]
 
 
