@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -307,6 +308,6 @@ def test_a_launchers_agent_forks_a_later_attempts_workers_from_a_zygote_it_start
         assert len(outs) == 2 and "warm None" not in outs and len(set(outs)) == 1, cp.stdout
         assert zygote_client.alive(req.run_dir, socket.gethostname())     # it holds its lock (/proc/locks)
     finally:
-        zygote_client.end(req.run_dir)
+        shutil.rmtree(zygote_client.zygote_dir(req.run_dir), ignore_errors=True)   # every zygote of the run ends
     assert wait_until(lambda: local_pids(zygote_client.zygote_dir(req.run_dir)) == [], 15)     # the zygote ended
     assert not zygote_client.alive(req.run_dir, socket.gethostname())
