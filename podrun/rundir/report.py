@@ -208,10 +208,9 @@ def resumes(records: list[dict]) -> list[dict[str, Any]]:
 def launch_summary(launch: Summary | None) -> dict[str, Any] | None:
     """The launcher's view of a training run (status, exit code, restarts, duration, every attempt), when podrun
     launched it."""
-    if launch is None:
-        return None
-    return {"status": launch.status, "exit_code": launch.exit_code, "restarts": launch.restart_count,
-            "duration_s": launch.duration_s, "attempts": attempt_rows(launch)}
+    return None if launch is None else {"status": launch.status, "exit_code": launch.exit_code,
+                                        "restarts": launch.restart_count, "duration_s": launch.duration_s,
+                                        "attempts": attempt_rows(launch)}
 
 
 # a run without training steps (a plain command): what its account's training-only categories amount to
