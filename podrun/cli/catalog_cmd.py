@@ -4,10 +4,6 @@ from __future__ import annotations
 import click
 
 
-def _first(sources) -> str:
-    return sources[0] if sources else ""
-
-
 def _show(rows: list[dict], as_json: bool, line) -> None:
     """The rows as JSON, or each as its ``line`` (markup) and its source under it."""
     from podrun.cli.render import console, print_json
@@ -35,7 +31,7 @@ def clusters(as_json: bool) -> None:
         rows.append({"name": name, "hosts": len(c.hosts), "devices_per_host": c.devices_per_host,
                      "device": c.device.key, "cores_per_host": None if c.cpu is None else c.cpu.cores,
                      "scheduler": c.scheduler, "engine": c.engine, "description": c.description,
-                     "source": _first(c.sources), "path": str(find_cluster_file(name))})
+                     "source": next(iter(c.sources), ""), "path": str(find_cluster_file(name))})
     _show(rows, as_json, lambda r: f"[bold]{r['name']}[/bold]  {r['hosts']} x {r['devices_per_host']} {r['device']}, "
                                    f"{r['scheduler']}, {r['engine']}: {r['description']}")
 
@@ -52,6 +48,6 @@ def recipes(as_json: bool) -> None:
         r = load_recipe(name)
         rows.append({"name": name, "model": r.model.name, "dataset": r.dataset.name,
                      "global_batch": r.global_batch, "epochs": r.epochs, "description": r.description,
-                     "source": _first(r.sources), "path": str(find_recipe_dir(name))})
+                     "source": next(iter(r.sources), ""), "path": str(find_recipe_dir(name))})
     _show(rows, as_json, lambda r: f"[bold]{r['name']}[/bold]  {r['model']} on {r['dataset']}, global batch "
                                    f"{r['global_batch']}, {r['epochs']:g} epochs: {r['description']}")

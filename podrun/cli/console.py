@@ -98,15 +98,20 @@ class Console:
         if part.redraw:          # a frame wider than the terminal would wrap, and \r would redraw its last row only
             room = shutil.get_terminal_size().columns - len(re.sub(r"\x1b\[[0-9;]*m", "", prefix)) - 2
             state = state[:max(room, 0)]
-        if self.open == key and before is not None and not part.redraw and state.startswith(before):
-            text = state[len(before):]
-        elif self.open == key and f.isatty():
-            text = f"\r\x1b[K{_with(prefix, state)}"
-        else:
-            self._close_open()
-            text = _with(prefix, state)
-        put(f, text)
+        put(f, self._shown_as(key, prefix, state, before, f, extend=not part.redraw))
         self.shown[key], self.open = state, key
+
+    def _shown_as(self, key, prefix: str, text: str, before: str | None, f, extend: bool = True) -> str:
+        """What shows ``text`` of ``key`` where its unended line ``before`` is the console's last output: the rest
+        where ``text`` continues it (``extend``), else a redraw over it on a terminal; else the whole line, after
+        the unended line shown last is ended."""
+        if self.open == key and before is not None:
+            if extend and text.startswith(before):
+                return text[len(before):]                            # it continues what is shown
+            if f.isatty():
+                return f"\r\x1b[K{_with(prefix, text)}"             # a redraw (a bar's final state) over its frame
+        self._close_open()
+        return _with(prefix, text)
 
     def __call__(self, index, host, local_rank, stream, text) -> None:
         prefix = self._prefix(index, host, local_rank, stream)
@@ -114,17 +119,11 @@ class Console:
             return
         key = (index, local_rank, stream)
         before, f = self.shown.pop(key, None), self._file(stream)
-        if before is not None and self.open == key and text.startswith(before):
-            line = text[len(before):]                                # it continues what is shown
-        elif before is not None and self.open == key and f.isatty():
-            line = f"\r\x1b[K{_with(prefix, text)}"                 # a bar's final state over its last frame
-        else:
-            if before is not None and text.startswith(before):      # shown, then other lines came: the rest
-                if text == before:
-                    return
-                text = text[len(before):]
-            self._close_open()
-            line = _with(prefix, text)
+        if before is not None and self.open != key and text.startswith(before):   # shown, then other lines came
+            if text == before:
+                return
+            text = text[len(before):]                                            # the rest
+        line = self._shown_as(key, prefix, text, before, f)
         self.open = None
         put(f, line + "\n")
         self.recent.setdefault((index, local_rank), collections.deque(maxlen=SHOWN_KEPT)).append(text)
@@ -244,13 +243,11 @@ def print_dry_run(record: dict, shows: str = "auto") -> None:
         print()
         comment("every agent's --env (on top of the host's; its workers inherit it), through "
                 + record["agent_env_route"])
-        for k, v in record["agent_env"].items():
-            print(f"{k}={v}")
+        print("\n".join(f"{k}={v}" for k, v in record["agent_env"].items()))
     for inst in instances:
         for lr, env in enumerate(inst["workers"], start=inst.get("first", 0)):
             print(f"\n# instance {inst['index']} on {inst['host']}, worker {lr}: env (on top of the host's)")
-            for k, v in env.items():
-                print(f"{k}={v}")
+            print("\n".join(f"{k}={v}" for k, v in env.items()))
 
 
 def _some(names: list[str]) -> str:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from podrun.cli.render import print_json
+
 
 @click.group("data")
 def data() -> None:
@@ -43,8 +45,6 @@ def bench(recipe, data_path, workers, batch, images, decoder, bad_samples, as_js
                        bad_samples=bad_samples)
     record["recipe"] = spec.name
     if as_json:
-        from podrun.cli.render import print_json
-
         print_json(record)
         return
     click.echo(f"{spec.name}: input pipeline on {record['data']} ({record['images_in_split']} images), "
@@ -74,8 +74,6 @@ def pack(folder, out, shard_size, as_json) -> None:
 
     done = run_pack(folder, out, shard_size, None if as_json else print_progress)
     if as_json:
-        from podrun.cli.render import print_json
-
         print_json({split: {"classes": len(ix["classes"]), "samples": len(ix["samples"]["shard"]),
                             "shards": ix["shards"]} for split, ix in done.items()})
         return

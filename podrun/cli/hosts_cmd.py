@@ -4,6 +4,7 @@ from __future__ import annotations
 import click
 
 from podrun.cli.options import host_options, pop_plan_options
+from podrun.cli.render import print_json
 
 
 @click.command("hosts")
@@ -32,8 +33,6 @@ def hosts(as_json: bool, **kwargs) -> None:
         for row in rows:
             row["scheduler_slots"] = sched_slots.get(row["name"])
     if as_json:
-        from podrun.cli.render import print_json
-
         print_json({
             "source": src.source,
             "scheduler": src.scheduler,

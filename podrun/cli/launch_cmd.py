@@ -67,11 +67,10 @@ class LaunchCommand(click.Command):
     (``--nproc_per_node`` or ``--nproc-per-node``, for messages in the user's words); --help in sections."""
 
     def parse_args(self, ctx, args):
-        args = self.expand_prefixes(list(args), frozenset(ctx.help_option_names))
-        raw = list(args)
-        ctx.meta["podrun.argv"] = list(args)
+        raw = self.expand_prefixes(list(args), frozenset(ctx.help_option_names))
+        ctx.meta["podrun.argv"] = list(raw)
         try:
-            rest = super().parse_args(ctx, list(args))
+            rest = super().parse_args(ctx, list(raw))
         except click.BadParameter as exc:      # a bad value: one paragraph naming the option, no usage block
             given = {w.split("=", 1)[0] for w in raw}
             said = next((o for o in (*exc.param.opts, *exc.param.secondary_opts) if o in given), None) \

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
+import pkgutil
 import sys
 
 import click
@@ -47,17 +47,12 @@ class LazyGroup(click.Group):
         return super().resolve_command(ctx, args)
 
     def get_command(self, ctx, name):
-        if name not in COMMANDS:
-            return None
-        target, _ = COMMANDS[name]
-        module_name, attr = target.split(":")
-        return getattr(importlib.import_module(module_name), attr)
+        return pkgutil.resolve_name(COMMANDS[name][0]) if name in COMMANDS else None
 
     def format_commands(self, ctx, formatter):
         # help text without importing every command module
-        rows = [(name, help_) for name, (_, help_) in COMMANDS.items()]
         with formatter.section("Commands"):
-            formatter.write_dl(rows)
+            formatter.write_dl([(name, help_) for name, (_, help_) in COMMANDS.items()])
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

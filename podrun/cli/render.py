@@ -139,10 +139,9 @@ def render_plan(p, host_source: str) -> None:
              else f"{e.input_seconds * 1000:.1f} ms a step on each host; the step is bound by {by}"),
             ("time to train", f"{human_seconds(e.time_to_train_hours * 3600)} for {p.epochs:g} epochs")]))
         out.print("assumptions: " + "; ".join(e.assumptions))
-        for lever in e.input_levers:
-            out.print(fit(f"would change the input: {lever}", width_of(out.file)), markup=False, highlight=False)
-    for n in p.notes:
-        out.print(fit(f"note: {n}", width_of(out.file)), markup=False, highlight=False)
+    levers = p.estimate.input_levers if p.recipe else ()
+    for line in [*(f"would change the input: {lever}" for lever in levers), *(f"note: {n}" for n in p.notes)]:
+        out.print(fit(line, width_of(out.file)), markup=False, highlight=False)
 
 
 def render_elastic(table, recipe: str, cluster: str, host_source: str) -> None:
@@ -241,8 +240,7 @@ class ProgressView:
         if isinstance(step, int) and isinstance(dt, (int, float)) and not isinstance(dt, bool) and dt >= 0:
             self.trained_s += float(dt) - self.trained.get(step, 0.0)
             self.trained[step] = float(dt)
-        merged = dict(self.last or {})
-        merged.update(rec)
+        merged = {**(self.last or {}), **rec}
         if "step" in rec and "phase" not in rec:
             merged["phase"] = "train"
         self.last = merged

@@ -9,6 +9,7 @@ import click
 
 from podrun.cli.job_options import job_options
 from podrun.cli.options import PlanOptions, plan_options, pop_plan_options, stacked
+from podrun.cli.render import print_json
 from podrun.errors import PodrunError
 from podrun.jobscript.job import SCHEDULER_HELP, SCHEDULERS, scheduler_name, suggest_scheduler
 from podrun.specs.recipe_args import check_recipe, refuse_long_synthetic
@@ -187,8 +188,6 @@ def script(ctx, recipe, extra, out_path, as_json, **options):
         _write(out_path, text, private=bool(req.env))
     submit = submit_argv(req, out_path or "JOB_SCRIPT")
     if as_json:
-        from podrun.cli.render import print_json
-
         print_json({
             "scheduler": scheduler,
             "path": out_path,

@@ -320,20 +320,13 @@ class Agent(ControllerLink):
         run_dir, host = self.warm.run_dir, self.warm.host
         if self.lease is None:
             self.lease = zygote_client.hold(run_dir, host, 0.0)
-        if self.lease is not None or not self.warm.start_next or zygote_client.warm_target(self.command) is None:
-            return
-        if not self._start_zygote():
+        if self.lease is not None or not self.warm.start_next or zygote_client.warm_target(self.command) is None \
+                or not self._start_zygote():
             return
 
         def lease():       # however long its imports take under load (a daemon thread: it ends with the agent)
             self.lease = zygote_client.hold(run_dir, host, float("inf"))
         threading.Thread(target=lease, daemon=True).start()
-
-    def _report_error_file(self, pos: int) -> None:
-        """A failed worker's @record error file, if it wrote one, as an ``error`` line (JSON)."""
-        info = read_error_file(self.envs[pos].get("TORCHELASTIC_ERROR_FILE") or "")
-        if info is not None:
-            self.send(pos, info)
 
     def _signal_all(self, sig: int) -> None:
         """``sig`` to each worker's process group: a live worker's, and a reaped worker's while the group lives
@@ -437,8 +430,9 @@ class Agent(ControllerLink):
         for lr, rc, ended in sorted(exited, key=lambda e: e[2]):     # the first to end is told first
             for t in self.readers[lr]:
                 t.join(timeout=1.0)
-            if rc != 0:
-                self._report_error_file(lr)
+            info = read_error_file(self.envs[lr].get("TORCHELASTIC_ERROR_FILE") or "") if rc != 0 else None
+            if info is not None:         # its @record error file, as an ``error`` line (JSON)
+                self.send(lr, info)
             self.send(lr, protocol.WorkerExit(rc, ended, self.teardown_started, lr in self.hung_exits))
             if rc != 0 and self.first_failure is None and not self.teardown_started:
                 self.first_failure = rc         # its teardown may precede a restart: snapshots stay

@@ -132,10 +132,9 @@ class ControllerLink:
             self.got_stdin = True
             if protocol.Token.GO.value in data:
                 self.go.set()
-            stops = sorted((data.index(tok), tok) for tok in protocol.STOP_TOKENS if tok in data)
+            stops = [(data.index(tok), tok) for tok in protocol.STOP_TOKENS if tok in data]
             if stops:                                        # the first in the stream wins
-                tok = stops[0][1]
-                name = protocol.STOP_TOKENS[tok]
+                name = protocol.STOP_TOKENS[min(stops)[1]]
                 self.request_stop(StopKind.CONTROLLER_ASKED, "the controller asked to stop" if name == "SIGTERM"
                                   else f"the controller relayed {name}", getattr(signal, name))
             for _ in range(data.count(protocol.Token.STACKS.value)):

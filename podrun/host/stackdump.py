@@ -31,7 +31,7 @@ def _registered(where: str, worker_pid: int) -> list[int]:
     counts only while the process that has it started when the one that registered did (a registered process
     that ended leaves its file behind, and its pid may be another process's by now, one without the handler)."""
     try:
-        pids = sorted(int(n[:-5]) for n in os.listdir(where) if n.endswith(".main") and n[:-5].isdigit())
+        pids = [int(n[:-5]) for n in os.listdir(where) if n.endswith(".main") and n[:-5].isdigit()]
     except OSError:
         pids = []
     pids = [p for p in pids if (began := _started(where, p)) is not None and began == proc_start(p)]
@@ -80,10 +80,8 @@ def collect(root: str, workers: list[tuple[int, int]], wait: float = STACK_WAIT_
             sent[pos].append((pid, txt, os.path.join(where, f"{pid}.main")))
     texts = _settled([txt for files in sent.values() for _, txt, _ in files], wait)
     for pos, files in sent.items():
-        procs = []
-        for pid, txt, main_file in files:
-            main = _read(main_file).split("\n", 1)[0].strip()
-            procs.append({"pid": pid, "main": main, "text": texts.get(txt, "")[-STACK_TEXT:]})
+        procs = [{"pid": pid, "main": _read(main_file).split("\n", 1)[0].strip(),
+                  "text": texts.get(txt, "")[-STACK_TEXT:]} for pid, txt, main_file in files]
         out[pos] = {"procs": procs, "problem": None if any(p["text"] for p in procs) else
                     f"no stack written within {wait:g} s", "exiting": False}
     return out
@@ -92,8 +90,7 @@ def collect(root: str, workers: list[tuple[int, int]], wait: float = STACK_WAIT_
 def _settled(paths: list[str], timeout: float) -> dict[str, str]:
     """The text of each file once something was written to it and it stopped growing (or at ``timeout``)."""
     deadline = time.monotonic() + timeout
-    last = {p: -1 for p in paths}
-    still = {p: 0 for p in paths}
+    last, still = dict.fromkeys(paths, -1), dict.fromkeys(paths, 0)   # per file: its last size, looks it kept it
     pending = set(paths)
     while pending and time.monotonic() < deadline:
         for p in list(pending):

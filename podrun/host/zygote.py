@@ -84,12 +84,8 @@ def _recv_request(conn: socket.socket) -> tuple[dict | None, list[int]]:
         kept = fds
         return req, kept
     finally:
-        _close([fd for fd in fds if fd not in kept])
-
-
-def _close(fds: list[int]) -> None:
-    for fd in fds:
-        os.close(fd)
+        for fd in set(fds) - set(kept):
+            os.close(fd)
 
 
 def _idle_class() -> bool:
@@ -309,7 +305,8 @@ class _Server:
                 traceback.print_exc()
             finally:
                 finish(code)
-        _close(fds)
+        for fd in fds:
+            os.close(fd)
         with contextlib.suppress(OSError):
             c.sendall(f"pid {pid} {self.me}\n".encode())
         self.conns[c.fileno()] = c

@@ -73,13 +73,6 @@ def socket_path(run_dir: str, host: str) -> str:
     return os.path.join(zygote_dir(run_dir), re.sub(r"[^A-Za-z0-9._-]", "_", host) + ".sock")
 
 
-def end(run_dir: str) -> None:
-    """Remove the run's zygote directory: every zygote of the run sees its socket gone and ends."""
-    import shutil
-
-    shutil.rmtree(zygote_dir(run_dir), ignore_errors=True)
-
-
 def warm_target(command, python: str = sys.executable) -> tuple[str, str, list[str], bool] | None:
     """("script"|"module"|"code", path, module or code, args, unbuffered) when ``command`` runs ``python``
     (this interpreter, the same path) on a script, a module or ``-c`` code; None when a zygote cannot run it."""

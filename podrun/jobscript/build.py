@@ -162,7 +162,7 @@ def request_from_plan(plan, job: JobOptions) -> JobRequest:
                         "comments": (*plan_comments(plan, job.script),
                                      *site_comments(given, job, plan, site_directives, typed)),
                         "site_directives": site_directives, "queue_sets_node": typed,
-                        "ssh_port": site.ssh_port if ssh and ssh_per_host(transport) else None,
+                        "ssh_port": site.ssh_port if ssh and TRANSPORTS[transport].ssh_per_host else None,
                         "launch_transport": transport, "agents_per_node": plan.instances_per_host})
     return validate(req)
 
@@ -214,12 +214,8 @@ def ssh_between_nodes(transport: str | None, scheduler: str) -> bool:
     """Whether a job's launch reaches its other nodes over ssh: a transport that holds an ssh connection per host,
     or mpirun under PBS, whose Open MPI starts its daemons over ssh unless it was built with PBS's TM interface
     (inside Slurm Open MPI starts them with srun, inside Grid Engine with qrsh)."""
-    kind = TRANSPORTS.get(transport) if transport is not None else None
+    kind = TRANSPORTS.get(transport)
     return kind is not None and (kind.ssh_per_host or (kind.ssh_daemons and scheduler == "pbs"))
-
-
-def ssh_per_host(transport: str | None) -> bool:
-    return transport in TRANSPORTS and TRANSPORTS[transport].ssh_per_host
 
 
 def job_transport(job: JobOptions, engine: EngineKind) -> str | None:

@@ -208,7 +208,7 @@ class Slurm(_Client):
         c = self.query(["scontrol", "show", "job", "-o", job_id])
         if c.returncode == 0 and c.stdout.strip():
             return parse_scontrol(job_id, c.stdout)
-        if not _says(c, "Invalid job id specified"):
+        if not _says(c, self.UNKNOWN):
             self.failed(c)
         a = self.query(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "JobID,State,ExitCode,NodeList"])
         if a.returncode == 0:
@@ -307,7 +307,7 @@ class Uge(_Client):
         if a.returncode == 0 and a.stdout.strip():
             return parse_qacct(job_id, a.stdout)
         # "not found": no record of it; no accounting file at all: no job has ended on this cell yet
-        if _says(a, "not found") or re.search(r"/accounting: no such file", (a.stderr + a.stdout).lower()):
+        if _says(a, "not found") or _says(a, "/accounting: no such file"):
             return self.gone(job_id)
         self.failed(a)
 

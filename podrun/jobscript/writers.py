@@ -1,7 +1,7 @@
 """Pure job-script writers: JobRequest -> the text of a Slurm, PBS or Grid Engine (ABCI) batch script."""
 from __future__ import annotations
 
-import shlex
+from shlex import quote as _q
 
 from podrun.jobscript.job import SCHEDULER_TABLE, JobRequest, format_time, validate
 from podrun.pystart import is_helper
@@ -12,10 +12,6 @@ _MODULES_INIT = (
     "  . /etc/profile.d/modules.sh\n"
     "fi"
 )
-
-
-def _q(s: str) -> str:
-    return shlex.quote(s)
 
 
 def _body(req: JobRequest, cd_default: str | None) -> list[str]:
@@ -32,8 +28,7 @@ def _body(req: JobRequest, cd_default: str | None) -> list[str]:
         lines.append(f"cd {_q(req.workdir)}")
     elif cd_default:
         lines.append(cd_default)
-    for k, v in req.env:
-        lines.append(f"export {k}={_q(v)}")
+    lines += [f"export {k}={_q(v)}" for k, v in req.env]
     command = [_q(a) for a in req.command]
     if req.ssh_port is not None and "--ssh-config" not in req.command:
         # the sshd between the job's nodes listens on ssh_port: an ssh config in the job's own TMPDIR says so
@@ -62,20 +57,14 @@ def _script(req: JobRequest, prefix: str, directives: list[str], how: str, cd: s
 
 def _slurm(req: JobRequest) -> str:
     d = [f"--job-name={req.job_name}", f"--nodes={req.nodes}", "--ntasks-per-node=1"]
-    if req.device_kind == "gpu":
-        d.append(f"--gpus-per-node={req.devices_per_node}")
-    if req.cpus_per_node is not None:
-        d.append(f"--cpus-per-task={req.cpus_per_node}")
-    if req.time_seconds is not None:
-        d.append(f"--time={format_time(req.time_seconds)}")
-    if req.effective_partition:
-        d.append(f"--partition={req.effective_partition}")
-    if req.account:
-        d.append(f"--account={req.account}")
+    d += [f"--gpus-per-node={req.devices_per_node}"] if req.device_kind == "gpu" else []
+    d += [f"--cpus-per-task={req.cpus_per_node}"] if req.cpus_per_node is not None else []
+    d += [f"--time={format_time(req.time_seconds)}"] if req.time_seconds is not None else []
+    d += [f"--partition={req.effective_partition}"] if req.effective_partition else []
+    d += [f"--account={req.account}"] if req.account else []
     log = req.log_dir.rstrip("/") + "/" if req.log_dir else ""
     d += [f"--output={req.output or log + '%x-%j.out'}", f"--error={req.error or log + '%x-%j.err'}", "--no-requeue"]
-    over = req.launch_transport
-    how = f"over {over}" if over else "through its engine"
+    how = f"over {req.launch_transport}" if req.launch_transport else "through its engine"
     return _script(req, "#SBATCH", d, f"podrun launch starts the instances {how} on the hosts of $SLURM_JOB_NODELIST")
 
 

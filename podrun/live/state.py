@@ -3,6 +3,7 @@ lost ones, the latest root cause; read from the controller's Supervisor on deman
 control socket's ``state`` request, the metrics server's scrape)."""
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -90,10 +91,8 @@ class LiveState(RunObserver):
     def snapshot(self) -> dict[str, Any]:
         """The live state (the module says what); a dict changed under the copy is copied again."""
         for _ in range(5):
-            try:
+            with contextlib.suppress(RuntimeError):     # a dict changed size while copied (the supervisor's thread)
                 return self._snapshot()
-            except RuntimeError:       # a dict changed size while copied (the supervisor's thread)
-                continue
         return self._snapshot()
 
     def _snapshot(self) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from pathlib import Path
 from podrun.launch.observe import RunObserver
 from podrun.rundir.account import CATEGORIES
 from podrun.rundir.layout import METRICS, SPLIT_PARTS, TENSORBOARD as SUBDIR, private_subdir
-from podrun.rundir.metrics import new_records
+from podrun.rundir.metrics import is_number, new_records
 
 FOLLOW_S = 1.0                 # how often metrics.jsonl is read for new records
 NEEDS = "tensorboard.summary.writer.event_file_writer"     # the optional module the files are written with
@@ -27,7 +27,7 @@ def scalars(record: dict) -> dict[str, float]:
     out: dict[str, float] = {}
 
     def put(tag: str, v) -> None:
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
+        if is_number(v):
             out[tag] = float(v)
 
     if record.get("kind") == "step":

@@ -279,8 +279,5 @@ def complete(r: dict[str, Any]) -> bool:
 
 def latest_by_step(records: Iterable[dict], kind: str) -> list[dict]:
     """Records of ``kind``, one per step (the last written wins: a resumed run redoes some steps)."""
-    by = {}
-    for r in records:
-        if r.get("kind") == kind:
-            by[r["step"]] = r
+    by = {r["step"]: r for r in records if r.get("kind") == kind}
     return [by[k] for k in sorted(by)]

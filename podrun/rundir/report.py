@@ -208,10 +208,9 @@ def resumes(records: list[dict]) -> list[dict[str, Any]]:
 def launch_summary(launch: Summary | None) -> dict[str, Any] | None:
     """The launcher's view of a training run (status, exit code, restarts, duration, every attempt), when podrun
     launched it."""
-    if launch is None:
-        return None
-    return {"status": launch.status, "exit_code": launch.exit_code, "restarts": launch.restart_count,
-            "duration_s": launch.duration_s, "attempts": attempt_rows(launch)}
+    return None if launch is None else {"status": launch.status, "exit_code": launch.exit_code,
+                                        "restarts": launch.restart_count, "duration_s": launch.duration_s,
+                                        "attempts": attempt_rows(launch)}
 
 
 # a run without training steps (a plain command): what its account's training-only categories amount to
@@ -423,12 +422,11 @@ def _epochs_lr_and_wall(ax, steps: list[dict]) -> None:
     loss panel's right axis, and the wall time since the first step (seconds) as the loss panel's top axis."""
     import numpy as np
 
-    firsts = [b["step"] for a, b in zip(steps, steps[1:]) if b["epoch"] != a["epoch"]]
-    for x in firsts:
+    for b in [b for a, b in zip(steps, steps[1:]) if b["epoch"] != a["epoch"]]:     # each epoch's first step
         for a in ax[:2]:
-            a.axvline(x, color="#999999", ls=(0, (1, 3)), lw=1, label="_epoch")
-        ax[0].annotate(f" epoch {next(r['epoch'] for r in steps if r['step'] == x)}", (x, 0.0),
-                       xycoords=("data", "axes fraction"), va="bottom", fontsize=8, color="#666666")
+            a.axvline(b["step"], color="#999999", ls=(0, (1, 3)), lw=1, label="_epoch")
+        ax[0].annotate(f" epoch {b['epoch']}", (b["step"], 0.0), xycoords=("data", "axes fraction"), va="bottom",
+                       fontsize=8, color="#666666")
     rates = [(r["step"], r["lr"]) for r in steps if isinstance(r.get("lr"), (int, float))]
     if rates:
         lr = ax[0].twinx()
@@ -485,8 +483,7 @@ def _spans(records: list[dict], attempts: tuple, wall_s: float | None = None
             if r.get("kind") == kind and is_number(secs):
                 add(c, t(r) - float(secs), t(r))
     step_starts = sorted(t(r) - float(r.get("step_seconds") or 0.0) for r in timed if r.get("kind") == "step")
-    end = max([t(r) for r in timed] + [float(a.ended) for a in attempts if isinstance(a.ended, (int, float))]
-              + [origin])
+    end = max([t(r) for r in timed] + ends + [origin])
     for k, a in enumerate(attempts):
         if not isinstance(a.started, (int, float)) or not isinstance(a.ended, (int, float)):
             continue
@@ -546,13 +543,11 @@ def _shown_hosts(host_busy: dict) -> list[str]:
     return by if len(by) <= 2 * SHOWN_HOSTS else by[:SHOWN_HOSTS] + by[-SHOWN_HOSTS:]
 
 
-def plot(records: list[dict], path: str | Path, title: str = "", replanned: list[dict] = (),
-         slow: tuple[dict, ...] = (), host_busy: dict | None = None, account: Account | None = None,
-         attempts: tuple = ()) -> Path:
-    """Draw the curves (``figure``) to the PNG ``path``."""
+def plot(records: list[dict], path: str | Path, **views) -> Path:
+    """Draw the curves (``figure``, given ``views``: its title, re-plans, slow ranks, ...) to the PNG ``path``."""
     import matplotlib.pyplot as plt
 
-    fig = figure(records, title, replanned, slow, host_busy, account, attempts)
+    fig = figure(records, **views)
     path = Path(path)
     try:
         with safefs.replacing(path, "report", durable=False) as f:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import enum
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,9 @@ def _each(v: Any, of: type, absent: Any = ()) -> Any:
     return tuple(x for x in v if isinstance(x, of)) if isinstance(v, list) else absent
 
 
+ATTEMPT_ALWAYS = ("launch", "restart_count", "exit_code", "status", "root_cause")   # in an attempt's record, even None
+
+
 @dataclass(frozen=True)
 class Attempt:
     """One attempt as the supervisor returns it (in its Summary, as torch elastic's RunResult) and as
@@ -73,11 +76,8 @@ class Attempt:
 
     def to_dict(self) -> dict:
         """The record as summary.json holds it (``plan`` and the moments only when there are some)."""
-        d = {"launch": self.launch, "restart_count": self.restart_count, "exit_code": self.exit_code,
-             "status": None if self.status is None else self.status.value, "root_cause": self.root_cause}
-        more = {"plan": self.plan, "started": self.started, "ended": self.ended, "all_ready_s": self.all_ready_s,
-                "failed_at": self.failed_at}
-        return {**d, **{k: v for k, v in more.items() if v is not None}}
+        d = {**asdict(self), "status": None if self.status is None else self.status.value}
+        return {k: v for k, v in d.items() if v is not None or k in ATTEMPT_ALWAYS}
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -30,7 +31,7 @@ def test_protocol_round_trip_and_raw_lines():
 
 
 def _request(tmp_path, command, master_port: int | None = None, grace: float = 5.0, **kw):
-    plan, _, _ = resolve_plan(None, devices_per_host=2, instances_per_host=2)   # 2 instances x 1 worker
+    plan, *_ = resolve_plan(None, devices_per_host=2, instances_per_host=2)   # 2 instances x 1 worker
     req = build_request(plan, command, transport="local", runs_dir=str(tmp_path / "runs"), run_id="a",
                         master_port=master_port, grace=grace, **kw)
     write_plan(req.run_dir, plan)
@@ -167,7 +168,7 @@ def _clean_env(**extra) -> dict[str, str]:
 def test_rank_from_env_runs_the_one_worker_of_that_rank(tmp_path):
     """--rank-from-env (mpirun, one MPI rank per worker): rank 3 of 2 instances x 2 workers is instance 1,
     local rank 1; the agent runs only it and tags its own lines with that local rank."""
-    plan, _, _ = resolve_plan(None, devices_per_host=4, instances_per_host=2)
+    plan, *_ = resolve_plan(None, devices_per_host=4, instances_per_host=2)
     req = build_request(plan, ["sh", "-c", "echo $RANK/$LOCAL_RANK/$PODRUN_INSTANCE_INDEX/$WORLD_SIZE"],
                         transport="local", runs_dir=str(tmp_path / "runs"), run_id="a")
     write_plan(req.run_dir, plan)
@@ -293,7 +294,7 @@ def test_a_launchers_agent_forks_a_later_attempts_workers_from_a_zygote_it_start
 
     from podrun.host import zygote_client
 
-    plan, _, _ = resolve_plan(None, devices_per_host=2)           # 1 instance x 2 workers
+    plan, *_ = resolve_plan(None, devices_per_host=2)           # 1 instance x 2 workers
     code = "import os\nif os.environ.get('NEVER'):\n    import torch\nprint('warm', os.environ.get('PODRUN_WARM'))"
     req = build_request(plan, [sys.executable, "-c", code], transport="local", runs_dir=str(tmp_path / "runs"),
                         run_id="a", max_restarts=2)
@@ -307,6 +308,6 @@ def test_a_launchers_agent_forks_a_later_attempts_workers_from_a_zygote_it_start
         assert len(outs) == 2 and "warm None" not in outs and len(set(outs)) == 1, cp.stdout
         assert zygote_client.alive(req.run_dir, socket.gethostname())     # it holds its lock (/proc/locks)
     finally:
-        zygote_client.end(req.run_dir)
+        shutil.rmtree(zygote_client.zygote_dir(req.run_dir), ignore_errors=True)   # every zygote of the run ends
     assert wait_until(lambda: local_pids(zygote_client.zygote_dir(req.run_dir)) == [], 15)     # the zygote ended
     assert not zygote_client.alive(req.run_dir, socket.gethostname())
