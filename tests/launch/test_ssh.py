@@ -283,7 +283,7 @@ def test_global_known_hosts_file_is_read_by_default(ssh_hosts, tmp_path, monkeyp
     from podrun.launch.run import build_request
     from podrun.launch.request import SSHOptions
 
-    plan, _, _ = resolve_plan(None, hosts_opt=ssh_hosts.hosts[0], devices_per_host=1)
+    plan, *_ = resolve_plan(None, hosts_opt=ssh_hosts.hosts[0], devices_per_host=1)
     req = build_request(plan, ["true"], transport="ssh", runs_dir=str(tmp_path / "runs"),
                         options=LaunchOptions(transports=TransportOptions(ssh=SSHOptions(config_path=cfg))))
     t = ssh_transport.SSHTransport(req)
