@@ -252,13 +252,8 @@ class Supervisor:
                             else f"its agent ended with code {code}")
                     kind = FailureKind.LOST if code == LOST_EXIT else FailureKind.AGENT_ENDED
                     why = (f"its agent ended before it reported: {gone[1]}" if taken else h.lost_why or (
-                        f"{what} before it reported ({self._lost_means()}; see instance-{idx}.log)"))
+                        f"{what} before it reported ({self.req.kind.lost_means}; see instance-{idx}.log)"))
                     self.failures.append(Failure(idx, st.host, None, code, kind, why, at))
-
-    def _lost_means(self) -> str:
-        """What may have ended an agent's connection under this run's transport (TransportKind.lost_means)."""
-        kind = getattr(self.req, "kind", None)
-        return getattr(kind, "lost_means", None) or "host crashed, or its agent killed"
 
     # -- the loop ---------------------------------------------------------------------------
     def _on_signal(self, signum, frame) -> None:  # noqa: ARG002
@@ -270,10 +265,8 @@ class Supervisor:
 
     def run(self) -> Summary:
         """The attempt from its agents' start to its record, in the run directory the launch made and holds."""
-        old = {}
-        if threading.current_thread() is threading.main_thread():
-            for s in STOP_SIGNALS:
-                old[s] = signal.signal(s, self._on_signal)
+        old = ({s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
+               if threading.current_thread() is threading.main_thread() else {})
         server = None
         try:
             try:
