@@ -61,9 +61,9 @@ def make_plan(cluster: ClusterSpec, recipe: RecipeSpec | None, ov: Overrides = O
     dev = cluster.device
     where = f"cluster {cluster.name}, {len(hosts)} host(s) x {dph} {dev.key}"
 
+    local_batch, grad_accum = ov.local_batch, ov.grad_accum
     if recipe is None:           # a bare command: local batch and GA 1 unless given, or the global batch given
         p, max_local, min_ga, target = 1, 1, 1, ov.global_batch
-        local_batch, grad_accum = ov.local_batch, ov.grad_accum
         if target is None:
             local_batch, grad_accum = 1 if local_batch is None else local_batch, 1 if grad_accum is None else grad_accum
     else:
@@ -81,7 +81,6 @@ def make_plan(cluster: ClusterSpec, recipe: RecipeSpec | None, ov: Overrides = O
                 )
         explicit = ov.local_batch is not None and ov.grad_accum is not None and ov.global_batch is None
         target = None if explicit else (recipe.global_batch if ov.global_batch is None else ov.global_batch)
-        local_batch, grad_accum = ov.local_batch, ov.grad_accum
         if target is not None and ov.global_batch is None:
             notes.append(f"global batch {target} is the recipe's reference global batch")
     d = decompose(devices=devices, devices_per_replica=p, instances=instances, max_local_batch=max_local,
