@@ -66,10 +66,13 @@ class InstanceLogs:
         """A worker's line (or an agent's, local_rank None) to its log and the console; returns it as logged."""
         shown = f"[{local_rank}] {text}" if self.multi and local_rank is not None else text
         if index is not None:        # its instance's log, and its rank's own file under --tee / --redirects
-            self.write(index, shown)
+            console = self.files.on_console(local_rank, stream)
+            lines = [(instance_log(index), shown, f"instance {index}'s output")]
             if self.rank_path is not None and self.files.to_file(local_rank, stream):
-                self._append(self.rank_path(index, local_rank, stream), text, f"rank file of instance {index}")
-            if not self.files.on_console(local_rank, stream):
+                lines.append((self.rank_path(index, local_rank, stream), text, f"rank file of instance {index}"))
+            for name, line, what in lines:
+                self._append(name, line, what)
+            if not console:
                 return shown
         if self.only is None or index == self.only or stream == "err" or index is None:
             try:
