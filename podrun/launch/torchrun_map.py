@@ -69,9 +69,7 @@ class OwnOptions:
         def fix(text):
             if text is None:
                 return None
-            first: dict[str, str] = {}
-            for ours, value, theirs in self.words:
-                first.setdefault(theirs, ours)
+            first = {theirs: ours for ours, _, theirs in reversed(self.words)}     # the first option each maps
             for ours, value, theirs in self.words:
                 text = text.replace(f"{ours} {value}", theirs)
                 name = theirs.split("=")[0].split(" ")[0]
