@@ -37,20 +37,17 @@ def make_plan(cluster: ClusterSpec, recipe: RecipeSpec | None, ov: Overrides = O
 
     notes: list[str] = []
     hosts = cluster.hosts
-    if ov.nodes is not None:
-        if ov.nodes < 1:
-            raise PlanError(f"--nodes must be at least 1, got {ov.nodes}")
-        if ov.nodes > len(hosts):
-            raise PlanError(
-                f"--nodes {ov.nodes} asks for more hosts than cluster '{cluster.name}' has ({len(hosts)})",
-                hint=f"use --nodes {len(hosts)} or fewer, or give the hosts with --hosts/--hostfile",
-            )
-        hosts = hosts[: ov.nodes]
+    if ov.nodes is not None and ov.nodes > len(hosts):
+        raise PlanError(
+            f"--nodes {ov.nodes} asks for more hosts than cluster '{cluster.name}' has ({len(hosts)})",
+            hint=f"use --nodes {len(hosts)} or fewer, or give the hosts with --hosts/--hostfile",
+        )
     dph = cluster.devices_per_host if ov.devices_per_host is None else ov.devices_per_host
     iph = cluster.instances_per_host if ov.instances_per_host is None else ov.instances_per_host
-    for name, v in (("--devices-per-host", dph), ("--instances-per-host", iph)):
-        if v < 1:
+    for name, v in (("--nodes", ov.nodes), ("--devices-per-host", dph), ("--instances-per-host", iph)):
+        if v is not None and v < 1:
             raise PlanError(f"{name} must be at least 1, got {v}")
+    hosts = hosts if ov.nodes is None else hosts[: ov.nodes]
     if dph % iph:
         raise PlanError(
             f"{dph} devices per host cannot be shared evenly by {iph} instances per host",
