@@ -235,25 +235,24 @@ def _rdzv_conf(tr: TorchrunOptions, out: OwnOptions, backend: str | None) -> Own
         key, value = key.strip(), value.strip()
         if not sep or not key:
             raise LaunchError(f"{said}: {item!r} is not KEY=VALUE", hint="torchrun's form: key1=value1,key2=value2")
+        given = f"{tr.said('rdzv_conf')} {key}={value}"      # the item in the user's words
         if key in RDZV_CONF_REFUSED:
-            why, use = RDZV_CONF_REFUSED[key]
-            raise not_supported(f"{tr.said('rdzv_conf')} {key}={value}", why, use)
+            raise not_supported(given, *RDZV_CONF_REFUSED[key])
         if key == "store_type" and value.lower() != "tcp":
-            raise not_supported(f"{tr.said('rdzv_conf')} store_type={value}",
-                                "the store is a TCP store on instance 0's agent", "store_type=tcp or leave it out")
+            raise not_supported(given, "the store is a TCP store on instance 0's agent",
+                                "store_type=tcp or leave it out")
         if key in RDZV_CONF_HEARTBEAT:
             field_name, ours, kind = RDZV_CONF_HEARTBEAT[key]
             number = _number(kind, value)
             if number is None:
                 raise LaunchError(f"{said}: {key}={value!r} is not a number above 0")
-            out = _set_words(out, field_name, number, f"{tr.said('rdzv_conf')} {key}={value}", ours)
+            out = _set_words(out, field_name, number, given, ours)
         elif key in RDZV_CONF_TAKEN:
             if key != "store_type" and _number(float, value) is None:
                 raise LaunchError(f"{said}: {key}={value!r} is not a number of seconds above 0")
         else:
             known = ", ".join(sorted((*RDZV_CONF_HEARTBEAT, *RDZV_CONF_TAKEN, *RDZV_CONF_REFUSED)))
-            raise not_supported(f"{tr.said('rdzv_conf')} {key}={value}",
-                                f"{key!r} is none of the keys torchrun's {backend or 'c10d'} rendezvous reads",
+            raise not_supported(given, f"{key!r} is none of the keys torchrun's {backend or 'c10d'} rendezvous reads",
                                 f"one of {known}")
     return out
 
