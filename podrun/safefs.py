@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
 import stat
 from pathlib import Path
@@ -148,11 +149,7 @@ def make_dirs(path, what: str, *, shared_read: bool = False, mode: int | None = 
     d = Path(os.path.abspath(path))
     _check(ancestor_problem(d.parent), f"{what} {d}", error, "put it where only you (and root) can change the path: "
                                                             "your home, or a directory of yours in /tmp")
-    missing = []
-    p = d
-    while not os.path.lexists(p) and p != p.parent:
-        missing.append(p)
-        p = p.parent
+    missing = list(itertools.takewhile(lambda p: not os.path.lexists(p), [d, *d.parents]))    # d first
     for p in reversed(missing[1:]):
         make_dir(p, what, shared_read=True, error=error, hint=hint)
     return make_dir(d, what, shared_read=shared_read, mode=mode, error=error, hint=hint)
