@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 import re
 from dataclasses import asdict, dataclass, field
@@ -150,8 +149,13 @@ class Calibration:
         return (now - parse_utc(self.measured_at)).total_seconds()
 
     def to_dict(self) -> dict:
-        """asdict with every tuple a list (yaml.safe_dump writes no tuple), by a JSON round trip of plain values."""
-        return json.loads(json.dumps(asdict(self)))
+        d = asdict(self)
+        d["hosts"] = list(self.hosts)
+        d["throughput"] = [asdict(p) for p in self.throughput]
+        d["memory"]["probes"] = [asdict(p) for p in self.memory.probes]
+        if self.input is not None:
+            d["input"]["rates"] = [asdict(r) for r in self.input.rates]
+        return d
 
 
 def utc_now() -> str:
