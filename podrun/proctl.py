@@ -65,11 +65,10 @@ def proc_stats() -> Iterator[tuple[int, list[bytes]]]:
         names = os.listdir("/proc")
     except OSError:
         return
-    for d in names:
-        if d.isdigit():
-            fields = stat_fields(d)
-            if fields is not None:
-                yield int(d), fields
+    for d in filter(str.isdigit, names):
+        fields = stat_fields(d)
+        if fields is not None:
+            yield int(d), fields
 
 
 def proc_start(pid: int) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
 import stat
 from pathlib import Path
@@ -110,12 +111,16 @@ def _refuse(problem: str, what: str, error: type[PodrunError], hint: str | None)
                               "(like OpenSSH's StrictModes): `chmod go-w` it, or name a private directory")
 
 
+def _check(problem: str | None, what: str, error: type[PodrunError], hint: str | None = None) -> None:
+    """Nothing when there is no ``problem``; else the refusal that names it (_refuse), raised."""
+    if problem is not None:
+        raise _refuse(problem, what, error, hint)
+
+
 def check_dir(path, what: str, *, shared_read: bool = False, root_ok: bool = False,
               error: type[PodrunError] = UnsafePath, hint: str | None = None) -> Path:
     """``path`` when dir_problem finds nothing; else ``error`` (exit 2) naming it, its owner and mode, and the fix."""
-    problem = dir_problem(path, shared_read=shared_read, root_ok=root_ok)
-    if problem is not None:
-        raise _refuse(problem, what, error, hint)
+    _check(dir_problem(path, shared_read=shared_read, root_ok=root_ok), what, error, hint)
     return Path(path)
 
 
@@ -142,15 +147,9 @@ def make_dirs(path, what: str, *, shared_read: bool = False, mode: int | None = 
     """``path`` and the missing directories on the way: no other user can swap a directory on the way
     (ancestor_problem); each directory made here is this user's, checked right after (shared_read: 0755)."""
     d = Path(os.path.abspath(path))
-    problem = ancestor_problem(d.parent)
-    if problem is not None:
-        raise _refuse(problem, f"{what} {d}", error, "put it where only you (and root) can change the path: your "
-                                                     "home, or a directory of yours in /tmp")
-    missing = []
-    p = d
-    while not os.path.lexists(p) and p != p.parent:
-        missing.append(p)
-        p = p.parent
+    _check(ancestor_problem(d.parent), f"{what} {d}", error, "put it where only you (and root) can change the path: "
+                                                            "your home, or a directory of yours in /tmp")
+    missing = list(itertools.takewhile(lambda p: not os.path.lexists(p), [d, *d.parents]))    # d first
     for p in reversed(missing[1:]):
         make_dir(p, what, shared_read=True, error=error, hint=hint)
     return make_dir(d, what, shared_read=shared_read, mode=mode, error=error, hint=hint)
@@ -206,9 +205,7 @@ def replacing(path, what: str, *, mode: int = FILE_MODE, error: type[PodrunError
     symbolic link, a non-regular file or another user's file at ``path``. On an exception the new file is removed."""
     path = os.fspath(path)
     d = os.path.dirname(os.path.abspath(path))
-    problem = dir_problem(d, shared_read=True, root_ok=True, sticky_ok=True) or _target_problem(path)
-    if problem is not None:
-        raise _refuse(problem, what, error, None)
+    _check(dir_problem(d, shared_read=True, root_ok=True, sticky_ok=True) or _target_problem(path), what, error)
     tmp = os.path.join(d, f".{os.path.basename(path)}.tmp-{os.urandom(6).hex()}")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, mode)
@@ -294,9 +291,7 @@ def _open_checked(path, flags: int, what: str, error: type[PodrunError], *, shar
         raise
     try:
         st = os.fstat(fd)
-        problem = file_problem(st, path, shared_read=shared_read)
-        if problem is not None:
-            raise _refuse(problem, what, error, None)
+        _check(file_problem(st, path, shared_read=shared_read), what, error)
     except BaseException:
         os.close(fd)
         raise
@@ -390,9 +385,7 @@ def read_trusted(path, what: str, *, limit: int, error: type[PodrunError] = Unsa
     not a link (O_NOFOLLOW), writable by no one else (with ``private``: readable by no one else either, as a
     key), at most ``limit`` bytes."""
     path = os.fspath(path)
-    problem = _trusted_dir_problem(path, shared_dir)
-    if problem is not None:
-        raise _refuse(problem, what, error, None)
+    _check(_trusted_dir_problem(path, shared_dir), what, error)
     fd, st = _open_checked(path, os.O_RDONLY | os.O_NONBLOCK, what, error, shared_read=not private)
     try:
         if st.st_size > limit:
@@ -427,9 +420,7 @@ def input_problem(path) -> str | None:
 
 def check_input(path, what: str, *, error: type[PodrunError] = UnsafePath, hint: str | None = None) -> Path:
     """``path`` when input_problem finds nothing; else ``error`` (exit 2) naming it, its owner and mode."""
-    problem = input_problem(path)
-    if problem is not None:
-        raise _refuse(problem, what, error, hint)
+    _check(input_problem(path), what, error, hint)
     return Path(path)
 
 

@@ -43,10 +43,7 @@ def serve(run_dir: str, handle) -> socket.socket:
             try:
                 conn.settimeout(DUMP_WAIT_S * 4)
                 data = b""
-                while not data.endswith(b"\n") and len(data) < 4096:
-                    chunk = conn.recv(4096)
-                    if not chunk:
-                        break
+                while not data.endswith(b"\n") and len(data) < 4096 and (chunk := conn.recv(4096)):
                     data += chunk
                 reply = handle(Ask.parse(data))
             except (OSError, ValueError) as exc:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from statistics import median_high
 
 from podrun.human import human_seconds
 
@@ -32,8 +33,7 @@ class WatchOptions:
             return float(self.hang_timeout) if started else max(float(self.hang_timeout), STARTUP_S)
         if not step_times:
             return AUTO_NO_STEPS_S
-        recent = sorted(step_times[-AUTO_WINDOW:])
-        return max(AUTO_FLOOR_S, AUTO_STEPS * recent[len(recent) // 2])
+        return max(AUTO_FLOOR_S, AUTO_STEPS * median_high(step_times[-AUTO_WINDOW:]))
 
     def describe(self, window: float) -> str:
         """Where a ``window`` of seconds came from, as a notice says it: "auto window 10 min", "--hang-timeout 600",

@@ -162,15 +162,15 @@ class LiveWatch:
             rec = d.got.get((inst, lr))
             rank = self.instances.rank(inst, lr)
             if rec is None:
-                workers.append(stacks.WorkerStack(rank, inst, lr, st.host, (), "its agent sent no stacks in time "
-                                                    "(host cut off, or under mpirun/srun a run dir it does not share)"))
+                workers.append(stacks.WorkerStack(rank, inst, lr, st.host, "its agent sent no stacks in time "
+                                                  "(host cut off, or under mpirun/srun a run dir it does not share)"))
                 continue
             procs = tuple(stacks.ProcessStack(int(p.get("pid", 0)), stacks.parse_dump(str(p.get("text", "")),
                                                                                            p.get("main")))
                           for p in rec.procs)
             procs = tuple(p for p in procs if p.threads)
-            workers.append(stacks.WorkerStack(rank, inst, lr, st.host, procs,
-                                                None if procs else rec.problem or "no stack"))
+            workers.append(stacks.WorkerStack(rank, inst, lr, st.host, None if procs else rec.problem or "no stack",
+                                              procs))
         groups = stacks.merge(workers)
         lines = stacks.render_lines(groups)
         busy = self._judge(d, workers)

@@ -214,15 +214,9 @@ class Failures(list):
         root.last_lines = list(own) if own else list(st.tail)
         root.error = self.errors.get((root.instance, root.local_rank))
         failed = {(f.instance, f.local_rank): n for n, f in enumerate(sorted(self, key=lambda f: f.at))}
-        cands = []
-        for s in instances.values():
-            for lr, tail in s.worker_tails.items():
-                key = (s.index, lr)
-                if not tail or key == (root.instance, root.local_rank) or (lr is None and s.index == root.instance
-                                                                          and root.local_rank is None):
-                    continue
-                cands.append((key not in failed, failed.get(key, 0), -s.worker_seen.get(lr, 0), s, lr, tail))
-        cands.sort(key=lambda c: c[:3])
+        cands = sorted(((key not in failed, failed.get(key, 0), -s.worker_seen.get(lr, 0), s, lr, tail)
+                        for s in instances.values() for lr, tail in s.worker_tails.items()
+                        if tail and (key := (s.index, lr)) != (root.instance, root.local_rank)), key=lambda c: c[:3])
         root.others = [{"instance": s.index, "host": s.host, "local_rank": lr,
                         "rank": None if lr is None else instances.rank(s.index, lr),
                         "last_lines": list(tail)[-OTHER_TAIL:]} for *_, s, lr, tail in cands[:OTHERS]]

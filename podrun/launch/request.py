@@ -228,12 +228,10 @@ def decide_cpu_bind(text: str | None, plan: "Plan", cpu, here: bool, spec: str =
                            "by the cores it may run on and its NUMA nodes)")
 
 
-def parse_env_options(items: tuple[str, ...] | list[str], environ=None) -> tuple[tuple[str, str], ...]:
-    """--env NAME=VALUE items -> pairs; a bare ``--env NAME`` takes NAME's value from ``environ`` (podrun's own
-    environment), so that a secret need not be typed on podrun's command line. The values of secret-named items
+def parse_env_options(items: tuple[str, ...] | list[str]) -> tuple[tuple[str, str], ...]:
+    """--env NAME=VALUE items -> pairs; a bare ``--env NAME`` takes NAME's value from podrun's own environment, so that a secret need not be typed on podrun's command line. The values of secret-named items
     and of bare names are hidden from here on wherever podrun shows or records text (podrun.redaction). A
     malformed item, or a bare name that is not set, is a LaunchError naming it."""
-    environ = os.environ if environ is None else environ
     out = []
     for item in items:
         name, sep, value = item.partition("=")
@@ -242,10 +240,10 @@ def parse_env_options(items: tuple[str, ...] | list[str], environ=None) -> tuple
                               hint="write e.g. --env NCCL_DEBUG=INFO, or --env HF_TOKEN to pass podrun's own "
                                    "HF_TOKEN (a name of letters, digits and _)")
         if not sep:
-            if name not in environ:
+            if name not in os.environ:
                 raise LaunchError(f"--env {name}: {name} is not set in podrun's environment",
                                   hint=f"export {name} before podrun launch, or write --env {name}=VALUE")
-            value = environ[name]
+            value = os.environ[name]
         if not sep or secret_name(name):
             remember_secret(value)
         out.append((name, value))

@@ -26,9 +26,7 @@ def needs(remote_hosts: int, local_workers: int) -> tuple[int, int]:
 def _user_tasks(uid: int) -> int:
     """Processes and threads of ``uid`` on this machine now (what RLIMIT_NPROC counts)."""
     n = 0
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
+    for d in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{d}/status", encoding="ascii", errors="replace") as f:
                 fields = dict(line.split(":", 1) for line in f if ":" in line)
@@ -71,8 +69,7 @@ def ensure(remote_hosts: int, local_workers: int, notice=lambda text: None) -> N
     where = " + ".join([*terms, str(FDS_BASE)])
     _ensure(resource.RLIMIT_NOFILE, "RLIMIT_NOFILE", "ulimit -n", fds, "open files", where, notice)
     if os.geteuid() != 0 and procs > 0:
-        uid = os.getuid()
-        have = _user_tasks(uid)
+        have = _user_tasks(os.getuid())
         _ensure(resource.RLIMIT_NPROC, "RLIMIT_NPROC", "ulimit -u", have + procs, "processes and threads",
                 f"the {have} this user runs now + {remote_hosts} host(s) x {PROCS_PER_HOST} + {local_workers} "
                 f"worker(s) here x {PROCS_PER_WORKER}", notice)

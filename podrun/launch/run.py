@@ -345,34 +345,30 @@ def _attempts(make: TransportFactory, req: LaunchRequest, *, sink, notice, only_
     told = _told(progress, observer)
     while True:
         transport = make(req)
-        if req.checks_hosts():
-            try:
-                problems = transport.preflight()
-            except BaseException:
-                transport.close()
-                raise
-            if problems:
-                transport.close()
-                bad = tuple(dict.fromkeys(p.host for p in problems if p.host in req.plan.hosts))
-                if not summary.attempts or not req.kind.remote or not bad:   # else re-planned
-                    # the first attempt, or problems of this machine's (local) rather than of a host's (elastic)
-                    raise _preflight_failed(req, problems, notice, attempts=tuple(attempts),
-                                            elastic=None if record is None else record.to_dict())
-                # a re-planned attempt: hosts that fail the check (a spare that is down) go as a lost host
-                # does, and the run re-plans again without them; nothing has started
-                nxt_req = _replan(elastic, record, req, req.restart_count, notice, log, bad,
-                                  record.replans[-1]["lost_at"], "; ".join(p.message for p in problems), problems)
-                summary = _record(notice, req.run_dir, replace(summary, elastic=record.to_dict()), observer)
-                if nxt_req is None:
-                    return attempts[-1], summary
-                req = nxt_req
-                continue
-        try:
-            _before_start(req.run_dir, write_launch_files, req, transport.describe(redact=True),
-                          transport.env_route())
+        try:                # the transport closed on any error before the supervisor takes it
+            problems = transport.preflight() if req.checks_hosts() else ()
+            if not problems:
+                _before_start(req.run_dir, write_launch_files, req, transport.describe(redact=True),
+                              transport.env_route())
         except BaseException:
             transport.close()
             raise
+        if problems:
+            transport.close()
+            bad = tuple(dict.fromkeys(p.host for p in problems if p.host in req.plan.hosts))
+            if not summary.attempts or not req.kind.remote or not bad:   # else re-planned
+                # the first attempt, or problems of this machine's (local) rather than of a host's (elastic)
+                raise _preflight_failed(req, problems, notice, attempts=tuple(attempts),
+                                        elastic=None if record is None else record.to_dict())
+            # a re-planned attempt: hosts that fail the check (a spare that is down) go as a lost host
+            # does, and the run re-plans again without them; nothing has started
+            nxt_req = _replan(elastic, record, req, req.restart_count, notice, log, bad,
+                              record.replans[-1]["lost_at"], "; ".join(p.message for p in problems), problems)
+            summary = _record(notice, req.run_dir, replace(summary, elastic=record.to_dict()), observer)
+            if nxt_req is None:
+                return attempts[-1], summary
+            req = nxt_req
+            continue
         sup = Supervisor(req, transport, sink=sink, notice=notice, only_output_from=only_output_from,
                          workers_per_instance=workers_per_instance(req.plan), watch=watch, progress=told)
         if elastic is not None:

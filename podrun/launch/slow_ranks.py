@@ -110,13 +110,9 @@ def cause_of(mine: StepSplit, others: list[StepSplit]) -> tuple[str, float, floa
     median of that part, as (part, its seconds, the others' median); None with no other rank or no excess."""
     if not others:
         return None
-    best = None
-    for part in SPLIT_PARTS:
-        rest = median(getattr(o, part) for o in others)
-        excess = getattr(mine, part) - rest
-        if excess > 0 and (best is None or excess > best[0]):
-            best = (excess, part, getattr(mine, part), rest)
-    return None if best is None else best[1:]
+    rests = {part: median(getattr(o, part) for o in others) for part in SPLIT_PARTS}
+    part = max(SPLIT_PARTS, key=lambda k: getattr(mine, k) - rests[k])     # the first of the largest excess
+    return (part, getattr(mine, part), rests[part]) if getattr(mine, part) > rests[part] else None
 
 
 def input_bound(means: dict[int, StepSplit], share: float = INPUT_BOUND_SHARE) -> dict | None:

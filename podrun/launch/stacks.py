@@ -3,9 +3,10 @@ the odd ranks first (``merge``), described (``describe``: "time.sleep <- hang.py
 the stacks/ files and JSON."""
 from __future__ import annotations
 
+import itertools
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 DUMP_WAIT_S = 5.0              # how long the controller waits for every worker's stacks
 SHOWN_FRAMES = 4               # frames of a stack on the console (the files have them all)
@@ -48,8 +49,8 @@ class WorkerStack:
     instance: int
     local_rank: int
     host: str
-    processes: tuple[ProcessStack, ...] = ()
     problem: str | None = None         # why there is no stack (not a Python process, no answer in time)
+    processes: tuple[ProcessStack, ...] = ()
 
     def main_frames(self) -> tuple[Frame, ...]:
         return self.processes[0].main_frames() if self.processes else ()
@@ -146,12 +147,8 @@ def describe(frames: tuple[Frame, ...], limit: int = SHOWN_FRAMES) -> str:
 
 def rank_ranges(ranks, limit: int | None = None) -> str:
     """(0, 2, 3, 4, 7) -> "0, 2-4, 7"; with a ``limit``, at most that many ranges, then how many more ranks."""
-    runs: list[list[int]] = []
-    for r in sorted(ranks):
-        if runs and r == runs[-1][-1] + 1:
-            runs[-1].append(r)
-        else:
-            runs.append([r])
+    # runs of consecutive ranks: each rank less its place in the sorted ranks is the same along a run
+    runs = [[r for _, r in run] for _, run in itertools.groupby(enumerate(sorted(ranks)), lambda p: p[1] - p[0])]
     shown = runs[:limit]
     more = len(ranks) - sum(len(run) for run in shown)
     return ", ".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in shown) + \
@@ -185,14 +182,9 @@ def stack_file_text(w: WorkerStack) -> str:
 
 
 def to_json(groups: list[Group]) -> list[dict]:
+    """Each group as JSON: its ranks, its summary, and every worker whole (dataclasses.asdict: its fields in order)."""
     return [{"ranks": list(g.ranks), "summary": g.workers[0].summary() if g.workers[0].processes else None,
-             "workers": [{"rank": w.rank, "instance": w.instance, "local_rank": w.local_rank, "host": w.host,
-                          "problem": w.problem,
-                          "processes": [{"pid": p.pid, "threads": [
-                              {"ident": t.ident, "main": t.main,
-                               "frames": [{"file": f.file, "line": f.line, "func": f.func} for f in t.frames]}
-                              for t in p.threads]} for p in w.processes]} for w in g.workers]}
-            for g in groups]
+             "workers": [asdict(w) for w in g.workers]} for g in groups]
 
 
 @dataclass

@@ -252,13 +252,8 @@ class Supervisor:
                             else f"its agent ended with code {code}")
                     kind = FailureKind.LOST if code == LOST_EXIT else FailureKind.AGENT_ENDED
                     why = (f"its agent ended before it reported: {gone[1]}" if taken else h.lost_why or (
-                        f"{what} before it reported ({self._lost_means()}; see instance-{idx}.log)"))
+                        f"{what} before it reported ({self.req.kind.lost_means}; see instance-{idx}.log)"))
                     self.failures.append(Failure(idx, st.host, None, code, kind, why, at))
-
-    def _lost_means(self) -> str:
-        """What may have ended an agent's connection under this run's transport (TransportKind.lost_means)."""
-        kind = getattr(self.req, "kind", None)
-        return getattr(kind, "lost_means", None) or "host crashed, or its agent killed"
 
     # -- the loop ---------------------------------------------------------------------------
     def _on_signal(self, signum, frame) -> None:  # noqa: ARG002
@@ -270,10 +265,8 @@ class Supervisor:
 
     def run(self) -> Summary:
         """The attempt from its agents' start to its record, in the run directory the launch made and holds."""
-        old = {}
-        if threading.current_thread() is threading.main_thread():
-            for s in STOP_SIGNALS:
-                old[s] = signal.signal(s, self._on_signal)
+        old = ({s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
+               if threading.current_thread() is threading.main_thread() else {})
         server = None
         try:
             try:
@@ -348,10 +341,22 @@ class Supervisor:
         self.live.tick(now, open_handles, self.ending.since is not None)
 
     def _find_stragglers(self, now: float, open_handles: set, carrier: dict) -> None:  # noqa: ARG002
+        """Workers still running ``straggler_timeout`` s after the first one exited 0: a failure naming them."""
         first_ok = self.instances.first_ok
-        if (self.req.straggler_timeout is not None and first_ok is not None and self.ending.since is None
-                and not self.failures and now - first_ok[0] >= self.req.straggler_timeout):
-            self._stragglers()
+        if (self.req.straggler_timeout is None or first_ok is None or self.ending.since is not None
+                or self.failures or now - first_ok[0] < self.req.straggler_timeout):
+            return
+        hung = self.instances.running(starting=True)
+        if not hung:
+            return
+        ranks = ", ".join(_rank_text(self.instances.rank(*k)) for k in hung)
+        _, inst, lr = first_ok
+        st = self.instances[hung[0][0]]
+        self.failures.append(Failure(
+            st.index, st.host, hung[0][1], STRAGGLER_EXIT, FailureKind.STRAGGLERS,
+            f"rank{'s' if len(hung) > 1 else ''} {ranks} still running {self.req.straggler_timeout:g} s after "
+            f"rank {_rank_text(self.instances.rank(inst, lr))} exited 0 (--straggler-timeout): hung or stragglers",
+            time.time()))
 
     def _begin_end(self, now: float, open_handles: set, carrier: dict) -> None:  # noqa: ARG002
         """On the first failure or signal: end the run on every host (the signal podrun got, else SIGTERM) and set
@@ -446,20 +451,6 @@ class Supervisor:
                 x.kill()
                 x.close()
                 open_handles.discard(x)
-
-    def _stragglers(self) -> None:
-        """Workers still running ``straggler_timeout`` s after the first one exited 0: a failure naming them."""
-        hung = self.instances.running(starting=True)
-        if not hung:
-            return
-        ranks = ", ".join(_rank_text(self.instances.rank(*k)) for k in hung)
-        _, inst, lr = self.instances.first_ok
-        st = self.instances[hung[0][0]]
-        self.failures.append(Failure(
-            st.index, st.host, hung[0][1], STRAGGLER_EXIT, FailureKind.STRAGGLERS,
-            f"rank{'s' if len(hung) > 1 else ''} {ranks} still running {self.req.straggler_timeout:g} s after "
-            f"rank {_rank_text(self.instances.rank(inst, lr))} exited 0 (--straggler-timeout): hung or stragglers",
-            time.time()))
 
     def _outcome(self) -> Summary:
         """The attempt's record, once every handle has ended (no reader adds to the hearing's gaps any more)."""

@@ -26,15 +26,12 @@ def pet_own_options(pet: Mapping[str, str], spelled: Mapping[str, str]) -> "OwnO
         if name == "master_addr":
             out[name] = text
             continue
-        try:
-            number = int(text)
-            if number < 0 or (name == "master_port" and number > 65535):
-                raise ValueError
-        except ValueError:
+        number = _number(int, text, lambda n: n >= 0 and (name != "master_port" or n <= 65535))
+        if number is None:
             what = "a TCP port" if name == "master_port" else "a number of restarts"
             raise LaunchError(f"{spelled.get(name, pet_name(name))}={text!r} is not {what}",
                               hint=f"fix or unset {pet_name(name)} (torchrun's --{name.replace('_', '-')} from the "
-                                   "environment)") from None
+                                   "environment)")
         out[name] = number
     return OwnOptions(**out)
 
@@ -72,9 +69,7 @@ class OwnOptions:
         def fix(text):
             if text is None:
                 return None
-            first: dict[str, str] = {}
-            for ours, value, theirs in self.words:
-                first.setdefault(theirs, ours)
+            first = {theirs: ours for ours, _, theirs in reversed(self.words)}     # the first option each maps
             for ours, value, theirs in self.words:
                 text = text.replace(f"{ours} {value}", theirs)
                 name = theirs.split("=")[0].split(" ")[0]
@@ -240,45 +235,44 @@ def _rdzv_conf(tr: TorchrunOptions, out: OwnOptions, backend: str | None) -> Own
         key, value = key.strip(), value.strip()
         if not sep or not key:
             raise LaunchError(f"{said}: {item!r} is not KEY=VALUE", hint="torchrun's form: key1=value1,key2=value2")
+        given = f"{tr.said('rdzv_conf')} {key}={value}"      # the item in the user's words
         if key in RDZV_CONF_REFUSED:
-            why, use = RDZV_CONF_REFUSED[key]
-            raise not_supported(f"{tr.said('rdzv_conf')} {key}={value}", why, use)
+            raise not_supported(given, *RDZV_CONF_REFUSED[key])
         if key == "store_type" and value.lower() != "tcp":
-            raise not_supported(f"{tr.said('rdzv_conf')} store_type={value}",
-                                "the store is a TCP store on instance 0's agent", "store_type=tcp or leave it out")
+            raise not_supported(given, "the store is a TCP store on instance 0's agent",
+                                "store_type=tcp or leave it out")
         if key in RDZV_CONF_HEARTBEAT:
             field_name, ours, kind = RDZV_CONF_HEARTBEAT[key]
-            try:
-                number = kind(value)
-                if not number > 0:
-                    raise ValueError
-            except ValueError:
-                raise LaunchError(f"{said}: {key}={value!r} is not a number above 0") from None
-            out = _set_words(out, field_name, number, f"{tr.said('rdzv_conf')} {key}={value}", ours)
+            number = _number(kind, value)
+            if number is None:
+                raise LaunchError(f"{said}: {key}={value!r} is not a number above 0")
+            out = _set_words(out, field_name, number, given, ours)
         elif key in RDZV_CONF_TAKEN:
-            if key != "store_type":
-                try:
-                    if not float(value) > 0:
-                        raise ValueError
-                except ValueError:
-                    raise LaunchError(f"{said}: {key}={value!r} is not a number of seconds above 0") from None
+            if key != "store_type" and _number(float, value) is None:
+                raise LaunchError(f"{said}: {key}={value!r} is not a number of seconds above 0")
         else:
             known = ", ".join(sorted((*RDZV_CONF_HEARTBEAT, *RDZV_CONF_TAKEN, *RDZV_CONF_REFUSED)))
-            raise not_supported(f"{tr.said('rdzv_conf')} {key}={value}",
-                                f"{key!r} is none of the keys torchrun's {backend or 'c10d'} rendezvous reads",
+            raise not_supported(given, f"{key!r} is none of the keys torchrun's {backend or 'c10d'} rendezvous reads",
                                 f"one of {known}")
     return out
 
 
+def _number(kind, text: str, ok=lambda n: n > 0):
+    """``text`` as a ``kind`` (int, float) of which ``ok`` holds (default: above 0); None when it is not one."""
+    try:
+        number = kind(text)
+    except ValueError:
+        return None
+    return number if ok(number) else None
+
+
 def _seconds(tr: TorchrunOptions, name: str, *, integer: bool = False):
     value = getattr(tr, name)
-    try:
-        number = int(value) if integer else float(value)
-        if not math.isfinite(number) or number < 0 or (number == 0 and not integer):
-            raise ValueError
-    except ValueError:
+    number = _number(int if integer else float, value,
+                     lambda n: math.isfinite(n) and n >= 0 and (n != 0 or integer))
+    if number is None:
         raise LaunchError(f"{tr.said(name, value)} is not a number of seconds"
-                          + (" (torchrun takes a whole number)" if integer else "")) from None
+                          + (" (torchrun takes a whole number)" if integer else ""))
     return number
 
 

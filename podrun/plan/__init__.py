@@ -37,20 +37,17 @@ def make_plan(cluster: ClusterSpec, recipe: RecipeSpec | None, ov: Overrides = O
 
     notes: list[str] = []
     hosts = cluster.hosts
-    if ov.nodes is not None:
-        if ov.nodes < 1:
-            raise PlanError(f"--nodes must be at least 1, got {ov.nodes}")
-        if ov.nodes > len(hosts):
-            raise PlanError(
-                f"--nodes {ov.nodes} asks for more hosts than cluster '{cluster.name}' has ({len(hosts)})",
-                hint=f"use --nodes {len(hosts)} or fewer, or give the hosts with --hosts/--hostfile",
-            )
-        hosts = hosts[: ov.nodes]
+    if ov.nodes is not None and ov.nodes > len(hosts):
+        raise PlanError(
+            f"--nodes {ov.nodes} asks for more hosts than cluster '{cluster.name}' has ({len(hosts)})",
+            hint=f"use --nodes {len(hosts)} or fewer, or give the hosts with --hosts/--hostfile",
+        )
     dph = cluster.devices_per_host if ov.devices_per_host is None else ov.devices_per_host
     iph = cluster.instances_per_host if ov.instances_per_host is None else ov.instances_per_host
-    for name, v in (("--devices-per-host", dph), ("--instances-per-host", iph)):
-        if v < 1:
+    for name, v in (("--nodes", ov.nodes), ("--devices-per-host", dph), ("--instances-per-host", iph)):
+        if v is not None and v < 1:
             raise PlanError(f"{name} must be at least 1, got {v}")
+    hosts = hosts if ov.nodes is None else hosts[: ov.nodes]
     if dph % iph:
         raise PlanError(
             f"{dph} devices per host cannot be shared evenly by {iph} instances per host",
@@ -61,9 +58,9 @@ def make_plan(cluster: ClusterSpec, recipe: RecipeSpec | None, ov: Overrides = O
     dev = cluster.device
     where = f"cluster {cluster.name}, {len(hosts)} host(s) x {dph} {dev.key}"
 
+    local_batch, grad_accum = ov.local_batch, ov.grad_accum
     if recipe is None:           # a bare command: local batch and GA 1 unless given, or the global batch given
         p, max_local, min_ga, target = 1, 1, 1, ov.global_batch
-        local_batch, grad_accum = ov.local_batch, ov.grad_accum
         if target is None:
             local_batch, grad_accum = 1 if local_batch is None else local_batch, 1 if grad_accum is None else grad_accum
     else:
@@ -81,7 +78,6 @@ def make_plan(cluster: ClusterSpec, recipe: RecipeSpec | None, ov: Overrides = O
                 )
         explicit = ov.local_batch is not None and ov.grad_accum is not None and ov.global_batch is None
         target = None if explicit else (recipe.global_batch if ov.global_batch is None else ov.global_batch)
-        local_batch, grad_accum = ov.local_batch, ov.grad_accum
         if target is not None and ov.global_batch is None:
             notes.append(f"global batch {target} is the recipe's reference global batch")
     d = decompose(devices=devices, devices_per_replica=p, instances=instances, max_local_batch=max_local,

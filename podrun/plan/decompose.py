@@ -69,22 +69,13 @@ def _nearest(g: int, replicas: int, max_local: int, min_ga: int, local_batch, gr
     step = replicas * (1 if local_batch is None else local_batch) * (1 if grad_accum is None else grad_accum)
     # no batch below replicas x min GA x (local batch or 1) can be reached
     k_min = -(-replicas * min_ga * (1 if local_batch is None else local_batch) // step)
-    below = above = None
-    k = g // step
-    for _ in range(_WALK):                      # bounded: step-sized walk down
-        if k < max(1, k_min):
-            break
-        if k * step != g and feasible(k * step, replicas, max_local, min_ga, local_batch, grad_accum):
-            below = k * step
-            break
-        k -= 1
-    k = max(g // step + 1, k_min)
-    for _ in range(_WALK):
-        if feasible(k * step, replicas, max_local, min_ga, local_batch, grad_accum):
-            above = k * step
-            break
-        k += 1
-    return below, above
+
+    def fits(k: int) -> bool:
+        return k * step != g and feasible(k * step, replicas, max_local, min_ga, local_batch, grad_accum) is not None
+
+    top, up = g // step, max(g // step + 1, k_min)     # bounded: _WALK step-sized tries down, then up
+    below = next((k * step for k in range(top, max(max(1, k_min) - 1, top - _WALK), -1) if fits(k)), None)
+    return below, next((k * step for k in range(up, up + _WALK) if fits(k)), None)
 
 
 def _refused(why: str, ctx: str, hint: str) -> PlanError:

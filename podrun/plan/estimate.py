@@ -33,10 +33,9 @@ def allreduce_seconds(grad_bytes: float, replicas: int, replicas_per_host: int, 
 
 def _link(link) -> str:
     """A link's figures, and where they come from when they were measured (a published source is the spec's)."""
-    text = f"{link.bandwidth_gbps:g} Gb/s"
     if link.source.startswith("measured"):
-        text = f"{link.bandwidth_gbps:.3g} Gb/s and {link.latency_us:.3g} us ({link.source})"
-    return text
+        return f"{link.bandwidth_gbps:.3g} Gb/s and {link.latency_us:.3g} us ({link.source})"
+    return f"{link.bandwidth_gbps:g} Gb/s"
 
 
 @dataclass(frozen=True)

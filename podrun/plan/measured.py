@@ -2,6 +2,7 @@
 bandwidth and latency, made from a calibration file (read, never written; torch-free: podrun plan reads it)."""
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,14 +38,11 @@ class InputMeasured:
         """Images per second of one host with ``workers`` loader processes in all: the measured figure, else the
         line between the nearest two measured counts; beyond the largest count its figure (its cores are spent)."""
         pts = self.rates
-        for w, r in pts:
-            if w == workers:
-                return r
-        if workers > pts[-1][0]:
+        i = bisect.bisect_left(pts, (workers,))     # the first count at or past ``workers``
+        if i == len(pts):
             return pts[-1][1]
-        if workers < pts[0][0]:
-            return pts[0][1]
-        i = next(i for i, (w, _) in enumerate(pts) if w > workers)
+        if i == 0 or pts[i][0] == workers:
+            return pts[i][1]
         (w0, r0), (w1, r1) = pts[i - 1], pts[i]
         return r0 + (r1 - r0) * (workers - w0) / (w1 - w0)
 
@@ -80,19 +78,14 @@ class Measured:
         """One device's step at ``local_batch``: linear between the measured batches (a fixed cost plus a cost per
         sample), extended from the nearest two beyond them; the one point's rate when only one was measured."""
         pts = self.step_seconds
-        for b, t in pts:
-            if b == local_batch:
-                return t
+        i = bisect.bisect_left(pts, (local_batch,))     # the first batch at or past ``local_batch``
+        if i < len(pts) and pts[i][0] == local_batch:
+            return pts[i][1]
         if len(pts) == 1:
             b, t = pts[0]
             return t * local_batch / b
-        if local_batch < pts[0][0]:
-            (b0, t0), (b1, t1) = pts[0], pts[1]
-        elif local_batch > pts[-1][0]:
-            (b0, t0), (b1, t1) = pts[-2], pts[-1]
-        else:
-            i = next(i for i, (b, _) in enumerate(pts) if b > local_batch)
-            (b0, t0), (b1, t1) = pts[i - 1], pts[i]
+        i = min(max(i, 1), len(pts) - 1)                # the two nearest, the first two or the last two beyond
+        (b0, t0), (b1, t1) = pts[i - 1], pts[i]
         t = t0 + (t1 - t0) * (local_batch - b0) / (b1 - b0)
         floor = min(t0, t1) * local_batch / max(b0, b1)     # never faster per sample than the best measured
         return max(t, floor, 1e-9)

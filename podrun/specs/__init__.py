@@ -30,11 +30,10 @@ def _search_dirs(kind: str) -> list[Path]:
     env = os.environ.get("PODRUN_CLUSTER_SPECS_PATH" if kind == "cluster_specs" else "PODRUN_RECIPES_PATH", "")
     dirs = [Path(p) for p in env.split(os.pathsep) if p]
     dirs += [Path.cwd() / kind, project_root() / kind]
-    out = []
-    for d in dirs:
-        if d.is_dir() and d.resolve() not in [o.resolve() for o in out]:
-            out.append(d)
-    return out
+    out: dict[Path, Path] = {}              # each folder once, by where it resolves to, first in order
+    for d in filter(Path.is_dir, dirs):
+        out.setdefault(d.resolve(), d)
+    return list(out.values())
 
 
 def cluster_names() -> list[str]:

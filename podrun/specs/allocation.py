@@ -2,6 +2,7 @@
 PBS_NODEFILE, PE_HOSTFILE, SGE_JOB_HOSTLIST), else the cluster spec; the one Slurm nodelist parser."""
 from __future__ import annotations
 
+import itertools
 import os
 import re
 from dataclasses import dataclass
@@ -185,7 +186,7 @@ def expand_nodelist(s: str, source: str = "nodelist") -> list[str]:
 
 
 # only a trailing number is bracketed: Slurm (22.05) rejects text after the last bracket group
-_TAIL_NUM = re.compile(r"^(.*?)([0-9]+)()$")
+_TAIL_NUM = re.compile(r"^(.*?)([0-9]+)$")
 
 
 def compress_hostlist(hosts: list[str] | tuple[str, ...]) -> str:
@@ -193,38 +194,33 @@ def compress_hostlist(hosts: list[str] | tuple[str, ...]) -> str:
     width share a bracket group ('g0001,g0002,g0003,h5' -> 'g[0001-0003],h5'). Order is kept, so
     expand_nodelist(compress_hostlist(x)) == list(x) for any list of plain host names, and the
     result is a hostlist Slurm itself accepts (scontrol show hostnames)."""
-    groups: list[tuple[str, str, int, list[int]] | str] = []
+    groups: list[tuple[str, int, list[int]] | str] = []
     for h in hosts:
         m = _TAIL_NUM.match(h)
         if not m:
             groups.append(h)
             continue
-        pre, digits, post = m.groups()
+        pre, digits = m.groups()
         n, w = int(digits), len(digits)
         last = groups[-1] if groups else None
-        if (isinstance(last, tuple) and last[0] == pre and last[1] == post and last[2] == w
-                and n > last[3][-1]):
-            last[3].append(n)
+        if isinstance(last, tuple) and last[:2] == (pre, w) and n > last[2][-1]:
+            last[2].append(n)
         else:
-            groups.append((pre, post, w, [n]))
+            groups.append((pre, w, [n]))
     out = []
     for g in groups:
         if isinstance(g, str):
             out.append(g)
             continue
-        pre, post, w, nums = g
+        pre, w, nums = g
         if len(nums) == 1:
-            out.append(f"{pre}{str(nums[0]).zfill(w)}{post}")
+            out.append(f"{pre}{str(nums[0]).zfill(w)}")
             continue
-        ranges, i = [], 0
-        while i < len(nums):
-            j = i
-            while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
-                j += 1
-            a, b = str(nums[i]).zfill(w), str(nums[j]).zfill(w)
-            ranges.append(a if i == j else f"{a}-{b}")
-            i = j + 1
-        out.append(f"{pre}[{','.join(ranges)}]{post}")
+        ranges = []     # runs of consecutive numbers: each number less its place is the same along a run
+        for _, run in itertools.groupby(enumerate(nums), lambda p: p[1] - p[0]):
+            first, *rest = (str(n).zfill(w) for _, n in run)
+            ranges.append(f"{first}-{rest[-1]}" if rest else first)
+        out.append(f"{pre}[{','.join(ranges)}]")
     return ",".join(out)
 
 

@@ -177,10 +177,9 @@ def _check_pattern(pattern: str, path: str) -> None:
 def _pattern_hosts(p: HostPattern, path: str) -> tuple[str, ...]:
     _check_pattern(p.pattern, path)
     try:
-        hosts = tuple(p.pattern.format(i=i) for i in range(p.start, p.start + p.count))
+        return tuple(p.pattern.format(i=i) for i in range(p.start, p.start + p.count))
     except (KeyError, IndexError, ValueError) as exc:
         raise SpecError(f"{path}: field 'hosts.pattern' {p.pattern!r} is not a valid pattern ({exc}); use {{i}} or {{i:04d}}") from None
-    return hosts
 
 
 def resolve(spec: ClusterFile, path: str) -> ClusterSpec:

@@ -142,12 +142,9 @@ def merge_repeated(entries: list[HostEntry], where: str) -> tuple[HostEntry, ...
         merged.setdefault(e.name, []).append(e)
     out = []
     for name, same in merged.items():
-        if len(same) == 1:
-            out.append(same[0])
-            continue
         total = sum(e.slots if e.slots is not None else 1 for e in same)
-        if total > MAX_SLOTS:
+        if len(same) > 1 and total > MAX_SLOTS:
             raise HostError(f"{where}: host '{name}' is listed {len(same)} times, {total} slots in all, more than "
                             f"{MAX_SLOTS}", hint="a host's slots are added over its lines (as Open MPI does)")
-        out.append(HostEntry(name, total))
+        out.append(same[0] if len(same) == 1 else HostEntry(name, total))
     return tuple(out)

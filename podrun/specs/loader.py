@@ -1,6 +1,7 @@
 """The one boundary where YAML becomes frozen dataclasses: typed conversion with file:line errors."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import math
@@ -205,16 +206,13 @@ def convert(tp, value: Any, keypath: tuple, src: Source) -> Any:
         args = get_args(tp)
         if value is None and type(None) in args:
             return None
-        shaped = [a for a in args if a is not type(None) and _shape_fits(a, value)]
+        arms = [a for a in args if a is not type(None)]
+        shaped = [a for a in arms if _shape_fits(a, value)]
         if len(shaped) == 1:             # one arm has the value's shape: its own error names the field inside
             return convert(shaped[0], value, keypath, src)
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
+        for arg in arms:                 # else the first arm that takes it
+            with contextlib.suppress(SpecError):
                 return convert(arg, value, keypath, src)
-            except SpecError:
-                continue
         fail(_type_name(tp))
     if origin is tuple:
         args = get_args(tp)

@@ -109,9 +109,7 @@ class RecipeSpec(RecipeFile):
     def lookup(self, table: str, device_key: str, device_kind: str):
         """A per-device-kind value: '<kind>-<model>' first, then '<kind>'; None when absent."""
         values = getattr(self, table)
-        if device_key in values:
-            return values[device_key]
-        return values.get(device_kind)
+        return values[device_key] if device_key in values else values.get(device_kind)
 
 
 def validate(r: RecipeFile, path: str) -> None:

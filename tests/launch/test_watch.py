@@ -49,7 +49,7 @@ def test_only_the_newest_of_two_dumps_counts():
 
 
 def _worker(rank: int, frames: list[Frame], host: str = "h1") -> WorkerStack:
-    return WorkerStack(rank, rank // 2, rank % 2, host, (ProcessStack(100 + rank, (Thread("0x1", True, tuple(frames)),)),))
+    return WorkerStack(rank, rank // 2, rank % 2, host, processes=(ProcessStack(100 + rank, (Thread("0x1", True, tuple(frames)),)),))
 
 
 def test_identical_stacks_are_grouped_and_the_odd_rank_out_leads():
