@@ -41,11 +41,11 @@ import traceback
 
 from podrun import safefs
 from podrun.errors import PodrunError
-from podrun.host.zygote_child import become_worker, finish
+from podrun.host.zygote_child import become_worker
 from podrun.host.zygote_client import CONNECT_S, IDLE_S, QUIT
 from podrun.wire import unixsock
 from podrun.wire.owner import owner_alive, remove_if_stale
-from podrun.proctl import PR_SET_PDEATHSIG, die_with_parent, prctl, signal_group
+from podrun.proctl import PR_SET_PDEATHSIG, die_with_parent, exit_now, prctl, signal_group
 
 PRELOAD = ("torch", "torch.distributed", "torch.nn", "torch.optim", "numpy", "podrun.runtime.distributed",
            "podrun.train.runner", "podrun.train.loop", "podrun.train.data", "podrun.train.recipe_main",
@@ -304,7 +304,7 @@ class _Server:
             except BaseException:  # noqa: BLE001 - becoming the worker failed (a missing cwd): say why
                 traceback.print_exc()
             finally:
-                finish(code)
+                exit_now(code, join_threads=True)   # its threads joined, atexit run, output flushed
         for fd in fds:
             os.close(fd)
         with contextlib.suppress(OSError):

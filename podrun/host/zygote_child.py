@@ -1,8 +1,6 @@
 """In a process the zygote forked: becoming the worker (its descriptors, env, cwd, stdio) and running it as __main__."""
 from __future__ import annotations
 
-import atexit
-import contextlib
 import fcntl
 import functools
 import io
@@ -10,7 +8,6 @@ import os
 import runpy
 import signal
 import sys
-import threading
 import traceback
 
 from podrun.host.stackdump import SITE_DIR
@@ -72,12 +69,12 @@ def become_worker(req: dict, fds: list[int], zygote_pid: int, preloaded: dict[st
 
 
 def _keep_destroyed_groups(dist) -> None:
-    """Make ``destroy_process_group`` keep each group it destroys referenced until the process ends (by os._exit
-    in ``finish``: their C++ teardown never runs). A gloo group's destructor joins its run-loop threads while the
-    caller holds the GIL, and a run-loop thread still freeing its last work (whose saved thread-local state holds a
-    Python object: the context backward stashes) waits for the GIL: freeing the group there (a DDP model dropped
-    after destroy_process_group, or the group's last reference in it) deadlocks the worker at its end, seen in
-    6 of 12 forked 2-rank runs (docs/hangs.md, "A worker that hangs at exit")."""
+    """Make ``destroy_process_group`` keep each group it destroys referenced until the process ends (by os._exit in
+    ``podrun.proctl.exit_now``: their C++ teardown never runs). A gloo group's destructor joins its run-loop threads
+    while the caller holds the GIL, and a run-loop thread still freeing its last work (whose saved thread-local
+    state holds a Python object: the context backward stashes) waits for the GIL: freeing the group there (a DDP
+    model dropped after destroy_process_group, or the group's last reference in it) deadlocks the worker at its end,
+    seen in 6 of 12 forked 2-rank runs (docs/hangs.md, "A worker that hangs at exit")."""
     if dist is None or not hasattr(dist, "destroy_process_group"):
         return
     c10d = dist.distributed_c10d
@@ -134,13 +131,3 @@ def _run_target(kind: str, target: str, args: list[str]) -> int:
     return 0
 
 
-def finish(code: int) -> None:
-    """End a forked worker as the interpreter would: its threads joined, atexit run, output flushed."""
-    try:
-        threading._shutdown()  # type: ignore[attr-defined]
-        atexit._run_exitfuncs()
-    finally:
-        for f in (sys.stdout, sys.stderr):
-            with contextlib.suppress(OSError, ValueError):
-                f.flush()
-        os._exit(code)

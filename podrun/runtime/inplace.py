@@ -19,11 +19,9 @@ state it kept before that update.
 """
 from __future__ import annotations
 
-import contextlib
 import datetime
 import json
 import os
-import sys
 import threading
 import time
 from dataclasses import dataclass, fields
@@ -295,15 +293,9 @@ def abandoned_any() -> bool:
 
 def end_process(code: int) -> None:
     """End a process that abandoned a group: output flushed, atexit run, no teardown of gloo's groups (os._exit)."""
-    import atexit
+    from podrun.proctl import exit_now
 
-    try:
-        atexit._run_exitfuncs()
-    finally:
-        for f in (sys.stdout, sys.stderr):
-            with contextlib.suppress(OSError, ValueError):
-                f.flush()
-        os._exit(code)
+    exit_now(code)
 
 
 PLAN_WAIT_S = 20.0        # a rank whose group failed waits this long for the controller's plan
