@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -91,21 +91,24 @@ def channel(monkeypatch):
     os.close(w)
 
 
-def test_the_hook_sends_the_mean_split_of_its_steps(channel):
-    """A user's script, three steps of phases: step 1's report goes; step 2's is merged (closer than
-    MIN_INTERVAL_S to the last), so step 3's (the last step, always sent) carries the mean of steps 2 and 3."""
-    for i in (1, 2, 3):
+def test_the_hook_sends_the_mean_split_of_its_steps(channel, monkeypatch):
+    """A user's script, three steps of phases on a clock the test moves (no sleeps: the figures are exact under any
+    load): step 1's report goes; step 2's is merged (closer than MIN_INTERVAL_S to the last), so step 3's (the last
+    step, always sent) carries the mean of steps 2 and 3, neither their sum nor step 3's alone nor all three's."""
+    now = [0.0]
+    monkeypatch.setattr(steps, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    for i, (inp, compute) in enumerate([(0.010, 0.005), (0.020, 0.010), (0.040, 0.030)], start=1):
         with steps.phase("input"):
-            time.sleep(0.02)
+            now[0] += inp
         with steps.phase("compute"):
-            time.sleep(0.01)
+            now[0] += compute
         with steps.phase("optim"):
             pass
         assert steps.step(i, 3, loss=1.5) == (i != 2)
     recs = [json.loads(line) for line in os.read(channel, 8192).decode().splitlines()]
     assert [r["step"] for r in recs] == [1, 3] and recs[1]["loss"] == 1.5
     split = S.from_dict(recs[1]["split"])
-    assert 0.02 <= split.input < 0.035 and 0.01 <= split.compute < split.input and split.comm == 0.0  # a mean
+    assert (split.input, split.compute, split.comm, split.optim) == pytest.approx((0.030, 0.020, 0.0, 0.0))
     assert recs[1]["busy_seconds"] == pytest.approx(split.input + split.compute, abs=1e-5)
     with pytest.raises(ValueError, match="phase 'data'"):
         steps.phase("data")
