@@ -149,7 +149,9 @@ def _split_lines(sp: dict | None) -> list[str]:
 
 
 def _seconds(v) -> str:
-    return f"{v:.1f}s" if isinstance(v, (int, float)) and not isinstance(v, bool) else "duration unknown"
+    from podrun.rundir.metrics import is_number
+
+    return f"{v:.1f}s" if is_number(v) else "duration unknown"
 
 
 def _as_json(s: dict, run, notes: list[str], as_json: bool) -> bool:

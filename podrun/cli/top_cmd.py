@@ -8,7 +8,9 @@ REFRESH_S = 1.0
 
 
 def _num(v, fmt: str = "{:.3g}", none: str = "-") -> str:
-    return fmt.format(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else none
+    from podrun.rundir.metrics import is_number
+
+    return fmt.format(v) if is_number(v) else none
 
 
 def render(s: dict, width: int | None = None):

@@ -18,6 +18,7 @@ from podrun.errors import LaunchError
 from podrun.launch.observe import RunObserver
 from podrun.rundir.account import CATEGORIES
 from podrun.rundir.layout import PROMETHEUS_TARGETS as TARGETS, SPLIT_PARTS
+from podrun.rundir.metrics import is_number
 
 if TYPE_CHECKING:  # pragma: no cover
     from podrun.launch.options import LiveOptions
@@ -32,7 +33,7 @@ MISSING = ("podrun: --metrics-port needs prometheus_client (pip install 'podrun[
 def _family(kind, name: str, doc: str, labels: list[str], rows, unit: str = ""):
     fam = kind(name, doc, labels=labels, unit=unit) if unit else kind(name, doc, labels=labels)
     for values, v in rows:
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
+        if is_number(v):
             fam.add_metric([("" if x is None else str(x)) for x in values], float(v))
     return fam
 
